@@ -1,0 +1,275 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// The encoded block: a header, then the payload. All integers are
+// little-endian. The header is padded to a multiple of 64 bytes so that the
+// payload of a block in an aligned buffer is itself aligned (a reader can view
+// it as []float32 without copying).
+//
+//	off  size  field
+//	  0     4  magic "KVMB"
+//	  4     2  format version (1)
+//	  6     2  reserved, zero
+//	  8     4  header length (fixed part + tokens + padding)
+//	 12     4  token count n
+//	 16     8  namespace digest
+//	 24    16  key
+//	 40    16  parent key
+//	 56     1  KV dtype
+//	 57     3  reserved, zero
+//	 60     4  layer start
+//	 64     4  layer end
+//	 68     4  KV heads
+//	 72     4  head dim
+//	 76     4  reserved, zero
+//	 80     8  payload length
+//	 88     8  xxhash64 of the payload
+//	 96     8  xxhash64 of bytes [0,96) and of the n tokens
+//	104    4n  token ids
+//	  …        zero padding to the header length
+const (
+	blockMagic     = "KVMB"
+	BlockVersion   = 1
+	fixedHeaderLen = 104
+	headerAlign    = 64
+)
+
+// Errors of the block format. Decoding errors wrap ErrCorrupt: the bytes are
+// not a block kvmesh may serve, whatever the reason.
+var (
+	ErrCorrupt  = errors.New("store: corrupt block")
+	ErrTooLarge = errors.New("store: block too large")
+)
+
+// Layout is the shape of a block's payload, [layer][K|V][token][kv_head][head_dim].
+type Layout struct {
+	DType                prefixhash.DType
+	LayerStart, LayerEnd int
+	KVHeads, HeadDim     int
+}
+
+// LayoutOf returns the payload layout of blocks of ns.
+func LayoutOf(ns prefixhash.Namespace) Layout {
+	return Layout{DType: ns.DType, LayerStart: ns.LayerStart, LayerEnd: ns.LayerEnd, KVHeads: ns.KVHeads, HeadDim: ns.HeadDim}
+}
+
+// PayloadLen returns the payload size of a block of tokens tokens, or -1 if
+// the layout is not valid.
+func (l Layout) PayloadLen(tokens int) int {
+	if l.DType.Size() == 0 || l.LayerEnd <= l.LayerStart || l.LayerStart < 0 || l.KVHeads < 1 || l.HeadDim < 1 || tokens < 1 {
+		return -1
+	}
+	n := uint64(l.LayerEnd-l.LayerStart) * 2 * uint64(tokens) * uint64(l.KVHeads) * uint64(l.HeadDim) * uint64(l.DType.Size())
+	if n > 1<<40 {
+		return -1
+	}
+	return int(n)
+}
+
+// Header is a decoded block header.
+type Header struct {
+	Namespace   uint64 // digest of the producing namespace
+	Key, Parent prefixhash.Key
+	Layout      Layout
+	// Tokens are the block's token ids. After Decode they may alias the
+	// decoded buffer: same lifetime as it.
+	Tokens     []uint32
+	PayloadLen int
+	Checksum   uint64 // xxhash64 of the payload
+}
+
+// Block is a decoded, verified block. Payload (and possibly Tokens) alias the
+// buffer it was decoded from and live as long as it.
+type Block struct {
+	Header
+	Payload []byte
+}
+
+// HeaderLen returns the encoded header length of a block of n tokens.
+func HeaderLen(n int) int {
+	return (fixedHeaderLen + 4*n + headerAlign - 1) / headerAlign * headerAlign
+}
+
+// EncodedLen returns the size of an encoded block of n tokens and payloadLen
+// payload bytes.
+func EncodedLen(n, payloadLen int) int { return HeaderLen(n) + payloadLen }
+
+// CheckNamespace reports whether h was produced under ns: digest, layout and
+// block size must all agree.
+func (h *Header) CheckNamespace(ns prefixhash.Namespace) error {
+	switch {
+	case h.Namespace != ns.Digest():
+		return fmt.Errorf("%w: namespace digest %016x, want %016x (%s)", ErrCorrupt, h.Namespace, ns.Digest(), ns)
+	case h.Layout != LayoutOf(ns):
+		return fmt.Errorf("%w: layout %+v does not match namespace %s", ErrCorrupt, h.Layout, ns)
+	case len(h.Tokens) != ns.BlockTokens:
+		return fmt.Errorf("%w: %d tokens, namespace blocks hold %d", ErrCorrupt, len(h.Tokens), ns.BlockTokens)
+	}
+	return nil
+}
+
+// AppendHeader appends the header of the block of ns that holds tokens,
+// chained from parent, with the given payload, and returns the extended
+// buffer and the block's key. Encoding a block is AppendHeader followed by the
+// payload bytes; callers that send the payload from elsewhere (a vectored
+// write) use AppendHeader alone. ns must be valid, len(tokens) must be
+// ns.BlockTokens and len(payload) must be ns.BlockBytes().
+func AppendHeader(dst []byte, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte) ([]byte, prefixhash.Key, error) {
+	if err := ns.Validate(); err != nil {
+		return dst, prefixhash.Key{}, err
+	}
+	if len(tokens) != ns.BlockTokens {
+		return dst, prefixhash.Key{}, fmt.Errorf("store: block has %d tokens, namespace blocks hold %d", len(tokens), ns.BlockTokens)
+	}
+	if len(payload) != ns.BlockBytes() {
+		return dst, prefixhash.Key{}, fmt.Errorf("store: payload is %d bytes, namespace blocks hold %d", len(payload), ns.BlockBytes())
+	}
+	key := prefixhash.BlockKey(parent, tokens)
+	hl := HeaderLen(len(tokens))
+	start := len(dst)
+	dst = append(dst, make([]byte, hl)...)
+	h := dst[start:]
+	copy(h[0:4], blockMagic)
+	binary.LittleEndian.PutUint16(h[4:], BlockVersion)
+	binary.LittleEndian.PutUint32(h[8:], uint32(hl))
+	binary.LittleEndian.PutUint32(h[12:], uint32(len(tokens)))
+	binary.LittleEndian.PutUint64(h[16:], ns.Digest())
+	copy(h[24:40], key[:])
+	copy(h[40:56], parent[:])
+	h[56] = byte(ns.DType)
+	binary.LittleEndian.PutUint32(h[60:], uint32(ns.LayerStart))
+	binary.LittleEndian.PutUint32(h[64:], uint32(ns.LayerEnd))
+	binary.LittleEndian.PutUint32(h[68:], uint32(ns.KVHeads))
+	binary.LittleEndian.PutUint32(h[72:], uint32(ns.HeadDim))
+	binary.LittleEndian.PutUint64(h[80:], uint64(len(payload)))
+	binary.LittleEndian.PutUint64(h[88:], xxhash.Sum64(payload))
+	for i, t := range tokens {
+		binary.LittleEndian.PutUint32(h[fixedHeaderLen+4*i:], t)
+	}
+	binary.LittleEndian.PutUint64(h[96:], headerSum(h, len(tokens)))
+	return dst, key, nil
+}
+
+// Encode appends the whole encoded block (header and payload) to dst.
+func Encode(dst []byte, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte) ([]byte, prefixhash.Key, error) {
+	dst, key, err := AppendHeader(dst, ns, parent, tokens, payload)
+	if err != nil {
+		return dst, key, err
+	}
+	return append(dst, payload...), key, nil
+}
+
+func headerSum(h []byte, n int) uint64 {
+	var d xxhash.Digest
+	d.Reset()
+	d.Write(h[:96])
+	d.Write(h[fixedHeaderLen : fixedHeaderLen+4*n])
+	return d.Sum64()
+}
+
+func corrupt(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+}
+
+// DecodeHeader parses and verifies the header at the start of b: magic,
+// version, lengths, layout, header checksum, and that the key is
+// H(parent ‖ tokens). It does not read the payload. maxPayload bounds the
+// payload length the caller accepts (ErrTooLarge beyond it).
+func DecodeHeader(b []byte, maxPayload int) (Header, error) {
+	var h Header
+	if len(b) < fixedHeaderLen {
+		return h, corrupt("%d bytes, shorter than a header", len(b))
+	}
+	if string(b[0:4]) != blockMagic {
+		return h, corrupt("bad magic %q", b[0:4])
+	}
+	if v := binary.LittleEndian.Uint16(b[4:]); v != BlockVersion {
+		return h, corrupt("format version %d, this build reads %d", v, BlockVersion)
+	}
+	hl := uint64(binary.LittleEndian.Uint32(b[8:]))
+	n := uint64(binary.LittleEndian.Uint32(b[12:]))
+	if n == 0 || n > prefixhash.MaxBlockTokens || hl != uint64(HeaderLen(int(n))) {
+		return h, corrupt("header length %d for %d tokens", hl, n)
+	}
+	if uint64(len(b)) < hl {
+		return h, corrupt("%d bytes, header needs %d", len(b), hl)
+	}
+	if got, want := binary.LittleEndian.Uint64(b[96:]), headerSum(b, int(n)); got != want {
+		return h, corrupt("header checksum %016x, computed %016x", got, want)
+	}
+	h.Namespace = binary.LittleEndian.Uint64(b[16:])
+	copy(h.Key[:], b[24:40])
+	copy(h.Parent[:], b[40:56])
+	h.Layout = Layout{
+		DType:      prefixhash.DType(b[56]),
+		LayerStart: int(binary.LittleEndian.Uint32(b[60:])),
+		LayerEnd:   int(binary.LittleEndian.Uint32(b[64:])),
+		KVHeads:    int(binary.LittleEndian.Uint32(b[68:])),
+		HeadDim:    int(binary.LittleEndian.Uint32(b[72:])),
+	}
+	pl := binary.LittleEndian.Uint64(b[80:])
+	want := h.Layout.PayloadLen(int(n))
+	if want < 0 || pl != uint64(want) {
+		return h, corrupt("payload length %d does not match layout %+v of %d tokens", pl, h.Layout, n)
+	}
+	if maxPayload > 0 && pl > uint64(maxPayload) {
+		return h, fmt.Errorf("%w: payload %d bytes, limit %d", ErrTooLarge, pl, maxPayload)
+	}
+	h.PayloadLen = int(pl)
+	h.Checksum = binary.LittleEndian.Uint64(b[88:])
+	h.Tokens = viewTokens(b[fixedHeaderLen : fixedHeaderLen+4*n])
+	if prefixhash.BlockKey(h.Parent, h.Tokens) != h.Key {
+		return h, corrupt("key %s is not H(parent ‖ tokens)", h.Key)
+	}
+	return h, nil
+}
+
+// Decode parses and verifies a whole encoded block: the header as in
+// DecodeHeader, the exact length, and the payload checksum. The returned
+// block aliases b.
+func Decode(b []byte, maxPayload int) (Block, error) {
+	h, err := DecodeHeader(b, maxPayload)
+	if err != nil {
+		return Block{}, err
+	}
+	hl := HeaderLen(len(h.Tokens))
+	if len(b) != hl+h.PayloadLen {
+		return Block{}, corrupt("%d bytes, header says %d", len(b), hl+h.PayloadLen)
+	}
+	payload := b[hl:]
+	if sum := xxhash.Sum64(payload); sum != h.Checksum {
+		return Block{}, corrupt("payload checksum %016x, computed %016x", h.Checksum, sum)
+	}
+	return Block{Header: h, Payload: payload}, nil
+}
+
+// viewTokens returns the little-endian uint32s in b, aliasing b when the
+// machine is little-endian and b is 4-byte aligned, copying otherwise.
+func viewTokens(b []byte) []uint32 {
+	n := len(b) / 4
+	if n == 0 {
+		return nil
+	}
+	if littleEndian && uintptr(unsafe.Pointer(&b[0]))%4 == 0 {
+		return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), n)
+	}
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return t
+}
+
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()

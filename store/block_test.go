@@ -1,0 +1,178 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+func blockNS() prefixhash.Namespace {
+	return prefixhash.Namespace{Model: "kvmesh/block-test", DType: prefixhash.Float16, BlockTokens: 4,
+		LayerStart: 0, LayerEnd: 2, KVHeads: 2, HeadDim: 8, TPSize: 1}
+}
+
+func randomBlock(t testing.TB, rng *rand.Rand, ns prefixhash.Namespace, parent prefixhash.Key) ([]byte, prefixhash.Key, []uint32, []byte) {
+	tokens := make([]uint32, ns.BlockTokens)
+	for i := range tokens {
+		tokens[i] = rng.Uint32()
+	}
+	payload := make([]byte, ns.BlockBytes())
+	for i := range payload {
+		payload[i] = byte(rng.Uint32())
+	}
+	b, key, err := Encode(nil, ns, parent, tokens, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, key, tokens, payload
+}
+
+func TestBlockRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	ns := blockNS()
+	b, key, tokens, payload := randomBlock(t, rng, ns, ns.Root())
+	if len(b) != EncodedLen(len(tokens), len(payload)) || HeaderLen(len(tokens))%64 != 0 {
+		t.Fatalf("encoded %d bytes, EncodedLen %d", len(b), EncodedLen(len(tokens), len(payload)))
+	}
+	blk, err := Decode(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if blk.Key != key || blk.Parent != ns.Root() || blk.Namespace != ns.Digest() || !bytes.Equal(blk.Payload, payload) {
+		t.Fatalf("decoded header %+v differs", blk.Header)
+	}
+	for i := range tokens {
+		if blk.Tokens[i] != tokens[i] {
+			t.Fatalf("token %d differs", i)
+		}
+	}
+	if key != prefixhash.Keys(ns, tokens)[0] {
+		t.Fatal("block key is not the chain key of its tokens")
+	}
+	if err := blk.CheckNamespace(ns); err != nil {
+		t.Fatal(err)
+	}
+	other := ns
+	other.TenantSalt = "someone else"
+	if err := blk.CheckNamespace(other); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("CheckNamespace(other tenant) = %v", err)
+	}
+	if _, err := Decode(b, len(payload)-1); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("payload over the limit: %v", err)
+	}
+}
+
+// TestBlockEveryByteMatters flips each byte of an encoded block in turn; no
+// flipped block may decode (padding and reserved bytes excepted, which no
+// reader interprets).
+func TestBlockEveryByteMatters(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2, 2))
+	ns := blockNS()
+	b, _, tokens, _ := randomBlock(t, rng, ns, ns.Root())
+	ignored := func(i int) bool {
+		return (i >= 6 && i < 8) || (i >= 57 && i < 60) || (i >= 76 && i < 80) ||
+			(i >= fixedHeaderLen+4*len(tokens) && i < HeaderLen(len(tokens)))
+	}
+	for i := range b {
+		if ignored(i) {
+			continue
+		}
+		c := bytes.Clone(b)
+		c[i] ^= 0x5a
+		if _, err := Decode(c, 0); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("byte %d flipped: Decode = %v, want ErrCorrupt", i, err)
+		}
+	}
+	for _, n := range []int{0, 1, len(b) - 1} {
+		if _, err := Decode(b[:n], 0); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("truncated to %d: %v", n, err)
+		}
+	}
+	if _, err := Decode(append(bytes.Clone(b), 0), 0); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("trailing byte accepted: %v", err)
+	}
+}
+
+// TestBlockForgedKey re-checksums a header whose tokens were changed: the
+// checksums then pass, and only the key check can catch it.
+func TestBlockForgedKey(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	ns := blockNS()
+	b, _, _, _ := randomBlock(t, rng, ns, ns.Root())
+	b[fixedHeaderLen]++
+	copyHeaderSum(b)
+	if _, err := Decode(b, 0); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("forged tokens accepted: %v", err)
+	}
+}
+
+func copyHeaderSum(b []byte) {
+	n := int(uint32(b[12]) | uint32(b[13])<<8 | uint32(b[14])<<16 | uint32(b[15])<<24)
+	s := headerSum(b, n)
+	for i := range 8 {
+		b[96+i] = byte(s >> (8 * i))
+	}
+}
+
+func TestEncodeRejects(t *testing.T) {
+	ns := blockNS()
+	tokens := make([]uint32, ns.BlockTokens)
+	payload := make([]byte, ns.BlockBytes())
+	if _, _, err := Encode(nil, ns, ns.Root(), tokens[:1], payload); err == nil {
+		t.Error("short token list accepted")
+	}
+	if _, _, err := Encode(nil, ns, ns.Root(), tokens, payload[1:]); err == nil {
+		t.Error("short payload accepted")
+	}
+	bad := ns
+	bad.KVHeads = 0
+	if _, _, err := Encode(nil, bad, ns.Root(), tokens, payload); !errors.Is(err, prefixhash.ErrInvalidNamespace) {
+		t.Errorf("invalid namespace: %v", err)
+	}
+}
+
+// FuzzDecode feeds arbitrary bytes to the decoder. It must never panic, and
+// whatever it accepts must be a block that re-encodes to the same bytes: its
+// key is H(parent ‖ tokens) and its payload matches its checksum.
+func FuzzDecode(f *testing.F) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	ns := blockNS()
+	b, _, _, _ := randomBlock(f, rng, ns, ns.Root())
+	f.Add(b)
+	f.Add(b[:fixedHeaderLen])
+	f.Add([]byte("KVMB"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		blk, err := Decode(data, 1<<20)
+		if err != nil {
+			return
+		}
+		if prefixhash.BlockKey(blk.Parent, blk.Tokens) != blk.Key {
+			t.Fatal("accepted a block whose key does not match its tokens")
+		}
+		rns := prefixhash.Namespace{Model: "x", DType: blk.Layout.DType, BlockTokens: len(blk.Tokens),
+			LayerStart: blk.Layout.LayerStart, LayerEnd: blk.Layout.LayerEnd, KVHeads: blk.Layout.KVHeads, HeadDim: blk.Layout.HeadDim}
+		re, key, err := Encode(nil, rns, blk.Parent, blk.Tokens, blk.Payload)
+		if err != nil {
+			t.Fatalf("accepted block does not re-encode: %v", err)
+		}
+		if key != blk.Key || !bytes.Equal(re[HeaderLen(len(blk.Tokens)):], data[HeaderLen(len(blk.Tokens)):]) {
+			t.Fatal("accepted block re-encodes differently")
+		}
+	})
+}
+
+func BenchmarkDecode(b *testing.B) {
+	ns := blockNS()
+	ns.DType, ns.BlockTokens, ns.KVHeads, ns.HeadDim = prefixhash.Float32, 512, 4, 64 // 1 MiB payload
+	rng := rand.New(rand.NewPCG(5, 5))
+	enc, _, _, _ := randomBlock(b, rng, ns, ns.Root())
+	b.SetBytes(int64(len(enc)))
+	for b.Loop() {
+		if _, err := Decode(enc, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

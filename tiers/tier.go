@@ -1,0 +1,72 @@
+package tiers
+
+import (
+	"errors"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// Loc is where a tier put a value. It is chosen by the tier on Put and is
+// meaningful only to that tier; its owner stores it in its index and hands it
+// back to Read, View and Free.
+type Loc uint64
+
+// Errors shared by every tier.
+var (
+	// ErrFull means there is no room for the value now. The owner frees
+	// something (demotes, evicts) and tries again.
+	ErrFull = errors.New("tiers: tier full")
+	// ErrTooLarge means the value can never fit in this tier.
+	ErrTooLarge = errors.New("tiers: value too large for tier")
+	// ErrCorrupt means the stored bytes failed their checksum: the value
+	// must be treated as missing.
+	ErrCorrupt = errors.New("tiers: stored value corrupt")
+	// ErrClosed is returned by every method after Close.
+	ErrClosed = errors.New("tiers: tier closed")
+)
+
+// Tier is one level of the storage hierarchy: device memory (HBM), host DRAM,
+// or NVMe. A tier stores opaque values under keys and returns where it put
+// them. It keeps no index of its own that its owner must consult on the hot
+// path and it makes no policy: the owner (store.Local) keeps key → Loc in RAM,
+// decides what is hot, what to demote and what to drop, and a tier only does
+// what it is told and says when it is full.
+//
+// All methods are safe for concurrent use. A Loc may be passed to Read, View
+// or Free only until it is freed; Free must be called at most once per Loc.
+type Tier interface {
+	// Name is "hbm", "dram" or "nvme".
+	Name() string
+	// Put copies val into the tier under key and returns its location.
+	// val is not retained. ErrFull: no room now; ErrTooLarge: never.
+	Put(key prefixhash.Key, val []byte) (Loc, error)
+	// Read copies the value stored at loc into dst, which must be exactly
+	// the value's length. A value that fails its checksum yields
+	// ErrCorrupt and must be freed by the owner.
+	Read(loc Loc, dst []byte) error
+	// Free releases the value at loc. Its space may be reused at once:
+	// the owner must not free a location a reader still uses (it pins).
+	Free(loc Loc)
+	// Stats returns the tier's usage counters.
+	Stats() Stats
+	// Close releases the tier's resources. Persistent tiers make what was
+	// Put durable first.
+	Close() error
+}
+
+// Viewer is implemented by tiers whose values live in memory the process can
+// address (DRAM). View returns the value at loc without copying, n bytes
+// long; the slice aliases the tier's memory and is valid until loc is freed.
+type Viewer interface {
+	View(loc Loc, n int) []byte
+}
+
+// Stats describe a tier's usage. Capacity is the configured hard limit;
+// Reserved is what the tier holds against it (values plus the rounding of its
+// allocator, or whole segments); Stored is the sum of the values' lengths.
+type Stats struct {
+	Capacity int64
+	Reserved int64
+	Stored   int64
+	Values   int64
+}
