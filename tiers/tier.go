@@ -70,3 +70,60 @@ type Stats struct {
 	Stored   int64
 	Values   int64
 }
+
+// Record describes one stored value: the key it was Put under, where it is,
+// and its length.
+type Record struct {
+	Key prefixhash.Key
+	Loc Loc
+	Len int
+}
+
+// The optional interfaces below are how a tier tells its owner what it needs
+// to make room, or what it kept across a restart. The owner keeps the policy:
+// which of the named values to demote, re-insert or drop.
+
+// Classed is implemented by tiers that allocate in size classes (DRAM). A
+// value only ever frees room for values of its own class, unless its whole
+// slab empties.
+type Classed interface {
+	// SizeClass returns the class a value of n bytes is stored in, or -1
+	// if no class holds n bytes (ErrTooLarge).
+	SizeClass(n int) int
+	// ClassHasMemory reports whether class c owns any memory now, that is
+	// whether freeing a value of class c can make room for another.
+	ClassHasMemory(c int) bool
+	// Evacuate names the values of the slab that is cheapest to empty
+	// (fewest live values) among slabs not of class avoid. Once the owner
+	// has freed them all, the slab returns to the pool and can serve any
+	// class. It returns nil when there is no such slab.
+	Evacuate(avoid int) []Record
+}
+
+// Segmented is implemented by log-structured tiers (NVMe) that reclaim space
+// one whole segment at a time, oldest first.
+type Segmented interface {
+	// OldestSegment returns the oldest sealed segment's id and the values
+	// it still holds (live or not; the owner checks each against its
+	// index). ok is false when no sealed segment exists.
+	OldestSegment() (seg uint64, recs []Record, ok bool, err error)
+	// DropSegment deletes a segment and everything in it. Locations in it
+	// become invalid; reads already in flight complete.
+	DropSegment(seg uint64) error
+}
+
+// Recoverable is implemented by persistent tiers. Range calls fn for every
+// value that survived the last shutdown or crash, until fn returns false.
+// Values whose bytes fail their checksum are not reported (they are
+// discarded).
+type Recoverable interface {
+	Range(fn func(Record) bool) error
+}
+
+// Batcher is implemented by tiers for which many values written together cost
+// much less than one at a time (NVMe: one aligned write and one sync). It
+// stores vals[i] under keys[i], writing locs[i], and returns how many it
+// stored before the first error; every stored value is durable on return.
+type Batcher interface {
+	PutBatch(keys []prefixhash.Key, vals [][]byte, locs []Loc) (int, error)
+}
