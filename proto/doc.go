@@ -1,3 +1,20 @@
-// Package proto holds kvmesh's .proto files (under kvmesh/v1) and the Go code
-// generated from them.
+// Package proto holds kvmesh's gRPC API: the .proto files under kvmesh/v1 and
+// the Go code generated from them (package kvmeshv1, in the same directory).
+// The Python code generated from the same files lives in clients/python.
+//
+// Services of kvmesh.v1: CacheService (Lookup, BatchGet, BatchPut, Exists,
+// Stats) for inference workers, AdminService (Members, DropNamespace,
+// BlockInfo) for operators, and PrefillService (Prefill, GetResult), which is
+// defined but not yet served. Nodes also serve grpc.health.v1 and server
+// reflection.
+//
+// The generated files are committed. After editing a .proto, regenerate
+// everything with
+//
+//	bash proto/gen.sh
+//
+// which pins its tools: Debian's protoc 3.21.12, protoc-gen-go v1.36.12 (the
+// protobuf version in go.mod), protoc-gen-go-grpc v1.6.2 and Debian's
+// python3-grpc-tools. Field numbers are never reused; removed fields are
+// reserved.
 package proto
