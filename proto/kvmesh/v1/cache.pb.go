@@ -293,22 +293,25 @@ func (x *BatchGetRequest) GetPrefix() bool {
 // answered, in request order, by one or more frames with its index. The
 // first frame carries key and found; a miss is that single frame
 // (found=false, last=true). A hit's first frame also carries parent, tokens
-// and payload_len; its payload follows in order in the data of this and the
+// payload_len and payload_checksum; its payload follows in order in the data of this and the
 // next frames (offset says where each starts), and last=true marks the
 // block's final frame.
 type BatchGetResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Index         uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
-	Key           []byte                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Found         bool                   `protobuf:"varint,3,opt,name=found,proto3" json:"found,omitempty"`
-	Parent        []byte                 `protobuf:"bytes,4,opt,name=parent,proto3" json:"parent,omitempty"`
-	Tokens        []uint32               `protobuf:"varint,5,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	PayloadLen    uint64                 `protobuf:"varint,6,opt,name=payload_len,json=payloadLen,proto3" json:"payload_len,omitempty"`
-	Offset        uint64                 `protobuf:"varint,7,opt,name=offset,proto3" json:"offset,omitempty"`
-	Data          []byte                 `protobuf:"bytes,8,opt,name=data,proto3" json:"data,omitempty"`
-	Last          bool                   `protobuf:"varint,9,opt,name=last,proto3" json:"last,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Index      uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Key        []byte                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Found      bool                   `protobuf:"varint,3,opt,name=found,proto3" json:"found,omitempty"`
+	Parent     []byte                 `protobuf:"bytes,4,opt,name=parent,proto3" json:"parent,omitempty"`
+	Tokens     []uint32               `protobuf:"varint,5,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	PayloadLen uint64                 `protobuf:"varint,6,opt,name=payload_len,json=payloadLen,proto3" json:"payload_len,omitempty"`
+	Offset     uint64                 `protobuf:"varint,7,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data       []byte                 `protobuf:"bytes,8,opt,name=data,proto3" json:"data,omitempty"`
+	Last       bool                   `protobuf:"varint,9,opt,name=last,proto3" json:"last,omitempty"`
+	// xxhash64 (seed 0) of the whole payload, as in the block header: the
+	// client verifies the bytes it assembled end to end.
+	PayloadChecksum uint64 `protobuf:"fixed64,10,opt,name=payload_checksum,json=payloadChecksum,proto3" json:"payload_checksum,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *BatchGetResponse) Reset() {
@@ -404,6 +407,13 @@ func (x *BatchGetResponse) GetLast() bool {
 	return false
 }
 
+func (x *BatchGetResponse) GetPayloadChecksum() uint64 {
+	if x != nil {
+		return x.PayloadChecksum
+	}
+	return 0
+}
+
 // BlockHeader starts a block in a BatchPut stream.
 type BlockHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -414,9 +424,12 @@ type BlockHeader struct {
 	Tokens []uint32 `protobuf:"varint,2,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	// Payload size in bytes; must equal the namespace's block size,
 	// layers x 2 x block_tokens x kv_heads x head_dim x dtype size.
-	PayloadLen    uint64 `protobuf:"varint,3,opt,name=payload_len,json=payloadLen,proto3" json:"payload_len,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PayloadLen uint64 `protobuf:"varint,3,opt,name=payload_len,json=payloadLen,proto3" json:"payload_len,omitempty"`
+	// Optional xxhash64 (seed 0) of the payload: when set, the node refuses a
+	// block whose received payload does not match it.
+	PayloadChecksum uint64 `protobuf:"fixed64,4,opt,name=payload_checksum,json=payloadChecksum,proto3" json:"payload_checksum,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *BlockHeader) Reset() {
@@ -466,6 +479,13 @@ func (x *BlockHeader) GetTokens() []uint32 {
 func (x *BlockHeader) GetPayloadLen() uint64 {
 	if x != nil {
 		return x.PayloadLen
+	}
+	return 0
+}
+
+func (x *BlockHeader) GetPayloadChecksum() uint64 {
+	if x != nil {
+		return x.PayloadChecksum
 	}
 	return 0
 }
@@ -975,7 +995,7 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x16\n" +
 	"\x06tokens\x18\x03 \x03(\rR\x06tokens\x12\x16\n" +
-	"\x06prefix\x18\x04 \x01(\bR\x06prefix\"\xe1\x01\n" +
+	"\x06prefix\x18\x04 \x01(\bR\x06prefix\"\x8c\x02\n" +
 	"\x10BatchGetResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -986,12 +1006,15 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"payloadLen\x12\x16\n" +
 	"\x06offset\x18\a \x01(\x04R\x06offset\x12\x12\n" +
 	"\x04data\x18\b \x01(\fR\x04data\x12\x12\n" +
-	"\x04last\x18\t \x01(\bR\x04last\"^\n" +
+	"\x04last\x18\t \x01(\bR\x04last\x12)\n" +
+	"\x10payload_checksum\x18\n" +
+	" \x01(\x06R\x0fpayloadChecksum\"\x89\x01\n" +
 	"\vBlockHeader\x12\x16\n" +
 	"\x06parent\x18\x01 \x01(\fR\x06parent\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\rR\x06tokens\x12\x1f\n" +
 	"\vpayload_len\x18\x03 \x01(\x04R\n" +
-	"payloadLen\"\x87\x01\n" +
+	"payloadLen\x12)\n" +
+	"\x10payload_checksum\x18\x04 \x01(\x06R\x0fpayloadChecksum\"\x87\x01\n" +
 	"\x0fBatchPutRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12,\n" +
 	"\x05block\x18\x02 \x01(\v2\x16.kvmesh.v1.BlockHeaderR\x05block\x12\x12\n" +

@@ -1,0 +1,172 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+)
+
+// bulk moves block payloads. Today the gRPC streams do; a data-plane
+// transport (package transfer) will implement the same two methods.
+type bulk interface {
+	// get reads keys and calls fn for each block in order, misses
+	// included, stopping after the first miss when prefix is set. Every
+	// key is answered (up to that miss) or an error is returned. With
+	// fresh, each payload is a new slice the caller keeps; without it,
+	// payload and tokens are valid only during fn.
+	get(ctx context.Context, ns *kvmeshv1.Namespace, keys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error
+	// put stores blocks and returns their keys in order.
+	put(ctx context.Context, ns *kvmeshv1.Namespace, blocks []putItem) ([]prefixhash.Key, error)
+}
+
+// putItem is one block to store. payload is read during put only.
+type putItem struct {
+	parent  prefixhash.Key
+	tokens  []uint32
+	payload []byte
+}
+
+// errStream is wrapped by errors about a malformed answer from the node.
+var errStream = errors.New("client: malformed stream from node")
+
+// grpcBulk moves payloads over CacheService's BatchGet and BatchPut streams.
+type grpcBulk struct{ c *Client }
+
+func (g *grpcBulk) get(ctx context.Context, ns *kvmeshv1.Namespace, keys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
+	req := &kvmeshv1.BatchGetRequest{Namespace: ns, Keys: make([][]byte, len(keys)), Prefix: prefix}
+	for i := range keys {
+		req.Keys[i] = keys[i][:]
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the stream if we stop reading early
+	stream, err := g.c.cache.BatchGet(ctx, req)
+	if err != nil {
+		return err
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", errStream, fmt.Sprintf(format, args...))
+	}
+	var (
+		cur     Block
+		sum     uint64
+		want    int // payload bytes of the current block
+		buf     []byte
+		next    int  // the index the next block must have
+		inBlock bool // a hit's frames are arriving
+		stopped bool // prefix: a miss ended the stream
+	)
+	for {
+		f, err := stream.Recv()
+		if err == io.EOF {
+			if inBlock || !stopped && next < len(keys) {
+				return bad("stream ended after %d of %d blocks", next, len(keys))
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !inBlock {
+			// The first frame of the next block.
+			if stopped || int(f.GetIndex()) != next || next >= len(keys) {
+				return bad("frame for block %d, expected block %d", f.GetIndex(), next)
+			}
+			if string(f.GetKey()) != string(keys[next][:]) {
+				return bad("block %d: key %x, asked for %s", next, f.GetKey(), keys[next])
+			}
+			cur = Block{Index: next, Key: keys[next], Found: f.GetFound()}
+			if !cur.Found {
+				next++
+				stopped = prefix
+				if err := fn(cur); err != nil {
+					return err
+				}
+				continue
+			}
+			if copy(cur.Parent[:], f.GetParent()) != prefixhash.KeySize || len(f.GetParent()) != prefixhash.KeySize {
+				return bad("block %d: parent of %d bytes", next, len(f.GetParent()))
+			}
+			cur.Tokens = f.GetTokens()
+			if prefixhash.BlockKey(cur.Parent, cur.Tokens) != cur.Key {
+				return bad("block %d: key is not H(parent ‖ tokens)", next)
+			}
+			if n := f.GetPayloadLen(); n == 0 || n > uint64(g.c.opts.MaxBlockBytes) {
+				return bad("block %d: payload of %d bytes (limit %d)", next, n, g.c.opts.MaxBlockBytes)
+			}
+			want = int(f.GetPayloadLen())
+			if fresh || cap(buf) < want {
+				buf = make([]byte, want)
+			}
+			cur.Payload = buf[:0]
+			sum = f.GetPayloadChecksum()
+			inBlock = true
+		} else if int(f.GetIndex()) != next {
+			return bad("frame for block %d inside block %d", f.GetIndex(), next)
+		}
+		if f.GetOffset() != uint64(len(cur.Payload)) || len(cur.Payload)+len(f.GetData()) > want {
+			return bad("block %d: %d bytes at offset %d, have %d of %d", next, len(f.GetData()), f.GetOffset(), len(cur.Payload), want)
+		}
+		cur.Payload = append(cur.Payload, f.GetData()...)
+		if !f.GetLast() {
+			continue
+		}
+		if len(cur.Payload) != want {
+			return bad("block %d: %d payload bytes, %d announced", next, len(cur.Payload), want)
+		}
+		if got := xxhash.Sum64(cur.Payload); got != sum {
+			return bad("block %d: payload checksum %016x, announced %016x", next, got, sum)
+		}
+		inBlock = false
+		next++
+		if err := fn(cur); err != nil {
+			return err
+		}
+	}
+}
+
+func (g *grpcBulk) put(ctx context.Context, ns *kvmeshv1.Namespace, blocks []putItem) ([]prefixhash.Key, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := g.c.cache.BatchPut(ctx)
+	if err != nil {
+		return nil, err
+	}
+	chunk := g.c.opts.ChunkBytes
+	msg := &kvmeshv1.BatchPutRequest{Namespace: ns}
+	for _, b := range blocks {
+		msg.Block = &kvmeshv1.BlockHeader{
+			Parent: b.parent[:], Tokens: b.tokens,
+			PayloadLen: uint64(len(b.payload)), PayloadChecksum: xxhash.Sum64(b.payload),
+		}
+		for off := 0; off < len(b.payload); off += chunk {
+			msg.Data = b.payload[off:min(off+chunk, len(b.payload))]
+			if err := stream.Send(msg); err != nil {
+				// The node ended the stream; CloseAndRecv has its status.
+				_, err := stream.CloseAndRecv()
+				return nil, err
+			}
+			msg.Namespace, msg.Block = nil, nil
+		}
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.GetKeys()) != len(blocks) {
+		return nil, fmt.Errorf("%w: %d keys for %d blocks stored", errStream, len(resp.GetKeys()), len(blocks))
+	}
+	keys := make([]prefixhash.Key, len(blocks))
+	for i, k := range resp.GetKeys() {
+		copy(keys[i][:], k)
+		if want := prefixhash.BlockKey(blocks[i].parent, blocks[i].tokens); keys[i] != want {
+			return nil, fmt.Errorf("%w: block %d stored as %s, expected %s", errStream, i, keys[i], want)
+		}
+	}
+	return keys, nil
+}

@@ -1,0 +1,180 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+)
+
+// Options configure a Client. Zero fields take their defaults.
+type Options struct {
+	// Timeout bounds a call whose context has no deadline. Default 30s.
+	Timeout time.Duration
+	// MaxRetries is how many times a safe call is retried after the node
+	// answered Unavailable. Default 2; negative disables retries.
+	MaxRetries int
+	// Backoff is the wait before the first retry; it doubles for each
+	// next one, with jitter. Default 50ms.
+	Backoff time.Duration
+	// MaxMessageBytes is the largest gRPC message sent or received, in
+	// bytes. Default 4 MiB, the node's default.
+	MaxMessageBytes int
+	// ChunkBytes is the most payload bytes in one BatchPut message. Default
+	// 1 MiB.
+	ChunkBytes int
+	// MaxBatchBlocks is the most blocks one request names; longer puts and
+	// gets are split. Default 16384, the node's default.
+	MaxBatchBlocks int
+	// MaxBlockBytes is the largest payload the client accepts from a node,
+	// in bytes. Default 64 MiB, the node's default.
+	MaxBlockBytes int
+	// DialOptions are added to Dial's (which default to an insecure
+	// transport: kvmesh runs inside a trusted network).
+	DialOptions []grpc.DialOption
+}
+
+func (o *Options) ensureDefaults() {
+	if o.Timeout == 0 {
+		o.Timeout = 30 * time.Second
+	}
+	if o.MaxRetries == 0 {
+		o.MaxRetries = 2
+	}
+	if o.Backoff == 0 {
+		o.Backoff = 50 * time.Millisecond
+	}
+	if o.MaxMessageBytes == 0 {
+		o.MaxMessageBytes = 4 << 20
+	}
+	if o.ChunkBytes == 0 {
+		o.ChunkBytes = 1 << 20
+	}
+	if o.MaxBatchBlocks == 0 {
+		o.MaxBatchBlocks = 16384
+	}
+	if o.MaxBlockBytes == 0 {
+		o.MaxBlockBytes = 64 << 20
+	}
+}
+
+// ErrInvalid is wrapped by errors about arguments the client refuses before
+// any request is sent.
+var ErrInvalid = errors.New("client: invalid argument")
+
+// Client talks to one kvmesh node.
+type Client struct {
+	opts  Options
+	conn  *grpc.ClientConn // nil when the caller owns the connection
+	cache kvmeshv1.CacheServiceClient
+	admin kvmeshv1.AdminServiceClient
+	bulk  bulk
+}
+
+// Dial returns a client of the node at addr (host:port). It does not wait
+// for the connection: the first call does. Close releases it.
+func Dial(addr string, opts Options) (*Client, error) {
+	opts.ensureDefaults()
+	dopts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes), grpc.MaxCallSendMsgSize(opts.MaxMessageBytes)),
+	}, opts.DialOptions...)
+	conn, err := grpc.NewClient(addr, dopts...)
+	if err != nil {
+		return nil, fmt.Errorf("client: dial %s: %w", addr, err)
+	}
+	c := New(conn, opts)
+	c.conn = conn
+	return c, nil
+}
+
+// New returns a client over an existing connection, which the caller keeps
+// owning (Close does not close it).
+func New(conn grpc.ClientConnInterface, opts Options) *Client {
+	opts.ensureDefaults()
+	c := &Client{
+		opts:  opts,
+		cache: kvmeshv1.NewCacheServiceClient(conn),
+		admin: kvmeshv1.NewAdminServiceClient(conn),
+	}
+	c.bulk = &grpcBulk{c: c}
+	return c
+}
+
+// Close closes the connection Dial opened.
+func (c *Client) Close() error {
+	if c.conn == nil {
+		return nil
+	}
+	return c.conn.Close()
+}
+
+// NamespaceProto returns the wire form of ns.
+func NamespaceProto(ns prefixhash.Namespace) *kvmeshv1.Namespace {
+	return &kvmeshv1.Namespace{
+		Model:       ns.Model,
+		Dtype:       kvmeshv1.DType(ns.DType),
+		BlockTokens: uint32(ns.BlockTokens),
+		LayerStart:  uint32(ns.LayerStart),
+		LayerEnd:    uint32(ns.LayerEnd),
+		KvHeads:     uint32(ns.KVHeads),
+		HeadDim:     uint32(ns.HeadDim),
+		TpRank:      uint32(ns.TPRank),
+		TpSize:      uint32(ns.TPSize),
+		TenantSalt:  ns.TenantSalt,
+	}
+}
+
+// withTimeout applies Options.Timeout to a context without a deadline.
+func (c *Client) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, c.opts.Timeout)
+}
+
+// retry runs call until it succeeds, fails with anything but Unavailable,
+// MaxRetries retries are spent or ctx is done. Only safe calls use it.
+func (c *Client) retry(ctx context.Context, call func(ctx context.Context) error) error {
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	wait := c.opts.Backoff
+	for attempt := 0; ; attempt++ {
+		err := call(ctx)
+		if err == nil || status.Code(err) != codes.Unavailable || attempt >= c.opts.MaxRetries {
+			return err
+		}
+		d := wait/2 + rand.N(wait/2+1)
+		wait *= 2
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+// once runs a call that is not safe to repeat, with the default timeout.
+func (c *Client) once(ctx context.Context, call func(ctx context.Context) error) error {
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	return call(ctx)
+}
+
+func checkNamespace(ns prefixhash.Namespace) error {
+	if err := ns.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return nil
+}

@@ -1,0 +1,90 @@
+package node
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+	"github.com/kvmesh/kvmesh/store"
+)
+
+// adminService implements kvmesh.v1.AdminService.
+type adminService struct {
+	kvmeshv1.UnimplementedAdminServiceServer
+	n *Node
+}
+
+// Members answers with this node alone: a single node has no peers yet.
+func (s *adminService) Members(context.Context, *kvmeshv1.MembersRequest) (*kvmeshv1.MembersResponse, error) {
+	self := &kvmeshv1.Member{
+		Id:       s.n.opts.NodeID,
+		State:    "alive",
+		GrpcAddr: s.n.GRPCAddr(),
+		HttpAddr: s.n.HTTPAddr(),
+		Version:  s.n.opts.Version,
+	}
+	for _, t := range s.n.cache.Stats().Tiers {
+		self.Tiers = append(self.Tiers, &kvmeshv1.TierCapacity{Name: t.Name, CapacityBytes: uint64(t.Capacity), UsedBytes: uint64(t.Bytes)})
+	}
+	return &kvmeshv1.MembersResponse{SelfId: s.n.opts.NodeID, Members: []*kvmeshv1.Member{self}}, nil
+}
+
+func (s *adminService) DropNamespace(_ context.Context, req *kvmeshv1.DropNamespaceRequest) (*kvmeshv1.DropNamespaceResponse, error) {
+	var digest uint64
+	switch {
+	case req.GetNamespace() != nil && req.GetDigest() != 0:
+		return nil, invalid("namespace", "set namespace or digest, not both")
+	case req.GetNamespace() != nil:
+		ns, err := s.n.namespace(req.GetNamespace())
+		if err != nil {
+			return nil, err
+		}
+		digest = ns.Digest()
+	case req.GetDigest() != 0:
+		digest = req.GetDigest()
+	default:
+		return nil, invalid("namespace", "set namespace or digest")
+	}
+	dropped, err := s.n.cache.DropNamespace(digest)
+	if err != nil {
+		return nil, err
+	}
+	s.n.log.Info("namespace dropped", "digest", digestString(digest), "blocks", dropped)
+	return &kvmeshv1.DropNamespaceResponse{DroppedBlocks: uint64(dropped)}, nil
+}
+
+func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoRequest) (*kvmeshv1.BlockInfoResponse, error) {
+	key, err := parseKey("key", req.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	notCached := status.Errorf(codes.NotFound, "block %s is not cached on node %s", key, s.n.opts.NodeID)
+	info, ok := s.n.cache.Info(key)
+	if !ok {
+		return nil, notCached
+	}
+	ref, err := s.n.cache.Get(ctx, key)
+	if errors.Is(err, ErrNotFound) {
+		return nil, notCached
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer ref.Release()
+	h, err := store.DecodeHeader(ref.Bytes(), 0)
+	if err != nil {
+		return nil, status.Errorf(codes.DataLoss, "block %s: %v", key, err)
+	}
+	return &kvmeshv1.BlockInfoResponse{
+		Key: keyBytes(h.Key), Parent: keyBytes(h.Parent), NamespaceDigest: h.Namespace,
+		Tokens: append([]uint32(nil), h.Tokens...),
+		NodeId: s.n.opts.NodeID, Tier: info.Tier,
+		PayloadLen: uint64(h.PayloadLen), EncodedLen: uint64(len(ref.Bytes())),
+		Dtype:      kvmeshv1.DType(h.Layout.DType),
+		LayerStart: uint32(h.Layout.LayerStart), LayerEnd: uint32(h.Layout.LayerEnd),
+		KvHeads: uint32(h.Layout.KVHeads), HeadDim: uint32(h.Layout.HeadDim),
+	}, nil
+}

@@ -1,0 +1,136 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/store"
+)
+
+// fakeCache is an in-memory Cache for tests: a map of verified blocks with a
+// byte budget, counting pins so that tests can check every Ref is released.
+type fakeCache struct {
+	capacity int64
+	pins     atomic.Int64
+	gets     atomic.Int64
+	// gate, when set, runs before the n-th Get (from 1) and may block it.
+	gate func(ctx context.Context, n int64) error
+	closed   atomic.Int32
+
+	mu struct {
+		sync.Mutex
+		blocks       map[prefixhash.Key][]byte
+		bytes        int64
+		hits, misses int64
+	}
+}
+
+func newFakeCache(capacity int64) *fakeCache {
+	c := &fakeCache{capacity: capacity}
+	c.mu.blocks = make(map[prefixhash.Key][]byte)
+	return c
+}
+
+func (c *fakeCache) Put(_ context.Context, block []byte) error {
+	b, err := store.Decode(block, 0)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.mu.blocks[b.Key]; ok {
+		return nil
+	}
+	if c.mu.bytes+int64(len(block)) > c.capacity {
+		return fmt.Errorf("fake: %d of %d bytes used: %w", c.mu.bytes, c.capacity, ErrFull)
+	}
+	c.mu.blocks[b.Key] = append([]byte(nil), block...)
+	c.mu.bytes += int64(len(block))
+	return nil
+}
+
+type fakeRef struct {
+	c    *fakeCache
+	b    []byte
+	once sync.Once
+}
+
+func (r *fakeRef) Bytes() []byte { return r.b }
+func (r *fakeRef) Release()      { r.once.Do(func() { r.c.pins.Add(-1) }) }
+
+func (c *fakeCache) Get(ctx context.Context, key prefixhash.Key) (Ref, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if n := c.gets.Add(1); c.gate != nil {
+		if err := c.gate(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.mu.blocks[key]
+	if !ok {
+		c.mu.misses++
+		return nil, fmt.Errorf("fake: %s: %w", key, ErrNotFound)
+	}
+	c.mu.hits++
+	c.pins.Add(1)
+	return &fakeRef{c: c, b: b}, nil
+}
+
+func (c *fakeCache) Contains(key prefixhash.Key) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.mu.blocks[key]
+	return ok
+}
+
+func (c *fakeCache) LongestPrefix(keys []prefixhash.Key) int {
+	for i, k := range keys {
+		if !c.Contains(k) {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+func (c *fakeCache) Info(key prefixhash.Key) (BlockInfo, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.mu.blocks[key]
+	return BlockInfo{Tier: "dram", Size: len(b)}, ok
+}
+
+func (c *fakeCache) DropNamespace(digest uint64) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for k, b := range c.mu.blocks {
+		if h, err := store.DecodeHeader(b, 0); err == nil && h.Namespace == digest {
+			delete(c.mu.blocks, k)
+			c.mu.bytes -= int64(len(b))
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (c *fakeCache) Stats() CacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return CacheStats{
+		Tiers: []TierStats{{Name: "dram", Blocks: int64(len(c.mu.blocks)), Bytes: c.mu.bytes, Capacity: c.capacity}},
+		Hits:  c.mu.hits, Misses: c.mu.misses,
+	}
+}
+
+func (c *fakeCache) Close() error {
+	c.closed.Add(1)
+	return nil
+}
+
+var _ Cache = (*fakeCache)(nil)

@@ -1,0 +1,201 @@
+package node
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/client"
+	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+)
+
+// TestInvalidArgument sends every kind of malformed request and checks that
+// each is refused with InvalidArgument naming the field, and that the node
+// keeps serving.
+func TestInvalidArgument(t *testing.T) {
+	tn := startNode(t, func(o *Options) { o.MaxBatchBlocks = 4; o.MaxBlockBytes = 64 * KiB })
+	ctx := context.Background()
+	ns := client.NamespaceProto(testNS)
+	bad := func(mod func(*kvmeshv1.Namespace)) *kvmeshv1.Namespace {
+		c := client.NamespaceProto(testNS)
+		mod(c)
+		return c
+	}
+	tokens, payloads := prompt(6, 8)
+	block := func(tokens []uint32, n int) *kvmeshv1.BlockHeader {
+		return &kvmeshv1.BlockHeader{Tokens: tokens, PayloadLen: uint64(n)}
+	}
+	put := func(msgs ...*kvmeshv1.BatchPutRequest) error {
+		stream, err := tn.raw.BatchPut(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if err := stream.Send(m); err != nil {
+				break // the node ended the stream; CloseAndRecv has why
+			}
+		}
+		_, err = stream.CloseAndRecv()
+		return err
+	}
+	get := func(req *kvmeshv1.BatchGetRequest) error {
+		stream, err := tn.raw.BatchGet(ctx, req)
+		if err != nil {
+			return err
+		}
+		for {
+			if _, err := stream.Recv(); err != nil {
+				if err == io.EOF {
+					return nil
+				}
+				return err
+			}
+		}
+	}
+	key := func(n int) [][]byte {
+		keys := make([][]byte, n)
+		for i := range keys {
+			keys[i] = make([]byte, 16)
+		}
+		return keys
+	}
+	size := uint64(testNS.BlockBytes())
+
+	for _, tc := range []struct {
+		name, want string
+		call       func() error
+	}{
+		{"lookup without namespace", "namespace: required", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Tokens: tokens})
+			return err
+		}},
+		{"namespace without model", "model", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.Model = "" })})
+			return err
+		}},
+		{"namespace with zero block_tokens", "block_tokens", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.BlockTokens = 0 })})
+			return err
+		}},
+		{"namespace with unknown dtype", "dtype", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.Dtype = 99 })})
+			return err
+		}},
+		{"namespace with empty layer range", "layers", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.LayerEnd = 0 })})
+			return err
+		}},
+		{"namespace with tp_rank >= tp_size", "tp", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.TpRank, n.TpSize = 2, 2 })})
+			return err
+		}},
+		{"namespace with oversized blocks", "max_block_bytes", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.HeadDim = 1 << 20 })})
+			return err
+		}},
+		{"namespace with overflowing block size", "max_block_bytes", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) {
+				n.LayerEnd, n.KvHeads, n.HeadDim = 1<<32-1, 1<<32-1, 1<<32-1
+			})})
+			return err
+		}},
+		{"lookup over the batch limit", "max_batch_blocks", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Tokens: make([]uint32, 5*4)})
+			return err
+		}},
+		{"get with a short key", "keys[1]", func() error {
+			return get(&kvmeshv1.BatchGetRequest{Namespace: ns, Keys: [][]byte{make([]byte, 16), {1, 2, 3}}})
+		}},
+		{"get over the batch limit", "max_batch_blocks", func() error {
+			return get(&kvmeshv1.BatchGetRequest{Namespace: ns, Keys: key(5)})
+		}},
+		{"get with keys and tokens", "keys", func() error {
+			return get(&kvmeshv1.BatchGetRequest{Namespace: ns, Keys: key(1), Tokens: tokens})
+		}},
+		{"get without namespace", "namespace", func() error {
+			return get(&kvmeshv1.BatchGetRequest{Keys: key(1)})
+		}},
+		{"exists with a long key", "keys[0]", func() error {
+			_, err := tn.raw.Exists(ctx, &kvmeshv1.ExistsRequest{Keys: [][]byte{make([]byte, 17)}})
+			return err
+		}},
+		{"put without namespace", "namespace", func() error {
+			return put(&kvmeshv1.BatchPutRequest{Block: block(tokens[:4], int(size)), Data: payloads[0]})
+		}},
+		{"put with an invalid namespace", "namespace", func() error {
+			return put(&kvmeshv1.BatchPutRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.KvHeads = 0 }), Block: block(tokens[:4], int(size))})
+		}},
+		{"put with too few tokens", "block.tokens", func() error {
+			return put(&kvmeshv1.BatchPutRequest{Namespace: ns, Block: block(tokens[:3], int(size))})
+		}},
+		{"put with too many tokens", "block.tokens", func() error {
+			return put(&kvmeshv1.BatchPutRequest{Namespace: ns, Block: block(tokens[:5], int(size))})
+		}},
+		{"put with a wrong payload_len", "block.payload_len", func() error {
+			return put(&kvmeshv1.BatchPutRequest{Namespace: ns, Block: block(tokens[:4], int(size)+1)})
+		}},
+		{"put with more data than payload_len", "data", func() error {
+			return put(&kvmeshv1.BatchPutRequest{Namespace: ns, Block: block(tokens[:4], int(size)), Data: make([]byte, size+1)})
+		}},
+		{"put with data before a header", "data", func() error {
+			return put(&kvmeshv1.BatchPutRequest{Namespace: ns, Data: payloads[0]})
+		}},
+		{"put ending inside a block", "data", func() error {
+			return put(&kvmeshv1.BatchPutRequest{Namespace: ns, Block: block(tokens[:4], int(size)), Data: payloads[0][:10]})
+		}},
+		{"put with a short parent", "block.parent", func() error {
+			h := block(tokens[:4], int(size))
+			h.Parent = []byte{1}
+			return put(&kvmeshv1.BatchPutRequest{Namespace: ns, Block: h, Data: payloads[0]})
+		}},
+		{"put with a wrong checksum", "block.payload_checksum", func() error {
+			h := block(tokens[:4], int(size))
+			h.PayloadChecksum = 12345
+			return put(&kvmeshv1.BatchPutRequest{Namespace: ns, Block: h, Data: payloads[0]})
+		}},
+		{"put changing namespace", "namespace", func() error {
+			return put(&kvmeshv1.BatchPutRequest{Namespace: ns, Block: block(tokens[:4], int(size)), Data: payloads[0]},
+				&kvmeshv1.BatchPutRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.Model = "other" })})
+		}},
+		{"put over the batch limit", "max_batch_blocks", func() error {
+			var msgs []*kvmeshv1.BatchPutRequest
+			for i := range 5 {
+				msgs = append(msgs, &kvmeshv1.BatchPutRequest{Namespace: ns, Block: block([]uint32{uint32(i), 1, 2, 3}, int(size)), Data: payloads[0]})
+			}
+			return put(msgs...)
+		}},
+		{"block info with a short key", "key", func() error {
+			_, err := tn.admin.BlockInfo(ctx, &kvmeshv1.BlockInfoRequest{Key: []byte{1}})
+			return err
+		}},
+		{"drop without a namespace", "namespace", func() error {
+			_, err := tn.admin.DropNamespace(ctx, &kvmeshv1.DropNamespaceRequest{})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			st, _ := status.FromError(err)
+			if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), tc.want) {
+				t.Fatalf("got %v, want InvalidArgument naming %q", err, tc.want)
+			}
+		})
+	}
+
+	// Still serving. Of the refused puts, only whole valid blocks that came
+	// before the fault were stored: the 4 under the batch limit and the
+	// prompt's first block (before the namespace changed).
+	if _, err := tn.client.Put(ctx, testNS, tokens, payloads); err != nil {
+		t.Fatalf("Put after refused requests: %v", err)
+	}
+	if l, err := tn.client.Lookup(ctx, testNS, tokens); err != nil || l.CachedTokens != 8 {
+		t.Fatalf("Lookup after refused requests = %+v, %v", l, err)
+	}
+	if st := tn.cache.Stats(); st.Tiers[0].Blocks != 2+4 {
+		t.Fatalf("%d blocks cached, want the prompt's 2 and the 4 within the batch limit", st.Tiers[0].Blocks)
+	}
+}

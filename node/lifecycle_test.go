@@ -1,0 +1,156 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// TestGracefulShutdown stops a node while one stream is mid-flight and
+// clients keep sending: the stream in flight completes, the others succeed
+// or fail with a clean status, Serve returns nil and the cache is closed
+// with nothing pinned (checked by stop).
+func TestGracefulShutdown(t *testing.T) {
+	tn := startNode(t, nil)
+	ctx := context.Background()
+	tokens, payloads := prompt(7, 16)
+	if _, err := tn.client.Put(ctx, testNS, tokens, payloads); err != nil {
+		t.Fatal(err)
+	}
+
+	// One BatchGet holds its second read until the node is stopping.
+	entered, release := make(chan struct{}), make(chan struct{})
+	var gated atomic.Bool
+	tn.cache.gate = func(ctx context.Context, n int64) error {
+		if gated.CompareAndSwap(false, true) {
+			close(entered)
+			<-release
+		}
+		return nil
+	}
+	inflight := make(chan error, 1)
+	go func() {
+		blocks, err := tn.client.Get(ctx, testNS, tokens)
+		if err == nil && len(blocks) != 4 {
+			err = errors.New("in-flight Get returned a short prefix")
+		}
+		inflight <- err
+	}()
+	<-entered
+
+	// Load: bounded loops that stop at their first error.
+	var wg sync.WaitGroup
+	var ok atomic.Int64
+	errs := make(chan error, 4)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			toks, pays := prompt(uint32(100+w), 8)
+			for range 500 {
+				var err error
+				if _, err = tn.client.Put(ctx, testNS, toks, pays); err == nil {
+					_, err = tn.client.Lookup(ctx, testNS, toks)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				ok.Add(1)
+			}
+		}()
+	}
+	waitFor(t, "some requests served", func() bool { return ok.Load() >= 10 })
+
+	tn.cancel()
+	waitFor(t, "/healthz to turn 503", func() bool {
+		resp, err := http.Get("http://" + tn.HTTPAddr() + "/healthz")
+		if err != nil {
+			return true // already closed
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
+	close(release)
+	if err := <-inflight; err != nil {
+		t.Fatalf("request in flight at shutdown: %v, want it to complete", err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if c := status.Code(errors.Unwrap(err)); c != codes.Unavailable && c != codes.Canceled {
+			t.Errorf("request during shutdown failed with %v; want Unavailable or Canceled", err)
+		}
+	}
+	tn.stop(t)
+}
+
+func TestMetrics(t *testing.T) {
+	tn := startNode(t, nil)
+	ctx := context.Background()
+	tokens, payloads := prompt(8, 12)
+	if _, err := tn.client.Put(ctx, testNS, tokens[:8], payloads[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tn.client.Get(ctx, testNS, tokens); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tn.client.Lookup(ctx, testNS, tokens); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = tn.client.Exists(ctx, []prefixhash.Key{{}})
+
+	resp, err := http.Get("http://" + tn.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body strings.Builder
+	problems, err := promlint.New(teeReader{resp.Body, &body}).Lint()
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v", err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+	text := body.String()
+	for _, want := range []string{
+		"kvmesh_cache_hits_total 2",
+		"kvmesh_cache_misses_total 1",
+		"kvmesh_lookup_cached_tokens_total 8",
+		"kvmesh_lookup_prompt_tokens_total 12",
+		`kvmesh_tier_blocks{tier="dram"} 2`,
+		`kvmesh_tier_bytes{tier="dram"}`,
+		`kvmesh_tier_capacity_bytes{tier="dram"} 1.048576e+06`,
+		"kvmesh_cache_evictions_total 0",
+		`kvmesh_blocks_total{op="put"} 2`,
+		`kvmesh_grpc_request_duration_seconds_count{code="OK",method="/kvmesh.v1.CacheService/Lookup"} 1`,
+		`kvmesh_grpc_request_duration_seconds_bucket{code="OK",method="/kvmesh.v1.CacheService/Exists",le="+Inf"} 1`,
+		"kvmesh_grpc_requests_in_flight 0",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+type teeReader struct {
+	r interface{ Read([]byte) (int, error) }
+	w *strings.Builder
+}
+
+func (t teeReader) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	t.w.Write(p[:n])
+	return n, err
+}

@@ -1,0 +1,163 @@
+package node
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+)
+
+// metrics are the node's Prometheus metrics, in a registry of its own (two
+// nodes in one process, as in tests, never collide). Every name starts with
+// kvmesh_; the Go runtime and process collectors are added beside them.
+type metrics struct {
+	reg *prometheus.Registry
+
+	requestSeconds *prometheus.HistogramVec // method, code
+	inFlight       prometheus.Gauge
+	promptTokens   prometheus.Counter     // tokens of looked-up prompts
+	cachedTokens   prometheus.Counter     // of which cached
+	blocks         *prometheus.CounterVec // op: get, put
+	bytes          *prometheus.CounterVec // op: get, put (payload bytes)
+	dropped        prometheus.Counter     // blocks read but refused (corrupt, other namespace)
+}
+
+func newMetrics(cache Cache) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.requestSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvmesh_grpc_request_duration_seconds",
+		Help:    "Time to serve a gRPC request (a whole stream for streaming calls), by method and status code.",
+		Buckets: prometheus.ExponentialBucketsRange(50e-6, 30, 16),
+	}, []string{"method", "code"})
+	m.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvmesh_grpc_requests_in_flight",
+		Help: "gRPC requests being served.",
+	})
+	m.promptTokens = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_lookup_prompt_tokens_total",
+		Help: "Tokens of the prompts looked up.",
+	})
+	m.cachedTokens = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_lookup_cached_tokens_total",
+		Help: "Tokens of looked-up prompts found in the longest cached prefix.",
+	})
+	m.blocks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_blocks_total",
+		Help: "Blocks served (op=get) and stored (op=put) through the gRPC API.",
+	}, []string{"op"})
+	m.bytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_payload_bytes_total",
+		Help: "Payload bytes served (op=get) and stored (op=put) through the gRPC API.",
+	}, []string{"op"})
+	m.dropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_blocks_refused_total",
+		Help: "Blocks read from the cache but not served because they failed verification; answered as misses.",
+	})
+	m.reg.MustRegister(m.requestSeconds, m.inFlight, m.promptTokens, m.cachedTokens, m.blocks, m.bytes, m.dropped,
+		newCacheCollector(cache),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) observe(method string, start time.Time, err error) {
+	m.requestSeconds.WithLabelValues(method, status.Code(err).String()).Observe(time.Since(start).Seconds())
+}
+
+// unary records latency and applies the node's request timeout.
+func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	n.metrics.inFlight.Inc()
+	defer n.metrics.inFlight.Dec()
+	ctx, cancel := context.WithTimeout(ctx, n.opts.RequestTimeout)
+	defer cancel()
+	resp, err := h(ctx, req)
+	err = statusError(err)
+	n.metrics.observe(info.FullMethod, start, err)
+	n.logRequest(info.FullMethod, start, err)
+	return resp, err
+}
+
+// stream is unary's counterpart for streaming calls.
+func (n *Node) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	start := time.Now()
+	n.metrics.inFlight.Inc()
+	defer n.metrics.inFlight.Dec()
+	ctx, cancel := context.WithTimeout(ss.Context(), n.opts.RequestTimeout)
+	defer cancel()
+	err := statusError(h(srv, &ctxStream{ServerStream: ss, ctx: ctx}))
+	n.metrics.observe(info.FullMethod, start, err)
+	n.logRequest(info.FullMethod, start, err)
+	return err
+}
+
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *ctxStream) Context() context.Context { return s.ctx }
+
+// cacheCollector turns one Cache.Stats call per scrape into metrics.
+type cacheCollector struct {
+	cache                                                  Cache
+	hits, misses, evictions, demotions, promotions         *prometheus.Desc
+	tierBlocks, tierBytes, tierCapacity                    *prometheus.Desc
+	namespaceBlocks, namespaceBytes, namespaceTokensCached *prometheus.Desc
+}
+
+func newCacheCollector(cache Cache) *cacheCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	return &cacheCollector{
+		cache:                 cache,
+		hits:                  d("kvmesh_cache_hits_total", "Block reads that found their block."),
+		misses:                d("kvmesh_cache_misses_total", "Block reads that did not find their block (or found it corrupt)."),
+		evictions:             d("kvmesh_cache_evictions_total", "Blocks dropped from the cache to make room."),
+		demotions:             d("kvmesh_cache_demotions_total", "Blocks moved one tier down under pressure."),
+		promotions:            d("kvmesh_cache_promotions_total", "Blocks moved one tier up on a hit."),
+		tierBlocks:            d("kvmesh_tier_blocks", "Blocks held by a tier.", "tier"),
+		tierBytes:             d("kvmesh_tier_bytes", "Encoded block bytes held by a tier.", "tier"),
+		tierCapacity:          d("kvmesh_tier_capacity_bytes", "A tier's configured capacity.", "tier"),
+		namespaceBlocks:       d("kvmesh_namespace_blocks", "Blocks cached per namespace (digest in hex).", "namespace"),
+		namespaceBytes:        d("kvmesh_namespace_bytes", "Encoded bytes cached per namespace (digest in hex).", "namespace"),
+		namespaceTokensCached: d("kvmesh_namespace_tokens", "Tokens held by the cached blocks of a namespace (digest in hex).", "namespace"),
+	}
+}
+
+func (c *cacheCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.evictions, c.demotions, c.promotions,
+		c.tierBlocks, c.tierBytes, c.tierCapacity, c.namespaceBlocks, c.namespaceBytes, c.namespaceTokensCached} {
+		ch <- d
+	}
+}
+
+func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.cache.Stats()
+	counter := func(d *prometheus.Desc, v int64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	gauge := func(d *prometheus.Desc, v int64, label string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), label)
+	}
+	counter(c.hits, s.Hits)
+	counter(c.misses, s.Misses)
+	counter(c.evictions, s.Evictions)
+	counter(c.demotions, s.Demotions)
+	counter(c.promotions, s.Promotions)
+	for _, t := range s.Tiers {
+		gauge(c.tierBlocks, t.Blocks, t.Name)
+		gauge(c.tierBytes, t.Bytes, t.Name)
+		gauge(c.tierCapacity, t.Capacity, t.Name)
+	}
+	for _, ns := range s.Namespaces {
+		name := digestString(ns.Digest)
+		gauge(c.namespaceBlocks, ns.Blocks, name)
+		gauge(c.namespaceBytes, ns.Bytes, name)
+		gauge(c.namespaceTokensCached, ns.Tokens, name)
+	}
+}

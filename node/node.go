@@ -1,0 +1,210 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+)
+
+// Node is one kvmesh daemon: the gRPC API over a Cache, and an HTTP server
+// with /metrics and /healthz.
+type Node struct {
+	opts    Options
+	cache   Cache
+	log     *slog.Logger
+	metrics *metrics
+
+	grpcLis, httpLis net.Listener
+	grpc             *grpc.Server
+	health           *health.Server
+	http             *http.Server
+	stopping         atomic.Bool // /healthz answers 503 once set
+
+	serveOnce sync.Once
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New validates opts (after EnsureDefaults), binds the gRPC and HTTP
+// listeners and returns a node ready to Serve. The node owns cache from
+// here on: it closes it when Serve returns, or in Close if Serve is never
+// called, and also when New fails.
+func New(opts Options, cache Cache) (*Node, error) {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		cache.Close()
+		return nil, err
+	}
+	n := &Node{opts: opts, cache: cache, log: opts.Logger}
+	n.metrics = newMetrics(cache)
+	var err error
+	if n.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
+		cache.Close()
+		return nil, fmt.Errorf("node: listen on GRPCAddr %s: %w", opts.GRPCAddr, err)
+	}
+	if n.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
+		n.grpcLis.Close()
+		cache.Close()
+		return nil, fmt.Errorf("node: listen on HTTPAddr %s: %w", opts.HTTPAddr, err)
+	}
+
+	n.grpc = grpc.NewServer(
+		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
+		grpc.MaxSendMsgSize(opts.MaxMessageBytes),
+		grpc.ChainUnaryInterceptor(n.unary),
+		grpc.ChainStreamInterceptor(n.stream),
+		// Stop (after ShutdownTimeout) waits for handlers to return, so
+		// that no pin is held when the cache closes.
+		grpc.WaitForHandlers(true),
+	)
+	kvmeshv1.RegisterCacheServiceServer(n.grpc, &cacheService{n: n})
+	kvmeshv1.RegisterAdminServiceServer(n.grpc, &adminService{n: n})
+	n.health = health.NewServer()
+	for _, svc := range []string{"", kvmeshv1.CacheService_ServiceDesc.ServiceName, kvmeshv1.AdminService_ServiceDesc.ServiceName} {
+		n.health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+	}
+	healthpb.RegisterHealthServer(n.grpc, n.health)
+	reflection.Register(n.grpc)
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{Registry: n.metrics.reg}))
+	mux.HandleFunc("GET /healthz", n.healthz)
+	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return n, nil
+}
+
+// GRPCAddr returns the address the gRPC API listens on (the chosen port
+// when Options.GRPCAddr had port 0).
+func (n *Node) GRPCAddr() string { return n.grpcLis.Addr().String() }
+
+// HTTPAddr returns the address /metrics and /healthz are served on.
+func (n *Node) HTTPAddr() string { return n.httpLis.Addr().String() }
+
+// ID returns the node's id.
+func (n *Node) ID() string { return n.opts.NodeID }
+
+// Serve serves until ctx is done or a server fails, then shuts down: health
+// turns NOT_SERVING, new requests are refused, requests in flight get
+// ShutdownTimeout to finish before they are cancelled, and the cache is
+// closed. It returns nil after a shutdown asked for through ctx. Serve may
+// be called once.
+func (n *Node) Serve(ctx context.Context) error {
+	served := false
+	n.serveOnce.Do(func() { served = true })
+	if !served {
+		return errors.New("node: Serve called twice")
+	}
+	errc := make(chan error, 2)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := n.grpc.Serve(n.grpcLis); err != nil {
+			errc <- fmt.Errorf("node: gRPC server: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := n.http.Serve(n.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("node: HTTP server: %w", err)
+		}
+	}()
+	n.log.Info("kvmesh node serving", "id", n.opts.NodeID, "grpc", n.GRPCAddr(), "http", n.HTTPAddr(),
+		"data_dir", n.opts.DataDir, "dram_bytes", n.opts.DRAMBytes, "nvme_bytes", n.opts.NVMeBytes)
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		n.log.Info("kvmesh node stopping", "cause", context.Cause(ctx))
+	case serveErr = <-errc:
+		n.log.Error("kvmesh node failed", "err", serveErr)
+	}
+	n.shutdown()
+	wg.Wait()
+	if err := n.Close(); err != nil && serveErr == nil {
+		serveErr = err
+	}
+	return serveErr
+}
+
+// shutdown stops the servers, letting requests in flight finish for up to
+// ShutdownTimeout.
+func (n *Node) shutdown() {
+	n.stopping.Store(true)
+	n.health.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		n.grpc.GracefulStop()
+		close(done)
+	}()
+	timer := time.NewTimer(n.opts.ShutdownTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		n.log.Warn("requests still in flight after the shutdown timeout; cancelling them", "timeout", n.opts.ShutdownTimeout)
+		n.grpc.Stop()
+		<-done
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := n.http.Shutdown(ctx); err != nil {
+		n.http.Close()
+	}
+}
+
+// Close closes a node that was never served (listeners and cache); after
+// Serve it only returns the cache's Close error. It is safe to call twice.
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		n.grpc.Stop()
+		n.http.Close()
+		n.grpcLis.Close()
+		n.httpLis.Close()
+		if err := n.cache.Close(); err != nil {
+			n.closeErr = fmt.Errorf("node: close cache: %w", err)
+		}
+		n.log.Info("kvmesh node stopped", "id", n.opts.NodeID)
+	})
+	return n.closeErr
+}
+
+func (n *Node) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if n.stopping.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, "stopping")
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+func (n *Node) logRequest(method string, start time.Time, err error) {
+	code := status.Code(err)
+	switch code {
+	case codes.OK:
+		n.log.Debug("request", "method", method, "dur", time.Since(start))
+	case codes.Internal, codes.Unknown, codes.DataLoss:
+		n.log.Error("request failed", "method", method, "code", code.String(), "err", status.Convert(err).Message())
+	default:
+		n.log.Info("request refused", "method", method, "code", code.String(), "err", status.Convert(err).Message())
+	}
+}
+
+func digestString(d uint64) string { return fmt.Sprintf("%016x", d) }

@@ -1,0 +1,122 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+	"github.com/kvmesh/kvmesh/store"
+)
+
+// invalid returns an InvalidArgument status naming the field at fault.
+func invalid(field, format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, "%s: %s", field, fmt.Sprintf(format, args...))
+}
+
+// statusError maps the errors handlers return to gRPC statuses. Statuses
+// pass through; cache and context errors get the code a client can act on.
+func statusError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	case errors.Is(err, ErrFull):
+		return status.Errorf(codes.ResourceExhausted, "cache full: %v; retry later or give the node more --dram/--nvme", err)
+	case errors.Is(err, store.ErrTooLarge):
+		return status.Errorf(codes.InvalidArgument, "block: %v", err)
+	case errors.Is(err, store.ErrCorrupt):
+		return status.Errorf(codes.InvalidArgument, "block: %v", err)
+	case errors.Is(err, ErrNotFound):
+		return status.Errorf(codes.NotFound, "%v", err)
+	}
+	return status.Errorf(codes.Internal, "%v", err)
+}
+
+// namespace converts and validates a request's namespace, and checks that
+// its blocks fit the node's limits.
+func (n *Node) namespace(pb *kvmeshv1.Namespace) (prefixhash.Namespace, error) {
+	if pb == nil {
+		return prefixhash.Namespace{}, invalid("namespace", "required")
+	}
+	ns := prefixhash.Namespace{
+		Model:       pb.GetModel(),
+		DType:       prefixhash.DType(pb.GetDtype()),
+		BlockTokens: int(pb.GetBlockTokens()),
+		LayerStart:  int(pb.GetLayerStart()),
+		LayerEnd:    int(pb.GetLayerEnd()),
+		KVHeads:     int(pb.GetKvHeads()),
+		HeadDim:     int(pb.GetHeadDim()),
+		TPRank:      int(pb.GetTpRank()),
+		TPSize:      int(pb.GetTpSize()),
+		TenantSalt:  pb.GetTenantSalt(),
+	}
+	if err := ns.Validate(); err != nil {
+		return ns, status.Errorf(codes.InvalidArgument, "namespace: %v", err)
+	}
+	// Multiply with a ceiling so that absurd head counts cannot overflow.
+	limit := uint64(n.opts.MaxBlockBytes)
+	size := uint64(ns.DType.Size())
+	for _, f := range []int{ns.Layers(), 2, ns.BlockTokens, ns.KVHeads, ns.HeadDim} {
+		if size > limit/uint64(f) {
+			return ns, invalid("namespace", "blocks of %s are larger than the node's limit, max_block_bytes=%d", ns, limit)
+		}
+		size *= uint64(f)
+	}
+	if enc := uint64(store.HeaderLen(ns.BlockTokens)) + size; enc > limit {
+		return ns, invalid("namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
+	}
+	return ns, nil
+}
+
+// blockLimit refuses requests naming more than MaxBatchBlocks blocks.
+func (n *Node) blockLimit(field string, blocks int) error {
+	if blocks > n.opts.MaxBatchBlocks {
+		return invalid(field, "%d blocks in one request; the limit is max_batch_blocks=%d", blocks, n.opts.MaxBatchBlocks)
+	}
+	return nil
+}
+
+// promptKeys returns the keys of the full blocks of tokens, within limits.
+func (n *Node) promptKeys(ns prefixhash.Namespace, tokens []uint32) ([]prefixhash.Key, error) {
+	if err := n.blockLimit("tokens", len(tokens)/ns.BlockTokens); err != nil {
+		return nil, err
+	}
+	return prefixhash.Keys(ns, tokens), nil
+}
+
+// parseKeys converts request keys, within limits.
+func (n *Node) parseKeys(field string, raw [][]byte) ([]prefixhash.Key, error) {
+	if err := n.blockLimit(field, len(raw)); err != nil {
+		return nil, err
+	}
+	keys := make([]prefixhash.Key, len(raw))
+	for i, b := range raw {
+		k, err := parseKey(fmt.Sprintf("%s[%d]", field, i), b)
+		if err != nil {
+			return nil, err
+		}
+		keys[i] = k
+	}
+	return keys, nil
+}
+
+func parseKey(field string, b []byte) (prefixhash.Key, error) {
+	var k prefixhash.Key
+	if len(b) != prefixhash.KeySize {
+		return k, invalid(field, "%d bytes; a key is %d", len(b), prefixhash.KeySize)
+	}
+	copy(k[:], b)
+	return k, nil
+}
+
+func keyBytes(k prefixhash.Key) []byte { return append([]byte(nil), k[:]...) }
