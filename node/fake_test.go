@@ -17,8 +17,8 @@ type fakeCache struct {
 	pins     atomic.Int64
 	gets     atomic.Int64
 	// gate, when set, runs before the n-th Get (from 1) and may block it.
-	gate func(ctx context.Context, n int64) error
-	closed   atomic.Int32
+	gate   func(ctx context.Context, n int64) error
+	closed atomic.Int32
 
 	mu struct {
 		sync.Mutex

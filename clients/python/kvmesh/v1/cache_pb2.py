@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/cache.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"H\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\x94\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\"h\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\"\x9e\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\"B\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"\x1d\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"\x0e\n\x0cStatsRequest\"P\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\"O\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\"\xcc\x01\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats2\xd6\x02\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"H\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\x94\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\"h\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\"\xb8\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x18\n\x10payload_checksum\x18\n \x01(\x06\"\\\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x18\n\x10payload_checksum\x18\x04 \x01(\x06\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"\x1d\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"\x0e\n\x0cStatsRequest\"P\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\"O\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\"\xcc\x01\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats2\xd6\x02\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
@@ -291,6 +291,13 @@ _BATCHGETRESPONSE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='payload_checksum', full_name='kvmesh.v1.BatchGetResponse.payload_checksum', index=9,
+      number=10, type=6, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -304,7 +311,7 @@ _BATCHGETRESPONSE = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=450,
-  serialized_end=608,
+  serialized_end=634,
 )
 
 
@@ -336,6 +343,13 @@ _BLOCKHEADER = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='payload_checksum', full_name='kvmesh.v1.BlockHeader.payload_checksum', index=3,
+      number=4, type=6, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -348,8 +362,8 @@ _BLOCKHEADER = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=610,
-  serialized_end=676,
+  serialized_start=636,
+  serialized_end=728,
 )
 
 
@@ -393,8 +407,8 @@ _BATCHPUTREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=678,
-  serialized_end=789,
+  serialized_start=730,
+  serialized_end=841,
 )
 
 
@@ -431,8 +445,8 @@ _BATCHPUTRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=791,
-  serialized_end=839,
+  serialized_start=843,
+  serialized_end=891,
 )
 
 
@@ -462,8 +476,8 @@ _EXISTSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=841,
-  serialized_end=870,
+  serialized_start=893,
+  serialized_end=922,
 )
 
 
@@ -493,8 +507,8 @@ _EXISTSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=872,
-  serialized_end=905,
+  serialized_start=924,
+  serialized_end=957,
 )
 
 
@@ -517,8 +531,8 @@ _STATSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=907,
-  serialized_end=921,
+  serialized_start=959,
+  serialized_end=973,
 )
 
 
@@ -569,8 +583,8 @@ _TIERSTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=923,
-  serialized_end=1003,
+  serialized_start=975,
+  serialized_end=1055,
 )
 
 
@@ -621,8 +635,8 @@ _NAMESPACESTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1005,
-  serialized_end=1084,
+  serialized_start=1057,
+  serialized_end=1136,
 )
 
 
@@ -701,8 +715,8 @@ _STATSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1087,
-  serialized_end=1291,
+  serialized_start=1139,
+  serialized_end=1343,
 )
 
 _LOOKUPREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
@@ -836,8 +850,8 @@ _CACHESERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=1294,
-  serialized_end=1636,
+  serialized_start=1346,
+  serialized_end=1688,
   methods=[
   _descriptor.MethodDescriptor(
     name='Lookup',
