@@ -36,7 +36,8 @@ type Options struct {
 	// gets are split. Default 16384, the node's default.
 	MaxBatchBlocks int
 	// MaxBlockBytes is the largest payload the client accepts from a node,
-	// in bytes. Default 64 MiB, the node's default.
+	// in bytes: a guard against a node announcing absurd sizes. Default
+	// 64 MiB (the node's own default limit is 16 MiB).
 	MaxBlockBytes int
 	// DialOptions are added to Dial's (which default to an insecure
 	// transport: kvmesh runs inside a trusted network).

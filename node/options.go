@@ -63,7 +63,8 @@ type Options struct {
 	NVMeBytes int64
 	// MaxBlockBytes is the largest encoded block (header and payload) the
 	// node accepts, in bytes; a namespace whose blocks are larger is refused
-	// with InvalidArgument. Default 64 MiB.
+	// with InvalidArgument. Default 16 MiB (a 16-token block of a 70B-class
+	// model in fp16 is 5 MiB).
 	MaxBlockBytes int
 	// MaxBatchBlocks is the most blocks one request may name: keys of a
 	// BatchGet or Exists, blocks of a BatchPut stream, full blocks of a
@@ -120,7 +121,7 @@ func (o *Options) EnsureDefaults() *Options {
 		o.NVMeBytes = 10 * GiB
 	}
 	if o.MaxBlockBytes == 0 {
-		o.MaxBlockBytes = 64 * MiB
+		o.MaxBlockBytes = 16 * MiB
 	}
 	if o.MaxBatchBlocks == 0 {
 		o.MaxBatchBlocks = 16384

@@ -14,7 +14,7 @@ func TestOptionsDefaults(t *testing.T) {
 	}
 	want := Options{DataDir: "kvmesh-data", GRPCAddr: "127.0.0.1:7600", HTTPAddr: "127.0.0.1:7601",
 		DataAddr: "127.0.0.1:7602", GossipAddr: "127.0.0.1:7603", DRAMBytes: 1 << 30, NVMeBytes: 10 << 30,
-		MaxBlockBytes: 64 << 20, MaxBatchBlocks: 16384, MaxMessageBytes: 4 << 20, ChunkBytes: 1 << 20,
+		MaxBlockBytes: 16 << 20, MaxBatchBlocks: 16384, MaxMessageBytes: 4 << 20, ChunkBytes: 1 << 20,
 		RequestTimeout: time.Minute, ShutdownTimeout: 8 * time.Second, Version: "(devel)"}
 	got := o
 	got.NodeID, got.Logger = "", nil
