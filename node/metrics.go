@@ -30,7 +30,7 @@ func newMetrics(cache Cache) *metrics {
 	m.requestSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "kvmesh_grpc_request_duration_seconds",
 		Help:    "Time to serve a gRPC request (a whole stream for streaming calls), by method and status code.",
-		Buckets: prometheus.ExponentialBucketsRange(50e-6, 30, 16),
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 	}, []string{"method", "code"})
 	m.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kvmesh_grpc_requests_in_flight",

@@ -23,9 +23,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import grpc  # noqa: E402
-
-from kvmesh.v1 import cache_pb2, cache_pb2_grpc, types_pb2  # noqa: E402
+try:
+    import grpc
+    from kvmesh.v1 import cache_pb2, cache_pb2_grpc, types_pb2
+except ImportError as e:
+    sys.exit(f"example.py: {e}: it needs grpcio and protobuf; on Debian apt-get install python3-grpcio "
+             f"and run it with /usr/bin/python3 (this is {sys.executable})")
 
 DEMO_NAMESPACE = types_pb2.Namespace(
     model="kvmesh/demo", dtype=types_pb2.DTYPE_FLOAT32, block_tokens=16,
