@@ -21,6 +21,7 @@ type fakeMem struct {
 	maxSlabs int
 	slabs    []*fakeSlab
 	corrupt  map[tiers.Loc]bool // Read returns ErrCorrupt
+	fast     bool               // do not scribble freed memory (benchmarks)
 	closed   bool
 	puts     int
 }
@@ -177,9 +178,9 @@ func (m *fakeMem) Free(loc tiers.Loc) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, j := m.slot(loc, "Free")
-	off := j * m.classes[s.class]
-	for b := off; b < off+m.classes[s.class]; b++ {
-		s.mem[b] = 0xdb // catch readers of freed bytes
+	if !m.fast {
+		off := j * m.classes[s.class]
+		scribble(s.mem[off : off+m.classes[s.class]])
 	}
 	s.used[j] = false
 	s.live--
@@ -476,4 +477,16 @@ func (v *fakeVolume) damage(key prefixhash.Key, silent bool) bool {
 		}
 	}
 	return false
+}
+
+// scribble fills freed memory with 0xdb, so that a reader of freed bytes
+// sees them change.
+func scribble(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	b[0] = 0xdb
+	for n := 1; n < len(b); n *= 2 {
+		copy(b[n:], b[:n])
+	}
 }

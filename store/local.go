@@ -293,8 +293,7 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 	}
 	l.mu.Lock()
 	if i := l.mu.x.find(h.Key); i != 0 {
-		l.touchLocked(i)
-		l.mu.c.duplicates++
+		l.touchPutLocked(i, h.Parent)
 		l.mu.Unlock()
 		return nil
 	}
@@ -388,8 +387,7 @@ func (l *Local) refused(err error, n int) error {
 func (l *Local) insertLocked(h *Header, size, class int, loc tiers.Loc, disk bool, fr *[]freeLoc) error {
 	x := &l.mu.x
 	if i := x.find(h.Key); i != 0 { // a concurrent Put won
-		l.touchLocked(i)
-		l.mu.c.duplicates++
+		l.touchPutLocked(i, h.Parent)
 		*fr = append(*fr, freeLoc{disk, loc})
 		return nil
 	}
@@ -416,24 +414,41 @@ func (l *Local) insertLocked(h *Header, size, class int, loc tiers.Loc, disk boo
 	l.mu.blocks[t]++
 	l.mu.bytes[t] += int64(size)
 	l.mu.c.puts++
-	p := x.find(h.Parent)
-	if p != 0 {
+	if p := x.find(h.Parent); p != 0 {
 		x.link(i, p)
 	}
-	if disk {
-		x.insertAfter(l.mu.diskList, i)
-		return nil
-	}
-	// A child goes right behind its parent (colder), so within a chain
-	// leaves are always evicted before their ancestors.
-	at := l.memListLocked(class)
-	if p != 0 {
-		if pe := x.at(p); !pe.persistent() && l.mu.ns.get(pe.ns).class == class {
-			at = p
+	l.placeLocked(i, h.Parent)
+	return nil
+}
+
+// touchPutLocked touches a block put again.
+func (l *Local) touchPutLocked(i uint32, parent prefixhash.Key) {
+	l.mu.x.at(i).set(flagHit)
+	l.placeLocked(i, parent)
+	l.mu.c.duplicates++
+}
+
+// placeLocked moves i in its recency list right behind its parent (on the
+// colder side) when the parent is in the same list, else to the front. So
+// a chain put in order, or put again, keeps its leaves colder than its
+// ancestors, and eviction takes leaves first.
+func (l *Local) placeLocked(i uint32, parent prefixhash.Key) {
+	x := &l.mu.x
+	e := x.at(i)
+	var at uint32
+	if e.persistent() {
+		at = l.mu.diskList
+	} else {
+		class := l.mu.ns.get(e.ns).class
+		at = l.memListLocked(class)
+		if p := x.find(parent); p != 0 && p != i {
+			if pe := x.at(p); !pe.persistent() && l.mu.ns.get(pe.ns).class == class {
+				at = p
+			}
 		}
 	}
+	x.unlist(i)
 	x.insertAfter(at, i)
-	return nil
 }
 
 // classOf returns the memory tier's size class for blocks of n bytes, -1 if
@@ -497,8 +512,20 @@ func (r *Ref) Release() {
 	l.mu.Lock()
 	l.unpinLocked(i, &fr)
 	l.mu.refs--
+	l.unlockAndFree(fr)
+}
+
+// unlockAndFree releases the lock and frees fr, keeping Close from closing
+// the tiers under the frees.
+func (l *Local) unlockAndFree(fr []freeLoc) {
+	if len(fr) == 0 {
+		l.mu.Unlock()
+		return
+	}
+	l.mu.active++
 	l.mu.Unlock()
 	l.freeAll(fr)
+	l.exit()
 }
 
 func (l *Local) unpinLocked(i uint32, fr *[]freeLoc) {
@@ -637,8 +664,7 @@ func (l *Local) corruptPinned(i uint32) {
 	l.mu.c.hits--
 	l.unpinLocked(i, &fr)
 	l.failedReadLocked(i, &fr)
-	l.mu.Unlock()
-	l.freeAll(fr)
+	l.unlockAndFree(fr)
 }
 
 // failedReadLocked drops entry i after a failed read or verification and

@@ -42,6 +42,20 @@ func TestLocalPinsUnderEviction(t *testing.T) {
 				opts.NVMe = newFakeVolume(4*blockBytes, 4).open()
 			}
 			l := openLocal(t, opts)
+			// A long-lived reader pins a few blocks through all of it.
+			var held []*Ref
+			var heldBlocks []wblock
+			for _, b := range w.blocks[:4] {
+				if err := l.Put(ctx, b.enc); err != nil {
+					t.Fatal(err)
+				}
+				r, err := l.Get(ctx, b.key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, r)
+				heldBlocks = append(heldBlocks, b)
+			}
 			var wg sync.WaitGroup
 			errc := make(chan error, 8)
 			stop := make(chan struct{})
@@ -84,20 +98,6 @@ func TestLocalPinsUnderEviction(t *testing.T) {
 						}
 					}
 				}()
-			}
-			// A long-lived reader pins a few blocks through all of it.
-			var held []*Ref
-			var heldBlocks []wblock
-			for _, b := range w.blocks[:4] {
-				if err := l.Put(ctx, b.enc); err != nil {
-					t.Fatal(err)
-				}
-				r, err := l.Get(ctx, b.key)
-				if err != nil {
-					t.Fatal(err)
-				}
-				held = append(held, r)
-				heldBlocks = append(heldBlocks, b)
 			}
 			if _, err := l.DropNamespace(blockNS().Digest()); err != nil {
 				t.Fatal(err)

@@ -123,7 +123,10 @@ func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key) error {
 // tier names to evacuate. The walk stops at stop, the new block's parent:
 // what lies beyond is warmer than the new block; coldest reports that.
 func (l *Local) memVictimsLocked(class, need int, stop uint32) (vs []moved, coldest bool) {
-	want := max(need, l.opts.DemoteBatchBytes)
+	want := need
+	if l.disk != nil {
+		want = max(need, l.opts.DemoteBatchBytes) // batch the writes; drops need no batching
+	}
 	if l.classed == nil {
 		return l.coldestLocked(l.memListLocked(0), want, stop)
 	}
