@@ -110,31 +110,23 @@ func BenchmarkLocalGet(b *testing.B) {
 			}
 		}
 		dst := make([]byte, size)
-		b.Run(sz.name+"/view", func(b *testing.B) {
-			b.SetBytes(int64(size))
-			k := 0
-			for b.Loop() {
-				r, err := l.Get(ctx, keys[k%n])
-				if err != nil {
-					b.Fatal(err)
+		for _, mode := range []string{"view", "copy"} {
+			b.Run(sz.name+"/"+mode, func(b *testing.B) {
+				b.SetBytes(int64(size))
+				k := 0
+				for b.Loop() {
+					r, err := l.Get(ctx, keys[k%n])
+					if err != nil {
+						b.Fatal(err)
+					}
+					if mode == "copy" {
+						copy(dst, r.Bytes())
+					}
+					r.Release()
+					k++
 				}
-				r.Release()
-				k++
-			}
-		})
-		b.Run(sz.name+"/copy", func(b *testing.B) {
-			b.SetBytes(int64(size))
-			k := 0
-			for b.Loop() {
-				r, err := l.Get(ctx, keys[k%n])
-				if err != nil {
-					b.Fatal(err)
-				}
-				copy(dst, r.Bytes())
-				r.Release()
-				k++
-			}
-		})
+			})
+		}
 		b.Run(sz.name+"/memcpy", func(b *testing.B) {
 			b.SetBytes(int64(size))
 			k := 0

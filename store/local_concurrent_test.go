@@ -46,14 +46,7 @@ func TestLocalPinsUnderEviction(t *testing.T) {
 			var held []*Ref
 			var heldBlocks []wblock
 			for _, b := range w.blocks[:4] {
-				if err := l.Put(ctx, b.enc); err != nil {
-					t.Fatal(err)
-				}
-				r, err := l.Get(ctx, b.key)
-				if err != nil {
-					t.Fatal(err)
-				}
-				held = append(held, r)
+				held = append(held, putGet(t, l, b))
 				heldBlocks = append(heldBlocks, b)
 			}
 			var wg sync.WaitGroup
@@ -145,11 +138,7 @@ func TestLocalConcurrentPromotion(t *testing.T) {
 	w := newWorld(t, 141, blockNS())
 	vol := newFakeVolume(64<<10, 8)
 	l := openLocal(t, Options{DRAM: newFakeMem(4096, 2, 1024), NVMe: vol.open(), DemoteBatchBytes: 1})
-	for range 16 {
-		if err := l.Put(ctx, w.blocks[w.grow()].enc); err != nil {
-			t.Fatal(err)
-		}
-	}
+	w.putGrown(t, l, 16)
 	b := onDisk(t, l, w)
 	var wg sync.WaitGroup
 	errc := make(chan error, 16)
@@ -186,11 +175,7 @@ func TestLocalConcurrentPromotion(t *testing.T) {
 func TestLocalGetCanceled(t *testing.T) {
 	w := newWorld(t, 151, blockNS())
 	l := openLocal(t, Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: newFakeVolume(64<<10, 8).open(), DemoteBatchBytes: 1})
-	for range 8 {
-		if err := l.Put(context.Background(), w.blocks[w.grow()].enc); err != nil {
-			t.Fatal(err)
-		}
-	}
+	w.putGrown(t, l, 8)
 	b := onDisk(t, l, w)
 	// Pretend a mover holds it.
 	l.mu.Lock()

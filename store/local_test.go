@@ -53,6 +53,43 @@ func (w *world) extend(parent int) int {
 	return len(w.blocks) - 1
 }
 
+// putChain puts a new chain of n blocks from the root into l and returns the
+// index of its last block.
+func (w *world) putChain(t testing.TB, l *Local, n int) int {
+	t.Helper()
+	last := -1
+	for range n {
+		last = w.extend(last)
+		if err := l.Put(context.Background(), w.blocks[last].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return last
+}
+
+// putGrown grows n random blocks and puts them into l.
+func (w *world) putGrown(t testing.TB, l *Local, n int) {
+	t.Helper()
+	for range n {
+		if err := l.Put(context.Background(), w.blocks[w.grow()].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// putGet puts b into l and returns a Ref to it.
+func putGet(t testing.TB, l *Local, b wblock) *Ref {
+	t.Helper()
+	if err := l.Put(context.Background(), b.enc); err != nil {
+		t.Fatal(err)
+	}
+	r, err := l.Get(context.Background(), b.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // chain returns the keys from the root down to block i.
 func (w *world) chain(i int) []prefixhash.Key {
 	var ks []prefixhash.Key
@@ -296,14 +333,7 @@ func TestLocalPressure(t *testing.T) {
 func TestLocalChainEvictsLeavesFirst(t *testing.T) {
 	w := newWorld(t, 31, blockNS())
 	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), DemoteBatchBytes: 1}) // 16 blocks
-	ctx := context.Background()
-	last := -1
-	for range 32 {
-		last = w.extend(last)
-		if err := l.Put(ctx, w.blocks[last].enc); err != nil {
-			t.Fatal(err)
-		}
-	}
+	last := w.putChain(t, l, 32)
 	keys := w.chain(last)
 	n := l.LongestPrefix(keys)
 	if n == 0 {
@@ -443,15 +473,7 @@ func TestLocalFull(t *testing.T) {
 	ctx := context.Background()
 	var refs []*Ref
 	for range 8 {
-		b := w.blocks[w.grow()]
-		if err := l.Put(ctx, b.enc); err != nil {
-			t.Fatal(err)
-		}
-		r, err := l.Get(ctx, b.key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		refs = append(refs, r)
+		refs = append(refs, putGet(t, l, w.blocks[w.grow()]))
 	}
 	if err := l.Put(ctx, w.blocks[w.extend(-1)].enc); !errors.Is(err, ErrFull) {
 		t.Fatalf("Put with everything pinned = %v, want ErrFull", err)
@@ -483,13 +505,7 @@ func TestLocalCorrupt(t *testing.T) {
 			w := newWorld(t, 71, blockNS())
 			vol := newFakeVolume(64<<10, 8)
 			l := openLocal(t, Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), DemoteBatchBytes: 1})
-			last := -1
-			for range 12 { // memory holds 4: the chain's head goes to disk
-				last = w.extend(last)
-				if err := l.Put(ctx, w.blocks[last].enc); err != nil {
-					t.Fatal(err)
-				}
-			}
+			last := w.putChain(t, l, 12) // memory holds 4: the chain's head goes to disk
 			keys := w.chain(last)
 			if info, _ := l.Info(keys[1]); info.Tier != "nvme" {
 				t.Fatalf("block 1 is in %q, want nvme", info.Tier)
@@ -545,13 +561,7 @@ func TestLocalReopen(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		last := -1
-		for range 20 {
-			last = w.extend(last)
-			if err := l.Put(ctx, w.blocks[last].enc); err != nil {
-				t.Fatal(err)
-			}
-		}
+		last := w.putChain(t, l, 20)
 		keys := w.chain(last)
 		onDisk := l.Stats().Tiers[1].Blocks
 		var diskKeys []prefixhash.Key
@@ -624,11 +634,7 @@ func TestLocalDropNamespaceUnresolved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range 10 {
-		if err := l.Put(ctx, w.blocks[w.grow()].enc); err != nil {
-			t.Fatal(err)
-		}
-	}
+	w.putGrown(t, l, 10)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -730,13 +736,7 @@ func TestLocalClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := w.blocks[w.grow()]
-	if err := l.Put(ctx, b.enc); err != nil {
-		t.Fatal(err)
-	}
-	r, err := l.Get(ctx, b.key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := putGet(t, l, b)
 	if err := l.Close(); !errors.Is(err, ErrPinned) {
 		t.Fatalf("Close with a live Ref = %v, want ErrPinned", err)
 	}
@@ -769,11 +769,7 @@ func TestLocalNoViewer(t *testing.T) {
 	w := newWorld(t, 121, blockNS())
 	mem := newFakeMem(4096, 2, 1024)
 	l := openLocal(t, Options{DRAM: plainTier{mem}, NVMe: newFakeVolume(64<<10, 4).open(), DemoteBatchBytes: 1})
-	for range 20 {
-		if err := l.Put(ctx, w.blocks[w.grow()].enc); err != nil {
-			t.Fatal(err)
-		}
-	}
+	w.putGrown(t, l, 20)
 	for _, b := range w.blocks {
 		r, err := l.Get(ctx, b.key)
 		if err != nil {
@@ -797,9 +793,9 @@ func TestLocalNoViewer(t *testing.T) {
 // plainTier hides every optional interface of a tier.
 type plainTier struct{ t tiers.Tier }
 
-func (p plainTier) Name() string                                     { return p.t.Name() }
+func (p plainTier) Name() string                                      { return p.t.Name() }
 func (p plainTier) Put(k prefixhash.Key, v []byte) (tiers.Loc, error) { return p.t.Put(k, v) }
-func (p plainTier) Read(loc tiers.Loc, dst []byte) error             { return p.t.Read(loc, dst) }
-func (p plainTier) Free(loc tiers.Loc)                               { p.t.Free(loc) }
-func (p plainTier) Stats() tiers.Stats                               { return p.t.Stats() }
-func (p plainTier) Close() error                                     { return p.t.Close() }
+func (p plainTier) Read(loc tiers.Loc, dst []byte) error              { return p.t.Read(loc, dst) }
+func (p plainTier) Free(loc tiers.Loc)                                { p.t.Free(loc) }
+func (p plainTier) Stats() tiers.Stats                                { return p.t.Stats() }
+func (p plainTier) Close() error                                      { return p.t.Close() }
