@@ -238,6 +238,10 @@ func (l *Local) Close() error {
 	for l.mu.active > 0 {
 		l.mu.idle.Wait()
 	}
+	if l.mu.tiersClosed { // a concurrent Close won
+		l.mu.Unlock()
+		return ErrClosed
+	}
 	if n := l.mu.refs; n > 0 {
 		l.mu.Unlock()
 		return fmt.Errorf("%w: %d Refs not released", ErrPinned, n)
@@ -292,27 +296,32 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 		return fmt.Errorf("%w: %d bytes, header says %d", ErrCorrupt, len(block), n)
 	}
 	l.mu.Lock()
-	if i := l.mu.x.find(h.Key); i != 0 {
-		l.touchPutLocked(i, h.Parent)
-		l.mu.Unlock()
-		return nil
-	}
-	if _, err := l.mu.ns.check(&h, len(block)); err != nil {
-		l.mu.Unlock()
-		return err
-	}
 	if !l.enterLocked() {
 		l.mu.Unlock()
 		return ErrClosed
 	}
+	if i := l.mu.x.find(h.Key); i != 0 {
+		l.touchPutLocked(i, h.Parent)
+		l.mu.active--
+		l.mu.Unlock()
+		return nil
+	}
+	if _, err := l.mu.ns.check(&h, len(block)); err != nil {
+		l.mu.active--
+		l.mu.Unlock()
+		return err
+	}
+	indexFull := l.indexFullLocked()
 	l.mu.Unlock()
 	defer l.exit()
 
 	if err := verifyPayload(block, &h); err != nil {
 		return err
 	}
-	if err := l.makeIndexRoom(ctx); err != nil {
-		return err
+	if indexFull {
+		if err := l.makeIndexRoom(ctx); err != nil {
+			return err
+		}
 	}
 	class := l.classOf(len(block))
 	loc, err := l.putMem(ctx, h.Key, h.Parent, block, class)
@@ -375,7 +384,7 @@ func (l *Local) refused(err error, n int) error {
 	case errors.Is(err, tiers.ErrTooLarge):
 		return fmt.Errorf("%w: a block of %d bytes fits no tier: %w", ErrTooLarge, n, err)
 	case errors.Is(err, tiers.ErrFull):
-		return fmt.Errorf("%w: %d bytes: %w", ErrFull, n, err)
+		return fmt.Errorf("%w: %w", ErrFull, err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
 	}

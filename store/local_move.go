@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -376,7 +377,9 @@ func (l *Local) reclaim() bool {
 		}
 	}
 	if err := l.seg.DropSegment(seg); err != nil {
-		// The segment stays: so do the locations of the rewrite set.
+		// The segment stays: so do the locations of the rewrite set. The
+		// blocks dropped above, and a promotion's source, are not freed
+		// one by one; they go with the segment later.
 		l.mu.Lock()
 		for _, m := range rw {
 			x.at(m.i).clear(flagLocGone)
@@ -418,16 +421,19 @@ func (l *Local) reclaim() bool {
 // makeIndexRoom keeps the number of blocks under MaxBlocks: it reclaims a
 // segment, or drops the coldest idle memory block.
 func (l *Local) makeIndexRoom(ctx context.Context) error {
+	refuse := func() error {
+		return l.refused(fmt.Errorf("%w: the index holds MaxBlocks (%d) blocks", tiers.ErrFull, l.opts.MaxBlocks), 0)
+	}
 	for round := 0; ; round++ {
 		l.mu.Lock()
-		full := l.mu.blocks[tierMem]+l.mu.blocks[tierDisk] >= int64(l.opts.MaxBlocks)
+		full := l.indexFullLocked()
 		onDisk := l.mu.blocks[tierDisk] > 0
 		l.mu.Unlock()
 		if !full {
 			return nil
 		}
 		if round == maxRoomRounds || ctx.Err() != nil {
-			return l.refused(tiers.ErrFull, 0)
+			return refuse()
 		}
 		if onDisk && l.reclaim() {
 			continue
@@ -454,9 +460,13 @@ func (l *Local) makeIndexRoom(ctx context.Context) error {
 		l.mu.Unlock()
 		l.freeAll(fr)
 		if !dropped {
-			return l.refused(tiers.ErrFull, 0)
+			return refuse()
 		}
 	}
+}
+
+func (l *Local) indexFullLocked() bool {
+	return l.mu.blocks[tierMem]+l.mu.blocks[tierDisk] >= int64(l.opts.MaxBlocks)
 }
 
 // promote serves a Get of a block in the persistent tier: it reads and

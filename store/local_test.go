@@ -799,3 +799,54 @@ func (p plainTier) Read(loc tiers.Loc, dst []byte) error              { return p
 func (p plainTier) Free(loc tiers.Loc)                                { p.t.Free(loc) }
 func (p plainTier) Stats() tiers.Stats                                { return p.t.Stats() }
 func (p plainTier) Close() error                                      { return p.t.Close() }
+
+// TestLocalMaxBlocks: the index never holds more than MaxBlocks blocks,
+// whatever the tiers could hold.
+func TestLocalMaxBlocks(t *testing.T) {
+	for _, disk := range []bool{false, true} {
+		w := newWorld(t, 161, blockNS())
+		opts := Options{DRAM: newFakeMem(64<<10, 16, 1024), MaxBlocks: 10, DemoteBatchBytes: 1}
+		if disk {
+			opts.DRAM = newFakeMem(4096, 1, 1024)
+			opts.NVMe = newFakeVolume(2*blockBytes, 16).open()
+		}
+		l := openLocal(t, opts)
+		for range 50 {
+			w.putGrown(t, l, 1)
+			if n := totalBlocks(l.Stats()); n > 10 {
+				t.Fatalf("disk=%v: %d blocks cached, MaxBlocks is 10", disk, n)
+			}
+		}
+		if s := l.Stats(); totalBlocks(s) < 5 || s.Evictions == 0 {
+			t.Fatalf("disk=%v: %+v", disk, s)
+		}
+	}
+}
+
+// FuzzLocalPut puts arbitrary bytes: Put must never panic, and what it
+// accepts must come back from Get byte for byte.
+func FuzzLocalPut(f *testing.F) {
+	w := newWorld(f, 171, blockNS())
+	good := w.blocks[w.grow()].enc
+	f.Add(good)
+	f.Add(good[:HeaderLen(blockNS().BlockTokens)])
+	f.Add([]byte("KVMB"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 4, 1024, 16<<10, 64<<10), MaxBlockBytes: 32 << 10})
+		if err := l.Put(context.Background(), data); err != nil {
+			return
+		}
+		h, err := DecodeHeader(data, 0)
+		if err != nil {
+			t.Fatalf("Put accepted bytes that do not decode: %v", err)
+		}
+		r, err := l.Get(context.Background(), h.Key)
+		if err != nil {
+			t.Fatalf("Get of the block just put: %v", err)
+		}
+		defer r.Release()
+		if !bytes.Equal(r.Bytes(), data) {
+			t.Fatal("Get returned other bytes than Put accepted")
+		}
+	})
+}
