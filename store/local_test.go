@@ -259,73 +259,77 @@ func TestLocalPressure(t *testing.T) {
 		disk bool
 	}{{"memory-only", false}, {"memory+nvme", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t, 21, blockNS())
 			// 8 slabs of 4 blocks; a disk of 5 segments of 6 blocks.
-			mem := newFakeMem(4096, 8, 1024)
-			opts := Options{DRAM: mem, DemoteBatchBytes: 2 * blockBytes}
+			opts := Options{DRAM: newFakeMem(4096, 8, 1024), DemoteBatchBytes: 2 * blockBytes}
 			if tc.disk {
 				opts.NVMe = newFakeVolume(6*blockBytes, 5).open()
 			}
 			l := openLocal(t, opts)
-			ctx := context.Background()
-			linked := map[prefixhash.Key]bool{}
-			for step := range 3000 {
-				switch op := w.rng.IntN(10); {
-				case op < 4 || len(w.blocks) == 0:
-					i := w.grow()
-					if w.rng.IntN(5) == 0 {
-						i = w.randomBlock()
-					}
-					b := w.blocks[i]
-					was := l.Contains(b.key)
-					if err := l.Put(ctx, b.enc); err != nil {
-						t.Fatalf("step %d: Put: %v", step, err)
-					}
-					if !was && b.parent >= 0 {
-						linked[b.key] = l.Contains(w.blocks[b.parent].key)
-					} else if !was {
-						linked[b.key] = false
-					}
-				case op < 7:
-					b := w.blocks[w.randomBlock()]
-					r, err := l.Get(ctx, b.key)
-					switch {
-					case err == nil:
-						if !bytes.Equal(r.Bytes(), b.enc) {
-							t.Fatalf("step %d: Get returned other bytes", step)
-						}
-						r.Release()
-					case !errors.Is(err, ErrNotFound):
-						t.Fatalf("step %d: Get: %v", step, err)
-					}
-				default:
-					keys := w.chain(w.randomBlock())
-					n := l.LongestPrefix(keys)
-					refs, err := l.GetMany(ctx, keys[:n])
-					if err != nil {
-						t.Fatalf("step %d: GetMany: %v", step, err)
-					}
-					for k, r := range refs {
-						if r != nil {
-							if !bytes.Equal(r.Bytes(), w.blocks[w.byKey[keys[k]]].enc) {
-								t.Fatalf("step %d: GetMany returned other bytes", step)
-							}
-							r.Release()
-						}
-					}
-				}
-				checkInvariants(t, step, l, w, linked)
-			}
-			s := l.Stats()
-			t.Logf("%+v", s)
-			if s.Evictions == 0 || s.Cascaded == 0 {
-				t.Fatalf("the test exerted no pressure: %+v", s)
-			}
+			s := runPressure(t, l, newWorld(t, 21, blockNS()), 3000)
 			if tc.disk && (s.Demotions == 0 || s.Promotions == 0 || s.Rewrites == 0) {
 				t.Fatalf("tiers never exchanged blocks: %+v", s)
 			}
 		})
 	}
+}
+
+// runPressure runs steps random operations on l (puts of chains growing from
+// w, gets, lookups followed by GetMany), checks the invariants after each,
+// and requires that something was evicted.
+func runPressure(t *testing.T, l *Local, w *world, steps int) Stats {
+	ctx := context.Background()
+	linked := map[prefixhash.Key]bool{}
+	for step := range steps {
+		switch op := w.rng.IntN(10); {
+		case op < 4 || len(w.blocks) == 0:
+			i := w.grow()
+			if w.rng.IntN(5) == 0 {
+				i = w.randomBlock()
+			}
+			b := w.blocks[i]
+			was := l.Contains(b.key)
+			if err := l.Put(ctx, b.enc); err != nil {
+				t.Fatalf("step %d: Put: %v", step, err)
+			}
+			if !was {
+				linked[b.key] = b.parent >= 0 && l.Contains(w.blocks[b.parent].key)
+			}
+		case op < 7:
+			b := w.blocks[w.randomBlock()]
+			r, err := l.Get(ctx, b.key)
+			switch {
+			case err == nil:
+				if !bytes.Equal(r.Bytes(), b.enc) {
+					t.Fatalf("step %d: Get returned other bytes", step)
+				}
+				r.Release()
+			case !errors.Is(err, ErrNotFound):
+				t.Fatalf("step %d: Get: %v", step, err)
+			}
+		default:
+			keys := w.chain(w.randomBlock())
+			n := l.LongestPrefix(keys)
+			refs, err := l.GetMany(ctx, keys[:n])
+			if err != nil {
+				t.Fatalf("step %d: GetMany: %v", step, err)
+			}
+			for k, r := range refs {
+				if r != nil {
+					if !bytes.Equal(r.Bytes(), w.blocks[w.byKey[keys[k]]].enc) {
+						t.Fatalf("step %d: GetMany returned other bytes", step)
+					}
+					r.Release()
+				}
+			}
+		}
+		checkInvariants(t, step, l, w, linked)
+	}
+	s := l.Stats()
+	t.Logf("%+v", s)
+	if s.Evictions == 0 || s.Cascaded == 0 {
+		t.Fatalf("the test exerted no pressure: %+v", s)
+	}
+	return s
 }
 
 // TestLocalChainEvictsLeavesFirst puts a long chain into a memory tier that
