@@ -377,6 +377,9 @@ func verifyPayload(b []byte, h *Header) error {
 }
 
 func (l *Local) refused(err error, n int) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
 	l.mu.Lock()
 	l.mu.c.refused++
 	l.mu.Unlock()
@@ -385,8 +388,6 @@ func (l *Local) refused(err error, n int) error {
 		return fmt.Errorf("%w: a block of %d bytes fits no tier: %w", ErrTooLarge, n, err)
 	case errors.Is(err, tiers.ErrFull):
 		return fmt.Errorf("%w: %w", ErrFull, err)
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return err
 	}
 	return fmt.Errorf("store: put: %w", err)
 }
