@@ -15,7 +15,8 @@ import (
 type Cache interface {
 	// Put verifies and stores an encoded block. block is not retained after
 	// Put returns. Errors wrap ErrFull when there is no room (after
-	// eviction), store.ErrTooLarge or store.ErrCorrupt.
+	// eviction), store.ErrTooLarge or store.ErrCorrupt (also for a block
+	// that does not fit its namespace's layout), ErrClosed after Close.
 	Put(ctx context.Context, block []byte) error
 	// Get returns the encoded block stored under key, verified, pinned until
 	// Ref.Release. A miss is an error wrapping ErrNotFound.
@@ -48,6 +49,7 @@ type Ref interface {
 var (
 	ErrNotFound = errors.New("node: block not cached")
 	ErrFull     = errors.New("node: cache full")
+	ErrClosed   = errors.New("node: cache closed")
 )
 
 // BlockInfo describes a cached block.

@@ -36,6 +36,8 @@ func statusError(err error) error {
 		return status.Errorf(codes.InvalidArgument, "block: %v", err)
 	case errors.Is(err, store.ErrCorrupt):
 		return status.Errorf(codes.InvalidArgument, "block: %v", err)
+	case errors.Is(err, ErrClosed):
+		return status.Errorf(codes.Unavailable, "node is shutting down: %v", err)
 	case errors.Is(err, ErrNotFound):
 		return status.Errorf(codes.NotFound, "%v", err)
 	}
