@@ -63,8 +63,8 @@ type Options struct {
 	NVMeBytes int64
 	// MaxBlockBytes is the largest encoded block (header and payload) the
 	// node accepts, in bytes; a namespace whose blocks are larger is refused
-	// with InvalidArgument. Default 16 MiB (a 16-token block of a 70B-class
-	// model in fp16 is 5 MiB).
+	// with InvalidArgument. At most 512 MiB. Default 16 MiB (a 16-token
+	// block of a 70B-class model in fp16 is 5 MiB).
 	MaxBlockBytes int
 	// MaxBatchBlocks is the most blocks one request may name: keys of a
 	// BatchGet or Exists, blocks of a BatchPut stream, full blocks of a
@@ -186,8 +186,8 @@ func (o *Options) Validate() error {
 		return bad("HTTPAddr", "%s is also GRPCAddr", o.HTTPAddr)
 	case len(o.Join) > 0:
 		return bad("Join", "this build serves a single node; clustering is not wired in yet")
-	case o.MaxBlockBytes < minBlock:
-		return bad("MaxBlockBytes", "%d bytes is smaller than the smallest block (%d)", o.MaxBlockBytes, minBlock)
+	case o.MaxBlockBytes < minBlock || o.MaxBlockBytes > 512*MiB:
+		return bad("MaxBlockBytes", "%d bytes is outside %d..%d", o.MaxBlockBytes, minBlock, 512*MiB)
 	case o.DRAMBytes < int64(o.MaxBlockBytes):
 		return bad("DRAMBytes", "%d bytes cannot hold one block of MaxBlockBytes (%d)", o.DRAMBytes, o.MaxBlockBytes)
 	case o.NVMeBytes < int64(o.MaxBlockBytes):

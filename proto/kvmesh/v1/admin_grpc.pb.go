@@ -36,6 +36,8 @@ type AdminServiceClient interface {
 	// DropNamespace removes every block of a namespace from this node.
 	DropNamespace(ctx context.Context, in *DropNamespaceRequest, opts ...grpc.CallOption) (*DropNamespaceResponse, error)
 	// BlockInfo describes one cached block; NOT_FOUND when it is not cached.
+	// The node reads the block to report its header, which counts as a read
+	// (a block on NVMe may be promoted to DRAM).
 	BlockInfo(ctx context.Context, in *BlockInfoRequest, opts ...grpc.CallOption) (*BlockInfoResponse, error)
 }
 
@@ -89,6 +91,8 @@ type AdminServiceServer interface {
 	// DropNamespace removes every block of a namespace from this node.
 	DropNamespace(context.Context, *DropNamespaceRequest) (*DropNamespaceResponse, error)
 	// BlockInfo describes one cached block; NOT_FOUND when it is not cached.
+	// The node reads the block to report its header, which counts as a read
+	// (a block on NVMe may be promoted to DRAM).
 	BlockInfo(context.Context, *BlockInfoRequest) (*BlockInfoResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }

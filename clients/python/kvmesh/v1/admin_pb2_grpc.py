@@ -53,6 +53,8 @@ class AdminServiceServicer(object):
 
   def BlockInfo(self, request, context):
     """BlockInfo describes one cached block; NOT_FOUND when it is not cached.
+    The node reads the block to report its header, which counts as a read
+    (a block on NVMe may be promoted to DRAM).
     """
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
     context.set_details('Method not implemented!')
