@@ -256,15 +256,15 @@ func TestReplayCancelled(t *testing.T) {
 }
 
 func TestConversationTraceHeadOnSim(t *testing.T) {
-	tr, err := ConversationTrace()
+	tr, err := conversationTrace()
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := workload(t, tr.Head(1500))
+	w := workload(t, tr.Head(600))
 	enough := w.Ideal().DistinctFullBlocks
 	pooled, _ := replaySim(t, w, SimOptions{Nodes: 4, CapacityBlocks: enough}, ReplayOptions{Routing: RoutingRandom})
 	local, _ := replaySim(t, w, SimOptions{Nodes: 4, CapacityBlocks: enough, LocalOnly: true}, ReplayOptions{Routing: RoutingRandom})
 	if pooled.RatioVsIdeal < 0.98 || local.RatioVsIdeal > 0.8 {
-		t.Fatalf("first 1500 requests: pooled random %.3f of the ideal, local-only random %.3f", pooled.RatioVsIdeal, local.RatioVsIdeal)
+		t.Fatalf("first 600 requests: pooled random %.3f of the ideal, local-only random %.3f", pooled.RatioVsIdeal, local.RatioVsIdeal)
 	}
 }

@@ -79,8 +79,10 @@ type Result struct {
 
 // Table is a titled list of rows. Rows is a slice of structs (or of pointers
 // to structs); each exported field with a json tag is a column named by the
-// tag. Pointer fields that are nil in every row (a missing peer) are dropped
-// from the human table and, with omitempty, from the JSON.
+// tag. Fields tagged `table:"-"` are in the JSON only, so that the human
+// table fits a terminal. Pointer fields that are nil in every row (a ratio
+// to a missing peer) are dropped from the human table and, with omitempty,
+// from the JSON.
 type Table struct {
 	Name  string `json:"name"`
 	Title string `json:"title"`

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -75,8 +76,11 @@ func TestIdealSmallTrace(t *testing.T) {
 	}
 }
 
+// conversationTrace parses the bundled trace once for every test.
+var conversationTrace = sync.OnceValues(ConversationTrace)
+
 func TestConversationTrace(t *testing.T) {
-	tr, err := ConversationTrace()
+	tr, err := conversationTrace()
 	if err != nil {
 		t.Fatal(err)
 	}
