@@ -9,4 +9,91 @@
 // the header) followed by the payload, [layer][K|V][token][kv_head][head_dim].
 // Decode verifies all of it, including key == H(parent ‖ tokens), before any
 // byte is served; a block that fails is dropped and counted as a miss.
+//
+// # Local
+//
+// Local caches encoded blocks over a memory tier (DRAM) and an optional
+// persistent tier (NVMe), both tiers.Tier values the node constructs and
+// hands over in Options. The tiers store bytes; Local keeps the only index
+// and makes every decision.
+//
+// Tiers are exclusive: a block lives in exactly one tier. Inclusive caching
+// would spend NVMe space and write bandwidth on copies of the hottest blocks,
+// which are the ones least likely to need it, and would leave two copies to
+// keep consistent on drops; an NVMe hit pays one promotion instead.
+//
+// Policy:
+//
+//   - Writes land in DRAM. Put verifies the whole block first; putting a
+//     cached block is a cheap no-op that touches it.
+//   - DRAM pressure demotes the coldest idle blocks to NVMe, at least
+//     Options.DemoteBatchBytes at a time (one tiers.Batcher write when the
+//     tier has it); with no NVMe, or NVMe refusing, they are dropped. Under
+//     tiers.Classed a value only frees room for its own size class: the
+//     coldest blocks of the class are moved, and when the class owns no
+//     memory, the slab the tier names in Evacuate is emptied.
+//   - NVMe pressure (under tiers.Segmented) reclaims the oldest segment:
+//     blocks touched since they were written there are read back and
+//     rewritten, the rest are dropped, and the segment goes.
+//   - An NVMe hit is read, verified and promoted to DRAM (making room there
+//     as a write would); if no room can be made it is served from the copy.
+//   - Prefix-aware recency: LongestPrefix and GetMany touch a chain
+//     deepest-first, and a block put (or put again) is placed right behind
+//     its parent when the parent is in the same list, so within a chain the
+//     ancestors are warmer and leaves are evicted first. A new block whose
+//     parent is the coldest block of its class is itself the coldest: it
+//     goes straight to NVMe or, memory-only, is evicted at once (Put
+//     succeeds) rather than evicting its own parent.
+//   - A block is linked to its parent when the parent is cached at the time
+//     of its Put (or of its resolution after a restart). Dropping a block
+//     for any reason drops every linked descendant too, in every tier: a
+//     node never keeps a descendant whose ancestor it dropped.
+//   - Capacity limits are the tiers' own: a tier refuses (tiers.ErrFull)
+//     rather than grow, and Local makes room or refuses the write with
+//     ErrFull. The index is bounded by Options.MaxBlocks. Transient heap
+//     buffers are bounded too: one block per promotion in flight, one
+//     segment's rewrite set per reclaim, one block in the recovery scan.
+//
+// # Index
+//
+// One 52-byte entry per block (key, tier, location, recency links, parent
+// and children links, namespace id, pins, hits, flags) in pages of a slab
+// addressed by uint32, found through an open-addressing table of uint32
+// slots keyed by the key's own bits. The block size is kept once per
+// namespace, since a namespace digest fixes it. No pointers: the GC never
+// scans the index. BenchmarkIndexBytesPerBlock measures about 60 bytes per
+// block at a million blocks, table included (target: 64).
+//
+// # Pins and verification
+//
+// Get returns a Ref: the block's bytes, verified, pinned until Release.
+// Blocks in a tiers.Viewer tier are served in place (the Ref aliases tier
+// memory; Local checks the header's key, or the whole block with
+// Options.VerifyMemoryHits); others are copied out. A pinned block is never
+// freed, moved or evicted: eviction skips it, a drop (DropNamespace, a
+// cascade) removes it from the index at once but frees its bytes at the last
+// Release. Bytes read from a tier are always Decode-verified; a read that
+// returns tiers.ErrCorrupt, or bytes that fail verification, drop the block
+// and its descendants, count a corrupt drop and answer ErrNotFound.
+//
+// # Restart
+//
+// Open rebuilds the index from a tiers.Recoverable NVMe tier (key, location
+// and length of every block that survived). Those blocks serve hits at once;
+// their namespace and parent are learnt when each is first read, and a
+// background scan reads them all once (Options.SkipRecoveryScan turns it
+// off). DropNamespace applies to unread recovered blocks when they are read.
+//
+// # Concurrency
+//
+// All methods of Local and Ref are safe for concurrent use (a Ref's Release
+// must still be called once). One mutex guards the index; it is never held
+// across tier I/O or a copy of a block. A mover (demotion, promotion,
+// segment rewrite, recovery read) marks its entries under the lock, copies
+// without it and commits under it again; a Get of a block in NVMe that
+// another mover holds waits for it (or for its context). A persistent-tier
+// writer holds Local.diskMu shared from its write until the index knows the
+// new location, so a segment is never dropped under a value the index cannot
+// see yet. Close stops the recovery scan, waits for operations in flight and
+// closes the tiers, or returns ErrPinned while Refs are live.
 package store

@@ -1,0 +1,305 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/tiers"
+)
+
+// The index is the only in-RAM record of what a node caches: one 52-byte
+// entry per block in pages of a slab addressed by uint32, and an
+// open-addressing table of uint32 slots keyed by the key's own bits (a key is
+// already a hash). No pointers, so the GC scans none of it, and a million
+// cached blocks cost about 60 bytes each (BenchmarkIndexBytesPerBlock).
+//
+// An entry belongs to at most one recency list (a circular doubly linked list
+// through prev/next with a sentinel entry as its head), and to at most one
+// sibling list under its parent. The sibling list is doubly linked without a
+// parent field: up is the previous sibling, or the parent itself for the
+// first child (flagFirst), so unlinking is O(1) and the parent costs no word.
+//
+// The index is not safe for concurrent use: Local guards it with its mutex.
+
+// entry is one cached block. Keep it at 52 bytes: TestEntrySize pins it.
+type entry struct {
+	key        prefixhash.Key
+	loc        [2]uint32 // tiers.Loc, split so the struct needs 4-byte alignment only
+	prev, next uint32    // recency list (next is also the free-list link)
+	child      uint32    // first child, 0 if none
+	sib        uint32    // next sibling
+	up         uint32    // parent if flagFirst, else previous sibling; 0 when unlinked
+	ns         uint32    // namespace id (see namespaces)
+	hits       uint16    // Gets served, saturating
+	pins       uint8     // live Refs reading it in place, saturating at maxPins
+	flags      uint8
+}
+
+// Entry flags.
+const (
+	flagPersistent uint8 = 1 << iota // lives in the persistent tier, else in memory
+	flagFirst                        // up is the parent (first child)
+	flagMoving                       // a mover copies it: demotion, promotion, rewrite, resolution
+	flagDropped                      // out of the table and lists; freed when pins and mover are gone
+	flagHit                          // touched since it was written to its tier
+	flagLocGone                      // its loc was in a dropped segment: never Free it
+	flagSentinel                     // head of a recency list, not a block
+)
+
+const maxPins = 1<<8 - 1
+
+func (e *entry) getLoc() tiers.Loc  { return tiers.Loc(uint64(e.loc[1])<<32 | uint64(e.loc[0])) }
+func (e *entry) setLoc(l tiers.Loc) { e.loc = [2]uint32{uint32(l), uint32(uint64(l) >> 32)} }
+func (e *entry) has(f uint8) bool   { return e.flags&f != 0 }
+func (e *entry) set(f uint8)        { e.flags |= f }
+func (e *entry) clear(f uint8)      { e.flags &^= f }
+func (e *entry) persistent() bool   { return e.flags&flagPersistent != 0 }
+func (e *entry) busy() bool         { return e.pins > 0 || e.flags&flagMoving != 0 }
+func (e *entry) setHitsSaturating() { e.hits = min(e.hits+1, 1<<16-1) }
+
+const (
+	pageBits = 12
+	pageLen  = 1 << pageBits
+
+	// A table slot holds an entry index in its low idxBits and 4 bits of
+	// the key (a tag) above them, so a probe rarely touches an entry whose
+	// key differs. Slot 0 is empty; entry 0 is never used.
+	idxBits  = 28
+	idxMask  = 1<<idxBits - 1
+	maxEntry = idxMask
+
+	minTable = 1 << 10
+)
+
+type index struct {
+	pages [][]entry
+	next  uint32 // first never-used entry
+	free  uint32 // free list through entry.next
+	used  int    // entries allocated, sentinels and dropped ones included
+
+	table []uint32
+	mask  uint64
+	keys  int // slots in use
+}
+
+func (x *index) at(i uint32) *entry { return &x.pages[i>>pageBits][i&(pageLen-1)] }
+
+// alloc returns a fresh zeroed entry for key, or 0 when the slab is at its
+// hard limit.
+func (x *index) alloc(key prefixhash.Key) uint32 {
+	i := x.free
+	if i != 0 {
+		x.free = x.at(i).next
+	} else {
+		if x.next == 0 {
+			x.next = 1
+		}
+		if x.next > maxEntry {
+			return 0
+		}
+		i = x.next
+		x.next++
+		if int(i>>pageBits) == len(x.pages) {
+			x.pages = append(x.pages, make([]entry, pageLen))
+		}
+	}
+	*x.at(i) = entry{key: key}
+	x.used++
+	return i
+}
+
+// release returns entry i to the free list. It must be out of the table,
+// every list and every tree.
+func (x *index) release(i uint32) {
+	e := x.at(i)
+	*e = entry{next: x.free}
+	x.free = i
+	x.used--
+}
+
+func slotHash(k *prefixhash.Key) (pos uint64, tag uint32) {
+	return binary.LittleEndian.Uint64(k[0:8]), uint32(k[8]>>4) << idxBits
+}
+
+// find returns the entry of key, or 0.
+func (x *index) find(key prefixhash.Key) uint32 {
+	if x.keys == 0 {
+		return 0
+	}
+	h, tag := slotHash(&key)
+	for p := h & x.mask; ; p = (p + 1) & x.mask {
+		s := x.table[p]
+		if s == 0 {
+			return 0
+		}
+		if s&^idxMask == tag {
+			if i := s & idxMask; x.at(i).key == key {
+				return i
+			}
+		}
+	}
+}
+
+// insert adds entry i under its key, which must not be in the table.
+func (x *index) insert(i uint32) {
+	if (x.keys+1)*4 > len(x.table)*3 {
+		x.grow()
+	}
+	x.place(i)
+	x.keys++
+}
+
+func (x *index) place(i uint32) {
+	h, tag := slotHash(&x.at(i).key)
+	p := h & x.mask
+	for x.table[p] != 0 {
+		p = (p + 1) & x.mask
+	}
+	x.table[p] = tag | i
+}
+
+func (x *index) grow() {
+	old := x.table
+	n := max(minTable, 2*len(old))
+	x.table = make([]uint32, n)
+	x.mask = uint64(n - 1)
+	for _, s := range old {
+		if s != 0 {
+			x.place(s & idxMask)
+		}
+	}
+}
+
+// remove deletes key's slot (backward-shift deletion: no tombstones, so
+// probe lengths never degrade). It reports whether key was there.
+func (x *index) remove(key prefixhash.Key) bool {
+	if x.keys == 0 {
+		return false
+	}
+	h, tag := slotHash(&key)
+	p := h & x.mask
+	for {
+		s := x.table[p]
+		if s == 0 {
+			return false
+		}
+		if s&^idxMask == tag && x.at(s&idxMask).key == key {
+			break
+		}
+		p = (p + 1) & x.mask
+	}
+	// Shift back every following slot whose home is at or before the hole.
+	hole := p
+	for q := (p + 1) & x.mask; ; q = (q + 1) & x.mask {
+		s := x.table[q]
+		if s == 0 {
+			break
+		}
+		home, _ := slotHash(&x.at(s & idxMask).key)
+		home &= x.mask
+		// The entry at q may move to hole unless its home lies cyclically
+		// in (hole, q].
+		if (q-home)&x.mask >= (q-hole)&x.mask {
+			x.table[hole] = s
+			hole = q
+		}
+	}
+	x.table[hole] = 0
+	x.keys--
+	return true
+}
+
+// Recency lists. The sentinel's next is the hottest entry, its prev the
+// coldest.
+
+func (x *index) newList() uint32 {
+	s := x.alloc(prefixhash.Key{})
+	if s == 0 {
+		panic("store: index full while creating a recency list")
+	}
+	e := x.at(s)
+	e.flags = flagSentinel
+	e.prev, e.next = s, s
+	return s
+}
+
+// insertAfter links i into a list right after at (on its colder side); at may
+// be a sentinel, which makes i the hottest.
+func (x *index) insertAfter(at, i uint32) {
+	a, e := x.at(at), x.at(i)
+	e.prev, e.next = at, a.next
+	x.at(a.next).prev = i
+	a.next = i
+}
+
+// unlist removes i from its recency list, if it is in one.
+func (x *index) unlist(i uint32) {
+	e := x.at(i)
+	if e.prev == 0 {
+		return
+	}
+	x.at(e.prev).next = e.next
+	x.at(e.next).prev = e.prev
+	e.prev, e.next = 0, 0
+}
+
+// moveFront makes i the hottest of list.
+func (x *index) moveFront(list, i uint32) {
+	if x.at(list).next == i {
+		return
+	}
+	x.unlist(i)
+	x.insertAfter(list, i)
+}
+
+// The prefix tree.
+
+// link makes child the first child of parent. child must be unlinked.
+func (x *index) link(child, parent uint32) {
+	c, p := x.at(child), x.at(parent)
+	if c.up != 0 {
+		panic(fmt.Sprintf("store: linking entry %d, already linked", child))
+	}
+	if old := p.child; old != 0 {
+		o := x.at(old)
+		o.up = child
+		o.clear(flagFirst)
+		c.sib = old
+	}
+	c.up = parent
+	c.set(flagFirst)
+	p.child = child
+}
+
+// unlink removes i from its parent's children, if it has a parent.
+func (x *index) unlink(i uint32) {
+	e := x.at(i)
+	if e.up == 0 {
+		return
+	}
+	if e.has(flagFirst) {
+		x.at(e.up).child = e.sib
+		if e.sib != 0 {
+			s := x.at(e.sib)
+			s.up = e.up
+			s.set(flagFirst)
+		}
+	} else {
+		x.at(e.up).sib = e.sib
+		if e.sib != 0 {
+			x.at(e.sib).up = e.up
+		}
+	}
+	e.up, e.sib = 0, 0
+	e.clear(flagFirst)
+}
+
+// parent returns i's parent, or 0. It walks the sibling list: O(siblings).
+func (x *index) parent(i uint32) uint32 {
+	e := x.at(i)
+	for e.up != 0 && !e.has(flagFirst) {
+		e = x.at(e.up)
+	}
+	return e.up
+}

@@ -1,0 +1,535 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/tiers"
+)
+
+// Moving blocks between tiers. A mover marks its entries flagMoving under the
+// lock, copies without it, and commits under it again. While an entry moves
+// it cannot be chosen by another mover, a Get of a persistent entry waits for
+// the mover, and a drop leaves the slot and the old location to the mover.
+
+// maxRoomRounds bounds how many times one write makes room and retries.
+const maxRoomRounds = 8
+
+// maxVictimWalk bounds how far a victim search walks past busy entries.
+const maxVictimWalk = 4096
+
+// moved is an entry a mover holds, with what it snapshot under the lock.
+type moved struct {
+	i      uint32
+	key    prefixhash.Key
+	loc    tiers.Loc
+	size   int
+	val    []byte
+	err    error // reading or verifying the value failed
+	newLoc tiers.Loc
+	done   bool // newLoc holds the value
+}
+
+func (l *Local) movedLocked(i uint32) moved {
+	e := l.mu.x.at(i)
+	return moved{i: i, key: e.key, loc: e.getLoc(), size: l.mu.ns.get(e.ns).size}
+}
+
+// moveTierLocked moves entry i's accounting and list membership to the other
+// tier, at loc, as the hottest entry there.
+func (l *Local) moveTierLocked(i uint32, loc tiers.Loc) {
+	x := &l.mu.x
+	e := x.at(i)
+	size := int64(l.mu.ns.get(e.ns).size)
+	from := tierOf(e)
+	l.mu.blocks[from]--
+	l.mu.bytes[from] -= size
+	l.mu.blocks[1-from]++
+	l.mu.bytes[1-from] += size
+	x.unlist(i)
+	e.setLoc(loc)
+	e.clear(flagHit | flagLocGone)
+	if from == tierMem {
+		e.set(flagPersistent)
+		x.insertAfter(l.mu.diskList, i)
+	} else {
+		e.clear(flagPersistent)
+		x.insertAfter(l.memListLocked(l.mu.ns.get(e.ns).class), i)
+	}
+}
+
+// errColdest says a new block is colder than every block it would evict: it
+// would go right behind its parent, and its parent is the coldest evictable
+// block of its class. Evicting the parent would orphan the block, so the
+// block itself is the victim: it goes to the persistent tier, or is not
+// kept.
+var errColdest = errors.New("store: the new block is the coldest")
+
+// putMem copies val into the memory tier, making room when it is full.
+// parent is the key of the block's parent for a new block (its position
+// in the recency order), zero for a promotion (the hottest position).
+func (l *Local) putMem(ctx context.Context, key, parent prefixhash.Key, val []byte, class int) (tiers.Loc, error) {
+	if class < 0 {
+		return 0, tiers.ErrTooLarge
+	}
+	for round := 0; ; round++ {
+		loc, err := l.mem.Put(key, val)
+		if err == nil || !errors.Is(err, tiers.ErrFull) || round == maxRoomRounds {
+			return loc, err
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if err := l.makeMemRoom(class, len(val), parent); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// makeMemRoom demotes (or, failing that, drops) the coldest idle blocks that
+// free room for a value of the given class and size. It returns the tier's
+// ErrFull when it could move nothing, errColdest when the new block (child
+// of parent) is colder than anything it could move.
+func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key) error {
+	l.mu.Lock()
+	stop := uint32(0)
+	if !parent.IsZero() {
+		if p := l.mu.x.find(parent); p == 0 {
+			if slices.Contains(l.mu.evicted[:], parent) {
+				l.mu.Unlock()
+				return errColdest // the parent went at once: so does the child
+			}
+		} else if pe := l.mu.x.at(p); !pe.persistent() && l.mu.ns.get(pe.ns).class == class {
+			stop = p
+		}
+	}
+	vs, coldest := l.memVictimsLocked(class, need, stop)
+	l.mu.Unlock()
+	if len(vs) == 0 {
+		if coldest {
+			return errColdest
+		}
+		return tiers.ErrFull
+	}
+	l.demote(vs)
+	return nil
+}
+
+// memVictimsLocked picks and marks the entries to demote. Under Classed, a
+// value only frees room for its own class: take the coldest of the class,
+// and when the class owns no memory (or none of it is idle), the slab the
+// tier names to evacuate. The walk stops at stop, the new block's parent:
+// what lies beyond is warmer than the new block; coldest reports that.
+func (l *Local) memVictimsLocked(class, need int, stop uint32) (vs []moved, coldest bool) {
+	want := need
+	if l.disk != nil {
+		want = max(need, l.opts.DemoteBatchBytes) // batch the writes; drops need no batching
+	}
+	if l.classed == nil {
+		return l.coldestLocked(l.memListLocked(0), want, stop)
+	}
+	if l.classed.ClassHasMemory(class) {
+		if vs, coldest := l.coldestLocked(l.memListLocked(class), want, stop); len(vs) > 0 || coldest {
+			return vs, coldest
+		}
+	}
+	return l.evacuateLocked(class), false
+}
+
+func (l *Local) coldestLocked(list uint32, want int, stop uint32) (vs []moved, reachedStop bool) {
+	x := &l.mu.x
+	got := 0
+	for j, walked := x.at(list).prev, 0; j != list && got < want && walked < maxVictimWalk; j, walked = x.at(j).prev, walked+1 {
+		if j == stop {
+			return vs, true
+		}
+		if x.at(j).busy() {
+			continue
+		}
+		vs = append(vs, l.markVictimLocked(j))
+		got += vs[len(vs)-1].size
+	}
+	return vs, false
+}
+
+func (l *Local) markVictimLocked(i uint32) moved {
+	e := l.mu.x.at(i)
+	e.set(flagMoving)
+	e.clear(flagHit) // a touch while it moves cancels the demotion
+	return l.movedLocked(i)
+}
+
+// evacuateLocked marks the idle blocks of the slab the tier names. Busy ones
+// stay; the slab empties when they are released.
+func (l *Local) evacuateLocked(avoid int) []moved {
+	var vs []moved
+	for _, r := range l.classed.Evacuate(avoid) {
+		i := l.mu.x.find(r.Key)
+		if i == 0 {
+			continue // being freed, or a Put not indexed yet
+		}
+		e := l.mu.x.at(i)
+		if e.persistent() || e.getLoc() != r.Loc || e.busy() {
+			continue
+		}
+		vs = append(vs, l.markVictimLocked(i))
+	}
+	return vs
+}
+
+// memBytes returns the bytes of a memory-tier value for a mover.
+func (l *Local) memBytes(m *moved) {
+	if l.view != nil {
+		m.val = l.view.View(m.loc, m.size)
+		return
+	}
+	m.val = make([]byte, m.size)
+	if err := l.mem.Read(m.loc, m.val); err != nil {
+		m.err = err
+	} else if _, err := l.verify(m.key, m.val); err != nil {
+		m.err = err
+	}
+}
+
+// demote writes the victims to the persistent tier and commits each that
+// nobody touched meanwhile; victims it cannot write are dropped.
+func (l *Local) demote(vs []moved) {
+	if l.disk != nil {
+		for k := range vs {
+			l.memBytes(&vs[k])
+		}
+		l.toDisk(vs, l.commitDemotionLocked)
+		return
+	}
+	var fr []freeLoc
+	l.mu.Lock()
+	for k := range vs {
+		l.commitDemotionLocked(&vs[k], &fr)
+	}
+	l.mu.Unlock()
+	l.freeAll(fr)
+}
+
+func (l *Local) commitDemotionLocked(m *moved, fr *[]freeLoc) {
+	e := l.mu.x.at(m.i)
+	l.doneMovingLocked(m.i)
+	switch {
+	case e.has(flagDropped):
+		if m.done {
+			*fr = append(*fr, freeLoc{true, m.newLoc})
+		}
+		l.finalizeIfIdleLocked(m.i, fr)
+	case m.err != nil:
+		l.dropLocked(m.i, reasonCorrupt, fr)
+	case e.pins > 0 || e.has(flagHit):
+		// Read or touched while it was copied: it is hot, keep it.
+		if m.done {
+			*fr = append(*fr, freeLoc{true, m.newLoc})
+		}
+	case m.done:
+		*fr = append(*fr, freeLoc{false, m.loc})
+		l.moveTierLocked(m.i, m.newLoc)
+		l.mu.c.demotions++
+	default:
+		l.dropLocked(m.i, reasonEvict, fr)
+	}
+}
+
+// toDisk writes the values of ms to the persistent tier and hands every
+// element of ms, written (done) or not, to commit under the lock. A value is
+// committed before any segment can be dropped under it; when the tier is
+// full, toDisk commits what was written, reclaims a segment and goes on.
+func (l *Local) toDisk(ms []moved, commit func(m *moved, fr *[]freeLoc)) {
+	// Values that could not be read are committed first, unwritten.
+	rest := ms[partitionFailed(ms):]
+	l.commitAll(ms[:len(ms)-len(rest)], commit)
+	for round := 0; len(rest) > 0; round++ {
+		l.diskMu.RLock()
+		n, err := l.putDisk(rest)
+		l.commitAll(rest[:n], commit)
+		l.diskMu.RUnlock()
+		rest = rest[n:]
+		if len(rest) == 0 {
+			return
+		}
+		if err == nil {
+			panic("store: persistent tier stored part of a batch without an error")
+		}
+		if !errors.Is(err, tiers.ErrFull) || round == maxRoomRounds || !l.reclaim() {
+			rest[0].err = err
+			break
+		}
+	}
+	l.commitAll(rest, commit)
+}
+
+// partitionFailed moves the elements of ms with an error to its front and
+// returns how many there are.
+func partitionFailed(ms []moved) int {
+	j := 0
+	for k := range ms {
+		if ms[k].err != nil {
+			ms[j], ms[k] = ms[k], ms[j]
+			j++
+		}
+	}
+	return j
+}
+
+func (l *Local) commitAll(ms []moved, commit func(m *moved, fr *[]freeLoc)) {
+	if len(ms) == 0 {
+		return
+	}
+	var fr []freeLoc
+	l.mu.Lock()
+	for k := range ms {
+		commit(&ms[k], &fr)
+	}
+	l.mu.Unlock()
+	l.freeAll(fr)
+}
+
+// putDisk stores the values of ms in the persistent tier, in order, setting
+// newLoc and done, and returns how many it stored before the first error.
+func (l *Local) putDisk(ms []moved) (int, error) {
+	if l.batcher == nil {
+		for k := range ms {
+			loc, err := l.disk.Put(ms[k].key, ms[k].val)
+			if err != nil {
+				return k, err
+			}
+			ms[k].newLoc, ms[k].done = loc, true
+		}
+		return len(ms), nil
+	}
+	keys := make([]prefixhash.Key, len(ms))
+	vals := make([][]byte, len(ms))
+	locs := make([]tiers.Loc, len(ms))
+	for k := range ms {
+		keys[k], vals[k] = ms[k].key, ms[k].val
+	}
+	n, err := l.batcher.PutBatch(keys, vals, locs)
+	for k := range n {
+		ms[k].newLoc, ms[k].done = locs[k], true
+	}
+	return n, err
+}
+
+// reclaim frees the oldest segment of the persistent tier: blocks hit since
+// they were written are read back and rewritten, the rest are dropped (with
+// their descendants). It reports whether a segment went.
+func (l *Local) reclaim() bool {
+	if l.seg == nil {
+		return false
+	}
+	l.diskMu.Lock()
+	defer l.diskMu.Unlock()
+	seg, recs, ok, err := l.seg.OldestSegment()
+	if err != nil || !ok {
+		return false
+	}
+	type live struct {
+		i   uint32
+		key prefixhash.Key
+	}
+	var lives []live
+	var rw []moved
+	var fr []freeLoc
+	l.mu.Lock()
+	x := &l.mu.x
+	for _, r := range recs {
+		i := x.find(r.Key)
+		if i == 0 {
+			continue
+		}
+		if e := x.at(i); e.persistent() && e.getLoc() == r.Loc {
+			// Its location dies with the segment: nobody frees it.
+			e.set(flagLocGone)
+			lives = append(lives, live{i, r.Key})
+		}
+	}
+	for _, lv := range lives {
+		e := x.at(lv.i)
+		switch {
+		case e.key != lv.key || e.has(flagDropped):
+			// Dropped with an ancestor earlier in this loop.
+		case e.has(flagMoving):
+			// A promotion reads it; flagLocGone tells it the rest.
+		case e.has(flagHit):
+			e.set(flagMoving)
+			rw = append(rw, l.movedLocked(lv.i))
+		default:
+			l.dropLocked(lv.i, reasonEvict, &fr)
+		}
+	}
+	l.mu.Unlock()
+	l.freeAll(fr)
+	fr = fr[:0]
+
+	for k := range rw {
+		m := &rw[k]
+		m.val = make([]byte, m.size)
+		if m.err = l.disk.Read(m.loc, m.val); m.err == nil {
+			_, m.err = l.verify(m.key, m.val)
+		}
+	}
+	if err := l.seg.DropSegment(seg); err != nil {
+		// The segment stays: so do the locations of the rewrite set. The
+		// blocks dropped above, and a promotion's source, are not freed
+		// one by one; they go with the segment later.
+		l.mu.Lock()
+		for _, m := range rw {
+			x.at(m.i).clear(flagLocGone)
+			l.doneMovingLocked(m.i)
+			l.finalizeIfIdleLocked(m.i, &fr)
+		}
+		l.mu.Unlock()
+		l.freeAll(fr)
+		return false
+	}
+	l.putDisk(rw[partitionFailed(rw):])
+	l.mu.Lock()
+	for k := range rw {
+		m := &rw[k]
+		e := x.at(m.i)
+		l.doneMovingLocked(m.i)
+		switch {
+		case e.has(flagDropped):
+			if m.done {
+				fr = append(fr, freeLoc{true, m.newLoc})
+			}
+			l.finalizeIfIdleLocked(m.i, &fr)
+		case m.err != nil:
+			l.dropLocked(m.i, reasonCorrupt, &fr)
+		case m.done:
+			e.setLoc(m.newLoc)
+			e.clear(flagLocGone | flagHit)
+			x.moveFront(l.mu.diskList, m.i)
+			l.mu.c.rewrites++
+		default:
+			l.dropLocked(m.i, reasonEvict, &fr)
+		}
+	}
+	l.mu.Unlock()
+	l.freeAll(fr)
+	return true
+}
+
+// makeIndexRoom keeps the number of blocks under MaxBlocks: it reclaims a
+// segment, or drops the coldest idle memory block.
+func (l *Local) makeIndexRoom(ctx context.Context) error {
+	refuse := func() error {
+		return l.refused(fmt.Errorf("%w: the index holds MaxBlocks (%d) blocks", tiers.ErrFull, l.opts.MaxBlocks), 0)
+	}
+	for round := 0; ; round++ {
+		l.mu.Lock()
+		full := l.indexFullLocked()
+		onDisk := l.mu.blocks[tierDisk] > 0
+		l.mu.Unlock()
+		if !full {
+			return nil
+		}
+		if round == maxRoomRounds || ctx.Err() != nil {
+			return refuse()
+		}
+		if onDisk && l.reclaim() {
+			continue
+		}
+		var fr []freeLoc
+		l.mu.Lock()
+		dropped := false
+		for _, list := range l.mu.memLists {
+			if list == 0 {
+				continue
+			}
+			x := &l.mu.x
+			for j, walked := x.at(list).prev, 0; j != list && walked < maxVictimWalk; j, walked = x.at(j).prev, walked+1 {
+				if !x.at(j).busy() {
+					l.dropLocked(j, reasonEvict, &fr)
+					dropped = true
+					break
+				}
+			}
+			if dropped {
+				break
+			}
+		}
+		l.mu.Unlock()
+		l.freeAll(fr)
+		if !dropped {
+			return refuse()
+		}
+	}
+}
+
+func (l *Local) indexFullLocked() bool {
+	return l.mu.blocks[tierMem]+l.mu.blocks[tierDisk] >= int64(l.opts.MaxBlocks)
+}
+
+// promote serves a Get of a block in the persistent tier: it reads and
+// verifies it, copies it into memory when room can be made, and returns a
+// Ref over the bytes read.
+func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
+	b := make([]byte, m.size)
+	err := l.disk.Read(m.loc, b)
+	var blk Block
+	if err == nil {
+		blk, err = l.verify(m.key, b)
+	}
+	var fr []freeLoc
+	l.mu.Lock()
+	e := l.mu.x.at(m.i)
+	if err == nil && !e.has(flagDropped) && !l.mu.ns.get(e.ns).resolved {
+		err = l.resolveLocked(m.i, &blk.Header)
+	}
+	if err != nil {
+		l.doneMovingLocked(m.i)
+		if errors.Is(err, errNamespaceDropped) {
+			l.mu.c.misses++
+			l.dropLocked(m.i, reasonNamespace, &fr)
+		} else {
+			l.failedReadLocked(m.i, &fr)
+		}
+		l.finalizeIfIdleLocked(m.i, &fr)
+		l.mu.Unlock()
+		l.freeAll(fr)
+		return nil, ErrNotFound
+	}
+	class := -1
+	if !e.has(flagDropped) {
+		class = l.mu.ns.get(e.ns).class
+	}
+	l.mu.Unlock()
+
+	newLoc, perr := l.putMem(ctx, m.key, prefixhash.Key{}, b, class)
+	l.mu.Lock()
+	l.doneMovingLocked(m.i)
+	l.mu.c.hits++
+	switch {
+	case e.has(flagDropped):
+		// Dropped while read: the bytes are still the block's.
+		if perr == nil {
+			fr = append(fr, freeLoc{false, newLoc})
+		}
+		l.finalizeIfIdleLocked(m.i, &fr)
+	case perr == nil:
+		if !e.has(flagLocGone) {
+			fr = append(fr, freeLoc{true, e.getLoc()})
+		}
+		e.setHitsSaturating()
+		l.moveTierLocked(m.i, newLoc)
+		l.mu.c.promotions++
+	case e.has(flagLocGone):
+		e.setHitsSaturating()
+		l.dropLocked(m.i, reasonEvict, &fr)
+	default:
+		e.setHitsSaturating()
+		l.touchLocked(m.i)
+	}
+	l.mu.Unlock()
+	l.freeAll(fr)
+	return &Ref{l: l, b: b}, nil
+}

@@ -1,0 +1,138 @@
+package store
+
+import (
+	"sort"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/tiers"
+)
+
+// Stats is a snapshot of a Local's usage and counters. Every block that ever
+// entered the index (Puts + Recovered) is either still cached (the tiers'
+// Blocks) or was removed exactly once, as an eviction, a corrupt drop or a
+// namespace drop; a descendant dropped with its ancestor counts under the
+// ancestor's reason (as an eviction when the ancestor was corrupt) and also
+// in Cascaded.
+type Stats struct {
+	// Tiers are the memory tier, then the persistent tier if any.
+	Tiers []TierStats
+
+	Hits   int64 // Gets served
+	Misses int64 // Gets not served, failed verifications included
+
+	Puts       int64 // blocks stored
+	Duplicates int64 // Puts of a block already cached (touched, not stored)
+	Refused    int64 // Puts refused for lack of room (ErrFull, ErrTooLarge)
+	Recovered  int64 // blocks indexed from the persistent tier on Open
+
+	Demotions  int64 // memory → persistent moves
+	Promotions int64 // persistent → memory moves on a hit
+	Rewrites   int64 // blocks re-inserted when their segment was reclaimed
+
+	Evictions      int64 // blocks dropped from the node for room
+	CorruptDrops   int64 // blocks dropped because a read or verification failed
+	NamespaceDrops int64 // blocks dropped by DropNamespace
+	Cascaded       int64 // of all drops, descendants dropped with an ancestor
+
+	Pinned int // live Refs pinning a block in place
+
+	// Namespaces are sorted by digest. Digest 0 gathers blocks recovered
+	// from the persistent tier whose header has not been read yet.
+	Namespaces []NamespaceStats
+}
+
+// TierStats is one tier as the index sees it (Blocks, Bytes) and as the tier
+// reports itself (Capacity, Reserved, Stored, Values). The two agree when no
+// operation is in flight.
+type TierStats struct {
+	Name   string
+	Blocks int64
+	Bytes  int64
+	tiers.Stats
+}
+
+// NamespaceStats is what one namespace has cached on this node.
+type NamespaceStats struct {
+	Digest uint64
+	Blocks int64
+	Bytes  int64
+	Tokens int64 // cached tokens: Blocks × tokens per block
+}
+
+// Stats returns a snapshot of usage and counters.
+func (l *Local) Stats() Stats {
+	l.mu.Lock()
+	c := l.mu.c
+	s := Stats{
+		Hits: c.hits, Misses: c.misses, Puts: c.puts, Duplicates: c.duplicates, Refused: c.refused,
+		Recovered: c.recovered, Demotions: c.demotions, Promotions: c.promotions, Rewrites: c.rewrites,
+		Evictions: c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops,
+		Cascaded: c.cascade, Pinned: l.mu.refs,
+	}
+	s.Tiers = append(s.Tiers, TierStats{Name: l.mem.Name(), Blocks: l.mu.blocks[tierMem], Bytes: l.mu.bytes[tierMem]})
+	if l.disk != nil {
+		s.Tiers = append(s.Tiers, TierStats{Name: l.disk.Name(), Blocks: l.mu.blocks[tierDisk], Bytes: l.mu.bytes[tierDisk]})
+	}
+	byDigest := map[uint64]int{}
+	for _, n := range l.mu.ns.list {
+		if n.blocks == 0 {
+			continue
+		}
+		k, ok := byDigest[n.digest]
+		if !ok {
+			k = len(s.Namespaces)
+			byDigest[n.digest] = k
+			s.Namespaces = append(s.Namespaces, NamespaceStats{Digest: n.digest})
+		}
+		ns := &s.Namespaces[k]
+		ns.Blocks += n.blocks
+		ns.Bytes += n.blocks * int64(n.size)
+		ns.Tokens += n.blocks * int64(n.tokens)
+	}
+	open := l.enterLocked()
+	l.mu.Unlock()
+	sort.Slice(s.Namespaces, func(a, b int) bool { return s.Namespaces[a].Digest < s.Namespaces[b].Digest })
+	if open {
+		s.Tiers[0].Stats = l.mem.Stats()
+		if l.disk != nil {
+			s.Tiers[1].Stats = l.disk.Stats()
+		}
+		l.exit()
+	}
+	return s
+}
+
+// BlockInfo describes one cached block, for people (the admin BlockInfo RPC).
+type BlockInfo struct {
+	Key       prefixhash.Key
+	Tier      string // the tier's Name: "dram", "nvme"
+	Size      int    // encoded block bytes
+	Namespace uint64 // namespace digest; 0 while a recovered block is unread
+	Tokens    int    // tokens in the block; 0 while unread
+	Hits      int    // Gets served from it (saturating at 65535)
+	Pins      int    // live Refs reading it in place
+	Parent    bool   // linked to a cached parent
+	Children  int    // cached children linked to it
+}
+
+// Info describes the block of key without touching it.
+func (l *Local) Info(key prefixhash.Key) (BlockInfo, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	x := &l.mu.x
+	i := x.find(key)
+	if i == 0 || l.mu.closed {
+		return BlockInfo{}, false
+	}
+	e := x.at(i)
+	n := l.mu.ns.get(e.ns)
+	info := BlockInfo{Key: key, Tier: l.mem.Name(), Size: n.size, Namespace: n.digest, Tokens: n.tokens,
+		Hits: int(e.hits), Pins: int(e.pins), Parent: e.up != 0}
+	if e.persistent() {
+		info.Tier = l.disk.Name()
+	}
+	for c := e.child; c != 0; c = x.at(c).sib {
+		info.Children++
+	}
+	return info, true
+}

@@ -1,0 +1,856 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/tiers"
+)
+
+// world is a forest of random blocks with shared prefixes: each new block
+// extends the root or an existing block, so chains share ancestors.
+type world struct {
+	t      testing.TB
+	rng    *rand.Rand
+	ns     prefixhash.Namespace
+	blocks []wblock
+	byKey  map[prefixhash.Key]int
+}
+
+type wblock struct {
+	key    prefixhash.Key
+	parent int // -1: the namespace root
+	enc    []byte
+}
+
+func newWorld(t testing.TB, seed uint64, ns prefixhash.Namespace) *world {
+	return &world{t: t, rng: rand.New(rand.NewPCG(seed, seed)), ns: ns, byKey: map[prefixhash.Key]int{}}
+}
+
+// grow adds a block under a random existing block (or the root) and returns
+// its index.
+func (w *world) grow() int {
+	parent := -1
+	if n := len(w.blocks); n > 0 && w.rng.IntN(8) > 0 {
+		// Prefer recent blocks, so chains get long.
+		parent = n - 1 - min(n-1, int(w.rng.ExpFloat64()*8))
+	}
+	return w.extend(parent)
+}
+
+func (w *world) extend(parent int) int {
+	pk := w.ns.Root()
+	if parent >= 0 {
+		pk = w.blocks[parent].key
+	}
+	enc, key, _, _ := randomBlock(w.t, w.rng, w.ns, pk)
+	w.blocks = append(w.blocks, wblock{key: key, parent: parent, enc: enc})
+	w.byKey[key] = len(w.blocks) - 1
+	return len(w.blocks) - 1
+}
+
+// putChain puts a new chain of n blocks from the root into l and returns the
+// index of its last block.
+func (w *world) putChain(t testing.TB, l *Local, n int) int {
+	t.Helper()
+	last := -1
+	for range n {
+		last = w.extend(last)
+		if err := l.Put(context.Background(), w.blocks[last].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return last
+}
+
+// putGrown grows n random blocks and puts them into l.
+func (w *world) putGrown(t testing.TB, l *Local, n int) {
+	t.Helper()
+	for range n {
+		if err := l.Put(context.Background(), w.blocks[w.grow()].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// putGet puts b into l and returns a Ref to it.
+func putGet(t testing.TB, l *Local, b wblock) *Ref {
+	t.Helper()
+	if err := l.Put(context.Background(), b.enc); err != nil {
+		t.Fatal(err)
+	}
+	r, err := l.Get(context.Background(), b.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// chain returns the keys from the root down to block i.
+func (w *world) chain(i int) []prefixhash.Key {
+	var ks []prefixhash.Key
+	for ; i >= 0; i = w.blocks[i].parent {
+		ks = append(ks, w.blocks[i].key)
+	}
+	for a, b := 0, len(ks)-1; a < b; a, b = a+1, b-1 {
+		ks[a], ks[b] = ks[b], ks[a]
+	}
+	return ks
+}
+
+func (w *world) randomBlock() int { return w.rng.IntN(len(w.blocks)) }
+
+// refModel is the reference the store must agree with when nothing is
+// evicted: a map.
+type refModel map[prefixhash.Key][]byte
+
+func (m refModel) put(key prefixhash.Key, b []byte) {
+	if _, ok := m[key]; !ok {
+		m[key] = b
+	}
+}
+
+func (m refModel) get(key prefixhash.Key) ([]byte, bool) { b, ok := m[key]; return b, ok }
+
+func (m refModel) longestPrefix(keys []prefixhash.Key) int {
+	for n, k := range keys {
+		if _, ok := m[k]; !ok {
+			return n
+		}
+	}
+	return len(keys)
+}
+
+func openLocal(t testing.TB, opts Options) *Local {
+	t.Helper()
+	l, err := Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// blockBytes is the encoded size of blockNS blocks.
+var blockBytes = EncodedLen(blockNS().BlockTokens, blockNS().BlockBytes())
+
+// TestLocalModel gives the store and a map the same random operations, in a
+// configuration that never evicts, and requires the same answers.
+func TestLocalModel(t *testing.T) {
+	for _, disk := range []bool{false, true} {
+		w := newWorld(t, 11, blockNS())
+		opts := Options{DRAM: newFakeMem(64<<10, 256, 1024)}
+		if disk {
+			// A small memory tier in front of a large disk: blocks move,
+			// none is dropped.
+			opts.DRAM = newFakeMem(4096, 4, 1024)
+			opts.NVMe = newFakeVolume(64<<10, 256).open()
+			opts.DemoteBatchBytes = 1
+		}
+		l := openLocal(t, opts)
+		m := refModel{}
+		ctx := context.Background()
+		for step := range 4000 {
+			switch op := w.rng.IntN(10); {
+			case op < 3 || len(w.blocks) == 0:
+				i := w.grow()
+				if w.rng.IntN(4) == 0 && len(w.blocks) > 1 {
+					i = w.randomBlock() // a duplicate put
+				}
+				b := w.blocks[i]
+				if err := l.Put(ctx, b.enc); err != nil {
+					t.Fatalf("step %d: Put: %v", step, err)
+				}
+				m.put(b.key, b.enc)
+			case op < 6:
+				k := w.blocks[w.randomBlock()].key
+				want, ok := m.get(k)
+				r, err := l.Get(ctx, k)
+				if ok != (err == nil) || (err != nil && !errors.Is(err, ErrNotFound)) {
+					t.Fatalf("step %d: Get = %v, model has it: %v", step, err, ok)
+				}
+				if err == nil {
+					if !bytes.Equal(r.Bytes(), want) {
+						t.Fatalf("step %d: Get returned other bytes", step)
+					}
+					r.Release()
+				}
+			case op < 8:
+				k := w.blocks[w.randomBlock()].key
+				if _, ok := m[k]; l.Contains(k) != ok {
+					t.Fatalf("step %d: Contains = %v, model %v", step, !ok, ok)
+				}
+			default:
+				keys := w.chain(w.randomBlock())
+				if w.rng.IntN(2) == 0 {
+					keys = append(keys, randKey(w.rng))
+				}
+				if got, want := l.LongestPrefix(keys), m.longestPrefix(keys); got != want {
+					t.Fatalf("step %d: LongestPrefix = %d, model %d", step, got, want)
+				}
+			}
+		}
+		s := l.Stats()
+		if s.Evictions != 0 || s.Puts != int64(len(m)) || totalBlocks(s) != int64(len(m)) {
+			t.Fatalf("disk=%v: %d evictions, %d puts, %d blocks; model holds %d", disk, s.Evictions, s.Puts, totalBlocks(s), len(m))
+		}
+		if disk && (s.Demotions == 0 || s.Promotions == 0) {
+			t.Fatalf("blocks never moved between tiers: %+v", s)
+		}
+	}
+}
+
+func totalBlocks(s Stats) int64 {
+	n := int64(0)
+	for _, t := range s.Tiers {
+		n += t.Blocks
+	}
+	return n
+}
+
+// checkInvariants asserts what must hold whenever no operation is in flight.
+func checkInvariants(t *testing.T, step int, l *Local, w *world, linked map[prefixhash.Key]bool) {
+	t.Helper()
+	s := l.Stats()
+	for _, ts := range s.Tiers {
+		if ts.Reserved > ts.Capacity {
+			t.Fatalf("step %d: tier %s reserves %d bytes, capacity %d", step, ts.Name, ts.Reserved, ts.Capacity)
+		}
+		if ts.Blocks != ts.Values || ts.Bytes != ts.Stored {
+			t.Fatalf("step %d: tier %s: index has %d blocks, %d bytes; tier has %d values, %d bytes",
+				step, ts.Name, ts.Blocks, ts.Bytes, ts.Values, ts.Stored)
+		}
+	}
+	total := totalBlocks(s)
+	if in, out := s.Puts+s.Recovered, total+s.Evictions+s.CorruptDrops+s.NamespaceDrops; in != out {
+		t.Fatalf("step %d: %d blocks came in, %d are cached or were dropped (%+v)", step, in, out, s)
+	}
+	nsBlocks := int64(0)
+	for _, n := range s.Namespaces {
+		nsBlocks += n.Blocks
+	}
+	if nsBlocks != total {
+		t.Fatalf("step %d: namespaces hold %d blocks, tiers %d", step, nsBlocks, total)
+	}
+	if s.Pinned != 0 {
+		t.Fatalf("step %d: %d pins with no Ref live", step, s.Pinned)
+	}
+	if step%5 != 0 {
+		return // the full scan below is the slow part
+	}
+	for _, b := range w.blocks {
+		if linked[b.key] && l.Contains(b.key) && !l.Contains(w.blocks[b.parent].key) {
+			t.Fatalf("step %d: %s is cached, its parent (cached when it was put) is not", step, b.key)
+		}
+	}
+}
+
+// TestLocalPressure runs random chains and lookups through tiers far too
+// small for them, and checks the invariants after every step: capacities
+// hold, bytes served are bytes put, no cached descendant outlives its
+// ancestor, counters add up.
+func TestLocalPressure(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		disk bool
+	}{{"memory-only", false}, {"memory+nvme", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			// 8 slabs of 4 blocks; a disk of 5 segments of 6 blocks.
+			opts := Options{DRAM: newFakeMem(4096, 8, 1024), DemoteBatchBytes: 2 * blockBytes}
+			if tc.disk {
+				opts.NVMe = newFakeVolume(6*blockBytes, 5).open()
+			}
+			l := openLocal(t, opts)
+			s := runPressure(t, l, newWorld(t, 21, blockNS()), 3000)
+			if tc.disk && (s.Demotions == 0 || s.Promotions == 0 || s.Rewrites == 0) {
+				t.Fatalf("tiers never exchanged blocks: %+v", s)
+			}
+		})
+	}
+}
+
+// runPressure runs steps random operations on l (puts of chains growing from
+// w, gets, lookups followed by GetMany), checks the invariants after each,
+// and requires that something was evicted.
+func runPressure(t *testing.T, l *Local, w *world, steps int) Stats {
+	ctx := context.Background()
+	linked := map[prefixhash.Key]bool{}
+	for step := range steps {
+		switch op := w.rng.IntN(10); {
+		case op < 4 || len(w.blocks) == 0:
+			i := w.grow()
+			if w.rng.IntN(5) == 0 {
+				i = w.randomBlock()
+			}
+			b := w.blocks[i]
+			was := l.Contains(b.key)
+			if err := l.Put(ctx, b.enc); err != nil {
+				t.Fatalf("step %d: Put: %v", step, err)
+			}
+			if !was {
+				linked[b.key] = b.parent >= 0 && l.Contains(w.blocks[b.parent].key)
+			}
+		case op < 7:
+			b := w.blocks[w.randomBlock()]
+			r, err := l.Get(ctx, b.key)
+			switch {
+			case err == nil:
+				if !bytes.Equal(r.Bytes(), b.enc) {
+					t.Fatalf("step %d: Get returned other bytes", step)
+				}
+				r.Release()
+			case !errors.Is(err, ErrNotFound):
+				t.Fatalf("step %d: Get: %v", step, err)
+			}
+		default:
+			keys := w.chain(w.randomBlock())
+			n := l.LongestPrefix(keys)
+			refs, err := l.GetMany(ctx, keys[:n])
+			if err != nil {
+				t.Fatalf("step %d: GetMany: %v", step, err)
+			}
+			for k, r := range refs {
+				if r != nil {
+					if !bytes.Equal(r.Bytes(), w.blocks[w.byKey[keys[k]]].enc) {
+						t.Fatalf("step %d: GetMany returned other bytes", step)
+					}
+					r.Release()
+				}
+			}
+		}
+		checkInvariants(t, step, l, w, linked)
+	}
+	s := l.Stats()
+	t.Logf("%+v", s)
+	if s.Evictions == 0 || s.Cascaded == 0 {
+		t.Fatalf("the test exerted no pressure: %+v", s)
+	}
+	return s
+}
+
+// TestLocalChainEvictsLeavesFirst puts a long chain into a memory tier that
+// holds half of it: what stays is a prefix of the chain, never a suffix.
+func TestLocalChainEvictsLeavesFirst(t *testing.T) {
+	w := newWorld(t, 31, blockNS())
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), DemoteBatchBytes: 1}) // 16 blocks
+	last := w.putChain(t, l, 32)
+	keys := w.chain(last)
+	n := l.LongestPrefix(keys)
+	if n == 0 {
+		t.Fatal("the chain's root was evicted")
+	}
+	for _, k := range keys[n:] {
+		if l.Contains(k) {
+			t.Fatalf("a descendant is cached past the cached prefix of %d blocks", n)
+		}
+	}
+	t.Logf("cached prefix: %d of %d blocks", n, len(keys))
+}
+
+// TestLocalClassed exercises size classes: a block whose class owns no
+// memory gets room by evacuating a slab of another class, whose blocks are
+// demoted (or dropped without NVMe), never by growing the tier.
+func TestLocalClassed(t *testing.T) {
+	small := blockNS()
+	big := blockNS()
+	big.HeadDim = 32 // 2176-byte blocks, class 1
+	for _, disk := range []bool{false, true} {
+		mem := newFakeMem(8192, 4, 1024, 4096)
+		opts := Options{DRAM: mem, DemoteBatchBytes: 1}
+		if disk {
+			opts.NVMe = newFakeVolume(64<<10, 16).open()
+		}
+		l := openLocal(t, opts)
+		ctx := context.Background()
+		ws, wb := newWorld(t, 41, small), newWorld(t, 42, big)
+		for range 40 { // fills all 4 slabs with class 0
+			if err := l.Put(ctx, ws.blocks[ws.grow()].enc); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if mem.ClassHasMemory(1) {
+			t.Fatal("class 1 owns memory before any big block")
+		}
+		for range 3 {
+			b := wb.blocks[wb.grow()]
+			if err := l.Put(ctx, b.enc); err != nil {
+				t.Fatalf("disk=%v: big block: %v", disk, err)
+			}
+			if info, ok := l.Info(b.key); !ok || info.Tier != "dram" {
+				t.Fatalf("disk=%v: big block is in %+v, want dram", disk, info)
+			}
+		}
+		s := l.Stats()
+		if s.Tiers[0].Reserved > s.Tiers[0].Capacity {
+			t.Fatalf("memory tier over capacity: %+v", s.Tiers[0])
+		}
+		if disk && s.Demotions == 0 || !disk && s.Evictions == 0 {
+			t.Fatalf("disk=%v: no slab was evacuated: %+v", disk, s)
+		}
+		for _, b := range ws.blocks {
+			if r, err := l.Get(ctx, b.key); err == nil {
+				if !bytes.Equal(r.Bytes(), b.enc) {
+					t.Fatal("a small block came back different")
+				}
+				r.Release()
+			}
+		}
+	}
+}
+
+// TestLocalBadInput feeds blocks that must be refused with a clear error.
+func TestLocalBadInput(t *testing.T) {
+	ns := blockNS()
+	w := newWorld(t, 51, ns)
+	cached := w.blocks[w.grow()].enc
+	good := w.blocks[w.grow()].enc
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), MaxBlockBytes: ns.BlockBytes()})
+	ctx := context.Background()
+
+	wrongLayout := func() []byte {
+		// A block of another layout whose header claims ns's digest.
+		other := ns
+		other.HeadDim = 4
+		b, _, _, _ := randomBlock(t, w.rng, other, ns.Root())
+		d := ns.Digest()
+		for i := range 8 {
+			b[16+i] = byte(d >> (8 * i))
+		}
+		copyHeaderSum(b)
+		return b
+	}
+	big := ns
+	big.HeadDim = 16
+	bigBlock, _, _, _ := randomBlock(t, w.rng, big, big.Root())
+	flipped := append([]byte(nil), good...)
+	flipped[len(flipped)-1] ^= 1
+
+	if err := l.Put(ctx, cached); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		block []byte
+		want  error
+	}{
+		{"nil", nil, ErrCorrupt},
+		{"garbage", bytes.Repeat([]byte("kvmesh"), 100), ErrCorrupt},
+		{"truncated", good[:len(good)-1], ErrCorrupt},
+		{"header only", good[:HeaderLen(ns.BlockTokens)], ErrCorrupt},
+		{"extended", append(append([]byte(nil), good...), 0), ErrCorrupt},
+		{"payload flipped", flipped, ErrCorrupt},
+		{"over MaxBlockBytes", bigBlock, ErrTooLarge},
+		{"wrong layout for its namespace", wrongLayout(), ErrLayout},
+		{"cached key, truncated", cached[:len(cached)-1], ErrCorrupt},
+	} {
+		if err := l.Put(ctx, tc.block); !errors.Is(err, tc.want) {
+			t.Errorf("%s: Put = %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	// A block no tier can hold.
+	l2 := openLocal(t, Options{DRAM: newFakeMem(512, 4, 512)})
+	if err := l2.Put(ctx, good); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("block larger than any size class: %v", err)
+	}
+	if _, err := Open(Options{}); err == nil {
+		t.Error("Open without a memory tier succeeded")
+	}
+	if _, err := Open(Options{DRAM: newFakeMem(4096, 1, 1024), MaxBlockBytes: -1}); err == nil {
+		t.Error("negative MaxBlockBytes accepted")
+	}
+	s := l.Stats()
+	if s.Puts != 1 || totalBlocks(s) != 1 || l.Contains(w.blocks[1].key) {
+		t.Fatalf("bad input changed the cache: %+v", s)
+	}
+}
+
+// TestLocalFull: with every block pinned, a write is refused with ErrFull
+// and nothing is freed under a reader.
+func TestLocalFull(t *testing.T) {
+	w := newWorld(t, 61, blockNS())
+	mem := newFakeMem(4096, 2, 1024) // 8 blocks
+	l := openLocal(t, Options{DRAM: mem})
+	ctx := context.Background()
+	var refs []*Ref
+	for range 8 {
+		refs = append(refs, putGet(t, l, w.blocks[w.grow()]))
+	}
+	if err := l.Put(ctx, w.blocks[w.extend(-1)].enc); !errors.Is(err, ErrFull) {
+		t.Fatalf("Put with everything pinned = %v, want ErrFull", err)
+	}
+	for k, r := range refs {
+		if !bytes.Equal(r.Bytes(), w.blocks[k].enc) {
+			t.Fatal("a pinned block changed")
+		}
+		r.Release()
+	}
+	if err := l.Put(ctx, w.blocks[w.grow()].enc); err != nil {
+		t.Fatalf("Put after releasing: %v", err)
+	}
+	if s := l.Stats(); s.Refused != 1 {
+		t.Fatalf("refused writes counted %d, want 1", s.Refused)
+	}
+}
+
+// TestLocalCorrupt damages stored blocks: each read becomes a counted miss,
+// the block and its descendants are dropped, and wrong bytes are never
+// served.
+func TestLocalCorrupt(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		silent bool
+	}{{"tier checksum", false}, {"block checksum", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, 71, blockNS())
+			vol := newFakeVolume(64<<10, 8)
+			l := openLocal(t, Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), DemoteBatchBytes: 1})
+			last := w.putChain(t, l, 12) // memory holds 4: the chain's head goes to disk
+			keys := w.chain(last)
+			if info, _ := l.Info(keys[1]); info.Tier != "nvme" {
+				t.Fatalf("block 1 is in %q, want nvme", info.Tier)
+			}
+			if !vol.damage(keys[1], tc.silent) {
+				t.Fatal("block 1 not on the volume")
+			}
+			if _, err := l.Get(ctx, keys[1]); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Get of a corrupt block = %v, want ErrNotFound", err)
+			}
+			if n := l.LongestPrefix(keys); n != 1 {
+				t.Fatalf("after block 1 was dropped, the cached prefix is %d blocks, want 1", n)
+			}
+			for _, k := range keys[1:] {
+				if l.Contains(k) {
+					t.Fatal("a descendant of the corrupt block is still cached")
+				}
+			}
+			s := l.Stats()
+			if s.CorruptDrops != 1 || s.Misses != 1 || s.Cascaded != int64(len(keys)-2) {
+				t.Fatalf("counters after one corrupt read: %+v", s)
+			}
+		})
+	}
+	t.Run("memory", func(t *testing.T) {
+		w := newWorld(t, 72, blockNS())
+		mem := newFakeMem(4096, 1, 1024)
+		l := openLocal(t, Options{DRAM: mem, VerifyMemoryHits: true})
+		b := w.blocks[w.grow()]
+		if err := l.Put(ctx, b.enc); err != nil {
+			t.Fatal(err)
+		}
+		loc, _ := mem.locOf(b.key)
+		mem.View(loc, len(b.enc))[len(b.enc)-1] ^= 1 // memory went bad
+		if _, err := l.Get(ctx, b.key); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Get of corrupt memory = %v, want ErrNotFound", err)
+		}
+		if s := l.Stats(); s.CorruptDrops != 1 || s.Hits != 0 || s.Misses != 1 || mem.Stats().Values != 0 {
+			t.Fatalf("after a corrupt memory hit: %+v, tier %+v", s, mem.Stats())
+		}
+	})
+}
+
+// TestLocalReopen closes a node and opens it again over the same volume: the
+// blocks that were on NVMe are served again, and the background scan
+// resolves their namespace and parents.
+func TestLocalReopen(t *testing.T) {
+	ctx := context.Background()
+	for _, skipScan := range []bool{false, true} {
+		w := newWorld(t, 81, blockNS())
+		vol := newFakeVolume(64<<10, 8)
+		l, err := Open(Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), DemoteBatchBytes: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := w.putChain(t, l, 20)
+		keys := w.chain(last)
+		onDisk := l.Stats().Tiers[1].Blocks
+		var diskKeys []prefixhash.Key
+		prefix := -1
+		for n, k := range keys {
+			if info, _ := l.Info(k); info.Tier == "nvme" {
+				diskKeys = append(diskKeys, k)
+			} else if prefix < 0 {
+				prefix = n
+			}
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+
+		l = openLocal(t, Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), DemoteBatchBytes: 1, SkipRecoveryScan: skipScan})
+		s := l.Stats()
+		if s.Recovered != onDisk || s.Recovered == 0 {
+			t.Fatalf("recovered %d blocks, %d were on NVMe", s.Recovered, onDisk)
+		}
+		if n := l.LongestPrefix(keys); n != prefix || n == 0 {
+			t.Fatalf("cached prefix after reopen: %d blocks, want %d", n, prefix)
+		}
+		if !skipScan {
+			waitFor(t, func() bool {
+				for _, n := range l.Stats().Namespaces {
+					if n.Digest == 0 {
+						return false
+					}
+				}
+				return true
+			})
+			if s := l.Stats(); len(s.Namespaces) != 1 || s.Namespaces[0].Digest != blockNS().Digest() ||
+				s.Namespaces[0].Tokens != onDisk*int64(blockNS().BlockTokens) {
+				t.Fatalf("namespaces after the scan: %+v", s.Namespaces)
+			}
+			if info, _ := l.Info(keys[1]); !info.Parent {
+				t.Fatal("recovered block 1 is not linked to block 0")
+			}
+			if info, _ := l.Info(keys[0]); info.Tokens != blockNS().BlockTokens {
+				t.Fatalf("recovered block 0: %+v", info)
+			}
+		}
+		for i, k := range diskKeys {
+			r, err := l.Get(ctx, k)
+			if err != nil {
+				t.Fatalf("recovered block %d: %v", i, err)
+			}
+			if !bytes.Equal(r.Bytes(), w.blocks[w.byKey[k]].enc) {
+				t.Fatalf("recovered block %d differs", i)
+			}
+			r.Release()
+		}
+		if skipScan {
+			// Reads resolved them.
+			if n := l.Stats().Namespaces; len(n) != 1 || n[0].Digest != blockNS().Digest() {
+				t.Fatalf("namespaces after reading every block: %+v", n)
+			}
+		}
+	}
+}
+
+// TestLocalDropNamespaceUnresolved drops a namespace while its recovered
+// blocks are unread: reading them later is a miss.
+func TestLocalDropNamespaceUnresolved(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, 82, blockNS())
+	vol := newFakeVolume(64<<10, 8)
+	l, err := Open(Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), DemoteBatchBytes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.putGrown(t, l, 10)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = openLocal(t, Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), SkipRecoveryScan: true})
+	if _, err := l.DropNamespace(blockNS().Digest()); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range w.blocks {
+		if _, err := l.Get(ctx, b.key); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Get after DropNamespace = %v, want ErrNotFound", err)
+		}
+	}
+	s := l.Stats()
+	if totalBlocks(s) != 0 || s.NamespaceDrops != s.Recovered {
+		t.Fatalf("after dropping: %+v", s)
+	}
+}
+
+func TestLocalDropNamespace(t *testing.T) {
+	ctx := context.Background()
+	a, b := blockNS(), blockNS()
+	b.TenantSalt = "tenant b"
+	wa, wb := newWorld(t, 91, a), newWorld(t, 92, b)
+	mem := newFakeMem(64<<10, 16, 1024)
+	l := openLocal(t, Options{DRAM: mem})
+	for range 50 {
+		for _, w := range []*world{wa, wb} {
+			if err := l.Put(ctx, w.blocks[w.grow()].enc); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	pinned, err := l.Get(ctx, wa.blocks[0].key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := l.DropNamespace(a.Digest())
+	if err != nil || n != 50 {
+		t.Fatalf("DropNamespace = %d, %v; want 50", n, err)
+	}
+	for _, blk := range wa.blocks {
+		if l.Contains(blk.key) {
+			t.Fatal("a block of the dropped namespace is still cached")
+		}
+	}
+	for _, blk := range wb.blocks {
+		if !l.Contains(blk.key) {
+			t.Fatal("a block of the other namespace was dropped")
+		}
+	}
+	if !bytes.Equal(pinned.Bytes(), wa.blocks[0].enc) {
+		t.Fatal("a pinned block changed when its namespace was dropped")
+	}
+	pinned.Release()
+	s := l.Stats()
+	if len(s.Namespaces) != 1 || s.Namespaces[0].Digest != b.Digest() || s.Namespaces[0].Blocks != 50 ||
+		s.Tiers[0].Values != 50 || mem.Stats().Values != 50 {
+		t.Fatalf("after dropping a namespace: %+v", s)
+	}
+}
+
+func TestLocalInfo(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, 101, blockNS())
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024)})
+	p := w.extend(-1)
+	c := w.extend(p)
+	for _, i := range []int{p, c} {
+		if err := l.Put(ctx, w.blocks[i].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := l.Get(ctx, w.blocks[p].key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, ok := l.Info(w.blocks[p].key)
+	want := BlockInfo{Key: w.blocks[p].key, Tier: "dram", Size: blockBytes, Namespace: blockNS().Digest(),
+		Tokens: blockNS().BlockTokens, Hits: 1, Pins: 1, Children: 1}
+	if !ok || info != want {
+		t.Fatalf("Info = %+v, want %+v", info, want)
+	}
+	r.Release()
+	if info, _ := l.Info(w.blocks[c].key); !info.Parent || info.Children != 0 {
+		t.Fatalf("child Info = %+v", info)
+	}
+	if _, ok := l.Info(randKey(w.rng)); ok {
+		t.Fatal("Info of an absent key")
+	}
+}
+
+// TestLocalClose: Close refuses while a Ref is live, then succeeds.
+func TestLocalClose(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, 111, blockNS())
+	mem := newFakeMem(4096, 4, 1024)
+	l, err := Open(Options{DRAM: mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := w.blocks[w.grow()]
+	r := putGet(t, l, b)
+	if err := l.Close(); !errors.Is(err, ErrPinned) {
+		t.Fatalf("Close with a live Ref = %v, want ErrPinned", err)
+	}
+	if _, err := l.Get(ctx, b.key); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Get after Close = %v", err)
+	}
+	if err := l.Put(ctx, w.blocks[w.grow()].enc); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Put after Close = %v", err)
+	}
+	if !bytes.Equal(r.Bytes(), b.enc) {
+		t.Fatal("the Ref's bytes changed")
+	}
+	r.Release()
+	r.Release() // a second Release does nothing
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !mem.closed {
+		t.Fatal("Close left the tier open")
+	}
+	if err := l.Close(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("second Close = %v", err)
+	}
+}
+
+// TestLocalNoViewer runs over a memory tier that cannot be viewed in place:
+// Gets copy.
+func TestLocalNoViewer(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, 121, blockNS())
+	mem := newFakeMem(4096, 2, 1024)
+	l := openLocal(t, Options{DRAM: plainTier{mem}, NVMe: newFakeVolume(64<<10, 4).open(), DemoteBatchBytes: 1})
+	w.putGrown(t, l, 20)
+	for _, b := range w.blocks {
+		r, err := l.Get(ctx, b.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(r.Bytes(), b.enc) {
+			t.Fatal("Get returned other bytes")
+		}
+		r.Release()
+	}
+	loc, _ := mem.locOf(w.blocks[19].key)
+	mem.corrupt[loc] = true
+	if _, err := l.Get(ctx, w.blocks[19].key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of a corrupt block = %v", err)
+	}
+	if s := l.Stats(); s.CorruptDrops != 1 {
+		t.Fatalf("corrupt drops = %d", s.CorruptDrops)
+	}
+}
+
+// plainTier hides every optional interface of a tier.
+type plainTier struct{ t tiers.Tier }
+
+func (p plainTier) Name() string                                      { return p.t.Name() }
+func (p plainTier) Put(k prefixhash.Key, v []byte) (tiers.Loc, error) { return p.t.Put(k, v) }
+func (p plainTier) Read(loc tiers.Loc, dst []byte) error              { return p.t.Read(loc, dst) }
+func (p plainTier) Free(loc tiers.Loc)                                { p.t.Free(loc) }
+func (p plainTier) Stats() tiers.Stats                                { return p.t.Stats() }
+func (p plainTier) Close() error                                      { return p.t.Close() }
+
+// TestLocalMaxBlocks: the index never holds more than MaxBlocks blocks,
+// whatever the tiers could hold.
+func TestLocalMaxBlocks(t *testing.T) {
+	for _, disk := range []bool{false, true} {
+		w := newWorld(t, 161, blockNS())
+		opts := Options{DRAM: newFakeMem(64<<10, 16, 1024), MaxBlocks: 10, DemoteBatchBytes: 1}
+		if disk {
+			opts.DRAM = newFakeMem(4096, 1, 1024)
+			opts.NVMe = newFakeVolume(2*blockBytes, 16).open()
+		}
+		l := openLocal(t, opts)
+		for range 50 {
+			w.putGrown(t, l, 1)
+			if n := totalBlocks(l.Stats()); n > 10 {
+				t.Fatalf("disk=%v: %d blocks cached, MaxBlocks is 10", disk, n)
+			}
+		}
+		if s := l.Stats(); totalBlocks(s) < 5 || s.Evictions == 0 {
+			t.Fatalf("disk=%v: %+v", disk, s)
+		}
+	}
+}
+
+// FuzzLocalPut puts arbitrary bytes: Put must never panic, and what it
+// accepts must come back from Get byte for byte.
+func FuzzLocalPut(f *testing.F) {
+	w := newWorld(f, 171, blockNS())
+	good := w.blocks[w.grow()].enc
+	f.Add(good)
+	f.Add(good[:HeaderLen(blockNS().BlockTokens)])
+	f.Add([]byte("KVMB"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 4, 1024, 16<<10, 64<<10), MaxBlockBytes: 32 << 10})
+		if err := l.Put(context.Background(), data); err != nil {
+			return
+		}
+		h, err := DecodeHeader(data, 0)
+		if err != nil {
+			t.Fatalf("Put accepted bytes that do not decode: %v", err)
+		}
+		r, err := l.Get(context.Background(), h.Key)
+		if err != nil {
+			t.Fatalf("Get of the block just put: %v", err)
+		}
+		defer r.Release()
+		if !bytes.Equal(r.Bytes(), data) {
+			t.Fatal("Get returned other bytes than Put accepted")
+		}
+	})
+}
