@@ -629,3 +629,71 @@ func (c *Cluster) isMember(id string) bool {
 	}
 	return false
 }
+
+// Handoff pushes the blocks this node holds in memory to the owners they
+// will have once it is gone, at most maxBytes of them, and returns how many
+// it pushed. Call it on a graceful leave, before leaving the membership, so
+// that the hot part of the cache survives the departure. Pushes run in
+// parallel per owner; a failed one is counted and skipped.
+func (c *Cluster) Handoff(ctx context.Context, maxBytes int64) int {
+	p := c.placement()
+	var others []Member
+	for _, m := range p.Members() {
+		if m.ID != c.self {
+			others = append(others, m)
+		}
+	}
+	if len(others) == 0 {
+		return 0
+	}
+	next := NewPlacement(others, c.opts.Replicas)
+	byOwner := map[string][]prefixhash.Key{}
+	var total int64
+	for _, b := range c.local.InMemory(func(tokens int) int { return c.ChunkBlocks(tokens) }) {
+		if total+int64(b.Size) > maxBytes {
+			break
+		}
+		total += int64(b.Size)
+		for _, o := range next.Owners(nil, b.ChunkKey) {
+			byOwner[o] = append(byOwner[o], b.Key)
+		}
+	}
+	var pushed atomic.Int64
+	var wg sync.WaitGroup
+	for o, keys := range byOwner {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for len(keys) > 0 && ctx.Err() == nil {
+				var batch [][]byte
+				var refs []*Ref
+				var size int64
+				for len(keys) > 0 && size < c.opts.PushBatchBytes {
+					r, err := c.local.Get(ctx, keys[0])
+					keys = keys[1:]
+					if err != nil {
+						continue // evicted since the walk
+					}
+					refs = append(refs, r)
+					batch = append(batch, r.Bytes())
+					size += int64(len(r.Bytes()))
+				}
+				if len(batch) > 0 {
+					pctx, cancel := context.WithTimeout(ctx, c.opts.PushTimeout)
+					if err := c.peers.Put(pctx, o, batch); err != nil {
+						c.c.pushFailed.Add(uint64(len(batch)))
+					} else {
+						c.c.pushed.Add(uint64(len(batch)))
+						pushed.Add(int64(len(batch)))
+					}
+					cancel()
+				}
+				for _, r := range refs {
+					r.Release()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return int(pushed.Load())
+}

@@ -347,3 +347,48 @@ func TestClusterMembershipChange(t *testing.T) {
 		t.Fatalf("prefix %d after the membership change", n)
 	}
 }
+
+// TestClusterHandoff: a node leaving gracefully hands its blocks to the
+// members that own them without it, so the prompt stays a full hit.
+func TestClusterHandoff(t *testing.T) {
+	tc := newTestCluster(t, 3, ClusterOptions{ChunkTokens: 8})
+	ns := clusterNS()
+	chain, blocks := prompt(t, rand.New(rand.NewPCG(6, 6)), ns, 30)
+	a := tc.nodes[0]
+	if err := a.Put(context.Background(), blocks, a.ChunkKeys(chain, ns.BlockTokens, 0, len(chain))); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, a)
+	// n1 leaves: first its handoff, then the others drop it.
+	leaving := tc.nodes[1]
+	held := leaving.Local().Stats().Tiers[0].Blocks
+	if n := leaving.Handoff(context.Background(), 1<<30); held == 0 || n < int(held) {
+		t.Fatalf("handoff pushed %d of the %d blocks n1 held", n, held)
+	}
+	for _, sm := range tc.members {
+		sm.set([]Member{{ID: "n0", Weight: 1}, {ID: "n2", Weight: 1}})
+	}
+	tc.net.mu.Lock()
+	tc.net.fault["n1"] = "dead"
+	tc.net.mu.Unlock()
+	// Every block n1 owned is now held by its new owner; check those that
+	// moved to n2 (n0 produced them all, so it proves nothing).
+	before := NewPlacement([]Member{{ID: "n0", Weight: 1}, {ID: "n1", Weight: 1}, {ID: "n2", Weight: 1}}, 1)
+	after := NewPlacement([]Member{{ID: "n0", Weight: 1}, {ID: "n2", Weight: 1}}, 1)
+	moved := 0
+	for i, k := range chain {
+		ck := prefixhash.ChunkKey(chain, i, 2)
+		if before.Owner(ck) == "n1" && after.Owner(ck) == "n2" {
+			moved++
+			if !tc.net.nodes["n2"].Contains(k) {
+				t.Fatalf("block %d moved from n1 to n2 but n2 does not hold it", i)
+			}
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no block moved from n1 to n2: the test proves nothing")
+	}
+	if n := tc.nodes[2].LongestPrefix(context.Background(), chain, ns.BlockTokens); n != len(chain) {
+		t.Fatalf("after n1 left, prefix %d of %d", n, len(chain))
+	}
+}
