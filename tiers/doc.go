@@ -6,7 +6,6 @@
 // a Loc. Tiers know keys and bytes, never what a block means; the policy
 // (what is hot, what moves down, what is dropped) belongs to the owner,
 // store.Local, which keeps the only in-RAM index.
-package tiers
 //
 // DRAM and HBM allocate in size-class slabs (slab.go): a value is a slot of a
 // slab of its class, a 64-byte header (key, length) in the tier's memory and
@@ -20,3 +19,4 @@ package tiers
 // been type-checked against cu's API but never compiled or run against CUDA.
 // Without the tag NewHBM returns ErrNoCUDA, so callers name it in every
 // build; the allocator it shares with DRAM is tested in the default build.
+package tiers
