@@ -24,7 +24,7 @@ import (
 // with which k fit, so the tail of a slab wastes less than 64 bytes per slot.
 // k runs over 1, 2, …, 16 and then grows by 1/16 each step, which spaces
 // classes about 1/16 apart (a value wastes at most ~6%, ~3% on average) and
-// keeps their number small (about 165 for a 16 MiB slab), so a handful of
+// keeps their number small (152 for the default slab), so a handful of
 // partially filled slabs per class costs little. See DefaultSlabSize for why
 // the default slab is 16 MiB plus 64 KiB.
 //
