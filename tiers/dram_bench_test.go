@@ -26,15 +26,17 @@ var benchSizes = []struct {
 	{"4MiB", 4<<20 + blockHeader512},
 }
 
-// benchOp runs op b.N times and, at 16 points spread over those runs with
-// the timer stopped, about 16 MiB of plain copy() of the same n bytes: the
-// physical limit of a copying tier, measured under the same load as op on a
-// noisy machine. It reports op's GB/s, copy's and their ratio.
+// benchOp runs op b.N times and, between runs of it with the timer stopped,
+// a plain copy() of the same n bytes: the physical limit of a copying tier,
+// measured under the same load as op on a noisy machine. The two alternate
+// every 16 MiB or so of op's bytes (at most 256 times per run); each copy
+// round moves as much, at most 16 MiB, after one untimed copy that brings its
+// buffers back into cache as op's runs find theirs. It reports op's GB/s,
+// copy's and their ratio.
 func benchOp(b *testing.B, n int, op func()) {
 	src, dst := make([]byte, n), make([]byte, n)
-	copy(dst, src)
-	round := max(1, 16<<20/n)
-	every := max(1, b.N/16)
+	every := max(1, (16<<20)/n, b.N/256)
+	round := min(every, max(1, (16<<20)/n))
 	var copyTime time.Duration
 	copies := 0
 	b.SetBytes(int64(n))
@@ -43,6 +45,7 @@ func benchOp(b *testing.B, n int, op func()) {
 		op()
 		if i%every == every-1 || i == b.N-1 && copies == 0 {
 			b.StopTimer()
+			copy(dst, src)
 			start := time.Now()
 			for range round {
 				copy(dst, src)
