@@ -1,0 +1,264 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// RedisOptions configures the Redis peer.
+type RedisOptions struct {
+	// Binary is the server to run. Default "redis-server", looked up in PATH.
+	Binary string
+	// Dir is where the server's scratch directory is made. Default os.TempDir().
+	Dir string
+	// StartTimeout bounds how long the server may take to answer PING.
+	// Default 10s.
+	StartTimeout time.Duration
+	// Args are extra server arguments, e.g. "--io-threads", "4".
+	Args []string
+}
+
+// Redis is a redis-server the bench started: on a free 127.0.0.1 port, with
+// persistence off (--save ” --appendonly no) in a scratch directory. Close
+// stops it and removes the directory.
+type Redis struct {
+	addr    string
+	version string
+	dir     string
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the process has exited
+}
+
+// maxRedisValue bounds the bulk replies the client accepts.
+const maxRedisValue = 1 << 30
+
+// StartRedis starts a redis-server. When the binary is not installed the
+// error wraps ErrMissing, which suites report as a skipped peer.
+func StartRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
+	if o.Binary == "" {
+		o.Binary = "redis-server"
+	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = 10 * time.Second
+	}
+	bin, err := exec.LookPath(o.Binary)
+	if err != nil {
+		return nil, fmt.Errorf("%w: redis: %s not found (install Debian's redis-server): %w", ErrMissing, o.Binary, err)
+	}
+	// The free port is found by listening on port 0 and closing: another
+	// process may take it before the server binds, so retry a few times.
+	for attempt := 1; ; attempt++ {
+		r, err := startRedisOnce(ctx, bin, o)
+		if err == nil {
+			return r, nil
+		}
+		if attempt == 3 || !strings.Contains(err.Error(), "already in use") || ctx.Err() != nil {
+			return nil, err
+		}
+	}
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func startRedisOnce(ctx context.Context, bin string, o RedisOptions) (*Redis, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, fmt.Errorf("bench: redis: free port: %w", err)
+	}
+	dir, err := os.MkdirTemp(o.Dir, "kvmesh-bench-redis-")
+	if err != nil {
+		return nil, fmt.Errorf("bench: redis: %w", err)
+	}
+	logPath := filepath.Join(dir, "redis.log")
+	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--logfile", logPath, "--daemonize", "no"}
+	cmd := exec.Command(bin, append(args, o.Args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	setDeathSignal(cmd.SysProcAttr)
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("bench: redis: start %s: %w", bin, err)
+	}
+	r := &Redis{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait() // the exit status of a server we stop is not news
+		close(r.done)
+	}()
+	if err := r.waitReady(ctx, o.StartTimeout); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("bench: redis: %w%s", err, logTail(logPath))
+	}
+	return r, nil
+}
+
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return " (log: " + strings.Join(lines[max(0, len(lines)-3):], " | ") + ")"
+}
+
+// waitReady waits until the server answers PING, it exits, or timeout.
+func (r *Redis) waitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		if last = r.ping(ctx); last == nil {
+			return nil
+		}
+		select {
+		case <-r.done:
+			return errors.New("server exited at start")
+		case <-ctx.Done():
+			return fmt.Errorf("not answering after %v: %w", timeout, last)
+		case <-tick.C:
+		}
+	}
+}
+
+func (r *Redis) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	c, err := dialRESP(ctx, r.addr, 1<<20)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, _, err := c.command(ctx, nil, nil, "PING"); err != nil {
+		return err
+	}
+	_, info, err := c.command(ctx, nil, nil, "INFO", "server")
+	if err != nil {
+		return err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(info))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "redis_version:"); ok {
+			r.version = v
+		}
+	}
+	return nil
+}
+
+// Addr returns the server's host:port.
+func (r *Redis) Addr() string { return r.addr }
+
+// Version returns the server's redis_version.
+func (r *Redis) Version() string { return r.version }
+
+// Close stops the server (SIGTERM, then SIGKILL after 5s), waits for it and
+// removes its directory.
+func (r *Redis) Close() error {
+	select {
+	case <-r.done:
+	default:
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
+		t := time.NewTimer(5 * time.Second)
+		select {
+		case <-r.done:
+		case <-t.C:
+			_ = r.cmd.Process.Kill()
+			<-r.done
+		}
+		t.Stop()
+	}
+	return os.RemoveAll(r.dir)
+}
+
+// Target returns the server as a KVTarget named "redis"; key k is
+// "kvmesh:bench:k".
+func (r *Redis) Target() KVTarget { return redisTarget{addr: r.addr} }
+
+type redisTarget struct{ addr string }
+
+func (t redisTarget) Name() string { return "redis" }
+
+func (t redisTarget) Dial(ctx context.Context) (KVConn, error) {
+	c, err := dialRESP(ctx, t.addr, maxRedisValue)
+	if err != nil {
+		return nil, err
+	}
+	return &redisConn{c: c}, nil
+}
+
+type redisConn struct {
+	c   *respConn
+	key []byte
+}
+
+func (c *redisConn) keyName(k int) string {
+	c.key = strconv.AppendInt(append(c.key[:0], "kvmesh:bench:"...), int64(k), 10)
+	return string(c.key)
+}
+
+func (c *redisConn) Set(ctx context.Context, key int, value []byte) error {
+	kind, reply, err := c.c.command(ctx, nil, value, "SET", c.keyName(key))
+	if err != nil {
+		return err
+	}
+	if kind != '+' || string(reply) != "OK" {
+		return fmt.Errorf("%w: SET replied %c%s", errRESPProtocol, kind, reply)
+	}
+	return nil
+}
+
+func (c *redisConn) Get(ctx context.Context, key int, dst []byte) ([]byte, error) {
+	kind, v, err := c.c.command(ctx, dst, nil, "GET", c.keyName(key))
+	if err != nil {
+		return dst, err
+	}
+	if kind != '$' {
+		return dst, fmt.Errorf("%w: GET replied type %c", errRESPProtocol, kind)
+	}
+	return v, nil
+}
+
+func (c *redisConn) Close() error { return c.c.Close() }
+
+// MeasureRedis starts Redis, runs KVLoad for every load in loads (SET then
+// GET rows, in order) and stops it. It returns the server version with the
+// rows; without redis-server the error wraps ErrMissing.
+func MeasureRedis(ctx context.Context, o RedisOptions, loads []KVLoadOptions, bar Bar) (string, []KVResult, error) {
+	r, err := StartRedis(ctx, o)
+	if err != nil {
+		return "", nil, err
+	}
+	defer r.Close()
+	if bar == nil {
+		bar = nopBar{}
+	}
+	var rows []KVResult
+	for _, l := range loads {
+		bar.Describe(fmt.Sprintf("redis: %s values, %d clients", formatBytes(float64(l.ValueBytes)), l.Concurrency))
+		set, get, err := KVLoad(ctx, r.Target(), l)
+		if err != nil {
+			return r.Version(), rows, err
+		}
+		rows = append(rows, set, get)
+		bar.Add(1)
+	}
+	return r.Version(), rows, nil
+}

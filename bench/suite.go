@@ -1,0 +1,286 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Errors of the package.
+var (
+	// ErrMissing is wrapped by every error that means a peer (redis-server,
+	// fio) is not installed, or cannot run here (no direct I/O). A suite
+	// reports it as a skipped column, never as a failure.
+	ErrMissing = errors.New("bench: peer not available")
+	// ErrUnknownSuite is returned by Select for a name no suite has.
+	ErrUnknownSuite = errors.New("bench: unknown suite")
+)
+
+// A Suite is one benchmark: `kvmesh bench NAME` runs it. Run measures, fills
+// a Result (tables, skipped peers, checks against targets, plots written to
+// env.OutDir) and returns it. A peer that is missing is recorded with
+// Result.Skip and is not an error; an error means the suite could not measure
+// what it is for. Run must stop promptly when ctx is cancelled.
+//
+// Suites carry their own Options; each Options type documents its defaults
+// for a full run and for --quick (env.Quick), and fills them in
+// EnsureDefaults(quick).
+type Suite interface {
+	Name() string
+	Run(ctx context.Context, env *Env) (*Result, error)
+}
+
+// Env is what every suite of one `kvmesh bench` invocation shares.
+type Env struct {
+	// Quick selects the small variant of every suite: `kvmesh bench all
+	// --quick` runs in well under five minutes on 2 cores.
+	Quick bool
+	// OutDir is where suites write PNG plots. Empty: no plots.
+	OutDir string
+	// WorkDir is scratch space (Redis data dirs, fio files). Empty: Run
+	// creates a temporary directory and removes it afterwards. fio measures
+	// the file system WorkDir is on unless a suite says otherwise.
+	WorkDir string
+	// Progress draws progress bars; nil draws none.
+	Progress *Progress
+	// Log receives structured logs; nil discards them.
+	Log *slog.Logger
+}
+
+func (e *Env) log() *slog.Logger {
+	if e.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return e.Log
+}
+
+// Result is what one suite measured. Its JSON field names say what each
+// figure is; rows of Tables are structs whose json tags are the column names
+// of both the JSON and the human table.
+type Result struct {
+	Suite string `json:"suite"`
+	// Error is set when the suite failed; the figures it gathered before
+	// failing are still reported.
+	Error   string   `json:"error,omitempty"`
+	Seconds float64  `json:"duration_s"`
+	Tables  []Table  `json:"tables"`
+	Skipped []Skip   `json:"skipped,omitempty"`
+	Checks  []Check  `json:"checks,omitempty"`
+	Plots   []string `json:"plots,omitempty"`
+	Notes   []string `json:"notes,omitempty"`
+}
+
+// Table is a titled list of rows. Rows is a slice of structs (or of pointers
+// to structs); each exported field with a json tag is a column named by the
+// tag. Fields tagged `table:"-"` are in the JSON only, so that the human
+// table fits a terminal. Pointer fields that are nil in every row (a ratio
+// to a missing peer) are dropped from the human table and, with omitempty,
+// from the JSON.
+type Table struct {
+	Name  string `json:"name"`
+	Title string `json:"title"`
+	Rows  any    `json:"rows"`
+}
+
+// Skip records a peer or measurement that did not run, and why.
+type Skip struct {
+	What   string `json:"what"`
+	Reason string `json:"reason"`
+}
+
+// Check compares one figure with its target in DESIGN.md.
+type Check struct {
+	Name string `json:"name"`
+	// Figure names what Value is, e.g. "hit_ratio / ideal_hit_ratio".
+	Figure string  `json:"figure"`
+	Value  float64 `json:"value"`
+	// Op is ">=" or "<=": the figure meets the target when Value Op Target.
+	Op     string  `json:"op"`
+	Target float64 `json:"target"`
+	Met    bool    `json:"met"`
+	// Backend is "kvmesh" for a measurement of kvmesh and "simulation" for
+	// the in-process model of the trace suite, which is never a kvmesh figure.
+	Backend string `json:"backend"`
+}
+
+// NewCheck returns a Check with Met computed. op must be ">=" or "<=".
+func NewCheck(name, figure string, value float64, op string, target float64, backend string) Check {
+	var met bool
+	switch op {
+	case ">=":
+		met = value >= target
+	case "<=":
+		met = value <= target
+	default:
+		panic(fmt.Sprintf("bench: NewCheck with op %q", op))
+	}
+	return Check{Name: name, Figure: figure, Value: value, Op: op, Target: target, Met: met, Backend: backend}
+}
+
+// AddTable appends a table; rows must be a slice of structs.
+func (r *Result) AddTable(name, title string, rows any) {
+	r.Tables = append(r.Tables, Table{Name: name, Title: title, Rows: rows})
+}
+
+// Skip records that what did not run because of err.
+func (r *Result) Skip(what string, err error) {
+	r.Skipped = append(r.Skipped, Skip{What: what, Reason: err.Error()})
+}
+
+// Note appends a line of explanation to the report.
+func (r *Result) Note(format string, args ...any) {
+	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
+}
+
+// Report is the outcome of one `kvmesh bench` invocation.
+type Report struct {
+	Started time.Time `json:"started"`
+	Quick   bool      `json:"quick"`
+	Machine Machine   `json:"machine"`
+	Results []*Result `json:"suites"`
+}
+
+// Machine describes where the figures were measured.
+type Machine struct {
+	GoVersion string `json:"go_version"`
+	OS        string `json:"os"`
+	Arch      string `json:"arch"`
+	CPUs      int    `json:"cpus"`
+}
+
+// Failed returns the names of the suites that reported an error.
+func (r *Report) Failed() []string {
+	var out []string
+	for _, res := range r.Results {
+		if res.Error != "" {
+			out = append(out, res.Suite)
+		}
+	}
+	return out
+}
+
+// Select returns the suites named by names, in the order given, expanding
+// "all" to every suite of available. A name that no suite has is an error
+// wrapping ErrUnknownSuite that lists the known names.
+func Select(available []Suite, names []string) ([]Suite, error) {
+	byName := make(map[string]Suite, len(available))
+	var known []string
+	for _, s := range available {
+		byName[s.Name()] = s
+		known = append(known, s.Name())
+	}
+	var out []Suite
+	seen := map[string]bool{}
+	add := func(s Suite) {
+		if !seen[s.Name()] {
+			seen[s.Name()] = true
+			out = append(out, s)
+		}
+	}
+	for _, n := range names {
+		if n == "all" {
+			for _, s := range available {
+				add(s)
+			}
+			continue
+		}
+		s, ok := byName[n]
+		if !ok {
+			return nil, fmt.Errorf("%w %q (known: %s, all)", ErrUnknownSuite, n, strings.Join(known, ", "))
+		}
+		add(s)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: no suite named (known: %s, all)", ErrUnknownSuite, strings.Join(known, ", "))
+	}
+	return out, nil
+}
+
+// Run runs suites one after another with env and returns their report. A
+// suite that fails has its Error set and the others still run; the caller
+// decides the exit status from Report.Failed. Run returns an error only when
+// it cannot start (bad OutDir or WorkDir) or when ctx is cancelled, with the
+// report of what completed.
+func Run(ctx context.Context, suites []Suite, env Env) (*Report, error) {
+	rep := &Report{
+		Started: time.Now().UTC(),
+		Quick:   env.Quick,
+		Machine: Machine{GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU()},
+	}
+	if env.OutDir != "" {
+		if err := os.MkdirAll(env.OutDir, 0o755); err != nil {
+			return rep, fmt.Errorf("bench: output directory: %w", err)
+		}
+	}
+	if env.WorkDir == "" {
+		dir, err := os.MkdirTemp("", "kvmesh-bench-")
+		if err != nil {
+			return rep, fmt.Errorf("bench: work directory: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		env.WorkDir = dir
+	}
+	for _, s := range suites {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		start := time.Now()
+		env.log().Info("bench: suite starting", "suite", s.Name(), "quick", env.Quick)
+		res, err := s.Run(ctx, &env)
+		if res == nil {
+			res = &Result{Suite: s.Name()}
+		}
+		res.Suite = s.Name()
+		res.Seconds = time.Since(start).Seconds()
+		if err != nil {
+			res.Error = err.Error()
+		}
+		rep.Results = append(rep.Results, res)
+		env.log().Info("bench: suite done", "suite", s.Name(), "seconds", res.Seconds, "error", res.Error)
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+	}
+	return rep, nil
+}
+
+// Suites returns the suites this package can run without a kvmesh node:
+// "peers" (memcpy, raw TCP, Redis, fio on this machine) and "trace" (on the
+// in-process simulation until a ClusterFactory is set). The command adds the
+// kvmesh-backed suites to this list.
+func Suites() []Suite {
+	return []Suite{&PeersSuite{}, &TraceSuite{}}
+}
+
+// Format is how a report is printed.
+type Format string
+
+// The output formats of `-o`.
+const (
+	FormatTable Format = "table"
+	FormatJSON  Format = "json"
+)
+
+// ParseFormat parses the value of `-o`.
+func ParseFormat(s string) (Format, error) {
+	f := Format(strings.ToLower(s))
+	if !slices.Contains([]Format{FormatTable, FormatJSON}, f) {
+		return "", fmt.Errorf("bench: output format %q: want table or json", s)
+	}
+	return f, nil
+}
+
+// Write prints rep in format f.
+func Write(w io.Writer, rep *Report, f Format) error {
+	if f == FormatJSON {
+		return WriteJSON(w, rep)
+	}
+	return WriteTable(w, rep)
+}

@@ -1,0 +1,304 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/store"
+)
+
+// TraceOptions configures the trace suite. Zero fields take the defaults
+// documented on each, for a full run or for --quick.
+type TraceOptions struct {
+	// TracePath is a Mooncake-format trace (JSONL, optionally .gz). Default:
+	// Mooncake's conversation trace, bundled.
+	TracePath string
+	// Requests replays only the first Requests requests. Default: all.
+	Requests int
+	// Nodes is the cluster size. Default 4.
+	Nodes int
+	// Routing lists the policies to compare. Default: all of Policies().
+	Routing []Policy
+	// CapacityBlocks is each node's capacity in blocks for the comparison of
+	// policies. Default: the trace's distinct full blocks, so that the
+	// cluster never evicts a block the trace asks again ("enough").
+	CapacityBlocks int
+	// Sweep lists pooled capacities, as fractions of the trace's distinct
+	// full blocks, for the hit ratio vs capacity plot. Default 0.05, 0.1,
+	// 0.2, 0.3, 0.5, 0.75, 1, 1.5 (quick: 0.1, 0.3, 1). A capacity c
+	// gives each node c × distinct / Nodes blocks, local-only or pooled, so
+	// both modes spend the same memory.
+	Sweep []float64
+	// SweepRouting lists the policies of the capacity sweep. Default:
+	// Routing; quick: random and session-affinity, the two the target
+	// compares.
+	SweepRouting []Policy
+	// Replay configures each replay (speed-up, concurrency, seed, encoding);
+	// Routing and Bar are set per replay.
+	Replay ReplayOptions
+	// Cluster starts the nodes of a replay. Default SimCluster: the
+	// in-process simulation, reported as backend "simulation".
+	Cluster ClusterFactory
+	// Namespace keys the trace's blocks. Default TraceNamespace().
+	Namespace prefixhash.Namespace
+	// Vocab bounds the generated token ids. Default DefaultVocab.
+	Vocab int
+}
+
+// EnsureDefaults fills zero fields with their defaults for a full run, or
+// for --quick when quick is set.
+func (o *TraceOptions) EnsureDefaults(quick bool) {
+	if o.Nodes == 0 {
+		o.Nodes = 4
+	}
+	if len(o.Routing) == 0 {
+		o.Routing = Policies()
+	}
+	if len(o.Sweep) == 0 {
+		o.Sweep = []float64{0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5}
+		if quick {
+			o.Sweep = []float64{0.1, 0.3, 1}
+		}
+	}
+	if len(o.SweepRouting) == 0 {
+		o.SweepRouting = o.Routing
+		if quick {
+			o.SweepRouting = slices.DeleteFunc(slices.Clone(o.Routing), func(p Policy) bool {
+				return p != RoutingRandom && p != RoutingSession
+			})
+		}
+	}
+	if o.Cluster == nil {
+		o.Cluster = SimCluster
+	}
+	if o.Namespace == (prefixhash.Namespace{}) {
+		o.Namespace = TraceNamespace()
+	}
+	if o.Vocab == 0 {
+		o.Vocab = DefaultVocab
+	}
+}
+
+// Validate names the first field that is out of range.
+func (o *TraceOptions) Validate() error {
+	switch {
+	case o.Requests < 0:
+		return fmt.Errorf("bench: trace: requests %d is negative", o.Requests)
+	case o.Nodes < 1:
+		return fmt.Errorf("bench: trace: nodes %d must be at least 1", o.Nodes)
+	case o.CapacityBlocks < 0:
+		return fmt.Errorf("bench: trace: capacity_blocks %d is negative", o.CapacityBlocks)
+	}
+	for _, p := range append(slices.Clone(o.Routing), o.SweepRouting...) {
+		if _, err := ParsePolicy(string(p)); err != nil {
+			return err
+		}
+	}
+	for _, f := range o.Sweep {
+		if !(f > 0) || math.IsInf(f, 0) {
+			return fmt.Errorf("bench: trace: sweep capacity %v must be a positive fraction", f)
+		}
+	}
+	r := o.Replay
+	r.EnsureDefaults()
+	return r.Validate()
+}
+
+// TraceSuite replays a Mooncake-format trace on a cluster with each routing
+// policy, pooled and local-only, and reports block hit ratios next to the
+// trace's ideal, with a sweep of hit ratio against capacity.
+type TraceSuite struct {
+	Options TraceOptions
+}
+
+// Name returns "trace".
+func (s *TraceSuite) Name() string { return "trace" }
+
+// traceSweepRow is one point of the capacity sweep.
+type traceSweepRow struct {
+	Backend                string  `json:"backend"`
+	Routing                Policy  `json:"routing"`
+	LocalOnly              bool    `json:"local_only"`
+	PooledCapacityFraction float64 `json:"pooled_capacity_fraction"`
+	CapacityBlocksPerNode  int     `json:"capacity_blocks_per_node"`
+	HitRatio               float64 `json:"hit_ratio"`
+	IdealHitRatio          float64 `json:"ideal_hit_ratio"`
+	RatioVsIdeal           float64 `json:"ratio_vs_ideal"`
+}
+
+// Run replays the trace.
+func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
+	o := s.Options
+	o.EnsureDefaults(env.Quick)
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	res := &Result{Suite: s.Name()}
+	var t *Trace
+	var err error
+	if o.TracePath == "" {
+		t, err = ConversationTrace()
+	} else {
+		t, err = LoadTrace(o.TracePath)
+	}
+	if err != nil {
+		return res, err
+	}
+	t = t.Head(o.Requests)
+	bar := env.Progress.Bar(int64(len(t.Requests)), "trace: keying requests")
+	w, err := NewWorkload(ctx, t, o.Namespace, o.Vocab, bar)
+	bar.Finish()
+	if err != nil {
+		return res, err
+	}
+	ideal := w.Ideal()
+	res.AddTable("ideal", "the trace's ideal (a block hits if its hash id appeared in any earlier request)", []Ideal{ideal})
+
+	enough := o.CapacityBlocks
+	if enough == 0 {
+		enough = max(ideal.DistinctFullBlocks, 1)
+	}
+	blockBytes := store.EncodedLen(o.Namespace.BlockTokens, o.Namespace.BlockBytes())
+	type run struct {
+		policy    Policy
+		localOnly bool
+		capacity  int
+		fraction  float64
+	}
+	var compare, sweep []run
+	for _, local := range []bool{false, true} {
+		for _, p := range o.Routing {
+			compare = append(compare, run{p, local, enough, float64(enough*o.Nodes) / float64(max(ideal.DistinctFullBlocks, 1))})
+		}
+	}
+	for _, local := range []bool{false, true} {
+		for _, p := range o.SweepRouting {
+			for _, f := range o.Sweep {
+				c := max(1, int(math.Round(f*float64(ideal.DistinctFullBlocks)/float64(o.Nodes))))
+				sweep = append(sweep, run{p, local, c, f})
+			}
+		}
+	}
+	replays := len(compare) + len(sweep)
+	bar = env.Progress.Bar(int64(replays*len(t.Requests)), "trace: replaying")
+	defer bar.Finish()
+	backend := ""
+	play := func(r run) (ReplayStats, error) {
+		mode := "pooled"
+		if r.localOnly {
+			mode = "local-only"
+		}
+		bar.Describe(fmt.Sprintf("trace: %s %s, %d blocks/node", r.policy, mode, r.capacity))
+		c, err := o.Cluster(ctx, ClusterSpec{Nodes: o.Nodes, CapacityBlocks: r.capacity, BlockBytes: blockBytes,
+			LocalOnly: r.localOnly, Namespace: o.Namespace})
+		if err != nil {
+			return ReplayStats{}, fmt.Errorf("bench: trace: start cluster: %w", err)
+		}
+		defer c.Close()
+		ro := o.Replay
+		ro.Routing, ro.Bar = r.policy, bar
+		st, err := Replay(ctx, w, c.Nodes(), c.Backend(), ro)
+		if err != nil {
+			return st, fmt.Errorf("bench: trace: replay %s %s: %w", r.policy, mode, err)
+		}
+		st.LocalOnly, st.CapacityBlocksPerNode, st.PooledCapacityFraction = r.localOnly, r.capacity, r.fraction
+		backend = st.Backend
+		return st, nil
+	}
+
+	var rows []ReplayStats
+	for _, r := range compare {
+		st, err := play(r)
+		if err != nil {
+			return res, err
+		}
+		rows = append(rows, st)
+	}
+	title := fmt.Sprintf("replay of %s (%d requests) on %d nodes, %d blocks per node", t.Name, len(t.Requests), o.Nodes, enough)
+	if backend == BackendSimulation {
+		title = "SIMULATION (not a kvmesh measurement): " + title
+	}
+	res.AddTable("replay", title, rows)
+
+	var points []traceSweepRow
+	for _, r := range sweep {
+		st, err := play(r)
+		if err != nil {
+			return res, err
+		}
+		points = append(points, traceSweepRow{Backend: st.Backend, Routing: st.Routing, LocalOnly: st.LocalOnly,
+			PooledCapacityFraction: r.fraction, CapacityBlocksPerNode: r.capacity,
+			HitRatio: st.HitRatio, IdealHitRatio: st.IdealHitRatio, RatioVsIdeal: st.RatioVsIdeal})
+	}
+	sweepTitle := "hit ratio vs pooled capacity (fraction of the trace's distinct full blocks)"
+	if backend == BackendSimulation {
+		sweepTitle = "SIMULATION (not a kvmesh measurement): " + sweepTitle
+	}
+	res.AddTable("capacity_sweep", sweepTitle, points)
+
+	traceChecks(res, rows)
+	res.Note("hit_ratio counts every hash id of the trace, partial tails included, as ideal_hit_ratio (%.4f) does: the target compares these two. "+
+		"A block cache never holds a partial tail, which caps hit_ratio at %.4f (%.4f of the ideal); full_block_hit_ratio against "+
+		"ideal_full_block_hit_ratio (%.4f) is the same comparison over full blocks only.",
+		ideal.HitRatio, float64(ideal.FullHitBlocks)/float64(max(ideal.Blocks, 1)),
+		float64(ideal.FullHitBlocks)/float64(max(ideal.HitBlocks, 1)), ideal.FullBlockHitRatio)
+	res.Note("session-affinity keys a request by its first hash id outside the prefix most requests share (Trace.Sessions): " +
+		"in the conversation trace every request starts with hash id 0, so the key is the second id, the conversation's first own block.")
+	if backend == BackendSimulation {
+		res.Note("backend simulation: an in-process model of kvmesh's placement (rendezvous hashing of chunk keys, LRU per node); " +
+			"its hit ratios show what placement and capacity allow, its latencies are a map's, and none of it is a kvmesh measurement.")
+	}
+
+	title = "block hit ratio vs pooled capacity, " + t.Name
+	if backend == BackendSimulation {
+		title = "SIMULATION: " + title
+	}
+	var series []Series
+	for _, local := range []bool{false, true} {
+		for _, p := range o.SweepRouting {
+			sr := Series{Name: string(p) + " pooled"}
+			if local {
+				sr.Name = string(p) + " local-only"
+			}
+			for _, pt := range points {
+				if pt.Routing == p && pt.LocalOnly == local {
+					sr.X = append(sr.X, pt.PooledCapacityFraction)
+					sr.Y = append(sr.Y, pt.HitRatio)
+				}
+			}
+			series = append(series, sr)
+		}
+	}
+	if err := SavePlot(env, res, "trace_hit_ratio_vs_capacity", HitRatioPlot(title, ideal.HitRatio, series...)); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// traceChecks adds the DESIGN target (random routing, pooled, enough
+// capacity: ≥ 0.98× the ideal) and the comparisons the issue asks for.
+func traceChecks(res *Result, rows []ReplayStats) {
+	find := func(p Policy, local bool) (ReplayStats, bool) {
+		i := slices.IndexFunc(rows, func(r ReplayStats) bool { return r.Routing == p && r.LocalOnly == local })
+		if i < 0 {
+			return ReplayStats{}, false
+		}
+		return rows[i], true
+	}
+	random, ok := find(RoutingRandom, false)
+	if !ok {
+		return
+	}
+	res.Checks = append(res.Checks, NewCheck("trace: random routing, pooled, enough capacity",
+		"hit_ratio / ideal_hit_ratio", random.RatioVsIdeal, ">=", 0.98, random.Backend))
+	if session, ok := find(RoutingSession, false); ok && session.HitRatio > 0 {
+		res.Checks = append(res.Checks, NewCheck("trace: random routing as good as session-affinity, pooled",
+			"hit_ratio(random) / hit_ratio(session-affinity)", random.HitRatio/session.HitRatio, ">=", 0.98, random.Backend))
+	}
+	if local, ok := find(RoutingRandom, true); ok && random.HitRatio > 0 {
+		res.Note("local-only with random routing reaches %.3f of the ideal, pooled %.3f.", local.RatioVsIdeal, random.RatioVsIdeal)
+	}
+}

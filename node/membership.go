@@ -1,0 +1,327 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// MemberMeta is what a node gossips about itself: where to reach it and what
+// it offers. It travels as memberlist node metadata (JSON, at most
+// memberlist.MetaMaxSize bytes).
+type MemberMeta struct {
+	GRPCAddr  string   `json:"grpc"`
+	DataAddr  string   `json:"data,omitempty"`
+	DRAMBytes int64    `json:"dram"`
+	NVMeBytes int64    `json:"nvme"`
+	RDMA      []string `json:"rdma,omitempty"` // RDMA devices found on the host
+	Version   string   `json:"ver,omitempty"`
+}
+
+// MemberInfo is one member as the local node sees it.
+type MemberInfo struct {
+	ID         string
+	GossipAddr string
+	State      string // "alive", "suspect", "dead" or "left"
+	Meta       MemberMeta
+}
+
+// Weight is the member's placement weight: the bytes it offers to the cache.
+func (m MemberInfo) Weight() float64 { return float64(m.Meta.DRAMBytes + m.Meta.NVMeBytes) }
+
+// MembershipOptions configure StartMembership.
+type MembershipOptions struct {
+	// NodeID names this node in the cluster; it must be unique and stable
+	// across restarts (placement hashes it). Default: hostname:gossip-port.
+	NodeID string
+	// GossipAddr is the host:port memberlist binds (UDP and TCP). Port 0
+	// picks a free port. Default 127.0.0.1:7603.
+	GossipAddr string
+	// Join lists seeds (host:port of other members' gossip addresses).
+	// Empty: start a new cluster.
+	Join []string
+	// SecretKey, when set, encrypts gossip with AES-GCM; it must be 16, 24
+	// or 32 bytes. Nodes with a different key cannot join.
+	SecretKey []byte
+	// Meta is gossiped to the other members.
+	Meta MemberMeta
+	// Fast selects memberlist's loopback timings (probe every second, 200ms
+	// probe timeout) instead of its LAN timings. For tests and single-host
+	// clusters.
+	Fast bool
+	// Logger receives memberlist's log lines. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Errors of membership.
+var (
+	ErrJoin      = errors.New("node: could not join the cluster")
+	ErrSecretKey = errors.New("node: gossip key must be 16, 24 or 32 bytes")
+)
+
+// Membership tracks the live members of the cluster with memberlist (SWIM
+// gossip and failure detection). It keeps a snapshot of the members and a
+// version that changes whenever the snapshot does, so consumers (placement)
+// rebuild only on change.
+type Membership struct {
+	ml   *memberlist.Memberlist
+	meta []byte
+	log  *slog.Logger
+
+	kick      chan struct{} // memberlist events, coalesced; drained by the refresher
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+
+	mu struct {
+		sync.Mutex
+		version uint64
+		members []MemberInfo
+		subs    []chan struct{}
+	}
+}
+
+// StartMembership binds the gossip address, joins the seeds (if any) and
+// returns once this node is a member. The caller must Close it.
+func StartMembership(opts MembershipOptions) (*Membership, error) {
+	if len(opts.SecretKey) != 0 && !slices.Contains([]int{16, 24, 32}, len(opts.SecretKey)) {
+		return nil, fmt.Errorf("%w (got %d)", ErrSecretKey, len(opts.SecretKey))
+	}
+	if opts.GossipAddr == "" {
+		opts.GossipAddr = "127.0.0.1:7603"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	host, portStr, err := net.SplitHostPort(opts.GossipAddr)
+	if err != nil {
+		return nil, fmt.Errorf("node: gossip addr %q: %w", opts.GossipAddr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("node: gossip addr %q: bad port", opts.GossipAddr)
+	}
+	meta, err := json.Marshal(opts.Meta)
+	if err != nil {
+		return nil, fmt.Errorf("node: encode member meta: %w", err)
+	}
+	if len(meta) > memberlist.MetaMaxSize {
+		return nil, fmt.Errorf("node: member meta is %d bytes, memberlist allows %d", len(meta), memberlist.MetaMaxSize)
+	}
+
+	m := &Membership{meta: meta, log: opts.Logger, kick: make(chan struct{}, 1),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	conf := memberlist.DefaultLANConfig()
+	if opts.Fast {
+		conf = memberlist.DefaultLocalConfig()
+	}
+	conf.BindAddr, conf.BindPort = host, port
+	conf.AdvertiseAddr, conf.AdvertisePort = "", 0
+	conf.Delegate = (*delegate)(m)
+	conf.Events = (*events)(m)
+	conf.Logger = log.New(&logWriter{log: opts.Logger}, "", 0)
+	conf.SecretKey = opts.SecretKey
+	if len(opts.SecretKey) == 0 {
+		conf.GossipVerifyIncoming, conf.GossipVerifyOutgoing = false, false
+	}
+	if port == 0 {
+		// memberlist needs one port free for both TCP and UDP; let it pick.
+		conf.BindPort = 0
+	}
+	conf.Name = opts.NodeID
+	if conf.Name == "" {
+		h, _ := os.Hostname()
+		conf.Name = h + ":" + portStr // fixed below if the port was 0
+	}
+
+	ml, err := memberlist.Create(conf)
+	if err != nil {
+		return nil, fmt.Errorf("node: start gossip on %s: %w", opts.GossipAddr, err)
+	}
+	m.ml = ml
+	if opts.NodeID == "" && port == 0 {
+		// The name must be known before Create; with a random port it carries "0".
+		// Nodes started this way are for tests, where the id is given.
+		m.log.Warn("gossip port 0 without a node id: the node id carries port 0", "id", conf.Name)
+	}
+	if len(opts.Join) > 0 {
+		if _, err := ml.Join(opts.Join); err != nil {
+			_ = ml.Shutdown()
+			return nil, fmt.Errorf("%w via %v: %w", ErrJoin, opts.Join, err)
+		}
+	}
+	m.refresh()
+	go m.refresher()
+	return m, nil
+}
+
+// refresher rebuilds the snapshot after memberlist events. It runs outside
+// memberlist's callbacks, which hold memberlist's node lock that Members()
+// takes.
+func (m *Membership) refresher() {
+	defer close(m.done)
+	for {
+		select {
+		case <-m.kick:
+			m.refresh()
+		case <-m.stop:
+			return
+		}
+	}
+}
+
+// LocalID returns this node's id.
+func (m *Membership) LocalID() string { return m.ml.LocalNode().Name }
+
+// GossipAddr returns the address memberlist actually listens on.
+func (m *Membership) GossipAddr() string { return m.ml.LocalNode().Address() }
+
+// Members returns the members believed alive (alive or suspect), sorted by
+// id, and the snapshot's version. The slice is shared: do not modify it.
+func (m *Membership) Members() ([]MemberInfo, uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.mu.members, m.mu.version
+}
+
+// Subscribe returns a channel that receives a value (coalesced) after every
+// membership change. It is never closed; it is dropped on Close.
+func (m *Membership) Subscribe() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	m.mu.Lock()
+	m.mu.subs = append(m.mu.subs, ch)
+	m.mu.Unlock()
+	return ch
+}
+
+// Leave tells the cluster this node is leaving and waits up to timeout for
+// the message to spread. Close after it.
+func (m *Membership) Leave(timeout time.Duration) error {
+	if err := m.ml.Leave(timeout); err != nil {
+		return fmt.Errorf("node: leave cluster: %w", err)
+	}
+	return nil
+}
+
+// Close stops gossip without announcing a leave (others detect the failure).
+func (m *Membership) Close() error {
+	m.closeOnce.Do(func() {
+		close(m.stop)
+		<-m.done
+		if err := m.ml.Shutdown(); err != nil {
+			m.closeErr = fmt.Errorf("node: stop gossip: %w", err)
+		}
+	})
+	return m.closeErr
+}
+
+func (m *Membership) refresh() {
+	nodes := m.ml.Members()
+	infos := make([]MemberInfo, 0, len(nodes))
+	for _, n := range nodes {
+		info := MemberInfo{ID: n.Name, GossipAddr: n.Address(), State: stateName(n.State)}
+		if err := json.Unmarshal(n.Meta, &info.Meta); err != nil {
+			m.log.Warn("member sent unreadable metadata; ignoring it", "member", n.Name, "err", err)
+			continue
+		}
+		infos = append(infos, info)
+	}
+	slices.SortFunc(infos, func(a, b MemberInfo) int { return cmpString(a.ID, b.ID) })
+	m.mu.Lock()
+	m.mu.members = infos
+	m.mu.version++
+	subs := m.mu.subs
+	m.mu.Unlock()
+	for _, ch := range subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func stateName(s memberlist.NodeStateType) string {
+	switch s {
+	case memberlist.StateAlive:
+		return "alive"
+	case memberlist.StateSuspect:
+		return "suspect"
+	case memberlist.StateDead:
+		return "dead"
+	case memberlist.StateLeft:
+		return "left"
+	}
+	return "unknown"
+}
+
+// delegate gossips this node's metadata; kvmesh sends no user messages.
+type delegate Membership
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	if len(d.meta) > limit {
+		panic(fmt.Sprintf("node: member meta %d bytes over memberlist's limit %d", len(d.meta), limit))
+	}
+	return d.meta
+}
+func (d *delegate) NotifyMsg([]byte)                  {}
+func (d *delegate) GetBroadcasts(_, _ int) [][]byte   { return nil }
+func (d *delegate) LocalState(bool) []byte            { return nil }
+func (d *delegate) MergeRemoteState(_ []byte, _ bool) {}
+
+// events refreshes the snapshot on every change memberlist reports.
+type events Membership
+
+func (e *events) NotifyJoin(*memberlist.Node)   { e.changed() }
+func (e *events) NotifyLeave(*memberlist.Node)  { e.changed() }
+func (e *events) NotifyUpdate(*memberlist.Node) { e.changed() }
+
+func (e *events) changed() {
+	select {
+	case e.kick <- struct{}{}:
+	default: // a refresh is already pending
+	}
+}
+
+// logWriter turns memberlist's "[LEVEL] memberlist: msg" lines into slog
+// records at the matching level.
+type logWriter struct{ log *slog.Logger }
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	line := bytes.TrimSpace(p)
+	level := slog.LevelInfo
+	for prefix, l := range map[string]slog.Level{"[DEBUG]": slog.LevelDebug, "[INFO]": slog.LevelInfo, "[WARN]": slog.LevelWarn, "[ERR]": slog.LevelError} {
+		if bytes.HasPrefix(line, []byte(prefix)) {
+			level = l
+			line = bytes.TrimSpace(line[len(prefix):])
+			break
+		}
+	}
+	w.log.Log(context.Background(), level, string(line), "component", "gossip")
+	return len(p), nil
+}
+
+var _ io.Writer = (*logWriter)(nil)

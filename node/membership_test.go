@@ -1,0 +1,111 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func startMember(t *testing.T, id string, key []byte, join ...string) *Membership {
+	t.Helper()
+	m, err := StartMembership(MembershipOptions{
+		NodeID: id, GossipAddr: "127.0.0.1:0", Join: join, SecretKey: key, Fast: true,
+		Meta:   MemberMeta{GRPCAddr: "127.0.0.1:1", DRAMBytes: 1 << 30, RDMA: nil},
+		Logger: quietLogger(),
+	})
+	if err != nil {
+		t.Fatalf("start %s: %v", id, err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// waitMembers waits until m sees exactly want members, or fails after a
+// deadline.
+func waitMembers(t *testing.T, m *Membership, want int) []MemberInfo {
+	t.Helper()
+	ch := m.Subscribe()
+	deadline := time.After(20 * time.Second)
+	for {
+		ms, _ := m.Members()
+		if len(ms) == want {
+			return ms
+		}
+		select {
+		case <-ch:
+		case <-time.After(100 * time.Millisecond): // memberlist may have changed before we subscribed
+		case <-deadline:
+			t.Fatalf("%s sees %d members, want %d", m.LocalID(), len(ms), want)
+		}
+	}
+}
+
+func TestMembershipJoinAndLeave(t *testing.T) {
+	a := startMember(t, "a", nil)
+	b := startMember(t, "b", nil, a.GossipAddr())
+	c := startMember(t, "c", nil, a.GossipAddr())
+	for _, m := range []*Membership{a, b, c} {
+		ms := waitMembers(t, m, 3)
+		for i, id := range []string{"a", "b", "c"} {
+			if ms[i].ID != id || ms[i].State != "alive" || ms[i].Meta.GRPCAddr != "127.0.0.1:1" || ms[i].Weight() != 1<<30 {
+				t.Fatalf("%s sees member %d = %+v", m.LocalID(), i, ms[i])
+			}
+		}
+	}
+	_, v1 := a.Members()
+	if err := b.Leave(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*Membership{a, c} {
+		ms := waitMembers(t, m, 2)
+		if ms[0].ID != "a" || ms[1].ID != "c" {
+			t.Fatalf("after b left, %s sees %+v", m.LocalID(), ms)
+		}
+	}
+	if _, v2 := a.Members(); v2 <= v1 {
+		t.Fatalf("version did not advance: %d -> %d", v1, v2)
+	}
+}
+
+func TestMembershipEncryption(t *testing.T) {
+	key := []byte("0123456789abcdef")
+	a := startMember(t, "a", key)
+	b := startMember(t, "b", key, a.GossipAddr())
+	waitMembers(t, b, 2)
+
+	_, err := StartMembership(MembershipOptions{NodeID: "intruder", GossipAddr: "127.0.0.1:0", Fast: true,
+		Join: []string{a.GossipAddr()}, SecretKey: []byte("fedcba9876543210"), Logger: quietLogger()})
+	if !errors.Is(err, ErrJoin) {
+		t.Fatalf("a node with the wrong key joined: err = %v", err)
+	}
+	_, err = StartMembership(MembershipOptions{NodeID: "plain", GossipAddr: "127.0.0.1:0", Fast: true,
+		Join: []string{a.GossipAddr()}, Logger: quietLogger()})
+	if !errors.Is(err, ErrJoin) {
+		t.Fatalf("a node without a key joined an encrypted cluster: err = %v", err)
+	}
+	if ms, _ := a.Members(); len(ms) != 2 {
+		t.Fatalf("members after rejected joins: %+v", ms)
+	}
+	if _, err := StartMembership(MembershipOptions{SecretKey: []byte("short")}); !errors.Is(err, ErrSecretKey) {
+		t.Fatalf("short key: %v", err)
+	}
+}
+
+func TestMembershipDetectsFailure(t *testing.T) {
+	a := startMember(t, "a", nil)
+	b := startMember(t, "b", nil, a.GossipAddr())
+	waitMembers(t, a, 2)
+	b.Close() // no leave: a must detect the failure
+	ms := waitMembers(t, a, 1)
+	if ms[0].ID != "a" {
+		t.Fatal(fmt.Sprint(ms))
+	}
+}

@@ -1,0 +1,699 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// Membership is what a Cluster needs to know about the other nodes. The node
+// implements it with memberlist.
+type Membership interface {
+	// LocalID returns this node's member id.
+	LocalID() string
+	// Members returns the members believed alive, this node included, and
+	// a version that changes whenever the list does.
+	Members() ([]Member, uint64)
+}
+
+// Peers reaches the other members. The node implements it with the transfer
+// engine for bytes and gRPC for the rest. Every call must return by ctx's
+// deadline; an error is treated as a miss, never passed to the caller.
+type Peers interface {
+	// Lookup asks member id, for each run of consecutive chain keys, how
+	// many leading keys of the run it holds.
+	Lookup(ctx context.Context, id string, runs [][]prefixhash.Key) ([]int, error)
+	// Get fetches encoded blocks from member id: blocks[i] is the block of
+	// keys[i] or nil on a miss. The blocks are valid until release is
+	// called (release may be nil).
+	Get(ctx context.Context, id string, keys []prefixhash.Key) (blocks [][]byte, release func(), err error)
+	// Put pushes encoded blocks to member id.
+	Put(ctx context.Context, id string, blocks [][]byte) error
+}
+
+// ClusterOptions configure a Cluster. Zero fields take the defaults. Every
+// member must use the same ChunkTokens and Replicas, or lookups miss blocks
+// that are there.
+type ClusterOptions struct {
+	// ChunkTokens is the size of a placement chunk in tokens: every block
+	// of a chunk is placed by the key of the chunk's first block. Default
+	// prefixhash.DefaultChunkTokens (512).
+	ChunkTokens int
+	// Replicas is R, the number of owners of a chunk. Default 1.
+	Replicas int
+	// LookupTimeout bounds the remote round of LongestPrefix; a peer that
+	// has not answered by then counts as a miss. Default 100ms.
+	LookupTimeout time.Duration
+	// GetTimeout bounds the remote round of Get. Default 2s.
+	GetTimeout time.Duration
+	// PushTimeout bounds one push of a batch to an owner. Default 5s.
+	PushTimeout time.Duration
+	// PushQueueBytes bounds the bytes queued for one peer; blocks that do
+	// not fit are dropped and counted (a Put never waits for a peer).
+	// Default 64 MiB.
+	PushQueueBytes int64
+	// PushBatchBytes is the most one push carries. Default 16 MiB.
+	PushBatchBytes int64
+	// KeepRemote caches blocks fetched from peers in the local tiers too.
+	// Default false: pooled capacity then holds each block once (R times),
+	// which is what gives random routing its hit ratio.
+	KeepRemote bool
+}
+
+// EnsureDefaults fills zero fields with their defaults.
+func (o *ClusterOptions) EnsureDefaults() {
+	if o.ChunkTokens == 0 {
+		o.ChunkTokens = prefixhash.DefaultChunkTokens
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 1
+	}
+	if o.LookupTimeout == 0 {
+		o.LookupTimeout = 100 * time.Millisecond
+	}
+	if o.GetTimeout == 0 {
+		o.GetTimeout = 2 * time.Second
+	}
+	if o.PushTimeout == 0 {
+		o.PushTimeout = 5 * time.Second
+	}
+	if o.PushQueueBytes == 0 {
+		o.PushQueueBytes = 64 << 20
+	}
+	if o.PushBatchBytes == 0 {
+		o.PushBatchBytes = 16 << 20
+	}
+}
+
+// Validate reports the first field that makes o unusable.
+func (o *ClusterOptions) Validate() error {
+	switch {
+	case o.ChunkTokens < 1:
+		return fmt.Errorf("store: cluster options: ChunkTokens: %d must be positive", o.ChunkTokens)
+	case o.Replicas < 1 || o.Replicas > 8:
+		return fmt.Errorf("store: cluster options: Replicas: %d is outside 1..8", o.Replicas)
+	case o.LookupTimeout <= 0 || o.GetTimeout <= 0 || o.PushTimeout <= 0:
+		return errors.New("store: cluster options: LookupTimeout, GetTimeout and PushTimeout must be positive")
+	case o.PushQueueBytes < 1 || o.PushBatchBytes < 1:
+		return errors.New("store: cluster options: PushQueueBytes and PushBatchBytes must be positive")
+	}
+	return nil
+}
+
+// ClusterStats count what the cluster layer did, on top of Local's Stats.
+type ClusterStats struct {
+	RemoteLookups     uint64 // lookup RPCs sent
+	RemoteLookupFails uint64 // lookup RPCs that failed or timed out (counted as misses)
+	RemoteGets        uint64 // get RPCs sent
+	RemoteGetFails    uint64 // get RPCs that failed or timed out (counted as misses)
+	RemoteHits        uint64 // blocks served by peers
+	RemoteMisses      uint64 // blocks asked of peers that they did not have
+	RemoteCorrupt     uint64 // blocks from peers that failed verification (dropped)
+	Pushed            uint64 // blocks pushed to their owners
+	PushDropped       uint64 // blocks not pushed: queue full or owner gone
+	PushFailed        uint64 // blocks whose push failed
+}
+
+// Cluster is the cache of the whole cluster as one node sees it: blocks are
+// placed on owners by rendezvous hashing of their placement-chunk keys; a
+// lookup asks every owner at once; a get reads local tiers first, then the
+// owners; a put keeps the blocks locally and pushes them to their owners in
+// the background. Peer failures become misses within the deadlines, never
+// errors or hangs. All methods are safe for concurrent use.
+type Cluster struct {
+	local   *Local
+	members Membership
+	peers   Peers
+	opts    ClusterOptions
+	self    string
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu struct {
+		sync.Mutex
+		version   uint64
+		placement *Placement
+		queues    map[string]*pushQueue
+		closed    bool
+	}
+	c struct {
+		remoteLookups, remoteLookupFails, remoteGets, remoteGetFails atomic.Uint64
+		remoteHits, remoteMisses, remoteCorrupt                      atomic.Uint64
+		pushed, pushDropped, pushFailed                              atomic.Uint64
+	}
+}
+
+// NewCluster returns a Cluster over local. The caller keeps ownership of
+// local, members and peers, and closes the Cluster before them.
+func NewCluster(local *Local, members Membership, peers Peers, opts ClusterOptions) (*Cluster, error) {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Cluster{local: local, members: members, peers: peers, opts: opts, self: members.LocalID()}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.mu.queues = make(map[string]*pushQueue)
+	return c, nil
+}
+
+// Local returns the node's own store.
+func (c *Cluster) Local() *Local { return c.local }
+
+// ChunkBlocks returns C for blocks of blockTokens tokens.
+func (c *Cluster) ChunkBlocks(blockTokens int) int {
+	return prefixhash.ChunkBlocks(blockTokens, c.opts.ChunkTokens)
+}
+
+// placement returns the placement for the current membership, rebuilt only
+// when the membership version changed.
+func (c *Cluster) placement() *Placement {
+	ms, v := c.members.Members()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.placement == nil || v != c.mu.version {
+		c.mu.placement = NewPlacement(ms, c.opts.Replicas)
+		c.mu.version = v
+	}
+	return c.mu.placement
+}
+
+// Owners returns the owners of the chunk whose placement key is chunkKey,
+// best first.
+func (c *Cluster) Owners(chunkKey prefixhash.Key) []string {
+	return c.placement().Owners(nil, chunkKey)
+}
+
+// LongestPrefix returns how many leading blocks of chain are cached anywhere
+// in the cluster. chain holds the keys of a prompt's blocks from block 0, of
+// blockTokens tokens each. The local tiers answer first; the rest is asked
+// of every owner at once, in one round bounded by LookupTimeout. A peer that
+// fails or is late counts as a miss.
+func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blockTokens int) int {
+	n := c.local.LongestPrefix(chain)
+	if n == len(chain) {
+		return n
+	}
+	cb := c.ChunkBlocks(blockTokens)
+	p := c.placement()
+
+	// The runs from block n on, one per chunk, with who to ask.
+	type run struct {
+		start, end int
+		have       int // best count so far
+	}
+	var runs []run
+	asks := map[string][]int{} // owner → indexes into runs
+	var owners []string
+	for s := prefixhash.ChunkStart(n, cb); s < len(chain); s += cb {
+		r := run{start: max(s, n), end: min(s+cb, len(chain))}
+		if r.start > n {
+			// Blocks beyond the local prefix may still be here (a
+			// producer keeps what it computed).
+			r.have = c.local.LongestPrefix(chain[r.start:r.end])
+		}
+		runs = append(runs, r)
+		owners = p.Owners(owners[:0], chain[s])
+		for _, o := range owners {
+			if o != c.self {
+				asks[o] = append(asks[o], len(runs)-1)
+			}
+		}
+	}
+	if len(asks) > 0 {
+		ctx, cancel := context.WithTimeout(ctx, c.opts.LookupTimeout)
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for o, idx := range asks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				keys := make([][]prefixhash.Key, len(idx))
+				for k, ri := range idx {
+					keys[k] = chain[runs[ri].start:runs[ri].end]
+				}
+				c.c.remoteLookups.Add(1)
+				counts, err := c.peers.Lookup(ctx, o, keys)
+				if err != nil || len(counts) != len(idx) {
+					c.c.remoteLookupFails.Add(1)
+					return
+				}
+				mu.Lock()
+				for k, ri := range idx {
+					runs[ri].have = max(runs[ri].have, min(counts[k], runs[ri].end-runs[ri].start))
+				}
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		cancel()
+	}
+	for _, r := range runs {
+		if r.have < r.end-r.start {
+			return r.start + r.have
+		}
+	}
+	return len(chain)
+}
+
+// Fetched holds blocks returned by Cluster.Get. Blocks[i] is the verified
+// encoded block of the i-th requested key, or nil on a miss. The bytes are
+// valid until Release.
+type Fetched struct {
+	Blocks   [][]byte
+	releases []func()
+}
+
+// Release returns every block's memory. The blocks must not be used after.
+func (f *Fetched) Release() {
+	if f == nil {
+		return
+	}
+	for _, r := range f.releases {
+		r()
+	}
+	f.releases, f.Blocks = nil, nil
+}
+
+// Get returns blocks from..to-1 of chain (see LongestPrefix). Local tiers
+// answer first; the rest is fetched from the owners in parallel, bounded by
+// GetTimeout. Every block from a peer is verified (Decode, and its key must
+// be the one asked for); a failed, late or corrupt answer is a miss. The
+// error is only the caller's context or a closed store.
+func (c *Cluster) Get(ctx context.Context, chain []prefixhash.Key, blockTokens, from, to int) (*Fetched, error) {
+	if from < 0 || to > len(chain) || from > to {
+		return nil, fmt.Errorf("store: cluster get: range [%d,%d) of a %d-block chain", from, to, len(chain))
+	}
+	keys := chain[from:to]
+	refs, err := c.local.GetMany(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	f := &Fetched{Blocks: make([][]byte, len(keys))}
+	missing := map[string][]int{} // owner → indexes into keys
+	cb := c.ChunkBlocks(blockTokens)
+	p := c.placement()
+	var owners []string
+	for k, r := range refs {
+		if r != nil {
+			f.Blocks[k] = r.Bytes()
+			f.releases = append(f.releases, r.Release)
+			continue
+		}
+		owners = p.Owners(owners[:0], prefixhash.ChunkKey(chain, from+k, cb))
+		for _, o := range owners {
+			if o != c.self {
+				missing[o] = append(missing[o], k)
+				break // the first remote owner only: replicas share its fate often enough that a second round is not worth its latency
+			}
+		}
+	}
+	if len(missing) == 0 {
+		return f, nil
+	}
+	gctx, cancel := context.WithTimeout(ctx, c.opts.GetTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for o, idx := range missing {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ks := make([]prefixhash.Key, len(idx))
+			for j, k := range idx {
+				ks[j] = keys[k]
+			}
+			c.c.remoteGets.Add(1)
+			blocks, release, err := c.peers.Get(gctx, o, ks)
+			if err != nil || len(blocks) != len(ks) {
+				c.c.remoteGetFails.Add(1)
+				if release != nil {
+					release()
+				}
+				return
+			}
+			kept := false
+			for j, b := range blocks {
+				if b == nil {
+					c.c.remoteMisses.Add(1)
+					continue
+				}
+				blk, err := Decode(b, c.local.opts.MaxBlockBytes)
+				if err != nil || blk.Key != ks[j] {
+					c.c.remoteCorrupt.Add(1)
+					continue
+				}
+				c.c.remoteHits.Add(1)
+				if c.opts.KeepRemote {
+					_ = c.local.Put(gctx, b) // best effort: a full node still serves the copy
+				}
+				mu.Lock()
+				f.Blocks[idx[j]] = b
+				mu.Unlock()
+				kept = true
+			}
+			if release != nil {
+				if kept {
+					mu.Lock()
+					f.releases = append(f.releases, release)
+					mu.Unlock()
+				} else {
+					release()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		f.Release()
+		return nil, err
+	}
+	return f, nil
+}
+
+// Put stores blocks locally (the producer keeps what it computed) and queues
+// each for the owners of its placement chunk, whose key is chunkKeys[i].
+// Pushes run in the background through a bounded queue per owner: when a
+// queue is full the block is dropped and counted; Put never waits for a
+// peer. The error is the local store's (see Local.PutMany): a block it
+// refused is not pushed.
+func (c *Cluster) Put(ctx context.Context, blocks [][]byte, chunkKeys []prefixhash.Key) error {
+	if len(blocks) != len(chunkKeys) {
+		return fmt.Errorf("store: cluster put: %d blocks but %d chunk keys", len(blocks), len(chunkKeys))
+	}
+	var errs []error
+	p := c.placement()
+	var owners []string
+	for k, b := range blocks {
+		if err := c.local.Put(ctx, b); err != nil {
+			if ctx.Err() != nil {
+				return errors.Join(append(errs, err)...)
+			}
+			errs = append(errs, fmt.Errorf("block %d: %w", k, err))
+			continue
+		}
+		owners = p.Owners(owners[:0], chunkKeys[k])
+		for _, o := range owners {
+			if o != c.self {
+				c.enqueue(o, b)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ChunkKeys returns the placement key of each of blocks from..to-1 of chain.
+func (c *Cluster) ChunkKeys(chain []prefixhash.Key, blockTokens, from, to int) []prefixhash.Key {
+	cb := c.ChunkBlocks(blockTokens)
+	out := make([]prefixhash.Key, 0, to-from)
+	for i := from; i < to; i++ {
+		out = append(out, prefixhash.ChunkKey(chain, i, cb))
+	}
+	return out
+}
+
+// Stats returns the cluster layer's counters.
+func (c *Cluster) Stats() ClusterStats {
+	return ClusterStats{
+		RemoteLookups: c.c.remoteLookups.Load(), RemoteLookupFails: c.c.remoteLookupFails.Load(),
+		RemoteGets: c.c.remoteGets.Load(), RemoteGetFails: c.c.remoteGetFails.Load(),
+		RemoteHits: c.c.remoteHits.Load(), RemoteMisses: c.c.remoteMisses.Load(), RemoteCorrupt: c.c.remoteCorrupt.Load(),
+		Pushed: c.c.pushed.Load(), PushDropped: c.c.pushDropped.Load(), PushFailed: c.c.pushFailed.Load(),
+	}
+}
+
+// Flush waits until every queued push has been attempted, or ctx ends. For
+// tests, benchmarks and graceful shutdown.
+func (c *Cluster) Flush(ctx context.Context) error {
+	c.mu.Lock()
+	qs := make([]*pushQueue, 0, len(c.mu.queues))
+	for _, q := range c.mu.queues {
+		qs = append(qs, q)
+	}
+	c.mu.Unlock()
+	for _, q := range qs {
+		if err := q.flush(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close stops the push workers, dropping what is still queued (counted).
+// Call Flush first to push it. The local store stays open.
+func (c *Cluster) Close() error {
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.closed = true
+	c.mu.Unlock()
+	c.cancel()
+	c.wg.Wait()
+	return nil
+}
+
+// pushQueue holds copies of blocks waiting to go to one owner.
+type pushQueue struct {
+	c  *Cluster
+	id string
+
+	mu struct {
+		sync.Mutex
+		blocks   [][]byte
+		bytes    int64
+		inflight bool
+		dead     bool          // the worker exited: its owner left the membership
+		idle     chan struct{} // closed when the queue is empty and nothing is in flight
+	}
+	wake chan struct{}
+}
+
+func (c *Cluster) enqueue(owner string, b []byte) {
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		c.c.pushDropped.Add(1)
+		return
+	}
+	q := c.mu.queues[owner]
+	if q == nil {
+		q = &pushQueue{c: c, id: owner, wake: make(chan struct{}, 1)}
+		c.mu.queues[owner] = q
+		c.wg.Add(1)
+		go q.run()
+	}
+	c.mu.Unlock()
+
+	q.mu.Lock()
+	if q.mu.dead || q.mu.bytes+int64(len(b)) > c.opts.PushQueueBytes {
+		q.mu.Unlock()
+		c.c.pushDropped.Add(1)
+		return
+	}
+	q.mu.blocks = append(q.mu.blocks, slices.Clone(b))
+	q.mu.bytes += int64(len(b))
+	if q.mu.idle == nil {
+		q.mu.idle = make(chan struct{})
+	}
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run pushes batches until the cluster closes. A worker whose owner left the
+// membership drops its queue and exits.
+func (q *pushQueue) run() {
+	defer q.c.wg.Done()
+	for {
+		select {
+		case <-q.c.ctx.Done():
+			q.dropAll()
+			return
+		case <-q.wake:
+		}
+		for {
+			batch := q.take()
+			if batch == nil {
+				break
+			}
+			if !q.c.isMember(q.id) {
+				q.c.c.pushDropped.Add(uint64(len(batch)))
+			} else {
+				ctx, cancel := context.WithTimeout(q.c.ctx, q.c.opts.PushTimeout)
+				err := q.c.peers.Put(ctx, q.id, batch)
+				cancel()
+				if err != nil {
+					q.c.c.pushFailed.Add(uint64(len(batch)))
+				} else {
+					q.c.c.pushed.Add(uint64(len(batch)))
+				}
+			}
+			q.done()
+		}
+		if !q.c.isMember(q.id) && q.retire() {
+			return
+		}
+	}
+}
+
+// retire removes an idle queue whose owner left, so workers do not pile up
+// with membership churn. It reports whether the queue is gone; a block
+// enqueued meanwhile keeps it alive.
+func (q *pushQueue) retire() bool {
+	q.c.mu.Lock()
+	defer q.c.mu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.mu.blocks) > 0 {
+		return false
+	}
+	q.mu.dead = true
+	if q.c.mu.queues[q.id] == q {
+		delete(q.c.mu.queues, q.id)
+	}
+	return true
+}
+
+// take removes up to PushBatchBytes from the head of the queue.
+func (q *pushQueue) take() [][]byte {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.mu.blocks) == 0 {
+		return nil
+	}
+	var n int
+	var size int64
+	for n < len(q.mu.blocks) && (n == 0 || size+int64(len(q.mu.blocks[n])) <= q.c.opts.PushBatchBytes) {
+		size += int64(len(q.mu.blocks[n]))
+		n++
+	}
+	batch := slices.Clone(q.mu.blocks[:n])
+	q.mu.blocks = slices.Delete(q.mu.blocks, 0, n)
+	q.mu.bytes -= size
+	q.mu.inflight = true
+	return batch
+}
+
+func (q *pushQueue) done() {
+	q.mu.Lock()
+	q.mu.inflight = false
+	if len(q.mu.blocks) == 0 && q.mu.idle != nil {
+		close(q.mu.idle)
+		q.mu.idle = nil
+	}
+	q.mu.Unlock()
+}
+
+func (q *pushQueue) dropAll() {
+	q.mu.Lock()
+	q.c.c.pushDropped.Add(uint64(len(q.mu.blocks)))
+	q.mu.blocks, q.mu.bytes = nil, 0
+	if q.mu.idle != nil {
+		close(q.mu.idle)
+		q.mu.idle = nil
+	}
+	q.mu.Unlock()
+}
+
+func (q *pushQueue) flush(ctx context.Context) error {
+	q.mu.Lock()
+	idle := q.mu.idle
+	q.mu.Unlock()
+	if idle == nil {
+		return nil
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *Cluster) isMember(id string) bool {
+	for _, m := range c.placement().Members() {
+		if m.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// Handoff pushes the blocks this node holds in memory to the owners they
+// will have once it is gone, at most maxBytes of them, and returns how many
+// it pushed. Call it on a graceful leave, before leaving the membership, so
+// that the hot part of the cache survives the departure. Pushes run in
+// parallel per owner; a failed one is counted and skipped.
+func (c *Cluster) Handoff(ctx context.Context, maxBytes int64) int {
+	p := c.placement()
+	var others []Member
+	for _, m := range p.Members() {
+		if m.ID != c.self {
+			others = append(others, m)
+		}
+	}
+	if len(others) == 0 {
+		return 0
+	}
+	next := NewPlacement(others, c.opts.Replicas)
+	byOwner := map[string][]prefixhash.Key{}
+	var total int64
+	for _, b := range c.local.InMemory(func(tokens int) int { return c.ChunkBlocks(tokens) }) {
+		if total+int64(b.Size) > maxBytes {
+			break
+		}
+		total += int64(b.Size)
+		for _, o := range next.Owners(nil, b.ChunkKey) {
+			byOwner[o] = append(byOwner[o], b.Key)
+		}
+	}
+	var pushed atomic.Int64
+	var wg sync.WaitGroup
+	for o, keys := range byOwner {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for len(keys) > 0 && ctx.Err() == nil {
+				var batch [][]byte
+				var refs []*Ref
+				var size int64
+				for len(keys) > 0 && size < c.opts.PushBatchBytes {
+					r, err := c.local.Get(ctx, keys[0])
+					keys = keys[1:]
+					if err != nil {
+						continue // evicted since the walk
+					}
+					refs = append(refs, r)
+					batch = append(batch, r.Bytes())
+					size += int64(len(r.Bytes()))
+				}
+				if len(batch) > 0 {
+					pctx, cancel := context.WithTimeout(ctx, c.opts.PushTimeout)
+					if err := c.peers.Put(pctx, o, batch); err != nil {
+						c.c.pushFailed.Add(uint64(len(batch)))
+					} else {
+						c.c.pushed.Add(uint64(len(batch)))
+						pushed.Add(int64(len(batch)))
+					}
+					cancel()
+				}
+				for _, r := range refs {
+					r.Release()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return int(pushed.Load())
+}

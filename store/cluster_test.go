@@ -1,0 +1,394 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// staticMembers is a Membership whose list the test changes.
+type staticMembers struct {
+	self string
+	mu   sync.Mutex
+	ms   []Member
+	v    uint64
+}
+
+func (s *staticMembers) LocalID() string { return s.self }
+func (s *staticMembers) Members() ([]Member, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ms, s.v
+}
+func (s *staticMembers) set(ms []Member) {
+	s.mu.Lock()
+	s.ms, s.v = ms, s.v+1
+	s.mu.Unlock()
+}
+
+// loopback is an in-process network: Peers calls go straight to the other
+// node's Local, unless the test made that node dead, slow or corrupting.
+type loopback struct {
+	mu    sync.Mutex
+	nodes map[string]*Local
+	fault map[string]string // "dead", "slow", "corrupt"
+	calls map[string]int    // RPCs per kind
+}
+
+type loopPeers struct{ net *loopback }
+
+func (n *loopback) check(ctx context.Context, id, kind string) (*Local, string, error) {
+	n.mu.Lock()
+	n.calls[kind]++
+	l, f := n.nodes[id], n.fault[id]
+	n.mu.Unlock()
+	switch {
+	case l == nil || f == "dead":
+		return nil, f, errors.New("connection refused")
+	case f == "slow":
+		<-ctx.Done() // a peer that never answers: only the deadline ends the call
+		return nil, f, ctx.Err()
+	}
+	return l, f, nil
+}
+
+func (p loopPeers) Lookup(ctx context.Context, id string, runs [][]prefixhash.Key) ([]int, error) {
+	l, _, err := p.net.check(ctx, id, "lookup")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int, len(runs))
+	for i, r := range runs {
+		out[i] = l.LongestPrefix(r)
+	}
+	return out, nil
+}
+
+func (p loopPeers) Get(ctx context.Context, id string, keys []prefixhash.Key) ([][]byte, func(), error) {
+	l, f, err := p.net.check(ctx, id, "get")
+	if err != nil {
+		return nil, nil, err
+	}
+	refs, err := l.GetMany(ctx, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([][]byte, len(keys))
+	for i, r := range refs {
+		if r != nil {
+			out[i] = bytes.Clone(r.Bytes()) // a network copy
+			r.Release()
+			if f == "corrupt" {
+				out[i][len(out[i])-1] ^= 1
+			}
+		}
+	}
+	return out, nil, nil
+}
+
+func (p loopPeers) Put(ctx context.Context, id string, blocks [][]byte) error {
+	l, _, err := p.net.check(ctx, id, "put")
+	if err != nil {
+		return err
+	}
+	return l.PutMany(ctx, blocks)
+}
+
+type testCluster struct {
+	net     *loopback
+	nodes   []*Cluster
+	members []*staticMembers
+}
+
+func newTestCluster(t *testing.T, n int, opts ClusterOptions) *testCluster {
+	t.Helper()
+	tc := &testCluster{net: &loopback{nodes: map[string]*Local{}, fault: map[string]string{}, calls: map[string]int{}}}
+	var ms []Member
+	for i := range n {
+		ms = append(ms, Member{ID: fmt.Sprintf("n%d", i), Weight: 1})
+	}
+	for i := range n {
+		l, err := Open(Options{DRAM: newFakeMem(1<<20, 64, 256, 4096)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sm := &staticMembers{self: ms[i].ID}
+		sm.set(ms)
+		c, err := NewCluster(l, sm, loopPeers{tc.net}, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(); l.Close() })
+		tc.net.nodes[ms[i].ID] = l
+		tc.nodes = append(tc.nodes, c)
+		tc.members = append(tc.members, sm)
+	}
+	return tc
+}
+
+func clusterNS() prefixhash.Namespace {
+	return prefixhash.Namespace{Model: "cluster-test", DType: prefixhash.Int8, BlockTokens: 4, LayerEnd: 1, KVHeads: 1, HeadDim: 8, TPSize: 1}
+}
+
+// prompt returns a chain of n blocks and their encoded blocks.
+func prompt(t *testing.T, rng *rand.Rand, ns prefixhash.Namespace, n int) ([]prefixhash.Key, [][]byte) {
+	t.Helper()
+	toks := make([]uint32, n*ns.BlockTokens)
+	for i := range toks {
+		toks[i] = rng.Uint32()
+	}
+	chain := prefixhash.Keys(ns, toks)
+	blocks := make([][]byte, n)
+	for i := range blocks {
+		payload := make([]byte, ns.BlockBytes())
+		for j := range payload {
+			payload[j] = byte(rng.Uint32())
+		}
+		parent := ns.Root()
+		if i > 0 {
+			parent = chain[i-1]
+		}
+		b, key, err := Encode(nil, ns, parent, toks[i*ns.BlockTokens:(i+1)*ns.BlockTokens], payload)
+		if err != nil || key != chain[i] {
+			t.Fatal(err)
+		}
+		blocks[i] = b
+	}
+	return chain, blocks
+}
+
+func flush(t *testing.T, nodes ...*Cluster) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, c := range nodes {
+		if err := c.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestClusterPutOnAHitOnC: a prompt put through one node is found, whole, and
+// read back byte for byte through every other node.
+func TestClusterPutOnAHitOnC(t *testing.T) {
+	tc := newTestCluster(t, 4, ClusterOptions{ChunkTokens: 8}) // 2 blocks per chunk
+	ns := clusterNS()
+	rng := rand.New(rand.NewPCG(1, 1))
+	chain, blocks := prompt(t, rng, ns, 20)
+	a := tc.nodes[0]
+	ctx := context.Background()
+	if err := a.Put(ctx, blocks, a.ChunkKeys(chain, ns.BlockTokens, 0, len(chain))); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, a)
+	if st := a.Stats(); st.PushDropped != 0 || st.PushFailed != 0 || st.Pushed == 0 {
+		t.Fatalf("push stats %+v", st)
+	}
+	for _, c := range tc.nodes[1:] {
+		if n := c.LongestPrefix(ctx, chain, ns.BlockTokens); n != len(chain) {
+			t.Fatalf("%s: longest prefix %d, want %d", c.self, n, len(chain))
+		}
+		f, err := c.Get(ctx, chain, ns.BlockTokens, 0, len(chain))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, b := range f.Blocks {
+			if !bytes.Equal(b, blocks[i]) {
+				t.Fatalf("%s: block %d differs from what was put", c.self, i)
+			}
+		}
+		f.Release()
+	}
+	// A longer prompt sharing the prefix: the cluster-wide prefix is the
+	// shared part.
+	longer, _ := prompt(t, rng, ns, 3)
+	mixed := append(append([]prefixhash.Key(nil), chain[:7]...), longer...)
+	if n := tc.nodes[2].LongestPrefix(ctx, mixed, ns.BlockTokens); n != 7 {
+		t.Fatalf("shared prefix: %d, want 7", n)
+	}
+}
+
+// TestClusterLookupIsOneRound: one LongestPrefix sends at most one lookup
+// RPC per other member, however long the prompt.
+func TestClusterLookupIsOneRound(t *testing.T) {
+	tc := newTestCluster(t, 4, ClusterOptions{ChunkTokens: 4})
+	ns := clusterNS()
+	chain, blocks := prompt(t, rand.New(rand.NewPCG(2, 2)), ns, 200)
+	a := tc.nodes[0]
+	if err := a.Put(context.Background(), blocks, a.ChunkKeys(chain, ns.BlockTokens, 0, len(chain))); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, a)
+	tc.net.mu.Lock()
+	tc.net.calls = map[string]int{}
+	tc.net.mu.Unlock()
+	if n := tc.nodes[3].LongestPrefix(context.Background(), chain, ns.BlockTokens); n != 200 {
+		t.Fatalf("prefix %d", n)
+	}
+	if got := tc.net.calls["lookup"]; got > 3 {
+		t.Fatalf("%d lookup RPCs for one prompt, want at most 3 (one per other member)", got)
+	}
+}
+
+// TestClusterFaultyPeersAreMisses: dead, silent and corrupting peers turn into
+// misses within the deadlines — never an error, a hang or wrong bytes.
+func TestClusterFaultyPeersAreMisses(t *testing.T) {
+	opts := ClusterOptions{ChunkTokens: 4, LookupTimeout: 50 * time.Millisecond, GetTimeout: 100 * time.Millisecond}
+	for _, fault := range []string{"dead", "slow", "corrupt"} {
+		t.Run(fault, func(t *testing.T) {
+			tc := newTestCluster(t, 3, opts)
+			ns := clusterNS()
+			chain, blocks := prompt(t, rand.New(rand.NewPCG(3, 3)), ns, 60)
+			a := tc.nodes[0]
+			if err := a.Put(context.Background(), blocks, a.ChunkKeys(chain, ns.BlockTokens, 0, len(chain))); err != nil {
+				t.Fatal(err)
+			}
+			flush(t, a)
+			tc.net.mu.Lock()
+			tc.net.fault["n1"] = fault
+			tc.net.mu.Unlock()
+			c := tc.nodes[2]
+			start := time.Now()
+			n := c.LongestPrefix(context.Background(), chain, ns.BlockTokens)
+			f, err := c.Get(context.Background(), chain, ns.BlockTokens, 0, len(chain))
+			if err != nil {
+				t.Fatalf("Get returned %v; a faulty peer must be a miss", err)
+			}
+			if el := time.Since(start); el > 5*time.Second {
+				t.Fatalf("lookup + get took %v with a %s peer", el, fault)
+			}
+			// Blocks owned by n1 are missing (the corrupt peer answers
+			// lookups truthfully but its bytes fail verification).
+			p := c.placement()
+			firstN1 := len(chain)
+			for i := range chain {
+				if p.Owner(prefixhash.ChunkKey(chain, i, 1)) == "n1" {
+					firstN1 = i
+					break
+				}
+			}
+			if fault != "corrupt" && n != firstN1 {
+				t.Fatalf("prefix %d with n1 %s, want %d (n1's first block)", n, fault, firstN1)
+			}
+			got := 0
+			for i, b := range f.Blocks {
+				owner := p.Owner(prefixhash.ChunkKey(chain, i, 1))
+				switch {
+				case b != nil && !bytes.Equal(b, blocks[i]):
+					t.Fatalf("block %d: wrong bytes served", i)
+				case b != nil && owner == "n1":
+					t.Fatalf("block %d came from faulty n1", i)
+				case b == nil && owner != "n1":
+					t.Fatalf("block %d of healthy %s missed", i, owner)
+				case b != nil:
+					got++
+				}
+			}
+			f.Release()
+			if got == 0 || got == len(chain) {
+				t.Fatalf("%d of %d blocks served: the test should span both healthy and faulty owners", got, len(chain))
+			}
+			st := c.Stats()
+			if fault == "corrupt" && st.RemoteCorrupt == 0 {
+				t.Fatalf("corrupt blocks not counted: %+v", st)
+			}
+			if fault != "corrupt" && (st.RemoteLookupFails == 0 || st.RemoteGetFails == 0) {
+				t.Fatalf("failed RPCs not counted: %+v", st)
+			}
+		})
+	}
+}
+
+// TestClusterPushNeverBlocks: with an owner that never answers, Put returns
+// at once and what does not fit the queue is dropped and counted.
+func TestClusterPushNeverBlocks(t *testing.T) {
+	tc := newTestCluster(t, 2, ClusterOptions{ChunkTokens: 4, PushQueueBytes: 4096, PushTimeout: time.Hour})
+	tc.net.fault["n1"] = "slow"
+	ns := clusterNS()
+	chain, blocks := prompt(t, rand.New(rand.NewPCG(4, 4)), ns, 100)
+	a := tc.nodes[0]
+	if err := a.Put(context.Background(), blocks, a.ChunkKeys(chain, ns.BlockTokens, 0, len(chain))); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.PushDropped == 0 {
+		t.Fatalf("a full queue dropped nothing: %+v", st)
+	}
+	if n := a.Local().LongestPrefix(chain); n != len(chain) {
+		t.Fatalf("the producer kept %d of %d blocks", n, len(chain))
+	}
+	a.Close() // stops the stuck push through the cluster's context
+}
+
+// TestClusterMembershipChange: after a member leaves, its queue is dropped and
+// lookups no longer ask it.
+func TestClusterMembershipChange(t *testing.T) {
+	tc := newTestCluster(t, 3, ClusterOptions{ChunkTokens: 4})
+	for _, sm := range tc.members {
+		sm.set([]Member{{ID: "n0", Weight: 1}, {ID: "n1", Weight: 1}})
+	}
+	ns := clusterNS()
+	chain, blocks := prompt(t, rand.New(rand.NewPCG(5, 5)), ns, 40)
+	a := tc.nodes[0]
+	if err := a.Put(context.Background(), blocks, a.ChunkKeys(chain, ns.BlockTokens, 0, len(chain))); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, a)
+	if tc.net.nodes["n2"].Stats().Puts != 0 {
+		t.Fatal("a departed member received pushes")
+	}
+	if n := tc.nodes[1].LongestPrefix(context.Background(), chain, ns.BlockTokens); n != len(chain) {
+		t.Fatalf("prefix %d after the membership change", n)
+	}
+}
+
+// TestClusterHandoff: a node leaving gracefully hands its blocks to the
+// members that own them without it, so the prompt stays a full hit.
+func TestClusterHandoff(t *testing.T) {
+	tc := newTestCluster(t, 3, ClusterOptions{ChunkTokens: 8})
+	ns := clusterNS()
+	chain, blocks := prompt(t, rand.New(rand.NewPCG(6, 6)), ns, 30)
+	a := tc.nodes[0]
+	if err := a.Put(context.Background(), blocks, a.ChunkKeys(chain, ns.BlockTokens, 0, len(chain))); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, a)
+	// n1 leaves: first its handoff, then the others drop it.
+	leaving := tc.nodes[1]
+	held := leaving.Local().Stats().Tiers[0].Blocks
+	if n := leaving.Handoff(context.Background(), 1<<30); held == 0 || n < int(held) {
+		t.Fatalf("handoff pushed %d of the %d blocks n1 held", n, held)
+	}
+	for _, sm := range tc.members {
+		sm.set([]Member{{ID: "n0", Weight: 1}, {ID: "n2", Weight: 1}})
+	}
+	tc.net.mu.Lock()
+	tc.net.fault["n1"] = "dead"
+	tc.net.mu.Unlock()
+	// Every block n1 owned is now held by its new owner; check those that
+	// moved to n2 (n0 produced them all, so it proves nothing).
+	before := NewPlacement([]Member{{ID: "n0", Weight: 1}, {ID: "n1", Weight: 1}, {ID: "n2", Weight: 1}}, 1)
+	after := NewPlacement([]Member{{ID: "n0", Weight: 1}, {ID: "n2", Weight: 1}}, 1)
+	moved := 0
+	for i, k := range chain {
+		ck := prefixhash.ChunkKey(chain, i, 2)
+		if before.Owner(ck) == "n1" && after.Owner(ck) == "n2" {
+			moved++
+			if !tc.net.nodes["n2"].Contains(k) {
+				t.Fatalf("block %d moved from n1 to n2 but n2 does not hold it", i)
+			}
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no block moved from n1 to n2: the test proves nothing")
+	}
+	if n := tc.nodes[2].LongestPrefix(context.Background(), chain, ns.BlockTokens); n != len(chain) {
+		t.Fatalf("after n1 left, prefix %d of %d", n, len(chain))
+	}
+}
