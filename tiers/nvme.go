@@ -110,9 +110,10 @@ type NVMeOptions struct {
 	// header, rounded up to 4 KiB; the largest value is SegmentSize-64 bytes.
 	// Default 64 MiB.
 	SegmentSize int64
-	// WriteBuffer is the size in bytes of the aligned buffer records are
-	// written through, and so of the largest write syscall: a multiple of
-	// 4 KiB. It is allocated once, outside the Go heap. Default 8 MiB.
+	// WriteBuffer is the size in bytes of each of the two aligned buffers
+	// records are written through (one fills while the other is written),
+	// and so of the largest write syscall: a multiple of 4 KiB. They are
+	// allocated once, outside the Go heap. Default 8 MiB.
 	WriteBuffer int
 	// QueueDepth bounds the Put and PutBatch calls queued for the writer;
 	// more callers wait. Default 256.
@@ -219,10 +220,17 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 	if err := t.recover(); err != nil {
 		return nil, err
 	}
-	t.w.buf, err = segMmap(opts.WriteBuffer)
+	t.w.mem, err = segMmap(2 * opts.WriteBuffer)
 	if err != nil {
-		return nil, fmt.Errorf("nvme: write buffer: %w", err)
+		return nil, fmt.Errorf("nvme: write buffers: %w", err)
 	}
+	for i := range t.w.units {
+		u := &t.w.units[i]
+		u.stage = t.w.mem[i*opts.WriteBuffer : (i+1)*opts.WriteBuffer : (i+1)*opts.WriteBuffer]
+		u.iov = make([][]byte, 0, nvmeMaxIov)
+		u.reset()
+	}
+	t.w.wrote = make(chan error, 1)
 	t.wg.Add(2)
 	go t.writeLoop()
 	go t.syncLoop()
@@ -244,10 +252,10 @@ func probeDirectIO(dir string) error {
 		return err
 	}
 	defer segMunmap(b)
-	if err := segPwrite(fd, b, 0); err != nil {
+	if err := segPwritev(fd, [][]byte{b}, 0); err != nil {
 		return err
 	}
-	return segPread(fd, b, 0)
+	return segPreadv(fd, [][]byte{b}, 0)
 }
 
 func (t *NVMe) checkFormat() error {
@@ -456,9 +464,11 @@ func (t *NVMe) acquire(id uint64) *segment {
 }
 
 // Read copies the value at loc into dst, which must be exactly its length.
-// It reads the whole record with one aligned read and checks it; a value that
-// fails (or whose segment is gone, or whose bytes cannot be read) yields an
-// error wrapping ErrCorrupt. On error dst's contents are unspecified.
+// It reads the whole record with one aligned read (into dst itself for the
+// aligned head of a large value in aligned memory, the rest through a pooled
+// buffer) and checks it; a value that fails (or whose segment is gone, or
+// whose bytes cannot be read) yields an error wrapping ErrCorrupt. On error
+// dst's contents are unspecified.
 func (t *NVMe) Read(loc Loc, dst []byte) error {
 	if !t.enter() {
 		return ErrClosed
@@ -473,13 +483,20 @@ func (t *NVMe) Read(loc Loc, dst []byte) error {
 		return fmt.Errorf("nvme: read segment %d: no such segment: %w", id, ErrCorrupt)
 	}
 	defer s.unref()
-	bp, class := segGetBuf(recLen)
+	head := t.zeroCopyHead(dst)
+	tailLen := recLen - int64(head)
+	bp, class := segGetBuf(tailLen)
 	defer segPutBuf(bp, class)
-	buf := (*bp)[:recLen]
-	if err := segPread(s.fd, buf, off); err != nil {
+	tail := (*bp)[:tailLen]
+	var iov [2][]byte
+	io := append(iov[:0], dst[:head], tail)
+	if head == 0 {
+		io = io[1:]
+	}
+	if err := segPreadv(s.fd, io, off); err != nil {
 		return fmt.Errorf("nvme: read segment %d offset %d: %w (%w)", id, off, ErrCorrupt, err)
 	}
-	h, err := decodeSegHeader(buf)
+	h, err := decodeSegHeader(tail[tailLen-segHeaderSize:])
 	if err != nil {
 		return fmt.Errorf("nvme: read segment %d offset %d: %w", id, off, err)
 	}
@@ -489,11 +506,15 @@ func (t *NVMe) Read(loc Loc, dst []byte) error {
 	if h.n != uint64(len(dst)) {
 		return fmt.Errorf("nvme: read segment %d offset %d: value is %d bytes, dst %d", id, off, h.n, len(dst))
 	}
-	val := buf[segHeaderSize : segHeaderSize+len(dst)]
-	if xxhash.Sum64(val) != h.sum {
+	rest := tail[:len(dst)-head]
+	var d xxhash.Digest
+	d.Reset()
+	d.Write(dst[:head])
+	d.Write(rest)
+	if d.Sum64() != h.sum {
 		return fmt.Errorf("nvme: read segment %d offset %d: value checksum mismatch: %w", id, off, ErrCorrupt)
 	}
-	copy(dst, val)
+	copy(dst[head:], rest)
 	return nil
 }
 
@@ -681,11 +702,11 @@ func (t *NVMe) closeResources() error {
 		}
 		t.db = nil
 	}
-	if t.w.buf != nil {
-		if err := segMunmap(t.w.buf); err != nil {
-			errs = append(errs, fmt.Errorf("nvme: write buffer: %w", err))
+	if t.w.mem != nil {
+		if err := segMunmap(t.w.mem); err != nil {
+			errs = append(errs, fmt.Errorf("nvme: write buffers: %w", err))
 		}
-		t.w.buf = nil
+		t.w.mem = nil
 	}
 	if t.dirFd >= 0 {
 		unix.Close(t.dirFd)

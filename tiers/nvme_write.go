@@ -17,9 +17,10 @@ import (
 //
 //	Put/PutBatch --reqs--> writer --groups--> syncer --done--> caller
 //
-// The writer takes every request queued (up to nvmeGroupBytes), lays their
-// records out in the aligned write buffer and writes it to the active
-// segment, a WriteBuffer at a time. The syncer fdatasyncs the segments the
+// The writer takes every request queued (up to nvmeGroupWrites units), lays
+// their records out in write units and writes them to the active segment,
+// one pwritev of up to WriteBuffer bytes each, the next unit filling while
+// the previous one is written. The syncer fdatasyncs the segments the
 // group wrote to, commits the group's index entries in one synced pebble
 // batch, and only then completes the requests. While the syncer syncs group
 // n, the writer writes group n+1, and the requests arriving meanwhile make
@@ -27,7 +28,7 @@ import (
 // bounded: the queue by QueueDepth, the groups by one waiting group.
 
 // nvmeGroupWrites bounds a group: the writer stops taking requests into a
-// group once it holds this many WriteBuffers of records.
+// group once they hold this many WriteBuffers of records.
 const nvmeGroupWrites = 8
 
 // nvmeReq is one Put or PutBatch call on its way through the pipeline.
@@ -80,15 +81,41 @@ func (g *nvmeGroup) reset() {
 	g.err = nil
 }
 
-// nvmeWriter is the writer goroutine's state.
+// nvmeWriter is the writer goroutine's state. Records are laid out in
+// write units of at most WriteBuffer bytes, each written by one pwritev: the
+// aligned head of a large value whose memory is suitably aligned is written
+// from the caller's memory (zero copy), everything else (small values, the
+// unaligned tail of a value, padding, headers) is copied into the unit's
+// staging buffer. Two units alternate: while one is written by a short-lived
+// goroutine, the next is filled; the writer waits for that write before it
+// reuses the unit, switches segments or ends a group.
 type nvmeWriter struct {
-	buf    []byte   // aligned write buffer, outside the Go heap
-	fill   int      // bytes of buf in use
-	bufOff int64    // offset in active of buf[0]
-	active *segment // segment being written (the writer holds a reference), or nil
-	off    int64    // offset in active of the next record
-	nextID uint64   // id of the next segment
+	mem     []byte      // both staging buffers, one mapping outside the Go heap
+	units   [2]nvmeUnit // the unit being filled is units[cur]
+	cur     int
+	unitOff int64 // offset in active of the current unit's first byte
+	writing bool  // a write of units[cur^1] is in flight
+	wrote   chan error
+	active  *segment // segment being written (the writer holds a reference), or nil
+	off     int64    // offset in active of the next record
+	nextID  uint64   // id of the next segment
 }
+
+// nvmeUnit is one write: iov, len bytes in all, staged bytes in stage.
+type nvmeUnit struct {
+	stage  []byte   // staging buffer, aligned, WriteBuffer bytes
+	used   int      // bytes of stage in use
+	iov    [][]byte // the unit's bytes, in file order
+	len    int      // bytes in iov
+	staged int      // index in iov of the open staging entry, -1 if none
+}
+
+// nvmeMaxIov bounds the entries of one pwritev (IOV_MAX is 1024).
+const nvmeMaxIov = 512
+
+// nvmeZeroCopyMin is the smallest value written from (and read into) the
+// caller's memory directly; below it a copy costs less than an iovec.
+const nvmeZeroCopyMin = 32 << 10
 
 func (t *NVMe) writeLoop() {
 	defer t.wg.Done()
@@ -153,8 +180,8 @@ func (t *NVMe) writeGroup(g *nvmeGroup) {
 	t.flush(g)
 }
 
-// appendRecord lays out one record in the write buffer, flushing the buffer
-// as it fills and moving to a new segment when the active one lacks room.
+// appendRecord lays out one record in write units, writing them as they
+// fill, and moves to a new segment when the active one lacks room.
 func (t *NVMe) appendRecord(g *nvmeGroup, key prefixhash.Key, val []byte) (Loc, uint64, error) {
 	if len(val) > t.maxValue() {
 		return 0, 0, fmt.Errorf("nvme: %d-byte value, segment holds %d: %w", len(val), t.maxValue(), ErrTooLarge)
@@ -180,81 +207,171 @@ func (t *NVMe) appendRecord(g *nvmeGroup, key prefixhash.Key, val []byte) (Loc, 
 	sum := xxhash.Sum64(val)
 	var hdr [segHeaderSize]byte
 	encodeSegHeader(hdr[:], segHeader{loc: loc, key: key, n: uint64(len(val)), sum: sum})
-	if err := t.bufAppend(g, hdr[:]); err != nil {
+	head := t.zeroCopyHead(val)
+	if err := t.unitRef(g, val[:head]); err != nil {
 		return 0, 0, err
 	}
-	if err := t.bufAppend(g, val); err != nil {
+	if err := t.unitCopy(g, val[head:], len(val)-head); err != nil {
 		return 0, 0, err
 	}
-	if err := t.bufPad(g, int(recLen)-segHeaderSize-len(val)); err != nil {
+	if err := t.unitCopy(g, nil, int(recLen)-len(val)-segHeaderSize); err != nil {
+		return 0, 0, err
+	}
+	if err := t.unitCopy(g, hdr[:], segHeaderSize); err != nil {
 		return 0, 0, err
 	}
 	w.off += recLen
 	return loc, sum, nil
 }
 
-func (t *NVMe) bufAppend(g *nvmeGroup, p []byte) error {
+// zeroCopyHead returns how many leading bytes of v move between the disk
+// and v's own memory: the aligned head of a large value, when the memory
+// suits the I/O mode (O_DIRECT needs it aligned).
+func (t *NVMe) zeroCopyHead(v []byte) int {
+	if len(v) < nvmeZeroCopyMin || (t.direct && !segAligned(v)) {
+		return 0
+	}
+	return len(v) &^ (segAlign - 1)
+}
+
+// unitRef adds p (aligned, a multiple of segAlign long) to the write units
+// without copying it.
+func (t *NVMe) unitRef(g *nvmeGroup, p []byte) error {
 	w := &t.w
+	wb := t.opts.WriteBuffer
 	for len(p) > 0 {
-		if w.fill == len(w.buf) {
-			if err := t.flush(g); err != nil {
+		u := &w.units[w.cur]
+		if u.len == wb || len(u.iov) == nvmeMaxIov {
+			if err := t.flushAsync(g); err != nil {
 				return err
 			}
+			u = &w.units[w.cur]
 		}
-		n := copy(w.buf[w.fill:], p)
-		w.fill += n
-		p = p[n:]
+		k := min(len(p), wb-u.len)
+		u.iov = append(u.iov, p[:k])
+		u.staged = -1
+		u.len += k
+		p = p[k:]
 	}
 	return nil
 }
 
-func (t *NVMe) bufPad(g *nvmeGroup, n int) error {
+// unitCopy copies p into the write units, or n zero bytes if p is nil.
+func (t *NVMe) unitCopy(g *nvmeGroup, p []byte, n int) error {
 	w := &t.w
+	wb := t.opts.WriteBuffer
 	for n > 0 {
-		if w.fill == len(w.buf) {
-			if err := t.flush(g); err != nil {
+		u := &w.units[w.cur]
+		if u.len == wb || u.used == len(u.stage) || (u.staged < 0 && len(u.iov) == nvmeMaxIov) {
+			if err := t.flushAsync(g); err != nil {
 				return err
 			}
+			u = &w.units[w.cur]
 		}
-		k := min(n, len(w.buf)-w.fill)
-		clear(w.buf[w.fill : w.fill+k])
-		w.fill += k
+		k := min(n, wb-u.len, len(u.stage)-u.used)
+		dst := u.stage[u.used : u.used+k]
+		if p != nil {
+			copy(dst, p[:k])
+			p = p[k:]
+		} else {
+			clear(dst)
+		}
+		if u.staged < 0 {
+			u.staged = len(u.iov)
+			u.iov = append(u.iov, dst)
+		} else {
+			e := u.iov[u.staged]
+			u.iov[u.staged] = e[:len(e)+k]
+		}
+		u.used += k
+		u.len += k
 		n -= k
 	}
 	return nil
 }
 
-// flush writes the buffer to the active segment. A failure fails the whole
-// group (g.err), breaks the segment and seals it.
+// flush writes the current unit to the active segment and waits for every
+// write in flight. A failure fails the whole group (g.err), breaks the
+// segment and seals it.
 func (t *NVMe) flush(g *nvmeGroup) error {
-	w := &t.w
-	if g.err != nil {
-		return g.err
+	if err := t.waitWrite(g); err != nil {
+		return err
 	}
-	if w.fill == 0 {
+	w := &t.w
+	u := &w.units[w.cur]
+	if u.len == 0 {
 		return nil
 	}
-	if w.fill%segAlign != 0 {
-		panic(fmt.Sprintf("nvme: flushing %d bytes, not a multiple of %d", w.fill, segAlign))
+	off := t.takeUnit(u)
+	err := segPwritev(w.active.fd, u.iov, off)
+	u.reset()
+	if err != nil {
+		return t.writeFailed(g, err)
 	}
-	s := w.active
-	if err := segPwrite(s.fd, w.buf[:w.fill], w.bufOff); err != nil {
-		g.err = nvmeIOError("write", s.id, err)
-		s.broken.Store(true)
-		w.fill = 0
-		t.seal(g)
-		return g.err
-	}
-	w.bufOff += int64(w.fill)
-	w.fill = 0
 	return nil
+}
+
+// flushAsync starts writing the current unit and moves on to the other one
+// once that one's write has completed.
+func (t *NVMe) flushAsync(g *nvmeGroup) error {
+	if err := t.waitWrite(g); err != nil {
+		return err
+	}
+	w := &t.w
+	u := &w.units[w.cur]
+	off := t.takeUnit(u)
+	fd := w.active.fd // g holds a reference to active until the group is synced
+	w.writing = true
+	go func() { w.wrote <- segPwritev(fd, u.iov, off) }()
+	w.cur ^= 1
+	w.units[w.cur].reset()
+	return nil
+}
+
+// takeUnit returns the offset at which u goes and advances past it.
+func (t *NVMe) takeUnit(u *nvmeUnit) int64 {
+	w := &t.w
+	if u.len%segAlign != 0 {
+		panic(fmt.Sprintf("nvme: writing %d bytes, not a multiple of %d", u.len, segAlign))
+	}
+	off := w.unitOff
+	w.unitOff += int64(u.len)
+	return off
+}
+
+// reset empties u, dropping its references to callers' memory.
+func (u *nvmeUnit) reset() {
+	clear(u.iov)
+	u.iov = u.iov[:0]
+	u.used, u.len, u.staged = 0, 0, -1
+}
+
+// waitWrite waits for the write in flight, if any.
+func (t *NVMe) waitWrite(g *nvmeGroup) error {
+	w := &t.w
+	if w.writing {
+		w.writing = false
+		if err := <-w.wrote; err != nil && g.err == nil {
+			return t.writeFailed(g, err)
+		}
+	}
+	return g.err
+}
+
+func (t *NVMe) writeFailed(g *nvmeGroup, err error) error {
+	w := &t.w
+	g.err = nvmeIOError("write", w.active.id, err)
+	w.active.broken.Store(true)
+	w.units[w.cur].reset()
+	t.seal(g)
+	return g.err
 }
 
 // seal retires the active segment: the syncer marks it sealed (droppable)
 // once the group, and so every record written to it, is indexed.
 func (t *NVMe) seal(g *nvmeGroup) {
 	w := &t.w
-	if w.fill != 0 {
+	if w.units[w.cur].len != 0 || w.writing {
 		panic("nvme: sealing a segment with unwritten records")
 	}
 	g.sealed = append(g.sealed, w.active) // the writer's reference moves to g
@@ -318,7 +435,7 @@ func (t *NVMe) newSegment() (err error) {
 	t.mu.Lock()
 	t.mu.segs[id] = s
 	t.mu.Unlock()
-	w.active, w.off, w.bufOff, w.fill = s, 0, 0, 0
+	w.active, w.off, w.unitOff = s, 0, 0
 	return nil
 }
 

@@ -18,11 +18,14 @@ import (
 // A segment is one append-only file of the NVMe tier. It holds records laid
 // end to end, each starting at a multiple of segAlign:
 //
-//	record = header (segHeaderSize bytes) ‖ value ‖ zero padding to a multiple of segAlign
+//	record = value ‖ zero padding ‖ header (segHeaderSize bytes)
 //
-// so that any record is read by one aligned O_DIRECT read of
-// segRecordLen(len(value)) bytes at its offset. The header, all integers
-// little-endian:
+// segRecordLen(len(value)) bytes long, a multiple of segAlign, with the
+// header in its last 64 bytes. A record is read by one aligned O_DIRECT read
+// of that length at its offset. The value comes first so that it starts on an
+// aligned file offset: a value whose memory is aligned too is written from,
+// and read into, that memory directly, with only the last block of the record
+// going through a bounce buffer. The header, all integers little-endian:
 //
 //	off  size  field
 //	  0     4  magic "KVNR"
@@ -37,7 +40,8 @@ import (
 //
 // The Loc in the header makes a record self-identifying: a read that lands on
 // the wrong bytes (a stale or misdirected block, a copied file) fails like a
-// checksum mismatch instead of serving another value.
+// checksum mismatch instead of serving another value. A reader knows the
+// value's length (the owner keeps it), hence where the header is.
 const (
 	segAlign       = 4096
 	segHeaderSize  = 64
@@ -230,10 +234,13 @@ func (s *segment) unref() {
 	}
 }
 
-// segPread fills b from fd at off.
-func segPread(fd int, b []byte, off int64) error {
-	for len(b) > 0 {
-		n, err := unix.Pread(fd, b, off)
+var errSegShort = errors.New("nvme: unexpected end of segment file")
+
+// segPreadv fills the buffers of iov from fd at off, in one preadv unless
+// the kernel returns less.
+func segPreadv(fd int, iov [][]byte, off int64) error {
+	for len(iov) > 0 {
+		n, err := unix.Preadv(fd, iov, off)
 		if err == unix.EINTR {
 			continue
 		}
@@ -243,26 +250,43 @@ func segPread(fd int, b []byte, off int64) error {
 		if n == 0 {
 			return fmt.Errorf("short read at %d: %w", off, errSegShort)
 		}
-		b, off = b[n:], off+int64(n)
+		off += int64(n)
+		iov = segAdvance(iov, n)
 	}
 	return nil
 }
 
-var errSegShort = errors.New("nvme: unexpected end of segment file")
-
-// segPwrite writes all of b to fd at off.
-func segPwrite(fd int, b []byte, off int64) error {
-	for len(b) > 0 {
-		n, err := unix.Pwrite(fd, b, off)
+// segPwritev writes the buffers of iov to fd at off.
+func segPwritev(fd int, iov [][]byte, off int64) error {
+	for len(iov) > 0 {
+		n, err := unix.Pwritev(fd, iov, off)
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
 			return err
 		}
-		b, off = b[n:], off+int64(n)
+		off += int64(n)
+		iov = segAdvance(iov, n)
 	}
 	return nil
+}
+
+// segAdvance drops the first n bytes of iov; it may modify iov's entries.
+func segAdvance(iov [][]byte, n int) [][]byte {
+	for len(iov) > 0 && n >= len(iov[0]) {
+		n -= len(iov[0])
+		iov = iov[1:]
+	}
+	if n > 0 {
+		iov[0] = iov[0][n:]
+	}
+	return iov
+}
+
+// segAligned reports whether b starts on a segAlign boundary.
+func segAligned(b []byte) bool {
+	return len(b) == 0 || uintptr(unsafe.Pointer(unsafe.SliceData(b)))&(segAlign-1) == 0
 }
 
 // segBufs pools the aligned buffers reads go through, by power-of-two size

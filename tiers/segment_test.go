@@ -53,6 +53,30 @@ func TestSegLoc(t *testing.T) {
 	}
 }
 
+func TestZeroCopyHead(t *testing.T) {
+	n := &NVMe{direct: true}
+	bp, class := segGetBuf(256 << 10)
+	defer segPutBuf(bp, class)
+	b := *bp
+	for _, tc := range []struct {
+		v    []byte
+		want int
+	}{
+		{b[:256<<10], 256 << 10},
+		{b[:100_000], 100_000 &^ (segAlign - 1)},
+		{b[:nvmeZeroCopyMin-1], 0},
+		{b[1 : 1+100_000], 0},
+	} {
+		if got := n.zeroCopyHead(tc.v); got != tc.want {
+			t.Errorf("direct: zeroCopyHead(%d bytes, aligned %v) = %d, want %d", len(tc.v), segAligned(tc.v), got, tc.want)
+		}
+	}
+	n.direct = false
+	if got := n.zeroCopyHead(b[1 : 1+100_000]); got != 100_000&^(segAlign-1) {
+		t.Errorf("buffered: zeroCopyHead(unaligned) = %d", got)
+	}
+}
+
 func TestIdxValRoundTrip(t *testing.T) {
 	k := nvmeTestKey(3)
 	v := idxEncodeVal(nil, k, 777, 42)
