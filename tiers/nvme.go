@@ -53,10 +53,10 @@ import (
 // cost a full scan of the disk); a record damaged since it was written fails
 // its checksum on Read.
 //
-// Concurrency. All methods are safe for concurrent use. No lock is held
-// across I/O except the gate that Close takes exclusively to wait for calls
-// in flight. The writer and syncer goroutines are owned by the tier and
-// stopped by Close.
+// Concurrency. All methods are safe for concurrent use, and may be called
+// from Range's callback. No lock is held across I/O: Close waits for the
+// calls in flight by counting them. The writer and syncer goroutines are
+// owned by the tier and stopped by Close.
 type NVMe struct {
 	opts   NVMeOptions
 	segDir string
@@ -65,11 +65,13 @@ type NVMe struct {
 	direct bool // O_DIRECT in use
 	log    *slog.Logger
 
-	// gate is held shared by every call and exclusively by Close, which thus
-	// waits for the calls in flight.
-	gate      sync.RWMutex
+	// calls counts the calls in flight; once closed is set, the call that
+	// brings it to zero closes drained, which Close waits for.
+	calls     atomic.Int64
 	closed    atomic.Bool
 	closing   chan struct{} // closed when Close starts: queued Puts give up
+	drained   chan struct{}
+	drainOnce sync.Once
 	closeOnce sync.Once
 
 	reqs   chan *nvmeReq   // Put and PutBatch requests, to the writer
@@ -78,6 +80,11 @@ type NVMe struct {
 	wg     sync.WaitGroup
 
 	w nvmeWriter // owned by the writer goroutine
+
+	// fault, when set (by tests, before any Put), is called before each
+	// segment write ("write") and sync ("sync"); an error it returns
+	// replaces the system call.
+	fault func(op string, seg uint64) error
 
 	mu struct {
 		sync.RWMutex
@@ -113,7 +120,7 @@ type NVMeOptions struct {
 	// WriteBuffer is the size in bytes of each of the two aligned buffers
 	// records are written through (one fills while the other is written),
 	// and so of the largest write syscall: a multiple of 4 KiB. They are
-	// allocated once, outside the Go heap. Default 8 MiB.
+	// allocated once, outside the Go heap. Default 4 MiB.
 	WriteBuffer int
 	// QueueDepth bounds the Put and PutBatch calls queued for the writer;
 	// more callers wait. Default 256.
@@ -141,7 +148,7 @@ func (o *NVMeOptions) EnsureDefaults() {
 		o.Capacity = 10 << 30
 	}
 	if o.WriteBuffer == 0 {
-		o.WriteBuffer = 8 << 20
+		o.WriteBuffer = 4 << 20
 	}
 	if o.QueueDepth == 0 {
 		o.QueueDepth = 256
@@ -184,6 +191,7 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 		dirFd:   -1,
 		log:     opts.Logger,
 		closing: make(chan struct{}),
+		drained: make(chan struct{}),
 		reqs:    make(chan *nvmeReq, opts.QueueDepth),
 		groups:  make(chan *nvmeGroup, 1),
 		stop:    make(chan struct{}),
@@ -382,17 +390,22 @@ func (t *NVMe) openSegment(path string, flags int) (int, error) {
 	return fd, nil
 }
 
-// enter admits a call unless the tier is closed; the caller must leave.
+// enter admits a call unless the tier is closed; an admitted call must
+// leave. Calls may nest (Range's callback).
 func (t *NVMe) enter() bool {
-	t.gate.RLock()
+	t.calls.Add(1)
 	if t.closed.Load() {
-		t.gate.RUnlock()
+		t.leave()
 		return false
 	}
 	return true
 }
 
-func (t *NVMe) leave() { t.gate.RUnlock() }
+func (t *NVMe) leave() {
+	if t.calls.Add(-1) == 0 && t.closed.Load() {
+		t.drainOnce.Do(func() { close(t.drained) })
+	}
+}
 
 // Name returns "nvme".
 func (t *NVMe) Name() string { return "nvme" }
@@ -680,8 +693,9 @@ func (t *NVMe) Close() error {
 	if !first {
 		return ErrClosed
 	}
-	t.gate.Lock()
-	defer t.gate.Unlock()
+	if t.calls.Load() != 0 {
+		<-t.drained
+	}
 	close(t.stop)
 	t.wg.Wait()
 	return t.closeResources()

@@ -298,8 +298,12 @@ func runFio(b *testing.B, dir string, args ...string) float64 {
 	}
 	var res struct {
 		Jobs []struct {
-			Read  struct{ BwBytes float64 `json:"bw_bytes"` } `json:"read"`
-			Write struct{ BwBytes float64 `json:"bw_bytes"` } `json:"write"`
+			Read struct {
+				BwBytes float64 `json:"bw_bytes"`
+			} `json:"read"`
+			Write struct {
+				BwBytes float64 `json:"bw_bytes"`
+			} `json:"write"`
 		} `json:"jobs"`
 	}
 	if err := json.Unmarshal(out, &res); err != nil || len(res.Jobs) == 0 {

@@ -27,7 +27,7 @@ const (
 	crashDirEnv   = "KVMESH_NVME_CRASH_DIR"
 	crashRoundEnv = "KVMESH_NVME_CRASH_ROUND"
 	crashWorkers  = 4
-	crashPuts     = 120 // calls per worker per round
+	crashPuts     = 60 // calls per worker per round
 )
 
 func crashOptions(dir string) NVMeOptions {
@@ -64,7 +64,7 @@ func TestNVMeCrash(t *testing.T) {
 	for round := 1; round <= rounds && time.Now().Before(deadline); round++ {
 		// Kill at a random acknowledgement count; 0 kills during open and
 		// recovery.
-		killAt := rng.IntN(800)
+		killAt := rng.IntN(400)
 		if rng.IntN(8) == 0 {
 			killAt = 0
 		}

@@ -11,8 +11,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -691,7 +694,7 @@ func TestNVMeOptionsValidate(t *testing.T) {
 	if err := base.Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	if base.SegmentSize != 64<<20 || base.Capacity != 10<<30 || base.WriteBuffer != 8<<20 || base.QueueDepth != 256 || base.DiskHeadroom != 256<<20 || base.Logger == nil {
+	if base.SegmentSize != 64<<20 || base.Capacity != 10<<30 || base.WriteBuffer != 4<<20 || base.QueueDepth != 256 || base.DiskHeadroom != 256<<20 || base.Logger == nil {
 		t.Fatalf("defaults = %+v", base)
 	}
 	for _, tc := range []struct {
@@ -820,4 +823,70 @@ func TestNVMeBufferedIO(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustRead(t, n, loc, nvmeTestVal(k, 12345))
+}
+
+// TestNVMeWriteErrors: a failed write or sync fails the Puts of its group
+// (a full disk as ErrFull), indexes nothing, and the tier carries on in a new
+// segment; the broken one is sealed, so the owner can drop it.
+func TestNVMeWriteErrors(t *testing.T) {
+	for _, tc := range []struct {
+		op      string
+		err     error
+		wantErr error
+	}{
+		{"write", unix.ENOSPC, ErrFull},
+		{"write", unix.EIO, unix.EIO},
+		{"sync", unix.ENOSPC, ErrFull},
+		{"sync", unix.EIO, unix.EIO},
+	} {
+		t.Run(tc.op+"/"+tc.err.Error(), func(t *testing.T) {
+			opts := nvmeTestOptions(t.TempDir())
+			n := openTestNVMe(t, opts)
+			var failing atomic.Bool
+			n.fault = func(op string, seg uint64) error {
+				if op == tc.op && failing.Load() {
+					return tc.err
+				}
+				return nil
+			}
+			k1, k2, k3 := nvmeTestKey(1), nvmeTestKey(2), nvmeTestKey(3)
+			loc1, err := n.Put(k1, nvmeTestVal(k1, 5000))
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := n.Stats()
+			failing.Store(true)
+			if _, err := n.Put(k2, nvmeTestVal(k2, 50_000)); !errors.Is(err, tc.wantErr) {
+				t.Fatalf("Put with a failing %s = %v, want %v", tc.op, err, tc.wantErr)
+			}
+			locs := make([]Loc, 2)
+			if stored, err := n.PutBatch([]prefixhash.Key{k2, k3}, [][]byte{nvmeTestVal(k2, 10), nvmeTestVal(k3, 10)}, locs); stored != 0 || !errors.Is(err, tc.wantErr) {
+				t.Fatalf("PutBatch with a failing %s = %d, %v", tc.op, stored, err)
+			}
+			failing.Store(false)
+			if st := n.Stats(); st.Values != before.Values || st.Stored != before.Stored {
+				t.Fatalf("Stats after failed Puts = %+v, before %+v", st, before)
+			}
+			loc3, err := n.Put(k3, nvmeTestVal(k3, 7000))
+			if err != nil {
+				t.Fatalf("Put after the fault: %v", err)
+			}
+			if locSeg(loc3) == locSeg(loc1) {
+				t.Fatalf("Put after a failed %s went to the broken segment %d", tc.op, locSeg(loc1))
+			}
+			seg, recs, ok, err := n.OldestSegment()
+			if err != nil || !ok || seg != locSeg(loc1) || len(recs) != 1 || recs[0].Loc != loc1 {
+				t.Fatalf("OldestSegment = %d, %+v, %v, %v; want the broken segment %d with its one value", seg, recs, ok, err, locSeg(loc1))
+			}
+			mustRead(t, n, loc1, nvmeTestVal(k1, 5000))
+			n.Close()
+			n = openTestNVMe(t, opts)
+			defer n.Close()
+			got := rangeAll(t, n)
+			if len(got) != 2 || got[loc1].Key != k1 || got[loc3].Key != k3 {
+				t.Fatalf("Range after reopen = %+v", got)
+			}
+			mustRead(t, n, loc3, nvmeTestVal(k3, 7000))
+		})
+	}
 }

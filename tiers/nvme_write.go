@@ -303,7 +303,7 @@ func (t *NVMe) flush(g *nvmeGroup) error {
 		return nil
 	}
 	off := t.takeUnit(u)
-	err := segPwritev(w.active.fd, u.iov, off)
+	err := t.pwritev(w.active, u.iov, off)
 	u.reset()
 	if err != nil {
 		return t.writeFailed(g, err)
@@ -320,12 +320,30 @@ func (t *NVMe) flushAsync(g *nvmeGroup) error {
 	w := &t.w
 	u := &w.units[w.cur]
 	off := t.takeUnit(u)
-	fd := w.active.fd // g holds a reference to active until the group is synced
+	s := w.active // g holds a reference to it until the group is synced
 	w.writing = true
-	go func() { w.wrote <- segPwritev(fd, u.iov, off) }()
+	go func() { w.wrote <- t.pwritev(s, u.iov, off) }()
 	w.cur ^= 1
 	w.units[w.cur].reset()
 	return nil
+}
+
+func (t *NVMe) pwritev(s *segment, iov [][]byte, off int64) error {
+	if t.fault != nil {
+		if err := t.fault("write", s.id); err != nil {
+			return err
+		}
+	}
+	return segPwritev(s.fd, iov, off)
+}
+
+func (t *NVMe) fdatasync(s *segment) error {
+	if t.fault != nil {
+		if err := t.fault("sync", s.id); err != nil {
+			return err
+		}
+	}
+	return unix.Fdatasync(s.fd)
 }
 
 // takeUnit returns the offset at which u goes and advances past it.
@@ -461,7 +479,7 @@ func (t *NVMe) syncLoop() {
 				err = fmt.Errorf("nvme: segment %d: an earlier write or sync failed", s.id)
 				break
 			}
-			if e := unix.Fdatasync(s.fd); e != nil {
+			if e := t.fdatasync(s); e != nil {
 				s.broken.Store(true)
 				err = nvmeIOError("sync", s.id, e)
 			}
