@@ -46,12 +46,14 @@ import (
 // returning wrong bytes. The index is not consulted on the read path.
 //
 // Recovery. Open scans the index: entries whose segment file is gone or
-// shorter than the record are deleted, segments with no entry are removed,
-// and every segment is truncated after its last indexed record, which
-// discards the torn tail of the segment being written at a crash. Range then
-// reports what survived. Record contents are not re-read on open (that would
-// cost a full scan of the disk); a record damaged since it was written fails
-// its checksum on Read.
+// shorter than the record are deleted; the records of the newest segment
+// (the one being written at a crash) are read back and those that fail their
+// checks are deleted too; segments with no entry are removed, and every
+// segment is truncated after its last indexed record, which discards the
+// torn tail of the segment being written at a crash. Range then reports what
+// survived. Older segments are not re-read on open (that would cost a scan of
+// the whole disk): a record damaged since it was written fails its checks on
+// Read, and the owner drops it.
 //
 // Concurrency. All methods are safe for concurrent use, and may be called
 // from Range's callback. No lock is held across I/O: Close waits for the
@@ -340,6 +342,44 @@ func (t *NVMe) recover() error {
 		return fmt.Errorf("nvme: index: %w", err)
 	}
 
+	// The newest segment with entries was being written when the process
+	// stopped: read its records back, and drop those that fail (a disk that
+	// acknowledged a flush it had not done).
+	var newest uint64
+	for id, si := range found {
+		if si.values > 0 && id > newest {
+			newest = id
+		}
+	}
+	if newest != 0 {
+		si := found[newest]
+		bad, err := t.verifySegment(newest)
+		if err != nil {
+			return err
+		}
+		si.values, si.bytes, si.end = 0, 0, 0
+		b := t.db.NewBatch()
+		defer b.Close()
+		lo, hi := idxSegBounds(newest)
+		err = t.scan(lo, hi, func(r Record) bool {
+			if bad[r.Loc] {
+				err := b.Delete(idxKey(r.Loc), nil)
+				return err == nil
+			}
+			si.values++
+			si.bytes += int64(r.Len)
+			si.end = max(si.end, locOff(r.Loc)+segRecordLen(r.Len))
+			return true
+		})
+		if err == nil {
+			err = b.Commit(pebble.Sync)
+		}
+		if err != nil {
+			return fmt.Errorf("nvme: index: %w", err)
+		}
+		dropped += len(bad)
+	}
+
 	var removed, truncated int64
 	for id, si := range found {
 		path := filepath.Join(t.segDir, segFileName(id))
@@ -376,6 +416,28 @@ func (t *NVMe) recover() error {
 		"values", t.mu.values, "bytes", t.mu.stored, "dropped_entries", dropped,
 		"removed_segments", removed, "truncated_bytes", truncated, "direct_io", t.direct)
 	return nil
+}
+
+// verifySegment reads back every indexed record of segment id and returns
+// those that fail their checks.
+func (t *NVMe) verifySegment(id uint64) (map[Loc]bool, error) {
+	fd, err := t.openSegment(filepath.Join(t.segDir, segFileName(id)), 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	bad := make(map[Loc]bool)
+	lo, hi := idxSegBounds(id)
+	err = t.scan(lo, hi, func(r Record) bool {
+		bp, class := segGetBuf(max(int64(r.Len), 1))
+		if err := t.readRecord(fd, r.Loc, (*bp)[:r.Len]); err != nil {
+			t.log.Warn("nvme: recovery: dropping a value of the last segment", "loc", r.Loc, "err", err)
+			bad[r.Loc] = true
+		}
+		segPutBuf(bp, class)
+		return true
+	})
+	return bad, err
 }
 
 func (t *NVMe) openSegment(path string, flags int) (int, error) {
@@ -496,6 +558,13 @@ func (t *NVMe) Read(loc Loc, dst []byte) error {
 		return fmt.Errorf("nvme: read segment %d: no such segment: %w", id, ErrCorrupt)
 	}
 	defer s.unref()
+	return t.readRecord(s.fd, loc, dst)
+}
+
+// readRecord reads and checks the record at loc, in the segment open as fd,
+// whose value is len(dst) bytes, into dst.
+func (t *NVMe) readRecord(fd int, loc Loc, dst []byte) error {
+	id, off, recLen := locSeg(loc), locOff(loc), segRecordLen(len(dst))
 	head := t.zeroCopyHead(dst)
 	tailLen := recLen - int64(head)
 	bp, class := segGetBuf(tailLen)
@@ -506,7 +575,7 @@ func (t *NVMe) Read(loc Loc, dst []byte) error {
 	if head == 0 {
 		io = io[1:]
 	}
-	if err := segPreadv(s.fd, io, off); err != nil {
+	if err := segPreadv(fd, io, off); err != nil {
 		return fmt.Errorf("nvme: read segment %d offset %d: %w (%w)", id, off, ErrCorrupt, err)
 	}
 	h, err := decodeSegHeader(tail[tailLen-segHeaderSize:])

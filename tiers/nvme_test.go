@@ -890,3 +890,47 @@ func TestNVMeWriteErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestNVMeRecoveryVerifiesNewestSegment: on open, the records of the newest
+// segment are read back and a damaged one is dropped; older segments are
+// checked on Read.
+func TestNVMeRecoveryVerifiesNewestSegment(t *testing.T) {
+	opts := nvmeTestOptions(t.TempDir())
+	opts.SegmentSize = 16 << 10 // two 5000-byte values per segment
+	n := openTestNVMe(t, opts)
+	var locs []Loc
+	var keys []prefixhash.Key
+	for i := range 4 {
+		k := nvmeTestKey(uint64(i))
+		loc, err := n.Put(k, nvmeTestVal(k, 5000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		locs, keys = append(locs, loc), append(keys, k)
+	}
+	n.Close()
+	if locSeg(locs[0]) != locSeg(locs[1]) || locSeg(locs[2]) != locSeg(locs[3]) || locSeg(locs[1]) == locSeg(locs[2]) {
+		t.Fatalf("unexpected layout %x", locs)
+	}
+	for _, l := range []Loc{locs[0], locs[2]} {
+		f, err := os.OpenFile(filepath.Join(opts.Dir, "segments", segFileName(locSeg(l))), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt([]byte{0xff, 0xfe}, locOff(l)+100); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	n = openTestNVMe(t, opts)
+	defer n.Close()
+	got := rangeAll(t, n)
+	if _, ok := got[locs[2]]; ok || len(got) != 3 {
+		t.Fatalf("Range = %+v: want all but the damaged value of the newest segment", got)
+	}
+	if err := n.Read(locs[0], make([]byte, 5000)); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Read of a damaged value = %v, want ErrCorrupt", err)
+	}
+	mustRead(t, n, locs[1], nvmeTestVal(keys[1], 5000))
+	mustRead(t, n, locs[3], nvmeTestVal(keys[3], 5000))
+}
