@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -31,14 +30,9 @@ const (
 )
 
 func crashOptions(dir string) NVMeOptions {
-	return NVMeOptions{
-		Dir:          dir,
-		SegmentSize:  1 << 20,
-		Capacity:     1 << 30,
-		WriteBuffer:  64 << 10,
-		DiskHeadroom: -1,
-		Logger:       slog.New(slog.DiscardHandler),
-	}
+	o := nvmeTestOptions(dir)
+	o.SegmentSize, o.Capacity, o.WriteBuffer = 1<<20, 1<<30, 64<<10
+	return o
 }
 
 // crashLen is the length of the value stored under k in the crash test: up
