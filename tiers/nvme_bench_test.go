@@ -166,6 +166,29 @@ func BenchmarkNVMeSpillPut(b *testing.B) {
 	}
 }
 
+// BenchmarkNVMeSpillPutParallel: Puts of 1 MiB values from 8 goroutines,
+// group-committed (one sync for all the Puts queued meanwhile).
+func BenchmarkNVMeSpillPutParallel(b *testing.B) {
+	n := benchOpen(b, benchDir(b), int64(b.N)*benchSpillValue*2)
+	defer n.Close()
+	keys, val := benchValues(b.N, benchSpillValue)
+	var next atomic.Int64
+	b.SetBytes(benchSpillValue)
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < int64(b.N); i = next.Add(1) - 1 {
+				if _, err := n.Put(keys[i], val); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // BenchmarkNVMeSpillPutBatch: sequential PutBatch calls of 16 × 1 MiB values,
 // one goroutine.
 func BenchmarkNVMeSpillPutBatch(b *testing.B) {
