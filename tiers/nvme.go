@@ -21,8 +21,9 @@ import (
 // location to (key, length, checksum) — the WiscKey/CacheLib shape.
 //
 // Durability. Put and PutBatch return once the value is durable: its record
-// is written (O_DIRECT, through an aligned write buffer), the segment file is
-// fdatasync'ed, and only then is the index entry committed to pebble with a
+// is written (O_DIRECT, in aligned writes of up to WriteBuffer bytes, from
+// the caller's memory when it is aligned, else through a staging buffer), the
+// segment file is fdatasync'ed, and only then is the index entry committed to pebble with a
 // synced write. An index entry therefore never names bytes that are not on
 // disk. Concurrent Puts are group-committed by one writer goroutine: every
 // request queued while the previous group was being synced goes into the next
@@ -30,8 +31,9 @@ import (
 // fdatasync per segment touched and one pebble sync. Writing a group overlaps
 // with syncing the previous one.
 //
-// Space. Segments are files of SegmentSize bytes, preallocated, ids
-// increasing and never reused. Capacity bounds all segment files together:
+// Space. Segments are files of SegmentSize bytes, preallocated, with
+// increasing ids (an id comes back only after a restart, and only if no
+// index entry named it). Capacity bounds all segment files together:
 // when a new segment would exceed it (or the filesystem lacks the room, ENOSPC
 // included), Put returns ErrFull; the owner then drops the oldest sealed
 // segment (OldestSegment, DropSegment) and retries. Free deletes one index
@@ -55,8 +57,8 @@ import (
 // the whole disk): a record damaged since it was written fails its checks on
 // Read, and the owner drops it.
 //
-// Concurrency. All methods are safe for concurrent use, and may be called
-// from Range's callback. No lock is held across I/O: Close waits for the
+// Concurrency. All methods are safe for concurrent use, and all but Close
+// may be called from Range's callback. No lock is held across I/O: Close waits for the
 // calls in flight by counting them. The writer and syncer goroutines are
 // owned by the tier and stopped by Close.
 type NVMe struct {
@@ -476,7 +478,8 @@ func (t *NVMe) Name() string { return "nvme" }
 func (t *NVMe) maxValue() int { return int(t.opts.SegmentSize - segHeaderSize) }
 
 // Put stores val under key and returns its location once it is durable.
-// val is not retained. ErrFull: no segment can be added (Capacity, or the
+// val is read until Put returns (by the kernel, for an aligned value) and not
+// retained. ErrFull: no segment can be added (Capacity, or the
 // filesystem); ErrTooLarge: len(val) > SegmentSize-64.
 func (t *NVMe) Put(key prefixhash.Key, val []byte) (Loc, error) {
 	if len(val) > t.maxValue() {
