@@ -217,12 +217,12 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 	t.dirFd = fd
 	t.direct = !opts.BufferedIO
 	if t.direct {
-		if err := probeDirectIO(t.segDir); err != nil {
+		if err := nvmeProbeDirectIO(t.segDir); err != nil {
 			t.direct = false
 			t.log.Warn("nvme: O_DIRECT refused, using buffered I/O", "dir", t.segDir, "err", err)
 		}
 	}
-	t.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: pebbleLogger{t.log}})
+	t.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: nvmePebbleLogger{t.log}})
 	if err != nil {
 		return nil, fmt.Errorf("nvme: open index: %w", err)
 	}
@@ -250,8 +250,8 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 	return t, nil
 }
 
-// probeDirectIO reports why dir's filesystem refuses O_DIRECT, or nil.
-func probeDirectIO(dir string) error {
+// nvmeProbeDirectIO reports why dir's filesystem refuses O_DIRECT, or nil.
+func nvmeProbeDirectIO(dir string) error {
 	path := filepath.Join(dir, ".direct-probe")
 	fd, err := unix.Open(path, unix.O_CREAT|unix.O_TRUNC|unix.O_RDWR|unix.O_CLOEXEC|unix.O_DIRECT, 0o644)
 	if err != nil {
@@ -801,19 +801,19 @@ func (t *NVMe) closeResources() error {
 	return errors.Join(errs...)
 }
 
-// pebbleLogger sends pebble's messages to slog; pebble's Fatalf must not
+// nvmePebbleLogger sends pebble's messages to slog; pebble's Fatalf must not
 // return, so it panics after logging.
-type pebbleLogger struct{ log *slog.Logger }
+type nvmePebbleLogger struct{ log *slog.Logger }
 
-func (l pebbleLogger) Infof(format string, args ...any) {
+func (l nvmePebbleLogger) Infof(format string, args ...any) {
 	l.log.Debug("nvme: pebble: " + fmt.Sprintf(format, args...))
 }
 
-func (l pebbleLogger) Errorf(format string, args ...any) {
+func (l nvmePebbleLogger) Errorf(format string, args ...any) {
 	l.log.Error("nvme: pebble: " + fmt.Sprintf(format, args...))
 }
 
-func (l pebbleLogger) Fatalf(format string, args ...any) {
+func (l nvmePebbleLogger) Fatalf(format string, args ...any) {
 	msg := "nvme: pebble: " + fmt.Sprintf(format, args...)
 	l.log.Error(msg)
 	panic(msg)

@@ -24,16 +24,18 @@ import (
 //
 // KVMESH_BENCH_DIR sets the directory (default: a temporary directory, on
 // the filesystem of $TMPDIR); KVMESH_BENCH_BYTES the data set size (default
-// 1 GiB). BenchmarkNVMeVsFio reports kvmesh GB/s, fio GB/s and their ratio.
+// 1 GiB); KVMESH_BENCH_WRITEBUF the tier's WriteBuffer (default: the
+// tier's default). BenchmarkNVMeVsFio reports kvmesh GB/s, fio GB/s and
+// their ratio.
 const (
-	benchSpillValue = 1 << 20   // spill writes: 1 MiB values
-	benchSpillBatch = 16        // values per PutBatch
-	benchBlockValue = 256 << 10 // block reads: 256 KiB values
-	benchReaders    = 8         // concurrent readers = fio numjobs
-	benchReadTime   = 5 * time.Second
+	nvmeSpillValue = 1 << 20   // spill writes: 1 MiB values
+	nvmeSpillBatch = 16        // values per PutBatch
+	nvmeBlockValue = 256 << 10 // block reads: 256 KiB values
+	nvmeReaders    = 8         // concurrent readers = fio numjobs
+	nvmeReadTime   = 5 * time.Second
 )
 
-func benchDir(b *testing.B) string {
+func nvmeBenchDir(b *testing.B) string {
 	if d := os.Getenv("KVMESH_BENCH_DIR"); d != "" {
 		dir, err := os.MkdirTemp(d, "kvmesh-bench-")
 		if err != nil {
@@ -45,7 +47,7 @@ func benchDir(b *testing.B) string {
 	return b.TempDir()
 }
 
-func benchBytes() int64 {
+func nvmeBenchBytes() int64 {
 	if s := os.Getenv("KVMESH_BENCH_BYTES"); s != "" {
 		if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
 			return n
@@ -54,7 +56,7 @@ func benchBytes() int64 {
 	return 1 << 30
 }
 
-func benchOpen(b *testing.B, dir string, capacity int64) *NVMe {
+func nvmeBenchOpen(b *testing.B, dir string, capacity int64) *NVMe {
 	b.Helper()
 	wb, _ := strconv.Atoi(os.Getenv("KVMESH_BENCH_WRITEBUF"))
 	n, err := OpenNVMe(NVMeOptions{
@@ -72,8 +74,8 @@ func benchOpen(b *testing.B, dir string, capacity int64) *NVMe {
 	return n
 }
 
-// benchValues returns count distinct keys and one shared value of size bytes.
-func benchValues(count, size int) ([]prefixhash.Key, []byte) {
+// nvmeBenchValues returns count distinct keys and one shared value of size bytes.
+func nvmeBenchValues(count, size int) ([]prefixhash.Key, []byte) {
 	keys := make([]prefixhash.Key, count)
 	for i := range keys {
 		keys[i] = nvmeTestKey(uint64(i))
@@ -83,9 +85,9 @@ func benchValues(count, size int) ([]prefixhash.Key, []byte) {
 
 // spill writes total bytes of 1 MiB values with PutBatch (batch > 1) or Put,
 // from one goroutine, and returns bytes per second.
-func benchSpill(b *testing.B, n *NVMe, total int64, batch int) float64 {
-	count := int(total / benchSpillValue)
-	keys, val := benchValues(count, benchSpillValue)
+func nvmeBenchSpill(b *testing.B, n *NVMe, total int64, batch int) float64 {
+	count := int(total / nvmeSpillValue)
+	keys, val := nvmeBenchValues(count, nvmeSpillValue)
 	vals := make([][]byte, batch)
 	for i := range vals {
 		vals[i] = val
@@ -104,13 +106,13 @@ func benchSpill(b *testing.B, n *NVMe, total int64, batch int) float64 {
 			b.Fatal(err)
 		}
 	}
-	return float64(count) * benchSpillValue / time.Since(start).Seconds()
+	return float64(count) * nvmeSpillValue / time.Since(start).Seconds()
 }
 
-// benchFill stores total bytes of 256 KiB values and returns their locations.
-func benchFill(b *testing.B, n *NVMe, total int64) ([]Loc, []byte) {
-	count := int(total / benchBlockValue)
-	keys, val := benchValues(count, benchBlockValue)
+// nvmeBenchFill stores total bytes of 256 KiB values and returns their locations.
+func nvmeBenchFill(b *testing.B, n *NVMe, total int64) ([]Loc, []byte) {
+	count := int(total / nvmeBlockValue)
+	keys, val := nvmeBenchValues(count, nvmeBlockValue)
 	vals := make([][]byte, 64)
 	for i := range vals {
 		vals[i] = val
@@ -125,9 +127,9 @@ func benchFill(b *testing.B, n *NVMe, total int64) ([]Loc, []byte) {
 	return locs, val
 }
 
-// benchRead reads random values of locs from readers goroutines for d and
+// nvmeBenchRead reads random values of locs from readers goroutines for d and
 // returns bytes per second.
-func benchRead(b *testing.B, n *NVMe, locs []Loc, readers int, d time.Duration) float64 {
+func nvmeBenchRead(b *testing.B, n *NVMe, locs []Loc, readers int, d time.Duration) float64 {
 	var total atomic.Int64
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(d)
@@ -135,14 +137,14 @@ func benchRead(b *testing.B, n *NVMe, locs []Loc, readers int, d time.Duration) 
 	for r := range readers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(r), 99))
-			buf := make([]byte, benchBlockValue)
+			buf := make([]byte, nvmeBlockValue)
 			var got int64
 			for time.Now().Before(deadline) {
 				if err := n.Read(locs[rng.IntN(len(locs))], buf); err != nil {
 					b.Error(err)
 					return
 				}
-				got += benchBlockValue
+				got += nvmeBlockValue
 			}
 			total.Add(got)
 		})
@@ -154,10 +156,10 @@ func benchRead(b *testing.B, n *NVMe, locs []Loc, readers int, d time.Duration) 
 // BenchmarkNVMeSpillPut: sequential Puts of 1 MiB values, one goroutine,
 // each durable on return.
 func BenchmarkNVMeSpillPut(b *testing.B) {
-	n := benchOpen(b, benchDir(b), int64(b.N)*benchSpillValue*2)
+	n := nvmeBenchOpen(b, nvmeBenchDir(b), int64(b.N)*nvmeSpillValue*2)
 	defer n.Close()
-	keys, val := benchValues(b.N, benchSpillValue)
-	b.SetBytes(benchSpillValue)
+	keys, val := nvmeBenchValues(b.N, nvmeSpillValue)
+	b.SetBytes(nvmeSpillValue)
 	b.ResetTimer()
 	for i := range b.N {
 		if _, err := n.Put(keys[i], val); err != nil {
@@ -169,11 +171,11 @@ func BenchmarkNVMeSpillPut(b *testing.B) {
 // BenchmarkNVMeSpillPutParallel: Puts of 1 MiB values from 8 goroutines,
 // group-committed (one sync for all the Puts queued meanwhile).
 func BenchmarkNVMeSpillPutParallel(b *testing.B) {
-	n := benchOpen(b, benchDir(b), int64(b.N)*benchSpillValue*2)
+	n := nvmeBenchOpen(b, nvmeBenchDir(b), int64(b.N)*nvmeSpillValue*2)
 	defer n.Close()
-	keys, val := benchValues(b.N, benchSpillValue)
+	keys, val := nvmeBenchValues(b.N, nvmeSpillValue)
 	var next atomic.Int64
-	b.SetBytes(benchSpillValue)
+	b.SetBytes(nvmeSpillValue)
 	b.ResetTimer()
 	var wg sync.WaitGroup
 	for range 8 {
@@ -192,38 +194,38 @@ func BenchmarkNVMeSpillPutParallel(b *testing.B) {
 // BenchmarkNVMeSpillPutBatch: sequential PutBatch calls of 16 × 1 MiB values,
 // one goroutine.
 func BenchmarkNVMeSpillPutBatch(b *testing.B) {
-	n := benchOpen(b, benchDir(b), int64(b.N)*benchSpillBatch*benchSpillValue*2)
+	n := nvmeBenchOpen(b, nvmeBenchDir(b), int64(b.N)*nvmeSpillBatch*nvmeSpillValue*2)
 	defer n.Close()
-	keys, val := benchValues(b.N*benchSpillBatch, benchSpillValue)
-	vals := make([][]byte, benchSpillBatch)
+	keys, val := nvmeBenchValues(b.N*nvmeSpillBatch, nvmeSpillValue)
+	vals := make([][]byte, nvmeSpillBatch)
 	for i := range vals {
 		vals[i] = val
 	}
-	locs := make([]Loc, benchSpillBatch)
-	b.SetBytes(benchSpillBatch * benchSpillValue)
+	locs := make([]Loc, nvmeSpillBatch)
+	b.SetBytes(nvmeSpillBatch * nvmeSpillValue)
 	b.ResetTimer()
 	for i := range b.N {
-		if _, err := n.PutBatch(keys[i*benchSpillBatch:(i+1)*benchSpillBatch], vals, locs); err != nil {
+		if _, err := n.PutBatch(keys[i*nvmeSpillBatch:(i+1)*nvmeSpillBatch], vals, locs); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
-// BenchmarkNVMeBlockRead: random reads of 256 KiB values by benchReaders
+// BenchmarkNVMeBlockRead: random reads of 256 KiB values by nvmeReaders
 // goroutines over a data set of KVMESH_BENCH_BYTES.
 func BenchmarkNVMeBlockRead(b *testing.B) {
-	total := benchBytes()
-	n := benchOpen(b, benchDir(b), total)
+	total := nvmeBenchBytes()
+	n := nvmeBenchOpen(b, nvmeBenchDir(b), total)
 	defer n.Close()
-	locs, _ := benchFill(b, n, total)
-	b.SetBytes(benchBlockValue)
+	locs, _ := nvmeBenchFill(b, n, total)
+	b.SetBytes(nvmeBlockValue)
 	b.ResetTimer()
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for r := range benchReaders {
+	for r := range nvmeReaders {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(r), 7))
-			buf := make([]byte, benchBlockValue)
+			buf := make([]byte, nvmeBlockValue)
 			for next.Add(1) <= int64(b.N) {
 				if err := n.Read(locs[rng.IntN(len(locs))], buf); err != nil {
 					b.Error(err)
@@ -250,57 +252,57 @@ func BenchmarkNVMeVsFio(b *testing.B) {
 	if _, err := exec.LookPath("fio"); err != nil {
 		b.Skip("fio not installed")
 	}
-	total := benchBytes()
+	total := nvmeBenchBytes()
 	size := strconv.FormatInt(total, 10)
 	pair := func(b *testing.B, kvmesh func(dir string) float64, fio func(dir string) float64) {
 		var kvs, fios, ratios []float64
 		for range b.N {
-			dir := benchDir(b)
+			dir := nvmeBenchDir(b)
 			f := fio(dir)
 			os.Remove(filepath.Join(dir, "fio.dat"))
 			k := kvmesh(dir)
 			b.Logf("kvmesh %.3f GB/s, fio %.3f GB/s, ratio %.2f", k/1e9, f/1e9, k/f)
 			kvs, fios, ratios = append(kvs, k), append(fios, f), append(ratios, k/f)
 		}
-		b.ReportMetric(median(kvs)/1e9, "kvmesh-GB/s")
-		b.ReportMetric(median(fios)/1e9, "fio-GB/s")
-		b.ReportMetric(median(ratios), "ratio")
+		b.ReportMetric(nvmeMedian(kvs)/1e9, "kvmesh-GB/s")
+		b.ReportMetric(nvmeMedian(fios)/1e9, "fio-GB/s")
+		b.ReportMetric(nvmeMedian(ratios), "ratio")
 	}
 	b.Run("spill-batch", func(b *testing.B) {
 		pair(b, func(dir string) float64 {
-			n := benchOpen(b, dir, total)
+			n := nvmeBenchOpen(b, dir, total)
 			defer n.Close()
-			return benchSpill(b, n, total, benchSpillBatch)
+			return nvmeBenchSpill(b, n, total, nvmeSpillBatch)
 		}, func(dir string) float64 {
-			return runFio(b, dir, "--rw=write", "--bs=1M", "--iodepth=1", "--end_fsync=1", "--size="+size)
+			return nvmeRunFio(b, dir, "--rw=write", "--bs=1M", "--iodepth=1", "--end_fsync=1", "--size="+size)
 		})
 	})
 	b.Run("spill-put", func(b *testing.B) {
 		small := min(total, 256<<20)
 		pair(b, func(dir string) float64 {
-			n := benchOpen(b, dir, small)
+			n := nvmeBenchOpen(b, dir, small)
 			defer n.Close()
-			return benchSpill(b, n, small, 1)
+			return nvmeBenchSpill(b, n, small, 1)
 		}, func(dir string) float64 {
-			return runFio(b, dir, "--rw=write", "--bs=1M", "--iodepth=1", "--fdatasync=1", "--size="+strconv.FormatInt(small, 10))
+			return nvmeRunFio(b, dir, "--rw=write", "--bs=1M", "--iodepth=1", "--fdatasync=1", "--size="+strconv.FormatInt(small, 10))
 		})
 	})
 	b.Run("read-256k", func(b *testing.B) {
 		pair(b, func(dir string) float64 {
-			n := benchOpen(b, dir, total)
+			n := nvmeBenchOpen(b, dir, total)
 			defer n.Close()
-			locs, _ := benchFill(b, n, total)
-			return benchRead(b, n, locs, benchReaders, benchReadTime)
+			locs, _ := nvmeBenchFill(b, n, total)
+			return nvmeBenchRead(b, n, locs, nvmeReaders, nvmeReadTime)
 		}, func(dir string) float64 {
 			// fio lays its file out first (untimed), then reads.
-			return runFio(b, dir, "--rw=randread", "--bs=256k", "--iodepth=1",
-				"--numjobs="+strconv.Itoa(benchReaders), "--group_reporting",
-				"--time_based", "--runtime="+strconv.Itoa(int(benchReadTime.Seconds())), "--size="+size)
+			return nvmeRunFio(b, dir, "--rw=randread", "--bs=256k", "--iodepth=1",
+				"--numjobs="+strconv.Itoa(nvmeReaders), "--group_reporting",
+				"--time_based", "--runtime="+strconv.Itoa(int(nvmeReadTime.Seconds())), "--size="+size)
 		})
 	})
 }
 
-func median(xs []float64) float64 {
+func nvmeMedian(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	if len(s)%2 == 1 {
@@ -309,9 +311,9 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// runFio runs one fio job on dir/fio.dat with direct I/O and returns its
+// nvmeRunFio runs one fio job on dir/fio.dat with direct I/O and returns its
 // bandwidth in bytes per second.
-func runFio(b *testing.B, dir string, args ...string) float64 {
+func nvmeRunFio(b *testing.B, dir string, args ...string) float64 {
 	b.Helper()
 	args = append([]string{"--name=kvmesh", "--filename=" + filepath.Join(dir, "fio.dat"),
 		"--direct=1", "--ioengine=psync", "--output-format=json"}, args...)

@@ -29,16 +29,16 @@ const (
 	crashPuts     = 60 // calls per worker per round
 )
 
-func crashOptions(dir string) NVMeOptions {
+func nvmeCrashOptions(dir string) NVMeOptions {
 	o := nvmeTestOptions(dir)
 	o.SegmentSize, o.Capacity, o.WriteBuffer = 1<<20, 1<<30, 64<<10
 	return o
 }
 
-// crashLen is the length of the value stored under k in the crash test: up
+// nvmeCrashLen is the length of the value stored under k in the crash test: up
 // to 16 KB, or to 100 KB for one key in five (large values take the
 // zero-copy path).
-func crashLen(k prefixhash.Key) int {
+func nvmeCrashLen(k prefixhash.Key) int {
 	if k.Hi()%5 == 0 {
 		return int(k.Lo() % 100_000)
 	}
@@ -106,24 +106,24 @@ func TestNVMeCrash(t *testing.T) {
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); err != nil && !(ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL) {
 			t.Fatalf("round %d: child: %v\n%s", round, err, stderr.Bytes())
 		}
-		checkCrashDir(t, dir, round, required)
+		nvmeCheckCrashDir(t, dir, round, required)
 	}
 	t.Logf("%d values acknowledged, %d children killed, %d values required at the end", acked, killed, len(required))
 }
 
-// checkCrashDir reopens dir and checks every value it holds and every value
+// nvmeCheckCrashDir reopens dir and checks every value it holds and every value
 // required.
-func checkCrashDir(t *testing.T, dir string, round int, required map[prefixhash.Key]bool) {
+func nvmeCheckCrashDir(t *testing.T, dir string, round int, required map[prefixhash.Key]bool) {
 	t.Helper()
-	n, err := OpenNVMe(crashOptions(dir))
+	n, err := OpenNVMe(nvmeCrashOptions(dir))
 	if err != nil {
 		t.Fatalf("round %d: reopen: %v", round, err)
 	}
 	defer n.Close()
 	found := make(map[prefixhash.Key]bool)
 	err = n.Range(func(r Record) bool {
-		if r.Len != crashLen(r.Key) {
-			t.Errorf("round %d: %v recovered with length %d, want %d", round, r.Key, r.Len, crashLen(r.Key))
+		if r.Len != nvmeCrashLen(r.Key) {
+			t.Errorf("round %d: %v recovered with length %d, want %d", round, r.Key, r.Len, nvmeCrashLen(r.Key))
 			return false
 		}
 		got := make([]byte, r.Len)
@@ -163,7 +163,7 @@ func TestCrashChild(t *testing.T) {
 		fmt.Fprintf(os.Stderr, format+"\n", args...)
 		os.Exit(3)
 	}
-	n, err := OpenNVMe(crashOptions(dir))
+	n, err := OpenNVMe(nvmeCrashOptions(dir))
 	if err != nil {
 		fail("open: %v", err)
 	}
@@ -203,7 +203,7 @@ func TestCrashChild(t *testing.T) {
 			for i := 0; i < crashPuts; i++ {
 				k := nvmeTestKey(uint64(round)<<40 | uint64(w)<<32 | uint64(i)<<2)
 				if i%3 != 0 {
-					if _, err := n.Put(k, nvmeTestVal(k, crashLen(k))); err != nil {
+					if _, err := n.Put(k, nvmeTestVal(k, nvmeCrashLen(k))); err != nil {
 						fail("put: %v", err)
 					}
 					say("A", k)
@@ -213,7 +213,7 @@ func TestCrashChild(t *testing.T) {
 				vals := make([][]byte, len(keys))
 				for j := range keys {
 					keys[j] = nvmeTestKey(uint64(round)<<40 | uint64(w)<<32 | uint64(i)<<2 | uint64(j))
-					vals[j] = nvmeTestVal(keys[j], crashLen(keys[j]))
+					vals[j] = nvmeTestVal(keys[j], nvmeCrashLen(keys[j]))
 				}
 				if stored, err := n.PutBatch(keys, vals, make([]Loc, len(keys))); err != nil {
 					fail("put batch: %d stored: %v", stored, err)

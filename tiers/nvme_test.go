@@ -61,7 +61,7 @@ func openTestNVMe(t testing.TB, opts NVMeOptions) *NVMe {
 	return n
 }
 
-func mustRead(t testing.TB, n *NVMe, loc Loc, want []byte) {
+func nvmeMustRead(t testing.TB, n *NVMe, loc Loc, want []byte) {
 	t.Helper()
 	got := make([]byte, len(want))
 	if err := n.Read(loc, got); err != nil {
@@ -72,7 +72,7 @@ func mustRead(t testing.TB, n *NVMe, loc Loc, want []byte) {
 	}
 }
 
-func rangeAll(t testing.TB, n *NVMe) map[Loc]Record {
+func nvmeRangeAll(t testing.TB, n *NVMe) map[Loc]Record {
 	t.Helper()
 	m := make(map[Loc]Record)
 	if err := n.Range(func(r Record) bool { m[r.Loc] = r; return true }); err != nil {
@@ -97,7 +97,7 @@ func TestNVMeRoundTripAndReopen(t *testing.T) {
 		}
 		locs[loc] = k
 		stored += int64(size)
-		mustRead(t, n, loc, nvmeTestVal(k, size))
+		nvmeMustRead(t, n, loc, nvmeTestVal(k, size))
 	}
 	if _, err := n.Put(nvmeTestKey(99), make([]byte, 64<<10-segHeaderSize+1)); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("Put(too large) = %v, want ErrTooLarge", err)
@@ -112,7 +112,7 @@ func TestNVMeRoundTripAndReopen(t *testing.T) {
 
 	n = openTestNVMe(t, opts)
 	defer n.Close()
-	got := rangeAll(t, n)
+	got := nvmeRangeAll(t, n)
 	if len(got) != len(locs) {
 		t.Fatalf("Range after reopen: %d records, want %d", len(got), len(locs))
 	}
@@ -121,7 +121,7 @@ func TestNVMeRoundTripAndReopen(t *testing.T) {
 		if !ok || r.Key != k {
 			t.Fatalf("Range after reopen: %x = %+v, want key %v", loc, r, k)
 		}
-		mustRead(t, n, loc, nvmeTestVal(k, r.Len))
+		nvmeMustRead(t, n, loc, nvmeTestVal(k, r.Len))
 	}
 	if st2 := n.Stats(); st2.Values != st.Values || st2.Stored != st.Stored {
 		t.Fatalf("Stats after reopen = %+v, before %+v", st2, st)
@@ -135,7 +135,7 @@ func TestNVMeRoundTripAndReopen(t *testing.T) {
 	if _, dup := locs[loc]; dup {
 		t.Fatalf("Put after reopen reused location %x", loc)
 	}
-	mustRead(t, n, loc, nvmeTestVal(k, 5000))
+	nvmeMustRead(t, n, loc, nvmeTestVal(k, 5000))
 }
 
 func TestNVMeModel(t *testing.T) {
@@ -276,7 +276,7 @@ func TestNVMeModel(t *testing.T) {
 				t.Fatalf("op %d: Close: %v", op, err)
 			}
 			n = openTestNVMe(t, opts)
-			got := rangeAll(t, n)
+			got := nvmeRangeAll(t, n)
 			if len(got) != len(model) {
 				t.Fatalf("op %d: Range after reopen: %d records, model %d", op, len(got), len(model))
 			}
@@ -357,9 +357,9 @@ func TestNVMeFullAndDrop(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Put after drop: %v", err)
 	}
-	mustRead(t, n, loc, nvmeTestVal(k, 5000))
+	nvmeMustRead(t, n, loc, nvmeTestVal(k, 5000))
 	for i := 2; i < 6; i++ {
-		mustRead(t, n, locs[i], nvmeTestVal(keys[i], 5000))
+		nvmeMustRead(t, n, locs[i], nvmeTestVal(keys[i], 5000))
 	}
 	// The segment being written cannot be dropped.
 	if err := n.DropSegment(locSeg(loc)); err == nil {
@@ -373,7 +373,7 @@ func TestNVMeFullAndDrop(t *testing.T) {
 	if stored, err := n.PutBatch(bk, bv, bl); stored != 1 || !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("PutBatch with a too-large value = %d, %v; want 1, ErrTooLarge", stored, err)
 	}
-	mustRead(t, n, bl[0], bv[0])
+	nvmeMustRead(t, n, bl[0], bv[0])
 }
 
 func TestNVMeDropWhileReading(t *testing.T) {
@@ -481,13 +481,13 @@ func TestNVMeConcurrentPuts(t *testing.T) {
 				t.Fatalf("location %x handed out twice", p.loc)
 			}
 			seen[p.loc] = true
-			mustRead(t, n, p.loc, nvmeTestVal(p.key, p.n))
+			nvmeMustRead(t, n, p.loc, nvmeTestVal(p.key, p.n))
 		}
 	}
 	n.Close()
 	n = openTestNVMe(t, opts)
 	defer n.Close()
-	got := rangeAll(t, n)
+	got := nvmeRangeAll(t, n)
 	for _, rs := range results {
 		for _, p := range rs {
 			if got[p.loc] != (Record{Key: p.key, Loc: p.loc, Len: p.n}) {
@@ -506,10 +506,10 @@ func TestNVMeCorruption(t *testing.T) {
 		damage func(t *testing.T, path string, rng *rand.Rand)
 	}{
 		{"flip value bytes", func(t *testing.T, path string, rng *rand.Rand) {
-			flipBytes(t, path, rng, 20, func(off int64) bool { return off%segAlign < segAlign-segHeaderSize })
+			nvmeFlipBytes(t, path, rng, 20, func(off int64) bool { return off%segAlign < segAlign-segHeaderSize })
 		}},
 		{"flip header bytes", func(t *testing.T, path string, rng *rand.Rand) {
-			flipBytes(t, path, rng, 20, func(off int64) bool { return off%segAlign >= segAlign-segHeaderSize })
+			nvmeFlipBytes(t, path, rng, 20, func(off int64) bool { return off%segAlign >= segAlign-segHeaderSize })
 		}},
 		{"truncate", func(t *testing.T, path string, rng *rand.Rand) {
 			fi, err := os.Stat(path)
@@ -580,7 +580,7 @@ func TestNVMeCorruption(t *testing.T) {
 			n = openTestNVMe(t, opts)
 			defer n.Close()
 			var intact, corrupt int
-			for loc, r := range rangeAll(t, n) {
+			for loc, r := range nvmeRangeAll(t, n) {
 				k, ok := written[loc]
 				if !ok || k != r.Key || r.Len != int(k.Lo()%9000) {
 					t.Fatalf("Range reports %+v, never written", r)
@@ -606,9 +606,9 @@ func TestNVMeCorruption(t *testing.T) {
 	}
 }
 
-// flipBytes flips count random bytes of the file at offsets that pick
+// nvmeFlipBytes flips count random bytes of the file at offsets that pick
 // accepts, within written records (the file's extent).
-func flipBytes(t *testing.T, path string, rng *rand.Rand, count int, pick func(off int64) bool) {
+func nvmeFlipBytes(t *testing.T, path string, rng *rand.Rand, count int, pick func(off int64) bool) {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -669,10 +669,10 @@ func TestNVMeTornTail(t *testing.T) {
 
 	n = openTestNVMe(t, opts)
 	defer n.Close()
-	if got := rangeAll(t, n); len(got) != 1 || got[loc] != (Record{Key: k, Loc: loc, Len: 6000}) {
+	if got := nvmeRangeAll(t, n); len(got) != 1 || got[loc] != (Record{Key: k, Loc: loc, Len: 6000}) {
 		t.Fatalf("Range = %+v, want only %x", got, loc)
 	}
-	mustRead(t, n, loc, nvmeTestVal(k, 6000))
+	nvmeMustRead(t, n, loc, nvmeTestVal(k, 6000))
 	fi, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
@@ -800,12 +800,12 @@ func TestNVMeCloseWithPutsInFlight(t *testing.T) {
 	wg.Wait()
 	n = openTestNVMe(t, opts)
 	defer n.Close()
-	got := rangeAll(t, n)
+	got := nvmeRangeAll(t, n)
 	for loc, k := range acked {
 		if got[loc].Key != k {
 			t.Fatalf("acknowledged %x missing after reopen", loc)
 		}
-		mustRead(t, n, loc, nvmeTestVal(k, 3000))
+		nvmeMustRead(t, n, loc, nvmeTestVal(k, 3000))
 	}
 }
 
@@ -822,7 +822,7 @@ func TestNVMeBufferedIO(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustRead(t, n, loc, nvmeTestVal(k, 12345))
+	nvmeMustRead(t, n, loc, nvmeTestVal(k, 12345))
 }
 
 // TestNVMeWriteErrors: a failed write or sync fails the Puts of its group
@@ -878,15 +878,15 @@ func TestNVMeWriteErrors(t *testing.T) {
 			if err != nil || !ok || seg != locSeg(loc1) || len(recs) != 1 || recs[0].Loc != loc1 {
 				t.Fatalf("OldestSegment = %d, %+v, %v, %v; want the broken segment %d with its one value", seg, recs, ok, err, locSeg(loc1))
 			}
-			mustRead(t, n, loc1, nvmeTestVal(k1, 5000))
+			nvmeMustRead(t, n, loc1, nvmeTestVal(k1, 5000))
 			n.Close()
 			n = openTestNVMe(t, opts)
 			defer n.Close()
-			got := rangeAll(t, n)
+			got := nvmeRangeAll(t, n)
 			if len(got) != 2 || got[loc1].Key != k1 || got[loc3].Key != k3 {
 				t.Fatalf("Range after reopen = %+v", got)
 			}
-			mustRead(t, n, loc3, nvmeTestVal(k3, 7000))
+			nvmeMustRead(t, n, loc3, nvmeTestVal(k3, 7000))
 		})
 	}
 }
@@ -924,13 +924,13 @@ func TestNVMeRecoveryVerifiesNewestSegment(t *testing.T) {
 	}
 	n = openTestNVMe(t, opts)
 	defer n.Close()
-	got := rangeAll(t, n)
+	got := nvmeRangeAll(t, n)
 	if _, ok := got[locs[2]]; ok || len(got) != 3 {
 		t.Fatalf("Range = %+v: want all but the damaged value of the newest segment", got)
 	}
 	if err := n.Read(locs[0], make([]byte, 5000)); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("Read of a damaged value = %v, want ErrCorrupt", err)
 	}
-	mustRead(t, n, locs[1], nvmeTestVal(keys[1], 5000))
-	mustRead(t, n, locs[3], nvmeTestVal(keys[3], 5000))
+	nvmeMustRead(t, n, locs[1], nvmeTestVal(keys[1], 5000))
+	nvmeMustRead(t, n, locs[3], nvmeTestVal(keys[3], 5000))
 }
