@@ -20,7 +20,8 @@ import (
 // Benchmarks of the NVMe tier, and the same I/O pattern run by fio in the
 // same directory so that every figure comes with its peer:
 //
-//	go test -run '^$' -bench 'NVMe' -benchtime 1x -count 3 ./tiers/
+//	go test -run '^$' -bench 'NVMeVsFio' -benchtime 3x -count 2 ./tiers/
+//	go test -run '^$' -bench 'NVMeSpill|NVMeBlockRead' -benchtime 2s -count 3 ./tiers/
 //
 // KVMESH_BENCH_DIR sets the directory (default: a temporary directory, on
 // the filesystem of $TMPDIR); KVMESH_BENCH_BYTES the data set size (default
