@@ -1,0 +1,820 @@
+package tiers
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/cockroachdb/pebble/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// NVMe is the flash tier: values in append-only segment files written in
+// large aligned writes, with a pebble database as the persistent index from
+// location to (key, length, checksum) — the WiscKey/CacheLib shape.
+//
+// Durability. Put and PutBatch return once the value is durable: its record
+// is written (O_DIRECT, in aligned writes of up to WriteBuffer bytes, from
+// the caller's memory when it is aligned, else through a staging buffer), the
+// segment file is fdatasync'ed, and only then is the index entry committed to pebble with a
+// synced write. An index entry therefore never names bytes that are not on
+// disk. Concurrent Puts are group-committed by one writer goroutine: every
+// request queued while the previous group was being synced goes into the next
+// group, which costs one write (or a few, WriteBuffer bytes each), one
+// fdatasync per segment touched and one pebble sync. Writing a group overlaps
+// with syncing the previous one.
+//
+// Space. Segments are files of SegmentSize bytes, preallocated, with
+// increasing ids (an id comes back only after a restart, and only if no
+// index entry named it). Capacity bounds all segment files together:
+// when a new segment would exceed it (or the filesystem lacks the room, ENOSPC
+// included), Put returns ErrFull; the owner then drops the oldest sealed
+// segment (OldestSegment, DropSegment) and retries. Free deletes one index
+// entry and does not reclaim space: space comes back a whole segment at a
+// time. Free is not synced, so a crash may bring a freed value back; that is
+// harmless, the value is intact and the owner's index decides what is live.
+//
+// Reads. A Loc is the segment id and the record's offset; Read does one
+// aligned read of the whole record (O_DIRECT where the filesystem allows it),
+// checks the header (magic, its own checksum, the Loc it was written at, the
+// length) and the value's xxhash64, and fails with ErrCorrupt instead of ever
+// returning wrong bytes. The index is not consulted on the read path.
+//
+// Recovery. Open scans the index: entries whose segment file is gone or
+// shorter than the record are deleted; the records of the newest segment
+// (the one being written at a crash) are read back and those that fail their
+// checks are deleted too; segments with no entry are removed, and every
+// segment is truncated after its last indexed record, which discards the
+// torn tail of the segment being written at a crash. Range then reports what
+// survived. Older segments are not re-read on open (that would cost a scan of
+// the whole disk): a record damaged since it was written fails its checks on
+// Read, and the owner drops it.
+//
+// Concurrency. All methods are safe for concurrent use, and all but Close
+// may be called from Range's callback. No lock is held across I/O: Close waits for the
+// calls in flight by counting them. The writer and syncer goroutines are
+// owned by the tier and stopped by Close.
+type NVMe struct {
+	opts   NVMeOptions
+	segDir string
+	dirFd  int // the segment directory, for fsync after creating a file
+	db     *pebble.DB
+	direct bool // O_DIRECT in use
+	log    *slog.Logger
+
+	// calls counts the calls in flight; once closed is set, the call that
+	// brings it to zero closes drained, which Close waits for.
+	calls     atomic.Int64
+	closed    atomic.Bool
+	closing   chan struct{} // closed when Close starts: queued Puts give up
+	drained   chan struct{}
+	drainOnce sync.Once
+	closeOnce sync.Once
+
+	reqs   chan *nvmeReq   // Put and PutBatch requests, to the writer
+	groups chan *nvmeGroup // written groups, writer to syncer
+	stop   chan struct{}   // closed by Close once no call is in flight
+	wg     sync.WaitGroup
+
+	w nvmeWriter // owned by the writer goroutine
+
+	// fault, when set (by tests, before any Put), is called before each
+	// segment write ("write") and sync ("sync"); an error it returns
+	// replaces the system call.
+	fault func(op string, seg uint64) error
+
+	mu struct {
+		sync.RWMutex
+		segs     map[uint64]*segment
+		reserved int64
+		stored   int64
+		values   int64
+	}
+}
+
+var (
+	_ Tier        = (*NVMe)(nil)
+	_ Segmented   = (*NVMe)(nil)
+	_ Recoverable = (*NVMe)(nil)
+	_ Batcher     = (*NVMe)(nil)
+)
+
+// NVMeOptions configure an NVMe tier. The zero value of every field but Dir
+// means its default.
+type NVMeOptions struct {
+	// Dir is the data directory: segment files go in Dir/segments, the
+	// pebble index in Dir/index. Required. Two tiers must not share it
+	// (pebble's lock refuses the second).
+	Dir string
+	// Capacity is the limit, in bytes, on all segment files together.
+	// Default 10 GiB. At least SegmentSize.
+	Capacity int64
+	// SegmentSize is the size of one segment file in bytes: a multiple of
+	// 4 KiB, from 16 KiB to 64 GiB. A value takes its length plus a 64-byte
+	// header, rounded up to 4 KiB; the largest value is SegmentSize-64 bytes.
+	// Default 64 MiB.
+	SegmentSize int64
+	// WriteBuffer is the size in bytes of each of the two aligned buffers
+	// records are written through (one fills while the other is written),
+	// and so of the largest write syscall: a multiple of 4 KiB. They are
+	// allocated once, outside the Go heap. Default 4 MiB.
+	WriteBuffer int
+	// QueueDepth bounds the Put and PutBatch calls queued for the writer;
+	// more callers wait. Default 256.
+	QueueDepth int
+	// DiskHeadroom is the free space in bytes left on the filesystem for the
+	// index and everything else: a new segment is refused with ErrFull
+	// unless SegmentSize+DiskHeadroom bytes are free. Default 256 MiB;
+	// negative disables the check.
+	DiskHeadroom int64
+	// BufferedIO turns O_DIRECT off. Default false: O_DIRECT when the
+	// filesystem accepts it (Open probes; a refusal is logged and the tier
+	// falls back to buffered I/O).
+	BufferedIO bool
+	// Logger receives the recovery summary, the I/O mode fallback and
+	// pebble's messages. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// EnsureDefaults fills the zero fields of o with their defaults.
+func (o *NVMeOptions) EnsureDefaults() {
+	if o.SegmentSize == 0 {
+		o.SegmentSize = 64 << 20
+	}
+	if o.Capacity == 0 {
+		o.Capacity = 10 << 30
+	}
+	if o.WriteBuffer == 0 {
+		o.WriteBuffer = 4 << 20
+	}
+	if o.QueueDepth == 0 {
+		o.QueueDepth = 256
+	}
+	if o.DiskHeadroom == 0 {
+		o.DiskHeadroom = 256 << 20
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Validate reports the first field of o that is not usable, by name.
+func (o *NVMeOptions) Validate() error {
+	switch {
+	case o.Dir == "":
+		return errors.New("nvme: NVMeOptions.Dir is empty")
+	case o.SegmentSize < 16<<10 || o.SegmentSize > segMaxSize || o.SegmentSize%segAlign != 0:
+		return fmt.Errorf("nvme: NVMeOptions.SegmentSize %d: want a multiple of %d from 16 KiB to %d", o.SegmentSize, segAlign, segMaxSize)
+	case o.Capacity < o.SegmentSize:
+		return fmt.Errorf("nvme: NVMeOptions.Capacity %d: want at least SegmentSize (%d)", o.Capacity, o.SegmentSize)
+	case o.WriteBuffer < segAlign || o.WriteBuffer%segAlign != 0 || o.WriteBuffer > 1<<30:
+		return fmt.Errorf("nvme: NVMeOptions.WriteBuffer %d: want a multiple of %d up to 1 GiB", o.WriteBuffer, segAlign)
+	case o.QueueDepth < 1:
+		return fmt.Errorf("nvme: NVMeOptions.QueueDepth %d: want at least 1", o.QueueDepth)
+	}
+	return nil
+}
+
+// OpenNVMe opens (creating if needed) the NVMe tier in opts.Dir and recovers
+// its index; see NVMe for what recovery keeps.
+func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	t := &NVMe{
+		opts:    opts,
+		segDir:  filepath.Join(opts.Dir, "segments"),
+		dirFd:   -1,
+		log:     opts.Logger,
+		closing: make(chan struct{}),
+		drained: make(chan struct{}),
+		reqs:    make(chan *nvmeReq, opts.QueueDepth),
+		groups:  make(chan *nvmeGroup, 1),
+		stop:    make(chan struct{}),
+	}
+	t.mu.segs = make(map[uint64]*segment)
+	ok := false
+	defer func() {
+		if !ok {
+			t.closeResources()
+		}
+	}()
+	if err := os.MkdirAll(t.segDir, 0o755); err != nil {
+		return nil, fmt.Errorf("nvme: %w", err)
+	}
+	fd, err := unix.Open(t.segDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("nvme: open %s: %w", t.segDir, err)
+	}
+	t.dirFd = fd
+	t.direct = !opts.BufferedIO
+	if t.direct {
+		if err := nvmeProbeDirectIO(t.segDir); err != nil {
+			t.direct = false
+			t.log.Warn("nvme: O_DIRECT refused, using buffered I/O", "dir", t.segDir, "err", err)
+		}
+	}
+	t.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: nvmePebbleLogger{t.log}})
+	if err != nil {
+		return nil, fmt.Errorf("nvme: open index: %w", err)
+	}
+	if err := t.checkFormat(); err != nil {
+		return nil, err
+	}
+	if err := t.recover(); err != nil {
+		return nil, err
+	}
+	t.w.mem, err = segMmap(2 * opts.WriteBuffer)
+	if err != nil {
+		return nil, fmt.Errorf("nvme: write buffers: %w", err)
+	}
+	for i := range t.w.units {
+		u := &t.w.units[i]
+		u.stage = t.w.mem[i*opts.WriteBuffer : (i+1)*opts.WriteBuffer : (i+1)*opts.WriteBuffer]
+		u.iov = make([][]byte, 0, nvmeMaxIov)
+		u.reset()
+	}
+	t.w.wrote = make(chan error, 1)
+	t.wg.Add(2)
+	go t.writeLoop()
+	go t.syncLoop()
+	ok = true
+	return t, nil
+}
+
+// nvmeProbeDirectIO reports why dir's filesystem refuses O_DIRECT, or nil.
+func nvmeProbeDirectIO(dir string) error {
+	path := filepath.Join(dir, ".direct-probe")
+	fd, err := unix.Open(path, unix.O_CREAT|unix.O_TRUNC|unix.O_RDWR|unix.O_CLOEXEC|unix.O_DIRECT, 0o644)
+	if err != nil {
+		return err
+	}
+	defer unix.Unlink(path)
+	defer unix.Close(fd)
+	b, err := segMmap(segAlign)
+	if err != nil {
+		return err
+	}
+	defer segMunmap(b)
+	if err := segPwritev(fd, [][]byte{b}, 0); err != nil {
+		return err
+	}
+	return segPreadv(fd, [][]byte{b}, 0)
+}
+
+func (t *NVMe) checkFormat() error {
+	v, closer, err := t.db.Get(idxFormatKey)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		if err := t.db.Set(idxFormatKey, []byte(idxFormatV1), pebble.Sync); err != nil {
+			return fmt.Errorf("nvme: write index format: %w", err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("nvme: read index format: %w", err)
+	}
+	defer closer.Close()
+	if string(v) != idxFormatV1 {
+		return fmt.Errorf("nvme: index format %q, want %q", v, idxFormatV1)
+	}
+	return nil
+}
+
+// recover rebuilds the segment table from the segment files and the index,
+// deleting entries that name missing bytes, then removes empty segments and
+// truncates the others after their last indexed record.
+func (t *NVMe) recover() error {
+	ents, err := os.ReadDir(t.segDir)
+	if err != nil {
+		return fmt.Errorf("nvme: %w", err)
+	}
+	type segInfo struct {
+		size, end, values, bytes int64
+	}
+	found := make(map[uint64]*segInfo)
+	var maxID uint64
+	for _, e := range ents {
+		id, ok := parseSegFileName(e.Name())
+		if !ok {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return fmt.Errorf("nvme: %w", err)
+		}
+		found[id] = &segInfo{size: fi.Size()}
+		maxID = max(maxID, id)
+	}
+
+	it, err := t.db.NewIter(&pebble.IterOptions{LowerBound: []byte{idxPrefix}, UpperBound: []byte{idxPrefix + 1}})
+	if err != nil {
+		return fmt.Errorf("nvme: index: %w", err)
+	}
+	b := t.db.NewBatch()
+	defer b.Close()
+	var dropped int
+	for it.First(); it.Valid(); it.Next() {
+		loc, ok := idxDecodeKey(it.Key())
+		_, n, _, vok := idxDecodeVal(it.Value())
+		si := found[locSeg(loc)]
+		if !ok || !vok || si == nil || locOff(loc)+segRecordLen(n) > si.size {
+			if err := b.Delete(it.Key(), nil); err != nil {
+				it.Close()
+				return fmt.Errorf("nvme: index: %w", err)
+			}
+			dropped++
+			continue
+		}
+		si.end = max(si.end, locOff(loc)+segRecordLen(n))
+		si.values++
+		si.bytes += int64(n)
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("nvme: index: %w", err)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("nvme: index: %w", err)
+	}
+
+	// The newest segment with entries was being written when the process
+	// stopped: read its records back, and drop those that fail (a disk that
+	// acknowledged a flush it had not done).
+	var newest uint64
+	for id, si := range found {
+		if si.values > 0 && id > newest {
+			newest = id
+		}
+	}
+	if newest != 0 {
+		si := found[newest]
+		bad, err := t.verifySegment(newest)
+		if err != nil {
+			return err
+		}
+		si.values, si.bytes, si.end = 0, 0, 0
+		b := t.db.NewBatch()
+		defer b.Close()
+		lo, hi := idxSegBounds(newest)
+		err = t.scan(lo, hi, func(r Record) bool {
+			if bad[r.Loc] {
+				err := b.Delete(idxKey(r.Loc), nil)
+				return err == nil
+			}
+			si.values++
+			si.bytes += int64(r.Len)
+			si.end = max(si.end, locOff(r.Loc)+segRecordLen(r.Len))
+			return true
+		})
+		if err == nil {
+			err = b.Commit(pebble.Sync)
+		}
+		if err != nil {
+			return fmt.Errorf("nvme: index: %w", err)
+		}
+		dropped += len(bad)
+	}
+
+	var removed, truncated int64
+	for id, si := range found {
+		path := filepath.Join(t.segDir, segFileName(id))
+		if si.values == 0 {
+			if err := os.Remove(path); err != nil {
+				return fmt.Errorf("nvme: remove empty segment: %w", err)
+			}
+			removed++
+			continue
+		}
+		if si.size > si.end {
+			if err := os.Truncate(path, si.end); err != nil {
+				return fmt.Errorf("nvme: truncate segment: %w", err)
+			}
+			truncated += si.size - si.end
+			si.size = si.end
+		}
+		fd, err := t.openSegment(path, 0)
+		if err != nil {
+			return err
+		}
+		s := &segment{id: id, fd: fd, path: path, size: si.size, values: si.values, bytes: si.bytes, sealed: true}
+		s.refs.Store(1)
+		t.mu.segs[id] = s
+		t.mu.reserved += s.size
+		t.mu.values += s.values
+		t.mu.stored += s.bytes
+	}
+	if err := unix.Fsync(t.dirFd); err != nil {
+		return fmt.Errorf("nvme: sync %s: %w", t.segDir, err)
+	}
+	t.w.nextID = maxID + 1
+	t.log.Info("nvme: recovered", "dir", t.opts.Dir, "segments", len(t.mu.segs),
+		"values", t.mu.values, "bytes", t.mu.stored, "dropped_entries", dropped,
+		"removed_segments", removed, "truncated_bytes", truncated, "direct_io", t.direct)
+	return nil
+}
+
+// verifySegment reads back every indexed record of segment id and returns
+// those that fail their checks.
+func (t *NVMe) verifySegment(id uint64) (map[Loc]bool, error) {
+	fd, err := t.openSegment(filepath.Join(t.segDir, segFileName(id)), 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	bad := make(map[Loc]bool)
+	lo, hi := idxSegBounds(id)
+	err = t.scan(lo, hi, func(r Record) bool {
+		bp, class := segGetBuf(max(int64(r.Len), 1))
+		if err := t.readRecord(fd, r.Loc, (*bp)[:r.Len]); err != nil {
+			t.log.Warn("nvme: recovery: dropping a value of the last segment", "loc", r.Loc, "err", err)
+			bad[r.Loc] = true
+		}
+		segPutBuf(bp, class)
+		return true
+	})
+	return bad, err
+}
+
+func (t *NVMe) openSegment(path string, flags int) (int, error) {
+	flags |= unix.O_RDWR | unix.O_CLOEXEC
+	if t.direct {
+		flags |= unix.O_DIRECT
+	}
+	fd, err := unix.Open(path, flags, 0o644)
+	if err != nil {
+		return -1, fmt.Errorf("nvme: open segment %s: %w", path, err)
+	}
+	return fd, nil
+}
+
+// enter admits a call unless the tier is closed; an admitted call must
+// leave. Calls may nest (Range's callback).
+func (t *NVMe) enter() bool {
+	t.calls.Add(1)
+	if t.closed.Load() {
+		t.leave()
+		return false
+	}
+	return true
+}
+
+func (t *NVMe) leave() {
+	if t.calls.Add(-1) == 0 && t.closed.Load() {
+		t.drainOnce.Do(func() { close(t.drained) })
+	}
+}
+
+// Name returns "nvme".
+func (t *NVMe) Name() string { return "nvme" }
+
+// maxValue is the largest value a segment holds.
+func (t *NVMe) maxValue() int { return int(t.opts.SegmentSize - segHeaderSize) }
+
+// Put stores val under key and returns its location once it is durable.
+// val is read until Put returns (by the kernel, for an aligned value) and not
+// retained. ErrFull: no segment can be added (Capacity, or the
+// filesystem); ErrTooLarge: len(val) > SegmentSize-64.
+func (t *NVMe) Put(key prefixhash.Key, val []byte) (Loc, error) {
+	if len(val) > t.maxValue() {
+		return 0, fmt.Errorf("nvme: %d-byte value, segment holds %d: %w", len(val), t.maxValue(), ErrTooLarge)
+	}
+	r := nvmeReqPool.Get().(*nvmeReq)
+	r.one.key[0], r.one.val[0] = key, val
+	r.keys, r.vals, r.locs = r.one.key[:], r.one.val[:], r.one.loc[:]
+	n, err := t.submit(r)
+	loc := r.one.loc[0]
+	r.reset()
+	nvmeReqPool.Put(r)
+	if n == 1 {
+		return loc, nil
+	}
+	return 0, err
+}
+
+// PutBatch stores vals[i] under keys[i] and sets locs[i], in one group
+// commit. It returns how many values, from the first, it stored before the
+// first error; those are durable on return. The slices are not retained.
+func (t *NVMe) PutBatch(keys []prefixhash.Key, vals [][]byte, locs []Loc) (int, error) {
+	if len(keys) != len(vals) || len(locs) != len(vals) {
+		return 0, fmt.Errorf("nvme: PutBatch: %d keys, %d values, %d locs", len(keys), len(vals), len(locs))
+	}
+	if len(vals) == 0 {
+		return 0, nil
+	}
+	r := nvmeReqPool.Get().(*nvmeReq)
+	r.keys, r.vals, r.locs = keys, vals, locs
+	n, err := t.submit(r)
+	r.reset()
+	nvmeReqPool.Put(r)
+	return n, err
+}
+
+func (t *NVMe) submit(r *nvmeReq) (int, error) {
+	if !t.enter() {
+		return 0, ErrClosed
+	}
+	defer t.leave()
+	select {
+	case t.reqs <- r:
+	case <-t.closing:
+		return 0, ErrClosed
+	}
+	<-r.done
+	return r.n, r.err
+}
+
+// acquire returns segment id with a reference the caller must drop, or nil.
+func (t *NVMe) acquire(id uint64) *segment {
+	t.mu.RLock()
+	s := t.mu.segs[id]
+	if s != nil {
+		s.ref()
+	}
+	t.mu.RUnlock()
+	return s
+}
+
+// Read copies the value at loc into dst, which must be exactly its length.
+// It reads the whole record with one aligned read (into dst itself for the
+// aligned head of a large value in aligned memory, the rest through a pooled
+// buffer) and checks it; a value that fails (or whose segment is gone, or
+// whose bytes cannot be read) yields an error wrapping ErrCorrupt. On error
+// dst's contents are unspecified.
+func (t *NVMe) Read(loc Loc, dst []byte) error {
+	if !t.enter() {
+		return ErrClosed
+	}
+	defer t.leave()
+	id, off, recLen := locSeg(loc), locOff(loc), segRecordLen(len(dst))
+	if off+recLen > t.opts.SegmentSize {
+		return fmt.Errorf("nvme: read %d bytes at segment %d offset %d: past the segment end: %w", len(dst), id, off, ErrCorrupt)
+	}
+	s := t.acquire(id)
+	if s == nil {
+		return fmt.Errorf("nvme: read segment %d: no such segment: %w", id, ErrCorrupt)
+	}
+	defer s.unref()
+	return t.readRecord(s.fd, loc, dst)
+}
+
+// readRecord reads and checks the record at loc, in the segment open as fd,
+// whose value is len(dst) bytes, into dst.
+func (t *NVMe) readRecord(fd int, loc Loc, dst []byte) error {
+	id, off, recLen := locSeg(loc), locOff(loc), segRecordLen(len(dst))
+	head := t.zeroCopyHead(dst)
+	tailLen := recLen - int64(head)
+	bp, class := segGetBuf(tailLen)
+	defer segPutBuf(bp, class)
+	tail := (*bp)[:tailLen]
+	var iov [2][]byte
+	io := append(iov[:0], dst[:head], tail)
+	if head == 0 {
+		io = io[1:]
+	}
+	if err := segPreadv(fd, io, off); err != nil {
+		return fmt.Errorf("nvme: read segment %d offset %d: %w (%w)", id, off, ErrCorrupt, err)
+	}
+	h, err := decodeSegHeader(tail[tailLen-segHeaderSize:])
+	if err != nil {
+		return fmt.Errorf("nvme: read segment %d offset %d: %w", id, off, err)
+	}
+	if h.loc != loc {
+		return fmt.Errorf("nvme: read segment %d offset %d: record of segment %d offset %d: %w", id, off, locSeg(h.loc), locOff(h.loc), ErrCorrupt)
+	}
+	if h.n != uint64(len(dst)) {
+		return fmt.Errorf("nvme: read segment %d offset %d: value is %d bytes, dst %d", id, off, h.n, len(dst))
+	}
+	rest := tail[:len(dst)-head]
+	var d xxhash.Digest
+	d.Reset()
+	d.Write(dst[:head])
+	d.Write(rest)
+	if d.Sum64() != h.sum {
+		return fmt.Errorf("nvme: read segment %d offset %d: value checksum mismatch: %w", id, off, ErrCorrupt)
+	}
+	copy(dst[head:], rest)
+	return nil
+}
+
+// Free deletes the index entry of the value at loc. Its space comes back when
+// its segment is dropped. The delete is not synced: a crash may bring the
+// value back, intact.
+func (t *NVMe) Free(loc Loc) {
+	if !t.enter() {
+		return
+	}
+	defer t.leave()
+	k := idxKey(loc)
+	v, closer, err := t.db.Get(k)
+	if err != nil {
+		if !errors.Is(err, pebble.ErrNotFound) {
+			t.log.Error("nvme: free: index lookup", "loc", loc, "err", err)
+		}
+		return
+	}
+	_, n, _, _ := idxDecodeVal(v)
+	closer.Close()
+	if err := t.db.Delete(k, pebble.NoSync); err != nil {
+		t.log.Error("nvme: free: index delete", "loc", loc, "err", err)
+		return
+	}
+	t.mu.Lock()
+	if s := t.mu.segs[locSeg(loc)]; s != nil {
+		s.values--
+		s.bytes -= int64(n)
+		t.mu.values--
+		t.mu.stored -= int64(n)
+	}
+	t.mu.Unlock()
+}
+
+// Stats returns the tier's usage: Reserved counts whole segment files.
+func (t *NVMe) Stats() Stats {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return Stats{Capacity: t.opts.Capacity, Reserved: t.mu.reserved, Stored: t.mu.stored, Values: t.mu.values}
+}
+
+// DirectIO reports whether the tier reads and writes with O_DIRECT.
+func (t *NVMe) DirectIO() bool { return t.direct }
+
+// OldestSegment returns the oldest sealed segment and the values its index
+// still names (freed values are not listed).
+func (t *NVMe) OldestSegment() (uint64, []Record, bool, error) {
+	if !t.enter() {
+		return 0, nil, false, ErrClosed
+	}
+	defer t.leave()
+	var oldest uint64
+	t.mu.RLock()
+	for id, s := range t.mu.segs {
+		if s.sealed && (oldest == 0 || id < oldest) {
+			oldest = id
+		}
+	}
+	t.mu.RUnlock()
+	if oldest == 0 {
+		return 0, nil, false, nil
+	}
+	lo, hi := idxSegBounds(oldest)
+	var recs []Record
+	err := t.scan(lo, hi, func(r Record) bool { recs = append(recs, r); return true })
+	if err != nil {
+		return 0, nil, false, err
+	}
+	return oldest, recs, true, nil
+}
+
+// scan calls fn for every well-formed index entry in [lo, hi).
+func (t *NVMe) scan(lo, hi []byte, fn func(Record) bool) error {
+	it, err := t.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return fmt.Errorf("nvme: index: %w", err)
+	}
+	for it.First(); it.Valid(); it.Next() {
+		loc, ok := idxDecodeKey(it.Key())
+		key, n, _, vok := idxDecodeVal(it.Value())
+		if !ok || !vok {
+			continue
+		}
+		if !fn(Record{Key: key, Loc: loc, Len: n}) {
+			break
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("nvme: index: %w", err)
+	}
+	return nil
+}
+
+// DropSegment deletes a sealed segment: its index entries, then its file.
+// Reads in flight complete (the file is closed by the last of them). Dropping
+// a segment that does not exist is a no-op; the segment being written cannot
+// be dropped.
+func (t *NVMe) DropSegment(id uint64) error {
+	if !t.enter() {
+		return ErrClosed
+	}
+	defer t.leave()
+	t.mu.Lock()
+	s := t.mu.segs[id]
+	if s == nil {
+		t.mu.Unlock()
+		return nil
+	}
+	if !s.sealed {
+		t.mu.Unlock()
+		return fmt.Errorf("nvme: drop segment %d: it is being written", id)
+	}
+	delete(t.mu.segs, id)
+	t.mu.reserved -= s.size
+	t.mu.values -= s.values
+	t.mu.stored -= s.bytes
+	t.mu.Unlock()
+	defer s.unref()
+	lo, hi := idxSegBounds(id)
+	if err := t.db.DeleteRange(lo, hi, pebble.Sync); err != nil {
+		// The file goes anyway: on the next open, entries naming a missing
+		// segment are deleted.
+		err = fmt.Errorf("nvme: drop segment %d: index: %w", id, err)
+		if rerr := os.Remove(s.path); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return err
+	}
+	if err := os.Remove(s.path); err != nil {
+		return fmt.Errorf("nvme: drop segment %d: %w", id, err)
+	}
+	return nil
+}
+
+// Range calls fn for every value in the index, in Loc order, until fn
+// returns false. Called after OpenNVMe, it reports what survived the last
+// shutdown or crash. Values stored or dropped while Range runs may or may not
+// be reported.
+func (t *NVMe) Range(fn func(Record) bool) error {
+	if !t.enter() {
+		return ErrClosed
+	}
+	defer t.leave()
+	return t.scan([]byte{idxPrefix}, []byte{idxPrefix + 1}, func(r Record) bool {
+		t.mu.RLock()
+		live := t.mu.segs[locSeg(r.Loc)] != nil
+		t.mu.RUnlock()
+		return !live || fn(r)
+	})
+}
+
+// Close waits for the calls in flight (queued Puts complete and are durable),
+// stops the writer and syncer, and closes the index and the files. Every
+// method returns ErrClosed afterwards.
+func (t *NVMe) Close() error {
+	first := false
+	t.closeOnce.Do(func() {
+		first = true
+		t.closed.Store(true)
+		close(t.closing)
+	})
+	if !first {
+		return ErrClosed
+	}
+	if t.calls.Load() != 0 {
+		<-t.drained
+	}
+	close(t.stop)
+	t.wg.Wait()
+	return t.closeResources()
+}
+
+// closeResources releases what OpenNVMe acquired; the goroutines are stopped.
+func (t *NVMe) closeResources() error {
+	var errs []error
+	t.mu.Lock()
+	for id, s := range t.mu.segs {
+		s.unref()
+		delete(t.mu.segs, id)
+	}
+	t.mu.Unlock()
+	if t.db != nil {
+		if err := t.db.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("nvme: close index: %w", err))
+		}
+		t.db = nil
+	}
+	if t.w.mem != nil {
+		if err := segMunmap(t.w.mem); err != nil {
+			errs = append(errs, fmt.Errorf("nvme: write buffers: %w", err))
+		}
+		t.w.mem = nil
+	}
+	if t.dirFd >= 0 {
+		unix.Close(t.dirFd)
+		t.dirFd = -1
+	}
+	return errors.Join(errs...)
+}
+
+// nvmePebbleLogger sends pebble's messages to slog; pebble's Fatalf must not
+// return, so it panics after logging.
+type nvmePebbleLogger struct{ log *slog.Logger }
+
+func (l nvmePebbleLogger) Infof(format string, args ...any) {
+	l.log.Debug("nvme: pebble: " + fmt.Sprintf(format, args...))
+}
+
+func (l nvmePebbleLogger) Errorf(format string, args ...any) {
+	l.log.Error("nvme: pebble: " + fmt.Sprintf(format, args...))
+}
+
+func (l nvmePebbleLogger) Fatalf(format string, args ...any) {
+	msg := "nvme: pebble: " + fmt.Sprintf(format, args...)
+	l.log.Error(msg)
+	panic(msg)
+}
