@@ -5,8 +5,10 @@
 // prefill engine together.
 //
 // A Node serves kvmesh.v1.CacheService and kvmesh.v1.AdminService over a
-// Cache (store.Local), with gRPC health checking and server reflection on,
-// and an HTTP server with /metrics (every metric named kvmesh_*) and /healthz.
+// Cache, with gRPC health checking and server reflection on, and an HTTP
+// server with /metrics (every metric named kvmesh_*) and /healthz. Open builds
+// the production node: store.Local over a DRAM tier and an NVMe tier under
+// Options.DataDir; New serves any Cache (tests use an in-memory one).
 //
 // # Requests
 //
