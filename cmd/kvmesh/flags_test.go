@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvmesh/kvmesh/node"
+)
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{
+		"64MiB": 64 << 20, "1GiB": 1 << 30, "1.5GiB": 3 << 29, "4096": 4096, "10GB": 10e9,
+		"512k": 512 << 10, "2 TiB": 2 << 40, "100b": 100, "0": 0, "16mib": 16 << 20,
+	} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "x", "-1", "1XB", "1e30GiB", "MiB"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) succeeded", in)
+		}
+	}
+	for n, want := range map[int64]string{1 << 30: "1GiB", 10 << 30: "10GiB", 1536: "1.5KiB", 100: "100B", 0: "0B", 3 << 20: "3MiB"} {
+		if got := formatSize(n); got != want {
+			t.Errorf("formatSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// serveOptions runs kvmesh serve with args and env and returns the node
+// options it would have served with.
+func serveOptions(t *testing.T, env map[string]string, args ...string) (node.Options, error) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	var got node.Options
+	c := newServeCmd(func(_ *cobra.Command, o node.Options, _ *slog.Logger) error {
+		got = o
+		return nil
+	})
+	c.SetArgs(args)
+	c.SetOut(new(bytes.Buffer))
+	c.SetErr(new(bytes.Buffer))
+	c.SilenceErrors, c.SilenceUsage = true, true
+	err := c.Execute()
+	return got, err
+}
+
+func TestServeDefaults(t *testing.T) {
+	o, err := serveOptions(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.DataDir != "kvmesh-data" || o.GRPCAddr != "127.0.0.1:7600" || o.HTTPAddr != "127.0.0.1:7601" ||
+		o.DRAMBytes != 1<<30 || o.NVMeBytes != 10<<30 || len(o.Join) != 0 {
+		t.Fatalf("serve with no flags: %+v", o)
+	}
+}
+
+// TestServeLayers checks the precedence: flag, then KVMESH_* variable, then
+// config file, then default.
+func TestServeLayers(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "kvmesh.yaml")
+	os.WriteFile(cfg, []byte(`
+dram: 2GiB
+nvme: 20GiB
+data-dir: /from/config
+request-timeout: 90s
+max-batch-blocks: 99
+grpc-addr: 127.0.0.1:0
+`), 0o644)
+	o, err := serveOptions(t, map[string]string{"KVMESH_DATA_DIR": "/from/env", "KVMESH_NVME": "30GiB", "KVMESH_CONFIG": cfg},
+		"--dram", "3GiB", "--http-addr", "127.0.0.1:9999")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{
+		"DRAMBytes": int64(3 << 30), "NVMeBytes": int64(30 << 30), "DataDir": "/from/env",
+		"RequestTimeout": 90 * time.Second, "MaxBatchBlocks": 99, "GRPCAddr": "127.0.0.1:0", "HTTPAddr": "127.0.0.1:9999",
+	}
+	v := reflect.ValueOf(o)
+	for field, w := range want {
+		if got := v.FieldByName(field).Interface(); got != w {
+			t.Errorf("%s = %v, want %v", field, got, w)
+		}
+	}
+}
+
+func TestServeRefusals(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("dram-size: 1GiB\n"), 0o644)
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{nil, []string{"--dram", "lots"}, `"lots" is not a size`},
+		{map[string]string{"KVMESH_NVME": "1MiB"}, nil, "--nvme (or KVMESH_NVME)"},
+		{nil, []string{"--config", bad}, `unknown key "dram-size"`},
+		{nil, []string{"--config", "/does/not/exist.yaml"}, "no such file"},
+		{nil, []string{"--join", "10.0.0.1:7603"}, "--join"},
+		{nil, []string{"--log-level", "loud"}, "--log-level"},
+		{nil, []string{"--chunk-bytes", "8MiB"}, "--chunk-bytes"},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			_, err := serveOptions(t, tc.env, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("serve %v (env %v): %v; want one line mentioning %q", tc.args, tc.env, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestTokens(t *testing.T) {
+	if got := textTokens("hé!"); !reflect.DeepEqual(got, []uint32{'h', 0xc3, 0xa9, '!'}) {
+		t.Errorf("textTokens = %v", got)
+	}
+	if got, err := parseTokens("1, 2,3,"); err != nil || !reflect.DeepEqual(got, []uint32{1, 2, 3}) {
+		t.Errorf("parseTokens = %v, %v", got, err)
+	}
+	for _, in := range []string{"1,x", "-1", "4294967296", ",1"} {
+		if _, err := parseTokens(in); err == nil {
+			t.Errorf("parseTokens(%q) succeeded", in)
+		}
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"inspect", "stats", "--addr", "127.0.0.1:1", "--timeout", "3s"}, "no kvmesh node answers at 127.0.0.1:1"},
+		{[]string{"inspect", "lookup"}, "--text T or as --tokens"},
+		{[]string{"inspect", "stats", "-o", "yaml"}, "want table or json"},
+		{[]string{"inspect", "lookup", "--text", "hi", "--layers", "3"}, "--layers"},
+		{[]string{"serve", "--bogus"}, "unknown flag: --bogus; see 'kvmesh serve --help'"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(tc.args, &stdout, &stderr)
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		if code != 1 || len(lines) != 1 || !strings.Contains(lines[0], tc.want) {
+			t.Errorf("kvmesh %v: exit %d, stderr %q; want exit 1 and one line with %q", tc.args, code, stderr.String(), tc.want)
+		}
+	}
+	var stdout bytes.Buffer
+	if code := run([]string{"version"}, &stdout, &stdout); code != 0 || !strings.HasPrefix(stdout.String(), "kvmesh ") {
+		t.Errorf("kvmesh version: exit %d, %q", code, stdout.String())
+	}
+}
+
+func TestInspectEnv(t *testing.T) {
+	t.Setenv("KVMESH_ADDR", "127.0.0.1:1")
+	t.Setenv("KVMESH_TIMEOUT", "3s")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"inspect", "members"}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "at 127.0.0.1:1;") {
+		t.Fatalf("KVMESH_ADDR=127.0.0.1:1 kvmesh inspect members: exit %d, %q", code, stderr.String())
+	}
+}

@@ -1,0 +1,438 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/prefixhash"
+	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+)
+
+// inspectFlags are the flags every inspect subcommand shares.
+type inspectFlags struct {
+	addr    string
+	output  string
+	timeout time.Duration
+}
+
+// The namespace inspect lookup uses unless told otherwise: a small demo
+// layout (8 KiB blocks), the one clients/python/example.py writes.
+var defaultNamespace = prefixhash.Namespace{
+	Model: "kvmesh/demo", DType: prefixhash.Float32, BlockTokens: 16,
+	LayerStart: 0, LayerEnd: 2, KVHeads: 2, HeadDim: 16,
+}
+
+func inspectCmd() *cobra.Command {
+	f := &inspectFlags{}
+	c := &cobra.Command{
+		Use:   "inspect",
+		Short: "Look into a running node: stats, members, lookup, block",
+		Long: `Look into a running node. Tables for people; -o json for scripts.
+
+  kvmesh inspect stats                     per tier: blocks, bytes, capacity; hit ratio
+  kvmesh inspect members                   the nodes of the cluster
+  kvmesh inspect lookup --text "Hello"     how much of a prompt is cached, and where
+  kvmesh inspect lookup --tokens 1,2,3
+  kvmesh inspect block KEY                 one block (KEY: 32 hex digits, as lookup prints)`,
+	}
+	pf := c.PersistentFlags()
+	pf.StringVar(&f.addr, "addr", node.DefaultGRPCAddr, "gRPC address HOST:PORT of the node")
+	pf.StringVarP(&f.output, "output", "o", "table", "table or json")
+	pf.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the node")
+	c.AddCommand(statsCmd(f), membersCmd(f), lookupCmd(f), blockCmd(f))
+	return c
+}
+
+// dial applies the environment to the flags and connects to the node.
+func (f *inspectFlags) dial(cmd *cobra.Command) (*client.Client, context.Context, context.CancelFunc, error) {
+	if err := envLayer(cmd); err != nil {
+		return nil, nil, nil, err
+	}
+	if f.output != "table" && f.output != "json" {
+		return nil, nil, nil, fmt.Errorf("-o %q: want table or json", f.output)
+	}
+	c, err := client.Dial(f.addr, client.Options{MaxRetries: -1})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("--addr %q: %w", f.addr, err)
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
+	return c, ctx, cancel, nil
+}
+
+// withNode dials the node and runs call, explaining its failure in one line.
+func (f *inspectFlags) withNode(cmd *cobra.Command, call func(ctx context.Context, c *client.Client) error) error {
+	c, ctx, cancel, err := f.dial(cmd)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	defer cancel()
+	if err := call(ctx, c); err != nil {
+		return f.explain(err)
+	}
+	return nil
+}
+
+// explain turns a failed call into one line saying what to do.
+func (f *inspectFlags) explain(err error) error {
+	st, ok := status.FromError(errors.Unwrap(err))
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		return fmt.Errorf("no kvmesh node answers at %s; start one with 'kvmesh serve' or pass --addr HOST:PORT", f.addr)
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("the node at %s did not answer within %v; check it is healthy or raise --timeout", f.addr, f.timeout)
+	case codes.InvalidArgument:
+		return fmt.Errorf("the node refused the request: %s", st.Message())
+	case codes.NotFound:
+		return errors.New(st.Message())
+	case codes.Unimplemented:
+		return fmt.Errorf("the server at %s is not a kvmesh node of this version: %s", f.addr, st.Message())
+	}
+	return fmt.Errorf("node at %s: %s: %s", f.addr, st.Code(), st.Message())
+}
+
+func (f *inspectFlags) print(w io.Writer, v any, table func(*tabwriter.Writer)) error {
+	if f.output == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	table(tw)
+	return tw.Flush()
+}
+
+type tierJSON struct {
+	Name          string  `json:"name"`
+	Blocks        uint64  `json:"blocks"`
+	Bytes         uint64  `json:"bytes"`
+	CapacityBytes uint64  `json:"capacity_bytes"`
+	Used          float64 `json:"used"`
+}
+
+type statsJSON struct {
+	NodeID     string     `json:"node_id"`
+	Tiers      []tierJSON `json:"tiers"`
+	Hits       uint64     `json:"hits"`
+	Misses     uint64     `json:"misses"`
+	HitRatio   float64    `json:"hit_ratio"`
+	Evictions  uint64     `json:"evictions"`
+	Demotions  uint64     `json:"demotions"`
+	Promotions uint64     `json:"promotions"`
+}
+
+func statsCmd(f *inspectFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "stats",
+		Short: "Per tier: blocks, bytes, capacity; hits, misses and hit ratio",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var st *kvmeshv1.StatsResponse
+			err := f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
+				st, err = c.Stats(ctx)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			out := statsJSON{NodeID: st.GetNodeId(), Hits: st.GetHits(), Misses: st.GetMisses(),
+				Evictions: st.GetEvictions(), Demotions: st.GetDemotions(), Promotions: st.GetPromotions()}
+			if n := out.Hits + out.Misses; n > 0 {
+				out.HitRatio = float64(out.Hits) / float64(n)
+			}
+			for _, t := range st.GetTiers() {
+				tj := tierJSON{Name: t.GetName(), Blocks: t.GetBlocks(), Bytes: t.GetBytes(), CapacityBytes: t.GetCapacityBytes()}
+				if tj.CapacityBytes > 0 {
+					tj.Used = float64(tj.Bytes) / float64(tj.CapacityBytes)
+				}
+				out.Tiers = append(out.Tiers, tj)
+			}
+			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "node %s\n\n", out.NodeID)
+				fmt.Fprintln(w, "TIER\tBLOCKS\tBYTES\tCAPACITY\tUSED")
+				for _, t := range out.Tiers {
+					fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.1f%%\n", t.Name, t.Blocks, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes)), 100*t.Used)
+				}
+				fmt.Fprintf(w, "\nhits %d  misses %d  hit ratio %.1f%%  evictions %d  demotions %d  promotions %d\n",
+					out.Hits, out.Misses, 100*out.HitRatio, out.Evictions, out.Demotions, out.Promotions)
+			})
+		},
+	}
+}
+
+type memberJSON struct {
+	ID         string     `json:"id"`
+	State      string     `json:"state"`
+	GRPCAddr   string     `json:"grpc_addr"`
+	HTTPAddr   string     `json:"http_addr,omitempty"`
+	DataAddr   string     `json:"data_addr,omitempty"`
+	GossipAddr string     `json:"gossip_addr,omitempty"`
+	Version    string     `json:"version,omitempty"`
+	Tiers      []tierJSON `json:"tiers"`
+}
+
+func membersCmd(f *inspectFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "members",
+		Short: "The nodes of the cluster, as the node at --addr sees them",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var resp *kvmeshv1.MembersResponse
+			err := f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
+				resp, err = c.Members(ctx)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			var out []memberJSON
+			for _, m := range resp.GetMembers() {
+				mj := memberJSON{ID: m.GetId(), State: m.GetState(), GRPCAddr: m.GetGrpcAddr(), HTTPAddr: m.GetHttpAddr(),
+					DataAddr: m.GetDataAddr(), GossipAddr: m.GetGossipAddr(), Version: m.GetVersion()}
+				for _, t := range m.GetTiers() {
+					mj.Tiers = append(mj.Tiers, tierJSON{Name: t.GetName(), Bytes: t.GetUsedBytes(), CapacityBytes: t.GetCapacityBytes()})
+				}
+				out = append(out, mj)
+			}
+			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tHTTP\tTIERS (used/capacity)\tVERSION")
+				for _, m := range out {
+					var tiers []string
+					for _, t := range m.Tiers {
+						tiers = append(tiers, fmt.Sprintf("%s %s/%s", t.Name, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes))))
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.State, m.GRPCAddr, m.HTTPAddr, strings.Join(tiers, ", "), m.Version)
+				}
+			})
+		},
+	}
+}
+
+// namespaceFlags select the namespace of a lookup.
+type namespaceFlags struct {
+	model, dtype, layers, salt    string
+	blockTokens, kvHeads, headDim int
+	tpRank, tpSize                int
+}
+
+func (n *namespaceFlags) register(c *cobra.Command) {
+	d := defaultNamespace
+	fs := c.Flags()
+	fs.StringVar(&n.model, "model", d.Model, "namespace: model id")
+	fs.StringVar(&n.dtype, "dtype", d.DType.String(), "namespace: KV dtype (float32, float16, bfloat16, fp8_e4m3, fp8_e5m2, int8)")
+	fs.IntVar(&n.blockTokens, "block-tokens", d.BlockTokens, "namespace: tokens per block")
+	fs.StringVar(&n.layers, "layers", fmt.Sprintf("%d:%d", d.LayerStart, d.LayerEnd), "namespace: layer range START:END (END excluded)")
+	fs.IntVar(&n.kvHeads, "kv-heads", d.KVHeads, "namespace: KV heads")
+	fs.IntVar(&n.headDim, "head-dim", d.HeadDim, "namespace: head dimension")
+	fs.IntVar(&n.tpRank, "tp-rank", d.TPRank, "namespace: tensor-parallel rank")
+	fs.IntVar(&n.tpSize, "tp-size", max(d.TPSize, 1), "namespace: tensor-parallel size")
+	fs.StringVar(&n.salt, "tenant-salt", "", "namespace: tenant salt")
+}
+
+func (n *namespaceFlags) namespace() (prefixhash.Namespace, error) {
+	dt, err := prefixhash.ParseDType(n.dtype)
+	if err != nil {
+		return prefixhash.Namespace{}, fmt.Errorf("--dtype: %w", err)
+	}
+	var start, end int
+	if a, b, ok := strings.Cut(n.layers, ":"); !ok {
+		return prefixhash.Namespace{}, fmt.Errorf("--layers %q: want START:END, like 0:32", n.layers)
+	} else if start, err = strconv.Atoi(a); err == nil {
+		end, err = strconv.Atoi(b)
+	}
+	if err != nil {
+		return prefixhash.Namespace{}, fmt.Errorf("--layers %q: want START:END, like 0:32", n.layers)
+	}
+	ns := prefixhash.Namespace{Model: n.model, DType: dt, BlockTokens: n.blockTokens, LayerStart: start, LayerEnd: end,
+		KVHeads: n.kvHeads, HeadDim: n.headDim, TPRank: n.tpRank, TPSize: n.tpSize, TenantSalt: n.salt}
+	if err := ns.Validate(); err != nil {
+		return ns, fmt.Errorf("namespace flags: %w", err)
+	}
+	return ns, nil
+}
+
+// textTokens tokenizes text byte by byte: each UTF-8 byte is one token id
+// (0..255). It is the tokenizer of the CLI and of the bundled engine's demo,
+// so that a prompt typed here names the same blocks everywhere.
+func textTokens(text string) []uint32 {
+	t := make([]uint32, len(text))
+	for i := 0; i < len(text); i++ {
+		t[i] = uint32(text[i])
+	}
+	return t
+}
+
+// parseTokens parses a comma-separated list of token ids.
+func parseTokens(s string) ([]uint32, error) {
+	var out []uint32
+	for i, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" && i > 0 {
+			continue
+		}
+		v, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("--tokens: %q (item %d) is not a token id; write ids as 1,2,3", f, i+1)
+		}
+		out = append(out, uint32(v))
+	}
+	return out, nil
+}
+
+type lookupJSON struct {
+	Namespace    string            `json:"namespace"`
+	PromptTokens int               `json:"prompt_tokens"`
+	PromptBlocks int               `json:"prompt_blocks"`
+	CachedTokens int               `json:"cached_tokens"`
+	CachedBlocks int               `json:"cached_blocks"`
+	Blocks       []lookupBlockJSON `json:"blocks"`
+}
+
+type lookupBlockJSON struct {
+	Index int    `json:"index"`
+	Key   string `json:"key"`
+	Node  string `json:"node"`
+	Tier  string `json:"tier"`
+}
+
+func lookupCmd(f *inspectFlags) *cobra.Command {
+	var text, tokens string
+	var nf namespaceFlags
+	c := &cobra.Command{
+		Use:   "lookup (--text T | --tokens 1,2,3)",
+		Short: "How many leading tokens of a prompt are cached, and where",
+		Long: `How many leading tokens of a prompt are cached, and where.
+
+--text is tokenized byte by byte: each UTF-8 byte of T is one token id (0..255).
+--tokens takes token ids. The namespace flags default to the demo namespace that
+clients/python/example.py writes.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := envLayer(cmd); err != nil {
+				return err
+			}
+			var toks []uint32
+			switch {
+			case (text == "") == (tokens == ""):
+				return errors.New("give the prompt as --text T or as --tokens 1,2,3 (one of them)")
+			case text != "":
+				toks = textTokens(text)
+			default:
+				var err error
+				if toks, err = parseTokens(tokens); err != nil {
+					return err
+				}
+			}
+			ns, err := nf.namespace()
+			if err != nil {
+				return err
+			}
+			var l client.Lookup
+			err = f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
+				l, err = c.Lookup(ctx, ns, toks)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			out := lookupJSON{Namespace: ns.String(), PromptTokens: l.PromptTokens, PromptBlocks: l.PromptBlocks,
+				CachedTokens: l.CachedTokens, CachedBlocks: l.CachedBlocks, Blocks: []lookupBlockJSON{}}
+			for i, b := range l.Blocks {
+				out.Blocks = append(out.Blocks, lookupBlockJSON{Index: i, Key: b.Key.String(), Node: b.NodeID, Tier: b.Tier})
+			}
+			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "namespace\t%s\n", out.Namespace)
+				fmt.Fprintf(w, "prompt\t%d tokens, %d full blocks\n", out.PromptTokens, out.PromptBlocks)
+				fmt.Fprintf(w, "cached\t%d tokens, %d blocks\n", out.CachedTokens, out.CachedBlocks)
+				if len(out.Blocks) > 0 {
+					fmt.Fprintln(w, "\nBLOCK\tKEY\tNODE\tTIER")
+					for _, b := range out.Blocks {
+						fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", b.Index, b.Key, b.Node, b.Tier)
+					}
+				}
+			})
+		},
+	}
+	c.Flags().StringVar(&text, "text", "", "the prompt as text, one token per UTF-8 byte")
+	c.Flags().StringVar(&tokens, "tokens", "", "the prompt as token ids: 1,2,3")
+	nf.register(c)
+	return c
+}
+
+type blockJSON struct {
+	Key             string   `json:"key"`
+	Parent          string   `json:"parent"`
+	NamespaceDigest string   `json:"namespace_digest"`
+	Node            string   `json:"node"`
+	Tier            string   `json:"tier"`
+	Tokens          []uint32 `json:"tokens"`
+	PayloadBytes    uint64   `json:"payload_bytes"`
+	EncodedBytes    uint64   `json:"encoded_bytes"`
+	DType           string   `json:"dtype"`
+	Layers          string   `json:"layers"`
+	KVHeads         uint32   `json:"kv_heads"`
+	HeadDim         uint32   `json:"head_dim"`
+}
+
+func blockCmd(f *inspectFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "block KEY",
+		Short: "Show one cached block (KEY: 32 hex digits, as lookup prints them)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := prefixhash.ParseKey(args[0])
+			if err != nil {
+				return fmt.Errorf("KEY %q: want the 32 hex digits that 'kvmesh inspect lookup' prints", args[0])
+			}
+			var b *kvmeshv1.BlockInfoResponse
+			err = f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
+				b, err = c.BlockInfo(ctx, key)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			var parent prefixhash.Key
+			copy(parent[:], b.GetParent())
+			out := blockJSON{Key: key.String(), Parent: parent.String(), NamespaceDigest: fmt.Sprintf("%016x", b.GetNamespaceDigest()),
+				Node: b.GetNodeId(), Tier: b.GetTier(), Tokens: b.GetTokens(), PayloadBytes: b.GetPayloadLen(), EncodedBytes: b.GetEncodedLen(),
+				DType: prefixhash.DType(b.GetDtype()).String(), Layers: fmt.Sprintf("%d:%d", b.GetLayerStart(), b.GetLayerEnd()),
+				KVHeads: b.GetKvHeads(), HeadDim: b.GetHeadDim()}
+			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "key\t%s\nparent\t%s\nnamespace\t%s\nnode\t%s\ntier\t%s\n", out.Key, out.Parent, out.NamespaceDigest, out.Node, out.Tier)
+				fmt.Fprintf(w, "tokens\t%d: %s\n", len(out.Tokens), tokenPreview(out.Tokens))
+				fmt.Fprintf(w, "payload\t%s (%s encoded)\n", formatSize(int64(out.PayloadBytes)), formatSize(int64(out.EncodedBytes)))
+				fmt.Fprintf(w, "layout\t%s, layers %s, %d kv heads x %d\n", out.DType, out.Layers, out.KVHeads, out.HeadDim)
+			})
+		},
+	}
+}
+
+func tokenPreview(t []uint32) string {
+	const n = 16
+	parts := make([]string, 0, n+1)
+	for i, v := range t {
+		if i == n {
+			parts = append(parts, "...")
+			break
+		}
+		parts = append(parts, strconv.FormatUint(uint64(v), 10))
+	}
+	return strings.Join(parts, " ")
+}
