@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -68,9 +69,13 @@ func (l Layout) PayloadLen(tokens int) int {
 	if l.DType.Size() == 0 || l.LayerEnd <= l.LayerStart || l.LayerStart < 0 || l.KVHeads < 1 || l.HeadDim < 1 || tokens < 1 {
 		return -1
 	}
-	n := uint64(l.LayerEnd-l.LayerStart) * 2 * uint64(tokens) * uint64(l.KVHeads) * uint64(l.HeadDim) * uint64(l.DType.Size())
-	if n > 1<<40 {
-		return -1
+	n := uint64(1)
+	for _, f := range []uint64{uint64(l.LayerEnd - l.LayerStart), 2, uint64(tokens), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.DType.Size())} {
+		hi, lo := bits.Mul64(n, f)
+		if hi != 0 || lo > 1<<40 {
+			return -1 // absurd layouts must not wrap into plausible sizes
+		}
+		n = lo
 	}
 	return int(n)
 }

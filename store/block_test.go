@@ -176,3 +176,14 @@ func BenchmarkDecode(b *testing.B) {
 		}
 	}
 }
+
+func TestLayoutPayloadLenNeverWraps(t *testing.T) {
+	l := Layout{DType: prefixhash.Float32, LayerStart: 0, LayerEnd: 1 << 31, KVHeads: 1 << 31, HeadDim: 1 << 31}
+	if n := l.PayloadLen(1 << 16); n != -1 {
+		t.Fatalf("absurd layout gave payload length %d", n)
+	}
+	l = Layout{DType: prefixhash.Float32, LayerEnd: 2, KVHeads: 2, HeadDim: 8}
+	if n := l.PayloadLen(4); n != 2*2*4*2*8*4 {
+		t.Fatalf("PayloadLen = %d", n)
+	}
+}
