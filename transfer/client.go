@@ -240,7 +240,9 @@ func (c *Client) do(ctx context.Context, fn func(*clientConn) error) error {
 			return nil
 		case ctx.Err() != nil:
 			return fmt.Errorf("%w (%w)", ctx.Err(), err)
-		case errors.Is(err, os.ErrDeadlineExceeded):
+		case errors.Is(err, os.ErrDeadlineExceeded) || pastDeadline(ctx):
+			// The server gives up at the same deadline and may close
+			// first: that is still this request's deadline passing.
 			return fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
 		case cc.reused && !cc.answered && attempt == 0 && staleConnError(err):
 			continue
@@ -250,6 +252,11 @@ func (c *Client) do(ctx context.Context, fn func(*clientConn) error) error {
 }
 
 var aLongTimeAgo = time.Unix(1, 0)
+
+func pastDeadline(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
 
 // staleConnError reports whether err is how a connection the server closed
 // while it was idle in the pool fails its next request.

@@ -436,6 +436,9 @@ func putHello(t []byte, hl hello) {
 }
 
 func parseHello(t []byte) (hello, error) {
+	if len(t) != helloEntry {
+		return hello{}, corrupt("hello table of %d bytes", len(t))
+	}
 	size := binary.LittleEndian.Uint64(t[0:])
 	pending := binary.LittleEndian.Uint32(t[8:])
 	switch {

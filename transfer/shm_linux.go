@@ -303,7 +303,7 @@ func (c *shmConn) readLoop(work chan<- shmWork) error {
 			if err != nil {
 				return c.sendError(h.id, err)
 			}
-			if err := c.write(frame, dl); err != nil {
+			if err := c.write(frame); err != nil {
 				return err
 			}
 			s.stats.requests.Add(1)
@@ -313,10 +313,10 @@ func (c *shmConn) readLoop(work chan<- shmWork) error {
 	}
 }
 
-func (c *shmConn) write(frame []byte, deadline time.Time) error {
+func (c *shmConn) write(frame []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	c.uc.SetWriteDeadline(deadline)
+	c.uc.SetWriteDeadline(time.Now().Add(c.s.opts.RequestTimeout))
 	_, err := c.uc.Write(frame)
 	return err
 }
@@ -432,8 +432,9 @@ func (c *shmConn) get(w shmWork) {
 		s.stats.regionUse.Add(placed)
 		s.stats.bytesOut.Add(placed)
 	}
-	dl, _ := ctx.Deadline()
-	if err := c.write(enc.finish(header{typ: typeShmGetResp, id: w.h.id, count: n}), dl); err != nil {
+	// Answer even if the requester gave up meanwhile: its reader releases
+	// the space. Only a client that stops reading altogether times out.
+	if err := c.write(enc.finish(header{typ: typeShmGetResp, id: w.h.id, count: n})); err != nil {
 		c.uc.Close() // the reader sees it and tears the client down
 		return
 	}
@@ -461,8 +462,8 @@ type ShmClient struct {
 	done   chan struct{} // closed when the reader exits
 	err    error         // why the reader exited; set before done closes
 
-	wmu sync.Mutex // serializes writes to uc; guards enc and bufs
-	enc encoder
+	wmu  sync.Mutex // serializes writes to uc; guards enc and bufs
+	enc  encoder
 	bufs net.Buffers
 
 	mu struct {
@@ -487,7 +488,9 @@ type Shm struct{ Options *ShmClientOptions }
 func (Shm) Name() string { return "shm" }
 
 // Dial connects to the ShmServer listening on the unix socket path.
-func (t Shm) Dial(ctx context.Context, path string) (Peer, error) { return DialShm(ctx, path, t.Options) }
+func (t Shm) Dial(ctx context.Context, path string) (Peer, error) {
+	return DialShm(ctx, path, t.Options)
+}
 
 // DialShm connects to the ShmServer listening on the unix socket path and
 // maps the region it sends. opts may be nil for defaults.
@@ -714,11 +717,20 @@ func (c *ShmClient) roundTrip(ctx context.Context, fill func(id uint64) net.Buff
 	dl, _ := ctx.Deadline()
 	c.uc.SetWriteDeadline(dl)
 	bufs := fill(id)
-	_, err := bufs.WriteTo(c.uc)
+	n, err := bufs.WriteTo(c.uc)
 	clear(c.bufs)
 	c.wmu.Unlock()
 	if err != nil {
-		c.uc.Close() // a partial frame: the stream is unusable
+		if n > 0 {
+			c.uc.Close() // a partial frame: the stream is unusable
+		}
+		c.mu.Lock()
+		delete(c.mu.waiters, id)
+		c.mu.Unlock()
+		<-c.slots
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
 		return shmReply{}, fmt.Errorf("send request: %w", err)
 	}
 

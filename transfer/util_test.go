@@ -104,14 +104,17 @@ func testKey(i int) prefixhash.Key {
 	return k
 }
 
-// testValue returns n pseudo-random bytes that depend on i.
+// testValue returns n bytes that depend on i and n: a pseudo-random pattern
+// of a prime length, repeated (cheap under the race detector).
 func testValue(i, n int) []byte {
 	r := rand.New(rand.NewPCG(uint64(i), uint64(n)))
 	b := make([]byte, n)
-	for j := 0; j < n; j += 8 {
-		var w [8]byte
-		binary.LittleEndian.PutUint64(w[:], r.Uint64())
-		copy(b[j:], w[:])
+	pat := b[:min(n, 4099)]
+	for j := range pat {
+		pat[j] = byte(r.Uint32())
+	}
+	for j := len(pat); j < n; j += len(pat) {
+		copy(b[j:], pat)
 	}
 	return b
 }
