@@ -67,7 +67,7 @@ func TestHeaderRejects(t *testing.T) {
 func TestAnswerLimits(t *testing.T) {
 	lim := Limits{MaxItems: 10, MaxValueSize: 1000, MaxBatchBytes: 4096}
 	for _, tc := range []struct {
-		h             header
+		h              header
 		value, ofBatch int
 	}{
 		{header{}, 1000, 4096},
