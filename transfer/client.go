@@ -214,7 +214,8 @@ func (c *Client) release(r *Result) {
 // connection's and ctx's cancellation interrupts its I/O. A connection that
 // saw an error or an interruption is closed. A request that failed on a
 // reused connection before any response byte arrived (the server closed it
-// while idle) is retried once on a new one: gets and puts are idempotent.
+// while idle) is retried on another, at most MaxConns times: gets and puts
+// are idempotent.
 func (c *Client) do(ctx context.Context, fn func(*clientConn) error) error {
 	for attempt := 0; ; attempt++ {
 		cc, err := c.checkout(ctx)
@@ -244,8 +245,8 @@ func (c *Client) do(ctx context.Context, fn func(*clientConn) error) error {
 			// The server gives up at the same deadline and may close
 			// first: that is still this request's deadline passing.
 			return fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
-		case cc.reused && !cc.answered && attempt == 0 && staleConnError(err):
-			continue
+		case cc.reused && !cc.answered && attempt < c.opts.MaxConns && staleConnError(err):
+			continue // every idle connection may be stale (the server restarted)
 		}
 		return err
 	}

@@ -35,7 +35,9 @@ import (
 //	putResp     (8)   status u8, 3 zero bytes, 0 u32
 //	shmGetResp  (16)  status u8, 3 zero bytes, value length u32, region offset u64
 //	shmRelease  (8)   request id whose region space the client gives back
-//	shmHello    (16)  region size u64, max pending requests u32, 4 zero bytes (count 1)
+//	shmHello    (32)  region size u64, max pending requests u32, the server's
+//	                  Limits: MaxItems u32, MaxValueSize u32, 4 zero bytes,
+//	                  MaxBatchBytes u64 (count 1)
 //	errorMsg    (0)   the payload is a UTF-8 message (count 0)
 //
 // The payload of getResp and putReq is the values in table order, each
@@ -55,7 +57,7 @@ const (
 	putReqEntry  = prefixhash.KeySize + 8
 	shmRespEntry = 16
 	releaseEntry = 8
-	helloEntry   = 16
+	helloEntry   = 32
 )
 
 type frameType uint8
@@ -424,15 +426,22 @@ func parseIDs(table []byte, ids []uint64) {
 }
 
 // hello is the first frame the shared-memory server sends, with the region's
-// file descriptor.
+// file descriptor: the region's size, how many requests the client may have
+// outstanding, and the server's limits, which the client adopts where they
+// are tighter than its own.
 type hello struct {
 	regionSize int64
 	maxPending int
+	limits     Limits
 }
 
 func putHello(t []byte, hl hello) {
 	binary.LittleEndian.PutUint64(t[0:], uint64(hl.regionSize))
 	binary.LittleEndian.PutUint32(t[8:], uint32(hl.maxPending))
+	binary.LittleEndian.PutUint32(t[12:], uint32(hl.limits.MaxItems))
+	binary.LittleEndian.PutUint32(t[16:], uint32(hl.limits.MaxValueSize))
+	binary.LittleEndian.PutUint32(t[20:], 0)
+	binary.LittleEndian.PutUint64(t[24:], uint64(hl.limits.MaxBatchBytes))
 }
 
 func parseHello(t []byte) (hello, error) {
@@ -441,13 +450,21 @@ func parseHello(t []byte) (hello, error) {
 	}
 	size := binary.LittleEndian.Uint64(t[0:])
 	pending := binary.LittleEndian.Uint32(t[8:])
+	lim := Limits{
+		MaxItems:      int(binary.LittleEndian.Uint32(t[12:])),
+		MaxValueSize:  int(binary.LittleEndian.Uint32(t[16:])),
+		MaxBatchBytes: int(min(binary.LittleEndian.Uint64(t[24:]), maxBatchLimit+1)),
+	}
 	switch {
-	case binary.LittleEndian.Uint32(t[12:]) != 0:
+	case binary.LittleEndian.Uint32(t[20:]) != 0:
 		return hello{}, corrupt("reserved bytes of hello are not zero")
 	case size == 0 || size > maxRegionSize || size%valueAlign != 0:
 		return hello{}, corrupt("region size %d", size)
 	case pending == 0 || pending > maxPendingLimit:
 		return hello{}, corrupt("max pending %d", pending)
 	}
-	return hello{regionSize: int64(size), maxPending: int(pending)}, nil
+	if err := lim.Validate(); err != nil {
+		return hello{}, corrupt("server limits: %v", err)
+	}
+	return hello{regionSize: int64(size), maxPending: int(pending), limits: lim}, nil
 }

@@ -135,7 +135,7 @@ func FuzzTable(f *testing.F) {
 	putShmEntry(t, 1, StatusError, 0, 0)
 	f.Add(uint8(typeShmGetResp), 0, bytes.Clone(t))
 	t = enc.begin(typeShmHello, 1)
-	putHello(t, hello{regionSize: 1 << 20, maxPending: 8})
+	putHello(t, hello{regionSize: 1 << 20, maxPending: 8, limits: defaultLimits()})
 	f.Add(uint8(typeShmHello), 0, bytes.Clone(t))
 	const region = 1 << 20
 

@@ -7,8 +7,11 @@ import (
 
 // Limits bound what one frame may ask its receiver to allocate. Both ends
 // enforce them on decode: a frame over a limit is refused with ErrLimit and
-// its connection dropped, before anything is allocated for it. The two ends
-// of a connection must agree; the defaults do.
+// its connection dropped, before anything is allocated for it. Gets adapt to
+// the requester (a get request carries the client's limits and the server
+// answers within them); ShmClient adopts the server's limits at connect;
+// puts over TCP must fit the server's limits, so a server's limits should be
+// at least its clients' (the defaults are equal).
 type Limits struct {
 	// MaxItems is the most keys (get) or items (put) in one frame.
 	// Clients split larger batches. Default 4096.
@@ -34,6 +37,11 @@ const (
 	maxRegionSize   = 1 << 40
 	maxPendingLimit = 1 << 16
 )
+
+// tighter returns the field-by-field minimum of two valid Limits.
+func tighter(a, b Limits) Limits {
+	return Limits{MaxItems: min(a.MaxItems, b.MaxItems), MaxValueSize: min(a.MaxValueSize, b.MaxValueSize), MaxBatchBytes: min(a.MaxBatchBytes, b.MaxBatchBytes)}
+}
 
 // EnsureDefaults fills zero fields with their defaults.
 func (l *Limits) EnsureDefaults() {

@@ -209,7 +209,7 @@ func (s *ShmServer) newShmConn(uc *net.UnixConn) (*shmConn, error) {
 		}
 	}
 	var enc encoder
-	putHello(enc.begin(typeShmHello, 1), hello{regionSize: size, maxPending: s.opts.MaxPending})
+	putHello(enc.begin(typeShmHello, 1), hello{regionSize: size, maxPending: s.opts.MaxPending, limits: s.opts.Limits})
 	frame := enc.finish(header{typ: typeShmHello, count: 1})
 	uc.SetWriteDeadline(time.Now().Add(s.opts.RequestTimeout))
 	if _, _, err := uc.WriteMsgUnix(frame, unix.UnixRights(fd), nil); err != nil {
@@ -516,6 +516,7 @@ func DialShm(ctx context.Context, path string, opts *ShmClientOptions) (*ShmClie
 		uc.Close()
 		return nil, fmt.Errorf("transfer: shm dial %s: %w", path, err)
 	}
+	o.Limits = tighter(o.Limits, hl.limits)
 	c := &ShmClient{path: path, opts: o, uc: uc, mem: mem, slots: make(chan struct{}, hl.maxPending), done: make(chan struct{})}
 	c.mu.waiters = make(map[uint64]chan shmReply)
 	go c.readLoop()

@@ -256,6 +256,30 @@ func TestShmServerClose(t *testing.T) {
 	}
 }
 
+// The client adopts the server's tighter limits from the hello: batches are
+// split to fit them instead of being refused.
+func TestShmAdoptsServerLimits(t *testing.T) {
+	src := newMemSource()
+	_, path := startShm(t, src, &ShmServerOptions{Limits: Limits{MaxItems: 10, MaxValueSize: 4096, MaxBatchBytes: 8192}})
+	c := dialShm(t, path, nil)
+	keys := fill(src, make([]int, 25))
+	r, err := c.Get(context.Background(), keys)
+	if err != nil || r.Hits() != 25 {
+		t.Fatalf("25 keys, server MaxItems 10: %v", err)
+	}
+	r.Release()
+	vals := make([][]byte, 25)
+	for i := range vals {
+		vals[i] = make([]byte, 3000)
+	}
+	if _, err := c.Put(context.Background(), keys, vals); err != nil {
+		t.Fatalf("put split to the server's MaxBatchBytes: %v", err)
+	}
+	if _, err := c.Put(context.Background(), keys[:1], [][]byte{make([]byte, 5000)}); !errors.Is(err, ErrLimit) {
+		t.Fatalf("put over the server's MaxValueSize: %v", err)
+	}
+}
+
 func TestShmMaxClients(t *testing.T) {
 	src := newMemSource()
 	_, path := startShm(t, src, &ShmServerOptions{MaxClients: 1})
@@ -316,3 +340,4 @@ func shmChild() {
 	time.Sleep(time.Hour) // until killed
 	r.Release()
 }
+
