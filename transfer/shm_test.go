@@ -340,4 +340,3 @@ func shmChild() {
 	time.Sleep(time.Hour) // until killed
 	r.Release()
 }
-
