@@ -99,25 +99,60 @@ func (c *Client) Get(ctx context.Context, keys []prefixhash.Key) (*Result, error
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
 	r := newResult(c, len(keys))
-	todo := make([]int, len(keys))
+	err := getRounds(len(keys), c.opts.MaxItems, func(idx []int) (retry []int, err error) {
+		err = c.do(ctx, func(cc *clientConn) error {
+			var err error
+			retry, err = cc.get(ctx, c, keys, idx, r)
+			return err
+		})
+		return retry, err
+	})
+	if err != nil {
+		r.Release()
+		return nil, fmt.Errorf("transfer: get %d keys from %s: %w", len(keys), c.addr, err)
+	}
+	return r, nil
+}
+
+// getRounds runs the requests of a Get of n keys: round asks for the keys
+// idx (at most maxItems) and returns those the peer asked to be asked for
+// again, until every key is answered. Each round answers at least one key,
+// or the peer is broken.
+func getRounds(n, maxItems int, round func(idx []int) ([]int, error)) error {
+	todo := make([]int, n)
 	for i := range todo {
 		todo[i] = i
 	}
 	for len(todo) > 0 {
-		n := min(len(todo), c.opts.MaxItems)
-		var retry []int
-		err := c.do(ctx, func(cc *clientConn) error {
-			var err error
-			retry, err = cc.get(ctx, c, keys, todo[:n], r)
-			return err
-		})
+		k := min(len(todo), maxItems)
+		retry, err := round(todo[:k])
 		if err != nil {
-			r.Release()
-			return nil, fmt.Errorf("transfer: get %d keys from %s: %w", len(keys), c.addr, err)
+			return err
 		}
-		todo = append(todo[n:], retry...)
+		if len(retry) == k {
+			return corrupt("peer sent none of %d values and asked for all again", k)
+		}
+		todo = append(todo[k:], retry...)
 	}
-	return r, nil
+	return nil
+}
+
+// fillResult records the answer to the keys idx in r: statuses st, and
+// value(i) for each OK item, asked in increasing i. It returns the keys to
+// ask for again.
+func fillResult(r *Result, idx []int, st []Status, value func(i int) []byte) (retry []int) {
+	for i, j := range idx {
+		switch st[i] {
+		case StatusOK:
+			r.Values[j] = value(i)
+			r.Status[j] = StatusOK
+		case statusRetry:
+			retry = append(retry, j)
+		default:
+			r.Status[j] = st[i]
+		}
+	}
+	return retry
 }
 
 // Put pushes vals[i] under keys[i], in as many requests as MaxItems and
@@ -126,21 +161,32 @@ func (c *Client) Get(ctx context.Context, keys []prefixhash.Key) (*Result, error
 // over MaxValueSize fails the whole call with ErrLimit before anything is
 // sent.
 func (c *Client) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte) ([]Status, error) {
-	if err := checkPut(keys, vals, &c.opts.Limits); err != nil {
-		return nil, err
-	}
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
+	st, err := putFrames(keys, vals, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
+		if err := c.inflight.acquire(ctx, int64(bytes)); err != nil {
+			return fmt.Errorf("waiting for in-flight room: %w", err)
+		}
+		defer c.inflight.release(int64(bytes))
+		return c.do(ctx, func(cc *clientConn) error { return cc.put(ctx, c, keys[lo:hi], vals[lo:hi], bytes, st) })
+	})
+	if err != nil {
+		return nil, fmt.Errorf("transfer: put %d values to %s: %w", len(keys), c.addr, err)
+	}
+	return st, nil
+}
+
+// putFrames checks a put and cuts it into frames within lim; send sends
+// items [lo, hi) (bytes of padded values) and fills their statuses st.
+func putFrames(keys []prefixhash.Key, vals [][]byte, lim *Limits, send func(lo, hi, bytes int, st []Status) error) ([]Status, error) {
+	if err := checkPut(keys, vals, lim); err != nil {
+		return nil, err
+	}
 	st := make([]Status, len(keys))
 	for lo := 0; lo < len(keys); {
-		hi, bytes := putChunk(vals, lo, &c.opts.Limits)
-		if err := c.inflight.acquire(ctx, int64(bytes)); err != nil {
-			return nil, fmt.Errorf("transfer: put to %s: waiting for in-flight room: %w", c.addr, err)
-		}
-		err := c.do(ctx, func(cc *clientConn) error { return cc.put(ctx, c, keys[lo:hi], vals[lo:hi], bytes, st[lo:hi]) })
-		c.inflight.release(int64(bytes))
-		if err != nil {
-			return nil, fmt.Errorf("transfer: put %d values to %s: %w", len(keys), c.addr, err)
+		hi, bytes := putChunk(vals, lo, lim)
+		if err := send(lo, hi, bytes, st[lo:hi]); err != nil {
+			return nil, err
 		}
 		lo = hi
 	}
@@ -440,28 +486,16 @@ func (cc *clientConn) get(ctx context.Context, c *Client, keys []prefixhash.Key,
 			return nil, fmt.Errorf("read values: %w", err)
 		}
 	}
-	var retry []int
-	off := 0
-	for i, j := range idx {
-		switch s := cc.st[i]; s {
-		case StatusOK:
-			n := cc.lens[i]
-			r.Values[j] = emptyValue
-			if n > 0 {
-				r.Values[j] = buf[off : off+n : off+n]
-			}
-			r.Status[j] = s
-			off += alignUp(n)
-		case statusRetry:
-			retry = append(retry, j)
-		default:
-			r.Status[j] = s
+	off := 0 // values lie in buf in table order; fillResult asks in that order
+	return fillResult(r, idx, cc.st, func(i int) []byte {
+		n := cc.lens[i]
+		if n == 0 {
+			return emptyValue
 		}
-	}
-	if len(retry) == len(idx) {
-		return nil, corrupt("server sent none of %d values and asked for all again", len(idx))
-	}
-	return retry, nil
+		v := buf[off : off+n : off+n]
+		off += alignUp(n)
+		return v
+	}), nil
 }
 
 // put sends one put frame, values written from the caller's memory by one

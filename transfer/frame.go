@@ -320,25 +320,34 @@ func parseStatus(b byte, allowRetry bool) (Status, error) {
 	return st, corrupt("item status %d", b)
 }
 
+// parseItem decodes the status and value length that open getResp and
+// shmGetResp entries.
+func parseItem(e []byte, i int, lim *Limits) (Status, int, error) {
+	s, err := parseStatus(e[0], true)
+	if err != nil {
+		return s, 0, err
+	}
+	if e[1]|e[2]|e[3] != 0 {
+		return s, 0, corrupt("reserved bytes of item %d are not zero", i)
+	}
+	n := int(binary.LittleEndian.Uint32(e[4:]))
+	switch {
+	case n != 0 && s != StatusOK:
+		return s, 0, corrupt("item %d has status %s and a %d-byte value", i, s, n)
+	case n > lim.MaxValueSize:
+		return s, 0, fmt.Errorf("%w: value %d is %d bytes, MaxValueSize is %d", ErrLimit, i, n, lim.MaxValueSize)
+	}
+	return s, n, nil
+}
+
 // parseGetResp decodes a getResp table into st and lens and checks that the
 // padded lengths of the OK values add up to the payload.
 func parseGetResp(table []byte, h *header, lim *Limits, st []Status, lens []int) error {
 	total := 0
 	for i := range st {
-		e := table[i*getRespEntry:]
-		s, err := parseStatus(e[0], true)
+		s, n, err := parseItem(table[i*getRespEntry:], i, lim)
 		if err != nil {
 			return err
-		}
-		if e[1]|e[2]|e[3] != 0 {
-			return corrupt("reserved bytes of item %d are not zero", i)
-		}
-		n := int(binary.LittleEndian.Uint32(e[4:]))
-		switch {
-		case n != 0 && s != StatusOK:
-			return corrupt("item %d has status %s and a %d-byte value", i, s, n)
-		case n > lim.MaxValueSize:
-			return fmt.Errorf("%w: value %d is %d bytes, MaxValueSize is %d", ErrLimit, i, n, lim.MaxValueSize)
 		}
 		st[i], lens[i] = s, n
 		if s == StatusOK {
@@ -395,20 +404,14 @@ func parsePutReq(table []byte, h *header, lim *Limits, keys []prefixhash.Key, le
 func parseShmResp(table []byte, lim *Limits, regionSize int64, st []Status, lens []int, offs []int64) error {
 	for i := range st {
 		e := table[i*shmRespEntry:]
-		s, err := parseStatus(e[0], true)
+		s, n, err := parseItem(e, i, lim)
 		if err != nil {
 			return err
 		}
-		if e[1]|e[2]|e[3] != 0 {
-			return corrupt("reserved bytes of item %d are not zero", i)
-		}
-		n := int(binary.LittleEndian.Uint32(e[4:]))
 		off := binary.LittleEndian.Uint64(e[8:])
 		switch {
-		case s != StatusOK && (n != 0 || off != 0):
-			return corrupt("item %d has status %s and a value", i, s)
-		case n > lim.MaxValueSize:
-			return fmt.Errorf("%w: value %d is %d bytes, MaxValueSize is %d", ErrLimit, i, n, lim.MaxValueSize)
+		case s != StatusOK && off != 0:
+			return corrupt("item %d has status %s and an offset", i, s)
 		case off%valueAlign != 0 || off > uint64(regionSize) || uint64(n) > uint64(regionSize)-off:
 			return corrupt("item %d at [%d, +%d) is outside the %d-byte region or unaligned", i, off, n, regionSize)
 		}

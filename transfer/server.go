@@ -21,22 +21,11 @@ import (
 // answered with an error frame and its connection closed; other connections
 // are unaffected.
 type Server struct {
+	listeners
 	src      Source
 	sink     Sink
 	opts     ServerOptions
-	log      *slog.Logger
 	inflight *byteSem
-	ctx      context.Context // canceled by Close
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup // Listen's accept loops and connection goroutines
-	stats    counters
-
-	mu struct {
-		sync.Mutex
-		lns    map[net.Listener]struct{}
-		conns  map[net.Conn]struct{}
-		closed bool
-	}
 }
 
 // Stats are a server's counters since it started.
@@ -57,7 +46,8 @@ type counters struct {
 	conns, refused, requests, dropped, hits, misses, bytesOut, puts, bytesIn, regionUse atomic.Int64
 }
 
-func (c *counters) snapshot() Stats {
+func (l *listeners) snapshot() Stats {
+	c := &l.stats
 	return Stats{
 		Conns: c.conns.Load(), Refused: c.refused.Load(), Requests: c.requests.Load(), Dropped: c.dropped.Load(),
 		Hits: c.hits.Load(), Misses: c.misses.Load(), BytesOut: c.bytesOut.Load(),
@@ -80,133 +70,167 @@ func NewServer(src Source, sink Sink, opts *ServerOptions, log *slog.Logger) (*S
 	if src == nil {
 		return nil, errors.New("transfer: NewServer needs a Source")
 	}
-	if log == nil {
-		log = slog.Default()
-	}
-	s := &Server{src: src, sink: sink, opts: o, log: log, inflight: newByteSem(int64(o.MaxInFlightBytes))}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.mu.lns = make(map[net.Listener]struct{})
-	s.mu.conns = make(map[net.Conn]struct{})
+	s := &Server{src: src, sink: sink, opts: o, inflight: newByteSem(int64(o.MaxInFlightBytes))}
+	s.listeners.init(log, o.MaxConns, s.serveConn)
 	return s, nil
 }
 
-// Stats returns the server's counters.
-func (s *Server) Stats() Stats { return s.stats.snapshot() }
-
 // Listen listens on addr (host:port; port 0 picks one) and serves it in a
 // goroutine that Close stops. It returns the address listened on.
-func (s *Server) Listen(addr string) (net.Addr, error) {
-	ln, err := net.Listen("tcp", addr)
+func (s *Server) Listen(addr string) (net.Addr, error) { return s.listen("tcp", addr) }
+
+// Serve accepts connections on ln until Close, then returns ErrClosed. Close
+// closes ln.
+func (s *Server) Serve(ln net.Listener) error { return s.serve(ln) }
+
+// Stats returns the server's counters.
+func (s *Server) Stats() Stats { return s.snapshot() }
+
+// Close stops the listeners, closes every connection (requests in flight
+// fail on their clients), cancels the contexts passed to the Source and
+// Sink, and waits for every goroutine of the server.
+func (s *Server) Close() error { return s.close() }
+
+// listeners is what both servers share: listeners, an accept loop per
+// listener, a goroutine per admitted connection (at most maxConns), and a
+// Close that stops them all and waits for them.
+type listeners struct {
+	log      *slog.Logger
+	maxConns int
+	handle   func(net.Conn)  // serves one connection; the caller closes it after
+	ctx      context.Context // canceled by Close
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup // accept loops and connection goroutines
+	stats    counters
+
+	mu struct {
+		sync.Mutex
+		lns    map[net.Listener]struct{}
+		conns  map[net.Conn]struct{}
+		closed bool
+	}
+}
+
+func (l *listeners) init(log *slog.Logger, maxConns int, handle func(net.Conn)) {
+	if log == nil {
+		log = slog.Default()
+	}
+	l.log, l.maxConns, l.handle = log, maxConns, handle
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.mu.lns = make(map[net.Listener]struct{})
+	l.mu.conns = make(map[net.Conn]struct{})
+}
+
+func (l *listeners) listen(network, addr string) (net.Addr, error) {
+	ln, err := net.Listen(network, addr)
 	if err != nil {
 		return nil, fmt.Errorf("transfer: listen: %w", err)
 	}
-	if !s.trackListener(ln) {
+	if !l.track(ln) {
 		ln.Close()
 		return nil, ErrClosed
 	}
-	s.wg.Add(1)
+	l.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
-		s.acceptLoop(ln)
+		defer l.wg.Done()
+		l.acceptLoop(ln)
 	}()
 	return ln.Addr(), nil
 }
 
-// Serve accepts connections on ln until Close, then returns ErrClosed. Close
-// closes ln.
-func (s *Server) Serve(ln net.Listener) error {
-	if !s.trackListener(ln) {
+func (l *listeners) serve(ln net.Listener) error {
+	if !l.track(ln) {
 		ln.Close()
 		return ErrClosed
 	}
-	return s.acceptLoop(ln)
+	return l.acceptLoop(ln)
 }
 
-func (s *Server) trackListener(ln net.Listener) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mu.closed {
+func (l *listeners) track(ln net.Listener) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mu.closed {
 		return false
 	}
-	s.mu.lns[ln] = struct{}{}
+	l.mu.lns[ln] = struct{}{}
 	return true
 }
 
-func (s *Server) acceptLoop(ln net.Listener) error {
-	return acceptLoop(s.ctx, ln, s.log, func(nc net.Conn) {
-		if !s.trackConn(nc) {
-			return
-		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.serveConn(nc)
-		}()
-	})
-}
-
-// acceptLoop accepts on ln and hands connections to start until ln fails
-// for good. Transient errors (out of file descriptors) back off instead of
-// spinning. It returns ErrClosed once ctx is done.
-func acceptLoop(ctx context.Context, ln net.Listener, log *slog.Logger, start func(net.Conn)) error {
+// acceptLoop accepts on ln and starts a goroutine per connection until ln
+// fails for good. Transient errors (out of file descriptors) back off
+// instead of spinning. It returns ErrClosed after Close.
+func (l *listeners) acceptLoop(ln net.Listener) error {
 	var delay time.Duration
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
-			if ctx.Err() != nil {
+			if l.ctx.Err() != nil {
 				return ErrClosed
 			}
 			if errors.Is(err, net.ErrClosed) {
 				return fmt.Errorf("transfer: accept: %w", err)
 			}
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			log.Warn("transfer: accept failed; retrying", "addr", ln.Addr(), "err", err, "retry_in", delay)
+			l.log.Warn("transfer: accept failed; retrying", "addr", ln.Addr(), "err", err, "retry_in", delay)
 			t := time.NewTimer(delay)
 			select {
 			case <-t.C:
-			case <-ctx.Done():
+			case <-l.ctx.Done():
 				t.Stop()
 				return ErrClosed
 			}
 			continue
 		}
 		delay = 0
-		start(nc)
+		if l.admit(nc) {
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				defer l.forget(nc)
+				l.handle(nc)
+			}()
+		}
 	}
 }
 
-func (s *Server) trackConn(nc net.Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mu.closed || len(s.mu.conns) >= s.opts.MaxConns {
+// admit tracks nc, or closes it when the server is closed or full.
+func (l *listeners) admit(nc net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mu.closed || len(l.mu.conns) >= l.maxConns {
 		nc.Close()
-		s.stats.refused.Add(1)
+		l.stats.refused.Add(1)
 		return false
 	}
-	s.mu.conns[nc] = struct{}{}
-	s.stats.conns.Add(1)
+	l.mu.conns[nc] = struct{}{}
+	l.stats.conns.Add(1)
 	return true
 }
 
-// Close stops the listeners, closes every connection (requests in flight
-// fail on their clients), cancels the contexts passed to the Source and
-// Sink, and waits for every goroutine of the server.
-func (s *Server) Close() error {
-	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
+func (l *listeners) forget(nc net.Conn) {
+	nc.Close()
+	l.mu.Lock()
+	delete(l.mu.conns, nc)
+	l.mu.Unlock()
+	l.stats.conns.Add(-1)
+}
+
+func (l *listeners) close() error {
+	l.mu.Lock()
+	if l.mu.closed {
+		l.mu.Unlock()
 		return nil
 	}
-	s.mu.closed = true
-	for ln := range s.mu.lns {
+	l.mu.closed = true
+	for ln := range l.mu.lns {
 		ln.Close()
 	}
-	for nc := range s.mu.conns {
+	for nc := range l.mu.conns {
 		nc.Close()
 	}
-	s.mu.Unlock()
-	s.cancel()
-	s.wg.Wait()
+	l.mu.Unlock()
+	l.cancel()
+	l.wg.Wait()
 	return nil
 }
 
@@ -236,13 +260,6 @@ type serverConn struct {
 }
 
 func (s *Server) serveConn(nc net.Conn) {
-	defer func() {
-		nc.Close()
-		s.mu.Lock()
-		delete(s.mu.conns, nc)
-		s.mu.Unlock()
-		s.stats.conns.Add(-1)
-	}()
 	sc := &serverConn{s: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
 	for {
 		nc.SetDeadline(time.Now().Add(s.opts.IdleTimeout))

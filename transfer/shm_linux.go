@@ -36,22 +36,11 @@ import (
 // and puts at once, and a worker that answers gets in order (and may wait
 // for space, which only the reader can free).
 type ShmServer struct {
+	listeners
 	src      Source
 	sink     Sink
 	opts     ShmServerOptions
-	log      *slog.Logger
 	inflight *byteSem
-	ctx      context.Context // canceled by Close
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	stats    counters
-
-	mu struct {
-		sync.Mutex
-		lns    map[net.Listener]struct{}
-		conns  map[net.Conn]struct{}
-		closed bool
-	}
 }
 
 // NewShmServer returns a shared-memory server of src and sink (nil: puts
@@ -69,96 +58,37 @@ func NewShmServer(src Source, sink Sink, opts *ShmServerOptions, log *slog.Logge
 	if src == nil {
 		return nil, errors.New("transfer: NewShmServer needs a Source")
 	}
-	if log == nil {
-		log = slog.Default()
-	}
-	s := &ShmServer{src: src, sink: sink, opts: o, log: log, inflight: newByteSem(int64(o.MaxInFlightBytes))}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.mu.lns = make(map[net.Listener]struct{})
-	s.mu.conns = make(map[net.Conn]struct{})
+	s := &ShmServer{src: src, sink: sink, opts: o, inflight: newByteSem(int64(o.MaxInFlightBytes))}
+	s.listeners.init(log, o.MaxClients, s.serveConn)
 	return s, nil
 }
-
-// Stats returns the server's counters; Conns counts clients and RegionUse
-// the region bytes their unreleased results hold.
-func (s *ShmServer) Stats() Stats { return s.stats.snapshot() }
 
 // Listen listens on the unix socket path and serves it in a goroutine that
 // Close stops. The socket file must not exist; Close removes it. Access to
 // the server is access to the socket file: its permissions decide who may
 // read the cache.
 func (s *ShmServer) Listen(path string) error {
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return fmt.Errorf("transfer: shm listen: %w", err)
-	}
-	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
-		ln.Close()
-		return ErrClosed
-	}
-	s.mu.lns[ln] = struct{}{}
-	s.mu.Unlock()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		acceptLoop(s.ctx, ln, s.log, s.start)
-	}()
-	return nil
-}
-
-func (s *ShmServer) start(nc net.Conn) {
-	s.mu.Lock()
-	if s.mu.closed || len(s.mu.conns) >= s.opts.MaxClients {
-		s.mu.Unlock()
-		nc.Close()
-		s.stats.refused.Add(1)
-		return
-	}
-	s.mu.conns[nc] = struct{}{}
-	s.mu.Unlock()
-	s.stats.conns.Add(1)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer func() {
-			nc.Close()
-			s.mu.Lock()
-			delete(s.mu.conns, nc)
-			s.mu.Unlock()
-			s.stats.conns.Add(-1)
-		}()
-		c, err := s.newShmConn(nc.(*net.UnixConn))
-		if err != nil {
-			s.stats.dropped.Add(1)
-			s.log.Warn("transfer: shm client setup failed", "err", err)
-			return
-		}
-		c.run()
-	}()
+	_, err := s.listen("unix", path)
+	return err
 }
 
 // Close stops listening, disconnects every client (their regions are
 // unmapped here; clients keep their own mappings until they release), and
 // waits for every goroutine of the server.
-func (s *ShmServer) Close() error {
-	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
-		return nil
+func (s *ShmServer) Close() error { return s.close() }
+
+// Stats returns the server's counters: Conns counts clients, RegionUse the
+// region bytes their unreleased results hold.
+func (s *ShmServer) Stats() Stats { return s.snapshot() }
+
+func (s *ShmServer) serveConn(nc net.Conn) {
+	c, err := s.newShmConn(nc.(*net.UnixConn))
+	if err != nil {
+		s.stats.dropped.Add(1)
+		s.log.Warn("transfer: shm client setup failed", "err", err)
+		return
 	}
-	s.mu.closed = true
-	for ln := range s.mu.lns {
-		ln.Close()
-	}
-	for nc := range s.mu.conns {
-		nc.Close()
-	}
-	s.mu.Unlock()
-	s.cancel()
-	s.wg.Wait()
-	return nil
+	c.run()
 }
 
 // shmConn is the server side of one client.
@@ -769,15 +699,10 @@ func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, er
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
 	r := newResult(c, len(keys))
-	todo := make([]int, len(keys))
-	for i := range todo {
-		todo[i] = i
-	}
 	var st []Status
 	var lens []int
 	var offs []int64
-	for len(todo) > 0 {
-		idx := todo[:min(len(todo), c.opts.MaxItems)]
+	err := getRounds(len(keys), c.opts.MaxItems, func(idx []int) ([]int, error) {
 		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
 			t := c.enc.begin(typeGetReq, len(idx))
 			for i, j := range idx {
@@ -786,41 +711,27 @@ func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, er
 			c.bufs = append(c.bufs[:0], c.enc.finish(getHeader(ctx, id, len(idx), &c.opts.Limits)))
 			return c.bufs
 		})
-		if err == nil {
-			r.ids = append(r.ids, rep.h.id)
-			st, lens, offs = grow(st, len(idx)), grow(lens, len(idx)), grow(offs, len(idx))
-			switch {
-			case rep.h.typ != typeShmGetResp || rep.h.count != len(idx):
-				err = corrupt("got %s of %d items for %d keys", rep.h.typ, rep.h.count, len(idx))
-			default:
-				err = parseShmResp(rep.table, &c.opts.Limits, int64(len(c.mem)), st, lens, offs)
-			}
-		}
 		if err != nil {
-			r.Release()
-			if errors.Is(err, ErrCorrupt) {
-				c.uc.Close()
-			}
-			return nil, fmt.Errorf("transfer: shm get %d keys: %w", len(keys), err)
+			return nil, err
 		}
-		var retry []int
-		for i, j := range idx {
-			switch st[i] {
-			case StatusOK:
-				r.Values[j] = c.mem[offs[i] : offs[i]+int64(lens[i]) : offs[i]+int64(lens[i])]
-				r.Status[j] = StatusOK
-			case statusRetry:
-				retry = append(retry, j)
-			default:
-				r.Status[j] = st[i]
-			}
+		r.ids = append(r.ids, rep.h.id)
+		st, lens, offs = grow(st, len(idx)), grow(lens, len(idx)), grow(offs, len(idx))
+		if rep.h.typ != typeShmGetResp || rep.h.count != len(idx) {
+			return nil, corrupt("got %s of %d items for %d keys", rep.h.typ, rep.h.count, len(idx))
 		}
-		if len(retry) == len(idx) {
-			r.Release()
+		if err := parseShmResp(rep.table, &c.opts.Limits, int64(len(c.mem)), st, lens, offs); err != nil {
+			return nil, err
+		}
+		return fillResult(r, idx, st, func(i int) []byte {
+			return c.mem[offs[i] : offs[i]+int64(lens[i]) : offs[i]+int64(lens[i])]
+		}), nil
+	})
+	if err != nil {
+		r.Release()
+		if errors.Is(err, ErrCorrupt) {
 			c.uc.Close()
-			return nil, fmt.Errorf("transfer: shm get: %w", corrupt("server placed none of %d values and asked for all again", len(idx)))
 		}
-		todo = append(todo[len(idx):], retry...)
+		return nil, fmt.Errorf("transfer: shm get %d keys: %w", len(keys), err)
 	}
 	return r, nil
 }
@@ -829,29 +740,23 @@ func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, er
 // socket (one copy into the kernel and one out), in as many frames as
 // MaxItems and MaxBatchBytes require; vals are only read during the call.
 func (c *ShmClient) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte) ([]Status, error) {
-	if err := checkPut(keys, vals, &c.opts.Limits); err != nil {
-		return nil, err
-	}
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
-	st := make([]Status, len(keys))
-	for lo := 0; lo < len(keys); {
-		hi, bytes := putChunk(vals, lo, &c.opts.Limits)
+	st, err := putFrames(keys, vals, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
 		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
 			c.bufs = appendPut(&c.enc, c.bufs[:0], id, timeoutMillis(ctx), keys[lo:hi], vals[lo:hi], bytes)
 			return c.bufs
 		})
-		if err == nil {
-			if rep.h.typ != typePutResp || rep.h.count != hi-lo {
-				err = corrupt("got %s of %d items for a put of %d", rep.h.typ, rep.h.count, hi-lo)
-			} else {
-				err = parsePutResp(rep.table, st[lo:hi])
-			}
-		}
 		if err != nil {
-			return nil, fmt.Errorf("transfer: shm put %d values: %w", len(keys), err)
+			return err
 		}
-		lo = hi
+		if rep.h.typ != typePutResp || rep.h.count != hi-lo {
+			return corrupt("got %s of %d items for a put of %d", rep.h.typ, rep.h.count, hi-lo)
+		}
+		return parsePutResp(rep.table, st)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("transfer: shm put %d values: %w", len(keys), err)
 	}
 	return st, nil
 }

@@ -43,24 +43,11 @@ func dialShm(t testing.TB, path string, opts *ShmClientOptions) *ShmClient {
 }
 
 func TestShmRoundTrip(t *testing.T) {
-	many := make([]int, 3000)
-	for i := range many {
-		many[i] = []int{-1, 0, 1, 63, 64, 65, 1000}[i%7]
-	}
-	for _, tc := range []struct {
-		name  string
-		sizes []int
-	}{
-		{"empty batch", nil},
-		{"hits and misses", []int{10, -1, 4096, -1, -1, 1 << 20, 3}},
-		{"zero-byte values", []int{0, 0, -1, 0}},
-		{"large values", []int{16 << 20, -1, 9<<20 + 7}},
-		{"many items", many},
-	} {
+	for _, tc := range roundTripCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			src := newMemSource()
 			srv, path := startShm(t, src, &ShmServerOptions{RegionSize: 64 << 20})
-			c := dialShm(t, path, &ShmClientOptions{Limits: Limits{MaxItems: 1000}})
+			c := dialShm(t, path, &ShmClientOptions{Limits: Limits{MaxItems: 512}})
 			keys := fill(src, tc.sizes)
 			r, err := c.Get(context.Background(), keys)
 			if err != nil {

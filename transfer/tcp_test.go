@@ -58,28 +58,37 @@ func fill(src *memSource, sizes []int) []prefixhash.Key {
 	return keys
 }
 
-func TestRoundTrip(t *testing.T) {
+// roundTripCases are the batches both transports must round-trip: value
+// sizes per key, -1 for a missing key. The many-item batch is split by the
+// clients (MaxItems 512).
+func roundTripCases() []struct {
+	name  string
+	sizes []int
+} {
 	many := make([]int, 5000)
 	for i := range many {
 		many[i] = []int{-1, 0, 1, 63, 64, 65, 1000}[i%7]
 	}
-	for _, tc := range []struct {
+	return []struct {
 		name  string
 		sizes []int
-		opts  ClientOptions
 	}{
-		{"empty batch", nil, ClientOptions{}},
-		{"one hit", []int{100}, ClientOptions{}},
-		{"one miss", []int{-1}, ClientOptions{}},
-		{"hits and misses", []int{10, -1, 4096, -1, -1, 1 << 20, 3}, ClientOptions{}},
-		{"zero-byte values", []int{0, 0, -1, 0}, ClientOptions{}},
-		{"large values", []int{16 << 20, -1, 9<<20 + 7, 1}, ClientOptions{}},
-		{"many items, split by MaxItems", many, ClientOptions{Limits: Limits{MaxItems: 512}}},
-	} {
+		{"empty batch", nil},
+		{"one hit", []int{100}},
+		{"one miss", []int{-1}},
+		{"hits and misses", []int{10, -1, 4096, -1, -1, 1 << 20, 3}},
+		{"zero-byte values", []int{0, 0, -1, 0}},
+		{"large values", []int{16 << 20, -1, 9<<20 + 7, 1}},
+		{"many items", many},
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, tc := range roundTripCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			src := newMemSource()
 			_, addr := startServer(t, src, nil)
-			c := newClient(t, addr, &tc.opts)
+			c := newClient(t, addr, &ClientOptions{Limits: Limits{MaxItems: 512}})
 			keys := fill(src, tc.sizes)
 			r, err := c.Get(context.Background(), keys)
 			if err != nil {
