@@ -67,7 +67,13 @@ type TCP struct{ Options *ClientOptions }
 func (TCP) Name() string { return "tcp" }
 
 // Dial returns a Client of addr. It does not connect until the first request.
-func (t TCP) Dial(_ context.Context, addr string) (Peer, error) { return NewClient(addr, t.Options) }
+func (t TCP) Dial(_ context.Context, addr string) (Peer, error) {
+	c, err := NewClient(addr, t.Options)
+	if err != nil {
+		return nil, err // not a nil *Client in a non-nil Peer
+	}
+	return c, nil
+}
 
 // Close closes every connection, interrupting requests in flight, which
 // return errors. Results already returned stay valid until released.

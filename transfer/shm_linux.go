@@ -419,7 +419,11 @@ func (Shm) Name() string { return "shm" }
 
 // Dial connects to the ShmServer listening on the unix socket path.
 func (t Shm) Dial(ctx context.Context, path string) (Peer, error) {
-	return DialShm(ctx, path, t.Options)
+	c, err := DialShm(ctx, path, t.Options)
+	if err != nil {
+		return nil, err // not a nil *ShmClient in a non-nil Peer
+	}
+	return c, nil
 }
 
 // DialShm connects to the ShmServer listening on the unix socket path and

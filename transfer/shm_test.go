@@ -327,3 +327,32 @@ func shmChild() {
 	time.Sleep(time.Hour) // until killed
 	r.Release()
 }
+
+func TestTransports(t *testing.T) {
+	src := newMemSource()
+	_, addr := startServer(t, src, nil)
+	_, path := startShm(t, src, nil)
+	keys := fill(src, []int{100, -1})
+	for _, tc := range []struct {
+		tr   Transport
+		addr string
+	}{{TCP{}, addr}, {Shm{}, path}} {
+		p, err := tc.tr.Dial(context.Background(), tc.addr)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.tr.Name(), err)
+		}
+		r, err := p.Get(context.Background(), keys)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.tr.Name(), err)
+		}
+		checkResult(t, src, keys, r)
+		r.Release()
+		p.Close()
+	}
+	if p, err := (TCP{Options: &ClientOptions{MaxConns: -1}}).Dial(context.Background(), addr); err == nil || p != nil {
+		t.Fatalf("bad options: peer %v, error %v", p, err)
+	}
+	if p, err := (Shm{}).Dial(context.Background(), path+".missing"); err == nil || p != nil {
+		t.Fatalf("missing socket: peer %v, error %v", p, err)
+	}
+}
