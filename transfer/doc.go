@@ -57,6 +57,8 @@
 // request failed or was abandoned is closed, never reused, so the next
 // request cannot read a stale answer. A shared-memory request that is
 // abandoned has its answer released by the client's reader when it arrives.
+// A ShmClient whose socket broke (the node restarted) fails every later
+// request: dial a new one; results already held stay readable.
 //
 // # Ownership
 //
