@@ -383,7 +383,6 @@ func (c *shmConn) used() int64 {
 // server. Requests are pipelined over one unix socket. A ShmClient is safe
 // for concurrent use.
 type ShmClient struct {
-	path   string
 	opts   ShmClientOptions
 	uc     *net.UnixConn
 	mem    []byte // the region, mapped read-only
@@ -451,7 +450,7 @@ func DialShm(ctx context.Context, path string, opts *ShmClientOptions) (*ShmClie
 		return nil, fmt.Errorf("transfer: shm dial %s: %w", path, err)
 	}
 	o.Limits = tighter(o.Limits, hl.limits)
-	c := &ShmClient{path: path, opts: o, uc: uc, mem: mem, slots: make(chan struct{}, hl.maxPending), done: make(chan struct{})}
+	c := &ShmClient{opts: o, uc: uc, mem: mem, slots: make(chan struct{}, hl.maxPending), done: make(chan struct{})}
 	c.mu.waiters = make(map[uint64]chan shmReply)
 	go c.readLoop()
 	return c, nil
