@@ -1,8 +1,82 @@
 // Package transfer is kvmesh's data plane: it moves batches of opaque
-// (key, bytes) pairs between nodes, separately from the gRPC control plane.
+// (key, bytes) pairs between processes, separately from the gRPC control
+// plane. It knows nothing of blocks. The store plugs in through two small
+// interfaces declared here: a Source, which serves values (pinned until the
+// server has sent them), and a Sink, which receives pushed values.
 //
-// It will hold a framed protocol over TCP (batched requests, vectored writes,
-// pooled buffers, several connections per peer, deadlines, bounded in-flight
-// bytes), a same-host transport through shared memory for a worker beside its
-// node, and the place where an RDMA verbs transport plugs in when NICs exist.
+// # Transports
+//
+// TCP (Server, Client): a framed protocol (frame.go) over a pool of
+// connections per peer, one request per connection at a time. A get request
+// carries up to Limits.MaxItems keys; its response carries a status per key
+// (found, miss, error) and the found values. The server writes the response
+// header, the item table and the values straight from the Source's memory in
+// one vectored write (net.Buffers, writev): no value byte is copied into a
+// frame. The client reads values into pooled, 64-byte-aligned receive
+// buffers. Puts are the mirror image.
+//
+// Shared memory (ShmServer, ShmClient; Linux): for an inference worker on
+// the node's host. The node listens on a unix socket and gives each client a
+// memfd region that the client maps read-only; values are copied once, from
+// the Source into the region, and the client reads them in place. Requests,
+// (offset, length) answers and releases travel over the socket; value bytes
+// never do (puts excepted: they travel inline over the socket).
+//
+// RDMA verbs need NICs that no machine here has. RDMADevices discovers
+// devices (rdmamap; an empty list, not an error, when there are none) so the
+// node can advertise them. There is no verbs code: a verbs transport will be
+// a third Transport whose Peer reads values one-sided (RDMA READ) from memory
+// regions the serving node registered once (the DRAM tier's arenas), after
+// exchanging keys for (region, offset, length) over a TCP frame like
+// shmGetResp. Source would then gain an optional interface naming those
+// regions.
+//
+// # Integrity
+//
+// A frame's header checksum covers the header and, through the table
+// checksum it holds, the item table: a corrupt or truncated header or table
+// is detected, answered with an error frame where possible, and the
+// connection is dropped (the peer serves its other connections on). Value
+// bytes are not checksummed here: they are encoded blocks that the store
+// verifies on arrival (store.Decode checks the header checksum, the key and
+// the payload checksum), and hashing them twice would halve throughput for
+// nothing.
+//
+// Every length a frame declares is checked against Limits (items per frame,
+// value size, bytes per frame) before anything is allocated for it, so a
+// hostile frame cannot make a receiver allocate without bound.
+//
+// # Deadlines and failure
+//
+// Every Get and Put runs under the caller's context bounded by the client's
+// RequestTimeout; the remaining time travels in the request so the server
+// stops work (and unpins) when the client has given up. Deadline and
+// cancellation interrupt blocked socket I/O at once. A dead, slow or
+// partitioned peer therefore turns into an error within the deadline, never
+// a hang; callers (store.Cluster) count it as misses. A TCP connection whose
+// request failed or was abandoned is closed, never reused, so the next
+// request cannot read a stale answer. A shared-memory request that is
+// abandoned has its answer released by the client's reader when it arrives.
+// A ShmClient whose socket broke (the node restarted) fails every later
+// request: dial a new one; results already held stay readable.
+//
+// # Ownership
+//
+// Result.Values alias memory the Result owns (pooled receive buffers, or the
+// client's shared region) and are valid until Result.Release, which must be
+// called exactly once; it returns the memory and the client's in-flight byte
+// budget (MaxInFlightBytes: requests wait, with their context, for room).
+// Values passed to Put are only read during the call. Values handed to a
+// Sink alias a receive buffer reused after Sink.Put returns. Values a Source
+// returns must stay valid until the release it returns is called.
+//
+// # Concurrency
+//
+// Client, ShmClient, Server and ShmServer are safe for concurrent use. Each
+// server owns its goroutines (an accept loop per listener, one goroutine per
+// TCP connection, two per shared-memory client) and Close stops them and
+// waits for them; Close also cancels the contexts given to the Source and
+// Sink. Clients own no goroutine but the ShmClient's socket reader, which
+// Close stops. All queues are bounded: connections per client (MaxConns),
+// in-flight bytes, requests per shared-memory client (MaxPending).
 package transfer

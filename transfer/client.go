@@ -1,0 +1,560 @@
+package transfer
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// Client is the TCP data-plane client of one peer. It keeps a pool of up to
+// MaxConns connections, each carrying one request at a time; concurrent
+// requests use different connections. A connection whose request failed or
+// was abandoned (context done, deadline passed) is closed, never reused, so a
+// late or partial response can never be read as the answer to the next
+// request. A Client is safe for concurrent use.
+type Client struct {
+	addr     string
+	opts     ClientOptions
+	inflight *byteSem
+	slots    chan struct{} // one token per connection in use
+	done     chan struct{} // closed by Close
+	nextID   atomic.Uint64
+
+	mu struct {
+		sync.Mutex
+		idle   []*clientConn
+		conns  map[*clientConn]struct{}
+		closed bool
+	}
+}
+
+// NewClient returns a client of the data-plane server at addr (host:port).
+// It connects lazily, on the first request. opts may be nil for defaults.
+func NewClient(addr string, opts *ClientOptions) (*Client, error) {
+	var o ClientOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Client{
+		addr:     addr,
+		opts:     o,
+		inflight: newByteSem(int64(o.MaxInFlightBytes)),
+		slots:    make(chan struct{}, o.MaxConns),
+		done:     make(chan struct{}),
+	}
+	c.mu.conns = make(map[*clientConn]struct{})
+	return c, nil
+}
+
+// TCP is the TCP Transport.
+type TCP struct{ Options *ClientOptions }
+
+// Name returns "tcp".
+func (TCP) Name() string { return "tcp" }
+
+// Dial returns a Client of addr. It does not connect until the first request.
+func (t TCP) Dial(_ context.Context, addr string) (Peer, error) {
+	c, err := NewClient(addr, t.Options)
+	if err != nil {
+		return nil, err // not a nil *Client in a non-nil Peer
+	}
+	return c, nil
+}
+
+// Close closes every connection, interrupting requests in flight, which
+// return errors. Results already returned stay valid until released.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.closed = true
+	close(c.done)
+	conns := make([]*clientConn, 0, len(c.mu.conns))
+	for cc := range c.mu.conns {
+		conns = append(conns, cc)
+	}
+	c.mu.idle = nil
+	c.mu.Unlock()
+	for _, cc := range conns {
+		cc.nc.Close()
+	}
+	return nil
+}
+
+// Get fetches keys from the peer: batches of at most MaxItems keys per
+// request, and as many requests as the server needs to stay within
+// MaxBatchBytes per response. The Result's values live in pooled buffers
+// until Release. On error nothing is held.
+func (c *Client) Get(ctx context.Context, keys []prefixhash.Key) (*Result, error) {
+	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
+	defer cancel()
+	r := newResult(c, len(keys))
+	err := getRounds(len(keys), c.opts.MaxItems, func(idx []int) (retry []int, err error) {
+		err = c.do(ctx, func(cc *clientConn) error {
+			var err error
+			retry, err = cc.get(ctx, c, keys, idx, r)
+			return err
+		})
+		return retry, err
+	})
+	if err != nil {
+		r.Release()
+		return nil, fmt.Errorf("transfer: get %d keys from %s: %w", len(keys), c.addr, err)
+	}
+	return r, nil
+}
+
+// getRounds runs the requests of a Get of n keys: round asks for the keys
+// idx (at most maxItems) and returns those the peer asked to be asked for
+// again, until every key is answered. Each round answers at least one key,
+// or the peer is broken.
+func getRounds(n, maxItems int, round func(idx []int) ([]int, error)) error {
+	todo := make([]int, n)
+	for i := range todo {
+		todo[i] = i
+	}
+	for len(todo) > 0 {
+		k := min(len(todo), maxItems)
+		retry, err := round(todo[:k])
+		if err != nil {
+			return err
+		}
+		if len(retry) == k {
+			return corrupt("peer sent none of %d values and asked for all again", k)
+		}
+		todo = append(todo[k:], retry...)
+	}
+	return nil
+}
+
+// fillResult records the answer to the keys idx in r: statuses st, and
+// value(i) for each OK item, asked in increasing i. It returns the keys to
+// ask for again.
+func fillResult(r *Result, idx []int, st []Status, value func(i int) []byte) (retry []int) {
+	for i, j := range idx {
+		switch st[i] {
+		case StatusOK:
+			r.Values[j] = value(i)
+			r.Status[j] = StatusOK
+		case statusRetry:
+			retry = append(retry, j)
+		default:
+			r.Status[j] = st[i]
+		}
+	}
+	return retry
+}
+
+// Put pushes vals[i] under keys[i], in as many requests as MaxItems and
+// MaxBatchBytes require, and returns each item's status. vals are sent
+// straight from the caller's memory and only read during the call. A value
+// over MaxValueSize fails the whole call with ErrLimit before anything is
+// sent.
+func (c *Client) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte) ([]Status, error) {
+	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
+	defer cancel()
+	st, err := putFrames(keys, vals, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
+		if err := c.inflight.acquire(ctx, int64(bytes)); err != nil {
+			return fmt.Errorf("waiting for in-flight room: %w", err)
+		}
+		defer c.inflight.release(int64(bytes))
+		return c.do(ctx, func(cc *clientConn) error { return cc.put(ctx, c, keys[lo:hi], vals[lo:hi], bytes, st) })
+	})
+	if err != nil {
+		return nil, fmt.Errorf("transfer: put %d values to %s: %w", len(keys), c.addr, err)
+	}
+	return st, nil
+}
+
+// putFrames checks a put and cuts it into frames within lim; send sends
+// items [lo, hi) (bytes of padded values) and fills their statuses st.
+func putFrames(keys []prefixhash.Key, vals [][]byte, lim *Limits, send func(lo, hi, bytes int, st []Status) error) ([]Status, error) {
+	if err := checkPut(keys, vals, lim); err != nil {
+		return nil, err
+	}
+	st := make([]Status, len(keys))
+	for lo := 0; lo < len(keys); {
+		hi, bytes := putChunk(vals, lo, lim)
+		if err := send(lo, hi, bytes, st[lo:hi]); err != nil {
+			return nil, err
+		}
+		lo = hi
+	}
+	return st, nil
+}
+
+func checkPut(keys []prefixhash.Key, vals [][]byte, lim *Limits) error {
+	if len(keys) != len(vals) {
+		return fmt.Errorf("transfer: put of %d keys and %d values", len(keys), len(vals))
+	}
+	for i, v := range vals {
+		if len(v) > lim.MaxValueSize {
+			return fmt.Errorf("%w: value %d (key %s) is %d bytes, MaxValueSize is %d", ErrLimit, i, keys[i], len(v), lim.MaxValueSize)
+		}
+	}
+	return nil
+}
+
+// putChunk returns the end of the put frame that starts at item lo and its
+// payload length.
+func putChunk(vals [][]byte, lo int, lim *Limits) (hi, bytes int) {
+	hi = lo
+	for hi < len(vals) && hi-lo < lim.MaxItems {
+		n := alignUp(len(vals[hi]))
+		if hi > lo && bytes+n > lim.MaxBatchBytes {
+			break
+		}
+		bytes += n
+		hi++
+	}
+	return hi, bytes
+}
+
+// requestContext bounds ctx by timeout.
+func requestContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, timeout)
+}
+
+// getHeader is the header of a get request for count keys: the requester's
+// deadline and limits travel with it, so the server stops when the client
+// has given up and never answers with more than the client accepts.
+func getHeader(ctx context.Context, id uint64, count int, lim *Limits) header {
+	return header{typ: typeGetReq, id: id, count: count, timeout: timeoutMillis(ctx), maxBatch: lim.MaxBatchBytes, maxValue: lim.MaxValueSize}
+}
+
+// timeoutMillis is what a request tells the server about its deadline.
+func timeoutMillis(ctx context.Context) uint32 {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 0
+	}
+	ms := time.Until(dl).Milliseconds() + 1
+	return uint32(min(max(ms, 1), 1<<32-1))
+}
+
+func (c *Client) release(r *Result) {
+	for _, b := range r.bufs {
+		putBuffer(b)
+	}
+	r.bufs = nil
+	if r.held > 0 {
+		c.inflight.release(r.held)
+		r.held = 0
+	}
+}
+
+// do runs fn on a pooled connection under ctx: ctx's deadline becomes the
+// connection's and ctx's cancellation interrupts its I/O. A connection that
+// saw an error or an interruption is closed. A request that failed on a
+// reused connection before any response byte arrived (the server closed it
+// while idle) is retried on another, at most MaxConns times: gets and puts
+// are idempotent.
+func (c *Client) do(ctx context.Context, fn func(*clientConn) error) error {
+	for attempt := 0; ; attempt++ {
+		cc, err := c.checkout(ctx)
+		if err != nil {
+			return err
+		}
+		if dl, ok := ctx.Deadline(); ok {
+			cc.nc.SetDeadline(dl)
+		} else {
+			cc.nc.SetDeadline(time.Time{})
+		}
+		stop := context.AfterFunc(ctx, func() { cc.nc.SetDeadline(aLongTimeAgo) })
+		cc.answered = false
+		err = fn(cc)
+		interrupted := !stop()
+		if err == nil && !interrupted {
+			c.checkin(cc)
+			return nil
+		}
+		c.discard(cc)
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("%w (%w)", ctx.Err(), err)
+		case errors.Is(err, os.ErrDeadlineExceeded) || pastDeadline(ctx):
+			// The server gives up at the same deadline and may close
+			// first: that is still this request's deadline passing.
+			return fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
+		case cc.reused && !cc.answered && attempt < c.opts.MaxConns && staleConnError(err):
+			continue // every idle connection may be stale (the server restarted)
+		}
+		return err
+	}
+}
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+func pastDeadline(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
+
+// staleConnError reports whether err is how a connection the server closed
+// while it was idle in the pool fails its next request.
+func staleConnError(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+func (c *Client) checkout(ctx context.Context) (*clientConn, error) {
+	select {
+	case c.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for a connection: %w", ctx.Err())
+	case <-c.done:
+		return nil, ErrClosed
+	}
+	now := time.Now()
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		<-c.slots
+		return nil, ErrClosed
+	}
+	for len(c.mu.idle) > 0 {
+		cc := c.mu.idle[len(c.mu.idle)-1]
+		c.mu.idle = c.mu.idle[:len(c.mu.idle)-1]
+		if now.Sub(cc.lastUsed) <= c.opts.MaxIdle {
+			c.mu.Unlock()
+			cc.reused = true
+			return cc, nil
+		}
+		delete(c.mu.conns, cc)
+		cc.nc.Close()
+	}
+	c.mu.Unlock()
+
+	d := net.Dialer{Timeout: c.opts.DialTimeout}
+	nc, err := d.DialContext(ctx, "tcp", c.addr)
+	if err != nil {
+		<-c.slots
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	cc := &clientConn{nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		nc.Close()
+		<-c.slots
+		return nil, ErrClosed
+	}
+	c.mu.conns[cc] = struct{}{}
+	c.mu.Unlock()
+	return cc, nil
+}
+
+func (c *Client) checkin(cc *clientConn) {
+	cc.lastUsed = time.Now()
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		cc.nc.Close()
+	} else {
+		c.mu.idle = append(c.mu.idle, cc)
+		c.mu.Unlock()
+	}
+	<-c.slots
+}
+
+func (c *Client) discard(cc *clientConn) {
+	cc.nc.Close()
+	c.mu.Lock()
+	delete(c.mu.conns, cc)
+	c.mu.Unlock()
+	<-c.slots
+}
+
+// clientConn is one pooled connection. Only the request holding it (between
+// checkout and checkin/discard) touches it.
+type clientConn struct {
+	nc       net.Conn
+	br       *bufio.Reader
+	enc      encoder
+	hdr      [headerLen]byte
+	table    []byte
+	bufs     net.Buffers
+	st       []Status
+	lens     []int
+	lastUsed time.Time
+	reused   bool // came from the pool
+	answered bool // a response header arrived for the current request
+}
+
+// readFrame reads a response header and its item table, checks they answer
+// request id with a frame of type want, and returns the header; the table
+// is in cc.table. An error frame from the peer becomes an ErrRemote error.
+func (cc *clientConn) readFrame(id uint64, want frameType, lim *Limits) (header, error) {
+	if _, err := io.ReadFull(cc.br, cc.hdr[:]); err != nil {
+		return header{}, fmt.Errorf("read response: %w", err)
+	}
+	cc.answered = true
+	h, err := parseHeader(cc.hdr[:], lim)
+	if err != nil {
+		return h, err
+	}
+	if cc.table, err = readTable(cc.br, &h, cc.table); err != nil {
+		return h, err
+	}
+	if h.typ == typeError {
+		return h, remoteError(cc.br, &h)
+	}
+	if h.id != id || h.typ != want {
+		return h, corrupt("got %s for request %d, want %s for request %d", h.typ, h.id, want, id)
+	}
+	return h, nil
+}
+
+// readTable reads and verifies h's item table into buf (grown as needed).
+func readTable(r io.Reader, h *header, buf []byte) ([]byte, error) {
+	n := h.tableLen()
+	if cap(buf) < n {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return buf, fmt.Errorf("read %s table: %w", h.typ, err)
+	}
+	return buf, checkTable(h, buf)
+}
+
+// remoteError reads an error frame's message.
+func remoteError(r io.Reader, h *header) error {
+	var msg [maxErrorMsg]byte
+	if _, err := io.ReadFull(r, msg[:h.payload]); err != nil {
+		return fmt.Errorf("%w (message lost: %w)", ErrRemote, err)
+	}
+	return fmt.Errorf("%w: %s", ErrRemote, msg[:h.payload])
+}
+
+// get sends one get request for keys[idx[i]] and reads the answer into r.
+// It returns the indices the server asked to be requested again.
+func (cc *clientConn) get(ctx context.Context, c *Client, keys []prefixhash.Key, idx []int, r *Result) ([]int, error) {
+	id := c.nextID.Add(1)
+	t := cc.enc.begin(typeGetReq, len(idx))
+	for i, j := range idx {
+		putKeyEntry(t, i, keys[j])
+	}
+	if _, err := cc.nc.Write(cc.enc.finish(getHeader(ctx, id, len(idx), &c.opts.Limits))); err != nil {
+		return nil, fmt.Errorf("send request: %w", err)
+	}
+	h, err := cc.readFrame(id, typeGetResp, &c.opts.Limits)
+	if err != nil {
+		return nil, err
+	}
+	if h.count != len(idx) {
+		return nil, corrupt("%d items in the answer to %d keys", h.count, len(idx))
+	}
+	cc.st, cc.lens = grow(cc.st, h.count), grow(cc.lens, h.count)
+	if err := parseGetResp(cc.table, &h, &c.opts.Limits, cc.st, cc.lens); err != nil {
+		return nil, err
+	}
+	var buf []byte
+	if h.payload > 0 {
+		// The first answer of a Get waits for room. Later ones (the Get
+		// is larger than one frame) take it at once: a Get holding bytes
+		// and waiting for more could deadlock with another doing the
+		// same. So a Get larger than MaxBatchBytes may exceed the budget
+		// by its own size.
+		if r.held == 0 {
+			if err := c.inflight.acquire(ctx, int64(h.payload)); err != nil {
+				return nil, fmt.Errorf("waiting for in-flight room: %w", err)
+			}
+		} else {
+			c.inflight.force(int64(h.payload))
+		}
+		r.held += int64(h.payload)
+		b := getBuffer(h.payload)
+		r.bufs = append(r.bufs, b)
+		buf = b.b
+		if _, err := io.ReadFull(cc.br, buf); err != nil {
+			return nil, fmt.Errorf("read values: %w", err)
+		}
+	}
+	off := 0 // values lie in buf in table order; fillResult asks in that order
+	return fillResult(r, idx, cc.st, func(i int) []byte {
+		n := cc.lens[i]
+		if n == 0 {
+			return emptyValue
+		}
+		v := buf[off : off+n : off+n]
+		off += alignUp(n)
+		return v
+	}), nil
+}
+
+// put sends one put frame, values written from the caller's memory by one
+// vectored write, and reads the statuses into st.
+func (cc *clientConn) put(ctx context.Context, c *Client, keys []prefixhash.Key, vals [][]byte, bytes int, st []Status) error {
+	id := c.nextID.Add(1)
+	cc.bufs = appendPut(&cc.enc, cc.bufs[:0], id, timeoutMillis(ctx), keys, vals, bytes)
+	bufs := cc.bufs // WriteTo consumes its receiver
+	if _, err := bufs.WriteTo(cc.nc); err != nil {
+		return fmt.Errorf("send values: %w", err)
+	}
+	clear(cc.bufs) // drop references to the caller's values
+	h, err := cc.readFrame(id, typePutResp, &c.opts.Limits)
+	if err != nil {
+		return err
+	}
+	if h.count != len(st) {
+		return corrupt("%d statuses in the answer to a put of %d", h.count, len(st))
+	}
+	return parsePutResp(cc.table, st)
+}
+
+// appendPut appends to bufs a put frame: its header and table (built in enc)
+// followed by the values, each padded to 64 bytes.
+func appendPut(enc *encoder, bufs net.Buffers, id uint64, timeout uint32, keys []prefixhash.Key, vals [][]byte, bytes int) net.Buffers {
+	t := enc.begin(typePutReq, len(keys))
+	for i, k := range keys {
+		putPutEntry(t, i, k, len(vals[i]))
+	}
+	bufs = append(bufs, enc.finish(header{typ: typePutReq, id: id, count: len(keys), timeout: timeout, payload: bytes}))
+	return appendValues(bufs, vals)
+}
+
+// appendValues appends the non-empty values, each followed by its padding.
+func appendValues(bufs net.Buffers, vals [][]byte) net.Buffers {
+	for _, v := range vals {
+		if len(v) == 0 {
+			continue
+		}
+		bufs = append(bufs, v)
+		if pad := alignUp(len(v)) - len(v); pad > 0 {
+			bufs = append(bufs, zeros[:pad])
+		}
+	}
+	return bufs
+}
+
+// emptyValue is the value of a found 0-byte value: empty, not nil.
+var emptyValue = make([]byte, 0)
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}

@@ -1,0 +1,473 @@
+package transfer
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// The wire format. Every message, on TCP and on the shared-memory unix
+// socket alike, is a frame: a fixed 64-byte header, an item table of count
+// fixed-size entries, then payload bytes. All integers are little-endian.
+//
+//	off  size  field
+//	  0     4  magic "KVTF"
+//	  4     1  version (1)
+//	  5     1  frame type
+//	  6     2  reserved, zero
+//	  8     8  request id (an answer carries its request's id)
+//	 16     4  item count
+//	 20     4  get/put requests: milliseconds the requester will wait (0: no deadline); else zero
+//	 24     8  payload length in bytes
+//	 32     8  get requests: most value bytes the requester takes in one answer (0: no limit); else zero
+//	 40     4  get requests: largest value the requester takes (0: no limit); else zero
+//	 44     4  reserved, zero
+//	 48     8  xxhash64 of the item table
+//	 56     8  xxhash64 of bytes [0,56)
+//
+// Item tables, by frame type (entry size in parentheses):
+//
+//	getReq      (16)  key
+//	getResp     (8)   status u8, 3 zero bytes, value length u32
+//	putReq      (24)  key, value length u32, 4 zero bytes
+//	putResp     (8)   status u8, 3 zero bytes, 0 u32
+//	shmGetResp  (16)  status u8, 3 zero bytes, value length u32, region offset u64
+//	shmRelease  (8)   request id whose region space the client gives back
+//	shmHello    (32)  region size u64, max pending requests u32, the server's
+//	                  Limits: MaxItems u32, MaxValueSize u32, 4 zero bytes,
+//	                  MaxBatchBytes u64 (count 1)
+//	errorMsg    (0)   the payload is a UTF-8 message (count 0)
+//
+// The payload of getResp and putReq is the values in table order, each
+// padded with zeros to a multiple of 64 bytes, so that every value lands
+// 64-byte aligned in a 64-byte-aligned receive buffer. Only getResp items
+// with status OK have a value; the payload length must equal the sum of the
+// padded value lengths. The checksums cover the header and the table, not
+// the values: values are encoded blocks that the store verifies on arrival.
+const (
+	headerLen    = 64
+	frameMagic   = 0x4654564b // "KVTF"
+	wireVersion  = 1
+	valueAlign   = 64
+	maxErrorMsg  = 1024
+	getReqEntry  = prefixhash.KeySize
+	getRespEntry = 8
+	putReqEntry  = prefixhash.KeySize + 8
+	shmRespEntry = 16
+	releaseEntry = 8
+	helloEntry   = 32
+)
+
+type frameType uint8
+
+const (
+	typeGetReq frameType = 1 + iota
+	typeGetResp
+	typePutReq
+	typePutResp
+	typeShmGetResp
+	typeShmRelease
+	typeShmHello
+	typeError
+)
+
+func (t frameType) String() string {
+	switch t {
+	case typeGetReq:
+		return "get request"
+	case typeGetResp:
+		return "get response"
+	case typePutReq:
+		return "put request"
+	case typePutResp:
+		return "put response"
+	case typeShmGetResp:
+		return "shm get response"
+	case typeShmRelease:
+		return "shm release"
+	case typeShmHello:
+		return "shm hello"
+	case typeError:
+		return "error"
+	}
+	return fmt.Sprintf("frame type %d", uint8(t))
+}
+
+// entryLen returns the size of one item table entry of frames of type t, or
+// -1 for an unknown type.
+func (t frameType) entryLen() int {
+	switch t {
+	case typeGetReq:
+		return getReqEntry
+	case typeGetResp, typePutResp:
+		return getRespEntry
+	case typePutReq:
+		return putReqEntry
+	case typeShmGetResp:
+		return shmRespEntry
+	case typeShmRelease:
+		return releaseEntry
+	case typeShmHello:
+		return helloEntry
+	case typeError:
+		return 0
+	}
+	return -1
+}
+
+// header is a decoded frame header.
+type header struct {
+	typ      frameType
+	id       uint64
+	count    int
+	timeout  uint32 // milliseconds; 0 = none
+	payload  int
+	maxBatch int // get requests: most value bytes per answer; 0 = no limit
+	maxValue int // get requests: largest value; 0 = no limit
+	tableSum uint64
+}
+
+// tableLen is the length of the item table that follows h.
+func (h *header) tableLen() int { return h.count * h.typ.entryLen() }
+
+func alignUp(n int) int { return (n + valueAlign - 1) &^ (valueAlign - 1) }
+
+// putHeader writes h into b[:headerLen], checksums included. h.tableSum must
+// already be the checksum of the table that will follow.
+func putHeader(b []byte, h *header) {
+	_ = b[headerLen-1]
+	binary.LittleEndian.PutUint32(b[0:], frameMagic)
+	b[4] = wireVersion
+	b[5] = byte(h.typ)
+	b[6], b[7] = 0, 0
+	binary.LittleEndian.PutUint64(b[8:], h.id)
+	binary.LittleEndian.PutUint32(b[16:], uint32(h.count))
+	binary.LittleEndian.PutUint32(b[20:], h.timeout)
+	binary.LittleEndian.PutUint64(b[24:], uint64(h.payload))
+	binary.LittleEndian.PutUint64(b[32:], uint64(h.maxBatch))
+	binary.LittleEndian.PutUint32(b[40:], uint32(h.maxValue))
+	binary.LittleEndian.PutUint32(b[44:], 0)
+	binary.LittleEndian.PutUint64(b[48:], h.tableSum)
+	binary.LittleEndian.PutUint64(b[56:], xxhash.Sum64(b[:56]))
+}
+
+func corrupt(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+}
+
+// parseHeader decodes and verifies the header in b[:headerLen]: magic,
+// version, type, reserved bytes, checksum, and the limits lim puts on the
+// item count and payload length. Nothing it accepts makes a reader allocate
+// more than lim allows.
+func parseHeader(b []byte, lim *Limits) (header, error) {
+	var h header
+	if len(b) < headerLen {
+		return h, corrupt("%d bytes, shorter than a frame header", len(b))
+	}
+	if m := binary.LittleEndian.Uint32(b[0:]); m != frameMagic {
+		return h, corrupt("bad magic %#08x", m)
+	}
+	if b[4] != wireVersion {
+		return h, corrupt("wire version %d, this build speaks %d", b[4], wireVersion)
+	}
+	if sum := xxhash.Sum64(b[:56]); sum != binary.LittleEndian.Uint64(b[56:]) {
+		return h, corrupt("header checksum %016x, want %016x", binary.LittleEndian.Uint64(b[56:]), sum)
+	}
+	h.typ = frameType(b[5])
+	if h.typ.entryLen() < 0 {
+		return h, corrupt("unknown frame type %d", b[5])
+	}
+	h.id = binary.LittleEndian.Uint64(b[8:])
+	count := binary.LittleEndian.Uint32(b[16:])
+	h.timeout = binary.LittleEndian.Uint32(b[20:])
+	payload := binary.LittleEndian.Uint64(b[24:])
+	maxBatch := binary.LittleEndian.Uint64(b[32:])
+	h.maxValue = int(binary.LittleEndian.Uint32(b[40:]))
+	h.tableSum = binary.LittleEndian.Uint64(b[48:])
+	switch {
+	case b[6] != 0 || b[7] != 0 || binary.LittleEndian.Uint32(b[44:]) != 0:
+		return h, corrupt("reserved header bytes are not zero")
+	case h.typ != typeGetReq && (maxBatch != 0 || h.maxValue != 0):
+		return h, corrupt("%s frame with requester limits", h.typ)
+	case h.typ != typeGetReq && h.typ != typePutReq && h.timeout != 0:
+		return h, corrupt("%s frame with a timeout", h.typ)
+	}
+	h.maxBatch = int(min(maxBatch, maxBatchLimit))
+
+	maxCount, maxPayload := uint64(lim.MaxItems), uint64(0)
+	switch h.typ {
+	case typeGetResp, typePutReq:
+		maxPayload = uint64(lim.MaxBatchBytes)
+	case typeShmHello:
+		maxCount = 1
+	case typeError:
+		maxCount, maxPayload = 0, maxErrorMsg
+	}
+	if uint64(count) > maxCount {
+		if h.typ == typeShmHello || h.typ == typeError {
+			return h, corrupt("%s frame with %d items", h.typ, count)
+		}
+		return h, fmt.Errorf("%w: %s of %d items, MaxItems is %d", ErrLimit, h.typ, count, lim.MaxItems)
+	}
+	if h.typ == typeShmHello && count != 1 {
+		return h, corrupt("shm hello frame with %d items", count)
+	}
+	if payload > maxPayload {
+		if maxPayload == 0 {
+			return h, corrupt("%s frame with %d payload bytes", h.typ, payload)
+		}
+		if h.typ == typeError {
+			return h, corrupt("error message of %d bytes", payload)
+		}
+		return h, fmt.Errorf("%w: %s of %d bytes, MaxBatchBytes is %d", ErrLimit, h.typ, payload, lim.MaxBatchBytes)
+	}
+	h.count, h.payload = int(count), int(payload)
+	return h, nil
+}
+
+// answerLimits returns the value and per-answer byte limits for answering
+// the get request h: the server's own, narrowed by the requester's. A value
+// over the returned value limit cannot be sent to this requester.
+func answerLimits(h *header, lim *Limits) (maxValue, maxBatch int) {
+	maxValue, maxBatch = lim.MaxValueSize, lim.MaxBatchBytes
+	if h.maxBatch > 0 {
+		maxBatch = min(maxBatch, h.maxBatch)
+	}
+	if h.maxValue > 0 {
+		maxValue = min(maxValue, h.maxValue)
+	}
+	if alignUp(maxValue) > maxBatch {
+		maxValue = maxBatch &^ (valueAlign - 1)
+	}
+	return maxValue, maxBatch
+}
+
+// checkTable verifies the item table's checksum against the header.
+func checkTable(h *header, table []byte) error {
+	if len(table) != h.tableLen() {
+		return corrupt("item table of %d bytes, want %d", len(table), h.tableLen())
+	}
+	if sum := xxhash.Sum64(table); sum != h.tableSum {
+		return corrupt("item table checksum %016x, want %016x", sum, h.tableSum)
+	}
+	return nil
+}
+
+// An encoder builds a frame's header and item table in one reusable buffer.
+// begin sizes it, the put* methods fill entries, finish writes the header.
+type encoder struct{ b []byte }
+
+func (e *encoder) begin(typ frameType, count int) []byte {
+	n := headerLen + count*typ.entryLen()
+	if cap(e.b) < n {
+		e.b = make([]byte, n)
+	}
+	e.b = e.b[:n]
+	clear(e.b)
+	return e.b[headerLen:]
+}
+
+// finish completes the frame begun last with header h (its table checksum
+// is computed here) and returns header and table as one slice, valid until
+// the next begin.
+func (e *encoder) finish(h header) []byte {
+	h.tableSum = xxhash.Sum64(e.b[headerLen:])
+	putHeader(e.b, &h)
+	return e.b
+}
+
+// Entry writers. Each takes the table and the entry's index.
+
+func putKeyEntry(t []byte, i int, k prefixhash.Key) { copy(t[i*getReqEntry:], k[:]) }
+
+func putStatusEntry(t []byte, i int, st Status, n int) {
+	e := t[i*getRespEntry:]
+	e[0] = byte(st)
+	binary.LittleEndian.PutUint32(e[4:], uint32(n))
+}
+
+func putPutEntry(t []byte, i int, k prefixhash.Key, n int) {
+	e := t[i*putReqEntry:]
+	copy(e, k[:])
+	binary.LittleEndian.PutUint32(e[prefixhash.KeySize:], uint32(n))
+}
+
+func putShmEntry(t []byte, i int, st Status, n int, off int64) {
+	e := t[i*shmRespEntry:]
+	e[0] = byte(st)
+	binary.LittleEndian.PutUint32(e[4:], uint32(n))
+	binary.LittleEndian.PutUint64(e[8:], uint64(off))
+}
+
+// Table decoders. Each verifies what the table promises against the header
+// and the limits; none allocates (the caller passes slices of h.count
+// elements).
+
+func parseKeys(table []byte, keys []prefixhash.Key) {
+	for i := range keys {
+		copy(keys[i][:], table[i*getReqEntry:])
+	}
+}
+
+func parseStatus(b byte, allowRetry bool) (Status, error) {
+	st := Status(b)
+	switch {
+	case st <= StatusError, st == statusRetry && allowRetry:
+		return st, nil
+	}
+	return st, corrupt("item status %d", b)
+}
+
+// parseItem decodes the status and value length that open getResp and
+// shmGetResp entries.
+func parseItem(e []byte, i int, lim *Limits) (Status, int, error) {
+	s, err := parseStatus(e[0], true)
+	if err != nil {
+		return s, 0, err
+	}
+	if e[1]|e[2]|e[3] != 0 {
+		return s, 0, corrupt("reserved bytes of item %d are not zero", i)
+	}
+	n := int(binary.LittleEndian.Uint32(e[4:]))
+	switch {
+	case n != 0 && s != StatusOK:
+		return s, 0, corrupt("item %d has status %s and a %d-byte value", i, s, n)
+	case n > lim.MaxValueSize:
+		return s, 0, fmt.Errorf("%w: value %d is %d bytes, MaxValueSize is %d", ErrLimit, i, n, lim.MaxValueSize)
+	}
+	return s, n, nil
+}
+
+// parseGetResp decodes a getResp table into st and lens and checks that the
+// padded lengths of the OK values add up to the payload.
+func parseGetResp(table []byte, h *header, lim *Limits, st []Status, lens []int) error {
+	total := 0
+	for i := range st {
+		s, n, err := parseItem(table[i*getRespEntry:], i, lim)
+		if err != nil {
+			return err
+		}
+		st[i], lens[i] = s, n
+		if s == StatusOK {
+			total += alignUp(n)
+		}
+	}
+	if total != h.payload {
+		return corrupt("values add up to %d bytes, payload is %d", total, h.payload)
+	}
+	return nil
+}
+
+// parsePutResp decodes a putResp table into st.
+func parsePutResp(table []byte, st []Status) error {
+	for i := range st {
+		e := table[i*getRespEntry:]
+		s, err := parseStatus(e[0], false)
+		if err != nil {
+			return err
+		}
+		if e[1]|e[2]|e[3]|e[4]|e[5]|e[6]|e[7] != 0 {
+			return corrupt("put status %d has non-zero reserved bytes", i)
+		}
+		st[i] = s
+	}
+	return nil
+}
+
+// parsePutReq decodes a putReq table into keys and lens and checks them
+// against the payload.
+func parsePutReq(table []byte, h *header, lim *Limits, keys []prefixhash.Key, lens []int) error {
+	total := 0
+	for i := range keys {
+		e := table[i*putReqEntry:]
+		copy(keys[i][:], e)
+		n := int(binary.LittleEndian.Uint32(e[prefixhash.KeySize:]))
+		if binary.LittleEndian.Uint32(e[prefixhash.KeySize+4:]) != 0 {
+			return corrupt("reserved bytes of item %d are not zero", i)
+		}
+		if n > lim.MaxValueSize {
+			return fmt.Errorf("%w: value %d is %d bytes, MaxValueSize is %d", ErrLimit, i, n, lim.MaxValueSize)
+		}
+		lens[i] = n
+		total += alignUp(n)
+	}
+	if total != h.payload {
+		return corrupt("values add up to %d bytes, payload is %d", total, h.payload)
+	}
+	return nil
+}
+
+// parseShmResp decodes a shmGetResp table. Every OK value must lie inside a
+// region of regionSize bytes at a 64-byte-aligned offset.
+func parseShmResp(table []byte, lim *Limits, regionSize int64, st []Status, lens []int, offs []int64) error {
+	for i := range st {
+		e := table[i*shmRespEntry:]
+		s, n, err := parseItem(e, i, lim)
+		if err != nil {
+			return err
+		}
+		off := binary.LittleEndian.Uint64(e[8:])
+		switch {
+		case s != StatusOK && off != 0:
+			return corrupt("item %d has status %s and an offset", i, s)
+		case off%valueAlign != 0 || off > uint64(regionSize) || uint64(n) > uint64(regionSize)-off:
+			return corrupt("item %d at [%d, +%d) is outside the %d-byte region or unaligned", i, off, n, regionSize)
+		}
+		st[i], lens[i], offs[i] = s, n, int64(off)
+	}
+	return nil
+}
+
+func putIDEntry(t []byte, i int, id uint64) { binary.LittleEndian.PutUint64(t[i*releaseEntry:], id) }
+
+func parseIDs(table []byte, ids []uint64) {
+	for i := range ids {
+		ids[i] = binary.LittleEndian.Uint64(table[i*releaseEntry:])
+	}
+}
+
+// hello is the first frame the shared-memory server sends, with the region's
+// file descriptor: the region's size, how many requests the client may have
+// outstanding, and the server's limits, which the client adopts where they
+// are tighter than its own.
+type hello struct {
+	regionSize int64
+	maxPending int
+	limits     Limits
+}
+
+func putHello(t []byte, hl hello) {
+	binary.LittleEndian.PutUint64(t[0:], uint64(hl.regionSize))
+	binary.LittleEndian.PutUint32(t[8:], uint32(hl.maxPending))
+	binary.LittleEndian.PutUint32(t[12:], uint32(hl.limits.MaxItems))
+	binary.LittleEndian.PutUint32(t[16:], uint32(hl.limits.MaxValueSize))
+	binary.LittleEndian.PutUint32(t[20:], 0)
+	binary.LittleEndian.PutUint64(t[24:], uint64(hl.limits.MaxBatchBytes))
+}
+
+func parseHello(t []byte) (hello, error) {
+	if len(t) != helloEntry {
+		return hello{}, corrupt("hello table of %d bytes", len(t))
+	}
+	size := binary.LittleEndian.Uint64(t[0:])
+	pending := binary.LittleEndian.Uint32(t[8:])
+	lim := Limits{
+		MaxItems:      int(binary.LittleEndian.Uint32(t[12:])),
+		MaxValueSize:  int(binary.LittleEndian.Uint32(t[16:])),
+		MaxBatchBytes: int(min(binary.LittleEndian.Uint64(t[24:]), maxBatchLimit+1)),
+	}
+	switch {
+	case binary.LittleEndian.Uint32(t[20:]) != 0:
+		return hello{}, corrupt("reserved bytes of hello are not zero")
+	case size == 0 || size > maxRegionSize || size%valueAlign != 0:
+		return hello{}, corrupt("region size %d", size)
+	case pending == 0 || pending > maxPendingLimit:
+		return hello{}, corrupt("max pending %d", pending)
+	}
+	if err := lim.Validate(); err != nil {
+		return hello{}, corrupt("server limits: %v", err)
+	}
+	return hello{regionSize: int64(size), maxPending: int(pending), limits: lim}, nil
+}

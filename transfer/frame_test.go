@@ -1,0 +1,223 @@
+package transfer
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+func defaultLimits() Limits {
+	var l Limits
+	l.EnsureDefaults()
+	return l
+}
+
+func TestHeaderRoundTrip(t *testing.T) {
+	lim := defaultLimits()
+	for _, h := range []header{
+		{typ: typeGetReq, id: 1, count: 3, timeout: 250, maxBatch: 1 << 20, maxValue: 4096},
+		{typ: typeGetResp, id: 1<<64 - 1, count: lim.MaxItems, payload: lim.MaxBatchBytes},
+		{typ: typePutReq, id: 9, count: 1, timeout: 1, payload: 64},
+		{typ: typePutResp, id: 9, count: 1},
+		{typ: typeShmGetResp, id: 2, count: 7},
+		{typ: typeShmRelease, count: 2},
+		{typ: typeShmHello, count: 1},
+		{typ: typeError, id: 5, payload: maxErrorMsg},
+	} {
+		var b [headerLen]byte
+		h.tableSum = 0x1234
+		putHeader(b[:], &h)
+		got, err := parseHeader(b[:], &lim)
+		if err != nil {
+			t.Fatalf("%s: %v", h.typ, err)
+		}
+		if got != h {
+			t.Fatalf("%s: decoded %+v, want %+v", h.typ, got, h)
+		}
+	}
+}
+
+func TestHeaderRejects(t *testing.T) {
+	lim := Limits{MaxItems: 10, MaxValueSize: 1000, MaxBatchBytes: 4096}
+	for _, tc := range []struct {
+		name string
+		h    header
+		want error
+	}{
+		{"too many items", header{typ: typeGetReq, count: 11}, ErrLimit},
+		{"payload over the batch limit", header{typ: typeGetResp, payload: 4097}, ErrLimit},
+		{"payload on a get request", header{typ: typeGetReq, payload: 1}, ErrCorrupt},
+		{"long error message", header{typ: typeError, payload: maxErrorMsg + 1}, ErrCorrupt},
+		{"error with items", header{typ: typeError, count: 1}, ErrCorrupt},
+		{"hello without its item", header{typ: typeShmHello}, ErrCorrupt},
+		{"limits on an answer", header{typ: typeGetResp, maxBatch: 1}, ErrCorrupt},
+		{"timeout on an answer", header{typ: typePutResp, timeout: 1}, ErrCorrupt},
+		{"unknown type", header{typ: 99}, ErrCorrupt},
+	} {
+		var b [headerLen]byte
+		putHeader(b[:], &tc.h)
+		if _, err := parseHeader(b[:], &lim); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestAnswerLimits(t *testing.T) {
+	lim := Limits{MaxItems: 10, MaxValueSize: 1000, MaxBatchBytes: 4096}
+	for _, tc := range []struct {
+		h              header
+		value, ofBatch int
+	}{
+		{header{}, 1000, 4096},
+		{header{maxBatch: 1 << 30, maxValue: 1 << 30}, 1000, 4096},
+		{header{maxBatch: 2048, maxValue: 100}, 100, 2048},
+		{header{maxBatch: 500}, 448, 500},
+	} {
+		v, b := answerLimits(&tc.h, &lim)
+		if v != tc.value || b != tc.ofBatch {
+			t.Errorf("requester %d/%d: got %d/%d, want %d/%d", tc.h.maxValue, tc.h.maxBatch, v, b, tc.value, tc.ofBatch)
+		}
+	}
+}
+
+// FuzzHeader: parseHeader never panics, and what it accepts re-encodes to
+// the same bytes.
+func FuzzHeader(f *testing.F) {
+	lim := defaultLimits()
+	for _, h := range []header{
+		{typ: typeGetReq, id: 1, count: 3, timeout: 9, maxBatch: 1 << 20},
+		{typ: typeGetResp, id: 1, count: 3, payload: 192},
+		{typ: typeError, payload: 10},
+	} {
+		var b [headerLen]byte
+		putHeader(b[:], &h)
+		f.Add(b[:])
+	}
+	f.Add(make([]byte, headerLen))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := parseHeader(b, &lim)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrLimit) {
+				t.Fatalf("error %v is neither ErrCorrupt nor ErrLimit", err)
+			}
+			return
+		}
+		if h.count > lim.MaxItems || h.payload > lim.MaxBatchBytes || h.tableLen() < 0 {
+			t.Fatalf("accepted %+v beyond the limits", h)
+		}
+		var out [headerLen]byte
+		putHeader(out[:], &h)
+		if !bytes.Equal(out[:], b[:headerLen]) {
+			t.Fatalf("re-encoding %+v gave different bytes", h)
+		}
+	})
+}
+
+// FuzzTable: the item table decoders never panic, never accept what breaks
+// the limits or the payload length, and what they accept re-encodes to the
+// same table.
+func FuzzTable(f *testing.F) {
+	lim := Limits{MaxItems: 64, MaxValueSize: 1 << 20, MaxBatchBytes: 4 << 20}
+	var enc encoder
+	t := enc.begin(typeGetResp, 3)
+	putStatusEntry(t, 0, StatusOK, 100)
+	putStatusEntry(t, 1, StatusMiss, 0)
+	putStatusEntry(t, 2, statusRetry, 0)
+	f.Add(uint8(typeGetResp), 128, bytes.Clone(t))
+	t = enc.begin(typePutReq, 2)
+	putPutEntry(t, 0, testKey(1), 64)
+	putPutEntry(t, 1, testKey(2), 0)
+	f.Add(uint8(typePutReq), 64, bytes.Clone(t))
+	t = enc.begin(typeShmGetResp, 2)
+	putShmEntry(t, 0, StatusOK, 100, 4096)
+	putShmEntry(t, 1, StatusError, 0, 0)
+	f.Add(uint8(typeShmGetResp), 0, bytes.Clone(t))
+	t = enc.begin(typeShmHello, 1)
+	putHello(t, hello{regionSize: 1 << 20, maxPending: 8, limits: defaultLimits()})
+	f.Add(uint8(typeShmHello), 0, bytes.Clone(t))
+	const region = 1 << 20
+
+	f.Fuzz(func(t *testing.T, typ uint8, payload int, table []byte) {
+		ft := frameType(typ)
+		el := ft.entryLen()
+		if el <= 0 || len(table)%el != 0 || len(table)/el > lim.MaxItems {
+			return
+		}
+		n := len(table) / el
+		h := header{typ: ft, count: n, payload: payload}
+		var enc encoder
+		out := enc.begin(ft, n)
+		switch ft {
+		case typeGetResp:
+			st, lens := make([]Status, n), make([]int, n)
+			if parseGetResp(table, &h, &lim, st, lens) != nil {
+				return
+			}
+			total := 0
+			for i := range st {
+				if lens[i] > lim.MaxValueSize || (st[i] != StatusOK && lens[i] != 0) {
+					t.Fatalf("item %d: accepted status %s with %d bytes", i, st[i], lens[i])
+				}
+				if st[i] == StatusOK {
+					total += alignUp(lens[i])
+				}
+				putStatusEntry(out, i, st[i], lens[i])
+			}
+			if total != payload {
+				t.Fatalf("accepted %d value bytes for a payload of %d", total, payload)
+			}
+		case typePutResp:
+			st := make([]Status, n)
+			if parsePutResp(table, st) != nil {
+				return
+			}
+			for i := range st {
+				putStatusEntry(out, i, st[i], 0)
+			}
+		case typePutReq:
+			keys, lens := make([]prefixhash.Key, n), make([]int, n)
+			if parsePutReq(table, &h, &lim, keys, lens) != nil {
+				return
+			}
+			for i := range keys {
+				putPutEntry(out, i, keys[i], lens[i])
+			}
+		case typeShmGetResp:
+			st, lens, offs := make([]Status, n), make([]int, n), make([]int64, n)
+			if parseShmResp(table, &lim, region, st, lens, offs) != nil {
+				return
+			}
+			for i := range st {
+				if offs[i]+int64(lens[i]) > region || offs[i]%valueAlign != 0 {
+					t.Fatalf("item %d: accepted [%d, +%d) outside the region", i, offs[i], lens[i])
+				}
+				putShmEntry(out, i, st[i], lens[i], offs[i])
+			}
+		case typeShmHello:
+			hl, err := parseHello(table)
+			if err != nil {
+				return
+			}
+			putHello(out, hl)
+		case typeGetReq:
+			keys := make([]prefixhash.Key, n)
+			parseKeys(table, keys)
+			for i, k := range keys {
+				putKeyEntry(out, i, k)
+			}
+		case typeShmRelease:
+			ids := make([]uint64, n)
+			parseIDs(table, ids)
+			for i, id := range ids {
+				putIDEntry(out, i, id)
+			}
+		default:
+			return
+		}
+		if !bytes.Equal(out, table) {
+			t.Fatalf("%s table re-encodes differently", ft)
+		}
+	})
+}

@@ -1,0 +1,442 @@
+package transfer
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// Server serves the data plane over TCP: get requests from a Source, put
+// requests into a Sink. Each connection is served by one goroutine, one
+// request at a time. A frame that fails its checks or breaks a limit is
+// answered with an error frame and its connection closed; other connections
+// are unaffected.
+type Server struct {
+	listeners
+	src      Source
+	sink     Sink
+	opts     ServerOptions
+	inflight *byteSem
+}
+
+// Stats are a server's counters since it started.
+type Stats struct {
+	Conns     int64 // connections (clients, for ShmServer) open now
+	Refused   int64 // connections closed at accept (over MaxConns)
+	Requests  int64 // requests served
+	Dropped   int64 // connections dropped for a bad frame, a limit or an I/O error
+	Hits      int64 // values sent
+	Misses    int64 // keys asked for and not sent (miss or error)
+	BytesOut  int64 // value bytes sent
+	Puts      int64 // values received in puts
+	BytesIn   int64 // value bytes received in puts
+	RegionUse int64 // ShmServer: bytes of all regions held by unreleased results
+}
+
+type counters struct {
+	conns, refused, requests, dropped, hits, misses, bytesOut, puts, bytesIn, regionUse atomic.Int64
+}
+
+func (l *listeners) snapshot() Stats {
+	c := &l.stats
+	return Stats{
+		Conns: c.conns.Load(), Refused: c.refused.Load(), Requests: c.requests.Load(), Dropped: c.dropped.Load(),
+		Hits: c.hits.Load(), Misses: c.misses.Load(), BytesOut: c.bytesOut.Load(),
+		Puts: c.puts.Load(), BytesIn: c.bytesIn.Load(), RegionUse: c.regionUse.Load(),
+	}
+}
+
+// NewServer returns a server of src and sink. sink may be nil: puts are
+// then refused. opts may be nil for defaults; log may be nil for
+// slog.Default().
+func NewServer(src Source, sink Sink, opts *ServerOptions, log *slog.Logger) (*Server, error) {
+	var o ServerOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if src == nil {
+		return nil, errors.New("transfer: NewServer needs a Source")
+	}
+	s := &Server{src: src, sink: sink, opts: o, inflight: newByteSem(int64(o.MaxInFlightBytes))}
+	s.listeners.init(log, o.MaxConns, s.serveConn)
+	return s, nil
+}
+
+// Listen listens on addr (host:port; port 0 picks one) and serves it in a
+// goroutine that Close stops. It returns the address listened on.
+func (s *Server) Listen(addr string) (net.Addr, error) { return s.listen("tcp", addr) }
+
+// Serve accepts connections on ln until Close, then returns ErrClosed. Close
+// closes ln.
+func (s *Server) Serve(ln net.Listener) error { return s.serve(ln) }
+
+// Stats returns the server's counters.
+func (s *Server) Stats() Stats { return s.snapshot() }
+
+// Close stops the listeners, closes every connection (requests in flight
+// fail on their clients), cancels the contexts passed to the Source and
+// Sink, and waits for every goroutine of the server.
+func (s *Server) Close() error { return s.close() }
+
+// listeners is what both servers share: listeners, an accept loop per
+// listener, a goroutine per admitted connection (at most maxConns), and a
+// Close that stops them all and waits for them.
+type listeners struct {
+	log      *slog.Logger
+	maxConns int
+	handle   func(net.Conn)  // serves one connection; the caller closes it after
+	ctx      context.Context // canceled by Close
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup // accept loops and connection goroutines
+	stats    counters
+
+	mu struct {
+		sync.Mutex
+		lns    map[net.Listener]struct{}
+		conns  map[net.Conn]struct{}
+		closed bool
+	}
+}
+
+func (l *listeners) init(log *slog.Logger, maxConns int, handle func(net.Conn)) {
+	if log == nil {
+		log = slog.Default()
+	}
+	l.log, l.maxConns, l.handle = log, maxConns, handle
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.mu.lns = make(map[net.Listener]struct{})
+	l.mu.conns = make(map[net.Conn]struct{})
+}
+
+func (l *listeners) listen(network, addr string) (net.Addr, error) {
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: listen: %w", err)
+	}
+	if !l.track(ln) {
+		ln.Close()
+		return nil, ErrClosed
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		l.acceptLoop(ln)
+	}()
+	return ln.Addr(), nil
+}
+
+func (l *listeners) serve(ln net.Listener) error {
+	if !l.track(ln) {
+		ln.Close()
+		return ErrClosed
+	}
+	return l.acceptLoop(ln)
+}
+
+func (l *listeners) track(ln net.Listener) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mu.closed {
+		return false
+	}
+	l.mu.lns[ln] = struct{}{}
+	return true
+}
+
+// acceptLoop accepts on ln and starts a goroutine per connection until ln
+// fails for good. Transient errors (out of file descriptors) back off
+// instead of spinning. It returns ErrClosed after Close.
+func (l *listeners) acceptLoop(ln net.Listener) error {
+	var delay time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if l.ctx.Err() != nil {
+				return ErrClosed
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("transfer: accept: %w", err)
+			}
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			l.log.Warn("transfer: accept failed; retrying", "addr", ln.Addr(), "err", err, "retry_in", delay)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-l.ctx.Done():
+				t.Stop()
+				return ErrClosed
+			}
+			continue
+		}
+		delay = 0
+		if l.admit(nc) {
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				defer l.forget(nc)
+				l.handle(nc)
+			}()
+		}
+	}
+}
+
+// admit tracks nc, or closes it when the server is closed or full.
+func (l *listeners) admit(nc net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mu.closed || len(l.mu.conns) >= l.maxConns {
+		nc.Close()
+		l.stats.refused.Add(1)
+		return false
+	}
+	l.mu.conns[nc] = struct{}{}
+	l.stats.conns.Add(1)
+	return true
+}
+
+func (l *listeners) forget(nc net.Conn) {
+	nc.Close()
+	l.mu.Lock()
+	delete(l.mu.conns, nc)
+	l.mu.Unlock()
+	l.stats.conns.Add(-1)
+}
+
+func (l *listeners) close() error {
+	l.mu.Lock()
+	if l.mu.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.mu.closed = true
+	for ln := range l.mu.lns {
+		ln.Close()
+	}
+	for nc := range l.mu.conns {
+		nc.Close()
+	}
+	l.mu.Unlock()
+	l.cancel()
+	l.wg.Wait()
+	return nil
+}
+
+// scratch holds the per-connection slices a server reuses between requests.
+type scratch struct {
+	keys []prefixhash.Key
+	vals [][]byte
+	st   []Status
+	lens []int
+}
+
+func (sc *scratch) size(n int) {
+	sc.keys, sc.vals, sc.st, sc.lens = grow(sc.keys, n), grow(sc.vals, n), grow(sc.st, n), grow(sc.lens, n)
+	clear(sc.vals)
+	clear(sc.st)
+}
+
+type serverConn struct {
+	s     *Server
+	nc    net.Conn
+	br    *bufio.Reader
+	hdr   [headerLen]byte
+	table []byte
+	enc   encoder
+	bufs  net.Buffers
+	scratch
+}
+
+func (s *Server) serveConn(nc net.Conn) {
+	sc := &serverConn{s: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	for {
+		nc.SetDeadline(time.Now().Add(s.opts.IdleTimeout))
+		if _, err := io.ReadFull(sc.br, sc.hdr[:]); err != nil {
+			if !errors.Is(err, io.EOF) && s.ctx.Err() == nil {
+				s.stats.dropped.Add(1)
+				s.log.Debug("transfer: connection idle or broken", "peer", nc.RemoteAddr(), "err", err)
+			}
+			return
+		}
+		if err := sc.serve(); err != nil {
+			s.stats.dropped.Add(1)
+			if s.ctx.Err() == nil {
+				s.log.Warn("transfer: dropping connection", "peer", nc.RemoteAddr(), "err", err)
+			}
+			return
+		}
+		s.stats.requests.Add(1)
+	}
+}
+
+// serve serves the request whose header is in sc.hdr.
+func (sc *serverConn) serve() error {
+	s := sc.s
+	h, err := parseHeader(sc.hdr[:], &s.opts.Limits)
+	if err != nil {
+		return sendError(sc.nc, 0, err)
+	}
+	ctx, cancel := requestDeadline(s.ctx, &h, s.opts.RequestTimeout)
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	sc.nc.SetDeadline(dl)
+	if sc.table, err = readTable(sc.br, &h, sc.table); err != nil {
+		return sendError(sc.nc, h.id, err)
+	}
+	switch h.typ {
+	case typeGetReq:
+		err = sc.get(ctx, &h)
+	case typePutReq:
+		var frame []byte
+		frame, err = servePut(ctx, sc.br, &h, sc.table, &s.opts.Limits, s.inflight, s.sink, &sc.scratch, &sc.enc, &s.stats)
+		if err == nil {
+			_, err = sc.nc.Write(frame)
+		}
+	default:
+		err = corrupt("unexpected %s frame", h.typ)
+	}
+	if err != nil {
+		return sendError(sc.nc, h.id, err)
+	}
+	return nil
+}
+
+// requestDeadline bounds a request by the server's timeout and the one the
+// client announced, whichever is shorter.
+func requestDeadline(parent context.Context, h *header, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if h.timeout > 0 {
+		timeout = min(timeout, time.Duration(h.timeout)*time.Millisecond)
+	}
+	return context.WithTimeout(parent, timeout)
+}
+
+// sendError answers a request that broke the protocol or a limit with an
+// error frame (best effort: the connection is closed next) and returns err.
+// I/O errors are not answered: the connection is already unusable.
+func sendError(nc net.Conn, id uint64, err error) error {
+	if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrLimit) && !errors.Is(err, ErrUnsupported) {
+		return err
+	}
+	msg := err.Error()
+	if len(msg) > maxErrorMsg {
+		msg = msg[:maxErrorMsg]
+	}
+	var enc encoder
+	enc.begin(typeError, 0)
+	frame := enc.finish(header{typ: typeError, id: id, payload: len(msg)})
+	nc.SetWriteDeadline(time.Now().Add(time.Second))
+	bufs := net.Buffers{frame, []byte(msg)}
+	bufs.WriteTo(nc)
+	return err
+}
+
+// get answers a get request: values are acquired from the Source and written
+// from its memory, after the header and table, by one vectored write
+// (writev); nothing is copied into a frame buffer. When the values exceed
+// MaxBatchBytes, the excess is marked for the client to ask again.
+func (sc *serverConn) get(ctx context.Context, h *header) error {
+	s := sc.s
+	n := h.count
+	sc.size(n)
+	parseKeys(sc.table, sc.keys)
+	release := s.src.Acquire(ctx, sc.keys, sc.vals, sc.st)
+	if release != nil {
+		defer release()
+	}
+	maxValue, maxBatch := answerLimits(h, &s.opts.Limits)
+	t := sc.enc.begin(typeGetResp, n)
+	bufs := append(sc.bufs[:0], nil)
+	total, sent := 0, false
+	for i := range n {
+		st, v := sc.st[i], sc.vals[i]
+		switch {
+		case st != StatusOK:
+			if st != StatusMiss {
+				st = StatusError
+			}
+		case len(v) > maxValue:
+			st = StatusError
+		case sent && total+alignUp(len(v)) > maxBatch:
+			st = statusRetry
+		default:
+			total += alignUp(len(v))
+			sent = true
+			bufs = appendValues(bufs, sc.vals[i:i+1])
+			putStatusEntry(t, i, st, len(v))
+			s.stats.hits.Add(1)
+			continue
+		}
+		putStatusEntry(t, i, st, 0)
+		if st != statusRetry {
+			s.stats.misses.Add(1)
+		}
+	}
+	bufs[0] = sc.enc.finish(header{typ: typeGetResp, id: h.id, count: n, payload: total})
+	sc.bufs = bufs
+	_, err := bufs.WriteTo(sc.nc)
+	clear(sc.bufs) // drop references to the source's memory before release
+	clear(sc.vals)
+	if err != nil {
+		return fmt.Errorf("send values: %w", err)
+	}
+	s.stats.bytesOut.Add(int64(total))
+	return nil
+}
+
+// servePut reads a put request's values (after its table) into a pooled
+// buffer, hands them to sink, and returns the response frame, valid until
+// enc's next use. It is shared by the TCP and shared-memory servers.
+func servePut(ctx context.Context, r io.Reader, h *header, table []byte, lim *Limits, sem *byteSem, sink Sink, sc *scratch, enc *encoder, stats *counters) ([]byte, error) {
+	if sink == nil {
+		return nil, fmt.Errorf("%w: this server accepts no puts", ErrUnsupported)
+	}
+	n := h.count
+	sc.size(n)
+	if err := parsePutReq(table, h, lim, sc.keys, sc.lens); err != nil {
+		return nil, err
+	}
+	if h.payload > 0 {
+		if err := sem.acquire(ctx, int64(h.payload)); err != nil {
+			return nil, fmt.Errorf("waiting for in-flight room: %w", err)
+		}
+		defer sem.release(int64(h.payload))
+		buf := getBuffer(h.payload)
+		defer putBuffer(buf)
+		if _, err := io.ReadFull(r, buf.b); err != nil {
+			return nil, fmt.Errorf("read values: %w", err)
+		}
+		off := 0
+		for i, l := range sc.lens[:n] {
+			sc.vals[i] = buf.b[off : off+l : off+l]
+			off += alignUp(l)
+		}
+	} else {
+		for i := range n {
+			sc.vals[i] = []byte{}
+		}
+	}
+	sink.Put(ctx, sc.keys, sc.vals, sc.st)
+	clear(sc.vals)
+	t := enc.begin(typePutResp, n)
+	for i, st := range sc.st[:n] {
+		if st > StatusError {
+			st = StatusError
+		}
+		putStatusEntry(t, i, st, 0)
+	}
+	stats.puts.Add(int64(n))
+	stats.bytesIn.Add(int64(h.payload))
+	return enc.finish(header{typ: typePutResp, id: h.id, count: n}), nil
+}

@@ -1,0 +1,793 @@
+//go:build linux
+
+package transfer
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// ShmServer serves processes on the same host through shared memory. It
+// listens on a unix socket; for each client it creates a memfd region
+// (RegionSize bytes), sealed against resizing and against new writable
+// mappings, maps it, and passes its descriptor to the client (SCM_RIGHTS),
+// which maps it read-only. A get request then travels over the socket as a
+// frame of keys; the server copies the found values into free space of that
+// client's region and answers with (offset, length) per key, so no value
+// byte crosses the socket. The space stays taken until the client releases
+// the request (Result.Release) or disconnects; when it is full, a request
+// waits for space (until its deadline) or, when part of it was already
+// placed, is answered in part and the client asks again for the rest.
+//
+// Each client is served by two goroutines: a reader that handles releases
+// and puts at once, and a worker that answers gets in order (and may wait
+// for space, which only the reader can free).
+type ShmServer struct {
+	listeners
+	src      Source
+	sink     Sink
+	opts     ShmServerOptions
+	inflight *byteSem
+}
+
+// NewShmServer returns a shared-memory server of src and sink (nil: puts
+// are refused). opts may be nil for defaults; log may be nil for
+// slog.Default().
+func NewShmServer(src Source, sink Sink, opts *ShmServerOptions, log *slog.Logger) (*ShmServer, error) {
+	var o ShmServerOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if src == nil {
+		return nil, errors.New("transfer: NewShmServer needs a Source")
+	}
+	s := &ShmServer{src: src, sink: sink, opts: o, inflight: newByteSem(int64(o.MaxInFlightBytes))}
+	s.listeners.init(log, o.MaxClients, s.serveConn)
+	return s, nil
+}
+
+// Listen listens on the unix socket path and serves it in a goroutine that
+// Close stops. The socket file must not exist; Close removes it. Access to
+// the server is access to the socket file: its permissions decide who may
+// read the cache.
+func (s *ShmServer) Listen(path string) error {
+	_, err := s.listen("unix", path)
+	return err
+}
+
+// Close stops listening, disconnects every client (their regions are
+// unmapped here; clients keep their own mappings until they release), and
+// waits for every goroutine of the server.
+func (s *ShmServer) Close() error { return s.close() }
+
+// Stats returns the server's counters: Conns counts clients, RegionUse the
+// region bytes their unreleased results hold.
+func (s *ShmServer) Stats() Stats { return s.snapshot() }
+
+func (s *ShmServer) serveConn(nc net.Conn) {
+	c, err := s.newShmConn(nc.(*net.UnixConn))
+	if err != nil {
+		s.stats.dropped.Add(1)
+		s.log.Warn("transfer: shm client setup failed", "err", err)
+		return
+	}
+	c.run()
+}
+
+// shmConn is the server side of one client.
+type shmConn struct {
+	s      *ShmServer
+	uc     *net.UnixConn
+	mem    []byte // the region, mapped read-write
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	wmu sync.Mutex // serializes writes to uc
+	mu  struct {
+		sync.Mutex
+		arena *arena
+		held  map[uint64][]extent // request id → region space its answer holds
+		freed chan struct{}       // closed and replaced whenever space is freed
+	}
+}
+
+type shmWork struct {
+	h    header
+	keys []prefixhash.Key
+}
+
+// newShmConn creates the client's region and sends it, with the hello
+// frame, over uc.
+func (s *ShmServer) newShmConn(uc *net.UnixConn) (*shmConn, error) {
+	size := s.opts.RegionSize
+	fd, err := unix.MemfdCreate("kvmesh-transfer", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, size); err != nil {
+		return nil, fmt.Errorf("size region: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map region: %w", err)
+	}
+	// The client may trust the size (no SIGBUS from a shrink) and cannot
+	// map the region writable (kernels before 5.1 lack the write seal).
+	seals := unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals|unix.F_SEAL_FUTURE_WRITE); err != nil {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+			unix.Munmap(mem)
+			return nil, fmt.Errorf("seal region: %w", err)
+		}
+	}
+	var enc encoder
+	putHello(enc.begin(typeShmHello, 1), hello{regionSize: size, maxPending: s.opts.MaxPending, limits: s.opts.Limits})
+	frame := enc.finish(header{typ: typeShmHello, count: 1})
+	uc.SetWriteDeadline(time.Now().Add(s.opts.RequestTimeout))
+	if _, _, err := uc.WriteMsgUnix(frame, unix.UnixRights(fd), nil); err != nil {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("send region: %w", err)
+	}
+	uc.SetWriteDeadline(time.Time{})
+	c := &shmConn{s: s, uc: uc, mem: mem}
+	c.ctx, c.cancel = context.WithCancel(s.ctx)
+	c.mu.arena = newArena(size)
+	c.mu.held = make(map[uint64][]extent)
+	c.mu.freed = make(chan struct{})
+	return c, nil
+}
+
+// run serves the client until it disconnects or breaks the protocol, then
+// frees its region.
+func (c *shmConn) run() {
+	work := make(chan shmWork, c.s.opts.MaxPending)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for w := range work {
+			if c.ctx.Err() == nil {
+				c.get(w)
+			}
+		}
+	}()
+	err := c.readLoop(work)
+	c.cancel()
+	close(work)
+	<-done
+	if err != nil && c.s.ctx.Err() == nil {
+		c.s.stats.dropped.Add(1)
+		c.s.log.Warn("transfer: dropping shm client", "err", err)
+	}
+	c.mu.Lock()
+	c.s.stats.regionUse.Add(-c.mu.arena.used)
+	c.mu.Unlock()
+	if err := unix.Munmap(c.mem); err != nil {
+		panic(fmt.Sprintf("transfer: unmap shm region: %v", err))
+	}
+}
+
+// readLoop reads the client's frames: gets go to the worker, releases and
+// puts are handled here. It returns nil when the client disconnects.
+func (c *shmConn) readLoop(work chan<- shmWork) error {
+	s := c.s
+	br := bufio.NewReaderSize(c.uc, 64<<10)
+	var (
+		hdr     [headerLen]byte
+		table   []byte
+		enc     encoder
+		sc      scratch
+		release []uint64
+	)
+	for {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) {
+				return nil
+			}
+			return err
+		}
+		h, err := parseHeader(hdr[:], &s.opts.Limits)
+		if err != nil {
+			return c.sendError(0, err)
+		}
+		if table, err = readTable(br, &h, table); err != nil {
+			return c.sendError(h.id, err)
+		}
+		switch h.typ {
+		case typeGetReq:
+			keys := make([]prefixhash.Key, h.count)
+			parseKeys(table, keys)
+			select {
+			case work <- shmWork{h: h, keys: keys}:
+			default:
+				return c.sendError(h.id, fmt.Errorf("%w: more than MaxPending (%d) requests queued", ErrLimit, s.opts.MaxPending))
+			}
+		case typeShmRelease:
+			release = grow(release, h.count)
+			parseIDs(table, release)
+			c.free(release)
+		case typePutReq:
+			ctx, cancel := requestDeadline(c.ctx, &h, s.opts.RequestTimeout)
+			dl, _ := ctx.Deadline()
+			c.uc.SetReadDeadline(dl)
+			frame, err := servePut(ctx, br, &h, table, &s.opts.Limits, s.inflight, s.sink, &sc, &enc, &s.stats)
+			cancel()
+			c.uc.SetReadDeadline(time.Time{})
+			if err != nil {
+				return c.sendError(h.id, err)
+			}
+			if err := c.write(frame); err != nil {
+				return err
+			}
+			s.stats.requests.Add(1)
+		default:
+			return c.sendError(h.id, corrupt("unexpected %s frame", h.typ))
+		}
+	}
+}
+
+func (c *shmConn) write(frame []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.uc.SetWriteDeadline(time.Now().Add(c.s.opts.RequestTimeout))
+	_, err := c.uc.Write(frame)
+	return err
+}
+
+func (c *shmConn) sendError(id uint64, err error) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return sendError(c.uc, id, err)
+}
+
+// free gives back the region space of the requests ids.
+func (c *shmConn) free(ids []uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	before := c.mu.arena.used
+	for _, id := range ids {
+		for _, e := range c.mu.held[id] {
+			c.mu.arena.release(e.off, e.n)
+		}
+		delete(c.mu.held, id)
+	}
+	if freed := before - c.mu.arena.used; freed > 0 {
+		c.s.stats.regionUse.Add(-freed)
+		close(c.mu.freed)
+		c.mu.freed = make(chan struct{})
+	}
+}
+
+// alloc takes n bytes of the region. With wait, it waits for space until
+// ctx is done; without, it fails at once when there is none.
+func (c *shmConn) alloc(ctx context.Context, n int, wait bool) (int64, bool) {
+	for {
+		c.mu.Lock()
+		off, ok := c.mu.arena.alloc(int64(n))
+		freed := c.mu.freed
+		c.mu.Unlock()
+		if ok || !wait {
+			return off, ok
+		}
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return 0, false
+		}
+	}
+}
+
+// get answers one get request: found values are copied into the region.
+// A request waits for space only while none of its values is placed, so
+// two requests never wait on each other's space; once one is placed, the
+// values that do not fit are marked for the client to ask again.
+func (c *shmConn) get(w shmWork) {
+	s := c.s
+	ctx, cancel := requestDeadline(c.ctx, &w.h, s.opts.RequestTimeout)
+	defer cancel()
+	n := len(w.keys)
+	vals, st := make([][]byte, n), make([]Status, n)
+	release := s.src.Acquire(ctx, w.keys, vals, st)
+	maxValue, _ := answerLimits(&w.h, &s.opts.Limits)
+	var enc encoder
+	t := enc.begin(typeShmGetResp, n)
+	var held []extent
+	var placed int64
+	full := false
+	for i := range n {
+		v := vals[i]
+		switch {
+		case st[i] != StatusOK:
+			if st[i] != StatusMiss {
+				st[i] = StatusError
+			}
+		case len(v) > maxValue || int64(len(v)) > s.opts.RegionSize:
+			st[i] = StatusError
+		case full:
+			st[i] = statusRetry
+		default:
+			off, ok := c.alloc(ctx, len(v), len(held) == 0)
+			if !ok {
+				if len(held) == 0 {
+					// Waited the whole deadline and placed nothing.
+					if release != nil {
+						release()
+					}
+					c.sendError(w.h.id, fmt.Errorf("%w: no room in the %d-byte shared region before the deadline (%d bytes held by unreleased results)",
+						ErrLimit, s.opts.RegionSize, c.used()))
+					return
+				}
+				full = true
+				st[i] = statusRetry
+				break
+			}
+			copy(c.mem[off:off+int64(len(v))], v)
+			if len(v) > 0 {
+				held = append(held, extent{off, int64(len(v))})
+				placed += alignExtent(int64(len(v)))
+			}
+			putShmEntry(t, i, StatusOK, len(v), off)
+			s.stats.hits.Add(1)
+			continue
+		}
+		putShmEntry(t, i, st[i], 0, 0)
+		if st[i] != statusRetry {
+			s.stats.misses.Add(1)
+		}
+	}
+	if release != nil {
+		release()
+	}
+	if len(held) > 0 {
+		c.mu.Lock()
+		c.mu.held[w.h.id] = append(c.mu.held[w.h.id], held...)
+		c.mu.Unlock()
+		s.stats.regionUse.Add(placed)
+		s.stats.bytesOut.Add(placed)
+	}
+	// Answer even if the requester gave up meanwhile: its reader releases
+	// the space. Only a client that stops reading altogether times out.
+	if err := c.write(enc.finish(header{typ: typeShmGetResp, id: w.h.id, count: n})); err != nil {
+		c.uc.Close() // the reader sees it and tears the client down
+		return
+	}
+	s.stats.requests.Add(1)
+}
+
+func (c *shmConn) used() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.arena.used
+}
+
+// ShmClient reads values from a ShmServer on the same host through the
+// shared region the server gave it. Result values are slices of that
+// mapping, valid until Release; each Release gives the space back to the
+// server. Requests are pipelined over one unix socket. A ShmClient is safe
+// for concurrent use.
+type ShmClient struct {
+	opts   ShmClientOptions
+	uc     *net.UnixConn
+	mem    []byte // the region, mapped read-only
+	slots  chan struct{}
+	nextID atomic.Uint64
+	done   chan struct{} // closed when the reader exits
+	err    error         // why the reader exited; set before done closes
+
+	wmu  sync.Mutex // serializes writes to uc; guards enc and bufs
+	enc  encoder
+	bufs net.Buffers
+
+	mu struct {
+		sync.Mutex
+		waiters  map[uint64]chan shmReply
+		closed   bool
+		results  int // unreleased results; the mapping outlives Close until 0
+		unmapped bool
+	}
+}
+
+type shmReply struct {
+	h     header
+	table []byte
+	err   error
+}
+
+// Shm is the same-host shared-memory Transport.
+type Shm struct{ Options *ShmClientOptions }
+
+// Name returns "shm".
+func (Shm) Name() string { return "shm" }
+
+// Dial connects to the ShmServer listening on the unix socket path.
+func (t Shm) Dial(ctx context.Context, path string) (Peer, error) {
+	c, err := DialShm(ctx, path, t.Options)
+	if err != nil {
+		return nil, err // not a nil *ShmClient in a non-nil Peer
+	}
+	return c, nil
+}
+
+// DialShm connects to the ShmServer listening on the unix socket path and
+// maps the region it sends. opts may be nil for defaults.
+func DialShm(ctx context.Context, path string, opts *ShmClientOptions) (*ShmClient, error) {
+	var o ShmClientOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := requestContext(ctx, o.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: shm dial: %w", err)
+	}
+	uc := nc.(*net.UnixConn)
+	hl, mem, err := receiveRegion(ctx, uc, &o.Limits)
+	if err != nil {
+		uc.Close()
+		return nil, fmt.Errorf("transfer: shm dial %s: %w", path, err)
+	}
+	o.Limits = tighter(o.Limits, hl.limits)
+	c := &ShmClient{opts: o, uc: uc, mem: mem, slots: make(chan struct{}, hl.maxPending), done: make(chan struct{})}
+	c.mu.waiters = make(map[uint64]chan shmReply)
+	go c.readLoop()
+	return c, nil
+}
+
+// receiveRegion reads the hello frame and the region's descriptor, checks
+// the region and maps it read-only.
+func receiveRegion(ctx context.Context, uc *net.UnixConn, lim *Limits) (hello, []byte, error) {
+	dl, _ := ctx.Deadline()
+	uc.SetReadDeadline(dl)
+	defer uc.SetReadDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { uc.SetReadDeadline(aLongTimeAgo) })
+	defer stop()
+	buf := make([]byte, headerLen+helloEntry)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, flags, _, err := uc.ReadMsgUnix(buf, oob)
+	var fds []int
+	if oobn > 0 {
+		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+		for i := range msgs {
+			if got, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+				fds = append(fds, got...)
+			} else if perr == nil {
+				perr = err
+			}
+		}
+		if err == nil {
+			err = perr
+		}
+	}
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	switch {
+	case err != nil:
+		return hello{}, nil, fmt.Errorf("receive region: %w", err)
+	case n == 0:
+		return hello{}, nil, fmt.Errorf("receive region: server closed the connection (over MaxClients?): %w", io.EOF)
+	case flags&unix.MSG_CTRUNC != 0 || len(fds) != 1:
+		return hello{}, nil, corrupt("hello came with %d descriptors", len(fds))
+	}
+	if _, err := io.ReadFull(uc, buf[n:]); err != nil {
+		return hello{}, nil, fmt.Errorf("receive region: %w", err)
+	}
+	h, err := parseHeader(buf, lim)
+	if err != nil {
+		return hello{}, nil, err
+	}
+	if h.typ != typeShmHello {
+		return hello{}, nil, corrupt("got %s, want shm hello", h.typ)
+	}
+	if err := checkTable(&h, buf[headerLen:]); err != nil {
+		return hello{}, nil, err
+	}
+	hl, err := parseHello(buf[headerLen:])
+	if err != nil {
+		return hello{}, nil, err
+	}
+	fd := fds[0]
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return hello{}, nil, fmt.Errorf("stat region: %w", err)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	switch {
+	case err != nil:
+		return hello{}, nil, fmt.Errorf("region seals: %w", err)
+	case st.Size != hl.regionSize:
+		return hello{}, nil, corrupt("region is %d bytes, hello says %d", st.Size, hl.regionSize)
+	case seals&unix.F_SEAL_SHRINK == 0:
+		return hello{}, nil, corrupt("region is not sealed against shrinking")
+	}
+	mem, err := unix.Mmap(fd, 0, int(hl.regionSize), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return hello{}, nil, fmt.Errorf("map region: %w", err)
+	}
+	return hl, mem, nil
+}
+
+// Close disconnects from the server; requests in flight fail with
+// ErrClosed. The region stays mapped until every Result is released.
+func (c *ShmClient) Close() error {
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.closed = true
+	c.mu.Unlock()
+	c.uc.Close()
+	<-c.done
+	c.mu.Lock()
+	c.unmapLocked()
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *ShmClient) unmapLocked() {
+	if c.mu.closed && c.mu.results == 0 && !c.mu.unmapped {
+		c.mu.unmapped = true
+		if err := unix.Munmap(c.mem); err != nil {
+			panic(fmt.Sprintf("transfer: unmap shm region: %v", err))
+		}
+	}
+}
+
+// readLoop owns reading from the socket: it hands each answer to the
+// request waiting for it, and releases at once the region space of answers
+// nobody waits for any more. It exits, failing every waiter, when the
+// socket breaks or a frame is bad.
+func (c *ShmClient) readLoop() {
+	err := c.readFrames()
+	c.uc.Close()
+	c.mu.Lock()
+	if c.mu.closed {
+		err = ErrClosed
+	}
+	c.err = err
+	for id, ch := range c.mu.waiters {
+		if ch != nil {
+			ch <- shmReply{err: err}
+		}
+		delete(c.mu.waiters, id)
+	}
+	c.mu.Unlock()
+	close(c.done)
+}
+
+func (c *ShmClient) readFrames() error {
+	br := bufio.NewReaderSize(c.uc, 64<<10)
+	var hdr [headerLen]byte
+	for {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			return fmt.Errorf("transfer: shm read: %w", err)
+		}
+		h, err := parseHeader(hdr[:], &c.opts.Limits)
+		if err != nil {
+			return err
+		}
+		table, err := readTable(br, &h, nil)
+		if err != nil {
+			return err
+		}
+		rep := shmReply{h: h, table: table}
+		switch h.typ {
+		case typeShmGetResp, typePutResp:
+		case typeError:
+			rep.err = remoteError(br, &h)
+			if h.id == 0 {
+				return rep.err
+			}
+		default:
+			return corrupt("unexpected %s frame", h.typ)
+		}
+		c.mu.Lock()
+		ch, ok := c.mu.waiters[h.id]
+		delete(c.mu.waiters, h.id)
+		c.mu.Unlock()
+		if !ok {
+			return corrupt("answer to request %d, which is not outstanding", h.id)
+		}
+		<-c.slots
+		switch {
+		case ch != nil:
+			ch <- rep
+		case h.typ == typeShmGetResp:
+			// Abandoned by its requester: give the space back now.
+			c.sendRelease([]uint64{h.id})
+		}
+	}
+}
+
+// roundTrip sends a request frame (built by fill under the write lock) and
+// waits for its answer. An abandoned request's answer is released by the
+// reader when it arrives.
+func (c *ShmClient) roundTrip(ctx context.Context, fill func(id uint64) net.Buffers) (shmReply, error) {
+	select {
+	case c.slots <- struct{}{}:
+	case <-ctx.Done():
+		return shmReply{}, fmt.Errorf("waiting to send: %w", ctx.Err())
+	case <-c.done:
+		return shmReply{}, c.err
+	}
+	id := c.nextID.Add(1)
+	ch := make(chan shmReply, 1)
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		<-c.slots
+		return shmReply{}, ErrClosed
+	}
+	c.mu.waiters[id] = ch
+	c.mu.Unlock()
+
+	c.wmu.Lock()
+	dl, _ := ctx.Deadline()
+	c.uc.SetWriteDeadline(dl)
+	bufs := fill(id)
+	n, err := bufs.WriteTo(c.uc)
+	clear(c.bufs)
+	c.wmu.Unlock()
+	if err != nil {
+		if n > 0 {
+			c.uc.Close() // a partial frame: the stream is unusable
+		}
+		c.mu.Lock()
+		delete(c.mu.waiters, id)
+		c.mu.Unlock()
+		<-c.slots
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return shmReply{}, fmt.Errorf("send request: %w", err)
+	}
+
+	select {
+	case rep := <-ch:
+		return rep, rep.err
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	_, waiting := c.mu.waiters[id]
+	if waiting {
+		c.mu.waiters[id] = nil // abandoned: the reader releases its answer
+	}
+	c.mu.Unlock()
+	if !waiting {
+		// The answer arrived as we gave up.
+		if rep := <-ch; rep.err == nil && rep.h.typ == typeShmGetResp {
+			c.sendRelease([]uint64{id})
+		}
+	}
+	return shmReply{}, ctx.Err()
+}
+
+// Get fetches keys. The Result's values are slices of the shared region,
+// valid until Release (which also gives the space back to the server), even
+// if the client or server closes meanwhile. On error nothing is held.
+func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, error) {
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	c.mu.results++
+	c.mu.Unlock()
+	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
+	defer cancel()
+	r := newResult(c, len(keys))
+	var st []Status
+	var lens []int
+	var offs []int64
+	err := getRounds(len(keys), c.opts.MaxItems, func(idx []int) ([]int, error) {
+		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
+			t := c.enc.begin(typeGetReq, len(idx))
+			for i, j := range idx {
+				putKeyEntry(t, i, keys[j])
+			}
+			c.bufs = append(c.bufs[:0], c.enc.finish(getHeader(ctx, id, len(idx), &c.opts.Limits)))
+			return c.bufs
+		})
+		if err != nil {
+			return nil, err
+		}
+		r.ids = append(r.ids, rep.h.id)
+		st, lens, offs = grow(st, len(idx)), grow(lens, len(idx)), grow(offs, len(idx))
+		if rep.h.typ != typeShmGetResp || rep.h.count != len(idx) {
+			return nil, corrupt("got %s of %d items for %d keys", rep.h.typ, rep.h.count, len(idx))
+		}
+		if err := parseShmResp(rep.table, &c.opts.Limits, int64(len(c.mem)), st, lens, offs); err != nil {
+			return nil, err
+		}
+		return fillResult(r, idx, st, func(i int) []byte {
+			return c.mem[offs[i] : offs[i]+int64(lens[i]) : offs[i]+int64(lens[i])]
+		}), nil
+	})
+	if err != nil {
+		r.Release()
+		if errors.Is(err, ErrCorrupt) {
+			c.uc.Close()
+		}
+		return nil, fmt.Errorf("transfer: shm get %d keys: %w", len(keys), err)
+	}
+	return r, nil
+}
+
+// Put pushes vals[i] under keys[i]. The values travel inline over the unix
+// socket (one copy into the kernel and one out), in as many frames as
+// MaxItems and MaxBatchBytes require; vals are only read during the call.
+func (c *ShmClient) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte) ([]Status, error) {
+	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
+	defer cancel()
+	st, err := putFrames(keys, vals, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
+		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
+			c.bufs = appendPut(&c.enc, c.bufs[:0], id, timeoutMillis(ctx), keys[lo:hi], vals[lo:hi], bytes)
+			return c.bufs
+		})
+		if err != nil {
+			return err
+		}
+		if rep.h.typ != typePutResp || rep.h.count != hi-lo {
+			return corrupt("got %s of %d items for a put of %d", rep.h.typ, rep.h.count, hi-lo)
+		}
+		return parsePutResp(rep.table, st)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("transfer: shm put %d values: %w", len(keys), err)
+	}
+	return st, nil
+}
+
+func (c *ShmClient) release(r *Result) {
+	for len(r.ids) > 0 {
+		n := min(len(r.ids), c.opts.MaxItems)
+		c.sendRelease(r.ids[:n])
+		r.ids = r.ids[n:]
+	}
+	c.mu.Lock()
+	c.mu.results--
+	c.unmapLocked()
+	c.mu.Unlock()
+}
+
+// sendRelease tells the server it may reuse the space of requests ids. If
+// the connection is gone, so is the server's side of the region: there is
+// nothing to give back.
+func (c *ShmClient) sendRelease(ids []uint64) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	t := c.enc.begin(typeShmRelease, len(ids))
+	for i, id := range ids {
+		putIDEntry(t, i, id)
+	}
+	c.uc.SetWriteDeadline(time.Now().Add(c.opts.RequestTimeout))
+	if _, err := c.uc.Write(c.enc.finish(header{typ: typeShmRelease, count: len(ids)})); err != nil {
+		c.uc.Close()
+	}
+}
