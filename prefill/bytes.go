@@ -6,10 +6,10 @@ import (
 	"unsafe"
 )
 
-var littleEndian = func() bool {
-	x := uint16(1)
-	return *(*byte)(unsafe.Pointer(&x)) == 1
-}()
+// littleEndian reports whether float32s are laid out in memory as the
+// little-endian bytes the block and safetensors formats use, so that a copy
+// is a conversion.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // floatBytes views f as bytes (its in-memory representation, which is
 // little-endian float32 when littleEndian is true). The view aliases f.

@@ -250,6 +250,9 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 		}
 		// Output projection and feed-forward, both added to the residual.
 		for r0 := 0; r0 < s; r0 += rowChunk {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			rows := min(rowChunk, s-r0)
 			xr := x[r0*d : (r0+rows)*d]
 			linear(rows, d, q, sc.attn[r0*q:], q, L.o, q, 1, xr, d)

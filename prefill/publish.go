@@ -13,7 +13,7 @@ import (
 // returns it to the pool. A job with flushed set is a Flush marker.
 type publishJob struct {
 	kv      *KV
-	tokens  []uint32         // the prompt (a copy owned by the job)
+	tokens  []uint32         // the tokens of blocks from..len(keys)-1 (a copy owned by the job)
 	keys    []prefixhash.Key // the prompt's whole chain
 	from    int
 	flushed chan struct{}
@@ -30,7 +30,7 @@ func (e *Engine) publish(kv *KV, tokens []uint32, keys []prefixhash.Key, from in
 		return
 	}
 	b := e.cfg.BlockTokens
-	job := publishJob{kv: kv, tokens: append([]uint32(nil), tokens[:len(keys)*b]...), keys: keys, from: from}
+	job := publishJob{kv: kv, tokens: append([]uint32(nil), tokens[from*b:len(keys)*b]...), keys: keys, from: from}
 	e.mu.RLock()
 	queued := false
 	if !e.mu.closed {
@@ -111,7 +111,8 @@ func (e *Engine) publishLoop(queue <-chan publishJob) {
 			job.kv.writeBlock(payload, i*b, b)
 			var key prefixhash.Key
 			var err error
-			buf, key, err = store.Encode(buf, e.ns, parent, job.tokens[i*b:(i+1)*b], payload)
+			j := i - job.from
+			buf, key, err = store.Encode(buf, e.ns, parent, job.tokens[j*b:(j+1)*b], payload)
 			if err != nil || key != job.keys[i] {
 				panic(fmt.Sprintf("prefill: encoding block %d: key %s, want %s: %v", i, key, job.keys[i], err))
 			}
