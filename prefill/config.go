@@ -15,15 +15,15 @@ type Config struct {
 	Layers int
 	// Dim is the model width d (the residual stream). Default 768.
 	Dim int
-	// Heads is the number of query heads. Default 4.
+	// Heads is the number of query heads. Default 2.
 	Heads int
 	// KVHeads is the number of key/value heads (grouped-query attention:
 	// Heads/KVHeads query heads share one KV head). Must divide Heads.
-	// Default 2.
+	// Default 1.
 	KVHeads int
 	// HeadDim is the size of one head; even (RoPE rotates pairs). Default 64.
 	HeadDim int
-	// FFNDim is the width of the SwiGLU feed-forward layer. Default 3072.
+	// FFNDim is the width of the SwiGLU feed-forward layer. Default 1536.
 	FFNDim int
 	// Vocab is the vocabulary size, at least 256 so that text tokenized byte
 	// by byte always fits. Default 256.
@@ -37,7 +37,7 @@ type Config struct {
 	// Default 16384.
 	MaxContext int
 	// BlockTokens is B, the tokens per cached KV block. Default 64, which
-	// makes a default block's payload 64 KiB.
+	// makes a default block's payload 32 KiB.
 	BlockTokens int
 }
 
@@ -45,10 +45,10 @@ type Config struct {
 const (
 	DefaultLayers      = 1
 	DefaultDim         = 768
-	DefaultHeads       = 4
-	DefaultKVHeads     = 2
+	DefaultHeads       = 2
+	DefaultKVHeads     = 1
 	DefaultHeadDim     = 64
-	DefaultFFNDim      = 3072
+	DefaultFFNDim      = 1536
 	DefaultVocab       = 256
 	DefaultRopeTheta   = 10000.0
 	DefaultNormEps     = 1e-5
@@ -70,12 +70,15 @@ const MinVocab = 256
 // floor is ((1−c)·P + (1−c²)·n·A) / (P + n·A): the more of the cost is in
 // the weights rather than in attention, the closer the floor gets to 1−c.
 // Real models at 8k tokens have P ≈ 6.5·n·A (Llama-3-8B); a small model
-// with A = d cannot, so the default is wide in the feed-forward and narrow in
-// attention: d = 768, A = 256 (4 heads of 64, 2 KV heads), FFN 3072, one
-// layer. At n = 8192 that is P = 7.67M, n·A = 2.10M, 160 GFLOP cold (about
-// 6–10 s at the 16–27 GFLOP/s gonum's Sgemm reaches on 2 cores) and a floor
-// of 0.119 at c = 0.9. A Llama-shaped d = 768 (A = 768, FFN 2048) would be
-// 206 GFLOP with a floor of 0.145; d = 512 would be 114 GFLOP and 0.154.
+// with A = d cannot, so the default is wide in the weights and narrow in
+// attention: d = 768, A = 128 (2 query heads of 64 sharing 1 KV head),
+// FFN 1536, one layer. At n = 8192 that is P = 3.83M, n·A = 1.05M, 80 GFLOP
+// cold and a floor of 0.119 at c = 0.9. gonum's Sgemm reached 8–12 GFLOP/s
+// on these 2 cores when they were quiet (the engine runs at about 75% of
+// it), so a cold 8k prefill takes about 9 s; at 27 GFLOP/s, about 4 s. A
+// Llama-shaped d = 768 (A = 768, FFN 2048) would be 206 GFLOP with a floor
+// of 0.145; d = 512, 114 GFLOP and 0.154; d = 768 with A = 256 and FFN
+// 3072 (this package's first default), 160 GFLOP, 18–26 s here.
 func DefaultConfig() Config {
 	var c Config
 	c.EnsureDefaults()
