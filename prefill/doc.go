@@ -1,6 +1,72 @@
 // Package prefill is the bundled prefill engine: a small Llama-style decoder
-// (RMSNorm, RoPE, grouped-query attention, SwiGLU) in float32 that asks the
-// store for the longest cached prefix of a prompt, loads those blocks' K/V,
-// computes only the suffix, and publishes the new blocks. The CPU backend uses
-// gonum's BLAS; a CUDA backend may follow behind the cuda build tag.
+// in float32 (RMSNorm, RoPE, grouped-query attention, SwiGLU, final norm, LM
+// head) that asks the cache for the longest cached prefix of a prompt, loads
+// those blocks' K/V, computes only the suffix, and publishes the new blocks.
+//
+// # The loop
+//
+// Engine.Prefill(ctx, tokens, session):
+//
+//  1. computes the prompt's chain of block keys (prefixhash.Keys under the
+//     engine's namespace) and asks Cache.LongestPrefix once;
+//  2. fetches those blocks with one Cache.Get, verifies each (store.Decode:
+//     checksums and key = H(parent ‖ tokens); Header.CheckNamespace; the key
+//     is the one asked for) and copies its payload into the sequence's KV;
+//  3. runs the model on the suffix only: every new position attends to the
+//     cached positions and causally to the new ones;
+//  4. queues the new full blocks for the publisher and returns the last
+//     position's logits, their top 5 token ids, TTFT, and usage
+//     {prompt_tokens, cached_tokens}.
+//
+// The partial block at the end of a prompt is never cached. When every block
+// is cached the last position is still computed, from its cached K/V and
+// those before it, so that logits exist; cached_tokens is then
+// prompt_tokens−1, the positions that were not computed.
+//
+// # Invariants
+//
+// A prefix hit changes the cost, never the answer: the logits with any hit
+// equal the cold logits to float32 tolerance (tested against a float64
+// reference model, for random prompts and split points). A cache fault —
+// lookup or fetch error, missing block, block that fails verification — is a
+// miss from that block on: the rest is recomputed, counted in Stats, and never
+// an error to the caller. Blocks are only ever read under the engine's
+// namespace, which is derived from the model's shape and a digest of its
+// weights (Config.Namespace, Weights.Digest), so another model, or the same
+// shape with other weights, or another tenant salt, never shares a block.
+//
+// Block payloads are [layer][K|V][token][kv_head][head_dim] float32,
+// little-endian, keys after RoPE: store.Layout of the namespace. A KV holds
+// the same layout stretched over the whole sequence, so loading or
+// publishing a block is 2·Layers contiguous copies.
+//
+// # Weights
+//
+// From a safetensors file with Hugging Face Llama tensor names (LoadWeights;
+// ReadSafetensors/WriteSafetensors are a complete F32 reader and writer), or
+// by default generated from a seed (SeededWeights): the same bits on every
+// machine, pinned by golden tests, no download.
+//
+// # Compute
+//
+// A Backend loads weights into a Model whose Forward computes a range of
+// positions given the K/V before it, in host memory. The CPU backend runs its
+// matrix products on gonum's Sgemm, which spreads them over GOMAXPROCS
+// goroutines; attention runs in tiles (a query tile of one KV head's stacked
+// query heads against key tiles up to its last position, online softmax), so
+// the upper triangle is never computed, and tiles are spread over the
+// backend's threads. A CUDA backend can follow behind the cuda build tag with
+// the same interface.
+//
+// # Concurrency
+//
+// Engine is safe for concurrent use. Options.Concurrency (default 1) prefills
+// run at once, each with its own KV and scratch; the others wait for a slot
+// or their context. One prefill already uses every core, so more would only
+// split them. Publishing is off the request path: one publisher goroutine,
+// owned by the Engine, encodes queued blocks (store.Encode) and calls
+// Cache.Put; the queue is bounded (Options.PublishQueue) and a prefill that
+// finds it full drops its blocks and counts them, it never waits. Close
+// cancels in-flight prefills and Puts, waits for them and for the publisher,
+// and drops what is still queued; Flush waits for the queue to drain.
 package prefill

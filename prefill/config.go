@@ -1,0 +1,207 @@
+package prefill
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// Config is the shape of the decoder. The zero value is usable: EnsureDefaults
+// fills every zero field with the default below. The defaults describe the
+// bundled model (see DefaultConfig for why it is shaped the way it is).
+type Config struct {
+	// Layers is the number of decoder layers. Default 1.
+	Layers int
+	// Dim is the model width d (the residual stream). Default 768.
+	Dim int
+	// Heads is the number of query heads. Default 2.
+	Heads int
+	// KVHeads is the number of key/value heads (grouped-query attention:
+	// Heads/KVHeads query heads share one KV head). Must divide Heads.
+	// Default 1.
+	KVHeads int
+	// HeadDim is the size of one head; even (RoPE rotates pairs). Default 64.
+	HeadDim int
+	// FFNDim is the width of the SwiGLU feed-forward layer. Default 1536.
+	FFNDim int
+	// Vocab is the vocabulary size, at least 256 so that text tokenized byte
+	// by byte always fits. Default 256.
+	Vocab int
+	// RopeTheta is the RoPE base frequency. Default 10000.
+	RopeTheta float64
+	// NormEps is the RMSNorm epsilon. Default 1e-5.
+	NormEps float64
+	// MaxContext is the longest prompt in tokens the engine accepts. It does
+	// not change the KV values, so it is not part of the namespace.
+	// Default 16384.
+	MaxContext int
+	// BlockTokens is B, the tokens per cached KV block. Default 64, which
+	// makes a default block's payload 32 KiB.
+	BlockTokens int
+}
+
+// The defaults. See DefaultConfig.
+const (
+	DefaultLayers      = 1
+	DefaultDim         = 768
+	DefaultHeads       = 2
+	DefaultKVHeads     = 1
+	DefaultHeadDim     = 64
+	DefaultFFNDim      = 1536
+	DefaultVocab       = 256
+	DefaultRopeTheta   = 10000.0
+	DefaultNormEps     = 1e-5
+	DefaultMaxContext  = 16384
+	DefaultBlockTokens = 64
+)
+
+// MinVocab is the smallest vocabulary a Config may have: byte-level
+// tokenization needs 256 ids.
+const MinVocab = 256
+
+// DefaultConfig returns the bundled model's shape.
+//
+// The engine stands in for a large model on a 2-core CPU, so it is sized by
+// arithmetic. A cold prefill of n tokens costs about 2·n·(P + n·A) FLOPs per
+// layer, where P is the parameters per layer and A = Heads·HeadDim the
+// attention width (causal attention, upper triangle skipped). With a cached
+// fraction c the suffix still attends to the whole prompt, so the warm/cold
+// floor is ((1−c)·P + (1−c²)·n·A) / (P + n·A): the more of the cost is in
+// the weights rather than in attention, the closer the floor gets to 1−c.
+// Real models at 8k tokens have P ≈ 6.5·n·A (Llama-3-8B); a small model
+// with A = d cannot, so the default is wide in the weights and narrow in
+// attention: d = 768, A = 128 (2 query heads of 64 sharing 1 KV head),
+// FFN 1536, one layer. At n = 8192 that is P = 3.83M, n·A = 1.05M, 80 GFLOP
+// cold and a floor of 0.119 at c = 0.9. gonum's Sgemm reached 8–12 GFLOP/s
+// on these 2 cores when they were quiet (the engine runs at about 75% of
+// it), so a cold 8k prefill takes about 9 s; at 27 GFLOP/s, about 4 s. A
+// Llama-shaped d = 768 (A = 768, FFN 2048) would be 206 GFLOP with a floor
+// of 0.145; d = 512, 114 GFLOP and 0.154; d = 768 with A = 256 and FFN
+// 3072 (this package's first default), 160 GFLOP, 18–26 s here.
+func DefaultConfig() Config {
+	var c Config
+	c.EnsureDefaults()
+	return c
+}
+
+// EnsureDefaults fills zero fields with their defaults.
+func (c *Config) EnsureDefaults() {
+	def := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	def(&c.Layers, DefaultLayers)
+	def(&c.Dim, DefaultDim)
+	def(&c.Heads, DefaultHeads)
+	def(&c.KVHeads, DefaultKVHeads)
+	def(&c.HeadDim, DefaultHeadDim)
+	def(&c.FFNDim, DefaultFFNDim)
+	def(&c.Vocab, DefaultVocab)
+	def(&c.MaxContext, DefaultMaxContext)
+	def(&c.BlockTokens, DefaultBlockTokens)
+	if c.RopeTheta == 0 {
+		c.RopeTheta = DefaultRopeTheta
+	}
+	if c.NormEps == 0 {
+		c.NormEps = DefaultNormEps
+	}
+}
+
+// ErrInvalidConfig is wrapped by every error Validate returns.
+var ErrInvalidConfig = errors.New("prefill: invalid config")
+
+// Limits that keep every size in range of int32 indexing and the block format.
+const (
+	maxDim        = 1 << 16
+	maxMaxContext = 1 << 20
+)
+
+// Validate reports the first field that makes c unusable. Call EnsureDefaults
+// first: zero fields are invalid here.
+func (c Config) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.Layers < 1 || c.Layers > 1024:
+		return bad("layers", "%d is outside 1..1024", c.Layers)
+	case c.Dim < 1 || c.Dim > maxDim:
+		return bad("dim", "%d is outside 1..%d", c.Dim, maxDim)
+	case c.Heads < 1:
+		return bad("heads", "%d must be at least 1", c.Heads)
+	case c.KVHeads < 1 || c.KVHeads > c.Heads:
+		return bad("kv_heads", "%d is outside 1..heads (%d)", c.KVHeads, c.Heads)
+	case c.Heads%c.KVHeads != 0:
+		return bad("kv_heads", "%d does not divide heads (%d)", c.KVHeads, c.Heads)
+	case c.HeadDim < 2 || c.HeadDim%2 != 0 || c.HeadDim > 1024:
+		return bad("head_dim", "%d must be even and in 2..1024", c.HeadDim)
+	case c.Heads*c.HeadDim > maxDim:
+		return bad("heads", "heads×head_dim = %d exceeds %d", c.Heads*c.HeadDim, maxDim)
+	case c.FFNDim < 1 || c.FFNDim > 4*maxDim:
+		return bad("ffn_dim", "%d is outside 1..%d", c.FFNDim, 4*maxDim)
+	case c.Vocab < MinVocab || c.Vocab > 1<<22:
+		return bad("vocab", "%d is outside %d..%d (text is tokenized byte by byte)", c.Vocab, MinVocab, 1<<22)
+	case !(c.RopeTheta > 1) || c.RopeTheta > 1e12:
+		return bad("rope_theta", "%g is outside (1, 1e12]", c.RopeTheta)
+	case !(c.NormEps > 0) || c.NormEps > 1:
+		return bad("norm_eps", "%g is outside (0, 1]", c.NormEps)
+	case c.MaxContext < 1 || c.MaxContext > maxMaxContext:
+		return bad("max_context", "%d is outside 1..%d", c.MaxContext, maxMaxContext)
+	case c.BlockTokens < 1 || c.BlockTokens > prefixhash.MaxBlockTokens:
+		return bad("block_tokens", "%d is outside 1..%d", c.BlockTokens, prefixhash.MaxBlockTokens)
+	}
+	return nil
+}
+
+// QDim returns Heads·HeadDim, the width of the queries (and of attention's
+// output).
+func (c Config) QDim() int { return c.Heads * c.HeadDim }
+
+// KVDim returns KVHeads·HeadDim, the width of one token's K (or V) in one
+// layer.
+func (c Config) KVDim() int { return c.KVHeads * c.HeadDim }
+
+// LayerParams returns the number of weights of one decoder layer that take
+// part in matrix products (norm weights excluded).
+func (c Config) LayerParams() int {
+	return c.Dim*(c.QDim()+2*c.KVDim()) + c.QDim()*c.Dim + 3*c.Dim*c.FFNDim
+}
+
+// ForwardFLOPs returns the arithmetic cost of computing positions
+// [start, start+n) given the K/V of [0, start): the matrix products of every
+// layer for the n new positions, causal attention (QKᵀ and PV) of each new
+// position over every position up to itself, and the LM head of the last
+// position. Element-wise work (norms, RoPE, softmax) is not counted.
+func (c Config) ForwardFLOPs(start, n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	rows := float64(n)
+	// Σ over new positions p of (p+1) keys.
+	keys := rows*float64(start) + rows*(rows+1)/2
+	perLayer := 2*rows*float64(c.LayerParams()) + 4*keys*float64(c.QDim())
+	return float64(c.Layers)*perLayer + 2*float64(c.Vocab)*float64(c.Dim)
+}
+
+// Namespace returns the namespace of the KV blocks this model produces with
+// weights whose digest is weightsDigest (see Weights.Digest). The model id
+// spells out every field that changes the KV values and the weights digest,
+// so another model, or the same shape with other weights, never shares a
+// block with this one. c must be valid.
+func (c Config) Namespace(weightsDigest uint64, tenantSalt string) prefixhash.Namespace {
+	return prefixhash.Namespace{
+		Model: fmt.Sprintf("kvmesh/llama-l%d-d%d-h%d-kv%d-hd%d-f%d-v%d-rope%g-eps%g/w%016x",
+			c.Layers, c.Dim, c.Heads, c.KVHeads, c.HeadDim, c.FFNDim, c.Vocab, c.RopeTheta, c.NormEps, weightsDigest),
+		DType:       prefixhash.Float32,
+		BlockTokens: c.BlockTokens,
+		LayerStart:  0,
+		LayerEnd:    c.Layers,
+		KVHeads:     c.KVHeads,
+		HeadDim:     c.HeadDim,
+		TPRank:      0,
+		TPSize:      1,
+		TenantSalt:  tenantSalt,
+	}
+}

@@ -1,0 +1,527 @@
+package prefill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/store"
+)
+
+// Cache is what the engine needs from the KV store. It is declared here, by
+// its consumer; the node adapts store.Local and store.Cluster to it. Every
+// method must honour ctx and turn a slow or failed peer into a miss (a short
+// answer), not a hang.
+type Cache interface {
+	// LongestPrefix returns how many leading keys of keys, a chain in order,
+	// are cached: 0..len(keys). One call covers the whole prompt (in a
+	// cluster, one parallel round trip). An error reads as 0.
+	LongestPrefix(ctx context.Context, keys []prefixhash.Key) (int, error)
+	// Get returns the encoded blocks (store.Encode) of keys, in order. A
+	// missing block is a nil entry; a slice shorter than keys reads as
+	// padded with nils. The blocks are read-only and valid until release is
+	// called; when err is nil, release is non-nil and the engine calls it
+	// exactly once.
+	Get(ctx context.Context, keys []prefixhash.Key) (blocks [][]byte, release func(), err error)
+	// Put stores encoded blocks; blocks[i] is the block of keys[i]. The
+	// engine owns the slices and reuses them after Put returns: Put copies
+	// what it keeps. Put may drop blocks (a full cache) without an error.
+	Put(ctx context.Context, keys []prefixhash.Key, blocks [][]byte) error
+}
+
+// Sentinel errors of the engine.
+var (
+	// ErrInvalidInput is wrapped by errors about a prompt the engine cannot
+	// run: empty, longer than the context, or with a token outside the
+	// vocabulary. The message names the problem.
+	ErrInvalidInput = errors.New("prefill: invalid input")
+	// ErrClosed is returned by calls on a closed Engine.
+	ErrClosed = errors.New("prefill: engine closed")
+)
+
+// Options configure an Engine.
+type Options struct {
+	// Config is the model's shape; zero fields take Config's defaults.
+	Config Config
+	// Weights, when set, are used as is (they must fit Config).
+	Weights *Weights
+	// WeightsPath, when Weights is nil, names a safetensors file to load.
+	// Default "": weights are generated from Seed.
+	WeightsPath string
+	// Seed seeds generated weights. Default 0, itself a valid seed.
+	Seed uint64
+	// TenantSalt, when set, is part of the namespace: engines with different
+	// salts never share blocks. Default "".
+	TenantSalt string
+	// Backend runs the model. Default: the CPU backend with default options.
+	Backend Backend
+	// Concurrency is how many prefills run at once; the others wait for a
+	// slot (or their context). Default 1: one forward pass already keeps
+	// every core busy (gonum's products use GOMAXPROCS goroutines, attention
+	// tiles use the backend's threads), so a second one would only split the
+	// cores, double the memory, and delay both.
+	Concurrency int
+	// PublishQueue bounds the prefills whose new blocks wait to be published.
+	// A prefill that finds it full drops its blocks (counted in
+	// Stats.DroppedBlocks) rather than wait. Each queued prefill holds its KV
+	// (Layers·2·tokens·KVHeads·HeadDim·4 bytes). Default 8.
+	PublishQueue int
+	// PublishTimeout is the deadline of one Put. Default 10s.
+	PublishTimeout time.Duration
+	// Logger receives debug records per prefill. Default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock TTFT is measured with. Default time.Now.
+	Now func() time.Time
+}
+
+// Defaults of Options.
+const (
+	DefaultConcurrency    = 1
+	DefaultPublishQueue   = 8
+	DefaultPublishTimeout = 10 * time.Second
+)
+
+// EnsureDefaults fills zero fields with their defaults. It leaves Backend
+// nil (New makes the CPU backend).
+func (o *Options) EnsureDefaults() {
+	o.Config.EnsureDefaults()
+	if o.Concurrency == 0 {
+		o.Concurrency = DefaultConcurrency
+	}
+	if o.PublishQueue == 0 {
+		o.PublishQueue = DefaultPublishQueue
+	}
+	if o.PublishTimeout == 0 {
+		o.PublishTimeout = DefaultPublishTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Validate names the first bad field.
+func (o Options) Validate() error {
+	if err := o.Config.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case o.Concurrency < 1 || o.Concurrency > 1024:
+		return fmt.Errorf("%w: concurrency: %d is outside 1..1024", ErrInvalidConfig, o.Concurrency)
+	case o.PublishQueue < 1 || o.PublishQueue > 1<<16:
+		return fmt.Errorf("%w: publish_queue: %d is outside 1..65536", ErrInvalidConfig, o.PublishQueue)
+	case o.PublishTimeout < 0:
+		return fmt.Errorf("%w: publish_timeout: %v is negative", ErrInvalidConfig, o.PublishTimeout)
+	case len(o.TenantSalt) > prefixhash.MaxSaltLen:
+		return fmt.Errorf("%w: tenant_salt: %d bytes, the limit is %d", ErrInvalidConfig, len(o.TenantSalt), prefixhash.MaxSaltLen)
+	}
+	return nil
+}
+
+// Usage is what a prefill cost, in the OpenAI usage shape.
+type Usage struct {
+	// PromptTokens is the prompt's length.
+	PromptTokens int `json:"prompt_tokens"`
+	// CachedTokens is the number of leading prompt positions that were not
+	// computed because their K/V came from the cache. When every block of
+	// the prompt is cached, the last position is still computed (its logits
+	// are the answer), so CachedTokens is PromptTokens−1.
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// Timing splits a prefill's time to first token.
+type Timing struct {
+	Wait    time.Duration // waiting for a slot (Options.Concurrency)
+	Lookup  time.Duration // key chain and Cache.LongestPrefix
+	Fetch   time.Duration // Cache.Get, verification, K/V load
+	Compute time.Duration // the forward pass of the suffix
+}
+
+// TopK is the number of token ids a Result ranks.
+const TopK = 5
+
+// Result is the outcome of one prefill.
+type Result struct {
+	// TopTokens are the TopK token ids with the highest last-position
+	// logits, best first; ties go to the lower id.
+	TopTokens []uint32
+	// Logits are the last position's logits, len Config.Vocab. The caller
+	// owns them.
+	Logits []float32
+	Usage  Usage
+	// TTFT is the time from the call to the logits being ready: the wait
+	// for a slot, lookup, fetch and compute. Publishing comes after and is
+	// not in it.
+	TTFT   time.Duration
+	Timing Timing
+	// FLOPs is the arithmetic the forward pass did (Config.ForwardFLOPs).
+	FLOPs float64
+	// Session is the session hint the caller passed; hits never depend on it.
+	Session string
+}
+
+// Stats are the engine's counters since New.
+type Stats struct {
+	Requests       int64 // prefills that returned a result
+	Failed         int64 // prefills that returned an error
+	PromptTokens   int64
+	CachedTokens   int64
+	ComputedTokens int64
+	LookupErrors   int64 // LongestPrefix failed; read as a miss
+	FetchErrors    int64 // Get failed; read as a miss
+	MissingBlocks  int64 // blocks LongestPrefix reported that Get did not return (first per prefill)
+	CorruptBlocks  int64 // fetched blocks that failed verification (first per prefill)
+	LostBlocks     int64 // blocks LongestPrefix reported that were recomputed anyway
+	Published      int64 // blocks handed to Put successfully
+	PublishErrors  int64 // Put calls that failed
+	DroppedBlocks  int64 // new blocks not published: queue full, Put failed, or engine closing
+}
+
+type counters struct {
+	requests, failed, prompt, cached, computed atomic.Int64
+	lookupErrors, fetchErrors                  atomic.Int64
+	missing, corrupt, lost                     atomic.Int64
+	published, publishErrors, dropped          atomic.Int64
+}
+
+// Engine is the prefill engine: it answers Prefill with a model, a cache
+// and a background publisher. It is safe for concurrent use.
+type Engine struct {
+	opts    Options
+	cfg     Config
+	ns      prefixhash.Namespace
+	digest  uint64
+	cache   Cache
+	model   Model
+	backend string
+	slots   chan struct{}
+	kvPool  sync.Pool // *KV
+	stats   counters
+
+	// ctx is cancelled by Close: in-flight prefills stop, Put returns.
+	ctx    context.Context
+	cancel context.CancelFunc
+	active sync.WaitGroup // in-flight Prefill calls
+	pubWG  sync.WaitGroup // the publisher goroutine
+	mu     struct {
+		sync.RWMutex
+		closed bool
+		queue  chan publishJob // closed by Close under the write lock
+	}
+}
+
+// New returns an engine over cache (nil: no caching, every prefill is cold).
+// It loads or generates the weights, derives the namespace from the config
+// and the weights' digest, loads the model on the backend, and starts the
+// publisher. Close stops it.
+func New(cache Cache, opts Options) (*Engine, error) {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	cfg := opts.Config
+	w := opts.Weights
+	if w == nil && opts.WeightsPath != "" {
+		var err error
+		if w, err = LoadWeights(opts.WeightsPath, cfg); err != nil {
+			return nil, err
+		}
+	}
+	if w == nil {
+		w = SeededWeights(cfg, opts.Seed)
+	}
+	if err := w.Check(cfg); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrWeights, err)
+	}
+	backend := opts.Backend
+	if backend == nil {
+		cpu, err := NewCPU(CPUOptions{})
+		if err != nil {
+			return nil, err
+		}
+		backend = cpu
+	}
+	digest := w.Digest(cfg)
+	ns := cfg.Namespace(digest, opts.TenantSalt)
+	if err := ns.Validate(); err != nil {
+		return nil, fmt.Errorf("prefill: namespace: %w", err)
+	}
+	model, err := backend.Load(cfg, w)
+	if err != nil {
+		return nil, fmt.Errorf("prefill: load model on %s: %w", backend.Name(), err)
+	}
+	e := &Engine{
+		opts:    opts,
+		cfg:     cfg,
+		ns:      ns,
+		digest:  digest,
+		cache:   cache,
+		model:   model,
+		backend: backend.Name(),
+		slots:   make(chan struct{}, opts.Concurrency),
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.mu.queue = make(chan publishJob, opts.PublishQueue)
+	e.pubWG.Add(1)
+	go e.publishLoop(e.mu.queue)
+	return e, nil
+}
+
+// Namespace returns the namespace of the blocks this engine reads and writes.
+func (e *Engine) Namespace() prefixhash.Namespace { return e.ns }
+
+// Config returns the model's shape.
+func (e *Engine) Config() Config { return e.cfg }
+
+// WeightsDigest returns the digest of the model's weights (Weights.Digest).
+func (e *Engine) WeightsDigest() uint64 { return e.digest }
+
+// Backend returns the name of the backend the model runs on.
+func (e *Engine) Backend() string { return e.backend }
+
+// Stats returns a snapshot of the counters.
+func (e *Engine) Stats() Stats {
+	s := &e.stats
+	return Stats{
+		Requests: s.requests.Load(), Failed: s.failed.Load(),
+		PromptTokens: s.prompt.Load(), CachedTokens: s.cached.Load(), ComputedTokens: s.computed.Load(),
+		LookupErrors: s.lookupErrors.Load(), FetchErrors: s.fetchErrors.Load(),
+		MissingBlocks: s.missing.Load(), CorruptBlocks: s.corrupt.Load(), LostBlocks: s.lost.Load(),
+		Published: s.published.Load(), PublishErrors: s.publishErrors.Load(), DroppedBlocks: s.dropped.Load(),
+	}
+}
+
+// TokenizeBytes is the byte-level tokenizer: the UTF-8 bytes of text as token
+// ids (0..255).
+func TokenizeBytes(text string) []uint32 {
+	t := make([]uint32, len(text))
+	for i := range len(text) {
+		t[i] = uint32(text[i])
+	}
+	return t
+}
+
+func (e *Engine) checkInput(tokens []uint32) error {
+	switch {
+	case len(tokens) == 0:
+		return fmt.Errorf("%w: the prompt is empty", ErrInvalidInput)
+	case len(tokens) > e.cfg.MaxContext:
+		return fmt.Errorf("%w: the prompt has %d tokens, the context holds %d", ErrInvalidInput, len(tokens), e.cfg.MaxContext)
+	}
+	for i, t := range tokens {
+		if int64(t) >= int64(e.cfg.Vocab) {
+			return fmt.Errorf("%w: token %d at position %d is outside the vocabulary of %d", ErrInvalidInput, t, i, e.cfg.Vocab)
+		}
+	}
+	return nil
+}
+
+// Prefill runs one prompt: it looks up the longest cached prefix, loads
+// those blocks' K/V, computes only the rest, queues the new full blocks for
+// publication, and returns the last position's logits. tokens are read
+// during the call only. A cache that fails, or returns a missing or corrupt
+// block, costs recomputation, never an error. session is recorded, not used
+// for lookups. Errors: ErrInvalidInput for a bad prompt, ErrClosed, or ctx's
+// error.
+func (e *Engine) Prefill(ctx context.Context, tokens []uint32, session string) (Result, error) {
+	began := e.opts.Now()
+	res, err := e.prefill(ctx, began, tokens, session)
+	if err != nil {
+		e.stats.failed.Add(1)
+		return Result{}, err
+	}
+	e.stats.requests.Add(1)
+	e.stats.prompt.Add(int64(res.Usage.PromptTokens))
+	e.stats.cached.Add(int64(res.Usage.CachedTokens))
+	e.stats.computed.Add(int64(res.Usage.PromptTokens - res.Usage.CachedTokens))
+	e.opts.Logger.Debug("prefill", "session", session, "prompt_tokens", res.Usage.PromptTokens,
+		"cached_tokens", res.Usage.CachedTokens, "ttft", res.TTFT)
+	return res, nil
+}
+
+func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, session string) (Result, error) {
+	if err := e.checkInput(tokens); err != nil {
+		return Result{}, err
+	}
+	e.mu.RLock()
+	if e.mu.closed {
+		e.mu.RUnlock()
+		return Result{}, ErrClosed
+	}
+	e.active.Add(1)
+	e.mu.RUnlock()
+	defer e.active.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(e.ctx, cancel)()
+
+	select {
+	case e.slots <- struct{}{}:
+	case <-ctx.Done():
+		return Result{}, e.ctxErr(ctx, "waiting for a slot")
+	}
+	defer func() { <-e.slots }()
+
+	n := len(tokens)
+	b := e.cfg.BlockTokens
+	res := Result{Session: session, Usage: Usage{PromptTokens: n}}
+	t0 := e.opts.Now()
+	res.Timing.Wait = t0.Sub(began)
+
+	keys := prefixhash.Keys(e.ns, tokens)
+	hit := e.lookup(ctx, keys)
+	if ctx.Err() != nil {
+		return Result{}, e.ctxErr(ctx, "lookup")
+	}
+	t1 := e.opts.Now()
+	res.Timing.Lookup = t1.Sub(t0)
+
+	kv := e.getKV(n)
+	loaded := e.fetch(ctx, keys[:hit], kv)
+	if ctx.Err() != nil {
+		e.kvPool.Put(kv)
+		return Result{}, e.ctxErr(ctx, "fetch")
+	}
+	t2 := e.opts.Now()
+	res.Timing.Fetch = t2.Sub(t1)
+
+	start := min(loaded*b, n-1) // the last position is always computed
+	res.Logits = make([]float32, e.cfg.Vocab)
+	if err := e.model.Forward(ctx, kv, start, tokens[start:], res.Logits); err != nil {
+		e.kvPool.Put(kv)
+		if ctx.Err() != nil {
+			return Result{}, e.ctxErr(ctx, "forward")
+		}
+		return Result{}, fmt.Errorf("prefill: forward on %s: %w", e.backend, err)
+	}
+	done := e.opts.Now()
+	res.Timing.Compute = done.Sub(t2)
+	res.TTFT = done.Sub(began)
+	res.TopTokens = topK(res.Logits, TopK)
+	res.Usage.CachedTokens = start
+	res.FLOPs = e.cfg.ForwardFLOPs(start, n-start)
+	e.publish(kv, tokens, keys, loaded)
+	return res, nil
+}
+
+// ctxErr wraps the error of a done request context, saying ErrClosed when
+// it was Close that ended it.
+func (e *Engine) ctxErr(ctx context.Context, stage string) error {
+	if e.ctx.Err() != nil {
+		return fmt.Errorf("prefill: %s: %w", stage, ErrClosed)
+	}
+	return fmt.Errorf("prefill: %s: %w", stage, context.Cause(ctx))
+}
+
+// lookup returns the number of leading blocks the cache reports, clamped to
+// the chain; an error is a miss.
+func (e *Engine) lookup(ctx context.Context, keys []prefixhash.Key) int {
+	if e.cache == nil || len(keys) == 0 {
+		return 0
+	}
+	hit, err := e.cache.LongestPrefix(ctx, keys)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.stats.lookupErrors.Add(1)
+		}
+		return 0
+	}
+	return max(0, min(hit, len(keys)))
+}
+
+// fetch loads the K/V of the blocks of keys into kv and returns how many
+// leading blocks it loaded: it stops at the first block that is missing or
+// fails verification (decoding, checksums, namespace, key), and the rest is
+// recomputed.
+func (e *Engine) fetch(ctx context.Context, keys []prefixhash.Key, kv *KV) int {
+	if len(keys) == 0 {
+		return 0
+	}
+	blocks, release, err := e.cache.Get(ctx, keys)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.stats.fetchErrors.Add(1)
+			e.stats.lost.Add(int64(len(keys)))
+		}
+		return 0
+	}
+	defer release()
+	b := e.cfg.BlockTokens
+	maxPayload := e.ns.BlockBytes()
+	for i, key := range keys {
+		if i >= len(blocks) || blocks[i] == nil {
+			e.stats.missing.Add(1)
+			e.stats.lost.Add(int64(len(keys) - i))
+			return i
+		}
+		blk, err := store.Decode(blocks[i], maxPayload)
+		if err == nil {
+			err = blk.CheckNamespace(e.ns)
+		}
+		if err == nil && blk.Key != key {
+			err = fmt.Errorf("block %d has key %s, want %s", i, blk.Key, key)
+		}
+		if err != nil {
+			e.stats.corrupt.Add(1)
+			e.stats.lost.Add(int64(len(keys) - i))
+			e.opts.Logger.Debug("prefill: dropping a cached block", "block", i, "err", err)
+			return i
+		}
+		kv.readBlock(i*b, b, blk.Payload)
+	}
+	return len(keys)
+}
+
+// getKV returns a KV for n tokens from the pool, or a new one.
+func (e *Engine) getKV(n int) *KV {
+	if kv, _ := e.kvPool.Get().(*KV); kv != nil && kv.fits(e.cfg, n) {
+		return kv
+	}
+	return NewKV(e.cfg, n)
+}
+
+// topK returns the indexes of the k largest values, largest first, ties to
+// the lower index.
+func topK(v []float32, k int) []uint32 {
+	k = min(k, len(v))
+	top := make([]uint32, 0, k+1)
+	for i, x := range v {
+		if len(top) == k && x <= v[top[k-1]] {
+			continue
+		}
+		j := len(top)
+		top = append(top, uint32(i))
+		for j > 0 && v[top[j-1]] < x {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = uint32(i)
+		top = top[:min(len(top), k)]
+	}
+	return top
+}
+
+// Close stops the engine: new calls fail with ErrClosed, in-flight prefills
+// are cancelled and waited for, blocks still queued for publication are
+// dropped (call Flush first to publish them), and the model is closed.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.mu.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.mu.closed = true
+	close(e.mu.queue)
+	e.mu.Unlock()
+	e.cancel()
+	e.active.Wait()
+	e.pubWG.Wait()
+	return e.model.Close()
+}

@@ -1,0 +1,133 @@
+package prefill
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/store"
+)
+
+// publishJob is one prefill's new blocks, waiting for the publisher: blocks
+// from..len(keys)-1 of the prompt, whose K/V are in kv. The job owns kv and
+// returns it to the pool. A job with flushed set is a Flush marker.
+type publishJob struct {
+	kv      *KV
+	tokens  []uint32         // the tokens of blocks from..len(keys)-1 (a copy owned by the job)
+	keys    []prefixhash.Key // the prompt's whole chain
+	from    int
+	flushed chan struct{}
+}
+
+func (j publishJob) blocks() int { return len(j.keys) - j.from }
+
+// publish queues blocks [from, len(keys)) of a prefill for the publisher and
+// takes ownership of kv. It never waits: with the queue full or the engine
+// closing, the blocks are dropped and counted.
+func (e *Engine) publish(kv *KV, tokens []uint32, keys []prefixhash.Key, from int) {
+	if e.cache == nil || from >= len(keys) {
+		e.kvPool.Put(kv)
+		return
+	}
+	b := e.cfg.BlockTokens
+	job := publishJob{kv: kv, tokens: append([]uint32(nil), tokens[from*b:len(keys)*b]...), keys: keys, from: from}
+	e.mu.RLock()
+	queued := false
+	if !e.mu.closed {
+		select {
+		case e.mu.queue <- job:
+			queued = true
+		default:
+		}
+	}
+	e.mu.RUnlock()
+	if !queued {
+		e.drop(job)
+	}
+}
+
+func (e *Engine) drop(job publishJob) {
+	e.stats.dropped.Add(int64(job.blocks()))
+	e.kvPool.Put(job.kv)
+}
+
+// Flush waits until every block queued for publication before the call has
+// been handed to Cache.Put (or dropped). Tests and benchmarks use it to wait
+// for publication without sleeping.
+func (e *Engine) Flush(ctx context.Context) error {
+	done := make(chan struct{})
+	e.mu.RLock()
+	if e.mu.closed {
+		e.mu.RUnlock()
+		return ErrClosed
+	}
+	select {
+	case e.mu.queue <- publishJob{flushed: done}:
+	case <-ctx.Done():
+		e.mu.RUnlock()
+		return fmt.Errorf("prefill: flush: %w", ctx.Err())
+	}
+	e.mu.RUnlock()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("prefill: flush: %w", ctx.Err())
+	}
+}
+
+// publishLoop is the publisher: it encodes each job's blocks and hands them
+// to Cache.Put, one job at a time, until Close closes the queue. Its buffers
+// are reused from job to job (Put copies what it keeps).
+func (e *Engine) publishLoop(queue <-chan publishJob) {
+	defer e.pubWG.Done()
+	var (
+		buf     []byte
+		blocks  [][]byte
+		payload = make([]byte, e.ns.BlockBytes())
+	)
+	b := e.cfg.BlockTokens
+	encLen := store.EncodedLen(b, len(payload))
+	root := e.ns.Root()
+	for job := range queue {
+		if job.flushed != nil {
+			close(job.flushed)
+			continue
+		}
+		if e.ctx.Err() != nil {
+			e.drop(job)
+			continue
+		}
+		n := job.blocks()
+		if cap(buf) < n*encLen {
+			buf = make([]byte, 0, n*encLen)
+		}
+		buf, blocks = buf[:0], blocks[:0]
+		for i := job.from; i < len(job.keys); i++ {
+			parent := root
+			if i > 0 {
+				parent = job.keys[i-1]
+			}
+			job.kv.writeBlock(payload, i*b, b)
+			var key prefixhash.Key
+			var err error
+			j := i - job.from
+			buf, key, err = store.Encode(buf, e.ns, parent, job.tokens[j*b:(j+1)*b], payload)
+			if err != nil || key != job.keys[i] {
+				panic(fmt.Sprintf("prefill: encoding block %d: key %s, want %s: %v", i, key, job.keys[i], err))
+			}
+			blocks = append(blocks, buf[len(buf)-encLen:])
+		}
+		e.kvPool.Put(job.kv)
+		ctx, cancel := context.WithTimeout(e.ctx, e.opts.PublishTimeout)
+		err := e.cache.Put(ctx, job.keys[job.from:], blocks)
+		cancel()
+		if err != nil {
+			e.stats.publishErrors.Add(1)
+			e.stats.dropped.Add(int64(n))
+			e.opts.Logger.Debug("prefill: publishing blocks failed", "blocks", n, "err", err)
+			continue
+		}
+		e.stats.published.Add(int64(n))
+	}
+}
