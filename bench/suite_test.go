@@ -47,7 +47,7 @@ func TestSelect(t *testing.T) {
 		t.Fatalf("no suite: %v", err)
 	}
 	// The built-in suites are found by name.
-	if _, err := Select(Suites(), []string{"peers", "trace"}); err != nil {
+	if _, err := Select(Suites(SuiteFlags{}), []string{"peers", "trace", "transfer", "store", "lookup", "nvme", "prefill"}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,0 +1,341 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/prefill"
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/store"
+	"github.com/kvmesh/kvmesh/tiers"
+)
+
+// PrefillOptions configures the prefill suite. Zero fields take the
+// defaults documented on each, for a full run or for --quick.
+type PrefillOptions struct {
+	// PromptTokens is the prompt's length. Default 8192 (DESIGN's target);
+	// quick 2048.
+	PromptTokens int
+	// Fractions are the cached fractions of the prompt measured, 0 (cold)
+	// first. Default 0, 0.5 and 0.9. A fraction is rounded down to whole
+	// blocks.
+	Fractions []float64
+	// Runs is how many times each prefill is timed; the median is
+	// reported. Default 3; quick 1.
+	Runs int
+	// SgemmSize is n of the n×n×n Sgemm whose best GFLOP/s is the engine's
+	// ceiling. Default 2048; quick 1024.
+	SgemmSize int
+	// SgemmRuns is how many times Sgemm runs (the best counts). Default 3.
+	SgemmRuns int
+	// Config is the model. Default prefill.DefaultConfig(), the bundled
+	// model, with seeded weights.
+	Config prefill.Config
+}
+
+// EnsureDefaults fills zero fields with their defaults for a full run, or
+// for --quick when quick is set.
+func (o *PrefillOptions) EnsureDefaults(quick bool) {
+	if o.PromptTokens == 0 {
+		o.PromptTokens = pick(quick, 8192, 2048)
+	}
+	if len(o.Fractions) == 0 {
+		o.Fractions = []float64{0, 0.5, 0.9}
+	}
+	if o.Runs == 0 {
+		o.Runs = pick(quick, 3, 1)
+	}
+	if o.SgemmSize == 0 {
+		o.SgemmSize = pick(quick, 2048, 1024)
+	}
+	if o.SgemmRuns == 0 {
+		o.SgemmRuns = 3
+	}
+	o.Config.EnsureDefaults()
+}
+
+// Validate names the first field that is out of range.
+func (o *PrefillOptions) Validate() error {
+	if err := o.Config.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case o.PromptTokens < 2*o.Config.BlockTokens || o.PromptTokens > o.Config.MaxContext:
+		return fmt.Errorf("bench: prefill: prompt tokens %d is outside 2 blocks (%d)..max context (%d)",
+			o.PromptTokens, 2*o.Config.BlockTokens, o.Config.MaxContext)
+	case len(o.Fractions) == 0 || o.Fractions[0] != 0:
+		return fmt.Errorf("bench: prefill: fractions %v must start with 0 (cold)", o.Fractions)
+	case o.Runs < 1 || o.Runs > 100:
+		return fmt.Errorf("bench: prefill: runs %d is outside 1..100", o.Runs)
+	case o.SgemmSize < 64 || o.SgemmSize > 8192 || o.SgemmRuns < 1:
+		return fmt.Errorf("bench: prefill: sgemm %d×%d runs is outside 64..8192, ≥ 1", o.SgemmSize, o.SgemmRuns)
+	}
+	for _, f := range o.Fractions {
+		if f < 0 || f >= 1 {
+			return fmt.Errorf("bench: prefill: fraction %v is outside [0, 1)", f)
+		}
+	}
+	return nil
+}
+
+// PrefillSuite measures the time to first token of one prompt with the
+// bundled engine (CPU backend), cold and with a fraction of it prefilled
+// earlier by another engine that published its blocks to the shared cache,
+// next to the arithmetic floor of that fraction and to gonum's Sgemm peak
+// measured in the same run.
+type PrefillSuite struct {
+	Options PrefillOptions
+}
+
+// Name returns "prefill".
+func (s *PrefillSuite) Name() string { return "prefill" }
+
+// prefillRow is one cached fraction.
+type prefillRow struct {
+	Backend        string  `json:"backend"`
+	PromptTokens   int     `json:"prompt_tokens"`
+	CachedFraction float64 `json:"cached_fraction"`
+	CachedTokens   int     `json:"cached_tokens"`
+	TTFTMS         float64 `json:"ttft_ms"`
+	// TTFTVsCold is the median TTFT over the cold one: the target's figure.
+	TTFTVsCold float64 `json:"ttft_vs_cold"`
+	// CPUVsCold is the process CPU time of the prefill (and of publishing
+	// its new blocks) over the cold one's: the work done, which the
+	// neighbours' load on a shared machine does not move.
+	CPUVsCold float64 `json:"cpu_vs_cold"`
+	// FLOPFloor is the arithmetic of this prefill over the cold one's
+	// (prefill.Config.ForwardFLOPs): the best ratio any engine can reach.
+	FLOPFloor   float64 `json:"flop_floor"`
+	LookupMS    float64 `json:"lookup_ms" table:"-"`
+	FetchMS     float64 `json:"fetch_ms"`
+	ComputeMS   float64 `json:"compute_ms"`
+	GFLOP       float64 `json:"gflop"`
+	EngineGFLOP float64 `json:"engine_gflops"`
+	Runs        int     `json:"runs" table:"-"`
+}
+
+// sgemmRow is the engine's ceiling.
+type sgemmRow struct {
+	SgemmN         int     `json:"sgemm_n"`
+	SgemmGFLOPS    float64 `json:"sgemm_gflops"`
+	EngineGFLOPS   float64 `json:"engine_gflops_cold"`
+	EngineVsSgemm  float64 `json:"engine_vs_sgemm"`
+	Backend        string  `json:"engine_backend"`
+	ModelGFLOPCold float64 `json:"cold_gflop"`
+}
+
+// Run measures.
+func (s *PrefillSuite) Run(ctx context.Context, env *Env) (*Result, error) {
+	o := s.Options
+	o.EnsureDefaults(env.Quick)
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	res := &Result{Suite: s.Name()}
+	cache, err := newLocalPrefillCache(int64(len(o.Fractions)+1) * int64(o.PromptTokens) * int64(o.Config.Layers*2*o.Config.KVDim()*4) * 2)
+	if err != nil {
+		return res, err
+	}
+	defer cache.Close()
+	w := prefill.SeededWeights(o.Config, 0)
+	newEngine := func() (*prefill.Engine, error) {
+		return prefill.New(cache, prefill.Options{Config: o.Config, Weights: w, Logger: slog.New(slog.DiscardHandler)})
+	}
+	// Two engines over one cache: the producer prefills the prefixes and
+	// publishes their blocks, the consumer measures, as two nodes of a
+	// cluster would.
+	producer, err := newEngine()
+	if err != nil {
+		return res, err
+	}
+	defer producer.Close()
+	consumer, err := newEngine()
+	if err != nil {
+		return res, err
+	}
+	defer consumer.Close()
+
+	n, b := o.PromptTokens, o.Config.BlockTokens
+	prompts := make([][]uint32, len(o.Fractions))
+	for i := range prompts {
+		r := rand.New(rand.NewPCG(uint64(i)+1, 0x707265))
+		prompts[i] = make([]uint32, n)
+		for j := range prompts[i] {
+			prompts[i][j] = uint32(r.IntN(o.Config.Vocab))
+		}
+	}
+	steps := int64(len(o.Fractions) - 1 + o.Runs*len(o.Fractions) + 1)
+	bar := env.Progress.Bar(steps, "prefill")
+	defer bar.Finish()
+	for i, f := range o.Fractions[1:] {
+		bar.Describe(fmt.Sprintf("prefill: producer prefills %.0f%%", 100*f))
+		prefix := prompts[i+1][:int(f*float64(n))/b*b]
+		if len(prefix) > 0 {
+			if _, err := producer.Prefill(ctx, prefix, "producer"); err != nil {
+				return res, err
+			}
+		}
+		bar.Add(1)
+	}
+	if err := producer.Flush(ctx); err != nil {
+		return res, err
+	}
+	// From now on the cache keeps what it holds: every run of a prompt sees
+	// the same hit, and the cold prompt stays cold.
+	cache.frozen.Store(true)
+
+	type sample struct {
+		ttft, cpu time.Duration
+		r         prefill.Result
+	}
+	samples := make([][]sample, len(o.Fractions))
+	order := make([]int, len(o.Fractions))
+	for run := range o.Runs {
+		// Every other run goes from the most cached to cold, so that a single
+		// run does not charge the engine's first-use costs to the cold prefill.
+		for j := range order {
+			order[j] = j
+			if run%2 == 0 {
+				order[j] = len(order) - 1 - j
+			}
+		}
+		for _, i := range order {
+			f := o.Fractions[i]
+			bar.Describe(fmt.Sprintf("prefill: %d tokens, %.0f%% cached, run %d", n, 100*f, run+1))
+			c0 := processCPU()
+			r, err := consumer.Prefill(ctx, prompts[i], "consumer")
+			if err != nil {
+				return res, err
+			}
+			if err := consumer.Flush(ctx); err != nil { // its publishing is part of its cost
+				return res, err
+			}
+			samples[i] = append(samples[i], sample{ttft: r.TTFT, cpu: processCPU() - c0, r: r})
+			bar.Add(1)
+		}
+	}
+	bar.Describe("prefill: sgemm peak")
+	peak := prefill.SgemmPeak(ctx, o.SgemmSize, o.SgemmRuns)
+	bar.Add(1)
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+
+	median := func(xs []time.Duration) time.Duration {
+		s := slices.Clone(xs)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	var rows []prefillRow
+	var coldTTFT, coldCPU time.Duration
+	for i, f := range o.Fractions {
+		var ttft, cpu, lookup, fetch, compute []time.Duration
+		for _, s := range samples[i] {
+			ttft, cpu = append(ttft, s.ttft), append(cpu, s.cpu)
+			lookup, fetch, compute = append(lookup, s.r.Timing.Lookup), append(fetch, s.r.Timing.Fetch), append(compute, s.r.Timing.Compute)
+		}
+		last := samples[i][len(samples[i])-1].r
+		if i == 0 {
+			coldTTFT, coldCPU = median(ttft), median(cpu)
+		}
+		ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+		row := prefillRow{Backend: "in-process engine + store.Local", PromptTokens: n, CachedFraction: f,
+			CachedTokens: last.Usage.CachedTokens, TTFTMS: ms(median(ttft)),
+			TTFTVsCold: float64(median(ttft)) / float64(coldTTFT), CPUVsCold: float64(median(cpu)) / float64(max(coldCPU, 1)),
+			FLOPFloor: o.Config.ForwardFLOPs(last.Usage.CachedTokens, n-last.Usage.CachedTokens) / o.Config.ForwardFLOPs(0, n),
+			LookupMS:  ms(median(lookup)), FetchMS: ms(median(fetch)), ComputeMS: ms(median(compute)),
+			GFLOP: last.FLOPs / 1e9, EngineGFLOP: last.FLOPs / median(compute).Seconds() / 1e9, Runs: len(ttft)}
+		rows = append(rows, row)
+	}
+	res.AddTable("prefill", fmt.Sprintf("time to first token of a %d-token prompt, the first fraction of it prefilled by another engine "+
+		"over the same cache (%s model: %d layer(s), d=%d, %d heads of %d, %d KV head(s), FFN %d; %d-token blocks)",
+		n, consumer.Backend(), o.Config.Layers, o.Config.Dim, o.Config.Heads, o.Config.HeadDim, o.Config.KVHeads, o.Config.FFNDim, b), rows)
+	res.AddTable("sgemm", "the engine's cold prefill against gonum's Sgemm peak measured in the same run",
+		[]sgemmRow{{SgemmN: o.SgemmSize, SgemmGFLOPS: peak, EngineGFLOPS: rows[0].EngineGFLOP,
+			EngineVsSgemm: rows[0].EngineGFLOP / max(peak, 1e-9), Backend: consumer.Backend(), ModelGFLOPCold: rows[0].GFLOP}})
+	for _, r := range rows {
+		if r.CachedFraction == 0.9 {
+			res.Checks = append(res.Checks,
+				NewCheck(fmt.Sprintf("prefill: %d-token prompt, 90%% prefilled elsewhere", n), "ttft_vs_cold", r.TTFTVsCold, "<=", 0.15, BackendKvmesh),
+				NewCheck(fmt.Sprintf("prefill: %d-token prompt, 90%% prefilled elsewhere, work done", n), "cpu_vs_cold", r.CPUVsCold, "<=", 0.15, BackendKvmesh))
+		}
+	}
+	res.Note("backend: the engine runs in the bench's process over a store.Local (DRAM tier) shared with the engine that prefilled the prefixes; " +
+		"the cache is frozen after those prefixes, so every run of a prompt sees the same hit.")
+	if n != 8192 {
+		res.Note("the prompt has %d tokens (DESIGN's target is stated for 8192; --quick uses a shorter one)", n)
+	}
+
+	measured := Series{Name: "TTFT (median)"}
+	floor := Series{Name: "cold TTFT × arithmetic floor", Dashed: true}
+	for _, r := range rows {
+		measured.X, measured.Y = append(measured.X, r.CachedFraction), append(measured.Y, r.TTFTMS)
+		floor.X, floor.Y = append(floor.X, r.CachedFraction), append(floor.Y, rows[0].TTFTMS*r.FLOPFloor)
+	}
+	if err := SavePlot(env, res, "prefill_ttft_vs_cached_fraction",
+		TTFTPlot(fmt.Sprintf("prefill of a %d-token prompt: TTFT vs cached fraction", n), measured, floor)); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// localPrefillCache is prefill.Cache over a store.Local with a DRAM tier.
+// Once frozen, Put stores nothing.
+type localPrefillCache struct {
+	l      *store.Local
+	frozen atomic.Bool
+}
+
+var _ prefill.Cache = (*localPrefillCache)(nil)
+
+func newLocalPrefillCache(capacity int64) (*localPrefillCache, error) {
+	dram, err := tiers.NewDRAM(tiers.DRAMOptions{Capacity: max(capacity, 64<<20)})
+	if err != nil {
+		return nil, fmt.Errorf("bench: prefill cache: %w", err)
+	}
+	l, err := store.Open(store.Options{DRAM: dram})
+	if err != nil {
+		dram.Close()
+		return nil, fmt.Errorf("bench: prefill cache: %w", err)
+	}
+	return &localPrefillCache{l: l}, nil
+}
+
+func (c *localPrefillCache) LongestPrefix(_ context.Context, keys []prefixhash.Key) (int, error) {
+	return c.l.LongestPrefix(keys), nil
+}
+
+func (c *localPrefillCache) Get(ctx context.Context, keys []prefixhash.Key) ([][]byte, func(), error) {
+	refs, err := c.l.GetMany(ctx, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	blocks := make([][]byte, len(refs))
+	for i, r := range refs {
+		if r != nil {
+			blocks[i] = r.Bytes()
+		}
+	}
+	return blocks, func() {
+		for _, r := range refs {
+			if r != nil {
+				r.Release()
+			}
+		}
+	}, nil
+}
+
+func (c *localPrefillCache) Put(ctx context.Context, _ []prefixhash.Key, blocks [][]byte) error {
+	if c.frozen.Load() {
+		return nil
+	}
+	return c.l.PutMany(ctx, blocks)
+}
+
+// Close closes the store (and its tier).
+func (c *localPrefillCache) Close() error { return c.l.Close() }
