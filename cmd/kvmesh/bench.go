@@ -54,7 +54,12 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 
   kvmesh bench all --quick -o json --out bench-out
   kvmesh bench trace --trace conversation_trace.jsonl --nodes 4 --routing random`,
-		Args: cobra.MinimumNArgs(1),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return errors.New("name a suite (transfer, store, lookup, nvme, prefill, trace, peers) or all; see 'kvmesh bench --help'")
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error { return f.run(cmd, args) },
 	}
 	fs := c.Flags()
