@@ -406,8 +406,8 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 			if ms[0].done {
 				return ierr
 			}
-			if errors.Is(err, tiers.ErrTooLarge) && ms[0].err != nil {
-				err = ms[0].err
+			if errors.Is(err, tiers.ErrTooLarge) && ms[0].werr != nil {
+				err = ms[0].werr
 			}
 		} else if !errors.Is(err, errColdest) || errors.Is(derr, ErrLayout) || ctx.Err() != nil {
 			err = derr
@@ -475,6 +475,11 @@ func (l *Local) insertLocked(h *Header, size, class int, loc tiers.Loc, disk boo
 		l.unreserveLocked(rid, t, size)
 		*fr = append(*fr, freeLoc{disk, loc})
 		return nil
+	}
+	if l.indexFullLocked() { // concurrent Puts passed the check in Put together
+		l.unreserveLocked(rid, t, size)
+		*fr = append(*fr, freeLoc{disk, loc})
+		return fmt.Errorf("%w: the index holds MaxBlocks (%d) blocks", ErrFull, l.opts.MaxBlocks)
 	}
 	id, err := l.mu.ns.acquire(h, size, class, t)
 	l.unreserveLocked(rid, t, size) // after acquire, so that the namespace stays

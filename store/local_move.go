@@ -30,6 +30,7 @@ type moved struct {
 	size   int
 	val    []byte
 	err    error // reading or verifying the value failed
+	werr   error // writing it to the persistent tier failed (not corruption)
 	newLoc tiers.Loc
 	done   bool // newLoc holds the value
 
@@ -288,7 +289,7 @@ func (l *Local) toDisk(ms []moved, commit func(m *moved, fr *[]freeLoc)) {
 			panic("store: persistent tier stored part of a batch without an error")
 		}
 		if !errors.Is(err, tiers.ErrFull) || round == maxRoomRounds || !l.reclaim() {
-			rest[0].err = err
+			rest[0].werr = err
 			break
 		}
 	}

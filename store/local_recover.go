@@ -13,6 +13,10 @@ import (
 // dropped while it was unresolved.
 var errNamespaceDropped = errors.New("store: namespace dropped")
 
+// errLocGone resolves a recovered block whose segment was reclaimed while it
+// was being read: it is evicted.
+var errLocGone = errors.New("store: segment reclaimed during resolution")
+
 // resolveBatch is how many recovered blocks the background scan reads at a
 // time (and so holds in memory at once).
 const resolveBatch = 16
@@ -154,6 +158,9 @@ func (l *Local) resolveOne(i uint32, h *Header) error {
 		l.doneMovingLocked(i)
 		l.finalizeIfIdleLocked(i, &fr)
 		return nil
+	}
+	if e.has(flagLocGone) {
+		return errLocGone // its segment was reclaimed while it was read: finishResolve evicts it
 	}
 	if err := l.resolveLocked(i, h); err != nil {
 		return err
