@@ -55,12 +55,12 @@ func kvTokens(dst []uint32, k int) {
 	dst[0], dst[1], dst[2] = uint32(k), uint32(uint64(k)>>32), 0x6b766d
 }
 
-// KvmeshKV returns kvmesh's node at addr as a KVTarget: key k is the
+// NodeKV returns the kvmesh node at addr as a KVTarget: key k is the
 // one-block prompt kvTokens(k) of KVNamespace(valueBytes) and its value the
 // block's payload. Every connection is a client of its own (its own gRPC
 // connection), as every Redis connection is. name names it in reports
 // ("kvmesh-grpc", ...); opts configure the clients.
-func KvmeshKV(name, addr string, valueBytes int, opts client.Options) (KVTarget, error) {
+func NodeKV(name, addr string, valueBytes int, opts client.Options) (KVTarget, error) {
 	ns, err := KVNamespace(valueBytes)
 	if err != nil {
 		return nil, err

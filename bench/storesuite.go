@@ -173,7 +173,7 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 				Keys: max(2*c, o.DataSetBytes/b), MaxSetBytes: o.MaxSetBytes}
 			var targets []KVTarget
 			for _, p := range paths {
-				t, err := KvmeshKV(p.target, addrs[0], b, p.opts)
+				t, err := NodeKV(p.target, addrs[0], b, p.opts)
 				if err != nil {
 					return res, err
 				}
