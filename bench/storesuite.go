@@ -299,29 +299,9 @@ func storeChecks(res *Result, rows []KVResult) {
 // storeSeries returns the plot series of op: kvmesh solid, Redis and the
 // limits dashed.
 func storeSeries(rows []KVResult, limits []limitRow, op string) []Series {
-	type key struct {
-		target string
-		conc   int
-	}
-	var order []key
-	byKey := map[key]*Series{}
-	for _, r := range rows {
-		if r.Op != op {
-			continue
-		}
-		k := key{r.Target, r.Concurrency}
-		s, ok := byKey[k]
-		if !ok {
-			s = &Series{Name: fmt.Sprintf("%s c=%d", r.Target, r.Concurrency), Dashed: r.Target == "redis"}
-			byKey[k] = s
-			order = append(order, k)
-		}
-		s.X, s.Y = append(s.X, float64(r.ValueBytes)), append(s.Y, r.GBps)
-	}
-	var out []Series
-	for _, k := range order {
-		out = append(out, *byKey[k])
-	}
+	out := GroupSeries(rows, func(r KVResult) (string, bool, bool, float64, float64) {
+		return fmt.Sprintf("%s c=%d", r.Target, r.Concurrency), r.Target == "redis", r.Op != op, float64(r.ValueBytes), r.GBps
+	})
 	raw := Series{Name: "raw TCP stream", Dashed: true}
 	for _, l := range limits {
 		raw.X, raw.Y = append(raw.X, float64(l.BlockBytes)), append(raw.Y, l.RawTCPGBps)

@@ -308,22 +308,13 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 			"and a Put of the blocks it missed, through the Go client of the node it was routed to.", o.Nodes, enough, blockBytes)
 	}
 
-	var series []Series
-	for _, local := range []bool{false, true} {
-		for _, p := range o.SweepRouting {
-			sr := Series{Name: string(p) + " pooled"}
-			if local {
-				sr.Name = string(p) + " local-only"
-			}
-			for _, pt := range points {
-				if pt.Routing == p && pt.LocalOnly == local {
-					sr.X = append(sr.X, pt.PooledCapacityFraction)
-					sr.Y = append(sr.Y, pt.HitRatio)
-				}
-			}
-			series = append(series, sr)
+	series := GroupSeries(points, func(p traceSweepRow) (string, bool, bool, float64, float64) {
+		name := string(p.Routing) + " pooled"
+		if p.LocalOnly {
+			name = string(p.Routing) + " local-only"
 		}
-	}
+		return name, false, false, p.PooledCapacityFraction, p.HitRatio
+	})
 	if err := SavePlot(env, res, "trace_hit_ratio_vs_capacity",
 		HitRatioPlot("SIMULATION: block hit ratio vs pooled capacity, "+t.Name, ideal.HitRatio, series...)); err != nil {
 		return res, err

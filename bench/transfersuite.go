@@ -231,29 +231,11 @@ func transferPathName(name string) string {
 // transferSeries returns one plot series per path and connection count:
 // kvmesh solid, the limits dashed.
 func transferSeries(rows []transferRow) []Series {
-	type key struct {
-		path  string
-		conns int
-	}
-	var order []key
-	by := map[key]*Series{}
-	for _, r := range rows {
-		k := key{r.Path, r.Conns}
-		s, ok := by[k]
-		if !ok {
-			name := r.Path
-			if r.Path == "kvmesh-tcp" {
-				name = fmt.Sprintf("kvmesh-tcp ×%d", r.Conns)
-			}
-			s = &Series{Name: name, Dashed: !strings.HasPrefix(r.Path, "kvmesh")}
-			by[k] = s
-			order = append(order, k)
+	return GroupSeries(rows, func(r transferRow) (string, bool, bool, float64, float64) {
+		name := r.Path
+		if r.Path == "kvmesh-tcp" {
+			name = fmt.Sprintf("kvmesh-tcp ×%d", r.Conns)
 		}
-		s.X, s.Y = append(s.X, float64(r.BlockBytes)), append(s.Y, r.GBps)
-	}
-	out := make([]Series, 0, len(order))
-	for _, k := range order {
-		out = append(out, *by[k])
-	}
-	return out
+		return name, !strings.HasPrefix(r.Path, "kvmesh"), false, float64(r.BlockBytes), r.GBps
+	})
 }
