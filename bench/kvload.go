@@ -128,6 +128,12 @@ type KVResult struct {
 	// measured in the same run: the limit of a path that copies each value
 	// once (the shared-memory path).
 	RatioVsMemcpy *float64 `json:"ratio_vs_memcpy,omitempty"`
+	// PathShare, for kvmesh over its data plane, is the share of the
+	// load's value bytes (fill, GETs and SETs) that the node's data plane
+	// moved over the transport the row names (its
+	// kvmesh_transfer_bytes_total; headers make it slightly above 1): a
+	// client that fell back to another transport shows less.
+	PathShare *float64 `json:"path_share,omitempty"`
 }
 
 // Ratio returns a/b, or nil when b is not positive: a figure with nothing

@@ -1,10 +1,15 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -294,4 +299,62 @@ func (n *kvmeshNode) Put(ctx context.Context, p Prompt, blocks []Block) error {
 	}
 	_, err := n.c.Put(ctx, n.ns, p.Tokens, payloads)
 	return err
+}
+
+// nodeHTTPAddr returns the /metrics address the node at grpcAddr reports
+// for itself (Members).
+func nodeHTTPAddr(ctx context.Context, c *client.Client) (string, error) {
+	m, err := c.Members(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, mb := range m.GetMembers() {
+		if mb.GetId() == m.GetSelfId() && mb.GetHttpAddr() != "" {
+			return mb.GetHttpAddr(), nil
+		}
+	}
+	return "", fmt.Errorf("bench: node %s reports no metrics address", m.GetSelfId())
+}
+
+// transferBytes returns, per data-plane transport ("tcp", "shm"), the value
+// bytes the node's data plane has moved (kvmesh_transfer_bytes_total, both
+// directions), read from its /metrics. A node without a data plane has
+// none.
+func transferBytes(ctx context.Context, httpAddr string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("bench: node metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("bench: node metrics: %s", resp.Status)
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 64<<20))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "kvmesh_transfer_bytes_total{")
+		if !ok {
+			continue
+		}
+		labels, value, ok := strings.Cut(line, "} ")
+		if !ok {
+			continue
+		}
+		_, tr, ok := strings.Cut(labels, `transport="`)
+		if !ok {
+			continue
+		}
+		tr, _, _ = strings.Cut(tr, `"`)
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			return nil, fmt.Errorf("bench: node metrics: %q: %w", sc.Text(), err)
+		}
+		out[tr] += v
+	}
+	return out, sc.Err()
 }

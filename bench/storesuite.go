@@ -109,8 +109,9 @@ func (s *StoreSuite) Name() string { return "store" }
 
 // storePath is one way the client reaches the node.
 type storePath struct {
-	target string // KVResult.Target
-	opts   client.Options
+	target    string // KVResult.Target
+	transport string // the node's data-plane transport it must use; "" for gRPC
+	opts      client.Options
 }
 
 // storePaths returns the paths the client of this build has, and why a
@@ -119,6 +120,27 @@ func storePaths() (have []storePath, missing map[string]error) {
 	have = []storePath{{target: "kvmesh-net", opts: client.Options{MaxRetries: -1}}}
 	missing = map[string]error{"kvmesh-shm": fmt.Errorf("%w: the Go client of this build has no shared-memory path", ErrMissing)}
 	return have, missing
+}
+
+// pathShare runs load against t and, for a path over the node's data
+// plane, reports in PathShare how much of the load that transport carried.
+func pathShare(ctx context.Context, p storePath, httpAddr string, load func() (set, get KVResult, err error), keys, valueBytes int) (set, get KVResult, err error) {
+	var before map[string]float64
+	if p.transport != "" && httpAddr != "" {
+		before, _ = transferBytes(ctx, httpAddr)
+	}
+	set, get, err = load()
+	if err != nil || before == nil {
+		return set, get, err
+	}
+	after, err := transferBytes(ctx, httpAddr)
+	if err != nil {
+		return set, get, nil // the figure stays unmeasured
+	}
+	moved := float64(keys+int(get.Ops)+int(set.Ops)) * float64(valueBytes)
+	share := (after[p.transport] - before[p.transport]) / moved
+	get.PathShare, set.PathShare = &share, &share
+	return set, get, nil
 }
 
 // Run measures.
@@ -140,6 +162,11 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		return res, err
 	}
 	defer stop()
+	httpAddr := ""
+	if c, err := client.Dial(addrs[0], client.Options{MaxRetries: -1}); err == nil {
+		httpAddr, _ = nodeHTTPAddr(ctx, c) // without it, path_share stays unmeasured
+		c.Close()
+	}
 	redis, err := StartRedis(ctx, o.Redis)
 	switch {
 	case errors.Is(err, ErrMissing):
@@ -171,20 +198,22 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		for _, c := range o.Concurrency {
 			load := KVLoadOptions{ValueBytes: b, Concurrency: c, Duration: o.Duration,
 				Keys: max(2*c, o.DataSetBytes/b), MaxSetBytes: o.MaxSetBytes}
-			var targets []KVTarget
 			for _, p := range paths {
 				t, err := NodeKV(p.target, addrs[0], b, p.opts)
 				if err != nil {
 					return res, err
 				}
-				targets = append(targets, t)
+				bar.Describe(fmt.Sprintf("store: %s %s × %d", t.Name(), formatBytes(float64(b)), c))
+				set, get, err := pathShare(ctx, p, httpAddr, func() (KVResult, KVResult, error) { return KVLoad(ctx, t, load) }, load.Keys, b)
+				if err != nil {
+					return res, err
+				}
+				rows = append(rows, get, set)
+				bar.Add(1)
 			}
 			if redis != nil {
-				targets = append(targets, redis.Target())
-			}
-			for _, t := range targets {
-				bar.Describe(fmt.Sprintf("store: %s %s × %d", t.Name(), formatBytes(float64(b)), c))
-				set, get, err := KVLoad(ctx, t, load)
+				bar.Describe(fmt.Sprintf("store: redis %s × %d", formatBytes(float64(b)), c))
+				set, get, err := KVLoad(ctx, redis.Target(), load)
 				if err != nil {
 					return res, err
 				}

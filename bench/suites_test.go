@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"strings"
 	"testing"
@@ -275,5 +278,25 @@ func TestStartDaemonsFailsFast(t *testing.T) {
 	_, err = (&StoreSuite{}).Run(ctx, &Env{WorkDir: t.TempDir(), Quick: true})
 	if !errors.Is(err, ErrNoBinary) || !strings.Contains(err.Error(), "--addr") {
 		t.Fatalf("store suite without nodes: %v", err)
+	}
+}
+
+func TestTransferBytes(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `# HELP kvmesh_transfer_bytes_total Value bytes the data plane sent (op=get) or received (op=put).
+# TYPE kvmesh_transfer_bytes_total counter
+kvmesh_transfer_bytes_total{op="get",transport="shm"} 1.5e+06
+kvmesh_transfer_bytes_total{op="put",transport="shm"} 500000
+kvmesh_transfer_bytes_total{op="get",transport="tcp"} 42
+kvmesh_transfer_values_total{op="get",transport="tcp"} 7
+`)
+	}))
+	defer srv.Close()
+	got, err := transferBytes(context.Background(), strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got["shm"] != 2e6 || got["tcp"] != 42 {
+		t.Fatalf("transferBytes = %v", got)
 	}
 }
