@@ -96,6 +96,9 @@ type Daemon struct {
 	exitErr error         // set before done is closed
 }
 
+// Pid returns the node's process id.
+func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
+
 // Daemons are the nodes of one StartDaemons call. Close stops them.
 type Daemons struct {
 	list []*Daemon

@@ -21,22 +21,42 @@ import (
 // an inference worker does, against nodes the bench started (StartDaemons)
 // or an existing cluster (Env.Addrs).
 
-// nodeAddrs returns the gRPC addresses a suite runs against: env.Addrs, or
-// the nodes it starts with o (stopped by the returned close).
-func nodeAddrs(ctx context.Context, env *Env, o DaemonOptions) ([]string, func() error, error) {
+// startNodes returns the gRPC addresses a suite runs against: env.Addrs,
+// or the nodes it starts with o (then also their Daemons), stopped by the
+// returned stop. Joined nodes that fail to start are a *clusterUnavailable
+// (a build that cannot join nodes).
+func startNodes(ctx context.Context, env *Env, o DaemonOptions) (*Daemons, []string, func() error, error) {
 	if len(env.Addrs) > 0 {
-		return env.Addrs, func() error { return nil }, nil
+		return nil, env.Addrs, func() error { return nil }, nil
 	}
 	if env.Binary == "" {
-		return nil, nil, fmt.Errorf("%w: run it as `kvmesh bench`, or point it at a cluster with --addr", ErrNoBinary)
+		return nil, nil, nil, fmt.Errorf("%w: run it as `kvmesh bench`, or point it at a cluster with --addr", ErrNoBinary)
 	}
 	o.Binary, o.Dir = env.Binary, env.WorkDir
 	ds, err := StartDaemons(ctx, o)
 	if err != nil {
-		return nil, nil, err
+		if o.Join && o.Nodes > 1 && ctx.Err() == nil {
+			err = &clusterUnavailable{err}
+		}
+		return nil, nil, nil, err
 	}
-	return ds.Addrs(), ds.Close, nil
+	return ds, ds.Addrs(), ds.Close, nil
 }
+
+// nodeAddrs is startNodes without the Daemons.
+func nodeAddrs(ctx context.Context, env *Env, o DaemonOptions) ([]string, func() error, error) {
+	_, addrs, stop, err := startNodes(ctx, env, o)
+	return addrs, stop, err
+}
+
+// clusterUnavailable means the nodes could not be joined into a cluster
+// (a build without clustering): the cluster size is skipped, not failed.
+type clusterUnavailable struct{ err error }
+
+func (e *clusterUnavailable) Error() string {
+	return "this kvmesh cannot join nodes into a cluster: " + e.err.Error()
+}
+func (e *clusterUnavailable) Unwrap() error { return e.err }
 
 // KVNamespace returns the namespace the store suite keys its values under:
 // one-layer float16 blocks of 16 tokens whose payload is valueBytes (a
@@ -209,7 +229,7 @@ func KvmeshCluster(env *Env) ClusterFactory {
 		}
 		perBlock := int64(spec.BlockBytes) + 128 // slot header, size-class rounding
 		dram := int64(spec.CapacityBlocks)*perBlock + 64<<20
-		addrs, stop, err := startCluster(ctx, env, DaemonOptions{Nodes: spec.Nodes, Join: !spec.LocalOnly, DRAMBytes: dram})
+		addrs, stop, err := nodeAddrs(ctx, env, DaemonOptions{Nodes: spec.Nodes, Join: !spec.LocalOnly, DRAMBytes: dram})
 		var unavailable *clusterUnavailable
 		if errors.As(err, &unavailable) {
 			return nil, fmt.Errorf("%w: %w", ErrMissing, err)

@@ -200,27 +200,8 @@ func (s *LookupSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	return res, nil
 }
 
-// clusterUnavailable means the nodes could not be joined into a cluster
-// (a build without clustering): the cluster size is skipped, not failed.
-type clusterUnavailable struct{ err error }
-
-func (e *clusterUnavailable) Error() string {
-	return "this kvmesh cannot join nodes into a cluster: " + e.err.Error()
-}
-func (e *clusterUnavailable) Unwrap() error { return e.err }
-
-// startCluster starts n nodes, joined when n > 1 (or uses env.Addrs). A
-// failure to join is a *clusterUnavailable.
-func startCluster(ctx context.Context, env *Env, o DaemonOptions) ([]string, func() error, error) {
-	addrs, stop, err := nodeAddrs(ctx, env, o)
-	if err != nil && o.Join && o.Nodes > 1 && len(env.Addrs) == 0 && !errors.Is(err, ErrNoBinary) && ctx.Err() == nil {
-		return nil, nil, &clusterUnavailable{err}
-	}
-	return addrs, stop, err
-}
-
 func (s *LookupSuite) onCluster(ctx context.Context, env *Env, o LookupOptions, ns prefixhash.Namespace, n int, tokens []uint32, bar Bar) ([]lookupRow, error) {
-	addrs, stop, err := startCluster(ctx, env, DaemonOptions{Nodes: n, Join: n > 1, DRAMBytes: 256 << 20})
+	addrs, stop, err := nodeAddrs(ctx, env, DaemonOptions{Nodes: n, Join: n > 1, DRAMBytes: 256 << 20})
 	if err != nil {
 		bar.Add(int64(1 + len(o.PromptTokens)))
 		return nil, err

@@ -14,3 +14,6 @@ func checkDirectIO(string) error { return nil }
 
 // processCPU is not measured off Linux: CPU-time ratios read as 0.
 func processCPU() time.Duration { return 0 }
+
+// pidCPU is not measured off Linux.
+func pidCPU(int) time.Duration { return 0 }

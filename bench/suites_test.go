@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -298,5 +300,25 @@ kvmesh_transfer_values_total{op="get",transport="tcp"} 7
 	}
 	if len(got) != 2 || got["shm"] != 2e6 || got["tcp"] != 42 {
 		t.Fatalf("transferBytes = %v", got)
+	}
+}
+
+func TestPidCPU(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("CPU time of other processes is read from /proc")
+	}
+	if pidCPU(0) != 0 || pidCPU(-1) != 0 {
+		t.Fatal("CPU time of no process")
+	}
+	// This process has run the tests before this one: it has used CPU.
+	deadline := time.Now().Add(10 * time.Second)
+	x := 0
+	for pidCPU(os.Getpid()) == 0 && time.Now().Before(deadline) {
+		for i := range 1 << 20 {
+			x ^= i * i
+		}
+	}
+	if got := pidCPU(os.Getpid()); got <= 0 || got > processCPU()+time.Second {
+		t.Fatalf("pidCPU(self) = %v, processCPU %v (%d)", got, processCPU(), x)
 	}
 }
