@@ -264,6 +264,9 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 			})
 			gu := sc.gu[:rows*2*ffn]
 			linear(rows, 2*ffn, d, xn, d, L.gateUp, d, 0, gu, 2*ffn)
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			m.parallel(rows, func(lo, hi int) {
 				for i := lo; i < hi; i++ {
 					swiGLU(gu[i*2*ffn:i*2*ffn+ffn], gu[i*2*ffn+ffn:(i+1)*2*ffn])
@@ -304,7 +307,10 @@ func (m *cpuModel) attention(ctx context.Context, sc *cpuScratch, start, s int, 
 			t := tiles - 1 - int(it)/c.KVHeads
 			kvh := int(it) % c.KVHeads
 			i0 := t * tq
-			m.attendTile(ts, sc, kvh, start, i0, min(tq, s-i0), K, V)
+			if !m.attendTile(ctx, ts, sc, kvh, start, i0, min(tq, s-i0), K, V) {
+				stop.Store(true)
+				return
+			}
 		}
 	}
 	workers := min(m.threads, int(items))
@@ -321,7 +327,9 @@ func (m *cpuModel) attention(ctx context.Context, sc *cpuScratch, start, s int, 
 // attendTile computes the attention of new positions [i0, i0+nq) (absolute
 // positions start+i0...) for the query heads of KV head kvh, with an online
 // softmax over key tiles (running max m, running sum l, rescaled output o).
-func (m *cpuModel) attendTile(ts *tileScratch, sc *cpuScratch, kvh, start, i0, nq int, K, V []float32) {
+// It checks ctx before every key tile, so that a long context does not make
+// a cancelled pass linger, and reports false when it stopped for it.
+func (m *cpuModel) attendTile(ctx context.Context, ts *tileScratch, sc *cpuScratch, kvh, start, i0, nq int, K, V []float32) bool {
 	c := m.cfg
 	g := c.Heads / c.KVHeads
 	hd, q, kvd := c.HeadDim, c.QDim(), c.KVDim()
@@ -346,6 +354,9 @@ func (m *cpuModel) attendTile(ts *tileScratch, sc *cpuScratch, kvh, start, i0, n
 	p0 := start + i0 // the tile's first query position
 	end := p0 + nq   // keys [0, end)
 	for k0 := 0; k0 < end; k0 += attnKeys {
+		if ctx.Err() != nil {
+			return false
+		}
 		kn := min(attnKeys, end-k0)
 		sm := ts.s[:rows*attnKeys]
 		linear(rows, kn, hd, qg, hd, K[k0*kvd+kvh*hd:], kvd, 0, sm, attnKeys)
@@ -394,4 +405,5 @@ func (m *cpuModel) attendTile(ts *tileScratch, sc *cpuScratch, kvh, start, i0, n
 			}
 		}
 	}
+	return true
 }

@@ -28,10 +28,12 @@ type Cache interface {
 	// called; when err is nil, release is non-nil and the engine calls it
 	// exactly once.
 	Get(ctx context.Context, keys []prefixhash.Key) (blocks [][]byte, release func(), err error)
-	// Put stores encoded blocks; blocks[i] is the block of keys[i]. The
-	// engine owns the slices and reuses them after Put returns: Put copies
-	// what it keeps. Put may drop blocks (a full cache) without an error.
-	Put(ctx context.Context, keys []prefixhash.Key, blocks [][]byte) error
+	// Put stores encoded blocks: blocks[i] is the block of chain[from+i].
+	// chain is the prompt's whole chain from block 0, so that a cluster can
+	// place each block by the first key of its placement chunk. The engine
+	// owns the slices and reuses them after Put returns: Put copies what it
+	// keeps. Put may drop blocks (a full cache) without an error.
+	Put(ctx context.Context, chain []prefixhash.Key, from int, blocks [][]byte) error
 }
 
 // Sentinel errors of the engine.
@@ -73,6 +75,11 @@ type Options struct {
 	PublishQueue int
 	// PublishTimeout is the deadline of one Put. Default 10s.
 	PublishTimeout time.Duration
+	// BackgroundBlocks is the size, in blocks, of the chunks a background
+	// prefill (PrefillBackground) computes and publishes one at a time; a
+	// foreground prefill preempts it between two checks of the forward
+	// pass, and at most one chunk's work is redone. Default 2.
+	BackgroundBlocks int
 	// Logger receives debug records per prefill. Default slog.Default().
 	Logger *slog.Logger
 	// Now is the clock TTFT is measured with. Default time.Now.
@@ -81,9 +88,10 @@ type Options struct {
 
 // Defaults of Options.
 const (
-	DefaultConcurrency    = 1
-	DefaultPublishQueue   = 8
-	DefaultPublishTimeout = 10 * time.Second
+	DefaultConcurrency      = 1
+	DefaultPublishQueue     = 8
+	DefaultPublishTimeout   = 10 * time.Second
+	DefaultBackgroundBlocks = 2
 )
 
 // EnsureDefaults fills zero fields with their defaults. It leaves Backend
@@ -98,6 +106,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.PublishTimeout == 0 {
 		o.PublishTimeout = DefaultPublishTimeout
+	}
+	if o.BackgroundBlocks == 0 {
+		o.BackgroundBlocks = DefaultBackgroundBlocks
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -117,6 +128,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: concurrency: %d is outside 1..1024", ErrInvalidConfig, o.Concurrency)
 	case o.PublishQueue < 1 || o.PublishQueue > 1<<16:
 		return fmt.Errorf("%w: publish_queue: %d is outside 1..65536", ErrInvalidConfig, o.PublishQueue)
+	case o.BackgroundBlocks < 1 || o.BackgroundBlocks > 1<<16:
+		return fmt.Errorf("%w: background_blocks: %d is outside 1..65536", ErrInvalidConfig, o.BackgroundBlocks)
 	case o.PublishTimeout < 0:
 		return fmt.Errorf("%w: publish_timeout: %v is negative", ErrInvalidConfig, o.PublishTimeout)
 	case len(o.TenantSalt) > prefixhash.MaxSaltLen:
@@ -182,6 +195,8 @@ type Stats struct {
 	Published      int64 // blocks handed to Put successfully
 	PublishErrors  int64 // Put calls that failed
 	DroppedBlocks  int64 // new blocks not published: queue full, Put failed, or engine closing
+	Background     int64 // of Requests, background prefills (PrefillBackground)
+	Preempted      int64 // background chunks cancelled for a foreground prefill and run again
 }
 
 type counters struct {
@@ -189,6 +204,7 @@ type counters struct {
 	lookupErrors, fetchErrors                  atomic.Int64
 	missing, corrupt, lost                     atomic.Int64
 	published, publishErrors, dropped          atomic.Int64
+	background, preempted                      atomic.Int64
 }
 
 // Engine is the prefill engine: it answers Prefill with a model, a cache
@@ -202,8 +218,10 @@ type Engine struct {
 	model   Model
 	backend string
 	slots   chan struct{}
-	kvPool  sync.Pool // *KV
+	bgSlots chan struct{} // background prefills' own slots (PrefillBackground)
+	kvPool  sync.Pool     // *KV
 	stats   counters
+	sched   sched // foreground prefills before background ones
 
 	// ctx is cancelled by Close: in-flight prefills stop, Put returns.
 	ctx    context.Context
@@ -266,8 +284,10 @@ func New(cache Cache, opts Options) (*Engine, error) {
 		model:   model,
 		backend: backend.Name(),
 		slots:   make(chan struct{}, opts.Concurrency),
+		bgSlots: make(chan struct{}, opts.Concurrency),
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.sched.init()
 	e.mu.queue = make(chan publishJob, opts.PublishQueue)
 	e.pubWG.Add(1)
 	go e.publishLoop(e.mu.queue)
@@ -295,6 +315,7 @@ func (e *Engine) Stats() Stats {
 		LookupErrors: s.lookupErrors.Load(), FetchErrors: s.fetchErrors.Load(),
 		MissingBlocks: s.missing.Load(), CorruptBlocks: s.corrupt.Load(), LostBlocks: s.lost.Load(),
 		Published: s.published.Load(), PublishErrors: s.publishErrors.Load(), DroppedBlocks: s.dropped.Load(),
+		Background: s.background.Load(), Preempted: s.preempted.Load(),
 	}
 }
 
@@ -333,15 +354,23 @@ func (e *Engine) checkInput(tokens []uint32) error {
 func (e *Engine) Prefill(ctx context.Context, tokens []uint32, session string) (Result, error) {
 	began := e.opts.Now()
 	res, err := e.prefill(ctx, began, tokens, session)
+	return e.account(res, err, false)
+}
+
+// account counts a prefill's outcome in Stats and passes it on.
+func (e *Engine) account(res Result, err error, background bool) (Result, error) {
 	if err != nil {
 		e.stats.failed.Add(1)
 		return Result{}, err
 	}
 	e.stats.requests.Add(1)
+	if background {
+		e.stats.background.Add(1)
+	}
 	e.stats.prompt.Add(int64(res.Usage.PromptTokens))
 	e.stats.cached.Add(int64(res.Usage.CachedTokens))
 	e.stats.computed.Add(int64(res.Usage.PromptTokens - res.Usage.CachedTokens))
-	e.opts.Logger.Debug("prefill", "session", session, "prompt_tokens", res.Usage.PromptTokens,
+	e.opts.Logger.Debug("prefill", "session", res.Session, "background", background, "prompt_tokens", res.Usage.PromptTokens,
 		"cached_tokens", res.Usage.CachedTokens, "ttft", res.TTFT)
 	return res, nil
 }
@@ -361,6 +390,10 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(e.ctx, cancel)()
+	// From here until it returns, this prefill holds background ones off
+	// the cores (see PrefillBackground).
+	e.sched.enter()
+	defer e.sched.exit()
 
 	select {
 	case e.slots <- struct{}{}:
