@@ -79,6 +79,8 @@ type Client struct {
 	cache kvmeshv1.CacheServiceClient
 	admin kvmeshv1.AdminServiceClient
 	bulk  bulk
+	// prefill is the node's PrefillService (prefill.go).
+	prefill kvmeshv1.PrefillServiceClient
 }
 
 // Dial returns a client of the node at addr (host:port). It does not wait
@@ -103,9 +105,10 @@ func Dial(addr string, opts Options) (*Client, error) {
 func New(conn grpc.ClientConnInterface, opts Options) *Client {
 	opts.ensureDefaults()
 	c := &Client{
-		opts:  opts,
-		cache: kvmeshv1.NewCacheServiceClient(conn),
-		admin: kvmeshv1.NewAdminServiceClient(conn),
+		opts:    opts,
+		cache:   kvmeshv1.NewCacheServiceClient(conn),
+		admin:   kvmeshv1.NewAdminServiceClient(conn),
+		prefill: kvmeshv1.NewPrefillServiceClient(conn),
 	}
 	c.bulk = &grpcBulk{c: c}
 	return c

@@ -275,7 +275,8 @@ func (s *cacheService) Stats(context.Context, *kvmeshv1.StatsRequest) (*kvmeshv1
 		resp.Tiers = append(resp.Tiers, &kvmeshv1.TierStats{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.Capacity)})
 	}
 	for _, x := range st.Namespaces {
-		resp.Namespaces = append(resp.Namespaces, &kvmeshv1.NamespaceStats{Digest: x.Digest, Blocks: uint64(x.Blocks), Bytes: uint64(x.Bytes), Tokens: uint64(x.Tokens)})
+		resp.Namespaces = append(resp.Namespaces, &kvmeshv1.NamespaceStats{Digest: x.Digest, Blocks: uint64(x.Blocks), Bytes: uint64(x.Bytes), Tokens: uint64(x.Tokens),
+			Model: s.n.names.model(x.Digest)})
 	}
 	return resp, nil
 }

@@ -29,6 +29,8 @@ type Node struct {
 	cache   Cache
 	log     *slog.Logger
 	metrics *metrics
+	names   names           // model ids of the namespaces seen, for Stats
+	prefill *prefillService // nil when Options.Prefill.Disabled
 
 	grpcLis, httpLis net.Listener
 	grpc             *grpc.Server
@@ -75,8 +77,19 @@ func New(opts Options, cache Cache) (*Node, error) {
 	)
 	kvmeshv1.RegisterCacheServiceServer(n.grpc, &cacheService{n: n})
 	kvmeshv1.RegisterAdminServiceServer(n.grpc, &adminService{n: n})
+	services := []string{"", kvmeshv1.CacheService_ServiceDesc.ServiceName, kvmeshv1.AdminService_ServiceDesc.ServiceName}
+	if !opts.Prefill.Disabled {
+		if n.prefill, err = newPrefillService(n); err != nil {
+			n.grpcLis.Close()
+			n.httpLis.Close()
+			cache.Close()
+			return nil, err
+		}
+		kvmeshv1.RegisterPrefillServiceServer(n.grpc, n.prefill)
+		services = append(services, kvmeshv1.PrefillService_ServiceDesc.ServiceName)
+	}
 	n.health = health.NewServer()
-	for _, svc := range []string{"", kvmeshv1.CacheService_ServiceDesc.ServiceName, kvmeshv1.AdminService_ServiceDesc.ServiceName} {
+	for _, svc := range services {
 		n.health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
 	}
 	healthpb.RegisterHealthServer(n.grpc, n.health)
@@ -109,6 +122,9 @@ func (n *Node) Serve(ctx context.Context) error {
 	n.serveOnce.Do(func() { served = true })
 	if !served {
 		return errors.New("node: Serve called twice")
+	}
+	if n.prefill != nil {
+		n.prefill.start() // queued prefills run while the node serves; Close stops them
 	}
 	errc := make(chan error, 2)
 	var wg sync.WaitGroup
@@ -148,6 +164,11 @@ func (n *Node) Serve(ctx context.Context) error {
 func (n *Node) shutdown() {
 	n.stopping.Store(true)
 	n.health.Shutdown()
+	if n.prefill != nil {
+		// Queued work stops first: the request in flight stays queued on
+		// disk, and the cores go to the synchronous requests finishing.
+		n.prefill.stop()
+	}
 	done := make(chan struct{})
 	go func() {
 		n.grpc.GracefulStop()
@@ -177,6 +198,11 @@ func (n *Node) Close() error {
 		n.http.Close()
 		n.grpcLis.Close()
 		n.httpLis.Close()
+		if n.prefill != nil {
+			if err := n.prefill.close(); err != nil {
+				n.closeErr = err
+			}
+		}
 		if err := n.cache.Close(); err != nil {
 			n.closeErr = fmt.Errorf("node: close cache: %w", err)
 		}

@@ -84,6 +84,9 @@ type Options struct {
 	// ShutdownTimeout is how long a stopping node lets requests in flight
 	// finish before it cancels them. Default 8s.
 	ShutdownTimeout time.Duration
+	// Prefill configures the bundled prefill engine and its queue (its
+	// zero value is the default engine; see PrefillOptions).
+	Prefill PrefillOptions
 	// Version is the kvmesh version reported to Members. Default "(devel)".
 	Version string
 	// Logger receives the node's structured logs. Default slog.Default().
@@ -141,6 +144,7 @@ func (o *Options) EnsureDefaults() *Options {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	o.Prefill.EnsureDefaults()
 	return o
 }
 
@@ -205,7 +209,7 @@ func (o *Options) Validate() error {
 	case o.MaxBatchBlocks > 1<<24:
 		return bad("MaxBatchBlocks", "%d is over the limit of %d", o.MaxBatchBlocks, 1<<24)
 	}
-	return nil
+	return o.Prefill.Validate(o.MaxBlockBytes)
 }
 
 func hasPortZero(addr string) bool {

@@ -77,6 +77,7 @@ func (n *Node) namespace(pb *kvmeshv1.Namespace) (prefixhash.Namespace, error) {
 	if enc := uint64(store.HeaderLen(ns.BlockTokens)) + size; enc > limit {
 		return ns, invalid("namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
 	}
+	n.names.note(ns)
 	return ns, nil
 }
 

@@ -804,11 +804,14 @@ func (x *TierStats) GetCapacityBytes() uint64 {
 }
 
 type NamespaceStats struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Digest        uint64                 `protobuf:"fixed64,1,opt,name=digest,proto3" json:"digest,omitempty"`
-	Blocks        uint64                 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Tokens        uint64                 `protobuf:"varint,4,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Digest uint64                 `protobuf:"fixed64,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	Blocks uint64                 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes  uint64                 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Tokens uint64                 `protobuf:"varint,4,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// The namespace's model id when the node knows it: its prefill engine's,
+	// or one a request named since the node started. Empty otherwise.
+	Model         string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -869,6 +872,13 @@ func (x *NamespaceStats) GetTokens() uint64 {
 		return x.Tokens
 	}
 	return 0
+}
+
+func (x *NamespaceStats) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
 }
 
 type StatsResponse struct {
@@ -1031,12 +1041,13 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12%\n" +
-	"\x0ecapacity_bytes\x18\x04 \x01(\x04R\rcapacityBytes\"n\n" +
+	"\x0ecapacity_bytes\x18\x04 \x01(\x04R\rcapacityBytes\"\x84\x01\n" +
 	"\x0eNamespaceStats\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\x06R\x06digest\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12\x16\n" +
-	"\x06tokens\x18\x04 \x01(\x04R\x06tokens\"\x97\x02\n" +
+	"\x06tokens\x18\x04 \x01(\x04R\x06tokens\x12\x14\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\"\x97\x02\n" +
 	"\rStatsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12*\n" +
 	"\x05tiers\x18\x02 \x03(\v2\x14.kvmesh.v1.TierStatsR\x05tiers\x12\x12\n" +
