@@ -4,9 +4,10 @@
 // cluster, memberlist); it wires the cache, the transfer engine and the
 // prefill engine together.
 //
-// A Node serves kvmesh.v1.CacheService and kvmesh.v1.AdminService over a
-// Cache, with gRPC health checking and server reflection on, and an HTTP
-// server with /metrics (every metric named kvmesh_*) and /healthz. Open builds
+// A Node serves kvmesh.v1.CacheService, kvmesh.v1.AdminService and
+// kvmesh.v1.PrefillService over a Cache, with gRPC health checking and
+// server reflection on, and an HTTP server with /metrics (every metric named
+// kvmesh_*) and /healthz. Open builds
 // the production node: store.Local over a DRAM tier and an NVMe tier under
 // Options.DataDir; New serves any Cache (tests use an in-memory one).
 //
@@ -27,6 +28,29 @@
 // as soon as its last byte arrives, so a stream of any length holds one block
 // in memory. BatchGet pins one block at a time and cuts its payload into
 // frames of at most ChunkBytes, so no message exceeds MaxMessageBytes.
+//
+// # Prefill
+//
+// Unless Options.Prefill.Disabled, the node also serves
+// kvmesh.v1.PrefillService with the bundled engine (package prefill) over
+// its own Cache, through an adapter (engineCache): the engine's lookups and
+// publications reach whatever the node's cache reaches. A synchronous
+// Prefill runs at once (Options.Prefill.Concurrency at a time). A queued one
+// (queue=true) is stored in a pebble database under DataDir/prefill-queue
+// and answered with a request id; one worker runs queued requests in order
+// with Engine.PrefillBackground. The rule: queued work computes only while
+// no synchronous prefill waits or runs, in chunks whose computation a
+// synchronous request cancels at the forward pass's next check; the chunk is
+// redone afterwards from the K/V kept in memory, and every finished chunk's
+// blocks are published at once. A stopping node interrupts the queued
+// request first; it is still recorded as running and runs again (from its
+// published blocks) when the node reopens the data dir. The queue holds at
+// most QueueSize requests not yet done (ResourceExhausted beyond); results
+// are kept ResultTTL (and at most MaxResults). The session field or the
+// x-session-affinity header is echoed, logged and counted
+// (kvmesh_prefill_session_hints_total) as a routing hint; lookups never use
+// it. An empty prompt, a token outside the vocabulary or a prompt longer
+// than the model's context is InvalidArgument naming "tokens".
 //
 // # Deadlines and shutdown
 //
