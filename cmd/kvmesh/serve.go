@@ -26,6 +26,7 @@ type serveFlags struct {
 	maxBatchBlocks                             int
 	requestTimeout, shutdownTimeout            time.Duration
 	logLevel, logFormat                        string
+	prefill                                    prefillServeFlags
 }
 
 // flagOf names the flag of each node.Options field, to turn Validate's
@@ -90,6 +91,7 @@ flag names, for example:
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "how long requests in flight may run on after SIGTERM")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json (logs go to stderr)")
+	f.prefill.register(fs, d.Prefill)
 	return c
 }
 
@@ -138,6 +140,7 @@ func (f *serveFlags) options(cmd *cobra.Command) (node.Options, *slog.Logger, er
 		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
 		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout,
 		Version: version(), Logger: logger,
+		Prefill: f.prefill.options(),
 	}
 	opts.EnsureDefaults()
 	if err := opts.Validate(); err != nil {
@@ -169,6 +172,7 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
 	fmt.Fprintf(out, "  gRPC     %s\n", n.GRPCAddr())
 	fmt.Fprintf(out, "  metrics  http://%s/metrics   health  http://%s/healthz\n", n.HTTPAddr(), n.HTTPAddr())
 	fmt.Fprintf(out, "  data     %s (DRAM %s, NVMe %s)\n", opts.DataDir, formatSize(opts.DRAMBytes), formatSize(opts.NVMeBytes))
+	fmt.Fprintf(out, "  prefill  %s\n", engineLine(opts.Prefill))
 	fmt.Fprintf(out, "try: kvmesh inspect --addr %s stats   (stop with Ctrl-C)\n", n.GRPCAddr())
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
