@@ -6,33 +6,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"gonum.org/v1/gonum/blas"
 )
-
-// sgemmPeak returns the best GFLOP/s of gonum's Sgemm on 2048×2048×2048
-// (C = A·Bᵀ, the form the linear layers use) over a few runs: the ceiling
-// the engine's GFLOP/s is read against.
-func sgemmPeak(runs int) float64 {
-	const n = 2048
-	a, bm, c := make([]float32, n*n), make([]float32, n*n), make([]float32, n*n)
-	for i := range a {
-		a[i], bm[i] = float32(i%7)*0.1, float32(i%5)*0.1
-	}
-	best := 0.0
-	for range runs {
-		start := time.Now()
-		impl.Sgemm(blas.NoTrans, blas.Trans, n, n, n, 1, a, n, bm, n, 0, c, n)
-		best = max(best, 2*n*n*n/time.Since(start).Seconds()/1e9)
-	}
-	return best
-}
 
 // BenchmarkSgemm2048 reports gonum's Sgemm peak on its own.
 func BenchmarkSgemm2048(b *testing.B) {
 	var g float64
 	for range b.N {
-		g = sgemmPeak(1)
+		g = SgemmPeak(1)
 	}
 	b.ReportMetric(g, "GFLOP/s")
 }
@@ -82,7 +62,7 @@ func BenchmarkPrefill(b *testing.B) {
 				return e
 			}
 			engines := []*Engine{newEngine(nil), warm(0.5), warm(0.9)}
-			peak := sgemmPeak(3)
+			peak := SgemmPeak(3)
 			b.ResetTimer()
 			var ttft, cpu [3]time.Duration
 			var cached [3]int
