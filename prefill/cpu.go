@@ -173,6 +173,26 @@ func linear(m, n, k int, a []float32, lda int, b []float32, ldb int, beta float3
 	impl.Sgemm(blas.NoTrans, blas.Trans, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
 }
 
+// linearCancel is linear cut into products of at most about cancelFLOPs
+// each (by ranges of output columns: rows of B), with a check of ctx before
+// each, so that a cancelled forward pass stops within one such product
+// rather than after a whole feed-forward matrix. The results are those of
+// one product: each output column is computed the same way either way.
+func linearCancel(ctx context.Context, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) error {
+	cols := max(64, min(n, cancelFLOPs/max(1, 2*m*k)/64*64))
+	for c0 := 0; c0 < n; c0 += cols {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		linear(m, min(cols, n-c0), k, a, lda, b[c0*ldb:], ldb, beta, c[c0:], ldc)
+	}
+	return nil
+}
+
+// cancelFLOPs bounds the arithmetic of a product linearCancel runs without
+// looking at its context: about 10–30 ms on two cores.
+const cancelFLOPs = 128 << 20
+
 // parallel runs f over [0, n) split into contiguous ranges, one per thread,
 // and waits for all of them.
 func (m *cpuModel) parallel(n int, f func(lo, hi int)) {
@@ -232,7 +252,9 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 					rmsNorm(xn[i*d:(i+1)*d], x[(r0+i)*d:(r0+i+1)*d], L.attnNorm, c.NormEps)
 				}
 			})
-			linear(rows, w, d, xn, d, L.qkv, d, 0, sc.qkv[r0*w:], w)
+			if err := linearCancel(ctx, rows, w, d, xn, d, L.qkv, d, 0, sc.qkv[r0*w:], w); err != nil {
+				return err
+			}
 		}
 		m.parallel(s, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
@@ -263,8 +285,7 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 				}
 			})
 			gu := sc.gu[:rows*2*ffn]
-			linear(rows, 2*ffn, d, xn, d, L.gateUp, d, 0, gu, 2*ffn)
-			if err := ctx.Err(); err != nil {
+			if err := linearCancel(ctx, rows, 2*ffn, d, xn, d, L.gateUp, d, 0, gu, 2*ffn); err != nil {
 				return err
 			}
 			m.parallel(rows, func(lo, hi int) {
@@ -272,7 +293,9 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 					swiGLU(gu[i*2*ffn:i*2*ffn+ffn], gu[i*2*ffn+ffn:(i+1)*2*ffn])
 				}
 			})
-			linear(rows, d, ffn, gu, 2*ffn, L.down, ffn, 1, xr, d)
+			if err := linearCancel(ctx, rows, d, ffn, gu, 2*ffn, L.down, ffn, 1, xr, d); err != nil {
+				return err
+			}
 		}
 	}
 	h := sc.h[:d]
