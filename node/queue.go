@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -145,23 +146,13 @@ func (q *queue) load() error {
 			return fmt.Errorf("node: prefill queue: %w", err)
 		}
 	}
-	slices.SortFunc(q.mu.pending, func(a, b *queueEntry) int { return compareUint(a.seq, b.seq) })
+	slices.SortFunc(q.mu.pending, func(a, b *queueEntry) int { return cmp.Compare(a.seq, b.seq) })
 	slices.SortFunc(q.mu.finished, func(a, b *queueEntry) int { return a.finished.Compare(b.finished) })
 	if n := len(q.mu.pending); n > 0 {
 		q.opts.log.Info("prefill queue: requests to run from before the restart", "pending", n, "interrupted", interrupted)
 	}
 	q.expire()
 	return nil
-}
-
-func compareUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (r *queueRecord) entry() *queueEntry {
@@ -202,7 +193,7 @@ func (q *queue) enqueue(tokens []uint32, session string, wantLogits bool) (*queu
 	if err == nil {
 		e := r.entry()
 		q.mu.entries[e.id] = e
-		i, _ := slices.BinarySearchFunc(q.mu.pending, e.seq, func(x *queueEntry, seq uint64) int { return compareUint(x.seq, seq) })
+		i, _ := slices.BinarySearchFunc(q.mu.pending, e.seq, func(x *queueEntry, seq uint64) int { return cmp.Compare(x.seq, seq) })
 		q.mu.pending = slices.Insert(q.mu.pending, i, e)
 	}
 	q.mu.Unlock()

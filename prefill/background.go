@@ -99,20 +99,11 @@ func (e *Engine) PrefillBackground(ctx context.Context, tokens []uint32, session
 }
 
 func (e *Engine) background(ctx context.Context, began time.Time, tokens []uint32, session string) (Result, error) {
-	if err := e.checkInput(tokens); err != nil {
+	ctx, end, err := e.begin(ctx, tokens)
+	if err != nil {
 		return Result{}, err
 	}
-	e.mu.RLock()
-	if e.mu.closed {
-		e.mu.RUnlock()
-		return Result{}, ErrClosed
-	}
-	e.active.Add(1)
-	e.mu.RUnlock()
-	defer e.active.Done()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(e.ctx, cancel)()
+	defer end()
 
 	n := len(tokens)
 	b := e.cfg.BlockTokens

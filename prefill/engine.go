@@ -375,21 +375,35 @@ func (e *Engine) account(res Result, err error, background bool) (Result, error)
 	return res, nil
 }
 
-func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, session string) (Result, error) {
+// begin checks a prompt and registers a call with the engine: it returns
+// the call's context, which Close also cancels, and end, which the call
+// must run when it returns.
+func (e *Engine) begin(ctx context.Context, tokens []uint32) (_ context.Context, end func(), _ error) {
 	if err := e.checkInput(tokens); err != nil {
-		return Result{}, err
+		return nil, nil, err
 	}
 	e.mu.RLock()
 	if e.mu.closed {
 		e.mu.RUnlock()
-		return Result{}, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	e.active.Add(1)
 	e.mu.RUnlock()
-	defer e.active.Done()
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(e.ctx, cancel)()
+	stop := context.AfterFunc(e.ctx, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+		e.active.Done()
+	}, nil
+}
+
+func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, session string) (Result, error) {
+	ctx, end, err := e.begin(ctx, tokens)
+	if err != nil {
+		return Result{}, err
+	}
+	defer end()
 	// From here until it returns, this prefill holds background ones off
 	// the cores (see PrefillBackground).
 	e.sched.enter()

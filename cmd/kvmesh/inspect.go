@@ -336,10 +336,7 @@ namespace that clients/python/example.py writes (--model kvmesh/demo alone
 names it).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := envLayer(cmd); err != nil {
-				return err
-			}
-			toks, err := promptTokens(text, tokens)
+			toks, err := promptTokens(cmd, text, tokens)
 			if err != nil {
 				return err
 			}

@@ -111,10 +111,7 @@ id. Add --wait to wait for the result, or ask later:
 a queued request adds "request_id", "state" and "queue_ms".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := envLayer(cmd); err != nil {
-				return err
-			}
-			toks, err := promptTokens(text, tokens)
+			toks, err := promptTokens(cmd, text, tokens)
 			if err != nil {
 				return err
 			}
@@ -190,8 +187,12 @@ func (f *inspectFlags) waitError(err error, id string) error {
 	return err
 }
 
-// promptTokens reads the prompt of --text or --tokens (one of them).
-func promptTokens(text, tokens string) ([]uint32, error) {
+// promptTokens applies the environment to c's flags and reads the prompt
+// of --text or --tokens (one of them).
+func promptTokens(c *cobra.Command, text, tokens string) ([]uint32, error) {
+	if err := envLayer(c); err != nil {
+		return nil, err
+	}
 	switch {
 	case (text == "") == (tokens == ""):
 		return nil, errors.New("give the prompt as --text T or as --tokens 1,2,3 (one of them)")
