@@ -39,10 +39,11 @@
 // (queue=true) is stored in a pebble database under DataDir/prefill-queue
 // and answered with a request id; one worker runs queued requests in order
 // with Engine.PrefillBackground. The rule: queued work computes only while
-// no synchronous prefill waits or runs, in chunks whose computation a
-// synchronous request cancels at the forward pass's next check; the chunk is
-// redone afterwards from the K/V kept in memory, and every finished chunk's
-// blocks are published at once. A stopping node interrupts the queued
+// no synchronous request is being handled (from the handler's start to its
+// answer, then a 5ms grace), in chunks whose computation a synchronous
+// request cancels at the forward pass's next check (products are cut to
+// about 32 MFLOP); the chunk is redone afterwards from the K/V kept in
+// memory, and every finished chunk's blocks are published at once. A stopping node interrupts the queued
 // request first; it is still recorded as running and runs again (from its
 // published blocks) when the node reopens the data dir. The queue holds at
 // most QueueSize requests not yet done (ResourceExhausted beyond); results

@@ -79,71 +79,68 @@ func benchPrompt(r *rand.Rand, n int) []uint32 {
 
 // BenchmarkPrefillSyncUnderQueue measures the latency of synchronous
 // prefills (cold 256-token prompts, 100ms apart, through gRPC) on a node
-// whose queue is idle and on a node whose queue is full of long background
-// prompts (16 of 4096 tokens, far more work than a phase lasts). Each
-// iteration alternates three idle and three busy phases of six requests, on
-// fresh nodes, so that both see the machine's load alike. A queued prefill
-// computes only between synchronous ones and gives way at the next check of
-// its chunk, so busy/idle should be 1 within noise; the figures beside it
-// show the queue did work (background tokens computed per busy phase) and
-// was preempted.
+// whose queue is full of long background prompts (16 of 4096 tokens, far
+// more work than the run lasts), with the queue idle and with it working.
+// The two alternate request by request on the same node, so that both see
+// the machine's load alike: for an "idle" request the benchmark holds the
+// engine (Engine.Hold) from the start of the gap before the request until
+// its answer, so the queued work stays paused as if there were none; for a
+// "busy" one the queued work computes during the gap and must give way when
+// the request arrives. busy/idle should be 1 within noise; the figures
+// beside it show the queue did work (background tokens computed) and was
+// preempted.
 //
 //	go test -run '^$' -bench PrefillSyncUnderQueue -benchtime 1x -count 3 ./node/
 func BenchmarkPrefillSyncUnderQueue(b *testing.B) {
 	const (
 		syncTokens  = 256
-		requests    = 6
-		rounds      = 3
+		requests    = 24 // per iteration, alternating idle and busy
 		think       = 100 * time.Millisecond
 		queued      = 16
 		queueTokens = 4096
 	)
 	r := rand.New(rand.NewPCG(41, 41))
-	phase := func(busy bool) (lat []time.Duration, bgTokens, preempted int64) {
-		n, c, stop := benchNode(b, false, nil)
-		defer stop()
-		ctx := context.Background()
-		if busy {
-			for range queued {
-				if _, err := c.Prefill(ctx, client.PrefillRequest{Tokens: benchPrompt(r, queueTokens), Queue: true}); err != nil {
-					b.Fatal(err)
-				}
-			}
+	n, c, _ := benchNode(b, false, nil)
+	engine := n.prefill.engine
+	ctx := context.Background()
+	for range queued {
+		if _, err := c.Prefill(ctx, client.PrefillRequest{Tokens: benchPrompt(r, queueTokens), Queue: true}); err != nil {
+			b.Fatal(err)
 		}
-		before := n.prefill.engine.Stats()
-		for range requests {
-			time.Sleep(think) // the gap in which queued work runs
+	}
+	peak := prefill.SgemmPeak(3)
+	var idle, busy []time.Duration
+	before := engine.Stats()
+	b.ResetTimer()
+	for range b.N {
+		for i := range requests {
 			tokens := benchPrompt(r, syncTokens)
+			release := func() {}
+			if i%2 == 0 {
+				release = engine.Hold()
+			}
+			time.Sleep(think) // the gap in which queued work runs, unless held
 			start := time.Now()
 			if _, err := c.Prefill(ctx, client.PrefillRequest{Tokens: tokens}); err != nil {
 				b.Fatal(err)
 			}
-			lat = append(lat, time.Since(start))
-		}
-		if err := n.prefill.engine.Flush(ctx); err != nil {
-			b.Fatal(err)
-		}
-		after := n.prefill.engine.Stats()
-		// Queued work publishes each chunk as it is computed: the blocks
-		// published beyond the synchronous prompts' are its progress.
-		bgBlocks := after.Published - before.Published - int64(requests*(syncTokens/prefill.DefaultBlockTokens))
-		return lat, bgBlocks * prefill.DefaultBlockTokens, after.Preempted - before.Preempted
-	}
-	var idle, busy []time.Duration
-	var bg, pre int64
-	peak := prefill.SgemmPeak(3)
-	b.ResetTimer()
-	for range b.N {
-		for range rounds {
-			l, _, _ := phase(false)
-			idle = append(idle, l...)
-			l, t, p := phase(true)
-			busy = append(busy, l...)
-			bg += t
-			pre += p
+			d := time.Since(start)
+			release()
+			if i%2 == 0 {
+				idle = append(idle, d)
+			} else {
+				busy = append(busy, d)
+			}
 		}
 	}
 	b.StopTimer()
+	if err := engine.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	after := engine.Stats()
+	// Queued work publishes each chunk as it is computed: the blocks
+	// published beyond the synchronous prompts' are its progress.
+	bgBlocks := after.Published - before.Published - int64(b.N*requests*(syncTokens/prefill.DefaultBlockTokens))
 	mean := func(d []time.Duration) float64 {
 		var s time.Duration
 		for _, x := range d {
@@ -162,10 +159,8 @@ func BenchmarkPrefillSyncUnderQueue(b *testing.B) {
 	b.ReportMetric(p50(idle), "idle-p50-ms")
 	b.ReportMetric(p50(busy), "busy-p50-ms")
 	b.ReportMetric(p50(busy)/p50(idle), "busy/idle-p50")
-	b.ReportMetric(float64(slices.Max(idle).Milliseconds()), "idle-max-ms")
-	b.ReportMetric(float64(slices.Max(busy).Milliseconds()), "busy-max-ms")
-	b.ReportMetric(float64(bg)/float64(b.N*rounds), "bg-tokens/phase")
-	b.ReportMetric(float64(pre)/float64(b.N*rounds), "preemptions/phase")
+	b.ReportMetric(float64(bgBlocks*prefill.DefaultBlockTokens)/float64(b.N), "bg-tokens/op")
+	b.ReportMetric(float64(after.Preempted-before.Preempted)/float64(b.N), "preemptions/op")
 	b.ReportMetric(peak, "sgemm-GFLOP/s")
 }
 

@@ -226,6 +226,10 @@ func (p *prefillService) Prefill(ctx context.Context, req *kvmeshv1.PrefillReque
 	mode := "sync"
 	if req.GetQueue() {
 		mode = "queued"
+	} else {
+		// Queued work stays off the cores for the whole request, not only
+		// while the engine computes it.
+		defer p.engine.Hold()()
 	}
 	session, err := p.check(ctx, req)
 	if err != nil {

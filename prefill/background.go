@@ -15,14 +15,18 @@ import (
 // background chunk in flight runs, and the last to exit opens idle and
 // makes a fresh bg.
 type sched struct {
+	grace    time.Duration    // how long the background stays off after the last exit
+	now      func() time.Time // Options.Now
 	mu       sync.Mutex
 	fg       int             // foreground prefills between enter and exit
 	idle     chan struct{}   // closed while fg == 0
+	lastExit time.Time       // when fg last fell to 0
 	bg       context.Context // background chunks run under it; done once fg > 0
 	cancelBG context.CancelFunc
 }
 
-func (s *sched) init() {
+func (s *sched) init(grace time.Duration, now func() time.Time) {
+	s.grace, s.now = grace, now
 	s.idle = make(chan struct{})
 	close(s.idle)
 	s.bg, s.cancelBG = context.WithCancel(context.Background())
@@ -47,19 +51,33 @@ func (s *sched) exit() {
 		panic("prefill: foreground exit without enter")
 	case s.fg == 0:
 		s.bg, s.cancelBG = context.WithCancel(context.Background())
+		s.lastExit = s.now()
 		close(s.idle)
 	}
 }
 
-// turn waits until no foreground prefill is active and returns the context
-// a background chunk runs under: it is done as soon as one arrives.
+// turn waits until no foreground prefill has been active for the grace
+// period and returns the context a background chunk runs under: it is done
+// as soon as a foreground prefill arrives.
 func (s *sched) turn(ctx context.Context) (context.Context, error) {
 	for {
 		s.mu.Lock()
 		if s.fg == 0 {
-			bg := s.bg
+			rest := s.grace - s.now().Sub(s.lastExit)
+			if rest <= 0 {
+				bg := s.bg
+				s.mu.Unlock()
+				return bg, nil
+			}
 			s.mu.Unlock()
-			return bg, nil
+			t := time.NewTimer(rest)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			}
+			continue
 		}
 		idle := s.idle
 		s.mu.Unlock()
@@ -69,6 +87,16 @@ func (s *sched) turn(ctx context.Context) (context.Context, error) {
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// Hold keeps background prefills off the cores, as a foreground prefill
+// does, until release is called (once; later calls do nothing). A server
+// holds the engine for a whole synchronous request, decoding and answering
+// included, so that queued work does not compete with them either.
+func (e *Engine) Hold() (release func()) {
+	e.sched.enter()
+	var once sync.Once
+	return func() { once.Do(e.sched.exit) }
 }
 
 // CheckPrompt returns nil when Prefill would accept tokens, else an error

@@ -283,3 +283,38 @@ func TestBackgroundCloseWhileWaiting(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldKeepsBackgroundOff: while the engine is held, no background chunk
+// computes; after release the background prefill completes.
+func TestHoldKeepsBackgroundOff(t *testing.T) {
+	var held atomic.Bool
+	var violations atomic.Int64
+	e := newTinyEngine(t, nil, func(o *Options) {
+		o.BackgroundGrace = -1
+		o.Backend = hookBackend{before: func(_ context.Context, _ int, tokens []uint32) error {
+			if held.Load() && len(tokens) != 5 { // the foreground prompt has 5 tokens
+				violations.Add(1)
+			}
+			return nil
+		}}
+	})
+	held.Store(true)
+	release := e.Hold()
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.PrefillBackground(context.Background(), randTokens(newRand(28), 70, tinyConfig().Vocab), "")
+		done <- err
+	}()
+	// Give the background every chance to run while held: a foreground
+	// prefill comes and goes, and the hold still stands.
+	run(t, e, randTokens(newRand(29), 5, tinyConfig().Vocab))
+	held.Store(false)
+	release()
+	release() // a second release does nothing
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if v := violations.Load(); v != 0 {
+		t.Errorf("%d forward passes ran while the engine was held", v)
+	}
+}

@@ -70,7 +70,12 @@
 // each large product, before each attention key tile) and is computed again
 // once the last foreground prefill has returned. Background chunks run on
 // slots of their own, so the foreground never waits for one to stop; they
-// share the cores only for that short tail. The K/V computed so far stay in
+// share the cores only for that short tail (products are cut to about 32
+// MFLOP, a few ms). After the last foreground prefill returns, background
+// work waits Options.BackgroundGrace (5ms) before it computes again, so
+// that the answer goes out and the next request of a burst gets in first;
+// a server holds the engine (Hold) for the whole of a synchronous request,
+// decoding and answering included. The K/V computed so far stay in
 // the background call's memory while it waits, and each chunk's full blocks
 // are published as soon as it is done, so a background prefill that is
 // abandoned (a shutdown) resumes from the cache when it is run again. Under

@@ -80,6 +80,11 @@ type Options struct {
 	// foreground prefill preempts it between two checks of the forward
 	// pass, and at most one chunk's work is redone. Default 2.
 	BackgroundBlocks int
+	// BackgroundGrace is how long background prefills stay off the cores
+	// after the last foreground prefill returned: time for its answer to be
+	// sent, and for the next request of a burst to arrive, before queued
+	// work competes for the cores again. Default 5ms; negative: none.
+	BackgroundGrace time.Duration
 	// Logger receives debug records per prefill. Default slog.Default().
 	Logger *slog.Logger
 	// Now is the clock TTFT is measured with. Default time.Now.
@@ -92,6 +97,7 @@ const (
 	DefaultPublishQueue     = 8
 	DefaultPublishTimeout   = 10 * time.Second
 	DefaultBackgroundBlocks = 2
+	DefaultBackgroundGrace  = 5 * time.Millisecond
 )
 
 // EnsureDefaults fills zero fields with their defaults. It leaves Backend
@@ -109,6 +115,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.BackgroundBlocks == 0 {
 		o.BackgroundBlocks = DefaultBackgroundBlocks
+	}
+	if o.BackgroundGrace == 0 {
+		o.BackgroundGrace = DefaultBackgroundGrace
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -287,7 +296,7 @@ func New(cache Cache, opts Options) (*Engine, error) {
 		bgSlots: make(chan struct{}, opts.Concurrency),
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.sched.init()
+	e.sched.init(opts.BackgroundGrace, opts.Now)
 	e.mu.queue = make(chan publishJob, opts.PublishQueue)
 	e.pubWG.Add(1)
 	go e.publishLoop(e.mu.queue)
