@@ -108,7 +108,7 @@ func BenchmarkPrefillSyncUnderQueue(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	peak := prefill.SgemmPeak(3)
+	peak := prefill.SgemmPeak(context.Background(), 2048, 3)
 	var idle, busy []time.Duration
 	before := engine.Stats()
 	b.ResetTimer()
@@ -188,7 +188,7 @@ func BenchmarkPrefillNodeTTFT(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			peak := prefill.SgemmPeak(3)
+			peak := prefill.SgemmPeak(context.Background(), 2048, 3)
 			fracs := []float64{0, 0.5, 0.9}
 			var ttft, cpu [3]time.Duration
 			var cached [3]int

@@ -12,7 +12,7 @@ import (
 func BenchmarkSgemm2048(b *testing.B) {
 	var g float64
 	for range b.N {
-		g = SgemmPeak(1)
+		g = SgemmPeak(context.Background(), 2048, 1)
 	}
 	b.ReportMetric(g, "GFLOP/s")
 }
@@ -62,7 +62,7 @@ func BenchmarkPrefill(b *testing.B) {
 				return e
 			}
 			engines := []*Engine{newEngine(nil), warm(0.5), warm(0.9)}
-			peak := SgemmPeak(3)
+			peak := SgemmPeak(context.Background(), 2048, 3)
 			b.ResetTimer()
 			var ttft, cpu [3]time.Duration
 			var cached [3]int
