@@ -2,6 +2,7 @@ package node
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -12,28 +13,28 @@ const maxNames = 4096
 // names remembers the model id of each namespace digest the node has seen
 // (its prefill engine's, and those named by requests), so that Stats can
 // show which model a namespace's cached tokens belong to. The cache itself
-// stores digests only. Past maxNames, new names are not remembered.
+// stores digests only. Past maxNames, new names are not remembered. Every
+// request notes its namespace, so the common case (a name already known)
+// takes no lock.
 type names struct {
-	mu sync.Mutex
-	m  map[uint64]string
+	m sync.Map // uint64 digest → string model id
+	n atomic.Int64
 }
 
 func (n *names) note(ns prefixhash.Namespace) {
 	d := ns.Digest()
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.m == nil {
-		n.m = make(map[uint64]string)
-	}
-	if _, ok := n.m[d]; ok || len(n.m) >= maxNames {
+	if _, ok := n.m.Load(d); ok || n.n.Load() >= maxNames {
 		return
 	}
-	n.m[d] = ns.Model
+	if _, loaded := n.m.LoadOrStore(d, ns.Model); !loaded {
+		n.n.Add(1)
+	}
 }
 
 // model returns the model id of the namespace with digest d, or "".
 func (n *names) model(d uint64) string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.m[d]
+	if v, ok := n.m.Load(d); ok {
+		return v.(string)
+	}
+	return ""
 }
