@@ -61,7 +61,8 @@ type TierCapacity struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	CapacityBytes uint64                 `protobuf:"varint,2,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
-	UsedBytes     uint64                 `protobuf:"varint,3,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	// Known for the node that answered only; 0 for the others.
+	UsedBytes     uint64 `protobuf:"varint,3,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -130,7 +131,15 @@ type Member struct {
 	GossipAddr string          `protobuf:"bytes,6,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
 	Tiers      []*TierCapacity `protobuf:"bytes,7,rep,name=tiers,proto3" json:"tiers,omitempty"`
 	// The kvmesh version the node runs.
-	Version       string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
+	Version string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
+	// The unix socket of the node's shared-memory data plane (an absolute
+	// path), for clients on the node's host; empty when it is off.
+	ShmSocket string `protobuf:"bytes,9,opt,name=shm_socket,json=shmSocket,proto3" json:"shm_socket,omitempty"`
+	// Identifies the node's host (its kernel's boot id): a client whose host
+	// has the same id may use shm_socket.
+	HostId string `protobuf:"bytes,10,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// RDMA devices found on the node's host (none on most machines).
+	RdmaDevices   []string `protobuf:"bytes,11,rep,name=rdma_devices,json=rdmaDevices,proto3" json:"rdma_devices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -219,6 +228,27 @@ func (x *Member) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *Member) GetShmSocket() string {
+	if x != nil {
+		return x.ShmSocket
+	}
+	return ""
+}
+
+func (x *Member) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *Member) GetRdmaDevices() []string {
+	if x != nil {
+		return x.RdmaDevices
+	}
+	return nil
 }
 
 type MembersResponse struct {
@@ -569,7 +599,7 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\x03 \x01(\x04R\tusedBytes\"\xef\x01\n" +
+	"used_bytes\x18\x03 \x01(\x04R\tusedBytes\"\xca\x02\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -579,7 +609,12 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\vgossip_addr\x18\x06 \x01(\tR\n" +
 	"gossipAddr\x12-\n" +
 	"\x05tiers\x18\a \x03(\v2\x17.kvmesh.v1.TierCapacityR\x05tiers\x12\x18\n" +
-	"\aversion\x18\b \x01(\tR\aversion\"W\n" +
+	"\aversion\x18\b \x01(\tR\aversion\x12\x1d\n" +
+	"\n" +
+	"shm_socket\x18\t \x01(\tR\tshmSocket\x12\x17\n" +
+	"\ahost_id\x18\n" +
+	" \x01(\tR\x06hostId\x12!\n" +
+	"\frdma_devices\x18\v \x03(\tR\vrdmaDevices\"W\n" +
 	"\x0fMembersResponse\x12\x17\n" +
 	"\aself_id\x18\x01 \x01(\tR\x06selfId\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.kvmesh.v1.MemberR\amembers\"b\n" +
