@@ -254,8 +254,12 @@ func (x *Member) GetRdmaDevices() []string {
 type MembersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The id of the node that answered.
-	SelfId        string    `protobuf:"bytes,1,opt,name=self_id,json=selfId,proto3" json:"self_id,omitempty"`
-	Members       []*Member `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	SelfId  string    `protobuf:"bytes,1,opt,name=self_id,json=selfId,proto3" json:"self_id,omitempty"`
+	Members []*Member `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	// The size of a placement chunk in tokens (every member uses the same):
+	// a block's chunk key is that of block i - i mod C of its prompt, with
+	// C = max(1, chunk_tokens / block_tokens).
+	ChunkTokens   uint32 `protobuf:"varint,3,opt,name=chunk_tokens,json=chunkTokens,proto3" json:"chunk_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -302,6 +306,13 @@ func (x *MembersResponse) GetMembers() []*Member {
 		return x.Members
 	}
 	return nil
+}
+
+func (x *MembersResponse) GetChunkTokens() uint32 {
+	if x != nil {
+		return x.ChunkTokens
+	}
+	return 0
 }
 
 type DropNamespaceRequest struct {
@@ -614,10 +625,11 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"shm_socket\x18\t \x01(\tR\tshmSocket\x12\x17\n" +
 	"\ahost_id\x18\n" +
 	" \x01(\tR\x06hostId\x12!\n" +
-	"\frdma_devices\x18\v \x03(\tR\vrdmaDevices\"W\n" +
+	"\frdma_devices\x18\v \x03(\tR\vrdmaDevices\"z\n" +
 	"\x0fMembersResponse\x12\x17\n" +
 	"\aself_id\x18\x01 \x01(\tR\x06selfId\x12+\n" +
-	"\amembers\x18\x02 \x03(\v2\x11.kvmesh.v1.MemberR\amembers\"b\n" +
+	"\amembers\x18\x02 \x03(\v2\x11.kvmesh.v1.MemberR\amembers\x12!\n" +
+	"\fchunk_tokens\x18\x03 \x01(\rR\vchunkTokens\"b\n" +
 	"\x14DropNamespaceRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\x06R\x06digest\">\n" +
