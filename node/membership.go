@@ -38,8 +38,11 @@ type MemberMeta struct {
 type MemberInfo struct {
 	ID         string
 	GossipAddr string
-	State      string // "alive", "suspect", "dead" or "left"
-	Meta       MemberMeta
+	// State is "alive": the snapshot holds the members memberlist believes
+	// live (it may suspect one; it does not report suspicion), and a member
+	// that failed or left is dropped from it.
+	State string
+	Meta  MemberMeta
 }
 
 // Weight is the member's placement weight: the bytes it offers to the cache.
@@ -122,6 +125,7 @@ type Membership struct {
 		members   []MemberInfo
 		placement []store.Member
 		subs      []chan struct{}
+		live      map[string]MemberInfo   // by id, as the event callbacks copied them
 		failed    map[string]failedMember // by id: members that died (not left)
 	}
 }
@@ -173,6 +177,7 @@ func StartMembership(opts MembershipOptions) (*Membership, error) {
 		seeds: opts.Join, reconnect: opts.ReconnectInterval, retryFor: opts.ReconnectFor,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	m.mu.failed = make(map[string]failedMember)
+	m.mu.live = make(map[string]MemberInfo)
 	conf := memberlist.DefaultLANConfig()
 	// A node that restarts on another port (port 0) keeps its id: let it
 	// take its name back once the old incarnation is known dead.
@@ -384,23 +389,19 @@ func (m *Membership) Close() error {
 	return m.closeErr
 }
 
+// refresh rebuilds the sorted snapshot from the members the event
+// callbacks recorded, and tells the subscribers.
 func (m *Membership) refresh() {
-	nodes := m.ml.Members()
-	infos := make([]MemberInfo, 0, len(nodes))
-	for _, n := range nodes {
-		info := MemberInfo{ID: n.Name, GossipAddr: n.Address(), State: stateName(n.State)}
-		if err := json.Unmarshal(n.Meta, &info.Meta); err != nil {
-			m.log.Warn("member sent unreadable metadata; ignoring it", "member", n.Name, "err", err)
-			continue
-		}
-		infos = append(infos, info)
+	m.mu.Lock()
+	infos := make([]MemberInfo, 0, len(m.mu.live))
+	for _, mi := range m.mu.live {
+		infos = append(infos, mi)
 	}
 	slices.SortFunc(infos, func(a, b MemberInfo) int { return cmpString(a.ID, b.ID) })
 	placement := make([]store.Member, len(infos))
 	for i, mi := range infos {
 		placement[i] = store.Member{ID: mi.ID, Weight: mi.Weight()}
 	}
-	m.mu.Lock()
 	m.mu.members = infos
 	m.mu.placement = placement
 	m.mu.version++
@@ -424,20 +425,6 @@ func cmpString(a, b string) int {
 	return 0
 }
 
-func stateName(s memberlist.NodeStateType) string {
-	switch s {
-	case memberlist.StateAlive:
-		return "alive"
-	case memberlist.StateSuspect:
-		return "suspect"
-	case memberlist.StateDead:
-		return "dead"
-	case memberlist.StateLeft:
-		return "left"
-	}
-	return "unknown"
-}
-
 // delegate gossips this node's metadata; kvmesh sends no user messages.
 type delegate Membership
 
@@ -456,7 +443,12 @@ func (d *delegate) MergeRemoteState(_ []byte, _ bool) {}
 // remembers the members that failed so that the reconnector tries them.
 type events Membership
 
+// The callbacks run with memberlist's node lock held: they copy what they
+// need of n (memberlist hands out pointers into its state, which it changes
+// under that lock) and never call memberlist.
+
 func (e *events) NotifyJoin(n *memberlist.Node) {
+	e.record(n)
 	e.mu.Lock()
 	delete(e.mu.failed, n.Name)
 	e.mu.Unlock()
@@ -464,16 +456,31 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 }
 
 func (e *events) NotifyLeave(n *memberlist.Node) {
-	// No memberlist call here: memberlist holds its node lock.
+	e.mu.Lock()
+	delete(e.mu.live, n.Name)
 	if n.State == memberlist.StateDead && n.Name != e.name {
-		e.mu.Lock()
 		e.mu.failed[n.Name] = failedMember{addr: n.Address(), since: time.Now()}
-		e.mu.Unlock()
 	}
+	e.mu.Unlock()
 	e.changed()
 }
 
-func (e *events) NotifyUpdate(*memberlist.Node) { e.changed() }
+func (e *events) NotifyUpdate(n *memberlist.Node) {
+	e.record(n)
+	e.changed()
+}
+
+// record copies a live member into the map refresh builds snapshots from.
+func (e *events) record(n *memberlist.Node) {
+	info := MemberInfo{ID: n.Name, GossipAddr: n.Address(), State: "alive"}
+	if err := json.Unmarshal(n.Meta, &info.Meta); err != nil {
+		e.log.Warn("member sent unreadable metadata; ignoring it", "member", n.Name, "err", err)
+		return
+	}
+	e.mu.Lock()
+	e.mu.live[n.Name] = info
+	e.mu.Unlock()
+}
 
 // NotifyConflict reports two nodes claiming one id: placement cannot tell
 // them apart, so this is an operator's mistake worth an error line.

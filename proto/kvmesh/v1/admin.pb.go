@@ -122,7 +122,9 @@ type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Stable node id (placement hashes it).
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	// "alive", "suspect", "dead" or "left".
+	// "alive". Members that failed or left are dropped from the list, and
+	// gossip does not report suspicion, so that is the only state listed
+	// today; others may come.
 	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
 	// Addresses the node serves on; empty when that endpoint is not running.
 	GrpcAddr   string          `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
