@@ -18,7 +18,20 @@ import (
 // pinned blocks GetMany returns, released when the server has sent them.
 type localSource struct{ l *store.Local }
 
-var _ transfer.Source = localSource{}
+var (
+	_ transfer.Source = localSource{}
+	_ transfer.Looker = localSource{}
+)
+
+// Lookup counts the leading keys of each run held here (peers' lookups).
+func (s localSource) Lookup(ctx context.Context, runs [][]prefixhash.Key, counts []int) {
+	for i, r := range runs {
+		if ctx.Err() != nil {
+			return
+		}
+		counts[i] = s.l.LongestPrefix(r)
+	}
+}
 
 func (s localSource) Acquire(ctx context.Context, keys []prefixhash.Key, vals [][]byte, st []transfer.Status) func() {
 	refs, err := s.l.GetMany(ctx, keys)
