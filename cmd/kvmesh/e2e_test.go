@@ -70,12 +70,12 @@ func TestMain(m *testing.M) {
 
 // daemon is a running kvmesh serve.
 type daemon struct {
-	cmd                          *exec.Cmd
-	grpcAddr, http               string
+	cmd                           *exec.Cmd
+	grpcAddr, http                string
 	dataAddr, shmPath, gossip, id string
-	stderr                       *lockedBuffer
-	exited                       chan struct{}
-	exitErr                      error
+	stderr                        *lockedBuffer
+	exited                        chan struct{}
+	exitErr                       error
 }
 
 type lockedBuffer struct {
