@@ -223,7 +223,7 @@ func (c *clusterCache) leave(ctx context.Context) {
 	}
 	timeout := time.Second
 	if dl, ok := ctx.Deadline(); ok {
-		timeout = max(min(time.Until(dl), 5*time.Second), 100*time.Millisecond)
+		timeout = max(min(time.Until(dl), 2*time.Second), 100*time.Millisecond)
 	}
 	if err := c.members.Leave(timeout); err != nil {
 		c.log.Warn("leaving the cluster", "err", err)
