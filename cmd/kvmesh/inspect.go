@@ -391,12 +391,13 @@ clients/python/example.py writes.`,
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "namespace\t%s\n", out.Namespace)
 				fmt.Fprintf(w, "prompt\t%d tokens, %d full blocks\n", out.PromptTokens, out.PromptBlocks)
-				fmt.Fprintf(w, "cached\t%d tokens, %d blocks (TIER: where the node at --addr holds them; - on other nodes)\n", out.CachedTokens, out.CachedBlocks)
+				fmt.Fprintf(w, "cached\t%d tokens, %d blocks\n", out.CachedTokens, out.CachedBlocks)
 				if len(out.Blocks) > 0 {
 					fmt.Fprintln(w, "\nBLOCK\tKEY\tNODE\tTIER")
 					for _, b := range out.Blocks {
 						fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", b.Index, b.Key, b.Node, dash(b.Tier))
 					}
+					fmt.Fprintln(w, "\nTIER is known for the blocks the node at --addr holds itself (- for the others).")
 				}
 			})
 		},
