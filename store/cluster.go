@@ -251,34 +251,19 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 			}
 		}
 	}
-	if len(asks) > 0 {
-		ctx, cancel := context.WithTimeout(ctx, c.opts.LookupTimeout)
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for o, idx := range asks {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				keys := make([][]prefixhash.Key, len(idx))
-				for k, ri := range idx {
-					keys[k] = chain[runs[ri].start:runs[ri].end]
-				}
-				counts, ok := c.askLookup(ctx, o, keys)
-				if !ok {
-					return
-				}
-				mu.Lock()
-				for k, ri := range idx {
-					if got := min(counts[k], runs[ri].end-runs[ri].start); got > runs[ri].have {
-						runs[ri].have, runs[ri].by = got, o
-					}
-				}
-				mu.Unlock()
-			}()
+	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key {
+		runsOf := make([][]prefixhash.Key, len(idx))
+		for k, ri := range idx {
+			runsOf[k] = chain[runs[ri].start:runs[ri].end]
 		}
-		wg.Wait()
-		cancel()
-	}
+		return runsOf
+	}, func(o string, idx, counts []int) {
+		for k, ri := range idx {
+			if got := min(counts[k], runs[ri].end-runs[ri].start); got > runs[ri].have {
+				runs[ri].have, runs[ri].by = got, o
+			}
+		}
+	})
 	total := len(chain)
 	for _, r := range runs {
 		if r.have < r.end-r.start {
@@ -300,6 +285,43 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 		}
 	}
 	return total, where
+}
+
+// lookupRound asks every member of asks at once, in one round bounded by
+// LookupTimeout: member o gets the runs runsOf(asks[o]) builds, and apply
+// records its answer (serialized; a member that fails or is late is not
+// applied: a miss for each of its runs).
+func (c *Cluster) lookupRound(ctx context.Context, asks map[string][]int, runsOf func(idx []int) [][]prefixhash.Key, apply func(o string, idx, counts []int)) {
+	if len(asks) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.LookupTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for o, idx := range asks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			counts, ok := c.askLookup(ctx, o, runsOf(idx))
+			if !ok {
+				return
+			}
+			mu.Lock()
+			apply(o, idx, counts)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+}
+
+// keyRuns returns keys[k:k+1] for each k of idx: one run per key.
+func keyRuns(keys []prefixhash.Key, idx []int) [][]prefixhash.Key {
+	runs := make([][]prefixhash.Key, len(idx))
+	for j, k := range idx {
+		runs[j] = keys[k : k+1]
+	}
+	return runs
 }
 
 // askLookup sends one lookup RPC and counts it; ok is false when it failed
@@ -474,34 +496,21 @@ func (c *Cluster) fetch(ctx context.Context, keys []prefixhash.Key, byOwner map[
 // a member that does ("" when none answered yes). Members are preferred in id
 // order, so the answer does not depend on which replied first.
 func (c *Cluster) whoHas(ctx context.Context, keys []prefixhash.Key, idx []int) []string {
-	ctx, cancel := context.WithTimeout(ctx, c.opts.LookupTimeout)
-	defer cancel()
-	runs := make([][]prefixhash.Key, len(idx))
-	for j, k := range idx {
-		runs[j] = keys[k : k+1]
-	}
+	asks := map[string][]int{}
 	var others []string
 	for _, m := range c.placement().Members() {
 		if m.ID != c.self {
 			others = append(others, m.ID)
+			asks[m.ID] = idx
 		}
 	}
-	answers := make([][]int, len(others))
-	var wg sync.WaitGroup
-	for i, o := range others {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if counts, ok := c.askLookup(ctx, o, runs); ok {
-				answers[i] = counts
-			}
-		}()
-	}
-	wg.Wait()
+	answers := map[string][]int{}
+	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key { return keyRuns(keys, idx) },
+		func(o string, _, counts []int) { answers[o] = counts })
 	out := make([]string, len(idx))
 	for j := range idx {
-		for i, o := range others {
-			if answers[i] != nil && answers[i][j] > 0 {
+		for _, o := range others {
+			if a := answers[o]; a != nil && a[j] > 0 {
 				out[j] = o
 				break
 			}
@@ -545,31 +554,13 @@ func (c *Cluster) Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) 
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.opts.LookupTimeout)
-	defer cancel()
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for o, idx := range asks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runs := make([][]prefixhash.Key, len(idx))
-			for j, k := range idx {
-				runs[j] = keys[k : k+1]
-			}
-			counts, ok := c.askLookup(ctx, o, runs)
-			if !ok {
-				return
-			}
-			mu.Lock()
+	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key { return keyRuns(keys, idx) },
+		func(_ string, idx, counts []int) {
 			for j, k := range idx {
 				present[k] = present[k] || counts[j] > 0
 			}
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	return present, nil
+		})
+	return present, ctx.Err()
 }
 
 // Publish queues the blocks of keys that this node holds for the owners of
