@@ -130,11 +130,15 @@ func TestClusterProcesses(t *testing.T) {
 		}
 	}
 
-	// The blocks B holds on NVMe (B's lookup tells the tier of its own).
+	// The blocks B holds on NVMe (B's lookup tells the tier of its own),
+	// of the first half of the prompts: the stream below reads only the
+	// second half, since a read of a block on NVMe moves it to DRAM, which
+	// SIGKILL empties.
+	half := prompts / 2
 	onDisk := map[prefixhash.Key][]byte{}
 	chunkOf := map[prefixhash.Key]prefixhash.Key{}
 	ownedByB := 0
-	for p := range prompts {
+	for p := range half {
 		l, err := cb.Lookup(ctx, e2eNS, tokens[p])
 		if err != nil {
 			t.Fatal(err)
@@ -154,95 +158,26 @@ func TestClusterProcesses(t *testing.T) {
 	}
 
 	// A stream of lookups and gets through C; B dies in the middle.
-	const deadline = 5 * time.Second
-	var (
-		calls, afterKill atomic.Int64
-		killed, stop     atomic.Bool
-		missesSeen       atomic.Bool
-		maxLatency       atomic.Int64
-		wg               sync.WaitGroup
-		errMu            sync.Mutex
-		errs             []error
-	)
-	fail := func(err error) {
-		errMu.Lock()
-		errs = append(errs, err)
-		errMu.Unlock()
-	}
-	timed := func(call func(ctx context.Context) error) error {
-		cctx, cancel := context.WithTimeout(ctx, deadline)
-		defer cancel()
-		start := time.Now()
-		err := call(cctx)
-		took := time.Since(start)
-		for old := maxLatency.Load(); int64(took) > old && !maxLatency.CompareAndSwap(old, int64(took)); old = maxLatency.Load() {
-		}
-		if err == nil && took >= deadline {
-			err = fmt.Errorf("a call took %v, past its %v deadline", took, deadline)
-		}
-		return err
-	}
+	var killed atomic.Bool
+	stream := newLookupStream([]*client.Client{cc, cc, cc}, tokens[half:], payloads[half:], 5*time.Second)
+	stream.missedWhile = killed.Load
 	streamEnd := time.Now().Add(90 * time.Second)
-	for w := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; !stop.Load() && time.Now().Before(streamEnd); i++ {
-				p := (w + i) % prompts
-				var l client.Lookup
-				err := timed(func(ctx context.Context) (err error) {
-					l, err = cc.Lookup(ctx, e2eNS, tokens[p])
-					return err
-				})
-				if err == nil {
-					err = timed(func(ctx context.Context) error {
-						got, err := cc.Get(ctx, e2eNS, tokens[p])
-						for j, blk := range got {
-							if !bytes.Equal(blk.Payload, payloads[p][j]) {
-								return fmt.Errorf("prompt %d block %d: wrong bytes", p, j)
-							}
-						}
-						return err
-					})
-				}
-				if err != nil {
-					fail(fmt.Errorf("call %d of worker %d (B killed: %v): %w", i, w, killed.Load(), err))
-					return
-				}
-				calls.Add(1)
-				if killed.Load() {
-					afterKill.Add(1)
-					if l.CachedBlocks < blocks {
-						missesSeen.Store(true)
-					}
-				}
-			}
-		}()
-	}
-	for calls.Load() < 30 && time.Now().Before(streamEnd) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	stream.start(streamEnd)
+	stream.waitFor(streamEnd, func() bool { return stream.calls.Load() >= 30 })
 	if err := b.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	<-b.exited
 	killed.Store(true)
+	before := stream.calls.Load()
 	waitMembers(t, cc, 2, a, c)
-	for afterKill.Load() < 60 && time.Now().Before(streamEnd) && len(errs) == 0 {
-		time.Sleep(10 * time.Millisecond)
-	}
-	stop.Store(true)
-	wg.Wait()
-	for _, err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
-		t.Fatalf("C's log:\n%s", c.stderr)
-	}
-	if !missesSeen.Load() {
+	stream.waitFor(streamEnd, func() bool { return stream.calls.Load() >= before+60 })
+	stream.finish(t, c)
+	if stream.missed.Load() == 0 {
 		t.Fatal("no lookup missed after B was killed: B's blocks must be misses")
 	}
-	t.Logf("%d calls, %d after SIGKILL; slowest %v (deadline %v)", calls.Load(), afterKill.Load(), time.Duration(maxLatency.Load()), deadline)
+	t.Logf("%d calls, %d after SIGKILL; slowest %v (deadline %v)", stream.calls.Load(), stream.calls.Load()-before,
+		time.Duration(stream.slowest.Load()), stream.deadline)
 
 	// B comes back on its data dir and gossip address, and serves its NVMe
 	// blocks again: C asks the owner (chunk keys given), which is B.
@@ -338,4 +273,110 @@ func rawConn(t *testing.T, addr string) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// lookupStream is a stream of lookups and gets of prompts: each worker reads
+// the prompts in turn through its client, each call under its own deadline,
+// until stopped; the first error stops the worker and is kept. It counts the
+// calls and the lookups that missed part of their prompt, and keeps the
+// slowest call.
+type lookupStream struct {
+	deadline        time.Duration
+	calls, missed   atomic.Int64
+	slowest         atomic.Int64
+	stop            atomic.Bool
+	wg              sync.WaitGroup
+	mu              sync.Mutex
+	errs            []error
+	tokens          [][]uint32
+	payloads        [][][]byte
+	missedWhile     func() bool // counts misses only while it is true; nil: always
+	missedBy        []atomic.Int64
+	clients         []*client.Client
+	blocksPerPrompt int
+}
+
+func newLookupStream(clients []*client.Client, tokens [][]uint32, payloads [][][]byte, deadline time.Duration) *lookupStream {
+	return &lookupStream{deadline: deadline, clients: clients, tokens: tokens, payloads: payloads,
+		missedBy: make([]atomic.Int64, len(clients)), blocksPerPrompt: len(payloads[0])}
+}
+
+// start runs one worker per client until stop or until.
+func (s *lookupStream) start(until time.Time) {
+	for w, c := range s.clients {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for i := 0; !s.stop.Load() && time.Now().Before(until); i++ {
+				if err := s.call(c, w, (w+i)%len(s.tokens)); err != nil {
+					s.mu.Lock()
+					s.errs = append(s.errs, fmt.Errorf("client %d, call %d: %w", w, i, err))
+					s.mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+}
+
+// call looks prompt p up and reads its cached prefix, checking the bytes,
+// within the deadline.
+func (s *lookupStream) call(c *client.Client, w, p int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.deadline)
+	defer cancel()
+	start := time.Now()
+	l, err := c.Lookup(ctx, e2eNS, s.tokens[p])
+	var got []client.Block
+	if err == nil {
+		got, err = c.Get(ctx, e2eNS, s.tokens[p])
+	}
+	took := time.Since(start)
+	for old := s.slowest.Load(); int64(took) > old && !s.slowest.CompareAndSwap(old, int64(took)); old = s.slowest.Load() {
+	}
+	for j, blk := range got {
+		if err == nil && !bytes.Equal(blk.Payload, s.payloads[p][j]) {
+			err = fmt.Errorf("prompt %d block %d: wrong bytes", p, j)
+		}
+	}
+	if err == nil && took >= s.deadline {
+		err = fmt.Errorf("took %v, past its %v deadline", took, s.deadline)
+	}
+	if err != nil {
+		return err
+	}
+	s.calls.Add(1)
+	if l.CachedBlocks < s.blocksPerPrompt && (s.missedWhile == nil || s.missedWhile()) {
+		s.missed.Add(1)
+		s.missedBy[w].Add(1)
+	}
+	return nil
+}
+
+func (s *lookupStream) failed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.errs) > 0
+}
+
+// waitFor waits until cond holds, a worker failed or until passes.
+func (s *lookupStream) waitFor(until time.Time, cond func() bool) {
+	for !cond() && !s.failed() && time.Now().Before(until) {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// finish stops the workers, waits for them and fails t with their errors.
+func (s *lookupStream) finish(t *testing.T, logs ...*daemon) {
+	t.Helper()
+	s.stop.Store(true)
+	s.wg.Wait()
+	for _, err := range s.errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		for _, d := range logs {
+			t.Logf("--- %s\n%s", d.id, d.stderr)
+		}
+		t.FailNow()
+	}
 }
