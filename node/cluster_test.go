@@ -353,3 +353,45 @@ func TestClusterGracefulLeave(t *testing.T) {
 		}
 	}
 }
+
+// TestClientFallsBack: when the node's shared memory goes away the client
+// moves to its TCP data plane, and when that goes too, to gRPC, with no
+// error on the way.
+func TestClientFallsBack(t *testing.T) {
+	n := startClusterNodes(t, 1, nil)[0]
+	ctx := context.Background()
+	read := func(seed int, tokens []uint32, payloads [][]byte) {
+		t.Helper()
+		got, err := n.client.Get(ctx, clusterNS, tokens)
+		if err != nil || len(got) != len(payloads) {
+			t.Fatalf("Get %d: %d blocks, %v", seed, len(got), err)
+		}
+		for i, b := range got {
+			if !bytes.Equal(b.Payload, payloads[i]) {
+				t.Fatalf("Get %d: block %d differs", seed, i)
+			}
+		}
+	}
+	tokens, payloads := clusterPrompt(30, 8)
+	if _, err := n.client.Put(ctx, clusterNS, tokens, payloads); err != nil {
+		t.Fatal(err)
+	}
+	read(1, tokens, payloads)
+	if st := n.cluster.shm.Stats(); st.Hits == 0 {
+		t.Fatalf("the first read did not use shared memory: %+v", st)
+	}
+
+	n.cluster.shm.Close()
+	read(2, tokens, payloads)
+	if st := n.cluster.data.Stats(); st.Hits == 0 {
+		t.Fatalf("with shared memory gone, the read did not use TCP: %+v", st)
+	}
+
+	n.cluster.data.Close()
+	read(3, tokens, payloads)
+	tokens2, payloads2 := clusterPrompt(31, 4)
+	if _, err := n.client.Put(ctx, clusterNS, tokens2, payloads2); err != nil {
+		t.Fatalf("Put with no data plane: %v", err)
+	}
+	read(4, tokens2, payloads2)
+}

@@ -15,7 +15,8 @@ import (
 // fakeCache is an in-memory Cache for tests: a map of verified blocks with a
 // byte budget, counting pins so that tests can check every Ref is released.
 type fakeCache struct {
-	capacity int64
+	capacity    int64
+	chunkTokens int // placement chunk size; 0: the default
 	pins     atomic.Int64
 	gets     atomic.Int64
 	// gate, when set, runs before the n-th Get (from 1) and may block it.
@@ -145,7 +146,7 @@ func (c *fakeCache) Publish(_ context.Context, keys, chunkKeys []prefixhash.Key)
 }
 
 func (c *fakeCache) ChunkBlocks(blockTokens int) int {
-	return prefixhash.ChunkBlocks(blockTokens, prefixhash.DefaultChunkTokens)
+	return prefixhash.ChunkBlocks(blockTokens, c.chunkTokens)
 }
 
 func (c *fakeCache) Contains(key prefixhash.Key) bool {
