@@ -17,8 +17,8 @@ import (
 type fakeCache struct {
 	capacity    int64
 	chunkTokens int // placement chunk size; 0: the default
-	pins     atomic.Int64
-	gets     atomic.Int64
+	pins        atomic.Int64
+	gets        atomic.Int64
 	// gate, when set, runs before the n-th Get (from 1) and may block it.
 	gate   func(ctx context.Context, n int64) error
 	closed atomic.Int32
