@@ -76,11 +76,13 @@ func (s localSink) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte
 		switch err := s.l.Put(ctx, v); {
 		case err == nil:
 			st[i] = transfer.StatusOK
-		case errors.Is(err, store.ErrFull), errors.Is(err, store.ErrClosed), ctx.Err() != nil:
-			st[i] = transfer.StatusMiss
-		default:
+		case errors.Is(err, store.ErrCorrupt), errors.Is(err, store.ErrTooLarge), errors.Is(err, store.ErrLayout):
 			s.refused.Add(1)
 			st[i] = transfer.StatusError
+		default:
+			// No room (full, over a quota), closing, or given up: the
+			// block is dropped, which is no fault of the sender's.
+			st[i] = transfer.StatusMiss
 		}
 	}
 }
