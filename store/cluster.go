@@ -187,6 +187,15 @@ func (c *Cluster) placement() *Placement {
 	if c.mu.placement == nil || v != c.mu.version {
 		c.mu.placement = NewPlacement(ms, c.opts.Replicas)
 		c.mu.version = v
+		// Wake the push workers of owners that left, so that they retire.
+		for id, q := range c.mu.queues {
+			if !slices.ContainsFunc(ms, func(m Member) bool { return m.ID == id }) {
+				select {
+				case q.wake <- struct{}{}:
+				default:
+				}
+			}
+		}
 	}
 	return c.mu.placement
 }
@@ -397,27 +406,40 @@ func (c *Cluster) GetKeys(ctx context.Context, keys, chunkKeys []prefixhash.Key,
 	}
 	rctx, cancel := remoteContext(ctx, remoteBy, c.opts.GetTimeout)
 	defer cancel()
-	byOwner := map[string][]int{} // owner → indexes into keys
 	if chunkKeys != nil {
+		// Round r asks each still-missing key's r-th remote owner, so a
+		// replica answers for an owner that is dead or lacks the block,
+		// within the same deadline.
 		p := c.placement()
-		var owners []string
+		remote := make(map[int][]string, len(missing))
 		for _, k := range missing {
-			owners = p.Owners(owners[:0], chunkKeys[k])
-			for _, o := range owners {
+			for _, o := range p.Owners(nil, chunkKeys[k]) {
 				if o != c.self {
-					byOwner[o] = append(byOwner[o], k)
-					break // the first remote owner only: replicas share its fate often enough that a second round is not worth its latency
+					remote[k] = append(remote[k], o)
 				}
 			}
 		}
+		for round := 0; rctx.Err() == nil; round++ {
+			byOwner := map[string][]int{} // owner → indexes into keys
+			for _, k := range missing {
+				if os := remote[k]; f.Blocks[k] == nil && round < len(os) {
+					byOwner[os[round]] = append(byOwner[os[round]], k)
+				}
+			}
+			if len(byOwner) == 0 {
+				break
+			}
+			c.fetch(rctx, keys, byOwner, f)
+		}
 	} else {
+		byOwner := map[string][]int{} // owner → indexes into keys
 		for j, h := range c.whoHas(rctx, keys, missing) {
 			if h != "" {
 				byOwner[h] = append(byOwner[h], missing[j])
 			}
 		}
+		c.fetch(rctx, keys, byOwner, f)
 	}
-	c.fetch(rctx, keys, byOwner, f)
 	if err := ctx.Err(); err != nil {
 		f.Release()
 		return nil, err
