@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -76,6 +77,23 @@ func seededWeights(cfg prefill.Config, seed uint64) *prefill.Weights {
 	return seeded.weights
 }
 
+// openPrefill loads the prefill engine and its queue, unless
+// Options.Prefill.Disabled, and serves PrefillService. New and Open call it
+// before Serve; when it fails they close the node.
+func (n *Node) openPrefill() error {
+	if n.opts.Prefill.Disabled {
+		return nil
+	}
+	p, err := newPrefillService(n)
+	if err != nil {
+		return err
+	}
+	n.prefill = p
+	kvmeshv1.RegisterPrefillServiceServer(n.grpc, p)
+	n.health.SetServingStatus(kvmeshv1.PrefillService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	return nil
+}
+
 // newPrefillService loads the engine and opens the queue under DataDir.
 // Nothing runs until start.
 func newPrefillService(n *Node) (*prefillService, error) {
@@ -84,7 +102,7 @@ func newPrefillService(n *Node) (*prefillService, error) {
 	if o.WeightsPath == "" {
 		eopts.Weights = seededWeights(o.Model, o.Seed)
 	}
-	engine, err := prefill.New(engineCache{n.cache}, eopts)
+	engine, err := prefill.New(engineCache{c: n.cache, blockTokens: o.Model.BlockTokens}, eopts)
 	if err != nil {
 		return nil, fmt.Errorf("node: prefill engine: %w", err)
 	}

@@ -113,6 +113,18 @@ func (n *Node) parseKeys(field string, raw [][]byte) ([]prefixhash.Key, error) {
 	return keys, nil
 }
 
+// parseChunkKeys converts a request's optional chunk keys: none, or one per
+// key.
+func (n *Node) parseChunkKeys(raw [][]byte, keys int) ([]prefixhash.Key, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	if len(raw) != keys {
+		return nil, invalid("chunk_keys", "%d chunk keys for %d keys; give one per key or none", len(raw), keys)
+	}
+	return n.parseKeys("chunk_keys", raw)
+}
+
 func parseKey(field string, b []byte) (prefixhash.Key, error) {
 	var k prefixhash.Key
 	if len(b) != prefixhash.KeySize {

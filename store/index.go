@@ -45,6 +45,7 @@ const (
 	flagHit                          // touched since it was written to its tier
 	flagLocGone                      // its loc was in a dropped segment: never Free it
 	flagSentinel                     // head of a recency list, not a block
+	flagCursor                       // a namespace's cold cursor is on it (quota.go)
 )
 
 const maxPins = 1<<8 - 1

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -19,7 +20,8 @@ var (
 	// ErrClosed is returned by every method after Close.
 	ErrClosed = errors.New("store: closed")
 	// ErrFull refuses a write: no tier has room for it even after
-	// eviction, for example because everything evictable is pinned.
+	// eviction, for example because everything evictable is pinned. (A
+	// namespace's quota refuses with ErrQuota.)
 	ErrFull = errors.New("store: no room for block")
 	// ErrLayout refuses a block whose token count, layout or size differs
 	// from the cached blocks of the namespace its header names.
@@ -59,6 +61,15 @@ type Options struct {
 	// they are first read, instead of reading each once in the background
 	// after Open to learn its namespace and parent. Default false.
 	SkipRecoveryScan bool
+	// Quotas bound what each namespace may cache on this node, by namespace
+	// digest (prefixhash.Namespace.Digest): encoded block bytes per tier,
+	// zero for unlimited (see Quota and the package doc). Namespaces not
+	// listed take DefaultQuota. Open copies the map; SetQuota and ClearQuota
+	// change it at run time. Default: none.
+	Quotas map[uint64]Quota
+	// DefaultQuota is the quota of every namespace not in Quotas. Default:
+	// zero, unlimited in both tiers. SetDefaultQuota changes it at run time.
+	DefaultQuota Quota
 }
 
 // Option defaults and limits.
@@ -98,6 +109,14 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("store: options: MaxBlocks: %d is outside 1..%d", o.MaxBlocks, maxEntry-(1<<16))
 	case o.DemoteBatchBytes < 1:
 		return fmt.Errorf("store: options: DemoteBatchBytes: %d must be positive", o.DemoteBatchBytes)
+	}
+	if err := o.DefaultQuota.validate("options: DefaultQuota"); err != nil {
+		return err
+	}
+	for d, q := range o.Quotas {
+		if err := q.validate(fmt.Sprintf("options: Quotas[%016x]", d)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -148,6 +167,8 @@ type Local struct {
 		evicted     [32]prefixhash.Key
 		evictedNext int
 
+		cursors map[uint32][]cursorRef // entry → the namespace cursors on it (quota.go)
+
 		c     counters
 		stack []uint32 // scratch
 	}
@@ -167,6 +188,7 @@ func tierOf(e *entry) int {
 
 type counters struct {
 	hits, misses, puts, duplicates, refused          int64
+	quotaRefused                                     int64
 	demotions, promotions, rewrites, recovered       int64
 	evictions, corruptDrops, namespaceDrops, cascade int64
 }
@@ -198,6 +220,8 @@ func Open(opts Options) (*Local, error) {
 	l.view, _ = opts.DRAM.(tiers.Viewer)
 	l.classed, _ = opts.DRAM.(tiers.Classed)
 	l.mu.idle.L = &l.mu.Mutex
+	l.mu.ns.quotas = maps.Clone(opts.Quotas)
+	l.mu.ns.defQuota = opts.DefaultQuota
 	if l.disk != nil {
 		l.seg, _ = l.disk.(tiers.Segmented)
 		l.batcher, _ = l.disk.(tiers.Batcher)
@@ -283,7 +307,8 @@ func (l *Local) exit() {
 // verifies the whole block first (ErrCorrupt, ErrTooLarge beyond
 // MaxBlockBytes, ErrLayout) and copies it; block is not retained. Putting a
 // block already cached is a cheap no-op that touches it. ErrFull means no
-// tier has room even after eviction.
+// tier has room even after eviction; ErrQuota, that the block's namespace
+// has no room within its quotas (see Quota).
 func (l *Local) Put(ctx context.Context, block []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -295,6 +320,8 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 	if n := HeaderLen(len(h.Tokens)) + h.PayloadLen; len(block) != n {
 		return fmt.Errorf("%w: %d bytes, header says %d", ErrCorrupt, len(block), n)
 	}
+	size := len(block)
+	class := l.classOf(size)
 	l.mu.Lock()
 	if !l.enterLocked() {
 		l.mu.Unlock()
@@ -306,51 +333,84 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 		l.mu.Unlock()
 		return nil
 	}
-	if _, err := l.mu.ns.check(&h, len(block)); err != nil {
+	if _, err := l.mu.ns.check(&h, size); err != nil {
 		l.mu.active--
 		l.mu.Unlock()
 		return err
+	}
+	// Most writes fit their namespace's quota: reserve now, under this lock.
+	var id uint32
+	reserved := false
+	if class >= 0 {
+		id, reserved = l.tryReserveLocked(&h, size, class, tierMem)
 	}
 	indexFull := l.indexFullLocked()
 	l.mu.Unlock()
 	defer l.exit()
 
-	if err := verifyPayload(block, &h); err != nil {
+	err = verifyPayload(block, &h)
+	if err == nil && indexFull {
+		err = l.makeIndexRoom(ctx)
+	}
+	if err != nil {
+		if reserved {
+			l.mu.Lock()
+			l.unreserveLocked(id, tierMem, size)
+			l.mu.Unlock()
+		}
 		return err
 	}
-	if indexFull {
-		if err := l.makeIndexRoom(ctx); err != nil {
-			return err
+	err = tiers.ErrTooLarge
+	if class >= 0 {
+		if !reserved {
+			id, err = l.room(ctx, &h, h.Namespace, size, class, tierMem, h.Parent)
+		} else {
+			err = nil
+		}
+		if err == nil {
+			var loc tiers.Loc
+			if loc, err = l.putMem(ctx, h.Key, h.Parent, block, class); err == nil {
+				var fr []freeLoc
+				l.mu.Lock()
+				err = l.insertLocked(&h, size, class, loc, false, id, &fr)
+				l.mu.Unlock()
+				l.freeAll(fr)
+				return err
+			}
+			l.mu.Lock()
+			l.unreserveLocked(id, tierMem, size)
+			l.mu.Unlock()
 		}
 	}
-	class := l.classOf(len(block))
-	loc, err := l.putMem(ctx, h.Key, h.Parent, block, class)
-	if err == nil {
-		var fr []freeLoc
-		l.mu.Lock()
-		err = l.insertLocked(&h, len(block), class, loc, false, &fr)
-		l.mu.Unlock()
-		l.freeAll(fr)
+	if errors.Is(err, ErrLayout) {
 		return err
 	}
 	if ctx.Err() != nil {
-		return l.refused(err, len(block))
+		return l.refused(err, size)
 	}
 	if l.disk != nil {
-		// No room in memory, or the block is the coldest there: it goes
-		// straight to the persistent tier.
-		var ierr error
-		ms := []moved{{key: h.Key, val: block}}
-		l.toDisk(ms, func(m *moved, fr *[]freeLoc) {
-			if m.done {
-				ierr = l.insertLocked(&h, len(block), class, m.newLoc, true, fr)
+		// No room in memory (or in the namespace's memory quota), or the
+		// block is the coldest there: it goes straight to the persistent
+		// tier.
+		id, derr := l.room(ctx, &h, h.Namespace, size, class, tierDisk, h.Parent)
+		if derr == nil {
+			var ierr error
+			ms := []moved{{key: h.Key, val: block}}
+			l.toDisk(ms, func(m *moved, fr *[]freeLoc) {
+				if m.done {
+					ierr = l.insertLocked(&h, size, class, m.newLoc, true, id, fr)
+				} else {
+					l.unreserveLocked(id, tierDisk, size)
+				}
+			})
+			if ms[0].done {
+				return ierr
 			}
-		})
-		if ms[0].done {
-			return ierr
-		}
-		if errors.Is(err, tiers.ErrTooLarge) && ms[0].err != nil {
-			err = ms[0].err
+			if errors.Is(err, tiers.ErrTooLarge) && ms[0].werr != nil {
+				err = ms[0].werr
+			}
+		} else if !errors.Is(err, errColdest) || errors.Is(derr, ErrLayout) || ctx.Err() != nil {
+			err = derr
 		}
 	}
 	if errors.Is(err, errColdest) {
@@ -363,7 +423,10 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 		l.mu.Unlock()
 		return nil
 	}
-	return l.refused(err, len(block))
+	if errors.Is(err, ErrLayout) {
+		return err
+	}
+	return l.refused(err, size)
 }
 
 // verifyPayload finishes what DecodeHeader and a length check started: the
@@ -380,10 +443,16 @@ func (l *Local) refused(err error, n int) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
+	quota := errors.Is(err, ErrQuota)
 	l.mu.Lock()
 	l.mu.c.refused++
+	if quota {
+		l.mu.c.quotaRefused++
+	}
 	l.mu.Unlock()
 	switch {
+	case quota:
+		return err
 	case errors.Is(err, tiers.ErrTooLarge):
 		return fmt.Errorf("%w: a block of %d bytes fits no tier: %w", ErrTooLarge, n, err)
 	case errors.Is(err, tiers.ErrFull):
@@ -392,40 +461,55 @@ func (l *Local) refused(err error, n int) error {
 	return fmt.Errorf("store: put: %w", err)
 }
 
-// insertLocked indexes a block just stored at loc; on failure (or when a
+// insertLocked indexes a block just stored at loc, taking over the
+// reservation room made for it in namespace rid; on failure (or when a
 // concurrent Put won) it frees loc.
-func (l *Local) insertLocked(h *Header, size, class int, loc tiers.Loc, disk bool, fr *[]freeLoc) error {
+func (l *Local) insertLocked(h *Header, size, class int, loc tiers.Loc, disk bool, rid uint32, fr *[]freeLoc) error {
 	x := &l.mu.x
+	t := tierMem
+	if disk {
+		t = tierDisk
+	}
 	if i := x.find(h.Key); i != 0 { // a concurrent Put won
 		l.touchPutLocked(i, h.Parent)
+		l.unreserveLocked(rid, t, size)
 		*fr = append(*fr, freeLoc{disk, loc})
 		return nil
 	}
-	id, err := l.mu.ns.acquire(h, size, class)
+	if l.indexFullLocked() { // concurrent Puts passed the check in Put together
+		l.unreserveLocked(rid, t, size)
+		*fr = append(*fr, freeLoc{disk, loc})
+		return fmt.Errorf("%w: the index holds MaxBlocks (%d) blocks", ErrFull, l.opts.MaxBlocks)
+	}
+	id, err := l.mu.ns.acquire(h, size, class, t)
+	l.unreserveLocked(rid, t, size) // after acquire, so that the namespace stays
 	if err != nil {
 		*fr = append(*fr, freeLoc{disk, loc})
 		return err
 	}
 	i := x.alloc(h.Key)
 	if i == 0 {
-		l.mu.ns.release(id)
+		l.releaseNSLocked(id, t)
 		*fr = append(*fr, freeLoc{disk, loc})
 		return fmt.Errorf("%w: the index is full", ErrFull)
 	}
 	e := x.at(i)
 	e.ns = id
 	e.setLoc(loc)
-	t := tierMem
 	if disk {
 		e.set(flagPersistent)
-		t = tierDisk
 	}
 	x.insert(i)
 	l.mu.blocks[t]++
 	l.mu.bytes[t] += int64(size)
 	l.mu.c.puts++
+	// A parent of another namespace is not linked: a block naming one is
+	// forged, and one tenant's eviction must never cascade into another's.
+	// (An unresolved parent is checked when it is resolved.)
 	if p := x.find(h.Parent); p != 0 {
-		x.link(i, p)
+		if pns := x.at(p).ns; pns == id || !l.mu.ns.get(pns).resolved {
+			x.link(i, p)
+		}
 	}
 	l.placeLocked(i, h.Parent)
 	return nil
@@ -445,20 +529,18 @@ func (l *Local) touchPutLocked(i uint32, parent prefixhash.Key) {
 func (l *Local) placeLocked(i uint32, parent prefixhash.Key) {
 	x := &l.mu.x
 	e := x.at(i)
-	var at uint32
-	if e.persistent() {
-		at = l.mu.diskList
-	} else {
-		class := l.mu.ns.get(e.ns).class
-		at = l.memListLocked(class)
-		if p := x.find(parent); p != 0 && p != i {
-			if pe := x.at(p); !pe.persistent() && l.mu.ns.get(pe.ns).class == class {
-				at = p
-			}
+	at := l.mu.diskList
+	if !e.persistent() {
+		at = l.memListLocked(l.mu.ns.get(e.ns).class)
+	}
+	if p := x.find(parent); p != 0 && p != i {
+		if pe := x.at(p); pe.persistent() == e.persistent() && pe.ns == e.ns {
+			at = p
 		}
 	}
-	x.unlist(i)
+	l.unlistLocked(i)
 	x.insertAfter(at, i)
+	l.placedBehindLocked(at, i)
 }
 
 // classOf returns the memory tier's size class for blocks of n bytes, -1 if
@@ -489,9 +571,9 @@ func (l *Local) touchLocked(i uint32) {
 	e := x.at(i)
 	e.set(flagHit)
 	if e.persistent() {
-		x.moveFront(l.mu.diskList, i)
+		l.moveFrontLocked(l.mu.diskList, i)
 	} else {
-		x.moveFront(l.memListLocked(l.mu.ns.get(e.ns).class), i)
+		l.moveFrontLocked(l.memListLocked(l.mu.ns.get(e.ns).class), i)
 	}
 }
 
@@ -906,7 +988,7 @@ func (l *Local) removeLocked(i uint32, fr *[]freeLoc) {
 	if !x.remove(e.key) {
 		panic(fmt.Sprintf("store: removing %s, which is not in the table", e.key))
 	}
-	x.unlist(i)
+	l.unlistLocked(i)
 	n := l.mu.ns.get(e.ns)
 	t := tierOf(e)
 	l.mu.blocks[t]--
@@ -914,7 +996,7 @@ func (l *Local) removeLocked(i uint32, fr *[]freeLoc) {
 	if !n.resolved {
 		l.mu.unresolved--
 	}
-	l.mu.ns.release(e.ns)
+	l.releaseNSLocked(e.ns, t)
 	e.ns = 0
 	e.set(flagDropped)
 	l.finalizeIfIdleLocked(i, fr)

@@ -24,18 +24,23 @@ const maxVictimWalk = 4096
 // moved is an entry a mover holds, with what it snapshot under the lock.
 type moved struct {
 	i      uint32
+	ns     uint32 // namespace id when marked
 	key    prefixhash.Key
 	loc    tiers.Loc
 	size   int
 	val    []byte
 	err    error // reading or verifying the value failed
+	werr   error // writing it to the persistent tier failed (not corruption)
 	newLoc tiers.Loc
 	done   bool // newLoc holds the value
+
+	reserved bool // a demotion holds size bytes of ns's persistent quota
+	skipDisk bool // a demotion its namespace's persistent quota has no room for: drop it
 }
 
 func (l *Local) movedLocked(i uint32) moved {
 	e := l.mu.x.at(i)
-	return moved{i: i, key: e.key, loc: e.getLoc(), size: l.mu.ns.get(e.ns).size}
+	return moved{i: i, ns: e.ns, key: e.key, loc: e.getLoc(), size: l.mu.ns.get(e.ns).size}
 }
 
 // moveTierLocked moves entry i's accounting and list membership to the other
@@ -43,13 +48,16 @@ func (l *Local) movedLocked(i uint32) moved {
 func (l *Local) moveTierLocked(i uint32, loc tiers.Loc) {
 	x := &l.mu.x
 	e := x.at(i)
-	size := int64(l.mu.ns.get(e.ns).size)
+	n := l.mu.ns.get(e.ns)
+	size := int64(n.size)
 	from := tierOf(e)
 	l.mu.blocks[from]--
 	l.mu.bytes[from] -= size
 	l.mu.blocks[1-from]++
 	l.mu.bytes[1-from] += size
-	x.unlist(i)
+	n.inTier[from]--
+	n.inTier[1-from]++
+	l.unlistLocked(i)
 	e.setLoc(loc)
 	e.clear(flagHit | flagLocGone)
 	if from == tierMem {
@@ -107,7 +115,10 @@ func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key) error {
 		}
 	}
 	vs, coldest := l.memVictimsLocked(class, need, stop)
+	var fr []freeLoc
+	l.reserveDemotionsLocked(vs, &fr)
 	l.mu.Unlock()
+	l.freeAll(fr)
 	if len(vs) == 0 {
 		if coldest {
 			return errColdest
@@ -195,13 +206,26 @@ func (l *Local) memBytes(m *moved) {
 }
 
 // demote writes the victims to the persistent tier and commits each that
-// nobody touched meanwhile; victims it cannot write are dropped.
+// nobody touched meanwhile; victims it cannot (or must not, skipDisk) write
+// are dropped.
 func (l *Local) demote(vs []moved) {
+	if len(vs) == 0 {
+		return
+	}
 	if l.disk != nil {
+		skip := 0
 		for k := range vs {
-			l.memBytes(&vs[k])
+			if vs[k].skipDisk {
+				vs[skip], vs[k] = vs[k], vs[skip]
+				skip++
+			}
 		}
-		l.toDisk(vs, l.commitDemotionLocked)
+		l.commitAll(vs[:skip], l.commitDemotionLocked)
+		rest := vs[skip:]
+		for k := range rest {
+			l.memBytes(&rest[k])
+		}
+		l.toDisk(rest, l.commitDemotionLocked)
 		return
 	}
 	var fr []freeLoc
@@ -216,6 +240,12 @@ func (l *Local) demote(vs []moved) {
 func (l *Local) commitDemotionLocked(m *moved, fr *[]freeLoc) {
 	e := l.mu.x.at(m.i)
 	l.doneMovingLocked(m.i)
+	if m.reserved {
+		// Before the move: a block the entry still holds keeps the
+		// namespace.
+		m.reserved = false
+		l.unreserveLocked(m.ns, tierDisk, m.size)
+	}
 	switch {
 	case e.has(flagDropped):
 		if m.done {
@@ -259,7 +289,7 @@ func (l *Local) toDisk(ms []moved, commit func(m *moved, fr *[]freeLoc)) {
 			panic("store: persistent tier stored part of a batch without an error")
 		}
 		if !errors.Is(err, tiers.ErrFull) || round == maxRoomRounds || !l.reclaim() {
-			rest[0].err = err
+			rest[0].werr = err
 			break
 		}
 	}
@@ -407,7 +437,7 @@ func (l *Local) reclaim() bool {
 		case m.done:
 			e.setLoc(m.newLoc)
 			e.clear(flagLocGone | flagHit)
-			x.moveFront(l.mu.diskList, m.i)
+			l.moveFrontLocked(l.mu.diskList, m.i)
 			l.mu.c.rewrites++
 		default:
 			l.dropLocked(m.i, reasonEvict, &fr)
@@ -487,10 +517,14 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	}
 	if err != nil {
 		l.doneMovingLocked(m.i)
-		if errors.Is(err, errNamespaceDropped) {
+		switch {
+		case errors.Is(err, errNamespaceDropped):
 			l.mu.c.misses++
 			l.dropLocked(m.i, reasonNamespace, &fr)
-		} else {
+		case errors.Is(err, errOverQuota):
+			l.mu.c.misses++
+			l.dropLocked(m.i, reasonEvict, &fr)
+		default:
 			l.failedReadLocked(m.i, &fr)
 		}
 		l.finalizeIfIdleLocked(m.i, &fr)
@@ -498,15 +532,27 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 		l.freeAll(fr)
 		return nil, ErrNotFound
 	}
-	class := -1
+	class, digest := -1, uint64(0)
 	if !e.has(flagDropped) {
-		class = l.mu.ns.get(e.ns).class
+		n := l.mu.ns.get(e.ns)
+		class, digest = n.class, n.digest
 	}
 	l.mu.Unlock()
 
-	newLoc, perr := l.putMem(ctx, m.key, prefixhash.Key{}, b, class)
+	// Room in the namespace's memory quota first, as a write makes it.
+	var newLoc tiers.Loc
+	perr := error(tiers.ErrTooLarge)
+	rid := uint32(0)
+	if class >= 0 {
+		if rid, perr = l.room(ctx, nil, digest, m.size, class, tierMem, prefixhash.Key{}); perr == nil {
+			newLoc, perr = l.putMem(ctx, m.key, prefixhash.Key{}, b, class)
+		}
+	}
 	l.mu.Lock()
 	l.doneMovingLocked(m.i)
+	if rid != 0 {
+		l.unreserveLocked(rid, tierMem, m.size) // the entry keeps the namespace
+	}
 	l.mu.c.hits++
 	switch {
 	case e.has(flagDropped):

@@ -10,11 +10,17 @@ import "fmt"
 // Blocks recovered from the persistent tier whose header has not been read
 // yet are grouped into unresolved pseudo-namespaces, one per block length
 // (digest 0), until a read resolves them.
+//
+// The table also holds the quota configuration (quota.go). A namespace is
+// forgotten when it holds no block and no reservation.
 type namespaces struct {
 	list       []nsInfo // by id; id 0 is unused
 	free       []uint32
 	byDigest   map[uint64]uint32
 	unresolved map[int]uint32 // block length → pseudo-namespace id
+
+	quotas   map[uint64]Quota // explicit quotas by digest
+	defQuota Quota            // quota of resolved namespaces not in quotas
 }
 
 type nsInfo struct {
@@ -25,6 +31,23 @@ type nsInfo struct {
 	class    int // memory-tier size class of size (0 when the tier is not Classed)
 	resolved bool
 	blocks   int64
+
+	inTier  [2]int64  // blocks per tier (tierMem, tierDisk)
+	pending [2]int64  // bytes reserved per tier by writers and movers in flight
+	quota   [2]int64  // bytes per tier; 0 is unlimited
+	cursor  [2]uint32 // cold cursor per tier (quota.go); 0: the cold end
+}
+
+// used returns the bytes the namespace holds or has reserved in tier t.
+func (n *nsInfo) used(t int) int64 { return n.inTier[t]*int64(n.size) + n.pending[t] }
+
+// excess returns how many bytes past its quota in tier t the namespace would
+// be with size more bytes there; 0 or less when they fit.
+func (n *nsInfo) excess(t, size int) int64 {
+	if n.quota[t] == 0 {
+		return 0
+	}
+	return n.used(t) + int64(size) - n.quota[t]
 }
 
 func (t *namespaces) get(id uint32) *nsInfo { return &t.list[id] }
@@ -46,6 +69,7 @@ func (t *namespaces) add(n nsInfo) uint32 {
 			t.byDigest = make(map[uint64]uint32)
 		}
 		t.byDigest[n.digest] = id
+		t.list[id].quota = t.quotaOf(n.digest).tiers()
 	} else {
 		if t.unresolved == nil {
 			t.unresolved = make(map[int]uint32)
@@ -53,6 +77,24 @@ func (t *namespaces) add(n nsInfo) uint32 {
 		t.unresolved[n.size] = id
 	}
 	return id
+}
+
+// quotaOf returns the quota in force for a resolved namespace.
+func (t *namespaces) quotaOf(digest uint64) Quota {
+	if q, ok := t.quotas[digest]; ok {
+		return q
+	}
+	return t.defQuota
+}
+
+// fits reports whether size more bytes in tier t keep the namespace with the
+// given digest within its quota.
+func (t *namespaces) fits(digest uint64, tier, size int) bool {
+	if id := t.byDigest[digest]; id != 0 {
+		return t.list[id].excess(tier, size) <= 0
+	}
+	q := t.quotaOf(digest).tiers()[tier]
+	return q == 0 || int64(size) <= q
 }
 
 // check returns the id of h's namespace (0 if unknown) after checking that h
@@ -70,9 +112,10 @@ func (t *namespaces) check(h *Header, size int) (uint32, error) {
 	return id, nil
 }
 
-// acquire returns the id of h's namespace, creating it with the given size
-// class, and counts one more block in it.
-func (t *namespaces) acquire(h *Header, size, class int) (uint32, error) {
+// ensure returns the id of h's namespace, creating it (holding nothing yet)
+// with the given size class. A namespace created here must be given a block
+// or a reservation, or be forgotten, before the lock is released.
+func (t *namespaces) ensure(h *Header, size, class int) (uint32, error) {
 	id, err := t.check(h, size)
 	if err != nil {
 		return 0, err
@@ -80,7 +123,18 @@ func (t *namespaces) acquire(h *Header, size, class int) (uint32, error) {
 	if id == 0 {
 		id = t.add(nsInfo{digest: h.Namespace, size: size, tokens: len(h.Tokens), layout: h.Layout, class: class, resolved: true})
 	}
+	return id, nil
+}
+
+// acquire returns the id of h's namespace, creating it with the given size
+// class, and counts one more block in it, in tier.
+func (t *namespaces) acquire(h *Header, size, class, tier int) (uint32, error) {
+	id, err := t.ensure(h, size, class)
+	if err != nil {
+		return 0, err
+	}
 	t.list[id].blocks++
+	t.list[id].inTier[tier]++
 	return id, nil
 }
 
@@ -91,19 +145,33 @@ func (t *namespaces) acquireUnresolved(size int) uint32 {
 		id = t.add(nsInfo{size: size})
 	}
 	t.list[id].blocks++
+	t.list[id].inTier[tierDisk]++
 	return id
 }
 
-// release counts one block fewer in id and forgets the namespace when it
-// holds none.
-func (t *namespaces) release(id uint32) {
+// release counts one block fewer in id, in tier, and reports whether the
+// namespace now holds nothing (then the caller forgets it).
+func (t *namespaces) release(id uint32, tier int) bool {
 	n := &t.list[id]
 	n.blocks--
-	if n.blocks > 0 {
-		return
+	n.inTier[tier]--
+	if n.blocks < 0 || n.inTier[tier] < 0 {
+		panic(fmt.Sprintf("store: namespace %016x holds %d blocks, %d in tier %d", n.digest, n.blocks, n.inTier[tier], tier))
 	}
-	if n.blocks < 0 {
-		panic(fmt.Sprintf("store: namespace %016x holds %d blocks", n.digest, n.blocks))
+	return t.empty(id)
+}
+
+// empty reports whether id holds no block and no reservation.
+func (t *namespaces) empty(id uint32) bool {
+	n := &t.list[id]
+	return n.blocks == 0 && n.pending == [2]int64{}
+}
+
+// forget removes an empty namespace; its id may be reused.
+func (t *namespaces) forget(id uint32) {
+	n := &t.list[id]
+	if !t.empty(id) {
+		panic(fmt.Sprintf("store: forgetting namespace %016x, which holds %d blocks and %v reserved bytes", n.digest, n.blocks, n.pending))
 	}
 	if n.resolved {
 		delete(t.byDigest, n.digest)

@@ -13,6 +13,10 @@ import (
 // dropped while it was unresolved.
 var errNamespaceDropped = errors.New("store: namespace dropped")
 
+// errLocGone resolves a recovered block whose segment was reclaimed while it
+// was being read: it is evicted.
+var errLocGone = errors.New("store: segment reclaimed during resolution")
+
 // resolveBatch is how many recovered blocks the background scan reads at a
 // time (and so holds in memory at once).
 const resolveBatch = 16
@@ -61,7 +65,8 @@ func (l *Local) recover() error {
 }
 
 // resolveLocked gives recovered entry i the namespace and parent its header
-// names.
+// names. A block its namespace's persistent quota has no room for is not
+// resolved (errOverQuota): the caller evicts it.
 func (l *Local) resolveLocked(i uint32, h *Header) error {
 	x := &l.mu.x
 	e := x.at(i)
@@ -70,17 +75,33 @@ func (l *Local) resolveLocked(i uint32, h *Header) error {
 		return errNamespaceDropped
 	}
 	size := l.mu.ns.get(old).size
-	id, err := l.mu.ns.acquire(h, size, l.classOf(size))
+	if !l.mu.ns.fits(h.Namespace, tierDisk, size) {
+		return errOverQuota
+	}
+	id, err := l.mu.ns.acquire(h, size, l.classOf(size), tierDisk)
 	if err != nil {
 		return err
 	}
-	l.mu.ns.release(old)
+	l.releaseNSLocked(old, tierDisk)
 	e.ns = id
+	// The block may lie colder than the namespace's cursor.
+	l.setCursorLocked(id, tierDisk, 0)
 	if l.mu.unresolved--; l.mu.unresolved == 0 {
 		l.mu.droppedUnresolved = nil
 	}
 	if p := x.find(h.Parent); p != 0 && p != i {
-		x.link(i, p)
+		if pns := x.at(p).ns; pns == id || !l.mu.ns.get(pns).resolved {
+			x.link(i, p)
+		}
+	}
+	// Blocks put while it was unresolved may have been linked to it; keep
+	// only those of its namespace (see insertLocked).
+	for c := e.child; c != 0; {
+		next := x.at(c).sib
+		if x.at(c).ns != id {
+			x.unlink(c)
+		}
+		c = next
 	}
 	return nil
 }
@@ -138,6 +159,9 @@ func (l *Local) resolveOne(i uint32, h *Header) error {
 		l.finalizeIfIdleLocked(i, &fr)
 		return nil
 	}
+	if e.has(flagLocGone) {
+		return errLocGone // its segment was reclaimed while it was read: finishResolve evicts it
+	}
 	if err := l.resolveLocked(i, h); err != nil {
 		return err
 	}
@@ -156,7 +180,7 @@ func (l *Local) finishResolve(m *moved) {
 		l.finalizeIfIdleLocked(m.i, &fr)
 	case errors.Is(m.err, errNamespaceDropped):
 		l.dropLocked(m.i, reasonNamespace, &fr)
-	case e.has(flagLocGone):
+	case e.has(flagLocGone) || errors.Is(m.err, errOverQuota):
 		l.dropLocked(m.i, reasonEvict, &fr)
 	default:
 		l.dropLocked(m.i, reasonCorrupt, &fr)

@@ -22,8 +22,11 @@ type Stats struct {
 
 	Puts       int64 // blocks stored
 	Duplicates int64 // Puts of a block already cached (touched, not stored)
-	Refused    int64 // Puts refused for lack of room (ErrFull, ErrTooLarge)
+	Refused    int64 // Puts refused for lack of room (ErrFull, ErrTooLarge, ErrQuota)
 	Recovered  int64 // blocks indexed from the persistent tier on Open
+	// QuotaRefused counts the Puts of Refused that their namespace's
+	// quota refused (ErrQuota).
+	QuotaRefused int64
 
 	Demotions  int64 // memory → persistent moves
 	Promotions int64 // persistent → memory moves on a hit
@@ -51,12 +54,20 @@ type TierStats struct {
 	tiers.Stats
 }
 
-// NamespaceStats is what one namespace has cached on this node.
+// NamespaceStats is what one namespace has cached on this node, and its
+// quota.
 type NamespaceStats struct {
 	Digest uint64
 	Blocks int64
-	Bytes  int64
+	Bytes  int64 // encoded block bytes, DRAMBytes + NVMeBytes
 	Tokens int64 // cached tokens: Blocks × tokens per block
+
+	// DRAMBytes and NVMeBytes are the bytes the namespace holds in the
+	// memory and the persistent tier: what Quota bounds.
+	DRAMBytes, NVMeBytes int64
+	// Quota is the quota in force: the namespace's own, else the default
+	// (zero fields: unlimited; none for digest 0).
+	Quota Quota
 }
 
 // Stats returns a snapshot of usage and counters.
@@ -67,7 +78,7 @@ func (l *Local) Stats() Stats {
 		Hits: c.hits, Misses: c.misses, Puts: c.puts, Duplicates: c.duplicates, Refused: c.refused,
 		Recovered: c.recovered, Demotions: c.demotions, Promotions: c.promotions, Rewrites: c.rewrites,
 		Evictions: c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops,
-		Cascaded: c.cascade, Pinned: l.mu.refs,
+		Cascaded: c.cascade, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
 	}
 	s.Tiers = append(s.Tiers, TierStats{Name: l.mem.Name(), Blocks: l.mu.blocks[tierMem], Bytes: l.mu.bytes[tierMem]})
 	if l.disk != nil {
@@ -88,6 +99,9 @@ func (l *Local) Stats() Stats {
 		ns.Blocks += n.blocks
 		ns.Bytes += n.blocks * int64(n.size)
 		ns.Tokens += n.blocks * int64(n.tokens)
+		ns.DRAMBytes += n.inTier[tierMem] * int64(n.size)
+		ns.NVMeBytes += n.inTier[tierDisk] * int64(n.size)
+		ns.Quota = Quota{DRAM: n.quota[tierMem], NVMe: n.quota[tierDisk]}
 	}
 	open := l.enterLocked()
 	l.mu.Unlock()

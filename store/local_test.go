@@ -308,19 +308,7 @@ func runPressure(t *testing.T, l *Local, w *world, steps int) Stats {
 			}
 		default:
 			keys := w.chain(w.randomBlock())
-			n := l.LongestPrefix(keys)
-			refs, err := l.GetMany(ctx, keys[:n])
-			if err != nil {
-				t.Fatalf("step %d: GetMany: %v", step, err)
-			}
-			for k, r := range refs {
-				if r != nil {
-					if !bytes.Equal(r.Bytes(), w.blocks[w.byKey[keys[k]]].enc) {
-						t.Fatalf("step %d: GetMany returned other bytes", step)
-					}
-					r.Release()
-				}
-			}
+			getManyPrefix(t, step, l, w, keys)
 		}
 		checkInvariants(t, step, l, w, linked)
 	}
@@ -332,13 +320,40 @@ func runPressure(t *testing.T, l *Local, w *world, steps int) Stats {
 	return s
 }
 
+// getManyPrefix looks keys up, gets the cached prefix with GetMany, checks
+// the bytes of every block served and returns the prefix's length.
+func getManyPrefix(t *testing.T, step int, l *Local, w *world, keys []prefixhash.Key) int {
+	t.Helper()
+	n := l.LongestPrefix(keys)
+	refs, err := l.GetMany(context.Background(), keys[:n])
+	if err != nil {
+		t.Fatalf("step %d: GetMany: %v", step, err)
+	}
+	for k, r := range refs {
+		if r != nil {
+			if !bytes.Equal(r.Bytes(), w.blocks[w.byKey[keys[k]]].enc) {
+				t.Fatalf("step %d: GetMany returned other bytes", step)
+			}
+			r.Release()
+		}
+	}
+	return n
+}
+
 // TestLocalChainEvictsLeavesFirst puts a long chain into a memory tier that
 // holds half of it: what stays is a prefix of the chain, never a suffix.
 func TestLocalChainEvictsLeavesFirst(t *testing.T) {
 	w := newWorld(t, 31, blockNS())
 	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), DemoteBatchBytes: 1}) // 16 blocks
-	last := w.putChain(t, l, 32)
-	keys := w.chain(last)
+	keys := w.chain(w.putChain(t, l, 32))
+	n := cachedPrefix(t, l, keys)
+	t.Logf("cached prefix: %d of %d blocks", n, len(keys))
+}
+
+// cachedPrefix returns how many leading blocks of keys are cached, and fails
+// unless the root is and no block past them is.
+func cachedPrefix(t *testing.T, l *Local, keys []prefixhash.Key) int {
+	t.Helper()
 	n := l.LongestPrefix(keys)
 	if n == 0 {
 		t.Fatal("the chain's root was evicted")
@@ -348,7 +363,7 @@ func TestLocalChainEvictsLeavesFirst(t *testing.T) {
 			t.Fatalf("a descendant is cached past the cached prefix of %d blocks", n)
 		}
 	}
-	t.Logf("cached prefix: %d of %d blocks", n, len(keys))
+	return n
 }
 
 // TestLocalClassed exercises size classes: a block whose class owns no

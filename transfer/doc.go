@@ -9,7 +9,10 @@
 // TCP (Server, Client): a framed protocol (frame.go) over a pool of
 // connections per peer, one request per connection at a time. A get request
 // carries up to Limits.MaxItems keys; its response carries a status per key
-// (found, miss, error) and the found values. The server writes the response
+// (found, miss, error) and the found values. A lookup request (lookup.go)
+// carries runs of keys of prefix chains and is answered with, per run, how
+// many leading keys the peer holds, when its Source is a Looker: the
+// cluster's one-round prefix lookup, without gRPC's costs. The server writes the response
 // header, the item table and the values straight from the Source's memory in
 // one vectored write (net.Buffers, writev): no value byte is copied into a
 // frame. The client reads values into pooled, 64-byte-aligned receive

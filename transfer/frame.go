@@ -39,6 +39,14 @@ import (
 //	                  Limits: MaxItems u32, MaxValueSize u32, 4 zero bytes,
 //	                  MaxBatchBytes u64 (count 1)
 //	errorMsg    (0)   the payload is a UTF-8 message (count 0)
+//	lookupReq   (24)  key, run index u32 (0 for the first key, then equal to
+//	                  the previous key's or one more), 4 zero bytes
+//	lookupResp  (8)   per run: how many leading keys the peer holds u32,
+//	                  4 zero bytes
+//
+// Lookup frames carry no payload; their item count is bounded by
+// maxLookupKeys rather than MaxItems, since an entry costs 24 bytes and
+// allocates nothing else.
 //
 // The payload of getResp and putReq is the values in table order, each
 // padded with zeros to a multiple of 64 bytes, so that every value lands
@@ -55,6 +63,8 @@ const (
 	getReqEntry  = prefixhash.KeySize
 	getRespEntry = 8
 	putReqEntry  = prefixhash.KeySize + 8
+	lookupEntry  = prefixhash.KeySize + 8
+	countEntry   = 8
 	shmRespEntry = 16
 	releaseEntry = 8
 	helloEntry   = 32
@@ -71,6 +81,8 @@ const (
 	typeShmRelease
 	typeShmHello
 	typeError
+	typeLookupReq
+	typeLookupResp
 )
 
 func (t frameType) String() string {
@@ -91,6 +103,10 @@ func (t frameType) String() string {
 		return "shm hello"
 	case typeError:
 		return "error"
+	case typeLookupReq:
+		return "lookup request"
+	case typeLookupResp:
+		return "lookup response"
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }
@@ -113,6 +129,10 @@ func (t frameType) entryLen() int {
 		return helloEntry
 	case typeError:
 		return 0
+	case typeLookupReq:
+		return lookupEntry
+	case typeLookupResp:
+		return countEntry
 	}
 	return -1
 }
@@ -191,7 +211,7 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 		return h, corrupt("reserved header bytes are not zero")
 	case h.typ != typeGetReq && (maxBatch != 0 || h.maxValue != 0):
 		return h, corrupt("%s frame with requester limits", h.typ)
-	case h.typ != typeGetReq && h.typ != typePutReq && h.timeout != 0:
+	case h.typ != typeGetReq && h.typ != typePutReq && h.typ != typeLookupReq && h.timeout != 0:
 		return h, corrupt("%s frame with a timeout", h.typ)
 	}
 	h.maxBatch = int(min(maxBatch, maxBatchLimit))
@@ -204,10 +224,15 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 		maxCount = 1
 	case typeError:
 		maxCount, maxPayload = 0, maxErrorMsg
+	case typeLookupReq, typeLookupResp:
+		maxCount = maxLookupKeys
 	}
 	if uint64(count) > maxCount {
 		if h.typ == typeShmHello || h.typ == typeError {
 			return h, corrupt("%s frame with %d items", h.typ, count)
+		}
+		if h.typ == typeLookupReq || h.typ == typeLookupResp {
+			return h, fmt.Errorf("%w: %s of %d keys, the limit is %d", ErrLimit, h.typ, count, maxCount)
 		}
 		return h, fmt.Errorf("%w: %s of %d items, MaxItems is %d", ErrLimit, h.typ, count, lim.MaxItems)
 	}

@@ -39,11 +39,12 @@ type Stats struct {
 	BytesOut  int64 // value bytes sent
 	Puts      int64 // values received in puts
 	BytesIn   int64 // value bytes received in puts
+	Lookups   int64 // lookup requests answered
 	RegionUse int64 // ShmServer: bytes of all regions held by unreleased results
 }
 
 type counters struct {
-	conns, refused, requests, dropped, hits, misses, bytesOut, puts, bytesIn, regionUse atomic.Int64
+	conns, refused, requests, dropped, hits, misses, bytesOut, puts, bytesIn, regionUse, lookups atomic.Int64
 }
 
 func (l *listeners) snapshot() Stats {
@@ -51,7 +52,7 @@ func (l *listeners) snapshot() Stats {
 	return Stats{
 		Conns: c.conns.Load(), Refused: c.refused.Load(), Requests: c.requests.Load(), Dropped: c.dropped.Load(),
 		Hits: c.hits.Load(), Misses: c.misses.Load(), BytesOut: c.bytesOut.Load(),
-		Puts: c.puts.Load(), BytesIn: c.bytesIn.Load(), RegionUse: c.regionUse.Load(),
+		Puts: c.puts.Load(), BytesIn: c.bytesIn.Load(), RegionUse: c.regionUse.Load(), Lookups: c.lookups.Load(),
 	}
 }
 
@@ -304,6 +305,8 @@ func (sc *serverConn) serve() error {
 		if err == nil {
 			_, err = sc.nc.Write(frame)
 		}
+	case typeLookupReq:
+		err = sc.lookup(ctx, &h)
 	default:
 		err = corrupt("unexpected %s frame", h.typ)
 	}

@@ -186,21 +186,28 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 }
 
 type memberJSON struct {
-	ID         string     `json:"id"`
-	State      string     `json:"state"`
-	GRPCAddr   string     `json:"grpc_addr"`
-	HTTPAddr   string     `json:"http_addr,omitempty"`
-	DataAddr   string     `json:"data_addr,omitempty"`
-	GossipAddr string     `json:"gossip_addr,omitempty"`
-	Version    string     `json:"version,omitempty"`
-	Tiers      []tierJSON `json:"tiers"`
+	ID          string     `json:"id"`
+	Self        bool       `json:"self"`
+	State       string     `json:"state"`
+	GRPCAddr    string     `json:"grpc_addr"`
+	HTTPAddr    string     `json:"http_addr,omitempty"`
+	DataAddr    string     `json:"data_addr,omitempty"`
+	GossipAddr  string     `json:"gossip_addr,omitempty"`
+	ShmSocket   string     `json:"shm_socket,omitempty"`
+	HostID      string     `json:"host_id,omitempty"`
+	RDMADevices []string   `json:"rdma_devices"`
+	Version     string     `json:"version,omitempty"`
+	Tiers       []tierJSON `json:"tiers"`
 }
 
 func membersCmd(f *inspectFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "members",
 		Short: "The nodes of the cluster, as the node at --addr sees them",
-		Args:  cobra.NoArgs,
+		Long: `The nodes of the cluster as the node at --addr sees them: each live node (alive,
+or suspected of having failed) with its addresses and tiers. Tier usage is
+known for the node that answered (marked *); for the others, their capacity.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var resp *kvmeshv1.MembersResponse
 			err := f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
@@ -210,27 +217,52 @@ func membersCmd(f *inspectFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var out []memberJSON
+			out := []memberJSON{}
 			for _, m := range resp.GetMembers() {
-				mj := memberJSON{ID: m.GetId(), State: m.GetState(), GRPCAddr: m.GetGrpcAddr(), HTTPAddr: m.GetHttpAddr(),
-					DataAddr: m.GetDataAddr(), GossipAddr: m.GetGossipAddr(), Version: m.GetVersion()}
+				mj := memberJSON{ID: m.GetId(), Self: m.GetId() == resp.GetSelfId(), State: m.GetState(), GRPCAddr: m.GetGrpcAddr(),
+					HTTPAddr: m.GetHttpAddr(), DataAddr: m.GetDataAddr(), GossipAddr: m.GetGossipAddr(), ShmSocket: m.GetShmSocket(),
+					HostID: m.GetHostId(), RDMADevices: append([]string{}, m.GetRdmaDevices()...), Version: m.GetVersion(), Tiers: []tierJSON{}}
 				for _, t := range m.GetTiers() {
-					mj.Tiers = append(mj.Tiers, tierJSON{Name: t.GetName(), Bytes: t.GetUsedBytes(), CapacityBytes: t.GetCapacityBytes()})
+					tj := tierJSON{Name: t.GetName(), Bytes: t.GetUsedBytes(), CapacityBytes: t.GetCapacityBytes()}
+					if tj.CapacityBytes > 0 {
+						tj.Used = float64(tj.Bytes) / float64(tj.CapacityBytes)
+					}
+					mj.Tiers = append(mj.Tiers, tj)
 				}
 				out = append(out, mj)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tHTTP\tTIERS (used/capacity)\tVERSION")
+				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tTIERS\tRDMA\tVERSION")
 				for _, m := range out {
 					var tiers []string
 					for _, t := range m.Tiers {
-						tiers = append(tiers, fmt.Sprintf("%s %s/%s", t.Name, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes))))
+						if m.Self {
+							tiers = append(tiers, fmt.Sprintf("%s %s/%s", t.Name, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes))))
+						} else {
+							tiers = append(tiers, fmt.Sprintf("%s %s", t.Name, formatSize(int64(t.CapacityBytes))))
+						}
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.State, m.GRPCAddr, m.HTTPAddr, strings.Join(tiers, ", "), m.Version)
+					id, rdma := m.ID, "none"
+					if m.Self {
+						id += " *"
+					}
+					if len(m.RDMADevices) > 0 {
+						rdma = strings.Join(m.RDMADevices, ",")
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
+						strings.Join(tiers, ", "), rdma, m.Version)
 				}
+				fmt.Fprintf(w, "\n%d members; * answered (tiers: used/capacity; others: capacity)\n", len(out))
 			})
 		},
 	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // namespaceFlags select the namespace of a lookup.
@@ -370,8 +402,9 @@ names it).`,
 				if len(out.Blocks) > 0 {
 					fmt.Fprintln(w, "\nBLOCK\tKEY\tNODE\tTIER")
 					for _, b := range out.Blocks {
-						fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", b.Index, b.Key, b.Node, b.Tier)
+						fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", b.Index, b.Key, b.Node, dash(b.Tier))
 					}
+					fmt.Fprintln(w, "\nTIER is known for the blocks the node at --addr holds itself (- for the others).")
 				}
 			})
 		},
