@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -194,14 +195,58 @@ func TestPrefillHitEqualsColdThroughNode(t *testing.T) {
 	}
 }
 
-// TestPrefillPrefixFromPeer is the cluster version of the test above: the
-// prefix is prefilled on one member of a multi-node cluster, and another
-// member, whose own tiers hold nothing, hits it. It needs the node to join
-// a cluster (store.Cluster behind the node's Cache); until then the
-// cross-process variant in cmd/kvmesh (TestPrefillCLI, blocks copied
-// between two daemons through the API) covers block compatibility.
+// TestPrefillPrefixFromPeer: in a cluster of three real nodes (Open,
+// memberlist, the data planes), a prefix prefilled on one member is a hit for
+// the whole prompt on another, and the logits equal the cold ones within
+// 1e-4 relative, for random prompts, split points and pairs of members.
 func TestPrefillPrefixFromPeer(t *testing.T) {
-	t.Skip("enable when the node serves store.Cluster (the cluster2 branch): prefill a prefix on member A, the whole prompt on member B, compare with cold")
+	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.Prefill.Model = tinyModel() })
+	c := tinyModel()
+	cold, err := prefill.New(nil, prefill.Options{Config: c, Weights: seededWeights(c, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cold.Close()
+	eng, err := nodes[0].client.Engine(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(38, 38))
+	for i := range 5 {
+		a := r.IntN(len(nodes))
+		b := (a + 1 + r.IntN(len(nodes)-1)) % len(nodes)
+		n := 2*c.BlockTokens + r.IntN(300)
+		tokens := randPrompt(r, n, c.Vocab)
+		split := c.BlockTokens + r.IntN(n-c.BlockTokens)
+		hit := split / c.BlockTokens * c.BlockTokens
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if _, err := nodes[a].client.Prefill(ctx, client.PrefillRequest{Tokens: tokens[:split]}); err != nil {
+			t.Fatal(err)
+		}
+		if err := nodes[a].Node.prefill.engine.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, fmt.Sprintf("node %d to see the prefix node %d computed", b, a), 30*time.Second, func() bool {
+			l, err := nodes[b].client.Lookup(ctx, eng.Namespace, tokens[:split])
+			return err == nil && l.CachedTokens == hit
+		})
+		got, err := nodes[b].client.Prefill(ctx, client.PrefillRequest{Tokens: tokens, ReturnLogits: true})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := cold.Prefill(context.Background(), tokens, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Usage != (client.Usage{PromptTokens: n, CachedTokens: hit}) {
+			t.Errorf("case %d (n=%d, split=%d, prefix on node %d, prompt on node %d): usage %+v, want %d cached",
+				i, n, split, a, b, got.Usage, hit)
+		}
+		if e := relErr(got.Logits, want.Logits); e > 1e-4 {
+			t.Errorf("case %d (n=%d, split=%d, node %d to node %d): logits differ from cold by %.2g", i, n, split, a, b, e)
+		}
+	}
 }
 
 // gatedCache returns a fake cache whose Gets block, while hold(true) is in

@@ -72,8 +72,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // as a user would: the JSON shape, a repeated prompt mostly cached, a queued
 // request waited for and fetched by id, cached tokens per namespace, and the
 // engine's namespace as inspect lookup's default. Then a second node
-// process, given the prefix's blocks as the first node computed them, hits
-// them and answers the whole prompt with the cold logits.
+// process joins the first; a prefix prefilled on the first is a hit on the
+// second, which answers the whole prompt with the cold logits.
 func TestPrefillCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the kvmesh binary")
@@ -154,33 +154,30 @@ func TestPrefillCLI(t *testing.T) {
 		t.Errorf("inspect lookup --model kvmesh/demo: %+v", l)
 	}
 
-	// A second node process hits a prefix the first one computed.
-	prompt := prefill.TokenizeBytes(strings.Repeat("Pack my box with five dozen liquor jugs. ", 4)) // 164 tokens
-	prefix := prompt[:150]
-	if _, err := c1.Prefill(ctx, client.PrefillRequest{Tokens: prefix}); err != nil {
-		t.Fatal(err)
-	}
-	var blocks []client.Block
-	waitFor(t, "the prefix's blocks are published", func() bool {
-		blocks, err = c1.Get(ctx, eng.Namespace, prefix)
-		return err == nil && len(blocks) == 2
-	})
-	d2 := startDaemon(t, t.TempDir())
+	// A second node process, joined to the first, hits a prefix the first
+	// one computed: through the cluster, not through its own tiers.
+	d2 := startDaemon(t, t.TempDir(), "--join", d1.gossip)
 	c2, err := client.Dial(d2.grpcAddr, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	payloads := [][]byte{blocks[0].Payload, blocks[1].Payload}
-	if _, err := c2.Put(ctx, eng.Namespace, prefix[:128], payloads); err != nil {
+	waitMembers(t, c2, 2, d1, d2)
+	prompt := prefill.TokenizeBytes(strings.Repeat("Pack my box with five dozen liquor jugs. ", 4)) // 164 tokens
+	prefix := prompt[:150]
+	if _, err := c1.Prefill(ctx, client.PrefillRequest{Tokens: prefix}); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, "the second node sees the prefix the first computed", func() bool {
+		l, err := c2.Lookup(ctx, eng.Namespace, prefix)
+		return err == nil && l.CachedTokens == 128
+	})
 	got, err := c2.Prefill(ctx, client.PrefillRequest{Tokens: prompt, ReturnLogits: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got.Usage != (client.Usage{PromptTokens: len(prompt), CachedTokens: 128}) {
-		t.Errorf("second node: usage %+v; want 128 of %d tokens from the first node's blocks", got.Usage, len(prompt))
+		t.Errorf("second node: usage %+v; want 128 of %d tokens from the blocks the first node computed", got.Usage, len(prompt))
 	}
 	cold, err := prefill.New(nil, prefill.Options{})
 	if err != nil {
