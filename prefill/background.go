@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
 // sched keeps background prefills off the cores while any foreground one is
@@ -136,21 +134,11 @@ func (e *Engine) background(ctx context.Context, began time.Time, tokens []uint3
 	n := len(tokens)
 	b := e.cfg.BlockTokens
 	res := Result{Session: session, Usage: Usage{PromptTokens: n}}
-	t0 := e.opts.Now()
-	keys := prefixhash.Keys(e.ns, tokens)
-	hit := e.lookup(ctx, keys)
-	if ctx.Err() != nil {
-		return Result{}, e.ctxErr(ctx, "lookup")
+	keys, kv, loaded, err := e.load(ctx, tokens, &res)
+	if err != nil {
+		return Result{}, err
 	}
-	t1 := e.opts.Now()
-	res.Timing.Lookup = t1.Sub(t0)
-	kv := e.getKV(n)
 	defer e.kvPool.Put(kv)
-	loaded := e.fetch(ctx, keys[:hit], kv)
-	if ctx.Err() != nil {
-		return Result{}, e.ctxErr(ctx, "fetch")
-	}
-	res.Timing.Fetch = e.opts.Now().Sub(t1)
 
 	start := min(loaded*b, n-1) // the last position is always computed
 	res.Logits = make([]float32, e.cfg.Vocab)

@@ -431,22 +431,11 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 	t0 := e.opts.Now()
 	res.Timing.Wait = t0.Sub(began)
 
-	keys := prefixhash.Keys(e.ns, tokens)
-	hit := e.lookup(ctx, keys)
-	if ctx.Err() != nil {
-		return Result{}, e.ctxErr(ctx, "lookup")
-	}
-	t1 := e.opts.Now()
-	res.Timing.Lookup = t1.Sub(t0)
-
-	kv := e.getKV(n)
-	loaded := e.fetch(ctx, keys[:hit], kv)
-	if ctx.Err() != nil {
-		e.kvPool.Put(kv)
-		return Result{}, e.ctxErr(ctx, "fetch")
+	keys, kv, loaded, err := e.load(ctx, tokens, &res)
+	if err != nil {
+		return Result{}, err
 	}
 	t2 := e.opts.Now()
-	res.Timing.Fetch = t2.Sub(t1)
 
 	start := min(loaded*b, n-1) // the last position is always computed
 	res.Logits = make([]float32, e.cfg.Vocab)
@@ -465,6 +454,29 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 	res.FLOPs = e.cfg.ForwardFLOPs(start, n-start)
 	e.publish(kv, tokens, keys, loaded)
 	return res, nil
+}
+
+// load looks up the cached prefix of tokens and fetches it into a KV from
+// the pool. It returns the prompt's chain, the KV (the caller puts it back
+// in the pool or hands it on) and the number of blocks loaded, and records
+// the lookup and fetch times in res.
+func (e *Engine) load(ctx context.Context, tokens []uint32, res *Result) ([]prefixhash.Key, *KV, int, error) {
+	t0 := e.opts.Now()
+	keys := prefixhash.Keys(e.ns, tokens)
+	hit := e.lookup(ctx, keys)
+	if ctx.Err() != nil {
+		return nil, nil, 0, e.ctxErr(ctx, "lookup")
+	}
+	t1 := e.opts.Now()
+	res.Timing.Lookup = t1.Sub(t0)
+	kv := e.getKV(len(tokens))
+	loaded := e.fetch(ctx, keys[:hit], kv)
+	if ctx.Err() != nil {
+		e.kvPool.Put(kv)
+		return nil, nil, 0, e.ctxErr(ctx, "fetch")
+	}
+	res.Timing.Fetch = e.opts.Now().Sub(t1)
+	return keys, kv, loaded, nil
 }
 
 // ctxErr wraps the error of a done request context, saying ErrClosed when
