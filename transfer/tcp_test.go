@@ -397,7 +397,14 @@ func TestCorruptFrames(t *testing.T) {
 	waitFor(t, "bad connections to be dropped", func() bool { return srv.Stats().Dropped >= 8 })
 }
 
-// fakeServer answers each connection with answer(request header id, conn).
+func helloAck(id uint64) []byte {
+	var enc encoder
+	enc.begin(typeHelloAck, 0)
+	return bytes.Clone(enc.finish(header{typ: typeHelloAck, id: id}))
+}
+
+// fakeServer acknowledges each connection's hello and answers every other
+// frame with answer(request header id, conn).
 func fakeServer(t *testing.T, answer func(id uint64, nc net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -432,6 +439,10 @@ func fakeServer(t *testing.T, answer func(id uint64, nc net.Conn)) string {
 					}
 					if _, err := io.CopyN(io.Discard, nc, int64(h.tableLen()+h.payload)); err != nil {
 						return
+					}
+					if h.typ == typeHello {
+						nc.Write(helloAck(h.id))
+						continue
 					}
 					answer(h.id, nc)
 				}
