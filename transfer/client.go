@@ -380,8 +380,13 @@ func (c *Client) dial(ctx context.Context) (*clientConn, error) {
 	cc := &clientConn{raw: raw, nc: raw}
 	if err := cc.open(ctx, c.tls, c.opts.Token, &c.opts.Limits); err != nil {
 		raw.Close()
-		if ctx.Err() != nil && !errors.Is(err, ErrAuth) {
+		switch {
+		case errors.Is(err, ErrAuth):
+		case ctx.Err() != nil:
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// The socket's deadline, set from ctx's, fired first.
+			err = fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
 		}
 		return nil, fmt.Errorf("open connection: %w", err)
 	}

@@ -270,6 +270,7 @@ type serverConn struct {
 // hello, then requests until the client hangs up, idles out or breaks the
 // protocol. raw is the accepted connection, which the caller closes.
 func (s *Server) serveConn(raw net.Conn) {
+	raw.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	nc, ok := s.handshake(raw)
 	if !ok {
 		return
@@ -295,21 +296,24 @@ func (s *Server) serveConn(raw net.Conn) {
 	}
 }
 
-// handshake runs the TLS handshake on raw, when the server has TLS, within
-// HandshakeTimeout, and returns the connection to serve. A plain client that
-// sent a frame where a TLS handshake belongs is told, in a plain error
-// frame, that TLS is required.
+// handshake runs the TLS handshake on raw, when the server has TLS, and
+// returns the connection to serve. A plain client that sent a frame where a
+// TLS handshake belongs is told, in a plain error frame, that TLS is
+// required. A connection closed before it sent anything (a TCP health
+// check) is not counted as refused.
 func (s *Server) handshake(raw net.Conn) (net.Conn, bool) {
 	if s.tls == nil {
 		return raw, true
 	}
 	tc := tls.Server(raw, s.tls)
-	raw.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	err := tc.HandshakeContext(s.ctx)
-	if err == nil {
+	switch {
+	case err == nil:
 		return tc, true
-	}
-	if s.ctx.Err() != nil {
+	case s.ctx.Err() != nil:
+		return nil, false
+	case errors.Is(err, io.EOF):
+		s.log.Debug("transfer: connection closed before its TLS handshake", "peer", raw.RemoteAddr())
 		return nil, false
 	}
 	s.stats.unauthorized.Add(1)
@@ -322,13 +326,13 @@ func (s *Server) handshake(raw net.Conn) (net.Conn, bool) {
 	return nil, false
 }
 
-// opening reads the connection's first frame, within HandshakeTimeout. A
+// opening reads the connection's first frame, within what is left of
+// HandshakeTimeout. A
 // hello is checked (its token, when the server requires one) and answered;
 // any other frame is refused when a token is required, and served as the
 // first request otherwise. It reports whether to serve the connection on.
 func (sc *serverConn) opening() bool {
 	s := sc.s
-	sc.nc.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	if _, err := io.ReadFull(sc.br, sc.hdr[:]); err != nil {
 		if !errors.Is(err, io.EOF) && s.ctx.Err() == nil {
 			s.stats.dropped.Add(1)

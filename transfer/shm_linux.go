@@ -120,17 +120,8 @@ func (s *ShmServer) serveConn(nc net.Conn) {
 // HandshakeTimeout, whose token must be one of Tokens when that is set. A
 // refused client is told why in an error frame.
 func (s *ShmServer) admitPeer(uc *net.UnixConn) error {
-	if len(s.opts.PeerUIDs) > 0 {
-		cred, err := peerCred(uc)
-		if err != nil {
-			return fmt.Errorf("peer credentials: %w", err)
-		}
-		if !slices.Contains(s.opts.PeerUIDs, cred.Uid) {
-			err := refused("processes of uid %d may not use this server", cred.Uid)
-			sendError(uc, 0, err)
-			return fmt.Errorf("pid %d: %w", cred.Pid, err)
-		}
-	}
+	// The hello is read first, whatever is decided: a client refused
+	// before it wrote its hello would see a broken pipe, not the refusal.
 	uc.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	defer uc.SetDeadline(time.Time{})
 	var hdr [headerLen]byte
@@ -145,12 +136,27 @@ func (s *ShmServer) admitPeer(uc *net.UnixConn) error {
 	if err == nil {
 		table, err = readTable(uc, &h, nil)
 	}
+	if err == nil && len(s.opts.PeerUIDs) > 0 {
+		err = checkPeer(uc, s.opts.PeerUIDs)
+	}
 	if err == nil {
 		err = checkHello(s.opts.Tokens, table)
 	}
 	if err != nil {
 		sendError(uc, 0, err)
 		return err
+	}
+	return nil
+}
+
+// checkPeer refuses a client whose process runs as a user not in uids.
+func checkPeer(uc *net.UnixConn, uids []uint32) error {
+	cred, err := peerCred(uc)
+	if err != nil {
+		return fmt.Errorf("peer credentials: %w", err)
+	}
+	if !slices.Contains(uids, cred.Uid) {
+		return refused("processes of uid %d may not use this server (pid %d)", cred.Uid, cred.Pid)
 	}
 	return nil
 }

@@ -616,20 +616,28 @@ func TestInFlightBound(t *testing.T) {
 }
 
 // A pooled connection the server closed while idle is replaced
-// transparently.
+// transparently, over plain TCP and over TLS.
 func TestStaleConnectionRetried(t *testing.T) {
-	src := newMemSource()
-	srv, addr := startServer(t, src, &ServerOptions{IdleTimeout: 20 * time.Millisecond})
-	keys := fill(src, []int{10})
-	c := newClient(t, addr, &ClientOptions{MaxConns: 1})
-	for range 3 {
-		r, err := c.Get(context.Background(), keys)
-		if err != nil {
-			t.Fatal(err)
+	p := newPKI(t)
+	srvTLS, cliTLS := loadTLS(t, TLSFiles{Cert: p.nodeCert, Key: p.nodeKey, CA: p.a.File})
+	for _, useTLS := range []bool{false, true} {
+		so, co := &ServerOptions{IdleTimeout: 20 * time.Millisecond}, &ClientOptions{MaxConns: 1}
+		if useTLS {
+			so.TLS, co.TLS = srvTLS, cliTLS
 		}
-		checkResult(t, src, keys, r)
-		r.Release()
-		waitFor(t, "the server to close the idle connection", func() bool { return srv.Stats().Conns == 0 })
+		src := newMemSource()
+		srv, addr := startServer(t, src, so)
+		keys := fill(src, []int{10})
+		c := newClient(t, addr, co)
+		for range 3 {
+			r, err := c.Get(context.Background(), keys)
+			if err != nil {
+				t.Fatalf("TLS %v: %v", useTLS, err)
+			}
+			checkResult(t, src, keys, r)
+			r.Release()
+			waitFor(t, "the server to close the idle connection", func() bool { return srv.Stats().Conns == 0 })
+		}
 	}
 }
 
