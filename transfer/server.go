@@ -327,10 +327,10 @@ func (s *Server) handshake(raw net.Conn) (net.Conn, bool) {
 }
 
 // opening reads the connection's first frame, within what is left of
-// HandshakeTimeout. A
-// hello is checked (its token, when the server requires one) and answered;
-// any other frame is refused when a token is required, and served as the
-// first request otherwise. It reports whether to serve the connection on.
+// HandshakeTimeout. A hello is checked (its token, when the server requires
+// one) and answered; any other frame is refused when a token is required,
+// and served as the first request otherwise. It reports whether to serve
+// the connection on.
 func (sc *serverConn) opening() bool {
 	s := sc.s
 	if _, err := io.ReadFull(sc.br, sc.hdr[:]); err != nil {
@@ -351,9 +351,8 @@ func (sc *serverConn) opening() bool {
 			err = checkHello(s.opts.Tokens, sc.table)
 		}
 		if err == nil {
-			var enc encoder
-			enc.begin(typeHelloAck, 0)
-			_, err = sc.nc.Write(enc.finish(header{typ: typeHelloAck, id: h.id}))
+			sc.enc.begin(typeHelloAck, 0)
+			_, err = sc.nc.Write(sc.enc.finish(header{typ: typeHelloAck, id: h.id}))
 			if err == nil {
 				return true
 			}

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -70,13 +71,18 @@ func NewShmServer(src Source, sink Sink, opts *ShmServerOptions, log *slog.Logge
 // Close stops. The socket file must not exist; Close removes it. Access to
 // the server is access to the socket file: its permissions (SocketMode, set
 // here before any client is served) decide who may read the cache, and
-// PeerUIDs and Tokens, when set, narrow it further.
+// PeerUIDs and Tokens, when set, narrow it further. A name in the abstract
+// namespace ("@name") has no file and no permissions: any process of the
+// host's network namespace may connect, so use PeerUIDs or Tokens with it.
 func (s *ShmServer) Listen(path string) error {
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		return fmt.Errorf("transfer: listen: %w", err)
 	}
-	if err := os.Chmod(path, s.opts.SocketMode); err != nil {
+	if !strings.HasPrefix(path, "@") {
+		err = os.Chmod(path, s.opts.SocketMode)
+	}
+	if err != nil {
 		ln.Close()
 		return fmt.Errorf("transfer: socket mode: %w", err)
 	}
@@ -115,10 +121,10 @@ func (s *ShmServer) serveConn(nc net.Conn) {
 	c.run()
 }
 
-// admitPeer decides a new client before it gets a region: its user id
-// (SO_PEERCRED) when PeerUIDs is set, then its hello, read within
-// HandshakeTimeout, whose token must be one of Tokens when that is set. A
-// refused client is told why in an error frame.
+// admitPeer decides a new client before it gets a region: it reads its
+// hello within HandshakeTimeout, then checks its user id (SO_PEERCRED) when
+// PeerUIDs is set and its token when Tokens is. A refused client is told
+// why in an error frame.
 func (s *ShmServer) admitPeer(uc *net.UnixConn) error {
 	// The hello is read first, whatever is decided: a client refused
 	// before it wrote its hello would see a broken pipe, not the refusal.
