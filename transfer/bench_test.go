@@ -5,6 +5,7 @@ package transfer
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -86,15 +87,27 @@ func getMover(name string, keys []prefixhash.Key, per int, p Peer) mover {
 }
 
 func tcpMover(b *testing.B, src *memSource, keys []prefixhash.Key, per int) mover {
-	_, addr := startServer(b, src, nil)
-	return getMover("tcp", keys, per, newClient(b, addr, &ClientOptions{MaxConns: 1}))
+	return tcpWith(b, "tcp", src, keys, per, 1, nil)
 }
 
 // tcpParallel moves conns batches at once over conns connections.
 func tcpParallel(b *testing.B, src *memSource, keys []prefixhash.Key, per, conns int) mover {
-	_, addr := startServer(b, src, nil)
-	m := getMover("", keys, per, newClient(b, addr, &ClientOptions{MaxConns: conns}))
-	return mover{name: fmt.Sprintf("tcp%d", conns), bytes: int64(conns) * benchBatch, batch: func(i int) error {
+	return tcpWith(b, fmt.Sprintf("tcp%d", conns), src, keys, per, conns, nil)
+}
+
+// tcpWith moves conns batches at once over conns connections of a client
+// and server that use TLS when tp is not nil.
+func tcpWith(b *testing.B, name string, src *memSource, keys []prefixhash.Key, per, conns int, tp *tlsPair) mover {
+	so, co := &ServerOptions{}, &ClientOptions{MaxConns: conns}
+	if tp != nil {
+		so.TLS, co.TLS = tp.server, tp.client
+	}
+	_, addr := startServer(b, src, so)
+	m := getMover(name, keys, per, newClient(b, addr, co))
+	if conns == 1 {
+		return m
+	}
+	return mover{name: name, bytes: int64(conns) * benchBatch, batch: func(i int) error {
 		var wg sync.WaitGroup
 		errs := make([]error, conns)
 		for c := range conns {
@@ -125,11 +138,16 @@ func shmMover(b *testing.B, src *memSource, keys []prefixhash.Key, per int) move
 // state). Gated, it writes one batch when the reader starts one: in
 // BenchmarkVersus a free writer would fill the socket's buffers (up to
 // tcp_rmem's 32 MiB here) while the other paths run, and the raw batch
-// would be timed as a copy out of the kernel.
-func rawMover(b *testing.B, vals [][]byte, gated bool) mover {
+// would be timed as a copy out of the kernel. With tp, the connection is
+// TLS (crypto/tls's own ceiling: one Write of 16 MiB, one ReadFull).
+func rawMover(b *testing.B, vals [][]byte, gated bool, tp *tlsPair) mover {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
+	}
+	name := "raw"
+	if tp != nil {
+		name = "rawtls"
 	}
 	big := slices.Concat(vals...) // the same bytes, one large buffer
 	start := make(chan struct{}, 1)
@@ -145,6 +163,9 @@ func rawMover(b *testing.B, vals [][]byte, gated bool) mover {
 			return
 		}
 		defer nc.Close()
+		if tp != nil {
+			nc = tls.Server(nc, prepareTLS(tp.server, ""))
+		}
 		for off := 0; ; off = (off + benchBatch) % len(big) {
 			if _, ok := <-start; !ok && gated {
 				return
@@ -158,6 +179,9 @@ func rawMover(b *testing.B, vals [][]byte, gated bool) mover {
 	if err != nil {
 		b.Fatal(err)
 	}
+	if tp != nil {
+		nc = tls.Client(nc, prepareTLS(tp.client, ln.Addr().String()))
+	}
 	b.Cleanup(func() {
 		nc.Close()
 		if gated {
@@ -166,7 +190,7 @@ func rawMover(b *testing.B, vals [][]byte, gated bool) mover {
 		<-done
 	})
 	buf := make([]byte, benchBatch)
-	return mover{name: "raw", bytes: benchBatch, batch: func(int) error {
+	return mover{name: name, bytes: benchBatch, batch: func(int) error {
 		if gated {
 			start <- struct{}{}
 		}
@@ -201,7 +225,7 @@ func BenchmarkRawTCP(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("size="+size.name, func(b *testing.B) {
 			_, _, vals := benchData(size.n)
-			runMover(b, rawMover(b, vals, false))
+			runMover(b, rawMover(b, vals, false, nil))
 		})
 	}
 }
@@ -255,7 +279,7 @@ func BenchmarkVersus(b *testing.B) {
 			src, keys, vals := benchData(size.n)
 			per := benchBatch / size.n
 			movers := []mover{
-				rawMover(b, vals, true),
+				rawMover(b, vals, true, nil),
 				tcpMover(b, src, keys, per),
 				tcpParallel(b, src, keys, per, 2),
 				tcpParallel(b, src, keys, per, 4),
@@ -265,32 +289,7 @@ func BenchmarkVersus(b *testing.B) {
 			if _, err := exec.LookPath("redis-server"); err == nil {
 				movers = append(movers, redisMover(b, vals, per))
 			}
-			spent := make([][]time.Duration, len(movers))
-			for _, m := range movers {
-				if err := m.batch(0); err != nil {
-					b.Fatalf("%s: %v", m.name, err)
-				}
-			}
-			b.ResetTimer()
-			for i := range b.N {
-				for k := range movers {
-					j := (i + k) % len(movers) // rotate: no path always follows the same one
-					t0 := time.Now()
-					if err := movers[j].batch(i + 1); err != nil {
-						b.Fatalf("%s: %v", movers[j].name, err)
-					}
-					spent[j] = append(spent[j], time.Since(t0))
-				}
-			}
-			b.StopTimer()
-			// The median batch: one stall of the shared machine must not
-			// decide a path's figure.
-			gbps := map[string]float64{}
-			for j, m := range movers {
-				slices.Sort(spent[j])
-				gbps[m.name] = float64(m.bytes) / spent[j][len(spent[j])/2].Seconds() / 1e9
-				b.ReportMetric(gbps[m.name], m.name+"_GB/s")
-			}
+			gbps := interleave(b, movers)
 			b.ReportMetric(gbps["tcp"]/gbps["raw"], "tcp/raw")
 			b.ReportMetric(gbps["tcp"]/1.44, "tcp/mooncake")
 			b.ReportMetric(gbps["shm"]/gbps["copy"], "shm/copy")
@@ -298,6 +297,81 @@ func BenchmarkVersus(b *testing.B) {
 				b.ReportMetric(gbps["shm"]/r, "shm/redis")
 				b.ReportMetric(gbps["tcp"]/r, "tcp/redis")
 			}
+		})
+	}
+}
+
+// interleave runs b.N rounds of every mover's batch, in an order rotated
+// each round so that no path always follows the same one, and reports (and
+// returns) each path's GB/s of its median batch: one stall of the shared
+// machine must not decide a path's figure.
+func interleave(b *testing.B, movers []mover) map[string]float64 {
+	spent := make([][]time.Duration, len(movers))
+	for _, m := range movers {
+		if err := m.batch(0); err != nil {
+			b.Fatalf("%s: %v", m.name, err)
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range movers {
+			j := (i + k) % len(movers)
+			t0 := time.Now()
+			if err := movers[j].batch(i + 1); err != nil {
+				b.Fatalf("%s: %v", movers[j].name, err)
+			}
+			spent[j] = append(spent[j], time.Since(t0))
+		}
+	}
+	b.StopTimer()
+	gbps := map[string]float64{}
+	for j, m := range movers {
+		slices.Sort(spent[j])
+		gbps[m.name] = float64(m.bytes) / spent[j][len(spent[j])/2].Seconds() / 1e9
+		b.ReportMetric(gbps[m.name], m.name+"_GB/s")
+	}
+	return gbps
+}
+
+// tlsPair is the server and client TLS configurations of a benchmark.
+type tlsPair struct{ server, client *tls.Config }
+
+func benchTLS(b *testing.B) *tlsPair {
+	p := newPKI(b)
+	srv, cli, err := LoadTLS(TLSFiles{Cert: p.nodeCert, Key: p.nodeKey, CA: p.a.File, ClientAuth: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &tlsPair{srv, cli}
+}
+
+// BenchmarkTLS is the throughput cost of TLS on the data plane: Get of
+// 1 MiB and 4 MiB values over plain TCP (tcp) and over mutual TLS 1.3
+// (tls, and tls2 with two connections at once), beside a plain and a TLS
+// stream of the same bytes (raw, rawtls: crypto/tls's own ceiling), all
+// interleaved batch by batch as in BenchmarkVersus:
+//
+//	go test -run '^$' -bench TLS -benchtime 20x -count 5 ./transfer/
+//
+// It reports each path's GB/s and tls/tcp (what TLS costs the data plane),
+// tls/rawtls (how close the data plane runs to crypto/tls's stream) and
+// rawtls/raw (what TLS costs a bare stream).
+func BenchmarkTLS(b *testing.B) {
+	tp := benchTLS(b)
+	for _, size := range benchSizes[1:] {
+		b.Run("size="+size.name, func(b *testing.B) {
+			src, keys, vals := benchData(size.n)
+			per := benchBatch / size.n
+			gbps := interleave(b, []mover{
+				rawMover(b, vals, true, nil),
+				rawMover(b, vals, true, tp),
+				tcpWith(b, "tcp", src, keys, per, 1, nil),
+				tcpWith(b, "tls", src, keys, per, 1, tp),
+				tcpWith(b, "tls2", src, keys, per, 2, tp),
+			})
+			b.ReportMetric(gbps["tls"]/gbps["tcp"], "tls/tcp")
+			b.ReportMetric(gbps["tls"]/gbps["rawtls"], "tls/rawtls")
+			b.ReportMetric(gbps["rawtls"]/gbps["raw"], "rawtls/raw")
 		})
 	}
 }

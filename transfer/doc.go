@@ -49,6 +49,47 @@
 // value size, bytes per frame) before anything is allocated for it, so a
 // hostile frame cannot make a receiver allocate without bound.
 //
+// # Security
+//
+// TLS (ServerOptions.TLS, ClientOptions.TLS): TLS 1.3 only, over the same
+// framed protocol. LoadTLS builds both configurations from PEM files
+// (TLSFiles: certificate, key, CA, ClientAuth for mutual TLS between nodes,
+// ServerName); they suit a gRPC server and client as well. The handshake
+// runs when a pooled connection opens, within the client's DialTimeout and
+// the server's HandshakeTimeout, so it is paid once per connection, not per
+// request. A TLS write cannot be vectored: crypto/tls seals each piece of a
+// response into 16 KiB records and writes each record with its own write,
+// so a response's header, table and values go out as a sequence of record
+// writes instead of one writev; BenchmarkTLS measured that this costs
+// nothing beyond crypto/tls itself (the data plane runs at crypto/tls's own
+// stream speed), and that TLS itself, AES-GCM and one copy on each side,
+// costs most of the throughput of these cores (see BENCHMARKS.md).
+//
+// Bearer tokens (ServerOptions.Tokens, ClientOptions.Token): every
+// connection opens with a hello frame that carries the client's token (none
+// when it has none), and the client sends nothing else until the server
+// answered: an ack, or an error frame of the authentication class followed
+// by closing the connection. So no request is read, let alone served, on an
+// unauthenticated connection, and the client's error says why (ErrAuth).
+// The server compares the token's SHA-256 with every accepted token's in
+// constant time. Tokens.Set rotates the set without a restart; connections
+// already accepted stay open. Over plain TCP the token travels in the clear:
+// use TLS wherever the network is not trusted.
+//
+// Mismatched ends fail at once with ErrAuth, never with a hang or a
+// deadline: a plain client of a TLS server is answered with a plain error
+// frame saying TLS is required; a TLS client of a plain server recognizes
+// the plain frame it gets back; refused certificates fail the handshake.
+// Server.Stats counts refused connections (Unauthorized).
+//
+// Shared memory is local: no TLS. Who may connect is who may open the unix
+// socket (ShmServerOptions.SocketMode, default 0600: the server's user and
+// root), narrowed, when set, to processes of given user ids (PeerUIDs,
+// checked with SO_PEERCRED) and to clients presenting a token (Tokens, in
+// the same hello as TCP's). A refused client gets no region. Each client's
+// region is its own memfd, sealed and mapped read-only by the client, so a
+// client sees only the values it asked for.
+//
 // # Deadlines and failure
 //
 // Every Get and Put runs under the caller's context bounded by the client's
