@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -9,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
@@ -139,9 +141,23 @@ func (s *PrefillSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	res := &Result{Suite: s.Name()}
 	bar := env.Progress.Bar(int64(o.Runs*(2*len(o.Fractions)-1)+len(o.Fractions)+1), "prefill")
 	defer bar.Finish()
-	rows, desc, err := s.inProcess(ctx, o, res, bar)
-	if err != nil {
-		return res, err
+	var rows []prefillRow
+	var desc string
+	var err error
+	if env.Binary != "" || len(env.Addrs) > 0 {
+		rows, desc, err = s.onNodes(ctx, env, o, res, bar)
+		if errors.Is(err, client.ErrNoEngine) {
+			res.Skip("prefill on kvmesh nodes", err)
+			rows, err = nil, nil
+		}
+		if err != nil {
+			return res, err
+		}
+	}
+	if rows == nil {
+		if rows, desc, err = s.inProcess(ctx, o, res, bar); err != nil {
+			return res, err
+		}
 	}
 	bar.Describe("prefill: sgemm peak")
 	peak := prefill.SgemmPeak(ctx, o.SgemmSize, o.SgemmRuns)
@@ -366,7 +382,7 @@ func (c *localPrefillCache) Get(ctx context.Context, keys []prefixhash.Key) ([][
 	}, nil
 }
 
-func (c *localPrefillCache) Put(ctx context.Context, _ []prefixhash.Key, blocks [][]byte) error {
+func (c *localPrefillCache) Put(ctx context.Context, _ []prefixhash.Key, _ int, blocks [][]byte) error {
 	if c.frozen.Load() {
 		return nil
 	}

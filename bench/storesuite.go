@@ -117,9 +117,11 @@ type storePath struct {
 // storePaths returns the paths the client of this build has, and why a
 // missing one is missing.
 func storePaths() (have []storePath, missing map[string]error) {
-	have = []storePath{{target: "kvmesh-net", opts: client.Options{MaxRetries: -1}}}
-	missing = map[string]error{"kvmesh-shm": fmt.Errorf("%w: the Go client of this build has no shared-memory path", ErrMissing)}
-	return have, missing
+	have = []storePath{
+		{target: "kvmesh-tcp", transport: "tcp", opts: client.Options{MaxRetries: -1, Transport: client.TransportTCP}},
+		{target: "kvmesh-shm", transport: "shm", opts: client.Options{MaxRetries: -1, Transport: client.TransportAuto}},
+	}
+	return have, nil
 }
 
 // pathShare runs load against t and, for a path over the node's data
@@ -317,7 +319,7 @@ func storeChecks(res *Result, rows []KVResult) {
 	for _, c := range []struct {
 		target, op string
 		target2    float64
-	}{{"kvmesh-net", "get", 1.2}, {"kvmesh-net", "set", 1.2}, {"kvmesh-shm", "get", 4}} {
+	}{{"kvmesh-tcp", "get", 1.2}, {"kvmesh-tcp", "set", 1.2}, {"kvmesh-shm", "get", 4}} {
 		if w, ok := worst(c.target, c.op); ok {
 			res.Checks = append(res.Checks, NewCheck(fmt.Sprintf("store: %s %s vs Redis %s, every size and concurrency", c.target, c.op, c.op),
 				"min ratio_vs_redis", w, ">=", c.target2, BackendKvmesh))

@@ -182,9 +182,9 @@ func TestStoreSuite(t *testing.T) {
 	res := runSuite(t, s, env, "limits", "store")
 	rows := table[KVResult](t, res, "store")
 	_, redisErr := exec.LookPath("redis-server")
-	want := 2
+	want := 4 // kvmesh-tcp and kvmesh-shm, GET and SET
 	if redisErr == nil {
-		want = 4
+		want = 6
 	}
 	if len(rows) != want {
 		t.Fatalf("%d rows, want %d: %+v", len(rows), want, rows)
@@ -193,8 +193,16 @@ func TestStoreSuite(t *testing.T) {
 		if r.Ops < 1 || r.Errors != 0 || r.GBps <= 0 {
 			t.Errorf("%s %s: %+v", r.Target, r.Op, r)
 		}
-		if r.Target == "kvmesh-net" && (r.RatioVsRawTCP == nil || (redisErr == nil) != (r.RatioVsRedis != nil)) {
+		if r.Target == "redis" {
+			continue
+		}
+		if (redisErr == nil) != (r.RatioVsRedis != nil) || (r.Target == "kvmesh-tcp") != (r.RatioVsRawTCP != nil) ||
+			(r.Target == "kvmesh-shm") != (r.RatioVsMemcpy != nil) {
 			t.Errorf("%s %s: ratios %+v", r.Target, r.Op, r)
+		}
+		// The node's data plane carried the load over the row's transport.
+		if r.PathShare == nil || *r.PathShare < 0.9 {
+			t.Errorf("%s %s: path_share %v", r.Target, r.Op, r.PathShare)
 		}
 	}
 	// SETs write new keys, at most MaxSetBytes of them.
@@ -204,18 +212,7 @@ func TestStoreSuite(t *testing.T) {
 	if redisErr == nil {
 		check(t, res, "min ratio_vs_redis")
 	}
-	if !strings.Contains(strings.Join(skippedWhat(res), ","), "kvmesh-shm") {
-		t.Errorf("skipped %v: the shared-memory path is missing and not reported", res.Skipped)
-	}
 	checkPNG(t, res.Plots, 2)
-}
-
-func skippedWhat(res *Result) []string {
-	var out []string
-	for _, s := range res.Skipped {
-		out = append(out, s.What)
-	}
-	return out
 }
 
 func TestLookupSuite(t *testing.T) {
@@ -321,4 +318,21 @@ func TestPidCPU(t *testing.T) {
 	if got := pidCPU(os.Getpid()); got <= 0 || got > processCPU()+time.Second {
 		t.Fatalf("pidCPU(self) = %v, processCPU %v (%d)", got, processCPU(), x)
 	}
+}
+
+func TestPrefillSuiteOnNode(t *testing.T) {
+	env := &Env{Addrs: []string{inProcessNode(t)}}
+	s := &PrefillSuite{Options: PrefillOptions{PromptTokens: 256, Runs: 1, SgemmSize: 64}}
+	res := runSuite(t, s, env, "prefill", "sgemm")
+	rows := table[prefillRow](t, res, "prefill")
+	// The node's engine has 64-token blocks: 50% is 128 tokens, 90% 192.
+	if len(rows) != 3 || rows[1].CachedTokens != 128 || rows[2].CachedTokens != 192 {
+		t.Fatalf("rows %+v", rows)
+	}
+	for _, r := range rows {
+		if r.Backend != BackendKvmesh || r.TTFTMS <= 0 || r.GFLOP <= 0 {
+			t.Errorf("row %+v", r)
+		}
+	}
+	check(t, res, "ttft_vs_cold")
 }

@@ -12,22 +12,24 @@ import (
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
-// bulk moves block payloads. Today the gRPC streams do; a data-plane
-// transport (package transfer) will implement the same two methods.
+// bulk moves block payloads: the gRPC streams (grpcBulk), or the node's
+// data plane with the gRPC streams behind it (dataBulk, dataplane.go).
 type bulk interface {
 	// get reads keys and calls fn for each block in order, misses
 	// included, stopping after the first miss when prefix is set. Every
-	// key is answered (up to that miss) or an error is returned. With
-	// fresh, each payload is a new slice the caller keeps; without it,
-	// payload and tokens are valid only during fn.
-	get(ctx context.Context, ns *kvmeshv1.Namespace, keys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error
+	// key is answered (up to that miss) or an error is returned.
+	// chunkKeys (nil: unknown) place the keys in the cluster. With fresh,
+	// each payload is a new slice the caller keeps; without it, payload
+	// and tokens are valid only during fn.
+	get(ctx context.Context, ns prefixhash.Namespace, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error
 	// put stores blocks and returns their keys in order.
-	put(ctx context.Context, ns *kvmeshv1.Namespace, blocks []putItem) ([]prefixhash.Key, error)
+	put(ctx context.Context, ns prefixhash.Namespace, blocks []putItem) ([]prefixhash.Key, error)
 }
 
 // putItem is one block to store. payload is read during put only.
 type putItem struct {
 	parent  prefixhash.Key
+	chunk   prefixhash.Key // its chunk key; zero when unknown
 	tokens  []uint32
 	payload []byte
 }
@@ -38,10 +40,16 @@ var errStream = errors.New("client: malformed stream from node")
 // grpcBulk moves payloads over CacheService's BatchGet and BatchPut streams.
 type grpcBulk struct{ c *Client }
 
-func (g *grpcBulk) get(ctx context.Context, ns *kvmeshv1.Namespace, keys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
-	req := &kvmeshv1.BatchGetRequest{Namespace: ns, Keys: make([][]byte, len(keys)), Prefix: prefix}
+func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
+	req := &kvmeshv1.BatchGetRequest{Namespace: NamespaceProto(ns), Keys: make([][]byte, len(keys)), Prefix: prefix}
 	for i := range keys {
 		req.Keys[i] = keys[i][:]
+	}
+	if chunkKeys != nil {
+		req.ChunkKeys = make([][]byte, len(chunkKeys))
+		for i := range chunkKeys {
+			req.ChunkKeys[i] = chunkKeys[i][:]
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the stream if we stop reading early
@@ -130,7 +138,7 @@ func (g *grpcBulk) get(ctx context.Context, ns *kvmeshv1.Namespace, keys []prefi
 	}
 }
 
-func (g *grpcBulk) put(ctx context.Context, ns *kvmeshv1.Namespace, blocks []putItem) ([]prefixhash.Key, error) {
+func (g *grpcBulk) put(ctx context.Context, ns prefixhash.Namespace, blocks []putItem) ([]prefixhash.Key, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := g.c.cache.BatchPut(ctx)
@@ -138,11 +146,14 @@ func (g *grpcBulk) put(ctx context.Context, ns *kvmeshv1.Namespace, blocks []put
 		return nil, err
 	}
 	chunk := g.c.opts.ChunkBytes
-	msg := &kvmeshv1.BatchPutRequest{Namespace: ns}
+	msg := &kvmeshv1.BatchPutRequest{Namespace: NamespaceProto(ns)}
 	for _, b := range blocks {
 		msg.Block = &kvmeshv1.BlockHeader{
 			Parent: b.parent[:], Tokens: b.tokens,
 			PayloadLen: uint64(len(b.payload)), PayloadChecksum: xxhash.Sum64(b.payload),
+		}
+		if !b.chunk.IsZero() {
+			msg.Block.ChunkKey = b.chunk[:]
 		}
 		for off := 0; off < len(b.payload); off += chunk {
 			msg.Data = b.payload[off:min(off+chunk, len(b.payload))]

@@ -72,7 +72,7 @@ func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, tokens []uint
 	}
 	keys := prefixhash.Keys(ns, tokens)
 	var out []Block
-	err := c.getKeys(ctx, ns, keys, true, true, func(b Block) error {
+	err := c.getKeys(ctx, ns, keys, c.chunkKeys(ctx, ns, keys), true, true, func(b Block) error {
 		if b.Found {
 			out = append(out, b)
 		}
@@ -92,16 +92,15 @@ func (c *Client) GetKeys(ctx context.Context, ns prefixhash.Namespace, keys []pr
 	if err := checkNamespace(ns); err != nil {
 		return err
 	}
-	if err := c.getKeys(ctx, ns, keys, false, false, fn); err != nil {
+	if err := c.getKeys(ctx, ns, keys, nil, false, false, fn); err != nil {
 		return fmt.Errorf("client: get: %w", err)
 	}
 	return nil
 }
 
 // getKeys splits keys into batches, each read with retries that resume after
-// the last block delivered.
-func (c *Client) getKeys(ctx context.Context, ns prefixhash.Namespace, keys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
-	nsPB := NamespaceProto(ns)
+// the last block delivered. chunkKeys, when not nil, place keys.
+func (c *Client) getKeys(ctx context.Context, ns prefixhash.Namespace, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	next := 0 // keys[:next] are delivered
@@ -109,9 +108,14 @@ func (c *Client) getKeys(ctx context.Context, ns prefixhash.Namespace, keys []pr
 	for next < len(keys) && !stop {
 		before := next
 		err := c.retry(ctx, func(ctx context.Context) error {
-			batch := keys[next:min(len(keys), next+c.opts.MaxBatchBlocks)]
+			end := min(len(keys), next+c.opts.MaxBatchBlocks)
+			batch := keys[next:end]
+			var cks []prefixhash.Key
+			if chunkKeys != nil {
+				cks = chunkKeys[next:end]
+			}
 			base := next
-			return c.bulk.get(ctx, nsPB, batch, prefix, fresh, func(b Block) error {
+			return c.bulk.get(ctx, ns, batch, cks, prefix, fresh, func(b Block) error {
 				b.Index += base
 				if err := fn(b); err != nil {
 					return &callbackError{err}
@@ -158,24 +162,30 @@ func (c *Client) Put(ctx context.Context, ns prefixhash.Namespace, tokens []uint
 	if len(payloads) > len(keys) {
 		return nil, fmt.Errorf("%w: %d payloads for %d full blocks of tokens", ErrInvalid, len(payloads), len(keys))
 	}
+	for i, p := range payloads {
+		if p != nil && len(p) != ns.BlockBytes() {
+			return nil, fmt.Errorf("%w: payload %d is %d bytes; blocks of %s hold %d", ErrInvalid, i, len(p), ns, ns.BlockBytes())
+		}
+	}
+	chunks := c.chunkKeys(ctx, ns, keys[:len(payloads)])
 	var items []putItem
 	parent := ns.Root()
 	for i, p := range payloads {
 		if p != nil {
-			if len(p) != ns.BlockBytes() {
-				return nil, fmt.Errorf("%w: payload %d is %d bytes; blocks of %s hold %d", ErrInvalid, i, len(p), ns, ns.BlockBytes())
+			it := putItem{parent: parent, tokens: tokens[i*ns.BlockTokens : (i+1)*ns.BlockTokens], payload: p}
+			if chunks != nil {
+				it.chunk = chunks[i]
 			}
-			items = append(items, putItem{parent: parent, tokens: tokens[i*ns.BlockTokens : (i+1)*ns.BlockTokens], payload: p})
+			items = append(items, it)
 		}
 		parent = keys[i]
 	}
-	nsPB := NamespaceProto(ns)
 	var stored []prefixhash.Key
 	for len(items) > 0 {
 		batch := items[:min(len(items), c.opts.MaxBatchBlocks)]
 		var got []prefixhash.Key
 		err := c.retry(ctx, func(ctx context.Context) (err error) {
-			got, err = c.bulk.put(ctx, nsPB, batch)
+			got, err = c.bulk.put(ctx, ns, batch)
 			return err
 		})
 		if err != nil {

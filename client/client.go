@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -42,7 +43,26 @@ type Options struct {
 	// DialOptions are added to Dial's (which default to an insecure
 	// transport: kvmesh runs inside a trusted network).
 	DialOptions []grpc.DialOption
+	// Transport selects how block bytes travel: TransportAuto (the
+	// default) uses the node's shared-memory socket when the client runs
+	// on the node's host, else its TCP data plane, and falls back to the
+	// next (then to gRPC) on any failure; TransportTCP skips shared memory;
+	// TransportGRPC uses the gRPC streams only.
+	Transport string
+	// VerifySharedMemory makes blocks read through shared memory have
+	// their payload checksum verified too. Default false: their header is
+	// verified (key, parent, tokens, namespace), and their payload was
+	// verified by the node when it stored it and crossed no network.
+	// Blocks read over TCP or gRPC are always verified whole.
+	VerifySharedMemory bool
 }
+
+// Transports, for Options.Transport.
+const (
+	TransportAuto = "auto"
+	TransportTCP  = "tcp"
+	TransportGRPC = "grpc"
+)
 
 func (o *Options) ensureDefaults() {
 	if o.Timeout == 0 {
@@ -66,6 +86,9 @@ func (o *Options) ensureDefaults() {
 	if o.MaxBlockBytes == 0 {
 		o.MaxBlockBytes = 64 << 20
 	}
+	if o.Transport == "" {
+		o.Transport = TransportAuto
+	}
 }
 
 // ErrInvalid is wrapped by errors about arguments the client refuses before
@@ -79,6 +102,16 @@ type Client struct {
 	cache kvmeshv1.CacheServiceClient
 	admin kvmeshv1.AdminServiceClient
 	bulk  bulk
+	// prefill is the node's PrefillService (prefill.go).
+	prefill kvmeshv1.PrefillServiceClient
+	dp      *dataPlane // nil with TransportGRPC
+
+	info struct {
+		sync.Mutex
+		node    *nodeInfo // nil until fetched, or after a data-plane failure
+		err     error     // why the last fetch failed
+		fetched time.Time
+	}
 }
 
 // Dial returns a client of the node at addr (host:port). It does not wait
@@ -93,26 +126,52 @@ func Dial(addr string, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: dial %s: %w", addr, err)
 	}
-	c := New(conn, opts)
+	c, err := newClient(conn, opts)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
 	c.conn = conn
 	return c, nil
 }
 
 // New returns a client over an existing connection, which the caller keeps
-// owning (Close does not close it).
+// owning (Close does not close it). It panics on an unknown
+// Options.Transport (Dial returns the error).
 func New(conn grpc.ClientConnInterface, opts Options) *Client {
-	opts.ensureDefaults()
-	c := &Client{
-		opts:  opts,
-		cache: kvmeshv1.NewCacheServiceClient(conn),
-		admin: kvmeshv1.NewAdminServiceClient(conn),
+	c, err := newClient(conn, opts)
+	if err != nil {
+		panic(err)
 	}
-	c.bulk = &grpcBulk{c: c}
 	return c
 }
 
-// Close closes the connection Dial opened.
+func newClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
+	opts.ensureDefaults()
+	c := &Client{
+		opts:    opts,
+		cache:   kvmeshv1.NewCacheServiceClient(conn),
+		admin:   kvmeshv1.NewAdminServiceClient(conn),
+		prefill: kvmeshv1.NewPrefillServiceClient(conn),
+	}
+	g := &grpcBulk{c: c}
+	switch opts.Transport {
+	case TransportGRPC:
+		c.bulk = g
+	case TransportAuto, TransportTCP:
+		c.dp = &dataPlane{c: c, shm: opts.Transport == TransportAuto}
+		c.bulk = &dataBulk{c: c, dp: c.dp, grpc: g}
+	default:
+		return nil, fmt.Errorf("%w: Options.Transport %q: want auto, tcp or grpc", ErrInvalid, opts.Transport)
+	}
+	return c, nil
+}
+
+// Close closes the data-plane connections and the connection Dial opened.
 func (c *Client) Close() error {
+	if c.dp != nil {
+		c.dp.close()
+	}
 	if c.conn == nil {
 		return nil
 	}

@@ -14,9 +14,28 @@
 // stream cut off midway resumes after the last block it delivered. Retries are
 // bounded by Options.MaxRetries with exponential backoff.
 //
-// Bulk bytes (Get and Put payloads) go through a small internal seam, so that
-// a data-plane fast path (package transfer: TCP framing, same-host shared
-// memory) can take them without changing this API.
+// Block bytes (Get and Put payloads) take the node's data plane (package
+// transfer; dataplane.go) when it has one: on the node's host, its shared
+// memory (the node copies blocks into a region this process maps read-only;
+// blocks are handed out in place, valid during the callback of GetKeys);
+// elsewhere its TCP data plane; and the gRPC streams when neither works, or
+// with Options.Transport set to TransportGRPC. A transport that fails moves
+// the call to the next one and is left alone for a while. The data plane
+// serves the node's own tiers: what the node lacks is read through BatchGet,
+// which reaches the rest of the cluster, and blocks put through it are then
+// published (Publish) so that the node pushes them to their owners. Where
+// the data plane is, the node's host id and the cluster's chunk size come
+// from Members, asked once a minute at most.
+//
+// Every block is verified before it is handed out: its header (checksum;
+// key = H(parent ‖ tokens), the key asked for; the namespace and layout)
+// always, its payload checksum when it crossed a socket (and through shared
+// memory with Options.VerifySharedMemory).
+//
+// Reads of a prompt (Get) and Put send each block's chunk key (placement:
+// see proto/kvmesh/v1/cache.proto), computed from the chain with the
+// cluster's chunk size; GetKeys and Exists, given keys alone, do not, and the
+// node then asks every member.
 //
 // A Client is safe for concurrent use.
 package client

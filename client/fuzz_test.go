@@ -63,9 +63,9 @@ func FuzzGetFrames(f *testing.F) {
 			}
 			data = data[1+n:]
 		}
-		c := New(nil, Options{MaxBlockBytes: 1 << 16})
+		c := New(nil, Options{MaxBlockBytes: 1 << 16, Transport: TransportGRPC})
 		c.cache = &frameNode{frames: frames}
-		_ = c.bulk.get(context.Background(), NamespaceProto(testNS), keys, false, false, func(b Block) error {
+		_ = c.bulk.get(context.Background(), testNS, keys, nil, false, false, func(b Block) error {
 			if b.Key != keys[b.Index] {
 				t.Fatalf("delivered block %d with key %s, asked for %s", b.Index, b.Key, keys[b.Index])
 			}

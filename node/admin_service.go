@@ -17,19 +17,41 @@ type adminService struct {
 	n *Node
 }
 
-// Members answers with this node alone: a single node has no peers yet.
+// Members lists every live member, this node first, with its state,
+// addresses and tiers (used bytes for this node only). A node built by New
+// answers with itself alone.
 func (s *adminService) Members(context.Context, *kvmeshv1.MembersRequest) (*kvmeshv1.MembersResponse, error) {
+	n := s.n
 	self := &kvmeshv1.Member{
-		Id:       s.n.opts.NodeID,
+		Id:       n.opts.NodeID,
 		State:    "alive",
-		GrpcAddr: s.n.GRPCAddr(),
-		HttpAddr: s.n.HTTPAddr(),
-		Version:  s.n.opts.Version,
+		GrpcAddr: n.GRPCAddr(),
+		HttpAddr: n.HTTPAddr(),
+		Version:  n.opts.Version,
 	}
-	for _, t := range s.n.cache.Stats().Tiers {
+	for _, t := range n.cache.Stats().Tiers {
 		self.Tiers = append(self.Tiers, &kvmeshv1.TierCapacity{Name: t.Name, CapacityBytes: uint64(t.Capacity), UsedBytes: uint64(t.Bytes)})
 	}
-	return &kvmeshv1.MembersResponse{SelfId: s.n.opts.NodeID, Members: []*kvmeshv1.Member{self}}, nil
+	resp := &kvmeshv1.MembersResponse{SelfId: n.opts.NodeID, Members: []*kvmeshv1.Member{self}, ChunkTokens: uint32(n.opts.ChunkTokens)}
+	c := n.cluster
+	if c == nil {
+		return resp, nil
+	}
+	self.GrpcAddr, self.HttpAddr, self.DataAddr = c.grpcAddr, c.httpAddr, c.dataAddr
+	self.GossipAddr, self.ShmSocket, self.HostId, self.RdmaDevices = c.members.GossipAddr(), c.shmPath, c.hostID, c.rdma
+	ms, _ := c.members.Members()
+	for _, m := range ms {
+		if m.ID == n.opts.NodeID {
+			self.State = m.State
+			continue
+		}
+		resp.Members = append(resp.Members, &kvmeshv1.Member{
+			Id: m.ID, State: m.State, GrpcAddr: m.Meta.GRPCAddr, HttpAddr: m.Meta.HTTPAddr, DataAddr: m.Meta.DataAddr,
+			GossipAddr: m.GossipAddr, Version: m.Meta.Version, RdmaDevices: m.Meta.RDMA,
+			Tiers: []*kvmeshv1.TierCapacity{{Name: "dram", CapacityBytes: uint64(m.Meta.DRAMBytes)}, {Name: "nvme", CapacityBytes: uint64(m.Meta.NVMeBytes)}},
+		})
+	}
+	return resp, nil
 }
 
 func (s *adminService) DropNamespace(_ context.Context, req *kvmeshv1.DropNamespaceRequest) (*kvmeshv1.DropNamespaceResponse, error) {

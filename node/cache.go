@@ -3,37 +3,75 @@ package node
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
-// Cache is the node's local cache as the services use it: store.Local, seen
-// through a thin adapter. Blocks go in and come out encoded (store.Encode):
-// a header that names the key, parent, tokens and layout, then the payload.
+// Cache is the cache as the services use it: in production the cluster as
+// this node sees it (store.Cluster over store.Local, see Open); in tests an
+// in-memory fake. Blocks go in and come out encoded (store.Encode): a header
+// that names the key, parent, tokens and layout, then the payload.
+//
+// Placement needs chunk keys (see store.Cluster): a block's chunk key is the
+// key of the first block of its placement chunk in its prompt. Methods that
+// reach other nodes turn a dead, slow or partitioned peer into a miss within
+// their deadline, never into an error.
 //
 // All methods are safe for concurrent use.
 type Cache interface {
-	// Put verifies and stores an encoded block. block is not retained after
-	// Put returns. Errors wrap ErrFull when there is no room (after
-	// eviction), store.ErrTooLarge or store.ErrCorrupt (also for a block
-	// that does not fit its namespace's layout), ErrClosed after Close.
-	Put(ctx context.Context, block []byte) error
-	// Get returns the encoded block stored under key, verified, pinned until
-	// Ref.Release. A miss is an error wrapping ErrNotFound.
+	// Put verifies and stores an encoded block here and, in a cluster,
+	// queues it for the owners of its placement chunk, chunkKey (it never
+	// waits for them). block is not retained after Put returns. Errors wrap
+	// ErrFull when there is no room (after eviction), store.ErrTooLarge or
+	// store.ErrCorrupt (also for a block that does not fit its namespace's
+	// layout), ErrClosed after Close.
+	Put(ctx context.Context, block []byte, chunkKey prefixhash.Key) error
+	// Get returns the encoded block stored under key on this node,
+	// verified, pinned until Ref.Release. A miss is an error wrapping
+	// ErrNotFound.
 	Get(ctx context.Context, key prefixhash.Key) (Ref, error)
-	// Contains reports whether key is cached.
-	Contains(key prefixhash.Key) bool
-	// LongestPrefix returns how many leading keys of a chain are cached.
+	// Read returns the encoded blocks of keys from wherever the cache
+	// reaches: blocks[i] is nil on a miss. chunkKeys[i] places keys[i]; nil
+	// means unknown (a cluster then asks every member). Remote reads end by
+	// remoteBy (zero: the cache's own timeout). The blocks are read-only and
+	// valid until release, which is non-nil when err is nil and must be
+	// called once. The error is the context's or ErrClosed.
+	Read(ctx context.Context, keys, chunkKeys []prefixhash.Key, remoteBy time.Time) (blocks [][]byte, release func(), err error)
+	// Exists reports which keys are cached anywhere the cache reaches;
+	// chunkKeys as in Read.
+	Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) ([]bool, error)
+	// Locate returns where each block of the longest cached prefix of
+	// chain (a prompt's keys from block 0, blocks of blockTokens tokens)
+	// is: one Location per cached block.
+	Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) []Location
+	// Publish queues the blocks of keys held on this node for the owners
+	// of their chunks (chunkKeys, one per key) and returns how many it
+	// queued. Blocks that arrived through the data plane, which carries no
+	// placement, need it.
+	Publish(ctx context.Context, keys, chunkKeys []prefixhash.Key) (int, error)
+	// ChunkBlocks returns the number of blocks of a placement chunk for
+	// blocks of blockTokens tokens.
+	ChunkBlocks(blockTokens int) int
+	// LongestPrefix returns how many leading keys of keys are cached on
+	// this node (its own tiers only: peers ask it this).
 	LongestPrefix(keys []prefixhash.Key) int
-	// Info describes a cached block without reading it.
+	// Info describes a block cached on this node without reading it.
 	Info(key prefixhash.Key) (BlockInfo, bool)
 	// DropNamespace removes every block whose header carries the namespace
-	// digest and returns how many it removed.
+	// digest from this node and returns how many it removed.
 	DropNamespace(digest uint64) (int, error)
-	// Stats returns the cache's counters.
+	// Stats returns this node's counters.
 	Stats() CacheStats
 	// Close releases the cache; persistent tiers are made durable first.
 	Close() error
+}
+
+// Location is where a cached block is: on this node (Node empty), in Tier,
+// or on another node (Tier unknown, empty).
+type Location struct {
+	Node string
+	Tier string
 }
 
 // Ref pins one block read from a Cache.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -27,14 +28,14 @@ func (s *cacheService) Lookup(ctx context.Context, req *kvmeshv1.LookupRequest) 
 	if err != nil {
 		return nil, err
 	}
-	hit := s.n.cache.LongestPrefix(keys)
-	blocks := make([]*kvmeshv1.CachedBlock, 0, hit)
-	for _, k := range keys[:hit] {
-		info, ok := s.n.cache.Info(k)
-		if !ok {
-			break // evicted since LongestPrefix: the prefix ends here
+	locs := s.n.cache.Locate(ctx, keys, ns.BlockTokens)
+	blocks := make([]*kvmeshv1.CachedBlock, len(locs))
+	for i, l := range locs {
+		node := l.Node
+		if node == "" {
+			node = s.n.opts.NodeID
 		}
-		blocks = append(blocks, &kvmeshv1.CachedBlock{Key: keyBytes(k), NodeId: s.n.opts.NodeID, Tier: info.Tier})
+		blocks[i] = &kvmeshv1.CachedBlock{Key: keyBytes(keys[i]), NodeId: node, Tier: l.Tier}
 	}
 	cached := len(blocks) * ns.BlockTokens
 	s.n.metrics.promptTokens.Add(float64(len(req.GetTokens())))
@@ -48,62 +49,109 @@ func (s *cacheService) Lookup(ctx context.Context, req *kvmeshv1.LookupRequest) 
 	}, nil
 }
 
+// maxReadWindow bounds the bytes of blocks a BatchGet holds at once: read
+// from the cache (pinned, or fetched from peers into memory) and not yet
+// sent.
+const maxReadWindow = 64 * MiB
+
 func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.CacheService_BatchGetServer) error {
 	ns, err := s.n.namespace(req.GetNamespace())
 	if err != nil {
 		return err
 	}
-	var keys []prefixhash.Key
+	var keys, chunkKeys []prefixhash.Key
 	switch {
 	case len(req.GetKeys()) > 0 && len(req.GetTokens()) > 0:
 		return invalid("keys", "set keys or tokens, not both")
 	case len(req.GetKeys()) > 0:
-		keys, err = s.n.parseKeys("keys", req.GetKeys())
-	default:
-		keys, err = s.n.promptKeys(ns, req.GetTokens())
-	}
-	if err != nil {
-		return err
-	}
-	ctx := stream.Context()
-	var frame kvmeshv1.BatchGetResponse
-	for i, k := range keys {
-		if err := ctx.Err(); err != nil {
+		if keys, err = s.n.parseKeys("keys", req.GetKeys()); err != nil {
 			return err
 		}
-		found, err := s.sendBlock(ctx, stream, &frame, ns, uint32(i), k)
+		if chunkKeys, err = s.n.parseChunkKeys(req.GetChunkKeys(), len(keys)); err != nil {
+			return err
+		}
+	default:
+		if len(req.GetChunkKeys()) > 0 {
+			return invalid("chunk_keys", "only with keys: a prompt's chunk keys follow from its tokens")
+		}
+		if keys, err = s.n.promptKeys(ns, req.GetTokens()); err != nil {
+			return err
+		}
+		chunkKeys = chainChunkKeys(keys, s.n.cache.ChunkBlocks(ns.BlockTokens))
+	}
+	ctx := stream.Context()
+	// The remote part of the whole request is bounded once, so that a
+	// dead peer costs one GetTimeout, not one per window.
+	remoteBy := time.Now().Add(s.n.opts.GetTimeout)
+	// Windows grow from one block, so that the first block leaves at once,
+	// to maxReadWindow bytes.
+	maxWindow := max(1, maxReadWindow/store.EncodedLen(ns.BlockTokens, ns.BlockBytes()))
+	var frame kvmeshv1.BatchGetResponse
+	for lo, window := 0, 1; lo < len(keys); lo, window = lo+window, min(2*window, maxWindow) {
+		hi := min(lo+window, len(keys))
+		var cks []prefixhash.Key
+		if chunkKeys != nil {
+			cks = chunkKeys[lo:hi]
+		}
+		blocks, release, err := s.n.cache.Read(ctx, keys[lo:hi], cks, remoteBy)
 		if err != nil {
 			return err
 		}
-		if !found && req.GetPrefix() {
-			return nil
+		stop, err := s.sendWindow(ctx, stream, &frame, ns, lo, keys[lo:hi], blocks, req.GetPrefix())
+		release()
+		if err != nil || stop {
+			return err
 		}
 	}
 	return nil
 }
 
-// sendBlock streams block key as request index i: one miss frame, or the
-// block in chunks of at most ChunkBytes payload bytes. The block stays
-// pinned until its last frame is sent (Send copies the message).
-func (s *cacheService) sendBlock(ctx context.Context, stream kvmeshv1.CacheService_BatchGetServer,
-	frame *kvmeshv1.BatchGetResponse, ns prefixhash.Namespace, i uint32, key prefixhash.Key) (bool, error) {
+// sendWindow streams the blocks read for keys, the request's keys from index
+// base on. It reports stop when prefix is set and a miss ended the stream.
+func (s *cacheService) sendWindow(ctx context.Context, stream kvmeshv1.CacheService_BatchGetServer, frame *kvmeshv1.BatchGetResponse,
+	ns prefixhash.Namespace, base int, keys []prefixhash.Key, blocks [][]byte, prefix bool) (stop bool, err error) {
+	for j, k := range keys {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		found, err := s.sendBlock(stream, frame, ns, uint32(base+j), k, blocks[j])
+		if err != nil {
+			return false, err
+		}
+		if !found && prefix {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// chainChunkKeys returns the chunk key of every block of a chain from block
+// 0, with chunkBlocks blocks per chunk.
+func chainChunkKeys(chain []prefixhash.Key, chunkBlocks int) []prefixhash.Key {
+	out := make([]prefixhash.Key, len(chain))
+	for i := range chain {
+		out[i] = prefixhash.ChunkKey(chain, i, chunkBlocks)
+	}
+	return out
+}
+
+// sendBlock streams encoded block b (nil: a miss) as request index i: one
+// miss frame, or the block in chunks of at most ChunkBytes payload bytes. b
+// must stay valid until sendBlock returns (Send copies the message).
+func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, frame *kvmeshv1.BatchGetResponse,
+	ns prefixhash.Namespace, i uint32, key prefixhash.Key, b []byte) (bool, error) {
 	miss := func() (bool, error) {
 		*frame = kvmeshv1.BatchGetResponse{Index: i, Key: key[:], Last: true}
 		return false, stream.Send(frame)
 	}
-	ref, err := s.n.cache.Get(ctx, key)
-	if errors.Is(err, ErrNotFound) {
+	if b == nil {
 		return miss()
 	}
-	if err != nil {
-		return false, err
-	}
-	defer ref.Release()
-	b, err := store.Decode(ref.Bytes(), 0)
+	blk, err := store.Decode(b, 0)
 	if err == nil {
-		err = b.CheckNamespace(ns)
+		err = blk.CheckNamespace(ns)
 	}
-	if err == nil && b.Key != key {
+	if err == nil && blk.Key != key {
 		err = errors.New("block key differs from the key asked for")
 	}
 	if err != nil {
@@ -114,10 +162,10 @@ func (s *cacheService) sendBlock(ctx context.Context, stream kvmeshv1.CacheServi
 		return miss()
 	}
 	chunk := s.n.opts.ChunkBytes
-	payload := b.Payload
+	payload := blk.Payload
 	*frame = kvmeshv1.BatchGetResponse{
-		Index: i, Key: key[:], Found: true, Parent: b.Parent[:], Tokens: b.Tokens,
-		PayloadLen: uint64(len(payload)), PayloadChecksum: b.Checksum,
+		Index: i, Key: key[:], Found: true, Parent: blk.Parent[:], Tokens: blk.Tokens,
+		PayloadLen: uint64(len(payload)), PayloadChecksum: blk.Checksum,
 	}
 	for off := 0; ; {
 		end := min(off+chunk, len(payload))
@@ -140,6 +188,8 @@ func (s *cacheService) sendBlock(ctx context.Context, stream kvmeshv1.CacheServi
 type putBlock struct {
 	index  int
 	parent prefixhash.Key
+	chunk  prefixhash.Key // its chunk key, when the header named one
+	pos    int            // its position in its prompt, -1 when unknown
 	tokens []uint32
 	sum    uint64 // the client's payload checksum, 0 when not given
 	buf    []byte // header room, then the payload as it arrives
@@ -148,6 +198,23 @@ type putBlock struct {
 }
 
 func (b *putBlock) payload() []byte { return b.buf[b.hl:] }
+
+// chunkKey returns the chunk key of the block, whose key is key: the one its
+// header named; else, when its position is known, the key of the first
+// block of its chunk (*start, updated here as chunks begin); else its own
+// key (the block is taken to start a chunk).
+func (b *putBlock) chunkKey(key prefixhash.Key, start *prefixhash.Key, chunkBlocks int) prefixhash.Key {
+	if b.pos >= 0 && b.pos%chunkBlocks == 0 {
+		*start = key
+	}
+	switch {
+	case !b.chunk.IsZero():
+		return b.chunk
+	case b.pos >= 0:
+		return *start
+	}
+	return key
+}
 
 func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) error {
 	ctx := stream.Context()
@@ -159,6 +226,9 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 		buf    []byte // reused for every block of the stream
 		keys   [][]byte
 		blocks int
+		next   = 0            // position of the next block in its prompt, -1 when unknown
+		chunk  prefixhash.Key // chunk key of the chunk the known positions are in
+		cb     = 0            // blocks per chunk
 	)
 	for {
 		msg, err := stream.Recv()
@@ -177,6 +247,7 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 					return err
 				}
 				nsPB, prev = pb, ns.Root()
+				cb = s.n.cache.ChunkBlocks(ns.BlockTokens)
 			} else if !proto.Equal(pb, nsPB) {
 				return invalid("namespace", "changed within the stream; send one stream per namespace")
 			}
@@ -191,6 +262,15 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 			}
 			if cur, err = s.startBlock(ns, h, blocks, prev, &buf); err != nil {
 				return err
+			}
+			// A stream that has named no parent is a prompt from block
+			// 0: its blocks' positions, hence chunk keys, are known.
+			if len(h.GetParent()) > 0 {
+				next = -1
+			}
+			cur.pos = next
+			if next >= 0 {
+				next++
 			}
 			blocks++
 		}
@@ -212,7 +292,7 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 				return invalid("block.payload_checksum", "block %d: payload checksum %016x, received bytes hash to %016x",
 					cur.index, cur.sum, h.Checksum)
 			}
-			if err := s.n.cache.Put(ctx, cur.buf); err != nil {
+			if err := s.n.cache.Put(ctx, cur.buf, cur.chunkKey(key, &chunk, cb)); err != nil {
 				return err
 			}
 			s.n.metrics.blocks.WithLabelValues("put").Inc()
@@ -236,6 +316,13 @@ func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHead
 			return nil, err
 		}
 	}
+	var chunk prefixhash.Key
+	if len(h.GetChunkKey()) > 0 {
+		var err error
+		if chunk, err = parseKey("block.chunk_key", h.GetChunkKey()); err != nil {
+			return nil, err
+		}
+	}
 	if len(h.GetTokens()) != ns.BlockTokens {
 		return nil, invalid("block.tokens", "block %d has %d tokens; blocks of this namespace hold block_tokens=%d",
 			index, len(h.GetTokens()), ns.BlockTokens)
@@ -249,19 +336,42 @@ func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHead
 	if cap(*buf) < size {
 		*buf = make([]byte, size)
 	}
-	return &putBlock{index: index, parent: parent, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), buf: (*buf)[:size], hl: hl}, nil
+	return &putBlock{index: index, parent: parent, chunk: chunk, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), buf: (*buf)[:size], hl: hl}, nil
 }
 
-func (s *cacheService) Exists(_ context.Context, req *kvmeshv1.ExistsRequest) (*kvmeshv1.ExistsResponse, error) {
+func (s *cacheService) Exists(ctx context.Context, req *kvmeshv1.ExistsRequest) (*kvmeshv1.ExistsResponse, error) {
 	keys, err := s.n.parseKeys("keys", req.GetKeys())
 	if err != nil {
 		return nil, err
 	}
-	present := make([]bool, len(keys))
-	for i, k := range keys {
-		present[i] = s.n.cache.Contains(k)
+	chunkKeys, err := s.n.parseChunkKeys(req.GetChunkKeys(), len(keys))
+	if err != nil {
+		return nil, err
+	}
+	present, err := s.n.cache.Exists(ctx, keys, chunkKeys)
+	if err != nil {
+		return nil, err
 	}
 	return &kvmeshv1.ExistsResponse{Present: present}, nil
+}
+
+func (s *cacheService) Publish(ctx context.Context, req *kvmeshv1.PublishRequest) (*kvmeshv1.PublishResponse, error) {
+	keys, err := s.n.parseKeys("keys", req.GetKeys())
+	if err != nil {
+		return nil, err
+	}
+	if len(req.GetChunkKeys()) != len(keys) {
+		return nil, invalid("chunk_keys", "%d chunk keys for %d keys; give one per key", len(req.GetChunkKeys()), len(keys))
+	}
+	chunkKeys, err := s.n.parseChunkKeys(req.GetChunkKeys(), len(keys))
+	if err != nil {
+		return nil, err
+	}
+	n, err := s.n.cache.Publish(ctx, keys, chunkKeys)
+	if err != nil {
+		return nil, err
+	}
+	return &kvmeshv1.PublishResponse{Queued: uint32(n)}, nil
 }
 
 func (s *cacheService) Stats(context.Context, *kvmeshv1.StatsRequest) (*kvmeshv1.StatsResponse, error) {
@@ -275,7 +385,8 @@ func (s *cacheService) Stats(context.Context, *kvmeshv1.StatsRequest) (*kvmeshv1
 		resp.Tiers = append(resp.Tiers, &kvmeshv1.TierStats{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.Capacity)})
 	}
 	for _, x := range st.Namespaces {
-		resp.Namespaces = append(resp.Namespaces, &kvmeshv1.NamespaceStats{Digest: x.Digest, Blocks: uint64(x.Blocks), Bytes: uint64(x.Bytes), Tokens: uint64(x.Tokens)})
+		resp.Namespaces = append(resp.Namespaces, &kvmeshv1.NamespaceStats{Digest: x.Digest, Blocks: uint64(x.Blocks), Bytes: uint64(x.Bytes), Tokens: uint64(x.Tokens),
+			Model: s.n.names.model(x.Digest)})
 	}
 	return resp, nil
 }

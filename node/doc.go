@@ -4,11 +4,42 @@
 // cluster, memberlist); it wires the cache, the transfer engine and the
 // prefill engine together.
 //
-// A Node serves kvmesh.v1.CacheService and kvmesh.v1.AdminService over a
-// Cache, with gRPC health checking and server reflection on, and an HTTP
+// A Node serves kvmesh.v1.CacheService, AdminService, PeerService and
+// PrefillService over a Cache, with gRPC health checking and server reflection on, and an HTTP
 // server with /metrics (every metric named kvmesh_*) and /healthz. Open builds
-// the production node: store.Local over a DRAM tier and an NVMe tier under
-// Options.DataDir; New serves any Cache (tests use an in-memory one).
+// the production node; New serves any Cache alone (tests use an in-memory
+// one).
+//
+// # The cluster
+//
+// Open wires store.Cluster over store.Local (a DRAM tier and an NVMe tier
+// under Options.DataDir) and everything that reaches the other nodes:
+//
+//   - Membership (membership.go): memberlist on GossipAddr, joined through
+//     the Join seeds, gossiping MemberMeta (gRPC, HTTP and data addresses,
+//     tier capacities, RDMA devices). Seeds that do not answer and members
+//     that failed are asked again every ReconnectInterval, so a node may
+//     start before its seeds and a partition heals. The node id is kept in
+//     DataDir/node-id. The live members, weighted by capacity, are
+//     store.Cluster's placement.
+//   - The data plane (dataplane.go): a transfer.Server on DataAddr and a
+//     transfer.ShmServer on ShmSocket, serving this node's own tiers (never
+//     the cluster: an owner that fanned out again could loop). Gets pin
+//     blocks with Local.GetMany until they are written; pushed blocks must
+//     be the block their key names and pass Local.Put's verification;
+//     lookup frames count leading keys of runs.
+//   - Peers (peers.go), store.Peers: per member, a transfer.Client made on
+//     first use from its gossiped address and closed when it leaves. A peer
+//     whose call failed is skipped for PeerBackoff, so a dead or
+//     partitioned node costs one deadline per backoff, not one per request.
+//
+// The services go through the cluster: Lookup locates each block of the
+// prefix (one lookup request per owner), BatchGet reads local blocks and
+// fetches the rest from their owners in windows of at most 64 MiB whose
+// remote part is bounded by GetTimeout as a whole, BatchPut stores each block
+// and queues it for its owners (chunk keys: see cache.proto), Exists and
+// Publish likewise. Misses from dead, slow or partitioned peers are misses,
+// never errors.
 //
 // # Requests
 //
@@ -28,17 +59,48 @@
 // in memory. BatchGet pins one block at a time and cuts its payload into
 // frames of at most ChunkBytes, so no message exceeds MaxMessageBytes.
 //
+// # Prefill
+//
+// Unless Options.Prefill.Disabled, the node also serves
+// kvmesh.v1.PrefillService with the bundled engine (package prefill) over
+// its own Cache, through an adapter (engineCache): the engine's lookups and
+// publications reach whatever the node's cache reaches. A synchronous
+// Prefill runs at once (Options.Prefill.Concurrency at a time). A queued one
+// (queue=true) is stored in a pebble database under DataDir/prefill-queue
+// and answered with a request id; one worker runs queued requests in order
+// with Engine.PrefillBackground. The rule: queued work computes only while
+// no synchronous request is being handled (from the handler's start to its
+// answer, then a 5ms grace), in chunks whose computation a synchronous
+// request cancels at the forward pass's next check (products are cut to
+// about 32 MFLOP); the chunk is redone afterwards from the K/V kept in
+// memory, and every finished chunk's blocks are published at once. A stopping node interrupts the queued
+// request first; it is still recorded as running and runs again (from its
+// published blocks) when the node reopens the data dir. The queue holds at
+// most QueueSize requests not yet done (ResourceExhausted beyond); results
+// are kept ResultTTL (and at most MaxResults). The session field or the
+// x-session-affinity header is echoed, logged and counted
+// (kvmesh_prefill_session_hints_total) as a routing hint; lookups never use
+// it. An empty prompt, a token outside the vocabulary or a prompt longer
+// than the model's context is InvalidArgument naming "tokens".
+//
 // # Deadlines and shutdown
 //
 // Every request runs under the client's deadline and at most RequestTimeout;
 // a cancelled request stops at the next block and releases its pin. Serve
 // returns when its context ends: health turns NOT_SERVING, /healthz answers
-// 503, requests in flight get ShutdownTimeout to finish, then are cancelled,
-// and the cache is closed only after every handler has returned.
+// 503, requests in flight get ShutdownTimeout to finish, then are cancelled;
+// a node of a cluster then pushes what is queued, hands its DRAM blocks to
+// the owners they get without it (up to HandoffBytes) and leaves the
+// membership, within ShutdownTimeout; last the data plane, the peers and
+// gossip stop and the cache is closed, after every handler has returned.
 //
 // # Concurrency
 //
 // Handlers run concurrently on gRPC's goroutines and share only the Cache
 // (safe for concurrent use) and the metrics. Serve owns the two server
-// goroutines and waits for them before it returns.
+// goroutines and waits for them before it returns. The cluster's goroutines
+// (transfer servers, memberlist and its refresher and reconnector, the peers'
+// pruner, store.Cluster's pushers) belong to the Cache, whose Close stops
+// and waits for them. memberlist's callbacks run under its lock: they copy
+// what they need and never call back into memberlist.
 package node

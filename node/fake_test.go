@@ -2,9 +2,11 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
@@ -13,9 +15,10 @@ import (
 // fakeCache is an in-memory Cache for tests: a map of verified blocks with a
 // byte budget, counting pins so that tests can check every Ref is released.
 type fakeCache struct {
-	capacity int64
-	pins     atomic.Int64
-	gets     atomic.Int64
+	capacity    int64
+	chunkTokens int // placement chunk size; 0: the default
+	pins        atomic.Int64
+	gets        atomic.Int64
 	// gate, when set, runs before the n-th Get (from 1) and may block it.
 	gate   func(ctx context.Context, n int64) error
 	closed atomic.Int32
@@ -23,6 +26,8 @@ type fakeCache struct {
 	mu struct {
 		sync.Mutex
 		blocks       map[prefixhash.Key][]byte
+		chunkOf      map[prefixhash.Key]prefixhash.Key // the chunk key each block was put with
+		published    map[prefixhash.Key]prefixhash.Key
 		bytes        int64
 		hits, misses int64
 	}
@@ -31,16 +36,19 @@ type fakeCache struct {
 func newFakeCache(capacity int64) *fakeCache {
 	c := &fakeCache{capacity: capacity}
 	c.mu.blocks = make(map[prefixhash.Key][]byte)
+	c.mu.chunkOf = make(map[prefixhash.Key]prefixhash.Key)
+	c.mu.published = make(map[prefixhash.Key]prefixhash.Key)
 	return c
 }
 
-func (c *fakeCache) Put(_ context.Context, block []byte) error {
+func (c *fakeCache) Put(_ context.Context, block []byte, chunkKey prefixhash.Key) error {
 	b, err := store.Decode(block, 0)
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.mu.chunkOf[b.Key] = chunkKey
 	if _, ok := c.mu.blocks[b.Key]; ok {
 		return nil
 	}
@@ -80,6 +88,65 @@ func (c *fakeCache) Get(ctx context.Context, key prefixhash.Key) (Ref, error) {
 	c.mu.hits++
 	c.pins.Add(1)
 	return &fakeRef{c: c, b: b}, nil
+}
+
+// Read reads keys one by one through Get (and its gate); chunk keys and
+// remoteBy do not matter to a single node.
+func (c *fakeCache) Read(ctx context.Context, keys, _ []prefixhash.Key, _ time.Time) ([][]byte, func(), error) {
+	blocks := make([][]byte, len(keys))
+	var refs []Ref
+	release := func() {
+		for _, r := range refs {
+			r.Release()
+		}
+	}
+	for i, k := range keys {
+		r, err := c.Get(ctx, k)
+		switch {
+		case err == nil:
+			refs = append(refs, r)
+			blocks[i] = r.Bytes()
+		case errors.Is(err, ErrNotFound):
+		default:
+			release()
+			return nil, nil, err
+		}
+	}
+	return blocks, release, nil
+}
+
+func (c *fakeCache) Exists(_ context.Context, keys, _ []prefixhash.Key) ([]bool, error) {
+	out := make([]bool, len(keys))
+	for i, k := range keys {
+		out[i] = c.Contains(k)
+	}
+	return out, nil
+}
+
+func (c *fakeCache) Locate(_ context.Context, chain []prefixhash.Key, _ int) []Location {
+	n := c.LongestPrefix(chain)
+	out := make([]Location, n)
+	for i := range out {
+		out[i].Tier = "dram"
+	}
+	return out
+}
+
+func (c *fakeCache) Publish(_ context.Context, keys, chunkKeys []prefixhash.Key) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for i, k := range keys {
+		if _, ok := c.mu.blocks[k]; ok {
+			c.mu.published[k] = chunkKeys[i]
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (c *fakeCache) ChunkBlocks(blockTokens int) int {
+	return prefixhash.ChunkBlocks(blockTokens, c.chunkTokens)
 }
 
 func (c *fakeCache) Contains(key prefixhash.Key) bool {

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/kvmesh/kvmesh/store"
 )
 
 // MemberMeta is what a node gossips about itself: where to reach it and what
@@ -24,6 +26,7 @@ import (
 // memberlist.MetaMaxSize bytes).
 type MemberMeta struct {
 	GRPCAddr  string   `json:"grpc"`
+	HTTPAddr  string   `json:"http,omitempty"`
 	DataAddr  string   `json:"data,omitempty"`
 	DRAMBytes int64    `json:"dram"`
 	NVMeBytes int64    `json:"nvme"`
@@ -35,8 +38,11 @@ type MemberMeta struct {
 type MemberInfo struct {
 	ID         string
 	GossipAddr string
-	State      string // "alive", "suspect", "dead" or "left"
-	Meta       MemberMeta
+	// State is "alive": the snapshot holds the members memberlist believes
+	// live (it may suspect one; it does not report suspicion), and a member
+	// that failed or left is dropped from it.
+	State string
+	Meta  MemberMeta
 }
 
 // Weight is the member's placement weight: the bytes it offers to the cache.
@@ -50,17 +56,31 @@ type MembershipOptions struct {
 	// GossipAddr is the host:port memberlist binds (UDP and TCP). Port 0
 	// picks a free port. Default 127.0.0.1:7603.
 	GossipAddr string
+	// AdvertiseAddr is the IP other members reach this one at. Default: the
+	// GossipAddr host, or, when that is unspecified (0.0.0.0), a private
+	// IP of the host (memberlist's choice).
+	AdvertiseAddr string
 	// Join lists seeds (host:port of other members' gossip addresses).
 	// Empty: start a new cluster.
 	Join []string
+	// RetryJoin starts the node alone when no seed answers, instead of
+	// failing with ErrJoin, and keeps trying the seeds in the background.
+	RetryJoin bool
+	// ReconnectInterval is how often the seeds not in the cluster, and the
+	// members that failed in the last ReconnectFor, are asked to join again
+	// (so that a partition heals, and a node that started before its seeds
+	// finds them). Default 10s, 1s with Fast.
+	ReconnectInterval time.Duration
+	// ReconnectFor is how long a failed member is tried again. Default 1h.
+	ReconnectFor time.Duration
 	// SecretKey, when set, encrypts gossip with AES-GCM; it must be 16, 24
 	// or 32 bytes. Nodes with a different key cannot join.
 	SecretKey []byte
 	// Meta is gossiped to the other members.
 	Meta MemberMeta
-	// Fast selects memberlist's loopback timings (probe every second, 200ms
-	// probe timeout) instead of its LAN timings. For tests and single-host
-	// clusters.
+	// Fast selects loopback timings (probe every 500ms, 200ms probe
+	// timeout, a failure confirmed within about 2s) instead of memberlist's
+	// LAN timings. For tests and single-host clusters.
 	Fast bool
 	// Logger receives memberlist's log lines. Default slog.Default().
 	Logger *slog.Logger
@@ -81,18 +101,39 @@ type Membership struct {
 	meta []byte
 	log  *slog.Logger
 
+	name      string // this node's id
+	seeds     []string
+	reconnect time.Duration // interval
+	retryFor  time.Duration
+
 	kick      chan struct{} // memberlist events, coalesced; drained by the refresher
 	stop      chan struct{}
-	done      chan struct{}
+	done      chan struct{} // the refresher and the reconnector exited
 	closeOnce sync.Once
 	closeErr  error
 
+	// life orders Leave and Close: memberlist panics on a leave after
+	// its shutdown.
+	life struct {
+		sync.Mutex
+		closed bool
+	}
+
 	mu struct {
 		sync.Mutex
-		version uint64
-		members []MemberInfo
-		subs    []chan struct{}
+		version   uint64
+		members   []MemberInfo
+		placement []store.Member
+		subs      []chan struct{}
+		live      map[string]MemberInfo   // by id, as the event callbacks copied them
+		failed    map[string]failedMember // by id: members that died (not left)
 	}
+}
+
+// failedMember is a member that failed, to be asked to join again.
+type failedMember struct {
+	addr  string
+	since time.Time
 }
 
 // StartMembership binds the gossip address, joins the seeds (if any) and
@@ -123,16 +164,39 @@ func StartMembership(opts MembershipOptions) (*Membership, error) {
 		return nil, fmt.Errorf("node: member meta is %d bytes, memberlist allows %d", len(meta), memberlist.MetaMaxSize)
 	}
 
+	if opts.ReconnectInterval <= 0 {
+		opts.ReconnectInterval = 10 * time.Second
+		if opts.Fast {
+			opts.ReconnectInterval = time.Second
+		}
+	}
+	if opts.ReconnectFor <= 0 {
+		opts.ReconnectFor = time.Hour
+	}
 	m := &Membership{meta: meta, log: opts.Logger, kick: make(chan struct{}, 1),
+		seeds: opts.Join, reconnect: opts.ReconnectInterval, retryFor: opts.ReconnectFor,
 		stop: make(chan struct{}), done: make(chan struct{})}
+	m.mu.failed = make(map[string]failedMember)
+	m.mu.live = make(map[string]MemberInfo)
 	conf := memberlist.DefaultLANConfig()
+	// A node that restarts on another port (port 0) keeps its id: let it
+	// take its name back once the old incarnation is known dead.
+	conf.DeadNodeReclaimTime = 30 * time.Second
 	if opts.Fast {
 		conf = memberlist.DefaultLocalConfig()
+		conf.ProbeInterval = 500 * time.Millisecond
+		conf.SuspicionMaxTimeoutMult = 2
+		conf.PushPullInterval = 5 * time.Second
+		conf.DeadNodeReclaimTime = time.Second
 	}
 	conf.BindAddr, conf.BindPort = host, port
-	conf.AdvertiseAddr, conf.AdvertisePort = "", 0
+	conf.AdvertiseAddr, conf.AdvertisePort = opts.AdvertiseAddr, 0
+	if opts.AdvertiseAddr != "" {
+		conf.AdvertisePort = port // memberlist replaces a 0 with the port it picked
+	}
 	conf.Delegate = (*delegate)(m)
 	conf.Events = (*events)(m)
+	conf.Conflict = (*events)(m)
 	conf.Logger = log.New(&logWriter{log: opts.Logger}, "", 0)
 	conf.SecretKey = opts.SecretKey
 	if len(opts.SecretKey) == 0 {
@@ -147,6 +211,7 @@ func StartMembership(opts MembershipOptions) (*Membership, error) {
 		h, _ := os.Hostname()
 		conf.Name = h + ":" + portStr // fixed below if the port was 0
 	}
+	m.name = conf.Name
 
 	ml, err := memberlist.Create(conf)
 	if err != nil {
@@ -160,20 +225,88 @@ func StartMembership(opts MembershipOptions) (*Membership, error) {
 	}
 	if len(opts.Join) > 0 {
 		if _, err := ml.Join(opts.Join); err != nil {
-			_ = ml.Shutdown()
-			return nil, fmt.Errorf("%w via %v: %w", ErrJoin, opts.Join, err)
+			if !opts.RetryJoin {
+				_ = ml.Shutdown()
+				return nil, fmt.Errorf("%w via %v: %w", ErrJoin, opts.Join, err)
+			}
+			m.log.Warn("no seed answered; serving alone and trying them again in the background",
+				"seeds", opts.Join, "retry_every", m.reconnect, "err", err)
 		}
 	}
 	m.refresh()
-	go m.refresher()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		m.refresher()
+	}()
+	go func() {
+		defer wg.Done()
+		m.reconnector()
+	}()
+	go func() {
+		wg.Wait()
+		close(m.done)
+	}()
 	return m, nil
+}
+
+// reconnector asks, every ReconnectInterval, the seeds that are not members
+// and the members that failed recently to join again, so that a partition
+// heals and a node started before its seeds finds them. memberlist alone
+// never contacts a member it declared dead again.
+func (m *Membership) reconnector() {
+	t := time.NewTicker(m.reconnect)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		targets := m.reconnectTargets(time.Now())
+		if len(targets) == 0 {
+			continue
+		}
+		if n, err := m.ml.Join(targets); err != nil && n == 0 {
+			m.log.Debug("rejoin attempt failed", "targets", targets, "err", err)
+		} else {
+			m.log.Info("rejoined members", "targets", targets, "contacted", n)
+		}
+	}
+}
+
+// reconnectTargets returns the seeds that are not the address of a live
+// member, and the addresses of the members that failed within ReconnectFor.
+func (m *Membership) reconnectTargets(now time.Time) []string {
+	self := m.GossipAddr()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	live := make(map[string]bool, len(m.mu.members))
+	for _, mi := range m.mu.members {
+		live[mi.GossipAddr] = true
+	}
+	var out []string
+	for _, s := range m.seeds {
+		if !live[s] && s != self {
+			out = append(out, s)
+		}
+	}
+	for id, f := range m.mu.failed {
+		switch {
+		case now.Sub(f.since) > m.retryFor:
+			delete(m.mu.failed, id)
+		case !live[f.addr] && !slices.Contains(out, f.addr):
+			out = append(out, f.addr)
+		}
+	}
+	return out
 }
 
 // refresher rebuilds the snapshot after memberlist events. It runs outside
 // memberlist's callbacks, which hold memberlist's node lock that Members()
 // takes.
 func (m *Membership) refresher() {
-	defer close(m.done)
 	for {
 		select {
 		case <-m.kick:
@@ -198,6 +331,25 @@ func (m *Membership) Members() ([]MemberInfo, uint64) {
 	return m.mu.members, m.mu.version
 }
 
+// Placement returns the members believed alive as placement sees them (id
+// and weight), sorted by id, and the snapshot's version: it implements
+// store.Membership with LocalID. The slice is shared: do not modify it.
+func (m *Membership) Placement() ([]store.Member, uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.mu.placement, m.mu.version
+}
+
+// Member returns the live member id, if it is one.
+func (m *Membership) Member(id string) (MemberInfo, bool) {
+	ms, _ := m.Members()
+	i, ok := slices.BinarySearchFunc(ms, id, func(mi MemberInfo, id string) int { return cmpString(mi.ID, id) })
+	if !ok {
+		return MemberInfo{}, false
+	}
+	return ms[i], true
+}
+
 // Subscribe returns a channel that receives a value (coalesced) after every
 // membership change. It is never closed; it is dropped on Close.
 func (m *Membership) Subscribe() <-chan struct{} {
@@ -211,6 +363,11 @@ func (m *Membership) Subscribe() <-chan struct{} {
 // Leave tells the cluster this node is leaving and waits up to timeout for
 // the message to spread. Close after it.
 func (m *Membership) Leave(timeout time.Duration) error {
+	m.life.Lock()
+	defer m.life.Unlock()
+	if m.life.closed {
+		return errors.New("node: leave after the membership was closed")
+	}
 	if err := m.ml.Leave(timeout); err != nil {
 		return fmt.Errorf("node: leave cluster: %w", err)
 	}
@@ -222,6 +379,9 @@ func (m *Membership) Close() error {
 	m.closeOnce.Do(func() {
 		close(m.stop)
 		<-m.done
+		m.life.Lock()
+		defer m.life.Unlock()
+		m.life.closed = true
 		if err := m.ml.Shutdown(); err != nil {
 			m.closeErr = fmt.Errorf("node: stop gossip: %w", err)
 		}
@@ -229,20 +389,21 @@ func (m *Membership) Close() error {
 	return m.closeErr
 }
 
+// refresh rebuilds the sorted snapshot from the members the event
+// callbacks recorded, and tells the subscribers.
 func (m *Membership) refresh() {
-	nodes := m.ml.Members()
-	infos := make([]MemberInfo, 0, len(nodes))
-	for _, n := range nodes {
-		info := MemberInfo{ID: n.Name, GossipAddr: n.Address(), State: stateName(n.State)}
-		if err := json.Unmarshal(n.Meta, &info.Meta); err != nil {
-			m.log.Warn("member sent unreadable metadata; ignoring it", "member", n.Name, "err", err)
-			continue
-		}
-		infos = append(infos, info)
+	m.mu.Lock()
+	infos := make([]MemberInfo, 0, len(m.mu.live))
+	for _, mi := range m.mu.live {
+		infos = append(infos, mi)
 	}
 	slices.SortFunc(infos, func(a, b MemberInfo) int { return cmpString(a.ID, b.ID) })
-	m.mu.Lock()
+	placement := make([]store.Member, len(infos))
+	for i, mi := range infos {
+		placement[i] = store.Member{ID: mi.ID, Weight: mi.Weight()}
+	}
 	m.mu.members = infos
+	m.mu.placement = placement
 	m.mu.version++
 	subs := m.mu.subs
 	m.mu.Unlock()
@@ -264,20 +425,6 @@ func cmpString(a, b string) int {
 	return 0
 }
 
-func stateName(s memberlist.NodeStateType) string {
-	switch s {
-	case memberlist.StateAlive:
-		return "alive"
-	case memberlist.StateSuspect:
-		return "suspect"
-	case memberlist.StateDead:
-		return "dead"
-	case memberlist.StateLeft:
-		return "left"
-	}
-	return "unknown"
-}
-
 // delegate gossips this node's metadata; kvmesh sends no user messages.
 type delegate Membership
 
@@ -292,12 +439,55 @@ func (d *delegate) GetBroadcasts(_, _ int) [][]byte   { return nil }
 func (d *delegate) LocalState(bool) []byte            { return nil }
 func (d *delegate) MergeRemoteState(_ []byte, _ bool) {}
 
-// events refreshes the snapshot on every change memberlist reports.
+// events refreshes the snapshot on every change memberlist reports, and
+// remembers the members that failed so that the reconnector tries them.
 type events Membership
 
-func (e *events) NotifyJoin(*memberlist.Node)   { e.changed() }
-func (e *events) NotifyLeave(*memberlist.Node)  { e.changed() }
-func (e *events) NotifyUpdate(*memberlist.Node) { e.changed() }
+// The callbacks run with memberlist's node lock held: they copy what they
+// need of n (memberlist hands out pointers into its state, which it changes
+// under that lock) and never call memberlist.
+
+func (e *events) NotifyJoin(n *memberlist.Node) {
+	e.record(n)
+	e.mu.Lock()
+	delete(e.mu.failed, n.Name)
+	e.mu.Unlock()
+	e.changed()
+}
+
+func (e *events) NotifyLeave(n *memberlist.Node) {
+	e.mu.Lock()
+	delete(e.mu.live, n.Name)
+	if n.State == memberlist.StateDead && n.Name != e.name {
+		e.mu.failed[n.Name] = failedMember{addr: n.Address(), since: time.Now()}
+	}
+	e.mu.Unlock()
+	e.changed()
+}
+
+func (e *events) NotifyUpdate(n *memberlist.Node) {
+	e.record(n)
+	e.changed()
+}
+
+// record copies a live member into the map refresh builds snapshots from.
+func (e *events) record(n *memberlist.Node) {
+	info := MemberInfo{ID: n.Name, GossipAddr: n.Address(), State: "alive"}
+	if err := json.Unmarshal(n.Meta, &info.Meta); err != nil {
+		e.log.Warn("member sent unreadable metadata; ignoring it", "member", n.Name, "err", err)
+		return
+	}
+	e.mu.Lock()
+	e.mu.live[n.Name] = info
+	e.mu.Unlock()
+}
+
+// NotifyConflict reports two nodes claiming one id: placement cannot tell
+// them apart, so this is an operator's mistake worth an error line.
+func (e *events) NotifyConflict(existing, other *memberlist.Node) {
+	e.log.Error("two nodes claim the same node id; give each a unique --node-id (or its own data dir)",
+		"id", existing.Name, "member", existing.Address(), "other", other.Address())
+}
 
 func (e *events) changed() {
 	select {

@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // metrics are the node's Prometheus metrics, in a registry of its own (two
@@ -25,7 +27,7 @@ type metrics struct {
 	dropped        prometheus.Counter     // blocks read but refused (corrupt, other namespace)
 }
 
-func newMetrics(cache Cache) *metrics {
+func newMetrics(cache Cache, extra ...prometheus.Collector) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.requestSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "kvmesh_grpc_request_duration_seconds",
@@ -60,7 +62,106 @@ func newMetrics(cache Cache) *metrics {
 		newCacheCollector(cache),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(extra...)
 	return m
+}
+
+// newPeerHistogram is the latency of this node's calls to its peers.
+func newPeerHistogram() *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvmesh_peer_request_duration_seconds",
+		Help:    "Time of this node's calls to other nodes, by op (lookup, get, put) and result (ok, error, or skipped: the peer was backing off after a failure).",
+		Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"op", "result"})
+}
+
+// clusterCollector turns the cluster's, the data plane's and membership's
+// counters into metrics at each scrape.
+type clusterCollector struct {
+	c *clusterCache
+
+	members, refused                                                 *prometheus.Desc
+	lookups, lookupFails, gets, getFails, remoteBlocks, pushed       *prometheus.Desc
+	conns, connsRefused, requests, dropped, values, bytes, regionUse *prometheus.Desc
+}
+
+func newClusterCollector(c *clusterCache) *clusterCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	return &clusterCollector{
+		c:            c,
+		members:      d("kvmesh_cluster_members", "Members this node believes alive (alive or suspected), itself included."),
+		lookups:      d("kvmesh_cluster_remote_lookups_total", "Lookup calls sent to other nodes."),
+		lookupFails:  d("kvmesh_cluster_remote_lookup_failures_total", "Lookup calls that failed or timed out, counted as misses."),
+		gets:         d("kvmesh_cluster_remote_gets_total", "Get calls sent to other nodes over the data plane."),
+		getFails:     d("kvmesh_cluster_remote_get_failures_total", "Get calls that failed or timed out, counted as misses."),
+		remoteBlocks: d("kvmesh_cluster_remote_blocks_total", "Blocks asked of other nodes, by result: hit, miss, or corrupt (failed verification, dropped).", "result"),
+		pushed:       d("kvmesh_cluster_pushed_blocks_total", "Blocks pushed to their owners, by result: ok, dropped (queue full or owner gone), failed.", "result"),
+		refused:      d("kvmesh_transfer_refused_blocks_total", "Blocks pushed to this node over the data plane that were refused: not the block their key named, or failing verification."),
+		conns:        d("kvmesh_transfer_connections", "Open data-plane connections (shm: clients).", "transport"),
+		connsRefused: d("kvmesh_transfer_refused_connections_total", "Data-plane connections closed at accept, over the limit.", "transport"),
+		requests:     d("kvmesh_transfer_requests_total", "Data-plane requests served.", "transport"),
+		dropped:      d("kvmesh_transfer_dropped_connections_total", "Data-plane connections dropped for a bad frame, a limit or an I/O error.", "transport"),
+		values:       d("kvmesh_transfer_values_total", "Values the data plane served (op=get: sent; op=get_miss: asked for and not sent) or received (op=put).", "transport", "op"),
+		bytes:        d("kvmesh_transfer_bytes_total", "Value bytes the data plane sent (op=get) or received (op=put).", "transport", "op"),
+		regionUse:    d("kvmesh_transfer_shm_region_bytes", "Bytes of the shared-memory clients' regions held by results they have not released."),
+	}
+}
+
+func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.members, c.refused, c.lookups, c.lookupFails, c.gets, c.getFails, c.remoteBlocks,
+		c.pushed, c.conns, c.connsRefused, c.requests, c.dropped, c.values, c.bytes, c.regionUse} {
+		ch <- d
+	}
+}
+
+func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
+	metric := func(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, t, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		metric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	ms, _ := c.c.members.Members()
+	metric(c.members, prometheus.GaugeValue, float64(len(ms)))
+	counter(c.refused, uint64(c.c.refused.Load()))
+	st := c.c.cluster.Stats()
+	counter(c.lookups, st.RemoteLookups)
+	counter(c.lookupFails, st.RemoteLookupFails)
+	counter(c.gets, st.RemoteGets)
+	counter(c.getFails, st.RemoteGetFails)
+	counter(c.remoteBlocks, st.RemoteHits, "hit")
+	counter(c.remoteBlocks, st.RemoteMisses, "miss")
+	counter(c.remoteBlocks, st.RemoteCorrupt, "corrupt")
+	counter(c.pushed, st.Pushed, "ok")
+	counter(c.pushed, st.PushDropped, "dropped")
+	counter(c.pushed, st.PushFailed, "failed")
+	servers := []struct {
+		name  string
+		stats func() transfer.Stats
+	}{{"tcp", c.c.data.Stats}}
+	if c.c.shm != nil {
+		servers = append(servers, struct {
+			name  string
+			stats func() transfer.Stats
+		}{"shm", c.c.shm.Stats})
+	}
+	for _, s := range servers {
+		t := s.stats()
+		metric(c.conns, prometheus.GaugeValue, float64(t.Conns), s.name)
+		counter(c.connsRefused, uint64(t.Refused), s.name)
+		counter(c.requests, uint64(t.Requests), s.name)
+		counter(c.dropped, uint64(t.Dropped), s.name)
+		counter(c.values, uint64(t.Hits), s.name, "get")
+		counter(c.values, uint64(t.Misses), s.name, "get_miss")
+		counter(c.values, uint64(t.Puts), s.name, "put")
+		counter(c.bytes, uint64(t.BytesOut), s.name, "get")
+		counter(c.bytes, uint64(t.BytesIn), s.name, "put")
+		if s.name == "shm" {
+			metric(c.regionUse, prometheus.GaugeValue, float64(t.RegionUse))
+		}
+	}
 }
 
 func (m *metrics) observe(method string, start time.Time, err error) {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -29,6 +30,8 @@ type Node struct {
 	cache   Cache
 	log     *slog.Logger
 	metrics *metrics
+	names   names           // model ids of the namespaces seen, for Stats
+	prefill *prefillService // nil when Options.Prefill.Disabled
 
 	grpcLis, httpLis net.Listener
 	grpc             *grpc.Server
@@ -36,34 +39,71 @@ type Node struct {
 	http             *http.Server
 	stopping         atomic.Bool // /healthz answers 503 once set
 
+	// cluster is the production cache (Open), nil for a cache given to
+	// New: it knows the members and the data plane's addresses.
+	cluster *clusterCache
+
 	serveOnce sync.Once
 	closeOnce sync.Once
 	closeErr  error
 }
 
+// nodeListeners are the gRPC and HTTP listeners of a node being built.
+type nodeListeners struct{ grpc, http net.Listener }
+
+func listen(opts Options) (nodeListeners, error) {
+	var l nodeListeners
+	var err error
+	if l.grpc, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
+		return l, fmt.Errorf("node: listen on GRPCAddr %s: %w", opts.GRPCAddr, err)
+	}
+	if l.http, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
+		l.grpc.Close()
+		return l, fmt.Errorf("node: listen on HTTPAddr %s: %w", opts.HTTPAddr, err)
+	}
+	return l, nil
+}
+
+func (l nodeListeners) close() {
+	l.grpc.Close()
+	l.http.Close()
+}
+
 // New validates opts (after EnsureDefaults), binds the gRPC and HTTP
-// listeners and returns a node ready to Serve. The node owns cache from
-// here on: it closes it when Serve returns, or in Close if Serve is never
-// called, and also when New fails.
+// listeners and returns a node ready to Serve cache, alone: it joins no
+// cluster and serves no data plane (Open builds the node that does). The node
+// owns cache from here on: it closes it when Serve returns, or in Close if
+// Serve is never called, and also when New fails.
 func New(opts Options, cache Cache) (*Node, error) {
 	opts.EnsureDefaults()
 	if err := opts.Validate(); err != nil {
 		cache.Close()
 		return nil, err
 	}
-	n := &Node{opts: opts, cache: cache, log: opts.Logger}
-	n.metrics = newMetrics(cache)
-	var err error
-	if n.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
-		cache.Close()
-		return nil, fmt.Errorf("node: listen on GRPCAddr %s: %w", opts.GRPCAddr, err)
+	if opts.NodeID == "" {
+		if err := resolveNodeID(&opts); err != nil {
+			cache.Close()
+			return nil, err
+		}
 	}
-	if n.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
-		n.grpcLis.Close()
+	lis, err := listen(opts)
+	if err != nil {
 		cache.Close()
-		return nil, fmt.Errorf("node: listen on HTTPAddr %s: %w", opts.HTTPAddr, err)
+		return nil, err
 	}
+	n := newNode(opts, cache, lis)
+	if err := n.openPrefill(); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
 
+// newNode builds the servers of a node over cache and its listeners; extra
+// collectors join its metrics.
+func newNode(opts Options, cache Cache, lis nodeListeners, extra ...prometheus.Collector) *Node {
+	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http}
+	n.metrics = newMetrics(cache, extra...)
 	n.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.MaxMessageBytes),
@@ -75,6 +115,7 @@ func New(opts Options, cache Cache) (*Node, error) {
 	)
 	kvmeshv1.RegisterCacheServiceServer(n.grpc, &cacheService{n: n})
 	kvmeshv1.RegisterAdminServiceServer(n.grpc, &adminService{n: n})
+	kvmeshv1.RegisterPeerServiceServer(n.grpc, &peerService{n: n})
 	n.health = health.NewServer()
 	for _, svc := range []string{"", kvmeshv1.CacheService_ServiceDesc.ServiceName, kvmeshv1.AdminService_ServiceDesc.ServiceName} {
 		n.health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
@@ -86,7 +127,7 @@ func New(opts Options, cache Cache) (*Node, error) {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{Registry: n.metrics.reg}))
 	mux.HandleFunc("GET /healthz", n.healthz)
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	return n, nil
+	return n
 }
 
 // GRPCAddr returns the address the gRPC API listens on (the chosen port
@@ -99,16 +140,48 @@ func (n *Node) HTTPAddr() string { return n.httpLis.Addr().String() }
 // ID returns the node's id.
 func (n *Node) ID() string { return n.opts.NodeID }
 
+// DataAddr returns the data plane's address as other nodes and clients
+// reach it, or "" for a node built by New.
+func (n *Node) DataAddr() string {
+	if n.cluster == nil {
+		return ""
+	}
+	return n.cluster.dataAddr
+}
+
+// ShmSocket returns the path of the shared-memory data plane's unix socket,
+// or "" when it is off.
+func (n *Node) ShmSocket() string {
+	if n.cluster == nil {
+		return ""
+	}
+	return n.cluster.shmPath
+}
+
+// GossipAddr returns the address membership listens on (what other nodes
+// Join), or "" for a node built by New.
+func (n *Node) GossipAddr() string {
+	if n.cluster == nil {
+		return ""
+	}
+	return n.cluster.members.GossipAddr()
+}
+
 // Serve serves until ctx is done or a server fails, then shuts down: health
 // turns NOT_SERVING, new requests are refused, requests in flight get
-// ShutdownTimeout to finish before they are cancelled, and the cache is
-// closed. It returns nil after a shutdown asked for through ctx. Serve may
-// be called once.
+// ShutdownTimeout to finish before they are cancelled; then a node of a
+// cluster pushes its DRAM blocks to their next owners and leaves the
+// membership (within ShutdownTimeout again), and the cache is closed. It
+// returns nil after a shutdown asked for through ctx. Serve may be called
+// once.
 func (n *Node) Serve(ctx context.Context) error {
 	served := false
 	n.serveOnce.Do(func() { served = true })
 	if !served {
 		return errors.New("node: Serve called twice")
+	}
+	if n.prefill != nil {
+		n.prefill.start() // queued prefills run while the node serves; Close stops them
 	}
 	errc := make(chan error, 2)
 	var wg sync.WaitGroup
@@ -126,6 +199,7 @@ func (n *Node) Serve(ctx context.Context) error {
 		}
 	}()
 	n.log.Info("kvmesh node serving", "id", n.opts.NodeID, "grpc", n.GRPCAddr(), "http", n.HTTPAddr(),
+		"data", n.DataAddr(), "shm", n.ShmSocket(), "gossip", n.GossipAddr(),
 		"data_dir", n.opts.DataDir, "dram_bytes", n.opts.DRAMBytes, "nvme_bytes", n.opts.NVMeBytes)
 
 	var serveErr error
@@ -137,6 +211,14 @@ func (n *Node) Serve(ctx context.Context) error {
 	}
 	n.shutdown()
 	wg.Wait()
+	if n.cluster != nil {
+		// Requests are done: hand the hot blocks over, then leave, so
+		// that the others stop asking this node before it stops
+		// answering.
+		ctx, cancel := context.WithTimeout(context.Background(), n.opts.ShutdownTimeout)
+		n.cluster.leave(ctx)
+		cancel()
+	}
 	if err := n.Close(); err != nil && serveErr == nil {
 		serveErr = err
 	}
@@ -148,6 +230,11 @@ func (n *Node) Serve(ctx context.Context) error {
 func (n *Node) shutdown() {
 	n.stopping.Store(true)
 	n.health.Shutdown()
+	if n.prefill != nil {
+		// Queued work stops first: the request in flight stays queued on
+		// disk, and the cores go to the synchronous requests finishing.
+		n.prefill.stop()
+	}
 	done := make(chan struct{})
 	go func() {
 		n.grpc.GracefulStop()
@@ -177,6 +264,11 @@ func (n *Node) Close() error {
 		n.http.Close()
 		n.grpcLis.Close()
 		n.httpLis.Close()
+		if n.prefill != nil {
+			if err := n.prefill.close(); err != nil {
+				n.closeErr = err
+			}
+		}
 		if err := n.cache.Close(); err != nil {
 			n.closeErr = fmt.Errorf("node: close cache: %w", err)
 		}

@@ -31,6 +31,7 @@ type testNode struct {
 	client *client.Client
 	raw    kvmeshv1.CacheServiceClient
 	admin  kvmeshv1.AdminServiceClient
+	conn   *grpc.ClientConn
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -64,6 +65,7 @@ func startNode(t *testing.T, mod func(*Options)) *testNode {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tn.conn = conn
 	tn.raw = kvmeshv1.NewCacheServiceClient(conn)
 	tn.admin = kvmeshv1.NewAdminServiceClient(conn)
 	t.Cleanup(func() {

@@ -1,20 +1,21 @@
 package node
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
-	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/tiers"
 )
 
-// Open opens the node's cache, store.Local over a DRAM tier of DRAMBytes and
+// Open opens the node's store, store.Local over a DRAM tier of DRAMBytes and
 // an NVMe tier of NVMeBytes under DataDir/nvme (recovering what an earlier
-// run left there), and returns the node serving it, ready to Serve.
+// run left there), starts its data plane (TCP on DataAddr, shared memory on
+// ShmSocket), joins the cluster (gossip on GossipAddr, seeds in Join) and
+// returns the node serving the cluster through its gRPC API, ready to Serve.
+// A node with no seeds is a cluster of one that others may join.
 func Open(opts Options) (*Node, error) {
 	opts.EnsureDefaults()
 	if err := opts.Validate(); err != nil {
@@ -23,6 +24,46 @@ func Open(opts Options) (*Node, error) {
 	if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
 	}
+	if err := resolveNodeID(&opts); err != nil {
+		return nil, err
+	}
+	if opts.ShmSocket != ShmOff {
+		abs, err := filepath.Abs(opts.ShmSocket)
+		if err != nil {
+			return nil, fmt.Errorf("node: option ShmSocket: %w", err)
+		}
+		opts.ShmSocket = abs
+		if err := opts.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	local, err := openLocal(opts)
+	if err != nil {
+		return nil, err
+	}
+	lis, err := listen(opts)
+	if err != nil {
+		local.Close()
+		return nil, err
+	}
+	peerSeconds := newPeerHistogram()
+	cc, err := startCluster(opts, local, lis.grpc.Addr().String(), lis.http.Addr().String(), peerSeconds)
+	if err != nil {
+		lis.close()
+		local.Close()
+		return nil, err
+	}
+	n := newNode(opts, cc, lis, peerSeconds, newClusterCollector(cc))
+	n.cluster = cc
+	if err := n.openPrefill(); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// openLocal opens the tiers under opts.DataDir and store.Local over them.
+func openLocal(opts Options) (*store.Local, error) {
 	// A slot of either tier must hold the largest block and the tier's
 	// 64-byte slot header.
 	const slotHeader = 64
@@ -49,15 +90,10 @@ func Open(opts Options) (*Node, error) {
 		nvme.Close()
 		return nil, fmt.Errorf("node: open cache: %w", err)
 	}
-	return New(opts, localCache{local})
+	return local, nil
 }
 
 func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
-
-// localCache adapts store.Local to Cache.
-type localCache struct{ l *store.Local }
-
-var _ Cache = localCache{}
 
 // cacheError translates store's sentinels into the Cache contract's.
 func cacheError(err error) error {
@@ -66,7 +102,7 @@ func cacheError(err error) error {
 		return nil
 	case errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("%w: %w", ErrNotFound, err)
-	case errors.Is(err, store.ErrFull):
+	case errors.Is(err, store.ErrFull), errors.Is(err, store.ErrQuota):
 		return fmt.Errorf("%w: %w", ErrFull, err)
 	case errors.Is(err, store.ErrLayout):
 		return fmt.Errorf("%w: %w", store.ErrCorrupt, err)
@@ -76,33 +112,9 @@ func cacheError(err error) error {
 	return err
 }
 
-func (c localCache) Put(ctx context.Context, block []byte) error {
-	return cacheError(c.l.Put(ctx, block))
-}
-
-func (c localCache) Get(ctx context.Context, key prefixhash.Key) (Ref, error) {
-	r, err := c.l.Get(ctx, key)
-	if err != nil {
-		return nil, cacheError(err)
-	}
-	return r, nil
-}
-
-func (c localCache) Contains(key prefixhash.Key) bool        { return c.l.Contains(key) }
-func (c localCache) LongestPrefix(keys []prefixhash.Key) int { return c.l.LongestPrefix(keys) }
-
-func (c localCache) Info(key prefixhash.Key) (BlockInfo, bool) {
-	i, ok := c.l.Info(key)
-	return BlockInfo{Tier: i.Tier, Size: i.Size}, ok
-}
-
-func (c localCache) DropNamespace(digest uint64) (int, error) {
-	n, err := c.l.DropNamespace(digest)
-	return n, cacheError(err)
-}
-
-func (c localCache) Stats() CacheStats {
-	s := c.l.Stats()
+// localStats converts store.Local's counters.
+func localStats(l *store.Local) CacheStats {
+	s := l.Stats()
 	out := CacheStats{Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions, Demotions: s.Demotions, Promotions: s.Promotions}
 	for _, t := range s.Tiers {
 		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity})
@@ -112,5 +124,3 @@ func (c localCache) Stats() CacheStats {
 	}
 	return out
 }
-
-func (c localCache) Close() error { return c.l.Close() }

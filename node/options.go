@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
+	"path/filepath"
+	"strings"
 	"time"
+	"unicode"
 
+	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 )
 
@@ -34,12 +37,14 @@ const (
 // the field.
 type Options struct {
 	// NodeID names the node in the cluster and in every answer it gives. It
-	// must be unique and stable across restarts (placement hashes it).
-	// Default: the host name, ":" and the port of GossipAddr.
+	// must be unique and stable across restarts: placement hashes it, so a
+	// node that came back under another id would own other blocks than
+	// those it kept on NVMe. Default: the id stored in DataDir/node-id, or,
+	// on the first start, the host name and a random suffix, stored there.
 	NodeID string
 	// DataDir holds the node's persistent state (the NVMe tier's segments
-	// and index). Created if missing. Default "kvmesh-data", relative to the
-	// working directory.
+	// and index, the node id). Created if missing. Default "kvmesh-data",
+	// relative to the working directory.
 	DataDir string
 	// GRPCAddr is the host:port of the gRPC API. Port 0 picks a free port
 	// (see Node.GRPCAddr). Default 127.0.0.1:7600.
@@ -47,15 +52,63 @@ type Options struct {
 	// HTTPAddr is the host:port serving /metrics and /healthz. Port 0 picks
 	// a free port. Default 127.0.0.1:7601.
 	HTTPAddr string
-	// DataAddr is where the data plane (package transfer) will listen. Not
-	// served yet: a single node has no peers. Default 127.0.0.1:7602.
+	// DataAddr is the host:port of the data plane (package transfer): other
+	// nodes read and push blocks here, and clients move block bytes. Port 0
+	// picks a free port (see Node.DataAddr). Default 127.0.0.1:7602.
 	DataAddr string
-	// GossipAddr is where membership (memberlist) will listen, and what
-	// other nodes' Join names. Not served yet. Default 127.0.0.1:7603.
+	// ShmSocket is the unix socket of the shared-memory data plane, which
+	// clients on this host use to read blocks without a socket copy. Its
+	// permissions decide who may read the cache. "off" turns it off.
+	// Default DataDir/shm.sock (made absolute).
+	ShmSocket string
+	// ShmRegionBytes is the shared region each shared-memory client gets,
+	// in bytes (memory is committed as blocks are copied in). A multiple of
+	// 4 KiB, at least MaxBlockBytes. Default 256 MiB.
+	ShmRegionBytes int64
+	// GossipAddr is where membership (memberlist, UDP and TCP) listens, and
+	// what other nodes' Join names. Port 0 picks a free port. Default
+	// 127.0.0.1:7603.
 	GossipAddr string
-	// Join lists the gossip addresses of members to join. This build serves
-	// one node: Join must be empty.
+	// AdvertiseHost is the host (name or IP) other nodes and clients reach
+	// this node at, used for every address above bound to an unspecified
+	// host (0.0.0.0 or ::). Default: GossipAddr's host when it is
+	// specified, else the host's private IPv4 address.
+	AdvertiseHost string
+	// Join lists the gossip addresses (host:port) of members to join.
+	// Empty: start a new cluster, alone until others join. Seeds that
+	// cannot be reached are retried in the background; so are members
+	// that failed (a partition heals by itself).
 	Join []string
+	// GossipKey encrypts gossip (AES-GCM); every member must have the same
+	// 16, 24 or 32 bytes (see ReadGossipKey). Default none: gossip in the
+	// clear, and any host that reaches GossipAddr may join.
+	GossipKey []byte
+	// GossipProfile tunes failure detection: "lan" (memberlist's LAN
+	// timings: a dead node is noticed in about 5-10s) or "local" (one
+	// host, or tests: about 1-2s). Default "lan".
+	GossipProfile string
+	// Replicas is R, the number of nodes that own each placement chunk.
+	// Every member must use the same value. Default 1.
+	Replicas int
+	// ChunkTokens is the size of a placement chunk in tokens: the blocks of
+	// a chunk live on the same owners. Every member must use the same
+	// value. Default 512.
+	ChunkTokens int
+	// LookupTimeout bounds the remote round of a lookup: an owner that has
+	// not answered by then counts as a miss. Default 100ms.
+	LookupTimeout time.Duration
+	// GetTimeout bounds the remote part of a read (a BatchGet as a whole):
+	// blocks that have not arrived from their owners by then are misses.
+	// Default 2s.
+	GetTimeout time.Duration
+	// PeerBackoff is how long a peer whose call failed or timed out is
+	// skipped (its blocks are misses at once) before it is tried again.
+	// Default 1s.
+	PeerBackoff time.Duration
+	// HandoffBytes bounds the DRAM-resident blocks a node stopping
+	// gracefully pushes to the owners they get once it has left (within
+	// ShutdownTimeout). Default 1 GiB; negative: none.
+	HandoffBytes int64
 	// DRAMBytes is the hard limit of the DRAM tier, in bytes. Default 1 GiB.
 	DRAMBytes int64
 	// NVMeBytes is the hard limit of the NVMe tier under DataDir, in bytes.
@@ -84,6 +137,9 @@ type Options struct {
 	// ShutdownTimeout is how long a stopping node lets requests in flight
 	// finish before it cancels them. Default 8s.
 	ShutdownTimeout time.Duration
+	// Prefill configures the bundled prefill engine and its queue (its
+	// zero value is the default engine; see PrefillOptions).
+	Prefill PrefillOptions
 	// Version is the kvmesh version reported to Members. Default "(devel)".
 	Version string
 	// Logger receives the node's structured logs. Default slog.Default().
@@ -102,17 +158,29 @@ func (o *Options) EnsureDefaults() *Options {
 	def(&o.HTTPAddr, DefaultHTTPAddr)
 	def(&o.DataAddr, DefaultDataAddr)
 	def(&o.GossipAddr, DefaultGossipAddr)
+	def(&o.GossipProfile, "lan")
 	def(&o.Version, "(devel)")
-	if o.NodeID == "" {
-		host, err := os.Hostname()
-		if err != nil || host == "" {
-			host = "localhost"
-		}
-		_, port, err := net.SplitHostPort(o.GossipAddr)
-		if err != nil {
-			port = "0"
-		}
-		o.NodeID = net.JoinHostPort(host, port)
+	def(&o.ShmSocket, filepath.Join(o.DataDir, "shm.sock"))
+	if o.ShmRegionBytes == 0 {
+		o.ShmRegionBytes = 256 * MiB
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 1
+	}
+	if o.ChunkTokens == 0 {
+		o.ChunkTokens = prefixhash.DefaultChunkTokens
+	}
+	if o.LookupTimeout == 0 {
+		o.LookupTimeout = 100 * time.Millisecond
+	}
+	if o.GetTimeout == 0 {
+		o.GetTimeout = 2 * time.Second
+	}
+	if o.PeerBackoff == 0 {
+		o.PeerBackoff = time.Second
+	}
+	if o.HandoffBytes == 0 {
+		o.HandoffBytes = 1 * GiB
 	}
 	if o.DRAMBytes == 0 {
 		o.DRAMBytes = 1 * GiB
@@ -141,6 +209,7 @@ func (o *Options) EnsureDefaults() *Options {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	o.Prefill.EnsureDefaults()
 	return o
 }
 
@@ -176,16 +245,37 @@ func (o *Options) Validate() error {
 			return bad(a.field, "%q is not host:port", a.addr)
 		}
 	}
+	for i, j := range o.Join {
+		if _, _, err := net.SplitHostPort(j); err != nil {
+			return bad("Join", "seed %d, %q, is not host:port (a member's gossip address)", i+1, j)
+		}
+	}
 	minBlock := store.EncodedLen(1, 1)
 	switch {
-	case o.NodeID == "":
-		return bad("NodeID", "must not be empty")
+	case len(o.NodeID) > 256 || strings.ContainsFunc(o.NodeID, unicode.IsSpace):
+		return bad("NodeID", "%q must be at most 256 bytes without spaces", o.NodeID)
 	case o.DataDir == "":
 		return bad("DataDir", "must not be empty")
 	case o.GRPCAddr == o.HTTPAddr && !hasPortZero(o.GRPCAddr):
 		return bad("HTTPAddr", "%s is also GRPCAddr", o.HTTPAddr)
-	case len(o.Join) > 0:
-		return bad("Join", "this build serves a single node; clustering is not wired in yet")
+	case o.ShmSocket != ShmOff && len(o.ShmSocket) > maxSocketPath:
+		return bad("ShmSocket", "%q is longer than a unix socket path may be (%d bytes); choose a shorter path or \"off\"", o.ShmSocket, maxSocketPath)
+	case o.ShmRegionBytes < int64(o.MaxBlockBytes) || o.ShmRegionBytes%(4*KiB) != 0:
+		return bad("ShmRegionBytes", "%d bytes must be a multiple of 4KiB and hold one block of MaxBlockBytes (%d)", o.ShmRegionBytes, o.MaxBlockBytes)
+	case len(o.GossipKey) != 0 && len(o.GossipKey) != 16 && len(o.GossipKey) != 24 && len(o.GossipKey) != 32:
+		return bad("GossipKey", "%d bytes; a gossip key is 16, 24 or 32 bytes", len(o.GossipKey))
+	case o.GossipProfile != "lan" && o.GossipProfile != "local":
+		return bad("GossipProfile", "%q: want lan or local", o.GossipProfile)
+	case o.Replicas < 1 || o.Replicas > 8:
+		return bad("Replicas", "%d is outside 1..8", o.Replicas)
+	case o.ChunkTokens < 1:
+		return bad("ChunkTokens", "%d must be at least 1", o.ChunkTokens)
+	case o.LookupTimeout < 0:
+		return bad("LookupTimeout", "%v must not be negative", o.LookupTimeout)
+	case o.GetTimeout < 0:
+		return bad("GetTimeout", "%v must not be negative", o.GetTimeout)
+	case o.PeerBackoff < 0:
+		return bad("PeerBackoff", "%v must not be negative", o.PeerBackoff)
 	case o.MaxBlockBytes < minBlock || o.MaxBlockBytes > 512*MiB:
 		return bad("MaxBlockBytes", "%d bytes is outside %d..%d", o.MaxBlockBytes, minBlock, 512*MiB)
 	case o.DRAMBytes < int64(o.MaxBlockBytes):
@@ -205,8 +295,15 @@ func (o *Options) Validate() error {
 	case o.MaxBatchBlocks > 1<<24:
 		return bad("MaxBatchBlocks", "%d is over the limit of %d", o.MaxBatchBlocks, 1<<24)
 	}
-	return nil
+	return o.Prefill.Validate(o.MaxBlockBytes)
 }
+
+// ShmOff as Options.ShmSocket turns the shared-memory data plane off.
+const ShmOff = "off"
+
+// maxSocketPath is the longest unix socket path Linux accepts (sun_path is
+// 108 bytes, NUL included).
+const maxSocketPath = 107
 
 func hasPortZero(addr string) bool {
 	_, port, err := net.SplitHostPort(addr)

@@ -2,6 +2,10 @@ package node
 
 import (
 	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -25,8 +29,10 @@ func TestOptionsDefaults(t *testing.T) {
 		got.RequestTimeout != want.RequestTimeout || got.ShutdownTimeout != want.ShutdownTimeout || got.Version != want.Version {
 		t.Fatalf("defaults\n got %+v\nwant %+v", got, want)
 	}
-	if o.NodeID == "" || o.Logger == nil {
-		t.Fatalf("NodeID %q, Logger %v: want both set", o.NodeID, o.Logger)
+	if o.NodeID != "" || o.Logger == nil || o.ShmSocket != "kvmesh-data/shm.sock" || o.Replicas != 1 || o.ChunkTokens != 512 ||
+		o.LookupTimeout != 100*time.Millisecond || o.GetTimeout != 2*time.Second || o.GossipProfile != "lan" {
+		t.Fatalf("defaults: NodeID %q (want it left to Open), Logger %v, ShmSocket %q, Replicas %d, ChunkTokens %d, LookupTimeout %v, GetTimeout %v, GossipProfile %q",
+			o.NodeID, o.Logger, o.ShmSocket, o.Replicas, o.ChunkTokens, o.LookupTimeout, o.GetTimeout, o.GossipProfile)
 	}
 }
 
@@ -38,7 +44,13 @@ func TestOptionsValidate(t *testing.T) {
 		{"GRPCAddr", func(o *Options) { o.GRPCAddr = "7600" }},
 		{"HTTPAddr", func(o *Options) { o.HTTPAddr = o.GRPCAddr }},
 		{"GossipAddr", func(o *Options) { o.GossipAddr = "nohost" }},
-		{"Join", func(o *Options) { o.Join = []string{"10.0.0.1:7603"} }},
+		{"Join", func(o *Options) { o.Join = []string{"10.0.0.1:7603", "10.0.0.2"} }},
+		{"NodeID", func(o *Options) { o.NodeID = "has space" }},
+		{"GossipKey", func(o *Options) { o.GossipKey = []byte("short") }},
+		{"GossipProfile", func(o *Options) { o.GossipProfile = "wan" }},
+		{"Replicas", func(o *Options) { o.Replicas = 9 }},
+		{"ShmSocket", func(o *Options) { o.ShmSocket = "/" + strings.Repeat("x", 120) }},
+		{"ShmRegionBytes", func(o *Options) { o.ShmRegionBytes = 4097 }},
 		{"DRAMBytes", func(o *Options) { o.DRAMBytes = -1 }},
 		{"NVMeBytes", func(o *Options) { o.NVMeBytes = 1 << 20 }},
 		{"MaxBlockBytes", func(o *Options) { o.MaxBlockBytes = 10 }},
@@ -66,5 +78,58 @@ func TestNewRefusesBadOptions(t *testing.T) {
 	}
 	if c.closed.Load() != 1 {
 		t.Fatal("New did not close the cache it was given")
+	}
+}
+
+// TestNodeIDIsStable: a node without an id generates one on its first start
+// and keeps it in its data dir; an id given explicitly wins.
+func TestNodeIDIsStable(t *testing.T) {
+	dir := t.TempDir()
+	o := Options{DataDir: dir}
+	o.EnsureDefaults()
+	if err := resolveNodeID(&o); err != nil || o.NodeID == "" {
+		t.Fatalf("first start: id %q, %v", o.NodeID, err)
+	}
+	again := Options{DataDir: dir}
+	again.EnsureDefaults()
+	if err := resolveNodeID(&again); err != nil || again.NodeID != o.NodeID {
+		t.Fatalf("restart: id %q, %v; want %q", again.NodeID, err, o.NodeID)
+	}
+	other := Options{DataDir: t.TempDir()}
+	other.EnsureDefaults()
+	if err := resolveNodeID(&other); err != nil || other.NodeID == o.NodeID {
+		t.Fatalf("another data dir got id %q (%v); ids must be unique", other.NodeID, err)
+	}
+	given := Options{DataDir: dir, NodeID: "n1", Logger: slog.New(slog.DiscardHandler)}
+	given.EnsureDefaults()
+	if err := resolveNodeID(&given); err != nil || given.NodeID != "n1" {
+		t.Fatalf("given id: %q, %v", given.NodeID, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, nodeIDFile)); strings.TrimSpace(string(b)) != "n1" {
+		t.Fatalf("stored id %q after an explicit one", b)
+	}
+}
+
+func TestReadGossipKey(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	key, err := ReadGossipKey(write("good", "MDEyMzQ1Njc4OWFiY2RlZg==\n")) // "0123456789abcdef"
+	if err != nil || string(key) != "0123456789abcdef" {
+		t.Fatalf("ReadGossipKey = %q, %v", key, err)
+	}
+	if _, err := ReadGossipKey(write("short", "c2hvcnQ=")); !errors.Is(err, ErrSecretKey) {
+		t.Fatalf("5-byte key: %v, want ErrSecretKey", err)
+	}
+	if _, err := ReadGossipKey(write("garbage", "not base64 at all!")); err == nil {
+		t.Fatal("garbage accepted as a key")
+	}
+	if _, err := ReadGossipKey(filepath.Join(dir, "missing")); err == nil {
+		t.Fatal("missing file accepted")
 	}
 }

@@ -77,6 +77,7 @@ func (n *Node) namespace(pb *kvmeshv1.Namespace) (prefixhash.Namespace, error) {
 	if enc := uint64(store.HeaderLen(ns.BlockTokens)) + size; enc > limit {
 		return ns, invalid("namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
 	}
+	n.names.note(ns)
 	return ns, nil
 }
 
@@ -110,6 +111,18 @@ func (n *Node) parseKeys(field string, raw [][]byte) ([]prefixhash.Key, error) {
 		keys[i] = k
 	}
 	return keys, nil
+}
+
+// parseChunkKeys converts a request's optional chunk keys: none, or one per
+// key.
+func (n *Node) parseChunkKeys(raw [][]byte, keys int) ([]prefixhash.Key, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	if len(raw) != keys {
+		return nil, invalid("chunk_keys", "%d chunk keys for %d keys; give one per key or none", len(raw), keys)
+	}
+	return n.parseKeys("chunk_keys", raw)
 }
 
 func parseKey(field string, b []byte) (prefixhash.Key, error) {

@@ -173,6 +173,28 @@ func linear(m, n, k int, a []float32, lda int, b []float32, ldb int, beta float3
 	impl.Sgemm(blas.NoTrans, blas.Trans, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
 }
 
+// linearCancel is linear cut into products of at most about cancelFLOPs
+// each (by ranges of output columns: rows of B), with a check of ctx before
+// each, so that a cancelled forward pass stops within one such product
+// rather than after a whole feed-forward matrix. The results are those of
+// one product: each output column is computed the same way either way.
+func linearCancel(ctx context.Context, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) error {
+	cols := max(64, min(n, cancelFLOPs/max(1, 2*m*k)/64*64))
+	for c0 := 0; c0 < n; c0 += cols {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		linear(m, min(cols, n-c0), k, a, lda, b[c0*ldb:], ldb, beta, c[c0:], ldc)
+	}
+	return nil
+}
+
+// cancelFLOPs bounds the arithmetic of a product linearCancel runs without
+// looking at its context: a few ms on two cores. Cutting the products this
+// fine costs nothing measurable (best of six cold 2048-token prefills:
+// 0.96 s cut at 32 MFLOP, 1.03 s at 128, 1.16 s whole).
+const cancelFLOPs = 32 << 20
+
 // parallel runs f over [0, n) split into contiguous ranges, one per thread,
 // and waits for all of them.
 func (m *cpuModel) parallel(n int, f func(lo, hi int)) {
@@ -232,7 +254,9 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 					rmsNorm(xn[i*d:(i+1)*d], x[(r0+i)*d:(r0+i+1)*d], L.attnNorm, c.NormEps)
 				}
 			})
-			linear(rows, w, d, xn, d, L.qkv, d, 0, sc.qkv[r0*w:], w)
+			if err := linearCancel(ctx, rows, w, d, xn, d, L.qkv, d, 0, sc.qkv[r0*w:], w); err != nil {
+				return err
+			}
 		}
 		m.parallel(s, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
@@ -263,13 +287,17 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 				}
 			})
 			gu := sc.gu[:rows*2*ffn]
-			linear(rows, 2*ffn, d, xn, d, L.gateUp, d, 0, gu, 2*ffn)
+			if err := linearCancel(ctx, rows, 2*ffn, d, xn, d, L.gateUp, d, 0, gu, 2*ffn); err != nil {
+				return err
+			}
 			m.parallel(rows, func(lo, hi int) {
 				for i := lo; i < hi; i++ {
 					swiGLU(gu[i*2*ffn:i*2*ffn+ffn], gu[i*2*ffn+ffn:(i+1)*2*ffn])
 				}
 			})
-			linear(rows, d, ffn, gu, 2*ffn, L.down, ffn, 1, xr, d)
+			if err := linearCancel(ctx, rows, d, ffn, gu, 2*ffn, L.down, ffn, 1, xr, d); err != nil {
+				return err
+			}
 		}
 	}
 	h := sc.h[:d]
@@ -304,7 +332,10 @@ func (m *cpuModel) attention(ctx context.Context, sc *cpuScratch, start, s int, 
 			t := tiles - 1 - int(it)/c.KVHeads
 			kvh := int(it) % c.KVHeads
 			i0 := t * tq
-			m.attendTile(ts, sc, kvh, start, i0, min(tq, s-i0), K, V)
+			if !m.attendTile(ctx, ts, sc, kvh, start, i0, min(tq, s-i0), K, V) {
+				stop.Store(true)
+				return
+			}
 		}
 	}
 	workers := min(m.threads, int(items))
@@ -321,7 +352,9 @@ func (m *cpuModel) attention(ctx context.Context, sc *cpuScratch, start, s int, 
 // attendTile computes the attention of new positions [i0, i0+nq) (absolute
 // positions start+i0...) for the query heads of KV head kvh, with an online
 // softmax over key tiles (running max m, running sum l, rescaled output o).
-func (m *cpuModel) attendTile(ts *tileScratch, sc *cpuScratch, kvh, start, i0, nq int, K, V []float32) {
+// It checks ctx before every key tile, so that a long context does not make
+// a cancelled pass linger, and reports false when it stopped for it.
+func (m *cpuModel) attendTile(ctx context.Context, ts *tileScratch, sc *cpuScratch, kvh, start, i0, nq int, K, V []float32) bool {
 	c := m.cfg
 	g := c.Heads / c.KVHeads
 	hd, q, kvd := c.HeadDim, c.QDim(), c.KVDim()
@@ -346,6 +379,9 @@ func (m *cpuModel) attendTile(ts *tileScratch, sc *cpuScratch, kvh, start, i0, n
 	p0 := start + i0 // the tile's first query position
 	end := p0 + nq   // keys [0, end)
 	for k0 := 0; k0 < end; k0 += attnKeys {
+		if ctx.Err() != nil {
+			return false
+		}
 		kn := min(attnKeys, end-k0)
 		sm := ts.s[:rows*attnKeys]
 		linear(rows, kn, hd, qg, hd, K[k0*kvd+kvh*hd:], kvd, 0, sm, attnKeys)
@@ -394,4 +430,5 @@ func (m *cpuModel) attendTile(ts *tileScratch, sc *cpuScratch, kvh, start, i0, n
 			}
 		}
 	}
+	return true
 }

@@ -58,11 +58,35 @@
 // backend's threads. A CUDA backend can follow behind the cuda build tag with
 // the same interface.
 //
+// # Foreground and background
+//
+// Prefill is foreground work: someone waits for its first token.
+// PrefillBackground is for work nobody waits on (queued requests) and obeys
+// one rule: it computes only while no foreground prefill is waiting or
+// running, and it never delays one beyond a fraction of a chunk. It computes
+// its suffix in chunks of Options.BackgroundBlocks blocks; the first
+// foreground prefill to arrive cancels the chunk in flight, which stops at
+// the forward pass's next check of its context (before each layer, after
+// each large product, before each attention key tile) and is computed again
+// once the last foreground prefill has returned. Background chunks run on
+// slots of their own, so the foreground never waits for one to stop; they
+// share the cores only for that short tail (products are cut to about 32
+// MFLOP, a few ms). After the last foreground prefill returns, background
+// work waits Options.BackgroundGrace (5ms) before it computes again, so
+// that the answer goes out and the next request of a burst gets in first;
+// a server holds the engine (Hold) for the whole of a synchronous request,
+// decoding and answering included. The K/V computed so far stay in
+// the background call's memory while it waits, and each chunk's full blocks
+// are published as soon as it is done, so a background prefill that is
+// abandoned (a shutdown) resumes from the cache when it is run again. Under
+// a continuous foreground load background work starves; that is the rule.
+//
 // # Concurrency
 //
-// Engine is safe for concurrent use. Options.Concurrency (default 1) prefills
-// run at once, each with its own KV and scratch; the others wait for a slot
-// or their context. One prefill already uses every core, so more would only
+// Engine is safe for concurrent use. Options.Concurrency (default 1)
+// foreground prefills run at once, each with its own KV and scratch; the
+// others wait for a slot or their context (background prefills have as many
+// slots of their own). One prefill already uses every core, so more would only
 // split them. Publishing is off the request path: one publisher goroutine,
 // owned by the Engine, encodes queued blocks (store.Encode) and calls
 // Cache.Put; the queue is bounded (Options.PublishQueue) and a prefill that

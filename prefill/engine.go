@@ -28,10 +28,12 @@ type Cache interface {
 	// called; when err is nil, release is non-nil and the engine calls it
 	// exactly once.
 	Get(ctx context.Context, keys []prefixhash.Key) (blocks [][]byte, release func(), err error)
-	// Put stores encoded blocks; blocks[i] is the block of keys[i]. The
-	// engine owns the slices and reuses them after Put returns: Put copies
-	// what it keeps. Put may drop blocks (a full cache) without an error.
-	Put(ctx context.Context, keys []prefixhash.Key, blocks [][]byte) error
+	// Put stores encoded blocks: blocks[i] is the block of chain[from+i].
+	// chain is the prompt's whole chain from block 0, so that a cluster can
+	// place each block by the first key of its placement chunk. The engine
+	// owns the slices and reuses them after Put returns: Put copies what it
+	// keeps. Put may drop blocks (a full cache) without an error.
+	Put(ctx context.Context, chain []prefixhash.Key, from int, blocks [][]byte) error
 }
 
 // Sentinel errors of the engine.
@@ -73,6 +75,16 @@ type Options struct {
 	PublishQueue int
 	// PublishTimeout is the deadline of one Put. Default 10s.
 	PublishTimeout time.Duration
+	// BackgroundBlocks is the size, in blocks, of the chunks a background
+	// prefill (PrefillBackground) computes and publishes one at a time; a
+	// foreground prefill preempts it between two checks of the forward
+	// pass, and at most one chunk's work is redone. Default 2.
+	BackgroundBlocks int
+	// BackgroundGrace is how long background prefills stay off the cores
+	// after the last foreground prefill returned: time for its answer to be
+	// sent, and for the next request of a burst to arrive, before queued
+	// work competes for the cores again. Default 5ms; negative: none.
+	BackgroundGrace time.Duration
 	// Logger receives debug records per prefill. Default slog.Default().
 	Logger *slog.Logger
 	// Now is the clock TTFT is measured with. Default time.Now.
@@ -81,9 +93,11 @@ type Options struct {
 
 // Defaults of Options.
 const (
-	DefaultConcurrency    = 1
-	DefaultPublishQueue   = 8
-	DefaultPublishTimeout = 10 * time.Second
+	DefaultConcurrency      = 1
+	DefaultPublishQueue     = 8
+	DefaultPublishTimeout   = 10 * time.Second
+	DefaultBackgroundBlocks = 2
+	DefaultBackgroundGrace  = 5 * time.Millisecond
 )
 
 // EnsureDefaults fills zero fields with their defaults. It leaves Backend
@@ -98,6 +112,12 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.PublishTimeout == 0 {
 		o.PublishTimeout = DefaultPublishTimeout
+	}
+	if o.BackgroundBlocks == 0 {
+		o.BackgroundBlocks = DefaultBackgroundBlocks
+	}
+	if o.BackgroundGrace == 0 {
+		o.BackgroundGrace = DefaultBackgroundGrace
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -117,6 +137,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: concurrency: %d is outside 1..1024", ErrInvalidConfig, o.Concurrency)
 	case o.PublishQueue < 1 || o.PublishQueue > 1<<16:
 		return fmt.Errorf("%w: publish_queue: %d is outside 1..65536", ErrInvalidConfig, o.PublishQueue)
+	case o.BackgroundBlocks < 1 || o.BackgroundBlocks > 1<<16:
+		return fmt.Errorf("%w: background_blocks: %d is outside 1..65536", ErrInvalidConfig, o.BackgroundBlocks)
 	case o.PublishTimeout < 0:
 		return fmt.Errorf("%w: publish_timeout: %v is negative", ErrInvalidConfig, o.PublishTimeout)
 	case len(o.TenantSalt) > prefixhash.MaxSaltLen:
@@ -182,6 +204,8 @@ type Stats struct {
 	Published      int64 // blocks handed to Put successfully
 	PublishErrors  int64 // Put calls that failed
 	DroppedBlocks  int64 // new blocks not published: queue full, Put failed, or engine closing
+	Background     int64 // of Requests, background prefills (PrefillBackground)
+	Preempted      int64 // background chunks cancelled for a foreground prefill and run again
 }
 
 type counters struct {
@@ -189,6 +213,7 @@ type counters struct {
 	lookupErrors, fetchErrors                  atomic.Int64
 	missing, corrupt, lost                     atomic.Int64
 	published, publishErrors, dropped          atomic.Int64
+	background, preempted                      atomic.Int64
 }
 
 // Engine is the prefill engine: it answers Prefill with a model, a cache
@@ -202,8 +227,10 @@ type Engine struct {
 	model   Model
 	backend string
 	slots   chan struct{}
-	kvPool  sync.Pool // *KV
+	bgSlots chan struct{} // background prefills' own slots (PrefillBackground)
+	kvPool  sync.Pool     // *KV
 	stats   counters
+	sched   sched // foreground prefills before background ones
 
 	// ctx is cancelled by Close: in-flight prefills stop, Put returns.
 	ctx    context.Context
@@ -266,8 +293,10 @@ func New(cache Cache, opts Options) (*Engine, error) {
 		model:   model,
 		backend: backend.Name(),
 		slots:   make(chan struct{}, opts.Concurrency),
+		bgSlots: make(chan struct{}, opts.Concurrency),
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.sched.init(opts.BackgroundGrace, opts.Now)
 	e.mu.queue = make(chan publishJob, opts.PublishQueue)
 	e.pubWG.Add(1)
 	go e.publishLoop(e.mu.queue)
@@ -295,6 +324,7 @@ func (e *Engine) Stats() Stats {
 		LookupErrors: s.lookupErrors.Load(), FetchErrors: s.fetchErrors.Load(),
 		MissingBlocks: s.missing.Load(), CorruptBlocks: s.corrupt.Load(), LostBlocks: s.lost.Load(),
 		Published: s.published.Load(), PublishErrors: s.publishErrors.Load(), DroppedBlocks: s.dropped.Load(),
+		Background: s.background.Load(), Preempted: s.preempted.Load(),
 	}
 }
 
@@ -333,34 +363,60 @@ func (e *Engine) checkInput(tokens []uint32) error {
 func (e *Engine) Prefill(ctx context.Context, tokens []uint32, session string) (Result, error) {
 	began := e.opts.Now()
 	res, err := e.prefill(ctx, began, tokens, session)
+	return e.account(res, err, false)
+}
+
+// account counts a prefill's outcome in Stats and passes it on.
+func (e *Engine) account(res Result, err error, background bool) (Result, error) {
 	if err != nil {
 		e.stats.failed.Add(1)
 		return Result{}, err
 	}
 	e.stats.requests.Add(1)
+	if background {
+		e.stats.background.Add(1)
+	}
 	e.stats.prompt.Add(int64(res.Usage.PromptTokens))
 	e.stats.cached.Add(int64(res.Usage.CachedTokens))
 	e.stats.computed.Add(int64(res.Usage.PromptTokens - res.Usage.CachedTokens))
-	e.opts.Logger.Debug("prefill", "session", session, "prompt_tokens", res.Usage.PromptTokens,
+	e.opts.Logger.Debug("prefill", "session", res.Session, "background", background, "prompt_tokens", res.Usage.PromptTokens,
 		"cached_tokens", res.Usage.CachedTokens, "ttft", res.TTFT)
 	return res, nil
 }
 
-func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, session string) (Result, error) {
+// begin checks a prompt and registers a call with the engine: it returns
+// the call's context, which Close also cancels, and end, which the call
+// must run when it returns.
+func (e *Engine) begin(ctx context.Context, tokens []uint32) (_ context.Context, end func(), _ error) {
 	if err := e.checkInput(tokens); err != nil {
-		return Result{}, err
+		return nil, nil, err
 	}
 	e.mu.RLock()
 	if e.mu.closed {
 		e.mu.RUnlock()
-		return Result{}, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	e.active.Add(1)
 	e.mu.RUnlock()
-	defer e.active.Done()
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(e.ctx, cancel)()
+	stop := context.AfterFunc(e.ctx, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+		e.active.Done()
+	}, nil
+}
+
+func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, session string) (Result, error) {
+	ctx, end, err := e.begin(ctx, tokens)
+	if err != nil {
+		return Result{}, err
+	}
+	defer end()
+	// From here until it returns, this prefill holds background ones off
+	// the cores (see PrefillBackground).
+	e.sched.enter()
+	defer e.sched.exit()
 
 	select {
 	case e.slots <- struct{}{}:
@@ -375,22 +431,11 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 	t0 := e.opts.Now()
 	res.Timing.Wait = t0.Sub(began)
 
-	keys := prefixhash.Keys(e.ns, tokens)
-	hit := e.lookup(ctx, keys)
-	if ctx.Err() != nil {
-		return Result{}, e.ctxErr(ctx, "lookup")
-	}
-	t1 := e.opts.Now()
-	res.Timing.Lookup = t1.Sub(t0)
-
-	kv := e.getKV(n)
-	loaded := e.fetch(ctx, keys[:hit], kv)
-	if ctx.Err() != nil {
-		e.kvPool.Put(kv)
-		return Result{}, e.ctxErr(ctx, "fetch")
+	keys, kv, loaded, err := e.load(ctx, tokens, &res)
+	if err != nil {
+		return Result{}, err
 	}
 	t2 := e.opts.Now()
-	res.Timing.Fetch = t2.Sub(t1)
 
 	start := min(loaded*b, n-1) // the last position is always computed
 	res.Logits = make([]float32, e.cfg.Vocab)
@@ -409,6 +454,29 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 	res.FLOPs = e.cfg.ForwardFLOPs(start, n-start)
 	e.publish(kv, tokens, keys, loaded)
 	return res, nil
+}
+
+// load looks up the cached prefix of tokens and fetches it into a KV from
+// the pool. It returns the prompt's chain, the KV (the caller puts it back
+// in the pool or hands it on) and the number of blocks loaded, and records
+// the lookup and fetch times in res.
+func (e *Engine) load(ctx context.Context, tokens []uint32, res *Result) ([]prefixhash.Key, *KV, int, error) {
+	t0 := e.opts.Now()
+	keys := prefixhash.Keys(e.ns, tokens)
+	hit := e.lookup(ctx, keys)
+	if ctx.Err() != nil {
+		return nil, nil, 0, e.ctxErr(ctx, "lookup")
+	}
+	t1 := e.opts.Now()
+	res.Timing.Lookup = t1.Sub(t0)
+	kv := e.getKV(len(tokens))
+	loaded := e.fetch(ctx, keys[:hit], kv)
+	if ctx.Err() != nil {
+		e.kvPool.Put(kv)
+		return nil, nil, 0, e.ctxErr(ctx, "fetch")
+	}
+	res.Timing.Fetch = e.opts.Now().Sub(t1)
+	return keys, kv, loaded, nil
 }
 
 // ctxErr wraps the error of a done request context, saying ErrClosed when

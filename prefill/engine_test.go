@@ -65,7 +65,7 @@ func (c *memCache) Get(ctx context.Context, keys []prefixhash.Key) ([][]byte, fu
 	}, nil
 }
 
-func (c *memCache) Put(ctx context.Context, keys []prefixhash.Key, blocks [][]byte) error {
+func (c *memCache) Put(ctx context.Context, chain []prefixhash.Key, from int, blocks [][]byte) error {
 	if c.putGate != nil {
 		select {
 		case <-c.putGate:
@@ -82,7 +82,7 @@ func (c *memCache) Put(ctx context.Context, keys []prefixhash.Key, blocks [][]by
 	if c.frozen {
 		return nil
 	}
-	for i, k := range keys {
+	for i, k := range chain[from : from+len(blocks)] {
 		c.blocks[k] = append([]byte(nil), blocks[i]...) // the engine reuses blocks
 	}
 	return nil

@@ -86,9 +86,6 @@ func (e *Engine) publishLoop(queue <-chan publishJob) {
 		blocks  [][]byte
 		payload = make([]byte, e.ns.BlockBytes())
 	)
-	b := e.cfg.BlockTokens
-	encLen := store.EncodedLen(b, len(payload))
-	root := e.ns.Root()
 	for job := range queue {
 		if job.flushed != nil {
 			close(job.flushed)
@@ -98,36 +95,53 @@ func (e *Engine) publishLoop(queue <-chan publishJob) {
 			e.drop(job)
 			continue
 		}
-		n := job.blocks()
-		if cap(buf) < n*encLen {
-			buf = make([]byte, 0, n*encLen)
-		}
-		buf, blocks = buf[:0], blocks[:0]
-		for i := job.from; i < len(job.keys); i++ {
-			parent := root
-			if i > 0 {
-				parent = job.keys[i-1]
-			}
-			job.kv.writeBlock(payload, i*b, b)
-			var key prefixhash.Key
-			var err error
-			j := i - job.from
-			buf, key, err = store.Encode(buf, e.ns, parent, job.tokens[j*b:(j+1)*b], payload)
-			if err != nil || key != job.keys[i] {
-				panic(fmt.Sprintf("prefill: encoding block %d: key %s, want %s: %v", i, key, job.keys[i], err))
-			}
-			blocks = append(blocks, buf[len(buf)-encLen:])
-		}
+		buf, blocks = e.encode(buf, blocks, payload, job.kv, job.keys, job.tokens, job.from, len(job.keys))
 		e.kvPool.Put(job.kv)
-		ctx, cancel := context.WithTimeout(e.ctx, e.opts.PublishTimeout)
-		err := e.cache.Put(ctx, job.keys[job.from:], blocks)
-		cancel()
-		if err != nil {
-			e.stats.publishErrors.Add(1)
-			e.stats.dropped.Add(int64(n))
-			e.opts.Logger.Debug("prefill: publishing blocks failed", "blocks", n, "err", err)
-			continue
-		}
-		e.stats.published.Add(int64(n))
+		e.put(job.keys, job.from, blocks)
 	}
+}
+
+// encode appends to buf the encoded blocks [from, to) of chain, whose K/V
+// are in kv and whose tokens start tokens (tokens[0] is block from's first),
+// and returns buf and the blocks, which alias buf. payload is scratch of one
+// block's payload length.
+func (e *Engine) encode(buf []byte, blocks [][]byte, payload []byte, kv *KV, chain []prefixhash.Key, tokens []uint32, from, to int) ([]byte, [][]byte) {
+	b := e.cfg.BlockTokens
+	encLen := store.EncodedLen(b, len(payload))
+	if need := (to - from) * encLen; cap(buf) < need {
+		buf = make([]byte, 0, need)
+	}
+	buf, blocks = buf[:0], blocks[:0]
+	root := e.ns.Root()
+	for i := from; i < to; i++ {
+		parent := root
+		if i > 0 {
+			parent = chain[i-1]
+		}
+		kv.writeBlock(payload, i*b, b)
+		var key prefixhash.Key
+		var err error
+		j := i - from
+		buf, key, err = store.Encode(buf, e.ns, parent, tokens[j*b:(j+1)*b], payload)
+		if err != nil || key != chain[i] {
+			panic(fmt.Sprintf("prefill: encoding block %d: key %s, want %s: %v", i, key, chain[i], err))
+		}
+		blocks = append(blocks, buf[len(buf)-encLen:])
+	}
+	return buf, blocks
+}
+
+// put hands blocks, the blocks of chain from from on, to Cache.Put under
+// PublishTimeout and counts the outcome.
+func (e *Engine) put(chain []prefixhash.Key, from int, blocks [][]byte) {
+	ctx, cancel := context.WithTimeout(e.ctx, e.opts.PublishTimeout)
+	err := e.cache.Put(ctx, chain, from, blocks)
+	cancel()
+	if err != nil {
+		e.stats.publishErrors.Add(1)
+		e.stats.dropped.Add(int64(len(blocks)))
+		e.opts.Logger.Debug("prefill: publishing blocks failed", "blocks", len(blocks), "err", err)
+		return
+	}
+	e.stats.published.Add(int64(len(blocks)))
 }

@@ -3,10 +3,10 @@
 // The Python code generated from the same files lives in clients/python.
 //
 // Services of kvmesh.v1: CacheService (Lookup, BatchGet, BatchPut, Exists,
-// Stats) for inference workers, AdminService (Members, DropNamespace,
-// BlockInfo) for operators, and PrefillService (Prefill, GetResult), which is
-// defined but not yet served. Nodes also serve grpc.health.v1 and server
-// reflection.
+// Publish, Stats) for inference workers, AdminService (Members,
+// DropNamespace, BlockInfo) for operators, PeerService (Lookup) that nodes
+// ask each other, and PrefillService (Prefill, GetResult), which is defined
+// but not yet served. Nodes also serve grpc.health.v1 and server reflection.
 //
 // The generated files are committed. After editing a .proto, regenerate
 // everything with

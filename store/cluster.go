@@ -126,6 +126,12 @@ type ClusterStats struct {
 // owners; a put keeps the blocks locally and pushes them to their owners in
 // the background. Peer failures become misses within the deadlines, never
 // errors or hangs. All methods are safe for concurrent use.
+//
+// Placement needs each block's chunk key, which a block does not carry (it
+// does not know its position in its prompt). Methods take a chain from
+// block 0 (LongestPrefix, Locate, Get), from which chunk keys follow, or
+// keys with their chunk keys (GetKeys, Exists, Put, Publish). GetKeys and
+// Exists also accept keys alone: they then ask every member, one more round.
 type Cluster struct {
 	local   *Local
 	members Membership
@@ -181,6 +187,15 @@ func (c *Cluster) placement() *Placement {
 	if c.mu.placement == nil || v != c.mu.version {
 		c.mu.placement = NewPlacement(ms, c.opts.Replicas)
 		c.mu.version = v
+		// Wake the push workers of owners that left, so that they retire.
+		for id, q := range c.mu.queues {
+			if !slices.ContainsFunc(ms, func(m Member) bool { return m.ID == id }) {
+				select {
+				case q.wake <- struct{}{}:
+				default:
+				}
+			}
+		}
 	}
 	return c.mu.placement
 }
@@ -197,9 +212,24 @@ func (c *Cluster) Owners(chunkKey prefixhash.Key) []string {
 // of every owner at once, in one round bounded by LookupTimeout. A peer that
 // fails or is late counts as a miss.
 func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blockTokens int) int {
+	n, _ := c.lookup(ctx, chain, blockTokens, false)
+	return n
+}
+
+// Locate is LongestPrefix that also says where the prefix is: where[i] is the
+// id of the member that holds block i (this node's own id for blocks it
+// holds), for i < n.
+func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, where []string) {
+	return c.lookup(ctx, chain, blockTokens, true)
+}
+
+func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockTokens int, locate bool) (int, []string) {
 	n := c.local.LongestPrefix(chain)
 	if n == len(chain) {
-		return n
+		if locate {
+			return n, slices.Repeat([]string{c.self}, n)
+		}
+		return n, nil
 	}
 	cb := c.ChunkBlocks(blockTokens)
 	p := c.placement()
@@ -207,7 +237,9 @@ func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blo
 	// The runs from block n on, one per chunk, with who to ask.
 	type run struct {
 		start, end int
-		have       int // best count so far
+		local      int    // leading blocks held here
+		have       int    // best count so far
+		by         string // the member that answered have, when more than local
 	}
 	var runs []run
 	asks := map[string][]int{} // owner → indexes into runs
@@ -217,7 +249,8 @@ func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blo
 		if r.start > n {
 			// Blocks beyond the local prefix may still be here (a
 			// producer keeps what it computed).
-			r.have = c.local.LongestPrefix(chain[r.start:r.end])
+			r.local = c.local.LongestPrefix(chain[r.start:r.end])
+			r.have = r.local
 		}
 		runs = append(runs, r)
 		owners = p.Owners(owners[:0], chain[s])
@@ -227,40 +260,89 @@ func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blo
 			}
 		}
 	}
-	if len(asks) > 0 {
-		ctx, cancel := context.WithTimeout(ctx, c.opts.LookupTimeout)
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for o, idx := range asks {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				keys := make([][]prefixhash.Key, len(idx))
-				for k, ri := range idx {
-					keys[k] = chain[runs[ri].start:runs[ri].end]
-				}
-				c.c.remoteLookups.Add(1)
-				counts, err := c.peers.Lookup(ctx, o, keys)
-				if err != nil || len(counts) != len(idx) {
-					c.c.remoteLookupFails.Add(1)
-					return
-				}
-				mu.Lock()
-				for k, ri := range idx {
-					runs[ri].have = max(runs[ri].have, min(counts[k], runs[ri].end-runs[ri].start))
-				}
-				mu.Unlock()
-			}()
+	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key {
+		runsOf := make([][]prefixhash.Key, len(idx))
+		for k, ri := range idx {
+			runsOf[k] = chain[runs[ri].start:runs[ri].end]
 		}
-		wg.Wait()
-		cancel()
-	}
+		return runsOf
+	}, func(o string, idx, counts []int) {
+		for k, ri := range idx {
+			if got := min(counts[k], runs[ri].end-runs[ri].start); got > runs[ri].have {
+				runs[ri].have, runs[ri].by = got, o
+			}
+		}
+	})
+	total := len(chain)
 	for _, r := range runs {
 		if r.have < r.end-r.start {
-			return r.start + r.have
+			total = r.start + r.have
+			break
 		}
 	}
-	return len(chain)
+	if !locate {
+		return total, nil
+	}
+	where := slices.Repeat([]string{c.self}, n)
+	for _, r := range runs {
+		for i := r.start; i < min(r.start+r.have, total); i++ {
+			if i-r.start < r.local {
+				where = append(where, c.self)
+			} else {
+				where = append(where, r.by)
+			}
+		}
+	}
+	return total, where
+}
+
+// lookupRound asks every member of asks at once, in one round bounded by
+// LookupTimeout: member o gets the runs runsOf(asks[o]) builds, and apply
+// records its answer (serialized; a member that fails or is late is not
+// applied: a miss for each of its runs).
+func (c *Cluster) lookupRound(ctx context.Context, asks map[string][]int, runsOf func(idx []int) [][]prefixhash.Key, apply func(o string, idx, counts []int)) {
+	if len(asks) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.LookupTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for o, idx := range asks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			counts, ok := c.askLookup(ctx, o, runsOf(idx))
+			if !ok {
+				return
+			}
+			mu.Lock()
+			apply(o, idx, counts)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+}
+
+// keyRuns returns keys[k:k+1] for each k of idx: one run per key.
+func keyRuns(keys []prefixhash.Key, idx []int) [][]prefixhash.Key {
+	runs := make([][]prefixhash.Key, len(idx))
+	for j, k := range idx {
+		runs[j] = keys[k : k+1]
+	}
+	return runs
+}
+
+// askLookup sends one lookup RPC and counts it; ok is false when it failed
+// (a miss for every run).
+func (c *Cluster) askLookup(ctx context.Context, id string, runs [][]prefixhash.Key) ([]int, bool) {
+	c.c.remoteLookups.Add(1)
+	counts, err := c.peers.Lookup(ctx, id, runs)
+	if err != nil || len(counts) != len(runs) {
+		c.c.remoteLookupFails.Add(1)
+		return nil, false
+	}
+	return counts, true
 }
 
 // Fetched holds blocks returned by Cluster.Get. Blocks[i] is the verified
@@ -291,38 +373,96 @@ func (c *Cluster) Get(ctx context.Context, chain []prefixhash.Key, blockTokens, 
 	if from < 0 || to > len(chain) || from > to {
 		return nil, fmt.Errorf("store: cluster get: range [%d,%d) of a %d-block chain", from, to, len(chain))
 	}
-	keys := chain[from:to]
+	return c.GetKeys(ctx, chain[from:to], c.ChunkKeys(chain, blockTokens, from, to), time.Time{})
+}
+
+// GetKeys is Get for keys that need not form a chain. chunkKeys[i] is the
+// placement-chunk key of keys[i]; with chunkKeys nil (the caller does not
+// know them), the keys missing here are first looked for on every member, in
+// one lookup round bounded by LookupTimeout. Remote fetches end by remoteBy,
+// or GetTimeout from now when that is sooner (remoteBy zero: GetTimeout), so
+// a caller that reads a long list in several calls can bound their remote
+// part as a whole. The local tiers answer under ctx alone.
+func (c *Cluster) GetKeys(ctx context.Context, keys, chunkKeys []prefixhash.Key, remoteBy time.Time) (*Fetched, error) {
+	if chunkKeys != nil && len(chunkKeys) != len(keys) {
+		return nil, fmt.Errorf("store: cluster get: %d keys but %d chunk keys", len(keys), len(chunkKeys))
+	}
 	refs, err := c.local.GetMany(ctx, keys)
 	if err != nil {
 		return nil, err
 	}
 	f := &Fetched{Blocks: make([][]byte, len(keys))}
-	missing := map[string][]int{} // owner → indexes into keys
-	cb := c.ChunkBlocks(blockTokens)
-	p := c.placement()
-	var owners []string
+	var missing []int
 	for k, r := range refs {
 		if r != nil {
 			f.Blocks[k] = r.Bytes()
 			f.releases = append(f.releases, r.Release)
-			continue
-		}
-		owners = p.Owners(owners[:0], prefixhash.ChunkKey(chain, from+k, cb))
-		for _, o := range owners {
-			if o != c.self {
-				missing[o] = append(missing[o], k)
-				break // the first remote owner only: replicas share its fate often enough that a second round is not worth its latency
-			}
+		} else {
+			missing = append(missing, k)
 		}
 	}
 	if len(missing) == 0 {
 		return f, nil
 	}
-	gctx, cancel := context.WithTimeout(ctx, c.opts.GetTimeout)
+	rctx, cancel := remoteContext(ctx, remoteBy, c.opts.GetTimeout)
 	defer cancel()
+	if chunkKeys != nil {
+		// Round r asks each still-missing key's r-th remote owner, so a
+		// replica answers for an owner that is dead or lacks the block,
+		// within the same deadline.
+		p := c.placement()
+		remote := make(map[int][]string, len(missing))
+		for _, k := range missing {
+			for _, o := range p.Owners(nil, chunkKeys[k]) {
+				if o != c.self {
+					remote[k] = append(remote[k], o)
+				}
+			}
+		}
+		for round := 0; rctx.Err() == nil; round++ {
+			byOwner := map[string][]int{} // owner → indexes into keys
+			for _, k := range missing {
+				if os := remote[k]; f.Blocks[k] == nil && round < len(os) {
+					byOwner[os[round]] = append(byOwner[os[round]], k)
+				}
+			}
+			if len(byOwner) == 0 {
+				break
+			}
+			c.fetch(rctx, keys, byOwner, f)
+		}
+	} else {
+		byOwner := map[string][]int{} // owner → indexes into keys
+		for j, h := range c.whoHas(rctx, keys, missing) {
+			if h != "" {
+				byOwner[h] = append(byOwner[h], missing[j])
+			}
+		}
+		c.fetch(rctx, keys, byOwner, f)
+	}
+	if err := ctx.Err(); err != nil {
+		f.Release()
+		return nil, err
+	}
+	return f, nil
+}
+
+// remoteContext bounds ctx by by and by timeout from now, whichever comes
+// first (by zero: timeout alone).
+func remoteContext(ctx context.Context, by time.Time, timeout time.Duration) (context.Context, context.CancelFunc) {
+	dl := time.Now().Add(timeout)
+	if !by.IsZero() && by.Before(dl) {
+		dl = by
+	}
+	return context.WithDeadline(ctx, dl)
+}
+
+// fetch reads keys[idx] from each owner in byOwner, in parallel under ctx,
+// verifies what arrives and records it in f.
+func (c *Cluster) fetch(ctx context.Context, keys []prefixhash.Key, byOwner map[string][]int, f *Fetched) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for o, idx := range missing {
+	for o, idx := range byOwner {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -331,7 +471,7 @@ func (c *Cluster) Get(ctx context.Context, chain []prefixhash.Key, blockTokens, 
 				ks[j] = keys[k]
 			}
 			c.c.remoteGets.Add(1)
-			blocks, release, err := c.peers.Get(gctx, o, ks)
+			blocks, release, err := c.peers.Get(ctx, o, ks)
 			if err != nil || len(blocks) != len(ks) {
 				c.c.remoteGetFails.Add(1)
 				if release != nil {
@@ -352,7 +492,7 @@ func (c *Cluster) Get(ctx context.Context, chain []prefixhash.Key, blockTokens, 
 				}
 				c.c.remoteHits.Add(1)
 				if c.opts.KeepRemote {
-					_ = c.local.Put(gctx, b) // best effort: a full node still serves the copy
+					_ = c.local.Put(ctx, b) // best effort: a full node still serves the copy
 				}
 				mu.Lock()
 				f.Blocks[idx[j]] = b
@@ -371,11 +511,125 @@ func (c *Cluster) Get(ctx context.Context, chain []prefixhash.Key, blockTokens, 
 		}()
 	}
 	wg.Wait()
-	if err := ctx.Err(); err != nil {
-		f.Release()
-		return nil, err
+}
+
+// whoHas asks every other member, in one parallel round bounded by
+// LookupTimeout, which of keys[idx] it holds, and returns for each the id of
+// a member that does ("" when none answered yes). Members are preferred in id
+// order, so the answer does not depend on which replied first.
+func (c *Cluster) whoHas(ctx context.Context, keys []prefixhash.Key, idx []int) []string {
+	asks := map[string][]int{}
+	var others []string
+	for _, m := range c.placement().Members() {
+		if m.ID != c.self {
+			others = append(others, m.ID)
+			asks[m.ID] = idx
+		}
 	}
-	return f, nil
+	answers := map[string][]int{}
+	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key { return keyRuns(keys, idx) },
+		func(o string, _, counts []int) { answers[o] = counts })
+	out := make([]string, len(idx))
+	for j := range idx {
+		for _, o := range others {
+			if a := answers[o]; a != nil && a[j] > 0 {
+				out[j] = o
+				break
+			}
+		}
+	}
+	return out
+}
+
+// Exists reports which keys are cached anywhere in the cluster: here, or on
+// an owner of chunkKeys[i] (with chunkKeys nil, on any member). The remote
+// part is one parallel round bounded by LookupTimeout; a peer that fails or
+// is late counts as not holding its keys.
+func (c *Cluster) Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) ([]bool, error) {
+	if chunkKeys != nil && len(chunkKeys) != len(keys) {
+		return nil, fmt.Errorf("store: cluster exists: %d keys but %d chunk keys", len(keys), len(chunkKeys))
+	}
+	present := make([]bool, len(keys))
+	var missing []int
+	for k, key := range keys {
+		if present[k] = c.local.Contains(key); !present[k] {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) == 0 {
+		return present, nil
+	}
+	if chunkKeys == nil {
+		for j, h := range c.whoHas(ctx, keys, missing) {
+			present[missing[j]] = h != ""
+		}
+		return present, ctx.Err()
+	}
+	p := c.placement()
+	asks := map[string][]int{} // owner → indexes into keys
+	var owners []string
+	for _, k := range missing {
+		owners = p.Owners(owners[:0], chunkKeys[k])
+		for _, o := range owners {
+			if o != c.self {
+				asks[o] = append(asks[o], k)
+			}
+		}
+	}
+	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key { return keyRuns(keys, idx) },
+		func(_ string, idx, counts []int) {
+			for j, k := range idx {
+				present[k] = present[k] || counts[j] > 0
+			}
+		})
+	return present, ctx.Err()
+}
+
+// Publish queues the blocks of keys that this node holds for the owners of
+// their placement chunks (chunkKeys[i] places keys[i]), as Put does for the
+// blocks it stores; keys not held here are skipped. It is for blocks that
+// reached the local store without their placement (the data plane carries
+// keys and bytes only). It returns how many blocks it queued for at least
+// one other owner. Like Put, it never waits for a peer.
+func (c *Cluster) Publish(ctx context.Context, keys, chunkKeys []prefixhash.Key) (int, error) {
+	if len(chunkKeys) != len(keys) {
+		return 0, fmt.Errorf("store: cluster publish: %d keys but %d chunk keys", len(keys), len(chunkKeys))
+	}
+	p := c.placement()
+	var owners []string
+	var want []prefixhash.Key
+	var wantOwners [][]string
+	for k, key := range keys {
+		var remote []string
+		for _, o := range p.Owners(owners[:0], chunkKeys[k]) {
+			if o != c.self {
+				remote = append(remote, o)
+			}
+		}
+		if len(remote) > 0 {
+			want = append(want, key)
+			wantOwners = append(wantOwners, remote)
+		}
+	}
+	if len(want) == 0 {
+		return 0, nil
+	}
+	refs, err := c.local.GetMany(ctx, want)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for j, r := range refs {
+		if r == nil {
+			continue
+		}
+		for _, o := range wantOwners[j] {
+			c.enqueue(o, r.Bytes())
+		}
+		r.Release()
+		n++
+	}
+	return n, nil
 }
 
 // Put stores blocks locally (the producer keeps what it computed) and queues

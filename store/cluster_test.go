@@ -392,3 +392,196 @@ func TestClusterHandoff(t *testing.T) {
 		t.Fatalf("after n1 left, prefix %d of %d", n, len(chain))
 	}
 }
+
+// putPrompt puts a prompt of n blocks through node a and waits for its
+// pushes.
+func (tc *testCluster) putPrompt(t *testing.T, seed uint64, n int) ([]prefixhash.Key, [][]byte) {
+	t.Helper()
+	ns := clusterNS()
+	chain, blocks := prompt(t, rand.New(rand.NewPCG(seed, seed)), ns, n)
+	a := tc.nodes[0]
+	if err := a.Put(context.Background(), blocks, a.ChunkKeys(chain, ns.BlockTokens, 0, len(chain))); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, a)
+	return chain, blocks
+}
+
+// TestClusterGetKeys: blocks asked for by key, in any order, with or without
+// their chunk keys, are read from whoever holds them.
+func TestClusterGetKeys(t *testing.T) {
+	tc := newTestCluster(t, 4, ClusterOptions{ChunkTokens: 8})
+	chain, blocks := tc.putPrompt(t, 7, 30)
+	c := tc.nodes[3]
+	ns := clusterNS()
+	order := rand.New(rand.NewPCG(8, 8)).Perm(len(chain))
+	keys := make([]prefixhash.Key, len(order))
+	cks := make([]prefixhash.Key, len(order))
+	all := c.ChunkKeys(chain, ns.BlockTokens, 0, len(chain))
+	for j, i := range order {
+		keys[j], cks[j] = chain[i], all[i]
+	}
+	unknown := prefixhash.Keys(ns, []uint32{9, 9, 9, 9})[0]
+	keys, cks = append(keys, unknown), append(cks, unknown)
+	for _, withChunks := range []bool{true, false} {
+		ask := cks
+		if !withChunks {
+			ask = nil
+		}
+		tc.net.mu.Lock()
+		tc.net.calls = map[string]int{}
+		tc.net.mu.Unlock()
+		f, err := c.GetKeys(context.Background(), keys, ask, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, i := range order {
+			if !bytes.Equal(f.Blocks[j], blocks[i]) {
+				t.Fatalf("chunk keys %v: key %d (block %d) read wrong or missed", withChunks, j, i)
+			}
+		}
+		if f.Blocks[len(order)] != nil {
+			t.Fatal("a key nobody holds was found")
+		}
+		f.Release()
+		tc.net.mu.Lock()
+		lookups, gets := tc.net.calls["lookup"], tc.net.calls["get"]
+		tc.net.mu.Unlock()
+		if withChunks && lookups != 0 || !withChunks && lookups != 3 || gets > 3 {
+			t.Fatalf("chunk keys %v: %d lookups and %d gets; want one round of lookups only without chunk keys, one get per holder", withChunks, lookups, gets)
+		}
+	}
+	if _, err := c.GetKeys(context.Background(), keys, cks[:1], time.Time{}); err == nil {
+		t.Fatal("mismatched chunk keys accepted")
+	}
+}
+
+// TestClusterLocate: Locate says which member holds each block of the prefix.
+func TestClusterLocate(t *testing.T) {
+	tc := newTestCluster(t, 3, ClusterOptions{ChunkTokens: 8})
+	chain, _ := tc.putPrompt(t, 9, 21)
+	ns := clusterNS()
+	p := NewPlacement([]Member{{ID: "n0", Weight: 1}, {ID: "n1", Weight: 1}, {ID: "n2", Weight: 1}}, 1)
+	for _, c := range tc.nodes {
+		n, where := c.Locate(context.Background(), chain, ns.BlockTokens)
+		if n != len(chain) || len(where) != n {
+			t.Fatalf("%s: Locate = %d blocks, %d places", c.self, n, len(where))
+		}
+		for i, w := range where {
+			owner := p.Owner(prefixhash.ChunkKey(chain, i, 2))
+			if c.self == "n0" && w != "n0" || c.self != "n0" && w != owner && w != c.self {
+				t.Fatalf("%s: block %d located on %s; owner %s, producer n0", c.self, i, w, owner)
+			}
+			if w == c.self && !c.Local().Contains(chain[i]) {
+				t.Fatalf("%s: block %d located here but not held here", c.self, i)
+			}
+		}
+	}
+	if n, where := tc.nodes[1].Locate(context.Background(), nil, ns.BlockTokens); n != 0 || len(where) != 0 {
+		t.Fatalf("empty chain: %d, %v", n, where)
+	}
+}
+
+// TestClusterExists: presence anywhere in the cluster, with and without chunk
+// keys; a dead holder reads as absent.
+func TestClusterExists(t *testing.T) {
+	tc := newTestCluster(t, 3, ClusterOptions{ChunkTokens: 4, LookupTimeout: 50 * time.Millisecond})
+	chain, _ := tc.putPrompt(t, 10, 12)
+	ns := clusterNS()
+	unknown := prefixhash.Keys(ns, []uint32{7, 7, 7, 7})[0]
+	keys := append(append([]prefixhash.Key(nil), chain...), unknown)
+	c := tc.nodes[2]
+	cks := append(c.ChunkKeys(chain, ns.BlockTokens, 0, len(chain)), unknown)
+	for _, ask := range [][]prefixhash.Key{cks, nil} {
+		got, err := c.Exists(context.Background(), keys, ask)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range chain {
+			if !got[i] {
+				t.Fatalf("block %d not found (chunk keys %v)", i, ask != nil)
+			}
+		}
+		if got[len(chain)] {
+			t.Fatal("an unknown key exists")
+		}
+	}
+	tc.net.mu.Lock()
+	tc.net.fault["n1"] = "slow"
+	tc.net.mu.Unlock()
+	got, err := c.Exists(context.Background(), keys, cks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.placement()
+	for i := range chain {
+		owner := p.Owner(cks[i])
+		if want := owner != "n1" || c.Local().Contains(chain[i]); got[i] != want {
+			t.Fatalf("block %d (owner %s) with n1 silent: exists %v, want %v", i, owner, got[i], want)
+		}
+	}
+}
+
+// TestClusterPublish: blocks stored locally without their placement reach
+// their owners once published.
+func TestClusterPublish(t *testing.T) {
+	tc := newTestCluster(t, 3, ClusterOptions{ChunkTokens: 4})
+	ns := clusterNS()
+	chain, blocks := prompt(t, rand.New(rand.NewPCG(11, 11)), ns, 12)
+	a := tc.nodes[0]
+	if err := a.Local().PutMany(context.Background(), blocks); err != nil {
+		t.Fatal(err)
+	}
+	if n := tc.nodes[1].LongestPrefix(context.Background(), chain, ns.BlockTokens); n == len(chain) {
+		t.Fatal("unpublished blocks are already found elsewhere: the test proves nothing")
+	}
+	cks := a.ChunkKeys(chain, ns.BlockTokens, 0, len(chain))
+	n, err := a.Publish(context.Background(), chain, cks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := a.placement()
+	want := 0
+	for _, ck := range cks {
+		if p.Owner(ck) != "n0" {
+			want++
+		}
+	}
+	if n != want {
+		t.Fatalf("published %d blocks, want %d (those n0 does not own)", n, want)
+	}
+	flush(t, a)
+	if got := tc.nodes[1].LongestPrefix(context.Background(), chain, ns.BlockTokens); got != len(chain) {
+		t.Fatalf("after Publish, prefix %d of %d", got, len(chain))
+	}
+	if _, err := a.Publish(context.Background(), chain, nil); err == nil {
+		t.Fatal("Publish without chunk keys accepted")
+	}
+}
+
+// TestClusterRemoteDeadline: GetKeys gives up on a silent peer at remoteBy,
+// however long GetTimeout is, and still serves what is local.
+func TestClusterRemoteDeadline(t *testing.T) {
+	tc := newTestCluster(t, 2, ClusterOptions{ChunkTokens: 4, GetTimeout: time.Hour, LookupTimeout: time.Hour})
+	chain, _ := tc.putPrompt(t, 12, 16)
+	tc.net.mu.Lock()
+	tc.net.fault["n0"] = "slow"
+	tc.net.mu.Unlock()
+	b := tc.nodes[1]
+	ns := clusterNS()
+	cks := b.ChunkKeys(chain, ns.BlockTokens, 0, len(chain))
+	start := time.Now()
+	f, err := b.GetKeys(context.Background(), chain, cks, time.Now().Add(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Release()
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("GetKeys returned after %v; remoteBy was 50ms away", el)
+	}
+	for i, blk := range f.Blocks {
+		if (blk != nil) != b.Local().Contains(chain[i]) {
+			t.Fatalf("block %d: found %v, held locally %v", i, blk != nil, b.Local().Contains(chain[i]))
+		}
+	}
+}

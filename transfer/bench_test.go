@@ -5,6 +5,7 @@ package transfer
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -140,17 +141,7 @@ func BenchmarkVersus(b *testing.B) {
 			if _, err := exec.LookPath("redis-server"); err == nil {
 				paths = append(paths, redisPath(b, tb))
 			}
-			b.ResetTimer()
-			res, err := Interleave(context.Background(), paths, b.N, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.StopTimer()
-			gbps := map[string]float64{}
-			for _, r := range res {
-				gbps[r.Name] = r.MedianGBps
-				b.ReportMetric(r.MedianGBps, r.Name+"_GB/s")
-			}
+			gbps := interleave(b, paths)
 			b.ReportMetric(gbps["tcp"]/gbps["raw"], "tcp/raw")
 			b.ReportMetric(gbps["tcp"]/1.44, "tcp/mooncake")
 			b.ReportMetric(gbps["shm"]/gbps["copy"], "shm/copy")
@@ -160,6 +151,67 @@ func BenchmarkVersus(b *testing.B) {
 			}
 		})
 	}
+}
+
+// tlsPair is the server and client TLS configurations of a benchmark.
+type tlsPair struct{ server, client *tls.Config }
+
+func benchTLS(b *testing.B) *tlsPair {
+	p := newPKI(b)
+	srv, cli, err := LoadTLS(TLSFiles{Cert: p.nodeCert, Key: p.nodeKey, CA: p.a.File, ClientAuth: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &tlsPair{srv, cli}
+}
+
+// BenchmarkTLS is the throughput cost of TLS on the data plane: Get of
+// 1 MiB and 4 MiB values over plain TCP (tcp) and over mutual TLS 1.3
+// (tls, and tls2 with two connections at once), beside a plain and a TLS
+// stream of the same bytes (raw, rawtls: crypto/tls's own ceiling), all
+// interleaved batch by batch as in BenchmarkVersus:
+//
+//	go test -run '^$' -bench TLS -benchtime 20x -count 5 ./transfer/
+//
+// It reports each path's GB/s and tls/tcp (what TLS costs the data plane),
+// tls/rawtls (how close the data plane runs to crypto/tls's stream) and
+// rawtls/raw (what TLS costs a bare stream).
+func BenchmarkTLS(b *testing.B) {
+	tp := benchTLS(b)
+	for _, size := range benchSizes[1:] {
+		b.Run("size="+size.name, func(b *testing.B) {
+			tb := testbed(b, size.n)
+			so := &ServerOptions{TLS: tp.server}
+			co := &ClientOptions{TLS: tp.client}
+			gbps := interleave(b, []Path{
+				must(b)(tb.Raw(true)),
+				must(b)(tb.RawTLS(true, tp.server, tp.client)),
+				must(b)(tb.TCP(1)),
+				must(b)(tb.TCPWith("tls", 1, so, co)),
+				must(b)(tb.TCPWith("tls2", 2, so, co)),
+			})
+			b.ReportMetric(gbps["tls"]/gbps["tcp"], "tls/tcp")
+			b.ReportMetric(gbps["tls"]/gbps["rawtls"], "tls/rawtls")
+			b.ReportMetric(gbps["rawtls"]/gbps["raw"], "rawtls/raw")
+		})
+	}
+}
+
+// interleave runs b.N rounds of every path (Interleave) and reports (and
+// returns) each path's GB/s of its median batch.
+func interleave(b *testing.B, paths []Path) map[string]float64 {
+	b.ResetTimer()
+	res, err := Interleave(context.Background(), paths, b.N, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	gbps := map[string]float64{}
+	for _, r := range res {
+		gbps[r.Name] = r.MedianGBps
+		b.ReportMetric(r.MedianGBps, r.Name+"_GB/s")
+	}
+	return gbps
 }
 
 // redisPath runs a private redis-server (no persistence) on a free port,

@@ -3,6 +3,7 @@ package transfer
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +26,7 @@ import (
 type Client struct {
 	addr     string
 	opts     ClientOptions
+	tls      *tls.Config // opts.TLS prepared for addr; nil: plain TCP
 	inflight *byteSem
 	slots    chan struct{} // one token per connection in use
 	done     chan struct{} // closed by Close
@@ -52,6 +54,7 @@ func NewClient(addr string, opts *ClientOptions) (*Client, error) {
 	c := &Client{
 		addr:     addr,
 		opts:     o,
+		tls:      prepareTLS(o.TLS, addr),
 		inflight: newByteSem(int64(o.MaxInFlightBytes)),
 		slots:    make(chan struct{}, o.MaxConns),
 		done:     make(chan struct{}),
@@ -92,7 +95,7 @@ func (c *Client) Close() error {
 	c.mu.idle = nil
 	c.mu.Unlock()
 	for _, cc := range conns {
-		cc.nc.Close()
+		cc.raw.Close()
 	}
 	return nil
 }
@@ -275,11 +278,11 @@ func (c *Client) do(ctx context.Context, fn func(*clientConn) error) error {
 			return err
 		}
 		if dl, ok := ctx.Deadline(); ok {
-			cc.nc.SetDeadline(dl)
+			cc.raw.SetDeadline(dl)
 		} else {
-			cc.nc.SetDeadline(time.Time{})
+			cc.raw.SetDeadline(time.Time{})
 		}
-		stop := context.AfterFunc(ctx, func() { cc.nc.SetDeadline(aLongTimeAgo) })
+		stop := context.AfterFunc(ctx, func() { cc.raw.SetDeadline(aLongTimeAgo) })
 		cc.answered = false
 		err = fn(cc)
 		interrupted := !stop()
@@ -342,21 +345,19 @@ func (c *Client) checkout(ctx context.Context) (*clientConn, error) {
 			return cc, nil
 		}
 		delete(c.mu.conns, cc)
-		cc.nc.Close()
+		cc.raw.Close()
 	}
 	c.mu.Unlock()
 
-	d := net.Dialer{Timeout: c.opts.DialTimeout}
-	nc, err := d.DialContext(ctx, "tcp", c.addr)
+	cc, err := c.dial(ctx)
 	if err != nil {
 		<-c.slots
-		return nil, fmt.Errorf("dial: %w", err)
+		return nil, err
 	}
-	cc := &clientConn{nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
 	c.mu.Lock()
 	if c.mu.closed {
 		c.mu.Unlock()
-		nc.Close()
+		cc.raw.Close()
 		<-c.slots
 		return nil, ErrClosed
 	}
@@ -365,12 +366,64 @@ func (c *Client) checkout(ctx context.Context) (*clientConn, error) {
 	return cc, nil
 }
 
+// dial opens a connection within DialTimeout (and ctx): TCP, the TLS
+// handshake when the client has TLS, and the hello, whose answer says the
+// server accepts this client.
+func (c *Client) dial(ctx context.Context) (*clientConn, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "tcp", c.addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	cc := &clientConn{raw: raw, nc: raw}
+	if err := cc.open(ctx, c.tls, c.opts.Token, &c.opts.Limits); err != nil {
+		raw.Close()
+		switch {
+		case errors.Is(err, ErrAuth):
+		case ctx.Err() != nil:
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// The socket's deadline, set from ctx's, fired first.
+			err = fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
+		}
+		return nil, fmt.Errorf("open connection: %w", err)
+	}
+	return cc, nil
+}
+
+// open runs the TLS handshake (cfg non-nil) and the hello exchange on a new
+// connection under ctx, and leaves it with no deadline.
+func (cc *clientConn) open(ctx context.Context, cfg *tls.Config, token string, lim *Limits) error {
+	dl, _ := ctx.Deadline()
+	cc.raw.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { cc.raw.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	if cfg != nil {
+		tc := tls.Client(cc.raw, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return fmt.Errorf("TLS handshake: %w", tlsError(err))
+		}
+		cc.nc = tc
+	}
+	cc.br = bufio.NewReaderSize(cc.nc, 64<<10)
+	if _, err := cc.nc.Write(helloFrame(&cc.enc, token)); err != nil {
+		return fmt.Errorf("send hello: %w", tlsError(err))
+	}
+	if _, err := cc.readFrame(0, typeHelloAck, lim); err != nil {
+		return fmt.Errorf("hello: %w", tlsError(err))
+	}
+	cc.raw.SetDeadline(time.Time{})
+	return nil
+}
+
 func (c *Client) checkin(cc *clientConn) {
 	cc.lastUsed = time.Now()
 	c.mu.Lock()
 	if c.mu.closed {
 		c.mu.Unlock()
-		cc.nc.Close()
+		cc.raw.Close()
 	} else {
 		c.mu.idle = append(c.mu.idle, cc)
 		c.mu.Unlock()
@@ -379,7 +432,7 @@ func (c *Client) checkin(cc *clientConn) {
 }
 
 func (c *Client) discard(cc *clientConn) {
-	cc.nc.Close()
+	cc.raw.Close()
 	c.mu.Lock()
 	delete(c.mu.conns, cc)
 	c.mu.Unlock()
@@ -389,7 +442,8 @@ func (c *Client) discard(cc *clientConn) {
 // clientConn is one pooled connection. Only the request holding it (between
 // checkout and checkin/discard) touches it.
 type clientConn struct {
-	nc       net.Conn
+	raw      net.Conn // the TCP connection; closing it never blocks
+	nc       net.Conn // raw, or the TLS connection over it
 	br       *bufio.Reader
 	enc      encoder
 	hdr      [headerLen]byte
@@ -439,11 +493,18 @@ func readTable(r io.Reader, h *header, buf []byte) ([]byte, error) {
 	return buf, checkTable(h, buf)
 }
 
-// remoteError reads an error frame's message.
+// remoteError reads an error frame's message. An error of class auth wraps
+// ErrAuth as well as ErrRemote.
 func remoteError(r io.Reader, h *header) error {
 	var msg [maxErrorMsg]byte
 	if _, err := io.ReadFull(r, msg[:h.payload]); err != nil {
+		if h.class == classAuth {
+			return &authError{reason: "the peer refused the connection (message lost: " + err.Error() + ")", err: ErrRemote}
+		}
 		return fmt.Errorf("%w (message lost: %w)", ErrRemote, err)
+	}
+	if h.class == classAuth {
+		return &authError{reason: "the peer refused the connection: " + string(msg[:h.payload]), err: ErrRemote}
 	}
 	return fmt.Errorf("%w: %s", ErrRemote, msg[:h.payload])
 }

@@ -9,7 +9,10 @@
 // TCP (Server, Client): a framed protocol (frame.go) over a pool of
 // connections per peer, one request per connection at a time. A get request
 // carries up to Limits.MaxItems keys; its response carries a status per key
-// (found, miss, error) and the found values. The server writes the response
+// (found, miss, error) and the found values. A lookup request (lookup.go)
+// carries runs of keys of prefix chains and is answered with, per run, how
+// many leading keys the peer holds, when its Source is a Looker: the
+// cluster's one-round prefix lookup, without gRPC's costs. The server writes the response
 // header, the item table and the values straight from the Source's memory in
 // one vectored write (net.Buffers, writev): no value byte is copied into a
 // frame. The client reads values into pooled, 64-byte-aligned receive
@@ -45,6 +48,47 @@
 // Every length a frame declares is checked against Limits (items per frame,
 // value size, bytes per frame) before anything is allocated for it, so a
 // hostile frame cannot make a receiver allocate without bound.
+//
+// # Security
+//
+// TLS (ServerOptions.TLS, ClientOptions.TLS): TLS 1.3 only, over the same
+// framed protocol. LoadTLS builds both configurations from PEM files
+// (TLSFiles: certificate, key, CA, ClientAuth for mutual TLS between nodes,
+// ServerName); they suit a gRPC server and client as well. The handshake
+// runs when a pooled connection opens, within the client's DialTimeout and
+// the server's HandshakeTimeout, so it is paid once per connection, not per
+// request. A TLS write cannot be vectored: crypto/tls seals each piece of a
+// response into 16 KiB records and writes each record with its own write,
+// so a response's header, table and values go out as a sequence of record
+// writes instead of one writev; BenchmarkTLS measured that this costs
+// nothing beyond crypto/tls itself (the data plane runs at crypto/tls's own
+// stream speed), and that TLS itself, AES-GCM and one copy on each side,
+// costs most of the throughput of these cores (see BENCHMARKS.md).
+//
+// Bearer tokens (ServerOptions.Tokens, ClientOptions.Token): every
+// connection opens with a hello frame that carries the client's token (none
+// when it has none), and the client sends nothing else until the server
+// answered: an ack, or an error frame of the authentication class followed
+// by closing the connection. So no request is read, let alone served, on an
+// unauthenticated connection, and the client's error says why (ErrAuth).
+// The server compares the token's SHA-256 with every accepted token's in
+// constant time. Tokens.Set rotates the set without a restart; connections
+// already accepted stay open. Over plain TCP the token travels in the clear:
+// use TLS wherever the network is not trusted.
+//
+// Mismatched ends fail at once with ErrAuth, never with a hang or a
+// deadline: a plain client of a TLS server is answered with a plain error
+// frame saying TLS is required; a TLS client of a plain server recognizes
+// the plain frame it gets back; refused certificates fail the handshake.
+// Server.Stats counts refused connections (Unauthorized).
+//
+// Shared memory is local: no TLS. Who may connect is who may open the unix
+// socket (ShmServerOptions.SocketMode, default 0600: the server's user and
+// root), narrowed, when set, to processes of given user ids (PeerUIDs,
+// checked with SO_PEERCRED) and to clients presenting a token (Tokens, in
+// the same hello as TCP's). A refused client gets no region. Each client's
+// region is its own memfd, sealed and mapped read-only by the client, so a
+// client sees only the values it asked for.
 //
 // # Deadlines and failure
 //

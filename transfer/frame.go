@@ -14,7 +14,7 @@ import (
 //
 //	off  size  field
 //	  0     4  magic "KVTF"
-//	  4     1  version (1)
+//	  4     1  version (2)
 //	  5     1  frame type
 //	  6     2  reserved, zero
 //	  8     8  request id (an answer carries its request's id)
@@ -23,7 +23,7 @@ import (
 //	 24     8  payload length in bytes
 //	 32     8  get requests: most value bytes the requester takes in one answer (0: no limit); else zero
 //	 40     4  get requests: largest value the requester takes (0: no limit); else zero
-//	 44     4  reserved, zero
+//	 44     4  error frames: error class (0 request, 1 authentication); else zero
 //	 48     8  xxhash64 of the item table
 //	 56     8  xxhash64 of bytes [0,56)
 //
@@ -39,6 +39,28 @@ import (
 //	                  Limits: MaxItems u32, MaxValueSize u32, 4 zero bytes,
 //	                  MaxBatchBytes u64 (count 1)
 //	errorMsg    (0)   the payload is a UTF-8 message (count 0)
+//	lookupReq   (24)  key, run index u32 (0 for the first key, then equal to
+//	                  the previous key's or one more), 4 zero bytes
+//	lookupResp  (8)   per run: how many leading keys the peer holds u32,
+//	                  4 zero bytes
+//
+// Lookup frames carry no payload; their item count is bounded by
+// maxLookupKeys rather than MaxItems, since an entry costs 24 bytes and
+// allocates nothing else.
+//
+//	hello       (1)   the client's bearer token, one byte per item (count 0
+//	                  to MaxTokenLen; 0: no token)
+//	helloAck    (0)   nothing (count 0)
+//
+// A TCP connection and a shared-memory connection open with a hello: the
+// client sends a hello frame (id 0) and waits for the answer before it sends
+// anything else. The TCP server answers with helloAck; the shared-memory
+// server with shmHello and the region. A server that refuses the token
+// answers with an error frame of class 1 (authentication) and closes the
+// connection. A TCP server that requires no token also serves clients that
+// skip the hello; one that requires a token refuses them. Over TLS, the
+// hello is the first frame inside the TLS stream. Version 2 added the hello
+// and the error class; version 1 peers are refused by the version check.
 //
 // The payload of getResp and putReq is the values in table order, each
 // padded with zeros to a multiple of 64 bytes, so that every value lands
@@ -49,15 +71,18 @@ import (
 const (
 	headerLen    = 64
 	frameMagic   = 0x4654564b // "KVTF"
-	wireVersion  = 1
+	wireVersion  = 2
 	valueAlign   = 64
 	maxErrorMsg  = 1024
 	getReqEntry  = prefixhash.KeySize
 	getRespEntry = 8
 	putReqEntry  = prefixhash.KeySize + 8
+	lookupEntry  = prefixhash.KeySize + 8
+	countEntry   = 8
 	shmRespEntry = 16
 	releaseEntry = 8
 	helloEntry   = 32
+	tokenEntry   = 1
 )
 
 type frameType uint8
@@ -71,6 +96,16 @@ const (
 	typeShmRelease
 	typeShmHello
 	typeError
+	typeLookupReq
+	typeLookupResp
+	typeHello
+	typeHelloAck
+)
+
+// Error classes of error frames: what the client makes of them.
+const (
+	classRequest uint32 = 0 // ErrRemote
+	classAuth    uint32 = 1 // ErrAuth and ErrRemote
 )
 
 func (t frameType) String() string {
@@ -91,6 +126,14 @@ func (t frameType) String() string {
 		return "shm hello"
 	case typeError:
 		return "error"
+	case typeLookupReq:
+		return "lookup request"
+	case typeLookupResp:
+		return "lookup response"
+	case typeHello:
+		return "hello"
+	case typeHelloAck:
+		return "hello ack"
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }
@@ -111,8 +154,14 @@ func (t frameType) entryLen() int {
 		return releaseEntry
 	case typeShmHello:
 		return helloEntry
-	case typeError:
+	case typeError, typeHelloAck:
 		return 0
+	case typeLookupReq:
+		return lookupEntry
+	case typeLookupResp:
+		return countEntry
+	case typeHello:
+		return tokenEntry
 	}
 	return -1
 }
@@ -124,8 +173,9 @@ type header struct {
 	count    int
 	timeout  uint32 // milliseconds; 0 = none
 	payload  int
-	maxBatch int // get requests: most value bytes per answer; 0 = no limit
-	maxValue int // get requests: largest value; 0 = no limit
+	maxBatch int    // get requests: most value bytes per answer; 0 = no limit
+	maxValue int    // get requests: largest value; 0 = no limit
+	class    uint32 // error frames: classRequest or classAuth
 	tableSum uint64
 }
 
@@ -148,7 +198,7 @@ func putHeader(b []byte, h *header) {
 	binary.LittleEndian.PutUint64(b[24:], uint64(h.payload))
 	binary.LittleEndian.PutUint64(b[32:], uint64(h.maxBatch))
 	binary.LittleEndian.PutUint32(b[40:], uint32(h.maxValue))
-	binary.LittleEndian.PutUint32(b[44:], 0)
+	binary.LittleEndian.PutUint32(b[44:], h.class)
 	binary.LittleEndian.PutUint64(b[48:], h.tableSum)
 	binary.LittleEndian.PutUint64(b[56:], xxhash.Sum64(b[:56]))
 }
@@ -185,13 +235,16 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 	payload := binary.LittleEndian.Uint64(b[24:])
 	maxBatch := binary.LittleEndian.Uint64(b[32:])
 	h.maxValue = int(binary.LittleEndian.Uint32(b[40:]))
+	h.class = binary.LittleEndian.Uint32(b[44:])
 	h.tableSum = binary.LittleEndian.Uint64(b[48:])
 	switch {
-	case b[6] != 0 || b[7] != 0 || binary.LittleEndian.Uint32(b[44:]) != 0:
+	case b[6] != 0 || b[7] != 0:
 		return h, corrupt("reserved header bytes are not zero")
+	case h.typ != typeError && h.class != 0:
+		return h, corrupt("%s frame with an error class", h.typ)
 	case h.typ != typeGetReq && (maxBatch != 0 || h.maxValue != 0):
 		return h, corrupt("%s frame with requester limits", h.typ)
-	case h.typ != typeGetReq && h.typ != typePutReq && h.timeout != 0:
+	case h.typ != typeGetReq && h.typ != typePutReq && h.typ != typeLookupReq && h.timeout != 0:
 		return h, corrupt("%s frame with a timeout", h.typ)
 	}
 	h.maxBatch = int(min(maxBatch, maxBatchLimit))
@@ -204,10 +257,22 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 		maxCount = 1
 	case typeError:
 		maxCount, maxPayload = 0, maxErrorMsg
+	case typeLookupReq, typeLookupResp:
+		maxCount = maxLookupKeys
+	case typeHello:
+		maxCount = MaxTokenLen
+	case typeHelloAck:
+		maxCount = 0
 	}
 	if uint64(count) > maxCount {
-		if h.typ == typeShmHello || h.typ == typeError {
+		switch h.typ {
+		case typeShmHello, typeError, typeHelloAck:
 			return h, corrupt("%s frame with %d items", h.typ, count)
+		case typeHello:
+			return h, fmt.Errorf("%w: hello with a %d-byte token, MaxTokenLen is %d", ErrLimit, count, MaxTokenLen)
+		}
+		if h.typ == typeLookupReq || h.typ == typeLookupResp {
+			return h, fmt.Errorf("%w: %s of %d keys, the limit is %d", ErrLimit, h.typ, count, maxCount)
 		}
 		return h, fmt.Errorf("%w: %s of %d items, MaxItems is %d", ErrLimit, h.typ, count, lim.MaxItems)
 	}
@@ -470,4 +535,11 @@ func parseHello(t []byte) (hello, error) {
 		return hello{}, corrupt("server limits: %v", err)
 	}
 	return hello{regionSize: int64(size), maxPending: int(pending), limits: lim}, nil
+}
+
+// helloFrame builds, in enc, the hello that opens a connection: token is its
+// table. The frame is valid until enc's next use.
+func helloFrame(enc *encoder, token string) []byte {
+	copy(enc.begin(typeHello, len(token)), token)
+	return enc.finish(header{typ: typeHello, count: len(token)})
 }

@@ -25,6 +25,10 @@ func TestHeaderRoundTrip(t *testing.T) {
 		{typ: typeShmRelease, count: 2},
 		{typ: typeShmHello, count: 1},
 		{typ: typeError, id: 5, payload: maxErrorMsg},
+		{typ: typeError, payload: 10, class: classAuth},
+		{typ: typeHello, count: MaxTokenLen},
+		{typ: typeHello},
+		{typ: typeHelloAck, id: 3},
 	} {
 		var b [headerLen]byte
 		h.tableSum = 0x1234
@@ -55,6 +59,10 @@ func TestHeaderRejects(t *testing.T) {
 		{"limits on an answer", header{typ: typeGetResp, maxBatch: 1}, ErrCorrupt},
 		{"timeout on an answer", header{typ: typePutResp, timeout: 1}, ErrCorrupt},
 		{"unknown type", header{typ: 99}, ErrCorrupt},
+		{"error class on a request", header{typ: typeGetReq, class: classAuth}, ErrCorrupt},
+		{"token over MaxTokenLen", header{typ: typeHello, count: MaxTokenLen + 1}, ErrLimit},
+		{"payload on a hello", header{typ: typeHello, count: 1, payload: 64}, ErrCorrupt},
+		{"items in a hello ack", header{typ: typeHelloAck, count: 1}, ErrCorrupt},
 	} {
 		var b [headerLen]byte
 		putHeader(b[:], &tc.h)
@@ -90,6 +98,9 @@ func FuzzHeader(f *testing.F) {
 		{typ: typeGetReq, id: 1, count: 3, timeout: 9, maxBatch: 1 << 20},
 		{typ: typeGetResp, id: 1, count: 3, payload: 192},
 		{typ: typeError, payload: 10},
+		{typ: typeError, payload: 10, class: classAuth},
+		{typ: typeHello, count: 32},
+		{typ: typeHelloAck},
 	} {
 		var b [headerLen]byte
 		putHeader(b[:], &h)
@@ -137,7 +148,13 @@ func FuzzTable(f *testing.F) {
 	t = enc.begin(typeShmHello, 1)
 	putHello(t, hello{regionSize: 1 << 20, maxPending: 8, limits: defaultLimits()})
 	f.Add(uint8(typeShmHello), 0, bytes.Clone(t))
+	f.Add(uint8(typeHello), 0, []byte("s3cret"))
+	f.Add(uint8(typeHello), 0, []byte{})
 	const region = 1 << 20
+	tokens, err := NewTokens("s3cret")
+	if err != nil {
+		f.Fatal(err)
+	}
 
 	f.Fuzz(func(t *testing.T, typ uint8, payload int, table []byte) {
 		ft := frameType(typ)
@@ -207,6 +224,15 @@ func FuzzTable(f *testing.F) {
 			for i, k := range keys {
 				putKeyEntry(out, i, k)
 			}
+		case typeHello:
+			if len(table) > MaxTokenLen {
+				return
+			}
+			err := checkHello(tokens, table)
+			if (err == nil) != (string(table) == "s3cret") || (err != nil && !errors.Is(err, ErrAuth)) {
+				t.Fatalf("token %q: %v", table, err)
+			}
+			copy(out, table)
 		case typeShmRelease:
 			ids := make([]uint64, n)
 			parseIDs(table, ids)

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -197,10 +198,25 @@ var quietLogger = slog.New(slog.DiscardHandler)
 // each, issued at once, so Bytes is conns windows. Name is "tcp" for one
 // connection and "tcpN" for N.
 func (tb *Testbed) TCP(conns int) (Path, error) {
+	name := "tcp"
+	if conns > 1 {
+		name = fmt.Sprintf("tcp%d", conns)
+	}
+	return tb.TCPWith(name, conns, nil, nil)
+}
+
+// TCPWith is TCP named name, with server and client options so and co (nil:
+// defaults; co.MaxConns is set to conns), e.g. TLS on both ends.
+func (tb *Testbed) TCPWith(name string, conns int, so *ServerOptions, co *ClientOptions) (Path, error) {
 	if conns < 1 {
 		return Path{}, fmt.Errorf("transfer: testbed: conns %d must be at least 1", conns)
 	}
-	srv, err := NewServer(tb.src, tb.src, nil, quietLogger)
+	if co == nil {
+		co = &ClientOptions{}
+	}
+	cc := *co
+	cc.MaxConns = conns
+	srv, err := NewServer(tb.src, tb.src, so, quietLogger)
 	if err != nil {
 		return Path{}, err
 	}
@@ -210,16 +226,16 @@ func (tb *Testbed) TCP(conns int) (Path, error) {
 		return Path{}, err
 	}
 	tb.onClose(srv.Close)
-	c, err := NewClient(addr.String(), &ClientOptions{MaxConns: conns})
+	c, err := NewClient(addr.String(), &cc)
 	if err != nil {
 		return Path{}, err
 	}
 	tb.onClose(c.Close)
-	one := tb.getPath("tcp", c)
+	one := tb.getPath(name, c)
 	if conns == 1 {
 		return one, nil
 	}
-	return Path{Name: fmt.Sprintf("tcp%d", conns), Bytes: int64(conns) * one.Bytes, Move: func(ctx context.Context, i int) error {
+	return Path{Name: name, Bytes: int64(conns) * one.Bytes, Move: func(ctx context.Context, i int) error {
 		var wg sync.WaitGroup
 		errs := make([]error, conns)
 		for c := range conns {
@@ -267,7 +283,15 @@ func (tb *Testbed) Shm() (Path, error) {
 // the socket's buffers (up to tcp_rmem, tens of MiB) while they run, and
 // the raw batch would be timed as a copy out of the kernel. Moves must not
 // run concurrently.
-func (tb *Testbed) Raw(gated bool) (Path, error) {
+func (tb *Testbed) Raw(gated bool) (Path, error) { return tb.RawTLS(gated, nil, nil) }
+
+// RawTLS is Raw over TLS when server and client are set (crypto/tls's own
+// ceiling: one Write of a batch, one ReadFull), named "rawtls".
+func (tb *Testbed) RawTLS(gated bool, server, client *tls.Config) (Path, error) {
+	name := "raw"
+	if server != nil {
+		name = "rawtls"
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return Path{}, fmt.Errorf("transfer: testbed: %w", err)
@@ -288,6 +312,9 @@ func (tb *Testbed) Raw(gated bool) (Path, error) {
 			return
 		}
 		defer nc.Close()
+		if server != nil {
+			nc = tls.Server(nc, prepareTLS(server, ""))
+		}
 		for off := 0; ; off = (off + batch) % len(big) {
 			if _, ok := <-start; !ok && gated {
 				return
@@ -303,6 +330,9 @@ func (tb *Testbed) Raw(gated bool) (Path, error) {
 		<-done
 		return Path{}, fmt.Errorf("transfer: testbed: %w", err)
 	}
+	if client != nil {
+		nc = tls.Client(nc, prepareTLS(client, ln.Addr().String()))
+	}
 	tb.onClose(func() error {
 		err := nc.Close()
 		if gated {
@@ -312,7 +342,7 @@ func (tb *Testbed) Raw(gated bool) (Path, error) {
 		return err
 	})
 	buf := make([]byte, batch)
-	return Path{Name: "raw", Bytes: int64(batch), Move: func(ctx context.Context, _ int) error {
+	return Path{Name: name, Bytes: int64(batch), Move: func(ctx context.Context, _ int) error {
 		if gated {
 			start <- struct{}{}
 		}

@@ -1,7 +1,9 @@
 package transfer
 
 import (
+	"crypto/tls"
 	"fmt"
+	"os"
 	"time"
 )
 
@@ -86,12 +88,23 @@ type ClientOptions struct {
 	// RequestTimeout bounds a whole Get or Put when the caller's context
 	// has no earlier deadline. Default 5s.
 	RequestTimeout time.Duration
-	// DialTimeout bounds connecting. Default 1s.
+	// DialTimeout bounds opening a connection: connecting, the TLS
+	// handshake and the hello. Default 1s.
 	DialTimeout time.Duration
 	// MaxIdle is how long a pooled connection may sit unused and still be
 	// reused; older ones are closed. Keep it below the server's
 	// IdleTimeout. Default 1m.
 	MaxIdle time.Duration
+	// TLS, when set, makes every connection TLS 1.3 with this
+	// configuration (LoadTLS builds one from PEM files); it must match the
+	// server's. Its ServerName defaults to the host of the address dialed;
+	// Certificates are presented to a server that requires a client
+	// certificate. The client uses a copy. Default nil: plain TCP.
+	TLS *tls.Config
+	// Token is the bearer token presented once per connection, in the
+	// hello that opens it (at most MaxTokenLen bytes). It travels in the
+	// clear unless TLS is set. Default empty: no token.
+	Token string
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -126,8 +139,10 @@ func (o *ClientOptions) Validate() error {
 		return fmt.Errorf("transfer: ClientOptions.MaxInFlightBytes %d is below MaxBatchBytes %d", o.MaxInFlightBytes, o.MaxBatchBytes)
 	case o.RequestTimeout < 0, o.DialTimeout < 0, o.MaxIdle < 0:
 		return fmt.Errorf("transfer: ClientOptions timeouts must not be negative")
+	case len(o.Token) > MaxTokenLen:
+		return fmt.Errorf("transfer: ClientOptions.Token is %d bytes, MaxTokenLen is %d", len(o.Token), MaxTokenLen)
 	}
-	return nil
+	return validateTLS(o.TLS, "ClientOptions.TLS", false)
 }
 
 // ServerOptions configure a Server (TCP).
@@ -147,6 +162,22 @@ type ServerOptions struct {
 	// IdleTimeout closes a connection with no request for this long.
 	// Default 5m.
 	IdleTimeout time.Duration
+	// HandshakeTimeout bounds a new connection's TLS handshake and hello:
+	// how long a client that has not yet been accepted may hold a
+	// connection. Default 5s.
+	HandshakeTimeout time.Duration
+	// TLS, when set, makes the server speak TLS 1.3 only, with this
+	// configuration (LoadTLS builds one from PEM files): it needs a
+	// certificate, and with ClientAuth set to RequireAndVerifyClientCert
+	// it refuses clients without a certificate its ClientCAs trust
+	// (mutual TLS). Plain clients are refused with an ErrAuth error. The
+	// server uses a copy. Default nil: plain TCP.
+	TLS *tls.Config
+	// Tokens, when set, is the set of bearer tokens the server accepts:
+	// a connection must open with a hello carrying one of them, or it is
+	// refused (ErrAuth on the client) before any request is served.
+	// Default nil: no token required.
+	Tokens *Tokens
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -164,6 +195,9 @@ func (o *ServerOptions) EnsureDefaults() {
 	if o.IdleTimeout == 0 {
 		o.IdleTimeout = 5 * time.Minute
 	}
+	if o.HandshakeTimeout == 0 {
+		o.HandshakeTimeout = 5 * time.Second
+	}
 }
 
 // Validate reports the first field out of range.
@@ -180,8 +214,10 @@ func (o *ServerOptions) Validate() error {
 		return fmt.Errorf("transfer: ServerOptions.RequestTimeout %v must be positive", o.RequestTimeout)
 	case o.IdleTimeout <= 0:
 		return fmt.Errorf("transfer: ServerOptions.IdleTimeout %v must be positive", o.IdleTimeout)
+	case o.HandshakeTimeout <= 0:
+		return fmt.Errorf("transfer: ServerOptions.HandshakeTimeout %v must be positive", o.HandshakeTimeout)
 	}
-	return nil
+	return validateTLS(o.TLS, "ServerOptions.TLS", true)
 }
 
 // ShmServerOptions configure a ShmServer (same-host shared memory).
@@ -207,6 +243,22 @@ type ShmServerOptions struct {
 	// for region space) when the client asks for no shorter timeout.
 	// Default 30s.
 	RequestTimeout time.Duration
+	// HandshakeTimeout bounds a new client's hello. Default 5s.
+	HandshakeTimeout time.Duration
+	// SocketMode is the permission bits of the socket file, set right
+	// after it is created: who may connect, and so read the cache. 0600
+	// admits processes of the server's user (and root); 0660 also its
+	// group. Keep the socket in a directory no one else can write to.
+	// Default 0600.
+	SocketMode os.FileMode
+	// PeerUIDs, when set, admits only processes running as one of these
+	// user ids (the kernel's SO_PEERCRED of the connecting process),
+	// whatever the socket's mode. Default nil: the mode decides.
+	PeerUIDs []uint32
+	// Tokens, when set, is the set of bearer tokens the server accepts,
+	// as for ServerOptions.Tokens: no region is handed to a client whose
+	// hello carries none of them. Default nil: no token required.
+	Tokens *Tokens
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -227,6 +279,12 @@ func (o *ShmServerOptions) EnsureDefaults() {
 	if o.RequestTimeout == 0 {
 		o.RequestTimeout = 30 * time.Second
 	}
+	if o.HandshakeTimeout == 0 {
+		o.HandshakeTimeout = 5 * time.Second
+	}
+	if o.SocketMode == 0 {
+		o.SocketMode = 0o600
+	}
 }
 
 // Validate reports the first field out of range.
@@ -245,6 +303,10 @@ func (o *ShmServerOptions) Validate() error {
 		return fmt.Errorf("transfer: ShmServerOptions.MaxInFlightBytes %d is below MaxBatchBytes %d", o.MaxInFlightBytes, o.MaxBatchBytes)
 	case o.RequestTimeout <= 0:
 		return fmt.Errorf("transfer: ShmServerOptions.RequestTimeout %v must be positive", o.RequestTimeout)
+	case o.HandshakeTimeout <= 0:
+		return fmt.Errorf("transfer: ShmServerOptions.HandshakeTimeout %v must be positive", o.HandshakeTimeout)
+	case o.SocketMode&^os.ModePerm != 0:
+		return fmt.Errorf("transfer: ShmServerOptions.SocketMode %v has bits other than permissions", o.SocketMode)
 	}
 	return nil
 }
@@ -255,8 +317,12 @@ type ShmClientOptions struct {
 	// RequestTimeout bounds a whole Get or Put when the caller's context
 	// has no earlier deadline. Default 5s.
 	RequestTimeout time.Duration
-	// DialTimeout bounds connecting and receiving the region. Default 1s.
+	// DialTimeout bounds connecting, the hello and receiving the region.
+	// Default 1s.
 	DialTimeout time.Duration
+	// Token is the bearer token presented in the hello (at most
+	// MaxTokenLen bytes). Default empty: no token.
+	Token string
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -277,6 +343,9 @@ func (o *ShmClientOptions) Validate() error {
 	}
 	if o.RequestTimeout < 0 || o.DialTimeout < 0 {
 		return fmt.Errorf("transfer: ShmClientOptions timeouts must not be negative")
+	}
+	if len(o.Token) > MaxTokenLen {
+		return fmt.Errorf("transfer: ShmClientOptions.Token is %d bytes, MaxTokenLen is %d", len(o.Token), MaxTokenLen)
 	}
 	return nil
 }

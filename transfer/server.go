@@ -3,6 +3,7 @@ package transfer
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -25,33 +26,36 @@ type Server struct {
 	src      Source
 	sink     Sink
 	opts     ServerOptions
+	tls      *tls.Config // opts.TLS prepared; nil: plain TCP
 	inflight *byteSem
 }
 
 // Stats are a server's counters since it started.
 type Stats struct {
-	Conns     int64 // connections (clients, for ShmServer) open now
-	Refused   int64 // connections closed at accept (over MaxConns)
-	Requests  int64 // requests served
-	Dropped   int64 // connections dropped for a bad frame, a limit or an I/O error
-	Hits      int64 // values sent
-	Misses    int64 // keys asked for and not sent (miss or error)
-	BytesOut  int64 // value bytes sent
-	Puts      int64 // values received in puts
-	BytesIn   int64 // value bytes received in puts
-	RegionUse int64 // ShmServer: bytes of all regions held by unreleased results
+	Conns        int64 // connections (clients, for ShmServer) open now
+	Refused      int64 // connections closed at accept (over MaxConns)
+	Unauthorized int64 // connections refused before serving: TLS failed, token missing or wrong, peer uid not allowed
+	Requests     int64 // requests served
+	Dropped      int64 // connections dropped for a bad frame, a limit or an I/O error
+	Hits         int64 // values sent
+	Misses       int64 // keys asked for and not sent (miss or error)
+	BytesOut     int64 // value bytes sent
+	Puts         int64 // values received in puts
+	BytesIn      int64 // value bytes received in puts
+	Lookups      int64 // lookup requests answered
+	RegionUse    int64 // ShmServer: bytes of all regions held by unreleased results
 }
 
 type counters struct {
-	conns, refused, requests, dropped, hits, misses, bytesOut, puts, bytesIn, regionUse atomic.Int64
+	conns, refused, unauthorized, requests, dropped, hits, misses, bytesOut, puts, bytesIn, regionUse, lookups atomic.Int64
 }
 
 func (l *listeners) snapshot() Stats {
 	c := &l.stats
 	return Stats{
-		Conns: c.conns.Load(), Refused: c.refused.Load(), Requests: c.requests.Load(), Dropped: c.dropped.Load(),
+		Conns: c.conns.Load(), Refused: c.refused.Load(), Unauthorized: c.unauthorized.Load(), Requests: c.requests.Load(), Dropped: c.dropped.Load(),
 		Hits: c.hits.Load(), Misses: c.misses.Load(), BytesOut: c.bytesOut.Load(),
-		Puts: c.puts.Load(), BytesIn: c.bytesIn.Load(), RegionUse: c.regionUse.Load(),
+		Puts: c.puts.Load(), BytesIn: c.bytesIn.Load(), RegionUse: c.regionUse.Load(), Lookups: c.lookups.Load(),
 	}
 }
 
@@ -70,17 +74,24 @@ func NewServer(src Source, sink Sink, opts *ServerOptions, log *slog.Logger) (*S
 	if src == nil {
 		return nil, errors.New("transfer: NewServer needs a Source")
 	}
-	s := &Server{src: src, sink: sink, opts: o, inflight: newByteSem(int64(o.MaxInFlightBytes))}
+	s := &Server{src: src, sink: sink, opts: o, tls: prepareTLS(o.TLS, ""), inflight: newByteSem(int64(o.MaxInFlightBytes))}
 	s.listeners.init(log, o.MaxConns, s.serveConn)
 	return s, nil
 }
 
 // Listen listens on addr (host:port; port 0 picks one) and serves it in a
 // goroutine that Close stops. It returns the address listened on.
-func (s *Server) Listen(addr string) (net.Addr, error) { return s.listen("tcp", addr) }
+func (s *Server) Listen(addr string) (net.Addr, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: listen: %w", err)
+	}
+	return s.start(ln)
+}
 
 // Serve accepts connections on ln until Close, then returns ErrClosed. Close
-// closes ln.
+// closes ln. ln is a plain listener: the server adds TLS itself when
+// ServerOptions.TLS is set.
 func (s *Server) Serve(ln net.Listener) error { return s.serve(ln) }
 
 // Stats returns the server's counters.
@@ -121,11 +132,8 @@ func (l *listeners) init(log *slog.Logger, maxConns int, handle func(net.Conn)) 
 	l.mu.conns = make(map[net.Conn]struct{})
 }
 
-func (l *listeners) listen(network, addr string) (net.Addr, error) {
-	ln, err := net.Listen(network, addr)
-	if err != nil {
-		return nil, fmt.Errorf("transfer: listen: %w", err)
-	}
+// start serves ln in a goroutine that close stops.
+func (l *listeners) start(ln net.Listener) (net.Addr, error) {
 	if !l.track(ln) {
 		ln.Close()
 		return nil, ErrClosed
@@ -259,8 +267,19 @@ type serverConn struct {
 	scratch
 }
 
-func (s *Server) serveConn(nc net.Conn) {
+// serveConn serves one connection: TLS handshake (when configured), the
+// hello, then requests until the client hangs up, idles out or breaks the
+// protocol. raw is the accepted connection, which the caller closes.
+func (s *Server) serveConn(raw net.Conn) {
+	raw.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
+	nc, ok := s.handshake(raw)
+	if !ok {
+		return
+	}
 	sc := &serverConn{s: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	if !sc.opening() {
+		return
+	}
 	for {
 		nc.SetDeadline(time.Now().Add(s.opts.IdleTimeout))
 		if _, err := io.ReadFull(sc.br, sc.hdr[:]); err != nil {
@@ -271,13 +290,100 @@ func (s *Server) serveConn(nc net.Conn) {
 			return
 		}
 		if err := sc.serve(); err != nil {
-			s.stats.dropped.Add(1)
-			if s.ctx.Err() == nil {
-				s.log.Warn("transfer: dropping connection", "peer", nc.RemoteAddr(), "err", err)
-			}
+			s.dropLog(nc, err)
 			return
 		}
 		s.stats.requests.Add(1)
+	}
+}
+
+// handshake runs the TLS handshake on raw, when the server has TLS, and
+// returns the connection to serve. A plain client that sent a frame where a
+// TLS handshake belongs is told, in a plain error frame, that TLS is
+// required. A connection closed before it sent anything (a TCP health
+// check) is not counted as refused.
+func (s *Server) handshake(raw net.Conn) (net.Conn, bool) {
+	if s.tls == nil {
+		return raw, true
+	}
+	tc := tls.Server(raw, s.tls)
+	err := tc.HandshakeContext(s.ctx)
+	switch {
+	case err == nil:
+		return tc, true
+	case s.ctx.Err() != nil:
+		return nil, false
+	case errors.Is(err, io.EOF):
+		s.log.Debug("transfer: connection closed before its TLS handshake", "peer", raw.RemoteAddr())
+		return nil, false
+	}
+	s.stats.unauthorized.Add(1)
+	var rhe tls.RecordHeaderError
+	if errors.As(err, &rhe) && rhe.Conn != nil && looksLikeFrame(rhe.RecordHeader[:]) {
+		sendError(rhe.Conn, 0, refused("this server requires TLS and the client connected without it"))
+	}
+	s.log.Warn("transfer: TLS handshake failed", "peer", raw.RemoteAddr(), "err", err)
+	lingerClose(raw)
+	return nil, false
+}
+
+// opening reads the connection's first frame, within what is left of
+// HandshakeTimeout. A hello is checked (its token, when the server requires
+// one) and answered; any other frame is refused when a token is required,
+// and served as the first request otherwise. It reports whether to serve
+// the connection on.
+func (sc *serverConn) opening() bool {
+	s := sc.s
+	if _, err := io.ReadFull(sc.br, sc.hdr[:]); err != nil {
+		if !errors.Is(err, io.EOF) && s.ctx.Err() == nil {
+			s.stats.dropped.Add(1)
+			s.log.Debug("transfer: connection closed before its first frame", "peer", sc.nc.RemoteAddr(), "err", err)
+		}
+		return false
+	}
+	h, err := parseHeader(sc.hdr[:], &s.opts.Limits)
+	switch {
+	case err != nil && looksLikeTLS(sc.hdr[:]):
+		err = refused("this server speaks plain TCP and the client started a TLS handshake")
+	case err != nil:
+		// Answered as the protocol error it is, below.
+	case h.typ == typeHello:
+		if sc.table, err = readTable(sc.br, &h, sc.table); err == nil {
+			err = checkHello(s.opts.Tokens, sc.table)
+		}
+		if err == nil {
+			sc.enc.begin(typeHelloAck, 0)
+			_, err = sc.nc.Write(sc.enc.finish(header{typ: typeHelloAck, id: h.id}))
+			if err == nil {
+				return true
+			}
+		}
+	case s.opts.Tokens != nil:
+		err = refused("this server requires a bearer token: the connection must open with a hello")
+	default:
+		// A client that skipped the hello, served without one.
+		if err := sc.serve(); err != nil {
+			s.dropLog(sc.nc, err)
+			return false
+		}
+		s.stats.requests.Add(1)
+		return true
+	}
+	if errors.Is(err, ErrAuth) {
+		s.stats.unauthorized.Add(1)
+		s.log.Warn("transfer: connection refused", "peer", sc.nc.RemoteAddr(), "err", err)
+	} else {
+		s.dropLog(sc.nc, err)
+	}
+	sendError(sc.nc, h.id, err)
+	lingerClose(sc.nc)
+	return false
+}
+
+func (s *Server) dropLog(nc net.Conn, err error) {
+	s.stats.dropped.Add(1)
+	if s.ctx.Err() == nil {
+		s.log.Warn("transfer: dropping connection", "peer", nc.RemoteAddr(), "err", err)
 	}
 }
 
@@ -304,6 +410,8 @@ func (sc *serverConn) serve() error {
 		if err == nil {
 			_, err = sc.nc.Write(frame)
 		}
+	case typeLookupReq:
+		err = sc.lookup(ctx, &h)
 	default:
 		err = corrupt("unexpected %s frame", h.typ)
 	}
@@ -326,16 +434,20 @@ func requestDeadline(parent context.Context, h *header, timeout time.Duration) (
 // error frame (best effort: the connection is closed next) and returns err.
 // I/O errors are not answered: the connection is already unusable.
 func sendError(nc net.Conn, id uint64, err error) error {
-	if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrLimit) && !errors.Is(err, ErrUnsupported) {
+	msg, class := err.Error(), classRequest
+	var ae *authError
+	switch {
+	case errors.As(err, &ae):
+		msg, class = ae.reason, classAuth
+	case !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrLimit) && !errors.Is(err, ErrUnsupported):
 		return err
 	}
-	msg := err.Error()
 	if len(msg) > maxErrorMsg {
 		msg = msg[:maxErrorMsg]
 	}
 	var enc encoder
 	enc.begin(typeError, 0)
-	frame := enc.finish(header{typ: typeError, id: id, payload: len(msg)})
+	frame := enc.finish(header{typ: typeError, id: id, payload: len(msg), class: class})
 	nc.SetWriteDeadline(time.Now().Add(time.Second))
 	bufs := net.Buffers{frame, []byte(msg)}
 	bufs.WriteTo(nc)

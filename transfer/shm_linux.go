@@ -4,12 +4,16 @@ package transfer
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -65,10 +69,24 @@ func NewShmServer(src Source, sink Sink, opts *ShmServerOptions, log *slog.Logge
 
 // Listen listens on the unix socket path and serves it in a goroutine that
 // Close stops. The socket file must not exist; Close removes it. Access to
-// the server is access to the socket file: its permissions decide who may
-// read the cache.
+// the server is access to the socket file: its permissions (SocketMode, set
+// here before any client is served) decide who may read the cache, and
+// PeerUIDs and Tokens, when set, narrow it further. A name in the abstract
+// namespace ("@name") has no file and no permissions: any process of the
+// host's network namespace may connect, so use PeerUIDs or Tokens with it.
 func (s *ShmServer) Listen(path string) error {
-	_, err := s.listen("unix", path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("transfer: listen: %w", err)
+	}
+	if !strings.HasPrefix(path, "@") {
+		err = os.Chmod(path, s.opts.SocketMode)
+	}
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("transfer: socket mode: %w", err)
+	}
+	_, err = s.start(ln)
 	return err
 }
 
@@ -82,13 +100,88 @@ func (s *ShmServer) Close() error { return s.close() }
 func (s *ShmServer) Stats() Stats { return s.snapshot() }
 
 func (s *ShmServer) serveConn(nc net.Conn) {
-	c, err := s.newShmConn(nc.(*net.UnixConn))
+	uc := nc.(*net.UnixConn)
+	if err := s.admitPeer(uc); err != nil {
+		if errors.Is(err, ErrAuth) {
+			s.stats.unauthorized.Add(1)
+		} else {
+			s.stats.dropped.Add(1)
+		}
+		if s.ctx.Err() == nil {
+			s.log.Warn("transfer: shm client refused", "err", err)
+		}
+		return
+	}
+	c, err := s.newShmConn(uc)
 	if err != nil {
 		s.stats.dropped.Add(1)
 		s.log.Warn("transfer: shm client setup failed", "err", err)
 		return
 	}
 	c.run()
+}
+
+// admitPeer decides a new client before it gets a region: it reads its
+// hello within HandshakeTimeout, then checks its user id (SO_PEERCRED) when
+// PeerUIDs is set and its token when Tokens is. A refused client is told
+// why in an error frame.
+func (s *ShmServer) admitPeer(uc *net.UnixConn) error {
+	// The hello is read first, whatever is decided: a client refused
+	// before it wrote its hello would see a broken pipe, not the refusal.
+	uc.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
+	defer uc.SetDeadline(time.Time{})
+	var hdr [headerLen]byte
+	if _, err := io.ReadFull(uc, hdr[:]); err != nil {
+		return fmt.Errorf("read hello: %w", err)
+	}
+	h, err := parseHeader(hdr[:], &s.opts.Limits)
+	if err == nil && h.typ != typeHello {
+		err = corrupt("got %s, want hello", h.typ)
+	}
+	var table []byte
+	if err == nil {
+		table, err = readTable(uc, &h, nil)
+	}
+	if err == nil && len(s.opts.PeerUIDs) > 0 {
+		err = checkPeer(uc, s.opts.PeerUIDs)
+	}
+	if err == nil {
+		err = checkHello(s.opts.Tokens, table)
+	}
+	if err != nil {
+		sendError(uc, 0, err)
+		return err
+	}
+	return nil
+}
+
+// checkPeer refuses a client whose process runs as a user not in uids.
+func checkPeer(uc *net.UnixConn, uids []uint32) error {
+	cred, err := peerCred(uc)
+	if err != nil {
+		return fmt.Errorf("peer credentials: %w", err)
+	}
+	if !slices.Contains(uids, cred.Uid) {
+		return refused("processes of uid %d may not use this server (pid %d)", cred.Uid, cred.Pid)
+	}
+	return nil
+}
+
+// peerCred returns the credentials of the process at the other end of uc,
+// as the kernel recorded them when it connected.
+func peerCred(uc *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
 }
 
 // shmConn is the server side of one client.
@@ -444,7 +537,7 @@ func DialShm(ctx context.Context, path string, opts *ShmClientOptions) (*ShmClie
 		return nil, fmt.Errorf("transfer: shm dial: %w", err)
 	}
 	uc := nc.(*net.UnixConn)
-	hl, mem, err := receiveRegion(ctx, uc, &o.Limits)
+	hl, mem, err := receiveRegion(ctx, uc, o.Token, &o.Limits)
 	if err != nil {
 		uc.Close()
 		return nil, fmt.Errorf("transfer: shm dial %s: %w", path, err)
@@ -456,14 +549,20 @@ func DialShm(ctx context.Context, path string, opts *ShmClientOptions) (*ShmClie
 	return c, nil
 }
 
-// receiveRegion reads the hello frame and the region's descriptor, checks
-// the region and maps it read-only.
-func receiveRegion(ctx context.Context, uc *net.UnixConn, lim *Limits) (hello, []byte, error) {
+// receiveRegion sends the client's hello (with token), reads the server's
+// hello frame and the region's descriptor, checks the region and maps it
+// read-only. A server that refused the client answers with an error frame
+// instead, returned as an ErrAuth or ErrRemote error.
+func receiveRegion(ctx context.Context, uc *net.UnixConn, token string, lim *Limits) (hello, []byte, error) {
 	dl, _ := ctx.Deadline()
-	uc.SetReadDeadline(dl)
-	defer uc.SetReadDeadline(time.Time{})
-	stop := context.AfterFunc(ctx, func() { uc.SetReadDeadline(aLongTimeAgo) })
+	uc.SetDeadline(dl)
+	defer uc.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(aLongTimeAgo) })
 	defer stop()
+	var enc encoder
+	if _, err := uc.Write(helloFrame(&enc, token)); err != nil {
+		return hello{}, nil, fmt.Errorf("send hello: %w", err)
+	}
 	buf := make([]byte, headerLen+helloEntry)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, flags, _, err := uc.ReadMsgUnix(buf, oob)
@@ -491,18 +590,28 @@ func receiveRegion(ctx context.Context, uc *net.UnixConn, lim *Limits) (hello, [
 		return hello{}, nil, fmt.Errorf("receive region: %w", err)
 	case n == 0:
 		return hello{}, nil, fmt.Errorf("receive region: server closed the connection (over MaxClients?): %w", io.EOF)
-	case flags&unix.MSG_CTRUNC != 0 || len(fds) != 1:
+	case flags&unix.MSG_CTRUNC != 0 || len(fds) > 1:
 		return hello{}, nil, corrupt("hello came with %d descriptors", len(fds))
 	}
-	if _, err := io.ReadFull(uc, buf[n:]); err != nil {
-		return hello{}, nil, fmt.Errorf("receive region: %w", err)
+	if n < headerLen {
+		if _, err := io.ReadFull(uc, buf[n:headerLen]); err != nil {
+			return hello{}, nil, fmt.Errorf("receive region: %w", err)
+		}
+		n = headerLen
 	}
-	h, err := parseHeader(buf, lim)
+	h, err := parseHeader(buf[:headerLen], lim)
 	if err != nil {
 		return hello{}, nil, err
 	}
-	if h.typ != typeShmHello {
-		return hello{}, nil, corrupt("got %s, want shm hello", h.typ)
+	if h.typ == typeError {
+		// Refused: the message follows, partly read already.
+		return hello{}, nil, remoteError(io.MultiReader(bytes.NewReader(buf[headerLen:n]), uc), &h)
+	}
+	if h.typ != typeShmHello || len(fds) != 1 {
+		return hello{}, nil, corrupt("got %s with %d descriptors, want shm hello with the region", h.typ, len(fds))
+	}
+	if _, err := io.ReadFull(uc, buf[n:]); err != nil {
+		return hello{}, nil, fmt.Errorf("receive region: %w", err)
 	}
 	if err := checkTable(&h, buf[headerLen:]); err != nil {
 		return hello{}, nil, err

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -355,4 +356,47 @@ func TestTransports(t *testing.T) {
 	if p, err := (Shm{}).Dial(context.Background(), path+".missing"); err == nil || p != nil {
 		t.Fatalf("missing socket: peer %v, error %v", p, err)
 	}
+}
+
+// The shared-memory server hands a region only to clients its socket's
+// mode, PeerUIDs and Tokens admit; a refused client gets ErrAuth saying why
+// and no region.
+func TestShmAuth(t *testing.T) {
+	tokens, err := NewTokens("tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := newMemSource()
+	keys := fill(src, []int{100})
+	srv, path := startShm(t, src, &ShmServerOptions{Tokens: tokens, PeerUIDs: []uint32{uint32(os.Getuid())}})
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket file: %v, %v; want mode 0600", fi.Mode(), err)
+	}
+	c := dialShm(t, path, &ShmClientOptions{Token: "tok"})
+	r, err := c.Get(context.Background(), keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResult(t, src, keys, r)
+	r.Release()
+	for _, tc := range []struct{ token, says string }{{"bad", "not accepted"}, {"", "sent none"}} {
+		within(t, 10*time.Second, func() {
+			_, err := DialShm(context.Background(), path, &ShmClientOptions{Token: tc.token, DialTimeout: 5 * time.Second})
+			if !errors.Is(err, ErrAuth) || !errors.Is(err, ErrRemote) || !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("token %q: %v, want ErrAuth from the server saying %q", tc.token, err, tc.says)
+			}
+		})
+	}
+
+	_, other := startShm(t, src, &ShmServerOptions{PeerUIDs: []uint32{uint32(os.Getuid()) + 1}, SocketMode: 0o660})
+	if fi, err := os.Stat(other); err != nil || fi.Mode().Perm() != 0o660 {
+		t.Fatalf("socket file: %v, %v; want mode 0660", fi.Mode(), err)
+	}
+	within(t, 10*time.Second, func() {
+		_, err := DialShm(context.Background(), other, &ShmClientOptions{DialTimeout: 5 * time.Second})
+		if !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), fmt.Sprintf("uid %d", os.Getuid())) {
+			t.Errorf("uid not in PeerUIDs: %v, want ErrAuth naming the uid", err)
+		}
+	})
+	waitFor(t, "the refusals to be counted", func() bool { return srv.Stats().Unauthorized == 2 })
 }

@@ -397,7 +397,14 @@ func TestCorruptFrames(t *testing.T) {
 	waitFor(t, "bad connections to be dropped", func() bool { return srv.Stats().Dropped >= 8 })
 }
 
-// fakeServer answers each connection with answer(request header id, conn).
+func helloAck(id uint64) []byte {
+	var enc encoder
+	enc.begin(typeHelloAck, 0)
+	return bytes.Clone(enc.finish(header{typ: typeHelloAck, id: id}))
+}
+
+// fakeServer acknowledges each connection's hello and answers every other
+// frame with answer(request header id, conn).
 func fakeServer(t *testing.T, answer func(id uint64, nc net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -432,6 +439,10 @@ func fakeServer(t *testing.T, answer func(id uint64, nc net.Conn)) string {
 					}
 					if _, err := io.CopyN(io.Discard, nc, int64(h.tableLen()+h.payload)); err != nil {
 						return
+					}
+					if h.typ == typeHello {
+						nc.Write(helloAck(h.id))
+						continue
 					}
 					answer(h.id, nc)
 				}
@@ -605,20 +616,28 @@ func TestInFlightBound(t *testing.T) {
 }
 
 // A pooled connection the server closed while idle is replaced
-// transparently.
+// transparently, over plain TCP and over TLS.
 func TestStaleConnectionRetried(t *testing.T) {
-	src := newMemSource()
-	srv, addr := startServer(t, src, &ServerOptions{IdleTimeout: 20 * time.Millisecond})
-	keys := fill(src, []int{10})
-	c := newClient(t, addr, &ClientOptions{MaxConns: 1})
-	for range 3 {
-		r, err := c.Get(context.Background(), keys)
-		if err != nil {
-			t.Fatal(err)
+	p := newPKI(t)
+	srvTLS, cliTLS := loadTLS(t, TLSFiles{Cert: p.nodeCert, Key: p.nodeKey, CA: p.a.File})
+	for _, useTLS := range []bool{false, true} {
+		so, co := &ServerOptions{IdleTimeout: 20 * time.Millisecond}, &ClientOptions{MaxConns: 1}
+		if useTLS {
+			so.TLS, co.TLS = srvTLS, cliTLS
 		}
-		checkResult(t, src, keys, r)
-		r.Release()
-		waitFor(t, "the server to close the idle connection", func() bool { return srv.Stats().Conns == 0 })
+		src := newMemSource()
+		srv, addr := startServer(t, src, so)
+		keys := fill(src, []int{10})
+		c := newClient(t, addr, co)
+		for range 3 {
+			r, err := c.Get(context.Background(), keys)
+			if err != nil {
+				t.Fatalf("TLS %v: %v", useTLS, err)
+			}
+			checkResult(t, src, keys, r)
+			r.Release()
+			waitFor(t, "the server to close the idle connection", func() bool { return srv.Stats().Conns == 0 })
+		}
 	}
 }
 

@@ -23,6 +23,13 @@ var (
 	// ErrRemote means the peer answered with an error frame; the message
 	// follows.
 	ErrRemote = errors.New("transfer: peer error")
+	// ErrAuth means the connection was refused before any request was
+	// served: the peer refused this client (token missing or wrong, TLS
+	// required, client certificate refused) or this client refused the
+	// peer (its certificate, or plain TCP where TLS was expected). It is a
+	// configuration error, not a miss: retrying will not help. When the
+	// peer refused, the error also wraps ErrRemote.
+	ErrAuth = errors.New("transfer: not authorized")
 	// ErrUnsupported means this build or this host cannot do what was
 	// asked (shared memory off Linux, puts to a server without a Sink).
 	ErrUnsupported = errors.New("transfer: unsupported")

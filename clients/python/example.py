@@ -10,9 +10,9 @@ code under kvmesh/v1 is generated from proto/kvmesh/v1 by proto/gen.sh.
 
 The prompt is tokenized byte by byte (each UTF-8 byte is a token id), as by
 `kvmesh inspect lookup --text`, and the blocks are written under the demo
-namespace that `kvmesh inspect lookup` uses by default, so afterwards
+namespace that `kvmesh inspect lookup --model kvmesh/demo` names, so afterwards
 
-    kvmesh inspect lookup --text "<the same text>"
+    kvmesh inspect lookup --model kvmesh/demo --text "<the same text>"
 
 shows them cached. The payloads here are made-up bytes; an inference engine
 would send its K/V tensors, laid out [layer][K|V][token][kv_head][head_dim].

@@ -70,11 +70,12 @@ func TestMain(m *testing.M) {
 
 // daemon is a running kvmesh serve.
 type daemon struct {
-	cmd            *exec.Cmd
-	grpcAddr, http string
-	stderr         *lockedBuffer
-	exited         chan struct{}
-	exitErr        error
+	cmd                           *exec.Cmd
+	grpcAddr, http                string
+	dataAddr, shmPath, gossip, id string
+	stderr                        *lockedBuffer
+	exited                        chan struct{}
+	exitErr                       error
 }
 
 type lockedBuffer struct {
@@ -94,12 +95,18 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// startDaemon runs kvmesh serve on free loopback ports and waits until it
-// prints where it listens.
+// startDaemon runs kvmesh serve on free loopback ports (args may name
+// others: the last flag wins) and waits until it prints where it listens.
 func startDaemon(t *testing.T, dataDir string, args ...string) *daemon {
 	t.Helper()
-	cmd := exec.Command(binary(t), append([]string{"serve", "--data-dir", dataDir,
-		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, args...)...)
+	return startCommand(t, exec.Command(binary(t), append([]string{"serve", "--data-dir", dataDir,
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"}, args...)...))
+}
+
+// startCommand starts cmd, a kvmesh serve, and waits until it prints where
+// it listens. The test's cleanup kills it if it still runs.
+func startCommand(t *testing.T, cmd *exec.Cmd) *daemon {
+	t.Helper()
 	cmd.Env = append(os.Environ(), "KVMESH_CONFIG=") // no stray config
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -132,7 +139,7 @@ func startDaemon(t *testing.T, dataDir string, args ...string) *daemon {
 		}
 	})
 	timeout := time.After(60 * time.Second)
-	for d.grpcAddr == "" || d.http == "" {
+	for d.grpcAddr == "" || d.http == "" || d.gossip == "" {
 		select {
 		case line, ok := <-lines:
 			if !ok {
@@ -141,10 +148,16 @@ func startDaemon(t *testing.T, dataDir string, args ...string) *daemon {
 			}
 			f := strings.Fields(line)
 			switch {
+			case len(f) >= 5 && f[0] == "kvmesh" && f[2] == "serving":
+				d.id = f[4]
 			case len(f) >= 2 && f[0] == "gRPC":
 				d.grpcAddr = f[1]
 			case len(f) >= 2 && f[0] == "metrics":
 				d.http = strings.TrimSuffix(strings.TrimPrefix(f[1], "http://"), "/metrics")
+			case len(f) >= 4 && f[0] == "data" && f[2] == "shm":
+				d.dataAddr, d.shmPath = f[1], f[3]
+			case len(f) >= 2 && f[0] == "gossip":
+				d.gossip = f[1]
 			}
 		case <-timeout:
 			t.Fatalf("kvmesh serve did not say where it listens within 60s:\n%s", d.stderr)

@@ -108,7 +108,10 @@ func TestServeRefusals(t *testing.T) {
 		{map[string]string{"KVMESH_NVME": "1MiB"}, nil, "--nvme (or KVMESH_NVME)"},
 		{nil, []string{"--config", bad}, `unknown key "dram-size"`},
 		{nil, []string{"--config", "/does/not/exist.yaml"}, "no such file"},
-		{nil, []string{"--join", "10.0.0.1:7603"}, "--join"},
+		{nil, []string{"--join", "10.0.0.1:7603,nohost"}, "--join"},
+		{nil, []string{"--gossip-key-file", "/does/not/exist"}, "--gossip-key-file"},
+		{nil, []string{"--replicas", "9"}, "--replicas"},
+		{nil, []string{"--gossip-profile", "wan"}, "--gossip-profile"},
 		{nil, []string{"--log-level", "loud"}, "--log-level"},
 		{nil, []string{"--chunk-bytes", "8MiB"}, "--chunk-bytes"},
 	} {
@@ -118,6 +121,21 @@ func TestServeRefusals(t *testing.T) {
 				t.Errorf("serve %v (env %v): %v; want one line mentioning %q", tc.args, tc.env, err, tc.want)
 			}
 		})
+	}
+}
+
+func TestServeCluster(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "gossip.key")
+	os.WriteFile(keyFile, []byte("MDEyMzQ1Njc4OWFiY2RlZg==\n"), 0o600)
+	o, err := serveOptions(t, map[string]string{"KVMESH_REPLICAS": "2"},
+		"--join", "10.0.0.1:7603,10.0.0.2:7603", "--gossip-key-file", keyFile, "--chunk-tokens", "256", "--lookup-timeout", "50ms",
+		"--shm-socket", "off", "--gossip-profile", "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(o.Join, []string{"10.0.0.1:7603", "10.0.0.2:7603"}) || string(o.GossipKey) != "0123456789abcdef" ||
+		o.Replicas != 2 || o.ChunkTokens != 256 || o.LookupTimeout != 50*time.Millisecond || o.ShmSocket != node.ShmOff || o.GossipProfile != "local" {
+		t.Fatalf("cluster flags: %+v", o)
 	}
 }
 

@@ -28,8 +28,9 @@ type inspectFlags struct {
 	timeout time.Duration
 }
 
-// The namespace inspect lookup uses unless told otherwise: a small demo
-// layout (8 KiB blocks), the one clients/python/example.py writes.
+// The defaults of inspect lookup's namespace flags: a small demo layout
+// (8 KiB blocks), the one clients/python/example.py writes. With no
+// namespace flag, lookup uses the node's prefill engine's namespace.
 var defaultNamespace = prefixhash.Namespace{
 	Model: "kvmesh/demo", DType: prefixhash.Float32, BlockTokens: 16,
 	LayerStart: 0, LayerEnd: 2, KVHeads: 2, HeadDim: 16,
@@ -42,7 +43,7 @@ func inspectCmd() *cobra.Command {
 		Short: "Look into a running node: stats, members, lookup, block",
 		Long: `Look into a running node. Tables for people; -o json for scripts.
 
-  kvmesh inspect stats                     per tier: blocks, bytes, capacity; hit ratio
+  kvmesh inspect stats                     per tier: blocks, bytes, capacity; hit ratio; cached tokens per namespace
   kvmesh inspect members                   the nodes of the cluster
   kvmesh inspect lookup --text "Hello"     how much of a prompt is cached, and where
   kvmesh inspect lookup --tokens 1,2,3
@@ -89,7 +90,7 @@ func (f *inspectFlags) withNode(cmd *cobra.Command, call func(ctx context.Contex
 // explain turns a failed call into one line saying what to do.
 func (f *inspectFlags) explain(err error) error {
 	st, ok := status.FromError(errors.Unwrap(err))
-	if !ok {
+	if !ok || st.Code() == codes.OK { // not a status from the node
 		return err
 	}
 	switch st.Code() {
@@ -135,6 +136,8 @@ type statsJSON struct {
 	Evictions  uint64     `json:"evictions"`
 	Demotions  uint64     `json:"demotions"`
 	Promotions uint64     `json:"promotions"`
+	// Namespaces are the cached tokens per namespace (prefill.go).
+	Namespaces []namespaceRow `json:"namespaces"`
 }
 
 func statsCmd(f *inspectFlags) *cobra.Command {
@@ -163,6 +166,11 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 				}
 				out.Tiers = append(out.Tiers, tj)
 			}
+			out.Namespaces = []namespaceRow{}
+			for _, n := range st.GetNamespaces() {
+				out.Namespaces = append(out.Namespaces, namespaceRow{Digest: fmt.Sprintf("%016x", n.GetDigest()), Model: n.GetModel(),
+					Blocks: n.GetBlocks(), Tokens: n.GetTokens(), Bytes: n.GetBytes()})
+			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "node %s\n\n", out.NodeID)
 				fmt.Fprintln(w, "TIER\tBLOCKS\tBYTES\tCAPACITY\tUSED")
@@ -171,27 +179,35 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 				}
 				fmt.Fprintf(w, "\nhits %d  misses %d  hit ratio %.1f%%  evictions %d  demotions %d  promotions %d\n",
 					out.Hits, out.Misses, 100*out.HitRatio, out.Evictions, out.Demotions, out.Promotions)
+				printNamespaces(w, out.Namespaces)
 			})
 		},
 	}
 }
 
 type memberJSON struct {
-	ID         string     `json:"id"`
-	State      string     `json:"state"`
-	GRPCAddr   string     `json:"grpc_addr"`
-	HTTPAddr   string     `json:"http_addr,omitempty"`
-	DataAddr   string     `json:"data_addr,omitempty"`
-	GossipAddr string     `json:"gossip_addr,omitempty"`
-	Version    string     `json:"version,omitempty"`
-	Tiers      []tierJSON `json:"tiers"`
+	ID          string     `json:"id"`
+	Self        bool       `json:"self"`
+	State       string     `json:"state"`
+	GRPCAddr    string     `json:"grpc_addr"`
+	HTTPAddr    string     `json:"http_addr,omitempty"`
+	DataAddr    string     `json:"data_addr,omitempty"`
+	GossipAddr  string     `json:"gossip_addr,omitempty"`
+	ShmSocket   string     `json:"shm_socket,omitempty"`
+	HostID      string     `json:"host_id,omitempty"`
+	RDMADevices []string   `json:"rdma_devices"`
+	Version     string     `json:"version,omitempty"`
+	Tiers       []tierJSON `json:"tiers"`
 }
 
 func membersCmd(f *inspectFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "members",
 		Short: "The nodes of the cluster, as the node at --addr sees them",
-		Args:  cobra.NoArgs,
+		Long: `The nodes of the cluster as the node at --addr sees them: each live node (alive,
+or suspected of having failed) with its addresses and tiers. Tier usage is
+known for the node that answered (marked *); for the others, their capacity.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var resp *kvmeshv1.MembersResponse
 			err := f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
@@ -201,27 +217,52 @@ func membersCmd(f *inspectFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var out []memberJSON
+			out := []memberJSON{}
 			for _, m := range resp.GetMembers() {
-				mj := memberJSON{ID: m.GetId(), State: m.GetState(), GRPCAddr: m.GetGrpcAddr(), HTTPAddr: m.GetHttpAddr(),
-					DataAddr: m.GetDataAddr(), GossipAddr: m.GetGossipAddr(), Version: m.GetVersion()}
+				mj := memberJSON{ID: m.GetId(), Self: m.GetId() == resp.GetSelfId(), State: m.GetState(), GRPCAddr: m.GetGrpcAddr(),
+					HTTPAddr: m.GetHttpAddr(), DataAddr: m.GetDataAddr(), GossipAddr: m.GetGossipAddr(), ShmSocket: m.GetShmSocket(),
+					HostID: m.GetHostId(), RDMADevices: append([]string{}, m.GetRdmaDevices()...), Version: m.GetVersion(), Tiers: []tierJSON{}}
 				for _, t := range m.GetTiers() {
-					mj.Tiers = append(mj.Tiers, tierJSON{Name: t.GetName(), Bytes: t.GetUsedBytes(), CapacityBytes: t.GetCapacityBytes()})
+					tj := tierJSON{Name: t.GetName(), Bytes: t.GetUsedBytes(), CapacityBytes: t.GetCapacityBytes()}
+					if tj.CapacityBytes > 0 {
+						tj.Used = float64(tj.Bytes) / float64(tj.CapacityBytes)
+					}
+					mj.Tiers = append(mj.Tiers, tj)
 				}
 				out = append(out, mj)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tHTTP\tTIERS (used/capacity)\tVERSION")
+				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tTIERS\tRDMA\tVERSION")
 				for _, m := range out {
 					var tiers []string
 					for _, t := range m.Tiers {
-						tiers = append(tiers, fmt.Sprintf("%s %s/%s", t.Name, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes))))
+						if m.Self {
+							tiers = append(tiers, fmt.Sprintf("%s %s/%s", t.Name, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes))))
+						} else {
+							tiers = append(tiers, fmt.Sprintf("%s %s", t.Name, formatSize(int64(t.CapacityBytes))))
+						}
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.State, m.GRPCAddr, m.HTTPAddr, strings.Join(tiers, ", "), m.Version)
+					id, rdma := m.ID, "none"
+					if m.Self {
+						id += " *"
+					}
+					if len(m.RDMADevices) > 0 {
+						rdma = strings.Join(m.RDMADevices, ",")
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
+						strings.Join(tiers, ", "), rdma, m.Version)
 				}
+				fmt.Fprintf(w, "\n%d members; * answered (tiers: used/capacity; others: capacity)\n", len(out))
 			})
 		},
 	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // namespaceFlags select the namespace of a lookup.
@@ -320,31 +361,29 @@ func lookupCmd(f *inspectFlags) *cobra.Command {
 		Long: `How many leading tokens of a prompt are cached, and where.
 
 --text is tokenized byte by byte: each UTF-8 byte of T is one token id (0..255).
---tokens takes token ids. The namespace flags default to the demo namespace that
-clients/python/example.py writes.`,
+--tokens takes token ids. With no namespace flag, the namespace is that of the
+node's prefill engine (what 'kvmesh prefill' caches). With any namespace flag,
+it is the namespace the flags describe; those not given default to the demo
+namespace that clients/python/example.py writes (--model kvmesh/demo alone
+names it).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := envLayer(cmd); err != nil {
-				return err
-			}
-			var toks []uint32
-			switch {
-			case (text == "") == (tokens == ""):
-				return errors.New("give the prompt as --text T or as --tokens 1,2,3 (one of them)")
-			case text != "":
-				toks = textTokens(text)
-			default:
-				var err error
-				if toks, err = parseTokens(tokens); err != nil {
-					return err
-				}
-			}
-			ns, err := nf.namespace()
+			toks, err := promptTokens(cmd, text, tokens)
 			if err != nil {
 				return err
 			}
+			given := namespaceGiven(cmd)
+			if given { // refuse bad flags before dialing
+				if _, err := nf.namespace(); err != nil {
+					return err
+				}
+			}
+			var ns prefixhash.Namespace
 			var l client.Lookup
 			err = f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
+				if ns, err = lookupNamespace(ctx, c, given, &nf); err != nil {
+					return err
+				}
 				l, err = c.Lookup(ctx, ns, toks)
 				return err
 			})
@@ -363,8 +402,9 @@ clients/python/example.py writes.`,
 				if len(out.Blocks) > 0 {
 					fmt.Fprintln(w, "\nBLOCK\tKEY\tNODE\tTIER")
 					for _, b := range out.Blocks {
-						fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", b.Index, b.Key, b.Node, b.Tier)
+						fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", b.Index, b.Key, b.Node, dash(b.Tier))
 					}
+					fmt.Fprintln(w, "\nTIER is known for the blocks the node at --addr holds itself (- for the others).")
 				}
 			})
 		},

@@ -1,5 +1,5 @@
-// Command kvmesh is the kvmesh binary: serve, inspect and version (prefill
-// and bench come with their packages). It parses flags and calls packages;
+// Command kvmesh is the kvmesh binary: serve, inspect, prefill and version
+// (bench comes with its package). It parses flags and calls packages;
 // no logic lives here.
 //
 // Every flag can also be set by a KVMESH_* environment variable (the flag
@@ -47,7 +47,7 @@ func rootCmd() *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return fmt.Errorf("%w; see '%s --help'", err, c.CommandPath())
 	})
-	root.AddCommand(serveCmd(), inspectCmd(), benchCmd(), versionCmd())
+	root.AddCommand(serveCmd(), inspectCmd(), prefillCmd(), benchCmd(), versionCmd())
 	return root
 }
 

@@ -20,12 +20,19 @@ type serveFlags struct {
 	config                                     string
 	nodeID, dataDir                            string
 	grpcAddr, httpAddr, dataAddr, gossipAddr   string
+	shmSocket, advertiseHost                   string
+	shmRegion                                  int64
 	join                                       []string
+	gossipKeyFile, gossipProfile               string
+	replicas, chunkTokens                      int
+	lookupTimeout, getTimeout, peerBackoff     time.Duration
+	handoff                                    int64
 	dram, nvme                                 int64
 	maxBlockBytes, maxMessageBytes, chunkBytes int64
 	maxBatchBlocks                             int
 	requestTimeout, shutdownTimeout            time.Duration
 	logLevel, logFormat                        string
+	prefill                                    prefillServeFlags
 }
 
 // flagOf names the flag of each node.Options field, to turn Validate's
@@ -33,6 +40,9 @@ type serveFlags struct {
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "GRPCAddr": "grpc-addr", "HTTPAddr": "http-addr",
 	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "NVMeBytes": "nvme",
+	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
+	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
+	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
 	"MaxBlockBytes": "max-block-bytes", "MaxBatchBlocks": "max-batch-blocks", "MaxMessageBytes": "max-message-bytes",
 	"ChunkBytes": "chunk-bytes", "RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout",
 }
@@ -49,8 +59,13 @@ func newServeCmd(run func(*cobra.Command, node.Options, *slog.Logger) error) *co
 		Use:   "serve",
 		Short: "Run a kvmesh node (with no flags: one node on 127.0.0.1, data in ./kvmesh-data)",
 		Long: `Run a kvmesh node until SIGTERM or SIGINT, then stop gracefully: requests in
-flight finish (up to --shutdown-timeout), the NVMe tier is closed cleanly, and
-the exit status is 0.
+flight finish (up to --shutdown-timeout), the blocks in DRAM are handed to the
+nodes that own them once this one is gone, the node leaves the cluster, the
+NVMe tier is closed cleanly, and the exit status is 0.
+
+A node started without --join is a cluster of one that others join: start the
+next ones with --join HOST:PORT, the --gossip-addr of any running member.
+Every member must use the same --replicas, --chunk-tokens and gossip key.
 
 Sizes are written like 64MiB, 1GiB or 4096 (bytes); durations like 500ms or 1m.
 Every flag can also come from KVMESH_<FLAG> (KVMESH_DATA_DIR, KVMESH_DRAM, ...)
@@ -76,9 +91,20 @@ flag names, for example:
 	fs.StringVar(&f.dataDir, "data-dir", d.DataDir, "directory of the node's persistent state (the NVMe tier)")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", d.GRPCAddr, "host:port of the gRPC API (port 0: any free port)")
 	fs.StringVar(&f.httpAddr, "http-addr", d.HTTPAddr, "host:port of /metrics and /healthz")
-	fs.StringVar(&f.dataAddr, "data-addr", d.DataAddr, "host:port of the data plane (not served by a single node yet)")
-	fs.StringVar(&f.gossipAddr, "gossip-addr", d.GossipAddr, "host:port of membership gossip (not served by a single node yet)")
-	fs.StringSliceVar(&f.join, "join", nil, "gossip addresses HOST:PORT,... of members to join (clustering is not in this build)")
+	fs.StringVar(&f.dataAddr, "data-addr", d.DataAddr, "host:port of the data plane: blocks between nodes, and to clients")
+	fs.StringVar(&f.shmSocket, "shm-socket", "", `unix socket of the shared-memory data plane for clients on this host, or "off" (default <data-dir>/shm.sock)`)
+	fs.Var(newSize(&f.shmRegion, d.ShmRegionBytes), "shm-region", "shared region of each shared-memory client")
+	fs.StringVar(&f.gossipAddr, "gossip-addr", d.GossipAddr, "host:port of membership gossip (UDP and TCP): what other nodes --join")
+	fs.StringSliceVar(&f.join, "join", nil, "gossip addresses HOST:PORT,... of running members to join (retried until one answers)")
+	fs.StringVar(&f.advertiseHost, "advertise-host", "", "host other nodes and clients reach this node at, for addresses bound to 0.0.0.0 (default: the gossip host, else a private IP)")
+	fs.StringVar(&f.gossipKeyFile, "gossip-key-file", "", "file holding the base64 of a 16, 24 or 32-byte key that encrypts gossip (the same on every member)")
+	fs.StringVar(&f.gossipProfile, "gossip-profile", d.GossipProfile, "failure detection timings: lan, or local (one host, tests: a dead node noticed in about 2s)")
+	fs.IntVar(&f.replicas, "replicas", d.Replicas, "nodes that own each placement chunk (the same on every member)")
+	fs.IntVar(&f.chunkTokens, "chunk-tokens", d.ChunkTokens, "tokens per placement chunk (the same on every member)")
+	fs.DurationVar(&f.lookupTimeout, "lookup-timeout", d.LookupTimeout, "how long a lookup waits for other nodes; a late node is a miss")
+	fs.DurationVar(&f.getTimeout, "get-timeout", d.GetTimeout, "how long a read waits for blocks from other nodes; late blocks are misses")
+	fs.DurationVar(&f.peerBackoff, "peer-backoff", d.PeerBackoff, "how long a node that failed a call is skipped (its blocks are misses)")
+	fs.Var(newSize(&f.handoff, d.HandoffBytes), "handoff", "most DRAM bytes handed to their next owners on a graceful stop")
 	fs.Var(newSize(&f.dram, d.DRAMBytes), "dram", "DRAM tier capacity")
 	fs.Var(newSize(&f.nvme, d.NVMeBytes), "nvme", "NVMe tier capacity, under --data-dir")
 	fs.StringVar(&f.nodeID, "node-id", "", "stable, unique node id (default: host name and gossip port)")
@@ -90,6 +116,7 @@ flag names, for example:
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "how long requests in flight may run on after SIGTERM")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json (logs go to stderr)")
+	f.prefill.register(fs, d.Prefill)
 	return c
 }
 
@@ -129,15 +156,26 @@ func (f *serveFlags) options(cmd *cobra.Command) (node.Options, *slog.Logger, er
 			return node.Options{}, nil, fmt.Errorf("--%s %s is too large", s.name, formatSize(s.v))
 		}
 	}
+	var key []byte
+	if f.gossipKeyFile != "" {
+		var err error
+		if key, err = node.ReadGossipKey(f.gossipKeyFile); err != nil {
+			return node.Options{}, nil, fmt.Errorf("--gossip-key-file: %w (make one with: head -c 32 /dev/urandom | base64)", err)
+		}
+	}
 	opts := node.Options{
 		NodeID: f.nodeID, DataDir: f.dataDir,
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
-		Join:      f.join,
+		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost,
+		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile,
+		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
+		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff,
 		DRAMBytes: f.dram, NVMeBytes: f.nvme,
 		MaxBlockBytes: int(f.maxBlockBytes), MaxBatchBlocks: f.maxBatchBlocks,
 		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
 		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout,
 		Version: version(), Logger: logger,
+		Prefill: f.prefill.options(),
 	}
 	opts.EnsureDefaults()
 	if err := opts.Validate(); err != nil {
@@ -168,8 +206,15 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
 	fmt.Fprintf(out, "kvmesh %s serving node %s\n", version(), n.ID())
 	fmt.Fprintf(out, "  gRPC     %s\n", n.GRPCAddr())
 	fmt.Fprintf(out, "  metrics  http://%s/metrics   health  http://%s/healthz\n", n.HTTPAddr(), n.HTTPAddr())
-	fmt.Fprintf(out, "  data     %s (DRAM %s, NVMe %s)\n", opts.DataDir, formatSize(opts.DRAMBytes), formatSize(opts.NVMeBytes))
-	fmt.Fprintf(out, "try: kvmesh inspect --addr %s stats   (stop with Ctrl-C)\n", n.GRPCAddr())
+	shm := n.ShmSocket()
+	if shm == "" {
+		shm = "off"
+	}
+	fmt.Fprintf(out, "  data     %s   shm  %s\n", n.DataAddr(), shm)
+	fmt.Fprintf(out, "  gossip   %s   (others join with --join %s)\n", n.GossipAddr(), n.GossipAddr())
+	fmt.Fprintf(out, "  store    %s (DRAM %s, NVMe %s)\n", opts.DataDir, formatSize(opts.DRAMBytes), formatSize(opts.NVMeBytes))
+	fmt.Fprintf(out, "  prefill  %s\n", engineLine(opts.Prefill))
+	fmt.Fprintf(out, "try: kvmesh inspect --addr %s members   (stop with Ctrl-C)\n", n.GRPCAddr())
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

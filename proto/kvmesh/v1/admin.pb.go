@@ -61,7 +61,8 @@ type TierCapacity struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	CapacityBytes uint64                 `protobuf:"varint,2,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
-	UsedBytes     uint64                 `protobuf:"varint,3,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	// Known for the node that answered only; 0 for the others.
+	UsedBytes     uint64 `protobuf:"varint,3,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -121,7 +122,9 @@ type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Stable node id (placement hashes it).
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	// "alive", "suspect", "dead" or "left".
+	// "alive". Members that failed or left are dropped from the list, and
+	// gossip does not report suspicion, so that is the only state listed
+	// today; others may come.
 	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
 	// Addresses the node serves on; empty when that endpoint is not running.
 	GrpcAddr   string          `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
@@ -130,7 +133,15 @@ type Member struct {
 	GossipAddr string          `protobuf:"bytes,6,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
 	Tiers      []*TierCapacity `protobuf:"bytes,7,rep,name=tiers,proto3" json:"tiers,omitempty"`
 	// The kvmesh version the node runs.
-	Version       string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
+	Version string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
+	// The unix socket of the node's shared-memory data plane (an absolute
+	// path), for clients on the node's host; empty when it is off.
+	ShmSocket string `protobuf:"bytes,9,opt,name=shm_socket,json=shmSocket,proto3" json:"shm_socket,omitempty"`
+	// Identifies the node's host (its kernel's boot id): a client whose host
+	// has the same id may use shm_socket.
+	HostId string `protobuf:"bytes,10,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// RDMA devices found on the node's host (none on most machines).
+	RdmaDevices   []string `protobuf:"bytes,11,rep,name=rdma_devices,json=rdmaDevices,proto3" json:"rdma_devices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -221,11 +232,36 @@ func (x *Member) GetVersion() string {
 	return ""
 }
 
+func (x *Member) GetShmSocket() string {
+	if x != nil {
+		return x.ShmSocket
+	}
+	return ""
+}
+
+func (x *Member) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *Member) GetRdmaDevices() []string {
+	if x != nil {
+		return x.RdmaDevices
+	}
+	return nil
+}
+
 type MembersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The id of the node that answered.
-	SelfId        string    `protobuf:"bytes,1,opt,name=self_id,json=selfId,proto3" json:"self_id,omitempty"`
-	Members       []*Member `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	SelfId  string    `protobuf:"bytes,1,opt,name=self_id,json=selfId,proto3" json:"self_id,omitempty"`
+	Members []*Member `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	// The size of a placement chunk in tokens (every member uses the same):
+	// a block's chunk key is that of block i - i mod C of its prompt, with
+	// C = max(1, chunk_tokens / block_tokens).
+	ChunkTokens   uint32 `protobuf:"varint,3,opt,name=chunk_tokens,json=chunkTokens,proto3" json:"chunk_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -272,6 +308,13 @@ func (x *MembersResponse) GetMembers() []*Member {
 		return x.Members
 	}
 	return nil
+}
+
+func (x *MembersResponse) GetChunkTokens() uint32 {
+	if x != nil {
+		return x.ChunkTokens
+	}
+	return 0
 }
 
 type DropNamespaceRequest struct {
@@ -569,7 +612,7 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\x03 \x01(\x04R\tusedBytes\"\xef\x01\n" +
+	"used_bytes\x18\x03 \x01(\x04R\tusedBytes\"\xca\x02\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -579,10 +622,16 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\vgossip_addr\x18\x06 \x01(\tR\n" +
 	"gossipAddr\x12-\n" +
 	"\x05tiers\x18\a \x03(\v2\x17.kvmesh.v1.TierCapacityR\x05tiers\x12\x18\n" +
-	"\aversion\x18\b \x01(\tR\aversion\"W\n" +
+	"\aversion\x18\b \x01(\tR\aversion\x12\x1d\n" +
+	"\n" +
+	"shm_socket\x18\t \x01(\tR\tshmSocket\x12\x17\n" +
+	"\ahost_id\x18\n" +
+	" \x01(\tR\x06hostId\x12!\n" +
+	"\frdma_devices\x18\v \x03(\tR\vrdmaDevices\"z\n" +
 	"\x0fMembersResponse\x12\x17\n" +
 	"\aself_id\x18\x01 \x01(\tR\x06selfId\x12+\n" +
-	"\amembers\x18\x02 \x03(\v2\x11.kvmesh.v1.MemberR\amembers\"b\n" +
+	"\amembers\x18\x02 \x03(\v2\x11.kvmesh.v1.MemberR\amembers\x12!\n" +
+	"\fchunk_tokens\x18\x03 \x01(\rR\vchunkTokens\"b\n" +
 	"\x14DropNamespaceRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\x06R\x06digest\">\n" +

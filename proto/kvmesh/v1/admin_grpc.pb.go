@@ -31,7 +31,8 @@ const (
 // AdminService is for operators and tools: who is in the cluster, dropping a
 // namespace, looking at one block.
 type AdminServiceClient interface {
-	// Members lists the nodes this node knows, itself first.
+	// Members lists the live nodes this node knows (alive or suspected), itself
+	// first.
 	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
 	// DropNamespace removes every block of a namespace from this node.
 	DropNamespace(ctx context.Context, in *DropNamespaceRequest, opts ...grpc.CallOption) (*DropNamespaceResponse, error)
@@ -86,7 +87,8 @@ func (c *adminServiceClient) BlockInfo(ctx context.Context, in *BlockInfoRequest
 // AdminService is for operators and tools: who is in the cluster, dropping a
 // namespace, looking at one block.
 type AdminServiceServer interface {
-	// Members lists the nodes this node knows, itself first.
+	// Members lists the live nodes this node knows (alive or suspected), itself
+	// first.
 	Members(context.Context, *MembersRequest) (*MembersResponse, error)
 	// DropNamespace removes every block of a namespace from this node.
 	DropNamespace(context.Context, *DropNamespaceRequest) (*DropNamespaceResponse, error)

@@ -80,7 +80,8 @@ type CachedBlock struct {
 	Key   []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// The node that holds it.
 	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	// The tier that holds it there: "hbm", "dram" or "nvme".
+	// The tier that holds it, "hbm", "dram" or "nvme", when node_id is the
+	// node that answered; empty when another node holds it.
 	Tier          string `protobuf:"bytes,3,opt,name=tier,proto3" json:"tier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -226,7 +227,13 @@ type BatchGetRequest struct {
 	Tokens []uint32 `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	// Stop at the first miss: the stream then carries the cached prefix
 	// (and the miss that ended it).
-	Prefix        bool `protobuf:"varint,4,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	Prefix bool `protobuf:"varint,4,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Optional, with keys: chunk_keys[i] is the chunk key of keys[i] (see the
+	// service comment), so the node asks the block's owner for a block it
+	// does not hold. Empty: the node asks every member which of the keys it
+	// holds first (one more round trip). Ignored with tokens: the node
+	// derives them from the prompt.
+	ChunkKeys     [][]byte `protobuf:"bytes,5,rep,name=chunk_keys,json=chunkKeys,proto3" json:"chunk_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -287,6 +294,13 @@ func (x *BatchGetRequest) GetPrefix() bool {
 		return x.Prefix
 	}
 	return false
+}
+
+func (x *BatchGetRequest) GetChunkKeys() [][]byte {
+	if x != nil {
+		return x.ChunkKeys
+	}
+	return nil
 }
 
 // BatchGetResponse is one frame of one block. Each requested block is
@@ -428,8 +442,16 @@ type BlockHeader struct {
 	// Optional xxhash64 (seed 0) of the payload: when set, the node refuses a
 	// block whose received payload does not match it.
 	PayloadChecksum uint64 `protobuf:"fixed64,4,opt,name=payload_checksum,json=payloadChecksum,proto3" json:"payload_checksum,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The block's chunk key (see the service comment): the key of the first
+	// block of its placement chunk, or its own key when it starts one. The
+	// node keeps the block and pushes it to the chunk's owners. Empty: when
+	// every block of the stream so far had an empty parent, the stream is a
+	// prompt from block 0 and the node derives the chunk key from the
+	// block's position; otherwise the block is taken to start a chunk. A
+	// client that sends blocks from the middle of a prompt sets it.
+	ChunkKey      []byte `protobuf:"bytes,5,opt,name=chunk_key,json=chunkKey,proto3" json:"chunk_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BlockHeader) Reset() {
@@ -488,6 +510,13 @@ func (x *BlockHeader) GetPayloadChecksum() uint64 {
 		return x.PayloadChecksum
 	}
 	return 0
+}
+
+func (x *BlockHeader) GetChunkKey() []byte {
+	if x != nil {
+		return x.ChunkKey
+	}
+	return nil
 }
 
 // BatchPutRequest is one message of a BatchPut stream. The first message
@@ -609,8 +638,11 @@ func (x *BatchPutResponse) GetKeys() [][]byte {
 }
 
 type ExistsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Keys          [][]byte               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  [][]byte               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Optional: chunk_keys[i] is the chunk key of keys[i], as in
+	// BatchGetRequest. Empty: the node asks every member.
+	ChunkKeys     [][]byte `protobuf:"bytes,2,rep,name=chunk_keys,json=chunkKeys,proto3" json:"chunk_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -652,9 +684,16 @@ func (x *ExistsRequest) GetKeys() [][]byte {
 	return nil
 }
 
+func (x *ExistsRequest) GetChunkKeys() [][]byte {
+	if x != nil {
+		return x.ChunkKeys
+	}
+	return nil
+}
+
 type ExistsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// present[i] tells whether keys[i] is cached.
+	// present[i] tells whether keys[i] is cached on some node.
 	Present       []bool `protobuf:"varint,1,rep,packed,name=present,proto3" json:"present,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -697,6 +736,105 @@ func (x *ExistsResponse) GetPresent() []bool {
 	return nil
 }
 
+type PublishRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Keys of blocks this node holds, 16 bytes each.
+	Keys [][]byte `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// chunk_keys[i] is the chunk key of keys[i]. Required, one per key.
+	ChunkKeys     [][]byte `protobuf:"bytes,2,rep,name=chunk_keys,json=chunkKeys,proto3" json:"chunk_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishRequest) Reset() {
+	*x = PublishRequest{}
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishRequest) ProtoMessage() {}
+
+func (x *PublishRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
+func (*PublishRequest) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PublishRequest) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *PublishRequest) GetChunkKeys() [][]byte {
+	if x != nil {
+		return x.ChunkKeys
+	}
+	return nil
+}
+
+type PublishResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Blocks queued for their owners (held here, and owned by another node).
+	Queued        uint32 `protobuf:"varint,1,opt,name=queued,proto3" json:"queued,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishResponse) Reset() {
+	*x = PublishResponse{}
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishResponse) ProtoMessage() {}
+
+func (x *PublishResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
+func (*PublishResponse) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PublishResponse) GetQueued() uint32 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
 type StatsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -705,7 +843,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +855,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +868,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{10}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{12}
 }
 
 type TierStats struct {
@@ -747,7 +885,7 @@ type TierStats struct {
 
 func (x *TierStats) Reset() {
 	*x = TierStats{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +897,7 @@ func (x *TierStats) String() string {
 func (*TierStats) ProtoMessage() {}
 
 func (x *TierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +910,7 @@ func (x *TierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStats.ProtoReflect.Descriptor instead.
 func (*TierStats) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{11}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TierStats) GetName() string {
@@ -804,18 +942,21 @@ func (x *TierStats) GetCapacityBytes() uint64 {
 }
 
 type NamespaceStats struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Digest        uint64                 `protobuf:"fixed64,1,opt,name=digest,proto3" json:"digest,omitempty"`
-	Blocks        uint64                 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Tokens        uint64                 `protobuf:"varint,4,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Digest uint64                 `protobuf:"fixed64,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	Blocks uint64                 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes  uint64                 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Tokens uint64                 `protobuf:"varint,4,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// The namespace's model id when the node knows it: its prefill engine's,
+	// or one a request named since the node started. Empty otherwise.
+	Model         string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NamespaceStats) Reset() {
 	*x = NamespaceStats{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +968,7 @@ func (x *NamespaceStats) String() string {
 func (*NamespaceStats) ProtoMessage() {}
 
 func (x *NamespaceStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +981,7 @@ func (x *NamespaceStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceStats.ProtoReflect.Descriptor instead.
 func (*NamespaceStats) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{12}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NamespaceStats) GetDigest() uint64 {
@@ -871,6 +1012,13 @@ func (x *NamespaceStats) GetTokens() uint64 {
 	return 0
 }
 
+func (x *NamespaceStats) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
 type StatsResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -889,7 +1037,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +1049,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +1062,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{13}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StatsResponse) GetNodeId() string {
@@ -990,12 +1138,14 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\rcached_tokens\x18\x02 \x01(\x04R\fcachedTokens\x12#\n" +
 	"\rprompt_blocks\x18\x03 \x01(\rR\fpromptBlocks\x12#\n" +
 	"\rprompt_tokens\x18\x04 \x01(\x04R\fpromptTokens\x12.\n" +
-	"\x06blocks\x18\x05 \x03(\v2\x16.kvmesh.v1.CachedBlockR\x06blocks\"\x89\x01\n" +
+	"\x06blocks\x18\x05 \x03(\v2\x16.kvmesh.v1.CachedBlockR\x06blocks\"\xa8\x01\n" +
 	"\x0fBatchGetRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x16\n" +
 	"\x06tokens\x18\x03 \x03(\rR\x06tokens\x12\x16\n" +
-	"\x06prefix\x18\x04 \x01(\bR\x06prefix\"\x8c\x02\n" +
+	"\x06prefix\x18\x04 \x01(\bR\x06prefix\x12\x1d\n" +
+	"\n" +
+	"chunk_keys\x18\x05 \x03(\fR\tchunkKeys\"\x8c\x02\n" +
 	"\x10BatchGetResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1008,35 +1158,45 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\x04data\x18\b \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\t \x01(\bR\x04last\x12)\n" +
 	"\x10payload_checksum\x18\n" +
-	" \x01(\x06R\x0fpayloadChecksum\"\x89\x01\n" +
+	" \x01(\x06R\x0fpayloadChecksum\"\xa6\x01\n" +
 	"\vBlockHeader\x12\x16\n" +
 	"\x06parent\x18\x01 \x01(\fR\x06parent\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\rR\x06tokens\x12\x1f\n" +
 	"\vpayload_len\x18\x03 \x01(\x04R\n" +
 	"payloadLen\x12)\n" +
-	"\x10payload_checksum\x18\x04 \x01(\x06R\x0fpayloadChecksum\"\x87\x01\n" +
+	"\x10payload_checksum\x18\x04 \x01(\x06R\x0fpayloadChecksum\x12\x1b\n" +
+	"\tchunk_key\x18\x05 \x01(\fR\bchunkKey\"\x87\x01\n" +
 	"\x0fBatchPutRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12,\n" +
 	"\x05block\x18\x02 \x01(\v2\x16.kvmesh.v1.BlockHeaderR\x05block\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\">\n" +
 	"\x10BatchPutResponse\x12\x16\n" +
 	"\x06stored\x18\x01 \x01(\rR\x06stored\x12\x12\n" +
-	"\x04keys\x18\x02 \x03(\fR\x04keys\"#\n" +
+	"\x04keys\x18\x02 \x03(\fR\x04keys\"B\n" +
 	"\rExistsRequest\x12\x12\n" +
-	"\x04keys\x18\x01 \x03(\fR\x04keys\"*\n" +
+	"\x04keys\x18\x01 \x03(\fR\x04keys\x12\x1d\n" +
+	"\n" +
+	"chunk_keys\x18\x02 \x03(\fR\tchunkKeys\"*\n" +
 	"\x0eExistsResponse\x12\x18\n" +
-	"\apresent\x18\x01 \x03(\bR\apresent\"\x0e\n" +
+	"\apresent\x18\x01 \x03(\bR\apresent\"C\n" +
+	"\x0ePublishRequest\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\fR\x04keys\x12\x1d\n" +
+	"\n" +
+	"chunk_keys\x18\x02 \x03(\fR\tchunkKeys\")\n" +
+	"\x0fPublishResponse\x12\x16\n" +
+	"\x06queued\x18\x01 \x01(\rR\x06queued\"\x0e\n" +
 	"\fStatsRequest\"t\n" +
 	"\tTierStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12%\n" +
-	"\x0ecapacity_bytes\x18\x04 \x01(\x04R\rcapacityBytes\"n\n" +
+	"\x0ecapacity_bytes\x18\x04 \x01(\x04R\rcapacityBytes\"\x84\x01\n" +
 	"\x0eNamespaceStats\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\x06R\x06digest\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12\x16\n" +
-	"\x06tokens\x18\x04 \x01(\x04R\x06tokens\"\x97\x02\n" +
+	"\x06tokens\x18\x04 \x01(\x04R\x06tokens\x12\x14\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\"\x97\x02\n" +
 	"\rStatsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12*\n" +
 	"\x05tiers\x18\x02 \x03(\v2\x14.kvmesh.v1.TierStatsR\x05tiers\x12\x12\n" +
@@ -1049,12 +1209,13 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"promotions\x129\n" +
 	"\n" +
 	"namespaces\x18\b \x03(\v2\x19.kvmesh.v1.NamespaceStatsR\n" +
-	"namespaces2\xd6\x02\n" +
+	"namespaces2\x98\x03\n" +
 	"\fCacheService\x12=\n" +
 	"\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12E\n" +
 	"\bBatchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12E\n" +
 	"\bBatchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n" +
-	"\x06Exists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12:\n" +
+	"\x06Exists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12@\n" +
+	"\aPublish\x12\x19.kvmesh.v1.PublishRequest\x1a\x1a.kvmesh.v1.PublishResponse\x12:\n" +
 	"\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
 
 var (
@@ -1069,7 +1230,7 @@ func file_kvmesh_v1_cache_proto_rawDescGZIP() []byte {
 	return file_kvmesh_v1_cache_proto_rawDescData
 }
 
-var file_kvmesh_v1_cache_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_kvmesh_v1_cache_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_kvmesh_v1_cache_proto_goTypes = []any{
 	(*LookupRequest)(nil),    // 0: kvmesh.v1.LookupRequest
 	(*CachedBlock)(nil),      // 1: kvmesh.v1.CachedBlock
@@ -1081,32 +1242,36 @@ var file_kvmesh_v1_cache_proto_goTypes = []any{
 	(*BatchPutResponse)(nil), // 7: kvmesh.v1.BatchPutResponse
 	(*ExistsRequest)(nil),    // 8: kvmesh.v1.ExistsRequest
 	(*ExistsResponse)(nil),   // 9: kvmesh.v1.ExistsResponse
-	(*StatsRequest)(nil),     // 10: kvmesh.v1.StatsRequest
-	(*TierStats)(nil),        // 11: kvmesh.v1.TierStats
-	(*NamespaceStats)(nil),   // 12: kvmesh.v1.NamespaceStats
-	(*StatsResponse)(nil),    // 13: kvmesh.v1.StatsResponse
-	(*Namespace)(nil),        // 14: kvmesh.v1.Namespace
+	(*PublishRequest)(nil),   // 10: kvmesh.v1.PublishRequest
+	(*PublishResponse)(nil),  // 11: kvmesh.v1.PublishResponse
+	(*StatsRequest)(nil),     // 12: kvmesh.v1.StatsRequest
+	(*TierStats)(nil),        // 13: kvmesh.v1.TierStats
+	(*NamespaceStats)(nil),   // 14: kvmesh.v1.NamespaceStats
+	(*StatsResponse)(nil),    // 15: kvmesh.v1.StatsResponse
+	(*Namespace)(nil),        // 16: kvmesh.v1.Namespace
 }
 var file_kvmesh_v1_cache_proto_depIdxs = []int32{
-	14, // 0: kvmesh.v1.LookupRequest.namespace:type_name -> kvmesh.v1.Namespace
+	16, // 0: kvmesh.v1.LookupRequest.namespace:type_name -> kvmesh.v1.Namespace
 	1,  // 1: kvmesh.v1.LookupResponse.blocks:type_name -> kvmesh.v1.CachedBlock
-	14, // 2: kvmesh.v1.BatchGetRequest.namespace:type_name -> kvmesh.v1.Namespace
-	14, // 3: kvmesh.v1.BatchPutRequest.namespace:type_name -> kvmesh.v1.Namespace
+	16, // 2: kvmesh.v1.BatchGetRequest.namespace:type_name -> kvmesh.v1.Namespace
+	16, // 3: kvmesh.v1.BatchPutRequest.namespace:type_name -> kvmesh.v1.Namespace
 	5,  // 4: kvmesh.v1.BatchPutRequest.block:type_name -> kvmesh.v1.BlockHeader
-	11, // 5: kvmesh.v1.StatsResponse.tiers:type_name -> kvmesh.v1.TierStats
-	12, // 6: kvmesh.v1.StatsResponse.namespaces:type_name -> kvmesh.v1.NamespaceStats
+	13, // 5: kvmesh.v1.StatsResponse.tiers:type_name -> kvmesh.v1.TierStats
+	14, // 6: kvmesh.v1.StatsResponse.namespaces:type_name -> kvmesh.v1.NamespaceStats
 	0,  // 7: kvmesh.v1.CacheService.Lookup:input_type -> kvmesh.v1.LookupRequest
 	3,  // 8: kvmesh.v1.CacheService.BatchGet:input_type -> kvmesh.v1.BatchGetRequest
 	6,  // 9: kvmesh.v1.CacheService.BatchPut:input_type -> kvmesh.v1.BatchPutRequest
 	8,  // 10: kvmesh.v1.CacheService.Exists:input_type -> kvmesh.v1.ExistsRequest
-	10, // 11: kvmesh.v1.CacheService.Stats:input_type -> kvmesh.v1.StatsRequest
-	2,  // 12: kvmesh.v1.CacheService.Lookup:output_type -> kvmesh.v1.LookupResponse
-	4,  // 13: kvmesh.v1.CacheService.BatchGet:output_type -> kvmesh.v1.BatchGetResponse
-	7,  // 14: kvmesh.v1.CacheService.BatchPut:output_type -> kvmesh.v1.BatchPutResponse
-	9,  // 15: kvmesh.v1.CacheService.Exists:output_type -> kvmesh.v1.ExistsResponse
-	13, // 16: kvmesh.v1.CacheService.Stats:output_type -> kvmesh.v1.StatsResponse
-	12, // [12:17] is the sub-list for method output_type
-	7,  // [7:12] is the sub-list for method input_type
+	10, // 11: kvmesh.v1.CacheService.Publish:input_type -> kvmesh.v1.PublishRequest
+	12, // 12: kvmesh.v1.CacheService.Stats:input_type -> kvmesh.v1.StatsRequest
+	2,  // 13: kvmesh.v1.CacheService.Lookup:output_type -> kvmesh.v1.LookupResponse
+	4,  // 14: kvmesh.v1.CacheService.BatchGet:output_type -> kvmesh.v1.BatchGetResponse
+	7,  // 15: kvmesh.v1.CacheService.BatchPut:output_type -> kvmesh.v1.BatchPutResponse
+	9,  // 16: kvmesh.v1.CacheService.Exists:output_type -> kvmesh.v1.ExistsResponse
+	11, // 17: kvmesh.v1.CacheService.Publish:output_type -> kvmesh.v1.PublishResponse
+	15, // 18: kvmesh.v1.CacheService.Stats:output_type -> kvmesh.v1.StatsResponse
+	13, // [13:19] is the sub-list for method output_type
+	7,  // [7:13] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name
@@ -1124,7 +1289,7 @@ func file_kvmesh_v1_cache_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_v1_cache_proto_rawDesc), len(file_kvmesh_v1_cache_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

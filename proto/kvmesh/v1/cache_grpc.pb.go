@@ -23,6 +23,7 @@ const (
 	CacheService_BatchGet_FullMethodName = "/kvmesh.v1.CacheService/BatchGet"
 	CacheService_BatchPut_FullMethodName = "/kvmesh.v1.CacheService/BatchPut"
 	CacheService_Exists_FullMethodName   = "/kvmesh.v1.CacheService/Exists"
+	CacheService_Publish_FullMethodName  = "/kvmesh.v1.CacheService/Publish"
 	CacheService_Stats_FullMethodName    = "/kvmesh.v1.CacheService/Stats"
 )
 
@@ -31,11 +32,21 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // CacheService is what inference workers call: how much of this prompt is
-// cached, give me those blocks, keep these new ones.
+// cached, give me those blocks, keep these new ones. Any node answers for
+// the whole cluster: a block put through one node is found and read through
+// every other.
 //
 // Keys are 16 bytes (prefixhash.Key): k_0 = H(namespace),
 // k_i = H(k_{i-1} || tokens of block i, little-endian uint32). A prompt of n
 // tokens has floor(n/B) full blocks; the shorter tail is never cached.
+//
+// Placement: a prompt's chain is cut into chunks of C consecutive blocks
+// (C = the node's chunk_tokens / block_tokens, at least 1; 512 / B by
+// default), and every block of a chunk is placed by the key of the chunk's
+// first block, its chunk key: block i's chunk key is k_{i - i mod C}. A node
+// that receives a block, or a request for one, by key alone cannot know its
+// position in its prompt, so requests carry chunk keys where they can (see
+// BlockHeader.chunk_key, BatchGetRequest.chunk_keys).
 //
 // Limits (the node's options): a request names at most max_batch_blocks
 // blocks; a block's encoded size is at most max_block_bytes; no message is
@@ -57,8 +68,13 @@ type CacheServiceClient interface {
 	// are idempotent (a block's key is a function of its contents), so a
 	// failed stream may be retried whole; blocks stored before a failure stay.
 	BatchPut(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[BatchPutRequest, BatchPutResponse], error)
-	// Exists reports which keys are cached on this node.
+	// Exists reports which keys are cached anywhere in the cluster.
 	Exists(ctx context.Context, in *ExistsRequest, opts ...grpc.CallOption) (*ExistsResponse, error)
+	// Publish queues blocks this node already holds (stored through the data
+	// plane, which carries no placement) for the owners of their placement
+	// chunks, and returns at once: the pushes run in the background. Keys the
+	// node does not hold are skipped. BatchPut needs no Publish.
+	Publish(ctx context.Context, in *PublishRequest, opts ...grpc.CallOption) (*PublishResponse, error)
 	// Stats returns the cache's counters.
 	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error)
 }
@@ -123,6 +139,16 @@ func (c *cacheServiceClient) Exists(ctx context.Context, in *ExistsRequest, opts
 	return out, nil
 }
 
+func (c *cacheServiceClient) Publish(ctx context.Context, in *PublishRequest, opts ...grpc.CallOption) (*PublishResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PublishResponse)
+	err := c.cc.Invoke(ctx, CacheService_Publish_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *cacheServiceClient) Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatsResponse)
@@ -138,11 +164,21 @@ func (c *cacheServiceClient) Stats(ctx context.Context, in *StatsRequest, opts .
 // for forward compatibility.
 //
 // CacheService is what inference workers call: how much of this prompt is
-// cached, give me those blocks, keep these new ones.
+// cached, give me those blocks, keep these new ones. Any node answers for
+// the whole cluster: a block put through one node is found and read through
+// every other.
 //
 // Keys are 16 bytes (prefixhash.Key): k_0 = H(namespace),
 // k_i = H(k_{i-1} || tokens of block i, little-endian uint32). A prompt of n
 // tokens has floor(n/B) full blocks; the shorter tail is never cached.
+//
+// Placement: a prompt's chain is cut into chunks of C consecutive blocks
+// (C = the node's chunk_tokens / block_tokens, at least 1; 512 / B by
+// default), and every block of a chunk is placed by the key of the chunk's
+// first block, its chunk key: block i's chunk key is k_{i - i mod C}. A node
+// that receives a block, or a request for one, by key alone cannot know its
+// position in its prompt, so requests carry chunk keys where they can (see
+// BlockHeader.chunk_key, BatchGetRequest.chunk_keys).
 //
 // Limits (the node's options): a request names at most max_batch_blocks
 // blocks; a block's encoded size is at most max_block_bytes; no message is
@@ -164,8 +200,13 @@ type CacheServiceServer interface {
 	// are idempotent (a block's key is a function of its contents), so a
 	// failed stream may be retried whole; blocks stored before a failure stay.
 	BatchPut(grpc.ClientStreamingServer[BatchPutRequest, BatchPutResponse]) error
-	// Exists reports which keys are cached on this node.
+	// Exists reports which keys are cached anywhere in the cluster.
 	Exists(context.Context, *ExistsRequest) (*ExistsResponse, error)
+	// Publish queues blocks this node already holds (stored through the data
+	// plane, which carries no placement) for the owners of their placement
+	// chunks, and returns at once: the pushes run in the background. Keys the
+	// node does not hold are skipped. BatchPut needs no Publish.
+	Publish(context.Context, *PublishRequest) (*PublishResponse, error)
 	// Stats returns the cache's counters.
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	mustEmbedUnimplementedCacheServiceServer()
@@ -189,6 +230,9 @@ func (UnimplementedCacheServiceServer) BatchPut(grpc.ClientStreamingServer[Batch
 }
 func (UnimplementedCacheServiceServer) Exists(context.Context, *ExistsRequest) (*ExistsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Exists not implemented")
+}
+func (UnimplementedCacheServiceServer) Publish(context.Context, *PublishRequest) (*PublishResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Publish not implemented")
 }
 func (UnimplementedCacheServiceServer) Stats(context.Context, *StatsRequest) (*StatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Stats not implemented")
@@ -268,6 +312,24 @@ func _CacheService_Exists_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CacheService_Publish_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PublishRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CacheServiceServer).Publish(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CacheService_Publish_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CacheServiceServer).Publish(ctx, req.(*PublishRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _CacheService_Stats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StatsRequest)
 	if err := dec(in); err != nil {
@@ -300,6 +362,10 @@ var CacheService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Exists",
 			Handler:    _CacheService_Exists_Handler,
+		},
+		{
+			MethodName: "Publish",
+			Handler:    _CacheService_Publish_Handler,
 		},
 		{
 			MethodName: "Stats",

@@ -86,7 +86,10 @@ type PrefillRequest struct {
 	// Session id: a routing hint, recorded; cache hits never depend on it.
 	Session string `protobuf:"bytes,4,opt,name=session,proto3" json:"session,omitempty"`
 	// Run when the engine has headroom; poll GetResult with the request_id.
-	Queue         bool `protobuf:"varint,5,opt,name=queue,proto3" json:"queue,omitempty"`
+	Queue bool `protobuf:"varint,5,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Return the last position's logits too (vocabulary-sized; for tests and
+	// debugging).
+	ReturnLogits  bool `protobuf:"varint,6,opt,name=return_logits,json=returnLogits,proto3" json:"return_logits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -156,6 +159,13 @@ func (x *PrefillRequest) GetQueue() bool {
 	return false
 }
 
+func (x *PrefillRequest) GetReturnLogits() bool {
+	if x != nil {
+		return x.ReturnLogits
+	}
+	return false
+}
+
 type Usage struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PromptTokens  uint64                 `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
@@ -213,13 +223,24 @@ type PrefillResult struct {
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	State     PrefillState           `protobuf:"varint,2,opt,name=state,proto3,enum=kvmesh.v1.PrefillState" json:"state,omitempty"`
 	Usage     *Usage                 `protobuf:"bytes,3,opt,name=usage,proto3" json:"usage,omitempty"`
-	// Time to first token: from the request's arrival to the last position's
-	// logits, in milliseconds.
+	// Time to first token: from the start of the prefill to the last
+	// position's logits, in milliseconds. For a queued request it starts when
+	// the request leaves the queue and includes the pauses in which it gave
+	// way to synchronous requests; queue_ms is the wait before.
 	TtftMs float64 `protobuf:"fixed64,4,opt,name=ttft_ms,json=ttftMs,proto3" json:"ttft_ms,omitempty"`
 	// The five most likely next tokens, most likely first.
 	TopTokens []uint32 `protobuf:"varint,5,rep,packed,name=top_tokens,json=topTokens,proto3" json:"top_tokens,omitempty"`
 	// Why a FAILED request failed.
-	Error         string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	// The last position's logits, when the request asked for them.
+	Logits []float32 `protobuf:"fixed32,7,rep,packed,name=logits,proto3" json:"logits,omitempty"`
+	// For a queued request: milliseconds from its enqueue to the start of
+	// its (last) run.
+	QueueMs float64 `protobuf:"fixed64,8,opt,name=queue_ms,json=queueMs,proto3" json:"queue_ms,omitempty"`
+	// The model id of the namespace the engine caches its blocks under.
+	Model string `protobuf:"bytes,9,opt,name=model,proto3" json:"model,omitempty"`
+	// The session hint the request carried.
+	Session       string `protobuf:"bytes,10,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -296,6 +317,34 @@ func (x *PrefillResult) GetError() string {
 	return ""
 }
 
+func (x *PrefillResult) GetLogits() []float32 {
+	if x != nil {
+		return x.Logits
+	}
+	return nil
+}
+
+func (x *PrefillResult) GetQueueMs() float64 {
+	if x != nil {
+		return x.QueueMs
+	}
+	return 0
+}
+
+func (x *PrefillResult) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *PrefillResult) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
 type GetResultRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -340,20 +389,228 @@ func (x *GetResultRequest) GetRequestId() string {
 	return ""
 }
 
+type EngineRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineRequest) Reset() {
+	*x = EngineRequest{}
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineRequest) ProtoMessage() {}
+
+func (x *EngineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineRequest.ProtoReflect.Descriptor instead.
+func (*EngineRequest) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_prefill_proto_rawDescGZIP(), []int{4}
+}
+
+type EngineInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The namespace of the engine's blocks (what inspect lookup uses by
+	// default), and its digest.
+	Namespace       *Namespace `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	NamespaceDigest uint64     `protobuf:"fixed64,2,opt,name=namespace_digest,json=namespaceDigest,proto3" json:"namespace_digest,omitempty"`
+	// Where the model runs, for example "cpu/gonum".
+	Backend string `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
+	// The model's shape.
+	Layers        uint32 `protobuf:"varint,4,opt,name=layers,proto3" json:"layers,omitempty"`
+	Dim           uint32 `protobuf:"varint,5,opt,name=dim,proto3" json:"dim,omitempty"`
+	Heads         uint32 `protobuf:"varint,6,opt,name=heads,proto3" json:"heads,omitempty"`
+	KvHeads       uint32 `protobuf:"varint,7,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
+	HeadDim       uint32 `protobuf:"varint,8,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	FfnDim        uint32 `protobuf:"varint,9,opt,name=ffn_dim,json=ffnDim,proto3" json:"ffn_dim,omitempty"`
+	Vocab         uint32 `protobuf:"varint,10,opt,name=vocab,proto3" json:"vocab,omitempty"`
+	MaxContext    uint32 `protobuf:"varint,11,opt,name=max_context,json=maxContext,proto3" json:"max_context,omitempty"`
+	BlockTokens   uint32 `protobuf:"varint,12,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"`
+	WeightsDigest uint64 `protobuf:"fixed64,13,opt,name=weights_digest,json=weightsDigest,proto3" json:"weights_digest,omitempty"`
+	// Synchronous prefills that run at once.
+	Concurrency uint32 `protobuf:"varint,14,opt,name=concurrency,proto3" json:"concurrency,omitempty"`
+	// Queued requests not yet done (queued or running), and the most the
+	// queue holds.
+	Queued        uint32 `protobuf:"varint,15,opt,name=queued,proto3" json:"queued,omitempty"`
+	QueueCapacity uint32 `protobuf:"varint,16,opt,name=queue_capacity,json=queueCapacity,proto3" json:"queue_capacity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineInfo) Reset() {
+	*x = EngineInfo{}
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineInfo) ProtoMessage() {}
+
+func (x *EngineInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineInfo.ProtoReflect.Descriptor instead.
+func (*EngineInfo) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_prefill_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *EngineInfo) GetNamespace() *Namespace {
+	if x != nil {
+		return x.Namespace
+	}
+	return nil
+}
+
+func (x *EngineInfo) GetNamespaceDigest() uint64 {
+	if x != nil {
+		return x.NamespaceDigest
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *EngineInfo) GetLayers() uint32 {
+	if x != nil {
+		return x.Layers
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetDim() uint32 {
+	if x != nil {
+		return x.Dim
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetHeads() uint32 {
+	if x != nil {
+		return x.Heads
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetKvHeads() uint32 {
+	if x != nil {
+		return x.KvHeads
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetHeadDim() uint32 {
+	if x != nil {
+		return x.HeadDim
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetFfnDim() uint32 {
+	if x != nil {
+		return x.FfnDim
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetVocab() uint32 {
+	if x != nil {
+		return x.Vocab
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetMaxContext() uint32 {
+	if x != nil {
+		return x.MaxContext
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetBlockTokens() uint32 {
+	if x != nil {
+		return x.BlockTokens
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetWeightsDigest() uint64 {
+	if x != nil {
+		return x.WeightsDigest
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetConcurrency() uint32 {
+	if x != nil {
+		return x.Concurrency
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetQueued() uint32 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetQueueCapacity() uint32 {
+	if x != nil {
+		return x.QueueCapacity
+	}
+	return 0
+}
+
 var File_kvmesh_v1_prefill_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_prefill_proto_rawDesc = "" +
 	"\n" +
-	"\x17kvmesh/v1/prefill.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\xa2\x01\n" +
+	"\x17kvmesh/v1/prefill.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\xc7\x01\n" +
 	"\x0ePrefillRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x16\n" +
 	"\x06tokens\x18\x03 \x03(\rR\x06tokens\x12\x18\n" +
 	"\asession\x18\x04 \x01(\tR\asession\x12\x14\n" +
-	"\x05queue\x18\x05 \x01(\bR\x05queue\"Q\n" +
+	"\x05queue\x18\x05 \x01(\bR\x05queue\x12#\n" +
+	"\rreturn_logits\x18\x06 \x01(\bR\freturnLogits\"Q\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x04R\fpromptTokens\x12#\n" +
-	"\rcached_tokens\x18\x02 \x01(\x04R\fcachedTokens\"\xd3\x01\n" +
+	"\rcached_tokens\x18\x02 \x01(\x04R\fcachedTokens\"\xb6\x02\n" +
 	"\rPrefillResult\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12-\n" +
@@ -362,19 +619,46 @@ const file_kvmesh_v1_prefill_proto_rawDesc = "" +
 	"\attft_ms\x18\x04 \x01(\x01R\x06ttftMs\x12\x1d\n" +
 	"\n" +
 	"top_tokens\x18\x05 \x03(\rR\ttopTokens\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"1\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x12\x16\n" +
+	"\x06logits\x18\a \x03(\x02R\x06logits\x12\x19\n" +
+	"\bqueue_ms\x18\b \x01(\x01R\aqueueMs\x12\x14\n" +
+	"\x05model\x18\t \x01(\tR\x05model\x12\x18\n" +
+	"\asession\x18\n" +
+	" \x01(\tR\asession\"1\n" +
 	"\x10GetResultRequest\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x01 \x01(\tR\trequestId*\x94\x01\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\"\x0f\n" +
+	"\rEngineRequest\"\xf6\x03\n" +
+	"\n" +
+	"EngineInfo\x122\n" +
+	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12)\n" +
+	"\x10namespace_digest\x18\x02 \x01(\x06R\x0fnamespaceDigest\x12\x18\n" +
+	"\abackend\x18\x03 \x01(\tR\abackend\x12\x16\n" +
+	"\x06layers\x18\x04 \x01(\rR\x06layers\x12\x10\n" +
+	"\x03dim\x18\x05 \x01(\rR\x03dim\x12\x14\n" +
+	"\x05heads\x18\x06 \x01(\rR\x05heads\x12\x19\n" +
+	"\bkv_heads\x18\a \x01(\rR\akvHeads\x12\x19\n" +
+	"\bhead_dim\x18\b \x01(\rR\aheadDim\x12\x17\n" +
+	"\affn_dim\x18\t \x01(\rR\x06ffnDim\x12\x14\n" +
+	"\x05vocab\x18\n" +
+	" \x01(\rR\x05vocab\x12\x1f\n" +
+	"\vmax_context\x18\v \x01(\rR\n" +
+	"maxContext\x12!\n" +
+	"\fblock_tokens\x18\f \x01(\rR\vblockTokens\x12%\n" +
+	"\x0eweights_digest\x18\r \x01(\x06R\rweightsDigest\x12 \n" +
+	"\vconcurrency\x18\x0e \x01(\rR\vconcurrency\x12\x16\n" +
+	"\x06queued\x18\x0f \x01(\rR\x06queued\x12%\n" +
+	"\x0equeue_capacity\x18\x10 \x01(\rR\rqueueCapacity*\x94\x01\n" +
 	"\fPrefillState\x12\x1d\n" +
 	"\x19PREFILL_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14PREFILL_STATE_QUEUED\x10\x01\x12\x19\n" +
 	"\x15PREFILL_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12PREFILL_STATE_DONE\x10\x03\x12\x18\n" +
-	"\x14PREFILL_STATE_FAILED\x10\x042\x94\x01\n" +
+	"\x14PREFILL_STATE_FAILED\x10\x042\xcf\x01\n" +
 	"\x0ePrefillService\x12>\n" +
 	"\aPrefill\x12\x19.kvmesh.v1.PrefillRequest\x1a\x18.kvmesh.v1.PrefillResult\x12B\n" +
-	"\tGetResult\x12\x1b.kvmesh.v1.GetResultRequest\x1a\x18.kvmesh.v1.PrefillResultB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
+	"\tGetResult\x12\x1b.kvmesh.v1.GetResultRequest\x1a\x18.kvmesh.v1.PrefillResult\x129\n" +
+	"\x06Engine\x12\x18.kvmesh.v1.EngineRequest\x1a\x15.kvmesh.v1.EngineInfoB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
 
 var (
 	file_kvmesh_v1_prefill_proto_rawDescOnce sync.Once
@@ -389,28 +673,33 @@ func file_kvmesh_v1_prefill_proto_rawDescGZIP() []byte {
 }
 
 var file_kvmesh_v1_prefill_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvmesh_v1_prefill_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_kvmesh_v1_prefill_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_kvmesh_v1_prefill_proto_goTypes = []any{
 	(PrefillState)(0),        // 0: kvmesh.v1.PrefillState
 	(*PrefillRequest)(nil),   // 1: kvmesh.v1.PrefillRequest
 	(*Usage)(nil),            // 2: kvmesh.v1.Usage
 	(*PrefillResult)(nil),    // 3: kvmesh.v1.PrefillResult
 	(*GetResultRequest)(nil), // 4: kvmesh.v1.GetResultRequest
-	(*Namespace)(nil),        // 5: kvmesh.v1.Namespace
+	(*EngineRequest)(nil),    // 5: kvmesh.v1.EngineRequest
+	(*EngineInfo)(nil),       // 6: kvmesh.v1.EngineInfo
+	(*Namespace)(nil),        // 7: kvmesh.v1.Namespace
 }
 var file_kvmesh_v1_prefill_proto_depIdxs = []int32{
-	5, // 0: kvmesh.v1.PrefillRequest.namespace:type_name -> kvmesh.v1.Namespace
+	7, // 0: kvmesh.v1.PrefillRequest.namespace:type_name -> kvmesh.v1.Namespace
 	0, // 1: kvmesh.v1.PrefillResult.state:type_name -> kvmesh.v1.PrefillState
 	2, // 2: kvmesh.v1.PrefillResult.usage:type_name -> kvmesh.v1.Usage
-	1, // 3: kvmesh.v1.PrefillService.Prefill:input_type -> kvmesh.v1.PrefillRequest
-	4, // 4: kvmesh.v1.PrefillService.GetResult:input_type -> kvmesh.v1.GetResultRequest
-	3, // 5: kvmesh.v1.PrefillService.Prefill:output_type -> kvmesh.v1.PrefillResult
-	3, // 6: kvmesh.v1.PrefillService.GetResult:output_type -> kvmesh.v1.PrefillResult
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	7, // 3: kvmesh.v1.EngineInfo.namespace:type_name -> kvmesh.v1.Namespace
+	1, // 4: kvmesh.v1.PrefillService.Prefill:input_type -> kvmesh.v1.PrefillRequest
+	4, // 5: kvmesh.v1.PrefillService.GetResult:input_type -> kvmesh.v1.GetResultRequest
+	5, // 6: kvmesh.v1.PrefillService.Engine:input_type -> kvmesh.v1.EngineRequest
+	3, // 7: kvmesh.v1.PrefillService.Prefill:output_type -> kvmesh.v1.PrefillResult
+	3, // 8: kvmesh.v1.PrefillService.GetResult:output_type -> kvmesh.v1.PrefillResult
+	6, // 9: kvmesh.v1.PrefillService.Engine:output_type -> kvmesh.v1.EngineInfo
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_prefill_proto_init() }
@@ -425,7 +714,7 @@ func file_kvmesh_v1_prefill_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_v1_prefill_proto_rawDesc), len(file_kvmesh_v1_prefill_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	PrefillService_Prefill_FullMethodName   = "/kvmesh.v1.PrefillService/Prefill"
 	PrefillService_GetResult_FullMethodName = "/kvmesh.v1.PrefillService/GetResult"
+	PrefillService_Engine_FullMethodName    = "/kvmesh.v1.PrefillService/Engine"
 )
 
 // PrefillServiceClient is the client API for PrefillService service.
@@ -29,14 +30,26 @@ const (
 //
 // PrefillService runs the bundled prefill engine: tokens in, the longest
 // cached prefix loaded, only the suffix computed, new blocks published,
-// usage with cached_tokens out. Reserved here; nodes serve it once the
-// engine is wired in (until then the service is not registered).
+// usage with cached_tokens out.
+//
+// Synchronous requests come first: a queued request computes only while no
+// synchronous one waits or runs, and gives way to one within a fraction of
+// a chunk of its work (see package prefill). Queued requests are persisted
+// by the node and survive a restart; results are kept for the node's
+// result TTL. An empty prompt, a token outside the vocabulary or a prompt
+// longer than the engine's context is INVALID_ARGUMENT; a full queue is
+// RESOURCE_EXHAUSTED. The session (or the x-session-affinity metadata
+// header) is recorded as a routing hint; cache hits never depend on it.
 type PrefillServiceClient interface {
 	// Prefill runs a prompt now, or with queue=true enqueues it and returns
 	// its request_id at once (state QUEUED).
 	Prefill(ctx context.Context, in *PrefillRequest, opts ...grpc.CallOption) (*PrefillResult, error)
 	// GetResult returns a queued request's state, and its result once DONE.
+	// NOT_FOUND for an unknown id, or a result older than the result TTL.
 	GetResult(ctx context.Context, in *GetResultRequest, opts ...grpc.CallOption) (*PrefillResult, error)
+	// Engine describes the node's engine: the namespace its blocks are
+	// cached under, the model's shape, and the queue.
+	Engine(ctx context.Context, in *EngineRequest, opts ...grpc.CallOption) (*EngineInfo, error)
 }
 
 type prefillServiceClient struct {
@@ -67,20 +80,42 @@ func (c *prefillServiceClient) GetResult(ctx context.Context, in *GetResultReque
 	return out, nil
 }
 
+func (c *prefillServiceClient) Engine(ctx context.Context, in *EngineRequest, opts ...grpc.CallOption) (*EngineInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EngineInfo)
+	err := c.cc.Invoke(ctx, PrefillService_Engine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PrefillServiceServer is the server API for PrefillService service.
 // All implementations must embed UnimplementedPrefillServiceServer
 // for forward compatibility.
 //
 // PrefillService runs the bundled prefill engine: tokens in, the longest
 // cached prefix loaded, only the suffix computed, new blocks published,
-// usage with cached_tokens out. Reserved here; nodes serve it once the
-// engine is wired in (until then the service is not registered).
+// usage with cached_tokens out.
+//
+// Synchronous requests come first: a queued request computes only while no
+// synchronous one waits or runs, and gives way to one within a fraction of
+// a chunk of its work (see package prefill). Queued requests are persisted
+// by the node and survive a restart; results are kept for the node's
+// result TTL. An empty prompt, a token outside the vocabulary or a prompt
+// longer than the engine's context is INVALID_ARGUMENT; a full queue is
+// RESOURCE_EXHAUSTED. The session (or the x-session-affinity metadata
+// header) is recorded as a routing hint; cache hits never depend on it.
 type PrefillServiceServer interface {
 	// Prefill runs a prompt now, or with queue=true enqueues it and returns
 	// its request_id at once (state QUEUED).
 	Prefill(context.Context, *PrefillRequest) (*PrefillResult, error)
 	// GetResult returns a queued request's state, and its result once DONE.
+	// NOT_FOUND for an unknown id, or a result older than the result TTL.
 	GetResult(context.Context, *GetResultRequest) (*PrefillResult, error)
+	// Engine describes the node's engine: the namespace its blocks are
+	// cached under, the model's shape, and the queue.
+	Engine(context.Context, *EngineRequest) (*EngineInfo, error)
 	mustEmbedUnimplementedPrefillServiceServer()
 }
 
@@ -96,6 +131,9 @@ func (UnimplementedPrefillServiceServer) Prefill(context.Context, *PrefillReques
 }
 func (UnimplementedPrefillServiceServer) GetResult(context.Context, *GetResultRequest) (*PrefillResult, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetResult not implemented")
+}
+func (UnimplementedPrefillServiceServer) Engine(context.Context, *EngineRequest) (*EngineInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method Engine not implemented")
 }
 func (UnimplementedPrefillServiceServer) mustEmbedUnimplementedPrefillServiceServer() {}
 func (UnimplementedPrefillServiceServer) testEmbeddedByValue()                        {}
@@ -154,6 +192,24 @@ func _PrefillService_GetResult_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PrefillService_Engine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EngineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PrefillServiceServer).Engine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PrefillService_Engine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PrefillServiceServer).Engine(ctx, req.(*EngineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PrefillService_ServiceDesc is the grpc.ServiceDesc for PrefillService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -168,6 +224,10 @@ var PrefillService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetResult",
 			Handler:    _PrefillService_GetResult_Handler,
+		},
+		{
+			MethodName: "Engine",
+			Handler:    _PrefillService_Engine_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/admin.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x10\n\x0eMembersRequest\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xaa\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\"F\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\x90\x02\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.DType\x12\x13\n\x0blayer_start\x18\n \x01(\r\x12\x11\n\tlayer_end\x18\x0b \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\r2\xec\x01\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x10\n\x0eMembersRequest\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xe5\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x12\n\nshm_socket\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x14\n\x0crdma_devices\x18\x0b \x03(\t\"\\\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\x90\x02\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.DType\x12\x13\n\x0blayer_start\x18\n \x01(\r\x12\x11\n\tlayer_end\x18\x0b \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\r2\xec\x01\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
@@ -159,6 +159,27 @@ _MEMBER = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='shm_socket', full_name='kvmesh.v1.Member.shm_socket', index=8,
+      number=9, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='host_id', full_name='kvmesh.v1.Member.host_id', index=9,
+      number=10, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='rdma_devices', full_name='kvmesh.v1.Member.rdma_devices', index=10,
+      number=11, type=9, cpp_type=9, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -172,7 +193,7 @@ _MEMBER = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=152,
-  serialized_end=322,
+  serialized_end=381,
 )
 
 
@@ -197,6 +218,13 @@ _MEMBERSRESPONSE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='chunk_tokens', full_name='kvmesh.v1.MembersResponse.chunk_tokens', index=2,
+      number=3, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -209,8 +237,8 @@ _MEMBERSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=324,
-  serialized_end=394,
+  serialized_start=383,
+  serialized_end=475,
 )
 
 
@@ -247,8 +275,8 @@ _DROPNAMESPACEREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=396,
-  serialized_end=475,
+  serialized_start=477,
+  serialized_end=556,
 )
 
 
@@ -278,8 +306,8 @@ _DROPNAMESPACERESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=477,
-  serialized_end=524,
+  serialized_start=558,
+  serialized_end=605,
 )
 
 
@@ -309,8 +337,8 @@ _BLOCKINFOREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=526,
-  serialized_end=557,
+  serialized_start=607,
+  serialized_end=638,
 )
 
 
@@ -424,8 +452,8 @@ _BLOCKINFORESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=560,
-  serialized_end=832,
+  serialized_start=641,
+  serialized_end=913,
 )
 
 _MEMBER.fields_by_name['tiers'].message_type = _TIERCAPACITY
@@ -508,8 +536,8 @@ _ADMINSERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=835,
-  serialized_end=1071,
+  serialized_start=916,
+  serialized_end=1152,
   methods=[
   _descriptor.MethodDescriptor(
     name='Members',

@@ -38,7 +38,8 @@ class AdminServiceServicer(object):
   """
 
   def Members(self, request, context):
-    """Members lists the nodes this node knows, itself first.
+    """Members lists the live nodes this node knows (alive or suspected), itself
+    first.
     """
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
     context.set_details('Method not implemented!')

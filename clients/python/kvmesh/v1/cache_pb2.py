@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/cache.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"H\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\x94\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\"h\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\"\xb8\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x18\n\x10payload_checksum\x18\n \x01(\x06\"\\\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x18\n\x10payload_checksum\x18\x04 \x01(\x06\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"\x1d\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"\x0e\n\x0cStatsRequest\"P\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\"O\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\"\xcc\x01\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats2\xd6\x02\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"H\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\x94\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\"|\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\x12\x12\n\nchunk_keys\x18\x05 \x03(\x0c\"\xb8\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x18\n\x10payload_checksum\x18\n \x01(\x06\"o\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x18\n\x10payload_checksum\x18\x04 \x01(\x06\x12\x11\n\tchunk_key\x18\x05 \x01(\x0c\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"1\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"2\n\x0ePublishRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0fPublishResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"P\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\"^\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\r\n\x05model\x18\x05 \x01(\t\"\xcc\x01\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats2\x98\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12@\n\x07Publish\x12\x19.kvmesh.v1.PublishRequest\x1a\x1a.kvmesh.v1.PublishResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
@@ -204,6 +204,13 @@ _BATCHGETREQUEST = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='chunk_keys', full_name='kvmesh.v1.BatchGetRequest.chunk_keys', index=4,
+      number=5, type=12, cpp_type=9, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -217,7 +224,7 @@ _BATCHGETREQUEST = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=343,
-  serialized_end=447,
+  serialized_end=467,
 )
 
 
@@ -310,8 +317,8 @@ _BATCHGETRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=450,
-  serialized_end=634,
+  serialized_start=470,
+  serialized_end=654,
 )
 
 
@@ -350,6 +357,13 @@ _BLOCKHEADER = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='chunk_key', full_name='kvmesh.v1.BlockHeader.chunk_key', index=4,
+      number=5, type=12, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b(""),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -362,8 +376,8 @@ _BLOCKHEADER = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=636,
-  serialized_end=728,
+  serialized_start=656,
+  serialized_end=767,
 )
 
 
@@ -407,8 +421,8 @@ _BATCHPUTREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=730,
-  serialized_end=841,
+  serialized_start=769,
+  serialized_end=880,
 )
 
 
@@ -445,8 +459,8 @@ _BATCHPUTRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=843,
-  serialized_end=891,
+  serialized_start=882,
+  serialized_end=930,
 )
 
 
@@ -464,6 +478,13 @@ _EXISTSREQUEST = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='chunk_keys', full_name='kvmesh.v1.ExistsRequest.chunk_keys', index=1,
+      number=2, type=12, cpp_type=9, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -476,8 +497,8 @@ _EXISTSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=893,
-  serialized_end=922,
+  serialized_start=932,
+  serialized_end=981,
 )
 
 
@@ -507,8 +528,77 @@ _EXISTSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=924,
-  serialized_end=957,
+  serialized_start=983,
+  serialized_end=1016,
+)
+
+
+_PUBLISHREQUEST = _descriptor.Descriptor(
+  name='PublishRequest',
+  full_name='kvmesh.v1.PublishRequest',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='keys', full_name='kvmesh.v1.PublishRequest.keys', index=0,
+      number=1, type=12, cpp_type=9, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='chunk_keys', full_name='kvmesh.v1.PublishRequest.chunk_keys', index=1,
+      number=2, type=12, cpp_type=9, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=1018,
+  serialized_end=1068,
+)
+
+
+_PUBLISHRESPONSE = _descriptor.Descriptor(
+  name='PublishResponse',
+  full_name='kvmesh.v1.PublishResponse',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='queued', full_name='kvmesh.v1.PublishResponse.queued', index=0,
+      number=1, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=1070,
+  serialized_end=1103,
 )
 
 
@@ -531,8 +621,8 @@ _STATSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=959,
-  serialized_end=973,
+  serialized_start=1105,
+  serialized_end=1119,
 )
 
 
@@ -583,8 +673,8 @@ _TIERSTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=975,
-  serialized_end=1055,
+  serialized_start=1121,
+  serialized_end=1201,
 )
 
 
@@ -623,6 +713,13 @@ _NAMESPACESTATS = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='model', full_name='kvmesh.v1.NamespaceStats.model', index=4,
+      number=5, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -635,8 +732,8 @@ _NAMESPACESTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1057,
-  serialized_end=1136,
+  serialized_start=1203,
+  serialized_end=1297,
 )
 
 
@@ -715,8 +812,8 @@ _STATSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1139,
-  serialized_end=1343,
+  serialized_start=1300,
+  serialized_end=1504,
 )
 
 _LOOKUPREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
@@ -736,6 +833,8 @@ DESCRIPTOR.message_types_by_name['BatchPutRequest'] = _BATCHPUTREQUEST
 DESCRIPTOR.message_types_by_name['BatchPutResponse'] = _BATCHPUTRESPONSE
 DESCRIPTOR.message_types_by_name['ExistsRequest'] = _EXISTSREQUEST
 DESCRIPTOR.message_types_by_name['ExistsResponse'] = _EXISTSRESPONSE
+DESCRIPTOR.message_types_by_name['PublishRequest'] = _PUBLISHREQUEST
+DESCRIPTOR.message_types_by_name['PublishResponse'] = _PUBLISHRESPONSE
 DESCRIPTOR.message_types_by_name['StatsRequest'] = _STATSREQUEST
 DESCRIPTOR.message_types_by_name['TierStats'] = _TIERSTATS
 DESCRIPTOR.message_types_by_name['NamespaceStats'] = _NAMESPACESTATS
@@ -812,6 +911,20 @@ ExistsResponse = _reflection.GeneratedProtocolMessageType('ExistsResponse', (_me
   ))
 _sym_db.RegisterMessage(ExistsResponse)
 
+PublishRequest = _reflection.GeneratedProtocolMessageType('PublishRequest', (_message.Message,), dict(
+  DESCRIPTOR = _PUBLISHREQUEST,
+  __module__ = 'kvmesh.v1.cache_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PublishRequest)
+  ))
+_sym_db.RegisterMessage(PublishRequest)
+
+PublishResponse = _reflection.GeneratedProtocolMessageType('PublishResponse', (_message.Message,), dict(
+  DESCRIPTOR = _PUBLISHRESPONSE,
+  __module__ = 'kvmesh.v1.cache_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PublishResponse)
+  ))
+_sym_db.RegisterMessage(PublishResponse)
+
 StatsRequest = _reflection.GeneratedProtocolMessageType('StatsRequest', (_message.Message,), dict(
   DESCRIPTOR = _STATSREQUEST,
   __module__ = 'kvmesh.v1.cache_pb2'
@@ -850,8 +963,8 @@ _CACHESERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=1346,
-  serialized_end=1688,
+  serialized_start=1507,
+  serialized_end=1915,
   methods=[
   _descriptor.MethodDescriptor(
     name='Lookup',
@@ -890,9 +1003,18 @@ _CACHESERVICE = _descriptor.ServiceDescriptor(
     options=None,
   ),
   _descriptor.MethodDescriptor(
+    name='Publish',
+    full_name='kvmesh.v1.CacheService.Publish',
+    index=4,
+    containing_service=None,
+    input_type=_PUBLISHREQUEST,
+    output_type=_PUBLISHRESPONSE,
+    options=None,
+  ),
+  _descriptor.MethodDescriptor(
     name='Stats',
     full_name='kvmesh.v1.CacheService.Stats',
-    index=4,
+    index=5,
     containing_service=None,
     input_type=_STATSREQUEST,
     output_type=_STATSRESPONSE,

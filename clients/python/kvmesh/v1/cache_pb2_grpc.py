@@ -6,11 +6,21 @@ from kvmesh.v1 import cache_pb2 as kvmesh_dot_v1_dot_cache__pb2
 
 class CacheServiceStub(object):
   """CacheService is what inference workers call: how much of this prompt is
-  cached, give me those blocks, keep these new ones.
+  cached, give me those blocks, keep these new ones. Any node answers for
+  the whole cluster: a block put through one node is found and read through
+  every other.
 
   Keys are 16 bytes (prefixhash.Key): k_0 = H(namespace),
   k_i = H(k_{i-1} || tokens of block i, little-endian uint32). A prompt of n
   tokens has floor(n/B) full blocks; the shorter tail is never cached.
+
+  Placement: a prompt's chain is cut into chunks of C consecutive blocks
+  (C = the node's chunk_tokens / block_tokens, at least 1; 512 / B by
+  default), and every block of a chunk is placed by the key of the chunk's
+  first block, its chunk key: block i's chunk key is k_{i - i mod C}. A node
+  that receives a block, or a request for one, by key alone cannot know its
+  position in its prompt, so requests carry chunk keys where they can (see
+  BlockHeader.chunk_key, BatchGetRequest.chunk_keys).
 
   Limits (the node's options): a request names at most max_batch_blocks
   blocks; a block's encoded size is at most max_block_bytes; no message is
@@ -46,6 +56,11 @@ class CacheServiceStub(object):
         request_serializer=kvmesh_dot_v1_dot_cache__pb2.ExistsRequest.SerializeToString,
         response_deserializer=kvmesh_dot_v1_dot_cache__pb2.ExistsResponse.FromString,
         )
+    self.Publish = channel.unary_unary(
+        '/kvmesh.v1.CacheService/Publish',
+        request_serializer=kvmesh_dot_v1_dot_cache__pb2.PublishRequest.SerializeToString,
+        response_deserializer=kvmesh_dot_v1_dot_cache__pb2.PublishResponse.FromString,
+        )
     self.Stats = channel.unary_unary(
         '/kvmesh.v1.CacheService/Stats',
         request_serializer=kvmesh_dot_v1_dot_cache__pb2.StatsRequest.SerializeToString,
@@ -55,11 +70,21 @@ class CacheServiceStub(object):
 
 class CacheServiceServicer(object):
   """CacheService is what inference workers call: how much of this prompt is
-  cached, give me those blocks, keep these new ones.
+  cached, give me those blocks, keep these new ones. Any node answers for
+  the whole cluster: a block put through one node is found and read through
+  every other.
 
   Keys are 16 bytes (prefixhash.Key): k_0 = H(namespace),
   k_i = H(k_{i-1} || tokens of block i, little-endian uint32). A prompt of n
   tokens has floor(n/B) full blocks; the shorter tail is never cached.
+
+  Placement: a prompt's chain is cut into chunks of C consecutive blocks
+  (C = the node's chunk_tokens / block_tokens, at least 1; 512 / B by
+  default), and every block of a chunk is placed by the key of the chunk's
+  first block, its chunk key: block i's chunk key is k_{i - i mod C}. A node
+  that receives a block, or a request for one, by key alone cannot know its
+  position in its prompt, so requests carry chunk keys where they can (see
+  BlockHeader.chunk_key, BatchGetRequest.chunk_keys).
 
   Limits (the node's options): a request names at most max_batch_blocks
   blocks; a block's encoded size is at most max_block_bytes; no message is
@@ -98,7 +123,17 @@ class CacheServiceServicer(object):
     raise NotImplementedError('Method not implemented!')
 
   def Exists(self, request, context):
-    """Exists reports which keys are cached on this node.
+    """Exists reports which keys are cached anywhere in the cluster.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
+  def Publish(self, request, context):
+    """Publish queues blocks this node already holds (stored through the data
+    plane, which carries no placement) for the owners of their placement
+    chunks, and returns at once: the pushes run in the background. Keys the
+    node does not hold are skipped. BatchPut needs no Publish.
     """
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
     context.set_details('Method not implemented!')
@@ -133,6 +168,11 @@ def add_CacheServiceServicer_to_server(servicer, server):
           servicer.Exists,
           request_deserializer=kvmesh_dot_v1_dot_cache__pb2.ExistsRequest.FromString,
           response_serializer=kvmesh_dot_v1_dot_cache__pb2.ExistsResponse.SerializeToString,
+      ),
+      'Publish': grpc.unary_unary_rpc_method_handler(
+          servicer.Publish,
+          request_deserializer=kvmesh_dot_v1_dot_cache__pb2.PublishRequest.FromString,
+          response_serializer=kvmesh_dot_v1_dot_cache__pb2.PublishResponse.SerializeToString,
       ),
       'Stats': grpc.unary_unary_rpc_method_handler(
           servicer.Stats,

@@ -7,8 +7,16 @@ from kvmesh.v1 import prefill_pb2 as kvmesh_dot_v1_dot_prefill__pb2
 class PrefillServiceStub(object):
   """PrefillService runs the bundled prefill engine: tokens in, the longest
   cached prefix loaded, only the suffix computed, new blocks published,
-  usage with cached_tokens out. Reserved here; nodes serve it once the
-  engine is wired in (until then the service is not registered).
+  usage with cached_tokens out.
+
+  Synchronous requests come first: a queued request computes only while no
+  synchronous one waits or runs, and gives way to one within a fraction of
+  a chunk of its work (see package prefill). Queued requests are persisted
+  by the node and survive a restart; results are kept for the node's
+  result TTL. An empty prompt, a token outside the vocabulary or a prompt
+  longer than the engine's context is INVALID_ARGUMENT; a full queue is
+  RESOURCE_EXHAUSTED. The session (or the x-session-affinity metadata
+  header) is recorded as a routing hint; cache hits never depend on it.
   """
 
   def __init__(self, channel):
@@ -27,13 +35,26 @@ class PrefillServiceStub(object):
         request_serializer=kvmesh_dot_v1_dot_prefill__pb2.GetResultRequest.SerializeToString,
         response_deserializer=kvmesh_dot_v1_dot_prefill__pb2.PrefillResult.FromString,
         )
+    self.Engine = channel.unary_unary(
+        '/kvmesh.v1.PrefillService/Engine',
+        request_serializer=kvmesh_dot_v1_dot_prefill__pb2.EngineRequest.SerializeToString,
+        response_deserializer=kvmesh_dot_v1_dot_prefill__pb2.EngineInfo.FromString,
+        )
 
 
 class PrefillServiceServicer(object):
   """PrefillService runs the bundled prefill engine: tokens in, the longest
   cached prefix loaded, only the suffix computed, new blocks published,
-  usage with cached_tokens out. Reserved here; nodes serve it once the
-  engine is wired in (until then the service is not registered).
+  usage with cached_tokens out.
+
+  Synchronous requests come first: a queued request computes only while no
+  synchronous one waits or runs, and gives way to one within a fraction of
+  a chunk of its work (see package prefill). Queued requests are persisted
+  by the node and survive a restart; results are kept for the node's
+  result TTL. An empty prompt, a token outside the vocabulary or a prompt
+  longer than the engine's context is INVALID_ARGUMENT; a full queue is
+  RESOURCE_EXHAUSTED. The session (or the x-session-affinity metadata
+  header) is recorded as a routing hint; cache hits never depend on it.
   """
 
   def Prefill(self, request, context):
@@ -46,6 +67,15 @@ class PrefillServiceServicer(object):
 
   def GetResult(self, request, context):
     """GetResult returns a queued request's state, and its result once DONE.
+    NOT_FOUND for an unknown id, or a result older than the result TTL.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
+  def Engine(self, request, context):
+    """Engine describes the node's engine: the namespace its blocks are
+    cached under, the model's shape, and the queue.
     """
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
     context.set_details('Method not implemented!')
@@ -63,6 +93,11 @@ def add_PrefillServiceServicer_to_server(servicer, server):
           servicer.GetResult,
           request_deserializer=kvmesh_dot_v1_dot_prefill__pb2.GetResultRequest.FromString,
           response_serializer=kvmesh_dot_v1_dot_prefill__pb2.PrefillResult.SerializeToString,
+      ),
+      'Engine': grpc.unary_unary_rpc_method_handler(
+          servicer.Engine,
+          request_deserializer=kvmesh_dot_v1_dot_prefill__pb2.EngineRequest.FromString,
+          response_serializer=kvmesh_dot_v1_dot_prefill__pb2.EngineInfo.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(

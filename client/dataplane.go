@@ -1,0 +1,367 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+	"github.com/kvmesh/kvmesh/store"
+	"github.com/kvmesh/kvmesh/transfer"
+)
+
+// The data-plane fast path. Block bytes travel over the node's data plane
+// (package transfer) instead of the gRPC streams: through the node's shared
+// memory when the client runs on the node's host (the node copies blocks
+// into a region this process maps; no byte crosses a socket), else over its
+// TCP data plane. The client learns where both are, and the node's host,
+// from Members.
+//
+// The data plane serves the node's own tiers only. A get therefore asks it
+// first and reads what it lacked through BatchGet, which reaches the rest of
+// the cluster; a put stores blocks on the node through it and then
+// publishes them (Publish), so that the node pushes them to their owners.
+// Any failure of a transport moves the call to the next one (shared memory,
+// TCP, gRPC); a transport that failed is left alone for a while.
+
+// windowBytes bounds the encoded block bytes of one data-plane request, and
+// so what a call holds at once (of a shared region, or of the TCP client's
+// in-flight budget).
+const windowBytes = 32 << 20
+
+// retryAfter is how long a transport that failed is not used.
+const retryAfter = 2 * time.Second
+
+// dataPlane holds the client's data-plane connections to its node.
+type dataPlane struct {
+	c   *Client
+	shm bool // shared memory may be used (TransportAuto)
+
+	mu struct {
+		sync.Mutex
+		shmc               *transfer.ShmClient
+		shmPath            string
+		tcp                *transfer.Client
+		tcpAddr            string
+		shmUntil, tcpUntil time.Time // not used before
+		closed             bool
+	}
+}
+
+// transport is one way to the node's data plane.
+type transport struct {
+	name string // "shm" or "tcp"
+	peer transfer.Peer
+	full bool // verify payload checksums of what it reads
+}
+
+// transports returns the usable data-plane transports, best first: none when
+// the node serves no data plane or they all failed recently.
+func (d *dataPlane) transports(ctx context.Context) []transport {
+	ni, err := d.c.nodeInfo(ctx)
+	if err != nil {
+		return nil
+	}
+	now := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mu.closed {
+		return nil
+	}
+	var out []transport
+	if d.shm && ni.shmSocket != "" && ni.hostID != "" && ni.hostID == localHostID() && !now.Before(d.mu.shmUntil) {
+		if d.mu.shmc == nil || d.mu.shmPath != ni.shmSocket {
+			if d.mu.shmc != nil {
+				d.mu.shmc.Close()
+				d.mu.shmc = nil
+			}
+			// A unix socket on this host answers at once or not at all.
+			if c, err := transfer.DialShm(ctx, ni.shmSocket, nil); err == nil {
+				d.mu.shmc, d.mu.shmPath = c, ni.shmSocket
+			} else {
+				d.mu.shmUntil = now.Add(retryAfter)
+			}
+		}
+		if d.mu.shmc != nil {
+			out = append(out, transport{name: "shm", peer: d.mu.shmc, full: d.c.opts.VerifySharedMemory})
+		}
+	}
+	if ni.dataAddr != "" && !now.Before(d.mu.tcpUntil) {
+		if d.mu.tcp == nil || d.mu.tcpAddr != ni.dataAddr {
+			if d.mu.tcp != nil {
+				d.mu.tcp.Close()
+				d.mu.tcp = nil
+			}
+			c, err := transfer.NewClient(ni.dataAddr, nil) // connects on first use
+			if err != nil {
+				d.mu.tcpUntil = now.Add(retryAfter)
+				return out
+			}
+			d.mu.tcp, d.mu.tcpAddr = c, ni.dataAddr
+		}
+		out = append(out, transport{name: "tcp", peer: d.mu.tcp, full: true})
+	}
+	return out
+}
+
+// failed closes a transport that failed, leaves it alone for retryAfter and
+// has the node asked again where its data plane is (it may have restarted).
+func (d *dataPlane) failed(t transport) {
+	d.mu.Lock()
+	switch {
+	case t.name == "shm" && d.mu.shmc != nil && transfer.Peer(d.mu.shmc) == t.peer:
+		d.mu.shmc.Close()
+		d.mu.shmc = nil
+		d.mu.shmUntil = time.Now().Add(retryAfter)
+	case t.name == "tcp" && d.mu.tcp != nil && transfer.Peer(d.mu.tcp) == t.peer:
+		d.mu.tcp.Close()
+		d.mu.tcp = nil
+		d.mu.tcpUntil = time.Now().Add(retryAfter)
+	}
+	d.mu.Unlock()
+	d.c.forgetNodeInfo()
+}
+
+func (d *dataPlane) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.mu.closed = true
+	if d.mu.shmc != nil {
+		d.mu.shmc.Close()
+	}
+	if d.mu.tcp != nil {
+		d.mu.tcp.Close()
+	}
+}
+
+// dataBulk moves block bytes over the data plane, and over grpc for what the
+// data plane lacks or when it fails.
+type dataBulk struct {
+	c    *Client
+	dp   *dataPlane
+	grpc *grpcBulk
+}
+
+// windowOf returns how many blocks of ns one data-plane request carries.
+func windowOf(ns prefixhash.Namespace) int {
+	return max(1, windowBytes/store.EncodedLen(ns.BlockTokens, ns.BlockBytes()))
+}
+
+func (d *dataBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
+	ts := d.dp.transports(ctx)
+	if len(ts) == 0 {
+		return d.grpc.get(ctx, ns, keys, chunkKeys, prefix, fresh, fn)
+	}
+	win := windowOf(ns)
+	for lo := 0; lo < len(keys); lo += win {
+		hi := min(lo+win, len(keys))
+		var cks []prefixhash.Key
+		if chunkKeys != nil {
+			cks = chunkKeys[lo:hi]
+		}
+		stop, err := d.getWindow(ctx, &ts, ns, lo, keys[lo:hi], cks, prefix, fresh, fn)
+		if err != nil || stop {
+			return err
+		}
+	}
+	return nil
+}
+
+// getWindow reads keys, the request's keys from index base on: from the
+// node's tiers over the first transport that answers, then what they lacked
+// through BatchGet, delivering blocks to fn in key order. It reports stop
+// when prefix is set and a miss ended the read.
+func (d *dataBulk) getWindow(ctx context.Context, ts *[]transport, ns prefixhash.Namespace, base int, keys, chunkKeys []prefixhash.Key,
+	prefix, fresh bool, fn func(Block) error) (stop bool, err error) {
+	r, t := d.dataGet(ctx, ts, keys)
+	if r == nil {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		stopped := false
+		err := d.grpc.get(ctx, ns, keys, chunkKeys, prefix, fresh, func(b Block) error {
+			stopped = prefix && !b.Found
+			b.Index += base
+			return fn(b)
+		})
+		return stopped, err
+	}
+	defer r.Release()
+
+	local := make([]Block, len(keys))
+	var missing []int
+	for i, k := range keys {
+		if r.Status[i] == transfer.StatusOK {
+			if b, ok := d.check(ns, k, r.Values[i], t.full); ok {
+				local[i] = b
+				continue
+			}
+		}
+		missing = append(missing, i)
+	}
+	next := 0 // keys[:next] are delivered
+	deliver := func(upTo int) error {
+		for ; next < upTo; next++ {
+			b := local[next]
+			b.Index = base + next
+			if fresh {
+				b.Payload = append([]byte(nil), b.Payload...)
+				b.Tokens = append([]uint32(nil), b.Tokens...)
+			}
+			if err := fn(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if len(missing) > 0 {
+		mk := make([]prefixhash.Key, len(missing))
+		var mck []prefixhash.Key
+		if chunkKeys != nil {
+			mck = make([]prefixhash.Key, len(missing))
+		}
+		for j, i := range missing {
+			mk[j] = keys[i]
+			if mck != nil {
+				mck[j] = chunkKeys[i]
+			}
+		}
+		err := d.grpc.get(ctx, ns, mk, mck, prefix, fresh, func(b Block) error {
+			i := missing[b.Index]
+			if err := deliver(i); err != nil {
+				return err
+			}
+			next = i + 1
+			stop = prefix && !b.Found
+			b.Index = base + i
+			return fn(b)
+		})
+		if err != nil || stop {
+			return stop, err
+		}
+	}
+	return false, deliver(len(keys))
+}
+
+// dataGet reads keys over the first transport that answers, dropping the
+// ones that fail from ts. It returns nil when none answered.
+func (d *dataBulk) dataGet(ctx context.Context, ts *[]transport, keys []prefixhash.Key) (*transfer.Result, transport) {
+	for len(*ts) > 0 {
+		t := (*ts)[0]
+		r, err := t.peer.Get(ctx, keys)
+		if err == nil {
+			return r, t
+		}
+		if ctx.Err() != nil {
+			return nil, t
+		}
+		d.dp.failed(t)
+		*ts = (*ts)[1:]
+	}
+	return nil, transport{}
+}
+
+// check verifies a block read from the data plane: its header (checksum;
+// key = H(parent ‖ tokens), the key asked for; the namespace and its
+// layout), its length and, when full, its payload checksum. A block that
+// fails is a miss here (BatchGet then asks the cluster).
+func (d *dataBulk) check(ns prefixhash.Namespace, key prefixhash.Key, b []byte, full bool) (Block, bool) {
+	h, err := store.DecodeHeader(b, d.c.opts.MaxBlockBytes)
+	if err != nil || h.Key != key || h.CheckNamespace(ns) != nil {
+		return Block{}, false
+	}
+	hl := store.HeaderLen(len(h.Tokens))
+	if len(b) != hl+h.PayloadLen {
+		return Block{}, false
+	}
+	payload := b[hl:]
+	if full && xxhash.Sum64(payload) != h.Checksum {
+		return Block{}, false
+	}
+	return Block{Key: key, Found: true, Parent: h.Parent, Tokens: h.Tokens, Payload: payload}, true
+}
+
+func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []putItem) ([]prefixhash.Key, error) {
+	ts := d.dp.transports(ctx)
+	if len(ts) == 0 {
+		return d.grpc.put(ctx, ns, items)
+	}
+	enc := store.EncodedLen(ns.BlockTokens, ns.BlockBytes())
+	win := windowOf(ns)
+	buf := make([]byte, 0, min(len(items), win)*enc)
+	keys := make([]prefixhash.Key, len(items))
+	vals := make([][]byte, 0, min(len(items), win))
+	var stored, rest []int // items stored over the data plane; items left to gRPC
+	for lo := 0; lo < len(items); lo += win {
+		hi := min(lo+win, len(items))
+		buf, vals = buf[:0], vals[:0]
+		for j, it := range items[lo:hi] {
+			start := len(buf)
+			var err error
+			if buf, keys[lo+j], err = store.Encode(buf, ns, it.parent, it.tokens, it.payload); err != nil {
+				return nil, fmt.Errorf("%w: block %d: %w", ErrInvalid, lo+j, err)
+			}
+			vals = append(vals, buf[start:len(buf):len(buf)])
+		}
+		st := d.dataPut(ctx, &ts, keys[lo:hi], vals)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		for j := range vals {
+			if st != nil && st[j] == transfer.StatusOK {
+				stored = append(stored, lo+j)
+			} else {
+				rest = append(rest, lo+j) // the node dropped it (full?): BatchPut says why
+			}
+		}
+	}
+	if len(stored) > 0 {
+		req := &kvmeshv1.PublishRequest{Keys: make([][]byte, len(stored)), ChunkKeys: make([][]byte, len(stored))}
+		for j, i := range stored {
+			ck := items[i].chunk
+			if ck.IsZero() {
+				ck = keys[i] // unknown: the block is taken to start a chunk, as BatchPut does
+			}
+			req.Keys[j], req.ChunkKeys[j] = keys[i][:], ck[:]
+		}
+		if _, err := d.c.cache.Publish(ctx, req); err != nil {
+			return nil, err
+		}
+	}
+	if len(rest) > 0 {
+		sub := make([]putItem, len(rest))
+		for j, i := range rest {
+			sub[j] = items[i]
+		}
+		got, err := d.grpc.put(ctx, ns, sub)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range rest {
+			keys[i] = got[j]
+		}
+	}
+	return keys, nil
+}
+
+// dataPut pushes one window over the first transport that takes it,
+// dropping the ones that fail from ts. It returns nil when none did.
+func (d *dataBulk) dataPut(ctx context.Context, ts *[]transport, keys []prefixhash.Key, vals [][]byte) []transfer.Status {
+	for len(*ts) > 0 {
+		t := (*ts)[0]
+		st, err := t.peer.Put(ctx, keys, vals)
+		if err == nil {
+			return st
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		d.dp.failed(t)
+		*ts = (*ts)[1:]
+	}
+	return nil
+}

@@ -1,0 +1,329 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/store"
+	"github.com/kvmesh/kvmesh/transfer"
+)
+
+// clusterCache is the production Cache: store.Cluster over store.Local, and
+// everything that reaches the other nodes — the data-plane servers (TCP and
+// shared memory), membership and the peers' clients. It owns all of it.
+type clusterCache struct {
+	opts    Options
+	local   *store.Local
+	cluster *store.Cluster
+	members *Membership
+	peers   *peers
+	data    *transfer.Server
+	shm     *transfer.ShmServer // nil when off
+	log     *slog.Logger
+
+	// Where this node is reached (advertised: never an unspecified host).
+	grpcAddr, httpAddr, dataAddr, shmPath string
+	hostID                                string
+	rdma                                  []string
+
+	refused   atomic.Int64 // data-plane values refused by the sink
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ Cache = (*clusterCache)(nil)
+
+// startCluster starts the data plane over local, joins the cluster and
+// returns the cache of the cluster as this node sees it. grpcAddr and
+// httpAddr are the addresses the node's listeners are bound to. On error
+// everything started is stopped; local stays the caller's.
+func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, peerSeconds *prometheus.HistogramVec) (_ *clusterCache, err error) {
+	c := &clusterCache{opts: opts, local: local, log: opts.Logger, hostID: hostID()}
+	defer func() {
+		if err != nil {
+			c.stop()
+		}
+	}()
+	adv, err := advertiseHost(opts)
+	if err != nil {
+		return nil, err
+	}
+	c.grpcAddr, c.httpAddr = advertised(grpcAddr, adv), advertised(httpAddr, adv)
+
+	var lim transfer.Limits
+	if opts.MaxBlockBytes > transfer.DefaultMaxValueSize {
+		lim.MaxValueSize = opts.MaxBlockBytes
+	}
+	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.MaxBlockBytes, refused: &c.refused}
+	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim}, opts.Logger); err != nil {
+		return nil, fmt.Errorf("node: data plane: %w", err)
+	}
+	dataAddr, err := c.data.Listen(opts.DataAddr)
+	if err != nil {
+		return nil, fmt.Errorf("node: listen on DataAddr %s: %w", opts.DataAddr, err)
+	}
+	c.dataAddr = advertised(dataAddr.String(), adv)
+	if opts.ShmSocket != ShmOff {
+		if c.shm, err = transfer.NewShmServer(src, sink, &transfer.ShmServerOptions{Limits: lim, RegionSize: opts.ShmRegionBytes}, opts.Logger); err != nil {
+			return nil, fmt.Errorf("node: shared-memory data plane: %w", err)
+		}
+		if err := removeStaleSocket(opts.ShmSocket); err != nil {
+			return nil, err
+		}
+		if err := c.shm.Listen(opts.ShmSocket); err != nil {
+			return nil, fmt.Errorf("node: listen on ShmSocket %s: %w", opts.ShmSocket, err)
+		}
+		c.shmPath = opts.ShmSocket
+	}
+
+	devs, err := transfer.RDMADevices()
+	if err != nil {
+		opts.Logger.Warn("RDMA device discovery failed; advertising none", "err", err)
+	}
+	for _, d := range devs {
+		c.rdma = append(c.rdma, d.Name)
+	}
+	meta := MemberMeta{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataAddr: c.dataAddr,
+		DRAMBytes: opts.DRAMBytes, NVMeBytes: opts.NVMeBytes, RDMA: c.rdma, Version: opts.Version}
+	mopts := MembershipOptions{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join, RetryJoin: true,
+		SecretKey: opts.GossipKey, Meta: meta, Fast: opts.GossipProfile == "local", Logger: opts.Logger}
+	if opts.AdvertiseHost != "" {
+		if mopts.AdvertiseAddr, err = resolveIP(opts.AdvertiseHost); err != nil {
+			return nil, err
+		}
+	}
+	if c.members, err = StartMembership(mopts); err != nil {
+		return nil, err
+	}
+	var obs observer
+	if peerSeconds != nil {
+		obs = func(op, result string, d time.Duration) { peerSeconds.WithLabelValues(op, result).Observe(d.Seconds()) }
+	}
+	c.peers = newPeers(c.members, transfer.ClientOptions{Limits: lim}, opts.PeerBackoff, opts.MaxMessageBytes, obs, opts.Logger)
+	c.cluster, err = store.NewCluster(local, placementView{c.members}, c.peers, store.ClusterOptions{
+		ChunkTokens: opts.ChunkTokens, Replicas: opts.Replicas, LookupTimeout: opts.LookupTimeout, GetTimeout: opts.GetTimeout,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node: cluster: %w", err)
+	}
+	return c, nil
+}
+
+// placementView shows Membership to store.Cluster.
+type placementView struct{ m *Membership }
+
+func (v placementView) LocalID() string                   { return v.m.LocalID() }
+func (v placementView) Members() ([]store.Member, uint64) { return v.m.Placement() }
+
+// advertiseHost is the host other nodes and clients reach this node at.
+func advertiseHost(opts Options) (string, error) {
+	if opts.AdvertiseHost != "" {
+		return opts.AdvertiseHost, nil
+	}
+	if host, _, _ := net.SplitHostPort(opts.GossipAddr); !unspecifiedHost(host) {
+		return host, nil
+	}
+	if ip := privateIP(); ip != "" {
+		return ip, nil
+	}
+	return "", errors.New("node: option AdvertiseHost: the node listens on all interfaces and has no private IPv4 address; set it to the address other nodes reach it at")
+}
+
+func unspecifiedHost(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified()
+}
+
+// advertised returns addr with an unspecified host replaced by host.
+func advertised(addr, host string) string {
+	h, port, err := net.SplitHostPort(addr)
+	if err != nil || !unspecifiedHost(h) {
+		return addr
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// privateIP returns the first private IPv4 address of an interface that is
+// up, or "".
+func privateIP() string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return ""
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && n.IP.IsPrivate() {
+			return n.IP.String()
+		}
+	}
+	return ""
+}
+
+func resolveIP(host string) (string, error) {
+	if ip := net.ParseIP(host); ip != nil {
+		return host, nil
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil || len(ips) == 0 {
+		return "", fmt.Errorf("node: option AdvertiseHost: resolve %q: %w", host, err)
+	}
+	return ips[0].String(), nil
+}
+
+// hostID identifies this machine's running kernel; two processes with the
+// same id share memory, so a client may use the node's shared-memory socket.
+func hostID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// removeStaleSocket removes a unix socket that a killed node left at path;
+// a socket someone still serves is an error.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return nil // nothing there (or the listen will say why)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("node: option ShmSocket: %s exists and is not a socket", path)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return fmt.Errorf("node: option ShmSocket: %s is served by another process (another node on this data dir?)", path)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("node: remove the stale socket %s: %w", path, err)
+	}
+	return nil
+}
+
+// leave hands this node's hot blocks to their next owners and leaves the
+// membership, within ctx. The node must have stopped taking requests.
+func (c *clusterCache) leave(ctx context.Context) {
+	start := time.Now()
+	if err := c.cluster.Flush(ctx); err != nil {
+		c.log.Warn("pushes still queued at shutdown are dropped", "err", err)
+	}
+	handed := 0
+	if c.opts.HandoffBytes > 0 {
+		handed = c.cluster.Handoff(ctx, c.opts.HandoffBytes)
+	}
+	timeout := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = max(min(time.Until(dl), 2*time.Second), 100*time.Millisecond)
+	}
+	if err := c.members.Leave(timeout); err != nil {
+		c.log.Warn("leaving the cluster", "err", err)
+	}
+	c.log.Info("left the cluster", "handed_off_blocks", handed, "took", time.Since(start))
+}
+
+// Close stops serving peers and clients, the pushes, the peers' clients and
+// gossip (without a leave: see leave), then closes the store.
+func (c *clusterCache) Close() error {
+	c.closeOnce.Do(func() {
+		c.stop()
+		if err := c.local.Close(); err != nil {
+			c.closeErr = err
+		}
+	})
+	return c.closeErr
+}
+
+// stop stops everything but the store, in order: nothing may pin a block or
+// push once the store closes.
+func (c *clusterCache) stop() {
+	if c.data != nil {
+		c.data.Close()
+	}
+	if c.shm != nil {
+		c.shm.Close()
+	}
+	if c.cluster != nil {
+		c.cluster.Close()
+	}
+	if c.peers != nil {
+		c.peers.Close()
+	}
+	if c.members != nil {
+		if err := c.members.Close(); err != nil {
+			c.log.Warn("stopping gossip", "err", err)
+		}
+	}
+}
+
+func (c *clusterCache) Put(ctx context.Context, block []byte, chunkKey prefixhash.Key) error {
+	return cacheError(c.cluster.Put(ctx, [][]byte{block}, []prefixhash.Key{chunkKey}))
+}
+
+func (c *clusterCache) Get(ctx context.Context, key prefixhash.Key) (Ref, error) {
+	r, err := c.local.Get(ctx, key)
+	if err != nil {
+		return nil, cacheError(err)
+	}
+	return r, nil
+}
+
+func (c *clusterCache) Read(ctx context.Context, keys, chunkKeys []prefixhash.Key, remoteBy time.Time) ([][]byte, func(), error) {
+	f, err := c.cluster.GetKeys(ctx, keys, chunkKeys, remoteBy)
+	if err != nil {
+		return nil, nil, cacheError(err)
+	}
+	return f.Blocks, f.Release, nil
+}
+
+func (c *clusterCache) Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) ([]bool, error) {
+	present, err := c.cluster.Exists(ctx, keys, chunkKeys)
+	return present, cacheError(err)
+}
+
+func (c *clusterCache) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) []Location {
+	n, where := c.cluster.Locate(ctx, chain, blockTokens)
+	out := make([]Location, 0, n)
+	self := c.members.LocalID()
+	for i, w := range where {
+		if w != self {
+			out = append(out, Location{Node: w})
+			continue
+		}
+		info, ok := c.local.Info(chain[i])
+		if !ok {
+			break // evicted since: the prefix ends here
+		}
+		out = append(out, Location{Tier: info.Tier})
+	}
+	return out
+}
+
+func (c *clusterCache) Publish(ctx context.Context, keys, chunkKeys []prefixhash.Key) (int, error) {
+	n, err := c.cluster.Publish(ctx, keys, chunkKeys)
+	return n, cacheError(err)
+}
+
+func (c *clusterCache) ChunkBlocks(blockTokens int) int         { return c.cluster.ChunkBlocks(blockTokens) }
+func (c *clusterCache) LongestPrefix(keys []prefixhash.Key) int { return c.local.LongestPrefix(keys) }
+
+func (c *clusterCache) Info(key prefixhash.Key) (BlockInfo, bool) {
+	i, ok := c.local.Info(key)
+	return BlockInfo{Tier: i.Tier, Size: i.Size}, ok
+}
+
+func (c *clusterCache) DropNamespace(digest uint64) (int, error) {
+	n, err := c.local.DropNamespace(digest)
+	return n, cacheError(err)
+}
+
+func (c *clusterCache) Stats() CacheStats { return localStats(c.local) }

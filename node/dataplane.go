@@ -1,0 +1,88 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/store"
+	"github.com/kvmesh/kvmesh/transfer"
+)
+
+// The data plane serves this node's own tiers, never the cluster: a peer
+// asks the owner it chose, and an owner that fanned out again could loop.
+// Clients read the cluster through BatchGet for what their node lacks.
+
+// localSource serves data-plane gets from store.Local: the values are the
+// pinned blocks GetMany returns, released when the server has sent them.
+type localSource struct{ l *store.Local }
+
+var (
+	_ transfer.Source = localSource{}
+	_ transfer.Looker = localSource{}
+)
+
+// Lookup counts the leading keys of each run held here (peers' lookups).
+func (s localSource) Lookup(ctx context.Context, runs [][]prefixhash.Key, counts []int) {
+	for i, r := range runs {
+		if ctx.Err() != nil {
+			return
+		}
+		counts[i] = s.l.LongestPrefix(r)
+	}
+}
+
+func (s localSource) Acquire(ctx context.Context, keys []prefixhash.Key, vals [][]byte, st []transfer.Status) func() {
+	refs, err := s.l.GetMany(ctx, keys)
+	if err != nil {
+		return nil // every key a miss: closed, or the request was abandoned
+	}
+	for i, r := range refs {
+		if r != nil {
+			vals[i], st[i] = r.Bytes(), transfer.StatusOK
+		}
+	}
+	return func() {
+		for _, r := range refs {
+			r.Release() // nil-safe
+		}
+	}
+}
+
+// localSink stores blocks pushed over the data plane (by peers: pushes and
+// handoffs; by clients: puts, published afterwards) in store.Local. Each
+// value must be a block whose key is the key it was sent under; Local.Put
+// verifies the rest (checksums, layout) before storing it.
+type localSink struct {
+	l        *store.Local
+	maxBlock int
+	refused  *atomic.Int64 // values that were not the block they claimed to be
+}
+
+var _ transfer.Sink = localSink{}
+
+func (s localSink) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte, st []transfer.Status) {
+	for i, v := range vals {
+		if ctx.Err() != nil {
+			return // the rest stay StatusMiss
+		}
+		h, err := store.DecodeHeader(v, s.maxBlock)
+		if err != nil || h.Key != keys[i] {
+			s.refused.Add(1)
+			st[i] = transfer.StatusError
+			continue
+		}
+		switch err := s.l.Put(ctx, v); {
+		case err == nil:
+			st[i] = transfer.StatusOK
+		case errors.Is(err, store.ErrCorrupt), errors.Is(err, store.ErrTooLarge), errors.Is(err, store.ErrLayout):
+			s.refused.Add(1)
+			st[i] = transfer.StatusError
+		default:
+			// No room (full, over a quota), closing, or given up: the
+			// block is dropped, which is no fault of the sender's.
+			st[i] = transfer.StatusMiss
+		}
+	}
+}

@@ -1,0 +1,117 @@
+package node
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvmesh/kvmesh/prefill"
+	"github.com/kvmesh/kvmesh/store"
+)
+
+// PrefillOptions configure the node's bundled prefill engine and its queue
+// of requests (Options.Prefill). The zero value is the default engine: the
+// seeded model of prefill.DefaultConfig, one synchronous prefill at a time,
+// a queue of 256 requests whose results are kept for an hour.
+type PrefillOptions struct {
+	// Disabled turns the engine off: PrefillService is not served and no
+	// queue is opened. Default false.
+	Disabled bool
+	// WeightsPath names a safetensors file with the model's weights
+	// (Hugging Face Llama tensor names, float32), shaped as Model. Default
+	// "": weights generated from Seed, the same on every machine.
+	WeightsPath string
+	// Seed seeds the generated weights. Every node of a cluster must use
+	// the same Seed (and Model) to share blocks: the namespace includes the
+	// weights' digest. Default 0.
+	Seed uint64
+	// Model is the model's shape; zero fields take prefill.DefaultConfig's.
+	Model prefill.Config
+	// Concurrency is how many synchronous prefills run at once; the others
+	// wait. Default 1: one prefill already uses every core.
+	Concurrency int
+	// QueueSize is the most queued requests not yet done (queued or
+	// running); a request beyond it is refused with ResourceExhausted.
+	// Default 256.
+	QueueSize int
+	// ResultTTL is how long the result of a queued request is kept after it
+	// finished; GetResult answers NotFound after that. Default 1h.
+	ResultTTL time.Duration
+	// MaxResults is the most results kept; past it the oldest are deleted
+	// before their TTL. Default 4096.
+	MaxResults int
+	// BackgroundBlocks is the size in blocks of the chunks queued work is
+	// computed in (prefill.Options.BackgroundBlocks): a synchronous request
+	// preempts a queued one between two checks within a chunk, and at most
+	// one chunk's work is redone. Default 2.
+	BackgroundBlocks int
+}
+
+// Defaults of PrefillOptions.
+const (
+	DefaultPrefillQueueSize  = 256
+	DefaultPrefillResultTTL  = time.Hour
+	DefaultPrefillMaxResults = 4096
+)
+
+// EnsureDefaults fills zero fields with their defaults.
+func (o *PrefillOptions) EnsureDefaults() {
+	o.Model.EnsureDefaults()
+	if o.Concurrency == 0 {
+		o.Concurrency = prefill.DefaultConcurrency
+	}
+	if o.QueueSize == 0 {
+		o.QueueSize = DefaultPrefillQueueSize
+	}
+	if o.ResultTTL == 0 {
+		o.ResultTTL = DefaultPrefillResultTTL
+	}
+	if o.MaxResults == 0 {
+		o.MaxResults = DefaultPrefillMaxResults
+	}
+	if o.BackgroundBlocks == 0 {
+		o.BackgroundBlocks = prefill.DefaultBackgroundBlocks
+	}
+}
+
+// Validate names the first field that cannot work (as "Prefill.Field").
+// maxBlockBytes is the node's MaxBlockBytes: the engine's blocks must fit.
+func (o *PrefillOptions) Validate(maxBlockBytes int) error {
+	bad := func(field, format string, args ...any) error {
+		return &OptionError{Field: "Prefill." + field, Msg: fmt.Sprintf(format, args...)}
+	}
+	if o.Disabled {
+		return nil
+	}
+	if err := o.Model.Validate(); err != nil {
+		return bad("Model", "%s", err.Error())
+	}
+	switch {
+	case o.Concurrency < 1 || o.Concurrency > 64:
+		return bad("Concurrency", "%d is outside 1..64", o.Concurrency)
+	case o.QueueSize < 1 || o.QueueSize > 1<<20:
+		return bad("QueueSize", "%d is outside 1..%d", o.QueueSize, 1<<20)
+	case o.ResultTTL < time.Second:
+		return bad("ResultTTL", "%v is shorter than 1s", o.ResultTTL)
+	case o.MaxResults < 1 || o.MaxResults > 1<<24:
+		return bad("MaxResults", "%d is outside 1..%d", o.MaxResults, 1<<24)
+	case o.BackgroundBlocks < 1 || o.BackgroundBlocks > 1<<16:
+		return bad("BackgroundBlocks", "%d is outside 1..%d", o.BackgroundBlocks, 1<<16)
+	}
+	// The namespace's layout does not depend on the weights.
+	if size := store.EncodedLen(o.Model.BlockTokens, o.Model.Namespace(0, "").BlockBytes()); size > maxBlockBytes {
+		return bad("Model", "its blocks are %d bytes encoded, over MaxBlockBytes (%d)", size, maxBlockBytes)
+	}
+	return nil
+}
+
+// engineOptions returns the prefill engine's options.
+func (o *PrefillOptions) engineOptions(n *Node) prefill.Options {
+	return prefill.Options{
+		Config:           o.Model,
+		WeightsPath:      o.WeightsPath,
+		Seed:             o.Seed,
+		Concurrency:      o.Concurrency,
+		BackgroundBlocks: o.BackgroundBlocks,
+		Logger:           n.log,
+	}
+}
