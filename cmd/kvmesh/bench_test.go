@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,7 +21,7 @@ func TestBenchTraceQuick(t *testing.T) {
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary(t), "bench", "trace", "--quick", "--requests", "100", "-o", "json", "--out", out)
+	cmd := exec.CommandContext(ctx, binary(t), "bench", "trace", "--quick", "--requests", "60", "--nodes", "2", "-o", "json", "--out", out)
 	cmd.Env = append(os.Environ(), "KVMESH_ADDR=") // start nodes, whatever the environment says
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -53,11 +54,14 @@ func TestBenchTraceQuick(t *testing.T) {
 			replay = tb.Rows
 		}
 	}
-	// Local-only rows (separate nodes) run on every build; pooled rows need
-	// nodes that join into a cluster, and are skipped where they cannot.
+	// random and session-affinity, each pooled (a joined cluster) and
+	// local-only (separate nodes); sharing blocks across nodes is what
+	// makes random routing hit.
 	local := 0
+	ratio := map[string]float64{}
 	for _, r := range replay {
-		if r["backend"] != "kvmesh" || r["requests"] != 100.0 {
+		ratio[fmt.Sprint(r["routing"], r["local_only"])], _ = r["ratio_vs_ideal"].(float64)
+		if r["backend"] != "kvmesh" || r["requests"] != 60.0 {
 			t.Errorf("row %v", r)
 		}
 		for _, f := range []string{"hit_ratio", "ideal_hit_ratio", "ratio_vs_ideal", "routing", "local_only", "lookup_p99_ms"} {
@@ -69,8 +73,11 @@ func TestBenchTraceQuick(t *testing.T) {
 			local++
 		}
 	}
-	if local != 2 || len(replay)+len(s.Skipped) != 4 {
+	if local != 2 || len(replay) != 4 {
 		t.Fatalf("%d replay rows (%d local-only), skipped %v", len(replay), local, s.Skipped)
+	}
+	if ratio["random false"] <= ratio["random true"] {
+		t.Errorf("random routing: pooled %.3f of the ideal, local-only %.3f", ratio["random false"], ratio["random true"])
 	}
 	if len(s.Plots) != 1 || filepath.Dir(s.Plots[0]) != out {
 		t.Fatalf("plots %v", s.Plots)
