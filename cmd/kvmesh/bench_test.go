@@ -60,7 +60,7 @@ func TestBenchTraceQuick(t *testing.T) {
 	local := 0
 	ratio := map[string]float64{}
 	for _, r := range replay {
-		ratio[fmt.Sprint(r["routing"], r["local_only"])], _ = r["ratio_vs_ideal"].(float64)
+		ratio[fmt.Sprintf("%v %v", r["routing"], r["local_only"])], _ = r["ratio_vs_ideal"].(float64)
 		if r["backend"] != "kvmesh" || r["requests"] != 60.0 {
 			t.Errorf("row %v", r)
 		}
