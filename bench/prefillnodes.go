@@ -103,9 +103,9 @@ func (s *PrefillSuite) onNodes(ctx context.Context, env *Env, o PrefillOptions, 
 		}
 	}
 	res.Note("backend kvmesh: `kvmesh serve` processes on 127.0.0.1 with their bundled engine (%s), driven through the Go client; "+
-		"ttft_ms is the consumer engine's own TTFT; compute_ms and engine_gflops take the whole TTFT; cpu_vs_cold is the consumer "+
+		"ttft_ms is the consumer engine's own TTFT, and engine_gflops its GFLOP over that TTFT; cpu_vs_cold is the consumer "+
 		"node's process CPU time during the call (publishing, after it, excluded), when the bench started the node.", eng.Backend)
-	return prefillRows(BackendKvmesh, cfg, n, o.Fractions, samples),
+	return prefillRows(BackendKvmesh, false, cfg, n, o.Fractions, samples),
 		fmt.Sprintf("%s (engine %s: %d layer(s), d=%d, %d heads of %d, %d KV head(s), FFN %d; %d-token blocks)",
 			where, eng.Backend, cfg.Layers, cfg.Dim, cfg.Heads, cfg.HeadDim, cfg.KVHeads, cfg.FFNDim, b), nil
 }

@@ -112,13 +112,16 @@ type prefillRow struct {
 	CPUVsCold float64 `json:"cpu_vs_cold"`
 	// FLOPFloor is the arithmetic of this prefill over the cold one's
 	// (prefill.Config.ForwardFLOPs): the best ratio any engine can reach.
-	FLOPFloor   float64 `json:"flop_floor"`
-	LookupMS    float64 `json:"lookup_ms" table:"-"`
-	FetchMS     float64 `json:"fetch_ms"`
-	ComputeMS   float64 `json:"compute_ms"`
-	GFLOP       float64 `json:"gflop"`
-	EngineGFLOP float64 `json:"engine_gflops"`
-	Runs        int     `json:"runs" table:"-"`
+	FLOPFloor float64 `json:"flop_floor"`
+	// LookupMS, FetchMS and ComputeMS split the TTFT, where the engine
+	// reports it (in process); EngineGFLOP is GFLOP over ComputeMS, or
+	// over the whole TTFT without it.
+	LookupMS    *float64 `json:"lookup_ms,omitempty" table:"-"`
+	FetchMS     *float64 `json:"fetch_ms,omitempty"`
+	ComputeMS   *float64 `json:"compute_ms,omitempty"`
+	GFLOP       float64  `json:"gflop"`
+	EngineGFLOP float64  `json:"engine_gflops"`
+	Runs        int      `json:"runs" table:"-"`
 }
 
 // sgemmRow is the engine's ceiling.
@@ -207,7 +210,9 @@ type prefillSample struct {
 
 // prefillRows reduces samples[i] (the runs of fraction i) to rows of
 // medians, against the cold prefill's (fraction 0).
-func prefillRows(backend string, cfg prefill.Config, n int, fractions []float64, samples [][]prefillSample) []prefillRow {
+// With split, the samples carry the engine's split of the TTFT (lookup,
+// fetch, compute); without, compute is the whole TTFT.
+func prefillRows(backend string, split bool, cfg prefill.Config, n int, fractions []float64, samples [][]prefillSample) []prefillRow {
 	median := func(f func(prefillSample) time.Duration, ss []prefillSample) time.Duration {
 		var xs []time.Duration
 		for _, s := range ss {
@@ -228,9 +233,13 @@ func prefillRows(backend string, cfg prefill.Config, n int, fractions []float64,
 		row := prefillRow{Backend: backend, PromptTokens: n, CachedFraction: f, CachedTokens: last.cachedTokens,
 			TTFTMS: ms(median(ttft, ss)), TTFTVsCold: float64(median(ttft, ss)) / float64(max(coldTTFT, 1)),
 			FLOPFloor: cfg.ForwardFLOPs(last.cachedTokens, n-last.cachedTokens) / cfg.ForwardFLOPs(0, n),
-			LookupMS:  ms(median(func(s prefillSample) time.Duration { return s.lookup }, ss)),
-			FetchMS:   ms(median(func(s prefillSample) time.Duration { return s.fetch }, ss)),
-			ComputeMS: ms(compute), GFLOP: last.flops / 1e9, EngineGFLOP: last.flops / compute.Seconds() / 1e9, Runs: len(ss)}
+			GFLOP:     last.flops / 1e9, EngineGFLOP: last.flops / compute.Seconds() / 1e9, Runs: len(ss)}
+		if split {
+			lookup := ms(median(func(s prefillSample) time.Duration { return s.lookup }, ss))
+			fetch := ms(median(func(s prefillSample) time.Duration { return s.fetch }, ss))
+			comp := ms(compute)
+			row.LookupMS, row.FetchMS, row.ComputeMS = &lookup, &fetch, &comp
+		}
 		if coldCPU > 0 {
 			row.CPUVsCold = float64(median(cpu, ss)) / float64(coldCPU)
 		}
@@ -328,7 +337,7 @@ func (s *PrefillSuite) inProcess(ctx context.Context, o PrefillOptions, res *Res
 	res.Note("backend %q: the engine runs in the bench's process over a store.Local (DRAM tier) shared with the engine that "+
 		"prefilled the prefixes; the cache is frozen after those prefixes, so every run of a prompt sees the same hit; "+
 		"cpu_vs_cold is the bench process's CPU time, publishing included.", backendInProcess)
-	return prefillRows(backendInProcess, o.Config, n, o.Fractions, samples),
+	return prefillRows(backendInProcess, true, o.Config, n, o.Fractions, samples),
 		fmt.Sprintf("by another engine in the same process over the same cache (%s model: %d layer(s), d=%d, %d heads of %d, %d KV head(s), FFN %d; %d-token blocks)",
 			consumer.Backend(), o.Config.Layers, o.Config.Dim, o.Config.Heads, o.Config.HeadDim, o.Config.KVHeads, o.Config.FFNDim, b), nil
 }
