@@ -9,8 +9,9 @@ import (
 )
 
 // Example shows what `kvmesh bench SUITE... [--quick] [-o table|json]
-// [--out DIR] [--trace FILE --nodes N --routing POLICY]` does: the command
-// parses flags into options and calls these functions.
+// [--out DIR] [--addr HOST:PORT,...] [--trace FILE --nodes N --routing
+// POLICY]` does: the command parses flags into these values and calls
+// these functions.
 func Example() {
 	format, err := bench.ParseFormat("table") // -o
 	if err != nil {
@@ -22,24 +23,21 @@ func Example() {
 		fmt.Fprintln(os.Stderr, err)
 		return
 	}
-	available := []bench.Suite{
-		&bench.PeersSuite{},
-		&bench.TraceSuite{Options: bench.TraceOptions{
-			TracePath: "",                                            // --trace; empty: the bundled conversation trace
-			Nodes:     4,                                             // --nodes
-			Routing:   []bench.Policy{routing, bench.RoutingSession}, // --routing, with session-affinity side by side
-			Cluster:   nil,                                           // a kvmesh ClusterFactory; nil: the simulation
-		}},
-		// ... and the kvmesh-backed suites (transfer, store, lookup, nvme, prefill).
-	}
-	suites, err := bench.Select(available, []string{"trace"}) // positional SUITE...
+	suites, err := bench.Select(bench.Suites(bench.SuiteFlags{
+		TracePath: "",      // --trace; empty: the bundled conversation trace
+		Nodes:     4,       // --nodes
+		Routing:   routing, // --routing, measured beside session-affinity
+	}), []string{"trace"}) // positional SUITE..., or "all"
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return
 	}
+	binary, _ := os.Executable() // kvmesh itself starts the nodes
 	rep, err := bench.Run(context.Background(), suites, bench.Env{
 		Quick:    true,                                 // --quick
 		OutDir:   os.TempDir(),                         // --out
+		Binary:   binary,                               // `kvmesh serve` processes, one per node
+		Addrs:    nil,                                  // --addr: a running cluster instead
 		Progress: bench.ProgressFor(os.Stderr, format), // bars only on a terminal, never with -o json
 	})
 	if err != nil {

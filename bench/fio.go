@@ -79,6 +79,11 @@ type FioJob struct {
 	Name       string // names the row: "seq_write", "rand_read"
 	RW         string // fio's rw: "write", "randread", ...
 	BlockBytes int
+	// Once runs the job over the file once (FileBytes) instead of for
+	// Runtime.
+	Once bool
+	// Args are more fio arguments, e.g. "--end_fsync=1".
+	Args []string
 }
 
 // The two jobs DESIGN.md's NVMe targets compare with.
@@ -131,10 +136,12 @@ func Fio(ctx context.Context, o FioOptions, job FioJob) (FioResult, error) {
 		"--iodepth=" + strconv.Itoa(o.IODepth),
 		"--numjobs=" + strconv.Itoa(o.NumJobs),
 		"--group_reporting",
-		"--time_based",
-		"--runtime=" + strconv.FormatInt(o.Runtime.Milliseconds(), 10) + "ms",
 		"--output-format=json",
 	}
+	if !job.Once {
+		args = append(args, "--time_based", "--runtime="+strconv.FormatInt(o.Runtime.Milliseconds(), 10)+"ms")
+	}
+	args = append(args, job.Args...)
 	cmd := exec.CommandContext(ctx, bin, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -21,6 +21,13 @@ type KVTarget interface {
 	Dial(ctx context.Context) (KVConn, error)
 }
 
+// KVResetter is implemented by a KVTarget that can drop every key earlier
+// loads wrote. KVLoad calls it first, so that one load's data set does not
+// fill the memory the next one is measured in.
+type KVResetter interface {
+	Reset(ctx context.Context) error
+}
+
 // KVConn is one connection of a KVTarget. Keys are small integers the
 // target maps to its own key space.
 type KVConn interface {
@@ -43,10 +50,16 @@ type KVLoadOptions struct {
 	// Keys is the number of distinct keys. Default: enough for 256 MiB of
 	// values, at least 2 × Concurrency. Keys × ValueBytes is at most 4 GiB.
 	Keys int
-	// Duration is how long each phase (SET, then GET) runs. Default 2s.
+	// Duration is how long each phase (GET, then SET) runs. Default 2s.
 	Duration time.Duration
 	// MaxOps bounds the operations of each phase. Default 1<<22.
 	MaxOps int64
+	// MaxSetBytes bounds the value bytes the SET phase writes: every SET
+	// writes a key never written before (a cache that keys blocks by their
+	// contents answers a SET of a block it holds without storing it, so
+	// overwriting the fill's keys would flatter it), and the data set grows
+	// by what the phase writes. Default 1 GiB.
+	MaxSetBytes int64
 	// Seed seeds the key order. Default 1.
 	Seed uint64
 }
@@ -64,6 +77,9 @@ func (o *KVLoadOptions) EnsureDefaults() {
 	}
 	if o.MaxOps == 0 {
 		o.MaxOps = 1 << 22
+	}
+	if o.MaxSetBytes == 0 {
+		o.MaxSetBytes = 1 << 30
 	}
 	if o.Seed == 0 {
 		o.Seed = 1
@@ -83,6 +99,8 @@ func (o *KVLoadOptions) Validate() error {
 		return fmt.Errorf("bench: kv load: duration %v must be positive", o.Duration)
 	case o.MaxOps < 1:
 		return fmt.Errorf("bench: kv load: max_ops %d must be positive", o.MaxOps)
+	case o.MaxSetBytes < int64(o.ValueBytes):
+		return fmt.Errorf("bench: kv load: max_set_bytes %d is less than one value (%d)", o.MaxSetBytes, o.ValueBytes)
 	}
 	return nil
 }
@@ -106,6 +124,16 @@ type KVResult struct {
 	// RatioVsRedis is GBps over Redis at the same op, value size and
 	// concurrency in the same run (nil for Redis itself, or without Redis).
 	RatioVsRedis *float64 `json:"ratio_vs_redis,omitempty"`
+	// RatioVsMemcpy is GBps over memcpy of the same block size from DRAM
+	// measured in the same run: the limit of a path that copies each value
+	// once (the shared-memory path).
+	RatioVsMemcpy *float64 `json:"ratio_vs_memcpy,omitempty"`
+	// PathShare, for kvmesh over its data plane, is the share of the
+	// load's value bytes (fill, GETs and SETs) that the node's data plane
+	// moved over the transport the row names (its
+	// kvmesh_transfer_bytes_total; headers make it slightly above 1): a
+	// client that fell back to another transport shows less.
+	PathShare *float64 `json:"path_share,omitempty"`
 }
 
 // Ratio returns a/b, or nil when b is not positive: a figure with nothing
@@ -131,15 +159,22 @@ func FindKV(rows []KVResult, op string, valueBytes, concurrency int) (KVResult, 
 // errKVMismatch means a GET returned a value that is not the one SET.
 var errKVMismatch = errors.New("bench: kv load: GET returned a wrong value")
 
-// KVLoad fills o.Keys keys (untimed), then runs a SET phase and a GET phase
+// KVLoad fills o.Keys keys (untimed), then runs a GET phase and a SET phase
 // of o.Duration each with o.Concurrency connections, each doing one
-// operation at a time on random keys. GETs check the value's size and the
-// key stamped in its first bytes. A failed operation is counted in Errors;
-// KVLoad fails only when it cannot connect or fill the keys.
+// operation at a time. GETs read random keys of the fill and check the
+// value's size and the key stamped in its first bytes; SETs write keys
+// o.Keys, o.Keys+1, ..., never written before, at most o.MaxSetBytes of
+// them. A failed operation is counted in Errors; KVLoad fails only when it
+// cannot connect or fill the keys. The target keeps what the load wrote.
 func KVLoad(ctx context.Context, t KVTarget, o KVLoadOptions) (set, get KVResult, err error) {
 	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
 		return set, get, err
+	}
+	if r, ok := t.(KVResetter); ok {
+		if err := r.Reset(ctx); err != nil {
+			return set, get, fmt.Errorf("bench: kv load: reset %s: %w", t.Name(), err)
+		}
 	}
 	conns := make([]KVConn, 0, o.Concurrency)
 	defer func() {
@@ -167,8 +202,8 @@ func KVLoad(ctx context.Context, t KVTarget, o KVLoadOptions) (set, get KVResult
 	}); err != nil {
 		return set, get, err
 	}
-	set = kvPhase(ctx, t, conns, "set", o)
 	get = kvPhase(ctx, t, conns, "get", o)
+	set = kvPhase(ctx, t, conns, "set", o)
 	return set, get, ctx.Err()
 }
 
@@ -191,16 +226,25 @@ func kvPhase(ctx context.Context, t KVTarget, conns []KVConn, op string, o KVLoa
 		ops, errs atomic.Int64
 		lat       Latency
 	)
+	maxOps := o.MaxOps
+	if op == "set" {
+		maxOps = min(maxOps, o.MaxSetBytes/int64(o.ValueBytes))
+	}
 	start := time.Now()
 	deadline := start.Add(o.Duration)
 	_ = kvParallel(conns, func(w int, c KVConn) error {
 		rng := rand.New(rand.NewPCG(o.Seed, uint64(w)))
 		buf := make([]byte, o.ValueBytes)
-		for ctx.Err() == nil && time.Now().Before(deadline) && ops.Add(1) <= o.MaxOps {
+		for ctx.Err() == nil && time.Now().Before(deadline) {
+			n := ops.Add(1)
+			if n > maxOps {
+				break
+			}
 			k := rng.IntN(o.Keys)
 			t0 := time.Now()
 			var err error
 			if op == "set" {
+				k = o.Keys + int(n) - 1
 				binary.LittleEndian.PutUint64(buf, uint64(k))
 				err = c.Set(ctx, k, buf)
 			} else {
@@ -217,7 +261,7 @@ func kvPhase(ctx context.Context, t KVTarget, conns []KVConn, op string, o KVLoa
 		return nil
 	})
 	sec := time.Since(start).Seconds()
-	n := min(ops.Load(), o.MaxOps) // ops counts the attempt that found the limit
+	n := min(ops.Load(), maxOps) // ops counts the attempts that found the limit
 	done := n - errs.Load()
 	return KVResult{Target: t.Name(), Op: op, ValueBytes: o.ValueBytes, Concurrency: o.Concurrency,
 		Ops: done, OpsPerS: float64(done) / sec, GBps: float64(done) * float64(o.ValueBytes) / sec / 1e9,

@@ -248,24 +248,8 @@ func (f PeerFigures) Series() []Series {
 		t.X, t.Y = append(t.X, float64(r.WriteBytes)), append(t.Y, r.GBps)
 	}
 	out = append(out, m, mc, t)
-	type key struct {
-		op string
-		c  int
-	}
-	var order []key
-	byKey := map[key]*Series{}
-	for _, r := range f.Redis {
-		k := key{r.Op, r.Concurrency}
-		s, ok := byKey[k]
-		if !ok {
-			s = &Series{Name: fmt.Sprintf("Redis %s c=%d", r.Op, r.Concurrency), Dashed: true}
-			byKey[k] = s
-			order = append(order, k)
-		}
-		s.X, s.Y = append(s.X, float64(r.ValueBytes)), append(s.Y, r.GBps)
-	}
-	for _, k := range order {
-		out = append(out, *byKey[k])
-	}
+	out = append(out, GroupSeries(f.Redis, func(r KVResult) (string, bool, bool, float64, float64) {
+		return fmt.Sprintf("Redis %s c=%d", r.Op, r.Concurrency), true, false, float64(r.ValueBytes), r.GBps
+	})...)
 	return out
 }

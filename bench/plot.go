@@ -127,6 +127,28 @@ func darken(c color.Color) color.Color {
 	return color.RGBA64{R: uint16(r * 3 / 4), G: uint16(g * 3 / 4), B: uint16(b * 3 / 4), A: uint16(a)}
 }
 
+// GroupSeries makes one series per name of rows, in the order names first
+// appear: point names a row's series (skip false) and whether it is a
+// reference (dashed), and its X and Y.
+func GroupSeries[R any](rows []R, point func(r R) (name string, dashed, skip bool, x, y float64)) []Series {
+	var out []Series
+	index := map[string]int{}
+	for _, r := range rows {
+		name, dashed, skip, x, y := point(r)
+		if skip {
+			continue
+		}
+		i, ok := index[name]
+		if !ok {
+			i = len(out)
+			index[name] = i
+			out = append(out, Series{Name: name, Dashed: dashed})
+		}
+		out[i].X, out[i].Y = append(out[i].X, x), append(out[i].Y, y)
+	}
+	return out
+}
+
 // ThroughputPlot is "throughput vs block size": X in bytes (log scale,
 // labelled 64KiB, 1MiB, ...), Y in GB/s. kvmesh series are solid; peers
 // and limits (Redis, raw TCP, memcpy, fio) are dashed.

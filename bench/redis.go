@@ -196,6 +196,23 @@ type redisTarget struct{ addr string }
 
 func (t redisTarget) Name() string { return "redis" }
 
+// Reset empties the server (FLUSHALL).
+func (t redisTarget) Reset(ctx context.Context) error {
+	c, err := dialRESP(ctx, t.addr, 1<<20)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	kind, reply, err := c.command(ctx, nil, nil, "FLUSHALL")
+	if err != nil {
+		return err
+	}
+	if kind != '+' {
+		return fmt.Errorf("%w: FLUSHALL replied %c%s", errRESPProtocol, kind, reply)
+	}
+	return nil
+}
+
 func (t redisTarget) Dial(ctx context.Context) (KVConn, error) {
 	c, err := dialRESP(ctx, t.addr, maxRedisValue)
 	if err != nil {

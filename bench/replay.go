@@ -16,15 +16,28 @@ import (
 // computed. The kvmesh node (through its client) implements it; so does the
 // simulation (NewSim).
 type Node interface {
-	// LongestPrefix returns how many leading keys of a prompt's chain are
-	// cached: cluster-wide for a node of a pooled cluster, on this node alone
-	// for a local-only one. keys is read-only and valid during the call.
-	LongestPrefix(ctx context.Context, keys []prefixhash.Key) (int, error)
-	// Put publishes blocks of the prompt whose full-block chain is chain
-	// (blocks[k] is chain[blocks[k].Index]). chain and blocks, with their
-	// Tokens and Encoded bytes, are owned by the caller and valid only
-	// during the call: an implementation that keeps them copies them.
-	Put(ctx context.Context, chain []prefixhash.Key, blocks []Block) error
+	// LongestPrefix returns how many leading blocks of the prompt are
+	// cached: cluster-wide for a node of a pooled cluster, on this node
+	// alone for a local-only one. p is read-only and valid during the call.
+	LongestPrefix(ctx context.Context, p Prompt) (int, error)
+	// Put publishes blocks of the prompt (blocks[k] is
+	// p.Keys[blocks[k].Index]). p and blocks, with their tokens and bytes,
+	// are owned by the caller and valid only during the call: an
+	// implementation that keeps them copies them.
+	Put(ctx context.Context, p Prompt, blocks []Block) error
+}
+
+// Prompt is one request of a replay as a cache sees it.
+type Prompt struct {
+	// Request is the request's index in the trace.
+	Request int
+	// Keys is the chain of the prompt's full blocks.
+	Keys []prefixhash.Key
+	// Tokens are the tokens of the prompt's full blocks
+	// (len(Keys)·TraceBlockTokens); nil unless the replay was asked to
+	// encode (ReplayOptions.Encode). A partial tail is never cached, so it
+	// is not here.
+	Tokens []uint32
 }
 
 // Block is one block a replay publishes.
@@ -32,11 +45,13 @@ type Block struct {
 	// Index is the block's position in the prompt's chain.
 	Index       int
 	Key, Parent prefixhash.Key
-	// Tokens are the block's TraceBlockTokens tokens and Encoded the block
-	// as store.Encode writes it (header and payload); both are nil unless
-	// the replay was asked to encode (ReplayOptions.Encode).
+	// Tokens are the block's TraceBlockTokens tokens, Encoded the block as
+	// store.Encode writes it (header and payload), and Payload the
+	// payload, the tail of Encoded; all are nil unless the replay was asked
+	// to encode (ReplayOptions.Encode).
 	Tokens  []uint32
 	Encoded []byte
+	Payload []byte
 }
 
 // Cluster is a set of nodes a replay routes requests to.
@@ -84,9 +99,9 @@ type ReplayOptions struct {
 	// Concurrency bounds the requests in flight. Default 1 as fast as
 	// possible (sequential and deterministic), 256 when honouring timestamps.
 	Concurrency int
-	// Encode makes every published block carry its tokens and its
-	// store.Encode bytes, which a kvmesh cluster needs and the simulation
-	// does not.
+	// Encode makes every prompt carry its tokens, and every published
+	// block its tokens, payload and store.Encode bytes, which a kvmesh
+	// cluster needs and the simulation does not.
 	Encode bool
 	// Bar, if set, advances by one per request.
 	Bar Bar
@@ -205,8 +220,12 @@ func Replay(ctx context.Context, w *Workload, nodes []Node, backend string, o Re
 		defer router.Done(i, n)
 		defer o.Bar.Add(1)
 		keys := w.Keys(i)
+		p := Prompt{Request: i, Keys: keys}
+		if o.Encode {
+			p.Tokens = w.Tokens(make([]uint32, 0, len(keys)*TraceBlockTokens), i)[:len(keys)*TraceBlockTokens]
+		}
 		start := time.Now()
-		c, err := nodes[n].LongestPrefix(ctx, keys)
+		c, err := nodes[n].LongestPrefix(ctx, p)
 		lookup.Record(time.Since(start))
 		if err != nil {
 			lookupErrs.Add(1)
@@ -222,7 +241,7 @@ func Replay(ctx context.Context, w *Workload, nodes []Node, backend string, o Re
 			panic(err) // the workload's own namespace failed to encode: a bug
 		}
 		start = time.Now()
-		if err := nodes[n].Put(ctx, keys, blocks); err != nil {
+		if err := nodes[n].Put(ctx, p, blocks); err != nil {
 			putErrs.Add(1)
 		}
 		put.Record(time.Since(start))

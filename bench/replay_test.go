@@ -100,10 +100,10 @@ func TestSimKeepsAncestors(t *testing.T) {
 	}
 	ctx := context.Background()
 	n := sim.Nodes()[0]
-	if err := n.Put(ctx, chain, blocks); err != nil {
+	if err := n.Put(ctx, Prompt{Keys: chain}, blocks); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := n.LongestPrefix(ctx, chain); got != 5 {
+	if got, _ := n.LongestPrefix(ctx, Prompt{Keys: chain}); got != 5 {
 		t.Fatalf("after putting 10 blocks into 5: longest prefix %d, want 5", got)
 	}
 	// A second chain sharing the first 2 blocks: the lookup touches the
@@ -117,19 +117,19 @@ func TestSimKeepsAncestors(t *testing.T) {
 	for i := 2; i < len(other); i++ {
 		ob = append(ob, Block{Index: i, Key: other[i]})
 	}
-	if got, _ := n.LongestPrefix(ctx, other); got != 2 {
+	if got, _ := n.LongestPrefix(ctx, Prompt{Keys: other}); got != 2 {
 		t.Fatalf("shared prefix: %d, want 2", got)
 	}
-	if err := n.Put(ctx, other, ob); err != nil {
+	if err := n.Put(ctx, Prompt{Keys: other}, ob); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := n.LongestPrefix(ctx, other); got != 5 {
+	if got, _ := n.LongestPrefix(ctx, Prompt{Keys: other}); got != 5 {
 		t.Fatalf("second chain: %d cached, want 5", got)
 	}
-	if got, _ := n.LongestPrefix(ctx, chain); got != 2 {
+	if got, _ := n.LongestPrefix(ctx, Prompt{Keys: chain}); got != 2 {
 		t.Fatalf("first chain after eviction: %d cached, want its 2 shared blocks", got)
 	}
-	if err := n.Put(ctx, chain, []Block{{Index: 3, Key: chain[2]}}); err == nil {
+	if err := n.Put(ctx, Prompt{Keys: chain}, []Block{{Index: 3, Key: chain[2]}}); err == nil {
 		t.Fatal("Put accepted a block that is not chain[Index]")
 	}
 }
@@ -179,14 +179,18 @@ type recordingNode struct {
 	puts       int
 }
 
-func (n *recordingNode) LongestPrefix(ctx context.Context, keys []prefixhash.Key) (int, error) {
+func (n *recordingNode) LongestPrefix(ctx context.Context, p Prompt) (int, error) {
+	if len(p.Tokens) != len(p.Keys)*TraceBlockTokens || !slices.Equal(prefixhash.Keys(n.ns, p.Tokens), p.Keys) {
+		n.t.Errorf("request %d: %d tokens do not hash to its %d keys", p.Request, len(p.Tokens), len(p.Keys))
+	}
 	if n.failLookup {
 		return 0, errors.New("peer unreachable")
 	}
 	return 0, nil
 }
 
-func (n *recordingNode) Put(ctx context.Context, chain []prefixhash.Key, blocks []Block) error {
+func (n *recordingNode) Put(ctx context.Context, p Prompt, blocks []Block) error {
+	chain := p.Keys
 	for _, b := range blocks {
 		blk, err := store.Decode(b.Encoded, 1<<20)
 		if err != nil {
@@ -195,6 +199,9 @@ func (n *recordingNode) Put(ctx context.Context, chain []prefixhash.Key, blocks 
 		}
 		if blk.Key != b.Key || blk.Key != chain[b.Index] || blk.Parent != b.Parent || !slices.Equal(blk.Tokens, b.Tokens) {
 			n.t.Errorf("block %d: decoded key/parent/tokens differ from the block's", b.Index)
+		}
+		if !slices.Equal(blk.Payload, b.Payload) || !slices.Equal(p.Tokens[b.Index*TraceBlockTokens:(b.Index+1)*TraceBlockTokens], b.Tokens) {
+			n.t.Errorf("block %d: payload or tokens differ from the encoded block's, or from the prompt's", b.Index)
 		}
 		if err := blk.CheckNamespace(n.ns); err != nil {
 			n.t.Errorf("block %d: %v", b.Index, err)

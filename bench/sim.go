@@ -124,11 +124,11 @@ type simNode struct {
 	id  int
 }
 
-func (n *simNode) LongestPrefix(ctx context.Context, keys []prefixhash.Key) (int, error) {
+func (n *simNode) LongestPrefix(ctx context.Context, p Prompt) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	s := n.sim
+	s, keys := n.sim, p.Keys
 	hit := 0
 	for hit < len(keys) && s.caches[s.owner(n.id, keys, hit)].contains(keys[hit]) {
 		hit++
@@ -139,11 +139,11 @@ func (n *simNode) LongestPrefix(ctx context.Context, keys []prefixhash.Key) (int
 	return hit, nil
 }
 
-func (n *simNode) Put(ctx context.Context, chain []prefixhash.Key, blocks []Block) error {
+func (n *simNode) Put(ctx context.Context, p Prompt, blocks []Block) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s := n.sim
+	s, chain := n.sim, p.Keys
 	for k := len(blocks) - 1; k >= 0; k-- {
 		b := &blocks[k]
 		if b.Index < 0 || b.Index >= len(chain) || chain[b.Index] != b.Key {

@@ -48,6 +48,16 @@ type Env struct {
 	// creates a temporary directory and removes it afterwards. fio measures
 	// the file system WorkDir is on unless a suite says otherwise.
 	WorkDir string
+	// Binary is the kvmesh binary suites start nodes with (`kvmesh
+	// serve`, one process per node, on free 127.0.0.1 ports). `kvmesh
+	// bench` sets it to itself (os.Executable). Empty, and with no Addrs,
+	// the suites that need nodes fail with ErrNoBinary.
+	Binary string
+	// Addrs, when set, are the gRPC addresses of an existing cluster
+	// (`--addr`) that the suites use instead of starting nodes. Suites
+	// that need separate, unjoined nodes (the trace suite's local-only
+	// mode) skip them.
+	Addrs []string
 	// Progress draws progress bars; nil draws none.
 	Progress *Progress
 	// Log receives structured logs; nil discards them.
@@ -167,7 +177,7 @@ func (r *Report) Failed() []string {
 }
 
 // Select returns the suites named by names, in the order given, expanding
-// "all" to every suite of available. A name that no suite has is an error
+// "all" to every suite of available but those it leaves out (peers). A name that no suite has is an error
 // wrapping ErrUnknownSuite that lists the known names.
 func Select(available []Suite, names []string) ([]Suite, error) {
 	byName := make(map[string]Suite, len(available))
@@ -187,7 +197,9 @@ func Select(available []Suite, names []string) ([]Suite, error) {
 	for _, n := range names {
 		if n == "all" {
 			for _, s := range available {
-				add(s)
+				if _, out := s.(notInAll); !out {
+					add(s)
+				}
 			}
 			continue
 		}
@@ -251,13 +263,39 @@ func Run(ctx context.Context, suites []Suite, env Env) (*Report, error) {
 	return rep, nil
 }
 
-// Suites returns the suites this package can run without a kvmesh node:
-// "peers" (memcpy, raw TCP, Redis, fio on this machine) and "trace" (on the
-// in-process simulation until a ClusterFactory is set). The command adds the
-// kvmesh-backed suites to this list.
-func Suites() []Suite {
-	return []Suite{&PeersSuite{}, &TraceSuite{}}
+// SuiteFlags are the options of `kvmesh bench` that single suites take.
+type SuiteFlags struct {
+	// TracePath is the trace suite's trace (--trace). Default: the bundled
+	// conversation trace.
+	TracePath string
+	// Requests replays only the first Requests requests of it (--requests).
+	Requests int
+	// Nodes is the trace suite's cluster size (--nodes). Default 4.
+	Nodes int
+	// Routing is the policy the trace suite measures on kvmesh nodes beside
+	// session-affinity (--routing). Default random.
+	Routing Policy
 }
+
+// Suites returns every suite, in the order `all` runs them: transfer,
+// store, lookup, nvme, prefill, trace; and peers, which `all` leaves out
+// (every suite measures its own peers).
+func Suites(f SuiteFlags) []Suite {
+	trace := TraceOptions{TracePath: f.TracePath, Requests: f.Requests, Nodes: f.Nodes}
+	if f.Routing != "" {
+		trace.Routing = []Policy{f.Routing}
+		if f.Routing != RoutingSession {
+			trace.Routing = append(trace.Routing, RoutingSession)
+		}
+	}
+	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{},
+		&TraceSuite{Options: trace}, &PeersSuite{}}
+}
+
+// notInAll is implemented by suites that `all` leaves out.
+type notInAll interface{ notInAll() }
+
+func (*PeersSuite) notInAll() {}
 
 // Format is how a report is printed.
 type Format string

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -16,63 +17,81 @@ type TraceOptions struct {
 	// TracePath is a Mooncake-format trace (JSONL, optionally .gz). Default:
 	// Mooncake's conversation trace, bundled.
 	TracePath string
-	// Requests replays only the first Requests requests. Default: all.
+	// Requests replays only the first Requests requests. Default: all;
+	// quick 2000.
 	Requests int
 	// Nodes is the cluster size. Default 4.
 	Nodes int
-	// Routing lists the policies to compare. Default: all of Policies().
+	// Cluster starts the nodes of the main comparison. Default: kvmesh
+	// nodes (KvmeshCluster) when the Env can start or reach them (Binary or
+	// Addrs), else SimCluster, the in-process simulation, reported as
+	// backend "simulation".
+	Cluster ClusterFactory
+	// Routing lists the policies compared on Cluster, each pooled and
+	// local-only. Default: random and session-affinity on kvmesh nodes
+	// (every replay is real work), every policy on the simulation.
 	Routing []Policy
+	// SimRouting lists the policies the simulation compares beside kvmesh
+	// nodes. Default: every policy.
+	SimRouting []Policy
 	// CapacityBlocks is each node's capacity in blocks for the comparison of
 	// policies. Default: the trace's distinct full blocks, so that the
 	// cluster never evicts a block the trace asks again ("enough").
 	CapacityBlocks int
 	// Sweep lists pooled capacities, as fractions of the trace's distinct
-	// full blocks, for the hit ratio vs capacity plot. Default 0.05, 0.1,
-	// 0.2, 0.3, 0.5, 0.75, 1, 1.5 (quick: 0.1, 0.3, 1). A capacity c
-	// gives each node c × distinct / Nodes blocks, local-only or pooled, so
-	// both modes spend the same memory.
+	// full blocks, for the hit ratio vs capacity plot (on the simulation).
+	// Default 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5 (quick: 0.1, 0.3, 1).
+	// A capacity c gives each node c × distinct / Nodes blocks, local-only
+	// or pooled, so both modes spend the same memory.
 	Sweep []float64
-	// SweepRouting lists the policies of the capacity sweep. Default:
-	// Routing; quick: random and session-affinity, the two the target
+	// SweepRouting lists the policies of the capacity sweep. Default: every
+	// policy; quick: random and session-affinity, the two the target
 	// compares.
 	SweepRouting []Policy
 	// Replay configures each replay (speed-up, concurrency, seed, encoding);
-	// Routing and Bar are set per replay.
+	// Routing and Bar are set per replay, and Encode for kvmesh nodes.
 	Replay ReplayOptions
-	// Cluster starts the nodes of a replay. Default SimCluster: the
-	// in-process simulation, reported as backend "simulation".
-	Cluster ClusterFactory
 	// Namespace keys the trace's blocks. Default TraceNamespace().
 	Namespace prefixhash.Namespace
 	// Vocab bounds the generated token ids. Default DefaultVocab.
 	Vocab int
 }
 
-// EnsureDefaults fills zero fields with their defaults for a full run, or
-// for --quick when quick is set.
-func (o *TraceOptions) EnsureDefaults(quick bool) {
+// EnsureDefaults fills zero fields with their defaults for env (full or
+// --quick, and whether it can start or reach kvmesh nodes).
+func (o *TraceOptions) EnsureDefaults(env *Env) {
+	if o.Requests == 0 && env.Quick {
+		o.Requests = 2000
+	}
 	if o.Nodes == 0 {
 		o.Nodes = 4
 	}
+	if o.Cluster == nil {
+		o.Cluster = SimCluster
+		if env.Binary != "" || len(env.Addrs) > 0 {
+			o.Cluster = KvmeshCluster(env)
+		}
+	}
+	if len(o.SimRouting) == 0 {
+		o.SimRouting = Policies()
+	}
 	if len(o.Routing) == 0 {
 		o.Routing = Policies()
+		if env.Binary != "" || len(env.Addrs) > 0 {
+			o.Routing = []Policy{RoutingRandom, RoutingSession}
+		}
 	}
 	if len(o.Sweep) == 0 {
 		o.Sweep = []float64{0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5}
-		if quick {
+		if env.Quick {
 			o.Sweep = []float64{0.1, 0.3, 1}
 		}
 	}
 	if len(o.SweepRouting) == 0 {
-		o.SweepRouting = o.Routing
-		if quick {
-			o.SweepRouting = slices.DeleteFunc(slices.Clone(o.Routing), func(p Policy) bool {
-				return p != RoutingRandom && p != RoutingSession
-			})
+		o.SweepRouting = Policies()
+		if env.Quick {
+			o.SweepRouting = []Policy{RoutingRandom, RoutingSession}
 		}
-	}
-	if o.Cluster == nil {
-		o.Cluster = SimCluster
 	}
 	if o.Namespace == (prefixhash.Namespace{}) {
 		o.Namespace = TraceNamespace()
@@ -87,12 +106,12 @@ func (o *TraceOptions) Validate() error {
 	switch {
 	case o.Requests < 0:
 		return fmt.Errorf("bench: trace: requests %d is negative", o.Requests)
-	case o.Nodes < 1:
-		return fmt.Errorf("bench: trace: nodes %d must be at least 1", o.Nodes)
+	case o.Nodes < 1 || o.Nodes > 64:
+		return fmt.Errorf("bench: trace: nodes %d is outside 1..64", o.Nodes)
 	case o.CapacityBlocks < 0:
 		return fmt.Errorf("bench: trace: capacity_blocks %d is negative", o.CapacityBlocks)
 	}
-	for _, p := range append(slices.Clone(o.Routing), o.SweepRouting...) {
+	for _, p := range slices.Concat(o.Routing, o.SimRouting, o.SweepRouting) {
 		if _, err := ParsePolicy(string(p)); err != nil {
 			return err
 		}
@@ -109,7 +128,9 @@ func (o *TraceOptions) Validate() error {
 
 // TraceSuite replays a Mooncake-format trace on a cluster with each routing
 // policy, pooled and local-only, and reports block hit ratios next to the
-// trace's ideal, with a sweep of hit ratio against capacity.
+// trace's ideal: on kvmesh nodes (separate processes, driven through the Go
+// client) when it can start them, and always on the simulation, which also
+// sweeps hit ratio against capacity.
 type TraceSuite struct {
 	Options TraceOptions
 }
@@ -129,10 +150,25 @@ type traceSweepRow struct {
 	RatioVsIdeal           float64 `json:"ratio_vs_ideal"`
 }
 
+// traceRun is one replay to do.
+type traceRun struct {
+	policy    Policy
+	localOnly bool
+	capacity  int
+	fraction  float64
+}
+
+func (r traceRun) mode() string {
+	if r.localOnly {
+		return "local-only"
+	}
+	return "pooled"
+}
+
 // Run replays the trace.
 func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	o := s.Options
-	o.EnsureDefaults(env.Quick)
+	o.EnsureDefaults(env)
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -162,37 +198,29 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		enough = max(ideal.DistinctFullBlocks, 1)
 	}
 	blockBytes := store.EncodedLen(o.Namespace.BlockTokens, o.Namespace.BlockBytes())
-	type run struct {
-		policy    Policy
-		localOnly bool
-		capacity  int
-		fraction  float64
-	}
-	var compare, sweep []run
-	for _, local := range []bool{false, true} {
-		for _, p := range o.Routing {
-			compare = append(compare, run{p, local, enough, float64(enough*o.Nodes) / float64(max(ideal.DistinctFullBlocks, 1))})
+	compareRuns := func(policies []Policy) []traceRun {
+		var out []traceRun
+		for _, local := range []bool{false, true} {
+			for _, p := range policies {
+				out = append(out, traceRun{p, local, enough, float64(enough*o.Nodes) / float64(max(ideal.DistinctFullBlocks, 1))})
+			}
 		}
+		return out
 	}
+	compare := compareRuns(o.Routing)
+	var sweep []traceRun
 	for _, local := range []bool{false, true} {
 		for _, p := range o.SweepRouting {
 			for _, f := range o.Sweep {
 				c := max(1, int(math.Round(f*float64(ideal.DistinctFullBlocks)/float64(o.Nodes))))
-				sweep = append(sweep, run{p, local, c, f})
+				sweep = append(sweep, traceRun{p, local, c, f})
 			}
 		}
 	}
-	replays := len(compare) + len(sweep)
-	bar = env.Progress.Bar(int64(replays*len(t.Requests)), "trace: replaying")
-	defer bar.Finish()
-	backend := ""
-	play := func(r run) (ReplayStats, error) {
-		mode := "pooled"
-		if r.localOnly {
-			mode = "local-only"
-		}
-		bar.Describe(fmt.Sprintf("trace: %s %s, %d blocks/node", r.policy, mode, r.capacity))
-		c, err := o.Cluster(ctx, ClusterSpec{Nodes: o.Nodes, CapacityBlocks: r.capacity, BlockBytes: blockBytes,
+	bar = env.Progress.Bar(int64(len(compare)*len(t.Requests)), "trace: replaying")
+	play := func(factory ClusterFactory, r traceRun) (ReplayStats, error) {
+		bar.Describe(fmt.Sprintf("trace: %s %s, %d blocks/node", r.policy, r.mode(), r.capacity))
+		c, err := factory(ctx, ClusterSpec{Nodes: o.Nodes, CapacityBlocks: r.capacity, BlockBytes: blockBytes,
 			LocalOnly: r.localOnly, Namespace: o.Namespace})
 		if err != nil {
 			return ReplayStats{}, fmt.Errorf("bench: trace: start cluster: %w", err)
@@ -200,32 +228,62 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		defer c.Close()
 		ro := o.Replay
 		ro.Routing, ro.Bar = r.policy, bar
+		ro.Encode = ro.Encode || c.Backend() != BackendSimulation
 		st, err := Replay(ctx, w, c.Nodes(), c.Backend(), ro)
 		if err != nil {
-			return st, fmt.Errorf("bench: trace: replay %s %s: %w", r.policy, mode, err)
+			return st, fmt.Errorf("bench: trace: replay %s %s: %w", r.policy, r.mode(), err)
 		}
 		st.LocalOnly, st.CapacityBlocksPerNode, st.PooledCapacityFraction = r.localOnly, r.capacity, r.fraction
-		backend = st.Backend
 		return st, nil
 	}
 
 	var rows []ReplayStats
+	backend := "" // the main cluster's, from its replays
 	for _, r := range compare {
-		st, err := play(r)
+		st, err := play(o.Cluster, r)
+		if errors.Is(err, ErrMissing) {
+			res.Skip(fmt.Sprintf("%s %s", r.policy, r.mode()), err)
+			bar.Add(int64(len(t.Requests)))
+			continue
+		}
 		if err != nil {
+			bar.Finish()
 			return res, err
 		}
 		rows = append(rows, st)
+		backend = st.Backend
 	}
+	bar.Finish()
 	title := fmt.Sprintf("replay of %s (%d requests) on %d nodes, %d blocks per node", t.Name, len(t.Requests), o.Nodes, enough)
 	if backend == BackendSimulation {
 		title = "SIMULATION (not a kvmesh measurement): " + title
+	} else {
+		title += ", kvmesh serve processes through the Go client"
 	}
 	res.AddTable("replay", title, rows)
+	traceChecks(res, rows)
+
+	var simCompare []traceRun
+	if backend != BackendSimulation {
+		simCompare = compareRuns(o.SimRouting)
+	}
+	bar = env.Progress.Bar(int64((len(simCompare)+len(sweep))*len(t.Requests)), "trace: simulating")
+	defer bar.Finish()
+	if len(simCompare) > 0 {
+		var simRows []ReplayStats
+		for _, r := range simCompare {
+			st, err := play(SimCluster, r)
+			if err != nil {
+				return res, err
+			}
+			simRows = append(simRows, st)
+		}
+		res.AddTable("simulation", "SIMULATION (not a kvmesh measurement): the same replay on the in-process model, every policy", simRows)
+	}
 
 	var points []traceSweepRow
 	for _, r := range sweep {
-		st, err := play(r)
+		st, err := play(SimCluster, r)
 		if err != nil {
 			return res, err
 		}
@@ -233,13 +291,8 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 			PooledCapacityFraction: r.fraction, CapacityBlocksPerNode: r.capacity,
 			HitRatio: st.HitRatio, IdealHitRatio: st.IdealHitRatio, RatioVsIdeal: st.RatioVsIdeal})
 	}
-	sweepTitle := "hit ratio vs pooled capacity (fraction of the trace's distinct full blocks)"
-	if backend == BackendSimulation {
-		sweepTitle = "SIMULATION (not a kvmesh measurement): " + sweepTitle
-	}
-	res.AddTable("capacity_sweep", sweepTitle, points)
+	res.AddTable("capacity_sweep", "SIMULATION (not a kvmesh measurement): hit ratio vs pooled capacity (fraction of the trace's distinct full blocks)", points)
 
-	traceChecks(res, rows)
 	res.Note("hit_ratio counts every hash id of the trace, partial tails included, as ideal_hit_ratio (%.4f) does: the target compares these two. "+
 		"A block cache never holds a partial tail, which caps hit_ratio at %.4f (%.4f of the ideal); full_block_hit_ratio against "+
 		"ideal_full_block_hit_ratio (%.4f) is the same comparison over full blocks only.",
@@ -247,32 +300,23 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		float64(ideal.FullHitBlocks)/float64(max(ideal.HitBlocks, 1)), ideal.FullBlockHitRatio)
 	res.Note("session-affinity keys a request by its first hash id outside the prefix most requests share (Trace.Sessions): " +
 		"in the conversation trace every request starts with hash id 0, so the key is the second id, the conversation's first own block.")
-	if backend == BackendSimulation {
-		res.Note("backend simulation: an in-process model of kvmesh's placement (rendezvous hashing of chunk keys, LRU per node); " +
-			"its hit ratios show what placement and capacity allow, its latencies are a map's, and none of it is a kvmesh measurement.")
+	res.Note("backend simulation: an in-process model of kvmesh's placement (rendezvous hashing of chunk keys, LRU per node); " +
+		"its hit ratios show what placement and capacity allow, its latencies are a map's, and none of it is a kvmesh measurement.")
+	if backend != BackendSimulation {
+		res.Note("backend kvmesh: %d `kvmesh serve` processes on 127.0.0.1, joined into one cluster (pooled) or separate (local-only), "+
+			"each with DRAM for %d blocks of %d bytes and the smallest NVMe tier (64 MiB); every request is a Lookup of its tokens "+
+			"and a Put of the blocks it missed, through the Go client of the node it was routed to.", o.Nodes, enough, blockBytes)
 	}
 
-	title = "block hit ratio vs pooled capacity, " + t.Name
-	if backend == BackendSimulation {
-		title = "SIMULATION: " + title
-	}
-	var series []Series
-	for _, local := range []bool{false, true} {
-		for _, p := range o.SweepRouting {
-			sr := Series{Name: string(p) + " pooled"}
-			if local {
-				sr.Name = string(p) + " local-only"
-			}
-			for _, pt := range points {
-				if pt.Routing == p && pt.LocalOnly == local {
-					sr.X = append(sr.X, pt.PooledCapacityFraction)
-					sr.Y = append(sr.Y, pt.HitRatio)
-				}
-			}
-			series = append(series, sr)
+	series := GroupSeries(points, func(p traceSweepRow) (string, bool, bool, float64, float64) {
+		name := string(p.Routing) + " pooled"
+		if p.LocalOnly {
+			name = string(p.Routing) + " local-only"
 		}
-	}
-	if err := SavePlot(env, res, "trace_hit_ratio_vs_capacity", HitRatioPlot(title, ideal.HitRatio, series...)); err != nil {
+		return name, false, false, p.PooledCapacityFraction, p.HitRatio
+	})
+	if err := SavePlot(env, res, "trace_hit_ratio_vs_capacity",
+		HitRatioPlot("SIMULATION: block hit ratio vs pooled capacity, "+t.Name, ideal.HitRatio, series...)); err != nil {
 		return res, err
 	}
 	return res, nil

@@ -12,16 +12,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
-// The transfer benchmarks. Each path moves batches of benchBatch bytes: a
+// The transfer benchmarks, over the measurement loops of measure.go
+// (Testbed, Path, Interleave), which `kvmesh bench transfer` runs too. Each
+// path moves batches of benchBatch bytes: a
 // Get of benchBatch/size keys (TCP, shared memory), benchBatch bytes through
 // one socket (raw TCP), copy() of the batch's values (memcpy), or the batch's
 // GETs pipelined on one connection (Redis). Values cycle through
@@ -37,8 +35,8 @@ import (
 // one path at a time, TCPGet with 1, 2 and 4 connections and as many
 // concurrent callers.
 const (
-	benchBatch  = 16 << 20
-	benchSource = 64 << 20
+	benchBatch  = DefaultTestbedBatch
+	benchSource = DefaultTestbedSource
 )
 
 var benchSizes = []struct {
@@ -46,176 +44,33 @@ var benchSizes = []struct {
 	n    int
 }{{"64KiB", 64 << 10}, {"1MiB", 1 << 20}, {"4MiB", 4 << 20}}
 
-// benchData fills a source with benchSource bytes of values of size n.
-func benchData(n int) (*memSource, []prefixhash.Key, [][]byte) {
-	src := newMemSource()
-	keys := make([]prefixhash.Key, benchSource/n)
-	vals := make([][]byte, len(keys))
-	for i := range keys {
-		keys[i], vals[i] = testKey(i), testValue(i, n)
-		src.set(keys[i], vals[i])
-	}
-	return src, keys, vals
-}
-
-// A mover moves batch i (bytes bytes) per call; it is safe for concurrent
-// calls when the path is.
-type mover struct {
-	name  string
-	bytes int64
-	batch func(i int) error
-}
-
-func window[T any](s []T, i, per int) []T {
-	lo := i * per % len(s)
-	return s[lo : lo+per]
-}
-
-func getMover(name string, keys []prefixhash.Key, per int, p Peer) mover {
-	return mover{name: name, bytes: benchBatch, batch: func(i int) error {
-		k := window(keys, i, per)
-		r, err := p.Get(context.Background(), k)
-		if err != nil {
-			return err
-		}
-		defer r.Release()
-		if r.Hits() != len(k) {
-			return fmt.Errorf("%d hits of %d", r.Hits(), len(k))
-		}
-		return nil
-	}}
-}
-
-func tcpMover(b *testing.B, src *memSource, keys []prefixhash.Key, per int) mover {
-	return tcpWith(b, "tcp", src, keys, per, 1, nil)
-}
-
-// tcpParallel moves conns batches at once over conns connections.
-func tcpParallel(b *testing.B, src *memSource, keys []prefixhash.Key, per, conns int) mover {
-	return tcpWith(b, fmt.Sprintf("tcp%d", conns), src, keys, per, conns, nil)
-}
-
-// tcpWith moves conns batches at once over conns connections of a client
-// and server that use TLS when tp is not nil.
-func tcpWith(b *testing.B, name string, src *memSource, keys []prefixhash.Key, per, conns int, tp *tlsPair) mover {
-	so, co := &ServerOptions{}, &ClientOptions{MaxConns: conns}
-	if tp != nil {
-		so.TLS, co.TLS = tp.server, tp.client
-	}
-	_, addr := startServer(b, src, so)
-	m := getMover(name, keys, per, newClient(b, addr, co))
-	if conns == 1 {
-		return m
-	}
-	return mover{name: name, bytes: int64(conns) * benchBatch, batch: func(i int) error {
-		var wg sync.WaitGroup
-		errs := make([]error, conns)
-		for c := range conns {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[c] = m.batch(i*conns + c)
-			}()
-		}
-		wg.Wait()
-		for _, err := range errs {
-			if err != nil {
-				return err
-			}
-		}
-		return nil
-	}}
-}
-
-func shmMover(b *testing.B, src *memSource, keys []prefixhash.Key, per int) mover {
-	_, path := startShm(b, src, nil)
-	return getMover("shm", keys, per, dialShm(b, path, nil))
-}
-
-// rawMover is the ceiling: one loopback connection, a writer writing the
-// values (concatenated into one large buffer) in batches in a loop, a reader
-// reading benchBatch bytes per batch into a buffer. Free-running, the writer streams ahead of the reader (steady
-// state). Gated, it writes one batch when the reader starts one: in
-// BenchmarkVersus a free writer would fill the socket's buffers (up to
-// tcp_rmem's 32 MiB here) while the other paths run, and the raw batch
-// would be timed as a copy out of the kernel. With tp, the connection is
-// TLS (crypto/tls's own ceiling: one Write of 16 MiB, one ReadFull).
-func rawMover(b *testing.B, vals [][]byte, gated bool, tp *tlsPair) mover {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// testbed returns a Testbed of values of size n (measure.go: the loops
+// `kvmesh bench transfer` runs too), closed when b ends.
+func testbed(b *testing.B, n int) *Testbed {
+	tb, err := NewTestbed(TestbedOptions{ValueBytes: n, BatchBytes: benchBatch, SourceBytes: benchSource})
 	if err != nil {
 		b.Fatal(err)
 	}
-	name := "raw"
-	if tp != nil {
-		name = "rawtls"
-	}
-	big := slices.Concat(vals...) // the same bytes, one large buffer
-	start := make(chan struct{}, 1)
-	if !gated {
-		close(start)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		nc, err := ln.Accept()
-		ln.Close()
-		if err != nil {
-			return
-		}
-		defer nc.Close()
-		if tp != nil {
-			nc = tls.Server(nc, prepareTLS(tp.server, ""))
-		}
-		for off := 0; ; off = (off + benchBatch) % len(big) {
-			if _, ok := <-start; !ok && gated {
-				return
-			}
-			if _, err := nc.Write(big[off : off+benchBatch]); err != nil {
-				return // the reader hung up
-			}
-		}
-	}()
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	if tp != nil {
-		nc = tls.Client(nc, prepareTLS(tp.client, ln.Addr().String()))
-	}
-	b.Cleanup(func() {
-		nc.Close()
-		if gated {
-			close(start)
-		}
-		<-done
-	})
-	buf := make([]byte, benchBatch)
-	return mover{name: name, bytes: benchBatch, batch: func(int) error {
-		if gated {
-			start <- struct{}{}
-		}
-		_, err := io.ReadFull(nc, buf)
-		return err
-	}}
+	b.Cleanup(func() { tb.Close() })
+	return tb
 }
 
-// copyMover is what the shared-memory server does per batch, alone.
-func copyMover(vals [][]byte, per, size int) mover {
-	dst := make([]byte, benchBatch)
-	return mover{name: "copy", bytes: benchBatch, batch: func(i int) error {
-		for j, v := range window(vals, i, per) {
-			copy(dst[j*size:], v)
+// must fails b when a testbed could not build a path: must(b)(tb.TCP(1)).
+func must(b *testing.B) func(Path, error) Path {
+	return func(p Path, err error) Path {
+		if err != nil {
+			b.Fatal(err)
 		}
-		return nil
-	}}
+		return p
+	}
 }
 
 func BenchmarkTCPGet(b *testing.B) {
 	for _, size := range benchSizes {
-		src, keys, _ := benchData(size.n)
+		tb := testbed(b, size.n)
 		for _, conns := range []int{1, 2, 4} {
 			b.Run(fmt.Sprintf("size=%s/conns=%d", size.name, conns), func(b *testing.B) {
-				runMover(b, tcpParallel(b, src, keys, benchBatch/size.n, conns))
+				runPath(b, must(b)(tb.TCP(conns)))
 			})
 		}
 	}
@@ -224,8 +79,7 @@ func BenchmarkTCPGet(b *testing.B) {
 func BenchmarkRawTCP(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("size="+size.name, func(b *testing.B) {
-			_, _, vals := benchData(size.n)
-			runMover(b, rawMover(b, vals, false, nil))
+			runPath(b, must(b)(testbed(b, size.n).Raw(false)))
 		})
 	}
 }
@@ -233,8 +87,7 @@ func BenchmarkRawTCP(b *testing.B) {
 func BenchmarkShmGet(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("size="+size.name, func(b *testing.B) {
-			src, keys, _ := benchData(size.n)
-			runMover(b, shmMover(b, src, keys, benchBatch/size.n))
+			runPath(b, must(b)(testbed(b, size.n).Shm()))
 		})
 	}
 }
@@ -242,8 +95,7 @@ func BenchmarkShmGet(b *testing.B) {
 func BenchmarkCopy(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("size="+size.name, func(b *testing.B) {
-			_, _, vals := benchData(size.n)
-			runMover(b, copyMover(vals, benchBatch/size.n, size.n))
+			runPath(b, testbed(b, size.n).Copy())
 		})
 	}
 }
@@ -251,45 +103,45 @@ func BenchmarkCopy(b *testing.B) {
 func BenchmarkRedisGet(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("size="+size.name, func(b *testing.B) {
-			_, _, vals := benchData(size.n)
-			runMover(b, redisMover(b, vals, benchBatch/size.n))
+			runPath(b, redisPath(b, testbed(b, size.n)))
 		})
 	}
 }
 
-func runMover(b *testing.B, m mover) {
-	if err := m.batch(0); err != nil { // warm up: connections, pools, pages
+func runPath(b *testing.B, p Path) {
+	ctx := context.Background()
+	if err := p.Move(ctx, 0); err != nil { // warm up: connections, pools, pages
 		b.Fatal(err)
 	}
-	b.SetBytes(m.bytes)
+	b.SetBytes(p.Bytes)
 	b.ResetTimer()
 	for i := range b.N {
-		if err := m.batch(i + 1); err != nil {
+		if err := p.Move(ctx, i+1); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
-// BenchmarkVersus interleaves every path batch by batch and reports GB/s
-// per path (of its median batch) and the target ratios: tcp/raw (≥ 0.85), tcp/mooncake (the
-// Mooncake TE TCP figure of 1.44 GB/s, ≥ 2), shm/redis (≥ 4).
+// BenchmarkVersus interleaves every path batch by batch (Interleave) and
+// reports GB/s per path (of its median batch) and the target ratios:
+// tcp/raw (≥ 0.85), tcp/mooncake (the Mooncake TE TCP figure of 1.44 GB/s,
+// ≥ 2), shm/redis (≥ 4).
 func BenchmarkVersus(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("size="+size.name, func(b *testing.B) {
-			src, keys, vals := benchData(size.n)
-			per := benchBatch / size.n
-			movers := []mover{
-				rawMover(b, vals, true, nil),
-				tcpMover(b, src, keys, per),
-				tcpParallel(b, src, keys, per, 2),
-				tcpParallel(b, src, keys, per, 4),
-				shmMover(b, src, keys, per),
-				copyMover(vals, per, size.n),
+			tb := testbed(b, size.n)
+			paths := []Path{
+				must(b)(tb.Raw(true)),
+				must(b)(tb.TCP(1)),
+				must(b)(tb.TCP(2)),
+				must(b)(tb.TCP(4)),
+				must(b)(tb.Shm()),
+				tb.Copy(),
 			}
 			if _, err := exec.LookPath("redis-server"); err == nil {
-				movers = append(movers, redisMover(b, vals, per))
+				paths = append(paths, redisPath(b, tb))
 			}
-			gbps := interleave(b, movers)
+			gbps := interleave(b, paths)
 			b.ReportMetric(gbps["tcp"]/gbps["raw"], "tcp/raw")
 			b.ReportMetric(gbps["tcp"]/1.44, "tcp/mooncake")
 			b.ReportMetric(gbps["shm"]/gbps["copy"], "shm/copy")
@@ -299,38 +151,6 @@ func BenchmarkVersus(b *testing.B) {
 			}
 		})
 	}
-}
-
-// interleave runs b.N rounds of every mover's batch, in an order rotated
-// each round so that no path always follows the same one, and reports (and
-// returns) each path's GB/s of its median batch: one stall of the shared
-// machine must not decide a path's figure.
-func interleave(b *testing.B, movers []mover) map[string]float64 {
-	spent := make([][]time.Duration, len(movers))
-	for _, m := range movers {
-		if err := m.batch(0); err != nil {
-			b.Fatalf("%s: %v", m.name, err)
-		}
-	}
-	b.ResetTimer()
-	for i := range b.N {
-		for k := range movers {
-			j := (i + k) % len(movers)
-			t0 := time.Now()
-			if err := movers[j].batch(i + 1); err != nil {
-				b.Fatalf("%s: %v", movers[j].name, err)
-			}
-			spent[j] = append(spent[j], time.Since(t0))
-		}
-	}
-	b.StopTimer()
-	gbps := map[string]float64{}
-	for j, m := range movers {
-		slices.Sort(spent[j])
-		gbps[m.name] = float64(m.bytes) / spent[j][len(spent[j])/2].Seconds() / 1e9
-		b.ReportMetric(gbps[m.name], m.name+"_GB/s")
-	}
-	return gbps
 }
 
 // tlsPair is the server and client TLS configurations of a benchmark.
@@ -360,14 +180,15 @@ func BenchmarkTLS(b *testing.B) {
 	tp := benchTLS(b)
 	for _, size := range benchSizes[1:] {
 		b.Run("size="+size.name, func(b *testing.B) {
-			src, keys, vals := benchData(size.n)
-			per := benchBatch / size.n
-			gbps := interleave(b, []mover{
-				rawMover(b, vals, true, nil),
-				rawMover(b, vals, true, tp),
-				tcpWith(b, "tcp", src, keys, per, 1, nil),
-				tcpWith(b, "tls", src, keys, per, 1, tp),
-				tcpWith(b, "tls2", src, keys, per, 2, tp),
+			tb := testbed(b, size.n)
+			so := &ServerOptions{TLS: tp.server}
+			co := &ClientOptions{TLS: tp.client}
+			gbps := interleave(b, []Path{
+				must(b)(tb.Raw(true)),
+				must(b)(tb.RawTLS(true, tp.server, tp.client)),
+				must(b)(tb.TCP(1)),
+				must(b)(tb.TCPWith("tls", 1, so, co)),
+				must(b)(tb.TCPWith("tls2", 2, so, co)),
 			})
 			b.ReportMetric(gbps["tls"]/gbps["tcp"], "tls/tcp")
 			b.ReportMetric(gbps["tls"]/gbps["rawtls"], "tls/rawtls")
@@ -376,11 +197,30 @@ func BenchmarkTLS(b *testing.B) {
 	}
 }
 
-// redisMover runs a private redis-server (no persistence) on a free port,
-// stores vals under k0, k1, ..., and moves a batch by pipelining its GETs on
-// one connection and reading each reply into a buffer with a minimal RESP
-// reader. It skips the benchmark when redis-server is not installed.
-func redisMover(b *testing.B, vals [][]byte, per int) mover {
+// interleave runs b.N rounds of every path (Interleave) and reports (and
+// returns) each path's GB/s of its median batch.
+func interleave(b *testing.B, paths []Path) map[string]float64 {
+	b.ResetTimer()
+	res, err := Interleave(context.Background(), paths, b.N, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	gbps := map[string]float64{}
+	for _, r := range res {
+		gbps[r.Name] = r.MedianGBps
+		b.ReportMetric(r.MedianGBps, r.Name+"_GB/s")
+	}
+	return gbps
+}
+
+// redisPath runs a private redis-server (no persistence) on a free port,
+// stores the testbed's values under k0, k1, ..., and moves a batch by
+// pipelining its GETs on one connection and reading each reply into a
+// buffer with a minimal RESP reader. It skips the benchmark when
+// redis-server is not installed.
+func redisPath(b *testing.B, tb *Testbed) Path {
+	vals, per := tb.Values(), tb.PerBatch()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		b.Skip("redis-server not installed")
@@ -394,8 +234,8 @@ func redisMover(b *testing.B, vals [][]byte, per int) mover {
 	}
 	size := len(vals[0])
 	buf := make([]byte, size)
-	return mover{name: "redis", bytes: benchBatch, batch: func(i int) error {
-		lo := i * per % len(vals)
+	return Path{Name: "redis", Bytes: int64(per * size), Move: func(_ context.Context, i int) error {
+		lo := i * per % (len(vals) - len(vals)%per)
 		for j := lo; j < lo+per; j++ {
 			rc.send(getCmd, redisKey(j))
 		}

@@ -1,0 +1,380 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// This file is kvmesh as the suites drive it: through its Go client, the way
+// an inference worker does, against nodes the bench started (StartDaemons)
+// or an existing cluster (Env.Addrs).
+
+// startNodes returns the gRPC addresses a suite runs against: env.Addrs,
+// or the nodes it starts with o (then also their Daemons), stopped by the
+// returned stop. Joined nodes that fail to start are a *clusterUnavailable
+// (a build that cannot join nodes).
+func startNodes(ctx context.Context, env *Env, o DaemonOptions) (*Daemons, []string, func() error, error) {
+	if len(env.Addrs) > 0 {
+		return nil, env.Addrs, func() error { return nil }, nil
+	}
+	if env.Binary == "" {
+		return nil, nil, nil, fmt.Errorf("%w: run it as `kvmesh bench`, or point it at a cluster with --addr", ErrNoBinary)
+	}
+	o.Binary, o.Dir = env.Binary, env.WorkDir
+	ds, err := StartDaemons(ctx, o)
+	if err != nil {
+		if o.Join && o.Nodes > 1 && ctx.Err() == nil {
+			err = &clusterUnavailable{err}
+		}
+		return nil, nil, nil, err
+	}
+	return ds, ds.Addrs(), ds.Close, nil
+}
+
+// nodeAddrs is startNodes without the Daemons.
+func nodeAddrs(ctx context.Context, env *Env, o DaemonOptions) ([]string, func() error, error) {
+	_, addrs, stop, err := startNodes(ctx, env, o)
+	return addrs, stop, err
+}
+
+// clusterUnavailable means the nodes could not be joined into a cluster
+// (a build without clustering): the cluster size is skipped, not failed.
+type clusterUnavailable struct{ err error }
+
+func (e *clusterUnavailable) Error() string {
+	return "this kvmesh cannot join nodes into a cluster: " + e.err.Error()
+}
+func (e *clusterUnavailable) Unwrap() error { return e.err }
+
+// KVNamespace returns the namespace the store suite keys its values under:
+// one-layer float16 blocks of 16 tokens whose payload is valueBytes (a
+// multiple of 64, so that head_dim = valueBytes/64).
+func KVNamespace(valueBytes int) (prefixhash.Namespace, error) {
+	if valueBytes < 64 || valueBytes%64 != 0 {
+		return prefixhash.Namespace{}, fmt.Errorf("bench: kvmesh values are block payloads: %d bytes is not a positive multiple of 64", valueBytes)
+	}
+	ns := prefixhash.Namespace{Model: fmt.Sprintf("kvmesh/bench-kv-%d", valueBytes), DType: prefixhash.Float16,
+		BlockTokens: 16, LayerStart: 0, LayerEnd: 1, KVHeads: 1, HeadDim: valueBytes / 64, TPSize: 1}
+	if ns.BlockBytes() != valueBytes {
+		panic(fmt.Sprintf("bench: KVNamespace(%d) holds %d bytes", valueBytes, ns.BlockBytes()))
+	}
+	return ns, ns.Validate()
+}
+
+// kvTokens writes the tokens of the one-block prompt that stands for key
+// k: distinct keys, distinct tokens, hence distinct block keys.
+func kvTokens(dst []uint32, k int) {
+	clear(dst)
+	dst[0], dst[1], dst[2] = uint32(k), uint32(uint64(k)>>32), 0x6b766d
+}
+
+// NodeKV returns the kvmesh node at addr as a KVTarget: key k is the
+// one-block prompt kvTokens(k) of KVNamespace(valueBytes) and its value the
+// block's payload. Every connection is a client of its own (its own gRPC
+// connection), as every Redis connection is. name names it in reports
+// ("kvmesh-grpc", ...); opts configure the clients.
+func NodeKV(name, addr string, valueBytes int, opts client.Options) (KVTarget, error) {
+	ns, err := KVNamespace(valueBytes)
+	if err != nil {
+		return nil, err
+	}
+	return &kvmeshTarget{name: name, addr: addr, ns: ns, opts: opts}, nil
+}
+
+type kvmeshTarget struct {
+	name string
+	addr string
+	ns   prefixhash.Namespace
+	opts client.Options
+}
+
+var (
+	_ KVTarget   = (*kvmeshTarget)(nil)
+	_ KVResetter = (*kvmeshTarget)(nil)
+	_ KVResetter = redisTarget{}
+)
+
+func (t *kvmeshTarget) Name() string { return t.name }
+
+func (t *kvmeshTarget) Dial(context.Context) (KVConn, error) {
+	c, err := client.Dial(t.addr, t.opts)
+	if err != nil {
+		return nil, err
+	}
+	return &kvmeshConn{t: t, c: c, tokens: make([]uint32, t.ns.BlockTokens), payloads: make([][]byte, 1)}, nil
+}
+
+// Reset drops the target's namespace from the node.
+func (t *kvmeshTarget) Reset(ctx context.Context) error {
+	c, err := client.Dial(t.addr, t.opts)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_, err = c.DropNamespace(ctx, t.ns)
+	return err
+}
+
+type kvmeshConn struct {
+	t        *kvmeshTarget
+	c        *client.Client
+	tokens   []uint32
+	payloads [][]byte
+	keys     [1]prefixhash.Key
+}
+
+func (c *kvmeshConn) Set(ctx context.Context, k int, value []byte) error {
+	kvTokens(c.tokens, k)
+	c.payloads[0] = value
+	stored, err := c.c.Put(ctx, c.t.ns, c.tokens, c.payloads)
+	c.payloads[0] = nil
+	if err != nil {
+		return err
+	}
+	if len(stored) != 1 {
+		return fmt.Errorf("bench: kvmesh stored %d of 1 block", len(stored))
+	}
+	return nil
+}
+
+var errKVMiss = errors.New("bench: kvmesh: block not found")
+
+func (c *kvmeshConn) Get(ctx context.Context, k int, dst []byte) ([]byte, error) {
+	kvTokens(c.tokens, k)
+	c.keys[0] = prefixhash.BlockKey(c.t.ns.Root(), c.tokens)
+	found := false
+	err := c.c.GetKeys(ctx, c.t.ns, c.keys[:], func(b client.Block) error {
+		if b.Found {
+			dst, found = append(dst[:0], b.Payload...), true
+		}
+		return nil
+	})
+	if err != nil {
+		return dst, err
+	}
+	if !found {
+		return dst, errKVMiss
+	}
+	return dst, nil
+}
+
+func (c *kvmeshConn) Close() error { return c.c.Close() }
+
+// stampKey writes k into the first 8 bytes of v, as KVLoad stamps values.
+func stampKey(v []byte, k uint64) { binary.LittleEndian.PutUint64(v, k) }
+
+// clientPool is one client per address, dialed on first use; Close closes
+// them. Safe for concurrent use.
+type clientPool struct {
+	opts client.Options
+	mu   struct {
+		sync.Mutex
+		m map[string]*client.Client
+	}
+}
+
+func (p *clientPool) get(addr string) (*client.Client, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c, ok := p.mu.m[addr]; ok {
+		return c, nil
+	}
+	c, err := client.Dial(addr, p.opts)
+	if err != nil {
+		return nil, err
+	}
+	if p.mu.m == nil {
+		p.mu.m = map[string]*client.Client{}
+	}
+	p.mu.m[addr] = c
+	return c, nil
+}
+
+func (p *clientPool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, c := range p.mu.m {
+		errs = append(errs, c.Close())
+	}
+	p.mu.m = nil
+	return errors.Join(errs...)
+}
+
+// KvmeshCluster returns a ClusterFactory of kvmesh nodes for trace replays:
+// spec.Nodes `kvmesh serve` processes (env.Binary) joined into one cluster,
+// or left separate for spec.LocalOnly, each with DRAM for
+// spec.CapacityBlocks blocks (and the smallest NVMe tier, 64 MiB); or, with
+// env.Addrs, the running cluster there, whose trace namespace is dropped
+// before and after the replay (local-only is then unavailable). Nodes are
+// driven through the Go client: Lookup with the prompt's tokens, Put of the
+// payloads of the blocks it missed. A cluster that cannot be joined is an
+// error wrapping ErrMissing.
+func KvmeshCluster(env *Env) ClusterFactory {
+	return func(ctx context.Context, spec ClusterSpec) (Cluster, error) {
+		if len(env.Addrs) > 0 && spec.LocalOnly {
+			return nil, fmt.Errorf("%w: local-only needs separate nodes, and --addr names one cluster", ErrMissing)
+		}
+		perBlock := int64(spec.BlockBytes) + 128 // slot header, size-class rounding
+		dram := int64(spec.CapacityBlocks)*perBlock + 64<<20
+		addrs, stop, err := nodeAddrs(ctx, env, DaemonOptions{Nodes: spec.Nodes, Join: !spec.LocalOnly, DRAMBytes: dram})
+		var unavailable *clusterUnavailable
+		if errors.As(err, &unavailable) {
+			return nil, fmt.Errorf("%w: %w", ErrMissing, err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		c := &kvmeshCluster{ns: spec.Namespace, stop: stop, pool: &clientPool{opts: client.Options{MaxRetries: -1}},
+			drop: len(env.Addrs) > 0}
+		for _, a := range addrs {
+			cl, err := c.pool.get(a)
+			if err != nil {
+				c.Close()
+				return nil, err
+			}
+			c.nodes = append(c.nodes, &kvmeshNode{c: cl, ns: spec.Namespace})
+		}
+		if c.drop {
+			if err := c.dropNamespace(ctx); err != nil {
+				c.Close()
+				return nil, err
+			}
+		}
+		return c, nil
+	}
+}
+
+type kvmeshCluster struct {
+	ns    prefixhash.Namespace
+	nodes []Node
+	stop  func() error
+	pool  *clientPool
+	drop  bool // an existing cluster: drop the namespace on Close
+}
+
+var _ Cluster = (*kvmeshCluster)(nil)
+
+func (c *kvmeshCluster) Nodes() []Node   { return c.nodes }
+func (c *kvmeshCluster) Backend() string { return BackendKvmesh }
+
+func (c *kvmeshCluster) dropNamespace(ctx context.Context) error {
+	for _, n := range c.nodes {
+		if _, err := n.(*kvmeshNode).c.DropNamespace(ctx, c.ns); err != nil {
+			return fmt.Errorf("bench: drop the trace namespace: %w", err)
+		}
+	}
+	return nil
+}
+
+// Close stops the nodes it started, or drops the namespace from a running
+// cluster.
+func (c *kvmeshCluster) Close() error {
+	var errs []error
+	if c.drop {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		errs = append(errs, c.dropNamespace(ctx))
+		cancel()
+	}
+	errs = append(errs, c.pool.Close(), c.stop())
+	return errors.Join(errs...)
+}
+
+// kvmeshNode is one node of a replay, through its client.
+type kvmeshNode struct {
+	c  *client.Client
+	ns prefixhash.Namespace
+}
+
+func (n *kvmeshNode) LongestPrefix(ctx context.Context, p Prompt) (int, error) {
+	if len(p.Keys) == 0 {
+		return 0, nil
+	}
+	l, err := n.c.Lookup(ctx, n.ns, p.Tokens)
+	if err != nil {
+		return 0, err
+	}
+	return l.CachedBlocks, nil
+}
+
+func (n *kvmeshNode) Put(ctx context.Context, p Prompt, blocks []Block) error {
+	if len(blocks) == 0 {
+		return nil
+	}
+	payloads := make([][]byte, blocks[len(blocks)-1].Index+1)
+	for _, b := range blocks {
+		payloads[b.Index] = b.Payload
+	}
+	_, err := n.c.Put(ctx, n.ns, p.Tokens, payloads)
+	return err
+}
+
+// nodeHTTPAddr returns the /metrics address the node at grpcAddr reports
+// for itself (Members).
+func nodeHTTPAddr(ctx context.Context, c *client.Client) (string, error) {
+	m, err := c.Members(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, mb := range m.GetMembers() {
+		if mb.GetId() == m.GetSelfId() && mb.GetHttpAddr() != "" {
+			return mb.GetHttpAddr(), nil
+		}
+	}
+	return "", fmt.Errorf("bench: node %s reports no metrics address", m.GetSelfId())
+}
+
+// transferBytes returns, per data-plane transport ("tcp", "shm"), the value
+// bytes the node's data plane has moved (kvmesh_transfer_bytes_total, both
+// directions), read from its /metrics. A node without a data plane has
+// none.
+func transferBytes(ctx context.Context, httpAddr string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("bench: node metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("bench: node metrics: %s", resp.Status)
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 64<<20))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "kvmesh_transfer_bytes_total{")
+		if !ok {
+			continue
+		}
+		labels, value, ok := strings.Cut(line, "} ")
+		if !ok {
+			continue
+		}
+		_, tr, ok := strings.Cut(labels, `transport="`)
+		if !ok {
+			continue
+		}
+		tr, _, _ = strings.Cut(tr, `"`)
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			return nil, fmt.Errorf("bench: node metrics: %q: %w", sc.Text(), err)
+		}
+		out[tr] += v
+	}
+	return out, sc.Err()
+}

@@ -1,0 +1,341 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/kvmesh/kvmesh/client"
+)
+
+// StoreOptions configures the store suite. Zero fields take the defaults
+// documented on each, for a full run or for --quick.
+type StoreOptions struct {
+	// BlockSizes are the value (block payload) sizes in bytes, multiples of
+	// 64. Default 64 KiB, 1 MiB and 4 MiB.
+	BlockSizes []int
+	// Concurrency lists the client concurrencies: connections with one
+	// request in flight each, for kvmesh and Redis alike. Default 4 and 16.
+	Concurrency []int
+	// Duration is the length of each GET and SET phase, and of each raw TCP
+	// and memcpy measurement. Default 2s; quick 500ms.
+	Duration time.Duration
+	// DataSetBytes is what each load fills before its GET phase. Default
+	// 256 MiB; quick 64 MiB.
+	DataSetBytes int
+	// MaxSetBytes bounds what each SET phase writes (new keys). Default
+	// 1 GiB; quick 256 MiB.
+	MaxSetBytes int64
+	// NodeDRAMBytes is the DRAM tier of the node the suite starts, so that
+	// a load never evicts. Default DataSetBytes + MaxSetBytes + 256 MiB.
+	NodeDRAMBytes int64
+	// Redis configures the Redis server. Dir defaults to the work directory.
+	Redis RedisOptions
+}
+
+// EnsureDefaults fills zero fields with their defaults for a full run, or
+// for --quick when quick is set.
+func (o *StoreOptions) EnsureDefaults(quick bool, workDir string) {
+	if len(o.BlockSizes) == 0 {
+		o.BlockSizes = []int{64 << 10, 1 << 20, 4 << 20}
+	}
+	if len(o.Concurrency) == 0 {
+		o.Concurrency = []int{4, 16}
+	}
+	if o.Duration == 0 {
+		o.Duration = pick(quick, 2*time.Second, 500*time.Millisecond)
+	}
+	if o.DataSetBytes == 0 {
+		o.DataSetBytes = pick(quick, 256<<20, 64<<20)
+	}
+	if o.MaxSetBytes == 0 {
+		o.MaxSetBytes = pick[int64](quick, 1<<30, 256<<20)
+	}
+	if o.NodeDRAMBytes == 0 {
+		o.NodeDRAMBytes = int64(o.DataSetBytes) + o.MaxSetBytes + 256<<20
+	}
+	if o.Redis.Dir == "" {
+		o.Redis.Dir = workDir
+	}
+}
+
+// pick returns full, or quick when quick is set.
+func pick[T any](quick bool, full, q T) T {
+	if quick {
+		return q
+	}
+	return full
+}
+
+// Validate names the first field that is out of range.
+func (o *StoreOptions) Validate() error {
+	for _, b := range o.BlockSizes {
+		if b < 64 || b%64 != 0 || b > 64<<20 {
+			return fmt.Errorf("bench: store: block size %d is not a multiple of 64 in 64..64MiB", b)
+		}
+	}
+	for _, c := range o.Concurrency {
+		if c < 1 || c > 1024 {
+			return fmt.Errorf("bench: store: concurrency %d is outside 1..1024", c)
+		}
+	}
+	switch {
+	case o.Duration <= 0:
+		return fmt.Errorf("bench: store: duration %v must be positive", o.Duration)
+	case o.DataSetBytes < 1:
+		return fmt.Errorf("bench: store: data set bytes %d must be positive", o.DataSetBytes)
+	case o.MaxSetBytes < 1:
+		return fmt.Errorf("bench: store: max set bytes %d must be positive", o.MaxSetBytes)
+	case o.NodeDRAMBytes < 64<<20:
+		return fmt.Errorf("bench: store: node DRAM %d bytes is less than 64 MiB", o.NodeDRAMBytes)
+	}
+	return nil
+}
+
+// StoreSuite measures kvmesh's GET and SET of whole blocks through its Go
+// client, over the network path and the same-host shared-memory path, next
+// to Redis 7 driven by the same load loop (KVLoad) at the same value sizes
+// and concurrency in the same run, and next to the limits of each path (a
+// raw loopback TCP stream; memcpy).
+type StoreSuite struct {
+	Options StoreOptions
+}
+
+// Name returns "store".
+func (s *StoreSuite) Name() string { return "store" }
+
+// storePath is one way the client reaches the node.
+type storePath struct {
+	target    string // KVResult.Target
+	transport string // the node's data-plane transport it must use; "" for gRPC
+	opts      client.Options
+}
+
+// storePaths returns the paths the client of this build has, and why a
+// missing one is missing.
+func storePaths() (have []storePath, missing map[string]error) {
+	have = []storePath{
+		{target: "kvmesh-tcp", transport: "tcp", opts: client.Options{MaxRetries: -1, Transport: client.TransportTCP}},
+		{target: "kvmesh-shm", transport: "shm", opts: client.Options{MaxRetries: -1, Transport: client.TransportAuto}},
+	}
+	return have, nil
+}
+
+// pathShare runs load against t and, for a path over the node's data
+// plane, reports in PathShare how much of the load that transport carried.
+func pathShare(ctx context.Context, p storePath, httpAddr string, load func() (set, get KVResult, err error), keys, valueBytes int) (set, get KVResult, err error) {
+	var before map[string]float64
+	if p.transport != "" && httpAddr != "" {
+		before, _ = transferBytes(ctx, httpAddr)
+	}
+	set, get, err = load()
+	if err != nil || before == nil {
+		return set, get, err
+	}
+	after, err := transferBytes(ctx, httpAddr)
+	if err != nil {
+		return set, get, nil // the figure stays unmeasured
+	}
+	moved := float64(keys+int(get.Ops)+int(set.Ops)) * float64(valueBytes)
+	share := (after[p.transport] - before[p.transport]) / moved
+	get.PathShare, set.PathShare = &share, &share
+	return set, get, nil
+}
+
+// Run measures.
+func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
+	o := s.Options
+	o.EnsureDefaults(env.Quick, env.WorkDir)
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	res := &Result{Suite: s.Name()}
+	paths, missing := storePaths()
+	for _, name := range slices.Sorted(maps.Keys(missing)) {
+		res.Skip(name, missing[name])
+	}
+
+	addrs, stop, err := nodeAddrs(ctx, env, DaemonOptions{DRAMBytes: o.NodeDRAMBytes,
+		MaxBlockBytes: int64(max(16<<20, 2*slices.Max(o.BlockSizes)))})
+	if err != nil {
+		return res, err
+	}
+	defer stop()
+	httpAddr := ""
+	if c, err := client.Dial(addrs[0], client.Options{MaxRetries: -1}); err == nil {
+		httpAddr, _ = nodeHTTPAddr(ctx, c) // without it, path_share stays unmeasured
+		c.Close()
+	}
+	redis, err := StartRedis(ctx, o.Redis)
+	switch {
+	case errors.Is(err, ErrMissing):
+		res.Skip("redis", err)
+	case err != nil:
+		return res, err
+	default:
+		defer redis.Close()
+	}
+
+	loads := len(o.BlockSizes) * len(o.Concurrency) * (len(paths) + 1)
+	bar := env.Progress.Bar(int64(loads+2*len(o.BlockSizes)), "store")
+	defer bar.Finish()
+
+	var limits []limitRow
+	for _, b := range o.BlockSizes {
+		bar.Describe("store: limits " + formatBytes(float64(b)))
+		l, err := measureLimits(ctx, b, o.Duration, o.DataSetBytes)
+		if err != nil {
+			return res, err
+		}
+		limits = append(limits, l)
+		bar.Add(2)
+	}
+	res.AddTable("limits", "limits on this machine: raw TCP stream on 127.0.0.1 (one connection) and memcpy from DRAM, per block size", limits)
+
+	var rows []KVResult
+	for _, b := range o.BlockSizes {
+		for _, c := range o.Concurrency {
+			load := KVLoadOptions{ValueBytes: b, Concurrency: c, Duration: o.Duration,
+				Keys: max(2*c, o.DataSetBytes/b), MaxSetBytes: o.MaxSetBytes}
+			for _, p := range paths {
+				t, err := NodeKV(p.target, addrs[0], b, p.opts)
+				if err != nil {
+					return res, err
+				}
+				bar.Describe(fmt.Sprintf("store: %s %s × %d", t.Name(), formatBytes(float64(b)), c))
+				set, get, err := pathShare(ctx, p, httpAddr, func() (KVResult, KVResult, error) { return KVLoad(ctx, t, load) }, load.Keys, b)
+				if err != nil {
+					return res, err
+				}
+				rows = append(rows, get, set)
+				bar.Add(1)
+			}
+			if redis != nil {
+				bar.Describe(fmt.Sprintf("store: redis %s × %d", formatBytes(float64(b)), c))
+				set, get, err := KVLoad(ctx, redis.Target(), load)
+				if err != nil {
+					return res, err
+				}
+				rows = append(rows, get, set)
+				bar.Add(1)
+			}
+		}
+	}
+	storeRatios(rows, limits)
+	title := "GET and SET of whole blocks, one request in flight per connection; kvmesh through its Go client"
+	if redis != nil {
+		title += fmt.Sprintf(", Redis %s (persistence off) by the same load loop", redis.Version())
+	}
+	res.AddTable("store", title, rows)
+	storeChecks(res, rows)
+	res.Note("SET writes keys never written before (a block store answers a SET of a block it holds without storing it); " +
+		"GET reads random keys of the data set filled before it. GB/s count value bytes only.")
+	for _, op := range []string{"get", "set"} {
+		if err := SavePlot(env, res, "store_"+op+"_vs_block_size",
+			ThroughputPlot(fmt.Sprintf("store %s: kvmesh vs Redis and the limits", op), storeSeries(rows, limits, op)...)); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// limitRow is the limits of one block size.
+type limitRow struct {
+	BlockBytes   int     `json:"block_bytes"`
+	RawTCPGBps   float64 `json:"raw_tcp_gbps"`
+	MemcpyGBps   float64 `json:"memcpy_gbps"`
+	MemcpyBytes  int     `json:"memcpy_working_set_bytes" table:"-"`
+	RawTCPSecond float64 `json:"raw_tcp_s" table:"-"`
+}
+
+// measureLimits measures a raw TCP stream and memcpy (through a working
+// set of workingSet bytes, from DRAM) at block size b.
+func measureLimits(ctx context.Context, b int, d time.Duration, workingSet int) (limitRow, error) {
+	t, err := RawTCP(ctx, TCPOptions{Conns: 1, WriteBytes: b, Duration: d})
+	if err != nil {
+		return limitRow{}, err
+	}
+	m, err := Memcpy(ctx, MemcpyOptions{BlockBytes: b, WorkingSetBytes: max(workingSet, 4*b), Duration: d})
+	if err != nil {
+		return limitRow{}, err
+	}
+	return limitRow{BlockBytes: b, RawTCPGBps: t.GBps, MemcpyGBps: m.GBps, MemcpyBytes: m.WorkingSetBytes, RawTCPSecond: t.Seconds}, nil
+}
+
+// storeRatios fills the ratios of kvmesh's rows: against Redis at the same
+// op, size and concurrency, against the raw TCP stream (network path) or
+// memcpy (shared memory) at the same size.
+func storeRatios(rows []KVResult, limits []limitRow) {
+	for i := range rows {
+		r := &rows[i]
+		if r.Target == "redis" {
+			continue
+		}
+		if peer, ok := findKVTarget(rows, "redis", r.Op, r.ValueBytes, r.Concurrency); ok {
+			r.RatioVsRedis = Ratio(r.GBps, peer.GBps)
+		}
+		for _, l := range limits {
+			if l.BlockBytes != r.ValueBytes {
+				continue
+			}
+			if r.Target == "kvmesh-shm" {
+				r.RatioVsMemcpy = Ratio(r.GBps, l.MemcpyGBps)
+			} else {
+				r.RatioVsRawTCP = Ratio(r.GBps, l.RawTCPGBps)
+			}
+		}
+	}
+}
+
+func findKVTarget(rows []KVResult, target, op string, size, conc int) (KVResult, bool) {
+	for _, r := range rows {
+		if r.Target == target && r.Op == op && r.ValueBytes == size && r.Concurrency == conc {
+			return r, true
+		}
+	}
+	return KVResult{}, false
+}
+
+// storeChecks adds DESIGN's store targets: over the network path, GET and
+// SET ≥ 1.2× Redis at every size and concurrency; through shared memory,
+// GET ≥ 4× Redis GET. Each check is the worst ratio over the sizes and
+// concurrencies measured.
+func storeChecks(res *Result, rows []KVResult) {
+	worst := func(target, op string) (float64, bool) {
+		w, found := 0.0, false
+		for _, r := range rows {
+			if r.Target == target && r.Op == op && r.RatioVsRedis != nil {
+				if !found || *r.RatioVsRedis < w {
+					w = *r.RatioVsRedis
+				}
+				found = true
+			}
+		}
+		return w, found
+	}
+	for _, c := range []struct {
+		target, op string
+		target2    float64
+	}{{"kvmesh-tcp", "get", 1.2}, {"kvmesh-tcp", "set", 1.2}, {"kvmesh-shm", "get", 4}} {
+		if w, ok := worst(c.target, c.op); ok {
+			res.Checks = append(res.Checks, NewCheck(fmt.Sprintf("store: %s %s vs Redis %s, every size and concurrency", c.target, c.op, c.op),
+				"min ratio_vs_redis", w, ">=", c.target2, BackendKvmesh))
+		}
+	}
+}
+
+// storeSeries returns the plot series of op: kvmesh solid, Redis and the
+// limits dashed.
+func storeSeries(rows []KVResult, limits []limitRow, op string) []Series {
+	out := GroupSeries(rows, func(r KVResult) (string, bool, bool, float64, float64) {
+		return fmt.Sprintf("%s c=%d", r.Target, r.Concurrency), r.Target == "redis", r.Op != op, float64(r.ValueBytes), r.GBps
+	})
+	raw := Series{Name: "raw TCP stream", Dashed: true}
+	for _, l := range limits {
+		raw.X, raw.Y = append(raw.X, float64(l.BlockBytes)), append(raw.Y, l.RawTCPGBps)
+	}
+	return append(out, raw)
+}

@@ -1,0 +1,338 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/prefill"
+)
+
+// The kvmesh suites, run small. Suites that need a node get one served in
+// this process (node.Open over the real tiers) through Env.Addrs, the path
+// `--addr` takes; starting `kvmesh serve` processes is tested by
+// cmd/kvmesh, which has the binary.
+
+// inProcessNode serves a node on loopback ports until the test ends and
+// returns its gRPC address.
+func inProcessNode(t *testing.T) string {
+	t.Helper()
+	n, err := node.Open(node.Options{
+		NodeID: "bench-test", DataDir: t.TempDir(),
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+		DRAMBytes: 256 << 20, NVMeBytes: 64 << 20,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("node: %v", err)
+		}
+	})
+	return n.GRPCAddr()
+}
+
+// runSuite runs s and fails the test on an error; the result must carry
+// the suite's tables by name.
+func runSuite(t *testing.T, s Suite, env *Env, tables ...string) *Result {
+	t.Helper()
+	if env.WorkDir == "" {
+		env.WorkDir = t.TempDir()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	res, err := s.Run(ctx, env)
+	if err != nil {
+		t.Fatalf("%s: %v", s.Name(), err)
+	}
+	var names []string
+	for _, tb := range res.Tables {
+		names = append(names, tb.Name)
+	}
+	if strings.Join(names, ",") != strings.Join(tables, ",") {
+		t.Fatalf("%s: tables %v, want %v", s.Name(), names, tables)
+	}
+	// Every table serializes under its JSON names.
+	if _, err := json.Marshal(res); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func table[T any](t *testing.T, res *Result, name string) []T {
+	t.Helper()
+	for _, tb := range res.Tables {
+		if tb.Name == name {
+			return tb.Rows.([]T)
+		}
+	}
+	t.Fatalf("no table %q", name)
+	return nil
+}
+
+func check(t *testing.T, res *Result, figure string) Check {
+	t.Helper()
+	for _, c := range res.Checks {
+		if c.Figure == figure {
+			return c
+		}
+	}
+	t.Fatalf("no check of %q in %+v", figure, res.Checks)
+	return Check{}
+}
+
+func TestTransferSuite(t *testing.T) {
+	env := &Env{OutDir: t.TempDir()}
+	s := &TransferSuite{Options: TransferOptions{BlockSizes: []int{64 << 10, 1 << 20}, Conns: []int{1, 2}, Batches: 2,
+		BatchBytes: 2 << 20, SourceBytes: 4 << 20}}
+	res := runSuite(t, s, env, "transfer")
+	rows := table[transferRow](t, res, "transfer")
+	var paths []string
+	for _, r := range rows[:len(rows)/2] {
+		paths = append(paths, r.Path)
+		if r.GBps <= 0 || r.BlockBytes != 64<<10 {
+			t.Errorf("row %+v", r)
+		}
+	}
+	if strings.Join(paths, ",") != "raw-tcp,kvmesh-tcp,kvmesh-tcp,kvmesh-shm,memcpy" {
+		t.Fatalf("paths %v", paths)
+	}
+	for _, r := range rows {
+		switch {
+		case r.Path == "kvmesh-tcp" && r.RatioVsRawTCP == nil,
+			r.Path == "kvmesh-shm" && r.RatioVsMemcpy == nil,
+			r.Path == "kvmesh-tcp" && (r.BlockBytes == 1<<20) != (r.RatioVsMooncakeTETCP != nil):
+			t.Errorf("ratios of %+v", r)
+		}
+	}
+	if c := check(t, res, "ratio_vs_raw_tcp"); c.Target != 0.85 || c.Backend != BackendKvmesh {
+		t.Errorf("check %+v", c)
+	}
+	check(t, res, "ratio_vs_mooncake_te_tcp")
+	checkPNG(t, res.Plots, 1)
+}
+
+func TestNVMeSuite(t *testing.T) {
+	s := &NVMeSuite{Options: NVMeOptions{DataBytes: 16 << 20, ReadTime: 50 * time.Millisecond, Rounds: 1, Readers: 2}}
+	res := runSuite(t, s, &Env{}, "nvme")
+	rows := table[nvmeRow](t, res, "nvme")
+	if len(rows) != 2 || rows[0].BlockBytes != 1<<20 || rows[1].BlockBytes != 256<<10 || rows[1].Jobs != 2 {
+		t.Fatalf("rows %+v", rows)
+	}
+	for _, r := range rows {
+		if r.KvmeshGBps <= 0 {
+			t.Errorf("%s: %v GB/s", r.Pattern, r.KvmeshGBps)
+		}
+	}
+	if _, err := exec.LookPath("fio"); err != nil || !rows[0].DirectIO {
+		if len(res.Skipped) == 0 {
+			t.Fatal("no fio (or no direct I/O) and nothing skipped")
+		}
+		return
+	}
+	for _, r := range rows {
+		if r.RatioVsFio == nil || r.FioGBps <= 0 {
+			t.Errorf("%s: no ratio to fio: %+v (skipped %v)", r.Pattern, r, res.Skipped)
+		}
+	}
+	check(t, res, "ratio_vs_fio")
+}
+
+func TestPrefillSuite(t *testing.T) {
+	env := &Env{OutDir: t.TempDir()}
+	cfg := prefill.Config{Layers: 1, Dim: 64, Heads: 2, KVHeads: 1, HeadDim: 16, FFNDim: 128, BlockTokens: 16, MaxContext: 1024}
+	s := &PrefillSuite{Options: PrefillOptions{PromptTokens: 256, Runs: 2, SgemmSize: 64, Config: cfg}}
+	res := runSuite(t, s, env, "prefill", "sgemm")
+	rows := table[prefillRow](t, res, "prefill")
+	// Fractions round down to whole blocks of 16: 128 and 224 tokens.
+	if len(rows) != 3 || rows[0].CachedTokens != 0 || rows[1].CachedTokens != 128 || rows[2].CachedTokens != 224 {
+		t.Fatalf("rows %+v", rows)
+	}
+	if rows[0].TTFTVsCold != 1 || rows[2].TTFTMS <= 0 || rows[2].FLOPFloor >= rows[1].FLOPFloor || rows[2].Runs != 2 {
+		t.Fatalf("rows %+v", rows)
+	}
+	if sg := table[sgemmRow](t, res, "sgemm"); sg[0].SgemmGFLOPS <= 0 {
+		t.Fatalf("sgemm %+v", sg)
+	}
+	check(t, res, "ttft_vs_cold")
+	checkPNG(t, res.Plots, 1)
+}
+
+func TestStoreSuite(t *testing.T) {
+	env := &Env{OutDir: t.TempDir(), Addrs: []string{inProcessNode(t)}}
+	s := &StoreSuite{Options: StoreOptions{BlockSizes: []int{64 << 10}, Concurrency: []int{2}, Duration: 100 * time.Millisecond,
+		DataSetBytes: 1 << 20, MaxSetBytes: 1 << 20, NodeDRAMBytes: 64 << 20}}
+	res := runSuite(t, s, env, "limits", "store")
+	rows := table[KVResult](t, res, "store")
+	_, redisErr := exec.LookPath("redis-server")
+	want := 4 // kvmesh-tcp and kvmesh-shm, GET and SET
+	if redisErr == nil {
+		want = 6
+	}
+	if len(rows) != want {
+		t.Fatalf("%d rows, want %d: %+v", len(rows), want, rows)
+	}
+	for _, r := range rows {
+		if r.Ops < 1 || r.Errors != 0 || r.GBps <= 0 {
+			t.Errorf("%s %s: %+v", r.Target, r.Op, r)
+		}
+		if r.Target == "redis" {
+			continue
+		}
+		if (redisErr == nil) != (r.RatioVsRedis != nil) || (r.Target == "kvmesh-tcp") != (r.RatioVsRawTCP != nil) ||
+			(r.Target == "kvmesh-shm") != (r.RatioVsMemcpy != nil) {
+			t.Errorf("%s %s: ratios %+v", r.Target, r.Op, r)
+		}
+		// The node's data plane carried the load over the row's transport.
+		if r.PathShare == nil || *r.PathShare < 0.9 {
+			t.Errorf("%s %s: path_share %v", r.Target, r.Op, r.PathShare)
+		}
+	}
+	// SETs write new keys, at most MaxSetBytes of them.
+	if set := rows[1]; set.Op != "set" || set.Ops > 16 {
+		t.Errorf("set row %+v: more than 1 MiB of 64 KiB values", set)
+	}
+	if redisErr == nil {
+		check(t, res, "min ratio_vs_redis")
+	}
+	checkPNG(t, res.Plots, 2)
+}
+
+func TestLookupSuite(t *testing.T) {
+	env := &Env{Addrs: []string{inProcessNode(t)}}
+	s := &LookupSuite{Options: LookupOptions{PromptTokens: []int{64, 1024}, Lookups: 5, HashRuns: 1, Nodes: []int{1, 4}}}
+	res := runSuite(t, s, env, "hashing", "lookup")
+	rows := table[lookupRow](t, res, "lookup")
+	if len(rows) != 2 { // --addr: that cluster only, whatever Nodes says
+		t.Fatalf("rows %+v", rows)
+	}
+	for _, r := range rows {
+		if r.Nodes != 1 || r.CachedTokens != r.PromptTokens || r.Errors != 0 || r.P50MS <= 0 || r.P99MS < r.P50MS {
+			t.Errorf("row %+v", r)
+		}
+	}
+	h := table[hashRow](t, res, "hashing")
+	if len(h) != 2 || h[0].BlockTokens != 16 || h[1].BlockTokens != 512 || h[1].HashingGBps <= 0 || h[1].XXHashGBps <= 0 {
+		t.Fatalf("hashing %+v", h)
+	}
+	check(t, res, "hashing_gbps")
+}
+
+func TestTraceSuiteOnKvmesh(t *testing.T) {
+	env := &Env{OutDir: t.TempDir(), Addrs: []string{inProcessNode(t)}}
+	s := &TraceSuite{Options: TraceOptions{TracePath: "testdata/small_trace.jsonl", Sweep: []float64{1}}}
+	res := runSuite(t, s, env, "ideal", "replay", "simulation", "capacity_sweep")
+	rows := table[ReplayStats](t, res, "replay")
+	// Local-only needs separate nodes, which --addr cannot give: skipped.
+	if len(rows) != 2 || len(res.Skipped) != 2 {
+		t.Fatalf("%d rows, skipped %v", len(rows), res.Skipped)
+	}
+	for _, r := range rows {
+		// One node holds everything: the hand-worked 6 hits of the small
+		// trace, as the simulation finds.
+		if r.Backend != BackendKvmesh || r.LocalOnly || r.HitBlocks != 6 || r.LookupErrors+r.PutErrors != 0 || r.Nodes != 1 {
+			t.Errorf("row %+v", r)
+		}
+	}
+	if c := check(t, res, "hit_ratio / ideal_hit_ratio"); c.Backend != BackendKvmesh {
+		t.Errorf("check %+v", c)
+	}
+	if sim := table[ReplayStats](t, res, "simulation"); len(sim) != 8 || sim[0].Backend != BackendSimulation {
+		t.Fatalf("simulation rows %+v", sim)
+	}
+}
+
+func TestStartDaemonsFailsFast(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A binary that exits at once: the error says so, long before the
+	// start timeout.
+	start := time.Now()
+	_, err := StartDaemons(ctx, DaemonOptions{Binary: "false", Dir: t.TempDir(), Nodes: 2})
+	if err == nil || !strings.Contains(err.Error(), "exited at start") || time.Since(start) > 20*time.Second {
+		t.Fatalf("err = %v after %v", err, time.Since(start))
+	}
+	if _, err := StartDaemons(ctx, DaemonOptions{Dir: t.TempDir()}); !errors.Is(err, ErrNoBinary) {
+		t.Fatalf("no binary: %v", err)
+	}
+	// A suite that needs nodes, with neither a binary nor --addr, says what
+	// to do.
+	_, err = (&StoreSuite{}).Run(ctx, &Env{WorkDir: t.TempDir(), Quick: true})
+	if !errors.Is(err, ErrNoBinary) || !strings.Contains(err.Error(), "--addr") {
+		t.Fatalf("store suite without nodes: %v", err)
+	}
+}
+
+func TestTransferBytes(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `# HELP kvmesh_transfer_bytes_total Value bytes the data plane sent (op=get) or received (op=put).
+# TYPE kvmesh_transfer_bytes_total counter
+kvmesh_transfer_bytes_total{op="get",transport="shm"} 1.5e+06
+kvmesh_transfer_bytes_total{op="put",transport="shm"} 500000
+kvmesh_transfer_bytes_total{op="get",transport="tcp"} 42
+kvmesh_transfer_values_total{op="get",transport="tcp"} 7
+`)
+	}))
+	defer srv.Close()
+	got, err := transferBytes(context.Background(), strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got["shm"] != 2e6 || got["tcp"] != 42 {
+		t.Fatalf("transferBytes = %v", got)
+	}
+}
+
+func TestPidCPU(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("CPU time of other processes is read from /proc")
+	}
+	if pidCPU(0) != 0 || pidCPU(-1) != 0 {
+		t.Fatal("CPU time of no process")
+	}
+	// This process has run the tests before this one: it has used CPU.
+	deadline := time.Now().Add(10 * time.Second)
+	x := 0
+	for pidCPU(os.Getpid()) == 0 && time.Now().Before(deadline) {
+		for i := range 1 << 20 {
+			x ^= i * i
+		}
+	}
+	if got := pidCPU(os.Getpid()); got <= 0 || got > processCPU()+time.Second {
+		t.Fatalf("pidCPU(self) = %v, processCPU %v (%d)", got, processCPU(), x)
+	}
+}
+
+func TestPrefillSuiteOnNode(t *testing.T) {
+	env := &Env{Addrs: []string{inProcessNode(t)}}
+	s := &PrefillSuite{Options: PrefillOptions{PromptTokens: 256, Runs: 1, SgemmSize: 64}}
+	res := runSuite(t, s, env, "prefill", "sgemm")
+	rows := table[prefillRow](t, res, "prefill")
+	// The node's engine has 64-token blocks: 50% is 128 tokens, 90% 192.
+	if len(rows) != 3 || rows[1].CachedTokens != 128 || rows[2].CachedTokens != 192 {
+		t.Fatalf("rows %+v", rows)
+	}
+	for _, r := range rows {
+		if r.Backend != BackendKvmesh || r.TTFTMS <= 0 || r.GFLOP <= 0 {
+			t.Errorf("row %+v", r)
+		}
+	}
+	check(t, res, "ttft_vs_cold")
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvmesh/kvmesh/bench"
+)
+
+// benchFlags are kvmesh bench's flags.
+type benchFlags struct {
+	quick    bool
+	output   string
+	out      string
+	workDir  string
+	addr     []string
+	trace    string
+	requests int
+	nodes    int
+	routing  string
+	logLevel string
+}
+
+func benchCmd() *cobra.Command {
+	f := &benchFlags{}
+	c := &cobra.Command{
+		Use:   "bench SUITE... [--quick] [-o table|json] [--out DIR]",
+		Short: "Measure kvmesh next to its peers (Redis, raw TCP, memcpy, fio) and the machine's limits",
+		Long: `Measure kvmesh on this machine, next to the peer a user would pick instead and the
+physical limit, both measured in the same run; figures are reported as ratios.
+
+Suites:
+  transfer   data plane: transfer client vs raw TCP stream, shared memory vs copy()
+  store      GET/SET of 64KiB, 1MiB, 4MiB blocks at concurrency 4 and 16, vs Redis
+  lookup     longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes; hashing
+  nvme       the NVMe tier vs fio (sequential direct write, random direct read)
+  prefill    time to first token vs cached fraction of an 8k prompt; GFLOP/s vs Sgemm
+  trace      a Mooncake trace replayed on N nodes: hit ratio vs the trace's ideal
+  peers      the peers and limits alone (memcpy, raw TCP, Redis, fio)
+  all        every suite but peers
+
+Suites that need nodes start them as separate 'kvmesh serve' processes on
+127.0.0.1 (free ports, a temporary data dir each), unless --addr names a
+running cluster. A missing peer (no redis-server, no fio) is reported and
+skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
+
+  kvmesh bench all --quick -o json --out bench-out
+  kvmesh bench trace --trace conversation_trace.jsonl --nodes 4 --routing random`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return errors.New("name a suite (transfer, store, lookup, nvme, prefill, trace, peers) or all; see 'kvmesh bench --help'")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error { return f.run(cmd, args) },
+	}
+	fs := c.Flags()
+	fs.SortFlags = false
+	fs.BoolVar(&f.quick, "quick", false, "small variant of every suite (CI)")
+	fs.StringVarP(&f.output, "output", "o", "table", "table or json")
+	fs.StringVar(&f.out, "out", "", "directory for PNG plots (none without it)")
+	fs.StringSliceVar(&f.addr, "addr", nil, "gRPC addresses HOST:PORT,... of a running cluster to measure instead of starting nodes")
+	fs.StringVar(&f.trace, "trace", "", "trace suite: Mooncake-format trace (JSONL, .gz ok; default: the bundled conversation trace)")
+	fs.IntVar(&f.requests, "requests", 0, "trace suite: replay only the first N requests (default: all; --quick: fewer)")
+	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4)")
+	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
+	fs.StringVar(&f.workDir, "work-dir", "", "scratch directory, on the disk the nvme suite measures (default: a temporary directory)")
+	fs.StringVar(&f.logLevel, "log-level", "warn", "debug, info, warn or error (logs go to stderr)")
+	return c
+}
+
+func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
+	if err := envLayer(cmd); err != nil {
+		return err
+	}
+	format, err := bench.ParseFormat(f.output)
+	if err != nil {
+		return fmt.Errorf("-o %q: want table or json", f.output)
+	}
+	routing, err := bench.ParsePolicy(f.routing)
+	if err != nil {
+		return fmt.Errorf("--routing: %w", err)
+	}
+	if f.nodes < 0 || f.requests < 0 {
+		return errors.New("--nodes and --requests must not be negative")
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+	}
+	suites, err := bench.Select(bench.Suites(bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
+		Nodes: f.nodes, Routing: routing}), names)
+	if err != nil {
+		return fmt.Errorf("%w; see 'kvmesh bench --help'", err)
+	}
+	binary, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("cannot find the kvmesh binary to start nodes with (%w); pass --addr HOST:PORT of a running cluster", err)
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	rep, err := bench.Run(ctx, suites, bench.Env{
+		Quick: f.quick, OutDir: f.out, WorkDir: f.workDir, Binary: binary, Addrs: f.addr,
+		Progress: bench.ProgressFor(os.Stderr, format),
+		Log:      slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level})),
+	})
+	if rep != nil {
+		if werr := bench.Write(cmd.OutOrStdout(), rep, format); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	if errors.Is(err, context.Canceled) {
+		return errors.New("interrupted; the figures above are what completed")
+	}
+	if err != nil {
+		return err
+	}
+	if failed := rep.Failed(); len(failed) > 0 {
+		return fmt.Errorf("suite %s failed (see its error above)", strings.Join(failed, ", "))
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBenchTraceQuick runs `kvmesh bench trace --quick -o json --out DIR`
+// on the first requests of the bundled trace: the command starts its own
+// `kvmesh serve` processes (itself, os.Executable), replays on them and on
+// the simulation, and prints JSON whose fields say what they are.
+func TestBenchTraceQuick(t *testing.T) {
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary(t), "bench", "trace", "--quick", "--requests", "60", "--nodes", "2", "-o", "json", "--out", out)
+	cmd.Env = append(os.Environ(), "KVMESH_ADDR=") // start nodes, whatever the environment says
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("kvmesh bench trace: %v\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Quick  bool `json:"quick"`
+		Suites []struct {
+			Suite  string `json:"suite"`
+			Error  string `json:"error"`
+			Tables []struct {
+				Name string           `json:"name"`
+				Rows []map[string]any `json:"rows"`
+			} `json:"tables"`
+			Skipped []struct{ What, Reason string } `json:"skipped"`
+			Plots   []string                        `json:"plots"`
+		} `json:"suites"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	if !rep.Quick || len(rep.Suites) != 1 || rep.Suites[0].Suite != "trace" || rep.Suites[0].Error != "" {
+		t.Fatalf("report %+v", rep)
+	}
+	s := rep.Suites[0]
+	var replay []map[string]any
+	for _, tb := range s.Tables {
+		if tb.Name == "replay" {
+			replay = tb.Rows
+		}
+	}
+	// random and session-affinity, each pooled (a joined cluster) and
+	// local-only (separate nodes); sharing blocks across nodes is what
+	// makes random routing hit.
+	local := 0
+	ratio := map[string]float64{}
+	for _, r := range replay {
+		ratio[fmt.Sprintf("%v %v", r["routing"], r["local_only"])], _ = r["ratio_vs_ideal"].(float64)
+		if r["backend"] != "kvmesh" || r["requests"] != 60.0 {
+			t.Errorf("row %v", r)
+		}
+		for _, f := range []string{"hit_ratio", "ideal_hit_ratio", "ratio_vs_ideal", "routing", "local_only", "lookup_p99_ms"} {
+			if _, ok := r[f]; !ok {
+				t.Errorf("row without %s: %v", f, r)
+			}
+		}
+		if r["local_only"] == true {
+			local++
+		}
+	}
+	if local != 2 || len(replay) != 4 {
+		t.Fatalf("%d replay rows (%d local-only), skipped %v", len(replay), local, s.Skipped)
+	}
+	if ratio["random false"] <= ratio["random true"] {
+		t.Errorf("random routing: pooled %.3f of the ideal, local-only %.3f", ratio["random false"], ratio["random true"])
+	}
+	if len(s.Plots) != 1 || filepath.Dir(s.Plots[0]) != out {
+		t.Fatalf("plots %v", s.Plots)
+	}
+	if b, err := os.ReadFile(s.Plots[0]); err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Fatalf("plot %s: %v", s.Plots[0], err)
+	}
+}
+
+func TestBenchUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "nosuch"}, `unknown suite "nosuch"`},
+		{[]string{"bench", "trace", "-o", "yaml"}, "want table or json"},
+		{[]string{"bench", "trace", "--routing", "sticky"}, "--routing"},
+		{[]string{"bench"}, "name a suite"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(tc.args, &stdout, &stderr); code != 1 {
+			t.Errorf("%v: exit %d, want 1", tc.args, code)
+		}
+		msg := stderr.String()
+		if !strings.Contains(msg, tc.want) || strings.Count(strings.TrimSpace(msg), "\n") != 0 {
+			t.Errorf("%v: stderr %q, want one line with %q", tc.args, msg, tc.want)
+		}
+	}
+}
