@@ -272,3 +272,52 @@ func (c *Client) DropNamespace(ctx context.Context, ns prefixhash.Namespace) (in
 	}
 	return int(resp.GetDroppedBlocks()), nil
 }
+
+// Quota bounds the encoded block bytes one namespace may hold in each tier
+// of one node; 0 is unlimited.
+type Quota struct {
+	DRAMBytes, NVMeBytes int64
+}
+
+// SetQuota sets ns's own quota on the node (in place of the node's default;
+// kept across its restarts) and returns the namespace's usage and quota
+// after the change. Quotas are per node. It is retried: setting a quota
+// twice is harmless.
+func (c *Client) SetQuota(ctx context.Context, ns prefixhash.Namespace, q Quota) (*kvmeshv1.NamespaceQuota, error) {
+	return c.setQuota(ctx, ns, &kvmeshv1.Quota{DramBytes: uint64(max(q.DRAMBytes, 0)), NvmeBytes: uint64(max(q.NVMeBytes, 0))})
+}
+
+// ClearQuota removes ns's own quota on the node: its default applies again.
+func (c *Client) ClearQuota(ctx context.Context, ns prefixhash.Namespace) (*kvmeshv1.NamespaceQuota, error) {
+	return c.setQuota(ctx, ns, nil)
+}
+
+func (c *Client) setQuota(ctx context.Context, ns prefixhash.Namespace, q *kvmeshv1.Quota) (*kvmeshv1.NamespaceQuota, error) {
+	if err := checkNamespace(ns); err != nil {
+		return nil, err
+	}
+	req := &kvmeshv1.SetQuotaRequest{Namespace: NamespaceProto(ns), Quota: q, Clear: q == nil}
+	var resp *kvmeshv1.SetQuotaResponse
+	err := c.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.admin.SetQuota(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("client: set quota: %w", err)
+	}
+	return resp.GetNamespace(), nil
+}
+
+// Quotas returns the node's default quota and every namespace's usage and
+// quota there.
+func (c *Client) Quotas(ctx context.Context) (*kvmeshv1.QuotasResponse, error) {
+	var resp *kvmeshv1.QuotasResponse
+	err := c.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = c.admin.Quotas(ctx, &kvmeshv1.QuotasRequest{})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("client: quotas: %w", err)
+	}
+	return resp, nil
+}

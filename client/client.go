@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -40,8 +42,20 @@ type Options struct {
 	// in bytes: a guard against a node announcing absurd sizes. Default
 	// 64 MiB (the node's own default limit is 16 MiB).
 	MaxBlockBytes int
+	// TLS, when set, makes the client speak TLS 1.3 to the node, on gRPC
+	// and on its TCP data plane alike (transfer.LoadTLS builds one from PEM
+	// files: the CA that signs the node's certificate; a client
+	// certificate for a node that asks for one). The server name verified
+	// is TLS.ServerName, else the host of the address dialed. Default nil:
+	// plain TCP.
+	TLS *tls.Config
+	// Token is the bearer token presented to a node that asks for one: as
+	// "authorization: Bearer <token>" metadata on every gRPC call, and in
+	// the hello of every data-plane connection. Without TLS it travels in
+	// the clear. Default empty: none.
+	Token string
 	// DialOptions are added to Dial's (which default to an insecure
-	// transport: kvmesh runs inside a trusted network).
+	// transport, or TLS with Options.TLS), after them: theirs win.
 	DialOptions []grpc.DialOption
 	// Transport selects how block bytes travel: TransportAuto (the
 	// default) uses the node's shared-memory socket when the client runs
@@ -118,10 +132,20 @@ type Client struct {
 // for the connection: the first call does. Close releases it.
 func Dial(addr string, opts Options) (*Client, error) {
 	opts.ensureDefaults()
-	dopts := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	creds := insecure.NewCredentials()
+	if opts.TLS != nil {
+		cfg := opts.TLS.Clone()
+		cfg.MinVersion = max(cfg.MinVersion, tls.VersionTLS13)
+		creds = credentials.NewTLS(cfg)
+	}
+	dopts := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes), grpc.MaxCallSendMsgSize(opts.MaxMessageBytes)),
-	}, opts.DialOptions...)
+	}
+	if opts.Token != "" {
+		dopts = append(dopts, grpc.WithPerRPCCredentials(bearer(opts.Token)))
+	}
+	dopts = append(dopts, opts.DialOptions...)
 	conn, err := grpc.NewClient(addr, dopts...)
 	if err != nil {
 		return nil, fmt.Errorf("client: dial %s: %w", addr, err)
@@ -136,7 +160,8 @@ func Dial(addr string, opts Options) (*Client, error) {
 }
 
 // New returns a client over an existing connection, which the caller keeps
-// owning (Close does not close it). It panics on an unknown
+// owning (Close does not close it); the connection carries the node's
+// credentials, Options.TLS and Token serve the data plane only. It panics on an unknown
 // Options.Transport (Dial returns the error).
 func New(conn grpc.ClientConnInterface, opts Options) *Client {
 	c, err := newClient(conn, opts)
@@ -231,6 +256,17 @@ func (c *Client) once(ctx context.Context, call func(ctx context.Context) error)
 	defer cancel()
 	return call(ctx)
 }
+
+// bearer presents a token on every gRPC call.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+// RequireTransportSecurity is false: a node without TLS may still ask for
+// a token (it then travels in the clear).
+func (b bearer) RequireTransportSecurity() bool { return false }
 
 func checkNamespace(ns prefixhash.Namespace) error {
 	if err := ns.Validate(); err != nil {

@@ -80,7 +80,7 @@ func (d *dataPlane) transports(ctx context.Context) []transport {
 				d.mu.shmc = nil
 			}
 			// A unix socket on this host answers at once or not at all.
-			if c, err := transfer.DialShm(ctx, ni.shmSocket, nil); err == nil {
+			if c, err := transfer.DialShm(ctx, ni.shmSocket, &transfer.ShmClientOptions{Token: d.c.opts.Token}); err == nil {
 				d.mu.shmc, d.mu.shmPath = c, ni.shmSocket
 			} else {
 				d.mu.shmUntil = now.Add(retryAfter)
@@ -96,7 +96,9 @@ func (d *dataPlane) transports(ctx context.Context) []transport {
 				d.mu.tcp.Close()
 				d.mu.tcp = nil
 			}
-			c, err := transfer.NewClient(ni.dataAddr, nil) // connects on first use
+			// Connects on first use, as the gRPC connection does: TLS
+			// and token alike.
+			c, err := transfer.NewClient(ni.dataAddr, &transfer.ClientOptions{TLS: d.c.opts.TLS, Token: d.c.opts.Token})
 			if err != nil {
 				d.mu.tcpUntil = now.Add(retryAfter)
 				return out

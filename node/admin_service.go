@@ -55,20 +55,9 @@ func (s *adminService) Members(context.Context, *kvmeshv1.MembersRequest) (*kvme
 }
 
 func (s *adminService) DropNamespace(_ context.Context, req *kvmeshv1.DropNamespaceRequest) (*kvmeshv1.DropNamespaceResponse, error) {
-	var digest uint64
-	switch {
-	case req.GetNamespace() != nil && req.GetDigest() != 0:
-		return nil, invalid("namespace", "set namespace or digest, not both")
-	case req.GetNamespace() != nil:
-		ns, err := s.n.namespace(req.GetNamespace())
-		if err != nil {
-			return nil, err
-		}
-		digest = ns.Digest()
-	case req.GetDigest() != 0:
-		digest = req.GetDigest()
-	default:
-		return nil, invalid("namespace", "set namespace or digest")
+	digest, err := s.n.namespaceDigest(req.GetNamespace(), req.GetDigest())
+	if err != nil {
+		return nil, err
 	}
 	dropped, err := s.n.cache.DropNamespace(digest)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/store"
 )
 
 // Cache is the cache as the services use it: in production the cluster as
@@ -88,6 +89,9 @@ var (
 	ErrNotFound = errors.New("node: block not cached")
 	ErrFull     = errors.New("node: cache full")
 	ErrClosed   = errors.New("node: cache closed")
+	// ErrQuota comes wrapped with ErrFull: the block's namespace has no
+	// room within its quota.
+	ErrQuota = store.ErrQuota
 )
 
 // BlockInfo describes a cached block.
@@ -108,6 +112,11 @@ type TierStats struct {
 type NamespaceStats struct {
 	Digest                uint64
 	Blocks, Bytes, Tokens int64
+	// DRAMBytes and NVMeBytes split Bytes by tier; QuotaDRAM and QuotaNVMe
+	// are the namespace's quota in force (0: unlimited). Zero for a cache
+	// without tiers or quotas.
+	DRAMBytes, NVMeBytes int64
+	QuotaDRAM, QuotaNVMe int64
 }
 
 // CacheStats are a Cache's counters. Counts are totals since the cache was
@@ -115,5 +124,9 @@ type NamespaceStats struct {
 type CacheStats struct {
 	Tiers                                          []TierStats
 	Hits, Misses, Evictions, Demotions, Promotions int64
-	Namespaces                                     []NamespaceStats
+	// QuotaRefused counts writes refused by their namespace's quota;
+	// CorruptDrops, blocks dropped because they failed verification when
+	// read (counted in Misses too).
+	QuotaRefused, CorruptDrops int64
+	Namespaces                 []NamespaceStats
 }

@@ -38,6 +38,7 @@ type clusterCache struct {
 	rdma                                  []string
 
 	refused   atomic.Int64 // data-plane values refused by the sink
+	quotaMu   sync.Mutex   // orders quota changes and their saving (quota.go)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -48,7 +49,8 @@ var _ Cache = (*clusterCache)(nil)
 // returns the cache of the cluster as this node sees it. grpcAddr and
 // httpAddr are the addresses the node's listeners are bound to. On error
 // everything started is stopped; local stays the caller's.
-func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, peerSeconds *prometheus.HistogramVec) (_ *clusterCache, err error) {
+// tokens (nil: none) guard the data plane as they guard the gRPC API.
+func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, peerSeconds *prometheus.HistogramVec, tokens *transfer.Tokens) (_ *clusterCache, err error) {
 	c := &clusterCache{opts: opts, local: local, log: opts.Logger, hostID: hostID()}
 	defer func() {
 		if err != nil {
@@ -66,7 +68,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		lim.MaxValueSize = opts.MaxBlockBytes
 	}
 	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.MaxBlockBytes, refused: &c.refused}
-	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim}, opts.Logger); err != nil {
+	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.TLS, Tokens: tokens}, opts.Logger); err != nil {
 		return nil, fmt.Errorf("node: data plane: %w", err)
 	}
 	dataAddr, err := c.data.Listen(opts.DataAddr)
@@ -75,7 +77,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	}
 	c.dataAddr = advertised(dataAddr.String(), adv)
 	if opts.ShmSocket != ShmOff {
-		if c.shm, err = transfer.NewShmServer(src, sink, &transfer.ShmServerOptions{Limits: lim, RegionSize: opts.ShmRegionBytes}, opts.Logger); err != nil {
+		if c.shm, err = transfer.NewShmServer(src, sink, &transfer.ShmServerOptions{Limits: lim, RegionSize: opts.ShmRegionBytes, Tokens: tokens}, opts.Logger); err != nil {
 			return nil, fmt.Errorf("node: shared-memory data plane: %w", err)
 		}
 		if err := removeStaleSocket(opts.ShmSocket); err != nil {
@@ -110,7 +112,8 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	if peerSeconds != nil {
 		obs = func(op, result string, d time.Duration) { peerSeconds.WithLabelValues(op, result).Observe(d.Seconds()) }
 	}
-	c.peers = newPeers(c.members, transfer.ClientOptions{Limits: lim}, opts.PeerBackoff, opts.MaxMessageBytes, obs, opts.Logger)
+	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.PeerTLS, Token: firstToken(opts.Tokens)}
+	c.peers = newPeers(c.members, peerOpts, opts.PeerBackoff, opts.MaxMessageBytes, obs, opts.Logger)
 	c.cluster, err = store.NewCluster(local, placementView{c.members}, c.peers, store.ClusterOptions{
 		ChunkTokens: opts.ChunkTokens, Replicas: opts.Replicas, LookupTimeout: opts.LookupTimeout, GetTimeout: opts.GetTimeout,
 	})

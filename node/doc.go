@@ -83,6 +83,39 @@
 // it. An empty prompt, a token outside the vocabulary or a prompt longer
 // than the model's context is InvalidArgument naming "tokens".
 //
+// # Security
+//
+// With Options.TLS the gRPC API and the TCP data plane speak TLS 1.3 only,
+// from one configuration (transfer.LoadTLS); its ClientAuth makes both
+// mutual TLS. The node reaches its peers (data plane and PeerService) with
+// Options.PeerTLS, so with mutual TLS a cluster admits only nodes holding a
+// certificate of its CA. Failed handshakes are counted
+// (kvmesh_grpc_tls_handshake_failures_total, and per data-plane transport
+// kvmesh_transfer_unauthorized_connections_total).
+//
+// With Options.Tokens every gRPC call must carry "authorization: Bearer
+// <token>" metadata with an accepted token (an interceptor on unary and
+// streaming calls alike, reflection included, before any handler runs),
+// and every data-plane connection, TCP or shared memory, must present one
+// in its hello; a refusal is Unauthenticated (gRPC) or ErrAuth (data plane)
+// with a message saying why, and is counted
+// (kvmesh_grpc_refused_requests_total by reason). Health checking
+// (grpc.health.v1.Health) stays open: load balancers and Kubernetes probes
+// carry no credentials, and it tells a caller only that the node is up.
+// Tokens are compared as SHA-256 digests in constant time; SetTokens rotates
+// the accepted set at run time. The node presents the first token to its
+// peers. Membership gossip is guarded separately, by Options.GossipKey.
+//
+// Tenants are namespaces that differ by their salt: their keys differ, and a
+// block is served only under the namespace it was written in, so a tenant
+// never reads another's blocks, not even by their exact keys (see
+// cacheService.sendBlock). Exists answers for keys alone: a key is a 128-bit
+// hash of the namespace, salt included, and the tokens, so only a holder of
+// both can ask about it. Per-namespace quotas (store.Local's: Options'
+// QuotaDRAMBytes and QuotaNVMeBytes as the default, AdminService.SetQuota per
+// namespace, kept in DataDir/quotas.json) bound what a tenant holds in each
+// tier; a write its quota has no room for is answered ResourceExhausted.
+//
 // # Deadlines and shutdown
 //
 // Every request runs under the client's deadline and at most RequestTimeout;

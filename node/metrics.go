@@ -80,7 +80,7 @@ func newPeerHistogram() *prometheus.HistogramVec {
 type clusterCollector struct {
 	c *clusterCache
 
-	members, refused                                                 *prometheus.Desc
+	members, refused, unauthorized                                   *prometheus.Desc
 	lookups, lookupFails, gets, getFails, remoteBlocks, pushed       *prometheus.Desc
 	conns, connsRefused, requests, dropped, values, bytes, regionUse *prometheus.Desc
 }
@@ -101,6 +101,7 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 		refused:      d("kvmesh_transfer_refused_blocks_total", "Blocks pushed to this node over the data plane that were refused: not the block their key named, or failing verification."),
 		conns:        d("kvmesh_transfer_connections", "Open data-plane connections (shm: clients).", "transport"),
 		connsRefused: d("kvmesh_transfer_refused_connections_total", "Data-plane connections closed at accept, over the limit.", "transport"),
+		unauthorized: d("kvmesh_transfer_unauthorized_connections_total", "Data-plane connections refused before serving: TLS failed, bearer token missing or not accepted.", "transport"),
 		requests:     d("kvmesh_transfer_requests_total", "Data-plane requests served.", "transport"),
 		dropped:      d("kvmesh_transfer_dropped_connections_total", "Data-plane connections dropped for a bad frame, a limit or an I/O error.", "transport"),
 		values:       d("kvmesh_transfer_values_total", "Values the data plane served (op=get: sent; op=get_miss: asked for and not sent) or received (op=put).", "transport", "op"),
@@ -110,7 +111,7 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 }
 
 func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.members, c.refused, c.lookups, c.lookupFails, c.gets, c.getFails, c.remoteBlocks,
+	for _, d := range []*prometheus.Desc{c.members, c.refused, c.unauthorized, c.lookups, c.lookupFails, c.gets, c.getFails, c.remoteBlocks,
 		c.pushed, c.conns, c.connsRefused, c.requests, c.dropped, c.values, c.bytes, c.regionUse} {
 		ch <- d
 	}
@@ -151,6 +152,7 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		t := s.stats()
 		metric(c.conns, prometheus.GaugeValue, float64(t.Conns), s.name)
 		counter(c.connsRefused, uint64(t.Refused), s.name)
+		counter(c.unauthorized, uint64(t.Unauthorized), s.name)
 		counter(c.requests, uint64(t.Requests), s.name)
 		counter(c.dropped, uint64(t.Dropped), s.name)
 		counter(c.values, uint64(t.Hits), s.name, "get")
@@ -206,8 +208,10 @@ func (s *ctxStream) Context() context.Context { return s.ctx }
 type cacheCollector struct {
 	cache                                                  Cache
 	hits, misses, evictions, demotions, promotions         *prometheus.Desc
+	quotaRefused, corruptDrops                             *prometheus.Desc
 	tierBlocks, tierBytes, tierCapacity                    *prometheus.Desc
 	namespaceBlocks, namespaceBytes, namespaceTokensCached *prometheus.Desc
+	namespaceTierBytes, namespaceQuota                     *prometheus.Desc
 }
 
 func newCacheCollector(cache Cache) *cacheCollector {
@@ -221,18 +225,23 @@ func newCacheCollector(cache Cache) *cacheCollector {
 		evictions:             d("kvmesh_cache_evictions_total", "Blocks dropped from the cache to make room."),
 		demotions:             d("kvmesh_cache_demotions_total", "Blocks moved one tier down under pressure."),
 		promotions:            d("kvmesh_cache_promotions_total", "Blocks moved one tier up on a hit."),
+		quotaRefused:          d("kvmesh_cache_quota_refused_total", "Writes refused because their namespace had no room within its quota (answered ResourceExhausted)."),
+		corruptDrops:          d("kvmesh_cache_corrupt_drops_total", "Blocks dropped because they failed verification when read (corrupt or torn on disk); each read of one is a miss."),
 		tierBlocks:            d("kvmesh_tier_blocks", "Blocks held by a tier.", "tier"),
 		tierBytes:             d("kvmesh_tier_bytes", "Encoded block bytes held by a tier.", "tier"),
 		tierCapacity:          d("kvmesh_tier_capacity_bytes", "A tier's configured capacity.", "tier"),
 		namespaceBlocks:       d("kvmesh_namespace_blocks", "Blocks cached per namespace (digest in hex).", "namespace"),
 		namespaceBytes:        d("kvmesh_namespace_bytes", "Encoded bytes cached per namespace (digest in hex).", "namespace"),
 		namespaceTokensCached: d("kvmesh_namespace_tokens", "Tokens held by the cached blocks of a namespace (digest in hex).", "namespace"),
+		namespaceTierBytes:    d("kvmesh_namespace_tier_bytes", "Encoded bytes of a namespace (digest in hex) held by a tier: what its quota bounds.", "namespace", "tier"),
+		namespaceQuota:        d("kvmesh_namespace_quota_bytes", "A namespace's quota (digest in hex) in a tier, in encoded bytes; absent when unlimited.", "namespace", "tier"),
 	}
 }
 
 func (c *cacheCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.evictions, c.demotions, c.promotions,
-		c.tierBlocks, c.tierBytes, c.tierCapacity, c.namespaceBlocks, c.namespaceBytes, c.namespaceTokensCached} {
+	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.evictions, c.demotions, c.promotions, c.quotaRefused, c.corruptDrops,
+		c.tierBlocks, c.tierBytes, c.tierCapacity, c.namespaceBlocks, c.namespaceBytes, c.namespaceTokensCached,
+		c.namespaceTierBytes, c.namespaceQuota} {
 		ch <- d
 	}
 }
@@ -242,14 +251,16 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v int64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
 	}
-	gauge := func(d *prometheus.Desc, v int64, label string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), label)
+	gauge := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
 	}
 	counter(c.hits, s.Hits)
 	counter(c.misses, s.Misses)
 	counter(c.evictions, s.Evictions)
 	counter(c.demotions, s.Demotions)
 	counter(c.promotions, s.Promotions)
+	counter(c.quotaRefused, s.QuotaRefused)
+	counter(c.corruptDrops, s.CorruptDrops)
 	for _, t := range s.Tiers {
 		gauge(c.tierBlocks, t.Blocks, t.Name)
 		gauge(c.tierBytes, t.Bytes, t.Name)
@@ -260,5 +271,15 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.namespaceBlocks, ns.Blocks, name)
 		gauge(c.namespaceBytes, ns.Bytes, name)
 		gauge(c.namespaceTokensCached, ns.Tokens, name)
+		gauge(c.namespaceTierBytes, ns.DRAMBytes, name, "dram")
+		gauge(c.namespaceTierBytes, ns.NVMeBytes, name, "nvme")
+		for _, q := range []struct {
+			tier  string
+			bytes int64
+		}{{"dram", ns.QuotaDRAM}, {"nvme", ns.QuotaNVMe}} {
+			if q.bytes > 0 {
+				gauge(c.namespaceQuota, q.bytes, name, q.tier)
+			}
+		}
 	}
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // Node is one kvmesh daemon: the gRPC API over a Cache, and an HTTP server
@@ -35,6 +37,7 @@ type Node struct {
 
 	grpcLis, httpLis net.Listener
 	grpc             *grpc.Server
+	guard            *guard // tokens and TLS refusals of the gRPC API
 	health           *health.Server
 	http             *http.Server
 	stopping         atomic.Bool // /healthz answers 503 once set
@@ -86,12 +89,17 @@ func New(opts Options, cache Cache) (*Node, error) {
 			return nil, err
 		}
 	}
+	tokens, err := tokenSet(opts.Tokens)
+	if err != nil {
+		cache.Close()
+		return nil, err
+	}
 	lis, err := listen(opts)
 	if err != nil {
 		cache.Close()
 		return nil, err
 	}
-	n := newNode(opts, cache, lis)
+	n := newNode(opts, cache, lis, tokens)
 	if err := n.openPrefill(); err != nil {
 		n.Close()
 		return nil, err
@@ -99,20 +107,26 @@ func New(opts Options, cache Cache) (*Node, error) {
 	return n, nil
 }
 
-// newNode builds the servers of a node over cache and its listeners; extra
-// collectors join its metrics.
-func newNode(opts Options, cache Cache, lis nodeListeners, extra ...prometheus.Collector) *Node {
-	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http}
-	n.metrics = newMetrics(cache, extra...)
-	n.grpc = grpc.NewServer(
+// newNode builds the servers of a node over cache and its listeners; tokens
+// (nil: none) guard every call; extra collectors join its metrics.
+func newNode(opts Options, cache Cache, lis nodeListeners, tokens *transfer.Tokens, extra ...prometheus.Collector) *Node {
+	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens)}
+	n.metrics = newMetrics(cache, append(extra, n.guard.collectors()...)...)
+	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.MaxMessageBytes),
-		grpc.ChainUnaryInterceptor(n.unary),
-		grpc.ChainStreamInterceptor(n.stream),
+		// The guard runs inside unary and stream, so that refused calls
+		// are counted and logged like every other refusal.
+		grpc.ChainUnaryInterceptor(n.unary, n.guard.unary),
+		grpc.ChainStreamInterceptor(n.stream, n.guard.stream),
 		// Stop (after ShutdownTimeout) waits for handlers to return, so
 		// that no pin is held when the cache closes.
 		grpc.WaitForHandlers(true),
-	)
+	}
+	if opts.TLS != nil {
+		sopts = append(sopts, grpc.Creds(n.guard.serverCreds(opts.TLS)))
+	}
+	n.grpc = grpc.NewServer(sopts...)
 	kvmeshv1.RegisterCacheServiceServer(n.grpc, &cacheService{n: n})
 	kvmeshv1.RegisterAdminServiceServer(n.grpc, &adminService{n: n})
 	kvmeshv1.RegisterPeerServiceServer(n.grpc, &peerService{n: n})
@@ -200,7 +214,9 @@ func (n *Node) Serve(ctx context.Context) error {
 	}()
 	n.log.Info("kvmesh node serving", "id", n.opts.NodeID, "grpc", n.GRPCAddr(), "http", n.HTTPAddr(),
 		"data", n.DataAddr(), "shm", n.ShmSocket(), "gossip", n.GossipAddr(),
-		"data_dir", n.opts.DataDir, "dram_bytes", n.opts.DRAMBytes, "nvme_bytes", n.opts.NVMeBytes)
+		"data_dir", n.opts.DataDir, "dram_bytes", n.opts.DRAMBytes, "nvme_bytes", n.opts.NVMeBytes,
+		"tls", n.opts.TLS != nil, "mutual_tls", n.opts.TLS != nil && n.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
+		"tokens", len(n.opts.Tokens))
 
 	var serveErr error
 	select {

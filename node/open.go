@@ -37,7 +37,15 @@ func Open(opts Options) (*Node, error) {
 			return nil, err
 		}
 	}
-	local, err := openLocal(opts)
+	tokens, err := tokenSet(opts.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	quotas, err := loadQuotas(opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	local, err := openLocal(opts, quotas)
 	if err != nil {
 		return nil, err
 	}
@@ -47,13 +55,13 @@ func Open(opts Options) (*Node, error) {
 		return nil, err
 	}
 	peerSeconds := newPeerHistogram()
-	cc, err := startCluster(opts, local, lis.grpc.Addr().String(), lis.http.Addr().String(), peerSeconds)
+	cc, err := startCluster(opts, local, lis.grpc.Addr().String(), lis.http.Addr().String(), peerSeconds, tokens)
 	if err != nil {
 		lis.close()
 		local.Close()
 		return nil, err
 	}
-	n := newNode(opts, cc, lis, peerSeconds, newClusterCollector(cc))
+	n := newNode(opts, cc, lis, tokens, peerSeconds, newClusterCollector(cc))
 	n.cluster = cc
 	if err := n.openPrefill(); err != nil {
 		n.Close()
@@ -62,8 +70,9 @@ func Open(opts Options) (*Node, error) {
 	return n, nil
 }
 
-// openLocal opens the tiers under opts.DataDir and store.Local over them.
-func openLocal(opts Options) (*store.Local, error) {
+// openLocal opens the tiers under opts.DataDir and store.Local over them,
+// with the namespaces' own quotas (those kept in the data dir).
+func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error) {
 	// A slot of either tier must hold the largest block and the tier's
 	// 64-byte slot header.
 	const slotHeader = 64
@@ -84,7 +93,8 @@ func openLocal(opts Options) (*store.Local, error) {
 		dram.Close()
 		return nil, fmt.Errorf("node: NVMe tier in %s: %w", nvmeOpts.Dir, err)
 	}
-	local, err := store.Open(store.Options{DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes})
+	local, err := store.Open(store.Options{DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes,
+		Quotas: quotas, DefaultQuota: store.Quota{DRAM: opts.QuotaDRAMBytes, NVMe: opts.QuotaNVMeBytes}})
 	if err != nil {
 		dram.Close()
 		nvme.Close()
@@ -115,12 +125,14 @@ func cacheError(err error) error {
 // localStats converts store.Local's counters.
 func localStats(l *store.Local) CacheStats {
 	s := l.Stats()
-	out := CacheStats{Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions, Demotions: s.Demotions, Promotions: s.Promotions}
+	out := CacheStats{Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions, Demotions: s.Demotions, Promotions: s.Promotions,
+		QuotaRefused: s.QuotaRefused, CorruptDrops: s.CorruptDrops}
 	for _, t := range s.Tiers {
 		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity})
 	}
 	for _, n := range s.Namespaces {
-		out.Namespaces = append(out.Namespaces, NamespaceStats{Digest: n.Digest, Blocks: n.Blocks, Bytes: n.Bytes, Tokens: n.Tokens})
+		out.Namespaces = append(out.Namespaces, NamespaceStats{Digest: n.Digest, Blocks: n.Blocks, Bytes: n.Bytes, Tokens: n.Tokens,
+			DRAMBytes: n.DRAMBytes, NVMeBytes: n.NVMeBytes, QuotaDRAM: n.Quota.DRAM, QuotaNVMe: n.Quota.NVMe})
 	}
 	return out
 }

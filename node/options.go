@@ -1,6 +1,7 @@
 package node
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
+	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // Default addresses: one port each for gRPC, HTTP (metrics, health), the
@@ -83,6 +85,24 @@ type Options struct {
 	// 16, 24 or 32 bytes (see ReadGossipKey). Default none: gossip in the
 	// clear, and any host that reaches GossipAddr may join.
 	GossipKey []byte
+	// TLS, when set, serves the gRPC API and the TCP data plane over TLS 1.3
+	// with this server configuration (transfer.LoadTLS builds it from PEM
+	// files; its ClientAuth makes it mutual TLS). It needs PeerTLS, since
+	// every member serves TLS. Default nil: plain TCP.
+	TLS *tls.Config
+	// PeerTLS is the client configuration this node reaches other nodes
+	// with, gRPC and data plane alike (transfer.LoadTLS's client
+	// configuration: the CA that signs the members' certificates, and this
+	// node's certificate for mutual TLS). Set with TLS, and only with it.
+	// Default nil.
+	PeerTLS *tls.Config
+	// Tokens are the bearer tokens the node accepts: every gRPC call
+	// (but health checks) must carry one in its "authorization: Bearer
+	// <token>" metadata, and every data-plane connection, TCP or shared
+	// memory, must present one in its hello. The node presents the first
+	// to its peers, so every member must accept it. Default none: no token
+	// is asked for. See the package doc, Security.
+	Tokens []string
 	// GossipProfile tunes failure detection: "lan" (memberlist's LAN
 	// timings: a dead node is noticed in about 5-10s) or "local" (one
 	// host, or tests: about 1-2s). Default "lan".
@@ -114,6 +134,14 @@ type Options struct {
 	// NVMeBytes is the hard limit of the NVMe tier under DataDir, in bytes.
 	// Default 10 GiB.
 	NVMeBytes int64
+	// QuotaDRAMBytes and QuotaNVMeBytes are the default quota of every
+	// namespace (a model layout and tenant salt, see prefixhash.Namespace)
+	// on this node: the encoded block bytes it may hold in each tier. A
+	// namespace's own quota (AdminService.SetQuota, kept in
+	// DataDir/quotas.json) replaces it. A write that its namespace's
+	// quota has no room for, even after making room among the namespace's
+	// own blocks, is refused with ResourceExhausted. Default 0: unlimited.
+	QuotaDRAMBytes, QuotaNVMeBytes int64
 	// MaxBlockBytes is the largest encoded block (header and payload) the
 	// node accepts, in bytes; a namespace whose blocks are larger is refused
 	// with InvalidArgument. At most 512 MiB. Default 16 MiB (a 16-token
@@ -282,6 +310,18 @@ func (o *Options) Validate() error {
 		return bad("DRAMBytes", "%d bytes cannot hold one block of MaxBlockBytes (%d)", o.DRAMBytes, o.MaxBlockBytes)
 	case o.NVMeBytes < int64(o.MaxBlockBytes):
 		return bad("NVMeBytes", "%d bytes cannot hold one block of MaxBlockBytes (%d)", o.NVMeBytes, o.MaxBlockBytes)
+	case o.QuotaDRAMBytes < 0:
+		return bad("QuotaDRAMBytes", "%d bytes must not be negative (0 is unlimited)", o.QuotaDRAMBytes)
+	case o.QuotaNVMeBytes < 0:
+		return bad("QuotaNVMeBytes", "%d bytes must not be negative (0 is unlimited)", o.QuotaNVMeBytes)
+	case o.TLS != nil && o.PeerTLS == nil:
+		return bad("PeerTLS", "required with TLS: the other members serve TLS too, and this node must reach them")
+	case o.TLS == nil && o.PeerTLS != nil:
+		return bad("TLS", "required with PeerTLS: every member of a cluster serves TLS, or none does")
+	case o.TLS != nil && o.TLS.MaxVersion != 0 && o.TLS.MaxVersion < tls.VersionTLS13:
+		return bad("TLS", "MaxVersion %#x is below TLS 1.3, the only version the node speaks", o.TLS.MaxVersion)
+	case o.TLS != nil && len(o.TLS.Certificates) == 0 && o.TLS.GetCertificate == nil && o.TLS.GetConfigForClient == nil:
+		return bad("TLS", "has no certificate")
 	case o.MaxBatchBlocks < 1:
 		return bad("MaxBatchBlocks", "%d must be at least 1", o.MaxBatchBlocks)
 	case o.MaxMessageBytes < messageOverhead+4*KiB:
@@ -294,6 +334,11 @@ func (o *Options) Validate() error {
 		return bad("ShutdownTimeout", "%v must not be negative", o.ShutdownTimeout)
 	case o.MaxBatchBlocks > 1<<24:
 		return bad("MaxBatchBlocks", "%d is over the limit of %d", o.MaxBatchBlocks, 1<<24)
+	}
+	if len(o.Tokens) > 0 {
+		if _, err := transfer.NewTokens(o.Tokens...); err != nil {
+			return bad("Tokens", "%v", err)
+		}
 	}
 	return o.Prefill.Validate(o.MaxBlockBytes)
 }

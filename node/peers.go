@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -146,15 +147,14 @@ func (p *peers) peer(id string) (*peer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: data plane client of %s: %w", id, err)
 	}
-	conn, err := grpc.NewClient(mi.Meta.GRPCAddr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient(mi.Meta.GRPCAddr, append(p.grpcSecurity(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(p.maxMsg), grpc.MaxCallSendMsgSize(p.maxMsg)),
 		// A peer that comes back is reached within a second, not after
 		// gRPC's default backoff of up to two minutes.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: time.Second,
-		}))
+		}))...)
 	if err != nil {
 		data.Close()
 		return nil, fmt.Errorf("node: gRPC client of %s: %w", id, err)
@@ -162,6 +162,20 @@ func (p *peers) peer(id string) (*peer, error) {
 	pe := &peer{id: id, meta: mi.Meta, data: data, conn: conn, lookup: kvmeshv1.NewPeerServiceClient(conn)}
 	p.mu.m[id] = pe
 	return pe, nil
+}
+
+// grpcSecurity returns the dial options that reach a peer's gRPC API as the
+// data plane reaches it: TLS with the peers' configuration, the node's token.
+func (p *peers) grpcSecurity() []grpc.DialOption {
+	creds := insecure.NewCredentials()
+	if p.tcp.TLS != nil {
+		creds = credentials.NewTLS(p.tcp.TLS)
+	}
+	out := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if p.tcp.Token != "" {
+		out = append(out, grpc.WithPerRPCCredentials(bearer(p.tcp.Token)))
+	}
+	return out
 }
 
 // call runs fn against member id unless it is backing off, records the

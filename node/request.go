@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,6 +31,9 @@ func statusError(err error) error {
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
+	case errors.Is(err, ErrQuota):
+		return status.Errorf(codes.ResourceExhausted, "%s; raise the namespace's quota (AdminService.SetQuota, kvmesh serve --quota-dram/--quota-nvme) or drop some of its blocks",
+			strings.TrimPrefix(err.Error(), ErrFull.Error()+": "))
 	case errors.Is(err, ErrFull):
 		return status.Errorf(codes.ResourceExhausted, "cache full: %v; retry later or give the node more --dram/--nvme", err)
 	case errors.Is(err, store.ErrTooLarge):
@@ -79,6 +83,24 @@ func (n *Node) namespace(pb *kvmeshv1.Namespace) (prefixhash.Namespace, error) {
 	}
 	n.names.note(ns)
 	return ns, nil
+}
+
+// namespaceDigest returns the digest a request names, as a namespace or as
+// its digest (exactly one).
+func (n *Node) namespaceDigest(pb *kvmeshv1.Namespace, digest uint64) (uint64, error) {
+	switch {
+	case pb != nil && digest != 0:
+		return 0, invalid("namespace", "set namespace or digest, not both")
+	case pb != nil:
+		ns, err := n.namespace(pb)
+		if err != nil {
+			return 0, err
+		}
+		return ns.Digest(), nil
+	case digest != 0:
+		return digest, nil
+	}
+	return 0, invalid("namespace", "set namespace or digest")
 }
 
 // blockLimit refuses requests naming more than MaxBatchBlocks blocks.

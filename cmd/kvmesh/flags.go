@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
@@ -20,13 +23,20 @@ func envName(flag string) string {
 // layer sets every flag of fs that was not given on the command line from
 // the environment, else from the config file's values (keys are flag names),
 // so the order of precedence is: flag, KVMESH_* variable, config file,
-// default. The config flag itself and help are skipped.
-func layer(fs *pflag.FlagSet, lookupEnv func(string) (string, bool), config map[string]string, configPath string) error {
+// default. The config flag itself and help are skipped. It returns where
+// each flag it set came from (see source), for error messages.
+func layer(fs *pflag.FlagSet, lookupEnv func(string) (string, bool), config map[string]string, configPath string) (map[string]string, error) {
+	keys := make([]string, 0, len(config))
 	for k := range config {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // the first unknown key in order, whatever the map's order
+	for _, k := range keys {
 		if f := fs.Lookup(k); f == nil || k == "config" || k == "help" {
-			return fmt.Errorf("config file %s: unknown key %q (the keys are the long flag names of the command)", configPath, k)
+			return nil, fmt.Errorf("config file %s: unknown key %q (the keys are the long flag names of the command)", configPath, k)
 		}
 	}
+	from := map[string]string{}
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
 		if err != nil || f.Changed || f.Name == "config" || f.Name == "help" {
@@ -36,19 +46,30 @@ func layer(fs *pflag.FlagSet, lookupEnv func(string) (string, bool), config map[
 			if e := f.Value.Set(v); e != nil {
 				err = fmt.Errorf("%s=%q: %w", envName(f.Name), v, e)
 			}
+			from[f.Name] = envName(f.Name)
 			return
 		}
 		if v, ok := config[f.Name]; ok {
 			if e := f.Value.Set(v); e != nil {
 				err = fmt.Errorf("config file %s: %s: %q: %w", configPath, f.Name, v, e)
 			}
+			from[f.Name] = fmt.Sprintf("config file %s: %s", configPath, f.Name)
 		}
 	})
-	return err
+	return from, err
 }
 
-// readConfig reads a YAML config file of flag names and values. Lists (for
-// --join) become comma-separated values.
+// source names where flag name's value came from, given layer's answer:
+// the config key or environment variable that set it, else the flag.
+func source(from map[string]string, name string) string {
+	if s, ok := from[name]; ok {
+		return s
+	}
+	return "--" + name
+}
+
+// readConfig reads a YAML config file of flag names and values (see
+// parseConfig); no path, no values.
 func readConfig(path string) (map[string]string, error) {
 	if path == "" {
 		return nil, nil
@@ -57,28 +78,129 @@ func readConfig(path string) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config file: %w", err)
 	}
-	var raw map[string]any
-	if err := yaml.Unmarshal(b, &raw); err != nil {
-		return nil, fmt.Errorf("config file %s: %w", path, err)
+	return parseConfig(b, path)
+}
+
+// maxConfigBytes bounds a config file: a few dozen flags take a few KiB.
+const maxConfigBytes = 1 << 20
+
+// parseConfig decodes a config file: a YAML mapping of flag names to
+// values. A value is a scalar, or for a list flag (--join) a sequence of
+// scalars, which becomes their comma-separated values; null is the empty
+// string. Anything else is refused with one line that names the key and its
+// line: a nested mapping, a sequence of sequences, a key given twice, a key
+// that is not a name. It never panics, whatever data holds.
+func parseConfig(data []byte, path string) (map[string]string, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("config file %s: %s", path, fmt.Sprintf(format, args...))
 	}
-	out := make(map[string]string, len(raw))
-	for k, v := range raw {
-		switch v := v.(type) {
-		case []any:
-			parts := make([]string, len(v))
-			for i, p := range v {
-				parts[i] = fmt.Sprint(p)
-			}
-			out[k] = strings.Join(parts, ",")
-		case map[string]any:
-			return nil, fmt.Errorf("config file %s: %s: want a value, not a mapping", path, k)
-		case nil:
-			out[k] = ""
-		default:
-			out[k] = fmt.Sprint(v)
+	if len(data) > maxConfigBytes {
+		return nil, bad("%d bytes; a config file is at most %d", len(data), maxConfigBytes)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, bad("%s", oneLine(err.Error()))
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		return nil, nil // empty, or comments only
+	}
+	root := resolve(doc.Content[0])
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return nil, nil
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, bad("line %d: want a mapping of flag names to values (like \"dram: 8GiB\"), not a %s", root.Line, kindName(root))
+	}
+	out := make(map[string]string, len(root.Content)/2)
+	lines := make(map[string]int, len(root.Content)/2)
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		kn, vn := resolve(root.Content[i]), resolve(root.Content[i+1])
+		if kn.Kind != yaml.ScalarNode || kn.Tag == "!!null" || kn.Value == "" || !utf8.ValidString(kn.Value) || strings.ContainsAny(kn.Value, "\n\r") {
+			return nil, bad("line %d: a key must be a flag name, not a %s", kn.Line, kindName(kn))
 		}
+		key := kn.Value
+		if prev, ok := lines[key]; ok {
+			return nil, bad("%s: given twice (lines %d and %d)", quoteKey(key), prev, kn.Line)
+		}
+		lines[key] = kn.Line
+		v, err := configValue(vn)
+		if err != nil {
+			return nil, bad("%s: line %d: %v", quoteKey(key), vn.Line, err)
+		}
+		out[key] = v
 	}
 	return out, nil
+}
+
+// configValue returns the flag value a YAML value node stands for.
+func configValue(n *yaml.Node) (string, error) {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "", nil
+		}
+		return scalarValue(n)
+	case yaml.SequenceNode:
+		parts := make([]string, len(n.Content))
+		for i, c := range n.Content {
+			c = resolve(c)
+			if c.Kind != yaml.ScalarNode {
+				return "", fmt.Errorf("item %d is a %s; want a list of values", i+1, kindName(c))
+			}
+			v, err := scalarValue(c)
+			if err != nil {
+				return "", fmt.Errorf("item %d: %w", i+1, err)
+			}
+			parts[i] = v
+		}
+		return strings.Join(parts, ","), nil
+	}
+	return "", fmt.Errorf("want a value or a list of values, not a %s", kindName(n))
+}
+
+func scalarValue(n *yaml.Node) (string, error) {
+	if !utf8.ValidString(n.Value) || strings.ContainsAny(n.Value, "\n\r") {
+		return "", errors.New("want a one-line value")
+	}
+	return n.Value, nil
+}
+
+// resolve follows an alias to the node it names.
+func resolve(n *yaml.Node) *yaml.Node {
+	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 8; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "mapping"
+	case yaml.SequenceNode:
+		return "list"
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "null"
+		}
+		return "value"
+	case yaml.AliasNode:
+		return "alias"
+	}
+	return "document"
+}
+
+// quoteKey quotes a key for an error message, shortened when long.
+func quoteKey(k string) string {
+	if len(k) > 64 {
+		k = k[:64] + "..."
+	}
+	return strconv.Quote(k)
+}
+
+// oneLine joins the lines of a multi-line message.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
 }
 
 // sizeValue is a flag holding a byte count written as 64MiB, 1GiB, 512KB,

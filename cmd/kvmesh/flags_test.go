@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"crypto/tls"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/transfer/certtest"
 )
 
 func TestParseSize(t *testing.T) {
@@ -99,13 +102,26 @@ grpc-addr: 127.0.0.1:0
 func TestServeRefusals(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(bad, []byte("dram-size: 1GiB\n"), 0o644)
+	badValue := filepath.Join(t.TempDir(), "bad-value.yaml")
+	os.WriteFile(badValue, []byte("replicas: 9\n"), 0o644)
+	emptyTokens := filepath.Join(t.TempDir(), "tokens")
+	os.WriteFile(emptyTokens, []byte("# no token yet\n\n"), 0o600)
 	for _, tc := range []struct {
 		env  map[string]string
 		args []string
 		want string
 	}{
 		{nil, []string{"--dram", "lots"}, `"lots" is not a size`},
-		{map[string]string{"KVMESH_NVME": "1MiB"}, nil, "--nvme (or KVMESH_NVME)"},
+		{map[string]string{"KVMESH_NVME": "1MiB"}, nil, "KVMESH_NVME: 1048576 bytes cannot hold"},
+		{nil, []string{"--nvme", "1MiB"}, "--nvme (or KVMESH_NVME)"},
+		{nil, []string{"--config", badValue}, "config file " + badValue + ": replicas: 9 is outside 1..8"},
+		{nil, []string{"--tls-cert", "cert.pem"}, "--tls-cert and --tls-key"},
+		{nil, []string{"--tls-ca", "ca.pem"}, "--tls-cert and --tls-key"},
+		{nil, []string{"--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-auth"}, "--tls-client-auth needs --tls-ca"},
+		{nil, []string{"--tls-cert", "/does/not/exist.pem", "--tls-key", "/does/not/exist.pem"}, "TLS flags"},
+		{nil, []string{"--auth-token-file", "/does/not/exist"}, "--auth-token-file"},
+		{nil, []string{"--auth-token-file", emptyTokens}, "holds no token"},
+		{nil, []string{"--quota-dram", "-1"}, "not a size"},
 		{nil, []string{"--config", bad}, `unknown key "dram-size"`},
 		{nil, []string{"--config", "/does/not/exist.yaml"}, "no such file"},
 		{nil, []string{"--join", "10.0.0.1:7603,nohost"}, "--join"},
@@ -185,4 +201,117 @@ func TestInspectEnv(t *testing.T) {
 	if code := run([]string{"inspect", "members"}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "at 127.0.0.1:1;") {
 		t.Fatalf("KVMESH_ADDR=127.0.0.1:1 kvmesh inspect members: exit %d, %q", code, stderr.String())
 	}
+}
+
+// TestServeSecurity: the TLS and token flags, from the command line, the
+// environment and the config file, become the node's TLS configurations
+// (mutual TLS with --tls-client-auth), its tokens and its default quotas.
+func TestServeSecurity(t *testing.T) {
+	if o, err := serveOptions(t, nil); err != nil || o.TLS != nil || o.PeerTLS != nil || o.Tokens != nil {
+		t.Errorf("no security flags: TLS %v, peer %v, tokens %v, %v", o.TLS, o.PeerTLS, o.Tokens, err)
+	}
+	dir := t.TempDir()
+	ca := certtest.NewCA(t, dir, "kvmesh")
+	cert, key := ca.Issue(t, dir, "node", "127.0.0.1")
+	tokens := filepath.Join(dir, "tokens")
+	os.WriteFile(tokens, []byte("# current\nfirst-token\nsecond-token\n"), 0o600)
+	cfg := filepath.Join(dir, "kvmesh.yaml")
+	os.WriteFile(cfg, []byte("tls-key: "+key+"\ntls-client-auth: true\nquota-nvme: 2GiB\n"), 0o644)
+	o, err := serveOptions(t, map[string]string{"KVMESH_TLS_CA": ca.File, "KVMESH_AUTH_TOKEN_FILE": tokens},
+		"--config", cfg, "--tls-cert", cert, "--tls-server-name", "kvmesh.internal", "--quota-dram", "512MiB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case o.TLS == nil || len(o.TLS.Certificates) != 1 || o.TLS.ClientAuth != tls.RequireAndVerifyClientCert || o.TLS.ClientCAs == nil:
+		t.Errorf("server TLS: %+v", o.TLS)
+	case o.PeerTLS == nil || o.PeerTLS.RootCAs == nil || len(o.PeerTLS.Certificates) != 1 || o.PeerTLS.ServerName != "kvmesh.internal":
+		t.Errorf("peer TLS: %+v", o.PeerTLS)
+	case !reflect.DeepEqual(o.Tokens, []string{"first-token", "second-token"}):
+		t.Errorf("tokens: %q", o.Tokens)
+	case o.QuotaDRAMBytes != 512<<20 || o.QuotaNVMeBytes != 2<<30:
+		t.Errorf("quotas: %d, %d", o.QuotaDRAMBytes, o.QuotaNVMeBytes)
+	}
+}
+
+// TestParseConfig: a config file that is not a flat mapping of flag names
+// to values is refused with one line naming the key (and its line) at
+// fault; lists become comma-separated values.
+func TestParseConfig(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"dram: {size: 1GiB}\n", `"dram": line 1: want a value or a list of values, not a mapping`},
+		{"join: [a:1, [b:2]]\n", `"join": line 1: item 2 is a list`},
+		{"dram: 1GiB\nnvme: 2GiB\ndram: 2GiB\n", `"dram": given twice (lines 1 and 3)`},
+		{"- dram\n- nvme\n", "line 1: want a mapping of flag names to values"},
+		{"? [a, b]\n: 1\n", "line 1: a key must be a flag name, not a list"},
+		{"dram: 1GiB\n  nvme: 2GiB\n", "config file c.yaml: yaml: line 2"},
+		{"dram: \"a\\nb\"\n", `"dram": line 1: want a one-line value`},
+		{"\tdram: 1\n", "config file c.yaml: yaml"},
+	} {
+		_, err := parseConfig([]byte(tc.in), "c.yaml")
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("parseConfig(%q) = %v; want one line with %q", tc.in, err, tc.want)
+		}
+	}
+	for in, want := range map[string]map[string]string{
+		"":                   nil,
+		"# only a comment\n": nil,
+		"~\n":                nil,
+		"join: [a:1, b:2]\ndram: 8GiB\nshm-socket:\n": {"join": "a:1,b:2", "dram": "8GiB", "shm-socket": ""},
+		"base: &b 1GiB\ndram: *b\n":                   {"base": "1GiB", "dram": "1GiB"},
+		"tls-client-auth: true\nreplicas: 2\n":        {"tls-client-auth": "true", "replicas": "2"},
+	} {
+		got, err := parseConfig([]byte(in), "c.yaml")
+		if err != nil || len(got) != len(want) || (len(want) > 0 && !reflect.DeepEqual(got, want)) {
+			t.Errorf("parseConfig(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+}
+
+// FuzzConfig feeds any bytes to the config file decoder and the serve
+// command's layering and option checks: none may panic, and every refusal
+// is one line; a refusal of a decoded file names the file.
+func FuzzConfig(f *testing.F) {
+	for _, s := range []string{
+		"dram: 8GiB\nnvme: 200GiB\njoin: [10.0.0.4:7603, 10.0.0.6:7603]\n",
+		"data-dir: /var/lib/kvmesh\ngrpc-addr: 0.0.0.0:7600\nmax-block-bytes: 32MiB\n",
+		"replicas: 9\n", "dram: {a: 1}\n", "- a\n", "a: &x [*x]\n", "quota-dram: 1GiB\ntls-client-auth: yes\n",
+		"log-level: loud\n", "chunk-bytes: 8MiB\n", "request-timeout: -1s\n", "\xff: 1\n", "!!binary aGVsbG8=: 1\n",
+	} {
+		f.Add([]byte(s))
+	}
+	noEnv := func(string) (string, bool) { return "", false }
+	files := []string{"gossip-key-file", "tls-cert", "tls-key", "tls-ca", "auth-token-file"}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		oneLine := func(stage string, err error) {
+			if strings.ContainsAny(err.Error(), "\n\r") {
+				t.Fatalf("%s: error of more than one line: %q", stage, err)
+			}
+		}
+		cfg, err := parseConfig(data, "f.yaml")
+		if err != nil {
+			oneLine("parseConfig", err)
+			if !strings.HasPrefix(err.Error(), "config file f.yaml: ") {
+				t.Fatalf("parseConfig: %q does not name the file", err)
+			}
+			return
+		}
+		for _, k := range files {
+			if _, ok := cfg[k]; ok {
+				return // the checks below would read the files it names
+			}
+		}
+		c, sf := newServeCommand(nil)
+		c.SetErr(io.Discard)
+		if sf.from, err = layer(c.Flags(), noEnv, cfg, "f.yaml"); err != nil {
+			oneLine("layer", err)
+			if !strings.HasPrefix(err.Error(), "config file f.yaml: ") {
+				t.Fatalf("layer: %q does not name the file", err)
+			}
+			return
+		}
+		if _, _, err := sf.build(c); err != nil {
+			oneLine("build", err)
+		}
+	})
 }

@@ -26,6 +26,7 @@ type inspectFlags struct {
 	addr    string
 	output  string
 	timeout time.Duration
+	sec     securityFlags
 }
 
 // The defaults of inspect lookup's namespace flags: a small demo layout
@@ -47,13 +48,19 @@ func inspectCmd() *cobra.Command {
   kvmesh inspect members                   the nodes of the cluster
   kvmesh inspect lookup --text "Hello"     how much of a prompt is cached, and where
   kvmesh inspect lookup --tokens 1,2,3
-  kvmesh inspect block KEY                 one block (KEY: 32 hex digits, as lookup prints)`,
+  kvmesh inspect block KEY                 one block (KEY: 32 hex digits, as lookup prints)
+  kvmesh inspect quotas                    per namespace: usage and quota on the node
+
+A node that serves TLS needs --tls-ca (or --tls, for a certificate the system
+trusts) and, with mutual TLS, --tls-cert and --tls-key; one that asks for a
+bearer token needs --auth-token-file.`,
 	}
 	pf := c.PersistentFlags()
 	pf.StringVar(&f.addr, "addr", node.DefaultGRPCAddr, "gRPC address HOST:PORT of the node")
 	pf.StringVarP(&f.output, "output", "o", "table", "table or json")
 	pf.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the node")
-	c.AddCommand(statsCmd(f), membersCmd(f), lookupCmd(f), blockCmd(f))
+	f.sec.register(pf)
+	c.AddCommand(statsCmd(f), membersCmd(f), lookupCmd(f), blockCmd(f), quotasCmd(f))
 	return c
 }
 
@@ -65,7 +72,11 @@ func (f *inspectFlags) dial(cmd *cobra.Command) (*client.Client, context.Context
 	if f.output != "table" && f.output != "json" {
 		return nil, nil, nil, fmt.Errorf("-o %q: want table or json", f.output)
 	}
-	c, err := client.Dial(f.addr, client.Options{MaxRetries: -1})
+	opts := client.Options{MaxRetries: -1}
+	if err := f.sec.apply(&opts); err != nil {
+		return nil, nil, nil, err
+	}
+	c, err := client.Dial(f.addr, opts)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("--addr %q: %w", f.addr, err)
 	}
@@ -93,19 +104,51 @@ func (f *inspectFlags) explain(err error) error {
 	if !ok || st.Code() == codes.OK { // not a status from the node
 		return err
 	}
+	msg := st.Message()
 	switch st.Code() {
 	case codes.Unavailable:
+		switch {
+		case strings.Contains(msg, "first record does not look like a TLS handshake"):
+			return fmt.Errorf("the node at %s does not speak TLS; drop the --tls flags", f.addr)
+		case strings.Contains(msg, "x509:") || strings.Contains(msg, "handshake failed"):
+			return fmt.Errorf("TLS with the node at %s failed (%s); check --tls-ca (the CA that signed its certificate) and --tls-server-name", f.addr, msg)
+		case f.sec.enabled() && f.sec.cert == "" && containsAny(msg, "certificate required", "broken pipe", "connection reset", "EOF"):
+			// TLS 1.3 ends the handshake before the server checks the
+			// client's certificate: its refusal arrives as a closed
+			// connection.
+			return fmt.Errorf("the node at %s closed the TLS connection; if it asks for a client certificate (mutual TLS), pass --tls-cert/--tls-key", f.addr)
+		case f.sec.enabled() && strings.Contains(msg, "tls:"):
+			return fmt.Errorf("TLS with the node at %s failed (%s); check --tls-ca, --tls-server-name and, for mutual TLS, --tls-cert/--tls-key", f.addr, msg)
+		case !f.sec.enabled() && strings.Contains(msg, "preface"):
+			return fmt.Errorf("the node at %s closed the connection; if it serves TLS, pass --tls-ca CA (or --tls)", f.addr)
+		}
 		return fmt.Errorf("no kvmesh node answers at %s; start one with 'kvmesh serve' or pass --addr HOST:PORT", f.addr)
+	case codes.Unauthenticated:
+		if f.sec.tokenFile == "" {
+			return fmt.Errorf("the node at %s asks for a bearer token: pass --auth-token-file FILE (or set KVMESH_AUTH_TOKEN_FILE)", f.addr)
+		}
+		return fmt.Errorf("the node at %s refused the token of %s: %s", f.addr, f.sec.tokenFile, msg)
+	case codes.ResourceExhausted:
+		return fmt.Errorf("the node at %s refused: %s", f.addr, msg)
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("the node at %s did not answer within %v; check it is healthy or raise --timeout", f.addr, f.timeout)
 	case codes.InvalidArgument:
-		return fmt.Errorf("the node refused the request: %s", st.Message())
+		return fmt.Errorf("the node refused the request: %s", msg)
 	case codes.NotFound:
-		return errors.New(st.Message())
+		return errors.New(msg)
 	case codes.Unimplemented:
-		return fmt.Errorf("the server at %s is not a kvmesh node of this version: %s", f.addr, st.Message())
+		return fmt.Errorf("the server at %s is not a kvmesh node of this version: %s", f.addr, msg)
 	}
-	return fmt.Errorf("node at %s: %s: %s", f.addr, st.Code(), st.Message())
+	return fmt.Errorf("node at %s: %s: %s", f.addr, st.Code(), msg)
+}
+
+func containsAny(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
 }
 
 func (f *inspectFlags) print(w io.Writer, v any, table func(*tabwriter.Writer)) error {
@@ -338,6 +381,7 @@ func parseTokens(s string) ([]uint32, error) {
 
 type lookupJSON struct {
 	Namespace    string            `json:"namespace"`
+	Digest       string            `json:"namespace_digest"`
 	PromptTokens int               `json:"prompt_tokens"`
 	PromptBlocks int               `json:"prompt_blocks"`
 	CachedTokens int               `json:"cached_tokens"`
@@ -390,13 +434,13 @@ names it).`,
 			if err != nil {
 				return err
 			}
-			out := lookupJSON{Namespace: ns.String(), PromptTokens: l.PromptTokens, PromptBlocks: l.PromptBlocks,
+			out := lookupJSON{Namespace: ns.String(), Digest: fmt.Sprintf("%016x", ns.Digest()), PromptTokens: l.PromptTokens, PromptBlocks: l.PromptBlocks,
 				CachedTokens: l.CachedTokens, CachedBlocks: l.CachedBlocks, Blocks: []lookupBlockJSON{}}
 			for i, b := range l.Blocks {
 				out.Blocks = append(out.Blocks, lookupBlockJSON{Index: i, Key: b.Key.String(), Node: b.NodeID, Tier: b.Tier})
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "namespace\t%s\n", out.Namespace)
+				fmt.Fprintf(w, "namespace\t%s (digest %s)\n", out.Namespace, out.Digest)
 				fmt.Fprintf(w, "prompt\t%d tokens, %d full blocks\n", out.PromptTokens, out.PromptBlocks)
 				fmt.Fprintf(w, "cached\t%d tokens, %d blocks\n", out.CachedTokens, out.CachedBlocks)
 				if len(out.Blocks) > 0 {
@@ -475,4 +519,76 @@ func tokenPreview(t []uint32) string {
 		parts = append(parts, strconv.FormatUint(uint64(v), 10))
 	}
 	return strings.Join(parts, " ")
+}
+
+type quotaJSON struct {
+	DRAMBytes uint64 `json:"dram_bytes"`
+	NVMeBytes uint64 `json:"nvme_bytes"`
+}
+
+type namespaceQuotaJSON struct {
+	Digest    string    `json:"digest"`
+	Blocks    uint64    `json:"blocks"`
+	DRAMBytes uint64    `json:"dram_bytes"`
+	NVMeBytes uint64    `json:"nvme_bytes"`
+	Quota     quotaJSON `json:"quota"`
+	Own       bool      `json:"own"`
+}
+
+type quotasJSON struct {
+	NodeID       string               `json:"node_id"`
+	DefaultQuota quotaJSON            `json:"default_quota"`
+	Namespaces   []namespaceQuotaJSON `json:"namespaces"`
+}
+
+func quotasCmd(f *inspectFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "quotas",
+		Short: "Per namespace: blocks, bytes per tier, and the quota in force on the node",
+		Long: `Per namespace (by digest; 'kvmesh inspect lookup' prints a namespace's): the
+blocks and bytes it holds in each tier of the node at --addr, and its quota
+there: its own (set with AdminService.SetQuota) or the node's default
+(kvmesh serve --quota-dram, --quota-nvme). 0 is unlimited.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var resp *kvmeshv1.QuotasResponse
+			err := f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
+				resp, err = c.Quotas(ctx)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			q := func(p *kvmeshv1.Quota) quotaJSON {
+				return quotaJSON{DRAMBytes: p.GetDramBytes(), NVMeBytes: p.GetNvmeBytes()}
+			}
+			out := quotasJSON{NodeID: resp.GetNodeId(), DefaultQuota: q(resp.GetDefaultQuota()), Namespaces: []namespaceQuotaJSON{}}
+			for _, n := range resp.GetNamespaces() {
+				out.Namespaces = append(out.Namespaces, namespaceQuotaJSON{Digest: fmt.Sprintf("%016x", n.GetDigest()), Blocks: n.GetBlocks(),
+					DRAMBytes: n.GetDramBytes(), NVMeBytes: n.GetNvmeBytes(), Quota: q(n.GetQuota()), Own: n.GetOwn()})
+			}
+			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "node %s   default quota: DRAM %s, NVMe %s\n\n", out.NodeID,
+					quotaSize(out.DefaultQuota.DRAMBytes), quotaSize(out.DefaultQuota.NVMeBytes))
+				fmt.Fprintln(w, "NAMESPACE\tBLOCKS\tDRAM USED/QUOTA\tNVME USED/QUOTA\tQUOTA")
+				for _, n := range out.Namespaces {
+					source := "default"
+					if n.Own {
+						source = "own"
+					}
+					fmt.Fprintf(w, "%s\t%d\t%s/%s\t%s/%s\t%s\n", n.Digest, n.Blocks,
+						formatSize(int64(n.DRAMBytes)), quotaSize(n.Quota.DRAMBytes),
+						formatSize(int64(n.NVMeBytes)), quotaSize(n.Quota.NVMeBytes), source)
+				}
+				fmt.Fprintf(w, "\n%d namespaces\n", len(out.Namespaces))
+			})
+		},
+	}
+}
+
+func quotaSize(n uint64) string {
+	if n == 0 {
+		return "unlimited"
+	}
+	return formatSize(int64(n))
 }

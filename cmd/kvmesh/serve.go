@@ -2,17 +2,21 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // serveFlags are kvmesh serve's flags; each maps to a node.Options field.
@@ -33,6 +37,12 @@ type serveFlags struct {
 	requestTimeout, shutdownTimeout            time.Duration
 	logLevel, logFormat                        string
 	prefill                                    prefillServeFlags
+	tlsCert, tlsKey, tlsCA, tlsServerName      string
+	tlsClientAuth                              bool
+	tokenFile                                  string
+	quotaDRAM, quotaNVMe                       int64
+
+	from map[string]string // where layered flags came from (see source)
 }
 
 // flagOf names the flag of each node.Options field, to turn Validate's
@@ -45,6 +55,7 @@ var flagOf = map[string]string{
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
 	"MaxBlockBytes": "max-block-bytes", "MaxBatchBlocks": "max-batch-blocks", "MaxMessageBytes": "max-message-bytes",
 	"ChunkBytes": "chunk-bytes", "RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout",
+	"TLS": "tls-cert", "PeerTLS": "tls-ca", "Tokens": "auth-token-file", "QuotaDRAMBytes": "quota-dram", "QuotaNVMeBytes": "quota-nvme",
 }
 
 func serveCmd() *cobra.Command { return newServeCmd(serve) }
@@ -52,7 +63,13 @@ func serveCmd() *cobra.Command { return newServeCmd(serve) }
 // newServeCmd returns the serve command, which runs run with the options
 // it assembled (tests pass a run that only records them).
 func newServeCmd(run func(*cobra.Command, node.Options, *slog.Logger) error) *cobra.Command {
-	var f serveFlags
+	c, _ := newServeCommand(run)
+	return c
+}
+
+// newServeCommand is newServeCmd, and the flags it fills.
+func newServeCommand(run func(*cobra.Command, node.Options, *slog.Logger) error) (*cobra.Command, *serveFlags) {
+	f := new(serveFlags)
 	var d node.Options
 	d.EnsureDefaults()
 	c := &cobra.Command{
@@ -66,6 +83,12 @@ NVMe tier is closed cleanly, and the exit status is 0.
 A node started without --join is a cluster of one that others join: start the
 next ones with --join HOST:PORT, the --gossip-addr of any running member.
 Every member must use the same --replicas, --chunk-tokens and gossip key.
+
+--tls-cert and --tls-key serve gRPC and the data plane over TLS 1.3 (and
+reach the other members with it: --tls-ca is the CA that signs their
+certificates; --tls-client-auth makes it mutual TLS). --auth-token-file asks
+every client for a bearer token of the file (one a line; the node presents
+the first to its peers; SIGHUP re-reads the file). Health checks stay open.
 
 Sizes are written like 64MiB, 1GiB or 4096 (bytes); durations like 500ms or 1m.
 Every flag can also come from KVMESH_<FLAG> (KVMESH_DATA_DIR, KVMESH_DRAM, ...)
@@ -114,10 +137,18 @@ flag names, for example:
 	fs.Var(newSize(&f.chunkBytes, int64(d.ChunkBytes)), "chunk-bytes", "most payload bytes in one streamed message")
 	fs.DurationVar(&f.requestTimeout, "request-timeout", d.RequestTimeout, "upper bound of any request, streams included")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "how long requests in flight may run on after SIGTERM")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM file of the node's certificate chain: serve gRPC and the data plane over TLS 1.3")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM file of the certificate's private key")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM file of the CA that signs the members' (and, with --tls-client-auth, the clients') certificates (default: the system's roots)")
+	fs.BoolVar(&f.tlsClientAuth, "tls-client-auth", false, "mutual TLS: refuse clients and peers without a certificate signed by --tls-ca")
+	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "name verified in the other members' certificates (default: the host of their address)")
+	fs.StringVar(&f.tokenFile, "auth-token-file", "", "file of bearer tokens, one a line, that clients and peers must present (the node presents the first)")
+	fs.Var(newSize(&f.quotaDRAM, d.QuotaDRAMBytes), "quota-dram", "default DRAM quota of each namespace (0: unlimited; AdminService.SetQuota sets one namespace's)")
+	fs.Var(newSize(&f.quotaNVMe, d.QuotaNVMeBytes), "quota-nvme", "default NVMe quota of each namespace (0: unlimited)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json (logs go to stderr)")
 	f.prefill.register(fs, d.Prefill)
-	return c
+	return c, f
 }
 
 // options layers the environment and the config file under the command
@@ -131,12 +162,20 @@ func (f *serveFlags) options(cmd *cobra.Command) (node.Options, *slog.Logger, er
 	if err != nil {
 		return node.Options{}, nil, err
 	}
-	if err := layer(fs, os.LookupEnv, cfg, f.config); err != nil {
+	if f.from, err = layer(fs, os.LookupEnv, cfg, f.config); err != nil {
 		return node.Options{}, nil, err
 	}
+	return f.build(cmd)
+}
+
+// build returns the node's options from the layered flags. Its errors name
+// where the value at fault came from: the flag, the environment variable or
+// the config file's key.
+func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, error) {
+	src := func(name string) string { return source(f.from, name) }
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return node.Options{}, nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+		return node.Options{}, nil, fmt.Errorf("%s %q: want debug, info, warn or error", src("log-level"), f.logLevel)
 	}
 	hopts := &slog.HandlerOptions{Level: level}
 	var logger *slog.Logger
@@ -146,21 +185,31 @@ func (f *serveFlags) options(cmd *cobra.Command) (node.Options, *slog.Logger, er
 	case "json":
 		logger = slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), hopts))
 	default:
-		return node.Options{}, nil, fmt.Errorf("--log-format %q: want text or json", f.logFormat)
+		return node.Options{}, nil, fmt.Errorf("%s %q: want text or json", src("log-format"), f.logFormat)
 	}
 	for _, s := range []struct {
 		name string
 		v    int64
 	}{{"max-block-bytes", f.maxBlockBytes}, {"max-message-bytes", f.maxMessageBytes}, {"chunk-bytes", f.chunkBytes}} {
 		if s.v > 1<<40 {
-			return node.Options{}, nil, fmt.Errorf("--%s %s is too large", s.name, formatSize(s.v))
+			return node.Options{}, nil, fmt.Errorf("%s %s is too large", src(s.name), formatSize(s.v))
 		}
 	}
 	var key []byte
 	if f.gossipKeyFile != "" {
 		var err error
 		if key, err = node.ReadGossipKey(f.gossipKeyFile); err != nil {
-			return node.Options{}, nil, fmt.Errorf("--gossip-key-file: %w (make one with: head -c 32 /dev/urandom | base64)", err)
+			return node.Options{}, nil, fmt.Errorf("%s: %w (make one with: head -c 32 /dev/urandom | base64)", src("gossip-key-file"), err)
+		}
+	}
+	serverTLS, peerTLS, err := f.tlsConfigs(src)
+	if err != nil {
+		return node.Options{}, nil, err
+	}
+	var tokens []string
+	if f.tokenFile != "" {
+		if tokens, err = transfer.ReadTokenFile(f.tokenFile); err != nil {
+			return node.Options{}, nil, fmt.Errorf("%s: %w", src("auth-token-file"), err)
 		}
 	}
 	opts := node.Options{
@@ -168,6 +217,8 @@ func (f *serveFlags) options(cmd *cobra.Command) (node.Options, *slog.Logger, er
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
 		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost,
 		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile,
+		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens,
+		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
 		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff,
 		DRAMBytes: f.dram, NVMeBytes: f.nvme,
@@ -179,16 +230,38 @@ func (f *serveFlags) options(cmd *cobra.Command) (node.Options, *slog.Logger, er
 	}
 	opts.EnsureDefaults()
 	if err := opts.Validate(); err != nil {
-		return opts, nil, optionError(err)
+		return opts, nil, optionError(err, f.from)
 	}
 	return opts, logger, nil
 }
 
-// optionError rewrites a node option error in terms of the flag.
-func optionError(err error) error {
+// tlsConfigs loads the TLS flags' files: nil, nil when TLS is off.
+func (f *serveFlags) tlsConfigs(src func(string) string) (server, peer *tls.Config, err error) {
+	switch {
+	case f.tlsCert == "" && f.tlsKey == "" && f.tlsCA == "" && !f.tlsClientAuth && f.tlsServerName == "":
+		return nil, nil, nil
+	case f.tlsCert == "" || f.tlsKey == "":
+		return nil, nil, fmt.Errorf("%s and %s: a node serving TLS needs both, its certificate and its key (the other --tls-* flags need them too)",
+			src("tls-cert"), src("tls-key"))
+	case f.tlsClientAuth && f.tlsCA == "":
+		return nil, nil, fmt.Errorf("%s needs --tls-ca, the CA that signs the certificates of clients and peers", src("tls-client-auth"))
+	}
+	server, peer, err = transfer.LoadTLS(transfer.TLSFiles{Cert: f.tlsCert, Key: f.tlsKey, CA: f.tlsCA, ClientAuth: f.tlsClientAuth, ServerName: f.tlsServerName})
+	if err != nil {
+		return nil, nil, fmt.Errorf("TLS flags: %w", err)
+	}
+	return server, peer, nil
+}
+
+// optionError rewrites a node option error in terms of the flag, or of the
+// environment variable or config key that set it (from, as layer returns).
+func optionError(err error, from map[string]string) error {
 	var oe *node.OptionError
 	if errors.As(err, &oe) {
 		if name, ok := flagOf[oe.Field]; ok {
+			if s, ok := from[name]; ok {
+				return fmt.Errorf("%s: %s", s, oe.Msg)
+			}
 			return fmt.Errorf("--%s (or %s): %s", name, envName(name), oe.Msg)
 		}
 	}
@@ -200,7 +273,7 @@ func optionError(err error) error {
 func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
 	n, err := node.Open(opts)
 	if err != nil {
-		return fmt.Errorf("%w; check --data-dir and the addresses", optionError(err))
+		return fmt.Errorf("%w; check --data-dir and the addresses", optionError(err, nil))
 	}
 	out := cmd.OutOrStdout()
 	fmt.Fprintf(out, "kvmesh %s serving node %s\n", version(), n.ID())
@@ -214,12 +287,103 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
 	fmt.Fprintf(out, "  gossip   %s   (others join with --join %s)\n", n.GossipAddr(), n.GossipAddr())
 	fmt.Fprintf(out, "  store    %s (DRAM %s, NVMe %s)\n", opts.DataDir, formatSize(opts.DRAMBytes), formatSize(opts.NVMeBytes))
 	fmt.Fprintf(out, "  prefill  %s\n", engineLine(opts.Prefill))
-	fmt.Fprintf(out, "try: kvmesh inspect --addr %s members   (stop with Ctrl-C)\n", n.GRPCAddr())
+	fmt.Fprintf(out, "  security %s\n", security(opts))
+	fmt.Fprintf(out, "try: kvmesh inspect --addr %s%s members   (stop with Ctrl-C)\n", n.GRPCAddr(), clientHint(cmd.Flags()))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if path := flagValue(cmd.Flags(), "auth-token-file"); path != "" {
+		done := reloadTokens(n, path, logger)
+		defer done()
+	}
 	if err := n.Serve(ctx); err != nil {
 		return err
 	}
 	return nil
+}
+
+// security describes how the node guards its doors, for people.
+func security(o node.Options) string {
+	var parts []string
+	switch {
+	case o.TLS == nil:
+		parts = append(parts, "plain TCP")
+	case o.TLS.ClientAuth == tls.RequireAndVerifyClientCert:
+		parts = append(parts, "mutual TLS 1.3")
+	default:
+		parts = append(parts, "TLS 1.3")
+	}
+	if len(o.Tokens) > 0 {
+		parts = append(parts, fmt.Sprintf("bearer tokens (%d accepted)", len(o.Tokens)))
+	} else {
+		parts = append(parts, "no token")
+	}
+	if len(o.GossipKey) > 0 {
+		parts = append(parts, "encrypted gossip")
+	}
+	return strings.Join(parts, ", ")
+}
+
+// reloadTokens re-reads the token file into the node's accepted set on every
+// SIGHUP, until the returned stop is called (it waits for the goroutine).
+func reloadTokens(n *node.Node, path string, log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-hup:
+			}
+			tokens, err := transfer.ReadTokenFile(path)
+			if err == nil {
+				err = n.SetTokens(tokens)
+			}
+			if err != nil {
+				log.Error("SIGHUP: tokens not reloaded; the node keeps the ones it had", "file", path, "err", err)
+				continue
+			}
+			log.Info("SIGHUP: tokens reloaded", "file", path, "accepted", len(tokens))
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		close(quit)
+		<-done
+	}
+}
+
+// clientHint returns the flags a client needs to reach a node served with
+// the serve flags fs, to print beside its address.
+func clientHint(fs *pflag.FlagSet) string {
+	var b strings.Builder
+	if flagValue(fs, "tls-cert") != "" {
+		if ca := flagValue(fs, "tls-ca"); ca != "" {
+			fmt.Fprintf(&b, " --tls-ca %s", ca)
+		} else {
+			b.WriteString(" --tls")
+		}
+		if flagValue(fs, "tls-client-auth") == "true" {
+			b.WriteString(" --tls-cert CERT --tls-key KEY")
+		}
+		if name := flagValue(fs, "tls-server-name"); name != "" {
+			fmt.Fprintf(&b, " --tls-server-name %s", name)
+		}
+	}
+	if flagValue(fs, "auth-token-file") != "" {
+		b.WriteString(" --auth-token-file FILE")
+	}
+	return b.String()
+}
+
+// flagValue returns the value of fs's flag name (after layering), "" when
+// there is no such flag.
+func flagValue(fs *pflag.FlagSet, name string) string {
+	if f := fs.Lookup(name); f != nil {
+		return f.Value.String()
+	}
+	return ""
 }

@@ -602,6 +602,361 @@ func (x *BlockInfoResponse) GetHeadDim() uint32 {
 	return 0
 }
 
+// Quota bounds the encoded block bytes (header and payload) one namespace
+// may hold in each tier of one node. 0 is unlimited.
+type Quota struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DramBytes     uint64                 `protobuf:"varint,1,opt,name=dram_bytes,json=dramBytes,proto3" json:"dram_bytes,omitempty"`
+	NvmeBytes     uint64                 `protobuf:"varint,2,opt,name=nvme_bytes,json=nvmeBytes,proto3" json:"nvme_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Quota) Reset() {
+	*x = Quota{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Quota) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Quota) ProtoMessage() {}
+
+func (x *Quota) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Quota.ProtoReflect.Descriptor instead.
+func (*Quota) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Quota) GetDramBytes() uint64 {
+	if x != nil {
+		return x.DramBytes
+	}
+	return 0
+}
+
+func (x *Quota) GetNvmeBytes() uint64 {
+	if x != nil {
+		return x.NvmeBytes
+	}
+	return 0
+}
+
+type SetQuotaRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The namespace, or its 64-bit digest. Exactly one is set.
+	Namespace *Namespace `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Digest    uint64     `protobuf:"fixed64,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	// The quota; ignored with clear.
+	Quota *Quota `protobuf:"bytes,3,opt,name=quota,proto3" json:"quota,omitempty"`
+	// Remove the namespace's own quota: the node's default applies again.
+	Clear         bool `protobuf:"varint,4,opt,name=clear,proto3" json:"clear,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetQuotaRequest) Reset() {
+	*x = SetQuotaRequest{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetQuotaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetQuotaRequest) ProtoMessage() {}
+
+func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetQuotaRequest.ProtoReflect.Descriptor instead.
+func (*SetQuotaRequest) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetQuotaRequest) GetNamespace() *Namespace {
+	if x != nil {
+		return x.Namespace
+	}
+	return nil
+}
+
+func (x *SetQuotaRequest) GetDigest() uint64 {
+	if x != nil {
+		return x.Digest
+	}
+	return 0
+}
+
+func (x *SetQuotaRequest) GetQuota() *Quota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+func (x *SetQuotaRequest) GetClear() bool {
+	if x != nil {
+		return x.Clear
+	}
+	return false
+}
+
+type SetQuotaResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The namespace after the change (usage may still exceed a lowered quota
+	// while blocks of it are being read; they go at their next write).
+	Namespace     *NamespaceQuota `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetQuotaResponse) Reset() {
+	*x = SetQuotaResponse{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetQuotaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetQuotaResponse) ProtoMessage() {}
+
+func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetQuotaResponse.ProtoReflect.Descriptor instead.
+func (*SetQuotaResponse) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SetQuotaResponse) GetNamespace() *NamespaceQuota {
+	if x != nil {
+		return x.Namespace
+	}
+	return nil
+}
+
+type QuotasRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotasRequest) Reset() {
+	*x = QuotasRequest{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotasRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotasRequest) ProtoMessage() {}
+
+func (x *QuotasRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotasRequest.ProtoReflect.Descriptor instead.
+func (*QuotasRequest) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+type NamespaceQuota struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Digest uint64                 `protobuf:"fixed64,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	// The quota in force: the namespace's own (own = true) or the default.
+	Quota *Quota `protobuf:"bytes,2,opt,name=quota,proto3" json:"quota,omitempty"`
+	Own   bool   `protobuf:"varint,3,opt,name=own,proto3" json:"own,omitempty"`
+	// What the namespace holds on this node.
+	Blocks        uint64 `protobuf:"varint,4,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	DramBytes     uint64 `protobuf:"varint,5,opt,name=dram_bytes,json=dramBytes,proto3" json:"dram_bytes,omitempty"`
+	NvmeBytes     uint64 `protobuf:"varint,6,opt,name=nvme_bytes,json=nvmeBytes,proto3" json:"nvme_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NamespaceQuota) Reset() {
+	*x = NamespaceQuota{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NamespaceQuota) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NamespaceQuota) ProtoMessage() {}
+
+func (x *NamespaceQuota) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NamespaceQuota.ProtoReflect.Descriptor instead.
+func (*NamespaceQuota) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *NamespaceQuota) GetDigest() uint64 {
+	if x != nil {
+		return x.Digest
+	}
+	return 0
+}
+
+func (x *NamespaceQuota) GetQuota() *Quota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+func (x *NamespaceQuota) GetOwn() bool {
+	if x != nil {
+		return x.Own
+	}
+	return false
+}
+
+func (x *NamespaceQuota) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *NamespaceQuota) GetDramBytes() uint64 {
+	if x != nil {
+		return x.DramBytes
+	}
+	return 0
+}
+
+func (x *NamespaceQuota) GetNvmeBytes() uint64 {
+	if x != nil {
+		return x.NvmeBytes
+	}
+	return 0
+}
+
+type QuotasResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The quota of every namespace without its own.
+	DefaultQuota *Quota `protobuf:"bytes,2,opt,name=default_quota,json=defaultQuota,proto3" json:"default_quota,omitempty"`
+	// Sorted by digest.
+	Namespaces    []*NamespaceQuota `protobuf:"bytes,3,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotasResponse) Reset() {
+	*x = QuotasResponse{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotasResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotasResponse) ProtoMessage() {}
+
+func (x *QuotasResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotasResponse.ProtoReflect.Descriptor instead.
+func (*QuotasResponse) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *QuotasResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *QuotasResponse) GetDefaultQuota() *Quota {
+	if x != nil {
+		return x.DefaultQuota
+	}
+	return nil
+}
+
+func (x *QuotasResponse) GetNamespaces() []*NamespaceQuota {
+	if x != nil {
+		return x.Namespaces
+	}
+	return nil
+}
+
 var File_kvmesh_v1_admin_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_admin_proto_rawDesc = "" +
@@ -656,11 +1011,41 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"layerStart\x12\x1b\n" +
 	"\tlayer_end\x18\v \x01(\rR\blayerEnd\x12\x19\n" +
 	"\bkv_heads\x18\f \x01(\rR\akvHeads\x12\x19\n" +
-	"\bhead_dim\x18\r \x01(\rR\aheadDim2\xec\x01\n" +
+	"\bhead_dim\x18\r \x01(\rR\aheadDim\"E\n" +
+	"\x05Quota\x12\x1d\n" +
+	"\n" +
+	"dram_bytes\x18\x01 \x01(\x04R\tdramBytes\x12\x1d\n" +
+	"\n" +
+	"nvme_bytes\x18\x02 \x01(\x04R\tnvmeBytes\"\x9b\x01\n" +
+	"\x0fSetQuotaRequest\x122\n" +
+	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\x06R\x06digest\x12&\n" +
+	"\x05quota\x18\x03 \x01(\v2\x10.kvmesh.v1.QuotaR\x05quota\x12\x14\n" +
+	"\x05clear\x18\x04 \x01(\bR\x05clear\"K\n" +
+	"\x10SetQuotaResponse\x127\n" +
+	"\tnamespace\x18\x01 \x01(\v2\x19.kvmesh.v1.NamespaceQuotaR\tnamespace\"\x0f\n" +
+	"\rQuotasRequest\"\xb8\x01\n" +
+	"\x0eNamespaceQuota\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\x06R\x06digest\x12&\n" +
+	"\x05quota\x18\x02 \x01(\v2\x10.kvmesh.v1.QuotaR\x05quota\x12\x10\n" +
+	"\x03own\x18\x03 \x01(\bR\x03own\x12\x16\n" +
+	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x1d\n" +
+	"\n" +
+	"dram_bytes\x18\x05 \x01(\x04R\tdramBytes\x12\x1d\n" +
+	"\n" +
+	"nvme_bytes\x18\x06 \x01(\x04R\tnvmeBytes\"\x9b\x01\n" +
+	"\x0eQuotasResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x125\n" +
+	"\rdefault_quota\x18\x02 \x01(\v2\x10.kvmesh.v1.QuotaR\fdefaultQuota\x129\n" +
+	"\n" +
+	"namespaces\x18\x03 \x03(\v2\x19.kvmesh.v1.NamespaceQuotaR\n" +
+	"namespaces2\xf0\x02\n" +
 	"\fAdminService\x12@\n" +
 	"\aMembers\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n" +
 	"\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12F\n" +
-	"\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
+	"\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12C\n" +
+	"\bSetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n" +
+	"\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
 
 var (
 	file_kvmesh_v1_admin_proto_rawDescOnce sync.Once
@@ -674,7 +1059,7 @@ func file_kvmesh_v1_admin_proto_rawDescGZIP() []byte {
 	return file_kvmesh_v1_admin_proto_rawDescData
 }
 
-var file_kvmesh_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_kvmesh_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_kvmesh_v1_admin_proto_goTypes = []any{
 	(*MembersRequest)(nil),        // 0: kvmesh.v1.MembersRequest
 	(*TierCapacity)(nil),          // 1: kvmesh.v1.TierCapacity
@@ -684,25 +1069,41 @@ var file_kvmesh_v1_admin_proto_goTypes = []any{
 	(*DropNamespaceResponse)(nil), // 5: kvmesh.v1.DropNamespaceResponse
 	(*BlockInfoRequest)(nil),      // 6: kvmesh.v1.BlockInfoRequest
 	(*BlockInfoResponse)(nil),     // 7: kvmesh.v1.BlockInfoResponse
-	(*Namespace)(nil),             // 8: kvmesh.v1.Namespace
-	(DType)(0),                    // 9: kvmesh.v1.DType
+	(*Quota)(nil),                 // 8: kvmesh.v1.Quota
+	(*SetQuotaRequest)(nil),       // 9: kvmesh.v1.SetQuotaRequest
+	(*SetQuotaResponse)(nil),      // 10: kvmesh.v1.SetQuotaResponse
+	(*QuotasRequest)(nil),         // 11: kvmesh.v1.QuotasRequest
+	(*NamespaceQuota)(nil),        // 12: kvmesh.v1.NamespaceQuota
+	(*QuotasResponse)(nil),        // 13: kvmesh.v1.QuotasResponse
+	(*Namespace)(nil),             // 14: kvmesh.v1.Namespace
+	(DType)(0),                    // 15: kvmesh.v1.DType
 }
 var file_kvmesh_v1_admin_proto_depIdxs = []int32{
-	1, // 0: kvmesh.v1.Member.tiers:type_name -> kvmesh.v1.TierCapacity
-	2, // 1: kvmesh.v1.MembersResponse.members:type_name -> kvmesh.v1.Member
-	8, // 2: kvmesh.v1.DropNamespaceRequest.namespace:type_name -> kvmesh.v1.Namespace
-	9, // 3: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.DType
-	0, // 4: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
-	4, // 5: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
-	6, // 6: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
-	3, // 7: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
-	5, // 8: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
-	7, // 9: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	1,  // 0: kvmesh.v1.Member.tiers:type_name -> kvmesh.v1.TierCapacity
+	2,  // 1: kvmesh.v1.MembersResponse.members:type_name -> kvmesh.v1.Member
+	14, // 2: kvmesh.v1.DropNamespaceRequest.namespace:type_name -> kvmesh.v1.Namespace
+	15, // 3: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.DType
+	14, // 4: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
+	8,  // 5: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
+	12, // 6: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
+	8,  // 7: kvmesh.v1.NamespaceQuota.quota:type_name -> kvmesh.v1.Quota
+	8,  // 8: kvmesh.v1.QuotasResponse.default_quota:type_name -> kvmesh.v1.Quota
+	12, // 9: kvmesh.v1.QuotasResponse.namespaces:type_name -> kvmesh.v1.NamespaceQuota
+	0,  // 10: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
+	4,  // 11: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
+	6,  // 12: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
+	9,  // 13: kvmesh.v1.AdminService.SetQuota:input_type -> kvmesh.v1.SetQuotaRequest
+	11, // 14: kvmesh.v1.AdminService.Quotas:input_type -> kvmesh.v1.QuotasRequest
+	3,  // 15: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
+	5,  // 16: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
+	7,  // 17: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
+	10, // 18: kvmesh.v1.AdminService.SetQuota:output_type -> kvmesh.v1.SetQuotaResponse
+	13, // 19: kvmesh.v1.AdminService.Quotas:output_type -> kvmesh.v1.QuotasResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_admin_proto_init() }
@@ -717,7 +1118,7 @@ func file_kvmesh_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_v1_admin_proto_rawDesc), len(file_kvmesh_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

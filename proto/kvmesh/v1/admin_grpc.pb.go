@@ -22,6 +22,8 @@ const (
 	AdminService_Members_FullMethodName       = "/kvmesh.v1.AdminService/Members"
 	AdminService_DropNamespace_FullMethodName = "/kvmesh.v1.AdminService/DropNamespace"
 	AdminService_BlockInfo_FullMethodName     = "/kvmesh.v1.AdminService/BlockInfo"
+	AdminService_SetQuota_FullMethodName      = "/kvmesh.v1.AdminService/SetQuota"
+	AdminService_Quotas_FullMethodName        = "/kvmesh.v1.AdminService/Quotas"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -29,7 +31,7 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // AdminService is for operators and tools: who is in the cluster, dropping a
-// namespace, looking at one block.
+// namespace, looking at one block, namespaces' quotas.
 type AdminServiceClient interface {
 	// Members lists the live nodes this node knows (alive or suspected), itself
 	// first.
@@ -40,6 +42,15 @@ type AdminServiceClient interface {
 	// The node reads the block to report its header, which counts as a read
 	// (a block on NVMe may be promoted to DRAM).
 	BlockInfo(ctx context.Context, in *BlockInfoRequest, opts ...grpc.CallOption) (*BlockInfoResponse, error)
+	// SetQuota sets (or clears) one namespace's quota on this node, in place
+	// of the node's default quota (kvmesh serve --quota-dram, --quota-nvme),
+	// and trims the namespace to it at once. The node keeps it across
+	// restarts (in its data dir). Quotas are per node: set it on every node
+	// that should enforce it. UNIMPLEMENTED on a node without quotas.
+	SetQuota(ctx context.Context, in *SetQuotaRequest, opts ...grpc.CallOption) (*SetQuotaResponse, error)
+	// Quotas lists the node's default quota and, for every namespace it holds
+	// blocks of or has a quota for, its usage and the quota in force.
+	Quotas(ctx context.Context, in *QuotasRequest, opts ...grpc.CallOption) (*QuotasResponse, error)
 }
 
 type adminServiceClient struct {
@@ -80,12 +91,32 @@ func (c *adminServiceClient) BlockInfo(ctx context.Context, in *BlockInfoRequest
 	return out, nil
 }
 
+func (c *adminServiceClient) SetQuota(ctx context.Context, in *SetQuotaRequest, opts ...grpc.CallOption) (*SetQuotaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetQuotaResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetQuota_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) Quotas(ctx context.Context, in *QuotasRequest, opts ...grpc.CallOption) (*QuotasResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(QuotasResponse)
+	err := c.cc.Invoke(ctx, AdminService_Quotas_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
 //
 // AdminService is for operators and tools: who is in the cluster, dropping a
-// namespace, looking at one block.
+// namespace, looking at one block, namespaces' quotas.
 type AdminServiceServer interface {
 	// Members lists the live nodes this node knows (alive or suspected), itself
 	// first.
@@ -96,6 +127,15 @@ type AdminServiceServer interface {
 	// The node reads the block to report its header, which counts as a read
 	// (a block on NVMe may be promoted to DRAM).
 	BlockInfo(context.Context, *BlockInfoRequest) (*BlockInfoResponse, error)
+	// SetQuota sets (or clears) one namespace's quota on this node, in place
+	// of the node's default quota (kvmesh serve --quota-dram, --quota-nvme),
+	// and trims the namespace to it at once. The node keeps it across
+	// restarts (in its data dir). Quotas are per node: set it on every node
+	// that should enforce it. UNIMPLEMENTED on a node without quotas.
+	SetQuota(context.Context, *SetQuotaRequest) (*SetQuotaResponse, error)
+	// Quotas lists the node's default quota and, for every namespace it holds
+	// blocks of or has a quota for, its usage and the quota in force.
+	Quotas(context.Context, *QuotasRequest) (*QuotasResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -114,6 +154,12 @@ func (UnimplementedAdminServiceServer) DropNamespace(context.Context, *DropNames
 }
 func (UnimplementedAdminServiceServer) BlockInfo(context.Context, *BlockInfoRequest) (*BlockInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method BlockInfo not implemented")
+}
+func (UnimplementedAdminServiceServer) SetQuota(context.Context, *SetQuotaRequest) (*SetQuotaResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetQuota not implemented")
+}
+func (UnimplementedAdminServiceServer) Quotas(context.Context, *QuotasRequest) (*QuotasResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Quotas not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -190,6 +236,42 @@ func _AdminService_BlockInfo_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_SetQuota_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetQuotaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetQuota(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetQuota_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetQuota(ctx, req.(*SetQuotaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_Quotas_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(QuotasRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Quotas(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Quotas_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Quotas(ctx, req.(*QuotasRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -208,6 +290,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "BlockInfo",
 			Handler:    _AdminService_BlockInfo_Handler,
+		},
+		{
+			MethodName: "SetQuota",
+			Handler:    _AdminService_SetQuota_Handler,
+		},
+		{
+			MethodName: "Quotas",
+			Handler:    _AdminService_Quotas_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

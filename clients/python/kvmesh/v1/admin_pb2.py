@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/admin.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x10\n\x0eMembersRequest\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xe5\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x12\n\nshm_socket\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x14\n\x0crdma_devices\x18\x0b \x03(\t\"\\\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\x90\x02\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.DType\x12\x13\n\x0blayer_start\x18\n \x01(\r\x12\x11\n\tlayer_end\x18\x0b \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\r2\xec\x01\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x10\n\x0eMembersRequest\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xe5\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x12\n\nshm_socket\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x14\n\x0crdma_devices\x18\x0b \x03(\t\"\\\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\x90\x02\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.DType\x12\x13\n\x0blayer_start\x18\n \x01(\r\x12\x11\n\tlayer_end\x18\x0b \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\r\"/\n\x05Quota\x12\x12\n\ndram_bytes\x18\x01 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x02 \x01(\x04\"z\n\x0fSetQuotaRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\x12\x1f\n\x05quota\x18\x03 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"@\n\x10SetQuotaResponse\x12,\n\tnamespace\x18\x01 \x01(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\"\x0f\n\rQuotasRequest\"\x86\x01\n\x0eNamespaceQuota\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x1f\n\x05quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\x0b\n\x03own\x18\x03 \x01(\x08\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x12\n\ndram_bytes\x18\x05 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x06 \x01(\x04\"y\n\x0eQuotasResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\rdefault_quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12-\n\nnamespaces\x18\x03 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceQuota2\xf0\x02\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12\x43\n\x08SetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
@@ -456,10 +456,272 @@ _BLOCKINFORESPONSE = _descriptor.Descriptor(
   serialized_end=913,
 )
 
+
+_QUOTA = _descriptor.Descriptor(
+  name='Quota',
+  full_name='kvmesh.v1.Quota',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='dram_bytes', full_name='kvmesh.v1.Quota.dram_bytes', index=0,
+      number=1, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='nvme_bytes', full_name='kvmesh.v1.Quota.nvme_bytes', index=1,
+      number=2, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=915,
+  serialized_end=962,
+)
+
+
+_SETQUOTAREQUEST = _descriptor.Descriptor(
+  name='SetQuotaRequest',
+  full_name='kvmesh.v1.SetQuotaRequest',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='namespace', full_name='kvmesh.v1.SetQuotaRequest.namespace', index=0,
+      number=1, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='digest', full_name='kvmesh.v1.SetQuotaRequest.digest', index=1,
+      number=2, type=6, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='quota', full_name='kvmesh.v1.SetQuotaRequest.quota', index=2,
+      number=3, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='clear', full_name='kvmesh.v1.SetQuotaRequest.clear', index=3,
+      number=4, type=8, cpp_type=7, label=1,
+      has_default_value=False, default_value=False,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=964,
+  serialized_end=1086,
+)
+
+
+_SETQUOTARESPONSE = _descriptor.Descriptor(
+  name='SetQuotaResponse',
+  full_name='kvmesh.v1.SetQuotaResponse',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='namespace', full_name='kvmesh.v1.SetQuotaResponse.namespace', index=0,
+      number=1, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=1088,
+  serialized_end=1152,
+)
+
+
+_QUOTASREQUEST = _descriptor.Descriptor(
+  name='QuotasRequest',
+  full_name='kvmesh.v1.QuotasRequest',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=1154,
+  serialized_end=1169,
+)
+
+
+_NAMESPACEQUOTA = _descriptor.Descriptor(
+  name='NamespaceQuota',
+  full_name='kvmesh.v1.NamespaceQuota',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='digest', full_name='kvmesh.v1.NamespaceQuota.digest', index=0,
+      number=1, type=6, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='quota', full_name='kvmesh.v1.NamespaceQuota.quota', index=1,
+      number=2, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='own', full_name='kvmesh.v1.NamespaceQuota.own', index=2,
+      number=3, type=8, cpp_type=7, label=1,
+      has_default_value=False, default_value=False,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='blocks', full_name='kvmesh.v1.NamespaceQuota.blocks', index=3,
+      number=4, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='dram_bytes', full_name='kvmesh.v1.NamespaceQuota.dram_bytes', index=4,
+      number=5, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='nvme_bytes', full_name='kvmesh.v1.NamespaceQuota.nvme_bytes', index=5,
+      number=6, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=1172,
+  serialized_end=1306,
+)
+
+
+_QUOTASRESPONSE = _descriptor.Descriptor(
+  name='QuotasResponse',
+  full_name='kvmesh.v1.QuotasResponse',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='node_id', full_name='kvmesh.v1.QuotasResponse.node_id', index=0,
+      number=1, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='default_quota', full_name='kvmesh.v1.QuotasResponse.default_quota', index=1,
+      number=2, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='namespaces', full_name='kvmesh.v1.QuotasResponse.namespaces', index=2,
+      number=3, type=11, cpp_type=10, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=1308,
+  serialized_end=1429,
+)
+
 _MEMBER.fields_by_name['tiers'].message_type = _TIERCAPACITY
 _MEMBERSRESPONSE.fields_by_name['members'].message_type = _MEMBER
 _DROPNAMESPACEREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
 _BLOCKINFORESPONSE.fields_by_name['dtype'].enum_type = kvmesh_dot_v1_dot_types__pb2._DTYPE
+_SETQUOTAREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
+_SETQUOTAREQUEST.fields_by_name['quota'].message_type = _QUOTA
+_SETQUOTARESPONSE.fields_by_name['namespace'].message_type = _NAMESPACEQUOTA
+_NAMESPACEQUOTA.fields_by_name['quota'].message_type = _QUOTA
+_QUOTASRESPONSE.fields_by_name['default_quota'].message_type = _QUOTA
+_QUOTASRESPONSE.fields_by_name['namespaces'].message_type = _NAMESPACEQUOTA
 DESCRIPTOR.message_types_by_name['MembersRequest'] = _MEMBERSREQUEST
 DESCRIPTOR.message_types_by_name['TierCapacity'] = _TIERCAPACITY
 DESCRIPTOR.message_types_by_name['Member'] = _MEMBER
@@ -468,6 +730,12 @@ DESCRIPTOR.message_types_by_name['DropNamespaceRequest'] = _DROPNAMESPACEREQUEST
 DESCRIPTOR.message_types_by_name['DropNamespaceResponse'] = _DROPNAMESPACERESPONSE
 DESCRIPTOR.message_types_by_name['BlockInfoRequest'] = _BLOCKINFOREQUEST
 DESCRIPTOR.message_types_by_name['BlockInfoResponse'] = _BLOCKINFORESPONSE
+DESCRIPTOR.message_types_by_name['Quota'] = _QUOTA
+DESCRIPTOR.message_types_by_name['SetQuotaRequest'] = _SETQUOTAREQUEST
+DESCRIPTOR.message_types_by_name['SetQuotaResponse'] = _SETQUOTARESPONSE
+DESCRIPTOR.message_types_by_name['QuotasRequest'] = _QUOTASREQUEST
+DESCRIPTOR.message_types_by_name['NamespaceQuota'] = _NAMESPACEQUOTA
+DESCRIPTOR.message_types_by_name['QuotasResponse'] = _QUOTASRESPONSE
 _sym_db.RegisterFileDescriptor(DESCRIPTOR)
 
 MembersRequest = _reflection.GeneratedProtocolMessageType('MembersRequest', (_message.Message,), dict(
@@ -526,6 +794,48 @@ BlockInfoResponse = _reflection.GeneratedProtocolMessageType('BlockInfoResponse'
   ))
 _sym_db.RegisterMessage(BlockInfoResponse)
 
+Quota = _reflection.GeneratedProtocolMessageType('Quota', (_message.Message,), dict(
+  DESCRIPTOR = _QUOTA,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.Quota)
+  ))
+_sym_db.RegisterMessage(Quota)
+
+SetQuotaRequest = _reflection.GeneratedProtocolMessageType('SetQuotaRequest', (_message.Message,), dict(
+  DESCRIPTOR = _SETQUOTAREQUEST,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.SetQuotaRequest)
+  ))
+_sym_db.RegisterMessage(SetQuotaRequest)
+
+SetQuotaResponse = _reflection.GeneratedProtocolMessageType('SetQuotaResponse', (_message.Message,), dict(
+  DESCRIPTOR = _SETQUOTARESPONSE,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.SetQuotaResponse)
+  ))
+_sym_db.RegisterMessage(SetQuotaResponse)
+
+QuotasRequest = _reflection.GeneratedProtocolMessageType('QuotasRequest', (_message.Message,), dict(
+  DESCRIPTOR = _QUOTASREQUEST,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.QuotasRequest)
+  ))
+_sym_db.RegisterMessage(QuotasRequest)
+
+NamespaceQuota = _reflection.GeneratedProtocolMessageType('NamespaceQuota', (_message.Message,), dict(
+  DESCRIPTOR = _NAMESPACEQUOTA,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.NamespaceQuota)
+  ))
+_sym_db.RegisterMessage(NamespaceQuota)
+
+QuotasResponse = _reflection.GeneratedProtocolMessageType('QuotasResponse', (_message.Message,), dict(
+  DESCRIPTOR = _QUOTASRESPONSE,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.QuotasResponse)
+  ))
+_sym_db.RegisterMessage(QuotasResponse)
+
 
 DESCRIPTOR.has_options = True
 DESCRIPTOR._options = _descriptor._ParseOptions(descriptor_pb2.FileOptions(), _b('Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1'))
@@ -536,8 +846,8 @@ _ADMINSERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=916,
-  serialized_end=1152,
+  serialized_start=1432,
+  serialized_end=1800,
   methods=[
   _descriptor.MethodDescriptor(
     name='Members',
@@ -564,6 +874,24 @@ _ADMINSERVICE = _descriptor.ServiceDescriptor(
     containing_service=None,
     input_type=_BLOCKINFOREQUEST,
     output_type=_BLOCKINFORESPONSE,
+    options=None,
+  ),
+  _descriptor.MethodDescriptor(
+    name='SetQuota',
+    full_name='kvmesh.v1.AdminService.SetQuota',
+    index=3,
+    containing_service=None,
+    input_type=_SETQUOTAREQUEST,
+    output_type=_SETQUOTARESPONSE,
+    options=None,
+  ),
+  _descriptor.MethodDescriptor(
+    name='Quotas',
+    full_name='kvmesh.v1.AdminService.Quotas',
+    index=4,
+    containing_service=None,
+    input_type=_QUOTASREQUEST,
+    output_type=_QUOTASRESPONSE,
     options=None,
   ),
 ])

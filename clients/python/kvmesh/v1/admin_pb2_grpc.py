@@ -6,7 +6,7 @@ from kvmesh.v1 import admin_pb2 as kvmesh_dot_v1_dot_admin__pb2
 
 class AdminServiceStub(object):
   """AdminService is for operators and tools: who is in the cluster, dropping a
-  namespace, looking at one block.
+  namespace, looking at one block, namespaces' quotas.
   """
 
   def __init__(self, channel):
@@ -30,11 +30,21 @@ class AdminServiceStub(object):
         request_serializer=kvmesh_dot_v1_dot_admin__pb2.BlockInfoRequest.SerializeToString,
         response_deserializer=kvmesh_dot_v1_dot_admin__pb2.BlockInfoResponse.FromString,
         )
+    self.SetQuota = channel.unary_unary(
+        '/kvmesh.v1.AdminService/SetQuota',
+        request_serializer=kvmesh_dot_v1_dot_admin__pb2.SetQuotaRequest.SerializeToString,
+        response_deserializer=kvmesh_dot_v1_dot_admin__pb2.SetQuotaResponse.FromString,
+        )
+    self.Quotas = channel.unary_unary(
+        '/kvmesh.v1.AdminService/Quotas',
+        request_serializer=kvmesh_dot_v1_dot_admin__pb2.QuotasRequest.SerializeToString,
+        response_deserializer=kvmesh_dot_v1_dot_admin__pb2.QuotasResponse.FromString,
+        )
 
 
 class AdminServiceServicer(object):
   """AdminService is for operators and tools: who is in the cluster, dropping a
-  namespace, looking at one block.
+  namespace, looking at one block, namespaces' quotas.
   """
 
   def Members(self, request, context):
@@ -61,6 +71,25 @@ class AdminServiceServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def SetQuota(self, request, context):
+    """SetQuota sets (or clears) one namespace's quota on this node, in place
+    of the node's default quota (kvmesh serve --quota-dram, --quota-nvme),
+    and trims the namespace to it at once. The node keeps it across
+    restarts (in its data dir). Quotas are per node: set it on every node
+    that should enforce it. UNIMPLEMENTED on a node without quotas.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
+  def Quotas(self, request, context):
+    """Quotas lists the node's default quota and, for every namespace it holds
+    blocks of or has a quota for, its usage and the quota in force.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -78,6 +107,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
           servicer.BlockInfo,
           request_deserializer=kvmesh_dot_v1_dot_admin__pb2.BlockInfoRequest.FromString,
           response_serializer=kvmesh_dot_v1_dot_admin__pb2.BlockInfoResponse.SerializeToString,
+      ),
+      'SetQuota': grpc.unary_unary_rpc_method_handler(
+          servicer.SetQuota,
+          request_deserializer=kvmesh_dot_v1_dot_admin__pb2.SetQuotaRequest.FromString,
+          response_serializer=kvmesh_dot_v1_dot_admin__pb2.SetQuotaResponse.SerializeToString,
+      ),
+      'Quotas': grpc.unary_unary_rpc_method_handler(
+          servicer.Quotas,
+          request_deserializer=kvmesh_dot_v1_dot_admin__pb2.QuotasRequest.FromString,
+          response_serializer=kvmesh_dot_v1_dot_admin__pb2.QuotasResponse.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(
