@@ -170,12 +170,14 @@ func prefillResultCmd(f *inspectFlags) *cobra.Command {
 	return c
 }
 
-// registerConn registers --addr, -o and --timeout on c and its subcommands.
+// registerConn registers --addr, -o, --timeout and the TLS and token flags
+// on c and its subcommands.
 func (f *inspectFlags) registerConn(c *cobra.Command, timeout time.Duration) {
 	pf := c.PersistentFlags()
 	pf.StringVar(&f.addr, "addr", node.DefaultGRPCAddr, "gRPC address HOST:PORT of the node")
 	pf.StringVarP(&f.output, "output", "o", "table", "table or json")
 	pf.DurationVar(&f.timeout, "timeout", timeout, "how long to wait for the node (and for a result)")
+	f.sec.register(pf)
 }
 
 // waitError says how to go on waiting for a queued request whose wait ran
