@@ -118,6 +118,8 @@ type KVResult struct {
 	P50MS       float64 `json:"p50_ms"`
 	P99MS       float64 `json:"p99_ms"`
 	Errors      int64   `json:"errors"`
+	// FirstError is the first failed operation's error, when Errors > 0.
+	FirstError string `json:"first_error,omitempty"`
 	// RatioVsRawTCP is GBps over the raw TCP stream measured in the same
 	// run (nil when that was not measured).
 	RatioVsRawTCP *float64 `json:"ratio_vs_raw_tcp,omitempty"`
@@ -225,6 +227,7 @@ func kvPhase(ctx context.Context, t KVTarget, conns []KVConn, op string, o KVLoa
 	var (
 		ops, errs atomic.Int64
 		lat       Latency
+		firstErr  atomic.Pointer[error]
 	)
 	maxOps := o.MaxOps
 	if op == "set" {
@@ -256,6 +259,7 @@ func kvPhase(ctx context.Context, t KVTarget, conns []KVConn, op string, o KVLoa
 			lat.Record(time.Since(t0))
 			if err != nil {
 				errs.Add(1)
+				firstErr.CompareAndSwap(nil, &err)
 			}
 		}
 		return nil
@@ -265,5 +269,13 @@ func kvPhase(ctx context.Context, t KVTarget, conns []KVConn, op string, o KVLoa
 	done := n - errs.Load()
 	return KVResult{Target: t.Name(), Op: op, ValueBytes: o.ValueBytes, Concurrency: o.Concurrency,
 		Ops: done, OpsPerS: float64(done) / sec, GBps: float64(done) * float64(o.ValueBytes) / sec / 1e9,
-		P50MS: lat.Quantile(0.5), P99MS: lat.Quantile(0.99), Errors: errs.Load()}
+		P50MS: lat.Quantile(0.5), P99MS: lat.Quantile(0.99), Errors: errs.Load(), FirstError: errorText(firstErr.Load())}
+}
+
+// errorText is *err's text, "" for nil.
+func errorText(err *error) string {
+	if err == nil {
+		return ""
+	}
+	return (*err).Error()
 }

@@ -223,6 +223,12 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 				bar.Add(1)
 			}
 		}
+		// Each load sized the node's DRAM for itself alone: drop this
+		// size's blocks before the next size fills the node, lest the next
+		// loads measure evictions and misses instead of GETs.
+		if err := dropKV(ctx, addrs[0], b, paths[0].opts); err != nil {
+			return res, err
+		}
 	}
 	storeRatios(rows, limits)
 	title := "GET and SET of whole blocks, one request in flight per connection; kvmesh through its Go client"
@@ -240,6 +246,18 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// dropKV drops the namespace of valueBytes values from the node at addr.
+func dropKV(ctx context.Context, addr string, valueBytes int, opts client.Options) error {
+	t, err := NodeKV("kvmesh", addr, valueBytes, opts)
+	if err != nil {
+		return err
+	}
+	if err := t.(KVResetter).Reset(ctx); err != nil {
+		return fmt.Errorf("bench: store: dropping the %s values: %w", formatBytes(float64(valueBytes)), err)
+	}
+	return nil
 }
 
 // limitRow is the limits of one block size.

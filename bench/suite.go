@@ -275,13 +275,21 @@ type SuiteFlags struct {
 	// Routing is the policy the trace suite measures on kvmesh nodes beside
 	// session-affinity (--routing). Default random.
 	Routing Policy
+	// CapacityBlocks is each node's capacity in blocks in the trace suite's
+	// comparison of policies (--capacity-blocks). Default: enough for every
+	// distinct block of the trace.
+	CapacityBlocks int
+	// Speedup replays the trace honouring its timestamps divided by Speedup
+	// (--speedup). Default 0: as fast as possible.
+	Speedup float64
 }
 
 // Suites returns every suite, in the order `all` runs them: transfer,
 // store, lookup, nvme, prefill, trace; and peers, which `all` leaves out
 // (every suite measures its own peers).
 func Suites(f SuiteFlags) []Suite {
-	trace := TraceOptions{TracePath: f.TracePath, Requests: f.Requests, Nodes: f.Nodes}
+	trace := TraceOptions{TracePath: f.TracePath, Requests: f.Requests, Nodes: f.Nodes,
+		CapacityBlocks: f.CapacityBlocks, Replay: ReplayOptions{Speedup: f.Speedup}}
 	if f.Routing != "" {
 		trace.Routing = []Policy{f.Routing}
 		if f.Routing != RoutingSession {

@@ -26,6 +26,8 @@ type benchFlags struct {
 	requests int
 	nodes    int
 	routing  string
+	capacity int
+	speedup  float64
 	logLevel string
 }
 
@@ -72,6 +74,8 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.IntVar(&f.requests, "requests", 0, "trace suite: replay only the first N requests (default: all; --quick: fewer)")
 	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4)")
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
+	fs.IntVar(&f.capacity, "capacity-blocks", 0, "trace suite: each node's capacity in blocks (default: every distinct block of the trace fits)")
+	fs.Float64Var(&f.speedup, "speedup", 0, "trace suite: honour the trace's timestamps, replayed this many times faster (default 0: as fast as possible)")
 	fs.StringVar(&f.workDir, "work-dir", "", "scratch directory, on the disk the nvme suite measures (default: a temporary directory)")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	return c
@@ -89,15 +93,15 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	if err != nil {
 		return fmt.Errorf("--routing: %w", err)
 	}
-	if f.nodes < 0 || f.requests < 0 {
-		return errors.New("--nodes and --requests must not be negative")
+	if f.nodes < 0 || f.requests < 0 || f.capacity < 0 || f.speedup < 0 {
+		return errors.New("--nodes, --requests, --capacity-blocks and --speedup must not be negative")
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
 	}
 	suites, err := bench.Select(bench.Suites(bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
-		Nodes: f.nodes, Routing: routing}), names)
+		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Speedup: f.speedup}), names)
 	if err != nil {
 		return fmt.Errorf("%w; see 'kvmesh bench --help'", err)
 	}
