@@ -21,6 +21,11 @@
 //	          against gonum's Sgemm
 //	trace     a Mooncake trace on kvmesh nodes and on the simulation
 //	peers     the peers and limits alone (not in `all`)
+//	soak      a bounded mixed load (lookups, gets with every byte checked,
+//	          puts, prefills) on nodes with small tiers, sampling each node's
+//	          RSS and goroutines over time; it fails on any error but a
+//	          miss, on wrong bytes, or on RSS past the DRAM tier plus a fixed
+//	          overhead (not in `all`)
 //
 // A Result holds tables whose rows are structs: their json tags name the
 // columns of both the JSON (-o json) and the human table, so a figure is

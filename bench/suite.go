@@ -282,11 +282,16 @@ type SuiteFlags struct {
 	// Speedup replays the trace honouring its timestamps divided by Speedup
 	// (--speedup). Default 0: as fast as possible.
 	Speedup float64
+	// SoakDuration and SoakConcurrency are the soak's length (--duration)
+	// and workers (--concurrency). Default: SoakOptions's.
+	SoakDuration    time.Duration
+	SoakConcurrency int
 }
 
 // Suites returns every suite, in the order `all` runs them: transfer,
-// store, lookup, nvme, prefill, trace; and peers, which `all` leaves out
-// (every suite measures its own peers).
+// store, lookup, nvme, prefill, trace; and those `all` leaves out: peers
+// (every suite measures its own peers) and soak (a test of endurance, not a
+// figure of speed).
 func Suites(f SuiteFlags) []Suite {
 	trace := TraceOptions{TracePath: f.TracePath, Requests: f.Requests, Nodes: f.Nodes,
 		CapacityBlocks: f.CapacityBlocks, Replay: ReplayOptions{Speedup: f.Speedup}}
@@ -297,7 +302,8 @@ func Suites(f SuiteFlags) []Suite {
 		}
 	}
 	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{},
-		&TraceSuite{Options: trace}, &PeersSuite{}}
+		&TraceSuite{Options: trace}, &PeersSuite{},
+		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}}
 }
 
 // notInAll is implemented by suites that `all` leaves out.

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/prefill"
+	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
 // The kvmesh suites, run small. Suites that need a node get one served in
@@ -335,4 +337,53 @@ func TestPrefillSuiteOnNode(t *testing.T) {
 		}
 	}
 	check(t, res, "ttft_vs_cold")
+}
+
+func TestSoakSuite(t *testing.T) {
+	env := &Env{OutDir: t.TempDir(), Addrs: []string{inProcessNode(t)}}
+	// In process, the node's RSS is this test's (race detector included):
+	// the limit is not what this test checks, the mechanics are.
+	s := &SoakSuite{Options: SoakOptions{Duration: 2 * time.Second, Concurrency: 8, Interval: 500 * time.Millisecond,
+		OverheadBytes: 64 << 30, PrefillEvery: -1}}
+	res := runSuite(t, s, env, "soak", "soak_series")
+	sum := table[soakSummary](t, res, "soak")[0]
+	if sum.Ops == 0 || sum.Errors != 0 || sum.WrongBytes != 0 || sum.MaxRSSBytes <= 0 || !sum.RSSWithinLimit ||
+		sum.GoroutinesEnd <= 0 || sum.LookupP99MS <= 0 || sum.PutP99MS <= 0 {
+		t.Fatalf("summary %+v", sum)
+	}
+	series := table[soakSample](t, res, "soak_series")
+	if len(series) < 3 {
+		t.Fatalf("%d samples in 2s at 500ms", len(series))
+	}
+	var ops int64
+	for _, x := range series {
+		ops += x.Ops
+		if x.RSSBytes <= 0 || x.Goroutines <= 0 || x.Node != "node1" {
+			t.Errorf("sample %+v", x)
+		}
+	}
+	if ops != sum.Ops {
+		t.Errorf("samples count %d ops, the summary %d", ops, sum.Ops)
+	}
+	if c := check(t, res, "errors"); !c.Met {
+		t.Errorf("check %+v", c)
+	}
+	checkPNG(t, res.Plots, 1)
+}
+
+// TestSoakPayload: a block's payload follows from its key alone, so a
+// reader can check any block it gets; different keys, different bytes.
+func TestSoakPayload(t *testing.T) {
+	ns := soakNamespace()
+	if err := ns.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	keys := prefixhash.Keys(ns, make([]uint32, 2*ns.BlockTokens))
+	a, b, c := make([]byte, ns.BlockBytes()), make([]byte, ns.BlockBytes()), make([]byte, ns.BlockBytes())
+	soakPayload(a, keys[0])
+	soakPayload(b, keys[0])
+	soakPayload(c, keys[1])
+	if !bytes.Equal(a, b) || bytes.Equal(a, c) {
+		t.Fatal("payloads are not a function of the key")
+	}
 }

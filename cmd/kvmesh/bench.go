@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -28,6 +29,8 @@ type benchFlags struct {
 	routing  string
 	capacity int
 	speedup  float64
+	duration time.Duration
+	conc     int
 	logLevel string
 }
 
@@ -47,7 +50,10 @@ Suites:
   prefill    time to first token vs cached fraction of an 8k prompt; GFLOP/s vs Sgemm
   trace      a Mooncake trace replayed on N nodes: hit ratio vs the trace's ideal
   peers      the peers and limits alone (memcpy, raw TCP, Redis, fio)
-  all        every suite but peers
+  soak       a mixed load (lookups, gets, puts, prefills) for --duration on 2 nodes
+             with small tiers: RSS, goroutines, errors and latencies over time;
+             fails on any error but a miss, on wrong bytes, or RSS past DRAM + overhead
+  all        every suite but peers and soak
 
 Suites that need nodes start them as separate 'kvmesh serve' processes on
 127.0.0.1 (free ports, a temporary data dir each), unless --addr names a
@@ -55,10 +61,11 @@ running cluster. A missing peer (no redis-server, no fio) is reported and
 skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 
   kvmesh bench all --quick -o json --out bench-out
-  kvmesh bench trace --trace conversation_trace.jsonl --nodes 4 --routing random`,
+  kvmesh bench trace --trace conversation_trace.jsonl --nodes 4 --routing random
+  kvmesh bench soak --duration 10m --concurrency 64 --out bench-out`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return errors.New("name a suite (transfer, store, lookup, nvme, prefill, trace, peers) or all; see 'kvmesh bench --help'")
+				return errors.New("name a suite (transfer, store, lookup, nvme, prefill, trace, peers, soak) or all; see 'kvmesh bench --help'")
 			}
 			return nil
 		},
@@ -76,6 +83,8 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
 	fs.IntVar(&f.capacity, "capacity-blocks", 0, "trace suite: each node's capacity in blocks (default: every distinct block of the trace fits)")
 	fs.Float64Var(&f.speedup, "speedup", 0, "trace suite: honour the trace's timestamps, replayed this many times faster (default 0: as fast as possible)")
+	fs.DurationVar(&f.duration, "duration", 0, "soak: how long the load runs (default 10m; --quick: 30s)")
+	fs.IntVar(&f.conc, "concurrency", 0, "soak: workers, one call in flight each (default 64)")
 	fs.StringVar(&f.workDir, "work-dir", "", "scratch directory, on the disk the nvme suite measures (default: a temporary directory)")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	return c
@@ -93,15 +102,16 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	if err != nil {
 		return fmt.Errorf("--routing: %w", err)
 	}
-	if f.nodes < 0 || f.requests < 0 || f.capacity < 0 || f.speedup < 0 {
-		return errors.New("--nodes, --requests, --capacity-blocks and --speedup must not be negative")
+	if f.nodes < 0 || f.requests < 0 || f.capacity < 0 || f.speedup < 0 || f.duration < 0 || f.conc < 0 {
+		return errors.New("--nodes, --requests, --capacity-blocks, --speedup, --duration and --concurrency must not be negative")
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
 	}
 	suites, err := bench.Select(bench.Suites(bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
-		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Speedup: f.speedup}), names)
+		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Speedup: f.speedup,
+		SoakDuration: f.duration, SoakConcurrency: f.conc}), names)
 	if err != nil {
 		return fmt.Errorf("%w; see 'kvmesh bench --help'", err)
 	}

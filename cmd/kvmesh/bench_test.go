@@ -107,3 +107,51 @@ func TestBenchUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchSoak runs `kvmesh bench soak` briefly on two `kvmesh serve`
+// processes: the load runs, prefills included, without an error; every
+// node stays within its DRAM tier plus the overhead; the series and the
+// plot come out.
+func TestBenchSoak(t *testing.T) {
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary(t), "bench", "soak", "--duration", "4s", "--concurrency", "8", "-o", "json", "--out", out)
+	cmd.Env = append(os.Environ(), "KVMESH_ADDR=")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("kvmesh bench soak: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	var rep struct {
+		Suites []struct {
+			Suite  string `json:"suite"`
+			Error  string `json:"error"`
+			Tables []struct {
+				Name string           `json:"name"`
+				Rows []map[string]any `json:"rows"`
+			} `json:"tables"`
+			Plots []string `json:"plots"`
+		} `json:"suites"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	if len(rep.Suites) != 1 || rep.Suites[0].Suite != "soak" || rep.Suites[0].Error != "" || len(rep.Suites[0].Tables) != 2 {
+		t.Fatalf("report %+v", rep)
+	}
+	sum := rep.Suites[0].Tables[0].Rows[0]
+	if sum["ops"].(float64) <= 0 || sum["errors"].(float64) != 0 || sum["rss_within_limit"] != true || sum["nodes"].(float64) != 2 {
+		t.Fatalf("summary %v", sum)
+	}
+	nodes := map[any]bool{}
+	for _, s := range rep.Suites[0].Tables[1].Rows {
+		nodes[s["node"]] = true
+	}
+	if len(nodes) != 2 {
+		t.Errorf("series of nodes %v, want 2", nodes)
+	}
+	if len(rep.Suites[0].Plots) != 1 || !strings.HasSuffix(rep.Suites[0].Plots[0], "soak_rss_over_time.png") {
+		t.Errorf("plots %v", rep.Suites[0].Plots)
+	}
+}
