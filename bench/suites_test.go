@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -106,23 +107,33 @@ func TestTransferSuite(t *testing.T) {
 		BatchBytes: 2 << 20, SourceBytes: 4 << 20}}
 	res := runSuite(t, s, env, "transfer")
 	rows := table[transferRow](t, res, "transfer")
-	var paths []string
-	for _, r := range rows[:len(rows)/2] {
-		paths = append(paths, r.Path)
-		if r.GBps <= 0 || r.BlockBytes != 64<<10 {
+	paths := map[int][]string{}
+	for _, r := range rows {
+		paths[r.BlockBytes] = append(paths[r.BlockBytes], r.Path)
+		if r.GBps <= 0 {
 			t.Errorf("row %+v", r)
 		}
 	}
-	if strings.Join(paths, ",") != "raw-tcp,kvmesh-tcp,kvmesh-tcp,kvmesh-shm,memcpy" {
-		t.Fatalf("paths %v", paths)
+	// TLS runs at 1 MiB only (the default TLS sizes, 1 and 4 MiB, that
+	// this run measures).
+	if got := strings.Join(paths[64<<10], ","); got != "raw-tcp,kvmesh-tcp,kvmesh-tcp,kvmesh-shm,memcpy" {
+		t.Fatalf("paths at 64 KiB %v", got)
+	}
+	if got := strings.Join(paths[1<<20], ","); got != "raw-tcp,kvmesh-tcp,kvmesh-tcp,kvmesh-shm,memcpy,raw-tls,kvmesh-tls" {
+		t.Fatalf("paths at 1 MiB %v", got)
 	}
 	for _, r := range rows {
 		switch {
 		case r.Path == "kvmesh-tcp" && r.RatioVsRawTCP == nil,
 			r.Path == "kvmesh-shm" && r.RatioVsMemcpy == nil,
-			r.Path == "kvmesh-tcp" && (r.BlockBytes == 1<<20) != (r.RatioVsMooncakeTETCP != nil):
+			r.Path == "kvmesh-tcp" && (r.BlockBytes == 1<<20) != (r.RatioVsMooncakeTETCP != nil),
+			r.Path == "kvmesh-tls" && (r.RatioVsPlain == nil || r.RatioVsRawTLS == nil || *r.RatioVsPlain <= 0),
+			r.Path == "raw-tls" && r.RatioVsPlain == nil:
 			t.Errorf("ratios of %+v", r)
 		}
+	}
+	if !slices.ContainsFunc(res.Notes, func(n string) bool { return strings.HasPrefix(n, "TLS at 1MiB") }) {
+		t.Errorf("no note on TLS's cost: %q", res.Notes)
 	}
 	if c := check(t, res, "ratio_vs_raw_tcp"); c.Target != 0.85 || c.Backend != BackendKvmesh {
 		t.Errorf("check %+v", c)

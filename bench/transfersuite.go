@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/transfer"
@@ -31,6 +33,11 @@ type TransferOptions struct {
 	// SourceBytes is the distinct memory the values cycle through. Default
 	// 64 MiB.
 	SourceBytes int
+	// TLSBlockSizes are the block sizes at which the TLS paths also run
+	// (what TLS costs: the TCP client over mutual TLS 1.3, and a raw TLS
+	// stream). Default 1 MiB and 4 MiB; quick 1 MiB. A size not in
+	// BlockSizes is ignored.
+	TLSBlockSizes []int
 }
 
 // EnsureDefaults fills zero fields with their defaults for a full run, or
@@ -50,6 +57,9 @@ func (o *TransferOptions) EnsureDefaults(quick bool) {
 	}
 	if o.SourceBytes == 0 {
 		o.SourceBytes = transfer.DefaultTestbedSource
+	}
+	if o.TLSBlockSizes == nil {
+		o.TLSBlockSizes = pick(quick, []int{1 << 20, 4 << 20}, []int{1 << 20})
 	}
 }
 
@@ -101,6 +111,12 @@ type transferRow struct {
 	// RatioVsMemcpy is GBps over copy() of the same values in the same run,
 	// for the shared-memory client.
 	RatioVsMemcpy *float64 `json:"ratio_vs_memcpy,omitempty"`
+	// RatioVsPlain is what TLS leaves of the throughput: kvmesh-tls over
+	// kvmesh-tcp (one connection each), raw-tls over raw-tcp.
+	RatioVsPlain *float64 `json:"ratio_vs_plain,omitempty"`
+	// RatioVsRawTLS is kvmesh-tls over a bare crypto/tls stream of the same
+	// bytes: how close the data plane runs to crypto/tls's own ceiling.
+	RatioVsRawTLS *float64 `json:"ratio_vs_raw_tls,omitempty"`
 	Batches       int      `json:"batches" table:"-"`
 	BatchBytes    int64    `json:"batch_bytes" table:"-"`
 	MinBatchS     float64  `json:"min_batch_s" table:"-"`
@@ -119,9 +135,21 @@ func (s *TransferSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	defer bar.Finish()
 	var rows []transferRow
 	shmSkipped := false
+	var tlsPair *[2]*tls.Config
+	if len(o.TLSBlockSizes) > 0 {
+		srv, cli, err := benchTLS(env.WorkDir)
+		if err != nil {
+			return res, err
+		}
+		tlsPair = &[2]*tls.Config{srv, cli}
+	}
 	for _, b := range o.BlockSizes {
 		bar.Describe("transfer: " + formatBytes(float64(b)))
-		got, shmErr, err := transferAt(ctx, o, b, bar)
+		var tp *[2]*tls.Config
+		if slices.Contains(o.TLSBlockSizes, b) {
+			tp = tlsPair
+		}
+		got, shmErr, err := transferAt(ctx, o, b, tp, bar)
 		if err != nil {
 			return res, err
 		}
@@ -133,7 +161,8 @@ func (s *TransferSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	res.AddTable("transfer", fmt.Sprintf("batches of %s of blocks, client and server in this process on loopback, paths interleaved; "+
 		"kvmesh-tcp is transfer.Client.Get from a transfer.Server (N connections: N Gets at once), raw-tcp one Go TCP stream of the same bytes, "+
-		"kvmesh-shm transfer.ShmClient.Get, memcpy copy() of the batch's values", formatBytes(float64(o.BatchBytes))), rows)
+		"kvmesh-shm transfer.ShmClient.Get, memcpy copy() of the batch's values; kvmesh-tls is kvmesh-tcp over mutual TLS 1.3 (ECDSA P-256 certificates, "+
+		"handshakes before the timed batches), raw-tls the raw stream through crypto/tls", formatBytes(float64(o.BatchBytes))), rows)
 	for _, r := range rows {
 		if r.BlockBytes != 1<<20 || r.Conns != 1 {
 			continue
@@ -148,6 +177,12 @@ func (s *TransferSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 	}
 	res.Note("ratio_vs_mooncake_te_tcp divides by a recorded figure (%.2f GB/s, DESIGN.md), not one measured in this run.", MooncakeTETCPGBps)
+	for _, r := range rows {
+		if r.Path == "kvmesh-tls" && r.RatioVsPlain != nil && r.RatioVsRawTLS != nil {
+			res.Note("TLS at %s: the data plane keeps %.2f of its plain-TCP throughput, at %.2f of a bare crypto/tls stream of the same bytes.",
+				formatBytes(float64(r.BlockBytes)), *r.RatioVsPlain, *r.RatioVsRawTLS)
+		}
+	}
 	if err := SavePlot(env, res, "transfer_throughput_vs_block_size",
 		ThroughputPlot("transfer: data plane vs raw TCP and memcpy", transferSeries(rows)...)); err != nil {
 		return res, err
@@ -157,7 +192,10 @@ func (s *TransferSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 
 // transferAt measures every path at block size b. A shared-memory path
 // that cannot run here is left out and its error returned as shmErr.
-func transferAt(ctx context.Context, o TransferOptions, b int, bar Bar) (rows []transferRow, shmErr, err error) {
+//
+// With tp (server and client TLS configurations), it also measures the TCP
+// client over TLS ("tls") and the raw stream over TLS ("rawtls").
+func transferAt(ctx context.Context, o TransferOptions, b int, tp *[2]*tls.Config, bar Bar) (rows []transferRow, shmErr, err error) {
 	tb, err := transfer.NewTestbed(transfer.TestbedOptions{ValueBytes: b, BatchBytes: o.BatchBytes, SourceBytes: o.SourceBytes})
 	if err != nil {
 		return nil, nil, err
@@ -188,6 +226,18 @@ func transferAt(ctx context.Context, o TransferOptions, b int, bar Bar) (rows []
 	cp := tb.Copy()
 	paths = append(paths, cp)
 	conns[cp.Name] = 1
+	if tp != nil {
+		rawTLS, err := tb.RawTLS(true, tp[0], tp[1])
+		if err != nil {
+			return nil, nil, err
+		}
+		tcpTLS, err := tb.TCPWith("tls", 1, &transfer.ServerOptions{TLS: tp[0]}, &transfer.ClientOptions{TLS: tp[1]})
+		if err != nil {
+			return nil, nil, err
+		}
+		paths = append(paths, rawTLS, tcpTLS)
+		conns[rawTLS.Name], conns[tcpTLS.Name] = 1, 1
+	}
 	results, err := transfer.Interleave(ctx, paths, o.Batches, func(int) { bar.Add(1) })
 	if err != nil {
 		return nil, shmErr, err
@@ -207,6 +257,11 @@ func transferAt(ctx context.Context, o TransferOptions, b int, bar Bar) (rows []
 			}
 		case r.Name == "shm":
 			row.RatioVsMemcpy = Ratio(r.MedianGBps, by["copy"])
+		case r.Name == "tls":
+			row.RatioVsPlain = Ratio(r.MedianGBps, by["tcp"])
+			row.RatioVsRawTLS = Ratio(r.MedianGBps, by["rawtls"])
+		case r.Name == "rawtls":
+			row.RatioVsPlain = Ratio(r.MedianGBps, by["raw"])
 		}
 		rows = append(rows, row)
 	}
@@ -222,6 +277,10 @@ func transferPathName(name string) string {
 		return "memcpy"
 	case name == "shm":
 		return "kvmesh-shm"
+	case name == "tls":
+		return "kvmesh-tls"
+	case name == "rawtls":
+		return "raw-tls"
 	case strings.HasPrefix(name, "tcp"):
 		return "kvmesh-tcp"
 	}
