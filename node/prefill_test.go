@@ -226,10 +226,16 @@ func TestPrefillPrefixFromPeer(t *testing.T) {
 		if err := nodes[a].Node.prefill.engine.Flush(ctx); err != nil {
 			t.Fatal(err)
 		}
+		cancel()
+		// Each step has its own deadline, so that a slow prefill on a busy
+		// machine does not eat the wait's.
 		waitUntil(t, fmt.Sprintf("node %d to see the prefix node %d computed", b, a), 30*time.Second, func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
 			l, err := nodes[b].client.Lookup(ctx, eng.Namespace, tokens[:split])
 			return err == nil && l.CachedTokens == hit
 		})
+		ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
 		got, err := nodes[b].client.Prefill(ctx, client.PrefillRequest{Tokens: tokens, ReturnLogits: true})
 		cancel()
 		if err != nil {

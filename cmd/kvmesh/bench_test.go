@@ -21,7 +21,7 @@ func TestBenchTraceQuick(t *testing.T) {
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary(t), "bench", "trace", "--quick", "--requests", "60", "--nodes", "2", "-o", "json", "--out", out)
+	cmd := exec.CommandContext(ctx, binary(t), "bench", "trace", "--quick", "--requests", "600", "--nodes", "2", "-o", "json", "--out", out)
 	cmd.Env = append(os.Environ(), "KVMESH_ADDR=") // start nodes, whatever the environment says
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -61,7 +61,7 @@ func TestBenchTraceQuick(t *testing.T) {
 	ratio := map[string]float64{}
 	for _, r := range replay {
 		ratio[fmt.Sprintf("%v %v", r["routing"], r["local_only"])], _ = r["ratio_vs_ideal"].(float64)
-		if r["backend"] != "kvmesh" || r["requests"] != 60.0 {
+		if r["backend"] != "kvmesh" || r["requests"] != 600.0 {
 			t.Errorf("row %v", r)
 		}
 		for _, f := range []string{"hit_ratio", "ideal_hit_ratio", "ratio_vs_ideal", "routing", "local_only", "lookup_p99_ms"} {
@@ -76,7 +76,12 @@ func TestBenchTraceQuick(t *testing.T) {
 	if local != 2 || len(replay) != 4 {
 		t.Fatalf("%d replay rows (%d local-only), skipped %v", len(replay), local, s.Skipped)
 	}
-	if ratio["random false"] <= ratio["random true"] {
+	// The first 600 requests hold enough returning conversations that a
+	// node alone misses much of what the cluster shares (measured: pooled
+	// 0.997 of the ideal, local-only 0.55). Pooled stays a little under 1:
+	// a put is pushed to its owners asynchronously, and a lookup right
+	// after it on another node may come first.
+	if ratio["random false"] < 0.95 || ratio["random false"] < ratio["random true"]+0.2 {
 		t.Errorf("random routing: pooled %.3f of the ideal, local-only %.3f", ratio["random false"], ratio["random true"])
 	}
 	if len(s.Plots) != 1 || filepath.Dir(s.Plots[0]) != out {
