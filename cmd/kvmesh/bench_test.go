@@ -19,31 +19,7 @@ import (
 // the simulation, and prints JSON whose fields say what they are.
 func TestBenchTraceQuick(t *testing.T) {
 	out := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary(t), "bench", "trace", "--quick", "--requests", "600", "--nodes", "2", "-o", "json", "--out", out)
-	cmd.Env = append(os.Environ(), "KVMESH_ADDR=") // start nodes, whatever the environment says
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("kvmesh bench trace: %v\n%s", err, stderr.String())
-	}
-	var rep struct {
-		Quick  bool `json:"quick"`
-		Suites []struct {
-			Suite  string `json:"suite"`
-			Error  string `json:"error"`
-			Tables []struct {
-				Name string           `json:"name"`
-				Rows []map[string]any `json:"rows"`
-			} `json:"tables"`
-			Skipped []struct{ What, Reason string } `json:"skipped"`
-			Plots   []string                        `json:"plots"`
-		} `json:"suites"`
-	}
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
-	}
+	rep := runBench(t, 3*time.Minute, "bench", "trace", "--quick", "--requests", "600", "--nodes", "2", "-o", "json", "--out", out)
 	if !rep.Quick || len(rep.Suites) != 1 || rep.Suites[0].Suite != "trace" || rep.Suites[0].Error != "" {
 		t.Fatalf("report %+v", rep)
 	}
@@ -119,29 +95,7 @@ func TestBenchUsageErrors(t *testing.T) {
 // plot come out.
 func TestBenchSoak(t *testing.T) {
 	out := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary(t), "bench", "soak", "--duration", "4s", "--concurrency", "8", "-o", "json", "--out", out)
-	cmd.Env = append(os.Environ(), "KVMESH_ADDR=")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("kvmesh bench soak: %v\n%s\n%s", err, stdout.String(), stderr.String())
-	}
-	var rep struct {
-		Suites []struct {
-			Suite  string `json:"suite"`
-			Error  string `json:"error"`
-			Tables []struct {
-				Name string           `json:"name"`
-				Rows []map[string]any `json:"rows"`
-			} `json:"tables"`
-			Plots []string `json:"plots"`
-		} `json:"suites"`
-	}
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
-	}
+	rep := runBench(t, 2*time.Minute, "bench", "soak", "--duration", "4s", "--concurrency", "8", "-o", "json", "--out", out)
 	if len(rep.Suites) != 1 || rep.Suites[0].Suite != "soak" || rep.Suites[0].Error != "" || len(rep.Suites[0].Tables) != 2 {
 		t.Fatalf("report %+v", rep)
 	}
@@ -159,4 +113,40 @@ func TestBenchSoak(t *testing.T) {
 	if len(rep.Suites[0].Plots) != 1 || !strings.HasSuffix(rep.Suites[0].Plots[0], "soak_rss_over_time.png") {
 		t.Errorf("plots %v", rep.Suites[0].Plots)
 	}
+}
+
+// benchReport is the JSON of `kvmesh bench -o json`, as a script reads it.
+type benchReport struct {
+	Quick  bool `json:"quick"`
+	Suites []struct {
+		Suite  string `json:"suite"`
+		Error  string `json:"error"`
+		Tables []struct {
+			Name string           `json:"name"`
+			Rows []map[string]any `json:"rows"`
+		} `json:"tables"`
+		Skipped []struct{ What, Reason string } `json:"skipped"`
+		Plots   []string                        `json:"plots"`
+	} `json:"suites"`
+}
+
+// runBench runs the kvmesh binary with args (a `bench ... -o json`
+// command), starting its own nodes whatever the environment says, and
+// returns its report; it fails the test if the command fails.
+func runBench(t *testing.T, timeout time.Duration, args ...string) benchReport {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary(t), args...)
+	cmd.Env = append(os.Environ(), "KVMESH_ADDR=")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("kvmesh %s: %v\n%s\n%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	var rep benchReport
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	return rep
 }
