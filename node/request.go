@@ -119,6 +119,39 @@ func (n *Node) promptKeys(ns prefixhash.Namespace, tokens []uint32) ([]prefixhas
 	return prefixhash.Keys(ns, tokens), nil
 }
 
+// lookupChain returns the chain a Lookup asks about, from its tokens or
+// its keys, within limits, and the prompt's length in tokens.
+func (n *Node) lookupChain(ns prefixhash.Namespace, req *kvmeshv1.LookupRequest) ([]prefixhash.Key, int, error) {
+	tokens, raw := req.GetTokens(), req.GetChain()
+	if len(raw) == 0 {
+		keys, err := n.promptKeys(ns, tokens)
+		return keys, len(tokens), err
+	}
+	if len(tokens) > 0 {
+		return nil, 0, invalid("chain", "set tokens or chain, not both")
+	}
+	if len(raw)%prefixhash.KeySize != 0 {
+		return nil, 0, invalid("chain", "%d bytes; keys are %d bytes each, concatenated", len(raw), prefixhash.KeySize)
+	}
+	blocks := len(raw) / prefixhash.KeySize
+	if err := n.blockLimit("chain", blocks); err != nil {
+		return nil, 0, err
+	}
+	full := blocks * ns.BlockTokens
+	prompt := req.GetPromptTokens()
+	switch {
+	case prompt == 0:
+		prompt = uint64(full)
+	case prompt < uint64(full) || prompt >= uint64(full+ns.BlockTokens):
+		return nil, 0, invalid("prompt_tokens", "%d tokens do not make the chain's %d full blocks of %d tokens", prompt, blocks, ns.BlockTokens)
+	}
+	keys := make([]prefixhash.Key, blocks)
+	for i := range keys {
+		copy(keys[i][:], raw[i*prefixhash.KeySize:])
+	}
+	return keys, int(prompt), nil
+}
+
 // parseKeys converts request keys, within limits.
 func (n *Node) parseKeys(field string, raw [][]byte) ([]prefixhash.Key, error) {
 	if err := n.blockLimit(field, len(raw)); err != nil {
