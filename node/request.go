@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unsafe"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -145,11 +146,9 @@ func (n *Node) lookupChain(ns prefixhash.Namespace, req *kvmeshv1.LookupRequest)
 	case prompt < uint64(full) || prompt >= uint64(full+ns.BlockTokens):
 		return nil, 0, invalid("prompt_tokens", "%d tokens do not make the chain's %d full blocks of %d tokens", prompt, blocks, ns.BlockTokens)
 	}
-	keys := make([]prefixhash.Key, blocks)
-	for i := range keys {
-		copy(keys[i][:], raw[i*prefixhash.KeySize:])
-	}
-	return keys, int(prompt), nil
+	// A Key is a [16]byte: the request's bytes are the keys, read in
+	// place (the request outlives the handler's use of them).
+	return unsafe.Slice((*prefixhash.Key)(unsafe.Pointer(unsafe.SliceData(raw))), blocks), int(prompt), nil
 }
 
 // parseKeys converts request keys, within limits.
