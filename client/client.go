@@ -13,8 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/experimental"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -130,19 +128,6 @@ type Client struct {
 	}
 }
 
-// grpcBuffers is the pool gRPC encodes requests in and reads answers into:
-// gRPC's default classes, with one at every power of two between 32 KiB and
-// 1 MiB. The default jumps from 32 KiB to 1 MiB and clears a buffer's
-// whole capacity on reuse, so a 128 KiB lookup chain cost a 1 MiB clear on
-// the way out. Larger messages take the fallback pool, as by default.
-var grpcBuffers = func() mem.BufferPool {
-	p, err := mem.NewBinaryTieredBufferPool(8, 12, 14, 15, 16, 17, 18, 19, 20)
-	if err != nil {
-		panic(fmt.Sprintf("client: gRPC buffer pool: %v", err))
-	}
-	return p
-}()
-
 // Dial returns a client of the node at addr (host:port). It does not wait
 // for the connection: the first call does. Close releases it.
 func Dial(addr string, opts Options) (*Client, error) {
@@ -156,7 +141,6 @@ func Dial(addr string, opts Options) (*Client, error) {
 	dopts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes), grpc.MaxCallSendMsgSize(opts.MaxMessageBytes)),
-		experimental.WithBufferPool(grpcBuffers),
 	}
 	if opts.Token != "" {
 		dopts = append(dopts, grpc.WithPerRPCCredentials(bearer(opts.Token)))

@@ -16,10 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -109,19 +107,6 @@ func New(opts Options, cache Cache) (*Node, error) {
 	return n, nil
 }
 
-// grpcBuffers is the pool gRPC reads requests into and encodes answers in:
-// gRPC's default classes, with one at every power of two between 32 KiB and
-// 1 MiB. The default jumps from 32 KiB to 1 MiB and clears a buffer's
-// whole capacity on reuse, so a 128 KiB lookup chain cost a 1 MiB clear on
-// the way in. Larger messages take the fallback pool, as by default.
-var grpcBuffers = func() mem.BufferPool {
-	p, err := mem.NewBinaryTieredBufferPool(8, 12, 14, 15, 16, 17, 18, 19, 20)
-	if err != nil {
-		panic(fmt.Sprintf("node: gRPC buffer pool: %v", err))
-	}
-	return p
-}()
-
 // newNode builds the servers of a node over cache and its listeners; tokens
 // (nil: none) guard every call; extra collectors join its metrics.
 func newNode(opts Options, cache Cache, lis nodeListeners, tokens *transfer.Tokens, extra ...prometheus.Collector) *Node {
@@ -137,7 +122,6 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *transfer.Toke
 		// Stop (after ShutdownTimeout) waits for handlers to return, so
 		// that no pin is held when the cache closes.
 		grpc.WaitForHandlers(true),
-		experimental.BufferPool(grpcBuffers),
 	}
 	if opts.TLS != nil {
 		sopts = append(sopts, grpc.Creds(n.guard.serverCreds(opts.TLS)))
