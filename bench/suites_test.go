@@ -233,11 +233,11 @@ func TestLookupSuite(t *testing.T) {
 	s := &LookupSuite{Options: LookupOptions{PromptTokens: []int{64, 1024}, Lookups: 5, HashRuns: 1, Nodes: []int{1, 4}}}
 	res := runSuite(t, s, env, "hashing", "lookup")
 	rows := table[lookupRow](t, res, "lookup")
-	if len(rows) != 2 { // --addr: that cluster only, whatever Nodes says
+	if len(rows) != 4 { // --addr: that cluster only, whatever Nodes says; two paths per length
 		t.Fatalf("rows %+v", rows)
 	}
-	for _, r := range rows {
-		if r.Nodes != 1 || r.CachedTokens != r.PromptTokens || r.Errors != 0 || r.P50MS <= 0 || r.P99MS < r.P50MS {
+	for i, r := range rows {
+		if r.Nodes != 1 || r.Path != []string{"chain", "tokens"}[i%2] || r.CachedTokens != r.PromptTokens || r.Errors != 0 || r.P50MS <= 0 || r.P99MS < r.P50MS {
 			t.Errorf("row %+v", r)
 		}
 	}

@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
@@ -12,39 +14,161 @@ import (
 type CachedBlock struct {
 	Key    prefixhash.Key
 	NodeID string
-	Tier   string // "hbm", "dram" or "nvme"
+	Tier   string // "hbm", "dram" or "nvme"; empty when another node holds it
+}
+
+// Run is a run of consecutive cached blocks that one node holds.
+type Run struct {
+	Start, Blocks int // the blocks [Start, Start+Blocks) of the prompt
+	NodeID        string
+	// Tier is "hbm", "dram" or "nvme" when NodeID is the node asked; empty
+	// when another node holds the run.
+	Tier string
 }
 
 // Lookup is the answer to "how much of this prompt is cached".
 type Lookup struct {
 	PromptTokens, PromptBlocks int // the prompt, and its full blocks
 	CachedTokens, CachedBlocks int // the longest cached prefix
-	Blocks                     []CachedBlock
+	// Keys are the keys of the prompt's full blocks in order (PromptBlocks
+	// of them; from LookupTokens, only the CachedBlocks the node listed):
+	// Keys[:CachedBlocks] is the cached prefix, ready for GetKeys. The
+	// slice is the caller's.
+	Keys []prefixhash.Key
+	// Runs say where the cached blocks are, in prompt order: the first
+	// starts at block 0 and their Blocks add up to CachedBlocks.
+	Runs []Run
 }
 
-// Lookup returns the longest cached prefix of tokens under ns.
+// Blocks lists the cached prefix block by block (CachedBlocks of them).
+func (l Lookup) Blocks() []CachedBlock {
+	out := make([]CachedBlock, 0, l.CachedBlocks)
+	for _, r := range l.Runs {
+		for i := r.Start; i < r.Start+r.Blocks; i++ {
+			out = append(out, CachedBlock{Key: l.Keys[i], NodeID: r.NodeID, Tier: r.Tier})
+		}
+	}
+	return out
+}
+
+// Lookup returns the longest cached prefix of tokens under ns. The client
+// hashes the prompt and sends its chain (16 bytes a block), and the node
+// answers with counts and runs; neither side encodes a token or lists a
+// block. That is what an inference worker asks before every prefill.
 func (c *Client) Lookup(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) (Lookup, error) {
 	if err := checkNamespace(ns); err != nil {
 		return Lookup{}, err
 	}
-	req := &kvmeshv1.LookupRequest{Namespace: NamespaceProto(ns), Tokens: tokens}
+	keys := prefixhash.Keys(ns, tokens)
+	req := &kvmeshv1.LookupRequest{Namespace: NamespaceProto(ns), Chain: chainBytes(keys), PromptTokens: uint64(len(tokens)), Summary: true}
+	resp, err := c.lookup(ctx, req)
+	if err != nil {
+		return Lookup{}, err
+	}
+	if len(keys) > 0 && resp.GetPromptBlocks() == 0 {
+		// A node older than LookupRequest.chain saw an empty prompt: ask
+		// it with the tokens.
+		req = &kvmeshv1.LookupRequest{Namespace: req.GetNamespace(), Tokens: tokens}
+		if resp, err = c.lookup(ctx, req); err != nil {
+			return Lookup{}, err
+		}
+	}
+	return lookupAnswer(resp, keys)
+}
+
+// LookupTokens is Lookup the way the node's API first had it, and the way
+// clients that cannot hash ask: it sends the tokens, the node hashes them
+// and lists every cached block. It answers as Lookup does, at several times
+// the cost for long prompts; it is kept for comparison (kvmesh bench
+// lookup) and to check a node's hashing against the client's.
+func (c *Client) LookupTokens(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) (Lookup, error) {
+	if err := checkNamespace(ns); err != nil {
+		return Lookup{}, err
+	}
+	resp, err := c.lookup(ctx, &kvmeshv1.LookupRequest{Namespace: NamespaceProto(ns), Tokens: tokens})
+	if err != nil {
+		return Lookup{}, err
+	}
+	return lookupAnswer(resp, nil)
+}
+
+func (c *Client) lookup(ctx context.Context, req *kvmeshv1.LookupRequest) (*kvmeshv1.LookupResponse, error) {
 	var resp *kvmeshv1.LookupResponse
 	err := c.retry(ctx, func(ctx context.Context) (err error) {
 		resp, err = c.cache.Lookup(ctx, req)
 		return err
 	})
 	if err != nil {
-		return Lookup{}, fmt.Errorf("client: lookup: %w", err)
+		return nil, fmt.Errorf("client: lookup: %w", err)
 	}
+	return resp, nil
+}
+
+// chainBytes views keys as LookupRequest.chain wants them, 16 bytes each,
+// concatenated (a Key is a [16]byte, so the slice already is), without a
+// copy. The bytes alias keys; the request only reads them.
+func chainBytes(keys []prefixhash.Key) []byte {
+	if len(keys) == 0 {
+		return nil
+	}
+	return unsafe.Slice(&keys[0][0], len(keys)*prefixhash.KeySize)
+}
+
+// errAnswer is wrapped by errors about a node's answer that does not add up.
+var errAnswer = errors.New("client: lookup: the node's answer is inconsistent")
+
+// lookupAnswer converts a node's answer. keys are the prompt's keys the
+// client computed, nil when it sent tokens: the answer's blocks give the
+// cached prefix's keys then. An answer without runs (a node older than
+// them) has its runs folded from its blocks.
+func lookupAnswer(resp *kvmeshv1.LookupResponse, keys []prefixhash.Key) (Lookup, error) {
 	l := Lookup{
 		PromptTokens: int(resp.GetPromptTokens()), PromptBlocks: int(resp.GetPromptBlocks()),
 		CachedTokens: int(resp.GetCachedTokens()), CachedBlocks: int(resp.GetCachedBlocks()),
-		Blocks: make([]CachedBlock, 0, len(resp.GetBlocks())),
+		Keys: keys,
 	}
-	for _, b := range resp.GetBlocks() {
-		var k prefixhash.Key
-		copy(k[:], b.GetKey())
-		l.Blocks = append(l.Blocks, CachedBlock{Key: k, NodeID: b.GetNodeId(), Tier: b.GetTier()})
+	blocks, nodes := resp.GetBlocks(), resp.GetNodes()
+	switch {
+	case l.CachedBlocks > l.PromptBlocks:
+		return Lookup{}, fmt.Errorf("%w: %d of %d blocks cached", errAnswer, l.CachedBlocks, l.PromptBlocks)
+	case keys != nil && l.PromptBlocks != len(keys):
+		return Lookup{}, fmt.Errorf("%w: %d prompt blocks, the chain has %d", errAnswer, l.PromptBlocks, len(keys))
+	case keys == nil && len(blocks) != l.CachedBlocks:
+		return Lookup{}, fmt.Errorf("%w: %d cached blocks, %d listed", errAnswer, l.CachedBlocks, len(blocks))
+	}
+	if keys == nil {
+		l.Keys = make([]prefixhash.Key, len(blocks))
+		for i, b := range blocks {
+			if len(b.GetKey()) != prefixhash.KeySize {
+				return Lookup{}, fmt.Errorf("%w: block %d has a key of %d bytes", errAnswer, i, len(b.GetKey()))
+			}
+			copy(l.Keys[i][:], b.GetKey())
+		}
+	}
+	if len(resp.GetRuns()) == 0 && len(blocks) > 0 {
+		for i, b := range blocks {
+			if n := len(l.Runs); n > 0 && l.Runs[n-1].NodeID == b.GetNodeId() && l.Runs[n-1].Tier == b.GetTier() {
+				l.Runs[n-1].Blocks++
+				continue
+			}
+			l.Runs = append(l.Runs, Run{Start: i, Blocks: 1, NodeID: b.GetNodeId(), Tier: b.GetTier()})
+		}
+		return l, nil
+	}
+	l.Runs = make([]Run, 0, len(resp.GetRuns()))
+	start := 0
+	for i, r := range resp.GetRuns() {
+		if r.GetNode() >= uint32(len(nodes)) || r.GetBlocks() == 0 {
+			return Lookup{}, fmt.Errorf("%w: run %d names node %d of %d, %d blocks", errAnswer, i, r.GetNode(), len(nodes), r.GetBlocks())
+		}
+		l.Runs = append(l.Runs, Run{Start: start, Blocks: int(r.GetBlocks()), NodeID: nodes[r.GetNode()], Tier: r.GetTier()})
+		start += int(r.GetBlocks())
+		if start > l.CachedBlocks {
+			break
+		}
+	}
+	if start != l.CachedBlocks {
+		return Lookup{}, fmt.Errorf("%w: runs of %d blocks, %d cached", errAnswer, start, l.CachedBlocks)
 	}
 	return l, nil
 }

@@ -140,7 +140,8 @@ func Dial(addr string, opts Options) (*Client, error) {
 	}
 	dopts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes), grpc.MaxCallSendMsgSize(opts.MaxMessageBytes)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes), grpc.MaxCallSendMsgSize(opts.MaxMessageBytes),
+			grpc.ForceCodecV2(kvmeshv1.Codec)), // gRPC's proto codec with buffers that fit large messages
 	}
 	if opts.Token != "" {
 		dopts = append(dopts, grpc.WithPerRPCCredentials(bearer(opts.Token)))

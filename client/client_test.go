@@ -36,11 +36,12 @@ func (f *flaky) fail() error {
 	return nil
 }
 
-func (f *flaky) Lookup(context.Context, *kvmeshv1.LookupRequest) (*kvmeshv1.LookupResponse, error) {
+func (f *flaky) Lookup(_ context.Context, req *kvmeshv1.LookupRequest) (*kvmeshv1.LookupResponse, error) {
 	if err := f.fail(); err != nil {
 		return nil, err
 	}
-	return &kvmeshv1.LookupResponse{CachedBlocks: 1, CachedTokens: 4}, nil
+	return &kvmeshv1.LookupResponse{CachedBlocks: 1, CachedTokens: 4, PromptBlocks: uint32(len(req.GetChain()) / prefixhash.KeySize),
+		Runs: []*kvmeshv1.CachedRun{{Blocks: 1, Tier: "dram"}}, Nodes: []string{"fake"}}, nil
 }
 
 func (f *flaky) DropNamespace(context.Context, *kvmeshv1.DropNamespaceRequest) (*kvmeshv1.DropNamespaceResponse, error) {
@@ -64,7 +65,14 @@ func (f *flaky) BatchGet(req *kvmeshv1.BatchGetRequest, s kvmeshv1.CacheService_
 	return nil
 }
 
-func serve(t *testing.T, f *flaky) *Client {
+// fakeNode is what serve registers: a fake of the node's cache and admin
+// services.
+type fakeNode interface {
+	kvmeshv1.CacheServiceServer
+	kvmeshv1.AdminServiceServer
+}
+
+func serve(t *testing.T, f fakeNode) *Client {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -2,8 +2,9 @@
 // CLI.
 //
 // A worker speaks in token sequences: Lookup asks how much of a prompt is
-// cached, Get reads the cached prefix's blocks, Put publishes the blocks it
-// computed. The client turns tokens into block keys itself with prefixhash
+// cached (it sends the prompt's chain, 16 bytes a block, and gets counts and
+// runs of blocks per node back), Get reads the cached prefix's blocks, Put
+// publishes the blocks it computed. The client turns tokens into block keys itself with prefixhash
 // (k_0 = H(namespace), k_i = H(k_{i-1} ‖ block i's tokens)), so a key never
 // depends on which node or process computed it.
 //

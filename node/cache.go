@@ -42,10 +42,11 @@ type Cache interface {
 	// Exists reports which keys are cached anywhere the cache reaches;
 	// chunkKeys as in Read.
 	Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) ([]bool, error)
-	// Locate returns where each block of the longest cached prefix of
-	// chain (a prompt's keys from block 0, blocks of blockTokens tokens)
-	// is: one Location per cached block.
-	Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) []Location
+	// Locate returns the length n of the longest cached prefix of chain
+	// (a prompt's keys from block 0, blocks of blockTokens tokens) and
+	// where its blocks are: runs of consecutive blocks in one place, in
+	// order, whose Blocks add up to n.
+	Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, runs []Location)
 	// Publish queues the blocks of keys held on this node for the owners
 	// of their chunks (chunkKeys, one per key) and returns how many it
 	// queued. Blocks that arrived through the data plane, which carries no
@@ -68,11 +69,23 @@ type Cache interface {
 	Close() error
 }
 
-// Location is where a cached block is: on this node (Node empty), in Tier,
-// or on another node (Tier unknown, empty).
+// Location is where a run of consecutive cached blocks is: on this node
+// (Node empty), in Tier, or on another node (Tier unknown, empty).
 type Location struct {
-	Node string
-	Tier string
+	Node   string
+	Tier   string
+	Blocks int
+}
+
+// appendLocation appends one block in l's place to runs, extending the
+// last run when it is in the same place.
+func appendLocation(runs []Location, l Location) []Location {
+	if k := len(runs) - 1; k >= 0 && runs[k].Node == l.Node && runs[k].Tier == l.Tier {
+		runs[k].Blocks++
+		return runs
+	}
+	l.Blocks = 1
+	return append(runs, l)
 }
 
 // Ref pins one block read from a Cache.

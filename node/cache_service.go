@@ -1,9 +1,11 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -24,29 +26,61 @@ func (s *cacheService) Lookup(ctx context.Context, req *kvmeshv1.LookupRequest) 
 	if err != nil {
 		return nil, err
 	}
-	keys, err := s.n.promptKeys(ns, req.GetTokens())
+	keys, promptTokens, err := s.n.lookupChain(ns, req)
 	if err != nil {
 		return nil, err
 	}
-	locs := s.n.cache.Locate(ctx, keys, ns.BlockTokens)
-	blocks := make([]*kvmeshv1.CachedBlock, len(locs))
-	for i, l := range locs {
-		node := l.Node
-		if node == "" {
-			node = s.n.opts.NodeID
-		}
-		blocks[i] = &kvmeshv1.CachedBlock{Key: keyBytes(keys[i]), NodeId: node, Tier: l.Tier}
-	}
-	cached := len(blocks) * ns.BlockTokens
-	s.n.metrics.promptTokens.Add(float64(len(req.GetTokens())))
+	n, locs := s.n.cache.Locate(ctx, keys, ns.BlockTokens)
+	cached := n * ns.BlockTokens
+	s.n.metrics.promptTokens.Add(float64(promptTokens))
 	s.n.metrics.cachedTokens.Add(float64(cached))
-	return &kvmeshv1.LookupResponse{
-		CachedBlocks: uint32(len(blocks)),
+	resp := &kvmeshv1.LookupResponse{
+		CachedBlocks: uint32(n),
 		CachedTokens: uint64(cached),
 		PromptBlocks: uint32(len(keys)),
-		PromptTokens: uint64(len(req.GetTokens())),
-		Blocks:       blocks,
-	}, nil
+		PromptTokens: uint64(promptTokens),
+	}
+	resp.Runs, resp.Nodes = lookupRuns(locs, s.n.opts.NodeID)
+	if !req.GetSummary() {
+		resp.Blocks = lookupBlocks(keys[:n], locs, s.n.opts.NodeID)
+	}
+	return resp, nil
+}
+
+// lookupRuns converts the runs of a cached prefix, and makes the table of
+// the nodes they name. self stands for the empty Location.Node.
+func lookupRuns(locs []Location, self string) ([]*kvmeshv1.CachedRun, []string) {
+	runs := make([]*kvmeshv1.CachedRun, 0, len(locs))
+	var nodes []string
+	for _, l := range locs {
+		id := cmp.Or(l.Node, self)
+		ni := slices.Index(nodes, id) // a handful of nodes
+		if ni < 0 {
+			ni = len(nodes)
+			nodes = append(nodes, id)
+		}
+		runs = append(runs, &kvmeshv1.CachedRun{Blocks: uint32(l.Blocks), Node: uint32(ni), Tier: l.Tier})
+	}
+	return runs, nodes
+}
+
+// lookupBlocks lists a cached prefix (keys) block by block, as a full
+// Lookup answer does: the messages and their keys share two allocations.
+func lookupBlocks(keys []prefixhash.Key, locs []Location, self string) []*kvmeshv1.CachedBlock {
+	msgs := make([]kvmeshv1.CachedBlock, len(keys))
+	raw := make([]byte, len(keys)*prefixhash.KeySize)
+	out := make([]*kvmeshv1.CachedBlock, 0, len(keys))
+	for _, l := range locs {
+		for range l.Blocks {
+			i := len(out)
+			k := raw[i*prefixhash.KeySize : (i+1)*prefixhash.KeySize : (i+1)*prefixhash.KeySize]
+			copy(k, keys[i][:])
+			b := &msgs[i]
+			b.Key, b.NodeId, b.Tier = k, cmp.Or(l.Node, self), l.Tier
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // maxReadWindow bounds the bytes of blocks a BatchGet holds at once: read

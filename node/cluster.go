@@ -293,22 +293,22 @@ func (c *clusterCache) Exists(ctx context.Context, keys, chunkKeys []prefixhash.
 	return present, cacheError(err)
 }
 
-func (c *clusterCache) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) []Location {
-	n, where := c.cluster.Locate(ctx, chain, blockTokens)
-	out := make([]Location, 0, n)
+func (c *clusterCache) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (int, []Location) {
+	_, where := c.cluster.Locate(ctx, chain, blockTokens)
+	var runs []Location
 	self := c.members.LocalID()
+	n := 0
 	for i, w := range where {
 		if w != self {
-			out = append(out, Location{Node: w})
-			continue
-		}
-		info, ok := c.local.Info(chain[i])
-		if !ok {
+			runs = appendLocation(runs, Location{Node: w})
+		} else if info, ok := c.local.Info(chain[i]); ok {
+			runs = appendLocation(runs, Location{Tier: info.Tier})
+		} else {
 			break // evicted since: the prefix ends here
 		}
-		out = append(out, Location{Tier: info.Tier})
+		n++
 	}
-	return out
+	return n, runs
 }
 
 func (c *clusterCache) Publish(ctx context.Context, keys, chunkKeys []prefixhash.Key) (int, error) {

@@ -177,7 +177,7 @@ func TestClusterPutOnAHitOnC(t *testing.T) {
 	l := waitHit(t, c.client, tokens, blocks)
 	located := map[string]int{}
 	cb := c.cluster.ChunkBlocks(clusterNS.BlockTokens)
-	for i, b := range l.Blocks {
+	for i, b := range l.Blocks() {
 		if b.Key != keys[i] {
 			t.Fatalf("lookup block %d: key %s, want %s", i, b.Key, keys[i])
 		}
@@ -336,7 +336,7 @@ func TestClusterGracefulLeave(t *testing.T) {
 	}
 	l := waitHit(t, c.client, tokens, blocks)
 	onB := 0
-	for _, blk := range l.Blocks {
+	for _, blk := range l.Blocks() {
 		if blk.NodeID == b.ID() {
 			onB++
 		}
@@ -347,7 +347,7 @@ func TestClusterGracefulLeave(t *testing.T) {
 	b.stop(t)
 	waitClusterSize(t, []*clusterNode{a, c}, 2)
 	l = waitHit(t, c.client, tokens, blocks)
-	for _, blk := range l.Blocks {
+	for _, blk := range l.Blocks() {
 		if blk.NodeID == b.ID() {
 			t.Fatalf("block %s still located on B after it left", blk.Key)
 		}

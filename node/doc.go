@@ -109,9 +109,9 @@
 // Tenants are namespaces that differ by their salt: their keys differ, and a
 // block is served only under the namespace it was written in, so a tenant
 // never reads another's blocks, not even by their exact keys (see
-// cacheService.sendBlock). Exists answers for keys alone: a key is a 128-bit
-// hash of the namespace, salt included, and the tokens, so only a holder of
-// both can ask about it. Per-namespace quotas (store.Local's: Options'
+// cacheService.sendBlock). Exists, and Lookup given a chain instead of
+// tokens, answer for keys alone: a key is a 128-bit hash of the namespace,
+// salt included, and the tokens, so only a holder of both can ask about it. Per-namespace quotas (store.Local's: Options'
 // QuotaDRAMBytes and QuotaNVMeBytes as the default, AdminService.SetQuota per
 // namespace, kept in DataDir/quotas.json) bound what a tenant holds in each
 // tier; a write its quota has no room for is answered ResourceExhausted.

@@ -123,13 +123,12 @@ func (c *fakeCache) Exists(_ context.Context, keys, _ []prefixhash.Key) ([]bool,
 	return out, nil
 }
 
-func (c *fakeCache) Locate(_ context.Context, chain []prefixhash.Key, _ int) []Location {
+func (c *fakeCache) Locate(_ context.Context, chain []prefixhash.Key, _ int) (int, []Location) {
 	n := c.LongestPrefix(chain)
-	out := make([]Location, n)
-	for i := range out {
-		out[i].Tier = "dram"
+	if n == 0 {
+		return 0, nil
 	}
-	return out
+	return n, []Location{{Tier: "dram", Blocks: n}}
 }
 
 func (c *fakeCache) Publish(_ context.Context, keys, chunkKeys []prefixhash.Key) (int, error) {

@@ -107,6 +107,26 @@ func TestInvalidArgument(t *testing.T) {
 			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Tokens: make([]uint32, 5*4)})
 			return err
 		}},
+		{"lookup with a chain over the batch limit", "chain: 5 blocks", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Chain: make([]byte, 5*16)})
+			return err
+		}},
+		{"lookup with a chain of a short key", "chain: 40 bytes", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Chain: make([]byte, 40)})
+			return err
+		}},
+		{"lookup with tokens and a chain", "chain: set tokens or chain", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Tokens: tokens[:4], Chain: make([]byte, 16)})
+			return err
+		}},
+		{"lookup with a chain longer than its prompt", "prompt_tokens", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Chain: make([]byte, 2*16), PromptTokens: 7})
+			return err
+		}},
+		{"lookup with a chain shorter than its prompt", "prompt_tokens", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Chain: make([]byte, 2*16), PromptTokens: 12})
+			return err
+		}},
 		{"get with a short key", "keys[1]", func() error {
 			return get(&kvmeshv1.BatchGetRequest{Namespace: ns, Keys: [][]byte{make([]byte, 16), {1, 2, 3}}})
 		}},

@@ -122,6 +122,9 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *transfer.Toke
 		// Stop (after ShutdownTimeout) waits for handlers to return, so
 		// that no pin is held when the cache closes.
 		grpc.WaitForHandlers(true),
+		// gRPC's proto codec with buffers that fit large messages (a
+		// Lookup's chain) without clearing a MiB for each.
+		grpc.ForceServerCodecV2(kvmeshv1.Codec),
 	}
 	if opts.TLS != nil {
 		sopts = append(sopts, grpc.Creds(n.guard.serverCreds(opts.TLS)))

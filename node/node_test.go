@@ -128,8 +128,8 @@ func TestPutLookupGet(t *testing.T) {
 	if l.CachedTokens != 12 || l.CachedBlocks != 3 || l.PromptTokens != 14 || l.PromptBlocks != 3 {
 		t.Fatalf("Lookup = %+v, want 12 of 14 tokens cached in 3 blocks", l)
 	}
-	if l.Blocks[0].NodeID != tn.ID() || l.Blocks[0].Tier != "dram" || l.Blocks[2].Key != keys[2] {
-		t.Fatalf("Lookup blocks = %+v", l.Blocks)
+	if bl := l.Blocks(); bl[0].NodeID != tn.ID() || bl[0].Tier != "dram" || bl[2].Key != keys[2] {
+		t.Fatalf("Lookup blocks = %+v", bl)
 	}
 
 	// A prompt that shares the first two blocks and then diverges.

@@ -27,7 +27,8 @@ func (a engineCache) chunkKey(chain []prefixhash.Key, i int) prefixhash.Key {
 }
 
 func (a engineCache) LongestPrefix(ctx context.Context, keys []prefixhash.Key) (int, error) {
-	return len(a.c.Locate(ctx, keys, a.blockTokens)), ctx.Err()
+	n, _ := a.c.Locate(ctx, keys, a.blockTokens)
+	return n, ctx.Err()
 }
 
 // Get reads the blocks of keys, a chain from block 0.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unsafe"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -117,6 +118,37 @@ func (n *Node) promptKeys(ns prefixhash.Namespace, tokens []uint32) ([]prefixhas
 		return nil, err
 	}
 	return prefixhash.Keys(ns, tokens), nil
+}
+
+// lookupChain returns the chain a Lookup asks about, from its tokens or
+// its keys, within limits, and the prompt's length in tokens.
+func (n *Node) lookupChain(ns prefixhash.Namespace, req *kvmeshv1.LookupRequest) ([]prefixhash.Key, int, error) {
+	tokens, raw := req.GetTokens(), req.GetChain()
+	if len(raw) == 0 {
+		keys, err := n.promptKeys(ns, tokens)
+		return keys, len(tokens), err
+	}
+	if len(tokens) > 0 {
+		return nil, 0, invalid("chain", "set tokens or chain, not both")
+	}
+	if len(raw)%prefixhash.KeySize != 0 {
+		return nil, 0, invalid("chain", "%d bytes; keys are %d bytes each, concatenated", len(raw), prefixhash.KeySize)
+	}
+	blocks := len(raw) / prefixhash.KeySize
+	if err := n.blockLimit("chain", blocks); err != nil {
+		return nil, 0, err
+	}
+	full := blocks * ns.BlockTokens
+	prompt := req.GetPromptTokens()
+	switch {
+	case prompt == 0:
+		prompt = uint64(full)
+	case prompt < uint64(full) || prompt >= uint64(full+ns.BlockTokens):
+		return nil, 0, invalid("prompt_tokens", "%d tokens do not make the chain's %d full blocks of %d tokens", prompt, blocks, ns.BlockTokens)
+	}
+	// A Key is a [16]byte: the request's bytes are the keys, read in
+	// place (the request outlives the handler's use of them).
+	return unsafe.Slice((*prefixhash.Key)(unsafe.Pointer(unsafe.SliceData(raw))), blocks), int(prompt), nil
 }
 
 // parseKeys converts request keys, within limits.

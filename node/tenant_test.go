@@ -34,7 +34,7 @@ type api struct {
 	admin kvmeshv1.AdminServiceClient
 }
 
-func rawAPI(t *testing.T, addr string) api {
+func rawAPI(t testing.TB, addr string) api {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -359,3 +359,24 @@ func BenchmarkXXHashSinglePass(b *testing.B) {
 	}
 	_ = sink
 }
+
+// TestAppendKeysMatchesBlockKey: AppendKeys' chained fast paths (the
+// parent in registers, the unrolled 16-token block) give the keys of the
+// plain BlockKey chain at every block size around them.
+func TestAppendKeysMatchesBlockKey(t *testing.T) {
+	toks := seqTokens(40*33, 104729)
+	root := testNS().Root()
+	for _, bt := range []int{1, 3, 4, 5, 15, 16, 17, 32, 33} {
+		got := AppendKeys(nil, root, bt, toks)
+		parent := root
+		for i := range len(toks) / bt {
+			parent = BlockKey(parent, toks[i*bt:(i+1)*bt])
+			if got[i] != parent {
+				t.Fatalf("block_tokens %d: key %d = %s, BlockKey chain %s", bt, i, got[i], parent)
+			}
+		}
+		if len(got) != len(toks)/bt {
+			t.Fatalf("block_tokens %d: %d keys, want %d", bt, len(got), len(toks)/bt)
+		}
+	}
+}

@@ -16,5 +16,6 @@
 // which pins its tools: Debian's protoc 3.21.12, protoc-gen-go v1.36.12 (the
 // protobuf version in go.mod), protoc-gen-go-grpc v1.6.2 and Debian's
 // python3-grpc-tools. Field numbers are never reused; removed fields are
-// reserved.
+// reserved. kvmesh/v1/codec.go is written by hand: the proto codec that
+// nodes and the Go client use on their connections (kvmeshv1.Codec).
 package proto

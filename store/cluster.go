@@ -283,7 +283,10 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 	if !locate {
 		return total, nil
 	}
-	where := slices.Repeat([]string{c.self}, n)
+	where := make([]string, n, total) // sized once: 8k appends would copy it a dozen times
+	for i := range n {
+		where[i] = c.self
+	}
 	for _, r := range runs {
 		for i := r.start; i < min(r.start+r.have, total); i++ {
 			if i-r.start < r.local {

@@ -144,7 +144,7 @@ func TestClusterProcesses(t *testing.T) {
 			t.Fatal(err)
 		}
 		keys := prefixhash.Keys(e2eNS, tokens[p])
-		for i, blk := range l.Blocks {
+		for i, blk := range l.Blocks() {
 			if blk.NodeID == b.id {
 				ownedByB++
 				if blk.Tier == "nvme" {

@@ -350,7 +350,7 @@ func TestServe(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, b := range l.Blocks {
+		for i, b := range l.Blocks() {
 			if b.Tier == "nvme" {
 				onDisk[b.Key] = payloads[p][i]
 			}

@@ -96,7 +96,7 @@ func TestFaultCorruptSegment(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, b := range l.Blocks {
+		for _, b := range l.Blocks() {
 			if b.Tier == "nvme" {
 				onDisk[b.Key] = true
 			}
@@ -226,7 +226,7 @@ func TestFaultSlowPeer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, blk := range l.Blocks {
+		for _, blk := range l.Blocks() {
 			if blk.NodeID == b.id {
 				onB++
 			}

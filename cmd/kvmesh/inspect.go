@@ -436,7 +436,7 @@ names it).`,
 			}
 			out := lookupJSON{Namespace: ns.String(), Digest: fmt.Sprintf("%016x", ns.Digest()), PromptTokens: l.PromptTokens, PromptBlocks: l.PromptBlocks,
 				CachedTokens: l.CachedTokens, CachedBlocks: l.CachedBlocks, Blocks: []lookupBlockJSON{}}
-			for i, b := range l.Blocks {
+			for i, b := range l.Blocks() {
 				out.Blocks = append(out.Blocks, lookupBlockJSON{Index: i, Key: b.Key.String(), Node: b.NodeID, Tier: b.Tier})
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {

@@ -24,8 +24,26 @@ const (
 type LookupRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Namespace *Namespace             `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	// The prompt's token ids.
-	Tokens        []uint32 `protobuf:"varint,2,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	// The prompt's token ids. At most one of tokens and chain is set.
+	Tokens []uint32 `protobuf:"varint,2,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	// The prompt's chain instead of its tokens: the keys of its full blocks
+	// under namespace (k_1, k_2, ... in order; see the service comment),
+	// 16 bytes each, concatenated. 16 bytes a block instead of a varint a
+	// token, and the node hashes nothing. The node looks the keys up as they
+	// are: it cannot tell that they chain from namespace, so a wrong chain
+	// only misreports the caller's own prompt (Exists answers for any key
+	// too; blocks are verified when they are read). The namespace still
+	// sets the block size and so the placement chunks.
+	Chain []byte `protobuf:"bytes,3,opt,name=chain,proto3" json:"chain,omitempty"`
+	// With chain: the prompt's length in tokens, which the chain alone does
+	// not tell (the tail after the last full block has no key). Zero reads as
+	// the chain's full blocks. Ignored with tokens.
+	PromptTokens uint64 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	// Leave the per-block listing out: the answer carries the counts and
+	// runs (where the cached blocks are), blocks stays empty. An inference
+	// worker, which has the chain's keys itself, needs no more; listing
+	// 8k blocks costs more than finding them.
+	Summary       bool `protobuf:"varint,5,opt,name=summary,proto3" json:"summary,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -72,6 +90,27 @@ func (x *LookupRequest) GetTokens() []uint32 {
 		return x.Tokens
 	}
 	return nil
+}
+
+func (x *LookupRequest) GetChain() []byte {
+	if x != nil {
+		return x.Chain
+	}
+	return nil
+}
+
+func (x *LookupRequest) GetPromptTokens() uint64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *LookupRequest) GetSummary() bool {
+	if x != nil {
+		return x.Summary
+	}
+	return false
 }
 
 // CachedBlock is one block of a cached prefix and where it lives.
@@ -146,8 +185,15 @@ type LookupResponse struct {
 	// Full blocks and tokens in the prompt.
 	PromptBlocks uint32 `protobuf:"varint,3,opt,name=prompt_blocks,json=promptBlocks,proto3" json:"prompt_blocks,omitempty"`
 	PromptTokens uint64 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
-	// The cached blocks, in prompt order (cached_blocks of them).
-	Blocks        []*CachedBlock `protobuf:"bytes,5,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	// The cached blocks, in prompt order (cached_blocks of them). Empty when
+	// the request asked for a summary.
+	Blocks []*CachedBlock `protobuf:"bytes,5,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	// Where the cached blocks are, as runs of consecutive blocks held on one
+	// node and tier: the first run starts at block 0, each next one where
+	// the last ended, and their blocks add up to cached_blocks. Always set.
+	Runs []*CachedRun `protobuf:"bytes,6,rep,name=runs,proto3" json:"runs,omitempty"`
+	// The node ids that runs name (CachedRun.node indexes it), each once.
+	Nodes         []string `protobuf:"bytes,7,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -217,6 +263,85 @@ func (x *LookupResponse) GetBlocks() []*CachedBlock {
 	return nil
 }
 
+func (x *LookupResponse) GetRuns() []*CachedRun {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// CachedRun is a run of consecutive cached blocks that one node holds.
+type CachedRun struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Blocks in the run, at least 1.
+	Blocks uint32 `protobuf:"varint,1,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	// The node that holds them: an index into LookupResponse.nodes.
+	Node uint32 `protobuf:"varint,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The tier that holds them, as CachedBlock.tier: set when the node is the
+	// one that answered, empty otherwise.
+	Tier          string `protobuf:"bytes,3,opt,name=tier,proto3" json:"tier,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CachedRun) Reset() {
+	*x = CachedRun{}
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CachedRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CachedRun) ProtoMessage() {}
+
+func (x *CachedRun) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CachedRun.ProtoReflect.Descriptor instead.
+func (*CachedRun) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CachedRun) GetBlocks() uint32 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *CachedRun) GetNode() uint32 {
+	if x != nil {
+		return x.Node
+	}
+	return 0
+}
+
+func (x *CachedRun) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
 type BatchGetRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required: blocks of another namespace are answered as misses.
@@ -240,7 +365,7 @@ type BatchGetRequest struct {
 
 func (x *BatchGetRequest) Reset() {
 	*x = BatchGetRequest{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[3]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -252,7 +377,7 @@ func (x *BatchGetRequest) String() string {
 func (*BatchGetRequest) ProtoMessage() {}
 
 func (x *BatchGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[3]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -265,7 +390,7 @@ func (x *BatchGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{3}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *BatchGetRequest) GetNamespace() *Namespace {
@@ -330,7 +455,7 @@ type BatchGetResponse struct {
 
 func (x *BatchGetResponse) Reset() {
 	*x = BatchGetResponse{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[4]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +467,7 @@ func (x *BatchGetResponse) String() string {
 func (*BatchGetResponse) ProtoMessage() {}
 
 func (x *BatchGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[4]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +480,7 @@ func (x *BatchGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{4}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BatchGetResponse) GetIndex() uint32 {
@@ -456,7 +581,7 @@ type BlockHeader struct {
 
 func (x *BlockHeader) Reset() {
 	*x = BlockHeader{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[5]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +593,7 @@ func (x *BlockHeader) String() string {
 func (*BlockHeader) ProtoMessage() {}
 
 func (x *BlockHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[5]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +606,7 @@ func (x *BlockHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockHeader.ProtoReflect.Descriptor instead.
 func (*BlockHeader) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{5}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BlockHeader) GetParent() []byte {
@@ -535,7 +660,7 @@ type BatchPutRequest struct {
 
 func (x *BatchPutRequest) Reset() {
 	*x = BatchPutRequest{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[6]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +672,7 @@ func (x *BatchPutRequest) String() string {
 func (*BatchPutRequest) ProtoMessage() {}
 
 func (x *BatchPutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[6]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +685,7 @@ func (x *BatchPutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{6}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BatchPutRequest) GetNamespace() *Namespace {
@@ -595,7 +720,7 @@ type BatchPutResponse struct {
 
 func (x *BatchPutResponse) Reset() {
 	*x = BatchPutResponse{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[7]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +732,7 @@ func (x *BatchPutResponse) String() string {
 func (*BatchPutResponse) ProtoMessage() {}
 
 func (x *BatchPutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[7]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +745,7 @@ func (x *BatchPutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{7}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BatchPutResponse) GetStored() uint32 {
@@ -649,7 +774,7 @@ type ExistsRequest struct {
 
 func (x *ExistsRequest) Reset() {
 	*x = ExistsRequest{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[8]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +786,7 @@ func (x *ExistsRequest) String() string {
 func (*ExistsRequest) ProtoMessage() {}
 
 func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[8]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +799,7 @@ func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsRequest.ProtoReflect.Descriptor instead.
 func (*ExistsRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{8}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExistsRequest) GetKeys() [][]byte {
@@ -701,7 +826,7 @@ type ExistsResponse struct {
 
 func (x *ExistsResponse) Reset() {
 	*x = ExistsResponse{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[9]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +838,7 @@ func (x *ExistsResponse) String() string {
 func (*ExistsResponse) ProtoMessage() {}
 
 func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[9]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +851,7 @@ func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsResponse.ProtoReflect.Descriptor instead.
 func (*ExistsResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{9}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExistsResponse) GetPresent() []bool {
@@ -748,7 +873,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -760,7 +885,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -773,7 +898,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{10}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PublishRequest) GetKeys() [][]byte {
@@ -800,7 +925,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +937,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +950,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{11}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PublishResponse) GetQueued() uint32 {
@@ -843,7 +968,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -855,7 +980,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -868,7 +993,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{12}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{13}
 }
 
 type TierStats struct {
@@ -885,7 +1010,7 @@ type TierStats struct {
 
 func (x *TierStats) Reset() {
 	*x = TierStats{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -897,7 +1022,7 @@ func (x *TierStats) String() string {
 func (*TierStats) ProtoMessage() {}
 
 func (x *TierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -910,7 +1035,7 @@ func (x *TierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStats.ProtoReflect.Descriptor instead.
 func (*TierStats) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{13}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TierStats) GetName() string {
@@ -956,7 +1081,7 @@ type NamespaceStats struct {
 
 func (x *NamespaceStats) Reset() {
 	*x = NamespaceStats{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[14]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -968,7 +1093,7 @@ func (x *NamespaceStats) String() string {
 func (*NamespaceStats) ProtoMessage() {}
 
 func (x *NamespaceStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[14]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -981,7 +1106,7 @@ func (x *NamespaceStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceStats.ProtoReflect.Descriptor instead.
 func (*NamespaceStats) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{14}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NamespaceStats) GetDigest() uint64 {
@@ -1037,7 +1162,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[15]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1174,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[15]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1187,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{15}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StatsResponse) GetNodeId() string {
@@ -1125,20 +1250,29 @@ var File_kvmesh_v1_cache_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"[\n" +
+	"\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\xb0\x01\n" +
 	"\rLookupRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x16\n" +
-	"\x06tokens\x18\x02 \x03(\rR\x06tokens\"L\n" +
+	"\x06tokens\x18\x02 \x03(\rR\x06tokens\x12\x14\n" +
+	"\x05chain\x18\x03 \x01(\fR\x05chain\x12#\n" +
+	"\rprompt_tokens\x18\x04 \x01(\x04R\fpromptTokens\x12\x18\n" +
+	"\asummary\x18\x05 \x01(\bR\asummary\"L\n" +
 	"\vCachedBlock\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
-	"\x04tier\x18\x03 \x01(\tR\x04tier\"\xd4\x01\n" +
+	"\x04tier\x18\x03 \x01(\tR\x04tier\"\x94\x02\n" +
 	"\x0eLookupResponse\x12#\n" +
 	"\rcached_blocks\x18\x01 \x01(\rR\fcachedBlocks\x12#\n" +
 	"\rcached_tokens\x18\x02 \x01(\x04R\fcachedTokens\x12#\n" +
 	"\rprompt_blocks\x18\x03 \x01(\rR\fpromptBlocks\x12#\n" +
 	"\rprompt_tokens\x18\x04 \x01(\x04R\fpromptTokens\x12.\n" +
-	"\x06blocks\x18\x05 \x03(\v2\x16.kvmesh.v1.CachedBlockR\x06blocks\"\xa8\x01\n" +
+	"\x06blocks\x18\x05 \x03(\v2\x16.kvmesh.v1.CachedBlockR\x06blocks\x12(\n" +
+	"\x04runs\x18\x06 \x03(\v2\x14.kvmesh.v1.CachedRunR\x04runs\x12\x14\n" +
+	"\x05nodes\x18\a \x03(\tR\x05nodes\"K\n" +
+	"\tCachedRun\x12\x16\n" +
+	"\x06blocks\x18\x01 \x01(\rR\x06blocks\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\rR\x04node\x12\x12\n" +
+	"\x04tier\x18\x03 \x01(\tR\x04tier\"\xa8\x01\n" +
 	"\x0fBatchGetRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x16\n" +
@@ -1230,51 +1364,53 @@ func file_kvmesh_v1_cache_proto_rawDescGZIP() []byte {
 	return file_kvmesh_v1_cache_proto_rawDescData
 }
 
-var file_kvmesh_v1_cache_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_kvmesh_v1_cache_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_kvmesh_v1_cache_proto_goTypes = []any{
 	(*LookupRequest)(nil),    // 0: kvmesh.v1.LookupRequest
 	(*CachedBlock)(nil),      // 1: kvmesh.v1.CachedBlock
 	(*LookupResponse)(nil),   // 2: kvmesh.v1.LookupResponse
-	(*BatchGetRequest)(nil),  // 3: kvmesh.v1.BatchGetRequest
-	(*BatchGetResponse)(nil), // 4: kvmesh.v1.BatchGetResponse
-	(*BlockHeader)(nil),      // 5: kvmesh.v1.BlockHeader
-	(*BatchPutRequest)(nil),  // 6: kvmesh.v1.BatchPutRequest
-	(*BatchPutResponse)(nil), // 7: kvmesh.v1.BatchPutResponse
-	(*ExistsRequest)(nil),    // 8: kvmesh.v1.ExistsRequest
-	(*ExistsResponse)(nil),   // 9: kvmesh.v1.ExistsResponse
-	(*PublishRequest)(nil),   // 10: kvmesh.v1.PublishRequest
-	(*PublishResponse)(nil),  // 11: kvmesh.v1.PublishResponse
-	(*StatsRequest)(nil),     // 12: kvmesh.v1.StatsRequest
-	(*TierStats)(nil),        // 13: kvmesh.v1.TierStats
-	(*NamespaceStats)(nil),   // 14: kvmesh.v1.NamespaceStats
-	(*StatsResponse)(nil),    // 15: kvmesh.v1.StatsResponse
-	(*Namespace)(nil),        // 16: kvmesh.v1.Namespace
+	(*CachedRun)(nil),        // 3: kvmesh.v1.CachedRun
+	(*BatchGetRequest)(nil),  // 4: kvmesh.v1.BatchGetRequest
+	(*BatchGetResponse)(nil), // 5: kvmesh.v1.BatchGetResponse
+	(*BlockHeader)(nil),      // 6: kvmesh.v1.BlockHeader
+	(*BatchPutRequest)(nil),  // 7: kvmesh.v1.BatchPutRequest
+	(*BatchPutResponse)(nil), // 8: kvmesh.v1.BatchPutResponse
+	(*ExistsRequest)(nil),    // 9: kvmesh.v1.ExistsRequest
+	(*ExistsResponse)(nil),   // 10: kvmesh.v1.ExistsResponse
+	(*PublishRequest)(nil),   // 11: kvmesh.v1.PublishRequest
+	(*PublishResponse)(nil),  // 12: kvmesh.v1.PublishResponse
+	(*StatsRequest)(nil),     // 13: kvmesh.v1.StatsRequest
+	(*TierStats)(nil),        // 14: kvmesh.v1.TierStats
+	(*NamespaceStats)(nil),   // 15: kvmesh.v1.NamespaceStats
+	(*StatsResponse)(nil),    // 16: kvmesh.v1.StatsResponse
+	(*Namespace)(nil),        // 17: kvmesh.v1.Namespace
 }
 var file_kvmesh_v1_cache_proto_depIdxs = []int32{
-	16, // 0: kvmesh.v1.LookupRequest.namespace:type_name -> kvmesh.v1.Namespace
+	17, // 0: kvmesh.v1.LookupRequest.namespace:type_name -> kvmesh.v1.Namespace
 	1,  // 1: kvmesh.v1.LookupResponse.blocks:type_name -> kvmesh.v1.CachedBlock
-	16, // 2: kvmesh.v1.BatchGetRequest.namespace:type_name -> kvmesh.v1.Namespace
-	16, // 3: kvmesh.v1.BatchPutRequest.namespace:type_name -> kvmesh.v1.Namespace
-	5,  // 4: kvmesh.v1.BatchPutRequest.block:type_name -> kvmesh.v1.BlockHeader
-	13, // 5: kvmesh.v1.StatsResponse.tiers:type_name -> kvmesh.v1.TierStats
-	14, // 6: kvmesh.v1.StatsResponse.namespaces:type_name -> kvmesh.v1.NamespaceStats
-	0,  // 7: kvmesh.v1.CacheService.Lookup:input_type -> kvmesh.v1.LookupRequest
-	3,  // 8: kvmesh.v1.CacheService.BatchGet:input_type -> kvmesh.v1.BatchGetRequest
-	6,  // 9: kvmesh.v1.CacheService.BatchPut:input_type -> kvmesh.v1.BatchPutRequest
-	8,  // 10: kvmesh.v1.CacheService.Exists:input_type -> kvmesh.v1.ExistsRequest
-	10, // 11: kvmesh.v1.CacheService.Publish:input_type -> kvmesh.v1.PublishRequest
-	12, // 12: kvmesh.v1.CacheService.Stats:input_type -> kvmesh.v1.StatsRequest
-	2,  // 13: kvmesh.v1.CacheService.Lookup:output_type -> kvmesh.v1.LookupResponse
-	4,  // 14: kvmesh.v1.CacheService.BatchGet:output_type -> kvmesh.v1.BatchGetResponse
-	7,  // 15: kvmesh.v1.CacheService.BatchPut:output_type -> kvmesh.v1.BatchPutResponse
-	9,  // 16: kvmesh.v1.CacheService.Exists:output_type -> kvmesh.v1.ExistsResponse
-	11, // 17: kvmesh.v1.CacheService.Publish:output_type -> kvmesh.v1.PublishResponse
-	15, // 18: kvmesh.v1.CacheService.Stats:output_type -> kvmesh.v1.StatsResponse
-	13, // [13:19] is the sub-list for method output_type
-	7,  // [7:13] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	3,  // 2: kvmesh.v1.LookupResponse.runs:type_name -> kvmesh.v1.CachedRun
+	17, // 3: kvmesh.v1.BatchGetRequest.namespace:type_name -> kvmesh.v1.Namespace
+	17, // 4: kvmesh.v1.BatchPutRequest.namespace:type_name -> kvmesh.v1.Namespace
+	6,  // 5: kvmesh.v1.BatchPutRequest.block:type_name -> kvmesh.v1.BlockHeader
+	14, // 6: kvmesh.v1.StatsResponse.tiers:type_name -> kvmesh.v1.TierStats
+	15, // 7: kvmesh.v1.StatsResponse.namespaces:type_name -> kvmesh.v1.NamespaceStats
+	0,  // 8: kvmesh.v1.CacheService.Lookup:input_type -> kvmesh.v1.LookupRequest
+	4,  // 9: kvmesh.v1.CacheService.BatchGet:input_type -> kvmesh.v1.BatchGetRequest
+	7,  // 10: kvmesh.v1.CacheService.BatchPut:input_type -> kvmesh.v1.BatchPutRequest
+	9,  // 11: kvmesh.v1.CacheService.Exists:input_type -> kvmesh.v1.ExistsRequest
+	11, // 12: kvmesh.v1.CacheService.Publish:input_type -> kvmesh.v1.PublishRequest
+	13, // 13: kvmesh.v1.CacheService.Stats:input_type -> kvmesh.v1.StatsRequest
+	2,  // 14: kvmesh.v1.CacheService.Lookup:output_type -> kvmesh.v1.LookupResponse
+	5,  // 15: kvmesh.v1.CacheService.BatchGet:output_type -> kvmesh.v1.BatchGetResponse
+	8,  // 16: kvmesh.v1.CacheService.BatchPut:output_type -> kvmesh.v1.BatchPutResponse
+	10, // 17: kvmesh.v1.CacheService.Exists:output_type -> kvmesh.v1.ExistsResponse
+	12, // 18: kvmesh.v1.CacheService.Publish:output_type -> kvmesh.v1.PublishResponse
+	16, // 19: kvmesh.v1.CacheService.Stats:output_type -> kvmesh.v1.StatsResponse
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_cache_proto_init() }
@@ -1289,7 +1425,7 @@ func file_kvmesh_v1_cache_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_v1_cache_proto_rawDesc), len(file_kvmesh_v1_cache_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

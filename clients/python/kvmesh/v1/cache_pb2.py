@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/cache.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"H\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\x94\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\"|\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\x12\x12\n\nchunk_keys\x18\x05 \x03(\x0c\"\xb8\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x18\n\x10payload_checksum\x18\n \x01(\x06\"o\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x18\n\x10payload_checksum\x18\x04 \x01(\x06\x12\x11\n\tchunk_key\x18\x05 \x01(\x0c\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"1\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"2\n\x0ePublishRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0fPublishResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"P\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\"^\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\r\n\x05model\x18\x05 \x01(\t\"\xcc\x01\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats2\x98\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12@\n\x07Publish\x12\x19.kvmesh.v1.PublishRequest\x1a\x1a.kvmesh.v1.PublishResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x7f\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\r\n\x05\x63hain\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x0f\n\x07summary\x18\x05 \x01(\x08\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xc7\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\x12\"\n\x04runs\x18\x06 \x03(\x0b\x32\x14.kvmesh.v1.CachedRun\x12\r\n\x05nodes\x18\x07 \x03(\t\"7\n\tCachedRun\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x0c\n\x04tier\x18\x03 \x01(\t\"|\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\x12\x12\n\nchunk_keys\x18\x05 \x03(\x0c\"\xb8\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x18\n\x10payload_checksum\x18\n \x01(\x06\"o\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x18\n\x10payload_checksum\x18\x04 \x01(\x06\x12\x11\n\tchunk_key\x18\x05 \x01(\x0c\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"1\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"2\n\x0ePublishRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0fPublishResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"P\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\"^\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\r\n\x05model\x18\x05 \x01(\t\"\xcc\x01\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats2\x98\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12@\n\x07Publish\x12\x19.kvmesh.v1.PublishRequest\x1a\x1a.kvmesh.v1.PublishResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
@@ -48,6 +48,27 @@ _LOOKUPREQUEST = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='chain', full_name='kvmesh.v1.LookupRequest.chain', index=2,
+      number=3, type=12, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b(""),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='prompt_tokens', full_name='kvmesh.v1.LookupRequest.prompt_tokens', index=3,
+      number=4, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='summary', full_name='kvmesh.v1.LookupRequest.summary', index=4,
+      number=5, type=8, cpp_type=7, label=1,
+      has_default_value=False, default_value=False,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -61,7 +82,7 @@ _LOOKUPREQUEST = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=59,
-  serialized_end=131,
+  serialized_end=186,
 )
 
 
@@ -105,8 +126,8 @@ _CACHEDBLOCK = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=133,
-  serialized_end=190,
+  serialized_start=188,
+  serialized_end=245,
 )
 
 
@@ -152,6 +173,20 @@ _LOOKUPRESPONSE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='runs', full_name='kvmesh.v1.LookupResponse.runs', index=5,
+      number=6, type=11, cpp_type=10, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='nodes', full_name='kvmesh.v1.LookupResponse.nodes', index=6,
+      number=7, type=9, cpp_type=9, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -164,8 +199,53 @@ _LOOKUPRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=193,
-  serialized_end=341,
+  serialized_start=248,
+  serialized_end=447,
+)
+
+
+_CACHEDRUN = _descriptor.Descriptor(
+  name='CachedRun',
+  full_name='kvmesh.v1.CachedRun',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='blocks', full_name='kvmesh.v1.CachedRun.blocks', index=0,
+      number=1, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='node', full_name='kvmesh.v1.CachedRun.node', index=1,
+      number=2, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='tier', full_name='kvmesh.v1.CachedRun.tier', index=2,
+      number=3, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=449,
+  serialized_end=504,
 )
 
 
@@ -223,8 +303,8 @@ _BATCHGETREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=343,
-  serialized_end=467,
+  serialized_start=506,
+  serialized_end=630,
 )
 
 
@@ -317,8 +397,8 @@ _BATCHGETRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=470,
-  serialized_end=654,
+  serialized_start=633,
+  serialized_end=817,
 )
 
 
@@ -376,8 +456,8 @@ _BLOCKHEADER = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=656,
-  serialized_end=767,
+  serialized_start=819,
+  serialized_end=930,
 )
 
 
@@ -421,8 +501,8 @@ _BATCHPUTREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=769,
-  serialized_end=880,
+  serialized_start=932,
+  serialized_end=1043,
 )
 
 
@@ -459,8 +539,8 @@ _BATCHPUTRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=882,
-  serialized_end=930,
+  serialized_start=1045,
+  serialized_end=1093,
 )
 
 
@@ -497,8 +577,8 @@ _EXISTSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=932,
-  serialized_end=981,
+  serialized_start=1095,
+  serialized_end=1144,
 )
 
 
@@ -528,8 +608,8 @@ _EXISTSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=983,
-  serialized_end=1016,
+  serialized_start=1146,
+  serialized_end=1179,
 )
 
 
@@ -566,8 +646,8 @@ _PUBLISHREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1018,
-  serialized_end=1068,
+  serialized_start=1181,
+  serialized_end=1231,
 )
 
 
@@ -597,8 +677,8 @@ _PUBLISHRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1070,
-  serialized_end=1103,
+  serialized_start=1233,
+  serialized_end=1266,
 )
 
 
@@ -621,8 +701,8 @@ _STATSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1105,
-  serialized_end=1119,
+  serialized_start=1268,
+  serialized_end=1282,
 )
 
 
@@ -673,8 +753,8 @@ _TIERSTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1121,
-  serialized_end=1201,
+  serialized_start=1284,
+  serialized_end=1364,
 )
 
 
@@ -732,8 +812,8 @@ _NAMESPACESTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1203,
-  serialized_end=1297,
+  serialized_start=1366,
+  serialized_end=1460,
 )
 
 
@@ -812,12 +892,13 @@ _STATSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1300,
-  serialized_end=1504,
+  serialized_start=1463,
+  serialized_end=1667,
 )
 
 _LOOKUPREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
 _LOOKUPRESPONSE.fields_by_name['blocks'].message_type = _CACHEDBLOCK
+_LOOKUPRESPONSE.fields_by_name['runs'].message_type = _CACHEDRUN
 _BATCHGETREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
 _BATCHPUTREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
 _BATCHPUTREQUEST.fields_by_name['block'].message_type = _BLOCKHEADER
@@ -826,6 +907,7 @@ _STATSRESPONSE.fields_by_name['namespaces'].message_type = _NAMESPACESTATS
 DESCRIPTOR.message_types_by_name['LookupRequest'] = _LOOKUPREQUEST
 DESCRIPTOR.message_types_by_name['CachedBlock'] = _CACHEDBLOCK
 DESCRIPTOR.message_types_by_name['LookupResponse'] = _LOOKUPRESPONSE
+DESCRIPTOR.message_types_by_name['CachedRun'] = _CACHEDRUN
 DESCRIPTOR.message_types_by_name['BatchGetRequest'] = _BATCHGETREQUEST
 DESCRIPTOR.message_types_by_name['BatchGetResponse'] = _BATCHGETRESPONSE
 DESCRIPTOR.message_types_by_name['BlockHeader'] = _BLOCKHEADER
@@ -861,6 +943,13 @@ LookupResponse = _reflection.GeneratedProtocolMessageType('LookupResponse', (_me
   # @@protoc_insertion_point(class_scope:kvmesh.v1.LookupResponse)
   ))
 _sym_db.RegisterMessage(LookupResponse)
+
+CachedRun = _reflection.GeneratedProtocolMessageType('CachedRun', (_message.Message,), dict(
+  DESCRIPTOR = _CACHEDRUN,
+  __module__ = 'kvmesh.v1.cache_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.CachedRun)
+  ))
+_sym_db.RegisterMessage(CachedRun)
 
 BatchGetRequest = _reflection.GeneratedProtocolMessageType('BatchGetRequest', (_message.Message,), dict(
   DESCRIPTOR = _BATCHGETREQUEST,
@@ -963,8 +1052,8 @@ _CACHESERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=1507,
-  serialized_end=1915,
+  serialized_start=1670,
+  serialized_end=2078,
   methods=[
   _descriptor.MethodDescriptor(
     name='Lookup',
