@@ -23,8 +23,10 @@ import (
 //
 // The data plane serves the node's own tiers only. A get therefore asks it
 // first and reads what it lacked through BatchGet, which reaches the rest of
-// the cluster; a put stores blocks on the node through it and then
-// publishes them (Publish), so that the node pushes them to their owners.
+// the cluster; a put stores blocks on the node through it and publishes
+// them in the same round trip (a publish request, which carries each
+// block's chunk key), so that the node pushes them to their owners. A
+// transport without publish requests is followed by a gRPC Publish.
 // Any failure of a transport moves the call to the next one (shared memory,
 // TCP, gRPC); a transport that failed is left alone for a while.
 
@@ -297,7 +299,8 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 	buf := make([]byte, 0, min(len(items), win)*enc)
 	keys := make([]prefixhash.Key, len(items))
 	vals := make([][]byte, 0, min(len(items), win))
-	var stored, rest []int // items stored over the data plane; items left to gRPC
+	chunks := make([]prefixhash.Key, len(items))
+	var stored, rest []int // items stored over the data plane but not published; items left to gRPC
 	for lo := 0; lo < len(items); lo += win {
 		hi := min(lo+win, len(items))
 		buf, vals = buf[:0], vals[:0]
@@ -308,27 +311,27 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 				return nil, fmt.Errorf("%w: block %d: %w", ErrInvalid, lo+j, err)
 			}
 			vals = append(vals, buf[start:len(buf):len(buf)])
+			if chunks[lo+j] = it.chunk; it.chunk.IsZero() {
+				chunks[lo+j] = keys[lo+j] // unknown: the block is taken to start a chunk, as BatchPut does
+			}
 		}
-		st := d.dataPut(ctx, &ts, keys[lo:hi], vals)
+		st, published := d.dataPut(ctx, &ts, keys[lo:hi], chunks[lo:hi], vals)
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		for j := range vals {
-			if st != nil && st[j] == transfer.StatusOK {
-				stored = append(stored, lo+j)
-			} else {
+			switch {
+			case st == nil || st[j] != transfer.StatusOK:
 				rest = append(rest, lo+j) // the node dropped it (full?): BatchPut says why
+			case !published:
+				stored = append(stored, lo+j)
 			}
 		}
 	}
 	if len(stored) > 0 {
 		req := &kvmeshv1.PublishRequest{Keys: make([][]byte, len(stored)), ChunkKeys: make([][]byte, len(stored))}
 		for j, i := range stored {
-			ck := items[i].chunk
-			if ck.IsZero() {
-				ck = keys[i] // unknown: the block is taken to start a chunk, as BatchPut does
-			}
-			req.Keys[j], req.ChunkKeys[j] = keys[i][:], ck[:]
+			req.Keys[j], req.ChunkKeys[j] = keys[i][:], chunks[i][:]
 		}
 		if _, err := d.c.cache.Publish(ctx, req); err != nil {
 			return nil, err
@@ -350,20 +353,35 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 	return keys, nil
 }
 
+// publisher is a transport that stores and publishes blocks in one round
+// trip (transfer.Client and ShmClient).
+type publisher interface {
+	PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, vals [][]byte) ([]transfer.Status, error)
+}
+
 // dataPut pushes one window over the first transport that takes it,
-// dropping the ones that fail from ts. It returns nil when none did.
-func (d *dataBulk) dataPut(ctx context.Context, ts *[]transport, keys []prefixhash.Key, vals [][]byte) []transfer.Status {
+// dropping the ones that fail from ts, and reports whether the blocks it
+// stored are published too (a publish request). It returns nil when no
+// transport took the window.
+func (d *dataBulk) dataPut(ctx context.Context, ts *[]transport, keys, chunkKeys []prefixhash.Key, vals [][]byte) (_ []transfer.Status, published bool) {
 	for len(*ts) > 0 {
 		t := (*ts)[0]
-		st, err := t.peer.Put(ctx, keys, vals)
+		var st []transfer.Status
+		var err error
+		if p, ok := t.peer.(publisher); ok {
+			st, err = p.PutPublish(ctx, keys, chunkKeys, vals)
+			published = true
+		} else {
+			st, err = t.peer.Put(ctx, keys, vals)
+		}
 		if err == nil {
-			return st
+			return st, published
 		}
 		if ctx.Err() != nil {
-			return nil
+			return nil, false
 		}
 		d.dp.failed(t)
 		*ts = (*ts)[1:]
 	}
-	return nil
+	return nil, false
 }

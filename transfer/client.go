@@ -170,6 +170,22 @@ func fillResult(r *Result, idx []int, st []Status, value func(i int) []byte) (re
 // over MaxValueSize fails the whole call with ErrLimit before anything is
 // sent.
 func (c *Client) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte) ([]Status, error) {
+	return c.put(ctx, keys, nil, vals)
+}
+
+// PutPublish is Put of blocks this client produced: the server stores them
+// and queues each it stored for the owners of chunkKeys[i] (see Publisher),
+// in the same round trip. A server that takes no publish requests answers
+// with an error wrapping ErrRemote.
+func (c *Client) PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, vals [][]byte) ([]Status, error) {
+	if len(chunkKeys) != len(keys) {
+		return nil, fmt.Errorf("transfer: publish of %d keys and %d chunk keys", len(keys), len(chunkKeys))
+	}
+	return c.put(ctx, keys, chunkKeys, vals)
+}
+
+// put sends put requests, or publish requests when chunkKeys is not nil.
+func (c *Client) put(ctx context.Context, keys, chunkKeys []prefixhash.Key, vals [][]byte) ([]Status, error) {
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
 	st, err := putFrames(keys, vals, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
@@ -177,12 +193,22 @@ func (c *Client) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte) 
 			return fmt.Errorf("waiting for in-flight room: %w", err)
 		}
 		defer c.inflight.release(int64(bytes))
-		return c.do(ctx, func(cc *clientConn) error { return cc.put(ctx, c, keys[lo:hi], vals[lo:hi], bytes, st) })
+		return c.do(ctx, func(cc *clientConn) error {
+			return cc.put(ctx, c, keys[lo:hi], sub(chunkKeys, lo, hi), vals[lo:hi], bytes, st)
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("transfer: put %d values to %s: %w", len(keys), c.addr, err)
 	}
 	return st, nil
+}
+
+// sub returns s[lo:hi], or nil when s is nil.
+func sub[T any](s []T, lo, hi int) []T {
+	if s == nil {
+		return nil
+	}
+	return s[lo:hi]
 }
 
 // putFrames checks a put and cuts it into frames within lim; send sends
@@ -567,9 +593,9 @@ func (cc *clientConn) get(ctx context.Context, c *Client, keys []prefixhash.Key,
 
 // put sends one put frame, values written from the caller's memory by one
 // vectored write, and reads the statuses into st.
-func (cc *clientConn) put(ctx context.Context, c *Client, keys []prefixhash.Key, vals [][]byte, bytes int, st []Status) error {
+func (cc *clientConn) put(ctx context.Context, c *Client, keys, chunkKeys []prefixhash.Key, vals [][]byte, bytes int, st []Status) error {
 	id := c.nextID.Add(1)
-	cc.bufs = appendPut(&cc.enc, cc.bufs[:0], id, timeoutMillis(ctx), keys, vals, bytes)
+	cc.bufs = appendPut(&cc.enc, cc.bufs[:0], id, timeoutMillis(ctx), keys, chunkKeys, vals, bytes)
 	bufs := cc.bufs // WriteTo consumes its receiver
 	if _, err := bufs.WriteTo(cc.nc); err != nil {
 		return fmt.Errorf("send values: %w", err)
@@ -585,14 +611,23 @@ func (cc *clientConn) put(ctx context.Context, c *Client, keys []prefixhash.Key,
 	return parsePutResp(cc.table, st)
 }
 
-// appendPut appends to bufs a put frame: its header and table (built in enc)
-// followed by the values, each padded to 64 bytes.
-func appendPut(enc *encoder, bufs net.Buffers, id uint64, timeout uint32, keys []prefixhash.Key, vals [][]byte, bytes int) net.Buffers {
-	t := enc.begin(typePutReq, len(keys))
-	for i, k := range keys {
-		putPutEntry(t, i, k, len(vals[i]))
+// appendPut appends to bufs a put frame, or a publish frame when chunkKeys
+// is not nil: its header and table (built in enc) followed by the values,
+// each padded to 64 bytes.
+func appendPut(enc *encoder, bufs net.Buffers, id uint64, timeout uint32, keys, chunkKeys []prefixhash.Key, vals [][]byte, bytes int) net.Buffers {
+	typ := typePutReq
+	if chunkKeys != nil {
+		typ = typePublishReq
 	}
-	bufs = append(bufs, enc.finish(header{typ: typePutReq, id: id, count: len(keys), timeout: timeout, payload: bytes}))
+	t := enc.begin(typ, len(keys))
+	for i, k := range keys {
+		if chunkKeys != nil {
+			putPublishEntry(t, i, k, chunkKeys[i], len(vals[i]))
+		} else {
+			putPutEntry(t, i, k, len(vals[i]))
+		}
+	}
+	bufs = append(bufs, enc.finish(header{typ: typ, id: id, count: len(keys), timeout: timeout, payload: bytes}))
 	return appendValues(bufs, vals)
 }
 

@@ -316,7 +316,7 @@ func (c *shmConn) readLoop(work chan<- shmWork) error {
 			release = grow(release, h.count)
 			parseIDs(table, release)
 			c.free(release)
-		case typePutReq:
+		case typePutReq, typePublishReq:
 			ctx, cancel := requestDeadline(c.ctx, &h, s.opts.RequestTimeout)
 			dl, _ := ctx.Deadline()
 			c.uc.SetReadDeadline(dl)
@@ -852,11 +852,24 @@ func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, er
 // socket (one copy into the kernel and one out), in as many frames as
 // MaxItems and MaxBatchBytes require; vals are only read during the call.
 func (c *ShmClient) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte) ([]Status, error) {
+	return c.put(ctx, keys, nil, vals)
+}
+
+// PutPublish is Client.PutPublish through the unix socket.
+func (c *ShmClient) PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, vals [][]byte) ([]Status, error) {
+	if len(chunkKeys) != len(keys) {
+		return nil, fmt.Errorf("transfer: shm publish of %d keys and %d chunk keys", len(keys), len(chunkKeys))
+	}
+	return c.put(ctx, keys, chunkKeys, vals)
+}
+
+// put sends put requests, or publish requests when chunkKeys is not nil.
+func (c *ShmClient) put(ctx context.Context, keys, chunkKeys []prefixhash.Key, vals [][]byte) ([]Status, error) {
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
 	st, err := putFrames(keys, vals, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
 		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
-			c.bufs = appendPut(&c.enc, c.bufs[:0], id, timeoutMillis(ctx), keys[lo:hi], vals[lo:hi], bytes)
+			c.bufs = appendPut(&c.enc, c.bufs[:0], id, timeoutMillis(ctx), keys[lo:hi], sub(chunkKeys, lo, hi), vals[lo:hi], bytes)
 			return c.bufs
 		})
 		if err != nil {
