@@ -296,7 +296,12 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 	}
 	enc := store.EncodedLen(ns.BlockTokens, ns.BlockBytes())
 	win := windowOf(ns)
-	buf := make([]byte, 0, min(len(items), win)*enc)
+	pb := getEncodeBuf(min(len(items), win) * enc)
+	buf := *pb
+	defer func() {
+		*pb = buf[:0]
+		encodeBufs.Put(pb)
+	}()
 	keys := make([]prefixhash.Key, len(items))
 	vals := make([][]byte, 0, min(len(items), win))
 	chunks := make([]prefixhash.Key, len(items))
@@ -357,6 +362,22 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 // trip (transfer.Client and ShmClient).
 type publisher interface {
 	PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, vals [][]byte) ([]transfer.Status, error)
+}
+
+// encodeBufs pools the buffers puts encode a window of blocks into, so that
+// a put does not allocate (and zero) block-sized memory. A buffer is only
+// read by the transport during its Put, and back in the pool once put
+// returns.
+var encodeBufs sync.Pool // of *[]byte
+
+// getEncodeBuf returns an empty pooled buffer of capacity at least n.
+func getEncodeBuf(n int) *[]byte {
+	if p, ok := encodeBufs.Get().(*[]byte); ok && cap(*p) >= n {
+		*p = (*p)[:0]
+		return p
+	}
+	b := make([]byte, 0, n)
+	return &b
 }
 
 // dataPut pushes one window over the first transport that takes it,
