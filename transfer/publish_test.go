@@ -44,8 +44,9 @@ func (p *publishSink) PutPublish(ctx context.Context, keys, chunkKeys []prefixha
 
 // publishCase puts blocks through put (a PutPublish) into a publishSink in
 // several frames, and checks that each was stored and published under its
-// chunk key, or reported a miss where publishing failed.
-func publishCase(t *testing.T, p *publishSink, put func(keys, chunks []prefixhash.Key, vals [][]byte) ([]Status, error)) {
+// chunk key, or reported a miss where publishing failed. With split, each
+// value is sent as a head and the rest.
+func publishCase(t *testing.T, p *publishSink, split bool, put func(keys, chunks []prefixhash.Key, heads, vals [][]byte) ([]Status, error)) {
 	t.Helper()
 	sizes := []int{1, 64 << 10, 65, 100 << 10, 7}
 	keys := make([]prefixhash.Key, len(sizes))
@@ -57,7 +58,15 @@ func publishCase(t *testing.T, p *publishSink, put func(keys, chunks []prefixhas
 	p.mu.Lock()
 	p.noPublish[keys[3]] = true
 	p.mu.Unlock()
-	st, err := put(keys, chunks, vals)
+	var heads, rest [][]byte = nil, vals
+	if split {
+		heads, rest = make([][]byte, len(vals)), make([][]byte, len(vals))
+		for i, v := range vals {
+			h := []int{0, 100, 65, 64 << 10, 7}[i] // empty, short, aligned or not, whole
+			heads[i], rest[i] = v[:h], v[h:]
+		}
+	}
+	st, err := put(keys, chunks, heads, rest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,11 +100,16 @@ func TestPutPublish(t *testing.T) {
 	}
 	defer s.Close()
 	c := newClient(t, addr.String(), &ClientOptions{Limits: Limits{MaxItems: 2}})
-	publishCase(t, p, func(keys, chunks []prefixhash.Key, vals [][]byte) ([]Status, error) {
-		return c.PutPublish(context.Background(), keys, chunks, vals)
-	})
-	if _, err := c.PutPublish(context.Background(), testKeys(1), nil, [][]byte{{1}}); err == nil {
+	for _, split := range []bool{false, true} {
+		publishCase(t, p, split, func(keys, chunks []prefixhash.Key, heads, vals [][]byte) ([]Status, error) {
+			return c.PutPublish(context.Background(), keys, chunks, heads, vals)
+		})
+	}
+	if _, err := c.PutPublish(context.Background(), testKeys(1), nil, nil, [][]byte{{1}}); err == nil {
 		t.Fatal("a publish without chunk keys was sent")
+	}
+	if _, err := c.PutPublish(context.Background(), testKeys(1), testKeys(1), [][]byte{}, [][]byte{{1}}); err == nil {
+		t.Fatal("a publish with too few heads was sent")
 	}
 }
 
@@ -128,7 +142,7 @@ func TestPutIsNotPublished(t *testing.T) {
 func TestPublishWithoutPublisher(t *testing.T) {
 	_, addr := startServer(t, newMemSource(), nil)
 	c := newClient(t, addr, nil)
-	_, err := c.PutPublish(context.Background(), testKeys(1), testKeys(1), [][]byte{{1, 2, 3}})
+	_, err := c.PutPublish(context.Background(), testKeys(1), testKeys(1), nil, [][]byte{{1, 2, 3}})
 	if !errors.Is(err, ErrRemote) || !strings.Contains(err.Error(), "accepts no publish requests") {
 		t.Fatalf("publish to a server whose sink does not publish: %v", err)
 	}

@@ -53,7 +53,7 @@ func (*ShmClient) Put(context.Context, []prefixhash.Key, [][]byte) ([]Status, er
 }
 
 // PutPublish returns ErrUnsupported.
-func (*ShmClient) PutPublish(context.Context, []prefixhash.Key, []prefixhash.Key, [][]byte) ([]Status, error) {
+func (*ShmClient) PutPublish(context.Context, []prefixhash.Key, []prefixhash.Key, [][]byte, [][]byte) ([]Status, error) {
 	return nil, ErrUnsupported
 }
 

@@ -413,7 +413,7 @@ func TestShmPutPublish(t *testing.T) {
 	}
 	defer s.Close()
 	c := dialShm(t, path, &ShmClientOptions{Limits: Limits{MaxItems: 2}})
-	publishCase(t, p, func(keys, chunks []prefixhash.Key, vals [][]byte) ([]Status, error) {
-		return c.PutPublish(context.Background(), keys, chunks, vals)
+	publishCase(t, p, true, func(keys, chunks []prefixhash.Key, heads, vals [][]byte) ([]Status, error) {
+		return c.PutPublish(context.Background(), keys, chunks, heads, vals)
 	})
 }
