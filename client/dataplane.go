@@ -9,7 +9,6 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
-	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
 )
@@ -23,8 +22,10 @@ import (
 //
 // The data plane serves the node's own tiers only. A get therefore asks it
 // first and reads what it lacked through BatchGet, which reaches the rest of
-// the cluster; a put stores blocks on the node through it and then
-// publishes them (Publish), so that the node pushes them to their owners.
+// the cluster; a put stores blocks on the node through it and publishes
+// them in the same round trip (a publish request, which carries each
+// block's chunk key), so that the node pushes them to their owners. A node
+// without publish requests fails the transport: the put goes to BatchPut.
 // Any failure of a transport moves the call to the next one (shared memory,
 // TCP, gRPC); a transport that failed is left alone for a while.
 
@@ -55,7 +56,7 @@ type dataPlane struct {
 // transport is one way to the node's data plane.
 type transport struct {
 	name string // "shm" or "tcp"
-	peer transfer.Peer
+	peer dataPeer
 	full bool // verify payload checksums of what it reads
 }
 
@@ -115,11 +116,11 @@ func (d *dataPlane) transports(ctx context.Context) []transport {
 func (d *dataPlane) failed(t transport) {
 	d.mu.Lock()
 	switch {
-	case t.name == "shm" && d.mu.shmc != nil && transfer.Peer(d.mu.shmc) == t.peer:
+	case t.name == "shm" && d.mu.shmc != nil && dataPeer(d.mu.shmc) == t.peer:
 		d.mu.shmc.Close()
 		d.mu.shmc = nil
 		d.mu.shmUntil = time.Now().Add(retryAfter)
-	case t.name == "tcp" && d.mu.tcp != nil && transfer.Peer(d.mu.tcp) == t.peer:
+	case t.name == "tcp" && d.mu.tcp != nil && dataPeer(d.mu.tcp) == t.peer:
 		d.mu.tcp.Close()
 		d.mu.tcp = nil
 		d.mu.tcpUntil = time.Now().Add(retryAfter)
@@ -292,46 +293,40 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 	if len(ts) == 0 {
 		return d.grpc.put(ctx, ns, items)
 	}
-	enc := store.EncodedLen(ns.BlockTokens, ns.BlockBytes())
 	win := windowOf(ns)
-	buf := make([]byte, 0, min(len(items), win)*enc)
+	hl := store.HeaderLen(ns.BlockTokens)
+	// Only the blocks' headers are encoded here: the transport sends each
+	// header and then its payload from the caller's memory (one vectored
+	// write), so a put copies no payload byte before the socket.
+	hbuf := make([]byte, 0, min(len(items), win)*hl)
+	heads := make([][]byte, 0, min(len(items), win))
 	keys := make([]prefixhash.Key, len(items))
-	vals := make([][]byte, 0, min(len(items), win))
-	var stored, rest []int // items stored over the data plane; items left to gRPC
+	chunks := make([]prefixhash.Key, len(items))
+	var rest []int // items left to gRPC
 	for lo := 0; lo < len(items); lo += win {
 		hi := min(lo+win, len(items))
-		buf, vals = buf[:0], vals[:0]
+		hbuf, heads = hbuf[:0], heads[:0]
 		for j, it := range items[lo:hi] {
-			start := len(buf)
+			start := len(hbuf)
 			var err error
-			if buf, keys[lo+j], err = store.Encode(buf, ns, it.parent, it.tokens, it.payload); err != nil {
+			if hbuf, keys[lo+j], err = store.AppendHeader(hbuf, ns, it.parent, it.tokens, it.payload); err != nil {
 				return nil, fmt.Errorf("%w: block %d: %w", ErrInvalid, lo+j, err)
 			}
-			vals = append(vals, buf[start:len(buf):len(buf)])
+			heads = append(heads, hbuf[start:len(hbuf):len(hbuf)])
+			if chunks[lo+j] = it.chunk; it.chunk.IsZero() {
+				chunks[lo+j] = keys[lo+j] // unknown: the block is taken to start a chunk, as BatchPut does
+			}
 		}
-		st := d.dataPut(ctx, &ts, keys[lo:hi], vals)
+		st := d.dataPut(ctx, &ts, keys[lo:hi], chunks[lo:hi], heads, items[lo:hi])
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		for j := range vals {
-			if st != nil && st[j] == transfer.StatusOK {
-				stored = append(stored, lo+j)
-			} else {
-				rest = append(rest, lo+j) // the node dropped it (full?): BatchPut says why
+		for j := range heads {
+			if st == nil || st[j] != transfer.StatusOK {
+				// The node dropped it (full?) or could not publish it:
+				// BatchPut stores and publishes it, or says why not.
+				rest = append(rest, lo+j)
 			}
-		}
-	}
-	if len(stored) > 0 {
-		req := &kvmeshv1.PublishRequest{Keys: make([][]byte, len(stored)), ChunkKeys: make([][]byte, len(stored))}
-		for j, i := range stored {
-			ck := items[i].chunk
-			if ck.IsZero() {
-				ck = keys[i] // unknown: the block is taken to start a chunk, as BatchPut does
-			}
-			req.Keys[j], req.ChunkKeys[j] = keys[i][:], ck[:]
-		}
-		if _, err := d.c.cache.Publish(ctx, req); err != nil {
-			return nil, err
 		}
 	}
 	if len(rest) > 0 {
@@ -350,12 +345,26 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 	return keys, nil
 }
 
-// dataPut pushes one window over the first transport that takes it,
-// dropping the ones that fail from ts. It returns nil when none did.
-func (d *dataBulk) dataPut(ctx context.Context, ts *[]transport, keys []prefixhash.Key, vals [][]byte) []transfer.Status {
+// dataPeer is a data-plane transport: transfer.Client or ShmClient. Besides
+// gets, it stores and publishes blocks in one round trip, each sent as its
+// header and then its payload.
+type dataPeer interface {
+	transfer.Peer
+	PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, heads, vals [][]byte) ([]transfer.Status, error)
+}
+
+// dataPut stores and publishes one window, the blocks of items with their
+// encoded headers heads, over the first transport that takes it, dropping
+// the ones that fail from ts. It returns nil when no transport took the
+// window.
+func (d *dataBulk) dataPut(ctx context.Context, ts *[]transport, keys, chunkKeys []prefixhash.Key, heads [][]byte, items []putItem) []transfer.Status {
+	payloads := make([][]byte, len(items))
+	for i, it := range items {
+		payloads[i] = it.payload
+	}
 	for len(*ts) > 0 {
 		t := (*ts)[0]
-		st, err := t.peer.Put(ctx, keys, vals)
+		st, err := t.peer.PutPublish(ctx, keys, chunkKeys, heads, payloads)
 		if err == nil {
 			return st
 		}

@@ -23,8 +23,9 @@
 // with Options.Transport set to TransportGRPC. A transport that fails moves
 // the call to the next one and is left alone for a while. The data plane
 // serves the node's own tiers: what the node lacks is read through BatchGet,
-// which reaches the rest of the cluster, and blocks put through it are then
-// published (Publish) so that the node pushes them to their owners. Where
+// which reaches the rest of the cluster, and blocks put through it are
+// published in the same request (each with its chunk key) so that the node
+// pushes them to their owners. Where
 // the data plane is, the node's host id and the cluster's chunk size come
 // from Members, asked once a minute at most.
 //

@@ -37,8 +37,9 @@ type clusterCache struct {
 	hostID                                string
 	rdma                                  []string
 
-	refused   atomic.Int64 // data-plane values refused by the sink
-	quotaMu   sync.Mutex   // orders quota changes and their saving (quota.go)
+	refused   atomic.Int64                  // data-plane values refused by the sink
+	publisher atomic.Pointer[store.Cluster] // cluster, for the sink, once started
+	quotaMu   sync.Mutex                    // orders quota changes and their saving (quota.go)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -67,7 +68,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	if opts.MaxBlockBytes > transfer.DefaultMaxValueSize {
 		lim.MaxValueSize = opts.MaxBlockBytes
 	}
-	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.MaxBlockBytes, refused: &c.refused}
+	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.MaxBlockBytes, refused: &c.refused, cluster: &c.publisher}
 	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.TLS, Tokens: tokens}, opts.Logger); err != nil {
 		return nil, fmt.Errorf("node: data plane: %w", err)
 	}
@@ -120,6 +121,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	if err != nil {
 		return nil, fmt.Errorf("node: cluster: %w", err)
 	}
+	c.publisher.Store(c.cluster)
 	return c, nil
 }
 

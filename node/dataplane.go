@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -51,16 +52,50 @@ func (s localSource) Acquire(ctx context.Context, keys []prefixhash.Key, vals []
 }
 
 // localSink stores blocks pushed over the data plane (by peers: pushes and
-// handoffs; by clients: puts, published afterwards) in store.Local. Each
+// handoffs; by clients: puts and publish requests) in store.Local. Each
 // value must be a block whose key is the key it was sent under; Local.Put
-// verifies the rest (checksums, layout) before storing it.
+// verifies the rest (checksums, layout) before storing it. A client's
+// publish request also queues what was stored for its owners, as the gRPC
+// Publish does; a peer's put never is (that could loop).
 type localSink struct {
 	l        *store.Local
 	maxBlock int
-	refused  *atomic.Int64 // values that were not the block they claimed to be
+	refused  *atomic.Int64                  // values that were not the block they claimed to be
+	cluster  *atomic.Pointer[store.Cluster] // publishes; nil until the cluster started
 }
 
-var _ transfer.Sink = localSink{}
+var _ transfer.Publisher = localSink{}
+
+// PutPublish stores the blocks as Put does, then queues those it stored for
+// the owners of their chunks (store.Cluster.Publish). When they cannot be
+// queued (the cluster is not started yet, or is closing), the stored blocks
+// are reported as misses: the client then sends them through BatchPut,
+// which stores (a no-op now) and queues them.
+func (s localSink) PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, vals [][]byte, st []transfer.Status) {
+	s.Put(ctx, keys, vals, st)
+	pk, pc := keys, chunkKeys // usually every block was stored
+	if slices.ContainsFunc(st, func(x transfer.Status) bool { return x != transfer.StatusOK }) {
+		pk, pc = nil, nil
+		for i := range keys {
+			if st[i] == transfer.StatusOK {
+				pk, pc = append(pk, keys[i]), append(pc, chunkKeys[i])
+			}
+		}
+		if len(pk) == 0 {
+			return
+		}
+	}
+	if c := s.cluster.Load(); c != nil {
+		if _, err := c.Publish(ctx, pk, pc); err == nil {
+			return
+		}
+	}
+	for i := range st {
+		if st[i] == transfer.StatusOK {
+			st[i] = transfer.StatusMiss
+		}
+	}
+}
 
 func (s localSink) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte, st []transfer.Status) {
 	for i, v := range vals {

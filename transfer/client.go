@@ -170,30 +170,86 @@ func fillResult(r *Result, idx []int, st []Status, value func(i int) []byte) (re
 // over MaxValueSize fails the whole call with ErrLimit before anything is
 // sent.
 func (c *Client) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte) ([]Status, error) {
+	return c.put(ctx, puts{keys: keys, vals: vals})
+}
+
+// PutPublish is Put of blocks this client produced: the server stores them
+// and queues each it stored for the owners of chunkKeys[i] (see Publisher),
+// in the same round trip. Value i is heads[i] followed by vals[i] (heads may
+// be nil: vals alone), so that a block's header and payload need not be
+// copied together; both are only read during the call. A server that takes
+// no publish requests answers with an error wrapping ErrRemote.
+func (c *Client) PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, heads, vals [][]byte) ([]Status, error) {
+	p := puts{keys: keys, chunkKeys: chunkKeys, heads: heads, vals: vals}
+	if err := p.checkPublish(); err != nil {
+		return nil, err
+	}
+	return c.put(ctx, p)
+}
+
+// put sends p as put requests, or publish requests.
+func (c *Client) put(ctx context.Context, p puts) ([]Status, error) {
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
-	st, err := putFrames(keys, vals, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
+	st, err := putFrames(&p, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
 		if err := c.inflight.acquire(ctx, int64(bytes)); err != nil {
 			return fmt.Errorf("waiting for in-flight room: %w", err)
 		}
 		defer c.inflight.release(int64(bytes))
-		return c.do(ctx, func(cc *clientConn) error { return cc.put(ctx, c, keys[lo:hi], vals[lo:hi], bytes, st) })
+		return c.do(ctx, func(cc *clientConn) error {
+			return cc.put(ctx, c, p.sub(lo, hi), bytes, st)
+		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("transfer: put %d values to %s: %w", len(keys), c.addr, err)
+		return nil, fmt.Errorf("transfer: put %d values to %s: %w", len(p.keys), c.addr, err)
 	}
 	return st, nil
 }
 
+// puts is what put and publish requests carry: value i is heads[i] (when
+// heads is not nil) followed by vals[i]. chunkKeys is nil for a put.
+type puts struct {
+	keys, chunkKeys []prefixhash.Key
+	heads, vals     [][]byte
+}
+
+// valueLen returns the length of value i.
+func (p *puts) valueLen(i int) int {
+	if p.heads != nil {
+		return len(p.heads[i]) + len(p.vals[i])
+	}
+	return len(p.vals[i])
+}
+
+// sub returns items [lo, hi).
+func (p *puts) sub(lo, hi int) puts {
+	q := puts{keys: p.keys[lo:hi], vals: p.vals[lo:hi]}
+	if p.chunkKeys != nil {
+		q.chunkKeys = p.chunkKeys[lo:hi]
+	}
+	if p.heads != nil {
+		q.heads = p.heads[lo:hi]
+	}
+	return q
+}
+
+// checkPublish checks what a publish request needs beyond a put's.
+func (p *puts) checkPublish() error {
+	if len(p.chunkKeys) != len(p.keys) || p.heads != nil && len(p.heads) != len(p.keys) {
+		return fmt.Errorf("transfer: publish of %d keys, %d chunk keys and %d heads", len(p.keys), len(p.chunkKeys), len(p.heads))
+	}
+	return nil
+}
+
 // putFrames checks a put and cuts it into frames within lim; send sends
 // items [lo, hi) (bytes of padded values) and fills their statuses st.
-func putFrames(keys []prefixhash.Key, vals [][]byte, lim *Limits, send func(lo, hi, bytes int, st []Status) error) ([]Status, error) {
-	if err := checkPut(keys, vals, lim); err != nil {
+func putFrames(p *puts, lim *Limits, send func(lo, hi, bytes int, st []Status) error) ([]Status, error) {
+	if err := checkPut(p, lim); err != nil {
 		return nil, err
 	}
-	st := make([]Status, len(keys))
-	for lo := 0; lo < len(keys); {
-		hi, bytes := putChunk(vals, lo, lim)
+	st := make([]Status, len(p.keys))
+	for lo := 0; lo < len(p.keys); {
+		hi, bytes := putChunk(p, lo, lim)
 		if err := send(lo, hi, bytes, st[lo:hi]); err != nil {
 			return nil, err
 		}
@@ -202,13 +258,13 @@ func putFrames(keys []prefixhash.Key, vals [][]byte, lim *Limits, send func(lo, 
 	return st, nil
 }
 
-func checkPut(keys []prefixhash.Key, vals [][]byte, lim *Limits) error {
-	if len(keys) != len(vals) {
-		return fmt.Errorf("transfer: put of %d keys and %d values", len(keys), len(vals))
+func checkPut(p *puts, lim *Limits) error {
+	if len(p.keys) != len(p.vals) {
+		return fmt.Errorf("transfer: put of %d keys and %d values", len(p.keys), len(p.vals))
 	}
-	for i, v := range vals {
-		if len(v) > lim.MaxValueSize {
-			return fmt.Errorf("%w: value %d (key %s) is %d bytes, MaxValueSize is %d", ErrLimit, i, keys[i], len(v), lim.MaxValueSize)
+	for i := range p.vals {
+		if n := p.valueLen(i); n > lim.MaxValueSize {
+			return fmt.Errorf("%w: value %d (key %s) is %d bytes, MaxValueSize is %d", ErrLimit, i, p.keys[i], n, lim.MaxValueSize)
 		}
 	}
 	return nil
@@ -216,10 +272,10 @@ func checkPut(keys []prefixhash.Key, vals [][]byte, lim *Limits) error {
 
 // putChunk returns the end of the put frame that starts at item lo and its
 // payload length.
-func putChunk(vals [][]byte, lo int, lim *Limits) (hi, bytes int) {
+func putChunk(p *puts, lo int, lim *Limits) (hi, bytes int) {
 	hi = lo
-	for hi < len(vals) && hi-lo < lim.MaxItems {
-		n := alignUp(len(vals[hi]))
+	for hi < len(p.vals) && hi-lo < lim.MaxItems {
+		n := alignUp(p.valueLen(hi))
 		if hi > lo && bytes+n > lim.MaxBatchBytes {
 			break
 		}
@@ -567,9 +623,9 @@ func (cc *clientConn) get(ctx context.Context, c *Client, keys []prefixhash.Key,
 
 // put sends one put frame, values written from the caller's memory by one
 // vectored write, and reads the statuses into st.
-func (cc *clientConn) put(ctx context.Context, c *Client, keys []prefixhash.Key, vals [][]byte, bytes int, st []Status) error {
+func (cc *clientConn) put(ctx context.Context, c *Client, p puts, bytes int, st []Status) error {
 	id := c.nextID.Add(1)
-	cc.bufs = appendPut(&cc.enc, cc.bufs[:0], id, timeoutMillis(ctx), keys, vals, bytes)
+	cc.bufs = appendPut(&cc.enc, cc.bufs[:0], id, timeoutMillis(ctx), &p, bytes)
 	bufs := cc.bufs // WriteTo consumes its receiver
 	if _, err := bufs.WriteTo(cc.nc); err != nil {
 		return fmt.Errorf("send values: %w", err)
@@ -585,15 +641,38 @@ func (cc *clientConn) put(ctx context.Context, c *Client, keys []prefixhash.Key,
 	return parsePutResp(cc.table, st)
 }
 
-// appendPut appends to bufs a put frame: its header and table (built in enc)
-// followed by the values, each padded to 64 bytes.
-func appendPut(enc *encoder, bufs net.Buffers, id uint64, timeout uint32, keys []prefixhash.Key, vals [][]byte, bytes int) net.Buffers {
-	t := enc.begin(typePutReq, len(keys))
-	for i, k := range keys {
-		putPutEntry(t, i, k, len(vals[i]))
+// appendPut appends to bufs a put frame, or a publish frame when
+// p.chunkKeys is not nil: its header and table (built in enc) followed by
+// the values, each padded to 64 bytes.
+func appendPut(enc *encoder, bufs net.Buffers, id uint64, timeout uint32, p *puts, bytes int) net.Buffers {
+	typ := typePutReq
+	if p.chunkKeys != nil {
+		typ = typePublishReq
 	}
-	bufs = append(bufs, enc.finish(header{typ: typePutReq, id: id, count: len(keys), timeout: timeout, payload: bytes}))
-	return appendValues(bufs, vals)
+	t := enc.begin(typ, len(p.keys))
+	for i, k := range p.keys {
+		if p.chunkKeys != nil {
+			putPublishEntry(t, i, k, p.chunkKeys[i], p.valueLen(i))
+		} else {
+			putPutEntry(t, i, k, p.valueLen(i))
+		}
+	}
+	bufs = append(bufs, enc.finish(header{typ: typ, id: id, count: len(p.keys), timeout: timeout, payload: bytes}))
+	if p.heads == nil {
+		return appendValues(bufs, p.vals)
+	}
+	for i, v := range p.vals {
+		n := p.valueLen(i)
+		for _, part := range [2][]byte{p.heads[i], v} {
+			if len(part) > 0 {
+				bufs = append(bufs, part)
+			}
+		}
+		if pad := alignUp(n) - n; pad > 0 {
+			bufs = append(bufs, zeros[:pad])
+		}
+	}
+	return bufs
 }
 
 // appendValues appends the non-empty values, each followed by its padding.

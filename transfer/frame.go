@@ -19,7 +19,7 @@ import (
 //	  6     2  reserved, zero
 //	  8     8  request id (an answer carries its request's id)
 //	 16     4  item count
-//	 20     4  get/put requests: milliseconds the requester will wait (0: no deadline); else zero
+//	 20     4  get/put/publish requests: milliseconds the requester will wait (0: no deadline); else zero
 //	 24     8  payload length in bytes
 //	 32     8  get requests: most value bytes the requester takes in one answer (0: no limit); else zero
 //	 40     4  get requests: largest value the requester takes (0: no limit); else zero
@@ -32,6 +32,7 @@ import (
 //	getReq      (16)  key
 //	getResp     (8)   status u8, 3 zero bytes, value length u32
 //	putReq      (24)  key, value length u32, 4 zero bytes
+//	publishReq  (40)  key, value length u32, 4 zero bytes, chunk key
 //	putResp     (8)   status u8, 3 zero bytes, 0 u32
 //	shmGetResp  (16)  status u8, 3 zero bytes, value length u32, region offset u64
 //	shmRelease  (8)   request id whose region space the client gives back
@@ -43,6 +44,12 @@ import (
 //	                  the previous key's or one more), 4 zero bytes
 //	lookupResp  (8)   per run: how many leading keys the peer holds u32,
 //	                  4 zero bytes
+//
+// A publishReq is a putReq from a client that produced the blocks: the
+// server stores them as it stores a put's and then queues each stored block
+// for the owners of its placement chunk (the chunk key), which a peer's
+// putReq (a push or a handoff) must not do. It is answered with a putResp.
+// It saves the client a second round trip (a gRPC Publish) per put.
 //
 // Lookup frames carry no payload; their item count is bounded by
 // maxLookupKeys rather than MaxItems, since an entry costs 24 bytes and
@@ -77,6 +84,7 @@ const (
 	getReqEntry  = prefixhash.KeySize
 	getRespEntry = 8
 	putReqEntry  = prefixhash.KeySize + 8
+	publishEntry = 2*prefixhash.KeySize + 8
 	lookupEntry  = prefixhash.KeySize + 8
 	countEntry   = 8
 	shmRespEntry = 16
@@ -100,6 +108,7 @@ const (
 	typeLookupResp
 	typeHello
 	typeHelloAck
+	typePublishReq
 )
 
 // Error classes of error frames: what the client makes of them.
@@ -134,6 +143,8 @@ func (t frameType) String() string {
 		return "hello"
 	case typeHelloAck:
 		return "hello ack"
+	case typePublishReq:
+		return "publish request"
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }
@@ -148,6 +159,8 @@ func (t frameType) entryLen() int {
 		return getRespEntry
 	case typePutReq:
 		return putReqEntry
+	case typePublishReq:
+		return publishEntry
 	case typeShmGetResp:
 		return shmRespEntry
 	case typeShmRelease:
@@ -244,14 +257,14 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 		return h, corrupt("%s frame with an error class", h.typ)
 	case h.typ != typeGetReq && (maxBatch != 0 || h.maxValue != 0):
 		return h, corrupt("%s frame with requester limits", h.typ)
-	case h.typ != typeGetReq && h.typ != typePutReq && h.typ != typeLookupReq && h.timeout != 0:
+	case h.typ != typeGetReq && h.typ != typePutReq && h.typ != typePublishReq && h.typ != typeLookupReq && h.timeout != 0:
 		return h, corrupt("%s frame with a timeout", h.typ)
 	}
 	h.maxBatch = int(min(maxBatch, maxBatchLimit))
 
 	maxCount, maxPayload := uint64(lim.MaxItems), uint64(0)
 	switch h.typ {
-	case typeGetResp, typePutReq:
+	case typeGetResp, typePutReq, typePublishReq:
 		maxPayload = uint64(lim.MaxBatchBytes)
 	case typeShmHello:
 		maxCount = 1
@@ -359,6 +372,13 @@ func putPutEntry(t []byte, i int, k prefixhash.Key, n int) {
 	binary.LittleEndian.PutUint32(e[prefixhash.KeySize:], uint32(n))
 }
 
+func putPublishEntry(t []byte, i int, k, chunk prefixhash.Key, n int) {
+	e := t[i*publishEntry:]
+	copy(e, k[:])
+	binary.LittleEndian.PutUint32(e[prefixhash.KeySize:], uint32(n))
+	copy(e[prefixhash.KeySize+8:], chunk[:])
+}
+
 func putShmEntry(t []byte, i int, st Status, n int, off int64) {
 	e := t[i*shmRespEntry:]
 	e[0] = byte(st)
@@ -441,13 +461,17 @@ func parsePutResp(table []byte, st []Status) error {
 	return nil
 }
 
-// parsePutReq decodes a putReq table into keys and lens and checks them
-// against the payload.
-func parsePutReq(table []byte, h *header, lim *Limits, keys []prefixhash.Key, lens []int) error {
+// parsePutReq decodes a putReq or publishReq table into keys and lens (and,
+// for a publishReq, chunks) and checks them against the payload.
+func parsePutReq(table []byte, h *header, lim *Limits, keys, chunks []prefixhash.Key, lens []int) error {
 	total := 0
+	entry := h.typ.entryLen()
 	for i := range keys {
-		e := table[i*putReqEntry:]
+		e := table[i*entry:]
 		copy(keys[i][:], e)
+		if h.typ == typePublishReq {
+			copy(chunks[i][:], e[prefixhash.KeySize+8:])
+		}
 		n := int(binary.LittleEndian.Uint32(e[prefixhash.KeySize:]))
 		if binary.LittleEndian.Uint32(e[prefixhash.KeySize+4:]) != 0 {
 			return corrupt("reserved bytes of item %d are not zero", i)

@@ -20,6 +20,7 @@ func TestHeaderRoundTrip(t *testing.T) {
 		{typ: typeGetReq, id: 1, count: 3, timeout: 250, maxBatch: 1 << 20, maxValue: 4096},
 		{typ: typeGetResp, id: 1<<64 - 1, count: lim.MaxItems, payload: lim.MaxBatchBytes},
 		{typ: typePutReq, id: 9, count: 1, timeout: 1, payload: 64},
+		{typ: typePublishReq, id: 10, count: 2, timeout: 1, payload: 128},
 		{typ: typePutResp, id: 9, count: 1},
 		{typ: typeShmGetResp, id: 2, count: 7},
 		{typ: typeShmRelease, count: 2},
@@ -141,6 +142,10 @@ func FuzzTable(f *testing.F) {
 	putPutEntry(t, 0, testKey(1), 64)
 	putPutEntry(t, 1, testKey(2), 0)
 	f.Add(uint8(typePutReq), 64, bytes.Clone(t))
+	t = enc.begin(typePublishReq, 2)
+	putPublishEntry(t, 0, testKey(1), testKey(3), 64)
+	putPublishEntry(t, 1, testKey(2), testKey(3), 0)
+	f.Add(uint8(typePublishReq), 64, bytes.Clone(t))
 	t = enc.begin(typeShmGetResp, 2)
 	putShmEntry(t, 0, StatusOK, 100, 4096)
 	putShmEntry(t, 1, StatusError, 0, 0)
@@ -195,11 +200,19 @@ func FuzzTable(f *testing.F) {
 			}
 		case typePutReq:
 			keys, lens := make([]prefixhash.Key, n), make([]int, n)
-			if parsePutReq(table, &h, &lim, keys, lens) != nil {
+			if parsePutReq(table, &h, &lim, keys, nil, lens) != nil {
 				return
 			}
 			for i := range keys {
 				putPutEntry(out, i, keys[i], lens[i])
+			}
+		case typePublishReq:
+			keys, chunks, lens := make([]prefixhash.Key, n), make([]prefixhash.Key, n), make([]int, n)
+			if parsePutReq(table, &h, &lim, keys, chunks, lens) != nil {
+				return
+			}
+			for i := range keys {
+				putPublishEntry(out, i, keys[i], chunks[i], lens[i])
 			}
 		case typeShmGetResp:
 			st, lens, offs := make([]Status, n), make([]int, n), make([]int64, n)

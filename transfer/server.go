@@ -244,14 +244,15 @@ func (l *listeners) close() error {
 
 // scratch holds the per-connection slices a server reuses between requests.
 type scratch struct {
-	keys []prefixhash.Key
-	vals [][]byte
-	st   []Status
-	lens []int
+	keys   []prefixhash.Key
+	chunks []prefixhash.Key // chunk keys of a publish request
+	vals   [][]byte
+	st     []Status
+	lens   []int
 }
 
 func (sc *scratch) size(n int) {
-	sc.keys, sc.vals, sc.st, sc.lens = grow(sc.keys, n), grow(sc.vals, n), grow(sc.st, n), grow(sc.lens, n)
+	sc.keys, sc.chunks, sc.vals, sc.st, sc.lens = grow(sc.keys, n), grow(sc.chunks, n), grow(sc.vals, n), grow(sc.st, n), grow(sc.lens, n)
 	clear(sc.vals)
 	clear(sc.st)
 }
@@ -404,7 +405,7 @@ func (sc *serverConn) serve() error {
 	switch h.typ {
 	case typeGetReq:
 		err = sc.get(ctx, &h)
-	case typePutReq:
+	case typePutReq, typePublishReq:
 		var frame []byte
 		frame, err = servePut(ctx, sc.br, &h, sc.table, &s.opts.Limits, s.inflight, s.sink, &sc.scratch, &sc.enc, &s.stats)
 		if err == nil {
@@ -507,16 +508,20 @@ func (sc *serverConn) get(ctx context.Context, h *header) error {
 	return nil
 }
 
-// servePut reads a put request's values (after its table) into a pooled
-// buffer, hands them to sink, and returns the response frame, valid until
-// enc's next use. It is shared by the TCP and shared-memory servers.
+// servePut reads a put or publish request's values (after its table) into a
+// pooled buffer, hands them to sink, and returns the response frame, valid
+// until enc's next use. It is shared by the TCP and shared-memory servers.
 func servePut(ctx context.Context, r io.Reader, h *header, table []byte, lim *Limits, sem *byteSem, sink Sink, sc *scratch, enc *encoder, stats *counters) ([]byte, error) {
 	if sink == nil {
 		return nil, fmt.Errorf("%w: this server accepts no puts", ErrUnsupported)
 	}
+	pub, ok := sink.(Publisher)
+	if h.typ == typePublishReq && !ok {
+		return nil, fmt.Errorf("%w: this server accepts no publish requests", ErrUnsupported)
+	}
 	n := h.count
 	sc.size(n)
-	if err := parsePutReq(table, h, lim, sc.keys, sc.lens); err != nil {
+	if err := parsePutReq(table, h, lim, sc.keys, sc.chunks, sc.lens); err != nil {
 		return nil, err
 	}
 	if h.payload > 0 {
@@ -539,7 +544,11 @@ func servePut(ctx context.Context, r io.Reader, h *header, table []byte, lim *Li
 			sc.vals[i] = []byte{}
 		}
 	}
-	sink.Put(ctx, sc.keys, sc.vals, sc.st)
+	if h.typ == typePublishReq {
+		pub.PutPublish(ctx, sc.keys, sc.chunks, sc.vals, sc.st)
+	} else {
+		sink.Put(ctx, sc.keys, sc.vals, sc.st)
+	}
 	clear(sc.vals)
 	t := enc.begin(typePutResp, n)
 	for i, st := range sc.st[:n] {

@@ -316,7 +316,7 @@ func (c *shmConn) readLoop(work chan<- shmWork) error {
 			release = grow(release, h.count)
 			parseIDs(table, release)
 			c.free(release)
-		case typePutReq:
+		case typePutReq, typePublishReq:
 			ctx, cancel := requestDeadline(c.ctx, &h, s.opts.RequestTimeout)
 			dl, _ := ctx.Deadline()
 			c.uc.SetReadDeadline(dl)
@@ -852,11 +852,26 @@ func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, er
 // socket (one copy into the kernel and one out), in as many frames as
 // MaxItems and MaxBatchBytes require; vals are only read during the call.
 func (c *ShmClient) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte) ([]Status, error) {
+	return c.put(ctx, puts{keys: keys, vals: vals})
+}
+
+// PutPublish is Client.PutPublish through the unix socket.
+func (c *ShmClient) PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, heads, vals [][]byte) ([]Status, error) {
+	p := puts{keys: keys, chunkKeys: chunkKeys, heads: heads, vals: vals}
+	if err := p.checkPublish(); err != nil {
+		return nil, err
+	}
+	return c.put(ctx, p)
+}
+
+// put sends p as put requests, or publish requests.
+func (c *ShmClient) put(ctx context.Context, p puts) ([]Status, error) {
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
-	st, err := putFrames(keys, vals, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
+	st, err := putFrames(&p, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
 		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
-			c.bufs = appendPut(&c.enc, c.bufs[:0], id, timeoutMillis(ctx), keys[lo:hi], vals[lo:hi], bytes)
+			q := p.sub(lo, hi)
+			c.bufs = appendPut(&c.enc, c.bufs[:0], id, timeoutMillis(ctx), &q, bytes)
 			return c.bufs
 		})
 		if err != nil {
@@ -868,7 +883,7 @@ func (c *ShmClient) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byt
 		return parsePutResp(rep.table, st)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("transfer: shm put %d values: %w", len(keys), err)
+		return nil, fmt.Errorf("transfer: shm put %d values: %w", len(p.keys), err)
 	}
 	return st, nil
 }

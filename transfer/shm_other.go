@@ -52,6 +52,11 @@ func (*ShmClient) Put(context.Context, []prefixhash.Key, [][]byte) ([]Status, er
 	return nil, ErrUnsupported
 }
 
+// PutPublish returns ErrUnsupported.
+func (*ShmClient) PutPublish(context.Context, []prefixhash.Key, []prefixhash.Key, [][]byte, [][]byte) ([]Status, error) {
+	return nil, ErrUnsupported
+}
+
 // Close does nothing.
 func (*ShmClient) Close() error { return nil }
 

@@ -400,3 +400,20 @@ func TestShmAuth(t *testing.T) {
 	})
 	waitFor(t, "the refusals to be counted", func() bool { return srv.Stats().Unauthorized == 2 })
 }
+
+func TestShmPutPublish(t *testing.T) {
+	p := newPublishSink()
+	s, err := NewShmServer(p, p, nil, quietLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "data.sock")
+	if err := s.Listen(path); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := dialShm(t, path, &ShmClientOptions{Limits: Limits{MaxItems: 2}})
+	publishCase(t, p, true, func(keys, chunks []prefixhash.Key, heads, vals [][]byte) ([]Status, error) {
+		return c.PutPublish(context.Background(), keys, chunks, heads, vals)
+	})
+}

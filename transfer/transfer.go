@@ -92,6 +92,19 @@ type Sink interface {
 	Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte, st []Status)
 }
 
+// Publisher is a Sink that also takes publish requests: puts from a client
+// that produced the blocks, which the node stores and then queues for the
+// owners of their placement chunks. A server whose sink is not a Publisher
+// refuses them (ErrUnsupported).
+type Publisher interface {
+	Sink
+	// PutPublish stores vals[i] under keys[i] as Put does and queues each
+	// block it stored for the owners of chunkKeys[i]. A block stored but
+	// not queued is reported StatusMiss, so that the client sends it again
+	// another way. vals as in Put.
+	PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, vals [][]byte, st []Status)
+}
+
 // Peer is one node's data plane as a caller sees it. Client (TCP) and
 // ShmClient (same host) implement it; a verbs (RDMA) transport will too.
 // All methods are safe for concurrent use.

@@ -1,0 +1,102 @@
+package node
+
+import (
+	"context"
+	"encoding/binary"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// BenchmarkClientPut and BenchmarkClientGet time one client.Put (a new
+// block: never a no-op) and one client.GetKeys of a block at a time, over
+// the client's TCP data plane to an in-process node (the path `kvmesh bench
+// store` measures as kvmesh-tcp, without the process boundary), so that a
+// CPU profile shows both sides of an op:
+//
+//	go test -run '^$' -bench 'Client(Put|Get)$' -benchmem -count 5 ./node/
+//	go test -run '^$' -bench 'ClientPut$/size=64KiB' -cpuprofile cpu.out ./node/
+func BenchmarkClientPut(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run("size="+size.name, func(b *testing.B) {
+			ns := benchNamespace(size.n)
+			n := startClusterNodes(b, 1, func(_ int, o *Options) {
+				o.DRAMBytes, o.MaxBlockBytes, o.ShmSocket = 512*MiB, 8*MiB, ShmOff
+			})[0]
+			c, err := client.Dial(n.GRPCAddr(), client.Options{Transport: client.TransportTCP, MaxRetries: -1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			ctx := context.Background()
+			// The namespace is dropped (untimed) before the DRAM tier
+			// fills, so that every Put stores a new block in DRAM.
+			perDrop := max(1, (256*MiB)/size.n)
+			payload := make([]byte, size.n)
+			tokens := make([]uint32, ns.BlockTokens)
+			payloads := [][]byte{payload}
+			b.SetBytes(int64(size.n))
+			b.ResetTimer()
+			for i := range b.N {
+				if i > 0 && i%perDrop == 0 {
+					b.StopTimer()
+					if _, err := c.DropNamespace(ctx, ns); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+				tokens[0], tokens[1] = uint32(i), uint32(i>>32)
+				binary.LittleEndian.PutUint64(payload, uint64(i))
+				if keys, err := c.Put(ctx, ns, tokens, payloads); err != nil || len(keys) != 1 {
+					b.Fatalf("put %d: %d keys, %v", i, len(keys), err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkClientGet(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run("size="+size.name, func(b *testing.B) {
+			ns := benchNamespace(size.n)
+			n := startClusterNodes(b, 1, func(_ int, o *Options) {
+				o.DRAMBytes, o.MaxBlockBytes, o.ShmSocket = 512*MiB, 8*MiB, ShmOff
+			})[0]
+			c, err := client.Dial(n.GRPCAddr(), client.Options{Transport: client.TransportTCP, MaxRetries: -1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			ctx := context.Background()
+			nkeys := max(2, (64*MiB)/size.n)
+			keys := make([]prefixhash.Key, nkeys)
+			payload := make([]byte, size.n)
+			tokens := make([]uint32, ns.BlockTokens)
+			for i := range keys {
+				tokens[0] = uint32(i)
+				binary.LittleEndian.PutUint64(payload, uint64(i))
+				got, err := c.Put(ctx, ns, tokens, [][]byte{payload})
+				if err != nil {
+					b.Fatal(err)
+				}
+				keys[i] = got[0]
+			}
+			dst := make([]byte, 0, size.n)
+			b.SetBytes(int64(size.n))
+			b.ResetTimer()
+			for i := range b.N {
+				k := i % nkeys
+				found := false
+				err := c.GetKeys(ctx, ns, keys[k:k+1], func(blk client.Block) error {
+					found = blk.Found
+					dst = append(dst[:0], blk.Payload...)
+					return nil
+				})
+				if err != nil || !found || binary.LittleEndian.Uint64(dst) != uint64(k) {
+					b.Fatalf("get %d: found %v, %v", k, found, err)
+				}
+			}
+		})
+	}
+}
