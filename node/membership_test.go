@@ -80,6 +80,7 @@ func TestMembershipEncryption(t *testing.T) {
 	a := startMember(t, "a", key)
 	b := startMember(t, "b", key, a.GossipAddr())
 	waitMembers(t, b, 2)
+	waitMembers(t, a, 2) // a learns of b by gossip, a moment after b's join returns
 
 	_, err := StartMembership(MembershipOptions{NodeID: "intruder", GossipAddr: "127.0.0.1:0", Fast: true,
 		Join: []string{a.GossipAddr()}, SecretKey: []byte("fedcba9876543210"), Logger: quietLogger()})

@@ -346,9 +346,10 @@ func TestSecureCluster(t *testing.T) {
 	if _, err := transfer.DialShm(ctx, nodes[1].ShmSocket(), &transfer.ShmClientOptions{Token: "wrong"}); !errors.Is(err, transfer.ErrAuth) {
 		t.Fatalf("shared memory with a wrong token: %v, want ErrAuth", err)
 	}
-	body = scrape(t, nodes[1].HTTPAddr())
-	if metricValue(body, `kvmesh_transfer_unauthorized_connections_total{transport="tcp"}`) < 1 ||
-		metricValue(body, `kvmesh_transfer_unauthorized_connections_total{transport="shm"}`) < 1 {
-		t.Errorf("data-plane refusals not counted:\n%s", grep(body, "kvmesh_transfer_unauthorized"))
-	}
+	// The servers count a refusal after sending it: wait for the count.
+	waitUntil(t, "the data-plane refusals to be counted", 10*time.Second, func() bool {
+		body = scrape(t, nodes[1].HTTPAddr())
+		return metricValue(body, `kvmesh_transfer_unauthorized_connections_total{transport="tcp"}`) >= 1 &&
+			metricValue(body, `kvmesh_transfer_unauthorized_connections_total{transport="shm"}`) >= 1
+	})
 }
