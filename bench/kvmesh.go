@@ -1,17 +1,18 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -341,6 +342,26 @@ func nodeHTTPAddr(ctx context.Context, c *client.Client) (string, error) {
 // directions), read from its /metrics. A node without a data plane has
 // none.
 func transferBytes(ctx context.Context, httpAddr string) (map[string]float64, error) {
+	mf, err := nodeMetrics(ctx, httpAddr)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, m := range mf["kvmesh_transfer_bytes_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "transport" {
+				out[l.GetValue()] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out, nil
+}
+
+// nodeMetrics reads and parses the /metrics page the node serves at
+// httpAddr.
+func nodeMetrics(ctx context.Context, httpAddr string) (map[string]*dto.MetricFamily, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/metrics", nil)
 	if err != nil {
 		return nil, err
@@ -353,28 +374,10 @@ func transferBytes(ctx context.Context, httpAddr string) (map[string]float64, er
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("bench: node metrics: %s", resp.Status)
 	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 64<<20))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "kvmesh_transfer_bytes_total{")
-		if !ok {
-			continue
-		}
-		labels, value, ok := strings.Cut(line, "} ")
-		if !ok {
-			continue
-		}
-		_, tr, ok := strings.Cut(labels, `transport="`)
-		if !ok {
-			continue
-		}
-		tr, _, _ = strings.Cut(tr, `"`)
-		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			return nil, fmt.Errorf("bench: node metrics: %q: %w", sc.Text(), err)
-		}
-		out[tr] += v
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mf, err := p.TextToMetricFamilies(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("bench: node metrics: %w", err)
 	}
-	return out, sc.Err()
+	return mf, nil
 }

@@ -5,11 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
-	"regexp"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -386,7 +382,7 @@ func (s *SoakSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	for i := range l.interval {
 		l.interval[i] = new(Latency)
 	}
-	var metricsURLs []string
+	var httpAddrs []string
 	var names []string
 	for i, a := range addrs {
 		c, err := client.Dial(a, client.Options{MaxRetries: -1})
@@ -401,7 +397,7 @@ func (s *SoakSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		} else if h, err = nodeHTTPAddr(ctx, c); err != nil {
 			return res, fmt.Errorf("bench: soak: node %s: its metrics address: %w", a, err)
 		}
-		metricsURLs = append(metricsURLs, "http://"+h+"/metrics")
+		httpAddrs = append(httpAddrs, h)
 		names = append(names, fmt.Sprintf("node%d", i+1))
 	}
 	if ds == nil {
@@ -437,8 +433,8 @@ func (s *SoakSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		if all > lastAll {
 			ratio = float64(hit-lastHit) / float64(all-lastAll)
 		}
-		for i, u := range metricsURLs {
-			m, err := scrapeGauges(ctx, u, "process_resident_memory_bytes", "go_goroutines")
+		for i, h := range httpAddrs {
+			m, err := nodeGauges(ctx, h, "process_resident_memory_bytes", "go_goroutines")
 			if err != nil {
 				return fmt.Errorf("bench: soak: %s: %w", names[i], err)
 			}
@@ -549,42 +545,20 @@ func soakPlot(samples []soakSample, limit int64) LinePlot {
 	return LinePlot{Title: "soak: resident memory of each node", XLabel: "seconds", YLabel: "RSS (MiB)", Series: series}
 }
 
-// gaugeLine matches one unlabelled sample of the text exposition format.
-var gaugeLine = regexp.MustCompile(`(?m)^([a-zA-Z_:][a-zA-Z0-9_:]*) ([0-9.eE+-]+)$`)
-
-// scrapeGauges reads the named unlabelled series from a /metrics URL.
-func scrapeGauges(ctx context.Context, url string, names ...string) (map[string]float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+// nodeGauges reads the named unlabelled gauges from the node's /metrics at
+// httpAddr.
+func nodeGauges(ctx context.Context, httpAddr string, names ...string) (map[string]float64, error) {
+	mf, err := nodeMetrics(ctx, httpAddr)
 	if err != nil {
 		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return nil, err
-	}
-	want := map[string]bool{}
-	for _, n := range names {
-		want[n] = true
 	}
 	out := map[string]float64{}
-	for _, m := range gaugeLine.FindAllSubmatch(body, -1) {
-		if n := string(m[1]); want[n] {
-			if v, err := strconv.ParseFloat(string(m[2]), 64); err == nil {
-				out[n] = v
-			}
-		}
-	}
 	for _, n := range names {
-		if _, ok := out[n]; !ok {
-			return nil, fmt.Errorf("%s has no %s", url, n)
+		ms := mf[n].GetMetric()
+		if len(ms) != 1 {
+			return nil, fmt.Errorf("bench: node metrics at %s: %d series named %s, want 1", httpAddr, len(ms), n)
 		}
+		out[n] = ms[0].GetGauge().GetValue()
 	}
 	return out, nil
 }
