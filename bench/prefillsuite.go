@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -368,7 +369,7 @@ func newLocalPrefillCache(capacity int64) (*localPrefillCache, error) {
 }
 
 func (c *localPrefillCache) LongestPrefix(_ context.Context, keys []prefixhash.Key) (int, error) {
-	return c.l.LongestPrefix(keys), nil
+	return c.l.LongestPrefix(auth.Access{}, keys), nil
 }
 
 func (c *localPrefillCache) Get(ctx context.Context, keys []prefixhash.Key) ([][]byte, func(), error) {

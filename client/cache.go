@@ -56,7 +56,8 @@ func (l Lookup) Blocks() []CachedBlock {
 // answers with counts and runs; neither side encodes a token or lists a
 // block. That is what an inference worker asks before every prefill.
 func (c *Client) Lookup(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) (Lookup, error) {
-	if err := checkNamespace(ns); err != nil {
+	ns, err := c.Namespace(ctx, ns)
+	if err != nil {
 		return Lookup{}, err
 	}
 	keys := prefixhash.Keys(ns, tokens)
@@ -82,7 +83,8 @@ func (c *Client) Lookup(ctx context.Context, ns prefixhash.Namespace, tokens []u
 // the cost for long prompts; it is kept for comparison (kvmesh bench
 // lookup) and to check a node's hashing against the client's.
 func (c *Client) LookupTokens(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) (Lookup, error) {
-	if err := checkNamespace(ns); err != nil {
+	ns, err := c.Namespace(ctx, ns)
+	if err != nil {
 		return Lookup{}, err
 	}
 	resp, err := c.lookup(ctx, &kvmeshv1.LookupRequest{Namespace: NamespaceProto(ns), Tokens: tokens})
@@ -191,12 +193,13 @@ type Block struct {
 // in prompt order (none when the first block is not cached). The blocks'
 // payloads are the caller's.
 func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) ([]Block, error) {
-	if err := checkNamespace(ns); err != nil {
+	ns, err := c.Namespace(ctx, ns)
+	if err != nil {
 		return nil, err
 	}
 	keys := prefixhash.Keys(ns, tokens)
 	var out []Block
-	err := c.getKeys(ctx, ns, keys, c.chunkKeys(ctx, ns, keys), true, true, func(b Block) error {
+	err = c.getKeys(ctx, ns, keys, c.chunkKeys(ctx, ns, keys), true, true, func(b Block) error {
 		if b.Found {
 			out = append(out, b)
 		}
@@ -279,7 +282,8 @@ func (e *callbackError) Error() string { return e.err.Error() }
 // Put is idempotent and retried on Unavailable; a failed Put may have
 // stored some of the blocks.
 func (c *Client) Put(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, payloads [][]byte) ([]prefixhash.Key, error) {
-	if err := checkNamespace(ns); err != nil {
+	ns, err := c.Namespace(ctx, ns)
+	if err != nil {
 		return nil, err
 	}
 	keys := prefixhash.Keys(ns, tokens)
@@ -383,11 +387,12 @@ func (c *Client) BlockInfo(ctx context.Context, key prefixhash.Key) (*kvmeshv1.B
 // DropNamespace removes every block of ns from the node and returns how
 // many it removed. It is not retried.
 func (c *Client) DropNamespace(ctx context.Context, ns prefixhash.Namespace) (int, error) {
-	if err := checkNamespace(ns); err != nil {
+	ns, err := c.Namespace(ctx, ns)
+	if err != nil {
 		return 0, err
 	}
 	var resp *kvmeshv1.DropNamespaceResponse
-	err := c.once(ctx, func(ctx context.Context) (err error) {
+	err = c.once(ctx, func(ctx context.Context) (err error) {
 		resp, err = c.admin.DropNamespace(ctx, &kvmeshv1.DropNamespaceRequest{Namespace: NamespaceProto(ns)})
 		return err
 	})
@@ -417,12 +422,13 @@ func (c *Client) ClearQuota(ctx context.Context, ns prefixhash.Namespace) (*kvme
 }
 
 func (c *Client) setQuota(ctx context.Context, ns prefixhash.Namespace, q *kvmeshv1.Quota) (*kvmeshv1.NamespaceQuota, error) {
-	if err := checkNamespace(ns); err != nil {
+	ns, err := c.Namespace(ctx, ns)
+	if err != nil {
 		return nil, err
 	}
 	req := &kvmeshv1.SetQuotaRequest{Namespace: NamespaceProto(ns), Quota: q, Clear: q == nil}
 	var resp *kvmeshv1.SetQuotaResponse
-	err := c.retry(ctx, func(ctx context.Context) (err error) {
+	err = c.retry(ctx, func(ctx context.Context) (err error) {
 		resp, err = c.admin.SetQuota(ctx, req)
 		return err
 	})

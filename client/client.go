@@ -120,6 +120,12 @@ type Client struct {
 	prefill kvmeshv1.PrefillServiceClient
 	dp      *dataPlane // nil with TransportGRPC
 
+	session struct {
+		sync.Mutex
+		known bool
+		s     Session
+	}
+
 	info struct {
 		sync.Mutex
 		node    *nodeInfo // nil until fetched, or after a data-plane failure

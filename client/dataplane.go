@@ -293,6 +293,10 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 	if len(ts) == 0 {
 		return d.grpc.put(ctx, ns, items)
 	}
+	sess, err := d.c.Session(ctx)
+	if err != nil {
+		return nil, err
+	}
 	win := windowOf(ns)
 	hl := store.HeaderLen(ns.BlockTokens)
 	// Only the blocks' headers are encoded here: the transport sends each
@@ -311,6 +315,9 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 			var err error
 			if hbuf, keys[lo+j], err = store.AppendHeader(hbuf, ns, it.parent, it.tokens, it.payload); err != nil {
 				return nil, fmt.Errorf("%w: block %d: %w", ErrInvalid, lo+j, err)
+			}
+			if sess.Tag != 0 {
+				store.SetTenant(hbuf[start:], sess.Tag) // the node stores a tenant's blocks only with its tag
 			}
 			heads = append(heads, hbuf[start:len(hbuf):len(hbuf)])
 			if chunks[lo+j] = it.chunk; it.chunk.IsZero() {

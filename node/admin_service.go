@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"github.com/kvmesh/kvmesh/auth"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -54,8 +55,8 @@ func (s *adminService) Members(context.Context, *kvmeshv1.MembersRequest) (*kvme
 	return resp, nil
 }
 
-func (s *adminService) DropNamespace(_ context.Context, req *kvmeshv1.DropNamespaceRequest) (*kvmeshv1.DropNamespaceResponse, error) {
-	digest, err := s.n.namespaceDigest(req.GetNamespace(), req.GetDigest())
+func (s *adminService) DropNamespace(ctx context.Context, req *kvmeshv1.DropNamespaceRequest) (*kvmeshv1.DropNamespaceResponse, error) {
+	digest, err := s.n.namespaceDigest(ctx, req.GetNamespace(), req.GetDigest())
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +74,7 @@ func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoReq
 		return nil, err
 	}
 	notCached := status.Errorf(codes.NotFound, "block %s is not cached on node %s", key, s.n.opts.NodeID)
-	info, ok := s.n.cache.Info(key)
+	info, ok := s.n.cache.Info(auth.AccessFrom(ctx), key)
 	if !ok {
 		return nil, notCached
 	}
@@ -98,4 +99,17 @@ func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoReq
 		LayerStart: uint32(h.Layout.LayerStart), LayerEnd: uint32(h.Layout.LayerEnd),
 		KvHeads: uint32(h.Layout.KVHeads), HeadDim: uint32(h.Layout.HeadDim),
 	}, nil
+}
+
+// WhoAmI tells the caller whom its token authenticates and the namespace
+// salt the node applies for it (clients that compute keys need it).
+func (s *adminService) WhoAmI(ctx context.Context, _ *kvmeshv1.WhoAmIRequest) (*kvmeshv1.WhoAmIResponse, error) {
+	p := auth.PrincipalFrom(ctx)
+	resp := &kvmeshv1.WhoAmIResponse{Tenant: p.Tenant, NamespaceSalt: p.Salt, TenantTag: p.Tag}
+	for _, sc := range []auth.Scope{auth.Read, auth.Write, auth.Admin, auth.Cluster} {
+		if p.Can(sc) {
+			resp.Scopes = append(resp.Scopes, sc.String())
+		}
+	}
+	return resp, nil
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"github.com/kvmesh/kvmesh/auth"
 	"time"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -56,10 +57,12 @@ type Cache interface {
 	// blocks of blockTokens tokens.
 	ChunkBlocks(blockTokens int) int
 	// LongestPrefix returns how many leading keys of keys are cached on
-	// this node (its own tiers only: peers ask it this).
-	LongestPrefix(keys []prefixhash.Key) int
-	// Info describes a block cached on this node without reading it.
-	Info(key prefixhash.Key) (BlockInfo, bool)
+	// this node (its own tiers only: peers ask it this) as blocks that a
+	// request with access a may see.
+	LongestPrefix(a auth.Access, keys []prefixhash.Key) int
+	// Info describes a block cached on this node, if a request with
+	// access a may see it, without reading it.
+	Info(a auth.Access, key prefixhash.Key) (BlockInfo, bool)
 	// DropNamespace removes every block whose header carries the namespace
 	// digest from this node and returns how many it removed.
 	DropNamespace(digest uint64) (int, error)
@@ -124,6 +127,7 @@ type TierStats struct {
 // NamespaceStats describe one namespace's blocks.
 type NamespaceStats struct {
 	Digest                uint64
+	Tenant                uint64 // tag of the tenant whose blocks these are; 0: none (or not read yet)
 	Blocks, Bytes, Tokens int64
 	// DRAMBytes and NVMeBytes split Bytes by tier; QuotaDRAM and QuotaNVMe
 	// are the namespace's quota in force (0: unlimited). Zero for a cache

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"github.com/kvmesh/kvmesh/auth"
 	"io"
 	"slices"
 	"time"
@@ -22,7 +23,7 @@ type cacheService struct {
 }
 
 func (s *cacheService) Lookup(ctx context.Context, req *kvmeshv1.LookupRequest) (*kvmeshv1.LookupResponse, error) {
-	ns, err := s.n.namespace(req.GetNamespace())
+	ns, err := s.n.namespace(ctx, req.GetNamespace())
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +90,7 @@ func lookupBlocks(keys []prefixhash.Key, locs []Location, self string) []*kvmesh
 const maxReadWindow = 64 * MiB
 
 func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.CacheService_BatchGetServer) error {
-	ns, err := s.n.namespace(req.GetNamespace())
+	ns, err := s.n.namespace(stream.Context(), req.GetNamespace())
 	if err != nil {
 		return err
 	}
@@ -190,9 +191,10 @@ func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, fr
 	}
 	if err != nil {
 		// A block another namespace produced, or bytes that fail
-		// verification, are never served: the caller recomputes.
+		// verification, are never served: the caller recomputes. The log
+		// names no key: keys are the tenant's to know.
 		s.n.metrics.dropped.Inc()
-		s.n.log.Warn("block refused", "key", key.String(), "err", err)
+		s.n.log.Warn("block refused", "err", err)
 		return miss()
 	}
 	chunk := s.n.opts.ChunkBytes
@@ -277,7 +279,7 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 		}
 		if pb := msg.GetNamespace(); pb != nil {
 			if nsPB == nil {
-				if ns, err = s.n.namespace(pb); err != nil {
+				if ns, err = s.n.namespace(ctx, pb); err != nil {
 					return err
 				}
 				nsPB, prev = pb, ns.Root()
@@ -321,6 +323,9 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 			_, key, err := store.AppendHeader(cur.buf[:0], ns, cur.parent, cur.tokens, cur.payload())
 			if err != nil {
 				return invalid("block", "block %d: %v", cur.index, err)
+			}
+			if tag := auth.AccessFrom(ctx).Tag; tag != 0 {
+				store.SetTenant(cur.buf, tag)
 			}
 			if h, _ := store.DecodeHeader(cur.buf, 0); cur.sum != 0 && h.Checksum != cur.sum {
 				return invalid("block.payload_checksum", "block %d: payload checksum %016x, received bytes hash to %016x",
@@ -408,8 +413,11 @@ func (s *cacheService) Publish(ctx context.Context, req *kvmeshv1.PublishRequest
 	return &kvmeshv1.PublishResponse{Queued: uint32(n)}, nil
 }
 
-func (s *cacheService) Stats(context.Context, *kvmeshv1.StatsRequest) (*kvmeshv1.StatsResponse, error) {
+// Stats answers with the node's counters; a tenant sees only its own
+// namespaces.
+func (s *cacheService) Stats(ctx context.Context, _ *kvmeshv1.StatsRequest) (*kvmeshv1.StatsResponse, error) {
 	st := s.n.cache.Stats()
+	a := auth.AccessFrom(ctx)
 	resp := &kvmeshv1.StatsResponse{
 		NodeId: s.n.opts.NodeID,
 		Hits:   uint64(st.Hits), Misses: uint64(st.Misses),
@@ -419,6 +427,9 @@ func (s *cacheService) Stats(context.Context, *kvmeshv1.StatsRequest) (*kvmeshv1
 		resp.Tiers = append(resp.Tiers, &kvmeshv1.TierStats{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.Capacity)})
 	}
 	for _, x := range st.Namespaces {
+		if !a.Allows(x.Tenant) || (a.Scoped && x.Digest == 0) {
+			continue
+		}
 		resp.Namespaces = append(resp.Namespaces, &kvmeshv1.NamespaceStats{Digest: x.Digest, Blocks: uint64(x.Blocks), Bytes: uint64(x.Bytes), Tokens: uint64(x.Tokens),
 			Model: s.n.names.model(x.Digest)})
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"log/slog"
 	"net"
 	"os"
@@ -51,7 +52,7 @@ var _ Cache = (*clusterCache)(nil)
 // httpAddr are the addresses the node's listeners are bound to. On error
 // everything started is stopped; local stays the caller's.
 // tokens (nil: none) guard the data plane as they guard the gRPC API.
-func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, peerSeconds *prometheus.HistogramVec, tokens *transfer.Tokens) (_ *clusterCache, err error) {
+func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, peerSeconds *prometheus.HistogramVec, tokens *auth.Tokens) (_ *clusterCache, err error) {
 	c := &clusterCache{opts: opts, local: local, log: opts.Logger, hostID: hostID()}
 	defer func() {
 		if err != nil {
@@ -113,7 +114,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	if peerSeconds != nil {
 		obs = func(op, result string, d time.Duration) { peerSeconds.WithLabelValues(op, result).Observe(d.Seconds()) }
 	}
-	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.PeerTLS, Token: firstToken(opts.Tokens)}
+	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.PeerTLS, Token: peerToken(&opts)}
 	c.peers = newPeers(c.members, peerOpts, opts.PeerBackoff, opts.MaxMessageBytes, obs, opts.Logger)
 	c.cluster, err = store.NewCluster(local, placementView{c.members}, c.peers, store.ClusterOptions{
 		ChunkTokens: opts.ChunkTokens, Replicas: opts.Replicas, LookupTimeout: opts.LookupTimeout, GetTimeout: opts.GetTimeout,
@@ -303,7 +304,7 @@ func (c *clusterCache) Locate(ctx context.Context, chain []prefixhash.Key, block
 	for i, w := range where {
 		if w != self {
 			runs = appendLocation(runs, Location{Node: w})
-		} else if info, ok := c.local.Info(chain[i]); ok {
+		} else if info, ok := c.local.Info(auth.AccessFrom(ctx), chain[i]); ok {
 			runs = appendLocation(runs, Location{Tier: info.Tier})
 		} else {
 			break // evicted since: the prefix ends here
@@ -318,11 +319,13 @@ func (c *clusterCache) Publish(ctx context.Context, keys, chunkKeys []prefixhash
 	return n, cacheError(err)
 }
 
-func (c *clusterCache) ChunkBlocks(blockTokens int) int         { return c.cluster.ChunkBlocks(blockTokens) }
-func (c *clusterCache) LongestPrefix(keys []prefixhash.Key) int { return c.local.LongestPrefix(keys) }
+func (c *clusterCache) ChunkBlocks(blockTokens int) int { return c.cluster.ChunkBlocks(blockTokens) }
+func (c *clusterCache) LongestPrefix(a auth.Access, keys []prefixhash.Key) int {
+	return c.local.LongestPrefix(a, keys)
+}
 
-func (c *clusterCache) Info(key prefixhash.Key) (BlockInfo, bool) {
-	i, ok := c.local.Info(key)
+func (c *clusterCache) Info(a auth.Access, key prefixhash.Key) (BlockInfo, bool) {
+	i, ok := c.local.Info(a, key)
 	return BlockInfo{Tier: i.Tier, Size: i.Size}, ok
 }
 

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"github.com/kvmesh/kvmesh/auth"
 	"slices"
 	"sync/atomic"
 
@@ -30,7 +31,7 @@ func (s localSource) Lookup(ctx context.Context, runs [][]prefixhash.Key, counts
 		if ctx.Err() != nil {
 			return
 		}
-		counts[i] = s.l.LongestPrefix(r)
+		counts[i] = s.l.LongestPrefix(auth.AccessFrom(ctx), r)
 	}
 }
 
@@ -111,7 +112,7 @@ func (s localSink) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte
 		switch err := s.l.Put(ctx, v); {
 		case err == nil:
 			st[i] = transfer.StatusOK
-		case errors.Is(err, store.ErrCorrupt), errors.Is(err, store.ErrTooLarge), errors.Is(err, store.ErrLayout):
+		case errors.Is(err, store.ErrCorrupt), errors.Is(err, store.ErrTooLarge), errors.Is(err, store.ErrLayout), errors.Is(err, store.ErrTenant):
 			s.refused.Add(1)
 			st[i] = transfer.StatusError
 		default:

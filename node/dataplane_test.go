@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"github.com/kvmesh/kvmesh/auth"
 	"sync/atomic"
 	"testing"
 
@@ -36,7 +37,7 @@ func TestSinkPublishBeforeCluster(t *testing.T) {
 	if st[0] != transfer.StatusMiss || st[1] != transfer.StatusError || refused.Load() != 1 {
 		t.Fatalf("statuses %v, %d refused: want a miss (stored, not published) and an error", st, refused.Load())
 	}
-	if local.LongestPrefix(keys[:1]) != 1 {
+	if local.LongestPrefix(auth.Access{}, keys[:1]) != 1 {
 		t.Fatal("the block was not stored")
 	}
 }

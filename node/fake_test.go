@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -124,7 +125,7 @@ func (c *fakeCache) Exists(_ context.Context, keys, _ []prefixhash.Key) ([]bool,
 }
 
 func (c *fakeCache) Locate(_ context.Context, chain []prefixhash.Key, _ int) (int, []Location) {
-	n := c.LongestPrefix(chain)
+	n := c.LongestPrefix(auth.Access{}, chain)
 	if n == 0 {
 		return 0, nil
 	}
@@ -155,7 +156,9 @@ func (c *fakeCache) Contains(key prefixhash.Key) bool {
 	return ok
 }
 
-func (c *fakeCache) LongestPrefix(keys []prefixhash.Key) int {
+// LongestPrefix and Info ignore the access: the fake holds no tenants
+// (tenant_test.go runs real nodes).
+func (c *fakeCache) LongestPrefix(_ auth.Access, keys []prefixhash.Key) int {
 	for i, k := range keys {
 		if !c.Contains(k) {
 			return i
@@ -164,7 +167,7 @@ func (c *fakeCache) LongestPrefix(keys []prefixhash.Key) int {
 	return len(keys)
 }
 
-func (c *fakeCache) Info(key prefixhash.Key) (BlockInfo, bool) {
+func (c *fakeCache) Info(_ auth.Access, key prefixhash.Key) (BlockInfo, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b, ok := c.mu.blocks[key]

@@ -2,6 +2,10 @@ package node
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,7 +31,7 @@ type metrics struct {
 	dropped        prometheus.Counter     // blocks read but refused (corrupt, other namespace)
 }
 
-func newMetrics(cache Cache, extra ...prometheus.Collector) *metrics {
+func newMetrics(cache Cache, labelKey []byte, extra ...prometheus.Collector) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.requestSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "kvmesh_grpc_request_duration_seconds",
@@ -59,7 +63,7 @@ func newMetrics(cache Cache, extra ...prometheus.Collector) *metrics {
 		Help: "Blocks read from the cache but not served because they failed verification; answered as misses.",
 	})
 	m.reg.MustRegister(m.requestSeconds, m.inFlight, m.promptTokens, m.cachedTokens, m.blocks, m.bytes, m.dropped,
-		newCacheCollector(cache),
+		newCacheCollector(cache, labelKey),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(extra...)
@@ -207,6 +211,7 @@ func (s *ctxStream) Context() context.Context { return s.ctx }
 // cacheCollector turns one Cache.Stats call per scrape into metrics.
 type cacheCollector struct {
 	cache                                                  Cache
+	labelKey                                               []byte // keys namespace labels; nil: plain digests
 	hits, misses, evictions, demotions, promotions         *prometheus.Desc
 	quotaRefused, corruptDrops                             *prometheus.Desc
 	tierBlocks, tierBytes, tierCapacity                    *prometheus.Desc
@@ -214,12 +219,13 @@ type cacheCollector struct {
 	namespaceTierBytes, namespaceQuota                     *prometheus.Desc
 }
 
-func newCacheCollector(cache Cache) *cacheCollector {
+func newCacheCollector(cache Cache, labelKey []byte) *cacheCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
 	return &cacheCollector{
 		cache:                 cache,
+		labelKey:              labelKey,
 		hits:                  d("kvmesh_cache_hits_total", "Block reads that found their block."),
 		misses:                d("kvmesh_cache_misses_total", "Block reads that did not find their block (or found it corrupt)."),
 		evictions:             d("kvmesh_cache_evictions_total", "Blocks dropped from the cache to make room."),
@@ -267,7 +273,7 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.tierCapacity, t.Capacity, t.Name)
 	}
 	for _, ns := range s.Namespaces {
-		name := digestString(ns.Digest)
+		name := namespaceLabel(c.labelKey, ns.Digest)
 		gauge(c.namespaceBlocks, ns.Blocks, name)
 		gauge(c.namespaceBytes, ns.Bytes, name)
 		gauge(c.namespaceTokensCached, ns.Tokens, name)
@@ -282,4 +288,19 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+}
+
+// namespaceLabel is the label of the namespace with the given digest in
+// the node's metrics: the digest in hex, or, on a node with tenants, a
+// keyed hash of it (HMAC-SHA-256 under key, 64 bits in hex), so that no
+// one reads a tenant's digest off the unauthenticated /metrics.
+func namespaceLabel(key []byte, digest uint64) string {
+	if key == nil {
+		return digestString(digest)
+	}
+	m := hmac.New(sha256.New, key)
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], digest)
+	m.Write(b[:])
+	return "k" + hex.EncodeToString(m.Sum(nil)[:8])
 }

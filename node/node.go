@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"log/slog"
 	"net"
 	"net/http"
@@ -22,7 +23,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // Node is one kvmesh daemon: the gRPC API over a Cache, and an HTTP server
@@ -89,7 +89,7 @@ func New(opts Options, cache Cache) (*Node, error) {
 			return nil, err
 		}
 	}
-	tokens, err := tokenSet(opts.Tokens)
+	tokens, err := tokenSet(&opts)
 	if err != nil {
 		cache.Close()
 		return nil, err
@@ -109,9 +109,13 @@ func New(opts Options, cache Cache) (*Node, error) {
 
 // newNode builds the servers of a node over cache and its listeners; tokens
 // (nil: none) guard every call; extra collectors join its metrics.
-func newNode(opts Options, cache Cache, lis nodeListeners, tokens *transfer.Tokens, extra ...prometheus.Collector) *Node {
+func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, extra ...prometheus.Collector) *Node {
 	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens)}
-	n.metrics = newMetrics(cache, append(extra, n.guard.collectors()...)...)
+	var labelKey []byte
+	if opts.TokensFile != nil {
+		labelKey = opts.TokensFile.LabelKey
+	}
+	n.metrics = newMetrics(cache, labelKey, append(extra, n.guard.collectors()...)...)
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.MaxMessageBytes),

@@ -37,7 +37,7 @@ func Open(opts Options) (*Node, error) {
 			return nil, err
 		}
 	}
-	tokens, err := tokenSet(opts.Tokens)
+	tokens, err := tokenSet(&opts)
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +131,7 @@ func localStats(l *store.Local) CacheStats {
 		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity})
 	}
 	for _, n := range s.Namespaces {
-		out.Namespaces = append(out.Namespaces, NamespaceStats{Digest: n.Digest, Blocks: n.Blocks, Bytes: n.Bytes, Tokens: n.Tokens,
+		out.Namespaces = append(out.Namespaces, NamespaceStats{Digest: n.Digest, Tenant: n.Tenant, Blocks: n.Blocks, Bytes: n.Bytes, Tokens: n.Tokens,
 			DRAMBytes: n.DRAMBytes, NVMeBytes: n.NVMeBytes, QuotaDRAM: n.Quota.DRAM, QuotaNVMe: n.Quota.NVMe})
 	}
 	return out

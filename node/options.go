@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
-	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // Default addresses: one port each for gRPC, HTTP (metrics, health), the
@@ -101,8 +101,14 @@ type Options struct {
 	// <token>" metadata, and every data-plane connection, TCP or shared
 	// memory, must present one in its hello. The node presents the first
 	// to its peers, so every member must accept it. Default none: no token
-	// is asked for. See the package doc, Security.
+	// is asked for. Every token is a node-wide principal with every scope:
+	// the single-tenant mode. See the package doc, Security.
 	Tokens []string
+	// TokensFile is the parsed tokens file (auth.ReadFile): the
+	// multi-tenant mode, in which each token names a tenant and scopes and
+	// the node presents the file's cluster token to its peers. Exclusive
+	// with Tokens. Default nil.
+	TokensFile *auth.File
 	// GossipProfile tunes failure detection: "lan" (memberlist's LAN
 	// timings: a dead node is noticed in about 5-10s) or "local" (one
 	// host, or tests: about 1-2s). Default "lan".
@@ -335,10 +341,11 @@ func (o *Options) Validate() error {
 	case o.MaxBatchBlocks > 1<<24:
 		return bad("MaxBatchBlocks", "%d is over the limit of %d", o.MaxBatchBlocks, 1<<24)
 	}
-	if len(o.Tokens) > 0 {
-		if _, err := transfer.NewTokens(o.Tokens...); err != nil {
-			return bad("Tokens", "%v", err)
-		}
+	if len(o.Tokens) > 0 && o.TokensFile != nil {
+		return bad("Tokens", "set Tokens (one tenant) or TokensFile (tenants), not both")
+	}
+	if _, err := tokenSet(o); err != nil {
+		return bad("Tokens", "%v", err)
 	}
 	return o.Prefill.Validate(o.MaxBlockBytes)
 }

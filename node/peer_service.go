@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"github.com/kvmesh/kvmesh/auth"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
@@ -18,7 +19,7 @@ type peerService struct {
 	n *Node
 }
 
-func (s *peerService) Lookup(_ context.Context, req *kvmeshv1.PeerLookupRequest) (*kvmeshv1.PeerLookupResponse, error) {
+func (s *peerService) Lookup(ctx context.Context, req *kvmeshv1.PeerLookupRequest) (*kvmeshv1.PeerLookupResponse, error) {
 	raw := req.GetKeys()
 	if len(raw)%prefixhash.KeySize != 0 {
 		return nil, invalid("keys", "%d bytes is not a whole number of %d-byte keys", len(raw), prefixhash.KeySize)
@@ -47,7 +48,7 @@ func (s *peerService) Lookup(_ context.Context, req *kvmeshv1.PeerLookupRequest)
 		run := keys[off : off+int(r)]
 		off += int(r)
 		if len(run) > 0 {
-			counts[i] = uint32(s.n.cache.LongestPrefix(run))
+			counts[i] = uint32(s.n.cache.LongestPrefix(auth.AccessFrom(ctx), run))
 		}
 	}
 	return &kvmeshv1.PeerLookupResponse{Counts: counts}, nil

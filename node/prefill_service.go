@@ -211,7 +211,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // check validates a request and returns its prompt and session hint.
 func (p *prefillService) check(ctx context.Context, req *kvmeshv1.PrefillRequest) (string, error) {
 	if pb := req.GetNamespace(); pb != nil {
-		ns, err := p.n.namespace(pb)
+		ns, err := p.n.namespace(ctx, pb)
 		if err != nil {
 			return "", err
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"os"
 	"path/filepath"
 	"slices"
@@ -138,8 +139,9 @@ func quotaProto(dram, nvme int64) *kvmeshv1.Quota {
 }
 
 // quotaRows returns every namespace this node holds blocks of or has a
-// quota for, sorted by digest.
-func (s *adminService) quotaRows(qc quotaCache) ([]*kvmeshv1.NamespaceQuota, store.Quota) {
+// quota for, sorted by digest; to a tenant (access a scoped), only those of
+// its own blocks.
+func (s *adminService) quotaRows(a auth.Access, qc quotaCache) ([]*kvmeshv1.NamespaceQuota, store.Quota) {
 	own, def := qc.Quotas()
 	rows := map[uint64]*kvmeshv1.NamespaceQuota{}
 	row := func(d uint64) *kvmeshv1.NamespaceQuota {
@@ -157,16 +159,23 @@ func (s *adminService) quotaRows(qc quotaCache) ([]*kvmeshv1.NamespaceQuota, sto
 	for d := range own {
 		row(d)
 	}
+	mine := map[uint64]bool{} // the namespaces a may see
 	for _, ns := range s.n.cache.Stats().Namespaces {
 		if ns.Digest == 0 {
 			continue // recovered blocks not read yet: no namespace, no quota
 		}
+		if !a.Allows(ns.Tenant) {
+			continue
+		}
 		r := row(ns.Digest)
+		mine[ns.Digest] = true
 		r.Blocks, r.DramBytes, r.NvmeBytes = uint64(ns.Blocks), uint64(ns.DRAMBytes), uint64(ns.NVMeBytes)
 	}
 	out := make([]*kvmeshv1.NamespaceQuota, 0, len(rows))
-	for _, r := range rows {
-		out = append(out, r)
+	for d, r := range rows {
+		if !a.Scoped || mine[d] {
+			out = append(out, r)
+		}
 	}
 	slices.SortFunc(out, func(a, b *kvmeshv1.NamespaceQuota) int { return cmpUint64(a.Digest, b.Digest) })
 	return out, def
@@ -190,12 +199,12 @@ func (s *adminService) quotaCache() (quotaCache, error) {
 	return qc, nil
 }
 
-func (s *adminService) SetQuota(_ context.Context, req *kvmeshv1.SetQuotaRequest) (*kvmeshv1.SetQuotaResponse, error) {
+func (s *adminService) SetQuota(ctx context.Context, req *kvmeshv1.SetQuotaRequest) (*kvmeshv1.SetQuotaResponse, error) {
 	qc, err := s.quotaCache()
 	if err != nil {
 		return nil, err
 	}
-	digest, err := s.n.namespaceDigest(req.GetNamespace(), req.GetDigest())
+	digest, err := s.n.namespaceDigest(ctx, req.GetNamespace(), req.GetDigest())
 	if err != nil {
 		return nil, err
 	}
@@ -216,7 +225,7 @@ func (s *adminService) SetQuota(_ context.Context, req *kvmeshv1.SetQuotaRequest
 		return nil, err
 	}
 	s.n.log.Info("namespace quota set", "digest", digestString(digest), "dram_bytes", q.DRAM, "nvme_bytes", q.NVMe, "cleared", req.GetClear())
-	rows, _ := s.quotaRows(qc)
+	rows, _ := s.quotaRows(auth.AccessFrom(ctx), qc)
 	i, _ := slices.BinarySearchFunc(rows, digest, func(r *kvmeshv1.NamespaceQuota, d uint64) int { return cmpUint64(r.Digest, d) })
 	resp := &kvmeshv1.SetQuotaResponse{}
 	if i < len(rows) && rows[i].Digest == digest {
@@ -228,11 +237,11 @@ func (s *adminService) SetQuota(_ context.Context, req *kvmeshv1.SetQuotaRequest
 	return resp, nil
 }
 
-func (s *adminService) Quotas(context.Context, *kvmeshv1.QuotasRequest) (*kvmeshv1.QuotasResponse, error) {
+func (s *adminService) Quotas(ctx context.Context, _ *kvmeshv1.QuotasRequest) (*kvmeshv1.QuotasResponse, error) {
 	qc, err := s.quotaCache()
 	if err != nil {
 		return nil, err
 	}
-	rows, def := s.quotaRows(qc)
+	rows, def := s.quotaRows(auth.AccessFrom(ctx), qc)
 	return &kvmeshv1.QuotasResponse{NodeId: s.n.opts.NodeID, DefaultQuota: quotaProto(def.DRAM, def.NVMe), Namespaces: rows}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"strings"
 	"unsafe"
 
@@ -49,9 +50,10 @@ func statusError(err error) error {
 	return status.Errorf(codes.Internal, "%v", err)
 }
 
-// namespace converts and validates a request's namespace, and checks that
-// its blocks fit the node's limits.
-func (n *Node) namespace(pb *kvmeshv1.Namespace) (prefixhash.Namespace, error) {
+// namespace converts and validates a request's namespace, salts it for the
+// caller's tenant (auth.Principal.Namespace: a tenant can name only its own
+// namespaces), and checks that its blocks fit the node's limits.
+func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhash.Namespace, error) {
 	if pb == nil {
 		return prefixhash.Namespace{}, invalid("namespace", "required")
 	}
@@ -66,6 +68,10 @@ func (n *Node) namespace(pb *kvmeshv1.Namespace) (prefixhash.Namespace, error) {
 		TPRank:      int(pb.GetTpRank()),
 		TPSize:      int(pb.GetTpSize()),
 		TenantSalt:  pb.GetTenantSalt(),
+	}
+	ns, err := auth.PrincipalFrom(ctx).Namespace(ns)
+	if err != nil {
+		return ns, status.Errorf(codes.InvalidArgument, "namespace: %v", err)
 	}
 	if err := ns.Validate(); err != nil {
 		return ns, status.Errorf(codes.InvalidArgument, "namespace: %v", err)
@@ -87,21 +93,42 @@ func (n *Node) namespace(pb *kvmeshv1.Namespace) (prefixhash.Namespace, error) {
 }
 
 // namespaceDigest returns the digest a request names, as a namespace or as
-// its digest (exactly one).
-func (n *Node) namespaceDigest(pb *kvmeshv1.Namespace, digest uint64) (uint64, error) {
+// its digest (exactly one). A tenant may name by digest only a namespace
+// of its own that this node holds blocks of; any other digest is
+// PermissionDenied, whether or not the node holds it.
+func (n *Node) namespaceDigest(ctx context.Context, pb *kvmeshv1.Namespace, digest uint64) (uint64, error) {
 	switch {
 	case pb != nil && digest != 0:
 		return 0, invalid("namespace", "set namespace or digest, not both")
 	case pb != nil:
-		ns, err := n.namespace(pb)
+		ns, err := n.namespace(ctx, pb)
 		if err != nil {
 			return 0, err
 		}
 		return ns.Digest(), nil
 	case digest != 0:
+		if !n.mayNameDigest(ctx, digest) {
+			return 0, status.Errorf(codes.PermissionDenied, "namespace digest %016x is not one of this tenant's on this node; name the namespace itself", digest)
+		}
 		return digest, nil
 	}
 	return 0, invalid("namespace", "set namespace or digest")
+}
+
+// mayNameDigest reports whether the caller may act on the namespace with
+// the given digest: a node-wide principal on any, a tenant on those whose
+// blocks here carry its tag.
+func (n *Node) mayNameDigest(ctx context.Context, digest uint64) bool {
+	a := auth.AccessFrom(ctx)
+	if !a.Scoped {
+		return true
+	}
+	for _, x := range n.cache.Stats().Namespaces {
+		if x.Digest == digest {
+			return x.Tenant == a.Tag
+		}
+	}
+	return false
 }
 
 // blockLimit refuses requests naming more than MaxBatchBlocks blocks.

@@ -15,31 +15,44 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/kvmesh/kvmesh/transfer"
+	"github.com/kvmesh/kvmesh/auth"
 )
 
 // The node's doors: TLS on the gRPC API (the data plane has its own, from
 // the same configuration, in package transfer) and a bearer token on every
 // call. See the package doc, Security.
 
-// tokenSet returns the set of accepted tokens, nil when none is configured.
-func tokenSet(tokens []string) (*transfer.Tokens, error) {
-	if len(tokens) == 0 {
+// tokenSet returns the set of accepted tokens, nil when none is configured:
+// the tokens file's credentials, or shared tokens.
+func tokenSet(opts *Options) (*auth.Tokens, error) {
+	var (
+		t   *auth.Tokens
+		err error
+	)
+	switch {
+	case opts.TokensFile != nil:
+		t, err = auth.NewCredentials(opts.TokensFile.Credentials)
+	case len(opts.Tokens) > 0:
+		t, err = auth.NewTokens(opts.Tokens...)
+	default:
 		return nil, nil
 	}
-	t, err := transfer.NewTokens(tokens...)
 	if err != nil {
 		return nil, &OptionError{Field: "Tokens", Msg: err.Error()}
 	}
 	return t, nil
 }
 
-// firstToken is the token a node presents to its peers.
-func firstToken(tokens []string) string {
-	if len(tokens) == 0 {
-		return ""
+// peerToken is the token a node presents to its peers: the tokens file's
+// cluster token, or the first shared token.
+func peerToken(opts *Options) string {
+	switch {
+	case opts.TokensFile != nil:
+		return opts.TokensFile.ClusterToken
+	case len(opts.Tokens) > 0:
+		return opts.Tokens[0]
 	}
-	return tokens[0]
+	return ""
 }
 
 // healthPrefix names the methods open without a token: load balancers and
@@ -51,23 +64,24 @@ const healthPrefix = "/grpc.health.v1.Health/"
 const (
 	refusedNoToken  = "no_token"
 	refusedBadToken = "bad_token"
+	refusedScope    = "scope"
 )
 
 // guard checks the bearer token of every gRPC call and counts refusals,
 // of calls (no or wrong token) and of connections (TLS handshakes that
 // failed).
 type guard struct {
-	tokens     *transfer.Tokens // nil: no token asked for
+	tokens     *auth.Tokens // nil: no token asked for
 	calls      *prometheus.CounterVec
 	handshakes prometheus.Counter
 }
 
-func newGuard(tokens *transfer.Tokens) *guard {
+func newGuard(tokens *auth.Tokens) *guard {
 	return &guard{
 		tokens: tokens,
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_grpc_refused_requests_total",
-			Help: "gRPC calls refused as Unauthenticated, by reason: no_token (no authorization: Bearer metadata) or bad_token (a token the node does not accept).",
+			Help: "gRPC calls refused, by reason: no_token (no authorization: Bearer metadata) or bad_token (a token the node does not accept), both Unauthenticated; scope (PermissionDenied: the token lacks the scope the method needs).",
 		}, []string{"reason"}),
 		handshakes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_grpc_tls_handshake_failures_total",
@@ -80,43 +94,77 @@ func (g *guard) collectors() []prometheus.Collector {
 	return []prometheus.Collector{g.calls, g.handshakes}
 }
 
-// check returns nil when the call may proceed: no token is asked for, the
-// method is health checking, or the call carries an accepted token.
-func (g *guard) check(ctx context.Context, method string) error {
+// check returns the principal a call authenticates as: auth.Open when no
+// token is asked for, and for health checks; else the principal of the
+// call's token, which must be accepted and hold the scope the method needs.
+func (g *guard) check(ctx context.Context, method string) (auth.Principal, error) {
 	if g.tokens == nil || strings.HasPrefix(method, healthPrefix) {
-		return nil
+		return auth.Open, nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get("authorization")
 	if len(vals) == 0 {
 		g.calls.WithLabelValues(refusedNoToken).Inc()
-		return status.Error(codes.Unauthenticated, `this node requires a bearer token: send "authorization: Bearer <token>" metadata `+
+		return auth.Principal{}, status.Error(codes.Unauthenticated, `this node requires a bearer token: send "authorization: Bearer <token>" metadata `+
 			`(kvmesh CLI: --auth-token-file FILE; Go client: client.Options.Token)`)
 	}
 	for _, v := range vals {
 		// RFC 6750: the scheme is case-insensitive.
-		if len(v) > len("bearer ") && strings.EqualFold(v[:len("bearer ")], "bearer ") &&
-			g.tokens.Check([]byte(strings.TrimSpace(v[len("bearer "):]))) {
-			return nil
+		if len(v) > len("bearer ") && strings.EqualFold(v[:len("bearer ")], "bearer ") {
+			if p, ok := g.tokens.Lookup([]byte(strings.TrimSpace(v[len("bearer "):]))); ok {
+				if need := methodScope(method); !p.Can(need) {
+					g.calls.WithLabelValues(refusedScope).Inc()
+					return p, status.Errorf(codes.PermissionDenied, "%s needs the %s scope; this token (%s) has %s", method, need, p, p.Scopes)
+				}
+				return p, nil
+			}
 		}
 	}
 	g.calls.WithLabelValues(refusedBadToken).Inc()
-	return status.Error(codes.Unauthenticated, "bearer token not accepted by this node")
+	return auth.Principal{}, status.Error(codes.Unauthenticated, "bearer token not accepted by this node")
+}
+
+// methodScope returns the scope a gRPC method needs. Handlers check more
+// where a method's request decides it (a prefill that publishes writes;
+// quotas of other tenants' namespaces need a node-wide admin).
+func methodScope(method string) auth.Scope {
+	switch {
+	case strings.HasPrefix(method, "/kvmesh.v1.PeerService/"):
+		return auth.Cluster
+	case strings.HasPrefix(method, "/kvmesh.v1.AdminService/SetQuota"),
+		strings.HasPrefix(method, "/kvmesh.v1.AdminService/DropNamespace"):
+		return auth.Admin
+	case strings.HasPrefix(method, "/kvmesh.v1.CacheService/BatchPut"),
+		strings.HasPrefix(method, "/kvmesh.v1.CacheService/Publish"):
+		return auth.Write
+	}
+	return auth.Read
 }
 
 func (g *guard) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if err := g.check(ctx, info.FullMethod); err != nil {
+	p, err := g.check(ctx, info.FullMethod)
+	if err != nil {
 		return nil, err
 	}
-	return h(ctx, req)
+	return h(auth.WithPrincipal(ctx, p), req)
 }
 
 func (g *guard) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if err := g.check(ss.Context(), info.FullMethod); err != nil {
+	p, err := g.check(ss.Context(), info.FullMethod)
+	if err != nil {
 		return err
 	}
-	return h(srv, ss)
+	return h(srv, &principalStream{ServerStream: ss, ctx: auth.WithPrincipal(ss.Context(), p)})
 }
+
+// principalStream is a server stream whose context carries the caller's
+// principal.
+type principalStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *principalStream) Context() context.Context { return s.ctx }
 
 // serverCreds returns the gRPC server's transport credentials for cfg,
 // counting failed handshakes.
@@ -162,7 +210,28 @@ func (n *Node) SetTokens(tokens []string) error {
 	if n.guard.tokens == nil {
 		return errors.New("node: started without tokens; restart it with some to require them")
 	}
+	if n.opts.TokensFile != nil {
+		return errors.New("node: started with a tokens file; reload it with SetTokensFile")
+	}
 	if err := n.guard.tokens.Set(tokens...); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	return nil
+}
+
+// SetTokensFile replaces the credentials of a node started with a tokens
+// file (Options.TokensFile) by those of f, on gRPC and the data plane at
+// once. The secret and the cluster token must not change: the first would
+// move every tenant's namespaces, the second cut the node from its peers
+// until they all restart; both need a restart of the whole cluster.
+func (n *Node) SetTokensFile(f *auth.File) error {
+	if n.opts.TokensFile == nil {
+		return errors.New("node: started without a tokens file; restart it with one")
+	}
+	if f.ClusterToken != n.opts.TokensFile.ClusterToken {
+		return errors.New("node: the tokens file's cluster token changed: restart every node of the cluster to change it")
+	}
+	if err := n.guard.tokens.SetCredentials(f.Credentials); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
 	return nil

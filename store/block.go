@@ -34,13 +34,15 @@ import (
 //	 76     4  reserved, zero
 //	 80     8  payload length
 //	 88     8  xxhash64 of the payload
-//	 96     8  xxhash64 of bytes [0,96) and of the n tokens
-//	104    4n  token ids
+//	 96     8  tenant tag (auth.TagOf; 0: no tenant)
+//	104     8  xxhash64 of bytes [0,104) and of the n tokens
+//	112    4n  token ids
 //	  …        zero padding to the header length
 const (
 	blockMagic     = "KVMB"
-	BlockVersion   = 1
-	fixedHeaderLen = 104
+	BlockVersion   = 2
+	fixedHeaderLen = 112
+	sumOff         = 104 // the header checksum
 	headerAlign    = 64
 )
 
@@ -90,6 +92,10 @@ type Header struct {
 	Tokens     []uint32
 	PayloadLen int
 	Checksum   uint64 // xxhash64 of the payload
+	// Tenant is the tag of the tenant that wrote the block (auth.TagOf);
+	// 0 for a block of no tenant (an open or single-tenant node). Readers
+	// serve a block only to requests whose access allows its tag.
+	Tenant uint64
 }
 
 // Block is a decoded, verified block. Payload (and possibly Tokens) alias the
@@ -160,8 +166,19 @@ func AppendHeader(dst []byte, ns prefixhash.Namespace, parent prefixhash.Key, to
 	for i, t := range tokens {
 		binary.LittleEndian.PutUint32(h[fixedHeaderLen+4*i:], t)
 	}
-	binary.LittleEndian.PutUint64(h[96:], headerSum(h, len(tokens)))
+	binary.LittleEndian.PutUint64(h[sumOff:], headerSum(h, len(tokens)))
 	return dst, key, nil
+}
+
+// headerTenant returns the tenant tag of the verified block b.
+func headerTenant(b []byte) uint64 { return binary.LittleEndian.Uint64(b[96:]) }
+
+// SetTenant stamps the encoded block header at the start of b with tenant
+// tag and updates its checksum. The header must be valid (AppendHeader's
+// output): a tenant's writer calls it after AppendHeader.
+func SetTenant(b []byte, tag uint64) {
+	binary.LittleEndian.PutUint64(b[96:], tag)
+	binary.LittleEndian.PutUint64(b[sumOff:], headerSum(b, int(binary.LittleEndian.Uint32(b[12:]))))
 }
 
 // Encode appends the whole encoded block (header and payload) to dst.
@@ -176,7 +193,7 @@ func Encode(dst []byte, ns prefixhash.Namespace, parent prefixhash.Key, tokens [
 func headerSum(h []byte, n int) uint64 {
 	var d xxhash.Digest
 	d.Reset()
-	d.Write(h[:96])
+	d.Write(h[:sumOff])
 	d.Write(h[fixedHeaderLen : fixedHeaderLen+4*n])
 	return d.Sum64()
 }
@@ -208,7 +225,7 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	if uint64(len(b)) < hl {
 		return h, corrupt("%d bytes, header needs %d", len(b), hl)
 	}
-	if got, want := binary.LittleEndian.Uint64(b[96:]), headerSum(b, int(n)); got != want {
+	if got, want := binary.LittleEndian.Uint64(b[sumOff:]), headerSum(b, int(n)); got != want {
 		return h, corrupt("header checksum %016x, computed %016x", got, want)
 	}
 	h.Namespace = binary.LittleEndian.Uint64(b[16:])
@@ -231,6 +248,7 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	}
 	h.PayloadLen = int(pl)
 	h.Checksum = binary.LittleEndian.Uint64(b[88:])
+	h.Tenant = binary.LittleEndian.Uint64(b[96:])
 	h.Tokens = viewTokens(b[fixedHeaderLen : fixedHeaderLen+4*n])
 	if prefixhash.BlockKey(h.Parent, h.Tokens) != h.Key {
 		return h, corrupt("key %s is not H(parent ‖ tokens)", h.Key)

@@ -113,7 +113,7 @@ func copyHeaderSum(b []byte) {
 	n := int(uint32(b[12]) | uint32(b[13])<<8 | uint32(b[14])<<16 | uint32(b[15])<<24)
 	s := headerSum(b, n)
 	for i := range 8 {
-		b[96+i] = byte(s >> (8 * i))
+		b[sumOff+i] = byte(s >> (8 * i))
 	}
 }
 

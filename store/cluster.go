@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -224,7 +225,7 @@ func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockToken
 }
 
 func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockTokens int, locate bool) (int, []string) {
-	n := c.local.LongestPrefix(chain)
+	n := c.local.LongestPrefix(auth.AccessFrom(ctx), chain)
 	if n == len(chain) {
 		if locate {
 			return n, slices.Repeat([]string{c.self}, n)
@@ -249,7 +250,7 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 		if r.start > n {
 			// Blocks beyond the local prefix may still be here (a
 			// producer keeps what it computed).
-			r.local = c.local.LongestPrefix(chain[r.start:r.end])
+			r.local = c.local.LongestPrefix(auth.AccessFrom(ctx), chain[r.start:r.end])
 			r.have = r.local
 		}
 		runs = append(runs, r)
@@ -555,7 +556,7 @@ func (c *Cluster) Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) 
 	present := make([]bool, len(keys))
 	var missing []int
 	for k, key := range keys {
-		if present[k] = c.local.Contains(key); !present[k] {
+		if present[k] = c.local.Contains(auth.AccessFrom(ctx), key); !present[k] {
 			missing = append(missing, k)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -66,7 +67,7 @@ func (p loopPeers) Lookup(ctx context.Context, id string, runs [][]prefixhash.Ke
 	}
 	out := make([]int, len(runs))
 	for i, r := range runs {
-		out[i] = l.LongestPrefix(r)
+		out[i] = l.LongestPrefix(auth.Access{}, r)
 	}
 	return out, nil
 }
@@ -320,7 +321,7 @@ func TestClusterPushNeverBlocks(t *testing.T) {
 	if st := a.Stats(); st.PushDropped == 0 {
 		t.Fatalf("a full queue dropped nothing: %+v", st)
 	}
-	if n := a.Local().LongestPrefix(chain); n != len(chain) {
+	if n := a.Local().LongestPrefix(auth.Access{}, chain); n != len(chain) {
 		t.Fatalf("the producer kept %d of %d blocks", n, len(chain))
 	}
 	a.Close() // stops the stuck push through the cluster's context
@@ -380,7 +381,7 @@ func TestClusterHandoff(t *testing.T) {
 		ck := prefixhash.ChunkKey(chain, i, 2)
 		if before.Owner(ck) == "n1" && after.Owner(ck) == "n2" {
 			moved++
-			if !tc.net.nodes["n2"].Contains(k) {
+			if !tc.net.nodes["n2"].Contains(auth.Access{}, k) {
 				t.Fatalf("block %d moved from n1 to n2 but n2 does not hold it", i)
 			}
 		}
@@ -472,7 +473,7 @@ func TestClusterLocate(t *testing.T) {
 			if c.self == "n0" && w != "n0" || c.self != "n0" && w != owner && w != c.self {
 				t.Fatalf("%s: block %d located on %s; owner %s, producer n0", c.self, i, w, owner)
 			}
-			if w == c.self && !c.Local().Contains(chain[i]) {
+			if w == c.self && !c.Local().Contains(auth.Access{}, chain[i]) {
 				t.Fatalf("%s: block %d located here but not held here", c.self, i)
 			}
 		}
@@ -516,7 +517,7 @@ func TestClusterExists(t *testing.T) {
 	p := c.placement()
 	for i := range chain {
 		owner := p.Owner(cks[i])
-		if want := owner != "n1" || c.Local().Contains(chain[i]); got[i] != want {
+		if want := owner != "n1" || c.Local().Contains(auth.Access{}, chain[i]); got[i] != want {
 			t.Fatalf("block %d (owner %s) with n1 silent: exists %v, want %v", i, owner, got[i], want)
 		}
 	}
@@ -580,8 +581,8 @@ func TestClusterRemoteDeadline(t *testing.T) {
 		t.Fatalf("GetKeys returned after %v; remoteBy was 50ms away", el)
 	}
 	for i, blk := range f.Blocks {
-		if (blk != nil) != b.Local().Contains(chain[i]) {
-			t.Fatalf("block %d: found %v, held locally %v", i, blk != nil, b.Local().Contains(chain[i]))
+		if (blk != nil) != b.Local().Contains(auth.Access{}, chain[i]) {
+			t.Fatalf("block %d: found %v, held locally %v", i, blk != nil, b.Local().Contains(auth.Access{}, chain[i]))
 		}
 	}
 }

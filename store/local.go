@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"maps"
 	"sync"
 
@@ -26,6 +27,9 @@ var (
 	// ErrLayout refuses a block whose token count, layout or size differs
 	// from the cached blocks of the namespace its header names.
 	ErrLayout = errors.New("store: block layout differs from its namespace")
+	// ErrTenant: a block's tenant tag differs from that of the blocks of
+	// its namespace or key already held (Header.Tenant).
+	ErrTenant = errors.New("store: block belongs to another tenant")
 	// ErrPinned is returned by Close while Refs are still live.
 	ErrPinned = errors.New("store: blocks still pinned by live Refs")
 )
@@ -320,6 +324,9 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 	if n := HeaderLen(len(h.Tokens)) + h.PayloadLen; len(block) != n {
 		return fmt.Errorf("%w: %d bytes, header says %d", ErrCorrupt, len(block), n)
 	}
+	if a := auth.AccessFrom(ctx); !a.Allows(h.Tenant) {
+		return fmt.Errorf("%w: block %s is tagged for tenant %016x, the writer is tenant %016x", ErrTenant, h.Key, h.Tenant, a.Tag)
+	}
 	size := len(block)
 	class := l.classOf(size)
 	l.mu.Lock()
@@ -328,6 +335,11 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 		return ErrClosed
 	}
 	if i := l.mu.x.find(h.Key); i != 0 {
+		if n := l.mu.ns.get(l.mu.x.at(i).ns); n.resolved && n.tenant != h.Tenant {
+			l.mu.active--
+			l.mu.Unlock()
+			return fmt.Errorf("%w: key %s is held for tenant %016x, the block is tagged %016x", ErrTenant, h.Key, n.tenant, h.Tenant)
+		}
 		l.touchPutLocked(i, h.Parent)
 		l.mu.active--
 		l.mu.Unlock()
@@ -633,7 +645,25 @@ func (l *Local) unpinLocked(i uint32, fr *[]freeLoc) {
 // ErrNotFound. A block read from NVMe is verified, promoted to DRAM when room
 // can be made, and a block that fails verification is dropped (with its
 // descendants), counted, and reported as a miss.
+//
+// A request whose context carries a scoped access (auth.WithAccess) gets
+// only blocks of its tenant: another tenant's block is ErrNotFound.
 func (l *Local) Get(ctx context.Context, key prefixhash.Key) (*Ref, error) {
+	r, err := l.get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if a := auth.AccessFrom(ctx); !a.Allows(headerTenant(r.b)) {
+		r.Release()
+		l.mu.Lock()
+		l.mu.c.misses++
+		l.mu.Unlock()
+		return nil, ErrNotFound
+	}
+	return r, nil
+}
+
+func (l *Local) get(ctx context.Context, key prefixhash.Key) (*Ref, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -813,6 +843,7 @@ func (l *Local) GetMany(ctx context.Context, keys []prefixhash.Key) ([]*Ref, err
 		return nil, ErrClosed
 	}
 	x := &l.mu.x
+	a := auth.AccessFrom(ctx)
 	for k := len(keys) - 1; k >= 0; k-- {
 		i := x.find(keys[k])
 		if i == 0 {
@@ -820,6 +851,10 @@ func (l *Local) GetMany(ctx context.Context, keys []prefixhash.Key) ([]*Ref, err
 			continue
 		}
 		e := x.at(i)
+		if n := l.mu.ns.get(e.ns); a.Scoped && n.resolved && n.tenant != a.Tag {
+			l.mu.c.misses++
+			continue
+		}
 		if e.persistent() || l.view == nil || e.pins == maxPins {
 			slow = append(slow, k)
 			continue
@@ -870,17 +905,22 @@ func (l *Local) PutMany(ctx context.Context, blocks [][]byte) error {
 	return errors.Join(errs...)
 }
 
-// Contains reports whether key is cached here. It does not touch the block.
-func (l *Local) Contains(key prefixhash.Key) bool {
+// Contains reports whether key is cached here, as a block a request with
+// access a may see (auth.Access). It does not touch the block.
+func (l *Local) Contains(a auth.Access, key prefixhash.Key) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.mu.closed && l.mu.x.find(key) != 0
+	if l.mu.closed {
+		return false
+	}
+	i := l.mu.x.find(key)
+	return i != 0 && l.mu.ns.allows(a, l.mu.x.at(i).ns)
 }
 
-// LongestPrefix returns how many leading keys are cached here. It touches
-// them deepest-first, so that a chain's ancestors are always warmer than its
-// descendants.
-func (l *Local) LongestPrefix(keys []prefixhash.Key) int {
+// LongestPrefix returns how many leading keys are cached here as blocks a
+// request with access a may see. It touches them deepest-first, so that a
+// chain's ancestors are always warmer than its descendants.
+func (l *Local) LongestPrefix(a auth.Access, keys []prefixhash.Key) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.mu.closed {
@@ -889,7 +929,7 @@ func (l *Local) LongestPrefix(keys []prefixhash.Key) int {
 	s := l.mu.stack[:0]
 	for _, k := range keys {
 		i := l.mu.x.find(k)
-		if i == 0 {
+		if i == 0 || !l.mu.ns.allows(a, l.mu.x.at(i).ns) {
 			break
 		}
 		s = append(s, i)
@@ -899,6 +939,18 @@ func (l *Local) LongestPrefix(keys []prefixhash.Key) int {
 	}
 	l.mu.stack = s[:0]
 	return len(s)
+}
+
+// NamespaceTenant returns the tenant tag of the blocks of the namespace
+// with the given digest, and whether this node holds any.
+func (l *Local) NamespaceTenant(digest uint64) (uint64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	id := l.mu.ns.byDigest[digest]
+	if id == 0 {
+		return 0, false
+	}
+	return l.mu.ns.get(id).tenant, true
 }
 
 // DropNamespace drops every cached block of the namespace with the given

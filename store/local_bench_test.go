@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"github.com/kvmesh/kvmesh/auth"
 	"math/rand/v2"
 	"testing"
 
@@ -168,7 +169,7 @@ func BenchmarkLongestPrefix(b *testing.B) {
 	}
 	b.Run("LongestPrefix", func(b *testing.B) {
 		for b.Loop() {
-			if n := l.LongestPrefix(keys); n != blocks {
+			if n := l.LongestPrefix(auth.Access{}, keys); n != blocks {
 				b.Fatalf("cached prefix %d, want %d", n, blocks)
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"sync"
 	"testing"
 	"time"
@@ -87,7 +88,7 @@ func TestLocalPinsUnderEviction(t *testing.T) {
 							}
 							r.Release()
 						case 3:
-							l.LongestPrefix(w.chain((n + g) % len(w.blocks)))
+							l.LongestPrefix(auth.Access{}, w.chain((n+g)%len(w.blocks)))
 						}
 					}
 				}()
@@ -165,7 +166,7 @@ func TestLocalConcurrentPromotion(t *testing.T) {
 	if s := l.Stats(); s.Promotions < 1 || s.Hits != 16 {
 		t.Fatalf("after 16 concurrent Gets: %+v", s)
 	}
-	if info, _ := l.Info(b.key); info.Tier != "dram" {
+	if info, _ := l.Info(auth.Access{}, b.key); info.Tier != "dram" {
 		t.Fatalf("the block is in %s after its hits", info.Tier)
 	}
 }
@@ -207,7 +208,7 @@ func TestLocalGetCanceled(t *testing.T) {
 func onDisk(t *testing.T, l *Local, w *world) wblock {
 	t.Helper()
 	for _, b := range w.blocks {
-		if info, ok := l.Info(b.key); ok && info.Tier == "nvme" {
+		if info, ok := l.Info(auth.Access{}, b.key); ok && info.Tier == "nvme" {
 			return b
 		}
 	}

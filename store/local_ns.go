@@ -1,6 +1,10 @@
 package store
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/auth"
+)
 
 // namespaces is Local's table of the namespaces it holds blocks of, addressed
 // by the uint32 id in each entry. A namespace digest commits to the block
@@ -25,8 +29,9 @@ type namespaces struct {
 
 type nsInfo struct {
 	digest   uint64
-	size     int // encoded block length
-	tokens   int // tokens per block (0 when unresolved)
+	tenant   uint64 // tag of the tenant whose blocks these are (Header.Tenant)
+	size     int    // encoded block length
+	tokens   int    // tokens per block (0 when unresolved)
 	layout   Layout
 	class    int // memory-tier size class of size (0 when the tier is not Classed)
 	resolved bool
@@ -105,6 +110,10 @@ func (t *namespaces) check(h *Header, size int) (uint32, error) {
 		return 0, nil
 	}
 	n := &t.list[id]
+	if n.tenant != h.Tenant {
+		return 0, fmt.Errorf("%w: block %s of namespace %016x is tagged for tenant %016x; the namespace's cached blocks are another tenant's",
+			ErrTenant, h.Key, h.Namespace, h.Tenant)
+	}
 	if n.size != size || n.tokens != len(h.Tokens) || n.layout != h.Layout {
 		return 0, fmt.Errorf("%w: block %s of namespace %016x has %d tokens, layout %+v, %d bytes; the namespace's cached blocks have %d tokens, layout %+v, %d bytes",
 			ErrLayout, h.Key, h.Namespace, len(h.Tokens), h.Layout, size, n.tokens, n.layout, n.size)
@@ -121,7 +130,7 @@ func (t *namespaces) ensure(h *Header, size, class int) (uint32, error) {
 		return 0, err
 	}
 	if id == 0 {
-		id = t.add(nsInfo{digest: h.Namespace, size: size, tokens: len(h.Tokens), layout: h.Layout, class: class, resolved: true})
+		id = t.add(nsInfo{digest: h.Namespace, tenant: h.Tenant, size: size, tokens: len(h.Tokens), layout: h.Layout, class: class, resolved: true})
 	}
 	return id, nil
 }
@@ -180,4 +189,15 @@ func (t *namespaces) forget(id uint32) {
 	}
 	*n = nsInfo{}
 	t.free = append(t.free, id)
+}
+
+// allows reports whether a request with access a may see the blocks of
+// namespace id. A recovered block whose header is not read yet is seen
+// only by unscoped requests: its tenant is not known.
+func (t *namespaces) allows(a auth.Access, id uint32) bool {
+	if !a.Scoped {
+		return true
+	}
+	n := &t.list[id]
+	return n.resolved && n.tenant == a.Tag
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"github.com/kvmesh/kvmesh/auth"
 	"sync"
 	"testing"
 
@@ -58,7 +59,7 @@ func TestLocalResolveRacesReclaim(t *testing.T) {
 	}
 	close(g.release)
 	<-l.resolveDone
-	if l.Contains(key) {
+	if l.Contains(auth.Access{}, key) {
 		r, err := l.Get(context.Background(), key)
 		if err != nil {
 			t.Fatalf("the index still lists the block after its segment was dropped, and Get misses it: %v", err)

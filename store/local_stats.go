@@ -1,6 +1,7 @@
 package store
 
 import (
+	"github.com/kvmesh/kvmesh/auth"
 	"sort"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -58,6 +59,7 @@ type TierStats struct {
 // quota.
 type NamespaceStats struct {
 	Digest uint64
+	Tenant uint64 // the tag of the tenant whose blocks these are (0: none, or not read yet)
 	Blocks int64
 	Bytes  int64 // encoded block bytes, DRAMBytes + NVMeBytes
 	Tokens int64 // cached tokens: Blocks × tokens per block
@@ -93,7 +95,7 @@ func (l *Local) Stats() Stats {
 		if !ok {
 			k = len(s.Namespaces)
 			byDigest[n.digest] = k
-			s.Namespaces = append(s.Namespaces, NamespaceStats{Digest: n.digest})
+			s.Namespaces = append(s.Namespaces, NamespaceStats{Digest: n.digest, Tenant: n.tenant})
 		}
 		ns := &s.Namespaces[k]
 		ns.Blocks += n.blocks
@@ -129,13 +131,14 @@ type BlockInfo struct {
 	Children  int    // cached children linked to it
 }
 
-// Info describes the block of key without touching it.
-func (l *Local) Info(key prefixhash.Key) (BlockInfo, bool) {
+// Info describes the block of key, if a request with access a may see it,
+// without touching it.
+func (l *Local) Info(a auth.Access, key prefixhash.Key) (BlockInfo, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	x := &l.mu.x
 	i := x.find(key)
-	if i == 0 || l.mu.closed {
+	if i == 0 || l.mu.closed || !l.mu.ns.allows(a, x.at(i).ns) {
 		return BlockInfo{}, false
 	}
 	e := x.at(i)

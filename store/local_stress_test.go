@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -74,7 +75,7 @@ func TestLocalStressRealTiers(t *testing.T) {
 						}
 					}
 				case op < 17:
-					l.LongestPrefix(w.chain(rng.IntN(len(w.blocks))))
+					l.LongestPrefix(auth.Access{}, w.chain(rng.IntN(len(w.blocks))))
 				case op < 18:
 					if n%50 == 0 {
 						l.DropNamespace(w.ns.Digest())

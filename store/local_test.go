@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/kvmesh/kvmesh/auth"
 	"math/rand/v2"
 	"testing"
 
@@ -181,7 +182,7 @@ func TestLocalModel(t *testing.T) {
 				}
 			case op < 8:
 				k := w.blocks[w.randomBlock()].key
-				if _, ok := m[k]; l.Contains(k) != ok {
+				if _, ok := m[k]; l.Contains(auth.Access{}, k) != ok {
 					t.Fatalf("step %d: Contains = %v, model %v", step, !ok, ok)
 				}
 			default:
@@ -189,7 +190,7 @@ func TestLocalModel(t *testing.T) {
 				if w.rng.IntN(2) == 0 {
 					keys = append(keys, randKey(w.rng))
 				}
-				if got, want := l.LongestPrefix(keys), m.longestPrefix(keys); got != want {
+				if got, want := l.LongestPrefix(auth.Access{}, keys), m.longestPrefix(keys); got != want {
 					t.Fatalf("step %d: LongestPrefix = %d, model %d", step, got, want)
 				}
 			}
@@ -243,7 +244,7 @@ func checkInvariants(t *testing.T, step int, l *Local, w *world, linked map[pref
 		return // the full scan below is the slow part
 	}
 	for _, b := range w.blocks {
-		if linked[b.key] && l.Contains(b.key) && !l.Contains(w.blocks[b.parent].key) {
+		if linked[b.key] && l.Contains(auth.Access{}, b.key) && !l.Contains(auth.Access{}, w.blocks[b.parent].key) {
 			t.Fatalf("step %d: %s is cached, its parent (cached when it was put) is not", step, b.key)
 		}
 	}
@@ -287,12 +288,12 @@ func runPressure(t *testing.T, l *Local, w *world, steps int) Stats {
 				i = w.randomBlock()
 			}
 			b := w.blocks[i]
-			was := l.Contains(b.key)
+			was := l.Contains(auth.Access{}, b.key)
 			if err := l.Put(ctx, b.enc); err != nil {
 				t.Fatalf("step %d: Put: %v", step, err)
 			}
 			if !was {
-				linked[b.key] = b.parent >= 0 && l.Contains(w.blocks[b.parent].key)
+				linked[b.key] = b.parent >= 0 && l.Contains(auth.Access{}, w.blocks[b.parent].key)
 			}
 		case op < 7:
 			b := w.blocks[w.randomBlock()]
@@ -324,7 +325,7 @@ func runPressure(t *testing.T, l *Local, w *world, steps int) Stats {
 // the bytes of every block served and returns the prefix's length.
 func getManyPrefix(t *testing.T, step int, l *Local, w *world, keys []prefixhash.Key) int {
 	t.Helper()
-	n := l.LongestPrefix(keys)
+	n := l.LongestPrefix(auth.Access{}, keys)
 	refs, err := l.GetMany(context.Background(), keys[:n])
 	if err != nil {
 		t.Fatalf("step %d: GetMany: %v", step, err)
@@ -354,12 +355,12 @@ func TestLocalChainEvictsLeavesFirst(t *testing.T) {
 // unless the root is and no block past them is.
 func cachedPrefix(t *testing.T, l *Local, keys []prefixhash.Key) int {
 	t.Helper()
-	n := l.LongestPrefix(keys)
+	n := l.LongestPrefix(auth.Access{}, keys)
 	if n == 0 {
 		t.Fatal("the chain's root was evicted")
 	}
 	for _, k := range keys[n:] {
-		if l.Contains(k) {
+		if l.Contains(auth.Access{}, k) {
 			t.Fatalf("a descendant is cached past the cached prefix of %d blocks", n)
 		}
 	}
@@ -395,7 +396,7 @@ func TestLocalClassed(t *testing.T) {
 			if err := l.Put(ctx, b.enc); err != nil {
 				t.Fatalf("disk=%v: big block: %v", disk, err)
 			}
-			if info, ok := l.Info(b.key); !ok || info.Tier != "dram" {
+			if info, ok := l.Info(auth.Access{}, b.key); !ok || info.Tier != "dram" {
 				t.Fatalf("disk=%v: big block is in %+v, want dram", disk, info)
 			}
 		}
@@ -478,7 +479,7 @@ func TestLocalBadInput(t *testing.T) {
 		t.Error("negative MaxBlockBytes accepted")
 	}
 	s := l.Stats()
-	if s.Puts != 1 || totalBlocks(s) != 1 || l.Contains(w.blocks[1].key) {
+	if s.Puts != 1 || totalBlocks(s) != 1 || l.Contains(auth.Access{}, w.blocks[1].key) {
 		t.Fatalf("bad input changed the cache: %+v", s)
 	}
 }
@@ -526,7 +527,7 @@ func TestLocalCorrupt(t *testing.T) {
 			l := openLocal(t, Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), DemoteBatchBytes: 1})
 			last := w.putChain(t, l, 12) // memory holds 4: the chain's head goes to disk
 			keys := w.chain(last)
-			if info, _ := l.Info(keys[1]); info.Tier != "nvme" {
+			if info, _ := l.Info(auth.Access{}, keys[1]); info.Tier != "nvme" {
 				t.Fatalf("block 1 is in %q, want nvme", info.Tier)
 			}
 			if !vol.damage(keys[1], tc.silent) {
@@ -535,11 +536,11 @@ func TestLocalCorrupt(t *testing.T) {
 			if _, err := l.Get(ctx, keys[1]); !errors.Is(err, ErrNotFound) {
 				t.Fatalf("Get of a corrupt block = %v, want ErrNotFound", err)
 			}
-			if n := l.LongestPrefix(keys); n != 1 {
+			if n := l.LongestPrefix(auth.Access{}, keys); n != 1 {
 				t.Fatalf("after block 1 was dropped, the cached prefix is %d blocks, want 1", n)
 			}
 			for _, k := range keys[1:] {
-				if l.Contains(k) {
+				if l.Contains(auth.Access{}, k) {
 					t.Fatal("a descendant of the corrupt block is still cached")
 				}
 			}
@@ -586,7 +587,7 @@ func TestLocalReopen(t *testing.T) {
 		var diskKeys []prefixhash.Key
 		prefix := -1
 		for n, k := range keys {
-			if info, _ := l.Info(k); info.Tier == "nvme" {
+			if info, _ := l.Info(auth.Access{}, k); info.Tier == "nvme" {
 				diskKeys = append(diskKeys, k)
 			} else if prefix < 0 {
 				prefix = n
@@ -601,7 +602,7 @@ func TestLocalReopen(t *testing.T) {
 		if s.Recovered != onDisk || s.Recovered == 0 {
 			t.Fatalf("recovered %d blocks, %d were on NVMe", s.Recovered, onDisk)
 		}
-		if n := l.LongestPrefix(keys); n != prefix || n == 0 {
+		if n := l.LongestPrefix(auth.Access{}, keys); n != prefix || n == 0 {
 			t.Fatalf("cached prefix after reopen: %d blocks, want %d", n, prefix)
 		}
 		if !skipScan {
@@ -617,10 +618,10 @@ func TestLocalReopen(t *testing.T) {
 				s.Namespaces[0].Tokens != onDisk*int64(blockNS().BlockTokens) {
 				t.Fatalf("namespaces after the scan: %+v", s.Namespaces)
 			}
-			if info, _ := l.Info(keys[1]); !info.Parent {
+			if info, _ := l.Info(auth.Access{}, keys[1]); !info.Parent {
 				t.Fatal("recovered block 1 is not linked to block 0")
 			}
-			if info, _ := l.Info(keys[0]); info.Tokens != blockNS().BlockTokens {
+			if info, _ := l.Info(auth.Access{}, keys[0]); info.Tokens != blockNS().BlockTokens {
 				t.Fatalf("recovered block 0: %+v", info)
 			}
 		}
@@ -695,12 +696,12 @@ func TestLocalDropNamespace(t *testing.T) {
 		t.Fatalf("DropNamespace = %d, %v; want 50", n, err)
 	}
 	for _, blk := range wa.blocks {
-		if l.Contains(blk.key) {
+		if l.Contains(auth.Access{}, blk.key) {
 			t.Fatal("a block of the dropped namespace is still cached")
 		}
 	}
 	for _, blk := range wb.blocks {
-		if !l.Contains(blk.key) {
+		if !l.Contains(auth.Access{}, blk.key) {
 			t.Fatal("a block of the other namespace was dropped")
 		}
 	}
@@ -730,17 +731,17 @@ func TestLocalInfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, ok := l.Info(w.blocks[p].key)
+	info, ok := l.Info(auth.Access{}, w.blocks[p].key)
 	want := BlockInfo{Key: w.blocks[p].key, Tier: "dram", Size: blockBytes, Namespace: blockNS().Digest(),
 		Tokens: blockNS().BlockTokens, Hits: 1, Pins: 1, Children: 1}
 	if !ok || info != want {
 		t.Fatalf("Info = %+v, want %+v", info, want)
 	}
 	r.Release()
-	if info, _ := l.Info(w.blocks[c].key); !info.Parent || info.Children != 0 {
+	if info, _ := l.Info(auth.Access{}, w.blocks[c].key); !info.Parent || info.Children != 0 {
 		t.Fatalf("child Info = %+v", info)
 	}
-	if _, ok := l.Info(randKey(w.rng)); ok {
+	if _, ok := l.Info(auth.Access{}, randKey(w.rng)); ok {
 		t.Fatal("Info of an absent key")
 	}
 }

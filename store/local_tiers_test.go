@@ -6,6 +6,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"github.com/kvmesh/kvmesh/auth"
 	"io"
 	"log/slog"
 	"testing"
@@ -61,7 +62,7 @@ func TestLocalRealTiersReopen(t *testing.T) {
 	w.putGrown(t, l, 100)
 	var onDisk []wblock
 	for _, b := range w.blocks {
-		if info, ok := l.Info(b.key); ok && info.Tier == "nvme" {
+		if info, ok := l.Info(auth.Access{}, b.key); ok && info.Tier == "nvme" {
 			onDisk = append(onDisk, b)
 		}
 	}

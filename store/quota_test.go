@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -182,12 +183,12 @@ func TestQuotaModel(t *testing.T) {
 						i = w.randomBlock()
 					}
 					blk := w.blocks[i]
-					was := l.Contains(blk.key)
+					was := l.Contains(auth.Access{}, blk.key)
 					if err := l.Put(ctx, blk.enc); err != nil {
 						t.Fatalf("step %d: tenant %s: Put: %v", step, tn.name, err)
 					}
 					if !was {
-						tn.linked[blk.key] = blk.parent >= 0 && l.Contains(w.blocks[blk.parent].key)
+						tn.linked[blk.key] = blk.parent >= 0 && l.Contains(auth.Access{}, w.blocks[blk.parent].key)
 					}
 					if tn == c {
 						model.put(blk.key, blk.enc)
@@ -249,7 +250,7 @@ func TestQuotaModel(t *testing.T) {
 			s := l.Stats()
 			t.Logf("%+v", s)
 			for _, blk := range c.w.blocks {
-				if !l.Contains(blk.key) {
+				if !l.Contains(auth.Access{}, blk.key) {
 					t.Fatal("a block of tenant c, under its quota, is not cached")
 				}
 			}
@@ -309,7 +310,7 @@ func TestQuotaRefuses(t *testing.T) {
 						t.Fatal(err)
 					}
 					last = blk.key
-					if info, ok := l.Info(blk.key); !ok || info.Tier != "nvme" {
+					if info, ok := l.Info(auth.Access{}, blk.key); !ok || info.Tier != "nvme" {
 						t.Fatalf("a block past a pinned DRAM quota is in %+v, want nvme", info)
 					}
 				}
@@ -322,7 +323,7 @@ func TestQuotaRefuses(t *testing.T) {
 					t.Fatal(err)
 				}
 				r.Release()
-				if info, _ := l.Info(last); info.Tier != "nvme" {
+				if info, _ := l.Info(auth.Access{}, last); info.Tier != "nvme" {
 					t.Fatalf("a block promoted past a pinned DRAM quota: %+v", info)
 				}
 			}
@@ -400,8 +401,8 @@ func TestQuotaAtRunTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	for k, blk := range roots {
-		if l.Contains(blk.key) != (k < 5) {
-			t.Fatalf("after the quota went down to 5 blocks, block %d cached: %v", k, l.Contains(blk.key))
+		if l.Contains(auth.Access{}, blk.key) != (k < 5) {
+			t.Fatalf("after the quota went down to 5 blocks, block %d cached: %v", k, l.Contains(auth.Access{}, blk.key))
 		}
 	}
 	if u := usage(l.Stats(), other.ns.Digest()); u.Blocks != 10 {
@@ -506,14 +507,14 @@ func TestTenantIsolation(t *testing.T) {
 			if err := l.PutMany(ctx, ba); err != nil {
 				t.Fatal(err)
 			}
-			if n := l.LongestPrefix(ka); n != len(ka) {
+			if n := l.LongestPrefix(auth.Access{}, ka); n != len(ka) {
 				t.Fatalf("tenant a's own prefix: %d of %d blocks", n, len(ka))
 			}
-			if n := l.LongestPrefix(kb); n != 0 {
+			if n := l.LongestPrefix(auth.Access{}, kb); n != 0 {
 				t.Fatalf("tenant b sees %d blocks of tenant a's prompt", n)
 			}
 			for _, k := range kb {
-				if l.Contains(k) {
+				if l.Contains(auth.Access{}, k) {
 					t.Fatal("Contains answers tenant b with tenant a's block")
 				}
 				if _, err := l.Get(ctx, k); !errors.Is(err, ErrNotFound) {
@@ -539,16 +540,16 @@ func TestTenantIsolation(t *testing.T) {
 			if err := l.Put(ctx, forged); err != nil {
 				t.Fatal(err)
 			}
-			if info, ok := l.Info(fk); !ok || info.Parent {
+			if info, ok := l.Info(auth.Access{}, fk); !ok || info.Parent {
 				t.Fatalf("forged block: %+v", info)
 			}
 			if n, err := l.DropNamespace(nsA.Digest()); err != nil || n != len(ka) {
 				t.Fatalf("DropNamespace(a) = %d, %v; want %d", n, err, len(ka))
 			}
-			if n := l.LongestPrefix(ka); n != 0 {
+			if n := l.LongestPrefix(auth.Access{}, ka); n != 0 {
 				t.Fatalf("tenant a still has %d blocks", n)
 			}
-			if n := l.LongestPrefix(kb); n != len(kb) || !l.Contains(fk) {
+			if n := l.LongestPrefix(auth.Access{}, kb); n != len(kb) || !l.Contains(auth.Access{}, fk) {
 				t.Fatalf("dropping tenant a took tenant b's blocks: %d of %d left", n, len(kb))
 			}
 			for i, k := range kb {
@@ -616,7 +617,7 @@ func TestQuotaConcurrent(t *testing.T) {
 							return
 						}
 					case 3:
-						l.LongestPrefix(w.chain((n + g) % len(w.blocks)))
+						l.LongestPrefix(auth.Access{}, w.chain((n+g)%len(w.blocks)))
 					}
 				}
 			}

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"io"
 	"net"
 	"os"
@@ -297,7 +298,17 @@ func requestContext(ctx context.Context, timeout time.Duration) (context.Context
 // deadline and limits travel with it, so the server stops when the client
 // has given up and never answers with more than the client accepts.
 func getHeader(ctx context.Context, id uint64, count int, lim *Limits) header {
-	return header{typ: typeGetReq, id: id, count: count, timeout: timeoutMillis(ctx), maxBatch: lim.MaxBatchBytes, maxValue: lim.MaxValueSize}
+	return scoped(ctx, header{typ: typeGetReq, id: id, count: count, timeout: timeoutMillis(ctx), maxBatch: lim.MaxBatchBytes, maxValue: lim.MaxValueSize})
+}
+
+// scoped returns request header h scoped as ctx's access says
+// (auth.WithAccess): a node reading or writing for a tenant confines the
+// request to that tenant's blocks.
+func scoped(ctx context.Context, h header) header {
+	if a := auth.AccessFrom(ctx); a.Scoped {
+		h.scoped, h.tag = true, a.Tag
+	}
+	return h
 }
 
 // timeoutMillis is what a request tells the server about its deadline.
@@ -625,7 +636,7 @@ func (cc *clientConn) get(ctx context.Context, c *Client, keys []prefixhash.Key,
 // vectored write, and reads the statuses into st.
 func (cc *clientConn) put(ctx context.Context, c *Client, p puts, bytes int, st []Status) error {
 	id := c.nextID.Add(1)
-	cc.bufs = appendPut(&cc.enc, cc.bufs[:0], id, timeoutMillis(ctx), &p, bytes)
+	cc.bufs = appendPut(ctx, &cc.enc, cc.bufs[:0], id, &p, bytes)
 	bufs := cc.bufs // WriteTo consumes its receiver
 	if _, err := bufs.WriteTo(cc.nc); err != nil {
 		return fmt.Errorf("send values: %w", err)
@@ -644,7 +655,7 @@ func (cc *clientConn) put(ctx context.Context, c *Client, p puts, bytes int, st 
 // appendPut appends to bufs a put frame, or a publish frame when
 // p.chunkKeys is not nil: its header and table (built in enc) followed by
 // the values, each padded to 64 bytes.
-func appendPut(enc *encoder, bufs net.Buffers, id uint64, timeout uint32, p *puts, bytes int) net.Buffers {
+func appendPut(ctx context.Context, enc *encoder, bufs net.Buffers, id uint64, p *puts, bytes int) net.Buffers {
 	typ := typePutReq
 	if p.chunkKeys != nil {
 		typ = typePublishReq
@@ -657,7 +668,7 @@ func appendPut(enc *encoder, bufs net.Buffers, id uint64, timeout uint32, p *put
 			putPutEntry(t, i, k, p.valueLen(i))
 		}
 	}
-	bufs = append(bufs, enc.finish(header{typ: typ, id: id, count: len(p.keys), timeout: timeout, payload: bytes}))
+	bufs = append(bufs, enc.finish(scoped(ctx, header{typ: typ, id: id, count: len(p.keys), timeout: timeoutMillis(ctx), payload: bytes})))
 	if p.heads == nil {
 		return appendValues(bufs, p.vals)
 	}

@@ -14,18 +14,26 @@ import (
 //
 //	off  size  field
 //	  0     4  magic "KVTF"
-//	  4     1  version (2)
+//	  4     1  version (3)
 //	  5     1  frame type
-//	  6     2  reserved, zero
+//	  6     1  requests: flags (bit 0: scoped, see below); else zero
+//	  7     1  error frames: error class (0 request, 1 authentication); else zero
 //	  8     8  request id (an answer carries its request's id)
 //	 16     4  item count
-//	 20     4  get/put/publish requests: milliseconds the requester will wait (0: no deadline); else zero
+//	 20     4  get/put/publish/lookup requests: milliseconds the requester will wait (0: no deadline); else zero
 //	 24     8  payload length in bytes
-//	 32     8  get requests: most value bytes the requester takes in one answer (0: no limit); else zero
-//	 40     4  get requests: largest value the requester takes (0: no limit); else zero
-//	 44     4  error frames: error class (0 request, 1 authentication); else zero
+//	 32     4  get requests: most value bytes the requester takes in one answer (0: no limit); else zero
+//	 36     4  get requests: largest value the requester takes (0: no limit); else zero
+//	 40     8  scoped requests: the tenant tag the request is confined to; else zero
 //	 48     8  xxhash64 of the item table
 //	 56     8  xxhash64 of bytes [0,56)
+//
+// A request is scoped when it acts for one tenant: the server serves and
+// stores only blocks whose header carries that tenant's tag (auth.Access).
+// A tenant's connection is always scoped to its own tag, whatever its frames
+// say; only a node-wide principal (a node of the cluster acting for a
+// tenant, or a shared-token client) chooses, per request, and an unscoped
+// request of such a principal may touch any block.
 //
 // Item tables, by frame type (entry size in parentheses):
 //
@@ -78,7 +86,7 @@ import (
 const (
 	headerLen    = 64
 	frameMagic   = 0x4654564b // "KVTF"
-	wireVersion  = 2
+	wireVersion  = 3
 	valueAlign   = 64
 	maxErrorMsg  = 1024
 	getReqEntry  = prefixhash.KeySize
@@ -110,6 +118,19 @@ const (
 	typeHelloAck
 	typePublishReq
 )
+
+// flagScoped marks a request confined to one tenant's blocks.
+const flagScoped = 1
+
+// isRequest reports whether frames of type t are requests that act on
+// blocks, and so may be scoped to a tenant.
+func (t frameType) isRequest() bool {
+	switch t {
+	case typeGetReq, typePutReq, typePublishReq, typeLookupReq:
+		return true
+	}
+	return false
+}
 
 // Error classes of error frames: what the client makes of them.
 const (
@@ -189,6 +210,8 @@ type header struct {
 	maxBatch int    // get requests: most value bytes per answer; 0 = no limit
 	maxValue int    // get requests: largest value; 0 = no limit
 	class    uint32 // error frames: classRequest or classAuth
+	scoped   bool   // requests: confined to the blocks of tenant tag
+	tag      uint64 // scoped requests: the tenant tag
 	tableSum uint64
 }
 
@@ -204,14 +227,18 @@ func putHeader(b []byte, h *header) {
 	binary.LittleEndian.PutUint32(b[0:], frameMagic)
 	b[4] = wireVersion
 	b[5] = byte(h.typ)
-	b[6], b[7] = 0, 0
+	b[6] = 0
+	if h.scoped {
+		b[6] = flagScoped
+	}
+	b[7] = byte(h.class)
 	binary.LittleEndian.PutUint64(b[8:], h.id)
 	binary.LittleEndian.PutUint32(b[16:], uint32(h.count))
 	binary.LittleEndian.PutUint32(b[20:], h.timeout)
 	binary.LittleEndian.PutUint64(b[24:], uint64(h.payload))
-	binary.LittleEndian.PutUint64(b[32:], uint64(h.maxBatch))
-	binary.LittleEndian.PutUint32(b[40:], uint32(h.maxValue))
-	binary.LittleEndian.PutUint32(b[44:], h.class)
+	binary.LittleEndian.PutUint32(b[32:], uint32(h.maxBatch))
+	binary.LittleEndian.PutUint32(b[36:], uint32(h.maxValue))
+	binary.LittleEndian.PutUint64(b[40:], h.tag)
 	binary.LittleEndian.PutUint64(b[48:], h.tableSum)
 	binary.LittleEndian.PutUint64(b[56:], xxhash.Sum64(b[:56]))
 }
@@ -246,13 +273,19 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 	count := binary.LittleEndian.Uint32(b[16:])
 	h.timeout = binary.LittleEndian.Uint32(b[20:])
 	payload := binary.LittleEndian.Uint64(b[24:])
-	maxBatch := binary.LittleEndian.Uint64(b[32:])
-	h.maxValue = int(binary.LittleEndian.Uint32(b[40:]))
-	h.class = binary.LittleEndian.Uint32(b[44:])
+	maxBatch := uint64(binary.LittleEndian.Uint32(b[32:]))
+	h.maxValue = int(binary.LittleEndian.Uint32(b[36:]))
+	h.class = uint32(b[7])
+	h.scoped = b[6]&flagScoped != 0
+	h.tag = binary.LittleEndian.Uint64(b[40:])
 	h.tableSum = binary.LittleEndian.Uint64(b[48:])
 	switch {
-	case b[6] != 0 || b[7] != 0:
-		return h, corrupt("reserved header bytes are not zero")
+	case b[6]&^flagScoped != 0:
+		return h, corrupt("unknown header flags %#02x", b[6])
+	case h.scoped && !h.typ.isRequest():
+		return h, corrupt("%s frame with the scoped flag", h.typ)
+	case !h.scoped && h.tag != 0:
+		return h, corrupt("%s frame with a tenant tag but no scope", h.typ)
 	case h.typ != typeError && h.class != 0:
 		return h, corrupt("%s frame with an error class", h.typ)
 	case h.typ != typeGetReq && (maxBatch != 0 || h.maxValue != 0):

@@ -3,6 +3,7 @@ package transfer
 import (
 	"bytes"
 	"errors"
+	"github.com/kvmesh/kvmesh/auth"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -156,7 +157,7 @@ func FuzzTable(f *testing.F) {
 	f.Add(uint8(typeHello), 0, []byte("s3cret"))
 	f.Add(uint8(typeHello), 0, []byte{})
 	const region = 1 << 20
-	tokens, err := NewTokens("s3cret")
+	tokens, err := auth.NewTokens("s3cret")
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -241,7 +242,7 @@ func FuzzTable(f *testing.F) {
 			if len(table) > MaxTokenLen {
 				return
 			}
-			err := checkHello(tokens, table)
+			_, err := checkHello(tokens, table)
 			if (err == nil) != (string(table) == "s3cret") || (err != nil && !errors.Is(err, ErrAuth)) {
 				t.Fatalf("token %q: %v", table, err)
 			}

@@ -155,7 +155,7 @@ func (cc *clientConn) lookup(ctx context.Context, c *Client, runs [][]prefixhash
 		lens = append(lens, len(r))
 		run++
 	}
-	if _, err := cc.nc.Write(cc.enc.finish(header{typ: typeLookupReq, id: id, count: keys, timeout: timeoutMillis(ctx)})); err != nil {
+	if _, err := cc.nc.Write(cc.enc.finish(scoped(ctx, header{typ: typeLookupReq, id: id, count: keys, timeout: timeoutMillis(ctx)}))); err != nil {
 		return fmt.Errorf("send request: %w", err)
 	}
 	h, err := cc.readFrame(id, typeLookupResp, &c.opts.Limits)

@@ -3,6 +3,7 @@ package transfer
 import (
 	"crypto/tls"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"os"
 	"time"
 )
@@ -177,7 +178,7 @@ type ServerOptions struct {
 	// a connection must open with a hello carrying one of them, or it is
 	// refused (ErrAuth on the client) before any request is served.
 	// Default nil: no token required.
-	Tokens *Tokens
+	Tokens *auth.Tokens
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -258,7 +259,7 @@ type ShmServerOptions struct {
 	// Tokens, when set, is the set of bearer tokens the server accepts,
 	// as for ServerOptions.Tokens: no region is handed to a client whose
 	// hello carries none of them. Default nil: no token required.
-	Tokens *Tokens
+	Tokens *auth.Tokens
 }
 
 // EnsureDefaults fills zero fields with their defaults.

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"io"
 	"log/slog"
 	"net"
@@ -265,6 +266,7 @@ type serverConn struct {
 	table []byte
 	enc   encoder
 	bufs  net.Buffers
+	who   auth.Principal // whom the hello authenticated
 	scratch
 }
 
@@ -277,7 +279,7 @@ func (s *Server) serveConn(raw net.Conn) {
 	if !ok {
 		return
 	}
-	sc := &serverConn{s: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	sc := &serverConn{s: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10), who: auth.Open}
 	if !sc.opening() {
 		return
 	}
@@ -350,7 +352,7 @@ func (sc *serverConn) opening() bool {
 		// Answered as the protocol error it is, below.
 	case h.typ == typeHello:
 		if sc.table, err = readTable(sc.br, &h, sc.table); err == nil {
-			err = checkHello(s.opts.Tokens, sc.table)
+			sc.who, err = checkHello(s.opts.Tokens, sc.table)
 		}
 		if err == nil {
 			sc.enc.begin(typeHelloAck, 0)
@@ -401,6 +403,12 @@ func (sc *serverConn) serve() error {
 	sc.nc.SetDeadline(dl)
 	if sc.table, err = readTable(sc.br, &h, sc.table); err != nil {
 		return sendError(sc.nc, h.id, err)
+	}
+	if h.typ.isRequest() {
+		if ctx, err = requestScope(ctx, sc.who, &h); err != nil {
+			s.stats.unauthorized.Add(1)
+			return sendError(sc.nc, h.id, err)
+		}
 	}
 	switch h.typ {
 	case typeGetReq:

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"io"
 	"log/slog"
 	"net"
@@ -101,7 +102,8 @@ func (s *ShmServer) Stats() Stats { return s.snapshot() }
 
 func (s *ShmServer) serveConn(nc net.Conn) {
 	uc := nc.(*net.UnixConn)
-	if err := s.admitPeer(uc); err != nil {
+	who, err := s.admitPeer(uc)
+	if err != nil {
 		if errors.Is(err, ErrAuth) {
 			s.stats.unauthorized.Add(1)
 		} else {
@@ -112,7 +114,7 @@ func (s *ShmServer) serveConn(nc net.Conn) {
 		}
 		return
 	}
-	c, err := s.newShmConn(uc)
+	c, err := s.newShmConn(uc, who)
 	if err != nil {
 		s.stats.dropped.Add(1)
 		s.log.Warn("transfer: shm client setup failed", "err", err)
@@ -125,14 +127,14 @@ func (s *ShmServer) serveConn(nc net.Conn) {
 // hello within HandshakeTimeout, then checks its user id (SO_PEERCRED) when
 // PeerUIDs is set and its token when Tokens is. A refused client is told
 // why in an error frame.
-func (s *ShmServer) admitPeer(uc *net.UnixConn) error {
+func (s *ShmServer) admitPeer(uc *net.UnixConn) (auth.Principal, error) {
 	// The hello is read first, whatever is decided: a client refused
 	// before it wrote its hello would see a broken pipe, not the refusal.
 	uc.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	defer uc.SetDeadline(time.Time{})
 	var hdr [headerLen]byte
 	if _, err := io.ReadFull(uc, hdr[:]); err != nil {
-		return fmt.Errorf("read hello: %w", err)
+		return auth.Principal{}, fmt.Errorf("read hello: %w", err)
 	}
 	h, err := parseHeader(hdr[:], &s.opts.Limits)
 	if err == nil && h.typ != typeHello {
@@ -145,14 +147,15 @@ func (s *ShmServer) admitPeer(uc *net.UnixConn) error {
 	if err == nil && len(s.opts.PeerUIDs) > 0 {
 		err = checkPeer(uc, s.opts.PeerUIDs)
 	}
+	who := auth.Open
 	if err == nil {
-		err = checkHello(s.opts.Tokens, table)
+		who, err = checkHello(s.opts.Tokens, table)
 	}
 	if err != nil {
 		sendError(uc, 0, err)
-		return err
+		return who, err
 	}
-	return nil
+	return who, nil
 }
 
 // checkPeer refuses a client whose process runs as a user not in uids.
@@ -188,7 +191,8 @@ func peerCred(uc *net.UnixConn) (*unix.Ucred, error) {
 type shmConn struct {
 	s      *ShmServer
 	uc     *net.UnixConn
-	mem    []byte // the region, mapped read-write
+	mem    []byte         // the region, mapped read-write
+	who    auth.Principal // whom the hello authenticated
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -208,7 +212,7 @@ type shmWork struct {
 
 // newShmConn creates the client's region and sends it, with the hello
 // frame, over uc.
-func (s *ShmServer) newShmConn(uc *net.UnixConn) (*shmConn, error) {
+func (s *ShmServer) newShmConn(uc *net.UnixConn, who auth.Principal) (*shmConn, error) {
 	size := s.opts.RegionSize
 	fd, err := unix.MemfdCreate("kvmesh-transfer", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -240,7 +244,7 @@ func (s *ShmServer) newShmConn(uc *net.UnixConn) (*shmConn, error) {
 		return nil, fmt.Errorf("send region: %w", err)
 	}
 	uc.SetWriteDeadline(time.Time{})
-	c := &shmConn{s: s, uc: uc, mem: mem}
+	c := &shmConn{s: s, uc: uc, mem: mem, who: who}
 	c.ctx, c.cancel = context.WithCancel(s.ctx)
 	c.mu.arena = newArena(size)
 	c.mu.held = make(map[uint64][]extent)
@@ -305,6 +309,10 @@ func (c *shmConn) readLoop(work chan<- shmWork) error {
 		}
 		switch h.typ {
 		case typeGetReq:
+			if _, err := requestScope(c.ctx, c.who, &h); err != nil {
+				s.stats.unauthorized.Add(1)
+				return c.sendError(h.id, err)
+			}
 			keys := make([]prefixhash.Key, h.count)
 			parseKeys(table, keys)
 			select {
@@ -318,6 +326,12 @@ func (c *shmConn) readLoop(work chan<- shmWork) error {
 			c.free(release)
 		case typePutReq, typePublishReq:
 			ctx, cancel := requestDeadline(c.ctx, &h, s.opts.RequestTimeout)
+			ctx, err := requestScope(ctx, c.who, &h)
+			if err != nil {
+				cancel()
+				s.stats.unauthorized.Add(1)
+				return c.sendError(h.id, err)
+			}
 			dl, _ := ctx.Deadline()
 			c.uc.SetReadDeadline(dl)
 			frame, err := servePut(ctx, br, &h, table, &s.opts.Limits, s.inflight, s.sink, &sc, &enc, &s.stats)
@@ -395,6 +409,7 @@ func (c *shmConn) get(w shmWork) {
 	s := c.s
 	ctx, cancel := requestDeadline(c.ctx, &w.h, s.opts.RequestTimeout)
 	defer cancel()
+	ctx, _ = requestScope(ctx, c.who, &w.h) // checked when the request arrived
 	n := len(w.keys)
 	vals, st := make([][]byte, n), make([]Status, n)
 	release := s.src.Acquire(ctx, w.keys, vals, st)
@@ -871,7 +886,7 @@ func (c *ShmClient) put(ctx context.Context, p puts) ([]Status, error) {
 	st, err := putFrames(&p, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
 		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
 			q := p.sub(lo, hi)
-			c.bufs = appendPut(&c.enc, c.bufs[:0], id, timeoutMillis(ctx), &q, bytes)
+			c.bufs = appendPut(ctx, &c.enc, c.bufs[:0], id, &q, bytes)
 			return c.bufs
 		})
 		if err != nil {

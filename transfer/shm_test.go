@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -362,7 +363,7 @@ func TestTransports(t *testing.T) {
 // mode, PeerUIDs and Tokens admit; a refused client gets ErrAuth saying why
 // and no region.
 func TestShmAuth(t *testing.T) {
-	tokens, err := NewTokens("tok")
+	tokens, err := auth.NewTokens("tok")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"github.com/kvmesh/kvmesh/auth"
 	"io"
 	"net"
 	"os"
@@ -277,7 +278,7 @@ func TestTLSMismatch(t *testing.T) {
 func TestHandshakeTimeout(t *testing.T) {
 	p := newPKI(t)
 	srvTLS, _ := loadTLS(t, TLSFiles{Cert: p.nodeCert, Key: p.nodeKey})
-	tokens, err := NewTokens("t")
+	tokens, err := auth.NewTokens("t")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +303,7 @@ func TestHandshakeTimeout(t *testing.T) {
 // before any request, with ErrAuth saying why; rotation (Tokens.Set) refuses
 // the old token on new connections.
 func TestTokens(t *testing.T) {
-	tokens, err := NewTokens("s3cret", "next")
+	tokens, err := auth.NewTokens("s3cret", "next")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +362,7 @@ func TestTokens(t *testing.T) {
 func TestTokenOverTLS(t *testing.T) {
 	p := newPKI(t)
 	srvTLS, cliTLS := loadTLS(t, TLSFiles{Cert: p.nodeCert, Key: p.nodeKey, CA: p.a.File, ClientAuth: true})
-	tokens, err := NewTokens("tok")
+	tokens, err := auth.NewTokens("tok")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,52 +379,6 @@ func TestTokenOverTLS(t *testing.T) {
 	_, err = newClient(t, addr, &ClientOptions{TLS: cliTLS, Token: "bad"}).Get(context.Background(), keys)
 	if !errors.Is(err, ErrAuth) || !errors.Is(err, ErrRemote) {
 		t.Fatalf("bad token over TLS: %v, want ErrAuth from the peer", err)
-	}
-}
-
-func TestTokensSet(t *testing.T) {
-	if _, err := NewTokens(); err == nil {
-		t.Error("an empty token set was accepted")
-	}
-	if _, err := NewTokens("a", ""); err == nil {
-		t.Error("an empty token was accepted")
-	}
-	if _, err := NewTokens(strings.Repeat("x", MaxTokenLen+1)); err == nil {
-		t.Error("a token over MaxTokenLen was accepted")
-	}
-	tk, err := NewTokens("alpha", "beta")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for tok, want := range map[string]bool{"alpha": true, "beta": true, "": false, "alph": false, "alphaa": false, "gamma": false} {
-		if got := tk.Check([]byte(tok)); got != want {
-			t.Errorf("Check(%q) = %v, want %v", tok, got, want)
-		}
-	}
-	if err := tk.Set(); err == nil || !tk.Check([]byte("alpha")) {
-		t.Error("a failed Set changed the set")
-	}
-	var zero Tokens
-	if zero.Check([]byte("alpha")) {
-		t.Error("the zero Tokens accepted a token")
-	}
-}
-
-func TestReadTokenFile(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "tokens")
-	os.WriteFile(path, []byte("# rotated 2025-01\n  first-token \n\nsecond\n"), 0o600)
-	got, err := ReadTokenFile(path)
-	if err != nil || len(got) != 2 || got[0] != "first-token" || got[1] != "second" {
-		t.Fatalf("ReadTokenFile: %q, %v", got, err)
-	}
-	empty := filepath.Join(dir, "empty")
-	os.WriteFile(empty, []byte("# nothing\n\n"), 0o600)
-	if _, err := ReadTokenFile(empty); err == nil || !strings.Contains(err.Error(), "no token") {
-		t.Fatalf("file without tokens: %v", err)
-	}
-	if _, err := ReadTokenFile(filepath.Join(dir, "missing")); err == nil {
-		t.Fatal("missing file accepted")
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 
 	"github.com/spf13/pflag"
 
@@ -48,7 +49,7 @@ func (f *securityFlags) apply(o *client.Options) error {
 		o.TLS = cfg
 	}
 	if f.tokenFile != "" {
-		tokens, err := transfer.ReadTokenFile(f.tokenFile)
+		tokens, err := auth.ReadTokenList(f.tokenFile)
 		if err != nil {
 			return fmt.Errorf("--auth-token-file: %w", err)
 		}

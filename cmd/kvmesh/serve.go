@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -39,7 +40,7 @@ type serveFlags struct {
 	prefill                                    prefillServeFlags
 	tlsCert, tlsKey, tlsCA, tlsServerName      string
 	tlsClientAuth                              bool
-	tokenFile                                  string
+	tokenFile, tokensFile                      string
 	quotaDRAM, quotaNVMe                       int64
 
 	from map[string]string // where layered flags came from (see source)
@@ -142,7 +143,8 @@ flag names, for example:
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM file of the CA that signs the members' (and, with --tls-client-auth, the clients') certificates (default: the system's roots)")
 	fs.BoolVar(&f.tlsClientAuth, "tls-client-auth", false, "mutual TLS: refuse clients and peers without a certificate signed by --tls-ca")
 	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "name verified in the other members' certificates (default: the host of their address)")
-	fs.StringVar(&f.tokenFile, "auth-token-file", "", "file of bearer tokens, one a line, that clients and peers must present (the node presents the first)")
+	fs.StringVar(&f.tokenFile, "auth-token-file", "", "file of shared bearer tokens, one a line, that clients and peers must present (the node presents the first); one tenant: every token may do everything")
+	fs.StringVar(&f.tokensFile, "tokens-file", "", "tokens file (YAML) mapping each token, or its SHA-256, to a tenant and scopes (read, write, admin, cluster): tenants that cannot touch each other's blocks; see the README's Security section")
 	fs.Var(newSize(&f.quotaDRAM, d.QuotaDRAMBytes), "quota-dram", "default DRAM quota of each namespace (0: unlimited; AdminService.SetQuota sets one namespace's)")
 	fs.Var(newSize(&f.quotaNVMe, d.QuotaNVMeBytes), "quota-nvme", "default NVMe quota of each namespace (0: unlimited)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -208,8 +210,17 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 	}
 	var tokens []string
 	if f.tokenFile != "" {
-		if tokens, err = transfer.ReadTokenFile(f.tokenFile); err != nil {
+		if tokens, err = auth.ReadTokenList(f.tokenFile); err != nil {
 			return node.Options{}, nil, fmt.Errorf("%s: %w", src("auth-token-file"), err)
+		}
+	}
+	var tf *auth.File
+	if f.tokensFile != "" {
+		if f.tokenFile != "" {
+			return node.Options{}, nil, fmt.Errorf("%s and %s: give one (shared tokens for one tenant, or a tokens file for tenants)", src("auth-token-file"), src("tokens-file"))
+		}
+		if tf, err = auth.ReadFile(f.tokensFile); err != nil {
+			return node.Options{}, nil, fmt.Errorf("%s: %w", src("tokens-file"), err)
 		}
 	}
 	opts := node.Options{
@@ -217,7 +228,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
 		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost,
 		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile,
-		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens,
+		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf,
 		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
 		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff,
@@ -293,7 +304,10 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if path := flagValue(cmd.Flags(), "auth-token-file"); path != "" {
-		done := reloadTokens(n, path, logger)
+		done := reloadTokens(n, path, false, logger)
+		defer done()
+	} else if path := flagValue(cmd.Flags(), "tokens-file"); path != "" {
+		done := reloadTokens(n, path, true, logger)
 		defer done()
 	}
 	if err := n.Serve(ctx); err != nil {
@@ -313,9 +327,12 @@ func security(o node.Options) string {
 	default:
 		parts = append(parts, "TLS 1.3")
 	}
-	if len(o.Tokens) > 0 {
-		parts = append(parts, fmt.Sprintf("bearer tokens (%d accepted)", len(o.Tokens)))
-	} else {
+	switch {
+	case o.TokensFile != nil:
+		parts = append(parts, fmt.Sprintf("tenants (%d tokens, %d tenants)", len(o.TokensFile.Credentials), len(o.TokensFile.Tenants)))
+	case len(o.Tokens) > 0:
+		parts = append(parts, fmt.Sprintf("shared bearer tokens, one tenant (%d accepted)", len(o.Tokens)))
+	default:
 		parts = append(parts, "no token")
 	}
 	if len(o.GossipKey) > 0 {
@@ -326,7 +343,7 @@ func security(o node.Options) string {
 
 // reloadTokens re-reads the token file into the node's accepted set on every
 // SIGHUP, until the returned stop is called (it waits for the goroutine).
-func reloadTokens(n *node.Node, path string, log *slog.Logger) (stop func()) {
+func reloadTokens(n *node.Node, path string, tenants bool, log *slog.Logger) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	quit, done := make(chan struct{}), make(chan struct{})
@@ -338,15 +355,12 @@ func reloadTokens(n *node.Node, path string, log *slog.Logger) (stop func()) {
 				return
 			case <-hup:
 			}
-			tokens, err := transfer.ReadTokenFile(path)
-			if err == nil {
-				err = n.SetTokens(tokens)
-			}
+			accepted, err := reload(n, path, tenants)
 			if err != nil {
 				log.Error("SIGHUP: tokens not reloaded; the node keeps the ones it had", "file", path, "err", err)
 				continue
 			}
-			log.Info("SIGHUP: tokens reloaded", "file", path, "accepted", len(tokens))
+			log.Info("SIGHUP: tokens reloaded", "file", path, "accepted", accepted)
 		}
 	}()
 	return func() {
@@ -354,6 +368,23 @@ func reloadTokens(n *node.Node, path string, log *slog.Logger) (stop func()) {
 		close(quit)
 		<-done
 	}
+}
+
+// reload reads the token file at path again into n: a tokens file when
+// tenants, else shared tokens. It returns how many tokens n now accepts.
+func reload(n *node.Node, path string, tenants bool) (int, error) {
+	if tenants {
+		f, err := auth.ReadFile(path)
+		if err != nil {
+			return 0, err
+		}
+		return len(f.Credentials), n.SetTokensFile(f)
+	}
+	tokens, err := auth.ReadTokenList(path)
+	if err != nil {
+		return 0, err
+	}
+	return len(tokens), n.SetTokens(tokens)
 }
 
 // clientHint returns the flags a client needs to reach a node served with

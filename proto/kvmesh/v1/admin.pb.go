@@ -21,6 +21,115 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type WhoAmIRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoAmIRequest) Reset() {
+	*x = WhoAmIRequest{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoAmIRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoAmIRequest) ProtoMessage() {}
+
+func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
+func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+type WhoAmIResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant; empty for a node-wide principal (open node, shared token,
+	// operator, node of the cluster).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The scopes held: "read", "write", "admin", "cluster".
+	Scopes []string `protobuf:"bytes,2,rep,name=scopes,proto3" json:"scopes,omitempty"`
+	// The salt the node derives for the tenant; empty when none is applied.
+	NamespaceSalt string `protobuf:"bytes,3,opt,name=namespace_salt,json=namespaceSalt,proto3" json:"namespace_salt,omitempty"`
+	// The tag the tenant's blocks carry in their header (0: none).
+	TenantTag     uint64 `protobuf:"fixed64,4,opt,name=tenant_tag,json=tenantTag,proto3" json:"tenant_tag,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoAmIResponse) Reset() {
+	*x = WhoAmIResponse{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoAmIResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoAmIResponse) ProtoMessage() {}
+
+func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoAmIResponse.ProtoReflect.Descriptor instead.
+func (*WhoAmIResponse) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WhoAmIResponse) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetScopes() []string {
+	if x != nil {
+		return x.Scopes
+	}
+	return nil
+}
+
+func (x *WhoAmIResponse) GetNamespaceSalt() string {
+	if x != nil {
+		return x.NamespaceSalt
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetTenantTag() uint64 {
+	if x != nil {
+		return x.TenantTag
+	}
+	return 0
+}
+
 type MembersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -29,7 +138,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[0]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -41,7 +150,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[0]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -54,7 +163,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 type TierCapacity struct {
@@ -69,7 +178,7 @@ type TierCapacity struct {
 
 func (x *TierCapacity) Reset() {
 	*x = TierCapacity{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[1]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -81,7 +190,7 @@ func (x *TierCapacity) String() string {
 func (*TierCapacity) ProtoMessage() {}
 
 func (x *TierCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[1]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -94,7 +203,7 @@ func (x *TierCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierCapacity.ProtoReflect.Descriptor instead.
 func (*TierCapacity) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TierCapacity) GetName() string {
@@ -148,7 +257,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[2]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -160,7 +269,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[2]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -173,7 +282,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Member) GetId() string {
@@ -268,7 +377,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[3]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -280,7 +389,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[3]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -293,7 +402,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *MembersResponse) GetSelfId() string {
@@ -328,7 +437,7 @@ type DropNamespaceRequest struct {
 
 func (x *DropNamespaceRequest) Reset() {
 	*x = DropNamespaceRequest{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[4]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -340,7 +449,7 @@ func (x *DropNamespaceRequest) String() string {
 func (*DropNamespaceRequest) ProtoMessage() {}
 
 func (x *DropNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[4]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -353,7 +462,7 @@ func (x *DropNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*DropNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DropNamespaceRequest) GetNamespace() *Namespace {
@@ -379,7 +488,7 @@ type DropNamespaceResponse struct {
 
 func (x *DropNamespaceResponse) Reset() {
 	*x = DropNamespaceResponse{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[5]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -391,7 +500,7 @@ func (x *DropNamespaceResponse) String() string {
 func (*DropNamespaceResponse) ProtoMessage() {}
 
 func (x *DropNamespaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[5]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -404,7 +513,7 @@ func (x *DropNamespaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropNamespaceResponse.ProtoReflect.Descriptor instead.
 func (*DropNamespaceResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DropNamespaceResponse) GetDroppedBlocks() uint64 {
@@ -424,7 +533,7 @@ type BlockInfoRequest struct {
 
 func (x *BlockInfoRequest) Reset() {
 	*x = BlockInfoRequest{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[6]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +545,7 @@ func (x *BlockInfoRequest) String() string {
 func (*BlockInfoRequest) ProtoMessage() {}
 
 func (x *BlockInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[6]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +558,7 @@ func (x *BlockInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockInfoRequest.ProtoReflect.Descriptor instead.
 func (*BlockInfoRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BlockInfoRequest) GetKey() []byte {
@@ -483,7 +592,7 @@ type BlockInfoResponse struct {
 
 func (x *BlockInfoResponse) Reset() {
 	*x = BlockInfoResponse{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[7]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +604,7 @@ func (x *BlockInfoResponse) String() string {
 func (*BlockInfoResponse) ProtoMessage() {}
 
 func (x *BlockInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[7]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +617,7 @@ func (x *BlockInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockInfoResponse.ProtoReflect.Descriptor instead.
 func (*BlockInfoResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BlockInfoResponse) GetKey() []byte {
@@ -614,7 +723,7 @@ type Quota struct {
 
 func (x *Quota) Reset() {
 	*x = Quota{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[8]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +735,7 @@ func (x *Quota) String() string {
 func (*Quota) ProtoMessage() {}
 
 func (x *Quota) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[8]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +748,7 @@ func (x *Quota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Quota.ProtoReflect.Descriptor instead.
 func (*Quota) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Quota) GetDramBytes() uint64 {
@@ -671,7 +780,7 @@ type SetQuotaRequest struct {
 
 func (x *SetQuotaRequest) Reset() {
 	*x = SetQuotaRequest{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[9]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +792,7 @@ func (x *SetQuotaRequest) String() string {
 func (*SetQuotaRequest) ProtoMessage() {}
 
 func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[9]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +805,7 @@ func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetQuotaRequest) GetNamespace() *Namespace {
@@ -738,7 +847,7 @@ type SetQuotaResponse struct {
 
 func (x *SetQuotaResponse) Reset() {
 	*x = SetQuotaResponse{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[10]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +859,7 @@ func (x *SetQuotaResponse) String() string {
 func (*SetQuotaResponse) ProtoMessage() {}
 
 func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[10]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +872,7 @@ func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetQuotaResponse) GetNamespace() *NamespaceQuota {
@@ -781,7 +890,7 @@ type QuotasRequest struct {
 
 func (x *QuotasRequest) Reset() {
 	*x = QuotasRequest{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[11]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +902,7 @@ func (x *QuotasRequest) String() string {
 func (*QuotasRequest) ProtoMessage() {}
 
 func (x *QuotasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[11]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +915,7 @@ func (x *QuotasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotasRequest.ProtoReflect.Descriptor instead.
 func (*QuotasRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 type NamespaceQuota struct {
@@ -825,7 +934,7 @@ type NamespaceQuota struct {
 
 func (x *NamespaceQuota) Reset() {
 	*x = NamespaceQuota{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[12]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +946,7 @@ func (x *NamespaceQuota) String() string {
 func (*NamespaceQuota) ProtoMessage() {}
 
 func (x *NamespaceQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[12]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +959,7 @@ func (x *NamespaceQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceQuota.ProtoReflect.Descriptor instead.
 func (*NamespaceQuota) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NamespaceQuota) GetDigest() uint64 {
@@ -908,7 +1017,7 @@ type QuotasResponse struct {
 
 func (x *QuotasResponse) Reset() {
 	*x = QuotasResponse{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[13]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1029,7 @@ func (x *QuotasResponse) String() string {
 func (*QuotasResponse) ProtoMessage() {}
 
 func (x *QuotasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[13]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1042,7 @@ func (x *QuotasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotasResponse.ProtoReflect.Descriptor instead.
 func (*QuotasResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *QuotasResponse) GetNodeId() string {
@@ -961,7 +1070,14 @@ var File_kvmesh_v1_admin_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x10\n" +
+	"\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x0f\n" +
+	"\rWhoAmIRequest\"\x86\x01\n" +
+	"\x0eWhoAmIResponse\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06scopes\x18\x02 \x03(\tR\x06scopes\x12%\n" +
+	"\x0enamespace_salt\x18\x03 \x01(\tR\rnamespaceSalt\x12\x1d\n" +
+	"\n" +
+	"tenant_tag\x18\x04 \x01(\x06R\ttenantTag\"\x10\n" +
 	"\x0eMembersRequest\"h\n" +
 	"\fTierCapacity\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
@@ -1039,13 +1155,14 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\rdefault_quota\x18\x02 \x01(\v2\x10.kvmesh.v1.QuotaR\fdefaultQuota\x129\n" +
 	"\n" +
 	"namespaces\x18\x03 \x03(\v2\x19.kvmesh.v1.NamespaceQuotaR\n" +
-	"namespaces2\xf0\x02\n" +
+	"namespaces2\xaf\x03\n" +
 	"\fAdminService\x12@\n" +
 	"\aMembers\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n" +
 	"\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12F\n" +
 	"\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12C\n" +
 	"\bSetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n" +
-	"\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
+	"\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponse\x12=\n" +
+	"\x06WhoAmI\x12\x18.kvmesh.v1.WhoAmIRequest\x1a\x19.kvmesh.v1.WhoAmIResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
 
 var (
 	file_kvmesh_v1_admin_proto_rawDescOnce sync.Once
@@ -1059,48 +1176,52 @@ func file_kvmesh_v1_admin_proto_rawDescGZIP() []byte {
 	return file_kvmesh_v1_admin_proto_rawDescData
 }
 
-var file_kvmesh_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_kvmesh_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_kvmesh_v1_admin_proto_goTypes = []any{
-	(*MembersRequest)(nil),        // 0: kvmesh.v1.MembersRequest
-	(*TierCapacity)(nil),          // 1: kvmesh.v1.TierCapacity
-	(*Member)(nil),                // 2: kvmesh.v1.Member
-	(*MembersResponse)(nil),       // 3: kvmesh.v1.MembersResponse
-	(*DropNamespaceRequest)(nil),  // 4: kvmesh.v1.DropNamespaceRequest
-	(*DropNamespaceResponse)(nil), // 5: kvmesh.v1.DropNamespaceResponse
-	(*BlockInfoRequest)(nil),      // 6: kvmesh.v1.BlockInfoRequest
-	(*BlockInfoResponse)(nil),     // 7: kvmesh.v1.BlockInfoResponse
-	(*Quota)(nil),                 // 8: kvmesh.v1.Quota
-	(*SetQuotaRequest)(nil),       // 9: kvmesh.v1.SetQuotaRequest
-	(*SetQuotaResponse)(nil),      // 10: kvmesh.v1.SetQuotaResponse
-	(*QuotasRequest)(nil),         // 11: kvmesh.v1.QuotasRequest
-	(*NamespaceQuota)(nil),        // 12: kvmesh.v1.NamespaceQuota
-	(*QuotasResponse)(nil),        // 13: kvmesh.v1.QuotasResponse
-	(*Namespace)(nil),             // 14: kvmesh.v1.Namespace
-	(DType)(0),                    // 15: kvmesh.v1.DType
+	(*WhoAmIRequest)(nil),         // 0: kvmesh.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),        // 1: kvmesh.v1.WhoAmIResponse
+	(*MembersRequest)(nil),        // 2: kvmesh.v1.MembersRequest
+	(*TierCapacity)(nil),          // 3: kvmesh.v1.TierCapacity
+	(*Member)(nil),                // 4: kvmesh.v1.Member
+	(*MembersResponse)(nil),       // 5: kvmesh.v1.MembersResponse
+	(*DropNamespaceRequest)(nil),  // 6: kvmesh.v1.DropNamespaceRequest
+	(*DropNamespaceResponse)(nil), // 7: kvmesh.v1.DropNamespaceResponse
+	(*BlockInfoRequest)(nil),      // 8: kvmesh.v1.BlockInfoRequest
+	(*BlockInfoResponse)(nil),     // 9: kvmesh.v1.BlockInfoResponse
+	(*Quota)(nil),                 // 10: kvmesh.v1.Quota
+	(*SetQuotaRequest)(nil),       // 11: kvmesh.v1.SetQuotaRequest
+	(*SetQuotaResponse)(nil),      // 12: kvmesh.v1.SetQuotaResponse
+	(*QuotasRequest)(nil),         // 13: kvmesh.v1.QuotasRequest
+	(*NamespaceQuota)(nil),        // 14: kvmesh.v1.NamespaceQuota
+	(*QuotasResponse)(nil),        // 15: kvmesh.v1.QuotasResponse
+	(*Namespace)(nil),             // 16: kvmesh.v1.Namespace
+	(DType)(0),                    // 17: kvmesh.v1.DType
 }
 var file_kvmesh_v1_admin_proto_depIdxs = []int32{
-	1,  // 0: kvmesh.v1.Member.tiers:type_name -> kvmesh.v1.TierCapacity
-	2,  // 1: kvmesh.v1.MembersResponse.members:type_name -> kvmesh.v1.Member
-	14, // 2: kvmesh.v1.DropNamespaceRequest.namespace:type_name -> kvmesh.v1.Namespace
-	15, // 3: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.DType
-	14, // 4: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
-	8,  // 5: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
-	12, // 6: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
-	8,  // 7: kvmesh.v1.NamespaceQuota.quota:type_name -> kvmesh.v1.Quota
-	8,  // 8: kvmesh.v1.QuotasResponse.default_quota:type_name -> kvmesh.v1.Quota
-	12, // 9: kvmesh.v1.QuotasResponse.namespaces:type_name -> kvmesh.v1.NamespaceQuota
-	0,  // 10: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
-	4,  // 11: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
-	6,  // 12: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
-	9,  // 13: kvmesh.v1.AdminService.SetQuota:input_type -> kvmesh.v1.SetQuotaRequest
-	11, // 14: kvmesh.v1.AdminService.Quotas:input_type -> kvmesh.v1.QuotasRequest
-	3,  // 15: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
-	5,  // 16: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
-	7,  // 17: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
-	10, // 18: kvmesh.v1.AdminService.SetQuota:output_type -> kvmesh.v1.SetQuotaResponse
-	13, // 19: kvmesh.v1.AdminService.Quotas:output_type -> kvmesh.v1.QuotasResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
+	3,  // 0: kvmesh.v1.Member.tiers:type_name -> kvmesh.v1.TierCapacity
+	4,  // 1: kvmesh.v1.MembersResponse.members:type_name -> kvmesh.v1.Member
+	16, // 2: kvmesh.v1.DropNamespaceRequest.namespace:type_name -> kvmesh.v1.Namespace
+	17, // 3: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.DType
+	16, // 4: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
+	10, // 5: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
+	14, // 6: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
+	10, // 7: kvmesh.v1.NamespaceQuota.quota:type_name -> kvmesh.v1.Quota
+	10, // 8: kvmesh.v1.QuotasResponse.default_quota:type_name -> kvmesh.v1.Quota
+	14, // 9: kvmesh.v1.QuotasResponse.namespaces:type_name -> kvmesh.v1.NamespaceQuota
+	2,  // 10: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
+	6,  // 11: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
+	8,  // 12: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
+	11, // 13: kvmesh.v1.AdminService.SetQuota:input_type -> kvmesh.v1.SetQuotaRequest
+	13, // 14: kvmesh.v1.AdminService.Quotas:input_type -> kvmesh.v1.QuotasRequest
+	0,  // 15: kvmesh.v1.AdminService.WhoAmI:input_type -> kvmesh.v1.WhoAmIRequest
+	5,  // 16: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
+	7,  // 17: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
+	9,  // 18: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
+	12, // 19: kvmesh.v1.AdminService.SetQuota:output_type -> kvmesh.v1.SetQuotaResponse
+	15, // 20: kvmesh.v1.AdminService.Quotas:output_type -> kvmesh.v1.QuotasResponse
+	1,  // 21: kvmesh.v1.AdminService.WhoAmI:output_type -> kvmesh.v1.WhoAmIResponse
+	16, // [16:22] is the sub-list for method output_type
+	10, // [10:16] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -1118,7 +1239,7 @@ func file_kvmesh_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_v1_admin_proto_rawDesc), len(file_kvmesh_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	AdminService_BlockInfo_FullMethodName     = "/kvmesh.v1.AdminService/BlockInfo"
 	AdminService_SetQuota_FullMethodName      = "/kvmesh.v1.AdminService/SetQuota"
 	AdminService_Quotas_FullMethodName        = "/kvmesh.v1.AdminService/Quotas"
+	AdminService_WhoAmI_FullMethodName        = "/kvmesh.v1.AdminService/WhoAmI"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -51,6 +52,12 @@ type AdminServiceClient interface {
 	// Quotas lists the node's default quota and, for every namespace it holds
 	// blocks of or has a quota for, its usage and the quota in force.
 	Quotas(ctx context.Context, in *QuotasRequest, opts ...grpc.CallOption) (*QuotasResponse, error)
+	// WhoAmI says whom the caller's token authenticates: its tenant, scopes,
+	// and the namespace salt the node applies to the tenant's namespaces,
+	// which a client that computes block keys itself needs (keys of a
+	// tenant's namespace = keys of the namespace whose tenant_salt is
+	// namespace_salt + ":" + the caller's own salt).
+	WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error)
 }
 
 type adminServiceClient struct {
@@ -111,6 +118,16 @@ func (c *adminServiceClient) Quotas(ctx context.Context, in *QuotasRequest, opts
 	return out, nil
 }
 
+func (c *adminServiceClient) WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WhoAmIResponse)
+	err := c.cc.Invoke(ctx, AdminService_WhoAmI_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -136,6 +153,12 @@ type AdminServiceServer interface {
 	// Quotas lists the node's default quota and, for every namespace it holds
 	// blocks of or has a quota for, its usage and the quota in force.
 	Quotas(context.Context, *QuotasRequest) (*QuotasResponse, error)
+	// WhoAmI says whom the caller's token authenticates: its tenant, scopes,
+	// and the namespace salt the node applies to the tenant's namespaces,
+	// which a client that computes block keys itself needs (keys of a
+	// tenant's namespace = keys of the namespace whose tenant_salt is
+	// namespace_salt + ":" + the caller's own salt).
+	WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -160,6 +183,9 @@ func (UnimplementedAdminServiceServer) SetQuota(context.Context, *SetQuotaReques
 }
 func (UnimplementedAdminServiceServer) Quotas(context.Context, *QuotasRequest) (*QuotasResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Quotas not implemented")
+}
+func (UnimplementedAdminServiceServer) WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WhoAmI not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -272,6 +298,24 @@ func _AdminService_Quotas_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_WhoAmI_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WhoAmIRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).WhoAmI(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_WhoAmI_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).WhoAmI(ctx, req.(*WhoAmIRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -298,6 +342,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Quotas",
 			Handler:    _AdminService_Quotas_Handler,
+		},
+		{
+			MethodName: "WhoAmI",
+			Handler:    _AdminService_WhoAmI_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -20,11 +20,87 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/admin.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x10\n\x0eMembersRequest\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xe5\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x12\n\nshm_socket\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x14\n\x0crdma_devices\x18\x0b \x03(\t\"\\\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\x90\x02\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.DType\x12\x13\n\x0blayer_start\x18\n \x01(\r\x12\x11\n\tlayer_end\x18\x0b \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\r\"/\n\x05Quota\x12\x12\n\ndram_bytes\x18\x01 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x02 \x01(\x04\"z\n\x0fSetQuotaRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\x12\x1f\n\x05quota\x18\x03 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"@\n\x10SetQuotaResponse\x12,\n\tnamespace\x18\x01 \x01(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\"\x0f\n\rQuotasRequest\"\x86\x01\n\x0eNamespaceQuota\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x1f\n\x05quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\x0b\n\x03own\x18\x03 \x01(\x08\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x12\n\ndram_bytes\x18\x05 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x06 \x01(\x04\"y\n\x0eQuotasResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\rdefault_quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12-\n\nnamespaces\x18\x03 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceQuota2\xf0\x02\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12\x43\n\x08SetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x0f\n\rWhoAmIRequest\"\\\n\x0eWhoAmIResponse\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06scopes\x18\x02 \x03(\t\x12\x16\n\x0enamespace_salt\x18\x03 \x01(\t\x12\x12\n\ntenant_tag\x18\x04 \x01(\x06\"\x10\n\x0eMembersRequest\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xe5\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x12\n\nshm_socket\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x14\n\x0crdma_devices\x18\x0b \x03(\t\"\\\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\x90\x02\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.DType\x12\x13\n\x0blayer_start\x18\n \x01(\r\x12\x11\n\tlayer_end\x18\x0b \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\r\"/\n\x05Quota\x12\x12\n\ndram_bytes\x18\x01 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x02 \x01(\x04\"z\n\x0fSetQuotaRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\x12\x1f\n\x05quota\x18\x03 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"@\n\x10SetQuotaResponse\x12,\n\tnamespace\x18\x01 \x01(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\"\x0f\n\rQuotasRequest\"\x86\x01\n\x0eNamespaceQuota\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x1f\n\x05quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\x0b\n\x03own\x18\x03 \x01(\x08\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x12\n\ndram_bytes\x18\x05 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x06 \x01(\x04\"y\n\x0eQuotasResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\rdefault_quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12-\n\nnamespaces\x18\x03 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceQuota2\xaf\x03\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12\x43\n\x08SetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponse\x12=\n\x06WhoAmI\x12\x18.kvmesh.v1.WhoAmIRequest\x1a\x19.kvmesh.v1.WhoAmIResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
 
+
+
+_WHOAMIREQUEST = _descriptor.Descriptor(
+  name='WhoAmIRequest',
+  full_name='kvmesh.v1.WhoAmIRequest',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=59,
+  serialized_end=74,
+)
+
+
+_WHOAMIRESPONSE = _descriptor.Descriptor(
+  name='WhoAmIResponse',
+  full_name='kvmesh.v1.WhoAmIResponse',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='tenant', full_name='kvmesh.v1.WhoAmIResponse.tenant', index=0,
+      number=1, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='scopes', full_name='kvmesh.v1.WhoAmIResponse.scopes', index=1,
+      number=2, type=9, cpp_type=9, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='namespace_salt', full_name='kvmesh.v1.WhoAmIResponse.namespace_salt', index=2,
+      number=3, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='tenant_tag', full_name='kvmesh.v1.WhoAmIResponse.tenant_tag', index=3,
+      number=4, type=6, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=76,
+  serialized_end=168,
+)
 
 
 _MEMBERSREQUEST = _descriptor.Descriptor(
@@ -46,8 +122,8 @@ _MEMBERSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=59,
-  serialized_end=75,
+  serialized_start=170,
+  serialized_end=186,
 )
 
 
@@ -91,8 +167,8 @@ _TIERCAPACITY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=77,
-  serialized_end=149,
+  serialized_start=188,
+  serialized_end=260,
 )
 
 
@@ -192,8 +268,8 @@ _MEMBER = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=152,
-  serialized_end=381,
+  serialized_start=263,
+  serialized_end=492,
 )
 
 
@@ -237,8 +313,8 @@ _MEMBERSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=383,
-  serialized_end=475,
+  serialized_start=494,
+  serialized_end=586,
 )
 
 
@@ -275,8 +351,8 @@ _DROPNAMESPACEREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=477,
-  serialized_end=556,
+  serialized_start=588,
+  serialized_end=667,
 )
 
 
@@ -306,8 +382,8 @@ _DROPNAMESPACERESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=558,
-  serialized_end=605,
+  serialized_start=669,
+  serialized_end=716,
 )
 
 
@@ -337,8 +413,8 @@ _BLOCKINFOREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=607,
-  serialized_end=638,
+  serialized_start=718,
+  serialized_end=749,
 )
 
 
@@ -452,8 +528,8 @@ _BLOCKINFORESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=641,
-  serialized_end=913,
+  serialized_start=752,
+  serialized_end=1024,
 )
 
 
@@ -490,8 +566,8 @@ _QUOTA = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=915,
-  serialized_end=962,
+  serialized_start=1026,
+  serialized_end=1073,
 )
 
 
@@ -542,8 +618,8 @@ _SETQUOTAREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=964,
-  serialized_end=1086,
+  serialized_start=1075,
+  serialized_end=1197,
 )
 
 
@@ -573,8 +649,8 @@ _SETQUOTARESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1088,
-  serialized_end=1152,
+  serialized_start=1199,
+  serialized_end=1263,
 )
 
 
@@ -597,8 +673,8 @@ _QUOTASREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1154,
-  serialized_end=1169,
+  serialized_start=1265,
+  serialized_end=1280,
 )
 
 
@@ -663,8 +739,8 @@ _NAMESPACEQUOTA = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1172,
-  serialized_end=1306,
+  serialized_start=1283,
+  serialized_end=1417,
 )
 
 
@@ -708,8 +784,8 @@ _QUOTASRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1308,
-  serialized_end=1429,
+  serialized_start=1419,
+  serialized_end=1540,
 )
 
 _MEMBER.fields_by_name['tiers'].message_type = _TIERCAPACITY
@@ -722,6 +798,8 @@ _SETQUOTARESPONSE.fields_by_name['namespace'].message_type = _NAMESPACEQUOTA
 _NAMESPACEQUOTA.fields_by_name['quota'].message_type = _QUOTA
 _QUOTASRESPONSE.fields_by_name['default_quota'].message_type = _QUOTA
 _QUOTASRESPONSE.fields_by_name['namespaces'].message_type = _NAMESPACEQUOTA
+DESCRIPTOR.message_types_by_name['WhoAmIRequest'] = _WHOAMIREQUEST
+DESCRIPTOR.message_types_by_name['WhoAmIResponse'] = _WHOAMIRESPONSE
 DESCRIPTOR.message_types_by_name['MembersRequest'] = _MEMBERSREQUEST
 DESCRIPTOR.message_types_by_name['TierCapacity'] = _TIERCAPACITY
 DESCRIPTOR.message_types_by_name['Member'] = _MEMBER
@@ -737,6 +815,20 @@ DESCRIPTOR.message_types_by_name['QuotasRequest'] = _QUOTASREQUEST
 DESCRIPTOR.message_types_by_name['NamespaceQuota'] = _NAMESPACEQUOTA
 DESCRIPTOR.message_types_by_name['QuotasResponse'] = _QUOTASRESPONSE
 _sym_db.RegisterFileDescriptor(DESCRIPTOR)
+
+WhoAmIRequest = _reflection.GeneratedProtocolMessageType('WhoAmIRequest', (_message.Message,), dict(
+  DESCRIPTOR = _WHOAMIREQUEST,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.WhoAmIRequest)
+  ))
+_sym_db.RegisterMessage(WhoAmIRequest)
+
+WhoAmIResponse = _reflection.GeneratedProtocolMessageType('WhoAmIResponse', (_message.Message,), dict(
+  DESCRIPTOR = _WHOAMIRESPONSE,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.WhoAmIResponse)
+  ))
+_sym_db.RegisterMessage(WhoAmIResponse)
 
 MembersRequest = _reflection.GeneratedProtocolMessageType('MembersRequest', (_message.Message,), dict(
   DESCRIPTOR = _MEMBERSREQUEST,
@@ -846,8 +938,8 @@ _ADMINSERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=1432,
-  serialized_end=1800,
+  serialized_start=1543,
+  serialized_end=1974,
   methods=[
   _descriptor.MethodDescriptor(
     name='Members',
@@ -892,6 +984,15 @@ _ADMINSERVICE = _descriptor.ServiceDescriptor(
     containing_service=None,
     input_type=_QUOTASREQUEST,
     output_type=_QUOTASRESPONSE,
+    options=None,
+  ),
+  _descriptor.MethodDescriptor(
+    name='WhoAmI',
+    full_name='kvmesh.v1.AdminService.WhoAmI',
+    index=5,
+    containing_service=None,
+    input_type=_WHOAMIREQUEST,
+    output_type=_WHOAMIRESPONSE,
     options=None,
   ),
 ])

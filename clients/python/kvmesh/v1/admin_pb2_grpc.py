@@ -40,6 +40,11 @@ class AdminServiceStub(object):
         request_serializer=kvmesh_dot_v1_dot_admin__pb2.QuotasRequest.SerializeToString,
         response_deserializer=kvmesh_dot_v1_dot_admin__pb2.QuotasResponse.FromString,
         )
+    self.WhoAmI = channel.unary_unary(
+        '/kvmesh.v1.AdminService/WhoAmI',
+        request_serializer=kvmesh_dot_v1_dot_admin__pb2.WhoAmIRequest.SerializeToString,
+        response_deserializer=kvmesh_dot_v1_dot_admin__pb2.WhoAmIResponse.FromString,
+        )
 
 
 class AdminServiceServicer(object):
@@ -90,6 +95,17 @@ class AdminServiceServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def WhoAmI(self, request, context):
+    """WhoAmI says whom the caller's token authenticates: its tenant, scopes,
+    and the namespace salt the node applies to the tenant's namespaces,
+    which a client that computes block keys itself needs (keys of a
+    tenant's namespace = keys of the namespace whose tenant_salt is
+    namespace_salt + ":" + the caller's own salt).
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -117,6 +133,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
           servicer.Quotas,
           request_deserializer=kvmesh_dot_v1_dot_admin__pb2.QuotasRequest.FromString,
           response_serializer=kvmesh_dot_v1_dot_admin__pb2.QuotasResponse.SerializeToString,
+      ),
+      'WhoAmI': grpc.unary_unary_rpc_method_handler(
+          servicer.WhoAmI,
+          request_deserializer=kvmesh_dot_v1_dot_admin__pb2.WhoAmIRequest.FromString,
+          response_serializer=kvmesh_dot_v1_dot_admin__pb2.WhoAmIResponse.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(

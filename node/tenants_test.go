@@ -1,0 +1,280 @@
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/prefixhash"
+	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+	"github.com/kvmesh/kvmesh/store"
+	"github.com/kvmesh/kvmesh/transfer"
+)
+
+// tenantsFile is a tokens file with two tenants, each with a read-write
+// token, a read-only one and an admin one; an operator; and the nodes'
+// cluster token. The admin of acme is given by its SHA-256.
+func tenantsFile(t testing.TB) *auth.File {
+	t.Helper()
+	sum := sha256.Sum256([]byte("acme-admin"))
+	f, err := auth.ParseFile([]byte(`
+secret: "0123456789abcdef0123456789abcdef-test"
+tokens:
+  - {token: acme-rw, tenant: acme, scopes: [read, write]}
+  - {token: acme-r, tenant: acme, scopes: [read]}
+  - {sha256: "` + hex.EncodeToString(sum[:]) + `", tenant: acme, scopes: [read, admin]}
+  - {token: beta-rw, tenant: beta, scopes: [read, write]}
+  - {token: beta-admin, tenant: beta, scopes: [read, admin]}
+  - {token: ops, scopes: [read, admin]}
+  - {token: node-to-node, scopes: [cluster, read, write]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// tenantDial returns a client of n presenting token.
+func tenantDial(t testing.TB, n *clusterNode, token, transport string) *client.Client {
+	t.Helper()
+	c, err := client.Dial(n.GRPCAddr(), client.Options{Token: token, Transport: transport, MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// rawTenantAPI is a node's gRPC API presenting token.
+func rawTenantAPI(t testing.TB, addr, token string) api {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(rawAuth("Bearer "+token)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return api{kvmeshv1.NewCacheServiceClient(conn), kvmeshv1.NewAdminServiceClient(conn)}
+}
+
+// TestTenantsIsolated: on a two-node cluster with a tokens file, one
+// tenant's blocks reach that tenant through either node, and no path lets
+// another tenant read, write over, describe, count or administer them, even
+// knowing their exact keys.
+func TestTenantsIsolated(t *testing.T) {
+	tf := tenantsFile(t)
+	nodes := startClusterNodes(t, 2, func(_ int, o *Options) {
+		o.TokensFile = tf
+		o.GossipKey = []byte("fedcba9876543210fedcba9876543210")
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const blocks = 8
+	tokens, payloads := clusterPrompt(77, blocks)
+
+	acme := tenantDial(t, nodes[0], "acme-rw", client.TransportTCP)
+	if _, err := acme.Put(ctx, clusterNS, tokens, payloads); err != nil {
+		t.Fatalf("acme puts its prompt: %v", err)
+	}
+	sess, err := acme.Session(ctx)
+	if err != nil || sess.Tenant != "acme" || sess.Tag != auth.TagOf("acme") || sess.Salt == "" {
+		t.Fatalf("acme's session: %+v, %v", sess, err)
+	}
+	acmeNS, _ := acme.Namespace(ctx, clusterNS)
+	keys := prefixhash.Keys(acmeNS, tokens)
+
+	// acme reads its prompt through the other node, both transports.
+	for _, tr := range []string{client.TransportAuto, client.TransportGRPC} {
+		c := tenantDial(t, nodes[1], "acme-r", tr)
+		waitHit(t, c, tokens, blocks)
+		got, err := c.Get(ctx, clusterNS, tokens)
+		if err != nil || len(got) != blocks || string(got[3].Payload) != string(payloads[3]) {
+			t.Fatalf("%s: acme reads its prompt through n1: %d blocks, %v", tr, len(got), err)
+		}
+	}
+
+	// beta, with the same namespace and prompt, finds nothing anywhere.
+	for i, n := range nodes {
+		for _, tr := range []string{client.TransportAuto, client.TransportTCP, client.TransportGRPC} {
+			beta := tenantDial(t, n, "beta-rw", tr)
+			if l, err := beta.Lookup(ctx, clusterNS, tokens); err != nil || l.CachedBlocks != 0 {
+				t.Errorf("n%d %s: beta's lookup of acme's prompt: %d blocks, %v", i, tr, l.CachedBlocks, err)
+			}
+			if got, err := beta.Get(ctx, clusterNS, tokens); err != nil || len(got) != 0 {
+				t.Errorf("n%d %s: beta's get of acme's prompt: %d blocks, %v", i, tr, len(got), err)
+			}
+			// Not even with acme's exact keys.
+			n := 0
+			err := beta.GetKeys(ctx, acmeNS, keys, func(b client.Block) error {
+				if b.Found {
+					n++
+				}
+				return nil
+			})
+			if err != nil || n != 0 {
+				t.Errorf("n%d %s: beta's get of acme's keys: %d found, %v", i, tr, n, err)
+			}
+			if present, err := beta.Exists(ctx, keys); err != nil || strings.Contains(fmt.Sprint(present), "true") {
+				t.Errorf("n%d %s: beta's exists of acme's keys: %v, %v", i, tr, present, err)
+			}
+		}
+	}
+
+	// The data plane, raw: beta's token gets misses for acme's keys, over
+	// TCP and shared memory, and its frames cannot widen its scope.
+	betaTCP, err := transfer.NewClient(nodes[0].DataAddr(), &transfer.ClientOptions{Token: "beta-rw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer betaTCP.Close()
+	betaShm, err := transfer.DialShm(ctx, nodes[0].ShmSocket(), &transfer.ShmClientOptions{Token: "beta-rw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer betaShm.Close()
+	acmeTCP, err := transfer.NewClient(nodes[0].DataAddr(), &transfer.ClientOptions{Token: "acme-r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer acmeTCP.Close()
+	for name, get := range map[string]func(context.Context, []prefixhash.Key) (*transfer.Result, error){
+		"tcp": betaTCP.Get, "shm": betaShm.Get,
+	} {
+		for _, scope := range []context.Context{ctx, auth.WithAccess(ctx, auth.Access{Scoped: true, Tag: auth.TagOf("acme")})} {
+			res, err := get(scope, keys)
+			if err != nil {
+				t.Fatalf("%s: beta's data-plane get: %v", name, err)
+			}
+			for i, st := range res.Status {
+				if st == transfer.StatusOK {
+					t.Errorf("%s: beta read acme's block %d over the data plane", name, i)
+				}
+			}
+			res.Release()
+		}
+	}
+	res, err := acmeTCP.Get(ctx, keys)
+	if err != nil || res.Status[0] != transfer.StatusOK {
+		t.Fatalf("acme's own data-plane get: %v, %v", res, err)
+	}
+	res.Release()
+	if _, err := acmeTCP.Put(ctx, keys[:1], [][]byte{make([]byte, 64)}); !errors.Is(err, transfer.ErrAuth) {
+		t.Errorf("a read-only token's data-plane put: %v, want ErrAuth", err)
+	}
+
+	// beta cannot write over acme's blocks: not tagged as acme, nor as itself
+	// under acme's keys.
+	block := encodeTenantBlock(t, acmeNS, prefixhash.Key(acmeNS.Root()), tokens[:16], payloads[0], auth.TagOf("acme"))
+	st, err := betaTCP.Put(ctx, keys[:1], [][]byte{block})
+	if err != nil || st[0] == transfer.StatusOK {
+		t.Errorf("beta's put of a block tagged acme: %v, %v", st, err)
+	}
+	store.SetTenant(block, auth.TagOf("beta"))
+	st, err = betaTCP.Put(ctx, keys[:1], [][]byte{block})
+	if err != nil || st[0] == transfer.StatusOK {
+		t.Errorf("beta's put over acme's key: %v, %v", st, err)
+	}
+
+	// Block info walks no other tenant's chain.
+	betaAPI := rawTenantAPI(t, nodes[0].GRPCAddr(), "beta-rw")
+	if _, err := betaAPI.admin.BlockInfo(ctx, &kvmeshv1.BlockInfoRequest{Key: keys[2][:]}); status.Code(err) != codes.NotFound {
+		t.Errorf("beta's BlockInfo of acme's block: %v, want NotFound", err)
+	}
+	acmeAPI := rawTenantAPI(t, nodes[0].GRPCAddr(), "acme-r")
+	if bi, err := acmeAPI.admin.BlockInfo(ctx, &kvmeshv1.BlockInfoRequest{Key: keys[2][:]}); err != nil || string(bi.GetParent()) != string(keys[1][:]) {
+		t.Errorf("acme's BlockInfo of its block: %v, %v", bi, err)
+	}
+
+	// Stats, quotas and metrics name no other tenant's namespace.
+	digest := acmeNS.Digest()
+	hasDigest := func(st *kvmeshv1.StatsResponse) bool {
+		for _, x := range st.GetNamespaces() {
+			if x.GetDigest() == digest {
+				return true
+			}
+		}
+		return false
+	}
+	if st, err := betaAPI.cache.Stats(ctx, &kvmeshv1.StatsRequest{}); err != nil || hasDigest(st) || len(st.GetNamespaces()) != 0 {
+		t.Errorf("beta's Stats: %v, %v", st.GetNamespaces(), err)
+	}
+	if st, err := acmeAPI.cache.Stats(ctx, &kvmeshv1.StatsRequest{}); err != nil || !hasDigest(st) {
+		t.Errorf("acme's Stats lack its namespace: %v, %v", st.GetNamespaces(), err)
+	}
+	ops := rawTenantAPI(t, nodes[0].GRPCAddr(), "ops")
+	if st, err := ops.cache.Stats(ctx, &kvmeshv1.StatsRequest{}); err != nil || !hasDigest(st) {
+		t.Errorf("the operator's Stats lack acme's namespace: %v, %v", st.GetNamespaces(), err)
+	}
+	betaAdmin := rawTenantAPI(t, nodes[0].GRPCAddr(), "beta-admin")
+	if q, err := betaAdmin.admin.Quotas(ctx, &kvmeshv1.QuotasRequest{}); err != nil || len(q.GetNamespaces()) != 0 {
+		t.Errorf("beta's Quotas: %v, %v", q.GetNamespaces(), err)
+	}
+	if body := scrape(t, nodes[0].HTTPAddr()); strings.Contains(body, digestString(digest)) || !strings.Contains(body, namespaceLabel(tf.LabelKey, digest)) {
+		t.Errorf("/metrics names acme's digest in the clear, or not keyed:\n%s", grep(body, "kvmesh_namespace_blocks"))
+	}
+
+	// Quotas and drops: admin scope, own namespaces only.
+	quota := &kvmeshv1.Quota{DramBytes: 1, NvmeBytes: 1}
+	for name, tc := range map[string]struct {
+		a    api
+		req  *kvmeshv1.SetQuotaRequest
+		want codes.Code
+	}{
+		"rw token":                  {rawTenantAPI(t, nodes[0].GRPCAddr(), "acme-rw"), &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied},
+		"other tenant's digest":     {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied},
+		"unknown digest":            {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: 12345, Quota: quota}, codes.PermissionDenied},
+		"other tenant's namespace":  {betaAdmin, &kvmeshv1.SetQuotaRequest{Namespace: client.NamespaceProto(acmeNS), Quota: quota}, codes.OK},
+		"drop by other's digest":    {betaAdmin, nil, codes.PermissionDenied},
+		"cluster method as tenant": {betaAdmin, nil, codes.PermissionDenied},
+	} {
+		var err error
+		switch name {
+		case "drop by other's digest":
+			_, err = tc.a.admin.DropNamespace(ctx, &kvmeshv1.DropNamespaceRequest{Digest: digest})
+		case "cluster method as tenant":
+			conn, _ := grpc.NewClient(nodes[0].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(rawAuth("Bearer beta-admin")))
+			_, err = kvmeshv1.NewPeerServiceClient(conn).Lookup(ctx, &kvmeshv1.PeerLookupRequest{Keys: keys[0][:], Runs: []uint32{1}})
+			conn.Close()
+		default:
+			_, err = tc.a.admin.SetQuota(ctx, tc.req)
+		}
+		if status.Code(err) != tc.want {
+			t.Errorf("%s: %v, want %v", name, err, tc.want)
+		}
+	}
+	// beta's quota "on acme's namespace" landed on beta's own salted copy:
+	// acme still reads every block.
+	waitHit(t, tenantDial(t, nodes[0], "acme-r", client.TransportGRPC), tokens, blocks)
+	acmeAdmin := rawTenantAPI(t, nodes[0].GRPCAddr(), "acme-admin")
+	if r, err := acmeAdmin.admin.DropNamespace(ctx, &kvmeshv1.DropNamespaceRequest{Digest: digest}); err != nil || r.GetDroppedBlocks() == 0 {
+		t.Errorf("acme's admin drops its own namespace: %v, %v", r, err)
+	}
+
+	// A read-only token cannot put through gRPC either.
+	if _, err := tenantDial(t, nodes[0], "acme-r", client.TransportGRPC).Put(ctx, clusterNS, tokens, payloads); status.Code(errors.Unwrap(err)) != codes.PermissionDenied {
+		t.Errorf("a read-only token's BatchPut: %v, want PermissionDenied", err)
+	}
+}
+
+// encodeTenantBlock encodes the block of tokens chained from parent under
+// ns, tagged for tenant tag.
+func encodeTenantBlock(t testing.TB, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte, tag uint64) []byte {
+	t.Helper()
+	b, _, err := store.Encode(nil, ns, parent, tokens, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.SetTenant(b, tag)
+	return b
+}
