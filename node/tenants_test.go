@@ -231,11 +231,11 @@ func TestTenantsIsolated(t *testing.T) {
 		req  *kvmeshv1.SetQuotaRequest
 		want codes.Code
 	}{
-		"rw token":                  {rawTenantAPI(t, nodes[0].GRPCAddr(), "acme-rw"), &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied},
-		"other tenant's digest":     {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied},
-		"unknown digest":            {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: 12345, Quota: quota}, codes.PermissionDenied},
-		"other tenant's namespace":  {betaAdmin, &kvmeshv1.SetQuotaRequest{Namespace: client.NamespaceProto(acmeNS), Quota: quota}, codes.OK},
-		"drop by other's digest":    {betaAdmin, nil, codes.PermissionDenied},
+		"rw token":                 {rawTenantAPI(t, nodes[0].GRPCAddr(), "acme-rw"), &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied},
+		"other tenant's digest":    {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied},
+		"unknown digest":           {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: 12345, Quota: quota}, codes.PermissionDenied},
+		"other tenant's namespace": {betaAdmin, &kvmeshv1.SetQuotaRequest{Namespace: client.NamespaceProto(acmeNS), Quota: quota}, codes.OK},
+		"drop by other's digest":   {betaAdmin, nil, codes.PermissionDenied},
 		"cluster method as tenant": {betaAdmin, nil, codes.PermissionDenied},
 	} {
 		var err error
