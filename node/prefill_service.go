@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/auth"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -173,7 +174,7 @@ func (p *prefillService) work() {
 		if err != nil {
 			return
 		}
-		res, err := p.engine.PrefillBackground(p.ctx, r.Tokens, r.Session)
+		res, err := p.engine.PrefillBackground(r.Owner.context(p.ctx), r.Tokens, r.Session)
 		if p.ctx.Err() != nil {
 			p.n.log.Info("prefill: queued request interrupted by shutdown; it runs again after a restart", "id", r.ID)
 			return
@@ -255,7 +256,7 @@ func (p *prefillService) Prefill(ctx context.Context, req *kvmeshv1.PrefillReque
 		return nil, err
 	}
 	if req.GetQueue() {
-		r, err := p.q.enqueue(req.GetTokens(), session, req.GetReturnLogits())
+		r, err := p.q.enqueue(req.GetTokens(), session, req.GetReturnLogits(), ownerOf(auth.PrincipalFrom(ctx)))
 		switch {
 		case errors.Is(err, errQueueFull):
 			p.metrics.failed.WithLabelValues(mode).Inc()
@@ -269,7 +270,7 @@ func (p *prefillService) Prefill(ctx context.Context, req *kvmeshv1.PrefillReque
 		p.n.log.Info("prefill queued", "id", r.ID, "session", session, "prompt_tokens", len(req.GetTokens()))
 		return p.recordPB(r), nil
 	}
-	res, err := p.engine.Prefill(ctx, req.GetTokens(), session)
+	res, err := p.engine.Prefill(ownerOf(auth.PrincipalFrom(ctx)).context(ctx), req.GetTokens(), session)
 	if err != nil {
 		p.metrics.failed.WithLabelValues(mode).Inc()
 		switch {
@@ -310,7 +311,7 @@ func (p *prefillService) recordPB(r *queueRecord) *kvmeshv1.PrefillResult {
 	return out
 }
 
-func (p *prefillService) GetResult(_ context.Context, req *kvmeshv1.GetResultRequest) (*kvmeshv1.PrefillResult, error) {
+func (p *prefillService) GetResult(ctx context.Context, req *kvmeshv1.GetResultRequest) (*kvmeshv1.PrefillResult, error) {
 	id := req.GetRequestId()
 	if id == "" {
 		return nil, invalid("request_id", "required")
@@ -319,10 +320,29 @@ func (p *prefillService) GetResult(_ context.Context, req *kvmeshv1.GetResultReq
 	if err != nil {
 		return nil, err
 	}
-	if !ok {
+	// Another tenant's request is answered as an unknown one: no oracle.
+	if who := auth.PrincipalFrom(ctx); !ok || (who.Scoped() && r.Owner.Tenant != who.Tenant) {
 		return nil, status.Errorf(codes.NotFound, "request %q: no such queued request on this node (results are kept %v)", id, p.q.opts.ttl)
 	}
 	return p.recordPB(r), nil
+}
+
+// ownerOf is the owner of a request p makes: its tenant, if any.
+func ownerOf(p auth.Principal) queueOwner {
+	if !p.Scoped() {
+		return queueOwner{}
+	}
+	return queueOwner{Tenant: p.Tenant, Salt: p.Salt, Tag: p.Tag}
+}
+
+// context returns ctx for running a request of o: the engine keys its
+// blocks for the tenant, and the cache confines its reads to them.
+func (o queueOwner) context(ctx context.Context) context.Context {
+	if o.Tenant == "" {
+		return ctx
+	}
+	ctx = auth.WithAccess(ctx, auth.Access{Scoped: true, Tag: o.Tag})
+	return prefill.WithTenant(ctx, prefill.Tenant{Salt: o.Salt, Tag: o.Tag})
 }
 
 func (p *prefillService) Engine(context.Context, *kvmeshv1.EngineRequest) (*kvmeshv1.EngineInfo, error) {

@@ -60,6 +60,7 @@ type queueEntry struct {
 	state                       kvmeshv1.PrefillState
 	enqueued, started, finished time.Time
 	session                     string
+	tenant                      string // the owner's tenant (queueOwner)
 }
 
 // Errors of the queue.
@@ -156,7 +157,7 @@ func (q *queue) load() error {
 }
 
 func (r *queueRecord) entry() *queueEntry {
-	return &queueEntry{id: r.ID, seq: r.Seq, state: r.State, enqueued: r.Enqueued, started: r.Started, finished: r.Finished, session: r.Session}
+	return &queueEntry{id: r.ID, seq: r.Seq, state: r.State, enqueued: r.Enqueued, started: r.Started, finished: r.Finished, session: r.Session, tenant: r.Owner.Tenant}
 }
 
 func (e *queueEntry) done() bool {
@@ -166,11 +167,11 @@ func (e *queueEntry) done() bool {
 // enqueue stores a request durably and returns its record (without the
 // prompt's ownership: tokens are copied). errQueueFull when capacity
 // requests are pending.
-func (q *queue) enqueue(tokens []uint32, session string, wantLogits bool) (*queueRecord, error) {
+func (q *queue) enqueue(tokens []uint32, session string, wantLogits bool, owner queueOwner) (*queueRecord, error) {
 	var raw [12]byte
 	rand.Read(raw[:])
 	r := &queueRecord{ID: hex.EncodeToString(raw[:]), State: kvmeshv1.PrefillState_PREFILL_STATE_QUEUED,
-		Enqueued: q.opts.now(), Session: session, WantLogits: wantLogits, Tokens: slices.Clone(tokens)}
+		Enqueued: q.opts.now(), Session: session, WantLogits: wantLogits, Tokens: slices.Clone(tokens), Owner: owner}
 	q.mu.Lock()
 	switch {
 	case q.mu.closed:
@@ -321,7 +322,7 @@ func (q *queue) get(id string) (*queueRecord, bool, error) {
 		return nil, false, nil
 	case !snap.done():
 		return &queueRecord{ID: snap.id, Seq: snap.seq, State: snap.state, Enqueued: snap.enqueued,
-			Started: snap.started, Session: snap.session}, true, nil
+			Started: snap.started, Session: snap.session, Owner: queueOwner{Tenant: snap.tenant}}, true, nil
 	case q.expired(&snap, q.opts.now()):
 		return nil, false, nil
 	}

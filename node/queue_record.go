@@ -21,6 +21,9 @@ type queueRecord struct {
 	Runs                        uint32 // times it was started; more than one after a restart
 	Session                     string
 	WantLogits                  bool
+	// Owner is the tenant whose request it is (zero: none); the request
+	// runs, and its result is readable, as that tenant's.
+	Owner queueOwner
 	// Tokens is the prompt while the request is queued or running; it is
 	// dropped when the request finishes.
 	Tokens []uint32
@@ -33,11 +36,22 @@ type queueRecord struct {
 	Err                        string
 }
 
+// queueOwner is the tenant a queued request belongs to.
+type queueOwner struct {
+	Tenant string // name; empty: none
+	Salt   string // its namespace salt (auth.Principal.Salt)
+	Tag    uint64 // its blocks' tag
+}
+
 // The encoding: a version byte, the state, then the fields in the order of
 // encodeQueueRecord as uvarints (times as varints of Unix nanoseconds, 0 for
 // none), strings and lists prefixed by their length, logits as
-// little-endian float32.
-const queueRecordV1 = 1
+// little-endian float32. Version 2 appended the owner; version 1 records
+// (no owner) are still read.
+const (
+	queueRecordV1 = 1
+	queueRecordV2 = 2
+)
 
 var errQueueRecord = errors.New("node: corrupt queue record")
 
@@ -59,7 +73,7 @@ func encodeQueueRecord(dst []byte, r *queueRecord) []byte {
 			dst = binary.AppendUvarint(dst, uint64(x))
 		}
 	}
-	dst = append(dst, queueRecordV1, byte(r.State))
+	dst = append(dst, queueRecordV2, byte(r.State))
 	dst = binary.AppendUvarint(dst, r.Seq)
 	putTime(r.Enqueued)
 	putTime(r.Started)
@@ -82,6 +96,9 @@ func encodeQueueRecord(dst []byte, r *queueRecord) []byte {
 		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(f))
 	}
 	putString(r.Err)
+	putString(r.Owner.Tenant)
+	putString(r.Owner.Salt)
+	dst = binary.AppendUvarint(dst, r.Owner.Tag)
 	return dst
 }
 
@@ -89,8 +106,9 @@ func encodeQueueRecord(dst []byte, r *queueRecord) []byte {
 // more than the input's size justifies. The record does not alias b.
 func decodeQueueRecord(b []byte) (*queueRecord, error) {
 	d := recordDecoder{b: b}
-	if v := d.byte(); v != queueRecordV1 {
-		return nil, fmt.Errorf("%w: version %d, want %d", errQueueRecord, v, queueRecordV1)
+	v := d.byte()
+	if v != queueRecordV1 && v != queueRecordV2 {
+		return nil, fmt.Errorf("%w: version %d, want %d or %d", errQueueRecord, v, queueRecordV1, queueRecordV2)
 	}
 	r := &queueRecord{State: kvmeshv1.PrefillState(d.byte())}
 	r.Seq = d.uvarint()
@@ -114,6 +132,9 @@ func decodeQueueRecord(b []byte) (*queueRecord, error) {
 		}
 	}
 	r.Err = d.string()
+	if v >= queueRecordV2 {
+		r.Owner.Tenant, r.Owner.Salt, r.Owner.Tag = d.string(), d.string(), d.uvarint()
+	}
 	switch {
 	case d.err != nil:
 		return nil, d.err

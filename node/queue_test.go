@@ -105,13 +105,13 @@ func TestQueueReopen(t *testing.T) {
 	q := openTestQueue(t, dir, testQueueOptions())
 	var ids []string
 	for i := range 4 {
-		r, err := q.enqueue([]uint32{uint32(i)}, "s", false)
+		r, err := q.enqueue([]uint32{uint32(i)}, "s", false, queueOwner{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, r.ID)
 	}
-	if _, err := q.enqueue([]uint32{9}, "", false); !errors.Is(err, errQueueFull) {
+	if _, err := q.enqueue([]uint32{9}, "", false, queueOwner{}); !errors.Is(err, errQueueFull) {
 		t.Fatalf("fifth request into a queue of 4: %v", err)
 	}
 	ctx := context.Background()
@@ -160,7 +160,7 @@ func TestQueueGivesUp(t *testing.T) {
 	dir := t.TempDir()
 	opts := testQueueOptions()
 	q := openTestQueue(t, dir, opts)
-	r, err := q.enqueue([]uint32{1}, "", false)
+	r, err := q.enqueue([]uint32{1}, "", false, queueOwner{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestQueueModel(t *testing.T) {
 		switch op := r.IntN(10); {
 		case op < 4:
 			tokens := []uint32{uint32(step), uint32(r.IntN(100))}
-			rec, err := q.enqueue(tokens, "", false)
+			rec, err := q.enqueue(tokens, "", false, queueOwner{})
 			if full := len(order) >= opts.capacity; full != errors.Is(err, errQueueFull) {
 				t.Fatalf("step %d: enqueue with %d pending: %v", step, len(order), err)
 			}

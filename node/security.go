@@ -135,7 +135,8 @@ func methodScope(method string) auth.Scope {
 		strings.HasPrefix(method, "/kvmesh.v1.AdminService/DropNamespace"):
 		return auth.Admin
 	case strings.HasPrefix(method, "/kvmesh.v1.CacheService/BatchPut"),
-		strings.HasPrefix(method, "/kvmesh.v1.CacheService/Publish"):
+		strings.HasPrefix(method, "/kvmesh.v1.CacheService/Publish"),
+		strings.HasPrefix(method, "/kvmesh.v1.PrefillService/Prefill"): // it publishes the blocks it computes
 		return auth.Write
 	}
 	return auth.Read

@@ -278,3 +278,73 @@ func encodeTenantBlock(t testing.TB, ns prefixhash.Namespace, parent prefixhash.
 	store.SetTenant(b, tag)
 	return b
 }
+
+// TestTenantsPrefill: the engine runs a tenant's prompt in the tenant's
+// namespace: a prefix one tenant prefilled is a hit for it on another node
+// and for no other tenant, whose results it cannot read either; a queued
+// prompt runs as its tenant's too.
+func TestTenantsPrefill(t *testing.T) {
+	tf := tenantsFile(t)
+	nodes := startClusterNodes(t, 2, func(_ int, o *Options) {
+		o.TokensFile = tf
+		o.GossipKey = []byte("fedcba9876543210fedcba9876543210")
+		o.Prefill.Model = tinyModel()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tokens := make([]uint32, 100)
+	for i := range tokens {
+		tokens[i] = uint32(i*7) % 250
+	}
+	acme0 := tenantDial(t, nodes[0], "acme-rw", client.TransportAuto)
+	first, err := acme0.Prefill(ctx, client.PrefillRequest{Tokens: tokens})
+	if err != nil || first.Usage.CachedTokens != 0 {
+		t.Fatalf("acme's first prefill: %+v, %v", first.Usage, err)
+	}
+	if err := nodes[0].prefill.engine.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	acme1 := tenantDial(t, nodes[1], "acme-rw", client.TransportAuto)
+	eng, err := acme1.Engine(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hit = 96 // 6 blocks of 16
+	waitUntil(t, "acme's prefix to be seen from n1", 30*time.Second, func() bool {
+		l, err := acme1.Lookup(ctx, eng.Namespace, tokens)
+		return err == nil && l.CachedTokens == hit
+	})
+	again, err := acme1.Prefill(ctx, client.PrefillRequest{Tokens: tokens})
+	if err != nil || again.Usage.CachedTokens != hit {
+		t.Errorf("acme's prefill on n1: %+v, %v; want %d cached", again.Usage, err, hit)
+	}
+	beta := tenantDial(t, nodes[1], "beta-rw", client.TransportAuto)
+	if l, err := beta.Lookup(ctx, eng.Namespace, tokens); err != nil || l.CachedTokens != 0 {
+		t.Errorf("beta's lookup of acme's prefilled prompt: %d cached, %v", l.CachedTokens, err)
+	}
+	other, err := beta.Prefill(ctx, client.PrefillRequest{Tokens: tokens})
+	if err != nil || other.Usage.CachedTokens != 0 {
+		t.Errorf("beta's prefill of acme's prompt: %+v, %v; want nothing cached", other.Usage, err)
+	}
+	// An open (node-wide) caller's namespace is not the tenant's either.
+	ops := tenantDial(t, nodes[1], "node-to-node", client.TransportGRPC)
+	if l, err := ops.Lookup(ctx, eng.Namespace, tokens); err != nil || l.CachedTokens != 0 {
+		t.Errorf("the unsalted namespace holds acme's prompt: %d cached, %v", l.CachedTokens, err)
+	}
+
+	// Queued: acme's request runs in acme's namespace; beta cannot read it.
+	q, err := acme0.Prefill(ctx, client.PrefillRequest{Tokens: tokens, Queue: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := acme0.WaitResult(ctx, q.RequestID, 10*time.Millisecond)
+	if err != nil || done.Usage.CachedTokens != hit {
+		t.Errorf("acme's queued prefill: %+v, %v; want %d cached", done.Usage, err, hit)
+	}
+	if _, err := tenantDial(t, nodes[0], "beta-rw", client.TransportGRPC).GetResult(ctx, q.RequestID); status.Code(errors.Unwrap(err)) != codes.NotFound {
+		t.Errorf("beta reads acme's queued result: %v, want NotFound", err)
+	}
+	if _, err := tenantDial(t, nodes[0], "acme-r", client.TransportGRPC).Prefill(ctx, client.PrefillRequest{Tokens: tokens}); status.Code(errors.Unwrap(err)) != codes.PermissionDenied {
+		t.Errorf("a read-only token's prefill: %v, want PermissionDenied", err)
+	}
+}

@@ -134,7 +134,8 @@ func (e *Engine) background(ctx context.Context, began time.Time, tokens []uint3
 	n := len(tokens)
 	b := e.cfg.BlockTokens
 	res := Result{Session: session, Usage: Usage{PromptTokens: n}}
-	keys, kv, loaded, err := e.load(ctx, tokens, &res)
+	sc := e.scopeOf(ctx)
+	keys, kv, loaded, err := e.load(ctx, sc, tokens, &res)
 	if err != nil {
 		return Result{}, err
 	}
@@ -165,7 +166,7 @@ func (e *Engine) background(ctx context.Context, began time.Time, tokens []uint3
 			if payload == nil {
 				payload = make([]byte, e.ns.BlockBytes())
 			}
-			buf, blocks = e.encode(buf, blocks, payload, kv, keys, tokens[published*b:], published, to)
+			buf, blocks = e.encode(sc, buf, blocks, payload, kv, keys, tokens[published*b:], published, to)
 			e.put(keys, published, blocks)
 			published = to
 		}

@@ -431,7 +431,8 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 	t0 := e.opts.Now()
 	res.Timing.Wait = t0.Sub(began)
 
-	keys, kv, loaded, err := e.load(ctx, tokens, &res)
+	sc := e.scopeOf(ctx)
+	keys, kv, loaded, err := e.load(ctx, sc, tokens, &res)
 	if err != nil {
 		return Result{}, err
 	}
@@ -452,7 +453,7 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 	res.TopTokens = topK(res.Logits, TopK)
 	res.Usage.CachedTokens = start
 	res.FLOPs = e.cfg.ForwardFLOPs(start, n-start)
-	e.publish(kv, tokens, keys, loaded)
+	e.publish(sc, kv, tokens, keys, loaded)
 	return res, nil
 }
 
@@ -460,9 +461,9 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 // the pool. It returns the prompt's chain, the KV (the caller puts it back
 // in the pool or hands it on) and the number of blocks loaded, and records
 // the lookup and fetch times in res.
-func (e *Engine) load(ctx context.Context, tokens []uint32, res *Result) ([]prefixhash.Key, *KV, int, error) {
+func (e *Engine) load(ctx context.Context, sc scope, tokens []uint32, res *Result) ([]prefixhash.Key, *KV, int, error) {
 	t0 := e.opts.Now()
-	keys := prefixhash.Keys(e.ns, tokens)
+	keys := prefixhash.Keys(sc.ns, tokens)
 	hit := e.lookup(ctx, keys)
 	if ctx.Err() != nil {
 		return nil, nil, 0, e.ctxErr(ctx, "lookup")
@@ -470,7 +471,7 @@ func (e *Engine) load(ctx context.Context, tokens []uint32, res *Result) ([]pref
 	t1 := e.opts.Now()
 	res.Timing.Lookup = t1.Sub(t0)
 	kv := e.getKV(len(tokens))
-	loaded := e.fetch(ctx, keys[:hit], kv)
+	loaded := e.fetch(ctx, sc.ns, keys[:hit], kv)
 	if ctx.Err() != nil {
 		e.kvPool.Put(kv)
 		return nil, nil, 0, e.ctxErr(ctx, "fetch")
@@ -508,7 +509,7 @@ func (e *Engine) lookup(ctx context.Context, keys []prefixhash.Key) int {
 // leading blocks it loaded: it stops at the first block that is missing or
 // fails verification (decoding, checksums, namespace, key), and the rest is
 // recomputed.
-func (e *Engine) fetch(ctx context.Context, keys []prefixhash.Key, kv *KV) int {
+func (e *Engine) fetch(ctx context.Context, ns prefixhash.Namespace, keys []prefixhash.Key, kv *KV) int {
 	if len(keys) == 0 {
 		return 0
 	}
@@ -522,7 +523,7 @@ func (e *Engine) fetch(ctx context.Context, keys []prefixhash.Key, kv *KV) int {
 	}
 	defer release()
 	b := e.cfg.BlockTokens
-	maxPayload := e.ns.BlockBytes()
+	maxPayload := ns.BlockBytes()
 	for i, key := range keys {
 		if i >= len(blocks) || blocks[i] == nil {
 			e.stats.missing.Add(1)
@@ -531,7 +532,7 @@ func (e *Engine) fetch(ctx context.Context, keys []prefixhash.Key, kv *KV) int {
 		}
 		blk, err := store.Decode(blocks[i], maxPayload)
 		if err == nil {
-			err = blk.CheckNamespace(e.ns)
+			err = blk.CheckNamespace(ns)
 		}
 		if err == nil && blk.Key != key {
 			err = fmt.Errorf("block %d has key %s, want %s", i, blk.Key, key)

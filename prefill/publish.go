@@ -12,6 +12,7 @@ import (
 // from..len(keys)-1 of the prompt, whose K/V are in kv. The job owns kv and
 // returns it to the pool. A job with flushed set is a Flush marker.
 type publishJob struct {
+	sc      scope // whose blocks these are
 	kv      *KV
 	tokens  []uint32         // the tokens of blocks from..len(keys)-1 (a copy owned by the job)
 	keys    []prefixhash.Key // the prompt's whole chain
@@ -24,13 +25,13 @@ func (j publishJob) blocks() int { return len(j.keys) - j.from }
 // publish queues blocks [from, len(keys)) of a prefill for the publisher and
 // takes ownership of kv. It never waits: with the queue full or the engine
 // closing, the blocks are dropped and counted.
-func (e *Engine) publish(kv *KV, tokens []uint32, keys []prefixhash.Key, from int) {
+func (e *Engine) publish(sc scope, kv *KV, tokens []uint32, keys []prefixhash.Key, from int) {
 	if e.cache == nil || from >= len(keys) {
 		e.kvPool.Put(kv)
 		return
 	}
 	b := e.cfg.BlockTokens
-	job := publishJob{kv: kv, tokens: append([]uint32(nil), tokens[from*b:len(keys)*b]...), keys: keys, from: from}
+	job := publishJob{sc: sc, kv: kv, tokens: append([]uint32(nil), tokens[from*b:len(keys)*b]...), keys: keys, from: from}
 	e.mu.RLock()
 	queued := false
 	if !e.mu.closed {
@@ -95,7 +96,7 @@ func (e *Engine) publishLoop(queue <-chan publishJob) {
 			e.drop(job)
 			continue
 		}
-		buf, blocks = e.encode(buf, blocks, payload, job.kv, job.keys, job.tokens, job.from, len(job.keys))
+		buf, blocks = e.encode(job.sc, buf, blocks, payload, job.kv, job.keys, job.tokens, job.from, len(job.keys))
 		e.kvPool.Put(job.kv)
 		e.put(job.keys, job.from, blocks)
 	}
@@ -105,14 +106,14 @@ func (e *Engine) publishLoop(queue <-chan publishJob) {
 // are in kv and whose tokens start tokens (tokens[0] is block from's first),
 // and returns buf and the blocks, which alias buf. payload is scratch of one
 // block's payload length.
-func (e *Engine) encode(buf []byte, blocks [][]byte, payload []byte, kv *KV, chain []prefixhash.Key, tokens []uint32, from, to int) ([]byte, [][]byte) {
+func (e *Engine) encode(sc scope, buf []byte, blocks [][]byte, payload []byte, kv *KV, chain []prefixhash.Key, tokens []uint32, from, to int) ([]byte, [][]byte) {
 	b := e.cfg.BlockTokens
 	encLen := store.EncodedLen(b, len(payload))
 	if need := (to - from) * encLen; cap(buf) < need {
 		buf = make([]byte, 0, need)
 	}
 	buf, blocks = buf[:0], blocks[:0]
-	root := e.ns.Root()
+	root := sc.ns.Root()
 	for i := from; i < to; i++ {
 		parent := root
 		if i > 0 {
@@ -122,9 +123,12 @@ func (e *Engine) encode(buf []byte, blocks [][]byte, payload []byte, kv *KV, cha
 		var key prefixhash.Key
 		var err error
 		j := i - from
-		buf, key, err = store.Encode(buf, e.ns, parent, tokens[j*b:(j+1)*b], payload)
+		buf, key, err = store.Encode(buf, sc.ns, parent, tokens[j*b:(j+1)*b], payload)
 		if err != nil || key != chain[i] {
 			panic(fmt.Sprintf("prefill: encoding block %d: key %s, want %s: %v", i, key, chain[i], err))
+		}
+		if sc.tag != 0 {
+			store.SetTenant(buf[len(buf)-encLen:], sc.tag)
 		}
 		blocks = append(blocks, buf[len(buf)-encLen:])
 	}
