@@ -1,0 +1,22 @@
+"""kvmesh: the Python client of a kvmesh node, for inference workers.
+
+    import kvmesh
+    ns = kvmesh.Namespace("meta-llama/Llama-3.1-8B", "bfloat16", 16, layers=(0, 32), kv_heads=8, head_dim=128)
+    with kvmesh.Client("127.0.0.1:7600") as c:
+        c.put(ns, tokens, kv)            # kv: [layers, 2, len(tokens), kv_heads, head_dim]
+        n, kv = c.get(ns, tokens)        # the longest cached prefix: n tokens
+
+Keys (kvmesh.keys) are computed here, bit-identical to the node's; on the node's
+host, blocks move through its shared memory. See clients/python/README.md.
+"""
+from ._namespace import DTYPES, KEY_VERSION, Namespace, keys
+from ._core import CachedBlock, LookupResult
+from .client import Client
+from .errors import (DeadlineExceeded, InvalidArgument, KVMeshError, NotFound, PermissionDenied,
+                     ResourceExhausted, Unavailable)
+from . import aio, paged  # noqa: E402
+
+__all__ = ["Namespace", "keys", "Client", "aio", "paged", "LookupResult", "CachedBlock", "KVMeshError", "NotFound",
+           "Unavailable", "InvalidArgument", "PermissionDenied", "ResourceExhausted", "DeadlineExceeded",
+           "KEY_VERSION", "DTYPES"]
+__version__ = "0.1.0"

@@ -1,0 +1,293 @@
+"""What the sync and asyncio clients share: planning puts and gets, reading the
+node's answers. No I/O here; client.py and aio.py do it."""
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _tensors, _xxhash, block
+from ._namespace import Namespace, key_bytes
+from .errors import InvalidArgument, KVMeshError
+from .v1 import cache_pb2
+
+CHUNK_BYTES = 1 << 20  # payload bytes per gRPC message (the node takes messages up to 4 MiB)
+DEFAULT_CHUNK_TOKENS = 512
+
+
+@dataclass
+class CachedBlock:
+    key: str   # 32 hex digits
+    node: str  # id of a node holding it
+    tier: str  # dram, nvme, ...
+
+
+@dataclass
+class LookupResult:
+    cached_tokens: int
+    cached_blocks: int
+    prompt_tokens: int
+    blocks: list = field(default_factory=list)
+
+
+@dataclass
+class Meta:
+    """What the client learns from its node once: whom it is, where the node's
+    shared memory is, how it keys."""
+    salt: str = ""
+    tag: int = 0
+    shm_socket: str = ""
+    same_host: bool = False
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    key_version: int = 0  # 0: not probed yet
+
+
+def local_host_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def meta_from(whoami, members):
+    m = Meta()
+    if whoami is not None:
+        m.salt, m.tag = whoami.namespace_salt, whoami.tenant_tag
+    if members is not None:
+        m.chunk_tokens = members.chunk_tokens or DEFAULT_CHUNK_TOKENS
+        for mem in members.members:
+            if mem.id == members.self_id:
+                m.shm_socket = mem.shm_socket
+                m.same_host = bool(mem.host_id) and mem.host_id == local_host_id() and os.path.exists(mem.shm_socket)
+    return m
+
+
+def check_ns(ns):
+    if not isinstance(ns, Namespace):
+        raise TypeError(f"ns: want a kvmesh.Namespace, got {type(ns).__name__}")
+
+
+def probe_request(ns):
+    """A BatchGet whose first answer names the key the node computes for one block of
+    zeros: which key format it speaks (format 1 nodes predate SHA-256 keys)."""
+    return cache_pb2.BatchGetRequest(namespace=ns.to_proto(), tokens=[0] * ns.block_tokens, prefix=True)
+
+
+def key_version_from(ns, salt, key):
+    kns = ns.salted(salt)
+    for v in (2, 1):
+        if key_bytes(kns, [0] * ns.block_tokens, v)[0] == key:
+            return v
+    raise KVMeshError("the node keys blocks differently from this client (an unknown key format, or a tenant "
+                      "salt it did not report): upgrade the client or the node")
+
+
+def chunk_keys(keys, ns, chunk_tokens):
+    c = max(1, chunk_tokens // ns.block_tokens)
+    return [keys[i - i % c] for i in range(len(keys))]
+
+
+# ---- put ----
+
+class PutPlan:
+    """The blocks of a batch of prompts: keys, parents, chunk keys, payloads."""
+
+    def __init__(self, ns, items, meta):
+        check_ns(ns)
+        self.ns, self.meta = ns, meta
+        self.kns = ns.salted(meta.salt)
+        B = ns.block_tokens
+        self.blocks = []  # (prompt, index, tokens bytes, parent, key, chunk, payload ndarray)
+        self.per_prompt = []
+        self._keep = []
+        for p, (tokens, kv) in enumerate(items):
+            tb = _token_bytes(tokens)
+            _tensors.check_kv(ns, kv, n_tokens=len(tb) // 4, name=f"kv of prompt {p}" if len(items) > 1 else "kv")
+            u8, staged = _tensors.host_u8(kv, ns)
+            self._keep.append((u8, staged))
+            ks = key_bytes(self.kns, tb, meta.key_version)
+            cks = chunk_keys(ks, ns, meta.chunk_tokens)
+            parent = self.kns.root(meta.key_version)
+            for i, k in enumerate(ks):
+                payload = u8[:, :, i * B:(i + 1) * B, :]
+                if not payload.flags.c_contiguous:
+                    payload = np.ascontiguousarray(payload)  # the one copy of a put
+                self.blocks.append((p, i, tb[4 * i * B:4 * (i + 1) * B], parent, k, cks[i], payload))
+                parent = k
+            self.per_prompt.append(len(ks))
+
+    def checksum(self, payload):
+        return _xxhash.xxh64_ptr(payload.ctypes.data, payload.nbytes) if _xxhash.available else 0
+
+    def shm_items(self):
+        keys, chunks, heads, payloads = [], [], [], []
+        for (_p, _i, tb, parent, k, ck, payload) in self.blocks:
+            h, key = block.encode_header(self.kns, parent, tb, self.checksum(payload), self.meta.tag,
+                                         self.meta.key_version)
+            assert key == k
+            keys.append(k)
+            chunks.append(ck)
+            heads.append(h)
+            payloads.append(payload)
+        return keys, chunks, heads, payloads
+
+    def requests(self, which):
+        """The BatchPut stream of blocks[which] (indexes)."""
+        first = True
+        nsp = self.ns.to_proto()
+        for j in which:
+            (_p, _i, tb, parent, k, ck, payload) = self.blocks[j]
+            data = memoryview(payload).cast("B")
+            hdr = cache_pb2.BlockHeader(parent=parent, tokens=np.frombuffer(tb, "<u4").tolist(),
+                                        payload_len=data.nbytes, payload_checksum=self.checksum(payload), chunk_key=ck)
+            for off in range(0, data.nbytes, CHUNK_BYTES):
+                req = cache_pb2.BatchPutRequest(data=bytes(data[off:off + CHUNK_BYTES]))
+                if first:
+                    req.namespace.CopyFrom(nsp)
+                    first = False
+                if off == 0:
+                    req.block.CopyFrom(hdr)
+                yield req
+
+    def counts(self, stored_keys):
+        """Blocks stored per prompt, given the keys stored."""
+        got = set(stored_keys)
+        out = [0] * len(self.per_prompt)
+        for (p, _i, _tb, _parent, k, _ck, _pl) in self.blocks:
+            if k in got:
+                out[p] += 1
+        return out
+
+
+# ---- get ----
+
+class GetPlan:
+    """Keys of a batch of prompts and where their blocks land."""
+
+    def __init__(self, ns, prompts, outs, array, meta):
+        check_ns(ns)
+        if outs is not None and len(outs) != len(prompts):
+            raise ValueError(f"outs: {len(outs)} outputs for {len(prompts)} prompts")
+        if array not in (None, "torch", "numpy"):
+            raise ValueError(f"array: want 'torch' or 'numpy', got {array!r}")
+        self.ns, self.meta = ns, meta
+        self.kns = ns.salted(meta.salt)
+        B = ns.block_tokens
+        tbs = [_token_bytes(t) for t in prompts]
+        for p, out in enumerate(outs or []):
+            if out is not None:
+                _tensors.check_kv(ns, out, name=f"outs[{p}]" if len(prompts) > 1 else "out")
+        if array is None:
+            array = "torch" if _tensors._torch() is not None else "numpy"
+        self.array = array
+        self.keys, self.where, self.dests, self.nblocks, self.given = [], [], [], [], []
+        for p, tb in enumerate(tbs):
+            nb = len(tb) // 4 // B
+            out = outs[p] if outs is not None else None
+            if out is not None:
+                nb = min(nb, out.shape[2] // B)
+            else:
+                out = _tensors.alloc(ns, nb * B, array)
+            ks = key_bytes(self.kns, tb[:4 * nb * B], meta.key_version) if nb else []
+            for i, k in enumerate(ks):
+                self.keys.append(k)
+                self.where.append((p, i))
+            self.nblocks.append(nb)
+            self.given.append(outs is not None and outs[p] is not None)
+            self.dests.append(_tensors.Dest(ns, out))
+        self.found = [set() for _ in tbs]
+        self._staging = {}
+
+    def chunk_keys(self):
+        out = []
+        start = 0
+        for nb in self.nblocks:
+            out += chunk_keys(self.keys[start:start + nb], self.ns, self.meta.chunk_tokens)
+            start += nb
+        return out
+
+    def land(self, j, payload):
+        p, i = self.where[j]
+        self.dests[p].put_block(i, payload)
+        self.found[p].add(i)
+
+    def shm_consume(self, j, view):
+        """Lands the encoded block view (shared region) of key j, if it checks out."""
+        try:
+            h = block.decode_header(view, self.meta.key_version)
+            block.check_namespace(h, self.kns)
+        except block.CorruptBlock:
+            return
+        if h.key != self.keys[j] or len(view) != h.header_len + h.payload_len:
+            return
+        self.land(j, view[h.header_len:])
+
+    def missing(self):
+        """Indexes of keys not landed yet."""
+        return [j for j, (p, i) in enumerate(self.where) if i not in self.found[p]]
+
+    def request(self, which):
+        cks = self.chunk_keys()
+        return cache_pb2.BatchGetRequest(namespace=self.ns.to_proto(), keys=[self.keys[j] for j in which],
+                                         chunk_keys=[cks[j] for j in which], prefix=len(self.dests) == 1)
+
+    def on_frame(self, which, f):
+        """Consumes one BatchGet answer frame for the request of keys which."""
+        if not f.found:
+            return
+        j = which[f.index]
+        if f.payload_len != self.ns.block_bytes or f.key != self.keys[j]:
+            raise KVMeshError(f"node sent block {f.index} of {f.payload_len} bytes under another key or layout")
+        if f.offset == 0 and f.last:
+            buf = f.data
+        else:
+            buf = self._staging.get(j)
+            if buf is None:
+                buf = self._staging[j] = bytearray(f.payload_len)
+            buf[f.offset:f.offset + len(f.data)] = f.data
+            if not f.last:
+                return
+            del self._staging[j]
+        if len(buf) != f.payload_len:
+            raise KVMeshError(f"block {f.index}: {len(buf)} payload bytes, node announced {f.payload_len}")
+        if _xxhash.available and f.payload_checksum and _xxhash.xxh64(buf) != f.payload_checksum:
+            return  # damaged: a miss
+        self.land(j, buf)
+
+    def results(self):
+        out = []
+        B = self.ns.block_tokens
+        for p, d in enumerate(self.dests):
+            n = 0
+            while n < self.nblocks[p] and n in self.found[p]:
+                n += 1
+            kv = d.finish(n * B)
+            if not self.given[p] and n < self.nblocks[p]:
+                kv = kv[:, :, :n * B]
+                kv = kv.contiguous() if _tensors.is_torch(kv) else np.ascontiguousarray(kv)
+            out.append((n * B, kv))
+        return out
+
+
+def _token_bytes(tokens):
+    from ._namespace import token_bytes
+    if isinstance(tokens, (bytes, bytearray, str)):
+        raise ValueError("tokens: want a sequence of int token ids (not bytes or str)")
+    return token_bytes(tokens)
+
+
+def lookup_request(ns, tokens, meta):
+    check_ns(ns)
+    tb = _token_bytes(tokens)
+    ks = key_bytes(ns.salted(meta.salt), tb, meta.key_version)
+    return cache_pb2.LookupRequest(namespace=ns.to_proto(), chain=b"".join(ks), prompt_tokens=len(tb) // 4)
+
+
+def lookup_result(resp):
+    return LookupResult(cached_tokens=resp.cached_tokens, cached_blocks=resp.cached_blocks,
+                        prompt_tokens=resp.prompt_tokens,
+                        blocks=[CachedBlock(key=b.key.hex(), node=b.node_id, tier=b.tier) for b in resp.blocks])
+
+
+def bad(msg):
+    return InvalidArgument(msg)

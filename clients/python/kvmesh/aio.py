@@ -1,0 +1,152 @@
+"""The asyncio client: kvmesh.Client's methods as coroutines, over grpc.aio.
+
+Safe for hundreds of concurrent calls on one client. The shared-memory path
+runs its socket round trips in a worker thread (one connection, calls
+serialised on it); everything else is asyncio.
+"""
+import asyncio
+
+import grpc
+
+from . import _core, _shm
+from .client import _check_outs, _check_put_items, channel_credentials, channel_options
+from .errors import KVMeshError, PermissionDenied, from_rpc
+from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2_grpc
+
+
+class Client:
+    """``async with kvmesh.aio.Client(addr) as c: n, kv = await c.get(ns, tokens)``."""
+
+    def __init__(self, addr, *, token=None, tls=None, timeout=10.0, shm=True):
+        self.addr, self.timeout = addr, timeout
+        creds = channel_credentials(tls)
+        opts = channel_options(tls)
+        self._channel = grpc.aio.secure_channel(addr, creds, opts) if creds else grpc.aio.insecure_channel(addr, opts)
+        self._cache = cache_pb2_grpc.CacheServiceStub(self._channel)
+        self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._md = (("authorization", f"Bearer {token}"),) if token else None
+        self._token = token
+        self._use_shm = shm
+        self._meta = None
+        self._meta_lock = asyncio.Lock()
+        self._shm = None
+        #: Blocks moved, by path: shm_get, grpc_get, shm_put, grpc_put.
+        self.counters = dict.fromkeys(("shm_get", "grpc_get", "shm_put", "grpc_put"), 0)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def close(self):
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
+        await self._channel.close()
+
+    async def _call(self, fn, req):
+        try:
+            return await fn(req, timeout=self.timeout, metadata=self._md)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc(e) from None
+
+    async def meta(self, ns=None):
+        async with self._meta_lock:
+            m = self._meta
+            if m is None:
+                try:
+                    who = await self._call(self._admin.WhoAmI, admin_pb2.WhoAmIRequest())
+                except KVMeshError as e:
+                    if e.code != "UNIMPLEMENTED":
+                        raise
+                    who = None
+                members = await self._call(self._admin.Members, admin_pb2.MembersRequest())
+                m = _core.meta_from(who, members)
+            if not m.key_version and ns is not None:
+                first = None
+                try:
+                    async for f in self._cache.BatchGet(_core.probe_request(ns), timeout=self.timeout, metadata=self._md):
+                        first = f if first is None else first
+                except grpc.aio.AioRpcError as e:
+                    raise from_rpc(e) from None
+                if first is None:
+                    raise KVMeshError("the node answered the key probe with nothing")
+                m.key_version = _core.key_version_from(ns, m.salt, first.key)
+            self._meta = m
+            return m
+
+    async def _shm_conn(self, m):
+        if not (self._use_shm and m.same_host and m.shm_socket):
+            return None
+        if self._shm is None or self._shm.closed:
+            try:
+                self._shm = await asyncio.to_thread(_shm.ShmConn, m.shm_socket, self._token, self.timeout)
+            except _shm.ShmAuthError as e:
+                raise PermissionDenied(str(e)) from None
+            except (OSError, _shm.ShmError):
+                self._use_shm = False
+                return None
+        return self._shm
+
+    async def lookup(self, ns, tokens):
+        _core.check_ns(ns)
+        _core._token_bytes(tokens)
+        m = await self.meta(ns)
+        return _core.lookup_result(await self._call(self._cache.Lookup, _core.lookup_request(ns, tokens, m)))
+
+    async def put(self, ns, tokens, kv):
+        return (await self.batch_put(ns, [(tokens, kv)]))[0]
+
+    async def batch_put(self, ns, items):
+        items = list(items)
+        _check_put_items(ns, items)
+        m = await self.meta(ns)
+        plan = _core.PutPlan(ns, items, m)
+        if not plan.blocks:
+            return [0] * len(items)
+        stored, rest = [], list(range(len(plan.blocks)))
+        conn = await self._shm_conn(m)
+        if conn is not None:
+            keys, chunks, heads, payloads = plan.shm_items()
+            try:
+                st = await asyncio.to_thread(conn.put_publish, keys, chunks, heads, payloads)
+                stored = [keys[j] for j in range(len(keys)) if st[j] == _shm.STATUS_OK]
+                self.counters["shm_put"] += len(stored)
+                rest = [j for j in range(len(keys)) if st[j] != _shm.STATUS_OK]
+            except (OSError, _shm.ShmError):
+                pass
+        if rest:
+            try:
+                resp = await self._cache.BatchPut(plan.requests(rest), timeout=self.timeout, metadata=self._md)
+            except grpc.aio.AioRpcError as e:
+                raise from_rpc(e) from None
+            stored += list(resp.keys)
+            self.counters["grpc_put"] += len(resp.keys)
+        return plan.counts(stored)
+
+    async def get(self, ns, tokens, out=None, *, array=None):
+        return (await self.batch_get(ns, [tokens], None if out is None else [out], array=array))[0]
+
+    async def batch_get(self, ns, prompts, outs=None, *, array=None):
+        prompts = list(prompts)
+        _check_outs(ns, prompts, outs, array)
+        m = await self.meta(ns)
+        plan = _core.GetPlan(ns, prompts, outs, array, m)
+        if plan.keys:
+            conn = await self._shm_conn(m)
+            if conn is not None:
+                try:
+                    await asyncio.to_thread(conn.get, plan.keys, plan.shm_consume)
+                except (OSError, _shm.ShmError):
+                    pass
+            self.counters["shm_get"] += len(plan.keys) - len(plan.missing())
+            which = plan.missing()
+            if which:
+                try:
+                    async for f in self._cache.BatchGet(plan.request(which), timeout=self.timeout, metadata=self._md):
+                        plan.on_frame(which, f)
+                except grpc.aio.AioRpcError as e:
+                    raise from_rpc(e) from None
+            self.counters["grpc_get"] += len(which) - len(plan.missing())
+        return plan.results()

@@ -1,0 +1,223 @@
+"""The synchronous client."""
+import threading
+
+import grpc
+
+from . import _core, _shm, _tensors
+from .errors import KVMeshError, PermissionDenied, from_rpc
+from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2_grpc
+
+_MAX_MSG = 64 << 20
+
+
+def channel_credentials(tls):
+    """tls: None (plain TCP), True (system roots), a PEM CA path or bytes, a dict
+    {ca, cert, key} of PEM paths or bytes, or grpc.ChannelCredentials."""
+    if tls is None or tls is False:
+        return None
+    if isinstance(tls, grpc.ChannelCredentials):
+        return tls
+
+    def pem(x):
+        if x is None or isinstance(x, bytes):
+            return x
+        with open(x, "rb") as f:
+            return f.read()
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    if isinstance(tls, dict):
+        return grpc.ssl_channel_credentials(root_certificates=pem(tls.get("ca")), private_key=pem(tls.get("key")),
+                                            certificate_chain=pem(tls.get("cert")))
+    return grpc.ssl_channel_credentials(root_certificates=pem(tls))
+
+
+def channel_options(tls):
+    opts = [("grpc.max_receive_message_length", _MAX_MSG), ("grpc.max_send_message_length", _MAX_MSG)]
+    if isinstance(tls, dict) and tls.get("server_name"):
+        opts.append(("grpc.ssl_target_name_override", tls["server_name"]))
+    return opts
+
+
+def _check_put_items(ns, items):
+    _core.check_ns(ns)
+    for p, (tokens, kv) in enumerate(items):
+        _tensors.check_kv(ns, kv, n_tokens=len(_core._token_bytes(tokens)) // 4,
+                          name=f"kv of prompt {p}" if len(items) > 1 else "kv")
+
+
+def _check_outs(ns, prompts, outs, array=None):
+    _core.check_ns(ns)
+    if array not in (None, "torch", "numpy"):
+        raise ValueError(f"array: want 'torch' or 'numpy', got {array!r}")
+    if outs is not None:
+        if len(outs) != len(prompts):
+            raise ValueError(f"outs: {len(outs)} outputs for {len(prompts)} prompts")
+        for p, out in enumerate(outs):
+            if out is not None:
+                _tensors.check_kv(ns, out, name=f"outs[{p}]" if len(prompts) > 1 else "out")
+    for t in prompts:
+        _core._token_bytes(t)
+
+
+class Client:
+    """A kvmesh node's client: ``with kvmesh.Client("127.0.0.1:7600") as c: ...``.
+
+    token: the bearer token (a node with tokens requires one); tls: see
+    channel_credentials; timeout: seconds per call. shm: use the node's
+    shared memory when it runs on this host (default True). Safe to share
+    between threads.
+    """
+
+    def __init__(self, addr, *, token=None, tls=None, timeout=10.0, shm=True):
+        self.addr, self.timeout = addr, timeout
+        creds = channel_credentials(tls)
+        opts = channel_options(tls)
+        self._channel = grpc.secure_channel(addr, creds, opts) if creds else grpc.insecure_channel(addr, opts)
+        self._cache = cache_pb2_grpc.CacheServiceStub(self._channel)
+        self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._md = (("authorization", f"Bearer {token}"),) if token else None
+        self._token = token
+        self._use_shm = shm
+        self._meta = None
+        self._lock = threading.Lock()
+        self._shm = None
+        #: Blocks moved, by path: shm_get, grpc_get, shm_put, grpc_put.
+        self.counters = dict.fromkeys(("shm_get", "grpc_get", "shm_put", "grpc_put"), 0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        with self._lock:
+            if self._shm is not None:
+                self._shm.close()
+                self._shm = None
+        self._channel.close()
+
+    def _call(self, fn, req, **kw):
+        try:
+            return fn(req, timeout=self.timeout, metadata=self._md, **kw)
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+
+    def meta(self, ns=None):
+        """Whom the node takes this client for, where its shared memory is, and (given a
+        namespace to ask with) how it keys blocks; asked once."""
+        m = self._meta
+        if m is None:
+            try:
+                who = self._call(self._admin.WhoAmI, admin_pb2.WhoAmIRequest())
+            except KVMeshError as e:
+                if e.code != "UNIMPLEMENTED":
+                    raise
+                who = None
+            members = self._call(self._admin.Members, admin_pb2.MembersRequest())
+            m = _core.meta_from(who, members)
+        if not m.key_version and ns is not None:
+            first = None
+            try:
+                for f in self._cache.BatchGet(_core.probe_request(ns), timeout=self.timeout, metadata=self._md):
+                    first = f if first is None else first
+            except grpc.RpcError as e:
+                raise from_rpc(e) from None
+            if first is None:
+                raise KVMeshError("the node answered the key probe with nothing")
+            m.key_version = _core.key_version_from(ns, m.salt, first.key)
+        self._meta = m
+        return m
+
+    def _shm_conn(self, m):
+        if not (self._use_shm and m.same_host and m.shm_socket):
+            return None
+        with self._lock:
+            if self._shm is None or self._shm.closed:
+                try:
+                    self._shm = _shm.ShmConn(m.shm_socket, self._token, self.timeout)
+                except _shm.ShmAuthError as e:
+                    raise PermissionDenied(str(e)) from None
+                except (OSError, _shm.ShmError):
+                    self._use_shm = False  # not usable from here: gRPC from now on
+                    return None
+            return self._shm
+
+    @property
+    def shm_active(self):
+        """Whether the last call could use the shared-memory path."""
+        return self._shm is not None and not self._shm.closed
+
+    # ---- API ----
+
+    def lookup(self, ns, tokens):
+        """How much of a prompt is cached: .cached_tokens, and per block .key/.node/.tier."""
+        _core.check_ns(ns)
+        _core._token_bytes(tokens)
+        m = self.meta(ns)
+        return _core.lookup_result(self._call(self._cache.Lookup, _core.lookup_request(ns, tokens, m)))
+
+    def put(self, ns, tokens, kv):
+        """Stores every full block of kv ([layers, 2, len(tokens), kv_heads, head_dim]); returns
+        the number of blocks stored."""
+        return self.batch_put(ns, [(tokens, kv)])[0]
+
+    def batch_put(self, ns, items):
+        """put of many (tokens, kv) pairs in one call; returns blocks stored per prompt."""
+        items = list(items)
+        _check_put_items(ns, items)
+        m = self.meta(ns)
+        plan = _core.PutPlan(ns, items, m)
+        if not plan.blocks:
+            return [0] * len(items)
+        stored = []
+        rest = list(range(len(plan.blocks)))
+        conn = self._shm_conn(m)
+        if conn is not None:
+            keys, chunks, heads, payloads = plan.shm_items()
+            try:
+                st = conn.put_publish(keys, chunks, heads, payloads)
+                stored = [keys[j] for j in range(len(keys)) if st[j] == _shm.STATUS_OK]
+                self.counters["shm_put"] += len(stored)
+                rest = [j for j in range(len(keys)) if st[j] != _shm.STATUS_OK]
+            except (OSError, _shm.ShmError):
+                pass
+        if rest:
+            try:
+                resp = self._cache.BatchPut(plan.requests(rest), timeout=self.timeout, metadata=self._md)
+            except grpc.RpcError as e:
+                raise from_rpc(e) from None
+            stored += list(resp.keys)
+            self.counters["grpc_put"] += len(resp.keys)
+        return plan.counts(stored)
+
+    def get(self, ns, tokens, out=None, *, array=None):
+        """Reads the longest cached prefix of tokens: returns (cached_tokens, kv). With out
+        (a KV tensor) the blocks land in it in place (as many as fit); else a new torch tensor
+        (array="numpy": numpy array) of the cached tokens."""
+        return self.batch_get(ns, [tokens], None if out is None else [out], array=array)[0]
+
+    def batch_get(self, ns, prompts, outs=None, *, array=None):
+        """get of many prompts in one call; returns [(cached_tokens, kv), ...]."""
+        prompts = list(prompts)
+        _check_outs(ns, prompts, outs, array)
+        m = self.meta(ns)
+        plan = _core.GetPlan(ns, prompts, outs, array, m)
+        if plan.keys:
+            conn = self._shm_conn(m)
+            if conn is not None:
+                try:
+                    conn.get(plan.keys, plan.shm_consume)
+                except (OSError, _shm.ShmError):
+                    pass
+            self.counters["shm_get"] += len(plan.keys) - len(plan.missing())
+            which = plan.missing()
+            if which:
+                req = plan.request(which)
+                try:
+                    for f in self._cache.BatchGet(req, timeout=self.timeout, metadata=self._md):
+                        plan.on_frame(which, f)
+                except grpc.RpcError as e:
+                    raise from_rpc(e) from None
+            self.counters["grpc_get"] += len(which) - len(plan.missing())
+        return plan.results()

@@ -1,0 +1,98 @@
+"""Blocks between the store and an engine's paged KV cache (vLLM's layout).
+
+kv_caches is one tensor per layer shaped [2, num_blocks, block_size,
+num_kv_heads, head_dim] (vLLM's per-layer K|V cache): either one per layer of
+the namespace's range, or one per layer of the whole model (then the
+namespace's layers [start, end) are used). block_table lists the engine blocks
+of the request in order: engine block j holds tokens [j*block_size,
+(j+1)*block_size). The engine's block_size may be a divisor or a multiple of
+the namespace's block_tokens; the copy is addressed per token (slot =
+block_table[t // block_size] * block_size + t % block_size), so any ratio
+works, with one index_copy_ (load) or index_select (save) per layer and no
+Python loop over tokens.
+"""
+from . import _tensors
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _layers(ns, kv_caches):
+    caches = list(kv_caches)
+    if len(caches) == ns.layers:
+        pass
+    elif len(caches) >= ns.layer_end:
+        caches = caches[ns.layer_start:ns.layer_end]
+    else:
+        raise ValueError(f"kv_caches: {len(caches)} layers, want {ns.layers} (the namespace's) or at least "
+                         f"{ns.layer_end} (the model's)")
+    torch = _torch()
+    out = []
+    want_dt = _tensors.torch_dtype(ns)
+    bs = None
+    for i, c in enumerate(caches):
+        if not _tensors.is_torch(c):
+            c = torch.from_numpy(c)
+        if c.dim() != 5 or c.shape[0] != 2 or c.shape[3] != ns.kv_heads or c.shape[4] != ns.head_dim:
+            raise ValueError(f"kv_caches[{i}]: shape {list(c.shape)}, want [2, num_blocks, block_size, "
+                             f"{ns.kv_heads}, {ns.head_dim}]")
+        if c.dtype != want_dt:
+            raise ValueError(f"kv_caches[{i}]: dtype {c.dtype}, want {want_dt}")
+        if not c.is_contiguous():
+            raise ValueError(f"kv_caches[{i}]: must be contiguous")
+        if bs is not None and c.shape[1:3] != out[0].shape[1:3]:
+            raise ValueError(f"kv_caches[{i}]: {list(c.shape)} differs from kv_caches[0]")
+        bs = c.shape[2]
+        out.append(c)
+    return out, bs
+
+
+def _slots(block_table, block_size, n_tokens, device):
+    torch = _torch()
+    bt = block_table if _tensors.is_torch(block_table) else torch.as_tensor(list(block_table), dtype=torch.long)
+    bt = bt.to(device=device, dtype=torch.long)
+    t = torch.arange(n_tokens, device=device)
+    return bt[t // block_size] * block_size + t % block_size
+
+
+def _capacity(ns, tokens, block_table, block_size):
+    """Tokens in full namespace blocks that the block table has room for."""
+    n = min(len(tokens), len(block_table) * block_size)
+    return n - n % ns.block_tokens
+
+
+def load(client, ns, tokens, kv_caches, block_table):
+    """Reads the cached prefix of tokens into the engine blocks of block_table; returns the
+    number of tokens loaded (a multiple of ns.block_tokens)."""
+    caches, bs = _layers(ns, kv_caches)
+    n = _capacity(ns, tokens, block_table, bs)
+    if n == 0:
+        return 0
+    torch = _torch()
+    out = torch.empty(ns.block_shape(n), dtype=caches[0].dtype)
+    cached, kv = client.get(ns, list(tokens)[:n], out)
+    if cached == 0:
+        return 0
+    dev = caches[0].device
+    idx = _slots(block_table, bs, cached, dev)
+    kv = kv[:, :, :cached].to(dev, non_blocking=True)
+    for layer, c in enumerate(caches):
+        flat = c.view(2, -1, ns.kv_heads, ns.head_dim)
+        flat.index_copy_(1, idx, kv[layer])
+    return cached
+
+
+def save(client, ns, tokens, kv_caches, block_table):
+    """Stores the full namespace blocks of tokens held in the engine blocks of block_table;
+    returns the number of tokens saved."""
+    caches, bs = _layers(ns, kv_caches)
+    n = _capacity(ns, tokens, block_table, bs)
+    if n == 0:
+        return 0
+    torch = _torch()
+    idx = _slots(block_table, bs, n, caches[0].device)
+    kv = torch.stack([c.view(2, -1, ns.kv_heads, ns.head_dim).index_select(1, idx) for c in caches])
+    stored = client.put(ns, list(tokens)[:n], kv.cpu() if kv.device.type != "cpu" else kv)
+    return stored * ns.block_tokens

@@ -1,0 +1,103 @@
+"""Fixtures: the kvmesh binary and real `kvmesh serve` processes.
+
+The binary is built once per session from the repository (go build) unless
+KVMESH_BIN names one. Nodes bind every address to 127.0.0.1 port 0 and report
+what they bound; node_addresses() reads that report (today the lines
+`kvmesh serve` prints; once --ready-file lands, its JSON: that function is the
+one place to change).
+"""
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "clients" / "python"))  # the package from the tree, also without installing
+
+
+@pytest.fixture(scope="session")
+def kvmesh_bin(tmp_path_factory):
+    if os.environ.get("KVMESH_BIN"):
+        return os.environ["KVMESH_BIN"]
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    out = tmp_path_factory.mktemp("bin") / "kvmesh"
+    subprocess.run([go, "build", "-o", str(out), "./cmd/kvmesh"], cwd=REPO, check=True)
+    return str(out)
+
+
+def node_addresses(proc, deadline):
+    """Reads what a starting `kvmesh serve` bound, from the lines it prints:
+    {"grpc_addr", "data_addr", "shm_socket", "node_id"}."""
+    got = {}
+    pats = {"node_id": re.compile(r"serving node (\S+)"), "grpc_addr": re.compile(r"^\s+gRPC\s+(\S+)"),
+            "data": re.compile(r"^\s+data\s+(\S+)\s+shm\s+(\S+)")}
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"kvmesh serve exited ({proc.poll()}) before reporting its addresses")
+        for k, p in pats.items():
+            m = p.search(line)
+            if m:
+                if k == "data":
+                    got["data_addr"], got["shm_socket"] = m.group(1), m.group(2)
+                else:
+                    got[k] = m.group(1)
+        if line.startswith("try:"):
+            return got
+    raise RuntimeError("kvmesh serve did not report its addresses in time")
+
+
+class Node:
+    def __init__(self, binary, *extra, env=None):
+        self.dir = tempfile.mkdtemp(prefix="kvmesh-py-")
+        args = [binary, "serve", "--data-dir", self.dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+                "--data-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--dram", "256MiB", "--nvme", "256MiB",
+                "--log-level", "warn", *extra]
+        self.stderr = open(os.path.join(self.dir, "stderr.log"), "w")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+                                     env={**os.environ, **(env or {})})
+        try:
+            info = node_addresses(self.proc, time.monotonic() + 60)
+        except Exception:
+            self.stop()
+            raise
+        self.addr = info["grpc_addr"]
+        self.shm_socket = info.get("shm_socket", "off")
+        self.node_id = info.get("node_id")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def node(kvmesh_bin):
+    n = Node(kvmesh_bin)
+    yield n
+    n.stop()
+
+
+@pytest.fixture(scope="session")
+def start_node(kvmesh_bin):
+    started = []
+
+    def start(*extra, **kw):
+        n = Node(kvmesh_bin, *extra, **kw)
+        started.append(n)
+        return n
+    yield start
+    for n in started:
+        n.stop()
