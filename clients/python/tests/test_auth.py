@@ -1,0 +1,107 @@
+"""Tokens, tenants and TLS, against nodes started with them."""
+import shutil
+import subprocess
+
+import pytest
+
+import kvmesh
+
+torch = pytest.importorskip("torch")
+
+TOKENS = """
+secret: "0123456789abcdef0123456789abcdef-pytest"
+tokens:
+  - {token: acme-rw, tenant: acme, scopes: [read, write]}
+  - {token: acme-r, tenant: acme, scopes: [read]}
+  - {token: beta-rw, tenant: beta, scopes: [read, write]}
+  - {token: node-to-node, scopes: [cluster, read, write]}
+"""
+
+NS = kvmesh.Namespace("py/auth", "float16", 16, layers=(0, 2), kv_heads=2, head_dim=8)
+
+
+def kv_of(n, seed):
+    return torch.randn(NS.block_shape(n), generator=torch.Generator().manual_seed(seed)).half()
+
+
+@pytest.fixture(scope="module")
+def tenant_node(start_node, tmp_path_factory):
+    f = tmp_path_factory.mktemp("auth") / "tokens.yaml"
+    f.write_text(TOKENS)
+    return start_node("--tokens-file", str(f))
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_tenant_round_trip(tenant_node, shm):
+    toks = list(range(7000 + shm * 100, 7048 + shm * 100))
+    kv = kv_of(48, 1)
+    with kvmesh.Client(tenant_node.addr, token="acme-rw", shm=shm) as c:
+        m = c.meta(NS)
+        assert m.salt and m.tag, "a tenant's client learns its salt and tag"
+        assert c.put(NS, toks, kv) == 3
+        n, got = c.get(NS, toks)
+        assert n == 48 and torch.equal(got, kv)
+        assert c.lookup(NS, toks).cached_tokens == 48
+        assert c.counters["shm_get" if shm else "grpc_get"] == 3
+        assert c.counters["shm_put" if shm else "grpc_put"] == 3
+    # The tenant's read-only token reads them; the other tenant sees nothing.
+    with kvmesh.Client(tenant_node.addr, token="acme-r", shm=shm) as c:
+        assert c.get(NS, toks)[0] == 48
+    with kvmesh.Client(tenant_node.addr, token="beta-rw", shm=shm) as c:
+        assert c.lookup(NS, toks).cached_tokens == 0
+        assert c.get(NS, toks)[0] == 0
+
+
+def test_tenant_keys_are_salted(tenant_node):
+    toks = list(range(8000, 8032))
+    with kvmesh.Client(tenant_node.addr, token="acme-rw") as c:
+        c.put(NS, toks, kv_of(32, 2))
+        m = c.meta(NS)
+        r = c.lookup(NS, toks)
+    salted = [k.hex() for k in kvmesh._namespace.key_bytes(NS.salted(m.salt), toks, m.key_version)]
+    plain = [k.hex() for k in kvmesh._namespace.key_bytes(NS, toks, m.key_version)]
+    assert [b.key for b in r.blocks] == salted != plain
+
+
+def test_refused_tokens(tenant_node):
+    toks = list(range(9000, 9032))
+    for token in (None, "wrong"):
+        with kvmesh.Client(tenant_node.addr, token=token) as c:
+            with pytest.raises(kvmesh.PermissionDenied):
+                c.lookup(NS, toks)
+    with kvmesh.Client(tenant_node.addr, token="acme-r") as c:
+        with pytest.raises(kvmesh.PermissionDenied):
+            c.put(NS, toks, kv_of(32, 3))
+
+
+def test_shared_token(start_node, tmp_path):
+    f = tmp_path / "token"
+    f.write_text("s3cret-shared-token\n")
+    n = start_node("--auth-token-file", str(f))
+    toks = list(range(100, 132))
+    with kvmesh.Client(n.addr, token="s3cret-shared-token") as c:
+        assert c.put(NS, toks, kv_of(32, 4)) == 2 and c.get(NS, toks)[0] == 32
+        assert c.counters["shm_put"] == 2 and c.counters["shm_get"] == 2
+    with kvmesh.Client(n.addr, token="nope") as c, pytest.raises(kvmesh.PermissionDenied):
+        c.get(NS, toks)
+
+
+def test_tls_and_token(start_node, tmp_path):
+    if not shutil.which("openssl"):
+        pytest.skip("needs openssl to make a certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=kvmesh-test",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+    tok = tmp_path / "token"
+    tok.write_text("tls-token\n")
+    n = start_node("--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert), "--auth-token-file", str(tok))
+    toks = list(range(200, 248))
+    kv = kv_of(48, 5)
+    for shm in (True, False):
+        with kvmesh.Client(n.addr, token="tls-token", tls={"ca": str(cert)}, shm=shm) as c:
+            c.put(NS, toks, kv)
+            got = c.get(NS, toks)
+            assert got[0] == 48 and torch.equal(got[1], kv)
+    with kvmesh.Client(n.addr, token="tls-token", shm=False, timeout=3) as c, pytest.raises(kvmesh.KVMeshError):
+        c.lookup(NS, toks)  # plain text to a TLS node
