@@ -18,7 +18,13 @@ import time
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "clients" / "python"))  # the package from the tree, also without installing
+if os.environ.get("KVMESH_PY_INSTALLED"):
+    # CI: test the installed package, not the tree beside the tests.
+    sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != REPO / "clients" / "python"]
+    import kvmesh
+    assert REPO / "clients" / "python" not in pathlib.Path(kvmesh.__file__).resolve().parents, kvmesh.__file__
+else:
+    sys.path.insert(0, str(REPO / "clients" / "python"))  # the package from the tree, also without installing
 
 
 @pytest.fixture(scope="session")
