@@ -232,27 +232,36 @@ class GetPlan:
                                          chunk_keys=[cks[j] for j in which], prefix=len(self.dests) == 1)
 
     def on_frame(self, which, f):
-        """Consumes one BatchGet answer frame for the request of keys which."""
-        if not f.found:
-            return
-        j = which[f.index]
-        if f.payload_len != self.ns.block_bytes or f.key != self.keys[j]:
-            raise KVMeshError(f"node sent block {f.index} of {f.payload_len} bytes under another key or layout")
-        if f.offset == 0 and f.last:
-            buf = f.data
-        else:
-            buf = self._staging.get(j)
-            if buf is None:
-                buf = self._staging[j] = bytearray(f.payload_len)
-            buf[f.offset:f.offset + len(f.data)] = f.data
-            if not f.last:
+        """Consumes one BatchGet answer frame for the request of keys which. A block comes as
+        a first frame (offset 0: found, key, payload length, checksum) and, when its payload
+        spans several messages, continuation frames carrying only index, offset and data."""
+        if f.offset == 0:
+            if not f.found:
                 return
-            del self._staging[j]
-        if len(buf) != f.payload_len:
-            raise KVMeshError(f"block {f.index}: {len(buf)} payload bytes, node announced {f.payload_len}")
-        if _xxhash.available and f.payload_checksum and _xxhash.xxh64(buf) != f.payload_checksum:
-            return  # damaged: a miss
-        self.land(j, buf)
+            j = which[f.index]
+            if f.payload_len != self.ns.block_bytes or f.key != self.keys[j]:
+                raise KVMeshError(f"node sent block {f.index} of {f.payload_len} bytes under another key or layout")
+            if f.last:
+                if len(f.data) == f.payload_len and self._checksum_ok(f.data, f.payload_checksum):
+                    self.land(j, f.data)
+                return
+            self._staging[f.index] = (bytearray(f.payload_len), f.payload_checksum)
+        st = self._staging.get(f.index)
+        if st is None:
+            raise KVMeshError(f"node sent a continuation of block {f.index}, which it did not start")
+        buf, csum = st
+        if f.offset + len(f.data) > len(buf):
+            raise KVMeshError(f"block {f.index}: data past its {len(buf)}-byte payload")
+        buf[f.offset:f.offset + len(f.data)] = f.data
+        if f.last:
+            del self._staging[f.index]
+            if self._checksum_ok(buf, csum):
+                self.land(which[f.index], buf)
+
+    @staticmethod
+    def _checksum_ok(buf, csum):
+        # A damaged block is a miss, as the node treats one.
+        return not (_xxhash.available and csum) or _xxhash.xxh64(buf) == csum
 
     def results(self):
         out = []

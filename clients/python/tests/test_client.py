@@ -298,3 +298,18 @@ def test_async_network_path(node):
     n, out, r, counters = asyncio.run(run())
     assert n == 48 and torch.equal(out, kv) and [x[0] for x in r] == [48, 0]
     assert counters["shm_get"] == 0 and counters["grpc_get"] > 0
+
+
+def test_blocks_larger_than_a_message(node, path):
+    """A 4 MiB block comes over gRPC in several messages (the node's ChunkBytes); through
+    shared memory in one piece. Both land bit-exact."""
+    ns = kvmesh.Namespace("py/big-blocks", "float16", 16, layers=(0, 64), kv_heads=8, head_dim=128)
+    assert ns.block_bytes == 4 << 20
+    toks = prompt(40)
+    kv = rand_torch(ns, 40, torch.float16)
+    with kvmesh.Client(node.addr, shm=(path == "shm")) as c:
+        assert c.put(ns, toks, kv) == 2
+        out = torch.empty_like(kv)
+        n, _ = c.get(ns, toks, out)
+        assert n == 32 and torch.equal(out[:, :, :32], kv[:, :, :32])
+        assert c.counters["shm_get" if path == "shm" else "grpc_get"] == 2
