@@ -196,7 +196,6 @@ class GetPlan:
             self.given.append(outs is not None and outs[p] is not None)
             self.dests.append(_tensors.Dest(ns, out))
         self.found = [set() for _ in tbs]
-        self._staging = {}
 
     def chunk_keys(self):
         out = []
@@ -226,12 +225,25 @@ class GetPlan:
         """Indexes of keys not landed yet."""
         return [j for j, (p, i) in enumerate(self.where) if i not in self.found[p]]
 
-    def request(self, which):
+    def request(self, which, prefix=None):
         cks = self.chunk_keys()
+        if prefix is None:
+            prefix = len(self.dests) == 1
         return cache_pb2.BatchGetRequest(namespace=self.ns.to_proto(), keys=[self.keys[j] for j in which],
-                                         chunk_keys=[cks[j] for j in which], prefix=len(self.dests) == 1)
+                                         chunk_keys=[cks[j] for j in which], prefix=prefix)
 
-    def on_frame(self, which, f):
+    def streams(self, which, most=4, min_bytes=8 << 20):
+        """which cut into up to `most` runs of consecutive keys, one BatchGet stream each, so
+        that one stream's wait for its next message overlaps the others' (a Python gRPC
+        stream hands over one message at a time). Small reads stay one stream, which stops
+        at the first miss of a single prompt."""
+        k = min(most, len(which) * self.ns.block_bytes // min_bytes)
+        if k <= 1:
+            return [(which, None)]
+        step = -(-len(which) // k)
+        return [(which[i:i + step], False) for i in range(0, len(which), step)]
+
+    def on_frame(self, which, f, staging):
         """Consumes one BatchGet answer frame for the request of keys which. A block comes as
         a first frame (offset 0: found, key, payload length, checksum) and, when its payload
         spans several messages, continuation frames carrying only index, offset and data."""
@@ -245,8 +257,8 @@ class GetPlan:
                 if len(f.data) == f.payload_len and self._checksum_ok(f.data, f.payload_checksum):
                     self.land(j, f.data)
                 return
-            self._staging[f.index] = (bytearray(f.payload_len), f.payload_checksum)
-        st = self._staging.get(f.index)
+            staging[f.index] = (bytearray(f.payload_len), f.payload_checksum)
+        st = staging.get(f.index)
         if st is None:
             raise KVMeshError(f"node sent a continuation of block {f.index}, which it did not start")
         buf, csum = st
@@ -254,7 +266,7 @@ class GetPlan:
             raise KVMeshError(f"block {f.index}: data past its {len(buf)}-byte payload")
         buf[f.offset:f.offset + len(f.data)] = f.data
         if f.last:
-            del self._staging[f.index]
+            del staging[f.index]
             if self._checksum_ok(buf, csum):
                 self.land(which[f.index], buf)
 

@@ -172,11 +172,17 @@ class Namespace:
 
     def root(self, key_version=KEY_VERSION):
         """k_0 as 16 bytes."""
-        return _ALGOS[key_version].root(self.encoding(key_version))
+        r = self._enc.get(("root", key_version))
+        if r is None:
+            r = self._enc[("root", key_version)] = _ALGOS[key_version].root(self.encoding(key_version))
+        return r
 
     def digest(self, key_version=KEY_VERSION):
         """The 64-bit namespace digest that block headers carry."""
-        return _ALGOS[key_version].digest(self.encoding(key_version))
+        d = self._enc.get(("digest", key_version))
+        if d is None:
+            d = self._enc[("digest", key_version)] = _ALGOS[key_version].digest(self.encoding(key_version))
+        return d
 
     def to_proto(self):
         from .v1 import types_pb2

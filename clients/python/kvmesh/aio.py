@@ -125,6 +125,14 @@ class Client:
             self.counters["grpc_put"] += len(resp.keys)
         return plan.counts(stored)
 
+    async def _read(self, plan, which, prefix):
+        staging = {}
+        try:
+            async for f in self._cache.BatchGet(plan.request(which, prefix), timeout=self.timeout, metadata=self._md):
+                plan.on_frame(which, f, staging)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc(e) from None
+
     async def get(self, ns, tokens, out=None, *, array=None):
         return (await self.batch_get(ns, [tokens], None if out is None else [out], array=array))[0]
 
@@ -143,10 +151,6 @@ class Client:
             self.counters["shm_get"] += len(plan.keys) - len(plan.missing())
             which = plan.missing()
             if which:
-                try:
-                    async for f in self._cache.BatchGet(plan.request(which), timeout=self.timeout, metadata=self._md):
-                        plan.on_frame(which, f)
-                except grpc.aio.AioRpcError as e:
-                    raise from_rpc(e) from None
+                await asyncio.gather(*(self._read(plan, w, p) for w, p in plan.streams(which)))
             self.counters["grpc_get"] += len(which) - len(plan.missing())
         return plan.results()

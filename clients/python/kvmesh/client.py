@@ -1,4 +1,5 @@
 """The synchronous client."""
+import concurrent.futures
 import threading
 
 import grpc
@@ -191,6 +192,14 @@ class Client:
             self.counters["grpc_put"] += len(resp.keys)
         return plan.counts(stored)
 
+    def _read(self, plan, which, prefix):
+        staging = {}
+        try:
+            for f in self._cache.BatchGet(plan.request(which, prefix), timeout=self.timeout, metadata=self._md):
+                plan.on_frame(which, f, staging)
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+
     def get(self, ns, tokens, out=None, *, array=None):
         """Reads the longest cached prefix of tokens: returns (cached_tokens, kv). With out
         (a KV tensor) the blocks land in it in place (as many as fit); else a new torch tensor
@@ -213,11 +222,12 @@ class Client:
             self.counters["shm_get"] += len(plan.keys) - len(plan.missing())
             which = plan.missing()
             if which:
-                req = plan.request(which)
-                try:
-                    for f in self._cache.BatchGet(req, timeout=self.timeout, metadata=self._md):
-                        plan.on_frame(which, f)
-                except grpc.RpcError as e:
-                    raise from_rpc(e) from None
+                runs = plan.streams(which)
+                if len(runs) == 1:
+                    self._read(plan, *runs[0])
+                else:
+                    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+                        for f in [pool.submit(self._read, plan, w, p) for w, p in runs]:
+                            f.result()
             self.counters["grpc_get"] += len(which) - len(plan.missing())
         return plan.results()

@@ -313,3 +313,20 @@ def test_blocks_larger_than_a_message(node, path):
         n, _ = c.get(ns, toks, out)
         assert n == 32 and torch.equal(out[:, :, :32], kv[:, :, :32])
         assert c.counters["shm_get" if path == "shm" else "grpc_get"] == 2
+
+
+def test_parallel_streams_prefix(node):
+    """A large read over gRPC runs as several streams; the answer is still the cached
+    prefix, and only it lands."""
+    ns = kvmesh.Namespace("py/big-blocks", "float16", 16, layers=(0, 64), kv_heads=8, head_dim=128)
+    toks = prompt(16 * 8)
+    kv = rand_torch(ns, 16 * 6, torch.float16)
+    with kvmesh.Client(node.addr, shm=False) as c:
+        assert c.put(ns, toks[:16 * 6], kv) == 6
+        out = torch.zeros(ns.block_shape(16 * 8), dtype=torch.float16)
+        from kvmesh import _core
+        plan = _core.GetPlan(ns, [toks], [out], None, c.meta(ns))
+        assert len(plan.streams(plan.missing())) == 4
+        n, _ = c.get(ns, toks, out)
+        assert n == 96 and torch.equal(out[:, :, :96], kv)
+        assert torch.count_nonzero(out[:, :, 96:]) == 0
