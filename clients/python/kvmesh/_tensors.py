@@ -29,10 +29,16 @@ def is_torch(x):
 
 
 def torch_dtype(ns):
+    """The torch dtype of ns's elements; for fp8 on a torch without float8 types, uint8 (raw bits)."""
     torch = _torch()
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-            "fp8_e4m3": getattr(torch, "float8_e4m3fn", None), "fp8_e5m2": getattr(torch, "float8_e5m2", None),
+            "fp8_e4m3": getattr(torch, "float8_e4m3fn", torch.uint8), "fp8_e5m2": getattr(torch, "float8_e5m2", torch.uint8),
             "int8": torch.int8}[ns.dtype]
+
+
+def _torch_ok(ns, dt):
+    torch = _torch()
+    return dt == torch_dtype(ns) or (ns.dtype.startswith("fp8") and dt == torch.uint8)
 
 
 def numpy_dtype(ns):
@@ -48,9 +54,9 @@ def check_kv(ns, kv, n_tokens=None, name="kv"):
     want = f"[{ns.layers}, 2, {'n_tokens' if n_tokens is None else n_tokens}, {ns.kv_heads}, {ns.head_dim}]"
     if is_torch(kv):
         shape, dt = tuple(kv.shape), kv.dtype
-        ok_dt = dt == torch_dtype(ns)
+        ok_dt = _torch_ok(ns, dt)
         contiguous = kv.is_contiguous()
-        want_dt = str(torch_dtype(ns))
+        want_dt = str(torch_dtype(ns)) + (" or torch.uint8" if ns.dtype.startswith("fp8") else "")
     elif isinstance(kv, np.ndarray):
         shape, dt = kv.shape, kv.dtype
         ok_dt = dt.name in _NP[ns.dtype]

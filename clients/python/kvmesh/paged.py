@@ -38,7 +38,7 @@ def _layers(ns, kv_caches):
         if c.dim() != 5 or c.shape[0] != 2 or c.shape[3] != ns.kv_heads or c.shape[4] != ns.head_dim:
             raise ValueError(f"kv_caches[{i}]: shape {list(c.shape)}, want [2, num_blocks, block_size, "
                              f"{ns.kv_heads}, {ns.head_dim}]")
-        if c.dtype != want_dt:
+        if not _tensors._torch_ok(ns, c.dtype):
             raise ValueError(f"kv_caches[{i}]: dtype {c.dtype}, want {want_dt}")
         if not c.is_contiguous():
             raise ValueError(f"kv_caches[{i}]: must be contiguous")

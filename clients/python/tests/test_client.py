@@ -330,3 +330,31 @@ def test_parallel_streams_prefix(node):
         n, _ = c.get(ns, toks, out)
         assert n == 96 and torch.equal(out[:, :, :96], kv)
         assert torch.count_nonzero(out[:, :, 96:]) == 0
+
+
+@pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2", "int8"])
+def test_one_byte_dtypes(client, dtype):
+    """fp8 travels as raw bytes (torch uint8, or its float8 types; numpy uint8); int8 as int8."""
+    ns = ns_of(dtype)
+    toks = prompt(32)
+    if dtype == "int8":
+        kv = torch.randint(-128, 128, ns.block_shape(32), dtype=torch.int8)
+    else:
+        kv = torch.randint(0, 256, ns.block_shape(32), dtype=torch.uint8)
+    assert client.put(ns, toks, kv) == 2
+    out = torch.empty_like(kv)
+    assert client.get(ns, toks, out)[0] == 32 and torch.equal(out, kv)
+    n, a = client.get(ns, toks, array="numpy")
+    assert n == 32 and a.tobytes() == kv.numpy().tobytes()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+def test_cuda_tensors(client):
+    """CUDA tensors go through pinned host memory both ways."""
+    ns = ns_of("bfloat16")
+    toks = prompt(48)
+    kv = rand_torch(ns, 48, torch.bfloat16).cuda()
+    assert client.put(ns, toks, kv) == 3
+    out = torch.zeros_like(kv)
+    n, got = client.get(ns, toks, out)
+    assert n == 48 and got is out and torch.equal(out, kv)
