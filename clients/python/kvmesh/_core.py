@@ -36,6 +36,7 @@ class Meta:
     salt: str = ""
     tag: int = 0
     shm_socket: str = ""
+    data_addr: str = ""
     same_host: bool = False
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     key_version: int = 0  # 0: not probed yet
@@ -58,6 +59,7 @@ def meta_from(whoami, members):
         for mem in members.members:
             if mem.id == members.self_id:
                 m.shm_socket = mem.shm_socket
+                m.data_addr = mem.data_addr
                 m.same_host = bool(mem.host_id) and mem.host_id == local_host_id() and os.path.exists(mem.shm_socket)
     return m
 
@@ -196,6 +198,7 @@ class GetPlan:
             self.given.append(outs is not None and outs[p] is not None)
             self.dests.append(_tensors.Dest(ns, out))
         self.found = [set() for _ in tbs]
+        self._tcp = {}
 
     def chunk_keys(self):
         out = []
@@ -220,6 +223,39 @@ class GetPlan:
         if h.key != self.keys[j] or len(view) != h.header_len + h.payload_len:
             return
         self.land(j, view[h.header_len:])
+
+    def tcp_buffers(self, j, n):
+        """Where the value of key j (n bytes) is read to: its header into a buffer of its own,
+        its payload straight into the destination."""
+        p, i = self.where[j]
+        hl = block.header_len(self.ns.block_tokens)
+        if n != hl + self.ns.block_bytes:
+            self._tcp[j] = None
+            return [memoryview(bytearray(n))]  # not a block of this namespace: read and dropped
+        hdr = bytearray(hl)
+        segs = self.dests[p].segments(i)
+        self._tcp[j] = (hdr, segs)
+        return [memoryview(hdr)] + segs
+
+    def tcp_landed(self, j):
+        """Checks the block read for key j (header, key, namespace, payload checksum): a block
+        that fails is a miss (its bytes in the destination are then unspecified)."""
+        got = self._tcp.pop(j, None)
+        if got is None:
+            return
+        hdr, segs = got
+        try:
+            h = block.decode_header(hdr, self.meta.key_version)
+            block.check_namespace(h, self.kns)
+        except block.CorruptBlock:
+            return
+        if h.key != self.keys[j]:
+            return
+        parts = [(np.frombuffer(s, np.uint8).ctypes.data, s.nbytes) for s in segs]
+        if _xxhash.xxh64_parts(parts) != h.checksum:
+            return
+        p, i = self.where[j]
+        self.found[p].add(i)
 
     def missing(self):
         """Indexes of keys not landed yet."""

@@ -113,6 +113,15 @@ class Dest:
         self.B = ns.block_tokens
         self.shape = (ns.layers, 2, ns.block_tokens, -1)
 
+    def segments(self, i):
+        """Block i's place in the destination as the payload's runs, in payload order: one
+        writable byte view per (layer, K|V), each block_tokens rows long."""
+        u8 = self.u8
+        L2, N, row = u8.shape[0] * u8.shape[1], u8.shape[2], u8.shape[3]
+        flat = u8.reshape(-1)
+        run = self.B * row
+        return [memoryview(flat[s * N * row + i * run: s * N * row + (i + 1) * run]) for s in range(L2)]
+
     def put_block(self, i, payload):
         """Copies block i's payload (bytes-like) into place: the one copy of a get."""
         self.u8[:, :, i * self.B:(i + 1) * self.B, :] = np.frombuffer(payload, np.uint8).reshape(self.shape)

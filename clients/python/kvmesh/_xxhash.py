@@ -55,3 +55,37 @@ def xxh64(data, seed=0):
             return _lib(bytes(mv), n, seed)
     buf = (ctypes.c_char * n).from_buffer(mv)
     return _lib(ctypes.addressof(buf), n, seed)
+
+
+def _load_stream():
+    if _lib is None:
+        return None
+    try:
+        lib = ctypes.CDLL("libxxhash.so.0")
+        fns = (lib.XXH64_createState, lib.XXH64_reset, lib.XXH64_update, lib.XXH64_digest, lib.XXH64_freeState)
+    except (OSError, AttributeError):
+        return None
+    fns[0].restype = ctypes.c_void_p
+    fns[0].argtypes = []
+    fns[1].argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    fns[2].argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    fns[3].restype = ctypes.c_uint64
+    fns[3].argtypes = [ctypes.c_void_p]
+    fns[4].argtypes = [ctypes.c_void_p]
+    return fns
+
+
+_stream = _load_stream()
+
+
+def xxh64_parts(addrs_lens, seed=0):
+    """xxhash64 of the concatenation of the memory ranges (address, length)."""
+    create, reset, update, digest, free = _stream
+    st = create()
+    try:
+        reset(st, seed)
+        for a, n in addrs_lens:
+            update(st, a, n)
+        return digest(st)
+    finally:
+        free(st)

@@ -8,8 +8,8 @@ import asyncio
 
 import grpc
 
-from . import _core, _shm
-from .client import _check_outs, _check_put_items, channel_credentials, channel_options
+from . import _core, _shm, _tcp
+from .client import _check_outs, _check_put_items, channel_credentials, channel_options, check_transport, ssl_context
 from .errors import KVMeshError, PermissionDenied, from_rpc
 from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2_grpc
 
@@ -17,7 +17,8 @@ from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2_grpc
 class Client:
     """``async with kvmesh.aio.Client(addr) as c: n, kv = await c.get(ns, tokens)``."""
 
-    def __init__(self, addr, *, token=None, tls=None, timeout=10.0, shm=True):
+    def __init__(self, addr, *, token=None, tls=None, timeout=10.0, transport="auto"):
+        check_transport(transport)
         self.addr, self.timeout = addr, timeout
         creds = channel_credentials(tls)
         opts = channel_options(tls)
@@ -26,12 +27,16 @@ class Client:
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
         self._md = (("authorization", f"Bearer {token}"),) if token else None
         self._token = token
-        self._use_shm = shm
+        self._use_shm = transport == "auto"
+        self._use_tcp = transport in ("auto", "tcp")
+        self._ssl = ssl_context(tls)
+        self._tls = tls is not None and tls is not False
+        self._tcp = None
         self._meta = None
         self._meta_lock = asyncio.Lock()
         self._shm = None
         #: Blocks moved, by path: shm_get, grpc_get, shm_put, grpc_put.
-        self.counters = dict.fromkeys(("shm_get", "grpc_get", "shm_put", "grpc_put"), 0)
+        self.counters = dict.fromkeys(("shm_get", "tcp_get", "grpc_get", "shm_put", "grpc_put"), 0)
 
     async def __aenter__(self):
         return self
@@ -43,6 +48,9 @@ class Client:
         if self._shm is not None:
             self._shm.close()
             self._shm = None
+        if self._tcp is not None:
+            self._tcp.close()
+            self._tcp = None
         await self._channel.close()
 
     async def _call(self, fn, req):
@@ -88,6 +96,19 @@ class Client:
                 self._use_shm = False
                 return None
         return self._shm
+
+    async def _tcp_conn(self, m):
+        if not (self._use_tcp and m.data_addr) or (self._tls and self._ssl is None):
+            return None
+        if self._tcp is None or self._tcp.closed:
+            try:
+                self._tcp = await asyncio.to_thread(_tcp.TcpConn, m.data_addr, self._token, self._ssl, self.timeout)
+            except _shm.ShmAuthError as e:
+                raise PermissionDenied(str(e)) from None
+            except (OSError, _shm.ShmError):
+                self._use_tcp = False
+                return None
+        return self._tcp
 
     async def lookup(self, ns, tokens):
         _core.check_ns(ns)
@@ -148,7 +169,15 @@ class Client:
                     await asyncio.to_thread(conn.get, plan.keys, plan.shm_consume)
                 except (OSError, _shm.ShmError):
                     pass
-            self.counters["shm_get"] += len(plan.keys) - len(plan.missing())
+                self.counters["shm_get"] += len(plan.keys) - len(plan.missing())
+            else:
+                tcp = await self._tcp_conn(m)
+                if tcp is not None:
+                    try:
+                        await asyncio.to_thread(tcp.get, plan.keys, plan.tcp_buffers, plan.tcp_landed)
+                    except (OSError, _shm.ShmError):
+                        pass
+                    self.counters["tcp_get"] += len(plan.keys) - len(plan.missing())
             which = plan.missing()
             if which:
                 await asyncio.gather(*(self._read(plan, w, p) for w, p in plan.streams(which)))

@@ -4,7 +4,7 @@ import threading
 
 import grpc
 
-from . import _core, _shm, _tensors
+from . import _core, _shm, _tcp, _tensors
 from .errors import KVMeshError, PermissionDenied, from_rpc
 from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2_grpc
 
@@ -30,6 +30,34 @@ def channel_credentials(tls):
         return grpc.ssl_channel_credentials(root_certificates=pem(tls.get("ca")), private_key=pem(tls.get("key")),
                                             certificate_chain=pem(tls.get("cert")))
     return grpc.ssl_channel_credentials(root_certificates=pem(tls))
+
+
+def ssl_context(tls):
+    """The TLS context of the TCP data plane for tls as given to the client, or None when
+    it cannot be had from it (gRPC credentials built by the caller): then no TCP path."""
+    import ssl
+    if tls is None or tls is False:
+        return None
+    if tls is True:
+        return ssl.create_default_context()
+    if isinstance(tls, (str, bytes)) or isinstance(tls, dict):
+        d = tls if isinstance(tls, dict) else {"ca": tls}
+        ca = d.get("ca")
+        ctx = ssl.create_default_context(**({"cadata": ca.decode()} if isinstance(ca, bytes) else {"cafile": ca}))
+        if d.get("cert"):
+            if isinstance(d["cert"], bytes):
+                return None
+            ctx.load_cert_chain(d["cert"], d.get("key"))
+        return ctx
+    return None
+
+
+TRANSPORTS = ("auto", "tcp", "grpc")
+
+
+def check_transport(transport):
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport {transport!r}: want one of {', '.join(TRANSPORTS)}")
 
 
 def channel_options(tls):
@@ -64,12 +92,15 @@ class Client:
     """A kvmesh node's client: ``with kvmesh.Client("127.0.0.1:7600") as c: ...``.
 
     token: the bearer token (a node with tokens requires one); tls: see
-    channel_credentials; timeout: seconds per call. shm: use the node's
-    shared memory when it runs on this host (default True). Safe to share
-    between threads.
+    channel_credentials; timeout: seconds per call. transport: how blocks move
+    -- "auto" (the node's shared memory when it runs on this host, else its TCP
+    data plane), "tcp" (the TCP data plane), "grpc" (gRPC streams only); what
+    a data plane lacks or fails at goes through gRPC. Safe to share between
+    threads.
     """
 
-    def __init__(self, addr, *, token=None, tls=None, timeout=10.0, shm=True):
+    def __init__(self, addr, *, token=None, tls=None, timeout=10.0, transport="auto"):
+        check_transport(transport)
         self.addr, self.timeout = addr, timeout
         creds = channel_credentials(tls)
         opts = channel_options(tls)
@@ -78,12 +109,16 @@ class Client:
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
         self._md = (("authorization", f"Bearer {token}"),) if token else None
         self._token = token
-        self._use_shm = shm
+        self._use_shm = transport == "auto"
+        self._use_tcp = transport in ("auto", "tcp")
+        self._ssl = ssl_context(tls)
+        self._tls = tls is not None and tls is not False
+        self._tcp = None
         self._meta = None
         self._lock = threading.Lock()
         self._shm = None
-        #: Blocks moved, by path: shm_get, grpc_get, shm_put, grpc_put.
-        self.counters = dict.fromkeys(("shm_get", "grpc_get", "shm_put", "grpc_put"), 0)
+        #: Blocks moved, by path: shm_get, tcp_get, grpc_get, shm_put, grpc_put.
+        self.counters = dict.fromkeys(("shm_get", "tcp_get", "grpc_get", "shm_put", "grpc_put"), 0)
 
     def __enter__(self):
         return self
@@ -96,6 +131,9 @@ class Client:
             if self._shm is not None:
                 self._shm.close()
                 self._shm = None
+            if self._tcp is not None:
+                self._tcp.close()
+                self._tcp = None
         self._channel.close()
 
     def _call(self, fn, req, **kw):
@@ -143,6 +181,20 @@ class Client:
                     self._use_shm = False  # not usable from here: gRPC from now on
                     return None
             return self._shm
+
+    def _tcp_conn(self, m):
+        if not (self._use_tcp and m.data_addr) or (self._tls and self._ssl is None):
+            return None
+        with self._lock:
+            if self._tcp is None or self._tcp.closed:
+                try:
+                    self._tcp = _tcp.TcpConn(m.data_addr, self._token, self._ssl, self.timeout)
+                except _shm.ShmAuthError as e:
+                    raise PermissionDenied(str(e)) from None
+                except (OSError, _shm.ShmError):
+                    self._use_tcp = False
+                    return None
+            return self._tcp
 
     @property
     def shm_active(self):
@@ -219,7 +271,15 @@ class Client:
                     conn.get(plan.keys, plan.shm_consume)
                 except (OSError, _shm.ShmError):
                     pass
-            self.counters["shm_get"] += len(plan.keys) - len(plan.missing())
+                self.counters["shm_get"] += len(plan.keys) - len(plan.missing())
+            else:
+                tcp = self._tcp_conn(m)
+                if tcp is not None:
+                    try:
+                        tcp.get(plan.keys, plan.tcp_buffers, plan.tcp_landed)
+                    except (OSError, _shm.ShmError):
+                        pass
+                    self.counters["tcp_get"] += len(plan.keys) - len(plan.missing())
             which = plan.missing()
             if which:
                 runs = plan.streams(which)

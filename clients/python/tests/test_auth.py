@@ -31,23 +31,27 @@ def tenant_node(start_node, tmp_path_factory):
     return start_node("--tokens-file", str(f))
 
 
-@pytest.mark.parametrize("shm", [True, False])
-def test_tenant_round_trip(tenant_node, shm):
-    toks = list(range(7000 + shm * 100, 7048 + shm * 100))
+PATHS = {"shm": "auto", "tcp": "tcp", "grpc": "grpc"}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_tenant_round_trip(tenant_node, path):
+    shm = PATHS[path]
+    toks = list(range(7000 + len(path) * 100, 7048 + len(path) * 100))
     kv = kv_of(48, 1)
-    with kvmesh.Client(tenant_node.addr, token="acme-rw", shm=shm) as c:
+    with kvmesh.Client(tenant_node.addr, token="acme-rw", transport=shm) as c:
         m = c.meta(NS)
         assert m.salt and m.tag, "a tenant's client learns its salt and tag"
         assert c.put(NS, toks, kv) == 3
         n, got = c.get(NS, toks)
         assert n == 48 and torch.equal(got, kv)
         assert c.lookup(NS, toks).cached_tokens == 48
-        assert c.counters["shm_get" if shm else "grpc_get"] == 3
-        assert c.counters["shm_put" if shm else "grpc_put"] == 3
+        assert c.counters[path + "_get"] == 3
+        assert c.counters["shm_put" if path == "shm" else "grpc_put"] == 3
     # The tenant's read-only token reads them; the other tenant sees nothing.
-    with kvmesh.Client(tenant_node.addr, token="acme-r", shm=shm) as c:
+    with kvmesh.Client(tenant_node.addr, token="acme-r", transport=shm) as c:
         assert c.get(NS, toks)[0] == 48
-    with kvmesh.Client(tenant_node.addr, token="beta-rw", shm=shm) as c:
+    with kvmesh.Client(tenant_node.addr, token="beta-rw", transport=shm) as c:
         assert c.lookup(NS, toks).cached_tokens == 0
         assert c.get(NS, toks)[0] == 0
 
@@ -98,10 +102,11 @@ def test_tls_and_token(start_node, tmp_path):
     n = start_node("--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert), "--auth-token-file", str(tok))
     toks = list(range(200, 248))
     kv = kv_of(48, 5)
-    for shm in (True, False):
-        with kvmesh.Client(n.addr, token="tls-token", tls={"ca": str(cert)}, shm=shm) as c:
+    for path, transport in PATHS.items():
+        with kvmesh.Client(n.addr, token="tls-token", tls={"ca": str(cert)}, transport=transport) as c:
             c.put(NS, toks, kv)
             got = c.get(NS, toks)
             assert got[0] == 48 and torch.equal(got[1], kv)
-    with kvmesh.Client(n.addr, token="tls-token", shm=False, timeout=3) as c, pytest.raises(kvmesh.KVMeshError):
+            assert c.counters[path + "_get"] == 3, (path, c.counters)
+    with kvmesh.Client(n.addr, token="tls-token", transport="grpc", timeout=3) as c, pytest.raises(kvmesh.KVMeshError):
         c.lookup(NS, toks)  # plain text to a TLS node

@@ -29,18 +29,20 @@ def rand_torch(ns, n, dtype):
     return torch.randn(ns.block_shape(n), generator=g).to(dtype)
 
 
-@pytest.fixture(params=["shm", "grpc"])
+TRANSPORT = {"shm": "auto", "tcp": "tcp", "grpc": "grpc"}  # the path a get takes -> Client(transport=)
+
+
+@pytest.fixture(params=["shm", "tcp", "grpc"])
 def path(request):
     return request.param
 
 
 @pytest.fixture
 def client(node, path):
-    with kvmesh.Client(node.addr, shm=(path == "shm")) as c:
+    with kvmesh.Client(node.addr, transport=TRANSPORT[path]) as c:
         yield c
-    want = "shm_get" if path == "shm" else "grpc_get"
-    if c.counters["shm_get"] + c.counters["grpc_get"]:
-        assert c.counters[want] > 0, f"{path} path not taken: {c.counters}"
+    moved = {k: v for k, v in c.counters.items() if k.endswith("_get") and v}
+    assert not moved or set(moved) == {path + "_get"}, f"{path} path not taken: {c.counters}"
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
@@ -154,13 +156,16 @@ def test_shm_and_grpc_same_bytes(node):
     ns = ns_of("bfloat16")
     toks = prompt(64)
     kv = rand_torch(ns, 64, torch.bfloat16)
-    with kvmesh.Client(node.addr, shm=True) as a, kvmesh.Client(node.addr, shm=False) as b:
+    with kvmesh.Client(node.addr) as a, kvmesh.Client(node.addr, transport="grpc") as b, \
+            kvmesh.Client(node.addr, transport="tcp") as t:
         assert a.put(ns, toks, kv) == 4 and a.counters["shm_put"] == 4
         n1, x = a.get(ns, toks)
         n2, y = b.get(ns, toks)
         assert a.counters["shm_get"] == 4 and a.counters["grpc_get"] == 0
         assert b.counters["grpc_get"] == 4 and b.counters["shm_get"] == 0
         assert n1 == n2 == 64 and x.view(torch.int16).numpy().tobytes() == y.view(torch.int16).numpy().tobytes()
+        n3, w = t.get(ns, toks)
+        assert t.counters["tcp_get"] == 4 and n3 == 64 and torch.equal(w.view(torch.int16), x.view(torch.int16))
         # Written over gRPC, read through shared memory.
         toks2 = prompt(32)
         assert b.put(ns, toks2, kv[:, :, :32].contiguous()) == 2 and b.counters["grpc_put"] == 2
@@ -260,7 +265,7 @@ def test_typed_errors(node):
             c.lookup(ns_of("float16"), prompt(16))
     # The node's own InvalidArgument (a block over its size limit) comes back typed, with its message.
     big = kvmesh.Namespace("py/big", "float32", 4096, layers=(0, 64), kv_heads=8, head_dim=128)
-    with kvmesh.Client(node.addr, shm=False) as c:
+    with kvmesh.Client(node.addr, transport="grpc") as c:
         with pytest.raises(kvmesh.InvalidArgument) as e:
             c.get(big, prompt(4096))
         assert "block" in str(e.value) or "namespace" in str(e.value)
@@ -289,7 +294,7 @@ def test_async_network_path(node):
     kv = rand_torch(ns, 48, torch.float32)
 
     async def run():
-        async with kvmesh.aio.Client(node.addr, shm=False) as c:
+        async with kvmesh.aio.Client(node.addr, transport="grpc") as c:
             assert await c.put(ns, toks, kv) == 3
             out = torch.empty_like(kv)
             n, _ = await c.get(ns, toks, out)
@@ -297,7 +302,20 @@ def test_async_network_path(node):
             return n, out, r, c.counters
     n, out, r, counters = asyncio.run(run())
     assert n == 48 and torch.equal(out, kv) and [x[0] for x in r] == [48, 0]
-    assert counters["shm_get"] == 0 and counters["grpc_get"] > 0
+    assert counters["shm_get"] == counters["tcp_get"] == 0 and counters["grpc_get"] > 0
+
+
+def test_async_tcp_path(node):
+    ns = ns_of("float16")
+    toks = prompt(48)
+    kv = rand_torch(ns, 48, torch.float16)
+
+    async def run():
+        async with kvmesh.aio.Client(node.addr, transport="tcp") as c:
+            await c.put(ns, toks, kv)
+            return await asyncio.gather(*(c.get(ns, toks) for _ in range(20))), c.counters
+    got, counters = asyncio.run(run())
+    assert all(n == 48 and torch.equal(x, kv) for n, x in got) and counters["tcp_get"] == 60
 
 
 def test_blocks_larger_than_a_message(node, path):
@@ -307,12 +325,12 @@ def test_blocks_larger_than_a_message(node, path):
     assert ns.block_bytes == 4 << 20
     toks = prompt(40)
     kv = rand_torch(ns, 40, torch.float16)
-    with kvmesh.Client(node.addr, shm=(path == "shm")) as c:
+    with kvmesh.Client(node.addr, transport=TRANSPORT[path]) as c:
         assert c.put(ns, toks, kv) == 2
         out = torch.empty_like(kv)
         n, _ = c.get(ns, toks, out)
         assert n == 32 and torch.equal(out[:, :, :32], kv[:, :, :32])
-        assert c.counters["shm_get" if path == "shm" else "grpc_get"] == 2
+        assert c.counters[path + "_get"] == 2
 
 
 def test_parallel_streams_prefix(node):
@@ -321,7 +339,7 @@ def test_parallel_streams_prefix(node):
     ns = kvmesh.Namespace("py/big-blocks", "float16", 16, layers=(0, 64), kv_heads=8, head_dim=128)
     toks = prompt(16 * 8)
     kv = rand_torch(ns, 16 * 6, torch.float16)
-    with kvmesh.Client(node.addr, shm=False) as c:
+    with kvmesh.Client(node.addr, transport="grpc") as c:
         assert c.put(ns, toks[:16 * 6], kv) == 6
         out = torch.zeros(ns.block_shape(16 * 8), dtype=torch.float16)
         from kvmesh import _core

@@ -24,14 +24,14 @@ def tokens_at(token_pos, table, bs, caches):
 
 
 @pytest.mark.parametrize("bs", [8, 16, 32])
-@pytest.mark.parametrize("shm", [True, False])
-def test_save_load_round_trip(node, bs, shm):
-    base = next(_seq) * 100_000 + bs * 10 + shm
+@pytest.mark.parametrize("transport", ["auto", "tcp", "grpc"])
+def test_save_load_round_trip(node, bs, transport):
+    base = next(_seq) * 100_000 + bs * 10
     toks = list(range(base, base + 72))  # 4 full namespace blocks and a tail
     nb = (72 + bs - 1) // bs
     src = engine(40, bs, seed=bs)
     src_table = torch.randperm(40)[:nb]  # scattered blocks, as an engine's allocator leaves them
-    with kvmesh.Client(node.addr, shm=shm) as c:
+    with kvmesh.Client(node.addr, transport=transport) as c:
         assert paged.save(c, NS, toks, src, src_table) == 64
         dst = engine(40, bs, seed=1000 + bs)
         keep = [t.clone() for t in dst]
