@@ -34,6 +34,7 @@ class Client:
         self._tcp = None
         self._meta = None
         self._meta_lock = asyncio.Lock()
+        self._conn_lock = asyncio.Lock()  # one data-plane connection of each kind, however many callers
         self._shm = None
         #: Blocks moved, by path: shm_get, grpc_get, shm_put, grpc_put.
         self.counters = dict.fromkeys(("shm_get", "tcp_get", "grpc_get", "shm_put", "grpc_put"), 0)
@@ -87,28 +88,30 @@ class Client:
     async def _shm_conn(self, m):
         if not (self._use_shm and m.same_host and m.shm_socket):
             return None
-        if self._shm is None or self._shm.closed:
-            try:
-                self._shm = await asyncio.to_thread(_shm.ShmConn, m.shm_socket, self._token, self.timeout)
-            except _shm.ShmAuthError as e:
-                raise PermissionDenied(str(e)) from None
-            except (OSError, _shm.ShmError):
-                self._use_shm = False
-                return None
-        return self._shm
+        async with self._conn_lock:
+            if self._shm is None or self._shm.closed:
+                try:
+                    self._shm = await asyncio.to_thread(_shm.ShmConn, m.shm_socket, self._token, self.timeout)
+                except _shm.ShmAuthError as e:
+                    raise PermissionDenied(str(e)) from None
+                except (OSError, _shm.ShmError):
+                    self._use_shm = False
+                    return None
+            return self._shm
 
     async def _tcp_conn(self, m):
         if not (self._use_tcp and m.data_addr) or (self._tls and self._ssl is None):
             return None
-        if self._tcp is None or self._tcp.closed:
-            try:
-                self._tcp = await asyncio.to_thread(_tcp.TcpConn, m.data_addr, self._token, self._ssl, self.timeout)
-            except _shm.ShmAuthError as e:
-                raise PermissionDenied(str(e)) from None
-            except (OSError, _shm.ShmError):
-                self._use_tcp = False
-                return None
-        return self._tcp
+        async with self._conn_lock:
+            if self._tcp is None or self._tcp.closed:
+                try:
+                    self._tcp = await asyncio.to_thread(_tcp.TcpConn, m.data_addr, self._token, self._ssl, self.timeout)
+                except _shm.ShmAuthError as e:
+                    raise PermissionDenied(str(e)) from None
+                except (OSError, _shm.ShmError):
+                    self._use_tcp = False
+                    return None
+            return self._tcp
 
     async def lookup(self, ns, tokens):
         _core.check_ns(ns)
