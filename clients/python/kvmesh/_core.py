@@ -213,16 +213,23 @@ class GetPlan:
         self.dests[p].put_block(i, payload)
         self.found[p].add(i)
 
-    def shm_consume(self, j, view):
-        """Lands the encoded block view (shared region) of key j, if it checks out."""
+    def shm_consume(self, j, conn, off, n):
+        """Lands the encoded block at offset off (n bytes) of the shared region for key j, if
+        it checks out: header (checksum, versions, key = H(parent ‖ tokens)), the key asked
+        for, the namespace and layout. The payload is copied once, region to destination."""
+        hl = block.header_len(self.ns.block_tokens)
+        if n != hl + self.ns.block_bytes:
+            return
         try:
-            h = block.decode_header(view, self.meta.key_version)
+            h = block.decode_header(conn.region[off:off + hl], self.meta.key_version)
             block.check_namespace(h, self.kns)
         except block.CorruptBlock:
             return
-        if h.key != self.keys[j] or len(view) != h.header_len + h.payload_len:
+        if h.key != self.keys[j]:
             return
-        self.land(j, view[h.header_len:])
+        p, i = self.where[j]
+        self.dests[p].copy_from(i, conn.base + off + hl)
+        self.found[p].add(i)
 
     def tcp_buffers(self, j, n):
         """Where the value of key j (n bytes) is read to: its header into a buffer of its own,

@@ -31,6 +31,7 @@ _ENTRY = {GET_REQ: 16, GET_RESP: 8, PUT_REQ: 24, PUT_RESP: 8, SHM_GET_RESP: 16, 
 STATUS_MISS, STATUS_OK, STATUS_ERROR, STATUS_RETRY = 0, 1, 2, 3
 
 _HDR = struct.Struct("<IBBBBQIIQIIQQ")  # up to the header checksum at 56
+_ITEM = struct.Struct("<B3xIQ")  # shmGetResp entry: status, value length, region offset
 assert _HDR.size == 56
 
 
@@ -115,6 +116,9 @@ class ShmConn:
                     raise ShmError(f"region of {size} bytes does not match its descriptor")
                 self.region = mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
                 self.region_view = memoryview(self.region)
+                import numpy as np
+                self._region_np = np.frombuffer(self.region, np.uint8)
+                self.base = self._region_np.ctypes.data  # the region's address, for memmove
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -132,10 +136,11 @@ class ShmConn:
         # The region stays mapped until every view of it is gone; releasing
         # our reference is enough.
         try:
+            self._region_np = None
             self.region_view.release()
             self.region.close()
         except (BufferError, ValueError):
-            pass
+            pass  # a caller still holds a view: the mapping goes with the last one
 
     def _id(self):
         self._next += 1
@@ -159,9 +164,10 @@ class ShmConn:
         self.close()
 
     def get(self, keys, consume):
-        """Reads keys (16 bytes each). consume(i, view) is called for every key the node
-        holds, with a read-only memoryview of the encoded block in the region, valid only
-        during the call; keys it lacks are not passed. Returns the set of indexes found."""
+        """Reads keys (16 bytes each). consume(i, conn, off, n) is called for every key the
+        node holds: the encoded block is the n bytes at offset off of conn.region (address
+        conn.base + off), valid only during the call; keys it lacks are not passed. Returns
+        the set of indexes found."""
         found = set()
         todo = list(range(len(keys)))
         with self._lock:
@@ -178,13 +184,14 @@ class ShmConn:
                     if typ != SHM_GET_RESP or got != rid or count != len(idx):
                         raise ShmError(f"got frame type {typ} id {got} of {count} items for get {rid} of {len(idx)}")
                     retry = []
+                    size = len(self.region)
                     try:
-                        for j, i in enumerate(idx):
-                            st, n, off = struct.unpack_from("<B3xIQ", rtable, 16 * j)
+                        for j, (st, n, off) in enumerate(_ITEM.iter_unpack(rtable)):
+                            i = idx[j]
                             if st == STATUS_OK:
-                                if off % ALIGN or off + n > len(self.region):
+                                if off % ALIGN or off + n > size:
                                     raise ShmError(f"item {j} at [{off}, +{n}) lies outside the region")
-                                consume(i, self.region_view[off:off + n])
+                                consume(i, self, off, n)
                                 found.add(i)
                             elif st == STATUS_RETRY:
                                 retry.append(i)
