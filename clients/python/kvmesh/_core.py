@@ -228,7 +228,7 @@ class GetPlan:
         if h.key != self.keys[j]:
             return
         p, i = self.where[j]
-        self.dests[p].copy_from(i, conn.base + off + hl)
+        self.dests[p].copy_from(i, conn.region_np[off + hl:off + n])
         self.found[p].add(i)
 
     def tcp_buffers(self, j, n):

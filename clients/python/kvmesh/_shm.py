@@ -117,8 +117,7 @@ class ShmConn:
                 self.region = mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
                 self.region_view = memoryview(self.region)
                 import numpy as np
-                self._region_np = np.frombuffer(self.region, np.uint8)
-                self.base = self._region_np.ctypes.data  # the region's address, for memmove
+                self.region_np = np.frombuffer(self.region, np.uint8)  # read-only, for copies out
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -136,7 +135,7 @@ class ShmConn:
         # The region stays mapped until every view of it is gone; releasing
         # our reference is enough.
         try:
-            self._region_np = None
+            self.region_np = None
             self.region_view.release()
             self.region.close()
         except (BufferError, ValueError):
@@ -165,9 +164,9 @@ class ShmConn:
 
     def get(self, keys, consume):
         """Reads keys (16 bytes each). consume(i, conn, off, n) is called for every key the
-        node holds: the encoded block is the n bytes at offset off of conn.region (address
-        conn.base + off), valid only during the call; keys it lacks are not passed. Returns
-        the set of indexes found."""
+        node holds: the encoded block is the n bytes at offset off of conn.region (and of
+        conn.region_np, a numpy view), valid only during the call; keys it lacks are not
+        passed. Returns the set of indexes found."""
         found = set()
         todo = list(range(len(keys)))
         with self._lock:
