@@ -99,7 +99,7 @@ class PutPlan:
         self.ns, self.meta = ns, meta
         self.kns = ns.salted(meta.salt)
         B = ns.block_tokens
-        self.blocks = []  # (prompt, index, tokens bytes, parent, key, chunk, payload ndarray)
+        self.blocks = []  # (prompt, index, tokens bytes, parent, key, chunk, payload runs)
         self.per_prompt = []
         self._keep = []
         for p, (tokens, kv) in enumerate(items):
@@ -111,15 +111,18 @@ class PutPlan:
             cks = chunk_keys(ks, ns, meta.chunk_tokens)
             parent = self.kns.root(meta.key_version)
             for i, k in enumerate(ks):
-                payload = u8[:, :, i * B:(i + 1) * B, :]
-                if not payload.flags.c_contiguous:
-                    payload = np.ascontiguousarray(payload)  # the one copy of a put
-                self.blocks.append((p, i, tb[4 * i * B:4 * (i + 1) * B], parent, k, cks[i], payload))
+                # The block's payload is one contiguous run of the tensor per (layer, K|V):
+                # views, not copies; the data planes send them as they lie.
+                runs = list(u8[:, :, i * B:(i + 1) * B, :].reshape(ns.layers * 2, -1))
+                self.blocks.append((p, i, tb[4 * i * B:4 * (i + 1) * B], parent, k, cks[i], runs))
                 parent = k
             self.per_prompt.append(len(ks))
 
-    def checksum(self, payload):
-        return _xxhash.xxh64_ptr(payload.ctypes.data, payload.nbytes) if _xxhash.available else 0
+    @staticmethod
+    def checksum(runs):
+        if not _xxhash.available:
+            return 0
+        return _xxhash.xxh64_parts([(r.__array_interface__["data"][0], r.nbytes) for r in runs])
 
     def shm_items(self):
         keys, chunks, heads, payloads = [], [], [], []
@@ -138,10 +141,10 @@ class PutPlan:
         first = True
         nsp = self.ns.to_proto()
         for j in which:
-            (_p, _i, tb, parent, k, ck, payload) = self.blocks[j]
-            data = memoryview(payload).cast("B")
+            (_p, _i, tb, parent, k, ck, runs) = self.blocks[j]
+            data = memoryview(np.concatenate(runs)) if len(runs) > 1 else memoryview(runs[0])
             hdr = cache_pb2.BlockHeader(parent=parent, tokens=np.frombuffer(tb, "<u4").tolist(),
-                                        payload_len=data.nbytes, payload_checksum=self.checksum(payload), chunk_key=ck)
+                                        payload_len=data.nbytes, payload_checksum=self.checksum(runs), chunk_key=ck)
             for off in range(0, data.nbytes, CHUNK_BYTES):
                 req = cache_pb2.BatchPutRequest(data=bytes(data[off:off + CHUNK_BYTES]))
                 if first:

@@ -211,16 +211,18 @@ class ShmConn:
         self._sock.sendall(frame_header(SHM_RELEASE, 0, 1, table) + table)
 
     def put_publish(self, keys, chunk_keys, heads, payloads):
-        """Stores blocks (heads[i] then payloads[i], bytes-like) under keys and has the node
-        publish them to the owners of chunk_keys. Returns each item's status."""
+        """Stores blocks (heads[i] then the buffers of payloads[i], a list of bytes-like runs)
+        under keys and has the node publish them to the owners of chunk_keys: one sendmsg
+        gathers them from where they lie. Returns each item's status."""
         out = []
         with self._lock:
             try:
+                plen = [sum(memoryview(r).nbytes for r in runs) for runs in payloads]
                 lo = 0
                 while lo < len(keys):
                     hi, size = lo, 0
                     while hi < len(keys) and hi - lo < self.max_items:
-                        n = _align(len(heads[hi]) + memoryview(payloads[hi]).nbytes)
+                        n = _align(len(heads[hi]) + plen[hi])
                         if hi > lo and size + n > self.max_batch:
                             break
                         size += n
@@ -229,10 +231,10 @@ class ShmConn:
                     table = bytearray(40 * (hi - lo))
                     bufs = []
                     for j, i in enumerate(range(lo, hi)):
-                        vlen = len(heads[i]) + memoryview(payloads[i]).nbytes
+                        vlen = len(heads[i]) + plen[i]
                         struct.pack_into("<16sI4x16s", table, 40 * j, keys[i], vlen, chunk_keys[i])
                         bufs.append(heads[i])
-                        bufs.append(payloads[i])
+                        bufs.extend(payloads[i])
                         pad = _align(vlen) - vlen
                         if pad:
                             bufs.append(bytes(pad))
