@@ -2,10 +2,11 @@
 
 The binary is built once per session from the repository (go build) unless
 KVMESH_BIN names one. Nodes bind every address to 127.0.0.1 port 0 and report
-what they bound; node_addresses() reads that report (today the lines
-`kvmesh serve` prints; once --ready-file lands, its JSON: that function is the
-one place to change).
+what they bound: in the JSON of --ready-file when the binary has that flag
+(ready_addresses), else in the lines `kvmesh serve` prints (node_addresses).
 """
+import functools
+import json
 import os
 import pathlib
 import re
@@ -59,17 +60,45 @@ def node_addresses(proc, deadline):
     raise RuntimeError("kvmesh serve did not report its addresses in time")
 
 
+@functools.lru_cache(maxsize=None)
+def has_ready_file(binary):
+    r = subprocess.run([binary, "serve", "--help"], capture_output=True, text=True)
+    return "--ready-file" in r.stdout + r.stderr
+
+
+def ready_addresses(proc, path, deadline):
+    """Reads the JSON that `kvmesh serve --ready-file path` writes once it serves."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"kvmesh serve exited ({proc.returncode}) before it was ready")
+        try:
+            with open(path) as f:
+                info = json.load(f)
+            if info.get("pid") == proc.pid:
+                return info
+        except (OSError, ValueError):
+            pass  # not written yet, or being written
+        time.sleep(0.02)
+    raise RuntimeError("kvmesh serve did not write its ready file in time")
+
+
 class Node:
     def __init__(self, binary, *extra, env=None):
         self.dir = tempfile.mkdtemp(prefix="kvmesh-py-")
         args = [binary, "serve", "--data-dir", self.dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
                 "--data-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--dram", "256MiB", "--nvme", "256MiB",
                 "--log-level", "warn", *extra]
+        ready = os.path.join(self.dir, "ready.json") if has_ready_file(binary) else None
+        if ready:
+            args += ["--ready-file", ready]
         self.stderr = open(os.path.join(self.dir, "stderr.log"), "w")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL if ready else subprocess.PIPE,
+                                     stderr=self.stderr, text=True, env={**os.environ, **(env or {})})
         try:
-            info = node_addresses(self.proc, time.monotonic() + 60)
+            if ready:
+                info = ready_addresses(self.proc, ready, time.monotonic() + 60)
+            else:
+                info = node_addresses(self.proc, time.monotonic() + 60)
         except Exception:
             self.stop()
             raise

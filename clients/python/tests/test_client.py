@@ -260,15 +260,30 @@ def test_typed_errors(node):
     with kvmesh.Client("127.0.0.1:1", timeout=2) as c:
         with pytest.raises(kvmesh.Unavailable):
             c.lookup(ns_of("float16"), prompt(16))
-    # A listener that never answers: the call runs into its deadline. (A tiny timeout
-    # against the real node can finish in time on an idle loopback.)
+    # A server that accepts and never answers: the call runs into its deadline. (A tiny
+    # timeout against the real node can finish in time on an idle loopback.)
     import socket
+    import threading
     with socket.socket() as mute:
         mute.bind(("127.0.0.1", 0))
-        mute.listen(1)
+        mute.listen(4)
+        held = []
+
+        def hold():
+            try:
+                while True:
+                    held.append(mute.accept()[0])
+            except OSError:
+                pass  # closed: the test is over
+        t = threading.Thread(target=hold, daemon=True)
+        t.start()
         with kvmesh.Client("127.0.0.1:%d" % mute.getsockname()[1], timeout=0.5) as c:
             with pytest.raises(kvmesh.DeadlineExceeded):
                 c.lookup(ns_of("float16"), prompt(16))
+        mute.shutdown(socket.SHUT_RDWR)
+    t.join(5)
+    for conn in held:
+        conn.close()
     # The node's own InvalidArgument (a block over its size limit) comes back typed, with its message.
     big = kvmesh.Namespace("py/big", "float32", 4096, layers=(0, 64), kv_heads=8, head_dim=128)
     with kvmesh.Client(node.addr, transport="grpc") as c:
