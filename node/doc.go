@@ -93,28 +93,45 @@
 // (kvmesh_grpc_tls_handshake_failures_total, and per data-plane transport
 // kvmesh_transfer_unauthorized_connections_total).
 //
-// With Options.Tokens every gRPC call must carry "authorization: Bearer
+// With Options.Tokens (shared tokens: one tenant) or Options.TokensFile
+// (tenants, package auth) every gRPC call must carry "authorization: Bearer
 // <token>" metadata with an accepted token (an interceptor on unary and
 // streaming calls alike, reflection included, before any handler runs),
 // and every data-plane connection, TCP or shared memory, must present one
 // in its hello; a refusal is Unauthenticated (gRPC) or ErrAuth (data plane)
 // with a message saying why, and is counted
-// (kvmesh_grpc_refused_requests_total by reason). Health checking
-// (grpc.health.v1.Health) stays open: load balancers and Kubernetes probes
-// carry no credentials, and it tells a caller only that the node is up.
-// Tokens are compared as SHA-256 digests in constant time; SetTokens rotates
-// the accepted set at run time. The node presents the first token to its
-// peers. Membership gossip is guarded separately, by Options.GossipKey.
+// (kvmesh_grpc_refused_requests_total by reason). The token authenticates a
+// principal (auth.Principal) whose scopes the method must need no more than
+// (methodScope: writes need write, quotas and drops admin, PeerService
+// cluster; else PermissionDenied), and which travels in the request's
+// context (auth.WithPrincipal). Health checking (grpc.health.v1.Health)
+// stays open: load balancers and Kubernetes probes carry no credentials,
+// and it tells a caller only that the node is up. Tokens are compared as
+// SHA-256 digests in constant time; SetTokens and SetTokensFile rotate the
+// accepted set at run time. The node presents the first shared token, or
+// the file's cluster token, to its peers. Membership gossip is guarded
+// separately, by Options.GossipKey.
 //
-// Tenants are namespaces that differ by their salt: their keys differ, and a
-// block is served only under the namespace it was written in, so a tenant
-// never reads another's blocks, not even by their exact keys (see
-// cacheService.sendBlock). Exists, and Lookup given a chain instead of
-// tokens, answer for keys alone: a key is a 128-bit hash of the namespace,
-// salt included, and the tokens, so only a holder of both can ask about it. Per-namespace quotas (store.Local's: Options'
-// QuotaDRAMBytes and QuotaNVMeBytes as the default, AdminService.SetQuota per
-// namespace, kept in DataDir/quotas.json) bound what a tenant holds in each
-// tier; a write its quota has no room for is answered ResourceExhausted.
+// Tenants. A tenant's namespaces are salted by the node (namespace: the
+// principal's salt goes before the caller's own), so a tenant can neither
+// name nor compute another's namespaces or keys. Its blocks carry its tag
+// in their header (BatchPut stamps it; a tenant's data-plane puts must
+// carry it; the engine stamps what it publishes for the tenant), and the
+// request's access (auth.Access, in its context) is checked per block
+// wherever a block is served, stored or described: store.Local's reads,
+// writes, Contains, LongestPrefix and Info, hence BatchGet, Exists,
+// Lookup, BlockInfo, the data plane over TCP and shared memory, and the
+// requests this node makes to its peers for the tenant (scoped frames). A
+// block of another tenant is a miss, even by its exact key. Stats and
+// Quotas list a tenant's own namespaces only; /metrics labels namespaces
+// with a keyed hash of their digest (namespaceLabel) when the node has
+// tenants; a tenant names a namespace by digest only when its blocks here
+// are its own (mayNameDigest). A queued prefill records its owner and runs,
+// and is readable, as that tenant's. Per-namespace quotas (store.Local's:
+// Options' QuotaDRAMBytes and QuotaNVMeBytes as the default,
+// AdminService.SetQuota per namespace, kept in DataDir/quotas.json) bound
+// what a tenant holds in each tier; a write its quota has no room for is
+// answered ResourceExhausted.
 //
 // # Deadlines and shutdown
 //

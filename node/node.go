@@ -107,6 +107,14 @@ func New(opts Options, cache Cache) (*Node, error) {
 	return n, nil
 }
 
+// tenantCount is the number of tenants the node's tokens file names.
+func (n *Node) tenantCount() int {
+	if n.opts.TokensFile == nil {
+		return 0
+	}
+	return len(n.opts.TokensFile.Tenants)
+}
+
 // newNode builds the servers of a node over cache and its listeners; tokens
 // (nil: none) guard every call; extra collectors join its metrics.
 func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, extra ...prometheus.Collector) *Node {
@@ -223,7 +231,7 @@ func (n *Node) Serve(ctx context.Context) error {
 		"data", n.DataAddr(), "shm", n.ShmSocket(), "gossip", n.GossipAddr(),
 		"data_dir", n.opts.DataDir, "dram_bytes", n.opts.DRAMBytes, "nvme_bytes", n.opts.NVMeBytes,
 		"tls", n.opts.TLS != nil, "mutual_tls", n.opts.TLS != nil && n.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
-		"tokens", len(n.opts.Tokens))
+		"tokens", len(n.opts.Tokens), "tenants", n.tenantCount())
 
 	var serveErr error
 	select {

@@ -72,9 +72,20 @@
 // by closing the connection. So no request is read, let alone served, on an
 // unauthenticated connection, and the client's error says why (ErrAuth).
 // The server compares the token's SHA-256 with every accepted token's in
-// constant time. Tokens.Set rotates the set without a restart; connections
-// already accepted stay open. Over plain TCP the token travels in the clear:
-// use TLS wherever the network is not trusted.
+// constant time (auth.Tokens). Tokens.Set rotates the set without a
+// restart; connections already accepted stay open. Over plain TCP the token
+// travels in the clear: use TLS wherever the network is not trusted.
+//
+// The token authenticates a principal (auth.Principal), kept for the
+// connection. Every request is checked against its scopes (a get or lookup
+// needs read, a put or publish write; else ErrAuth and the connection is
+// dropped) and runs with the principal and an access in its context
+// (auth.WithPrincipal, auth.AccessFrom) that the Source and Sink enforce per
+// block: a tenant's connection is confined to its own tenant's blocks
+// whatever its frames say; a node-wide principal's request is confined when
+// its frame is scoped (a node reading or writing for a tenant: the client
+// scopes a request when its context carries a scoped access), and touches
+// any block otherwise. Without tokens every connection is auth.Open.
 //
 // Mismatched ends fail at once with ErrAuth, never with a hang or a
 // deadline: a plain client of a TLS server is answered with a plain error
