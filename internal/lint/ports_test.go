@@ -34,13 +34,16 @@ func TestNoPortPickers(t *testing.T) {
 			return err
 		}
 		if d.IsDir() {
-			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
+			if name := d.Name(); path != root && (name == ".git" || name == "testdata" || name == "node_modules") {
 				return filepath.SkipDir
 			}
 			return nil
 		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
 		ext := filepath.Ext(path)
-		if ext != ".go" && ext != ".sh" && ext != ".py" {
+		if ext != ".go" && ext != ".sh" && ext != ".py" && ext != "" {
 			return nil
 		}
 		src, err := os.ReadFile(path)
@@ -48,9 +51,15 @@ func TestNoPortPickers(t *testing.T) {
 			return err
 		}
 		rel, _ := filepath.Rel(root, path)
-		for _, p := range problems(rel, src) {
-			found = append(found, p)
+		if ext == "" {
+			// A script without an extension (.ci/run) is known by its #! line.
+			first, _, _ := strings.Cut(string(src), "\n")
+			if !strings.HasPrefix(first, "#!") || !strings.Contains(first, "sh") && !strings.Contains(first, "python") {
+				return nil
+			}
+			rel += " (script)"
 		}
+		found = append(found, problems(rel, src)...)
 		return nil
 	})
 	if err != nil {
@@ -69,10 +78,9 @@ func problems(name string, src []byte) []string {
 			out = append(out, name+":"+strconv.Itoa(i+1)+": "+m+": a port picker (listen on port 0, close, reuse the number) races; bind port 0 and pass the listener, or read back what the process bound")
 		}
 	}
-	switch filepath.Ext(name) {
-	case ".go":
+	if filepath.Ext(name) == ".go" {
 		out = append(out, goListenClose(name, src)...)
-	case ".py", ".sh":
+	} else {
 		out = append(out, scriptListenClose(name, src)...)
 	}
 	return out
