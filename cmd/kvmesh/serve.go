@@ -227,9 +227,8 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 	opts := node.Options{
 		NodeID: f.nodeID, DataDir: f.dataDir,
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
-		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost,
-		ReadyFile: f.readyFile,
-		Join:      f.join, GossipKey: key, GossipProfile: f.gossipProfile,
+		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost, ReadyFile: f.readyFile,
+		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile,
 		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens,
 		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
