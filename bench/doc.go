@@ -42,7 +42,8 @@
 // # Nodes
 //
 // Suites that need kvmesh nodes start them as separate `kvmesh serve`
-// processes (StartDaemons: Env.Binary, free 127.0.0.1 ports, a data
+// processes (StartDaemons: Env.Binary, every address on port 0 of
+// 127.0.0.1 and read back from the node's --ready-file, a data
 // directory each under Env.WorkDir, joined into a cluster when asked) and
 // drive them through the Go client, as an inference worker would; or they
 // use the running cluster of Env.Addrs (`--addr`). Daemons.Close stops the

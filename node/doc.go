@@ -10,6 +10,13 @@
 // the production node; New serves any Cache alone (tests use an in-memory
 // one).
 //
+// Every address may have port 0. What was bound is logged in one line when
+// the node serves and, with Options.ReadyFile, written as JSON once it
+// serves (package node/ready), so that nothing needs a port found free
+// beforehand. Others see the bound ports, with an unspecified host (0.0.0.0,
+// ::) replaced by the advertised one: in the gossiped MemberMeta, the
+// gossip advertise address and the ready file.
+//
 // # The cluster
 //
 // Open wires store.Cluster over store.Local (a DRAM tier and an NVMe tier

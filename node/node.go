@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/node/ready"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
@@ -196,6 +198,18 @@ func (n *Node) GossipAddr() string {
 	return n.cluster.members.GossipAddr()
 }
 
+// Ready returns where the node is reached, as its ready file says it
+// (Options.ReadyFile): the ports it bound, and for an address bound to an
+// unspecified host (0.0.0.0, ::) the advertised host.
+func (n *Node) Ready() ready.Info {
+	info := ready.Info{NodeID: n.opts.NodeID, PID: os.Getpid(), GRPCAddr: n.GRPCAddr(), HTTPAddr: n.HTTPAddr(),
+		DataAddr: n.DataAddr(), GossipAddr: n.GossipAddr(), ShmSocket: n.ShmSocket()}
+	if n.cluster != nil {
+		info.GRPCAddr, info.HTTPAddr = n.cluster.grpcAddr, n.cluster.httpAddr
+	}
+	return info
+}
+
 // Serve serves until ctx is done or a server fails, then shuts down: health
 // turns NOT_SERVING, new requests are refused, requests in flight get
 // ShutdownTimeout to finish before they are cancelled; then a node of a
@@ -227,18 +241,35 @@ func (n *Node) Serve(ctx context.Context) error {
 			errc <- fmt.Errorf("node: HTTP server: %w", err)
 		}
 	}()
+	// Every address as bound (port 0 resolved), in one line.
 	n.log.Info("kvmesh node serving", "id", n.opts.NodeID, "grpc", n.GRPCAddr(), "http", n.HTTPAddr(),
-		"data", n.DataAddr(), "shm", n.ShmSocket(), "gossip", n.GossipAddr(),
+		"data", n.DataAddr(), "shm", n.ShmSocket(), "gossip", n.GossipAddr(), "ready_file", n.opts.ReadyFile,
 		"data_dir", n.opts.DataDir, "dram_bytes", n.opts.DRAMBytes, "nvme_bytes", n.opts.NVMeBytes,
 		"tls", n.opts.TLS != nil, "mutual_tls", n.opts.TLS != nil && n.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
 		"tokens", len(n.opts.Tokens), "tenants", n.tenantCount())
 
 	var serveErr error
-	select {
-	case <-ctx.Done():
-		n.log.Info("kvmesh node stopping", "cause", context.Cause(ctx))
-	case serveErr = <-errc:
-		n.log.Error("kvmesh node failed", "err", serveErr)
+	if n.opts.ReadyFile != "" {
+		// The listeners are bound and served: a connection made after
+		// this point is answered.
+		if err := ready.Write(n.opts.ReadyFile, n.Ready()); err != nil {
+			serveErr = fmt.Errorf("node: option ReadyFile: %w", err)
+			n.log.Error("kvmesh node failed", "err", serveErr)
+		}
+	}
+	if serveErr == nil {
+		select {
+		case <-ctx.Done():
+			n.log.Info("kvmesh node stopping", "cause", context.Cause(ctx))
+		case serveErr = <-errc:
+			n.log.Error("kvmesh node failed", "err", serveErr)
+		}
+	}
+	if n.opts.ReadyFile != "" {
+		// A node that stops serving is no longer ready.
+		if err := os.Remove(n.opts.ReadyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			n.log.Warn("ready file not removed", "file", n.opts.ReadyFile, "err", err)
+		}
 	}
 	n.shutdown()
 	wg.Wait()

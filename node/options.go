@@ -4,14 +4,16 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
+	"io/fs"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
 	"unicode"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 )
@@ -174,6 +176,14 @@ type Options struct {
 	// Prefill configures the bundled prefill engine and its queue (its
 	// zero value is the default engine; see PrefillOptions).
 	Prefill PrefillOptions
+	// ReadyFile, when set, is where the node writes, once it serves, a JSON
+	// document of the addresses it bound (package ready: node_id, pid,
+	// grpc_addr, http_addr, data_addr, gossip_addr, shm_socket), atomically
+	// (a temporary file in the same directory, renamed); it is removed when
+	// the node stops serving. With every address on port 0, that is how a
+	// script or a test learns the node's ports. Its directory must exist.
+	// Default none.
+	ReadyFile string
 	// Version is the kvmesh version reported to Members. Default "(devel)".
 	Version string
 	// Logger receives the node's structured logs. Default slog.Default().
@@ -341,6 +351,11 @@ func (o *Options) Validate() error {
 	case o.MaxBatchBlocks > 1<<24:
 		return bad("MaxBatchBlocks", "%d is over the limit of %d", o.MaxBatchBlocks, 1<<24)
 	}
+	if o.ReadyFile != "" {
+		if err := checkReadyFile(o.ReadyFile); err != nil {
+			return bad("ReadyFile", "%s", err)
+		}
+	}
 	if len(o.Tokens) > 0 && o.TokensFile != nil {
 		return bad("Tokens", "set Tokens (one tenant) or TokensFile (tenants), not both")
 	}
@@ -360,4 +375,24 @@ const maxSocketPath = 107
 func hasPortZero(addr string) bool {
 	_, port, err := net.SplitHostPort(addr)
 	return err == nil && port == "0"
+}
+
+// checkReadyFile says why the node could not write its ready file at path,
+// before it binds anything: its directory must exist, and path must not be
+// a directory.
+func checkReadyFile(path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("%q is a directory; name a file in it", path)
+	}
+	dir := filepath.Dir(path)
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("directory %q does not exist; create it or name a file in an existing directory", dir)
+	case err != nil:
+		return fmt.Errorf("directory %q: %w", dir, err)
+	case !fi.IsDir():
+		return fmt.Errorf("%q is not a directory", dir)
+	}
+	return nil
 }

@@ -192,9 +192,11 @@ func TestClusterProcesses(t *testing.T) {
 	t.Logf("%d calls, %d after SIGKILL; slowest %v (deadline %v)", stream.calls.Load(), stream.calls.Load()-before,
 		time.Duration(stream.slowest.Load()), stream.deadline)
 
-	// B comes back on its data dir and gossip address, and serves its NVMe
-	// blocks again: C asks the owner (chunk keys given), which is B.
-	b2 := startDaemon(t, dirB, append(clusterFlags, "--join", a.gossip, "--gossip-addr", b.gossip)...)
+	// B comes back on its data dir (so its id), on new ports: port 0 again,
+	// since its old ones may have gone to another process; the others take
+	// the id back at the new gossip address. It serves its NVMe blocks
+	// again: C asks the owner (chunk keys given), which is B.
+	b2 := startDaemon(t, dirB, append(clusterFlags, "--join", a.gossip)...)
 	if b2.id != b.id {
 		t.Fatalf("B restarted as %q, was %q: the node id must survive a restart", b2.id, b.id)
 	}

@@ -130,6 +130,9 @@ func TestServeRefusals(t *testing.T) {
 		{nil, []string{"--gossip-profile", "wan"}, "--gossip-profile"},
 		{nil, []string{"--log-level", "loud"}, "--log-level"},
 		{nil, []string{"--chunk-bytes", "8MiB"}, "--chunk-bytes"},
+		{nil, []string{"--ready-file", "/does/not/exist/kvmesh.ready"}, `--ready-file (or KVMESH_READY_FILE): directory "/does/not/exist" does not exist`},
+		{map[string]string{"KVMESH_READY_FILE": "/does/not/exist/r"}, nil, "KVMESH_READY_FILE: directory"},
+		{nil, []string{"--ready-file", os.TempDir()}, "is a directory"},
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			_, err := serveOptions(t, tc.env, tc.args...)

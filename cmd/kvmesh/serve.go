@@ -26,6 +26,7 @@ type serveFlags struct {
 	nodeID, dataDir                            string
 	grpcAddr, httpAddr, dataAddr, gossipAddr   string
 	shmSocket, advertiseHost                   string
+	readyFile                                  string
 	shmRegion                                  int64
 	join                                       []string
 	gossipKeyFile, gossipProfile               string
@@ -57,6 +58,7 @@ var flagOf = map[string]string{
 	"MaxBlockBytes": "max-block-bytes", "MaxBatchBlocks": "max-batch-blocks", "MaxMessageBytes": "max-message-bytes",
 	"ChunkBytes": "chunk-bytes", "RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout",
 	"TLS": "tls-cert", "PeerTLS": "tls-ca", "Tokens": "auth-token-file", "QuotaDRAMBytes": "quota-dram", "QuotaNVMeBytes": "quota-nvme",
+	"ReadyFile": "ready-file",
 }
 
 func serveCmd() *cobra.Command { return newServeCmd(serve) }
@@ -84,6 +86,15 @@ NVMe tier is closed cleanly, and the exit status is 0.
 A node started without --join is a cluster of one that others join: start the
 next ones with --join HOST:PORT, the --gossip-addr of any running member.
 Every member must use the same --replicas, --chunk-tokens and gossip key.
+
+Every address accepts port 0 (any free port). The node logs what it bound,
+and with --ready-file PATH writes it, once serving, to PATH as JSON (written
+atomically, removed on stop), for scripts and tests:
+
+  kvmesh serve --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 \
+    --data-addr 127.0.0.1:0 --gossip-addr 127.0.0.1:0 --ready-file /tmp/kvmesh.ready
+  {"node_id": "...", "pid": 1234, "grpc_addr": "127.0.0.1:41234", "http_addr": "...",
+   "data_addr": "...", "gossip_addr": "...", "shm_socket": "/.../shm.sock"}
 
 --tls-cert and --tls-key serve gRPC and the data plane over TLS 1.3 (and
 reach the other members with it: --tls-ca is the CA that signs their
@@ -120,6 +131,7 @@ flag names, for example:
 	fs.Var(newSize(&f.shmRegion, d.ShmRegionBytes), "shm-region", "shared region of each shared-memory client")
 	fs.StringVar(&f.gossipAddr, "gossip-addr", d.GossipAddr, "host:port of membership gossip (UDP and TCP): what other nodes --join")
 	fs.StringSliceVar(&f.join, "join", nil, "gossip addresses HOST:PORT,... of running members to join (retried until one answers)")
+	fs.StringVar(&f.readyFile, "ready-file", "", "once serving, write the addresses bound (port 0 resolved) to this file as JSON: node_id, pid, grpc_addr, http_addr, data_addr, gossip_addr, shm_socket")
 	fs.StringVar(&f.advertiseHost, "advertise-host", "", "host other nodes and clients reach this node at, for addresses bound to 0.0.0.0 (default: the gossip host, else a private IP)")
 	fs.StringVar(&f.gossipKeyFile, "gossip-key-file", "", "file holding the base64 of a 16, 24 or 32-byte key that encrypts gossip (the same on every member)")
 	fs.StringVar(&f.gossipProfile, "gossip-profile", d.GossipProfile, "failure detection timings: lan, or local (one host, tests: a dead node noticed in about 2s)")
@@ -226,7 +238,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 	opts := node.Options{
 		NodeID: f.nodeID, DataDir: f.dataDir,
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
-		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost,
+		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost, ReadyFile: f.readyFile,
 		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile,
 		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf,
 		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
