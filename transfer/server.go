@@ -257,6 +257,45 @@ func (sc *scratch) size(n int) {
 	clear(sc.st)
 }
 
+// What a connection keeps between requests: scratch for keepItems items
+// and table and frame buffers of keepBytes. A larger request's buffers are
+// dropped when it is done, so that an idle connection holds little beyond
+// its 64 KiB read buffer, whatever it asked before.
+const (
+	keepItems = 128
+	keepBytes = 16 << 10
+)
+
+// trim drops slices grown past keepItems.
+func (sc *scratch) trim() {
+	if cap(sc.keys) > keepItems || cap(sc.chunks) > keepItems || cap(sc.vals) > keepItems || cap(sc.lens) > keepItems {
+		*sc = scratch{}
+	}
+}
+
+// itemCost is what serving a request costs the server per key or item,
+// beside its item table: the scratch slices (a key, a chunk key, a value
+// slice, a status, a length) and an entry of the answer's table.
+const itemCost = 2*prefixhash.KeySize + 24 + 1 + 8 + getRespEntry
+
+// requestCost is the memory a request of header h is charged before its
+// table is read: the table, the scratch and the answer's table. A put's
+// values are charged as they arrive (servePut).
+func requestCost(h *header) int64 {
+	return int64(headerLen + h.tableLen() + h.count*itemCost)
+}
+
+// reserve takes n bytes of sem for a request, waiting until ctx is done,
+// and returns how much it took (n, clamped to the budget).
+func reserve(ctx context.Context, sem *byteSem, n int64) (int64, error) {
+	n = min(n, sem.size)
+	if err := sem.acquire(ctx, n); err != nil {
+		return 0, fmt.Errorf("%w: server busy: no room for %d bytes in its in-flight budget (MaxInFlightBytes %d) before the deadline (%w)",
+			ErrLimit, n, sem.size, err)
+	}
+	return n, nil
+}
+
 type serverConn struct {
 	s     *Server
 	nc    net.Conn
@@ -290,11 +329,28 @@ func (s *Server) serveConn(raw net.Conn) {
 			}
 			return
 		}
-		if err := sc.serve(); err != nil {
+		err := sc.serve()
+		sc.trim()
+		if err != nil {
 			s.dropLog(nc, err)
 			return
 		}
 		s.stats.requests.Add(1)
+	}
+}
+
+// trim drops the buffers the last request grew past what an idle
+// connection keeps.
+func (sc *serverConn) trim() {
+	sc.scratch.trim()
+	if cap(sc.table) > keepBytes {
+		sc.table = nil
+	}
+	if cap(sc.enc.b) > keepBytes {
+		sc.enc.b = nil
+	}
+	if cap(sc.bufs) > keepItems {
+		sc.bufs = nil
 	}
 }
 
@@ -363,7 +419,9 @@ func (sc *serverConn) opening() bool {
 		err = refused("this server requires a bearer token: the connection must open with a hello")
 	default:
 		// A client that skipped the hello, served without one.
-		if err := sc.serve(); err != nil {
+		err := sc.serve()
+		sc.trim()
+		if err != nil {
 			s.dropLog(sc.nc, err)
 			return false
 		}
@@ -399,6 +457,15 @@ func (sc *serverConn) serve() error {
 	defer cancel()
 	dl, _ := ctx.Deadline()
 	sc.nc.SetDeadline(dl)
+	// Charged before anything is allocated for the request; a connection
+	// that sends no table in ReadTimeout gives it back at once.
+	held, err := reserve(ctx, s.inflight, requestCost(&h))
+	if err != nil {
+		return sendError(sc.nc, h.id, err)
+	}
+	defer s.inflight.release(held)
+	pr := payloadReader{br: sc.br, conn: sc.nc, timeout: s.opts.ReadTimeout, deadline: dl}
+	pr.progress()
 	if sc.table, err = readTable(sc.br, &h, sc.table); err != nil {
 		return sendError(sc.nc, h.id, err)
 	}
@@ -407,7 +474,7 @@ func (sc *serverConn) serve() error {
 		err = sc.get(ctx, &h)
 	case typePutReq, typePublishReq:
 		var frame []byte
-		frame, err = servePut(ctx, sc.br, &h, sc.table, &s.opts.Limits, s.inflight, s.sink, &sc.scratch, &sc.enc, &s.stats)
+		frame, err = servePut(ctx, &pr, &h, sc.table, &s.opts.Limits, s.inflight, s.sink, &sc.scratch, &sc.enc, &s.stats)
 		if err == nil {
 			_, err = sc.nc.Write(frame)
 		}
@@ -508,10 +575,59 @@ func (sc *serverConn) get(ctx context.Context, h *header) error {
 	return nil
 }
 
-// servePut reads a put or publish request's values (after its table) into a
-// pooled buffer, hands them to sink, and returns the response frame, valid
-// until enc's next use. It is shared by the TCP and shared-memory servers.
-func servePut(ctx context.Context, r io.Reader, h *header, table []byte, lim *Limits, sem *byteSem, sink Sink, sc *scratch, enc *encoder, stats *counters) ([]byte, error) {
+// putSegment is how many value bytes of a put the server reserves, reads
+// and stores at a time: consecutive values up to this size, or one larger
+// value.
+const putSegment = 4 << 20
+
+// A payloadReader reads a request's bytes as they arrive, dropping a sender
+// that stops: each wait for more bytes ends after timeout, and all of them
+// at deadline (the request's).
+type payloadReader struct {
+	br       *bufio.Reader
+	conn     interface{ SetReadDeadline(time.Time) error }
+	timeout  time.Duration
+	deadline time.Time
+}
+
+// progress gives the sender timeout (within the request's deadline) to
+// send its next bytes.
+func (pr *payloadReader) progress() {
+	dl := time.Now().Add(pr.timeout)
+	if !pr.deadline.IsZero() && pr.deadline.Before(dl) {
+		dl = pr.deadline
+	}
+	pr.conn.SetReadDeadline(dl)
+}
+
+// wait waits for the next byte, without reading it.
+func (pr *payloadReader) wait() error {
+	pr.progress()
+	_, err := pr.br.Peek(1)
+	return err
+}
+
+// read fills b, a MiB at a time, each within timeout.
+func (pr *payloadReader) read(b []byte) error {
+	for len(b) > 0 {
+		n := min(len(b), 1<<20)
+		pr.progress()
+		if _, err := io.ReadFull(pr.br, b[:n]); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// servePut reads a put or publish request's values (after its table) and
+// hands them to sink one segment (putSegment) at a time, as they arrive:
+// each segment is reserved in sem once its first byte has come, read into a
+// pooled buffer, stored, and given back, so a put holds at most one segment
+// and a put that stops sending holds none (it is dropped after pr's
+// timeout). It returns the response frame, valid until enc's next use. It
+// is shared by the TCP and shared-memory servers.
+func servePut(ctx context.Context, pr *payloadReader, h *header, table []byte, lim *Limits, sem *byteSem, sink Sink, sc *scratch, enc *encoder, stats *counters) ([]byte, error) {
 	if sink == nil {
 		return nil, fmt.Errorf("%w: this server accepts no puts", ErrUnsupported)
 	}
@@ -524,32 +640,25 @@ func servePut(ctx context.Context, r io.Reader, h *header, table []byte, lim *Li
 	if err := parsePutReq(table, h, lim, sc.keys, sc.chunks, sc.lens); err != nil {
 		return nil, err
 	}
-	if h.payload > 0 {
-		if err := sem.acquire(ctx, int64(h.payload)); err != nil {
-			return nil, fmt.Errorf("waiting for in-flight room: %w", err)
+	store := func(lo, hi int) {
+		if h.typ == typePublishReq {
+			pub.PutPublish(ctx, sc.keys[lo:hi], sc.chunks[lo:hi], sc.vals[lo:hi], sc.st[lo:hi])
+		} else {
+			sink.Put(ctx, sc.keys[lo:hi], sc.vals[lo:hi], sc.st[lo:hi])
 		}
-		defer sem.release(int64(h.payload))
-		buf := getBuffer(h.payload)
-		defer putBuffer(buf)
-		if _, err := io.ReadFull(r, buf.b); err != nil {
-			return nil, fmt.Errorf("read values: %w", err)
-		}
-		off := 0
-		for i, l := range sc.lens[:n] {
-			sc.vals[i] = buf.b[off : off+l : off+l]
-			off += alignUp(l)
-		}
-	} else {
-		for i := range n {
-			sc.vals[i] = []byte{}
-		}
+		clear(sc.vals[lo:hi])
 	}
-	if h.typ == typePublishReq {
-		pub.PutPublish(ctx, sc.keys, sc.chunks, sc.vals, sc.st)
-	} else {
-		sink.Put(ctx, sc.keys, sc.vals, sc.st)
+	for lo := 0; lo < n; {
+		hi, size := lo, 0
+		for hi < n && (hi == lo || size+alignUp(sc.lens[hi]) <= putSegment) {
+			size += alignUp(sc.lens[hi])
+			hi++
+		}
+		if err := putSegmentOf(ctx, pr, sem, sc, lo, hi, size, store); err != nil {
+			return nil, err
+		}
+		lo = hi
 	}
-	clear(sc.vals)
 	t := enc.begin(typePutResp, n)
 	for i, st := range sc.st[:n] {
 		if st > StatusError {
@@ -560,4 +669,37 @@ func servePut(ctx context.Context, r io.Reader, h *header, table []byte, lim *Li
 	stats.puts.Add(int64(n))
 	stats.bytesIn.Add(int64(h.payload))
 	return enc.finish(header{typ: typePutResp, id: h.id, count: n}), nil
+}
+
+// putSegmentOf reads the values lo..hi of a put, size bytes padded, and
+// stores them.
+func putSegmentOf(ctx context.Context, pr *payloadReader, sem *byteSem, sc *scratch, lo, hi, size int, store func(lo, hi int)) error {
+	if size == 0 {
+		for i := lo; i < hi; i++ {
+			sc.vals[i] = []byte{}
+		}
+		store(lo, hi)
+		return nil
+	}
+	if err := pr.wait(); err != nil {
+		return fmt.Errorf("read values: %w", err)
+	}
+	held, err := reserve(ctx, sem, int64(size))
+	if err != nil {
+		return err
+	}
+	defer sem.release(held)
+	buf := getBuffer(size)
+	defer putBuffer(buf)
+	if err := pr.read(buf.b); err != nil {
+		return fmt.Errorf("read values: %w", err)
+	}
+	off := 0
+	for i := lo; i < hi; i++ {
+		l := sc.lens[i]
+		sc.vals[i] = buf.b[off : off+l : off+l]
+		off += alignUp(l)
+	}
+	store(lo, hi)
+	return nil
 }
