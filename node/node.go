@@ -46,6 +46,7 @@ type Node struct {
 	// New: it knows the members and the data plane's addresses.
 	cluster *clusterCache
 
+	putBudget *budget // BatchPut's block buffers (MaxInFlightBytes)
 	serveOnce sync.Once
 	closeOnce sync.Once
 	closeErr  error
@@ -110,11 +111,15 @@ func New(opts Options, cache Cache) (*Node, error) {
 // newNode builds the servers of a node over cache and its listeners; tokens
 // (nil: none) guard every call; extra collectors join its metrics.
 func newNode(opts Options, cache Cache, lis nodeListeners, tokens *transfer.Tokens, extra ...prometheus.Collector) *Node {
-	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens)}
+	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens),
+		putBudget: newBudget(opts.MaxInFlightBytes)}
 	n.metrics = newMetrics(cache, append(extra, n.guard.collectors()...)...)
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.MaxMessageBytes),
+		// Streams past the limit wait on their client (HTTP/2 flow
+		// control), so one connection cannot start unbounded handlers.
+		grpc.MaxConcurrentStreams(uint32(opts.MaxConcurrentStreams)),
 		// The guard runs inside unary and stream, so that refused calls
 		// are counted and logged like every other refusal.
 		grpc.ChainUnaryInterceptor(n.unary, n.guard.unary),

@@ -46,8 +46,26 @@
 // nothing.
 //
 // Every length a frame declares is checked against Limits (items per frame,
-// value size, bytes per frame) before anything is allocated for it, so a
-// hostile frame cannot make a receiver allocate without bound.
+// value size, bytes per frame, keys per lookup frame) before anything is
+// allocated for it, so a hostile frame cannot make a receiver allocate
+// without bound.
+//
+// # Memory a client can make a server hold
+//
+// A Server charges each request to one budget of MaxInFlightBytes (default
+// 256 MiB) before it allocates anything for it: its item table, its scratch
+// and its answer's table (about 100 bytes per key or item). A put's values
+// are charged as they arrive, a segment (putSegment, 4 MiB, or one larger
+// value) at a time: a segment is reserved once its first byte is there,
+// read, handed to the Sink and given back, so a put holds at most one
+// segment and a silent put none. A request that finds no room waits until
+// its deadline, then is refused with ErrLimit ("server busy"). A request
+// that stops sending for ReadTimeout (default 5s) is dropped and what it
+// reserved given back. A connection keeps no request-sized buffer between
+// requests (scratch for at most 128 items and 16 KiB of tables), so an idle
+// connection costs its 64 KiB read buffer; there are at most MaxConns
+// (1024) connections, idle for at most IdleTimeout (5m). The shared-memory
+// server reads puts the same way (its RequestTimeout bounds each wait).
 //
 // # Security
 //

@@ -301,3 +301,52 @@ func TestIdleLookupConnsFullSize(t *testing.T) {
 	t.Logf("%d idle connections after one %d-key lookup each: heap in use %d MiB -> %d MiB, RSS %d MiB -> %d MiB",
 		conns, keys, heap0>>20, heap1>>20, rss0>>20, rss1>>20)
 }
+
+// discardSink takes every value and keeps none.
+type discardSink struct{}
+
+func (discardSink) Put(_ context.Context, _ []prefixhash.Key, vals [][]byte, st []Status) {
+	for i := range vals {
+		st[i] = StatusOK
+	}
+}
+
+// BenchmarkTCPPut: Client.Put of 16 MiB batches to a server whose Sink
+// drops them, the cost of reading puts a segment at a time:
+//
+//	go test -run '^$' -bench TCPPut -benchtime 40x -count 5 ./transfer/
+func BenchmarkTCPPut(b *testing.B) {
+	for _, size := range []struct {
+		name string
+		n    int
+	}{{"64KiB", 64 << 10}, {"1MiB", 1 << 20}, {"4MiB", 4 << 20}} {
+		b.Run("size="+size.name, func(b *testing.B) {
+			s, err := NewServer(newMemSource(), discardSink{}, nil, quietLog)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			ln, err := s.Listen("127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			c, err := NewClient(ln.String(), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			n := (16 << 20) / size.n
+			keys, vals := make([]prefixhash.Key, n), make([][]byte, n)
+			for i := range n {
+				keys[i], vals[i] = testKey(i), testValue(i, size.n)
+			}
+			b.SetBytes(16 << 20)
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := c.Put(context.Background(), keys, vals); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
