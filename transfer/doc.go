@@ -52,10 +52,12 @@
 //
 // # Memory a client can make a server hold
 //
-// A Server charges each request to one budget of MaxInFlightBytes (default
-// 256 MiB) before it allocates anything for it: its item table, its scratch
-// and its answer's table (about 100 bytes per key or item). A put's values
-// are charged as they arrive, a segment (putSegment, 4 MiB, or one larger
+// A Server charges what a request makes it allocate to one budget of
+// MaxInFlightBytes (default 256 MiB), before allocating it: the item table
+// as it arrives, 64 KiB at a time once each piece's first byte is there,
+// then the scratch and the answer's table (about 100 bytes per key or
+// item). So a sender that stops holds what it sent, not what it declared.
+// A put's values are charged as they arrive, a segment (putSegment, 4 MiB, or one larger
 // value) at a time: a segment is reserved once its first byte is there,
 // read, handed to the Sink and given back, so a put holds at most one
 // segment and a silent put none. A request that finds no room waits until

@@ -137,6 +137,35 @@ func TestRequestBudget(t *testing.T) {
 	waitFor(t, "the budget given back", func() bool { return s.inflight.used() == 0 })
 }
 
+// TestPartialTablesHoldWhatArrived: requests that declared a large table
+// and sent one byte of it hold one piece of the in-flight budget each, not
+// what they declared, and give it back when their connection goes.
+func TestPartialTablesHoldWhatArrived(t *testing.T) {
+	s, addr := startLookupServer(t, lookSource{newMemSource()})
+	frame := lookupFrame(DefaultMaxLookupKeys)
+	const conns = 10
+	var ncs []net.Conn
+	for range conns {
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		ncs = append(ncs, nc)
+		if _, err := nc.Write(frame[:headerLen+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	declared := requestCost(&header{typ: typeLookupReq, count: DefaultMaxLookupKeys})
+	waitFor(t, "a table piece charged per connection", func() bool { return s.inflight.used() == conns*tablePiece })
+	t.Logf("%d connections that sent 1 byte of a %d-byte table hold %d KiB (they declared %d KiB)",
+		conns, DefaultMaxLookupKeys*lookupEntry, conns*tablePiece>>10, conns*declared>>10)
+	for _, nc := range ncs {
+		nc.Close()
+	}
+	waitFor(t, "the budget given back", func() bool { return s.inflight.used() == 0 })
+}
+
 // silentPuts opens n connections that each send a put declaring 8 values
 // of 8 MiB (the whole MaxBatchBytes) and then send nothing.
 func silentPuts(t *testing.T, addr string, n int) []net.Conn {

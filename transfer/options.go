@@ -174,10 +174,11 @@ type ServerOptions struct {
 	// accept. Default 1024.
 	MaxConns int
 	// MaxInFlightBytes is the node-wide budget, in bytes, of the memory
-	// requests hold, over all connections: each request is charged its
-	// item table and scratch (about 100 bytes per key or item) before
-	// anything is allocated for it, and a put its values as they arrive,
-	// one segment (4 MiB, or one value when larger) at a time. A request
+	// requests hold, over all connections, each part charged before it is
+	// allocated: a request's item table as it arrives (64 KiB at a time,
+	// once the first byte of each piece is there), then its scratch (about
+	// 100 bytes per key or item), and a put's values as they arrive, one
+	// segment (4 MiB, or one value when larger) at a time. A request
 	// waits for room until its deadline, then is refused with ErrLimit.
 	// One connection serves one request at a time, so it holds at most one
 	// request's table and one segment: with the defaults, a

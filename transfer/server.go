@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -278,17 +279,59 @@ func (sc *scratch) trim() {
 // slice, a status, a length) and an entry of the answer's table.
 const itemCost = 2*prefixhash.KeySize + 24 + 1 + 8 + getRespEntry
 
-// requestCost is the memory a request of header h is charged before its
-// table is read: the table, the scratch and the answer's table. A put's
+// requestCost is the memory a request of header h is charged once its table
+// has arrived: the table, the scratch and the answer's table. A put's
 // values are charged as they arrive (servePut).
 func requestCost(h *header) int64 {
 	return int64(headerLen + h.tableLen() + h.count*itemCost)
+}
+
+// tablePiece is how much of an item table the server reserves and reads at
+// a time.
+const tablePiece = 64 << 10
+
+// readTable reads the item table of request h as it arrives, each piece
+// (tablePiece) charged to the in-flight budget once its first byte is there,
+// then charges the request's scratch: a sender that stops holds what it
+// sent, not what it declared, until ReadTimeout drops it. It returns what it
+// charged, to give back when the request is done, failed or not.
+func (sc *serverConn) readTable(ctx context.Context, h *header, pr *payloadReader) (held int64, err error) {
+	sem := sc.s.inflight
+	charge := func(n int) error {
+		got, err := reserve(ctx, sem, min(int64(n), sem.size-held))
+		held += got
+		return err
+	}
+	n := h.tableLen()
+	t := sc.table[:0]
+	for len(t) < n {
+		if err := pr.wait(); err != nil {
+			return held, fmt.Errorf("read %s table: %w", h.typ, err)
+		}
+		piece := min(n-len(t), tablePiece)
+		if err := charge(piece); err != nil {
+			return held, err
+		}
+		t = slices.Grow(t, piece)[:len(t)+piece]
+		pr.progress()
+		if _, err := io.ReadFull(pr.br, t[len(t)-piece:]); err != nil {
+			return held, fmt.Errorf("read %s table: %w", h.typ, err)
+		}
+	}
+	sc.table = t
+	if err := checkTable(h, t); err != nil {
+		return held, err
+	}
+	return held, charge(int(requestCost(h)) - n)
 }
 
 // reserve takes n bytes of sem for a request, waiting until ctx is done,
 // and returns how much it took (n, clamped to the budget).
 func reserve(ctx context.Context, sem *byteSem, n int64) (int64, error) {
 	n = min(n, sem.size)
+	if n <= 0 {
+		return 0, nil
+	}
 	if err := sem.acquire(ctx, n); err != nil {
 		return 0, fmt.Errorf("%w: server busy: no room for %d bytes in its in-flight budget (MaxInFlightBytes %d) before the deadline (%w)",
 			ErrLimit, n, sem.size, err)
@@ -457,16 +500,10 @@ func (sc *serverConn) serve() error {
 	defer cancel()
 	dl, _ := ctx.Deadline()
 	sc.nc.SetDeadline(dl)
-	// Charged before anything is allocated for the request; a connection
-	// that sends no table in ReadTimeout gives it back at once.
-	held, err := reserve(ctx, s.inflight, requestCost(&h))
-	if err != nil {
-		return sendError(sc.nc, h.id, err)
-	}
-	defer s.inflight.release(held)
 	pr := payloadReader{br: sc.br, conn: sc.nc, timeout: s.opts.ReadTimeout, deadline: dl}
-	pr.progress()
-	if sc.table, err = readTable(sc.br, &h, sc.table); err != nil {
+	held, err := sc.readTable(ctx, &h, &pr)
+	defer s.inflight.release(held)
+	if err != nil {
 		return sendError(sc.nc, h.id, err)
 	}
 	switch h.typ {
