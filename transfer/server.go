@@ -340,15 +340,33 @@ func reserve(ctx context.Context, sem *byteSem, n int64) (int64, error) {
 }
 
 type serverConn struct {
-	s     *Server
-	nc    net.Conn
-	br    *bufio.Reader
-	hdr   [headerLen]byte
+	s   *Server
+	nc  net.Conn
+	br  *bufio.Reader
+	hdr [headerLen]byte
+	connBufs
+}
+
+// connBufs are the buffers a connection's requests grow: kept between
+// requests while small, lent to bigBufs after a large request.
+type connBufs struct {
 	table []byte
 	enc   encoder
 	bufs  net.Buffers
 	scratch
 }
+
+func (b *connBufs) big() bool {
+	s := &b.scratch
+	return cap(b.table) > keepBytes || cap(b.enc.b) > keepBytes || cap(b.bufs) > keepItems ||
+		cap(s.keys) > keepItems || cap(s.chunks) > keepItems || cap(s.vals) > keepItems || cap(s.lens) > keepItems
+}
+
+// bigBufs holds the buffers of large requests between them, shared by all
+// connections, so that an idle connection holds none and a busy server
+// allocates them once. It holds no more than were in use at once (bounded
+// by MaxInFlightBytes), and empties itself over two GCs when unused.
+var bigBufs sync.Pool // *connBufs
 
 // serveConn serves one connection: TLS handshake (when configured), the
 // hello, then requests until the client hangs up, idles out or breaks the
@@ -385,15 +403,21 @@ func (s *Server) serveConn(raw net.Conn) {
 // trim drops the buffers the last request grew past what an idle
 // connection keeps.
 func (sc *serverConn) trim() {
-	sc.scratch.trim()
-	if cap(sc.table) > keepBytes {
-		sc.table = nil
+	if sc.connBufs.big() {
+		b := new(connBufs)
+		*b = sc.connBufs
+		bigBufs.Put(b)
+		sc.connBufs = connBufs{}
 	}
-	if cap(sc.enc.b) > keepBytes {
-		sc.enc.b = nil
+}
+
+// borrow takes pooled buffers for request h, when it is a large one.
+func (sc *serverConn) borrow(h *header) {
+	if h.count <= keepItems && h.tableLen() <= keepBytes {
+		return
 	}
-	if cap(sc.bufs) > keepItems {
-		sc.bufs = nil
+	if b, ok := bigBufs.Get().(*connBufs); ok {
+		sc.connBufs = *b
 	}
 }
 
@@ -501,6 +525,7 @@ func (sc *serverConn) serve() error {
 	dl, _ := ctx.Deadline()
 	sc.nc.SetDeadline(dl)
 	pr := payloadReader{br: sc.br, conn: sc.nc, timeout: s.opts.ReadTimeout, deadline: dl}
+	sc.borrow(&h)
 	held, err := sc.readTable(ctx, &h, &pr)
 	defer s.inflight.release(held)
 	if err != nil {
