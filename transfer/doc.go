@@ -64,7 +64,9 @@
 // its deadline, then is refused with ErrLimit ("server busy"). A request
 // that stops sending for ReadTimeout (default 5s) is dropped and what it
 // reserved given back. A connection keeps no request-sized buffer between
-// requests (scratch for at most 128 items and 16 KiB of tables), so an idle
+// requests (scratch for at most 128 items and 16 KiB of tables; larger ones
+// go to a pool shared by all connections, which GC empties when it is
+// unused), so an idle
 // connection costs its 64 KiB read buffer; there are at most MaxConns
 // (1024) connections, idle for at most IdleTimeout (5m). The shared-memory
 // server reads puts the same way (its RequestTimeout bounds each wait).

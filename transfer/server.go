@@ -259,9 +259,10 @@ func (sc *scratch) size(n int) {
 }
 
 // What a connection keeps between requests: scratch for keepItems items
-// and table and frame buffers of keepBytes. A larger request's buffers are
-// dropped when it is done, so that an idle connection holds little beyond
-// its 64 KiB read buffer, whatever it asked before.
+// and table and frame buffers of keepBytes. A larger request's buffers go
+// to bigBufs when it is done (TCP), or are dropped (shared memory), so
+// that an idle connection holds little beyond its 64 KiB read buffer,
+// whatever it asked before.
 const (
 	keepItems = 128
 	keepBytes = 16 << 10
