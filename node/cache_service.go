@@ -4,13 +4,14 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"github.com/kvmesh/kvmesh/auth"
+	"fmt"
 	"io"
 	"slices"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 	"github.com/kvmesh/kvmesh/store"
@@ -32,6 +33,9 @@ func (s *cacheService) Lookup(ctx context.Context, req *kvmeshv1.LookupRequest) 
 		return nil, err
 	}
 	n, locs := s.n.cache.Locate(ctx, keys, ns.BlockTokens)
+	if n > 0 {
+		s.n.names.keep(ns)
+	}
 	cached := n * ns.BlockTokens
 	s.n.metrics.promptTokens.Add(float64(promptTokens))
 	s.n.metrics.cachedTokens.Add(float64(cached))
@@ -228,12 +232,15 @@ type putBlock struct {
 	pos    int            // its position in its prompt, -1 when unknown
 	tokens []uint32
 	sum    uint64 // the client's payload checksum, 0 when not given
-	buf    []byte // header room, then the payload as it arrives
+	buf    []byte // header room, then the payload as it arrives; nil until its first payload bytes
 	hl     int    // header length
+	size   int    // header and payload length
 	got    int    // payload bytes received
 }
 
 func (b *putBlock) payload() []byte { return b.buf[b.hl:] }
+
+func (b *putBlock) payloadLen() int { return b.size - b.hl }
 
 // chunkKey returns the chunk key of the block, whose key is key: the one its
 // header named; else, when its position is known, the key of the first
@@ -259,18 +266,27 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 		ns     prefixhash.Namespace
 		prev   prefixhash.Key // the last block stored, or the root
 		cur    *putBlock
-		buf    []byte // reused for every block of the stream
 		keys   [][]byte
 		blocks int
 		next   = 0            // position of the next block in its prompt, -1 when unknown
 		chunk  prefixhash.Key // chunk key of the chunk the known positions are in
 		cb     = 0            // blocks per chunk
 	)
+	// The block buffer is charged to the node's budget while it is held:
+	// from the block's first payload bytes until it is stored.
+	drop := func() {
+		if cur != nil && cur.buf != nil {
+			putBlockBuf(cur.buf)
+			s.n.putBudget.release(int64(cur.size))
+			cur.buf = nil
+		}
+	}
+	defer drop()
 	for {
 		msg, err := stream.Recv()
 		if err == io.EOF {
 			if cur != nil {
-				return invalid("data", "stream ended inside block %d: %d of %d payload bytes", cur.index, cur.got, len(cur.payload()))
+				return invalid("data", "stream ended inside block %d: %d of %d payload bytes", cur.index, cur.got, cur.payloadLen())
 			}
 			return stream.SendAndClose(&kvmeshv1.BatchPutResponse{Stored: uint32(len(keys)), Keys: keys})
 		}
@@ -294,9 +310,9 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 		if h := msg.GetBlock(); h != nil {
 			if cur != nil {
 				return invalid("block", "block %d started before block %d was complete (%d of %d payload bytes)",
-					blocks, cur.index, cur.got, len(cur.payload()))
+					blocks, cur.index, cur.got, cur.payloadLen())
 			}
-			if cur, err = s.startBlock(ns, h, blocks, prev, &buf); err != nil {
+			if cur, err = s.startBlock(ns, h, blocks, prev); err != nil {
 				return err
 			}
 			// A stream that has named no parent is a prompt from block
@@ -314,12 +330,18 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 			if cur == nil {
 				return invalid("data", "payload bytes before a block header")
 			}
-			if cur.got+len(data) > len(cur.payload()) {
-				return invalid("data", "block %d: more payload bytes than its payload_len of %d", cur.index, len(cur.payload()))
+			if cur.got+len(data) > cur.payloadLen() {
+				return invalid("data", "block %d: more payload bytes than its payload_len of %d", cur.index, cur.payloadLen())
+			}
+			if cur.buf == nil {
+				if err := s.n.putBudget.acquire(ctx, int64(cur.size), fmt.Sprintf("block %d of the BatchPut stream", cur.index)); err != nil {
+					return err
+				}
+				cur.buf = getBlockBuf(cur.size)
 			}
 			cur.got += copy(cur.payload()[cur.got:], data)
 		}
-		if cur != nil && cur.got == len(cur.payload()) {
+		if cur != nil && cur.buf != nil && cur.got == cur.payloadLen() {
 			_, key, err := store.AppendHeader(cur.buf[:0], ns, cur.parent, cur.tokens, cur.payload())
 			if err != nil {
 				return invalid("block", "block %d: %v", cur.index, err)
@@ -336,15 +358,20 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 			}
 			s.n.metrics.blocks.WithLabelValues("put").Inc()
 			s.n.metrics.bytes.WithLabelValues("put").Add(float64(cur.got))
+			if len(keys) == 0 {
+				s.n.names.keep(ns)
+			}
 			keys = append(keys, keyBytes(key))
+			drop()
 			prev, cur = key, nil
 		}
 	}
 }
 
 // startBlock checks a block header against the namespace and the limits
-// and returns the block to fill, in *buf (grown as needed).
-func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHeader, index int, prev prefixhash.Key, buf *[]byte) (*putBlock, error) {
+// and returns the block to fill. Its buffer comes with its first payload
+// bytes.
+func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHeader, index int, prev prefixhash.Key) (*putBlock, error) {
 	if err := s.n.blockLimit("block", index+1); err != nil {
 		return nil, err
 	}
@@ -371,11 +398,7 @@ func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHead
 			index, h.GetPayloadLen(), ns, ns.BlockBytes())
 	}
 	hl := store.HeaderLen(ns.BlockTokens)
-	size := hl + ns.BlockBytes()
-	if cap(*buf) < size {
-		*buf = make([]byte, size)
-	}
-	return &putBlock{index: index, parent: parent, chunk: chunk, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), buf: (*buf)[:size], hl: hl}, nil
+	return &putBlock{index: index, parent: parent, chunk: chunk, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), hl: hl, size: hl + ns.BlockBytes()}, nil
 }
 
 func (s *cacheService) Exists(ctx context.Context, req *kvmeshv1.ExistsRequest) (*kvmeshv1.ExistsResponse, error) {
@@ -427,6 +450,7 @@ func (s *cacheService) Stats(ctx context.Context, _ *kvmeshv1.StatsRequest) (*kv
 		resp.Tiers = append(resp.Tiers, &kvmeshv1.TierStats{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.Capacity)})
 	}
 	for _, x := range st.Namespaces {
+		s.n.names.keepSeen(x.Digest)
 		if !a.Allows(x.Tenant) || (a.Scoped && x.Digest == 0) {
 			continue
 		}

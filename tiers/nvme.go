@@ -207,8 +207,12 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 			t.closeResources()
 		}
 	}()
-	if err := os.MkdirAll(t.segDir, 0o755); err != nil {
-		return nil, fmt.Errorf("nvme: %w", err)
+	// Only the node's user may read the cache: directories 0700, files
+	// 0600 (pebble's own files are 0644, unreachable in a 0700 directory).
+	for _, dir := range []string{t.segDir, filepath.Join(opts.Dir, "index")} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("nvme: %w", err)
+		}
 	}
 	fd, err := unix.Open(t.segDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -253,7 +257,7 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 // nvmeProbeDirectIO reports why dir's filesystem refuses O_DIRECT, or nil.
 func nvmeProbeDirectIO(dir string) error {
 	path := filepath.Join(dir, ".direct-probe")
-	fd, err := unix.Open(path, unix.O_CREAT|unix.O_TRUNC|unix.O_RDWR|unix.O_CLOEXEC|unix.O_DIRECT, 0o644)
+	fd, err := unix.Open(path, unix.O_CREAT|unix.O_TRUNC|unix.O_RDWR|unix.O_CLOEXEC|unix.O_DIRECT, 0o600)
 	if err != nil {
 		return err
 	}
@@ -447,7 +451,7 @@ func (t *NVMe) openSegment(path string, flags int) (int, error) {
 	if t.direct {
 		flags |= unix.O_DIRECT
 	}
-	fd, err := unix.Open(path, flags, 0o644)
+	fd, err := unix.Open(path, flags, 0o600)
 	if err != nil {
 		return -1, fmt.Errorf("nvme: open segment %s: %w", path, err)
 	}
