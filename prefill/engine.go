@@ -222,6 +222,7 @@ type Engine struct {
 	opts    Options
 	cfg     Config
 	ns      prefixhash.Namespace
+	root    prefixhash.Key // ns.Root(), the parent of every prompt's block 0
 	digest  uint64
 	cache   Cache
 	model   Model
@@ -288,6 +289,7 @@ func New(cache Cache, opts Options) (*Engine, error) {
 		opts:    opts,
 		cfg:     cfg,
 		ns:      ns,
+		root:    ns.Root(),
 		digest:  digest,
 		cache:   cache,
 		model:   model,
@@ -470,7 +472,7 @@ func (e *Engine) load(ctx context.Context, tokens []uint32, res *Result) ([]pref
 	t1 := e.opts.Now()
 	res.Timing.Lookup = t1.Sub(t0)
 	kv := e.getKV(len(tokens))
-	loaded := e.fetch(ctx, keys[:hit], kv)
+	loaded := e.fetch(ctx, keys[:hit], tokens, kv)
 	if ctx.Err() != nil {
 		e.kvPool.Put(kv)
 		return nil, nil, 0, e.ctxErr(ctx, "fetch")
@@ -504,11 +506,12 @@ func (e *Engine) lookup(ctx context.Context, keys []prefixhash.Key) int {
 	return max(0, min(hit, len(keys)))
 }
 
-// fetch loads the K/V of the blocks of keys into kv and returns how many
-// leading blocks it loaded: it stops at the first block that is missing or
-// fails verification (decoding, checksums, namespace, key), and the rest is
+// fetch loads the K/V of the blocks of keys, the chain of tokens from block
+// 0, into kv and returns how many leading blocks it loaded: it stops at the
+// first block that is missing or fails verification (decoding, checksums,
+// namespace, parent and tokens against the prompt's, key), and the rest is
 // recomputed.
-func (e *Engine) fetch(ctx context.Context, keys []prefixhash.Key, kv *KV) int {
+func (e *Engine) fetch(ctx context.Context, keys []prefixhash.Key, tokens []uint32, kv *KV) int {
 	if len(keys) == 0 {
 		return 0
 	}
@@ -532,6 +535,13 @@ func (e *Engine) fetch(ctx context.Context, keys []prefixhash.Key, kv *KV) int {
 		blk, err := store.Decode(blocks[i], maxPayload)
 		if err == nil {
 			err = blk.CheckNamespace(e.ns)
+		}
+		if err == nil {
+			parent := e.root
+			if i > 0 {
+				parent = keys[i-1]
+			}
+			err = blk.CheckTokens(parent, tokens[i*b:(i+1)*b])
 		}
 		if err == nil && blk.Key != key {
 			err = fmt.Errorf("block %d has key %s, want %s", i, blk.Key, key)

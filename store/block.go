@@ -59,6 +59,9 @@ var (
 	ErrCorrupt     = errors.New("store: corrupt block")
 	ErrTooLarge    = errors.New("store: block too large")
 	ErrOtherFormat = fmt.Errorf("%w: another block or key format", ErrCorrupt)
+	// ErrTokens (wrapping ErrCorrupt) marks a block whose stored tokens are
+	// not the ones a reader by tokens asked for.
+	ErrTokens = fmt.Errorf("%w: stored tokens differ from the tokens asked for", ErrCorrupt)
 )
 
 // Layout is the shape of a block's payload, [layer][K|V][token][kv_head][head_dim].
@@ -132,6 +135,26 @@ func (h *Header) CheckNamespace(ns prefixhash.Namespace) error {
 		return fmt.Errorf("%w: layout %+v does not match namespace %s", ErrCorrupt, h.Layout, ns)
 	case len(h.Tokens) != ns.BlockTokens:
 		return fmt.Errorf("%w: %d tokens, namespace blocks hold %d", ErrCorrupt, len(h.Tokens), ns.BlockTokens)
+	}
+	return nil
+}
+
+// CheckTokens reports whether h is the block of tokens chained from parent:
+// every read by tokens calls it, so that what it serves holds the tokens it
+// was asked for, whatever the key says. The key already commits to both
+// through a collision-resistant hash; this is the check that does not rest
+// on it.
+func (h *Header) CheckTokens(parent prefixhash.Key, tokens []uint32) error {
+	if h.Parent != parent {
+		return fmt.Errorf("%w: parent %s, want %s", ErrTokens, h.Parent, parent)
+	}
+	if len(h.Tokens) != len(tokens) {
+		return fmt.Errorf("%w: %d tokens, want %d", ErrTokens, len(h.Tokens), len(tokens))
+	}
+	for i, t := range tokens {
+		if h.Tokens[i] != t {
+			return fmt.Errorf("%w: token %d is %d, want %d", ErrTokens, i, h.Tokens[i], t)
+		}
 	}
 	return nil
 }

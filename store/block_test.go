@@ -201,6 +201,30 @@ func TestBlockOtherFormats(t *testing.T) {
 	}
 }
 
+func TestCheckTokens(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	ns := blockNS()
+	b, _, tokens, _ := randomBlock(t, rng, ns, ns.Root())
+	blk, err := Decode(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := blk.CheckTokens(ns.Root(), tokens); err != nil {
+		t.Fatalf("CheckTokens(its own tokens) = %v", err)
+	}
+	other := append([]uint32(nil), tokens...)
+	other[3]++
+	for name, err := range map[string]error{
+		"a token":  blk.CheckTokens(ns.Root(), other),
+		"short":    blk.CheckTokens(ns.Root(), tokens[:3]),
+		"a parent": blk.CheckTokens(prefixhash.Key{1}, tokens),
+	} {
+		if !errors.Is(err, ErrTokens) || !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s differs: CheckTokens = %v, want ErrTokens", name, err)
+		}
+	}
+}
+
 func TestEncodeRejects(t *testing.T) {
 	ns := blockNS()
 	tokens := make([]uint32, ns.BlockTokens)
