@@ -99,6 +99,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 		return err
 	}
 	var keys, chunkKeys []prefixhash.Key
+	var tokens []uint32 // set for a read by tokens: the blocks must hold them
 	switch {
 	case len(req.GetKeys()) > 0 && len(req.GetTokens()) > 0:
 		return invalid("keys", "set keys or tokens, not both")
@@ -117,6 +118,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 			return err
 		}
 		chunkKeys = chainChunkKeys(keys, s.n.cache.ChunkBlocks(ns.BlockTokens))
+		tokens = req.GetTokens()
 	}
 	ctx := stream.Context()
 	// The remote part of the whole request is bounded once, so that a
@@ -136,7 +138,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 		if err != nil {
 			return err
 		}
-		stop, err := s.sendWindow(ctx, stream, &frame, ns, lo, keys[lo:hi], blocks, req.GetPrefix())
+		stop, err := s.sendWindow(ctx, stream, &frame, ns, lo, keys, tokens, hi, blocks, req.GetPrefix())
 		release()
 		if err != nil || stop {
 			return err
@@ -145,15 +147,25 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 	return nil
 }
 
-// sendWindow streams the blocks read for keys, the request's keys from index
-// base on. It reports stop when prefix is set and a miss ended the stream.
+// sendWindow streams the blocks read for keys[base:hi], the request's keys
+// (a chain from block 0 when tokens, the prompt's, are set). It reports stop
+// when prefix is set and a miss ended the stream.
 func (s *cacheService) sendWindow(ctx context.Context, stream kvmeshv1.CacheService_BatchGetServer, frame *kvmeshv1.BatchGetResponse,
-	ns prefixhash.Namespace, base int, keys []prefixhash.Key, blocks [][]byte, prefix bool) (stop bool, err error) {
-	for j, k := range keys {
+	ns prefixhash.Namespace, base int, keys []prefixhash.Key, tokens []uint32, hi int, blocks [][]byte, prefix bool) (stop bool, err error) {
+	for i := base; i < hi; i++ {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		found, err := s.sendBlock(stream, frame, ns, uint32(base+j), k, blocks[j])
+		var want wantBlock
+		if tokens != nil {
+			want.tokens = tokens[i*ns.BlockTokens : (i+1)*ns.BlockTokens]
+			if i == 0 {
+				want.parent = ns.Root()
+			} else {
+				want.parent = keys[i-1]
+			}
+		}
+		found, err := s.sendBlock(stream, frame, ns, uint32(i), keys[i], want, blocks[i-base])
 		if err != nil {
 			return false, err
 		}
@@ -174,11 +186,20 @@ func chainChunkKeys(chain []prefixhash.Key, chunkBlocks int) []prefixhash.Key {
 	return out
 }
 
+// wantBlock is what a read by tokens asks of a block: its parent and tokens
+// (nil tokens: a read by keys, which asks nothing more than the key).
+type wantBlock struct {
+	parent prefixhash.Key
+	tokens []uint32
+}
+
 // sendBlock streams encoded block b (nil: a miss) as request index i: one
 // miss frame, or the block in chunks of at most ChunkBytes payload bytes. b
-// must stay valid until sendBlock returns (Send copies the message).
+// must stay valid until sendBlock returns (Send copies the message). For a
+// read by tokens, want is checked before the key: a block holding other
+// tokens is refused as such.
 func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, frame *kvmeshv1.BatchGetResponse,
-	ns prefixhash.Namespace, i uint32, key prefixhash.Key, b []byte) (bool, error) {
+	ns prefixhash.Namespace, i uint32, key prefixhash.Key, want wantBlock, b []byte) (bool, error) {
 	miss := func() (bool, error) {
 		*frame = kvmeshv1.BatchGetResponse{Index: i, Key: key[:], Last: true}
 		return false, stream.Send(frame)
@@ -190,15 +211,22 @@ func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, fr
 	if err == nil {
 		err = blk.CheckNamespace(ns)
 	}
+	if err == nil && want.tokens != nil {
+		err = blk.CheckTokens(want.parent, want.tokens)
+	}
 	if err == nil && blk.Key != key {
 		err = errors.New("block key differs from the key asked for")
 	}
 	if err != nil {
-		// A block another namespace produced, or bytes that fail
-		// verification, are never served: the caller recomputes. The log
-		// names no key: keys are the tenant's to know.
-		s.n.metrics.dropped.Inc()
-		s.n.log.Warn("block refused", "err", err)
+		// A block another namespace produced, one holding other tokens,
+		// or bytes that fail verification, are never served: the caller
+		// recomputes. The log names no key: keys are the tenant's to know.
+		reason := refusedVerify
+		if errors.Is(err, store.ErrTokens) {
+			reason = refusedTokens
+		}
+		s.n.metrics.dropped.WithLabelValues(reason).Inc()
+		s.n.log.Warn("block refused", "reason", reason, "err", err)
 		return miss()
 	}
 	chunk := s.n.opts.ChunkBytes
@@ -342,12 +370,10 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 			cur.got += copy(cur.payload()[cur.got:], data)
 		}
 		if cur != nil && cur.buf != nil && cur.got == cur.payloadLen() {
-			_, key, err := store.AppendHeader(cur.buf[:0], ns, cur.parent, cur.tokens, cur.payload())
+			// A tenant's blocks carry its tag (0 for node-wide callers).
+			_, key, err := store.AppendHeaderTenant(cur.buf[:0], auth.AccessFrom(ctx).Tag, ns, cur.parent, cur.tokens, cur.payload())
 			if err != nil {
 				return invalid("block", "block %d: %v", cur.index, err)
-			}
-			if tag := auth.AccessFrom(ctx).Tag; tag != 0 {
-				store.SetTenant(cur.buf, tag)
 			}
 			if h, _ := store.DecodeHeader(cur.buf, 0); cur.sum != 0 && h.Checksum != cur.sum {
 				return invalid("block.payload_checksum", "block %d: payload checksum %016x, received bytes hash to %016x",

@@ -58,7 +58,9 @@
 // the node keeps serving. A full cache answers ResourceExhausted. A miss in a
 // BatchGet is a frame of the stream, not an error. A block that fails
 // verification on its way out (checksum, key, namespace) is answered as a miss
-// and counted in kvmesh_blocks_refused_total.
+// and counted in kvmesh_blocks_refused_total{reason="verify"}; in a BatchGet
+// by tokens, a block whose stored parent and tokens are not the prompt's is
+// answered as a miss too, counted under reason="tokens".
 //
 // BatchPut receives each block into a pooled buffer taken when the block's
 // first payload bytes arrive, computes its key as H(parent ‖ tokens) and its
