@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/node/ready"
 )
 
 // ErrNoBinary means a suite that starts kvmesh nodes was not told where
@@ -83,17 +83,19 @@ func (o *DaemonOptions) Validate() error {
 	return nil
 }
 
-// Daemon is one `kvmesh serve` process the bench started, on free
-// 127.0.0.1 ports with its own data directory.
+// Daemon is one `kvmesh serve` process the bench started, with its own data
+// directory and every address on port 0 of 127.0.0.1: the addresses are
+// those its ready file (--ready-file) reported.
 type Daemon struct {
 	ID                                       string
 	GRPCAddr, HTTPAddr, DataAddr, GossipAddr string
 	DataDir                                  string
 
-	cmd     *exec.Cmd
-	stderr  *tailBuffer
-	done    chan struct{} // closed when the process has exited
-	exitErr error         // set before done is closed
+	readyFile string
+	cmd       *exec.Cmd
+	stderr    *tailBuffer
+	done      chan struct{} // closed when the process has exited
+	exitErr   error         // set before done is closed
 }
 
 // Pid returns the node's process id.
@@ -107,8 +109,10 @@ type Daemons struct {
 
 // StartDaemons starts o.Nodes `kvmesh serve` processes and returns when
 // every one answers on gRPC (and, with Join, sees all the others as
-// members). On error, the processes already started are stopped, and the
-// error carries the last lines a failed node printed.
+// members). With Join, the first node starts alone and the others once its
+// ready file names its gossip address. On error, the processes already
+// started are stopped, and the error carries the last lines a failed node
+// printed.
 func StartDaemons(ctx context.Context, o DaemonOptions) (*Daemons, error) {
 	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
@@ -125,12 +129,24 @@ func StartDaemons(ctx context.Context, o DaemonOptions) (*Daemons, error) {
 		ds.Close()
 		return nil, err
 	}
+	seed := ""
 	for i := range o.Nodes {
-		d, err := startDaemon(o, dir, i, ds.list)
+		d, err := startDaemon(o, dir, i, seed)
 		if err != nil {
 			return fail(err)
 		}
 		ds.list = append(ds.list, d)
+		if i == 0 && o.Join && o.Nodes > 1 {
+			if err := d.waitReadyFile(ctx); err != nil {
+				return fail(err)
+			}
+			seed = d.GossipAddr
+		}
+	}
+	for _, d := range ds.list {
+		if err := d.waitReadyFile(ctx); err != nil {
+			return fail(err)
+		}
 	}
 	if err := ds.waitReady(ctx, o.Join, o.Nodes); err != nil {
 		return fail(err)
@@ -138,35 +154,27 @@ func StartDaemons(ctx context.Context, o DaemonOptions) (*Daemons, error) {
 	return ds, nil
 }
 
-// startDaemon starts node i. The ports are found free by listening on port
-// 0 and closing, so another process may take one first; the node then
-// fails to start and waitReady reports it.
-func startDaemon(o DaemonOptions, dir string, i int, before []*Daemon) (*Daemon, error) {
-	var ports [4]int
-	for j := range ports {
-		p, err := freePort()
-		if err != nil {
-			return nil, fmt.Errorf("bench: daemons: free port: %w", err)
-		}
-		ports[j] = p
-	}
-	addr := func(p int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p)) }
+// startDaemon starts node i, joining seed (a gossip address) unless it is
+// empty. Every address is port 0: the node picks its ports, and
+// waitReadyFile reads them back.
+func startDaemon(o DaemonOptions, dir string, i int, seed string) (*Daemon, error) {
 	d := &Daemon{
-		ID:       fmt.Sprintf("bench-node-%d", i),
-		GRPCAddr: addr(ports[0]), HTTPAddr: addr(ports[1]), DataAddr: addr(ports[2]), GossipAddr: addr(ports[3]),
-		DataDir: filepath.Join(dir, fmt.Sprintf("node%d", i)),
-		stderr:  &tailBuffer{max: 8 << 10},
-		done:    make(chan struct{}),
+		ID:        fmt.Sprintf("bench-node-%d", i),
+		DataDir:   filepath.Join(dir, fmt.Sprintf("node%d", i)),
+		readyFile: filepath.Join(dir, fmt.Sprintf("node%d.ready", i)),
+		stderr:    &tailBuffer{max: 8 << 10},
+		done:      make(chan struct{}),
 	}
+	const port0 = "127.0.0.1:0"
 	args := []string{"serve", "--node-id", d.ID, "--data-dir", d.DataDir,
-		"--grpc-addr", d.GRPCAddr, "--http-addr", d.HTTPAddr, "--data-addr", d.DataAddr, "--gossip-addr", d.GossipAddr,
+		"--grpc-addr", port0, "--http-addr", port0, "--data-addr", port0, "--gossip-addr", port0, "--ready-file", d.readyFile,
 		"--dram", strconv.FormatInt(o.DRAMBytes, 10), "--nvme", strconv.FormatInt(o.NVMeBytes, 10),
 		"--log-level", "warn"}
 	if o.MaxBlockBytes > 0 {
 		args = append(args, "--max-block-bytes", strconv.FormatInt(o.MaxBlockBytes, 10))
 	}
-	if o.Join && len(before) > 0 {
-		args = append(args, "--join", before[0].GossipAddr)
+	if seed != "" {
+		args = append(args, "--join", seed)
 	}
 	args = append(args, o.Args...)
 	d.cmd = exec.Command(o.Binary, args...)
@@ -188,6 +196,21 @@ func startDaemon(o DaemonOptions, dir string, i int, before []*Daemon) (*Daemon,
 		close(d.done)
 	}()
 	return d, nil
+}
+
+// waitReadyFile waits for the node's ready file and takes its addresses
+// from it; it fails as soon as the node exits, or when ctx ends.
+func (d *Daemon) waitReadyFile(ctx context.Context) error {
+	info, err := ready.Wait(ctx, d.readyFile, d.done)
+	if errors.Is(err, ready.ErrExited) {
+		<-d.done
+		return fmt.Errorf("bench: kvmesh serve (%s) exited at start (%v): %s", d.ID, d.exitErr, d.stderr.lastLines(3))
+	}
+	if err != nil {
+		return fmt.Errorf("bench: kvmesh serve (%s) not ready: %w: %s", d.ID, err, d.stderr.lastLines(3))
+	}
+	d.GRPCAddr, d.HTTPAddr, d.DataAddr, d.GossipAddr = info.GRPCAddr, info.HTTPAddr, info.DataAddr, info.GossipAddr
+	return nil
 }
 
 // waitReady polls every node until it answers Stats (and, when joined,

@@ -15,7 +15,7 @@
 //	store     GET/SET of whole blocks through the Go client, network and
 //	          shared-memory paths, against Redis by the same load loop
 //	lookup    longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes;
-//	          key hashing against one xxhash64 pass
+//	          the keys of a 128k-token prompt against one SHA-256 pass
 //	nvme      the NVMe tier against fio on the same file system
 //	prefill   TTFT against the cached fraction of a prompt; engine GFLOP/s
 //	          against gonum's Sgemm
@@ -42,7 +42,8 @@
 // # Nodes
 //
 // Suites that need kvmesh nodes start them as separate `kvmesh serve`
-// processes (StartDaemons: Env.Binary, free 127.0.0.1 ports, a data
+// processes (StartDaemons: Env.Binary, every address on port 0 of
+// 127.0.0.1 and read back from the node's --ready-file, a data
 // directory each under Env.WorkDir, joined into a cluster when asked) and
 // drive them through the Go client, as an inference worker would; or they
 // use the running cluster of Env.Addrs (`--addr`). Daemons.Close stops the

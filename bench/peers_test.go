@@ -99,8 +99,18 @@ func TestRedisPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if r.Version() == "" || !strings.HasPrefix(r.Addr(), "127.0.0.1:") {
-		t.Fatalf("version %q, addr %q", r.Version(), r.Addr())
+	// On a unix socket, and on no TCP port (none was guessed for it).
+	if fi, err := os.Stat(r.Socket()); r.Version() == "" || err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("version %q, socket %q: %v", r.Version(), r.Socket(), err)
+	}
+	ic, err := dialRESP(ctx, r.Socket(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, info, err := ic.command(ctx, nil, nil, "INFO", "server")
+	ic.Close()
+	if err != nil || !strings.Contains(string(info), "tcp_port:0") {
+		t.Fatalf("INFO server: %v\n%s", err, info)
 	}
 	set, get, err := KVLoad(ctx, r.Target(), KVLoadOptions{ValueBytes: 4096, Concurrency: 2, Keys: 16,
 		Duration: time.Second, MaxOps: 200})

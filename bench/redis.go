@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,11 +28,17 @@ type RedisOptions struct {
 	Args []string
 }
 
-// Redis is a redis-server the bench started: on a free 127.0.0.1 port, with
-// persistence off (--save ” --appendonly no) in a scratch directory. Close
-// stops it and removes the directory.
+// Redis is a redis-server the bench started: listening on a unix socket in
+// a scratch directory and on no TCP port (--port 0 turns TCP off; a TCP
+// port would have to be guessed free beforehand, since redis-server cannot
+// report one it picked, and a guess races with every other process), with
+// persistence off (--save ” --appendonly no). Close stops it and removes
+// the directory.
+//
+// A unix socket spares Redis the loopback TCP stack, so it is a stricter
+// baseline for kvmesh's network path than Redis over TCP.
 type Redis struct {
-	addr    string
+	socket  string
 	version string
 	dir     string
 	cmd     *exec.Cmd
@@ -42,6 +47,10 @@ type Redis struct {
 
 // maxRedisValue bounds the bulk replies the client accepts.
 const maxRedisValue = 1 << 30
+
+// maxSocketPath is the longest unix socket path Linux accepts (sun_path is
+// 108 bytes, NUL included).
+const maxSocketPath = 107
 
 // StartRedis starts a redis-server. When the binary is not installed the
 // error wraps ErrMissing, which suites report as a skipped peer.
@@ -56,40 +65,21 @@ func StartRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: redis: %s not found (install Debian's redis-server): %w", ErrMissing, o.Binary, err)
 	}
-	// The free port is found by listening on port 0 and closing: another
-	// process may take it before the server binds, so retry a few times.
-	for attempt := 1; ; attempt++ {
-		r, err := startRedisOnce(ctx, bin, o)
-		if err == nil {
-			return r, nil
-		}
-		if attempt == 3 || !strings.Contains(err.Error(), "already in use") || ctx.Err() != nil {
-			return nil, err
-		}
-	}
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-func startRedisOnce(ctx context.Context, bin string, o RedisOptions) (*Redis, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, fmt.Errorf("bench: redis: free port: %w", err)
-	}
 	dir, err := os.MkdirTemp(o.Dir, "kvmesh-bench-redis-")
 	if err != nil {
 		return nil, fmt.Errorf("bench: redis: %w", err)
 	}
+	socket := filepath.Join(dir, "redis.sock")
+	if abs, err := filepath.Abs(socket); err == nil {
+		socket = abs
+	}
+	if len(socket) > maxSocketPath {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("bench: redis: socket path %s is longer than %d bytes; choose a shorter RedisOptions.Dir", socket, maxSocketPath)
+	}
 	logPath := filepath.Join(dir, "redis.log")
-	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--logfile", logPath, "--daemonize", "no"}
+	args := []string{"--port", "0", "--unixsocket", socket, "--unixsocketperm", "700",
+		"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", logPath, "--daemonize", "no"}
 	cmd := exec.Command(bin, append(args, o.Args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
 	setDeathSignal(cmd.SysProcAttr)
@@ -97,7 +87,7 @@ func startRedisOnce(ctx context.Context, bin string, o RedisOptions) (*Redis, er
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("bench: redis: start %s: %w", bin, err)
 	}
-	r := &Redis{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, cmd: cmd, done: make(chan struct{})}
+	r := &Redis{socket: socket, dir: dir, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait() // the exit status of a server we stop is not news
 		close(r.done)
@@ -142,7 +132,7 @@ func (r *Redis) waitReady(ctx context.Context, timeout time.Duration) error {
 func (r *Redis) ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	c, err := dialRESP(ctx, r.addr, 1<<20)
+	c, err := dialRESP(ctx, r.socket, 1<<20)
 	if err != nil {
 		return err
 	}
@@ -163,8 +153,9 @@ func (r *Redis) ping(ctx context.Context) error {
 	return nil
 }
 
-// Addr returns the server's host:port.
-func (r *Redis) Addr() string { return r.addr }
+// Socket returns the path of the server's unix socket (redis-cli -s and
+// redis-benchmark -s take it).
+func (r *Redis) Socket() string { return r.socket }
 
 // Version returns the server's redis_version.
 func (r *Redis) Version() string { return r.version }
@@ -190,15 +181,15 @@ func (r *Redis) Close() error {
 
 // Target returns the server as a KVTarget named "redis"; key k is
 // "kvmesh:bench:k".
-func (r *Redis) Target() KVTarget { return redisTarget{addr: r.addr} }
+func (r *Redis) Target() KVTarget { return redisTarget{socket: r.socket} }
 
-type redisTarget struct{ addr string }
+type redisTarget struct{ socket string }
 
 func (t redisTarget) Name() string { return "redis" }
 
 // Reset empties the server (FLUSHALL).
 func (t redisTarget) Reset(ctx context.Context) error {
-	c, err := dialRESP(ctx, t.addr, 1<<20)
+	c, err := dialRESP(ctx, t.socket, 1<<20)
 	if err != nil {
 		return err
 	}
@@ -214,7 +205,7 @@ func (t redisTarget) Reset(ctx context.Context) error {
 }
 
 func (t redisTarget) Dial(ctx context.Context) (KVConn, error) {
-	c, err := dialRESP(ctx, t.addr, maxRedisValue)
+	c, err := dialRESP(ctx, t.socket, maxRedisValue)
 	if err != nil {
 		return nil, err
 	}

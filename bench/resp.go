@@ -45,11 +45,11 @@ type respConn struct {
 
 var crlf = []byte("\r\n")
 
-// dialRESP connects to addr; replies longer than maxBulk bytes are refused
-// as protocol errors.
-func dialRESP(ctx context.Context, addr string, maxBulk int) (*respConn, error) {
+// dialRESP connects to the server's unix socket; replies longer than
+// maxBulk bytes are refused as protocol errors.
+func dialRESP(ctx context.Context, socket string, maxBulk int) (*respConn, error) {
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
 		return nil, err
 	}

@@ -233,12 +233,14 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	storeRatios(rows, limits)
 	title := "GET and SET of whole blocks, one request in flight per connection; kvmesh through its Go client"
 	if redis != nil {
-		title += fmt.Sprintf(", Redis %s (persistence off) by the same load loop", redis.Version())
+		title += fmt.Sprintf(", Redis %s (persistence off, on a unix socket) by the same load loop", redis.Version())
 	}
 	res.AddTable("store", title, rows)
 	storeChecks(res, rows)
 	res.Note("SET writes keys never written before (a block store answers a SET of a block it holds without storing it); " +
-		"GET reads random keys of the data set filled before it. GB/s count value bytes only.")
+		"GET reads random keys of the data set filled before it. GB/s count value bytes only. " +
+		"Redis listens on a unix socket and no TCP port (a TCP port would have to be guessed free; see StartRedis), " +
+		"which spares it the loopback TCP stack: a stricter baseline for kvmesh's network path than Redis over TCP.")
 	for _, op := range []string{"get", "set"} {
 		if err := SavePlot(env, res, "store_"+op+"_vs_block_size",
 			ThroughputPlot(fmt.Sprintf("store %s: kvmesh vs Redis and the limits", op), storeSeries(rows, limits, op)...)); err != nil {

@@ -10,6 +10,13 @@
 // the production node; New serves any Cache alone (tests use an in-memory
 // one).
 //
+// Every address may have port 0. What was bound is logged in one line when
+// the node serves and, with Options.ReadyFile, written as JSON once it
+// serves (package node/ready), so that nothing needs a port found free
+// beforehand. Others see the bound ports, with an unspecified host (0.0.0.0,
+// ::) replaced by the advertised one: in the gossiped MemberMeta, the
+// gossip advertise address and the ready file.
+//
 // # The cluster
 //
 // Open wires store.Cluster over store.Local (a DRAM tier and an NVMe tier
@@ -51,13 +58,42 @@
 // the node keeps serving. A full cache answers ResourceExhausted. A miss in a
 // BatchGet is a frame of the stream, not an error. A block that fails
 // verification on its way out (checksum, key, namespace) is answered as a miss
-// and counted in kvmesh_blocks_refused_total.
+// and counted in kvmesh_blocks_refused_total{reason="verify"}; in a BatchGet
+// by tokens, a block whose stored parent and tokens are not the prompt's is
+// answered as a miss too, counted under reason="tokens".
 //
-// BatchPut receives each block into one buffer per stream, computes its key
-// as H(parent ‖ tokens) and its header with store.AppendHeader, and stores it
-// as soon as its last byte arrives, so a stream of any length holds one block
-// in memory. BatchGet pins one block at a time and cuts its payload into
-// frames of at most ChunkBytes, so no message exceeds MaxMessageBytes.
+// BatchPut receives each block into a pooled buffer taken when the block's
+// first payload bytes arrive, computes its key as H(parent ‖ tokens) and its
+// header with store.AppendHeader, stores it as soon as its last byte
+// arrives and gives the buffer back, so a stream holds at most one block in
+// memory, and none while it sends only headers or sits between blocks.
+// BatchGet pins one block at a time and cuts its payload into frames of at
+// most ChunkBytes, so no message exceeds MaxMessageBytes.
+//
+// # Limits
+//
+// What a client can make the node hold is bounded, with or without a token:
+//
+//   - MaxConcurrentStreams (default 256) calls at once per client
+//     connection; further calls wait on the client.
+//   - MaxInFlightBytes (default 256 MiB) of BatchPut block buffers,
+//     node-wide: a block is charged from its first payload bytes until it
+//     is stored; a stream that finds no room within a second (or its
+//     deadline) is refused with ResourceExhausted naming
+//     max_inflight_bytes. Each data plane has a budget of the same size for
+//     its requests' tables and scratch and its puts' values
+//     (transfer.ServerOptions.MaxInFlightBytes: a request waits for room
+//     until its deadline, then is refused; a put's values are reserved a
+//     4 MiB segment at a time as they arrive, and a put that stops sending
+//     for ReadTimeout, 5s, is dropped).
+//   - Lookups of at most transfer.Limits.MaxLookupKeys (8192) keys per
+//     data-plane frame; peers split longer chains. A connection keeps no
+//     request-sized buffer once its request is done.
+//   - MaxBatchBlocks blocks per request, MaxMessageBytes per message,
+//     MaxBlockBytes per block, RequestTimeout per request.
+//   - The model names shown by Stats: at most 4096 of namespaces that hold
+//     blocks, and the 1024 names requests named most recently, so made-up
+//     names cannot push out real ones.
 //
 // # Prefill
 //
@@ -93,28 +129,54 @@
 // (kvmesh_grpc_tls_handshake_failures_total, and per data-plane transport
 // kvmesh_transfer_unauthorized_connections_total).
 //
-// With Options.Tokens every gRPC call must carry "authorization: Bearer
+// With Options.Tokens (shared tokens: one tenant) or Options.TokensFile
+// (tenants, package auth) every gRPC call must carry "authorization: Bearer
 // <token>" metadata with an accepted token (an interceptor on unary and
 // streaming calls alike, reflection included, before any handler runs),
 // and every data-plane connection, TCP or shared memory, must present one
 // in its hello; a refusal is Unauthenticated (gRPC) or ErrAuth (data plane)
 // with a message saying why, and is counted
-// (kvmesh_grpc_refused_requests_total by reason). Health checking
-// (grpc.health.v1.Health) stays open: load balancers and Kubernetes probes
-// carry no credentials, and it tells a caller only that the node is up.
-// Tokens are compared as SHA-256 digests in constant time; SetTokens rotates
-// the accepted set at run time. The node presents the first token to its
-// peers. Membership gossip is guarded separately, by Options.GossipKey.
+// (kvmesh_grpc_refused_requests_total by reason). The token authenticates a
+// principal (auth.Principal) whose scopes the method must need no more than
+// (methodScope: writes need write, quotas and drops admin, PeerService
+// cluster; else PermissionDenied), and which travels in the request's
+// context (auth.WithPrincipal). Health checking (grpc.health.v1.Health)
+// stays open: load balancers and Kubernetes probes carry no credentials,
+// and it tells a caller only that the node is up. Tokens are compared as
+// SHA-256 digests in constant time; SetTokens and SetTokensFile rotate the
+// accepted set at run time. The node presents the first shared token, or
+// the file's cluster token, to its peers. Membership gossip is guarded
+// separately, by Options.GossipKey: since members are sent the blocks they
+// own, with the node's token, Open refuses a node with tokens but neither a
+// GossipKey nor mutual TLS unless Options.InsecureGossip (--insecure-gossip)
+// says the network is trusted.
 //
-// Tenants are namespaces that differ by their salt: their keys differ, and a
-// block is served only under the namespace it was written in, so a tenant
-// never reads another's blocks, not even by their exact keys (see
-// cacheService.sendBlock). Exists, and Lookup given a chain instead of
-// tokens, answer for keys alone: a key is a 128-bit hash of the namespace,
-// salt included, and the tokens, so only a holder of both can ask about it. Per-namespace quotas (store.Local's: Options'
-// QuotaDRAMBytes and QuotaNVMeBytes as the default, AdminService.SetQuota per
-// namespace, kept in DataDir/quotas.json) bound what a tenant holds in each
-// tier; a write its quota has no room for is answered ResourceExhausted.
+// The data dir is the node's user's alone: kvmesh creates its directories
+// 0700 and its files 0600 (node-id, written durably: synced, renamed,
+// directory synced; quotas.json; NVMe segments); pebble's own files (the
+// NVMe index, the prefill queue) are 0644 inside 0700 directories. A data
+// dir made by an older version keeps its modes: chmod -R go-rwx it.
+//
+// Tenants. A tenant's namespaces are salted by the node (namespace: the
+// principal's salt goes before the caller's own), so a tenant can neither
+// name nor compute another's namespaces or keys. Its blocks carry its tag
+// in their header (BatchPut stamps it; a tenant's data-plane puts must
+// carry it; the engine stamps what it publishes for the tenant), and the
+// request's access (auth.Access, in its context) is checked per block
+// wherever a block is served, stored or described: store.Local's reads,
+// writes, Contains, LongestPrefix and Info, hence BatchGet, Exists,
+// Lookup, BlockInfo, the data plane over TCP and shared memory, and the
+// requests this node makes to its peers for the tenant (scoped frames). A
+// block of another tenant is a miss, even by its exact key. Stats and
+// Quotas list a tenant's own namespaces only; /metrics labels namespaces
+// with a keyed hash of their digest (namespaceLabel) when the node has
+// tenants; a tenant names a namespace by digest only when its blocks here
+// are its own (mayNameDigest). A queued prefill records its owner and runs,
+// and is readable, as that tenant's. Per-namespace quotas (store.Local's:
+// Options' QuotaDRAMBytes and QuotaNVMeBytes as the default,
+// AdminService.SetQuota per namespace, kept in DataDir/quotas.json) bound
+// what a tenant holds in each tier; a write its quota has no room for is
+// answered ResourceExhausted.
 //
 // # Deadlines and shutdown
 //

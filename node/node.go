@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/node/ready"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
@@ -46,6 +48,7 @@ type Node struct {
 	// New: it knows the members and the data plane's addresses.
 	cluster *clusterCache
 
+	putBudget *budget // BatchPut's block buffers (MaxInFlightBytes)
 	serveOnce sync.Once
 	closeOnce sync.Once
 	closeErr  error
@@ -107,10 +110,19 @@ func New(opts Options, cache Cache) (*Node, error) {
 	return n, nil
 }
 
+// tenantCount is the number of tenants the node's tokens file names.
+func (n *Node) tenantCount() int {
+	if n.opts.TokensFile == nil {
+		return 0
+	}
+	return len(n.opts.TokensFile.Tenants)
+}
+
 // newNode builds the servers of a node over cache and its listeners; tokens
 // (nil: none) guard every call; extra collectors join its metrics.
 func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, extra ...prometheus.Collector) *Node {
-	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens)}
+	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens),
+		putBudget: newBudget(opts.MaxInFlightBytes)}
 	var labelKey []byte
 	if opts.TokensFile != nil {
 		labelKey = opts.TokensFile.LabelKey
@@ -119,6 +131,9 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.MaxMessageBytes),
+		// Streams past the limit wait on their client (HTTP/2 flow
+		// control), so one connection cannot start unbounded handlers.
+		grpc.MaxConcurrentStreams(uint32(opts.MaxConcurrentStreams)),
 		// The guard runs inside unary and stream, so that refused calls
 		// are counted and logged like every other refusal.
 		grpc.ChainUnaryInterceptor(n.unary, n.guard.unary),
@@ -188,6 +203,18 @@ func (n *Node) GossipAddr() string {
 	return n.cluster.members.GossipAddr()
 }
 
+// Ready returns where the node is reached, as its ready file says it
+// (Options.ReadyFile): the ports it bound, and for an address bound to an
+// unspecified host (0.0.0.0, ::) the advertised host.
+func (n *Node) Ready() ready.Info {
+	info := ready.Info{NodeID: n.opts.NodeID, PID: os.Getpid(), GRPCAddr: n.GRPCAddr(), HTTPAddr: n.HTTPAddr(),
+		DataAddr: n.DataAddr(), GossipAddr: n.GossipAddr(), ShmSocket: n.ShmSocket()}
+	if n.cluster != nil {
+		info.GRPCAddr, info.HTTPAddr = n.cluster.grpcAddr, n.cluster.httpAddr
+	}
+	return info
+}
+
 // Serve serves until ctx is done or a server fails, then shuts down: health
 // turns NOT_SERVING, new requests are refused, requests in flight get
 // ShutdownTimeout to finish before they are cancelled; then a node of a
@@ -219,18 +246,35 @@ func (n *Node) Serve(ctx context.Context) error {
 			errc <- fmt.Errorf("node: HTTP server: %w", err)
 		}
 	}()
+	// Every address as bound (port 0 resolved), in one line.
 	n.log.Info("kvmesh node serving", "id", n.opts.NodeID, "grpc", n.GRPCAddr(), "http", n.HTTPAddr(),
-		"data", n.DataAddr(), "shm", n.ShmSocket(), "gossip", n.GossipAddr(),
+		"data", n.DataAddr(), "shm", n.ShmSocket(), "gossip", n.GossipAddr(), "ready_file", n.opts.ReadyFile,
 		"data_dir", n.opts.DataDir, "dram_bytes", n.opts.DRAMBytes, "nvme_bytes", n.opts.NVMeBytes,
 		"tls", n.opts.TLS != nil, "mutual_tls", n.opts.TLS != nil && n.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
-		"tokens", len(n.opts.Tokens))
+		"tokens", len(n.opts.Tokens), "tenants", n.tenantCount())
 
 	var serveErr error
-	select {
-	case <-ctx.Done():
-		n.log.Info("kvmesh node stopping", "cause", context.Cause(ctx))
-	case serveErr = <-errc:
-		n.log.Error("kvmesh node failed", "err", serveErr)
+	if n.opts.ReadyFile != "" {
+		// The listeners are bound and served: a connection made after
+		// this point is answered.
+		if err := ready.Write(n.opts.ReadyFile, n.Ready()); err != nil {
+			serveErr = fmt.Errorf("node: option ReadyFile: %w", err)
+			n.log.Error("kvmesh node failed", "err", serveErr)
+		}
+	}
+	if serveErr == nil {
+		select {
+		case <-ctx.Done():
+			n.log.Info("kvmesh node stopping", "cause", context.Cause(ctx))
+		case serveErr = <-errc:
+			n.log.Error("kvmesh node failed", "err", serveErr)
+		}
+	}
+	if n.opts.ReadyFile != "" {
+		// A node that stops serving is no longer ready.
+		if err := os.Remove(n.opts.ReadyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			n.log.Warn("ready file not removed", "file", n.opts.ReadyFile, "err", err)
+		}
 	}
 	n.shutdown()
 	wg.Wait()

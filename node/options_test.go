@@ -59,6 +59,8 @@ func TestOptionsValidate(t *testing.T) {
 		{"ChunkBytes", func(o *Options) { o.ChunkBytes = 4 << 20 }},
 		{"RequestTimeout", func(o *Options) { o.RequestTimeout = -time.Second }},
 		{"ShutdownTimeout", func(o *Options) { o.ShutdownTimeout = -time.Second }},
+		{"ReadyFile", func(o *Options) { o.ReadyFile = "/does/not/exist/kvmesh.ready" }},
+		{"ReadyFile", func(o *Options) { o.ReadyFile = os.TempDir() }},
 	} {
 		var o Options
 		o.EnsureDefaults()

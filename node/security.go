@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -231,6 +232,9 @@ func (n *Node) SetTokensFile(f *auth.File) error {
 	}
 	if f.ClusterToken != n.opts.TokensFile.ClusterToken {
 		return errors.New("node: the tokens file's cluster token changed: restart every node of the cluster to change it")
+	}
+	if !bytes.Equal(f.LabelKey, n.opts.TokensFile.LabelKey) { // derived from the secret
+		return errors.New("node: the tokens file's secret changed: it derives every tenant's namespaces; restart every node of the cluster to change it")
 	}
 	if err := n.guard.tokens.SetCredentials(f.Credentials); err != nil {
 		return fmt.Errorf("node: %w", err)

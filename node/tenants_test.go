@@ -175,12 +175,12 @@ func TestTenantsIsolated(t *testing.T) {
 
 	// beta cannot write over acme's blocks: not tagged as acme, nor as itself
 	// under acme's keys.
-	block := encodeTenantBlock(t, acmeNS, prefixhash.Key(acmeNS.Root()), tokens[:16], payloads[0], auth.TagOf("acme"))
+	block := encodeTenantBlock(t, acmeNS, acmeNS.Root(), tokens[:16], payloads[0], auth.TagOf("acme"))
 	st, err := betaTCP.Put(ctx, keys[:1], [][]byte{block})
 	if err != nil || st[0] == transfer.StatusOK {
 		t.Errorf("beta's put of a block tagged acme: %v, %v", st, err)
 	}
-	store.SetTenant(block, auth.TagOf("beta"))
+	block = encodeTenantBlock(t, acmeNS, acmeNS.Root(), tokens[:16], payloads[0], auth.TagOf("beta"))
 	st, err = betaTCP.Put(ctx, keys[:1], [][]byte{block})
 	if err != nil || st[0] == transfer.StatusOK {
 		t.Errorf("beta's put over acme's key: %v, %v", st, err)
@@ -271,11 +271,10 @@ func TestTenantsIsolated(t *testing.T) {
 // ns, tagged for tenant tag.
 func encodeTenantBlock(t testing.TB, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte, tag uint64) []byte {
 	t.Helper()
-	b, _, err := store.Encode(nil, ns, parent, tokens, payload)
+	b, _, err := store.EncodeTenant(nil, tag, ns, parent, tokens, payload)
 	if err != nil {
 		t.Fatal(err)
 	}
-	store.SetTenant(b, tag)
 	return b
 }
 
@@ -346,5 +345,47 @@ func TestTenantsPrefill(t *testing.T) {
 	}
 	if _, err := tenantDial(t, nodes[0], "acme-r", client.TransportGRPC).Prefill(ctx, client.PrefillRequest{Tokens: tokens}); status.Code(errors.Unwrap(err)) != codes.PermissionDenied {
 		t.Errorf("a read-only token's prefill: %v, want PermissionDenied", err)
+	}
+}
+
+// TestSetTokensFile: a reloaded tokens file adds and drops tokens at once;
+// one whose secret or cluster token changed is refused and changes nothing.
+func TestSetTokensFile(t *testing.T) {
+	tf := tenantsFile(t)
+	n := startNode(t, func(o *Options) { o.TokensFile = tf })
+	parse := func(body string) *auth.File {
+		f, err := auth.ParseFile([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	whoami := func(token string) (string, error) {
+		resp, err := rawTenantAPI(t, n.GRPCAddr(), token).admin.WhoAmI(context.Background(), &kvmeshv1.WhoAmIRequest{})
+		return resp.GetTenant(), err
+	}
+	if tenant, err := whoami("acme-rw"); err != nil || tenant != "acme" {
+		t.Fatalf("WhoAmI(acme-rw) = %q, %v", tenant, err)
+	}
+	const secret = `secret: "0123456789abcdef0123456789abcdef-test"`
+	if err := n.SetTokensFile(parse(secret + "\ntokens:\n  - {token: gamma, tenant: gamma, scopes: [read]}\n  - {token: node-to-node, scopes: [cluster]}\n")); err != nil {
+		t.Fatal(err)
+	}
+	if tenant, err := whoami("gamma"); err != nil || tenant != "gamma" {
+		t.Errorf("a token added by a reload: %q, %v", tenant, err)
+	}
+	if _, err := whoami("acme-rw"); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("a token dropped by a reload: %v", err)
+	}
+	for name, body := range map[string]string{
+		"secret":        `secret: "another secret of more than 32 characters"` + "\ntokens:\n  - {token: delta, tenant: delta, scopes: [read]}\n  - {token: node-to-node, scopes: [cluster]}\n",
+		"cluster token": secret + "\ntokens:\n  - {token: delta, tenant: delta, scopes: [read]}\n  - {token: other-nodes, scopes: [cluster]}\n",
+	} {
+		if err := n.SetTokensFile(parse(body)); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("a reload that changes the %s: %v", name, err)
+		}
+		if _, err := whoami("delta"); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("a refused reload (%s) took effect: %v", name, err)
+		}
 	}
 }

@@ -214,7 +214,7 @@ func interleave(b *testing.B, paths []Path) map[string]float64 {
 	return gbps
 }
 
-// redisPath runs a private redis-server (no persistence) on a free port,
+// redisPath runs a private redis-server (no persistence) on a unix socket,
 // stores the testbed's values under k0, k1, ..., and moves a batch by
 // pipelining its GETs on one connection and reading each reply into a
 // buffer with a minimal RESP reader. It skips the benchmark when
@@ -259,14 +259,17 @@ type redisConn struct {
 }
 
 func startRedis(b *testing.B, bin string) *redisConn {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// A unix socket, and no TCP port (--port 0): redis-server cannot report
+	// a port it picked, and one found free beforehand may be taken by
+	// another process before the server binds it. The directory is short,
+	// for the socket path's 107 bytes.
+	dir, err := os.MkdirTemp("", "kvredis-")
 	if err != nil {
 		b.Fatal(err)
 	}
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
-	dir := b.TempDir()
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "redis.sock")
+	cmd := exec.Command(bin, "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
 		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"))
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -278,7 +281,7 @@ func startRedis(b *testing.B, bin string) *redisConn {
 	var nc net.Conn
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if nc, err = net.Dial("tcp", "127.0.0.1:"+port); err == nil {
+		if nc, err = net.Dial("unix", sock); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -46,8 +46,30 @@
 // nothing.
 //
 // Every length a frame declares is checked against Limits (items per frame,
-// value size, bytes per frame) before anything is allocated for it, so a
-// hostile frame cannot make a receiver allocate without bound.
+// value size, bytes per frame, keys per lookup frame) before anything is
+// allocated for it, so a hostile frame cannot make a receiver allocate
+// without bound.
+//
+// # Memory a client can make a server hold
+//
+// A Server charges what a request makes it allocate to one budget of
+// MaxInFlightBytes (default 256 MiB), before allocating it: the item table
+// as it arrives, 64 KiB at a time once each piece's first byte is there,
+// then the scratch and the answer's table (about 100 bytes per key or
+// item). So a sender that stops holds what it sent, not what it declared.
+// A put's values are charged as they arrive, a segment (putSegment, 4 MiB,
+// or one larger value) at a time: a segment is reserved once its first
+// byte is there, read, handed to the Sink and given back, so a put holds
+// at most one segment and a silent put none. A request that finds no room
+// waits until its deadline, then is refused with ErrLimit ("server busy").
+// A request that stops sending for ReadTimeout (default 5s) is dropped and
+// what it reserved given back. A connection keeps no request-sized buffer
+// between requests (scratch for at most 128 items and 16 KiB of tables;
+// larger ones go to a pool shared by all connections, which the GC empties
+// when unused), so an idle connection costs its 64 KiB read buffer; there
+// are at most MaxConns (1024) connections, idle for at most IdleTimeout
+// (5m). The shared-memory server reads puts the same way (its
+// RequestTimeout bounds each wait).
 //
 // # Security
 //
@@ -72,9 +94,20 @@
 // by closing the connection. So no request is read, let alone served, on an
 // unauthenticated connection, and the client's error says why (ErrAuth).
 // The server compares the token's SHA-256 with every accepted token's in
-// constant time. Tokens.Set rotates the set without a restart; connections
-// already accepted stay open. Over plain TCP the token travels in the clear:
-// use TLS wherever the network is not trusted.
+// constant time (auth.Tokens). Tokens.Set rotates the set without a
+// restart; connections already accepted stay open. Over plain TCP the token
+// travels in the clear: use TLS wherever the network is not trusted.
+//
+// The token authenticates a principal (auth.Principal), kept for the
+// connection. Every request is checked against its scopes (a get or lookup
+// needs read, a put or publish write; else ErrAuth and the connection is
+// dropped) and runs with the principal and an access in its context
+// (auth.WithPrincipal, auth.AccessFrom) that the Source and Sink enforce per
+// block: a tenant's connection is confined to its own tenant's blocks
+// whatever its frames say; a node-wide principal's request is confined when
+// its frame is scoped (a node reading or writing for a tenant: the client
+// scopes a request when its context carries a scoped access), and touches
+// any block otherwise. Without tokens every connection is auth.Open.
 //
 // Mismatched ends fail at once with ErrAuth, never with a hang or a
 // deadline: a plain client of a TLS server is answered with a plain error

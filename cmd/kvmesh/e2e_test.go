@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -25,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/node/ready"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
@@ -73,7 +73,9 @@ type daemon struct {
 	cmd                           *exec.Cmd
 	grpcAddr, http                string
 	dataAddr, shmPath, gossip, id string
-	stderr                        *lockedBuffer
+	ready                         ready.Info // what its ready file said
+	readyFile                     string
+	stdout, stderr                *lockedBuffer
 	exited                        chan struct{}
 	exitErr                       error
 }
@@ -95,37 +97,28 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// startDaemon runs kvmesh serve on free loopback ports (args may name
-// others: the last flag wins) and waits until it prints where it listens.
+// startDaemon runs kvmesh serve with every address on port 0 of loopback
+// (args may name others: the last flag wins) and waits until it is ready.
 func startDaemon(t *testing.T, dataDir string, args ...string) *daemon {
 	t.Helper()
 	return startCommand(t, exec.Command(binary(t), append([]string{"serve", "--data-dir", dataDir,
 		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"}, args...)...))
 }
 
-// startCommand starts cmd, a kvmesh serve, and waits until it prints where
-// it listens. The test's cleanup kills it if it still runs.
+// startCommand starts cmd, a kvmesh serve, with --ready-file in a fresh
+// directory, and waits until the node writes it: the addresses come from
+// that file, never from a port found free beforehand. It fails at once if
+// the process exits first. The test's cleanup kills it if it still runs.
 func startCommand(t *testing.T, cmd *exec.Cmd) *daemon {
 	t.Helper()
-	cmd.Env = append(os.Environ(), "KVMESH_CONFIG=") // no stray config
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &daemon{cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{})}
-	cmd.Stderr = d.stderr
+	readyPath := filepath.Join(t.TempDir(), "kvmesh.ready")
+	cmd.Args = append(cmd.Args, "--ready-file", readyPath)
+	cmd.Env = append(os.Environ(), "KVMESH_CONFIG=", "KVMESH_READY_FILE=") // no stray config
+	d := &daemon{cmd: cmd, readyFile: readyPath, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = d.stdout, d.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	lines := make(chan string)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		io.Copy(io.Discard, stdout)
-	}()
 	go func() {
 		d.exitErr = cmd.Wait()
 		close(d.exited)
@@ -138,35 +131,17 @@ func startCommand(t *testing.T, cmd *exec.Cmd) *daemon {
 			<-d.exited
 		}
 	})
-	timeout := time.After(60 * time.Second)
-	for d.grpcAddr == "" || d.http == "" || d.gossip == "" {
-		select {
-		case line, ok := <-lines:
-			if !ok {
-				<-d.exited
-				t.Fatalf("kvmesh serve exited (%v) before listening:\n%s", d.exitErr, d.stderr)
-			}
-			f := strings.Fields(line)
-			switch {
-			case len(f) >= 5 && f[0] == "kvmesh" && f[2] == "serving":
-				d.id = f[4]
-			case len(f) >= 2 && f[0] == "gRPC":
-				d.grpcAddr = f[1]
-			case len(f) >= 2 && f[0] == "metrics":
-				d.http = strings.TrimSuffix(strings.TrimPrefix(f[1], "http://"), "/metrics")
-			case len(f) >= 4 && f[0] == "data" && f[2] == "shm":
-				d.dataAddr, d.shmPath = f[1], f[3]
-			case len(f) >= 2 && f[0] == "gossip":
-				d.gossip = f[1]
-			}
-		case <-timeout:
-			t.Fatalf("kvmesh serve did not say where it listens within 60s:\n%s", d.stderr)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	info, err := ready.Wait(ctx, readyPath, d.exited)
+	if errors.Is(err, ready.ErrExited) {
+		t.Fatalf("kvmesh serve exited (%v) before it was ready:\n%s", d.exitErr, d.stderr)
 	}
-	go func() {
-		for range lines {
-		}
-	}()
+	if err != nil {
+		t.Fatalf("kvmesh serve: %v:\n%s", err, d.stderr)
+	}
+	d.ready = info
+	d.id, d.grpcAddr, d.http, d.dataAddr, d.gossip, d.shmPath = info.NodeID, info.GRPCAddr, info.HTTPAddr, info.DataAddr, info.GossipAddr, info.ShmSocket
 	return d
 }
 

@@ -130,6 +130,9 @@ func TestServeRefusals(t *testing.T) {
 		{nil, []string{"--gossip-profile", "wan"}, "--gossip-profile"},
 		{nil, []string{"--log-level", "loud"}, "--log-level"},
 		{nil, []string{"--chunk-bytes", "8MiB"}, "--chunk-bytes"},
+		{nil, []string{"--ready-file", "/does/not/exist/kvmesh.ready"}, `--ready-file (or KVMESH_READY_FILE): directory "/does/not/exist" does not exist`},
+		{map[string]string{"KVMESH_READY_FILE": "/does/not/exist/r"}, nil, "KVMESH_READY_FILE: directory"},
+		{nil, []string{"--ready-file", os.TempDir()}, "is a directory"},
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			_, err := serveOptions(t, tc.env, tc.args...)
@@ -314,4 +317,25 @@ func FuzzConfig(f *testing.F) {
 			oneLine("build", err)
 		}
 	})
+}
+
+// TestServeLimitFlags: the limit and gossip flags reach node.Options from
+// the command line, the environment and the config file alike.
+func TestServeLimitFlags(t *testing.T) {
+	o, err := serveOptions(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.InsecureGossip || o.MaxConcurrentStreams != 256 || o.MaxInFlightBytes != 256<<20 {
+		t.Fatalf("defaults: InsecureGossip %v, MaxConcurrentStreams %d, MaxInFlightBytes %d", o.InsecureGossip, o.MaxConcurrentStreams, o.MaxInFlightBytes)
+	}
+	cfg := filepath.Join(t.TempDir(), "kvmesh.yaml")
+	os.WriteFile(cfg, []byte("max-inflight-bytes: 512MiB\n"), 0o600)
+	o, err = serveOptions(t, map[string]string{"KVMESH_INSECURE_GOSSIP": "true", "KVMESH_CONFIG": cfg}, "--max-concurrent-streams", "32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.InsecureGossip || o.MaxConcurrentStreams != 32 || o.MaxInFlightBytes != 512<<20 {
+		t.Fatalf("set: InsecureGossip %v, MaxConcurrentStreams %d, MaxInFlightBytes %d", o.InsecureGossip, o.MaxConcurrentStreams, o.MaxInFlightBytes)
+	}
 }

@@ -78,10 +78,19 @@ def test_refused_tokens(tenant_node):
             c.put(NS, toks, kv_of(32, 3))
 
 
+def gossip_key(tmp_path):
+    """A gossip key file: a node with tokens refuses to gossip in the clear."""
+    import base64
+    import os
+    k = tmp_path / "gossip.key"
+    k.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
+    return str(k)
+
+
 def test_shared_token(start_node, tmp_path):
     f = tmp_path / "token"
     f.write_text("s3cret-shared-token\n")
-    n = start_node("--auth-token-file", str(f))
+    n = start_node("--auth-token-file", str(f), "--gossip-key-file", gossip_key(tmp_path))
     toks = list(range(100, 132))
     with kvmesh.Client(n.addr, token="s3cret-shared-token") as c:
         assert c.put(NS, toks, kv_of(32, 4)) == 2 and c.get(NS, toks)[0] == 32
@@ -99,7 +108,8 @@ def test_tls_and_token(start_node, tmp_path):
                     "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
     tok = tmp_path / "token"
     tok.write_text("tls-token\n")
-    n = start_node("--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert), "--auth-token-file", str(tok))
+    n = start_node("--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert), "--auth-token-file", str(tok),
+                   "--gossip-key-file", gossip_key(tmp_path))
     toks = list(range(200, 248))
     kv = kv_of(48, 5)
     for path, transport in PATHS.items():

@@ -1,0 +1,10 @@
+// Package lint holds tests that check rules of STYLE.md over the whole
+// repository's source (Go, shell and Python files), the way pebble's
+// internal/lint does. It has no code of its own.
+//
+// ports_test.go: a server in a test, a benchmark or a script binds port 0
+// and reports the address it got; a port found by listening on port 0,
+// closing and handing the number to another process races with every
+// other process on the host (CI once failed with "bind: address already in
+// use" this way).
+package lint
