@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _tensors, _xxhash, block
-from ._namespace import Namespace, key_bytes
+from ._namespace import KEY_VERSION, Namespace, key_bytes
 from .errors import InvalidArgument, KVMeshError
 from .v1 import cache_pb2
 
@@ -71,17 +71,17 @@ def check_ns(ns):
 
 def probe_request(ns):
     """A BatchGet whose first answer names the key the node computes for one block of
-    zeros: which key format it speaks (format 1 nodes predate SHA-256 keys)."""
+    zeros: whether it keys blocks as this client does (format 1 nodes predate SHA-256
+    keys; a node that salts a tenant's namespaces without saying so would differ too)."""
     return cache_pb2.BatchGetRequest(namespace=ns.to_proto(), tokens=[0] * ns.block_tokens, prefix=True)
 
 
 def key_version_from(ns, salt, key):
     kns = ns.salted(salt)
-    for v in (2, 1):
-        if key_bytes(kns, [0] * ns.block_tokens, v)[0] == key:
-            return v
-    raise KVMeshError("the node keys blocks differently from this client (an unknown key format, or a tenant "
-                      "salt it did not report): upgrade the client or the node")
+    if key_bytes(kns, [0] * ns.block_tokens)[0] == key:
+        return KEY_VERSION
+    raise KVMeshError(f"the node keys blocks differently from this client (key format {KEY_VERSION}): a node "
+                      "from before the SHA-256 keys, or one that salts namespaces without saying so; upgrade it")
 
 
 def chunk_keys(keys, ns, chunk_tokens):

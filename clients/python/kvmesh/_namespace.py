@@ -11,18 +11,14 @@ Key format 2 (prefixhash.KeyVersion 2):
     digest = uint64 little-endian of SHA-256(encoding)[:8]
 
 prefixhash/testdata/golden.json pins them; the tests check every vector.
-
-Key format 1 (two seeded xxhash64 digests) is what nodes built before the
-SHA-256 keys compute. It is kept only so that a client can talk to such a
-node during the switch (the client asks the node which one it speaks, once);
-it goes away with them.
+Key format 1 (two seeded xxhash64 digests, forgeable) is not spoken: a client
+asks its node once which format it keys by and refuses to work with another.
 """
 import array
 import hashlib
 import struct
 import sys
 
-from . import _xxhash
 
 KEY_VERSION = 2
 KEY_SIZE = 16
@@ -256,33 +252,7 @@ class _SHA256:
         return out
 
 
-class _XXH2:
-    """Key format 1: (xxhash64 seeded "kvmesh/h", seeded "kvmesh/l"), big-endian."""
-    HI = 0x6b766d6573682f68
-    LO = 0x6b766d6573682f6c
-
-    @classmethod
-    def _k(cls, b):
-        return _xxhash.xxh64(b, cls.HI).to_bytes(8, "big") + _xxhash.xxh64(b, cls.LO).to_bytes(8, "big")
-
-    @classmethod
-    def root(cls, enc):
-        return cls._k(enc)
-
-    @staticmethod
-    def digest(enc):
-        return _xxhash.xxh64(enc)
-
-    @classmethod
-    def chain(cls, parent, tb, step):
-        out = []
-        for off in range(0, len(tb) - step + 1, step):
-            parent = cls._k(parent + tb[off:off + step])
-            out.append(parent)
-        return out
-
-
-_ALGOS = {2: _SHA256, 1: _XXH2}
+_ALGOS = {2: _SHA256}
 
 
 def key_bytes(ns, tokens, key_version=KEY_VERSION, parent=None):

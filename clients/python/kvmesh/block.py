@@ -10,8 +10,8 @@ All integers little-endian; the header is padded to a multiple of 64 bytes::
      16  8  namespace digest
      24 16  key, 40 16 parent key
 
-Byte 6 is the key format (prefixhash.KeyVersion); nodes of key format 1 left
-it zero. Payloads are [layer][K|V][token][kv_head][head_dim].
+Byte 6 is the key format (prefixhash.KeyVersion). Payloads are
+[layer][K|V][token][kv_head][head_dim].
 """
 import struct
 
@@ -45,7 +45,7 @@ def encode_header(ns, parent, tokens, payload_checksum, tenant_tag=0, key_versio
         raise ValueError(f"block has {n} tokens, namespace blocks hold {ns.block_tokens}")
     key = _ALGOS[key_version].chain(parent, tb, len(tb))[0]
     hl = header_len(n)
-    kv_byte = key_version if key_version >= 2 else 0
+    kv_byte = key_version
     fixed = _FIXED.pack(MAGIC, BLOCK_VERSION, kv_byte, hl, n, ns.digest(key_version), key, parent,
                         DTYPE_IDS[ns.dtype], ns.layer_start, ns.layer_end, ns.kv_heads, ns.head_dim,
                         ns.block_bytes, payload_checksum, tenant_tag)
@@ -72,7 +72,7 @@ def decode_header(b, key_version=KEY_VERSION):
      tenant) = _FIXED.unpack_from(mv)
     if magic != MAGIC:
         raise CorruptBlock(f"bad magic {magic!r}")
-    want_kv = key_version if key_version >= 2 else 0
+    want_kv = key_version
     if version != BLOCK_VERSION or kv != want_kv:
         raise CorruptBlock(f"block format {version}, key format {kv}: not this client's ({BLOCK_VERSION}, {want_kv})")
     if n == 0 or hl != header_len(n) or len(mv) < hl:
