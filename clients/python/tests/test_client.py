@@ -387,3 +387,24 @@ def test_cuda_tensors(client):
     out = torch.zeros_like(kv)
     n, got = client.get(ns, toks, out)
     assert n == 48 and got is out and torch.equal(out, kv)
+
+
+def test_auto_without_shared_memory(start_node):
+    """A node that serves no shared memory: auto reads over its TCP data plane, and puts
+    go through gRPC."""
+    n = start_node("--shm-socket", "off")
+    ns = ns_of("float16")
+    toks = prompt(48)
+    kv = rand_torch(ns, 48, torch.float16)
+    with kvmesh.Client(n.addr) as c:
+        assert c.put(ns, toks, kv) == 3 and c.counters["grpc_put"] == 3
+        got = c.get(ns, toks)
+        assert got[0] == 48 and torch.equal(got[1], kv)
+        assert c.counters["tcp_get"] == 3 and c.counters["shm_get"] == 0
+
+
+def test_bad_transport(node):
+    with pytest.raises(ValueError, match="transport"):
+        kvmesh.Client(node.addr, transport="rdma")
+    with pytest.raises(ValueError, match="transport"):
+        kvmesh.aio.Client(node.addr, transport="shm")
