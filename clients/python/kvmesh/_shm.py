@@ -13,6 +13,7 @@ answer that comes back is always the caller's.
 import mmap
 import os
 import socket
+import ssl
 import struct
 import threading
 
@@ -75,7 +76,69 @@ def _parse_header(b):
     return typ, rid, count, payload, tsum, cls
 
 
-class ShmConn:
+class Publisher:
+    """put_publish for a connection with _sock, _lock, _id(), _read_frame(), _sendmsg(),
+    _fail(), _timeout, max_items and max_batch: the unix socket's and the TCP data plane's."""
+
+    def put_publish(self, keys, chunk_keys, heads, payloads):
+        """Stores blocks (heads[i] then the buffers of payloads[i], a list of bytes-like runs)
+        under keys and has the node publish them to the owners of chunk_keys: one sendmsg
+        gathers them from where they lie. Returns each item's status."""
+        out = []
+        with self._lock:
+            try:
+                plen = [sum(memoryview(r).nbytes for r in runs) for runs in payloads]
+                lo = 0
+                while lo < len(keys):
+                    hi, size = lo, 0
+                    while hi < len(keys) and hi - lo < self.max_items:
+                        n = _align(len(heads[hi]) + plen[hi])
+                        if hi > lo and size + n > self.max_batch:
+                            break
+                        size += n
+                        hi += 1
+                    rid = self._id()
+                    table = bytearray(40 * (hi - lo))
+                    bufs = []
+                    for j, i in enumerate(range(lo, hi)):
+                        vlen = len(heads[i]) + plen[i]
+                        struct.pack_into("<16sI4x16s", table, 40 * j, keys[i], vlen, chunk_keys[i])
+                        bufs.append(heads[i])
+                        bufs.extend(payloads[i])
+                        pad = _align(vlen) - vlen
+                        if pad:
+                            bufs.append(bytes(pad))
+                    table = bytes(table)
+                    hdr = _HDR.pack(MAGIC, WIRE_VERSION, PUBLISH_REQ, 0, 0, rid, hi - lo, int(self._timeout * 1000) + 1,
+                                    size, 0, 0, 0, _xxhash.xxh64(table))
+                    self._sendmsg([hdr + struct.pack("<Q", _xxhash.xxh64(hdr)) + table] + bufs)
+                    typ, got, count, rtable = self._read_frame()[:4]
+                    if typ != PUT_RESP or got != rid or count != hi - lo:
+                        raise ShmError(f"got frame type {typ} id {got} for put {rid}")
+                    out.extend(rtable[8 * j] for j in range(count))
+                    lo = hi
+            except (OSError, ShmError):
+                self._fail()
+                raise
+        return out
+
+
+    def _sendmsg(self, bufs):
+        views = [memoryview(b).cast("B") for b in bufs]
+        if isinstance(self._sock, ssl.SSLSocket):
+            for v in views:  # TLS has no sendmsg
+                self._sock.sendall(v)
+            return
+        while views:
+            n = self._sock.sendmsg(views[:512])
+            while views and n >= views[0].nbytes:
+                n -= views[0].nbytes
+                views.pop(0)
+            if n and views:
+                views[0] = views[0][n:]
+
+
+class ShmConn(Publisher):
     """One connection to a node's shared-memory socket."""
 
     def __init__(self, path, token=None, timeout=10.0):
@@ -209,55 +272,3 @@ class ShmConn:
     def _release(self, rid):
         table = struct.pack("<Q", rid)
         self._sock.sendall(frame_header(SHM_RELEASE, 0, 1, table) + table)
-
-    def put_publish(self, keys, chunk_keys, heads, payloads):
-        """Stores blocks (heads[i] then the buffers of payloads[i], a list of bytes-like runs)
-        under keys and has the node publish them to the owners of chunk_keys: one sendmsg
-        gathers them from where they lie. Returns each item's status."""
-        out = []
-        with self._lock:
-            try:
-                plen = [sum(memoryview(r).nbytes for r in runs) for runs in payloads]
-                lo = 0
-                while lo < len(keys):
-                    hi, size = lo, 0
-                    while hi < len(keys) and hi - lo < self.max_items:
-                        n = _align(len(heads[hi]) + plen[hi])
-                        if hi > lo and size + n > self.max_batch:
-                            break
-                        size += n
-                        hi += 1
-                    rid = self._id()
-                    table = bytearray(40 * (hi - lo))
-                    bufs = []
-                    for j, i in enumerate(range(lo, hi)):
-                        vlen = len(heads[i]) + plen[i]
-                        struct.pack_into("<16sI4x16s", table, 40 * j, keys[i], vlen, chunk_keys[i])
-                        bufs.append(heads[i])
-                        bufs.extend(payloads[i])
-                        pad = _align(vlen) - vlen
-                        if pad:
-                            bufs.append(bytes(pad))
-                    table = bytes(table)
-                    hdr = _HDR.pack(MAGIC, WIRE_VERSION, PUBLISH_REQ, 0, 0, rid, hi - lo, int(self._timeout * 1000) + 1,
-                                    size, 0, 0, 0, _xxhash.xxh64(table))
-                    self._sendmsg([hdr + struct.pack("<Q", _xxhash.xxh64(hdr)) + table] + bufs)
-                    typ, got, count, rtable = self._read_frame()
-                    if typ != PUT_RESP or got != rid or count != hi - lo:
-                        raise ShmError(f"got frame type {typ} id {got} for put {rid}")
-                    out.extend(rtable[8 * j] for j in range(count))
-                    lo = hi
-            except (OSError, ShmError):
-                self._fail()
-                raise
-        return out
-
-    def _sendmsg(self, bufs):
-        views = [memoryview(b).cast("B") for b in bufs]
-        while views:
-            n = self._sock.sendmsg(views[:512])
-            while views and n >= views[0].nbytes:
-                n -= views[0].nbytes
-                views.pop(0)
-            if n and views:
-                views[0] = views[0][n:]

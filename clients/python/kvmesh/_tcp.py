@@ -1,4 +1,4 @@
-"""The node's TCP data plane, for gets (transfer/frame.go, transfer/server.go).
+"""The node's TCP data plane (transfer/frame.go, transfer/server.go).
 
 The connection opens with a hello (bearer token) that the node answers with
 helloAck; then each get request (keys) is answered with a getResp: per key a
@@ -6,7 +6,8 @@ status and value length, then the OK values in table order, each padded to 64
 bytes. The values are read with recvmsg_into straight into buffers the caller
 chooses per value (for a block: its header, then its payload's runs in the
 destination tensor), so a block read over TCP is copied once, by the kernel.
-Over TLS the runs are read one recv_into at a time.
+Over TLS the runs are read one recv_into at a time. Puts are publish requests
+as on the unix socket (Publisher), sent from the tensor's memory.
 """
 import socket
 import ssl
@@ -15,14 +16,15 @@ import threading
 
 from . import _xxhash
 from ._shm import (_HDR, ERROR, GET_REQ, GET_RESP, HEADER_LEN, HELLO, HELLO_ACK, MAGIC, STATUS_ERROR, STATUS_MISS,
-                   STATUS_OK, STATUS_RETRY, WIRE_VERSION, ShmAuthError, ShmError, _align, _parse_header, frame_header)
+                   STATUS_OK, STATUS_RETRY, WIRE_VERSION, Publisher, ShmAuthError, ShmError, _align, _parse_header,
+                   frame_header)
 
 MAX_ITEMS = 4096          # transfer.DefaultMaxItems
 MAX_BATCH = 64 << 20      # transfer.DefaultMaxBatchBytes: most value bytes per answer
 IOV_MAX = 1024
 
 
-class TcpConn:
+class TcpConn(Publisher):
     def __init__(self, addr, token=None, tls=None, timeout=10.0):
         if not _xxhash.available or _xxhash._stream is None:
             raise ShmError("libxxhash is missing")
@@ -47,6 +49,14 @@ class TcpConn:
         self._lock = threading.Lock()
         self._next = 0
         self.closed = False
+        self.max_items, self.max_batch = MAX_ITEMS, MAX_BATCH  # the node's defaults; over them it refuses
+
+    def _id(self):
+        self._next += 1
+        return self._next
+
+    def _fail(self):
+        self.close()
 
     def close(self):
         if not self.closed:

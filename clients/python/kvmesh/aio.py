@@ -37,7 +37,7 @@ class Client:
         self._conn_lock = asyncio.Lock()  # one data-plane connection of each kind, however many callers
         self._shm = None
         #: Blocks moved, by path: shm_get, grpc_get, shm_put, grpc_put.
-        self.counters = dict.fromkeys(("shm_get", "tcp_get", "grpc_get", "shm_put", "grpc_put"), 0)
+        self.counters = dict.fromkeys(("shm_get", "tcp_get", "grpc_get", "shm_put", "tcp_put", "grpc_put"), 0)
 
     async def __aenter__(self):
         return self
@@ -130,13 +130,15 @@ class Client:
         if not plan.blocks:
             return [0] * len(items)
         stored, rest = [], list(range(len(plan.blocks)))
-        conn = await self._shm_conn(m)
+        conn, path = await self._shm_conn(m), "shm_put"
+        if conn is None:
+            conn, path = await self._tcp_conn(m), "tcp_put"
         if conn is not None:
             keys, chunks, heads, payloads = plan.shm_items()
             try:
                 st = await asyncio.to_thread(conn.put_publish, keys, chunks, heads, payloads)
                 stored = [keys[j] for j in range(len(keys)) if st[j] == _shm.STATUS_OK]
-                self.counters["shm_put"] += len(stored)
+                self.counters[path] += len(stored)
                 rest = [j for j in range(len(keys)) if st[j] != _shm.STATUS_OK]
             except (OSError, _shm.ShmError):
                 pass

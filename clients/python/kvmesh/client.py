@@ -117,8 +117,8 @@ class Client:
         self._meta = None
         self._lock = threading.Lock()
         self._shm = None
-        #: Blocks moved, by path: shm_get, tcp_get, grpc_get, shm_put, grpc_put.
-        self.counters = dict.fromkeys(("shm_get", "tcp_get", "grpc_get", "shm_put", "grpc_put"), 0)
+        #: Blocks moved, by path: shm_get, tcp_get, grpc_get, shm_put, tcp_put, grpc_put.
+        self.counters = dict.fromkeys(("shm_get", "tcp_get", "grpc_get", "shm_put", "tcp_put", "grpc_put"), 0)
 
     def __enter__(self):
         return self
@@ -225,13 +225,15 @@ class Client:
             return [0] * len(items)
         stored = []
         rest = list(range(len(plan.blocks)))
-        conn = self._shm_conn(m)
+        conn, path = self._shm_conn(m), "shm_put"
+        if conn is None:
+            conn, path = self._tcp_conn(m), "tcp_put"
         if conn is not None:
             keys, chunks, heads, payloads = plan.shm_items()
             try:
                 st = conn.put_publish(keys, chunks, heads, payloads)
                 stored = [keys[j] for j in range(len(keys)) if st[j] == _shm.STATUS_OK]
-                self.counters["shm_put"] += len(stored)
+                self.counters[path] += len(stored)
                 rest = [j for j in range(len(keys)) if st[j] != _shm.STATUS_OK]
             except (OSError, _shm.ShmError):
                 pass

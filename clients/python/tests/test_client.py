@@ -156,11 +156,15 @@ def test_shm_and_grpc_same_bytes(node):
         assert n1 == n2 == 64 and x.view(torch.int16).numpy().tobytes() == y.view(torch.int16).numpy().tobytes()
         n3, w = t.get(ns, toks)
         assert t.counters["tcp_get"] == 4 and n3 == 64 and torch.equal(w.view(torch.int16), x.view(torch.int16))
-        # Written over gRPC, read through shared memory.
+        # Written over gRPC, read through shared memory; written over TCP, read over gRPC.
         toks2 = prompt(32)
         assert b.put(ns, toks2, kv[:, :, :32].contiguous()) == 2 and b.counters["grpc_put"] == 2
         n, z = a.get(ns, toks2)
         assert n == 32 and torch.equal(z, kv[:, :, :32])
+        toks3 = prompt(32)
+        assert t.put(ns, toks3, kv[:, :, 32:].contiguous()) == 2 and t.counters["tcp_put"] == 2
+        n, z = b.get(ns, toks3)
+        assert n == 32 and torch.equal(z, kv[:, :, 32:])
 
 
 def test_batch(client):
@@ -390,14 +394,13 @@ def test_cuda_tensors(client):
 
 
 def test_auto_without_shared_memory(start_node):
-    """A node that serves no shared memory: auto reads over its TCP data plane, and puts
-    go through gRPC."""
+    """A node that serves no shared memory: auto moves blocks over its TCP data plane."""
     n = start_node("--shm-socket", "off")
     ns = ns_of("float16")
     toks = prompt(48)
     kv = rand_torch(ns, 48, torch.float16)
     with kvmesh.Client(n.addr) as c:
-        assert c.put(ns, toks, kv) == 3 and c.counters["grpc_put"] == 3
+        assert c.put(ns, toks, kv) == 3 and c.counters["tcp_put"] == 3
         got = c.get(ns, toks)
         assert got[0] == 48 and torch.equal(got[1], kv)
         assert c.counters["tcp_get"] == 3 and c.counters["shm_get"] == 0
