@@ -127,9 +127,14 @@ func RawTCP(ctx context.Context, o TCPOptions) (TCPResult, error) {
 			defer wg.Done()
 			defer c.(*net.TCPConn).CloseWrite()
 			buf := make([]byte, o.WriteBytes)
-			for !stop.Load() && ctx.Err() == nil && time.Now().Before(deadline) {
+			// At least one write each, so that a writer scheduled after
+			// the deadline (a busy machine, a short run) still measures.
+			for {
 				if _, err := c.Write(buf); err != nil {
 					fail(fmt.Errorf("bench: raw tcp: write: %w", err))
+					return
+				}
+				if stop.Load() || ctx.Err() != nil || !time.Now().Before(deadline) {
 					return
 				}
 			}
