@@ -44,6 +44,10 @@ type PrefillOptions struct {
 	// preempts a queued one between two checks within a chunk, and at most
 	// one chunk's work is redone. Default 2.
 	BackgroundBlocks int
+	// MaxWaiting is the most requests of the OpenAI-compatible HTTP API
+	// that wait for the engine beyond the Concurrency it runs; one more is
+	// answered 429 with Retry-After. Default 64.
+	MaxWaiting int
 }
 
 // Defaults of PrefillOptions.
@@ -51,6 +55,7 @@ const (
 	DefaultPrefillQueueSize  = 256
 	DefaultPrefillResultTTL  = time.Hour
 	DefaultPrefillMaxResults = 4096
+	DefaultPrefillMaxWaiting = 64
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -70,6 +75,9 @@ func (o *PrefillOptions) EnsureDefaults() {
 	}
 	if o.BackgroundBlocks == 0 {
 		o.BackgroundBlocks = prefill.DefaultBackgroundBlocks
+	}
+	if o.MaxWaiting == 0 {
+		o.MaxWaiting = DefaultPrefillMaxWaiting
 	}
 }
 
@@ -96,6 +104,8 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("MaxResults", "%d is outside 1..%d", o.MaxResults, 1<<24)
 	case o.BackgroundBlocks < 1 || o.BackgroundBlocks > 1<<16:
 		return bad("BackgroundBlocks", "%d is outside 1..%d", o.BackgroundBlocks, 1<<16)
+	case o.MaxWaiting < 0 || o.MaxWaiting > 1<<16:
+		return bad("MaxWaiting", "%d is outside 0..%d", o.MaxWaiting, 1<<16)
 	}
 	// The namespace's layout does not depend on the weights.
 	if size := store.EncodedLen(o.Model.BlockTokens, o.Model.Namespace(0, "").BlockBytes()); size > maxBlockBytes {

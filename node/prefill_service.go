@@ -90,6 +90,7 @@ func (n *Node) openPrefill() error {
 		return err
 	}
 	n.prefill = p
+	n.openai = newOpenAI(n, p)
 	kvmeshv1.RegisterPrefillServiceServer(n.grpc, p)
 	n.health.SetServingStatus(kvmeshv1.PrefillService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return nil

@@ -86,6 +86,20 @@ type Generation struct {
 	Session string
 }
 
+// CheckGenerate returns nil when Generate would accept prompt and opts,
+// else an error wrapping ErrInvalidInput that names the problem. Servers
+// check a request with it before they commit to an answer (a stream's
+// status line).
+func (e *Engine) CheckGenerate(prompt []uint32, opts GenerateOptions) error {
+	if opts.TopP == 0 {
+		opts.TopP = 1
+	}
+	if err := e.checkInput(prompt); err != nil {
+		return err
+	}
+	return e.checkGenerate(len(prompt), &opts)
+}
+
 // checkGenerate names the first bad option for a prompt of n tokens.
 func (e *Engine) checkGenerate(n int, o *GenerateOptions) error {
 	bad := func(format string, args ...any) error {
