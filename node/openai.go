@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -50,6 +51,21 @@ import (
 // (body over MaxOpenAIBodyBytes), 429 (more than PrefillOptions.MaxWaiting requests
 // waiting for the engine; Retry-After says when to retry) and 503 (no engine,
 // or shutting down).
+
+// LookupPath is kvmesh's own endpoint beside the OpenAI ones, for routers:
+// POST LookupPath+"/completions" or LookupPath+"/chat/completions" with a
+// completion request's body checks it as the completion would (the same
+// errors) and answers, without computing anything, {"prompt_tokens": N,
+// "cached_tokens": M, "max_tokens": K}: how long the prompt is, how much of
+// it the cluster's cache holds now for the caller (one Lookup), and how many
+// tokens it may generate. It needs the read scope.
+const LookupPath = "/v1/kvmesh/lookup"
+
+// PublishHeader, set to "wait" on a completion that is not streamed,
+// makes the node answer only once the prompt's new blocks are handed to the
+// cache, so that the next node asked for the prompt finds them (a router's
+// prefill step).
+const PublishHeader = "X-Kvmesh-Publish"
 
 // ModelAlias is the model name the node answers to besides its engine's id.
 const ModelAlias = "kvmesh"
@@ -218,6 +234,8 @@ func (o *openAI) serve(w http.ResponseWriter, r *http.Request) {
 	label := path
 	if strings.HasPrefix(path, "/v1/models/") {
 		label = "/v1/models/{id}"
+	} else if strings.HasPrefix(path, LookupPath+"/") {
+		label = LookupPath
 	} else if path != "/v1/models" && path != "/v1/completions" && path != "/v1/chat/completions" {
 		label = "other"
 	}
@@ -252,7 +270,7 @@ func (o *openAI) route(w http.ResponseWriter, r *http.Request, path string) erro
 		return newHTTPError(http.StatusServiceUnavailable, "", "", "the node is shutting down; retry on another node")
 	}
 	need := auth.Read
-	if r.Method == http.MethodPost {
+	if r.Method == http.MethodPost && !strings.HasPrefix(path, LookupPath+"/") {
 		need = auth.Write
 	}
 	who, err := o.n.guard.authorize(r.Header.Values("Authorization"), r.Method+" "+path, need)
@@ -295,6 +313,11 @@ func (o *openAI) route(w http.ResponseWriter, r *http.Request, path string) erro
 			return err
 		}
 		return o.complete(w, r, path == "/v1/chat/completions", who)
+	case path == LookupPath+"/completions", path == LookupPath+"/chat/completions":
+		if err := method(http.MethodPost); err != nil {
+			return err
+		}
+		return o.lookup(w, r, path == LookupPath+"/chat/completions", who)
 	}
 	return newHTTPError(http.StatusNotFound, "", "unknown_url", "no such path: %s %s (this node serves /v1/models, /v1/completions and /v1/chat/completions)", r.Method, path)
 }
@@ -737,6 +760,20 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 		return he
 	}
 	o.account(r.URL.Path, j, g, began)
+	if sse == nil && r.Header.Get(PublishHeader) == "wait" {
+		// The engine hands its blocks to the cache, which keeps them here
+		// and pushes them to their owners, where other nodes look: wait
+		// for both (bounded; a miss only costs the next node compute).
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := o.p.engine.Flush(fctx)
+		if err == nil && o.n.cluster != nil {
+			err = o.n.cluster.cluster.Flush(fctx)
+		}
+		cancel()
+		if err != nil {
+			o.n.log.Info("openai: the prompt's blocks are not all published yet", "err", err)
+		}
+	}
 	if sse == nil {
 		text := dec.text(g.Tokens, true)
 		h := w.Header()
@@ -774,6 +811,23 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 		sse.event(last)
 	}
 	sse.done()
+	return nil
+}
+
+// LookupResult is the answer of LookupPath.
+type LookupResult struct {
+	PromptTokens int `json:"prompt_tokens"`
+	CachedTokens int `json:"cached_tokens"`
+	MaxTokens    int `json:"max_tokens"`
+}
+
+func (o *openAI) lookup(w http.ResponseWriter, r *http.Request, chat bool, who auth.Principal) error {
+	j, err := o.parse(w, r, chat)
+	if err != nil {
+		return err
+	}
+	cached := o.p.engine.Cached(ownerOf(who).context(r.Context()), j.prompt)
+	writeJSON(w, http.StatusOK, LookupResult{PromptTokens: len(j.prompt), CachedTokens: cached, MaxTokens: j.opts.MaxTokens})
 	return nil
 }
 

@@ -48,6 +48,13 @@ type PrefillOptions struct {
 	// that wait for the engine beyond the Concurrency it runs; one more is
 	// answered 429 with Retry-After. Default 64.
 	MaxWaiting int
+	// Role is what the node does for a router (kvmesh route), gossiped in
+	// its MemberMeta: RoleBoth, RolePrefill (the router sends it prompts
+	// to compute and publish) or RoleDecode (the router sends it requests
+	// whose prompt a prefill node has just published: it loads the whole
+	// cached prefix and computes only what is missing). A node answers
+	// every request it is sent, whatever its role. Default RoleBoth.
+	Role string
 }
 
 // Defaults of PrefillOptions.
@@ -79,6 +86,9 @@ func (o *PrefillOptions) EnsureDefaults() {
 	if o.MaxWaiting == 0 {
 		o.MaxWaiting = DefaultPrefillMaxWaiting
 	}
+	if o.Role == "" {
+		o.Role = RoleBoth
+	}
 }
 
 // Validate names the first field that cannot work (as "Prefill.Field").
@@ -104,6 +114,8 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("MaxResults", "%d is outside 1..%d", o.MaxResults, 1<<24)
 	case o.BackgroundBlocks < 1 || o.BackgroundBlocks > 1<<16:
 		return bad("BackgroundBlocks", "%d is outside 1..%d", o.BackgroundBlocks, 1<<16)
+	case o.Role != RoleBoth && o.Role != RolePrefill && o.Role != RoleDecode:
+		return bad("Role", "%q: want both, prefill or decode", o.Role)
 	case o.MaxWaiting < 0 || o.MaxWaiting > 1<<16:
 		return bad("MaxWaiting", "%d is outside 0..%d", o.MaxWaiting, 1<<16)
 	}

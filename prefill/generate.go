@@ -86,6 +86,18 @@ type Generation struct {
 	Session string
 }
 
+// Cached returns how many leading positions of tokens a prefill would not
+// compute if it ran now: the cached full blocks (one LongestPrefix under
+// ctx's tenant, as Prefill asks), at most len(tokens)−1. An error or a
+// cache-less engine reads as 0. Routers weigh a prompt by what is left.
+func (e *Engine) Cached(ctx context.Context, tokens []uint32) int {
+	if len(tokens) == 0 {
+		return 0
+	}
+	keys := prefixhash.Keys(e.scopeOf(ctx).ns, tokens)
+	return min(e.lookup(ctx, keys)*e.cfg.BlockTokens, len(tokens)-1)
+}
+
 // CheckGenerate returns nil when Generate would accept prompt and opts,
 // else an error wrapping ErrInvalidInput that names the problem. Servers
 // check a request with it before they commit to an answer (a stream's

@@ -270,6 +270,7 @@ type prefillServeFlags struct {
 	resultTTL        time.Duration
 	maxResults       int
 	backgroundBlocks int
+	role             string
 }
 
 func init() {
@@ -277,6 +278,7 @@ func init() {
 		"Prefill.WeightsPath": "prefill-weights", "Prefill.Seed": "prefill-seed", "Prefill.Model": "prefill-max-context",
 		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.ResultTTL": "prefill-result-ttl",
 		"Prefill.MaxResults": "prefill-max-results", "Prefill.BackgroundBlocks": "prefill-background-blocks",
+		"Prefill.Role": "role",
 	} {
 		flagOf[field] = flag
 	}
@@ -292,13 +294,14 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.DurationVar(&p.resultTTL, "prefill-result-ttl", d.ResultTTL, "how long a queued request's result is kept")
 	fs.IntVar(&p.maxResults, "prefill-max-results", d.MaxResults, "most queued requests' results kept")
 	fs.IntVar(&p.backgroundBlocks, "prefill-background-blocks", d.BackgroundBlocks, "blocks per chunk of queued work (a synchronous prefill preempts it within one)")
+	fs.StringVar(&p.role, "role", node.RoleBoth, "what kvmesh route sends this node: both, prefill (prompts to compute and publish) or decode (requests whose prompt a prefill node just published)")
 }
 
 func (p *prefillServeFlags) options() node.PrefillOptions {
 	o := node.PrefillOptions{
 		Disabled: !p.enabled, WeightsPath: p.weights, Seed: p.seed,
 		Concurrency: p.concurrency, QueueSize: p.queue, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
-		BackgroundBlocks: p.backgroundBlocks,
+		BackgroundBlocks: p.backgroundBlocks, Role: p.role,
 	}
 	o.Model.MaxContext = p.maxContext
 	return o
@@ -316,6 +319,6 @@ func engineLine(o node.PrefillOptions) string {
 	m := o.Model
 	return strings.Join([]string{
 		fmt.Sprintf("%d layer(s), d=%d, %d heads (%d KV) of %d, FFN %d, vocab %d, context %d", m.Layers, m.Dim, m.Heads, m.KVHeads, m.HeadDim, m.FFNDim, m.Vocab, m.MaxContext),
-		weights, fmt.Sprintf("queue %d", o.QueueSize),
+		weights, fmt.Sprintf("queue %d", o.QueueSize), "role " + o.Role,
 	}, "; ")
 }
