@@ -196,10 +196,22 @@ func NewRouter(opts RouterOptions) (*Router, error) {
 	r.reg.MustRegister(r.requests, r.retries, r.pending, r.upstream, r.hints, r.overhead)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /healthz", r.healthz)
 	mux.HandleFunc("/v1/", r.serveAPI)
 	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return r, nil
+}
+
+// healthz answers "ok N nodes" while N > 0 nodes serve the API, else 503.
+func (r *Router) healthz(w http.ResponseWriter, _ *http.Request) {
+	n := len(r.backends())
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if n == 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "no node serves the API\n")
+		return
+	}
+	fmt.Fprintf(w, "ok %d nodes\n", n)
 }
 
 // HTTPAddr returns the address the router serves on.
