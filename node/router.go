@@ -64,7 +64,7 @@ type RouterOptions struct {
 	// "router-<hostname>-<gossip port>".
 	NodeID string
 	// HTTPAddr is where the router serves /v1/, /metrics and /healthz.
-	// Port 0 picks a free port. Default 127.0.0.1:7610.
+	// Port 0 picks a free port. Default 127.0.0.1:7700.
 	HTTPAddr string
 	// GossipAddr is where the router's gossip listens. Default
 	// 127.0.0.1:0.
@@ -84,7 +84,7 @@ type RouterOptions struct {
 }
 
 // DefaultRouterHTTPAddr is RouterOptions.HTTPAddr's default.
-const DefaultRouterHTTPAddr = "127.0.0.1:7610"
+const DefaultRouterHTTPAddr = "127.0.0.1:7700"
 
 // routerBackoff is how long a node that failed a request is skipped.
 const routerBackoff = 2 * time.Second
@@ -467,6 +467,7 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	json.Unmarshal(rec.body.Bytes(), &pu)
 	w.Header().Set("X-Kvmesh-Prefill-Node", rec.header.Get("X-Kvmesh-Node"))
 	w.Header().Set("X-Kvmesh-Prefill-Node-Ms", strconv.FormatFloat(ms(preMs), 'f', 3, 64))
+	w.Header().Set("X-Kvmesh-Prefill-Cached-Tokens", strconv.Itoa(pu.Usage.PromptTokensDetails.CachedTokens))
 	rewrite := func(u *usageJSON) { u.PromptTokensDetails.CachedTokens = pu.Usage.PromptTokensDetails.CachedTokens }
 	r.forward(w, req, body, path, slices.Concat(decoders, both), LookupResult{PromptTokens: look.PromptTokens,
 		CachedTokens: look.PromptTokens, MaxTokens: look.MaxTokens}, true, session, rewrite)
@@ -604,6 +605,9 @@ func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path
 	r.upstream.WithLabelValues(b.id).Observe(time.Since(t0).Seconds())
 	firstByte()
 	copyHeader(w.Header(), resp.Header)
+	if rewrite != nil { // the client's cached tokens are the prefill node's
+		w.Header().Set("X-Kvmesh-Cached-Tokens", w.Header().Get("X-Kvmesh-Prefill-Cached-Tokens"))
+	}
 	w.Header().Set("X-Kvmesh-Node", b.id)
 	w.Header().Set("X-Kvmesh-Router-Node", b.id)
 	if !stream {
