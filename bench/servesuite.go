@@ -8,15 +8,23 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
-	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// The routing policies of `kvmesh route --policy`.
+const (
+	policyTokens  = "tokens"
+	policyRandom  = "random"
+	policySession = "session"
 )
 
 // ServeOptions configure the serve suite. Defaults: full run, then --quick.
@@ -62,7 +70,7 @@ func (o *ServeOptions) EnsureDefaults(quick bool) {
 	def(&o.MaxTokens, 16, 16)
 	def(&o.OverheadProbes, 100, 40)
 	if len(o.Policies) == 0 {
-		o.Policies = []string{node.PolicyTokens, node.PolicyRandom, node.PolicySession}
+		o.Policies = []string{policyTokens, policyRandom, policySession}
 	}
 }
 
@@ -70,13 +78,13 @@ func (o *ServeOptions) EnsureDefaults(quick bool) {
 // appends to the previous prompt) sent through `kvmesh route` over a
 // cluster, streamed through the OpenAI-compatible API, once per routing
 // policy. It reports the cached-token ratio against the ideal (the prompt
-// blocks an unbounded cache would hold: those some earlier request of the
-// run sent), TTFT p50/p99 as the client sees it (the first streamed token),
-// and generated tokens per second, for token-aware routing, random routing
-// and session affinity; and what the router adds to a request's latency.
-// The nodes are `kvmesh serve` processes; the router runs in the bench's
-// process (node.Router, what `kvmesh route` runs). Each policy runs on fresh
-// prompts (its own system prompt), so no policy inherits another's cache.
+// blocks an unbounded cache would hold: those computed by requests that
+// had answered), TTFT p50/p99 as the client sees it (the first streamed
+// token), and generated tokens per second, for token-aware routing, random
+// routing and session affinity; and what the router adds to a request's
+// latency. The nodes and the router are processes (`kvmesh serve`, `kvmesh
+// route`). Each policy runs on fresh prompts (its own system prompt) and
+// its own router, so no policy inherits another's cache or load.
 type ServeSuite struct{ Options ServeOptions }
 
 // Name implements Suite.
@@ -130,15 +138,13 @@ func (s *ServeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	var routerAddr string
 	for _, policy := range o.Policies {
 		bar.Describe("serve: " + policy)
-		// The routers' gossip is quiet: a router that stops is noticed by the
-		// nodes, which say so at warn level, and that is expected here.
-		r, stop, err := startBenchRouter(ctx, ds, policy, o.Nodes, slog.New(slog.DiscardHandler))
+		raddr, stop, err := startBenchRouter(ctx, env.Binary, ds, policy, o.Nodes)
 		if err != nil {
 			return res, err
 		}
-		row, err := runSessions(ctx, hc, "http://"+r.HTTPAddr(), policy, o, bar)
-		if policy == node.PolicyTokens {
-			routerAddr = r.HTTPAddr()
+		row, err := runSessions(ctx, hc, "http://"+raddr, policy, o, bar)
+		if policy == policyTokens {
+			routerAddr = raddr
 			// Keep this router for the overhead probes below.
 			defer stop()
 		} else {
@@ -153,12 +159,12 @@ func (s *ServeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		o.Sessions, o.Turns, o.SystemBytes, o.TurnBytes, o.MaxTokens, o.Concurrency, o.Nodes), rows)
 	var session *serveRow
 	for i := range rows {
-		if rows[i].Policy == node.PolicySession {
+		if rows[i].Policy == policySession {
 			session = &rows[i]
 		}
 	}
 	for _, r := range rows {
-		if r.Policy == node.PolicySession {
+		if r.Policy == policySession {
 			continue
 		}
 		res.Checks = append(res.Checks, NewCheck("serve: "+r.Policy+" routing vs ideal cached ratio", "cached_tokens / ideal_cached_tokens", r.CachedVsIdeal, ">=", 0.98, "kvmesh"))
@@ -183,36 +189,77 @@ func (s *ServeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	return res, nil
 }
 
-// startBenchRouter starts a router with policy over ds and waits until it
-// sees every node.
-func startBenchRouter(ctx context.Context, ds *Daemons, policy string, nodes int, log *slog.Logger) (*node.Router, func(), error) {
-	r, err := node.NewRouter(node.RouterOptions{HTTPAddr: "127.0.0.1:0", Join: []string{ds.List()[0].GossipAddr},
-		GossipProfile: "local", Policy: policy, Logger: log})
+// startBenchRouter starts `kvmesh route` with policy in front of ds and
+// waits until it routes to every node. stop ends it.
+func startBenchRouter(ctx context.Context, binary string, ds *Daemons, policy string, nodes int) (addr string, stop func(), err error) {
+	cmd := exec.Command(binary, "route", "--http-addr", "127.0.0.1:0", "--join", ds.List()[0].GossipAddr,
+		"--gossip-profile", "local", "--policy", policy, "--log-level", "error")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KVMESH_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, nil, err
+		return "", nil, err
 	}
-	sctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(sctx) }()
-	stop := func() {
-		cancel()
-		<-done
+	stderr := &tailBuffer{max: 8 << 10}
+	cmd.Stderr = stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	setDeathSignal(cmd.SysProcAttr)
+	if err := cmd.Start(); err != nil {
+		return "", nil, fmt.Errorf("bench: serve: start %s route: %w", binary, err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+	}()
+	stop = func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	}
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "openai" {
+				addrc <- strings.TrimSuffix(strings.TrimPrefix(f[1], "http://"), "/v1")
+			}
+		}
+	}()
+	deadline := time.After(30 * time.Second)
+	select {
+	case addr = <-addrc:
+	case <-exited:
+		return "", nil, fmt.Errorf("bench: serve: kvmesh route exited: %s", stderr.lastLines(5))
+	case <-deadline:
+		stop()
+		return "", nil, errors.New("bench: serve: kvmesh route did not say where it serves within 30s")
+	}
 	for {
-		resp, err := http.Get("http://" + r.HTTPAddr() + "/healthz")
+		resp, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if strings.Contains(string(b), fmt.Sprintf("ok %d nodes", nodes)) {
-				return r, stop, nil
+				return addr, stop, nil
 			}
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		select {
+		case <-deadline:
 			stop()
-			return nil, nil, fmt.Errorf("bench: serve: the router did not see %d nodes within 30s", nodes)
+			return "", nil, fmt.Errorf("bench: serve: the router did not see %d nodes within 30s", nodes)
+		case <-ctx.Done():
+			stop()
+			return "", nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -345,14 +392,14 @@ type serveUsage struct {
 // streamCompletion sends one streamed completion and returns its usage,
 // the time to its first token, and the tokens generated.
 func streamCompletion(ctx context.Context, hc *http.Client, url, prompt string, maxTokens int, session string) (serveUsage, time.Duration, int, error) {
-	body, _ := json.Marshal(map[string]any{"model": node.ModelAlias, "prompt": prompt, "max_tokens": maxTokens, "temperature": 0,
+	body, _ := json.Marshal(map[string]any{"model": "kvmesh", "prompt": prompt, "max_tokens": maxTokens, "temperature": 0,
 		"stream": true, "stream_options": map[string]any{"include_usage": true}})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
 		return serveUsage{}, 0, 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(node.SessionHeader, session)
+	req.Header.Set("x-session-affinity", session)
 	t0 := time.Now()
 	resp, err := hc.Do(req)
 	if err != nil {
@@ -404,7 +451,7 @@ func streamCompletion(ctx context.Context, hc *http.Client, url, prompt string, 
 // probeOverhead sends the same cached one-token completion alternately to
 // a node and through the router.
 func probeOverhead(ctx context.Context, hc *http.Client, direct, routed string, n int, bar Bar) (*Latency, *Latency, error) {
-	body, _ := json.Marshal(map[string]any{"model": node.ModelAlias, "prompt": serveText(5, 200), "max_tokens": 1, "temperature": 0})
+	body, _ := json.Marshal(map[string]any{"model": "kvmesh", "prompt": serveText(5, 200), "max_tokens": 1, "temperature": 0})
 	call := func(url string) (time.Duration, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
 		if err != nil {

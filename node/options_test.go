@@ -59,6 +59,8 @@ func TestOptionsValidate(t *testing.T) {
 		{"ChunkBytes", func(o *Options) { o.ChunkBytes = 4 << 20 }},
 		{"RequestTimeout", func(o *Options) { o.RequestTimeout = -time.Second }},
 		{"ShutdownTimeout", func(o *Options) { o.ShutdownTimeout = -time.Second }},
+		{"Prefill.Role", func(o *Options) { o.Prefill.Role = "router" }},
+		{"Prefill.MaxWaiting", func(o *Options) { o.Prefill.MaxWaiting = -1 }},
 	} {
 		var o Options
 		o.EnsureDefaults()
