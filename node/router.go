@@ -453,7 +453,8 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	preReq := req.Clone(req.Context())
 	preReq.Header.Set(PublishHeader, "wait")
 	t0 := time.Now()
-	r.forward(rec, preReq, pre, path, cands, look, false, session, nil)
+	r.forward(rec, preReq, pre, path, cands, LookupResult{PromptTokens: look.PromptTokens, CachedTokens: look.CachedTokens, MaxTokens: 1},
+		false, session, nil)
 	preMs := time.Since(t0)
 	if rec.code != http.StatusOK {
 		copyHeader(w.Header(), rec.header)
