@@ -49,6 +49,10 @@ type ServeOptions struct {
 	// to a node and through the router, to measure what the router adds.
 	// Default 100; quick 40.
 	OverheadProbes int
+	// SplitBytes is the prompt of the disaggregation measurement: prefilled
+	// on one node, answered on another, against a cold answer; SplitRuns
+	// how many of each. Defaults 4096 and 3; quick 2048 and 2.
+	SplitBytes, SplitRuns int
 }
 
 // EnsureDefaults fills zero fields.
@@ -69,6 +73,8 @@ func (o *ServeOptions) EnsureDefaults(quick bool) {
 	def(&o.TurnBytes, 256, 256)
 	def(&o.MaxTokens, 16, 16)
 	def(&o.OverheadProbes, 100, 40)
+	def(&o.SplitBytes, 4096, 2048)
+	def(&o.SplitRuns, 3, 2)
 	if len(o.Policies) == 0 {
 		o.Policies = []string{policyTokens, policyRandom, policySession}
 	}
@@ -130,7 +136,7 @@ func (s *ServeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		return res, err
 	}
 	defer ds.Close()
-	bar := env.Progress.Bar(int64(len(o.Policies)*o.Sessions*o.Turns+2*o.OverheadProbes), "serve")
+	bar := env.Progress.Bar(int64(len(o.Policies)*o.Sessions*o.Turns+2*o.OverheadProbes+2*o.SplitRuns), "serve")
 	defer bar.Finish()
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer hc.CloseIdleConnections()
@@ -184,6 +190,13 @@ func (s *ServeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		})
 		res.Checks = append(res.Checks, NewCheck("serve: router overhead p50", "router p50 − node p50 (ms)", routed.Quantile(0.5)-direct.Quantile(0.5), "<=", 1, "kvmesh"))
 	}
+	bar.Describe("serve: prefill on one node, decode on another")
+	split, err := measureSplit(ctx, hc, "http://"+ds.List()[0].HTTPAddr, "http://"+ds.List()[1].HTTPAddr, o, bar)
+	if err != nil {
+		return res, err
+	}
+	res.AddTable("split", fmt.Sprintf("a %d-token prompt answered (streamed, 16 tokens) by node 2: cold, or after node 1 computed and published it (what kvmesh route does across --role prefill and decode nodes); p50 of %d runs",
+		o.SplitBytes, o.SplitRuns), split)
 	res.Note("Ideal: the prompt's leading full blocks that a request of the same run which had answered before this one was sent computed (what an unbounded cache would hold), at most prompt−1 tokens, as the engine counts. Generated text is not fed back: each turn appends a fixed tool result, so ideal and measured count the same blocks.")
 	res.Note("TTFT is the client's: from sending the request to the router to the first streamed token.")
 	return res, nil
@@ -489,4 +502,63 @@ func probeOverhead(ctx context.Context, hc *http.Client, direct, routed string, 
 		bar.Add(1)
 	}
 	return &d, &r, nil
+}
+
+type splitRow struct {
+	Case          string  `json:"case"`
+	CachedTokens  int     `json:"cached_tokens"`
+	TTFTp50       float64 `json:"ttft_p50_ms"`
+	PrefillNodeMs float64 `json:"prefill_node_p50_ms"`
+	VsCold        float64 `json:"ttft_vs_cold"`
+}
+
+// measureSplit times the first streamed token of a prompt on node b when
+// node a has just computed and published it (PublishHeader: a answers once
+// the blocks are pushed), against the same on a fresh prompt.
+func measureSplit(ctx context.Context, hc *http.Client, a, b string, o ServeOptions, bar Bar) ([]splitRow, error) {
+	var cold, warm, pre Latency
+	cached := 0
+	for run := range o.SplitRuns {
+		p := serveText(uint64(90000+2*run), o.SplitBytes)
+		u, first, _, err := streamCompletion(ctx, hc, b, p, o.MaxTokens, "")
+		if err != nil {
+			return nil, err
+		}
+		if u.PromptTokensDetails.CachedTokens != 0 {
+			return nil, fmt.Errorf("bench: serve: a fresh prompt had %d cached tokens", u.PromptTokensDetails.CachedTokens)
+		}
+		cold.Record(first)
+		bar.Add(1)
+
+		p = serveText(uint64(90000+2*run+1), o.SplitBytes)
+		body, _ := json.Marshal(map[string]any{"model": "kvmesh", "prompt": p, "max_tokens": 1, "temperature": 0})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, a+"/v1/completions", bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("X-Kvmesh-Publish", "wait")
+		t0 := time.Now()
+		resp, err := hc.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("bench: serve: prefill node: status %d", resp.StatusCode)
+		}
+		pre.Record(time.Since(t0))
+		u, first, _, err = streamCompletion(ctx, hc, b, p, o.MaxTokens, "")
+		if err != nil {
+			return nil, err
+		}
+		warm.Record(first)
+		cached = u.PromptTokensDetails.CachedTokens
+		bar.Add(1)
+	}
+	c := cold.Quantile(0.5)
+	return []splitRow{
+		{Case: "cold on node 2", TTFTp50: c, VsCold: 1},
+		{Case: "prefilled on node 1", CachedTokens: cached, TTFTp50: warm.Quantile(0.5), PrefillNodeMs: pre.Quantile(0.5), VsCold: warm.Quantile(0.5) / c},
+	}, nil
 }
