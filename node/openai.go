@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/prefill"
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // The OpenAI-compatible HTTP API, on the node's HTTP address beside
@@ -85,6 +87,8 @@ const (
 	// default to DefaultChatTokens.
 	DefaultCompletionTokens = 16
 	DefaultChatTokens       = 256
+	// maxAPIStops is the most stop sequences a request may give (OpenAI's 4).
+	maxAPIStops = 4
 	// openAIWriteTimeout bounds one write to a client: a reader that
 	// stalls longer loses its stream rather than hold the engine.
 	openAIWriteTimeout = 30 * time.Second
@@ -95,6 +99,14 @@ type openAI struct {
 	n     *Node
 	p     *prefillService
 	model string
+	// tok tokenizes prompts and reads answers back (tokenizer.Bytes, or
+	// the model directory's tokenizer.json); chatML renders chats as ChatML
+	// (the tokenizer has <|im_start|> and <|im_end|>); endOfTurn are the
+	// token sequences that end every answer (the model's EOS ids, and
+	// <|im_end|> with ChatML).
+	tok       tokenizer.Tokenizer
+	chatML    bool
+	endOfTurn [][]uint32
 	// admit bounds the requests that run or wait for the engine.
 	admit chan struct{}
 
@@ -106,7 +118,7 @@ type openAI struct {
 
 func newOpenAI(n *Node, p *prefillService) *openAI {
 	o := &openAI{
-		n: n, p: p, model: p.engine.Namespace().Model,
+		n: n, p: p, model: p.engine.Namespace().Model, tok: p.tok,
 		admit: make(chan struct{}, n.opts.Prefill.Concurrency+n.opts.Prefill.MaxWaiting),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_openai_requests_total",
@@ -127,6 +139,19 @@ func newOpenAI(n *Node, p *prefillService) *openAI {
 		}),
 	}
 	n.metrics.reg.MustRegister(o.requests, o.hints, o.tokens, o.ttft)
+	if o.tok == nil {
+		o.tok = tokenizer.Bytes{}
+	}
+	ends := slices.Clone(p.eos)
+	_, start := o.tok.Special("<|im_start|>")
+	if end, ok := o.tok.Special("<|im_end|>"); start && ok {
+		o.chatML = true
+		ends = append(ends, end)
+	}
+	slices.Sort(ends)
+	for _, id := range slices.Compact(ends)[:min(len(slices.Compact(ends)), prefill.MaxStops-maxAPIStops)] {
+		o.endOfTurn = append(o.endOfTurn, []uint32{id})
+	}
 	return o
 }
 
@@ -419,9 +444,9 @@ func (o *openAI) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 	}
 	var err error
 	if chat {
-		j.prompt, err = chatPrompt(req.Messages)
+		j.prompt, err = chatPrompt(o.tok, o.chatML, req.Messages)
 	} else {
-		j.prompt, err = completionPrompt(req.Prompt)
+		j.prompt, err = completionPrompt(o.tok, req.Prompt)
 	}
 	if err != nil {
 		return nil, err
@@ -465,9 +490,10 @@ func (o *openAI) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 			j.opts.Seed = j.opts.Seed<<8 | uint64(x)
 		}
 	}
-	if j.opts.Stop, err = stopSequences(req.Stop); err != nil {
+	if j.opts.Stop, err = stopSequences(o.tok, req.Stop); err != nil {
 		return nil, err
 	}
+	j.opts.Stop = append(j.opts.Stop, o.endOfTurn...)
 	if err := o.p.engine.CheckGenerate(j.prompt, j.opts); err != nil {
 		msg := strings.TrimPrefix(err.Error(), prefill.ErrInvalidInput.Error()+": ")
 		param := "prompt"
@@ -506,20 +532,20 @@ func (e *httpError) withCode(code string) *httpError {
 
 // completionPrompt reads /v1/completions' prompt: a string, an array of one
 // string, an array of token ids, or an array of one array of token ids.
-func completionPrompt(raw json.RawMessage) ([]uint32, error) {
+func completionPrompt(tok tokenizer.Tokenizer, raw json.RawMessage) ([]uint32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badRequest("prompt", "prompt is required")
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return prefill.TokenizeBytes(s), nil
+		return tok.Encode(s), nil
 	}
 	var ss []string
 	if json.Unmarshal(raw, &ss) == nil {
 		if len(ss) != 1 {
 			return nil, badRequest("prompt", "prompt: %d prompts; this server takes one per request", len(ss))
 		}
-		return prefill.TokenizeBytes(ss[0]), nil
+		return tok.Encode(ss[0]), nil
 	}
 	var ids []uint32
 	if json.Unmarshal(raw, &ids) == nil {
@@ -538,8 +564,9 @@ func completionPrompt(raw json.RawMessage) ([]uint32, error) {
 // chatRoles are the roles ChatTemplate knows.
 var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
 
-// chatPrompt renders messages with ChatTemplate and tokenizes them.
-func chatPrompt(raw json.RawMessage) ([]uint32, error) {
+// chatPrompt renders messages with ChatTemplate, or ChatML when chatML,
+// and tokenizes them.
+func chatPrompt(tok tokenizer.Tokenizer, chatML bool, raw json.RawMessage) ([]uint32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badRequest("messages", "messages is required: an array of {role, content}")
 	}
@@ -559,10 +586,18 @@ func chatPrompt(raw json.RawMessage) ([]uint32, error) {
 		if err != nil {
 			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "messages[%d].content: %v", i, err)
 		}
-		fmt.Fprintf(&b, "<|%s|>\n%s\n", m.Role, text)
+		if chatML {
+			fmt.Fprintf(&b, "<|im_start|>%s\n%s<|im_end|>\n", m.Role, text)
+		} else {
+			fmt.Fprintf(&b, "<|%s|>\n%s\n", m.Role, text)
+		}
 	}
-	b.WriteString("<|assistant|>\n")
-	return prefill.TokenizeBytes(b.String()), nil
+	if chatML {
+		b.WriteString("<|im_start|>assistant\n")
+	} else {
+		b.WriteString("<|assistant|>\n")
+	}
+	return tok.Encode(b.String()), nil
 }
 
 // messageText reads a message's content: a string, null, or an array of
@@ -593,7 +628,7 @@ func messageText(raw json.RawMessage) (string, error) {
 }
 
 // stopSequences reads stop: null, a string or an array of strings.
-func stopSequences(raw json.RawMessage) ([][]uint32, error) {
+func stopSequences(tok tokenizer.Tokenizer, raw json.RawMessage) ([][]uint32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
@@ -604,30 +639,26 @@ func stopSequences(raw json.RawMessage) ([][]uint32, error) {
 	} else if err := json.Unmarshal(raw, &ss); err != nil {
 		return nil, badRequest("stop", "stop must be a string or an array of strings")
 	}
-	if len(ss) > prefill.MaxStops {
-		return nil, badRequest("stop", "stop: %d sequences, at most %d", len(ss), prefill.MaxStops)
+	if len(ss) > maxAPIStops {
+		return nil, badRequest("stop", "stop: %d sequences, at most %d", len(ss), maxAPIStops)
 	}
 	out := make([][]uint32, 0, len(ss))
 	for i, s := range ss {
 		if s == "" || len(s) > prefill.MaxStopTokens {
 			return nil, badRequest("stop", "stop[%d] has %d bytes; want 1..%d", i, len(s), prefill.MaxStopTokens)
 		}
-		out = append(out, prefill.TokenizeBytes(s))
+		out = append(out, tok.Encode(s))
 	}
 	return out, nil
 }
 
-// textDecoder turns byte tokens into text as they come: a UTF-8 sequence
-// once it is complete, an invalid byte as U+FFFD, ids above 255 dropped.
-// Streamed pieces concatenate to the text of the whole.
+// textDecoder turns generated bytes into text as they come: a UTF-8
+// sequence once it is complete, an invalid byte as U+FFFD. Streamed pieces
+// concatenate to the text of the whole.
 type textDecoder struct{ pending []byte }
 
-func (d *textDecoder) text(tokens []uint32, final bool) string {
-	for _, t := range tokens {
-		if t < 256 {
-			d.pending = append(d.pending, byte(t))
-		}
-	}
+func (d *textDecoder) text(in []byte, final bool) string {
+	d.pending = append(d.pending, in...)
 	var b strings.Builder
 	p := d.pending
 	for len(p) > 0 && (final || utf8.FullRune(p)) {
@@ -732,7 +763,7 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 					}
 				}
 			}
-			if text := dec.text(tokens, false); text != "" {
+			if text := dec.text(o.tok.Decode(tokens), false); text != "" {
 				return sse.event(o.chunk(resp, chat, text, false, nil))
 			}
 			return nil
@@ -775,7 +806,7 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 		}
 	}
 	if sse == nil {
-		text := dec.text(g.Tokens, true)
+		text := dec.text(o.tok.Decode(g.Tokens), true)
 		h := w.Header()
 		h.Set("X-Kvmesh-Cached-Tokens", strconv.Itoa(g.Usage.CachedTokens))
 		h.Set("X-Kvmesh-Prefill-Ms", strconv.FormatFloat(ms(g.Prefill), 'f', 3, 64))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/store"
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // apiCall is one HTTP exchange with a node's OpenAI-compatible API.
@@ -204,7 +205,7 @@ func coldText(t testing.TB, c prefill.Config, prompt string, o prefill.GenerateO
 		t.Fatal(err)
 	}
 	var d textDecoder
-	return d.text(g.Tokens, true)
+	return d.text(tokenizer.Bytes{}.Decode(g.Tokens), true)
 }
 
 func longText(r *rand.Rand, n int) string {
@@ -543,7 +544,7 @@ func FuzzOpenAIRequest(f *testing.F) {
 		f.Fatal(err)
 	}
 	defer e.Close()
-	o := &openAI{p: &prefillService{engine: e}, model: e.Namespace().Model}
+	o := &openAI{p: &prefillService{engine: e}, model: e.Namespace().Model, tok: tokenizer.Bytes{}}
 	f.Fuzz(func(t *testing.T, body string, chat bool) {
 		r, err := http.NewRequest("POST", "/v1/completions", strings.NewReader(body))
 		if err != nil {

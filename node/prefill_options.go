@@ -20,6 +20,14 @@ type PrefillOptions struct {
 	// (Hugging Face Llama tensor names, float32), shaped as Model. Default
 	// "": weights generated from Seed, the same on every machine.
 	WeightsPath string
+	// ModelDir, when set, names a Hugging Face Llama directory served
+	// instead: config.json (the shape, eos_token_id), model.safetensors
+	// (float32 weights) and, if present, tokenizer.json (byte-level BPE,
+	// package tokenizer; the OpenAI API then tokenizes with it, and renders
+	// chats as ChatML when it has <|im_start|> and <|im_end|>). Model's
+	// BlockTokens and MaxContext (as a cap) still apply; WeightsPath and
+	// Seed do not. Default "": the seeded model, byte tokens.
+	ModelDir string
 	// Seed seeds the generated weights. Every node of a cluster must use
 	// the same Seed (and Model) to share blocks: the namespace includes the
 	// weights' digest. Default 0.
@@ -99,6 +107,9 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 	}
 	if o.Disabled {
 		return nil
+	}
+	if o.ModelDir != "" && o.WeightsPath != "" {
+		return bad("ModelDir", "give a model directory or a weights file, not both")
 	}
 	if err := o.Model.Validate(); err != nil {
 		return bad("Model", "%s", err.Error())

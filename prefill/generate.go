@@ -23,8 +23,9 @@ const (
 
 // Limits of GenerateOptions.
 const (
-	// MaxStops is the most stop sequences a generation takes (OpenAI's 4).
-	MaxStops = 4
+	// MaxStops is the most stop sequences a generation takes (the API allows
+	// 4 of the caller's, to which a server adds end-of-turn tokens).
+	MaxStops = 8
 	// MaxStopTokens is the longest stop sequence, in tokens.
 	MaxStopTokens = 256
 	// MaxTemperature is the highest sampling temperature (OpenAI's 2).

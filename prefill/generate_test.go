@@ -155,7 +155,7 @@ func TestGenerateBadOptions(t *testing.T) {
 		"hot":                 {MaxTokens: 1, Temperature: 2.5},
 		"top_p":               {MaxTokens: 1, TopP: 1.5},
 		"empty stop":          {MaxTokens: 1, Stop: [][]uint32{{}}},
-		"five stops":          {MaxTokens: 1, Stop: [][]uint32{{1}, {2}, {3}, {4}, {5}}},
+		"nine stops":          {MaxTokens: 1, Stop: [][]uint32{{1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}}},
 		"empty prompt (next)": {MaxTokens: 1},
 	} {
 		p := prompt

@@ -271,6 +271,7 @@ type prefillServeFlags struct {
 	maxResults       int
 	backgroundBlocks int
 	role             string
+	modelDir         string
 }
 
 func init() {
@@ -278,7 +279,7 @@ func init() {
 		"Prefill.WeightsPath": "prefill-weights", "Prefill.Seed": "prefill-seed", "Prefill.Model": "prefill-max-context",
 		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.ResultTTL": "prefill-result-ttl",
 		"Prefill.MaxResults": "prefill-max-results", "Prefill.BackgroundBlocks": "prefill-background-blocks",
-		"Prefill.Role": "role",
+		"Prefill.Role": "role", "Prefill.ModelDir": "prefill-model-dir",
 	} {
 		flagOf[field] = flag
 	}
@@ -286,6 +287,7 @@ func init() {
 
 func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.BoolVar(&p.enabled, "prefill", !d.Disabled, "serve the bundled prefill engine (--prefill=false turns it off)")
+	fs.StringVar(&p.modelDir, "prefill-model-dir", d.ModelDir, "Hugging Face Llama directory to serve instead of the seeded model: config.json, model.safetensors (float32) and tokenizer.json (byte-level BPE; else byte tokens)")
 	fs.StringVar(&p.weights, "prefill-weights", d.WeightsPath, "safetensors file of the engine's weights (default: weights generated from --prefill-seed)")
 	fs.Uint64Var(&p.seed, "prefill-seed", d.Seed, "seed of the generated weights; nodes share blocks only with the same seed")
 	fs.IntVar(&p.maxContext, "prefill-max-context", d.Model.MaxContext, "longest prompt the engine accepts, in tokens")
@@ -301,7 +303,7 @@ func (p *prefillServeFlags) options() node.PrefillOptions {
 	o := node.PrefillOptions{
 		Disabled: !p.enabled, WeightsPath: p.weights, Seed: p.seed,
 		Concurrency: p.concurrency, QueueSize: p.queue, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
-		BackgroundBlocks: p.backgroundBlocks, Role: p.role,
+		BackgroundBlocks: p.backgroundBlocks, Role: p.role, ModelDir: p.modelDir,
 	}
 	o.Model.MaxContext = p.maxContext
 	return o
@@ -315,6 +317,10 @@ func engineLine(o node.PrefillOptions) string {
 	weights := fmt.Sprintf("seed %d", o.Seed)
 	if o.WeightsPath != "" {
 		weights = o.WeightsPath
+	}
+	if o.ModelDir != "" {
+		return fmt.Sprintf("model directory %s (config.json, model.safetensors, tokenizer.json); context at most %d; queue %d; role %s",
+			o.ModelDir, o.Model.MaxContext, o.QueueSize, o.Role)
 	}
 	m := o.Model
 	return strings.Join([]string{
