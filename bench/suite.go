@@ -302,7 +302,7 @@ func Suites(f SuiteFlags) []Suite {
 		}
 	}
 	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{},
-		&TraceSuite{Options: trace}, &PeersSuite{},
+		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{},
 		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}}
 }
 

@@ -99,7 +99,10 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		c.rdma = append(c.rdma, d.Name)
 	}
 	meta := MemberMeta{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataAddr: c.dataAddr,
-		DRAMBytes: opts.DRAMBytes, NVMeBytes: opts.NVMeBytes, RDMA: c.rdma, Version: opts.Version}
+		DRAMBytes: opts.DRAMBytes, NVMeBytes: opts.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role}
+	if opts.Prefill.Disabled {
+		meta.Role = RoleStore
+	}
 	mopts := MembershipOptions{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join, RetryJoin: true,
 		SecretKey: opts.GossipKey, Meta: meta, Fast: opts.GossipProfile == "local", Logger: opts.Logger}
 	if opts.AdvertiseHost != "" {

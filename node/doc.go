@@ -119,6 +119,19 @@
 // it. An empty prompt, a token outside the vocabulary or a prompt longer
 // than the model's context is InvalidArgument naming "tokens".
 //
+// # The OpenAI-compatible API and the router
+//
+// The same engine answers OpenAI's /v1/models, /v1/completions and
+// /v1/chat/completions on the HTTP address (openai.go: Engine.Generate,
+// whole or streamed, usage with prompt_tokens_details.cached_tokens, the
+// gRPC API's tokens and scopes, OpenAI error objects). Router (router.go,
+// `kvmesh route`) is that API in front of a cluster: a member of the gossip
+// with no capacity, which sends each request to the node with the fewest
+// outstanding uncached prompt tokens (never by session), and across
+// Prefill.Role prefill and decode nodes splits the prompt from the answer.
+// Plain HTTP only: the HTTP address serves no TLS yet, so put the API
+// behind a TLS-terminating proxy where bearer tokens cross a network.
+//
 // # Security
 //
 // With Options.TLS the gRPC API and the TCP data plane speak TLS 1.3 only,

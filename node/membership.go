@@ -32,7 +32,21 @@ type MemberMeta struct {
 	NVMeBytes int64    `json:"nvme"`
 	RDMA      []string `json:"rdma,omitempty"` // RDMA devices found on the host
 	Version   string   `json:"ver,omitempty"`
+	// Role is what the member's HTTP API does for a router (kvmesh route):
+	// RoleBoth, RolePrefill or RoleDecode for a node with an engine (""
+	// from an older node reads as RoleBoth), RoleStore for one without,
+	// RoleRouter for a router, which offers no capacity and owns nothing.
+	Role string `json:"role,omitempty"`
 }
+
+// Roles of members (MemberMeta.Role, PrefillOptions.Role).
+const (
+	RoleBoth    = "both"    // prefill and decode
+	RolePrefill = "prefill" // computes prompts for a router; decodes only what it is sent directly
+	RoleDecode  = "decode"  // decodes after a prefill node computed the prompt
+	RoleStore   = "store"   // no engine (Prefill.Disabled)
+	RoleRouter  = "router"  // kvmesh route
+)
 
 // MemberInfo is one member as the local node sees it.
 type MemberInfo struct {

@@ -28,7 +28,7 @@ import (
 )
 
 // Node is one kvmesh daemon: the gRPC API over a Cache, and an HTTP server
-// with /metrics and /healthz.
+// with /metrics, /healthz and the OpenAI-compatible API (/v1/, openai.go).
 type Node struct {
 	opts    Options
 	cache   Cache
@@ -36,6 +36,7 @@ type Node struct {
 	metrics *metrics
 	names   names           // model ids of the namespaces seen, for Stats
 	prefill *prefillService // nil when Options.Prefill.Disabled
+	openai  *openAI         // the HTTP API over prefill; nil with it
 
 	grpcLis, httpLis net.Listener
 	grpc             *grpc.Server
@@ -162,6 +163,7 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{Registry: n.metrics.reg}))
 	mux.HandleFunc("GET /healthz", n.healthz)
+	mux.HandleFunc("/v1/", n.serveOpenAI) // openai.go
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return n
 }

@@ -61,6 +61,8 @@ func TestOptionsValidate(t *testing.T) {
 		{"ShutdownTimeout", func(o *Options) { o.ShutdownTimeout = -time.Second }},
 		{"ReadyFile", func(o *Options) { o.ReadyFile = "/does/not/exist/kvmesh.ready" }},
 		{"ReadyFile", func(o *Options) { o.ReadyFile = os.TempDir() }},
+		{"Prefill.Role", func(o *Options) { o.Prefill.Role = "router" }},
+		{"Prefill.MaxWaiting", func(o *Options) { o.Prefill.MaxWaiting = -1 }},
 	} {
 		var o Options
 		o.EnsureDefaults()

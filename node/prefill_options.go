@@ -20,6 +20,14 @@ type PrefillOptions struct {
 	// (Hugging Face Llama tensor names, float32), shaped as Model. Default
 	// "": weights generated from Seed, the same on every machine.
 	WeightsPath string
+	// ModelDir, when set, names a Hugging Face Llama directory served
+	// instead: config.json (the shape, eos_token_id), model.safetensors
+	// (float32 weights) and, if present, tokenizer.json (byte-level BPE,
+	// package tokenizer; the OpenAI API then tokenizes with it, and renders
+	// chats as ChatML when it has <|im_start|> and <|im_end|>). Model's
+	// BlockTokens and MaxContext (as a cap) still apply; WeightsPath and
+	// Seed do not. Default "": the seeded model, byte tokens.
+	ModelDir string
 	// Seed seeds the generated weights. Every node of a cluster must use
 	// the same Seed (and Model) to share blocks: the namespace includes the
 	// weights' digest. Default 0.
@@ -44,6 +52,17 @@ type PrefillOptions struct {
 	// preempts a queued one between two checks within a chunk, and at most
 	// one chunk's work is redone. Default 2.
 	BackgroundBlocks int
+	// MaxWaiting is the most requests of the OpenAI-compatible HTTP API
+	// that wait for the engine beyond the Concurrency it runs; one more is
+	// answered 429 with Retry-After. Default 64.
+	MaxWaiting int
+	// Role is what the node does for a router (kvmesh route), gossiped in
+	// its MemberMeta: RoleBoth, RolePrefill (the router sends it prompts
+	// to compute and publish) or RoleDecode (the router sends it requests
+	// whose prompt a prefill node has just published: it loads the whole
+	// cached prefix and computes only what is missing). A node answers
+	// every request it is sent, whatever its role. Default RoleBoth.
+	Role string
 }
 
 // Defaults of PrefillOptions.
@@ -51,6 +70,7 @@ const (
 	DefaultPrefillQueueSize  = 256
 	DefaultPrefillResultTTL  = time.Hour
 	DefaultPrefillMaxResults = 4096
+	DefaultPrefillMaxWaiting = 64
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -71,6 +91,12 @@ func (o *PrefillOptions) EnsureDefaults() {
 	if o.BackgroundBlocks == 0 {
 		o.BackgroundBlocks = prefill.DefaultBackgroundBlocks
 	}
+	if o.MaxWaiting == 0 {
+		o.MaxWaiting = DefaultPrefillMaxWaiting
+	}
+	if o.Role == "" {
+		o.Role = RoleBoth
+	}
 }
 
 // Validate names the first field that cannot work (as "Prefill.Field").
@@ -81,6 +107,9 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 	}
 	if o.Disabled {
 		return nil
+	}
+	if o.ModelDir != "" && o.WeightsPath != "" {
+		return bad("ModelDir", "give a model directory or a weights file, not both")
 	}
 	if err := o.Model.Validate(); err != nil {
 		return bad("Model", "%s", err.Error())
@@ -96,6 +125,10 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("MaxResults", "%d is outside 1..%d", o.MaxResults, 1<<24)
 	case o.BackgroundBlocks < 1 || o.BackgroundBlocks > 1<<16:
 		return bad("BackgroundBlocks", "%d is outside 1..%d", o.BackgroundBlocks, 1<<16)
+	case o.Role != RoleBoth && o.Role != RolePrefill && o.Role != RoleDecode:
+		return bad("Role", "%q: want both, prefill or decode", o.Role)
+	case o.MaxWaiting < 0 || o.MaxWaiting > 1<<16:
+		return bad("MaxWaiting", "%d is outside 0..%d", o.MaxWaiting, 1<<16)
 	}
 	// The namespace's layout does not depend on the weights.
 	if size := store.EncodedLen(o.Model.BlockTokens, o.Model.Namespace(0, "").BlockBytes()); size > maxBlockBytes {

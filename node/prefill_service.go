@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/kvmesh/kvmesh/auth"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/kvmesh/kvmesh/prefill"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+	"github.com/kvmesh/kvmesh/store"
+	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
 // SessionHeader is the gRPC metadata key of the session-affinity hint. A
@@ -48,6 +51,8 @@ type prefillService struct {
 	q       *queue
 	metrics *prefillMetrics
 	nsPB    *kvmeshv1.Namespace
+	tok     tokenizer.Tokenizer // the model's (PrefillOptions.ModelDir), else tokenizer.Bytes
+	eos     []uint32            // the model's end-of-sequence ids, if it says
 
 	// ctx is cancelled by close; the worker and the reaper stop on it.
 	ctx       context.Context
@@ -90,6 +95,7 @@ func (n *Node) openPrefill() error {
 		return err
 	}
 	n.prefill = p
+	n.openai = newOpenAI(n, p)
 	kvmeshv1.RegisterPrefillServiceServer(n.grpc, p)
 	n.health.SetServingStatus(kvmeshv1.PrefillService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return nil
@@ -100,7 +106,30 @@ func (n *Node) openPrefill() error {
 func newPrefillService(n *Node) (*prefillService, error) {
 	o := &n.opts.Prefill
 	eopts := o.engineOptions(n)
-	if o.WeightsPath == "" {
+	var (
+		tok tokenizer.Tokenizer = tokenizer.Bytes{}
+		eos []uint32
+	)
+	switch {
+	case o.ModelDir != "":
+		cfg, info, err := prefill.LoadConfigJSON(filepath.Join(o.ModelDir, "config.json"))
+		if err != nil {
+			return nil, fmt.Errorf("node: Prefill.ModelDir: %w", err)
+		}
+		cfg.BlockTokens = o.Model.BlockTokens
+		cfg.MaxContext = min(cfg.MaxContext, o.Model.MaxContext)
+		if size := store.EncodedLen(cfg.BlockTokens, cfg.Namespace(0, "").BlockBytes()); size > n.opts.MaxBlockBytes {
+			return nil, &OptionError{Field: "Prefill.ModelDir", Msg: fmt.Sprintf("the model's blocks are %d bytes encoded, over MaxBlockBytes (%d)", size, n.opts.MaxBlockBytes)}
+		}
+		eopts.Config, eopts.WeightsPath, eos = cfg, filepath.Join(o.ModelDir, "model.safetensors"), info.EOS
+		if path := filepath.Join(o.ModelDir, "tokenizer.json"); fileExists(path) {
+			bpe, err := tokenizer.Load(path)
+			if err != nil {
+				return nil, fmt.Errorf("node: Prefill.ModelDir: %w", err)
+			}
+			tok = bpe
+		}
+	case o.WeightsPath == "":
 		eopts.Weights = seededWeights(o.Model, o.Seed)
 	}
 	engine, err := prefill.New(engineCache{c: n.cache, blockTokens: o.Model.BlockTokens}, eopts)
@@ -115,11 +144,16 @@ func newPrefillService(n *Node) (*prefillService, error) {
 		engine.Close()
 		return nil, err
 	}
-	p := &prefillService{n: n, engine: engine, q: q, nsPB: namespacePB(engine)}
+	p := &prefillService{n: n, engine: engine, q: q, nsPB: namespacePB(engine), tok: tok, eos: eos}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.metrics = newPrefillMetrics(n.metrics.reg, engine, q)
 	n.names.keep(engine.Namespace())
 	return p, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 func namespacePB(e *prefill.Engine) *kvmeshv1.Namespace {

@@ -135,7 +135,7 @@ func (e *Engine) background(ctx context.Context, began time.Time, tokens []uint3
 	b := e.cfg.BlockTokens
 	res := Result{Session: session, Usage: Usage{PromptTokens: n}}
 	sc := e.scopeOf(ctx)
-	keys, kv, loaded, err := e.load(ctx, sc, tokens, &res)
+	keys, kv, loaded, err := e.load(ctx, sc, tokens, len(tokens), &res)
 	if err != nil {
 		return Result{}, err
 	}

@@ -24,6 +24,22 @@
 // those before it, so that logits exist; cached_tokens is then
 // prompt_tokens−1, the positions that were not computed.
 //
+// # Decode
+//
+// Engine.Generate(ctx, prompt, opts) runs the prompt as above and then
+// decodes: it samples a token from the last logits (greedy at temperature
+// 0; else softmax(logits/T) cut to the top-p nucleus, drawn from a PCG
+// seeded by opts.Seed), feeds it back as the next position — one Forward of
+// one token, its K/V appended to the prompt's in the same KV — and repeats
+// until MaxTokens or a stop sequence (token-level; tokens that may start
+// one are held back from the stream until they cannot). The prompt's
+// blocks are published as soon as it is computed, and the full blocks of
+// prompt and answer once decoding ends, so a conversation's next turn hits
+// its previous answer too. One generation holds one slot from its prefill
+// to its last token: the CPU engine decodes one sequence at a time, without
+// batching. The tokens depend only on prompt, options and weights, never on
+// where the prefix came from (tested against cold engines and prefills).
+//
 // # Invariants
 //
 // A prefix hit changes the cost, never the answer: the logits with any hit

@@ -206,6 +206,8 @@ type Stats struct {
 	DroppedBlocks  int64 // new blocks not published: queue full, Put failed, or engine closing
 	Background     int64 // of Requests, background prefills (PrefillBackground)
 	Preempted      int64 // background chunks cancelled for a foreground prefill and run again
+	Generations    int64 // of Requests, those that decoded (Generate)
+	Generated      int64 // tokens sampled by Generate, stop sequences included
 }
 
 type counters struct {
@@ -214,6 +216,7 @@ type counters struct {
 	missing, corrupt, lost                     atomic.Int64
 	published, publishErrors, dropped          atomic.Int64
 	background, preempted                      atomic.Int64
+	generations, generated                     atomic.Int64
 }
 
 // Engine is the prefill engine: it answers Prefill with a model, a cache
@@ -327,6 +330,7 @@ func (e *Engine) Stats() Stats {
 		MissingBlocks: s.missing.Load(), CorruptBlocks: s.corrupt.Load(), LostBlocks: s.lost.Load(),
 		Published: s.published.Load(), PublishErrors: s.publishErrors.Load(), DroppedBlocks: s.dropped.Load(),
 		Background: s.background.Load(), Preempted: s.preempted.Load(),
+		Generations: s.generations.Load(), Generated: s.generated.Load(),
 	}
 }
 
@@ -434,7 +438,7 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 	res.Timing.Wait = t0.Sub(began)
 
 	sc := e.scopeOf(ctx)
-	keys, kv, loaded, err := e.load(ctx, sc, tokens, &res)
+	keys, kv, loaded, err := e.load(ctx, sc, tokens, len(tokens), &res)
 	if err != nil {
 		return Result{}, err
 	}
@@ -460,10 +464,10 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 }
 
 // load looks up the cached prefix of tokens and fetches it into a KV from
-// the pool. It returns the prompt's chain, the KV (the caller puts it back
+// the pool that holds at least capTokens (≥ len(tokens)). It returns the prompt's chain, the KV (the caller puts it back
 // in the pool or hands it on) and the number of blocks loaded, and records
 // the lookup and fetch times in res.
-func (e *Engine) load(ctx context.Context, sc scope, tokens []uint32, res *Result) ([]prefixhash.Key, *KV, int, error) {
+func (e *Engine) load(ctx context.Context, sc scope, tokens []uint32, capTokens int, res *Result) ([]prefixhash.Key, *KV, int, error) {
 	t0 := e.opts.Now()
 	keys := prefixhash.Keys(sc.ns, tokens)
 	hit := e.lookup(ctx, keys)
@@ -472,7 +476,7 @@ func (e *Engine) load(ctx context.Context, sc scope, tokens []uint32, res *Resul
 	}
 	t1 := e.opts.Now()
 	res.Timing.Lookup = t1.Sub(t0)
-	kv := e.getKV(len(tokens))
+	kv := e.getKV(max(capTokens, len(tokens)))
 	loaded := e.fetch(ctx, sc, keys[:hit], tokens, kv)
 	if ctx.Err() != nil {
 		e.kvPool.Put(kv)

@@ -10,10 +10,13 @@ import (
 
 // publishJob is one prefill's new blocks, waiting for the publisher: blocks
 // from..len(keys)-1 of the prompt, whose K/V are in kv. The job owns kv and
-// returns it to the pool. A job with flushed set is a Flush marker.
+// returns it to the pool, or, when release is set, shares it and calls
+// release instead once it no longer reads it. A job with flushed set is a
+// Flush marker.
 type publishJob struct {
 	sc      scope // whose blocks these are
 	kv      *KV
+	release func()
 	tokens  []uint32         // the tokens of blocks from..len(keys)-1 (a copy owned by the job)
 	keys    []prefixhash.Key // the prompt's whole chain
 	from    int
@@ -26,12 +29,20 @@ func (j publishJob) blocks() int { return len(j.keys) - j.from }
 // takes ownership of kv. It never waits: with the queue full or the engine
 // closing, the blocks are dropped and counted.
 func (e *Engine) publish(sc scope, kv *KV, tokens []uint32, keys []prefixhash.Key, from int) {
+	e.publishShared(sc, kv, nil, tokens, keys, from)
+}
+
+// publishShared is publish of a KV that someone else goes on using: the
+// publisher only reads the K/V of blocks [from, len(keys)) and calls release
+// (instead of pooling kv) when it is done with them. A nil release is
+// publish's ownership.
+func (e *Engine) publishShared(sc scope, kv *KV, release func(), tokens []uint32, keys []prefixhash.Key, from int) {
 	if e.cache == nil || from >= len(keys) {
-		e.kvPool.Put(kv)
+		e.free(kv, release)
 		return
 	}
 	b := e.cfg.BlockTokens
-	job := publishJob{sc: sc, kv: kv, tokens: append([]uint32(nil), tokens[from*b:len(keys)*b]...), keys: keys, from: from}
+	job := publishJob{sc: sc, kv: kv, release: release, tokens: append([]uint32(nil), tokens[from*b:len(keys)*b]...), keys: keys, from: from}
 	e.mu.RLock()
 	queued := false
 	if !e.mu.closed {
@@ -49,7 +60,16 @@ func (e *Engine) publish(sc scope, kv *KV, tokens []uint32, keys []prefixhash.Ke
 
 func (e *Engine) drop(job publishJob) {
 	e.stats.dropped.Add(int64(job.blocks()))
-	e.kvPool.Put(job.kv)
+	e.free(job.kv, job.release)
+}
+
+// free hands kv back: to the pool, or to its sharer's release.
+func (e *Engine) free(kv *KV, release func()) {
+	if release != nil {
+		release()
+		return
+	}
+	e.kvPool.Put(kv)
 }
 
 // Flush waits until every block queued for publication before the call has
@@ -97,7 +117,7 @@ func (e *Engine) publishLoop(queue <-chan publishJob) {
 			continue
 		}
 		buf, blocks = e.encode(job.sc, buf, blocks, payload, job.kv, job.keys, job.tokens, job.from, len(job.keys))
-		e.kvPool.Put(job.kv)
+		e.free(job.kv, job.release)
 		e.put(job.keys, job.from, blocks)
 	}
 }

@@ -50,10 +50,14 @@ Suites:
   prefill    time to first token vs cached fraction of an 8k prompt; GFLOP/s vs Sgemm
   trace      a Mooncake trace replayed on N nodes: hit ratio vs the trace's ideal
   peers      the peers and limits alone (memcpy, raw TCP, Redis, fio)
+  serve      agentic multi-turn sessions through kvmesh route over 3 nodes (the
+             OpenAI-compatible API, streamed): cached tokens vs the ideal, TTFT
+             p50/p99 and tokens/s for token-aware, random and session routing;
+             what the router adds
   soak       a mixed load (lookups, gets, puts, prefills) for --duration on 2 nodes
              with small tiers: RSS, goroutines, errors and latencies over time;
              fails on any error but a miss, on wrong bytes, or RSS past DRAM + overhead
-  all        every suite but peers and soak
+  all        every suite but peers, serve and soak
 
 Suites that need nodes start them as separate 'kvmesh serve' processes on
 127.0.0.1 (free ports, a temporary data dir each), unless --addr names a
@@ -65,7 +69,7 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
   kvmesh bench soak --duration 10m --concurrency 64 --out bench-out`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return errors.New("name a suite (transfer, store, lookup, nvme, prefill, trace, peers, soak) or all; see 'kvmesh bench --help'")
+				return errors.New("name a suite (transfer, store, lookup, nvme, prefill, trace, peers, serve, soak) or all; see 'kvmesh bench --help'")
 			}
 			return nil
 		},

@@ -270,6 +270,8 @@ type prefillServeFlags struct {
 	resultTTL        time.Duration
 	maxResults       int
 	backgroundBlocks int
+	role             string
+	modelDir         string
 }
 
 func init() {
@@ -277,6 +279,7 @@ func init() {
 		"Prefill.WeightsPath": "prefill-weights", "Prefill.Seed": "prefill-seed", "Prefill.Model": "prefill-max-context",
 		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.ResultTTL": "prefill-result-ttl",
 		"Prefill.MaxResults": "prefill-max-results", "Prefill.BackgroundBlocks": "prefill-background-blocks",
+		"Prefill.Role": "role", "Prefill.ModelDir": "prefill-model-dir",
 	} {
 		flagOf[field] = flag
 	}
@@ -284,6 +287,7 @@ func init() {
 
 func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.BoolVar(&p.enabled, "prefill", !d.Disabled, "serve the bundled prefill engine (--prefill=false turns it off)")
+	fs.StringVar(&p.modelDir, "prefill-model-dir", d.ModelDir, "Hugging Face Llama directory to serve instead of the seeded model: config.json, model.safetensors (float32) and tokenizer.json (byte-level BPE; else byte tokens)")
 	fs.StringVar(&p.weights, "prefill-weights", d.WeightsPath, "safetensors file of the engine's weights (default: weights generated from --prefill-seed)")
 	fs.Uint64Var(&p.seed, "prefill-seed", d.Seed, "seed of the generated weights; nodes share blocks only with the same seed")
 	fs.IntVar(&p.maxContext, "prefill-max-context", d.Model.MaxContext, "longest prompt the engine accepts, in tokens")
@@ -292,13 +296,14 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.DurationVar(&p.resultTTL, "prefill-result-ttl", d.ResultTTL, "how long a queued request's result is kept")
 	fs.IntVar(&p.maxResults, "prefill-max-results", d.MaxResults, "most queued requests' results kept")
 	fs.IntVar(&p.backgroundBlocks, "prefill-background-blocks", d.BackgroundBlocks, "blocks per chunk of queued work (a synchronous prefill preempts it within one)")
+	fs.StringVar(&p.role, "role", node.RoleBoth, "what kvmesh route sends this node: both, prefill (prompts to compute and publish) or decode (requests whose prompt a prefill node just published)")
 }
 
 func (p *prefillServeFlags) options() node.PrefillOptions {
 	o := node.PrefillOptions{
 		Disabled: !p.enabled, WeightsPath: p.weights, Seed: p.seed,
 		Concurrency: p.concurrency, QueueSize: p.queue, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
-		BackgroundBlocks: p.backgroundBlocks,
+		BackgroundBlocks: p.backgroundBlocks, Role: p.role, ModelDir: p.modelDir,
 	}
 	o.Model.MaxContext = p.maxContext
 	return o
@@ -313,9 +318,13 @@ func engineLine(o node.PrefillOptions) string {
 	if o.WeightsPath != "" {
 		weights = o.WeightsPath
 	}
+	if o.ModelDir != "" {
+		return fmt.Sprintf("model directory %s (config.json, model.safetensors, tokenizer.json); context at most %d; queue %d; role %s",
+			o.ModelDir, o.Model.MaxContext, o.QueueSize, o.Role)
+	}
 	m := o.Model
 	return strings.Join([]string{
 		fmt.Sprintf("%d layer(s), d=%d, %d heads (%d KV) of %d, FFN %d, vocab %d, context %d", m.Layers, m.Dim, m.Heads, m.KVHeads, m.HeadDim, m.FFNDim, m.Vocab, m.MaxContext),
-		weights, fmt.Sprintf("queue %d", o.QueueSize),
+		weights, fmt.Sprintf("queue %d", o.QueueSize), "role " + o.Role,
 	}, "; ")
 }

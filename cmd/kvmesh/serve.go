@@ -318,6 +318,9 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
 	fmt.Fprintf(out, "  gossip   %s   (others join with --join %s)\n", n.GossipAddr(), n.GossipAddr())
 	fmt.Fprintf(out, "  store    %s (DRAM %s, NVMe %s)\n", opts.DataDir, formatSize(opts.DRAMBytes), formatSize(opts.NVMeBytes))
 	fmt.Fprintf(out, "  prefill  %s\n", engineLine(opts.Prefill))
+	if !opts.Prefill.Disabled {
+		fmt.Fprintf(out, "  openai   http://%s/v1   (model %q: /v1/models, /v1/completions, /v1/chat/completions)\n", n.HTTPAddr(), node.ModelAlias)
+	}
 	fmt.Fprintf(out, "  security %s\n", security(opts))
 	fmt.Fprintf(out, "try: kvmesh inspect --addr %s%s members   (stop with Ctrl-C)\n", n.GRPCAddr(), clientHint(cmd.Flags()))
 

@@ -1,0 +1,753 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// The router (kvmesh route): the OpenAI-compatible API in front of a
+// cluster. It joins the cluster's gossip as a member that offers no
+// capacity (so it owns no block) and learns from the members' metadata
+// where their HTTP APIs are and what role each plays. For each completion
+// it asks one node how much of the prompt the cluster's cache holds for the
+// caller (LookupPath: one Lookup, nothing computed), and sends the request
+// to the node with the fewest outstanding uncached prompt tokens: the
+// prompt tokens that the requests it sent there and that have not yet
+// answered must still compute. A session never decides: a cached prefix
+// is a hit on every node, so spreading by load costs no hits.
+//
+// With prefill-role and decode-role members, a request goes first, not
+// streamed and with max_tokens 1, to a prefill node (chosen as above),
+// which computes the prompt and answers once its blocks are in the cache
+// (PublishHeader); then, as the client sent it, to the decode node with the
+// fewest outstanding generated tokens, which loads the whole prefix from the
+// cache and computes only what is missing. The usage's cached_tokens the
+// client sees is then what the prefill node reused, rewritten into the
+// decode node's answer (its stream's usage chunk too), and both nodes' times
+// are in the response headers.
+//
+// Answers stream through as they come. A node that fails before the first
+// byte of its answer (refused, reset, 502/503) is marked down for
+// routerBackoff and the request goes to another; once bytes have reached
+// the client, a failure ends the response. Bearer tokens and the
+// x-session-affinity header travel through unchanged (the session is only
+// logged and counted).
+
+// Routing policies (RouterOptions.Policy).
+const (
+	PolicyTokens  = "tokens"  // fewest outstanding uncached prompt tokens (the default)
+	PolicyRandom  = "random"  // any live node
+	PolicySession = "session" // by a hash of x-session-affinity (random without one): the baseline the others are measured against
+)
+
+// RouterOptions configure a Router.
+type RouterOptions struct {
+	// NodeID names the router among the members. Default
+	// "router-<hostname>-<gossip port>".
+	NodeID string
+	// HTTPAddr is where the router serves /v1/, /metrics and /healthz.
+	// Port 0 picks a free port. Default 127.0.0.1:7700.
+	HTTPAddr string
+	// GossipAddr is where the router's gossip listens. Default
+	// 127.0.0.1:0.
+	GossipAddr string
+	// Join lists gossip addresses of members. Required.
+	Join []string
+	// GossipKey is the cluster's gossip key, if it has one.
+	GossipKey []byte
+	// GossipProfile is "lan" or "local", as Options.GossipProfile.
+	// Default "lan".
+	GossipProfile string
+	// Policy is PolicyTokens, PolicyRandom or PolicySession. Default
+	// PolicyTokens.
+	Policy string
+	// Logger receives the router's records. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultRouterHTTPAddr is RouterOptions.HTTPAddr's default.
+const DefaultRouterHTTPAddr = "127.0.0.1:7700"
+
+// routerBackoff is how long a node that failed a request is skipped.
+const routerBackoff = 2 * time.Second
+
+// Router is a running kvmesh route.
+type Router struct {
+	opts    RouterOptions
+	log     *slog.Logger
+	members *Membership
+	lis     net.Listener
+	http    *http.Server
+	client  *http.Client
+	reg     *prometheus.Registry
+
+	requests *prometheus.CounterVec // node, code
+	retries  *prometheus.CounterVec // node
+	pending  *prometheus.GaugeVec   // node, kind: prompt (uncached tokens), decode (tokens to generate)
+	upstream *prometheus.HistogramVec
+	hints    prometheus.Counter
+	overhead prometheus.Histogram
+
+	mu struct {
+		sync.Mutex
+		load map[string]*nodeLoad // by member id
+	}
+}
+
+type nodeLoad struct {
+	prompt, decode, requests int
+	downUntil                time.Time
+}
+
+// NewRouter binds the router's HTTP address and joins the cluster. Serve
+// runs it.
+func NewRouter(opts RouterOptions) (*Router, error) {
+	if opts.HTTPAddr == "" {
+		opts.HTTPAddr = DefaultRouterHTTPAddr
+	}
+	if opts.GossipAddr == "" {
+		opts.GossipAddr = "127.0.0.1:0"
+	}
+	if opts.GossipProfile == "" {
+		opts.GossipProfile = "lan"
+	}
+	if opts.Policy == "" {
+		opts.Policy = PolicyTokens
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	switch {
+	case len(opts.Join) == 0:
+		return nil, &OptionError{Field: "Join", Msg: "a router needs the gossip address of a member to join"}
+	case opts.Policy != PolicyTokens && opts.Policy != PolicyRandom && opts.Policy != PolicySession:
+		return nil, &OptionError{Field: "Policy", Msg: fmt.Sprintf("%q: want tokens, random or session", opts.Policy)}
+	case opts.GossipProfile != "lan" && opts.GossipProfile != "local":
+		return nil, &OptionError{Field: "GossipProfile", Msg: fmt.Sprintf("%q: want lan or local", opts.GossipProfile)}
+	}
+	lis, err := net.Listen("tcp", opts.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("node: router: listen on HTTPAddr %s: %w", opts.HTTPAddr, err)
+	}
+	if opts.NodeID == "" {
+		host, _ := os.Hostname()
+		opts.NodeID = fmt.Sprintf("router-%s-%d", host, lis.Addr().(*net.TCPAddr).Port)
+	}
+	members, err := StartMembership(MembershipOptions{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join,
+		RetryJoin: true, SecretKey: opts.GossipKey, Fast: opts.GossipProfile == "local", Logger: opts.Logger,
+		Meta: MemberMeta{HTTPAddr: lis.Addr().String(), Role: RoleRouter}})
+	if err != nil {
+		lis.Close()
+		return nil, err
+	}
+	r := &Router{opts: opts, log: opts.Logger, members: members, lis: lis, reg: prometheus.NewRegistry(),
+		client: &http.Client{Transport: &http.Transport{
+			DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost:   64,
+			IdleConnTimeout:       90 * time.Second,
+			ResponseHeaderTimeout: 10 * time.Minute, // a long prefill answers late
+		}},
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_router_requests_total",
+			Help: "Requests the router sent to each node, by node and HTTP status (0: the node failed before answering).",
+		}, []string{"node", "code"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_router_retries_total",
+			Help: "Requests sent to another node because this one failed before the first byte of its answer.",
+		}, []string{"node"}),
+		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvmesh_router_outstanding_tokens",
+			Help: "Tokens of the requests in flight on each node: prompt (uncached prompt tokens still to compute) and decode (tokens to generate).",
+		}, []string{"node", "kind"}),
+		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvmesh_router_upstream_first_byte_seconds",
+			Help:    "Time from sending a request to a node to the first byte of its answer, by node.",
+			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"node"}),
+		hints: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_router_session_hints_total",
+			Help: "Requests that carried x-session-affinity (a hint: the tokens and random policies never route by it).",
+		}),
+		overhead: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvmesh_router_choice_seconds",
+			Help:    "Time the router spent choosing a node for a request (its lookup included).",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .1},
+		}),
+	}
+	r.mu.load = map[string]*nodeLoad{}
+	r.reg.MustRegister(r.requests, r.retries, r.pending, r.upstream, r.hints, r.overhead)
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
+	mux.HandleFunc("GET /healthz", r.healthz)
+	mux.HandleFunc("/v1/", r.serveAPI)
+	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return r, nil
+}
+
+// healthz answers "ok N nodes" while N > 0 nodes serve the API, else 503.
+func (r *Router) healthz(w http.ResponseWriter, _ *http.Request) {
+	n := len(r.backends())
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if n == 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "no node serves the API\n")
+		return
+	}
+	fmt.Fprintf(w, "ok %d nodes\n", n)
+}
+
+// HTTPAddr returns the address the router serves on.
+func (r *Router) HTTPAddr() string { return r.lis.Addr().String() }
+
+// GossipAddr returns the router's gossip address.
+func (r *Router) GossipAddr() string { return r.members.GossipAddr() }
+
+// Serve serves until ctx is done, then stops: new connections are refused,
+// requests in flight get up to 10s to finish, and the router leaves the
+// membership.
+func (r *Router) Serve(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- r.http.Serve(r.lis) }()
+	r.log.Info("kvmesh router serving", "http", r.HTTPAddr(), "gossip", r.GossipAddr(), "policy", r.opts.Policy)
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		err = fmt.Errorf("node: router: HTTP server: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if serr := r.http.Shutdown(sctx); serr != nil {
+		r.http.Close()
+	}
+	cancel()
+	r.members.Leave(time.Second)
+	r.members.Close()
+	r.client.CloseIdleConnections()
+	r.log.Info("kvmesh router stopped")
+	return err
+}
+
+// Close releases a router that was never served.
+func (r *Router) Close() error {
+	r.lis.Close()
+	return r.members.Close()
+}
+
+// backend is a member the router may send requests to.
+type backend struct {
+	id, addr, role string
+}
+
+// backends returns the live members that serve the API, by role.
+func (r *Router) backends() []backend {
+	ms, _ := r.members.Members()
+	var out []backend
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range ms {
+		role := m.Meta.Role
+		if role == "" {
+			role = RoleBoth
+		}
+		if m.Meta.HTTPAddr == "" || (role != RoleBoth && role != RolePrefill && role != RoleDecode) {
+			continue
+		}
+		if l := r.mu.load[m.ID]; l != nil && now.Before(l.downUntil) {
+			continue
+		}
+		out = append(out, backend{id: m.ID, addr: m.Meta.HTTPAddr, role: role})
+	}
+	return out
+}
+
+func (r *Router) loadLocked(id string) *nodeLoad {
+	l := r.mu.load[id]
+	if l == nil {
+		l = &nodeLoad{}
+		r.mu.load[id] = l
+	}
+	return l
+}
+
+// pick chooses among cands: by policy for prefill work (cost: uncached
+// prompt tokens), by outstanding decode tokens for decode work. It
+// returns -1 when cands is empty.
+func (r *Router) pick(cands []backend, decode bool, session string) int {
+	if len(cands) == 0 {
+		return -1
+	}
+	switch {
+	case r.opts.Policy == PolicyRandom:
+		return rand.IntN(len(cands))
+	case r.opts.Policy == PolicySession && session != "":
+		// Rendezvous on the session, so a member change moves few sessions.
+		best, bestH := 0, uint64(0)
+		for i, c := range cands {
+			h := fnv.New64a()
+			io.WriteString(h, session)
+			io.WriteString(h, c.id)
+			if v := h.Sum64(); i == 0 || v > bestH {
+				best, bestH = i, v
+			}
+		}
+		return best
+	case r.opts.Policy == PolicySession:
+		return rand.IntN(len(cands))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	loads := make([]nodeLoad, len(cands))
+	for i, c := range cands {
+		loads[i] = *r.loadLocked(c.id)
+	}
+	return chooseLeastLoaded(loads, decode, rand.IntN(len(cands)))
+}
+
+// chooseLeastLoaded returns the index of the load with the fewest
+// outstanding prompt tokens (decode: tokens to generate), then the fewest
+// requests; among equals, the first from start on (a random start spreads
+// ties).
+func chooseLeastLoaded(loads []nodeLoad, decode bool, start int) int {
+	key := func(l nodeLoad) [2]int {
+		if decode {
+			return [2]int{l.decode, l.requests}
+		}
+		return [2]int{l.prompt, l.requests}
+	}
+	best := start % len(loads)
+	for k := 1; k < len(loads); k++ {
+		i := (start + k) % len(loads)
+		a, b := key(loads[i]), key(loads[best])
+		if a[0] < b[0] || (a[0] == b[0] && a[1] < b[1]) {
+			best = i
+		}
+	}
+	return best
+}
+
+// charge adds a request's work to a node's load: prefilled is called
+// when its prompt is computed (the first byte of the answer), done when it
+// ended; both may be called more than once.
+func (r *Router) charge(id string, prompt, decode int) (prefilled, done func()) {
+	r.mu.Lock()
+	l := r.loadLocked(id)
+	l.prompt += prompt
+	l.decode += decode
+	l.requests++
+	r.mu.Unlock()
+	r.pending.WithLabelValues(id, "prompt").Add(float64(prompt))
+	r.pending.WithLabelValues(id, "decode").Add(float64(decode))
+	var p, d sync.Once
+	prefilled = func() {
+		p.Do(func() {
+			r.mu.Lock()
+			l.prompt -= prompt
+			r.mu.Unlock()
+			r.pending.WithLabelValues(id, "prompt").Sub(float64(prompt))
+		})
+	}
+	return prefilled, func() {
+		prefilled()
+		d.Do(func() {
+			r.mu.Lock()
+			l.decode -= decode
+			l.requests--
+			r.mu.Unlock()
+			r.pending.WithLabelValues(id, "decode").Sub(float64(decode))
+		})
+	}
+}
+
+func (r *Router) markDown(id string) {
+	r.mu.Lock()
+	r.loadLocked(id).downUntil = time.Now().Add(routerBackoff)
+	r.mu.Unlock()
+}
+
+func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
+	path := req.URL.Path
+	if path != "/v1/completions" && path != "/v1/chat/completions" {
+		// Models and errors: any node answers the same.
+		r.forwardAny(w, req, nil)
+		return
+	}
+	if req.Method != http.MethodPost {
+		r.forwardAny(w, req, nil)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, MaxOpenAIBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeAPIError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is over %d bytes", tooBig.Limit), "invalid_request_error", "", "request_too_large")
+			return
+		}
+		writeAPIError(w, http.StatusBadRequest, "reading the request body: "+err.Error(), "invalid_request_error", "", "")
+		return
+	}
+	session := req.Header.Get(SessionHeader)
+	if session != "" {
+		r.hints.Inc()
+	}
+	began := time.Now()
+	all := r.backends()
+	var prefillers, decoders, both []backend
+	for _, b := range all {
+		switch b.role {
+		case RolePrefill:
+			prefillers = append(prefillers, b)
+		case RoleDecode:
+			decoders = append(decoders, b)
+		default:
+			both = append(both, b)
+		}
+	}
+	if len(all) == 0 {
+		writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+		return
+	}
+	// The cost of the prompt, from one node's lookup; that node also
+	// checks the request, so a bad one is refused here, with the node's
+	// error, before any work.
+	look, lerr := r.lookup(req, body, path, all)
+	if lerr != nil {
+		lerr.write(w)
+		return
+	}
+	split := len(prefillers) > 0 && len(decoders) > 0
+	if !split {
+		cands := slices.Concat(both, prefillers, decoders)
+		r.overhead.Observe(time.Since(began).Seconds())
+		r.forward(w, req, body, path, cands, look, false, session, nil)
+		return
+	}
+	// Prefill on a prefill node (max_tokens 1, not streamed, published
+	// before it answers), then decode on a decode node.
+	pre, err := prefillBody(body)
+	if err != nil {
+		writeAPIError(w, http.StatusBadRequest, err.Error(), "invalid_request_error", "", "")
+		return
+	}
+	r.overhead.Observe(time.Since(began).Seconds())
+	cands := slices.Concat(prefillers, both)
+	rec := &captureWriter{header: http.Header{}}
+	preReq := req.Clone(req.Context())
+	preReq.Header.Set(PublishHeader, "wait")
+	t0 := time.Now()
+	r.forward(rec, preReq, pre, path, cands, LookupResult{PromptTokens: look.PromptTokens, CachedTokens: look.CachedTokens, MaxTokens: 1},
+		false, session, nil)
+	preMs := time.Since(t0)
+	if rec.code != http.StatusOK {
+		copyHeader(w.Header(), rec.header)
+		w.WriteHeader(rec.code)
+		w.Write(rec.body.Bytes())
+		return
+	}
+	var pu struct {
+		Usage usageJSON `json:"usage"`
+	}
+	json.Unmarshal(rec.body.Bytes(), &pu)
+	w.Header().Set("X-Kvmesh-Prefill-Node", rec.header.Get("X-Kvmesh-Node"))
+	w.Header().Set("X-Kvmesh-Prefill-Node-Ms", strconv.FormatFloat(ms(preMs), 'f', 3, 64))
+	w.Header().Set("X-Kvmesh-Prefill-Cached-Tokens", strconv.Itoa(pu.Usage.PromptTokensDetails.CachedTokens))
+	rewrite := func(u *usageJSON) { u.PromptTokensDetails.CachedTokens = pu.Usage.PromptTokensDetails.CachedTokens }
+	r.forward(w, req, body, path, slices.Concat(decoders, both), LookupResult{PromptTokens: look.PromptTokens,
+		CachedTokens: look.PromptTokens, MaxTokens: look.MaxTokens}, true, session, rewrite)
+}
+
+// routerError is an answer the router passes on as is.
+type routerError struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+func (e *routerError) write(w http.ResponseWriter) {
+	copyHeader(w.Header(), e.header)
+	w.WriteHeader(e.code)
+	w.Write(e.body)
+}
+
+// lookup asks a node for the prompt's cost; a node that cannot answer is
+// skipped, and when none can the cost is the whole prompt, unknown.
+func (r *Router) lookup(req *http.Request, body []byte, path string, cands []backend) (LookupResult, *routerError) {
+	order := rand.Perm(len(cands))
+	for _, i := range order[:min(len(order), 3)] {
+		b := cands[i]
+		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
+		up, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+b.addr+LookupPath+strings.TrimPrefix(path, "/v1"), bytes.NewReader(body))
+		if err != nil {
+			cancel()
+			continue
+		}
+		copyRequestHeader(up.Header, req.Header)
+		resp, err := r.client.Do(up)
+		if err != nil {
+			cancel()
+			r.markDown(b.id)
+			continue
+		}
+		rb, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		cancel()
+		switch {
+		case err != nil || resp.StatusCode >= 500:
+			continue
+		case resp.StatusCode != http.StatusOK:
+			return LookupResult{}, &routerError{code: resp.StatusCode, header: resp.Header, body: rb}
+		}
+		var lr LookupResult
+		if json.Unmarshal(rb, &lr) == nil {
+			return lr, nil
+		}
+	}
+	return LookupResult{}, nil
+}
+
+// forward sends the request to the best of cands, and on a failure before
+// the first byte of the answer to the next best, until one answers or none
+// is left. decode charges the node by tokens to generate, else by uncached
+// prompt tokens. rewrite, when set, edits the usage of the answer.
+func (r *Router) forward(w http.ResponseWriter, req *http.Request, body []byte, path string, cands []backend, look LookupResult, decode bool, session string, rewrite func(*usageJSON)) {
+	cands = slices.Clone(cands)
+	for len(cands) > 0 {
+		i := r.pick(cands, decode, session)
+		b := cands[i]
+		cands = slices.Delete(cands, i, i+1)
+		prefilled, done := r.charge(b.id, max(0, look.PromptTokens-look.CachedTokens), look.MaxTokens)
+		sent, err := r.try(w, req, body, path, b, prefilled, rewrite)
+		done()
+		if err == nil || req.Context().Err() != nil {
+			return
+		}
+		r.log.Warn("router: node failed", "node", b.id, "addr", b.addr, "answered", sent, "err", err)
+		if sent {
+			return // the client has bytes already: the response ends here
+		}
+		r.markDown(b.id)
+		r.retries.WithLabelValues(b.id).Inc()
+	}
+	writeAPIError(w, http.StatusServiceUnavailable, "every node failed this request; retry", "server_error", "", "no_backend")
+}
+
+// forwardAny sends a request that needs no choice to any live node, with
+// the same retries.
+func (r *Router) forwardAny(w http.ResponseWriter, req *http.Request, body []byte) {
+	if req.Body != nil && body == nil {
+		var err error
+		if body, err = io.ReadAll(http.MaxBytesReader(w, req.Body, MaxOpenAIBodyBytes)); err != nil {
+			writeAPIError(w, http.StatusRequestEntityTooLarge, "the request body is too large or unreadable", "invalid_request_error", "", "")
+			return
+		}
+	}
+	cands := r.backends()
+	for len(cands) > 0 {
+		i := rand.IntN(len(cands))
+		b := cands[i]
+		cands = slices.Delete(cands, i, i+1)
+		sent, err := r.try(w, req, body, req.URL.Path, b, func() {}, nil)
+		if err == nil || sent {
+			return
+		}
+		r.markDown(b.id)
+		r.retries.WithLabelValues(b.id).Inc()
+	}
+	writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+}
+
+// try sends the request to b and streams its answer to w. It reports
+// whether anything reached w; an error with nothing sent may be retried.
+// firstByte is called when the node's answer starts (its prefill is done).
+func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path string, b backend, firstByte func(), rewrite func(*usageJSON)) (sent bool, err error) {
+	t0 := time.Now()
+	up, err := http.NewRequestWithContext(req.Context(), req.Method, "http://"+b.addr+path, bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	copyRequestHeader(up.Header, req.Header)
+	resp, err := r.client.Do(up)
+	if err != nil {
+		r.requests.WithLabelValues(b.id, "0").Inc()
+		return false, err
+	}
+	defer resp.Body.Close()
+	r.requests.WithLabelValues(b.id, strconv.Itoa(resp.StatusCode)).Inc()
+	if resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusServiceUnavailable {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		return false, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	// Read the first bytes before answering: a node that dies before
+	// them is retried elsewhere.
+	br := make([]byte, 32<<10)
+	n, rerr := resp.Body.Read(br)
+	if n == 0 && rerr != nil && rerr != io.EOF {
+		return false, rerr
+	}
+	r.upstream.WithLabelValues(b.id).Observe(time.Since(t0).Seconds())
+	firstByte()
+	copyHeader(w.Header(), resp.Header)
+	if rewrite != nil { // the client's cached tokens are the prefill node's
+		w.Header().Set("X-Kvmesh-Cached-Tokens", w.Header().Get("X-Kvmesh-Prefill-Cached-Tokens"))
+	}
+	w.Header().Set("X-Kvmesh-Node", b.id)
+	w.Header().Set("X-Kvmesh-Router-Node", b.id)
+	if !stream {
+		rest, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		if err != nil {
+			return false, err
+		}
+		all := append(br[:n], rest...)
+		if rewrite != nil && resp.StatusCode == http.StatusOK {
+			all = rewriteUsage(all, rewrite)
+		}
+		w.Header().Del("Content-Length")
+		w.Header().Set("Content-Length", strconv.Itoa(len(all)))
+		w.WriteHeader(resp.StatusCode)
+		w.Write(all)
+		return true, nil
+	}
+	w.Header().Del("Content-Length")
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	var pending []byte // an event not yet complete (rewrite only)
+	out := func(p []byte) error {
+		if rewrite != nil {
+			pending = append(pending, p...)
+			cut := bytes.LastIndex(pending, []byte("\n\n"))
+			if cut < 0 {
+				return nil
+			}
+			p = rewriteEvents(pending[:cut+2], rewrite)
+			pending = append(pending[:0], pending[cut+2:]...)
+		}
+		if _, err := w.Write(p); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	if err := out(br[:n]); err != nil {
+		return true, nil // the client left
+	}
+	for rerr == nil {
+		n, rerr = resp.Body.Read(br)
+		if n > 0 {
+			if err := out(br[:n]); err != nil {
+				return true, nil
+			}
+		}
+	}
+	if rerr != io.EOF {
+		return true, rerr
+	}
+	return true, nil
+}
+
+// rewriteUsage applies f to the usage of a JSON answer; an answer without
+// usage is returned as is.
+func rewriteUsage(b []byte, f func(*usageJSON)) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(b, &m) != nil || m["usage"] == nil || string(m["usage"]) == "null" {
+		return b
+	}
+	var u usageJSON
+	if json.Unmarshal(m["usage"], &u) != nil {
+		return b
+	}
+	f(&u)
+	m["usage"], _ = json.Marshal(u)
+	out, err := json.Marshal(m)
+	if err != nil {
+		return b
+	}
+	return out
+}
+
+// rewriteEvents applies f to the usage of each complete event in b.
+func rewriteEvents(b []byte, f func(*usageJSON)) []byte {
+	var out []byte
+	for ev := range bytes.SplitSeq(b, []byte("\n\n")) {
+		if len(ev) == 0 {
+			continue
+		}
+		if data, ok := bytes.CutPrefix(ev, []byte("data: {")); ok && bytes.Contains(data, []byte(`"usage"`)) {
+			ev = append([]byte("data: "), rewriteUsage(append([]byte("{"), data...), f)...)
+		}
+		out = append(append(out, ev...), '\n', '\n')
+	}
+	return out
+}
+
+// prefillBody is the request body of the prefill step: the client's, not
+// streamed, generating one token.
+func prefillBody(body []byte) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, fmt.Errorf("the request body is not a JSON object: %w", err)
+	}
+	m["stream"] = json.RawMessage("false")
+	delete(m, "stream_options")
+	delete(m, "max_completion_tokens")
+	m["max_tokens"] = json.RawMessage("1")
+	return json.Marshal(m)
+}
+
+// hopHeaders are not forwarded (RFC 9110 §7.6.1), nor is Content-Length,
+// which the transport sets.
+var hopHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true}
+
+func copyRequestHeader(dst, src http.Header) {
+	for k, vs := range src {
+		if !hopHeaders[k] {
+			dst[k] = slices.Clone(vs)
+		}
+	}
+}
+
+func copyHeader(dst, src http.Header) {
+	for k, vs := range src {
+		if !hopHeaders[k] {
+			dst[k] = slices.Clone(vs)
+		}
+	}
+}
+
+// captureWriter is an http.ResponseWriter that keeps the answer.
+type captureWriter struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (c *captureWriter) Header() http.Header { return c.header }
+func (c *captureWriter) WriteHeader(code int) {
+	if c.code == 0 {
+		c.code = code
+	}
+}
+func (c *captureWriter) Write(b []byte) (int, error) {
+	if c.code == 0 {
+		c.code = http.StatusOK
+	}
+	return c.body.Write(b)
+}

@@ -1,0 +1,190 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/prefill"
+)
+
+func TestChooseLeastLoaded(t *testing.T) {
+	for _, c := range []struct {
+		loads  []nodeLoad
+		decode bool
+		start  int
+		want   int
+	}{
+		{[]nodeLoad{{prompt: 500}, {prompt: 10}, {prompt: 90}}, false, 0, 1},
+		{[]nodeLoad{{prompt: 500, decode: 1}, {prompt: 10, decode: 900}}, true, 1, 0},
+		// Equal tokens: fewer requests; all equal: the start.
+		{[]nodeLoad{{prompt: 5, requests: 3}, {prompt: 5, requests: 1}, {prompt: 5, requests: 2}}, false, 2, 1},
+		{[]nodeLoad{{}, {}, {}}, false, 2, 2},
+	} {
+		if got := chooseLeastLoaded(c.loads, c.decode, c.start); got != c.want {
+			t.Errorf("chooseLeastLoaded(%+v, decode %v, start %d) = %d, want %d", c.loads, c.decode, c.start, got, c.want)
+		}
+	}
+}
+
+// TestRouterPicksByUncachedTokens: the token policy sends a request to the
+// node with the fewest uncached prompt tokens in flight, whatever the
+// session; the session policy keeps a session on one node.
+func TestRouterPicksByUncachedTokens(t *testing.T) {
+	r := &Router{opts: RouterOptions{Policy: PolicyTokens}, pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "x"}, []string{"node", "kind"})}
+	r.mu.load = map[string]*nodeLoad{}
+	cands := []backend{{id: "a"}, {id: "b"}, {id: "c"}}
+	_, doneA := r.charge("a", 4000, 10)
+	preB, doneB := r.charge("b", 300, 10)
+	_, doneC := r.charge("c", 900, 10)
+	for range 5 {
+		if i := r.pick(cands, false, "session-1"); cands[i].id != "b" {
+			t.Fatalf("picked %s with loads a=4000 b=300 c=900", cands[i].id)
+		}
+	}
+	preB() // b's prompt is computed: it decodes, its prompt load is gone
+	if i := r.pick(cands, false, ""); cands[i].id != "b" {
+		t.Errorf("picked %s once b's prefill was done", cands[i].id)
+	}
+	doneA()
+	doneB()
+	doneC()
+	if l := r.mu.load["b"]; l.prompt != 0 || l.decode != 0 || l.requests != 0 {
+		t.Errorf("load of b after its requests ended: %+v", *l)
+	}
+	r.opts.Policy = PolicySession
+	first := r.pick(cands, false, "conv-7")
+	for range 5 {
+		if r.pick(cands, false, "conv-7") != first {
+			t.Fatal("the session policy moved a session")
+		}
+	}
+}
+
+func startRouter(t *testing.T, join string, policy string) *Router {
+	t.Helper()
+	r, err := NewRouter(RouterOptions{HTTPAddr: "127.0.0.1:0", Join: []string{join}, GossipProfile: "local", Policy: policy,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("router: %v", err)
+		}
+	})
+	return r
+}
+
+// TestRouterThroughCluster: a router in front of three nodes learns their
+// HTTP addresses from gossip, answers completions (whole and streamed) with
+// the cold engine's text, reports a repeat's cached tokens whichever node
+// serves it, passes errors through, and loses no request when a node dies
+// before answering.
+func TestRouterThroughCluster(t *testing.T) {
+	c := tinyModel()
+	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.Prefill.Model = c })
+	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
+	waitUntil(t, "the router to see 3 nodes", 30*time.Second, func() bool { return len(r.backends()) == 3 })
+	url := "http://" + r.HTTPAddr()
+	if got := callAPI(t, "GET", url+"/v1/models", "", nil); got.status != 200 {
+		t.Fatalf("models through the router: %d %s", got.status, got.body)
+	}
+	prompt := longText(rand.New(rand.NewPCG(4, 4)), 300)
+	req := map[string]any{"model": "kvmesh", "prompt": prompt, "max_tokens": 16, "temperature": 0}
+	want := coldText(t, c, prompt, prefill.GenerateOptions{MaxTokens: 16})
+	first := parseCompletion(t, callAPI(t, "POST", url+"/v1/completions", "", req), false)
+	if first.Text != want {
+		t.Fatalf("through the router: %q, cold %q", first.Text, want)
+	}
+	for _, n := range nodes {
+		n.Node.prefill.engine.Flush(context.Background())
+	}
+	waitUntil(t, "the prompt to be cached", 30*time.Second, func() bool {
+		var l LookupResult
+		got := callAPI(t, "POST", url+LookupPath+"/completions", "", req)
+		return got.status == 200 && jsonInto(got.body, &l) && l.CachedTokens >= 288
+	})
+	seen := map[string]bool{}
+	for i := range 4 {
+		got := callAPI(t, "POST", url+"/v1/completions", "", req, SessionHeader, "conv-1")
+		rep := parseCompletion(t, got, false)
+		seen[got.header.Get("X-Kvmesh-Node")] = true
+		if rep.Text != want || rep.Cached < 288 || got.header.Get(SessionHeader) != "conv-1" {
+			t.Errorf("repeat %d on %s: %+v (session %q), want the text and ≥ 288 cached", i, got.header.Get("X-Kvmesh-Node"), rep, got.header.Get(SessionHeader))
+		}
+	}
+	req["stream"], req["stream_options"] = true, map[string]any{"include_usage": true}
+	if st := parseStream(t, callAPI(t, "POST", url+"/v1/completions", "", req), false); st.Text != want || st.Cached < 288 {
+		t.Errorf("streamed through the router: %+v", st)
+	}
+	if got := callAPI(t, "POST", url+"/v1/completions", "", map[string]any{"model": "nope", "prompt": "x"}); got.status != 404 {
+		t.Errorf("an unknown model through the router: %d %s", got.status, got.body)
+	}
+
+	// A node dies: the router has not noticed yet, and no request fails.
+	nodes[2].crash(t)
+	delete(req, "stream")
+	delete(req, "stream_options")
+	for i := range 6 {
+		req["prompt"] = fmt.Sprintf("%s %d", prompt, i)
+		if got := callAPI(t, "POST", url+"/v1/completions", "", req); got.status != http.StatusOK {
+			t.Errorf("request %d after a node died: %d %s", i, got.status, got.body)
+		}
+	}
+}
+
+// TestRouterSplitsPrefillAndDecode: with a prefill-role and a decode-role
+// node, the prefill node computes the prompt and the decode node loads it
+// from the cache and computes almost nothing; the text is the cold one and
+// the client's cached_tokens is what the prefill node reused.
+func TestRouterSplitsPrefillAndDecode(t *testing.T) {
+	c := tinyModel()
+	roles := []string{RolePrefill, RoleDecode}
+	nodes := startClusterNodes(t, 2, func(i int, o *Options) { o.Prefill.Model = c; o.Prefill.Role = roles[i] })
+	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
+	waitUntil(t, "the router to see 2 nodes", 30*time.Second, func() bool { return len(r.backends()) == 2 })
+	url := "http://" + r.HTTPAddr()
+	prompt := longText(rand.New(rand.NewPCG(6, 6)), 400)
+	for _, stream := range []bool{false, true} {
+		msgs := []map[string]any{{"role": "user", "content": fmt.Sprintf("%v %s", stream, prompt)}}
+		tmpl := fmt.Sprintf("<|user|>\n%v %s\n<|assistant|>\n", stream, prompt)
+		req := map[string]any{"model": "kvmesh", "messages": msgs, "max_tokens": 12, "temperature": 0, "stream": stream,
+			"stream_options": map[string]any{"include_usage": true}}
+		before := nodes[1].Node.prefill.engine.Stats()
+		got := callAPI(t, "POST", url+"/v1/chat/completions", "", req)
+		var res completion
+		if stream {
+			res = parseStream(t, got, true)
+		} else {
+			res = parseCompletion(t, got, true)
+		}
+		after := nodes[1].Node.prefill.engine.Stats()
+		if want := coldText(t, c, tmpl, prefill.GenerateOptions{MaxTokens: 12}); res.Text != want {
+			t.Errorf("stream %v: split text %q, cold %q", stream, res.Text, want)
+		}
+		if res.Cached != 0 || res.Prompt != len(tmpl) {
+			t.Errorf("stream %v: usage %+v, want the prefill node's 0 cached of %d", stream, res, len(tmpl))
+		}
+		if got.header.Get("X-Kvmesh-Prefill-Node") != nodes[0].ID() || got.header.Get("X-Kvmesh-Node") != nodes[1].ID() {
+			t.Errorf("stream %v: prefill on %q, decode on %q; want %s then %s", stream, got.header.Get("X-Kvmesh-Prefill-Node"),
+				got.header.Get("X-Kvmesh-Node"), nodes[0].ID(), nodes[1].ID())
+		}
+		if computed := after.ComputedTokens - before.ComputedTokens; computed >= int64(c.BlockTokens) {
+			t.Errorf("stream %v: the decode node computed %d prompt tokens; want the prompt from the cache (< one block)", stream, computed)
+		}
+	}
+}
+
+func jsonInto(b []byte, v any) bool { return json.Unmarshal(b, v) == nil }
