@@ -33,7 +33,7 @@ func TestPythonClient(t *testing.T) {
 	if err != nil {
 		t.Fatalf("example.py: %v\n%s", err, out)
 	}
-	for _, want := range []string{"stored 2 blocks of 8192 bytes", "cached 32 of 45 tokens (2 blocks, first on " + tn.ID() + ")", "read back 2 blocks: payloads match"} {
+	for _, want := range []string{"stored 2 blocks of 8192 bytes", "cached 32 of 45 tokens (2 blocks, first on " + tn.ID() + ")", "read back 32 tokens through gRPC: KV matches"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("example.py output lacks %q:\n%s", want, out)
 		}

@@ -24,7 +24,8 @@ import (
 func TestOpenAISDK(t *testing.T) {
 	nodeBin, dir := sdkSetup(t)
 	tokenFile := writeTokenFile(t)
-	d := startDaemon(t, t.TempDir(), "--auth-token-file", tokenFile)
+	// A node with tokens needs a gossip key (or mutual TLS, or --insecure-gossip).
+	d := startDaemon(t, t.TempDir(), "--auth-token-file", tokenFile, "--gossip-key-file", writeGossipKey(t))
 	runSDK(t, nodeBin, dir, "http://"+d.http+"/v1", d)
 	if err, _ := d.stop(t); err != nil {
 		t.Errorf("kvmesh serve: %v\n%s", err, d.stderr)
@@ -38,11 +39,12 @@ func TestOpenAISDK(t *testing.T) {
 func TestOpenAISDKThroughRouter(t *testing.T) {
 	nodeBin, dir := sdkSetup(t)
 	tokenFile := writeTokenFile(t)
-	flags := []string{"--auth-token-file", tokenFile, "--gossip-profile", "local", "--peer-backoff", "500ms", "--get-timeout", "2s"}
+	key := writeGossipKey(t)
+	flags := []string{"--auth-token-file", tokenFile, "--gossip-key-file", key, "--gossip-profile", "local", "--peer-backoff", "500ms", "--get-timeout", "2s"}
 	a := startDaemon(t, t.TempDir(), flags...)
 	b := startDaemon(t, t.TempDir(), append(flags, "--join", a.gossip)...)
 	c := startDaemon(t, t.TempDir(), append(flags, "--join", a.gossip)...)
-	router := startRouteProcess(t, "--join", a.gossip, "--gossip-profile", "local")
+	router := startRouteProcess(t, "--join", a.gossip, "--gossip-profile", "local", "--gossip-key-file", key)
 	waitUntilHTTP(t, "http://"+router+"/healthz", "ok 3 nodes", a, b, c)
 	runSDK(t, nodeBin, dir, "http://"+router+"/v1", a, b, c)
 
@@ -209,4 +211,15 @@ func waitUntilHTTP(t *testing.T, url, want string, logs ...*daemon) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("%s did not answer %q within 60s (last: %s)", url, want, last)
+}
+
+// writeGossipKey writes a gossip key file (32 bytes, base64) and returns its
+// path.
+func writeGossipKey(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "gossip.key")
+	if err := os.WriteFile(path, []byte("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
