@@ -43,6 +43,7 @@ type serveFlags struct {
 	tlsClientAuth                              bool
 	tokenFile, tokensFile                      string
 	quotaDRAM, quotaNVMe                       int64
+	pprof                                      bool
 
 	from map[string]string // where layered flags came from (see source)
 }
@@ -159,6 +160,7 @@ flag names, for example:
 	fs.StringVar(&f.tokensFile, "tokens-file", "", "tokens file (YAML) mapping each token, or its SHA-256, to a tenant and scopes (read, write, admin, cluster): tenants that cannot touch each other's blocks; see the README's Security section")
 	fs.Var(newSize(&f.quotaDRAM, d.QuotaDRAMBytes), "quota-dram", "default DRAM quota of each namespace (0: unlimited; AdminService.SetQuota sets one namespace's)")
 	fs.Var(newSize(&f.quotaNVMe, d.QuotaNVMeBytes), "quota-nvme", "default NVMe quota of each namespace (0: unlimited)")
+	fs.BoolVar(&f.pprof, "pprof", false, "serve the Go profiler (net/http/pprof) under /debug/pprof/ on --http-addr, which has no authentication")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json (logs go to stderr)")
 	f.prefill.register(fs, d.Prefill)
@@ -239,7 +241,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		NodeID: f.nodeID, DataDir: f.dataDir,
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
 		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost, ReadyFile: f.readyFile,
-		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile,
+		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, Pprof: f.pprof,
 		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf,
 		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
