@@ -44,6 +44,9 @@ type serveFlags struct {
 	tokenFile, tokensFile                      string
 	quotaDRAM, quotaNVMe                       int64
 	pprof                                      bool
+	printConfig                                bool
+
+	keyPair *transfer.KeyPair // the TLS certificate, reloaded on SIGHUP; nil without TLS
 
 	from map[string]string // where layered flags came from (see source)
 }
@@ -62,7 +65,13 @@ var flagOf = map[string]string{
 	"ReadyFile": "ready-file",
 }
 
-func serveCmd() *cobra.Command { return newServeCmd(serve) }
+func serveCmd() *cobra.Command {
+	var f *serveFlags
+	c, f := newServeCommand(func(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
+		return serve(cmd, opts, logger, f.keyPair)
+	})
+	return c
+}
 
 // newServeCmd returns the serve command, which runs run with the options
 // it assembled (tests pass a run that only records them).
@@ -99,7 +108,8 @@ atomically, removed on stop), for scripts and tests:
 
 --tls-cert and --tls-key serve gRPC and the data plane over TLS 1.3 (and
 reach the other members with it: --tls-ca is the CA that signs their
-certificates; --tls-client-auth makes it mutual TLS). --auth-token-file asks
+certificates; --tls-client-auth makes it mutual TLS; SIGHUP reloads the
+certificate and key, the CA needs a restart). --auth-token-file asks
 every client for a bearer token of the file (one a line; the node presents
 the first to its peers; SIGHUP re-reads the file). Health checks stay open.
 
@@ -118,12 +128,16 @@ flag names, for example:
 			if err != nil {
 				return err
 			}
+			if f.printConfig {
+				return printConfig(cmd.OutOrStdout(), cmd.Flags(), f.from, f.config)
+			}
 			return run(cmd, opts, logger)
 		},
 	}
 	fs := c.Flags()
 	fs.SortFlags = false
 	fs.StringVar(&f.config, "config", "", "YAML config file whose keys are these flags' names")
+	fs.BoolVar(&f.printConfig, "print-config", false, "check the configuration, print it (as a config file, each value's source in a comment: flag, KVMESH_* variable, config file or default) and exit")
 	fs.StringVar(&f.dataDir, "data-dir", d.DataDir, "directory of the node's persistent state (the NVMe tier)")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", d.GRPCAddr, "host:port of the gRPC API (port 0: any free port)")
 	fs.StringVar(&f.httpAddr, "http-addr", d.HTTPAddr, "host:port of /metrics and /healthz")
@@ -271,7 +285,7 @@ func (f *serveFlags) tlsConfigs(src func(string) string) (server, peer *tls.Conf
 	case f.tlsClientAuth && f.tlsCA == "":
 		return nil, nil, fmt.Errorf("%s needs --tls-ca, the CA that signs the certificates of clients and peers", src("tls-client-auth"))
 	}
-	server, peer, err = transfer.LoadTLS(transfer.TLSFiles{Cert: f.tlsCert, Key: f.tlsKey, CA: f.tlsCA, ClientAuth: f.tlsClientAuth, ServerName: f.tlsServerName})
+	server, peer, f.keyPair, err = transfer.LoadReloadableTLS(transfer.TLSFiles{Cert: f.tlsCert, Key: f.tlsKey, CA: f.tlsCA, ClientAuth: f.tlsClientAuth, ServerName: f.tlsServerName})
 	if err != nil {
 		return nil, nil, fmt.Errorf("TLS flags: %w", err)
 	}
@@ -294,8 +308,9 @@ func optionError(err error, from map[string]string) error {
 }
 
 // serve opens the node, prints where it listens, and serves until SIGTERM
-// or SIGINT.
-func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
+// or SIGINT; SIGHUP reloads the token file and the TLS certificate (pair,
+// nil without TLS).
+func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *transfer.KeyPair) error {
 	n, err := node.Open(opts)
 	if err != nil {
 		return fmt.Errorf("%w; check --data-dir and the addresses", optionError(err, nil))
@@ -317,11 +332,12 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if path := flagValue(cmd.Flags(), "auth-token-file"); path != "" {
-		done := reloadTokens(n, path, false, logger)
-		defer done()
-	} else if path := flagValue(cmd.Flags(), "tokens-file"); path != "" {
-		done := reloadTokens(n, path, true, logger)
+	tokens, tenants := flagValue(cmd.Flags(), "auth-token-file"), false
+	if tokens == "" {
+		tokens, tenants = flagValue(cmd.Flags(), "tokens-file"), true
+	}
+	if tokens != "" || pair != nil {
+		done := reloadOnHUP(n, tokens, tenants, pair, logger)
 		defer done()
 	}
 	if err := n.Serve(ctx); err != nil {
@@ -355,9 +371,11 @@ func security(o node.Options) string {
 	return strings.Join(parts, ", ")
 }
 
-// reloadTokens re-reads the token file into the node's accepted set on every
-// SIGHUP, until the returned stop is called (it waits for the goroutine).
-func reloadTokens(n *node.Node, path string, tenants bool, log *slog.Logger) (stop func()) {
+// reloadOnHUP, on every SIGHUP, re-reads the token file at path (if any)
+// into the node's accepted set and the TLS certificate and key (pair, if
+// any), until the returned stop is called (it waits for the goroutine). A
+// file that fails to load leaves what the node had in force.
+func reloadOnHUP(n *node.Node, path string, tenants bool, pair *transfer.KeyPair, log *slog.Logger) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	quit, done := make(chan struct{}), make(chan struct{})
@@ -368,6 +386,16 @@ func reloadTokens(n *node.Node, path string, tenants bool, log *slog.Logger) (st
 			case <-quit:
 				return
 			case <-hup:
+			}
+			if pair != nil {
+				if err := pair.Reload(); err != nil {
+					log.Error("SIGHUP: TLS certificate not reloaded; the node keeps the one it had", "err", err)
+				} else {
+					log.Info("SIGHUP: TLS certificate reloaded", "not_after", pair.Certificate().Leaf.NotAfter)
+				}
+			}
+			if path == "" {
+				continue
 			}
 			accepted, err := reload(n, path, tenants)
 			if err != nil {
