@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 )
 
 // get returns the status code and body of GET http://addr+path.
@@ -128,5 +131,79 @@ func TestTopNamespaces(t *testing.T) {
 				t.Errorf("topNamespaces reordered its input")
 			}
 		})
+	}
+}
+
+// statsCache is a Cache whose Stats are given; the collector calls nothing
+// else.
+type statsCache struct {
+	Cache
+	st CacheStats
+}
+
+func (c statsCache) Stats() CacheStats { return c.st }
+
+// TestNamespaceSeries: a node with more namespaces than maxNamespaceSeries
+// shows the largest one by one, labelled with their model, and the rest
+// summed under "other"; the series pass the Prometheus linter.
+func TestNamespaceSeries(t *testing.T) {
+	var st CacheStats
+	var otherBytes int64
+	for i := range maxNamespaceSeries + 8 {
+		b := int64(1000 + i) // the 8 smallest are the first 8
+		st.Namespaces = append(st.Namespaces, NamespaceStats{Digest: uint64(i + 1), Blocks: 1, Bytes: b, DRAMBytes: b})
+		if i < 8 {
+			otherBytes += b
+		}
+	}
+	model := func(d uint64) string {
+		if d == uint64(maxNamespaceSeries+8) {
+			return "meta-llama/Llama-3.1-8B"
+		}
+		return ""
+	}
+	c := newCacheCollector(statsCache{st: st}, nil, model)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := promlint.NewWithMetricFamilies(fams).Lint(); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+	var other, largest float64 = -1, -1
+	series := 0
+	for _, f := range fams {
+		if f.GetName() == "kvmesh_namespaces" && f.GetMetric()[0].GetGauge().GetValue() != float64(len(st.Namespaces)) {
+			t.Errorf("kvmesh_namespaces = %v, want %d", f.GetMetric()[0].GetGauge().GetValue(), len(st.Namespaces))
+		}
+		if f.GetName() != "kvmesh_namespace_bytes" {
+			continue
+		}
+		series = len(f.GetMetric())
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch {
+			case labels["namespace"] == otherNamespaces && labels["model"] == otherNamespaces:
+				other = m.GetGauge().GetValue()
+			case labels["model"] == "meta-llama/Llama-3.1-8B" && labels["namespace"] == digestString(uint64(maxNamespaceSeries+8)):
+				largest = m.GetGauge().GetValue()
+			case labels["model"] != "unknown":
+				t.Errorf("series %v: want model=\"unknown\" for a namespace no request named", labels)
+			}
+		}
+	}
+	if series != maxNamespaceSeries+1 {
+		t.Errorf("%d kvmesh_namespace_bytes series, want %d and other", series, maxNamespaceSeries)
+	}
+	if other != float64(otherBytes) {
+		t.Errorf("other row = %v bytes, want %d (the 8 smallest namespaces)", other, otherBytes)
+	}
+	if largest < 0 {
+		t.Errorf("the largest namespace's series lacks its model label")
 	}
 }

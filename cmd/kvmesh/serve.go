@@ -140,7 +140,7 @@ flag names, for example:
 	fs.BoolVar(&f.printConfig, "print-config", false, "check the configuration, print it (as a config file, each value's source in a comment: flag, KVMESH_* variable, config file or default) and exit")
 	fs.StringVar(&f.dataDir, "data-dir", d.DataDir, "directory of the node's persistent state (the NVMe tier)")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", d.GRPCAddr, "host:port of the gRPC API (port 0: any free port)")
-	fs.StringVar(&f.httpAddr, "http-addr", d.HTTPAddr, "host:port of /metrics and /healthz")
+	fs.StringVar(&f.httpAddr, "http-addr", d.HTTPAddr, "host:port of /metrics, /healthz, /livez and /readyz")
 	fs.StringVar(&f.dataAddr, "data-addr", d.DataAddr, "host:port of the data plane: blocks between nodes, and to clients")
 	fs.StringVar(&f.shmSocket, "shm-socket", "", `unix socket of the shared-memory data plane for clients on this host, or "off" (default <data-dir>/shm.sock)`)
 	fs.Var(newSize(&f.shmRegion, d.ShmRegionBytes), "shm-region", "shared region of each shared-memory client")
