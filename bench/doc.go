@@ -15,7 +15,7 @@
 //	store     GET/SET of whole blocks through the Go client, network and
 //	          shared-memory paths, against Redis by the same load loop
 //	lookup    longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes;
-//	          key hashing against one xxhash64 pass
+//	          the keys of a 128k-token prompt against one SHA-256 pass
 //	nvme      the NVMe tier against fio on the same file system
 //	prefill   TTFT against the cached fraction of a prompt; engine GFLOP/s
 //	          against gonum's Sgemm

@@ -242,10 +242,11 @@ func TestLookupSuite(t *testing.T) {
 		}
 	}
 	h := table[hashRow](t, res, "hashing")
-	if len(h) != 2 || h[0].BlockTokens != 16 || h[1].BlockTokens != 512 || h[1].HashingGBps <= 0 || h[1].XXHashGBps <= 0 {
+	if len(h) != 2 || h[0].BlockTokens != 16 || h[1].BlockTokens != 512 || h[0].PromptTokens != 128<<10 || h[0].KeysMS <= 0 ||
+		h[1].HashingGBps <= 0 || h[1].SHA256GBps <= 0 || h[1].RatioVsSHA256 <= 0 {
 		t.Fatalf("hashing %+v", h)
 	}
-	check(t, res, "hashing_gbps")
+	check(t, res, "keys_ms")
 }
 
 func TestTraceSuiteOnKvmesh(t *testing.T) {

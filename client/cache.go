@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -191,25 +192,45 @@ type Block struct {
 
 // Get returns the blocks of the longest cached prefix of tokens under ns,
 // in prompt order (none when the first block is not cached). The blocks'
-// payloads are the caller's.
+// payloads are the caller's. Every block's tokens and parent are compared
+// with the prompt's: a block that differs ends the prefix, as a miss, and
+// is counted in RefusedBlocks.
 func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) ([]Block, error) {
 	ns, err := c.Namespace(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
 	keys := prefixhash.Keys(ns, tokens)
+	root := ns.Root()
 	var out []Block
 	err = c.getKeys(ctx, ns, keys, c.chunkKeys(ctx, ns, keys), true, true, func(b Block) error {
-		if b.Found {
-			out = append(out, b)
+		if !b.Found {
+			return nil
 		}
+		parent := root
+		if b.Index > 0 {
+			parent = keys[b.Index-1]
+		}
+		if b.Index != len(out) || b.Parent != parent || !slices.Equal(b.Tokens, tokens[b.Index*ns.BlockTokens:(b.Index+1)*ns.BlockTokens]) {
+			c.refused.Add(1)
+			return errPrefixEnds
+		}
+		out = append(out, b)
 		return nil
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, errPrefixEnds) {
 		return nil, fmt.Errorf("client: get: %w", err)
 	}
 	return out, nil
 }
+
+// errPrefixEnds stops a Get at a refused block: what follows is not the
+// prompt's prefix.
+var errPrefixEnds = errors.New("client: the cached prefix ends")
+
+// RefusedBlocks returns how many blocks Get received but refused because
+// they did not hold the tokens (or parent) of the prompt asked for.
+func (c *Client) RefusedBlocks() int64 { return c.refused.Load() }
 
 // GetKeys reads blocks by key and calls fn for each, in key order, misses
 // included (Found false). b.Payload and b.Tokens are valid only during the

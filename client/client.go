@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -119,6 +120,9 @@ type Client struct {
 	// prefill is the node's PrefillService (prefill.go).
 	prefill kvmeshv1.PrefillServiceClient
 	dp      *dataPlane // nil with TransportGRPC
+	// refused counts blocks Get received but refused: not the tokens or
+	// parent of the prompt asked for (RefusedBlocks).
+	refused atomic.Int64
 
 	session struct {
 		sync.Mutex

@@ -313,11 +313,9 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 		for j, it := range items[lo:hi] {
 			start := len(hbuf)
 			var err error
-			if hbuf, keys[lo+j], err = store.AppendHeader(hbuf, ns, it.parent, it.tokens, it.payload); err != nil {
+			// The node stores a tenant's blocks only with its tag.
+			if hbuf, keys[lo+j], err = store.AppendHeaderTenant(hbuf, sess.Tag, ns, it.parent, it.tokens, it.payload); err != nil {
 				return nil, fmt.Errorf("%w: block %d: %w", ErrInvalid, lo+j, err)
-			}
-			if sess.Tag != 0 {
-				store.SetTenant(hbuf[start:], sess.Tag) // the node stores a tenant's blocks only with its tag
 			}
 			heads = append(heads, hbuf[start:len(hbuf):len(hbuf)])
 			if chunks[lo+j] = it.chunk; it.chunk.IsZero() {

@@ -4,13 +4,14 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"github.com/kvmesh/kvmesh/auth"
+	"fmt"
 	"io"
 	"slices"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 	"github.com/kvmesh/kvmesh/store"
@@ -32,6 +33,9 @@ func (s *cacheService) Lookup(ctx context.Context, req *kvmeshv1.LookupRequest) 
 		return nil, err
 	}
 	n, locs := s.n.cache.Locate(ctx, keys, ns.BlockTokens)
+	if n > 0 {
+		s.n.names.keep(ns)
+	}
 	cached := n * ns.BlockTokens
 	s.n.metrics.promptTokens.Add(float64(promptTokens))
 	s.n.metrics.cachedTokens.Add(float64(cached))
@@ -95,6 +99,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 		return err
 	}
 	var keys, chunkKeys []prefixhash.Key
+	var tokens []uint32 // set for a read by tokens: the blocks must hold them
 	switch {
 	case len(req.GetKeys()) > 0 && len(req.GetTokens()) > 0:
 		return invalid("keys", "set keys or tokens, not both")
@@ -113,6 +118,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 			return err
 		}
 		chunkKeys = chainChunkKeys(keys, s.n.cache.ChunkBlocks(ns.BlockTokens))
+		tokens = req.GetTokens()
 	}
 	ctx := stream.Context()
 	// The remote part of the whole request is bounded once, so that a
@@ -132,7 +138,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 		if err != nil {
 			return err
 		}
-		stop, err := s.sendWindow(ctx, stream, &frame, ns, lo, keys[lo:hi], blocks, req.GetPrefix())
+		stop, err := s.sendWindow(ctx, stream, &frame, ns, lo, keys, tokens, hi, blocks, req.GetPrefix())
 		release()
 		if err != nil || stop {
 			return err
@@ -141,15 +147,25 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 	return nil
 }
 
-// sendWindow streams the blocks read for keys, the request's keys from index
-// base on. It reports stop when prefix is set and a miss ended the stream.
+// sendWindow streams the blocks read for keys[base:hi], the request's keys
+// (a chain from block 0 when tokens, the prompt's, are set). It reports stop
+// when prefix is set and a miss ended the stream.
 func (s *cacheService) sendWindow(ctx context.Context, stream kvmeshv1.CacheService_BatchGetServer, frame *kvmeshv1.BatchGetResponse,
-	ns prefixhash.Namespace, base int, keys []prefixhash.Key, blocks [][]byte, prefix bool) (stop bool, err error) {
-	for j, k := range keys {
+	ns prefixhash.Namespace, base int, keys []prefixhash.Key, tokens []uint32, hi int, blocks [][]byte, prefix bool) (stop bool, err error) {
+	for i := base; i < hi; i++ {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		found, err := s.sendBlock(stream, frame, ns, uint32(base+j), k, blocks[j])
+		var want wantBlock
+		if tokens != nil {
+			want.tokens = tokens[i*ns.BlockTokens : (i+1)*ns.BlockTokens]
+			if i == 0 {
+				want.parent = ns.Root()
+			} else {
+				want.parent = keys[i-1]
+			}
+		}
+		found, err := s.sendBlock(stream, frame, ns, uint32(i), keys[i], want, blocks[i-base])
 		if err != nil {
 			return false, err
 		}
@@ -170,11 +186,20 @@ func chainChunkKeys(chain []prefixhash.Key, chunkBlocks int) []prefixhash.Key {
 	return out
 }
 
+// wantBlock is what a read by tokens asks of a block: its parent and tokens
+// (nil tokens: a read by keys, which asks nothing more than the key).
+type wantBlock struct {
+	parent prefixhash.Key
+	tokens []uint32
+}
+
 // sendBlock streams encoded block b (nil: a miss) as request index i: one
 // miss frame, or the block in chunks of at most ChunkBytes payload bytes. b
-// must stay valid until sendBlock returns (Send copies the message).
+// must stay valid until sendBlock returns (Send copies the message). For a
+// read by tokens, want is checked before the key: a block holding other
+// tokens is refused as such.
 func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, frame *kvmeshv1.BatchGetResponse,
-	ns prefixhash.Namespace, i uint32, key prefixhash.Key, b []byte) (bool, error) {
+	ns prefixhash.Namespace, i uint32, key prefixhash.Key, want wantBlock, b []byte) (bool, error) {
 	miss := func() (bool, error) {
 		*frame = kvmeshv1.BatchGetResponse{Index: i, Key: key[:], Last: true}
 		return false, stream.Send(frame)
@@ -186,15 +211,22 @@ func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, fr
 	if err == nil {
 		err = blk.CheckNamespace(ns)
 	}
+	if err == nil && want.tokens != nil {
+		err = blk.CheckTokens(want.parent, want.tokens)
+	}
 	if err == nil && blk.Key != key {
 		err = errors.New("block key differs from the key asked for")
 	}
 	if err != nil {
-		// A block another namespace produced, or bytes that fail
-		// verification, are never served: the caller recomputes. The log
-		// names no key: keys are the tenant's to know.
-		s.n.metrics.dropped.Inc()
-		s.n.log.Warn("block refused", "err", err)
+		// A block another namespace produced, one holding other tokens,
+		// or bytes that fail verification, are never served: the caller
+		// recomputes. The log names no key: keys are the tenant's to know.
+		reason := refusedVerify
+		if errors.Is(err, store.ErrTokens) {
+			reason = refusedTokens
+		}
+		s.n.metrics.dropped.WithLabelValues(reason).Inc()
+		s.n.log.Warn("block refused", "reason", reason, "err", err)
 		return miss()
 	}
 	chunk := s.n.opts.ChunkBytes
@@ -228,12 +260,15 @@ type putBlock struct {
 	pos    int            // its position in its prompt, -1 when unknown
 	tokens []uint32
 	sum    uint64 // the client's payload checksum, 0 when not given
-	buf    []byte // header room, then the payload as it arrives
+	buf    []byte // header room, then the payload as it arrives; nil until its first payload bytes
 	hl     int    // header length
+	size   int    // header and payload length
 	got    int    // payload bytes received
 }
 
 func (b *putBlock) payload() []byte { return b.buf[b.hl:] }
+
+func (b *putBlock) payloadLen() int { return b.size - b.hl }
 
 // chunkKey returns the chunk key of the block, whose key is key: the one its
 // header named; else, when its position is known, the key of the first
@@ -259,18 +294,27 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 		ns     prefixhash.Namespace
 		prev   prefixhash.Key // the last block stored, or the root
 		cur    *putBlock
-		buf    []byte // reused for every block of the stream
 		keys   [][]byte
 		blocks int
 		next   = 0            // position of the next block in its prompt, -1 when unknown
 		chunk  prefixhash.Key // chunk key of the chunk the known positions are in
 		cb     = 0            // blocks per chunk
 	)
+	// The block buffer is charged to the node's budget while it is held:
+	// from the block's first payload bytes until it is stored.
+	drop := func() {
+		if cur != nil && cur.buf != nil {
+			putBlockBuf(cur.buf)
+			s.n.putBudget.release(int64(cur.size))
+			cur.buf = nil
+		}
+	}
+	defer drop()
 	for {
 		msg, err := stream.Recv()
 		if err == io.EOF {
 			if cur != nil {
-				return invalid("data", "stream ended inside block %d: %d of %d payload bytes", cur.index, cur.got, len(cur.payload()))
+				return invalid("data", "stream ended inside block %d: %d of %d payload bytes", cur.index, cur.got, cur.payloadLen())
 			}
 			return stream.SendAndClose(&kvmeshv1.BatchPutResponse{Stored: uint32(len(keys)), Keys: keys})
 		}
@@ -294,9 +338,9 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 		if h := msg.GetBlock(); h != nil {
 			if cur != nil {
 				return invalid("block", "block %d started before block %d was complete (%d of %d payload bytes)",
-					blocks, cur.index, cur.got, len(cur.payload()))
+					blocks, cur.index, cur.got, cur.payloadLen())
 			}
-			if cur, err = s.startBlock(ns, h, blocks, prev, &buf); err != nil {
+			if cur, err = s.startBlock(ns, h, blocks, prev); err != nil {
 				return err
 			}
 			// A stream that has named no parent is a prompt from block
@@ -314,18 +358,22 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 			if cur == nil {
 				return invalid("data", "payload bytes before a block header")
 			}
-			if cur.got+len(data) > len(cur.payload()) {
-				return invalid("data", "block %d: more payload bytes than its payload_len of %d", cur.index, len(cur.payload()))
+			if cur.got+len(data) > cur.payloadLen() {
+				return invalid("data", "block %d: more payload bytes than its payload_len of %d", cur.index, cur.payloadLen())
+			}
+			if cur.buf == nil {
+				if err := s.n.putBudget.acquire(ctx, int64(cur.size), fmt.Sprintf("block %d of the BatchPut stream", cur.index)); err != nil {
+					return err
+				}
+				cur.buf = getBlockBuf(cur.size)
 			}
 			cur.got += copy(cur.payload()[cur.got:], data)
 		}
-		if cur != nil && cur.got == len(cur.payload()) {
-			_, key, err := store.AppendHeader(cur.buf[:0], ns, cur.parent, cur.tokens, cur.payload())
+		if cur != nil && cur.buf != nil && cur.got == cur.payloadLen() {
+			// A tenant's blocks carry its tag (0 for node-wide callers).
+			_, key, err := store.AppendHeaderTenant(cur.buf[:0], auth.AccessFrom(ctx).Tag, ns, cur.parent, cur.tokens, cur.payload())
 			if err != nil {
 				return invalid("block", "block %d: %v", cur.index, err)
-			}
-			if tag := auth.AccessFrom(ctx).Tag; tag != 0 {
-				store.SetTenant(cur.buf, tag)
 			}
 			if h, _ := store.DecodeHeader(cur.buf, 0); cur.sum != 0 && h.Checksum != cur.sum {
 				return invalid("block.payload_checksum", "block %d: payload checksum %016x, received bytes hash to %016x",
@@ -336,15 +384,20 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 			}
 			s.n.metrics.blocks.WithLabelValues("put").Inc()
 			s.n.metrics.bytes.WithLabelValues("put").Add(float64(cur.got))
+			if len(keys) == 0 {
+				s.n.names.keep(ns)
+			}
 			keys = append(keys, keyBytes(key))
+			drop()
 			prev, cur = key, nil
 		}
 	}
 }
 
 // startBlock checks a block header against the namespace and the limits
-// and returns the block to fill, in *buf (grown as needed).
-func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHeader, index int, prev prefixhash.Key, buf *[]byte) (*putBlock, error) {
+// and returns the block to fill. Its buffer comes with its first payload
+// bytes.
+func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHeader, index int, prev prefixhash.Key) (*putBlock, error) {
 	if err := s.n.blockLimit("block", index+1); err != nil {
 		return nil, err
 	}
@@ -371,11 +424,7 @@ func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHead
 			index, h.GetPayloadLen(), ns, ns.BlockBytes())
 	}
 	hl := store.HeaderLen(ns.BlockTokens)
-	size := hl + ns.BlockBytes()
-	if cap(*buf) < size {
-		*buf = make([]byte, size)
-	}
-	return &putBlock{index: index, parent: parent, chunk: chunk, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), buf: (*buf)[:size], hl: hl}, nil
+	return &putBlock{index: index, parent: parent, chunk: chunk, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), hl: hl, size: hl + ns.BlockBytes()}, nil
 }
 
 func (s *cacheService) Exists(ctx context.Context, req *kvmeshv1.ExistsRequest) (*kvmeshv1.ExistsResponse, error) {
@@ -427,6 +476,7 @@ func (s *cacheService) Stats(ctx context.Context, _ *kvmeshv1.StatsRequest) (*kv
 		resp.Tiers = append(resp.Tiers, &kvmeshv1.TierStats{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.Capacity)})
 	}
 	for _, x := range st.Namespaces {
+		s.n.names.keepSeen(x.Digest)
 		if !a.Allows(x.Tenant) || (a.Scoped && x.Digest == 0) {
 			continue
 		}

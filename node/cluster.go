@@ -70,7 +70,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		lim.MaxValueSize = opts.MaxBlockBytes
 	}
 	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.MaxBlockBytes, refused: &c.refused, cluster: &c.publisher}
-	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.TLS, Tokens: tokens}, opts.Logger); err != nil {
+	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.TLS, Tokens: tokens, MaxInFlightBytes: int(opts.MaxInFlightBytes)}, opts.Logger); err != nil {
 		return nil, fmt.Errorf("node: data plane: %w", err)
 	}
 	dataAddr, err := c.data.Listen(opts.DataAddr)
@@ -79,7 +79,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	}
 	c.dataAddr = advertised(dataAddr.String(), adv)
 	if opts.ShmSocket != ShmOff {
-		if c.shm, err = transfer.NewShmServer(src, sink, &transfer.ShmServerOptions{Limits: lim, RegionSize: opts.ShmRegionBytes, Tokens: tokens}, opts.Logger); err != nil {
+		if c.shm, err = transfer.NewShmServer(src, sink, &transfer.ShmServerOptions{Limits: lim, RegionSize: opts.ShmRegionBytes, Tokens: tokens, MaxInFlightBytes: int(opts.MaxInFlightBytes)}, opts.Logger); err != nil {
 			return nil, fmt.Errorf("node: shared-memory data plane: %w", err)
 		}
 		if err := removeStaleSocket(opts.ShmSocket); err != nil {

@@ -60,13 +60,42 @@
 // the node keeps serving. A full cache answers ResourceExhausted. A miss in a
 // BatchGet is a frame of the stream, not an error. A block that fails
 // verification on its way out (checksum, key, namespace) is answered as a miss
-// and counted in kvmesh_blocks_refused_total.
+// and counted in kvmesh_blocks_refused_total{reason="verify"}; in a BatchGet
+// by tokens, a block whose stored parent and tokens are not the prompt's is
+// answered as a miss too, counted under reason="tokens".
 //
-// BatchPut receives each block into one buffer per stream, computes its key
-// as H(parent ‖ tokens) and its header with store.AppendHeader, and stores it
-// as soon as its last byte arrives, so a stream of any length holds one block
-// in memory. BatchGet pins one block at a time and cuts its payload into
-// frames of at most ChunkBytes, so no message exceeds MaxMessageBytes.
+// BatchPut receives each block into a pooled buffer taken when the block's
+// first payload bytes arrive, computes its key as H(parent ‖ tokens) and its
+// header with store.AppendHeader, stores it as soon as its last byte
+// arrives and gives the buffer back, so a stream holds at most one block in
+// memory, and none while it sends only headers or sits between blocks.
+// BatchGet pins one block at a time and cuts its payload into frames of at
+// most ChunkBytes, so no message exceeds MaxMessageBytes.
+//
+// # Limits
+//
+// What a client can make the node hold is bounded, with or without a token:
+//
+//   - MaxConcurrentStreams (default 256) calls at once per client
+//     connection; further calls wait on the client.
+//   - MaxInFlightBytes (default 256 MiB) of BatchPut block buffers,
+//     node-wide: a block is charged from its first payload bytes until it
+//     is stored; a stream that finds no room within a second (or its
+//     deadline) is refused with ResourceExhausted naming
+//     max_inflight_bytes. Each data plane has a budget of the same size for
+//     its requests' tables and scratch and its puts' values
+//     (transfer.ServerOptions.MaxInFlightBytes: a request waits for room
+//     until its deadline, then is refused; a put's values are reserved a
+//     4 MiB segment at a time as they arrive, and a put that stops sending
+//     for ReadTimeout, 5s, is dropped).
+//   - Lookups of at most transfer.Limits.MaxLookupKeys (8192) keys per
+//     data-plane frame; peers split longer chains. A connection keeps no
+//     request-sized buffer once its request is done.
+//   - MaxBatchBlocks blocks per request, MaxMessageBytes per message,
+//     MaxBlockBytes per block, RequestTimeout per request.
+//   - The model names shown by Stats: at most 4096 of namespaces that hold
+//     blocks, and the 1024 names requests named most recently, so made-up
+//     names cannot push out real ones.
 //
 // # Prefill
 //
@@ -119,7 +148,16 @@
 // SHA-256 digests in constant time; SetTokens and SetTokensFile rotate the
 // accepted set at run time. The node presents the first shared token, or
 // the file's cluster token, to its peers. Membership gossip is guarded
-// separately, by Options.GossipKey.
+// separately, by Options.GossipKey: since members are sent the blocks they
+// own, with the node's token, Open refuses a node with tokens but neither a
+// GossipKey nor mutual TLS unless Options.InsecureGossip (--insecure-gossip)
+// says the network is trusted.
+//
+// The data dir is the node's user's alone: kvmesh creates its directories
+// 0700 and its files 0600 (node-id, written durably: synced, renamed,
+// directory synced; quotas.json; NVMe segments); pebble's own files (the
+// NVMe index, the prefill queue) are 0644 inside 0700 directories. A data
+// dir made by an older version keeps its modes: chmod -R go-rwx it.
 //
 // Tenants. A tenant's namespaces are salted by the node (namespace: the
 // principal's salt goes before the caller's own), so a tenant can neither

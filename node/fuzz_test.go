@@ -58,7 +58,7 @@ func FuzzBatchPut(f *testing.F) {
 	f.Add(seed[:len(seed)/2])
 	opts := Options{MaxBatchBlocks: 4, Logger: slog.New(slog.DiscardHandler)}
 	opts.EnsureDefaults()
-	n := &Node{opts: opts, log: opts.Logger, metrics: newMetrics(newFakeCache(0), metricsOptions{})}
+	n := &Node{opts: opts, log: opts.Logger, metrics: newMetrics(newFakeCache(0), metricsOptions{}), putBudget: newBudget(opts.MaxInFlightBytes)}
 	svc := &cacheService{n: n}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var msgs []*kvmeshv1.BatchPutRequest
@@ -74,6 +74,9 @@ func FuzzBatchPut(f *testing.F) {
 		n.cache = cache
 		s := &putStream{msgs: msgs}
 		err := svc.BatchPut(s)
+		if used := n.putBudget.inUse(); used != 0 {
+			t.Fatalf("the stream returned (%v) holding %d bytes of the budget", err, used)
+		}
 		if errors.Is(err, store.ErrCorrupt) {
 			t.Fatalf("the handler passed the cache a corrupt block: %v", err)
 		}

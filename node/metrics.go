@@ -33,8 +33,14 @@ type metrics struct {
 	cachedTokens prometheus.Counter     // of which cached
 	blocks       *prometheus.CounterVec // op: get, put
 	bytes        *prometheus.CounterVec // op: get, put (payload bytes)
-	dropped      prometheus.Counter     // blocks read but refused (corrupt, other namespace)
+	dropped      *prometheus.CounterVec // reason: blocks read but refused (verify: corrupt, other namespace or key; tokens: not the tokens asked for)
 }
+
+// The reasons of kvmesh_blocks_refused_total.
+const (
+	refusedVerify = "verify"
+	refusedTokens = "tokens"
+)
 
 // metricsOptions are what newMetrics needs beside the cache.
 type metricsOptions struct {
@@ -67,10 +73,13 @@ func newMetrics(cache Cache, o metricsOptions, extra ...prometheus.Collector) *m
 		Name: "kvmesh_payload_bytes_total",
 		Help: "Payload bytes served (op=get) and stored (op=put) through the gRPC API.",
 	}, []string{"op"})
-	m.dropped = prometheus.NewCounter(prometheus.CounterOpts{
+	m.dropped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_blocks_refused_total",
-		Help: "Blocks read from the cache but not served because they failed verification; answered as misses.",
-	})
+		Help: "Blocks read from the cache but not served, answered as misses, by reason: verify (checksum, key, namespace or format failed), tokens (a read by tokens found a block holding other tokens).",
+	}, []string{"reason"})
+	for _, r := range []string{refusedVerify, refusedTokens} {
+		m.dropped.WithLabelValues(r) // every reason is a series from the start
+	}
 	m.reg.MustRegister(m.grpc, m.inFlight, m.promptTokens, m.cachedTokens, m.blocks, m.bytes, m.dropped,
 		newCacheCollector(cache, o.labelKey, o.model), newBuildInfo(o.version),
 		collectors.NewGoCollector(),

@@ -50,6 +50,7 @@ type Node struct {
 	// New: it knows the members and the data plane's addresses.
 	cluster *clusterCache
 
+	putBudget *budget // BatchPut's block buffers (MaxInFlightBytes)
 	serveOnce sync.Once
 	closeOnce sync.Once
 	closeErr  error
@@ -122,7 +123,8 @@ func (n *Node) tenantCount() int {
 // newNode builds the servers of a node over cache and its listeners; tokens
 // (nil: none) guard every call; extra collectors join its metrics.
 func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, extra ...prometheus.Collector) *Node {
-	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens)}
+	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens),
+		putBudget: newBudget(opts.MaxInFlightBytes)}
 	var labelKey []byte
 	if opts.TokensFile != nil {
 		labelKey = opts.TokensFile.LabelKey
@@ -132,6 +134,9 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.MaxMessageBytes),
+		// Streams past the limit wait on their client (HTTP/2 flow
+		// control), so one connection cannot start unbounded handlers.
+		grpc.MaxConcurrentStreams(uint32(opts.MaxConcurrentStreams)),
 		// The guard runs inside unary and stream, so that refused calls
 		// are counted and logged like every other refusal; the server
 		// metrics, outermost, see the status code the client gets.

@@ -21,7 +21,12 @@ func Open(opts Options) (*Node, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
+	if err := opts.validateGossip(); err != nil {
+		return nil, err
+	}
+	// The data dir holds cached blocks and the node's state: its user's
+	// alone (directories 0700, files 0600).
+	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
 	}
 	if err := resolveNodeID(&opts); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
+	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // Default addresses: one port each for gRPC, HTTP (metrics, health), the
@@ -85,8 +86,16 @@ type Options struct {
 	Join []string
 	// GossipKey encrypts gossip (AES-GCM); every member must have the same
 	// 16, 24 or 32 bytes (see ReadGossipKey). Default none: gossip in the
-	// clear, and any host that reaches GossipAddr may join.
+	// clear, and any host that reaches GossipAddr may join. A node with
+	// Tokens needs a GossipKey or mutual TLS (TLS with ClientAuth
+	// tls.RequireAndVerifyClientCert), unless InsecureGossip is set: a host
+	// that joins gossip is sent blocks (and the node's token) as an owner.
 	GossipKey []byte
+	// InsecureGossip lets a node with Tokens start without a GossipKey or
+	// mutual TLS, accepting that any host that reaches GossipAddr may join
+	// the cluster, own blocks and receive them with the node's token. For
+	// trusted networks only. Default false.
+	InsecureGossip bool
 	// TLS, when set, serves the gRPC API and the TCP data plane over TLS 1.3
 	// with this server configuration (transfer.LoadTLS builds it from PEM
 	// files; its ClientAuth makes it mutual TLS). It needs PeerTLS, since
@@ -163,6 +172,18 @@ type Options struct {
 	// receives, in bytes. Default 4 MiB (gRPC's own default, so that any
 	// stock client can talk to the node).
 	MaxMessageBytes int
+	// MaxConcurrentStreams is the most gRPC calls (streams) one client
+	// connection may have open at once; its further calls wait on the
+	// client until one ends. Default 256.
+	MaxConcurrentStreams int
+	// MaxInFlightBytes bounds, in bytes, the request buffers each of the
+	// node's servers holds at once: the block buffers of BatchPut streams
+	// (a block is charged from its first payload bytes until it is stored;
+	// a stream with no room within a second is refused with
+	// ResourceExhausted), and the requests and put values of each data
+	// plane (transfer.ServerOptions.MaxInFlightBytes). At least 64 MiB and
+	// MaxBlockBytes. Default 256 MiB.
+	MaxInFlightBytes int64
 	// ChunkBytes is the most payload bytes in one streamed message, in
 	// bytes. At most MaxMessageBytes - 512 KiB (room for a block's tokens).
 	// Default 1 MiB.
@@ -244,6 +265,12 @@ func (o *Options) EnsureDefaults() *Options {
 	}
 	if o.MaxMessageBytes == 0 {
 		o.MaxMessageBytes = 4 * MiB
+	}
+	if o.MaxConcurrentStreams == 0 {
+		o.MaxConcurrentStreams = 256
+	}
+	if o.MaxInFlightBytes == 0 {
+		o.MaxInFlightBytes = 256 * MiB
 	}
 	if o.ChunkBytes == 0 {
 		o.ChunkBytes = min(1*MiB, o.MaxMessageBytes-messageOverhead)
@@ -354,6 +381,11 @@ func (o *Options) Validate() error {
 		return bad("ShutdownTimeout", "%v must not be negative", o.ShutdownTimeout)
 	case o.MaxBatchBlocks > 1<<24:
 		return bad("MaxBatchBlocks", "%d is over the limit of %d", o.MaxBatchBlocks, 1<<24)
+	case o.MaxConcurrentStreams < 1 || o.MaxConcurrentStreams > 1<<20:
+		return bad("MaxConcurrentStreams", "%d is outside 1..%d", o.MaxConcurrentStreams, 1<<20)
+	case o.MaxInFlightBytes < max(transfer.DefaultMaxBatchBytes, int64(o.MaxBlockBytes)+64):
+		return bad("MaxInFlightBytes", "%d bytes is below the minimum of %d (64 MiB, and one block of MaxBlockBytes)",
+			o.MaxInFlightBytes, max(transfer.DefaultMaxBatchBytes, int64(o.MaxBlockBytes)+64))
 	}
 	if o.ReadyFile != "" {
 		if err := checkReadyFile(o.ReadyFile); err != nil {
@@ -367,6 +399,19 @@ func (o *Options) Validate() error {
 		return bad("Tokens", "%v", err)
 	}
 	return o.Prefill.Validate(o.MaxBlockBytes)
+}
+
+// validateGossip refuses a cluster node (Open) that asks clients for
+// tokens but lets anyone join its gossip: a member is sent the blocks it
+// owns, with the node's token, so an open gossip port undoes the tokens.
+func (o *Options) validateGossip() error {
+	mutual := o.TLS != nil && o.TLS.ClientAuth == tls.RequireAndVerifyClientCert
+	if len(o.Tokens) == 0 || len(o.GossipKey) > 0 || mutual || o.InsecureGossip {
+		return nil
+	}
+	return &OptionError{Field: "GossipKey", Msg: "a node with Tokens needs a gossip key (--gossip-key-file) or mutual TLS " +
+		"(--tls-client-auth): without either, any host that reaches the gossip address can join the cluster as an owner " +
+		"and be sent blocks and this node's token; set InsecureGossip (--insecure-gossip) to start anyway"}
 }
 
 // ShmOff as Options.ShmSocket turns the shared-memory data plane off.

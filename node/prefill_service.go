@@ -118,7 +118,7 @@ func newPrefillService(n *Node) (*prefillService, error) {
 	p := &prefillService{n: n, engine: engine, q: q, nsPB: namespacePB(engine)}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.metrics = newPrefillMetrics(n.metrics.reg, engine, q)
-	n.names.note(engine.Namespace())
+	n.names.keep(engine.Namespace())
 	return p, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -81,6 +82,10 @@ func queueKey(id string) []byte { return append([]byte{queueRecordPrefix}, id...
 
 // openQueue opens (or creates) the queue in dir and rebuilds its index.
 func openQueue(dir string, opts queueOptions) (*queue, error) {
+	// 0700: pebble's files (0644) are then the node's user's alone.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("node: prefill queue: %w", err)
+	}
 	db, err := pebble.Open(dir, &pebble.Options{Logger: queuePebbleLogger{opts.log}})
 	if err != nil {
 		return nil, fmt.Errorf("node: open prefill queue in %s: %w", dir, err)

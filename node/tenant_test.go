@@ -127,7 +127,7 @@ func TestTenantsNeverShareAHit(t *testing.T) {
 		if err != nil || len(found) != len(payloads) || slicesContains(found, true) {
 			t.Fatalf("%s: BatchGet of tenant A's keys under tenant B = %v, %v; want misses", n.ID(), found, err)
 		}
-		if v := metricValue(scrape(t, n.HTTPAddr()), "kvmesh_blocks_refused_total"); v < float64(len(payloads)) {
+		if v := metricValue(scrape(t, n.HTTPAddr()), `kvmesh_blocks_refused_total{reason="verify"}`); v < float64(len(payloads)) {
 			t.Errorf("%s: kvmesh_blocks_refused_total = %v, want the %d blocks of another namespace refused", n.ID(), v, len(payloads))
 		}
 		// Tenant A still reads its own, byte for byte.

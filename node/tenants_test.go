@@ -175,12 +175,12 @@ func TestTenantsIsolated(t *testing.T) {
 
 	// beta cannot write over acme's blocks: not tagged as acme, nor as itself
 	// under acme's keys.
-	block := encodeTenantBlock(t, acmeNS, prefixhash.Key(acmeNS.Root()), tokens[:16], payloads[0], auth.TagOf("acme"))
+	block := encodeTenantBlock(t, acmeNS, acmeNS.Root(), tokens[:16], payloads[0], auth.TagOf("acme"))
 	st, err := betaTCP.Put(ctx, keys[:1], [][]byte{block})
 	if err != nil || st[0] == transfer.StatusOK {
 		t.Errorf("beta's put of a block tagged acme: %v, %v", st, err)
 	}
-	store.SetTenant(block, auth.TagOf("beta"))
+	block = encodeTenantBlock(t, acmeNS, acmeNS.Root(), tokens[:16], payloads[0], auth.TagOf("beta"))
 	st, err = betaTCP.Put(ctx, keys[:1], [][]byte{block})
 	if err != nil || st[0] == transfer.StatusOK {
 		t.Errorf("beta's put over acme's key: %v, %v", st, err)
@@ -271,11 +271,10 @@ func TestTenantsIsolated(t *testing.T) {
 // ns, tagged for tenant tag.
 func encodeTenantBlock(t testing.TB, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte, tag uint64) []byte {
 	t.Helper()
-	b, _, err := store.Encode(nil, ns, parent, tokens, payload)
+	b, _, err := store.EncodeTenant(nil, tag, ns, parent, tokens, payload)
 	if err != nil {
 		t.Fatal(err)
 	}
-	store.SetTenant(b, tag)
 	return b
 }
 

@@ -10,8 +10,9 @@
 //  1. computes the prompt's chain of block keys (prefixhash.Keys under the
 //     engine's namespace) and asks Cache.LongestPrefix once;
 //  2. fetches those blocks with one Cache.Get, verifies each (store.Decode:
-//     checksums and key = H(parent ‖ tokens); Header.CheckNamespace; the key
-//     is the one asked for) and copies its payload into the sequence's KV;
+//     checksums and key = H(parent ‖ tokens); Header.CheckNamespace;
+//     Header.CheckTokens: the stored parent and tokens are the prompt's; the
+//     key is the one asked for) and copies its payload into the sequence's KV;
 //  3. runs the model on the suffix only: every new position attends to the
 //     cached positions and causally to the new ones;
 //  4. queues the new full blocks for the publisher and returns the last

@@ -222,6 +222,7 @@ type Engine struct {
 	opts    Options
 	cfg     Config
 	ns      prefixhash.Namespace
+	root    prefixhash.Key // ns.Root(), the parent of every prompt's block 0
 	digest  uint64
 	cache   Cache
 	model   Model
@@ -288,6 +289,7 @@ func New(cache Cache, opts Options) (*Engine, error) {
 		opts:    opts,
 		cfg:     cfg,
 		ns:      ns,
+		root:    ns.Root(),
 		digest:  digest,
 		cache:   cache,
 		model:   model,
@@ -471,7 +473,7 @@ func (e *Engine) load(ctx context.Context, sc scope, tokens []uint32, res *Resul
 	t1 := e.opts.Now()
 	res.Timing.Lookup = t1.Sub(t0)
 	kv := e.getKV(len(tokens))
-	loaded := e.fetch(ctx, sc.ns, keys[:hit], kv)
+	loaded := e.fetch(ctx, sc, keys[:hit], tokens, kv)
 	if ctx.Err() != nil {
 		e.kvPool.Put(kv)
 		return nil, nil, 0, e.ctxErr(ctx, "fetch")
@@ -505,11 +507,12 @@ func (e *Engine) lookup(ctx context.Context, keys []prefixhash.Key) int {
 	return max(0, min(hit, len(keys)))
 }
 
-// fetch loads the K/V of the blocks of keys into kv and returns how many
-// leading blocks it loaded: it stops at the first block that is missing or
-// fails verification (decoding, checksums, namespace, key), and the rest is
+// fetch loads the K/V of the blocks of keys, the chain of tokens from block
+// 0, into kv and returns how many leading blocks it loaded: it stops at the
+// first block that is missing or fails verification (decoding, checksums,
+// namespace, parent and tokens against the prompt's, key), and the rest is
 // recomputed.
-func (e *Engine) fetch(ctx context.Context, ns prefixhash.Namespace, keys []prefixhash.Key, kv *KV) int {
+func (e *Engine) fetch(ctx context.Context, sc scope, keys []prefixhash.Key, tokens []uint32, kv *KV) int {
 	if len(keys) == 0 {
 		return 0
 	}
@@ -523,7 +526,7 @@ func (e *Engine) fetch(ctx context.Context, ns prefixhash.Namespace, keys []pref
 	}
 	defer release()
 	b := e.cfg.BlockTokens
-	maxPayload := ns.BlockBytes()
+	maxPayload := sc.ns.BlockBytes()
 	for i, key := range keys {
 		if i >= len(blocks) || blocks[i] == nil {
 			e.stats.missing.Add(1)
@@ -532,7 +535,14 @@ func (e *Engine) fetch(ctx context.Context, ns prefixhash.Namespace, keys []pref
 		}
 		blk, err := store.Decode(blocks[i], maxPayload)
 		if err == nil {
-			err = blk.CheckNamespace(ns)
+			err = blk.CheckNamespace(sc.ns)
+		}
+		if err == nil {
+			parent := sc.root
+			if i > 0 {
+				parent = keys[i-1]
+			}
+			err = blk.CheckTokens(parent, tokens[i*b:(i+1)*b])
 		}
 		if err == nil && blk.Key != key {
 			err = fmt.Errorf("block %d has key %s, want %s", i, blk.Key, key)

@@ -113,7 +113,7 @@ func (e *Engine) encode(sc scope, buf []byte, blocks [][]byte, payload []byte, k
 		buf = make([]byte, 0, need)
 	}
 	buf, blocks = buf[:0], blocks[:0]
-	root := sc.ns.Root()
+	root := sc.root
 	for i := from; i < to; i++ {
 		parent := root
 		if i > 0 {
@@ -123,12 +123,9 @@ func (e *Engine) encode(sc scope, buf []byte, blocks [][]byte, payload []byte, k
 		var key prefixhash.Key
 		var err error
 		j := i - from
-		buf, key, err = store.Encode(buf, sc.ns, parent, tokens[j*b:(j+1)*b], payload)
+		buf, key, err = store.EncodeTenant(buf, sc.tag, sc.ns, parent, tokens[j*b:(j+1)*b], payload)
 		if err != nil || key != chain[i] {
 			panic(fmt.Sprintf("prefill: encoding block %d: key %s, want %s: %v", i, key, chain[i], err))
-		}
-		if sc.tag != 0 {
-			store.SetTenant(buf[len(buf)-encLen:], sc.tag)
 		}
 		blocks = append(blocks, buf[len(buf)-encLen:])
 	}

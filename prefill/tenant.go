@@ -29,16 +29,17 @@ func WithTenant(ctx context.Context, t Tenant) context.Context {
 // scope is the namespace and tag one prefill's blocks are keyed and
 // written under.
 type scope struct {
-	ns  prefixhash.Namespace
-	tag uint64
+	ns   prefixhash.Namespace
+	root prefixhash.Key // ns.Root()
+	tag  uint64
 }
 
 func (e *Engine) scopeOf(ctx context.Context) scope {
 	t, _ := ctx.Value(tenantKey{}).(Tenant)
 	if t.Salt == "" {
-		return scope{ns: e.ns, tag: t.Tag}
+		return scope{ns: e.ns, root: e.root, tag: t.Tag}
 	}
 	ns := e.ns
 	ns.TenantSalt = auth.SaltedWith(t.Salt, ns.TenantSalt)
-	return scope{ns: ns, tag: t.Tag}
+	return scope{ns: ns, root: ns.Root(), tag: t.Tag}
 }

@@ -1,37 +1,23 @@
 package prefixhash
 
-import (
-	"fmt"
-	"math/bits"
-)
+import "fmt"
 
 // AppendKeys appends to dst the keys of the full blocks of tokens, chained
 // from parent (a namespace root, or the key of the block before tokens[0]).
-// A tail shorter than blockTokens is not keyed: partial blocks are never cached.
+// A tail shorter than blockTokens is not keyed: partial blocks are never
+// cached. It allocates nothing but dst's growth: one pooled SHA-256 state
+// serves every block.
 func AppendKeys(dst []Key, parent Key, blockTokens int, tokens []uint32) []Key {
 	if blockTokens < 1 {
 		panic(fmt.Sprintf("prefixhash: AppendKeys with blockTokens %d", blockTokens))
 	}
-	if 4*blockTokens < KeySize {
-		for len(tokens) >= blockTokens {
-			parent = BlockKey(parent, tokens[:blockTokens])
-			dst = append(dst, parent)
-			tokens = tokens[blockTokens:]
-		}
-		return dst
-	}
-	// BlockKey, with the parent kept in registers (see sum2w).
-	hi, lo := parent.Hi(), parent.Lo()
+	s := getHasher()
 	for len(tokens) >= blockTokens {
-		tb := tokenBytes(tokens[:blockTokens])
-		if blockTokens == 16 {
-			hi, lo = sum2x64(bits.ReverseBytes64(hi), bits.ReverseBytes64(lo), (*[64]byte)(tb))
-		} else {
-			hi, lo = sum2w(bits.ReverseBytes64(hi), bits.ReverseBytes64(lo), tb)
-		}
-		dst = append(dst, makeKey(hi, lo))
+		parent = s.key(parent, tokens[:blockTokens])
+		dst = append(dst, parent)
 		tokens = tokens[blockTokens:]
 	}
+	putHasher(s)
 	return dst
 }
 

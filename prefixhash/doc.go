@@ -2,17 +2,30 @@
 // blocks under.
 //
 // A Namespace names the producer of KV blocks (model, dtype, block size,
-// layers, heads, tensor parallelism, tenant salt). Its canonical encoding is
-// hashed into the root key k_0, so two namespaces never share a key and two
-// tenants with different salts never see each other's prefixes.
+// layers, heads, tensor parallelism, tenant salt). Its canonical encoding E
+// (magic "kvmesh/ns/v2", length-prefixed strings, little-endian integers) is
+// hashed into the root key k_0 = trunc128(SHA-256(E)), so two namespaces never
+// share a key and two tenants with different salts never see each other's
+// prefixes. Its 64-bit Digest, carried in block headers, is the first 8 bytes
+// of SHA-256(E) read little-endian.
 //
 // A prompt of n tokens has ⌊n/B⌋ full blocks of B tokens. Block i's key is
-// k_i = H(k_{i-1} ‖ tokens of block i as little-endian uint32), where H is two
-// xxhash64 digests with fixed, distinct seeds, concatenated into 128 bits.
-// A key therefore commits to the namespace and to every token before it: equal
-// keys mean equal prefixes. Keys are identical across processes, machines and
-// restarts; testdata/golden.json pins them, and any change of encoding fails
-// that test.
+// k_i = trunc128(SHA-256(k_{i-1} ‖ tokens of block i as little-endian uint32)).
+// A key therefore commits to the namespace and to every token before it:
+// equal keys mean equal prefixes, and because SHA-256 is collision-resistant
+// nobody can choose a second token block with the key of a given one (the
+// xxhash64 keys of KeyVersion 1 allowed exactly that, in microseconds; the
+// test that forges such a pair is forgery_test.go). Readers still compare a
+// block's stored tokens with the ones they asked for.
+//
+// KeyVersion names this key format (2). Formats that persist or move blocks
+// under keys record it, so that blocks keyed by another version are dropped
+// rather than served. Keys are identical across processes, machines,
+// languages and restarts; testdata/golden.json pins them in a self-describing
+// form for other clients, and any change of encoding fails that test.
+//
+// Cost: a 16-token block is an 80-byte message, two SHA-256 compressions;
+// hashing reuses one pooled SHA-256 state and allocates nothing per block.
 //
 // For placement, a chain is cut into chunks of C consecutive blocks; every
 // block of a chunk is placed by the key of the chunk's first block.

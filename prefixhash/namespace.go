@@ -1,12 +1,11 @@
 package prefixhash
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // DType is the element type of the cached K/V tensors.
@@ -127,8 +126,9 @@ func (ns Namespace) BlockBytes() int {
 }
 
 // encodingMagic versions the canonical encoding. Changing the encoding
-// changes every key; the golden test exists to make that loud.
-const encodingMagic = "kvmesh/ns/v1"
+// changes every key; the golden test exists to make that loud. v2 came with
+// KeyVersion 2 (SHA-256), so that no v1 root or digest can match a v2 one.
+const encodingMagic = "kvmesh/ns/v2"
 
 // AppendEncoding appends the canonical encoding of ns to b. Strings are
 // length-prefixed and integers fixed-width little-endian, so distinct
@@ -153,16 +153,21 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// Digest returns the stable 64-bit digest of the namespace: xxhash64 of its
-// canonical encoding. Block headers carry it so that a reader can reject a
-// block from another namespace without knowing the namespace itself.
+// Digest returns the stable 64-bit digest of the namespace: the first 8
+// bytes, little-endian, of SHA-256 of its canonical encoding. Block headers
+// carry it so that a reader can reject a block from another namespace without
+// knowing the namespace itself.
 func (ns Namespace) Digest() uint64 {
-	return xxhash.Sum64(ns.AppendEncoding(nil))
+	var buf [128]byte
+	sum := sha256.Sum256(ns.AppendEncoding(buf[:0]))
+	return binary.LittleEndian.Uint64(sum[:8])
 }
 
-// Root returns k_0, the 128-bit key that seeds every chain of ns.
+// Root returns k_0 = trunc128(SHA-256(canonical encoding)), the key that
+// seeds every chain of ns.
 func (ns Namespace) Root() Key {
-	return hashBytes(ns.AppendEncoding(nil))
+	var buf [128]byte
+	return hashBytes(ns.AppendEncoding(buf[:0]))
 }
 
 // String is a short human form: model/dtype/B/layers/tp[/salted].

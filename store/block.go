@@ -18,8 +18,9 @@ import (
 //
 //	off  size  field
 //	  0     4  magic "KVMB"
-//	  4     2  format version (1)
-//	  6     2  reserved, zero
+//	  4     2  format version (2)
+//	  6     1  key format version (prefixhash.KeyVersion)
+//	  7     1  reserved, zero
 //	  8     4  header length (fixed part + tokens + padding)
 //	 12     4  token count n
 //	 16     8  namespace digest
@@ -34,23 +35,33 @@ import (
 //	 76     4  reserved, zero
 //	 80     8  payload length
 //	 88     8  xxhash64 of the payload
-//	 96     8  tenant tag (auth.TagOf; 0: no tenant)
+//	 96     8  tenant tag (0: no tenant)
 //	104     8  xxhash64 of bytes [0,104) and of the n tokens
 //	112    4n  token ids
 //	  …        zero padding to the header length
+//
+// Version 1 (a 104-byte fixed header, no key format, no tenant) was written
+// under xxhash64 keys; its blocks, and blocks of any other key format, fail
+// to decode: their keys mean nothing under this build's key format.
 const (
 	blockMagic     = "KVMB"
 	BlockVersion   = 2
 	fixedHeaderLen = 112
-	sumOff         = 104 // the header checksum
+	headerSumOff   = 104
 	headerAlign    = 64
 )
 
 // Errors of the block format. Decoding errors wrap ErrCorrupt: the bytes are
-// not a block kvmesh may serve, whatever the reason.
+// not a block kvmesh may serve, whatever the reason. ErrOtherFormat (which
+// wraps ErrCorrupt) marks a block written under another block or key format
+// version, such as one left on disk by an older kvmesh.
 var (
-	ErrCorrupt  = errors.New("store: corrupt block")
-	ErrTooLarge = errors.New("store: block too large")
+	ErrCorrupt     = errors.New("store: corrupt block")
+	ErrTooLarge    = errors.New("store: block too large")
+	ErrOtherFormat = fmt.Errorf("%w: another block or key format", ErrCorrupt)
+	// ErrTokens (wrapping ErrCorrupt) marks a block whose stored tokens are
+	// not the ones a reader by tokens asked for.
+	ErrTokens = fmt.Errorf("%w: stored tokens differ from the tokens asked for", ErrCorrupt)
 )
 
 // Layout is the shape of a block's payload, [layer][K|V][token][kv_head][head_dim].
@@ -92,9 +103,9 @@ type Header struct {
 	Tokens     []uint32
 	PayloadLen int
 	Checksum   uint64 // xxhash64 of the payload
-	// Tenant is the tag of the tenant that wrote the block (auth.TagOf);
-	// 0 for a block of no tenant (an open or single-tenant node). Readers
-	// serve a block only to requests whose access allows its tag.
+	// Tenant is the tag of the tenant that wrote the block (0: no tenant,
+	// an open or single-tenant node). The format carries it; enforcing it
+	// is the caller's business.
 	Tenant uint64
 }
 
@@ -128,13 +139,40 @@ func (h *Header) CheckNamespace(ns prefixhash.Namespace) error {
 	return nil
 }
 
+// CheckTokens reports whether h is the block of tokens chained from parent:
+// every read by tokens calls it, so that what it serves holds the tokens it
+// was asked for, whatever the key says. The key already commits to both
+// through a collision-resistant hash; this is the check that does not rest
+// on it.
+func (h *Header) CheckTokens(parent prefixhash.Key, tokens []uint32) error {
+	if h.Parent != parent {
+		return fmt.Errorf("%w: parent %s, want %s", ErrTokens, h.Parent, parent)
+	}
+	if len(h.Tokens) != len(tokens) {
+		return fmt.Errorf("%w: %d tokens, want %d", ErrTokens, len(h.Tokens), len(tokens))
+	}
+	for i, t := range tokens {
+		if h.Tokens[i] != t {
+			return fmt.Errorf("%w: token %d is %d, want %d", ErrTokens, i, h.Tokens[i], t)
+		}
+	}
+	return nil
+}
+
 // AppendHeader appends the header of the block of ns that holds tokens,
 // chained from parent, with the given payload, and returns the extended
 // buffer and the block's key. Encoding a block is AppendHeader followed by the
 // payload bytes; callers that send the payload from elsewhere (a vectored
 // write) use AppendHeader alone. ns must be valid, len(tokens) must be
-// ns.BlockTokens and len(payload) must be ns.BlockBytes().
+// ns.BlockTokens and len(payload) must be ns.BlockBytes(). The header's
+// tenant tag is 0; AppendHeaderTenant sets it.
 func AppendHeader(dst []byte, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte) ([]byte, prefixhash.Key, error) {
+	return AppendHeaderTenant(dst, 0, ns, parent, tokens, payload)
+}
+
+// AppendHeaderTenant is AppendHeader with the tag of the tenant writing the
+// block.
+func AppendHeaderTenant(dst []byte, tenant uint64, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte) ([]byte, prefixhash.Key, error) {
 	if err := ns.Validate(); err != nil {
 		return dst, prefixhash.Key{}, err
 	}
@@ -151,6 +189,7 @@ func AppendHeader(dst []byte, ns prefixhash.Namespace, parent prefixhash.Key, to
 	h := dst[start:]
 	copy(h[0:4], blockMagic)
 	binary.LittleEndian.PutUint16(h[4:], BlockVersion)
+	h[6] = prefixhash.KeyVersion
 	binary.LittleEndian.PutUint32(h[8:], uint32(hl))
 	binary.LittleEndian.PutUint32(h[12:], uint32(len(tokens)))
 	binary.LittleEndian.PutUint64(h[16:], ns.Digest())
@@ -163,27 +202,23 @@ func AppendHeader(dst []byte, ns prefixhash.Namespace, parent prefixhash.Key, to
 	binary.LittleEndian.PutUint32(h[72:], uint32(ns.HeadDim))
 	binary.LittleEndian.PutUint64(h[80:], uint64(len(payload)))
 	binary.LittleEndian.PutUint64(h[88:], xxhash.Sum64(payload))
+	binary.LittleEndian.PutUint64(h[96:], tenant)
 	for i, t := range tokens {
 		binary.LittleEndian.PutUint32(h[fixedHeaderLen+4*i:], t)
 	}
-	binary.LittleEndian.PutUint64(h[sumOff:], headerSum(h, len(tokens)))
+	binary.LittleEndian.PutUint64(h[headerSumOff:], headerSum(h, len(tokens)))
 	return dst, key, nil
 }
 
-// headerTenant returns the tenant tag of the verified block b.
-func headerTenant(b []byte) uint64 { return binary.LittleEndian.Uint64(b[96:]) }
-
-// SetTenant stamps the encoded block header at the start of b with tenant
-// tag and updates its checksum. The header must be valid (AppendHeader's
-// output): a tenant's writer calls it after AppendHeader.
-func SetTenant(b []byte, tag uint64) {
-	binary.LittleEndian.PutUint64(b[96:], tag)
-	binary.LittleEndian.PutUint64(b[sumOff:], headerSum(b, int(binary.LittleEndian.Uint32(b[12:]))))
+// Encode appends the whole encoded block (header and payload) to dst, with
+// tenant tag 0.
+func Encode(dst []byte, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte) ([]byte, prefixhash.Key, error) {
+	return EncodeTenant(dst, 0, ns, parent, tokens, payload)
 }
 
-// Encode appends the whole encoded block (header and payload) to dst.
-func Encode(dst []byte, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte) ([]byte, prefixhash.Key, error) {
-	dst, key, err := AppendHeader(dst, ns, parent, tokens, payload)
+// EncodeTenant is Encode with the tag of the tenant writing the block.
+func EncodeTenant(dst []byte, tenant uint64, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte) ([]byte, prefixhash.Key, error) {
+	dst, key, err := AppendHeaderTenant(dst, tenant, ns, parent, tokens, payload)
 	if err != nil {
 		return dst, key, err
 	}
@@ -193,7 +228,7 @@ func Encode(dst []byte, ns prefixhash.Namespace, parent prefixhash.Key, tokens [
 func headerSum(h []byte, n int) uint64 {
 	var d xxhash.Digest
 	d.Reset()
-	d.Write(h[:sumOff])
+	d.Write(h[:headerSumOff])
 	d.Write(h[fixedHeaderLen : fixedHeaderLen+4*n])
 	return d.Sum64()
 }
@@ -203,19 +238,23 @@ func corrupt(format string, args ...any) error {
 }
 
 // DecodeHeader parses and verifies the header at the start of b: magic,
-// version, lengths, layout, header checksum, and that the key is
-// H(parent ‖ tokens). It does not read the payload. maxPayload bounds the
-// payload length the caller accepts (ErrTooLarge beyond it).
+// format and key format versions, lengths, layout, header checksum, and that
+// the key is H(parent ‖ tokens). It does not read the payload. maxPayload
+// bounds the payload length the caller accepts (ErrTooLarge beyond it).
 func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	var h Header
+	// The version comes before the length check: a version-1 header is
+	// shorter, and must be reported as one.
+	if len(b) >= 8 && string(b[0:4]) == blockMagic {
+		if err := checkVersions(binary.LittleEndian.Uint16(b[4:]), b[6]); err != nil {
+			return h, err
+		}
+	}
 	if len(b) < fixedHeaderLen {
 		return h, corrupt("%d bytes, shorter than a header", len(b))
 	}
 	if string(b[0:4]) != blockMagic {
 		return h, corrupt("bad magic %q", b[0:4])
-	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != BlockVersion {
-		return h, corrupt("format version %d, this build reads %d", v, BlockVersion)
 	}
 	hl := uint64(binary.LittleEndian.Uint32(b[8:]))
 	n := uint64(binary.LittleEndian.Uint32(b[12:]))
@@ -225,7 +264,7 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	if uint64(len(b)) < hl {
 		return h, corrupt("%d bytes, header needs %d", len(b), hl)
 	}
-	if got, want := binary.LittleEndian.Uint64(b[sumOff:]), headerSum(b, int(n)); got != want {
+	if got, want := binary.LittleEndian.Uint64(b[headerSumOff:]), headerSum(b, int(n)); got != want {
 		return h, corrupt("header checksum %016x, computed %016x", got, want)
 	}
 	h.Namespace = binary.LittleEndian.Uint64(b[16:])
@@ -256,6 +295,26 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	return h, nil
 }
 
+// checkVersions accepts only this build's block and key formats. Version 1
+// blocks predate key format versions: they were keyed by xxhash64.
+func checkVersions(format uint16, keys byte) error {
+	if format == BlockVersion && keys == prefixhash.KeyVersion {
+		return nil
+	}
+	if format == 1 {
+		keys = 1
+	}
+	age, what := "an older", "key format"
+	if format > BlockVersion || (format == BlockVersion && keys > prefixhash.KeyVersion) {
+		age = "a newer"
+	}
+	if keys == prefixhash.KeyVersion {
+		what = "block format"
+	}
+	return fmt.Errorf("%w: format version %d, key format %d: written by %s kvmesh under a different %s (this build: format %d, key format %d)",
+		ErrOtherFormat, format, keys, age, what, BlockVersion, prefixhash.KeyVersion)
+}
+
 // Decode parses and verifies a whole encoded block: the header as in
 // DecodeHeader, the exact length, and the payload checksum. The returned
 // block aliases b.
@@ -274,6 +333,9 @@ func Decode(b []byte, maxPayload int) (Block, error) {
 	}
 	return Block{Header: h, Payload: payload}, nil
 }
+
+// headerTenant returns the tenant tag of the verified block b.
+func headerTenant(b []byte) uint64 { return binary.LittleEndian.Uint64(b[96:]) }
 
 // viewTokens returns the little-endian uint32s in b, aliasing b when the
 // machine is little-endian and b is 4-byte aligned, copying otherwise.

@@ -2,9 +2,13 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -72,9 +76,10 @@ func TestBlockEveryByteMatters(t *testing.T) {
 	rng := rand.New(rand.NewPCG(2, 2))
 	ns := blockNS()
 	b, _, tokens, _ := randomBlock(t, rng, ns, ns.Root())
+	// Reserved bytes are under the header checksum: only the padding after
+	// the tokens is read by nobody.
 	ignored := func(i int) bool {
-		return (i >= 6 && i < 8) || (i >= 57 && i < 60) || (i >= 76 && i < 80) ||
-			(i >= fixedHeaderLen+4*len(tokens) && i < HeaderLen(len(tokens)))
+		return i >= fixedHeaderLen+4*len(tokens) && i < HeaderLen(len(tokens))
 	}
 	for i := range b {
 		if ignored(i) {
@@ -113,7 +118,110 @@ func copyHeaderSum(b []byte) {
 	n := int(uint32(b[12]) | uint32(b[13])<<8 | uint32(b[14])<<16 | uint32(b[15])<<24)
 	s := headerSum(b, n)
 	for i := range 8 {
-		b[sumOff+i] = byte(s >> (8 * i))
+		b[headerSumOff+i] = byte(s >> (8 * i))
+	}
+}
+
+// TestBlockHeaderLayout pins the v2 header offsets that other readers (the
+// Python library, inspect tools) rely on.
+func TestBlockHeaderLayout(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 6))
+	ns := blockNS()
+	tokens := []uint32{1, 0xffffffff, 3, 4}
+	payload := make([]byte, ns.BlockBytes())
+	for i := range payload {
+		payload[i] = byte(rng.Uint32())
+	}
+	parent := ns.Root()
+	b, key, err := EncodeTenant(nil, 0x1122334455667788, ns, parent, tokens, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	le32 := func(off int) uint32 { return binary.LittleEndian.Uint32(b[off:]) }
+	le64 := func(off int) uint64 { return binary.LittleEndian.Uint64(b[off:]) }
+	switch {
+	case string(b[0:4]) != "KVMB", binary.LittleEndian.Uint16(b[4:]) != 2, b[6] != prefixhash.KeyVersion, b[7] != 0:
+		t.Fatalf("magic/versions: % x", b[:8])
+	case le32(8) != 128 || HeaderLen(4) != 128 || HeaderLen(0) != 128 || HeaderLen(5) != 192:
+		t.Fatalf("header length %d (HeaderLen(4) = %d)", le32(8), HeaderLen(4))
+	case le32(12) != 4, le64(16) != ns.Digest():
+		t.Fatal("token count or namespace digest")
+	case !bytes.Equal(b[24:40], key[:]), !bytes.Equal(b[40:56], parent[:]):
+		t.Fatal("key or parent")
+	case b[56] != byte(ns.DType), le32(60) != 0, le32(64) != 2, le32(68) != 2, le32(72) != 8, le32(76) != 0:
+		t.Fatal("layout")
+	case le64(80) != uint64(len(payload)), le64(88) != xxhash.Sum64(payload), le64(96) != 0x1122334455667788:
+		t.Fatal("payload length, checksum or tenant")
+	case le32(112) != 1 || le32(116) != 0xffffffff || le32(124) != 4:
+		t.Fatal("tokens")
+	}
+	blk, err := Decode(b, 0)
+	if err != nil || blk.Tenant != 0x1122334455667788 {
+		t.Fatalf("Decode: tenant %x, %v", blk.Tenant, err)
+	}
+	if b, _, _ = Encode(nil, ns, parent, tokens, payload); le64(96) != 0 {
+		t.Fatal("Encode wrote a tenant tag")
+	}
+}
+
+// TestBlockOtherFormats: a block written by an older kvmesh (format 1, its
+// 104-byte header and xxhash64 keys) or under another key format fails to
+// decode, and says why.
+func TestBlockOtherFormats(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	ns := blockNS()
+	b, _, _, _ := randomBlock(t, rng, ns, ns.Root())
+
+	// A version-1 block, as main wrote it: the v2 fields moved, checksum at 96.
+	v1 := make([]byte, 0, len(b))
+	v1 = append(v1, b[:96]...)
+	binary.LittleEndian.PutUint16(v1[4:], 1)
+	v1[6] = 0
+	v1 = binary.LittleEndian.AppendUint64(v1, 0)
+	v1 = append(v1, b[fixedHeaderLen:]...)
+	for _, c := range []struct {
+		name string
+		b    []byte
+	}{
+		{"format 1", v1},
+		{"format 1, header only", v1[:104]},
+		{"key format 1", func() []byte { c := bytes.Clone(b); c[6] = 1; copyHeaderSum(c); return c }()},
+		{"key format 3", func() []byte { c := bytes.Clone(b); c[6] = 3; copyHeaderSum(c); return c }()},
+	} {
+		_, err := Decode(c.b, 0)
+		if !errors.Is(err, ErrCorrupt) || !errors.Is(err, ErrOtherFormat) {
+			t.Fatalf("%s: Decode = %v, want ErrOtherFormat wrapping ErrCorrupt", c.name, err)
+		}
+		if !strings.Contains(err.Error(), "kvmesh under a different key format") {
+			t.Errorf("%s: error %q does not say the block is of another key format", c.name, err)
+		}
+	}
+	if _, err := Decode(b, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCheckTokens(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	ns := blockNS()
+	b, _, tokens, _ := randomBlock(t, rng, ns, ns.Root())
+	blk, err := Decode(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := blk.CheckTokens(ns.Root(), tokens); err != nil {
+		t.Fatalf("CheckTokens(its own tokens) = %v", err)
+	}
+	other := append([]uint32(nil), tokens...)
+	other[3]++
+	for name, err := range map[string]error{
+		"a token":  blk.CheckTokens(ns.Root(), other),
+		"short":    blk.CheckTokens(ns.Root(), tokens[:3]),
+		"a parent": blk.CheckTokens(prefixhash.Key{1}, tokens),
+	} {
+		if !errors.Is(err, ErrTokens) || !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s differs: CheckTokens = %v, want ErrTokens", name, err)
+		}
 	}
 }
 
@@ -144,6 +252,11 @@ func FuzzDecode(f *testing.F) {
 	f.Add(b)
 	f.Add(b[:fixedHeaderLen])
 	f.Add([]byte("KVMB"))
+	b, _, _ = EncodeTenant(nil, 42, ns, ns.Root(), []uint32{0, 0xffffffff, 7, 8}, make([]byte, ns.BlockBytes()))
+	f.Add(b)
+	v1 := bytes.Clone(b)
+	binary.LittleEndian.PutUint16(v1[4:], 1)
+	f.Add(v1)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		blk, err := Decode(data, 1<<20)
 		if err != nil {
@@ -154,7 +267,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		rns := prefixhash.Namespace{Model: "x", DType: blk.Layout.DType, BlockTokens: len(blk.Tokens),
 			LayerStart: blk.Layout.LayerStart, LayerEnd: blk.Layout.LayerEnd, KVHeads: blk.Layout.KVHeads, HeadDim: blk.Layout.HeadDim}
-		re, key, err := Encode(nil, rns, blk.Parent, blk.Tokens, blk.Payload)
+		re, key, err := EncodeTenant(nil, blk.Tenant, rns, blk.Parent, blk.Tokens, blk.Payload)
 		if err != nil {
 			t.Fatalf("accepted block does not re-encode: %v", err)
 		}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -55,7 +56,10 @@ import (
 // torn tail of the segment being written at a crash. Range then reports what
 // survived. Older segments are not re-read on open (that would cost a scan of
 // the whole disk): a record damaged since it was written fails its checks on
-// Read, and the owner drops it.
+// Read, and the owner drops it. An index of another format (an older
+// kvmesh's, or one written under another prefixhash.KeyVersion) is emptied
+// and its segment files removed before all this, with one log line saying
+// how many segments, values and bytes went and why.
 //
 // Concurrency. All methods are safe for concurrent use, and all but Close
 // may be called from Range's callback. No lock is held across I/O: Close waits for the
@@ -207,8 +211,12 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 			t.closeResources()
 		}
 	}()
-	if err := os.MkdirAll(t.segDir, 0o755); err != nil {
-		return nil, fmt.Errorf("nvme: %w", err)
+	// Only the node's user may read the cache: directories 0700, files
+	// 0600 (pebble's own files are 0644, unreachable in a 0700 directory).
+	for _, dir := range []string{t.segDir, filepath.Join(opts.Dir, "index")} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("nvme: %w", err)
+		}
 	}
 	fd, err := unix.Open(t.segDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -253,7 +261,7 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 // nvmeProbeDirectIO reports why dir's filesystem refuses O_DIRECT, or nil.
 func nvmeProbeDirectIO(dir string) error {
 	path := filepath.Join(dir, ".direct-probe")
-	fd, err := unix.Open(path, unix.O_CREAT|unix.O_TRUNC|unix.O_RDWR|unix.O_CLOEXEC|unix.O_DIRECT, 0o644)
+	fd, err := unix.Open(path, unix.O_CREAT|unix.O_TRUNC|unix.O_RDWR|unix.O_CLOEXEC|unix.O_DIRECT, 0o600)
 	if err != nil {
 		return err
 	}
@@ -270,21 +278,81 @@ func nvmeProbeDirectIO(dir string) error {
 	return segPreadv(fd, [][]byte{b}, 0)
 }
 
+// checkFormat reads the index's format. An index of another kvmesh-nvme
+// format (an older kvmesh, another key format) is emptied with its segment
+// files, in one logged step: its blocks are unreadable to this build. A
+// format from elsewhere is an error: the directory is not ours to clear.
 func (t *NVMe) checkFormat() error {
 	v, closer, err := t.db.Get(idxFormatKey)
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
-		if err := t.db.Set(idxFormatKey, []byte(idxFormatV1), pebble.Sync); err != nil {
-			return fmt.Errorf("nvme: write index format: %w", err)
-		}
-		return nil
+		return t.setFormat()
 	case err != nil:
 		return fmt.Errorf("nvme: read index format: %w", err)
 	}
-	defer closer.Close()
-	if string(v) != idxFormatV1 {
-		return fmt.Errorf("nvme: index format %q, want %q", v, idxFormatV1)
+	old := string(v)
+	closer.Close()
+	if old == idxFormat {
+		return nil
 	}
+	if !strings.HasPrefix(old, idxFormatFamily) {
+		return fmt.Errorf("nvme: index format %q, want %q", old, idxFormat)
+	}
+	return t.dropOtherFormat(old)
+}
+
+func (t *NVMe) setFormat() error {
+	if err := t.db.Set(idxFormatKey, []byte(idxFormat), pebble.Sync); err != nil {
+		return fmt.Errorf("nvme: write index format: %w", err)
+	}
+	return nil
+}
+
+// dropOtherFormat deletes every index entry and segment file written under
+// index format old, then records this build's format.
+func (t *NVMe) dropOtherFormat(old string) error {
+	var values int64
+	it, err := t.db.NewIter(&pebble.IterOptions{LowerBound: []byte{idxPrefix}, UpperBound: []byte{idxPrefix + 1}})
+	if err != nil {
+		return fmt.Errorf("nvme: index: %w", err)
+	}
+	for it.First(); it.Valid(); it.Next() {
+		values++
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("nvme: index: %w", err)
+	}
+	// Entries first: a crash between the two steps leaves files with no
+	// entries, which recovery removes.
+	if err := t.db.DeleteRange([]byte{idxPrefix}, []byte{idxPrefix + 1}, pebble.Sync); err != nil {
+		return fmt.Errorf("nvme: drop %s index: %w", old, err)
+	}
+	ents, err := os.ReadDir(t.segDir)
+	if err != nil {
+		return fmt.Errorf("nvme: %w", err)
+	}
+	var segs, bytes int64
+	for _, e := range ents {
+		if _, ok := parseSegFileName(e.Name()); !ok {
+			continue
+		}
+		if fi, err := e.Info(); err == nil {
+			bytes += fi.Size()
+		}
+		if err := os.Remove(filepath.Join(t.segDir, e.Name())); err != nil {
+			return fmt.Errorf("nvme: drop %s segment: %w", old, err)
+		}
+		segs++
+	}
+	if err := unix.Fsync(t.dirFd); err != nil {
+		return fmt.Errorf("nvme: sync %s: %w", t.segDir, err)
+	}
+	if err := t.setFormat(); err != nil {
+		return err
+	}
+	t.log.Warn("nvme: dropped segments written by another kvmesh format: their block keys are not this build's",
+		"dir", t.opts.Dir, "segments", segs, "values", values, "bytes", bytes,
+		"format", old, "want", idxFormat, "key_version", prefixhash.KeyVersion)
 	return nil
 }
 
@@ -447,7 +515,7 @@ func (t *NVMe) openSegment(path string, flags int) (int, error) {
 	if t.direct {
 		flags |= unix.O_DIRECT
 	}
-	fd, err := unix.Open(path, flags, 0o644)
+	fd, err := unix.Open(path, flags, 0o600)
 	if err != nil {
 		return -1, fmt.Errorf("nvme: open segment %s: %w", path, err)
 	}

@@ -9,12 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -934,3 +936,119 @@ func TestNVMeRecoveryVerifiesNewestSegment(t *testing.T) {
 	nvmeMustRead(t, n, locs[1], nvmeTestVal(keys[1], 5000))
 	nvmeMustRead(t, n, locs[3], nvmeTestVal(keys[3], 5000))
 }
+
+// TestNVMeDropsOtherFormat: segments an older kvmesh wrote (index format
+// kvmesh-nvme-1, xxhash64 keys) are dropped on open, files and index
+// entries, with one log line saying how much and why; the tier then serves
+// new writes, and they survive the next reopen without another drop.
+func TestNVMeDropsOtherFormat(t *testing.T) {
+	opts := nvmeTestOptions(t.TempDir())
+	n := openTestNVMe(t, opts)
+	for i := range 4 {
+		k := nvmeTestKey(uint64(i))
+		if _, err := n.Put(k, nvmeTestVal(k, 40<<10)); err != nil { // one per 64 KiB segment
+			t.Fatal(err)
+		}
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	segFiles := func() (int, int64) {
+		ents, err := os.ReadDir(filepath.Join(opts.Dir, "segments"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c int
+		var size int64
+		for _, e := range ents {
+			if _, ok := parseSegFileName(e.Name()); ok {
+				fi, _ := e.Info()
+				c, size = c+1, size+fi.Size()
+			}
+		}
+		return c, size
+	}
+	wantSegs, wantBytes := segFiles()
+	if wantSegs < 4 {
+		t.Fatalf("%d segment files, want at least 4", wantSegs)
+	}
+	setIndexFormat(t, opts.Dir, "kvmesh-nvme-1")
+
+	var logs bytes.Buffer
+	opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	n = openTestNVMe(t, opts)
+	if recs := nvmeRangeAll(t, n); len(recs) != 0 {
+		t.Fatalf("%d records survived a format change", len(recs))
+	}
+	if st := n.Stats(); st.Values != 0 || st.Stored != 0 || st.Reserved != 0 {
+		t.Fatalf("Stats after the drop = %+v", st)
+	}
+	if c, _ := segFiles(); c != 0 {
+		t.Fatalf("%d segment files left", c)
+	}
+	var drops []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "dropped segments") {
+			drops = append(drops, line)
+		}
+	}
+	if len(drops) != 1 {
+		t.Fatalf("want one line about the drop, got %q", logs.String())
+	}
+	for _, want := range []string{"segments=" + itoa(wantSegs), "values=4", "bytes=" + itoa(int(wantBytes)), "format=kvmesh-nvme-1", "key_version=2"} {
+		if !strings.Contains(drops[0], want) {
+			t.Errorf("drop line %q lacks %q", drops[0], want)
+		}
+	}
+	k := nvmeTestKey(100)
+	loc, err := n.Put(k, nvmeTestVal(k, 5000))
+	if err != nil {
+		t.Fatalf("Put after the drop: %v", err)
+	}
+	nvmeMustRead(t, n, loc, nvmeTestVal(k, 5000))
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	logs.Reset()
+	n = openTestNVMe(t, opts)
+	defer n.Close()
+	if recs := nvmeRangeAll(t, n); len(recs) != 1 || recs[loc].Key != k {
+		t.Fatalf("after reopen: %+v, want the one new record", recs)
+	}
+	nvmeMustRead(t, n, loc, nvmeTestVal(k, 5000))
+	if strings.Contains(logs.String(), "dropped segments") {
+		t.Fatalf("a reopen of the current format dropped segments: %s", logs.String())
+	}
+}
+
+// TestNVMeRefusesForeignIndex: an index that is not kvmesh-nvme's is an
+// error, not something to clear.
+func TestNVMeRefusesForeignIndex(t *testing.T) {
+	opts := nvmeTestOptions(t.TempDir())
+	n := openTestNVMe(t, opts)
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	setIndexFormat(t, opts.Dir, "someone-else-1")
+	if n, err := OpenNVMe(opts); err == nil {
+		n.Close()
+		t.Fatal("OpenNVMe accepted a foreign index")
+	}
+}
+
+func setIndexFormat(t *testing.T, dir, format string) {
+	t.Helper()
+	db, err := pebble.Open(filepath.Join(dir, "index"), &pebble.Options{Logger: nvmePebbleLogger{slog.New(slog.DiscardHandler)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Set(idxFormatKey, []byte(format), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -29,24 +29,29 @@ import (
 //
 //	off  size  field
 //	  0     4  magic "KVNR"
-//	  4     2  format version (1)
+//	  4     2  format version (2)
 //	  6     2  header length (64)
 //	  8     8  Loc of the record: segment id << 24 | offset / 4096
 //	 16    16  key
 //	 32     8  value length
 //	 40     8  xxhash64 of the value
-//	 48     8  reserved, zero
+//	 48     1  key format version (prefixhash.KeyVersion)
+//	 49     7  reserved, zero
 //	 56     8  xxhash64 of bytes [0,56)
 //
 // The Loc in the header makes a record self-identifying: a read that lands on
 // the wrong bytes (a stale or misdirected block, a copied file) fails like a
 // checksum mismatch instead of serving another value. A reader knows the
-// value's length (the owner keeps it), hence where the header is.
+// value's length (the owner keeps it), hence where the header is. The key
+// format version makes a record keyed under another prefixhash.KeyVersion
+// unreadable: its key would name other tokens under this build's keys.
+// Version 1 records (no key format; xxhash64 keys) fail the same way; whole
+// segments of them are dropped on open (see NVMe, Recovery).
 const (
 	segAlign       = 4096
 	segHeaderSize  = 64
 	segMagic       = "KVNR"
-	segVersion     = 1
+	segVersion     = 2
 	segOffBits     = 24 // Loc bits for the offset, in segAlign units
 	segMaxSize     = int64(1) << segOffBits * segAlign
 	segMaxID       = uint64(1)<<(64-segOffBits) - 1
@@ -117,6 +122,7 @@ func encodeSegHeader(b []byte, h segHeader) {
 	binary.LittleEndian.PutUint64(b[32:40], h.n)
 	binary.LittleEndian.PutUint64(b[40:48], h.sum)
 	clear(b[48:56])
+	b[48] = prefixhash.KeyVersion
 	binary.LittleEndian.PutUint64(b[56:64], xxhash.Sum64(b[:56]))
 }
 
@@ -134,8 +140,9 @@ func decodeSegHeader(b []byte) (segHeader, error) {
 	if got := xxhash.Sum64(b[:56]); got != binary.LittleEndian.Uint64(b[56:64]) {
 		return h, fmt.Errorf("%w: header checksum mismatch", errSegHeader)
 	}
-	if v := binary.LittleEndian.Uint16(b[4:6]); v != segVersion {
-		return h, fmt.Errorf("%w: version %d", errSegHeader, v)
+	if v, kv := binary.LittleEndian.Uint16(b[4:6]), b[48]; v != segVersion || kv != prefixhash.KeyVersion {
+		return h, fmt.Errorf("%w: version %d, key format %d: written by another kvmesh (this build: %d, key format %d)",
+			errSegHeader, v, kv, segVersion, prefixhash.KeyVersion)
 	}
 	if n := binary.LittleEndian.Uint16(b[6:8]); n != segHeaderSize {
 		return h, fmt.Errorf("%w: header length %d", errSegHeader, n)
@@ -154,13 +161,20 @@ func decodeSegHeader(b []byte) (segHeader, error) {
 //	key   'l' ‖ Loc (8 bytes, big-endian)
 //	value key (16) ‖ value length (8, little-endian) ‖ xxhash64 of the value (8, little-endian)
 //
-// and one metadata key, "m/format" → "kvmesh-nvme-1", checked on open.
+// and one metadata key, "m/format" → idxFormat, checked on open. The format
+// names the key format too: segments written under another one (an older
+// kvmesh's "kvmesh-nvme-1", xxhash64 keys) are dropped on open, since their
+// keys mean nothing to this build.
 const (
-	idxPrefix   = 'l'
-	idxKeyLen   = 9
-	idxValLen   = 32
-	idxFormatV1 = "kvmesh-nvme-1"
+	idxPrefix       = 'l'
+	idxKeyLen       = 9
+	idxValLen       = 32
+	idxFormatFamily = "kvmesh-nvme-"
 )
+
+// idxFormat is "kvmesh-nvme-2/keys-2": segment format 2, key format
+// prefixhash.KeyVersion.
+var idxFormat = fmt.Sprintf("%s%d/keys-%d", idxFormatFamily, segVersion, prefixhash.KeyVersion)
 
 var idxFormatKey = []byte("m/format")
 

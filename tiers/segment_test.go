@@ -2,8 +2,12 @@ package tiers
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"strings"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -111,4 +115,24 @@ func FuzzSegHeader(f *testing.F) {
 			t.Fatalf("re-encoding %+v gives %x, decoded from %x", h, re, data[:segHeaderSize])
 		}
 	})
+}
+
+// TestSegHeaderOtherVersions: a record of segment format 1 (an older kvmesh,
+// xxhash64 keys) or of another key format does not decode, even with a
+// valid checksum.
+func TestSegHeaderOtherVersions(t *testing.T) {
+	h := segHeader{loc: segLoc(7, 3*segAlign), key: nvmeTestKey(1), n: 12345, sum: 0xdeadbeef}
+	for _, tc := range []struct {
+		version uint16
+		keys    byte
+	}{{1, 0}, {1, prefixhash.KeyVersion}, {segVersion, 1}, {segVersion, prefixhash.KeyVersion + 1}} {
+		var b [segHeaderSize]byte
+		encodeSegHeader(b[:], h)
+		binary.LittleEndian.PutUint16(b[4:6], tc.version)
+		b[48] = tc.keys
+		binary.LittleEndian.PutUint64(b[56:64], xxhash.Sum64(b[:56]))
+		if _, err := decodeSegHeader(b[:]); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "another kvmesh") {
+			t.Errorf("version %d, key format %d: %v", tc.version, tc.keys, err)
+		}
+	}
 }

@@ -46,8 +46,30 @@
 // nothing.
 //
 // Every length a frame declares is checked against Limits (items per frame,
-// value size, bytes per frame) before anything is allocated for it, so a
-// hostile frame cannot make a receiver allocate without bound.
+// value size, bytes per frame, keys per lookup frame) before anything is
+// allocated for it, so a hostile frame cannot make a receiver allocate
+// without bound.
+//
+// # Memory a client can make a server hold
+//
+// A Server charges what a request makes it allocate to one budget of
+// MaxInFlightBytes (default 256 MiB), before allocating it: the item table
+// as it arrives, 64 KiB at a time once each piece's first byte is there,
+// then the scratch and the answer's table (about 100 bytes per key or
+// item). So a sender that stops holds what it sent, not what it declared.
+// A put's values are charged as they arrive, a segment (putSegment, 4 MiB,
+// or one larger value) at a time: a segment is reserved once its first
+// byte is there, read, handed to the Sink and given back, so a put holds
+// at most one segment and a silent put none. A request that finds no room
+// waits until its deadline, then is refused with ErrLimit ("server busy").
+// A request that stops sending for ReadTimeout (default 5s) is dropped and
+// what it reserved given back. A connection keeps no request-sized buffer
+// between requests (scratch for at most 128 items and 16 KiB of tables;
+// larger ones go to a pool shared by all connections, which the GC empties
+// when unused), so an idle connection costs its 64 KiB read buffer; there
+// are at most MaxConns (1024) connections, idle for at most IdleTimeout
+// (5m). The shared-memory server reads puts the same way (its
+// RequestTimeout bounds each wait).
 //
 // # Security
 //

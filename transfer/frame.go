@@ -60,8 +60,7 @@ import (
 // It saves the client a second round trip (a gRPC Publish) per put.
 //
 // Lookup frames carry no payload; their item count is bounded by
-// maxLookupKeys rather than MaxItems, since an entry costs 24 bytes and
-// allocates nothing else.
+// Limits.MaxLookupKeys rather than MaxItems.
 //
 //	hello       (1)   the client's bearer token, one byte per item (count 0
 //	                  to MaxTokenLen; 0: no token)
@@ -304,7 +303,7 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 	case typeError:
 		maxCount, maxPayload = 0, maxErrorMsg
 	case typeLookupReq, typeLookupResp:
-		maxCount = maxLookupKeys
+		maxCount = uint64(lim.lookupKeys())
 	case typeHello:
 		maxCount = MaxTokenLen
 	case typeHelloAck:
@@ -579,6 +578,8 @@ func parseHello(t []byte) (hello, error) {
 		MaxItems:      int(binary.LittleEndian.Uint32(t[12:])),
 		MaxValueSize:  int(binary.LittleEndian.Uint32(t[16:])),
 		MaxBatchBytes: int(min(binary.LittleEndian.Uint64(t[24:]), maxBatchLimit+1)),
+		// Not on the wire: a shared-memory server answers no lookups.
+		MaxLookupKeys: maxItemsLimit,
 	}
 	switch {
 	case binary.LittleEndian.Uint32(t[20:]) != 0:

@@ -8,10 +8,6 @@ import (
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
-// maxLookupKeys bounds the keys of one lookup frame: a 2M-token prompt in
-// blocks of 16 tokens. Client.Lookup splits larger lookups.
-const maxLookupKeys = 1 << 17
-
 // Looker is implemented by a Source that also answers lookups: which
 // leading keys of runs of a prefix chain it holds. A Server whose Source is
 // not a Looker answers lookups with ErrUnsupported.
@@ -81,7 +77,7 @@ func (sc *serverConn) lookup(ctx context.Context, h *header) error {
 		return fmt.Errorf("%w: this server answers no lookups", ErrUnsupported)
 	}
 	n := h.count
-	sc.size(n)
+	sc.keys, sc.lens = grow(sc.keys, n), grow(sc.lens, n)
 	nruns, err := parseLookupReq(sc.table, sc.keys[:n], sc.lens[:n])
 	if err != nil {
 		return err
@@ -110,31 +106,73 @@ func (sc *serverConn) lookup(ctx context.Context, h *header) error {
 
 // Lookup asks the peer, for each run of consecutive keys of a prefix chain,
 // how many leading keys of the run it holds: counts[i] is that of runs[i]
-// (an empty run counts 0). A lookup of more than 131072 keys travels in
-// several requests, cut between runs; a run longer than that fails with
-// ErrLimit. It runs under ctx bounded by RequestTimeout, like Get.
+// (an empty run counts 0). A lookup of more than Limits.MaxLookupKeys keys
+// travels in several requests, cut between runs; a run longer than that is
+// sent as several runs, whose counts add up to the run's. It runs under ctx
+// bounded by RequestTimeout, like Get.
 func (c *Client) Lookup(ctx context.Context, runs [][]prefixhash.Key) ([]int, error) {
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
-	counts := make([]int, len(runs))
-	for lo := 0; lo < len(runs); {
+	limit := c.opts.MaxLookupKeys
+	parts, whole := splitRuns(runs, limit)
+	got := make([]int, len(parts))
+	for lo := 0; lo < len(parts); {
 		keys, hi := 0, lo
-		for hi < len(runs) && keys+len(runs[hi]) <= maxLookupKeys {
-			keys += len(runs[hi])
+		for hi < len(parts) && keys+len(parts[hi]) <= limit {
+			keys += len(parts[hi])
 			hi++
 		}
-		if hi == lo {
-			return nil, fmt.Errorf("%w: lookup run %d has %d keys, the limit is %d", ErrLimit, lo, len(runs[lo]), maxLookupKeys)
-		}
 		if keys > 0 {
-			err := c.do(ctx, func(cc *clientConn) error { return cc.lookup(ctx, c, runs[lo:hi], keys, counts[lo:hi]) })
+			err := c.do(ctx, func(cc *clientConn) error { return cc.lookup(ctx, c, parts[lo:hi], keys, got[lo:hi]) })
 			if err != nil {
 				return nil, fmt.Errorf("transfer: lookup %d keys on %s: %w", keys, c.addr, err)
 			}
 		}
 		lo = hi
 	}
-	return counts, nil
+	if whole == nil {
+		return got, nil
+	}
+	return joinCounts(runs, parts, whole, got), nil
+}
+
+// splitRuns cuts runs longer than limit keys into runs of at most limit
+// keys. whole[j] is the index in runs of parts[j]; whole is nil (and parts
+// is runs) when no run was cut.
+func splitRuns(runs [][]prefixhash.Key, limit int) (parts [][]prefixhash.Key, whole []int) {
+	long := false
+	for _, r := range runs {
+		long = long || len(r) > limit
+	}
+	if !long {
+		return runs, nil
+	}
+	for i, r := range runs {
+		for len(r) > limit {
+			parts, whole = append(parts, r[:limit:limit]), append(whole, i)
+			r = r[limit:]
+		}
+		parts, whole = append(parts, r), append(whole, i)
+	}
+	return parts, whole
+}
+
+// joinCounts turns the counts of parts, cut by splitRuns, into those of
+// runs: a run holds the keys of its parts up to the first part not wholly
+// held.
+func joinCounts(runs, parts [][]prefixhash.Key, whole, got []int) []int {
+	counts := make([]int, len(runs))
+	full := make([]bool, len(runs))
+	for i := range full {
+		full[i] = true
+	}
+	for j, i := range whole {
+		if full[i] {
+			counts[i] += got[j]
+			full[i] = got[j] == len(parts[j])
+		}
+	}
+	return counts
 }
 
 // lookup sends one lookup request of keys keys in runs and reads the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -39,7 +40,7 @@ func startLookupServer(t *testing.T, src Source) (*Server, string) {
 }
 
 // TestLookup: runs of any length, empty ones included, are counted as the
-// source counts them, in one request up to maxLookupKeys keys and in several
+// source counts them, in one request up to MaxLookupKeys keys and in several
 // beyond.
 func TestLookup(t *testing.T) {
 	src := newMemSource()
@@ -70,9 +71,10 @@ func TestLookup(t *testing.T) {
 		t.Fatalf("%d lookup requests for one lookup", st.Lookups)
 	}
 
-	// Beyond maxLookupKeys: cut between runs.
-	big := make([][]prefixhash.Key, 0, maxLookupKeys/64+2)
-	for len(big)*64 <= maxLookupKeys {
+	// Beyond MaxLookupKeys: cut between runs.
+	const limit = DefaultMaxLookupKeys
+	big := make([][]prefixhash.Key, 0, limit/64+2)
+	for len(big)*64 <= limit {
 		big = append(big, keys[11:75])
 	}
 	got, err = c.Lookup(context.Background(), big)
@@ -82,8 +84,25 @@ func TestLookup(t *testing.T) {
 	if st := s.Stats(); st.Lookups != 3 {
 		t.Fatalf("%d lookup requests, want 1 + 2 for %d keys", st.Lookups, len(big)*64)
 	}
-	if _, err := c.Lookup(context.Background(), [][]prefixhash.Key{make([]prefixhash.Key, maxLookupKeys+1)}); !errors.Is(err, ErrLimit) {
-		t.Fatalf("a run over the limit: %v, want ErrLimit", err)
+
+	// A run longer than the limit travels as several runs whose counts
+	// add up: held wholly, held up to a key in its second part, and a
+	// part after a missing key not counted.
+	held := make([]prefixhash.Key, 2*limit+5)
+	for i := range held {
+		held[i] = testKey(1000 + i)
+		src.set(held[i], []byte{1})
+	}
+	cut := append([]prefixhash.Key(nil), held[:limit+7]...)
+	cut = append(cut, testKey(999999))
+	cut = append(cut, held[limit+7:]...)
+	early := append([]prefixhash.Key{held[0], testKey(999998)}, held[:limit+1]...)
+	got, err = c.Lookup(context.Background(), [][]prefixhash.Key{keys[0:2], held, cut, early})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{2, len(held), limit + 7, 1}; !slices.Equal(got, want) {
+		t.Fatalf("long runs: counts %v, want %v", got, want)
 	}
 }
 

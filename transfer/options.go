@@ -26,6 +26,13 @@ type Limits struct {
 	// larger gets in several frames. Default 64 MiB; at least
 	// MaxValueSize.
 	MaxBatchBytes int
+	// MaxLookupKeys is the most keys in one lookup frame (24 bytes each on
+	// the wire, about 100 bytes of server memory while it is answered).
+	// Client.Lookup splits larger lookups, and longer runs, so any chain
+	// can be looked up. Default 8192: a 128k-token prompt in blocks of 16
+	// tokens in one frame. Not carried by the shared-memory hello (shared
+	// memory serves no lookups).
+	MaxLookupKeys int
 }
 
 // Default limits.
@@ -33,6 +40,7 @@ const (
 	DefaultMaxItems      = 4096
 	DefaultMaxValueSize  = 64 << 20
 	DefaultMaxBatchBytes = 64 << 20
+	DefaultMaxLookupKeys = 8192
 
 	// hard ceilings, so that counts and lengths fit the wire's fields
 	maxItemsLimit   = 1 << 20
@@ -43,7 +51,16 @@ const (
 
 // tighter returns the field-by-field minimum of two valid Limits.
 func tighter(a, b Limits) Limits {
-	return Limits{MaxItems: min(a.MaxItems, b.MaxItems), MaxValueSize: min(a.MaxValueSize, b.MaxValueSize), MaxBatchBytes: min(a.MaxBatchBytes, b.MaxBatchBytes)}
+	return Limits{MaxItems: min(a.MaxItems, b.MaxItems), MaxValueSize: min(a.MaxValueSize, b.MaxValueSize),
+		MaxBatchBytes: min(a.MaxBatchBytes, b.MaxBatchBytes), MaxLookupKeys: min(a.MaxLookupKeys, b.MaxLookupKeys)}
+}
+
+// lookupKeys is MaxLookupKeys, or its default when l was not defaulted.
+func (l *Limits) lookupKeys() int {
+	if l.MaxLookupKeys == 0 {
+		return DefaultMaxLookupKeys
+	}
+	return l.MaxLookupKeys
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -60,6 +77,9 @@ func (l *Limits) EnsureDefaults() {
 	if l.MaxBatchBytes == 0 {
 		l.MaxBatchBytes = max(DefaultMaxBatchBytes, alignUp(l.MaxValueSize))
 	}
+	if l.MaxLookupKeys == 0 {
+		l.MaxLookupKeys = DefaultMaxLookupKeys
+	}
 }
 
 // Validate reports the first field out of range.
@@ -72,6 +92,8 @@ func (l *Limits) Validate() error {
 	case l.MaxBatchBytes < alignUp(l.MaxValueSize) || l.MaxBatchBytes > maxBatchLimit:
 		return fmt.Errorf("transfer: Limits.MaxBatchBytes %d out of [MaxValueSize rounded up to 64 (%d), %d]",
 			l.MaxBatchBytes, alignUp(l.MaxValueSize), maxBatchLimit)
+	case l.MaxLookupKeys < 1 || l.MaxLookupKeys > maxItemsLimit:
+		return fmt.Errorf("transfer: Limits.MaxLookupKeys %d out of [1, %d]", l.MaxLookupKeys, maxItemsLimit)
 	}
 	return nil
 }
@@ -152,14 +174,29 @@ type ServerOptions struct {
 	// MaxConns is the most open connections; further ones are closed at
 	// accept. Default 1024.
 	MaxConns int
-	// MaxInFlightBytes bounds the put payload bytes being received and
-	// applied at once, over all connections; a put waits for room.
-	// Default 256 MiB; at least MaxBatchBytes.
+	// MaxInFlightBytes is the node-wide budget, in bytes, of the memory
+	// requests hold, over all connections, each part charged before it is
+	// allocated: a request's item table as it arrives (64 KiB at a time,
+	// once the first byte of each piece is there), then its scratch (about
+	// 100 bytes per key or item), and a put's values as they arrive, one
+	// segment (4 MiB, or one value when larger) at a time. A request
+	// waits for room until its deadline, then is refused with ErrLimit.
+	// One connection serves one request at a time, so it holds at most one
+	// request's table and one segment: with the defaults, a
+	// sixteenth of the budget for a 16 MiB value, a quarter for a 64 MiB
+	// one. Default 256 MiB; at least MaxBatchBytes.
 	MaxInFlightBytes int
 	// RequestTimeout bounds one request on the server, from its header to
 	// the last byte of the response, when the client asks for no shorter
 	// timeout. Default 30s.
 	RequestTimeout time.Duration
+	// ReadTimeout bounds each wait for the next bytes of a request the
+	// server has begun to read (its item table, each MiB of a put's
+	// values): a request that stops sending for this long is dropped with
+	// its connection, and what it reserved of MaxInFlightBytes released.
+	// A put's values are not reserved before their first bytes arrive.
+	// Default 5s.
+	ReadTimeout time.Duration
 	// IdleTimeout closes a connection with no request for this long.
 	// Default 5m.
 	IdleTimeout time.Duration
@@ -193,6 +230,9 @@ func (o *ServerOptions) EnsureDefaults() {
 	if o.RequestTimeout == 0 {
 		o.RequestTimeout = 30 * time.Second
 	}
+	if o.ReadTimeout == 0 {
+		o.ReadTimeout = 5 * time.Second
+	}
 	if o.IdleTimeout == 0 {
 		o.IdleTimeout = 5 * time.Minute
 	}
@@ -213,6 +253,8 @@ func (o *ServerOptions) Validate() error {
 		return fmt.Errorf("transfer: ServerOptions.MaxInFlightBytes %d is below MaxBatchBytes %d", o.MaxInFlightBytes, o.MaxBatchBytes)
 	case o.RequestTimeout <= 0:
 		return fmt.Errorf("transfer: ServerOptions.RequestTimeout %v must be positive", o.RequestTimeout)
+	case o.ReadTimeout <= 0:
+		return fmt.Errorf("transfer: ServerOptions.ReadTimeout %v must be positive", o.ReadTimeout)
 	case o.IdleTimeout <= 0:
 		return fmt.Errorf("transfer: ServerOptions.IdleTimeout %v must be positive", o.IdleTimeout)
 	case o.HandshakeTimeout <= 0:

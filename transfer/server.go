@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -258,17 +259,117 @@ func (sc *scratch) size(n int) {
 	clear(sc.st)
 }
 
+// What a connection keeps between requests: scratch for keepItems items
+// and table and frame buffers of keepBytes. A larger request's buffers go
+// to bigBufs when it is done (TCP), or are dropped (shared memory), so
+// that an idle connection holds little beyond its 64 KiB read buffer,
+// whatever it asked before.
+const (
+	keepItems = 128
+	keepBytes = 16 << 10
+)
+
+// trim drops slices grown past keepItems.
+func (sc *scratch) trim() {
+	if cap(sc.keys) > keepItems || cap(sc.chunks) > keepItems || cap(sc.vals) > keepItems || cap(sc.lens) > keepItems {
+		*sc = scratch{}
+	}
+}
+
+// itemCost is what serving a request costs the server per key or item,
+// beside its item table: the scratch slices (a key, a chunk key, a value
+// slice, a status, a length) and an entry of the answer's table.
+const itemCost = 2*prefixhash.KeySize + 24 + 1 + 8 + getRespEntry
+
+// requestCost is the memory a request of header h is charged once its table
+// has arrived: the table, the scratch and the answer's table. A put's
+// values are charged as they arrive (servePut).
+func requestCost(h *header) int64 {
+	return int64(headerLen + h.tableLen() + h.count*itemCost)
+}
+
+// tablePiece is how much of an item table the server reserves and reads at
+// a time.
+const tablePiece = 64 << 10
+
+// readTable reads the item table of request h as it arrives, each piece
+// (tablePiece) charged to the in-flight budget once its first byte is there,
+// then charges the request's scratch: a sender that stops holds what it
+// sent, not what it declared, until ReadTimeout drops it. It returns what it
+// charged, to give back when the request is done, failed or not.
+func (sc *serverConn) readTable(ctx context.Context, h *header, pr *payloadReader) (held int64, err error) {
+	sem := sc.s.inflight
+	charge := func(n int) error {
+		got, err := reserve(ctx, sem, min(int64(n), sem.size-held))
+		held += got
+		return err
+	}
+	n := h.tableLen()
+	t := sc.table[:0]
+	for len(t) < n {
+		if err := pr.wait(); err != nil {
+			return held, fmt.Errorf("read %s table: %w", h.typ, err)
+		}
+		piece := min(n-len(t), tablePiece)
+		if err := charge(piece); err != nil {
+			return held, err
+		}
+		t = slices.Grow(t, piece)[:len(t)+piece]
+		pr.progress()
+		if _, err := io.ReadFull(pr.br, t[len(t)-piece:]); err != nil {
+			return held, fmt.Errorf("read %s table: %w", h.typ, err)
+		}
+	}
+	sc.table = t
+	if err := checkTable(h, t); err != nil {
+		return held, err
+	}
+	return held, charge(int(requestCost(h)) - n)
+}
+
+// reserve takes n bytes of sem for a request, waiting until ctx is done,
+// and returns how much it took (n, clamped to the budget).
+func reserve(ctx context.Context, sem *byteSem, n int64) (int64, error) {
+	n = min(n, sem.size)
+	if n <= 0 {
+		return 0, nil
+	}
+	if err := sem.acquire(ctx, n); err != nil {
+		return 0, fmt.Errorf("%w: server busy: no room for %d bytes in its in-flight budget (MaxInFlightBytes %d) before the deadline (%w)",
+			ErrLimit, n, sem.size, err)
+	}
+	return n, nil
+}
+
 type serverConn struct {
-	s     *Server
-	nc    net.Conn
-	br    *bufio.Reader
-	hdr   [headerLen]byte
+	s   *Server
+	nc  net.Conn
+	br  *bufio.Reader
+	hdr [headerLen]byte
+	who auth.Principal // whom the hello authenticated
+	connBufs
+}
+
+// connBufs are the buffers a connection's requests grow: kept between
+// requests while small, lent to bigBufs after a large request.
+type connBufs struct {
 	table []byte
 	enc   encoder
 	bufs  net.Buffers
-	who   auth.Principal // whom the hello authenticated
 	scratch
 }
+
+func (b *connBufs) big() bool {
+	s := &b.scratch
+	return cap(b.table) > keepBytes || cap(b.enc.b) > keepBytes || cap(b.bufs) > keepItems ||
+		cap(s.keys) > keepItems || cap(s.chunks) > keepItems || cap(s.vals) > keepItems || cap(s.lens) > keepItems
+}
+
+// bigBufs holds the buffers of large requests between them, shared by all
+// connections, so that an idle connection holds none and a busy server
+// allocates them once. It holds no more than were in use at once (bounded
+// by MaxInFlightBytes), and empties itself over two GCs when unused.
+var bigBufs sync.Pool // *connBufs
 
 // serveConn serves one connection: TLS handshake (when configured), the
 // hello, then requests until the client hangs up, idles out or breaks the
@@ -292,11 +393,34 @@ func (s *Server) serveConn(raw net.Conn) {
 			}
 			return
 		}
-		if err := sc.serve(); err != nil {
+		err := sc.serve()
+		sc.trim()
+		if err != nil {
 			s.dropLog(nc, err)
 			return
 		}
 		s.stats.requests.Add(1)
+	}
+}
+
+// trim drops the buffers the last request grew past what an idle
+// connection keeps.
+func (sc *serverConn) trim() {
+	if sc.connBufs.big() {
+		b := new(connBufs)
+		*b = sc.connBufs
+		bigBufs.Put(b)
+		sc.connBufs = connBufs{}
+	}
+}
+
+// borrow takes pooled buffers for request h, when it is a large one.
+func (sc *serverConn) borrow(h *header) {
+	if h.count <= keepItems && h.tableLen() <= keepBytes {
+		return
+	}
+	if b, ok := bigBufs.Get().(*connBufs); ok {
+		sc.connBufs = *b
 	}
 }
 
@@ -365,7 +489,9 @@ func (sc *serverConn) opening() bool {
 		err = refused("this server requires a bearer token: the connection must open with a hello")
 	default:
 		// A client that skipped the hello, served without one.
-		if err := sc.serve(); err != nil {
+		err := sc.serve()
+		sc.trim()
+		if err != nil {
 			s.dropLog(sc.nc, err)
 			return false
 		}
@@ -401,7 +527,11 @@ func (sc *serverConn) serve() error {
 	defer cancel()
 	dl, _ := ctx.Deadline()
 	sc.nc.SetDeadline(dl)
-	if sc.table, err = readTable(sc.br, &h, sc.table); err != nil {
+	pr := payloadReader{br: sc.br, conn: sc.nc, timeout: s.opts.ReadTimeout, deadline: dl}
+	sc.borrow(&h)
+	held, err := sc.readTable(ctx, &h, &pr)
+	defer s.inflight.release(held)
+	if err != nil {
 		return sendError(sc.nc, h.id, err)
 	}
 	if h.typ.isRequest() {
@@ -415,7 +545,7 @@ func (sc *serverConn) serve() error {
 		err = sc.get(ctx, &h)
 	case typePutReq, typePublishReq:
 		var frame []byte
-		frame, err = servePut(ctx, sc.br, &h, sc.table, &s.opts.Limits, s.inflight, s.sink, &sc.scratch, &sc.enc, &s.stats)
+		frame, err = servePut(ctx, &pr, &h, sc.table, &s.opts.Limits, s.inflight, s.sink, &sc.scratch, &sc.enc, &s.stats)
 		if err == nil {
 			_, err = sc.nc.Write(frame)
 		}
@@ -516,10 +646,59 @@ func (sc *serverConn) get(ctx context.Context, h *header) error {
 	return nil
 }
 
-// servePut reads a put or publish request's values (after its table) into a
-// pooled buffer, hands them to sink, and returns the response frame, valid
-// until enc's next use. It is shared by the TCP and shared-memory servers.
-func servePut(ctx context.Context, r io.Reader, h *header, table []byte, lim *Limits, sem *byteSem, sink Sink, sc *scratch, enc *encoder, stats *counters) ([]byte, error) {
+// putSegment is how many value bytes of a put the server reserves, reads
+// and stores at a time: consecutive values up to this size, or one larger
+// value.
+const putSegment = 4 << 20
+
+// A payloadReader reads a request's bytes as they arrive, dropping a sender
+// that stops: each wait for more bytes ends after timeout, and all of them
+// at deadline (the request's).
+type payloadReader struct {
+	br       *bufio.Reader
+	conn     interface{ SetReadDeadline(time.Time) error }
+	timeout  time.Duration
+	deadline time.Time
+}
+
+// progress gives the sender timeout (within the request's deadline) to
+// send its next bytes.
+func (pr *payloadReader) progress() {
+	dl := time.Now().Add(pr.timeout)
+	if !pr.deadline.IsZero() && pr.deadline.Before(dl) {
+		dl = pr.deadline
+	}
+	pr.conn.SetReadDeadline(dl)
+}
+
+// wait waits for the next byte, without reading it.
+func (pr *payloadReader) wait() error {
+	pr.progress()
+	_, err := pr.br.Peek(1)
+	return err
+}
+
+// read fills b, a MiB at a time, each within timeout.
+func (pr *payloadReader) read(b []byte) error {
+	for len(b) > 0 {
+		n := min(len(b), 1<<20)
+		pr.progress()
+		if _, err := io.ReadFull(pr.br, b[:n]); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// servePut reads a put or publish request's values (after its table) and
+// hands them to sink one segment (putSegment) at a time, as they arrive:
+// each segment is reserved in sem once its first byte has come, read into a
+// pooled buffer, stored, and given back, so a put holds at most one segment
+// and a put that stops sending holds none (it is dropped after pr's
+// timeout). It returns the response frame, valid until enc's next use. It
+// is shared by the TCP and shared-memory servers.
+func servePut(ctx context.Context, pr *payloadReader, h *header, table []byte, lim *Limits, sem *byteSem, sink Sink, sc *scratch, enc *encoder, stats *counters) ([]byte, error) {
 	if sink == nil {
 		return nil, fmt.Errorf("%w: this server accepts no puts", ErrUnsupported)
 	}
@@ -532,32 +711,25 @@ func servePut(ctx context.Context, r io.Reader, h *header, table []byte, lim *Li
 	if err := parsePutReq(table, h, lim, sc.keys, sc.chunks, sc.lens); err != nil {
 		return nil, err
 	}
-	if h.payload > 0 {
-		if err := sem.acquire(ctx, int64(h.payload)); err != nil {
-			return nil, fmt.Errorf("waiting for in-flight room: %w", err)
+	store := func(lo, hi int) {
+		if h.typ == typePublishReq {
+			pub.PutPublish(ctx, sc.keys[lo:hi], sc.chunks[lo:hi], sc.vals[lo:hi], sc.st[lo:hi])
+		} else {
+			sink.Put(ctx, sc.keys[lo:hi], sc.vals[lo:hi], sc.st[lo:hi])
 		}
-		defer sem.release(int64(h.payload))
-		buf := getBuffer(h.payload)
-		defer putBuffer(buf)
-		if _, err := io.ReadFull(r, buf.b); err != nil {
-			return nil, fmt.Errorf("read values: %w", err)
-		}
-		off := 0
-		for i, l := range sc.lens[:n] {
-			sc.vals[i] = buf.b[off : off+l : off+l]
-			off += alignUp(l)
-		}
-	} else {
-		for i := range n {
-			sc.vals[i] = []byte{}
-		}
+		clear(sc.vals[lo:hi])
 	}
-	if h.typ == typePublishReq {
-		pub.PutPublish(ctx, sc.keys, sc.chunks, sc.vals, sc.st)
-	} else {
-		sink.Put(ctx, sc.keys, sc.vals, sc.st)
+	for lo := 0; lo < n; {
+		hi, size := lo, 0
+		for hi < n && (hi == lo || size+alignUp(sc.lens[hi]) <= putSegment) {
+			size += alignUp(sc.lens[hi])
+			hi++
+		}
+		if err := putSegmentOf(ctx, pr, sem, sc, lo, hi, size, store); err != nil {
+			return nil, err
+		}
+		lo = hi
 	}
-	clear(sc.vals)
 	t := enc.begin(typePutResp, n)
 	for i, st := range sc.st[:n] {
 		if st > StatusError {
@@ -568,4 +740,37 @@ func servePut(ctx context.Context, r io.Reader, h *header, table []byte, lim *Li
 	stats.puts.Add(int64(n))
 	stats.bytesIn.Add(int64(h.payload))
 	return enc.finish(header{typ: typePutResp, id: h.id, count: n}), nil
+}
+
+// putSegmentOf reads the values lo..hi of a put, size bytes padded, and
+// stores them.
+func putSegmentOf(ctx context.Context, pr *payloadReader, sem *byteSem, sc *scratch, lo, hi, size int, store func(lo, hi int)) error {
+	if size == 0 {
+		for i := lo; i < hi; i++ {
+			sc.vals[i] = []byte{}
+		}
+		store(lo, hi)
+		return nil
+	}
+	if err := pr.wait(); err != nil {
+		return fmt.Errorf("read values: %w", err)
+	}
+	held, err := reserve(ctx, sem, int64(size))
+	if err != nil {
+		return err
+	}
+	defer sem.release(held)
+	buf := getBuffer(size)
+	defer putBuffer(buf)
+	if err := pr.read(buf.b); err != nil {
+		return fmt.Errorf("read values: %w", err)
+	}
+	off := 0
+	for i := lo; i < hi; i++ {
+		l := sc.lens[i]
+		sc.vals[i] = buf.b[off : off+l : off+l]
+		off += alignUp(l)
+	}
+	store(lo, hi)
+	return nil
 }

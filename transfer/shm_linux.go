@@ -333,10 +333,11 @@ func (c *shmConn) readLoop(work chan<- shmWork) error {
 				return c.sendError(h.id, err)
 			}
 			dl, _ := ctx.Deadline()
-			c.uc.SetReadDeadline(dl)
-			frame, err := servePut(ctx, br, &h, table, &s.opts.Limits, s.inflight, s.sink, &sc, &enc, &s.stats)
+			pr := payloadReader{br: br, conn: c.uc, timeout: s.opts.RequestTimeout, deadline: dl}
+			frame, err := servePut(ctx, &pr, &h, table, &s.opts.Limits, s.inflight, s.sink, &sc, &enc, &s.stats)
 			cancel()
 			c.uc.SetReadDeadline(time.Time{})
+			sc.trim()
 			if err != nil {
 				return c.sendError(h.id, err)
 			}

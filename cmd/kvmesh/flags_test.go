@@ -318,3 +318,24 @@ func FuzzConfig(f *testing.F) {
 		}
 	})
 }
+
+// TestServeLimitFlags: the limit and gossip flags reach node.Options from
+// the command line, the environment and the config file alike.
+func TestServeLimitFlags(t *testing.T) {
+	o, err := serveOptions(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.InsecureGossip || o.MaxConcurrentStreams != 256 || o.MaxInFlightBytes != 256<<20 {
+		t.Fatalf("defaults: InsecureGossip %v, MaxConcurrentStreams %d, MaxInFlightBytes %d", o.InsecureGossip, o.MaxConcurrentStreams, o.MaxInFlightBytes)
+	}
+	cfg := filepath.Join(t.TempDir(), "kvmesh.yaml")
+	os.WriteFile(cfg, []byte("max-inflight-bytes: 512MiB\n"), 0o600)
+	o, err = serveOptions(t, map[string]string{"KVMESH_INSECURE_GOSSIP": "true", "KVMESH_CONFIG": cfg}, "--max-concurrent-streams", "32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.InsecureGossip || o.MaxConcurrentStreams != 32 || o.MaxInFlightBytes != 512<<20 {
+		t.Fatalf("set: InsecureGossip %v, MaxConcurrentStreams %d, MaxInFlightBytes %d", o.InsecureGossip, o.MaxConcurrentStreams, o.MaxInFlightBytes)
+	}
+}

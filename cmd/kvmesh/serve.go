@@ -30,6 +30,9 @@ type serveFlags struct {
 	shmRegion                                  int64
 	join                                       []string
 	gossipKeyFile, gossipProfile               string
+	insecureGossip                             bool
+	maxConcurrentStreams                       int
+	maxInFlightBytes                           int64
 	replicas, chunkTokens                      int
 	lookupTimeout, getTimeout, peerBackoff     time.Duration
 	handoff                                    int64
@@ -62,7 +65,8 @@ var flagOf = map[string]string{
 	"MaxBlockBytes": "max-block-bytes", "MaxBatchBlocks": "max-batch-blocks", "MaxMessageBytes": "max-message-bytes",
 	"ChunkBytes": "chunk-bytes", "RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout",
 	"TLS": "tls-cert", "PeerTLS": "tls-ca", "Tokens": "auth-token-file", "QuotaDRAMBytes": "quota-dram", "QuotaNVMeBytes": "quota-nvme",
-	"ReadyFile": "ready-file",
+	"ReadyFile":      "ready-file",
+	"InsecureGossip": "insecure-gossip", "MaxConcurrentStreams": "max-concurrent-streams", "MaxInFlightBytes": "max-inflight-bytes",
 }
 
 func serveCmd() *cobra.Command {
@@ -149,6 +153,7 @@ flag names, for example:
 	fs.StringVar(&f.readyFile, "ready-file", "", "once serving, write the addresses bound (port 0 resolved) to this file as JSON: node_id, pid, grpc_addr, http_addr, data_addr, gossip_addr, shm_socket")
 	fs.StringVar(&f.advertiseHost, "advertise-host", "", "host other nodes and clients reach this node at, for addresses bound to 0.0.0.0 (default: the gossip host, else a private IP)")
 	fs.StringVar(&f.gossipKeyFile, "gossip-key-file", "", "file holding the base64 of a 16, 24 or 32-byte key that encrypts gossip (the same on every member)")
+	fs.BoolVar(&f.insecureGossip, "insecure-gossip", false, "let a node with --auth-token-file start without a gossip key or mutual TLS: any host that reaches --gossip-addr may then join, own blocks and receive the node's token")
 	fs.StringVar(&f.gossipProfile, "gossip-profile", d.GossipProfile, "failure detection timings: lan, or local (one host, tests: a dead node noticed in about 2s)")
 	fs.IntVar(&f.replicas, "replicas", d.Replicas, "nodes that own each placement chunk (the same on every member)")
 	fs.IntVar(&f.chunkTokens, "chunk-tokens", d.ChunkTokens, "tokens per placement chunk (the same on every member)")
@@ -163,6 +168,8 @@ flag names, for example:
 	fs.IntVar(&f.maxBatchBlocks, "max-batch-blocks", d.MaxBatchBlocks, "most blocks one request may name")
 	fs.Var(newSize(&f.maxMessageBytes, int64(d.MaxMessageBytes)), "max-message-bytes", "largest gRPC message sent or received")
 	fs.Var(newSize(&f.chunkBytes, int64(d.ChunkBytes)), "chunk-bytes", "most payload bytes in one streamed message")
+	fs.IntVar(&f.maxConcurrentStreams, "max-concurrent-streams", d.MaxConcurrentStreams, "most gRPC calls open at once on one client connection (more wait on the client)")
+	fs.Var(newSize(&f.maxInFlightBytes, d.MaxInFlightBytes), "max-inflight-bytes", "request buffers each server holds at once (BatchPut blocks; data-plane requests and puts); more wait, then are refused")
 	fs.DurationVar(&f.requestTimeout, "request-timeout", d.RequestTimeout, "upper bound of any request, streams included")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "how long requests in flight may run on after SIGTERM")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM file of the node's certificate chain: serve gRPC and the data plane over TLS 1.3")
@@ -255,7 +262,8 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		NodeID: f.nodeID, DataDir: f.dataDir,
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
 		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost, ReadyFile: f.readyFile,
-		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, Pprof: f.pprof,
+		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip,
+		MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes, Pprof: f.pprof,
 		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf,
 		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,

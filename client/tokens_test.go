@@ -1,0 +1,72 @@
+package client
+
+import (
+	"context"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// lyingBulk answers every key with a block, the block at index bad holding
+// other tokens than the prompt's.
+type lyingBulk struct {
+	tokens []uint32
+	bad    int
+}
+
+func (l lyingBulk) get(_ context.Context, ns prefixhash.Namespace, keys, _ []prefixhash.Key, _, _ bool, fn func(Block) error) error {
+	parent := ns.Root()
+	for i, k := range keys {
+		toks := append([]uint32(nil), l.tokens[i*ns.BlockTokens:(i+1)*ns.BlockTokens]...)
+		if i == l.bad {
+			toks[0]++
+		}
+		if err := fn(Block{Index: i, Key: k, Found: true, Parent: parent, Tokens: toks, Payload: []byte{1}}); err != nil {
+			return err
+		}
+		parent = k
+	}
+	return nil
+}
+
+func (lyingBulk) put(context.Context, prefixhash.Namespace, []putItem) ([]prefixhash.Key, error) {
+	return nil, nil
+}
+
+// noNode answers every call Unimplemented: the client does without node info.
+type noNode struct{}
+
+func (noNode) Invoke(context.Context, string, any, any, ...grpc.CallOption) error {
+	return status.Error(codes.Unimplemented, "no node")
+}
+
+func (noNode) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.CallOption) (grpc.ClientStream, error) {
+	return nil, status.Error(codes.Unimplemented, "no node")
+}
+
+// TestGetComparesTokens: Get keeps the blocks that hold the prompt's tokens
+// and ends the prefix at one that does not, counting it.
+func TestGetComparesTokens(t *testing.T) {
+	ns := prefixhash.Namespace{Model: "test/client", DType: prefixhash.Float16, BlockTokens: 4, LayerEnd: 1, KVHeads: 1, HeadDim: 4}
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	c, err := newClient(noNode{}, Options{Transport: TransportGRPC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.bulk = lyingBulk{tokens: tokens, bad: 2}
+	blocks, err := c.Get(context.Background(), ns, tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(blocks) != 2 || c.RefusedBlocks() != 1 {
+		t.Fatalf("Get: %d blocks, %d refused; want blocks 0 and 1, block 2 refused", len(blocks), c.RefusedBlocks())
+	}
+	c.bulk = lyingBulk{tokens: tokens, bad: -1}
+	if blocks, err = c.Get(context.Background(), ns, tokens); err != nil || len(blocks) != 4 {
+		t.Fatalf("honest Get: %d blocks, %v", len(blocks), err)
+	}
+}

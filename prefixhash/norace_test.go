@@ -1,0 +1,5 @@
+//go:build !race
+
+package prefixhash
+
+const raceEnabled = false
