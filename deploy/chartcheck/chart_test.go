@@ -213,6 +213,7 @@ func TestChartRefuses(t *testing.T) {
 	for _, tc := range []struct{ values, want string }{
 		{"kind: Deployment\n", "want StatefulSet or DaemonSet"},
 		{"tls:\n  enabled: true\n", "tls.existingSecret"},
+		{"auth:\n  tokens: [t]\n", "auth needs a gossip key"},
 	} {
 		f := filepath.Join(t.TempDir(), "values.yaml")
 		os.WriteFile(f, []byte(tc.values), 0o644)
