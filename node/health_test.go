@@ -207,3 +207,51 @@ func TestNamespaceSeries(t *testing.T) {
 		t.Errorf("the largest namespace's series lacks its model label")
 	}
 }
+
+// TestLookupCounts: per-namespace lookup rows go to the first namespaces
+// whose lookups found blocks, up to the bound; lookups that found nothing
+// in a namespace without a row, and those past the bound, count as
+// "other"; the totals are the node's.
+func TestLookupCounts(t *testing.T) {
+	var l lookupCounts
+	for d := range uint64(1000) {
+		l.add(d+1_000_000, 100, 0) // a flood of namespaces that hold nothing
+	}
+	for d := range uint64(maxNamespaceSeries + 5) {
+		l.add(d+1, 100, 40)
+		l.add(d+1, 100, 0) // a miss in a namespace with a row stays in it
+	}
+	if got := l.n.Load(); got != maxNamespaceSeries {
+		t.Errorf("%d rows, want %d", got, maxNamespaceSeries)
+	}
+	v, ok := l.rows.Load(uint64(1))
+	if !ok {
+		t.Fatal("namespace 1 has no row")
+	}
+	if r := v.(*lookupRow); r.prompt.Load() != 200 || r.cached.Load() != 40 {
+		t.Errorf("namespace 1: %d of %d tokens cached, want 40 of 200", r.cached.Load(), r.prompt.Load())
+	}
+	if p, c := l.other.prompt.Load(), l.other.cached.Load(); p != 1000*100+5*200 || c != 5*40 {
+		t.Errorf("other: %d of %d tokens cached, want %d of %d", c, p, 5*40, 1000*100+5*200)
+	}
+
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(newLookupCollector(&l, nil, func(d uint64) string {
+		if d == 1 {
+			return "meta-llama/Llama-3.1-8B"
+		}
+		return ""
+	}))
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := promlint.NewWithMetricFamilies(fams).Lint(); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+	for _, f := range fams {
+		if n := len(f.GetMetric()); n != maxNamespaceSeries+1 {
+			t.Errorf("%s: %d series, want %d and other", f.GetName(), n, maxNamespaceSeries)
+		}
+	}
+}

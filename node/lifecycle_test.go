@@ -139,6 +139,9 @@ func TestMetrics(t *testing.T) {
 		`grpc_server_handling_seconds_bucket{grpc_method="Exists",grpc_service="kvmesh.v1.CacheService",grpc_type="unary",le="+Inf"} 1`,
 		"kvmesh_grpc_requests_in_flight 0",
 		"kvmesh_namespaces 0", // the fake cache keeps no namespace counts
+		// Lookup found 8 of the 12 tokens: the namespace has a row.
+		`kvmesh_namespace_lookup_cached_tokens_total{model="test/tiny",namespace="` + digestString(testNS.Digest()) + `"} 8`,
+		`kvmesh_namespace_lookup_prompt_tokens_total{model="test/tiny",namespace="` + digestString(testNS.Digest()) + `"} 12`,
 		`kvmesh_build_info{goversion="` + runtime.Version() + `",revision=`,
 	} {
 		if !strings.Contains(text, want) {

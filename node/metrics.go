@@ -31,6 +31,7 @@ type metrics struct {
 	inFlight     prometheus.Gauge
 	promptTokens prometheus.Counter     // tokens of looked-up prompts
 	cachedTokens prometheus.Counter     // of which cached
+	lookups      *lookupCounts          // the same per namespace
 	blocks       *prometheus.CounterVec // op: get, put
 	bytes        *prometheus.CounterVec // op: get, put (payload bytes)
 	dropped      *prometheus.CounterVec // reason: blocks read but refused (verify: corrupt, other namespace or key; tokens: not the tokens asked for)
@@ -50,7 +51,7 @@ type metricsOptions struct {
 }
 
 func newMetrics(cache Cache, o metricsOptions, extra ...prometheus.Collector) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry()}
+	m := &metrics{reg: prometheus.NewRegistry(), lookups: new(lookupCounts)}
 	m.grpc = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 		grpcprom.WithHistogramBuckets([]float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30})))
 	m.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -81,7 +82,7 @@ func newMetrics(cache Cache, o metricsOptions, extra ...prometheus.Collector) *m
 		m.dropped.WithLabelValues(r) // every reason is a series from the start
 	}
 	m.reg.MustRegister(m.grpc, m.inFlight, m.promptTokens, m.cachedTokens, m.blocks, m.bytes, m.dropped,
-		newCacheCollector(cache, o.labelKey, o.model), newBuildInfo(o.version),
+		newCacheCollector(cache, o.labelKey, o.model), newLookupCollector(m.lookups, o.labelKey, o.model), newBuildInfo(o.version),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(extra...)

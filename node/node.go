@@ -129,7 +129,9 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	if opts.TokensFile != nil {
 		labelKey = opts.TokensFile.LabelKey
 	}
-	n.metrics = newMetrics(cache, metricsOptions{labelKey: labelKey, version: opts.Version, model: n.names.model},
+	// A namespace in the metrics holds blocks: keep its name, as Stats does.
+	model := func(d uint64) string { n.names.keepSeen(d); return n.names.model(d) }
+	n.metrics = newMetrics(cache, metricsOptions{labelKey: labelKey, version: opts.Version, model: model},
 		append(extra, n.guard.collectors()...)...)
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
