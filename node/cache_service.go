@@ -39,6 +39,7 @@ func (s *cacheService) Lookup(ctx context.Context, req *kvmeshv1.LookupRequest) 
 	cached := n * ns.BlockTokens
 	s.n.metrics.promptTokens.Add(float64(promptTokens))
 	s.n.metrics.cachedTokens.Add(float64(cached))
+	s.n.metrics.lookups.add(ns.Digest(), promptTokens, cached)
 	resp := &kvmeshv1.LookupResponse{
 		CachedBlocks: uint32(n),
 		CachedTokens: uint64(cached),

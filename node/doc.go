@@ -6,9 +6,11 @@
 //
 // A Node serves kvmesh.v1.CacheService, AdminService, PeerService and
 // PrefillService over a Cache, with gRPC health checking and server reflection on, and an HTTP
-// server with /metrics (every metric named kvmesh_*) and /healthz. Open builds
-// the production node; New serves any Cache alone (tests use an in-memory
-// one).
+// server with /metrics (every metric named kvmesh_*, but the gRPC server's
+// standard grpc_server_* and the Go runtime's), /healthz, /livez, /readyz
+// (ready once Serve runs and membership has joined) and, with
+// Options.Pprof, /debug/pprof/. Open builds the production node; New
+// serves any Cache alone (tests use an in-memory one).
 //
 // Every address may have port 0. What was bound is logged in one line when
 // the node serves and, with Options.ReadyFile, written as JSON once it

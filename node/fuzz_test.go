@@ -58,7 +58,7 @@ func FuzzBatchPut(f *testing.F) {
 	f.Add(seed[:len(seed)/2])
 	opts := Options{MaxBatchBlocks: 4, Logger: slog.New(slog.DiscardHandler)}
 	opts.EnsureDefaults()
-	n := &Node{opts: opts, log: opts.Logger, metrics: newMetrics(newFakeCache(0), nil), putBudget: newBudget(opts.MaxInFlightBytes)}
+	n := &Node{opts: opts, log: opts.Logger, metrics: newMetrics(newFakeCache(0), metricsOptions{}), putBudget: newBudget(opts.MaxInFlightBytes)}
 	svc := &cacheService{n: n}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var msgs []*kvmeshv1.BatchPutRequest

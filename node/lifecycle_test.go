@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -134,9 +135,14 @@ func TestMetrics(t *testing.T) {
 		`kvmesh_tier_capacity_bytes{tier="dram"} 1.048576e+06`,
 		"kvmesh_cache_evictions_total 0",
 		`kvmesh_blocks_total{op="put"} 2`,
-		`kvmesh_grpc_request_duration_seconds_count{code="OK",method="/kvmesh.v1.CacheService/Lookup"} 1`,
-		`kvmesh_grpc_request_duration_seconds_bucket{code="OK",method="/kvmesh.v1.CacheService/Exists",le="+Inf"} 1`,
+		`grpc_server_handled_total{grpc_code="OK",grpc_method="Lookup",grpc_service="kvmesh.v1.CacheService",grpc_type="unary"} 1`,
+		`grpc_server_handling_seconds_bucket{grpc_method="Exists",grpc_service="kvmesh.v1.CacheService",grpc_type="unary",le="+Inf"} 1`,
 		"kvmesh_grpc_requests_in_flight 0",
+		"kvmesh_namespaces 0", // the fake cache keeps no namespace counts
+		// Lookup found 8 of the 12 tokens: the namespace has a row.
+		`kvmesh_namespace_lookup_cached_tokens_total{model="test/tiny",namespace="` + digestString(testNS.Digest()) + `"} 8`,
+		`kvmesh_namespace_lookup_prompt_tokens_total{model="test/tiny",namespace="` + digestString(testNS.Digest()) + `"} 12`,
+		`kvmesh_build_info{goversion="` + runtime.Version() + `",revision=`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics lacks %q", want)

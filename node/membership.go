@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -117,6 +118,7 @@ type Membership struct {
 
 	name      string // this node's id
 	seeds     []string
+	joined    atomic.Bool   // no seeds, or one of them answered a Join
 	reconnect time.Duration // interval
 	retryFor  time.Duration
 
@@ -237,8 +239,11 @@ func StartMembership(opts MembershipOptions) (*Membership, error) {
 		// Nodes started this way are for tests, where the id is given.
 		m.log.Warn("gossip port 0 without a node id: the node id carries port 0", "id", conf.Name)
 	}
+	m.joined.Store(len(opts.Join) == 0)
 	if len(opts.Join) > 0 {
-		if _, err := ml.Join(opts.Join); err != nil {
+		contacted, err := ml.Join(opts.Join)
+		m.joined.Store(contacted > 0)
+		if err != nil && contacted == 0 {
 			if !opts.RetryJoin {
 				_ = ml.Shutdown()
 				return nil, fmt.Errorf("%w via %v: %w", ErrJoin, opts.Join, err)
@@ -265,6 +270,18 @@ func StartMembership(opts MembershipOptions) (*Membership, error) {
 	return m, nil
 }
 
+// Joined reports whether the node has joined its cluster: it was started
+// with no seeds, one of them answered a join (the first, or a retry), or
+// another member joined it.
+func (m *Membership) Joined() bool {
+	if m.joined.Load() {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.mu.members) > 1
+}
+
 // reconnector asks, every ReconnectInterval, the seeds that are not members
 // and the members that failed recently to join again, so that a partition
 // heals and a node started before its seeds finds them. memberlist alone
@@ -285,6 +302,7 @@ func (m *Membership) reconnector() {
 		if n, err := m.ml.Join(targets); err != nil && n == 0 {
 			m.log.Debug("rejoin attempt failed", "targets", targets, "err", err)
 		} else {
+			m.joined.Store(true)
 			m.log.Info("rejoined members", "targets", targets, "contacted", n)
 		}
 	}

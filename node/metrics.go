@@ -6,29 +6,35 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
+	"sort"
 	"time"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // metrics are the node's Prometheus metrics, in a registry of its own (two
 // nodes in one process, as in tests, never collide). Every name starts with
-// kvmesh_; the Go runtime and process collectors are added beside them.
+// kvmesh_ but the gRPC server's, which keep the names that stock dashboards
+// and alerts query (grpc_server_handled_total, grpc_server_handling_seconds,
+// from the grpc-ecosystem middleware); the Go runtime and process collectors
+// are added beside them.
 type metrics struct {
 	reg *prometheus.Registry
 
-	requestSeconds *prometheus.HistogramVec // method, code
-	inFlight       prometheus.Gauge
-	promptTokens   prometheus.Counter     // tokens of looked-up prompts
-	cachedTokens   prometheus.Counter     // of which cached
-	blocks         *prometheus.CounterVec // op: get, put
-	bytes          *prometheus.CounterVec // op: get, put (payload bytes)
-	dropped        *prometheus.CounterVec // reason: blocks read but refused (verify: corrupt, other namespace or key; tokens: not the tokens asked for)
+	grpc         *grpcprom.ServerMetrics
+	inFlight     prometheus.Gauge
+	promptTokens prometheus.Counter     // tokens of looked-up prompts
+	cachedTokens prometheus.Counter     // of which cached
+	lookups      *lookupCounts          // the same per namespace
+	blocks       *prometheus.CounterVec // op: get, put
+	bytes        *prometheus.CounterVec // op: get, put (payload bytes)
+	dropped      *prometheus.CounterVec // reason: blocks read but refused (verify: corrupt, other namespace or key; tokens: not the tokens asked for)
 }
 
 // The reasons of kvmesh_blocks_refused_total.
@@ -37,13 +43,17 @@ const (
 	refusedTokens = "tokens"
 )
 
-func newMetrics(cache Cache, labelKey []byte, extra ...prometheus.Collector) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry()}
-	m.requestSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "kvmesh_grpc_request_duration_seconds",
-		Help:    "Time to serve a gRPC request (a whole stream for streaming calls), by method and status code.",
-		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
-	}, []string{"method", "code"})
+// metricsOptions are what newMetrics needs beside the cache.
+type metricsOptions struct {
+	labelKey []byte                // keys namespace labels; nil: plain digests
+	version  string                // kvmesh_build_info's version
+	model    func(d uint64) string // the model id of a namespace digest, "" when unknown
+}
+
+func newMetrics(cache Cache, o metricsOptions, extra ...prometheus.Collector) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry(), lookups: new(lookupCounts)}
+	m.grpc = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+		grpcprom.WithHistogramBuckets([]float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30})))
 	m.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kvmesh_grpc_requests_in_flight",
 		Help: "gRPC requests being served.",
@@ -71,8 +81,8 @@ func newMetrics(cache Cache, labelKey []byte, extra ...prometheus.Collector) *me
 	for _, r := range []string{refusedVerify, refusedTokens} {
 		m.dropped.WithLabelValues(r) // every reason is a series from the start
 	}
-	m.reg.MustRegister(m.requestSeconds, m.inFlight, m.promptTokens, m.cachedTokens, m.blocks, m.bytes, m.dropped,
-		newCacheCollector(cache, labelKey),
+	m.reg.MustRegister(m.grpc, m.inFlight, m.promptTokens, m.cachedTokens, m.blocks, m.bytes, m.dropped,
+		newCacheCollector(cache, o.labelKey, o.model), newLookupCollector(m.lookups, o.labelKey, o.model), newBuildInfo(o.version),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(extra...)
@@ -179,11 +189,9 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func (m *metrics) observe(method string, start time.Time, err error) {
-	m.requestSeconds.WithLabelValues(method, status.Code(err).String()).Observe(time.Since(start).Seconds())
-}
-
-// unary records latency and applies the node's request timeout.
+// unary counts the call in flight, applies the node's request timeout and
+// logs the outcome (the gRPC server metrics, outside it, see the status it
+// returns).
 func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	start := time.Now()
 	n.metrics.inFlight.Inc()
@@ -192,7 +200,6 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 	defer cancel()
 	resp, err := h(ctx, req)
 	err = statusError(err)
-	n.metrics.observe(info.FullMethod, start, err)
 	n.logRequest(info.FullMethod, start, err)
 	return resp, err
 }
@@ -205,7 +212,6 @@ func (n *Node) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo
 	ctx, cancel := context.WithTimeout(ss.Context(), n.opts.RequestTimeout)
 	defer cancel()
 	err := statusError(h(srv, &ctxStream{ServerStream: ss, ctx: ctx}))
-	n.metrics.observe(info.FullMethod, start, err)
 	n.logRequest(info.FullMethod, start, err)
 	return err
 }
@@ -217,24 +223,35 @@ type ctxStream struct {
 
 func (s *ctxStream) Context() context.Context { return s.ctx }
 
+// maxNamespaceSeries bounds the namespaces a scrape shows one by one: the
+// largest by bytes; the others are summed into one row labelled "other", so
+// that a node caching thousands of namespaces keeps a bounded /metrics.
+const maxNamespaceSeries = 32
+
+// otherNamespaces labels the row of the namespaces past maxNamespaceSeries.
+const otherNamespaces = "other"
+
 // cacheCollector turns one Cache.Stats call per scrape into metrics.
 type cacheCollector struct {
 	cache                                                  Cache
-	labelKey                                               []byte // keys namespace labels; nil: plain digests
+	labelKey                                               []byte                // keys namespace labels; nil: plain digests
+	model                                                  func(d uint64) string // model id of a digest; nil or "": unknown
 	hits, misses, evictions, demotions, promotions         *prometheus.Desc
 	quotaRefused, corruptDrops                             *prometheus.Desc
 	tierBlocks, tierBytes, tierCapacity                    *prometheus.Desc
 	namespaceBlocks, namespaceBytes, namespaceTokensCached *prometheus.Desc
-	namespaceTierBytes, namespaceQuota                     *prometheus.Desc
+	namespaceTierBytes, namespaceQuota, namespaces         *prometheus.Desc
 }
 
-func newCacheCollector(cache Cache, labelKey []byte) *cacheCollector {
+func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) *cacheCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
+	ns := fmt.Sprintf(" The namespace label is the namespace's digest in hex (a keyed hash of it on a node with tenants), the model label its model id (\"unknown\" until a request names it); past the largest %d namespaces by bytes, the rest are summed under namespace=\"other\".", maxNamespaceSeries)
 	return &cacheCollector{
 		cache:                 cache,
 		labelKey:              labelKey,
+		model:                 model,
 		hits:                  d("kvmesh_cache_hits_total", "Block reads that found their block."),
 		misses:                d("kvmesh_cache_misses_total", "Block reads that did not find their block (or found it corrupt)."),
 		evictions:             d("kvmesh_cache_evictions_total", "Blocks dropped from the cache to make room."),
@@ -245,17 +262,18 @@ func newCacheCollector(cache Cache, labelKey []byte) *cacheCollector {
 		tierBlocks:            d("kvmesh_tier_blocks", "Blocks held by a tier.", "tier"),
 		tierBytes:             d("kvmesh_tier_bytes", "Encoded block bytes held by a tier.", "tier"),
 		tierCapacity:          d("kvmesh_tier_capacity_bytes", "A tier's configured capacity.", "tier"),
-		namespaceBlocks:       d("kvmesh_namespace_blocks", "Blocks cached per namespace (digest in hex).", "namespace"),
-		namespaceBytes:        d("kvmesh_namespace_bytes", "Encoded bytes cached per namespace (digest in hex).", "namespace"),
-		namespaceTokensCached: d("kvmesh_namespace_tokens", "Tokens held by the cached blocks of a namespace (digest in hex).", "namespace"),
-		namespaceTierBytes:    d("kvmesh_namespace_tier_bytes", "Encoded bytes of a namespace (digest in hex) held by a tier: what its quota bounds.", "namespace", "tier"),
-		namespaceQuota:        d("kvmesh_namespace_quota_bytes", "A namespace's quota (digest in hex) in a tier, in encoded bytes; absent when unlimited.", "namespace", "tier"),
+		namespaces:            d("kvmesh_namespaces", "Namespaces with blocks cached on this node (all of them, also those summed under \"other\")."),
+		namespaceBlocks:       d("kvmesh_namespace_blocks", "Blocks cached per namespace."+ns, "namespace", "model"),
+		namespaceBytes:        d("kvmesh_namespace_bytes", "Encoded bytes cached per namespace."+ns, "namespace", "model"),
+		namespaceTokensCached: d("kvmesh_namespace_tokens", "Tokens held by the cached blocks of a namespace."+ns, "namespace", "model"),
+		namespaceTierBytes:    d("kvmesh_namespace_tier_bytes", "Encoded bytes of a namespace held by a tier: what its quota bounds."+ns, "namespace", "model", "tier"),
+		namespaceQuota:        d("kvmesh_namespace_quota_bytes", "A namespace's quota in a tier, in encoded bytes; absent when unlimited, and for the \"other\" row."+ns, "namespace", "model", "tier"),
 	}
 }
 
 func (c *cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.evictions, c.demotions, c.promotions, c.quotaRefused, c.corruptDrops,
-		c.tierBlocks, c.tierBytes, c.tierCapacity, c.namespaceBlocks, c.namespaceBytes, c.namespaceTokensCached,
+		c.tierBlocks, c.tierBytes, c.tierCapacity, c.namespaces, c.namespaceBlocks, c.namespaceBytes, c.namespaceTokensCached,
 		c.namespaceTierBytes, c.namespaceQuota} {
 		ch <- d
 	}
@@ -281,22 +299,65 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.tierBytes, t.Bytes, t.Name)
 		gauge(c.tierCapacity, t.Capacity, t.Name)
 	}
-	for _, ns := range s.Namespaces {
-		name := namespaceLabel(c.labelKey, ns.Digest)
-		gauge(c.namespaceBlocks, ns.Blocks, name)
-		gauge(c.namespaceBytes, ns.Bytes, name)
-		gauge(c.namespaceTokensCached, ns.Tokens, name)
-		gauge(c.namespaceTierBytes, ns.DRAMBytes, name, "dram")
-		gauge(c.namespaceTierBytes, ns.NVMeBytes, name, "nvme")
+	gauge(c.namespaces, int64(len(s.Namespaces)))
+	top, other := topNamespaces(s.Namespaces, maxNamespaceSeries)
+	row := func(ns NamespaceStats, name, model string) {
+		gauge(c.namespaceBlocks, ns.Blocks, name, model)
+		gauge(c.namespaceBytes, ns.Bytes, name, model)
+		gauge(c.namespaceTokensCached, ns.Tokens, name, model)
+		gauge(c.namespaceTierBytes, ns.DRAMBytes, name, model, "dram")
+		gauge(c.namespaceTierBytes, ns.NVMeBytes, name, model, "nvme")
+	}
+	for _, ns := range top {
+		name, model := namespaceLabel(c.labelKey, ns.Digest), c.modelOf(ns.Digest)
+		row(ns, name, model)
 		for _, q := range []struct {
 			tier  string
 			bytes int64
 		}{{"dram", ns.QuotaDRAM}, {"nvme", ns.QuotaNVMe}} {
 			if q.bytes > 0 {
-				gauge(c.namespaceQuota, q.bytes, name, q.tier)
+				gauge(c.namespaceQuota, q.bytes, name, model, q.tier)
 			}
 		}
 	}
+	if other != nil {
+		row(*other, otherNamespaces, otherNamespaces)
+	}
+}
+
+// modelOf is the model label of digest d.
+func (c *cacheCollector) modelOf(d uint64) string {
+	if c.model != nil {
+		if m := c.model(d); m != "" {
+			return m
+		}
+	}
+	return "unknown"
+}
+
+// topNamespaces returns the n namespaces of all with the most bytes (ties:
+// the lower digest first, so that a scrape's rows do not flap), and the sum
+// of the others' counts, nil when there are none. It does not modify all.
+func topNamespaces(all []NamespaceStats, n int) (top []NamespaceStats, other *NamespaceStats) {
+	if len(all) <= n {
+		return all, nil
+	}
+	sorted := append([]NamespaceStats(nil), all...)
+	sort.Slice(sorted, func(i, j int) bool {
+		if sorted[i].Bytes != sorted[j].Bytes {
+			return sorted[i].Bytes > sorted[j].Bytes
+		}
+		return sorted[i].Digest < sorted[j].Digest
+	})
+	var sum NamespaceStats
+	for _, ns := range sorted[n:] {
+		sum.Blocks += ns.Blocks
+		sum.Bytes += ns.Bytes
+		sum.Tokens += ns.Tokens
+		sum.DRAMBytes += ns.DRAMBytes
+		sum.NVMeBytes += ns.NVMeBytes
+	}
+	return sorted[:n], &sum
 }
 
 // namespaceLabel is the label of the namespace with the given digest in

@@ -28,7 +28,8 @@ import (
 )
 
 // Node is one kvmesh daemon: the gRPC API over a Cache, and an HTTP server
-// with /metrics, /healthz and the OpenAI-compatible API (/v1/, openai.go).
+// with /metrics, /healthz, /livez and /readyz (and /debug/pprof/ with
+// Options.Pprof), and the OpenAI-compatible API (/v1/, openai.go).
 type Node struct {
 	opts    Options
 	cache   Cache
@@ -43,7 +44,8 @@ type Node struct {
 	guard            *guard // tokens and TLS refusals of the gRPC API
 	health           *health.Server
 	http             *http.Server
-	stopping         atomic.Bool // /healthz answers 503 once set
+	stopping         atomic.Bool // /healthz and /readyz answer 503 once set
+	serving          atomic.Bool // set once Serve serves; /readyz answers 503 until then
 
 	// cluster is the production cache (Open), nil for a cache given to
 	// New: it knows the members and the data plane's addresses.
@@ -128,7 +130,10 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	if opts.TokensFile != nil {
 		labelKey = opts.TokensFile.LabelKey
 	}
-	n.metrics = newMetrics(cache, labelKey, append(extra, n.guard.collectors()...)...)
+	// A namespace in the metrics holds blocks: keep its name, as Stats does.
+	model := func(d uint64) string { n.names.keepSeen(d); return n.names.model(d) }
+	n.metrics = newMetrics(cache, metricsOptions{labelKey: labelKey, version: opts.Version, model: model},
+		append(extra, n.guard.collectors()...)...)
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.MaxSendMsgSize(opts.MaxMessageBytes),
@@ -136,9 +141,10 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 		// control), so one connection cannot start unbounded handlers.
 		grpc.MaxConcurrentStreams(uint32(opts.MaxConcurrentStreams)),
 		// The guard runs inside unary and stream, so that refused calls
-		// are counted and logged like every other refusal.
-		grpc.ChainUnaryInterceptor(n.unary, n.guard.unary),
-		grpc.ChainStreamInterceptor(n.stream, n.guard.stream),
+		// are counted and logged like every other refusal; the server
+		// metrics, outermost, see the status code the client gets.
+		grpc.ChainUnaryInterceptor(n.metrics.grpc.UnaryServerInterceptor(), n.unary, n.guard.unary),
+		grpc.ChainStreamInterceptor(n.metrics.grpc.StreamServerInterceptor(), n.stream, n.guard.stream),
 		// Stop (after ShutdownTimeout) waits for handlers to return, so
 		// that no pin is held when the cache closes.
 		grpc.WaitForHandlers(true),
@@ -164,6 +170,11 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{Registry: n.metrics.reg}))
 	mux.HandleFunc("GET /healthz", n.healthz)
 	mux.HandleFunc("/v1/", n.serveOpenAI) // openai.go
+	mux.HandleFunc("GET /livez", n.livez)
+	mux.HandleFunc("GET /readyz", n.readyz)
+	if opts.Pprof {
+		registerPprof(mux)
+	}
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return n
 }
@@ -248,6 +259,7 @@ func (n *Node) Serve(ctx context.Context) error {
 			errc <- fmt.Errorf("node: HTTP server: %w", err)
 		}
 	}()
+	n.serving.Store(true)
 	// Every address as bound (port 0 resolved), in one line.
 	n.log.Info("kvmesh node serving", "id", n.opts.NodeID, "grpc", n.GRPCAddr(), "http", n.HTTPAddr(),
 		"data", n.DataAddr(), "shm", n.ShmSocket(), "gossip", n.GossipAddr(), "ready_file", n.opts.ReadyFile,

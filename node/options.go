@@ -205,6 +205,10 @@ type Options struct {
 	// script or a test learns the node's ports. Its directory must exist.
 	// Default none.
 	ReadyFile string
+	// Pprof serves the Go profiler (net/http/pprof) under /debug/pprof/ on
+	// HTTPAddr, which has no authentication: turn it on where only
+	// operators reach that address. Default off.
+	Pprof bool
 	// Version is the kvmesh version reported to Members. Default "(devel)".
 	Version string
 	// Logger receives the node's structured logs. Default slog.Default().

@@ -225,11 +225,16 @@ func TestQuotas(t *testing.T) {
 	if got, err := n.client.Get(ctx, nsB, tokB); err != nil || len(got) != len(payB) {
 		t.Fatalf("tenant B after tenant A was refused: %d blocks, %v", len(got), err)
 	}
+	// Blocks go over the data plane, which names digests only: a lookup
+	// over gRPC tells the node nsB's model, for the metrics' model label.
+	if _, err := n.client.Lookup(ctx, nsB, tokB); err != nil {
+		t.Fatal(err)
+	}
 	body := scrape(t, n.HTTPAddr())
 	if metricValue(body, "kvmesh_cache_quota_refused_total") < 1 {
 		t.Errorf("quota refusals not counted:\n%s", grep(body, "kvmesh_cache"))
 	}
-	if series := fmt.Sprintf(`kvmesh_namespace_quota_bytes{namespace="%016x",tier="dram"}`, nsB.Digest()); metricValue(body, series) != float64(8*blk) {
+	if series := fmt.Sprintf(`kvmesh_namespace_quota_bytes{model=%q,namespace="%016x",tier="dram"}`, nsB.Model, nsB.Digest()); metricValue(body, series) != float64(8*blk) {
 		t.Errorf("%s = %v, want %d:\n%s", series, metricValue(body, series), 8*blk, grep(body, "kvmesh_namespace"))
 	}
 

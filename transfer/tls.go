@@ -42,49 +42,56 @@ type TLSFiles struct {
 
 // LoadTLS reads the files and returns the TLS configurations of a server
 // (nil when f names no certificate) and of a client. Both speak TLS 1.3
-// only. The certificate is read once: rotating it means loading again and
-// restarting the server. Errors name the file at fault.
+// only. The certificate is read once: LoadReloadableTLS returns it as a
+// KeyPair that can be read again under running servers. Errors name the
+// file at fault.
 func LoadTLS(f TLSFiles) (server, client *tls.Config, err error) {
+	server, client, _, err = LoadReloadableTLS(f)
+	return server, client, err
+}
+
+// LoadReloadableTLS is LoadTLS, and the certificate both configurations
+// present (nil when f names none): KeyPair.Reload reads its files again
+// and every later handshake presents the new one. The CA file is read
+// once.
+func LoadReloadableTLS(f TLSFiles) (server, client *tls.Config, pair *KeyPair, err error) {
 	if (f.Cert == "") != (f.Key == "") {
-		return nil, nil, fmt.Errorf("transfer: TLS needs both a certificate and a key file (cert %q, key %q)", f.Cert, f.Key)
+		return nil, nil, nil, fmt.Errorf("transfer: TLS needs both a certificate and a key file (cert %q, key %q)", f.Cert, f.Key)
 	}
 	if f.ClientAuth && f.CA == "" {
-		return nil, nil, errors.New("transfer: TLS client authentication needs a CA file to verify client certificates against")
+		return nil, nil, nil, errors.New("transfer: TLS client authentication needs a CA file to verify client certificates against")
 	}
-	var certs []tls.Certificate
 	if f.Cert != "" {
-		cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
-		if err != nil {
-			return nil, nil, fmt.Errorf("transfer: TLS certificate %s, key %s: %w", f.Cert, f.Key, err)
+		if pair, err = LoadKeyPair(f.Cert, f.Key); err != nil {
+			return nil, nil, nil, err
 		}
-		certs = []tls.Certificate{cert}
 	}
 	var pool *x509.CertPool
 	if f.CA != "" {
 		pem, err := os.ReadFile(f.CA)
 		if err != nil {
-			return nil, nil, fmt.Errorf("transfer: TLS CA file: %w", err)
+			return nil, nil, nil, fmt.Errorf("transfer: TLS CA file: %w", err)
 		}
 		pool = x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, nil, fmt.Errorf("transfer: TLS CA file %s holds no PEM certificate", f.CA)
+			return nil, nil, nil, fmt.Errorf("transfer: TLS CA file %s holds no PEM certificate", f.CA)
 		}
 	}
 	client = &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: certs,
-		RootCAs:      pool,
-		ServerName:   f.ServerName,
+		MinVersion: tls.VersionTLS13,
+		RootCAs:    pool,
+		ServerName: f.ServerName,
 	}
-	if certs == nil {
-		return nil, client, nil
+	if pair == nil {
+		return nil, client, nil, nil
 	}
-	server = &tls.Config{MinVersion: tls.VersionTLS13, Certificates: certs}
+	client.GetClientCertificate = pair.getClientCertificate
+	server = &tls.Config{MinVersion: tls.VersionTLS13, GetCertificate: pair.getCertificate}
 	if f.ClientAuth {
 		server.ClientAuth = tls.RequireAndVerifyClientCert
 		server.ClientCAs = pool
 	}
-	return server, client, nil
+	return server, client, pair, nil
 }
 
 // prepareTLS returns the configuration a connection uses: a copy of cfg

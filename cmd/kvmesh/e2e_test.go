@@ -307,7 +307,7 @@ func TestServe(t *testing.T) {
 			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 		}
 		for _, want := range []string{`kvmesh_tier_blocks{tier="nvme"}`, `kvmesh_tier_capacity_bytes{tier="dram"}`, "kvmesh_cache_hits_total",
-			"kvmesh_cache_demotions_total", "kvmesh_grpc_request_duration_seconds_bucket"} {
+			"kvmesh_cache_demotions_total", "grpc_server_handling_seconds_bucket", "grpc_server_handled_total", "kvmesh_build_info"} {
 			if !bytes.Contains(body, []byte(want)) {
 				t.Errorf("/metrics lacks %s", want)
 			}

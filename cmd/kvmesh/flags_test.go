@@ -226,9 +226,9 @@ func TestServeSecurity(t *testing.T) {
 		t.Fatal(err)
 	}
 	switch {
-	case o.TLS == nil || len(o.TLS.Certificates) != 1 || o.TLS.ClientAuth != tls.RequireAndVerifyClientCert || o.TLS.ClientCAs == nil:
+	case o.TLS == nil || o.TLS.GetCertificate == nil || o.TLS.ClientAuth != tls.RequireAndVerifyClientCert || o.TLS.ClientCAs == nil:
 		t.Errorf("server TLS: %+v", o.TLS)
-	case o.PeerTLS == nil || o.PeerTLS.RootCAs == nil || len(o.PeerTLS.Certificates) != 1 || o.PeerTLS.ServerName != "kvmesh.internal":
+	case o.PeerTLS == nil || o.PeerTLS.RootCAs == nil || o.PeerTLS.GetClientCertificate == nil || o.PeerTLS.ServerName != "kvmesh.internal":
 		t.Errorf("peer TLS: %+v", o.PeerTLS)
 	case !reflect.DeepEqual(o.Tokens, []string{"first-token", "second-token"}):
 		t.Errorf("tokens: %q", o.Tokens)

@@ -47,7 +47,7 @@ func rootCmd() *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return fmt.Errorf("%w; see '%s --help'", err, c.CommandPath())
 	})
-	root.AddCommand(serveCmd(), routeCmd(), inspectCmd(), prefillCmd(), benchCmd(), versionCmd())
+	root.AddCommand(serveCmd(), routeCmd(), inspectCmd(), prefillCmd(), benchCmd(), healthCmd(), versionCmd())
 	return root
 }
 

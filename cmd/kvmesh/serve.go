@@ -46,6 +46,10 @@ type serveFlags struct {
 	tlsClientAuth                              bool
 	tokenFile, tokensFile                      string
 	quotaDRAM, quotaNVMe                       int64
+	pprof                                      bool
+	printConfig                                bool
+
+	keyPair *transfer.KeyPair // the TLS certificate, reloaded on SIGHUP; nil without TLS
 
 	from map[string]string // where layered flags came from (see source)
 }
@@ -65,7 +69,13 @@ var flagOf = map[string]string{
 	"InsecureGossip": "insecure-gossip", "MaxConcurrentStreams": "max-concurrent-streams", "MaxInFlightBytes": "max-inflight-bytes",
 }
 
-func serveCmd() *cobra.Command { return newServeCmd(serve) }
+func serveCmd() *cobra.Command {
+	var f *serveFlags
+	c, f := newServeCommand(func(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
+		return serve(cmd, opts, logger, f.keyPair)
+	})
+	return c
+}
 
 // newServeCmd returns the serve command, which runs run with the options
 // it assembled (tests pass a run that only records them).
@@ -102,7 +112,8 @@ atomically, removed on stop), for scripts and tests:
 
 --tls-cert and --tls-key serve gRPC and the data plane over TLS 1.3 (and
 reach the other members with it: --tls-ca is the CA that signs their
-certificates; --tls-client-auth makes it mutual TLS). --auth-token-file asks
+certificates; --tls-client-auth makes it mutual TLS; SIGHUP reloads the
+certificate and key, the CA needs a restart). --auth-token-file asks
 every client for a bearer token of the file (one a line; the node presents
 the first to its peers; SIGHUP re-reads the file). Health checks stay open.
 
@@ -121,15 +132,19 @@ flag names, for example:
 			if err != nil {
 				return err
 			}
+			if f.printConfig {
+				return printConfig(cmd.OutOrStdout(), cmd.Flags(), f.from, f.config)
+			}
 			return run(cmd, opts, logger)
 		},
 	}
 	fs := c.Flags()
 	fs.SortFlags = false
 	fs.StringVar(&f.config, "config", "", "YAML config file whose keys are these flags' names")
+	fs.BoolVar(&f.printConfig, "print-config", false, "check the configuration, print it (as a config file, each value's source in a comment: flag, KVMESH_* variable, config file or default) and exit")
 	fs.StringVar(&f.dataDir, "data-dir", d.DataDir, "directory of the node's persistent state (the NVMe tier)")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", d.GRPCAddr, "host:port of the gRPC API (port 0: any free port)")
-	fs.StringVar(&f.httpAddr, "http-addr", d.HTTPAddr, "host:port of /metrics and /healthz")
+	fs.StringVar(&f.httpAddr, "http-addr", d.HTTPAddr, "host:port of /metrics, /healthz, /livez and /readyz")
 	fs.StringVar(&f.dataAddr, "data-addr", d.DataAddr, "host:port of the data plane: blocks between nodes, and to clients")
 	fs.StringVar(&f.shmSocket, "shm-socket", "", `unix socket of the shared-memory data plane for clients on this host, or "off" (default <data-dir>/shm.sock)`)
 	fs.Var(newSize(&f.shmRegion, d.ShmRegionBytes), "shm-region", "shared region of each shared-memory client")
@@ -166,6 +181,7 @@ flag names, for example:
 	fs.StringVar(&f.tokensFile, "tokens-file", "", "tokens file (YAML) mapping each token, or its SHA-256, to a tenant and scopes (read, write, admin, cluster): tenants that cannot touch each other's blocks; see the README's Security section")
 	fs.Var(newSize(&f.quotaDRAM, d.QuotaDRAMBytes), "quota-dram", "default DRAM quota of each namespace (0: unlimited; AdminService.SetQuota sets one namespace's)")
 	fs.Var(newSize(&f.quotaNVMe, d.QuotaNVMeBytes), "quota-nvme", "default NVMe quota of each namespace (0: unlimited)")
+	fs.BoolVar(&f.pprof, "pprof", false, "serve the Go profiler (net/http/pprof) under /debug/pprof/ on --http-addr, which has no authentication")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json (logs go to stderr)")
 	f.prefill.register(fs, d.Prefill)
@@ -247,7 +263,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
 		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost, ReadyFile: f.readyFile,
 		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip,
-		MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes,
+		MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes, Pprof: f.pprof,
 		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf,
 		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
@@ -277,7 +293,7 @@ func (f *serveFlags) tlsConfigs(src func(string) string) (server, peer *tls.Conf
 	case f.tlsClientAuth && f.tlsCA == "":
 		return nil, nil, fmt.Errorf("%s needs --tls-ca, the CA that signs the certificates of clients and peers", src("tls-client-auth"))
 	}
-	server, peer, err = transfer.LoadTLS(transfer.TLSFiles{Cert: f.tlsCert, Key: f.tlsKey, CA: f.tlsCA, ClientAuth: f.tlsClientAuth, ServerName: f.tlsServerName})
+	server, peer, f.keyPair, err = transfer.LoadReloadableTLS(transfer.TLSFiles{Cert: f.tlsCert, Key: f.tlsKey, CA: f.tlsCA, ClientAuth: f.tlsClientAuth, ServerName: f.tlsServerName})
 	if err != nil {
 		return nil, nil, fmt.Errorf("TLS flags: %w", err)
 	}
@@ -300,8 +316,9 @@ func optionError(err error, from map[string]string) error {
 }
 
 // serve opens the node, prints where it listens, and serves until SIGTERM
-// or SIGINT.
-func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
+// or SIGINT; SIGHUP reloads the token file and the TLS certificate (pair,
+// nil without TLS).
+func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *transfer.KeyPair) error {
 	n, err := node.Open(opts)
 	if err != nil {
 		return fmt.Errorf("%w; check --data-dir and the addresses", optionError(err, nil))
@@ -326,11 +343,12 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if path := flagValue(cmd.Flags(), "auth-token-file"); path != "" {
-		done := reloadTokens(n, path, false, logger)
-		defer done()
-	} else if path := flagValue(cmd.Flags(), "tokens-file"); path != "" {
-		done := reloadTokens(n, path, true, logger)
+	tokens, tenants := flagValue(cmd.Flags(), "auth-token-file"), false
+	if tokens == "" {
+		tokens, tenants = flagValue(cmd.Flags(), "tokens-file"), true
+	}
+	if tokens != "" || pair != nil {
+		done := reloadOnHUP(n, tokens, tenants, pair, logger)
 		defer done()
 	}
 	if err := n.Serve(ctx); err != nil {
@@ -364,9 +382,11 @@ func security(o node.Options) string {
 	return strings.Join(parts, ", ")
 }
 
-// reloadTokens re-reads the token file into the node's accepted set on every
-// SIGHUP, until the returned stop is called (it waits for the goroutine).
-func reloadTokens(n *node.Node, path string, tenants bool, log *slog.Logger) (stop func()) {
+// reloadOnHUP, on every SIGHUP, re-reads the token file at path (if any)
+// into the node's accepted set and the TLS certificate and key (pair, if
+// any), until the returned stop is called (it waits for the goroutine). A
+// file that fails to load leaves what the node had in force.
+func reloadOnHUP(n *node.Node, path string, tenants bool, pair *transfer.KeyPair, log *slog.Logger) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	quit, done := make(chan struct{}), make(chan struct{})
@@ -377,6 +397,16 @@ func reloadTokens(n *node.Node, path string, tenants bool, log *slog.Logger) (st
 			case <-quit:
 				return
 			case <-hup:
+			}
+			if pair != nil {
+				if err := pair.Reload(); err != nil {
+					log.Error("SIGHUP: TLS certificate not reloaded; the node keeps the one it had", "err", err)
+				} else {
+					log.Info("SIGHUP: TLS certificate reloaded", "not_after", pair.Certificate().Leaf.NotAfter)
+				}
+			}
+			if path == "" {
+				continue
 			}
 			accepted, err := reload(n, path, tenants)
 			if err != nil {
