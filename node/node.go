@@ -127,11 +127,15 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens),
 		putBudget: newBudget(opts.MaxInFlightBytes)}
 	var labelKey []byte
-	if opts.TokensFile != nil {
-		labelKey = opts.TokensFile.LabelKey
-	}
 	// A namespace in the metrics holds blocks: keep its name, as Stats does.
 	model := func(d uint64) string { n.names.keepSeen(d); return n.names.model(d) }
+	if opts.TokensFile != nil {
+		// On a node with tenants /metrics, which needs no token, names
+		// neither a tenant's namespace (a keyed hash of its digest) nor
+		// its model (a tenant's model ids are its own): "unknown".
+		labelKey = opts.TokensFile.LabelKey
+		model = func(d uint64) string { n.names.keepSeen(d); return "" }
+	}
 	n.metrics = newMetrics(cache, metricsOptions{labelKey: labelKey, version: opts.Version, model: model},
 		append(extra, n.guard.collectors()...)...)
 	sopts := []grpc.ServerOption{
