@@ -23,7 +23,9 @@
 // The price of the plugin: kvmesh and kvmesh-cuda.so must come from one
 // build (same module versions, toolchain and flags), or plugin.Open refuses
 // the pair with an error that says so; CI builds both and loads a stand-in
-// plugin through the same code to prove the pair links. A separate
+// plugin through the same code to prove the pair links. To keep that pair
+// small, the plugin imports of kvmesh only the leaf tiers/gpumem, where the
+// interfaces it implements are declared (not tiers, with pebble behind it). A separate
 // kvmesh-gpu binary would avoid that, but it would still exit at start
 // without a device, which is what this package exists to prevent.
 //

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/kvmesh/kvmesh/tiers"
+	"github.com/kvmesh/kvmesh/tiers/gpumem"
 )
 
 var (
@@ -88,4 +89,4 @@ func Open(ordinal int, opts Options) (tiers.Device, error) {
 }
 
 // openFunc is the type of the plugin's exported Open.
-type openFunc = func(ordinal int) (tiers.Device, error)
+type openFunc = func(ordinal int) (gpumem.Device, error)

@@ -8,54 +8,19 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/tiers/gpumem"
 )
 
-// DevicePtr is an address in a GPU's memory. The process cannot dereference
-// it; only copies on a Stream reach the bytes behind it.
-type DevicePtr uint64
-
-// Device is the GPU an HBM tier keeps its values on. It is declared here, by
-// its consumer, so that the tier's logic (allocation, staging, chunking,
-// completion) is the same code in every build and is tested against an
-// in-memory fake; the CUDA implementation (package gpu/cudadev, built with
-// -tags cuda) is a thin mapping of these calls onto the driver API. All
-// methods are safe for concurrent use.
-type Device interface {
-	// Alloc allocates n bytes of device memory.
-	Alloc(n int64) (DevicePtr, error)
-	// Free releases memory from Alloc.
-	Free(p DevicePtr) error
-	// HostAlloc allocates n bytes of page-locked (pinned) host memory,
-	// which asynchronous copies on a Stream may read and write. The slice
-	// is valid until HostFree.
-	HostAlloc(n int) ([]byte, error)
-	// HostFree releases memory from HostAlloc.
-	HostFree(b []byte) error
-	// NewStream creates a queue of copies that run in order, asynchronously
-	// to the caller and to other streams.
-	NewStream() (Stream, error)
-	// Close releases the device. Everything allocated on it must have been
-	// freed first.
-	Close() error
-}
-
-// Stream is an ordered queue of asynchronous copies on a Device. The
-// enqueueing methods return at once; the host memory they name must come
-// from Device.HostAlloc and must not be touched until Wait returns. A Stream
-// is used by one goroutine at a time.
-type Stream interface {
-	// HtoD enqueues a copy of src to device address dst.
-	HtoD(dst DevicePtr, src []byte) error
-	// DtoH enqueues a copy of len(dst) bytes at device address src to dst.
-	DtoH(dst []byte, src DevicePtr) error
-	// DtoD enqueues a copy of n bytes between two device addresses.
-	DtoD(dst, src DevicePtr, n int64) error
-	// Wait blocks until every copy enqueued so far has completed, and
-	// returns the first error any of them met.
-	Wait() error
-	// Close destroys the stream.
-	Close() error
-}
+// Device, DevicePtr and Stream are the GPU an HBM tier keeps its values on;
+// see package gpumem, a leaf so that the CUDA plugin which implements them
+// links nothing else of kvmesh. The tier's logic (allocation, staging,
+// chunking, completion) is the same code in every build and is tested
+// against an in-memory fake.
+type (
+	Device    = gpumem.Device
+	DevicePtr = gpumem.Ptr
+	Stream    = gpumem.Stream
+)
 
 // HBMOptions configure an HBM tier.
 type HBMOptions struct {

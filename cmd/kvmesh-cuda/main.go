@@ -12,11 +12,11 @@ package main
 
 import (
 	"github.com/kvmesh/kvmesh/gpu/cudadev"
-	"github.com/kvmesh/kvmesh/tiers"
+	"github.com/kvmesh/kvmesh/tiers/gpumem"
 )
 
 // Open is the symbol package gpu looks up.
-func Open(ordinal int) (tiers.Device, error) {
+func Open(ordinal int) (gpumem.Device, error) {
 	d, err := cudadev.Open(ordinal)
 	if err != nil {
 		return nil, err

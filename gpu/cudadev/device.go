@@ -1,6 +1,6 @@
 //go:build cuda
 
-// Package cudadev is tiers.Device on a CUDA GPU, through gorgonia.org/cu and
+// Package cudadev is gpumem.Device on a CUDA GPU, through gorgonia.org/cu and
 // the driver API. It is thin on purpose: every call maps to one driver call,
 // and the logic above it (staging, chunking, completion) is tiers.HBM's,
 // tested in the default build against a fake device.
@@ -35,7 +35,7 @@ import (
 
 	"gorgonia.org/cu"
 
-	"github.com/kvmesh/kvmesh/tiers"
+	"github.com/kvmesh/kvmesh/tiers/gpumem"
 )
 
 // Device is one CUDA device and its primary context.
@@ -45,7 +45,7 @@ type Device struct {
 	name string
 }
 
-var _ tiers.Device = (*Device)(nil)
+var _ gpumem.Device = (*Device)(nil)
 
 // Open retains the primary context of device ordinal.
 func Open(ordinal int) (*Device, error) {
@@ -78,17 +78,17 @@ func (d *Device) do(fn func() error) error {
 }
 
 // Alloc allocates n bytes of device memory (cuMemAlloc).
-func (d *Device) Alloc(n int64) (p tiers.DevicePtr, err error) {
+func (d *Device) Alloc(n int64) (p gpumem.Ptr, err error) {
 	err = d.do(func() error {
 		dp, err := cu.MemAlloc(n)
-		p = tiers.DevicePtr(dp)
+		p = gpumem.Ptr(dp)
 		return err
 	})
 	return p, err
 }
 
 // Free releases memory from Alloc (cuMemFree).
-func (d *Device) Free(p tiers.DevicePtr) error {
+func (d *Device) Free(p gpumem.Ptr) error {
 	return d.do(func() error { return cu.MemFree(cu.DevicePtr(p)) })
 }
 
@@ -113,7 +113,7 @@ func (d *Device) HostFree(b []byte) error {
 
 // NewStream creates a non-blocking stream: its copies do not wait for work
 // on the legacy default stream.
-func (d *Device) NewStream() (tiers.Stream, error) {
+func (d *Device) NewStream() (gpumem.Stream, error) {
 	s := &stream{d: d}
 	err := d.do(func() (err error) { s.s, err = cu.MakeStream(cu.NonBlocking); return err })
 	if err != nil {
@@ -130,13 +130,13 @@ func (d *Device) Close() error {
 	return nil
 }
 
-// stream is a CUDA stream; see tiers.Stream.
+// stream is a CUDA stream; see gpumem.Stream.
 type stream struct {
 	d *Device
 	s cu.Stream
 }
 
-func (s *stream) HtoD(dst tiers.DevicePtr, src []byte) error {
+func (s *stream) HtoD(dst gpumem.Ptr, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
@@ -145,7 +145,7 @@ func (s *stream) HtoD(dst tiers.DevicePtr, src []byte) error {
 	})
 }
 
-func (s *stream) DtoH(dst []byte, src tiers.DevicePtr) error {
+func (s *stream) DtoH(dst []byte, src gpumem.Ptr) error {
 	if len(dst) == 0 {
 		return nil
 	}
@@ -154,7 +154,7 @@ func (s *stream) DtoH(dst []byte, src tiers.DevicePtr) error {
 	})
 }
 
-func (s *stream) DtoD(dst, src tiers.DevicePtr, n int64) error {
+func (s *stream) DtoD(dst, src gpumem.Ptr, n int64) error {
 	return s.d.do(func() error { return cu.MemcpyDtoDAsync(cu.DevicePtr(dst), cu.DevicePtr(src), n, s.s) })
 }
 

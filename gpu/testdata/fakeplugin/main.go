@@ -7,11 +7,11 @@ package main
 import (
 	"fmt"
 
-	"github.com/kvmesh/kvmesh/tiers"
+	"github.com/kvmesh/kvmesh/tiers/gpumem"
 )
 
 // Open fails, naming the ordinal, so the caller sees the call went through.
-func Open(ordinal int) (tiers.Device, error) {
+func Open(ordinal int) (gpumem.Device, error) {
 	return nil, fmt.Errorf("fakeplugin: no device %d here", ordinal)
 }
 
