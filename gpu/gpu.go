@@ -57,7 +57,7 @@ func Status() string {
 	if err != nil {
 		return fmt.Sprintf("GPU features off: %v", err)
 	}
-	return fmt.Sprintf("GPU features available: %d CUDA device(s), driver API %d.%d (load %s with serve --hbm)",
+	return fmt.Sprintf("GPU: %d CUDA device(s), driver API %d.%d; %s is loaded when a GPU feature is asked for",
 		info.Devices, info.Driver/1000, info.Driver%1000/10, PluginName)
 }
 
