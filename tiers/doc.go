@@ -14,7 +14,7 @@
 // lock; DRAM's Read and View take no allocator lock at all.
 //
 // HBM is built in every build over the small Device and Stream interfaces
-// declared here: pinned staging buffers, streams, chunked copies whose host
+// (declared in the leaf tiers/gpumem, aliased here): pinned staging buffers, streams, chunked copies whose host
 // half overlaps the DMA of the previous chunk, and waiting on completion are
 // all logic of this package, tested against an in-memory fake device whose
 // copies happen only when waited for. The CUDA implementation of Device lives
