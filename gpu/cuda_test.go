@@ -5,10 +5,12 @@ package gpu
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -71,7 +73,7 @@ func TestDevice(t *testing.T) {
 	}
 	t.Logf("device: %v", dev)
 	const slab = 1 << 20
-	h, err := tiers.NewHBM(dev, tiers.HBMOptions{Capacity: 4 * slab, SlabSize: slab, StagingBytes: 64 << 10})
+	h, err := tiers.NewHBM(dev, tiers.HBMOptions{Capacity: 8 * slab, SlabSize: slab, StagingBytes: 64 << 10, Lanes: 3})
 	if err != nil {
 		dev.Close()
 		t.Fatal(err)
@@ -134,6 +136,34 @@ func TestDevice(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+
+	// More goroutines than lanes: every value comes back whole.
+	var wg sync.WaitGroup
+	errs := make(chan error, 6)
+	for g := range 6 {
+		wg.Go(func() {
+			for i := range 20 {
+				val := bytes.Repeat([]byte{byte(g), byte(i), 0xc3}, 1000+g*7000+i)
+				loc, err := h.Put(prefixhash.Key{0x80 | byte(g), byte(i)}, val)
+				if err != nil {
+					errs <- err
+					return
+				}
+				got := make([]byte, len(val))
+				err = h.Read(loc, got)
+				h.Free(loc)
+				if err != nil || !bytes.Equal(got, val) {
+					errs <- fmt.Errorf("goroutine %d value %d: %v, equal %t", g, i, err, bytes.Equal(got, val))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 
 	// Evacuate names keys read back from the device; freeing them empties
