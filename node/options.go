@@ -151,6 +151,14 @@ type Options struct {
 	// NVMeBytes is the hard limit of the NVMe tier under DataDir, in bytes.
 	// Default 10 GiB.
 	NVMeBytes int64
+	// HBMBytes asks for an HBM tier of this many bytes of GPU memory on
+	// CUDA device GPU. Default 0: none. Open fails, naming the reason,
+	// in a build without CUDA, on a host without the device, and for now
+	// on every host: the store does not place blocks in HBM yet (see
+	// node/hbm.go).
+	HBMBytes int64
+	// GPU is the CUDA device ordinal of the HBM tier. Default 0.
+	GPU int
 	// QuotaDRAMBytes and QuotaNVMeBytes are the default quota of every
 	// namespace (a model layout and tenant salt, see prefixhash.Namespace)
 	// on this node: the encoded block bytes it may hold in each tier. A
@@ -357,6 +365,10 @@ func (o *Options) Validate() error {
 		return bad("DRAMBytes", "%d bytes cannot hold one block of MaxBlockBytes (%d)", o.DRAMBytes, o.MaxBlockBytes)
 	case o.NVMeBytes < int64(o.MaxBlockBytes):
 		return bad("NVMeBytes", "%d bytes cannot hold one block of MaxBlockBytes (%d)", o.NVMeBytes, o.MaxBlockBytes)
+	case o.HBMBytes < 0:
+		return bad("HBMBytes", "%d bytes must not be negative (0 is no HBM tier)", o.HBMBytes)
+	case o.GPU < 0:
+		return bad("GPU", "device ordinal %d must not be negative", o.GPU)
 	case o.QuotaDRAMBytes < 0:
 		return bad("QuotaDRAMBytes", "%d bytes must not be negative (0 is unlimited)", o.QuotaDRAMBytes)
 	case o.QuotaNVMeBytes < 0:

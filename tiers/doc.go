@@ -13,10 +13,12 @@
 // bookkeeping, never an object per value. Copies run outside the allocator
 // lock; DRAM's Read and View take no allocator lock at all.
 //
-// HBM is built only with -tags cuda, over gorgonia.org/cu, which needs the
-// CUDA headers to compile and a driver to start (its init exits the process
-// without one). No machine kvmesh is developed on has CUDA: hbm_cuda.go has
-// been type-checked against cu's API but never compiled or run against CUDA.
-// Without the tag NewHBM returns ErrNoCUDA, so callers name it in every
-// build; the allocator it shares with DRAM is tested in the default build.
+// HBM is built in every build over the small Device and Stream interfaces
+// (declared in the leaf tiers/gpumem, aliased here): pinned staging buffers, streams, chunked copies whose host
+// half overlaps the DMA of the previous chunk, and waiting on completion are
+// all logic of this package, tested against an in-memory fake device whose
+// copies happen only when waited for. The CUDA implementation of Device lives
+// in gpu/cudadev (-tags cuda, gorgonia.org/cu) and is loaded at run time by
+// package gpu only when a device exists; see gpu's package doc for why. It has
+// been compiled and vetted against CUDA 11.8 but never run on a GPU.
 package tiers

@@ -1,14 +1,22 @@
 package tiers
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
+	"unsafe"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
 func TestHBMOptions(t *testing.T) {
 	ok := HBMOptions{Capacity: 1 << 30}
 	ok.EnsureDefaults()
-	if ok.SlabSize != DefaultSlabSize || ok.Validate() != nil {
+	if ok.SlabSize != DefaultSlabSize || ok.Lanes != 4 || ok.StagingBytes != 4<<20 || ok.Validate() != nil {
 		t.Fatalf("defaults: %+v, %v", ok, ok.Validate())
 	}
 	for _, tc := range []struct {
@@ -17,7 +25,8 @@ func TestHBMOptions(t *testing.T) {
 	}{
 		{HBMOptions{}, "HBMOptions.Capacity"},
 		{HBMOptions{Capacity: -5}, "HBMOptions.Capacity"},
-		{HBMOptions{Device: -1, Capacity: 1 << 30}, "HBMOptions.Device"},
+		{HBMOptions{Capacity: 1 << 30, Lanes: -1}, "HBMOptions.Lanes"},
+		{HBMOptions{Capacity: 1 << 30, StagingBytes: 100}, "HBMOptions.StagingBytes"},
 		{HBMOptions{Capacity: 1 << 30, SlabSize: 1000}, "HBMOptions.SlabSize"},
 		{HBMOptions{Capacity: 1 << 20, SlabSize: 2 << 20}, "HBMOptions.Capacity"},
 	} {
@@ -25,5 +34,344 @@ func TestHBMOptions(t *testing.T) {
 		if err := tc.opts.Validate(); err == nil || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%+v: Validate() = %v, want an error naming %s", tc.opts, err, tc.field)
 		}
+	}
+}
+
+// fakeDevice is a Device in host memory. Its streams run their copies only at
+// Wait, so a tier that reads a result before waiting for it, or reuses a
+// staging buffer a copy has not drained, sees wrong bytes; copies of host
+// memory that HostAlloc did not return fail, as unpinned memory must not be
+// used for asynchronous copies.
+type fakeDevice struct {
+	mu     sync.Mutex
+	mem    map[DevicePtr][]byte // allocation base → bytes
+	next   DevicePtr
+	pinned map[*byte]int // HostAlloc'd buffers → length
+	live   int           // streams not closed
+	closed bool
+	fail   error // returned by every copy when set
+}
+
+func newFakeDevice() *fakeDevice {
+	return &fakeDevice{mem: map[DevicePtr][]byte{}, next: 1 << 40, pinned: map[*byte]int{}}
+}
+
+func (d *fakeDevice) Alloc(n int64) (DevicePtr, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.next
+	d.mem[p] = make([]byte, n)
+	d.next += DevicePtr(n) + 1<<20
+	return p, nil
+}
+
+func (d *fakeDevice) Free(p DevicePtr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.mem[p]; !ok {
+		return fmt.Errorf("fake: free of %#x, not allocated", p)
+	}
+	delete(d.mem, p)
+	return nil
+}
+
+// at returns the device bytes [p, p+n).
+func (d *fakeDevice) at(p DevicePtr, n int64) ([]byte, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for base, b := range d.mem {
+		if p >= base && p+DevicePtr(n) <= base+DevicePtr(len(b)) {
+			return b[p-base : p-base+DevicePtr(n)], nil
+		}
+	}
+	return nil, fmt.Errorf("fake: %d bytes at %#x are not device memory", n, p)
+}
+
+func (d *fakeDevice) HostAlloc(n int) ([]byte, error) {
+	b := make([]byte, n)
+	d.mu.Lock()
+	d.pinned[&b[0]] = n
+	d.mu.Unlock()
+	return b, nil
+}
+
+func (d *fakeDevice) HostFree(b []byte) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.pinned[&b[0]]; !ok {
+		return errors.New("fake: HostFree of memory HostAlloc did not return")
+	}
+	delete(d.pinned, &b[0])
+	return nil
+}
+
+// isPinned reports whether b lies within a HostAlloc'd buffer.
+func (d *fakeDevice) isPinned(b []byte) bool {
+	if len(b) == 0 {
+		return true
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := uintptr(unsafe.Pointer(&b[0]))
+	for base, n := range d.pinned {
+		q := uintptr(unsafe.Pointer(base))
+		if p >= q && p+uintptr(len(b)) <= q+uintptr(n) {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *fakeDevice) NewStream() (Stream, error) {
+	d.mu.Lock()
+	d.live++
+	d.mu.Unlock()
+	return &fakeStream{d: d}, nil
+}
+
+func (d *fakeDevice) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.mem) != 0 || len(d.pinned) != 0 || d.live != 0 {
+		return fmt.Errorf("fake: closed with %d allocations, %d pinned buffers, %d streams", len(d.mem), len(d.pinned), d.live)
+	}
+	d.closed = true
+	return nil
+}
+
+type fakeStream struct {
+	d     *fakeDevice
+	queue []func() error
+	busy  sync.Mutex // a Stream is used by one goroutine at a time
+}
+
+func (s *fakeStream) enqueue(host []byte, op func() error) error {
+	if !s.busy.TryLock() {
+		panic("fake: stream used by two goroutines at once")
+	}
+	defer s.busy.Unlock()
+	if !s.d.isPinned(host) {
+		return errors.New("fake: asynchronous copy of unpinned host memory")
+	}
+	s.queue = append(s.queue, op)
+	return nil
+}
+
+func (s *fakeStream) HtoD(dst DevicePtr, src []byte) error {
+	return s.enqueue(src, func() error {
+		b, err := s.d.at(dst, int64(len(src)))
+		copy(b, src)
+		return err
+	})
+}
+
+func (s *fakeStream) DtoH(dst []byte, src DevicePtr) error {
+	return s.enqueue(dst, func() error {
+		b, err := s.d.at(src, int64(len(dst)))
+		copy(dst, b)
+		return err
+	})
+}
+
+func (s *fakeStream) DtoD(dst, src DevicePtr, n int64) error {
+	return s.enqueue(nil, func() error {
+		a, err := s.d.at(src, n)
+		if err != nil {
+			return err
+		}
+		b, err := s.d.at(dst, n)
+		copy(b, a)
+		return err
+	})
+}
+
+func (s *fakeStream) Wait() error {
+	q := s.queue
+	s.queue = nil
+	var first error
+	for _, op := range q {
+		if err := op(); first == nil {
+			first = err
+		}
+	}
+	if s.d.fail != nil {
+		return s.d.fail
+	}
+	return first
+}
+
+func (s *fakeStream) Close() error {
+	s.d.mu.Lock()
+	s.d.live--
+	s.d.mu.Unlock()
+	return nil
+}
+
+func newTestHBM(t *testing.T, opts HBMOptions) (*HBM, *fakeDevice) {
+	t.Helper()
+	dev := newFakeDevice()
+	h, err := NewHBM(dev, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, dev
+}
+
+// TestHBMRoundTrip: values of many sizes, several of them larger than a
+// staging half, come back byte for byte, and Close frees everything.
+func TestHBMRoundTrip(t *testing.T) {
+	h, dev := newTestHBM(t, HBMOptions{Capacity: 16 * DefaultSlabSize, StagingBytes: 8 << 10, Lanes: 2})
+	rng := rand.New(rand.NewPCG(1, 2))
+	type kv struct {
+		loc Loc
+		val []byte
+	}
+	var got []kv
+	for i, n := range []int{0, 1, 63, 64, 4095, 4096, 4097, 8192, 12345, 100 << 10, 3 << 20} {
+		val := make([]byte, n)
+		for j := range val {
+			val[j] = byte(rng.Uint32())
+		}
+		loc, err := h.Put(prefixhash.Key{byte(i)}, val)
+		if err != nil {
+			t.Fatalf("Put %d bytes: %v", n, err)
+		}
+		got = append(got, kv{loc, val})
+	}
+	for _, g := range got {
+		dst := make([]byte, len(g.val))
+		if err := h.Read(g.loc, dst); err != nil {
+			t.Fatalf("Read %d bytes: %v", len(g.val), err)
+		}
+		if !bytes.Equal(dst, g.val) {
+			t.Fatalf("Read of %d bytes returned other bytes", len(g.val))
+		}
+	}
+	if err := h.Read(got[3].loc, make([]byte, 1)); err == nil {
+		t.Fatal("Read into a short buffer succeeded")
+	}
+	if s := h.Stats(); s.Values != int64(len(got)) {
+		t.Fatalf("Stats().Values = %d, want %d", s.Values, len(got))
+	}
+	for _, g := range got {
+		h.Free(g.loc)
+	}
+	if s := h.Stats(); s.Values != 0 || s.Reserved != 0 {
+		t.Fatalf("after freeing everything: %+v", s)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !dev.closed {
+		t.Fatal("Close did not close the device")
+	}
+	if _, err := h.Put(prefixhash.Key{}, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Put after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestHBMFullAndEvacuate: the tier fills to its capacity, says ErrFull, and
+// Evacuate names the keys that live in one slab, read back from the device.
+func TestHBMFullAndEvacuate(t *testing.T) {
+	slab := int64(1 << 20)
+	h, _ := newTestHBM(t, HBMOptions{Capacity: 2 * slab, SlabSize: slab, StagingBytes: 8 << 10})
+	defer h.Close()
+	val := make([]byte, 200<<10)
+	keys := map[Loc]prefixhash.Key{}
+	for i := 0; ; i++ {
+		k := prefixhash.Key{byte(i), 0xaa}
+		loc, err := h.Put(k, val)
+		if errors.Is(err, ErrFull) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[loc] = k
+	}
+	if len(keys) != 10 {
+		t.Fatalf("a 2 MiB tier held %d values of 200 KiB, want 10", len(keys))
+	}
+	recs := h.Evacuate(-1)
+	if len(recs) != 5 {
+		t.Fatalf("Evacuate named %d values, want a slab's 5", len(recs))
+	}
+	for _, r := range recs {
+		if keys[r.Loc] != r.Key || r.Len != len(val) {
+			t.Fatalf("Evacuate: %+v, want key %x", r, keys[r.Loc])
+		}
+		h.Free(r.Loc)
+	}
+	if _, err := h.Put(prefixhash.Key{1}, make([]byte, 900<<10)); err != nil {
+		t.Fatalf("Put into the evacuated slab: %v", err)
+	}
+}
+
+// TestHBMCopyTo: a value reaches another device buffer unchanged.
+func TestHBMCopyTo(t *testing.T) {
+	h, dev := newTestHBM(t, HBMOptions{Capacity: DefaultSlabSize})
+	defer h.Close()
+	val := bytes.Repeat([]byte("kv"), 5000)
+	loc, err := h.Put(prefixhash.Key{7}, val)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, _ := dev.Alloc(int64(len(val)))
+	defer dev.Free(dst)
+	if err := h.CopyTo(loc, dst, len(val)); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := dev.at(dst, int64(len(val)))
+	if !bytes.Equal(b, val) {
+		t.Fatal("CopyTo moved other bytes")
+	}
+	if err := h.CopyTo(loc, dst, 3); err == nil {
+		t.Fatal("CopyTo with a wrong length succeeded")
+	}
+}
+
+// TestHBMCopyError: a failed copy fails Put and frees its slot.
+func TestHBMCopyError(t *testing.T) {
+	h, dev := newTestHBM(t, HBMOptions{Capacity: DefaultSlabSize})
+	defer h.Close()
+	dev.fail = errors.New("fake: ECC error")
+	if _, err := h.Put(prefixhash.Key{}, make([]byte, 100)); err == nil || !strings.Contains(err.Error(), "ECC") {
+		t.Fatalf("Put over a failing device = %v", err)
+	}
+	if s := h.Stats(); s.Values != 0 {
+		t.Fatalf("a failed Put left %d values", s.Values)
+	}
+	dev.fail = nil
+}
+
+// TestHBMConcurrent: more goroutines than lanes put and read at once; every
+// value comes back whole (run under -race).
+func TestHBMConcurrent(t *testing.T) {
+	h, _ := newTestHBM(t, HBMOptions{Capacity: 8 * DefaultSlabSize, StagingBytes: 16 << 10, Lanes: 3})
+	defer h.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				val := bytes.Repeat([]byte{byte(g), byte(i)}, 1000+g*3000+i)
+				loc, err := h.Put(prefixhash.Key{byte(g), byte(i)}, val)
+				if err != nil {
+					errs <- err
+					return
+				}
+				dst := make([]byte, len(val))
+				if err := h.Read(loc, dst); err != nil || !bytes.Equal(dst, val) {
+					errs <- fmt.Errorf("goroutine %d value %d: %v, equal %t", g, i, err, bytes.Equal(dst, val))
+					return
+				}
+				h.Free(loc)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

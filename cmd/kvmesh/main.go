@@ -18,6 +18,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/kvmesh/kvmesh/gpu"
 )
 
 func main() {
@@ -79,10 +81,11 @@ func version() string {
 func versionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the kvmesh version",
+		Short: "Print the kvmesh version, and whether its GPU features are on",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
 			fmt.Fprintln(cmd.OutOrStdout(), "kvmesh", version())
+			fmt.Fprintln(cmd.OutOrStdout(), gpu.Status())
 		},
 	}
 }

@@ -36,7 +36,8 @@ type serveFlags struct {
 	replicas, chunkTokens                      int
 	lookupTimeout, getTimeout, peerBackoff     time.Duration
 	handoff                                    int64
-	dram, nvme                                 int64
+	dram, nvme, hbm                            int64
+	gpu                                        int
 	maxBlockBytes, maxMessageBytes, chunkBytes int64
 	maxBatchBlocks                             int
 	requestTimeout, shutdownTimeout            time.Duration
@@ -58,7 +59,7 @@ type serveFlags struct {
 // errors into advice about the flag.
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "GRPCAddr": "grpc-addr", "HTTPAddr": "http-addr",
-	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "NVMeBytes": "nvme",
+	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "NVMeBytes": "nvme", "HBMBytes": "hbm", "GPU": "gpu",
 	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
 	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
@@ -163,6 +164,8 @@ flag names, for example:
 	fs.Var(newSize(&f.handoff, d.HandoffBytes), "handoff", "most DRAM bytes handed to their next owners on a graceful stop")
 	fs.Var(newSize(&f.dram, d.DRAMBytes), "dram", "DRAM tier capacity")
 	fs.Var(newSize(&f.nvme, d.NVMeBytes), "nvme", "NVMe tier capacity, under --data-dir")
+	fs.Var(newSize(&f.hbm, d.HBMBytes), "hbm", "HBM (GPU memory) tier capacity on CUDA device --gpu; needs a cuda build and a GPU, and is refused for now: the store does not place blocks in HBM yet (0: none)")
+	fs.IntVar(&f.gpu, "gpu", d.GPU, "CUDA device ordinal of the --hbm tier")
 	fs.StringVar(&f.nodeID, "node-id", "", "stable, unique node id (default: host name and gossip port)")
 	fs.Var(newSize(&f.maxBlockBytes, int64(d.MaxBlockBytes)), "max-block-bytes", "largest encoded block accepted")
 	fs.IntVar(&f.maxBatchBlocks, "max-batch-blocks", d.MaxBatchBlocks, "most blocks one request may name")
@@ -268,7 +271,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
 		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff,
-		DRAMBytes: f.dram, NVMeBytes: f.nvme,
+		DRAMBytes: f.dram, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
 		MaxBlockBytes: int(f.maxBlockBytes), MaxBatchBlocks: f.maxBatchBlocks,
 		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
 		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout,
@@ -321,6 +324,9 @@ func optionError(err error, from map[string]string) error {
 func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *transfer.KeyPair) error {
 	n, err := node.Open(opts)
 	if err != nil {
+		if errors.Is(err, node.ErrInvalidOptions) {
+			return optionError(err, nil)
+		}
 		return fmt.Errorf("%w; check --data-dir and the addresses", optionError(err, nil))
 	}
 	out := cmd.OutOrStdout()
