@@ -205,6 +205,16 @@ func (e *Engine) backgroundChunk(ctx context.Context, kv *KV, pos int, tokens []
 	}
 	c0 := e.opts.Now()
 	timing.Wait += c0.Sub(w0)
+	// A foreground prefill may have arrived while this chunk waited for
+	// its slot: give way before computing anything, not at the forward
+	// pass's first check.
+	if cctx.Err() != nil {
+		<-e.bgSlots
+		if ctx.Err() != nil {
+			return false, e.ctxErr(ctx, "waiting for a slot")
+		}
+		return true, nil
+	}
 	err = e.model.Forward(cctx, kv, pos, tokens, logits)
 	<-e.bgSlots
 	timing.Compute += e.opts.Now().Sub(c0)
