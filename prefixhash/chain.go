@@ -12,10 +12,14 @@ func AppendKeys(dst []Key, parent Key, blockTokens int, tokens []uint32) []Key {
 		panic(fmt.Sprintf("prefixhash: AppendKeys with blockTokens %d", blockTokens))
 	}
 	s := getHasher()
-	for len(tokens) >= blockTokens {
-		parent = s.key(parent, tokens[:blockTokens])
-		dst = append(dst, parent)
-		tokens = tokens[blockTokens:]
+	if blockTokens <= blockBufTokens && prePadOK {
+		dst = s.appendPrePadded(dst, parent, blockTokens, tokens)
+	} else {
+		for len(tokens) >= blockTokens {
+			parent = s.key(parent, tokens[:blockTokens])
+			dst = append(dst, parent)
+			tokens = tokens[blockTokens:]
+		}
 	}
 	putHasher(s)
 	return dst
