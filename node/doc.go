@@ -131,8 +131,10 @@
 // with no capacity, which sends each request to the node with the fewest
 // outstanding uncached prompt tokens (never by session), and across
 // Prefill.Role prefill and decode nodes splits the prompt from the answer.
-// Plain HTTP only: the HTTP address serves no TLS yet, so put the API
-// behind a TLS-terminating proxy where bearer tokens cross a network.
+// With Options.HTTPTLS the HTTP address speaks TLS with the node's
+// certificate (a client certificate checked when given, not required), and
+// the router reaches such nodes with RouterOptions.NodeTLS; without it the
+// address is plain HTTP, for a network where bearer tokens may travel.
 //
 // # Security
 //

@@ -180,6 +180,15 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 		registerPprof(mux)
 	}
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if opts.HTTPTLS {
+		cfg := opts.TLS.Clone()
+		if cfg.ClientAuth == tls.RequireAndVerifyClientCert {
+			cfg.ClientAuth = tls.VerifyClientCertIfGiven // probes and scrapers carry no certificate; tokens guard /v1/
+		}
+		cfg.NextProtos = []string{"h2", "http/1.1"}
+		n.http.TLSConfig = cfg
+		n.httpLis = tls.NewListener(n.httpLis, cfg)
+	}
 	return n
 }
 

@@ -101,6 +101,13 @@ type Options struct {
 	// files; its ClientAuth makes it mutual TLS). It needs PeerTLS, since
 	// every member serves TLS. Default nil: plain TCP.
 	TLS *tls.Config
+	// HTTPTLS serves the HTTP address (the OpenAI-compatible API, /metrics
+	// and the health endpoints) over TLS too, with TLS's certificate; it
+	// needs TLS. A client certificate is verified when one is presented but
+	// not required there, so probes and scrapers without one still work:
+	// the API's bearer tokens guard it as they guard gRPC. Default false:
+	// plain HTTP (bind HTTPAddr where only trusted clients reach it).
+	HTTPTLS bool
 	// PeerTLS is the client configuration this node reaches other nodes
 	// with, gRPC and data plane alike (transfer.LoadTLS's client
 	// configuration: the CA that signs the members' certificates, and this
@@ -398,6 +405,9 @@ func (o *Options) Validate() error {
 	case o.MaxInFlightBytes < max(transfer.DefaultMaxBatchBytes, int64(o.MaxBlockBytes)+64):
 		return bad("MaxInFlightBytes", "%d bytes is below the minimum of %d (64 MiB, and one block of MaxBlockBytes)",
 			o.MaxInFlightBytes, max(transfer.DefaultMaxBatchBytes, int64(o.MaxBlockBytes)+64))
+	}
+	if o.HTTPTLS && o.TLS == nil {
+		return bad("HTTPTLS", "needs TLS (a certificate to serve the HTTP address with)")
 	}
 	if o.ReadyFile != "" {
 		if err := checkReadyFile(o.ReadyFile); err != nil {

@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -79,6 +80,11 @@ type RouterOptions struct {
 	// Policy is PolicyTokens, PolicyRandom or PolicySession. Default
 	// PolicyTokens.
 	Policy string
+	// NodeTLS, when set, is the client configuration the router reaches
+	// the nodes' HTTP addresses with, over HTTPS (nodes started with
+	// Options.HTTPTLS: its CA, and a certificate when they want one).
+	// Default nil: plain HTTP.
+	NodeTLS *tls.Config
 	// Logger receives the router's records. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -164,6 +170,7 @@ func NewRouter(opts RouterOptions) (*Router, error) {
 			MaxIdleConnsPerHost:   64,
 			IdleConnTimeout:       90 * time.Second,
 			ResponseHeaderTimeout: 10 * time.Minute, // a long prefill answers late
+			TLSClientConfig:       opts.NodeTLS,
 		}},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_router_requests_total",
@@ -494,7 +501,7 @@ func (r *Router) lookup(req *http.Request, body []byte, path string, cands []bac
 	for _, i := range order[:min(len(order), 3)] {
 		b := cands[i]
 		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
-		up, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+b.addr+LookupPath+strings.TrimPrefix(path, "/v1"), bytes.NewReader(body))
+		up, err := http.NewRequestWithContext(ctx, http.MethodPost, r.scheme()+b.addr+LookupPath+strings.TrimPrefix(path, "/v1"), bytes.NewReader(body))
 		if err != nil {
 			cancel()
 			continue
@@ -579,7 +586,7 @@ func (r *Router) forwardAny(w http.ResponseWriter, req *http.Request, body []byt
 // firstByte is called when the node's answer starts (its prefill is done).
 func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path string, b backend, firstByte func(), rewrite func(*usageJSON)) (sent bool, err error) {
 	t0 := time.Now()
-	up, err := http.NewRequestWithContext(req.Context(), req.Method, "http://"+b.addr+path, bytes.NewReader(body))
+	up, err := http.NewRequestWithContext(req.Context(), req.Method, r.scheme()+b.addr+path, bytes.NewReader(body))
 	if err != nil {
 		return false, err
 	}
@@ -750,4 +757,12 @@ func (c *captureWriter) Write(b []byte) (int, error) {
 		c.code = http.StatusOK
 	}
 	return c.body.Write(b)
+}
+
+// scheme is how the router reaches the nodes' HTTP addresses.
+func (r *Router) scheme() string {
+	if r.opts.NodeTLS != nil {
+		return "https://"
+	}
+	return "http://"
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os/signal"
@@ -10,12 +11,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/transfer"
 )
 
 func routeCmd() *cobra.Command {
 	var (
 		opts                    node.RouterOptions
 		gossipKeyFile, logLevel string
+		nodeTLS                 struct{ ca, cert, key, server string }
 	)
 	c := &cobra.Command{
 		Use:   "route --join HOST:PORT,...",
@@ -49,6 +52,16 @@ Prometheus metrics per node on /metrics.`,
 				}
 				opts.GossipKey = key
 			}
+			if nodeTLS.ca != "" || nodeTLS.cert != "" || nodeTLS.key != "" || nodeTLS.server != "" {
+				if (nodeTLS.cert == "") != (nodeTLS.key == "") {
+					return errors.New("--tls-cert and --tls-key go together: a client certificate and its key")
+				}
+				_, cfg, err := transfer.LoadTLS(transfer.TLSFiles{CA: nodeTLS.ca, Cert: nodeTLS.cert, Key: nodeTLS.key, ServerName: nodeTLS.server})
+				if err != nil {
+					return fmt.Errorf("TLS flags: %w", err)
+				}
+				opts.NodeTLS = cfg
+			}
 			r, err := node.NewRouter(opts)
 			if err != nil {
 				return fmt.Errorf("%w (see kvmesh route --help)", optionError(err, nil))
@@ -72,6 +85,10 @@ Prometheus metrics per node on /metrics.`,
 	fs.StringVar(&opts.GossipProfile, "gossip-profile", "lan", "failure detection timings: lan, or local (one host)")
 	fs.StringVar(&opts.Policy, "policy", node.PolicyTokens, "tokens (fewest outstanding uncached prompt tokens), random, or session (by x-session-affinity; a baseline)")
 	fs.StringVar(&opts.NodeID, "node-id", "", "the router's member id (default router-<host>-<port>)")
+	fs.StringVar(&nodeTLS.ca, "tls-ca", "", "reach the nodes' HTTP addresses over HTTPS (nodes served with --http-tls), trusting this CA's PEM file")
+	fs.StringVar(&nodeTLS.cert, "tls-cert", "", "client certificate (PEM) to present to the nodes over HTTPS")
+	fs.StringVar(&nodeTLS.key, "tls-key", "", "the client certificate's private key (PEM)")
+	fs.StringVar(&nodeTLS.server, "tls-server-name", "", "name verified in the nodes' certificates (default: the host of their address)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return c
 }

@@ -30,7 +30,7 @@ type serveFlags struct {
 	shmRegion                                  int64
 	join                                       []string
 	gossipKeyFile, gossipProfile               string
-	insecureGossip                             bool
+	insecureGossip, httpTLS                    bool
 	maxConcurrentStreams                       int
 	maxInFlightBytes                           int64
 	replicas, chunkTokens                      int
@@ -66,8 +66,8 @@ var flagOf = map[string]string{
 	"MaxBlockBytes": "max-block-bytes", "MaxBatchBlocks": "max-batch-blocks", "MaxMessageBytes": "max-message-bytes",
 	"ChunkBytes": "chunk-bytes", "RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout",
 	"TLS": "tls-cert", "PeerTLS": "tls-ca", "Tokens": "auth-token-file", "QuotaDRAMBytes": "quota-dram", "QuotaNVMeBytes": "quota-nvme",
-	"ReadyFile":      "ready-file",
-	"InsecureGossip": "insecure-gossip", "MaxConcurrentStreams": "max-concurrent-streams", "MaxInFlightBytes": "max-inflight-bytes",
+	"ReadyFile": "ready-file",
+	"HTTPTLS":   "http-tls", "InsecureGossip": "insecure-gossip", "MaxConcurrentStreams": "max-concurrent-streams", "MaxInFlightBytes": "max-inflight-bytes",
 }
 
 func serveCmd() *cobra.Command {
@@ -179,6 +179,7 @@ flag names, for example:
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM file of the certificate's private key")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM file of the CA that signs the members' (and, with --tls-client-auth, the clients') certificates (default: the system's roots)")
 	fs.BoolVar(&f.tlsClientAuth, "tls-client-auth", false, "mutual TLS: refuse clients and peers without a certificate signed by --tls-ca")
+	fs.BoolVar(&f.httpTLS, "http-tls", false, "serve the HTTP address (the OpenAI-compatible API, /metrics, health) over TLS too, with --tls-cert (a client certificate is checked when given, not required)")
 	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "name verified in the other members' certificates (default: the host of their address)")
 	fs.StringVar(&f.tokenFile, "auth-token-file", "", "file of shared bearer tokens, one a line, that clients and peers must present (the node presents the first); one tenant: every token may do everything")
 	fs.StringVar(&f.tokensFile, "tokens-file", "", "tokens file (YAML) mapping each token, or its SHA-256, to a tenant and scopes (read, write, admin, cluster): tenants that cannot touch each other's blocks; see the README's Security section")
@@ -265,7 +266,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		NodeID: f.nodeID, DataDir: f.dataDir,
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
 		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost, ReadyFile: f.readyFile,
-		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip,
+		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip, HTTPTLS: f.httpTLS,
 		MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes, Pprof: f.pprof,
 		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf,
 		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
@@ -332,7 +333,11 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *tra
 	out := cmd.OutOrStdout()
 	fmt.Fprintf(out, "kvmesh %s serving node %s\n", version(), n.ID())
 	fmt.Fprintf(out, "  gRPC     %s\n", n.GRPCAddr())
-	fmt.Fprintf(out, "  metrics  http://%s/metrics   health  http://%s/healthz\n", n.HTTPAddr(), n.HTTPAddr())
+	web := "http"
+	if opts.HTTPTLS {
+		web = "https"
+	}
+	fmt.Fprintf(out, "  metrics  %s://%s/metrics   health  %s://%s/healthz\n", web, n.HTTPAddr(), web, n.HTTPAddr())
 	shm := n.ShmSocket()
 	if shm == "" {
 		shm = "off"
@@ -342,7 +347,7 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *tra
 	fmt.Fprintf(out, "  store    %s (DRAM %s, NVMe %s)\n", opts.DataDir, formatSize(opts.DRAMBytes), formatSize(opts.NVMeBytes))
 	fmt.Fprintf(out, "  prefill  %s\n", engineLine(opts.Prefill))
 	if !opts.Prefill.Disabled {
-		fmt.Fprintf(out, "  openai   http://%s/v1   (model %q: /v1/models, /v1/completions, /v1/chat/completions)\n", n.HTTPAddr(), node.ModelAlias)
+		fmt.Fprintf(out, "  openai   %s://%s/v1   (model %q: /v1/models, /v1/completions, /v1/chat/completions)\n", web, n.HTTPAddr(), node.ModelAlias)
 	}
 	fmt.Fprintf(out, "  security %s\n", security(opts))
 	fmt.Fprintf(out, "try: kvmesh inspect --addr %s%s members   (stop with Ctrl-C)\n", n.GRPCAddr(), clientHint(cmd.Flags()))
