@@ -191,9 +191,13 @@ func (e *Engine) backgroundChunk(ctx context.Context, kv *KV, pos int, tokens []
 	if err != nil {
 		return false, e.ctxErr(ctx, "waiting for the foreground")
 	}
-	cctx, cancel := context.WithCancel(ctx)
+	// The chunk's context is bg's child, so that a foreground prefill's
+	// arrival (sched.enter cancels bg) cancels it before that prefill's
+	// own forward pass can begin; the request's end reaches it through
+	// AfterFunc. The forward pass needs ctx's cancellation, not its values.
+	cctx, cancel := context.WithCancel(bg)
 	defer cancel()
-	defer context.AfterFunc(bg, cancel)()
+	defer context.AfterFunc(ctx, cancel)()
 	select {
 	case e.bgSlots <- struct{}{}:
 	case <-cctx.Done():
