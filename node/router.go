@@ -615,6 +615,7 @@ func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path
 	copyHeader(w.Header(), resp.Header)
 	if rewrite != nil { // the client's cached tokens are the prefill node's
 		w.Header().Set("X-Kvmesh-Cached-Tokens", w.Header().Get("X-Kvmesh-Prefill-Cached-Tokens"))
+		w.Header().Set("X-Kvmesh-Decode-Node", b.id)
 	}
 	w.Header().Set("X-Kvmesh-Node", b.id)
 	w.Header().Set("X-Kvmesh-Router-Node", b.id)
@@ -626,6 +627,7 @@ func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path
 		all := append(br[:n], rest...)
 		if rewrite != nil && resp.StatusCode == http.StatusOK {
 			all = rewriteUsage(all, rewrite)
+			w.Header().Set("X-Kvmesh-Decode-Node-Ms", strconv.FormatFloat(ms(time.Since(t0)), 'f', 3, 64))
 		}
 		w.Header().Del("Content-Length")
 		w.Header().Set("Content-Length", strconv.Itoa(len(all)))

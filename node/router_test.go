@@ -184,6 +184,23 @@ func TestRouterSplitsPrefillAndDecode(t *testing.T) {
 		if computed := after.ComputedTokens - before.ComputedTokens; computed >= int64(c.BlockTokens) {
 			t.Errorf("stream %v: the decode node computed %d prompt tokens; want the prompt from the cache (< one block)", stream, computed)
 		}
+		if got.header.Get("X-Kvmesh-Decode-Node") != nodes[1].ID() || got.header.Get("X-Kvmesh-Prefill-Node-Ms") == "" ||
+			(!stream && got.header.Get("X-Kvmesh-Decode-Node-Ms") == "") {
+			t.Errorf("stream %v: headers %v lack the decode node or the times", stream, got.header)
+		}
+		// The same prompt again: the client is told what the prefill node
+		// found cached, in the body and the header.
+		nodes[0].Node.prefill.engine.Flush(context.Background())
+		again := callAPI(t, "POST", url+"/v1/chat/completions", "", req)
+		var res2 completion
+		if stream {
+			res2 = parseStream(t, again, true)
+		} else {
+			res2 = parseCompletion(t, again, true)
+		}
+		if res2.Cached < c.BlockTokens || res2.Cached >= len(tmpl) || again.header.Get("X-Kvmesh-Prefill-Cached-Tokens") != fmt.Sprint(res2.Cached) || res2.Text != res.Text {
+			t.Errorf("stream %v: the repeat's usage %+v, headers %v; want the prefill node's cached tokens (a block or more, less than the prompt)", stream, res2, again.header)
+		}
 	}
 }
 
