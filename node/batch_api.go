@@ -33,7 +33,9 @@ import (
 // already started is not preempted. Limits: BatchOptions (413 for too many
 // requests or bytes, 429 with Retry-After only for the tenant's own queue
 // quota, 503 for the node's). Another tenant's id, like an unknown one, is
-// 404. callback_url is refused (400): callbacks are not built.
+// 404. callback_url is refused (400): callbacks are not built. Through
+// the router (router.go), a batch lives on the node that accepted it and is
+// found by asking the nodes.
 const QueuePath = "/v1/queue"
 
 // batchMetrics are the asynchronous API's metrics.

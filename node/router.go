@@ -392,6 +392,20 @@ func (r *Router) markDown(id string) {
 
 func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	path := req.URL.Path
+	if strings.HasPrefix(path, QueuePath+"/") {
+		r.forwardQueue(w, req)
+		return
+	}
+	if path == QueuePath && req.Method == http.MethodPost {
+		// Any node stores the batch and runs it; its id is found by asking.
+		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, DefaultBatchMaxBodyBytes))
+		if err != nil {
+			writeAPIError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is too large (at most %d bytes) or unreadable", DefaultBatchMaxBodyBytes), "invalid_request_error", "", "request_too_large")
+			return
+		}
+		r.forwardAny(w, req, body)
+		return
+	}
 	if path != "/v1/completions" && path != "/v1/chat/completions" {
 		// Models and errors: any node answers the same.
 		r.forwardAny(w, req, nil)
@@ -579,6 +593,33 @@ func (r *Router) forwardAny(w http.ResponseWriter, req *http.Request, body []byt
 		r.retries.WithLabelValues(b.id).Inc()
 	}
 	writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+}
+
+// forwardQueue passes GET or DELETE /v1/queue/{id} to the node that holds
+// the batch: it asks the nodes in turn and answers with the first answer
+// that is not 404 (404 when every node says so). A batch is stored by the
+// node that accepted it; nothing else knows where.
+func (r *Router) forwardQueue(w http.ResponseWriter, req *http.Request) {
+	var last *captureWriter
+	for _, b := range r.backends() {
+		rec := &captureWriter{header: http.Header{}}
+		if _, err := r.try(rec, req, nil, req.URL.Path, b, func() {}, nil); err != nil {
+			continue // down or stopping: another node may hold it, else 404 below
+		}
+		if rec.code == http.StatusNotFound {
+			last = rec
+			continue
+		}
+		last = rec
+		break
+	}
+	if last == nil {
+		writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+		return
+	}
+	copyHeader(w.Header(), last.header)
+	w.WriteHeader(last.code)
+	w.Write(last.body.Bytes())
 }
 
 // try sends the request to b and streams its answer to w. It reports

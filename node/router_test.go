@@ -205,3 +205,32 @@ func TestRouterSplitsPrefillAndDecode(t *testing.T) {
 }
 
 func jsonInto(b []byte, v any) bool { return json.Unmarshal(b, v) == nil }
+
+// TestRouterQueue: a batch submitted through the router is stored by one
+// node and polled, to completion, through the router; an unknown id is 404.
+func TestRouterQueue(t *testing.T) {
+	nodes := startClusterNodes(t, 2, func(_ int, o *Options) { o.Prefill.Model = tinyModel() })
+	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
+	waitUntil(t, "the router to see 2 nodes", 30*time.Second, func() bool { return len(r.backends()) == 2 })
+	url := "http://" + r.HTTPAddr() + QueuePath
+	req := map[string]any{"model": "kvmesh", "prompt": "routed and queued", "max_tokens": 4, "temperature": 0}
+	got := callAPI(t, "POST", url, "", map[string]any{"requests": []any{req, req}})
+	var a batchAnswer
+	if got.status != http.StatusAccepted || json.Unmarshal(got.body, &a) != nil || a.RequestID == "" {
+		t.Fatalf("POST through the router: %d %s", got.status, got.body)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for a.Status != "completed" && time.Now().Before(deadline) {
+		got = callAPI(t, "GET", url+"/"+a.RequestID, "", nil)
+		if got.status != http.StatusOK || json.Unmarshal(got.body, &a) != nil {
+			t.Fatalf("GET through the router: %d %s", got.status, got.body)
+		}
+		time.Sleep(10 * time.Millisecond) // polling, as a client does
+	}
+	if a.Status != "completed" || len(a.Responses) != 2 {
+		t.Fatalf("through the router the batch is %+v", a)
+	}
+	if got := callAPI(t, "GET", url+"/batch_nope", "", nil); got.status != http.StatusNotFound {
+		t.Errorf("unknown id through the router: %d %s", got.status, got.body)
+	}
+}
