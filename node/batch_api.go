@@ -289,12 +289,14 @@ func (p *prefillService) workBatches() {
 				p.n.log.Info("queue: batch interrupted by shutdown; its request runs again after a restart", "id", m.ID, "request", i)
 				return
 			}
-			more, err := p.batches.answer(m.ID, i, resp, failed)
+			// Counted before the answer is visible, so a client that sees it
+			// sees it counted.
 			if failed {
 				p.batchMetrics.requests.WithLabelValues("failed").Inc()
 			} else {
 				p.batchMetrics.requests.WithLabelValues("completed").Inc()
 			}
+			more, err := p.batches.answer(m.ID, i, resp, failed)
 			if err != nil {
 				p.n.log.Error("queue: cannot record a response", "id", m.ID, "request", i, "err", err)
 				break

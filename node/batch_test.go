@@ -224,6 +224,15 @@ func TestQueueBadInputAndCancel(t *testing.T) {
 	if a := waitBatch(t, n.Node, "beta-rw", other); a.Status != "completed" {
 		t.Errorf("beta's batch answers %+v", a)
 	}
+	body := scrape(t, n.HTTPAddr())
+	for series, want := range map[string]float64{
+		`kvmesh_queue_requests_total{outcome="cancelled"}`: 3, `kvmesh_queue_requests_total{outcome="completed"}`: 2,
+		`kvmesh_queue_queued_requests`: 0, `kvmesh_queue_running_requests`: 0, `kvmesh_queue_wait_seconds_count`: 2,
+	} {
+		if got := metricValue(body, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
 }
 
 // TestQueueRestart: a node closed with a batch queued and another
