@@ -39,6 +39,9 @@ type batches struct {
 	ready chan struct{} // a token when a batch was submitted
 	// cancelled, when set, counts requests cancelled before they started.
 	cancelled func(n int)
+	// finished, when set, is called (without locks held) with the meta of
+	// each batch that finished, once.
+	finished func(batchMeta)
 
 	life struct {
 		sync.RWMutex
@@ -80,6 +83,9 @@ type batchMeta struct {
 	Started  time.Time  `json:"started,omitzero"`
 	Finished time.Time  `json:"finished,omitzero"`
 	Runs     int        `json:"runs"` // times it was taken; more than one after a restart
+	// Callback is where the node POSTs the batch's status once it finished
+	// (callback.go); empty: nowhere.
+	Callback string `json:"callback,omitempty"`
 
 	active bool // taken by the worker since the store opened
 	cancel bool // DELETE while it runs: the requests not started are cancelled
@@ -157,8 +163,8 @@ func openBatches(db *pebble.DB, opts BatchOptions, now func() time.Time, log *sl
 // submit stores a batch of requests (each a kind byte and its JSON; the
 // store keeps its own copy) durably and returns its meta.
 // errBatchTenantFull or errBatchFull when it does not fit.
-func (b *batches) submit(owner queueOwner, reqs [][]byte) (batchMeta, error) {
-	m := &batchMeta{ID: newID("batch_"), Owner: owner, State: batchQueued, N: len(reqs), Enqueued: b.now()}
+func (b *batches) submit(owner queueOwner, reqs [][]byte, callback string) (batchMeta, error) {
+	m := &batchMeta{ID: newID("batch_"), Owner: owner, State: batchQueued, N: len(reqs), Enqueued: b.now(), Callback: callback}
 	b.life.RLock()
 	defer b.life.RUnlock()
 	if b.life.closed {
@@ -321,10 +327,15 @@ func (b *batches) answer(id string, i int, resp []byte, failed bool) (more bool,
 	m.Done, m.Failed, m.State, m.Finished = next.Done, next.Failed, next.State, next.Finished
 	b.mu.queued[m.Owner.Tenant]--
 	b.mu.total--
-	if m.finishedState() {
+	done := m.finishedState()
+	if done {
 		b.finishLocked(m)
 	}
+	snap := *m
 	b.mu.Unlock()
+	if done && b.finished != nil {
+		b.finished(snap)
+	}
 	if cancel {
 		return false, b.cancelRest(id)
 	}
@@ -398,9 +409,9 @@ func (b *batches) cancelRest(id string) error {
 		wb.Set(batchMetaKey(id), encodeBatchMeta(&next), nil)
 	})
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if err != nil {
 		m.active, m.cancel = false, false // still queued on disk: runs (or is cancelled) later
+		b.mu.Unlock()
 		return fmt.Errorf("node: batches: cancel %s: %w", id, err)
 	}
 	b.mu.queued[m.Owner.Tenant] -= next.N - from
@@ -410,6 +421,11 @@ func (b *batches) cancelRest(id string) error {
 	}
 	m.Done, m.Failed, m.State, m.Finished = next.Done, next.Failed, next.State, next.Finished
 	b.finishLocked(m)
+	snap := *m
+	b.mu.Unlock()
+	if b.finished != nil {
+		b.finished(snap)
+	}
 	return nil
 }
 

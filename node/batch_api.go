@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -33,7 +34,10 @@ import (
 // already started is not preempted. Limits: BatchOptions (413 for too many
 // requests or bytes, 429 with Retry-After only for the tenant's own queue
 // quota, 503 for the node's). Another tenant's id, like an unknown one, is
-// 404. callback_url is refused (400): callbacks are not built. Through
+// 404. With callback_url (a host BatchOptions.CallbackAllow allows, else
+// 400) the node POSTs {"request_id", "status"} once the batch finished,
+// signed (SignatureHeader) with the key GET /v1/queue/callback-key tells
+// the tenant (callback.go). Through
 // the router (router.go), a batch lives on the node that accepted it and is
 // found by asking the nodes.
 const QueuePath = "/v1/queue"
@@ -86,6 +90,13 @@ func (o *openAI) serveQueue(w http.ResponseWriter, r *http.Request, path string,
 		return o.submit(w, r, owner)
 	}
 	id := strings.TrimPrefix(path, QueuePath+"/")
+	if id == "callback-key" && r.Method == http.MethodGet {
+		// The key this caller's callbacks are signed with (Sign).
+		writeJSON(w, http.StatusOK, struct {
+			Key string `json:"key"`
+		}{hex.EncodeToString(CallbackKey(o.p.callbacks.key, owner.Tenant))})
+		return nil
+	}
 	notFound := newHTTPError(http.StatusNotFound, "request_id", "not_found", "no queued batch %q (unknown, expired, or not yours)", id)
 	switch r.Method {
 	case http.MethodGet:
@@ -125,14 +136,19 @@ func (o *openAI) submit(w http.ResponseWriter, r *http.Request, owner queueOwner
 		return err
 	}
 	switch {
-	case body.CallbackURL != nil:
-		return badRequest("callback_url", "callback_url: this node sends no callbacks; poll GET %s/{request_id}", QueuePath)
 	case body.Requests == nil:
 		return badRequest("requests", "requests is required: an array of completion or chat completion requests")
 	case len(body.Requests) == 0:
 		return badRequest("requests", "requests is empty")
 	case len(body.Requests) > lim.MaxRequests:
 		return newHTTPError(http.StatusRequestEntityTooLarge, "requests", "too_many_requests_in_batch", "requests: %d requests, at most %d per batch", len(body.Requests), lim.MaxRequests)
+	}
+	var callback string
+	if body.CallbackURL != nil {
+		if err := o.p.callbacks.allowed(*body.CallbackURL); err != nil {
+			return badRequest("callback_url", "callback_url: %v", err)
+		}
+		callback = *body.CallbackURL
 	}
 	stored := make([][]byte, len(body.Requests))
 	for i, raw := range body.Requests {
@@ -150,7 +166,7 @@ func (o *openAI) submit(w http.ResponseWriter, r *http.Request, owner queueOwner
 		}
 		stored[i] = append([]byte{kind}, raw...)
 	}
-	m, err := o.p.batches.submit(owner, stored)
+	m, err := o.p.batches.submit(owner, stored, callback)
 	switch {
 	case errors.Is(err, errBatchTenantFull):
 		he := newHTTPError(http.StatusTooManyRequests, "", "queue_quota_exceeded", "%v; retry once some have completed", err)

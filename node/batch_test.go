@@ -2,9 +2,12 @@ package node
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -285,7 +288,7 @@ func TestBatchesResume(t *testing.T) {
 	ctx := context.Background()
 	owner := queueOwner{Tenant: "acme"}
 	db, b := open()
-	m, err := b.submit(owner, [][]byte{[]byte("t{}"), []byte("t{}"), []byte("t{}")})
+	m, err := b.submit(owner, [][]byte{[]byte("t{}"), []byte("t{}"), []byte("t{}")}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +332,7 @@ func TestBatchesResume(t *testing.T) {
 	}
 
 	// Cancel while running: the current answer is kept, the rest cancelled.
-	m2, _ := b.submit(owner, [][]byte{[]byte("t{}"), []byte("t{}"), []byte("t{}")})
+	m2, _ := b.submit(owner, [][]byte{[]byte("t{}"), []byte("t{}"), []byte("t{}")}, "")
 	b.take(ctx)
 	b.start(m2.ID)
 	if s, err := b.cancel(m2.ID, owner); s != batchRunning || err != nil {
@@ -344,5 +347,51 @@ func TestBatchesResume(t *testing.T) {
 	}
 	if q, r := b.counts(); q != 0 || r != 0 {
 		t.Errorf("counts %d queued, %d running after all finished", q, r)
+	}
+}
+
+// TestQueueCallback: a batch with a callback_url on an allowed host is
+// POSTed there once completed, signed with the tenant's key; a host not
+// allowed is refused at submission.
+func TestQueueCallback(t *testing.T) {
+	got := make(chan *http.Request, 1)
+	bodies := make(chan []byte, 1)
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		select {
+		case got <- r:
+			bodies <- b
+		default:
+		}
+	}))
+	defer recv.Close()
+	host := strings.TrimPrefix(recv.URL, "http://")
+	n := startQueueNode(t, t.TempDir(), func(o *Options) { o.Prefill.Batch.CallbackAllow = []string{host} })
+	ok := map[string]any{"model": "kvmesh", "prompt": "call me back", "max_tokens": 2, "temperature": 0}
+	wantAPIError(t, "a host not allowed", callAPI(t, "POST", apiURL(n.Node, QueuePath), "acme-rw",
+		map[string]any{"requests": []any{ok}, "callback_url": "http://169.254.169.254/latest"}), 400)
+	wantAPIError(t, "not http", callAPI(t, "POST", apiURL(n.Node, QueuePath), "acme-rw",
+		map[string]any{"requests": []any{ok}, "callback_url": "file:///etc/passwd"}), 400)
+
+	id := submitBatch(t, n.Node, "acme-rw", map[string]any{"requests": []any{ok}, "callback_url": recv.URL + "/hook"})
+	var r *http.Request
+	select {
+	case r = <-got:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no callback within 60s")
+	}
+	body := <-bodies
+	var st batchAnswer
+	if json.Unmarshal(body, &st) != nil || st.RequestID != id || st.Status != "completed" {
+		t.Errorf("callback body %s", body)
+	}
+	k := callAPI(t, "GET", apiURL(n.Node, QueuePath+"/callback-key"), "acme-rw", nil).json(t)["key"].(string)
+	key, _ := hex.DecodeString(k)
+	if r.URL.Path != "/hook" || r.Header.Get(SignatureHeader) != Sign(key, body) {
+		t.Errorf("callback to %s signed %q; want %q", r.URL.Path, r.Header.Get(SignatureHeader), Sign(key, body))
+	}
+	other := callAPI(t, "GET", apiURL(n.Node, QueuePath+"/callback-key"), "beta-rw", nil).json(t)["key"]
+	if other == k {
+		t.Error("two tenants have the same callback key")
 	}
 }

@@ -136,7 +136,8 @@
 // before the 202, run one request at a time with Generate once the engine
 // is idle (Engine.WaitIdle), each answer stored with the count that says so
 // in one synced write, so a restart re-runs only the request it
-// interrupted.
+// interrupted. A finished batch with a callback_url on a host of
+// BatchOptions.CallbackAllow is announced there, signed (callback.go).
 // With Options.HTTPTLS the HTTP address speaks TLS with the node's
 // certificate (a client certificate checked when given, not required), and
 // the router reaches such nodes with RouterOptions.NodeTLS; without it the

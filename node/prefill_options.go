@@ -85,6 +85,10 @@ type BatchOptions struct {
 	// ResultTTL is how long a finished batch's responses are kept, from
 	// when it finished; then GET answers 404. Default 24h.
 	ResultTTL time.Duration
+	// CallbackAllow are the hosts (HOST, any port, or HOST:PORT) a
+	// callback_url may name; others are refused with 400. Default none:
+	// every callback_url is refused.
+	CallbackAllow []string
 }
 
 // Defaults of BatchOptions.

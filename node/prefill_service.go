@@ -54,6 +54,7 @@ type prefillService struct {
 	// worker runs them.
 	batches      *batches
 	batchMetrics *batchMetrics
+	callbacks    *callbacks
 	nsPB         *kvmeshv1.Namespace
 	tok          tokenizer.Tokenizer // the model's (PrefillOptions.ModelDir), else tokenizer.Bytes
 	eos          []uint32            // the model's end-of-sequence ids, if it says
@@ -157,6 +158,14 @@ func newPrefillService(n *Node) (*prefillService, error) {
 	p := &prefillService{n: n, engine: engine, q: q, batches: b, nsPB: namespacePB(engine), tok: tok, eos: eos}
 	p.batchMetrics = newBatchMetrics(n.metrics.reg, b)
 	b.cancelled = func(k int) { p.batchMetrics.requests.WithLabelValues("cancelled").Add(float64(k)) }
+	secret, err := loadCallbackSecret(n.opts.DataDir)
+	if err != nil {
+		q.close()
+		engine.Close()
+		return nil, err
+	}
+	p.callbacks = newCallbacks(o.Batch.CallbackAllow, secret, n.metrics.reg, n.log)
+	b.finished = p.callbacks.enqueue
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.metrics = newPrefillMetrics(n.metrics.reg, engine, q)
 	n.names.keep(engine.Namespace())
@@ -181,7 +190,8 @@ func namespacePB(e *prefill.Engine) *kvmeshv1.Namespace {
 // deletes expired results.
 func (p *prefillService) start() {
 	p.startOnce.Do(func() {
-		p.wg.Add(4)
+		p.wg.Add(5)
+		go func() { defer p.wg.Done(); p.callbacks.run(p.ctx) }()
 		go p.work()
 		go p.reap()
 		go p.workBatches()

@@ -283,7 +283,7 @@ func init() {
 		"Prefill.Role": "role", "Prefill.ModelDir": "prefill-model-dir",
 		"Prefill.Batch.MaxRequests": "queue-max-requests", "Prefill.Batch.MaxBodyBytes": "queue-max-body",
 		"Prefill.Batch.TenantQueued": "queue-tenant-quota", "Prefill.Batch.MaxQueued": "queue-max-queued",
-		"Prefill.Batch.ResultTTL": "queue-result-ttl",
+		"Prefill.Batch.ResultTTL": "queue-result-ttl", "Prefill.Batch.CallbackAllow": "callback-allow",
 	} {
 		flagOf[field] = flag
 	}
@@ -305,6 +305,7 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.IntVar(&p.batch.TenantQueued, "queue-tenant-quota", d.Batch.TenantQueued, "most queued requests (POST /v1/queue) of one tenant not yet answered (more: 429 with Retry-After)")
 	fs.IntVar(&p.batch.MaxQueued, "queue-max-queued", d.Batch.MaxQueued, "most queued requests (POST /v1/queue) of all tenants not yet answered (more: 503)")
 	fs.DurationVar(&p.batch.ResultTTL, "queue-result-ttl", d.Batch.ResultTTL, "how long a finished batch's responses are kept (then GET /v1/queue/{id} is 404)")
+	fs.StringSliceVar(&p.batch.CallbackAllow, "callback-allow", d.Batch.CallbackAllow, "hosts (HOST: any port, or HOST:PORT) a queued batch's callback_url may name; others are refused (default none: no callbacks)")
 	fs.StringVar(&p.role, "role", node.RoleBoth, "what kvmesh route sends this node: both, prefill (prompts to compute and publish) or decode (requests whose prompt a prefill node just published)")
 }
 
