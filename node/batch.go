@@ -502,6 +502,25 @@ func (b *batches) expire() {
 	}
 }
 
+// list returns copies of owner's batches: pending ones in order, then the
+// most recent finished ones, at most limit in all.
+func (b *batches) list(owner queueOwner, limit int) []batchMeta {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []batchMeta
+	for _, m := range b.mu.pending {
+		if len(out) < limit && m.Owner.Tenant == owner.Tenant {
+			out = append(out, *m)
+		}
+	}
+	for i := len(b.mu.finished) - 1; i >= 0 && len(out) < limit; i-- {
+		if m := b.mu.finished[i]; m.Owner.Tenant == owner.Tenant {
+			out = append(out, *m)
+		}
+	}
+	return out
+}
+
 // counts returns the requests not yet answered of batches queued and of
 // batches running.
 func (b *batches) counts() (queued, running int) {

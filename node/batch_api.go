@@ -42,6 +42,30 @@ import (
 // found by asking the nodes.
 const QueuePath = "/v1/queue"
 
+// QueueList is GET /v1/queue's answer: the caller's batches, those not
+// finished first (in order), then the most recently finished, at most
+// maxQueueList.
+type QueueList struct {
+	Object string       `json:"object"`
+	Data   []QueueBatch `json:"data"`
+}
+
+// QueueBatch describes one batch of QueueList; times are Unix seconds, 0
+// for not yet.
+type QueueBatch struct {
+	RequestID string `json:"request_id"`
+	Status    string `json:"status"`
+	Requests  int    `json:"requests"`
+	Answered  int    `json:"answered"`
+	Failed    int    `json:"failed"`
+	Runs      int    `json:"runs"`
+	Created   int64  `json:"created"`
+	Started   int64  `json:"started"`
+	Finished  int64  `json:"finished"`
+}
+
+const maxQueueList = 1000
+
 // batchMetrics are the asynchronous API's metrics.
 type batchMetrics struct {
 	requests *prometheus.CounterVec // outcome: completed, failed, cancelled
@@ -83,11 +107,27 @@ type batchStatus struct {
 func (o *openAI) serveQueue(w http.ResponseWriter, r *http.Request, path string, who auth.Principal) error {
 	owner := ownerOf(who)
 	if path == QueuePath {
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			return newHTTPError(http.StatusMethodNotAllowed, "", "method_not_allowed", "%s %s: use POST", r.Method, path)
+		switch r.Method {
+		case http.MethodPost:
+			return o.submit(w, r, owner)
+		case http.MethodGet:
+			out := QueueList{Object: "list", Data: []QueueBatch{}}
+			for _, m := range o.p.batches.list(owner, maxQueueList) {
+				qb := QueueBatch{RequestID: m.ID, Status: m.State, Requests: m.N, Answered: m.Done, Failed: m.Failed,
+					Created: m.Enqueued.Unix(), Runs: m.Runs}
+				if !m.Started.IsZero() {
+					qb.Started = m.Started.Unix()
+				}
+				if !m.Finished.IsZero() {
+					qb.Finished = m.Finished.Unix()
+				}
+				out.Data = append(out.Data, qb)
+			}
+			writeJSON(w, http.StatusOK, out)
+			return nil
 		}
-		return o.submit(w, r, owner)
+		w.Header().Set("Allow", "GET, POST")
+		return newHTTPError(http.StatusMethodNotAllowed, "", "method_not_allowed", "%s %s: use POST (or GET for the list)", r.Method, path)
 	}
 	id := strings.TrimPrefix(path, QueuePath+"/")
 	if id == "callback-key" && r.Method == http.MethodGet {

@@ -190,7 +190,7 @@ func TestQueueBadInputAndCancel(t *testing.T) {
 	} {
 		wantAPIError(t, c.name, callAPI(t, "POST", url, "acme-rw", c.body), c.status)
 	}
-	wantAPIError(t, "GET /v1/queue", callAPI(t, "GET", url, "acme-rw", nil), 405)
+	wantAPIError(t, "PUT /v1/queue", callAPI(t, "PUT", url, "acme-rw", nil), 405)
 
 	// Keep the engine busy, as a synchronous request does: nothing queued
 	// starts.
@@ -204,6 +204,11 @@ func TestQueueBadInputAndCancel(t *testing.T) {
 	other := submitBatch(t, n.Node, "beta-rw", map[string]any{"requests": []any{ok}}) // beta's quota is its own
 	if a := pollBatch(t, n.Node, "acme-rw", id); a.Status != "queued" {
 		t.Errorf("with the engine held, the batch is %s, want queued", a.Status)
+	}
+	var list QueueList
+	if got := callAPI(t, "GET", url, "acme-r", nil); got.status != 200 || json.Unmarshal(got.body, &list) != nil ||
+		len(list.Data) != 1 || list.Data[0].RequestID != id || list.Data[0].Status != "queued" || list.Data[0].Requests != 3 {
+		t.Errorf("acme's list: %d %s; want its one queued batch only", got.status, got.body)
 	}
 	got := callAPI(t, "DELETE", apiURL(n.Node, QueuePath+"/"+id), "acme-rw", nil)
 	if got.status != 200 || got.json(t)["status"] != "cancelled" {

@@ -396,6 +396,10 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 		r.forwardQueue(w, req)
 		return
 	}
+	if path == QueuePath && req.Method == http.MethodGet {
+		r.listQueue(w, req)
+		return
+	}
 	if path == QueuePath && req.Method == http.MethodPost {
 		// Any node stores the batch and runs it; its id is found by asking.
 		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, DefaultBatchMaxBodyBytes))
@@ -593,6 +597,35 @@ func (r *Router) forwardAny(w http.ResponseWriter, req *http.Request, body []byt
 		r.retries.WithLabelValues(b.id).Inc()
 	}
 	writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+}
+
+// listQueue answers GET /v1/queue with every node's list of the caller's
+// batches; a node's error (a refused token) is answered as is.
+func (r *Router) listQueue(w http.ResponseWriter, req *http.Request) {
+	all := QueueList{Object: "list", Data: []QueueBatch{}}
+	answered := false
+	for _, b := range r.backends() {
+		rec := &captureWriter{header: http.Header{}}
+		if _, err := r.try(rec, req, nil, req.URL.Path, b, func() {}, nil); err != nil {
+			continue
+		}
+		if rec.code != http.StatusOK {
+			copyHeader(w.Header(), rec.header)
+			w.WriteHeader(rec.code)
+			w.Write(rec.body.Bytes())
+			return
+		}
+		var l QueueList
+		if json.Unmarshal(rec.body.Bytes(), &l) == nil {
+			all.Data = append(all.Data, l.Data...)
+			answered = true
+		}
+	}
+	if !answered {
+		writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+		return
+	}
+	writeJSON(w, http.StatusOK, all)
 }
 
 // forwardQueue passes GET or DELETE /v1/queue/{id} to the node that holds

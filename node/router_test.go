@@ -230,6 +230,11 @@ func TestRouterQueue(t *testing.T) {
 	if a.Status != "completed" || len(a.Responses) != 2 {
 		t.Fatalf("through the router the batch is %+v", a)
 	}
+	var list QueueList
+	if got := callAPI(t, "GET", url, "", nil); got.status != 200 || json.Unmarshal(got.body, &list) != nil ||
+		len(list.Data) != 1 || list.Data[0].RequestID != a.RequestID || list.Data[0].Answered != 2 {
+		t.Errorf("the list through the router: %d %s", got.status, got.body)
+	}
 	if got := callAPI(t, "GET", url+"/batch_nope", "", nil); got.status != http.StatusNotFound {
 		t.Errorf("unknown id through the router: %d %s", got.status, got.body)
 	}
