@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -96,6 +97,17 @@ func TestQueueKill9(t *testing.T) {
 		if len(c) != 1 || c[0].(map[string]any)["text"] != want {
 			t.Errorf("response %d: %v, want the text %q", i, r, want)
 		}
+	}
+	// kvmesh inspect queue lists it.
+	out, err := exec.Command(binary(t), "inspect", "queue", "--http-addr", d.http, "-o", "json").CombinedOutput()
+	var listed []map[string]any
+	if err != nil || json.Unmarshal(out, &listed) != nil || len(listed) != 1 || listed[0]["request_id"] != id ||
+		listed[0]["status"] != "completed" || listed[0]["answered"] != float64(len(reqs)) {
+		t.Errorf("kvmesh inspect queue: %v: %s", err, out)
+	}
+	table, err := exec.Command(binary(t), "inspect", "queue", "--http-addr", d.http).CombinedOutput()
+	if err != nil || !strings.Contains(string(table), id) {
+		t.Errorf("kvmesh inspect queue (table): %v: %s", err, table)
 	}
 	// The restarted node answered at most the requests not answered before.
 	resp, err := http.Get("http://" + d.http + "/metrics")
