@@ -188,8 +188,9 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("Batch.MaxRequests", "%d is outside 1..%d", o.Batch.MaxRequests, 1<<16)
 	case o.Batch.MaxBodyBytes < 1<<10 || o.Batch.MaxBodyBytes > 1<<30:
 		return bad("Batch.MaxBodyBytes", "%d is outside 1KiB..1GiB", o.Batch.MaxBodyBytes)
-	case o.Batch.TenantQueued < 1 || o.Batch.TenantQueued > o.Batch.MaxQueued:
-		return bad("Batch.TenantQueued", "%d is outside 1..Batch.MaxQueued (%d)", o.Batch.TenantQueued, o.Batch.MaxQueued)
+	case o.Batch.TenantQueued < o.Batch.MaxRequests || o.Batch.TenantQueued > o.Batch.MaxQueued:
+		// Below MaxRequests, a full batch would be refused forever.
+		return bad("Batch.TenantQueued", "%d is outside Batch.MaxRequests (%d)..Batch.MaxQueued (%d)", o.Batch.TenantQueued, o.Batch.MaxRequests, o.Batch.MaxQueued)
 	case o.Batch.MaxQueued > 1<<24:
 		return bad("Batch.MaxQueued", "%d is over %d", o.Batch.MaxQueued, 1<<24)
 	case o.Batch.ResultTTL < time.Second:
