@@ -400,3 +400,26 @@ func TestQueueCallback(t *testing.T) {
 		t.Error("two tenants have the same callback key")
 	}
 }
+
+// TestQueueFailedRequest: a request that fails when it runs (here one
+// whose stored body is no longer valid, as after a version change) is
+// answered with an OpenAI error object in its place; the batch completes
+// and its other requests are answered.
+func TestQueueFailedRequest(t *testing.T) {
+	pn := startPrefillNode(t, "", nil, nil, nil)
+	good := []byte(`t{"model": "kvmesh", "prompt": "still fine", "max_tokens": 3, "temperature": 0}`)
+	m, err := pn.prefill.batches.submit(queueOwner{}, [][]byte{good, []byte(`t{"model": `), good}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := waitBatch(t, pn.Node, "", m.ID)
+	if a.Status != "completed" || len(a.Responses) != 3 {
+		t.Fatalf("batch %+v", a)
+	}
+	parseCompletion(t, apiCall{status: 200, body: a.Responses[0]}, false)
+	parseCompletion(t, apiCall{status: 200, body: a.Responses[2]}, false)
+	wantAPIError(t, "the failed request", apiCall{status: 400, body: a.Responses[1]}, 400)
+	if got := metricValue(scrape(t, pn.HTTPAddr()), `kvmesh_queue_requests_total{outcome="failed"}`); got != 1 {
+		t.Errorf("failed requests counted %v, want 1", got)
+	}
+}
