@@ -261,7 +261,9 @@ func (o *openAI) serve(w http.ResponseWriter, r *http.Request) {
 		label = "/v1/models/{id}"
 	} else if strings.HasPrefix(path, LookupPath+"/") {
 		label = LookupPath
-	} else if path != "/v1/models" && path != "/v1/completions" && path != "/v1/chat/completions" {
+	} else if strings.HasPrefix(path, QueuePath+"/") {
+		label = QueuePath + "/{id}"
+	} else if path != QueuePath && path != "/v1/models" && path != "/v1/completions" && path != "/v1/chat/completions" {
 		label = "other"
 	}
 	err := o.route(sw, r, path)
@@ -295,7 +297,7 @@ func (o *openAI) route(w http.ResponseWriter, r *http.Request, path string) erro
 		return newHTTPError(http.StatusServiceUnavailable, "", "", "the node is shutting down; retry on another node")
 	}
 	need := auth.Read
-	if r.Method == http.MethodPost && !strings.HasPrefix(path, LookupPath+"/") {
+	if (r.Method == http.MethodPost || r.Method == http.MethodDelete) && !strings.HasPrefix(path, LookupPath+"/") {
 		need = auth.Write
 	}
 	who, err := o.n.guard.authorize(r.Header.Values("Authorization"), r.Method+" "+path, need)
@@ -338,13 +340,15 @@ func (o *openAI) route(w http.ResponseWriter, r *http.Request, path string) erro
 			return err
 		}
 		return o.complete(w, r, path == "/v1/chat/completions", who)
+	case path == QueuePath, strings.HasPrefix(path, QueuePath+"/"):
+		return o.serveQueue(w, r, path, who)
 	case path == LookupPath+"/completions", path == LookupPath+"/chat/completions":
 		if err := method(http.MethodPost); err != nil {
 			return err
 		}
 		return o.lookup(w, r, path == LookupPath+"/chat/completions", who)
 	}
-	return newHTTPError(http.StatusNotFound, "", "unknown_url", "no such path: %s %s (this node serves /v1/models, /v1/completions and /v1/chat/completions)", r.Method, path)
+	return newHTTPError(http.StatusNotFound, "", "unknown_url", "no such path: %s %s (this node serves /v1/models, /v1/completions, /v1/chat/completions and /v1/queue)", r.Method, path)
 }
 
 type modelJSON struct {
@@ -389,9 +393,9 @@ type chatMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// decodeBody reads a JSON body of at most MaxOpenAIBodyBytes into v.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
-	body := http.MaxBytesReader(w, r.Body, MaxOpenAIBodyBytes)
+// decodeBody reads a JSON body of at most limit bytes into v.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
+	body := http.MaxBytesReader(w, r.Body, limit)
 	dec := json.NewDecoder(body)
 	err := dec.Decode(v)
 	if err == nil {
@@ -428,9 +432,14 @@ type job struct {
 
 func (o *openAI) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job, error) {
 	var req completionRequest
-	if err := decodeBody(w, r, &req); err != nil {
+	if err := decodeBody(w, r, &req, MaxOpenAIBodyBytes); err != nil {
 		return nil, err
 	}
+	return o.check(&req, chat, r.Header.Get(SessionHeader))
+}
+
+// check validates a decoded completion request and makes it a job.
+func (o *openAI) check(req *completionRequest, chat bool, session string) (*job, error) {
 	j := &job{chat: chat, stream: req.Stream, usage: req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
 	switch {
 	case req.Model == "":
@@ -515,7 +524,7 @@ func (o *openAI) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 		}
 		return nil, badRequest(param, "%s", msg).withCode(code)
 	}
-	j.session = r.Header.Get(SessionHeader)
+	j.session = session
 	if len(j.session) > maxSessionBytes {
 		return nil, badRequest(SessionHeader, "the %s header has %d bytes; at most %d", SessionHeader, len(j.session), maxSessionBytes)
 	}
@@ -812,15 +821,7 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 		h.Set("X-Kvmesh-Prefill-Ms", strconv.FormatFloat(ms(g.Prefill), 'f', 3, 64))
 		h.Set("X-Kvmesh-Ttft-Ms", strconv.FormatFloat(ms(g.TTFT), 'f', 3, 64))
 		h.Set("X-Kvmesh-Decode-Ms", strconv.FormatFloat(ms(g.Decode), 'f', 3, 64))
-		finish := g.Finish
-		c := choiceJSON{FinishReason: &finish}
-		if chat {
-			c.Message = &chatDelta{Role: "assistant", Content: text}
-		} else {
-			c.Text = &text
-		}
-		resp.Choices, resp.Usage = []choiceJSON{c}, usageOf(g)
-		writeJSON(w, http.StatusOK, resp)
+		writeJSON(w, http.StatusOK, whole(resp, chat, text, g))
 		return nil
 	}
 	if !sse.started { // nothing was emitted: no text at all
@@ -843,6 +844,20 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 	}
 	sse.done()
 	return nil
+}
+
+// whole completes resp, a response not streamed, with the answer's text,
+// finish reason and usage.
+func whole(resp responseJSON, chat bool, text string, g prefill.Generation) responseJSON {
+	finish := g.Finish
+	c := choiceJSON{FinishReason: &finish}
+	if chat {
+		c.Message = &chatDelta{Role: "assistant", Content: text}
+	} else {
+		c.Text = &text
+	}
+	resp.Choices, resp.Usage = []choiceJSON{c}, usageOf(g)
+	return resp
 }
 
 // LookupResult is the answer of LookupPath.

@@ -63,6 +63,9 @@ func TestOptionsValidate(t *testing.T) {
 		{"ReadyFile", func(o *Options) { o.ReadyFile = os.TempDir() }},
 		{"Prefill.Role", func(o *Options) { o.Prefill.Role = "router" }},
 		{"Prefill.MaxWaiting", func(o *Options) { o.Prefill.MaxWaiting = -1 }},
+		{"Prefill.Batch.TenantQueued", func(o *Options) { o.Prefill.Batch.TenantQueued = o.Prefill.Batch.MaxRequests - 1 }},
+		{"Prefill.Batch.MaxBodyBytes", func(o *Options) { o.Prefill.Batch.MaxBodyBytes = 10 }},
+		{"Prefill.Batch.ResultTTL", func(o *Options) { o.Prefill.Batch.ResultTTL = time.Millisecond }},
 	} {
 		var o Options
 		o.EnsureDefaults()

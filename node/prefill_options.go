@@ -56,6 +56,8 @@ type PrefillOptions struct {
 	// that wait for the engine beyond the Concurrency it runs; one more is
 	// answered 429 with Retry-After. Default 64.
 	MaxWaiting int
+	// Batch bounds the asynchronous API (POST /v1/queue).
+	Batch BatchOptions
 	// Role is what the node does for a router (kvmesh route), gossiped in
 	// its MemberMeta: RoleBoth, RolePrefill (the router sends it prompts
 	// to compute and publish) or RoleDecode (the router sends it requests
@@ -63,6 +65,58 @@ type PrefillOptions struct {
 	// cached prefix and computes only what is missing). A node answers
 	// every request it is sent, whatever its role. Default RoleBoth.
 	Role string
+}
+
+// BatchOptions bound the batches of the asynchronous API (batch.go).
+type BatchOptions struct {
+	// MaxRequests is the most requests in one batch; more is 413.
+	// Default 256.
+	MaxRequests int
+	// MaxBodyBytes bounds a batch's body, in bytes; past it, 413.
+	// Default 16 MiB.
+	MaxBodyBytes int64
+	// TenantQueued is the most requests of one tenant (or of the node-wide
+	// principal) queued or running at once; a batch that does not fit is
+	// 429 with Retry-After. Default 4096.
+	TenantQueued int
+	// MaxQueued is the most requests queued or running on the node, all
+	// tenants together; a batch that does not fit is 503. Default 65536.
+	MaxQueued int
+	// ResultTTL is how long a finished batch's responses are kept, from
+	// when it finished; then GET answers 404. Default 24h.
+	ResultTTL time.Duration
+	// CallbackAllow are the hosts (HOST, any port, or HOST:PORT) a
+	// callback_url may name; others are refused with 400. Default none:
+	// every callback_url is refused.
+	CallbackAllow []string
+}
+
+// Defaults of BatchOptions.
+const (
+	DefaultBatchMaxRequests  = 256
+	DefaultBatchMaxBodyBytes = 16 << 20
+	DefaultBatchTenantQueued = 4096
+	DefaultBatchMaxQueued    = 65536
+	DefaultBatchResultTTL    = 24 * time.Hour
+)
+
+// EnsureDefaults fills zero fields with their defaults.
+func (o *BatchOptions) EnsureDefaults() {
+	if o.MaxRequests == 0 {
+		o.MaxRequests = DefaultBatchMaxRequests
+	}
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = DefaultBatchMaxBodyBytes
+	}
+	if o.TenantQueued == 0 {
+		o.TenantQueued = DefaultBatchTenantQueued
+	}
+	if o.MaxQueued == 0 {
+		o.MaxQueued = DefaultBatchMaxQueued
+	}
+	if o.ResultTTL == 0 {
+		o.ResultTTL = DefaultBatchResultTTL
+	}
 }
 
 // Defaults of PrefillOptions.
@@ -97,6 +151,7 @@ func (o *PrefillOptions) EnsureDefaults() {
 	if o.Role == "" {
 		o.Role = RoleBoth
 	}
+	o.Batch.EnsureDefaults()
 }
 
 // Validate names the first field that cannot work (as "Prefill.Field").
@@ -129,6 +184,17 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("Role", "%q: want both, prefill or decode", o.Role)
 	case o.MaxWaiting < 0 || o.MaxWaiting > 1<<16:
 		return bad("MaxWaiting", "%d is outside 0..%d", o.MaxWaiting, 1<<16)
+	case o.Batch.MaxRequests < 1 || o.Batch.MaxRequests > 1<<16:
+		return bad("Batch.MaxRequests", "%d is outside 1..%d", o.Batch.MaxRequests, 1<<16)
+	case o.Batch.MaxBodyBytes < 1<<10 || o.Batch.MaxBodyBytes > 1<<30:
+		return bad("Batch.MaxBodyBytes", "%d is outside 1KiB..1GiB", o.Batch.MaxBodyBytes)
+	case o.Batch.TenantQueued < o.Batch.MaxRequests || o.Batch.TenantQueued > o.Batch.MaxQueued:
+		// Below MaxRequests, a full batch would be refused forever.
+		return bad("Batch.TenantQueued", "%d is outside Batch.MaxRequests (%d)..Batch.MaxQueued (%d)", o.Batch.TenantQueued, o.Batch.MaxRequests, o.Batch.MaxQueued)
+	case o.Batch.MaxQueued > 1<<24:
+		return bad("Batch.MaxQueued", "%d is over %d", o.Batch.MaxQueued, 1<<24)
+	case o.Batch.ResultTTL < time.Second:
+		return bad("Batch.ResultTTL", "%v is shorter than 1s", o.Batch.ResultTTL)
 	}
 	// The namespace's layout does not depend on the weights.
 	if size := store.EncodedLen(o.Model.BlockTokens, o.Model.Namespace(0, "").BlockBytes()); size > maxBlockBytes {

@@ -50,9 +50,14 @@ type prefillService struct {
 	engine  *prefill.Engine
 	q       *queue
 	metrics *prefillMetrics
-	nsPB    *kvmeshv1.Namespace
-	tok     tokenizer.Tokenizer // the model's (PrefillOptions.ModelDir), else tokenizer.Bytes
-	eos     []uint32            // the model's end-of-sequence ids, if it says
+	// batches are the asynchronous API's (batch.go), in q's database; one
+	// worker runs them.
+	batches      *batches
+	batchMetrics *batchMetrics
+	callbacks    *callbacks
+	nsPB         *kvmeshv1.Namespace
+	tok          tokenizer.Tokenizer // the model's (PrefillOptions.ModelDir), else tokenizer.Bytes
+	eos          []uint32            // the model's end-of-sequence ids, if it says
 
 	// ctx is cancelled by close; the worker and the reaper stop on it.
 	ctx       context.Context
@@ -144,7 +149,23 @@ func newPrefillService(n *Node) (*prefillService, error) {
 		engine.Close()
 		return nil, err
 	}
-	p := &prefillService{n: n, engine: engine, q: q, nsPB: namespacePB(engine), tok: tok, eos: eos}
+	b, err := openBatches(q.db, o.Batch, time.Now, n.log)
+	if err != nil {
+		q.close()
+		engine.Close()
+		return nil, err
+	}
+	p := &prefillService{n: n, engine: engine, q: q, batches: b, nsPB: namespacePB(engine), tok: tok, eos: eos}
+	p.batchMetrics = newBatchMetrics(n.metrics.reg, b)
+	b.cancelled = func(k int) { p.batchMetrics.requests.WithLabelValues("cancelled").Add(float64(k)) }
+	secret, err := loadCallbackSecret(n.opts.DataDir)
+	if err != nil {
+		q.close()
+		engine.Close()
+		return nil, err
+	}
+	p.callbacks = newCallbacks(o.Batch.CallbackAllow, secret, n.metrics.reg, n.log)
+	b.finished = p.callbacks.enqueue
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.metrics = newPrefillMetrics(n.metrics.reg, engine, q)
 	n.names.keep(engine.Namespace())
@@ -169,9 +190,12 @@ func namespacePB(e *prefill.Engine) *kvmeshv1.Namespace {
 // deletes expired results.
 func (p *prefillService) start() {
 	p.startOnce.Do(func() {
-		p.wg.Add(2)
+		p.wg.Add(5)
+		go func() { defer p.wg.Done(); p.callbacks.run(p.ctx) }()
 		go p.work()
 		go p.reap()
+		go p.workBatches()
+		go p.reapBatches()
 	})
 }
 
@@ -193,6 +217,7 @@ func (p *prefillService) close() error {
 		p.engine.Flush(ctx) // best effort: unpublished blocks are only recomputed later
 		cancel()
 		err := p.engine.Close()
+		p.batches.close()
 		if qerr := p.q.close(); err == nil {
 			err = qerr
 		}

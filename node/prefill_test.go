@@ -52,7 +52,7 @@ type prefillNode struct {
 // startPrefillNode serves a node with the tiny model on dataDir (a fresh
 // one when empty) over cache (a fresh fake when nil). before, when set,
 // runs between New and Serve.
-func startPrefillNode(t *testing.T, dataDir string, cache *fakeCache, mod func(*Options), before func(*Node)) *prefillNode {
+func startPrefillNode(t testing.TB, dataDir string, cache *fakeCache, mod func(*Options), before func(*Node)) *prefillNode {
 	t.Helper()
 	if dataDir == "" {
 		dataDir = t.TempDir()
@@ -102,7 +102,7 @@ func startPrefillNode(t *testing.T, dataDir string, cache *fakeCache, mod func(*
 }
 
 // stop stops the node (once) and checks that it shut down cleanly.
-func (pn *prefillNode) stop(t *testing.T) {
+func (pn *prefillNode) stop(t testing.TB) {
 	t.Helper()
 	pn.once.Do(func() {
 		pn.cancel()

@@ -392,6 +392,24 @@ func (r *Router) markDown(id string) {
 
 func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	path := req.URL.Path
+	if strings.HasPrefix(path, QueuePath+"/") {
+		r.forwardQueue(w, req)
+		return
+	}
+	if path == QueuePath && req.Method == http.MethodGet {
+		r.listQueue(w, req)
+		return
+	}
+	if path == QueuePath && req.Method == http.MethodPost {
+		// Any node stores the batch and runs it; its id is found by asking.
+		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, DefaultBatchMaxBodyBytes))
+		if err != nil {
+			writeAPIError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is too large (at most %d bytes) or unreadable", DefaultBatchMaxBodyBytes), "invalid_request_error", "", "request_too_large")
+			return
+		}
+		r.forwardAny(w, req, body)
+		return
+	}
 	if path != "/v1/completions" && path != "/v1/chat/completions" {
 		// Models and errors: any node answers the same.
 		r.forwardAny(w, req, nil)
@@ -581,6 +599,62 @@ func (r *Router) forwardAny(w http.ResponseWriter, req *http.Request, body []byt
 	writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
 }
 
+// listQueue answers GET /v1/queue with every node's list of the caller's
+// batches; a node's error (a refused token) is answered as is.
+func (r *Router) listQueue(w http.ResponseWriter, req *http.Request) {
+	all := QueueList{Object: "list", Data: []QueueBatch{}}
+	answered := false
+	for _, b := range r.backends() {
+		rec := &captureWriter{header: http.Header{}}
+		if _, err := r.try(rec, req, nil, req.URL.Path, b, func() {}, nil); err != nil {
+			continue
+		}
+		if rec.code != http.StatusOK {
+			copyHeader(w.Header(), rec.header)
+			w.WriteHeader(rec.code)
+			w.Write(rec.body.Bytes())
+			return
+		}
+		var l QueueList
+		if json.Unmarshal(rec.body.Bytes(), &l) == nil {
+			all.Data = append(all.Data, l.Data...)
+			answered = true
+		}
+	}
+	if !answered {
+		writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+		return
+	}
+	writeJSON(w, http.StatusOK, all)
+}
+
+// forwardQueue passes GET or DELETE /v1/queue/{id} to the node that holds
+// the batch: it asks the nodes in turn and answers with the first answer
+// that is not 404 (404 when every node says so). A batch is stored by the
+// node that accepted it; nothing else knows where.
+func (r *Router) forwardQueue(w http.ResponseWriter, req *http.Request) {
+	var last *captureWriter
+	for _, b := range r.backends() {
+		rec := &captureWriter{header: http.Header{}}
+		if _, err := r.try(rec, req, nil, req.URL.Path, b, func() {}, nil); err != nil {
+			continue // down or stopping: another node may hold it, else 404 below
+		}
+		if rec.code == http.StatusNotFound {
+			last = rec
+			continue
+		}
+		last = rec
+		break
+	}
+	if last == nil {
+		writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+		return
+	}
+	copyHeader(w.Header(), last.header)
+	w.WriteHeader(last.code)
+	w.Write(last.body.Bytes())
+}
+
 // try sends the request to b and streams its answer to w. It reports
 // whether anything reached w; an error with nothing sent may be retried.
 // firstByte is called when the node's answer starts (its prefill is done).
@@ -615,6 +689,7 @@ func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path
 	copyHeader(w.Header(), resp.Header)
 	if rewrite != nil { // the client's cached tokens are the prefill node's
 		w.Header().Set("X-Kvmesh-Cached-Tokens", w.Header().Get("X-Kvmesh-Prefill-Cached-Tokens"))
+		w.Header().Set("X-Kvmesh-Decode-Node", b.id)
 	}
 	w.Header().Set("X-Kvmesh-Node", b.id)
 	w.Header().Set("X-Kvmesh-Router-Node", b.id)
@@ -626,6 +701,7 @@ func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path
 		all := append(br[:n], rest...)
 		if rewrite != nil && resp.StatusCode == http.StatusOK {
 			all = rewriteUsage(all, rewrite)
+			w.Header().Set("X-Kvmesh-Decode-Node-Ms", strconv.FormatFloat(ms(time.Since(t0)), 'f', 3, 64))
 		}
 		w.Header().Del("Content-Length")
 		w.Header().Set("Content-Length", strconv.Itoa(len(all)))

@@ -184,7 +184,58 @@ func TestRouterSplitsPrefillAndDecode(t *testing.T) {
 		if computed := after.ComputedTokens - before.ComputedTokens; computed >= int64(c.BlockTokens) {
 			t.Errorf("stream %v: the decode node computed %d prompt tokens; want the prompt from the cache (< one block)", stream, computed)
 		}
+		if got.header.Get("X-Kvmesh-Decode-Node") != nodes[1].ID() || got.header.Get("X-Kvmesh-Prefill-Node-Ms") == "" ||
+			(!stream && got.header.Get("X-Kvmesh-Decode-Node-Ms") == "") {
+			t.Errorf("stream %v: headers %v lack the decode node or the times", stream, got.header)
+		}
+		// The same prompt again: the client is told what the prefill node
+		// found cached, in the body and the header.
+		nodes[0].Node.prefill.engine.Flush(context.Background())
+		again := callAPI(t, "POST", url+"/v1/chat/completions", "", req)
+		var res2 completion
+		if stream {
+			res2 = parseStream(t, again, true)
+		} else {
+			res2 = parseCompletion(t, again, true)
+		}
+		if res2.Cached < c.BlockTokens || res2.Cached >= len(tmpl) || again.header.Get("X-Kvmesh-Prefill-Cached-Tokens") != fmt.Sprint(res2.Cached) || res2.Text != res.Text {
+			t.Errorf("stream %v: the repeat's usage %+v, headers %v; want the prefill node's cached tokens (a block or more, less than the prompt)", stream, res2, again.header)
+		}
 	}
 }
 
 func jsonInto(b []byte, v any) bool { return json.Unmarshal(b, v) == nil }
+
+// TestRouterQueue: a batch submitted through the router is stored by one
+// node and polled, to completion, through the router; an unknown id is 404.
+func TestRouterQueue(t *testing.T) {
+	nodes := startClusterNodes(t, 2, func(_ int, o *Options) { o.Prefill.Model = tinyModel() })
+	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
+	waitUntil(t, "the router to see 2 nodes", 30*time.Second, func() bool { return len(r.backends()) == 2 })
+	url := "http://" + r.HTTPAddr() + QueuePath
+	req := map[string]any{"model": "kvmesh", "prompt": "routed and queued", "max_tokens": 4, "temperature": 0}
+	got := callAPI(t, "POST", url, "", map[string]any{"requests": []any{req, req}})
+	var a batchAnswer
+	if got.status != http.StatusAccepted || json.Unmarshal(got.body, &a) != nil || a.RequestID == "" {
+		t.Fatalf("POST through the router: %d %s", got.status, got.body)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for a.Status != "completed" && time.Now().Before(deadline) {
+		got = callAPI(t, "GET", url+"/"+a.RequestID, "", nil)
+		if got.status != http.StatusOK || json.Unmarshal(got.body, &a) != nil {
+			t.Fatalf("GET through the router: %d %s", got.status, got.body)
+		}
+		time.Sleep(10 * time.Millisecond) // polling, as a client does
+	}
+	if a.Status != "completed" || len(a.Responses) != 2 {
+		t.Fatalf("through the router the batch is %+v", a)
+	}
+	var list QueueList
+	if got := callAPI(t, "GET", url, "", nil); got.status != 200 || json.Unmarshal(got.body, &list) != nil ||
+		len(list.Data) != 1 || list.Data[0].RequestID != a.RequestID || list.Data[0].Answered != 2 {
+		t.Errorf("the list through the router: %d %s", got.status, got.body)
+	}
+	if got := callAPI(t, "GET", url+"/batch_nope", "", nil); got.status != http.StatusNotFound {
+		t.Errorf("unknown id through the router: %d %s", got.status, got.body)
+	}
+}

@@ -97,6 +97,16 @@ func (e *Engine) Hold() (release func()) {
 	return func() { once.Do(e.sched.exit) }
 }
 
+// WaitIdle returns once no foreground prefill (or Hold) has been active
+// for the grace period, or ctx's error. A caller that runs queued work with
+// Generate waits on it before each request, so queued work starts only
+// while synchronous traffic leaves the engine idle; what started then is
+// not preempted.
+func (e *Engine) WaitIdle(ctx context.Context) error {
+	_, err := e.sched.turn(ctx)
+	return err
+}
+
 // CheckPrompt returns nil when Prefill would accept tokens, else an error
 // wrapping ErrInvalidInput that names the problem (empty, longer than the
 // context, a token outside the vocabulary). Callers that queue prompts check

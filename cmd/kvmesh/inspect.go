@@ -50,6 +50,7 @@ func inspectCmd() *cobra.Command {
   kvmesh inspect lookup --tokens 1,2,3
   kvmesh inspect block KEY                 one block (KEY: 32 hex digits, as lookup prints)
   kvmesh inspect quotas                    per namespace: usage and quota on the node
+  kvmesh inspect queue --http-addr H:P     the token's tenant's queued batches (HTTP API)
 
 A node that serves TLS needs --tls-ca (or --tls, for a certificate the system
 trusts) and, with mutual TLS, --tls-cert and --tls-key; one that asks for a
@@ -60,7 +61,7 @@ bearer token needs --auth-token-file.`,
 	pf.StringVarP(&f.output, "output", "o", "table", "table or json")
 	pf.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the node")
 	f.sec.register(pf)
-	c.AddCommand(statsCmd(f), membersCmd(f), lookupCmd(f), blockCmd(f), quotasCmd(f))
+	c.AddCommand(statsCmd(f), membersCmd(f), lookupCmd(f), blockCmd(f), quotasCmd(f), queueCmd(f))
 	return c
 }
 

@@ -272,6 +272,7 @@ type prefillServeFlags struct {
 	backgroundBlocks int
 	role             string
 	modelDir         string
+	batch            node.BatchOptions
 }
 
 func init() {
@@ -280,6 +281,9 @@ func init() {
 		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.ResultTTL": "prefill-result-ttl",
 		"Prefill.MaxResults": "prefill-max-results", "Prefill.BackgroundBlocks": "prefill-background-blocks",
 		"Prefill.Role": "role", "Prefill.ModelDir": "prefill-model-dir",
+		"Prefill.Batch.MaxRequests": "queue-max-requests", "Prefill.Batch.MaxBodyBytes": "queue-max-body",
+		"Prefill.Batch.TenantQueued": "queue-tenant-quota", "Prefill.Batch.MaxQueued": "queue-max-queued",
+		"Prefill.Batch.ResultTTL": "queue-result-ttl", "Prefill.Batch.CallbackAllow": "callback-allow",
 	} {
 		flagOf[field] = flag
 	}
@@ -296,6 +300,12 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.DurationVar(&p.resultTTL, "prefill-result-ttl", d.ResultTTL, "how long a queued request's result is kept")
 	fs.IntVar(&p.maxResults, "prefill-max-results", d.MaxResults, "most queued requests' results kept")
 	fs.IntVar(&p.backgroundBlocks, "prefill-background-blocks", d.BackgroundBlocks, "blocks per chunk of queued work (a synchronous prefill preempts it within one)")
+	fs.IntVar(&p.batch.MaxRequests, "queue-max-requests", d.Batch.MaxRequests, "most requests in one batch of POST /v1/queue (more: 413)")
+	fs.Var(newSize(&p.batch.MaxBodyBytes, d.Batch.MaxBodyBytes), "queue-max-body", "largest body of POST /v1/queue (larger: 413)")
+	fs.IntVar(&p.batch.TenantQueued, "queue-tenant-quota", d.Batch.TenantQueued, "most queued requests (POST /v1/queue) of one tenant not yet answered (more: 429 with Retry-After)")
+	fs.IntVar(&p.batch.MaxQueued, "queue-max-queued", d.Batch.MaxQueued, "most queued requests (POST /v1/queue) of all tenants not yet answered (more: 503)")
+	fs.DurationVar(&p.batch.ResultTTL, "queue-result-ttl", d.Batch.ResultTTL, "how long a finished batch's responses are kept (then GET /v1/queue/{id} is 404)")
+	fs.StringSliceVar(&p.batch.CallbackAllow, "callback-allow", d.Batch.CallbackAllow, "hosts (HOST: any port, or HOST:PORT) a queued batch's callback_url may name; others are refused (default none: no callbacks)")
 	fs.StringVar(&p.role, "role", node.RoleBoth, "what kvmesh route sends this node: both, prefill (prompts to compute and publish) or decode (requests whose prompt a prefill node just published)")
 }
 
@@ -303,7 +313,7 @@ func (p *prefillServeFlags) options() node.PrefillOptions {
 	o := node.PrefillOptions{
 		Disabled: !p.enabled, WeightsPath: p.weights, Seed: p.seed,
 		Concurrency: p.concurrency, QueueSize: p.queue, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
-		BackgroundBlocks: p.backgroundBlocks, Role: p.role, ModelDir: p.modelDir,
+		BackgroundBlocks: p.backgroundBlocks, Role: p.role, ModelDir: p.modelDir, Batch: p.batch,
 	}
 	o.Model.MaxContext = p.maxContext
 	return o

@@ -1,0 +1,381 @@
+package node
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/prefill"
+)
+
+// The asynchronous API, on the HTTP address beside the completions:
+//
+//	POST   /v1/queue        {"requests": [R, ...]} → 202 {"request_id", "status": "queued"}
+//	GET    /v1/queue/{id}   {"request_id", "status"[, "responses"]}
+//	DELETE /v1/queue/{id}   cancels what has not started
+//
+// Each R is a body /v1/chat/completions (it has messages) or
+// /v1/completions (it has prompt) accepts, not streamed; it is checked at
+// submission, so a bad one refuses the batch with 400 naming requests[i].
+// A batch is stored durably (batches) before the 202 and answered in full
+// once completed: one OpenAI response per request, in order, or an OpenAI
+// error object in place of a request that failed. One worker runs the
+// batches in order, a request at a time, each with Engine.Generate started
+// only once the engine is idle (Engine.WaitIdle: no synchronous request
+// for the grace period), so synchronous requests keep priority; a request
+// already started is not preempted. Limits: BatchOptions (413 for too many
+// requests or bytes, 429 with Retry-After only for the tenant's own queue
+// quota, 503 for the node's). Another tenant's id, like an unknown one, is
+// 404. With callback_url (a host BatchOptions.CallbackAllow allows, else
+// 400) the node POSTs {"request_id", "status"} once the batch finished,
+// signed (SignatureHeader) with the key GET /v1/queue/callback-key tells
+// the tenant (callback.go). Through
+// the router (router.go), a batch lives on the node that accepted it and is
+// found by asking the nodes.
+const QueuePath = "/v1/queue"
+
+// QueueList is GET /v1/queue's answer: the caller's batches, those not
+// finished first (in order), then the most recently finished, at most
+// maxQueueList.
+type QueueList struct {
+	Object string       `json:"object"`
+	Data   []QueueBatch `json:"data"`
+}
+
+// QueueBatch describes one batch of QueueList; times are Unix seconds, 0
+// for not yet.
+type QueueBatch struct {
+	RequestID string `json:"request_id"`
+	Status    string `json:"status"`
+	Requests  int    `json:"requests"`
+	Answered  int    `json:"answered"`
+	Failed    int    `json:"failed"`
+	Runs      int    `json:"runs"`
+	Created   int64  `json:"created"`
+	Started   int64  `json:"started"`
+	Finished  int64  `json:"finished"`
+}
+
+const maxQueueList = 1000
+
+// batchMetrics are the asynchronous API's metrics.
+type batchMetrics struct {
+	requests *prometheus.CounterVec // outcome: completed, failed, cancelled
+	wait     prometheus.Histogram
+}
+
+func newBatchMetrics(reg *prometheus.Registry, b *batches) *batchMetrics {
+	m := &batchMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_queue_requests_total",
+			Help: "Requests of queued batches (POST /v1/queue) answered, by outcome: completed, failed, cancelled.",
+		}, []string{"outcome"}),
+		wait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvmesh_queue_wait_seconds",
+			Help:    "Time from a batch's submission to the start of its first run.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 12),
+		}),
+	}
+	reg.MustRegister(m.requests, m.wait,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvmesh_queue_queued_requests",
+			Help: "Requests of queued batches waiting for their batch to start.",
+		}, func() float64 { q, _ := b.counts(); return float64(q) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvmesh_queue_running_requests",
+			Help: "Requests of running batches not yet answered.",
+		}, func() float64 { _, r := b.counts(); return float64(r) }))
+	return m
+}
+
+// batchStatus is the answer of the queue's endpoints.
+type batchStatus struct {
+	RequestID string            `json:"request_id"`
+	Status    string            `json:"status"`
+	Responses []json.RawMessage `json:"responses,omitempty"`
+}
+
+// serveQueue answers QueuePath and QueuePath/{id}.
+func (o *openAI) serveQueue(w http.ResponseWriter, r *http.Request, path string, who auth.Principal) error {
+	owner := ownerOf(who)
+	if path == QueuePath {
+		switch r.Method {
+		case http.MethodPost:
+			return o.submit(w, r, owner)
+		case http.MethodGet:
+			out := QueueList{Object: "list", Data: []QueueBatch{}}
+			for _, m := range o.p.batches.list(owner, maxQueueList) {
+				qb := QueueBatch{RequestID: m.ID, Status: m.State, Requests: m.N, Answered: m.Done, Failed: m.Failed,
+					Created: m.Enqueued.Unix(), Runs: m.Runs}
+				if !m.Started.IsZero() {
+					qb.Started = m.Started.Unix()
+				}
+				if !m.Finished.IsZero() {
+					qb.Finished = m.Finished.Unix()
+				}
+				out.Data = append(out.Data, qb)
+			}
+			writeJSON(w, http.StatusOK, out)
+			return nil
+		}
+		w.Header().Set("Allow", "GET, POST")
+		return newHTTPError(http.StatusMethodNotAllowed, "", "method_not_allowed", "%s %s: use POST (or GET for the list)", r.Method, path)
+	}
+	id := strings.TrimPrefix(path, QueuePath+"/")
+	if id == "callback-key" && r.Method == http.MethodGet {
+		// The key this caller's callbacks are signed with (Sign).
+		writeJSON(w, http.StatusOK, struct {
+			Key string `json:"key"`
+		}{hex.EncodeToString(CallbackKey(o.p.callbacks.key, owner.Tenant))})
+		return nil
+	}
+	notFound := newHTTPError(http.StatusNotFound, "request_id", "not_found", "no queued batch %q (unknown, expired, or not yours)", id)
+	switch r.Method {
+	case http.MethodGet:
+		m, resps, err := o.p.batches.get(id, owner)
+		switch {
+		case errors.Is(err, errBatchNotFound):
+			return notFound
+		case err != nil:
+			return err
+		}
+		writeJSON(w, http.StatusOK, batchStatus{RequestID: m.ID, Status: m.State, Responses: resps})
+		return nil
+	case http.MethodDelete:
+		state, err := o.p.batches.cancel(id, owner)
+		switch {
+		case errors.Is(err, errBatchNotFound):
+			return notFound
+		case errors.Is(err, errBatchDone):
+			return newHTTPError(http.StatusConflict, "request_id", "already_finished", "the batch %q is already %s", id, state)
+		case err != nil:
+			return err
+		}
+		writeJSON(w, http.StatusOK, batchStatus{RequestID: id, Status: state})
+		return nil
+	}
+	w.Header().Set("Allow", "GET, DELETE")
+	return newHTTPError(http.StatusMethodNotAllowed, "", "method_not_allowed", "%s %s: use GET or DELETE", r.Method, path)
+}
+
+func (o *openAI) submit(w http.ResponseWriter, r *http.Request, owner queueOwner) error {
+	lim := o.n.opts.Prefill.Batch
+	var body struct {
+		Requests    []json.RawMessage `json:"requests"`
+		CallbackURL *string           `json:"callback_url"`
+	}
+	if err := decodeBody(w, r, &body, lim.MaxBodyBytes); err != nil {
+		return err
+	}
+	switch {
+	case body.Requests == nil:
+		return badRequest("requests", "requests is required: an array of completion or chat completion requests")
+	case len(body.Requests) == 0:
+		return badRequest("requests", "requests is empty")
+	case len(body.Requests) > lim.MaxRequests:
+		return newHTTPError(http.StatusRequestEntityTooLarge, "requests", "too_many_requests_in_batch", "requests: %d requests, at most %d per batch", len(body.Requests), lim.MaxRequests)
+	}
+	var callback string
+	if body.CallbackURL != nil {
+		if err := o.p.callbacks.allowed(*body.CallbackURL); err != nil {
+			return badRequest("callback_url", "callback_url: %v", err)
+		}
+		callback = *body.CallbackURL
+	}
+	stored := make([][]byte, len(body.Requests))
+	for i, raw := range body.Requests {
+		kind, err := o.checkQueued(raw)
+		if err != nil {
+			var he *httpError
+			if errors.As(err, &he) {
+				param := "requests[" + strconv.Itoa(i) + "]"
+				if he.Param != nil {
+					param += "." + *he.Param
+				}
+				he.Param, he.Message = &param, "requests["+strconv.Itoa(i)+"]: "+he.Message
+			}
+			return err
+		}
+		stored[i] = append([]byte{kind}, raw...)
+	}
+	m, err := o.p.batches.submit(owner, stored, callback)
+	switch {
+	case errors.Is(err, errBatchTenantFull):
+		he := newHTTPError(http.StatusTooManyRequests, "", "queue_quota_exceeded", "%v; retry once some have completed", err)
+		he.retryAfter = 30
+		return he
+	case errors.Is(err, errBatchFull):
+		return newHTTPError(http.StatusServiceUnavailable, "", "queue_full", "%v; retry later or on another node", err)
+	case errors.Is(err, errBatchClosed):
+		return newHTTPError(http.StatusServiceUnavailable, "", "", "the node is shutting down; retry on another node")
+	case err != nil:
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, batchStatus{RequestID: m.ID, Status: batchQueued})
+	return nil
+}
+
+// checkQueued checks one request of a batch as its endpoint would and
+// returns its kind: 'c' (chat) or 't' (completion).
+func (o *openAI) checkQueued(raw json.RawMessage) (byte, error) {
+	req, kind, err := decodeQueued(raw)
+	if err != nil {
+		return 0, err
+	}
+	if req.Stream {
+		return 0, badRequest("stream", "stream: a queued request cannot be streamed")
+	}
+	if _, err := o.check(req, kind == 'c', ""); err != nil {
+		return 0, err
+	}
+	return kind, nil
+}
+
+// decodeQueued decodes a request of a batch and tells its kind by its
+// fields: messages for chat, prompt for a completion.
+func decodeQueued(raw json.RawMessage) (*completionRequest, byte, error) {
+	var req completionRequest
+	if err := json.Unmarshal(raw, &req); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			return nil, 0, badRequest(typeErr.Field, "%s: expected %s, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		}
+		return nil, 0, badRequest("", "not a JSON object: %v", err)
+	}
+	chat, prompt := len(req.Messages) > 0 && string(req.Messages) != "null", len(req.Prompt) > 0 && string(req.Prompt) != "null"
+	switch {
+	case chat && prompt:
+		return nil, 0, badRequest("", "give messages (a chat completion) or prompt (a completion), not both")
+	case chat:
+		return &req, 'c', nil
+	case prompt:
+		return &req, 't', nil
+	}
+	return nil, 0, badRequest("", "a request needs messages (a chat completion) or prompt (a completion)")
+}
+
+// runQueued answers one stored request of a batch as owner's: the JSON of
+// an OpenAI response, or of an error object (failed). ctx's end
+// interrupts it; the caller then records nothing.
+func (o *openAI) runQueued(ctx context.Context, owner queueOwner, stored []byte) (resp []byte, failed bool) {
+	began := time.Now()
+	fail := func(he *httpError) ([]byte, bool) {
+		return mustJSON(struct {
+			Error apiError `json:"error"`
+		}{he.apiError}), true
+	}
+	if len(stored) == 0 {
+		return fail(newHTTPError(http.StatusInternalServerError, "", "", "the stored request is empty"))
+	}
+	chat := stored[0] == 'c'
+	req, _, err := decodeQueued(stored[1:])
+	if err != nil {
+		return fail(err.(*httpError))
+	}
+	j, err := o.check(req, chat, "")
+	if err != nil {
+		var he *httpError
+		if errors.As(err, &he) {
+			return fail(he)
+		}
+		return fail(newHTTPError(http.StatusInternalServerError, "", "", "%v", err))
+	}
+	g, err := o.p.engine.Generate(owner.context(ctx), j.prompt, j.opts)
+	if err != nil {
+		if errors.Is(err, prefill.ErrInvalidInput) {
+			return fail(badRequest("", "%s", strings.TrimPrefix(err.Error(), prefill.ErrInvalidInput.Error()+": ")))
+		}
+		return fail(newHTTPError(http.StatusInternalServerError, "", "", "the request failed: %v", err))
+	}
+	path := "/v1/completions"
+	out := responseJSON{ID: newID("cmpl-"), Object: "text_completion", Created: began.Unix(), Model: o.model, SystemFingerprint: o.fingerprint()}
+	if chat {
+		path = "/v1/chat/completions"
+		out.ID, out.Object = newID("chatcmpl-"), "chat.completion"
+	}
+	o.account(path+" (queued)", j, g, began)
+	var dec textDecoder
+	return mustJSON(whole(out, chat, dec.text(o.tok.Decode(g.Tokens), true), g)), false
+}
+
+// workBatches runs the queued batches until the service stops. A request
+// interrupted by the stop is not recorded: it runs again from its start
+// when the node reopens its data dir.
+func (p *prefillService) workBatches() {
+	defer p.wg.Done()
+	for {
+		m, err := p.batches.take(p.ctx)
+		if err != nil {
+			return
+		}
+		for i := m.Done; i < m.N; i++ {
+			if err := p.engine.WaitIdle(p.ctx); err != nil {
+				return
+			}
+			if i == m.Done {
+				var ok bool
+				if m, ok = p.batches.start(m.ID); !ok {
+					break
+				}
+				if m.Runs == 1 {
+					p.batchMetrics.wait.Observe(m.Started.Sub(m.Enqueued).Seconds())
+				}
+			}
+			stored, err := p.batches.request(m.ID, i)
+			var (
+				resp   []byte
+				failed bool
+			)
+			if err != nil {
+				resp, failed = mustJSON(struct {
+					Error apiError `json:"error"`
+				}{newHTTPError(http.StatusInternalServerError, "", "", "the queued request could not be read back: %v", err).apiError}), true
+			} else {
+				resp, failed = p.n.openai.runQueued(p.ctx, m.Owner, stored)
+			}
+			if p.ctx.Err() != nil {
+				p.n.log.Info("queue: batch interrupted by shutdown; its request runs again after a restart", "id", m.ID, "request", i)
+				return
+			}
+			// Counted before the answer is visible, so a client that sees it
+			// sees it counted.
+			if failed {
+				p.batchMetrics.requests.WithLabelValues("failed").Inc()
+			} else {
+				p.batchMetrics.requests.WithLabelValues("completed").Inc()
+			}
+			more, err := p.batches.answer(m.ID, i, resp, failed)
+			if err != nil {
+				p.n.log.Error("queue: cannot record a response", "id", m.ID, "request", i, "err", err)
+				break
+			}
+			if !more {
+				break
+			}
+		}
+		p.n.log.Info("queue: batch done", "id", m.ID, "requests", m.N, "runs", m.Runs)
+	}
+}
+
+// reapBatches deletes expired batches now and then.
+func (p *prefillService) reapBatches() {
+	defer p.wg.Done()
+	t := time.NewTicker(min(p.batches.opts.ResultTTL/4, time.Minute))
+	defer t.Stop()
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-t.C:
+			p.batches.expire()
+		}
+	}
+}

@@ -1,0 +1,208 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// SignatureHeader carries a callback's signature: "sha256=" and the hex
+// HMAC-SHA256 of the body under the tenant's callback key (CallbackKey).
+const SignatureHeader = "X-Kvmesh-Signature"
+
+// Callback delivery: attempts per batch, and the first wait between two
+// (doubling).
+const (
+	callbackAttempts = 5
+	callbackBackoff  = time.Second
+	callbackTimeout  = 10 * time.Second // one attempt
+	callbackQueue    = 1024             // finished batches waiting for delivery
+)
+
+// callbacks POSTs {"request_id", "status"} of each finished batch that
+// asked for it to its callback_url, signed, retried with backoff up to
+// callbackAttempts times. Only URLs whose host (or host:port) the operator
+// allowed are accepted at submission (allowed), so the node cannot be
+// pointed at an internal address. Deliveries wait in a bounded queue; one
+// goroutine (run) sends them. A delivery pending when the node stops is
+// lost (the client can still poll).
+type callbacks struct {
+	allow  []string // HOST or HOST:PORT, lower case
+	key    []byte   // the node's callback secret; a tenant's key derives from it
+	client *http.Client
+	queue  chan batchMeta
+	log    *slog.Logger
+	sent   prometheus.Counter
+	failed prometheus.Counter
+}
+
+// loadCallbackSecret reads DataDir/callback-secret, or makes one (32 random
+// bytes, 0600), so that the tenants' keys survive restarts.
+func loadCallbackSecret(dataDir string) ([]byte, error) {
+	path := filepath.Join(dataDir, "callback-secret")
+	if b, err := os.ReadFile(path); err == nil && len(b) == 32 {
+		return b, nil
+	}
+	b := make([]byte, 32)
+	rand.Read(b)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("node: callback secret: %w", err)
+	}
+	_, err = f.Write(b)
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("node: callback secret: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return nil, fmt.Errorf("node: callback secret: %w", err)
+	}
+	return b, nil
+}
+
+func newCallbacks(allow []string, secret []byte, reg *prometheus.Registry, log *slog.Logger) *callbacks {
+	c := &callbacks{key: secret, log: log, queue: make(chan batchMeta, callbackQueue),
+		client: &http.Client{Timeout: callbackTimeout, CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse // a redirect could lead anywhere
+		}},
+		sent:   prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_queue_callbacks_sent_total", Help: "Callbacks of finished batches delivered (a 2xx answer)."}),
+		failed: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_queue_callbacks_failed_total", Help: "Callbacks of finished batches given up on (every attempt failed, or the delivery queue was full)."}),
+	}
+	for _, a := range allow {
+		if a = strings.ToLower(strings.TrimSpace(a)); a != "" {
+			c.allow = append(c.allow, a)
+		}
+	}
+	reg.MustRegister(c.sent, c.failed)
+	return c
+}
+
+// CallbackKey is the key a tenant's callbacks are signed with: the
+// HMAC-SHA256 of its name under the node's callback secret. GET
+// /v1/queue/callback-key tells a tenant its own.
+func CallbackKey(secret []byte, tenant string) []byte {
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte("kvmesh-callback\x00" + tenant))
+	return h.Sum(nil)
+}
+
+// Sign returns SignatureHeader's value for body under key.
+func Sign(key, body []byte) string {
+	h := hmac.New(sha256.New, key)
+	h.Write(body)
+	return "sha256=" + hex.EncodeToString(h.Sum(nil))
+}
+
+// allowed checks a callback_url: http or https, no credentials, and a host
+// (with its port, or any port) the operator allowed.
+func (c *callbacks) allowed(raw string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return fmt.Errorf("not a URL: %w", err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return errors.New("the scheme must be http or https")
+	case u.User != nil:
+		return errors.New("credentials in the URL are not accepted")
+	case u.Host == "":
+		return errors.New("no host")
+	}
+	host, port := strings.ToLower(u.Hostname()), u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	if slices.Contains(c.allow, host) || slices.Contains(c.allow, net.JoinHostPort(host, port)) {
+		return nil
+	}
+	if len(c.allow) == 0 {
+		return errors.New("this node accepts no callback hosts (kvmesh serve --callback-allow)")
+	}
+	return fmt.Errorf("the host %s is not among the hosts this node may call (--callback-allow)", net.JoinHostPort(host, port))
+}
+
+// enqueue hands a finished batch to the sender; a full queue drops it.
+func (c *callbacks) enqueue(m batchMeta) {
+	if m.Callback == "" {
+		return
+	}
+	select {
+	case c.queue <- m:
+	default:
+		c.failed.Inc()
+		c.log.Warn("queue: callback dropped: too many waiting", "id", m.ID)
+	}
+}
+
+// run sends the callbacks until ctx ends.
+func (c *callbacks) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-c.queue:
+			c.deliver(ctx, m)
+		}
+	}
+}
+
+func (c *callbacks) deliver(ctx context.Context, m batchMeta) {
+	body := mustJSON(batchStatus{RequestID: m.ID, Status: m.State})
+	sig := Sign(CallbackKey(c.key, m.Owner.Tenant), body)
+	wait := callbackBackoff
+	var last string
+	for attempt := 1; attempt <= callbackAttempts; attempt++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, m.Callback, bytes.NewReader(body))
+		if err != nil {
+			last = err.Error()
+			break
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(SignatureHeader, sig)
+		resp, err := c.client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode/100 == 2 {
+				c.sent.Inc()
+				return
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		if attempt == callbackAttempts {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait *= 2
+	}
+	c.failed.Inc()
+	c.log.Warn("queue: callback not delivered", "id", m.ID, "url", m.Callback, "last", last)
+}
