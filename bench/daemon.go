@@ -43,6 +43,10 @@ type DaemonOptions struct {
 	// MaxBlockBytes is the largest block a node accepts. Default: the
 	// node's default (16 MiB).
 	MaxBlockBytes int64
+	// MaxBlocks bounds the blocks each node caches in DRAM and NVMe
+	// together (`kvmesh serve --max-blocks`). Default 0: the node's
+	// default, its tiers' capacities over 4 KiB.
+	MaxBlocks int
 	// Args are more `kvmesh serve` arguments.
 	Args []string
 	// StartTimeout bounds the start of all the nodes, cluster formation
@@ -172,6 +176,9 @@ func startDaemon(o DaemonOptions, dir string, i int, seed string) (*Daemon, erro
 		"--log-level", "warn"}
 	if o.MaxBlockBytes > 0 {
 		args = append(args, "--max-block-bytes", strconv.FormatInt(o.MaxBlockBytes, 10))
+	}
+	if o.MaxBlocks > 0 {
+		args = append(args, "--max-blocks", strconv.Itoa(o.MaxBlocks))
 	}
 	if seed != "" {
 		args = append(args, "--join", seed)
