@@ -317,7 +317,7 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		"its hit ratios show what placement and capacity allow, its latencies are a map's, and none of it is a kvmesh measurement.")
 	if backend != BackendSimulation {
 		res.Note("backend kvmesh: %d `kvmesh serve` processes on 127.0.0.1, joined into one cluster (pooled) or separate (local-only), "+
-			"each with DRAM for %d blocks of %d bytes and the smallest NVMe tier (64 MiB); every request is a Lookup of its tokens "+
+			"each with DRAM for %d blocks of %d bytes and the smallest NVMe tier (64 MiB), holding at most that many blocks in both (--max-blocks); every request is a Lookup of its tokens "+
 			"and a Put of the blocks it missed, through the Go client of the node it was routed to.", o.Nodes, enough, blockBytes)
 	}
 
