@@ -36,7 +36,15 @@ type SimOptions struct {
 const (
 	EvictLRU     = "lru"
 	EvictOptimum = "optimum"
+	// EvictDepthLRU is LRU with a penalty for chain depth (depthLRU).
+	EvictDepthLRU = "lru-depth"
 )
+
+// depthCache is a simCache that uses a block's position in its chain.
+type depthCache interface {
+	touchAt(k prefixhash.Key, now, depth int)
+	insertAt(k prefixhash.Key, now, depth int)
+}
 
 // EnsureDefaults fills zero fields with their defaults.
 func (o *SimOptions) EnsureDefaults() {
@@ -60,8 +68,8 @@ func (o *SimOptions) Validate() error {
 		return fmt.Errorf("bench: sim: capacity_blocks %d must be at least 1", o.CapacityBlocks)
 	case o.ChunkBlocks < 1:
 		return fmt.Errorf("bench: sim: chunk_blocks %d must be at least 1", o.ChunkBlocks)
-	case o.Eviction != EvictLRU && o.Eviction != EvictOptimum:
-		return fmt.Errorf("bench: sim: eviction %q: want %s or %s", o.Eviction, EvictLRU, EvictOptimum)
+	case o.Eviction != EvictLRU && o.Eviction != EvictOptimum && o.Eviction != EvictDepthLRU:
+		return fmt.Errorf("bench: sim: eviction %q: want %s, %s or %s", o.Eviction, EvictLRU, EvictDepthLRU, EvictOptimum)
 	case o.Eviction == EvictOptimum && o.Future == nil:
 		return fmt.Errorf("bench: sim: eviction %s needs the workload's future", EvictOptimum)
 	}
@@ -107,9 +115,12 @@ func NewSim(o SimOptions) (*Sim, error) {
 		uses = o.Future.uses()
 	}
 	for i := range o.Nodes {
-		if o.Eviction == EvictOptimum {
+		switch o.Eviction {
+		case EvictOptimum:
 			s.caches = append(s.caches, newOptimum(o.CapacityBlocks, uses))
-		} else {
+		case EvictDepthLRU:
+			s.caches = append(s.caches, newDepthLRU(o.CapacityBlocks))
+		default:
 			s.caches = append(s.caches, newLRU(o.CapacityBlocks))
 		}
 		s.nodes = append(s.nodes, &simNode{sim: s, id: i})
@@ -173,7 +184,12 @@ func (n *simNode) LongestPrefix(ctx context.Context, p Prompt) (int, error) {
 		hit++
 	}
 	for i := hit - 1; i >= 0; i-- {
-		s.caches[s.owner(n.id, keys, i)].touch(keys[i], p.Request)
+		c := s.caches[s.owner(n.id, keys, i)]
+		if d, ok := c.(depthCache); ok {
+			d.touchAt(keys[i], p.Request, i)
+		} else {
+			c.touch(keys[i], p.Request)
+		}
 	}
 	return hit, nil
 }
@@ -188,7 +204,12 @@ func (n *simNode) Put(ctx context.Context, p Prompt, blocks []Block) error {
 		if b.Index < 0 || b.Index >= len(chain) || chain[b.Index] != b.Key {
 			return fmt.Errorf("bench: sim: block %d is not chain[%d]", k, b.Index)
 		}
-		s.caches[s.owner(n.id, chain, b.Index)].insert(b.Key, p.Request)
+		c := s.caches[s.owner(n.id, chain, b.Index)]
+		if d, ok := c.(depthCache); ok {
+			d.insertAt(b.Key, p.Request, b.Index)
+		} else {
+			c.insert(b.Key, p.Request)
+		}
 	}
 	return nil
 }

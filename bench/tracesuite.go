@@ -41,8 +41,9 @@ type TraceOptions struct {
 	// Sweep lists pooled capacities, as fractions of the trace's distinct
 	// full blocks, for the hit ratio vs capacity plot (on the simulation).
 	// Default 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5 (quick:
-	// 0.1, 0.3, 1). Pooled random routing is also replayed with the offline
-	// optimum's eviction (EvictOptimum) at every point.
+	// 0.1, 0.3, 1). Pooled random routing is also replayed with
+	// EvictDepthLRU and the offline optimum's eviction (EvictOptimum) at
+	// every point.
 	// A capacity c gives each node c × distinct / Nodes blocks, local-only
 	// or pooled, so both modes spend the same memory.
 	Sweep []float64
@@ -219,7 +220,7 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 				c := max(1, int(math.Round(f*float64(ideal.DistinctFullBlocks)/float64(o.Nodes))))
 				sweep = append(sweep, traceRun{p, local, c, f, EvictLRU})
 				if !local && p == RoutingRandom {
-					sweep = append(sweep, traceRun{p, local, c, f, EvictOptimum})
+					sweep = append(sweep, traceRun{p, local, c, f, EvictDepthLRU}, traceRun{p, local, c, f, EvictOptimum})
 				}
 			}
 		}
@@ -227,10 +228,10 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	bar = env.Progress.Bar(int64(len(compare)*len(t.Requests)), "trace: replaying")
 	play := func(factory ClusterFactory, r traceRun) (ReplayStats, error) {
 		bar.Describe(fmt.Sprintf("trace: %s %s, %d blocks/node", r.policy, r.mode(), r.capacity))
-		if r.eviction == EvictOptimum {
+		if r.eviction != "" && r.eviction != EvictLRU {
 			factory = func(_ context.Context, spec ClusterSpec) (Cluster, error) {
 				return NewSim(SimOptions{Nodes: spec.Nodes, CapacityBlocks: spec.CapacityBlocks, LocalOnly: spec.LocalOnly,
-					Eviction: EvictOptimum, Future: w})
+					Eviction: r.eviction, Future: w})
 			}
 		}
 		c, err := factory(ctx, ClusterSpec{Nodes: o.Nodes, CapacityBlocks: r.capacity, BlockBytes: blockBytes,
