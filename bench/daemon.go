@@ -43,6 +43,10 @@ type DaemonOptions struct {
 	// MaxBlockBytes is the largest block a node accepts. Default: the
 	// node's default (16 MiB).
 	MaxBlockBytes int64
+	// MaxBlocks bounds the blocks each node caches in DRAM and NVMe
+	// together (`kvmesh serve --max-blocks`). Default 0: the node's
+	// default, its tiers' capacities over 4 KiB.
+	MaxBlocks int
 	// Args are more `kvmesh serve` arguments.
 	Args []string
 	// StartTimeout bounds the start of all the nodes, cluster formation
@@ -165,18 +169,7 @@ func startDaemon(o DaemonOptions, dir string, i int, seed string) (*Daemon, erro
 		stderr:    &tailBuffer{max: 8 << 10},
 		done:      make(chan struct{}),
 	}
-	const port0 = "127.0.0.1:0"
-	args := []string{"serve", "--node-id", d.ID, "--data-dir", d.DataDir,
-		"--grpc-addr", port0, "--http-addr", port0, "--data-addr", port0, "--gossip-addr", port0, "--ready-file", d.readyFile,
-		"--dram", strconv.FormatInt(o.DRAMBytes, 10), "--nvme", strconv.FormatInt(o.NVMeBytes, 10),
-		"--log-level", "warn"}
-	if o.MaxBlockBytes > 0 {
-		args = append(args, "--max-block-bytes", strconv.FormatInt(o.MaxBlockBytes, 10))
-	}
-	if seed != "" {
-		args = append(args, "--join", seed)
-	}
-	args = append(args, o.Args...)
+	args := serveArgs(o, d, seed)
 	d.cmd = exec.Command(o.Binary, args...)
 	// A config file or KVMESH_* variable of the user's must not reach the
 	// bench's nodes.
@@ -362,4 +355,23 @@ func (t *tailBuffer) lastLines(n int) string {
 func lastN(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// serveArgs returns the `kvmesh serve` arguments of node d.
+func serveArgs(o DaemonOptions, d *Daemon, seed string) []string {
+	const port0 = "127.0.0.1:0"
+	args := []string{"serve", "--node-id", d.ID, "--data-dir", d.DataDir,
+		"--grpc-addr", port0, "--http-addr", port0, "--data-addr", port0, "--gossip-addr", port0, "--ready-file", d.readyFile,
+		"--dram", strconv.FormatInt(o.DRAMBytes, 10), "--nvme", strconv.FormatInt(o.NVMeBytes, 10),
+		"--log-level", "warn"}
+	if o.MaxBlockBytes > 0 {
+		args = append(args, "--max-block-bytes", strconv.FormatInt(o.MaxBlockBytes, 10))
+	}
+	if o.MaxBlocks > 0 {
+		args = append(args, "--max-blocks", strconv.Itoa(o.MaxBlocks))
+	}
+	if seed != "" {
+		args = append(args, "--join", seed)
+	}
+	return append(args, o.Args...)
 }

@@ -217,7 +217,8 @@ func (p *clientPool) Close() error {
 // KvmeshCluster returns a ClusterFactory of kvmesh nodes for trace replays:
 // spec.Nodes `kvmesh serve` processes (env.Binary) joined into one cluster,
 // or left separate for spec.LocalOnly, each with DRAM for
-// spec.CapacityBlocks blocks (and the smallest NVMe tier, 64 MiB); or, with
+// spec.CapacityBlocks blocks (and the smallest NVMe tier, 64 MiB) and at
+// most spec.CapacityBlocks blocks cached over both tiers; or, with
 // env.Addrs, the running cluster there, whose trace namespace is dropped
 // before and after the replay (local-only is then unavailable). Nodes are
 // driven through the Go client: Lookup with the prompt's tokens, Put of the
@@ -230,7 +231,11 @@ func KvmeshCluster(env *Env) ClusterFactory {
 		}
 		perBlock := int64(spec.BlockBytes) + 128 // slot header, size-class rounding
 		dram := int64(spec.CapacityBlocks)*perBlock + 64<<20
-		addrs, stop, err := nodeAddrs(ctx, env, DaemonOptions{Nodes: spec.Nodes, Join: !spec.LocalOnly, DRAMBytes: dram})
+		// DRAM has slack for slot headers and size classes, and there is an
+		// NVMe tier: MaxBlocks is what holds each node to its capacity, in
+		// both tiers together.
+		addrs, stop, err := nodeAddrs(ctx, env, DaemonOptions{Nodes: spec.Nodes, Join: !spec.LocalOnly, DRAMBytes: dram,
+			MaxBlocks: spec.CapacityBlocks})
 		var unavailable *clusterUnavailable
 		if errors.As(err, &unavailable) {
 			return nil, fmt.Errorf("%w: %w", ErrMissing, err)

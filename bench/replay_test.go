@@ -150,12 +150,12 @@ func TestLRUModel(t *testing.T) {
 					t.Fatalf("iter %d: contains(%v) disagrees with the model %v", iter, k[0], model)
 				}
 			case 1:
-				l.touch(k)
+				l.touch(k, 0)
 				if i := find(k); i >= 0 {
 					model = append(slices.Delete(model, i, i+1), k)
 				}
 			case 2:
-				l.insert(k)
+				l.insert(k, 0)
 				if i := find(k); i >= 0 {
 					model = slices.Delete(model, i, i+1)
 				} else if len(model) == capacity {

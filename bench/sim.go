@@ -22,6 +22,28 @@ type SimOptions struct {
 	// ChunkBlocks is the placement chunk size in blocks. Default
 	// prefixhash.ChunkBlocks(TraceBlockTokens, 0), one 512-token block.
 	ChunkBlocks int
+	// Eviction is each node's eviction policy: EvictLRU (default), the
+	// prefix-aware LRU kvmesh runs, or EvictOptimum, the offline optimum,
+	// which needs Future.
+	Eviction string
+	// Future is the workload the replay will play, for EvictOptimum: the
+	// optimum evicts the block whose next use is farthest, and does not
+	// admit a block used later than everything it holds.
+	Future *Workload
+}
+
+// Simulated eviction policies.
+const (
+	EvictLRU     = "lru"
+	EvictOptimum = "optimum"
+	// EvictDepthLRU is LRU with a penalty for chain depth (depthLRU).
+	EvictDepthLRU = "lru-depth"
+)
+
+// depthCache is a simCache that uses a block's position in its chain.
+type depthCache interface {
+	touchAt(k prefixhash.Key, now, depth int)
+	insertAt(k prefixhash.Key, now, depth int)
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -31,6 +53,9 @@ func (o *SimOptions) EnsureDefaults() {
 	}
 	if o.ChunkBlocks == 0 {
 		o.ChunkBlocks = prefixhash.ChunkBlocks(TraceBlockTokens, 0)
+	}
+	if o.Eviction == "" {
+		o.Eviction = EvictLRU
 	}
 }
 
@@ -43,6 +68,10 @@ func (o *SimOptions) Validate() error {
 		return fmt.Errorf("bench: sim: capacity_blocks %d must be at least 1", o.CapacityBlocks)
 	case o.ChunkBlocks < 1:
 		return fmt.Errorf("bench: sim: chunk_blocks %d must be at least 1", o.ChunkBlocks)
+	case o.Eviction != EvictLRU && o.Eviction != EvictOptimum && o.Eviction != EvictDepthLRU:
+		return fmt.Errorf("bench: sim: eviction %q: want %s, %s or %s", o.Eviction, EvictLRU, EvictDepthLRU, EvictOptimum)
+	case o.Eviction == EvictOptimum && o.Future == nil:
+		return fmt.Errorf("bench: sim: eviction %s needs the workload's future", EvictOptimum)
 	}
 	return nil
 }
@@ -58,8 +87,18 @@ func (o *SimOptions) Validate() error {
 // concurrent use.
 type Sim struct {
 	opts   SimOptions
-	caches []*lru
+	caches []simCache
 	nodes  []Node
+}
+
+// simCache is one simulated node's cache of keys; now is the index of the
+// request in the trace (Prompt.Request).
+type simCache interface {
+	contains(k prefixhash.Key) bool
+	touch(k prefixhash.Key, now int)
+	insert(k prefixhash.Key, now int)
+	len() int
+	evictions() int
 }
 
 var _ Cluster = (*Sim)(nil)
@@ -71,8 +110,19 @@ func NewSim(o SimOptions) (*Sim, error) {
 		return nil, err
 	}
 	s := &Sim{opts: o}
+	var uses map[prefixhash.Key][]int32
+	if o.Eviction == EvictOptimum {
+		uses = o.Future.uses()
+	}
 	for i := range o.Nodes {
-		s.caches = append(s.caches, newLRU(o.CapacityBlocks))
+		switch o.Eviction {
+		case EvictOptimum:
+			s.caches = append(s.caches, newOptimum(o.CapacityBlocks, uses))
+		case EvictDepthLRU:
+			s.caches = append(s.caches, newDepthLRU(o.CapacityBlocks))
+		default:
+			s.caches = append(s.caches, newLRU(o.CapacityBlocks))
+		}
 		s.nodes = append(s.nodes, &simNode{sim: s, id: i})
 	}
 	return s, nil
@@ -134,7 +184,12 @@ func (n *simNode) LongestPrefix(ctx context.Context, p Prompt) (int, error) {
 		hit++
 	}
 	for i := hit - 1; i >= 0; i-- {
-		s.caches[s.owner(n.id, keys, i)].touch(keys[i])
+		c := s.caches[s.owner(n.id, keys, i)]
+		if d, ok := c.(depthCache); ok {
+			d.touchAt(keys[i], p.Request, i)
+		} else {
+			c.touch(keys[i], p.Request)
+		}
 	}
 	return hit, nil
 }
@@ -149,7 +204,12 @@ func (n *simNode) Put(ctx context.Context, p Prompt, blocks []Block) error {
 		if b.Index < 0 || b.Index >= len(chain) || chain[b.Index] != b.Key {
 			return fmt.Errorf("bench: sim: block %d is not chain[%d]", k, b.Index)
 		}
-		s.caches[s.owner(n.id, chain, b.Index)].insert(b.Key)
+		c := s.caches[s.owner(n.id, chain, b.Index)]
+		if d, ok := c.(depthCache); ok {
+			d.insertAt(b.Key, p.Request, b.Index)
+		} else {
+			c.insert(b.Key, p.Request)
+		}
 	}
 	return nil
 }
@@ -188,7 +248,7 @@ func (l *lru) contains(k prefixhash.Key) bool {
 }
 
 // touch makes k the most recent entry, if present.
-func (l *lru) touch(k prefixhash.Key) {
+func (l *lru) touch(k prefixhash.Key, _ int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if i, ok := l.mu.index[k]; ok {
@@ -197,7 +257,7 @@ func (l *lru) touch(k prefixhash.Key) {
 }
 
 // insert adds k as the most recent entry, evicting the least recent when full.
-func (l *lru) insert(k prefixhash.Key) {
+func (l *lru) insert(k prefixhash.Key, _ int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if i, ok := l.mu.index[k]; ok {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -303,8 +304,23 @@ func TestTraceSuite(t *testing.T) {
 	if rows := res.Tables[1].Rows.([]ReplayStats); len(rows) != 8 || !strings.HasPrefix(res.Tables[1].Title, "SIMULATION") {
 		t.Fatalf("%d replay rows, title %q", len(rows), res.Tables[1].Title)
 	}
-	if rows := res.Tables[2].Rows.([]traceSweepRow); len(rows) != 2*2*2 { // 2 capacities × 2 policies × 2 modes
+	// 2 capacities × 2 policies × 2 modes, and pooled random with the
+	// offline optimum (which does no worse than LRU on this trace) and with
+	// the depth-penalized LRU.
+	rows := res.Tables[2].Rows.([]traceSweepRow)
+	if len(rows) != 2*2*2+2*2 {
 		t.Fatalf("%d sweep rows", len(rows))
+	}
+	for _, r := range rows {
+		if r.Eviction == EvictLRU {
+			continue
+		}
+		i := slices.IndexFunc(rows, func(l traceSweepRow) bool {
+			return l.Eviction == EvictLRU && l.Routing == r.Routing && !l.LocalOnly && l.CapacityBlocksPerNode == r.CapacityBlocksPerNode
+		})
+		if r.Routing != RoutingRandom || r.LocalOnly || i < 0 || (r.Eviction == EvictOptimum && r.HitRatio < rows[i].HitRatio) {
+			t.Fatalf("optimum row %+v, lru %d in %+v", r, i, rows)
+		}
 	}
 	if len(res.Checks) != 2 || res.Checks[0].Backend != BackendSimulation {
 		t.Fatalf("checks %+v", res.Checks)

@@ -40,7 +40,10 @@ type TraceOptions struct {
 	CapacityBlocks int
 	// Sweep lists pooled capacities, as fractions of the trace's distinct
 	// full blocks, for the hit ratio vs capacity plot (on the simulation).
-	// Default 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5 (quick: 0.1, 0.3, 1).
+	// Default 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5 (quick:
+	// 0.1, 0.3, 1). Pooled random routing is also replayed with
+	// EvictDepthLRU and the offline optimum's eviction (EvictOptimum) at
+	// every point.
 	// A capacity c gives each node c × distinct / Nodes blocks, local-only
 	// or pooled, so both modes spend the same memory.
 	Sweep []float64
@@ -82,7 +85,7 @@ func (o *TraceOptions) EnsureDefaults(env *Env) {
 		}
 	}
 	if len(o.Sweep) == 0 {
-		o.Sweep = []float64{0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5}
+		o.Sweep = []float64{0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5}
 		if env.Quick {
 			o.Sweep = []float64{0.1, 0.3, 1}
 		}
@@ -143,6 +146,7 @@ type traceSweepRow struct {
 	Backend                string  `json:"backend"`
 	Routing                Policy  `json:"routing"`
 	LocalOnly              bool    `json:"local_only"`
+	Eviction               string  `json:"eviction"`
 	PooledCapacityFraction float64 `json:"pooled_capacity_fraction"`
 	CapacityBlocksPerNode  int     `json:"capacity_blocks_per_node"`
 	HitRatio               float64 `json:"hit_ratio"`
@@ -156,6 +160,7 @@ type traceRun struct {
 	localOnly bool
 	capacity  int
 	fraction  float64
+	eviction  string // the simulation's; "" is EvictLRU
 }
 
 func (r traceRun) mode() string {
@@ -202,7 +207,7 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		var out []traceRun
 		for _, local := range []bool{false, true} {
 			for _, p := range policies {
-				out = append(out, traceRun{p, local, enough, float64(enough*o.Nodes) / float64(max(ideal.DistinctFullBlocks, 1))})
+				out = append(out, traceRun{p, local, enough, float64(enough*o.Nodes) / float64(max(ideal.DistinctFullBlocks, 1)), EvictLRU})
 			}
 		}
 		return out
@@ -213,13 +218,22 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		for _, p := range o.SweepRouting {
 			for _, f := range o.Sweep {
 				c := max(1, int(math.Round(f*float64(ideal.DistinctFullBlocks)/float64(o.Nodes))))
-				sweep = append(sweep, traceRun{p, local, c, f})
+				sweep = append(sweep, traceRun{p, local, c, f, EvictLRU})
+				if !local && p == RoutingRandom {
+					sweep = append(sweep, traceRun{p, local, c, f, EvictDepthLRU}, traceRun{p, local, c, f, EvictOptimum})
+				}
 			}
 		}
 	}
 	bar = env.Progress.Bar(int64(len(compare)*len(t.Requests)), "trace: replaying")
 	play := func(factory ClusterFactory, r traceRun) (ReplayStats, error) {
 		bar.Describe(fmt.Sprintf("trace: %s %s, %d blocks/node", r.policy, r.mode(), r.capacity))
+		if r.eviction != "" && r.eviction != EvictLRU {
+			factory = func(_ context.Context, spec ClusterSpec) (Cluster, error) {
+				return NewSim(SimOptions{Nodes: spec.Nodes, CapacityBlocks: spec.CapacityBlocks, LocalOnly: spec.LocalOnly,
+					Eviction: r.eviction, Future: w})
+			}
+		}
 		c, err := factory(ctx, ClusterSpec{Nodes: o.Nodes, CapacityBlocks: r.capacity, BlockBytes: blockBytes,
 			LocalOnly: r.localOnly, Namespace: o.Namespace})
 		if err != nil {
@@ -287,7 +301,7 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		if err != nil {
 			return res, err
 		}
-		points = append(points, traceSweepRow{Backend: st.Backend, Routing: st.Routing, LocalOnly: st.LocalOnly,
+		points = append(points, traceSweepRow{Backend: st.Backend, Routing: st.Routing, LocalOnly: st.LocalOnly, Eviction: r.eviction,
 			PooledCapacityFraction: r.fraction, CapacityBlocksPerNode: r.capacity,
 			HitRatio: st.HitRatio, IdealHitRatio: st.IdealHitRatio, RatioVsIdeal: st.RatioVsIdeal})
 	}
@@ -304,7 +318,7 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		"its hit ratios show what placement and capacity allow, its latencies are a map's, and none of it is a kvmesh measurement.")
 	if backend != BackendSimulation {
 		res.Note("backend kvmesh: %d `kvmesh serve` processes on 127.0.0.1, joined into one cluster (pooled) or separate (local-only), "+
-			"each with DRAM for %d blocks of %d bytes and the smallest NVMe tier (64 MiB); every request is a Lookup of its tokens "+
+			"each with DRAM for %d blocks of %d bytes and the smallest NVMe tier (64 MiB), holding at most that many blocks in both (--max-blocks); every request is a Lookup of its tokens "+
 			"and a Put of the blocks it missed, through the Go client of the node it was routed to.", o.Nodes, enough, blockBytes)
 	}
 
@@ -312,6 +326,9 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		name := string(p.Routing) + " pooled"
 		if p.LocalOnly {
 			name = string(p.Routing) + " local-only"
+		}
+		if p.Eviction != EvictLRU {
+			name += ", " + p.Eviction
 		}
 		return name, false, false, p.PooledCapacityFraction, p.HitRatio
 	})

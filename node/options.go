@@ -179,6 +179,11 @@ type Options struct {
 	// with InvalidArgument. At most 512 MiB. Default 16 MiB (a 16-token
 	// block of a 70B-class model in fp16 is 5 MiB).
 	MaxBlockBytes int
+	// MaxBlocks bounds the blocks the node caches in DRAM and NVMe
+	// together (store.Options.MaxBlocks): past it, writes make room as
+	// tier pressure does. Default 0: the store's default, the tiers'
+	// capacities over 4 KiB.
+	MaxBlocks int
 	// MaxBatchBlocks is the most blocks one request may name: keys of a
 	// BatchGet or Exists, blocks of a BatchPut stream, full blocks of a
 	// Lookup's prompt. Default 16384 (a 256k-token prompt in blocks of 16).
@@ -388,6 +393,8 @@ func (o *Options) Validate() error {
 		return bad("TLS", "MaxVersion %#x is below TLS 1.3, the only version the node speaks", o.TLS.MaxVersion)
 	case o.TLS != nil && len(o.TLS.Certificates) == 0 && o.TLS.GetCertificate == nil && o.TLS.GetConfigForClient == nil:
 		return bad("TLS", "has no certificate")
+	case o.MaxBlocks < 0 || o.MaxBlocks > 1<<27:
+		return bad("MaxBlocks", "%d is outside 0..%d", o.MaxBlocks, 1<<27)
 	case o.MaxBatchBlocks < 1:
 		return bad("MaxBatchBlocks", "%d must be at least 1", o.MaxBatchBlocks)
 	case o.MaxMessageBytes < messageOverhead+4*KiB:

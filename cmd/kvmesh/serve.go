@@ -39,7 +39,7 @@ type serveFlags struct {
 	dram, nvme, hbm                            int64
 	gpu                                        int
 	maxBlockBytes, maxMessageBytes, chunkBytes int64
-	maxBatchBlocks                             int
+	maxBatchBlocks, maxBlocks                  int
 	requestTimeout, shutdownTimeout            time.Duration
 	logLevel, logFormat                        string
 	prefill                                    prefillServeFlags
@@ -59,7 +59,7 @@ type serveFlags struct {
 // errors into advice about the flag.
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "GRPCAddr": "grpc-addr", "HTTPAddr": "http-addr",
-	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "NVMeBytes": "nvme", "HBMBytes": "hbm", "GPU": "gpu",
+	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "GPU": "gpu",
 	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
 	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
@@ -169,6 +169,7 @@ flag names, for example:
 	fs.StringVar(&f.nodeID, "node-id", "", "stable, unique node id (default: host name and gossip port)")
 	fs.Var(newSize(&f.maxBlockBytes, int64(d.MaxBlockBytes)), "max-block-bytes", "largest encoded block accepted")
 	fs.IntVar(&f.maxBatchBlocks, "max-batch-blocks", d.MaxBatchBlocks, "most blocks one request may name")
+	fs.IntVar(&f.maxBlocks, "max-blocks", d.MaxBlocks, "most blocks cached in DRAM and NVMe together (0: the tiers' capacities over 4KiB)")
 	fs.Var(newSize(&f.maxMessageBytes, int64(d.MaxMessageBytes)), "max-message-bytes", "largest gRPC message sent or received")
 	fs.Var(newSize(&f.chunkBytes, int64(d.ChunkBytes)), "chunk-bytes", "most payload bytes in one streamed message")
 	fs.IntVar(&f.maxConcurrentStreams, "max-concurrent-streams", d.MaxConcurrentStreams, "most gRPC calls open at once on one client connection (more wait on the client)")
@@ -273,7 +274,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
 		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff,
 		DRAMBytes: f.dram, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
-		MaxBlockBytes: int(f.maxBlockBytes), MaxBatchBlocks: f.maxBatchBlocks,
+		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, MaxBatchBlocks: f.maxBatchBlocks,
 		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
 		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout,
 		Version: version(), Logger: logger,
