@@ -67,6 +67,9 @@ func (l *Local) moveTierLocked(i uint32, loc tiers.Loc) {
 		e.clear(flagPersistent)
 		x.insertAfter(l.memListLocked(l.mu.ns.get(e.ns).class), i)
 	}
+	if e.copy() {
+		l.placeCopyLocked(i)
+	}
 }
 
 // errColdest says a new block is colder than every block it would evict: it

@@ -125,10 +125,11 @@ type BlockInfo struct {
 	Size      int    // encoded block bytes
 	Namespace uint64 // namespace digest; 0 while a recovered block is unread
 	Tokens    int    // tokens in the block; 0 while unread
-	Hits      int    // Gets served from it (saturating at 65535)
+	Hits      int    // Gets served from it (saturating at 32767)
 	Pins      int    // live Refs reading it in place
 	Parent    bool   // linked to a cached parent
 	Children  int    // cached children linked to it
+	Copy      bool   // a copy of a block another node owns (PutCopy under EvictDedup)
 }
 
 // Info describes the block of key, if a request with access a may see it,
@@ -144,7 +145,7 @@ func (l *Local) Info(a auth.Access, key prefixhash.Key) (BlockInfo, bool) {
 	e := x.at(i)
 	n := l.mu.ns.get(e.ns)
 	info := BlockInfo{Key: key, Tier: l.mem.Name(), Size: n.size, Namespace: n.digest, Tokens: n.tokens,
-		Hits: int(e.hits), Pins: int(e.pins), Parent: e.up != 0}
+		Hits: e.hitCount(), Pins: int(e.pins), Parent: e.up != 0, Copy: e.copy()}
 	if e.persistent() {
 		info.Tier = l.disk.Name()
 	}
