@@ -101,7 +101,7 @@ func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error
 		dram.Close()
 		return nil, fmt.Errorf("node: NVMe tier in %s: %w", nvmeOpts.Dir, err)
 	}
-	local, err := store.Open(store.Options{DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes, MaxBlocks: opts.MaxBlocks,
+	local, err := store.Open(store.Options{DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes, MaxBlocks: opts.MaxBlocks, Eviction: store.Eviction(opts.Eviction),
 		Quotas: quotas, DefaultQuota: store.Quota{DRAM: opts.QuotaDRAMBytes, NVMe: opts.QuotaNVMeBytes}})
 	if err != nil {
 		dram.Close()

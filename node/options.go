@@ -19,6 +19,11 @@ import (
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
+func validEviction(s string) bool {
+	_, err := store.ParseEviction(s)
+	return err == nil
+}
+
 // Default addresses: one port each for gRPC, HTTP (metrics, health), the
 // data plane and gossip, all on loopback so that a node started with no
 // configuration is reachable from this host only.
@@ -184,6 +189,11 @@ type Options struct {
 	// tier pressure does. Default 0: the store's default, the tiers'
 	// capacities over 4 KiB.
 	MaxBlocks int
+	// Eviction is the store's eviction policy (store.Options.Eviction):
+	// "lru", the reference, or "dedup", which evicts first the copies a
+	// node keeps of blocks other nodes own. Default "": the store's
+	// default (store.DefaultEviction).
+	Eviction string
 	// MaxBatchBlocks is the most blocks one request may name: keys of a
 	// BatchGet or Exists, blocks of a BatchPut stream, full blocks of a
 	// Lookup's prompt. Default 16384 (a 256k-token prompt in blocks of 16).
@@ -395,6 +405,8 @@ func (o *Options) Validate() error {
 		return bad("TLS", "has no certificate")
 	case o.MaxBlocks < 0 || o.MaxBlocks > 1<<27:
 		return bad("MaxBlocks", "%d is outside 0..%d", o.MaxBlocks, 1<<27)
+	case o.Eviction != "" && !validEviction(o.Eviction):
+		return bad("Eviction", "%q is not a policy: want lru or dedup", o.Eviction)
 	case o.MaxBatchBlocks < 1:
 		return bad("MaxBatchBlocks", "%d must be at least 1", o.MaxBatchBlocks)
 	case o.MaxMessageBytes < messageOverhead+4*KiB:

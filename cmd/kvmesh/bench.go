@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvmesh/kvmesh/bench"
+	"github.com/kvmesh/kvmesh/store"
 )
 
 // benchFlags are kvmesh bench's flags.
@@ -28,6 +29,7 @@ type benchFlags struct {
 	nodes    int
 	routing  string
 	capacity int
+	eviction string
 	speedup  float64
 	duration time.Duration
 	conc     int
@@ -86,6 +88,7 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4)")
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
 	fs.IntVar(&f.capacity, "capacity-blocks", 0, "trace suite: each node's capacity in blocks (default: every distinct block of the trace fits)")
+	fs.StringVar(&f.eviction, "eviction", "", "trace suite: eviction policy of the nodes it starts, lru or dedup (default: kvmesh serve's); the sweep on nodes replays lru beside it")
 	fs.Float64Var(&f.speedup, "speedup", 0, "trace suite: honour the trace's timestamps, replayed this many times faster (default 0: as fast as possible)")
 	fs.DurationVar(&f.duration, "duration", 0, "soak: how long the load runs (default 10m; --quick: 30s)")
 	fs.IntVar(&f.conc, "concurrency", 0, "soak: workers, one call in flight each (default 64)")
@@ -106,6 +109,11 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	if err != nil {
 		return fmt.Errorf("--routing: %w", err)
 	}
+	if f.eviction != "" {
+		if _, err := store.ParseEviction(f.eviction); err != nil {
+			return fmt.Errorf("--eviction: %w", err)
+		}
+	}
 	if f.nodes < 0 || f.requests < 0 || f.capacity < 0 || f.speedup < 0 || f.duration < 0 || f.conc < 0 {
 		return errors.New("--nodes, --requests, --capacity-blocks, --speedup, --duration and --concurrency must not be negative")
 	}
@@ -114,7 +122,7 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
 	}
 	suites, err := bench.Select(bench.Suites(bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
-		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Speedup: f.speedup,
+		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Eviction: f.eviction, Speedup: f.speedup,
 		SoakDuration: f.duration, SoakConcurrency: f.conc}), names)
 	if err != nil {
 		return fmt.Errorf("%w; see 'kvmesh bench --help'", err)
