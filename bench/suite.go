@@ -279,6 +279,9 @@ type SuiteFlags struct {
 	// comparison of policies (--capacity-blocks). Default: enough for every
 	// distinct block of the trace.
 	CapacityBlocks int
+	// Eviction is the eviction policy of the trace suite's kvmesh nodes
+	// (--eviction, `kvmesh serve --eviction`). Default: the node's.
+	Eviction string
 	// Speedup replays the trace honouring its timestamps divided by Speedup
 	// (--speedup). Default 0: as fast as possible.
 	Speedup float64
@@ -294,7 +297,7 @@ type SuiteFlags struct {
 // figure of speed).
 func Suites(f SuiteFlags) []Suite {
 	trace := TraceOptions{TracePath: f.TracePath, Requests: f.Requests, Nodes: f.Nodes,
-		CapacityBlocks: f.CapacityBlocks, Replay: ReplayOptions{Speedup: f.Speedup}}
+		CapacityBlocks: f.CapacityBlocks, Eviction: f.Eviction, Replay: ReplayOptions{Speedup: f.Speedup}}
 	if f.Routing != "" {
 		trace.Routing = []Policy{f.Routing}
 		if f.Routing != RoutingSession {
