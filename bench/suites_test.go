@@ -254,8 +254,9 @@ func TestTraceSuiteOnKvmesh(t *testing.T) {
 	s := &TraceSuite{Options: TraceOptions{TracePath: "testdata/small_trace.jsonl", Sweep: []float64{1}}}
 	res := runSuite(t, s, env, "ideal", "replay", "simulation", "capacity_sweep")
 	rows := table[ReplayStats](t, res, "replay")
-	// Local-only needs separate nodes, which --addr cannot give: skipped.
-	if len(rows) != 2 || len(res.Skipped) != 2 {
+	// Local-only needs separate nodes, which --addr cannot give, and the
+	// eviction sweep nodes it starts: skipped.
+	if len(rows) != 2 || len(res.Skipped) != 3 {
 		t.Fatalf("%d rows, skipped %v", len(rows), res.Skipped)
 	}
 	for _, r := range rows {

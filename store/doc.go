@@ -61,6 +61,17 @@
 //     parent (forged: keys chain from the namespace) is neither linked to
 //     nor placed behind it, so one tenant's drops never cascade into
 //     another's.
+//   - Options.Eviction picks the policy (evict.go). EvictLRU is the
+//     reference: the recency above, nothing else. EvictDedup, the default,
+//     also knows copies: a block stored with PutCopy is one whose owner,
+//     by placement, is another node (the producer's copy Cluster.Put keeps,
+//     a block KeepRemote fetched). A copy is listed at the cold end of its
+//     tier and stays there when touched, so a full node evicts its copies
+//     before any block it owns; it is never linked to a parent or a child
+//     (it may go before a block put under it, which its owner's chain
+//     does not need); DRAM pressure drops it instead of demoting it; and
+//     its owner's Put of the same block makes it an ordinary block. The
+//     copy mark is the top bit of the entry's hit counter.
 //   - Capacity limits are the tiers' own: a tier refuses (tiers.ErrFull)
 //     rather than grow, and Local makes room or refuses the write with
 //     ErrFull. The index is bounded by Options.MaxBlocks. Transient heap
