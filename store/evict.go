@@ -23,7 +23,9 @@ const (
 	// below it is not its child); and memory pressure drops it instead of
 	// demoting it. On a pooled cluster with random routing most blocks a
 	// node computes belong to other nodes, and under LRU those copies take
-	// about half of every node's room (BENCHMARKS.md, issue 17).
+	// about half of every node's room (BENCHMARKS.md, issue 17). The mark
+	// lives in memory only: a copy that reached NVMe (put there when DRAM
+	// had no room) is an ordinary block after a restart.
 	EvictDedup Eviction = "dedup"
 
 	// DefaultEviction is the best policy measured on the trace replays.

@@ -22,6 +22,23 @@ func forEachEviction(t *testing.T, f func(t *testing.T, ev Eviction)) {
 	}
 }
 
+// evictLocal opens a memory-only Local holding at most max blocks under ev,
+// and a world of blocks for it.
+func evictLocal(t *testing.T, seed uint64, max int, ev Eviction) (*world, *Local) {
+	w := newWorld(t, seed, blockNS())
+	return w, openLocal(t, Options{DRAM: newFakeMem(64<<10, 64, 1024), MaxBlocks: max, Eviction: ev})
+}
+
+// putFresh puts n new blocks, each a chain of its own.
+func putFresh(t *testing.T, w *world, l *Local, n int) {
+	t.Helper()
+	for range n {
+		if err := l.Put(context.Background(), w.blocks[w.extend(-1)].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func cached(l *Local, key prefixhash.Key) bool { return l.Contains(auth.Access{}, key) }
 
 func info(t *testing.T, l *Local, key prefixhash.Key) BlockInfo {
@@ -39,8 +56,7 @@ func info(t *testing.T, l *Local, key prefixhash.Key) BlockInfo {
 func TestEvictionCopiesFirst(t *testing.T) {
 	forEachEviction(t, func(t *testing.T, ev Eviction) {
 		const max = 8
-		w := newWorld(t, 5, blockNS())
-		l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 64, 1024), MaxBlocks: max, Eviction: ev})
+		w, l := evictLocal(t, 5, max, ev)
 		ctx := context.Background()
 		var owned, copies []int
 		for k := range max {
@@ -96,8 +112,7 @@ func TestEvictionCopiesFirst(t *testing.T) {
 // is Put.
 func TestEvictionCopyIsNotLinked(t *testing.T) {
 	forEachEviction(t, func(t *testing.T, ev Eviction) {
-		w := newWorld(t, 6, blockNS())
-		l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 64, 1024), MaxBlocks: 64, Eviction: ev})
+		w, l := evictLocal(t, 6, 64, ev)
 		ctx := context.Background()
 		a := w.extend(-1)
 		b := w.extend(a) // a copy under a
@@ -137,8 +152,7 @@ func TestEvictionCopyIsNotLinked(t *testing.T) {
 		}
 	})
 	// Under dedup, evicting a copy leaves the block put under it.
-	w := newWorld(t, 7, blockNS())
-	l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 64, 1024), MaxBlocks: 3, Eviction: EvictDedup})
+	w, l := evictLocal(t, 7, 3, EvictDedup)
 	ctx := context.Background()
 	a := w.extend(-1)
 	b := w.extend(a)
@@ -147,11 +161,7 @@ func TestEvictionCopyIsNotLinked(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for range 2 {
-		if err := l.Put(ctx, w.blocks[w.extend(-1)].enc); err != nil {
-			t.Fatal(err)
-		}
-	}
+	putFresh(t, w, l, 2)
 	if cached(l, w.blocks[a].key) || !cached(l, w.blocks[b].key) {
 		t.Fatalf("copy cached %v, its child cached %v: want the copy evicted and the child kept",
 			cached(l, w.blocks[a].key), cached(l, w.blocks[b].key))
@@ -166,8 +176,7 @@ func TestEvictionCopyIsNotLinked(t *testing.T) {
 func TestEvictionSkipsPinned(t *testing.T) {
 	forEachEviction(t, func(t *testing.T, ev Eviction) {
 		const max = 4
-		w := newWorld(t, 8, blockNS())
-		l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 64, 1024), MaxBlocks: max, Eviction: ev})
+		w, l := evictLocal(t, 8, max, ev)
 		ctx := context.Background()
 		owned, cp := w.extend(-1), w.extend(-1)
 		if err := l.Put(ctx, w.blocks[owned].enc); err != nil {
@@ -184,11 +193,7 @@ func TestEvictionSkipsPinned(t *testing.T) {
 			}
 			refs = append(refs, r)
 		}
-		for range 8 * max {
-			if err := l.Put(ctx, w.blocks[w.extend(-1)].enc); err != nil {
-				t.Fatal(err)
-			}
-		}
+		putFresh(t, w, l, 8*max)
 		for k, b := range []int{owned, cp} {
 			if !cached(l, w.blocks[b].key) {
 				t.Fatalf("%s evicted pinned block %d", ev, b)
@@ -198,11 +203,7 @@ func TestEvictionSkipsPinned(t *testing.T) {
 			}
 			refs[k].Release()
 		}
-		for range 2 * max {
-			if err := l.Put(ctx, w.blocks[w.extend(-1)].enc); err != nil {
-				t.Fatal(err)
-			}
-		}
+		putFresh(t, w, l, 2*max)
 		for _, b := range []int{owned, cp} {
 			if cached(l, w.blocks[b].key) {
 				t.Fatalf("%s kept block %d after its release and %d puts", ev, b, 2*max)
@@ -217,9 +218,7 @@ func TestEvictionSkipsPinned(t *testing.T) {
 func TestEvictionLeavesFirst(t *testing.T) {
 	forEachEviction(t, func(t *testing.T, ev Eviction) {
 		const n = 8
-		w := newWorld(t, 9, blockNS())
-		l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 64, 1024), MaxBlocks: n, Eviction: ev})
-		ctx := context.Background()
+		w, l := evictLocal(t, 9, n, ev)
 		last := w.putChain(t, l, n)
 		chain := w.chain(last)
 		// A lookup touches the chain deepest-first.
@@ -227,9 +226,7 @@ func TestEvictionLeavesFirst(t *testing.T) {
 			t.Fatalf("prefix %d of %d", got, n)
 		}
 		for k := range n {
-			if err := l.Put(ctx, w.blocks[w.extend(-1)].enc); err != nil {
-				t.Fatal(err)
-			}
+			putFresh(t, w, l, 1)
 			held, prefix := 0, 0
 			for d, key := range chain {
 				if cached(l, key) { // Contains: no touch
@@ -305,8 +302,7 @@ func TestEvictionOption(t *testing.T) {
 func TestEvictionDeterministic(t *testing.T) {
 	forEachEviction(t, func(t *testing.T, ev Eviction) {
 		run := func() ([]prefixhash.Key, Stats) {
-			w := newWorld(t, 11, blockNS())
-			l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 64, 1024), MaxBlocks: 24, Eviction: ev})
+			w, l := evictLocal(t, 11, 24, ev)
 			rng := rand.New(rand.NewPCG(12, 12))
 			ctx := context.Background()
 			for range 600 {
