@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -489,7 +490,7 @@ func (c *Cluster) fetch(ctx context.Context, keys []prefixhash.Key, byOwner map[
 					c.c.remoteMisses.Add(1)
 					continue
 				}
-				blk, err := Decode(b, c.local.opts.MaxBlockBytes)
+				blk, err := block.Decode(b, c.local.opts.MaxBlockBytes)
 				if err != nil || blk.Key != ks[j] {
 					c.c.remoteCorrupt.Add(1)
 					continue

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"maps"
 	"sync"
 
@@ -307,27 +308,27 @@ func (l *Local) exit() {
 	l.mu.Unlock()
 }
 
-// Put stores an encoded block: header and payload, as Encode builds it. It
-// verifies the whole block first (ErrCorrupt, ErrTooLarge beyond
+// Put stores an encoded block: header and payload, as block.Encode builds it. It
+// verifies the whole block first (block.ErrCorrupt, block.ErrTooLarge beyond
 // MaxBlockBytes, ErrLayout) and copies it; block is not retained. Putting a
 // block already cached is a cheap no-op that touches it. ErrFull means no
 // tier has room even after eviction; ErrQuota, that the block's namespace
 // has no room within its quotas (see Quota).
-func (l *Local) Put(ctx context.Context, block []byte) error {
+func (l *Local) Put(ctx context.Context, b []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	h, err := DecodeHeader(block, l.opts.MaxBlockBytes)
+	h, err := block.DecodeHeader(b, l.opts.MaxBlockBytes)
 	if err != nil {
 		return err
 	}
-	if n := HeaderLen(len(h.Tokens)) + h.PayloadLen; len(block) != n {
-		return fmt.Errorf("%w: %d bytes, header says %d", ErrCorrupt, len(block), n)
+	if n := block.HeaderLen(len(h.Tokens)) + h.PayloadLen; len(b) != n {
+		return fmt.Errorf("%w: %d bytes, header says %d", block.ErrCorrupt, len(b), n)
 	}
 	if a := auth.AccessFrom(ctx); !a.Allows(h.Tenant) {
 		return fmt.Errorf("%w: block %s is tagged for tenant %016x, the writer is tenant %016x", ErrTenant, h.Key, h.Tenant, a.Tag)
 	}
-	size := len(block)
+	size := len(b)
 	class := l.classOf(size)
 	l.mu.Lock()
 	if !l.enterLocked() {
@@ -360,7 +361,7 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 	l.mu.Unlock()
 	defer l.exit()
 
-	err = verifyPayload(block, &h)
+	err = verifyPayload(b, &h)
 	if err == nil && indexFull {
 		err = l.makeIndexRoom(ctx)
 	}
@@ -381,7 +382,7 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 		}
 		if err == nil {
 			var loc tiers.Loc
-			if loc, err = l.putMem(ctx, h.Key, h.Parent, block, class); err == nil {
+			if loc, err = l.putMem(ctx, h.Key, h.Parent, b, class); err == nil {
 				var fr []freeLoc
 				l.mu.Lock()
 				err = l.insertLocked(&h, size, class, loc, false, id, &fr)
@@ -407,7 +408,7 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 		id, derr := l.room(ctx, &h, h.Namespace, size, class, tierDisk, h.Parent)
 		if derr == nil {
 			var ierr error
-			ms := []moved{{key: h.Key, val: block}}
+			ms := []moved{{key: h.Key, val: b}}
 			l.toDisk(ms, func(m *moved, fr *[]freeLoc) {
 				if m.done {
 					ierr = l.insertLocked(&h, size, class, m.newLoc, true, id, fr)
@@ -443,10 +444,10 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 
 // verifyPayload finishes what DecodeHeader and a length check started: the
 // payload checksum.
-func verifyPayload(b []byte, h *Header) error {
-	hl := HeaderLen(len(h.Tokens))
+func verifyPayload(b []byte, h *block.Header) error {
+	hl := block.HeaderLen(len(h.Tokens))
 	if sum := xxhash.Sum64(b[hl:]); sum != h.Checksum {
-		return fmt.Errorf("%w: payload checksum %016x, computed %016x", ErrCorrupt, h.Checksum, sum)
+		return fmt.Errorf("%w: payload checksum %016x, computed %016x", block.ErrCorrupt, h.Checksum, sum)
 	}
 	return nil
 }
@@ -466,7 +467,7 @@ func (l *Local) refused(err error, n int) error {
 	case quota:
 		return err
 	case errors.Is(err, tiers.ErrTooLarge):
-		return fmt.Errorf("%w: a block of %d bytes fits no tier: %w", ErrTooLarge, n, err)
+		return fmt.Errorf("%w: a block of %d bytes fits no tier: %w", block.ErrTooLarge, n, err)
 	case errors.Is(err, tiers.ErrFull):
 		return fmt.Errorf("%w: %w", ErrFull, err)
 	}
@@ -476,7 +477,7 @@ func (l *Local) refused(err error, n int) error {
 // insertLocked indexes a block just stored at loc, taking over the
 // reservation room made for it in namespace rid; on failure (or when a
 // concurrent Put won) it frees loc.
-func (l *Local) insertLocked(h *Header, size, class int, loc tiers.Loc, disk bool, rid uint32, fr *[]freeLoc) error {
+func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, disk bool, rid uint32, fr *[]freeLoc) error {
 	x := &l.mu.x
 	t := tierMem
 	if disk {
@@ -653,7 +654,7 @@ func (l *Local) Get(ctx context.Context, key prefixhash.Key) (*Ref, error) {
 	if err != nil {
 		return nil, err
 	}
-	if a := auth.AccessFrom(ctx); !a.Allows(headerTenant(r.b)) {
+	if a := auth.AccessFrom(ctx); !a.Allows(block.Tenant(r.b)) {
 		r.Release()
 		l.mu.Lock()
 		l.mu.c.misses++
@@ -761,19 +762,19 @@ func (l *Local) checkHit(key prefixhash.Key, b []byte) error {
 		return err
 	}
 	if len(b) < 40 || prefixhash.Key(b[24:40]) != key {
-		return fmt.Errorf("%w: bytes at the location of %s are not its block", ErrCorrupt, key)
+		return fmt.Errorf("%w: bytes at the location of %s are not its block", block.ErrCorrupt, key)
 	}
 	return nil
 }
 
 // verify decodes a block read from a tier and checks it is key's.
-func (l *Local) verify(key prefixhash.Key, b []byte) (Block, error) {
-	blk, err := Decode(b, l.opts.MaxBlockBytes)
+func (l *Local) verify(key prefixhash.Key, b []byte) (block.Block, error) {
+	blk, err := block.Decode(b, l.opts.MaxBlockBytes)
 	if err != nil {
 		return blk, err
 	}
 	if blk.Key != key {
-		return blk, fmt.Errorf("%w: the location of %s holds %s", ErrCorrupt, key, blk.Key)
+		return blk, fmt.Errorf("%w: the location of %s holds %s", block.ErrCorrupt, key, blk.Key)
 	}
 	return blk, nil
 }

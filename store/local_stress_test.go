@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -14,8 +15,8 @@ import (
 )
 
 func TestLocalStressRealTiers(t *testing.T) {
-	nsA := blockNS()
-	nsB := blockNS()
+	nsA := blocktest.NS()
+	nsB := blocktest.NS()
 	nsB.Model = "other"
 	nsB.HeadDim = 32 // bigger blocks: another class
 	worlds := []*world{newWorld(t, 901, nsA), newWorld(t, 902, nsB)}
