@@ -25,6 +25,19 @@ func TestFormatsDoNotLinkTheEngine(t *testing.T) {
 	}
 }
 
+// TestNoHarnessInProduction fails when the node or the client links a
+// test-support package (transfertest, certtest, blocktest): harnesses live
+// beside the tests and benchmarks that use them, never in what ships.
+func TestNoHarnessInProduction(t *testing.T) {
+	for _, pkg := range []string{"client", "node", "store", "transfer"} {
+		for _, dep := range deps(t, pkg) {
+			if strings.HasSuffix(dep, "test") && strings.HasPrefix(dep, module) {
+				t.Errorf("%s depends on the test-support package %s", pkg, dep)
+			}
+		}
+	}
+}
+
 // TestBlockIsALeaf fails when the block format depends on another kvmesh
 // package than prefixhash, or on a module other than xxhash.
 func TestBlockIsALeaf(t *testing.T) {

@@ -10,5 +10,7 @@
 //
 // deps_test.go: formats are leaf packages. block depends on prefixhash,
 // xxhash and the standard library only, and neither it nor client nor
-// prefill links store, tiers or pebble (go list -deps).
+// prefill links store, tiers or pebble (go list -deps); client, node, store
+// and transfer link no test-support package (transfertest, certtest,
+// blocktest).
 package lint

@@ -1,4 +1,8 @@
-package transfer
+// Package transfertest is the measurement harness of the data plane, shared
+// by the transfer package's benchmarks and by `kvmesh bench transfer`
+// (package bench), so that both measure the same thing the same way. It is
+// test support: the node and the client do not link it.
+package transfertest
 
 import (
 	"context"
@@ -17,12 +21,9 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/transfer"
 )
 
-// The measurement loops of the data plane, shared by this package's
-// benchmarks (bench_test.go) and by `kvmesh bench transfer` (package bench),
-// so that both measure the same thing the same way.
-//
 // A Testbed holds values in memory and builds Paths over them: the TCP
 // client against a Server, the shared-memory client against a ShmServer, a
 // raw loopback TCP stream of the same bytes (the ceiling of any TCP data
@@ -63,12 +64,12 @@ func (o *TestbedOptions) EnsureDefaults() {
 // Validate reports the first field out of range.
 func (o *TestbedOptions) Validate() error {
 	switch {
-	case o.ValueBytes < 1 || o.ValueBytes > DefaultMaxValueSize:
-		return fmt.Errorf("transfer: TestbedOptions.ValueBytes %d out of [1, %d]", o.ValueBytes, DefaultMaxValueSize)
+	case o.ValueBytes < 1 || o.ValueBytes > transfer.DefaultMaxValueSize:
+		return fmt.Errorf("transfertest: TestbedOptions.ValueBytes %d out of [1, %d]", o.ValueBytes, transfer.DefaultMaxValueSize)
 	case o.BatchBytes < o.ValueBytes || o.BatchBytes > 1<<30:
-		return fmt.Errorf("transfer: TestbedOptions.BatchBytes %d out of [ValueBytes, 1GiB]", o.BatchBytes)
+		return fmt.Errorf("transfertest: TestbedOptions.BatchBytes %d out of [ValueBytes, 1GiB]", o.BatchBytes)
 	case o.SourceBytes < o.BatchBytes || o.SourceBytes > 16<<30:
-		return fmt.Errorf("transfer: TestbedOptions.SourceBytes %d out of [BatchBytes, 16GiB]", o.SourceBytes)
+		return fmt.Errorf("transfertest: TestbedOptions.SourceBytes %d out of [BatchBytes, 16GiB]", o.SourceBytes)
 	}
 	return nil
 }
@@ -134,7 +135,7 @@ func (tb *Testbed) Values() [][]byte { return tb.vals }
 
 // Source returns the testbed's values as a read-only Source (a Sink that
 // stores nothing), for servers a caller builds itself.
-func (tb *Testbed) Source() Source { return tb.src }
+func (tb *Testbed) Source() transfer.Source { return tb.src }
 
 // PerBatch returns the number of values one batch moves.
 func (tb *Testbed) PerBatch() int { return tb.per }
@@ -176,7 +177,7 @@ type Path struct {
 
 // getPath moves a batch as one Get of the window's keys through p and
 // checks that every key was found.
-func (tb *Testbed) getPath(name string, p Peer) Path {
+func (tb *Testbed) getPath(name string, p transfer.Peer) Path {
 	return Path{Name: name, Bytes: int64(tb.per) * int64(tb.opts.ValueBytes), Move: func(ctx context.Context, i int) error {
 		k := tb.windowKeys(i)
 		r, err := p.Get(ctx, k)
@@ -185,7 +186,7 @@ func (tb *Testbed) getPath(name string, p Peer) Path {
 		}
 		defer r.Release()
 		if r.Hits() != len(k) {
-			return fmt.Errorf("transfer: testbed: %d hits of %d", r.Hits(), len(k))
+			return fmt.Errorf("transfertest: %d hits of %d", r.Hits(), len(k))
 		}
 		return nil
 	}}
@@ -207,16 +208,16 @@ func (tb *Testbed) TCP(conns int) (Path, error) {
 
 // TCPWith is TCP named name, with server and client options so and co (nil:
 // defaults; co.MaxConns is set to conns), e.g. TLS on both ends.
-func (tb *Testbed) TCPWith(name string, conns int, so *ServerOptions, co *ClientOptions) (Path, error) {
+func (tb *Testbed) TCPWith(name string, conns int, so *transfer.ServerOptions, co *transfer.ClientOptions) (Path, error) {
 	if conns < 1 {
-		return Path{}, fmt.Errorf("transfer: testbed: conns %d must be at least 1", conns)
+		return Path{}, fmt.Errorf("transfertest: conns %d must be at least 1", conns)
 	}
 	if co == nil {
-		co = &ClientOptions{}
+		co = &transfer.ClientOptions{}
 	}
 	cc := *co
 	cc.MaxConns = conns
-	srv, err := NewServer(tb.src, tb.src, so, quietLogger)
+	srv, err := transfer.NewServer(tb.src, tb.src, so, quietLogger)
 	if err != nil {
 		return Path{}, err
 	}
@@ -226,7 +227,7 @@ func (tb *Testbed) TCPWith(name string, conns int, so *ServerOptions, co *Client
 		return Path{}, err
 	}
 	tb.onClose(srv.Close)
-	c, err := NewClient(addr.String(), &cc)
+	c, err := transfer.NewClient(addr.String(), &cc)
 	if err != nil {
 		return Path{}, err
 	}
@@ -250,14 +251,14 @@ func (tb *Testbed) TCPWith(name string, conns int, so *ServerOptions, co *Client
 // on a unix socket in a temporary directory and a ShmClient of it. Off
 // Linux the error wraps ErrUnsupported.
 func (tb *Testbed) Shm() (Path, error) {
-	srv, err := NewShmServer(tb.src, tb.src, nil, quietLogger)
+	srv, err := transfer.NewShmServer(tb.src, tb.src, nil, quietLogger)
 	if err != nil {
 		return Path{}, err
 	}
 	if tb.dir == "" {
 		if tb.dir, err = os.MkdirTemp("", "kvmesh-testbed-"); err != nil {
 			srv.Close()
-			return Path{}, fmt.Errorf("transfer: testbed: %w", err)
+			return Path{}, fmt.Errorf("transfertest: %w", err)
 		}
 	}
 	path := filepath.Join(tb.dir, fmt.Sprintf("shm%d.sock", len(tb.closers)))
@@ -266,7 +267,7 @@ func (tb *Testbed) Shm() (Path, error) {
 		return Path{}, err
 	}
 	tb.onClose(srv.Close)
-	c, err := DialShm(context.Background(), path, nil)
+	c, err := transfer.DialShm(context.Background(), path, nil)
 	if err != nil {
 		return Path{}, err
 	}
@@ -294,7 +295,7 @@ func (tb *Testbed) RawTLS(gated bool, server, client *tls.Config) (Path, error) 
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return Path{}, fmt.Errorf("transfer: testbed: %w", err)
+		return Path{}, fmt.Errorf("transfertest: %w", err)
 	}
 	big := slices.Concat(tb.vals...) // the same bytes, one large buffer
 	batch := tb.per * tb.opts.ValueBytes
@@ -313,7 +314,7 @@ func (tb *Testbed) RawTLS(gated bool, server, client *tls.Config) (Path, error) 
 		}
 		defer nc.Close()
 		if server != nil {
-			nc = tls.Server(nc, prepareTLS(server, ""))
+			nc = tls.Server(nc, tlsConfig(server, ""))
 		}
 		for off := 0; ; off = (off + batch) % len(big) {
 			if _, ok := <-start; !ok && gated {
@@ -328,10 +329,10 @@ func (tb *Testbed) RawTLS(gated bool, server, client *tls.Config) (Path, error) 
 	if err != nil {
 		ln.Close()
 		<-done
-		return Path{}, fmt.Errorf("transfer: testbed: %w", err)
+		return Path{}, fmt.Errorf("transfertest: %w", err)
 	}
 	if client != nil {
-		nc = tls.Client(nc, prepareTLS(client, ln.Addr().String()))
+		nc = tls.Client(nc, tlsConfig(client, ln.Addr().String()))
 	}
 	tb.onClose(func() error {
 		err := nc.Close()
@@ -387,11 +388,11 @@ type PathResult struct {
 // the order given.
 func Interleave(ctx context.Context, paths []Path, batches int, after func(round int)) ([]PathResult, error) {
 	if batches < 1 {
-		return nil, fmt.Errorf("transfer: interleave: batches %d must be at least 1", batches)
+		return nil, fmt.Errorf("transfertest: interleave: batches %d must be at least 1", batches)
 	}
 	for _, p := range paths {
 		if err := p.Move(ctx, 0); err != nil {
-			return nil, fmt.Errorf("transfer: interleave: %s: warm-up: %w", p.Name, err)
+			return nil, fmt.Errorf("transfertest: interleave: %s: warm-up: %w", p.Name, err)
 		}
 	}
 	spent := make([][]time.Duration, len(paths))
@@ -403,7 +404,7 @@ func Interleave(ctx context.Context, paths []Path, batches int, after func(round
 			}
 			t0 := time.Now()
 			if err := paths[j].Move(ctx, i+1); err != nil {
-				return nil, fmt.Errorf("transfer: interleave: %s: %w", paths[j].Name, err)
+				return nil, fmt.Errorf("transfertest: interleave: %s: %w", paths[j].Name, err)
 			}
 			spent[j] = append(spent[j], time.Since(t0))
 		}
@@ -427,13 +428,28 @@ func Interleave(ctx context.Context, paths []Path, batches int, after func(round
 // nothing.
 type testbedSource map[prefixhash.Key][]byte
 
-func (s testbedSource) Acquire(_ context.Context, keys []prefixhash.Key, vals [][]byte, st []Status) func() {
+func (s testbedSource) Acquire(_ context.Context, keys []prefixhash.Key, vals [][]byte, st []transfer.Status) func() {
 	for i, k := range keys {
 		if v, ok := s[k]; ok {
-			vals[i], st[i] = v, StatusOK
+			vals[i], st[i] = v, transfer.StatusOK
 		}
 	}
 	return nil
 }
 
-func (s testbedSource) Put(_ context.Context, _ []prefixhash.Key, _ [][]byte, _ []Status) {}
+func (s testbedSource) Put(_ context.Context, _ []prefixhash.Key, _ [][]byte, _ []transfer.Status) {}
+
+// tlsConfig is cfg as the data plane sets it up (TLS 1.3 only, no dynamic
+// record sizing, the server name from addr), so that the raw TLS ceiling
+// runs the configuration the data plane runs.
+func tlsConfig(cfg *tls.Config, addr string) *tls.Config {
+	cfg = cfg.Clone()
+	cfg.MinVersion = tls.VersionTLS13
+	cfg.DynamicRecordSizingDisabled = true
+	if addr != "" && cfg.ServerName == "" {
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			cfg.ServerName = host
+		}
+	}
+	return cfg
+}
