@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
+
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 

@@ -3,9 +3,9 @@ package node
 import (
 	"context"
 	"errors"
-	"github.com/kvmesh/kvmesh/auth"
 	"time"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 )

@@ -3,10 +3,10 @@ package store
 import (
 	"context"
 	"fmt"
-	"github.com/kvmesh/kvmesh/block"
 	"sync"
 	"time"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 

@@ -3,10 +3,10 @@ package store
 import (
 	"context"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"slices"
 	"sync"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 

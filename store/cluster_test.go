@@ -5,13 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/block"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 

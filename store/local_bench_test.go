@@ -2,12 +2,13 @@ package store
 
 import (
 	"context"
-	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/block"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 

@@ -5,11 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/block/blocktest"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 )
 
 // waitFor polls cond until it holds or 10 s pass.

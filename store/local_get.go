@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
-
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 

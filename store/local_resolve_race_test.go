@@ -2,11 +2,11 @@ package store
 
 import (
 	"context"
-	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/block/blocktest"
 	"sync"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )

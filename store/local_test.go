@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/block"
-	"github.com/kvmesh/kvmesh/block/blocktest"
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )

@@ -6,12 +6,12 @@ package store
 import (
 	"bytes"
 	"context"
-	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/block/blocktest"
 	"io"
 	"log/slog"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/tiers"
 )
 

@@ -5,13 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/block/blocktest"
 	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
