@@ -3,15 +3,14 @@ package transfer
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/transfer/internal/pattern"
 )
 
 // memSource is an in-memory Source and Sink. Keys in block are held until
@@ -97,28 +96,11 @@ func (m *memSource) Put(_ context.Context, keys []prefixhash.Key, vals [][]byte,
 	}
 }
 
-// testKey returns a distinct key for every i.
-func testKey(i int) prefixhash.Key {
-	var k prefixhash.Key
-	binary.BigEndian.PutUint64(k[8:], uint64(i)+1)
-	k[0] = 0xa5
-	return k
-}
+func testKey(i int) prefixhash.Key { return pattern.Key(i) }
 
 // testValue returns n bytes that depend on i and n (cheap under the race
-// detector): a pseudo-random pattern of a prime length, repeated.
-func testValue(i, n int) []byte {
-	r := rand.New(rand.NewPCG(uint64(i), uint64(n)))
-	b := make([]byte, n)
-	pat := b[:min(n, 4099)]
-	for j := range pat {
-		pat[j] = byte(r.Uint32())
-	}
-	for j := len(pat); j < n; j += len(pat) {
-		copy(b[j:], pat)
-	}
-	return b
-}
+// detector).
+func testValue(i, n int) []byte { return pattern.Value(i, n) }
 
 // checkResult asserts that r answers keys as src would.
 func checkResult(t testing.TB, src *memSource, keys []prefixhash.Key, r *Result) {

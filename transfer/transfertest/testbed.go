@@ -7,12 +7,10 @@ package transfertest
 import (
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -22,6 +20,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/transfer"
+	"github.com/kvmesh/kvmesh/transfer/internal/pattern"
 )
 
 // A Testbed holds values in memory and builds Paths over them: the TCP
@@ -99,34 +98,10 @@ func NewTestbed(o TestbedOptions) (*Testbed, error) {
 	tb := &Testbed{opts: o, per: o.BatchBytes / o.ValueBytes, keys: make([]prefixhash.Key, n), vals: make([][]byte, n),
 		src: make(testbedSource, n)}
 	for i := range n {
-		tb.keys[i], tb.vals[i] = TestbedKey(i), TestbedValue(i, o.ValueBytes)
+		tb.keys[i], tb.vals[i] = pattern.Key(i), pattern.Value(i, o.ValueBytes)
 		tb.src[tb.keys[i]] = tb.vals[i]
 	}
 	return tb, nil
-}
-
-// TestbedKey returns the key of value i of a Testbed.
-func TestbedKey(i int) prefixhash.Key {
-	var k prefixhash.Key
-	binary.BigEndian.PutUint64(k[8:], uint64(i)+1)
-	k[0] = 0xa5
-	return k
-}
-
-// TestbedValue returns n bytes that depend on i and n: a pseudo-random
-// pattern of a prime length, repeated (cheap to make, and no two batches
-// alike).
-func TestbedValue(i, n int) []byte {
-	r := rand.New(rand.NewPCG(uint64(i), uint64(n)))
-	b := make([]byte, n)
-	pat := b[:min(n, 4099)]
-	for j := range pat {
-		pat[j] = byte(r.Uint32())
-	}
-	for j := len(pat); j < n; j += len(pat) {
-		copy(b[j:], pat)
-	}
-	return b
 }
 
 // Values returns the testbed's values, in key order. They are the
@@ -332,7 +307,7 @@ func (tb *Testbed) RawTLS(gated bool, server, client *tls.Config) (Path, error) 
 		return Path{}, fmt.Errorf("transfertest: %w", err)
 	}
 	if client != nil {
-		nc = tls.Client(nc, tlsConfig(client, ln.Addr().String()))
+		nc = tls.Client(nc, tlsConfig(client, "127.0.0.1"))
 	}
 	tb.onClose(func() error {
 		err := nc.Close()
@@ -440,16 +415,13 @@ func (s testbedSource) Acquire(_ context.Context, keys []prefixhash.Key, vals []
 func (s testbedSource) Put(_ context.Context, _ []prefixhash.Key, _ [][]byte, _ []transfer.Status) {}
 
 // tlsConfig is cfg as the data plane sets it up (TLS 1.3 only, no dynamic
-// record sizing, the server name from addr), so that the raw TLS ceiling
-// runs the configuration the data plane runs.
-func tlsConfig(cfg *tls.Config, addr string) *tls.Config {
-	cfg = cfg.Clone()
-	cfg.MinVersion = tls.VersionTLS13
-	cfg.DynamicRecordSizingDisabled = true
-	if addr != "" && cfg.ServerName == "" {
-		if host, _, err := net.SplitHostPort(addr); err == nil {
-			cfg.ServerName = host
-		}
+// record sizing), so that the raw TLS ceiling runs the configuration the
+// data plane runs; serverName fills an empty ServerName.
+func tlsConfig(cfg *tls.Config, serverName string) *tls.Config {
+	c := cfg.Clone()
+	c.MinVersion, c.DynamicRecordSizingDisabled = tls.VersionTLS13, true
+	if c.ServerName == "" {
+		c.ServerName = serverName
 	}
-	return cfg
+	return c
 }
