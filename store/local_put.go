@@ -15,7 +15,7 @@ import (
 
 // Put stores an encoded block: header and payload, as block.Encode builds it. It
 // verifies the whole block first (block.ErrCorrupt, block.ErrTooLarge beyond
-// MaxBlockBytes, ErrLayout) and copies it; block is not retained. Putting a
+// MaxBlockBytes, ErrLayout) and copies it; b is not retained. Putting a
 // block already cached is a cheap no-op that touches it. ErrFull means no
 // tier has room even after eviction; ErrQuota, that the block's namespace
 // has no room within its quotas (see Quota).
