@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"fmt"
+
+	"github.com/kvmesh/kvmesh/block"
 )
 
 // Eviction names the policy that picks what a Local drops (or demotes) when
@@ -77,7 +79,7 @@ func (l *Local) placeCopyLocked(i uint32) {
 
 // ownCopyLocked makes copy i an ordinary block: its owner put it here.
 // It links it to its parent as insertLocked would have.
-func (l *Local) ownCopyLocked(i uint32, h *Header) {
+func (l *Local) ownCopyLocked(i uint32, h *block.Header) {
 	e := l.mu.x.at(i)
 	e.hits &^= hitsCopy
 	l.linkParentLocked(i, h)
@@ -87,7 +89,7 @@ func (l *Local) ownCopyLocked(i uint32, h *Header) {
 // a copy, or the parent is another namespace's: a block naming one is forged,
 // and one tenant's eviction must never cascade into another's. (An
 // unresolved parent is checked when it is resolved.)
-func (l *Local) linkParentLocked(i uint32, h *Header) {
+func (l *Local) linkParentLocked(i uint32, h *block.Header) {
 	x := &l.mu.x
 	p := x.find(h.Parent)
 	if p == 0 || p == i || x.at(i).copy() || x.at(i).up != 0 {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -25,7 +26,7 @@ func forEachEviction(t *testing.T, f func(t *testing.T, ev Eviction)) {
 // evictLocal opens a memory-only Local holding at most max blocks under ev,
 // and a world of blocks for it.
 func evictLocal(t *testing.T, seed uint64, max int, ev Eviction) (*world, *Local) {
-	w := newWorld(t, seed, blockNS())
+	w := newWorld(t, seed, blocktest.NS())
 	return w, openLocal(t, Options{DRAM: newFakeMem(64<<10, 64, 1024), MaxBlocks: max, Eviction: ev})
 }
 
@@ -251,7 +252,7 @@ func TestEvictionLeavesFirst(t *testing.T) {
 func TestEvictionCopiesAreNotDemoted(t *testing.T) {
 	for _, copies := range []bool{false, true} {
 		t.Run(fmt.Sprintf("copies=%v", copies), func(t *testing.T) {
-			w := newWorld(t, 10, blockNS())
+			w := newWorld(t, 10, blocktest.NS())
 			l := openLocal(t, Options{DRAM: newFakeMem(4*1024, 2, 1024), NVMe: newFakeVolume(64<<10, 8).open(),
 				DemoteBatchBytes: 1, Eviction: EvictDedup})
 			ctx := context.Background()
