@@ -21,6 +21,7 @@ import (
 //	"B"+id            the batch's meta (batchMeta, JSON)
 //	"Q"+id+"/"+index  request index's body: 'c' (chat) or 't' (completion), then its JSON
 //	"P"+id+"/"+index  response index: an OpenAI response, or {"error": {...}}
+//	"K"+id            present while the finished batch's callback is not yet delivered
 //
 // A batch runs its requests in order. A response is written with the meta
 // that counts it (Done) in one synced pebble batch, so after a crash a
@@ -108,7 +109,10 @@ const (
 	batchMetaPrefix     = 'B'
 	batchRequestPrefix  = 'Q'
 	batchResponsePrefix = 'P'
+	batchCallbackPrefix = 'K'
 )
+
+func batchCallbackKey(id string) []byte { return append([]byte{batchCallbackPrefix}, id...) }
 
 func batchMetaKey(id string) []byte { return append([]byte{batchMetaPrefix}, id...) }
 
@@ -318,6 +322,9 @@ func (b *batches) answer(id string, i int, resp []byte, failed bool) (more bool,
 		wb.Set(batchItemKey(batchResponsePrefix, id, i), resp, nil)
 		wb.Delete(batchItemKey(batchRequestPrefix, id, i), nil)
 		wb.Set(batchMetaKey(id), encodeBatchMeta(&next), nil)
+		if next.finishedState() && next.Callback != "" {
+			wb.Set(batchCallbackKey(id), nil, nil) // delivered even after a crash
+		}
 	})
 	if err != nil {
 		// Not recorded: it runs again after a restart, as if interrupted.
@@ -407,6 +414,9 @@ func (b *batches) cancelRest(id string) error {
 		lo, hi := batchItems(batchRequestPrefix, id)
 		wb.DeleteRange(lo, hi, nil)
 		wb.Set(batchMetaKey(id), encodeBatchMeta(&next), nil)
+		if next.Callback != "" {
+			wb.Set(batchCallbackKey(id), nil, nil)
+		}
 	})
 	b.mu.Lock()
 	if err != nil {
@@ -494,11 +504,51 @@ func (b *batches) expire() {
 			lo, hi = batchItems(batchRequestPrefix, id)
 			wb.DeleteRange(lo, hi, nil)
 			wb.Delete(batchMetaKey(id), nil)
+			wb.Delete(batchCallbackKey(id), nil)
 		})
 		if err != nil {
 			b.log.Warn("batches: cannot delete an expired batch", "id", id, "err", err)
 			return
 		}
+	}
+}
+
+// pendingCallbacks returns copies of the metas of the finished batches
+// whose callback is not yet delivered (or given up on), oldest first.
+func (b *batches) pendingCallbacks() []batchMeta {
+	b.life.RLock()
+	defer b.life.RUnlock()
+	if b.life.closed {
+		return nil
+	}
+	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{batchCallbackPrefix}, UpperBound: []byte{batchCallbackPrefix + 1}})
+	if err != nil {
+		b.log.Warn("batches: cannot read the pending callbacks", "err", err)
+		return nil
+	}
+	var ids []string
+	for it.First(); it.Valid(); it.Next() {
+		ids = append(ids, string(it.Key()[1:]))
+	}
+	if err := it.Close(); err != nil {
+		b.log.Warn("batches: cannot read the pending callbacks", "err", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []batchMeta
+	for _, id := range ids {
+		if m := b.mu.all[id]; m != nil && m.finishedState() && m.Callback != "" {
+			out = append(out, *m)
+		}
+	}
+	slices.SortFunc(out, func(x, y batchMeta) int { return x.Finished.Compare(y.Finished) })
+	return out
+}
+
+// callbackDone forgets batch id's pending callback: delivered or given up.
+func (b *batches) callbackDone(id string) {
+	if err := b.write(func(wb *pebble.Batch) { wb.Delete(batchCallbackKey(id), nil) }); err != nil && !errors.Is(err, errBatchClosed) {
+		b.log.Warn("batches: cannot record a callback as delivered; it is sent again after a restart", "id", id, "err", err)
 	}
 }
 

@@ -137,7 +137,8 @@
 // is idle (Engine.WaitIdle), each answer stored with the count that says so
 // in one synced write, so a restart re-runs only the request it
 // interrupted. A finished batch with a callback_url on a host of
-// BatchOptions.CallbackAllow is announced there, signed (callback.go).
+// BatchOptions.CallbackAllow is announced there, signed (callback.go); a
+// pending callback is stored with the batch and survives a restart.
 // With Options.HTTPTLS the HTTP address speaks TLS with the node's
 // certificate (a client certificate checked when given, not required), and
 // the router reaches such nodes with RouterOptions.NodeTLS; without it the

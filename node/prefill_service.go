@@ -165,6 +165,7 @@ func newPrefillService(n *Node) (*prefillService, error) {
 		return nil, err
 	}
 	p.callbacks = newCallbacks(o.Batch.CallbackAllow, secret, n.metrics.reg, n.log)
+	p.callbacks.pending, p.callbacks.done = b.pendingCallbacks, b.callbackDone
 	b.finished = p.callbacks.enqueue
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.metrics = newPrefillMetrics(n.metrics.reg, engine, q)
