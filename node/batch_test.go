@@ -298,7 +298,7 @@ func TestBatchesResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.take(ctx); err != nil {
+	if _, ok, err := b.take(ctx, time.Minute); err != nil || !ok {
 		t.Fatal(err)
 	}
 	if _, ok := b.start(m.ID); !ok {
@@ -318,7 +318,7 @@ func TestBatchesResume(t *testing.T) {
 	if _, _, err := b.get(m.ID, queueOwner{Tenant: "beta"}); err != errBatchNotFound {
 		t.Errorf("another tenant gets %v, want errBatchNotFound", err)
 	}
-	again, err := b.take(ctx)
+	again, _, err := b.take(ctx, time.Minute)
 	if err != nil || again.ID != m.ID || again.Done != 1 {
 		t.Fatalf("take after reopening: %+v %v; want %s from request 1", again, err, m.ID)
 	}
@@ -339,7 +339,7 @@ func TestBatchesResume(t *testing.T) {
 
 	// Cancel while running: the current answer is kept, the rest cancelled.
 	m2, _ := b.submit(owner, [][]byte{[]byte("t{}"), []byte("t{}"), []byte("t{}")}, "")
-	b.take(ctx)
+	b.take(ctx, time.Minute)
 	b.start(m2.ID)
 	if s, err := b.cancel(m2.ID, owner); s != batchRunning || err != nil {
 		t.Fatalf("cancel a running batch: %s %v", s, err)

@@ -191,11 +191,14 @@ func namespacePB(e *prefill.Engine) *kvmeshv1.Namespace {
 // deletes expired results.
 func (p *prefillService) start() {
 	p.startOnce.Do(func() {
-		p.wg.Add(5)
+		workers := batchWorkers(p.n.opts.Prefill)
+		p.wg.Add(4 + workers)
 		go func() { defer p.wg.Done(); p.callbacks.run(p.ctx) }()
 		go p.work()
 		go p.reap()
-		go p.workBatches()
+		for range workers {
+			go p.workBatches()
+		}
 		go p.reapBatches()
 	})
 }
