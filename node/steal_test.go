@@ -85,7 +85,44 @@ func TestQueueStealing(t *testing.T) {
 	if v := metricValue(pm, `kvmesh_queue_steals_total{direction="borrowed"}`); v != 1 {
 		t.Errorf("peer borrowed %v batches, want 1", v)
 	}
+	if v := metricValue(om, `kvmesh_queue_requests_total{outcome="completed"}`); v > 0 {
+		t.Errorf("the owner, which runs no queued work, completed %v requests", v)
+	}
 	if v := metricValue(pm, `kvmesh_queue_requests_total{outcome="completed"}`); v != 3 {
 		t.Errorf("peer completed %v requests, want 3", v)
+	}
+}
+
+// TestQueueShare: Batch.Share sets how many workers run queued batches
+// (at least one, none when negative), and a queued request runs as
+// background work of the engine (prefill.GenerateOptions.Background),
+// which gives way to synchronous requests between chunks and decode steps
+// (prefill's TestBackgroundGenerateYields shows the preemption).
+func TestQueueShare(t *testing.T) {
+	for _, c := range []struct {
+		share       float64
+		concurrency int
+		want        int
+	}{{1, 1, 1}, {1, 4, 4}, {0.5, 4, 2}, {0.1, 4, 1}, {-1, 4, 0}} {
+		if got := batchWorkers(PrefillOptions{Concurrency: c.concurrency, Batch: BatchOptions{Share: c.share}}); got != c.want {
+			t.Errorf("share %g of %d slots: %d workers, want %d", c.share, c.concurrency, got, c.want)
+		}
+	}
+	bad := PrefillOptions{Batch: BatchOptions{Share: 1.5}}
+	bad.EnsureDefaults()
+	if err := bad.Validate(1 << 30); err == nil || !strings.Contains(err.Error(), "Share") {
+		t.Errorf("a share of 1.5: %v", err)
+	}
+	n := startQueueNode(t, t.TempDir(), func(o *Options) { o.Prefill.Concurrency, o.Prefill.Batch.Share = 2, 1 })
+	req := map[string]any{"model": "kvmesh", "prompt": "in the background", "max_tokens": 4, "temperature": 0}
+	a := submitBatch(t, n.Node, "acme-rw", map[string]any{"requests": []any{req, req}})
+	b := submitBatch(t, n.Node, "acme-rw", map[string]any{"requests": []any{req}})
+	for _, id := range []string{a, b} {
+		if got := waitBatch(t, n.Node, "acme-rw", id); got.Status != "completed" {
+			t.Fatalf("batch %s: %+v", id, got)
+		}
+	}
+	if st := n.prefill.engine.Stats(); st.Background != 3 {
+		t.Errorf("engine stats %+v: want the 3 queued requests run as background work", st)
 	}
 }

@@ -174,7 +174,7 @@ func (e *Engine) Generate(ctx context.Context, prompt []uint32, opts GenerateOpt
 		return Generation{}, err
 	}
 	g, res, err := e.generate(ctx, began, prompt, opts)
-	if _, err := e.account(res, err, false); err != nil {
+	if _, err := e.account(res, err, opts.Background); err != nil {
 		return Generation{}, err
 	}
 	e.stats.generations.Add(1)
