@@ -27,11 +27,13 @@ import (
 // submission, so a bad one refuses the batch with 400 naming requests[i].
 // A batch is stored durably (batches) before the 202 and answered in full
 // once completed: one OpenAI response per request, in order, or an OpenAI
-// error object in place of a request that failed. One worker runs the
-// batches in order, a request at a time, each with Engine.Generate started
+// error object in place of a request that failed. Workers
+// (BatchOptions.Share of the engine's slots) run the batches in order, a
+// request at a time, each with Engine.Generate as background work started
 // only once the engine is idle (Engine.WaitIdle: no synchronous request
-// for the grace period), so synchronous requests keep priority; a request
-// already started is not preempted. Limits: BatchOptions (413 for too many
+// for the grace period), so synchronous requests keep priority; one that
+// arrives preempts the queued request between two chunks or decode steps.
+// Limits: BatchOptions (413 for too many
 // requests or bytes, 429 with Retry-After only for the tenant's own queue
 // quota, 503 for the node's). Another tenant's id, like an unknown one, is
 // 404. With callback_url (a host BatchOptions.CallbackAllow allows, else
@@ -39,7 +41,7 @@ import (
 // signed (SignatureHeader) with the key GET /v1/queue/callback-key tells
 // the tenant (callback.go). Through
 // the router (router.go), a batch lives on the node that accepted it and is
-// found by asking the nodes.
+// found by asking the nodes; any node with headroom may run it (steal.go).
 const QueuePath = "/v1/queue"
 
 // QueueList is GET /v1/queue's answer: the caller's batches, those not
