@@ -126,3 +126,26 @@ func TestQueueShare(t *testing.T) {
 		t.Errorf("engine stats %+v: want the 3 queued requests run as background work", st)
 	}
 }
+
+// TestQueueClaimNeedsCluster: the internal queue API answers only the
+// cluster credential: no token, a tenant's or an operator's is refused and
+// lends nothing; the cluster token claims the batch.
+func TestQueueClaimNeedsCluster(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), func(o *Options) { o.Prefill.Batch.Share = -1 })
+	req := map[string]any{"model": "kvmesh", "prompt": "guarded", "max_tokens": 2}
+	id := submitBatch(t, n.Node, "acme-rw", map[string]any{"requests": []any{req}})
+	claim := map[string]any{"node": "peer"}
+	for _, tok := range []string{"", "acme-rw", "ops", "not-a-token"} {
+		if got := callAPI(t, "POST", apiURL(n.Node, internalQueuePath+"claim"), tok, claim); got.status != http.StatusForbidden {
+			t.Errorf("claim with %q: %d %s, want 403", tok, got.status, got.body)
+		}
+	}
+	if s := pollBatch(t, n.Node, "acme-rw", id); s.Status != "queued" {
+		t.Errorf("after refused claims the batch is %s", s.Status)
+	}
+	got := callAPI(t, "POST", apiURL(n.Node, internalQueuePath+"claim"), "node-to-node", claim)
+	var lent stolenBatch
+	if got.status != http.StatusOK || !jsonInto(got.body, &lent) || lent.RequestID != id || lent.Owner.Tenant != "acme" {
+		t.Fatalf("claim with the cluster token: %d %s", got.status, got.body)
+	}
+}
