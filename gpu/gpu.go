@@ -88,5 +88,22 @@ func Open(ordinal int, opts Options) (tiers.Device, error) {
 	return dev, nil
 }
 
+// OpenBLAS returns CUDA device ordinal for the prefill engine's device
+// backend (prefill.NewDevice takes ownership of it): its memory, copies and
+// cuBLAS products. It fails as Open does.
+func OpenBLAS(ordinal int, opts Options) (gpumem.BLAS, error) {
+	opts.EnsureDefaults()
+	dev, err := Open(ordinal, opts)
+	if err != nil {
+		return nil, err
+	}
+	b, ok := dev.(gpumem.BLAS)
+	if !ok {
+		_ = dev.Close()
+		return nil, fmt.Errorf("gpu: device %d of plugin %s has no matrix products (%T): rebuild the plugin from this source", ordinal, opts.Plugin, dev)
+	}
+	return b, nil
+}
+
 // openFunc is the type of the plugin's exported Open.
 type openFunc = func(ordinal int) (gpumem.Device, error)
