@@ -27,6 +27,9 @@ func Open(opts Options) (*Node, error) {
 	if err := checkHBM(opts); err != nil {
 		return nil, err
 	}
+	if err := checkBackend(opts); err != nil {
+		return nil, err
+	}
 	// The data dir holds cached blocks and the node's state: its user's
 	// alone (directories 0700, files 0600).
 	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {

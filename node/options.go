@@ -164,7 +164,8 @@ type Options struct {
 	// on every host: the store does not place blocks in HBM yet (see
 	// node/hbm.go).
 	HBMBytes int64
-	// GPU is the CUDA device ordinal of the HBM tier. Default 0.
+	// GPU is the CUDA device ordinal of the HBM tier and of the prefill
+	// engine's cuda backend (Prefill.Backend). Default 0.
 	GPU int
 	// QuotaDRAMBytes and QuotaNVMeBytes are the default quota of every
 	// namespace (a model layout and tenant salt, see prefixhash.Namespace)

@@ -49,3 +49,28 @@ func TestVersionGPU(t *testing.T) {
 		t.Fatalf("version printed %q; want the version and %q", stdout.String(), gpu.Status())
 	}
 }
+
+// TestServeBackendCUDARefused: serve --backend cuda on a host without CUDA
+// or a device fails at once with one line that names the flag and the
+// reason; an unknown backend is refused naming the flag.
+func TestServeBackendCUDARefused(t *testing.T) {
+	_, perr := gpu.Probe()
+	if perr == nil {
+		t.Skip("this host has a CUDA device: --backend cuda may start here (gpu's device tests exercise it)")
+	}
+	dir := t.TempDir()
+	addrs := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"}
+	var stdout, stderr bytes.Buffer
+	code := run(append([]string{"serve", "--backend", "cuda", "--data-dir", dir}, addrs...), &stdout, &stderr)
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	if code != 1 || len(lines) != 1 || !strings.Contains(lines[0], "--backend (or KVMESH_BACKEND): ") || !strings.Contains(lines[0], perr.Error()) {
+		t.Fatalf("serve --backend cuda: exit %d, stderr %q; want exit 1 and one line naming --backend and %q", code, stderr.String(), perr)
+	}
+	if stdout.Len() != 0 {
+		t.Fatalf("serve --backend cuda printed %q before failing", stdout.String())
+	}
+	stderr.Reset()
+	if code := run(append([]string{"serve", "--backend", "tpu", "--data-dir", dir}, addrs...), &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "--backend") || !strings.Contains(stderr.String(), `"tpu"`) {
+		t.Fatalf("serve --backend tpu: exit %d, stderr %q; want exit 1 naming --backend", code, stderr.String())
+	}
+}
