@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvmesh/kvmesh/tiers/gpumem"
 )
 
 // Errors of the package.
@@ -286,6 +288,9 @@ type SuiteFlags struct {
 	// and workers (--concurrency). Default: SoakOptions's.
 	SoakDuration    time.Duration
 	SoakConcurrency int
+	// PrefillDevice is the GPU the prefill suite's engines run on
+	// (--backend cuda; PrefillOptions.Device). Default nil: the CPU.
+	PrefillDevice gpumem.BLAS
 }
 
 // Suites returns every suite, in the order `all` runs them: transfer,
@@ -301,7 +306,7 @@ func Suites(f SuiteFlags) []Suite {
 			trace.Routing = append(trace.Routing, RoutingSession)
 		}
 	}
-	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{},
+	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice}},
 		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{},
 		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}}
 }

@@ -74,3 +74,21 @@ func TestServeBackendCUDARefused(t *testing.T) {
 		t.Fatalf("serve --backend tpu: exit %d, stderr %q; want exit 1 naming --backend", code, stderr.String())
 	}
 }
+
+// TestBenchPrefillCUDARefused: bench prefill --backend cuda without CUDA or
+// a device fails before measuring anything, saying why.
+func TestBenchPrefillCUDARefused(t *testing.T) {
+	_, perr := gpu.Probe()
+	if perr == nil {
+		t.Skip("this host has a CUDA device: bench prefill --backend cuda measures it")
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"bench", "prefill", "--quick", "--backend", "cuda"}, &stdout, &stderr); code != 1 ||
+		!strings.Contains(stderr.String(), "--backend cuda: "+perr.Error()) || stdout.Len() != 0 {
+		t.Fatalf("bench prefill --backend cuda: exit %d, stdout %q, stderr %q; want exit 1 and %q", code, stdout.String(), stderr.String(), perr)
+	}
+	stderr.Reset()
+	if code := run([]string{"bench", "prefill", "--backend", "tpu"}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), `--backend "tpu"`) {
+		t.Fatalf("bench prefill --backend tpu: exit %d, stderr %q", code, stderr.String())
+	}
+}
