@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/gpu/gputest"
+	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
