@@ -46,6 +46,10 @@ type Options struct {
 	// index is rebuilt on Open) and tiers.Batcher (one write per demotion
 	// batch) are used when it implements them.
 	NVMe tiers.Tier
+	// HBM is the GPU-memory tier above DRAM (tiers.HBM): writes and
+	// promotions land there first, HBM pressure demotes into DRAM, and a
+	// DRAM hit promotes back (local_hbm.go). Optional: nil, DRAM is the top.
+	HBM tiers.Tier
 	// MaxBlockBytes is the largest block payload Put accepts, in bytes;
 	// larger blocks get ErrTooLarge. Default 64 MiB, at most 1 GiB.
 	MaxBlockBytes int
@@ -98,6 +102,9 @@ func (o *Options) EnsureDefaults() {
 		if o.NVMe != nil {
 			c += o.NVMe.Stats().Capacity
 		}
+		if o.HBM != nil {
+			c += o.HBM.Stats().Capacity
+		}
 		o.MaxBlocks = int(min(max(c/4096, minDefaultMaxBlocks), maxDefaultMaxBlocks))
 	}
 }
@@ -133,6 +140,7 @@ type Local struct {
 	view    tiers.Viewer  // nil: copy out of mem
 	classed tiers.Classed // nil: one class
 	disk    tiers.Tier    // nil: memory only
+	hbm     tiers.Tier    // nil: DRAM is the top tier
 	seg     tiers.Segmented
 	batcher tiers.Batcher
 
@@ -172,6 +180,7 @@ type Local struct {
 		evictedNext int
 
 		cursors map[uint32][]cursorRef // entry → the namespace cursors on it (quota.go)
+		hbm     hbmResidents           // entries in HBM (local_hbm.go)
 
 		c     counters
 		stack []uint32 // scratch
@@ -220,7 +229,7 @@ func Open(opts Options) (*Local, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Local{opts: opts, mem: opts.DRAM, disk: opts.NVMe}
+	l := &Local{opts: opts, mem: opts.DRAM, disk: opts.NVMe, hbm: opts.HBM}
 	l.view, _ = opts.DRAM.(tiers.Viewer)
 	l.classed, _ = opts.DRAM.(tiers.Classed)
 	l.mu.idle.L = &l.mu.Mutex
@@ -277,6 +286,11 @@ func (l *Local) Close() error {
 	l.mu.tiersClosed = true
 	l.mu.Unlock()
 	var errs []error
+	if l.hbm != nil {
+		if err := l.hbm.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("store: close %s: %w", l.hbm.Name(), err))
+		}
+	}
 	if err := l.mem.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("store: close %s: %w", l.mem.Name(), err))
 	}
@@ -510,6 +524,8 @@ func (l *Local) insertLocked(h *Header, size, class int, loc tiers.Loc, disk boo
 	e.setLoc(loc)
 	if disk {
 		e.set(flagPersistent)
+	} else {
+		l.hbmAddLocked(i, loc, size)
 	}
 	x.insert(i)
 	l.mu.blocks[t]++
@@ -582,6 +598,7 @@ func (l *Local) touchLocked(i uint32) {
 	x := &l.mu.x
 	e := x.at(i)
 	e.set(flagHit)
+	l.hbmTouchLocked(i)
 	if e.persistent() {
 		l.moveFrontLocked(l.mu.diskList, i)
 	} else {
@@ -681,6 +698,9 @@ func (l *Local) get(ctx context.Context, key prefixhash.Key) (*Ref, error) {
 		}
 		e := l.mu.x.at(i)
 		if !e.persistent() {
+			if l.hbm != nil && !isHBM(e.getLoc()) && !e.busy() {
+				return l.promoteHBMLocked(ctx, i)
+			}
 			return l.getMemLocked(i)
 		}
 		if e.has(flagMoving) {
@@ -711,7 +731,7 @@ func (l *Local) getMemLocked(i uint32) (*Ref, error) {
 	e.setHitsSaturating()
 	l.mu.c.hits++
 	key, loc, size := e.key, e.getLoc(), l.mu.ns.get(e.ns).size
-	if l.view != nil && e.pins < maxPins {
+	if l.viewable(loc) && e.pins < maxPins {
 		e.pins++
 		l.mu.refs++
 		l.mu.Unlock()
@@ -722,7 +742,7 @@ func (l *Local) getMemLocked(i uint32) (*Ref, error) {
 		}
 		return &Ref{l: l, i: i, b: b}, nil
 	}
-	if l.view != nil { // pins saturated: hand out a copy
+	if l.viewable(loc) { // pins saturated: hand out a copy
 		b := append([]byte(nil), l.view.View(loc, size)...)
 		l.mu.Unlock()
 		return &Ref{l: l, b: b}, nil
@@ -735,7 +755,7 @@ func (l *Local) getMemLocked(i uint32) (*Ref, error) {
 	l.mu.Unlock()
 	defer l.exit()
 	b := make([]byte, size)
-	err := l.mem.Read(loc, b)
+	err := l.memRead(loc, b)
 	if err == nil {
 		_, err = l.verify(key, b)
 	}
@@ -855,7 +875,7 @@ func (l *Local) GetMany(ctx context.Context, keys []prefixhash.Key) ([]*Ref, err
 			l.mu.c.misses++
 			continue
 		}
-		if e.persistent() || l.view == nil || e.pins == maxPins {
+		if e.persistent() || l.view == nil || e.pins == maxPins || l.hbm != nil {
 			slow = append(slow, k)
 			continue
 		}
@@ -1041,6 +1061,7 @@ func (l *Local) removeLocked(i uint32, fr *[]freeLoc) {
 		panic(fmt.Sprintf("store: removing %s, which is not in the table", e.key))
 	}
 	l.unlistLocked(i)
+	l.hbmForgetLocked(i)
 	n := l.mu.ns.get(e.ns)
 	t := tierOf(e)
 	l.mu.blocks[t]--
@@ -1072,7 +1093,7 @@ func (l *Local) freeAll(fr []freeLoc) {
 		if f.disk {
 			l.disk.Free(f.loc)
 		} else {
-			l.mem.Free(f.loc)
+			l.memFree(f.loc)
 		}
 	}
 }
