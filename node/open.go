@@ -87,12 +87,22 @@ func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error
 	// A slot of either tier must hold the largest block and the tier's
 	// 64-byte slot header.
 	const slotHeader = 64
+	hbm, err := openHBM(opts)
+	if err != nil {
+		return nil, err
+	}
+	closeHBM := func() {
+		if hbm != nil {
+			hbm.Close()
+		}
+	}
 	dramOpts := tiers.DRAMOptions{Capacity: opts.DRAMBytes}
 	if need := int64(opts.MaxBlockBytes) + slotHeader; need > tiers.DefaultSlabSize {
 		dramOpts.SlabSize = roundUp(need, 64*KiB)
 	}
 	dram, err := tiers.NewDRAM(dramOpts)
 	if err != nil {
+		closeHBM()
 		return nil, fmt.Errorf("node: DRAM tier of %d bytes: %w", opts.DRAMBytes, err)
 	}
 	nvmeOpts := tiers.NVMeOptions{Dir: filepath.Join(opts.DataDir, "nvme"), Capacity: opts.NVMeBytes, Logger: opts.Logger}
@@ -102,13 +112,15 @@ func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error
 	nvme, err := tiers.OpenNVMe(nvmeOpts)
 	if err != nil {
 		dram.Close()
+		closeHBM()
 		return nil, fmt.Errorf("node: NVMe tier in %s: %w", nvmeOpts.Dir, err)
 	}
-	local, err := store.Open(store.Options{DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes, MaxBlocks: opts.MaxBlocks,
+	local, err := store.Open(store.Options{HBM: hbm, DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes, MaxBlocks: opts.MaxBlocks,
 		Quotas: quotas, DefaultQuota: store.Quota{DRAM: opts.QuotaDRAMBytes, NVMe: opts.QuotaNVMeBytes}})
 	if err != nil {
 		dram.Close()
 		nvme.Close()
+		closeHBM()
 		return nil, fmt.Errorf("node: open cache: %w", err)
 	}
 	return local, nil

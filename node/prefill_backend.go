@@ -21,7 +21,7 @@ func checkBackend(opts Options) error {
 	if opts.Prefill.Disabled || opts.Prefill.Backend != BackendCUDA {
 		return nil
 	}
-	info, err := gpu.Probe()
+	info, err := probeGPU()
 	if err == nil && opts.GPU >= info.Devices {
 		err = fmt.Errorf("%w %d: this host has %d", gpu.ErrNoDevice, opts.GPU, info.Devices)
 	}
@@ -44,7 +44,7 @@ func prefillBackend(name string, ordinal int) (prefill.Backend, func() error, er
 	if name != BackendCUDA {
 		return nil, none, nil
 	}
-	dev, err := gpu.OpenBLAS(ordinal, gpu.Options{})
+	dev, err := openBLAS(ordinal, gpu.Options{})
 	if err != nil {
 		return nil, none, cudaRefused(err)
 	}

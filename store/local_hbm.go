@@ -37,8 +37,8 @@ type hbmResidents struct {
 	at     map[uint32]*list.Element
 	bytes  int64
 	sizes  map[uint32]int // encoded size of each resident
-	demote int64         // HBM → DRAM moves committed
-	promot int64         // DRAM → HBM moves committed
+	demote int64          // HBM → DRAM moves committed
+	promot int64          // DRAM → HBM moves committed
 }
 
 // hbmAddLocked records entry i as living in HBM at loc, when loc is there.

@@ -164,7 +164,7 @@ flag names, for example:
 	fs.Var(newSize(&f.handoff, d.HandoffBytes), "handoff", "most DRAM bytes handed to their next owners on a graceful stop")
 	fs.Var(newSize(&f.dram, d.DRAMBytes), "dram", "DRAM tier capacity")
 	fs.Var(newSize(&f.nvme, d.NVMeBytes), "nvme", "NVMe tier capacity, under --data-dir")
-	fs.Var(newSize(&f.hbm, d.HBMBytes), "hbm", "HBM (GPU memory) tier capacity on CUDA device --gpu; needs a cuda build and a GPU, and is refused for now: the store does not place blocks in HBM yet (0: none)")
+	fs.Var(newSize(&f.hbm, d.HBMBytes), "hbm", "HBM (GPU memory) tier capacity on CUDA device --gpu, above DRAM: blocks land there, HBM pressure demotes them into DRAM, DRAM hits promote them back; needs a build with -tags cuda, kvmesh-cuda.so and a GPU, else serve refuses to start and says which is missing (0: none)")
 	fs.IntVar(&f.gpu, "gpu", d.GPU, "CUDA device ordinal of the --hbm tier and of --backend cuda")
 	fs.StringVar(&f.nodeID, "node-id", "", "stable, unique node id (default: host name and gossip port)")
 	fs.Var(newSize(&f.maxBlockBytes, int64(d.MaxBlockBytes)), "max-block-bytes", "largest encoded block accepted")
