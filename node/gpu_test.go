@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,6 +75,14 @@ func TestNodeOnGPU(t *testing.T) {
 	}
 	if second.Usage.CachedTokens != 3*eng.BlockTokens || second.TopTokens[0] != first.TopTokens[0] {
 		t.Fatalf("second prefill: %+v, first %+v", second.Usage, first.Usage)
+	}
+	// The tiers, HBM included, reach the node's stats (and its metrics).
+	var tierNames []string
+	for _, ts := range cn.cache.Stats().Tiers {
+		tierNames = append(tierNames, ts.Name)
+	}
+	if !slices.Contains(tierNames, "hbm") {
+		t.Fatalf("node stats tiers %v, want hbm among them", tierNames)
 	}
 	cn.stop(t)
 	if !hbmDev.Closed() || !blasDev.Closed() {

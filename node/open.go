@@ -148,7 +148,9 @@ func cacheError(err error) error {
 // localStats converts store.Local's counters.
 func localStats(l *store.Local) CacheStats {
 	s := l.Stats()
-	out := CacheStats{Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions, Demotions: s.Demotions, Promotions: s.Promotions,
+	// A move between HBM and DRAM is one tier down or up like the others.
+	out := CacheStats{Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions,
+		Demotions: s.Demotions + s.HBMDemotions, Promotions: s.Promotions + s.HBMPromotions,
 		QuotaRefused: s.QuotaRefused, CorruptDrops: s.CorruptDrops}
 	for _, t := range s.Tiers {
 		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity})
