@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/tiers"
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
 )
 
 // PrefillOptions configures the prefill suite. Zero fields take the

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 )
 
 // Errors of the package.

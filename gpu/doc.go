@@ -5,7 +5,7 @@
 // device) and the prefill engine's device backend (serve --backend cuda and
 // bench prefill --backend cuda, prefill.NewDevice over OpenBLAS's device,
 // whose matrix products run on cuBLAS). Both consume the interfaces of the
-// leaf tiers/gpumem; gpu/gputest implements them in host memory for the
+// leaf gpu/gpumem; gpu/gputest implements them in host memory for the
 // tests of the default build.
 //
 // The CUDA code (gpu/cudadev) uses gorgonia.org/cu, whose package init calls
@@ -31,7 +31,7 @@
 // build (same module versions, toolchain and flags), or plugin.Open refuses
 // the pair with an error that says so; CI builds both and loads a stand-in
 // plugin through the same code to prove the pair links. To keep that pair
-// small, the plugin imports of kvmesh only the leaf tiers/gpumem, where the
+// small, the plugin imports of kvmesh only the leaf gpu/gpumem, where the
 // interfaces it implements are declared (not tiers, with pebble behind it). A separate
 // kvmesh-gpu binary would avoid that, but it would still exit at start
 // without a device, which is what this package exists to prevent.

@@ -6,8 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 	"github.com/kvmesh/kvmesh/tiers"
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
 )
 
 var (

@@ -9,10 +9,10 @@ import (
 
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/gpu"
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 	"github.com/kvmesh/kvmesh/gpu/gputest"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/tiers"
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
 )
 
 // fakeGPUs makes the node see one CUDA device, the fakes it returns, for the

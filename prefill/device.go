@@ -7,7 +7,7 @@ import (
 	"runtime"
 	"sync"
 
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 )
 
 // DeviceOptions configure the device backend.

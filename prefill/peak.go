@@ -8,7 +8,7 @@ import (
 
 	"gonum.org/v1/gonum/blas"
 
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 )
 
 // SgemmPeak returns the best GFLOP/s of the CPU backend's Sgemm (gonum) on

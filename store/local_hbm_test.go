@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/gpu/gputest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
@@ -55,7 +56,7 @@ func TestLocalHBMTierOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := newWorld(t, 31, blockNS())
+	w := newWorld(t, 31, blocktest.NS())
 	var bs []wblock
 	for range 24 {
 		b := w.blocks[w.extend(-1)] // unrelated blocks: no chain ordering
@@ -139,7 +140,7 @@ func TestLocalHBMPressure(t *testing.T) {
 			opts.NVMe = newFakeVolume(6*blockBytes, 5).open()
 		}
 		l := openLocal(t, opts)
-		s := runPressure(t, l, newWorld(t, 32, blockNS()), 1500)
+		s := runPressure(t, l, newWorld(t, 32, blocktest.NS()), 1500)
 		if s.HBMDemotions == 0 || s.HBMPromotions == 0 || disk && s.Demotions == 0 {
 			t.Fatalf("disk %t: tiers never exchanged blocks: %+v", disk, s)
 		}
@@ -153,7 +154,7 @@ func TestLocalHBMDeviceFault(t *testing.T) {
 	ctx := context.Background()
 	hbm, dev := testHBM(t, 1)
 	l := openLocal(t, Options{HBM: hbm, DRAM: newFakeMem(4096, 4, 1024)})
-	w := newWorld(t, 33, blockNS())
+	w := newWorld(t, 33, blocktest.NS())
 	inHBM := w.blocks[w.extend(-1)]
 	if err := l.Put(ctx, inHBM.enc); err != nil {
 		t.Fatal(err)

@@ -40,7 +40,7 @@ import (
 	"gorgonia.org/cu"
 	cublas "gorgonia.org/cu/blas"
 
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 )
 
 // Device is one CUDA device and its primary context.

@@ -18,7 +18,7 @@ import (
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 )
 
 // Device is a fake GPU. All methods are safe for concurrent use.
