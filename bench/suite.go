@@ -288,6 +288,10 @@ type SuiteFlags struct {
 	// and workers (--concurrency). Default: SoakOptions's.
 	SoakDuration    time.Duration
 	SoakConcurrency int
+	// Backlog runs the serve suite's backlog variant with that many queued
+	// requests (--backlog; ServeOptions.Backlog). Default 0: the sessions
+	// across routing policies.
+	Backlog int
 	// PrefillDevice is the GPU the prefill suite's engines run on
 	// (--backend cuda; PrefillOptions.Device). Default nil: the CPU.
 	PrefillDevice gpumem.BLAS
@@ -307,7 +311,7 @@ func Suites(f SuiteFlags) []Suite {
 		}
 	}
 	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice}},
-		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{},
+		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{Options: ServeOptions{Backlog: f.Backlog}},
 		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}}
 }
 
