@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 )
 
 // Errors of the package.
@@ -293,6 +295,9 @@ type SuiteFlags struct {
 	// requests (--backlog; ServeOptions.Backlog). Default 0: the sessions
 	// across routing policies.
 	Backlog int
+	// PrefillDevice is the GPU the prefill suite's engines run on
+	// (--backend cuda; PrefillOptions.Device). Default nil: the CPU.
+	PrefillDevice gpumem.BLAS
 }
 
 // Suites returns every suite, in the order `all` runs them: transfer,
@@ -308,7 +313,7 @@ func Suites(f SuiteFlags) []Suite {
 			trace.Routing = append(trace.Routing, RoutingSession)
 		}
 	}
-	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{},
+	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice}},
 		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{Options: ServeOptions{Backlog: f.Backlog}},
 		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}}
 }

@@ -165,12 +165,13 @@ type Options struct {
 	// Default 10 GiB.
 	NVMeBytes int64
 	// HBMBytes asks for an HBM tier of this many bytes of GPU memory on
-	// CUDA device GPU. Default 0: none. Open fails, naming the reason,
-	// in a build without CUDA, on a host without the device, and for now
-	// on every host: the store does not place blocks in HBM yet (see
-	// node/hbm.go).
+	// CUDA device GPU, on top of DRAM: blocks are written and promoted
+	// there, and HBM pressure demotes them into DRAM (store.Options.HBM).
+	// Default 0: none. Open fails, naming the reason, in a build without
+	// CUDA, on a host without the device, or without the CUDA plugin.
 	HBMBytes int64
-	// GPU is the CUDA device ordinal of the HBM tier. Default 0.
+	// GPU is the CUDA device ordinal of the HBM tier and of the prefill
+	// engine's cuda backend (Prefill.Backend). Default 0.
 	GPU int
 	// QuotaDRAMBytes and QuotaNVMeBytes are the default quota of every
 	// namespace (a model layout and tenant salt, see prefixhash.Namespace)

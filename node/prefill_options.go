@@ -59,6 +59,12 @@ type PrefillOptions struct {
 	MaxWaiting int
 	// Batch bounds the asynchronous API (POST /v1/queue).
 	Batch BatchOptions
+	// Backend runs the engine's model: BackendCPU (gonum on the host) or
+	// BackendCUDA (the products with the weights through cuBLAS on CUDA
+	// device Options.GPU; needs a build with -tags cuda, its kvmesh-cuda.so
+	// and a GPU, or the node refuses to start and says which is missing).
+	// Default BackendCPU.
+	Backend string
 	// Role is what the node does for a router (kvmesh route), gossiped in
 	// its MemberMeta: RoleBoth, RolePrefill (the router sends it prompts
 	// to compute and publish) or RoleDecode (the router sends it requests
@@ -182,6 +188,9 @@ func (o *PrefillOptions) EnsureDefaults() {
 	if o.Role == "" {
 		o.Role = RoleBoth
 	}
+	if o.Backend == "" {
+		o.Backend = BackendCPU
+	}
 	o.Batch.EnsureDefaults()
 }
 
@@ -211,6 +220,8 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("MaxResults", "%d is outside 1..%d", o.MaxResults, 1<<24)
 	case o.BackgroundBlocks < 1 || o.BackgroundBlocks > 1<<16:
 		return bad("BackgroundBlocks", "%d is outside 1..%d", o.BackgroundBlocks, 1<<16)
+	case o.Backend != BackendCPU && o.Backend != BackendCUDA:
+		return bad("Backend", "%q: want %s or %s", o.Backend, BackendCPU, BackendCUDA)
 	case o.Role != RoleBoth && o.Role != RolePrefill && o.Role != RoleDecode:
 		return bad("Role", "%q: want both, prefill or decode", o.Role)
 	case o.MaxWaiting < 0 || o.MaxWaiting > 1<<16:

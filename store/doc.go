@@ -29,6 +29,12 @@
 //     rewritten, the rest are dropped, and the segment goes.
 //   - An NVMe hit is read, verified and promoted to DRAM (making room there
 //     as a write would); if no room can be made it is served from the copy.
+//   - With an HBM tier (Options.HBM, GPU memory) on top of DRAM, writes and
+//     promotions land in HBM first; HBM pressure demotes its least recently
+//     used blocks into DRAM, never past it; a DRAM hit promotes the block
+//     back to HBM. For the index, recency lists and quotas, an HBM block is
+//     a memory block; its location says where its bytes are
+//     (local_hbm.go). HBM blocks are served from a copy.
 //   - Prefix-aware recency: LongestPrefix and GetMany touch a chain
 //     deepest-first, and a block put (or put again) is placed right behind
 //     its parent when the parent is in the same list, so within a chain the

@@ -19,6 +19,10 @@ type Options struct {
 	// index is rebuilt on Open) and tiers.Batcher (one write per demotion
 	// batch) are used when it implements them.
 	NVMe tiers.Tier
+	// HBM is the GPU-memory tier above DRAM (tiers.HBM): writes and
+	// promotions land there first, HBM pressure demotes into DRAM, and a
+	// DRAM hit promotes back (local_hbm.go). Optional: nil, DRAM is the top.
+	HBM tiers.Tier
 	// MaxBlockBytes is the largest block payload Put accepts, in bytes;
 	// larger blocks get ErrTooLarge. Default 64 MiB, at most 1 GiB.
 	MaxBlockBytes int
@@ -77,6 +81,9 @@ func (o *Options) EnsureDefaults() {
 		c := o.DRAM.Stats().Capacity
 		if o.NVMe != nil {
 			c += o.NVMe.Stats().Capacity
+		}
+		if o.HBM != nil {
+			c += o.HBM.Stats().Capacity
 		}
 		o.MaxBlocks = int(min(max(c/4096, minDefaultMaxBlocks), maxDefaultMaxBlocks))
 	}

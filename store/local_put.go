@@ -233,6 +233,8 @@ func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, di
 	e.setLoc(loc)
 	if disk {
 		e.set(flagPersistent)
+	} else {
+		l.hbmAddLocked(i, loc, size)
 	}
 	x.insert(i)
 	l.mu.blocks[t]++
@@ -309,6 +311,7 @@ func (l *Local) touchLocked(i uint32) {
 	if e.copy() {
 		return
 	}
+	l.hbmTouchLocked(i)
 	if e.persistent() {
 		l.moveFrontLocked(l.mu.diskList, i)
 	} else {

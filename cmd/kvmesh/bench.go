@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvmesh/kvmesh/bench"
+	"github.com/kvmesh/kvmesh/gpu"
 	"github.com/kvmesh/kvmesh/store"
 )
 
@@ -34,6 +35,8 @@ type benchFlags struct {
 	duration time.Duration
 	conc     int
 	logLevel string
+	backend  string
+	gpu      int
 	backlog  int
 }
 
@@ -51,6 +54,8 @@ Suites:
   lookup     longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes; hashing
   nvme       the NVMe tier vs fio (sequential direct write, random direct read)
   prefill    time to first token vs cached fraction of an 8k prompt; GFLOP/s vs Sgemm
+             (--backend cuda: the engine on CUDA device --gpu, in process, vs cuBLAS
+             Sgemm alone; needs a build with -tags cuda, kvmesh-cuda.so and a GPU)
   trace      a Mooncake trace replayed on N nodes: hit ratio vs the trace's ideal
   peers      the peers and limits alone (memcpy, raw TCP, Redis, fio)
   serve      agentic multi-turn sessions through kvmesh route over 3 nodes (the
@@ -97,6 +102,8 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.IntVar(&f.conc, "concurrency", 0, "soak: workers, one call in flight each (default 64)")
 	fs.IntVar(&f.backlog, "backlog", 0, "serve: measure N queued requests beside the sessions instead of the routing policies (the issue's figure wants 200 or more)")
 	fs.StringVar(&f.workDir, "work-dir", "", "scratch directory, on the disk the nvme suite measures (default: a temporary directory)")
+	fs.StringVar(&f.backend, "backend", "cpu", "prefill suite: the engine's backend, cpu or cuda (cuBLAS on CUDA device --gpu, in the bench's process)")
+	fs.IntVar(&f.gpu, "gpu", 0, "prefill suite: CUDA device ordinal of --backend cuda")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	return c
 }
@@ -125,9 +132,22 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
 	}
-	suites, err := bench.Select(bench.Suites(bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
+	sf := bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
 		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Eviction: f.eviction, Speedup: f.speedup,
-		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog}), names)
+		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog}
+	switch f.backend {
+	case "cpu":
+	case "cuda":
+		dev, err := gpu.OpenBLAS(f.gpu, gpu.Options{})
+		if err != nil {
+			return fmt.Errorf("--backend cuda: %w", err)
+		}
+		defer dev.Close()
+		sf.PrefillDevice = dev
+	default:
+		return fmt.Errorf("--backend %q: want cpu or cuda", f.backend)
+	}
+	suites, err := bench.Select(bench.Suites(sf), names)
 	if err != nil {
 		return fmt.Errorf("%w; see 'kvmesh bench --help'", err)
 	}
