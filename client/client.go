@@ -227,6 +227,12 @@ func NamespaceProto(ns prefixhash.Namespace) *kvmeshv1.Namespace {
 		TpRank:      uint32(ns.TPRank),
 		TpSize:      uint32(ns.TPSize),
 		TenantSalt:  ns.TenantSalt,
+		KvLayout:    kvmeshv1.KVLayout(ns.Layout),
+		LatentDim:   uint32(ns.LatentDim),
+		Scales:      kvmeshv1.Scales(ns.Scales),
+		Lora:        ns.LoRA,
+		KeyScheme:   kvmeshv1.KeyScheme(ns.Scheme),
+		HashSeed:    ns.HashSeed,
 	}
 }
 

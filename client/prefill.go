@@ -210,6 +210,8 @@ func (c *Client) Engine(ctx context.Context) (Engine, error) {
 			Model: ns.GetModel(), DType: prefixhash.DType(ns.GetDtype()), BlockTokens: int(ns.GetBlockTokens()),
 			LayerStart: int(ns.GetLayerStart()), LayerEnd: int(ns.GetLayerEnd()), KVHeads: int(ns.GetKvHeads()),
 			HeadDim: int(ns.GetHeadDim()), TPRank: int(ns.GetTpRank()), TPSize: int(ns.GetTpSize()), TenantSalt: ns.GetTenantSalt(),
+			Layout: prefixhash.KVLayout(ns.GetKvLayout()), LatentDim: int(ns.GetLatentDim()), Scales: prefixhash.Scales(ns.GetScales()),
+			LoRA: ns.GetLora(), Scheme: prefixhash.KeyScheme(ns.GetKeyScheme()), HashSeed: ns.GetHashSeed(),
 		},
 		Backend: resp.GetBackend(),
 		Layers:  int(resp.GetLayers()), Dim: int(resp.GetDim()), Heads: int(resp.GetHeads()), KVHeads: int(resp.GetKvHeads()),

@@ -68,6 +68,15 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 		TPRank:      int(pb.GetTpRank()),
 		TPSize:      int(pb.GetTpSize()),
 		TenantSalt:  pb.GetTenantSalt(),
+		Layout:      prefixhash.KVLayout(pb.GetKvLayout()),
+		LatentDim:   int(pb.GetLatentDim()),
+		Scales:      prefixhash.Scales(pb.GetScales()),
+		LoRA:        pb.GetLora(),
+		Scheme:      prefixhash.KeyScheme(pb.GetKeyScheme()),
+		HashSeed:    pb.GetHashSeed(),
+	}
+	if pb.GetKvLayout() < 0 || pb.GetKvLayout() > 255 || pb.GetScales() < 0 || pb.GetScales() > 255 || pb.GetKeyScheme() < 0 || pb.GetKeyScheme() > 255 {
+		return ns, invalid("namespace", "kv_layout %d, scales %d or key_scheme %d is not a known value", pb.GetKvLayout(), pb.GetScales(), pb.GetKeyScheme())
 	}
 	ns, err := auth.PrincipalFrom(ctx).Namespace(ns)
 	if err != nil {
@@ -79,12 +88,17 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 	// Multiply with a ceiling so that absurd head counts cannot overflow.
 	limit := uint64(n.opts.MaxBlockBytes)
 	size := uint64(ns.DType.Size())
-	for _, f := range []int{ns.Layers(), 2, ns.BlockTokens, ns.KVHeads, ns.HeadDim} {
+	factors := []int{ns.Layers(), 2, ns.BlockTokens, ns.KVHeads, ns.HeadDim}
+	if ns.Layout == prefixhash.LatentKV {
+		factors = []int{ns.Layers(), ns.BlockTokens, ns.LatentDim}
+	}
+	for _, f := range factors {
 		if size > limit/uint64(f) {
 			return ns, invalid("namespace", "blocks of %s are larger than the node's limit, max_block_bytes=%d", ns, limit)
 		}
 		size *= uint64(f)
 	}
+	size += 4 * uint64(ns.ScaleCount()) // at most layers x 2 x kv_heads, bounded with the above
 	if enc := uint64(store.HeaderLen(ns.BlockTokens)) + size; enc > limit {
 		return ns, invalid("namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
 	}
