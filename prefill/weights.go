@@ -30,10 +30,10 @@ type LayerWeights struct {
 	// its value rows).
 	KVA, KVANorm, KVB []float32
 	O                 []float32 // [Dim][Heads·HeadDim]
-	MLPNorm  []float32 // [Dim]
-	Gate     []float32 // [FFNDim][Dim]
-	Up       []float32 // [FFNDim][Dim]
-	Down     []float32 // [Dim][FFNDim]
+	MLPNorm           []float32 // [Dim]
+	Gate              []float32 // [FFNDim][Dim]
+	Up                []float32 // [FFNDim][Dim]
+	Down              []float32 // [Dim][FFNDim]
 }
 
 // tensor is one named parameter: its Hugging Face Llama name, shape, and
