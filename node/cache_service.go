@@ -105,6 +105,9 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 	case len(req.GetKeys()) > 0 && len(req.GetTokens()) > 0:
 		return invalid("keys", "set keys or tokens, not both")
 	case len(req.GetKeys()) > 0:
+		if len(req.GetExtraKeys()) > 0 {
+			return invalid("extra_keys", "only with tokens: keys already cover their blocks' extra keys")
+		}
 		if keys, err = s.n.parseKeys("keys", req.GetKeys()); err != nil {
 			return err
 		}
@@ -115,7 +118,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 		if len(req.GetChunkKeys()) > 0 {
 			return invalid("chunk_keys", "only with keys: a prompt's chunk keys follow from its tokens")
 		}
-		if keys, err = s.n.promptKeys(ns, req.GetTokens()); err != nil {
+		if keys, err = s.n.promptKeys(ns, req.GetTokens(), req.GetExtraKeys()); err != nil {
 			return err
 		}
 		chunkKeys = chainChunkKeys(keys, s.n.cache.ChunkBlocks(ns.BlockTokens))
