@@ -57,11 +57,22 @@ func (l Lookup) Blocks() []CachedBlock {
 // answers with counts and runs; neither side encodes a token or lists a
 // block. That is what an inference worker asks before every prefill.
 func (c *Client) Lookup(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) (Lookup, error) {
+	return c.LookupExtra(ctx, ns, tokens, nil)
+}
+
+// LookupExtra is Lookup for a prompt whose blocks carry extra keys
+// (prefixhash.ExtraKeys, such as a multimodal input's hash and offset):
+// extra[i] are block i's, extra may be shorter than the prompt's blocks.
+// Equal tokens with other extra keys are other blocks.
+func (c *Client) LookupExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys) (Lookup, error) {
 	ns, err := c.Namespace(ctx, ns)
 	if err != nil {
 		return Lookup{}, err
 	}
-	keys := prefixhash.Keys(ns, tokens)
+	keys, err := prefixhash.KeysExtra(ns, tokens, extra)
+	if err != nil {
+		return Lookup{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
 	req := &kvmeshv1.LookupRequest{Namespace: NamespaceProto(ns), Chain: chainBytes(keys), PromptTokens: uint64(len(tokens)), Summary: true}
 	resp, err := c.lookup(ctx, req)
 	if err != nil {
@@ -70,7 +81,7 @@ func (c *Client) Lookup(ctx context.Context, ns prefixhash.Namespace, tokens []u
 	if len(keys) > 0 && resp.GetPromptBlocks() == 0 {
 		// A node older than LookupRequest.chain saw an empty prompt: ask
 		// it with the tokens.
-		req = &kvmeshv1.LookupRequest{Namespace: req.GetNamespace(), Tokens: tokens}
+		req = &kvmeshv1.LookupRequest{Namespace: req.GetNamespace(), Tokens: tokens, ExtraKeys: extraKeysProto(extra)}
 		if resp, err = c.lookup(ctx, req); err != nil {
 			return Lookup{}, err
 		}
@@ -93,6 +104,18 @@ func (c *Client) LookupTokens(ctx context.Context, ns prefixhash.Namespace, toke
 		return Lookup{}, err
 	}
 	return lookupAnswer(resp, nil)
+}
+
+// extraKeysProto is the wire form of per-block extra keys: the blocks
+// that have any.
+func extraKeysProto(extra []prefixhash.ExtraKeys) []*kvmeshv1.BlockExtraKeys {
+	var out []*kvmeshv1.BlockExtraKeys
+	for i, e := range extra {
+		if len(e) > 0 {
+			out = append(out, &kvmeshv1.BlockExtraKeys{Block: uint32(i), Keys: e})
+		}
+	}
+	return out
 }
 
 func (c *Client) lookup(ctx context.Context, req *kvmeshv1.LookupRequest) (*kvmeshv1.LookupResponse, error) {
