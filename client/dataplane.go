@@ -277,7 +277,7 @@ func (d *dataBulk) check(ns prefixhash.Namespace, key prefixhash.Key, b []byte, 
 	if err != nil || h.Key != key || h.CheckNamespace(ns) != nil {
 		return Block{}, false
 	}
-	hl := store.HeaderLen(len(h.Tokens))
+	hl := h.Len
 	if len(b) != hl+h.PayloadLen {
 		return Block{}, false
 	}

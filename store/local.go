@@ -321,7 +321,7 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 	if err != nil {
 		return err
 	}
-	if n := HeaderLen(len(h.Tokens)) + h.PayloadLen; len(block) != n {
+	if n := h.Len + h.PayloadLen; len(block) != n {
 		return fmt.Errorf("%w: %d bytes, header says %d", ErrCorrupt, len(block), n)
 	}
 	if a := auth.AccessFrom(ctx); !a.Allows(h.Tenant) {
@@ -444,8 +444,7 @@ func (l *Local) Put(ctx context.Context, block []byte) error {
 // verifyPayload finishes what DecodeHeader and a length check started: the
 // payload checksum.
 func verifyPayload(b []byte, h *Header) error {
-	hl := HeaderLen(len(h.Tokens))
-	if sum := xxhash.Sum64(b[hl:]); sum != h.Checksum {
+	if sum := xxhash.Sum64(b[h.Len:]); sum != h.Checksum {
 		return fmt.Errorf("%w: payload checksum %016x, computed %016x", ErrCorrupt, h.Checksum, sum)
 	}
 	return nil
