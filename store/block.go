@@ -93,7 +93,9 @@ func LayoutOf(ns prefixhash.Namespace) Layout {
 }
 
 // v3 reports whether the layout needs format version 3.
-func (l Layout) v3() bool { return l.KV != prefixhash.SplitKV || l.LatentDim != 0 || l.Scales != prefixhash.NoScales }
+func (l Layout) v3() bool {
+	return l.KV != prefixhash.SplitKV || l.LatentDim != 0 || l.Scales != prefixhash.NoScales
+}
 
 // PayloadLen returns the payload size of a block of tokens tokens, KV bytes
 // and scales, or -1 if the layout is not valid.
