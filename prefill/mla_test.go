@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/store"
 )
 
 // tinyMLAConfig is a small DeepSeek-style MLA model: 4 heads of 16 + 8
@@ -76,6 +77,11 @@ func refForwardMLA(c Config, w *Weights, tokens []uint32, at []int) [][]float64 
 			lat[p] = append(norm(a[:r], L.KVANorm), a[r:]...)
 			ropeAt(lat[p][r:], p)
 		}
+		// Every position's keys and values expanded from its cached latent.
+		kvs := make([][]float64, n)
+		for j := range n {
+			kvs[j] = matvec(L.KVB, 2*H*hd, r, lat[j][:r])
+		}
 		for p := range n {
 			att := make([]float64, H*hd)
 			for h := range H {
@@ -84,7 +90,7 @@ func refForwardMLA(c Config, w *Weights, tokens []uint32, at []int) [][]float64 
 				vals := make([][]float64, p+1)
 				mx := math.Inf(-1)
 				for j := 0; j <= p; j++ {
-					kv := matvec(L.KVB, 2*H*hd, r, lat[j][:r])
+					kv := kvs[j]
 					k := append(append([]float64{}, kv[h*2*hd:h*2*hd+hd]...), lat[j][r:]...)
 					vals[j] = kv[h*2*hd+hd : (h+1)*2*hd]
 					var s float64
@@ -213,4 +219,48 @@ func TestMLANamespace(t *testing.T) {
 	if err := gqa.Validate(); err == nil {
 		t.Error("kv_lora_rank on a GQA model is accepted")
 	}
+}
+
+// TestMLAPrefixHitEqualsCold is TestPrefixHitEqualsCold for the MLA model:
+// the blocks it publishes are latent-layout blocks (one latent per token
+// and layer), and a request that loads them computes the cold logits.
+func TestMLAPrefixHitEqualsCold(t *testing.T) {
+	mla := func(o *Options) { o.Config, o.Weights = tinyMLAConfig(), tinyMLAWeights() }
+	cold := newTinyEngine(t, nil, mla)
+	if ns := cold.Namespace(); ns.Layout != prefixhash.LatentKV {
+		t.Fatalf("MLA engine namespace %s is not latent", ns)
+	}
+	r := rand.New(rand.NewPCG(31, 32))
+	c := tinyMLAConfig()
+	for i := range 6 {
+		cache := newMemCache()
+		e := newTinyEngine(t, cache, mla)
+		n := 2 + r.IntN(400)
+		tokens := randTokens(r, n, c.Vocab)
+		split := 1 + r.IntN(n-1)
+		run(t, e, tokens[:split])
+		flush(t, e)
+		if got, want := cache.len(), split/c.BlockTokens; got != want {
+			t.Fatalf("case %d: %d blocks published for a %d-token prompt, want %d", i, got, split, want)
+		}
+		for _, b := range cache.blocks {
+			if len(b) != encodedBlockLen(e) {
+				t.Fatalf("case %d: a published block is %d bytes, a latent block %d", i, len(b), encodedBlockLen(e))
+			}
+		}
+		warm := run(t, e, tokens)
+		want := run(t, cold, tokens)
+		if got, want := warm.Usage, (Usage{PromptTokens: n, CachedTokens: split / c.BlockTokens * c.BlockTokens}); got != want {
+			t.Errorf("case %d (n=%d, split=%d): usage %+v, want %+v", i, n, split, got, want)
+		}
+		if e := relErr(warm.Logits, want.Logits); e > 1e-4 {
+			t.Errorf("case %d (n=%d, split=%d): warm logits differ from cold by %.2g", i, n, split, e)
+		}
+	}
+}
+
+// encodedBlockLen is the encoded size of one of e's blocks.
+func encodedBlockLen(e *Engine) int {
+	ns := e.Namespace()
+	return store.EncodedHeaderLen(ns, ns.RootLink(), nil) + ns.BlockBytes()
 }
