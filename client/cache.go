@@ -209,6 +209,9 @@ type Block struct {
 	Found  bool
 	Parent prefixhash.Key
 	Tokens []uint32
+	// Extra are the extra keys the block's key covers, as the namespace
+	// makes them (prefixhash.Namespace.BlockExtra).
+	Extra prefixhash.ExtraKeys
 	// Payload is the block's K/V, [layer][K|V][token][kv_head][head_dim].
 	Payload []byte
 }
@@ -219,11 +222,20 @@ type Block struct {
 // with the prompt's: a block that differs ends the prefix, as a miss, and
 // is counted in RefusedBlocks.
 func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) ([]Block, error) {
+	return c.GetExtra(ctx, ns, tokens, nil)
+}
+
+// GetExtra is Get for a prompt whose blocks carry extra keys, as
+// LookupExtra.
+func (c *Client) GetExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys) ([]Block, error) {
 	ns, err := c.Namespace(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
-	keys := prefixhash.Keys(ns, tokens)
+	keys, err := prefixhash.KeysExtra(ns, tokens, extra)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
 	root := ns.Root()
 	var out []Block
 	err = c.getKeys(ctx, ns, keys, c.chunkKeys(ctx, ns, keys), true, true, func(b Block) error {
@@ -326,11 +338,25 @@ func (e *callbackError) Error() string { return e.err.Error() }
 // Put is idempotent and retried on Unavailable; a failed Put may have
 // stored some of the blocks.
 func (c *Client) Put(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, payloads [][]byte) ([]prefixhash.Key, error) {
+	return c.PutExtra(ctx, ns, tokens, nil, payloads)
+}
+
+// PutExtra is Put for a prompt whose blocks carry extra keys, as
+// LookupExtra: each block's key covers its extra keys, and the node
+// stores them in its header.
+func (c *Client) PutExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys, payloads [][]byte) ([]prefixhash.Key, error) {
 	ns, err := c.Namespace(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
-	keys := prefixhash.Keys(ns, tokens)
+	links, err := prefixhash.LinksExtra(ns, tokens, extra)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	keys := make([]prefixhash.Key, len(links))
+	for i, l := range links {
+		keys[i] = l.Key()
+	}
 	if len(payloads) > len(keys) {
 		return nil, fmt.Errorf("%w: %d payloads for %d full blocks of tokens", ErrInvalid, len(payloads), len(keys))
 	}
@@ -341,16 +367,19 @@ func (c *Client) Put(ctx context.Context, ns prefixhash.Namespace, tokens []uint
 	}
 	chunks := c.chunkKeys(ctx, ns, keys[:len(payloads)])
 	var items []putItem
-	parent := ns.Root()
+	parent := ns.RootLink()
 	for i, p := range payloads {
 		if p != nil {
-			it := putItem{parent: parent, tokens: tokens[i*ns.BlockTokens : (i+1)*ns.BlockTokens], payload: p}
+			it := putItem{parent: parent, key: keys[i], tokens: tokens[i*ns.BlockTokens : (i+1)*ns.BlockTokens], payload: p}
+			if i < len(extra) {
+				it.extra = extra[i]
+			}
 			if chunks != nil {
 				it.chunk = chunks[i]
 			}
 			items = append(items, it)
 		}
-		parent = keys[i]
+		parent = links[i]
 	}
 	var stored []prefixhash.Key
 	for len(items) > 0 {

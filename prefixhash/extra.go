@@ -155,24 +155,63 @@ func blockKeyExtra(parent Key, tokens []uint32, extra ExtraKeys) Key {
 // them); extra may be shorter than the block count, and nil entries mean
 // none. With no extra keys under SchemeKVMesh it is Keys.
 func KeysExtra(ns Namespace, tokens []uint32, extra []ExtraKeys) ([]Key, error) {
-	if err := ns.Validate(); err != nil {
+	if err := checkExtra(ns, tokens, extra); err != nil {
 		return nil, err
 	}
-	b := ns.BlockTokens
-	if len(extra) > len(tokens)/b {
-		return nil, fmt.Errorf("%w: %d blocks have extra keys, the prompt has %d full blocks", ErrExtraKeys, len(extra), len(tokens)/b)
-	}
-	none := ns.Scheme == SchemeKVMesh
-	for i, e := range extra {
-		if err := e.Check(ns.Scheme); err != nil {
-			return nil, fmt.Errorf("block %d: %w", i, err)
-		}
-		none = none && len(e) == 0
-	}
-	if none {
+	if ns.Scheme == SchemeKVMesh && noExtra(extra) {
 		return Keys(ns, tokens), nil
 	}
-	keys := make([]Key, 0, len(tokens)/b)
+	links := appendLinksExtra(nil, ns, tokens, extra)
+	keys := make([]Key, len(links))
+	for i, l := range links {
+		keys[i] = l.Key()
+	}
+	return keys, nil
+}
+
+// LinksExtra is KeysExtra returning each block's link: what its child is
+// chained from (under SchemeVLLM its whole 32-byte hash).
+func LinksExtra(ns Namespace, tokens []uint32, extra []ExtraKeys) ([]Link, error) {
+	if err := checkExtra(ns, tokens, extra); err != nil {
+		return nil, err
+	}
+	if ns.Scheme == SchemeKVMesh && noExtra(extra) {
+		keys := Keys(ns, tokens)
+		links := make([]Link, len(keys))
+		for i, k := range keys {
+			links[i] = KeyLink(k)
+		}
+		return links, nil
+	}
+	return appendLinksExtra(nil, ns, tokens, extra), nil
+}
+
+func noExtra(extra []ExtraKeys) bool {
+	for _, e := range extra {
+		if len(e) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func checkExtra(ns Namespace, tokens []uint32, extra []ExtraKeys) error {
+	if err := ns.Validate(); err != nil {
+		return err
+	}
+	if len(extra) > len(tokens)/ns.BlockTokens {
+		return fmt.Errorf("%w: %d blocks have extra keys, the prompt has %d full blocks", ErrExtraKeys, len(extra), len(tokens)/ns.BlockTokens)
+	}
+	for i, e := range extra {
+		if err := e.Check(ns.Scheme); err != nil {
+			return fmt.Errorf("block %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func appendLinksExtra(dst []Link, ns Namespace, tokens []uint32, extra []ExtraKeys) []Link {
+	b := ns.BlockTokens
 	link := ns.RootLink()
 	for i := 0; (i+1)*b <= len(tokens); i++ {
 		var e ExtraKeys
@@ -180,9 +219,9 @@ func KeysExtra(ns Namespace, tokens []uint32, extra []ExtraKeys) ([]Key, error) 
 			e = extra[i]
 		}
 		link = BlockLink(ns.Scheme, link, tokens[i*b:(i+1)*b], ns.BlockExtra(i == 0, e))
-		keys = append(keys, link.Key())
+		dst = append(dst, link)
 	}
-	return keys, nil
+	return dst
 }
 
 // String returns l as 64 lowercase hex digits.
