@@ -212,6 +212,7 @@ func (c *Client) Engine(ctx context.Context) (Engine, error) {
 			HeadDim: int(ns.GetHeadDim()), TPRank: int(ns.GetTpRank()), TPSize: int(ns.GetTpSize()), TenantSalt: ns.GetTenantSalt(),
 			Layout: prefixhash.KVLayout(ns.GetKvLayout()), LatentDim: int(ns.GetLatentDim()), Scales: prefixhash.Scales(ns.GetScales()),
 			LoRA: ns.GetLora(), Scheme: prefixhash.KeyScheme(ns.GetKeyScheme()), HashSeed: ns.GetHashSeed(),
+			ExtraKeyBytes: int(ns.GetExtraKeyBytes()),
 		},
 		Backend: resp.GetBackend(),
 		Layers:  int(resp.GetLayers()), Dim: int(resp.GetDim()), Heads: int(resp.GetHeads()), KVHeads: int(resp.GetKvHeads()),

@@ -442,7 +442,7 @@ func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHead
 		parent = prefixhash.KeyLink(k)
 	}
 	extra := prefixhash.ExtraKeys(h.GetExtraKeys())
-	if err := extra.Check(ns.Scheme); err != nil {
+	if err := ns.CheckExtra(extra); err != nil {
 		return nil, invalid("block.extra_keys", "block %d: %v", index, err)
 	}
 	var chunk prefixhash.Key
@@ -460,7 +460,7 @@ func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHead
 		return nil, invalid("block.payload_len", "block %d: %d bytes; blocks of %s hold %d payload bytes",
 			index, h.GetPayloadLen(), ns, ns.BlockBytes())
 	}
-	hl := store.EncodedHeaderLen(ns, parent, extra)
+	hl := store.NamespaceHeaderLen(ns)
 	return &putBlock{index: index, parent: parent, extra: extra, chunk: chunk, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), hl: hl, size: hl + ns.BlockBytes()}, nil
 }
 

@@ -230,6 +230,15 @@ func TestInvalidArgument(t *testing.T) {
 				ExtraKeys: []*kvmeshv1.BlockExtraKeys{{Block: 1, Keys: [][]byte{{1}}}, {Block: 0, Keys: [][]byte{{1}}}}})
 			return err
 		}},
+		{"namespace with too much extra key room", "extra_key_bytes", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.ExtraKeyBytes = 1 << 31 })})
+			return err
+		}},
+		{"lookup with extra keys in a namespace without room", "extra_key_bytes", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Tokens: tokens[:8],
+				ExtraKeys: []*kvmeshv1.BlockExtraKeys{{Block: 0, Keys: [][]byte{{1}}}}})
+			return err
+		}},
 		{"lookup with too many extra bytes", "extra_keys", func() error {
 			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Tokens: tokens[:8],
 				ExtraKeys: []*kvmeshv1.BlockExtraKeys{{Block: 0, Keys: [][]byte{make([]byte, 5000)}}}})

@@ -35,6 +35,7 @@ func TestExtraKeysEndToEnd(t *testing.T) {
 	tn := startNode(t, nil)
 	ctx := context.Background()
 	ns := testNS
+	ns.ExtraKeyBytes = 64
 	tokens, _ := prompt(3, 8)
 	a := []prefixhash.ExtraKeys{nil, {[]byte("image-a"), {0, 0, 0, 1}}}
 	b := []prefixhash.ExtraKeys{nil, {[]byte("image-b"), {0, 0, 0, 1}}}
@@ -81,8 +82,11 @@ func TestExtraKeysEndToEnd(t *testing.T) {
 	if err != nil || len(blocks) != 1 {
 		t.Errorf("Get without the extra keys: %d blocks (want only block 0, which has none), %v", len(blocks), err)
 	}
-	if _, err := tn.client.PutExtra(ctx, ns, tokens, []prefixhash.ExtraKeys{{make([]byte, 5000)}}, pa); !errors.Is(err, client.ErrInvalid) {
-		t.Errorf("oversized extra keys: %v", err)
+	if _, err := tn.client.PutExtra(ctx, ns, tokens, []prefixhash.ExtraKeys{{make([]byte, 61)}}, pa); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("extra keys over the namespace's room: %v", err)
+	}
+	if _, err := tn.client.PutExtra(ctx, testNS, tokens, a, pa); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("extra keys in a namespace without room: %v", err)
 	}
 	// A raw put with oversized extra keys is refused by the node, which keeps serving.
 	stream, err := tn.raw.BatchPut(ctx)
@@ -168,7 +172,8 @@ func TestVLLMSchemeEndToEnd(t *testing.T) {
 		}
 		tested++
 		ns := prefixhash.Namespace{Model: "vllm/" + v.Name, DType: prefixhash.Float16, BlockTokens: v.BlockTokens, LayerEnd: 1,
-			KVHeads: 1, HeadDim: 8, Scheme: prefixhash.SchemeVLLM, HashSeed: "0", LoRA: v.LoRA, TenantSalt: v.CacheSalt}
+			KVHeads: 1, HeadDim: 8, Scheme: prefixhash.SchemeVLLM, HashSeed: "0", LoRA: v.LoRA, TenantSalt: v.CacheSalt,
+			ExtraKeyBytes: 128}
 		nb := len(v.Tokens) / v.BlockTokens
 		extra := make([]prefixhash.ExtraKeys, nb)
 		for i := range nb {
@@ -220,7 +225,7 @@ func TestModelFitTransports(t *testing.T) {
 	ctx := context.Background()
 	ns := prefixhash.Namespace{Model: "test/mla-vllm", DType: prefixhash.Float8E4M3, BlockTokens: 16, LayerEnd: 2,
 		Layout: prefixhash.LatentKV, LatentDim: 40, Scales: prefixhash.ScalesPerBlock,
-		Scheme: prefixhash.SchemeVLLM, HashSeed: "0", LoRA: "l"}
+		Scheme: prefixhash.SchemeVLLM, HashSeed: "0", LoRA: "l", ExtraKeyBytes: 64}
 	for i, tr := range []string{client.TransportAuto, client.TransportTCP, client.TransportGRPC} {
 		c, err := client.Dial(a.GRPCAddr(), client.Options{Transport: tr, VerifySharedMemory: true})
 		if err != nil {

@@ -74,6 +74,8 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 		LoRA:        pb.GetLora(),
 		Scheme:      prefixhash.KeyScheme(pb.GetKeyScheme()),
 		HashSeed:    pb.GetHashSeed(),
+		// Bounded by Validate; the cap keeps a huge value huge on 32-bit ints.
+		ExtraKeyBytes: int(min(pb.GetExtraKeyBytes(), 1<<30)),
 	}
 	if pb.GetKvLayout() < 0 || pb.GetKvLayout() > 255 || pb.GetScales() < 0 || pb.GetScales() > 255 || pb.GetKeyScheme() < 0 || pb.GetKeyScheme() > 255 {
 		return ns, invalid("namespace", "kv_layout %d, scales %d or key_scheme %d is not a known value", pb.GetKvLayout(), pb.GetScales(), pb.GetKeyScheme())
@@ -99,7 +101,7 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 		size *= uint64(f)
 	}
 	size += 4 * uint64(ns.ScaleCount()) // at most layers x 2 x kv_heads, bounded with the above
-	if enc := uint64(store.HeaderLen(ns.BlockTokens)) + size; enc > limit {
+	if enc := uint64(store.NamespaceHeaderLen(ns)) + size; enc > limit {
 		return ns, invalid("namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
 	}
 	n.names.note(ns)

@@ -262,5 +262,5 @@ func TestMLAPrefixHitEqualsCold(t *testing.T) {
 // encodedBlockLen is the encoded size of one of e's blocks.
 func encodedBlockLen(e *Engine) int {
 	ns := e.Namespace()
-	return store.EncodedHeaderLen(ns, ns.RootLink(), nil) + ns.BlockBytes()
+	return store.NamespaceHeaderLen(ns) + ns.BlockBytes()
 }

@@ -21,7 +21,47 @@ type ExtraKeys [][]byte
 const (
 	MaxExtraKeys  = 64
 	MaxExtraBytes = 4096 // all of a block's extra keys together
+	// MaxExtraRoom bounds Namespace.ExtraKeyBytes: the most keys and bytes,
+	// with their 4-byte lengths.
+	MaxExtraRoom = MaxExtraBytes + 4*MaxExtraKeys
 )
+
+// Room returns the header room e takes: 4 bytes and its length per key.
+func (e ExtraKeys) Room() int { return 4*len(e) + e.Bytes() }
+
+// ExtensionRoom returns the size of the header extension every block of ns
+// carries (block format 3, its length field excluded): the parent's link
+// under SchemeVLLM, the extra key count, the room for the caller's extra
+// keys (ExtraKeyBytes) and for those the namespace adds (BlockExtra).
+func (ns Namespace) ExtensionRoom() int {
+	n := 4 + ns.ExtraKeyBytes
+	if ns.Scheme == SchemeVLLM {
+		n += LinkSize
+		if ns.LoRA != "" {
+			n += 4 + len(appendCBORText(nil, ns.LoRA))
+		}
+		if ns.TenantSalt != "" {
+			n += 4 + len(appendCBORText(nil, ns.TenantSalt))
+		}
+	}
+	return n
+}
+
+// CheckExtra reports whether a block of ns may carry the caller's extra
+// keys e: within the limits, within the namespace's room, and under
+// SchemeVLLM canonical CBOR items.
+func (ns Namespace) CheckExtra(e ExtraKeys) error {
+	if len(e) == 0 {
+		return nil
+	}
+	if err := e.Check(ns.Scheme); err != nil {
+		return err
+	}
+	if r := e.Room(); r > ns.ExtraKeyBytes {
+		return fmt.Errorf("%w: %d bytes of extra keys with their lengths; namespace %s reserves %d (extra_key_bytes)", ErrExtraKeys, r, ns, ns.ExtraKeyBytes)
+	}
+	return nil
+}
 
 // ErrExtraKeys is wrapped by every error about extra keys.
 var ErrExtraKeys = errors.New("prefixhash: invalid extra keys")
@@ -203,7 +243,7 @@ func checkExtra(ns Namespace, tokens []uint32, extra []ExtraKeys) error {
 		return fmt.Errorf("%w: %d blocks have extra keys, the prompt has %d full blocks", ErrExtraKeys, len(extra), len(tokens)/ns.BlockTokens)
 	}
 	for i, e := range extra {
-		if err := e.Check(ns.Scheme); err != nil {
+		if err := ns.CheckExtra(e); err != nil {
 			return fmt.Errorf("block %d: %w", i, err)
 		}
 	}

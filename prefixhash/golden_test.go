@@ -59,6 +59,7 @@ type goldenNamespace struct {
 	LoRA      string `json:"lora,omitempty"`
 	Scheme    string `json:"key_scheme,omitempty"`
 	HashSeed  string `json:"hash_seed,omitempty"`
+	ExtraRoom int    `json:"extra_key_bytes,omitempty"`
 }
 
 func (g goldenNamespace) namespace(t *testing.T) Namespace {
@@ -68,7 +69,7 @@ func (g goldenNamespace) namespace(t *testing.T) Namespace {
 	}
 	ns := Namespace{Model: g.Model, DType: d, BlockTokens: g.BlockTokens, LayerStart: g.LayerStart, LayerEnd: g.LayerEnd,
 		KVHeads: g.KVHeads, HeadDim: g.HeadDim, TPRank: g.TPRank, TPSize: g.TPSize, TenantSalt: g.TenantSalt,
-		LatentDim: g.LatentDim, LoRA: g.LoRA, HashSeed: g.HashSeed}
+		LatentDim: g.LatentDim, LoRA: g.LoRA, HashSeed: g.HashSeed, ExtraKeyBytes: g.ExtraRoom}
 	var errs [3]error
 	if g.Layout != "" {
 		ns.Layout, errs[0] = ParseKVLayout(g.Layout)
@@ -103,7 +104,7 @@ func goldenNS(ns Namespace) goldenNamespace {
 		LayerStart: ns.LayerStart, LayerEnd: ns.LayerEnd, KVHeads: ns.KVHeads, HeadDim: ns.HeadDim,
 		TPRank: ns.TPRank, TPSize: ns.TPSize, TenantSalt: ns.TenantSalt,
 		Layout: optName(ns.Layout), LatentDim: ns.LatentDim, Scales: optName(ns.Scales), LoRA: ns.LoRA,
-		Scheme: optName(ns.Scheme), HashSeed: ns.HashSeed}
+		Scheme: optName(ns.Scheme), HashSeed: ns.HashSeed, ExtraRoom: ns.ExtraKeyBytes}
 }
 
 // goldenTokens returns n tokens over the whole uint32 range, extremes
@@ -153,7 +154,9 @@ func goldenInputs() []goldenVector {
 	vllmNS := llama
 	vllmNS.Scheme, vllmNS.HashSeed = SchemeVLLM, "0"
 	vllmLoRA := vllmNS
-	vllmLoRA.LoRA, vllmLoRA.TenantSalt = "sql-adapter", "tenant-a"
+	vllmLoRA.LoRA, vllmLoRA.TenantSalt, vllmLoRA.ExtraKeyBytes = "sql-adapter", "tenant-a", 128
+	llamaXK := llama
+	llamaXK.ExtraKeyBytes = 64
 	withExtra := func(g goldenVector, extra ...[]string) goldenVector {
 		g.ExtraKeys = extra
 		return g
@@ -174,7 +177,7 @@ func goldenInputs() []goldenVector {
 		v("kimi-bf16-b16-latent576", kimi, goldenTokens(40, 7)),
 		v("kimi-fp8-b16-latent576-scales-block-lora", kimiFP8, goldenTokens(40, 7)),
 		v("llama-int8-b16-scales-head-lora", llamaInt8, goldenTokens(33, 8)),
-		withExtra(v("llama-bf16-b16-extra-keys", llama, goldenTokens(64, 9)),
+		withExtra(v("llama-bf16-b16-extra-keys", llamaXK, goldenTokens(64, 9)),
 			nil, []string{"696d6167652d61", "0500000000000000"}, []string{}, []string{""}),
 		v("vllm-bf16-b16-seed0", vllmNS, goldenTokens(40, 10)),
 		withExtra(v("vllm-bf16-b16-lora-salt-mm", vllmLoRA, goldenTokens(48, 11)),
@@ -218,7 +221,7 @@ func goldenHeader() goldenFile {
 		Encoding: "string(magic \"kvmesh/ns/v2\") ‖ string(model) ‖ u8 dtype_id ‖ u32 block_tokens ‖ u32 layer_start ‖ u32 layer_end ‖ " +
 			"u32 kv_heads ‖ u32 head_dim ‖ u32 tp_rank ‖ u32 max(tp_size,1) ‖ string(tenant_salt), then only when set, in this order: " +
 			"u8 1 ‖ u8 kv_layout (split 0, latent 1) ‖ u32 latent_dim; u8 2 ‖ string(lora); u8 3 ‖ u8 scales (none 0, block 1, head 2); " +
-			"u8 4 ‖ u8 key_scheme (kvmesh 0, vllm 1) ‖ string(hash_seed); " +
+			"u8 4 ‖ u8 key_scheme (kvmesh 0, vllm 1) ‖ string(hash_seed); u8 5 ‖ u32 extra_key_bytes; " +
 			"integers little-endian, string(s) = u32 little-endian byte length ‖ UTF-8 bytes",
 		Root: "key_scheme kvmesh: k_0 = first 16 bytes of SHA-256(encoding); key_scheme vllm: first 16 bytes of " +
 			"h_root = SHA-256(CBOR text string(hash_seed)); 32 lowercase hex digits",

@@ -216,6 +216,12 @@ type Namespace struct {
 	// required: it fixes vLLM's root hash (NONE_HASH), which a vLLM started
 	// without PYTHONHASHSEED draws at random per process. Empty otherwise.
 	HashSeed string
+	// ExtraKeyBytes is the room every block of the namespace reserves for
+	// the caller's extra keys, each costing 4 bytes plus its length; 0 (the
+	// default) means its blocks carry none. A store keeps one encoded size
+	// per namespace, so the room is the namespace's, not the block's. At
+	// most MaxExtraRoom.
+	ExtraKeyBytes int
 }
 
 // ErrInvalidNamespace is wrapped by every error Validate returns.
@@ -271,6 +277,8 @@ func (ns Namespace) Validate() error {
 		return bad("hash_seed", "set with the %s key scheme, which has no seed", ns.Scheme)
 	case len(ns.HashSeed) > MaxSeedLen:
 		return bad("hash_seed", "%d bytes, the limit is %d", len(ns.HashSeed), MaxSeedLen)
+	case ns.ExtraKeyBytes < 0 || ns.ExtraKeyBytes > MaxExtraRoom:
+		return bad("extra_key_bytes", "%d is outside 0..%d", ns.ExtraKeyBytes, MaxExtraRoom)
 	}
 	return nil
 }
@@ -324,6 +332,7 @@ const (
 	tagLoRA   = 2 // string(lora)
 	tagScales = 3 // u8 scales
 	tagScheme = 4 // u8 scheme ‖ string(hash_seed)
+	tagExtra  = 5 // u32 extra_key_bytes
 )
 
 // AppendEncoding appends the canonical encoding of ns to b. Strings are
@@ -358,6 +367,10 @@ func (ns Namespace) AppendEncoding(b []byte) []byte {
 	if ns.Scheme != SchemeKVMesh || ns.HashSeed != "" {
 		b = append(b, tagScheme, byte(ns.Scheme))
 		b = appendString(b, ns.HashSeed)
+	}
+	if ns.ExtraKeyBytes != 0 {
+		b = append(b, tagExtra)
+		b = binary.LittleEndian.AppendUint32(b, uint32(ns.ExtraKeyBytes))
 	}
 	return b
 }
@@ -405,6 +418,9 @@ func (ns Namespace) String() string {
 	}
 	if ns.Scheme != SchemeKVMesh {
 		s += "/" + ns.Scheme.String()
+	}
+	if ns.ExtraKeyBytes != 0 {
+		s += fmt.Sprintf("/xk%d", ns.ExtraKeyBytes)
 	}
 	if ns.TenantSalt != "" {
 		s += "/salted"

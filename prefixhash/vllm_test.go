@@ -45,7 +45,7 @@ func TestVLLMVectors(t *testing.T) {
 	}
 	for _, v := range f.Vectors {
 		ns := Namespace{Model: "m", DType: BFloat16, BlockTokens: v.BlockTokens, LayerEnd: 1, KVHeads: 1, HeadDim: 8,
-			Scheme: SchemeVLLM, HashSeed: v.HashSeed, LoRA: v.LoRA, TenantSalt: v.CacheSalt}
+			Scheme: SchemeVLLM, HashSeed: v.HashSeed, LoRA: v.LoRA, TenantSalt: v.CacheSalt, ExtraKeyBytes: 256}
 		if err := ns.Validate(); err != nil {
 			t.Fatalf("%s: %v", v.Name, err)
 		}
@@ -115,6 +115,7 @@ func equalKeys(a, b []Key) bool {
 func TestExtraKeysSeparateBlocks(t *testing.T) {
 	for _, scheme := range []KeyScheme{SchemeKVMesh, SchemeVLLM} {
 		ns := testNS()
+		ns.ExtraKeyBytes = 256
 		if scheme == SchemeVLLM {
 			ns.Scheme, ns.HashSeed = SchemeVLLM, "0"
 		}
@@ -176,15 +177,20 @@ func TestLoRASeparatesNamespaces(t *testing.T) {
 
 func TestExtraKeysRefused(t *testing.T) {
 	ns := testNS()
+	ns.ExtraKeyBytes = MaxExtraRoom
 	toks := seqTokens(32, 3)
 	vns := ns
 	vns.Scheme, vns.HashSeed = SchemeVLLM, "0"
+	small := ns
+	small.ExtraKeyBytes = 8
 	big := make(ExtraKeys, MaxExtraKeys+1)
 	tests := map[string]struct {
 		ns    Namespace
 		extra []ExtraKeys
 	}{
 		"more blocks than the prompt": {ns, []ExtraKeys{nil, nil, {[]byte("x")}}},
+		"no room in the namespace":    {testNS(), []ExtraKeys{{[]byte("x")}}},
+		"over the namespace's room":   {small, []ExtraKeys{{[]byte("12345")}}},
 		"too many keys":               {ns, []ExtraKeys{big}},
 		"too many bytes":              {ns, []ExtraKeys{{make([]byte, MaxExtraBytes+1)}}},
 		"vllm: not cbor":              {vns, []ExtraKeys{{[]byte("raw")}}},

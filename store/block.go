@@ -42,12 +42,15 @@ import (
 //	112    4n  token ids
 //	  v3:   4  extension length X, then X bytes: the parent's 32-byte link
 //	           (key scheme vllm only), u32 extra key count m, m × (u32 length
-//	           ‖ bytes): the extra keys the block's key covers
+//	           ‖ bytes): the extra keys the block's key covers, then zeros
+//	           to X. X is the namespace's (Namespace.ExtensionRoom), so every
+//	           block of a namespace has one encoded size, as the store needs.
 //	  …        zero padding to the header length
 //
-// A block that uses none of the v3 fields (split layout, kvmesh keys, no
-// scales, no extra keys) is written as version 2, byte for byte as before
-// they existed, so blocks already on disk stay valid. The payload is the KV
+// A block of a namespace that uses none of the v3 fields (split layout,
+// kvmesh keys, no scales, no room for extra keys) is written as version 2,
+// byte for byte as before they existed, so blocks already on disk stay
+// valid. The payload is the KV
 // bytes, then the scales when the layout has them (float32, see
 // prefixhash.Scales): the payload checksum covers both.
 //
@@ -90,6 +93,11 @@ type Layout struct {
 func LayoutOf(ns prefixhash.Namespace) Layout {
 	return Layout{DType: ns.DType, LayerStart: ns.LayerStart, LayerEnd: ns.LayerEnd, KVHeads: ns.KVHeads, HeadDim: ns.HeadDim,
 		KV: ns.Layout, LatentDim: ns.LatentDim, Scales: ns.Scales}
+}
+
+// nsV3 reports whether the blocks of ns are format 3.
+func nsV3(ns prefixhash.Namespace) bool {
+	return LayoutOf(ns).v3() || ns.Scheme != prefixhash.SchemeKVMesh || ns.ExtraKeyBytes != 0
 }
 
 // v3 reports whether the layout needs format version 3.
@@ -185,24 +193,12 @@ func MaxHeaderLen(n int) int {
 	return HeaderLenExt(n, prefixhash.LinkSize+4+4*prefixhash.MaxExtraKeys+prefixhash.MaxExtraBytes)
 }
 
-// extLen returns the length of the extension of a block with these extra
-// keys under scheme (its length field excluded).
-func extLen(scheme prefixhash.KeyScheme, extra prefixhash.ExtraKeys) int {
-	n := 4 + 4*len(extra) + extra.Bytes()
-	if scheme == prefixhash.SchemeVLLM {
-		n += prefixhash.LinkSize
-	}
-	return n
-}
-
-// EncodedHeaderLen returns the header length of the block of ns chained
-// from parent whose caller's extra keys are extra (see AppendHeaderExt).
-func EncodedHeaderLen(ns prefixhash.Namespace, parent prefixhash.Link, extra prefixhash.ExtraKeys) int {
-	e := ns.BlockExtra(ns.Scheme == prefixhash.SchemeVLLM && parent == ns.RootLink(), extra)
-	if !LayoutOf(ns).v3() && ns.Scheme == prefixhash.SchemeKVMesh && len(e) == 0 {
+// NamespaceHeaderLen returns the header length of every block of ns.
+func NamespaceHeaderLen(ns prefixhash.Namespace) int {
+	if !nsV3(ns) {
 		return HeaderLen(ns.BlockTokens)
 	}
-	return HeaderLenExt(ns.BlockTokens, extLen(ns.Scheme, e))
+	return HeaderLenExt(ns.BlockTokens, ns.ExtensionRoom())
 }
 
 // EncodedLen returns the size of an encoded block of n tokens and payloadLen
@@ -288,7 +284,7 @@ func AppendHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent 
 	if len(payload) != ns.BlockBytes() {
 		return dst, prefixhash.Link{}, fmt.Errorf("store: payload is %d bytes, namespace blocks hold %d", len(payload), ns.BlockBytes())
 	}
-	if err := extra.Check(ns.Scheme); err != nil {
+	if err := ns.CheckExtra(extra); err != nil {
 		return dst, prefixhash.Link{}, err
 	}
 	if ns.Scheme == prefixhash.SchemeKVMesh && parent != prefixhash.KeyLink(parent.Key()) {
@@ -299,13 +295,12 @@ func AppendHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent 
 	if err := extra.Check(ns.Scheme); err != nil {
 		return dst, prefixhash.Link{}, err
 	}
-	layout := LayoutOf(ns)
-	v3 := layout.v3() || ns.Scheme != prefixhash.SchemeKVMesh || len(extra) > 0
+	v3 := nsV3(ns)
 	link := prefixhash.BlockLink(ns.Scheme, parent, tokens, extra)
 	key, parentKey := link.Key(), parent.Key()
 	hl, ext := HeaderLen(len(tokens)), 0
 	if v3 {
-		ext = extLen(ns.Scheme, extra)
+		ext = ns.ExtensionRoom()
 		hl = HeaderLenExt(len(tokens), ext)
 	}
 	start := len(dst)
@@ -506,8 +501,10 @@ func (h *Header) decodeExt(e []byte) error {
 		h.Extra[i] = e[4 : 4+k : 4+k]
 		e = e[4+k:]
 	}
-	if len(e) != 0 {
-		return corrupt("%d bytes after the extra keys", len(e))
+	for _, c := range e {
+		if c != 0 {
+			return corrupt("extension padding is not zero")
+		}
 	}
 	return h.Extra.Check(h.Scheme)
 }

@@ -20,7 +20,7 @@ func v3Namespaces() map[string]prefixhash.Namespace {
 	int8Head := blockNS()
 	int8Head.DType, int8Head.Scales = prefixhash.Int8, prefixhash.ScalesPerHead
 	vllm := blockNS()
-	vllm.Scheme, vllm.HashSeed, vllm.LoRA, vllm.TenantSalt = prefixhash.SchemeVLLM, "0", "lora-a", "salt"
+	vllm.Scheme, vllm.HashSeed, vllm.LoRA, vllm.TenantSalt, vllm.ExtraKeyBytes = prefixhash.SchemeVLLM, "0", "lora-a", "salt", 64
 	return map[string]prefixhash.Namespace{"latent": latent, "latent-fp8-scales": latentFP8, "int8-per-head-scales": int8Head, "vllm": vllm}
 }
 
@@ -39,7 +39,9 @@ func randBytes(rng *rand.Rand, n int) []byte {
 func TestBlockV3RoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	nss := v3Namespaces()
-	nss["extra-keys"] = blockNS()
+	xk := blockNS()
+	xk.ExtraKeyBytes = 32
+	nss["extra-keys"] = xk
 	for name, ns := range nss {
 		tokens := make([]uint32, 2*ns.BlockTokens)
 		for i := range tokens {
@@ -65,10 +67,7 @@ func TestBlockV3RoundTrip(t *testing.T) {
 				t.Fatalf("%s: %v", name, err)
 			}
 			want := uint16(3)
-			if name == "extra-keys" && len(e) == 0 {
-				want = 2 // nothing of format 3 in it
-			}
-			if len(hdr)%64 != 0 || len(hdr) != EncodedHeaderLen(ns, link, e) || binary.LittleEndian.Uint16(hdr[4:]) != want {
+			if len(hdr)%64 != 0 || len(hdr) != NamespaceHeaderLen(ns) || binary.LittleEndian.Uint16(hdr[4:]) != want {
 				t.Fatalf("%s: header of %d bytes, format %d", name, len(hdr), binary.LittleEndian.Uint16(hdr[4:]))
 			}
 			b := append(hdr, payload...)
@@ -159,6 +158,14 @@ func TestBlockV3Refusals(t *testing.T) {
 	cases := map[string]func() error{
 		"too many extra keys": func() error {
 			_, _, err := AppendHeaderExt(nil, 0, ns, ns.RootLink(), tokens, make(prefixhash.ExtraKeys, 65), payload)
+			return err
+		},
+		"extra keys in a namespace without room": func() error {
+			_, _, err := AppendHeaderExt(nil, 0, ns, ns.RootLink(), tokens, prefixhash.ExtraKeys{{1}}, payload)
+			return err
+		},
+		"extra keys over the namespace's room": func() error {
+			_, _, err := AppendHeaderExt(nil, 0, vns, vns.RootLink(), tokens, prefixhash.ExtraKeys{prefixhash.VLLMBytes(make([]byte, 100))}, make([]byte, vns.BlockBytes()))
 			return err
 		},
 		"vllm extra key not CBOR": func() error {

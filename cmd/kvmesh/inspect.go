@@ -315,7 +315,7 @@ type namespaceFlags struct {
 	blockTokens, kvHeads, headDim int
 	tpRank, tpSize                int
 	layout, scales, lora, scheme  string
-	latentDim                     int
+	latentDim, extraKeyBytes      int
 	hashSeed                      string
 }
 
@@ -337,6 +337,7 @@ func (n *namespaceFlags) register(c *cobra.Command) {
 	fs.StringVar(&n.lora, "lora", "", "namespace: LoRA adapter id")
 	fs.StringVar(&n.scheme, "key-scheme", "kvmesh", "namespace: key scheme, kvmesh or vllm (vLLM's block hashes, rooted in --hash-seed)")
 	fs.StringVar(&n.hashSeed, "hash-seed", "", "namespace: vLLM's PYTHONHASHSEED (key scheme vllm)")
+	fs.IntVar(&n.extraKeyBytes, "extra-key-bytes", 0, "namespace: header room each block reserves for extra keys (4 bytes plus each key's length; 0: none)")
 }
 
 func (n *namespaceFlags) namespace() (prefixhash.Namespace, error) {
@@ -371,7 +372,8 @@ func (n *namespaceFlags) namespace() (prefixhash.Namespace, error) {
 	}
 	ns := prefixhash.Namespace{Model: n.model, DType: dt, BlockTokens: n.blockTokens, LayerStart: start, LayerEnd: end,
 		KVHeads: heads, HeadDim: dim, TPRank: n.tpRank, TPSize: n.tpSize, TenantSalt: n.salt,
-		Layout: layout, LatentDim: n.latentDim, Scales: scales, LoRA: n.lora, Scheme: scheme, HashSeed: n.hashSeed}
+		Layout: layout, LatentDim: n.latentDim, Scales: scales, LoRA: n.lora, Scheme: scheme, HashSeed: n.hashSeed,
+		ExtraKeyBytes: n.extraKeyBytes}
 	if err := ns.Validate(); err != nil {
 		return ns, fmt.Errorf("namespace flags: %w", err)
 	}

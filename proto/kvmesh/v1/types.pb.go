@@ -273,8 +273,11 @@ type Namespace struct {
 	// LoRA adapter id, empty for the base model (at most 256 bytes).
 	Lora string `protobuf:"bytes,14,opt,name=lora,proto3" json:"lora,omitempty"`
 	// Key scheme, and vLLM's PYTHONHASHSEED, required with KEY_SCHEME_VLLM.
-	KeyScheme     KeyScheme `protobuf:"varint,15,opt,name=key_scheme,json=keyScheme,proto3,enum=kvmesh.v1.KeyScheme" json:"key_scheme,omitempty"`
-	HashSeed      string    `protobuf:"bytes,16,opt,name=hash_seed,json=hashSeed,proto3" json:"hash_seed,omitempty"`
+	KeyScheme KeyScheme `protobuf:"varint,15,opt,name=key_scheme,json=keyScheme,proto3,enum=kvmesh.v1.KeyScheme" json:"key_scheme,omitempty"`
+	HashSeed  string    `protobuf:"bytes,16,opt,name=hash_seed,json=hashSeed,proto3" json:"hash_seed,omitempty"`
+	// Header room every block reserves for its extra keys (4 bytes plus the
+	// length of each); 0: blocks carry none. At most 4352.
+	ExtraKeyBytes uint32 `protobuf:"varint,17,opt,name=extra_key_bytes,json=extraKeyBytes,proto3" json:"extra_key_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -421,11 +424,18 @@ func (x *Namespace) GetHashSeed() string {
 	return ""
 }
 
+func (x *Namespace) GetExtraKeyBytes() uint32 {
+	if x != nil {
+		return x.ExtraKeyBytes
+	}
+	return 0
+}
+
 // BlockExtraKeys are the extra keys of one block of a prompt
 // (prefixhash.ExtraKeys): opaque bytes that its key covers with its tokens,
 // such as a multimodal input's hash and offset in the block. Under
 // KEY_SCHEME_VLLM each is one canonical CBOR item. At most 64 keys and 4096
-// bytes per block.
+// bytes per block, within the namespace's extra_key_bytes.
 type BlockExtraKeys struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The block's index in the prompt (0 for its first block).
@@ -483,7 +493,7 @@ var File_kvmesh_v1_types_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\x95\x04\n" +
+	"\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xbd\x04\n" +
 	"\tNamespace\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12&\n" +
 	"\x05dtype\x18\x02 \x01(\x0e2\x10.kvmesh.v1.DTypeR\x05dtype\x12!\n" +
@@ -505,7 +515,8 @@ const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\x04lora\x18\x0e \x01(\tR\x04lora\x123\n" +
 	"\n" +
 	"key_scheme\x18\x0f \x01(\x0e2\x14.kvmesh.v1.KeySchemeR\tkeyScheme\x12\x1b\n" +
-	"\thash_seed\x18\x10 \x01(\tR\bhashSeed\":\n" +
+	"\thash_seed\x18\x10 \x01(\tR\bhashSeed\x12&\n" +
+	"\x0fextra_key_bytes\x18\x11 \x01(\rR\rextraKeyBytes\":\n" +
 	"\x0eBlockExtraKeys\x12\x14\n" +
 	"\x05block\x18\x01 \x01(\rR\x05block\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys*\x90\x01\n" +

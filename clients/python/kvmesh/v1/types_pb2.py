@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/types.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xfe\x02\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.kvmesh.v1.DType\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x13\n\x0blayer_start\x18\x04 \x01(\r\x12\x11\n\tlayer_end\x18\x05 \x01(\r\x12\x10\n\x08kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x0f\n\x07tp_rank\x18\x08 \x01(\r\x12\x0f\n\x07tp_size\x18\t \x01(\r\x12\x13\n\x0btenant_salt\x18\n \x01(\t\x12&\n\tkv_layout\x18\x0b \x01(\x0e\x32\x13.kvmesh.v1.KVLayout\x12\x12\n\nlatent_dim\x18\x0c \x01(\r\x12!\n\x06scales\x18\r \x01(\x0e\x32\x11.kvmesh.v1.Scales\x12\x0c\n\x04lora\x18\x0e \x01(\t\x12(\n\nkey_scheme\x18\x0f \x01(\x0e\x32\x14.kvmesh.v1.KeyScheme\x12\x11\n\thash_seed\x18\x10 \x01(\t\"-\n\x0e\x42lockExtraKeys\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c*\x90\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_FP8_E4M3\x10\x04\x12\x12\n\x0e\x44TYPE_FP8_E5M2\x10\x05\x12\x0e\n\nDTYPE_INT8\x10\x06*5\n\x08KVLayout\x12\x13\n\x0fKV_LAYOUT_SPLIT\x10\x00\x12\x14\n\x10KV_LAYOUT_LATENT\x10\x01*D\n\x06Scales\x12\x0f\n\x0bSCALES_NONE\x10\x00\x12\x14\n\x10SCALES_PER_BLOCK\x10\x01\x12\x13\n\x0fSCALES_PER_HEAD\x10\x02*7\n\tKeyScheme\x12\x15\n\x11KEY_SCHEME_KVMESH\x10\x00\x12\x13\n\x0fKEY_SCHEME_VLLM\x10\x01\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\x97\x03\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.kvmesh.v1.DType\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x13\n\x0blayer_start\x18\x04 \x01(\r\x12\x11\n\tlayer_end\x18\x05 \x01(\r\x12\x10\n\x08kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x0f\n\x07tp_rank\x18\x08 \x01(\r\x12\x0f\n\x07tp_size\x18\t \x01(\r\x12\x13\n\x0btenant_salt\x18\n \x01(\t\x12&\n\tkv_layout\x18\x0b \x01(\x0e\x32\x13.kvmesh.v1.KVLayout\x12\x12\n\nlatent_dim\x18\x0c \x01(\r\x12!\n\x06scales\x18\r \x01(\x0e\x32\x11.kvmesh.v1.Scales\x12\x0c\n\x04lora\x18\x0e \x01(\t\x12(\n\nkey_scheme\x18\x0f \x01(\x0e\x32\x14.kvmesh.v1.KeyScheme\x12\x11\n\thash_seed\x18\x10 \x01(\t\x12\x17\n\x0f\x65xtra_key_bytes\x18\x11 \x01(\r\"-\n\x0e\x42lockExtraKeys\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c*\x90\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_FP8_E4M3\x10\x04\x12\x12\n\x0e\x44TYPE_FP8_E5M2\x10\x05\x12\x0e\n\nDTYPE_INT8\x10\x06*5\n\x08KVLayout\x12\x13\n\x0fKV_LAYOUT_SPLIT\x10\x00\x12\x14\n\x10KV_LAYOUT_LATENT\x10\x01*D\n\x06Scales\x12\x0f\n\x0bSCALES_NONE\x10\x00\x12\x14\n\x10SCALES_PER_BLOCK\x10\x01\x12\x13\n\x0fSCALES_PER_HEAD\x10\x02*7\n\tKeyScheme\x12\x15\n\x11KEY_SCHEME_KVMESH\x10\x00\x12\x13\n\x0fKEY_SCHEME_VLLM\x10\x01\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
 )
 
 _DTYPE = _descriptor.EnumDescriptor(
@@ -60,8 +60,8 @@ _DTYPE = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=469,
-  serialized_end=613,
+  serialized_start=494,
+  serialized_end=638,
 )
 _sym_db.RegisterEnumDescriptor(_DTYPE)
 
@@ -83,8 +83,8 @@ _KVLAYOUT = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=615,
-  serialized_end=668,
+  serialized_start=640,
+  serialized_end=693,
 )
 _sym_db.RegisterEnumDescriptor(_KVLAYOUT)
 
@@ -110,8 +110,8 @@ _SCALES = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=670,
-  serialized_end=738,
+  serialized_start=695,
+  serialized_end=763,
 )
 _sym_db.RegisterEnumDescriptor(_SCALES)
 
@@ -133,8 +133,8 @@ _KEYSCHEME = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=740,
-  serialized_end=795,
+  serialized_start=765,
+  serialized_end=820,
 )
 _sym_db.RegisterEnumDescriptor(_KEYSCHEME)
 
@@ -275,6 +275,13 @@ _NAMESPACE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='extra_key_bytes', full_name='kvmesh.v1.Namespace.extra_key_bytes', index=16,
+      number=17, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -288,7 +295,7 @@ _NAMESPACE = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=37,
-  serialized_end=419,
+  serialized_end=444,
 )
 
 
@@ -325,8 +332,8 @@ _BLOCKEXTRAKEYS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=421,
-  serialized_end=466,
+  serialized_start=446,
+  serialized_end=491,
 )
 
 _NAMESPACE.fields_by_name['dtype'].enum_type = _DTYPE
