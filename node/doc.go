@@ -66,7 +66,7 @@
 //
 // BatchPut receives each block into a pooled buffer taken when the block's
 // first payload bytes arrive, computes its key as H(parent ‖ tokens) and its
-// header with store.AppendHeader, stores it as soon as its last byte
+// header with block.AppendHeader, stores it as soon as its last byte
 // arrives and gives the buffer back, so a stream holds at most one block in
 // memory, and none while it sends only headers or sits between blocks.
 // BatchGet pins one block at a time and cuts its payload into frames of at

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefill"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // PrefillOptions configure the node's bundled prefill engine and its queue
@@ -197,7 +197,7 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("Batch.ResultTTL", "%v is shorter than 1s", o.Batch.ResultTTL)
 	}
 	// The namespace's layout does not depend on the weights.
-	if size := store.EncodedLen(o.Model.BlockTokens, o.Model.Namespace(0, "").BlockBytes()); size > maxBlockBytes {
+	if size := block.EncodedLen(o.Model.BlockTokens, o.Model.Namespace(0, "").BlockBytes()); size > maxBlockBytes {
 		return bad("Model", "its blocks are %d bytes encoded, over MaxBlockBytes (%d)", size, maxBlockBytes)
 	}
 	return nil

@@ -4,16 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"strings"
 	"unsafe"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // invalid returns an InvalidArgument status naming the field at fault.
@@ -38,9 +38,9 @@ func statusError(err error) error {
 			strings.TrimPrefix(err.Error(), ErrFull.Error()+": "))
 	case errors.Is(err, ErrFull):
 		return status.Errorf(codes.ResourceExhausted, "cache full: %v; retry later or give the node more --dram/--nvme", err)
-	case errors.Is(err, store.ErrTooLarge):
+	case errors.Is(err, block.ErrTooLarge):
 		return status.Errorf(codes.InvalidArgument, "block: %v", err)
-	case errors.Is(err, store.ErrCorrupt):
+	case errors.Is(err, block.ErrCorrupt):
 		return status.Errorf(codes.InvalidArgument, "block: %v", err)
 	case errors.Is(err, ErrClosed):
 		return status.Errorf(codes.Unavailable, "node is shutting down: %v", err)
@@ -101,7 +101,7 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 		size *= uint64(f)
 	}
 	size += 4 * uint64(ns.ScaleCount()) // at most layers x 2 x kv_heads, bounded with the above
-	if enc := uint64(store.NamespaceHeaderLen(ns)) + size; enc > limit {
+	if enc := uint64(block.NamespaceHeaderLen(ns)) + size; enc > limit {
 		return ns, invalid("namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
 	}
 	n.names.note(ns)

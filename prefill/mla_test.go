@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/store"
+	"github.com/kvmesh/kvmesh/block"
 )
 
 // tinyMLAConfig is a small DeepSeek-style MLA model: 4 heads of 16 + 8
@@ -262,5 +262,5 @@ func TestMLAPrefixHitEqualsCold(t *testing.T) {
 // encodedBlockLen is the encoded size of one of e's blocks.
 func encodedBlockLen(e *Engine) int {
 	ns := e.Namespace()
-	return store.NamespaceHeaderLen(ns) + ns.BlockBytes()
+	return block.NamespaceHeaderLen(ns) + ns.BlockBytes()
 }

@@ -1,4 +1,4 @@
-package store
+package block_test
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -17,9 +19,9 @@ func v3Namespaces() map[string]prefixhash.Namespace {
 		Layout: prefixhash.LatentKV, LatentDim: 40, TPSize: 1}
 	latentFP8 := latent
 	latentFP8.DType, latentFP8.Scales = prefixhash.Float8E4M3, prefixhash.ScalesPerBlock
-	int8Head := blockNS()
+	int8Head := blocktest.NS()
 	int8Head.DType, int8Head.Scales = prefixhash.Int8, prefixhash.ScalesPerHead
-	vllm := blockNS()
+	vllm := blocktest.NS()
 	vllm.Scheme, vllm.HashSeed, vllm.LoRA, vllm.TenantSalt, vllm.ExtraKeyBytes = prefixhash.SchemeVLLM, "0", "lora-a", "salt", 64
 	return map[string]prefixhash.Namespace{"latent": latent, "latent-fp8-scales": latentFP8, "int8-per-head-scales": int8Head, "vllm": vllm}
 }
@@ -39,7 +41,7 @@ func randBytes(rng *rand.Rand, n int) []byte {
 func TestBlockV3RoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	nss := v3Namespaces()
-	xk := blockNS()
+	xk := blocktest.NS()
 	xk.ExtraKeyBytes = 32
 	nss["extra-keys"] = xk
 	for name, ns := range nss {
@@ -62,16 +64,16 @@ func TestBlockV3RoundTrip(t *testing.T) {
 				e = extra[i]
 			}
 			payload := randBytes(rng, ns.BlockBytes())
-			hdr, next, err := AppendHeaderExt(nil, 9, ns, link, tokens[i*ns.BlockTokens:(i+1)*ns.BlockTokens], e, payload)
+			hdr, next, err := block.AppendHeaderExt(nil, 9, ns, link, tokens[i*ns.BlockTokens:(i+1)*ns.BlockTokens], e, payload)
 			if err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
 			want := uint16(3)
-			if len(hdr)%64 != 0 || len(hdr) != NamespaceHeaderLen(ns) || binary.LittleEndian.Uint16(hdr[4:]) != want {
+			if len(hdr)%64 != 0 || len(hdr) != block.NamespaceHeaderLen(ns) || binary.LittleEndian.Uint16(hdr[4:]) != want {
 				t.Fatalf("%s: header of %d bytes, format %d", name, len(hdr), binary.LittleEndian.Uint16(hdr[4:]))
 			}
 			b := append(hdr, payload...)
-			blk, err := Decode(b, 0)
+			blk, err := block.Decode(b, 0)
 			if err != nil {
 				t.Fatalf("%s block %d: %v", name, i, err)
 			}
@@ -88,10 +90,10 @@ func TestBlockV3RoundTrip(t *testing.T) {
 			// it is covered like the rest.
 			bad := bytes.Clone(b)
 			bad[len(bad)-1] ^= 1
-			if _, err := Decode(bad, 0); !errors.Is(err, ErrCorrupt) {
+			if _, err := block.Decode(bad, 0); !errors.Is(err, block.ErrCorrupt) {
 				t.Fatalf("%s: a flipped last payload byte decodes: %v", name, err)
 			}
-			other := blockNS()
+			other := blocktest.NS()
 			other.Model = "kvmesh/other"
 			if err := blk.CheckNamespace(other); err == nil {
 				t.Fatalf("%s: block passes another namespace's check", name)
@@ -109,21 +111,21 @@ func TestBlockV3Corruption(t *testing.T) {
 	ns := v3Namespaces()["vllm"]
 	tokens := []uint32{1, 2, 3, 4}
 	payload := randBytes(rng, ns.BlockBytes())
-	hdr, _, err := AppendHeaderExt(nil, 0, ns, ns.RootLink(), tokens, prefixhash.ExtraKeys{prefixhash.VLLMText("x")}, payload)
+	hdr, _, err := block.AppendHeaderExt(nil, 0, ns, ns.RootLink(), tokens, prefixhash.ExtraKeys{prefixhash.VLLMText("x")}, payload)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := append(hdr, payload...)
-	ext := fixedHeaderLen + 4*len(tokens)
+	ext := block.FixedHeaderLen + 4*len(tokens)
 	x := int(binary.LittleEndian.Uint32(b[ext:]))
 	for _, i := range []int{7, 57, 58, 76, ext, ext + 4, ext + 4 + 31, ext + 4 + 32, ext + 4 + x - 1} {
 		for _, resum := range []bool{false, true} {
 			c := bytes.Clone(b)
 			c[i] ^= 0x41
 			if resum {
-				binary.LittleEndian.PutUint64(c[headerSumOff:], headerSum(c, len(tokens), int(binary.LittleEndian.Uint32(c[ext:]))))
+				blocktest.Reseal(c)
 			}
-			if _, err := Decode(c, 0); !errors.Is(err, ErrCorrupt) {
+			if _, err := block.Decode(c, 0); !errors.Is(err, block.ErrCorrupt) {
 				t.Errorf("byte %d flipped (checksum recomputed %v): %v", i, resum, err)
 			}
 		}
@@ -134,13 +136,13 @@ func TestBlockV3Corruption(t *testing.T) {
 // byte for byte what this package wrote before format 3 existed (the
 // golden bytes of a fixed block).
 func TestBlockV2Unchanged(t *testing.T) {
-	ns := blockNS()
+	ns := blocktest.NS()
 	payload := make([]byte, ns.BlockBytes())
-	b, _, err := Encode(nil, ns, ns.Root(), []uint32{1, 2, 3, 4}, payload)
+	b, _, err := block.Encode(nil, ns, ns.Root(), []uint32{1, 2, 3, 4}, payload)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != 2 || len(b) != HeaderLen(4)+len(payload) {
+	if v := binary.LittleEndian.Uint16(b[4:]); v != 2 || len(b) != block.HeaderLen(4)+len(payload) {
 		t.Fatalf("format %d, %d bytes", v, len(b))
 	}
 	for _, i := range []int{7, 57, 58, 59, 76, 77, 78, 79} {
@@ -151,35 +153,35 @@ func TestBlockV2Unchanged(t *testing.T) {
 }
 
 func TestBlockV3Refusals(t *testing.T) {
-	ns := blockNS()
+	ns := blocktest.NS()
 	payload := make([]byte, ns.BlockBytes())
 	tokens := []uint32{1, 2, 3, 4}
 	vns := v3Namespaces()["vllm"]
 	cases := map[string]func() error{
 		"too many extra keys": func() error {
-			_, _, err := AppendHeaderExt(nil, 0, ns, ns.RootLink(), tokens, make(prefixhash.ExtraKeys, 65), payload)
+			_, _, err := block.AppendHeaderExt(nil, 0, ns, ns.RootLink(), tokens, make(prefixhash.ExtraKeys, 65), payload)
 			return err
 		},
 		"extra keys in a namespace without room": func() error {
-			_, _, err := AppendHeaderExt(nil, 0, ns, ns.RootLink(), tokens, prefixhash.ExtraKeys{{1}}, payload)
+			_, _, err := block.AppendHeaderExt(nil, 0, ns, ns.RootLink(), tokens, prefixhash.ExtraKeys{{1}}, payload)
 			return err
 		},
 		"extra keys over the namespace's room": func() error {
-			_, _, err := AppendHeaderExt(nil, 0, vns, vns.RootLink(), tokens, prefixhash.ExtraKeys{prefixhash.VLLMBytes(make([]byte, 100))}, make([]byte, vns.BlockBytes()))
+			_, _, err := block.AppendHeaderExt(nil, 0, vns, vns.RootLink(), tokens, prefixhash.ExtraKeys{prefixhash.VLLMBytes(make([]byte, 100))}, make([]byte, vns.BlockBytes()))
 			return err
 		},
 		"vllm extra key not CBOR": func() error {
-			_, _, err := AppendHeaderExt(nil, 0, vns, vns.RootLink(), tokens, prefixhash.ExtraKeys{[]byte("raw")}, make([]byte, vns.BlockBytes()))
+			_, _, err := block.AppendHeaderExt(nil, 0, vns, vns.RootLink(), tokens, prefixhash.ExtraKeys{[]byte("raw")}, make([]byte, vns.BlockBytes()))
 			return err
 		},
 		"kvmesh parent that is not a key": func() error {
 			var l prefixhash.Link
 			l[20] = 1
-			_, _, err := AppendHeaderExt(nil, 0, ns, l, tokens, nil, payload)
+			_, _, err := block.AppendHeaderExt(nil, 0, ns, l, tokens, nil, payload)
 			return err
 		},
 		"vllm parent key below the root": func() error {
-			_, _, err := AppendHeaderTenant(nil, 0, vns, prefixhash.Key{1}, tokens, make([]byte, vns.BlockBytes()))
+			_, _, err := block.AppendHeaderTenant(nil, 0, vns, prefixhash.Key{1}, tokens, make([]byte, vns.BlockBytes()))
 			return err
 		},
 	}

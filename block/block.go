@@ -1,4 +1,4 @@
-package store
+package block
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
+
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -58,9 +59,13 @@ import (
 // under xxhash64 keys; its blocks, and blocks of any other key format, fail
 // to decode: their keys mean nothing under this build's key format.
 const (
-	blockMagic     = "KVMB"
-	BlockVersion   = 3 // the newest format this build writes; it reads 2 and 3
-	fixedHeaderLen = 112
+	blockMagic = "KVMB"
+	// Version is the newest block format version this build writes (3,
+	// for blocks that need it; others are written as 2); it reads 2 and 3.
+	Version = 3
+	// FixedHeaderLen is the length of the header's fixed part: no encoded
+	// block is shorter.
+	FixedHeaderLen = 112
 	headerSumOff   = 104
 	headerAlign    = 64
 )
@@ -70,8 +75,8 @@ const (
 // wraps ErrCorrupt) marks a block written under another block or key format
 // version, such as one left on disk by an older kvmesh.
 var (
-	ErrCorrupt     = errors.New("store: corrupt block")
-	ErrTooLarge    = errors.New("store: block too large")
+	ErrCorrupt     = errors.New("block: corrupt block")
+	ErrTooLarge    = errors.New("block: too large")
 	ErrOtherFormat = fmt.Errorf("%w: another block or key format", ErrCorrupt)
 	// ErrTokens (wrapping ErrCorrupt) marks a block whose stored tokens are
 	// not the ones a reader by tokens asked for.
@@ -178,13 +183,13 @@ type Block struct {
 // HeaderLen returns the encoded header length of a block of n tokens
 // without extension (format 2).
 func HeaderLen(n int) int {
-	return (fixedHeaderLen + 4*n + headerAlign - 1) / headerAlign * headerAlign
+	return (FixedHeaderLen + 4*n + headerAlign - 1) / headerAlign * headerAlign
 }
 
 // HeaderLenExt returns the encoded header length of a block of n tokens
 // whose extension (format 3) is extLen bytes, its length field excluded.
 func HeaderLenExt(n, extLen int) int {
-	return (fixedHeaderLen + 4*n + 4 + extLen + headerAlign - 1) / headerAlign * headerAlign
+	return (FixedHeaderLen + 4*n + 4 + extLen + headerAlign - 1) / headerAlign * headerAlign
 }
 
 // MaxHeaderLen bounds the header of any block of n tokens: the largest
@@ -260,7 +265,7 @@ func AppendHeaderTenant(dst []byte, tenant uint64, ns prefixhash.Namespace, pare
 	link := prefixhash.KeyLink(parent)
 	if ns.Scheme == prefixhash.SchemeVLLM {
 		if parent != ns.Root() {
-			return dst, prefixhash.Key{}, fmt.Errorf("store: a %s block below the root needs its parent's link, not its key", ns.Scheme)
+			return dst, prefixhash.Key{}, fmt.Errorf("block: a %s block below the root needs its parent's link, not its key", ns.Scheme)
 		}
 		link = ns.RootLink()
 	}
@@ -279,16 +284,16 @@ func AppendHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent 
 		return dst, prefixhash.Link{}, err
 	}
 	if len(tokens) != ns.BlockTokens {
-		return dst, prefixhash.Link{}, fmt.Errorf("store: block has %d tokens, namespace blocks hold %d", len(tokens), ns.BlockTokens)
+		return dst, prefixhash.Link{}, fmt.Errorf("block: block has %d tokens, namespace blocks hold %d", len(tokens), ns.BlockTokens)
 	}
 	if len(payload) != ns.BlockBytes() {
-		return dst, prefixhash.Link{}, fmt.Errorf("store: payload is %d bytes, namespace blocks hold %d", len(payload), ns.BlockBytes())
+		return dst, prefixhash.Link{}, fmt.Errorf("block: payload is %d bytes, namespace blocks hold %d", len(payload), ns.BlockBytes())
 	}
 	if err := ns.CheckExtra(extra); err != nil {
 		return dst, prefixhash.Link{}, err
 	}
 	if ns.Scheme == prefixhash.SchemeKVMesh && parent != prefixhash.KeyLink(parent.Key()) {
-		return dst, prefixhash.Link{}, fmt.Errorf("store: a %s parent link is a key (16 bytes)", ns.Scheme)
+		return dst, prefixhash.Link{}, fmt.Errorf("block: a %s parent link is a key (16 bytes)", ns.Scheme)
 	}
 	first := ns.Scheme == prefixhash.SchemeVLLM && parent == ns.RootLink()
 	extra = ns.BlockExtra(first, extra)
@@ -323,7 +328,7 @@ func AppendHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent 
 	binary.LittleEndian.PutUint64(h[88:], xxhash.Sum64(payload))
 	binary.LittleEndian.PutUint64(h[96:], tenant)
 	for i, t := range tokens {
-		binary.LittleEndian.PutUint32(h[fixedHeaderLen+4*i:], t)
+		binary.LittleEndian.PutUint32(h[FixedHeaderLen+4*i:], t)
 	}
 	if v3 {
 		binary.LittleEndian.PutUint16(h[4:], 3)
@@ -331,7 +336,7 @@ func AppendHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent 
 		h[57] = byte(ns.Scheme)
 		h[58] = byte(ns.Scales)
 		binary.LittleEndian.PutUint32(h[76:], uint32(ns.LatentDim))
-		e := h[fixedHeaderLen+4*len(tokens):]
+		e := h[FixedHeaderLen+4*len(tokens):]
 		binary.LittleEndian.PutUint32(e, uint32(ext))
 		e = e[4:4]
 		if ns.Scheme == prefixhash.SchemeVLLM {
@@ -368,11 +373,11 @@ func headerSum(h []byte, n, ext int) uint64 {
 	var d xxhash.Digest
 	d.Reset()
 	d.Write(h[:headerSumOff])
-	end := fixedHeaderLen + 4*n
+	end := FixedHeaderLen + 4*n
 	if ext > 0 {
 		end += 4 + ext
 	}
-	d.Write(h[fixedHeaderLen:end])
+	d.Write(h[FixedHeaderLen:end])
 	return d.Sum64()
 }
 
@@ -394,7 +399,7 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 			return h, err
 		}
 	}
-	if len(b) < fixedHeaderLen {
+	if len(b) < FixedHeaderLen {
 		return h, corrupt("%d bytes, shorter than a header", len(b))
 	}
 	if string(b[0:4]) != blockMagic {
@@ -412,7 +417,7 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	}
 	ext := 0
 	if v3 {
-		x := uint64(binary.LittleEndian.Uint32(b[fixedHeaderLen+4*n:]))
+		x := uint64(binary.LittleEndian.Uint32(b[FixedHeaderLen+4*n:]))
 		if x < 4 || uint64(HeaderLenExt(int(n), int(min(x, hl)))) != hl {
 			return h, corrupt("extension of %d bytes in a header of %d", x, hl)
 		}
@@ -438,7 +443,7 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 		h.Scheme = prefixhash.KeyScheme(b[57])
 		h.Layout.Scales = prefixhash.Scales(b[58])
 		h.Layout.LatentDim = int(binary.LittleEndian.Uint32(b[76:]))
-		if err := h.decodeExt(b[fixedHeaderLen+4*n+4 : fixedHeaderLen+4*n+4+uint64(ext)]); err != nil {
+		if err := h.decodeExt(b[FixedHeaderLen+4*n+4 : FixedHeaderLen+4*n+4+uint64(ext)]); err != nil {
 			return h, err
 		}
 	}
@@ -453,7 +458,7 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	h.PayloadLen = int(pl)
 	h.Checksum = binary.LittleEndian.Uint64(b[88:])
 	h.Tenant = binary.LittleEndian.Uint64(b[96:])
-	h.Tokens = viewTokens(b[fixedHeaderLen : fixedHeaderLen+4*n])
+	h.Tokens = viewTokens(b[FixedHeaderLen : FixedHeaderLen+4*n])
 	if !v3 {
 		if prefixhash.BlockKey(h.Parent, h.Tokens) != h.Key {
 			return h, corrupt("key %s is not H(parent ‖ tokens)", h.Key)
@@ -512,21 +517,21 @@ func (h *Header) decodeExt(e []byte) error {
 // checkVersions accepts only this build's block and key formats. Version 1
 // blocks predate key format versions: they were keyed by xxhash64.
 func checkVersions(format uint16, keys byte) error {
-	if (format == 2 || format == BlockVersion) && keys == prefixhash.KeyVersion {
+	if (format == 2 || format == Version) && keys == prefixhash.KeyVersion {
 		return nil
 	}
 	if format == 1 {
 		keys = 1
 	}
 	age, what := "an older", "key format"
-	if format > BlockVersion || (format == BlockVersion && keys > prefixhash.KeyVersion) {
+	if format > Version || (format == Version && keys > prefixhash.KeyVersion) {
 		age = "a newer"
 	}
 	if keys == prefixhash.KeyVersion {
 		what = "block format"
 	}
 	return fmt.Errorf("%w: format version %d, key format %d: written by %s kvmesh under a different %s (this build: format %d, key format %d)",
-		ErrOtherFormat, format, keys, age, what, BlockVersion, prefixhash.KeyVersion)
+		ErrOtherFormat, format, keys, age, what, Version, prefixhash.KeyVersion)
 }
 
 // Decode parses and verifies a whole encoded block: the header as in
@@ -548,8 +553,8 @@ func Decode(b []byte, maxPayload int) (Block, error) {
 	return Block{Header: h, Payload: payload}, nil
 }
 
-// headerTenant returns the tenant tag of the verified block b.
-func headerTenant(b []byte) uint64 { return binary.LittleEndian.Uint64(b[96:]) }
+// Tenant returns the tenant tag of the verified block b.
+func Tenant(b []byte) uint64 { return binary.LittleEndian.Uint64(b[96:]) }
 
 // viewTokens returns the little-endian uint32s in b, aliasing b when the
 // machine is little-endian and b is 4-byte aligned, copying otherwise.
