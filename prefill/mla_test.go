@@ -6,8 +6,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
 // tinyMLAConfig is a small DeepSeek-style MLA model: 4 heads of 16 + 8
