@@ -236,8 +236,8 @@ class GetPlan:
         """Lands the encoded block at offset off (n bytes) of the shared region for key j, if
         it checks out: header (checksum, versions, key = H(parent ‖ tokens)), the key asked
         for, the namespace and layout. The payload is copied once, region to destination."""
-        hl = n - self.ns.block_bytes
-        if hl < block.header_len(self.ns.block_tokens):
+        hl = block.namespace_header_len(self.kns)
+        if n != hl + self.ns.block_bytes:
             return
         try:
             h = block.decode_header(conn.region[off:off + hl], self.meta.key_version)
@@ -256,8 +256,8 @@ class GetPlan:
         """Where the value of key j (n bytes) is read to: its header into a buffer of its own,
         its payload straight into the destination."""
         p, i = self.where[j]
-        hl = n - self.ns.block_bytes
-        if hl < block.header_len(self.ns.block_tokens):
+        hl = block.namespace_header_len(self.kns)
+        if n != hl + self.ns.block_bytes:
             self._tcp[j] = None
             return [memoryview(bytearray(n))]  # not a block of this namespace: read and dropped
         hdr = bytearray(hl)

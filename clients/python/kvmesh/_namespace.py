@@ -43,6 +43,7 @@ MAX_LORA_LEN = 256
 MAX_SEED_LEN = 256
 MAX_EXTRA_KEYS = 64
 MAX_EXTRA_BYTES = 4096
+MAX_EXTRA_ROOM = MAX_EXTRA_BYTES + 4 * MAX_EXTRA_KEYS
 
 KV_LAYOUTS = ("split", "latent")
 SCALES = ("none", "block", "head")
@@ -82,16 +83,17 @@ class Namespace:
     ``scales`` ("none", "block", "head") says whether fp8/int8 payloads end
     with float32 scales. ``lora`` names a LoRA adapter. ``key_scheme`` "vllm"
     keys blocks by vLLM's block hash, rooted in ``hash_seed`` (vLLM's
-    PYTHONHASHSEED).
+    PYTHONHASHSEED). ``extra_key_bytes`` is the header room every block reserves for its extra
+    keys (4 bytes plus each key's length); 0 means blocks carry none.
     """
 
     __slots__ = ("model", "dtype", "block_tokens", "layer_start", "layer_end", "kv_heads", "head_dim",
                  "tp_rank", "tp_size", "tenant_salt", "kv_layout", "latent_dim", "scales", "lora", "key_scheme",
-                 "hash_seed", "_enc")
+                 "hash_seed", "extra_key_bytes", "_enc")
 
     def __init__(self, model, dtype, block_tokens, layers, kv_heads=0, head_dim=0, tp_rank=0, tp_size=1,
                  tenant_salt=b"", *, kv_layout="split", latent_dim=0, scales="none", lora="", key_scheme="kvmesh",
-                 hash_seed=""):
+                 hash_seed="", extra_key_bytes=0):
         if isinstance(layers, int):
             layers = (0, layers)
         try:
@@ -112,6 +114,7 @@ class Namespace:
         self.tenant_salt = tenant_salt
         self.kv_layout, self.latent_dim, self.scales = kv_layout, latent_dim, scales
         self.lora, self.key_scheme, self.hash_seed = lora, key_scheme, hash_seed
+        self.extra_key_bytes = extra_key_bytes
         self._validate()
         self._enc = {}
 
@@ -119,7 +122,7 @@ class Namespace:
         def bad(field, msg):
             raise ValueError(f"namespace {field}: {msg}")
         for f in ("block_tokens", "layer_start", "layer_end", "kv_heads", "head_dim", "tp_rank", "tp_size",
-                  "latent_dim"):
+                  "latent_dim", "extra_key_bytes"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int):
                 bad(f, f"{v!r} is not an int")
@@ -161,6 +164,8 @@ class Namespace:
             bad("hash_seed", "the vllm key scheme needs vLLM's PYTHONHASHSEED")
         if self.key_scheme != "vllm" and self.hash_seed:
             bad("hash_seed", f"set with the {self.key_scheme} key scheme, which has no seed")
+        if not 0 <= self.extra_key_bytes <= MAX_EXTRA_ROOM:
+            bad("extra_key_bytes", f"{self.extra_key_bytes} is outside 0..{MAX_EXTRA_ROOM}")
         if self.tp_size < 0 or self.tp_rank < 0 or self.tp_rank >= max(self.tp_size, 1) or self.tp_size >= 1 << 32:
             bad("tp", f"rank {self.tp_rank} of size {self.tp_size}")
         if not isinstance(self.tenant_salt, str) or len(self.tenant_salt.encode()) > MAX_SALT_LEN:
@@ -214,7 +219,7 @@ class Namespace:
     def _fields(self):
         return (self.model, self.dtype, self.block_tokens, self.layer_start, self.layer_end, self.kv_heads,
                 self.head_dim, self.tp_rank, max(self.tp_size, 1), self.tenant_salt, self.kv_layout,
-                self.latent_dim, self.scales, self.lora, self.key_scheme, self.hash_seed)
+                self.latent_dim, self.scales, self.lora, self.key_scheme, self.hash_seed, self.extra_key_bytes)
 
     def __eq__(self, other):
         return isinstance(other, Namespace) and self._fields() == other._fields()
@@ -229,7 +234,8 @@ class Namespace:
                 + (f", kv_layout='latent', latent_dim={self.latent_dim}" if self.kv_layout == "latent" else "")
                 + (f", scales={self.scales!r}" if self.scales != "none" else "")
                 + (f", lora={self.lora!r}" if self.lora else "")
-                + (f", key_scheme={self.key_scheme!r}" if self.key_scheme != "kvmesh" else "") + ")")
+                + (f", key_scheme={self.key_scheme!r}" if self.key_scheme != "kvmesh" else "")
+                + (f", extra_key_bytes={self.extra_key_bytes}" if self.extra_key_bytes else "") + ")")
 
     def salted(self, tenant_salt):
         """This namespace as a node with tenants keys it for a tenant whose salt is tenant_salt
@@ -240,7 +246,7 @@ class Namespace:
         return Namespace(self.model, self.dtype, self.block_tokens, (self.layer_start, self.layer_end),
                          self.kv_heads, self.head_dim, self.tp_rank, self.tp_size, tenant_salt + ":" + own,
                          kv_layout=self.kv_layout, latent_dim=self.latent_dim, scales=self.scales, lora=self.lora,
-                         key_scheme=self.key_scheme, hash_seed=self.hash_seed)
+                         key_scheme=self.key_scheme, hash_seed=self.hash_seed, extra_key_bytes=self.extra_key_bytes)
 
     def encoding(self, key_version=KEY_VERSION):
         """The canonical encoding that roots every key chain."""
@@ -260,6 +266,8 @@ class Namespace:
                 e += bytes([3, SCALES.index(self.scales)])
             if self.key_scheme != "kvmesh" or self.hash_seed:
                 e += bytes([4, KEY_SCHEMES.index(self.key_scheme)]) + s(self.hash_seed)
+            if self.extra_key_bytes:
+                e += b"\x05" + struct.pack("<I", self.extra_key_bytes)
             self._enc[key_version] = e
         return e
 
@@ -278,6 +286,18 @@ class Namespace:
                 r = _ALGOS[key_version].root(self.encoding(key_version))
             self._enc[("root", key_version)] = r
         return r
+
+    def extension_room(self):
+        """The header extension every format-3 block of this namespace carries (its length
+        field excluded): the vllm parent link, the key count, the room for extra keys."""
+        n = 4 + self.extra_key_bytes
+        if self.key_scheme == "vllm":
+            n += 32
+            if self.lora:
+                n += 4 + len(cbor_text(self.lora))
+            if self.tenant_salt:
+                n += 4 + len(cbor_text(self.tenant_salt))
+        return n
 
     def block_extra(self, first, extra):
         """The extra keys a block's key covers: the caller's; under the vllm scheme in vLLM's
@@ -307,7 +327,8 @@ class Namespace:
                                    head_dim=self.head_dim, tp_rank=self.tp_rank, tp_size=self.tp_size,
                                    tenant_salt=self.tenant_salt, kv_layout=KV_LAYOUTS.index(self.kv_layout),
                                    latent_dim=self.latent_dim, scales=SCALES.index(self.scales), lora=self.lora,
-                                   key_scheme=KEY_SCHEMES.index(self.key_scheme), hash_seed=self.hash_seed)
+                                   key_scheme=KEY_SCHEMES.index(self.key_scheme), hash_seed=self.hash_seed,
+                                   extra_key_bytes=self.extra_key_bytes)
 
 
 def token_bytes(tokens):
@@ -404,7 +425,7 @@ def vllm_mm_key(identifier, offset):
     return _cbor_head(4, 2) + cbor_text(identifier) + off
 
 
-def _check_extra(per_block, n_blocks):
+def _check_extra(ns, per_block, n_blocks):
     if len(per_block) > n_blocks:
         raise ValueError(f"extra_keys: {len(per_block)} blocks have extra keys, the prompt has {n_blocks} full blocks")
     for i, e in enumerate(per_block):
@@ -413,6 +434,10 @@ def _check_extra(per_block, n_blocks):
             raise ValueError(f"extra_keys: block {i}: at most {MAX_EXTRA_KEYS} keys and {MAX_EXTRA_BYTES} bytes")
         if not all(isinstance(k, (bytes, bytearray)) for k in e):
             raise ValueError(f"extra_keys: block {i}: extra keys are bytes")
+        room = sum(4 + len(k) for k in e)
+        if room > ns.extra_key_bytes:
+            raise ValueError(f"extra_keys: block {i}: {room} bytes with their lengths; the namespace reserves "
+                             f"{ns.extra_key_bytes} (extra_key_bytes)")
 
 
 def _vllm_hash(parent, tb, extra):
@@ -445,7 +470,7 @@ def key_links(ns, tokens, extra_keys=None, key_version=KEY_VERSION):
     step = 4 * ns.block_tokens
     n_blocks = len(tb) // step
     extra_keys = list(extra_keys or ())
-    _check_extra(extra_keys, n_blocks)
+    _check_extra(ns, extra_keys, n_blocks)
     parent = ns.root_link(key_version)
     if ns.key_scheme == "kvmesh" and not any(extra_keys):
         return _ALGOS[key_version].chain(parent, tb, step)

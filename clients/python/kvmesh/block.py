@@ -48,25 +48,26 @@ def header_len(n_tokens, ext=None):
     return (n + HEADER_ALIGN - 1) // HEADER_ALIGN * HEADER_ALIGN
 
 
-def _v3(ns, extra):
-    return ns.kv_layout != "split" or ns.scales != "none" or ns.key_scheme != "kvmesh" or bool(extra)
+def _v3(ns):
+    return ns.kv_layout != "split" or ns.scales != "none" or ns.key_scheme != "kvmesh" or ns.extra_key_bytes != 0
 
 
 def _extension(ns, parent, extra):
+    """The extension, zero-padded to the namespace's room: every block of a namespace has
+    one encoded size."""
     e = bytearray(parent if ns.key_scheme == "vllm" else b"")
     e += struct.pack("<I", len(extra))
     for k in extra:
         e += struct.pack("<I", len(k)) + bytes(k)
-    return bytes(e)
+    room = ns.extension_room()
+    if len(e) > room:
+        raise ValueError(f"extra_keys: {len(e)} bytes of extension, the namespace reserves {room}")
+    return bytes(e) + bytes(room - len(e))
 
 
-def block_header_len(ns, parent, extra=None):
-    """The header length of the block of ns chained from parent (a link: 16 bytes, or 32
-    under the vllm scheme) with the caller's extra keys."""
-    e = ns.block_extra(ns.key_scheme == "vllm" and parent == ns.root_link(), extra)
-    if not _v3(ns, e):
-        return header_len(ns.block_tokens)
-    return header_len(ns.block_tokens, len(_extension(ns, parent, e)))
+def namespace_header_len(ns):
+    """The header length of every block of ns."""
+    return header_len(ns.block_tokens, ns.extension_room() if _v3(ns) else None)
 
 
 def encode_header(ns, parent, tokens, payload_checksum, tenant_tag=0, key_version=KEY_VERSION, extra=None):
@@ -83,7 +84,7 @@ def encode_header(ns, parent, tokens, payload_checksum, tenant_tag=0, key_versio
         raise ValueError(f"extra_keys: {len(extra)} keys, the limit is {MAX_EXTRA_KEYS}")
     link = block_link(ns, parent, tb, extra)
     key = link[:KEY_SIZE]
-    v3 = _v3(ns, extra)
+    v3 = _v3(ns)
     ext = _extension(ns, parent, extra) if v3 else None
     hl = header_len(n, None if ext is None else len(ext))
     fixed = bytearray(_FIXED.pack(MAGIC, 3 if v3 else BLOCK_VERSION, key_version, hl, n, ns.digest(key_version), key,
@@ -168,8 +169,8 @@ def decode_header(b, key_version=KEY_VERSION):
         k = struct.unpack_from("<I", e)[0]
         h.extra.append(e[4:4 + k])
         e = e[4 + k:]
-    if e:
-        raise CorruptBlock("bytes after the extra keys")
+    if any(e):
+        raise CorruptBlock("extension padding is not zero")
 
     class _NS:  # what block_link reads of a namespace
         key_scheme = h.key_scheme

@@ -32,7 +32,8 @@ def ns_of(v):
                             kv_heads=n["kv_heads"], head_dim=n["head_dim"], tp_rank=n["tp_rank"], tp_size=n["tp_size"],
                             tenant_salt=n["tenant_salt"], kv_layout=n.get("kv_layout", "split"),
                             latent_dim=n.get("latent_dim", 0), scales=n.get("scales", "none"), lora=n.get("lora", ""),
-                            key_scheme=n.get("key_scheme", "kvmesh"), hash_seed=n.get("hash_seed", ""))
+                            key_scheme=n.get("key_scheme", "kvmesh"), hash_seed=n.get("hash_seed", ""),
+                            extra_key_bytes=n.get("extra_key_bytes", 0))
 
 
 def extra_of(v):
@@ -60,7 +61,7 @@ def test_vllm_vectors():
     assert len(vs) >= 10
     for v in vs:
         ns = kvmesh.Namespace("m", "bfloat16", v["block_tokens"], 1, 1, 8, tenant_salt=v["cache_salt"],
-                              lora=v["lora"], key_scheme="vllm", hash_seed=v["hash_seed"])
+                              lora=v["lora"], key_scheme="vllm", hash_seed=v["hash_seed"], extra_key_bytes=256)
         assert ns.root_link().hex() == v["none_hash"], v["name"]
         b = v["block_tokens"]
         extra = []
@@ -75,7 +76,7 @@ def test_vllm_vectors():
 
 
 def test_extra_keys_separate_blocks():
-    ns = kvmesh.Namespace("m", "float16", 4, layers=2, kv_heads=1, head_dim=8)
+    ns = kvmesh.Namespace("m", "float16", 4, layers=2, kv_heads=1, head_dim=8, extra_key_bytes=64)
     toks = list(range(12))
     plain = kvmesh.keys(ns, toks)
     a = kvmesh.keys(ns, toks, [None, [b"image-a"]])
@@ -86,6 +87,10 @@ def test_extra_keys_separate_blocks():
         kvmesh.keys(ns, toks, [[], [], [], [b"x"]])  # more blocks than the prompt
     with pytest.raises(ValueError):
         kvmesh.keys(ns, toks, [[b"x"] * 65])
+    with pytest.raises(ValueError, match="extra_key_bytes"):
+        kvmesh.keys(ns, toks, [[b"x" * 61]])  # 65 bytes with its length, the room is 64
+    with pytest.raises(ValueError, match="extra_key_bytes"):
+        kvmesh.keys(kvmesh.Namespace("m", "float16", 4, 2, 1, 8), toks, [[b"x"]])
 
 
 def test_latent_namespace():
