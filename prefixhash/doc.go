@@ -26,6 +26,8 @@
 // A block may also carry extra keys (ExtraKeys: opaque bytes such as a
 // multimodal input's hash and offset); its key then covers them, so equal
 // tokens with different extra keys never share a key (KeysExtra, BlockLink).
+// A namespace whose blocks carry them reserves header room for them
+// (ExtraKeyBytes), so that all its blocks encode to one size.
 //
 // A namespace chooses its key scheme: SchemeKVMesh (the above, the default)
 // or SchemeVLLM, vLLM's own block hash (SHA-256 over canonical CBOR, rooted
