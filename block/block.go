@@ -113,23 +113,28 @@ func (l Layout) v3() bool {
 // PayloadLen returns the payload size of a block of tokens tokens, KV bytes
 // and scales, or -1 if the layout is not valid.
 func (l Layout) PayloadLen(tokens int) int {
-	if l.DType.Size() == 0 || l.LayerEnd <= l.LayerStart || l.LayerStart < 0 || tokens < 1 {
+	if l.DType.Size() == 0 || l.LayerEnd <= l.LayerStart || l.LayerStart < 0 || tokens < 1 ||
+		l.Scales > prefixhash.ScalesPerHead || (l.Scales != prefixhash.NoScales && l.DType.Size() != 1) {
 		return -1
 	}
 	layers := uint64(l.LayerEnd - l.LayerStart)
-	var shape []uint64
-	var scales uint64
+	var shape [6]uint64
+	var scales uint64 // per layer
 	switch {
 	case l.KV == prefixhash.SplitKV && l.KVHeads >= 1 && l.HeadDim >= 1 && l.LatentDim == 0:
-		shape = []uint64{layers, 2, uint64(tokens), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.DType.Size())}
-		scales = map[prefixhash.Scales]uint64{prefixhash.NoScales: 0, prefixhash.ScalesPerBlock: 2, prefixhash.ScalesPerHead: 2 * uint64(l.KVHeads)}[l.Scales]
+		shape = [6]uint64{layers, 2, uint64(tokens), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.DType.Size())}
+		switch l.Scales {
+		case prefixhash.ScalesPerBlock:
+			scales = 2
+		case prefixhash.ScalesPerHead:
+			scales = 2 * uint64(l.KVHeads)
+		}
 	case l.KV == prefixhash.LatentKV && l.KVHeads == 0 && l.HeadDim == 0 && l.LatentDim >= 1 && l.Scales != prefixhash.ScalesPerHead:
-		shape = []uint64{layers, uint64(tokens), uint64(l.LatentDim), uint64(l.DType.Size())}
-		scales = map[prefixhash.Scales]uint64{prefixhash.NoScales: 0, prefixhash.ScalesPerBlock: 1}[l.Scales]
+		shape = [6]uint64{layers, uint64(tokens), uint64(l.LatentDim), uint64(l.DType.Size()), 1, 1}
+		if l.Scales == prefixhash.ScalesPerBlock {
+			scales = 1
+		}
 	default:
-		return -1
-	}
-	if l.Scales > prefixhash.ScalesPerHead || (l.Scales != prefixhash.NoScales && l.DType.Size() != 1) {
 		return -1
 	}
 	n := uint64(1)
@@ -140,7 +145,7 @@ func (l Layout) PayloadLen(tokens int) int {
 		}
 		n = lo
 	}
-	if scales > 1<<20 || layers > 1<<20 {
+	if scales > 0 && (scales > 1<<20 || layers > 1<<20) {
 		return -1
 	}
 	return int(n + 4*layers*scales)
