@@ -198,9 +198,9 @@ func HeaderLenExt(n, extLen int) int {
 }
 
 // MaxHeaderLen bounds the header of any block of n tokens: the largest
-// extension is a parent link and MaxExtraKeys extra keys of MaxExtraBytes.
+// extension any namespace reserves (prefixhash.MaxExtensionRoom).
 func MaxHeaderLen(n int) int {
-	return HeaderLenExt(n, prefixhash.LinkSize+4+4*prefixhash.MaxExtraKeys+prefixhash.MaxExtraBytes)
+	return HeaderLenExt(n, prefixhash.MaxExtensionRoom)
 }
 
 // NamespaceHeaderLen returns the header length of every block of ns.
@@ -302,7 +302,7 @@ func AppendHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent 
 	}
 	first := ns.Scheme == prefixhash.SchemeVLLM && parent == ns.RootLink()
 	extra = ns.BlockExtra(first, extra)
-	if err := extra.Check(ns.Scheme); err != nil {
+	if err := extra.CheckBlock(ns.Scheme); err != nil {
 		return dst, prefixhash.Link{}, err
 	}
 	v3 := nsV3(ns)
@@ -497,8 +497,8 @@ func (h *Header) decodeExt(e []byte) error {
 	}
 	m := binary.LittleEndian.Uint32(e)
 	e = e[4:]
-	if m > prefixhash.MaxExtraKeys {
-		return corrupt("%d extra keys, the limit is %d", m, prefixhash.MaxExtraKeys)
+	if m > prefixhash.MaxExtraKeys+2 {
+		return corrupt("%d extra keys, the limit is %d", m, prefixhash.MaxExtraKeys+2)
 	}
 	if m > 0 {
 		h.Extra = make(prefixhash.ExtraKeys, m)
@@ -516,7 +516,7 @@ func (h *Header) decodeExt(e []byte) error {
 			return corrupt("extension padding is not zero")
 		}
 	}
-	return h.Extra.Check(h.Scheme)
+	return h.Extra.CheckBlock(h.Scheme)
 }
 
 // checkVersions accepts only this build's block and key formats. Version 1

@@ -191,3 +191,26 @@ func TestBlockV3Refusals(t *testing.T) {
 		}
 	}
 }
+
+// TestBlockV3LargestHeader: a block of the namespace with the largest
+// extension (vllm parent link, longest LoRA id and salt, all the room for
+// extra keys, filled) encodes and decodes.
+func TestBlockV3LargestHeader(t *testing.T) {
+	ns := blocktest.NS()
+	ns.Scheme, ns.HashSeed, ns.ExtraKeyBytes = prefixhash.SchemeVLLM, "0", prefixhash.MaxExtraRoom
+	ns.LoRA, ns.TenantSalt = string(bytes.Repeat([]byte("l"), prefixhash.MaxLoRALen)), string(bytes.Repeat([]byte("s"), prefixhash.MaxSaltLen))
+	extra := prefixhash.ExtraKeys{prefixhash.VLLMBytes(make([]byte, prefixhash.MaxExtraBytes-3))}
+	tokens := []uint32{1, 2, 3, 4}
+	payload := make([]byte, ns.BlockBytes())
+	hdr, link, err := block.AppendHeaderExt(nil, 0, ns, ns.RootLink(), tokens, extra, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hdr) != block.MaxHeaderLen(len(tokens)) {
+		t.Errorf("header %d bytes, MaxHeaderLen %d", len(hdr), block.MaxHeaderLen(len(tokens)))
+	}
+	blk, err := block.Decode(append(hdr, payload...), 0)
+	if err != nil || blk.Key != link.Key() || len(blk.Extra) != 3 {
+		t.Fatalf("decode: %v, %d extra keys", err, len(blk.Extra))
+	}
+}

@@ -24,6 +24,10 @@ const (
 	// MaxExtraRoom bounds Namespace.ExtraKeyBytes: the most keys and bytes,
 	// with their 4-byte lengths.
 	MaxExtraRoom = MaxExtraBytes + 4*MaxExtraKeys
+	// MaxExtensionRoom bounds Namespace.ExtensionRoom: the count, the room,
+	// a vLLM parent link, and the LoRA id and salt as CBOR text (a 3-byte
+	// head for up to 256 bytes) with their lengths.
+	MaxExtensionRoom = 4 + MaxExtraRoom + LinkSize + (4 + 3 + MaxLoRALen) + (4 + 3 + MaxSaltLen)
 )
 
 // Room returns the header room e takes: 4 bytes and its length per key.
@@ -75,14 +79,23 @@ func (e ExtraKeys) Bytes() int {
 	return n
 }
 
-// Check reports whether e is within the limits (and, under SchemeVLLM, made
-// of canonical CBOR items).
-func (e ExtraKeys) Check(scheme KeyScheme) error {
-	if len(e) > MaxExtraKeys {
-		return fmt.Errorf("%w: %d extra keys, the limit is %d", ErrExtraKeys, len(e), MaxExtraKeys)
+// Check reports whether e, a caller's extra keys, is within the limits
+// (and, under SchemeVLLM, made of canonical CBOR items).
+func (e ExtraKeys) Check(scheme KeyScheme) error { return e.check(scheme, MaxExtraKeys, MaxExtraBytes) }
+
+// CheckBlock is Check for the extra keys a block's header carries: the
+// caller's and, under SchemeVLLM, the namespace's LoRA id and salt
+// (Namespace.BlockExtra), so two keys and their bytes more.
+func (e ExtraKeys) CheckBlock(scheme KeyScheme) error {
+	return e.check(scheme, MaxExtraKeys+2, MaxExtraBytes+3+MaxLoRALen+3+MaxSaltLen)
+}
+
+func (e ExtraKeys) check(scheme KeyScheme, maxKeys, maxBytes int) error {
+	if len(e) > maxKeys {
+		return fmt.Errorf("%w: %d extra keys, the limit is %d", ErrExtraKeys, len(e), maxKeys)
 	}
-	if n := e.Bytes(); n > MaxExtraBytes {
-		return fmt.Errorf("%w: %d bytes of extra keys, the limit is %d", ErrExtraKeys, n, MaxExtraBytes)
+	if n := e.Bytes(); n > maxBytes {
+		return fmt.Errorf("%w: %d bytes of extra keys, the limit is %d", ErrExtraKeys, n, maxBytes)
 	}
 	if scheme == SchemeVLLM {
 		for i, k := range e {

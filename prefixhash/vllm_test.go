@@ -223,3 +223,17 @@ func FuzzCheckCBORItem(f *testing.F) {
 		}
 	})
 }
+
+// TestExtensionRoomBound: the largest namespace's extension fits the bound
+// block decoders accept.
+func TestExtensionRoomBound(t *testing.T) {
+	ns := testNS()
+	ns.Scheme, ns.HashSeed, ns.ExtraKeyBytes = SchemeVLLM, "0", MaxExtraRoom
+	ns.LoRA, ns.TenantSalt = string(make([]byte, MaxLoRALen)), string(make([]byte, MaxSaltLen))
+	if err := ns.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if r := ns.ExtensionRoom(); r != MaxExtensionRoom {
+		t.Fatalf("largest extension %d, bound %d", r, MaxExtensionRoom)
+	}
+}

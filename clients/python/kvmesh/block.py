@@ -80,7 +80,7 @@ def encode_header(ns, parent, tokens, payload_checksum, tenant_tag=0, key_versio
     if n != ns.block_tokens:
         raise ValueError(f"block has {n} tokens, namespace blocks hold {ns.block_tokens}")
     extra = ns.block_extra(ns.key_scheme == "vllm" and parent == ns.root_link(key_version), extra)
-    if len(extra) > MAX_EXTRA_KEYS:
+    if len(extra) > MAX_EXTRA_KEYS + 2:
         raise ValueError(f"extra_keys: {len(extra)} keys, the limit is {MAX_EXTRA_KEYS}")
     link = block_link(ns, parent, tb, extra)
     key = link[:KEY_SIZE]
@@ -161,7 +161,7 @@ def decode_header(b, key_version=KEY_VERSION):
         raise CorruptBlock("extension has no extra key count")
     (m,) = struct.unpack_from("<I", e)
     e = e[4:]
-    if m > MAX_EXTRA_KEYS:
+    if m > MAX_EXTRA_KEYS + 2:  # the caller's, and the namespace's LoRA id and salt
         raise CorruptBlock(f"{m} extra keys")
     for _ in range(m):
         if len(e) < 4 or struct.unpack_from("<I", e)[0] > len(e) - 4:
