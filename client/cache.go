@@ -212,7 +212,9 @@ type Block struct {
 	// Extra are the extra keys the block's key covers, as the namespace
 	// makes them (prefixhash.Namespace.BlockExtra).
 	Extra prefixhash.ExtraKeys
-	// Payload is the block's K/V, [layer][K|V][token][kv_head][head_dim].
+	// Payload is the block's K/V, [layer][K|V][token][kv_head][head_dim]
+	// ([layer][token][latent_dim] for a latent namespace), followed by its
+	// float32 scales when the namespace has them (prefixhash.Scales).
 	Payload []byte
 }
 
@@ -330,8 +332,8 @@ type callbackError struct{ err error }
 func (e *callbackError) Error() string { return e.err.Error() }
 
 // Put publishes blocks of the prompt tokens under ns: payloads[i] is the
-// payload of block i (tokens[i*B:(i+1)*B]) and must be ns.BlockBytes()
-// long; a nil payload skips its block (it is cached already). len(payloads)
+// payload of block i (tokens[i*B:(i+1)*B]), its KV bytes then its scales
+// if the namespace has them, and must be ns.BlockBytes() long; a nil payload skips its block (it is cached already). len(payloads)
 // is at most the number of full blocks. Put returns the keys of the blocks
 // it stored. payloads are not retained after Put returns.
 //
