@@ -165,6 +165,7 @@ func newPrefillService(n *Node) (*prefillService, error) {
 		return nil, err
 	}
 	p.callbacks = newCallbacks(o.Batch.CallbackAllow, secret, n.metrics.reg, n.log)
+	p.callbacks.pending, p.callbacks.done = b.pendingCallbacks, b.callbackDone
 	b.finished = p.callbacks.enqueue
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.metrics = newPrefillMetrics(n.metrics.reg, engine, q)
@@ -192,11 +193,14 @@ func namespacePB(e *prefill.Engine) *kvmeshv1.Namespace {
 // deletes expired results.
 func (p *prefillService) start() {
 	p.startOnce.Do(func() {
-		p.wg.Add(5)
+		workers := batchWorkers(p.n.opts.Prefill)
+		p.wg.Add(4 + workers)
 		go func() { defer p.wg.Done(); p.callbacks.run(p.ctx) }()
 		go p.work()
 		go p.reap()
-		go p.workBatches()
+		for range workers {
+			go p.workBatches()
+		}
 		go p.reapBatches()
 	})
 }
