@@ -67,10 +67,12 @@ const (
 
 type cpuLayer struct {
 	attnNorm, mlpNorm []float32
-	qkv               *matrix // [Q+2·KV][Dim]: q_proj, k_proj, v_proj stacked
-	o                 *matrix // [Dim][Q]
-	gateUp            *matrix // [2·FFN][Dim]: gate_proj, up_proj stacked
-	down              *matrix // [Dim][FFN]
+	qkv               *matrix   // [qkvWidth][Dim]: q_proj, k_proj, v_proj stacked (MLA: q_proj, kv_a_proj)
+	kvaNorm           []float32 // MLA: kv_a_layernorm
+	kvb               *matrix   // MLA: kv_b_proj [Heads·2·HeadDim][KVLoraRank]; nil without MLA
+	o                 *matrix   // [Dim][AttnDim]
+	gateUp            *matrix   // [2·FFN][Dim]: gate_proj, up_proj stacked
+	down              *matrix   // [Dim][FFN]
 }
 
 // cpuModel is the forward pass of every backend: the element-wise work and
@@ -116,19 +118,28 @@ func newModel(cfg Config, w *Weights, threads int) *cpuModel {
 		m.mats = append(m.mats, x)
 		return x
 	}
-	d, q, kvd, ffn := cfg.Dim, cfg.QDim(), cfg.KVDim(), cfg.FFNDim
+	d, ffn := cfg.Dim, cfg.FFNDim
 	for _, l := range w.Layers {
-		m.layers = append(m.layers, cpuLayer{
+		L := cpuLayer{
 			attnNorm: l.AttnNorm,
 			mlpNorm:  l.MLPNorm,
-			qkv:      mat(q+2*kvd, d, slices.Concat(l.Q, l.K, l.V)),
-			o:        mat(d, q, l.O),
+			qkv:      mat(cfg.qkvWidth(), d, slices.Concat(l.Q, l.K, l.V, l.KVA)), // K, V empty with MLA, KVA without
+			kvaNorm:  l.KVANorm,
+			o:        mat(d, cfg.AttnDim(), l.O),
 			gateUp:   mat(2*ffn, d, slices.Concat(l.Gate, l.Up)),
 			down:     mat(d, ffn, l.Down),
-		})
+		}
+		if cfg.MLA() {
+			L.kvb = mat(2*cfg.Heads*cfg.HeadDim, cfg.KVLoraRank, l.KVB)
+		}
+		m.layers = append(m.layers, L)
 	}
 	m.lmHead = mat(cfg.Vocab, d, w.LMHead)
-	m.cos, m.sin = ropeTable(cfg.MaxContext, cfg.HeadDim, cfg.RopeTheta)
+	rd := cfg.HeadDim
+	if cfg.MLA() {
+		rd = cfg.RopeDim
+	}
+	m.cos, m.sin = ropeTable(cfg.MaxContext, rd, cfg.RopeTheta)
 	return m
 }
 
@@ -139,13 +150,17 @@ func (m *cpuModel) Close() error { return m.passes.close() }
 // passes. Slices grow to the largest pass seen.
 type cpuScratch struct {
 	x    []float32 // [s][Dim], the residual stream
-	qkv  []float32 // [s][Q+2·KV]
-	attn []float32 // [s][Q]
+	qkv  []float32 // [s][qkvWidth]
+	attn []float32 // [s][AttnDim]
 	xn   []float32 // [rowChunk][Dim], normed input of a chunk
 	gu   []float32 // [rowChunk][2·FFN]
 	h    []float32 // [Dim], the last position after the final norm
 	// tiles holds one attention tile's scratch per worker.
 	tiles []*tileScratch
+	// MLA: the expanded k_nope and v of every position ([n][Heads·2·HeadDim]),
+	// every head's keys ([Heads][n][HeadDim+RopeDim]), one score tile per worker.
+	mlaKV, mlaK []float32
+	mlaScores   [][]float32
 }
 
 type tileScratch struct {
@@ -168,8 +183,8 @@ func (m *cpuModel) getScratch(s int) *cpuScratch {
 	}
 	chunk := min(s, rowChunk)
 	sc.x = grow(sc.x, s*c.Dim)
-	sc.qkv = grow(sc.qkv, s*(c.QDim()+2*c.KVDim()))
-	sc.attn = grow(sc.attn, s*c.QDim())
+	sc.qkv = grow(sc.qkv, s*c.qkvWidth())
+	sc.attn = grow(sc.attn, s*c.AttnDim())
 	sc.xn = grow(sc.xn, chunk*c.Dim)
 	sc.gu = grow(sc.gu, chunk*2*c.FFNDim)
 	sc.h = grow(sc.h, c.Dim)
@@ -260,7 +275,7 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 	defer m.scratch.Put(sc)
 
 	d, q, kvd, ffn := c.Dim, c.QDim(), c.KVDim(), c.FFNDim
-	w := q + 2*kvd
+	w, ad := c.qkvWidth(), c.AttnDim()
 	half := c.HeadDim / 2
 	x := sc.x[:s*d]
 	for i, t := range tokens {
@@ -271,8 +286,7 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 			return err
 		}
 		L := &m.layers[li]
-		K, V := kv.K(li), kv.V(li)
-		// Q, K, V of the new positions; RoPE on Q and K; K and V into the cache.
+		// Q, K, V (MLA: Q and the latent) of the new positions.
 		for r0 := 0; r0 < s; r0 += rowChunk {
 			rows := min(rowChunk, s-r0)
 			xn := sc.xn[:rows*d]
@@ -285,19 +299,27 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 				return err
 			}
 		}
-		m.parallel(s, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				p := start + i
-				row := sc.qkv[i*w : (i+1)*w]
-				cs, sn := m.cos[p*half:(p+1)*half], m.sin[p*half:(p+1)*half]
-				rope(row[:q], c.Heads, c.HeadDim, cs, sn)
-				rope(row[q:q+kvd], c.KVHeads, c.HeadDim, cs, sn)
-				copy(K[p*kvd:(p+1)*kvd], row[q:q+kvd])
-				copy(V[p*kvd:(p+1)*kvd], row[q+kvd:])
+		if c.MLA() {
+			if err := m.attentionMLA(ctx, p, sc, L, kv.Latent(li), start, s); err != nil {
+				return err
 			}
-		})
-		if err := m.attention(ctx, sc, start, s, K[:n*kvd], V[:n*kvd]); err != nil {
-			return err
+		} else {
+			// RoPE on Q and K; K and V into the cache.
+			K, V := kv.K(li), kv.V(li)
+			m.parallel(s, func(lo, hi int) {
+				for i := lo; i < hi; i++ {
+					p := start + i
+					row := sc.qkv[i*w : (i+1)*w]
+					cs, sn := m.cos[p*half:(p+1)*half], m.sin[p*half:(p+1)*half]
+					rope(row[:q], c.Heads, c.HeadDim, cs, sn)
+					rope(row[q:q+kvd], c.KVHeads, c.HeadDim, cs, sn)
+					copy(K[p*kvd:(p+1)*kvd], row[q:q+kvd])
+					copy(V[p*kvd:(p+1)*kvd], row[q+kvd:])
+				}
+			})
+			if err := m.attention(ctx, sc, start, s, K[:n*kvd], V[:n*kvd]); err != nil {
+				return err
+			}
 		}
 		// Output projection and feed-forward, both added to the residual.
 		for r0 := 0; r0 < s; r0 += rowChunk {
@@ -306,7 +328,7 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 			}
 			rows := min(rowChunk, s-r0)
 			xr := x[r0*d : (r0+rows)*d]
-			if err := p.linear(ctx, L.o, rows, sc.attn[r0*q:], q, 1, xr, d); err != nil {
+			if err := p.linear(ctx, L.o, rows, sc.attn[r0*ad:], ad, 1, xr, d); err != nil {
 				return err
 			}
 			xn := sc.xn[:rows*d]

@@ -46,7 +46,7 @@ func fourLayers() (Config, *Weights) {
 
 // TestDeviceMatchesCPU: the device backend's logits and K/V equal the CPU
 // backend's, cold and over K/V computed before (a cached prefix), on the
-// demo model and on a random 4-layer model, with prompts longer than one
+// demo model, on a random 4-layer model and on a small MLA model, with prompts longer than one
 // row chunk (so a product is cut in several). Every weight product went to
 // the device: the count is one per matrix per row chunk, plus the LM head.
 func TestDeviceMatchesCPU(t *testing.T) {
@@ -60,6 +60,7 @@ func TestDeviceMatchesCPU(t *testing.T) {
 	}{
 		{"demo", demo, SeededWeights(demo, 0), []int{1, 70, 130}},
 		{"4 layers", c4, w4, []int{1, 33, rowChunk + 77}},
+		{"mla", tinyMLAConfig(), tinyMLAWeights(), []int{1, 40, rowChunk + 9}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.c
@@ -82,13 +83,23 @@ func TestDeviceMatchesCPU(t *testing.T) {
 				got := NewKV(c, n)
 				gotLogits := forward(t, m, c, got, 0, tokens)
 				chunks := (n + rowChunk - 1) / rowChunk
-				if p := dev.Products() - before; p != 4*c.Layers*chunks+1 {
-					t.Errorf("n=%d: %d products on the device, want %d", n, p, 4*c.Layers*chunks+1)
+				products := 4*c.Layers*chunks + 1
+				if c.MLA() {
+					products += c.Layers // the latents' expansion, kv_b_proj
+				}
+				if p := dev.Products() - before; p != products {
+					t.Errorf("n=%d: %d products on the device, want %d", n, p, products)
 				}
 				if e := relErr(gotLogits, wantLogits); e > 1e-3 {
 					t.Errorf("n=%d: device logits differ from the CPU's by %.2g (relative)", n, e)
 				}
 				for l := range c.Layers {
+					if c.MLA() {
+						if e := relErr(got.Latent(l), want.Latent(l)); e > 1e-3 {
+							t.Errorf("n=%d layer %d: latent differs by %.2g", n, l, e)
+						}
+						continue
+					}
 					if e := relErr(got.K(l), want.K(l)); e > 1e-3 {
 						t.Errorf("n=%d layer %d: K differs by %.2g", n, l, e)
 					}

@@ -32,7 +32,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool) error {
 	if err != nil {
 		return err
 	}
-	if n := block.HeaderLen(len(h.Tokens)) + h.PayloadLen; len(b) != n {
+	if n := h.Len + h.PayloadLen; len(b) != n {
 		return fmt.Errorf("%w: %d bytes, header says %d", block.ErrCorrupt, len(b), n)
 	}
 	if a := auth.AccessFrom(ctx); !a.Allows(h.Tenant) {
@@ -164,8 +164,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool) error {
 // verifyPayload finishes what DecodeHeader and a length check started: the
 // payload checksum.
 func verifyPayload(b []byte, h *block.Header) error {
-	hl := block.HeaderLen(len(h.Tokens))
-	if sum := xxhash.Sum64(b[hl:]); sum != h.Checksum {
+	if sum := xxhash.Sum64(b[h.Len:]); sum != h.Checksum {
 		return fmt.Errorf("%w: payload checksum %016x, computed %016x", block.ErrCorrupt, h.Checksum, sum)
 	}
 	return nil

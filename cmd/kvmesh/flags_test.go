@@ -340,6 +340,44 @@ func TestServeLimitFlags(t *testing.T) {
 	}
 }
 
+// TestNamespaceFlags: the layout, scales, LoRA and key-scheme flags make
+// the namespace they name; a bad value is refused naming its flag.
+func TestNamespaceFlags(t *testing.T) {
+	parse := func(args ...string) (string, error) {
+		var nf namespaceFlags
+		c := &cobra.Command{Use: "x"}
+		nf.register(c)
+		if err := c.Flags().Parse(args); err != nil {
+			return "", err
+		}
+		ns, err := nf.namespace()
+		return ns.String(), err
+	}
+	ok := map[string][]string{
+		"kvmesh/demo/float32/b16/l0-2/latent576/tp0-1":                {"--kv-layout", "latent", "--latent-dim", "576"},
+		"kvmesh/demo/int8/b16/l0-2/kv2x16/tp0-1/scales-head/lora-sql": {"--dtype", "int8", "--scales", "head", "--lora", "sql"},
+		"kvmesh/demo/float32/b16/l0-2/kv2x16/tp0-1/vllm":              {"--key-scheme", "vllm", "--hash-seed", "0"},
+		"kvmesh/demo/fp8_e4m3/b16/l0-2/latent64/tp0-1/scales-block":   {"--kv-layout", "latent", "--latent-dim", "64", "--dtype", "fp8_e4m3", "--scales", "block"},
+	}
+	for want, args := range ok {
+		if got, err := parse(args...); err != nil || got != want {
+			t.Errorf("%v: namespace %s, %v; want %s", args, got, err, want)
+		}
+	}
+	bad := map[string][]string{
+		"--kv-layout":  {"--kv-layout", "mla"},
+		"--scales":     {"--scales", "tensor"},
+		"--key-scheme": {"--key-scheme", "lmcache"},
+		"latent_dim":   {"--kv-layout", "latent"},
+		"hash_seed":    {"--key-scheme", "vllm"},
+	}
+	for field, args := range bad {
+		if _, err := parse(args...); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%v: err %v, want one naming %s", args, err, field)
+		}
+	}
+}
+
 // TestServeQueueFlags: --queue-share, --queue-steal-interval and
 // --queue-lease reach BatchOptions; 0 (or less) means none or never.
 func TestServeQueueFlags(t *testing.T) {
