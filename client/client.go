@@ -218,7 +218,7 @@ func (c *Client) Close() error {
 func NamespaceProto(ns prefixhash.Namespace) *kvmeshv1.Namespace {
 	return &kvmeshv1.Namespace{
 		Model:       ns.Model,
-		Dtype:       kvmeshv1.DType(ns.DType),
+		Dtype:       kvmeshv1.Dtype(ns.DType),
 		BlockTokens: uint32(ns.BlockTokens),
 		LayerStart:  uint32(ns.LayerStart),
 		LayerEnd:    uint32(ns.LayerEnd),

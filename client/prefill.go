@@ -115,7 +115,7 @@ func (c *Client) Prefill(ctx context.Context, req PrefillRequest) (PrefillResult
 	if req.Session != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, SessionHeader, req.Session)
 	}
-	var resp *kvmeshv1.PrefillResult
+	var resp *kvmeshv1.PrefillResponse
 	call := func(ctx context.Context) (err error) {
 		resp, err = c.prefill.Prefill(ctx, pb)
 		return err
@@ -129,7 +129,7 @@ func (c *Client) Prefill(ctx context.Context, req PrefillRequest) (PrefillResult
 	if err != nil {
 		return PrefillResult{}, fmt.Errorf("client: prefill: %w", err)
 	}
-	return prefillResult(resp), nil
+	return prefillResult(resp.GetResult()), nil
 }
 
 // GetResult returns the state of a queued request, and its result once it
@@ -139,7 +139,7 @@ func (c *Client) GetResult(ctx context.Context, id string) (PrefillResult, error
 	if id == "" {
 		return PrefillResult{}, fmt.Errorf("%w: empty request id", ErrInvalid)
 	}
-	var resp *kvmeshv1.PrefillResult
+	var resp *kvmeshv1.GetResultResponse
 	err := c.retry(ctx, func(ctx context.Context) (err error) {
 		resp, err = c.prefill.GetResult(ctx, &kvmeshv1.GetResultRequest{RequestId: id})
 		return err
@@ -147,7 +147,7 @@ func (c *Client) GetResult(ctx context.Context, id string) (PrefillResult, error
 	if err != nil {
 		return PrefillResult{}, fmt.Errorf("client: get result: %w", err)
 	}
-	return prefillResult(resp), nil
+	return prefillResult(resp.GetResult()), nil
 }
 
 // WaitResult polls GetResult every poll (default 100ms) until the request
@@ -193,7 +193,7 @@ var ErrNoEngine = errors.New("client: the node serves no prefill engine")
 // queue. It wraps ErrNoEngine (and the Unimplemented status) when the node
 // runs without one.
 func (c *Client) Engine(ctx context.Context) (Engine, error) {
-	var resp *kvmeshv1.EngineInfo
+	var resp *kvmeshv1.EngineResponse
 	err := c.retry(ctx, func(ctx context.Context) (err error) {
 		resp, err = c.prefill.Engine(ctx, &kvmeshv1.EngineRequest{})
 		return err

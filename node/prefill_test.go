@@ -438,8 +438,9 @@ func TestPrefillBadInput(t *testing.T) {
 		}
 	}
 	// Still serving, and the engine's own namespace and model are accepted.
-	res, err := pn.raw.Prefill(context.Background(), &kvmeshv1.PrefillRequest{Namespace: client.NamespaceProto(pn.ns), Model: pn.ns.Model,
+	resp, err := pn.raw.Prefill(context.Background(), &kvmeshv1.PrefillRequest{Namespace: client.NamespaceProto(pn.ns), Model: pn.ns.Model,
 		Tokens: prefill.TokenizeBytes("still serving")})
+	res := resp.GetResult()
 	if err != nil || res.GetUsage().GetPromptTokens() != 13 || len(res.GetTopTokens()) != 5 {
 		t.Fatalf("after the refusals: %v, %v", res, err)
 	}
@@ -458,15 +459,15 @@ func TestPrefillSessionIsAHint(t *testing.T) {
 	pn.run(t, tokens, "alice")
 	pn.waitCached(t, tokens)
 	ctx := metadata.AppendToOutgoingContext(context.Background(), SessionHeader, "bob")
-	res, err := pn.raw.Prefill(ctx, &kvmeshv1.PrefillRequest{Tokens: tokens})
+	pr, err := pn.raw.Prefill(ctx, &kvmeshv1.PrefillRequest{Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.GetSession() != "bob" || res.GetUsage().GetCachedTokens() != uint64(4*c.BlockTokens) {
+	if res := pr.GetResult(); res.GetSession() != "bob" || res.GetUsage().GetCachedTokens() != uint64(4*c.BlockTokens) {
 		t.Errorf("another session, from the header: %v; want session bob and the 64 cached tokens alice's request left", res)
 	}
-	res, err = pn.raw.Prefill(context.Background(), &kvmeshv1.PrefillRequest{Tokens: tokens})
-	if err != nil || res.GetUsage().GetCachedTokens() != uint64(4*c.BlockTokens) || res.GetSession() != "" {
+	pr, err = pn.raw.Prefill(context.Background(), &kvmeshv1.PrefillRequest{Tokens: tokens})
+	if res := pr.GetResult(); err != nil || res.GetUsage().GetCachedTokens() != uint64(4*c.BlockTokens) || res.GetSession() != "" {
 		t.Errorf("no session: %v, %v", res, err)
 	}
 

@@ -249,7 +249,7 @@ func TestTenantsIsolated(t *testing.T) {
 			_, err = tc.a.admin.DropNamespace(ctx, &kvmeshv1.DropNamespaceRequest{Digest: digest})
 		case "cluster method as tenant":
 			conn, _ := grpc.NewClient(nodes[0].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(rawAuth("Bearer beta-admin")))
-			_, err = kvmeshv1.NewPeerServiceClient(conn).Lookup(ctx, &kvmeshv1.PeerLookupRequest{Keys: keys[0][:], Runs: []uint32{1}})
+			_, err = kvmeshv1.NewPeerServiceClient(conn).Lookup(ctx, &kvmeshv1.PeerServiceLookupRequest{Keys: keys[0][:], Runs: []uint32{1}})
 			conn.Close()
 		default:
 			_, err = tc.a.admin.SetQuota(ctx, tc.req)

@@ -4,9 +4,10 @@
 //
 // Services of kvmesh.v1: CacheService (Lookup, BatchGet, BatchPut, Exists,
 // Publish, Stats) for inference workers, AdminService (Members,
-// DropNamespace, BlockInfo) for operators, PeerService (Lookup) that nodes
-// ask each other, and PrefillService (Prefill, GetResult), which is defined
-// but not yet served. Nodes also serve grpc.health.v1 and server reflection.
+// DropNamespace, BlockInfo, SetQuota, Quotas, WhoAmI) for operators,
+// PeerService (Lookup) that nodes ask each other, and PrefillService
+// (Prefill, GetResult, Engine) for the bundled engine. Nodes also serve
+// grpc.health.v1 and server reflection.
 //
 // The generated files are committed. After editing a .proto, regenerate
 // everything with
@@ -16,6 +17,17 @@
 // which pins its tools: Debian's protoc 3.21.12, protoc-gen-go v1.36.12 (the
 // protobuf version in go.mod), protoc-gen-go-grpc v1.6.2 and Debian's
 // python3-grpc-tools. Field numbers are never reused; removed fields are
-// reserved. kvmesh/v1/codec.go is written by hand: the proto codec that
+// reserved.
+//
+// The contract is checked by buf (buf.yaml at the repository root, pinned by
+// proto/tools/package-lock.json):
+//
+//	(cd proto/tools && npm ci) && bash proto/check.sh
+//
+// runs buf lint (the STANDARD rules, no exceptions) and buf breaking against
+// proto/released, the last released contract (see its README.md): a change
+// that removes or renames anything fails; additions pass. CI runs it.
+//
+// kvmesh/v1/codec.go is written by hand: the proto codec that
 // nodes and the Go client use on their connections (kvmeshv1.Codec).
 package proto

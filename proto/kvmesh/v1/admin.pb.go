@@ -581,7 +581,7 @@ type BlockInfoResponse struct {
 	PayloadLen uint64 `protobuf:"varint,7,opt,name=payload_len,json=payloadLen,proto3" json:"payload_len,omitempty"`
 	EncodedLen uint64 `protobuf:"varint,8,opt,name=encoded_len,json=encodedLen,proto3" json:"encoded_len,omitempty"`
 	// The payload layout.
-	Dtype         DType  `protobuf:"varint,9,opt,name=dtype,proto3,enum=kvmesh.v1.DType" json:"dtype,omitempty"`
+	Dtype         Dtype  `protobuf:"varint,9,opt,name=dtype,proto3,enum=kvmesh.v1.Dtype" json:"dtype,omitempty"`
 	LayerStart    uint32 `protobuf:"varint,10,opt,name=layer_start,json=layerStart,proto3" json:"layer_start,omitempty"`
 	LayerEnd      uint32 `protobuf:"varint,11,opt,name=layer_end,json=layerEnd,proto3" json:"layer_end,omitempty"`
 	KvHeads       uint32 `protobuf:"varint,12,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
@@ -676,11 +676,11 @@ func (x *BlockInfoResponse) GetEncodedLen() uint64 {
 	return 0
 }
 
-func (x *BlockInfoResponse) GetDtype() DType {
+func (x *BlockInfoResponse) GetDtype() Dtype {
 	if x != nil {
 		return x.Dtype
 	}
-	return DType_DTYPE_UNSPECIFIED
+	return Dtype_DTYPE_UNSPECIFIED
 }
 
 func (x *BlockInfoResponse) GetLayerStart() uint32 {
@@ -1121,7 +1121,7 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"payloadLen\x12\x1f\n" +
 	"\vencoded_len\x18\b \x01(\x04R\n" +
 	"encodedLen\x12&\n" +
-	"\x05dtype\x18\t \x01(\x0e2\x10.kvmesh.v1.DTypeR\x05dtype\x12\x1f\n" +
+	"\x05dtype\x18\t \x01(\x0e2\x10.kvmesh.v1.DtypeR\x05dtype\x12\x1f\n" +
 	"\vlayer_start\x18\n" +
 	" \x01(\rR\n" +
 	"layerStart\x12\x1b\n" +
@@ -1195,13 +1195,13 @@ var file_kvmesh_v1_admin_proto_goTypes = []any{
 	(*NamespaceQuota)(nil),        // 14: kvmesh.v1.NamespaceQuota
 	(*QuotasResponse)(nil),        // 15: kvmesh.v1.QuotasResponse
 	(*Namespace)(nil),             // 16: kvmesh.v1.Namespace
-	(DType)(0),                    // 17: kvmesh.v1.DType
+	(Dtype)(0),                    // 17: kvmesh.v1.Dtype
 }
 var file_kvmesh_v1_admin_proto_depIdxs = []int32{
 	3,  // 0: kvmesh.v1.Member.tiers:type_name -> kvmesh.v1.TierCapacity
 	4,  // 1: kvmesh.v1.MembersResponse.members:type_name -> kvmesh.v1.Member
 	16, // 2: kvmesh.v1.DropNamespaceRequest.namespace:type_name -> kvmesh.v1.Namespace
-	17, // 3: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.DType
+	17, // 3: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.Dtype
 	16, // 4: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
 	10, // 5: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
 	14, // 6: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
