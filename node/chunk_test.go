@@ -120,6 +120,9 @@ func TestChunkKeysRefused(t *testing.T) {
 		if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.HasPrefix(st.Message(), field) {
 			t.Errorf("%s: %v; want InvalidArgument naming %s", what, err, field)
 		}
+		if _, got := wantRefusal(t, err, codes.InvalidArgument, kvmeshv1.ErrorReason_ERROR_REASON_INVALID_FIELD); got != field {
+			t.Errorf("%s: BadRequest names %q, want %q", what, got, field)
+		}
 	}
 	_, err = tn.raw.Exists(ctx, &kvmeshv1.ExistsRequest{Keys: raw(keys), ChunkKeys: raw(keys[:1])})
 	check("Exists with one chunk key for two keys", err, "chunk_keys")

@@ -282,6 +282,7 @@ func TestResourceExhausted(t *testing.T) {
 	if status.Code(errors.Unwrap(err)) != codes.ResourceExhausted {
 		t.Fatalf("Put into a full cache: %v, want ResourceExhausted", err)
 	}
+	wantRefusal(t, err, codes.ResourceExhausted, kvmeshv1.ErrorReason_ERROR_REASON_CACHE_FULL)
 	if l, err := tn.client.Lookup(ctx, testNS, tokens); err != nil || l.CachedBlocks != 2 {
 		t.Fatalf("after a refused put, Lookup = %+v, %v; want the 2 blocks that fit", l, err)
 	}

@@ -329,7 +329,7 @@ func (p *prefillService) prefill(ctx context.Context, req *kvmeshv1.PrefillReque
 		case errors.Is(err, errQueueFull):
 			p.metrics.failed.WithLabelValues(mode).Inc()
 			p.metrics.queueRejected.Inc()
-			return nil, status.Errorf(codes.ResourceExhausted, "%v; retry later, or run the prompt synchronously", err)
+			return nil, exhausted(kvmeshv1.ErrorReason_ERROR_REASON_QUEUE_FULL, nil, "node:prefill_queue", "%v; retry later, or run the prompt synchronously", err)
 		case errors.Is(err, errQueueClosed):
 			return nil, status.Errorf(codes.Unavailable, "node is shutting down: %v", err)
 		case err != nil:

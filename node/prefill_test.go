@@ -385,6 +385,7 @@ func TestPrefillQueueFull(t *testing.T) {
 		if st, _ := status.FromError(errors.Unwrap(err)); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "limit is 2") {
 			t.Fatalf("third request into a queue of 2: %v; want ResourceExhausted naming the limit", err)
 		}
+		wantRefusal(t, err, codes.ResourceExhausted, kvmeshv1.ErrorReason_ERROR_REASON_QUEUE_FULL)
 	}
 	hold(false)
 	cancel() // the engine is free: the queue drains

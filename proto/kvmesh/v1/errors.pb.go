@@ -32,9 +32,13 @@ const (
 //	RESOURCE_EXHAUSTED  google.rpc.QuotaFailure: one violation whose subject
 //	                    names what ran out ("namespace:<digest hex>",
 //	                    "node:max_inflight_bytes", "node:cache",
-//	                    "node:prefill_queue", "request:max_message_bytes").
+//	                    "node:prefill_queue").
 //	PERMISSION_DENIED   ErrorInfo alone; its metadata names the scope or the
 //	                    namespace refused.
+//
+// One exception: a message over the node's max_message_bytes is refused by
+// gRPC itself, before the node sees the request, as RESOURCE_EXHAUSTED with
+// no details.
 //
 // The reasons are stable: a reason is never renamed or reused, new ones may
 // be added (a client treats an unknown reason as its status code alone).
@@ -66,14 +70,12 @@ const (
 	ErrorReason_ERROR_REASON_NODE_BUSY ErrorReason = 8
 	// RESOURCE_EXHAUSTED: the prefill queue is full.
 	ErrorReason_ERROR_REASON_QUEUE_FULL ErrorReason = 9
-	// RESOURCE_EXHAUSTED: a message exceeds the node's max_message_bytes.
-	ErrorReason_ERROR_REASON_MESSAGE_TOO_LARGE ErrorReason = 10
 	// PERMISSION_DENIED: the caller's token lacks the scope the call needs
 	// (metadata "scope", "method").
-	ErrorReason_ERROR_REASON_SCOPE_MISSING ErrorReason = 11
+	ErrorReason_ERROR_REASON_SCOPE_MISSING ErrorReason = 10
 	// PERMISSION_DENIED: a tenant named a namespace digest that is not one of
 	// its own on this node (metadata "namespace_digest").
-	ErrorReason_ERROR_REASON_NAMESPACE_FORBIDDEN ErrorReason = 12
+	ErrorReason_ERROR_REASON_NAMESPACE_FORBIDDEN ErrorReason = 11
 )
 
 // Enum value maps for ErrorReason.
@@ -89,9 +91,8 @@ var (
 		7:  "ERROR_REASON_CACHE_FULL",
 		8:  "ERROR_REASON_NODE_BUSY",
 		9:  "ERROR_REASON_QUEUE_FULL",
-		10: "ERROR_REASON_MESSAGE_TOO_LARGE",
-		11: "ERROR_REASON_SCOPE_MISSING",
-		12: "ERROR_REASON_NAMESPACE_FORBIDDEN",
+		10: "ERROR_REASON_SCOPE_MISSING",
+		11: "ERROR_REASON_NAMESPACE_FORBIDDEN",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":         0,
@@ -104,9 +105,8 @@ var (
 		"ERROR_REASON_CACHE_FULL":          7,
 		"ERROR_REASON_NODE_BUSY":           8,
 		"ERROR_REASON_QUEUE_FULL":          9,
-		"ERROR_REASON_MESSAGE_TOO_LARGE":   10,
-		"ERROR_REASON_SCOPE_MISSING":       11,
-		"ERROR_REASON_NAMESPACE_FORBIDDEN": 12,
+		"ERROR_REASON_SCOPE_MISSING":       10,
+		"ERROR_REASON_NAMESPACE_FORBIDDEN": 11,
 	}
 )
 
@@ -141,7 +141,7 @@ var File_kvmesh_v1_errors_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16kvmesh/v1/errors.proto\x12\tkvmesh.v1*\xb5\x03\n" +
+	"\x16kvmesh/v1/errors.proto\x12\tkvmesh.v1*\x91\x03\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aERROR_REASON_INVALID_FIELD\x10\x01\x12 \n" +
@@ -152,11 +152,10 @@ const file_kvmesh_v1_errors_proto_rawDesc = "" +
 	"\x1bERROR_REASON_QUOTA_EXCEEDED\x10\x06\x12\x1b\n" +
 	"\x17ERROR_REASON_CACHE_FULL\x10\a\x12\x1a\n" +
 	"\x16ERROR_REASON_NODE_BUSY\x10\b\x12\x1b\n" +
-	"\x17ERROR_REASON_QUEUE_FULL\x10\t\x12\"\n" +
-	"\x1eERROR_REASON_MESSAGE_TOO_LARGE\x10\n" +
-	"\x12\x1e\n" +
-	"\x1aERROR_REASON_SCOPE_MISSING\x10\v\x12$\n" +
-	" ERROR_REASON_NAMESPACE_FORBIDDEN\x10\fB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
+	"\x17ERROR_REASON_QUEUE_FULL\x10\t\x12\x1e\n" +
+	"\x1aERROR_REASON_SCOPE_MISSING\x10\n" +
+	"\x12$\n" +
+	" ERROR_REASON_NAMESPACE_FORBIDDEN\x10\vB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
 
 var (
 	file_kvmesh_v1_errors_proto_rawDescOnce sync.Once

@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/errors.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x16kvmesh/v1/errors.proto\x12\tkvmesh.v1*\xb5\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x45RROR_REASON_INVALID_FIELD\x10\x01\x12 \n\x1c\x45RROR_REASON_TOO_MANY_BLOCKS\x10\x02\x12 \n\x1c\x45RROR_REASON_BLOCK_TOO_LARGE\x10\x03\x12\x1e\n\x1a\x45RROR_REASON_BLOCK_CORRUPT\x10\x04\x12#\n\x1f\x45RROR_REASON_INVALID_PAGE_TOKEN\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_QUOTA_EXCEEDED\x10\x06\x12\x1b\n\x17\x45RROR_REASON_CACHE_FULL\x10\x07\x12\x1a\n\x16\x45RROR_REASON_NODE_BUSY\x10\x08\x12\x1b\n\x17\x45RROR_REASON_QUEUE_FULL\x10\t\x12\"\n\x1e\x45RROR_REASON_MESSAGE_TOO_LARGE\x10\n\x12\x1e\n\x1a\x45RROR_REASON_SCOPE_MISSING\x10\x0b\x12$\n ERROR_REASON_NAMESPACE_FORBIDDEN\x10\x0c\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x16kvmesh/v1/errors.proto\x12\tkvmesh.v1*\x91\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x45RROR_REASON_INVALID_FIELD\x10\x01\x12 \n\x1c\x45RROR_REASON_TOO_MANY_BLOCKS\x10\x02\x12 \n\x1c\x45RROR_REASON_BLOCK_TOO_LARGE\x10\x03\x12\x1e\n\x1a\x45RROR_REASON_BLOCK_CORRUPT\x10\x04\x12#\n\x1f\x45RROR_REASON_INVALID_PAGE_TOKEN\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_QUOTA_EXCEEDED\x10\x06\x12\x1b\n\x17\x45RROR_REASON_CACHE_FULL\x10\x07\x12\x1a\n\x16\x45RROR_REASON_NODE_BUSY\x10\x08\x12\x1b\n\x17\x45RROR_REASON_QUEUE_FULL\x10\t\x12\x1e\n\x1a\x45RROR_REASON_SCOPE_MISSING\x10\n\x12$\n ERROR_REASON_NAMESPACE_FORBIDDEN\x10\x0b\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
 )
 
 _ERRORREASON = _descriptor.EnumDescriptor(
@@ -70,22 +70,18 @@ _ERRORREASON = _descriptor.EnumDescriptor(
       options=None,
       type=None),
     _descriptor.EnumValueDescriptor(
-      name='ERROR_REASON_MESSAGE_TOO_LARGE', index=10, number=10,
+      name='ERROR_REASON_SCOPE_MISSING', index=10, number=10,
       options=None,
       type=None),
     _descriptor.EnumValueDescriptor(
-      name='ERROR_REASON_SCOPE_MISSING', index=11, number=11,
-      options=None,
-      type=None),
-    _descriptor.EnumValueDescriptor(
-      name='ERROR_REASON_NAMESPACE_FORBIDDEN', index=12, number=12,
+      name='ERROR_REASON_NAMESPACE_FORBIDDEN', index=11, number=11,
       options=None,
       type=None),
   ],
   containing_type=None,
   options=None,
   serialized_start=38,
-  serialized_end=475,
+  serialized_end=439,
 )
 _sym_db.RegisterEnumDescriptor(_ERRORREASON)
 
@@ -100,9 +96,8 @@ ERROR_REASON_QUOTA_EXCEEDED = 6
 ERROR_REASON_CACHE_FULL = 7
 ERROR_REASON_NODE_BUSY = 8
 ERROR_REASON_QUEUE_FULL = 9
-ERROR_REASON_MESSAGE_TOO_LARGE = 10
-ERROR_REASON_SCOPE_MISSING = 11
-ERROR_REASON_NAMESPACE_FORBIDDEN = 12
+ERROR_REASON_SCOPE_MISSING = 10
+ERROR_REASON_NAMESPACE_FORBIDDEN = 11
 
 
 DESCRIPTOR.enum_types_by_name['ErrorReason'] = _ERRORREASON
