@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -106,10 +105,6 @@ func (o *Options) ensureDefaults() {
 	}
 }
 
-// ErrInvalid is wrapped by errors about arguments the client refuses before
-// any request is sent.
-var ErrInvalid = errors.New("client: invalid argument")
-
 // Client talks to one kvmesh node.
 type Client struct {
 	opts  Options
@@ -172,14 +167,10 @@ func Dial(addr string, opts Options) (*Client, error) {
 
 // New returns a client over an existing connection, which the caller keeps
 // owning (Close does not close it); the connection carries the node's
-// credentials, Options.TLS and Token serve the data plane only. It panics on an unknown
-// Options.Transport (Dial returns the error).
-func New(conn grpc.ClientConnInterface, opts Options) *Client {
-	c, err := newClient(conn, opts)
-	if err != nil {
-		panic(err)
-	}
-	return c
+// credentials, Options.TLS and Token serve the data plane only. It fails
+// (ErrInvalid) on options it cannot use, as Dial does.
+func New(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
+	return newClient(conn, opts)
 }
 
 func newClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {

@@ -39,5 +39,19 @@
 // cluster's chunk size; GetKeys and Exists, given keys alone, do not, and the
 // node then asks every member.
 //
+// Errors: a call the node refuses returns an *Error carrying its gRPC status
+// code, the reason the node gave (a stable name, see
+// proto/kvmesh/v1/errors.proto) and the field or limit at fault; it matches
+// the sentinel of its class with errors.Is (ErrInvalid, ErrNotFound,
+// ErrExhausted, ErrQuota, ErrPermission, ErrUnauthenticated,
+// ErrUnavailable), and status.Code still reads its code.
+//
+// Buffers: Get returns payloads the caller keeps; GetInto copies them into
+// buffers the caller owns and reuses; GetKeys lends each block for the
+// duration of its callback. Put does not retain the payloads it is given.
+//
+// The API speaks Go types (Stats, Cluster, Quotas, BlockInfo); lists the
+// node returns a page at a time are followed to their end.
+//
 // A Client is safe for concurrent use.
 package client

@@ -127,7 +127,7 @@ func (c *Client) Prefill(ctx context.Context, req PrefillRequest) (PrefillResult
 		err = c.retry(ctx, call)
 	}
 	if err != nil {
-		return PrefillResult{}, fmt.Errorf("client: prefill: %w", err)
+		return PrefillResult{}, callError("prefill", err)
 	}
 	return prefillResult(resp.GetResult()), nil
 }
@@ -145,7 +145,7 @@ func (c *Client) GetResult(ctx context.Context, id string) (PrefillResult, error
 		return err
 	})
 	if err != nil {
-		return PrefillResult{}, fmt.Errorf("client: get result: %w", err)
+		return PrefillResult{}, callError("get result", err)
 	}
 	return prefillResult(resp.GetResult()), nil
 }
@@ -202,7 +202,7 @@ func (c *Client) Engine(ctx context.Context) (Engine, error) {
 		if status.Code(err) == codes.Unimplemented {
 			return Engine{}, fmt.Errorf("%w: %w", ErrNoEngine, err)
 		}
-		return Engine{}, fmt.Errorf("client: engine: %w", err)
+		return Engine{}, callError("engine", err)
 	}
 	ns := resp.GetNamespace()
 	return Engine{

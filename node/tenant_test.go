@@ -249,7 +249,7 @@ func TestQuotas(t *testing.T) {
 	if ra := row(nsA); !ra.GetOwn() || ra.GetQuota().GetNvmeBytes() != uint64(blk/2) {
 		t.Fatalf("tenant A's quota after a restart: %v", ra)
 	}
-	if ra, err := n.client.ClearQuota(ctx, nsA); err != nil || ra.GetOwn() || ra.GetQuota().GetDramBytes() != uint64(8*blk) {
+	if ra, err := n.client.ClearQuota(ctx, nsA); err != nil || ra.Own || ra.Quota.DRAMBytes != 8*blk {
 		t.Fatalf("ClearQuota = %v, %v; want the default quota in force", ra, err)
 	}
 	if _, err := n.client.Put(ctx, nsA, tok, pay); err != nil {
