@@ -78,6 +78,22 @@ const (
 	TransportGRPC = "grpc"
 )
 
+// validate refuses options no client can use (with defaults filled in).
+func (o *Options) validate() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"Timeout", int64(o.Timeout)}, {"Backoff", int64(o.Backoff)}, {"MaxMessageBytes", int64(o.MaxMessageBytes)},
+		{"ChunkBytes", int64(o.ChunkBytes)}, {"MaxBatchBlocks", int64(o.MaxBatchBlocks)}, {"MaxBlockBytes", int64(o.MaxBlockBytes)},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("%w: Options.%s is negative (%d)", ErrInvalid, f.name, f.v)
+		}
+	}
+	return nil
+}
+
 func (o *Options) ensureDefaults() {
 	if o.Timeout == 0 {
 		o.Timeout = 30 * time.Second
@@ -175,6 +191,9 @@ func New(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 
 func newClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 	opts.ensureDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
 	c := &Client{
 		opts:    opts,
 		cache:   kvmeshv1.NewCacheServiceClient(conn),

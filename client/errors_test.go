@@ -110,6 +110,14 @@ func TestNewRefusesOptions(t *testing.T) {
 	if _, err := Dial("127.0.0.1:1", Options{Transport: "carrier pigeon"}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Dial with an unknown transport = %v; want ErrInvalid", err)
 	}
+	for _, o := range []Options{{Timeout: -1}, {MaxMessageBytes: -1}, {ChunkBytes: -5}, {MaxBatchBlocks: -1}} {
+		if _, err := New(noNode{}, o); !errors.Is(err, ErrInvalid) {
+			t.Errorf("New(%+v) = %v; want ErrInvalid", o, err)
+		}
+	}
+	if c, err := New(noNode{}, Options{MaxRetries: -1}); err != nil || c == nil {
+		t.Errorf("New with retries off = %v, %v", c, err)
+	}
 }
 
 // paging answers Quotas and Members one entry a page.

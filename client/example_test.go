@@ -57,6 +57,30 @@ func prompt() ([]uint32, [][]byte) {
 	return tokens, payloads
 }
 
+// dial starts a node and returns a client of it (as ExampleDial does), and
+// how to close both.
+func dial() (*client.Client, func()) {
+	addr, stop := startNode()
+	c, err := client.Dial(addr, client.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	return c, func() {
+		c.Close()
+		stop()
+	}
+}
+
+// cachedPrompt is dial with prompt's blocks put in the cache.
+func cachedPrompt() (*client.Client, func()) {
+	c, stop := dial()
+	tokens, payloads := prompt()
+	if _, err := c.Put(context.Background(), ns, tokens, payloads); err != nil {
+		log.Fatal(err)
+	}
+	return c, stop
+}
+
 func ExampleDial() {
 	addr, stop := startNode()
 	defer stop()
@@ -75,13 +99,8 @@ func ExampleDial() {
 }
 
 func ExampleClient_Put() {
-	addr, stop := startNode()
+	c, stop := dial()
 	defer stop()
-	c, err := client.Dial(addr, client.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer c.Close()
 
 	tokens, payloads := prompt()
 	keys, err := c.Put(context.Background(), ns, tokens, payloads)
@@ -93,13 +112,8 @@ func ExampleClient_Put() {
 }
 
 func ExampleClient_Lookup() {
-	addr, stop := startNode()
+	c, stop := dial()
 	defer stop()
-	c, err := client.Dial(addr, client.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer c.Close()
 	ctx := context.Background()
 	tokens, payloads := prompt()
 	if _, err := c.Put(ctx, ns, tokens, payloads[:1]); err != nil {
@@ -115,18 +129,10 @@ func ExampleClient_Lookup() {
 }
 
 func ExampleClient_Get() {
-	addr, stop := startNode()
+	c, stop := cachedPrompt()
 	defer stop()
-	c, err := client.Dial(addr, client.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer c.Close()
 	ctx := context.Background()
 	tokens, payloads := prompt()
-	if _, err := c.Put(ctx, ns, tokens, payloads); err != nil {
-		log.Fatal(err)
-	}
 
 	blocks, err := c.Get(ctx, ns, tokens)
 	if err != nil {
@@ -141,18 +147,10 @@ func ExampleClient_Get() {
 }
 
 func ExampleClient_GetInto() {
-	addr, stop := startNode()
+	c, stop := cachedPrompt()
 	defer stop()
-	c, err := client.Dial(addr, client.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer c.Close()
 	ctx := context.Background()
 	tokens, payloads := prompt()
-	if _, err := c.Put(ctx, ns, tokens, payloads); err != nil {
-		log.Fatal(err)
-	}
 
 	// The worker's own buffers (its KV cache pages, say), reused for every
 	// prompt: one per block it can take.
@@ -166,20 +164,10 @@ func ExampleClient_GetInto() {
 }
 
 func ExampleClient_Stats() {
-	addr, stop := startNode()
+	c, stop := cachedPrompt()
 	defer stop()
-	c, err := client.Dial(addr, client.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer c.Close()
-	ctx := context.Background()
-	tokens, payloads := prompt()
-	if _, err := c.Put(ctx, ns, tokens, payloads); err != nil {
-		log.Fatal(err)
-	}
 
-	st, err := c.Stats(ctx)
+	st, err := c.Stats(context.Background())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -192,20 +180,15 @@ func ExampleClient_Stats() {
 // A refusal matches a sentinel error, and errors.As reaches the reason and
 // the details the node sent.
 func ExampleError() {
-	addr, stop := startNode()
+	c, stop := dial()
 	defer stop()
-	c, err := client.Dial(addr, client.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer c.Close()
 	ctx := context.Background()
 	if _, err := c.SetQuota(ctx, ns, client.Quota{DRAMBytes: 1024, NVMeBytes: 1024}); err != nil {
 		log.Fatal(err)
 	}
 	tokens, payloads := prompt()
 
-	_, err = c.Put(ctx, ns, tokens, payloads)
+	_, err := c.Put(ctx, ns, tokens, payloads)
 	fmt.Println("over the quota:", errors.Is(err, client.ErrQuota))
 	var e *client.Error
 	if errors.As(err, &e) {

@@ -53,13 +53,21 @@ func (noNode) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.CallO
 
 // TestGetComparesTokens: Get keeps the blocks that hold the prompt's tokens
 // and ends the prefix at one that does not, counting it.
-func TestGetComparesTokens(t *testing.T) {
+// lyingClient returns a client that reads through lyingBulk (set c.bulk),
+// a namespace and a prompt of 4 blocks.
+func lyingClient(t *testing.T) (*Client, prefixhash.Namespace, []uint32) {
+	t.Helper()
 	ns := prefixhash.Namespace{Model: "test/client", DType: prefixhash.Float16, BlockTokens: 4, LayerEnd: 1, KVHeads: 1, HeadDim: 4}
 	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 	c, err := newClient(noNode{}, Options{Transport: TransportGRPC})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, ns, tokens
+}
+
+func TestGetComparesTokens(t *testing.T) {
+	c, ns, tokens := lyingClient(t)
 	c.bulk = lyingBulk{tokens: tokens, bad: 2}
 	blocks, err := c.Get(context.Background(), ns, tokens)
 	if err != nil {
@@ -78,12 +86,7 @@ func TestGetComparesTokens(t *testing.T) {
 // at most len(dst) blocks, stops where Get stops, and refuses buffers of
 // the wrong size before asking anything.
 func TestGetInto(t *testing.T) {
-	ns := prefixhash.Namespace{Model: "test/client", DType: prefixhash.Float16, BlockTokens: 4, LayerEnd: 1, KVHeads: 1, HeadDim: 4}
-	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
-	c, err := newClient(noNode{}, Options{Transport: TransportGRPC})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, ns, tokens := lyingClient(t)
 	c.bulk = lyingBulk{tokens: tokens, bad: 2}
 	dst := make([][]byte, 4)
 	for i := range dst {
