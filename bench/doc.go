@@ -11,7 +11,7 @@
 //
 //	transfer  the data plane (transfer.Client, transfer.ShmClient) against a
 //	          raw TCP stream and copy() of the same bytes, interleaved, with
-//	          the transfer package's own measurement loops (transfer.Testbed)
+//	          the transfer package's own measurement loops (transfertest.Testbed)
 //	store     GET/SET of whole blocks through the Go client, network and
 //	          shared-memory paths, against Redis by the same load loop
 //	lookup    longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes;

@@ -46,7 +46,7 @@ type Block struct {
 	Index       int
 	Key, Parent prefixhash.Key
 	// Tokens are the block's TraceBlockTokens tokens, Encoded the block as
-	// store.Encode writes it (header and payload), and Payload the
+	// block.Encode writes it (header and payload), and Payload the
 	// payload, the tail of Encoded; all are nil unless the replay was asked
 	// to encode (ReplayOptions.Encode).
 	Tokens  []uint32
@@ -100,7 +100,7 @@ type ReplayOptions struct {
 	// possible (sequential and deterministic), 256 when honouring timestamps.
 	Concurrency int
 	// Encode makes every prompt carry its tokens, and every published
-	// block its tokens, payload and store.Encode bytes, which a kvmesh
+	// block its tokens, payload and block.Encode bytes, which a kvmesh
 	// cluster needs and the simulation does not.
 	Encode bool
 	// Bar, if set, advances by one per request.

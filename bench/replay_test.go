@@ -8,8 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 func workload(t *testing.T, tr *Trace) *Workload {
@@ -192,7 +192,7 @@ func (n *recordingNode) LongestPrefix(ctx context.Context, p Prompt) (int, error
 func (n *recordingNode) Put(ctx context.Context, p Prompt, blocks []Block) error {
 	chain := p.Keys
 	for _, b := range blocks {
-		blk, err := store.Decode(b.Encoded, 1<<20)
+		blk, err := block.Decode(b.Encoded, 1<<20)
 		if err != nil {
 			n.t.Errorf("block %d does not decode: %v", b.Index, err)
 			continue

@@ -286,6 +286,10 @@ type SuiteFlags struct {
 	// and workers (--concurrency). Default: SoakOptions's.
 	SoakDuration    time.Duration
 	SoakConcurrency int
+	// Backlog runs the serve suite's backlog variant with that many queued
+	// requests (--backlog; ServeOptions.Backlog). Default 0: the sessions
+	// across routing policies.
+	Backlog int
 }
 
 // Suites returns every suite, in the order `all` runs them: transfer,
@@ -302,7 +306,7 @@ func Suites(f SuiteFlags) []Suite {
 		}
 	}
 	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{},
-		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{},
+		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{Options: ServeOptions{Backlog: f.Backlog}},
 		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}}
 }
 

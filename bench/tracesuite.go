@@ -7,8 +7,8 @@ import (
 	"math"
 	"slices"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // TraceOptions configures the trace suite. Zero fields take the defaults
@@ -202,7 +202,7 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	if enough == 0 {
 		enough = max(ideal.DistinctFullBlocks, 1)
 	}
-	blockBytes := store.EncodedLen(o.Namespace.BlockTokens, o.Namespace.BlockBytes())
+	blockBytes := block.EncodedLen(o.Namespace.BlockTokens, o.Namespace.BlockBytes())
 	compareRuns := func(policies []Policy) []traceRun {
 		var out []traceRun
 		for _, local := range []bool{false, true} {

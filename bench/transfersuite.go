@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/kvmesh/kvmesh/transfer"
+	"github.com/kvmesh/kvmesh/transfer/transfertest"
 )
 
 // MooncakeTETCPGBps is the Mooncake Transfer Engine's TCP transport reading
@@ -53,10 +54,10 @@ func (o *TransferOptions) EnsureDefaults(quick bool) {
 		o.Batches = pick(quick, 40, 8)
 	}
 	if o.BatchBytes == 0 {
-		o.BatchBytes = transfer.DefaultTestbedBatch
+		o.BatchBytes = transfertest.DefaultTestbedBatch
 	}
 	if o.SourceBytes == 0 {
-		o.SourceBytes = transfer.DefaultTestbedSource
+		o.SourceBytes = transfertest.DefaultTestbedSource
 	}
 	if o.TLSBlockSizes == nil {
 		o.TLSBlockSizes = pick(quick, []int{1 << 20, 4 << 20}, []int{1 << 20})
@@ -74,7 +75,7 @@ func (o *TransferOptions) Validate() error {
 		return fmt.Errorf("bench: transfer: batches %d is outside 1..65536", o.Batches)
 	}
 	for _, b := range o.BlockSizes {
-		to := transfer.TestbedOptions{ValueBytes: b, BatchBytes: o.BatchBytes, SourceBytes: o.SourceBytes}
+		to := transfertest.TestbedOptions{ValueBytes: b, BatchBytes: o.BatchBytes, SourceBytes: o.SourceBytes}
 		if err := to.Validate(); err != nil {
 			return fmt.Errorf("bench: transfer: %w", err)
 		}
@@ -83,7 +84,7 @@ func (o *TransferOptions) Validate() error {
 }
 
 // TransferSuite measures the data plane (package transfer) with the loops
-// of its own benchmarks (transfer.Testbed, transfer.Interleave): the TCP
+// of its own benchmarks (transfertest.Testbed, transfertest.Interleave): the TCP
 // client fetching batches of blocks from a server over loopback, next to a
 // raw TCP stream of the same bytes, and the shared-memory client next to
 // copy() of the same values, all paths interleaved batch by batch in one
@@ -196,7 +197,7 @@ func (s *TransferSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 // With tp (server and client TLS configurations), it also measures the TCP
 // client over TLS ("tls") and the raw stream over TLS ("rawtls").
 func transferAt(ctx context.Context, o TransferOptions, b int, tp *[2]*tls.Config, bar Bar) (rows []transferRow, shmErr, err error) {
-	tb, err := transfer.NewTestbed(transfer.TestbedOptions{ValueBytes: b, BatchBytes: o.BatchBytes, SourceBytes: o.SourceBytes})
+	tb, err := transfertest.NewTestbed(transfertest.TestbedOptions{ValueBytes: b, BatchBytes: o.BatchBytes, SourceBytes: o.SourceBytes})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -205,7 +206,7 @@ func transferAt(ctx context.Context, o TransferOptions, b int, tp *[2]*tls.Confi
 	if err != nil {
 		return nil, nil, err
 	}
-	paths := []transfer.Path{raw}
+	paths := []transfertest.Path{raw}
 	conns := map[string]int{raw.Name: 1}
 	for _, c := range o.Conns {
 		p, err := tb.TCP(c)
@@ -238,7 +239,7 @@ func transferAt(ctx context.Context, o TransferOptions, b int, tp *[2]*tls.Confi
 		paths = append(paths, rawTLS, tcpTLS)
 		conns[rawTLS.Name], conns[tcpTLS.Name] = 1, 1
 	}
-	results, err := transfer.Interleave(ctx, paths, o.Batches, func(int) { bar.Add(1) })
+	results, err := transfertest.Interleave(ctx, paths, o.Batches, func(int) { bar.Add(1) })
 	if err != nil {
 		return nil, shmErr, err
 	}

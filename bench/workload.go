@@ -6,8 +6,8 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // DefaultVocab is the vocabulary trace tokens are drawn from (Llama 3's).
@@ -141,7 +141,7 @@ func (w *Workload) Tokens(dst []uint32, i int) []uint32 {
 // Blocks returns blocks [from, FullBlocks) of request i, to publish after a
 // lookup found the first from cached. With encode, each block also carries
 // its tokens, its payload (filled from the key) and its bytes from
-// store.Encode (header and payload), appended to buf; the returned blocks alias buf's new
+// block.Encode (header and payload), appended to buf; the returned blocks alias buf's new
 // backing array. The caller owns both. Without encode only keys are set:
 // what the simulation needs, at no cost.
 func (w *Workload) Blocks(i, from int, encode bool, buf []byte) ([]Block, []byte, error) {
@@ -168,12 +168,12 @@ func (w *Workload) Blocks(i, from int, encode bool, buf []byte) ([]Block, []byte
 			offsets = append(offsets, len(buf))
 			var err error
 			var key prefixhash.Key
-			buf, key, err = store.Encode(buf, w.ns, b.Parent, b.Tokens, payload)
+			buf, key, err = block.Encode(buf, w.ns, b.Parent, b.Tokens, payload)
 			if err != nil {
 				return nil, buf, fmt.Errorf("bench: encode block %d of request %d: %w", j, i, err)
 			}
 			if key != b.Key {
-				panic(fmt.Sprintf("bench: block %d of request %d: store.Encode keyed it %s, the workload %s", j, i, key, b.Key))
+				panic(fmt.Sprintf("bench: block %d of request %d: block.Encode keyed it %s, the workload %s", j, i, key, b.Key))
 			}
 		}
 		blocks = append(blocks, b)
@@ -185,7 +185,7 @@ func (w *Workload) Blocks(i, from int, encode bool, buf []byte) ([]Block, []byte
 				end = offsets[k+1]
 			}
 			blocks[k].Encoded = buf[offsets[k]:end:end]
-			blocks[k].Payload = blocks[k].Encoded[store.HeaderLen(TraceBlockTokens):]
+			blocks[k].Payload = blocks[k].Encoded[block.HeaderLen(TraceBlockTokens):]
 		}
 	}
 	return blocks, buf, nil

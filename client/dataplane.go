@@ -8,8 +8,8 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -151,7 +151,7 @@ type dataBulk struct {
 
 // windowOf returns how many blocks of ns one data-plane request carries.
 func windowOf(ns prefixhash.Namespace) int {
-	return max(1, windowBytes/store.EncodedLen(ns.BlockTokens, ns.BlockBytes()))
+	return max(1, windowBytes/block.EncodedLen(ns.BlockTokens, ns.BlockBytes()))
 }
 
 func (d *dataBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
@@ -273,11 +273,11 @@ func (d *dataBulk) dataGet(ctx context.Context, ts *[]transport, keys []prefixha
 // layout), its length and, when full, its payload checksum. A block that
 // fails is a miss here (BatchGet then asks the cluster).
 func (d *dataBulk) check(ns prefixhash.Namespace, key prefixhash.Key, b []byte, full bool) (Block, bool) {
-	h, err := store.DecodeHeader(b, d.c.opts.MaxBlockBytes)
+	h, err := block.DecodeHeader(b, d.c.opts.MaxBlockBytes)
 	if err != nil || h.Key != key || h.CheckNamespace(ns) != nil {
 		return Block{}, false
 	}
-	hl := store.HeaderLen(len(h.Tokens))
+	hl := block.HeaderLen(len(h.Tokens))
 	if len(b) != hl+h.PayloadLen {
 		return Block{}, false
 	}
@@ -298,7 +298,7 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 		return nil, err
 	}
 	win := windowOf(ns)
-	hl := store.HeaderLen(ns.BlockTokens)
+	hl := block.HeaderLen(ns.BlockTokens)
 	// Only the blocks' headers are encoded here: the transport sends each
 	// header and then its payload from the caller's memory (one vectored
 	// write), so a put copies no payload byte before the socket.
@@ -314,7 +314,7 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 			start := len(hbuf)
 			var err error
 			// The node stores a tenant's blocks only with its tag.
-			if hbuf, keys[lo+j], err = store.AppendHeaderTenant(hbuf, sess.Tag, ns, it.parent, it.tokens, it.payload); err != nil {
+			if hbuf, keys[lo+j], err = block.AppendHeaderTenant(hbuf, sess.Tag, ns, it.parent, it.tokens, it.payload); err != nil {
 				return nil, fmt.Errorf("%w: block %d: %w", ErrInvalid, lo+j, err)
 			}
 			heads = append(heads, hbuf[start:len(hbuf):len(hbuf)])

@@ -46,12 +46,23 @@
 // ErrExhausted, ErrQuota, ErrPermission, ErrUnauthenticated,
 // ErrUnavailable), and status.Code still reads its code.
 //
-// Buffers: Get returns payloads the caller keeps; GetInto copies them into
-// buffers the caller owns and reuses; GetKeys lends each block for the
-// duration of its callback. Put does not retain the payloads it is given.
-//
 // The API speaks Go types (Stats, Cluster, Quotas, BlockInfo); lists the
 // node returns a page at a time are followed to their end.
 //
-// A Client is safe for concurrent use.
+// # Concurrency
+//
+// A Client is safe for concurrent use: calls from many goroutines share its
+// gRPC connection and its data-plane connections (a pool of TCP connections
+// or one shared-memory socket, both pipelined). The lock that guards those
+// is held while the node's same-host unix socket is dialled (it answers at
+// once or not at all), never across a TCP connect or a request. Close
+// closes them; calls in flight then fail, and the Client must not be used
+// again.
+//
+// Ownership: the Blocks Get returns, and their payloads, are the caller's.
+// GetInto copies the prefix into buffers the caller owns (and may reuse),
+// writing them during the call only. GetKeys hands each block to its
+// callback with Payload and Tokens valid only during that call (they may
+// alias a reused buffer or the node's shared memory); copy what must outlive
+// it. Put and PutKeys read the payloads they are given during the call only.
 package client

@@ -6,13 +6,12 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kvmesh/kvmesh/auth"
-
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // adminService implements kvmesh.v1.AdminService.
@@ -107,7 +106,7 @@ func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoReq
 		return nil, err
 	}
 	defer ref.Release()
-	h, err := store.DecodeHeader(ref.Bytes(), 0)
+	h, err := block.DecodeHeader(ref.Bytes(), 0)
 	if err != nil {
 		return nil, status.Errorf(codes.DataLoss, "block %s: %v", key, err)
 	}

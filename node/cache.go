@@ -3,16 +3,16 @@ package node
 import (
 	"context"
 	"errors"
-	"github.com/kvmesh/kvmesh/auth"
 	"time"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 )
 
 // Cache is the cache as the services use it: in production the cluster as
 // this node sees it (store.Cluster over store.Local, see Open); in tests an
-// in-memory fake. Blocks go in and come out encoded (store.Encode): a header
+// in-memory fake. Blocks go in and come out encoded (block.Encode): a header
 // that names the key, parent, tokens and layout, then the payload.
 //
 // Placement needs chunk keys (see store.Cluster): a block's chunk key is the
@@ -25,8 +25,8 @@ type Cache interface {
 	// Put verifies and stores an encoded block here and, in a cluster,
 	// queues it for the owners of its placement chunk, chunkKey (it never
 	// waits for them). block is not retained after Put returns. Errors wrap
-	// ErrFull when there is no room (after eviction), store.ErrTooLarge or
-	// store.ErrCorrupt (also for a block that does not fit its namespace's
+	// ErrFull when there is no room (after eviction), block.ErrTooLarge or
+	// block.ErrCorrupt (also for a block that does not fit its namespace's
 	// layout), ErrClosed after Close.
 	Put(ctx context.Context, block []byte, chunkKey prefixhash.Key) error
 	// Get returns the encoded block stored under key on this node,

@@ -12,9 +12,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // cacheService implements kvmesh.v1.CacheService over the node's Cache.
@@ -127,7 +127,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 	remoteBy := time.Now().Add(s.n.opts.GetTimeout)
 	// Windows grow from one block, so that the first block leaves at once,
 	// to maxReadWindow bytes.
-	maxWindow := max(1, maxReadWindow/store.EncodedLen(ns.BlockTokens, ns.BlockBytes()))
+	maxWindow := max(1, maxReadWindow/block.EncodedLen(ns.BlockTokens, ns.BlockBytes()))
 	var frame kvmeshv1.BatchGetResponse
 	for lo, window := 0, 1; lo < len(keys); lo, window = lo+window, min(2*window, maxWindow) {
 		hi := min(lo+window, len(keys))
@@ -208,7 +208,7 @@ func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, fr
 	if b == nil {
 		return miss()
 	}
-	blk, err := store.Decode(b, 0)
+	blk, err := block.Decode(b, 0)
 	if err == nil {
 		err = blk.CheckNamespace(ns)
 	}
@@ -223,7 +223,7 @@ func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, fr
 		// or bytes that fail verification, are never served: the caller
 		// recomputes. The log names no key: keys are the tenant's to know.
 		reason := refusedVerify
-		if errors.Is(err, store.ErrTokens) {
+		if errors.Is(err, block.ErrTokens) {
 			reason = refusedTokens
 		}
 		s.n.metrics.dropped.WithLabelValues(reason).Inc()
@@ -372,11 +372,11 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 		}
 		if cur != nil && cur.buf != nil && cur.got == cur.payloadLen() {
 			// A tenant's blocks carry its tag (0 for node-wide callers).
-			_, key, err := store.AppendHeaderTenant(cur.buf[:0], auth.AccessFrom(ctx).Tag, ns, cur.parent, cur.tokens, cur.payload())
+			_, key, err := block.AppendHeaderTenant(cur.buf[:0], auth.AccessFrom(ctx).Tag, ns, cur.parent, cur.tokens, cur.payload())
 			if err != nil {
 				return invalid("block", "block %d: %v", cur.index, err)
 			}
-			if h, _ := store.DecodeHeader(cur.buf, 0); cur.sum != 0 && h.Checksum != cur.sum {
+			if h, _ := block.DecodeHeader(cur.buf, 0); cur.sum != 0 && h.Checksum != cur.sum {
 				return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_CORRUPT, nil, "block.payload_checksum", "block %d: payload checksum %016x, received bytes hash to %016x",
 					cur.index, cur.sum, h.Checksum)
 			}
@@ -427,7 +427,7 @@ func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHead
 		return nil, invalid("block.payload_len", "block %d: %d bytes; blocks of %s hold %d payload bytes",
 			index, h.GetPayloadLen(), ns, ns.BlockBytes())
 	}
-	hl := store.HeaderLen(ns.BlockTokens)
+	hl := block.HeaderLen(ns.BlockTokens)
 	return &putBlock{index: index, parent: parent, chunk: chunk, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), hl: hl, size: hl + ns.BlockBytes()}, nil
 }
 

@@ -9,10 +9,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // startChunkNode serves a fake cache with chunks of 2 blocks of testNS.
@@ -179,7 +179,7 @@ func FuzzPeerLookup(f *testing.F) {
 		if i > 0 {
 			parent = keys[i-1]
 		}
-		b, _, err := store.Encode(nil, testNS, parent, tokens[i*4:i*4+4], p)
+		b, _, err := block.Encode(nil, testNS, parent, tokens[i*4:i*4+4], p)
 		if err != nil {
 			f.Fatal(err)
 		}

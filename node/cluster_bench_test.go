@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/bench"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // The cluster benchmarks, run on in-process nodes (Open: the real tiers,
@@ -52,7 +52,7 @@ func benchBlock(ns prefixhash.Namespace, i int, payload []byte) ([]byte, prefixh
 	for j := range tokens {
 		tokens[j] = uint32(i*ns.BlockTokens + j)
 	}
-	b, key, err := store.Encode(nil, ns, ns.Root(), tokens, payload)
+	b, key, err := block.Encode(nil, ns, ns.Root(), tokens, payload)
 	if err != nil {
 		panic(err)
 	}
@@ -384,7 +384,7 @@ func lookupCluster(b *testing.B) ([]*clusterNode, prefixhash.Namespace, []uint32
 			parent = chain[i-1]
 		}
 		var err error
-		if blocks[i], _, err = store.Encode(nil, ns, parent, tokens[i*16:(i+1)*16], payload); err != nil {
+		if blocks[i], _, err = block.Encode(nil, ns, parent, tokens[i*16:(i+1)*16], payload); err != nil {
 			b.Fatal(err)
 		}
 	}

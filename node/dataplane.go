@@ -3,10 +3,11 @@ package node
 import (
 	"context"
 	"errors"
-	"github.com/kvmesh/kvmesh/auth"
 	"slices"
 	"sync/atomic"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
@@ -103,7 +104,7 @@ func (s localSink) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte
 		if ctx.Err() != nil {
 			return // the rest stay StatusMiss
 		}
-		h, err := store.DecodeHeader(v, s.maxBlock)
+		h, err := block.DecodeHeader(v, s.maxBlock)
 		if err != nil || h.Key != keys[i] {
 			s.refused.Add(1)
 			st[i] = transfer.StatusError
@@ -112,7 +113,7 @@ func (s localSink) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte
 		switch err := s.l.Put(ctx, v); {
 		case err == nil:
 			st[i] = transfer.StatusOK
-		case errors.Is(err, store.ErrCorrupt), errors.Is(err, store.ErrTooLarge), errors.Is(err, store.ErrLayout), errors.Is(err, store.ErrTenant):
+		case errors.Is(err, block.ErrCorrupt), errors.Is(err, block.ErrTooLarge), errors.Is(err, store.ErrLayout), errors.Is(err, store.ErrTenant):
 			s.refused.Add(1)
 			st[i] = transfer.StatusError
 		default:

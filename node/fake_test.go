@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // fakeCache is an in-memory Cache for tests: a map of verified blocks with a
@@ -42,8 +42,8 @@ func newFakeCache(capacity int64) *fakeCache {
 	return c
 }
 
-func (c *fakeCache) Put(_ context.Context, block []byte, chunkKey prefixhash.Key) error {
-	b, err := store.Decode(block, 0)
+func (c *fakeCache) Put(_ context.Context, enc []byte, chunkKey prefixhash.Key) error {
+	b, err := block.Decode(enc, 0)
 	if err != nil {
 		return err
 	}
@@ -53,11 +53,11 @@ func (c *fakeCache) Put(_ context.Context, block []byte, chunkKey prefixhash.Key
 	if _, ok := c.mu.blocks[b.Key]; ok {
 		return nil
 	}
-	if c.mu.bytes+int64(len(block)) > c.capacity {
+	if c.mu.bytes+int64(len(enc)) > c.capacity {
 		return fmt.Errorf("fake: %d of %d bytes used: %w", c.mu.bytes, c.capacity, ErrFull)
 	}
-	c.mu.blocks[b.Key] = append([]byte(nil), block...)
-	c.mu.bytes += int64(len(block))
+	c.mu.blocks[b.Key] = append([]byte(nil), enc...)
+	c.mu.bytes += int64(len(enc))
 	return nil
 }
 
@@ -179,7 +179,7 @@ func (c *fakeCache) DropNamespace(digest uint64) (int, error) {
 	defer c.mu.Unlock()
 	n := 0
 	for k, b := range c.mu.blocks {
-		if h, err := store.DecodeHeader(b, 0); err == nil && h.Namespace == digest {
+		if h, err := block.DecodeHeader(b, 0); err == nil && h.Namespace == digest {
 			delete(c.mu.blocks, k)
 			c.mu.bytes -= int64(len(b))
 			n++

@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // putStream replays canned BatchPut messages to the handler.
@@ -77,7 +77,7 @@ func FuzzBatchPut(f *testing.F) {
 		if used := n.putBudget.inUse(); used != 0 {
 			t.Fatalf("the stream returned (%v) holding %d bytes of the budget", err, used)
 		}
-		if errors.Is(err, store.ErrCorrupt) {
+		if errors.Is(err, block.ErrCorrupt) {
 			t.Fatalf("the handler passed the cache a corrupt block: %v", err)
 		}
 		if err != nil {

@@ -18,10 +18,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // bigNS has blocks of 4 MiB.
@@ -86,7 +86,7 @@ func TestBatchPutBudget(t *testing.T) {
 			errs <- err
 		}()
 	}
-	size := int64(4*MiB) + int64(store.HeaderLen(bigNS.BlockTokens))
+	size := int64(4*MiB) + int64(block.HeaderLen(bigNS.BlockTokens))
 	fit := (64 * MiB) / size // 15
 	waitFor(t, "the budget full and the streams past it refused", func() bool {
 		return tn.putBudget.inUse() == fit*size && refused.Load() == holders-fit

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -123,7 +124,7 @@ func cacheError(err error) error {
 	case errors.Is(err, store.ErrFull), errors.Is(err, store.ErrQuota):
 		return fmt.Errorf("%w: %w", ErrFull, err)
 	case errors.Is(err, store.ErrLayout):
-		return fmt.Errorf("%w: %w", store.ErrCorrupt, err)
+		return fmt.Errorf("%w: %w", block.ErrCorrupt, err)
 	case errors.Is(err, store.ErrClosed):
 		return fmt.Errorf("%w: %w", ErrClosed, err)
 	}

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefill"
-	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
@@ -465,7 +465,7 @@ func TestOpenAITooManyRequests(t *testing.T) {
 // another member (fetched over the data plane), or read back from NVMe.
 func TestOpenAIGenerateAcrossTheCluster(t *testing.T) {
 	c := tinyModel()
-	blk := int64(store.EncodedLen(c.BlockTokens, c.Namespace(0, "").BlockBytes()))
+	blk := int64(block.EncodedLen(c.BlockTokens, c.Namespace(0, "").BlockBytes()))
 	nodes := startClusterNodes(t, 2, func(i int, o *Options) { o.Prefill.Model = c })
 	r := rand.New(rand.NewPCG(9, 9))
 	for i, o := range []map[string]any{

@@ -14,8 +14,8 @@ import (
 	"unicode"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -345,7 +345,7 @@ func (o *Options) Validate() error {
 			return bad("Join", "seed %d, %q, is not host:port (a member's gossip address)", i+1, j)
 		}
 	}
-	minBlock := store.EncodedLen(1, 1)
+	minBlock := block.EncodedLen(1, 1)
 	switch {
 	case len(o.NodeID) > 256 || strings.ContainsFunc(o.NodeID, unicode.IsSpace):
 		return bad("NodeID", "%q must be at most 256 bytes without spaces", o.NodeID)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 	"github.com/kvmesh/kvmesh/store"
@@ -284,7 +285,7 @@ func (p *peers) Get(ctx context.Context, id string, keys []prefixhash.Key) ([][]
 func (p *peers) Put(ctx context.Context, id string, blocks [][]byte) error {
 	keys := make([]prefixhash.Key, len(blocks))
 	for i, b := range blocks {
-		h, err := store.DecodeHeader(b, 0)
+		h, err := block.DecodeHeader(b, 0)
 		if err != nil {
 			return fmt.Errorf("node: push of a block that does not decode: %w", err)
 		}

@@ -2,10 +2,11 @@ package node
 
 import (
 	"fmt"
+	"math"
 	"time"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefill"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // PrefillOptions configure the node's bundled prefill engine and its queue
@@ -89,6 +90,24 @@ type BatchOptions struct {
 	// callback_url may name; others are refused with 400. Default none:
 	// every callback_url is refused.
 	CallbackAllow []string
+	// Share is the share of the engine queued work may take: at most
+	// max(1, ⌊Share × Concurrency⌋) queued requests (this node's batches
+	// and those it pulls from its peers) run at once, each only while no
+	// synchronous request is active, and each gives way to a synchronous
+	// request that arrives, between two chunks or decode steps
+	// (prefill.GenerateOptions.Background). Default 1; negative: none, the
+	// node stores the batches it accepts and its peers run them.
+	Share float64
+	// StealInterval is how long a worker with nothing to run waits between
+	// two rounds of asking its peers for a queued batch they have not
+	// started (steal.go). Default 1s; negative: never (a node alone never
+	// asks).
+	StealInterval time.Duration
+	// LeaseTTL is how long a batch a peer claimed stays with it without
+	// news (an answer or a renewal, which it sends every LeaseTTL/3); then
+	// the batch can be taken again, from its first unanswered request.
+	// Default 30s.
+	LeaseTTL time.Duration
 }
 
 // Defaults of BatchOptions.
@@ -98,6 +117,9 @@ const (
 	DefaultBatchTenantQueued = 4096
 	DefaultBatchMaxQueued    = 65536
 	DefaultBatchResultTTL    = 24 * time.Hour
+	DefaultBatchShare        = 1
+	DefaultBatchSteal        = time.Second
+	DefaultBatchLeaseTTL     = 30 * time.Second
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -116,6 +138,15 @@ func (o *BatchOptions) EnsureDefaults() {
 	}
 	if o.ResultTTL == 0 {
 		o.ResultTTL = DefaultBatchResultTTL
+	}
+	if o.Share == 0 {
+		o.Share = DefaultBatchShare
+	}
+	if o.StealInterval == 0 {
+		o.StealInterval = DefaultBatchSteal
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = DefaultBatchLeaseTTL
 	}
 }
 
@@ -195,9 +226,13 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("Batch.MaxQueued", "%d is over %d", o.Batch.MaxQueued, 1<<24)
 	case o.Batch.ResultTTL < time.Second:
 		return bad("Batch.ResultTTL", "%v is shorter than 1s", o.Batch.ResultTTL)
+	case math.IsNaN(o.Batch.Share) || o.Batch.Share > 1:
+		return bad("Batch.Share", "%g is over 1 (a share of the engine; negative: none)", o.Batch.Share)
+	case o.Batch.LeaseTTL < 100*time.Millisecond:
+		return bad("Batch.LeaseTTL", "%v is shorter than 100ms", o.Batch.LeaseTTL)
 	}
 	// The namespace's layout does not depend on the weights.
-	if size := store.EncodedLen(o.Model.BlockTokens, o.Model.Namespace(0, "").BlockBytes()); size > maxBlockBytes {
+	if size := block.EncodedLen(o.Model.BlockTokens, o.Model.Namespace(0, "").BlockBytes()); size > maxBlockBytes {
 		return bad("Model", "its blocks are %d bytes encoded, over MaxBlockBytes (%d)", size, maxBlockBytes)
 	}
 	return nil

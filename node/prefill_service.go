@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,9 +15,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefill"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
@@ -123,7 +123,7 @@ func newPrefillService(n *Node) (*prefillService, error) {
 		}
 		cfg.BlockTokens = o.Model.BlockTokens
 		cfg.MaxContext = min(cfg.MaxContext, o.Model.MaxContext)
-		if size := store.EncodedLen(cfg.BlockTokens, cfg.Namespace(0, "").BlockBytes()); size > n.opts.MaxBlockBytes {
+		if size := block.EncodedLen(cfg.BlockTokens, cfg.Namespace(0, "").BlockBytes()); size > n.opts.MaxBlockBytes {
 			return nil, &OptionError{Field: "Prefill.ModelDir", Msg: fmt.Sprintf("the model's blocks are %d bytes encoded, over MaxBlockBytes (%d)", size, n.opts.MaxBlockBytes)}
 		}
 		eopts.Config, eopts.WeightsPath, eos = cfg, filepath.Join(o.ModelDir, "model.safetensors"), info.EOS
@@ -165,6 +165,7 @@ func newPrefillService(n *Node) (*prefillService, error) {
 		return nil, err
 	}
 	p.callbacks = newCallbacks(o.Batch.CallbackAllow, secret, n.metrics.reg, n.log)
+	p.callbacks.pending, p.callbacks.done = b.pendingCallbacks, b.callbackDone
 	b.finished = p.callbacks.enqueue
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.metrics = newPrefillMetrics(n.metrics.reg, engine, q)
@@ -190,11 +191,14 @@ func namespacePB(e *prefill.Engine) *kvmeshv1.Namespace {
 // deletes expired results.
 func (p *prefillService) start() {
 	p.startOnce.Do(func() {
-		p.wg.Add(5)
+		workers := batchWorkers(p.n.opts.Prefill)
+		p.wg.Add(4 + workers)
 		go func() { defer p.wg.Done(); p.callbacks.run(p.ctx) }()
 		go p.work()
 		go p.reap()
-		go p.workBatches()
+		for range workers {
+			go p.workBatches()
+		}
 		go p.reapBatches()
 	})
 }

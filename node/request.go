@@ -3,12 +3,12 @@ package node
 import (
 	"context"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"unsafe"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // namespace converts and validates a request's namespace, salts it for the
@@ -46,7 +46,7 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 		}
 		size *= uint64(f)
 	}
-	if enc := uint64(store.HeaderLen(ns.BlockTokens)) + size; enc > limit {
+	if enc := uint64(block.HeaderLen(ns.BlockTokens)) + size; enc > limit {
 		return ns, invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.MaxBlockBytes), "namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
 	}
 	n.names.note(ns)

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 
+	"github.com/kvmesh/kvmesh/block"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // This file builds every status with which the node refuses a request. An
@@ -96,9 +96,9 @@ func statusError(err error) error {
 	case errors.Is(err, ErrFull):
 		return exhausted(kvmeshv1.ErrorReason_ERROR_REASON_CACHE_FULL, nil, "node:cache",
 			"cache full: %v; retry later or give the node more --dram/--nvme", err)
-	case errors.Is(err, store.ErrTooLarge):
+	case errors.Is(err, block.ErrTooLarge):
 		return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, nil, "block", "%v", err)
-	case errors.Is(err, store.ErrCorrupt):
+	case errors.Is(err, block.ErrCorrupt):
 		return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_CORRUPT, nil, "block", "%v", err)
 	case errors.Is(err, ErrClosed):
 		return status.Errorf(codes.Unavailable, "node is shutting down: %v", err)

@@ -15,10 +15,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // tenantNS returns clusterNS under a tenant salt.
@@ -162,7 +162,7 @@ func slicesContains(s []bool, v bool) bool {
 // Unimplemented.
 func TestQuotas(t *testing.T) {
 	dir := t.TempDir()
-	blk := int64(store.EncodedLen(clusterNS.BlockTokens, clusterNS.BlockBytes()))
+	blk := int64(block.EncodedLen(clusterNS.BlockTokens, clusterNS.BlockBytes()))
 	open := func() *clusterNode {
 		return openClusterNode(t, dir, "q", nil, func(o *Options) { o.QuotaDRAMBytes, o.QuotaNVMeBytes = 8*blk, 16*blk })
 	}

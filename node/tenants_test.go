@@ -16,10 +16,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -280,7 +280,7 @@ func TestTenantsIsolated(t *testing.T) {
 // ns, tagged for tenant tag.
 func encodeTenantBlock(t testing.TB, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte, tag uint64) []byte {
 	t.Helper()
-	b, _, err := store.EncodeTenant(nil, tag, ns, parent, tokens, payload)
+	b, _, err := block.EncodeTenant(nil, tag, ns, parent, tokens, payload)
 	if err != nil {
 		t.Fatal(err)
 	}

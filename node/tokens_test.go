@@ -5,9 +5,9 @@ import (
 	"io"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // TestBatchGetByTokensComparesTokens: a block planted under the key of a
@@ -25,7 +25,7 @@ func TestBatchGetByTokensComparesTokens(t *testing.T) {
 	}
 	other := append([]uint32(nil), tokens[4:8]...)
 	other[2] ^= 0xffffffff
-	planted, _, err := store.Encode(nil, testNS, keys[0], other, payloads[1])
+	planted, _, err := block.Encode(nil, testNS, keys[0], other, payloads[1])
 	if err != nil {
 		t.Fatal(err)
 	}

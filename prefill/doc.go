@@ -9,7 +9,7 @@
 //
 //  1. computes the prompt's chain of block keys (prefixhash.Keys under the
 //     engine's namespace) and asks Cache.LongestPrefix once;
-//  2. fetches those blocks with one Cache.Get, verifies each (store.Decode:
+//  2. fetches those blocks with one Cache.Get, verifies each (block.Decode:
 //     checksums and key = H(parent ‖ tokens); Header.CheckNamespace;
 //     Header.CheckTokens: the stored parent and tokens are the prompt's; the
 //     key is the one asked for) and copies its payload into the sequence's KV;
@@ -53,7 +53,7 @@
 // shape with other weights, or another tenant salt, never shares a block.
 //
 // Block payloads are [layer][K|V][token][kv_head][head_dim] float32,
-// little-endian, keys after RoPE: store.Layout of the namespace. A KV holds
+// little-endian, keys after RoPE: block.Layout of the namespace. A KV holds
 // the same layout stretched over the whole sequence, so loading or
 // publishing a block is 2·Layers contiguous copies.
 //
@@ -105,7 +105,7 @@
 // others wait for a slot or their context (background prefills have as many
 // slots of their own). One prefill already uses every core, so more would only
 // split them. Publishing is off the request path: one publisher goroutine,
-// owned by the Engine, encodes queued blocks (store.Encode) and calls
+// owned by the Engine, encodes queued blocks (block.Encode) and calls
 // Cache.Put; the queue is bounded (Options.PublishQueue) and a prefill that
 // finds it full drops its blocks and counts them, it never waits. Close
 // cancels in-flight prefills and Puts, waits for them and for the publisher,

@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // Cache is what the engine needs from the KV store. It is declared here, by
@@ -22,7 +22,7 @@ type Cache interface {
 	// are cached: 0..len(keys). One call covers the whole prompt (in a
 	// cluster, one parallel round trip). An error reads as 0.
 	LongestPrefix(ctx context.Context, keys []prefixhash.Key) (int, error)
-	// Get returns the encoded blocks (store.Encode) of keys, in order. A
+	// Get returns the encoded blocks (block.Encode) of keys, in order. A
 	// missing block is a nil entry; a slice shorter than keys reads as
 	// padded with nils. The blocks are read-only and valid until release is
 	// called; when err is nil, release is non-nil and the engine calls it
@@ -204,7 +204,7 @@ type Stats struct {
 	Published      int64 // blocks handed to Put successfully
 	PublishErrors  int64 // Put calls that failed
 	DroppedBlocks  int64 // new blocks not published: queue full, Put failed, or engine closing
-	Background     int64 // of Requests, background prefills (PrefillBackground)
+	Background     int64 // of Requests, background ones (PrefillBackground, GenerateOptions.Background)
 	Preempted      int64 // background chunks cancelled for a foreground prefill and run again
 	Generations    int64 // of Requests, those that decoded (Generate)
 	Generated      int64 // tokens sampled by Generate, stop sequences included
@@ -537,7 +537,7 @@ func (e *Engine) fetch(ctx context.Context, sc scope, keys []prefixhash.Key, tok
 			e.stats.lost.Add(int64(len(keys) - i))
 			return i
 		}
-		blk, err := store.Decode(blocks[i], maxPayload)
+		blk, err := block.Decode(blocks[i], maxPayload)
 		if err == nil {
 			err = blk.CheckNamespace(sc.ns)
 		}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // memCache is the in-memory fake Cache: a map of encoded blocks, with knobs
@@ -217,16 +217,16 @@ func corruptions(t *testing.T) map[string]func(ns prefixhash.Namespace, b []byte
 		"garbage":   func(_ prefixhash.Namespace, b []byte) []byte { return []byte("not a block") },
 		"other tokens": func(ns prefixhash.Namespace, b []byte) []byte {
 			// A valid block of this namespace and parent, but of other tokens.
-			blk, _ := store.Decode(b, 0)
+			blk, _ := block.Decode(b, 0)
 			toks := append([]uint32(nil), blk.Tokens...)
 			toks[0] ^= 1
-			enc, _, _ := store.Encode(nil, ns, blk.Parent, toks, blk.Payload)
+			enc, _, _ := block.Encode(nil, ns, blk.Parent, toks, blk.Payload)
 			return enc
 		},
 		"other namespace": func(_ prefixhash.Namespace, b []byte) []byte {
 			// Self-consistent, same tokens and parent, but another model's.
-			blk, _ := store.Decode(b, 0)
-			enc, _, _ := store.Encode(nil, other.Namespace(), blk.Parent, blk.Tokens, blk.Payload)
+			blk, _ := block.Decode(b, 0)
+			enc, _, _ := block.Encode(nil, other.Namespace(), blk.Parent, blk.Tokens, blk.Payload)
 			return enc
 		},
 	}

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // publishJob is one prefill's new blocks, waiting for the publisher: blocks
@@ -128,7 +128,7 @@ func (e *Engine) publishLoop(queue <-chan publishJob) {
 // block's payload length.
 func (e *Engine) encode(sc scope, buf []byte, blocks [][]byte, payload []byte, kv *KV, chain []prefixhash.Key, tokens []uint32, from, to int) ([]byte, [][]byte) {
 	b := e.cfg.BlockTokens
-	encLen := store.EncodedLen(b, len(payload))
+	encLen := block.EncodedLen(b, len(payload))
 	if need := (to - from) * encLen; cap(buf) < need {
 		buf = make([]byte, 0, need)
 	}
@@ -143,7 +143,7 @@ func (e *Engine) encode(sc scope, buf []byte, blocks [][]byte, payload []byte, k
 		var key prefixhash.Key
 		var err error
 		j := i - from
-		buf, key, err = store.EncodeTenant(buf, sc.tag, sc.ns, parent, tokens[j*b:(j+1)*b], payload)
+		buf, key, err = block.EncodeTenant(buf, sc.tag, sc.ns, parent, tokens[j*b:(j+1)*b], payload)
 		if err != nil || key != chain[i] {
 			panic(fmt.Sprintf("prefill: encoding block %d: key %s, want %s: %v", i, key, chain[i], err))
 		}

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // TestFetchComparesTokens: a well-formed block of other tokens planted under
@@ -26,13 +26,13 @@ func TestFetchComparesTokens(t *testing.T) {
 	run(t, e, tokens)
 	flush(t, e)
 	keys := prefixhash.Keys(e.Namespace(), tokens)
-	blk, err := store.Decode(cache.get(keys[2]), 0)
+	blk, err := block.Decode(cache.get(keys[2]), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := append([]uint32(nil), blk.Tokens...)
 	other[len(other)-1] ^= 0xffffffff
-	planted, _, err := store.Encode(nil, e.Namespace(), keys[1], other, blk.Payload)
+	planted, _, err := block.Encode(nil, e.Namespace(), keys[1], other, blk.Payload)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,13 @@
 // For placement, a chain is cut into chunks of C consecutive blocks; every
 // block of a chunk is placed by the key of the chunk's first block.
 //
-// The package imports nothing else of kvmesh. Its functions are pure and safe
-// for concurrent use; a Chain is not.
+// The package imports nothing else of kvmesh.
+//
+// # Concurrency
+//
+// Its functions and a Namespace's methods are pure and safe for concurrent
+// use: hashing takes a SHA-256 state from a sync.Pool and returns it, so
+// goroutines never share one. A Chain is not safe for concurrent use: it
+// extends one sequence's keys in place; give each goroutine its own, or guard
+// it. Keys are values (16-byte arrays) and may be copied and compared freely.
 package prefixhash

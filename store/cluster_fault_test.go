@@ -7,7 +7,7 @@ import (
 )
 
 // TestClusterDepartedOwnerWorkerRetires: a push worker whose owner left the
-// membership while its queue was idle must retire (cluster.go says so); with
+// membership while its queue was idle must retire (cluster_push.go says so); with
 // membership churn, workers must not pile up.
 func TestClusterDepartedOwnerWorkerRetires(t *testing.T) {
 	tc := newTestCluster(t, 2, ClusterOptions{ChunkTokens: 4})

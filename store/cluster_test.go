@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -156,7 +157,7 @@ func prompt(t *testing.T, rng *rand.Rand, ns prefixhash.Namespace, n int) ([]pre
 		if i > 0 {
 			parent = chain[i-1]
 		}
-		b, key, err := Encode(nil, ns, parent, toks[i*ns.BlockTokens:(i+1)*ns.BlockTokens], payload)
+		b, key, err := block.Encode(nil, ns, parent, toks[i*ns.BlockTokens:(i+1)*ns.BlockTokens], payload)
 		if err != nil || key != chain[i] {
 			t.Fatal(err)
 		}

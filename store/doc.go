@@ -1,23 +1,6 @@
 // Package store is the cache as its callers see it: Local, one node's blocks
 // over its tiers, and Cluster, placement and peers on top of Local. It owns
-// the block format (block.go) and the caching policy.
-//
-// # Block format
-//
-// A block is a header (format version 2, key format version, namespace
-// digest, key, parent key, token ids, KV layout, payload length, xxhash64 of
-// the payload, tenant tag, xxhash64 of the header) followed by the payload,
-// [layer][K|V][token][kv_head][head_dim]. Decode verifies all of it,
-// including key == H(parent ‖ tokens) with H = prefixhash's SHA-256 keys,
-// before any byte is served; a block that fails is dropped and counted as a
-// miss. A block of format version 1 or of another key format (one an older
-// kvmesh left on disk, keyed by xxhash64) fails with ErrOtherFormat: its key
-// means nothing under this build's keys. The xxhash64 checksums catch
-// accidents (torn writes, bit flips), not adversaries: the key, a
-// collision-resistant hash of the tokens, is what ties a block to its
-// prefix, and a reader by tokens also compares the stored tokens with the
-// ones it asked for. The tenant tag records who wrote the block; the format
-// carries it and enforces nothing.
+// the caching policy; the block format it stores is package block's.
 //
 // # Local
 //
@@ -131,7 +114,7 @@
 // Options.VerifyMemoryHits); others are copied out. A pinned block is never
 // freed, moved or evicted: eviction skips it, a drop (DropNamespace, a
 // cascade) removes it from the index at once but frees its bytes at the last
-// Release. Bytes read from a tier are always Decode-verified; a read that
+// Release. Bytes read from a tier are always block.Decode-verified; a read that
 // returns tiers.ErrCorrupt, or bytes that fail verification, drop the block
 // and its descendants, count a corrupt drop and answer ErrNotFound.
 //

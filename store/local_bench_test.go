@@ -2,11 +2,13 @@ package store
 
 import (
 	"context"
-	"github.com/kvmesh/kvmesh/auth"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -36,7 +38,7 @@ func benchBlocks(b *testing.B, ns prefixhash.Namespace, n int) ([][]byte, []pref
 		for i := range tokens {
 			tokens[i] = rng.Uint32()
 		}
-		enc, key, err := Encode(nil, ns, ns.Root(), tokens, payload)
+		enc, key, err := block.Encode(nil, ns, ns.Root(), tokens, payload)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -153,12 +155,12 @@ func BenchmarkLongestPrefix(b *testing.B) {
 		tokens[i] = rng.Uint32()
 	}
 	keys := prefixhash.Keys(ns, tokens)
-	size := EncodedLen(ns.BlockTokens, ns.BlockBytes())
+	size := block.EncodedLen(ns.BlockTokens, ns.BlockBytes())
 	l := openLocal(b, Options{DRAM: newFakeMem(64*size, 8, size)})
 	payload := make([]byte, ns.BlockBytes())
 	parent := ns.Root()
 	for i := range blocks {
-		enc, key, err := Encode(nil, ns, parent, tokens[i*ns.BlockTokens:(i+1)*ns.BlockTokens], payload)
+		enc, key, err := block.Encode(nil, ns, parent, tokens[i*ns.BlockTokens:(i+1)*ns.BlockTokens], payload)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 )
 
 // waitFor polls cond until it holds or 10 s pass.
@@ -33,7 +35,7 @@ func TestLocalPinsUnderEviction(t *testing.T) {
 	for _, disk := range []bool{false, true} {
 		t.Run(fmt.Sprintf("nvme=%v", disk), func(t *testing.T) {
 			ctx := context.Background()
-			w := newWorld(t, 131, blockNS())
+			w := newWorld(t, 131, blocktest.NS())
 			for range 400 {
 				w.grow()
 			}
@@ -93,7 +95,7 @@ func TestLocalPinsUnderEviction(t *testing.T) {
 					}
 				}()
 			}
-			if _, err := l.DropNamespace(blockNS().Digest()); err != nil {
+			if _, err := l.DropNamespace(blocktest.NS().Digest()); err != nil {
 				t.Fatal(err)
 			}
 			for range 200 {
@@ -136,7 +138,7 @@ func TestLocalPinsUnderEviction(t *testing.T) {
 // same bytes; one of them promotes it.
 func TestLocalConcurrentPromotion(t *testing.T) {
 	ctx := context.Background()
-	w := newWorld(t, 141, blockNS())
+	w := newWorld(t, 141, blocktest.NS())
 	vol := newFakeVolume(64<<10, 8)
 	l := openLocal(t, Options{DRAM: newFakeMem(4096, 2, 1024), NVMe: vol.open(), DemoteBatchBytes: 1})
 	w.putGrown(t, l, 16)
@@ -174,7 +176,7 @@ func TestLocalConcurrentPromotion(t *testing.T) {
 // TestLocalGetCanceled: a Get waiting for another's promotion returns when
 // its context ends.
 func TestLocalGetCanceled(t *testing.T) {
-	w := newWorld(t, 151, blockNS())
+	w := newWorld(t, 151, blocktest.NS())
 	l := openLocal(t, Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: newFakeVolume(64<<10, 8).open(), DemoteBatchBytes: 1})
 	w.putGrown(t, l, 8)
 	b := onDisk(t, l, w)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -20,7 +21,7 @@ func (failingDisk) Put(prefixhash.Key, []byte) (tiers.Loc, error) { return 0, er
 // fails to write drops the block for room; its bytes were never corrupt, so
 // CorruptDrops must stay 0 (it is the figure operators alert on).
 func TestLocalWriteErrorIsNotCorruption(t *testing.T) {
-	w := newWorld(t, 88, blockNS())
+	w := newWorld(t, 88, blocktest.NS())
 	l := openLocal(t, Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: failingDisk{newFakeVolume(64<<10, 8).open()}, DemoteBatchBytes: 1})
 	for range 12 {
 		if err := l.Put(context.Background(), w.blocks[w.extend(-1)].enc); err != nil {

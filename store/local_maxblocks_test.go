@@ -4,13 +4,15 @@ import (
 	"context"
 	"sync"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/block/blocktest"
 )
 
 // TestLocalMaxBlocksIsHard: concurrent Puts of distinct blocks must never
 // leave more than MaxBlocks blocks in the index.
 func TestLocalMaxBlocksIsHard(t *testing.T) {
 	const max = 4
-	w := newWorld(t, 77, blockNS())
+	w := newWorld(t, 77, blocktest.NS())
 	for range 64 * 20 {
 		w.extend(-1)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -505,7 +506,7 @@ func (l *Local) indexFullLocked() bool {
 func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	b := make([]byte, m.size)
 	err := l.disk.Read(m.loc, b)
-	var blk Block
+	var blk block.Block
 	if err == nil {
 		blk, err = l.verify(m.key, b)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 )
 
 // namespaces is Local's table of the namespaces it holds blocks of, addressed
@@ -32,7 +33,7 @@ type nsInfo struct {
 	tenant   uint64 // tag of the tenant whose blocks these are (Header.Tenant)
 	size     int    // encoded block length
 	tokens   int    // tokens per block (0 when unresolved)
-	layout   Layout
+	layout   block.Layout
 	class    int // memory-tier size class of size (0 when the tier is not Classed)
 	resolved bool
 	blocks   int64
@@ -104,7 +105,7 @@ func (t *namespaces) fits(digest uint64, tier, size int) bool {
 
 // check returns the id of h's namespace (0 if unknown) after checking that h
 // agrees with the blocks of it already held.
-func (t *namespaces) check(h *Header, size int) (uint32, error) {
+func (t *namespaces) check(h *block.Header, size int) (uint32, error) {
 	id := t.byDigest[h.Namespace]
 	if id == 0 {
 		return 0, nil
@@ -124,7 +125,7 @@ func (t *namespaces) check(h *Header, size int) (uint32, error) {
 // ensure returns the id of h's namespace, creating it (holding nothing yet)
 // with the given size class. A namespace created here must be given a block
 // or a reservation, or be forgotten, before the lock is released.
-func (t *namespaces) ensure(h *Header, size, class int) (uint32, error) {
+func (t *namespaces) ensure(h *block.Header, size, class int) (uint32, error) {
 	id, err := t.check(h, size)
 	if err != nil {
 		return 0, err
@@ -137,7 +138,7 @@ func (t *namespaces) ensure(h *Header, size, class int) (uint32, error) {
 
 // acquire returns the id of h's namespace, creating it with the given size
 // class, and counts one more block in it, in tier.
-func (t *namespaces) acquire(h *Header, size, class, tier int) (uint32, error) {
+func (t *namespaces) acquire(h *block.Header, size, class, tier int) (uint32, error) {
 	id, err := t.ensure(h, size, class)
 	if err != nil {
 		return 0, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -29,14 +30,14 @@ func (l *Local) recover() error {
 	if !ok {
 		return nil
 	}
-	maxLen := EncodedLen(prefixhash.MaxBlockTokens, l.opts.MaxBlockBytes)
+	maxLen := block.EncodedLen(prefixhash.MaxBlockTokens, l.opts.MaxBlockBytes)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	x := &l.mu.x
 	err := r.Range(func(rec tiers.Record) bool {
 		// Duplicates and impossible lengths are not indexed: they die
 		// with their segment.
-		if rec.Len < fixedHeaderLen || rec.Len > maxLen || x.find(rec.Key) != 0 {
+		if rec.Len < block.FixedHeaderLen || rec.Len > maxLen || x.find(rec.Key) != 0 {
 			return true
 		}
 		if l.mu.blocks[tierDisk] >= int64(l.opts.MaxBlocks) {
@@ -67,7 +68,7 @@ func (l *Local) recover() error {
 // resolveLocked gives recovered entry i the namespace and parent its header
 // names. A block its namespace's persistent quota has no room for is not
 // resolved (errOverQuota): the caller evicts it.
-func (l *Local) resolveLocked(i uint32, h *Header) error {
+func (l *Local) resolveLocked(i uint32, h *block.Header) error {
 	x := &l.mu.x
 	e := x.at(i)
 	old := e.ns
@@ -136,7 +137,7 @@ func (l *Local) resolveLoop(ctx context.Context) {
 				buf = make([]byte, m.size)
 			}
 			if m.err = l.disk.Read(m.loc, buf[:m.size]); m.err == nil {
-				var blk Block
+				var blk block.Block
 				if blk, m.err = l.verify(m.key, buf[:m.size]); m.err == nil {
 					m.err = l.resolveOne(m.i, &blk.Header)
 				}
@@ -149,7 +150,7 @@ func (l *Local) resolveLoop(ctx context.Context) {
 }
 
 // resolveOne commits one successful resolution.
-func (l *Local) resolveOne(i uint32, h *Header) error {
+func (l *Local) resolveOne(i uint32, h *block.Header) error {
 	var fr []freeLoc
 	l.mu.Lock()
 	defer func() { l.mu.Unlock(); l.freeAll(fr) }()

@@ -2,10 +2,11 @@ package store
 
 import (
 	"context"
-	"github.com/kvmesh/kvmesh/auth"
 	"sync"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -33,7 +34,7 @@ func (g *gatedDisk) Read(loc tiers.Loc, dst []byte) error {
 // not rewritten). After both, the index must not keep the block at a location
 // whose segment is gone: it is either served or not cached.
 func TestLocalResolveRacesReclaim(t *testing.T) {
-	w := newWorld(t, 99, blockNS())
+	w := newWorld(t, 99, blocktest.NS())
 	vol := newFakeVolume(4*blockBytes, 64)
 	l, err := Open(Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), DemoteBatchBytes: 1})
 	if err != nil {

@@ -5,17 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"math/rand/v2"
 	"sync"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
 func TestLocalStressRealTiers(t *testing.T) {
-	nsA := blockNS()
-	nsB := blockNS()
+	nsA := blocktest.NS()
+	nsB := blocktest.NS()
 	nsB.Model = "other"
 	nsB.HeadDim = 32 // bigger blocks: another class
 	worlds := []*world{newWorld(t, 901, nsA), newWorld(t, 902, nsB)}

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/kvmesh/kvmesh/auth"
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -48,7 +50,7 @@ func (w *world) extend(parent int) int {
 	if parent >= 0 {
 		pk = w.blocks[parent].key
 	}
-	enc, key, _, _ := randomBlock(w.t, w.rng, w.ns, pk)
+	enc, key, _, _ := blocktest.Random(w.t, w.rng, w.ns, pk)
 	w.blocks = append(w.blocks, wblock{key: key, parent: parent, enc: enc})
 	w.byKey[key] = len(w.blocks) - 1
 	return len(w.blocks) - 1
@@ -137,13 +139,13 @@ func openLocal(t testing.TB, opts Options) *Local {
 }
 
 // blockBytes is the encoded size of blockNS blocks.
-var blockBytes = EncodedLen(blockNS().BlockTokens, blockNS().BlockBytes())
+var blockBytes = block.EncodedLen(blocktest.NS().BlockTokens, blocktest.NS().BlockBytes())
 
 // TestLocalModel gives the store and a map the same random operations, in a
 // configuration that never evicts, and requires the same answers.
 func TestLocalModel(t *testing.T) {
 	for _, disk := range []bool{false, true} {
-		w := newWorld(t, 11, blockNS())
+		w := newWorld(t, 11, blocktest.NS())
 		opts := Options{DRAM: newFakeMem(64<<10, 256, 1024)}
 		if disk {
 			// A small memory tier in front of a large disk: blocks move,
@@ -266,7 +268,7 @@ func TestLocalPressure(t *testing.T) {
 				opts.NVMe = newFakeVolume(6*blockBytes, 5).open()
 			}
 			l := openLocal(t, opts)
-			s := runPressure(t, l, newWorld(t, 21, blockNS()), 3000)
+			s := runPressure(t, l, newWorld(t, 21, blocktest.NS()), 3000)
 			if tc.disk && (s.Demotions == 0 || s.Promotions == 0 || s.Rewrites == 0) {
 				t.Fatalf("tiers never exchanged blocks: %+v", s)
 			}
@@ -344,7 +346,7 @@ func getManyPrefix(t *testing.T, step int, l *Local, w *world, keys []prefixhash
 // TestLocalChainEvictsLeavesFirst puts a long chain into a memory tier that
 // holds half of it: what stays is a prefix of the chain, never a suffix.
 func TestLocalChainEvictsLeavesFirst(t *testing.T) {
-	w := newWorld(t, 31, blockNS())
+	w := newWorld(t, 31, blocktest.NS())
 	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), DemoteBatchBytes: 1}) // 16 blocks
 	keys := w.chain(w.putChain(t, l, 32))
 	n := cachedPrefix(t, l, keys)
@@ -371,8 +373,8 @@ func cachedPrefix(t *testing.T, l *Local, keys []prefixhash.Key) int {
 // memory gets room by evacuating a slab of another class, whose blocks are
 // demoted (or dropped without NVMe), never by growing the tier.
 func TestLocalClassed(t *testing.T) {
-	small := blockNS()
-	big := blockNS()
+	small := blocktest.NS()
+	big := blocktest.NS()
 	big.HeadDim = 32 // 2176-byte blocks, class 1
 	for _, disk := range []bool{false, true} {
 		mem := newFakeMem(8192, 4, 1024, 4096)
@@ -420,7 +422,7 @@ func TestLocalClassed(t *testing.T) {
 
 // TestLocalBadInput feeds blocks that must be refused with a clear error.
 func TestLocalBadInput(t *testing.T) {
-	ns := blockNS()
+	ns := blocktest.NS()
 	w := newWorld(t, 51, ns)
 	cached := w.blocks[w.grow()].enc
 	good := w.blocks[w.grow()].enc
@@ -431,17 +433,17 @@ func TestLocalBadInput(t *testing.T) {
 		// A block of another layout whose header claims ns's digest.
 		other := ns
 		other.HeadDim = 4
-		b, _, _, _ := randomBlock(t, w.rng, other, ns.Root())
+		b, _, _, _ := blocktest.Random(t, w.rng, other, ns.Root())
 		d := ns.Digest()
 		for i := range 8 {
 			b[16+i] = byte(d >> (8 * i))
 		}
-		copyHeaderSum(b)
+		blocktest.Reseal(b)
 		return b
 	}
 	big := ns
 	big.HeadDim = 16
-	bigBlock, _, _, _ := randomBlock(t, w.rng, big, big.Root())
+	bigBlock, _, _, _ := blocktest.Random(t, w.rng, big, big.Root())
 	flipped := append([]byte(nil), good...)
 	flipped[len(flipped)-1] ^= 1
 
@@ -453,15 +455,15 @@ func TestLocalBadInput(t *testing.T) {
 		block []byte
 		want  error
 	}{
-		{"nil", nil, ErrCorrupt},
-		{"garbage", bytes.Repeat([]byte("kvmesh"), 100), ErrCorrupt},
-		{"truncated", good[:len(good)-1], ErrCorrupt},
-		{"header only", good[:HeaderLen(ns.BlockTokens)], ErrCorrupt},
-		{"extended", append(append([]byte(nil), good...), 0), ErrCorrupt},
-		{"payload flipped", flipped, ErrCorrupt},
-		{"over MaxBlockBytes", bigBlock, ErrTooLarge},
+		{"nil", nil, block.ErrCorrupt},
+		{"garbage", bytes.Repeat([]byte("kvmesh"), 100), block.ErrCorrupt},
+		{"truncated", good[:len(good)-1], block.ErrCorrupt},
+		{"header only", good[:block.HeaderLen(ns.BlockTokens)], block.ErrCorrupt},
+		{"extended", append(append([]byte(nil), good...), 0), block.ErrCorrupt},
+		{"payload flipped", flipped, block.ErrCorrupt},
+		{"over MaxBlockBytes", bigBlock, block.ErrTooLarge},
 		{"wrong layout for its namespace", wrongLayout(), ErrLayout},
-		{"cached key, truncated", cached[:len(cached)-1], ErrCorrupt},
+		{"cached key, truncated", cached[:len(cached)-1], block.ErrCorrupt},
 	} {
 		if err := l.Put(ctx, tc.block); !errors.Is(err, tc.want) {
 			t.Errorf("%s: Put = %v, want %v", tc.name, err, tc.want)
@@ -469,7 +471,7 @@ func TestLocalBadInput(t *testing.T) {
 	}
 	// A block no tier can hold.
 	l2 := openLocal(t, Options{DRAM: newFakeMem(512, 4, 512)})
-	if err := l2.Put(ctx, good); !errors.Is(err, ErrTooLarge) {
+	if err := l2.Put(ctx, good); !errors.Is(err, block.ErrTooLarge) {
 		t.Errorf("block larger than any size class: %v", err)
 	}
 	if _, err := Open(Options{}); err == nil {
@@ -487,7 +489,7 @@ func TestLocalBadInput(t *testing.T) {
 // TestLocalFull: with every block pinned, a write is refused with ErrFull
 // and nothing is freed under a reader.
 func TestLocalFull(t *testing.T) {
-	w := newWorld(t, 61, blockNS())
+	w := newWorld(t, 61, blocktest.NS())
 	mem := newFakeMem(4096, 2, 1024) // 8 blocks
 	l := openLocal(t, Options{DRAM: mem})
 	ctx := context.Background()
@@ -522,7 +524,7 @@ func TestLocalCorrupt(t *testing.T) {
 		silent bool
 	}{{"tier checksum", false}, {"block checksum", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t, 71, blockNS())
+			w := newWorld(t, 71, blocktest.NS())
 			vol := newFakeVolume(64<<10, 8)
 			l := openLocal(t, Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), DemoteBatchBytes: 1})
 			last := w.putChain(t, l, 12) // memory holds 4: the chain's head goes to disk
@@ -551,7 +553,7 @@ func TestLocalCorrupt(t *testing.T) {
 		})
 	}
 	t.Run("memory", func(t *testing.T) {
-		w := newWorld(t, 72, blockNS())
+		w := newWorld(t, 72, blocktest.NS())
 		mem := newFakeMem(4096, 1, 1024)
 		l := openLocal(t, Options{DRAM: mem, VerifyMemoryHits: true})
 		b := w.blocks[w.grow()]
@@ -575,7 +577,7 @@ func TestLocalCorrupt(t *testing.T) {
 func TestLocalReopen(t *testing.T) {
 	ctx := context.Background()
 	for _, skipScan := range []bool{false, true} {
-		w := newWorld(t, 81, blockNS())
+		w := newWorld(t, 81, blocktest.NS())
 		vol := newFakeVolume(64<<10, 8)
 		l, err := Open(Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), DemoteBatchBytes: 1})
 		if err != nil {
@@ -614,14 +616,14 @@ func TestLocalReopen(t *testing.T) {
 				}
 				return true
 			})
-			if s := l.Stats(); len(s.Namespaces) != 1 || s.Namespaces[0].Digest != blockNS().Digest() ||
-				s.Namespaces[0].Tokens != onDisk*int64(blockNS().BlockTokens) {
+			if s := l.Stats(); len(s.Namespaces) != 1 || s.Namespaces[0].Digest != blocktest.NS().Digest() ||
+				s.Namespaces[0].Tokens != onDisk*int64(blocktest.NS().BlockTokens) {
 				t.Fatalf("namespaces after the scan: %+v", s.Namespaces)
 			}
 			if info, _ := l.Info(auth.Access{}, keys[1]); !info.Parent {
 				t.Fatal("recovered block 1 is not linked to block 0")
 			}
-			if info, _ := l.Info(auth.Access{}, keys[0]); info.Tokens != blockNS().BlockTokens {
+			if info, _ := l.Info(auth.Access{}, keys[0]); info.Tokens != blocktest.NS().BlockTokens {
 				t.Fatalf("recovered block 0: %+v", info)
 			}
 		}
@@ -637,7 +639,7 @@ func TestLocalReopen(t *testing.T) {
 		}
 		if skipScan {
 			// Reads resolved them.
-			if n := l.Stats().Namespaces; len(n) != 1 || n[0].Digest != blockNS().Digest() {
+			if n := l.Stats().Namespaces; len(n) != 1 || n[0].Digest != blocktest.NS().Digest() {
 				t.Fatalf("namespaces after reading every block: %+v", n)
 			}
 		}
@@ -648,7 +650,7 @@ func TestLocalReopen(t *testing.T) {
 // blocks are unread: reading them later is a miss.
 func TestLocalDropNamespaceUnresolved(t *testing.T) {
 	ctx := context.Background()
-	w := newWorld(t, 82, blockNS())
+	w := newWorld(t, 82, blocktest.NS())
 	vol := newFakeVolume(64<<10, 8)
 	l, err := Open(Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), DemoteBatchBytes: 1})
 	if err != nil {
@@ -659,7 +661,7 @@ func TestLocalDropNamespaceUnresolved(t *testing.T) {
 		t.Fatal(err)
 	}
 	l = openLocal(t, Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), SkipRecoveryScan: true})
-	if _, err := l.DropNamespace(blockNS().Digest()); err != nil {
+	if _, err := l.DropNamespace(blocktest.NS().Digest()); err != nil {
 		t.Fatal(err)
 	}
 	for _, b := range w.blocks {
@@ -675,7 +677,7 @@ func TestLocalDropNamespaceUnresolved(t *testing.T) {
 
 func TestLocalDropNamespace(t *testing.T) {
 	ctx := context.Background()
-	a, b := blockNS(), blockNS()
+	a, b := blocktest.NS(), blocktest.NS()
 	b.TenantSalt = "tenant b"
 	wa, wb := newWorld(t, 91, a), newWorld(t, 92, b)
 	mem := newFakeMem(64<<10, 16, 1024)
@@ -718,7 +720,7 @@ func TestLocalDropNamespace(t *testing.T) {
 
 func TestLocalInfo(t *testing.T) {
 	ctx := context.Background()
-	w := newWorld(t, 101, blockNS())
+	w := newWorld(t, 101, blocktest.NS())
 	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024)})
 	p := w.extend(-1)
 	c := w.extend(p)
@@ -732,8 +734,8 @@ func TestLocalInfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	info, ok := l.Info(auth.Access{}, w.blocks[p].key)
-	want := BlockInfo{Key: w.blocks[p].key, Tier: "dram", Size: blockBytes, Namespace: blockNS().Digest(),
-		Tokens: blockNS().BlockTokens, Hits: 1, Pins: 1, Children: 1}
+	want := BlockInfo{Key: w.blocks[p].key, Tier: "dram", Size: blockBytes, Namespace: blocktest.NS().Digest(),
+		Tokens: blocktest.NS().BlockTokens, Hits: 1, Pins: 1, Children: 1}
 	if !ok || info != want {
 		t.Fatalf("Info = %+v, want %+v", info, want)
 	}
@@ -749,7 +751,7 @@ func TestLocalInfo(t *testing.T) {
 // TestLocalClose: Close refuses while a Ref is live, then succeeds.
 func TestLocalClose(t *testing.T) {
 	ctx := context.Background()
-	w := newWorld(t, 111, blockNS())
+	w := newWorld(t, 111, blocktest.NS())
 	mem := newFakeMem(4096, 4, 1024)
 	l, err := Open(Options{DRAM: mem})
 	if err != nil {
@@ -786,7 +788,7 @@ func TestLocalClose(t *testing.T) {
 // Gets copy.
 func TestLocalNoViewer(t *testing.T) {
 	ctx := context.Background()
-	w := newWorld(t, 121, blockNS())
+	w := newWorld(t, 121, blocktest.NS())
 	mem := newFakeMem(4096, 2, 1024)
 	l := openLocal(t, Options{DRAM: plainTier{mem}, NVMe: newFakeVolume(64<<10, 4).open(), DemoteBatchBytes: 1})
 	w.putGrown(t, l, 20)
@@ -824,7 +826,7 @@ func (p plainTier) Close() error                                      { return p
 // whatever the tiers could hold.
 func TestLocalMaxBlocks(t *testing.T) {
 	for _, disk := range []bool{false, true} {
-		w := newWorld(t, 161, blockNS())
+		w := newWorld(t, 161, blocktest.NS())
 		opts := Options{DRAM: newFakeMem(64<<10, 16, 1024), MaxBlocks: 10, DemoteBatchBytes: 1}
 		if disk {
 			opts.DRAM = newFakeMem(4096, 1, 1024)
@@ -846,17 +848,17 @@ func TestLocalMaxBlocks(t *testing.T) {
 // FuzzLocalPut puts arbitrary bytes: Put must never panic, and what it
 // accepts must come back from Get byte for byte.
 func FuzzLocalPut(f *testing.F) {
-	w := newWorld(f, 171, blockNS())
+	w := newWorld(f, 171, blocktest.NS())
 	good := w.blocks[w.grow()].enc
 	f.Add(good)
-	f.Add(good[:HeaderLen(blockNS().BlockTokens)])
+	f.Add(good[:block.HeaderLen(blocktest.NS().BlockTokens)])
 	f.Add([]byte("KVMB"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 4, 1024, 16<<10, 64<<10), MaxBlockBytes: 32 << 10})
 		if err := l.Put(context.Background(), data); err != nil {
 			return
 		}
-		h, err := DecodeHeader(data, 0)
+		h, err := block.DecodeHeader(data, 0)
 		if err != nil {
 			t.Fatalf("Put accepted bytes that do not decode: %v", err)
 		}

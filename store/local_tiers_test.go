@@ -6,11 +6,12 @@ package store
 import (
 	"bytes"
 	"context"
-	"github.com/kvmesh/kvmesh/auth"
 	"io"
 	"log/slog"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/tiers"
 )
 
@@ -42,7 +43,7 @@ func TestLocalRealTiersPressure(t *testing.T) {
 			opts.NVMe = realNVMe(t, t.TempDir(), 8*64<<10, 64<<10)
 		}
 		l := openLocal(t, opts)
-		s := runPressure(t, l, newWorld(t, 201, blockNS()), 1500)
+		s := runPressure(t, l, newWorld(t, 201, blocktest.NS()), 1500)
 		if disk && (s.Demotions == 0 || s.Promotions == 0) {
 			t.Fatalf("tiers never exchanged blocks: %+v", s)
 		}
@@ -54,7 +55,7 @@ func TestLocalRealTiersPressure(t *testing.T) {
 func TestLocalRealTiersReopen(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	w := newWorld(t, 202, blockNS())
+	w := newWorld(t, 202, blocktest.NS())
 	l, err := Open(Options{DRAM: realDRAM(t, 16<<10, 16<<10), NVMe: realNVMe(t, dir, 16*64<<10, 64<<10), DemoteBatchBytes: 1})
 	if err != nil {
 		t.Fatal(err)

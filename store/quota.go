@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -202,7 +203,7 @@ func (l *Local) trim(digest uint64) error {
 // could displace, and room returns errColdest, as makeMemRoom does. Other
 // failures wrap ErrQuota. On success the caller holds the reservation and
 // hands it to insertLocked or unreserveLocked.
-func (l *Local) room(ctx context.Context, h *Header, digest uint64, size, class, t int, parent prefixhash.Key) (uint32, error) {
+func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, size, class, t int, parent prefixhash.Key) (uint32, error) {
 	for round := 0; ; round++ {
 		l.mu.Lock()
 		var id uint32
@@ -277,7 +278,7 @@ func (l *Local) room(ctx context.Context, h *Header, digest uint64, size, class,
 // tryReserveLocked reserves size bytes in tier t for a new block of h's
 // namespace when they fit its quota, without making room. h must have
 // passed namespaces.check under this lock.
-func (l *Local) tryReserveLocked(h *Header, size, class, t int) (uint32, bool) {
+func (l *Local) tryReserveLocked(h *block.Header, size, class, t int) (uint32, bool) {
 	id, err := l.mu.ns.ensure(h, size, class)
 	if err != nil {
 		panic(fmt.Sprintf("store: a checked block fails its namespace: %v", err))

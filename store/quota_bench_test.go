@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/block/blocktest"
 )
 
 // BenchmarkQuotaPut puts distinct small blocks (640 bytes, so that the
@@ -44,7 +46,7 @@ func BenchmarkQuotaPut(b *testing.B) {
 			other := tenantNS("b")
 			rng := rand.New(rand.NewPCG(302, 302))
 			for range idle {
-				enc, _, _, _ := randomBlock(b, rng, other, other.Root())
+				enc, _, _, _ := blocktest.Random(b, rng, other, other.Root())
 				if err := l.Put(ctx, enc); err != nil {
 					b.Fatal(err)
 				}

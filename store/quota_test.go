@@ -5,18 +5,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
 // tenantNS is blockNS for one tenant: namespaces that differ only by salt.
 func tenantNS(salt string) prefixhash.Namespace {
-	ns := blockNS()
+	ns := blocktest.NS()
 	ns.TenantSalt = salt
 	return ns
 }
@@ -491,7 +492,7 @@ func TestTenantIsolation(t *testing.T) {
 				rng := rand.New(rand.NewPCG(7, 7))
 				parent := ns.Root()
 				for range 16 {
-					b, k, _, _ := randomBlock(t, rng, ns, parent)
+					b, k, _, _ := blocktest.Random(t, rng, ns, parent)
 					keys, blocks = append(keys, k), append(blocks, b)
 					parent = k
 				}
@@ -536,7 +537,7 @@ func TestTenantIsolation(t *testing.T) {
 			}
 			// A block of b that claims a's block as its parent (a forger
 			// who knows a's key): cached, but not tied to a's tree.
-			forged, fk, _, _ := randomBlock(t, rand.New(rand.NewPCG(8, 8)), nsB, ka[3])
+			forged, fk, _, _ := blocktest.Random(t, rand.New(rand.NewPCG(8, 8)), nsB, ka[3])
 			if err := l.Put(ctx, forged); err != nil {
 				t.Fatal(err)
 			}

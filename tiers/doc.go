@@ -21,4 +21,32 @@
 // in gpu/cudadev (-tags cuda, gorgonia.org/cu) and is loaded at run time by
 // package gpu only when a device exists; see gpu's package doc for why. It has
 // been compiled and vetted against CUDA 11.8 but never run on a GPU.
+//
+// # Capabilities
+//
+// Tier is what every tier does; the optional interfaces say what else a
+// tier offers its owner, who discovers them by type assertion:
+//
+//	interface    what it gives the owner                      DRAM  HBM  NVMe
+//	Tier         Put, Read, Free, Stats, Close                 x     x    x
+//	Viewer       View: a value in place, without a copy        x
+//	Classed      size classes; Evacuate names a slab to empty  x     x
+//	Segmented    reclaim by whole segments, oldest first                  x
+//	Recoverable  Range: what survived a restart or a crash                x
+//	Batcher      PutBatch: many values, one write and one sync            x
+//
+// Each implementation asserts its set at compile time (var _ Viewer =
+// (*DRAM)(nil)); a change there belongs in this table too.
+//
+// # Concurrency
+//
+// Every method of every tier is safe for concurrent use. A tier holds no
+// lock across I/O or a device copy: DRAM and HBM copy outside their
+// allocator lock (DRAM's Read and View take none), and NVMe's Puts are
+// group-committed by one writer goroutine while readers use pread on
+// reference-counted segment files. Goroutines a tier starts (NVMe's writer
+// and syncer) are its own and stop in Close, which waits for the calls in
+// flight; every method returns ErrClosed afterwards. The owner, not the
+// tier, guarantees that a Loc is not freed while a reader still uses it,
+// and that Free is called once per Loc.
 package tiers

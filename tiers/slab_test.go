@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// blockHeader512 is store.HeaderLen(512): the header of a 512-token block.
+// blockHeader512 is block.HeaderLen(512): the header of a 512-token block.
 const blockHeader512 = 2112
 
 func TestSlabClasses(t *testing.T) {

@@ -1,6 +1,6 @@
 //go:build linux
 
-package transfer
+package transfer_test
 
 import (
 	"bufio"
@@ -15,9 +15,13 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/transfer"
+	"github.com/kvmesh/kvmesh/transfer/certtest"
+	"github.com/kvmesh/kvmesh/transfer/transfertest"
 )
 
-// The transfer benchmarks, over the measurement loops of measure.go
+// The transfer benchmarks, over the measurement loops of transfertest
 // (Testbed, Path, Interleave), which `kvmesh bench transfer` runs too. Each
 // path moves batches of benchBatch bytes: a
 // Get of benchBatch/size keys (TCP, shared memory), benchBatch bytes through
@@ -35,8 +39,8 @@ import (
 // one path at a time, TCPGet with 1, 2 and 4 connections and as many
 // concurrent callers.
 const (
-	benchBatch  = DefaultTestbedBatch
-	benchSource = DefaultTestbedSource
+	benchBatch  = transfertest.DefaultTestbedBatch
+	benchSource = transfertest.DefaultTestbedSource
 )
 
 var benchSizes = []struct {
@@ -44,10 +48,10 @@ var benchSizes = []struct {
 	n    int
 }{{"64KiB", 64 << 10}, {"1MiB", 1 << 20}, {"4MiB", 4 << 20}}
 
-// testbed returns a Testbed of values of size n (measure.go: the loops
+// testbed returns a Testbed of values of size n (transfertest: the loops
 // `kvmesh bench transfer` runs too), closed when b ends.
-func testbed(b *testing.B, n int) *Testbed {
-	tb, err := NewTestbed(TestbedOptions{ValueBytes: n, BatchBytes: benchBatch, SourceBytes: benchSource})
+func testbed(b *testing.B, n int) *transfertest.Testbed {
+	tb, err := transfertest.NewTestbed(transfertest.TestbedOptions{ValueBytes: n, BatchBytes: benchBatch, SourceBytes: benchSource})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -56,8 +60,8 @@ func testbed(b *testing.B, n int) *Testbed {
 }
 
 // must fails b when a testbed could not build a path: must(b)(tb.TCP(1)).
-func must(b *testing.B) func(Path, error) Path {
-	return func(p Path, err error) Path {
+func must(b *testing.B) func(transfertest.Path, error) transfertest.Path {
+	return func(p transfertest.Path, err error) transfertest.Path {
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -108,7 +112,7 @@ func BenchmarkRedisGet(b *testing.B) {
 	}
 }
 
-func runPath(b *testing.B, p Path) {
+func runPath(b *testing.B, p transfertest.Path) {
 	ctx := context.Background()
 	if err := p.Move(ctx, 0); err != nil { // warm up: connections, pools, pages
 		b.Fatal(err)
@@ -130,7 +134,7 @@ func BenchmarkVersus(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("size="+size.name, func(b *testing.B) {
 			tb := testbed(b, size.n)
-			paths := []Path{
+			paths := []transfertest.Path{
 				must(b)(tb.Raw(true)),
 				must(b)(tb.TCP(1)),
 				must(b)(tb.TCP(2)),
@@ -157,8 +161,10 @@ func BenchmarkVersus(b *testing.B) {
 type tlsPair struct{ server, client *tls.Config }
 
 func benchTLS(b *testing.B) *tlsPair {
-	p := newPKI(b)
-	srv, cli, err := LoadTLS(TLSFiles{Cert: p.nodeCert, Key: p.nodeKey, CA: p.a.File, ClientAuth: true})
+	dir := b.TempDir()
+	ca := certtest.NewCA(b, dir, "a")
+	cert, key := ca.Issue(b, dir, "node", "127.0.0.1", "localhost")
+	srv, cli, err := transfer.LoadTLS(transfer.TLSFiles{Cert: cert, Key: key, CA: ca.File, ClientAuth: true})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -181,9 +187,9 @@ func BenchmarkTLS(b *testing.B) {
 	for _, size := range benchSizes[1:] {
 		b.Run("size="+size.name, func(b *testing.B) {
 			tb := testbed(b, size.n)
-			so := &ServerOptions{TLS: tp.server}
-			co := &ClientOptions{TLS: tp.client}
-			gbps := interleave(b, []Path{
+			so := &transfer.ServerOptions{TLS: tp.server}
+			co := &transfer.ClientOptions{TLS: tp.client}
+			gbps := interleave(b, []transfertest.Path{
 				must(b)(tb.Raw(true)),
 				must(b)(tb.RawTLS(true, tp.server, tp.client)),
 				must(b)(tb.TCP(1)),
@@ -199,9 +205,9 @@ func BenchmarkTLS(b *testing.B) {
 
 // interleave runs b.N rounds of every path (Interleave) and reports (and
 // returns) each path's GB/s of its median batch.
-func interleave(b *testing.B, paths []Path) map[string]float64 {
+func interleave(b *testing.B, paths []transfertest.Path) map[string]float64 {
 	b.ResetTimer()
-	res, err := Interleave(context.Background(), paths, b.N, nil)
+	res, err := transfertest.Interleave(context.Background(), paths, b.N, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -219,7 +225,7 @@ func interleave(b *testing.B, paths []Path) map[string]float64 {
 // pipelining its GETs on one connection and reading each reply into a
 // buffer with a minimal RESP reader. It skips the benchmark when
 // redis-server is not installed.
-func redisPath(b *testing.B, tb *Testbed) Path {
+func redisPath(b *testing.B, tb *transfertest.Testbed) transfertest.Path {
 	vals, per := tb.Values(), tb.PerBatch()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -234,7 +240,7 @@ func redisPath(b *testing.B, tb *Testbed) Path {
 	}
 	size := len(vals[0])
 	buf := make([]byte, size)
-	return Path{Name: "redis", Bytes: int64(per * size), Move: func(_ context.Context, i int) error {
+	return transfertest.Path{Name: "redis", Bytes: int64(per * size), Move: func(_ context.Context, i int) error {
 		lo := i * per % (len(vals) - len(vals)%per)
 		for j := lo; j < lo+per; j++ {
 			rc.send(getCmd, redisKey(j))

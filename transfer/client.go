@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"io"
 	"net"
 	"os"
@@ -124,47 +123,6 @@ func (c *Client) Get(ctx context.Context, keys []prefixhash.Key) (*Result, error
 	return r, nil
 }
 
-// getRounds runs the requests of a Get of n keys: round asks for the keys
-// idx (at most maxItems) and returns those the peer asked to be asked for
-// again, until every key is answered. Each round answers at least one key,
-// or the peer is broken.
-func getRounds(n, maxItems int, round func(idx []int) ([]int, error)) error {
-	todo := make([]int, n)
-	for i := range todo {
-		todo[i] = i
-	}
-	for len(todo) > 0 {
-		k := min(len(todo), maxItems)
-		retry, err := round(todo[:k])
-		if err != nil {
-			return err
-		}
-		if len(retry) == k {
-			return corrupt("peer sent none of %d values and asked for all again", k)
-		}
-		todo = append(todo[k:], retry...)
-	}
-	return nil
-}
-
-// fillResult records the answer to the keys idx in r: statuses st, and
-// value(i) for each OK item, asked in increasing i. It returns the keys to
-// ask for again.
-func fillResult(r *Result, idx []int, st []Status, value func(i int) []byte) (retry []int) {
-	for i, j := range idx {
-		switch st[i] {
-		case StatusOK:
-			r.Values[j] = value(i)
-			r.Status[j] = StatusOK
-		case statusRetry:
-			retry = append(retry, j)
-		default:
-			r.Status[j] = st[i]
-		}
-	}
-	return retry
-}
-
 // Put pushes vals[i] under keys[i], in as many requests as MaxItems and
 // MaxBatchBytes require, and returns each item's status. vals are sent
 // straight from the caller's memory and only read during the call. A value
@@ -205,120 +163,6 @@ func (c *Client) put(ctx context.Context, p puts) ([]Status, error) {
 		return nil, fmt.Errorf("transfer: put %d values to %s: %w", len(p.keys), c.addr, err)
 	}
 	return st, nil
-}
-
-// puts is what put and publish requests carry: value i is heads[i] (when
-// heads is not nil) followed by vals[i]. chunkKeys is nil for a put.
-type puts struct {
-	keys, chunkKeys []prefixhash.Key
-	heads, vals     [][]byte
-}
-
-// valueLen returns the length of value i.
-func (p *puts) valueLen(i int) int {
-	if p.heads != nil {
-		return len(p.heads[i]) + len(p.vals[i])
-	}
-	return len(p.vals[i])
-}
-
-// sub returns items [lo, hi).
-func (p *puts) sub(lo, hi int) puts {
-	q := puts{keys: p.keys[lo:hi], vals: p.vals[lo:hi]}
-	if p.chunkKeys != nil {
-		q.chunkKeys = p.chunkKeys[lo:hi]
-	}
-	if p.heads != nil {
-		q.heads = p.heads[lo:hi]
-	}
-	return q
-}
-
-// checkPublish checks what a publish request needs beyond a put's.
-func (p *puts) checkPublish() error {
-	if len(p.chunkKeys) != len(p.keys) || p.heads != nil && len(p.heads) != len(p.keys) {
-		return fmt.Errorf("transfer: publish of %d keys, %d chunk keys and %d heads", len(p.keys), len(p.chunkKeys), len(p.heads))
-	}
-	return nil
-}
-
-// putFrames checks a put and cuts it into frames within lim; send sends
-// items [lo, hi) (bytes of padded values) and fills their statuses st.
-func putFrames(p *puts, lim *Limits, send func(lo, hi, bytes int, st []Status) error) ([]Status, error) {
-	if err := checkPut(p, lim); err != nil {
-		return nil, err
-	}
-	st := make([]Status, len(p.keys))
-	for lo := 0; lo < len(p.keys); {
-		hi, bytes := putChunk(p, lo, lim)
-		if err := send(lo, hi, bytes, st[lo:hi]); err != nil {
-			return nil, err
-		}
-		lo = hi
-	}
-	return st, nil
-}
-
-func checkPut(p *puts, lim *Limits) error {
-	if len(p.keys) != len(p.vals) {
-		return fmt.Errorf("transfer: put of %d keys and %d values", len(p.keys), len(p.vals))
-	}
-	for i := range p.vals {
-		if n := p.valueLen(i); n > lim.MaxValueSize {
-			return fmt.Errorf("%w: value %d (key %s) is %d bytes, MaxValueSize is %d", ErrLimit, i, p.keys[i], n, lim.MaxValueSize)
-		}
-	}
-	return nil
-}
-
-// putChunk returns the end of the put frame that starts at item lo and its
-// payload length.
-func putChunk(p *puts, lo int, lim *Limits) (hi, bytes int) {
-	hi = lo
-	for hi < len(p.vals) && hi-lo < lim.MaxItems {
-		n := alignUp(p.valueLen(hi))
-		if hi > lo && bytes+n > lim.MaxBatchBytes {
-			break
-		}
-		bytes += n
-		hi++
-	}
-	return hi, bytes
-}
-
-// requestContext bounds ctx by timeout.
-func requestContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	if timeout <= 0 {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, timeout)
-}
-
-// getHeader is the header of a get request for count keys: the requester's
-// deadline and limits travel with it, so the server stops when the client
-// has given up and never answers with more than the client accepts.
-func getHeader(ctx context.Context, id uint64, count int, lim *Limits) header {
-	return scoped(ctx, header{typ: typeGetReq, id: id, count: count, timeout: timeoutMillis(ctx), maxBatch: lim.MaxBatchBytes, maxValue: lim.MaxValueSize})
-}
-
-// scoped returns request header h scoped as ctx's access says
-// (auth.WithAccess): a node reading or writing for a tenant confines the
-// request to that tenant's blocks.
-func scoped(ctx context.Context, h header) header {
-	if a := auth.AccessFrom(ctx); a.Scoped {
-		h.scoped, h.tag = true, a.Tag
-	}
-	return h
-}
-
-// timeoutMillis is what a request tells the server about its deadline.
-func timeoutMillis(ctx context.Context) uint32 {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		return 0
-	}
-	ms := time.Until(dl).Milliseconds() + 1
-	return uint32(min(max(ms, 1), 1<<32-1))
 }
 
 func (c *Client) release(r *Result) {
@@ -547,35 +391,6 @@ func (cc *clientConn) readFrame(id uint64, want frameType, lim *Limits) (header,
 	return h, nil
 }
 
-// readTable reads and verifies h's item table into buf (grown as needed).
-func readTable(r io.Reader, h *header, buf []byte) ([]byte, error) {
-	n := h.tableLen()
-	if cap(buf) < n {
-		buf = make([]byte, n)
-	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(r, buf); err != nil {
-		return buf, fmt.Errorf("read %s table: %w", h.typ, err)
-	}
-	return buf, checkTable(h, buf)
-}
-
-// remoteError reads an error frame's message. An error of class auth wraps
-// ErrAuth as well as ErrRemote.
-func remoteError(r io.Reader, h *header) error {
-	var msg [maxErrorMsg]byte
-	if _, err := io.ReadFull(r, msg[:h.payload]); err != nil {
-		if h.class == classAuth {
-			return &authError{reason: "the peer refused the connection (message lost: " + err.Error() + ")", err: ErrRemote}
-		}
-		return fmt.Errorf("%w (message lost: %w)", ErrRemote, err)
-	}
-	if h.class == classAuth {
-		return &authError{reason: "the peer refused the connection: " + string(msg[:h.payload]), err: ErrRemote}
-	}
-	return fmt.Errorf("%w: %s", ErrRemote, msg[:h.payload])
-}
-
 // get sends one get request for keys[idx[i]] and reads the answer into r.
 // It returns the indices the server asked to be requested again.
 func (cc *clientConn) get(ctx context.Context, c *Client, keys []prefixhash.Key, idx []int, r *Result) ([]int, error) {
@@ -652,60 +467,5 @@ func (cc *clientConn) put(ctx context.Context, c *Client, p puts, bytes int, st 
 	return parsePutResp(cc.table, st)
 }
 
-// appendPut appends to bufs a put frame, or a publish frame when
-// p.chunkKeys is not nil: its header and table (built in enc) followed by
-// the values, each padded to 64 bytes.
-func appendPut(ctx context.Context, enc *encoder, bufs net.Buffers, id uint64, p *puts, bytes int) net.Buffers {
-	typ := typePutReq
-	if p.chunkKeys != nil {
-		typ = typePublishReq
-	}
-	t := enc.begin(typ, len(p.keys))
-	for i, k := range p.keys {
-		if p.chunkKeys != nil {
-			putPublishEntry(t, i, k, p.chunkKeys[i], p.valueLen(i))
-		} else {
-			putPutEntry(t, i, k, p.valueLen(i))
-		}
-	}
-	bufs = append(bufs, enc.finish(scoped(ctx, header{typ: typ, id: id, count: len(p.keys), timeout: timeoutMillis(ctx), payload: bytes})))
-	if p.heads == nil {
-		return appendValues(bufs, p.vals)
-	}
-	for i, v := range p.vals {
-		n := p.valueLen(i)
-		for _, part := range [2][]byte{p.heads[i], v} {
-			if len(part) > 0 {
-				bufs = append(bufs, part)
-			}
-		}
-		if pad := alignUp(n) - n; pad > 0 {
-			bufs = append(bufs, zeros[:pad])
-		}
-	}
-	return bufs
-}
-
-// appendValues appends the non-empty values, each followed by its padding.
-func appendValues(bufs net.Buffers, vals [][]byte) net.Buffers {
-	for _, v := range vals {
-		if len(v) == 0 {
-			continue
-		}
-		bufs = append(bufs, v)
-		if pad := alignUp(len(v)) - len(v); pad > 0 {
-			bufs = append(bufs, zeros[:pad])
-		}
-	}
-	return bufs
-}
-
 // emptyValue is the value of a found 0-byte value: empty, not nil.
 var emptyValue = make([]byte, 0)
-
-func grow[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n)
-	}
-	return s[:n]
-}

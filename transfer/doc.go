@@ -41,7 +41,7 @@
 // is detected, answered with an error frame where possible, and the
 // connection is dropped (the peer serves its other connections on). Value
 // bytes are not checksummed here: they are encoded blocks that the store
-// verifies on arrival (store.Decode checks the header checksum, the key and
+// verifies on arrival (block.Decode checks the header checksum, the key and
 // the payload checksum), and hashing them twice would halve throughput for
 // nothing.
 //

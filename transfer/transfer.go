@@ -87,7 +87,7 @@ type Sink interface {
 	// stored, StatusMiss when dropped, StatusError on failure; st arrives
 	// zeroed). vals alias a receive buffer that is reused after Put
 	// returns: a sink that keeps a value copies it. Values are unverified
-	// bytes from the network; the sink verifies them (store.Decode) before
+	// bytes from the network; the sink verifies them (block.Decode) before
 	// serving them.
 	Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte, st []Status)
 }

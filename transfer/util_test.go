@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/transfer/internal/pattern"
 )
 
 // memSource is an in-memory Source and Sink. Keys in block are held until
@@ -95,11 +96,11 @@ func (m *memSource) Put(_ context.Context, keys []prefixhash.Key, vals [][]byte,
 	}
 }
 
-func testKey(i int) prefixhash.Key { return TestbedKey(i) }
+func testKey(i int) prefixhash.Key { return pattern.Key(i) }
 
 // testValue returns n bytes that depend on i and n (cheap under the race
 // detector).
-func testValue(i, n int) []byte { return TestbedValue(i, n) }
+func testValue(i, n int) []byte { return pattern.Value(i, n) }
 
 // checkResult asserts that r answers keys as src would.
 func checkResult(t testing.TB, src *memSource, keys []prefixhash.Key, r *Result) {

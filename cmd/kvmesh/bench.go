@@ -32,6 +32,7 @@ type benchFlags struct {
 	duration time.Duration
 	conc     int
 	logLevel string
+	backlog  int
 }
 
 func benchCmd() *cobra.Command {
@@ -53,7 +54,9 @@ Suites:
   serve      agentic multi-turn sessions through kvmesh route over 3 nodes (the
              OpenAI-compatible API, streamed): cached tokens vs the ideal, TTFT
              p50/p99 and tokens/s for token-aware, random and session routing;
-             what the router adds
+             what the router adds; with --backlog N instead: the sessions alone
+             and beside N queued requests (POST /v1/queue) on the same nodes,
+             TTFT p50 ratio and the backlog's drain rate vs queued work alone
   soak       a mixed load (lookups, gets, puts, prefills) for --duration on 2 nodes
              with small tiers: RSS, goroutines, errors and latencies over time;
              fails on any error but a miss, on wrong bytes, or RSS past DRAM + overhead
@@ -89,6 +92,7 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.Float64Var(&f.speedup, "speedup", 0, "trace suite: honour the trace's timestamps, replayed this many times faster (default 0: as fast as possible)")
 	fs.DurationVar(&f.duration, "duration", 0, "soak: how long the load runs (default 10m; --quick: 30s)")
 	fs.IntVar(&f.conc, "concurrency", 0, "soak: workers, one call in flight each (default 64)")
+	fs.IntVar(&f.backlog, "backlog", 0, "serve: measure N queued requests beside the sessions instead of the routing policies (the issue's figure wants 200 or more)")
 	fs.StringVar(&f.workDir, "work-dir", "", "scratch directory, on the disk the nvme suite measures (default: a temporary directory)")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	return c
@@ -106,8 +110,8 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	if err != nil {
 		return fmt.Errorf("--routing: %w", err)
 	}
-	if f.nodes < 0 || f.requests < 0 || f.capacity < 0 || f.speedup < 0 || f.duration < 0 || f.conc < 0 {
-		return errors.New("--nodes, --requests, --capacity-blocks, --speedup, --duration and --concurrency must not be negative")
+	if f.nodes < 0 || f.requests < 0 || f.capacity < 0 || f.speedup < 0 || f.duration < 0 || f.conc < 0 || f.backlog < 0 {
+		return errors.New("--nodes, --requests, --capacity-blocks, --speedup, --duration, --concurrency and --backlog must not be negative")
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
@@ -115,7 +119,7 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	}
 	suites, err := bench.Select(bench.Suites(bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
 		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Speedup: f.speedup,
-		SoakDuration: f.duration, SoakConcurrency: f.conc}), names)
+		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog}), names)
 	if err != nil {
 		return fmt.Errorf("%w; see 'kvmesh bench --help'", err)
 	}

@@ -273,6 +273,7 @@ type prefillServeFlags struct {
 	role             string
 	modelDir         string
 	batch            node.BatchOptions
+	queueShare       float64
 }
 
 func init() {
@@ -284,6 +285,8 @@ func init() {
 		"Prefill.Batch.MaxRequests": "queue-max-requests", "Prefill.Batch.MaxBodyBytes": "queue-max-body",
 		"Prefill.Batch.TenantQueued": "queue-tenant-quota", "Prefill.Batch.MaxQueued": "queue-max-queued",
 		"Prefill.Batch.ResultTTL": "queue-result-ttl", "Prefill.Batch.CallbackAllow": "callback-allow",
+		"Prefill.Batch.Share": "queue-share", "Prefill.Batch.StealInterval": "queue-steal-interval",
+		"Prefill.Batch.LeaseTTL": "queue-lease",
 	} {
 		flagOf[field] = flag
 	}
@@ -306,6 +309,9 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.IntVar(&p.batch.MaxQueued, "queue-max-queued", d.Batch.MaxQueued, "most queued requests (POST /v1/queue) of all tenants not yet answered (more: 503)")
 	fs.DurationVar(&p.batch.ResultTTL, "queue-result-ttl", d.Batch.ResultTTL, "how long a finished batch's responses are kept (then GET /v1/queue/{id} is 404)")
 	fs.StringSliceVar(&p.batch.CallbackAllow, "callback-allow", d.Batch.CallbackAllow, "hosts (HOST: any port, or HOST:PORT) a queued batch's callback_url may name; others are refused (default none: no callbacks)")
+	fs.Float64Var(&p.queueShare, "queue-share", d.Batch.Share, "share of the engine's slots (--prefill-concurrency) queued batches may run on at once, at least one request; each runs only while no synchronous request does and yields to one between chunks and decode steps; 0: none here (peers pull this node's batches)")
+	fs.DurationVar(&p.batch.StealInterval, "queue-steal-interval", d.Batch.StealInterval, "how often an idle node asks its peers for a queued batch they have not started (0 or less: never)")
+	fs.DurationVar(&p.batch.LeaseTTL, "queue-lease", d.Batch.LeaseTTL, "how long a batch a peer pulled from this node stays with it without news; then it runs again elsewhere from its first unanswered request")
 	fs.StringVar(&p.role, "role", node.RoleBoth, "what kvmesh route sends this node: both, prefill (prompts to compute and publish) or decode (requests whose prompt a prefill node just published)")
 }
 
@@ -314,6 +320,13 @@ func (p *prefillServeFlags) options() node.PrefillOptions {
 		Disabled: !p.enabled, WeightsPath: p.weights, Seed: p.seed,
 		Concurrency: p.concurrency, QueueSize: p.queue, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
 		BackgroundBlocks: p.backgroundBlocks, Role: p.role, ModelDir: p.modelDir, Batch: p.batch,
+	}
+	o.Batch.Share = p.queueShare
+	if p.queueShare <= 0 {
+		o.Batch.Share = -1 // none: the flag's 0 is the option's negative
+	}
+	if p.batch.StealInterval <= 0 {
+		o.Batch.StealInterval = -1
 	}
 	o.Model.MaxContext = p.maxContext
 	return o

@@ -7,4 +7,10 @@
 // closing and handing the number to another process races with every
 // other process on the host (CI once failed with "bind: address already in
 // use" this way).
+//
+// deps_test.go: formats are leaf packages. block depends on prefixhash,
+// xxhash and the standard library only, and neither it nor client nor
+// prefill links store, tiers or pebble (go list -deps); client, node, store
+// and transfer link no test-support package (transfertest, certtest,
+// blocktest).
 package lint

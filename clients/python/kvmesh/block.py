@@ -1,4 +1,4 @@
-"""The encoded block header (store/block.go, block format 2), for the data planes.
+"""The encoded block header (block/block.go, block format 2), for the data planes.
 
 All integers little-endian; the header is padded to a multiple of 64 bytes::
 

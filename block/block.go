@@ -1,4 +1,4 @@
-package store
+package block
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
+
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -44,9 +45,12 @@ import (
 // under xxhash64 keys; its blocks, and blocks of any other key format, fail
 // to decode: their keys mean nothing under this build's key format.
 const (
-	blockMagic     = "KVMB"
-	BlockVersion   = 2
-	fixedHeaderLen = 112
+	blockMagic = "KVMB"
+	// Version is the block format version this build writes and reads.
+	Version = 2
+	// FixedHeaderLen is the length of the header's fixed part: no encoded
+	// block is shorter.
+	FixedHeaderLen = 112
 	headerSumOff   = 104
 	headerAlign    = 64
 )
@@ -56,8 +60,8 @@ const (
 // wraps ErrCorrupt) marks a block written under another block or key format
 // version, such as one left on disk by an older kvmesh.
 var (
-	ErrCorrupt     = errors.New("store: corrupt block")
-	ErrTooLarge    = errors.New("store: block too large")
+	ErrCorrupt     = errors.New("block: corrupt block")
+	ErrTooLarge    = errors.New("block: too large")
 	ErrOtherFormat = fmt.Errorf("%w: another block or key format", ErrCorrupt)
 	// ErrTokens (wrapping ErrCorrupt) marks a block whose stored tokens are
 	// not the ones a reader by tokens asked for.
@@ -118,7 +122,7 @@ type Block struct {
 
 // HeaderLen returns the encoded header length of a block of n tokens.
 func HeaderLen(n int) int {
-	return (fixedHeaderLen + 4*n + headerAlign - 1) / headerAlign * headerAlign
+	return (FixedHeaderLen + 4*n + headerAlign - 1) / headerAlign * headerAlign
 }
 
 // EncodedLen returns the size of an encoded block of n tokens and payloadLen
@@ -177,10 +181,10 @@ func AppendHeaderTenant(dst []byte, tenant uint64, ns prefixhash.Namespace, pare
 		return dst, prefixhash.Key{}, err
 	}
 	if len(tokens) != ns.BlockTokens {
-		return dst, prefixhash.Key{}, fmt.Errorf("store: block has %d tokens, namespace blocks hold %d", len(tokens), ns.BlockTokens)
+		return dst, prefixhash.Key{}, fmt.Errorf("block: block has %d tokens, namespace blocks hold %d", len(tokens), ns.BlockTokens)
 	}
 	if len(payload) != ns.BlockBytes() {
-		return dst, prefixhash.Key{}, fmt.Errorf("store: payload is %d bytes, namespace blocks hold %d", len(payload), ns.BlockBytes())
+		return dst, prefixhash.Key{}, fmt.Errorf("block: payload is %d bytes, namespace blocks hold %d", len(payload), ns.BlockBytes())
 	}
 	key := prefixhash.BlockKey(parent, tokens)
 	hl := HeaderLen(len(tokens))
@@ -188,7 +192,7 @@ func AppendHeaderTenant(dst []byte, tenant uint64, ns prefixhash.Namespace, pare
 	dst = append(dst, make([]byte, hl)...)
 	h := dst[start:]
 	copy(h[0:4], blockMagic)
-	binary.LittleEndian.PutUint16(h[4:], BlockVersion)
+	binary.LittleEndian.PutUint16(h[4:], Version)
 	h[6] = prefixhash.KeyVersion
 	binary.LittleEndian.PutUint32(h[8:], uint32(hl))
 	binary.LittleEndian.PutUint32(h[12:], uint32(len(tokens)))
@@ -204,7 +208,7 @@ func AppendHeaderTenant(dst []byte, tenant uint64, ns prefixhash.Namespace, pare
 	binary.LittleEndian.PutUint64(h[88:], xxhash.Sum64(payload))
 	binary.LittleEndian.PutUint64(h[96:], tenant)
 	for i, t := range tokens {
-		binary.LittleEndian.PutUint32(h[fixedHeaderLen+4*i:], t)
+		binary.LittleEndian.PutUint32(h[FixedHeaderLen+4*i:], t)
 	}
 	binary.LittleEndian.PutUint64(h[headerSumOff:], headerSum(h, len(tokens)))
 	return dst, key, nil
@@ -229,7 +233,7 @@ func headerSum(h []byte, n int) uint64 {
 	var d xxhash.Digest
 	d.Reset()
 	d.Write(h[:headerSumOff])
-	d.Write(h[fixedHeaderLen : fixedHeaderLen+4*n])
+	d.Write(h[FixedHeaderLen : FixedHeaderLen+4*n])
 	return d.Sum64()
 }
 
@@ -250,7 +254,7 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 			return h, err
 		}
 	}
-	if len(b) < fixedHeaderLen {
+	if len(b) < FixedHeaderLen {
 		return h, corrupt("%d bytes, shorter than a header", len(b))
 	}
 	if string(b[0:4]) != blockMagic {
@@ -288,7 +292,7 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	h.PayloadLen = int(pl)
 	h.Checksum = binary.LittleEndian.Uint64(b[88:])
 	h.Tenant = binary.LittleEndian.Uint64(b[96:])
-	h.Tokens = viewTokens(b[fixedHeaderLen : fixedHeaderLen+4*n])
+	h.Tokens = viewTokens(b[FixedHeaderLen : FixedHeaderLen+4*n])
 	if prefixhash.BlockKey(h.Parent, h.Tokens) != h.Key {
 		return h, corrupt("key %s is not H(parent ‖ tokens)", h.Key)
 	}
@@ -298,21 +302,21 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 // checkVersions accepts only this build's block and key formats. Version 1
 // blocks predate key format versions: they were keyed by xxhash64.
 func checkVersions(format uint16, keys byte) error {
-	if format == BlockVersion && keys == prefixhash.KeyVersion {
+	if format == Version && keys == prefixhash.KeyVersion {
 		return nil
 	}
 	if format == 1 {
 		keys = 1
 	}
 	age, what := "an older", "key format"
-	if format > BlockVersion || (format == BlockVersion && keys > prefixhash.KeyVersion) {
+	if format > Version || (format == Version && keys > prefixhash.KeyVersion) {
 		age = "a newer"
 	}
 	if keys == prefixhash.KeyVersion {
 		what = "block format"
 	}
 	return fmt.Errorf("%w: format version %d, key format %d: written by %s kvmesh under a different %s (this build: format %d, key format %d)",
-		ErrOtherFormat, format, keys, age, what, BlockVersion, prefixhash.KeyVersion)
+		ErrOtherFormat, format, keys, age, what, Version, prefixhash.KeyVersion)
 }
 
 // Decode parses and verifies a whole encoded block: the header as in
@@ -334,8 +338,8 @@ func Decode(b []byte, maxPayload int) (Block, error) {
 	return Block{Header: h, Payload: payload}, nil
 }
 
-// headerTenant returns the tenant tag of the verified block b.
-func headerTenant(b []byte) uint64 { return binary.LittleEndian.Uint64(b[96:]) }
+// Tenant returns the tenant tag of the verified block b.
+func Tenant(b []byte) uint64 { return binary.LittleEndian.Uint64(b[96:]) }
 
 // viewTokens returns the little-endian uint32s in b, aliasing b when the
 // machine is little-endian and b is 4-byte aligned, copying otherwise.

@@ -1,4 +1,4 @@
-package store
+package block_test
 
 import (
 	"bytes"
@@ -10,38 +10,19 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
-func blockNS() prefixhash.Namespace {
-	return prefixhash.Namespace{Model: "kvmesh/block-test", DType: prefixhash.Float16, BlockTokens: 4,
-		LayerStart: 0, LayerEnd: 2, KVHeads: 2, HeadDim: 8, TPSize: 1}
-}
-
-func randomBlock(t testing.TB, rng *rand.Rand, ns prefixhash.Namespace, parent prefixhash.Key) ([]byte, prefixhash.Key, []uint32, []byte) {
-	tokens := make([]uint32, ns.BlockTokens)
-	for i := range tokens {
-		tokens[i] = rng.Uint32()
-	}
-	payload := make([]byte, ns.BlockBytes())
-	for i := range payload {
-		payload[i] = byte(rng.Uint32())
-	}
-	b, key, err := Encode(nil, ns, parent, tokens, payload)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b, key, tokens, payload
-}
-
 func TestBlockRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
-	ns := blockNS()
-	b, key, tokens, payload := randomBlock(t, rng, ns, ns.Root())
-	if len(b) != EncodedLen(len(tokens), len(payload)) || HeaderLen(len(tokens))%64 != 0 {
-		t.Fatalf("encoded %d bytes, EncodedLen %d", len(b), EncodedLen(len(tokens), len(payload)))
+	ns := blocktest.NS()
+	b, key, tokens, payload := blocktest.Random(t, rng, ns, ns.Root())
+	if len(b) != block.EncodedLen(len(tokens), len(payload)) || block.HeaderLen(len(tokens))%64 != 0 {
+		t.Fatalf("encoded %d bytes, EncodedLen %d", len(b), block.EncodedLen(len(tokens), len(payload)))
 	}
-	blk, err := Decode(b, 0)
+	blk, err := block.Decode(b, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,10 +42,10 @@ func TestBlockRoundTrip(t *testing.T) {
 	}
 	other := ns
 	other.TenantSalt = "someone else"
-	if err := blk.CheckNamespace(other); !errors.Is(err, ErrCorrupt) {
+	if err := blk.CheckNamespace(other); !errors.Is(err, block.ErrCorrupt) {
 		t.Fatalf("CheckNamespace(other tenant) = %v", err)
 	}
-	if _, err := Decode(b, len(payload)-1); !errors.Is(err, ErrTooLarge) {
+	if _, err := block.Decode(b, len(payload)-1); !errors.Is(err, block.ErrTooLarge) {
 		t.Fatalf("payload over the limit: %v", err)
 	}
 }
@@ -74,12 +55,12 @@ func TestBlockRoundTrip(t *testing.T) {
 // reader interprets).
 func TestBlockEveryByteMatters(t *testing.T) {
 	rng := rand.New(rand.NewPCG(2, 2))
-	ns := blockNS()
-	b, _, tokens, _ := randomBlock(t, rng, ns, ns.Root())
+	ns := blocktest.NS()
+	b, _, tokens, _ := blocktest.Random(t, rng, ns, ns.Root())
 	// Reserved bytes are under the header checksum: only the padding after
 	// the tokens is read by nobody.
 	ignored := func(i int) bool {
-		return i >= fixedHeaderLen+4*len(tokens) && i < HeaderLen(len(tokens))
+		return i >= block.FixedHeaderLen+4*len(tokens) && i < block.HeaderLen(len(tokens))
 	}
 	for i := range b {
 		if ignored(i) {
@@ -87,16 +68,16 @@ func TestBlockEveryByteMatters(t *testing.T) {
 		}
 		c := bytes.Clone(b)
 		c[i] ^= 0x5a
-		if _, err := Decode(c, 0); !errors.Is(err, ErrCorrupt) {
+		if _, err := block.Decode(c, 0); !errors.Is(err, block.ErrCorrupt) {
 			t.Fatalf("byte %d flipped: Decode = %v, want ErrCorrupt", i, err)
 		}
 	}
 	for _, n := range []int{0, 1, len(b) - 1} {
-		if _, err := Decode(b[:n], 0); !errors.Is(err, ErrCorrupt) {
+		if _, err := block.Decode(b[:n], 0); !errors.Is(err, block.ErrCorrupt) {
 			t.Fatalf("truncated to %d: %v", n, err)
 		}
 	}
-	if _, err := Decode(append(bytes.Clone(b), 0), 0); !errors.Is(err, ErrCorrupt) {
+	if _, err := block.Decode(append(bytes.Clone(b), 0), 0); !errors.Is(err, block.ErrCorrupt) {
 		t.Fatalf("trailing byte accepted: %v", err)
 	}
 }
@@ -105,20 +86,12 @@ func TestBlockEveryByteMatters(t *testing.T) {
 // checksums then pass, and only the key check can catch it.
 func TestBlockForgedKey(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
-	ns := blockNS()
-	b, _, _, _ := randomBlock(t, rng, ns, ns.Root())
-	b[fixedHeaderLen]++
-	copyHeaderSum(b)
-	if _, err := Decode(b, 0); !errors.Is(err, ErrCorrupt) {
+	ns := blocktest.NS()
+	b, _, _, _ := blocktest.Random(t, rng, ns, ns.Root())
+	b[block.FixedHeaderLen]++
+	blocktest.Reseal(b)
+	if _, err := block.Decode(b, 0); !errors.Is(err, block.ErrCorrupt) {
 		t.Fatalf("forged tokens accepted: %v", err)
-	}
-}
-
-func copyHeaderSum(b []byte) {
-	n := int(uint32(b[12]) | uint32(b[13])<<8 | uint32(b[14])<<16 | uint32(b[15])<<24)
-	s := headerSum(b, n)
-	for i := range 8 {
-		b[headerSumOff+i] = byte(s >> (8 * i))
 	}
 }
 
@@ -126,14 +99,14 @@ func copyHeaderSum(b []byte) {
 // Python library, inspect tools) rely on.
 func TestBlockHeaderLayout(t *testing.T) {
 	rng := rand.New(rand.NewPCG(6, 6))
-	ns := blockNS()
+	ns := blocktest.NS()
 	tokens := []uint32{1, 0xffffffff, 3, 4}
 	payload := make([]byte, ns.BlockBytes())
 	for i := range payload {
 		payload[i] = byte(rng.Uint32())
 	}
 	parent := ns.Root()
-	b, key, err := EncodeTenant(nil, 0x1122334455667788, ns, parent, tokens, payload)
+	b, key, err := block.EncodeTenant(nil, 0x1122334455667788, ns, parent, tokens, payload)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,8 +115,8 @@ func TestBlockHeaderLayout(t *testing.T) {
 	switch {
 	case string(b[0:4]) != "KVMB", binary.LittleEndian.Uint16(b[4:]) != 2, b[6] != prefixhash.KeyVersion, b[7] != 0:
 		t.Fatalf("magic/versions: % x", b[:8])
-	case le32(8) != 128 || HeaderLen(4) != 128 || HeaderLen(0) != 128 || HeaderLen(5) != 192:
-		t.Fatalf("header length %d (HeaderLen(4) = %d)", le32(8), HeaderLen(4))
+	case le32(8) != 128 || block.HeaderLen(4) != 128 || block.HeaderLen(0) != 128 || block.HeaderLen(5) != 192:
+		t.Fatalf("header length %d (HeaderLen(4) = %d)", le32(8), block.HeaderLen(4))
 	case le32(12) != 4, le64(16) != ns.Digest():
 		t.Fatal("token count or namespace digest")
 	case !bytes.Equal(b[24:40], key[:]), !bytes.Equal(b[40:56], parent[:]):
@@ -155,11 +128,11 @@ func TestBlockHeaderLayout(t *testing.T) {
 	case le32(112) != 1 || le32(116) != 0xffffffff || le32(124) != 4:
 		t.Fatal("tokens")
 	}
-	blk, err := Decode(b, 0)
+	blk, err := block.Decode(b, 0)
 	if err != nil || blk.Tenant != 0x1122334455667788 {
 		t.Fatalf("Decode: tenant %x, %v", blk.Tenant, err)
 	}
-	if b, _, _ = Encode(nil, ns, parent, tokens, payload); le64(96) != 0 {
+	if b, _, _ = block.Encode(nil, ns, parent, tokens, payload); le64(96) != 0 {
 		t.Fatal("Encode wrote a tenant tag")
 	}
 }
@@ -169,8 +142,8 @@ func TestBlockHeaderLayout(t *testing.T) {
 // decode, and says why.
 func TestBlockOtherFormats(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
-	ns := blockNS()
-	b, _, _, _ := randomBlock(t, rng, ns, ns.Root())
+	ns := blocktest.NS()
+	b, _, _, _ := blocktest.Random(t, rng, ns, ns.Root())
 
 	// A version-1 block, as main wrote it: the v2 fields moved, checksum at 96.
 	v1 := make([]byte, 0, len(b))
@@ -178,34 +151,34 @@ func TestBlockOtherFormats(t *testing.T) {
 	binary.LittleEndian.PutUint16(v1[4:], 1)
 	v1[6] = 0
 	v1 = binary.LittleEndian.AppendUint64(v1, 0)
-	v1 = append(v1, b[fixedHeaderLen:]...)
+	v1 = append(v1, b[block.FixedHeaderLen:]...)
 	for _, c := range []struct {
 		name string
 		b    []byte
 	}{
 		{"format 1", v1},
 		{"format 1, header only", v1[:104]},
-		{"key format 1", func() []byte { c := bytes.Clone(b); c[6] = 1; copyHeaderSum(c); return c }()},
-		{"key format 3", func() []byte { c := bytes.Clone(b); c[6] = 3; copyHeaderSum(c); return c }()},
+		{"key format 1", func() []byte { c := bytes.Clone(b); c[6] = 1; blocktest.Reseal(c); return c }()},
+		{"key format 3", func() []byte { c := bytes.Clone(b); c[6] = 3; blocktest.Reseal(c); return c }()},
 	} {
-		_, err := Decode(c.b, 0)
-		if !errors.Is(err, ErrCorrupt) || !errors.Is(err, ErrOtherFormat) {
+		_, err := block.Decode(c.b, 0)
+		if !errors.Is(err, block.ErrCorrupt) || !errors.Is(err, block.ErrOtherFormat) {
 			t.Fatalf("%s: Decode = %v, want ErrOtherFormat wrapping ErrCorrupt", c.name, err)
 		}
 		if !strings.Contains(err.Error(), "kvmesh under a different key format") {
 			t.Errorf("%s: error %q does not say the block is of another key format", c.name, err)
 		}
 	}
-	if _, err := Decode(b, 0); err != nil {
+	if _, err := block.Decode(b, 0); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func TestCheckTokens(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 8))
-	ns := blockNS()
-	b, _, tokens, _ := randomBlock(t, rng, ns, ns.Root())
-	blk, err := Decode(b, 0)
+	ns := blocktest.NS()
+	b, _, tokens, _ := blocktest.Random(t, rng, ns, ns.Root())
+	blk, err := block.Decode(b, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,25 +192,25 @@ func TestCheckTokens(t *testing.T) {
 		"short":    blk.CheckTokens(ns.Root(), tokens[:3]),
 		"a parent": blk.CheckTokens(prefixhash.Key{1}, tokens),
 	} {
-		if !errors.Is(err, ErrTokens) || !errors.Is(err, ErrCorrupt) {
+		if !errors.Is(err, block.ErrTokens) || !errors.Is(err, block.ErrCorrupt) {
 			t.Errorf("%s differs: CheckTokens = %v, want ErrTokens", name, err)
 		}
 	}
 }
 
 func TestEncodeRejects(t *testing.T) {
-	ns := blockNS()
+	ns := blocktest.NS()
 	tokens := make([]uint32, ns.BlockTokens)
 	payload := make([]byte, ns.BlockBytes())
-	if _, _, err := Encode(nil, ns, ns.Root(), tokens[:1], payload); err == nil {
+	if _, _, err := block.Encode(nil, ns, ns.Root(), tokens[:1], payload); err == nil {
 		t.Error("short token list accepted")
 	}
-	if _, _, err := Encode(nil, ns, ns.Root(), tokens, payload[1:]); err == nil {
+	if _, _, err := block.Encode(nil, ns, ns.Root(), tokens, payload[1:]); err == nil {
 		t.Error("short payload accepted")
 	}
 	bad := ns
 	bad.KVHeads = 0
-	if _, _, err := Encode(nil, bad, ns.Root(), tokens, payload); !errors.Is(err, prefixhash.ErrInvalidNamespace) {
+	if _, _, err := block.Encode(nil, bad, ns.Root(), tokens, payload); !errors.Is(err, prefixhash.ErrInvalidNamespace) {
 		t.Errorf("invalid namespace: %v", err)
 	}
 }
@@ -247,18 +220,18 @@ func TestEncodeRejects(t *testing.T) {
 // key is H(parent ‖ tokens) and its payload matches its checksum.
 func FuzzDecode(f *testing.F) {
 	rng := rand.New(rand.NewPCG(4, 4))
-	ns := blockNS()
-	b, _, _, _ := randomBlock(f, rng, ns, ns.Root())
+	ns := blocktest.NS()
+	b, _, _, _ := blocktest.Random(f, rng, ns, ns.Root())
 	f.Add(b)
-	f.Add(b[:fixedHeaderLen])
+	f.Add(b[:block.FixedHeaderLen])
 	f.Add([]byte("KVMB"))
-	b, _, _ = EncodeTenant(nil, 42, ns, ns.Root(), []uint32{0, 0xffffffff, 7, 8}, make([]byte, ns.BlockBytes()))
+	b, _, _ = block.EncodeTenant(nil, 42, ns, ns.Root(), []uint32{0, 0xffffffff, 7, 8}, make([]byte, ns.BlockBytes()))
 	f.Add(b)
 	v1 := bytes.Clone(b)
 	binary.LittleEndian.PutUint16(v1[4:], 1)
 	f.Add(v1)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		blk, err := Decode(data, 1<<20)
+		blk, err := block.Decode(data, 1<<20)
 		if err != nil {
 			return
 		}
@@ -267,35 +240,35 @@ func FuzzDecode(f *testing.F) {
 		}
 		rns := prefixhash.Namespace{Model: "x", DType: blk.Layout.DType, BlockTokens: len(blk.Tokens),
 			LayerStart: blk.Layout.LayerStart, LayerEnd: blk.Layout.LayerEnd, KVHeads: blk.Layout.KVHeads, HeadDim: blk.Layout.HeadDim}
-		re, key, err := EncodeTenant(nil, blk.Tenant, rns, blk.Parent, blk.Tokens, blk.Payload)
+		re, key, err := block.EncodeTenant(nil, blk.Tenant, rns, blk.Parent, blk.Tokens, blk.Payload)
 		if err != nil {
 			t.Fatalf("accepted block does not re-encode: %v", err)
 		}
-		if key != blk.Key || !bytes.Equal(re[HeaderLen(len(blk.Tokens)):], data[HeaderLen(len(blk.Tokens)):]) {
+		if key != blk.Key || !bytes.Equal(re[block.HeaderLen(len(blk.Tokens)):], data[block.HeaderLen(len(blk.Tokens)):]) {
 			t.Fatal("accepted block re-encodes differently")
 		}
 	})
 }
 
 func BenchmarkDecode(b *testing.B) {
-	ns := blockNS()
+	ns := blocktest.NS()
 	ns.DType, ns.BlockTokens, ns.KVHeads, ns.HeadDim = prefixhash.Float32, 512, 4, 64 // 1 MiB payload
 	rng := rand.New(rand.NewPCG(5, 5))
-	enc, _, _, _ := randomBlock(b, rng, ns, ns.Root())
+	enc, _, _, _ := blocktest.Random(b, rng, ns, ns.Root())
 	b.SetBytes(int64(len(enc)))
 	for b.Loop() {
-		if _, err := Decode(enc, 0); err != nil {
+		if _, err := block.Decode(enc, 0); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
 func TestLayoutPayloadLenNeverWraps(t *testing.T) {
-	l := Layout{DType: prefixhash.Float32, LayerStart: 0, LayerEnd: 1 << 31, KVHeads: 1 << 31, HeadDim: 1 << 31}
+	l := block.Layout{DType: prefixhash.Float32, LayerStart: 0, LayerEnd: 1 << 31, KVHeads: 1 << 31, HeadDim: 1 << 31}
 	if n := l.PayloadLen(1 << 16); n != -1 {
 		t.Fatalf("absurd layout gave payload length %d", n)
 	}
-	l = Layout{DType: prefixhash.Float32, LayerEnd: 2, KVHeads: 2, HeadDim: 8}
+	l = block.Layout{DType: prefixhash.Float32, LayerEnd: 2, KVHeads: 2, HeadDim: 8}
 	if n := l.PayloadLen(4); n != 2*2*4*2*8*4 {
 		t.Fatalf("PayloadLen = %d", n)
 	}

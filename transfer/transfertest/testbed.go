@@ -1,14 +1,16 @@
-package transfer
+// Package transfertest is the measurement harness of the data plane, shared
+// by the transfer package's benchmarks and by `kvmesh bench transfer`
+// (package bench), so that both measure the same thing the same way. It is
+// test support: the node and the client do not link it.
+package transfertest
 
 import (
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,12 +19,10 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/transfer"
+	"github.com/kvmesh/kvmesh/transfer/internal/pattern"
 )
 
-// The measurement loops of the data plane, shared by this package's
-// benchmarks (bench_test.go) and by `kvmesh bench transfer` (package bench),
-// so that both measure the same thing the same way.
-//
 // A Testbed holds values in memory and builds Paths over them: the TCP
 // client against a Server, the shared-memory client against a ShmServer, a
 // raw loopback TCP stream of the same bytes (the ceiling of any TCP data
@@ -63,12 +63,12 @@ func (o *TestbedOptions) EnsureDefaults() {
 // Validate reports the first field out of range.
 func (o *TestbedOptions) Validate() error {
 	switch {
-	case o.ValueBytes < 1 || o.ValueBytes > DefaultMaxValueSize:
-		return fmt.Errorf("transfer: TestbedOptions.ValueBytes %d out of [1, %d]", o.ValueBytes, DefaultMaxValueSize)
+	case o.ValueBytes < 1 || o.ValueBytes > transfer.DefaultMaxValueSize:
+		return fmt.Errorf("transfertest: TestbedOptions.ValueBytes %d out of [1, %d]", o.ValueBytes, transfer.DefaultMaxValueSize)
 	case o.BatchBytes < o.ValueBytes || o.BatchBytes > 1<<30:
-		return fmt.Errorf("transfer: TestbedOptions.BatchBytes %d out of [ValueBytes, 1GiB]", o.BatchBytes)
+		return fmt.Errorf("transfertest: TestbedOptions.BatchBytes %d out of [ValueBytes, 1GiB]", o.BatchBytes)
 	case o.SourceBytes < o.BatchBytes || o.SourceBytes > 16<<30:
-		return fmt.Errorf("transfer: TestbedOptions.SourceBytes %d out of [BatchBytes, 16GiB]", o.SourceBytes)
+		return fmt.Errorf("transfertest: TestbedOptions.SourceBytes %d out of [BatchBytes, 16GiB]", o.SourceBytes)
 	}
 	return nil
 }
@@ -98,34 +98,10 @@ func NewTestbed(o TestbedOptions) (*Testbed, error) {
 	tb := &Testbed{opts: o, per: o.BatchBytes / o.ValueBytes, keys: make([]prefixhash.Key, n), vals: make([][]byte, n),
 		src: make(testbedSource, n)}
 	for i := range n {
-		tb.keys[i], tb.vals[i] = TestbedKey(i), TestbedValue(i, o.ValueBytes)
+		tb.keys[i], tb.vals[i] = pattern.Key(i), pattern.Value(i, o.ValueBytes)
 		tb.src[tb.keys[i]] = tb.vals[i]
 	}
 	return tb, nil
-}
-
-// TestbedKey returns the key of value i of a Testbed.
-func TestbedKey(i int) prefixhash.Key {
-	var k prefixhash.Key
-	binary.BigEndian.PutUint64(k[8:], uint64(i)+1)
-	k[0] = 0xa5
-	return k
-}
-
-// TestbedValue returns n bytes that depend on i and n: a pseudo-random
-// pattern of a prime length, repeated (cheap to make, and no two batches
-// alike).
-func TestbedValue(i, n int) []byte {
-	r := rand.New(rand.NewPCG(uint64(i), uint64(n)))
-	b := make([]byte, n)
-	pat := b[:min(n, 4099)]
-	for j := range pat {
-		pat[j] = byte(r.Uint32())
-	}
-	for j := len(pat); j < n; j += len(pat) {
-		copy(b[j:], pat)
-	}
-	return b
 }
 
 // Values returns the testbed's values, in key order. They are the
@@ -134,7 +110,7 @@ func (tb *Testbed) Values() [][]byte { return tb.vals }
 
 // Source returns the testbed's values as a read-only Source (a Sink that
 // stores nothing), for servers a caller builds itself.
-func (tb *Testbed) Source() Source { return tb.src }
+func (tb *Testbed) Source() transfer.Source { return tb.src }
 
 // PerBatch returns the number of values one batch moves.
 func (tb *Testbed) PerBatch() int { return tb.per }
@@ -176,7 +152,7 @@ type Path struct {
 
 // getPath moves a batch as one Get of the window's keys through p and
 // checks that every key was found.
-func (tb *Testbed) getPath(name string, p Peer) Path {
+func (tb *Testbed) getPath(name string, p transfer.Peer) Path {
 	return Path{Name: name, Bytes: int64(tb.per) * int64(tb.opts.ValueBytes), Move: func(ctx context.Context, i int) error {
 		k := tb.windowKeys(i)
 		r, err := p.Get(ctx, k)
@@ -185,7 +161,7 @@ func (tb *Testbed) getPath(name string, p Peer) Path {
 		}
 		defer r.Release()
 		if r.Hits() != len(k) {
-			return fmt.Errorf("transfer: testbed: %d hits of %d", r.Hits(), len(k))
+			return fmt.Errorf("transfertest: %d hits of %d", r.Hits(), len(k))
 		}
 		return nil
 	}}
@@ -207,16 +183,16 @@ func (tb *Testbed) TCP(conns int) (Path, error) {
 
 // TCPWith is TCP named name, with server and client options so and co (nil:
 // defaults; co.MaxConns is set to conns), e.g. TLS on both ends.
-func (tb *Testbed) TCPWith(name string, conns int, so *ServerOptions, co *ClientOptions) (Path, error) {
+func (tb *Testbed) TCPWith(name string, conns int, so *transfer.ServerOptions, co *transfer.ClientOptions) (Path, error) {
 	if conns < 1 {
-		return Path{}, fmt.Errorf("transfer: testbed: conns %d must be at least 1", conns)
+		return Path{}, fmt.Errorf("transfertest: conns %d must be at least 1", conns)
 	}
 	if co == nil {
-		co = &ClientOptions{}
+		co = &transfer.ClientOptions{}
 	}
 	cc := *co
 	cc.MaxConns = conns
-	srv, err := NewServer(tb.src, tb.src, so, quietLogger)
+	srv, err := transfer.NewServer(tb.src, tb.src, so, quietLogger)
 	if err != nil {
 		return Path{}, err
 	}
@@ -226,7 +202,7 @@ func (tb *Testbed) TCPWith(name string, conns int, so *ServerOptions, co *Client
 		return Path{}, err
 	}
 	tb.onClose(srv.Close)
-	c, err := NewClient(addr.String(), &cc)
+	c, err := transfer.NewClient(addr.String(), &cc)
 	if err != nil {
 		return Path{}, err
 	}
@@ -250,14 +226,14 @@ func (tb *Testbed) TCPWith(name string, conns int, so *ServerOptions, co *Client
 // on a unix socket in a temporary directory and a ShmClient of it. Off
 // Linux the error wraps ErrUnsupported.
 func (tb *Testbed) Shm() (Path, error) {
-	srv, err := NewShmServer(tb.src, tb.src, nil, quietLogger)
+	srv, err := transfer.NewShmServer(tb.src, tb.src, nil, quietLogger)
 	if err != nil {
 		return Path{}, err
 	}
 	if tb.dir == "" {
 		if tb.dir, err = os.MkdirTemp("", "kvmesh-testbed-"); err != nil {
 			srv.Close()
-			return Path{}, fmt.Errorf("transfer: testbed: %w", err)
+			return Path{}, fmt.Errorf("transfertest: %w", err)
 		}
 	}
 	path := filepath.Join(tb.dir, fmt.Sprintf("shm%d.sock", len(tb.closers)))
@@ -266,7 +242,7 @@ func (tb *Testbed) Shm() (Path, error) {
 		return Path{}, err
 	}
 	tb.onClose(srv.Close)
-	c, err := DialShm(context.Background(), path, nil)
+	c, err := transfer.DialShm(context.Background(), path, nil)
 	if err != nil {
 		return Path{}, err
 	}
@@ -294,7 +270,7 @@ func (tb *Testbed) RawTLS(gated bool, server, client *tls.Config) (Path, error) 
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return Path{}, fmt.Errorf("transfer: testbed: %w", err)
+		return Path{}, fmt.Errorf("transfertest: %w", err)
 	}
 	big := slices.Concat(tb.vals...) // the same bytes, one large buffer
 	batch := tb.per * tb.opts.ValueBytes
@@ -313,7 +289,7 @@ func (tb *Testbed) RawTLS(gated bool, server, client *tls.Config) (Path, error) 
 		}
 		defer nc.Close()
 		if server != nil {
-			nc = tls.Server(nc, prepareTLS(server, ""))
+			nc = tls.Server(nc, tlsConfig(server, ""))
 		}
 		for off := 0; ; off = (off + batch) % len(big) {
 			if _, ok := <-start; !ok && gated {
@@ -328,10 +304,10 @@ func (tb *Testbed) RawTLS(gated bool, server, client *tls.Config) (Path, error) 
 	if err != nil {
 		ln.Close()
 		<-done
-		return Path{}, fmt.Errorf("transfer: testbed: %w", err)
+		return Path{}, fmt.Errorf("transfertest: %w", err)
 	}
 	if client != nil {
-		nc = tls.Client(nc, prepareTLS(client, ln.Addr().String()))
+		nc = tls.Client(nc, tlsConfig(client, "127.0.0.1"))
 	}
 	tb.onClose(func() error {
 		err := nc.Close()
@@ -387,11 +363,11 @@ type PathResult struct {
 // the order given.
 func Interleave(ctx context.Context, paths []Path, batches int, after func(round int)) ([]PathResult, error) {
 	if batches < 1 {
-		return nil, fmt.Errorf("transfer: interleave: batches %d must be at least 1", batches)
+		return nil, fmt.Errorf("transfertest: interleave: batches %d must be at least 1", batches)
 	}
 	for _, p := range paths {
 		if err := p.Move(ctx, 0); err != nil {
-			return nil, fmt.Errorf("transfer: interleave: %s: warm-up: %w", p.Name, err)
+			return nil, fmt.Errorf("transfertest: interleave: %s: warm-up: %w", p.Name, err)
 		}
 	}
 	spent := make([][]time.Duration, len(paths))
@@ -403,7 +379,7 @@ func Interleave(ctx context.Context, paths []Path, batches int, after func(round
 			}
 			t0 := time.Now()
 			if err := paths[j].Move(ctx, i+1); err != nil {
-				return nil, fmt.Errorf("transfer: interleave: %s: %w", paths[j].Name, err)
+				return nil, fmt.Errorf("transfertest: interleave: %s: %w", paths[j].Name, err)
 			}
 			spent[j] = append(spent[j], time.Since(t0))
 		}
@@ -427,13 +403,25 @@ func Interleave(ctx context.Context, paths []Path, batches int, after func(round
 // nothing.
 type testbedSource map[prefixhash.Key][]byte
 
-func (s testbedSource) Acquire(_ context.Context, keys []prefixhash.Key, vals [][]byte, st []Status) func() {
+func (s testbedSource) Acquire(_ context.Context, keys []prefixhash.Key, vals [][]byte, st []transfer.Status) func() {
 	for i, k := range keys {
 		if v, ok := s[k]; ok {
-			vals[i], st[i] = v, StatusOK
+			vals[i], st[i] = v, transfer.StatusOK
 		}
 	}
 	return nil
 }
 
-func (s testbedSource) Put(_ context.Context, _ []prefixhash.Key, _ [][]byte, _ []Status) {}
+func (s testbedSource) Put(_ context.Context, _ []prefixhash.Key, _ [][]byte, _ []transfer.Status) {}
+
+// tlsConfig is cfg as the data plane sets it up (TLS 1.3 only, no dynamic
+// record sizing), so that the raw TLS ceiling runs the configuration the
+// data plane runs; serverName fills an empty ServerName.
+func tlsConfig(cfg *tls.Config, serverName string) *tls.Config {
+	c := cfg.Clone()
+	c.MinVersion, c.DynamicRecordSizingDisabled = tls.VersionTLS13, true
+	if c.ServerName == "" {
+		c.ServerName = serverName
+	}
+	return c
+}

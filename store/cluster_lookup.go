@@ -1,0 +1,225 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// LongestPrefix returns how many leading blocks of chain are cached anywhere
+// in the cluster. chain holds the keys of a prompt's blocks from block 0, of
+// blockTokens tokens each. The local tiers answer first; the rest is asked
+// of every owner at once, in one round bounded by LookupTimeout. A peer that
+// fails or is late counts as a miss.
+func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blockTokens int) int {
+	n, _ := c.lookup(ctx, chain, blockTokens, false)
+	return n
+}
+
+// Locate is LongestPrefix that also says where the prefix is: where[i] is the
+// id of the member that holds block i (this node's own id for blocks it
+// holds), for i < n.
+func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, where []string) {
+	return c.lookup(ctx, chain, blockTokens, true)
+}
+
+func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockTokens int, locate bool) (int, []string) {
+	n := c.local.LongestPrefix(auth.AccessFrom(ctx), chain)
+	if n == len(chain) {
+		if locate {
+			return n, slices.Repeat([]string{c.self}, n)
+		}
+		return n, nil
+	}
+	cb := c.ChunkBlocks(blockTokens)
+	p := c.placement()
+
+	// The runs from block n on, one per chunk, with who to ask.
+	type run struct {
+		start, end int
+		local      int    // leading blocks held here
+		have       int    // best count so far
+		by         string // the member that answered have, when more than local
+	}
+	var runs []run
+	asks := map[string][]int{} // owner → indexes into runs
+	var owners []string
+	for s := prefixhash.ChunkStart(n, cb); s < len(chain); s += cb {
+		r := run{start: max(s, n), end: min(s+cb, len(chain))}
+		if r.start > n {
+			// Blocks beyond the local prefix may still be here (a
+			// producer keeps what it computed).
+			r.local = c.local.LongestPrefix(auth.AccessFrom(ctx), chain[r.start:r.end])
+			r.have = r.local
+		}
+		runs = append(runs, r)
+		owners = p.Owners(owners[:0], chain[s])
+		for _, o := range owners {
+			if o != c.self {
+				asks[o] = append(asks[o], len(runs)-1)
+			}
+		}
+	}
+	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key {
+		runsOf := make([][]prefixhash.Key, len(idx))
+		for k, ri := range idx {
+			runsOf[k] = chain[runs[ri].start:runs[ri].end]
+		}
+		return runsOf
+	}, func(o string, idx, counts []int) {
+		for k, ri := range idx {
+			if got := min(counts[k], runs[ri].end-runs[ri].start); got > runs[ri].have {
+				runs[ri].have, runs[ri].by = got, o
+			}
+		}
+	})
+	total := len(chain)
+	for _, r := range runs {
+		if r.have < r.end-r.start {
+			total = r.start + r.have
+			break
+		}
+	}
+	if !locate {
+		return total, nil
+	}
+	where := make([]string, n, total) // sized once: 8k appends would copy it a dozen times
+	for i := range n {
+		where[i] = c.self
+	}
+	for _, r := range runs {
+		for i := r.start; i < min(r.start+r.have, total); i++ {
+			if i-r.start < r.local {
+				where = append(where, c.self)
+			} else {
+				where = append(where, r.by)
+			}
+		}
+	}
+	return total, where
+}
+
+// lookupRound asks every member of asks at once, in one round bounded by
+// LookupTimeout: member o gets the runs runsOf(asks[o]) builds, and apply
+// records its answer (serialized; a member that fails or is late is not
+// applied: a miss for each of its runs).
+func (c *Cluster) lookupRound(ctx context.Context, asks map[string][]int, runsOf func(idx []int) [][]prefixhash.Key, apply func(o string, idx, counts []int)) {
+	if len(asks) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.LookupTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for o, idx := range asks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			counts, ok := c.askLookup(ctx, o, runsOf(idx))
+			if !ok {
+				return
+			}
+			mu.Lock()
+			apply(o, idx, counts)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+}
+
+// keyRuns returns keys[k:k+1] for each k of idx: one run per key.
+func keyRuns(keys []prefixhash.Key, idx []int) [][]prefixhash.Key {
+	runs := make([][]prefixhash.Key, len(idx))
+	for j, k := range idx {
+		runs[j] = keys[k : k+1]
+	}
+	return runs
+}
+
+// askLookup sends one lookup RPC and counts it; ok is false when it failed
+// (a miss for every run).
+func (c *Cluster) askLookup(ctx context.Context, id string, runs [][]prefixhash.Key) ([]int, bool) {
+	c.c.remoteLookups.Add(1)
+	counts, err := c.peers.Lookup(ctx, id, runs)
+	if err != nil || len(counts) != len(runs) {
+		c.c.remoteLookupFails.Add(1)
+		return nil, false
+	}
+	return counts, true
+}
+
+// whoHas asks every other member, in one parallel round bounded by
+// LookupTimeout, which of keys[idx] it holds, and returns for each the id of
+// a member that does ("" when none answered yes). Members are preferred in id
+// order, so the answer does not depend on which replied first.
+func (c *Cluster) whoHas(ctx context.Context, keys []prefixhash.Key, idx []int) []string {
+	asks := map[string][]int{}
+	var others []string
+	for _, m := range c.placement().Members() {
+		if m.ID != c.self {
+			others = append(others, m.ID)
+			asks[m.ID] = idx
+		}
+	}
+	answers := map[string][]int{}
+	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key { return keyRuns(keys, idx) },
+		func(o string, _, counts []int) { answers[o] = counts })
+	out := make([]string, len(idx))
+	for j := range idx {
+		for _, o := range others {
+			if a := answers[o]; a != nil && a[j] > 0 {
+				out[j] = o
+				break
+			}
+		}
+	}
+	return out
+}
+
+// Exists reports which keys are cached anywhere in the cluster: here, or on
+// an owner of chunkKeys[i] (with chunkKeys nil, on any member). The remote
+// part is one parallel round bounded by LookupTimeout; a peer that fails or
+// is late counts as not holding its keys.
+func (c *Cluster) Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) ([]bool, error) {
+	if chunkKeys != nil && len(chunkKeys) != len(keys) {
+		return nil, fmt.Errorf("store: cluster exists: %d keys but %d chunk keys", len(keys), len(chunkKeys))
+	}
+	present := make([]bool, len(keys))
+	var missing []int
+	for k, key := range keys {
+		if present[k] = c.local.Contains(auth.AccessFrom(ctx), key); !present[k] {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) == 0 {
+		return present, nil
+	}
+	if chunkKeys == nil {
+		for j, h := range c.whoHas(ctx, keys, missing) {
+			present[missing[j]] = h != ""
+		}
+		return present, ctx.Err()
+	}
+	p := c.placement()
+	asks := map[string][]int{} // owner → indexes into keys
+	var owners []string
+	for _, k := range missing {
+		owners = p.Owners(owners[:0], chunkKeys[k])
+		for _, o := range owners {
+			if o != c.self {
+				asks[o] = append(asks[o], k)
+			}
+		}
+	}
+	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key { return keyRuns(keys, idx) },
+		func(_ string, idx, counts []int) {
+			for j, k := range idx {
+				present[k] = present[k] || counts[j] > 0
+			}
+		})
+	return present, ctx.Err()
+}

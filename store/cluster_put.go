@@ -1,0 +1,157 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// Publish queues the blocks of keys that this node holds for the owners of
+// their placement chunks (chunkKeys[i] places keys[i]), as Put does for the
+// blocks it stores; keys not held here are skipped. It is for blocks that
+// reached the local store without their placement (the data plane carries
+// keys and bytes only). It returns how many blocks it queued for at least
+// one other owner. Like Put, it never waits for a peer.
+func (c *Cluster) Publish(ctx context.Context, keys, chunkKeys []prefixhash.Key) (int, error) {
+	if len(chunkKeys) != len(keys) {
+		return 0, fmt.Errorf("store: cluster publish: %d keys but %d chunk keys", len(keys), len(chunkKeys))
+	}
+	p := c.placement()
+	var owners []string
+	var want []prefixhash.Key
+	var wantOwners [][]string
+	for k, key := range keys {
+		var remote []string
+		for _, o := range p.Owners(owners[:0], chunkKeys[k]) {
+			if o != c.self {
+				remote = append(remote, o)
+			}
+		}
+		if len(remote) > 0 {
+			want = append(want, key)
+			wantOwners = append(wantOwners, remote)
+		}
+	}
+	if len(want) == 0 {
+		return 0, nil
+	}
+	refs, err := c.local.GetMany(ctx, want)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for j, r := range refs {
+		if r == nil {
+			continue
+		}
+		for _, o := range wantOwners[j] {
+			c.enqueue(o, r.Bytes())
+		}
+		r.Release()
+		n++
+	}
+	return n, nil
+}
+
+// Put stores blocks locally (the producer keeps what it computed) and queues
+// each for the owners of its placement chunk, whose key is chunkKeys[i].
+// Pushes run in the background through a bounded queue per owner: when a
+// queue is full the block is dropped and counted; Put never waits for a
+// peer. The error is the local store's (see Local.PutMany): a block it
+// refused is not pushed.
+func (c *Cluster) Put(ctx context.Context, blocks [][]byte, chunkKeys []prefixhash.Key) error {
+	if len(blocks) != len(chunkKeys) {
+		return fmt.Errorf("store: cluster put: %d blocks but %d chunk keys", len(blocks), len(chunkKeys))
+	}
+	var errs []error
+	p := c.placement()
+	var owners []string
+	for k, b := range blocks {
+		if err := c.local.Put(ctx, b); err != nil {
+			if ctx.Err() != nil {
+				return errors.Join(append(errs, err)...)
+			}
+			errs = append(errs, fmt.Errorf("block %d: %w", k, err))
+			continue
+		}
+		owners = p.Owners(owners[:0], chunkKeys[k])
+		for _, o := range owners {
+			if o != c.self {
+				c.enqueue(o, b)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Handoff pushes the blocks this node holds in memory to the owners they
+// will have once it is gone, at most maxBytes of them, and returns how many
+// it pushed. Call it on a graceful leave, before leaving the membership, so
+// that the hot part of the cache survives the departure. Pushes run in
+// parallel per owner; a failed one is counted and skipped.
+func (c *Cluster) Handoff(ctx context.Context, maxBytes int64) int {
+	p := c.placement()
+	var others []Member
+	for _, m := range p.Members() {
+		if m.ID != c.self {
+			others = append(others, m)
+		}
+	}
+	if len(others) == 0 {
+		return 0
+	}
+	next := NewPlacement(others, c.opts.Replicas)
+	byOwner := map[string][]prefixhash.Key{}
+	var total int64
+	for _, b := range c.local.InMemory(func(tokens int) int { return c.ChunkBlocks(tokens) }) {
+		if total+int64(b.Size) > maxBytes {
+			break
+		}
+		total += int64(b.Size)
+		for _, o := range next.Owners(nil, b.ChunkKey) {
+			byOwner[o] = append(byOwner[o], b.Key)
+		}
+	}
+	var pushed atomic.Int64
+	var wg sync.WaitGroup
+	for o, keys := range byOwner {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for len(keys) > 0 && ctx.Err() == nil {
+				var batch [][]byte
+				var refs []*Ref
+				var size int64
+				for len(keys) > 0 && size < c.opts.PushBatchBytes {
+					r, err := c.local.Get(ctx, keys[0])
+					keys = keys[1:]
+					if err != nil {
+						continue // evicted since the walk
+					}
+					refs = append(refs, r)
+					batch = append(batch, r.Bytes())
+					size += int64(len(r.Bytes()))
+				}
+				if len(batch) > 0 {
+					pctx, cancel := context.WithTimeout(ctx, c.opts.PushTimeout)
+					if err := c.peers.Put(pctx, o, batch); err != nil {
+						c.c.pushFailed.Add(uint64(len(batch)))
+					} else {
+						c.c.pushed.Add(uint64(len(batch)))
+						pushed.Add(int64(len(batch)))
+					}
+					cancel()
+				}
+				for _, r := range refs {
+					r.Release()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return int(pushed.Load())
+}

@@ -1,0 +1,129 @@
+package store
+
+import (
+	"fmt"
+)
+
+// DropNamespace drops every cached block of the namespace with the given
+// digest and returns how many it dropped. Blocks recovered from NVMe whose
+// header was not read yet are dropped when it is. Blocks pinned by Refs stay
+// readable through those Refs and are freed at their release.
+func (l *Local) DropNamespace(digest uint64) (int, error) {
+	l.mu.Lock()
+	if !l.enterLocked() {
+		l.mu.Unlock()
+		return 0, ErrClosed
+	}
+	if l.mu.unresolved > 0 {
+		if l.mu.droppedUnresolved == nil {
+			l.mu.droppedUnresolved = make(map[uint64]struct{})
+		}
+		l.mu.droppedUnresolved[digest] = struct{}{}
+	}
+	id := l.mu.ns.byDigest[digest]
+	pages := len(l.mu.x.pages)
+	l.mu.Unlock()
+	defer l.exit()
+	dropped := 0
+	// A page at a time, so that a large drop does not stall every reader.
+	for p := 0; p < pages && id != 0; p++ {
+		var fr []freeLoc
+		l.mu.Lock()
+		if n := l.mu.ns.get(id); !n.resolved || n.digest != digest {
+			l.mu.Unlock()
+			break // all gone (and the id possibly reused)
+		}
+		for k := range pageLen {
+			i := uint32(p*pageLen + k)
+			e := l.mu.x.at(i)
+			if e.ns == id && e.flags&(flagSentinel|flagDropped) == 0 {
+				dropped += l.dropLocked(i, reasonNamespace, &fr)
+			}
+		}
+		l.mu.Unlock()
+		l.freeAll(fr)
+	}
+	return dropped, nil
+}
+
+// dropLocked removes entry i and every cached descendant of it from the
+// index, counts them under why, and returns how many it removed.
+func (l *Local) dropLocked(i uint32, why reason, fr *[]freeLoc) int {
+	x := &l.mu.x
+	x.unlink(i)
+	stack := append(l.mu.stack[:0], i)
+	n := 0
+	for len(stack) > 0 {
+		j := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		e := x.at(j)
+		for c := e.child; c != 0; {
+			ce := x.at(c)
+			next := ce.sib
+			ce.up, ce.sib = 0, 0
+			ce.clear(flagFirst)
+			stack = append(stack, c)
+			c = next
+		}
+		e.child = 0
+		l.removeLocked(j, fr)
+		n++
+	}
+	l.mu.stack = stack[:0]
+	switch why {
+	case reasonEvict:
+		l.mu.c.evictions += int64(n)
+	case reasonCorrupt:
+		l.mu.c.corruptDrops++
+		l.mu.c.evictions += int64(n - 1)
+	case reasonNamespace:
+		l.mu.c.namespaceDrops += int64(n)
+	}
+	l.mu.c.cascade += int64(n - 1)
+	return n
+}
+
+// removeLocked takes i out of the table, its list and its namespace. Its
+// slot and tier location go when no pin or mover holds them.
+func (l *Local) removeLocked(i uint32, fr *[]freeLoc) {
+	x := &l.mu.x
+	e := x.at(i)
+	if !x.remove(e.key) {
+		panic(fmt.Sprintf("store: removing %s, which is not in the table", e.key))
+	}
+	l.unlistLocked(i)
+	n := l.mu.ns.get(e.ns)
+	t := tierOf(e)
+	l.mu.blocks[t]--
+	l.mu.bytes[t] -= int64(n.size)
+	if !n.resolved {
+		l.mu.unresolved--
+	}
+	l.releaseNSLocked(e.ns, t)
+	e.ns = 0
+	e.set(flagDropped)
+	l.finalizeIfIdleLocked(i, fr)
+}
+
+// finalizeIfIdleLocked frees a dropped entry once nothing holds it.
+func (l *Local) finalizeIfIdleLocked(i uint32, fr *[]freeLoc) {
+	e := l.mu.x.at(i)
+	if !e.has(flagDropped) || e.busy() {
+		return
+	}
+	if !e.has(flagLocGone) {
+		*fr = append(*fr, freeLoc{e.persistent(), e.getLoc()})
+	}
+	l.mu.x.release(i)
+}
+
+// freeAll frees tier locations; it is called without the lock.
+func (l *Local) freeAll(fr []freeLoc) {
+	for _, f := range fr {
+		if f.disk {
+			l.disk.Free(f.loc)
+		} else {
+			l.mem.Free(f.loc)
+		}
+	}
+}

@@ -1,0 +1,360 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// Ref is a pinned, verified block returned by Get. Its bytes stay valid and
+// unchanged until Release; the block cannot be freed or moved under it.
+type Ref struct {
+	l *Local
+	i uint32 // pinned entry, 0 when b is a private copy
+	b []byte
+}
+
+// Bytes returns the encoded block. The slice belongs to the store: read it,
+// never write it, and not after Release.
+func (r *Ref) Bytes() []byte { return r.b }
+
+// Release unpins the block. Call it exactly once per Ref; later calls do
+// nothing.
+func (r *Ref) Release() {
+	if r == nil || r.l == nil {
+		return
+	}
+	l, i := r.l, r.i
+	r.l, r.b = nil, nil
+	if i == 0 {
+		return
+	}
+	var fr []freeLoc
+	l.mu.Lock()
+	l.unpinLocked(i, &fr)
+	l.mu.refs--
+	l.unlockAndFree(fr)
+}
+
+// unlockAndFree releases the lock and frees fr, keeping Close from closing
+// the tiers under the frees.
+func (l *Local) unlockAndFree(fr []freeLoc) {
+	if len(fr) == 0 {
+		l.mu.Unlock()
+		return
+	}
+	l.mu.active++
+	l.mu.Unlock()
+	l.freeAll(fr)
+	l.exit()
+}
+
+func (l *Local) unpinLocked(i uint32, fr *[]freeLoc) {
+	e := l.mu.x.at(i)
+	if e.pins == 0 {
+		panic(fmt.Sprintf("store: unpin of entry %d with no pins", i))
+	}
+	e.pins--
+	l.finalizeIfIdleLocked(i, fr)
+}
+
+// Get returns the block of key, pinned until the Ref is released, or
+// ErrNotFound. A block read from NVMe is verified, promoted to DRAM when room
+// can be made, and a block that fails verification is dropped (with its
+// descendants), counted, and reported as a miss.
+//
+// A request whose context carries a scoped access (auth.WithAccess) gets
+// only blocks of its tenant: another tenant's block is ErrNotFound.
+func (l *Local) Get(ctx context.Context, key prefixhash.Key) (*Ref, error) {
+	r, err := l.get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if a := auth.AccessFrom(ctx); !a.Allows(block.Tenant(r.b)) {
+		r.Release()
+		l.mu.Lock()
+		l.mu.c.misses++
+		l.mu.Unlock()
+		return nil, ErrNotFound
+	}
+	return r, nil
+}
+
+func (l *Local) get(ctx context.Context, key prefixhash.Key) (*Ref, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		l.mu.Lock()
+		if l.mu.closed {
+			l.mu.Unlock()
+			return nil, ErrClosed
+		}
+		i := l.mu.x.find(key)
+		if i == 0 {
+			l.mu.c.misses++
+			l.mu.Unlock()
+			return nil, ErrNotFound
+		}
+		e := l.mu.x.at(i)
+		if !e.persistent() {
+			return l.getMemLocked(i)
+		}
+		if e.has(flagMoving) {
+			ch := l.waitLocked(i)
+			l.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		e.set(flagMoving)
+		m := l.movedLocked(i)
+		l.mu.active++
+		l.mu.Unlock()
+		r, err := l.promote(ctx, m)
+		l.exit()
+		return r, err
+	}
+}
+
+// getMemLocked serves a hit in the memory tier. It is called with the lock
+// held and returns with it released.
+func (l *Local) getMemLocked(i uint32) (*Ref, error) {
+	e := l.mu.x.at(i)
+	l.touchLocked(i)
+	e.setHitsSaturating()
+	l.mu.c.hits++
+	key, loc, size := e.key, e.getLoc(), l.mu.ns.get(e.ns).size
+	if l.view != nil && e.pins < maxPins {
+		e.pins++
+		l.mu.refs++
+		l.mu.Unlock()
+		b := l.view.View(loc, size)
+		if err := l.checkHit(key, b); err != nil {
+			l.corruptPinned(i)
+			return nil, ErrNotFound
+		}
+		return &Ref{l: l, i: i, b: b}, nil
+	}
+	if l.view != nil { // pins saturated: hand out a copy
+		b := append([]byte(nil), l.view.View(loc, size)...)
+		l.mu.Unlock()
+		return &Ref{l: l, b: b}, nil
+	}
+	if !l.enterLocked() {
+		l.mu.Unlock()
+		return nil, ErrClosed
+	}
+	e.pins++
+	l.mu.Unlock()
+	defer l.exit()
+	b := make([]byte, size)
+	err := l.mem.Read(loc, b)
+	if err == nil {
+		_, err = l.verify(key, b)
+	}
+	var fr []freeLoc
+	l.mu.Lock()
+	l.unpinLocked(i, &fr)
+	if err != nil {
+		l.failedReadLocked(i, &fr)
+	}
+	l.mu.Unlock()
+	l.freeAll(fr)
+	if err != nil {
+		return nil, ErrNotFound
+	}
+	return &Ref{l: l, b: b}, nil
+}
+
+// checkHit verifies a block served in place from memory: its key always,
+// everything with VerifyMemoryHits.
+func (l *Local) checkHit(key prefixhash.Key, b []byte) error {
+	if l.opts.VerifyMemoryHits {
+		_, err := l.verify(key, b)
+		return err
+	}
+	if len(b) < 40 || prefixhash.Key(b[24:40]) != key {
+		return fmt.Errorf("%w: bytes at the location of %s are not its block", block.ErrCorrupt, key)
+	}
+	return nil
+}
+
+// verify decodes a block read from a tier and checks it is key's.
+func (l *Local) verify(key prefixhash.Key, b []byte) (block.Block, error) {
+	blk, err := block.Decode(b, l.opts.MaxBlockBytes)
+	if err != nil {
+		return blk, err
+	}
+	if blk.Key != key {
+		return blk, fmt.Errorf("%w: the location of %s holds %s", block.ErrCorrupt, key, blk.Key)
+	}
+	return blk, nil
+}
+
+// corruptPinned drops a block whose in-place bytes failed checkHit.
+func (l *Local) corruptPinned(i uint32) {
+	var fr []freeLoc
+	l.mu.Lock()
+	l.mu.refs--
+	l.mu.c.hits--
+	l.unpinLocked(i, &fr)
+	l.failedReadLocked(i, &fr)
+	l.unlockAndFree(fr)
+}
+
+// failedReadLocked drops entry i after a failed read or verification and
+// counts a miss. A read that failed because the segment went away under it
+// is an eviction, not corruption.
+func (l *Local) failedReadLocked(i uint32, fr *[]freeLoc) {
+	l.mu.c.misses++
+	e := l.mu.x.at(i)
+	if e.has(flagDropped) {
+		return
+	}
+	why := reasonCorrupt
+	if e.has(flagLocGone) {
+		why = reasonEvict
+	}
+	l.dropLocked(i, why, fr)
+}
+
+// waitLocked returns a channel closed when i's mover is done.
+func (l *Local) waitLocked(i uint32) chan struct{} {
+	if l.mu.waiters == nil {
+		l.mu.waiters = make(map[uint32]chan struct{})
+	}
+	ch := l.mu.waiters[i]
+	if ch == nil {
+		ch = make(chan struct{})
+		l.mu.waiters[i] = ch
+	}
+	return ch
+}
+
+func (l *Local) doneMovingLocked(i uint32) {
+	l.mu.x.at(i).clear(flagMoving)
+	if ch, ok := l.mu.waiters[i]; ok {
+		close(ch)
+		delete(l.mu.waiters, i)
+	}
+}
+
+// GetMany gets keys in one pass: refs[i] is the block of keys[i], or nil on
+// a miss. Blocks in memory are pinned under one lock, deepest key first (so
+// a chain's ancestors end up warmest); the rest go through Get. The error is
+// ErrClosed or the context's; then no Ref is returned.
+func (l *Local) GetMany(ctx context.Context, keys []prefixhash.Key) ([]*Ref, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	refs := make([]*Ref, len(keys))
+	backing := make([]Ref, len(keys))
+	var slow []int
+	l.mu.Lock()
+	if l.mu.closed {
+		l.mu.Unlock()
+		return nil, ErrClosed
+	}
+	x := &l.mu.x
+	a := auth.AccessFrom(ctx)
+	for k := len(keys) - 1; k >= 0; k-- {
+		i := x.find(keys[k])
+		if i == 0 {
+			l.mu.c.misses++
+			continue
+		}
+		e := x.at(i)
+		if n := l.mu.ns.get(e.ns); a.Scoped && n.resolved && n.tenant != a.Tag {
+			l.mu.c.misses++
+			continue
+		}
+		if e.persistent() || l.view == nil || e.pins == maxPins {
+			slow = append(slow, k)
+			continue
+		}
+		l.touchLocked(i)
+		e.setHitsSaturating()
+		e.pins++
+		l.mu.refs++
+		l.mu.c.hits++
+		backing[k] = Ref{l: l, i: i, b: l.view.View(e.getLoc(), l.mu.ns.get(e.ns).size)}
+		refs[k] = &backing[k]
+	}
+	l.mu.Unlock()
+	for k, r := range refs {
+		if r != nil && l.checkHit(keys[k], r.b) != nil {
+			l.corruptPinned(r.i)
+			refs[k] = nil
+		}
+	}
+	for _, k := range slow {
+		r, err := l.Get(ctx, keys[k])
+		switch {
+		case err == nil:
+			refs[k] = r
+		case errors.Is(err, ErrNotFound):
+		default:
+			for _, r := range refs {
+				r.Release()
+			}
+			return nil, err
+		}
+	}
+	return refs, nil
+}
+
+// Contains reports whether key is cached here, as a block a request with
+// access a may see (auth.Access). It does not touch the block.
+func (l *Local) Contains(a auth.Access, key prefixhash.Key) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mu.closed {
+		return false
+	}
+	i := l.mu.x.find(key)
+	return i != 0 && l.mu.ns.allows(a, l.mu.x.at(i).ns)
+}
+
+// LongestPrefix returns how many leading keys are cached here as blocks a
+// request with access a may see. It touches them deepest-first, so that a
+// chain's ancestors are always warmer than its descendants.
+func (l *Local) LongestPrefix(a auth.Access, keys []prefixhash.Key) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mu.closed {
+		return 0
+	}
+	s := l.mu.stack[:0]
+	for _, k := range keys {
+		i := l.mu.x.find(k)
+		if i == 0 || !l.mu.ns.allows(a, l.mu.x.at(i).ns) {
+			break
+		}
+		s = append(s, i)
+	}
+	for k := len(s) - 1; k >= 0; k-- {
+		l.touchLocked(s[k])
+	}
+	l.mu.stack = s[:0]
+	return len(s)
+}
+
+// NamespaceTenant returns the tenant tag of the blocks of the namespace
+// with the given digest, and whether this node holds any.
+func (l *Local) NamespaceTenant(digest uint64) (uint64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	id := l.mu.ns.byDigest[digest]
+	if id == 0 {
+		return 0, false
+	}
+	return l.mu.ns.get(id).tenant, true
+}

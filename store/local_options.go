@@ -1,0 +1,99 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/tiers"
+)
+
+// Options configure a Local. Zero fields take the documented defaults.
+type Options struct {
+	// DRAM is the memory tier every write lands in. Required. When it
+	// implements tiers.Viewer, Get serves blocks in place without a copy;
+	// when it implements tiers.Classed, pressure frees room class by class.
+	DRAM tiers.Tier
+	// NVMe is the persistent tier DRAM pressure demotes blocks to.
+	// Optional: nil keeps the node memory-only, and pressure drops blocks.
+	// tiers.Segmented (reclaim by whole segments), tiers.Recoverable (the
+	// index is rebuilt on Open) and tiers.Batcher (one write per demotion
+	// batch) are used when it implements them.
+	NVMe tiers.Tier
+	// MaxBlockBytes is the largest block payload Put accepts, in bytes;
+	// larger blocks get ErrTooLarge. Default 64 MiB, at most 1 GiB.
+	MaxBlockBytes int
+	// MaxBlocks bounds the number of blocks cached in all tiers together,
+	// and with it the index's RAM (about 60 bytes per block). Default:
+	// the tiers' capacities over 4 KiB, within [65536, 1<<27].
+	MaxBlocks int
+	// DemoteBatchBytes is the least that one round of DRAM pressure
+	// demotes, in bytes, so that NVMe sees large writes. Default 4 MiB.
+	DemoteBatchBytes int
+	// VerifyMemoryHits makes a Get served from DRAM verify the whole
+	// block (header and payload checksums) instead of only its key.
+	// Default false: DRAM bytes were verified when they were put, and
+	// bytes read from NVMe are always verified.
+	VerifyMemoryHits bool
+	// SkipRecoveryScan leaves blocks recovered from NVMe unresolved until
+	// they are first read, instead of reading each once in the background
+	// after Open to learn its namespace and parent. Default false.
+	SkipRecoveryScan bool
+	// Quotas bound what each namespace may cache on this node, by namespace
+	// digest (prefixhash.Namespace.Digest): encoded block bytes per tier,
+	// zero for unlimited (see Quota and the package doc). Namespaces not
+	// listed take DefaultQuota. Open copies the map; SetQuota and ClearQuota
+	// change it at run time. Default: none.
+	Quotas map[uint64]Quota
+	// DefaultQuota is the quota of every namespace not in Quotas. Default:
+	// zero, unlimited in both tiers. SetDefaultQuota changes it at run time.
+	DefaultQuota Quota
+}
+
+// Option defaults and limits.
+const (
+	DefaultMaxBlockBytes    = 64 << 20
+	MaxMaxBlockBytes        = 1 << 30
+	DefaultDemoteBatchBytes = 4 << 20
+	minDefaultMaxBlocks     = 1 << 16
+	maxDefaultMaxBlocks     = 1 << 27
+)
+
+// EnsureDefaults fills zero fields with their defaults.
+func (o *Options) EnsureDefaults() {
+	if o.MaxBlockBytes == 0 {
+		o.MaxBlockBytes = DefaultMaxBlockBytes
+	}
+	if o.DemoteBatchBytes == 0 {
+		o.DemoteBatchBytes = DefaultDemoteBatchBytes
+	}
+	if o.MaxBlocks == 0 && o.DRAM != nil {
+		c := o.DRAM.Stats().Capacity
+		if o.NVMe != nil {
+			c += o.NVMe.Stats().Capacity
+		}
+		o.MaxBlocks = int(min(max(c/4096, minDefaultMaxBlocks), maxDefaultMaxBlocks))
+	}
+}
+
+// Validate reports the first field that makes o unusable.
+func (o *Options) Validate() error {
+	switch {
+	case o.DRAM == nil:
+		return errors.New("store: options: DRAM: a memory tier is required")
+	case o.MaxBlockBytes < 1 || o.MaxBlockBytes > MaxMaxBlockBytes:
+		return fmt.Errorf("store: options: MaxBlockBytes: %d is outside 1..%d", o.MaxBlockBytes, MaxMaxBlockBytes)
+	case o.MaxBlocks < 1 || o.MaxBlocks > maxEntry-(1<<16):
+		return fmt.Errorf("store: options: MaxBlocks: %d is outside 1..%d", o.MaxBlocks, maxEntry-(1<<16))
+	case o.DemoteBatchBytes < 1:
+		return fmt.Errorf("store: options: DemoteBatchBytes: %d must be positive", o.DemoteBatchBytes)
+	}
+	if err := o.DefaultQuota.validate("options: DefaultQuota"); err != nil {
+		return err
+	}
+	for d, q := range o.Quotas {
+		if err := q.validate(fmt.Sprintf("options: Quotas[%016x]", d)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,311 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/tiers"
+)
+
+// Put stores an encoded block: header and payload, as block.Encode builds it. It
+// verifies the whole block first (block.ErrCorrupt, block.ErrTooLarge beyond
+// MaxBlockBytes, ErrLayout) and copies it; b is not retained. Putting a
+// block already cached is a cheap no-op that touches it. ErrFull means no
+// tier has room even after eviction; ErrQuota, that the block's namespace
+// has no room within its quotas (see Quota).
+func (l *Local) Put(ctx context.Context, b []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	h, err := block.DecodeHeader(b, l.opts.MaxBlockBytes)
+	if err != nil {
+		return err
+	}
+	if n := block.HeaderLen(len(h.Tokens)) + h.PayloadLen; len(b) != n {
+		return fmt.Errorf("%w: %d bytes, header says %d", block.ErrCorrupt, len(b), n)
+	}
+	if a := auth.AccessFrom(ctx); !a.Allows(h.Tenant) {
+		return fmt.Errorf("%w: block %s is tagged for tenant %016x, the writer is tenant %016x", ErrTenant, h.Key, h.Tenant, a.Tag)
+	}
+	size := len(b)
+	class := l.classOf(size)
+	l.mu.Lock()
+	if !l.enterLocked() {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	if i := l.mu.x.find(h.Key); i != 0 {
+		if n := l.mu.ns.get(l.mu.x.at(i).ns); n.resolved && n.tenant != h.Tenant {
+			l.mu.active--
+			l.mu.Unlock()
+			return fmt.Errorf("%w: key %s is held for tenant %016x, the block is tagged %016x", ErrTenant, h.Key, n.tenant, h.Tenant)
+		}
+		l.touchPutLocked(i, h.Parent)
+		l.mu.active--
+		l.mu.Unlock()
+		return nil
+	}
+	if _, err := l.mu.ns.check(&h, size); err != nil {
+		l.mu.active--
+		l.mu.Unlock()
+		return err
+	}
+	// Most writes fit their namespace's quota: reserve now, under this lock.
+	var id uint32
+	reserved := false
+	if class >= 0 {
+		id, reserved = l.tryReserveLocked(&h, size, class, tierMem)
+	}
+	indexFull := l.indexFullLocked()
+	l.mu.Unlock()
+	defer l.exit()
+
+	err = verifyPayload(b, &h)
+	if err == nil && indexFull {
+		err = l.makeIndexRoom(ctx)
+	}
+	if err != nil {
+		if reserved {
+			l.mu.Lock()
+			l.unreserveLocked(id, tierMem, size)
+			l.mu.Unlock()
+		}
+		return err
+	}
+	err = tiers.ErrTooLarge
+	if class >= 0 {
+		if !reserved {
+			id, err = l.room(ctx, &h, h.Namespace, size, class, tierMem, h.Parent)
+		} else {
+			err = nil
+		}
+		if err == nil {
+			var loc tiers.Loc
+			if loc, err = l.putMem(ctx, h.Key, h.Parent, b, class); err == nil {
+				var fr []freeLoc
+				l.mu.Lock()
+				err = l.insertLocked(&h, size, class, loc, false, id, &fr)
+				l.mu.Unlock()
+				l.freeAll(fr)
+				return err
+			}
+			l.mu.Lock()
+			l.unreserveLocked(id, tierMem, size)
+			l.mu.Unlock()
+		}
+	}
+	if errors.Is(err, ErrLayout) {
+		return err
+	}
+	if ctx.Err() != nil {
+		return l.refused(err, size)
+	}
+	if l.disk != nil {
+		// No room in memory (or in the namespace's memory quota), or the
+		// block is the coldest there: it goes straight to the persistent
+		// tier.
+		id, derr := l.room(ctx, &h, h.Namespace, size, class, tierDisk, h.Parent)
+		if derr == nil {
+			var ierr error
+			ms := []moved{{key: h.Key, val: b}}
+			l.toDisk(ms, func(m *moved, fr *[]freeLoc) {
+				if m.done {
+					ierr = l.insertLocked(&h, size, class, m.newLoc, true, id, fr)
+				} else {
+					l.unreserveLocked(id, tierDisk, size)
+				}
+			})
+			if ms[0].done {
+				return ierr
+			}
+			if errors.Is(err, tiers.ErrTooLarge) && ms[0].werr != nil {
+				err = ms[0].werr
+			}
+		} else if !errors.Is(err, errColdest) || errors.Is(derr, ErrLayout) || ctx.Err() != nil {
+			err = derr
+		}
+	}
+	if errors.Is(err, errColdest) {
+		// Accepted, and evicted at once; so will its children be.
+		l.mu.Lock()
+		l.mu.c.puts++
+		l.mu.c.evictions++
+		l.mu.evicted[l.mu.evictedNext%len(l.mu.evicted)] = h.Key
+		l.mu.evictedNext++
+		l.mu.Unlock()
+		return nil
+	}
+	if errors.Is(err, ErrLayout) {
+		return err
+	}
+	return l.refused(err, size)
+}
+
+// verifyPayload finishes what DecodeHeader and a length check started: the
+// payload checksum.
+func verifyPayload(b []byte, h *block.Header) error {
+	hl := block.HeaderLen(len(h.Tokens))
+	if sum := xxhash.Sum64(b[hl:]); sum != h.Checksum {
+		return fmt.Errorf("%w: payload checksum %016x, computed %016x", block.ErrCorrupt, h.Checksum, sum)
+	}
+	return nil
+}
+
+func (l *Local) refused(err error, n int) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	quota := errors.Is(err, ErrQuota)
+	l.mu.Lock()
+	l.mu.c.refused++
+	if quota {
+		l.mu.c.quotaRefused++
+	}
+	l.mu.Unlock()
+	switch {
+	case quota:
+		return err
+	case errors.Is(err, tiers.ErrTooLarge):
+		return fmt.Errorf("%w: a block of %d bytes fits no tier: %w", block.ErrTooLarge, n, err)
+	case errors.Is(err, tiers.ErrFull):
+		return fmt.Errorf("%w: %w", ErrFull, err)
+	}
+	return fmt.Errorf("store: put: %w", err)
+}
+
+// insertLocked indexes a block just stored at loc, taking over the
+// reservation room made for it in namespace rid; on failure (or when a
+// concurrent Put won) it frees loc.
+func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, disk bool, rid uint32, fr *[]freeLoc) error {
+	x := &l.mu.x
+	t := tierMem
+	if disk {
+		t = tierDisk
+	}
+	if i := x.find(h.Key); i != 0 { // a concurrent Put won
+		l.touchPutLocked(i, h.Parent)
+		l.unreserveLocked(rid, t, size)
+		*fr = append(*fr, freeLoc{disk, loc})
+		return nil
+	}
+	if l.indexFullLocked() { // concurrent Puts passed the check in Put together
+		l.unreserveLocked(rid, t, size)
+		*fr = append(*fr, freeLoc{disk, loc})
+		return fmt.Errorf("%w: the index holds MaxBlocks (%d) blocks", ErrFull, l.opts.MaxBlocks)
+	}
+	id, err := l.mu.ns.acquire(h, size, class, t)
+	l.unreserveLocked(rid, t, size) // after acquire, so that the namespace stays
+	if err != nil {
+		*fr = append(*fr, freeLoc{disk, loc})
+		return err
+	}
+	i := x.alloc(h.Key)
+	if i == 0 {
+		l.releaseNSLocked(id, t)
+		*fr = append(*fr, freeLoc{disk, loc})
+		return fmt.Errorf("%w: the index is full", ErrFull)
+	}
+	e := x.at(i)
+	e.ns = id
+	e.setLoc(loc)
+	if disk {
+		e.set(flagPersistent)
+	}
+	x.insert(i)
+	l.mu.blocks[t]++
+	l.mu.bytes[t] += int64(size)
+	l.mu.c.puts++
+	// A parent of another namespace is not linked: a block naming one is
+	// forged, and one tenant's eviction must never cascade into another's.
+	// (An unresolved parent is checked when it is resolved.)
+	if p := x.find(h.Parent); p != 0 {
+		if pns := x.at(p).ns; pns == id || !l.mu.ns.get(pns).resolved {
+			x.link(i, p)
+		}
+	}
+	l.placeLocked(i, h.Parent)
+	return nil
+}
+
+// touchPutLocked touches a block put again.
+func (l *Local) touchPutLocked(i uint32, parent prefixhash.Key) {
+	l.mu.x.at(i).set(flagHit)
+	l.placeLocked(i, parent)
+	l.mu.c.duplicates++
+}
+
+// placeLocked moves i in its recency list right behind its parent (on the
+// colder side) when the parent is in the same list, else to the front. So
+// a chain put in order, or put again, keeps its leaves colder than its
+// ancestors, and eviction takes leaves first.
+func (l *Local) placeLocked(i uint32, parent prefixhash.Key) {
+	x := &l.mu.x
+	e := x.at(i)
+	at := l.mu.diskList
+	if !e.persistent() {
+		at = l.memListLocked(l.mu.ns.get(e.ns).class)
+	}
+	if p := x.find(parent); p != 0 && p != i {
+		if pe := x.at(p); pe.persistent() == e.persistent() && pe.ns == e.ns {
+			at = p
+		}
+	}
+	l.unlistLocked(i)
+	x.insertAfter(at, i)
+	l.placedBehindLocked(at, i)
+}
+
+// classOf returns the memory tier's size class for blocks of n bytes, -1 if
+// the tier can never hold them.
+func (l *Local) classOf(n int) int {
+	if l.classed == nil {
+		return 0
+	}
+	return l.classed.SizeClass(n)
+}
+
+func (l *Local) memListLocked(class int) uint32 {
+	if class < 0 {
+		panic(fmt.Sprintf("store: memory list of class %d", class))
+	}
+	for len(l.mu.memLists) <= class {
+		l.mu.memLists = append(l.mu.memLists, 0)
+	}
+	if l.mu.memLists[class] == 0 {
+		l.mu.memLists[class] = l.mu.x.newList()
+	}
+	return l.mu.memLists[class]
+}
+
+// touchLocked marks i as just used: the hottest of its list.
+func (l *Local) touchLocked(i uint32) {
+	x := &l.mu.x
+	e := x.at(i)
+	e.set(flagHit)
+	if e.persistent() {
+		l.moveFrontLocked(l.mu.diskList, i)
+	} else {
+		l.moveFrontLocked(l.memListLocked(l.mu.ns.get(e.ns).class), i)
+	}
+}
+
+// PutMany puts every block it can; the error joins those of the blocks
+// that failed, each naming the block's position.
+func (l *Local) PutMany(ctx context.Context, blocks [][]byte) error {
+	var errs []error
+	for k, b := range blocks {
+		if err := l.Put(ctx, b); err != nil {
+			if ctx.Err() != nil {
+				return errors.Join(append(errs, err)...)
+			}
+			errs = append(errs, fmt.Errorf("block %d: %w", k, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,466 @@
+//go:build linux
+
+package transfer
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// ShmClient reads values from a ShmServer on the same host through the
+// shared region the server gave it. Result values are slices of that
+// mapping, valid until Release; each Release gives the space back to the
+// server. Requests are pipelined over one unix socket. A ShmClient is safe
+// for concurrent use.
+type ShmClient struct {
+	opts   ShmClientOptions
+	uc     *net.UnixConn
+	mem    []byte // the region, mapped read-only
+	slots  chan struct{}
+	nextID atomic.Uint64
+	done   chan struct{} // closed when the reader exits
+	err    error         // why the reader exited; set before done closes
+
+	wmu  sync.Mutex // serializes writes to uc; guards enc and bufs
+	enc  encoder
+	bufs net.Buffers
+
+	mu struct {
+		sync.Mutex
+		waiters  map[uint64]chan shmReply
+		closed   bool
+		results  int // unreleased results; the mapping outlives Close until 0
+		unmapped bool
+	}
+}
+
+type shmReply struct {
+	h     header
+	table []byte
+	err   error
+}
+
+// Shm is the same-host shared-memory Transport.
+type Shm struct{ Options *ShmClientOptions }
+
+// Name returns "shm".
+func (Shm) Name() string { return "shm" }
+
+// Dial connects to the ShmServer listening on the unix socket path.
+func (t Shm) Dial(ctx context.Context, path string) (Peer, error) {
+	c, err := DialShm(ctx, path, t.Options)
+	if err != nil {
+		return nil, err // not a nil *ShmClient in a non-nil Peer
+	}
+	return c, nil
+}
+
+// DialShm connects to the ShmServer listening on the unix socket path and
+// maps the region it sends. opts may be nil for defaults.
+func DialShm(ctx context.Context, path string, opts *ShmClientOptions) (*ShmClient, error) {
+	var o ShmClientOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := requestContext(ctx, o.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: shm dial: %w", err)
+	}
+	uc := nc.(*net.UnixConn)
+	hl, mem, err := receiveRegion(ctx, uc, o.Token, &o.Limits)
+	if err != nil {
+		uc.Close()
+		return nil, fmt.Errorf("transfer: shm dial %s: %w", path, err)
+	}
+	o.Limits = tighter(o.Limits, hl.limits)
+	c := &ShmClient{opts: o, uc: uc, mem: mem, slots: make(chan struct{}, hl.maxPending), done: make(chan struct{})}
+	c.mu.waiters = make(map[uint64]chan shmReply)
+	go c.readLoop()
+	return c, nil
+}
+
+// receiveRegion sends the client's hello (with token), reads the server's
+// hello frame and the region's descriptor, checks the region and maps it
+// read-only. A server that refused the client answers with an error frame
+// instead, returned as an ErrAuth or ErrRemote error.
+func receiveRegion(ctx context.Context, uc *net.UnixConn, token string, lim *Limits) (hello, []byte, error) {
+	dl, _ := ctx.Deadline()
+	uc.SetDeadline(dl)
+	defer uc.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	var enc encoder
+	if _, err := uc.Write(helloFrame(&enc, token)); err != nil {
+		return hello{}, nil, fmt.Errorf("send hello: %w", err)
+	}
+	buf := make([]byte, headerLen+helloEntry)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, flags, _, err := uc.ReadMsgUnix(buf, oob)
+	var fds []int
+	if oobn > 0 {
+		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+		for i := range msgs {
+			if got, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+				fds = append(fds, got...)
+			} else if perr == nil {
+				perr = err
+			}
+		}
+		if err == nil {
+			err = perr
+		}
+	}
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	switch {
+	case err != nil:
+		return hello{}, nil, fmt.Errorf("receive region: %w", err)
+	case n == 0:
+		return hello{}, nil, fmt.Errorf("receive region: server closed the connection (over MaxClients?): %w", io.EOF)
+	case flags&unix.MSG_CTRUNC != 0 || len(fds) > 1:
+		return hello{}, nil, corrupt("hello came with %d descriptors", len(fds))
+	}
+	if n < headerLen {
+		if _, err := io.ReadFull(uc, buf[n:headerLen]); err != nil {
+			return hello{}, nil, fmt.Errorf("receive region: %w", err)
+		}
+		n = headerLen
+	}
+	h, err := parseHeader(buf[:headerLen], lim)
+	if err != nil {
+		return hello{}, nil, err
+	}
+	if h.typ == typeError {
+		// Refused: the message follows, partly read already.
+		return hello{}, nil, remoteError(io.MultiReader(bytes.NewReader(buf[headerLen:n]), uc), &h)
+	}
+	if h.typ != typeShmHello || len(fds) != 1 {
+		return hello{}, nil, corrupt("got %s with %d descriptors, want shm hello with the region", h.typ, len(fds))
+	}
+	if _, err := io.ReadFull(uc, buf[n:]); err != nil {
+		return hello{}, nil, fmt.Errorf("receive region: %w", err)
+	}
+	if err := checkTable(&h, buf[headerLen:]); err != nil {
+		return hello{}, nil, err
+	}
+	hl, err := parseHello(buf[headerLen:])
+	if err != nil {
+		return hello{}, nil, err
+	}
+	fd := fds[0]
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return hello{}, nil, fmt.Errorf("stat region: %w", err)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	switch {
+	case err != nil:
+		return hello{}, nil, fmt.Errorf("region seals: %w", err)
+	case st.Size != hl.regionSize:
+		return hello{}, nil, corrupt("region is %d bytes, hello says %d", st.Size, hl.regionSize)
+	case seals&unix.F_SEAL_SHRINK == 0:
+		return hello{}, nil, corrupt("region is not sealed against shrinking")
+	}
+	mem, err := unix.Mmap(fd, 0, int(hl.regionSize), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return hello{}, nil, fmt.Errorf("map region: %w", err)
+	}
+	return hl, mem, nil
+}
+
+// Close disconnects from the server; requests in flight fail with
+// ErrClosed. The region stays mapped until every Result is released.
+func (c *ShmClient) Close() error {
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.closed = true
+	c.mu.Unlock()
+	c.uc.Close()
+	<-c.done
+	c.mu.Lock()
+	c.unmapLocked()
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *ShmClient) unmapLocked() {
+	if c.mu.closed && c.mu.results == 0 && !c.mu.unmapped {
+		c.mu.unmapped = true
+		if err := unix.Munmap(c.mem); err != nil {
+			panic(fmt.Sprintf("transfer: unmap shm region: %v", err))
+		}
+	}
+}
+
+// readLoop owns reading from the socket: it hands each answer to the
+// request waiting for it, and releases at once the region space of answers
+// nobody waits for any more. It exits, failing every waiter, when the
+// socket breaks or a frame is bad.
+func (c *ShmClient) readLoop() {
+	err := c.readFrames()
+	c.uc.Close()
+	c.mu.Lock()
+	if c.mu.closed {
+		err = ErrClosed
+	}
+	c.err = err
+	for id, ch := range c.mu.waiters {
+		if ch != nil {
+			ch <- shmReply{err: err}
+		}
+		delete(c.mu.waiters, id)
+	}
+	c.mu.Unlock()
+	close(c.done)
+}
+
+func (c *ShmClient) readFrames() error {
+	br := bufio.NewReaderSize(c.uc, 64<<10)
+	var hdr [headerLen]byte
+	for {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			return fmt.Errorf("transfer: shm read: %w", err)
+		}
+		h, err := parseHeader(hdr[:], &c.opts.Limits)
+		if err != nil {
+			return err
+		}
+		table, err := readTable(br, &h, nil)
+		if err != nil {
+			return err
+		}
+		rep := shmReply{h: h, table: table}
+		switch h.typ {
+		case typeShmGetResp, typePutResp:
+		case typeError:
+			rep.err = remoteError(br, &h)
+			if h.id == 0 {
+				return rep.err
+			}
+		default:
+			return corrupt("unexpected %s frame", h.typ)
+		}
+		c.mu.Lock()
+		ch, ok := c.mu.waiters[h.id]
+		delete(c.mu.waiters, h.id)
+		c.mu.Unlock()
+		if !ok {
+			return corrupt("answer to request %d, which is not outstanding", h.id)
+		}
+		<-c.slots
+		switch {
+		case ch != nil:
+			ch <- rep
+		case h.typ == typeShmGetResp:
+			// Abandoned by its requester: give the space back now.
+			c.sendRelease([]uint64{h.id})
+		}
+	}
+}
+
+// roundTrip sends a request frame (built by fill under the write lock) and
+// waits for its answer. An abandoned request's answer is released by the
+// reader when it arrives.
+func (c *ShmClient) roundTrip(ctx context.Context, fill func(id uint64) net.Buffers) (shmReply, error) {
+	select {
+	case c.slots <- struct{}{}:
+	case <-ctx.Done():
+		return shmReply{}, fmt.Errorf("waiting to send: %w", ctx.Err())
+	case <-c.done:
+		return shmReply{}, c.err
+	}
+	id := c.nextID.Add(1)
+	ch := make(chan shmReply, 1)
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		<-c.slots
+		return shmReply{}, ErrClosed
+	}
+	c.mu.waiters[id] = ch
+	c.mu.Unlock()
+
+	c.wmu.Lock()
+	dl, _ := ctx.Deadline()
+	c.uc.SetWriteDeadline(dl)
+	bufs := fill(id)
+	n, err := bufs.WriteTo(c.uc)
+	clear(c.bufs)
+	c.wmu.Unlock()
+	if err != nil {
+		if n > 0 {
+			c.uc.Close() // a partial frame: the stream is unusable
+		}
+		c.mu.Lock()
+		delete(c.mu.waiters, id)
+		c.mu.Unlock()
+		<-c.slots
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return shmReply{}, fmt.Errorf("send request: %w", err)
+	}
+
+	select {
+	case rep := <-ch:
+		return rep, rep.err
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	_, waiting := c.mu.waiters[id]
+	if waiting {
+		c.mu.waiters[id] = nil // abandoned: the reader releases its answer
+	}
+	c.mu.Unlock()
+	if !waiting {
+		// The answer arrived as we gave up.
+		if rep := <-ch; rep.err == nil && rep.h.typ == typeShmGetResp {
+			c.sendRelease([]uint64{id})
+		}
+	}
+	return shmReply{}, ctx.Err()
+}
+
+// Get fetches keys. The Result's values are slices of the shared region,
+// valid until Release (which also gives the space back to the server), even
+// if the client or server closes meanwhile. On error nothing is held.
+func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, error) {
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	c.mu.results++
+	c.mu.Unlock()
+	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
+	defer cancel()
+	r := newResult(c, len(keys))
+	var st []Status
+	var lens []int
+	var offs []int64
+	err := getRounds(len(keys), c.opts.MaxItems, func(idx []int) ([]int, error) {
+		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
+			t := c.enc.begin(typeGetReq, len(idx))
+			for i, j := range idx {
+				putKeyEntry(t, i, keys[j])
+			}
+			c.bufs = append(c.bufs[:0], c.enc.finish(getHeader(ctx, id, len(idx), &c.opts.Limits)))
+			return c.bufs
+		})
+		if err != nil {
+			return nil, err
+		}
+		r.ids = append(r.ids, rep.h.id)
+		st, lens, offs = grow(st, len(idx)), grow(lens, len(idx)), grow(offs, len(idx))
+		if rep.h.typ != typeShmGetResp || rep.h.count != len(idx) {
+			return nil, corrupt("got %s of %d items for %d keys", rep.h.typ, rep.h.count, len(idx))
+		}
+		if err := parseShmResp(rep.table, &c.opts.Limits, int64(len(c.mem)), st, lens, offs); err != nil {
+			return nil, err
+		}
+		return fillResult(r, idx, st, func(i int) []byte {
+			return c.mem[offs[i] : offs[i]+int64(lens[i]) : offs[i]+int64(lens[i])]
+		}), nil
+	})
+	if err != nil {
+		r.Release()
+		if errors.Is(err, ErrCorrupt) {
+			c.uc.Close()
+		}
+		return nil, fmt.Errorf("transfer: shm get %d keys: %w", len(keys), err)
+	}
+	return r, nil
+}
+
+// Put pushes vals[i] under keys[i]. The values travel inline over the unix
+// socket (one copy into the kernel and one out), in as many frames as
+// MaxItems and MaxBatchBytes require; vals are only read during the call.
+func (c *ShmClient) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte) ([]Status, error) {
+	return c.put(ctx, puts{keys: keys, vals: vals})
+}
+
+// PutPublish is Client.PutPublish through the unix socket.
+func (c *ShmClient) PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, heads, vals [][]byte) ([]Status, error) {
+	p := puts{keys: keys, chunkKeys: chunkKeys, heads: heads, vals: vals}
+	if err := p.checkPublish(); err != nil {
+		return nil, err
+	}
+	return c.put(ctx, p)
+}
+
+// put sends p as put requests, or publish requests.
+func (c *ShmClient) put(ctx context.Context, p puts) ([]Status, error) {
+	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
+	defer cancel()
+	st, err := putFrames(&p, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
+		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
+			q := p.sub(lo, hi)
+			c.bufs = appendPut(ctx, &c.enc, c.bufs[:0], id, &q, bytes)
+			return c.bufs
+		})
+		if err != nil {
+			return err
+		}
+		if rep.h.typ != typePutResp || rep.h.count != hi-lo {
+			return corrupt("got %s of %d items for a put of %d", rep.h.typ, rep.h.count, hi-lo)
+		}
+		return parsePutResp(rep.table, st)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("transfer: shm put %d values: %w", len(p.keys), err)
+	}
+	return st, nil
+}
+
+func (c *ShmClient) release(r *Result) {
+	for len(r.ids) > 0 {
+		n := min(len(r.ids), c.opts.MaxItems)
+		c.sendRelease(r.ids[:n])
+		r.ids = r.ids[n:]
+	}
+	c.mu.Lock()
+	c.mu.results--
+	c.unmapLocked()
+	c.mu.Unlock()
+}
+
+// sendRelease tells the server it may reuse the space of requests ids. If
+// the connection is gone, so is the server's side of the region: there is
+// nothing to give back.
+func (c *ShmClient) sendRelease(ids []uint64) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	t := c.enc.begin(typeShmRelease, len(ids))
+	for i, id := range ids {
+		putIDEntry(t, i, id)
+	}
+	c.uc.SetWriteDeadline(time.Now().Add(c.opts.RequestTimeout))
+	if _, err := c.uc.Write(c.enc.finish(header{typ: typeShmRelease, count: len(ids)})); err != nil {
+		c.uc.Close()
+	}
+}
