@@ -275,8 +275,8 @@ func (d *Daemon) ready(ctx context.Context, c *client.Client, joined bool, nodes
 		return err
 	}
 	alive := 0
-	for _, mb := range m.GetMembers() {
-		if mb.GetState() == "alive" {
+	for _, mb := range m.Members {
+		if mb.State == "alive" {
 			alive++
 		}
 	}

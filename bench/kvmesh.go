@@ -334,12 +334,12 @@ func nodeHTTPAddr(ctx context.Context, c *client.Client) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	for _, mb := range m.GetMembers() {
-		if mb.GetId() == m.GetSelfId() && mb.GetHttpAddr() != "" {
-			return mb.GetHttpAddr(), nil
+	for _, mb := range m.Members {
+		if mb.ID == m.SelfID && mb.HTTPAddr != "" {
+			return mb.HTTPAddr, nil
 		}
 	}
-	return "", fmt.Errorf("bench: node %s reports no metrics address", m.GetSelfId())
+	return "", fmt.Errorf("bench: node %s reports no metrics address", m.SelfID)
 }
 
 // transferBytes returns, per data-plane transport ("tcp", "shm"), the value

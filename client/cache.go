@@ -125,7 +125,7 @@ func (c *Client) lookup(ctx context.Context, req *kvmeshv1.LookupRequest) (*kvme
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("client: lookup: %w", err)
+		return nil, callError("lookup", err)
 	}
 	return resp, nil
 }
@@ -230,17 +230,55 @@ func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, tokens []uint
 // GetExtra is Get for a prompt whose blocks carry extra keys, as
 // LookupExtra.
 func (c *Client) GetExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys) ([]Block, error) {
-	ns, err := c.Namespace(ctx, ns)
+	var out []Block
+	err := c.getPrefix(ctx, ns, tokens, extra, -1, true, func(b Block) { out = append(out, b) })
 	if err != nil {
 		return nil, err
 	}
+	return out, nil
+}
+
+// GetInto reads the longest cached prefix of tokens under ns, as Get does,
+// into buffers the caller owns: block i's payload into dst[i], which must be
+// ns.BlockBytes() long. It reads at most len(dst) blocks and returns how
+// many leading buffers it filled. The client writes into dst only during the
+// call and keeps no reference to it; buffers past the returned count hold
+// unspecified bytes. Blocks are copied into dst from the transport's own
+// buffer (or the node's shared memory), so a worker that reads every prompt
+// into the same buffers allocates nothing per block.
+func (c *Client) GetInto(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, dst [][]byte) (int, error) {
+	for i, d := range dst {
+		if len(d) != ns.BlockBytes() {
+			return 0, fmt.Errorf("%w: dst[%d] is %d bytes; blocks of %s hold %d", ErrInvalid, i, len(d), ns, ns.BlockBytes())
+		}
+	}
+	n := 0
+	err := c.getPrefix(ctx, ns, tokens, nil, len(dst), false, func(b Block) {
+		copy(dst[b.Index], b.Payload)
+		n++
+	})
+	return n, err
+}
+
+// getPrefix reads the cached prefix of tokens (with their blocks' extra
+// keys, none when nil) under ns, at most limit blocks (no limit when
+// negative), and hands each block to fn in prompt order. With fresh,
+// b.Payload is fn's to keep; otherwise it is valid during the call only.
+func (c *Client) getPrefix(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys, limit int, fresh bool, fn func(Block)) error {
+	ns, err := c.Namespace(ctx, ns)
+	if err != nil {
+		return err
+	}
 	keys, err := prefixhash.KeysExtra(ns, tokens, extra)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if limit >= 0 && len(keys) > limit {
+		keys = keys[:limit]
 	}
 	root := ns.Root()
-	var out []Block
-	err = c.getKeys(ctx, ns, keys, c.chunkKeys(ctx, ns, keys), true, true, func(b Block) error {
+	next := 0
+	err = c.getKeys(ctx, ns, keys, c.chunkKeys(ctx, ns, keys), true, fresh, func(b Block) error {
 		if !b.Found {
 			return nil
 		}
@@ -248,17 +286,18 @@ func (c *Client) GetExtra(ctx context.Context, ns prefixhash.Namespace, tokens [
 		if b.Index > 0 {
 			parent = keys[b.Index-1]
 		}
-		if b.Index != len(out) || b.Parent != parent || !slices.Equal(b.Tokens, tokens[b.Index*ns.BlockTokens:(b.Index+1)*ns.BlockTokens]) {
+		if b.Index != next || b.Parent != parent || !slices.Equal(b.Tokens, tokens[b.Index*ns.BlockTokens:(b.Index+1)*ns.BlockTokens]) {
 			c.refused.Add(1)
 			return errPrefixEnds
 		}
-		out = append(out, b)
+		fn(b)
+		next++
 		return nil
 	})
 	if err != nil && !errors.Is(err, errPrefixEnds) {
-		return nil, fmt.Errorf("client: get: %w", err)
+		return callError("get", err)
 	}
-	return out, nil
+	return nil
 }
 
 // errPrefixEnds stops a Get at a refused block: what follows is not the
@@ -278,7 +317,7 @@ func (c *Client) GetKeys(ctx context.Context, ns prefixhash.Namespace, keys []pr
 		return err
 	}
 	if err := c.getKeys(ctx, ns, keys, nil, false, false, fn); err != nil {
-		return fmt.Errorf("client: get: %w", err)
+		return callError("get", err)
 	}
 	return nil
 }
@@ -392,7 +431,7 @@ func (c *Client) PutExtra(ctx context.Context, ns prefixhash.Namespace, tokens [
 			return err
 		})
 		if err != nil {
-			return stored, fmt.Errorf("client: put: %w", err)
+			return stored, callError("put", err)
 		}
 		stored = append(stored, got...)
 		items = items[len(batch):]
@@ -412,117 +451,10 @@ func (c *Client) Exists(ctx context.Context, keys []prefixhash.Key) ([]bool, err
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("client: exists: %w", err)
+		return nil, callError("exists", err)
 	}
 	if len(resp.GetPresent()) != len(keys) {
 		return nil, fmt.Errorf("client: exists: %d answers for %d keys", len(resp.GetPresent()), len(keys))
 	}
 	return resp.GetPresent(), nil
-}
-
-// Stats returns the node's cache counters.
-func (c *Client) Stats(ctx context.Context) (*kvmeshv1.StatsResponse, error) {
-	var resp *kvmeshv1.StatsResponse
-	err := c.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = c.cache.Stats(ctx, &kvmeshv1.StatsRequest{})
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("client: stats: %w", err)
-	}
-	return resp, nil
-}
-
-// Members lists the nodes the node knows, itself first.
-func (c *Client) Members(ctx context.Context) (*kvmeshv1.MembersResponse, error) {
-	var resp *kvmeshv1.MembersResponse
-	err := c.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = c.admin.Members(ctx, &kvmeshv1.MembersRequest{})
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("client: members: %w", err)
-	}
-	return resp, nil
-}
-
-// BlockInfo describes one cached block (NotFound when it is not cached).
-func (c *Client) BlockInfo(ctx context.Context, key prefixhash.Key) (*kvmeshv1.BlockInfoResponse, error) {
-	var resp *kvmeshv1.BlockInfoResponse
-	err := c.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = c.admin.BlockInfo(ctx, &kvmeshv1.BlockInfoRequest{Key: key[:]})
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("client: block info: %w", err)
-	}
-	return resp, nil
-}
-
-// DropNamespace removes every block of ns from the node and returns how
-// many it removed. It is not retried.
-func (c *Client) DropNamespace(ctx context.Context, ns prefixhash.Namespace) (int, error) {
-	ns, err := c.Namespace(ctx, ns)
-	if err != nil {
-		return 0, err
-	}
-	var resp *kvmeshv1.DropNamespaceResponse
-	err = c.once(ctx, func(ctx context.Context) (err error) {
-		resp, err = c.admin.DropNamespace(ctx, &kvmeshv1.DropNamespaceRequest{Namespace: NamespaceProto(ns)})
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("client: drop namespace: %w", err)
-	}
-	return int(resp.GetDroppedBlocks()), nil
-}
-
-// Quota bounds the encoded block bytes one namespace may hold in each tier
-// of one node; 0 is unlimited.
-type Quota struct {
-	DRAMBytes, NVMeBytes int64
-}
-
-// SetQuota sets ns's own quota on the node (in place of the node's default;
-// kept across its restarts) and returns the namespace's usage and quota
-// after the change. Quotas are per node. It is retried: setting a quota
-// twice is harmless.
-func (c *Client) SetQuota(ctx context.Context, ns prefixhash.Namespace, q Quota) (*kvmeshv1.NamespaceQuota, error) {
-	return c.setQuota(ctx, ns, &kvmeshv1.Quota{DramBytes: uint64(max(q.DRAMBytes, 0)), NvmeBytes: uint64(max(q.NVMeBytes, 0))})
-}
-
-// ClearQuota removes ns's own quota on the node: its default applies again.
-func (c *Client) ClearQuota(ctx context.Context, ns prefixhash.Namespace) (*kvmeshv1.NamespaceQuota, error) {
-	return c.setQuota(ctx, ns, nil)
-}
-
-func (c *Client) setQuota(ctx context.Context, ns prefixhash.Namespace, q *kvmeshv1.Quota) (*kvmeshv1.NamespaceQuota, error) {
-	ns, err := c.Namespace(ctx, ns)
-	if err != nil {
-		return nil, err
-	}
-	req := &kvmeshv1.SetQuotaRequest{Namespace: NamespaceProto(ns), Quota: q, Clear: q == nil}
-	var resp *kvmeshv1.SetQuotaResponse
-	err = c.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = c.admin.SetQuota(ctx, req)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("client: set quota: %w", err)
-	}
-	return resp.GetNamespace(), nil
-}
-
-// Quotas returns the node's default quota and every namespace's usage and
-// quota there.
-func (c *Client) Quotas(ctx context.Context) (*kvmeshv1.QuotasResponse, error) {
-	var resp *kvmeshv1.QuotasResponse
-	err := c.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = c.admin.Quotas(ctx, &kvmeshv1.QuotasRequest{})
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("client: quotas: %w", err)
-	}
-	return resp, nil
 }

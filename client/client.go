@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -79,6 +78,22 @@ const (
 	TransportGRPC = "grpc"
 )
 
+// validate refuses options no client can use (with defaults filled in).
+func (o *Options) validate() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"Timeout", int64(o.Timeout)}, {"Backoff", int64(o.Backoff)}, {"MaxMessageBytes", int64(o.MaxMessageBytes)},
+		{"ChunkBytes", int64(o.ChunkBytes)}, {"MaxBatchBlocks", int64(o.MaxBatchBlocks)}, {"MaxBlockBytes", int64(o.MaxBlockBytes)},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("%w: Options.%s is negative (%d)", ErrInvalid, f.name, f.v)
+		}
+	}
+	return nil
+}
+
 func (o *Options) ensureDefaults() {
 	if o.Timeout == 0 {
 		o.Timeout = 30 * time.Second
@@ -105,10 +120,6 @@ func (o *Options) ensureDefaults() {
 		o.Transport = TransportAuto
 	}
 }
-
-// ErrInvalid is wrapped by errors about arguments the client refuses before
-// any request is sent.
-var ErrInvalid = errors.New("client: invalid argument")
 
 // Client talks to one kvmesh node.
 type Client struct {
@@ -172,18 +183,17 @@ func Dial(addr string, opts Options) (*Client, error) {
 
 // New returns a client over an existing connection, which the caller keeps
 // owning (Close does not close it); the connection carries the node's
-// credentials, Options.TLS and Token serve the data plane only. It panics on an unknown
-// Options.Transport (Dial returns the error).
-func New(conn grpc.ClientConnInterface, opts Options) *Client {
-	c, err := newClient(conn, opts)
-	if err != nil {
-		panic(err)
-	}
-	return c
+// credentials, Options.TLS and Token serve the data plane only. It fails
+// (ErrInvalid) on options it cannot use, as Dial does.
+func New(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
+	return newClient(conn, opts)
 }
 
 func newClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 	opts.ensureDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
 	c := &Client{
 		opts:    opts,
 		cache:   kvmeshv1.NewCacheServiceClient(conn),
@@ -218,7 +228,7 @@ func (c *Client) Close() error {
 func NamespaceProto(ns prefixhash.Namespace) *kvmeshv1.Namespace {
 	return &kvmeshv1.Namespace{
 		Model:         ns.Model,
-		Dtype:         kvmeshv1.DType(ns.DType),
+		Dtype:         kvmeshv1.Dtype(ns.DType),
 		BlockTokens:   uint32(ns.BlockTokens),
 		LayerStart:    uint32(ns.LayerStart),
 		LayerEnd:      uint32(ns.LayerEnd),

@@ -39,6 +39,16 @@
 // cluster's chunk size; GetKeys and Exists, given keys alone, do not, and the
 // node then asks every member.
 //
+// Errors: a call the node refuses returns an *Error carrying its gRPC status
+// code, the reason the node gave (a stable name, see
+// proto/kvmesh/v1/errors.proto) and the field or limit at fault; it matches
+// the sentinel of its class with errors.Is (ErrInvalid, ErrNotFound,
+// ErrExhausted, ErrQuota, ErrPermission, ErrUnauthenticated,
+// ErrUnavailable), and status.Code still reads its code.
+//
+// The API speaks Go types (Stats, Cluster, Quotas, BlockInfo); lists the
+// node returns a page at a time are followed to their end.
+//
 // # Concurrency
 //
 // A Client is safe for concurrent use: calls from many goroutines share its
@@ -50,8 +60,9 @@
 // again.
 //
 // Ownership: the Blocks Get returns, and their payloads, are the caller's.
-// GetKeys hands each block to its callback with Payload and Tokens valid only
-// during that call (they may alias a reused buffer or the node's shared
-// memory); copy what must outlive it. Put and PutKeys read the payloads they
-// are given during the call only.
+// GetInto copies the prefix into buffers the caller owns (and may reuse),
+// writing them during the call only. GetKeys hands each block to its
+// callback with Payload and Tokens valid only during that call (they may
+// alias a reused buffer or the node's shared memory); copy what must outlive
+// it. Put and PutKeys read the payloads they are given during the call only.
 package client

@@ -63,7 +63,10 @@ func FuzzGetFrames(f *testing.F) {
 			}
 			data = data[1+n:]
 		}
-		c := New(nil, Options{MaxBlockBytes: 1 << 16, Transport: TransportGRPC})
+		c, err := New(nil, Options{MaxBlockBytes: 1 << 16, Transport: TransportGRPC})
+		if err != nil {
+			t.Fatal(err)
+		}
 		c.cache = &frameNode{frames: frames}
 		_ = c.bulk.get(context.Background(), testNS, keys, nil, false, false, func(b Block) error {
 			if b.Key != keys[b.Index] {

@@ -44,7 +44,7 @@ func (c *Client) nodeInfo(ctx context.Context) (nodeInfo, error) {
 		return nodeInfo{}, err
 	}
 	c.info.Unlock()
-	resp, err := c.Members(ctx)
+	resp, err := c.membersPage(ctx, 1, "") // this node is first
 	if err != nil {
 		if ctx.Err() == nil {
 			c.info.Lock()

@@ -115,7 +115,7 @@ func (c *Client) Prefill(ctx context.Context, req PrefillRequest) (PrefillResult
 	if req.Session != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, SessionHeader, req.Session)
 	}
-	var resp *kvmeshv1.PrefillResult
+	var resp *kvmeshv1.PrefillResponse
 	call := func(ctx context.Context) (err error) {
 		resp, err = c.prefill.Prefill(ctx, pb)
 		return err
@@ -127,9 +127,9 @@ func (c *Client) Prefill(ctx context.Context, req PrefillRequest) (PrefillResult
 		err = c.retry(ctx, call)
 	}
 	if err != nil {
-		return PrefillResult{}, fmt.Errorf("client: prefill: %w", err)
+		return PrefillResult{}, callError("prefill", err)
 	}
-	return prefillResult(resp), nil
+	return prefillResult(resp.GetResult()), nil
 }
 
 // GetResult returns the state of a queued request, and its result once it
@@ -139,15 +139,15 @@ func (c *Client) GetResult(ctx context.Context, id string) (PrefillResult, error
 	if id == "" {
 		return PrefillResult{}, fmt.Errorf("%w: empty request id", ErrInvalid)
 	}
-	var resp *kvmeshv1.PrefillResult
+	var resp *kvmeshv1.GetResultResponse
 	err := c.retry(ctx, func(ctx context.Context) (err error) {
 		resp, err = c.prefill.GetResult(ctx, &kvmeshv1.GetResultRequest{RequestId: id})
 		return err
 	})
 	if err != nil {
-		return PrefillResult{}, fmt.Errorf("client: get result: %w", err)
+		return PrefillResult{}, callError("get result", err)
 	}
-	return prefillResult(resp), nil
+	return prefillResult(resp.GetResult()), nil
 }
 
 // WaitResult polls GetResult every poll (default 100ms) until the request
@@ -193,7 +193,7 @@ var ErrNoEngine = errors.New("client: the node serves no prefill engine")
 // queue. It wraps ErrNoEngine (and the Unimplemented status) when the node
 // runs without one.
 func (c *Client) Engine(ctx context.Context) (Engine, error) {
-	var resp *kvmeshv1.EngineInfo
+	var resp *kvmeshv1.EngineResponse
 	err := c.retry(ctx, func(ctx context.Context) (err error) {
 		resp, err = c.prefill.Engine(ctx, &kvmeshv1.EngineRequest{})
 		return err
@@ -202,7 +202,7 @@ func (c *Client) Engine(ctx context.Context) (Engine, error) {
 		if status.Code(err) == codes.Unimplemented {
 			return Engine{}, fmt.Errorf("%w: %w", ErrNoEngine, err)
 		}
-		return Engine{}, fmt.Errorf("client: engine: %w", err)
+		return Engine{}, callError("engine", err)
 	}
 	ns := resp.GetNamespace()
 	return Engine{

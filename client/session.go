@@ -45,7 +45,7 @@ func (c *Client) Session(ctx context.Context) (Session, error) {
 	case status.Code(err) == codes.Unimplemented:
 		resp = &kvmeshv1.WhoAmIResponse{}
 	case err != nil:
-		return Session{}, fmt.Errorf("client: who am i: %w", err)
+		return Session{}, callError("who am i", err)
 	}
 	s = Session{Tenant: resp.GetTenant(), Scopes: resp.GetScopes(), Salt: resp.GetNamespaceSalt(), Tag: resp.GetTenantTag()}
 	c.session.Lock()

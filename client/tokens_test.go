@@ -1,7 +1,9 @@
 package client
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -25,7 +27,8 @@ func (l lyingBulk) get(_ context.Context, ns prefixhash.Namespace, keys, _ []pre
 		if i == l.bad {
 			toks[0]++
 		}
-		if err := fn(Block{Index: i, Key: k, Found: true, Parent: parent, Tokens: toks, Payload: []byte{1}}); err != nil {
+		payload := bytes.Repeat([]byte{byte(i + 1)}, ns.BlockBytes())
+		if err := fn(Block{Index: i, Key: k, Found: true, Parent: parent, Tokens: toks, Payload: payload}); err != nil {
 			return err
 		}
 		parent = k
@@ -50,13 +53,21 @@ func (noNode) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.CallO
 
 // TestGetComparesTokens: Get keeps the blocks that hold the prompt's tokens
 // and ends the prefix at one that does not, counting it.
-func TestGetComparesTokens(t *testing.T) {
+// lyingClient returns a client that reads through lyingBulk (set c.bulk),
+// a namespace and a prompt of 4 blocks.
+func lyingClient(t *testing.T) (*Client, prefixhash.Namespace, []uint32) {
+	t.Helper()
 	ns := prefixhash.Namespace{Model: "test/client", DType: prefixhash.Float16, BlockTokens: 4, LayerEnd: 1, KVHeads: 1, HeadDim: 4}
 	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 	c, err := newClient(noNode{}, Options{Transport: TransportGRPC})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, ns, tokens
+}
+
+func TestGetComparesTokens(t *testing.T) {
+	c, ns, tokens := lyingClient(t)
 	c.bulk = lyingBulk{tokens: tokens, bad: 2}
 	blocks, err := c.Get(context.Background(), ns, tokens)
 	if err != nil {
@@ -68,5 +79,34 @@ func TestGetComparesTokens(t *testing.T) {
 	c.bulk = lyingBulk{tokens: tokens, bad: -1}
 	if blocks, err = c.Get(context.Background(), ns, tokens); err != nil || len(blocks) != 4 {
 		t.Fatalf("honest Get: %d blocks, %v", len(blocks), err)
+	}
+}
+
+// TestGetInto: GetInto fills the caller's buffers with the cached prefix,
+// at most len(dst) blocks, stops where Get stops, and refuses buffers of
+// the wrong size before asking anything.
+func TestGetInto(t *testing.T) {
+	c, ns, tokens := lyingClient(t)
+	c.bulk = lyingBulk{tokens: tokens, bad: 2}
+	dst := make([][]byte, 4)
+	for i := range dst {
+		dst[i] = make([]byte, ns.BlockBytes())
+	}
+	n, err := c.GetInto(context.Background(), ns, tokens, dst)
+	if err != nil || n != 2 {
+		t.Fatalf("GetInto = %d, %v; want the 2 blocks before the refused one", n, err)
+	}
+	for i := range 2 {
+		if dst[i][0] != byte(i+1) || dst[i][len(dst[i])-1] != byte(i+1) {
+			t.Errorf("dst[%d] = %v, want block %d's payload", i, dst[i][:4], i)
+		}
+	}
+	c.bulk = lyingBulk{tokens: tokens, bad: -1}
+	if n, err := c.GetInto(context.Background(), ns, tokens, dst[:3]); err != nil || n != 3 || dst[2][0] != 3 || dst[3][0] != 0 {
+		t.Fatalf("GetInto with 3 buffers = %d, %v; want blocks 0..2, the 4th buffer untouched", n, err)
+	}
+	short := [][]byte{make([]byte, ns.BlockBytes()-1)}
+	if n, err := c.GetInto(context.Background(), ns, tokens, short); !errors.Is(err, ErrInvalid) || n != 0 {
+		t.Fatalf("GetInto with a short buffer = %d, %v; want ErrInvalid", n, err)
 	}
 }

@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -18,12 +20,30 @@ type adminService struct {
 	n *Node
 }
 
-// Members lists every live member, this node first, with its state,
-// addresses and tiers (used bytes for this node only). A node built by New
-// answers with itself alone.
-func (s *adminService) Members(context.Context, *kvmeshv1.MembersRequest) (*kvmeshv1.MembersResponse, error) {
+// Members lists every live member, this node first, then the others by
+// id, with its state, addresses and tiers (used bytes for this node only),
+// a page at a time. A node built by New answers with itself alone.
+func (s *adminService) Members(_ context.Context, req *kvmeshv1.MembersRequest) (*kvmeshv1.MembersResponse, error) {
+	page, err := parsePage(pageMembers, req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	self, others := s.members()
+	resp := &kvmeshv1.MembersResponse{SelfId: s.n.opts.NodeID, ChunkTokens: uint32(s.n.opts.ChunkTokens)}
+	size := page.size
+	if page.first {
+		resp.Members, size = append(resp.Members, self), size-1
+	}
+	var rest []*kvmeshv1.Member
+	rest, resp.NextPageToken = pageOf(pageMembers, others, func(m *kvmeshv1.Member) []byte { return []byte(m.Id) }, page.cursor, size)
+	resp.Members = append(resp.Members, rest...)
+	return resp, nil
+}
+
+// members returns this node and the other live members, sorted by id.
+func (s *adminService) members() (self *kvmeshv1.Member, others []*kvmeshv1.Member) {
 	n := s.n
-	self := &kvmeshv1.Member{
+	self = &kvmeshv1.Member{
 		Id:       n.opts.NodeID,
 		State:    "alive",
 		GrpcAddr: n.GRPCAddr(),
@@ -33,10 +53,9 @@ func (s *adminService) Members(context.Context, *kvmeshv1.MembersRequest) (*kvme
 	for _, t := range n.cache.Stats().Tiers {
 		self.Tiers = append(self.Tiers, &kvmeshv1.TierCapacity{Name: t.Name, CapacityBytes: uint64(t.Capacity), UsedBytes: uint64(t.Bytes)})
 	}
-	resp := &kvmeshv1.MembersResponse{SelfId: n.opts.NodeID, Members: []*kvmeshv1.Member{self}, ChunkTokens: uint32(n.opts.ChunkTokens)}
 	c := n.cluster
 	if c == nil {
-		return resp, nil
+		return self, nil
 	}
 	self.GrpcAddr, self.HttpAddr, self.DataAddr = c.grpcAddr, c.httpAddr, c.dataAddr
 	self.GossipAddr, self.ShmSocket, self.HostId, self.RdmaDevices = c.members.GossipAddr(), c.shmPath, c.hostID, c.rdma
@@ -46,13 +65,14 @@ func (s *adminService) Members(context.Context, *kvmeshv1.MembersRequest) (*kvme
 			self.State = m.State
 			continue
 		}
-		resp.Members = append(resp.Members, &kvmeshv1.Member{
+		others = append(others, &kvmeshv1.Member{
 			Id: m.ID, State: m.State, GrpcAddr: m.Meta.GRPCAddr, HttpAddr: m.Meta.HTTPAddr, DataAddr: m.Meta.DataAddr,
 			GossipAddr: m.GossipAddr, Version: m.Meta.Version, RdmaDevices: m.Meta.RDMA,
 			Tiers: []*kvmeshv1.TierCapacity{{Name: "dram", CapacityBytes: uint64(m.Meta.DRAMBytes)}, {Name: "nvme", CapacityBytes: uint64(m.Meta.NVMeBytes)}},
 		})
 	}
-	return resp, nil
+	slices.SortFunc(others, func(a, b *kvmeshv1.Member) int { return strings.Compare(a.Id, b.Id) })
+	return self, others
 }
 
 func (s *adminService) DropNamespace(ctx context.Context, req *kvmeshv1.DropNamespaceRequest) (*kvmeshv1.DropNamespaceResponse, error) {
@@ -95,7 +115,7 @@ func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoReq
 		Tokens: append([]uint32(nil), h.Tokens...),
 		NodeId: s.n.opts.NodeID, Tier: info.Tier,
 		PayloadLen: uint64(h.PayloadLen), EncodedLen: uint64(len(ref.Bytes())),
-		Dtype:      kvmeshv1.DType(h.Layout.DType),
+		Dtype:      kvmeshv1.Dtype(h.Layout.DType),
 		LayerStart: uint32(h.Layout.LayerStart), LayerEnd: uint32(h.Layout.LayerEnd),
 		KvHeads: uint32(h.Layout.KVHeads), HeadDim: uint32(h.Layout.HeadDim),
 	}, nil

@@ -5,8 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
 // budget bounds the bytes of request buffers the gRPC API holds at once,
@@ -54,7 +53,7 @@ func (b *budget) acquire(ctx context.Context, n int64, what string) error {
 		case <-ctx.Done():
 		case <-t.C:
 		}
-		return status.Errorf(codes.ResourceExhausted,
+		return exhausted(kvmeshv1.ErrorReason_ERROR_REASON_NODE_BUSY, limitMeta(int(b.size)), "node:max_inflight_bytes",
 			"%s needs %d bytes and the node has %d of its max_inflight_bytes=%d in use by other requests; retry later",
 			what, n, used, b.size)
 	}

@@ -388,10 +388,13 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 			}
 			key := link.Key()
 			if h, _ := block.DecodeHeader(cur.buf, 0); cur.sum != 0 && h.Checksum != cur.sum {
-				return invalid("block.payload_checksum", "block %d: payload checksum %016x, received bytes hash to %016x",
+				return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_CORRUPT, nil, "block.payload_checksum", "block %d: payload checksum %016x, received bytes hash to %016x",
 					cur.index, cur.sum, h.Checksum)
 			}
 			if err := s.n.cache.Put(ctx, cur.buf, cur.chunkKey(key, &chunk, cb)); err != nil {
+				if errors.Is(err, ErrQuota) {
+					return quotaExceeded(ns.Digest(), err)
+				}
 				return err
 			}
 			s.n.metrics.blocks.WithLabelValues("put").Inc()
@@ -501,7 +504,11 @@ func (s *cacheService) Publish(ctx context.Context, req *kvmeshv1.PublishRequest
 
 // Stats answers with the node's counters; a tenant sees only its own
 // namespaces.
-func (s *cacheService) Stats(ctx context.Context, _ *kvmeshv1.StatsRequest) (*kvmeshv1.StatsResponse, error) {
+func (s *cacheService) Stats(ctx context.Context, req *kvmeshv1.StatsRequest) (*kvmeshv1.StatsResponse, error) {
+	page, err := parsePage(pageStats, req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
 	st := s.n.cache.Stats()
 	a := auth.AccessFrom(ctx)
 	resp := &kvmeshv1.StatsResponse{
@@ -512,13 +519,18 @@ func (s *cacheService) Stats(ctx context.Context, _ *kvmeshv1.StatsRequest) (*kv
 	for _, t := range st.Tiers {
 		resp.Tiers = append(resp.Tiers, &kvmeshv1.TierStats{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.Capacity)})
 	}
+	var all []*kvmeshv1.NamespaceStats
 	for _, x := range st.Namespaces {
 		s.n.names.keepSeen(x.Digest)
 		if !a.Allows(x.Tenant) || (a.Scoped && x.Digest == 0) {
 			continue
 		}
-		resp.Namespaces = append(resp.Namespaces, &kvmeshv1.NamespaceStats{Digest: x.Digest, Blocks: uint64(x.Blocks), Bytes: uint64(x.Bytes), Tokens: uint64(x.Tokens),
-			Model: s.n.names.model(x.Digest)})
+		all = append(all, &kvmeshv1.NamespaceStats{Digest: x.Digest, Blocks: uint64(x.Blocks), Bytes: uint64(x.Bytes), Tokens: uint64(x.Tokens)})
+	}
+	slices.SortFunc(all, func(a, b *kvmeshv1.NamespaceStats) int { return cmpUint64(a.Digest, b.Digest) })
+	resp.Namespaces, resp.NextPageToken = pageOf(pageStats, all, func(x *kvmeshv1.NamespaceStats) []byte { return digestCursor(x.Digest) }, page.cursor, page.size)
+	for _, x := range resp.Namespaces {
+		x.Model = s.n.names.model(x.Digest)
 	}
 	return resp, nil
 }

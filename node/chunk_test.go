@@ -120,6 +120,9 @@ func TestChunkKeysRefused(t *testing.T) {
 		if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.HasPrefix(st.Message(), field) {
 			t.Errorf("%s: %v; want InvalidArgument naming %s", what, err, field)
 		}
+		if _, got := wantRefusal(t, err, codes.InvalidArgument, kvmeshv1.ErrorReason_ERROR_REASON_INVALID_FIELD); got != field {
+			t.Errorf("%s: BadRequest names %q, want %q", what, got, field)
+		}
 	}
 	_, err = tn.raw.Exists(ctx, &kvmeshv1.ExistsRequest{Keys: raw(keys), ChunkKeys: raw(keys[:1])})
 	check("Exists with one chunk key for two keys", err, "chunk_keys")
@@ -153,11 +156,11 @@ func TestPeerServiceLookup(t *testing.T) {
 		packed = append(packed, k[:]...)
 	}
 	peer := kvmeshv1.NewPeerServiceClient(tn.conn)
-	resp, err := peer.Lookup(ctx, &kvmeshv1.PeerLookupRequest{Keys: packed, Runs: []uint32{1, 0, 2}})
+	resp, err := peer.Lookup(ctx, &kvmeshv1.PeerServiceLookupRequest{Keys: packed, Runs: []uint32{1, 0, 2}})
 	if err != nil || len(resp.GetCounts()) != 3 || resp.GetCounts()[0] != 1 || resp.GetCounts()[1] != 0 || resp.GetCounts()[2] != 0 {
 		t.Fatalf("PeerService.Lookup = %v, %v; want [1 0 0] (block 1 is missing)", resp, err)
 	}
-	for _, req := range []*kvmeshv1.PeerLookupRequest{{Keys: packed, Runs: []uint32{1}}, {Keys: packed[:20], Runs: []uint32{1}}, {Keys: packed, Runs: []uint32{4294967295, 4}}} {
+	for _, req := range []*kvmeshv1.PeerServiceLookupRequest{{Keys: packed, Runs: []uint32{1}}, {Keys: packed[:20], Runs: []uint32{1}}, {Keys: packed, Runs: []uint32{4294967295, 4}}} {
 		if _, err := peer.Lookup(ctx, req); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("PeerService.Lookup(%d bytes, runs %v) = %v, want InvalidArgument", len(req.Keys), req.Runs, err)
 		}
@@ -192,7 +195,7 @@ func FuzzPeerLookup(f *testing.F) {
 		for i := range runs {
 			runs[i] = binary.LittleEndian.Uint32(runBytes[4*i:])
 		}
-		resp, err := s.Lookup(context.Background(), &kvmeshv1.PeerLookupRequest{Keys: raw, Runs: runs})
+		resp, err := s.Lookup(context.Background(), &kvmeshv1.PeerServiceLookupRequest{Keys: raw, Runs: runs})
 		if err != nil {
 			if status.Code(err) != codes.InvalidArgument {
 				t.Fatalf("error %v is not InvalidArgument", err)

@@ -21,14 +21,7 @@ func BenchmarkClientPut(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("size="+size.name, func(b *testing.B) {
 			ns := benchNamespace(size.n)
-			n := startClusterNodes(b, 1, func(_ int, o *Options) {
-				o.DRAMBytes, o.MaxBlockBytes, o.ShmSocket = 512*MiB, 8*MiB, ShmOff
-			})[0]
-			c, err := client.Dial(n.GRPCAddr(), client.Options{Transport: client.TransportTCP, MaxRetries: -1})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer c.Close()
+			c := tcpBenchClient(b)
 			ctx := context.Background()
 			// The namespace is dropped (untimed) before the DRAM tier
 			// fills, so that every Put stores a new block in DRAM.
@@ -60,14 +53,7 @@ func BenchmarkClientGet(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("size="+size.name, func(b *testing.B) {
 			ns := benchNamespace(size.n)
-			n := startClusterNodes(b, 1, func(_ int, o *Options) {
-				o.DRAMBytes, o.MaxBlockBytes, o.ShmSocket = 512*MiB, 8*MiB, ShmOff
-			})[0]
-			c, err := client.Dial(n.GRPCAddr(), client.Options{Transport: client.TransportTCP, MaxRetries: -1})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer c.Close()
+			c := tcpBenchClient(b)
 			ctx := context.Background()
 			nkeys := max(2, (64*MiB)/size.n)
 			keys := make([]prefixhash.Key, nkeys)
@@ -99,4 +85,64 @@ func BenchmarkClientGet(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkClientGetPrompt reads a cached prompt of 8 blocks by its tokens,
+// as a worker does, with Get (payloads the caller keeps: a new buffer per
+// block) and with GetInto (into the caller's buffers, reused), over the TCP
+// data plane to an in-process node:
+//
+//	go test -run '^$' -bench 'ClientGetPrompt' -benchmem -count 5 ./node/
+func BenchmarkClientGetPrompt(b *testing.B) {
+	for _, size := range benchSizes[:2] {
+		ns := benchNamespace(size.n)
+		c := tcpBenchClient(b)
+		ctx := context.Background()
+		const blocks = 8
+		tokens := make([]uint32, blocks*ns.BlockTokens)
+		for i := range tokens {
+			tokens[i] = uint32(i)
+		}
+		payloads := make([][]byte, blocks)
+		dst := make([][]byte, blocks)
+		for i := range payloads {
+			payloads[i], dst[i] = make([]byte, size.n), make([]byte, size.n)
+			binary.LittleEndian.PutUint64(payloads[i], uint64(i))
+		}
+		if _, err := c.Put(ctx, ns, tokens, payloads); err != nil {
+			b.Fatal(err)
+		}
+		b.Run("api=Get/size="+size.name, func(b *testing.B) {
+			b.SetBytes(int64(blocks * size.n))
+			for range b.N {
+				got, err := c.Get(ctx, ns, tokens)
+				if err != nil || len(got) != blocks || binary.LittleEndian.Uint64(got[blocks-1].Payload) != blocks-1 {
+					b.Fatalf("Get: %d blocks, %v", len(got), err)
+				}
+			}
+		})
+		b.Run("api=GetInto/size="+size.name, func(b *testing.B) {
+			b.SetBytes(int64(blocks * size.n))
+			for range b.N {
+				got, err := c.GetInto(ctx, ns, tokens, dst)
+				if err != nil || got != blocks || binary.LittleEndian.Uint64(dst[blocks-1]) != blocks-1 {
+					b.Fatalf("GetInto: %d blocks, %v", got, err)
+				}
+			}
+		})
+	}
+}
+
+// tcpBenchClient starts a node with 512 MiB of DRAM and returns a client
+// of its TCP data plane, closed with b.
+func tcpBenchClient(b *testing.B) *client.Client {
+	n := startClusterNodes(b, 1, func(_ int, o *Options) {
+		o.DRAMBytes, o.MaxBlockBytes, o.ShmSocket = 512*MiB, 8*MiB, ShmOff
+	})[0]
+	c, err := client.Dial(n.GRPCAddr(), client.Options{Transport: client.TransportTCP, MaxRetries: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return c
 }

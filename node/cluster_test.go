@@ -226,15 +226,15 @@ func TestClusterPutOnAHitOnC(t *testing.T) {
 	}
 
 	m, err := c.client.Members(ctx)
-	if err != nil || len(m.GetMembers()) != 3 || m.GetSelfId() != c.ID() || m.GetMembers()[0].GetId() != c.ID() {
-		t.Fatalf("Members through C = %v, %v", m, err)
+	if err != nil || len(m.Members) != 3 || m.SelfID != c.ID() || m.Members[0].ID != c.ID() {
+		t.Fatalf("Members through C = %+v, %v", m, err)
 	}
-	for _, mb := range m.GetMembers() {
-		if mb.GetState() != "alive" || mb.GetGrpcAddr() == "" || mb.GetDataAddr() == "" || mb.GetGossipAddr() == "" || len(mb.GetTiers()) != 2 {
-			t.Fatalf("member %v lacks its state, addresses or tiers", mb)
+	for _, mb := range m.Members {
+		if mb.State != "alive" || mb.GRPCAddr == "" || mb.DataAddr == "" || mb.GossipAddr == "" || len(mb.Tiers) != 2 {
+			t.Fatalf("member %+v lacks its state, addresses or tiers", mb)
 		}
 	}
-	if self := m.GetMembers()[0]; self.GetShmSocket() != c.ShmSocket() || self.GetHostId() == "" || self.GetTiers()[0].GetUsedBytes() == 0 {
+	if self := m.Members[0]; self.ShmSocket != c.ShmSocket() || self.HostID == "" || self.Tiers[0].UsedBytes == 0 {
 		t.Fatalf("self %v: want its shared-memory socket, host id and tier usage", self)
 	}
 }

@@ -64,6 +64,14 @@
 // by tokens, a block whose stored parent and tokens are not the prompt's is
 // answered as a miss too, counted under reason="tokens".
 //
+// Every InvalidArgument, ResourceExhausted and PermissionDenied carries
+// details (status.go): a google.rpc.ErrorInfo with a stable reason of
+// kvmeshv1.ErrorReason (domain kvmesh.dev) and a BadRequest naming the
+// fields or a QuotaFailure naming what ran out; no other file builds a
+// status of those codes. Stats' namespaces, Quotas and Members come a page
+// at a time (page.go): at most 1000 entries, and a next_page_token that is a
+// cursor, the sort key of the page's last entry.
+//
 // BatchPut receives each block into a pooled buffer taken when the block's
 // first payload bytes arrive, computes its key as H(parent ‖ tokens) and its
 // header with block.AppendHeader, stores it as soon as its last byte

@@ -273,6 +273,11 @@ func TestInvalidArgument(t *testing.T) {
 			if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), tc.want) {
 				t.Fatalf("got %v, want InvalidArgument naming %q", err, tc.want)
 			}
+			reason := kvmeshv1.ErrorReason_ERROR_REASON_UNSPECIFIED // any
+			if tc.want == "max_batch_blocks" {
+				reason = kvmeshv1.ErrorReason_ERROR_REASON_TOO_MANY_BLOCKS
+			}
+			wantRefusal(t, err, codes.InvalidArgument, reason)
 		})
 	}
 

@@ -101,6 +101,9 @@ func TestBatchPutBudget(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "max_inflight_bytes") {
 		t.Fatalf("stream past the budget: %v, want ResourceExhausted naming max_inflight_bytes", err)
 	}
+	if _, subject := wantRefusal(t, err, codes.ResourceExhausted, kvmeshv1.ErrorReason_ERROR_REASON_NODE_BUSY); subject != "node:max_inflight_bytes" {
+		t.Errorf("QuotaFailure subject %q", subject)
+	}
 
 	// Other calls, and blocks that fit in what is left, are served.
 	if _, err := tn.raw.Stats(context.Background(), &kvmeshv1.StatsRequest{}); err != nil {

@@ -166,26 +166,26 @@ func TestPutLookupGet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.GetNodeId() != tn.ID() || len(st.GetTiers()) != 1 || st.GetTiers()[0].GetBlocks() != 3 || st.GetHits() != 2 {
-		t.Fatalf("Stats = %v", st)
+	if st.NodeID != tn.ID() || len(st.Tiers) != 1 || st.Tiers[0].Blocks != 3 || st.Hits != 2 {
+		t.Fatalf("Stats = %+v", st)
 	}
 
 	info, err := tn.client.BlockInfo(ctx, keys[1])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.GetTier() != "dram" || !bytes.Equal(info.GetParent(), keys[0][:]) || info.GetPayloadLen() != uint64(testNS.BlockBytes()) ||
-		info.GetNamespaceDigest() != testNS.Digest() || !equalTokens(info.GetTokens(), tokens[4:8]) {
-		t.Fatalf("BlockInfo = %v", info)
+	if info.Tier != "dram" || info.Parent != keys[0] || info.Key != keys[1] || info.PayloadLen != testNS.BlockBytes() ||
+		info.NamespaceDigest != testNS.Digest() || !equalTokens(info.Tokens, tokens[4:8]) || info.DType != testNS.DType || info.KVHeads != testNS.KVHeads {
+		t.Fatalf("BlockInfo = %+v", info)
 	}
 	_, err = tn.client.BlockInfo(ctx, prefixhash.Key{1})
-	if status.Code(errors.Unwrap(err)) != codes.NotFound {
+	if status.Code(errors.Unwrap(err)) != codes.NotFound || !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("BlockInfo of an unknown key: %v, want NotFound", err)
 	}
 
 	m, err := tn.client.Members(ctx)
-	if err != nil || len(m.GetMembers()) != 1 || m.GetMembers()[0].GetGrpcAddr() != tn.GRPCAddr() || m.GetSelfId() != tn.ID() {
-		t.Fatalf("Members = %v, %v", m, err)
+	if err != nil || len(m.Members) != 1 || m.Members[0].GRPCAddr != tn.GRPCAddr() || m.SelfID != tn.ID() {
+		t.Fatalf("Members = %+v, %v", m, err)
 	}
 
 	dropped, err := tn.client.DropNamespace(ctx, testNS)
@@ -282,6 +282,7 @@ func TestResourceExhausted(t *testing.T) {
 	if status.Code(errors.Unwrap(err)) != codes.ResourceExhausted {
 		t.Fatalf("Put into a full cache: %v, want ResourceExhausted", err)
 	}
+	wantRefusal(t, err, codes.ResourceExhausted, kvmeshv1.ErrorReason_ERROR_REASON_CACHE_FULL)
 	if l, err := tn.client.Lookup(ctx, testNS, tokens); err != nil || l.CachedBlocks != 2 {
 		t.Fatalf("after a refused put, Lookup = %+v, %v; want the 2 blocks that fit", l, err)
 	}

@@ -19,7 +19,7 @@ type peerService struct {
 	n *Node
 }
 
-func (s *peerService) Lookup(ctx context.Context, req *kvmeshv1.PeerLookupRequest) (*kvmeshv1.PeerLookupResponse, error) {
+func (s *peerService) Lookup(ctx context.Context, req *kvmeshv1.PeerServiceLookupRequest) (*kvmeshv1.PeerServiceLookupResponse, error) {
 	raw := req.GetKeys()
 	if len(raw)%prefixhash.KeySize != 0 {
 		return nil, invalid("keys", "%d bytes is not a whole number of %d-byte keys", len(raw), prefixhash.KeySize)
@@ -51,5 +51,5 @@ func (s *peerService) Lookup(ctx context.Context, req *kvmeshv1.PeerLookupReques
 			counts[i] = uint32(s.n.cache.LongestPrefix(auth.AccessFrom(ctx), run))
 		}
 	}
-	return &kvmeshv1.PeerLookupResponse{Counts: counts}, nil
+	return &kvmeshv1.PeerServiceLookupResponse{Counts: counts}, nil
 }

@@ -241,7 +241,7 @@ func (p *peers) grpcLookup(ctx context.Context, id string, runs [][]prefixhash.K
 	for _, r := range runs {
 		n += len(r)
 	}
-	req := &kvmeshv1.PeerLookupRequest{Keys: make([]byte, 0, n*prefixhash.KeySize), Runs: make([]uint32, len(runs))}
+	req := &kvmeshv1.PeerServiceLookupRequest{Keys: make([]byte, 0, n*prefixhash.KeySize), Runs: make([]uint32, len(runs))}
 	for i, r := range runs {
 		for _, k := range r {
 			req.Keys = append(req.Keys, k[:]...)

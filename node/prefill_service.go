@@ -193,7 +193,7 @@ func fileExists(path string) bool {
 func namespacePB(e *prefill.Engine) *kvmeshv1.Namespace {
 	ns := e.Namespace()
 	return &kvmeshv1.Namespace{
-		Model: ns.Model, Dtype: kvmeshv1.DType(ns.DType), BlockTokens: uint32(ns.BlockTokens),
+		Model: ns.Model, Dtype: kvmeshv1.Dtype(ns.DType), BlockTokens: uint32(ns.BlockTokens),
 		LayerStart: uint32(ns.LayerStart), LayerEnd: uint32(ns.LayerEnd), KvHeads: uint32(ns.KVHeads), HeadDim: uint32(ns.HeadDim),
 		TpRank: uint32(ns.TPRank), TpSize: uint32(ns.TPSize), TenantSalt: ns.TenantSalt,
 		KvLayout: kvmeshv1.KVLayout(ns.Layout), LatentDim: uint32(ns.LatentDim), Scales: kvmeshv1.Scales(ns.Scales),
@@ -318,7 +318,16 @@ func (p *prefillService) check(ctx context.Context, req *kvmeshv1.PrefillRequest
 	return session, nil
 }
 
-func (p *prefillService) Prefill(ctx context.Context, req *kvmeshv1.PrefillRequest) (*kvmeshv1.PrefillResult, error) {
+func (p *prefillService) Prefill(ctx context.Context, req *kvmeshv1.PrefillRequest) (*kvmeshv1.PrefillResponse, error) {
+	res, err := p.prefill(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &kvmeshv1.PrefillResponse{Result: res}, nil
+}
+
+// prefill runs or queues req and describes the outcome.
+func (p *prefillService) prefill(ctx context.Context, req *kvmeshv1.PrefillRequest) (*kvmeshv1.PrefillResult, error) {
 	mode := "sync"
 	if req.GetQueue() {
 		mode = "queued"
@@ -338,7 +347,7 @@ func (p *prefillService) Prefill(ctx context.Context, req *kvmeshv1.PrefillReque
 		case errors.Is(err, errQueueFull):
 			p.metrics.failed.WithLabelValues(mode).Inc()
 			p.metrics.queueRejected.Inc()
-			return nil, status.Errorf(codes.ResourceExhausted, "%v; retry later, or run the prompt synchronously", err)
+			return nil, exhausted(kvmeshv1.ErrorReason_ERROR_REASON_QUEUE_FULL, nil, "node:prefill_queue", "%v; retry later, or run the prompt synchronously", err)
 		case errors.Is(err, errQueueClosed):
 			return nil, status.Errorf(codes.Unavailable, "node is shutting down: %v", err)
 		case err != nil:
@@ -388,7 +397,7 @@ func (p *prefillService) recordPB(r *queueRecord) *kvmeshv1.PrefillResult {
 	return out
 }
 
-func (p *prefillService) GetResult(ctx context.Context, req *kvmeshv1.GetResultRequest) (*kvmeshv1.PrefillResult, error) {
+func (p *prefillService) GetResult(ctx context.Context, req *kvmeshv1.GetResultRequest) (*kvmeshv1.GetResultResponse, error) {
 	id := req.GetRequestId()
 	if id == "" {
 		return nil, invalid("request_id", "required")
@@ -401,7 +410,7 @@ func (p *prefillService) GetResult(ctx context.Context, req *kvmeshv1.GetResultR
 	if who := auth.PrincipalFrom(ctx); !ok || (who.Scoped() && r.Owner.Tenant != who.Tenant) {
 		return nil, status.Errorf(codes.NotFound, "request %q: no such queued request on this node (results are kept %v)", id, p.q.opts.ttl)
 	}
-	return p.recordPB(r), nil
+	return &kvmeshv1.GetResultResponse{Result: p.recordPB(r)}, nil
 }
 
 // ownerOf is the owner of a request p makes: its tenant, if any.
@@ -422,10 +431,10 @@ func (o queueOwner) context(ctx context.Context) context.Context {
 	return prefill.WithTenant(ctx, prefill.Tenant{Salt: o.Salt, Tag: o.Tag})
 }
 
-func (p *prefillService) Engine(context.Context, *kvmeshv1.EngineRequest) (*kvmeshv1.EngineInfo, error) {
+func (p *prefillService) Engine(context.Context, *kvmeshv1.EngineRequest) (*kvmeshv1.EngineResponse, error) {
 	c := p.engine.Config()
 	pending, _ := p.q.depth()
-	return &kvmeshv1.EngineInfo{
+	return &kvmeshv1.EngineResponse{
 		Namespace: p.nsPB, NamespaceDigest: p.engine.Namespace().Digest(), Backend: p.engine.Backend(),
 		Layers: uint32(c.Layers), Dim: uint32(c.Dim), Heads: uint32(c.Heads), KvHeads: uint32(c.KVHeads), HeadDim: uint32(c.HeadDim),
 		FfnDim: uint32(c.FFNDim), Vocab: uint32(c.Vocab), MaxContext: uint32(c.MaxContext), BlockTokens: uint32(c.BlockTokens),

@@ -385,6 +385,7 @@ func TestPrefillQueueFull(t *testing.T) {
 		if st, _ := status.FromError(errors.Unwrap(err)); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "limit is 2") {
 			t.Fatalf("third request into a queue of 2: %v; want ResourceExhausted naming the limit", err)
 		}
+		wantRefusal(t, err, codes.ResourceExhausted, kvmeshv1.ErrorReason_ERROR_REASON_QUEUE_FULL)
 	}
 	hold(false)
 	cancel() // the engine is free: the queue drains
@@ -438,8 +439,9 @@ func TestPrefillBadInput(t *testing.T) {
 		}
 	}
 	// Still serving, and the engine's own namespace and model are accepted.
-	res, err := pn.raw.Prefill(context.Background(), &kvmeshv1.PrefillRequest{Namespace: client.NamespaceProto(pn.ns), Model: pn.ns.Model,
+	resp, err := pn.raw.Prefill(context.Background(), &kvmeshv1.PrefillRequest{Namespace: client.NamespaceProto(pn.ns), Model: pn.ns.Model,
 		Tokens: prefill.TokenizeBytes("still serving")})
+	res := resp.GetResult()
 	if err != nil || res.GetUsage().GetPromptTokens() != 13 || len(res.GetTopTokens()) != 5 {
 		t.Fatalf("after the refusals: %v, %v", res, err)
 	}
@@ -458,15 +460,15 @@ func TestPrefillSessionIsAHint(t *testing.T) {
 	pn.run(t, tokens, "alice")
 	pn.waitCached(t, tokens)
 	ctx := metadata.AppendToOutgoingContext(context.Background(), SessionHeader, "bob")
-	res, err := pn.raw.Prefill(ctx, &kvmeshv1.PrefillRequest{Tokens: tokens})
+	pr, err := pn.raw.Prefill(ctx, &kvmeshv1.PrefillRequest{Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.GetSession() != "bob" || res.GetUsage().GetCachedTokens() != uint64(4*c.BlockTokens) {
+	if res := pr.GetResult(); res.GetSession() != "bob" || res.GetUsage().GetCachedTokens() != uint64(4*c.BlockTokens) {
 		t.Errorf("another session, from the header: %v; want session bob and the 64 cached tokens alice's request left", res)
 	}
-	res, err = pn.raw.Prefill(context.Background(), &kvmeshv1.PrefillRequest{Tokens: tokens})
-	if err != nil || res.GetUsage().GetCachedTokens() != uint64(4*c.BlockTokens) || res.GetSession() != "" {
+	pr, err = pn.raw.Prefill(context.Background(), &kvmeshv1.PrefillRequest{Tokens: tokens})
+	if res := pr.GetResult(); err != nil || res.GetUsage().GetCachedTokens() != uint64(4*c.BlockTokens) || res.GetSession() != "" {
 		t.Errorf("no session: %v, %v", res, err)
 	}
 

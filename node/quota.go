@@ -237,11 +237,17 @@ func (s *adminService) SetQuota(ctx context.Context, req *kvmeshv1.SetQuotaReque
 	return resp, nil
 }
 
-func (s *adminService) Quotas(ctx context.Context, _ *kvmeshv1.QuotasRequest) (*kvmeshv1.QuotasResponse, error) {
+func (s *adminService) Quotas(ctx context.Context, req *kvmeshv1.QuotasRequest) (*kvmeshv1.QuotasResponse, error) {
 	qc, err := s.quotaCache()
 	if err != nil {
 		return nil, err
 	}
+	page, err := parsePage(pageQuotas, req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
 	rows, def := s.quotaRows(auth.AccessFrom(ctx), qc)
-	return &kvmeshv1.QuotasResponse{NodeId: s.n.opts.NodeID, DefaultQuota: quotaProto(def.DRAM, def.NVMe), Namespaces: rows}, nil
+	resp := &kvmeshv1.QuotasResponse{NodeId: s.n.opts.NodeID, DefaultQuota: quotaProto(def.DRAM, def.NVMe)}
+	resp.Namespaces, resp.NextPageToken = pageOf(pageQuotas, rows, func(r *kvmeshv1.NamespaceQuota) []byte { return digestCursor(r.Digest) }, page.cursor, page.size)
+	return resp, nil
 }

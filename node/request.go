@@ -2,53 +2,14 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"unsafe"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
-
-// invalid returns an InvalidArgument status naming the field at fault.
-func invalid(field, format string, args ...any) error {
-	return status.Errorf(codes.InvalidArgument, "%s: %s", field, fmt.Sprintf(format, args...))
-}
-
-// statusError maps the errors handlers return to gRPC statuses. Statuses
-// pass through; cache and context errors get the code a client can act on.
-func statusError(err error) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	switch {
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return status.FromContextError(err).Err()
-	case errors.Is(err, ErrQuota):
-		return status.Errorf(codes.ResourceExhausted, "%s; raise the namespace's quota (AdminService.SetQuota, kvmesh serve --quota-dram/--quota-nvme) or drop some of its blocks",
-			strings.TrimPrefix(err.Error(), ErrFull.Error()+": "))
-	case errors.Is(err, ErrFull):
-		return status.Errorf(codes.ResourceExhausted, "cache full: %v; retry later or give the node more --dram/--nvme", err)
-	case errors.Is(err, block.ErrTooLarge):
-		return status.Errorf(codes.InvalidArgument, "block: %v", err)
-	case errors.Is(err, block.ErrCorrupt):
-		return status.Errorf(codes.InvalidArgument, "block: %v", err)
-	case errors.Is(err, ErrClosed):
-		return status.Errorf(codes.Unavailable, "node is shutting down: %v", err)
-	case errors.Is(err, ErrNotFound):
-		return status.Errorf(codes.NotFound, "%v", err)
-	}
-	return status.Errorf(codes.Internal, "%v", err)
-}
 
 // namespace converts and validates a request's namespace, salts it for the
 // caller's tenant (auth.Principal.Namespace: a tenant can name only its own
@@ -82,10 +43,10 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 	}
 	ns, err := auth.PrincipalFrom(ctx).Namespace(ns)
 	if err != nil {
-		return ns, status.Errorf(codes.InvalidArgument, "namespace: %v", err)
+		return ns, invalid("namespace", "%v", err)
 	}
 	if err := ns.Validate(); err != nil {
-		return ns, status.Errorf(codes.InvalidArgument, "namespace: %v", err)
+		return ns, invalid("namespace", "%v", err)
 	}
 	// Multiply with a ceiling so that absurd head counts cannot overflow.
 	limit := uint64(n.opts.MaxBlockBytes)
@@ -96,13 +57,13 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 	}
 	for _, f := range factors {
 		if size > limit/uint64(f) {
-			return ns, invalid("namespace", "blocks of %s are larger than the node's limit, max_block_bytes=%d", ns, limit)
+			return ns, invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.MaxBlockBytes), "namespace", "blocks of %s are larger than the node's limit, max_block_bytes=%d", ns, limit)
 		}
 		size *= uint64(f)
 	}
 	size += 4 * uint64(ns.ScaleCount()) // at most layers x 2 x kv_heads, bounded with the above
 	if enc := uint64(block.NamespaceHeaderLen(ns)) + size; enc > limit {
-		return ns, invalid("namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
+		return ns, invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.MaxBlockBytes), "namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
 	}
 	n.names.note(ns)
 	return ns, nil
@@ -124,7 +85,7 @@ func (n *Node) namespaceDigest(ctx context.Context, pb *kvmeshv1.Namespace, dige
 		return ns.Digest(), nil
 	case digest != 0:
 		if !n.mayNameDigest(ctx, digest) {
-			return 0, status.Errorf(codes.PermissionDenied, "namespace digest %016x is not one of this tenant's on this node; name the namespace itself", digest)
+			return 0, denied(kvmeshv1.ErrorReason_ERROR_REASON_NAMESPACE_FORBIDDEN, map[string]string{"namespace_digest": digestString(digest)}, "namespace digest %016x is not one of this tenant's on this node; name the namespace itself", digest)
 		}
 		return digest, nil
 	}
@@ -150,7 +111,7 @@ func (n *Node) mayNameDigest(ctx context.Context, digest uint64) bool {
 // blockLimit refuses requests naming more than MaxBatchBlocks blocks.
 func (n *Node) blockLimit(field string, blocks int) error {
 	if blocks > n.opts.MaxBatchBlocks {
-		return invalid(field, "%d blocks in one request; the limit is max_batch_blocks=%d", blocks, n.opts.MaxBatchBlocks)
+		return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_TOO_MANY_BLOCKS, limitMeta(n.opts.MaxBatchBlocks), field, "%d blocks in one request; the limit is max_batch_blocks=%d", blocks, n.opts.MaxBatchBlocks)
 	}
 	return nil
 }

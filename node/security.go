@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/auth"
+	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
 // The node's doors: TLS on the gRPC API (the data plane has its own, from
@@ -126,7 +127,8 @@ func (g *guard) authorize(vals []string, method string, need auth.Scope) (auth.P
 			if p, ok := g.tokens.Lookup([]byte(strings.TrimSpace(v[len("bearer "):]))); ok {
 				if !p.Can(need) {
 					g.calls.WithLabelValues(refusedScope).Inc()
-					return p, status.Errorf(codes.PermissionDenied, "%s needs the %s scope; this token (%s) has %s", method, need, p, p.Scopes)
+					return p, denied(kvmeshv1.ErrorReason_ERROR_REASON_SCOPE_MISSING, map[string]string{"scope": need.String(), "method": method},
+						"%s needs the %s scope; this token (%s) has %s", method, need, p, p.Scopes)
 				}
 				return p, nil
 			}

@@ -222,6 +222,10 @@ func TestQuotas(t *testing.T) {
 	if st := status.Convert(errors.Unwrap(err)); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "quota") {
 		t.Fatalf("BatchPut over the quota = %v; want ResourceExhausted naming the quota", err)
 	}
+	if info, subject := wantRefusal(t, err, codes.ResourceExhausted, kvmeshv1.ErrorReason_ERROR_REASON_QUOTA_EXCEEDED); subject != "namespace:"+digestString(nsA.Digest()) ||
+		info.GetMetadata()["namespace_digest"] != digestString(nsA.Digest()) {
+		t.Errorf("quota refusal: subject %q, metadata %v; want namespace %s", subject, info.GetMetadata(), digestString(nsA.Digest()))
+	}
 	if got, err := n.client.Get(ctx, nsB, tokB); err != nil || len(got) != len(payB) {
 		t.Fatalf("tenant B after tenant A was refused: %d blocks, %v", len(got), err)
 	}
@@ -245,7 +249,7 @@ func TestQuotas(t *testing.T) {
 	if ra := row(nsA); !ra.GetOwn() || ra.GetQuota().GetNvmeBytes() != uint64(blk/2) {
 		t.Fatalf("tenant A's quota after a restart: %v", ra)
 	}
-	if ra, err := n.client.ClearQuota(ctx, nsA); err != nil || ra.GetOwn() || ra.GetQuota().GetDramBytes() != uint64(8*blk) {
+	if ra, err := n.client.ClearQuota(ctx, nsA); err != nil || ra.Own || ra.Quota.DRAMBytes != 8*blk {
 		t.Fatalf("ClearQuota = %v, %v; want the default quota in force", ra, err)
 	}
 	if _, err := n.client.Put(ctx, nsA, tok, pay); err != nil {

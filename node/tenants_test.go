@@ -232,16 +232,17 @@ func TestTenantsIsolated(t *testing.T) {
 	// Quotas and drops: admin scope, own namespaces only.
 	quota := &kvmeshv1.Quota{DramBytes: 1, NvmeBytes: 1}
 	for name, tc := range map[string]struct {
-		a    api
-		req  *kvmeshv1.SetQuotaRequest
-		want codes.Code
+		a      api
+		req    *kvmeshv1.SetQuotaRequest
+		want   codes.Code
+		reason kvmeshv1.ErrorReason
 	}{
-		"rw token":                 {rawTenantAPI(t, nodes[0].GRPCAddr(), "acme-rw"), &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied},
-		"other tenant's digest":    {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied},
-		"unknown digest":           {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: 12345, Quota: quota}, codes.PermissionDenied},
-		"other tenant's namespace": {betaAdmin, &kvmeshv1.SetQuotaRequest{Namespace: client.NamespaceProto(acmeNS), Quota: quota}, codes.OK},
-		"drop by other's digest":   {betaAdmin, nil, codes.PermissionDenied},
-		"cluster method as tenant": {betaAdmin, nil, codes.PermissionDenied},
+		"rw token":                 {rawTenantAPI(t, nodes[0].GRPCAddr(), "acme-rw"), &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied, kvmeshv1.ErrorReason_ERROR_REASON_SCOPE_MISSING},
+		"other tenant's digest":    {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied, kvmeshv1.ErrorReason_ERROR_REASON_NAMESPACE_FORBIDDEN},
+		"unknown digest":           {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: 12345, Quota: quota}, codes.PermissionDenied, kvmeshv1.ErrorReason_ERROR_REASON_NAMESPACE_FORBIDDEN},
+		"other tenant's namespace": {betaAdmin, &kvmeshv1.SetQuotaRequest{Namespace: client.NamespaceProto(acmeNS), Quota: quota}, codes.OK, 0},
+		"drop by other's digest":   {betaAdmin, nil, codes.PermissionDenied, kvmeshv1.ErrorReason_ERROR_REASON_NAMESPACE_FORBIDDEN},
+		"cluster method as tenant": {betaAdmin, nil, codes.PermissionDenied, kvmeshv1.ErrorReason_ERROR_REASON_SCOPE_MISSING},
 	} {
 		var err error
 		switch name {
@@ -249,13 +250,16 @@ func TestTenantsIsolated(t *testing.T) {
 			_, err = tc.a.admin.DropNamespace(ctx, &kvmeshv1.DropNamespaceRequest{Digest: digest})
 		case "cluster method as tenant":
 			conn, _ := grpc.NewClient(nodes[0].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(rawAuth("Bearer beta-admin")))
-			_, err = kvmeshv1.NewPeerServiceClient(conn).Lookup(ctx, &kvmeshv1.PeerLookupRequest{Keys: keys[0][:], Runs: []uint32{1}})
+			_, err = kvmeshv1.NewPeerServiceClient(conn).Lookup(ctx, &kvmeshv1.PeerServiceLookupRequest{Keys: keys[0][:], Runs: []uint32{1}})
 			conn.Close()
 		default:
 			_, err = tc.a.admin.SetQuota(ctx, tc.req)
 		}
 		if status.Code(err) != tc.want {
 			t.Errorf("%s: %v, want %v", name, err, tc.want)
+		}
+		if tc.want != codes.OK {
+			wantRefusal(t, err, tc.want, tc.reason)
 		}
 	}
 	// beta's quota "on acme's namespace" landed on beta's own salted copy:

@@ -42,12 +42,12 @@ func waitMembers(t *testing.T, c *client.Client, want int, logs ...*daemon) {
 		m, err := c.Members(ctx)
 		cancel()
 		alive := 0
-		for _, mb := range m.GetMembers() {
-			if mb.GetState() == "alive" {
+		for _, mb := range m.Members {
+			if mb.State == "alive" {
 				alive++
 			}
 		}
-		if err == nil && alive == want && len(m.GetMembers()) == want {
+		if err == nil && alive == want && len(m.Members) == want {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -55,7 +55,7 @@ func waitMembers(t *testing.T, c *client.Client, want int, logs ...*daemon) {
 			for _, d := range logs {
 				fmt.Fprintf(&stderr, "--- %s\n%s", d.id, d.stderr)
 			}
-			t.Fatalf("after 60s: members %v, %v; want %d alive\n%s", m.GetMembers(), err, want, stderr.String())
+			t.Fatalf("after 60s: members %+v, %v; want %d alive\n%s", m.Members, err, want, stderr.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

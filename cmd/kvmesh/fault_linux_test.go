@@ -28,12 +28,12 @@ func tierStats(t *testing.T, c *client.Client, tier string) (blocks, bytes, capa
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ti := range st.GetTiers() {
-		if ti.GetName() == tier {
-			return ti.GetBlocks(), ti.GetBytes(), ti.GetCapacityBytes()
+	for _, ti := range st.Tiers {
+		if ti.Name == tier {
+			return uint64(ti.Blocks), uint64(ti.Bytes), uint64(ti.CapacityBytes)
 		}
 	}
-	t.Fatalf("no tier %s in %v", tier, st.GetTiers())
+	t.Fatalf("no tier %s in %+v", tier, st.Tiers)
 	return 0, 0, 0
 }
 

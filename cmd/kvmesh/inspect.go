@@ -18,7 +18,6 @@ import (
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
 // inspectFlags are the flags every inspect subcommand shares.
@@ -190,7 +189,7 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 		Short: "Per tier: blocks, bytes, capacity; hits, misses and hit ratio",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var st *kvmeshv1.StatsResponse
+			var st client.Stats
 			err := f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
 				st, err = c.Stats(ctx)
 				return err
@@ -198,22 +197,22 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out := statsJSON{NodeID: st.GetNodeId(), Hits: st.GetHits(), Misses: st.GetMisses(),
-				Evictions: st.GetEvictions(), Demotions: st.GetDemotions(), Promotions: st.GetPromotions()}
+			out := statsJSON{NodeID: st.NodeID, Hits: uint64(st.Hits), Misses: uint64(st.Misses),
+				Evictions: uint64(st.Evictions), Demotions: uint64(st.Demotions), Promotions: uint64(st.Promotions)}
 			if n := out.Hits + out.Misses; n > 0 {
 				out.HitRatio = float64(out.Hits) / float64(n)
 			}
-			for _, t := range st.GetTiers() {
-				tj := tierJSON{Name: t.GetName(), Blocks: t.GetBlocks(), Bytes: t.GetBytes(), CapacityBytes: t.GetCapacityBytes()}
+			for _, t := range st.Tiers {
+				tj := tierJSON{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.CapacityBytes)}
 				if tj.CapacityBytes > 0 {
 					tj.Used = float64(tj.Bytes) / float64(tj.CapacityBytes)
 				}
 				out.Tiers = append(out.Tiers, tj)
 			}
 			out.Namespaces = []namespaceRow{}
-			for _, n := range st.GetNamespaces() {
-				out.Namespaces = append(out.Namespaces, namespaceRow{Digest: fmt.Sprintf("%016x", n.GetDigest()), Model: n.GetModel(),
-					Blocks: n.GetBlocks(), Tokens: n.GetTokens(), Bytes: n.GetBytes()})
+			for _, n := range st.Namespaces {
+				out.Namespaces = append(out.Namespaces, namespaceRow{Digest: fmt.Sprintf("%016x", n.Digest), Model: n.Model,
+					Blocks: uint64(n.Blocks), Tokens: uint64(n.Tokens), Bytes: uint64(n.Bytes)})
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "node %s\n\n", out.NodeID)
@@ -253,7 +252,7 @@ or suspected of having failed) with its addresses and tiers. Tier usage is
 known for the node that answered (marked *); for the others, their capacity.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var resp *kvmeshv1.MembersResponse
+			var resp client.Cluster
 			err := f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
 				resp, err = c.Members(ctx)
 				return err
@@ -262,12 +261,12 @@ known for the node that answered (marked *); for the others, their capacity.`,
 				return err
 			}
 			out := []memberJSON{}
-			for _, m := range resp.GetMembers() {
-				mj := memberJSON{ID: m.GetId(), Self: m.GetId() == resp.GetSelfId(), State: m.GetState(), GRPCAddr: m.GetGrpcAddr(),
-					HTTPAddr: m.GetHttpAddr(), DataAddr: m.GetDataAddr(), GossipAddr: m.GetGossipAddr(), ShmSocket: m.GetShmSocket(),
-					HostID: m.GetHostId(), RDMADevices: append([]string{}, m.GetRdmaDevices()...), Version: m.GetVersion(), Tiers: []tierJSON{}}
-				for _, t := range m.GetTiers() {
-					tj := tierJSON{Name: t.GetName(), Bytes: t.GetUsedBytes(), CapacityBytes: t.GetCapacityBytes()}
+			for _, m := range resp.Members {
+				mj := memberJSON{ID: m.ID, Self: m.ID == resp.SelfID, State: m.State, GRPCAddr: m.GRPCAddr,
+					HTTPAddr: m.HTTPAddr, DataAddr: m.DataAddr, GossipAddr: m.GossipAddr, ShmSocket: m.ShmSocket,
+					HostID: m.HostID, RDMADevices: append([]string{}, m.RDMADevices...), Version: m.Version, Tiers: []tierJSON{}}
+				for _, t := range m.Tiers {
+					tj := tierJSON{Name: t.Name, Bytes: uint64(t.UsedBytes), CapacityBytes: uint64(t.CapacityBytes)}
 					if tj.CapacityBytes > 0 {
 						tj.Used = float64(tj.Bytes) / float64(tj.CapacityBytes)
 					}
@@ -513,7 +512,7 @@ func blockCmd(f *inspectFlags) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("KEY %q: want the 32 hex digits that 'kvmesh inspect lookup' prints", args[0])
 			}
-			var b *kvmeshv1.BlockInfoResponse
+			var b client.BlockInfo
 			err = f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
 				b, err = c.BlockInfo(ctx, key)
 				return err
@@ -521,12 +520,10 @@ func blockCmd(f *inspectFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var parent prefixhash.Key
-			copy(parent[:], b.GetParent())
-			out := blockJSON{Key: key.String(), Parent: parent.String(), NamespaceDigest: fmt.Sprintf("%016x", b.GetNamespaceDigest()),
-				Node: b.GetNodeId(), Tier: b.GetTier(), Tokens: b.GetTokens(), PayloadBytes: b.GetPayloadLen(), EncodedBytes: b.GetEncodedLen(),
-				DType: prefixhash.DType(b.GetDtype()).String(), Layers: fmt.Sprintf("%d:%d", b.GetLayerStart(), b.GetLayerEnd()),
-				KVHeads: b.GetKvHeads(), HeadDim: b.GetHeadDim()}
+			out := blockJSON{Key: key.String(), Parent: b.Parent.String(), NamespaceDigest: fmt.Sprintf("%016x", b.NamespaceDigest),
+				Node: b.NodeID, Tier: b.Tier, Tokens: b.Tokens, PayloadBytes: uint64(b.PayloadLen), EncodedBytes: uint64(b.EncodedLen),
+				DType: b.DType.String(), Layers: fmt.Sprintf("%d:%d", b.LayerStart, b.LayerEnd),
+				KVHeads: uint32(b.KVHeads), HeadDim: uint32(b.HeadDim)}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "key\t%s\nparent\t%s\nnamespace\t%s\nnode\t%s\ntier\t%s\n", out.Key, out.Parent, out.NamespaceDigest, out.Node, out.Tier)
 				fmt.Fprintf(w, "tokens\t%d: %s\n", len(out.Tokens), tokenPreview(out.Tokens))
@@ -580,7 +577,7 @@ there: its own (set with AdminService.SetQuota) or the node's default
 (kvmesh serve --quota-dram, --quota-nvme). 0 is unlimited.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var resp *kvmeshv1.QuotasResponse
+			var resp client.Quotas
 			err := f.withNode(cmd, func(ctx context.Context, c *client.Client) (err error) {
 				resp, err = c.Quotas(ctx)
 				return err
@@ -588,13 +585,13 @@ there: its own (set with AdminService.SetQuota) or the node's default
 			if err != nil {
 				return err
 			}
-			q := func(p *kvmeshv1.Quota) quotaJSON {
-				return quotaJSON{DRAMBytes: p.GetDramBytes(), NVMeBytes: p.GetNvmeBytes()}
+			q := func(p client.Quota) quotaJSON {
+				return quotaJSON{DRAMBytes: uint64(p.DRAMBytes), NVMeBytes: uint64(p.NVMeBytes)}
 			}
-			out := quotasJSON{NodeID: resp.GetNodeId(), DefaultQuota: q(resp.GetDefaultQuota()), Namespaces: []namespaceQuotaJSON{}}
-			for _, n := range resp.GetNamespaces() {
-				out.Namespaces = append(out.Namespaces, namespaceQuotaJSON{Digest: fmt.Sprintf("%016x", n.GetDigest()), Blocks: n.GetBlocks(),
-					DRAMBytes: n.GetDramBytes(), NVMeBytes: n.GetNvmeBytes(), Quota: q(n.GetQuota()), Own: n.GetOwn()})
+			out := quotasJSON{NodeID: resp.NodeID, DefaultQuota: q(resp.Default), Namespaces: []namespaceQuotaJSON{}}
+			for _, n := range resp.Namespaces {
+				out.Namespaces = append(out.Namespaces, namespaceQuotaJSON{Digest: fmt.Sprintf("%016x", n.Digest), Blocks: uint64(n.Blocks),
+					DRAMBytes: uint64(n.DRAMBytes), NVMeBytes: uint64(n.NVMeBytes), Quota: q(n.Quota), Own: n.Own})
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "node %s   default quota: DRAM %s, NVMe %s\n\n", out.NodeID,

@@ -37,7 +37,7 @@ func TestServeMaxBlocks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var held uint64
+		var held int64
 		for _, tier := range st.Tiers {
 			held += tier.Blocks
 		}

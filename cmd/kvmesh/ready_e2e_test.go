@@ -119,10 +119,10 @@ func TestServePortZero(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, mb := range m.GetMembers() {
-			want := map[string]ready.Info{a.id: a.ready, b.id: b.ready}[mb.GetId()]
-			got := ready.Info{NodeID: mb.GetId(), PID: want.PID, GRPCAddr: mb.GetGrpcAddr(), HTTPAddr: mb.GetHttpAddr(),
-				DataAddr: mb.GetDataAddr(), GossipAddr: mb.GetGossipAddr(), ShmSocket: want.ShmSocket}
+		for _, mb := range m.Members {
+			want := map[string]ready.Info{a.id: a.ready, b.id: b.ready}[mb.ID]
+			got := ready.Info{NodeID: mb.ID, PID: want.PID, GRPCAddr: mb.GRPCAddr, HTTPAddr: mb.HTTPAddr,
+				DataAddr: mb.DataAddr, GossipAddr: mb.GossipAddr, ShmSocket: want.ShmSocket}
 			if got != want {
 				t.Errorf("member %+v, want the addresses of its ready file %+v", got, want)
 			}

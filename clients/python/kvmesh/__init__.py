@@ -12,11 +12,14 @@ host, blocks move through its shared memory. See clients/python/README.md.
 from ._namespace import DTYPES, KEY_VERSION, Namespace, keys
 from ._core import CachedBlock, LookupResult
 from .client import Client
-from .errors import (DeadlineExceeded, InvalidArgument, KVMeshError, NotFound, PermissionDenied,
-                     ResourceExhausted, Unavailable)
+from .errors import (BlockCorrupt, BlockTooLarge, Busy, CacheFull, DeadlineExceeded, InvalidArgument,
+                     InvalidPageToken, KVMeshError, NamespaceForbidden, NotFound, PermissionDenied, QuotaExceeded,
+                     ResourceExhausted, ScopeMissing, TooManyBlocks, Unauthenticated, Unavailable)
 from . import aio, paged  # noqa: E402
 
 __all__ = ["Namespace", "keys", "Client", "aio", "paged", "LookupResult", "CachedBlock", "KVMeshError", "NotFound",
            "Unavailable", "InvalidArgument", "PermissionDenied", "ResourceExhausted", "DeadlineExceeded",
+           "TooManyBlocks", "BlockTooLarge", "BlockCorrupt", "InvalidPageToken", "Unauthenticated", "ScopeMissing",
+           "NamespaceForbidden", "QuotaExceeded", "CacheFull", "Busy",
            "KEY_VERSION", "DTYPES"]
 __version__ = "0.1.0"

@@ -51,6 +51,8 @@ def local_host_id():
 
 
 def meta_from(whoami, members):
+    """Meta from a WhoAmI answer and the first page of Members: the node that answers is
+    listed first, and only it matters here (a page of one suffices)."""
     m = Meta()
     if whoami is not None:
         m.salt, m.tag = whoami.namespace_salt, whoami.tenant_tag

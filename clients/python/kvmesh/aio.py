@@ -70,7 +70,7 @@ class Client:
                     if e.code != "UNIMPLEMENTED":
                         raise
                     who = None
-                members = await self._call(self._admin.Members, admin_pb2.MembersRequest())
+                members = await self._call(self._admin.Members, admin_pb2.MembersRequest(page_size=1))
                 m = _core.meta_from(who, members)
             if not m.key_version and ns is not None:
                 first = None

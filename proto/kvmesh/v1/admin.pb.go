@@ -131,7 +131,15 @@ func (x *WhoAmIResponse) GetTenantTag() uint64 {
 }
 
 type MembersRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Pagination (of members: the node itself first, then the others by id): at most page_size entries per answer; 0 reads
+	// as 1000, larger values as 1000. page_token is the next_page_token of
+	// the previous answer, empty for the first page; a token the node did
+	// not issue for this call is INVALID_ARGUMENT (INVALID_PAGE_TOKEN). Pages
+	// follow a cursor, so entries added or removed between pages are not
+	// repeated or skipped, but a page shows them as they are when it is read.
+	PageSize      int32  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -164,6 +172,20 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
 	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *MembersRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *MembersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
 }
 
 type TierCapacity struct {
@@ -370,7 +392,9 @@ type MembersResponse struct {
 	// The size of a placement chunk in tokens (every member uses the same):
 	// a block's chunk key is that of block i - i mod C of its prompt, with
 	// C = max(1, chunk_tokens / block_tokens).
-	ChunkTokens   uint32 `protobuf:"varint,3,opt,name=chunk_tokens,json=chunkTokens,proto3" json:"chunk_tokens,omitempty"`
+	ChunkTokens uint32 `protobuf:"varint,3,opt,name=chunk_tokens,json=chunkTokens,proto3" json:"chunk_tokens,omitempty"`
+	// The page_token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,4,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -424,6 +448,13 @@ func (x *MembersResponse) GetChunkTokens() uint32 {
 		return x.ChunkTokens
 	}
 	return 0
+}
+
+func (x *MembersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type DropNamespaceRequest struct {
@@ -581,7 +612,7 @@ type BlockInfoResponse struct {
 	PayloadLen uint64 `protobuf:"varint,7,opt,name=payload_len,json=payloadLen,proto3" json:"payload_len,omitempty"`
 	EncodedLen uint64 `protobuf:"varint,8,opt,name=encoded_len,json=encodedLen,proto3" json:"encoded_len,omitempty"`
 	// The payload layout.
-	Dtype         DType  `protobuf:"varint,9,opt,name=dtype,proto3,enum=kvmesh.v1.DType" json:"dtype,omitempty"`
+	Dtype         Dtype  `protobuf:"varint,9,opt,name=dtype,proto3,enum=kvmesh.v1.Dtype" json:"dtype,omitempty"`
 	LayerStart    uint32 `protobuf:"varint,10,opt,name=layer_start,json=layerStart,proto3" json:"layer_start,omitempty"`
 	LayerEnd      uint32 `protobuf:"varint,11,opt,name=layer_end,json=layerEnd,proto3" json:"layer_end,omitempty"`
 	KvHeads       uint32 `protobuf:"varint,12,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
@@ -676,11 +707,11 @@ func (x *BlockInfoResponse) GetEncodedLen() uint64 {
 	return 0
 }
 
-func (x *BlockInfoResponse) GetDtype() DType {
+func (x *BlockInfoResponse) GetDtype() Dtype {
 	if x != nil {
 		return x.Dtype
 	}
-	return DType_DTYPE_UNSPECIFIED
+	return Dtype_DTYPE_UNSPECIFIED
 }
 
 func (x *BlockInfoResponse) GetLayerStart() uint32 {
@@ -883,7 +914,15 @@ func (x *SetQuotaResponse) GetNamespace() *NamespaceQuota {
 }
 
 type QuotasRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Pagination (of namespaces, in digest order; every page carries the default): at most page_size entries per answer; 0 reads
+	// as 1000, larger values as 1000. page_token is the next_page_token of
+	// the previous answer, empty for the first page; a token the node did
+	// not issue for this call is INVALID_ARGUMENT (INVALID_PAGE_TOKEN). Pages
+	// follow a cursor, so entries added or removed between pages are not
+	// repeated or skipped, but a page shows them as they are when it is read.
+	PageSize      int32  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -916,6 +955,20 @@ func (x *QuotasRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use QuotasRequest.ProtoReflect.Descriptor instead.
 func (*QuotasRequest) Descriptor() ([]byte, []int) {
 	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *QuotasRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *QuotasRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
 }
 
 type NamespaceQuota struct {
@@ -1009,8 +1062,10 @@ type QuotasResponse struct {
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The quota of every namespace without its own.
 	DefaultQuota *Quota `protobuf:"bytes,2,opt,name=default_quota,json=defaultQuota,proto3" json:"default_quota,omitempty"`
-	// Sorted by digest.
-	Namespaces    []*NamespaceQuota `protobuf:"bytes,3,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	// Sorted by digest: one page of them.
+	Namespaces []*NamespaceQuota `protobuf:"bytes,3,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	// The page_token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,4,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1066,6 +1121,13 @@ func (x *QuotasResponse) GetNamespaces() []*NamespaceQuota {
 	return nil
 }
 
+func (x *QuotasResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_kvmesh_v1_admin_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_admin_proto_rawDesc = "" +
@@ -1077,8 +1139,11 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\x06scopes\x18\x02 \x03(\tR\x06scopes\x12%\n" +
 	"\x0enamespace_salt\x18\x03 \x01(\tR\rnamespaceSalt\x12\x1d\n" +
 	"\n" +
-	"tenant_tag\x18\x04 \x01(\x06R\ttenantTag\"\x10\n" +
-	"\x0eMembersRequest\"h\n" +
+	"tenant_tag\x18\x04 \x01(\x06R\ttenantTag\"L\n" +
+	"\x0eMembersRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"h\n" +
 	"\fTierCapacity\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
@@ -1098,11 +1163,12 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"shm_socket\x18\t \x01(\tR\tshmSocket\x12\x17\n" +
 	"\ahost_id\x18\n" +
 	" \x01(\tR\x06hostId\x12!\n" +
-	"\frdma_devices\x18\v \x03(\tR\vrdmaDevices\"z\n" +
+	"\frdma_devices\x18\v \x03(\tR\vrdmaDevices\"\xa2\x01\n" +
 	"\x0fMembersResponse\x12\x17\n" +
 	"\aself_id\x18\x01 \x01(\tR\x06selfId\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.kvmesh.v1.MemberR\amembers\x12!\n" +
-	"\fchunk_tokens\x18\x03 \x01(\rR\vchunkTokens\"b\n" +
+	"\fchunk_tokens\x18\x03 \x01(\rR\vchunkTokens\x12&\n" +
+	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken\"b\n" +
 	"\x14DropNamespaceRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\x06R\x06digest\">\n" +
@@ -1121,7 +1187,7 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"payloadLen\x12\x1f\n" +
 	"\vencoded_len\x18\b \x01(\x04R\n" +
 	"encodedLen\x12&\n" +
-	"\x05dtype\x18\t \x01(\x0e2\x10.kvmesh.v1.DTypeR\x05dtype\x12\x1f\n" +
+	"\x05dtype\x18\t \x01(\x0e2\x10.kvmesh.v1.DtypeR\x05dtype\x12\x1f\n" +
 	"\vlayer_start\x18\n" +
 	" \x01(\rR\n" +
 	"layerStart\x12\x1b\n" +
@@ -1139,8 +1205,11 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\x05quota\x18\x03 \x01(\v2\x10.kvmesh.v1.QuotaR\x05quota\x12\x14\n" +
 	"\x05clear\x18\x04 \x01(\bR\x05clear\"K\n" +
 	"\x10SetQuotaResponse\x127\n" +
-	"\tnamespace\x18\x01 \x01(\v2\x19.kvmesh.v1.NamespaceQuotaR\tnamespace\"\x0f\n" +
-	"\rQuotasRequest\"\xb8\x01\n" +
+	"\tnamespace\x18\x01 \x01(\v2\x19.kvmesh.v1.NamespaceQuotaR\tnamespace\"K\n" +
+	"\rQuotasRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"\xb8\x01\n" +
 	"\x0eNamespaceQuota\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\x06R\x06digest\x12&\n" +
 	"\x05quota\x18\x02 \x01(\v2\x10.kvmesh.v1.QuotaR\x05quota\x12\x10\n" +
@@ -1149,13 +1218,14 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"dram_bytes\x18\x05 \x01(\x04R\tdramBytes\x12\x1d\n" +
 	"\n" +
-	"nvme_bytes\x18\x06 \x01(\x04R\tnvmeBytes\"\x9b\x01\n" +
+	"nvme_bytes\x18\x06 \x01(\x04R\tnvmeBytes\"\xc3\x01\n" +
 	"\x0eQuotasResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x125\n" +
 	"\rdefault_quota\x18\x02 \x01(\v2\x10.kvmesh.v1.QuotaR\fdefaultQuota\x129\n" +
 	"\n" +
 	"namespaces\x18\x03 \x03(\v2\x19.kvmesh.v1.NamespaceQuotaR\n" +
-	"namespaces2\xaf\x03\n" +
+	"namespaces\x12&\n" +
+	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken2\xaf\x03\n" +
 	"\fAdminService\x12@\n" +
 	"\aMembers\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n" +
 	"\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12F\n" +
@@ -1195,13 +1265,13 @@ var file_kvmesh_v1_admin_proto_goTypes = []any{
 	(*NamespaceQuota)(nil),        // 14: kvmesh.v1.NamespaceQuota
 	(*QuotasResponse)(nil),        // 15: kvmesh.v1.QuotasResponse
 	(*Namespace)(nil),             // 16: kvmesh.v1.Namespace
-	(DType)(0),                    // 17: kvmesh.v1.DType
+	(Dtype)(0),                    // 17: kvmesh.v1.Dtype
 }
 var file_kvmesh_v1_admin_proto_depIdxs = []int32{
 	3,  // 0: kvmesh.v1.Member.tiers:type_name -> kvmesh.v1.TierCapacity
 	4,  // 1: kvmesh.v1.MembersResponse.members:type_name -> kvmesh.v1.Member
 	16, // 2: kvmesh.v1.DropNamespaceRequest.namespace:type_name -> kvmesh.v1.Namespace
-	17, // 3: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.DType
+	17, // 3: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.Dtype
 	16, // 4: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
 	10, // 5: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
 	14, // 6: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota

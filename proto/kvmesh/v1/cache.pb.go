@@ -1021,7 +1021,16 @@ func (x *PublishResponse) GetQueued() uint32 {
 }
 
 type StatsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Pagination (of namespaces, in digest order; every page carries the counters and
+	// tiers): at most page_size entries per answer; 0 reads
+	// as 1000, larger values as 1000. page_token is the next_page_token of
+	// the previous answer, empty for the first page; a token the node did
+	// not issue for this call is INVALID_ARGUMENT (INVALID_PAGE_TOKEN). Pages
+	// follow a cursor, so entries added or removed between pages are not
+	// repeated or skipped, but a page shows them as they are when it is read.
+	PageSize      int32  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1054,6 +1063,20 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
 	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *StatsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *StatsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
 }
 
 type TierStats struct {
@@ -1212,10 +1235,13 @@ type StatsResponse struct {
 	Hits   uint64 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
 	Misses uint64 `protobuf:"varint,4,opt,name=misses,proto3" json:"misses,omitempty"`
 	// Blocks dropped, moved one tier down, moved one tier up.
-	Evictions     uint64            `protobuf:"varint,5,opt,name=evictions,proto3" json:"evictions,omitempty"`
-	Demotions     uint64            `protobuf:"varint,6,opt,name=demotions,proto3" json:"demotions,omitempty"`
-	Promotions    uint64            `protobuf:"varint,7,opt,name=promotions,proto3" json:"promotions,omitempty"`
-	Namespaces    []*NamespaceStats `protobuf:"bytes,8,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	Evictions  uint64 `protobuf:"varint,5,opt,name=evictions,proto3" json:"evictions,omitempty"`
+	Demotions  uint64 `protobuf:"varint,6,opt,name=demotions,proto3" json:"demotions,omitempty"`
+	Promotions uint64 `protobuf:"varint,7,opt,name=promotions,proto3" json:"promotions,omitempty"`
+	// Namespaces held, sorted by digest: one page of them.
+	Namespaces []*NamespaceStats `protobuf:"bytes,8,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	// The page_token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,9,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1306,6 +1332,13 @@ func (x *StatsResponse) GetNamespaces() []*NamespaceStats {
 	return nil
 }
 
+func (x *StatsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_kvmesh_v1_cache_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_cache_proto_rawDesc = "" +
@@ -1390,8 +1423,11 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\n" +
 	"chunk_keys\x18\x02 \x03(\fR\tchunkKeys\")\n" +
 	"\x0fPublishResponse\x12\x16\n" +
-	"\x06queued\x18\x01 \x01(\rR\x06queued\"\x0e\n" +
-	"\fStatsRequest\"t\n" +
+	"\x06queued\x18\x01 \x01(\rR\x06queued\"J\n" +
+	"\fStatsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"t\n" +
 	"\tTierStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
@@ -1402,7 +1438,7 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12\x16\n" +
 	"\x06tokens\x18\x04 \x01(\x04R\x06tokens\x12\x14\n" +
-	"\x05model\x18\x05 \x01(\tR\x05model\"\x97\x02\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\"\xbf\x02\n" +
 	"\rStatsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12*\n" +
 	"\x05tiers\x18\x02 \x03(\v2\x14.kvmesh.v1.TierStatsR\x05tiers\x12\x12\n" +
@@ -1415,7 +1451,8 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"promotions\x129\n" +
 	"\n" +
 	"namespaces\x18\b \x03(\v2\x19.kvmesh.v1.NamespaceStatsR\n" +
-	"namespaces2\x98\x03\n" +
+	"namespaces\x12&\n" +
+	"\x0fnext_page_token\x18\t \x01(\tR\rnextPageToken2\x98\x03\n" +
 	"\fCacheService\x12=\n" +
 	"\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12E\n" +
 	"\bBatchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12E\n" +

@@ -18,7 +18,18 @@
 // protobuf version in go.mod), protoc-gen-go-grpc v1.6.2 and Debian's
 // python3-grpc-tools. Field numbers are never reused; removed fields are
 // reserved. codec.go is written by hand: the proto codec that nodes and the
-// Go client use on their connections (Codec).
+// Go client use on their connections (Codec); so is reason.go, the
+// ErrorInfo reasons of errors.proto as strings (ErrorReason.Reason,
+// ParseErrorReason).
+//
+// The contract is checked by buf (buf.yaml at the repository root, pinned by
+// proto/tools/package-lock.json):
+//
+//	(cd proto/tools && npm ci) && bash proto/check.sh
+//
+// runs buf lint (the STANDARD rules, no exceptions) and buf breaking against
+// proto/released, the last released contract (see its README.md): a change
+// that removes or renames anything fails; additions pass. CI runs it.
 //
 // # Concurrency
 //

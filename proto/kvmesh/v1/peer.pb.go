@@ -21,7 +21,7 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-type PeerLookupRequest struct {
+type PeerServiceLookupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The keys of every run, concatenated, 16 bytes each.
 	Keys []byte `protobuf:"bytes,1,opt,name=keys,proto3" json:"keys,omitempty"`
@@ -31,20 +31,20 @@ type PeerLookupRequest struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *PeerLookupRequest) Reset() {
-	*x = PeerLookupRequest{}
+func (x *PeerServiceLookupRequest) Reset() {
+	*x = PeerServiceLookupRequest{}
 	mi := &file_kvmesh_v1_peer_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *PeerLookupRequest) String() string {
+func (x *PeerServiceLookupRequest) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*PeerLookupRequest) ProtoMessage() {}
+func (*PeerServiceLookupRequest) ProtoMessage() {}
 
-func (x *PeerLookupRequest) ProtoReflect() protoreflect.Message {
+func (x *PeerServiceLookupRequest) ProtoReflect() protoreflect.Message {
 	mi := &file_kvmesh_v1_peer_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -56,26 +56,26 @@ func (x *PeerLookupRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use PeerLookupRequest.ProtoReflect.Descriptor instead.
-func (*PeerLookupRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use PeerServiceLookupRequest.ProtoReflect.Descriptor instead.
+func (*PeerServiceLookupRequest) Descriptor() ([]byte, []int) {
 	return file_kvmesh_v1_peer_proto_rawDescGZIP(), []int{0}
 }
 
-func (x *PeerLookupRequest) GetKeys() []byte {
+func (x *PeerServiceLookupRequest) GetKeys() []byte {
 	if x != nil {
 		return x.Keys
 	}
 	return nil
 }
 
-func (x *PeerLookupRequest) GetRuns() []uint32 {
+func (x *PeerServiceLookupRequest) GetRuns() []uint32 {
 	if x != nil {
 		return x.Runs
 	}
 	return nil
 }
 
-type PeerLookupResponse struct {
+type PeerServiceLookupResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// For each run, how many of its leading keys this node holds.
 	Counts        []uint32 `protobuf:"varint,1,rep,packed,name=counts,proto3" json:"counts,omitempty"`
@@ -83,20 +83,20 @@ type PeerLookupResponse struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *PeerLookupResponse) Reset() {
-	*x = PeerLookupResponse{}
+func (x *PeerServiceLookupResponse) Reset() {
+	*x = PeerServiceLookupResponse{}
 	mi := &file_kvmesh_v1_peer_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *PeerLookupResponse) String() string {
+func (x *PeerServiceLookupResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*PeerLookupResponse) ProtoMessage() {}
+func (*PeerServiceLookupResponse) ProtoMessage() {}
 
-func (x *PeerLookupResponse) ProtoReflect() protoreflect.Message {
+func (x *PeerServiceLookupResponse) ProtoReflect() protoreflect.Message {
 	mi := &file_kvmesh_v1_peer_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -108,12 +108,12 @@ func (x *PeerLookupResponse) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use PeerLookupResponse.ProtoReflect.Descriptor instead.
-func (*PeerLookupResponse) Descriptor() ([]byte, []int) {
+// Deprecated: Use PeerServiceLookupResponse.ProtoReflect.Descriptor instead.
+func (*PeerServiceLookupResponse) Descriptor() ([]byte, []int) {
 	return file_kvmesh_v1_peer_proto_rawDescGZIP(), []int{1}
 }
 
-func (x *PeerLookupResponse) GetCounts() []uint32 {
+func (x *PeerServiceLookupResponse) GetCounts() []uint32 {
 	if x != nil {
 		return x.Counts
 	}
@@ -124,14 +124,14 @@ var File_kvmesh_v1_peer_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x14kvmesh/v1/peer.proto\x12\tkvmesh.v1\";\n" +
-	"\x11PeerLookupRequest\x12\x12\n" +
+	"\x14kvmesh/v1/peer.proto\x12\tkvmesh.v1\"B\n" +
+	"\x18PeerServiceLookupRequest\x12\x12\n" +
 	"\x04keys\x18\x01 \x01(\fR\x04keys\x12\x12\n" +
-	"\x04runs\x18\x02 \x03(\rR\x04runs\",\n" +
-	"\x12PeerLookupResponse\x12\x16\n" +
-	"\x06counts\x18\x01 \x03(\rR\x06counts2T\n" +
-	"\vPeerService\x12E\n" +
-	"\x06Lookup\x12\x1c.kvmesh.v1.PeerLookupRequest\x1a\x1d.kvmesh.v1.PeerLookupResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
+	"\x04runs\x18\x02 \x03(\rR\x04runs\"3\n" +
+	"\x19PeerServiceLookupResponse\x12\x16\n" +
+	"\x06counts\x18\x01 \x03(\rR\x06counts2b\n" +
+	"\vPeerService\x12S\n" +
+	"\x06Lookup\x12#.kvmesh.v1.PeerServiceLookupRequest\x1a$.kvmesh.v1.PeerServiceLookupResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
 
 var (
 	file_kvmesh_v1_peer_proto_rawDescOnce sync.Once
@@ -147,12 +147,12 @@ func file_kvmesh_v1_peer_proto_rawDescGZIP() []byte {
 
 var file_kvmesh_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_kvmesh_v1_peer_proto_goTypes = []any{
-	(*PeerLookupRequest)(nil),  // 0: kvmesh.v1.PeerLookupRequest
-	(*PeerLookupResponse)(nil), // 1: kvmesh.v1.PeerLookupResponse
+	(*PeerServiceLookupRequest)(nil),  // 0: kvmesh.v1.PeerServiceLookupRequest
+	(*PeerServiceLookupResponse)(nil), // 1: kvmesh.v1.PeerServiceLookupResponse
 }
 var file_kvmesh_v1_peer_proto_depIdxs = []int32{
-	0, // 0: kvmesh.v1.PeerService.Lookup:input_type -> kvmesh.v1.PeerLookupRequest
-	1, // 1: kvmesh.v1.PeerService.Lookup:output_type -> kvmesh.v1.PeerLookupResponse
+	0, // 0: kvmesh.v1.PeerService.Lookup:input_type -> kvmesh.v1.PeerServiceLookupRequest
+	1, // 1: kvmesh.v1.PeerService.Lookup:output_type -> kvmesh.v1.PeerServiceLookupResponse
 	1, // [1:2] is the sub-list for method output_type
 	0, // [0:1] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name

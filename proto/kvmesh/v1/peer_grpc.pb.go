@@ -33,7 +33,7 @@ type PeerServiceClient interface {
 	// Lookup answers, for each run of consecutive keys of a chain, how many
 	// leading keys of the run this node holds. A node looking up a prompt
 	// sends every owner all of that owner's runs in one call.
-	Lookup(ctx context.Context, in *PeerLookupRequest, opts ...grpc.CallOption) (*PeerLookupResponse, error)
+	Lookup(ctx context.Context, in *PeerServiceLookupRequest, opts ...grpc.CallOption) (*PeerServiceLookupResponse, error)
 }
 
 type peerServiceClient struct {
@@ -44,9 +44,9 @@ func NewPeerServiceClient(cc grpc.ClientConnInterface) PeerServiceClient {
 	return &peerServiceClient{cc}
 }
 
-func (c *peerServiceClient) Lookup(ctx context.Context, in *PeerLookupRequest, opts ...grpc.CallOption) (*PeerLookupResponse, error) {
+func (c *peerServiceClient) Lookup(ctx context.Context, in *PeerServiceLookupRequest, opts ...grpc.CallOption) (*PeerServiceLookupResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(PeerLookupResponse)
+	out := new(PeerServiceLookupResponse)
 	err := c.cc.Invoke(ctx, PeerService_Lookup_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -65,7 +65,7 @@ type PeerServiceServer interface {
 	// Lookup answers, for each run of consecutive keys of a chain, how many
 	// leading keys of the run this node holds. A node looking up a prompt
 	// sends every owner all of that owner's runs in one call.
-	Lookup(context.Context, *PeerLookupRequest) (*PeerLookupResponse, error)
+	Lookup(context.Context, *PeerServiceLookupRequest) (*PeerServiceLookupResponse, error)
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -76,7 +76,7 @@ type PeerServiceServer interface {
 // pointer dereference when methods are called.
 type UnimplementedPeerServiceServer struct{}
 
-func (UnimplementedPeerServiceServer) Lookup(context.Context, *PeerLookupRequest) (*PeerLookupResponse, error) {
+func (UnimplementedPeerServiceServer) Lookup(context.Context, *PeerServiceLookupRequest) (*PeerServiceLookupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
@@ -101,7 +101,7 @@ func RegisterPeerServiceServer(s grpc.ServiceRegistrar, srv PeerServiceServer) {
 }
 
 func _PeerService_Lookup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(PeerLookupRequest)
+	in := new(PeerServiceLookupRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -113,7 +113,7 @@ func _PeerService_Lookup_Handler(srv interface{}, ctx context.Context, dec func(
 		FullMethod: PeerService_Lookup_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(PeerServiceServer).Lookup(ctx, req.(*PeerLookupRequest))
+		return srv.(PeerServiceServer).Lookup(ctx, req.(*PeerServiceLookupRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }

@@ -218,6 +218,8 @@ func (x *Usage) GetCachedTokens() uint64 {
 	return 0
 }
 
+// PrefillResult is a prefill's outcome, or a queued request's state: what
+// Prefill and GetResult answer.
 type PrefillResult struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -345,6 +347,50 @@ func (x *PrefillResult) GetSession() string {
 	return ""
 }
 
+type PrefillResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Result        *PrefillResult         `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefillResponse) Reset() {
+	*x = PrefillResponse{}
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefillResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefillResponse) ProtoMessage() {}
+
+func (x *PrefillResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefillResponse.ProtoReflect.Descriptor instead.
+func (*PrefillResponse) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_prefill_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PrefillResponse) GetResult() *PrefillResult {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
 type GetResultRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -354,7 +400,7 @@ type GetResultRequest struct {
 
 func (x *GetResultRequest) Reset() {
 	*x = GetResultRequest{}
-	mi := &file_kvmesh_v1_prefill_proto_msgTypes[3]
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -366,7 +412,7 @@ func (x *GetResultRequest) String() string {
 func (*GetResultRequest) ProtoMessage() {}
 
 func (x *GetResultRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_prefill_proto_msgTypes[3]
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -379,7 +425,7 @@ func (x *GetResultRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResultRequest.ProtoReflect.Descriptor instead.
 func (*GetResultRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_prefill_proto_rawDescGZIP(), []int{3}
+	return file_kvmesh_v1_prefill_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetResultRequest) GetRequestId() string {
@@ -387,6 +433,50 @@ func (x *GetResultRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+type GetResultResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Result        *PrefillResult         `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetResultResponse) Reset() {
+	*x = GetResultResponse{}
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetResultResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetResultResponse) ProtoMessage() {}
+
+func (x *GetResultResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetResultResponse.ProtoReflect.Descriptor instead.
+func (*GetResultResponse) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_prefill_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GetResultResponse) GetResult() *PrefillResult {
+	if x != nil {
+		return x.Result
+	}
+	return nil
 }
 
 type EngineRequest struct {
@@ -397,7 +487,7 @@ type EngineRequest struct {
 
 func (x *EngineRequest) Reset() {
 	*x = EngineRequest{}
-	mi := &file_kvmesh_v1_prefill_proto_msgTypes[4]
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -409,7 +499,7 @@ func (x *EngineRequest) String() string {
 func (*EngineRequest) ProtoMessage() {}
 
 func (x *EngineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_prefill_proto_msgTypes[4]
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -422,10 +512,10 @@ func (x *EngineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineRequest.ProtoReflect.Descriptor instead.
 func (*EngineRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_prefill_proto_rawDescGZIP(), []int{4}
+	return file_kvmesh_v1_prefill_proto_rawDescGZIP(), []int{6}
 }
 
-type EngineInfo struct {
+type EngineResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The namespace of the engine's blocks (what inspect lookup uses by
 	// default), and its digest.
@@ -454,21 +544,21 @@ type EngineInfo struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *EngineInfo) Reset() {
-	*x = EngineInfo{}
-	mi := &file_kvmesh_v1_prefill_proto_msgTypes[5]
+func (x *EngineResponse) Reset() {
+	*x = EngineResponse{}
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *EngineInfo) String() string {
+func (x *EngineResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*EngineInfo) ProtoMessage() {}
+func (*EngineResponse) ProtoMessage() {}
 
-func (x *EngineInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_prefill_proto_msgTypes[5]
+func (x *EngineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_prefill_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -479,117 +569,117 @@ func (x *EngineInfo) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use EngineInfo.ProtoReflect.Descriptor instead.
-func (*EngineInfo) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_prefill_proto_rawDescGZIP(), []int{5}
+// Deprecated: Use EngineResponse.ProtoReflect.Descriptor instead.
+func (*EngineResponse) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_prefill_proto_rawDescGZIP(), []int{7}
 }
 
-func (x *EngineInfo) GetNamespace() *Namespace {
+func (x *EngineResponse) GetNamespace() *Namespace {
 	if x != nil {
 		return x.Namespace
 	}
 	return nil
 }
 
-func (x *EngineInfo) GetNamespaceDigest() uint64 {
+func (x *EngineResponse) GetNamespaceDigest() uint64 {
 	if x != nil {
 		return x.NamespaceDigest
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetBackend() string {
+func (x *EngineResponse) GetBackend() string {
 	if x != nil {
 		return x.Backend
 	}
 	return ""
 }
 
-func (x *EngineInfo) GetLayers() uint32 {
+func (x *EngineResponse) GetLayers() uint32 {
 	if x != nil {
 		return x.Layers
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetDim() uint32 {
+func (x *EngineResponse) GetDim() uint32 {
 	if x != nil {
 		return x.Dim
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetHeads() uint32 {
+func (x *EngineResponse) GetHeads() uint32 {
 	if x != nil {
 		return x.Heads
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetKvHeads() uint32 {
+func (x *EngineResponse) GetKvHeads() uint32 {
 	if x != nil {
 		return x.KvHeads
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetHeadDim() uint32 {
+func (x *EngineResponse) GetHeadDim() uint32 {
 	if x != nil {
 		return x.HeadDim
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetFfnDim() uint32 {
+func (x *EngineResponse) GetFfnDim() uint32 {
 	if x != nil {
 		return x.FfnDim
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetVocab() uint32 {
+func (x *EngineResponse) GetVocab() uint32 {
 	if x != nil {
 		return x.Vocab
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetMaxContext() uint32 {
+func (x *EngineResponse) GetMaxContext() uint32 {
 	if x != nil {
 		return x.MaxContext
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetBlockTokens() uint32 {
+func (x *EngineResponse) GetBlockTokens() uint32 {
 	if x != nil {
 		return x.BlockTokens
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetWeightsDigest() uint64 {
+func (x *EngineResponse) GetWeightsDigest() uint64 {
 	if x != nil {
 		return x.WeightsDigest
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetConcurrency() uint32 {
+func (x *EngineResponse) GetConcurrency() uint32 {
 	if x != nil {
 		return x.Concurrency
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetQueued() uint32 {
+func (x *EngineResponse) GetQueued() uint32 {
 	if x != nil {
 		return x.Queued
 	}
 	return 0
 }
 
-func (x *EngineInfo) GetQueueCapacity() uint32 {
+func (x *EngineResponse) GetQueueCapacity() uint32 {
 	if x != nil {
 		return x.QueueCapacity
 	}
@@ -624,13 +714,16 @@ const file_kvmesh_v1_prefill_proto_rawDesc = "" +
 	"\bqueue_ms\x18\b \x01(\x01R\aqueueMs\x12\x14\n" +
 	"\x05model\x18\t \x01(\tR\x05model\x12\x18\n" +
 	"\asession\x18\n" +
-	" \x01(\tR\asession\"1\n" +
+	" \x01(\tR\asession\"C\n" +
+	"\x0fPrefillResponse\x120\n" +
+	"\x06result\x18\x01 \x01(\v2\x18.kvmesh.v1.PrefillResultR\x06result\"1\n" +
 	"\x10GetResultRequest\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x01 \x01(\tR\trequestId\"\x0f\n" +
-	"\rEngineRequest\"\xf6\x03\n" +
-	"\n" +
-	"EngineInfo\x122\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\"E\n" +
+	"\x11GetResultResponse\x120\n" +
+	"\x06result\x18\x01 \x01(\v2\x18.kvmesh.v1.PrefillResultR\x06result\"\x0f\n" +
+	"\rEngineRequest\"\xfa\x03\n" +
+	"\x0eEngineResponse\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12)\n" +
 	"\x10namespace_digest\x18\x02 \x01(\x06R\x0fnamespaceDigest\x12\x18\n" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x12\x16\n" +
@@ -654,11 +747,11 @@ const file_kvmesh_v1_prefill_proto_rawDesc = "" +
 	"\x14PREFILL_STATE_QUEUED\x10\x01\x12\x19\n" +
 	"\x15PREFILL_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12PREFILL_STATE_DONE\x10\x03\x12\x18\n" +
-	"\x14PREFILL_STATE_FAILED\x10\x042\xcf\x01\n" +
-	"\x0ePrefillService\x12>\n" +
-	"\aPrefill\x12\x19.kvmesh.v1.PrefillRequest\x1a\x18.kvmesh.v1.PrefillResult\x12B\n" +
-	"\tGetResult\x12\x1b.kvmesh.v1.GetResultRequest\x1a\x18.kvmesh.v1.PrefillResult\x129\n" +
-	"\x06Engine\x12\x18.kvmesh.v1.EngineRequest\x1a\x15.kvmesh.v1.EngineInfoB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
+	"\x14PREFILL_STATE_FAILED\x10\x042\xd9\x01\n" +
+	"\x0ePrefillService\x12@\n" +
+	"\aPrefill\x12\x19.kvmesh.v1.PrefillRequest\x1a\x1a.kvmesh.v1.PrefillResponse\x12F\n" +
+	"\tGetResult\x12\x1b.kvmesh.v1.GetResultRequest\x1a\x1c.kvmesh.v1.GetResultResponse\x12=\n" +
+	"\x06Engine\x12\x18.kvmesh.v1.EngineRequest\x1a\x19.kvmesh.v1.EngineResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
 
 var (
 	file_kvmesh_v1_prefill_proto_rawDescOnce sync.Once
@@ -673,33 +766,37 @@ func file_kvmesh_v1_prefill_proto_rawDescGZIP() []byte {
 }
 
 var file_kvmesh_v1_prefill_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvmesh_v1_prefill_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_kvmesh_v1_prefill_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_kvmesh_v1_prefill_proto_goTypes = []any{
-	(PrefillState)(0),        // 0: kvmesh.v1.PrefillState
-	(*PrefillRequest)(nil),   // 1: kvmesh.v1.PrefillRequest
-	(*Usage)(nil),            // 2: kvmesh.v1.Usage
-	(*PrefillResult)(nil),    // 3: kvmesh.v1.PrefillResult
-	(*GetResultRequest)(nil), // 4: kvmesh.v1.GetResultRequest
-	(*EngineRequest)(nil),    // 5: kvmesh.v1.EngineRequest
-	(*EngineInfo)(nil),       // 6: kvmesh.v1.EngineInfo
-	(*Namespace)(nil),        // 7: kvmesh.v1.Namespace
+	(PrefillState)(0),         // 0: kvmesh.v1.PrefillState
+	(*PrefillRequest)(nil),    // 1: kvmesh.v1.PrefillRequest
+	(*Usage)(nil),             // 2: kvmesh.v1.Usage
+	(*PrefillResult)(nil),     // 3: kvmesh.v1.PrefillResult
+	(*PrefillResponse)(nil),   // 4: kvmesh.v1.PrefillResponse
+	(*GetResultRequest)(nil),  // 5: kvmesh.v1.GetResultRequest
+	(*GetResultResponse)(nil), // 6: kvmesh.v1.GetResultResponse
+	(*EngineRequest)(nil),     // 7: kvmesh.v1.EngineRequest
+	(*EngineResponse)(nil),    // 8: kvmesh.v1.EngineResponse
+	(*Namespace)(nil),         // 9: kvmesh.v1.Namespace
 }
 var file_kvmesh_v1_prefill_proto_depIdxs = []int32{
-	7, // 0: kvmesh.v1.PrefillRequest.namespace:type_name -> kvmesh.v1.Namespace
+	9, // 0: kvmesh.v1.PrefillRequest.namespace:type_name -> kvmesh.v1.Namespace
 	0, // 1: kvmesh.v1.PrefillResult.state:type_name -> kvmesh.v1.PrefillState
 	2, // 2: kvmesh.v1.PrefillResult.usage:type_name -> kvmesh.v1.Usage
-	7, // 3: kvmesh.v1.EngineInfo.namespace:type_name -> kvmesh.v1.Namespace
-	1, // 4: kvmesh.v1.PrefillService.Prefill:input_type -> kvmesh.v1.PrefillRequest
-	4, // 5: kvmesh.v1.PrefillService.GetResult:input_type -> kvmesh.v1.GetResultRequest
-	5, // 6: kvmesh.v1.PrefillService.Engine:input_type -> kvmesh.v1.EngineRequest
-	3, // 7: kvmesh.v1.PrefillService.Prefill:output_type -> kvmesh.v1.PrefillResult
-	3, // 8: kvmesh.v1.PrefillService.GetResult:output_type -> kvmesh.v1.PrefillResult
-	6, // 9: kvmesh.v1.PrefillService.Engine:output_type -> kvmesh.v1.EngineInfo
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	3, // 3: kvmesh.v1.PrefillResponse.result:type_name -> kvmesh.v1.PrefillResult
+	3, // 4: kvmesh.v1.GetResultResponse.result:type_name -> kvmesh.v1.PrefillResult
+	9, // 5: kvmesh.v1.EngineResponse.namespace:type_name -> kvmesh.v1.Namespace
+	1, // 6: kvmesh.v1.PrefillService.Prefill:input_type -> kvmesh.v1.PrefillRequest
+	5, // 7: kvmesh.v1.PrefillService.GetResult:input_type -> kvmesh.v1.GetResultRequest
+	7, // 8: kvmesh.v1.PrefillService.Engine:input_type -> kvmesh.v1.EngineRequest
+	4, // 9: kvmesh.v1.PrefillService.Prefill:output_type -> kvmesh.v1.PrefillResponse
+	6, // 10: kvmesh.v1.PrefillService.GetResult:output_type -> kvmesh.v1.GetResultResponse
+	8, // 11: kvmesh.v1.PrefillService.Engine:output_type -> kvmesh.v1.EngineResponse
+	9, // [9:12] is the sub-list for method output_type
+	6, // [6:9] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_prefill_proto_init() }
@@ -714,7 +811,7 @@ func file_kvmesh_v1_prefill_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_v1_prefill_proto_rawDesc), len(file_kvmesh_v1_prefill_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -43,13 +43,13 @@ const (
 type PrefillServiceClient interface {
 	// Prefill runs a prompt now, or with queue=true enqueues it and returns
 	// its request_id at once (state QUEUED).
-	Prefill(ctx context.Context, in *PrefillRequest, opts ...grpc.CallOption) (*PrefillResult, error)
+	Prefill(ctx context.Context, in *PrefillRequest, opts ...grpc.CallOption) (*PrefillResponse, error)
 	// GetResult returns a queued request's state, and its result once DONE.
 	// NOT_FOUND for an unknown id, or a result older than the result TTL.
-	GetResult(ctx context.Context, in *GetResultRequest, opts ...grpc.CallOption) (*PrefillResult, error)
+	GetResult(ctx context.Context, in *GetResultRequest, opts ...grpc.CallOption) (*GetResultResponse, error)
 	// Engine describes the node's engine: the namespace its blocks are
 	// cached under, the model's shape, and the queue.
-	Engine(ctx context.Context, in *EngineRequest, opts ...grpc.CallOption) (*EngineInfo, error)
+	Engine(ctx context.Context, in *EngineRequest, opts ...grpc.CallOption) (*EngineResponse, error)
 }
 
 type prefillServiceClient struct {
@@ -60,9 +60,9 @@ func NewPrefillServiceClient(cc grpc.ClientConnInterface) PrefillServiceClient {
 	return &prefillServiceClient{cc}
 }
 
-func (c *prefillServiceClient) Prefill(ctx context.Context, in *PrefillRequest, opts ...grpc.CallOption) (*PrefillResult, error) {
+func (c *prefillServiceClient) Prefill(ctx context.Context, in *PrefillRequest, opts ...grpc.CallOption) (*PrefillResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(PrefillResult)
+	out := new(PrefillResponse)
 	err := c.cc.Invoke(ctx, PrefillService_Prefill_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -70,9 +70,9 @@ func (c *prefillServiceClient) Prefill(ctx context.Context, in *PrefillRequest, 
 	return out, nil
 }
 
-func (c *prefillServiceClient) GetResult(ctx context.Context, in *GetResultRequest, opts ...grpc.CallOption) (*PrefillResult, error) {
+func (c *prefillServiceClient) GetResult(ctx context.Context, in *GetResultRequest, opts ...grpc.CallOption) (*GetResultResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(PrefillResult)
+	out := new(GetResultResponse)
 	err := c.cc.Invoke(ctx, PrefillService_GetResult_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -80,9 +80,9 @@ func (c *prefillServiceClient) GetResult(ctx context.Context, in *GetResultReque
 	return out, nil
 }
 
-func (c *prefillServiceClient) Engine(ctx context.Context, in *EngineRequest, opts ...grpc.CallOption) (*EngineInfo, error) {
+func (c *prefillServiceClient) Engine(ctx context.Context, in *EngineRequest, opts ...grpc.CallOption) (*EngineResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(EngineInfo)
+	out := new(EngineResponse)
 	err := c.cc.Invoke(ctx, PrefillService_Engine_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -109,13 +109,13 @@ func (c *prefillServiceClient) Engine(ctx context.Context, in *EngineRequest, op
 type PrefillServiceServer interface {
 	// Prefill runs a prompt now, or with queue=true enqueues it and returns
 	// its request_id at once (state QUEUED).
-	Prefill(context.Context, *PrefillRequest) (*PrefillResult, error)
+	Prefill(context.Context, *PrefillRequest) (*PrefillResponse, error)
 	// GetResult returns a queued request's state, and its result once DONE.
 	// NOT_FOUND for an unknown id, or a result older than the result TTL.
-	GetResult(context.Context, *GetResultRequest) (*PrefillResult, error)
+	GetResult(context.Context, *GetResultRequest) (*GetResultResponse, error)
 	// Engine describes the node's engine: the namespace its blocks are
 	// cached under, the model's shape, and the queue.
-	Engine(context.Context, *EngineRequest) (*EngineInfo, error)
+	Engine(context.Context, *EngineRequest) (*EngineResponse, error)
 	mustEmbedUnimplementedPrefillServiceServer()
 }
 
@@ -126,13 +126,13 @@ type PrefillServiceServer interface {
 // pointer dereference when methods are called.
 type UnimplementedPrefillServiceServer struct{}
 
-func (UnimplementedPrefillServiceServer) Prefill(context.Context, *PrefillRequest) (*PrefillResult, error) {
+func (UnimplementedPrefillServiceServer) Prefill(context.Context, *PrefillRequest) (*PrefillResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Prefill not implemented")
 }
-func (UnimplementedPrefillServiceServer) GetResult(context.Context, *GetResultRequest) (*PrefillResult, error) {
+func (UnimplementedPrefillServiceServer) GetResult(context.Context, *GetResultRequest) (*GetResultResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetResult not implemented")
 }
-func (UnimplementedPrefillServiceServer) Engine(context.Context, *EngineRequest) (*EngineInfo, error) {
+func (UnimplementedPrefillServiceServer) Engine(context.Context, *EngineRequest) (*EngineResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Engine not implemented")
 }
 func (UnimplementedPrefillServiceServer) mustEmbedUnimplementedPrefillServiceServer() {}

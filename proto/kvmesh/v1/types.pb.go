@@ -21,23 +21,25 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// DType is the element type of cached K/V tensors. The numbers are those of
+// Dtype is the element type of cached K/V tensors. The numbers are those of
 // prefixhash.DType; they are part of the namespace encoding and never change.
-type DType int32
+// (Spelled Dtype, not DType, so that buf's enum value prefix rule reads its
+// values' DTYPE_ prefix.)
+type Dtype int32
 
 const (
-	DType_DTYPE_UNSPECIFIED DType = 0
-	DType_DTYPE_FLOAT32     DType = 1
-	DType_DTYPE_FLOAT16     DType = 2
-	DType_DTYPE_BFLOAT16    DType = 3
-	DType_DTYPE_FP8_E4M3    DType = 4
-	DType_DTYPE_FP8_E5M2    DType = 5
-	DType_DTYPE_INT8        DType = 6
+	Dtype_DTYPE_UNSPECIFIED Dtype = 0
+	Dtype_DTYPE_FLOAT32     Dtype = 1
+	Dtype_DTYPE_FLOAT16     Dtype = 2
+	Dtype_DTYPE_BFLOAT16    Dtype = 3
+	Dtype_DTYPE_FP8_E4M3    Dtype = 4
+	Dtype_DTYPE_FP8_E5M2    Dtype = 5
+	Dtype_DTYPE_INT8        Dtype = 6
 )
 
-// Enum value maps for DType.
+// Enum value maps for Dtype.
 var (
-	DType_name = map[int32]string{
+	Dtype_name = map[int32]string{
 		0: "DTYPE_UNSPECIFIED",
 		1: "DTYPE_FLOAT32",
 		2: "DTYPE_FLOAT16",
@@ -46,7 +48,7 @@ var (
 		5: "DTYPE_FP8_E5M2",
 		6: "DTYPE_INT8",
 	}
-	DType_value = map[string]int32{
+	Dtype_value = map[string]int32{
 		"DTYPE_UNSPECIFIED": 0,
 		"DTYPE_FLOAT32":     1,
 		"DTYPE_FLOAT16":     2,
@@ -57,30 +59,30 @@ var (
 	}
 )
 
-func (x DType) Enum() *DType {
-	p := new(DType)
+func (x Dtype) Enum() *Dtype {
+	p := new(Dtype)
 	*p = x
 	return p
 }
 
-func (x DType) String() string {
+func (x Dtype) String() string {
 	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
 }
 
-func (DType) Descriptor() protoreflect.EnumDescriptor {
+func (Dtype) Descriptor() protoreflect.EnumDescriptor {
 	return file_kvmesh_v1_types_proto_enumTypes[0].Descriptor()
 }
 
-func (DType) Type() protoreflect.EnumType {
+func (Dtype) Type() protoreflect.EnumType {
 	return &file_kvmesh_v1_types_proto_enumTypes[0]
 }
 
-func (x DType) Number() protoreflect.EnumNumber {
+func (x Dtype) Number() protoreflect.EnumNumber {
 	return protoreflect.EnumNumber(x)
 }
 
-// Deprecated: Use DType.Descriptor instead.
-func (DType) EnumDescriptor() ([]byte, []int) {
+// Deprecated: Use Dtype.Descriptor instead.
+func (Dtype) EnumDescriptor() ([]byte, []int) {
 	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{0}
 }
 
@@ -248,7 +250,7 @@ type Namespace struct {
 	// Model id, for example "meta-llama/Llama-3.1-8B". Required, at most 256 bytes.
 	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
 	// Element type of the cached K and V tensors. Required.
-	Dtype DType `protobuf:"varint,2,opt,name=dtype,proto3,enum=kvmesh.v1.DType" json:"dtype,omitempty"`
+	Dtype Dtype `protobuf:"varint,2,opt,name=dtype,proto3,enum=kvmesh.v1.Dtype" json:"dtype,omitempty"`
 	// Tokens per block (B). Required, 1..65536.
 	BlockTokens uint32 `protobuf:"varint,3,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"`
 	// Half-open range [layer_start, layer_end) of the layers a block holds.
@@ -319,11 +321,11 @@ func (x *Namespace) GetModel() string {
 	return ""
 }
 
-func (x *Namespace) GetDtype() DType {
+func (x *Namespace) GetDtype() Dtype {
 	if x != nil {
 		return x.Dtype
 	}
-	return DType_DTYPE_UNSPECIFIED
+	return Dtype_DTYPE_UNSPECIFIED
 }
 
 func (x *Namespace) GetBlockTokens() uint32 {
@@ -496,7 +498,7 @@ const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xbd\x04\n" +
 	"\tNamespace\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12&\n" +
-	"\x05dtype\x18\x02 \x01(\x0e2\x10.kvmesh.v1.DTypeR\x05dtype\x12!\n" +
+	"\x05dtype\x18\x02 \x01(\x0e2\x10.kvmesh.v1.DtypeR\x05dtype\x12!\n" +
 	"\fblock_tokens\x18\x03 \x01(\rR\vblockTokens\x12\x1f\n" +
 	"\vlayer_start\x18\x04 \x01(\rR\n" +
 	"layerStart\x12\x1b\n" +
@@ -520,7 +522,7 @@ const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\x0eBlockExtraKeys\x12\x14\n" +
 	"\x05block\x18\x01 \x01(\rR\x05block\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys*\x90\x01\n" +
-	"\x05DType\x12\x15\n" +
+	"\x05Dtype\x12\x15\n" +
 	"\x11DTYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDTYPE_FLOAT32\x10\x01\x12\x11\n" +
 	"\rDTYPE_FLOAT16\x10\x02\x12\x12\n" +
@@ -555,7 +557,7 @@ func file_kvmesh_v1_types_proto_rawDescGZIP() []byte {
 var file_kvmesh_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_kvmesh_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_kvmesh_v1_types_proto_goTypes = []any{
-	(DType)(0),             // 0: kvmesh.v1.DType
+	(Dtype)(0),             // 0: kvmesh.v1.Dtype
 	(KVLayout)(0),          // 1: kvmesh.v1.KVLayout
 	(Scales)(0),            // 2: kvmesh.v1.Scales
 	(KeyScheme)(0),         // 3: kvmesh.v1.KeyScheme
@@ -563,7 +565,7 @@ var file_kvmesh_v1_types_proto_goTypes = []any{
 	(*BlockExtraKeys)(nil), // 5: kvmesh.v1.BlockExtraKeys
 }
 var file_kvmesh_v1_types_proto_depIdxs = []int32{
-	0, // 0: kvmesh.v1.Namespace.dtype:type_name -> kvmesh.v1.DType
+	0, // 0: kvmesh.v1.Namespace.dtype:type_name -> kvmesh.v1.Dtype
 	1, // 1: kvmesh.v1.Namespace.kv_layout:type_name -> kvmesh.v1.KVLayout
 	2, // 2: kvmesh.v1.Namespace.scales:type_name -> kvmesh.v1.Scales
 	3, // 3: kvmesh.v1.Namespace.key_scheme:type_name -> kvmesh.v1.KeyScheme

@@ -19,28 +19,28 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/peer.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x14kvmesh/v1/peer.proto\x12\tkvmesh.v1\"/\n\x11PeerLookupRequest\x12\x0c\n\x04keys\x18\x01 \x01(\x0c\x12\x0c\n\x04runs\x18\x02 \x03(\r\"$\n\x12PeerLookupResponse\x12\x0e\n\x06\x63ounts\x18\x01 \x03(\r2T\n\x0bPeerService\x12\x45\n\x06Lookup\x12\x1c.kvmesh.v1.PeerLookupRequest\x1a\x1d.kvmesh.v1.PeerLookupResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x14kvmesh/v1/peer.proto\x12\tkvmesh.v1\"6\n\x18PeerServiceLookupRequest\x12\x0c\n\x04keys\x18\x01 \x01(\x0c\x12\x0c\n\x04runs\x18\x02 \x03(\r\"+\n\x19PeerServiceLookupResponse\x12\x0e\n\x06\x63ounts\x18\x01 \x03(\r2b\n\x0bPeerService\x12S\n\x06Lookup\x12#.kvmesh.v1.PeerServiceLookupRequest\x1a$.kvmesh.v1.PeerServiceLookupResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
 )
 
 
 
 
-_PEERLOOKUPREQUEST = _descriptor.Descriptor(
-  name='PeerLookupRequest',
-  full_name='kvmesh.v1.PeerLookupRequest',
+_PEERSERVICELOOKUPREQUEST = _descriptor.Descriptor(
+  name='PeerServiceLookupRequest',
+  full_name='kvmesh.v1.PeerServiceLookupRequest',
   filename=None,
   file=DESCRIPTOR,
   containing_type=None,
   fields=[
     _descriptor.FieldDescriptor(
-      name='keys', full_name='kvmesh.v1.PeerLookupRequest.keys', index=0,
+      name='keys', full_name='kvmesh.v1.PeerServiceLookupRequest.keys', index=0,
       number=1, type=12, cpp_type=9, label=1,
       has_default_value=False, default_value=_b(""),
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='runs', full_name='kvmesh.v1.PeerLookupRequest.runs', index=1,
+      name='runs', full_name='kvmesh.v1.PeerServiceLookupRequest.runs', index=1,
       number=2, type=13, cpp_type=3, label=3,
       has_default_value=False, default_value=[],
       message_type=None, enum_type=None, containing_type=None,
@@ -59,19 +59,19 @@ _PEERLOOKUPREQUEST = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=35,
-  serialized_end=82,
+  serialized_end=89,
 )
 
 
-_PEERLOOKUPRESPONSE = _descriptor.Descriptor(
-  name='PeerLookupResponse',
-  full_name='kvmesh.v1.PeerLookupResponse',
+_PEERSERVICELOOKUPRESPONSE = _descriptor.Descriptor(
+  name='PeerServiceLookupResponse',
+  full_name='kvmesh.v1.PeerServiceLookupResponse',
   filename=None,
   file=DESCRIPTOR,
   containing_type=None,
   fields=[
     _descriptor.FieldDescriptor(
-      name='counts', full_name='kvmesh.v1.PeerLookupResponse.counts', index=0,
+      name='counts', full_name='kvmesh.v1.PeerServiceLookupResponse.counts', index=0,
       number=1, type=13, cpp_type=3, label=3,
       has_default_value=False, default_value=[],
       message_type=None, enum_type=None, containing_type=None,
@@ -89,27 +89,27 @@ _PEERLOOKUPRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=84,
-  serialized_end=120,
+  serialized_start=91,
+  serialized_end=134,
 )
 
-DESCRIPTOR.message_types_by_name['PeerLookupRequest'] = _PEERLOOKUPREQUEST
-DESCRIPTOR.message_types_by_name['PeerLookupResponse'] = _PEERLOOKUPRESPONSE
+DESCRIPTOR.message_types_by_name['PeerServiceLookupRequest'] = _PEERSERVICELOOKUPREQUEST
+DESCRIPTOR.message_types_by_name['PeerServiceLookupResponse'] = _PEERSERVICELOOKUPRESPONSE
 _sym_db.RegisterFileDescriptor(DESCRIPTOR)
 
-PeerLookupRequest = _reflection.GeneratedProtocolMessageType('PeerLookupRequest', (_message.Message,), dict(
-  DESCRIPTOR = _PEERLOOKUPREQUEST,
+PeerServiceLookupRequest = _reflection.GeneratedProtocolMessageType('PeerServiceLookupRequest', (_message.Message,), dict(
+  DESCRIPTOR = _PEERSERVICELOOKUPREQUEST,
   __module__ = 'kvmesh.v1.peer_pb2'
-  # @@protoc_insertion_point(class_scope:kvmesh.v1.PeerLookupRequest)
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PeerServiceLookupRequest)
   ))
-_sym_db.RegisterMessage(PeerLookupRequest)
+_sym_db.RegisterMessage(PeerServiceLookupRequest)
 
-PeerLookupResponse = _reflection.GeneratedProtocolMessageType('PeerLookupResponse', (_message.Message,), dict(
-  DESCRIPTOR = _PEERLOOKUPRESPONSE,
+PeerServiceLookupResponse = _reflection.GeneratedProtocolMessageType('PeerServiceLookupResponse', (_message.Message,), dict(
+  DESCRIPTOR = _PEERSERVICELOOKUPRESPONSE,
   __module__ = 'kvmesh.v1.peer_pb2'
-  # @@protoc_insertion_point(class_scope:kvmesh.v1.PeerLookupResponse)
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PeerServiceLookupResponse)
   ))
-_sym_db.RegisterMessage(PeerLookupResponse)
+_sym_db.RegisterMessage(PeerServiceLookupResponse)
 
 
 DESCRIPTOR.has_options = True
@@ -121,16 +121,16 @@ _PEERSERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=122,
-  serialized_end=206,
+  serialized_start=136,
+  serialized_end=234,
   methods=[
   _descriptor.MethodDescriptor(
     name='Lookup',
     full_name='kvmesh.v1.PeerService.Lookup',
     index=0,
     containing_service=None,
-    input_type=_PEERLOOKUPREQUEST,
-    output_type=_PEERLOOKUPRESPONSE,
+    input_type=_PEERSERVICELOOKUPREQUEST,
+    output_type=_PEERSERVICELOOKUPRESPONSE,
     options=None,
   ),
 ])

@@ -18,8 +18,8 @@ class PeerServiceStub(object):
     """
     self.Lookup = channel.unary_unary(
         '/kvmesh.v1.PeerService/Lookup',
-        request_serializer=kvmesh_dot_v1_dot_peer__pb2.PeerLookupRequest.SerializeToString,
-        response_deserializer=kvmesh_dot_v1_dot_peer__pb2.PeerLookupResponse.FromString,
+        request_serializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceLookupRequest.SerializeToString,
+        response_deserializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceLookupResponse.FromString,
         )
 
 
@@ -43,8 +43,8 @@ def add_PeerServiceServicer_to_server(servicer, server):
   rpc_method_handlers = {
       'Lookup': grpc.unary_unary_rpc_method_handler(
           servicer.Lookup,
-          request_deserializer=kvmesh_dot_v1_dot_peer__pb2.PeerLookupRequest.FromString,
-          response_serializer=kvmesh_dot_v1_dot_peer__pb2.PeerLookupResponse.SerializeToString,
+          request_deserializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceLookupRequest.FromString,
+          response_serializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceLookupResponse.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(

@@ -21,7 +21,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/prefill.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x17kvmesh/v1/prefill.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x8f\x01\n\x0ePrefillRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0f\n\x07session\x18\x04 \x01(\t\x12\r\n\x05queue\x18\x05 \x01(\x08\x12\x15\n\rreturn_logits\x18\x06 \x01(\x08\"5\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x04\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\"\xe2\x01\n\rPrefillResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.kvmesh.v1.PrefillState\x12\x1f\n\x05usage\x18\x03 \x01(\x0b\x32\x10.kvmesh.v1.Usage\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x12\n\ntop_tokens\x18\x05 \x03(\r\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x0e\n\x06logits\x18\x07 \x03(\x02\x12\x10\n\x08queue_ms\x18\x08 \x01(\x01\x12\r\n\x05model\x18\t \x01(\t\x12\x0f\n\x07session\x18\n \x01(\t\"&\n\x10GetResultRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x0f\n\rEngineRequest\"\xd0\x02\n\nEngineInfo\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x18\n\x10namespace_digest\x18\x02 \x01(\x06\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0e\n\x06layers\x18\x04 \x01(\r\x12\x0b\n\x03\x64im\x18\x05 \x01(\r\x12\r\n\x05heads\x18\x06 \x01(\r\x12\x10\n\x08kv_heads\x18\x07 \x01(\r\x12\x10\n\x08head_dim\x18\x08 \x01(\r\x12\x0f\n\x07\x66\x66n_dim\x18\t \x01(\r\x12\r\n\x05vocab\x18\n \x01(\r\x12\x13\n\x0bmax_context\x18\x0b \x01(\r\x12\x14\n\x0c\x62lock_tokens\x18\x0c \x01(\r\x12\x16\n\x0eweights_digest\x18\r \x01(\x06\x12\x13\n\x0b\x63oncurrency\x18\x0e \x01(\r\x12\x0e\n\x06queued\x18\x0f \x01(\r\x12\x16\n\x0equeue_capacity\x18\x10 \x01(\r*\x94\x01\n\x0cPrefillState\x12\x1d\n\x19PREFILL_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14PREFILL_STATE_QUEUED\x10\x01\x12\x19\n\x15PREFILL_STATE_RUNNING\x10\x02\x12\x16\n\x12PREFILL_STATE_DONE\x10\x03\x12\x18\n\x14PREFILL_STATE_FAILED\x10\x04\x32\xcf\x01\n\x0ePrefillService\x12>\n\x07Prefill\x12\x19.kvmesh.v1.PrefillRequest\x1a\x18.kvmesh.v1.PrefillResult\x12\x42\n\tGetResult\x12\x1b.kvmesh.v1.GetResultRequest\x1a\x18.kvmesh.v1.PrefillResult\x12\x39\n\x06\x45ngine\x12\x18.kvmesh.v1.EngineRequest\x1a\x15.kvmesh.v1.EngineInfoB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x17kvmesh/v1/prefill.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x8f\x01\n\x0ePrefillRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0f\n\x07session\x18\x04 \x01(\t\x12\r\n\x05queue\x18\x05 \x01(\x08\x12\x15\n\rreturn_logits\x18\x06 \x01(\x08\"5\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x04\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\"\xe2\x01\n\rPrefillResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.kvmesh.v1.PrefillState\x12\x1f\n\x05usage\x18\x03 \x01(\x0b\x32\x10.kvmesh.v1.Usage\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x12\n\ntop_tokens\x18\x05 \x03(\r\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x0e\n\x06logits\x18\x07 \x03(\x02\x12\x10\n\x08queue_ms\x18\x08 \x01(\x01\x12\r\n\x05model\x18\t \x01(\t\x12\x0f\n\x07session\x18\n \x01(\t\";\n\x0fPrefillResponse\x12(\n\x06result\x18\x01 \x01(\x0b\x32\x18.kvmesh.v1.PrefillResult\"&\n\x10GetResultRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"=\n\x11GetResultResponse\x12(\n\x06result\x18\x01 \x01(\x0b\x32\x18.kvmesh.v1.PrefillResult\"\x0f\n\rEngineRequest\"\xd4\x02\n\x0e\x45ngineResponse\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x18\n\x10namespace_digest\x18\x02 \x01(\x06\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0e\n\x06layers\x18\x04 \x01(\r\x12\x0b\n\x03\x64im\x18\x05 \x01(\r\x12\r\n\x05heads\x18\x06 \x01(\r\x12\x10\n\x08kv_heads\x18\x07 \x01(\r\x12\x10\n\x08head_dim\x18\x08 \x01(\r\x12\x0f\n\x07\x66\x66n_dim\x18\t \x01(\r\x12\r\n\x05vocab\x18\n \x01(\r\x12\x13\n\x0bmax_context\x18\x0b \x01(\r\x12\x14\n\x0c\x62lock_tokens\x18\x0c \x01(\r\x12\x16\n\x0eweights_digest\x18\r \x01(\x06\x12\x13\n\x0b\x63oncurrency\x18\x0e \x01(\r\x12\x0e\n\x06queued\x18\x0f \x01(\r\x12\x16\n\x0equeue_capacity\x18\x10 \x01(\r*\x94\x01\n\x0cPrefillState\x12\x1d\n\x19PREFILL_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14PREFILL_STATE_QUEUED\x10\x01\x12\x19\n\x15PREFILL_STATE_RUNNING\x10\x02\x12\x16\n\x12PREFILL_STATE_DONE\x10\x03\x12\x18\n\x14PREFILL_STATE_FAILED\x10\x04\x32\xd9\x01\n\x0ePrefillService\x12@\n\x07Prefill\x12\x19.kvmesh.v1.PrefillRequest\x1a\x1a.kvmesh.v1.PrefillResponse\x12\x46\n\tGetResult\x12\x1b.kvmesh.v1.GetResultRequest\x1a\x1c.kvmesh.v1.GetResultResponse\x12=\n\x06\x45ngine\x12\x18.kvmesh.v1.EngineRequest\x1a\x19.kvmesh.v1.EngineResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
@@ -54,8 +54,8 @@ _PREFILLSTATE = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=888,
-  serialized_end=1036,
+  serialized_start=1016,
+  serialized_end=1164,
 )
 _sym_db.RegisterEnumDescriptor(_PREFILLSTATE)
 
@@ -266,6 +266,37 @@ _PREFILLRESULT = _descriptor.Descriptor(
 )
 
 
+_PREFILLRESPONSE = _descriptor.Descriptor(
+  name='PrefillResponse',
+  full_name='kvmesh.v1.PrefillResponse',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='result', full_name='kvmesh.v1.PrefillResponse.result', index=0,
+      number=1, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=491,
+  serialized_end=550,
+)
+
+
 _GETRESULTREQUEST = _descriptor.Descriptor(
   name='GetResultRequest',
   full_name='kvmesh.v1.GetResultRequest',
@@ -292,8 +323,39 @@ _GETRESULTREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=491,
-  serialized_end=529,
+  serialized_start=552,
+  serialized_end=590,
+)
+
+
+_GETRESULTRESPONSE = _descriptor.Descriptor(
+  name='GetResultResponse',
+  full_name='kvmesh.v1.GetResultResponse',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='result', full_name='kvmesh.v1.GetResultResponse.result', index=0,
+      number=1, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=592,
+  serialized_end=653,
 )
 
 
@@ -316,125 +378,125 @@ _ENGINEREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=531,
-  serialized_end=546,
+  serialized_start=655,
+  serialized_end=670,
 )
 
 
-_ENGINEINFO = _descriptor.Descriptor(
-  name='EngineInfo',
-  full_name='kvmesh.v1.EngineInfo',
+_ENGINERESPONSE = _descriptor.Descriptor(
+  name='EngineResponse',
+  full_name='kvmesh.v1.EngineResponse',
   filename=None,
   file=DESCRIPTOR,
   containing_type=None,
   fields=[
     _descriptor.FieldDescriptor(
-      name='namespace', full_name='kvmesh.v1.EngineInfo.namespace', index=0,
+      name='namespace', full_name='kvmesh.v1.EngineResponse.namespace', index=0,
       number=1, type=11, cpp_type=10, label=1,
       has_default_value=False, default_value=None,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='namespace_digest', full_name='kvmesh.v1.EngineInfo.namespace_digest', index=1,
+      name='namespace_digest', full_name='kvmesh.v1.EngineResponse.namespace_digest', index=1,
       number=2, type=6, cpp_type=4, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='backend', full_name='kvmesh.v1.EngineInfo.backend', index=2,
+      name='backend', full_name='kvmesh.v1.EngineResponse.backend', index=2,
       number=3, type=9, cpp_type=9, label=1,
       has_default_value=False, default_value=_b("").decode('utf-8'),
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='layers', full_name='kvmesh.v1.EngineInfo.layers', index=3,
+      name='layers', full_name='kvmesh.v1.EngineResponse.layers', index=3,
       number=4, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='dim', full_name='kvmesh.v1.EngineInfo.dim', index=4,
+      name='dim', full_name='kvmesh.v1.EngineResponse.dim', index=4,
       number=5, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='heads', full_name='kvmesh.v1.EngineInfo.heads', index=5,
+      name='heads', full_name='kvmesh.v1.EngineResponse.heads', index=5,
       number=6, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='kv_heads', full_name='kvmesh.v1.EngineInfo.kv_heads', index=6,
+      name='kv_heads', full_name='kvmesh.v1.EngineResponse.kv_heads', index=6,
       number=7, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='head_dim', full_name='kvmesh.v1.EngineInfo.head_dim', index=7,
+      name='head_dim', full_name='kvmesh.v1.EngineResponse.head_dim', index=7,
       number=8, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='ffn_dim', full_name='kvmesh.v1.EngineInfo.ffn_dim', index=8,
+      name='ffn_dim', full_name='kvmesh.v1.EngineResponse.ffn_dim', index=8,
       number=9, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='vocab', full_name='kvmesh.v1.EngineInfo.vocab', index=9,
+      name='vocab', full_name='kvmesh.v1.EngineResponse.vocab', index=9,
       number=10, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='max_context', full_name='kvmesh.v1.EngineInfo.max_context', index=10,
+      name='max_context', full_name='kvmesh.v1.EngineResponse.max_context', index=10,
       number=11, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='block_tokens', full_name='kvmesh.v1.EngineInfo.block_tokens', index=11,
+      name='block_tokens', full_name='kvmesh.v1.EngineResponse.block_tokens', index=11,
       number=12, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='weights_digest', full_name='kvmesh.v1.EngineInfo.weights_digest', index=12,
+      name='weights_digest', full_name='kvmesh.v1.EngineResponse.weights_digest', index=12,
       number=13, type=6, cpp_type=4, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='concurrency', full_name='kvmesh.v1.EngineInfo.concurrency', index=13,
+      name='concurrency', full_name='kvmesh.v1.EngineResponse.concurrency', index=13,
       number=14, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='queued', full_name='kvmesh.v1.EngineInfo.queued', index=14,
+      name='queued', full_name='kvmesh.v1.EngineResponse.queued', index=14,
       number=15, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='queue_capacity', full_name='kvmesh.v1.EngineInfo.queue_capacity', index=15,
+      name='queue_capacity', full_name='kvmesh.v1.EngineResponse.queue_capacity', index=15,
       number=16, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
@@ -452,20 +514,24 @@ _ENGINEINFO = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=549,
-  serialized_end=885,
+  serialized_start=673,
+  serialized_end=1013,
 )
 
 _PREFILLREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
 _PREFILLRESULT.fields_by_name['state'].enum_type = _PREFILLSTATE
 _PREFILLRESULT.fields_by_name['usage'].message_type = _USAGE
-_ENGINEINFO.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
+_PREFILLRESPONSE.fields_by_name['result'].message_type = _PREFILLRESULT
+_GETRESULTRESPONSE.fields_by_name['result'].message_type = _PREFILLRESULT
+_ENGINERESPONSE.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
 DESCRIPTOR.message_types_by_name['PrefillRequest'] = _PREFILLREQUEST
 DESCRIPTOR.message_types_by_name['Usage'] = _USAGE
 DESCRIPTOR.message_types_by_name['PrefillResult'] = _PREFILLRESULT
+DESCRIPTOR.message_types_by_name['PrefillResponse'] = _PREFILLRESPONSE
 DESCRIPTOR.message_types_by_name['GetResultRequest'] = _GETRESULTREQUEST
+DESCRIPTOR.message_types_by_name['GetResultResponse'] = _GETRESULTRESPONSE
 DESCRIPTOR.message_types_by_name['EngineRequest'] = _ENGINEREQUEST
-DESCRIPTOR.message_types_by_name['EngineInfo'] = _ENGINEINFO
+DESCRIPTOR.message_types_by_name['EngineResponse'] = _ENGINERESPONSE
 DESCRIPTOR.enum_types_by_name['PrefillState'] = _PREFILLSTATE
 _sym_db.RegisterFileDescriptor(DESCRIPTOR)
 
@@ -490,12 +556,26 @@ PrefillResult = _reflection.GeneratedProtocolMessageType('PrefillResult', (_mess
   ))
 _sym_db.RegisterMessage(PrefillResult)
 
+PrefillResponse = _reflection.GeneratedProtocolMessageType('PrefillResponse', (_message.Message,), dict(
+  DESCRIPTOR = _PREFILLRESPONSE,
+  __module__ = 'kvmesh.v1.prefill_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PrefillResponse)
+  ))
+_sym_db.RegisterMessage(PrefillResponse)
+
 GetResultRequest = _reflection.GeneratedProtocolMessageType('GetResultRequest', (_message.Message,), dict(
   DESCRIPTOR = _GETRESULTREQUEST,
   __module__ = 'kvmesh.v1.prefill_pb2'
   # @@protoc_insertion_point(class_scope:kvmesh.v1.GetResultRequest)
   ))
 _sym_db.RegisterMessage(GetResultRequest)
+
+GetResultResponse = _reflection.GeneratedProtocolMessageType('GetResultResponse', (_message.Message,), dict(
+  DESCRIPTOR = _GETRESULTRESPONSE,
+  __module__ = 'kvmesh.v1.prefill_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.GetResultResponse)
+  ))
+_sym_db.RegisterMessage(GetResultResponse)
 
 EngineRequest = _reflection.GeneratedProtocolMessageType('EngineRequest', (_message.Message,), dict(
   DESCRIPTOR = _ENGINEREQUEST,
@@ -504,12 +584,12 @@ EngineRequest = _reflection.GeneratedProtocolMessageType('EngineRequest', (_mess
   ))
 _sym_db.RegisterMessage(EngineRequest)
 
-EngineInfo = _reflection.GeneratedProtocolMessageType('EngineInfo', (_message.Message,), dict(
-  DESCRIPTOR = _ENGINEINFO,
+EngineResponse = _reflection.GeneratedProtocolMessageType('EngineResponse', (_message.Message,), dict(
+  DESCRIPTOR = _ENGINERESPONSE,
   __module__ = 'kvmesh.v1.prefill_pb2'
-  # @@protoc_insertion_point(class_scope:kvmesh.v1.EngineInfo)
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.EngineResponse)
   ))
-_sym_db.RegisterMessage(EngineInfo)
+_sym_db.RegisterMessage(EngineResponse)
 
 
 DESCRIPTOR.has_options = True
@@ -521,8 +601,8 @@ _PREFILLSERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=1039,
-  serialized_end=1246,
+  serialized_start=1167,
+  serialized_end=1384,
   methods=[
   _descriptor.MethodDescriptor(
     name='Prefill',
@@ -530,7 +610,7 @@ _PREFILLSERVICE = _descriptor.ServiceDescriptor(
     index=0,
     containing_service=None,
     input_type=_PREFILLREQUEST,
-    output_type=_PREFILLRESULT,
+    output_type=_PREFILLRESPONSE,
     options=None,
   ),
   _descriptor.MethodDescriptor(
@@ -539,7 +619,7 @@ _PREFILLSERVICE = _descriptor.ServiceDescriptor(
     index=1,
     containing_service=None,
     input_type=_GETRESULTREQUEST,
-    output_type=_PREFILLRESULT,
+    output_type=_GETRESULTRESPONSE,
     options=None,
   ),
   _descriptor.MethodDescriptor(
@@ -548,7 +628,7 @@ _PREFILLSERVICE = _descriptor.ServiceDescriptor(
     index=2,
     containing_service=None,
     input_type=_ENGINEREQUEST,
-    output_type=_ENGINEINFO,
+    output_type=_ENGINERESPONSE,
     options=None,
   ),
 ])

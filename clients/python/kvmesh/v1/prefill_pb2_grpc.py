@@ -28,17 +28,17 @@ class PrefillServiceStub(object):
     self.Prefill = channel.unary_unary(
         '/kvmesh.v1.PrefillService/Prefill',
         request_serializer=kvmesh_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
-        response_deserializer=kvmesh_dot_v1_dot_prefill__pb2.PrefillResult.FromString,
+        response_deserializer=kvmesh_dot_v1_dot_prefill__pb2.PrefillResponse.FromString,
         )
     self.GetResult = channel.unary_unary(
         '/kvmesh.v1.PrefillService/GetResult',
         request_serializer=kvmesh_dot_v1_dot_prefill__pb2.GetResultRequest.SerializeToString,
-        response_deserializer=kvmesh_dot_v1_dot_prefill__pb2.PrefillResult.FromString,
+        response_deserializer=kvmesh_dot_v1_dot_prefill__pb2.GetResultResponse.FromString,
         )
     self.Engine = channel.unary_unary(
         '/kvmesh.v1.PrefillService/Engine',
         request_serializer=kvmesh_dot_v1_dot_prefill__pb2.EngineRequest.SerializeToString,
-        response_deserializer=kvmesh_dot_v1_dot_prefill__pb2.EngineInfo.FromString,
+        response_deserializer=kvmesh_dot_v1_dot_prefill__pb2.EngineResponse.FromString,
         )
 
 
@@ -87,17 +87,17 @@ def add_PrefillServiceServicer_to_server(servicer, server):
       'Prefill': grpc.unary_unary_rpc_method_handler(
           servicer.Prefill,
           request_deserializer=kvmesh_dot_v1_dot_prefill__pb2.PrefillRequest.FromString,
-          response_serializer=kvmesh_dot_v1_dot_prefill__pb2.PrefillResult.SerializeToString,
+          response_serializer=kvmesh_dot_v1_dot_prefill__pb2.PrefillResponse.SerializeToString,
       ),
       'GetResult': grpc.unary_unary_rpc_method_handler(
           servicer.GetResult,
           request_deserializer=kvmesh_dot_v1_dot_prefill__pb2.GetResultRequest.FromString,
-          response_serializer=kvmesh_dot_v1_dot_prefill__pb2.PrefillResult.SerializeToString,
+          response_serializer=kvmesh_dot_v1_dot_prefill__pb2.GetResultResponse.SerializeToString,
       ),
       'Engine': grpc.unary_unary_rpc_method_handler(
           servicer.Engine,
           request_deserializer=kvmesh_dot_v1_dot_prefill__pb2.EngineRequest.FromString,
-          response_serializer=kvmesh_dot_v1_dot_prefill__pb2.EngineInfo.SerializeToString,
+          response_serializer=kvmesh_dot_v1_dot_prefill__pb2.EngineResponse.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(

@@ -20,12 +20,12 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/types.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\x97\x03\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.kvmesh.v1.DType\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x13\n\x0blayer_start\x18\x04 \x01(\r\x12\x11\n\tlayer_end\x18\x05 \x01(\r\x12\x10\n\x08kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x0f\n\x07tp_rank\x18\x08 \x01(\r\x12\x0f\n\x07tp_size\x18\t \x01(\r\x12\x13\n\x0btenant_salt\x18\n \x01(\t\x12&\n\tkv_layout\x18\x0b \x01(\x0e\x32\x13.kvmesh.v1.KVLayout\x12\x12\n\nlatent_dim\x18\x0c \x01(\r\x12!\n\x06scales\x18\r \x01(\x0e\x32\x11.kvmesh.v1.Scales\x12\x0c\n\x04lora\x18\x0e \x01(\t\x12(\n\nkey_scheme\x18\x0f \x01(\x0e\x32\x14.kvmesh.v1.KeyScheme\x12\x11\n\thash_seed\x18\x10 \x01(\t\x12\x17\n\x0f\x65xtra_key_bytes\x18\x11 \x01(\r\"-\n\x0e\x42lockExtraKeys\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c*\x90\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_FP8_E4M3\x10\x04\x12\x12\n\x0e\x44TYPE_FP8_E5M2\x10\x05\x12\x0e\n\nDTYPE_INT8\x10\x06*5\n\x08KVLayout\x12\x13\n\x0fKV_LAYOUT_SPLIT\x10\x00\x12\x14\n\x10KV_LAYOUT_LATENT\x10\x01*D\n\x06Scales\x12\x0f\n\x0bSCALES_NONE\x10\x00\x12\x14\n\x10SCALES_PER_BLOCK\x10\x01\x12\x13\n\x0fSCALES_PER_HEAD\x10\x02*7\n\tKeyScheme\x12\x15\n\x11KEY_SCHEME_KVMESH\x10\x00\x12\x13\n\x0fKEY_SCHEME_VLLM\x10\x01\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\x97\x03\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x13\n\x0blayer_start\x18\x04 \x01(\r\x12\x11\n\tlayer_end\x18\x05 \x01(\r\x12\x10\n\x08kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x0f\n\x07tp_rank\x18\x08 \x01(\r\x12\x0f\n\x07tp_size\x18\t \x01(\r\x12\x13\n\x0btenant_salt\x18\n \x01(\t\x12&\n\tkv_layout\x18\x0b \x01(\x0e\x32\x13.kvmesh.v1.KVLayout\x12\x12\n\nlatent_dim\x18\x0c \x01(\r\x12!\n\x06scales\x18\r \x01(\x0e\x32\x11.kvmesh.v1.Scales\x12\x0c\n\x04lora\x18\x0e \x01(\t\x12(\n\nkey_scheme\x18\x0f \x01(\x0e\x32\x14.kvmesh.v1.KeyScheme\x12\x11\n\thash_seed\x18\x10 \x01(\t\x12\x17\n\x0f\x65xtra_key_bytes\x18\x11 \x01(\r\"-\n\x0e\x42lockExtraKeys\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c*\x90\x01\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_FP8_E4M3\x10\x04\x12\x12\n\x0e\x44TYPE_FP8_E5M2\x10\x05\x12\x0e\n\nDTYPE_INT8\x10\x06*5\n\x08KVLayout\x12\x13\n\x0fKV_LAYOUT_SPLIT\x10\x00\x12\x14\n\x10KV_LAYOUT_LATENT\x10\x01*D\n\x06Scales\x12\x0f\n\x0bSCALES_NONE\x10\x00\x12\x14\n\x10SCALES_PER_BLOCK\x10\x01\x12\x13\n\x0fSCALES_PER_HEAD\x10\x02*7\n\tKeyScheme\x12\x15\n\x11KEY_SCHEME_KVMESH\x10\x00\x12\x13\n\x0fKEY_SCHEME_VLLM\x10\x01\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
 )
 
 _DTYPE = _descriptor.EnumDescriptor(
-  name='DType',
-  full_name='kvmesh.v1.DType',
+  name='Dtype',
+  full_name='kvmesh.v1.Dtype',
   filename=None,
   file=DESCRIPTOR,
   values=[
@@ -65,7 +65,7 @@ _DTYPE = _descriptor.EnumDescriptor(
 )
 _sym_db.RegisterEnumDescriptor(_DTYPE)
 
-DType = enum_type_wrapper.EnumTypeWrapper(_DTYPE)
+Dtype = enum_type_wrapper.EnumTypeWrapper(_DTYPE)
 _KVLAYOUT = _descriptor.EnumDescriptor(
   name='KVLayout',
   full_name='kvmesh.v1.KVLayout',
@@ -342,7 +342,7 @@ _NAMESPACE.fields_by_name['scales'].enum_type = _SCALES
 _NAMESPACE.fields_by_name['key_scheme'].enum_type = _KEYSCHEME
 DESCRIPTOR.message_types_by_name['Namespace'] = _NAMESPACE
 DESCRIPTOR.message_types_by_name['BlockExtraKeys'] = _BLOCKEXTRAKEYS
-DESCRIPTOR.enum_types_by_name['DType'] = _DTYPE
+DESCRIPTOR.enum_types_by_name['Dtype'] = _DTYPE
 DESCRIPTOR.enum_types_by_name['KVLayout'] = _KVLAYOUT
 DESCRIPTOR.enum_types_by_name['Scales'] = _SCALES
 DESCRIPTOR.enum_types_by_name['KeyScheme'] = _KEYSCHEME

@@ -1,0 +1,200 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"os"
+
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// The examples run against a real node in this process (startNode), on a
+// port the system picks; a program would dial its kvmesh serve instead.
+
+// ns is the examples' namespace: blocks of 16 tokens of a small model, 4 KiB
+// of payload each.
+var ns = prefixhash.Namespace{Model: "example/tiny", DType: prefixhash.Float16, BlockTokens: 16,
+	LayerStart: 0, LayerEnd: 2, KVHeads: 2, HeadDim: 16}
+
+// startNode starts a node with small tiers (16 MiB of DRAM, 64 MiB of NVMe) in a temporary directory
+// and returns its gRPC address and how to stop it.
+func startNode() (addr string, stop func()) {
+	dir, err := os.MkdirTemp("", "kvmesh-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	n, err := node.Open(node.Options{NodeID: "example", DataDir: dir, GRPCAddr: "127.0.0.1:0",
+		DRAMBytes: 16 << 20, NVMeBytes: 64 << 20, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Serve(ctx) }()
+	return n.GRPCAddr(), func() {
+		cancel()
+		if err := <-done; err != nil {
+			log.Fatal(err)
+		}
+		os.RemoveAll(dir)
+	}
+}
+
+// prompt returns a prompt of 40 tokens (2 full blocks and a tail) and the
+// payloads of its full blocks, as an engine would have computed them.
+func prompt() ([]uint32, [][]byte) {
+	tokens := make([]uint32, 40)
+	for i := range tokens {
+		tokens[i] = uint32(1000 + i)
+	}
+	payloads := [][]byte{bytes.Repeat([]byte{1}, ns.BlockBytes()), bytes.Repeat([]byte{2}, ns.BlockBytes())}
+	return tokens, payloads
+}
+
+// dial starts a node and returns a client of it (as ExampleDial does), and
+// how to close both.
+func dial() (*client.Client, func()) {
+	addr, stop := startNode()
+	c, err := client.Dial(addr, client.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	return c, func() {
+		c.Close()
+		stop()
+	}
+}
+
+// cachedPrompt is dial with prompt's blocks put in the cache.
+func cachedPrompt() (*client.Client, func()) {
+	c, stop := dial()
+	tokens, payloads := prompt()
+	if _, err := c.Put(context.Background(), ns, tokens, payloads); err != nil {
+		log.Fatal(err)
+	}
+	return c, stop
+}
+
+func ExampleDial() {
+	addr, stop := startNode()
+	defer stop()
+
+	c, err := client.Dial(addr, client.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	st, err := c.Stats(context.Background())
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("connected to", st.NodeID)
+	// Output: connected to example
+}
+
+func ExampleClient_Put() {
+	c, stop := dial()
+	defer stop()
+
+	tokens, payloads := prompt()
+	keys, err := c.Put(context.Background(), ns, tokens, payloads)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(keys), "blocks stored; the first is", keys[0] == prefixhash.Keys(ns, tokens)[0])
+	// Output: 2 blocks stored; the first is true
+}
+
+func ExampleClient_Lookup() {
+	c, stop := dial()
+	defer stop()
+	ctx := context.Background()
+	tokens, payloads := prompt()
+	if _, err := c.Put(ctx, ns, tokens, payloads[:1]); err != nil {
+		log.Fatal(err)
+	}
+
+	l, err := c.Lookup(ctx, ns, tokens)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%d of %d tokens cached, on %s\n", l.CachedTokens, l.PromptTokens, l.Runs[0].NodeID)
+	// Output: 16 of 40 tokens cached, on example
+}
+
+func ExampleClient_Get() {
+	c, stop := cachedPrompt()
+	defer stop()
+	ctx := context.Background()
+	tokens, payloads := prompt()
+
+	blocks, err := c.Get(ctx, ns, tokens)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, b := range blocks {
+		fmt.Println("block", b.Index, bytes.Equal(b.Payload, payloads[b.Index]))
+	}
+	// Output:
+	// block 0 true
+	// block 1 true
+}
+
+func ExampleClient_GetInto() {
+	c, stop := cachedPrompt()
+	defer stop()
+	ctx := context.Background()
+	tokens, payloads := prompt()
+
+	// The worker's own buffers (its KV cache pages, say), reused for every
+	// prompt: one per block it can take.
+	dst := [][]byte{make([]byte, ns.BlockBytes()), make([]byte, ns.BlockBytes()), make([]byte, ns.BlockBytes())}
+	n, err := c.GetInto(ctx, ns, tokens, dst)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(n, "blocks read;", bytes.Equal(dst[1], payloads[1]))
+	// Output: 2 blocks read; true
+}
+
+func ExampleClient_Stats() {
+	c, stop := cachedPrompt()
+	defer stop()
+
+	st, err := c.Stats(context.Background())
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, x := range st.Namespaces {
+		fmt.Printf("namespace %v: %d blocks, %d tokens\n", x.Digest == ns.Digest(), x.Blocks, x.Tokens)
+	}
+	// Output: namespace true: 2 blocks, 32 tokens
+}
+
+// A refusal matches a sentinel error, and errors.As reaches the reason and
+// the details the node sent.
+func ExampleError() {
+	c, stop := dial()
+	defer stop()
+	ctx := context.Background()
+	if _, err := c.SetQuota(ctx, ns, client.Quota{DRAMBytes: 1024, NVMeBytes: 1024}); err != nil {
+		log.Fatal(err)
+	}
+	tokens, payloads := prompt()
+
+	_, err := c.Put(ctx, ns, tokens, payloads)
+	fmt.Println("over the quota:", errors.Is(err, client.ErrQuota))
+	var e *client.Error
+	if errors.As(err, &e) {
+		fmt.Println(e.Code, e.Reason, e.Quotas[0].Subject == fmt.Sprintf("namespace:%016x", ns.Digest()))
+	}
+	// Output:
+	// over the quota: true
+	// ResourceExhausted QUOTA_EXCEEDED true
+}
