@@ -252,7 +252,7 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	for _, l := range redisClientsDisagree(rows) {
 		res.Note("Redis clients differ by more than %.0f%%: %s; the faster is the peer.", 100*peerSpread, l)
 	}
-	res.Note("ratio_vs_redis is against the faster of the bench's Redis client (target redis) and redis-benchmark "+
+	res.Note("ratio_vs_redis is against the faster of the bench's Redis client (target redis) and redis-benchmark " +
 		"(same value size, clients and key pattern: random GETs over the fill, SETs of new keys; its request count set to last about as long as the bench client's phase). ")
 	res.Note("SET writes keys never written before (a block store answers a SET of a block it holds without storing it); " +
 		"GET reads random keys of the data set filled before it. GB/s count value bytes only. " +
