@@ -324,27 +324,25 @@ func (l *Local) Contains(a auth.Access, key prefixhash.Key) bool {
 }
 
 // LongestPrefix returns how many leading keys are cached here as blocks a
-// request with access a may see. It touches them deepest-first, so that a
-// chain's ancestors are always warmer than its descendants.
+// request with access a may see: one index probe per key, under one lock
+// hold, and no write to LRU state. A lookup is not a use: the blocks are
+// touched when they are read (GetMany touches a chain deepest-first, so its
+// ancestors end up warmest), so a lookup that is not followed by a read,
+// or a peer's lookup for a node that then reads elsewhere, does not keep
+// blocks warm.
 func (l *Local) LongestPrefix(a auth.Access, keys []prefixhash.Key) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.mu.closed {
 		return 0
 	}
-	s := l.mu.stack[:0]
-	for _, k := range keys {
-		i := l.mu.x.find(k)
-		if i == 0 || !l.mu.ns.allows(a, l.mu.x.at(i).ns) {
-			break
+	x, ns := &l.mu.x, &l.mu.ns
+	for n, k := range keys {
+		if i := x.find(k); i == 0 || !ns.allows(a, x.at(i).ns) {
+			return n
 		}
-		s = append(s, i)
 	}
-	for k := len(s) - 1; k >= 0; k-- {
-		l.touchLocked(s[k])
-	}
-	l.mu.stack = s[:0]
-	return len(s)
+	return len(keys)
 }
 
 // NamespaceTenant returns the tenant tag of the blocks of the namespace

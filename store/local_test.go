@@ -872,3 +872,41 @@ func FuzzLocalPut(f *testing.F) {
 		}
 	})
 }
+
+// TestLocalLookupDoesNotTouch: a lookup leaves LRU order alone (the oldest
+// block is still the first evicted after it is looked up), a read touches.
+func TestLocalLookupDoesNotTouch(t *testing.T) {
+	w := newWorld(t, 33, blocktest.NS())
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), DemoteBatchBytes: 1}) // 16 blocks
+	ctx := context.Background()
+	var roots []int
+	for range 16 {
+		roots = append(roots, w.extend(-1))
+		if err := l.Put(ctx, w.blocks[roots[len(roots)-1]].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := func(i int) prefixhash.Key { return w.blocks[roots[i]].key }
+	for range 3 {
+		if n := l.LongestPrefix(auth.Access{}, []prefixhash.Key{key(0)}); n != 1 {
+			t.Fatalf("lookup of a cached block: %d", n)
+		}
+	}
+	r := putGet(t, l, w.blocks[roots[1]]) // already there: a read
+	r.Release()
+	for range 2 {
+		roots = append(roots, w.extend(-1))
+		if err := l.Put(ctx, w.blocks[roots[len(roots)-1]].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l.Contains(auth.Access{}, key(0)) {
+		t.Error("the oldest block, only looked up, outlived newer ones: the lookup touched it")
+	}
+	if !l.Contains(auth.Access{}, key(1)) {
+		t.Error("the block just read was evicted before older ones")
+	}
+	if l.Contains(auth.Access{}, key(2)) {
+		t.Error("block 2, older than the read one, was kept")
+	}
+}
