@@ -331,18 +331,41 @@ func (l *Local) Contains(a auth.Access, key prefixhash.Key) bool {
 // or a peer's lookup for a node that then reads elsewhere, does not keep
 // blocks warm.
 func (l *Local) LongestPrefix(a auth.Access, keys []prefixhash.Key) int {
+	n, _ := l.prefix(a, keys, nil)
+	return n
+}
+
+// LongestPrefixTiers is LongestPrefix that also appends to tiers the name of
+// the tier each block of the prefix is in, from the same probe.
+func (l *Local) LongestPrefixTiers(a auth.Access, keys []prefixhash.Key, tiers []string) (int, []string) {
+	if tiers == nil {
+		tiers = make([]string, 0, len(keys))
+	}
+	return l.prefix(a, keys, tiers)
+}
+
+// prefix is LongestPrefix, appending tier names when tiers is not nil.
+func (l *Local) prefix(a auth.Access, keys []prefixhash.Key, tiers []string) (int, []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.mu.closed {
-		return 0
+		return 0, tiers
 	}
 	x, ns := &l.mu.x, &l.mu.ns
 	for n, k := range keys {
-		if i := x.find(k); i == 0 || !ns.allows(a, x.at(i).ns) {
-			return n
+		i := x.find(k)
+		if i == 0 || !ns.allows(a, x.at(i).ns) {
+			return n, tiers
+		}
+		if tiers != nil {
+			if x.at(i).persistent() {
+				tiers = append(tiers, l.disk.Name())
+			} else {
+				tiers = append(tiers, l.mem.Name())
+			}
 		}
 	}
-	return len(keys)
+	return len(keys), tiers
 }
 
 // NamespaceTenant returns the tenant tag of the blocks of the namespace
