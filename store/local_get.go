@@ -1,9 +1,12 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
@@ -249,7 +252,8 @@ func (l *Local) doneMovingLocked(i uint32) {
 
 // GetMany gets keys in one pass: refs[i] is the block of keys[i], or nil on
 // a miss. Blocks in memory are pinned under one lock, deepest key first (so
-// a chain's ancestors end up warmest); the rest go through Get. The error is
+// a chain's ancestors end up warmest); the rest (on NVMe) go through Get,
+// slowReadDepth of them at once. The error is
 // ErrClosed or the context's; then no Ref is returned.
 func (l *Local) GetMany(ctx context.Context, keys []prefixhash.Key) ([]*Ref, error) {
 	if err := ctx.Err(); err != nil {
@@ -295,20 +299,67 @@ func (l *Local) GetMany(ctx context.Context, keys []prefixhash.Key) ([]*Ref, err
 			refs[k] = nil
 		}
 	}
-	for _, k := range slow {
+	if err := l.getSlow(ctx, keys, slow, refs); err != nil {
+		for _, r := range refs {
+			if r != nil {
+				r.Release()
+			}
+		}
+		return nil, err
+	}
+	return refs, nil
+}
+
+// slowReadDepth is how many of a GetMany's blocks outside memory (on NVMe)
+// are read at once: a prompt's blocks reach the disk as a queue, not one
+// read after another, and at depth 8 an NVMe device is near its random
+// read bandwidth.
+const slowReadDepth = 8
+
+// getSlow gets keys[k] for each k of slow through Get into refs[k] (nil on
+// a miss), up to slowReadDepth at once. The error is the first that is
+// not a miss; the refs already got stay in refs for the caller to release.
+func (l *Local) getSlow(ctx context.Context, keys []prefixhash.Key, slow []int, refs []*Ref) error {
+	get := func(k int) error {
 		r, err := l.Get(ctx, keys[k])
 		switch {
 		case err == nil:
 			refs[k] = r
-		case errors.Is(err, ErrNotFound):
-		default:
-			for _, r := range refs {
-				r.Release()
-			}
-			return nil, err
+		case !errors.Is(err, ErrNotFound):
+			return err
 		}
+		return nil
 	}
-	return refs, nil
+	if len(slow) == 1 {
+		return get(slow[0])
+	}
+	var (
+		next atomic.Int64
+		mu   sync.Mutex
+		werr error
+		wg   sync.WaitGroup
+	)
+	for range min(len(slow), slowReadDepth) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				j := int(next.Add(1)) - 1
+				if j >= len(slow) {
+					return
+				}
+				if err := get(slow[j]); err != nil {
+					mu.Lock()
+					werr = cmp.Or(werr, err)
+					mu.Unlock()
+					next.Store(int64(len(slow))) // the others stop at their next block
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return werr
 }
 
 // Contains reports whether key is cached here, as a block a request with

@@ -910,3 +910,47 @@ func TestLocalLookupDoesNotTouch(t *testing.T) {
 		t.Error("block 2, older than the read one, was kept")
 	}
 }
+
+// TestLocalGetManyFromDisk: a GetMany whose blocks are mostly on the
+// persistent tier reads them in parallel and returns each block's own
+// bytes, a miss as nil, and leaves nothing pinned.
+func TestLocalGetManyFromDisk(t *testing.T) {
+	w := newWorld(t, 35, blocktest.NS())
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), NVMe: newFakeVolume(64<<10, 16).open(), DemoteBatchBytes: 1})
+	ctx := context.Background()
+	var keys []prefixhash.Key
+	var want [][]byte
+	for range 40 {
+		b := w.blocks[w.extend(-1)]
+		if err := l.Put(ctx, b.enc); err != nil {
+			t.Fatal(err)
+		}
+		keys, want = append(keys, b.key), append(want, b.enc)
+	}
+	missing := w.blocks[w.extend(-1)]
+	keys, want = append(keys, missing.key), append(want, nil)
+	for round := range 3 {
+		refs, err := l.GetMany(ctx, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, r := range refs {
+			switch {
+			case want[k] == nil && r != nil:
+				t.Fatalf("round %d: the missing block was found", round)
+			case want[k] != nil && r == nil:
+				t.Fatalf("round %d: block %d missing", round, k)
+			case r != nil && !bytes.Equal(r.Bytes(), want[k]):
+				t.Fatalf("round %d: block %d came back with other bytes", round, k)
+			}
+		}
+		for _, r := range refs {
+			if r != nil {
+				r.Release()
+			}
+		}
+	}
+	if s := l.Stats(); s.Tiers[1].Blocks == 0 {
+		t.Fatalf("no block on the persistent tier: %+v", s)
+	}
+}
