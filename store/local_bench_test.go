@@ -215,6 +215,7 @@ func BenchmarkGetManyNVMe(b *testing.B) {
 		}
 	}
 	b.SetBytes(n * size)
+	before := l.Stats()
 	for b.Loop() {
 		refs, err := l.GetMany(ctx, keys)
 		if err != nil {
@@ -227,4 +228,7 @@ func BenchmarkGetManyNVMe(b *testing.B) {
 			r.Release()
 		}
 	}
+	after := l.Stats()
+	b.ReportMetric(float64(after.Promotions-before.Promotions)/float64(b.N)/n, "promotions/block")
+	b.ReportMetric(float64(after.Demotions-before.Demotions)/float64(b.N)/n, "demotions/block")
 }

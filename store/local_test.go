@@ -954,3 +954,53 @@ func TestLocalGetManyFromDisk(t *testing.T) {
 		t.Fatalf("no block on the persistent tier: %+v", s)
 	}
 }
+
+// TestLocalPromoteOnSecondHit: with memory full, a block's first hit on the
+// persistent tier is served from the bytes read without demoting anything;
+// its second hit promotes it.
+func TestLocalPromoteOnSecondHit(t *testing.T) {
+	w := newWorld(t, 37, blocktest.NS())
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), NVMe: newFakeVolume(64<<10, 16).open(), DemoteBatchBytes: 1})
+	ctx := context.Background()
+	var onDisk *wblock
+	for range 40 {
+		b := w.blocks[w.extend(-1)]
+		if err := l.Put(ctx, b.enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k := range w.blocks {
+		if info, ok := l.Info(auth.Access{}, w.blocks[k].key); ok && info.Tier != "dram" && info.Tier != "" {
+			onDisk = &w.blocks[k]
+			break
+		}
+	}
+	if onDisk == nil {
+		t.Fatal("no block was demoted")
+	}
+	get := func() {
+		t.Helper()
+		r, err := l.Get(ctx, onDisk.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(r.Bytes(), onDisk.enc) {
+			t.Fatal("the block came back with other bytes")
+		}
+		r.Release()
+	}
+	before := l.Stats()
+	get()
+	first := l.Stats()
+	if first.Demotions != before.Demotions || first.Promotions != before.Promotions || first.Hits != before.Hits+1 {
+		t.Fatalf("first hit on disk with memory full: before %+v, after %+v", before, first)
+	}
+	get()
+	second := l.Stats()
+	if second.Promotions != first.Promotions+1 {
+		t.Fatalf("second hit did not promote: %+v", second)
+	}
+	if info, _ := l.Info(auth.Access{}, onDisk.key); info.Tier != "dram" {
+		t.Fatalf("after its second hit the block is in %q", info.Tier)
+	}
+}
