@@ -320,6 +320,9 @@ const slowReadDepth = 8
 // a miss), up to slowReadDepth at once. The error is the first that is
 // not a miss; the refs already got stay in refs for the caller to release.
 func (l *Local) getSlow(ctx context.Context, keys []prefixhash.Key, slow []int, refs []*Ref) error {
+	if len(slow) == 0 {
+		return nil // before the closures, which the workers make escape
+	}
 	get := func(k int) error {
 		r, err := l.Get(ctx, keys[k])
 		switch {
