@@ -13,10 +13,12 @@
 //	          raw TCP stream and copy() of the same bytes, interleaved, with
 //	          the transfer package's own measurement loops (transfertest.Testbed)
 //	store     GET/SET of whole blocks through the Go client, network and
-//	          shared-memory paths, against Redis by the same load loop
+//	          shared-memory paths, against Redis by the same load loop and
+//	          by redis-benchmark (the faster is the peer; > 15% apart flagged)
 //	lookup    longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes;
 //	          the keys of a 128k-token prompt against one SHA-256 pass
-//	nvme      the NVMe tier against fio on the same file system
+//	nvme      the NVMe tier against fio on the same file system; end to
+//	          end, a node's prompt hits from NVMe through the Go client
 //	prefill   TTFT against the cached fraction of a prompt; engine GFLOP/s
 //	          against gonum's Sgemm
 //	trace     a Mooncake trace on kvmesh nodes and on the simulation

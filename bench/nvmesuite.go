@@ -93,7 +93,9 @@ func (o *NVMeOptions) Validate() error {
 // spill writes of 1 MiB values (PutBatch, one goroutine, durable on return)
 // against fio's sequential direct 1 MiB writes at queue depth 1 with a
 // final fsync, and random reads of 256 KiB values by N readers against
-// fio's random direct 256 KiB reads by N jobs of queue depth 1.
+// fio's random direct 256 KiB reads by N jobs of queue depth 1; and, end
+// to end, the Go client's Get of 64-block prompts from a node whose DRAM
+// holds a small part of them, against the same fio figure.
 type NVMeSuite struct {
 	Options NVMeOptions
 }
@@ -124,7 +126,7 @@ func (s *NVMeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Suite: s.Name()}
-	bar := env.Progress.Bar(int64(4*o.Rounds), "nvme")
+	bar := env.Progress.Bar(int64(4*o.Rounds+1), "nvme")
 	defer bar.Finish()
 
 	fo := FioOptions{Dir: o.Dir, FileBytes: o.DataBytes, Runtime: o.ReadTime, IOEngine: "psync", IODepth: 1}
@@ -174,6 +176,14 @@ func (s *NVMeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		read, direct = append(read, g), direct && d
 		bar.Add(1)
 	}
+	bar.Describe("nvme: end to end, prompts of 64 blocks mostly on NVMe")
+	e2e, e2eErr := nvmeEndToEnd(ctx, env, o)
+	switch {
+	case errors.Is(e2eErr, ErrMissing) || errors.Is(e2eErr, ErrNoBinary):
+		res.Skip("nvme end to end", e2eErr)
+	case e2eErr != nil:
+		return res, e2eErr
+	}
 	rows := []nvmeRow{
 		nvmeRowOf("spill write (PutBatch, durable)", nvmeSpillValue, 1, spill, spillFio, direct, o.Rounds,
 			"--rw=write --bs=1M --direct=1 --ioengine=psync --iodepth=1 --end_fsync=1 --size="+strconv.FormatInt(o.DataBytes, 10)),
@@ -181,11 +191,27 @@ func (s *NVMeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 			fmt.Sprintf("--rw=randread --bs=256k --direct=1 --ioengine=psync --iodepth=1 --numjobs=%d --time_based --runtime=%v --size=%d",
 				o.Readers, o.ReadTime, o.DataBytes)),
 	}
+	if e2eErr == nil {
+		// The node reads a prompt's blocks at a depth of slowReadDepth (8):
+		// fio's random read row, o.Readers jobs of depth 1, is that depth at
+		// the default Readers.
+		row := nvmeRowOf(fmt.Sprintf("end to end: Go client Get of %d-block prompts, mostly on NVMe, bytes verified", nvmePromptBlocks),
+			nvmeReadValue, 1, []float64{e2e}, []float64{medianOf(readFio)}, direct, 1, rows[1].FioArgs)
+		rows = append(rows, row)
+	}
 	res.AddTable("nvme", fmt.Sprintf("the NVMe tier vs fio on the same file system (%s), alternately", o.Dir), rows)
 	for i, name := range []string{"nvme: spill writes vs fio sequential direct write (1 MiB)", "nvme: block reads vs fio random direct read (256 KiB, same queue depth)"} {
 		if r := rows[i].RatioVsFio; r != nil {
 			res.Checks = append(res.Checks, NewCheck(name, "ratio_vs_fio", *r, ">=", 0.7, BackendKvmesh))
 		}
+	}
+	if e2eErr == nil {
+		if r := rows[len(rows)-1].RatioVsFio; r != nil {
+			res.Checks = append(res.Checks, NewCheck("nvme: end-to-end prompt reads vs fio random direct read (256 KiB, depth 8)", "ratio_vs_fio", *r, ">=", 0.7, BackendKvmesh))
+		}
+		res.Note("the end-to-end row starts one node with a %d MiB DRAM tier, puts %s of 64-block prompts of 256 KiB blocks and gets random whole prompts one at a time for %v; "+
+			"its fio figure is the random read row's (%d jobs of depth 1), the page cache of the node's files is not dropped",
+			nvmeE2EDRAM>>20, formatBytes(float64(o.DataBytes)), o.ReadTime, o.Readers)
 	}
 	if !direct {
 		res.Note("the file system of %s refused O_DIRECT: the tier fell back to buffered I/O (and fio, which needs it, was skipped)", o.Dir)

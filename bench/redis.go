@@ -180,7 +180,8 @@ func (r *Redis) Close() error {
 }
 
 // Target returns the server as a KVTarget named "redis"; key k is
-// "kvmesh:bench:k".
+// "key:" and k in 12 digits, the names redis-benchmark's -r draws, so that
+// its GETs read the fill this client wrote.
 func (r *Redis) Target() KVTarget { return redisTarget{socket: r.socket} }
 
 type redisTarget struct{ socket string }
@@ -218,7 +219,13 @@ type redisConn struct {
 }
 
 func (c *redisConn) keyName(k int) string {
-	c.key = strconv.AppendInt(append(c.key[:0], "kvmesh:bench:"...), int64(k), 10)
+	c.key = append(c.key[:0], "key:000000000000"...)
+	d := strconv.AppendInt(c.key[len(c.key):], int64(k), 10)
+	if len(d) < 12 {
+		copy(c.key[len(c.key)-len(d):], d)
+	} else {
+		c.key = append(c.key[:4], d...)
+	}
 	return string(c.key)
 }
 

@@ -196,6 +196,7 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	res.AddTable("limits", "limits on this machine: raw TCP stream on 127.0.0.1 (one connection) and memcpy from DRAM, per block size", limits)
 
 	var rows []KVResult
+	var redisBenchMissing error
 	for _, b := range o.BlockSizes {
 		for _, c := range o.Concurrency {
 			load := KVLoadOptions{ValueBytes: b, Concurrency: c, Duration: o.Duration,
@@ -220,6 +221,14 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 					return res, err
 				}
 				rows = append(rows, get, set)
+				peer, err := redisBenchmarkRows(ctx, redis.Socket(), load, get, set)
+				switch {
+				case errors.Is(err, ErrMissing):
+					redisBenchMissing = err
+				case err != nil:
+					return res, err
+				}
+				rows = append(rows, peer...)
 				bar.Add(1)
 			}
 		}
@@ -230,13 +239,21 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 			return res, err
 		}
 	}
+	if redisBenchMissing != nil {
+		res.Skip(RedisBenchmarkTarget, redisBenchMissing)
+	}
 	storeRatios(rows, limits)
 	title := "GET and SET of whole blocks, one request in flight per connection; kvmesh through its Go client"
 	if redis != nil {
-		title += fmt.Sprintf(", Redis %s (persistence off, on a unix socket) by the same load loop", redis.Version())
+		title += fmt.Sprintf(", Redis %s (persistence off, on a unix socket) by the same load loop and by redis-benchmark", redis.Version())
 	}
 	res.AddTable("store", title, rows)
 	storeChecks(res, rows)
+	for _, l := range redisClientsDisagree(rows) {
+		res.Note("Redis clients differ by more than %.0f%%: %s; the faster is the peer.", 100*peerSpread, l)
+	}
+	res.Note("ratio_vs_redis is against the faster of the bench's Redis client (target redis) and redis-benchmark " +
+		"(same value size, clients and key pattern: random GETs over the fill, SETs of new keys; its request count set to last about as long as the bench client's phase). ")
 	res.Note("SET writes keys never written before (a block store answers a SET of a block it holds without storing it); " +
 		"GET reads random keys of the data set filled before it. GB/s count value bytes only. " +
 		"Redis listens on a unix socket and no TCP port (a TCP port would have to be guessed free; see StartRedis), " +
@@ -248,6 +265,21 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// redisBenchmarkRows runs redis-benchmark's GET (over the fill the bench's
+// client left) and SET of new keys, mirroring load.
+func redisBenchmarkRows(ctx context.Context, socket string, load KVLoadOptions, get, set KVResult) ([]KVResult, error) {
+	gl, sl := redisBenchmarkLoads(load, get, set)
+	g, err := RunRedisBenchmark(ctx, socket, gl)
+	if err != nil {
+		return nil, err
+	}
+	s, err := RunRedisBenchmark(ctx, socket, sl)
+	if err != nil {
+		return nil, err
+	}
+	return []KVResult{g, s}, nil
 }
 
 // dropKV drops the namespace of valueBytes values from the node at addr.
@@ -291,10 +323,10 @@ func measureLimits(ctx context.Context, b int, d time.Duration, workingSet int) 
 func storeRatios(rows []KVResult, limits []limitRow) {
 	for i := range rows {
 		r := &rows[i]
-		if r.Target == "redis" {
+		if r.Target == "redis" || r.Target == RedisBenchmarkTarget {
 			continue
 		}
-		if peer, ok := findKVTarget(rows, "redis", r.Op, r.ValueBytes, r.Concurrency); ok {
+		if peer, ok := redisPeer(rows, *r); ok {
 			r.RatioVsRedis = Ratio(r.GBps, peer.GBps)
 		}
 		for _, l := range limits {

@@ -331,7 +331,7 @@ func (c *Client) getKeys(ctx context.Context, ns prefixhash.Namespace, keys, chu
 	stop := false
 	for next < len(keys) && !stop {
 		before := next
-		err := c.retry(ctx, func(ctx context.Context) error {
+		err := c.retryIn(ctx, func(ctx context.Context) error {
 			end := min(len(keys), next+c.opts.MaxBatchBlocks)
 			batch := keys[next:end]
 			var cks []prefixhash.Key

@@ -260,6 +260,13 @@ func (c *Client) withTimeout(ctx context.Context) (context.Context, context.Canc
 func (c *Client) retry(ctx context.Context, call func(ctx context.Context) error) error {
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
+	return c.retryIn(ctx, call)
+}
+
+// retryIn is retry under a context the caller bounded (withTimeout) and
+// cancels itself: a loop of calls, like getKeys's batches, makes that
+// context once rather than once per call.
+func (c *Client) retryIn(ctx context.Context, call func(ctx context.Context) error) error {
 	wait := c.opts.Backoff
 	for attempt := 0; ; attempt++ {
 		err := call(ctx)

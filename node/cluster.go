@@ -300,19 +300,17 @@ func (c *clusterCache) Exists(ctx context.Context, keys, chunkKeys []prefixhash.
 }
 
 func (c *clusterCache) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (int, []Location) {
-	_, where := c.cluster.Locate(ctx, chain, blockTokens)
+	// One index probe per block: the tiers of the blocks held here come
+	// from the probe that found them, not from a second query per block.
+	n, where, tiers := c.cluster.Locate(ctx, chain, blockTokens)
 	var runs []Location
 	self := c.members.LocalID()
-	n := 0
 	for i, w := range where {
 		if w != self {
 			runs = appendLocation(runs, Location{Node: w})
-		} else if info, ok := c.local.Info(auth.AccessFrom(ctx), chain[i]); ok {
-			runs = appendLocation(runs, Location{Tier: info.Tier})
 		} else {
-			break // evicted since: the prefix ends here
+			runs = appendLocation(runs, Location{Tier: tiers[i]})
 		}
-		n++
 	}
 	return n, runs
 }

@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"unsafe"
+
 	"github.com/kvmesh/kvmesh/auth"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -38,10 +40,8 @@ func (s *peerService) Lookup(ctx context.Context, req *kvmeshv1.PeerServiceLooku
 	if total != n {
 		return nil, invalid("runs", "run lengths add up to %d, not to the %d keys sent", total, n)
 	}
-	keys := make([]prefixhash.Key, n)
-	for i := range keys {
-		keys[i] = prefixhash.Key(raw[i*prefixhash.KeySize:])
-	}
+	// The request's bytes are the keys, read in place (as lookupChain does).
+	keys := unsafe.Slice((*prefixhash.Key)(unsafe.Pointer(unsafe.SliceData(raw))), n)
 	counts := make([]uint32, len(req.GetRuns()))
 	off := 0
 	for i, r := range req.GetRuns() {

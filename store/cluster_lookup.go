@@ -16,24 +16,39 @@ import (
 // of every owner at once, in one round bounded by LookupTimeout. A peer that
 // fails or is late counts as a miss.
 func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blockTokens int) int {
-	n, _ := c.lookup(ctx, chain, blockTokens, false)
+	n, _, _ := c.lookup(ctx, chain, blockTokens, false)
 	return n
 }
 
 // Locate is LongestPrefix that also says where the prefix is: where[i] is the
 // id of the member that holds block i (this node's own id for blocks it
-// holds), for i < n.
-func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, where []string) {
+// holds), for i < n; tiers[i] names the local tier of a block held here
+// (from the same index probe that found it), "" for one held elsewhere.
+func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, where, tiers []string) {
 	return c.lookup(ctx, chain, blockTokens, true)
 }
 
-func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockTokens int, locate bool) (int, []string) {
-	n := c.local.LongestPrefix(auth.AccessFrom(ctx), chain)
+func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockTokens int, locate bool) (int, []string, []string) {
+	a := auth.AccessFrom(ctx)
+	var tiers []string
+	if locate {
+		tiers = make([]string, len(chain))
+	}
+	// probe counts the leading blocks of chain[start:end] held here, one
+	// index probe each; locating, it writes their tiers into tiers[start:].
+	probe := func(start, end int) int {
+		if !locate {
+			return c.local.LongestPrefix(a, chain[start:end])
+		}
+		k, _ := c.local.LongestPrefixTiers(a, chain[start:end], tiers[start:start:end])
+		return k
+	}
+	n := probe(0, len(chain))
 	if n == len(chain) {
 		if locate {
-			return n, slices.Repeat([]string{c.self}, n)
+			return n, slices.Repeat([]string{c.self}, n), tiers
 		}
-		return n, nil
+		return n, nil, nil
 	}
 	cb := c.ChunkBlocks(blockTokens)
 	p := c.placement()
@@ -53,7 +68,7 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 		if r.start > n {
 			// Blocks beyond the local prefix may still be here (a
 			// producer keeps what it computed).
-			r.local = c.local.LongestPrefix(auth.AccessFrom(ctx), chain[r.start:r.end])
+			r.local = probe(r.start, r.end)
 			r.have = r.local
 		}
 		runs = append(runs, r)
@@ -85,7 +100,7 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 		}
 	}
 	if !locate {
-		return total, nil
+		return total, nil, nil
 	}
 	where := make([]string, n, total) // sized once: 8k appends would copy it a dozen times
 	for i := range n {
@@ -100,7 +115,7 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 			}
 		}
 	}
-	return total, where
+	return total, where, tiers[:total]
 }
 
 // lookupRound asks every member of asks at once, in one round bounded by

@@ -474,21 +474,25 @@ func TestClusterLocate(t *testing.T) {
 	ns := clusterNS()
 	p := NewPlacement([]Member{{ID: "n0", Weight: 1}, {ID: "n1", Weight: 1}, {ID: "n2", Weight: 1}}, 1)
 	for _, c := range tc.nodes {
-		n, where := c.Locate(context.Background(), chain, ns.BlockTokens)
-		if n != len(chain) || len(where) != n {
-			t.Fatalf("%s: Locate = %d blocks, %d places", c.self, n, len(where))
+		n, where, tiers := c.Locate(context.Background(), chain, ns.BlockTokens)
+		if n != len(chain) || len(where) != n || len(tiers) != n {
+			t.Fatalf("%s: Locate = %d blocks, %d places, %d tiers", c.self, n, len(where), len(tiers))
 		}
 		for i, w := range where {
 			owner := p.Owner(prefixhash.ChunkKey(chain, i, 2))
 			if c.self == "n0" && w != "n0" || c.self != "n0" && w != owner && w != c.self {
 				t.Fatalf("%s: block %d located on %s; owner %s, producer n0", c.self, i, w, owner)
 			}
-			if w == c.self && !c.Local().Contains(auth.Access{}, chain[i]) {
-				t.Fatalf("%s: block %d located here but not held here", c.self, i)
+			info, held := c.Local().Info(auth.Access{}, chain[i])
+			if w == c.self && (!held || tiers[i] != info.Tier) {
+				t.Fatalf("%s: block %d located here in tier %q; held %v in %q", c.self, i, tiers[i], held, info.Tier)
+			}
+			if w != c.self && tiers[i] != "" {
+				t.Fatalf("%s: block %d located on %s has a local tier %q", c.self, i, w, tiers[i])
 			}
 		}
 	}
-	if n, where := tc.nodes[1].Locate(context.Background(), nil, ns.BlockTokens); n != 0 || len(where) != 0 {
+	if n, where, _ := tc.nodes[1].Locate(context.Background(), nil, ns.BlockTokens); n != 0 || len(where) != 0 {
 		t.Fatalf("empty chain: %d, %v", n, where)
 	}
 }

@@ -27,16 +27,21 @@
 //   - NVMe pressure (under tiers.Segmented) reclaims the oldest segment:
 //     blocks touched since they were written there are read back and
 //     rewritten, the rest are dropped, and the segment goes.
-//   - An NVMe hit is read, verified and promoted to DRAM (making room there
-//     as a write would); if no room can be made it is served from the copy.
+//   - An NVMe hit is read, verified and promoted to DRAM: into free room on
+//     the block's first hit since it landed on NVMe, making room as a write
+//     would (demoting colder blocks) from its second, so that a working set
+//     larger than DRAM does not turn every hit into a read plus a demotion
+//     write; otherwise it is served from the copy. GetMany reads a prompt's
+//     NVMe blocks 8 at a time.
 //   - With an HBM tier (Options.HBM, GPU memory) on top of DRAM, writes and
 //     promotions land in HBM first; HBM pressure demotes its least recently
 //     used blocks into DRAM, never past it; a DRAM hit promotes the block
 //     back to HBM. For the index, recency lists and quotas, an HBM block is
 //     a memory block; its location says where its bytes are
 //     (local_hbm.go). HBM blocks are served from a copy.
-//   - Prefix-aware recency: LongestPrefix and GetMany touch a chain
-//     deepest-first, and a block put (or put again) is placed right behind
+//   - Prefix-aware recency: GetMany touches a chain deepest-first (a lookup,
+//     LongestPrefix, probes once per block and touches nothing), and a block
+//     put (or put again) is placed right behind
 //     its parent when the parent is in the same list, so within a chain the
 //     ancestors are warmer and leaves are evicted first. A new block whose
 //     parent is the coldest block of its class is itself the coldest: it

@@ -1,9 +1,12 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
@@ -252,7 +255,8 @@ func (l *Local) doneMovingLocked(i uint32) {
 
 // GetMany gets keys in one pass: refs[i] is the block of keys[i], or nil on
 // a miss. Blocks in memory are pinned under one lock, deepest key first (so
-// a chain's ancestors end up warmest); the rest go through Get. The error is
+// a chain's ancestors end up warmest); the rest (on NVMe) go through Get,
+// slowReadDepth of them at once. The error is
 // ErrClosed or the context's; then no Ref is returned.
 func (l *Local) GetMany(ctx context.Context, keys []prefixhash.Key) ([]*Ref, error) {
 	if err := ctx.Err(); err != nil {
@@ -298,20 +302,70 @@ func (l *Local) GetMany(ctx context.Context, keys []prefixhash.Key) ([]*Ref, err
 			refs[k] = nil
 		}
 	}
-	for _, k := range slow {
+	if err := l.getSlow(ctx, keys, slow, refs); err != nil {
+		for _, r := range refs {
+			if r != nil {
+				r.Release()
+			}
+		}
+		return nil, err
+	}
+	return refs, nil
+}
+
+// slowReadDepth is how many of a GetMany's blocks outside memory (on NVMe)
+// are read at once: a prompt's blocks reach the disk as a queue, not one
+// read after another, and at depth 8 an NVMe device is near its random
+// read bandwidth.
+const slowReadDepth = 8
+
+// getSlow gets keys[k] for each k of slow through Get into refs[k] (nil on
+// a miss), up to slowReadDepth at once. The error is the first that is
+// not a miss; the refs already got stay in refs for the caller to release.
+func (l *Local) getSlow(ctx context.Context, keys []prefixhash.Key, slow []int, refs []*Ref) error {
+	if len(slow) == 0 {
+		return nil // before the closures, which the workers make escape
+	}
+	get := func(k int) error {
 		r, err := l.Get(ctx, keys[k])
 		switch {
 		case err == nil:
 			refs[k] = r
-		case errors.Is(err, ErrNotFound):
-		default:
-			for _, r := range refs {
-				r.Release()
-			}
-			return nil, err
+		case !errors.Is(err, ErrNotFound):
+			return err
 		}
+		return nil
 	}
-	return refs, nil
+	if len(slow) == 1 {
+		return get(slow[0])
+	}
+	var (
+		next atomic.Int64
+		mu   sync.Mutex
+		werr error
+		wg   sync.WaitGroup
+	)
+	for range min(len(slow), slowReadDepth) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				j := int(next.Add(1)) - 1
+				if j >= len(slow) {
+					return
+				}
+				if err := get(slow[j]); err != nil {
+					mu.Lock()
+					werr = cmp.Or(werr, err)
+					mu.Unlock()
+					next.Store(int64(len(slow))) // the others stop at their next block
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return werr
 }
 
 // Contains reports whether key is cached here, as a block a request with
@@ -327,27 +381,48 @@ func (l *Local) Contains(a auth.Access, key prefixhash.Key) bool {
 }
 
 // LongestPrefix returns how many leading keys are cached here as blocks a
-// request with access a may see. It touches them deepest-first, so that a
-// chain's ancestors are always warmer than its descendants.
+// request with access a may see: one index probe per key, under one lock
+// hold, and no write to LRU state. A lookup is not a use: the blocks are
+// touched when they are read (GetMany touches a chain deepest-first, so its
+// ancestors end up warmest), so a lookup that is not followed by a read,
+// or a peer's lookup for a node that then reads elsewhere, does not keep
+// blocks warm.
 func (l *Local) LongestPrefix(a auth.Access, keys []prefixhash.Key) int {
+	n, _ := l.prefix(a, keys, nil)
+	return n
+}
+
+// LongestPrefixTiers is LongestPrefix that also appends to tiers the name of
+// the tier each block of the prefix is in, from the same probe.
+func (l *Local) LongestPrefixTiers(a auth.Access, keys []prefixhash.Key, tiers []string) (int, []string) {
+	if tiers == nil {
+		tiers = make([]string, 0, len(keys))
+	}
+	return l.prefix(a, keys, tiers)
+}
+
+// prefix is LongestPrefix, appending tier names when tiers is not nil.
+func (l *Local) prefix(a auth.Access, keys []prefixhash.Key, tiers []string) (int, []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.mu.closed {
-		return 0
+		return 0, tiers
 	}
-	s := l.mu.stack[:0]
-	for _, k := range keys {
-		i := l.mu.x.find(k)
-		if i == 0 || !l.mu.ns.allows(a, l.mu.x.at(i).ns) {
-			break
+	x, ns := &l.mu.x, &l.mu.ns
+	for n, k := range keys {
+		i := x.find(k)
+		if i == 0 || !ns.allows(a, x.at(i).ns) {
+			return n, tiers
 		}
-		s = append(s, i)
+		if tiers != nil {
+			if x.at(i).persistent() {
+				tiers = append(tiers, l.disk.Name())
+			} else {
+				tiers = append(tiers, l.mem.Name())
+			}
+		}
 	}
-	for k := len(s) - 1; k >= 0; k-- {
-		l.touchLocked(s[k])
-	}
-	l.mu.stack = s[:0]
-	return len(s)
+	return len(keys), tiers
 }
 
 // NamespaceTenant returns the tenant tag of the blocks of the namespace

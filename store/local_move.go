@@ -506,8 +506,9 @@ func (l *Local) indexFullLocked() bool {
 }
 
 // promote serves a Get of a block in the persistent tier: it reads and
-// verifies it, copies it into memory when room can be made, and returns a
-// Ref over the bytes read.
+// verifies it, copies it into memory when there is free room, or when room
+// can be made and this is the block's second hit since it was demoted, and
+// returns a Ref over the bytes read.
 func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	b := make([]byte, m.size)
 	err := l.disk.Read(m.loc, b)
@@ -543,6 +544,11 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 		n := l.mu.ns.get(e.ns)
 		class, digest = n.class, n.digest
 	}
+	// A block hit on the persistent tier before (flagHit is cleared when
+	// it lands there) may push colder blocks out of memory; on its first
+	// hit it takes only free room. Otherwise, with a working set larger
+	// than memory, every hit would be a read plus a demotion write.
+	again := e.has(flagHit)
 	l.mu.Unlock()
 
 	// Room in the namespace's memory quota first, as a write makes it.
@@ -551,7 +557,11 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	rid := uint32(0)
 	if class >= 0 {
 		if rid, perr = l.room(ctx, nil, digest, m.size, class, tierMem, prefixhash.Key{}); perr == nil {
-			newLoc, perr = l.putMem(ctx, m.key, prefixhash.Key{}, b, class)
+			if again {
+				newLoc, perr = l.putMem(ctx, m.key, prefixhash.Key{}, b, class)
+			} else {
+				newLoc, perr = l.mem.Put(m.key, b)
+			}
 		}
 	}
 	l.mu.Lock()

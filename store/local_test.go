@@ -872,3 +872,135 @@ func FuzzLocalPut(f *testing.F) {
 		}
 	})
 }
+
+// TestLocalLookupDoesNotTouch: a lookup leaves LRU order alone (the oldest
+// block is still the first evicted after it is looked up), a read touches.
+func TestLocalLookupDoesNotTouch(t *testing.T) {
+	w := newWorld(t, 33, blocktest.NS())
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), DemoteBatchBytes: 1}) // 16 blocks
+	ctx := context.Background()
+	var roots []int
+	for range 16 {
+		roots = append(roots, w.extend(-1))
+		if err := l.Put(ctx, w.blocks[roots[len(roots)-1]].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := func(i int) prefixhash.Key { return w.blocks[roots[i]].key }
+	for range 3 {
+		if n := l.LongestPrefix(auth.Access{}, []prefixhash.Key{key(0)}); n != 1 {
+			t.Fatalf("lookup of a cached block: %d", n)
+		}
+	}
+	r := putGet(t, l, w.blocks[roots[1]]) // already there: a read
+	r.Release()
+	for range 2 {
+		roots = append(roots, w.extend(-1))
+		if err := l.Put(ctx, w.blocks[roots[len(roots)-1]].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l.Contains(auth.Access{}, key(0)) {
+		t.Error("the oldest block, only looked up, outlived newer ones: the lookup touched it")
+	}
+	if !l.Contains(auth.Access{}, key(1)) {
+		t.Error("the block just read was evicted before older ones")
+	}
+	if l.Contains(auth.Access{}, key(2)) {
+		t.Error("block 2, older than the read one, was kept")
+	}
+}
+
+// TestLocalGetManyFromDisk: a GetMany whose blocks are mostly on the
+// persistent tier reads them in parallel and returns each block's own
+// bytes, a miss as nil, and leaves nothing pinned.
+func TestLocalGetManyFromDisk(t *testing.T) {
+	w := newWorld(t, 35, blocktest.NS())
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), NVMe: newFakeVolume(64<<10, 16).open(), DemoteBatchBytes: 1})
+	ctx := context.Background()
+	var keys []prefixhash.Key
+	var want [][]byte
+	for range 40 {
+		b := w.blocks[w.extend(-1)]
+		if err := l.Put(ctx, b.enc); err != nil {
+			t.Fatal(err)
+		}
+		keys, want = append(keys, b.key), append(want, b.enc)
+	}
+	missing := w.blocks[w.extend(-1)]
+	keys, want = append(keys, missing.key), append(want, nil)
+	for round := range 3 {
+		refs, err := l.GetMany(ctx, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, r := range refs {
+			switch {
+			case want[k] == nil && r != nil:
+				t.Fatalf("round %d: the missing block was found", round)
+			case want[k] != nil && r == nil:
+				t.Fatalf("round %d: block %d missing", round, k)
+			case r != nil && !bytes.Equal(r.Bytes(), want[k]):
+				t.Fatalf("round %d: block %d came back with other bytes", round, k)
+			}
+		}
+		for _, r := range refs {
+			if r != nil {
+				r.Release()
+			}
+		}
+	}
+	if s := l.Stats(); s.Tiers[1].Blocks == 0 {
+		t.Fatalf("no block on the persistent tier: %+v", s)
+	}
+}
+
+// TestLocalPromoteOnSecondHit: with memory full, a block's first hit on the
+// persistent tier is served from the bytes read without demoting anything;
+// its second hit promotes it.
+func TestLocalPromoteOnSecondHit(t *testing.T) {
+	w := newWorld(t, 37, blocktest.NS())
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), NVMe: newFakeVolume(64<<10, 16).open(), DemoteBatchBytes: 1})
+	ctx := context.Background()
+	var onDisk *wblock
+	for range 40 {
+		b := w.blocks[w.extend(-1)]
+		if err := l.Put(ctx, b.enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k := range w.blocks {
+		if info, ok := l.Info(auth.Access{}, w.blocks[k].key); ok && info.Tier != "dram" && info.Tier != "" {
+			onDisk = &w.blocks[k]
+			break
+		}
+	}
+	if onDisk == nil {
+		t.Fatal("no block was demoted")
+	}
+	get := func() {
+		t.Helper()
+		r, err := l.Get(ctx, onDisk.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(r.Bytes(), onDisk.enc) {
+			t.Fatal("the block came back with other bytes")
+		}
+		r.Release()
+	}
+	before := l.Stats()
+	get()
+	first := l.Stats()
+	if first.Demotions != before.Demotions || first.Promotions != before.Promotions || first.Hits != before.Hits+1 {
+		t.Fatalf("first hit on disk with memory full: before %+v, after %+v", before, first)
+	}
+	get()
+	second := l.Stats()
+	if second.Promotions != first.Promotions+1 {
+		t.Fatalf("second hit did not promote: %+v", second)
+	}
+	if info, _ := l.Info(auth.Access{}, onDisk.key); info.Tier != "dram" {
+		t.Fatalf("after its second hit the block is in %q", info.Tier)
+	}
+}

@@ -59,16 +59,30 @@ func checkHello(tokens *auth.Tokens, table []byte) (auth.Principal, error) {
 // principal's is confined only when the frame is scoped (a node acting for
 // a tenant).
 func requestScope(ctx context.Context, who auth.Principal, h *header) (context.Context, error) {
+	if err := checkScope(who, h); err != nil {
+		return ctx, err
+	}
+	return confine(auth.WithPrincipal(ctx, who), who, h), nil
+}
+
+// checkScope is requestScope's check: an ErrAuth error when who may not
+// make request h.
+func checkScope(who auth.Principal, h *header) error {
 	need := auth.Read
 	if h.typ == typePutReq || h.typ == typePublishReq {
 		need = auth.Write
 	}
 	if !who.Can(need) {
-		return ctx, refused("a %s needs the %s scope, and this token has %s", h.typ, need, who.Scopes)
+		return refused("a %s needs the %s scope, and this token has %s", h.typ, need, who.Scopes)
 	}
-	ctx = auth.WithPrincipal(ctx, who)
+	return nil
+}
+
+// confine returns ctx, which carries who, confined to the tenant of a
+// scoped frame when who is node-wide.
+func confine(ctx context.Context, who auth.Principal, h *header) context.Context {
 	if !who.Scoped() && h.scoped {
 		ctx = auth.WithAccess(ctx, auth.Access{Scoped: true, Tag: h.tag})
 	}
-	return ctx, nil
+	return ctx
 }

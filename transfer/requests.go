@@ -55,6 +55,12 @@ func requestContext(ctx context.Context, timeout time.Duration) (context.Context
 	if timeout <= 0 {
 		return context.WithCancel(ctx)
 	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= timeout {
+		// The caller's deadline comes first: a context of our own would
+		// change nothing but cost a timer and a cancel registration per
+		// request. The callers start no goroutine that outlives the call.
+		return ctx, func() {}
+	}
 	return context.WithTimeout(ctx, timeout)
 }
 

@@ -347,6 +347,9 @@ type serverConn struct {
 	br  *bufio.Reader
 	hdr [headerLen]byte
 	who auth.Principal // whom the hello authenticated
+	// base is the server's context carrying who, made once per connection
+	// rather than once per request.
+	base context.Context
 	connBufs
 }
 
@@ -523,7 +526,10 @@ func (sc *serverConn) serve() error {
 	if err != nil {
 		return sendError(sc.nc, 0, err)
 	}
-	ctx, cancel := requestDeadline(s.ctx, &h, s.opts.RequestTimeout)
+	if sc.base == nil {
+		sc.base = auth.WithPrincipal(s.ctx, sc.who) // the hello, if any, came first
+	}
+	ctx, cancel := requestDeadline(sc.base, &h, s.opts.RequestTimeout)
 	defer cancel()
 	dl, _ := ctx.Deadline()
 	sc.nc.SetDeadline(dl)
@@ -535,10 +541,11 @@ func (sc *serverConn) serve() error {
 		return sendError(sc.nc, h.id, err)
 	}
 	if h.typ.isRequest() {
-		if ctx, err = requestScope(ctx, sc.who, &h); err != nil {
+		if err = checkScope(sc.who, &h); err != nil {
 			s.stats.unauthorized.Add(1)
 			return sendError(sc.nc, h.id, err)
 		}
+		ctx = confine(ctx, sc.who, &h)
 	}
 	switch h.typ {
 	case typeGetReq:

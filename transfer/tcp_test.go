@@ -697,3 +697,36 @@ func TestOptionsValidate(t *testing.T) {
 		t.Errorf("odd RegionSize: %v", err)
 	}
 }
+
+// A 64 KiB GET over TCP allocates a small, constant number of objects,
+// client and server together, whatever the caller's context: no context
+// of its own when the caller's deadline comes first, no per-request scope
+// context on the server (the connection's carries its principal).
+func TestGetAllocsConstant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("counts allocations of many requests")
+	}
+	src := newMemSource()
+	_, addr := startServer(t, src, nil)
+	c := newClient(t, addr, nil)
+	keys := fill(src, []int{64 << 10})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	get := func() {
+		r, err := c.Get(ctx, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Release()
+	}
+	get() // warm: the connection and its buffers
+	// A budget, not a benchmark: 23 per GET before the server kept
+	// one context per connection and the client used the caller's deadline;
+	// 14 after, and room for a stray one.
+	const budget = 16
+	n := testing.AllocsPerRun(200, get)
+	t.Logf("%.1f allocations per 64 KiB GET", n)
+	if n > budget {
+		t.Errorf("%.1f allocations per 64 KiB GET, want at most %d", n, budget)
+	}
+}

@@ -52,7 +52,8 @@ Suites:
   transfer   data plane: transfer client vs raw TCP stream, shared memory vs copy()
   store      GET/SET of 64KiB, 1MiB, 4MiB blocks at concurrency 4 and 16, vs Redis
   lookup     longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes; hashing
-  nvme       the NVMe tier vs fio (sequential direct write, random direct read)
+  nvme       the NVMe tier vs fio (sequential direct write, random direct read), and
+             end to end: Go client Get of 64-block prompts mostly on a node's NVMe
   prefill    time to first token vs cached fraction of an 8k prompt; GFLOP/s vs Sgemm
              (--backend cuda: the engine on CUDA device --gpu, in process, vs cuBLAS
              Sgemm alone; needs a build with -tags cuda, kvmesh-cuda.so and a GPU)
