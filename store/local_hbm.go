@@ -230,6 +230,17 @@ func (l *Local) promoteHBMLocked(ctx context.Context, i uint32) (*Ref, error) {
 	return &Ref{l: l, b: m.val}, nil
 }
 
+// putFree copies val into free room of the memory tier, HBM's first when
+// there is one, and makes none: the promotion of a block's first NVMe hit.
+func (l *Local) putFree(key prefixhash.Key, val []byte) (tiers.Loc, error) {
+	if l.hbm != nil {
+		if loc, err := l.hbm.Put(key, val); err == nil {
+			return loc | hbmTag, nil
+		}
+	}
+	return l.mem.Put(key, val)
+}
+
 // putMem copies val into the memory tier: HBM when there is one and it
 // takes it, else DRAM (putDRAM).
 func (l *Local) putMem(ctx context.Context, key, parent prefixhash.Key, val []byte, class int) (tiers.Loc, error) {

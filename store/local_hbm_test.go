@@ -83,7 +83,9 @@ func TestLocalHBMTierOrder(t *testing.T) {
 		t.Fatalf("no demotions: %+v", s)
 	}
 
-	// Hits promote to HBM, from DRAM and from NVMe.
+	// Hits promote to HBM, from DRAM and from NVMe. An NVMe block's first
+	// hit takes only free room (HBM's, else DRAM's, else it is served from
+	// the copy); its second may make room (local_move.go, promote).
 	for _, from := range []string{"dram", "nvme"} {
 		var b wblock
 		for _, c := range bs {
@@ -93,6 +95,12 @@ func TestLocalHBMTierOrder(t *testing.T) {
 			}
 		}
 		getBytes(t, l, b)
+		if from == "nvme" {
+			if got := tierOfKey(t, l, b); got == "none" {
+				t.Fatalf("a block's first NVMe hit lost it")
+			}
+			getBytes(t, l, b)
+		}
 		if got := tierOfKey(t, l, b); got != "hbm" {
 			t.Fatalf("a block hit in %s is now in %s, want hbm", from, got)
 		}

@@ -560,7 +560,7 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 			if again {
 				newLoc, perr = l.putMem(ctx, m.key, prefixhash.Key{}, b, class)
 			} else {
-				newLoc, perr = l.mem.Put(m.key, b)
+				newLoc, perr = l.putFree(m.key, b)
 			}
 		}
 	}
