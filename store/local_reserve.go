@@ -52,7 +52,9 @@ const (
 )
 
 // Reserve takes room in the memory tier for the size-byte encoded block of
-// key, child of parent (zero for a first block), making room as Put does.
+// key, child of parent, making room as Put does (a first block's parent is
+// its namespace's root key; zero means unknown: a data plane that moves
+// opaque bytes does not know it, and Commit then takes the header's).
 // The reservation ends with ctx: give it the deadline by which the bytes
 // must arrive. ctx's access (auth.WithAccess) is what Commit checks the
 // block's tenant against. Errors: block.ErrTooLarge (size is over
@@ -134,7 +136,7 @@ func (r *Reservation) Commit() error {
 	h, err := block.DecodeHeader(r.buf, l.opts.MaxBlockBytes)
 	switch {
 	case err != nil:
-	case h.Key != r.key || h.Parent != r.parent:
+	case h.Key != r.key || !r.parent.IsZero() && h.Parent != r.parent:
 		err = fmt.Errorf("%w: reserved for %s (parent %s), the bytes are %s (parent %s)", block.ErrCorrupt, r.key, r.parent, h.Key, h.Parent)
 	}
 	if err != nil {

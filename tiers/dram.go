@@ -90,13 +90,19 @@ func NewDRAM(opts DRAMOptions) (*DRAM, error) {
 		return nil, err
 	}
 	size := int64(nslabs) * opts.SlabSize
-	fd, err := unix.MemfdCreate("kvmesh-dram", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("kvmesh-dram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("tiers: dram: memfd_create: %w", err)
 	}
 	if err := unix.Ftruncate(fd, size); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("tiers: dram: size the arena to %d bytes: %w", size, err)
+	}
+	// Sealed at its size: no process that maps it can shrink it under the
+	// node (a SIGBUS on the next access).
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("tiers: dram: seal the arena: %w", err)
 	}
 	arena, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_SHARED|unix.MAP_NORESERVE)

@@ -60,7 +60,7 @@ func checkHello(tokens *auth.Tokens, table []byte) (auth.Principal, error) {
 // a tenant).
 func requestScope(ctx context.Context, who auth.Principal, h *header) (context.Context, error) {
 	need := auth.Read
-	if h.typ == typePutReq || h.typ == typePublishReq {
+	if h.typ == typePutReq || h.typ == typePublishReq || h.typ == typeShmReserveReq {
 		need = auth.Write
 	}
 	if !who.Can(need) {
