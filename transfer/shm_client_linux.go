@@ -381,10 +381,15 @@ func (c *ShmClient) roundTrip(ctx context.Context, fill func(id uint64) net.Buff
 		if n > 0 {
 			c.uc.Close() // a partial frame: the stream is unusable
 		}
+		// The reader may have taken the answer (an error frame the
+		// server sent before it closed) and with it the slot.
 		c.mu.Lock()
+		_, mine := c.mu.waiters[id]
 		delete(c.mu.waiters, id)
 		c.mu.Unlock()
-		<-c.slots
+		if mine {
+			<-c.slots
+		}
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 		}
