@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 
@@ -122,4 +123,52 @@ func (s localSink) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte
 			st[i] = transfer.StatusMiss
 		}
 	}
+}
+
+// localReserver serves the shared-memory data plane's reserve and commit
+// requests from store.Local: the DRAM arena it shares, slots reserved in
+// it, and publishing what was committed (publish requests), as localSink
+// does for inline puts.
+type localReserver struct {
+	l       *store.Local
+	cluster *atomic.Pointer[store.Cluster] // publishes; nil until the cluster started
+}
+
+var (
+	_ transfer.Reserver = localReserver{}
+	_ transfer.Arena    = localReserver{}
+)
+
+func (r localReserver) Arena() ([]byte, int) { return r.l.Arena() }
+
+func (r localReserver) Reserve(ctx context.Context, key, parent prefixhash.Key, size int) (transfer.Reservation, error) {
+	res, err := r.l.Reserve(ctx, key, parent, size)
+	if err != nil {
+		if errors.Is(err, block.ErrTooLarge) {
+			return nil, fmt.Errorf("%w: %w", transfer.ErrLimit, err)
+		}
+		return nil, err
+	}
+	return reservation{res}, nil
+}
+
+// reservation adapts store.Reservation: a block that fails verification is
+// the client's fault (transfer.ErrCorrupt, StatusError), not a miss.
+type reservation struct{ *store.Reservation }
+
+func (r reservation) Commit() error {
+	err := r.Reservation.Commit()
+	if errors.Is(err, block.ErrCorrupt) || errors.Is(err, store.ErrLayout) || errors.Is(err, store.ErrTenant) {
+		return fmt.Errorf("%w: %w", transfer.ErrCorrupt, err)
+	}
+	return err
+}
+
+func (r localReserver) Publish(ctx context.Context, keys, chunkKeys []prefixhash.Key) error {
+	c := r.cluster.Load()
+	if c == nil {
+		return errors.New("node: the cluster is not started: nothing to publish with")
+	}
+	_, err := c.Publish(ctx, keys, chunkKeys)
+	return err
 }

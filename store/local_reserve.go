@@ -177,3 +177,15 @@ func (l *Local) countCorruptCommit() {
 	l.mu.c.corruptCommits++
 	l.mu.Unlock()
 }
+
+// Arena returns the memory tier's mapping and the memfd it maps when the
+// tier can be shared with processes on the same host (tiers.DRAM), else nil
+// and -1. Both are valid until Close. The shared-memory data plane hands
+// the descriptor to trusted clients, which read blocks in place (under a
+// pin) and write reserved slots.
+func (l *Local) Arena() (mem []byte, fd int) {
+	if a, ok := l.mem.(interface{ Arena() ([]byte, int) }); ok {
+		return a.Arena()
+	}
+	return nil, -1
+}
