@@ -24,7 +24,8 @@
 // the Source into the region, and the client reads them in place. Requests,
 // (offset, length) answers and releases travel over the socket; value bytes
 // never do (puts without a writable arena excepted: they travel inline).
-// With ShmServerOptions.Arena, a node-wide client also maps the node's DRAM
+// With ShmServerOptions.Arena, a node-wide client whose hello asks for it
+// (ShmClient does; the Python client does not) also maps the node's DRAM
 // arena: gets are answered with arena offsets under a lease (no copy at
 // all), and puts reserve slots there, are written by the client and
 // committed by the server (Reserver); see ShmServer.

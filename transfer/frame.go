@@ -16,7 +16,8 @@ import (
 //	  0     4  magic "KVTF"
 //	  4     1  version (3)
 //	  5     1  frame type
-//	  6     1  requests: flags (bit 0: scoped, see below); else zero
+//	  6     1  requests: flags (bit 0: scoped, see below); a shared-memory
+//	           client's hello: bit 1, it asks for the DRAM arena; else zero
 //	  7     1  error frames: error class (0 request, 1 authentication); else zero
 //	  8     8  request id (an answer carries its request's id)
 //	 16     4  item count
@@ -130,8 +131,13 @@ const (
 	typeShmCommitReq
 )
 
-// flagScoped marks a request confined to one tenant's blocks.
-const flagScoped = 1
+// flagScoped marks a request confined to one tenant's blocks; flagArena, a
+// shared-memory client's hello that asks for the DRAM arena (clients that
+// do not ask, older ones and other languages', keep the copying region).
+const (
+	flagScoped = 1
+	flagArena  = 2
+)
 
 // isRequest reports whether frames of type t are requests that act on
 // blocks, and so may be scoped to a tenant.
@@ -228,6 +234,7 @@ type header struct {
 	maxValue int    // get requests: largest value; 0 = no limit
 	class    uint32 // error frames: classRequest or classAuth
 	scoped   bool   // requests: confined to the blocks of tenant tag
+	arena    bool   // hello: the shared-memory client asks for the arena
 	tag      uint64 // scoped requests: the tenant tag
 	tableSum uint64
 }
@@ -247,6 +254,9 @@ func putHeader(b []byte, h *header) {
 	b[6] = 0
 	if h.scoped {
 		b[6] = flagScoped
+	}
+	if h.arena {
+		b[6] |= flagArena
 	}
 	b[7] = byte(h.class)
 	binary.LittleEndian.PutUint64(b[8:], h.id)
@@ -294,11 +304,14 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 	h.maxValue = int(binary.LittleEndian.Uint32(b[36:]))
 	h.class = uint32(b[7])
 	h.scoped = b[6]&flagScoped != 0
+	h.arena = b[6]&flagArena != 0
 	h.tag = binary.LittleEndian.Uint64(b[40:])
 	h.tableSum = binary.LittleEndian.Uint64(b[48:])
 	switch {
-	case b[6]&^flagScoped != 0:
+	case b[6]&^(flagScoped|flagArena) != 0:
 		return h, corrupt("unknown header flags %#02x", b[6])
+	case h.arena && h.typ != typeHello:
+		return h, corrupt("%s frame with the arena flag", h.typ)
 	case h.scoped && !h.typ.isRequest():
 		return h, corrupt("%s frame with the scoped flag", h.typ)
 	case !h.scoped && h.tag != 0:

@@ -3,6 +3,7 @@ package transfer
 import (
 	"context"
 	"time"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -50,3 +51,6 @@ type Reservation interface {
 
 // DefaultLeaseTimeout is ShmServerOptions.LeaseTimeout's default.
 const DefaultLeaseTimeout = 30 * time.Second
+
+// uintptrOf is the address of b's first byte.
+func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

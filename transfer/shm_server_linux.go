@@ -115,7 +115,7 @@ func (s *ShmServer) Stats() Stats { return s.snapshot() }
 
 func (s *ShmServer) serveConn(nc net.Conn) {
 	uc := nc.(*net.UnixConn)
-	who, err := s.admitPeer(uc)
+	who, wantArena, err := s.admitPeer(uc)
 	if err != nil {
 		if errors.Is(err, ErrAuth) {
 			s.stats.unauthorized.Add(1)
@@ -127,7 +127,7 @@ func (s *ShmServer) serveConn(nc net.Conn) {
 		}
 		return
 	}
-	c, err := s.newShmConn(uc, who)
+	c, err := s.newShmConn(uc, who, wantArena)
 	if err != nil {
 		s.stats.dropped.Add(1)
 		s.log.Warn("transfer: shm client setup failed", "err", err)
@@ -139,15 +139,16 @@ func (s *ShmServer) serveConn(nc net.Conn) {
 // admitPeer decides a new client before it gets a region: it reads its
 // hello within HandshakeTimeout, then checks its user id (SO_PEERCRED) when
 // PeerUIDs is set and its token when Tokens is. A refused client is told
-// why in an error frame.
-func (s *ShmServer) admitPeer(uc *net.UnixConn) (auth.Principal, error) {
+// why in an error frame. wantArena reports that the hello asked for the
+// DRAM arena.
+func (s *ShmServer) admitPeer(uc *net.UnixConn) (who auth.Principal, wantArena bool, err error) {
 	// The hello is read first, whatever is decided: a client refused
 	// before it wrote its hello would see a broken pipe, not the refusal.
 	uc.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	defer uc.SetDeadline(time.Time{})
 	var hdr [headerLen]byte
 	if _, err := io.ReadFull(uc, hdr[:]); err != nil {
-		return auth.Principal{}, fmt.Errorf("read hello: %w", err)
+		return auth.Principal{}, false, fmt.Errorf("read hello: %w", err)
 	}
 	h, err := parseHeader(hdr[:], &s.opts.Limits)
 	if err == nil && h.typ != typeHello {
@@ -160,15 +161,15 @@ func (s *ShmServer) admitPeer(uc *net.UnixConn) (auth.Principal, error) {
 	if err == nil && len(s.opts.PeerUIDs) > 0 {
 		err = checkPeer(uc, s.opts.PeerUIDs)
 	}
-	who := auth.Open
+	who = auth.Open
 	if err == nil {
 		who, err = checkHello(s.opts.Tokens, table)
 	}
 	if err != nil {
 		sendError(uc, 0, err)
-		return who, err
+		return who, false, err
 	}
-	return who, nil
+	return who, h.arena, nil
 }
 
 // checkPeer refuses a client whose process runs as a user not in uids.
@@ -249,7 +250,7 @@ type shmWork struct {
 
 // newShmConn creates the client's region and sends it, with the hello
 // frame, over uc.
-func (s *ShmServer) newShmConn(uc *net.UnixConn, who auth.Principal) (*shmConn, error) {
+func (s *ShmServer) newShmConn(uc *net.UnixConn, who auth.Principal, wantArena bool) (*shmConn, error) {
 	size := s.opts.RegionSize
 	fd, err := unix.MemfdCreate("kvmesh-transfer", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -274,7 +275,7 @@ func (s *ShmServer) newShmConn(uc *net.UnixConn, who auth.Principal) (*shmConn, 
 	}
 	fds := []int{fd}
 	hl := hello{regionSize: size, maxPending: s.opts.MaxPending, limits: s.opts.Limits}
-	shared, afd, writable, err := s.shareArena(who)
+	shared, afd, writable, err := s.shareArena(who, wantArena)
 	if err != nil {
 		unix.Munmap(mem)
 		return nil, err
@@ -307,12 +308,13 @@ func (s *ShmServer) newShmConn(uc *net.UnixConn, who auth.Principal) (*shmConn, 
 }
 
 // shareArena returns the arena and a descriptor of it to send to a client
-// that is who: none (fd -1) to a tenant, or without an Arena; a read-only
+// that is who: none (fd -1) to a client that did not ask, to a tenant, or
+// without an Arena; a read-only
 // one (reopened O_RDONLY, so that the client cannot map it writable) to a
 // reader; the memfd's own, writable, to a writer when reservations are
 // served. A returned descriptor is the caller's to close.
-func (s *ShmServer) shareArena(who auth.Principal) (mem []byte, fd int, writable bool, err error) {
-	if s.opts.Arena == nil || who.Scoped() || !who.Can(auth.Read) {
+func (s *ShmServer) shareArena(who auth.Principal, asked bool) (mem []byte, fd int, writable bool, err error) {
+	if !asked || s.opts.Arena == nil || who.Scoped() || !who.Can(auth.Read) {
 		return nil, -1, false, nil
 	}
 	mem, afd := s.opts.Arena.Arena()
