@@ -520,22 +520,104 @@ func TestShmArenaUnderEviction(t *testing.T) {
 	a.check(t)
 }
 
-// BenchmarkShmArenaPut measures puts of 4 MiB sealed values through
-// reservations, each key new, evicting as the arena fills.
-func BenchmarkShmArenaPut(b *testing.B) {
-	const size = 4 << 20
-	a := newArenaSource(b, 256<<20, 16<<20+64<<10)
-	_, path := startArenaShm(b, a, ShmServerOptions{})
-	c := dialShm(b, path, nil)
-	v := sealed(0, size)
-	b.SetBytes(size)
-	ctx := context.Background()
-	for i := 0; b.Loop(); i++ {
-		k := testKey(i)
-		st, err := c.Put(ctx, []prefixhash.Key{k}, [][]byte{v})
-		if err != nil || st[0] != StatusOK {
-			b.Fatal(st, err)
+// Put is the Sink of the copying path (no reservations): it verifies and
+// copies each value into the arena, as the node did before reservations.
+func (a *arenaSource) Put(_ context.Context, keys []prefixhash.Key, vals [][]byte, st []Status) {
+	for i, k := range keys {
+		if !isSealed(vals[i]) {
+			st[i] = StatusError
+			continue
 		}
-		a.evict(testKey(i - 32))
+		loc, err := a.d.Put(k, vals[i])
+		if err != nil {
+			continue
+		}
+		a.mu.Lock()
+		a.insertLocked(k, arenaVal{loc, len(vals[i])})
+		a.mu.Unlock()
+		st[i] = StatusOK
 	}
+}
+
+// benchArena starts a server over a 256 MiB arena; inPlace shares the
+// arena (reads in place, reserved puts), else values are copied (into the
+// client's region; puts received inline and copied into the arena).
+func benchArena(b *testing.B, inPlace bool) (*arenaSource, *ShmClient) {
+	a := newArenaSource(b, 256<<20, 16<<20+64<<10)
+	opts := &ShmServerOptions{}
+	if inPlace {
+		opts.Arena, opts.Reserver = a, a
+	}
+	s, err := NewShmServer(a, a, opts, quietLog)
+	if err != nil {
+		b.Fatal(err)
+	}
+	path := filepath.Join(b.TempDir(), "data.sock")
+	if err := s.Listen(path); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return a, dialShm(b, path, nil)
+}
+
+// BenchmarkShmArenaPut measures puts of new sealed values, evicting as the
+// arena fills: reserved and written in place, against received inline and
+// copied (copy).
+//
+//	go test -run '^$' -bench 'ShmArena' -count 5 ./transfer/
+func BenchmarkShmArenaPut(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20, 4 << 20} {
+		for _, inPlace := range []bool{true, false} {
+			b.Run(fmt.Sprintf("%s/%s", formatSize(size), map[bool]string{true: "in-place", false: "copy"}[inPlace]), func(b *testing.B) {
+				a, c := benchArena(b, inPlace)
+				v := sealed(0, size)
+				keep := (128 << 20) / size
+				b.SetBytes(int64(size))
+				ctx := context.Background()
+				for i := 0; b.Loop(); i++ {
+					st, err := c.Put(ctx, []prefixhash.Key{testKey(i)}, [][]byte{v})
+					if err != nil || st[0] != StatusOK {
+						b.Fatal(st, err)
+					}
+					a.evict(testKey(i - keep))
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkShmArenaGet measures gets of one value, each byte read by the
+// caller (its checksum verified, as a careful reader does): in place under
+// a lease, against copied into the region.
+func BenchmarkShmArenaGet(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20, 4 << 20} {
+		for _, inPlace := range []bool{true, false} {
+			b.Run(fmt.Sprintf("%s/%s", formatSize(size), map[bool]string{true: "in-place", false: "copy"}[inPlace]), func(b *testing.B) {
+				a, c := benchArena(b, inPlace)
+				const n = 16
+				for i := range n {
+					a.set(b, testKey(i), sealed(i, size))
+				}
+				b.SetBytes(int64(size))
+				ctx := context.Background()
+				for i := 0; b.Loop(); i++ {
+					r, err := c.Get(ctx, []prefixhash.Key{testKey(i % n)})
+					if err != nil || r.Hits() != 1 {
+						b.Fatal(err)
+					}
+					if !isSealed(r.Values[0]) {
+						b.Fatal("value read back damaged")
+					}
+					r.Release()
+				}
+			})
+		}
+	}
+}
+
+func formatSize(n int) string {
+	if n >= 1<<20 {
+		return fmt.Sprintf("%dMiB", n>>20)
+	}
+	return fmt.Sprintf("%dKiB", n>>10)
 }

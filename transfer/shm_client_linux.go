@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -566,7 +565,6 @@ func (c *ShmClient) putReserved(ctx context.Context, p *puts, lo, hi int, st []S
 			continue
 		}
 		dst := c.arena[offs[j]&^inArena:][:lens[j]]
-		populate(dst)
 		if p.heads != nil {
 			dst = dst[copy(dst, p.heads[i]):]
 		}
@@ -648,18 +646,4 @@ func (c *ShmClient) sendRelease(ids []uint64) {
 	if _, err := c.uc.Write(c.enc.finish(header{typ: typeShmRelease, count: len(ids)})); err != nil {
 		c.uc.Close()
 	}
-}
-
-// populate faults in the pages of b, in this process's mapping, with one
-// call instead of a fault per 4 KiB page as the copy touches them (a slot
-// written for the first time, or after its slab's memory went back to the
-// kernel). An error (kernels before 5.14) leaves the faults to the copy.
-func populate(b []byte) {
-	if len(b) < 64<<10 {
-		return
-	}
-	page := uintptr(os.Getpagesize())
-	start := uintptrOf(b) &^ (page - 1)
-	end := (uintptrOf(b) + uintptr(len(b)) + page - 1) &^ (page - 1)
-	_, _, _ = unix.Syscall(unix.SYS_MADVISE, start, end-start, unix.MADV_POPULATE_WRITE)
 }
