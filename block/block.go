@@ -19,35 +19,50 @@ import (
 //
 //	off  size  field
 //	  0     4  magic "KVMB"
-//	  4     2  format version (2)
+//	  4     2  format version (2, or 3 with any of the fields marked v3)
 //	  6     1  key format version (prefixhash.KeyVersion)
-//	  7     1  reserved, zero
+//	  7     1  v3: KV layout (0 split, 1 latent); zero in v2
 //	  8     4  header length (fixed part + tokens + padding)
 //	 12     4  token count n
 //	 16     8  namespace digest
 //	 24    16  key
 //	 40    16  parent key
 //	 56     1  KV dtype
-//	 57     3  reserved, zero
+//	 57     1  v3: key scheme (0 kvmesh, 1 vllm); zero in v2
+//	 58     1  v3: scales (0 none, 1 per block, 2 per head); zero in v2
+//	 59     1  reserved, zero
 //	 60     4  layer start
 //	 64     4  layer end
 //	 68     4  KV heads
 //	 72     4  head dim
-//	 76     4  reserved, zero
+//	 76     4  v3: latent dim; zero in v2
 //	 80     8  payload length
 //	 88     8  xxhash64 of the payload
 //	 96     8  tenant tag (0: no tenant)
-//	104     8  xxhash64 of bytes [0,104) and of the n tokens
+//	104     8  xxhash64 of bytes [0,104), of the n tokens and (v3) of the extension
 //	112    4n  token ids
+//	  v3:   4  extension length X, then X bytes: the parent's 32-byte link
+//	           (key scheme vllm only), u32 extra key count m, m × (u32 length
+//	           ‖ bytes): the extra keys the block's key covers, then zeros
+//	           to X. X is the namespace's (Namespace.ExtensionRoom), so every
+//	           block of a namespace has one encoded size, as the store needs.
 //	  …        zero padding to the header length
+//
+// A block of a namespace that uses none of the v3 fields (split layout,
+// kvmesh keys, no scales, no room for extra keys) is written as version 2,
+// byte for byte as before they existed, so blocks already on disk stay
+// valid. The payload is the KV
+// bytes, then the scales when the layout has them (float32, see
+// prefixhash.Scales): the payload checksum covers both.
 //
 // Version 1 (a 104-byte fixed header, no key format, no tenant) was written
 // under xxhash64 keys; its blocks, and blocks of any other key format, fail
 // to decode: their keys mean nothing under this build's key format.
 const (
 	blockMagic = "KVMB"
-	// Version is the block format version this build writes and reads.
-	Version = 2
+	// Version is the newest block format version this build writes (3,
+	// for blocks that need it; others are written as 2); it reads 2 and 3.
+	Version = 3
 	// FixedHeaderLen is the length of the header's fixed part: no encoded
 	// block is shorter.
 	FixedHeaderLen = 112
@@ -68,33 +83,72 @@ var (
 	ErrTokens = fmt.Errorf("%w: stored tokens differ from the tokens asked for", ErrCorrupt)
 )
 
-// Layout is the shape of a block's payload, [layer][K|V][token][kv_head][head_dim].
+// Layout is the shape of a block's payload: [layer][K|V][token][kv_head][head_dim]
+// (split) or [layer][token][latent_dim] (latent), then the scales, if any.
 type Layout struct {
 	DType                prefixhash.DType
 	LayerStart, LayerEnd int
 	KVHeads, HeadDim     int
+	KV                   prefixhash.KVLayout
+	LatentDim            int
+	Scales               prefixhash.Scales
 }
 
 // LayoutOf returns the payload layout of blocks of ns.
 func LayoutOf(ns prefixhash.Namespace) Layout {
-	return Layout{DType: ns.DType, LayerStart: ns.LayerStart, LayerEnd: ns.LayerEnd, KVHeads: ns.KVHeads, HeadDim: ns.HeadDim}
+	return Layout{DType: ns.DType, LayerStart: ns.LayerStart, LayerEnd: ns.LayerEnd, KVHeads: ns.KVHeads, HeadDim: ns.HeadDim,
+		KV: ns.Layout, LatentDim: ns.LatentDim, Scales: ns.Scales}
 }
 
-// PayloadLen returns the payload size of a block of tokens tokens, or -1 if
-// the layout is not valid.
+// nsV3 reports whether the blocks of ns are format 3.
+func nsV3(ns prefixhash.Namespace) bool {
+	return LayoutOf(ns).v3() || ns.Scheme != prefixhash.SchemeKVMesh || ns.ExtraKeyBytes != 0
+}
+
+// v3 reports whether the layout needs format version 3.
+func (l Layout) v3() bool {
+	return l.KV != prefixhash.SplitKV || l.LatentDim != 0 || l.Scales != prefixhash.NoScales
+}
+
+// PayloadLen returns the payload size of a block of tokens tokens, KV bytes
+// and scales, or -1 if the layout is not valid.
 func (l Layout) PayloadLen(tokens int) int {
-	if l.DType.Size() == 0 || l.LayerEnd <= l.LayerStart || l.LayerStart < 0 || l.KVHeads < 1 || l.HeadDim < 1 || tokens < 1 {
+	if l.DType.Size() == 0 || l.LayerEnd <= l.LayerStart || l.LayerStart < 0 || tokens < 1 ||
+		l.Scales > prefixhash.ScalesPerHead || (l.Scales != prefixhash.NoScales && l.DType.Size() != 1) {
+		return -1
+	}
+	layers := uint64(l.LayerEnd - l.LayerStart)
+	var shape [6]uint64
+	var scales uint64 // per layer
+	switch {
+	case l.KV == prefixhash.SplitKV && l.KVHeads >= 1 && l.HeadDim >= 1 && l.LatentDim == 0:
+		shape = [6]uint64{layers, 2, uint64(tokens), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.DType.Size())}
+		switch l.Scales {
+		case prefixhash.ScalesPerBlock:
+			scales = 2
+		case prefixhash.ScalesPerHead:
+			scales = 2 * uint64(l.KVHeads)
+		}
+	case l.KV == prefixhash.LatentKV && l.KVHeads == 0 && l.HeadDim == 0 && l.LatentDim >= 1 && l.Scales != prefixhash.ScalesPerHead:
+		shape = [6]uint64{layers, uint64(tokens), uint64(l.LatentDim), uint64(l.DType.Size()), 1, 1}
+		if l.Scales == prefixhash.ScalesPerBlock {
+			scales = 1
+		}
+	default:
 		return -1
 	}
 	n := uint64(1)
-	for _, f := range []uint64{uint64(l.LayerEnd - l.LayerStart), 2, uint64(tokens), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.DType.Size())} {
+	for _, f := range shape {
 		hi, lo := bits.Mul64(n, f)
 		if hi != 0 || lo > 1<<40 {
 			return -1 // absurd layouts must not wrap into plausible sizes
 		}
 		n = lo
 	}
-	return int(n)
+	if scales > 0 && (scales > 1<<20 || layers > 1<<20) {
+		return -1
+	}
+	return int(n + 4*layers*scales)
 }
 
 // Header is a decoded block header.
@@ -102,6 +156,17 @@ type Header struct {
 	Namespace   uint64 // digest of the producing namespace
 	Key, Parent prefixhash.Key
 	Layout      Layout
+	// Scheme is the key scheme the key was derived under.
+	Scheme prefixhash.KeyScheme
+	// ParentLink is what the key was chained from: the parent's whole
+	// 32-byte hash under SchemeVLLM, KeyLink(Parent) otherwise.
+	ParentLink prefixhash.Link
+	// Extra are the extra keys the key covers (as Namespace.BlockExtra
+	// makes them). After Decode they alias the decoded buffer.
+	Extra prefixhash.ExtraKeys
+	// Len is the encoded header's length: HeaderLen(len(Tokens)) for a
+	// block without extension (format 2), longer with one.
+	Len int
 	// Tokens are the block's token ids. After Decode they may alias the
 	// decoded buffer: same lifetime as it.
 	Tokens     []uint32
@@ -120,9 +185,30 @@ type Block struct {
 	Payload []byte
 }
 
-// HeaderLen returns the encoded header length of a block of n tokens.
+// HeaderLen returns the encoded header length of a block of n tokens
+// without extension (format 2).
 func HeaderLen(n int) int {
 	return (FixedHeaderLen + 4*n + headerAlign - 1) / headerAlign * headerAlign
+}
+
+// HeaderLenExt returns the encoded header length of a block of n tokens
+// whose extension (format 3) is extLen bytes, its length field excluded.
+func HeaderLenExt(n, extLen int) int {
+	return (FixedHeaderLen + 4*n + 4 + extLen + headerAlign - 1) / headerAlign * headerAlign
+}
+
+// MaxHeaderLen bounds the header of any block of n tokens: the largest
+// extension any namespace reserves (prefixhash.MaxExtensionRoom).
+func MaxHeaderLen(n int) int {
+	return HeaderLenExt(n, prefixhash.MaxExtensionRoom)
+}
+
+// NamespaceHeaderLen returns the header length of every block of ns.
+func NamespaceHeaderLen(ns prefixhash.Namespace) int {
+	if !nsV3(ns) {
+		return HeaderLen(ns.BlockTokens)
+	}
+	return HeaderLenExt(ns.BlockTokens, ns.ExtensionRoom())
 }
 
 // EncodedLen returns the size of an encoded block of n tokens and payloadLen
@@ -137,6 +223,8 @@ func (h *Header) CheckNamespace(ns prefixhash.Namespace) error {
 		return fmt.Errorf("%w: namespace digest %016x, want %016x (%s)", ErrCorrupt, h.Namespace, ns.Digest(), ns)
 	case h.Layout != LayoutOf(ns):
 		return fmt.Errorf("%w: layout %+v does not match namespace %s", ErrCorrupt, h.Layout, ns)
+	case h.Scheme != ns.Scheme:
+		return fmt.Errorf("%w: key scheme %s, namespace %s has %s", ErrCorrupt, h.Scheme, ns, ns.Scheme)
 	case len(h.Tokens) != ns.BlockTokens:
 		return fmt.Errorf("%w: %d tokens, namespace blocks hold %d", ErrCorrupt, len(h.Tokens), ns.BlockTokens)
 	}
@@ -175,30 +263,67 @@ func AppendHeader(dst []byte, ns prefixhash.Namespace, parent prefixhash.Key, to
 }
 
 // AppendHeaderTenant is AppendHeader with the tag of the tenant writing the
-// block.
+// block. Under SchemeVLLM parent must be the namespace root (the key of a
+// vLLM block is half of the hash its child chains from): use
+// AppendHeaderExt with the parent's link.
 func AppendHeaderTenant(dst []byte, tenant uint64, ns prefixhash.Namespace, parent prefixhash.Key, tokens []uint32, payload []byte) ([]byte, prefixhash.Key, error) {
+	link := prefixhash.KeyLink(parent)
+	if ns.Scheme == prefixhash.SchemeVLLM {
+		if parent != ns.Root() {
+			return dst, prefixhash.Key{}, fmt.Errorf("block: a %s block below the root needs its parent's link, not its key", ns.Scheme)
+		}
+		link = ns.RootLink()
+	}
+	dst, l, err := AppendHeaderExt(dst, tenant, ns, link, tokens, nil, payload)
+	return dst, l.Key(), err
+}
+
+// AppendHeaderExt is AppendHeaderTenant for any block: parent is the link
+// it is chained from (prefixhash.KeyLink of the parent key under
+// SchemeKVMesh, the parent's 32-byte hash under SchemeVLLM, ns.RootLink for
+// block 0) and extra its extra keys as the caller gives them (the
+// namespace's are added: Namespace.BlockExtra). It returns the block's link,
+// whose Key is its key.
+func AppendHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent prefixhash.Link, tokens []uint32, extra prefixhash.ExtraKeys, payload []byte) ([]byte, prefixhash.Link, error) {
 	if err := ns.Validate(); err != nil {
-		return dst, prefixhash.Key{}, err
+		return dst, prefixhash.Link{}, err
 	}
 	if len(tokens) != ns.BlockTokens {
-		return dst, prefixhash.Key{}, fmt.Errorf("block: block has %d tokens, namespace blocks hold %d", len(tokens), ns.BlockTokens)
+		return dst, prefixhash.Link{}, fmt.Errorf("block: block has %d tokens, namespace blocks hold %d", len(tokens), ns.BlockTokens)
 	}
 	if len(payload) != ns.BlockBytes() {
-		return dst, prefixhash.Key{}, fmt.Errorf("block: payload is %d bytes, namespace blocks hold %d", len(payload), ns.BlockBytes())
+		return dst, prefixhash.Link{}, fmt.Errorf("block: payload is %d bytes, namespace blocks hold %d", len(payload), ns.BlockBytes())
 	}
-	key := prefixhash.BlockKey(parent, tokens)
-	hl := HeaderLen(len(tokens))
+	if err := ns.CheckExtra(extra); err != nil {
+		return dst, prefixhash.Link{}, err
+	}
+	if ns.Scheme == prefixhash.SchemeKVMesh && parent != prefixhash.KeyLink(parent.Key()) {
+		return dst, prefixhash.Link{}, fmt.Errorf("block: a %s parent link is a key (16 bytes)", ns.Scheme)
+	}
+	first := ns.Scheme == prefixhash.SchemeVLLM && parent == ns.RootLink()
+	extra = ns.BlockExtra(first, extra)
+	if err := extra.CheckBlock(ns.Scheme); err != nil {
+		return dst, prefixhash.Link{}, err
+	}
+	v3 := nsV3(ns)
+	link := prefixhash.BlockLink(ns.Scheme, parent, tokens, extra)
+	key, parentKey := link.Key(), parent.Key()
+	hl, ext := HeaderLen(len(tokens)), 0
+	if v3 {
+		ext = ns.ExtensionRoom()
+		hl = HeaderLenExt(len(tokens), ext)
+	}
 	start := len(dst)
 	dst = append(dst, make([]byte, hl)...)
 	h := dst[start:]
 	copy(h[0:4], blockMagic)
-	binary.LittleEndian.PutUint16(h[4:], Version)
+	binary.LittleEndian.PutUint16(h[4:], 2)
 	h[6] = prefixhash.KeyVersion
 	binary.LittleEndian.PutUint32(h[8:], uint32(hl))
 	binary.LittleEndian.PutUint32(h[12:], uint32(len(tokens)))
 	binary.LittleEndian.PutUint64(h[16:], ns.Digest())
 	copy(h[24:40], key[:])
-	copy(h[40:56], parent[:])
+	copy(h[40:56], parentKey[:])
 	h[56] = byte(ns.DType)
 	binary.LittleEndian.PutUint32(h[60:], uint32(ns.LayerStart))
 	binary.LittleEndian.PutUint32(h[64:], uint32(ns.LayerEnd))
@@ -210,8 +335,26 @@ func AppendHeaderTenant(dst []byte, tenant uint64, ns prefixhash.Namespace, pare
 	for i, t := range tokens {
 		binary.LittleEndian.PutUint32(h[FixedHeaderLen+4*i:], t)
 	}
-	binary.LittleEndian.PutUint64(h[headerSumOff:], headerSum(h, len(tokens)))
-	return dst, key, nil
+	if v3 {
+		binary.LittleEndian.PutUint16(h[4:], 3)
+		h[7] = byte(ns.Layout)
+		h[57] = byte(ns.Scheme)
+		h[58] = byte(ns.Scales)
+		binary.LittleEndian.PutUint32(h[76:], uint32(ns.LatentDim))
+		e := h[FixedHeaderLen+4*len(tokens):]
+		binary.LittleEndian.PutUint32(e, uint32(ext))
+		e = e[4:4]
+		if ns.Scheme == prefixhash.SchemeVLLM {
+			e = append(e, parent[:]...)
+		}
+		e = binary.LittleEndian.AppendUint32(e, uint32(len(extra)))
+		for _, k := range extra {
+			e = binary.LittleEndian.AppendUint32(e, uint32(len(k)))
+			e = append(e, k...)
+		}
+	}
+	binary.LittleEndian.PutUint64(h[headerSumOff:], headerSum(h, len(tokens), ext))
+	return dst, link, nil
 }
 
 // Encode appends the whole encoded block (header and payload) to dst, with
@@ -229,11 +372,17 @@ func EncodeTenant(dst []byte, tenant uint64, ns prefixhash.Namespace, parent pre
 	return append(dst, payload...), key, nil
 }
 
-func headerSum(h []byte, n int) uint64 {
+// headerSum is the header checksum: bytes [0,104), the n tokens and, with
+// an extension of ext bytes (format 3), the extension and its length field.
+func headerSum(h []byte, n, ext int) uint64 {
 	var d xxhash.Digest
 	d.Reset()
 	d.Write(h[:headerSumOff])
-	d.Write(h[FixedHeaderLen : FixedHeaderLen+4*n])
+	end := FixedHeaderLen + 4*n
+	if ext > 0 {
+		end += 4 + ext
+	}
+	d.Write(h[FixedHeaderLen:end])
 	return d.Sum64()
 }
 
@@ -243,8 +392,9 @@ func corrupt(format string, args ...any) error {
 
 // DecodeHeader parses and verifies the header at the start of b: magic,
 // format and key format versions, lengths, layout, header checksum, and that
-// the key is H(parent ‖ tokens). It does not read the payload. maxPayload
-// bounds the payload length the caller accepts (ErrTooLarge beyond it).
+// the key is H(parent ‖ tokens ‖ extra keys) under the block's key scheme.
+// It does not read the payload. maxPayload bounds the payload length the
+// caller accepts (ErrTooLarge beyond it).
 func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	var h Header
 	// The version comes before the length check: a version-1 header is
@@ -260,15 +410,25 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	if string(b[0:4]) != blockMagic {
 		return h, corrupt("bad magic %q", b[0:4])
 	}
+	v3 := binary.LittleEndian.Uint16(b[4:]) == 3
 	hl := uint64(binary.LittleEndian.Uint32(b[8:]))
 	n := uint64(binary.LittleEndian.Uint32(b[12:]))
-	if n == 0 || n > prefixhash.MaxBlockTokens || hl != uint64(HeaderLen(int(n))) {
+	if n == 0 || n > prefixhash.MaxBlockTokens || (!v3 && hl != uint64(HeaderLen(int(n)))) ||
+		(v3 && (hl < uint64(HeaderLenExt(int(n), 4)) || hl > uint64(MaxHeaderLen(int(n))))) {
 		return h, corrupt("header length %d for %d tokens", hl, n)
 	}
 	if uint64(len(b)) < hl {
 		return h, corrupt("%d bytes, header needs %d", len(b), hl)
 	}
-	if got, want := binary.LittleEndian.Uint64(b[headerSumOff:]), headerSum(b, int(n)); got != want {
+	ext := 0
+	if v3 {
+		x := uint64(binary.LittleEndian.Uint32(b[FixedHeaderLen+4*n:]))
+		if x < 4 || uint64(HeaderLenExt(int(n), int(min(x, hl)))) != hl {
+			return h, corrupt("extension of %d bytes in a header of %d", x, hl)
+		}
+		ext = int(x)
+	}
+	if got, want := binary.LittleEndian.Uint64(b[headerSumOff:]), headerSum(b, int(n), ext); got != want {
 		return h, corrupt("header checksum %016x, computed %016x", got, want)
 	}
 	h.Namespace = binary.LittleEndian.Uint64(b[16:])
@@ -280,6 +440,17 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 		LayerEnd:   int(binary.LittleEndian.Uint32(b[64:])),
 		KVHeads:    int(binary.LittleEndian.Uint32(b[68:])),
 		HeadDim:    int(binary.LittleEndian.Uint32(b[72:])),
+	}
+	h.Len = int(hl)
+	h.ParentLink = prefixhash.KeyLink(h.Parent)
+	if v3 {
+		h.Layout.KV = prefixhash.KVLayout(b[7])
+		h.Scheme = prefixhash.KeyScheme(b[57])
+		h.Layout.Scales = prefixhash.Scales(b[58])
+		h.Layout.LatentDim = int(binary.LittleEndian.Uint32(b[76:]))
+		if err := h.decodeExt(b[FixedHeaderLen+4*n+4 : FixedHeaderLen+4*n+4+uint64(ext)]); err != nil {
+			return h, err
+		}
 	}
 	pl := binary.LittleEndian.Uint64(b[80:])
 	want := h.Layout.PayloadLen(int(n))
@@ -293,16 +464,65 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	h.Checksum = binary.LittleEndian.Uint64(b[88:])
 	h.Tenant = binary.LittleEndian.Uint64(b[96:])
 	h.Tokens = viewTokens(b[FixedHeaderLen : FixedHeaderLen+4*n])
-	if prefixhash.BlockKey(h.Parent, h.Tokens) != h.Key {
-		return h, corrupt("key %s is not H(parent ‖ tokens)", h.Key)
+	if !v3 {
+		if prefixhash.BlockKey(h.Parent, h.Tokens) != h.Key {
+			return h, corrupt("key %s is not H(parent ‖ tokens)", h.Key)
+		}
+		return h, nil
+	}
+	if prefixhash.BlockLink(h.Scheme, h.ParentLink, h.Tokens, h.Extra).Key() != h.Key {
+		return h, corrupt("key %s is not H(parent ‖ tokens ‖ extra keys) under the %s scheme", h.Key, h.Scheme)
 	}
 	return h, nil
+}
+
+// decodeExt parses a format 3 extension: the parent link (vllm scheme)
+// and the extra keys.
+func (h *Header) decodeExt(e []byte) error {
+	if h.Scheme > prefixhash.SchemeVLLM {
+		return corrupt("unknown key scheme %d", h.Scheme)
+	}
+	if h.Scheme == prefixhash.SchemeVLLM {
+		if len(e) < prefixhash.LinkSize {
+			return corrupt("extension of %d bytes has no parent link", len(e))
+		}
+		h.ParentLink = prefixhash.Link(e[:prefixhash.LinkSize])
+		e = e[prefixhash.LinkSize:]
+		if h.ParentLink.Key() != h.Parent {
+			return corrupt("parent link %s does not name parent %s", h.ParentLink, h.Parent)
+		}
+	}
+	if len(e) < 4 {
+		return corrupt("extension has no extra key count")
+	}
+	m := binary.LittleEndian.Uint32(e)
+	e = e[4:]
+	if m > prefixhash.MaxExtraKeys+2 {
+		return corrupt("%d extra keys, the limit is %d", m, prefixhash.MaxExtraKeys+2)
+	}
+	if m > 0 {
+		h.Extra = make(prefixhash.ExtraKeys, m)
+	}
+	for i := range h.Extra {
+		if len(e) < 4 || uint64(binary.LittleEndian.Uint32(e)) > uint64(len(e)-4) {
+			return corrupt("extra key %d overruns the extension", i)
+		}
+		k := int(binary.LittleEndian.Uint32(e))
+		h.Extra[i] = e[4 : 4+k : 4+k]
+		e = e[4+k:]
+	}
+	for _, c := range e {
+		if c != 0 {
+			return corrupt("extension padding is not zero")
+		}
+	}
+	return h.Extra.CheckBlock(h.Scheme)
 }
 
 // checkVersions accepts only this build's block and key formats. Version 1
 // blocks predate key format versions: they were keyed by xxhash64.
 func checkVersions(format uint16, keys byte) error {
-	if format == Version && keys == prefixhash.KeyVersion {
+	if (format == 2 || format == Version) && keys == prefixhash.KeyVersion {
 		return nil
 	}
 	if format == 1 {
@@ -327,7 +547,7 @@ func Decode(b []byte, maxPayload int) (Block, error) {
 	if err != nil {
 		return Block{}, err
 	}
-	hl := HeaderLen(len(h.Tokens))
+	hl := h.Len
 	if len(b) != hl+h.PayloadLen {
 		return Block{}, corrupt("%d bytes, header says %d", len(b), hl+h.PayloadLen)
 	}

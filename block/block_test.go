@@ -230,13 +230,27 @@ func FuzzDecode(f *testing.F) {
 	v1 := bytes.Clone(b)
 	binary.LittleEndian.PutUint16(v1[4:], 1)
 	f.Add(v1)
+	for _, vns := range v3Namespaces() {
+		v3, _, _ := block.AppendHeaderExt(nil, 0, vns, vns.RootLink(), []uint32{1, 2, 3, 4}[:vns.BlockTokens],
+			prefixhash.ExtraKeys{prefixhash.VLLMText("k")}, make([]byte, vns.BlockBytes()))
+		f.Add(append(v3, make([]byte, vns.BlockBytes())...))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		blk, err := block.Decode(data, 1<<20)
 		if err != nil {
 			return
 		}
-		if prefixhash.BlockKey(blk.Parent, blk.Tokens) != blk.Key {
-			t.Fatal("accepted a block whose key does not match its tokens")
+		if prefixhash.BlockLink(blk.Scheme, blk.ParentLink, blk.Tokens, blk.Extra).Key() != blk.Key || blk.ParentLink.Key() != blk.Parent {
+			t.Fatal("accepted a block whose key does not match its parent, tokens and extra keys")
+		}
+		if blk.Len != block.HeaderLen(len(blk.Tokens)) {
+			// Format 3: its namespace's extra keys are already in blk.Extra,
+			// so it is not re-encoded from a namespace; the checks above and
+			// the payload length are what hold.
+			if len(data) != blk.Len+blk.PayloadLen || blk.PayloadLen != blk.Layout.PayloadLen(len(blk.Tokens)) {
+				t.Fatal("accepted a format 3 block of the wrong length")
+			}
+			return
 		}
 		rns := prefixhash.Namespace{Model: "x", DType: blk.Layout.DType, BlockTokens: len(blk.Tokens),
 			LayerStart: blk.Layout.LayerStart, LayerEnd: blk.Layout.LayerEnd, KVHeads: blk.Layout.KVHeads, HeadDim: blk.Layout.HeadDim}

@@ -6,11 +6,17 @@
 //
 // # Format
 //
-// A block is a header (format version 2, key format version, namespace
+// A block is a header (format version 2 or 3, key format version, namespace
 // digest, key, parent key, token ids, KV layout, payload length, xxhash64 of
 // the payload, tenant tag, xxhash64 of the header) followed by the payload,
-// [layer][K|V][token][kv_head][head_dim]. Decode verifies all of it,
-// including key == H(parent ‖ tokens) with H = prefixhash's SHA-256 keys,
+// [layer][K|V][token][kv_head][head_dim] or [layer][token][latent_dim], and
+// its scales when the namespace has them. Format 3 (latent layouts, scales,
+// the vllm key scheme, extra keys) adds the layout, scheme, scales and
+// latent dim in bytes format 2 reserved, and an extension after the tokens:
+// the parent's vLLM hash and the extra keys, zero-padded to the namespace's
+// room so that all blocks of a namespace have one size. Decode verifies all
+// of it, including key == H(parent ‖ tokens ‖ extra keys) under the block's
+// key scheme (prefixhash.BlockLink),
 // before any byte is served (the store drops a block that fails and counts a
 // miss). A block of format version 1 or of another key format (one an older
 // kvmesh left on disk, keyed by xxhash64) fails with ErrOtherFormat: its key

@@ -28,7 +28,9 @@ type bulk interface {
 
 // putItem is one block to store. payload is read during put only.
 type putItem struct {
-	parent  prefixhash.Key
+	parent  prefixhash.Link // what its key chains from (KeyLink of the parent key but under the vllm scheme)
+	extra   prefixhash.ExtraKeys
+	key     prefixhash.Key // the key the client expects
 	chunk   prefixhash.Key // its chunk key; zero when unknown
 	tokens  []uint32
 	payload []byte
@@ -100,9 +102,16 @@ func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunk
 			if copy(cur.Parent[:], f.GetParent()) != prefixhash.KeySize || len(f.GetParent()) != prefixhash.KeySize {
 				return bad("block %d: parent of %d bytes", next, len(f.GetParent()))
 			}
-			cur.Tokens = f.GetTokens()
-			if prefixhash.BlockKey(cur.Parent, cur.Tokens) != cur.Key {
-				return bad("block %d: key is not H(parent ‖ tokens)", next)
+			cur.Tokens, cur.Extra = f.GetTokens(), f.GetExtraKeys()
+			link := prefixhash.KeyLink(cur.Parent)
+			if ns.Scheme == prefixhash.SchemeVLLM {
+				if len(f.GetParentLink()) != prefixhash.LinkSize {
+					return bad("block %d: parent link of %d bytes", next, len(f.GetParentLink()))
+				}
+				link = prefixhash.Link(f.GetParentLink())
+			}
+			if link.Key() != cur.Parent || prefixhash.BlockLink(ns.Scheme, link, cur.Tokens, cur.Extra).Key() != cur.Key {
+				return bad("block %d: key is not H(parent ‖ tokens ‖ extra keys)", next)
 			}
 			if n := f.GetPayloadLen(); n == 0 || n > uint64(g.c.opts.MaxBlockBytes) {
 				return bad("block %d: payload of %d bytes (limit %d)", next, n, g.c.opts.MaxBlockBytes)
@@ -148,9 +157,13 @@ func (g *grpcBulk) put(ctx context.Context, ns prefixhash.Namespace, blocks []pu
 	chunk := g.c.opts.ChunkBytes
 	msg := &kvmeshv1.BatchPutRequest{Namespace: NamespaceProto(ns)}
 	for _, b := range blocks {
+		parent := b.parent.Key()
 		msg.Block = &kvmeshv1.BlockHeader{
-			Parent: b.parent[:], Tokens: b.tokens,
+			Parent: parent[:], Tokens: b.tokens, ExtraKeys: b.extra,
 			PayloadLen: uint64(len(b.payload)), PayloadChecksum: xxhash.Sum64(b.payload),
+		}
+		if ns.Scheme == prefixhash.SchemeVLLM {
+			msg.Block.ParentLink = b.parent[:]
 		}
 		if !b.chunk.IsZero() {
 			msg.Block.ChunkKey = b.chunk[:]
@@ -175,7 +188,7 @@ func (g *grpcBulk) put(ctx context.Context, ns prefixhash.Namespace, blocks []pu
 	keys := make([]prefixhash.Key, len(blocks))
 	for i, k := range resp.GetKeys() {
 		copy(keys[i][:], k)
-		if want := prefixhash.BlockKey(blocks[i].parent, blocks[i].tokens); keys[i] != want {
+		if want := blocks[i].key; keys[i] != want {
 			return nil, fmt.Errorf("%w: block %d stored as %s, expected %s", errStream, i, keys[i], want)
 		}
 	}

@@ -57,11 +57,22 @@ func (l Lookup) Blocks() []CachedBlock {
 // answers with counts and runs; neither side encodes a token or lists a
 // block. That is what an inference worker asks before every prefill.
 func (c *Client) Lookup(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) (Lookup, error) {
+	return c.LookupExtra(ctx, ns, tokens, nil)
+}
+
+// LookupExtra is Lookup for a prompt whose blocks carry extra keys
+// (prefixhash.ExtraKeys, such as a multimodal input's hash and offset):
+// extra[i] are block i's, extra may be shorter than the prompt's blocks.
+// Equal tokens with other extra keys are other blocks.
+func (c *Client) LookupExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys) (Lookup, error) {
 	ns, err := c.Namespace(ctx, ns)
 	if err != nil {
 		return Lookup{}, err
 	}
-	keys := prefixhash.Keys(ns, tokens)
+	keys, err := prefixhash.KeysExtra(ns, tokens, extra)
+	if err != nil {
+		return Lookup{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
 	req := &kvmeshv1.LookupRequest{Namespace: NamespaceProto(ns), Chain: chainBytes(keys), PromptTokens: uint64(len(tokens)), Summary: true}
 	resp, err := c.lookup(ctx, req)
 	if err != nil {
@@ -70,7 +81,7 @@ func (c *Client) Lookup(ctx context.Context, ns prefixhash.Namespace, tokens []u
 	if len(keys) > 0 && resp.GetPromptBlocks() == 0 {
 		// A node older than LookupRequest.chain saw an empty prompt: ask
 		// it with the tokens.
-		req = &kvmeshv1.LookupRequest{Namespace: req.GetNamespace(), Tokens: tokens}
+		req = &kvmeshv1.LookupRequest{Namespace: req.GetNamespace(), Tokens: tokens, ExtraKeys: extraKeysProto(extra)}
 		if resp, err = c.lookup(ctx, req); err != nil {
 			return Lookup{}, err
 		}
@@ -93,6 +104,18 @@ func (c *Client) LookupTokens(ctx context.Context, ns prefixhash.Namespace, toke
 		return Lookup{}, err
 	}
 	return lookupAnswer(resp, nil)
+}
+
+// extraKeysProto is the wire form of per-block extra keys: the blocks
+// that have any.
+func extraKeysProto(extra []prefixhash.ExtraKeys) []*kvmeshv1.BlockExtraKeys {
+	var out []*kvmeshv1.BlockExtraKeys
+	for i, e := range extra {
+		if len(e) > 0 {
+			out = append(out, &kvmeshv1.BlockExtraKeys{Block: uint32(i), Keys: e})
+		}
+	}
+	return out
 }
 
 func (c *Client) lookup(ctx context.Context, req *kvmeshv1.LookupRequest) (*kvmeshv1.LookupResponse, error) {
@@ -186,7 +209,12 @@ type Block struct {
 	Found  bool
 	Parent prefixhash.Key
 	Tokens []uint32
-	// Payload is the block's K/V, [layer][K|V][token][kv_head][head_dim].
+	// Extra are the extra keys the block's key covers, as the namespace
+	// makes them (prefixhash.Namespace.BlockExtra).
+	Extra prefixhash.ExtraKeys
+	// Payload is the block's K/V, [layer][K|V][token][kv_head][head_dim]
+	// ([layer][token][latent_dim] for a latent namespace), followed by its
+	// float32 scales when the namespace has them (prefixhash.Scales).
 	Payload []byte
 }
 
@@ -196,11 +224,20 @@ type Block struct {
 // with the prompt's: a block that differs ends the prefix, as a miss, and
 // is counted in RefusedBlocks.
 func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) ([]Block, error) {
+	return c.GetExtra(ctx, ns, tokens, nil)
+}
+
+// GetExtra is Get for a prompt whose blocks carry extra keys, as
+// LookupExtra.
+func (c *Client) GetExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys) ([]Block, error) {
 	ns, err := c.Namespace(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
-	keys := prefixhash.Keys(ns, tokens)
+	keys, err := prefixhash.KeysExtra(ns, tokens, extra)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
 	root := ns.Root()
 	var out []Block
 	err = c.getKeys(ctx, ns, keys, c.chunkKeys(ctx, ns, keys), true, true, func(b Block) error {
@@ -295,19 +332,33 @@ type callbackError struct{ err error }
 func (e *callbackError) Error() string { return e.err.Error() }
 
 // Put publishes blocks of the prompt tokens under ns: payloads[i] is the
-// payload of block i (tokens[i*B:(i+1)*B]) and must be ns.BlockBytes()
-// long; a nil payload skips its block (it is cached already). len(payloads)
+// payload of block i (tokens[i*B:(i+1)*B]), its KV bytes then its scales
+// if the namespace has them, and must be ns.BlockBytes() long; a nil payload skips its block (it is cached already). len(payloads)
 // is at most the number of full blocks. Put returns the keys of the blocks
 // it stored. payloads are not retained after Put returns.
 //
 // Put is idempotent and retried on Unavailable; a failed Put may have
 // stored some of the blocks.
 func (c *Client) Put(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, payloads [][]byte) ([]prefixhash.Key, error) {
+	return c.PutExtra(ctx, ns, tokens, nil, payloads)
+}
+
+// PutExtra is Put for a prompt whose blocks carry extra keys, as
+// LookupExtra: each block's key covers its extra keys, and the node
+// stores them in its header.
+func (c *Client) PutExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys, payloads [][]byte) ([]prefixhash.Key, error) {
 	ns, err := c.Namespace(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
-	keys := prefixhash.Keys(ns, tokens)
+	links, err := prefixhash.LinksExtra(ns, tokens, extra)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	keys := make([]prefixhash.Key, len(links))
+	for i, l := range links {
+		keys[i] = l.Key()
+	}
 	if len(payloads) > len(keys) {
 		return nil, fmt.Errorf("%w: %d payloads for %d full blocks of tokens", ErrInvalid, len(payloads), len(keys))
 	}
@@ -318,16 +369,19 @@ func (c *Client) Put(ctx context.Context, ns prefixhash.Namespace, tokens []uint
 	}
 	chunks := c.chunkKeys(ctx, ns, keys[:len(payloads)])
 	var items []putItem
-	parent := ns.Root()
+	parent := ns.RootLink()
 	for i, p := range payloads {
 		if p != nil {
-			it := putItem{parent: parent, tokens: tokens[i*ns.BlockTokens : (i+1)*ns.BlockTokens], payload: p}
+			it := putItem{parent: parent, key: keys[i], tokens: tokens[i*ns.BlockTokens : (i+1)*ns.BlockTokens], payload: p}
+			if i < len(extra) {
+				it.extra = extra[i]
+			}
 			if chunks != nil {
 				it.chunk = chunks[i]
 			}
 			items = append(items, it)
 		}
-		parent = keys[i]
+		parent = links[i]
 	}
 	var stored []prefixhash.Key
 	for len(items) > 0 {

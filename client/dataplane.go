@@ -277,7 +277,7 @@ func (d *dataBulk) check(ns prefixhash.Namespace, key prefixhash.Key, b []byte, 
 	if err != nil || h.Key != key || h.CheckNamespace(ns) != nil {
 		return Block{}, false
 	}
-	hl := block.HeaderLen(len(h.Tokens))
+	hl := h.Len
 	if len(b) != hl+h.PayloadLen {
 		return Block{}, false
 	}
@@ -314,9 +314,11 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 			start := len(hbuf)
 			var err error
 			// The node stores a tenant's blocks only with its tag.
-			if hbuf, keys[lo+j], err = block.AppendHeaderTenant(hbuf, sess.Tag, ns, it.parent, it.tokens, it.payload); err != nil {
+			var link prefixhash.Link
+			if hbuf, link, err = block.AppendHeaderExt(hbuf, sess.Tag, ns, it.parent, it.tokens, it.extra, it.payload); err != nil {
 				return nil, fmt.Errorf("%w: block %d: %w", ErrInvalid, lo+j, err)
 			}
+			keys[lo+j] = link.Key()
 			heads = append(heads, hbuf[start:len(hbuf):len(hbuf)])
 			if chunks[lo+j] = it.chunk; it.chunk.IsZero() {
 				chunks[lo+j] = keys[lo+j] // unknown: the block is taken to start a chunk, as BatchPut does

@@ -105,6 +105,9 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 	case len(req.GetKeys()) > 0 && len(req.GetTokens()) > 0:
 		return invalid("keys", "set keys or tokens, not both")
 	case len(req.GetKeys()) > 0:
+		if len(req.GetExtraKeys()) > 0 {
+			return invalid("extra_keys", "only with tokens: keys already cover their blocks' extra keys")
+		}
 		if keys, err = s.n.parseKeys("keys", req.GetKeys()); err != nil {
 			return err
 		}
@@ -115,7 +118,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 		if len(req.GetChunkKeys()) > 0 {
 			return invalid("chunk_keys", "only with keys: a prompt's chunk keys follow from its tokens")
 		}
-		if keys, err = s.n.promptKeys(ns, req.GetTokens()); err != nil {
+		if keys, err = s.n.promptKeys(ns, req.GetTokens(), req.GetExtraKeys()); err != nil {
 			return err
 		}
 		chunkKeys = chainChunkKeys(keys, s.n.cache.ChunkBlocks(ns.BlockTokens))
@@ -234,7 +237,10 @@ func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, fr
 	payload := blk.Payload
 	*frame = kvmeshv1.BatchGetResponse{
 		Index: i, Key: key[:], Found: true, Parent: blk.Parent[:], Tokens: blk.Tokens,
-		PayloadLen: uint64(len(payload)), PayloadChecksum: blk.Checksum,
+		PayloadLen: uint64(len(payload)), PayloadChecksum: blk.Checksum, ExtraKeys: blk.Extra,
+	}
+	if blk.Scheme == prefixhash.SchemeVLLM {
+		frame.ParentLink = blk.ParentLink[:]
 	}
 	for off := 0; ; {
 		end := min(off+chunk, len(payload))
@@ -256,7 +262,8 @@ func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, fr
 // putBlock is the block a BatchPut stream is receiving.
 type putBlock struct {
 	index  int
-	parent prefixhash.Key
+	parent prefixhash.Link // what its key chains from (the parent key, or under the vllm scheme its whole hash)
+	extra  prefixhash.ExtraKeys
 	chunk  prefixhash.Key // its chunk key, when the header named one
 	pos    int            // its position in its prompt, -1 when unknown
 	tokens []uint32
@@ -293,7 +300,7 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 	var (
 		nsPB   *kvmeshv1.Namespace
 		ns     prefixhash.Namespace
-		prev   prefixhash.Key // the last block stored, or the root
+		prev   prefixhash.Link // the last block stored, or the root
 		cur    *putBlock
 		keys   [][]byte
 		blocks int
@@ -327,7 +334,7 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 				if ns, err = s.n.namespace(ctx, pb); err != nil {
 					return err
 				}
-				nsPB, prev = pb, ns.Root()
+				nsPB, prev = pb, ns.RootLink()
 				cb = s.n.cache.ChunkBlocks(ns.BlockTokens)
 			} else if !proto.Equal(pb, nsPB) {
 				return invalid("namespace", "changed within the stream; send one stream per namespace")
@@ -346,7 +353,7 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 			}
 			// A stream that has named no parent is a prompt from block
 			// 0: its blocks' positions, hence chunk keys, are known.
-			if len(h.GetParent()) > 0 {
+			if len(h.GetParent()) > 0 || len(h.GetParentLink()) > 0 {
 				next = -1
 			}
 			cur.pos = next
@@ -372,10 +379,14 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 		}
 		if cur != nil && cur.buf != nil && cur.got == cur.payloadLen() {
 			// A tenant's blocks carry its tag (0 for node-wide callers).
-			_, key, err := block.AppendHeaderTenant(cur.buf[:0], auth.AccessFrom(ctx).Tag, ns, cur.parent, cur.tokens, cur.payload())
+			hdr, link, err := block.AppendHeaderExt(cur.buf[:0], auth.AccessFrom(ctx).Tag, ns, cur.parent, cur.tokens, cur.extra, cur.payload())
 			if err != nil {
 				return invalid("block", "block %d: %v", cur.index, err)
 			}
+			if len(hdr) != cur.hl {
+				panic(fmt.Sprintf("node: block %d: header of %d bytes, %d reserved", cur.index, len(hdr), cur.hl))
+			}
+			key := link.Key()
 			if h, _ := block.DecodeHeader(cur.buf, 0); cur.sum != 0 && h.Checksum != cur.sum {
 				return invalid("block.payload_checksum", "block %d: payload checksum %016x, received bytes hash to %016x",
 					cur.index, cur.sum, h.Checksum)
@@ -390,7 +401,7 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 			}
 			keys = append(keys, keyBytes(key))
 			drop()
-			prev, cur = key, nil
+			prev, cur = link, nil
 		}
 	}
 }
@@ -398,16 +409,41 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 // startBlock checks a block header against the namespace and the limits
 // and returns the block to fill. Its buffer comes with its first payload
 // bytes.
-func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHeader, index int, prev prefixhash.Key) (*putBlock, error) {
+func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHeader, index int, prev prefixhash.Link) (*putBlock, error) {
 	if err := s.n.blockLimit("block", index+1); err != nil {
 		return nil, err
 	}
 	parent := prev
-	if len(h.GetParent()) > 0 {
-		var err error
-		if parent, err = parseKey("block.parent", h.GetParent()); err != nil {
+	switch pl := h.GetParentLink(); {
+	case ns.Scheme == prefixhash.SchemeVLLM && len(pl) > 0:
+		if len(pl) != prefixhash.LinkSize {
+			return nil, invalid("block.parent_link", "block %d: %d bytes; a vllm parent link is %d", index, len(pl), prefixhash.LinkSize)
+		}
+		parent = prefixhash.Link(pl)
+		if p := h.GetParent(); len(p) > 0 && string(p) != string(pl[:prefixhash.KeySize]) {
+			return nil, invalid("block.parent", "block %d: parent is not the first %d bytes of parent_link", index, prefixhash.KeySize)
+		}
+	case len(pl) > 0:
+		return nil, invalid("block.parent_link", "block %d: only the vllm key scheme chains from parent links; give parent", index)
+	case ns.Scheme == prefixhash.SchemeVLLM && len(h.GetParent()) > 0:
+		k, err := parseKey("block.parent", h.GetParent())
+		if err != nil {
 			return nil, err
 		}
+		if k != ns.Root() {
+			return nil, invalid("block.parent_link", "block %d: a vllm block below the root needs its parent's 32-byte hash in parent_link", index)
+		}
+		parent = ns.RootLink()
+	case len(h.GetParent()) > 0:
+		k, err := parseKey("block.parent", h.GetParent())
+		if err != nil {
+			return nil, err
+		}
+		parent = prefixhash.KeyLink(k)
+	}
+	extra := prefixhash.ExtraKeys(h.GetExtraKeys())
+	if err := ns.CheckExtra(extra); err != nil {
+		return nil, invalid("block.extra_keys", "block %d: %v", index, err)
 	}
 	var chunk prefixhash.Key
 	if len(h.GetChunkKey()) > 0 {
@@ -424,8 +460,8 @@ func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHead
 		return nil, invalid("block.payload_len", "block %d: %d bytes; blocks of %s hold %d payload bytes",
 			index, h.GetPayloadLen(), ns, ns.BlockBytes())
 	}
-	hl := block.HeaderLen(ns.BlockTokens)
-	return &putBlock{index: index, parent: parent, chunk: chunk, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), hl: hl, size: hl + ns.BlockBytes()}, nil
+	hl := block.NamespaceHeaderLen(ns)
+	return &putBlock{index: index, parent: parent, extra: extra, chunk: chunk, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), hl: hl, size: hl + ns.BlockBytes()}, nil
 }
 
 func (s *cacheService) Exists(ctx context.Context, req *kvmeshv1.ExistsRequest) (*kvmeshv1.ExistsResponse, error) {

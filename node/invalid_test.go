@@ -99,7 +99,7 @@ func TestInvalidArgument(t *testing.T) {
 		}},
 		{"namespace with overflowing block size", "max_block_bytes", func() error {
 			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) {
-				n.LayerEnd, n.KvHeads, n.HeadDim = 1<<32-1, 1<<32-1, 1<<32-1
+				n.LayerEnd, n.KvHeads, n.HeadDim = 1<<32-1, 1<<20, 1<<20 // the largest shape Validate allows
 			})})
 			return err
 		}},
@@ -187,6 +187,76 @@ func TestInvalidArgument(t *testing.T) {
 				msgs = append(msgs, &kvmeshv1.BatchPutRequest{Namespace: ns, Block: block([]uint32{uint32(i), 1, 2, 3}, int(size)), Data: payloads[0]})
 			}
 			return put(msgs...)
+		}},
+		{"namespace with an unknown kv_layout", "kv_layout", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.KvLayout = 7 })})
+			return err
+		}},
+		{"namespace with a huge kv_layout", "kv_layout", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.KvLayout = 1 << 20 })})
+			return err
+		}},
+		{"latent namespace without latent_dim", "latent_dim", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) {
+				n.KvLayout, n.KvHeads, n.HeadDim = kvmeshv1.KVLayout_KV_LAYOUT_LATENT, 0, 0
+			})})
+			return err
+		}},
+		{"namespace with oversized latent blocks", "max_block_bytes", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) {
+				n.KvLayout, n.KvHeads, n.HeadDim, n.LatentDim = kvmeshv1.KVLayout_KV_LAYOUT_LATENT, 0, 0, 1<<20
+			})})
+			return err
+		}},
+		{"namespace with scales on float32", "scales", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.Scales = kvmeshv1.Scales_SCALES_PER_BLOCK })})
+			return err
+		}},
+		{"namespace with an unknown key_scheme", "key_scheme", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.KeyScheme = 9 })})
+			return err
+		}},
+		{"vllm namespace without hash_seed", "hash_seed", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.KeyScheme = kvmeshv1.KeyScheme_KEY_SCHEME_VLLM })})
+			return err
+		}},
+		{"lookup with extra keys past the prompt", "extra_keys", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Tokens: tokens[:8],
+				ExtraKeys: []*kvmeshv1.BlockExtraKeys{{Block: 2, Keys: [][]byte{{1}}}}})
+			return err
+		}},
+		{"lookup with extra keys out of order", "extra_keys", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Tokens: tokens[:8],
+				ExtraKeys: []*kvmeshv1.BlockExtraKeys{{Block: 1, Keys: [][]byte{{1}}}, {Block: 0, Keys: [][]byte{{1}}}}})
+			return err
+		}},
+		{"namespace with too much extra key room", "extra_key_bytes", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.ExtraKeyBytes = 1 << 31 })})
+			return err
+		}},
+		{"lookup with extra keys in a namespace without room", "extra_key_bytes", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Tokens: tokens[:8],
+				ExtraKeys: []*kvmeshv1.BlockExtraKeys{{Block: 0, Keys: [][]byte{{1}}}}})
+			return err
+		}},
+		{"lookup with too many extra bytes", "extra_keys", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Tokens: tokens[:8],
+				ExtraKeys: []*kvmeshv1.BlockExtraKeys{{Block: 0, Keys: [][]byte{make([]byte, 5000)}}}})
+			return err
+		}},
+		{"lookup with a chain and extra keys", "extra_keys", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: ns, Chain: make([]byte, 16),
+				ExtraKeys: []*kvmeshv1.BlockExtraKeys{{Block: 0, Keys: [][]byte{{1}}}}})
+			return err
+		}},
+		{"vllm lookup with an extra key that is not CBOR", "extra_keys", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) {
+				n.KeyScheme, n.HashSeed = kvmeshv1.KeyScheme_KEY_SCHEME_VLLM, "0"
+			}), Tokens: tokens[:8], ExtraKeys: []*kvmeshv1.BlockExtraKeys{{Block: 0, Keys: [][]byte{[]byte("raw")}}}})
+			return err
+		}},
+		{"get by keys with extra keys", "extra_keys", func() error {
+			return get(&kvmeshv1.BatchGetRequest{Namespace: ns, Keys: key(1), ExtraKeys: []*kvmeshv1.BlockExtraKeys{{Block: 0}}})
 		}},
 		{"block info with a short key", "key", func() error {
 			_, err := tn.admin.BlockInfo(ctx, &kvmeshv1.BlockInfoRequest{Key: []byte{1}})

@@ -68,6 +68,17 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 		TPRank:      int(pb.GetTpRank()),
 		TPSize:      int(pb.GetTpSize()),
 		TenantSalt:  pb.GetTenantSalt(),
+		Layout:      prefixhash.KVLayout(pb.GetKvLayout()),
+		LatentDim:   int(pb.GetLatentDim()),
+		Scales:      prefixhash.Scales(pb.GetScales()),
+		LoRA:        pb.GetLora(),
+		Scheme:      prefixhash.KeyScheme(pb.GetKeyScheme()),
+		HashSeed:    pb.GetHashSeed(),
+		// Bounded by Validate; the cap keeps a huge value huge on 32-bit ints.
+		ExtraKeyBytes: int(min(pb.GetExtraKeyBytes(), 1<<30)),
+	}
+	if pb.GetKvLayout() < 0 || pb.GetKvLayout() > 255 || pb.GetScales() < 0 || pb.GetScales() > 255 || pb.GetKeyScheme() < 0 || pb.GetKeyScheme() > 255 {
+		return ns, invalid("namespace", "kv_layout %d, scales %d or key_scheme %d is not a known value", pb.GetKvLayout(), pb.GetScales(), pb.GetKeyScheme())
 	}
 	ns, err := auth.PrincipalFrom(ctx).Namespace(ns)
 	if err != nil {
@@ -79,13 +90,18 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 	// Multiply with a ceiling so that absurd head counts cannot overflow.
 	limit := uint64(n.opts.MaxBlockBytes)
 	size := uint64(ns.DType.Size())
-	for _, f := range []int{ns.Layers(), 2, ns.BlockTokens, ns.KVHeads, ns.HeadDim} {
+	factors := []int{ns.Layers(), 2, ns.BlockTokens, ns.KVHeads, ns.HeadDim}
+	if ns.Layout == prefixhash.LatentKV {
+		factors = []int{ns.Layers(), ns.BlockTokens, ns.LatentDim}
+	}
+	for _, f := range factors {
 		if size > limit/uint64(f) {
 			return ns, invalid("namespace", "blocks of %s are larger than the node's limit, max_block_bytes=%d", ns, limit)
 		}
 		size *= uint64(f)
 	}
-	if enc := uint64(block.HeaderLen(ns.BlockTokens)) + size; enc > limit {
+	size += 4 * uint64(ns.ScaleCount()) // at most layers x 2 x kv_heads, bounded with the above
+	if enc := uint64(block.NamespaceHeaderLen(ns)) + size; enc > limit {
 		return ns, invalid("namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
 	}
 	n.names.note(ns)
@@ -139,12 +155,46 @@ func (n *Node) blockLimit(field string, blocks int) error {
 	return nil
 }
 
-// promptKeys returns the keys of the full blocks of tokens, within limits.
-func (n *Node) promptKeys(ns prefixhash.Namespace, tokens []uint32) ([]prefixhash.Key, error) {
-	if err := n.blockLimit("tokens", len(tokens)/ns.BlockTokens); err != nil {
+// promptKeys returns the keys of the full blocks of tokens, whose blocks
+// carry the extra keys given (BlockExtraKeys, in block order), within
+// limits.
+func (n *Node) promptKeys(ns prefixhash.Namespace, tokens []uint32, extra []*kvmeshv1.BlockExtraKeys) ([]prefixhash.Key, error) {
+	blocks := len(tokens) / ns.BlockTokens
+	if err := n.blockLimit("tokens", blocks); err != nil {
 		return nil, err
 	}
-	return prefixhash.Keys(ns, tokens), nil
+	if len(extra) == 0 {
+		return prefixhash.Keys(ns, tokens), nil
+	}
+	per, err := blockExtraKeys(extra, blocks)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := prefixhash.KeysExtra(ns, tokens, per)
+	if err != nil {
+		return nil, invalid("extra_keys", "%v", err)
+	}
+	return keys, nil
+}
+
+// blockExtraKeys spreads a request's extra keys over its blocks: one entry
+// per block up to the last that has any.
+func blockExtraKeys(extra []*kvmeshv1.BlockExtraKeys, blocks int) ([]prefixhash.ExtraKeys, error) {
+	var per []prefixhash.ExtraKeys
+	last := -1
+	for _, e := range extra {
+		b := int(e.GetBlock())
+		switch {
+		case b <= last:
+			return nil, invalid("extra_keys", "block %d after block %d: give blocks in increasing order, each once", b, last)
+		case b >= blocks:
+			return nil, invalid("extra_keys", "block %d, the prompt has %d full blocks", b, blocks)
+		}
+		last = b
+		per = append(per, make([]prefixhash.ExtraKeys, b+1-len(per))...)
+		per[b] = e.GetKeys()
+	}
+	return per, nil
 }
 
 // lookupChain returns the chain a Lookup asks about, from its tokens or
@@ -152,11 +202,14 @@ func (n *Node) promptKeys(ns prefixhash.Namespace, tokens []uint32) ([]prefixhas
 func (n *Node) lookupChain(ns prefixhash.Namespace, req *kvmeshv1.LookupRequest) ([]prefixhash.Key, int, error) {
 	tokens, raw := req.GetTokens(), req.GetChain()
 	if len(raw) == 0 {
-		keys, err := n.promptKeys(ns, tokens)
+		keys, err := n.promptKeys(ns, tokens, req.GetExtraKeys())
 		return keys, len(tokens), err
 	}
 	if len(tokens) > 0 {
 		return nil, 0, invalid("chain", "set tokens or chain, not both")
+	}
+	if len(req.GetExtraKeys()) > 0 {
+		return nil, 0, invalid("extra_keys", "only with tokens: a chain's keys already cover their blocks' extra keys")
 	}
 	if len(raw)%prefixhash.KeySize != 0 {
 		return nil, 0, invalid("chain", "%d bytes; keys are %d bytes each, concatenated", len(raw), prefixhash.KeySize)

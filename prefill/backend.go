@@ -6,9 +6,9 @@ import (
 )
 
 // Backend turns weights into a runnable model on some device. The CPU
-// backend (NewCPU) runs on gonum's BLAS; a CUDA backend can follow behind the
-// cuda build tag with the same contract: K/V enter and leave through a
-// host-side KV, because that is what the store holds.
+// backend (NewCPU) runs on gonum's BLAS; the device backend (NewDevice) runs
+// its matrix products on a GPU. Both keep the contract: K/V enter and leave
+// through a host-side KV, because that is what the store holds.
 type Backend interface {
 	// Name identifies the backend in logs and metrics ("cpu/gonum").
 	Name() string
@@ -34,12 +34,14 @@ type Model interface {
 
 // KV holds the attention keys and values of one sequence in host memory, in
 // the layout of a block's payload stretched over the whole sequence:
-// [layer][K|V][token][kv_head][head_dim], float32. Keys are stored after
-// RoPE. The K (or V) of tokens [a, b) in one layer is therefore one
-// contiguous run, and a block is 2·Layers such runs.
+// [layer][K|V][token][kv_head][head_dim], float32, keys after RoPE (GQA), or
+// [layer][token][latent] with latent = the normalised compressed KV ‖ the
+// rotary key part after RoPE (MLA). The K (or V, or latent) of tokens
+// [a, b) in one layer is therefore one contiguous run, and a block is
+// parts·Layers such runs.
 type KV struct {
-	layers, stride, cap int
-	data                []float32
+	layers, parts, stride, cap int
+	data                       []float32
 }
 
 // NewKV returns a KV for up to tokens tokens of a model shaped by c.
@@ -47,37 +49,44 @@ func NewKV(c Config, tokens int) *KV {
 	if tokens < 0 {
 		panic(fmt.Sprintf("prefill: NewKV(%d tokens)", tokens))
 	}
-	return &KV{layers: c.Layers, stride: c.KVDim(), cap: tokens, data: make([]float32, c.Layers*2*tokens*c.KVDim())}
+	p := c.cacheParts()
+	return &KV{layers: c.Layers, parts: p, stride: c.CacheDim(), cap: tokens, data: make([]float32, c.Layers*p*tokens*c.CacheDim())}
 }
 
 // Cap returns the number of tokens kv can hold.
 func (kv *KV) Cap() int { return kv.cap }
 
-// K returns the keys of layer l, [token][kv_head][head_dim] for Cap tokens.
-// The slice aliases kv.
-func (kv *KV) K(l int) []float32 {
+// part returns part i of layer l, [token][stride] for Cap tokens.
+func (kv *KV) part(l, i int) []float32 {
 	n := kv.cap * kv.stride
-	return kv.data[2*l*n : (2*l+1)*n]
+	o := (l*kv.parts + i) * n
+	return kv.data[o : o+n]
 }
 
-// V returns the values of layer l, laid out as K.
-func (kv *KV) V(l int) []float32 {
-	n := kv.cap * kv.stride
-	return kv.data[(2*l+1)*n : (2*l+2)*n]
-}
+// K returns the keys of layer l, [token][kv_head][head_dim] for Cap tokens.
+// The slice aliases kv. GQA only.
+func (kv *KV) K(l int) []float32 { return kv.part(l, 0) }
+
+// V returns the values of layer l, laid out as K. GQA only.
+func (kv *KV) V(l int) []float32 { return kv.part(l, 1) }
+
+// Latent returns the cached latents of layer l, [token][latent] for Cap
+// tokens. The slice aliases kv. MLA only.
+func (kv *KV) Latent(l int) []float32 { return kv.part(l, 0) }
 
 // fits reports whether kv was made for c and holds tokens tokens.
 func (kv *KV) fits(c Config, tokens int) bool {
-	return kv.layers == c.Layers && kv.stride == c.KVDim() && kv.cap >= tokens
+	return kv.layers == c.Layers && kv.parts == c.cacheParts() && kv.stride == c.CacheDim() && kv.cap >= tokens
 }
 
-// blockRuns calls f for each of the 2·Layers contiguous runs of the tokens
-// [t0, t0+n): first layer 0's K, then its V, then layer 1's, ... This is
-// the order of a block's payload.
+// blockRuns calls f for each of the parts·Layers contiguous runs of the
+// tokens [t0, t0+n): layer 0's K then its V (or its latent), then layer
+// 1's, ... This is the order of a block's payload.
 func (kv *KV) blockRuns(t0, n int, f func(run []float32)) {
 	for l := range kv.layers {
-		f(kv.K(l)[t0*kv.stride : (t0+n)*kv.stride])
-		f(kv.V(l)[t0*kv.stride : (t0+n)*kv.stride])
+		for i := range kv.parts {
+			f(kv.part(l, i)[t0*kv.stride : (t0+n)*kv.stride])
+		}
 	}
 }
 

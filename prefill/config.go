@@ -39,7 +39,27 @@ type Config struct {
 	// BlockTokens is B, the tokens per cached KV block. Default 64, which
 	// makes a default block's payload 32 KiB.
 	BlockTokens int
+	// Attention is the attention: AttentionGQA (grouped-query, Llama; the
+	// default, also when empty) or AttentionMLA (multi-head latent attention, DeepSeek-V2/V3
+	// style; see mla.go). With MLA, HeadDim is the width of a head's
+	// non-rotary query/key part and of its value, KVHeads is unused, and
+	// the KV cache holds one latent vector of KVLoraRank+RopeDim per token
+	// and layer (prefixhash.LatentKV).
+	Attention string
+	// KVLoraRank is MLA's compressed KV width (512 in DeepSeek-V3). MLA
+	// only; default 64.
+	KVLoraRank int
+	// RopeDim is MLA's decoupled rotary width of a query/key head, whose key
+	// part is shared by all heads and cached beside the latent (64 in
+	// DeepSeek-V3). MLA only; even; default 16.
+	RopeDim int
 }
+
+// The attentions a Config may name.
+const (
+	AttentionGQA = "gqa"
+	AttentionMLA = "mla"
+)
 
 // The defaults. See DefaultConfig.
 const (
@@ -54,6 +74,8 @@ const (
 	DefaultNormEps     = 1e-5
 	DefaultMaxContext  = 16384
 	DefaultBlockTokens = 64
+	DefaultKVLoraRank  = 64
+	DefaultRopeDim     = 16
 )
 
 // MinVocab is the smallest vocabulary a Config may have: byte-level
@@ -107,6 +129,10 @@ func (c *Config) EnsureDefaults() {
 	if c.NormEps == 0 {
 		c.NormEps = DefaultNormEps
 	}
+	if c.Attention == AttentionMLA {
+		def(&c.KVLoraRank, DefaultKVLoraRank)
+		def(&c.RopeDim, DefaultRopeDim)
+	}
 }
 
 // ErrInvalidConfig is wrapped by every error Validate returns.
@@ -151,13 +177,62 @@ func (c Config) Validate() error {
 		return bad("max_context", "%d is outside 1..%d", c.MaxContext, maxMaxContext)
 	case c.BlockTokens < 1 || c.BlockTokens > prefixhash.MaxBlockTokens:
 		return bad("block_tokens", "%d is outside 1..%d", c.BlockTokens, prefixhash.MaxBlockTokens)
+	case c.Attention != "" && c.Attention != AttentionGQA && c.Attention != AttentionMLA:
+		return bad("attention", "%q: want %s or %s", c.Attention, AttentionGQA, AttentionMLA)
+	case !c.MLA() && (c.KVLoraRank != 0 || c.RopeDim != 0):
+		return bad("kv_lora_rank", "kv_lora_rank %d and rope_dim %d are for %s attention only", c.KVLoraRank, c.RopeDim, AttentionMLA)
+	case c.Attention == AttentionMLA && (c.KVLoraRank < 1 || c.KVLoraRank > maxDim):
+		return bad("kv_lora_rank", "%d is outside 1..%d", c.KVLoraRank, maxDim)
+	case c.Attention == AttentionMLA && (c.RopeDim < 2 || c.RopeDim%2 != 0 || c.RopeDim > 1024):
+		return bad("rope_dim", "%d must be even and in 2..1024", c.RopeDim)
+	case c.Attention == AttentionMLA && c.Heads*(c.HeadDim+c.RopeDim) > maxDim:
+		return bad("heads", "heads×(head_dim+rope_dim) = %d exceeds %d", c.Heads*(c.HeadDim+c.RopeDim), maxDim)
 	}
 	return nil
 }
 
-// QDim returns Heads·HeadDim, the width of the queries (and of attention's
-// output).
-func (c Config) QDim() int { return c.Heads * c.HeadDim }
+// MLA reports whether c is multi-head latent attention.
+func (c Config) MLA() bool { return c.Attention == AttentionMLA }
+
+// AttnDim returns the width of attention's output, the input of o_proj:
+// Heads·HeadDim (with MLA, the value heads).
+func (c Config) AttnDim() int { return c.Heads * c.HeadDim }
+
+// CacheDim returns what one token caches per layer and part: KVDim for
+// GQA (a K and a V of this width), KVLoraRank+RopeDim for MLA (one latent).
+func (c Config) CacheDim() int {
+	if c.MLA() {
+		return c.KVLoraRank + c.RopeDim
+	}
+	return c.KVDim()
+}
+
+// qkvWidth returns the width of the stacked input projections: Q, K and V
+// for GQA, Q and kv_a (the latent and the rotary key) for MLA.
+func (c Config) qkvWidth() int {
+	if c.MLA() {
+		return c.QDim() + c.CacheDim()
+	}
+	return c.QDim() + 2*c.KVDim()
+}
+
+// cacheParts returns the tensors cached per layer: 2 (K and V) for GQA,
+// 1 (the latent) for MLA.
+func (c Config) cacheParts() int {
+	if c.MLA() {
+		return 1
+	}
+	return 2
+}
+
+// QDim returns the width of the queries: Heads·HeadDim, or with MLA
+// Heads·(HeadDim+RopeDim).
+func (c Config) QDim() int {
+	if c.MLA() {
+		return c.Heads * (c.HeadDim + c.RopeDim)
+	}
+	return c.Heads * c.HeadDim
+}
 
 // KVDim returns KVHeads·HeadDim, the width of one token's K (or V) in one
 // layer.
@@ -166,6 +241,11 @@ func (c Config) KVDim() int { return c.KVHeads * c.HeadDim }
 // LayerParams returns the number of weights of one decoder layer that take
 // part in matrix products (norm weights excluded).
 func (c Config) LayerParams() int {
+	if c.MLA() {
+		// q_proj, kv_a_proj, kv_b_proj (run over the whole context on every
+		// pass, but counted here once per new position), o_proj, the FFN.
+		return c.Dim*(c.QDim()+c.CacheDim()) + c.KVLoraRank*2*c.AttnDim() + c.AttnDim()*c.Dim + 3*c.Dim*c.FFNDim
+	}
 	return c.Dim*(c.QDim()+2*c.KVDim()) + c.QDim()*c.Dim + 3*c.Dim*c.FFNDim
 }
 
@@ -191,6 +271,19 @@ func (c Config) ForwardFLOPs(start, n int) float64 {
 // so another model, or the same shape with other weights, never shares a
 // block with this one. c must be valid.
 func (c Config) Namespace(weightsDigest uint64, tenantSalt string) prefixhash.Namespace {
+	if c.MLA() {
+		return prefixhash.Namespace{
+			Model: fmt.Sprintf("kvmesh/mla-l%d-d%d-h%d-hd%d-r%d-c%d-f%d-v%d-rope%g-eps%g/w%016x",
+				c.Layers, c.Dim, c.Heads, c.HeadDim, c.RopeDim, c.KVLoraRank, c.FFNDim, c.Vocab, c.RopeTheta, c.NormEps, weightsDigest),
+			DType:       prefixhash.Float32,
+			BlockTokens: c.BlockTokens,
+			LayerEnd:    c.Layers,
+			Layout:      prefixhash.LatentKV,
+			LatentDim:   c.CacheDim(),
+			TPSize:      1,
+			TenantSalt:  tenantSalt,
+		}
+	}
 	return prefixhash.Namespace{
 		Model: fmt.Sprintf("kvmesh/llama-l%d-d%d-h%d-kv%d-hd%d-f%d-v%d-rope%g-eps%g/w%016x",
 			c.Layers, c.Dim, c.Heads, c.KVHeads, c.HeadDim, c.FFNDim, c.Vocab, c.RopeTheta, c.NormEps, weightsDigest),

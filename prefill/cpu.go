@@ -67,19 +67,27 @@ const (
 
 type cpuLayer struct {
 	attnNorm, mlpNorm []float32
-	qkv               []float32 // [Q+2·KV][Dim]: q_proj, k_proj, v_proj stacked
-	o                 []float32 // [Dim][Q]
-	gateUp            []float32 // [2·FFN][Dim]: gate_proj, up_proj stacked
-	down              []float32 // [Dim][FFN]
+	qkv               *matrix   // [qkvWidth][Dim]: q_proj, k_proj, v_proj stacked (MLA: q_proj, kv_a_proj)
+	kvaNorm           []float32 // MLA: kv_a_layernorm
+	kvb               *matrix   // MLA: kv_b_proj [Heads·2·HeadDim][KVLoraRank]; nil without MLA
+	o                 *matrix   // [Dim][AttnDim]
+	gateUp            *matrix   // [2·FFN][Dim]: gate_proj, up_proj stacked
+	down              *matrix   // [Dim][FFN]
 }
 
+// cpuModel is the forward pass of every backend: the element-wise work and
+// attention run here, on the host; the products with weight matrices run
+// on a pass from passes (the host's gonum for the CPU backend, a device for
+// the device backend).
 type cpuModel struct {
 	cfg      Config
 	threads  int
 	embed    []float32
 	norm     []float32
-	lmHead   []float32
+	lmHead   *matrix
 	layers   []cpuLayer
+	mats     []*matrix // every weight matrix, in order of matrix.id
+	passes   passes
 	cos, sin []float32 // [MaxContext][HeadDim/2]
 	scratch  sync.Pool // *cpuScratch
 }
@@ -95,35 +103,64 @@ func (b *CPU) Load(cfg Config, w *Weights) (Model, error) {
 	if err := w.Check(cfg); err != nil {
 		return nil, err
 	}
-	m := &cpuModel{cfg: cfg, threads: b.opts.Threads, embed: w.Embed, norm: w.Norm, lmHead: w.LMHead}
-	for _, l := range w.Layers {
-		m.layers = append(m.layers, cpuLayer{
-			attnNorm: l.AttnNorm,
-			mlpNorm:  l.MLPNorm,
-			qkv:      slices.Concat(l.Q, l.K, l.V),
-			o:        l.O,
-			gateUp:   slices.Concat(l.Gate, l.Up),
-			down:     l.Down,
-		})
-	}
-	m.cos, m.sin = ropeTable(cfg.MaxContext, cfg.HeadDim, cfg.RopeTheta)
+	m := newModel(cfg, w, b.opts.Threads)
+	m.passes = hostPasses{}
 	return m, nil
 }
 
+// newModel prepares w for a forward pass on threads goroutines: it stacks
+// the projections that read the same input into one matrix each (QKV,
+// gate+up), so each becomes one product. The caller sets passes.
+func newModel(cfg Config, w *Weights, threads int) *cpuModel {
+	m := &cpuModel{cfg: cfg, threads: threads, embed: w.Embed, norm: w.Norm}
+	mat := func(rows, cols int, data []float32) *matrix {
+		x := &matrix{id: len(m.mats), rows: rows, cols: cols, data: data}
+		m.mats = append(m.mats, x)
+		return x
+	}
+	d, ffn := cfg.Dim, cfg.FFNDim
+	for _, l := range w.Layers {
+		L := cpuLayer{
+			attnNorm: l.AttnNorm,
+			mlpNorm:  l.MLPNorm,
+			qkv:      mat(cfg.qkvWidth(), d, slices.Concat(l.Q, l.K, l.V, l.KVA)), // K, V empty with MLA, KVA without
+			kvaNorm:  l.KVANorm,
+			o:        mat(d, cfg.AttnDim(), l.O),
+			gateUp:   mat(2*ffn, d, slices.Concat(l.Gate, l.Up)),
+			down:     mat(d, ffn, l.Down),
+		}
+		if cfg.MLA() {
+			L.kvb = mat(2*cfg.Heads*cfg.HeadDim, cfg.KVLoraRank, l.KVB)
+		}
+		m.layers = append(m.layers, L)
+	}
+	m.lmHead = mat(cfg.Vocab, d, w.LMHead)
+	rd := cfg.HeadDim
+	if cfg.MLA() {
+		rd = cfg.RopeDim
+	}
+	m.cos, m.sin = ropeTable(cfg.MaxContext, rd, cfg.RopeTheta)
+	return m
+}
+
 // Close implements Model.
-func (m *cpuModel) Close() error { return nil }
+func (m *cpuModel) Close() error { return m.passes.close() }
 
 // cpuScratch is the working memory of one forward pass, pooled across
 // passes. Slices grow to the largest pass seen.
 type cpuScratch struct {
 	x    []float32 // [s][Dim], the residual stream
-	qkv  []float32 // [s][Q+2·KV]
-	attn []float32 // [s][Q]
+	qkv  []float32 // [s][qkvWidth]
+	attn []float32 // [s][AttnDim]
 	xn   []float32 // [rowChunk][Dim], normed input of a chunk
 	gu   []float32 // [rowChunk][2·FFN]
 	h    []float32 // [Dim], the last position after the final norm
 	// tiles holds one attention tile's scratch per worker.
 	tiles []*tileScratch
+	// MLA: the expanded k_nope and v of every position ([n][Heads·2·HeadDim]),
+	// every head's keys ([Heads][n][HeadDim+RopeDim]), one score tile per worker.
+	mlaKV, mlaK []float32
+	mlaScores   [][]float32
 }
 
 type tileScratch struct {
@@ -146,8 +183,8 @@ func (m *cpuModel) getScratch(s int) *cpuScratch {
 	}
 	chunk := min(s, rowChunk)
 	sc.x = grow(sc.x, s*c.Dim)
-	sc.qkv = grow(sc.qkv, s*(c.QDim()+2*c.KVDim()))
-	sc.attn = grow(sc.attn, s*c.QDim())
+	sc.qkv = grow(sc.qkv, s*c.qkvWidth())
+	sc.attn = grow(sc.attn, s*c.AttnDim())
 	sc.xn = grow(sc.xn, chunk*c.Dim)
 	sc.gu = grow(sc.gu, chunk*2*c.FFNDim)
 	sc.h = grow(sc.h, c.Dim)
@@ -229,11 +266,16 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 			return fmt.Errorf("prefill: token %d at %d outside the vocabulary of %d", t, start+i, c.Vocab)
 		}
 	}
+	p, err := m.passes.get()
+	if err != nil {
+		return err
+	}
+	defer m.passes.put(p)
 	sc := m.getScratch(s)
 	defer m.scratch.Put(sc)
 
 	d, q, kvd, ffn := c.Dim, c.QDim(), c.KVDim(), c.FFNDim
-	w := q + 2*kvd
+	w, ad := c.qkvWidth(), c.AttnDim()
 	half := c.HeadDim / 2
 	x := sc.x[:s*d]
 	for i, t := range tokens {
@@ -244,8 +286,7 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 			return err
 		}
 		L := &m.layers[li]
-		K, V := kv.K(li), kv.V(li)
-		// Q, K, V of the new positions; RoPE on Q and K; K and V into the cache.
+		// Q, K, V (MLA: Q and the latent) of the new positions.
 		for r0 := 0; r0 < s; r0 += rowChunk {
 			rows := min(rowChunk, s-r0)
 			xn := sc.xn[:rows*d]
@@ -254,23 +295,31 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 					rmsNorm(xn[i*d:(i+1)*d], x[(r0+i)*d:(r0+i+1)*d], L.attnNorm, c.NormEps)
 				}
 			})
-			if err := linearCancel(ctx, rows, w, d, xn, d, L.qkv, d, 0, sc.qkv[r0*w:], w); err != nil {
+			if err := p.linear(ctx, L.qkv, rows, xn, d, 0, sc.qkv[r0*w:], w); err != nil {
 				return err
 			}
 		}
-		m.parallel(s, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				p := start + i
-				row := sc.qkv[i*w : (i+1)*w]
-				cs, sn := m.cos[p*half:(p+1)*half], m.sin[p*half:(p+1)*half]
-				rope(row[:q], c.Heads, c.HeadDim, cs, sn)
-				rope(row[q:q+kvd], c.KVHeads, c.HeadDim, cs, sn)
-				copy(K[p*kvd:(p+1)*kvd], row[q:q+kvd])
-				copy(V[p*kvd:(p+1)*kvd], row[q+kvd:])
+		if c.MLA() {
+			if err := m.attentionMLA(ctx, p, sc, L, kv.Latent(li), start, s); err != nil {
+				return err
 			}
-		})
-		if err := m.attention(ctx, sc, start, s, K[:n*kvd], V[:n*kvd]); err != nil {
-			return err
+		} else {
+			// RoPE on Q and K; K and V into the cache.
+			K, V := kv.K(li), kv.V(li)
+			m.parallel(s, func(lo, hi int) {
+				for i := lo; i < hi; i++ {
+					p := start + i
+					row := sc.qkv[i*w : (i+1)*w]
+					cs, sn := m.cos[p*half:(p+1)*half], m.sin[p*half:(p+1)*half]
+					rope(row[:q], c.Heads, c.HeadDim, cs, sn)
+					rope(row[q:q+kvd], c.KVHeads, c.HeadDim, cs, sn)
+					copy(K[p*kvd:(p+1)*kvd], row[q:q+kvd])
+					copy(V[p*kvd:(p+1)*kvd], row[q+kvd:])
+				}
+			})
+			if err := m.attention(ctx, sc, start, s, K[:n*kvd], V[:n*kvd]); err != nil {
+				return err
+			}
 		}
 		// Output projection and feed-forward, both added to the residual.
 		for r0 := 0; r0 < s; r0 += rowChunk {
@@ -279,7 +328,9 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 			}
 			rows := min(rowChunk, s-r0)
 			xr := x[r0*d : (r0+rows)*d]
-			linear(rows, d, q, sc.attn[r0*q:], q, L.o, q, 1, xr, d)
+			if err := p.linear(ctx, L.o, rows, sc.attn[r0*ad:], ad, 1, xr, d); err != nil {
+				return err
+			}
 			xn := sc.xn[:rows*d]
 			m.parallel(rows, func(lo, hi int) {
 				for i := lo; i < hi; i++ {
@@ -287,7 +338,7 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 				}
 			})
 			gu := sc.gu[:rows*2*ffn]
-			if err := linearCancel(ctx, rows, 2*ffn, d, xn, d, L.gateUp, d, 0, gu, 2*ffn); err != nil {
+			if err := p.linear(ctx, L.gateUp, rows, xn, d, 0, gu, 2*ffn); err != nil {
 				return err
 			}
 			m.parallel(rows, func(lo, hi int) {
@@ -295,15 +346,14 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 					swiGLU(gu[i*2*ffn:i*2*ffn+ffn], gu[i*2*ffn+ffn:(i+1)*2*ffn])
 				}
 			})
-			if err := linearCancel(ctx, rows, d, ffn, gu, 2*ffn, L.down, ffn, 1, xr, d); err != nil {
+			if err := p.linear(ctx, L.down, rows, gu, 2*ffn, 1, xr, d); err != nil {
 				return err
 			}
 		}
 	}
 	h := sc.h[:d]
 	rmsNorm(h, x[(s-1)*d:], m.norm, c.NormEps)
-	impl.Sgemv(blas.NoTrans, c.Vocab, d, 1, m.lmHead, d, h, 1, 0, logits, 1)
-	return nil
+	return p.head(ctx, m.lmHead, h, logits)
 }
 
 // attention computes causal grouped-query attention of the s new positions

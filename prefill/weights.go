@@ -17,17 +17,23 @@ type Weights struct {
 	LMHead []float32 // [Vocab][Dim]
 }
 
-// LayerWeights are the parameters of one decoder layer.
+// LayerWeights are the parameters of one decoder layer. GQA uses Q, K, V
+// and O; MLA uses Q, KVA, KVANorm, KVB and O.
 type LayerWeights struct {
 	AttnNorm []float32 // [Dim]
-	Q        []float32 // [Heads·HeadDim][Dim]
+	Q        []float32 // [QDim][Dim]
 	K        []float32 // [KVHeads·HeadDim][Dim]
 	V        []float32 // [KVHeads·HeadDim][Dim]
-	O        []float32 // [Dim][Heads·HeadDim]
-	MLPNorm  []float32 // [Dim]
-	Gate     []float32 // [FFNDim][Dim]
-	Up       []float32 // [FFNDim][Dim]
-	Down     []float32 // [Dim][FFNDim]
+	// MLA: kv_a_proj_with_mqa [KVLoraRank+RopeDim][Dim] (the latent and the
+	// shared rotary key), kv_a_layernorm [KVLoraRank], and kv_b_proj
+	// [Heads·2·HeadDim][KVLoraRank] (per head its non-rotary key rows, then
+	// its value rows).
+	KVA, KVANorm, KVB []float32
+	O                 []float32 // [Dim][Heads·HeadDim]
+	MLPNorm           []float32 // [Dim]
+	Gate              []float32 // [FFNDim][Dim]
+	Up                []float32 // [FFNDim][Dim]
+	Down              []float32 // [Dim][FFNDim]
 }
 
 // tensor is one named parameter: its Hugging Face Llama name, shape, and
@@ -68,10 +74,19 @@ func (c Config) tensors(w *Weights) []tensor {
 		p := fmt.Sprintf("model.layers.%d.", i)
 		ts = append(ts,
 			tensor{p + "input_layernorm.weight", []int{c.Dim}, &l.AttnNorm, kindNorm},
-			tensor{p + "self_attn.q_proj.weight", []int{c.QDim(), c.Dim}, &l.Q, kindLinear},
-			tensor{p + "self_attn.k_proj.weight", []int{c.KVDim(), c.Dim}, &l.K, kindLinear},
-			tensor{p + "self_attn.v_proj.weight", []int{c.KVDim(), c.Dim}, &l.V, kindLinear},
-			tensor{p + "self_attn.o_proj.weight", []int{c.Dim, c.QDim()}, &l.O, kindLinear},
+			tensor{p + "self_attn.q_proj.weight", []int{c.QDim(), c.Dim}, &l.Q, kindLinear})
+		if c.MLA() {
+			ts = append(ts,
+				tensor{p + "self_attn.kv_a_proj_with_mqa.weight", []int{c.CacheDim(), c.Dim}, &l.KVA, kindLinear},
+				tensor{p + "self_attn.kv_a_layernorm.weight", []int{c.KVLoraRank}, &l.KVANorm, kindNorm},
+				tensor{p + "self_attn.kv_b_proj.weight", []int{2 * c.AttnDim(), c.KVLoraRank}, &l.KVB, kindLinear})
+		} else {
+			ts = append(ts,
+				tensor{p + "self_attn.k_proj.weight", []int{c.KVDim(), c.Dim}, &l.K, kindLinear},
+				tensor{p + "self_attn.v_proj.weight", []int{c.KVDim(), c.Dim}, &l.V, kindLinear})
+		}
+		ts = append(ts,
+			tensor{p + "self_attn.o_proj.weight", []int{c.Dim, c.AttnDim()}, &l.O, kindLinear},
 			tensor{p + "post_attention_layernorm.weight", []int{c.Dim}, &l.MLPNorm, kindNorm},
 			tensor{p + "mlp.gate_proj.weight", []int{c.FFNDim, c.Dim}, &l.Gate, kindLinear},
 			tensor{p + "mlp.up_proj.weight", []int{c.FFNDim, c.Dim}, &l.Up, kindLinear},

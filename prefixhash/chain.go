@@ -25,9 +25,27 @@ func AppendKeys(dst []Key, parent Key, blockTokens int, tokens []uint32) []Key {
 	return dst
 }
 
-// Keys returns the block keys of a prompt under ns. ns must be valid.
+// Keys returns the block keys of a prompt under ns, with no extra keys (see
+// KeysExtra). ns must be valid.
 func Keys(ns Namespace, tokens []uint32) []Key {
-	return AppendKeys(make([]Key, 0, len(tokens)/max(ns.BlockTokens, 1)), ns.Root(), ns.BlockTokens, tokens)
+	dst := make([]Key, 0, len(tokens)/max(ns.BlockTokens, 1))
+	if ns.Scheme != SchemeKVMesh {
+		dst, _ = appendLinks(dst, ns, ns.RootLink(), 0, tokens)
+		return dst
+	}
+	return AppendKeys(dst, ns.Root(), ns.BlockTokens, tokens)
+}
+
+// appendLinks appends the keys of the full blocks of tokens with no extra
+// keys but the namespace's, chained from parent, the link of block first-1
+// (the root for first 0), and returns the last link.
+func appendLinks(dst []Key, ns Namespace, parent Link, first int, tokens []uint32) ([]Key, Link) {
+	b := ns.BlockTokens
+	for i := 0; (i+1)*b <= len(tokens); i++ {
+		parent = BlockLink(ns.Scheme, parent, tokens[i*b:(i+1)*b], ns.BlockExtra(first+i == 0, nil))
+		dst = append(dst, parent.Key())
+	}
+	return dst, parent
 }
 
 // Chain is the key chain of one growing token sequence, such as a
@@ -35,7 +53,9 @@ func Keys(ns Namespace, tokens []uint32) []Key {
 // the new tokens, not the whole prefix again. A Chain is not safe for
 // concurrent use.
 type Chain struct {
+	ns          Namespace
 	root        Key
+	last        Link // the link of the last full block (the root's before any), for SchemeVLLM
 	blockTokens int
 	keys        []Key
 	tail        []uint32 // tokens after the last full block
@@ -48,7 +68,7 @@ func NewChain(ns Namespace) *Chain {
 	if err := ns.Validate(); err != nil {
 		panic(fmt.Sprintf("prefixhash: NewChain: %v", err))
 	}
-	return &Chain{root: ns.Root(), blockTokens: ns.BlockTokens}
+	return &Chain{ns: ns, root: ns.Root(), last: ns.RootLink(), blockTokens: ns.BlockTokens}
 }
 
 // Extend appends tokens to the sequence and returns how many blocks it
@@ -64,11 +84,19 @@ func (c *Chain) Extend(tokens []uint32) int {
 		}
 		c.tail = append(c.tail, tokens[:need]...)
 		tokens = tokens[need:]
-		c.keys = append(c.keys, BlockKey(c.Parent(len(c.keys)), c.tail))
+		if c.ns.Scheme != SchemeKVMesh {
+			c.keys, c.last = appendLinks(c.keys, c.ns, c.last, len(c.keys), c.tail)
+		} else {
+			c.keys = append(c.keys, BlockKey(c.Parent(len(c.keys)), c.tail))
+		}
 		c.tail = c.tail[:0]
 	}
 	full := len(tokens) - len(tokens)%c.blockTokens
-	c.keys = AppendKeys(c.keys, c.Parent(len(c.keys)), c.blockTokens, tokens[:full])
+	if c.ns.Scheme != SchemeKVMesh {
+		c.keys, c.last = appendLinks(c.keys, c.ns, c.last, len(c.keys), tokens[:full])
+	} else {
+		c.keys = AppendKeys(c.keys, c.Parent(len(c.keys)), c.blockTokens, tokens[:full])
+	}
 	c.tail = append(c.tail, tokens[full:]...)
 	return len(c.keys) - before
 }
@@ -92,11 +120,23 @@ func (c *Chain) Root() Key { return c.root }
 
 // Parent returns the key block i is chained from: the root for block 0,
 // otherwise the key of block i-1. i may equal Len (the next block's parent).
+// Under SchemeVLLM a key is half of the link a child is chained from; see
+// Last.
 func (c *Chain) Parent(i int) Key {
 	if i == 0 {
 		return c.root
 	}
 	return c.keys[i-1]
+}
+
+// Last returns the link the next block is chained from (under SchemeVLLM,
+// the whole 32-byte hash of the last full block; KeyLink of its key under
+// SchemeKVMesh).
+func (c *Chain) Last() Link {
+	if c.ns.Scheme == SchemeKVMesh {
+		return KeyLink(c.Parent(len(c.keys)))
+	}
+	return c.last
 }
 
 // DefaultChunkTokens is the default size of a placement chunk in tokens.

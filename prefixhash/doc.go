@@ -2,7 +2,12 @@
 // blocks under.
 //
 // A Namespace names the producer of KV blocks (model, dtype, block size,
-// layers, heads, tensor parallelism, tenant salt). Its canonical encoding E
+// layers, KV layout and shape, tensor parallelism, tenant salt, LoRA
+// adapter, quantisation scales, key scheme). The KV layout is SplitKV (a K
+// and a V per KV head and layer) or LatentKV (one latent vector of
+// LatentDim per token and layer, multi-head latent attention); each has its
+// payload rule (BlockBytes). Fields added after the first encoding are
+// encoded only when set, so older namespaces keep their keys. Its canonical encoding E
 // (magic "kvmesh/ns/v2", length-prefixed strings, little-endian integers) is
 // hashed into the root key k_0 = trunc128(SHA-256(E)), so two namespaces never
 // share a key and two tenants with different salts never see each other's
@@ -17,6 +22,18 @@
 // xxhash64 keys of KeyVersion 1 allowed exactly that, in microseconds; the
 // test that forges such a pair is forgery_test.go). Readers still compare a
 // block's stored tokens with the ones they asked for.
+//
+// A block may also carry extra keys (ExtraKeys: opaque bytes such as a
+// multimodal input's hash and offset); its key then covers them, so equal
+// tokens with different extra keys never share a key (KeysExtra, BlockLink).
+// A namespace whose blocks carry them reserves header room for them
+// (ExtraKeyBytes), so that all its blocks encode to one size.
+//
+// A namespace chooses its key scheme: SchemeKVMesh (the above, the default)
+// or SchemeVLLM, vLLM's own block hash (SHA-256 over canonical CBOR, rooted
+// in its PYTHONHASHSEED; vllm.go), so that the hashes vLLM publishes name
+// kvmesh blocks directly. testdata/vllm.json holds vectors computed by an
+// independent script from vLLM's definition.
 //
 // KeyVersion names this key format (2). Formats that persist or move blocks
 // under keys record it, so that blocks keyed by another version are dropped

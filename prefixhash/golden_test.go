@@ -32,10 +32,12 @@ type goldenVector struct {
 	Name      string          `json:"name"`
 	Namespace goldenNamespace `json:"namespace"`
 	Tokens    []uint32        `json:"tokens"`
-	Encoding  string          `json:"encoding"` // hex
-	Root      string          `json:"root"`
-	Digest    string          `json:"digest"`
-	Keys      []string        `json:"keys"`
+	// ExtraKeys[i] are block i's extra keys, hex (absent: none).
+	ExtraKeys [][]string `json:"extra_keys,omitempty"`
+	Encoding  string     `json:"encoding"` // hex
+	Root      string     `json:"root"`
+	Digest    string     `json:"digest"`
+	Keys      []string   `json:"keys"`
 }
 
 type goldenNamespace struct {
@@ -50,6 +52,14 @@ type goldenNamespace struct {
 	TPRank      int    `json:"tp_rank"`
 	TPSize      int    `json:"tp_size"`
 	TenantSalt  string `json:"tenant_salt"`
+	// Optional fields, absent at their defaults.
+	Layout    string `json:"kv_layout,omitempty"`
+	LatentDim int    `json:"latent_dim,omitempty"`
+	Scales    string `json:"scales,omitempty"`
+	LoRA      string `json:"lora,omitempty"`
+	Scheme    string `json:"key_scheme,omitempty"`
+	HashSeed  string `json:"hash_seed,omitempty"`
+	ExtraRoom int    `json:"extra_key_bytes,omitempty"`
 }
 
 func (g goldenNamespace) namespace(t *testing.T) Namespace {
@@ -57,14 +67,44 @@ func (g goldenNamespace) namespace(t *testing.T) Namespace {
 	if err != nil || uint8(d) != g.DTypeID {
 		t.Fatalf("golden dtype %q/%d: %v", g.DType, g.DTypeID, err)
 	}
-	return Namespace{Model: g.Model, DType: d, BlockTokens: g.BlockTokens, LayerStart: g.LayerStart, LayerEnd: g.LayerEnd,
-		KVHeads: g.KVHeads, HeadDim: g.HeadDim, TPRank: g.TPRank, TPSize: g.TPSize, TenantSalt: g.TenantSalt}
+	ns := Namespace{Model: g.Model, DType: d, BlockTokens: g.BlockTokens, LayerStart: g.LayerStart, LayerEnd: g.LayerEnd,
+		KVHeads: g.KVHeads, HeadDim: g.HeadDim, TPRank: g.TPRank, TPSize: g.TPSize, TenantSalt: g.TenantSalt,
+		LatentDim: g.LatentDim, LoRA: g.LoRA, HashSeed: g.HashSeed, ExtraKeyBytes: g.ExtraRoom}
+	var errs [3]error
+	if g.Layout != "" {
+		ns.Layout, errs[0] = ParseKVLayout(g.Layout)
+	}
+	if g.Scales != "" {
+		ns.Scales, errs[1] = ParseScales(g.Scales)
+	}
+	if g.Scheme != "" {
+		ns.Scheme, errs[2] = ParseKeyScheme(g.Scheme)
+	}
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ns
+}
+
+func optName[T interface {
+	comparable
+	String() string
+}](v T) string {
+	var zero T
+	if v == zero {
+		return ""
+	}
+	return v.String()
 }
 
 func goldenNS(ns Namespace) goldenNamespace {
 	return goldenNamespace{Model: ns.Model, DType: ns.DType.String(), DTypeID: uint8(ns.DType), BlockTokens: ns.BlockTokens,
 		LayerStart: ns.LayerStart, LayerEnd: ns.LayerEnd, KVHeads: ns.KVHeads, HeadDim: ns.HeadDim,
-		TPRank: ns.TPRank, TPSize: ns.TPSize, TenantSalt: ns.TenantSalt}
+		TPRank: ns.TPRank, TPSize: ns.TPSize, TenantSalt: ns.TenantSalt,
+		Layout: optName(ns.Layout), LatentDim: ns.LatentDim, Scales: optName(ns.Scales), LoRA: ns.LoRA,
+		Scheme: optName(ns.Scheme), HashSeed: ns.HashSeed, ExtraRoom: ns.ExtraKeyBytes}
 }
 
 // goldenTokens returns n tokens over the whole uint32 range, extremes
@@ -105,6 +145,23 @@ func goldenInputs() []goldenVector {
 	v := func(name string, ns Namespace, tokens []uint32) goldenVector {
 		return goldenVector{Name: name, Namespace: goldenNS(ns), Tokens: tokens}
 	}
+	kimi := Namespace{Model: "moonshotai/Kimi-K2.5", DType: BFloat16, BlockTokens: 16, LayerEnd: 61,
+		Layout: LatentKV, LatentDim: 576, TPSize: 1}
+	kimiFP8 := kimi
+	kimiFP8.DType, kimiFP8.Scales, kimiFP8.LoRA = Float8E4M3, ScalesPerBlock, "kimi-sql-lora"
+	llamaInt8 := llama
+	llamaInt8.DType, llamaInt8.Scales, llamaInt8.LoRA = Int8, ScalesPerHead, "adapter/ü"
+	vllmNS := llama
+	vllmNS.Scheme, vllmNS.HashSeed = SchemeVLLM, "0"
+	vllmLoRA := vllmNS
+	vllmLoRA.LoRA, vllmLoRA.TenantSalt, vllmLoRA.ExtraKeyBytes = "sql-adapter", "tenant-a", 128
+	llamaXK := llama
+	llamaXK.ExtraKeyBytes = 64
+	withExtra := func(g goldenVector, extra ...[]string) goldenVector {
+		g.ExtraKeys = extra
+		return g
+	}
+	mm := func(id string, off int) string { return hex.EncodeToString(VLLMMultimodalKey(id, off)) }
 	return []goldenVector{
 		v("llama-bf16-b16", llama, goldenTokens(70, 1)),
 		v("llama-bf16-b16-salted", salted, goldenTokens(70, 1)),
@@ -117,6 +174,14 @@ func goldenInputs() []goldenVector {
 		v("test-fp8e5m2-b16-salt-boundary", e5m2, goldenTokens(32, 5)),
 		v("llama-bf16-b16-shorter-than-a-block", llama, goldenTokens(15, 6)),
 		v("llama-bf16-b16-empty", llama, []uint32{}),
+		v("kimi-bf16-b16-latent576", kimi, goldenTokens(40, 7)),
+		v("kimi-fp8-b16-latent576-scales-block-lora", kimiFP8, goldenTokens(40, 7)),
+		v("llama-int8-b16-scales-head-lora", llamaInt8, goldenTokens(33, 8)),
+		withExtra(v("llama-bf16-b16-extra-keys", llamaXK, goldenTokens(64, 9)),
+			nil, []string{"696d6167652d61", "0500000000000000"}, []string{}, []string{""}),
+		v("vllm-bf16-b16-seed0", vllmNS, goldenTokens(40, 10)),
+		withExtra(v("vllm-bf16-b16-lora-salt-mm", vllmLoRA, goldenTokens(48, 11)),
+			[]string{mm("img-1", 5)}, []string{mm("img-1", -11), hex.EncodeToString(VLLMBytes([]byte{1, 2, 3}))}),
 	}
 }
 
@@ -128,8 +193,22 @@ func (g *goldenVector) compute(t *testing.T) {
 	g.Encoding = hex.EncodeToString(ns.AppendEncoding(nil))
 	g.Root = ns.Root().String()
 	g.Digest = fmt.Sprintf("%016x", ns.Digest())
+	extra := make([]ExtraKeys, len(g.ExtraKeys))
+	for i, ks := range g.ExtraKeys {
+		for _, k := range ks {
+			b, err := hex.DecodeString(k)
+			if err != nil {
+				t.Fatalf("%s: extra key %q: %v", g.Name, k, err)
+			}
+			extra[i] = append(extra[i], b)
+		}
+	}
+	keys, err := KeysExtra(ns, g.Tokens, extra)
+	if err != nil {
+		t.Fatalf("%s: %v", g.Name, err)
+	}
 	g.Keys = []string{}
-	for _, k := range Keys(ns, g.Tokens) {
+	for _, k := range keys {
 		g.Keys = append(g.Keys, k.String())
 	}
 }
@@ -140,11 +219,19 @@ func goldenHeader() goldenFile {
 			"Every implementation of kvmesh keys must reproduce encoding, root, digest and keys from each vector's namespace and tokens.",
 		KeyVersion: KeyVersion,
 		Encoding: "string(magic \"kvmesh/ns/v2\") ‖ string(model) ‖ u8 dtype_id ‖ u32 block_tokens ‖ u32 layer_start ‖ u32 layer_end ‖ " +
-			"u32 kv_heads ‖ u32 head_dim ‖ u32 tp_rank ‖ u32 max(tp_size,1) ‖ string(tenant_salt); " +
+			"u32 kv_heads ‖ u32 head_dim ‖ u32 tp_rank ‖ u32 max(tp_size,1) ‖ string(tenant_salt), then only when set, in this order: " +
+			"u8 1 ‖ u8 kv_layout (split 0, latent 1) ‖ u32 latent_dim; u8 2 ‖ string(lora); u8 3 ‖ u8 scales (none 0, block 1, head 2); " +
+			"u8 4 ‖ u8 key_scheme (kvmesh 0, vllm 1) ‖ string(hash_seed); u8 5 ‖ u32 extra_key_bytes; " +
 			"integers little-endian, string(s) = u32 little-endian byte length ‖ UTF-8 bytes",
-		Root:     "k_0 = first 16 bytes of SHA-256(encoding), 32 lowercase hex digits",
-		Digest:   "uint64 read little-endian from the first 8 bytes of SHA-256(encoding), as 16 lowercase hex digits of that integer",
-		BlockKey: "k_i = first 16 bytes of SHA-256(k_{i-1} ‖ tokens of block i as little-endian uint32); only full blocks of block_tokens tokens are keyed",
+		Root: "key_scheme kvmesh: k_0 = first 16 bytes of SHA-256(encoding); key_scheme vllm: first 16 bytes of " +
+			"h_root = SHA-256(CBOR text string(hash_seed)); 32 lowercase hex digits",
+		Digest: "uint64 read little-endian from the first 8 bytes of SHA-256(encoding), as 16 lowercase hex digits of that integer",
+		BlockKey: "key_scheme kvmesh: k_i = first 16 bytes of SHA-256(k_{i-1} ‖ tokens of block i as little-endian uint32), " +
+			"followed, when block i has extra keys, by u32 count ‖ (u32 length ‖ bytes) per extra key; " +
+			"key_scheme vllm: h_i = SHA-256(canonical CBOR [bytes h_{i-1} (32), [uint tokens], null or [extra items]]), " +
+			"k_i its first 16 bytes, extra items = CBOR text(lora) if set, then the block's extra keys that are not byte strings, " +
+			"then CBOR text(tenant_salt) for block 0 if set, then the block's byte-string extra keys; " +
+			"only full blocks of block_tokens tokens are keyed",
 	}
 }
 
@@ -190,7 +277,8 @@ func TestGolden(t *testing.T) {
 		t.Fatalf("golden file has %d vectors, test has %d", len(f.Vectors), len(inputs))
 	}
 	for i, w := range f.Vectors {
-		if w.Name != inputs[i].Name || w.Namespace != inputs[i].Namespace || !reflect.DeepEqual(w.Tokens, inputs[i].Tokens) {
+		if w.Name != inputs[i].Name || w.Namespace != inputs[i].Namespace || !reflect.DeepEqual(w.Tokens, inputs[i].Tokens) ||
+			!reflect.DeepEqual(w.ExtraKeys, inputs[i].ExtraKeys) {
 			t.Errorf("vector %d (%s): inputs differ from the test's", i, w.Name)
 		}
 		got := w

@@ -35,6 +35,10 @@ func TestNamespacesNeverShareKeys(t *testing.T) {
 		"rank":   func(n *Namespace) { n.TPRank, n.TPSize = 1, 2 },
 		"size":   func(n *Namespace) { n.TPSize = 2 },
 		"salt":   func(n *Namespace) { n.TenantSalt = "x" },
+		"latent": func(n *Namespace) { n.Layout, n.LatentDim, n.KVHeads, n.HeadDim = LatentKV, 256, 0, 0 },
+		"lora":   func(n *Namespace) { n.LoRA = "adapter" },
+		"scales": func(n *Namespace) { n.DType, n.Scales = Int8, ScalesPerBlock },
+		"vllm":   func(n *Namespace) { n.Scheme, n.HashSeed = SchemeVLLM, "0" },
 		// Length prefixes keep a model/salt boundary from being ambiguous.
 		"boundary": func(n *Namespace) { n.Model, n.TenantSalt = "kvmesh/tes", "t" },
 	}
@@ -83,6 +87,27 @@ func TestValidate(t *testing.T) {
 		{"tp rank", func(n *Namespace) { n.TPRank, n.TPSize = 2, 2 }, "tp"},
 		{"long salt", func(n *Namespace) { n.TenantSalt = string(make([]byte, MaxSaltLen+1)) }, "tenant_salt"},
 	}
+	latent := func(n *Namespace) { n.Layout, n.LatentDim, n.KVHeads, n.HeadDim = LatentKV, 576, 0, 0 }
+	tests = append(tests, []struct {
+		name  string
+		mut   func(*Namespace)
+		field string
+	}{
+		{"latent ok", latent, ""},
+		{"unknown layout", func(n *Namespace) { n.Layout = 2 }, "kv_layout"},
+		{"latent without dim", func(n *Namespace) { latent(n); n.LatentDim = 0 }, "latent_dim"},
+		{"latent with heads", func(n *Namespace) { latent(n); n.KVHeads = 1 }, "kv_heads"},
+		{"split with latent dim", func(n *Namespace) { n.LatentDim = 8 }, "latent_dim"},
+		{"scales ok", func(n *Namespace) { n.DType, n.Scales = Float8E5M2, ScalesPerHead }, ""},
+		{"unknown scales", func(n *Namespace) { n.DType, n.Scales = Int8, 3 }, "scales"},
+		{"scales on float32", func(n *Namespace) { n.Scales = ScalesPerBlock }, "scales"},
+		{"per-head scales latent", func(n *Namespace) { latent(n); n.DType, n.Scales = Int8, ScalesPerHead }, "scales"},
+		{"long lora", func(n *Namespace) { n.LoRA = string(make([]byte, MaxLoRALen+1)) }, "lora"},
+		{"unknown scheme", func(n *Namespace) { n.Scheme = 2 }, "key_scheme"},
+		{"vllm without seed", func(n *Namespace) { n.Scheme = SchemeVLLM }, "hash_seed"},
+		{"seed without vllm", func(n *Namespace) { n.HashSeed = "0" }, "hash_seed"},
+		{"long seed", func(n *Namespace) { n.Scheme, n.HashSeed = SchemeVLLM, string(make([]byte, MaxSeedLen+1)) }, "hash_seed"},
+	}...)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ns := testNS()
@@ -101,6 +126,28 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("error %q does not name field %q", got, tt.field)
 			}
 		})
+	}
+}
+
+// TestPayloadRule: the payload sizes of both layouts, with and without
+// scales.
+func TestPayloadRule(t *testing.T) {
+	kimi := Namespace{Model: "k", DType: BFloat16, BlockTokens: 16, LayerEnd: 61, Layout: LatentKV, LatentDim: 576}
+	if got, want := kimi.BlockBytes(), 61*16*576*2; got != want {
+		t.Errorf("latent block %d bytes, want %d", got, want)
+	}
+	kimi.DType, kimi.Scales = Float8E4M3, ScalesPerBlock
+	if got, want := kimi.BlockBytes(), 61*16*576+4*61; got != want || kimi.KVBytes() != 61*16*576 {
+		t.Errorf("latent fp8 block %d bytes (kv %d), want %d", got, kimi.KVBytes(), want)
+	}
+	ns := testNS() // 2 layers, 4 heads of 64
+	ns.DType, ns.Scales = Int8, ScalesPerHead
+	if got, want := ns.BlockBytes(), 2*2*16*4*64+4*2*2*4; got != want || ns.ScaleCount() != 16 {
+		t.Errorf("split int8 per-head block %d bytes, want %d", got, want)
+	}
+	ns.Scales = ScalesPerBlock
+	if ns.ScaleCount() != 4 {
+		t.Errorf("per-block scales %d, want 4", ns.ScaleCount())
 	}
 }
 

@@ -144,7 +144,7 @@ func (r *Reservation) Commit() error {
 		l.countCorruptCommit()
 		return err
 	}
-	err = l.put(r.ctx, r.buf, r)
+	err = l.put(r.ctx, r.buf, false, r)
 	if errors.Is(err, block.ErrCorrupt) {
 		l.countCorruptCommit()
 	}

@@ -45,12 +45,17 @@ func Random(t testing.TB, rng *rand.Rand, ns prefixhash.Namespace, parent prefix
 
 // Reseal recomputes the header checksum of the encoded block b after a test
 // edited its header, so that only the checks behind the checksum can catch
-// the edit.
+// the edit. A format 3 header's extension (its length field as it reads
+// now, bounded by b) is covered too.
 func Reseal(b []byte) {
 	n := int(binary.LittleEndian.Uint32(b[12:]))
+	end := block.FixedHeaderLen + 4*n
+	if binary.LittleEndian.Uint16(b[4:]) == 3 && len(b) >= end+4 {
+		end = min(len(b), end+4+int(binary.LittleEndian.Uint32(b[end:])))
+	}
 	var d xxhash.Digest
 	d.Reset()
 	d.Write(b[:headerSumOff])
-	d.Write(b[block.FixedHeaderLen : block.FixedHeaderLen+4*n])
+	d.Write(b[block.FixedHeaderLen:end])
 	binary.LittleEndian.PutUint64(b[headerSumOff:], d.Sum64())
 }

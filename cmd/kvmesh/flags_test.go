@@ -339,3 +339,70 @@ func TestServeLimitFlags(t *testing.T) {
 		t.Fatalf("set: InsecureGossip %v, MaxConcurrentStreams %d, MaxInFlightBytes %d", o.InsecureGossip, o.MaxConcurrentStreams, o.MaxInFlightBytes)
 	}
 }
+
+// TestNamespaceFlags: the layout, scales, LoRA and key-scheme flags make
+// the namespace they name; a bad value is refused naming its flag.
+func TestNamespaceFlags(t *testing.T) {
+	parse := func(args ...string) (string, error) {
+		var nf namespaceFlags
+		c := &cobra.Command{Use: "x"}
+		nf.register(c)
+		if err := c.Flags().Parse(args); err != nil {
+			return "", err
+		}
+		ns, err := nf.namespace()
+		return ns.String(), err
+	}
+	ok := map[string][]string{
+		"kvmesh/demo/float32/b16/l0-2/latent576/tp0-1":                {"--kv-layout", "latent", "--latent-dim", "576"},
+		"kvmesh/demo/int8/b16/l0-2/kv2x16/tp0-1/scales-head/lora-sql": {"--dtype", "int8", "--scales", "head", "--lora", "sql"},
+		"kvmesh/demo/float32/b16/l0-2/kv2x16/tp0-1/vllm":              {"--key-scheme", "vllm", "--hash-seed", "0"},
+		"kvmesh/demo/fp8_e4m3/b16/l0-2/latent64/tp0-1/scales-block":   {"--kv-layout", "latent", "--latent-dim", "64", "--dtype", "fp8_e4m3", "--scales", "block"},
+	}
+	for want, args := range ok {
+		if got, err := parse(args...); err != nil || got != want {
+			t.Errorf("%v: namespace %s, %v; want %s", args, got, err, want)
+		}
+	}
+	bad := map[string][]string{
+		"--kv-layout":  {"--kv-layout", "mla"},
+		"--scales":     {"--scales", "tensor"},
+		"--key-scheme": {"--key-scheme", "lmcache"},
+		"latent_dim":   {"--kv-layout", "latent"},
+		"hash_seed":    {"--key-scheme", "vllm"},
+	}
+	for field, args := range bad {
+		if _, err := parse(args...); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%v: err %v, want one naming %s", args, err, field)
+		}
+	}
+}
+
+// TestServeQueueFlags: --queue-share, --queue-steal-interval and
+// --queue-lease reach BatchOptions; 0 (or less) means none or never.
+func TestServeQueueFlags(t *testing.T) {
+	o, err := serveOptions(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := o.Prefill.Batch; b.Share != 1 || b.StealInterval != time.Second || b.LeaseTTL != 30*time.Second {
+		t.Fatalf("defaults: %+v", b)
+	}
+	o, err = serveOptions(t, nil, "--queue-share", "0.5", "--queue-steal-interval", "200ms", "--queue-lease", "5s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := o.Prefill.Batch; b.Share != 0.5 || b.StealInterval != 200*time.Millisecond || b.LeaseTTL != 5*time.Second {
+		t.Fatalf("set: %+v", b)
+	}
+	o, err = serveOptions(t, nil, "--queue-share", "0", "--queue-steal-interval", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := o.Prefill.Batch; b.Share >= 0 || b.StealInterval >= 0 {
+		t.Fatalf("--queue-share 0 --queue-steal-interval 0: %+v, want both negative (none, never)", b)
+	}
+	if _, err := serveOptions(t, nil, "--queue-share", "2"); err == nil || !strings.Contains(err.Error(), "--queue-share") {
+		t.Errorf("--queue-share 2: %v", err)
+	}
+}

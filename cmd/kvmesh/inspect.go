@@ -314,6 +314,9 @@ type namespaceFlags struct {
 	model, dtype, layers, salt    string
 	blockTokens, kvHeads, headDim int
 	tpRank, tpSize                int
+	layout, scales, lora, scheme  string
+	latentDim, extraKeyBytes      int
+	hashSeed                      string
 }
 
 func (n *namespaceFlags) register(c *cobra.Command) {
@@ -328,6 +331,13 @@ func (n *namespaceFlags) register(c *cobra.Command) {
 	fs.IntVar(&n.tpRank, "tp-rank", d.TPRank, "namespace: tensor-parallel rank")
 	fs.IntVar(&n.tpSize, "tp-size", max(d.TPSize, 1), "namespace: tensor-parallel size")
 	fs.StringVar(&n.salt, "tenant-salt", "", "namespace: tenant salt")
+	fs.StringVar(&n.layout, "kv-layout", "split", "namespace: KV layout, split (K and V per KV head) or latent (one latent vector per token and layer, MLA; give --latent-dim, and --kv-heads and --head-dim then default to 0)")
+	fs.IntVar(&n.latentDim, "latent-dim", 0, "namespace: latent width per token and layer (latent layout; 576 for DeepSeek-V3/Kimi)")
+	fs.StringVar(&n.scales, "scales", "none", "namespace: float32 scales after a quantised payload: none, block or head")
+	fs.StringVar(&n.lora, "lora", "", "namespace: LoRA adapter id")
+	fs.StringVar(&n.scheme, "key-scheme", "kvmesh", "namespace: key scheme, kvmesh or vllm (vLLM's block hashes, rooted in --hash-seed)")
+	fs.StringVar(&n.hashSeed, "hash-seed", "", "namespace: vLLM's PYTHONHASHSEED (key scheme vllm)")
+	fs.IntVar(&n.extraKeyBytes, "extra-key-bytes", 0, "namespace: header room each block reserves for extra keys (4 bytes plus each key's length; 0: none)")
 }
 
 func (n *namespaceFlags) namespace() (prefixhash.Namespace, error) {
@@ -344,8 +354,26 @@ func (n *namespaceFlags) namespace() (prefixhash.Namespace, error) {
 	if err != nil {
 		return prefixhash.Namespace{}, fmt.Errorf("--layers %q: want START:END, like 0:32", n.layers)
 	}
+	layout, err := prefixhash.ParseKVLayout(n.layout)
+	if err != nil {
+		return prefixhash.Namespace{}, fmt.Errorf("--kv-layout: %w", err)
+	}
+	scales, err := prefixhash.ParseScales(n.scales)
+	if err != nil {
+		return prefixhash.Namespace{}, fmt.Errorf("--scales: %w", err)
+	}
+	scheme, err := prefixhash.ParseKeyScheme(n.scheme)
+	if err != nil {
+		return prefixhash.Namespace{}, fmt.Errorf("--key-scheme: %w", err)
+	}
+	heads, dim := n.kvHeads, n.headDim
+	if layout == prefixhash.LatentKV && heads == defaultNamespace.KVHeads && dim == defaultNamespace.HeadDim {
+		heads, dim = 0, 0 // the demo's split shape, not given: a latent block has no heads
+	}
 	ns := prefixhash.Namespace{Model: n.model, DType: dt, BlockTokens: n.blockTokens, LayerStart: start, LayerEnd: end,
-		KVHeads: n.kvHeads, HeadDim: n.headDim, TPRank: n.tpRank, TPSize: n.tpSize, TenantSalt: n.salt}
+		KVHeads: heads, HeadDim: dim, TPRank: n.tpRank, TPSize: n.tpSize, TenantSalt: n.salt,
+		Layout: layout, LatentDim: n.latentDim, Scales: scales, LoRA: n.lora, Scheme: scheme, HashSeed: n.hashSeed,
+		ExtraKeyBytes: n.extraKeyBytes}
 	if err := ns.Validate(); err != nil {
 		return ns, fmt.Errorf("namespace flags: %w", err)
 	}

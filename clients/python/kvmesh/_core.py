@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _tensors, _xxhash, block
-from ._namespace import KEY_VERSION, Namespace, key_bytes
+from ._namespace import KEY_VERSION, Namespace, key_bytes, key_links
 from .errors import InvalidArgument, KVMeshError
 from .v1 import cache_pb2
 
@@ -95,27 +95,38 @@ class PutPlan:
     """The blocks of a batch of prompts: keys, parents, chunk keys, payloads."""
 
     def __init__(self, ns, items, meta):
+        """items: (tokens, kv[, scales[, extra_keys]]) per prompt."""
         check_ns(ns)
         self.ns, self.meta = ns, meta
         self.kns = ns.salted(meta.salt)
         B = ns.block_tokens
-        self.blocks = []  # (prompt, index, tokens bytes, parent, key, chunk, payload runs)
+        self.blocks = []  # (prompt, index, tokens bytes, parent link, key, chunk, payload runs, extra keys)
         self.per_prompt = []
         self._keep = []
-        for p, (tokens, kv) in enumerate(items):
+        for p, item in enumerate(items):
+            tokens, kv = item[0], item[1]
+            scales = item[2] if len(item) > 2 else None
+            extra = list(item[3] or ()) if len(item) > 3 else []
+            name = f" of prompt {p}" if len(items) > 1 else ""
             tb = _token_bytes(tokens)
-            _tensors.check_kv(ns, kv, n_tokens=len(tb) // 4, name=f"kv of prompt {p}" if len(items) > 1 else "kv")
+            _tensors.check_kv(ns, kv, n_tokens=len(tb) // 4, name="kv" + name)
+            sc = _tensors.check_scales(ns, scales, len(tb) // 4 // B, name="scales" + name)
             u8, staged = _tensors.host_u8(kv, ns)
-            self._keep.append((u8, staged))
-            ks = key_bytes(self.kns, tb, meta.key_version)
+            self._keep.append((u8, staged, sc))
+            links = key_links(self.kns, tb, extra, meta.key_version)
+            ks = [link[:16] for link in links]
             cks = chunk_keys(ks, ns, meta.chunk_tokens)
-            parent = self.kns.root(meta.key_version)
+            parent = self.kns.root_link(meta.key_version)
             for i, k in enumerate(ks):
-                # The block's payload is one contiguous run of the tensor per (layer, K|V):
-                # views, not copies; the data planes send them as they lie.
-                runs = list(u8[:, :, i * B:(i + 1) * B, :].reshape(ns.layers * 2, -1))
-                self.blocks.append((p, i, tb[4 * i * B:4 * (i + 1) * B], parent, k, cks[i], runs))
-                parent = k
+                # The block's payload is one contiguous run of the tensor per (layer, K|V)
+                # (or latent), then its scales: views, not copies; the data planes send them
+                # as they lie.
+                runs = list(u8[:, :, i * B:(i + 1) * B, :].reshape(ns.layers * _tensors.parts(ns), -1))
+                if sc is not None:
+                    runs.append(sc[i].view(np.uint8))
+                e = extra[i] if i < len(extra) and extra[i] else []
+                self.blocks.append((p, i, tb[4 * i * B:4 * (i + 1) * B], parent, k, cks[i], runs, e))
+                parent = links[i]
             self.per_prompt.append(len(ks))
 
     @staticmethod
@@ -126,10 +137,10 @@ class PutPlan:
 
     def shm_items(self):
         keys, chunks, heads, payloads = [], [], [], []
-        for (_p, _i, tb, parent, k, ck, payload) in self.blocks:
-            h, key = block.encode_header(self.kns, parent, tb, self.checksum(payload), self.meta.tag,
-                                         self.meta.key_version)
-            assert key == k
+        for (_p, _i, tb, parent, k, ck, payload, extra) in self.blocks:
+            h, link = block.encode_header(self.kns, parent, tb, self.checksum(payload), self.meta.tag,
+                                          self.meta.key_version, extra)
+            assert link[:16] == k
             keys.append(k)
             chunks.append(ck)
             heads.append(h)
@@ -141,10 +152,12 @@ class PutPlan:
         first = True
         nsp = self.ns.to_proto()
         for j in which:
-            (_p, _i, tb, parent, k, ck, runs) = self.blocks[j]
+            (_p, _i, tb, parent, k, ck, runs, extra) = self.blocks[j]
             data = memoryview(np.concatenate(runs)) if len(runs) > 1 else memoryview(runs[0])
-            hdr = cache_pb2.BlockHeader(parent=parent, tokens=np.frombuffer(tb, "<u4").tolist(),
-                                        payload_len=data.nbytes, payload_checksum=self.checksum(runs), chunk_key=ck)
+            hdr = cache_pb2.BlockHeader(parent=parent[:16], tokens=np.frombuffer(tb, "<u4").tolist(),
+                                        payload_len=data.nbytes, payload_checksum=self.checksum(runs), chunk_key=ck,
+                                        extra_keys=[bytes(x) for x in extra],
+                                        parent_link=parent if self.ns.key_scheme == "vllm" else b"")
             for off in range(0, data.nbytes, CHUNK_BYTES):
                 req = cache_pb2.BatchPutRequest(data=bytes(data[off:off + CHUNK_BYTES]))
                 if first:
@@ -158,7 +171,7 @@ class PutPlan:
         """Blocks stored per prompt, given the keys stored."""
         got = set(stored_keys)
         out = [0] * len(self.per_prompt)
-        for (p, _i, _tb, _parent, k, _ck, _pl) in self.blocks:
+        for (p, _i, _tb, _parent, k, _ck, _pl, _e) in self.blocks:
             if k in got:
                 out[p] += 1
         return out
@@ -169,8 +182,10 @@ class PutPlan:
 class GetPlan:
     """Keys of a batch of prompts and where their blocks land."""
 
-    def __init__(self, ns, prompts, outs, array, meta):
+    def __init__(self, ns, prompts, outs, array, meta, extra_keys=None):
         check_ns(ns)
+        if extra_keys is not None and len(extra_keys) != len(prompts):
+            raise ValueError(f"extra_keys: {len(extra_keys)} lists for {len(prompts)} prompts")
         if outs is not None and len(outs) != len(prompts):
             raise ValueError(f"outs: {len(outs)} outputs for {len(prompts)} prompts")
         if array not in (None, "torch", "numpy"):
@@ -190,10 +205,11 @@ class GetPlan:
             nb = len(tb) // 4 // B
             out = outs[p] if outs is not None else None
             if out is not None:
-                nb = min(nb, out.shape[2] // B)
+                nb = min(nb, _tensors.tokens_of(ns, out) // B)
             else:
                 out = _tensors.alloc(ns, nb * B, array)
-            ks = key_bytes(self.kns, tb[:4 * nb * B], meta.key_version) if nb else []
+            extra = list((extra_keys[p] if extra_keys is not None else None) or ())[:nb]
+            ks = key_bytes(self.kns, tb[:4 * nb * B], meta.key_version, extra_keys=extra) if nb else []
             for i, k in enumerate(ks):
                 self.keys.append(k)
                 self.where.append((p, i))
@@ -220,11 +236,13 @@ class GetPlan:
         """Lands the encoded block at offset off (n bytes) of the shared region for key j, if
         it checks out: header (checksum, versions, key = H(parent ‖ tokens)), the key asked
         for, the namespace and layout. The payload is copied once, region to destination."""
-        hl = block.header_len(self.ns.block_tokens)
+        hl = block.namespace_header_len(self.kns)
         if n != hl + self.ns.block_bytes:
             return
         try:
             h = block.decode_header(conn.region[off:off + hl], self.meta.key_version)
+            if h.header_len != hl:
+                return
             block.check_namespace(h, self.kns)
         except block.CorruptBlock:
             return
@@ -238,7 +256,7 @@ class GetPlan:
         """Where the value of key j (n bytes) is read to: its header into a buffer of its own,
         its payload straight into the destination."""
         p, i = self.where[j]
-        hl = block.header_len(self.ns.block_tokens)
+        hl = block.namespace_header_len(self.kns)
         if n != hl + self.ns.block_bytes:
             self._tcp[j] = None
             return [memoryview(bytearray(n))]  # not a block of this namespace: read and dropped
@@ -259,7 +277,7 @@ class GetPlan:
             block.check_namespace(h, self.kns)
         except block.CorruptBlock:
             return
-        if h.key != self.keys[j]:
+        if h.key != self.keys[j] or h.header_len != len(hdr):
             return
         parts = [(np.frombuffer(s, np.uint8).ctypes.data, s.nbytes) for s in segs]
         if _xxhash.xxh64_parts(parts) != h.checksum:
@@ -330,9 +348,12 @@ class GetPlan:
                 n += 1
             kv = d.finish(n * B)
             if not self.given[p] and n < self.nblocks[p]:
-                kv = kv[:, :, :n * B]
+                kv = kv[:, :n * B] if self.ns.kv_layout == "latent" else kv[:, :, :n * B]
                 kv = kv.contiguous() if _tensors.is_torch(kv) else np.ascontiguousarray(kv)
-            out.append((n * B, kv))
+            if d.scales is not None:
+                out.append((n * B, kv, d.scales[:n].reshape((n,) + self.ns.scales_shape())))
+            else:
+                out.append((n * B, kv))
         return out
 
 
@@ -343,10 +364,10 @@ def _token_bytes(tokens):
     return token_bytes(tokens)
 
 
-def lookup_request(ns, tokens, meta):
+def lookup_request(ns, tokens, meta, extra_keys=None):
     check_ns(ns)
     tb = _token_bytes(tokens)
-    ks = key_bytes(ns.salted(meta.salt), tb, meta.key_version)
+    ks = key_bytes(ns.salted(meta.salt), tb, meta.key_version, extra_keys=extra_keys)
     return cache_pb2.LookupRequest(namespace=ns.to_proto(), chain=b"".join(ks), prompt_tokens=len(tb) // 4)
 
 

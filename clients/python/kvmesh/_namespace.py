@@ -10,6 +10,13 @@ Key format 2 (prefixhash.KeyVersion 2):
     k_i    = SHA-256(k_{i-1} ‖ tokens of block i as little-endian uint32)[:16]
     digest = uint64 little-endian of SHA-256(encoding)[:8]
 
+Optional fields follow the tenant salt, each only when set, in this order:
+u8 1 ‖ u8 kv_layout ‖ u32 latent_dim; u8 2 ‖ str(lora); u8 3 ‖ u8 scales;
+u8 4 ‖ u8 key_scheme ‖ str(hash_seed). A block with extra keys appends
+u32 count ‖ (u32 len ‖ bytes)* to its message. Under key_scheme "vllm" keys
+are vLLM's block hashes (SHA-256 over canonical CBOR, rooted in its
+PYTHONHASHSEED; prefixhash/vllm.go), truncated to 16 bytes.
+
 prefixhash/testdata/golden.json pins them; the tests check every vector.
 Key format 1 (two seeded xxhash64 digests, forgeable) is not spoken: a client
 asks its node once which format it keys by and refuses to work with another.
@@ -32,6 +39,15 @@ _ALIASES = {"float": "float32", "half": "float16", "float8_e4m3fn": "fp8_e4m3", 
 MAX_MODEL_LEN = 256
 MAX_SALT_LEN = 256
 MAX_BLOCK_TOKENS = 1 << 16
+MAX_LORA_LEN = 256
+MAX_SEED_LEN = 256
+MAX_EXTRA_KEYS = 64
+MAX_EXTRA_BYTES = 4096
+MAX_EXTRA_ROOM = MAX_EXTRA_BYTES + 4 * MAX_EXTRA_KEYS
+
+KV_LAYOUTS = ("split", "latent")
+SCALES = ("none", "block", "head")
+KEY_SCHEMES = ("kvmesh", "vllm")
 
 
 def dtype_name(dtype):
@@ -60,13 +76,24 @@ class Namespace:
     ``layers`` is the half-open range (start, end) of layers a block holds, or
     an int n for (0, n). ``tenant_salt`` separates tenants; a client of a node
     with tenants gets its tenant's salt applied for it.
+
+    ``kv_layout`` is "split" (a K and a V per KV head: kv_heads, head_dim) or
+    "latent" (multi-head latent attention: one vector of ``latent_dim`` per
+    token and layer, 576 for DeepSeek-V3/Kimi; kv_heads and head_dim 0).
+    ``scales`` ("none", "block", "head") says whether fp8/int8 payloads end
+    with float32 scales. ``lora`` names a LoRA adapter. ``key_scheme`` "vllm"
+    keys blocks by vLLM's block hash, rooted in ``hash_seed`` (vLLM's
+    PYTHONHASHSEED). ``extra_key_bytes`` is the header room every block reserves for its extra
+    keys (4 bytes plus each key's length); 0 means blocks carry none.
     """
 
     __slots__ = ("model", "dtype", "block_tokens", "layer_start", "layer_end", "kv_heads", "head_dim",
-                 "tp_rank", "tp_size", "tenant_salt", "_enc")
+                 "tp_rank", "tp_size", "tenant_salt", "kv_layout", "latent_dim", "scales", "lora", "key_scheme",
+                 "hash_seed", "extra_key_bytes", "_enc")
 
-    def __init__(self, model, dtype, block_tokens, layers, kv_heads, head_dim, tp_rank=0, tp_size=1,
-                 tenant_salt=b""):
+    def __init__(self, model, dtype, block_tokens, layers, kv_heads=0, head_dim=0, tp_rank=0, tp_size=1,
+                 tenant_salt=b"", *, kv_layout="split", latent_dim=0, scales="none", lora="", key_scheme="kvmesh",
+                 hash_seed="", extra_key_bytes=0):
         if isinstance(layers, int):
             layers = (0, layers)
         try:
@@ -85,13 +112,17 @@ class Namespace:
         self.kv_heads, self.head_dim = kv_heads, head_dim
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.tenant_salt = tenant_salt
+        self.kv_layout, self.latent_dim, self.scales = kv_layout, latent_dim, scales
+        self.lora, self.key_scheme, self.hash_seed = lora, key_scheme, hash_seed
+        self.extra_key_bytes = extra_key_bytes
         self._validate()
         self._enc = {}
 
     def _validate(self):
         def bad(field, msg):
             raise ValueError(f"namespace {field}: {msg}")
-        for f in ("block_tokens", "layer_start", "layer_end", "kv_heads", "head_dim", "tp_rank", "tp_size"):
+        for f in ("block_tokens", "layer_start", "layer_end", "kv_heads", "head_dim", "tp_rank", "tp_size",
+                  "latent_dim", "extra_key_bytes"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int):
                 bad(f, f"{v!r} is not an int")
@@ -103,10 +134,38 @@ class Namespace:
             bad("block_tokens", f"{self.block_tokens} is outside 1..{MAX_BLOCK_TOKENS}")
         if self.layer_start < 0 or self.layer_end <= self.layer_start or self.layer_end >= 1 << 32:
             bad("layers", f"range [{self.layer_start},{self.layer_end}) is empty or negative")
-        if not 1 <= self.kv_heads < 1 << 32:
-            bad("kv_heads", f"{self.kv_heads} must be at least 1")
-        if not 1 <= self.head_dim < 1 << 32:
-            bad("head_dim", f"{self.head_dim} must be at least 1")
+        if self.kv_layout not in KV_LAYOUTS:
+            bad("kv_layout", f"{self.kv_layout!r}: want one of {', '.join(KV_LAYOUTS)}")
+        if self.kv_layout == "split":
+            if not 1 <= self.kv_heads <= 1 << 20:
+                bad("kv_heads", f"{self.kv_heads} must be at least 1")
+            if not 1 <= self.head_dim <= 1 << 20:
+                bad("head_dim", f"{self.head_dim} must be at least 1")
+            if self.latent_dim != 0:
+                bad("latent_dim", f"{self.latent_dim} set with the split layout")
+        else:
+            if not 1 <= self.latent_dim <= 1 << 20:
+                bad("latent_dim", f"{self.latent_dim} must be at least 1 with the latent layout")
+            if self.kv_heads or self.head_dim:
+                bad("kv_heads", "kv_heads and head_dim must be 0 with the latent layout")
+        if self.scales not in SCALES:
+            bad("scales", f"{self.scales!r}: want one of {', '.join(SCALES)}")
+        if self.scales != "none" and DTYPE_SIZES[self.dtype] != 1:
+            bad("scales", f"{self.dtype} payloads carry no scales (only fp8 and int8 do)")
+        if self.scales == "head" and self.kv_layout == "latent":
+            bad("scales", "per-head scales with the latent layout, which has no heads")
+        if not isinstance(self.lora, str) or len(self.lora.encode()) > MAX_LORA_LEN:
+            bad("lora", f"must be a string of at most {MAX_LORA_LEN} bytes")
+        if self.key_scheme not in KEY_SCHEMES:
+            bad("key_scheme", f"{self.key_scheme!r}: want one of {', '.join(KEY_SCHEMES)}")
+        if not isinstance(self.hash_seed, str) or len(self.hash_seed.encode()) > MAX_SEED_LEN:
+            bad("hash_seed", f"must be a string of at most {MAX_SEED_LEN} bytes")
+        if self.key_scheme == "vllm" and not self.hash_seed:
+            bad("hash_seed", "the vllm key scheme needs vLLM's PYTHONHASHSEED")
+        if self.key_scheme != "vllm" and self.hash_seed:
+            bad("hash_seed", f"set with the {self.key_scheme} key scheme, which has no seed")
+        if not 0 <= self.extra_key_bytes <= MAX_EXTRA_ROOM:
+            bad("extra_key_bytes", f"{self.extra_key_bytes} is outside 0..{MAX_EXTRA_ROOM}")
         if self.tp_size < 0 or self.tp_rank < 0 or self.tp_rank >= max(self.tp_size, 1) or self.tp_size >= 1 << 32:
             bad("tp", f"rank {self.tp_rank} of size {self.tp_size}")
         if not isinstance(self.tenant_salt, str) or len(self.tenant_salt.encode()) > MAX_SALT_LEN:
@@ -121,17 +180,46 @@ class Namespace:
         return DTYPE_SIZES[self.dtype]
 
     @property
-    def block_bytes(self):
-        """Payload bytes of one block: layers x 2 x block_tokens x kv_heads x head_dim x dtype size."""
+    def kv_bytes(self):
+        """KV bytes of one block: layers x 2 x block_tokens x kv_heads x head_dim x dtype size (split),
+        layers x block_tokens x latent_dim x dtype size (latent)."""
+        if self.kv_layout == "latent":
+            return self.layers * self.block_tokens * self.latent_dim * self.dtype_size
         return self.layers * 2 * self.block_tokens * self.kv_heads * self.head_dim * self.dtype_size
 
+    @property
+    def scale_count(self):
+        """float32 scales after a block's KV bytes: [layer][K|V] per block ([layer] latent),
+        [layer][K|V][kv_head] per head, none without."""
+        parts = 1 if self.kv_layout == "latent" else 2
+        return {"none": 0, "block": self.layers * parts, "head": self.layers * parts * self.kv_heads}[self.scales]
+
+    @property
+    def block_bytes(self):
+        """Payload bytes of one block: its KV bytes, then 4 per scale."""
+        return self.kv_bytes + 4 * self.scale_count
+
+    def scales_shape(self):
+        """The shape of a block's scales: (layers, 2) per block, (layers,) latent per block,
+        (layers, 2, kv_heads) per head; None without scales."""
+        if self.scales == "none":
+            return None
+        if self.kv_layout == "latent":
+            return (self.layers,)
+        return (self.layers, 2) if self.scales == "block" else (self.layers, 2, self.kv_heads)
+
     def block_shape(self, n_tokens=None):
-        """[layers, 2, n_tokens, kv_heads, head_dim] (n_tokens defaults to block_tokens)."""
-        return (self.layers, 2, self.block_tokens if n_tokens is None else n_tokens, self.kv_heads, self.head_dim)
+        """[layers, 2, n_tokens, kv_heads, head_dim], or [layers, n_tokens, latent_dim] for the
+        latent layout (n_tokens defaults to block_tokens)."""
+        n = self.block_tokens if n_tokens is None else n_tokens
+        if self.kv_layout == "latent":
+            return (self.layers, n, self.latent_dim)
+        return (self.layers, 2, n, self.kv_heads, self.head_dim)
 
     def _fields(self):
         return (self.model, self.dtype, self.block_tokens, self.layer_start, self.layer_end, self.kv_heads,
-                self.head_dim, self.tp_rank, max(self.tp_size, 1), self.tenant_salt)
+                self.head_dim, self.tp_rank, max(self.tp_size, 1), self.tenant_salt, self.kv_layout,
+                self.latent_dim, self.scales, self.lora, self.key_scheme, self.hash_seed, self.extra_key_bytes)
 
     def __eq__(self, other):
         return isinstance(other, Namespace) and self._fields() == other._fields()
@@ -142,7 +230,12 @@ class Namespace:
     def __repr__(self):
         return (f"Namespace({self.model!r}, {self.dtype!r}, {self.block_tokens}, layers=({self.layer_start}, "
                 f"{self.layer_end}), kv_heads={self.kv_heads}, head_dim={self.head_dim}, tp_rank={self.tp_rank}, "
-                f"tp_size={self.tp_size}{', salted' if self.tenant_salt else ''})")
+                f"tp_size={self.tp_size}{', salted' if self.tenant_salt else ''}"
+                + (f", kv_layout='latent', latent_dim={self.latent_dim}" if self.kv_layout == "latent" else "")
+                + (f", scales={self.scales!r}" if self.scales != "none" else "")
+                + (f", lora={self.lora!r}" if self.lora else "")
+                + (f", key_scheme={self.key_scheme!r}" if self.key_scheme != "kvmesh" else "")
+                + (f", extra_key_bytes={self.extra_key_bytes}" if self.extra_key_bytes else "") + ")")
 
     def salted(self, tenant_salt):
         """This namespace as a node with tenants keys it for a tenant whose salt is tenant_salt
@@ -151,7 +244,9 @@ class Namespace:
         if not tenant_salt or own.startswith(tenant_salt + ":"):
             return self
         return Namespace(self.model, self.dtype, self.block_tokens, (self.layer_start, self.layer_end),
-                         self.kv_heads, self.head_dim, self.tp_rank, self.tp_size, tenant_salt + ":" + own)
+                         self.kv_heads, self.head_dim, self.tp_rank, self.tp_size, tenant_salt + ":" + own,
+                         kv_layout=self.kv_layout, latent_dim=self.latent_dim, scales=self.scales, lora=self.lora,
+                         key_scheme=self.key_scheme, hash_seed=self.hash_seed, extra_key_bytes=self.extra_key_bytes)
 
     def encoding(self, key_version=KEY_VERSION):
         """The canonical encoding that roots every key chain."""
@@ -163,15 +258,60 @@ class Namespace:
             e = (s(f"kvmesh/ns/v{key_version}") + s(self.model) + bytes([DTYPE_IDS[self.dtype]]) +
                  struct.pack("<7I", self.block_tokens, self.layer_start, self.layer_end, self.kv_heads,
                              self.head_dim, self.tp_rank, max(self.tp_size, 1)) + s(self.tenant_salt))
+            if self.kv_layout != "split" or self.latent_dim:
+                e += bytes([1, KV_LAYOUTS.index(self.kv_layout)]) + struct.pack("<I", self.latent_dim)
+            if self.lora:
+                e += b"\x02" + s(self.lora)
+            if self.scales != "none":
+                e += bytes([3, SCALES.index(self.scales)])
+            if self.key_scheme != "kvmesh" or self.hash_seed:
+                e += bytes([4, KEY_SCHEMES.index(self.key_scheme)]) + s(self.hash_seed)
+            if self.extra_key_bytes:
+                e += b"\x05" + struct.pack("<I", self.extra_key_bytes)
             self._enc[key_version] = e
         return e
 
     def root(self, key_version=KEY_VERSION):
         """k_0 as 16 bytes."""
+        return self.root_link(key_version)[:KEY_SIZE]
+
+    def root_link(self, key_version=KEY_VERSION):
+        """What block 0 is chained from: k_0 (16 bytes), or under the vllm scheme vLLM's
+        NONE_HASH = SHA-256(CBOR(hash_seed)) (32 bytes)."""
         r = self._enc.get(("root", key_version))
         if r is None:
-            r = self._enc[("root", key_version)] = _ALGOS[key_version].root(self.encoding(key_version))
+            if self.key_scheme == "vllm":
+                r = hashlib.sha256(cbor_text(self.hash_seed)).digest()
+            else:
+                r = _ALGOS[key_version].root(self.encoding(key_version))
+            self._enc[("root", key_version)] = r
         return r
+
+    def extension_room(self):
+        """The header extension every format-3 block of this namespace carries (its length
+        field excluded): the vllm parent link, the key count, the room for extra keys."""
+        n = 4 + self.extra_key_bytes
+        if self.key_scheme == "vllm":
+            n += 32
+            if self.lora:
+                n += 4 + len(cbor_text(self.lora))
+            if self.tenant_salt:
+                n += 4 + len(cbor_text(self.tenant_salt))
+        return n
+
+    def block_extra(self, first, extra):
+        """The extra keys a block's key covers: the caller's; under the vllm scheme in vLLM's
+        order: CBOR text(lora), the caller's non-byte-string items, CBOR text(tenant_salt) in
+        block 0, then the caller's byte strings."""
+        extra = list(extra or ())
+        if self.key_scheme != "vllm":
+            return extra
+        head = [cbor_text(self.lora)] if self.lora else []
+        i = 0
+        while i < len(extra) and (not extra[i] or extra[i][0] >> 5 != 2):
+            i += 1
+        salt = [cbor_text(self.tenant_salt)] if first and self.tenant_salt else []
+        return head + extra[:i] + salt + extra[i:]
 
     def digest(self, key_version=KEY_VERSION):
         """The 64-bit namespace digest that block headers carry."""
@@ -185,7 +325,10 @@ class Namespace:
         return types_pb2.Namespace(model=self.model, dtype=DTYPE_IDS[self.dtype], block_tokens=self.block_tokens,
                                    layer_start=self.layer_start, layer_end=self.layer_end, kv_heads=self.kv_heads,
                                    head_dim=self.head_dim, tp_rank=self.tp_rank, tp_size=self.tp_size,
-                                   tenant_salt=self.tenant_salt)
+                                   tenant_salt=self.tenant_salt, kv_layout=KV_LAYOUTS.index(self.kv_layout),
+                                   latent_dim=self.latent_dim, scales=SCALES.index(self.scales), lora=self.lora,
+                                   key_scheme=KEY_SCHEMES.index(self.key_scheme), hash_seed=self.hash_seed,
+                                   extra_key_bytes=self.extra_key_bytes)
 
 
 def token_bytes(tokens):
@@ -255,23 +398,111 @@ class _SHA256:
 _ALGOS = {2: _SHA256}
 
 
-def key_bytes(ns, tokens, key_version=KEY_VERSION, parent=None):
-    """The keys (16 bytes each) of every full block of tokens under ns, chained from
-    parent (default: the namespace root)."""
+def _cbor_head(major, v):
+    if v < 24:
+        return bytes([major << 5 | v])
+    for info, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
+        if v < 1 << (8 * size):
+            return bytes([major << 5 | info]) + v.to_bytes(size, "big")
+    raise ValueError(f"{v} does not fit a CBOR head")
+
+
+def cbor_text(s):
+    """s as a canonical CBOR text string: a vllm-scheme extra key such as a LoRA name."""
+    b = s.encode("utf-8")
+    return _cbor_head(3, len(b)) + b
+
+
+def cbor_bytes(b):
+    """b as a CBOR byte string: a vllm-scheme extra key such as a prompt-embeddings hash."""
+    return _cbor_head(2, len(b)) + bytes(b)
+
+
+def vllm_mm_key(identifier, offset):
+    """vLLM's extra key of a multimodal input in a block: CBOR [identifier, offset], offset
+    relative to the block's first token (negative when the input began in an earlier block)."""
+    off = _cbor_head(0, offset) if offset >= 0 else _cbor_head(1, -1 - offset)
+    return _cbor_head(4, 2) + cbor_text(identifier) + off
+
+
+def _check_extra(ns, per_block, n_blocks):
+    if len(per_block) > n_blocks:
+        raise ValueError(f"extra_keys: {len(per_block)} blocks have extra keys, the prompt has {n_blocks} full blocks")
+    for i, e in enumerate(per_block):
+        e = e or ()
+        if len(e) > MAX_EXTRA_KEYS or sum(len(k) for k in e) > MAX_EXTRA_BYTES:
+            raise ValueError(f"extra_keys: block {i}: at most {MAX_EXTRA_KEYS} keys and {MAX_EXTRA_BYTES} bytes")
+        if not all(isinstance(k, (bytes, bytearray)) for k in e):
+            raise ValueError(f"extra_keys: block {i}: extra keys are bytes")
+        room = sum(4 + len(k) for k in e)
+        if room > ns.extra_key_bytes:
+            raise ValueError(f"extra_keys: block {i}: {room} bytes with their lengths; the namespace reserves "
+                             f"{ns.extra_key_bytes} (extra_key_bytes)")
+
+
+def _vllm_hash(parent, tb, extra):
+    n = len(tb) // 4
+    m = bytearray(b"\x83") + _cbor_head(2, 32) + parent + _cbor_head(4, n)
+    for t in struct.unpack(f"<{n}I", tb):
+        m += _cbor_head(0, t)
+    if extra:
+        m += _cbor_head(4, len(extra)) + b"".join(extra)
+    else:
+        m += b"\xf6"
+    return hashlib.sha256(m).digest()
+
+
+def block_link(ns, parent, tb, extra):
+    """The link of one block (tb: its token bytes) chained from parent under ns's scheme, whose
+    key covers extra (as Namespace.block_extra returns them): 16 bytes (the key) or, under the
+    vllm scheme, vLLM's 32-byte hash whose first 16 bytes are the key."""
+    if ns.key_scheme == "vllm":
+        return _vllm_hash(parent, tb, extra)
+    msg = parent[:KEY_SIZE] + tb
+    if extra:
+        msg += struct.pack("<I", len(extra)) + b"".join(struct.pack("<I", len(k)) + bytes(k) for k in extra)
+    return hashlib.sha256(msg).digest()[:KEY_SIZE]
+
+
+def key_links(ns, tokens, extra_keys=None, key_version=KEY_VERSION):
+    """The links of every full block (see block_link): keys under the kvmesh scheme."""
     tb = token_bytes(tokens)
-    if parent is None:
-        parent = ns.root(key_version)
-    return _ALGOS[key_version].chain(parent, tb, 4 * ns.block_tokens)
+    step = 4 * ns.block_tokens
+    n_blocks = len(tb) // step
+    extra_keys = list(extra_keys or ())
+    _check_extra(ns, extra_keys, n_blocks)
+    parent = ns.root_link(key_version)
+    if ns.key_scheme == "kvmesh" and not any(extra_keys):
+        return _ALGOS[key_version].chain(parent, tb, step)
+    out = []
+    for i in range(n_blocks):
+        e = ns.block_extra(i == 0, extra_keys[i] if i < len(extra_keys) else ())
+        parent = block_link(ns, parent, tb[i * step:(i + 1) * step], e)
+        out.append(parent)
+    return out
 
 
-def keys(ns, tokens):
+def key_bytes(ns, tokens, key_version=KEY_VERSION, parent=None, extra_keys=None):
+    """The keys (16 bytes each) of every full block of tokens under ns, chained from
+    parent (default: the namespace root; kvmesh scheme only), whose blocks carry
+    extra_keys[i] (a list of bytes per block, default none)."""
+    if parent is not None:
+        if ns.key_scheme != "kvmesh" or extra_keys:
+            raise ValueError("key_bytes: parent only with the kvmesh scheme and no extra keys")
+        return _ALGOS[key_version].chain(parent, token_bytes(tokens), 4 * ns.block_tokens)
+    return [l[:KEY_SIZE] for l in key_links(ns, tokens, extra_keys, key_version)]
+
+
+def keys(ns, tokens, extra_keys=None):
     """The chained block keys of every full block of tokens, as the 32-hex-digit strings
-    that `kvmesh inspect lookup` prints (a tail shorter than a block has none)."""
+    that `kvmesh inspect lookup` prints (a tail shorter than a block has none).
+    extra_keys[i] are block i's extra keys (bytes each; e.g. a multimodal input's hash
+    and offset): equal tokens with different extra keys never share a key."""
     if not isinstance(ns, Namespace):
         raise TypeError(f"ns: want a kvmesh.Namespace, got {type(ns).__name__}")
     if isinstance(tokens, (bytes, bytearray, str)):
         raise ValueError("tokens: want a sequence of int token ids (not bytes or str)")
-    return [k.hex() for k in key_bytes(ns, tokens)]
+    return [k.hex() for k in key_bytes(ns, tokens, extra_keys=extra_keys)]
 
 
 assert sys.byteorder in ("little", "big")

@@ -113,14 +113,14 @@ class Client:
                     return None
             return self._tcp
 
-    async def lookup(self, ns, tokens):
+    async def lookup(self, ns, tokens, *, extra_keys=None):
         _core.check_ns(ns)
         _core._token_bytes(tokens)
         m = await self.meta(ns)
-        return _core.lookup_result(await self._call(self._cache.Lookup, _core.lookup_request(ns, tokens, m)))
+        return _core.lookup_result(await self._call(self._cache.Lookup, _core.lookup_request(ns, tokens, m, extra_keys)))
 
-    async def put(self, ns, tokens, kv):
-        return (await self.batch_put(ns, [(tokens, kv)]))[0]
+    async def put(self, ns, tokens, kv, *, scales=None, extra_keys=None):
+        return (await self.batch_put(ns, [(tokens, kv, scales, extra_keys)]))[0]
 
     async def batch_put(self, ns, items):
         items = list(items)
@@ -159,14 +159,15 @@ class Client:
         except grpc.aio.AioRpcError as e:
             raise from_rpc(e) from None
 
-    async def get(self, ns, tokens, out=None, *, array=None):
-        return (await self.batch_get(ns, [tokens], None if out is None else [out], array=array))[0]
+    async def get(self, ns, tokens, out=None, *, array=None, extra_keys=None):
+        return (await self.batch_get(ns, [tokens], None if out is None else [out], array=array,
+                                     extra_keys=None if extra_keys is None else [extra_keys]))[0]
 
-    async def batch_get(self, ns, prompts, outs=None, *, array=None):
+    async def batch_get(self, ns, prompts, outs=None, *, array=None, extra_keys=None):
         prompts = list(prompts)
         _check_outs(ns, prompts, outs, array)
         m = await self.meta(ns)
-        plan = _core.GetPlan(ns, prompts, outs, array, m)
+        plan = _core.GetPlan(ns, prompts, outs, array, m, extra_keys)
         if plan.keys:
             conn = await self._shm_conn(m)
             if conn is not None:

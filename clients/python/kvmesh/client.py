@@ -69,8 +69,10 @@ def channel_options(tls):
 
 def _check_put_items(ns, items):
     _core.check_ns(ns)
-    for p, (tokens, kv) in enumerate(items):
-        _tensors.check_kv(ns, kv, n_tokens=len(_core._token_bytes(tokens)) // 4,
+    for p, item in enumerate(items):
+        if not 2 <= len(item) <= 4:
+            raise ValueError(f"items[{p}]: want (tokens, kv[, scales[, extra_keys]])")
+        _tensors.check_kv(ns, item[1], n_tokens=len(_core._token_bytes(item[0])) // 4,
                           name=f"kv of prompt {p}" if len(items) > 1 else "kv")
 
 
@@ -203,20 +205,25 @@ class Client:
 
     # ---- API ----
 
-    def lookup(self, ns, tokens):
-        """How much of a prompt is cached: .cached_tokens, and per block .key/.node/.tier."""
+    def lookup(self, ns, tokens, *, extra_keys=None):
+        """How much of a prompt is cached: .cached_tokens, and per block .key/.node/.tier.
+        extra_keys[i]: block i's extra keys (bytes each), as put took them."""
         _core.check_ns(ns)
         _core._token_bytes(tokens)
         m = self.meta(ns)
-        return _core.lookup_result(self._call(self._cache.Lookup, _core.lookup_request(ns, tokens, m)))
+        return _core.lookup_result(self._call(self._cache.Lookup, _core.lookup_request(ns, tokens, m, extra_keys)))
 
-    def put(self, ns, tokens, kv):
-        """Stores every full block of kv ([layers, 2, len(tokens), kv_heads, head_dim]); returns
-        the number of blocks stored."""
-        return self.batch_put(ns, [(tokens, kv)])[0]
+    def put(self, ns, tokens, kv, *, scales=None, extra_keys=None):
+        """Stores every full block of kv ([layers, 2, len(tokens), kv_heads, head_dim], or
+        [layers, len(tokens), latent_dim] for a latent namespace); returns the number of blocks
+        stored. A namespace with scales needs scales, float32 [n_blocks, *ns.scales_shape()].
+        extra_keys[i] are block i's extra keys (bytes each: e.g. an image's hash and offset),
+        which its key covers: the same tokens with other extra keys are other blocks."""
+        return self.batch_put(ns, [(tokens, kv, scales, extra_keys)])[0]
 
     def batch_put(self, ns, items):
-        """put of many (tokens, kv) pairs in one call; returns blocks stored per prompt."""
+        """put of many (tokens, kv[, scales[, extra_keys]]) in one call; returns blocks stored
+        per prompt."""
         items = list(items)
         _check_put_items(ns, items)
         m = self.meta(ns)
@@ -254,18 +261,22 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc(e) from None
 
-    def get(self, ns, tokens, out=None, *, array=None):
-        """Reads the longest cached prefix of tokens: returns (cached_tokens, kv). With out
-        (a KV tensor) the blocks land in it in place (as many as fit); else a new torch tensor
-        (array="numpy": numpy array) of the cached tokens."""
-        return self.batch_get(ns, [tokens], None if out is None else [out], array=array)[0]
+    def get(self, ns, tokens, out=None, *, array=None, extra_keys=None):
+        """Reads the longest cached prefix of tokens: returns (cached_tokens, kv), and for a
+        namespace with scales (cached_tokens, kv, scales) with scales float32
+        [cached blocks, *ns.scales_shape()]. With out (a KV tensor) the blocks land in it in
+        place (as many as fit); else a new torch tensor (array="numpy": numpy array) of the
+        cached tokens. extra_keys: block i's extra keys, as put took them."""
+        return self.batch_get(ns, [tokens], None if out is None else [out], array=array,
+                              extra_keys=None if extra_keys is None else [extra_keys])[0]
 
-    def batch_get(self, ns, prompts, outs=None, *, array=None):
-        """get of many prompts in one call; returns [(cached_tokens, kv), ...]."""
+    def batch_get(self, ns, prompts, outs=None, *, array=None, extra_keys=None):
+        """get of many prompts in one call; returns [(cached_tokens, kv[, scales]), ...].
+        extra_keys: one list per prompt (or None)."""
         prompts = list(prompts)
         _check_outs(ns, prompts, outs, array)
         m = self.meta(ns)
-        plan = _core.GetPlan(ns, prompts, outs, array, m)
+        plan = _core.GetPlan(ns, prompts, outs, array, m, extra_keys)
         if plan.keys:
             conn = self._shm_conn(m)
             if conn is not None:

@@ -20,6 +20,10 @@ def _torch():
 
 
 def _layers(ns, kv_caches):
+    if ns.kv_layout != "split" or ns.scales != "none":
+        # vLLM's paged MLA cache is [num_blocks, block_size, latent]: not wired here yet.
+        raise ValueError(f"paged: namespaces with kv_layout={ns.kv_layout!r}, scales={ns.scales!r} are not supported; "
+                         "use Client.put/get with [layers, tokens, latent_dim] tensors")
     caches = list(kv_caches)
     if len(caches) == ns.layers:
         pass

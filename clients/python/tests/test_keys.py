@@ -30,7 +30,14 @@ def ns_of(v):
     n = v["namespace"]
     return kvmesh.Namespace(n["model"], n["dtype"], n["block_tokens"], layers=(n["layer_start"], n["layer_end"]),
                             kv_heads=n["kv_heads"], head_dim=n["head_dim"], tp_rank=n["tp_rank"], tp_size=n["tp_size"],
-                            tenant_salt=n["tenant_salt"])
+                            tenant_salt=n["tenant_salt"], kv_layout=n.get("kv_layout", "split"),
+                            latent_dim=n.get("latent_dim", 0), scales=n.get("scales", "none"), lora=n.get("lora", ""),
+                            key_scheme=n.get("key_scheme", "kvmesh"), hash_seed=n.get("hash_seed", ""),
+                            extra_key_bytes=n.get("extra_key_bytes", 0))
+
+
+def extra_of(v):
+    return [[bytes.fromhex(k) for k in (e or [])] for e in v.get("extra_keys") or []]
 
 
 def test_golden():
@@ -42,7 +49,63 @@ def test_golden():
         assert ns.encoding().hex() == v["encoding"], v["name"]
         assert ns.root().hex() == v["root"], v["name"]
         assert f"{ns.digest():016x}" == v["digest"], v["name"]
-        assert kvmesh.keys(ns, v["tokens"]) == v["keys"], v["name"]
+        assert kvmesh.keys(ns, v["tokens"], extra_of(v)) == v["keys"], v["name"]
+    names = {v["name"] for v in vs}
+    assert {"kimi-bf16-b16-latent576", "llama-bf16-b16-extra-keys", "vllm-bf16-b16-lora-salt-mm"} <= names
+
+
+def test_vllm_vectors():
+    """The vllm key scheme against hashes computed from vLLM's own definition
+    (prefixhash/testdata/vllm_vectors.py, with cbor2)."""
+    vs = json.loads((REPO / "prefixhash" / "testdata" / "vllm.json").read_text())["vectors"]
+    assert len(vs) >= 10
+    for v in vs:
+        ns = kvmesh.Namespace("m", "bfloat16", v["block_tokens"], 1, 1, 8, tenant_salt=v["cache_salt"],
+                              lora=v["lora"], key_scheme="vllm", hash_seed=v["hash_seed"], extra_key_bytes=256)
+        assert ns.root_link().hex() == v["none_hash"], v["name"]
+        b = v["block_tokens"]
+        extra = []
+        for i in range(len(v["tokens"]) // b):
+            e = [_namespace.vllm_mm_key(ident, off - i * b) for ident, off, n in v["mm"] if i * b + b > off and i * b < off + n]
+            if i < len(v["embeds"]):
+                e.append(_namespace.cbor_bytes(bytes.fromhex(v["embeds"][i])))
+            extra.append(e)
+        links = _namespace.key_links(ns, v["tokens"], extra)
+        assert [l.hex() for l in links] == v["hashes"], v["name"]
+        assert kvmesh.keys(ns, v["tokens"], extra) == [h[:32] for h in v["hashes"]], v["name"]
+
+
+def test_extra_keys_separate_blocks():
+    ns = kvmesh.Namespace("m", "float16", 4, layers=2, kv_heads=1, head_dim=8, extra_key_bytes=64)
+    toks = list(range(12))
+    plain = kvmesh.keys(ns, toks)
+    a = kvmesh.keys(ns, toks, [None, [b"image-a"]])
+    b = kvmesh.keys(ns, toks, [None, [b"image-b"]])
+    assert a[0] == plain[0] and a[1:] != b[1:] and a[1] != plain[1]
+    assert kvmesh.keys(ns, toks, [[], []]) == plain
+    with pytest.raises(ValueError):
+        kvmesh.keys(ns, toks, [[], [], [], [b"x"]])  # more blocks than the prompt
+    with pytest.raises(ValueError):
+        kvmesh.keys(ns, toks, [[b"x"] * 65])
+    with pytest.raises(ValueError, match="extra_key_bytes"):
+        kvmesh.keys(ns, toks, [[b"x" * 61]])  # 65 bytes with its length, the room is 64
+    with pytest.raises(ValueError, match="extra_key_bytes"):
+        kvmesh.keys(kvmesh.Namespace("m", "float16", 4, 2, 1, 8), toks, [[b"x"]])
+
+
+def test_latent_namespace():
+    ns = kvmesh.Namespace("moonshotai/Kimi-K2.5", "fp8_e4m3", 16, layers=61, kv_layout="latent", latent_dim=576,
+                          scales="block")
+    assert ns.block_shape() == (61, 16, 576) and ns.scales_shape() == (61,)
+    assert ns.block_bytes == 61 * 16 * 576 + 4 * 61
+    with pytest.raises(ValueError, match="kv_layout"):
+        kvmesh.Namespace("m", "bfloat16", 16, 2, kv_layout="mla", latent_dim=8)
+    with pytest.raises(ValueError, match="latent_dim"):
+        kvmesh.Namespace("m", "bfloat16", 16, 2, kv_layout="latent")
+    with pytest.raises(ValueError, match="scales"):
+        kvmesh.Namespace("m", "bfloat16", 16, 2, 1, 8, scales="block")
+    with pytest.raises(ValueError, match="hash_seed"):
+        kvmesh.Namespace("m", "bfloat16", 16, 2, 1, 8, key_scheme="vllm")
 
 
 def test_golden_token_types():

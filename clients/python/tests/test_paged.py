@@ -103,3 +103,11 @@ def test_bad_caches(node, case):
             paged.save(c, NS, list(range(32)), caches, [0, 1])
         with pytest.raises(ValueError, match="kv_caches"):
             paged.load(c, NS, list(range(32)), caches, [0, 1])
+
+
+def test_latent_namespace_refused(node):
+    """A latent (MLA) namespace is refused with a clear error before any call."""
+    ns = kvmesh.Namespace("py/paged-mla", "bfloat16", 16, layers=3, kv_layout="latent", latent_dim=40)
+    with kvmesh.Client(node.addr) as c:
+        with pytest.raises(ValueError, match="kv_layout='latent'"):
+            paged.load(c, ns, list(range(32)), engine(4, 16, 1), [0, 1])

@@ -43,7 +43,10 @@ type LookupRequest struct {
 	// runs (where the cached blocks are), blocks stays empty. An inference
 	// worker, which has the chain's keys itself, needs no more; listing
 	// 8k blocks costs more than finding them.
-	Summary       bool `protobuf:"varint,5,opt,name=summary,proto3" json:"summary,omitempty"`
+	Summary bool `protobuf:"varint,5,opt,name=summary,proto3" json:"summary,omitempty"`
+	// With tokens: the extra keys of the prompt's blocks that have any, in
+	// block order.
+	ExtraKeys     []*BlockExtraKeys `protobuf:"bytes,6,rep,name=extra_keys,json=extraKeys,proto3" json:"extra_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -111,6 +114,13 @@ func (x *LookupRequest) GetSummary() bool {
 		return x.Summary
 	}
 	return false
+}
+
+func (x *LookupRequest) GetExtraKeys() []*BlockExtraKeys {
+	if x != nil {
+		return x.ExtraKeys
+	}
+	return nil
 }
 
 // CachedBlock is one block of a cached prefix and where it lives.
@@ -358,7 +368,9 @@ type BatchGetRequest struct {
 	// does not hold. Empty: the node asks every member which of the keys it
 	// holds first (one more round trip). Ignored with tokens: the node
 	// derives them from the prompt.
-	ChunkKeys     [][]byte `protobuf:"bytes,5,rep,name=chunk_keys,json=chunkKeys,proto3" json:"chunk_keys,omitempty"`
+	ChunkKeys [][]byte `protobuf:"bytes,5,rep,name=chunk_keys,json=chunkKeys,proto3" json:"chunk_keys,omitempty"`
+	// With tokens: the extra keys of the prompt's blocks, as in LookupRequest.
+	ExtraKeys     []*BlockExtraKeys `protobuf:"bytes,6,rep,name=extra_keys,json=extraKeys,proto3" json:"extra_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -428,6 +440,13 @@ func (x *BatchGetRequest) GetChunkKeys() [][]byte {
 	return nil
 }
 
+func (x *BatchGetRequest) GetExtraKeys() []*BlockExtraKeys {
+	if x != nil {
+		return x.ExtraKeys
+	}
+	return nil
+}
+
 // BatchGetResponse is one frame of one block. Each requested block is
 // answered, in request order, by one or more frames with its index. The
 // first frame carries key and found; a miss is that single frame
@@ -449,8 +468,14 @@ type BatchGetResponse struct {
 	// xxhash64 (seed 0) of the whole payload, as in the block header: the
 	// client verifies the bytes it assembled end to end.
 	PayloadChecksum uint64 `protobuf:"fixed64,10,opt,name=payload_checksum,json=payloadChecksum,proto3" json:"payload_checksum,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The extra keys the block's key covers (as the namespace adds them: under
+	// KEY_SCHEME_VLLM with the LoRA name and, in block 0, the salt), and, under
+	// KEY_SCHEME_VLLM, the parent's whole 32-byte hash (parent holds its first
+	// 16 bytes), so that the client can verify the key.
+	ExtraKeys     [][]byte `protobuf:"bytes,11,rep,name=extra_keys,json=extraKeys,proto3" json:"extra_keys,omitempty"`
+	ParentLink    []byte   `protobuf:"bytes,12,opt,name=parent_link,json=parentLink,proto3" json:"parent_link,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchGetResponse) Reset() {
@@ -553,6 +578,20 @@ func (x *BatchGetResponse) GetPayloadChecksum() uint64 {
 	return 0
 }
 
+func (x *BatchGetResponse) GetExtraKeys() [][]byte {
+	if x != nil {
+		return x.ExtraKeys
+	}
+	return nil
+}
+
+func (x *BatchGetResponse) GetParentLink() []byte {
+	if x != nil {
+		return x.ParentLink
+	}
+	return nil
+}
+
 // BlockHeader starts a block in a BatchPut stream.
 type BlockHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -561,8 +600,10 @@ type BlockHeader struct {
 	Parent []byte `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
 	// The block's token ids: exactly block_tokens of them.
 	Tokens []uint32 `protobuf:"varint,2,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	// Payload size in bytes; must equal the namespace's block size,
-	// layers x 2 x block_tokens x kv_heads x head_dim x dtype size.
+	// Payload size in bytes; must equal the namespace's block size:
+	// layers x 2 x block_tokens x kv_heads x head_dim x dtype size (split),
+	// layers x block_tokens x latent_dim x dtype size (latent), plus 4 bytes
+	// per scale when the namespace has scales.
 	PayloadLen uint64 `protobuf:"varint,3,opt,name=payload_len,json=payloadLen,proto3" json:"payload_len,omitempty"`
 	// Optional xxhash64 (seed 0) of the payload: when set, the node refuses a
 	// block whose received payload does not match it.
@@ -574,7 +615,12 @@ type BlockHeader struct {
 	// prompt from block 0 and the node derives the chunk key from the
 	// block's position; otherwise the block is taken to start a chunk. A
 	// client that sends blocks from the middle of a prompt sets it.
-	ChunkKey      []byte `protobuf:"bytes,5,opt,name=chunk_key,json=chunkKey,proto3" json:"chunk_key,omitempty"`
+	ChunkKey []byte `protobuf:"bytes,5,opt,name=chunk_key,json=chunkKey,proto3" json:"chunk_key,omitempty"`
+	// The block's extra keys (BlockExtraKeys.keys), which its key covers.
+	ExtraKeys [][]byte `protobuf:"bytes,6,rep,name=extra_keys,json=extraKeys,proto3" json:"extra_keys,omitempty"`
+	// KEY_SCHEME_VLLM: the parent's whole 32-byte vLLM hash. Empty: parent is
+	// then empty too (the previous block of this stream, or the root).
+	ParentLink    []byte `protobuf:"bytes,7,opt,name=parent_link,json=parentLink,proto3" json:"parent_link,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -640,6 +686,20 @@ func (x *BlockHeader) GetPayloadChecksum() uint64 {
 func (x *BlockHeader) GetChunkKey() []byte {
 	if x != nil {
 		return x.ChunkKey
+	}
+	return nil
+}
+
+func (x *BlockHeader) GetExtraKeys() [][]byte {
+	if x != nil {
+		return x.ExtraKeys
+	}
+	return nil
+}
+
+func (x *BlockHeader) GetParentLink() []byte {
+	if x != nil {
+		return x.ParentLink
 	}
 	return nil
 }
@@ -1250,13 +1310,15 @@ var File_kvmesh_v1_cache_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\xb0\x01\n" +
+	"\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\xea\x01\n" +
 	"\rLookupRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\rR\x06tokens\x12\x14\n" +
 	"\x05chain\x18\x03 \x01(\fR\x05chain\x12#\n" +
 	"\rprompt_tokens\x18\x04 \x01(\x04R\fpromptTokens\x12\x18\n" +
-	"\asummary\x18\x05 \x01(\bR\asummary\"L\n" +
+	"\asummary\x18\x05 \x01(\bR\asummary\x128\n" +
+	"\n" +
+	"extra_keys\x18\x06 \x03(\v2\x19.kvmesh.v1.BlockExtraKeysR\textraKeys\"L\n" +
 	"\vCachedBlock\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -1272,14 +1334,16 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\tCachedRun\x12\x16\n" +
 	"\x06blocks\x18\x01 \x01(\rR\x06blocks\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\rR\x04node\x12\x12\n" +
-	"\x04tier\x18\x03 \x01(\tR\x04tier\"\xa8\x01\n" +
+	"\x04tier\x18\x03 \x01(\tR\x04tier\"\xe2\x01\n" +
 	"\x0fBatchGetRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x16\n" +
 	"\x06tokens\x18\x03 \x03(\rR\x06tokens\x12\x16\n" +
 	"\x06prefix\x18\x04 \x01(\bR\x06prefix\x12\x1d\n" +
 	"\n" +
-	"chunk_keys\x18\x05 \x03(\fR\tchunkKeys\"\x8c\x02\n" +
+	"chunk_keys\x18\x05 \x03(\fR\tchunkKeys\x128\n" +
+	"\n" +
+	"extra_keys\x18\x06 \x03(\v2\x19.kvmesh.v1.BlockExtraKeysR\textraKeys\"\xcc\x02\n" +
 	"\x10BatchGetResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1292,14 +1356,22 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\x04data\x18\b \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\t \x01(\bR\x04last\x12)\n" +
 	"\x10payload_checksum\x18\n" +
-	" \x01(\x06R\x0fpayloadChecksum\"\xa6\x01\n" +
+	" \x01(\x06R\x0fpayloadChecksum\x12\x1d\n" +
+	"\n" +
+	"extra_keys\x18\v \x03(\fR\textraKeys\x12\x1f\n" +
+	"\vparent_link\x18\f \x01(\fR\n" +
+	"parentLink\"\xe6\x01\n" +
 	"\vBlockHeader\x12\x16\n" +
 	"\x06parent\x18\x01 \x01(\fR\x06parent\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\rR\x06tokens\x12\x1f\n" +
 	"\vpayload_len\x18\x03 \x01(\x04R\n" +
 	"payloadLen\x12)\n" +
 	"\x10payload_checksum\x18\x04 \x01(\x06R\x0fpayloadChecksum\x12\x1b\n" +
-	"\tchunk_key\x18\x05 \x01(\fR\bchunkKey\"\x87\x01\n" +
+	"\tchunk_key\x18\x05 \x01(\fR\bchunkKey\x12\x1d\n" +
+	"\n" +
+	"extra_keys\x18\x06 \x03(\fR\textraKeys\x12\x1f\n" +
+	"\vparent_link\x18\a \x01(\fR\n" +
+	"parentLink\"\x87\x01\n" +
 	"\x0fBatchPutRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12,\n" +
 	"\x05block\x18\x02 \x01(\v2\x16.kvmesh.v1.BlockHeaderR\x05block\x12\x12\n" +
@@ -1384,33 +1456,36 @@ var file_kvmesh_v1_cache_proto_goTypes = []any{
 	(*NamespaceStats)(nil),   // 15: kvmesh.v1.NamespaceStats
 	(*StatsResponse)(nil),    // 16: kvmesh.v1.StatsResponse
 	(*Namespace)(nil),        // 17: kvmesh.v1.Namespace
+	(*BlockExtraKeys)(nil),   // 18: kvmesh.v1.BlockExtraKeys
 }
 var file_kvmesh_v1_cache_proto_depIdxs = []int32{
 	17, // 0: kvmesh.v1.LookupRequest.namespace:type_name -> kvmesh.v1.Namespace
-	1,  // 1: kvmesh.v1.LookupResponse.blocks:type_name -> kvmesh.v1.CachedBlock
-	3,  // 2: kvmesh.v1.LookupResponse.runs:type_name -> kvmesh.v1.CachedRun
-	17, // 3: kvmesh.v1.BatchGetRequest.namespace:type_name -> kvmesh.v1.Namespace
-	17, // 4: kvmesh.v1.BatchPutRequest.namespace:type_name -> kvmesh.v1.Namespace
-	6,  // 5: kvmesh.v1.BatchPutRequest.block:type_name -> kvmesh.v1.BlockHeader
-	14, // 6: kvmesh.v1.StatsResponse.tiers:type_name -> kvmesh.v1.TierStats
-	15, // 7: kvmesh.v1.StatsResponse.namespaces:type_name -> kvmesh.v1.NamespaceStats
-	0,  // 8: kvmesh.v1.CacheService.Lookup:input_type -> kvmesh.v1.LookupRequest
-	4,  // 9: kvmesh.v1.CacheService.BatchGet:input_type -> kvmesh.v1.BatchGetRequest
-	7,  // 10: kvmesh.v1.CacheService.BatchPut:input_type -> kvmesh.v1.BatchPutRequest
-	9,  // 11: kvmesh.v1.CacheService.Exists:input_type -> kvmesh.v1.ExistsRequest
-	11, // 12: kvmesh.v1.CacheService.Publish:input_type -> kvmesh.v1.PublishRequest
-	13, // 13: kvmesh.v1.CacheService.Stats:input_type -> kvmesh.v1.StatsRequest
-	2,  // 14: kvmesh.v1.CacheService.Lookup:output_type -> kvmesh.v1.LookupResponse
-	5,  // 15: kvmesh.v1.CacheService.BatchGet:output_type -> kvmesh.v1.BatchGetResponse
-	8,  // 16: kvmesh.v1.CacheService.BatchPut:output_type -> kvmesh.v1.BatchPutResponse
-	10, // 17: kvmesh.v1.CacheService.Exists:output_type -> kvmesh.v1.ExistsResponse
-	12, // 18: kvmesh.v1.CacheService.Publish:output_type -> kvmesh.v1.PublishResponse
-	16, // 19: kvmesh.v1.CacheService.Stats:output_type -> kvmesh.v1.StatsResponse
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	18, // 1: kvmesh.v1.LookupRequest.extra_keys:type_name -> kvmesh.v1.BlockExtraKeys
+	1,  // 2: kvmesh.v1.LookupResponse.blocks:type_name -> kvmesh.v1.CachedBlock
+	3,  // 3: kvmesh.v1.LookupResponse.runs:type_name -> kvmesh.v1.CachedRun
+	17, // 4: kvmesh.v1.BatchGetRequest.namespace:type_name -> kvmesh.v1.Namespace
+	18, // 5: kvmesh.v1.BatchGetRequest.extra_keys:type_name -> kvmesh.v1.BlockExtraKeys
+	17, // 6: kvmesh.v1.BatchPutRequest.namespace:type_name -> kvmesh.v1.Namespace
+	6,  // 7: kvmesh.v1.BatchPutRequest.block:type_name -> kvmesh.v1.BlockHeader
+	14, // 8: kvmesh.v1.StatsResponse.tiers:type_name -> kvmesh.v1.TierStats
+	15, // 9: kvmesh.v1.StatsResponse.namespaces:type_name -> kvmesh.v1.NamespaceStats
+	0,  // 10: kvmesh.v1.CacheService.Lookup:input_type -> kvmesh.v1.LookupRequest
+	4,  // 11: kvmesh.v1.CacheService.BatchGet:input_type -> kvmesh.v1.BatchGetRequest
+	7,  // 12: kvmesh.v1.CacheService.BatchPut:input_type -> kvmesh.v1.BatchPutRequest
+	9,  // 13: kvmesh.v1.CacheService.Exists:input_type -> kvmesh.v1.ExistsRequest
+	11, // 14: kvmesh.v1.CacheService.Publish:input_type -> kvmesh.v1.PublishRequest
+	13, // 15: kvmesh.v1.CacheService.Stats:input_type -> kvmesh.v1.StatsRequest
+	2,  // 16: kvmesh.v1.CacheService.Lookup:output_type -> kvmesh.v1.LookupResponse
+	5,  // 17: kvmesh.v1.CacheService.BatchGet:output_type -> kvmesh.v1.BatchGetResponse
+	8,  // 18: kvmesh.v1.CacheService.BatchPut:output_type -> kvmesh.v1.BatchPutResponse
+	10, // 19: kvmesh.v1.CacheService.Exists:output_type -> kvmesh.v1.ExistsResponse
+	12, // 20: kvmesh.v1.CacheService.Publish:output_type -> kvmesh.v1.PublishResponse
+	16, // 21: kvmesh.v1.CacheService.Stats:output_type -> kvmesh.v1.StatsResponse
+	16, // [16:22] is the sub-list for method output_type
+	10, // [10:16] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_cache_proto_init() }

@@ -84,6 +84,160 @@ func (DType) EnumDescriptor() ([]byte, []int) {
 	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{0}
 }
 
+// KVLayout is how a model caches attention state (prefixhash.KVLayout).
+type KVLayout int32
+
+const (
+	// A K and a V per KV head and layer: payload
+	// [layer][K|V][token][kv_head][head_dim]. The default.
+	KVLayout_KV_LAYOUT_SPLIT KVLayout = 0
+	// One latent vector of latent_dim per token and layer (multi-head latent
+	// attention, DeepSeek-V3/Kimi: 512 latent + 64 rotary = 576): payload
+	// [layer][token][latent_dim]; kv_heads and head_dim are 0.
+	KVLayout_KV_LAYOUT_LATENT KVLayout = 1
+)
+
+// Enum value maps for KVLayout.
+var (
+	KVLayout_name = map[int32]string{
+		0: "KV_LAYOUT_SPLIT",
+		1: "KV_LAYOUT_LATENT",
+	}
+	KVLayout_value = map[string]int32{
+		"KV_LAYOUT_SPLIT":  0,
+		"KV_LAYOUT_LATENT": 1,
+	}
+)
+
+func (x KVLayout) Enum() *KVLayout {
+	p := new(KVLayout)
+	*p = x
+	return p
+}
+
+func (x KVLayout) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KVLayout) Descriptor() protoreflect.EnumDescriptor {
+	return file_kvmesh_v1_types_proto_enumTypes[1].Descriptor()
+}
+
+func (KVLayout) Type() protoreflect.EnumType {
+	return &file_kvmesh_v1_types_proto_enumTypes[1]
+}
+
+func (x KVLayout) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KVLayout.Descriptor instead.
+func (KVLayout) EnumDescriptor() ([]byte, []int) {
+	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{1}
+}
+
+// Scales says whether a quantised (fp8, int8) payload ends with its float32
+// dequantisation scales (prefixhash.Scales): per block, [layer][K|V]
+// ([layer] for the latent layout); per head, [layer][K|V][kv_head].
+type Scales int32
+
+const (
+	Scales_SCALES_NONE      Scales = 0
+	Scales_SCALES_PER_BLOCK Scales = 1
+	Scales_SCALES_PER_HEAD  Scales = 2
+)
+
+// Enum value maps for Scales.
+var (
+	Scales_name = map[int32]string{
+		0: "SCALES_NONE",
+		1: "SCALES_PER_BLOCK",
+		2: "SCALES_PER_HEAD",
+	}
+	Scales_value = map[string]int32{
+		"SCALES_NONE":      0,
+		"SCALES_PER_BLOCK": 1,
+		"SCALES_PER_HEAD":  2,
+	}
+)
+
+func (x Scales) Enum() *Scales {
+	p := new(Scales)
+	*p = x
+	return p
+}
+
+func (x Scales) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Scales) Descriptor() protoreflect.EnumDescriptor {
+	return file_kvmesh_v1_types_proto_enumTypes[2].Descriptor()
+}
+
+func (Scales) Type() protoreflect.EnumType {
+	return &file_kvmesh_v1_types_proto_enumTypes[2]
+}
+
+func (x Scales) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Scales.Descriptor instead.
+func (Scales) EnumDescriptor() ([]byte, []int) {
+	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{2}
+}
+
+// KeyScheme is how block keys are derived (prefixhash.KeyScheme).
+type KeyScheme int32
+
+const (
+	// kvmesh's SHA-256 chain (key format 2). The default.
+	KeyScheme_KEY_SCHEME_KVMESH KeyScheme = 0
+	// vLLM's block hash (sha256_cbor), rooted in hash_seed: a block's key is
+	// the first 16 bytes of the hash vLLM computes and publishes for it.
+	KeyScheme_KEY_SCHEME_VLLM KeyScheme = 1
+)
+
+// Enum value maps for KeyScheme.
+var (
+	KeyScheme_name = map[int32]string{
+		0: "KEY_SCHEME_KVMESH",
+		1: "KEY_SCHEME_VLLM",
+	}
+	KeyScheme_value = map[string]int32{
+		"KEY_SCHEME_KVMESH": 0,
+		"KEY_SCHEME_VLLM":   1,
+	}
+)
+
+func (x KeyScheme) Enum() *KeyScheme {
+	p := new(KeyScheme)
+	*p = x
+	return p
+}
+
+func (x KeyScheme) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyScheme) Descriptor() protoreflect.EnumDescriptor {
+	return file_kvmesh_v1_types_proto_enumTypes[3].Descriptor()
+}
+
+func (KeyScheme) Type() protoreflect.EnumType {
+	return &file_kvmesh_v1_types_proto_enumTypes[3]
+}
+
+func (x KeyScheme) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyScheme.Descriptor instead.
+func (KeyScheme) EnumDescriptor() ([]byte, []int) {
+	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{3}
+}
+
 // Namespace names the producer of KV blocks (prefixhash.Namespace): two
 // blocks are interchangeable only when their namespaces are equal. Its
 // digest seeds every key chain, so namespaces (and tenants with different
@@ -100,7 +254,8 @@ type Namespace struct {
 	// Half-open range [layer_start, layer_end) of the layers a block holds.
 	LayerStart uint32 `protobuf:"varint,4,opt,name=layer_start,json=layerStart,proto3" json:"layer_start,omitempty"`
 	LayerEnd   uint32 `protobuf:"varint,5,opt,name=layer_end,json=layerEnd,proto3" json:"layer_end,omitempty"`
-	// Key/value heads this rank holds, and the size of one head. Required.
+	// Key/value heads this rank holds, and the size of one head. Required
+	// with the split layout, 0 with the latent layout.
 	KvHeads uint32 `protobuf:"varint,6,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
 	HeadDim uint32 `protobuf:"varint,7,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
 	// Tensor parallelism: 0 <= tp_rank < tp_size; tp_size 0 reads as 1.
@@ -108,7 +263,21 @@ type Namespace struct {
 	TpSize uint32 `protobuf:"varint,9,opt,name=tp_size,json=tpSize,proto3" json:"tp_size,omitempty"`
 	// Optional tenant salt (at most 256 bytes): tenants with different salts
 	// never see each other's prefixes.
-	TenantSalt    string `protobuf:"bytes,10,opt,name=tenant_salt,json=tenantSalt,proto3" json:"tenant_salt,omitempty"`
+	TenantSalt string `protobuf:"bytes,10,opt,name=tenant_salt,json=tenantSalt,proto3" json:"tenant_salt,omitempty"`
+	// KV layout; an unknown value is INVALID_ARGUMENT.
+	KvLayout KVLayout `protobuf:"varint,11,opt,name=kv_layout,json=kvLayout,proto3,enum=kvmesh.v1.KVLayout" json:"kv_layout,omitempty"`
+	// Latent width per token and layer; required with the latent layout.
+	LatentDim uint32 `protobuf:"varint,12,opt,name=latent_dim,json=latentDim,proto3" json:"latent_dim,omitempty"`
+	// Scales after the KV bytes of a quantised payload (fp8, int8 only).
+	Scales Scales `protobuf:"varint,13,opt,name=scales,proto3,enum=kvmesh.v1.Scales" json:"scales,omitempty"`
+	// LoRA adapter id, empty for the base model (at most 256 bytes).
+	Lora string `protobuf:"bytes,14,opt,name=lora,proto3" json:"lora,omitempty"`
+	// Key scheme, and vLLM's PYTHONHASHSEED, required with KEY_SCHEME_VLLM.
+	KeyScheme KeyScheme `protobuf:"varint,15,opt,name=key_scheme,json=keyScheme,proto3,enum=kvmesh.v1.KeyScheme" json:"key_scheme,omitempty"`
+	HashSeed  string    `protobuf:"bytes,16,opt,name=hash_seed,json=hashSeed,proto3" json:"hash_seed,omitempty"`
+	// Header room every block reserves for its extra keys (4 bytes plus the
+	// length of each); 0: blocks carry none. At most 4352.
+	ExtraKeyBytes uint32 `protobuf:"varint,17,opt,name=extra_key_bytes,json=extraKeyBytes,proto3" json:"extra_key_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -213,11 +382,118 @@ func (x *Namespace) GetTenantSalt() string {
 	return ""
 }
 
+func (x *Namespace) GetKvLayout() KVLayout {
+	if x != nil {
+		return x.KvLayout
+	}
+	return KVLayout_KV_LAYOUT_SPLIT
+}
+
+func (x *Namespace) GetLatentDim() uint32 {
+	if x != nil {
+		return x.LatentDim
+	}
+	return 0
+}
+
+func (x *Namespace) GetScales() Scales {
+	if x != nil {
+		return x.Scales
+	}
+	return Scales_SCALES_NONE
+}
+
+func (x *Namespace) GetLora() string {
+	if x != nil {
+		return x.Lora
+	}
+	return ""
+}
+
+func (x *Namespace) GetKeyScheme() KeyScheme {
+	if x != nil {
+		return x.KeyScheme
+	}
+	return KeyScheme_KEY_SCHEME_KVMESH
+}
+
+func (x *Namespace) GetHashSeed() string {
+	if x != nil {
+		return x.HashSeed
+	}
+	return ""
+}
+
+func (x *Namespace) GetExtraKeyBytes() uint32 {
+	if x != nil {
+		return x.ExtraKeyBytes
+	}
+	return 0
+}
+
+// BlockExtraKeys are the extra keys of one block of a prompt
+// (prefixhash.ExtraKeys): opaque bytes that its key covers with its tokens,
+// such as a multimodal input's hash and offset in the block. Under
+// KEY_SCHEME_VLLM each is one canonical CBOR item. At most 64 keys and 4096
+// bytes per block, within the namespace's extra_key_bytes.
+type BlockExtraKeys struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The block's index in the prompt (0 for its first block).
+	Block         uint32   `protobuf:"varint,1,opt,name=block,proto3" json:"block,omitempty"`
+	Keys          [][]byte `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockExtraKeys) Reset() {
+	*x = BlockExtraKeys{}
+	mi := &file_kvmesh_v1_types_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockExtraKeys) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockExtraKeys) ProtoMessage() {}
+
+func (x *BlockExtraKeys) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_types_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockExtraKeys.ProtoReflect.Descriptor instead.
+func (*BlockExtraKeys) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BlockExtraKeys) GetBlock() uint32 {
+	if x != nil {
+		return x.Block
+	}
+	return 0
+}
+
+func (x *BlockExtraKeys) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
 var File_kvmesh_v1_types_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xb3\x02\n" +
+	"\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xbd\x04\n" +
 	"\tNamespace\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12&\n" +
 	"\x05dtype\x18\x02 \x01(\x0e2\x10.kvmesh.v1.DTypeR\x05dtype\x12!\n" +
@@ -231,7 +507,19 @@ const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\atp_size\x18\t \x01(\rR\x06tpSize\x12\x1f\n" +
 	"\vtenant_salt\x18\n" +
 	" \x01(\tR\n" +
-	"tenantSalt*\x90\x01\n" +
+	"tenantSalt\x120\n" +
+	"\tkv_layout\x18\v \x01(\x0e2\x13.kvmesh.v1.KVLayoutR\bkvLayout\x12\x1d\n" +
+	"\n" +
+	"latent_dim\x18\f \x01(\rR\tlatentDim\x12)\n" +
+	"\x06scales\x18\r \x01(\x0e2\x11.kvmesh.v1.ScalesR\x06scales\x12\x12\n" +
+	"\x04lora\x18\x0e \x01(\tR\x04lora\x123\n" +
+	"\n" +
+	"key_scheme\x18\x0f \x01(\x0e2\x14.kvmesh.v1.KeySchemeR\tkeyScheme\x12\x1b\n" +
+	"\thash_seed\x18\x10 \x01(\tR\bhashSeed\x12&\n" +
+	"\x0fextra_key_bytes\x18\x11 \x01(\rR\rextraKeyBytes\":\n" +
+	"\x0eBlockExtraKeys\x12\x14\n" +
+	"\x05block\x18\x01 \x01(\rR\x05block\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\fR\x04keys*\x90\x01\n" +
 	"\x05DType\x12\x15\n" +
 	"\x11DTYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDTYPE_FLOAT32\x10\x01\x12\x11\n" +
@@ -240,7 +528,17 @@ const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\x0eDTYPE_FP8_E4M3\x10\x04\x12\x12\n" +
 	"\x0eDTYPE_FP8_E5M2\x10\x05\x12\x0e\n" +
 	"\n" +
-	"DTYPE_INT8\x10\x06B3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
+	"DTYPE_INT8\x10\x06*5\n" +
+	"\bKVLayout\x12\x13\n" +
+	"\x0fKV_LAYOUT_SPLIT\x10\x00\x12\x14\n" +
+	"\x10KV_LAYOUT_LATENT\x10\x01*D\n" +
+	"\x06Scales\x12\x0f\n" +
+	"\vSCALES_NONE\x10\x00\x12\x14\n" +
+	"\x10SCALES_PER_BLOCK\x10\x01\x12\x13\n" +
+	"\x0fSCALES_PER_HEAD\x10\x02*7\n" +
+	"\tKeyScheme\x12\x15\n" +
+	"\x11KEY_SCHEME_KVMESH\x10\x00\x12\x13\n" +
+	"\x0fKEY_SCHEME_VLLM\x10\x01B3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
 
 var (
 	file_kvmesh_v1_types_proto_rawDescOnce sync.Once
@@ -254,19 +552,26 @@ func file_kvmesh_v1_types_proto_rawDescGZIP() []byte {
 	return file_kvmesh_v1_types_proto_rawDescData
 }
 
-var file_kvmesh_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvmesh_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_kvmesh_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_kvmesh_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_kvmesh_v1_types_proto_goTypes = []any{
-	(DType)(0),        // 0: kvmesh.v1.DType
-	(*Namespace)(nil), // 1: kvmesh.v1.Namespace
+	(DType)(0),             // 0: kvmesh.v1.DType
+	(KVLayout)(0),          // 1: kvmesh.v1.KVLayout
+	(Scales)(0),            // 2: kvmesh.v1.Scales
+	(KeyScheme)(0),         // 3: kvmesh.v1.KeyScheme
+	(*Namespace)(nil),      // 4: kvmesh.v1.Namespace
+	(*BlockExtraKeys)(nil), // 5: kvmesh.v1.BlockExtraKeys
 }
 var file_kvmesh_v1_types_proto_depIdxs = []int32{
 	0, // 0: kvmesh.v1.Namespace.dtype:type_name -> kvmesh.v1.DType
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	1, // 1: kvmesh.v1.Namespace.kv_layout:type_name -> kvmesh.v1.KVLayout
+	2, // 2: kvmesh.v1.Namespace.scales:type_name -> kvmesh.v1.Scales
+	3, // 3: kvmesh.v1.Namespace.key_scheme:type_name -> kvmesh.v1.KeyScheme
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_types_proto_init() }
@@ -279,8 +584,8 @@ func file_kvmesh_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_v1_types_proto_rawDesc), len(file_kvmesh_v1_types_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   1,
+			NumEnums:      4,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

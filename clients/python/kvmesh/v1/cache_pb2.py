@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/cache.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x7f\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\r\n\x05\x63hain\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x0f\n\x07summary\x18\x05 \x01(\x08\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xc7\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\x12\"\n\x04runs\x18\x06 \x03(\x0b\x32\x14.kvmesh.v1.CachedRun\x12\r\n\x05nodes\x18\x07 \x03(\t\"7\n\tCachedRun\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x0c\n\x04tier\x18\x03 \x01(\t\"|\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\x12\x12\n\nchunk_keys\x18\x05 \x03(\x0c\"\xb8\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x18\n\x10payload_checksum\x18\n \x01(\x06\"o\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x18\n\x10payload_checksum\x18\x04 \x01(\x06\x12\x11\n\tchunk_key\x18\x05 \x01(\x0c\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"1\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"2\n\x0ePublishRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0fPublishResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"P\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\"^\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\r\n\x05model\x18\x05 \x01(\t\"\xcc\x01\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats2\x98\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12@\n\x07Publish\x12\x19.kvmesh.v1.PublishRequest\x1a\x1a.kvmesh.v1.PublishResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\xae\x01\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\r\n\x05\x63hain\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x0f\n\x07summary\x18\x05 \x01(\x08\x12-\n\nextra_keys\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.BlockExtraKeys\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xc7\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\x12\"\n\x04runs\x18\x06 \x03(\x0b\x32\x14.kvmesh.v1.CachedRun\x12\r\n\x05nodes\x18\x07 \x03(\t\"7\n\tCachedRun\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xab\x01\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\x12\x12\n\nchunk_keys\x18\x05 \x03(\x0c\x12-\n\nextra_keys\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.BlockExtraKeys\"\xe1\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x18\n\x10payload_checksum\x18\n \x01(\x06\x12\x12\n\nextra_keys\x18\x0b \x03(\x0c\x12\x13\n\x0bparent_link\x18\x0c \x01(\x0c\"\x98\x01\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x18\n\x10payload_checksum\x18\x04 \x01(\x06\x12\x11\n\tchunk_key\x18\x05 \x01(\x0c\x12\x12\n\nextra_keys\x18\x06 \x03(\x0c\x12\x13\n\x0bparent_link\x18\x07 \x01(\x0c\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"1\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"2\n\x0ePublishRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0fPublishResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"P\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\"^\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\r\n\x05model\x18\x05 \x01(\t\"\xcc\x01\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats2\x98\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12@\n\x07Publish\x12\x19.kvmesh.v1.PublishRequest\x1a\x1a.kvmesh.v1.PublishResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
@@ -69,6 +69,13 @@ _LOOKUPREQUEST = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='extra_keys', full_name='kvmesh.v1.LookupRequest.extra_keys', index=5,
+      number=6, type=11, cpp_type=10, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -81,8 +88,8 @@ _LOOKUPREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=59,
-  serialized_end=186,
+  serialized_start=60,
+  serialized_end=234,
 )
 
 
@@ -126,8 +133,8 @@ _CACHEDBLOCK = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=188,
-  serialized_end=245,
+  serialized_start=236,
+  serialized_end=293,
 )
 
 
@@ -199,8 +206,8 @@ _LOOKUPRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=248,
-  serialized_end=447,
+  serialized_start=296,
+  serialized_end=495,
 )
 
 
@@ -244,8 +251,8 @@ _CACHEDRUN = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=449,
-  serialized_end=504,
+  serialized_start=497,
+  serialized_end=552,
 )
 
 
@@ -291,6 +298,13 @@ _BATCHGETREQUEST = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='extra_keys', full_name='kvmesh.v1.BatchGetRequest.extra_keys', index=5,
+      number=6, type=11, cpp_type=10, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -303,8 +317,8 @@ _BATCHGETREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=506,
-  serialized_end=630,
+  serialized_start=555,
+  serialized_end=726,
 )
 
 
@@ -385,6 +399,20 @@ _BATCHGETRESPONSE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='extra_keys', full_name='kvmesh.v1.BatchGetResponse.extra_keys', index=10,
+      number=11, type=12, cpp_type=9, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='parent_link', full_name='kvmesh.v1.BatchGetResponse.parent_link', index=11,
+      number=12, type=12, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b(""),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -397,8 +425,8 @@ _BATCHGETRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=633,
-  serialized_end=817,
+  serialized_start=729,
+  serialized_end=954,
 )
 
 
@@ -444,6 +472,20 @@ _BLOCKHEADER = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='extra_keys', full_name='kvmesh.v1.BlockHeader.extra_keys', index=5,
+      number=6, type=12, cpp_type=9, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='parent_link', full_name='kvmesh.v1.BlockHeader.parent_link', index=6,
+      number=7, type=12, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b(""),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -456,8 +498,8 @@ _BLOCKHEADER = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=819,
-  serialized_end=930,
+  serialized_start=957,
+  serialized_end=1109,
 )
 
 
@@ -501,8 +543,8 @@ _BATCHPUTREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=932,
-  serialized_end=1043,
+  serialized_start=1111,
+  serialized_end=1222,
 )
 
 
@@ -539,8 +581,8 @@ _BATCHPUTRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1045,
-  serialized_end=1093,
+  serialized_start=1224,
+  serialized_end=1272,
 )
 
 
@@ -577,8 +619,8 @@ _EXISTSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1095,
-  serialized_end=1144,
+  serialized_start=1274,
+  serialized_end=1323,
 )
 
 
@@ -608,8 +650,8 @@ _EXISTSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1146,
-  serialized_end=1179,
+  serialized_start=1325,
+  serialized_end=1358,
 )
 
 
@@ -646,8 +688,8 @@ _PUBLISHREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1181,
-  serialized_end=1231,
+  serialized_start=1360,
+  serialized_end=1410,
 )
 
 
@@ -677,8 +719,8 @@ _PUBLISHRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1233,
-  serialized_end=1266,
+  serialized_start=1412,
+  serialized_end=1445,
 )
 
 
@@ -701,8 +743,8 @@ _STATSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1268,
-  serialized_end=1282,
+  serialized_start=1447,
+  serialized_end=1461,
 )
 
 
@@ -753,8 +795,8 @@ _TIERSTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1284,
-  serialized_end=1364,
+  serialized_start=1463,
+  serialized_end=1543,
 )
 
 
@@ -812,8 +854,8 @@ _NAMESPACESTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1366,
-  serialized_end=1460,
+  serialized_start=1545,
+  serialized_end=1639,
 )
 
 
@@ -892,14 +934,16 @@ _STATSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1463,
-  serialized_end=1667,
+  serialized_start=1642,
+  serialized_end=1846,
 )
 
 _LOOKUPREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
+_LOOKUPREQUEST.fields_by_name['extra_keys'].message_type = kvmesh_dot_v1_dot_types__pb2._BLOCKEXTRAKEYS
 _LOOKUPRESPONSE.fields_by_name['blocks'].message_type = _CACHEDBLOCK
 _LOOKUPRESPONSE.fields_by_name['runs'].message_type = _CACHEDRUN
 _BATCHGETREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
+_BATCHGETREQUEST.fields_by_name['extra_keys'].message_type = kvmesh_dot_v1_dot_types__pb2._BLOCKEXTRAKEYS
 _BATCHPUTREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
 _BATCHPUTREQUEST.fields_by_name['block'].message_type = _BLOCKHEADER
 _STATSRESPONSE.fields_by_name['tiers'].message_type = _TIERSTATS
@@ -1052,8 +1096,8 @@ _CACHESERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=1670,
-  serialized_end=2078,
+  serialized_start=1849,
+  serialized_end=2257,
   methods=[
   _descriptor.MethodDescriptor(
     name='Lookup',

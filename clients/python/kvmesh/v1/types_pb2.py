@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/types.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xd4\x01\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.kvmesh.v1.DType\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x13\n\x0blayer_start\x18\x04 \x01(\r\x12\x11\n\tlayer_end\x18\x05 \x01(\r\x12\x10\n\x08kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x0f\n\x07tp_rank\x18\x08 \x01(\r\x12\x0f\n\x07tp_size\x18\t \x01(\r\x12\x13\n\x0btenant_salt\x18\n \x01(\t*\x90\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_FP8_E4M3\x10\x04\x12\x12\n\x0e\x44TYPE_FP8_E5M2\x10\x05\x12\x0e\n\nDTYPE_INT8\x10\x06\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\x97\x03\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.kvmesh.v1.DType\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x13\n\x0blayer_start\x18\x04 \x01(\r\x12\x11\n\tlayer_end\x18\x05 \x01(\r\x12\x10\n\x08kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x0f\n\x07tp_rank\x18\x08 \x01(\r\x12\x0f\n\x07tp_size\x18\t \x01(\r\x12\x13\n\x0btenant_salt\x18\n \x01(\t\x12&\n\tkv_layout\x18\x0b \x01(\x0e\x32\x13.kvmesh.v1.KVLayout\x12\x12\n\nlatent_dim\x18\x0c \x01(\r\x12!\n\x06scales\x18\r \x01(\x0e\x32\x11.kvmesh.v1.Scales\x12\x0c\n\x04lora\x18\x0e \x01(\t\x12(\n\nkey_scheme\x18\x0f \x01(\x0e\x32\x14.kvmesh.v1.KeyScheme\x12\x11\n\thash_seed\x18\x10 \x01(\t\x12\x17\n\x0f\x65xtra_key_bytes\x18\x11 \x01(\r\"-\n\x0e\x42lockExtraKeys\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c*\x90\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_FP8_E4M3\x10\x04\x12\x12\n\x0e\x44TYPE_FP8_E5M2\x10\x05\x12\x0e\n\nDTYPE_INT8\x10\x06*5\n\x08KVLayout\x12\x13\n\x0fKV_LAYOUT_SPLIT\x10\x00\x12\x14\n\x10KV_LAYOUT_LATENT\x10\x01*D\n\x06Scales\x12\x0f\n\x0bSCALES_NONE\x10\x00\x12\x14\n\x10SCALES_PER_BLOCK\x10\x01\x12\x13\n\x0fSCALES_PER_HEAD\x10\x02*7\n\tKeyScheme\x12\x15\n\x11KEY_SCHEME_KVMESH\x10\x00\x12\x13\n\x0fKEY_SCHEME_VLLM\x10\x01\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
 )
 
 _DTYPE = _descriptor.EnumDescriptor(
@@ -60,12 +60,85 @@ _DTYPE = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=252,
-  serialized_end=396,
+  serialized_start=494,
+  serialized_end=638,
 )
 _sym_db.RegisterEnumDescriptor(_DTYPE)
 
 DType = enum_type_wrapper.EnumTypeWrapper(_DTYPE)
+_KVLAYOUT = _descriptor.EnumDescriptor(
+  name='KVLayout',
+  full_name='kvmesh.v1.KVLayout',
+  filename=None,
+  file=DESCRIPTOR,
+  values=[
+    _descriptor.EnumValueDescriptor(
+      name='KV_LAYOUT_SPLIT', index=0, number=0,
+      options=None,
+      type=None),
+    _descriptor.EnumValueDescriptor(
+      name='KV_LAYOUT_LATENT', index=1, number=1,
+      options=None,
+      type=None),
+  ],
+  containing_type=None,
+  options=None,
+  serialized_start=640,
+  serialized_end=693,
+)
+_sym_db.RegisterEnumDescriptor(_KVLAYOUT)
+
+KVLayout = enum_type_wrapper.EnumTypeWrapper(_KVLAYOUT)
+_SCALES = _descriptor.EnumDescriptor(
+  name='Scales',
+  full_name='kvmesh.v1.Scales',
+  filename=None,
+  file=DESCRIPTOR,
+  values=[
+    _descriptor.EnumValueDescriptor(
+      name='SCALES_NONE', index=0, number=0,
+      options=None,
+      type=None),
+    _descriptor.EnumValueDescriptor(
+      name='SCALES_PER_BLOCK', index=1, number=1,
+      options=None,
+      type=None),
+    _descriptor.EnumValueDescriptor(
+      name='SCALES_PER_HEAD', index=2, number=2,
+      options=None,
+      type=None),
+  ],
+  containing_type=None,
+  options=None,
+  serialized_start=695,
+  serialized_end=763,
+)
+_sym_db.RegisterEnumDescriptor(_SCALES)
+
+Scales = enum_type_wrapper.EnumTypeWrapper(_SCALES)
+_KEYSCHEME = _descriptor.EnumDescriptor(
+  name='KeyScheme',
+  full_name='kvmesh.v1.KeyScheme',
+  filename=None,
+  file=DESCRIPTOR,
+  values=[
+    _descriptor.EnumValueDescriptor(
+      name='KEY_SCHEME_KVMESH', index=0, number=0,
+      options=None,
+      type=None),
+    _descriptor.EnumValueDescriptor(
+      name='KEY_SCHEME_VLLM', index=1, number=1,
+      options=None,
+      type=None),
+  ],
+  containing_type=None,
+  options=None,
+  serialized_start=765,
+  serialized_end=820,
+)
+_sym_db.RegisterEnumDescriptor(_KEYSCHEME)
+
+KeyScheme = enum_type_wrapper.EnumTypeWrapper(_KEYSCHEME)
 DTYPE_UNSPECIFIED = 0
 DTYPE_FLOAT32 = 1
 DTYPE_FLOAT16 = 2
@@ -73,6 +146,13 @@ DTYPE_BFLOAT16 = 3
 DTYPE_FP8_E4M3 = 4
 DTYPE_FP8_E5M2 = 5
 DTYPE_INT8 = 6
+KV_LAYOUT_SPLIT = 0
+KV_LAYOUT_LATENT = 1
+SCALES_NONE = 0
+SCALES_PER_BLOCK = 1
+SCALES_PER_HEAD = 2
+KEY_SCHEME_KVMESH = 0
+KEY_SCHEME_VLLM = 1
 
 
 
@@ -153,6 +233,55 @@ _NAMESPACE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='kv_layout', full_name='kvmesh.v1.Namespace.kv_layout', index=10,
+      number=11, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='latent_dim', full_name='kvmesh.v1.Namespace.latent_dim', index=11,
+      number=12, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='scales', full_name='kvmesh.v1.Namespace.scales', index=12,
+      number=13, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='lora', full_name='kvmesh.v1.Namespace.lora', index=13,
+      number=14, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='key_scheme', full_name='kvmesh.v1.Namespace.key_scheme', index=14,
+      number=15, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='hash_seed', full_name='kvmesh.v1.Namespace.hash_seed', index=15,
+      number=16, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='extra_key_bytes', full_name='kvmesh.v1.Namespace.extra_key_bytes', index=16,
+      number=17, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -166,12 +295,57 @@ _NAMESPACE = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=37,
-  serialized_end=249,
+  serialized_end=444,
+)
+
+
+_BLOCKEXTRAKEYS = _descriptor.Descriptor(
+  name='BlockExtraKeys',
+  full_name='kvmesh.v1.BlockExtraKeys',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='block', full_name='kvmesh.v1.BlockExtraKeys.block', index=0,
+      number=1, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='keys', full_name='kvmesh.v1.BlockExtraKeys.keys', index=1,
+      number=2, type=12, cpp_type=9, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=446,
+  serialized_end=491,
 )
 
 _NAMESPACE.fields_by_name['dtype'].enum_type = _DTYPE
+_NAMESPACE.fields_by_name['kv_layout'].enum_type = _KVLAYOUT
+_NAMESPACE.fields_by_name['scales'].enum_type = _SCALES
+_NAMESPACE.fields_by_name['key_scheme'].enum_type = _KEYSCHEME
 DESCRIPTOR.message_types_by_name['Namespace'] = _NAMESPACE
+DESCRIPTOR.message_types_by_name['BlockExtraKeys'] = _BLOCKEXTRAKEYS
 DESCRIPTOR.enum_types_by_name['DType'] = _DTYPE
+DESCRIPTOR.enum_types_by_name['KVLayout'] = _KVLAYOUT
+DESCRIPTOR.enum_types_by_name['Scales'] = _SCALES
+DESCRIPTOR.enum_types_by_name['KeyScheme'] = _KEYSCHEME
 _sym_db.RegisterFileDescriptor(DESCRIPTOR)
 
 Namespace = _reflection.GeneratedProtocolMessageType('Namespace', (_message.Message,), dict(
@@ -180,6 +354,13 @@ Namespace = _reflection.GeneratedProtocolMessageType('Namespace', (_message.Mess
   # @@protoc_insertion_point(class_scope:kvmesh.v1.Namespace)
   ))
 _sym_db.RegisterMessage(Namespace)
+
+BlockExtraKeys = _reflection.GeneratedProtocolMessageType('BlockExtraKeys', (_message.Message,), dict(
+  DESCRIPTOR = _BLOCKEXTRAKEYS,
+  __module__ = 'kvmesh.v1.types_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.BlockExtraKeys)
+  ))
+_sym_db.RegisterMessage(BlockExtraKeys)
 
 
 DESCRIPTOR.has_options = True
