@@ -142,9 +142,10 @@ func (s localSink) put(ctx context.Context, keys []prefixhash.Key, vals [][]byte
 }
 
 // localReserver serves the shared-memory data plane's reserve and commit
-// requests from store.Local: the DRAM arena it shares, slots reserved in
-// it, and publishing what was committed (publish requests), as localSink
-// does for inline puts.
+// requests from store.Local: the DRAM arena it shares and slots reserved in
+// it. A publish (a chunk key given) is handled as localSink.PutPublish
+// handles one: a block another node owns is committed as a copy, and the
+// block is queued for its owners from its bytes.
 type localReserver struct {
 	l       *store.Local
 	cluster *atomic.Pointer[store.Cluster] // publishes; nil until the cluster started
@@ -157,7 +158,7 @@ var (
 
 func (r localReserver) Arena() ([]byte, int) { return r.l.Arena() }
 
-func (r localReserver) Reserve(ctx context.Context, key, parent prefixhash.Key, size int) (transfer.Reservation, error) {
+func (r localReserver) Reserve(ctx context.Context, key, parent, chunk prefixhash.Key, size int) (transfer.Reservation, error) {
 	res, err := r.l.Reserve(ctx, key, parent, size)
 	if err != nil {
 		if errors.Is(err, block.ErrTooLarge) {
@@ -165,26 +166,45 @@ func (r localReserver) Reserve(ctx context.Context, key, parent prefixhash.Key, 
 		}
 		return nil, err
 	}
-	return reservation{res}, nil
+	return reservation{Reservation: res, chunk: chunk, cluster: r.cluster}, nil
 }
+
+// errNotPublished: a publish that cannot be queued (the cluster is not
+// started) is not stored either, so that the client sends it through
+// BatchPut, which publishes.
+var errNotPublished = errors.New("node: the cluster is not started: nothing to publish with")
 
 // reservation adapts store.Reservation: a block that fails verification is
 // the client's fault (transfer.ErrCorrupt, StatusError), not a miss.
-type reservation struct{ *store.Reservation }
+type reservation struct {
+	*store.Reservation
+	chunk   prefixhash.Key // zero: a put, not a publish
+	cluster *atomic.Pointer[store.Cluster]
+}
 
 func (r reservation) Commit() error {
-	err := r.Reservation.Commit()
+	commit := r.Reservation.Commit
+	if !r.chunk.IsZero() {
+		c := r.cluster.Load()
+		if c == nil {
+			r.Abort()
+			return errNotPublished
+		}
+		if !c.Owns(r.chunk) {
+			commit = r.Reservation.CommitCopy
+		}
+		// Queued (copied) from the slot before the commit hands it to the
+		// index: a copy may be evicted, its slot reused, at once. A block
+		// that then fails verification was queued in vain; its owners
+		// verify every push and refuse it.
+		if _, err := c.PublishBlocks([][]byte{r.Buf()}, []prefixhash.Key{r.chunk}); err != nil {
+			r.Abort()
+			return err
+		}
+	}
+	err := commit()
 	if errors.Is(err, block.ErrCorrupt) || errors.Is(err, store.ErrLayout) || errors.Is(err, store.ErrTenant) {
 		return fmt.Errorf("%w: %w", transfer.ErrCorrupt, err)
 	}
-	return err
-}
-
-func (r localReserver) Publish(ctx context.Context, keys, chunkKeys []prefixhash.Key) error {
-	c := r.cluster.Load()
-	if c == nil {
-		return errors.New("node: the cluster is not started: nothing to publish with")
-	}
-	_, err := c.Publish(ctx, keys, chunkKeys)
 	return err
 }

@@ -124,7 +124,13 @@ func (r *Reservation) Key() prefixhash.Key { return r.key }
 // (the key stays absent). Errors are Put's, and ErrReservation when the
 // reservation is no longer open. A block whose key, parent or length is not
 // the reserved one is block.ErrCorrupt.
-func (r *Reservation) Commit() error {
+func (r *Reservation) Commit() error { return r.commit(false) }
+
+// CommitCopy is Commit for a block this node keeps although placement gives
+// it to another node, as PutCopy is Put's.
+func (r *Reservation) CommitCopy() error { return r.commit(true) }
+
+func (r *Reservation) commit(asCopy bool) error {
 	if !r.state.CompareAndSwap(resOpen, resDone) {
 		return ErrReservation
 	}
@@ -144,7 +150,7 @@ func (r *Reservation) Commit() error {
 		l.countCorruptCommit()
 		return err
 	}
-	err = l.put(r.ctx, r.buf, false, r)
+	err = l.put(r.ctx, r.buf, asCopy && l.opts.Eviction == EvictDedup, r)
 	if errors.Is(err, block.ErrCorrupt) {
 		l.countCorruptCommit()
 	}

@@ -27,14 +27,12 @@ type Arena interface {
 // node adapter).
 type Reserver interface {
 	// Reserve takes room for the size-byte value of key, child of parent.
-	// The reservation ends with ctx: Commit after that fails. ctx carries
-	// the requester's access (auth.WithAccess), which Commit checks.
-	Reserve(ctx context.Context, key, parent prefixhash.Key, size int) (Reservation, error)
-	// Publish queues committed values for the owners of their placement
-	// chunks (publish requests; see Publisher). It may be a no-op
-	// returning an error when the node cannot publish: the client is then
-	// told the items were not stored, and sends them another way.
-	Publish(ctx context.Context, keys, chunkKeys []prefixhash.Key) error
+	// A non-zero chunk makes it a publish (see Publisher): Commit also
+	// queues the value for the owners of that placement chunk, or fails
+	// (the client then sends it another way). The reservation ends with
+	// ctx: Commit after that fails. ctx carries the requester's access
+	// (auth.WithAccess), which Commit checks.
+	Reserve(ctx context.Context, key, parent, chunk prefixhash.Key, size int) (Reservation, error)
 }
 
 // Reservation is room taken by a Reserver.
@@ -43,7 +41,9 @@ type Reservation interface {
 	// Commit, and not used after Commit or Abort.
 	Buf() []byte
 	// Commit verifies and stores what Buf holds, visible all at once, or
-	// fails and frees the room.
+	// fails and frees the room. An error wrapping ErrCorrupt or ErrLimit
+	// is the value's fault (StatusError); any other leaves it unstored
+	// (StatusMiss).
 	Commit() error
 	// Abort frees the room; it does nothing after Commit.
 	Abort()

@@ -143,7 +143,7 @@ func (a *arenaSource) Acquire(_ context.Context, keys []prefixhash.Key, vals [][
 	}
 }
 
-func (a *arenaSource) Reserve(ctx context.Context, key, _ prefixhash.Key, size int) (Reservation, error) {
+func (a *arenaSource) Reserve(ctx context.Context, key, _, chunk prefixhash.Key, size int) (Reservation, error) {
 	loc, buf, err := a.d.Reserve(key, size)
 	if err != nil {
 		return nil, err
@@ -151,16 +151,9 @@ func (a *arenaSource) Reserve(ctx context.Context, key, _ prefixhash.Key, size i
 	a.mu.Lock()
 	a.mu.open++
 	a.mu.Unlock()
-	r := &arenaResv{a: a, key: key, loc: loc, buf: buf}
+	r := &arenaResv{a: a, key: key, chunk: chunk, loc: loc, buf: buf}
 	r.stop = context.AfterFunc(ctx, r.Abort)
 	return r, nil
-}
-
-func (a *arenaSource) Publish(_ context.Context, keys, _ []prefixhash.Key) error {
-	a.mu.Lock()
-	a.mu.published = append(a.mu.published, keys...)
-	a.mu.Unlock()
-	return nil
 }
 
 // check fails unless nothing is pinned, no reservation is open, and the
@@ -176,13 +169,14 @@ func (a *arenaSource) check(t testing.TB) {
 }
 
 type arenaResv struct {
-	a    *arenaSource
-	key  prefixhash.Key
-	loc  tiers.Loc
-	buf  []byte
-	stop func() bool
-	mu   sync.Mutex
-	done bool
+	a     *arenaSource
+	key   prefixhash.Key
+	chunk prefixhash.Key // non-zero: published at commit
+	loc   tiers.Loc
+	buf   []byte
+	stop  func() bool
+	mu    sync.Mutex
+	done  bool
 }
 
 func (r *arenaResv) Buf() []byte { return r.buf }
@@ -211,6 +205,9 @@ func (r *arenaResv) Commit() error {
 	}
 	r.a.mu.Lock()
 	r.a.insertLocked(r.key, arenaVal{r.loc, len(r.buf)})
+	if !r.chunk.IsZero() {
+		r.a.mu.published = append(r.a.mu.published, r.key)
+	}
 	r.a.mu.Unlock()
 	return nil
 }

@@ -237,8 +237,6 @@ type lease struct {
 // none), until the client commits or releases them or their context ends.
 type reserved struct {
 	items  []Reservation
-	keys   []prefixhash.Key
-	chunks []prefixhash.Key
 	ctx    context.Context
 	cancel context.CancelFunc
 }
@@ -577,14 +575,13 @@ func (c *shmConn) reserve(ctx context.Context, h *header, table []byte) error {
 	if err := parseReserve(table, &s.opts.Limits, items); err != nil {
 		return c.sendError(h.id, err)
 	}
-	r := &reserved{items: make([]Reservation, len(items)), keys: make([]prefixhash.Key, len(items)), chunks: make([]prefixhash.Key, len(items))}
+	r := &reserved{items: make([]Reservation, len(items))}
 	r.ctx, r.cancel = context.WithTimeout(ctx, s.opts.LeaseTimeout)
 	var enc encoder
 	t := enc.begin(typeShmGetResp, len(items))
 	open := 0
 	for i, it := range items {
-		r.keys[i], r.chunks[i] = it.key, it.chunk
-		res, err := s.opts.Reserver.Reserve(r.ctx, it.key, it.parent, it.n)
+		res, err := s.opts.Reserver.Reserve(r.ctx, it.key, it.parent, it.chunk, it.n)
 		if err != nil {
 			st := StatusMiss
 			if errors.Is(err, ErrLimit) {
@@ -642,8 +639,8 @@ func (c *shmConn) abort(r *reserved) {
 }
 
 // commit answers a commit request (id) for the reserve request rid: each
-// filled slot is verified and stored in place, and those with a chunk key
-// are published. A reservation that ended (timeout, release) is a miss.
+// filled slot is verified and stored in place (and, with a chunk key,
+// published). A reservation that ended (timeout, release) is a miss.
 func (c *shmConn) commit(id, rid uint64) error {
 	s := c.s
 	c.mu.Lock()
@@ -657,7 +654,6 @@ func (c *shmConn) commit(id, rid uint64) error {
 	}
 	defer r.cancel()
 	st := make([]Status, len(r.items))
-	var pk, pc []prefixhash.Key
 	n := int64(0)
 	for i, res := range r.items {
 		if res == nil {
@@ -674,22 +670,8 @@ func (c *shmConn) commit(id, rid uint64) error {
 		st[i] = StatusOK
 		s.stats.puts.Add(1)
 		s.stats.bytesIn.Add(int64(size))
-		if !r.chunks[i].IsZero() {
-			pk, pc = append(pk, r.keys[i]), append(pc, r.chunks[i])
-		}
 	}
 	s.stats.reservations.Add(-n)
-	if len(pk) > 0 {
-		if err := s.opts.Reserver.Publish(r.ctx, pk, pc); err != nil {
-			// Stored, not queued: the client sends them through a path
-			// that publishes.
-			for i := range st {
-				if st[i] == StatusOK && !r.chunks[i].IsZero() {
-					st[i] = StatusMiss
-				}
-			}
-		}
-	}
 	t := enc.begin(typePutResp, len(st))
 	for i, x := range st {
 		putStatusEntry(t, i, x, 0)
