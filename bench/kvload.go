@@ -28,6 +28,15 @@ type KVResetter interface {
 	Reset(ctx context.Context) error
 }
 
+// KVViewer is a KVConn that can read a value in place, without copying it
+// into the caller's buffer (kvmesh's same-host path reads the node's
+// memory under a lease). View calls fn with the value of key, valid only
+// during the call; fn's error is View's. KVLoad's GET phase uses it when a
+// connection has it.
+type KVViewer interface {
+	View(ctx context.Context, key int, fn func(v []byte) error) error
+}
+
 // KVConn is one connection of a KVTarget. Keys are small integers the
 // target maps to its own key space.
 type KVConn interface {
@@ -250,10 +259,12 @@ func kvPhase(ctx context.Context, t KVTarget, conns []KVConn, op string, o KVLoa
 				k = o.Keys + int(n) - 1
 				binary.LittleEndian.PutUint64(buf, uint64(k))
 				err = c.Set(ctx, k, buf)
+			} else if vc, ok := c.(KVViewer); ok {
+				err = vc.View(ctx, k, func(v []byte) error { return checkKV(v, k, o.ValueBytes) })
 			} else {
 				buf, err = c.Get(ctx, k, buf)
-				if err == nil && (len(buf) != o.ValueBytes || binary.LittleEndian.Uint64(buf) != uint64(k)) {
-					err = errKVMismatch
+				if err == nil {
+					err = checkKV(buf, k, o.ValueBytes)
 				}
 			}
 			lat.Record(time.Since(t0))
@@ -270,6 +281,15 @@ func kvPhase(ctx context.Context, t KVTarget, conns []KVConn, op string, o KVLoa
 	return KVResult{Target: t.Name(), Op: op, ValueBytes: o.ValueBytes, Concurrency: o.Concurrency,
 		Ops: done, OpsPerS: float64(done) / sec, GBps: float64(done) * float64(o.ValueBytes) / sec / 1e9,
 		P50MS: lat.Quantile(0.5), P99MS: lat.Quantile(0.99), Errors: errs.Load(), FirstError: errorText(firstErr.Load())}
+}
+
+// checkKV checks that v is key k's value of n bytes (KVLoad stamps k in
+// its first 8 bytes).
+func checkKV(v []byte, k, n int) error {
+	if len(v) != n || binary.LittleEndian.Uint64(v) != uint64(k) {
+		return errKVMismatch
+	}
+	return nil
 }
 
 // errorText is *err's text, "" for nil.

@@ -114,7 +114,12 @@ func (t *kvmeshTarget) Dial(context.Context) (KVConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &kvmeshConn{t: t, c: c, tokens: make([]uint32, t.ns.BlockTokens), payloads: make([][]byte, 1)}, nil
+	kc := &kvmeshConn{t: t, c: c, tokens: make([]uint32, t.ns.BlockTokens), payloads: make([][]byte, 1)}
+	if t.opts.Transport == client.TransportAuto {
+		// The same-host path reads blocks in place: GETs view them.
+		return kvmeshViewConn{kc}, nil
+	}
+	return kc, nil
 }
 
 // Reset drops the target's namespace from the node.
@@ -169,6 +174,28 @@ func (c *kvmeshConn) Get(ctx context.Context, k int, dst []byte) ([]byte, error)
 		return dst, errKVMiss
 	}
 	return dst, nil
+}
+
+// kvmeshViewConn is a kvmeshConn whose GETs read in place (KVViewer).
+type kvmeshViewConn struct{ *kvmeshConn }
+
+// View reads key's block in place: through the same-host path, the
+// payload is the node's memory, leased for the call.
+func (c kvmeshViewConn) View(ctx context.Context, k int, fn func(v []byte) error) error {
+	kvTokens(c.tokens, k)
+	c.keys[0] = prefixhash.BlockKey(c.t.ns.Root(), c.tokens)
+	found := false
+	err := c.c.GetKeys(ctx, c.t.ns, c.keys[:], func(b client.Block) error {
+		if !b.Found {
+			return nil
+		}
+		found = true
+		return fn(b.Payload)
+	})
+	if err == nil && !found {
+		err = errKVMiss
+	}
+	return err
 }
 
 func (c *kvmeshConn) Close() error { return c.c.Close() }

@@ -17,9 +17,12 @@
 //
 // Block bytes (Get and Put payloads) take the node's data plane (package
 // transfer; dataplane.go) when it has one: on the node's host, its shared
-// memory (the node copies blocks into a region this process maps read-only;
-// blocks are handed out in place, valid during the callback of GetKeys);
-// elsewhere its TCP data plane; and the gRPC streams when neither works, or
+// memory (blocks are read in place: in the node's DRAM arena, which a client
+// with a node-wide token maps, under a lease the node holds until the
+// window's result is released, else in a region the node copies them into;
+// valid only during the callback of GetKeys, or until View.Release for
+// GetView; Get copies; puts are written straight into slots the node
+// reserved in its arena and then committed); elsewhere its TCP data plane; and the gRPC streams when neither works, or
 // with Options.Transport set to TransportGRPC. A transport that fails moves
 // the call to the next one and is left alone for a while. The data plane
 // serves the node's own tiers: what the node lacks is read through BatchGet,

@@ -79,7 +79,14 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	}
 	c.dataAddr = advertised(dataAddr.String(), adv)
 	if opts.ShmSocket != ShmOff {
-		if c.shm, err = transfer.NewShmServer(src, sink, &transfer.ShmServerOptions{Limits: lim, RegionSize: opts.ShmRegionBytes, Tokens: tokens, MaxInFlightBytes: int(opts.MaxInFlightBytes)}, opts.Logger); err != nil {
+		so := &transfer.ShmServerOptions{Limits: lim, RegionSize: opts.ShmRegionBytes, Tokens: tokens, MaxInFlightBytes: int(opts.MaxInFlightBytes)}
+		if mem, _ := local.Arena(); mem != nil {
+			// Trusted same-host clients read blocks in place and write
+			// puts into reserved slots (see transfer.ShmServer).
+			r := localReserver{l: local, cluster: &c.publisher}
+			so.Arena, so.Reserver = r, r
+		}
+		if c.shm, err = transfer.NewShmServer(src, sink, so, opts.Logger); err != nil {
 			return nil, fmt.Errorf("node: shared-memory data plane: %w", err)
 		}
 		if err := removeStaleSocket(opts.ShmSocket); err != nil {

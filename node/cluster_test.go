@@ -265,6 +265,29 @@ func TestClusterClientTransports(t *testing.T) {
 				t.Fatalf("%s: block %d differs", tr, j)
 			}
 		}
+		// A view: on the node's host, the node's own memory under a lease
+		// until Release.
+		sns, err := c.Namespace(ctx, clusterNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		view, err := c.GetView(ctx, clusterNS, prefixhash.Keys(sns, tokens))
+		if err != nil || len(view.Blocks) != len(payloads) {
+			t.Fatalf("%s: GetView: %v", tr, err)
+		}
+		for j, b := range view.Blocks {
+			if !b.Found || !bytes.Equal(b.Payload, payloads[j]) {
+				t.Fatalf("%s: viewed block %d differs", tr, j)
+			}
+		}
+		if l := a.cluster.shm.Stats().Leases; tr == client.TransportAuto && l != 1 {
+			t.Fatalf("auto: %d leases while a view is held, want 1", l)
+		}
+		view.Release()
+		waitFor(t, "leases and reservations to end", func() bool {
+			s := a.cluster.shm.Stats()
+			return s.Leases == 0 && s.Reservations == 0
+		})
 		// Puts and Hits are counted before the server answers.
 		shm, tcp := a.cluster.shm.Stats(), a.cluster.data.Stats()
 		usedShm, usedTCP := shm.Puts > shmBefore.Puts && shm.Hits > shmBefore.Hits, tcp.Puts > tcpBefore.Puts && tcp.Hits > tcpBefore.Hits

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 
@@ -138,4 +139,72 @@ func (s localSink) put(ctx context.Context, keys []prefixhash.Key, vals [][]byte
 			st[i] = transfer.StatusMiss
 		}
 	}
+}
+
+// localReserver serves the shared-memory data plane's reserve and commit
+// requests from store.Local: the DRAM arena it shares and slots reserved in
+// it. A publish (a chunk key given) is handled as localSink.PutPublish
+// handles one: a block another node owns is committed as a copy, and the
+// block is queued for its owners from its bytes.
+type localReserver struct {
+	l       *store.Local
+	cluster *atomic.Pointer[store.Cluster] // publishes; nil until the cluster started
+}
+
+var (
+	_ transfer.Reserver = localReserver{}
+	_ transfer.Arena    = localReserver{}
+)
+
+func (r localReserver) Arena() ([]byte, int) { return r.l.Arena() }
+
+func (r localReserver) Reserve(ctx context.Context, key, parent, chunk prefixhash.Key, size int) (transfer.Reservation, error) {
+	res, err := r.l.Reserve(ctx, key, parent, size)
+	if err != nil {
+		if errors.Is(err, block.ErrTooLarge) {
+			return nil, fmt.Errorf("%w: %w", transfer.ErrLimit, err)
+		}
+		return nil, err
+	}
+	return reservation{Reservation: res, chunk: chunk, cluster: r.cluster}, nil
+}
+
+// errNotPublished: a publish that cannot be queued (the cluster is not
+// started) is not stored either, so that the client sends it through
+// BatchPut, which publishes.
+var errNotPublished = errors.New("node: the cluster is not started: nothing to publish with")
+
+// reservation adapts store.Reservation: a block that fails verification is
+// the client's fault (transfer.ErrCorrupt, StatusError), not a miss.
+type reservation struct {
+	*store.Reservation
+	chunk   prefixhash.Key // zero: a put, not a publish
+	cluster *atomic.Pointer[store.Cluster]
+}
+
+func (r reservation) Commit() error {
+	commit := r.Reservation.Commit
+	if !r.chunk.IsZero() {
+		c := r.cluster.Load()
+		if c == nil {
+			r.Abort()
+			return errNotPublished
+		}
+		if !c.Owns(r.chunk) {
+			commit = r.Reservation.CommitCopy
+		}
+		// Queued (copied) from the slot before the commit hands it to the
+		// index: a copy may be evicted, its slot reused, at once. A block
+		// that then fails verification was queued in vain; its owners
+		// verify every push and refuse it.
+		if _, err := c.PublishBlocks([][]byte{r.Buf()}, []prefixhash.Key{r.chunk}); err != nil {
+			r.Abort()
+			return err
+		}
+	}
+	err := commit()
+	if errors.Is(err, block.ErrCorrupt) || errors.Is(err, store.ErrLayout) || errors.Is(err, store.ErrTenant) {
+		return fmt.Errorf("%w: %w", transfer.ErrCorrupt, err)
+	}
+	return err
 }

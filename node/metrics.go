@@ -106,6 +106,7 @@ type clusterCollector struct {
 	members, refused, unauthorized                                   *prometheus.Desc
 	lookups, lookupFails, gets, getFails, remoteBlocks, pushed       *prometheus.Desc
 	conns, connsRefused, requests, dropped, values, bytes, regionUse *prometheus.Desc
+	leases, leasesExpired, reservations, reservationsAborted         *prometheus.Desc
 }
 
 func newClusterCollector(c *clusterCache) *clusterCollector {
@@ -130,12 +131,19 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 		values:       d("kvmesh_transfer_values_total", "Values the data plane served (op=get: sent; op=get_miss: asked for and not sent) or received (op=put).", "transport", "op"),
 		bytes:        d("kvmesh_transfer_bytes_total", "Value bytes the data plane sent (op=get) or received (op=put).", "transport", "op"),
 		regionUse:    d("kvmesh_transfer_shm_region_bytes", "Bytes of the shared-memory clients' regions held by results they have not released."),
+		leases:       d("kvmesh_transfer_shm_leases", "Shared-memory gets whose blocks clients read in place in the DRAM arena (pinned) and have not released."),
+		leasesExpired: d("kvmesh_transfer_shm_leases_expired_total",
+			"Shared-memory leases the node ended at the lease timeout because the client had not released them."),
+		reservations: d("kvmesh_transfer_shm_reservations", "DRAM slots reserved for shared-memory puts and not yet committed or freed."),
+		reservationsAborted: d("kvmesh_transfer_shm_reservations_aborted_total",
+			"Reserved DRAM slots freed uncommitted: released by the client, past the lease timeout, or the client gone."),
 	}
 }
 
 func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.members, c.refused, c.unauthorized, c.lookups, c.lookupFails, c.gets, c.getFails, c.remoteBlocks,
-		c.pushed, c.conns, c.connsRefused, c.requests, c.dropped, c.values, c.bytes, c.regionUse} {
+		c.pushed, c.conns, c.connsRefused, c.requests, c.dropped, c.values, c.bytes, c.regionUse,
+		c.leases, c.leasesExpired, c.reservations, c.reservationsAborted} {
 		ch <- d
 	}
 }
@@ -185,6 +193,10 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.bytes, uint64(t.BytesIn), s.name, "put")
 		if s.name == "shm" {
 			metric(c.regionUse, prometheus.GaugeValue, float64(t.RegionUse))
+			metric(c.leases, prometheus.GaugeValue, float64(t.Leases))
+			counter(c.leasesExpired, uint64(t.LeasesExpired))
+			metric(c.reservations, prometheus.GaugeValue, float64(t.Reservations))
+			counter(c.reservationsAborted, uint64(t.ReservationsAborted))
 		}
 	}
 }

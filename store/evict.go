@@ -56,7 +56,7 @@ func ParseEviction(s string) (Eviction, error) {
 // leaves it ordinary; a Put of a cached copy (its owner's push, after a
 // membership change) makes it ordinary.
 func (l *Local) PutCopy(ctx context.Context, block []byte) error {
-	return l.put(ctx, block, l.opts.Eviction == EvictDedup)
+	return l.put(ctx, block, l.opts.Eviction == EvictDedup, nil)
 }
 
 // placeCopyLocked lists copy i at the cold end of its tier's list. The cold

@@ -60,6 +60,9 @@ type Local struct {
 		tiersClosed bool
 		active      int // operations that may still touch the tiers
 		refs        int // live Refs holding a pin
+		// reservations are the open Reservations: memory-tier slots
+		// taken and not yet committed or aborted.
+		reservations int
 
 		x        index
 		ns       namespaces
@@ -104,6 +107,7 @@ type counters struct {
 	quotaRefused                                     int64
 	demotions, promotions, rewrites, recovered       int64
 	evictions, corruptDrops, namespaceDrops, cascade int64
+	reservationsExpired, corruptCommits              int64
 }
 
 type reason uint8

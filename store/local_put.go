@@ -20,11 +20,21 @@ import (
 // tier has room even after eviction; ErrQuota, that the block's namespace
 // has no room within its quotas (see Quota).
 func (l *Local) Put(ctx context.Context, b []byte) error {
-	return l.put(ctx, b, false)
+	return l.put(ctx, b, false, nil)
 }
 
-// put is Put, or PutCopy storing a copy (asCopy: under EvictDedup).
-func (l *Local) put(ctx context.Context, b []byte, asCopy bool) error {
+// put is Put, or PutCopy storing a copy (asCopy: under EvictDedup). With
+// rv, b is rv's slot in the memory tier, whose location the index takes
+// over instead of a copy; on every path that does not, the slot is freed
+// before put returns.
+func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation) (err error) {
+	if rv != nil {
+		defer func() {
+			if rv != nil {
+				l.freeAll([]freeLoc{{false, rv.loc}})
+			}
+		}()
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -101,7 +111,12 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool) error {
 		}
 		if err == nil {
 			var loc tiers.Loc
-			if loc, err = l.putMem(ctx, h.Key, parent, b, class); err == nil {
+			if rv != nil {
+				loc, rv = rv.loc, nil // the index takes the slot (or frees it)
+			} else {
+				loc, err = l.putMem(ctx, h.Key, parent, b, class)
+			}
+			if err == nil {
 				var fr []freeLoc
 				l.mu.Lock()
 				err = l.insertLocked(&h, size, class, loc, false, asCopy, id, &fr)

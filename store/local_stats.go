@@ -44,6 +44,14 @@ type Stats struct {
 
 	Pinned int // live Refs pinning a block in place
 
+	// Reservations are the open Reservations (memory slots taken, not
+	// yet committed or aborted); ReservationsExpired counts those whose
+	// context ended first, and CorruptCommits the commits refused because
+	// the bytes written were not the reserved block.
+	Reservations        int
+	ReservationsExpired int64
+	CorruptCommits      int64
+
 	// Namespaces are sorted by digest. Digest 0 gathers blocks recovered
 	// from the persistent tier whose header has not been read yet.
 	Namespaces []NamespaceStats
@@ -85,6 +93,7 @@ func (l *Local) Stats() Stats {
 		Recovered: c.recovered, Demotions: c.demotions, Promotions: c.promotions, Rewrites: c.rewrites,
 		Evictions: c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops,
 		Cascaded: c.cascade, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
+		Reservations: l.mu.reservations, ReservationsExpired: c.reservationsExpired, CorruptCommits: c.corruptCommits,
 		HBMDemotions: l.mu.hbm.demote, HBMPromotions: l.mu.hbm.promot,
 	}
 	hbmBlocks, hbmBytes := int64(len(l.mu.hbm.at)), l.mu.hbm.bytes

@@ -43,13 +43,17 @@ func (o *DRAMOptions) Validate() error {
 	return err
 }
 
-// DRAM is the host-memory tier: an off-heap arena mapped once (anonymous,
-// private, MAP_NORESERVE) at the size of the capacity and cut into slabs of
-// size classes by the slab allocator. Memory is touched only as slabs are
-// used, and an emptied slab is returned to the kernel (MADV_DONTNEED), so the
-// process's resident memory follows what the tier holds. The arena asks for
-// transparent huge pages (MADV_HUGEPAGE), so first touches fault 2 MiB at a
-// time. The Go heap holds
+// DRAM is the host-memory tier: an off-heap arena mapped once (a memfd of the
+// capacity's size, MAP_SHARED|MAP_NORESERVE) and cut into slabs of size
+// classes by the slab allocator. Memory is touched only as slabs are used,
+// and an emptied slab is returned to the kernel (MADV_REMOVE punches it out
+// of the memfd), so the process's resident memory follows what the tier
+// holds. The arena asks for transparent huge pages (MADV_HUGEPAGE), which
+// the kernel grants a memfd only where shmem_enabled allows. The arena is a
+// memfd so that a process on the same host can map it (Arena): the
+// shared-memory data plane hands it to trusted clients, which read blocks
+// in place and write reserved slots (Reserve) without a copy on the node.
+// The Go heap holds
 // only per-slab bookkeeping: the garbage collector never scans or moves the
 // cached bytes.
 //
@@ -68,12 +72,14 @@ func (o *DRAMOptions) Validate() error {
 type DRAM struct {
 	slabTier
 	arena []byte // guarded by closeMu; nil after Close
+	fd    int    // the arena's memfd; -1 after Close
 }
 
 var (
-	_ Tier    = (*DRAM)(nil)
-	_ Viewer  = (*DRAM)(nil)
-	_ Classed = (*DRAM)(nil)
+	_ Tier     = (*DRAM)(nil)
+	_ Viewer   = (*DRAM)(nil)
+	_ Classed  = (*DRAM)(nil)
+	_ Reserver = (*DRAM)(nil)
 )
 
 // NewDRAM maps a DRAM tier's arena.
@@ -84,9 +90,24 @@ func NewDRAM(opts DRAMOptions) (*DRAM, error) {
 		return nil, err
 	}
 	size := int64(nslabs) * opts.SlabSize
-	arena, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	fd, err := unix.MemfdCreate("kvmesh-dram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
+		return nil, fmt.Errorf("tiers: dram: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("tiers: dram: size the arena to %d bytes: %w", size, err)
+	}
+	// Sealed at its size: no process that maps it can shrink it under the
+	// node (a SIGBUS on the next access).
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("tiers: dram: seal the arena: %w", err)
+	}
+	arena, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_SHARED|unix.MAP_NORESERVE)
+	if err != nil {
+		unix.Close(fd)
 		return nil, fmt.Errorf("tiers: dram: map %d bytes: %w", size, err)
 	}
 	// Transparent huge pages: a block written to memory never touched
@@ -96,7 +117,7 @@ func NewDRAM(opts DRAMOptions) (*DRAM, error) {
 	// pages: speed, never correctness. An emptied slab is still returned to
 	// the kernel (MADV_DONTNEED splits a huge page it covers in part).
 	_ = unix.Madvise(arena, unix.MADV_HUGEPAGE)
-	d := &DRAM{arena: arena}
+	d := &DRAM{arena: arena, fd: fd}
 	d.capacity, d.alloc = opts.Capacity, newSlabAlloc(opts.SlabSize, nslabs)
 	return d, nil
 }
@@ -110,17 +131,48 @@ func (d *DRAM) Name() string { return "dram" }
 func (d *DRAM) Put(key prefixhash.Key, val []byte) (Loc, error) {
 	d.closeMu.RLock()
 	defer d.closeMu.RUnlock()
-	loc, off, err := d.take(len(val), func(off int64) {
-		h := d.arena[off : off+slotHeaderLen]
-		copy(h, key[:])
-		binary.LittleEndian.PutUint64(h[16:], uint64(len(val)))
-		clear(h[24:])
-	})
+	loc, buf, err := d.reserve(key, len(val))
 	if err != nil {
 		return 0, err
 	}
-	copy(d.arena[off+slotHeaderLen:], val)
+	copy(buf, val)
 	return loc, nil
+}
+
+// Reserve takes a slot for an n-byte value of key without writing the
+// value: buf is the slot's value bytes, in the arena, for the caller (or a
+// process that maps the arena) to fill. The slot is the caller's until it
+// frees loc (the way to abandon a reservation) or hands loc to an index;
+// buf must not be used after Free or Close. Errors as Put's.
+func (d *DRAM) Reserve(key prefixhash.Key, n int) (loc Loc, buf []byte, err error) {
+	d.closeMu.RLock()
+	defer d.closeMu.RUnlock()
+	return d.reserve(key, n)
+}
+
+// reserve is Reserve with closeMu held for reading.
+func (d *DRAM) reserve(key prefixhash.Key, n int) (Loc, []byte, error) {
+	loc, off, err := d.take(n, func(off int64) {
+		h := d.arena[off : off+slotHeaderLen]
+		copy(h, key[:])
+		binary.LittleEndian.PutUint64(h[16:], uint64(n))
+		clear(h[24:])
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	start, end := off+slotHeaderLen, off+slotHeaderLen+int64(n)
+	return loc, d.arena[start:end:end], nil
+}
+
+// Arena returns the arena's mapping and its memfd, which another process
+// may map (MAP_SHARED) to see the same bytes: byte i of mem is byte i of
+// the file. Both are valid until Close; the
+// descriptor is the tier's (dup it to keep it). Nil and -1 after Close.
+func (d *DRAM) Arena() (mem []byte, fd int) {
+	d.closeMu.RLock()
+	defer d.closeMu.RUnlock()
+	return d.arena, d.fd
 }
 
 // value returns the arena offset of the value at loc and its length. It reads
@@ -176,8 +228,10 @@ func (d *DRAM) Free(loc Loc) {
 	d.closeMu.RLock()
 	defer d.closeMu.RUnlock()
 	d.release(loc, func(off, size int64) {
-		// An error leaves the pages resident: memory, never correctness.
-		_ = unix.Madvise(d.arena[off:off+size], unix.MADV_DONTNEED)
+		// MADV_REMOVE frees a shared mapping's pages (MADV_DONTNEED
+		// would only unmap them). An error leaves the pages resident:
+		// memory, never correctness.
+		_ = unix.Madvise(d.arena[off:off+size], unix.MADV_REMOVE)
 	})
 }
 
@@ -210,7 +264,10 @@ func (d *DRAM) Close() error {
 	}
 	d.closed = true
 	err := unix.Munmap(d.arena)
-	d.arena = nil
+	if cerr := unix.Close(d.fd); err == nil {
+		err = cerr
+	}
+	d.arena, d.fd = nil, -1
 	if err != nil {
 		return fmt.Errorf("tiers: dram: unmap: %w", err)
 	}

@@ -61,6 +61,15 @@ type Viewer interface {
 	View(loc Loc, n int) []byte
 }
 
+// Reserver is implemented by tiers that can hand out a slot before its value
+// exists (DRAM): Reserve takes room for an n-byte value of key and returns
+// the slot's bytes for the caller to fill in place (the data plane receives
+// a block straight into them). The caller owns the slot until it frees loc,
+// which also abandons the reservation. Errors as Put's.
+type Reserver interface {
+	Reserve(key prefixhash.Key, n int) (loc Loc, buf []byte, err error)
+}
+
 // Stats describe a tier's usage. Capacity is the configured hard limit;
 // Reserved is what the tier holds against it (values plus the rounding of its
 // allocator, or whole segments); Stored is the sum of the values' lengths.

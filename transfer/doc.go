@@ -23,7 +23,12 @@
 // memfd region that the client maps read-only; values are copied once, from
 // the Source into the region, and the client reads them in place. Requests,
 // (offset, length) answers and releases travel over the socket; value bytes
-// never do (puts excepted: they travel inline over the socket).
+// never do (puts without a writable arena excepted: they travel inline).
+// With ShmServerOptions.Arena, a node-wide client whose hello asks for it
+// (ShmClient does; the Python client does not) also maps the node's DRAM
+// arena: gets are answered with arena offsets under a lease (no copy at
+// all), and puts reserve slots there, are written by the client and
+// committed by the server (Reserver); see ShmServer.
 //
 // RDMA verbs need NICs that no machine here has. RDMADevices discovers
 // devices (rdmamap; an empty list, not an error, when there are none) so the
@@ -121,7 +126,10 @@
 // checked with SO_PEERCRED) and to clients presenting a token (Tokens, in
 // the same hello as TCP's). A refused client gets no region. Each client's
 // region is its own memfd, sealed and mapped read-only by the client, so a
-// client sees only the values it asked for.
+// client sees only the values it asked for. The DRAM arena is shared only
+// with node-wide principals (never a tenant's client, which keeps the
+// region): read-only to readers, writable to writers, who could write any
+// slot: reservations are verified at commit, not afterwards.
 //
 // # Deadlines and failure
 //
@@ -139,8 +147,10 @@
 //
 // # Ownership
 //
-// Result.Values alias memory the Result owns (pooled receive buffers, or the
-// client's shared region) and are valid until Result.Release, which must be
+// Result.Values alias memory the Result owns (pooled receive buffers, the
+// client's shared region, or, read in place, the node's DRAM arena under a
+// lease that ends at ShmServerOptions.LeaseTimeout if the client has not
+// released it by then) and are valid until Result.Release, which must be
 // called exactly once; it returns the memory and the client's in-flight byte
 // budget (MaxInFlightBytes: requests wait, with their context, for room).
 // Values passed to Put are only read during the call. Values handed to a

@@ -16,7 +16,8 @@ import (
 //	  0     4  magic "KVTF"
 //	  4     1  version (3)
 //	  5     1  frame type
-//	  6     1  requests: flags (bit 0: scoped, see below); else zero
+//	  6     1  requests: flags (bit 0: scoped, see below); a shared-memory
+//	           client's hello: bit 1, it asks for the DRAM arena; else zero
 //	  7     1  error frames: error class (0 request, 1 authentication); else zero
 //	  8     8  request id (an answer carries its request's id)
 //	 16     4  item count
@@ -42,11 +43,20 @@ import (
 //	putReq      (24)  key, value length u32, 4 zero bytes
 //	publishReq  (40)  key, value length u32, 4 zero bytes, chunk key
 //	putResp     (8)   status u8, 3 zero bytes, 0 u32
-//	shmGetResp  (16)  status u8, 3 zero bytes, value length u32, region offset u64
-//	shmRelease  (8)   request id whose region space the client gives back
+//	shmGetResp  (16)  status u8, 3 zero bytes, value length u32, offset u64:
+//	                  in the client's region, or, with bit 63 set, in the
+//	                  node's DRAM arena (only to a client given the arena)
+//	shmRelease  (8)   request id whose region space, arena leases or open
+//	                  reservations the client gives back
 //	shmHello    (32)  region size u64, max pending requests u32, the server's
-//	                  Limits: MaxItems u32, MaxValueSize u32, 4 zero bytes,
+//	                  Limits: MaxItems u32, MaxValueSize u32, arena flags u32
+//	                  (bit 0: the arena's descriptor follows the region's;
+//	                  bit 1: it is writable, reservations are served),
 //	                  MaxBatchBytes u64 (count 1)
+//	shmReserve  (56)  key, parent key, chunk key (zero: do not publish),
+//	                  encoded block length u32, 4 zero bytes
+//	shmCommit   (8)   the id of the reserve request whose slots the client
+//	                  filled (count 1)
 //	errorMsg    (0)   the payload is a UTF-8 message (count 0)
 //	lookupReq   (24)  key, run index u32 (0 for the first key, then equal to
 //	                  the previous key's or one more), 4 zero bytes
@@ -96,6 +106,7 @@ const (
 	countEntry   = 8
 	shmRespEntry = 16
 	releaseEntry = 8
+	reserveEntry = 3*prefixhash.KeySize + 8
 	helloEntry   = 32
 	tokenEntry   = 1
 )
@@ -116,16 +127,23 @@ const (
 	typeHello
 	typeHelloAck
 	typePublishReq
+	typeShmReserveReq
+	typeShmCommitReq
 )
 
-// flagScoped marks a request confined to one tenant's blocks.
-const flagScoped = 1
+// flagScoped marks a request confined to one tenant's blocks; flagArena, a
+// shared-memory client's hello that asks for the DRAM arena (clients that
+// do not ask, older ones and other languages', keep the copying region).
+const (
+	flagScoped = 1
+	flagArena  = 2
+)
 
 // isRequest reports whether frames of type t are requests that act on
 // blocks, and so may be scoped to a tenant.
 func (t frameType) isRequest() bool {
 	switch t {
-	case typeGetReq, typePutReq, typePublishReq, typeLookupReq:
+	case typeGetReq, typePutReq, typePublishReq, typeLookupReq, typeShmReserveReq:
 		return true
 	}
 	return false
@@ -165,6 +183,10 @@ func (t frameType) String() string {
 		return "hello ack"
 	case typePublishReq:
 		return "publish request"
+	case typeShmReserveReq:
+		return "shm reserve request"
+	case typeShmCommitReq:
+		return "shm commit request"
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }
@@ -183,8 +205,10 @@ func (t frameType) entryLen() int {
 		return publishEntry
 	case typeShmGetResp:
 		return shmRespEntry
-	case typeShmRelease:
+	case typeShmRelease, typeShmCommitReq:
 		return releaseEntry
+	case typeShmReserveReq:
+		return reserveEntry
 	case typeShmHello:
 		return helloEntry
 	case typeError, typeHelloAck:
@@ -210,6 +234,7 @@ type header struct {
 	maxValue int    // get requests: largest value; 0 = no limit
 	class    uint32 // error frames: classRequest or classAuth
 	scoped   bool   // requests: confined to the blocks of tenant tag
+	arena    bool   // hello: the shared-memory client asks for the arena
 	tag      uint64 // scoped requests: the tenant tag
 	tableSum uint64
 }
@@ -229,6 +254,9 @@ func putHeader(b []byte, h *header) {
 	b[6] = 0
 	if h.scoped {
 		b[6] = flagScoped
+	}
+	if h.arena {
+		b[6] |= flagArena
 	}
 	b[7] = byte(h.class)
 	binary.LittleEndian.PutUint64(b[8:], h.id)
@@ -276,11 +304,14 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 	h.maxValue = int(binary.LittleEndian.Uint32(b[36:]))
 	h.class = uint32(b[7])
 	h.scoped = b[6]&flagScoped != 0
+	h.arena = b[6]&flagArena != 0
 	h.tag = binary.LittleEndian.Uint64(b[40:])
 	h.tableSum = binary.LittleEndian.Uint64(b[48:])
 	switch {
-	case b[6]&^flagScoped != 0:
+	case b[6]&^(flagScoped|flagArena) != 0:
 		return h, corrupt("unknown header flags %#02x", b[6])
+	case h.arena && h.typ != typeHello:
+		return h, corrupt("%s frame with the arena flag", h.typ)
 	case h.scoped && !h.typ.isRequest():
 		return h, corrupt("%s frame with the scoped flag", h.typ)
 	case !h.scoped && h.tag != 0:
@@ -289,7 +320,7 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 		return h, corrupt("%s frame with an error class", h.typ)
 	case h.typ != typeGetReq && (maxBatch != 0 || h.maxValue != 0):
 		return h, corrupt("%s frame with requester limits", h.typ)
-	case h.typ != typeGetReq && h.typ != typePutReq && h.typ != typePublishReq && h.typ != typeLookupReq && h.timeout != 0:
+	case h.typ != typeGetReq && h.typ != typePutReq && h.typ != typePublishReq && h.typ != typeLookupReq && h.typ != typeShmReserveReq && h.timeout != 0:
 		return h, corrupt("%s frame with a timeout", h.typ)
 	}
 	h.maxBatch = int(min(maxBatch, maxBatchLimit))
@@ -298,7 +329,7 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 	switch h.typ {
 	case typeGetResp, typePutReq, typePublishReq:
 		maxPayload = uint64(lim.MaxBatchBytes)
-	case typeShmHello:
+	case typeShmHello, typeShmCommitReq:
 		maxCount = 1
 	case typeError:
 		maxCount, maxPayload = 0, maxErrorMsg
@@ -311,7 +342,7 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 	}
 	if uint64(count) > maxCount {
 		switch h.typ {
-		case typeShmHello, typeError, typeHelloAck:
+		case typeShmHello, typeShmCommitReq, typeError, typeHelloAck:
 			return h, corrupt("%s frame with %d items", h.typ, count)
 		case typeHello:
 			return h, fmt.Errorf("%w: hello with a %d-byte token, MaxTokenLen is %d", ErrLimit, count, MaxTokenLen)
@@ -321,8 +352,8 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 		}
 		return h, fmt.Errorf("%w: %s of %d items, MaxItems is %d", ErrLimit, h.typ, count, lim.MaxItems)
 	}
-	if h.typ == typeShmHello && count != 1 {
-		return h, corrupt("shm hello frame with %d items", count)
+	if (h.typ == typeShmHello || h.typ == typeShmCommitReq) && count != 1 {
+		return h, corrupt("%s frame with %d items", h.typ, count)
 	}
 	if payload > maxPayload {
 		if maxPayload == 0 {
@@ -520,9 +551,14 @@ func parsePutReq(table []byte, h *header, lim *Limits, keys, chunks []prefixhash
 	return nil
 }
 
+// inArena marks a shmGetResp offset in the node's DRAM arena.
+const inArena = 1 << 63
+
 // parseShmResp decodes a shmGetResp table. Every OK value must lie inside a
-// region of regionSize bytes at a 64-byte-aligned offset.
-func parseShmResp(table []byte, lim *Limits, regionSize int64, st []Status, lens []int, offs []int64) error {
+// region of regionSize bytes at a 64-byte-aligned offset, or, marked
+// inArena (kept in offs), inside an arena of arenaSize bytes (0: the client
+// has no arena, and such an offset is corrupt).
+func parseShmResp(table []byte, lim *Limits, regionSize, arenaSize int64, st []Status, lens []int, offs []uint64) error {
 	for i := range st {
 		e := table[i*shmRespEntry:]
 		s, n, err := parseItem(e, i, lim)
@@ -530,13 +566,50 @@ func parseShmResp(table []byte, lim *Limits, regionSize int64, st []Status, lens
 			return err
 		}
 		off := binary.LittleEndian.Uint64(e[8:])
-		switch {
+		size, where := uint64(regionSize), "region"
+		if off&inArena != 0 {
+			size, where = uint64(arenaSize), "arena"
+		}
+		switch at := off &^ inArena; {
 		case s != StatusOK && off != 0:
 			return corrupt("item %d has status %s and an offset", i, s)
-		case off%valueAlign != 0 || off > uint64(regionSize) || uint64(n) > uint64(regionSize)-off:
-			return corrupt("item %d at [%d, +%d) is outside the %d-byte region or unaligned", i, off, n, regionSize)
+		case at%valueAlign != 0 || at > size || uint64(n) > size-at:
+			return corrupt("item %d at [%d, +%d) is outside the %d-byte %s or unaligned", i, at, n, size, where)
 		}
-		st[i], lens[i], offs[i] = s, n, int64(off)
+		st[i], lens[i], offs[i] = s, n, off
+	}
+	return nil
+}
+
+func putReserveEntry(t []byte, i int, key, parent, chunk prefixhash.Key, n int) {
+	e := t[i*reserveEntry:]
+	copy(e, key[:])
+	copy(e[prefixhash.KeySize:], parent[:])
+	copy(e[2*prefixhash.KeySize:], chunk[:])
+	binary.LittleEndian.PutUint32(e[3*prefixhash.KeySize:], uint32(n))
+}
+
+// reserveItem is one entry of a shmReserve table.
+type reserveItem struct {
+	key, parent, chunk prefixhash.Key
+	n                  int
+}
+
+// parseReserve decodes a shmReserve table into items.
+func parseReserve(table []byte, lim *Limits, items []reserveItem) error {
+	for i := range items {
+		e := table[i*reserveEntry:]
+		it := &items[i]
+		copy(it.key[:], e)
+		copy(it.parent[:], e[prefixhash.KeySize:])
+		copy(it.chunk[:], e[2*prefixhash.KeySize:])
+		it.n = int(binary.LittleEndian.Uint32(e[3*prefixhash.KeySize:]))
+		switch {
+		case binary.LittleEndian.Uint32(e[3*prefixhash.KeySize+4:]) != 0:
+			return corrupt("reserved bytes of item %d are not zero", i)
+		case it.n > lim.MaxValueSize:
+			return fmt.Errorf("%w: value %d is %d bytes, MaxValueSize is %d", ErrLimit, i, it.n, lim.MaxValueSize)
+		}
 	}
 	return nil
 }
@@ -557,14 +630,21 @@ type hello struct {
 	regionSize int64
 	maxPending int
 	limits     Limits
+	arena      uint32 // arenaShared, arenaWritable
 }
+
+// Arena flags of the shm hello.
+const (
+	arenaShared   = 1 // the arena's descriptor follows the region's
+	arenaWritable = 2 // it is writable: the server takes reservations
+)
 
 func putHello(t []byte, hl hello) {
 	binary.LittleEndian.PutUint64(t[0:], uint64(hl.regionSize))
 	binary.LittleEndian.PutUint32(t[8:], uint32(hl.maxPending))
 	binary.LittleEndian.PutUint32(t[12:], uint32(hl.limits.MaxItems))
 	binary.LittleEndian.PutUint32(t[16:], uint32(hl.limits.MaxValueSize))
-	binary.LittleEndian.PutUint32(t[20:], 0)
+	binary.LittleEndian.PutUint32(t[20:], hl.arena)
 	binary.LittleEndian.PutUint64(t[24:], uint64(hl.limits.MaxBatchBytes))
 }
 
@@ -581,9 +661,10 @@ func parseHello(t []byte) (hello, error) {
 		// Not on the wire: a shared-memory server answers no lookups.
 		MaxLookupKeys: maxItemsLimit,
 	}
+	arena := binary.LittleEndian.Uint32(t[20:])
 	switch {
-	case binary.LittleEndian.Uint32(t[20:]) != 0:
-		return hello{}, corrupt("reserved bytes of hello are not zero")
+	case arena&^(arenaShared|arenaWritable) != 0 || arena == arenaWritable:
+		return hello{}, corrupt("arena flags %#x", arena)
 	case size == 0 || size > maxRegionSize || size%valueAlign != 0:
 		return hello{}, corrupt("region size %d", size)
 	case pending == 0 || pending > maxPendingLimit:
@@ -592,7 +673,7 @@ func parseHello(t []byte) (hello, error) {
 	if err := lim.Validate(); err != nil {
 		return hello{}, corrupt("server limits: %v", err)
 	}
-	return hello{regionSize: int64(size), maxPending: int(pending), limits: lim}, nil
+	return hello{regionSize: int64(size), maxPending: int(pending), limits: lim, arena: arena}, nil
 }
 
 // helloFrame builds, in enc, the hello that opens a connection: token is its

@@ -151,12 +151,21 @@ func FuzzTable(f *testing.F) {
 	putShmEntry(t, 0, StatusOK, 100, 4096)
 	putShmEntry(t, 1, StatusError, 0, 0)
 	f.Add(uint8(typeShmGetResp), 0, bytes.Clone(t))
+	const region = 1 << 20
+	t = enc.begin(typeShmGetResp, 1)
+	putShmEntry(t, 0, StatusOK, 100, arenaOff(2*region))
+	f.Add(uint8(typeShmGetResp), 0, bytes.Clone(t))
+	t = enc.begin(typeShmReserveReq, 1)
+	putReserveEntry(t, 0, prefixhash.Key{1}, prefixhash.Key{2}, prefixhash.Key{3}, 4096)
+	f.Add(uint8(typeShmReserveReq), 0, bytes.Clone(t))
+	t = enc.begin(typeShmHello, 1)
+	putHello(t, hello{regionSize: 1 << 20, maxPending: 8, limits: defaultLimits(), arena: arenaShared | arenaWritable})
+	f.Add(uint8(typeShmHello), 0, bytes.Clone(t))
 	t = enc.begin(typeShmHello, 1)
 	putHello(t, hello{regionSize: 1 << 20, maxPending: 8, limits: defaultLimits()})
 	f.Add(uint8(typeShmHello), 0, bytes.Clone(t))
 	f.Add(uint8(typeHello), 0, []byte("s3cret"))
 	f.Add(uint8(typeHello), 0, []byte{})
-	const region = 1 << 20
 	tokens, err := auth.NewTokens("s3cret")
 	if err != nil {
 		f.Fatal(err)
@@ -216,15 +225,31 @@ func FuzzTable(f *testing.F) {
 				putPublishEntry(out, i, keys[i], chunks[i], lens[i])
 			}
 		case typeShmGetResp:
-			st, lens, offs := make([]Status, n), make([]int, n), make([]int64, n)
-			if parseShmResp(table, &lim, region, st, lens, offs) != nil {
+			st, lens, offs := make([]Status, n), make([]int, n), make([]uint64, n)
+			const arenaSize = 3 * region
+			if parseShmResp(table, &lim, region, arenaSize, st, lens, offs) != nil {
 				return
 			}
 			for i := range st {
-				if offs[i]+int64(lens[i]) > region || offs[i]%valueAlign != 0 {
-					t.Fatalf("item %d: accepted [%d, +%d) outside the region", i, offs[i], lens[i])
+				size, at := uint64(region), offs[i]&^inArena
+				if offs[i]&inArena != 0 {
+					size = arenaSize
 				}
-				putShmEntry(out, i, st[i], lens[i], offs[i])
+				if at+uint64(lens[i]) > size || at%valueAlign != 0 {
+					t.Fatalf("item %d: accepted [%d, +%d) outside the region or arena", i, offs[i], lens[i])
+				}
+				putShmEntry(out, i, st[i], lens[i], int64(offs[i]))
+			}
+		case typeShmReserveReq:
+			items := make([]reserveItem, n)
+			if parseReserve(table, &lim, items) != nil {
+				return
+			}
+			for i, it := range items {
+				if it.n > lim.MaxValueSize {
+					t.Fatalf("item %d: accepted a %d-byte reservation", i, it.n)
+				}
+				putReserveEntry(out, i, it.key, it.parent, it.chunk, it.n)
 			}
 		case typeShmHello:
 			hl, err := parseHello(table)

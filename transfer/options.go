@@ -302,6 +302,22 @@ type ShmServerOptions struct {
 	// as for ServerOptions.Tokens: no region is handed to a client whose
 	// hello carries none of them. Default nil: no token required.
 	Tokens *auth.Tokens
+	// Arena, when set, is shared with clients that are node-wide
+	// principals (see Arena): read-only to those that may only read,
+	// writable to writers when Reserver is set too. A tenant's client
+	// never gets it and is served by copies into its region. Default nil:
+	// every value is copied into the client's region.
+	Arena Arena
+	// Reserver, with Arena, serves reserve and commit requests: puts
+	// written by the client straight into arena slots. Its Buf must lie in
+	// Arena. Default nil: puts travel inline over the socket.
+	Reserver Reserver
+	// LeaseTimeout bounds how long a client may hold values it reads in
+	// place in the arena (the blocks stay pinned meanwhile) and slots it
+	// reserved but did not commit. A lease or reservation older than this
+	// is ended by the server: the client must not read or write its bytes
+	// after it. Default DefaultLeaseTimeout (30s).
+	LeaseTimeout time.Duration
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -324,6 +340,9 @@ func (o *ShmServerOptions) EnsureDefaults() {
 	}
 	if o.HandshakeTimeout == 0 {
 		o.HandshakeTimeout = 5 * time.Second
+	}
+	if o.LeaseTimeout == 0 {
+		o.LeaseTimeout = DefaultLeaseTimeout
 	}
 	if o.SocketMode == 0 {
 		o.SocketMode = 0o600
@@ -350,6 +369,10 @@ func (o *ShmServerOptions) Validate() error {
 		return fmt.Errorf("transfer: ShmServerOptions.HandshakeTimeout %v must be positive", o.HandshakeTimeout)
 	case o.SocketMode&^os.ModePerm != 0:
 		return fmt.Errorf("transfer: ShmServerOptions.SocketMode %v has bits other than permissions", o.SocketMode)
+	case o.LeaseTimeout <= 0:
+		return fmt.Errorf("transfer: ShmServerOptions.LeaseTimeout %v must be positive", o.LeaseTimeout)
+	case o.Reserver != nil && o.Arena == nil:
+		return fmt.Errorf("transfer: ShmServerOptions.Reserver needs Arena: reserved slots are written through it")
 	}
 	return nil
 }

@@ -35,6 +35,27 @@ func (p *puts) sub(lo, hi int) puts {
 	return q
 }
 
+// pick returns the items idx.
+func (p *puts) pick(idx []int) puts {
+	q := puts{keys: make([]prefixhash.Key, len(idx)), vals: make([][]byte, len(idx))}
+	if p.chunkKeys != nil {
+		q.chunkKeys = make([]prefixhash.Key, len(idx))
+	}
+	if p.heads != nil {
+		q.heads = make([][]byte, len(idx))
+	}
+	for j, i := range idx {
+		q.keys[j], q.vals[j] = p.keys[i], p.vals[i]
+		if q.chunkKeys != nil {
+			q.chunkKeys[j] = p.chunkKeys[i]
+		}
+		if q.heads != nil {
+			q.heads[j] = p.heads[i]
+		}
+	}
+	return q
+}
+
 // checkPublish checks what a publish request needs beyond a put's.
 func (p *puts) checkPublish() error {
 	if len(p.chunkKeys) != len(p.keys) || p.heads != nil && len(p.heads) != len(p.keys) {

@@ -46,10 +46,17 @@ type Stats struct {
 	BytesIn      int64 // value bytes received in puts
 	Lookups      int64 // lookup requests answered
 	RegionUse    int64 // ShmServer: bytes of all regions held by unreleased results
+	// ShmServer with an Arena: requests whose values clients read in
+	// place (their blocks pinned) now, and those the server ended at
+	// LeaseTimeout; reserved slots open now, and those ended unfilled
+	// (LeaseTimeout, abort, or the client gone).
+	Leases, LeasesExpired             int64
+	Reservations, ReservationsAborted int64
 }
 
 type counters struct {
 	conns, refused, unauthorized, requests, dropped, hits, misses, bytesOut, puts, bytesIn, regionUse, lookups atomic.Int64
+	leases, leasesExpired, reservations, reservationsAborted                                                   atomic.Int64
 }
 
 func (l *listeners) snapshot() Stats {
@@ -58,6 +65,8 @@ func (l *listeners) snapshot() Stats {
 		Conns: c.conns.Load(), Refused: c.refused.Load(), Unauthorized: c.unauthorized.Load(), Requests: c.requests.Load(), Dropped: c.dropped.Load(),
 		Hits: c.hits.Load(), Misses: c.misses.Load(), BytesOut: c.bytesOut.Load(),
 		Puts: c.puts.Load(), BytesIn: c.bytesIn.Load(), RegionUse: c.regionUse.Load(), Lookups: c.lookups.Load(),
+		Leases: c.leases.Load(), LeasesExpired: c.leasesExpired.Load(),
+		Reservations: c.reservations.Load(), ReservationsAborted: c.reservationsAborted.Load(),
 	}
 }
 

@@ -24,10 +24,21 @@ import (
 // mapping, valid until Release; each Release gives the space back to the
 // server. Requests are pipelined over one unix socket. A ShmClient is safe
 // for concurrent use.
+//
+// When the server shares its DRAM arena with this client (a node-wide
+// principal; see ShmServer), found values are slices of the arena itself:
+// no byte is copied on either side. The server then holds a lease on them
+// (their slots are not reused) until Release, or until its LeaseTimeout
+// (default 30s) passes: a Result must be released before that, and its
+// values not read after. With a writable arena, Put and PutPublish write
+// each value once, straight into a slot the server reserved, and have the
+// server commit it.
 type ShmClient struct {
 	opts   ShmClientOptions
 	uc     *net.UnixConn
 	mem    []byte // the region, mapped read-only
+	arena  []byte // the server's arena, or nil; mapped read-only unless arenaW
+	arenaW bool
 	slots  chan struct{}
 	nextID atomic.Uint64
 	done   chan struct{} // closed when the reader exits
@@ -86,31 +97,83 @@ func DialShm(ctx context.Context, path string, opts *ShmClientOptions) (*ShmClie
 		return nil, fmt.Errorf("transfer: shm dial: %w", err)
 	}
 	uc := nc.(*net.UnixConn)
-	hl, mem, err := receiveRegion(ctx, uc, o.Token, &o.Limits)
+	hl, mem, arena, err := receiveRegion(ctx, uc, o.Token, &o.Limits)
 	if err != nil {
 		uc.Close()
 		return nil, fmt.Errorf("transfer: shm dial %s: %w", path, err)
 	}
 	o.Limits = tighter(o.Limits, hl.limits)
-	c := &ShmClient{opts: o, uc: uc, mem: mem, slots: make(chan struct{}, hl.maxPending), done: make(chan struct{})}
+	c := &ShmClient{opts: o, uc: uc, mem: mem, arena: arena, arenaW: hl.arena&arenaWritable != 0,
+		slots: make(chan struct{}, hl.maxPending), done: make(chan struct{})}
 	c.mu.waiters = make(map[uint64]chan shmReply)
 	go c.readLoop()
 	return c, nil
 }
 
 // receiveRegion sends the client's hello (with token), reads the server's
-// hello frame and the region's descriptor, checks the region and maps it
-// read-only. A server that refused the client answers with an error frame
-// instead, returned as an ErrAuth or ErrRemote error.
-func receiveRegion(ctx context.Context, uc *net.UnixConn, token string, lim *Limits) (hello, []byte, error) {
+// hello frame and the region's descriptor (and the arena's, when the hello
+// says one follows), checks the region and maps it read-only, and maps the
+// arena (writable when the hello says so). A server that refused the
+// client answers with an error frame instead, returned as an ErrAuth or
+// ErrRemote error.
+func receiveRegion(ctx context.Context, uc *net.UnixConn, token string, lim *Limits) (hl hello, mem, arena []byte, err error) {
+	hl, mem, fds, err := receiveHello(ctx, uc, token, lim)
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	if err != nil {
+		return hl, nil, nil, err
+	}
+	if hl.arena&arenaShared == 0 {
+		return hl, mem, nil, nil
+	}
+	arena, err = mapArena(fds[1], hl.arena&arenaWritable != 0)
+	if err != nil {
+		unix.Munmap(mem)
+		return hl, nil, nil, err
+	}
+	return hl, mem, arena, nil
+}
+
+// mapArena maps the server's arena from its descriptor.
+func mapArena(fd int, writable bool) ([]byte, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("stat arena: %w", err)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("arena seals: %w", err)
+	case st.Size <= 0 || st.Size%valueAlign != 0:
+		return nil, corrupt("arena of %d bytes", st.Size)
+	case seals&unix.F_SEAL_SHRINK == 0:
+		return nil, corrupt("arena is not sealed against shrinking")
+	}
+	prot := unix.PROT_READ
+	if writable {
+		prot |= unix.PROT_WRITE
+	}
+	arena, err := unix.Mmap(fd, 0, int(st.Size), prot, unix.MAP_SHARED|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("map arena: %w", err)
+	}
+	return arena, nil
+}
+
+// receiveHello does receiveRegion's exchange; the caller closes fds.
+func receiveHello(ctx context.Context, uc *net.UnixConn, token string, lim *Limits) (hello, []byte, []int, error) {
 	dl, _ := ctx.Deadline()
 	uc.SetDeadline(dl)
 	defer uc.SetDeadline(time.Time{})
 	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(aLongTimeAgo) })
 	defer stop()
 	var enc encoder
-	if _, err := uc.Write(helloFrame(&enc, token)); err != nil {
-		return hello{}, nil, fmt.Errorf("send hello: %w", err)
+	copy(enc.begin(typeHello, len(token)), token)
+	if _, err := uc.Write(enc.finish(header{typ: typeHello, count: len(token), arena: true})); err != nil {
+		return hello{}, nil, nil, fmt.Errorf("send hello: %w", err)
 	}
 	buf := make([]byte, headerLen+helloEntry)
 	oob := make([]byte, unix.CmsgSpace(4*4))
@@ -129,65 +192,63 @@ func receiveRegion(ctx context.Context, uc *net.UnixConn, token string, lim *Lim
 			err = perr
 		}
 	}
-	defer func() {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-	}()
 	switch {
 	case err != nil:
-		return hello{}, nil, fmt.Errorf("receive region: %w", err)
+		return hello{}, nil, fds, fmt.Errorf("receive region: %w", err)
 	case n == 0:
-		return hello{}, nil, fmt.Errorf("receive region: server closed the connection (over MaxClients?): %w", io.EOF)
-	case flags&unix.MSG_CTRUNC != 0 || len(fds) > 1:
-		return hello{}, nil, corrupt("hello came with %d descriptors", len(fds))
+		return hello{}, nil, fds, fmt.Errorf("receive region: server closed the connection (over MaxClients?): %w", io.EOF)
+	case flags&unix.MSG_CTRUNC != 0 || len(fds) > 2:
+		return hello{}, nil, fds, corrupt("hello came with %d descriptors", len(fds))
 	}
 	if n < headerLen {
 		if _, err := io.ReadFull(uc, buf[n:headerLen]); err != nil {
-			return hello{}, nil, fmt.Errorf("receive region: %w", err)
+			return hello{}, nil, fds, fmt.Errorf("receive region: %w", err)
 		}
 		n = headerLen
 	}
 	h, err := parseHeader(buf[:headerLen], lim)
 	if err != nil {
-		return hello{}, nil, err
+		return hello{}, nil, fds, err
 	}
 	if h.typ == typeError {
 		// Refused: the message follows, partly read already.
-		return hello{}, nil, remoteError(io.MultiReader(bytes.NewReader(buf[headerLen:n]), uc), &h)
+		return hello{}, nil, fds, remoteError(io.MultiReader(bytes.NewReader(buf[headerLen:n]), uc), &h)
 	}
-	if h.typ != typeShmHello || len(fds) != 1 {
-		return hello{}, nil, corrupt("got %s with %d descriptors, want shm hello with the region", h.typ, len(fds))
+	if h.typ != typeShmHello || len(fds) < 1 {
+		return hello{}, nil, fds, corrupt("got %s with %d descriptors, want shm hello with the region", h.typ, len(fds))
 	}
 	if _, err := io.ReadFull(uc, buf[n:]); err != nil {
-		return hello{}, nil, fmt.Errorf("receive region: %w", err)
+		return hello{}, nil, fds, fmt.Errorf("receive region: %w", err)
 	}
 	if err := checkTable(&h, buf[headerLen:]); err != nil {
-		return hello{}, nil, err
+		return hello{}, nil, fds, err
 	}
 	hl, err := parseHello(buf[headerLen:])
 	if err != nil {
-		return hello{}, nil, err
+		return hello{}, nil, fds, err
+	}
+	if want := 1 + int(hl.arena&arenaShared); len(fds) != want {
+		return hello{}, nil, fds, corrupt("shm hello with %d descriptors, want %d", len(fds), want)
 	}
 	fd := fds[0]
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return hello{}, nil, fmt.Errorf("stat region: %w", err)
+		return hello{}, nil, fds, fmt.Errorf("stat region: %w", err)
 	}
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	switch {
 	case err != nil:
-		return hello{}, nil, fmt.Errorf("region seals: %w", err)
+		return hello{}, nil, fds, fmt.Errorf("region seals: %w", err)
 	case st.Size != hl.regionSize:
-		return hello{}, nil, corrupt("region is %d bytes, hello says %d", st.Size, hl.regionSize)
+		return hello{}, nil, fds, corrupt("region is %d bytes, hello says %d", st.Size, hl.regionSize)
 	case seals&unix.F_SEAL_SHRINK == 0:
-		return hello{}, nil, corrupt("region is not sealed against shrinking")
+		return hello{}, nil, fds, corrupt("region is not sealed against shrinking")
 	}
 	mem, err := unix.Mmap(fd, 0, int(hl.regionSize), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
-		return hello{}, nil, fmt.Errorf("map region: %w", err)
+		return hello{}, nil, fds, fmt.Errorf("map region: %w", err)
 	}
-	return hl, mem, nil
+	return hl, mem, fds, nil
 }
 
 // Close disconnects from the server; requests in flight fail with
@@ -213,6 +274,11 @@ func (c *ShmClient) unmapLocked() {
 		c.mu.unmapped = true
 		if err := unix.Munmap(c.mem); err != nil {
 			panic(fmt.Sprintf("transfer: unmap shm region: %v", err))
+		}
+		if c.arena != nil {
+			if err := unix.Munmap(c.arena); err != nil {
+				panic(fmt.Sprintf("transfer: unmap shared arena: %v", err))
+			}
 		}
 	}
 }
@@ -316,10 +382,15 @@ func (c *ShmClient) roundTrip(ctx context.Context, fill func(id uint64) net.Buff
 		if n > 0 {
 			c.uc.Close() // a partial frame: the stream is unusable
 		}
+		// The reader may have taken the answer (an error frame the
+		// server sent before it closed) and with it the slot.
 		c.mu.Lock()
+		_, mine := c.mu.waiters[id]
 		delete(c.mu.waiters, id)
 		c.mu.Unlock()
-		<-c.slots
+		if mine {
+			<-c.slots
+		}
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 		}
@@ -362,7 +433,7 @@ func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, er
 	r := newResult(c, len(keys))
 	var st []Status
 	var lens []int
-	var offs []int64
+	var offs []uint64
 	err := getRounds(len(keys), c.opts.MaxItems, func(idx []int) ([]int, error) {
 		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
 			t := c.enc.begin(typeGetReq, len(idx))
@@ -380,11 +451,16 @@ func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, er
 		if rep.h.typ != typeShmGetResp || rep.h.count != len(idx) {
 			return nil, corrupt("got %s of %d items for %d keys", rep.h.typ, rep.h.count, len(idx))
 		}
-		if err := parseShmResp(rep.table, &c.opts.Limits, int64(len(c.mem)), st, lens, offs); err != nil {
+		if err := parseShmResp(rep.table, &c.opts.Limits, int64(len(c.mem)), int64(len(c.arena)), st, lens, offs); err != nil {
 			return nil, err
 		}
 		return fillResult(r, idx, st, func(i int) []byte {
-			return c.mem[offs[i] : offs[i]+int64(lens[i]) : offs[i]+int64(lens[i])]
+			m, off := c.mem, offs[i]
+			if off&inArena != 0 {
+				m, off = c.arena, off&^inArena
+			}
+			end := off + uint64(lens[i])
+			return m[off:end:end]
 		}), nil
 	})
 	if err != nil {
@@ -413,10 +489,117 @@ func (c *ShmClient) PutPublish(ctx context.Context, keys, chunkKeys []prefixhash
 	return c.put(ctx, p)
 }
 
-// put sends p as put requests, or publish requests.
+// put sends p as put requests, or publish requests; with a writable
+// arena, it writes the values into reserved slots instead, and sends only
+// those that got none.
 func (c *ShmClient) put(ctx context.Context, p puts) ([]Status, error) {
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
+	if !c.arenaW {
+		return c.putInline(ctx, p)
+	}
+	st, err := putFrames(&p, &c.opts.Limits, func(lo, hi, _ int, st []Status) error {
+		return c.putReserved(ctx, &p, lo, hi, st)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("transfer: shm put %d values: %w", len(p.keys), err)
+	}
+	var rest []int
+	for i, s := range st {
+		if s == statusRetry {
+			rest = append(rest, i)
+		}
+	}
+	if len(rest) == 0 {
+		return st, nil
+	}
+	q := p.pick(rest)
+	sub, err := c.putInline(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range rest {
+		st[i] = sub[j]
+	}
+	return st, nil
+}
+
+// putReserved stores items [lo, hi) of p through the arena: one round trip
+// reserves a slot per item, the values are written into them here, and a
+// second round trip commits them. st gets each item's status; statusRetry
+// for one that got no slot (the server had no room), which the caller
+// sends inline. If the commit cannot be sent or answered, the reservations
+// are released, so the server frees their slots at once.
+func (c *ShmClient) putReserved(ctx context.Context, p *puts, lo, hi int, st []Status) error {
+	n := hi - lo
+	rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
+		t := c.enc.begin(typeShmReserveReq, n)
+		for j := range n {
+			var chunk prefixhash.Key
+			if p.chunkKeys != nil {
+				chunk = p.chunkKeys[lo+j]
+			}
+			putReserveEntry(t, j, p.keys[lo+j], prefixhash.Key{}, chunk, p.valueLen(lo+j))
+		}
+		h := scoped(ctx, header{typ: typeShmReserveReq, id: id, count: n, timeout: timeoutMillis(ctx)})
+		c.bufs = append(c.bufs[:0], c.enc.finish(h))
+		return c.bufs
+	})
+	if err != nil {
+		return err
+	}
+	rid := rep.h.id
+	if rep.h.typ != typeShmGetResp || rep.h.count != n {
+		return corrupt("got %s of %d items for a reservation of %d", rep.h.typ, rep.h.count, n)
+	}
+	rst, lens, offs := make([]Status, n), make([]int, n), make([]uint64, n)
+	if err := parseShmResp(rep.table, &c.opts.Limits, int64(len(c.mem)), int64(len(c.arena)), rst, lens, offs); err != nil {
+		c.sendRelease([]uint64{rid})
+		return err
+	}
+	reserved := 0
+	for j := range n {
+		i := lo + j
+		if rst[j] != StatusOK || offs[j]&inArena == 0 || lens[j] != p.valueLen(i) {
+			st[j] = statusRetry
+			continue
+		}
+		dst := c.arena[offs[j]&^inArena:][:lens[j]]
+		if p.heads != nil {
+			dst = dst[copy(dst, p.heads[i]):]
+		}
+		copy(dst, p.vals[i])
+		reserved++
+	}
+	if reserved == 0 {
+		return nil
+	}
+	rep, err = c.roundTrip(ctx, func(id uint64) net.Buffers {
+		putIDEntry(c.enc.begin(typeShmCommitReq, 1), 0, rid)
+		c.bufs = append(c.bufs[:0], c.enc.finish(header{typ: typeShmCommitReq, id: id, count: 1}))
+		return c.bufs
+	})
+	if err != nil {
+		c.sendRelease([]uint64{rid}) // frees the slots if the commit never ran
+		return err
+	}
+	if rep.h.typ != typePutResp || rep.h.count != n {
+		return corrupt("got %s of %d items for a commit of %d", rep.h.typ, rep.h.count, n)
+	}
+	cst := make([]Status, n)
+	if err := parsePutResp(rep.table, cst); err != nil {
+		return err
+	}
+	for j := range n {
+		if st[j] != statusRetry {
+			st[j] = cst[j]
+		}
+	}
+	return nil
+}
+
+// putInline sends p as put requests, or publish requests, values inline.
+func (c *ShmClient) putInline(ctx context.Context, p puts) ([]Status, error) {
 	st, err := putFrames(&p, &c.opts.Limits, func(lo, hi, bytes int, st []Status) error {
 		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
 			q := p.sub(lo, hi)

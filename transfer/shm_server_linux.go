@@ -16,6 +16,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -35,9 +36,23 @@ import (
 // waits for space (until its deadline) or, when part of it was already
 // placed, is answered in part and the client asks again for the rest.
 //
-// Each client is served by two goroutines: a reader that handles releases
-// and puts at once, and a worker that answers gets in order (and may wait
-// for space, which only the reader can free).
+// With an Arena (ShmServerOptions.Arena), a client that is a node-wide
+// principal also gets a descriptor of the node's DRAM arena: read-only to a
+// reader, writable to a writer when a Reserver is set. Its gets are then
+// answered in place: a value found in the arena is sent as its arena
+// offset, and the request holds a lease on it (the block stays pinned, its
+// slot unused by anything else) until the client releases the request or
+// LeaseTimeout passes, whichever is first; a value elsewhere (read from
+// NVMe) is copied into the region as before. Its puts reserve slots in the
+// arena (a reserve request), write the blocks there themselves and commit
+// them (a commit request): the server verifies and indexes the slots
+// without copying a byte. A reservation not committed within LeaseTimeout,
+// released by the client, or whose client disconnects is freed. A tenant's
+// client never gets the arena, which holds every tenant's blocks.
+//
+// Each client is served by two goroutines: a reader that handles releases,
+// puts, reservations and commits at once, and a worker that answers gets
+// in order (and may wait for space, which only the reader can free).
 type ShmServer struct {
 	listeners
 	src      Source
@@ -100,7 +115,7 @@ func (s *ShmServer) Stats() Stats { return s.snapshot() }
 
 func (s *ShmServer) serveConn(nc net.Conn) {
 	uc := nc.(*net.UnixConn)
-	who, err := s.admitPeer(uc)
+	who, wantArena, err := s.admitPeer(uc)
 	if err != nil {
 		if errors.Is(err, ErrAuth) {
 			s.stats.unauthorized.Add(1)
@@ -112,7 +127,7 @@ func (s *ShmServer) serveConn(nc net.Conn) {
 		}
 		return
 	}
-	c, err := s.newShmConn(uc, who)
+	c, err := s.newShmConn(uc, who, wantArena)
 	if err != nil {
 		s.stats.dropped.Add(1)
 		s.log.Warn("transfer: shm client setup failed", "err", err)
@@ -124,15 +139,16 @@ func (s *ShmServer) serveConn(nc net.Conn) {
 // admitPeer decides a new client before it gets a region: it reads its
 // hello within HandshakeTimeout, then checks its user id (SO_PEERCRED) when
 // PeerUIDs is set and its token when Tokens is. A refused client is told
-// why in an error frame.
-func (s *ShmServer) admitPeer(uc *net.UnixConn) (auth.Principal, error) {
+// why in an error frame. wantArena reports that the hello asked for the
+// DRAM arena.
+func (s *ShmServer) admitPeer(uc *net.UnixConn) (who auth.Principal, wantArena bool, err error) {
 	// The hello is read first, whatever is decided: a client refused
 	// before it wrote its hello would see a broken pipe, not the refusal.
 	uc.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	defer uc.SetDeadline(time.Time{})
 	var hdr [headerLen]byte
 	if _, err := io.ReadFull(uc, hdr[:]); err != nil {
-		return auth.Principal{}, fmt.Errorf("read hello: %w", err)
+		return auth.Principal{}, false, fmt.Errorf("read hello: %w", err)
 	}
 	h, err := parseHeader(hdr[:], &s.opts.Limits)
 	if err == nil && h.typ != typeHello {
@@ -145,15 +161,15 @@ func (s *ShmServer) admitPeer(uc *net.UnixConn) (auth.Principal, error) {
 	if err == nil && len(s.opts.PeerUIDs) > 0 {
 		err = checkPeer(uc, s.opts.PeerUIDs)
 	}
-	who := auth.Open
+	who = auth.Open
 	if err == nil {
 		who, err = checkHello(s.opts.Tokens, table)
 	}
 	if err != nil {
 		sendError(uc, 0, err)
-		return who, err
+		return who, false, err
 	}
-	return who, nil
+	return who, h.arena, nil
 }
 
 // checkPeer refuses a client whose process runs as a user not in uids.
@@ -194,13 +210,35 @@ type shmConn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	// shared is the node's arena when this client was given it (nil
+	// otherwise); writable when it takes reservations too.
+	shared   []byte
+	writable bool
+
 	wmu sync.Mutex // serializes writes to uc
 	mu  struct {
 		sync.Mutex
-		arena *arena
-		held  map[uint64][]extent // request id → region space its answer holds
-		freed chan struct{}       // closed and replaced whenever space is freed
+		arena  *arena
+		held   map[uint64][]extent  // request id → region space its answer holds
+		freed  chan struct{}        // closed and replaced whenever space is freed
+		leases map[uint64]*lease    // request id → the pins of values read in place
+		resv   map[uint64]*reserved // reserve request id → its open reservations
 	}
+}
+
+// lease holds the blocks of a get answered in place, until the client
+// releases the request or timer fires.
+type lease struct {
+	release func()
+	timer   *time.Timer
+}
+
+// reserved is a reserve request's open reservations (nil where an item got
+// none), until the client commits or releases them or their context ends.
+type reserved struct {
+	items  []Reservation
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 type shmWork struct {
@@ -210,7 +248,7 @@ type shmWork struct {
 
 // newShmConn creates the client's region and sends it, with the hello
 // frame, over uc.
-func (s *ShmServer) newShmConn(uc *net.UnixConn, who auth.Principal) (*shmConn, error) {
+func (s *ShmServer) newShmConn(uc *net.UnixConn, who auth.Principal, wantArena bool) (*shmConn, error) {
 	size := s.opts.RegionSize
 	fd, err := unix.MemfdCreate("kvmesh-transfer", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -233,21 +271,80 @@ func (s *ShmServer) newShmConn(uc *net.UnixConn, who auth.Principal) (*shmConn, 
 			return nil, fmt.Errorf("seal region: %w", err)
 		}
 	}
+	fds := []int{fd}
+	hl := hello{regionSize: size, maxPending: s.opts.MaxPending, limits: s.opts.Limits}
+	shared, afd, writable, err := s.shareArena(who, wantArena)
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, err
+	}
+	if afd >= 0 {
+		defer unix.Close(afd)
+		fds = append(fds, afd)
+		hl.arena = arenaShared
+		if writable {
+			hl.arena |= arenaWritable
+		}
+	}
 	var enc encoder
-	putHello(enc.begin(typeShmHello, 1), hello{regionSize: size, maxPending: s.opts.MaxPending, limits: s.opts.Limits})
+	putHello(enc.begin(typeShmHello, 1), hl)
 	frame := enc.finish(header{typ: typeShmHello, count: 1})
 	uc.SetWriteDeadline(time.Now().Add(s.opts.RequestTimeout))
-	if _, _, err := uc.WriteMsgUnix(frame, unix.UnixRights(fd), nil); err != nil {
+	if _, _, err := uc.WriteMsgUnix(frame, unix.UnixRights(fds...), nil); err != nil {
 		unix.Munmap(mem)
 		return nil, fmt.Errorf("send region: %w", err)
 	}
 	uc.SetWriteDeadline(time.Time{})
-	c := &shmConn{s: s, uc: uc, mem: mem, who: who}
+	c := &shmConn{s: s, uc: uc, mem: mem, who: who, shared: shared, writable: writable}
+	c.mu.leases = make(map[uint64]*lease)
+	c.mu.resv = make(map[uint64]*reserved)
 	c.ctx, c.cancel = context.WithCancel(s.ctx)
 	c.mu.arena = newArena(size)
 	c.mu.held = make(map[uint64][]extent)
 	c.mu.freed = make(chan struct{})
 	return c, nil
+}
+
+// shareArena returns the arena and a descriptor of it to send to a client
+// that is who: none (fd -1) to a client that did not ask, to a tenant, or
+// without an Arena; a read-only
+// one (reopened O_RDONLY, so that the client cannot map it writable) to a
+// reader; the memfd's own, writable, to a writer when reservations are
+// served. A returned descriptor is the caller's to close.
+func (s *ShmServer) shareArena(who auth.Principal, asked bool) (mem []byte, fd int, writable bool, err error) {
+	if !asked || s.opts.Arena == nil || who.Scoped() || !who.Can(auth.Read) {
+		return nil, -1, false, nil
+	}
+	mem, afd := s.opts.Arena.Arena()
+	if mem == nil || afd < 0 {
+		return nil, -1, false, nil // closed: copies, as without one
+	}
+	if s.opts.Reserver != nil && who.Can(auth.Write) {
+		fd, err = unix.Dup(afd)
+		if err != nil {
+			return nil, -1, false, fmt.Errorf("dup arena: %w", err)
+		}
+		return mem, fd, true, nil
+	}
+	fd, err = unix.Open(fmt.Sprintf("/proc/self/fd/%d", afd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, -1, false, fmt.Errorf("reopen arena read-only: %w", err)
+	}
+	return mem, fd, false, nil
+}
+
+// inArena returns the offset of v in the shared arena, and whether v lies
+// in it.
+func (c *shmConn) inArena(v []byte) (int64, bool) {
+	if c.shared == nil || len(v) == 0 {
+		return 0, false
+	}
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(c.shared)))
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(v)))
+	if p < base || p-base > uintptr(len(c.shared)) || uintptr(len(v)) > uintptr(len(c.shared))-(p-base) {
+		return 0, false
+	}
+	return int64(p - base), true
 }
 
 // run serves the client until it disconnects or breaks the protocol, then
@@ -273,7 +370,16 @@ func (c *shmConn) run() {
 	}
 	c.mu.Lock()
 	c.s.stats.regionUse.Add(-c.mu.arena.used)
+	leases, resv := c.mu.leases, c.mu.resv
+	c.mu.leases, c.mu.resv = nil, nil
 	c.mu.Unlock()
+	// The client is gone: its leases end and its reservations are freed.
+	for _, l := range leases {
+		c.endLease(l, false)
+	}
+	for _, r := range resv {
+		c.abort(r)
+	}
 	if err := unix.Munmap(c.mem); err != nil {
 		panic(fmt.Sprintf("transfer: unmap shm region: %v", err))
 	}
@@ -322,6 +428,26 @@ func (c *shmConn) readLoop(work chan<- shmWork) error {
 			release = grow(release, h.count)
 			parseIDs(table, release)
 			c.free(release)
+		case typeShmReserveReq:
+			ctx, err := requestScope(c.ctx, c.who, &h)
+			if err != nil {
+				s.stats.unauthorized.Add(1)
+				return c.sendError(h.id, err)
+			}
+			if !c.writable {
+				return c.sendError(h.id, fmt.Errorf("%w: reservations need the writable arena, which this client was not given", ErrUnsupported))
+			}
+			if err := c.reserve(ctx, &h, table); err != nil {
+				return err
+			}
+			s.stats.requests.Add(1)
+		case typeShmCommitReq:
+			var id [1]uint64
+			parseIDs(table, id[:])
+			if err := c.commit(h.id, id[0]); err != nil {
+				return err
+			}
+			s.stats.requests.Add(1)
 		case typePutReq, typePublishReq:
 			ctx, cancel := requestDeadline(c.ctx, &h, s.opts.RequestTimeout)
 			ctx, err := requestScope(ctx, c.who, &h)
@@ -363,22 +489,194 @@ func (c *shmConn) sendError(id uint64, err error) error {
 	return sendError(c.uc, id, err)
 }
 
-// free gives back the region space of the requests ids.
+// free gives back the region space and the leases of the requests ids, and
+// aborts the reservations of reserve requests among them.
 func (c *shmConn) free(ids []uint64) {
+	var leases []*lease
+	var resv []*reserved
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	before := c.mu.arena.used
 	for _, id := range ids {
 		for _, e := range c.mu.held[id] {
 			c.mu.arena.release(e.off, e.n)
 		}
 		delete(c.mu.held, id)
+		if l, ok := c.mu.leases[id]; ok {
+			leases = append(leases, l)
+			delete(c.mu.leases, id)
+		}
+		if r, ok := c.mu.resv[id]; ok {
+			resv = append(resv, r)
+			delete(c.mu.resv, id)
+		}
 	}
 	if freed := before - c.mu.arena.used; freed > 0 {
 		c.s.stats.regionUse.Add(-freed)
 		close(c.mu.freed)
 		c.mu.freed = make(chan struct{})
 	}
+	c.mu.Unlock()
+	for _, l := range leases {
+		c.endLease(l, false)
+	}
+	for _, r := range resv {
+		c.abort(r)
+	}
+}
+
+// lease keeps release (the pins of request id's values, read in place)
+// until the client releases id or LeaseTimeout passes.
+func (c *shmConn) lease(id uint64, release func()) {
+	l := &lease{release: release}
+	c.mu.Lock()
+	if c.mu.leases == nil { // torn down meanwhile
+		c.mu.Unlock()
+		release()
+		return
+	}
+	c.mu.leases[id] = l
+	c.s.stats.leases.Add(1)
+	// Under the lock, so that expire finds the lease whole.
+	l.timer = time.AfterFunc(c.s.opts.LeaseTimeout, func() { c.expire(id, l) })
+	c.mu.Unlock()
+}
+
+// expire ends lease l of request id at LeaseTimeout, unless the client
+// released it first.
+func (c *shmConn) expire(id uint64, l *lease) {
+	c.mu.Lock()
+	if c.mu.leases[id] != l {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.mu.leases, id)
+	c.mu.Unlock()
+	c.endLease(l, true)
+}
+
+// endLease unpins a lease taken out of c.mu.leases.
+func (c *shmConn) endLease(l *lease, expired bool) {
+	l.timer.Stop()
+	l.release()
+	c.s.stats.leases.Add(-1)
+	if expired {
+		c.s.stats.leasesExpired.Add(1)
+	}
+}
+
+// reserve answers a reserve request: a slot in the arena per item, which
+// the client fills and then commits. An item that gets none (no room, or a
+// value over a limit) is answered StatusMiss or StatusError: the client
+// sends it another way. The reservations end with LeaseTimeout, the
+// client's release of the request, or the connection.
+func (c *shmConn) reserve(ctx context.Context, h *header, table []byte) error {
+	s := c.s
+	items := make([]reserveItem, h.count)
+	if err := parseReserve(table, &s.opts.Limits, items); err != nil {
+		return c.sendError(h.id, err)
+	}
+	r := &reserved{items: make([]Reservation, len(items))}
+	r.ctx, r.cancel = context.WithTimeout(ctx, s.opts.LeaseTimeout)
+	var enc encoder
+	t := enc.begin(typeShmGetResp, len(items))
+	open := 0
+	for i, it := range items {
+		res, err := s.opts.Reserver.Reserve(r.ctx, it.key, it.parent, it.chunk, it.n)
+		if err != nil {
+			st := StatusMiss
+			if errors.Is(err, ErrLimit) {
+				st = StatusError
+			}
+			putShmEntry(t, i, st, 0, 0)
+			continue
+		}
+		off, ok := c.inArena(res.Buf())
+		if !ok || len(res.Buf()) != it.n {
+			res.Abort() // not where the client can write it
+			putShmEntry(t, i, StatusError, 0, 0)
+			continue
+		}
+		r.items[i] = res
+		open++
+		putShmEntry(t, i, StatusOK, it.n, arenaOff(off))
+	}
+	if open > 0 {
+		s.stats.reservations.Add(int64(open))
+		c.mu.Lock()
+		c.mu.resv[h.id] = r
+		c.mu.Unlock()
+		// A reservation the client never commits nor releases ends with
+		// its context: forget it then.
+		context.AfterFunc(r.ctx, func() {
+			c.mu.Lock()
+			mine := c.mu.resv[h.id] == r
+			if mine {
+				delete(c.mu.resv, h.id)
+			}
+			c.mu.Unlock()
+			if mine {
+				c.abort(r)
+			}
+		})
+	} else {
+		r.cancel()
+	}
+	return c.write(enc.finish(header{typ: typeShmGetResp, id: h.id, count: len(items)}))
+}
+
+// abort frees the open reservations of r, taken out of c.mu.resv.
+func (c *shmConn) abort(r *reserved) {
+	n := int64(0)
+	for _, res := range r.items {
+		if res != nil {
+			res.Abort()
+			n++
+		}
+	}
+	r.cancel()
+	c.s.stats.reservations.Add(-n)
+	c.s.stats.reservationsAborted.Add(n)
+}
+
+// commit answers a commit request (id) for the reserve request rid: each
+// filled slot is verified and stored in place (and, with a chunk key,
+// published). A reservation that ended (timeout, release) is a miss.
+func (c *shmConn) commit(id, rid uint64) error {
+	s := c.s
+	c.mu.Lock()
+	r, ok := c.mu.resv[rid]
+	delete(c.mu.resv, rid)
+	c.mu.Unlock()
+	var enc encoder
+	if !ok {
+		return c.sendError(id, fmt.Errorf("%w: commit of reservation %d, which is not open (ended after %v, released, or never made)",
+			ErrLimit, rid, s.opts.LeaseTimeout))
+	}
+	defer r.cancel()
+	st := make([]Status, len(r.items))
+	n := int64(0)
+	for i, res := range r.items {
+		if res == nil {
+			continue
+		}
+		n++
+		size := len(res.Buf())
+		if err := res.Commit(); err != nil {
+			if errors.Is(err, ErrCorrupt) || errors.Is(err, ErrLimit) {
+				st[i] = StatusError
+			}
+			continue
+		}
+		st[i] = StatusOK
+		s.stats.puts.Add(1)
+		s.stats.bytesIn.Add(int64(size))
+	}
+	s.stats.reservations.Add(-n)
+	t := enc.begin(typePutResp, len(st))
+	for i, x := range st {
+		putStatusEntry(t, i, x, 0)
+	}
+	return c.write(enc.finish(header{typ: typePutResp, id: id, count: len(st)}))
 }
 
 // alloc takes n bytes of the region. With wait, it waits for space until
@@ -417,9 +715,18 @@ func (c *shmConn) get(w shmWork) {
 	t := enc.begin(typeShmGetResp, n)
 	var held []extent
 	var placed int64
-	full := false
+	full, leased := false, false
 	for i := range n {
 		v := vals[i]
+		if st[i] == StatusOK && len(v) <= maxValue {
+			if off, ok := c.inArena(v); ok {
+				putShmEntry(t, i, StatusOK, len(v), arenaOff(off))
+				leased = true
+				s.stats.hits.Add(1)
+				s.stats.bytesOut.Add(int64(len(v)))
+				continue
+			}
+		}
 		switch {
 		case st[i] != StatusOK:
 			if st[i] != StatusMiss {
@@ -430,9 +737,9 @@ func (c *shmConn) get(w shmWork) {
 		case full:
 			st[i] = statusRetry
 		default:
-			off, ok := c.alloc(ctx, len(v), len(held) == 0)
+			off, ok := c.alloc(ctx, len(v), len(held) == 0 && !leased)
 			if !ok {
-				if len(held) == 0 {
+				if len(held) == 0 && !leased {
 					// Waited the whole deadline and placed nothing.
 					if release != nil {
 						release()
@@ -459,7 +766,11 @@ func (c *shmConn) get(w shmWork) {
 			s.stats.misses.Add(1)
 		}
 	}
-	if release != nil {
+	switch {
+	case release == nil:
+	case leased:
+		c.lease(w.h.id, release)
+	default:
 		release()
 	}
 	if len(held) > 0 {
@@ -483,3 +794,6 @@ func (c *shmConn) used() int64 {
 	defer c.mu.Unlock()
 	return c.mu.arena.used
 }
+
+// arenaOff marks an arena offset for a shmGetResp entry.
+func arenaOff(off int64) int64 { return int64(uint64(off) | inArena) }

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/transfer/internal/pattern"
@@ -154,5 +153,3 @@ func within(t testing.TB, d time.Duration, fn func()) {
 		panic(fmt.Sprintf("%s: operation still blocked after %v", t.Name(), d))
 	}
 }
-
-func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
