@@ -7,25 +7,11 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block/blocktest"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
-
-// waitFor polls cond until it holds or 10 s pass.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		<-tick.C
-	}
-}
 
 // TestLocalPinsUnderEviction holds Refs while other goroutines put, get and
 // drop hard enough to evict everything evictable: a Ref's bytes never change
@@ -191,7 +177,7 @@ func TestLocalGetCanceled(t *testing.T) {
 		_, err := l.Get(ctx, b.key)
 		done <- err
 	}()
-	waitFor(t, func() bool { l.mu.Lock(); defer l.mu.Unlock(); return l.mu.waiters[i] != nil })
+	testkit.WaitFor(t, "the Get to wait on the block", func() bool { l.mu.Lock(); defer l.mu.Unlock(); return l.mu.waiters[i] != nil })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled Get = %v", err)

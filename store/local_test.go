@@ -10,6 +10,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/block/blocktest"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -608,7 +609,7 @@ func TestLocalReopen(t *testing.T) {
 			t.Fatalf("cached prefix after reopen: %d blocks, want %d", n, prefix)
 		}
 		if !skipScan {
-			waitFor(t, func() bool {
+			testkit.WaitFor(t, "the background scan to read every recovered header", func() bool {
 				for _, n := range l.Stats().Namespaces {
 					if n.Digest == 0 {
 						return false

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -115,7 +116,7 @@ func TestGetSplitByBatchBytes(t *testing.T) {
 	defer r.Release()
 	checkResult(t, src, keys, r)
 	// The server counts a request after writing its answer.
-	waitFor(t, "the batch to take at least 3 requests", func() bool { return srv.Stats().Requests >= 3 })
+	testkit.WaitFor(t, "the batch to take at least 3 requests", func() bool { return srv.Stats().Requests >= 3 })
 }
 
 func TestPutRoundTrip(t *testing.T) {
@@ -301,7 +302,7 @@ func TestSlowSourceDeadline(t *testing.T) {
 		checkResult(t, src, keys, r)
 		r.Release()
 	}
-	waitFor(t, "the abandoned connection to close", func() bool { return srv.Stats().Conns == 1 })
+	testkit.WaitFor(t, "the abandoned connection to close", func() bool { return srv.Stats().Conns == 1 })
 }
 
 // writeRaw sends bytes on a fresh connection and returns everything the
@@ -394,7 +395,7 @@ func TestCorruptFrames(t *testing.T) {
 	if out := writeRaw(t, addr, req[:20]); len(out) != 0 {
 		t.Fatalf("truncated header got a %d-byte answer", len(out))
 	}
-	waitFor(t, "bad connections to be dropped", func() bool { return srv.Stats().Dropped >= 8 })
+	testkit.WaitFor(t, "bad connections to be dropped", func() bool { return srv.Stats().Dropped >= 8 })
 }
 
 func helloAck(id uint64) []byte {
@@ -636,7 +637,7 @@ func TestStaleConnectionRetried(t *testing.T) {
 			}
 			checkResult(t, src, keys, r)
 			r.Release()
-			waitFor(t, "the server to close the idle connection", func() bool { return srv.Stats().Conns == 0 })
+			testkit.WaitFor(t, "the server to close the idle connection", func() bool { return srv.Stats().Conns == 0 })
 		}
 	}
 }
