@@ -104,13 +104,8 @@ func TestLocalPinsUnderEviction(t *testing.T) {
 				r.Release()
 			}
 			s := l.Stats()
-			for _, ts := range s.Tiers {
-				if ts.Blocks != ts.Values || ts.Bytes != ts.Stored || ts.Reserved > ts.Capacity {
-					t.Fatalf("after the storm, tier %+v", ts)
-				}
-			}
-			if in, out := s.Puts+s.Recovered, totalBlocks(s)+s.Evictions+s.CorruptDrops+s.NamespaceDrops; in != out {
-				t.Fatalf("%d blocks came in, %d are accounted for: %+v", in, out, s)
+			if err := s.Check(); err != nil {
+				t.Fatalf("after the storm: %v (%+v)", err, s)
 			}
 			if s.Pinned != 0 {
 				t.Fatalf("%d pins left", s.Pinned)

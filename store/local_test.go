@@ -220,25 +220,8 @@ func totalBlocks(s Stats) int64 {
 func checkInvariants(t *testing.T, step int, l *Local, w *world, linked map[prefixhash.Key]bool) {
 	t.Helper()
 	s := l.Stats()
-	for _, ts := range s.Tiers {
-		if ts.Reserved > ts.Capacity {
-			t.Fatalf("step %d: tier %s reserves %d bytes, capacity %d", step, ts.Name, ts.Reserved, ts.Capacity)
-		}
-		if ts.Blocks != ts.Values || ts.Bytes != ts.Stored {
-			t.Fatalf("step %d: tier %s: index has %d blocks, %d bytes; tier has %d values, %d bytes",
-				step, ts.Name, ts.Blocks, ts.Bytes, ts.Values, ts.Stored)
-		}
-	}
-	total := totalBlocks(s)
-	if in, out := s.Puts+s.Recovered, total+s.Evictions+s.CorruptDrops+s.NamespaceDrops; in != out {
-		t.Fatalf("step %d: %d blocks came in, %d are cached or were dropped (%+v)", step, in, out, s)
-	}
-	nsBlocks := int64(0)
-	for _, n := range s.Namespaces {
-		nsBlocks += n.Blocks
-	}
-	if nsBlocks != total {
-		t.Fatalf("step %d: namespaces hold %d blocks, tiers %d", step, nsBlocks, total)
+	if err := s.Check(); err != nil {
+		t.Fatalf("step %d: %v (%+v)", step, err, s)
 	}
 	if s.Pinned != 0 {
 		t.Fatalf("step %d: %d pins with no Ref live", step, s.Pinned)
