@@ -183,7 +183,7 @@ func TestPrefillCLI(t *testing.T) {
 		t.Errorf("second node's logits with the first node's prefix differ from cold by %.2g", diff/scale)
 	}
 	for _, d := range []*daemon{d1, d2} {
-		if exitErr, _ := d.stop(t); exitErr != nil {
+		if _, exitErr := d.stop(t); exitErr != nil {
 			t.Errorf("stop: %v\n%s", exitErr, d.stderr)
 		}
 	}

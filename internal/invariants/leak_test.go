@@ -11,12 +11,12 @@ import (
 
 type handle struct {
 	leak Leak
-	buf  [64]byte
+	name string // not empty: a handle of zero size would never be collected
 }
 
 //go:noinline
 func makeHandle(release bool) {
-	h := &handle{}
+	h := &handle{name: "h"}
 	Track(h, &h.leak, "invariants.handle")
 	if release {
 		h.leak.Stop()
