@@ -8,15 +8,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -182,42 +181,6 @@ func TestShmPut(t *testing.T) {
 			t.Fatalf("put %d: status %s, stored %d bytes of %d", i, st[i], len(got), len(vals[i]))
 		}
 	}
-}
-
-func TestShmConcurrent(t *testing.T) {
-	src := newMemSource()
-	srv, path := startShm(t, src, &ShmServerOptions{RegionSize: 4 << 20, MaxPending: 4})
-	sizes := make([]int, 40)
-	for i := range sizes {
-		sizes[i] = []int{-1, 0, 100, 64 << 10, 300 << 10}[i%5]
-	}
-	keys := fill(src, sizes)
-	c := dialShm(t, path, nil)
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for it := range 40 {
-				lo := (g*7 + it*3) % len(keys)
-				sub := keys[lo:min(lo+1+it%10, len(keys))]
-				r, err := c.Get(context.Background(), sub)
-				if err != nil {
-					errs <- err
-					return
-				}
-				checkResult(t, src, sub, r)
-				r.Release()
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	testkit.WaitFor(t, "the region to be released", func() bool { return srv.Stats().RegionUse == 0 })
 }
 
 // Results stay readable after the server goes away (the client's mapping

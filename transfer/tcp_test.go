@@ -150,61 +150,6 @@ func TestPutRoundTrip(t *testing.T) {
 	r.Release()
 }
 
-func TestConcurrentClients(t *testing.T) {
-	lim := Limits{MaxBatchBytes: 1 << 20, MaxValueSize: 1 << 20}
-	src := newMemSource()
-	_, addr := startServer(t, src, &ServerOptions{Limits: lim})
-	sizes := make([]int, 64)
-	for i := range sizes {
-		sizes[i] = []int{-1, 0, 100, 64 << 10, 300 << 10}[i%5]
-	}
-	keys := fill(src, sizes)
-	clients := []*Client{
-		newClient(t, addr, &ClientOptions{Limits: lim, MaxConns: 2}),
-		newClient(t, addr, &ClientOptions{Limits: lim, MaxConns: 3, MaxInFlightBytes: 2 << 20}),
-	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := clients[g%len(clients)]
-			for it := range 30 {
-				lo := (g*7 + it*5) % len(keys)
-				sub := keys[lo:min(lo+1+it%20, len(keys))]
-				if it%4 == 3 {
-					// Re-put what is there: the source's content never changes.
-					var pk []prefixhash.Key
-					var pv [][]byte
-					for _, k := range sub {
-						if v, ok := src.get(k); ok {
-							pk, pv = append(pk, k), append(pv, v)
-						}
-					}
-					if _, err := c.Put(context.Background(), pk, pv); err != nil {
-						errs <- err
-						return
-					}
-					continue
-				}
-				r, err := c.Get(context.Background(), sub)
-				if err != nil {
-					errs <- err
-					return
-				}
-				checkResult(t, src, sub, r)
-				r.Release()
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-}
-
 // Closing the server while a request is being served fails the request on
 // the client, well before its deadline.
 func TestServerClosedMidRequest(t *testing.T) {
