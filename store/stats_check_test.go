@@ -1,10 +1,14 @@
 package store
 
 import (
+	"context"
 	"strings"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/internal/invariants"
+	"github.com/kvmesh/kvmesh/internal/testkit"
+	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
 
@@ -66,4 +70,33 @@ func TestCloseChecksAccounting(t *testing.T) {
 	}()
 	l.Close()
 	t.Fatal("Close with broken accounting returned")
+}
+
+// TestRefLeakReported: in the invariants build, a pinned Ref collected
+// without Release ends the process with a report of where it was made (in
+// a child process, since the report panics).
+func TestRefLeakReported(t *testing.T) {
+	if testkit.InChild(t) {
+		l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 16, 1024)})
+		w := newWorld(t, 3, blocktest.NS())
+		b := w.blocks[w.extend(-1)]
+		if err := l.Put(context.Background(), b.enc); err != nil {
+			t.Fatal(err)
+		}
+		leakRef(t, l, b.key)
+		testkit.CollectGarbage()
+		return
+	}
+	if !invariants.Enabled {
+		t.Skip("leak reports are on in the invariants build only (-race or -tags invariants)")
+	}
+	testkit.ExpectCrash(t, "leaked, never released: store.Ref created at:", "leakRef")
+}
+
+//go:noinline
+func leakRef(t *testing.T, l *Local, key prefixhash.Key) {
+	r, err := l.Get(context.Background(), key)
+	if err != nil || r.i == 0 {
+		t.Fatalf("Get = %v, pinned %v: want a pinned Ref", err, r != nil && r.i != 0)
+	}
 }

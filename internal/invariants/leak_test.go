@@ -1,12 +1,10 @@
 package invariants
 
 import (
-	"os"
-	"os/exec"
 	"runtime"
-	"strings"
 	"testing"
-	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
 type handle struct {
@@ -33,28 +31,16 @@ func TestLeakStopped(t *testing.T) {
 }
 
 // TestLeakReported: a tracked handle collected without Stop ends the
-// process with a report naming it. The leak happens in a child process (the
-// test binary run again), since the report panics.
+// process with a report naming it and where it was made. The leak happens
+// in a child process, since the report panics.
 func TestLeakReported(t *testing.T) {
-	if os.Getenv("KVMESH_INVARIANTS_LEAK") == "1" {
+	if testkit.InChild(t) {
 		makeHandle(false)
-		// The cleanup runs on its own goroutine after a GC; it ends the
-		// process. A bounded loop: a child that outlives it exits 0 and the
-		// parent fails.
-		for range 1000 {
-			runtime.GC()
-			time.Sleep(time.Millisecond)
-		}
+		testkit.CollectGarbage()
 		return
 	}
 	if !Enabled {
 		t.Skip("leak reports are off in a build without invariants (-race or -tags invariants)")
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestLeakReported$")
-	cmd.Env = append(os.Environ(), "KVMESH_INVARIANTS_LEAK=1")
-	out, err := cmd.CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "leaked, never released: invariants.handle created at:") ||
-		!strings.Contains(string(out), "makeHandle") {
-		t.Fatalf("child leaking a handle: %v\n%s", err, out)
-	}
+	testkit.ExpectCrash(t, "leaked, never released: invariants.handle created at:", "makeHandle")
 }

@@ -150,7 +150,6 @@ var sleepAllowed = map[string]struct {
 	why string
 }{
 	"transfer/shm_test.go":             {1, "a child process that holds a region until the parent kills it"},
-	"internal/invariants/leak_test.go": {1, "a child process that leaks a handle and runs the GC until the leak report ends it"},
 	"node/prefill_bench_test.go":       {1, "a benchmark's think time between a client's requests, the load it models"},
 	"node/batch_bench_test.go":         {1, "a benchmark polling its batch as a client does"},
 	"transfer/bench_test.go":           {1, "a benchmark waiting for redis-server's socket (a peer, not kvmesh)"},
