@@ -7,8 +7,8 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/internal/testkit/transportsuite"
 	"github.com/kvmesh/kvmesh/transfer"
+	"github.com/kvmesh/kvmesh/transfer/transporttest"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -17,9 +17,9 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // worth of connections and an in-flight budget small enough to bind.
 func TestConformanceTCP(t *testing.T) {
 	lim := transfer.Limits{MaxBatchBytes: 1 << 20, MaxValueSize: 1 << 20}
-	transportsuite.Run(t, transportsuite.Harness{
+	transporttest.Run(t, transporttest.Harness{
 		Transport: transfer.TCP{Options: &transfer.ClientOptions{Limits: lim, MaxConns: 3, MaxInFlightBytes: 2 << 20}},
-		Serve: func(t *testing.T, st *transportsuite.Store) string {
+		Serve: func(t *testing.T, st *transporttest.Store) string {
 			s, err := transfer.NewServer(st, st, &transfer.ServerOptions{Limits: lim}, quiet)
 			if err != nil {
 				t.Fatal(err)
@@ -41,9 +41,9 @@ func TestConformanceShm(t *testing.T) {
 		t.Skip("the shared-memory transport is Linux-only")
 	}
 	var srv *transfer.ShmServer
-	transportsuite.Run(t, transportsuite.Harness{
+	transporttest.Run(t, transporttest.Harness{
 		Transport: transfer.Shm{},
-		Serve: func(t *testing.T, st *transportsuite.Store) string {
+		Serve: func(t *testing.T, st *transporttest.Store) string {
 			s, err := transfer.NewShmServer(st, st, &transfer.ShmServerOptions{RegionSize: 4 << 20, MaxPending: 4}, quiet)
 			if err != nil {
 				t.Fatal(err)

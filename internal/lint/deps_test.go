@@ -26,9 +26,9 @@ func TestFormatsDoNotLinkTheEngine(t *testing.T) {
 }
 
 // TestNoHarnessInProduction fails when the node or the client links a
-// test-support package (transfertest, certtest, blocktest, internal/testkit
-// and its suites): harnesses live
-// beside the tests and benchmarks that use them, never in what ships.
+// test-support package (transfertest, transporttest, certtest, blocktest,
+// internal/testkit): harnesses live beside the tests and benchmarks that
+// use them, never in what ships.
 func TestNoHarnessInProduction(t *testing.T) {
 	for _, pkg := range []string{"client", "node", "store", "transfer"} {
 		for _, dep := range deps(t, pkg) {

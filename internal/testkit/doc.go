@@ -3,9 +3,10 @@
 //
 //   - WaitFor, the one way a test waits on a condition;
 //   - ExpectCrash, InChild and CollectGarbage, for a test whose point is
-//     that the process dies (the invariants build's leak reports);
-//   - transportsuite, beside it, the conformance suite of the data-plane
-//     transports.
+//     that the process dies (the invariants build's leak reports).
+//
+// The data-plane transports' conformance suite, which imports transfer,
+// is transfer/transporttest.
 //
 // It is imported by tests only; no production package links it
 // (internal/lint checks).

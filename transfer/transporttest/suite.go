@@ -1,13 +1,14 @@
-// Package transportsuite is the conformance suite every data-plane
+// Package transporttest is the conformance suite every data-plane
 // transport passes (memberlist's transport tests): put, get and miss
 // through transfer.Transport and transfer.Peer, concurrent Get/Release and
 // Put storms, and a closed peer. The TCP and shared-memory transports run
 // it from transfer's tests, so a behaviour one of them gets wrong fails the
 // same test the other passes.
 //
-// It sits beside testkit rather than in it: transfer's own tests import
-// testkit, and this package imports transfer.
-package transportsuite
+// It is test support beside transfer (like certtest and transfertest), not
+// in internal/testkit: transfer's own tests import testkit, and this
+// package imports transfer.
+package transporttest
 
 import (
 	"bytes"

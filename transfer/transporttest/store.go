@@ -1,4 +1,4 @@
-package transportsuite
+package transporttest
 
 import (
 	"context"
