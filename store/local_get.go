@@ -297,7 +297,8 @@ func (l *Local) GetMany(ctx context.Context, keys []prefixhash.Key) ([]*Ref, err
 	l.mu.Unlock()
 	for k, r := range refs {
 		if r != nil && l.checkHit(keys[k], r.b) != nil {
-			l.corruptPinned(r.i)
+			l.corruptPinned(r.i) // unpins: the Ref is spent
+			r.leak.Stop()
 			refs[k] = nil
 		}
 	}
