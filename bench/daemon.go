@@ -47,6 +47,9 @@ type DaemonOptions struct {
 	// together (`kvmesh serve --max-blocks`). Default 0: the node's
 	// default, its tiers' capacities over 4 KiB.
 	MaxBlocks int
+	// Eviction is each node's eviction policy (`kvmesh serve --eviction`).
+	// Default "": the node's default.
+	Eviction string
 	// Args are more `kvmesh serve` arguments.
 	Args []string
 	// StartTimeout bounds the start of all the nodes, cluster formation
@@ -369,6 +372,9 @@ func serveArgs(o DaemonOptions, d *Daemon, seed string) []string {
 	}
 	if o.MaxBlocks > 0 {
 		args = append(args, "--max-blocks", strconv.Itoa(o.MaxBlocks))
+	}
+	if o.Eviction != "" {
+		args = append(args, "--eviction", o.Eviction)
 	}
 	if seed != "" {
 		args = append(args, "--join", seed)

@@ -235,7 +235,7 @@ func KvmeshCluster(env *Env) ClusterFactory {
 		// NVMe tier: MaxBlocks is what holds each node to its capacity, in
 		// both tiers together.
 		addrs, stop, err := nodeAddrs(ctx, env, DaemonOptions{Nodes: spec.Nodes, Join: !spec.LocalOnly, DRAMBytes: dram,
-			MaxBlocks: spec.CapacityBlocks})
+			MaxBlocks: spec.CapacityBlocks, Eviction: spec.Eviction})
 		var unavailable *clusterUnavailable
 		if errors.As(err, &unavailable) {
 			return nil, fmt.Errorf("%w: %w", ErrMissing, err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
@@ -39,6 +40,11 @@ type PrefillOptions struct {
 	// Config is the model. Default prefill.DefaultConfig(), the bundled
 	// model, with seeded weights.
 	Config prefill.Config
+	// Device, when set, is a GPU (gpu.OpenBLAS) the engines run on
+	// (prefill.Device), in the bench's process (no nodes are started), and
+	// the ceiling is its Sgemm (cuBLAS). The suite does not close it.
+	// Default nil: the CPU backend.
+	Device gpumem.BLAS
 }
 
 // EnsureDefaults fills zero fields with their defaults for a full run, or
@@ -148,7 +154,7 @@ func (s *PrefillSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	var rows []prefillRow
 	var desc string
 	var err error
-	if env.Binary != "" || len(env.Addrs) > 0 {
+	if o.Device == nil && (env.Binary != "" || len(env.Addrs) > 0) {
 		rows, desc, err = s.onNodes(ctx, env, o, res, bar)
 		if errors.Is(err, client.ErrNoEngine) {
 			res.Skip("prefill on kvmesh nodes", err)
@@ -164,14 +170,22 @@ func (s *PrefillSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 	}
 	bar.Describe("prefill: sgemm peak")
-	peak := prefill.SgemmPeak(ctx, o.SgemmSize, o.SgemmRuns)
+	peak, peakOf := 0.0, "gonum's Sgemm peak measured in the same run (in the bench's process)"
+	if o.Device != nil {
+		peakOf = "the device's Sgemm (cuBLAS) alone, measured in the same run"
+		if peak, err = prefill.DeviceSgemmPeak(ctx, o.Device, o.SgemmSize, o.SgemmRuns); err != nil {
+			return res, err
+		}
+	} else {
+		peak = prefill.SgemmPeak(ctx, o.SgemmSize, o.SgemmRuns)
+	}
 	bar.Add(1)
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
 	n := o.PromptTokens
 	res.AddTable("prefill", fmt.Sprintf("time to first token of a %d-token prompt, the first fraction of it prefilled elsewhere earlier: %s", n, desc), rows)
-	res.AddTable("sgemm", "the engine's cold prefill against gonum's Sgemm peak measured in the same run (in the bench's process)",
+	res.AddTable("sgemm", "the engine's cold prefill against "+peakOf,
 		[]sgemmRow{{SgemmN: o.SgemmSize, SgemmGFLOPS: peak, EngineGFLOPS: rows[0].EngineGFLOP,
 			EngineVsSgemm: rows[0].EngineGFLOP / max(peak, 1e-9), Backend: rows[0].Backend, ModelGFLOPCold: rows[0].GFLOP}})
 	for _, r := range rows {
@@ -283,8 +297,15 @@ func (s *PrefillSuite) inProcess(ctx context.Context, o PrefillOptions, res *Res
 	}
 	defer cache.Close()
 	w := prefill.SeededWeights(o.Config, 0)
+	var backend prefill.Backend // the engine's default, the CPU
+	if o.Device != nil {
+		// Not closed: that would close the caller's device.
+		if backend, err = prefill.NewDevice(o.Device, prefill.DeviceOptions{}); err != nil {
+			return nil, "", err
+		}
+	}
 	newEngine := func() (*prefill.Engine, error) {
-		return prefill.New(cache, prefill.Options{Config: o.Config, Weights: w, Logger: slog.New(slog.DiscardHandler)})
+		return prefill.New(cache, prefill.Options{Config: o.Config, Weights: w, Backend: backend, Logger: slog.New(slog.DiscardHandler)})
 	}
 	producer, err := newEngine()
 	if err != nil {

@@ -81,6 +81,10 @@ type ClusterSpec struct {
 	// requests computed and looks up only itself.
 	LocalOnly bool
 	Namespace prefixhash.Namespace
+	// Eviction is the nodes' eviction policy (`kvmesh serve --eviction`);
+	// "" is their default. The simulation keeps no copies of blocks other
+	// nodes own, so store.EvictDedup is EvictLRU there.
+	Eviction string
 }
 
 // ClusterFactory starts a cluster for a replay; the caller closes it.

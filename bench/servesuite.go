@@ -53,6 +53,13 @@ type ServeOptions struct {
 	// on one node, answered on another, against a cold answer; SplitRuns
 	// how many of each. Defaults 4096 and 3; quick 2048 and 2.
 	SplitBytes, SplitRuns int
+	// Backlog, when set, runs the backlog variant instead (runBacklog): the
+	// sessions alone and beside Backlog queued requests (POST /v1/queue)
+	// on the same nodes, and the backlog drained alone; on one node unless
+	// Nodes says otherwise (several nodes on one small machine share its
+	// cores, so one node's queued work slows another's synchronous
+	// requests, which separate machines would not). Default 0.
+	Backlog int
 }
 
 // EnsureDefaults fills zero fields.
@@ -121,6 +128,9 @@ type overheadRow struct {
 // Run implements Suite.
 func (s *ServeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	o := s.Options
+	if o.Backlog > 0 && o.Nodes == 0 {
+		o.Nodes = 1
+	}
 	o.EnsureDefaults(env.Quick)
 	res := &Result{Suite: s.Name()}
 	if len(env.Addrs) > 0 {
@@ -130,12 +140,18 @@ func (s *ServeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	if env.Binary == "" {
 		return res, fmt.Errorf("%w: run it as `kvmesh bench serve`", ErrNoBinary)
 	}
-	ds, err := StartDaemons(ctx, DaemonOptions{Binary: env.Binary, Dir: env.WorkDir, Nodes: o.Nodes, Join: true,
-		Args: []string{"--gossip-profile", "local"}})
+	args := []string{"--gossip-profile", "local"}
+	if o.Backlog > 0 {
+		args = append(args, "--queue-steal-interval", "100ms")
+	}
+	ds, err := StartDaemons(ctx, DaemonOptions{Binary: env.Binary, Dir: env.WorkDir, Nodes: o.Nodes, Join: true, Args: args})
 	if err != nil {
 		return res, err
 	}
 	defer ds.Close()
+	if o.Backlog > 0 {
+		return s.runBacklog(ctx, env, ds, o, res)
+	}
 	bar := env.Progress.Bar(int64(len(o.Policies)*o.Sessions*o.Turns+2*o.OverheadProbes+2*o.SplitRuns), "serve")
 	defer bar.Finish()
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 )
 
 // Errors of the package.
@@ -279,6 +281,9 @@ type SuiteFlags struct {
 	// comparison of policies (--capacity-blocks). Default: enough for every
 	// distinct block of the trace.
 	CapacityBlocks int
+	// Eviction is the eviction policy of the trace suite's kvmesh nodes
+	// (--eviction, `kvmesh serve --eviction`). Default: the node's.
+	Eviction string
 	// Speedup replays the trace honouring its timestamps divided by Speedup
 	// (--speedup). Default 0: as fast as possible.
 	Speedup float64
@@ -286,6 +291,13 @@ type SuiteFlags struct {
 	// and workers (--concurrency). Default: SoakOptions's.
 	SoakDuration    time.Duration
 	SoakConcurrency int
+	// Backlog runs the serve suite's backlog variant with that many queued
+	// requests (--backlog; ServeOptions.Backlog). Default 0: the sessions
+	// across routing policies.
+	Backlog int
+	// PrefillDevice is the GPU the prefill suite's engines run on
+	// (--backend cuda; PrefillOptions.Device). Default nil: the CPU.
+	PrefillDevice gpumem.BLAS
 }
 
 // Suites returns every suite, in the order `all` runs them: transfer,
@@ -294,15 +306,15 @@ type SuiteFlags struct {
 // figure of speed).
 func Suites(f SuiteFlags) []Suite {
 	trace := TraceOptions{TracePath: f.TracePath, Requests: f.Requests, Nodes: f.Nodes,
-		CapacityBlocks: f.CapacityBlocks, Replay: ReplayOptions{Speedup: f.Speedup}}
+		CapacityBlocks: f.CapacityBlocks, Eviction: f.Eviction, Replay: ReplayOptions{Speedup: f.Speedup}}
 	if f.Routing != "" {
 		trace.Routing = []Policy{f.Routing}
 		if f.Routing != RoutingSession {
 			trace.Routing = append(trace.Routing, RoutingSession)
 		}
 	}
-	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{},
-		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{},
+	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice}},
+		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{Options: ServeOptions{Backlog: f.Backlog}},
 		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}}
 }
 

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/gpu/gputest"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -188,6 +189,34 @@ func TestPrefillSuite(t *testing.T) {
 	checkPNG(t, res.Plots, 1)
 }
 
+// TestPrefillSuiteOnDevice: with a device (a fake GPU here; --backend cuda
+// on a real one) the engines run on it in process, even with a binary to
+// start nodes with, and the ceiling is the device's Sgemm; what was put on
+// the device is freed.
+func TestPrefillSuiteOnDevice(t *testing.T) {
+	dev := gputest.New()
+	env := &Env{OutDir: t.TempDir(), Binary: "/nonexistent/kvmesh"}
+	cfg := prefill.Config{Layers: 2, Dim: 64, Heads: 2, KVHeads: 1, HeadDim: 16, FFNDim: 128, BlockTokens: 16, MaxContext: 1024}
+	s := &PrefillSuite{Options: PrefillOptions{PromptTokens: 128, Runs: 1, SgemmSize: 64, SgemmRuns: 2, Config: cfg, Device: dev}}
+	res := runSuite(t, s, env, "prefill", "sgemm")
+	rows := table[prefillRow](t, res, "prefill")
+	sg := table[sgemmRow](t, res, "sgemm")
+	if len(rows) != 3 || rows[0].Backend != backendInProcess || sg[0].SgemmGFLOPS <= 0 {
+		t.Fatalf("rows %+v, sgemm %+v", rows, sg)
+	}
+	for _, tb := range res.Tables {
+		if want := map[string]string{"prefill": "gpu/blas on gputest", "sgemm": "cuBLAS"}[tb.Name]; !strings.Contains(tb.Title, want) {
+			t.Errorf("table %s: title %q does not name %q", tb.Name, tb.Title, want)
+		}
+	}
+	if dev.Products() == 0 {
+		t.Fatal("nothing ran on the device")
+	}
+	if err := dev.Close(); err != nil {
+		t.Fatalf("the suite left memory on the device: %v", err)
+	}
+}
+
 func TestStoreSuite(t *testing.T) {
 	env := &Env{OutDir: t.TempDir(), Addrs: []string{inProcessNode(t)}}
 	s := &StoreSuite{Options: StoreOptions{BlockSizes: []int{64 << 10}, Concurrency: []int{2}, Duration: 100 * time.Millisecond,
@@ -254,8 +283,9 @@ func TestTraceSuiteOnKvmesh(t *testing.T) {
 	s := &TraceSuite{Options: TraceOptions{TracePath: "testdata/small_trace.jsonl", Sweep: []float64{1}}}
 	res := runSuite(t, s, env, "ideal", "replay", "simulation", "capacity_sweep")
 	rows := table[ReplayStats](t, res, "replay")
-	// Local-only needs separate nodes, which --addr cannot give: skipped.
-	if len(rows) != 2 || len(res.Skipped) != 2 {
+	// Local-only needs separate nodes, which --addr cannot give, and the
+	// eviction sweep nodes it starts: skipped.
+	if len(rows) != 2 || len(res.Skipped) != 3 {
 		t.Fatalf("%d rows, skipped %v", len(rows), res.Skipped)
 	}
 	for _, r := range rows {

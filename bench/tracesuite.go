@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/store"
 )
 
 // TraceOptions configures the trace suite. Zero fields take the defaults
@@ -51,6 +52,16 @@ type TraceOptions struct {
 	// policy; quick: random and session-affinity, the two the target
 	// compares.
 	SweepRouting []Policy
+	// Eviction is the eviction policy of the kvmesh nodes (`kvmesh serve
+	// --eviction`). Default "": the nodes' default, store.DefaultEviction.
+	Eviction string
+	// NodeSweep lists pooled capacities (fractions of the trace's distinct
+	// full blocks, as Sweep) at which kvmesh nodes replay the trace with
+	// random routing, pooled, under store.EvictLRU and under Eviction (or
+	// the default policy when Eviction is lru), beside the simulation's LRU
+	// and offline optimum at the same capacity. Only on kvmesh nodes.
+	// Default 0.01, 0.02, 0.05, 0.1, 0.2, 0.3; quick: 0.1.
+	NodeSweep []float64
 	// Replay configures each replay (speed-up, concurrency, seed, encoding);
 	// Routing and Bar are set per replay, and Encode for kvmesh nodes.
 	Replay ReplayOptions
@@ -96,6 +107,12 @@ func (o *TraceOptions) EnsureDefaults(env *Env) {
 			o.SweepRouting = []Policy{RoutingRandom, RoutingSession}
 		}
 	}
+	if len(o.NodeSweep) == 0 {
+		o.NodeSweep = []float64{0.01, 0.02, 0.05, 0.1, 0.2, 0.3}
+		if env.Quick {
+			o.NodeSweep = []float64{0.1}
+		}
+	}
 	if o.Namespace == (prefixhash.Namespace{}) {
 		o.Namespace = TraceNamespace()
 	}
@@ -119,9 +136,14 @@ func (o *TraceOptions) Validate() error {
 			return err
 		}
 	}
-	for _, f := range o.Sweep {
+	for _, f := range slices.Concat(o.Sweep, o.NodeSweep) {
 		if !(f > 0) || math.IsInf(f, 0) {
 			return fmt.Errorf("bench: trace: sweep capacity %v must be a positive fraction", f)
+		}
+	}
+	if o.Eviction != "" {
+		if _, err := store.ParseEviction(o.Eviction); err != nil {
+			return fmt.Errorf("bench: trace: %w", err)
 		}
 	}
 	r := o.Replay
@@ -160,7 +182,9 @@ type traceRun struct {
 	localOnly bool
 	capacity  int
 	fraction  float64
-	eviction  string // the simulation's; "" is EvictLRU
+	// eviction is the nodes' policy (ClusterSpec.Eviction), or one only the
+	// simulation has (EvictOptimum, EvictDepthLRU); "" is the default.
+	eviction string
 }
 
 func (r traceRun) mode() string {
@@ -207,17 +231,20 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		var out []traceRun
 		for _, local := range []bool{false, true} {
 			for _, p := range policies {
-				out = append(out, traceRun{p, local, enough, float64(enough*o.Nodes) / float64(max(ideal.DistinctFullBlocks, 1)), EvictLRU})
+				out = append(out, traceRun{p, local, enough, float64(enough*o.Nodes) / float64(max(ideal.DistinctFullBlocks, 1)), o.Eviction})
 			}
 		}
 		return out
 	}
 	compare := compareRuns(o.Routing)
+	capacityOf := func(f float64) int {
+		return max(1, int(math.Round(f*float64(ideal.DistinctFullBlocks)/float64(o.Nodes))))
+	}
 	var sweep []traceRun
 	for _, local := range []bool{false, true} {
 		for _, p := range o.SweepRouting {
 			for _, f := range o.Sweep {
-				c := max(1, int(math.Round(f*float64(ideal.DistinctFullBlocks)/float64(o.Nodes))))
+				c := capacityOf(f)
 				sweep = append(sweep, traceRun{p, local, c, f, EvictLRU})
 				if !local && p == RoutingRandom {
 					sweep = append(sweep, traceRun{p, local, c, f, EvictDepthLRU}, traceRun{p, local, c, f, EvictOptimum})
@@ -228,14 +255,14 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	bar = env.Progress.Bar(int64(len(compare)*len(t.Requests)), "trace: replaying")
 	play := func(factory ClusterFactory, r traceRun) (ReplayStats, error) {
 		bar.Describe(fmt.Sprintf("trace: %s %s, %d blocks/node", r.policy, r.mode(), r.capacity))
-		if r.eviction != "" && r.eviction != EvictLRU {
+		if r.eviction == EvictOptimum || r.eviction == EvictDepthLRU {
 			factory = func(_ context.Context, spec ClusterSpec) (Cluster, error) {
 				return NewSim(SimOptions{Nodes: spec.Nodes, CapacityBlocks: spec.CapacityBlocks, LocalOnly: spec.LocalOnly,
 					Eviction: r.eviction, Future: w})
 			}
 		}
 		c, err := factory(ctx, ClusterSpec{Nodes: o.Nodes, CapacityBlocks: r.capacity, BlockBytes: blockBytes,
-			LocalOnly: r.localOnly, Namespace: o.Namespace})
+			LocalOnly: r.localOnly, Namespace: o.Namespace, Eviction: r.eviction})
 		if err != nil {
 			return ReplayStats{}, fmt.Errorf("bench: trace: start cluster: %w", err)
 		}
@@ -306,6 +333,62 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 			HitRatio: st.HitRatio, IdealHitRatio: st.IdealHitRatio, RatioVsIdeal: st.RatioVsIdeal})
 	}
 	res.AddTable("capacity_sweep", "SIMULATION (not a kvmesh measurement): hit ratio vs pooled capacity (fraction of the trace's distinct full blocks)", points)
+	bar.Finish()
+
+	if backend == BackendKvmesh && len(env.Addrs) > 0 {
+		res.Skip("eviction sweep on kvmesh nodes", errors.New("a running cluster (--addr) has its own capacity and policy: the sweep needs nodes the bench starts"))
+	} else if backend == BackendKvmesh {
+		simAt := func(f float64, eviction string) (float64, error) {
+			for _, p := range points {
+				if p.Routing == RoutingRandom && !p.LocalOnly && p.PooledCapacityFraction == f && p.Eviction == eviction {
+					return p.RatioVsIdeal, nil
+				}
+			}
+			st, err := play(SimCluster, traceRun{RoutingRandom, false, capacityOf(f), f, eviction})
+			return st.RatioVsIdeal, err
+		}
+		policy := o.Eviction
+		if policy == "" || policy == string(store.EvictLRU) {
+			policy = string(store.DefaultEviction)
+		}
+		bar = env.Progress.Bar(int64(2*len(o.NodeSweep)*len(t.Requests)), "trace: eviction sweep on kvmesh nodes")
+		var evs []evictionSweepRow
+		for _, f := range o.NodeSweep {
+			row := evictionSweepRow{Policy: policy, PooledCapacityFraction: f, CapacityBlocksPerNode: capacityOf(f)}
+			for _, ev := range []string{string(store.EvictLRU), policy} {
+				st, err := play(o.Cluster, traceRun{RoutingRandom, false, row.CapacityBlocksPerNode, f, ev})
+				if err != nil {
+					bar.Finish()
+					return res, err
+				}
+				if ev == policy {
+					row.PolicyRatioVsIdeal = st.RatioVsIdeal
+				} else {
+					row.LRURatioVsIdeal = st.RatioVsIdeal
+				}
+			}
+			var err error
+			if row.SimLRURatioVsIdeal, err = simAt(f, EvictLRU); err == nil {
+				row.SimOptimumRatioVsIdeal, err = simAt(f, EvictOptimum)
+			}
+			if err != nil {
+				bar.Finish()
+				return res, err
+			}
+			if row.LRURatioVsIdeal > 0 {
+				row.PolicyOverLRU = row.PolicyRatioVsIdeal / row.LRURatioVsIdeal
+				row.OptimumOverLRU = row.SimOptimumRatioVsIdeal / row.LRURatioVsIdeal
+			}
+			evs = append(evs, row)
+		}
+		bar.Finish()
+		res.AddTable("eviction_sweep", fmt.Sprintf("eviction on kvmesh nodes (random routing, pooled, %d nodes, --max-blocks per node): "+
+			"hit ratio / ideal under lru and %s, beside the SIMULATION's lru and offline optimum at the same capacity", o.Nodes, policy), evs)
+		evictionChecks(res, evs)
+		res.Note("eviction_sweep: a node that computes a block another node owns keeps a copy beside the owner's (store.Cluster.Put); " +
+			"lru keeps copies as long as any block, dedup evicts them first. The simulation keeps no copies: its lru is what nodes " +
+			"holding each block once reach, and its optimum (Belady, from the trace's future) is a bound, not a policy a node can run.")
+	}
 
 	res.Note("hit_ratio counts every hash id of the trace, partial tails included, as ideal_hit_ratio (%.4f) does: the target compares these two. "+
 		"A block cache never holds a partial tail, which caps hit_ratio at %.4f (%.4f of the ideal); full_block_hit_ratio against "+
@@ -337,6 +420,39 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		return res, err
 	}
 	return res, nil
+}
+
+// evictionSweepRow is one capacity of the eviction sweep on kvmesh nodes.
+type evictionSweepRow struct {
+	Policy                 string  `json:"policy"`
+	PooledCapacityFraction float64 `json:"pooled_capacity_fraction"`
+	CapacityBlocksPerNode  int     `json:"capacity_blocks_per_node"`
+	LRURatioVsIdeal        float64 `json:"lru_ratio_vs_ideal"`
+	PolicyRatioVsIdeal     float64 `json:"policy_ratio_vs_ideal"`
+	PolicyOverLRU          float64 `json:"policy_over_lru"`
+	SimLRURatioVsIdeal     float64 `json:"simulation_lru_ratio_vs_ideal"`
+	SimOptimumRatioVsIdeal float64 `json:"simulation_optimum_ratio_vs_ideal"`
+	OptimumOverLRU         float64 `json:"simulation_optimum_over_lru"`
+}
+
+// evictionChecks adds issue 17's targets on kvmesh nodes: the policy at
+// least 1.15× LRU at 5% and 10% of the distinct blocks, never below 0.99×.
+func evictionChecks(res *Result, rows []evictionSweepRow) {
+	worst := math.Inf(1)
+	for _, r := range rows {
+		if r.LRURatioVsIdeal == 0 {
+			continue
+		}
+		worst = min(worst, r.PolicyOverLRU)
+		if r.PooledCapacityFraction == 0.05 || r.PooledCapacityFraction == 0.1 {
+			res.Checks = append(res.Checks, NewCheck(fmt.Sprintf("trace: eviction %s vs lru on nodes at %g%% capacity", r.Policy, 100*r.PooledCapacityFraction),
+				"hit_ratio(policy) / hit_ratio(lru)", r.PolicyOverLRU, ">=", 1.15, BackendKvmesh))
+		}
+	}
+	if !math.IsInf(worst, 1) {
+		res.Checks = append(res.Checks, NewCheck("trace: eviction policy vs lru on nodes, every capacity",
+			"min hit_ratio(policy) / hit_ratio(lru)", worst, ">=", 0.99, BackendKvmesh))
+	}
 }
 
 // traceChecks adds the DESIGN target (random routing, pooled, enough

@@ -4,15 +4,24 @@ package gpu
 
 import (
 	"bytes"
+	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/gonum"
+
+	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -53,20 +62,30 @@ func TestLoadPlugin(t *testing.T) {
 	}
 }
 
-// TestDevice runs HBM round trips on CUDA device 0 through the real plugin
-// ($KVMESH_CUDA_PLUGIN, or built from ../cmd/kvmesh-cuda). It skips, saying
-// why, on a host without a device: it has never run in CI.
+// TestDevice runs the real plugin ($KVMESH_CUDA_PLUGIN, or built from
+// ../cmd/kvmesh-cuda) on CUDA device 0: HBM round trips, cuBLAS products
+// against gonum's, and the prefill engine's device backend against its CPU
+// backend. It skips, saying why, on a host without a device: it has never
+// run in CI.
 func TestDevice(t *testing.T) {
 	if _, err := Probe(); err != nil {
 		if !errors.Is(err, ErrNoDevice) {
 			t.Fatal(err)
 		}
-		t.Skipf("not run: no CUDA device on this host (%v); the HBM round trips on a GPU run only where one is", err)
+		t.Skipf("not run: no CUDA device on this host (%v); the HBM round trips, cuBLAS products and prefill on a GPU run only where one is", err)
 	}
 	plug := os.Getenv("KVMESH_CUDA_PLUGIN")
 	if plug == "" {
 		plug = buildPlugin(t, "../cmd/kvmesh-cuda")
 	}
+	t.Run("hbm", func(t *testing.T) { testHBM(t, plug) })
+	t.Run("sgemm", func(t *testing.T) { testSgemm(t, plug) })
+	t.Run("prefill", func(t *testing.T) { testPrefill(t, plug) })
+}
+
+// testHBM: values of many sizes through an HBM tier, device-to-device
+// copies, concurrent lanes, evacuation.
+func testHBM(t *testing.T, plug string) {
 	dev, err := Open(0, Options{Plugin: plug})
 	if err != nil {
 		t.Fatal(err)
@@ -181,4 +200,170 @@ func TestDevice(t *testing.T) {
 	if s := h.Stats(); s.Values != int64(len(locs)-len(recs)) {
 		t.Fatalf("after evacuation: %+v", s)
 	}
+}
+
+// testSgemm: cuBLAS's row-major products, every transposition and strides
+// wider than the rows, equal gonum's on the host.
+func testSgemm(t *testing.T, plug string) {
+	dev, err := OpenBLAS(0, Options{Plugin: plug})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := dev.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	const m, n, k, pad = 37, 53, 71, 3
+	for _, tr := range [][2]bool{{false, false}, {false, true}, {true, false}, {true, true}} {
+		ar, ac := m, k
+		if tr[0] {
+			ar, ac = k, m
+		}
+		br, bc := k, n
+		if tr[1] {
+			br, bc = n, k
+		}
+		lda, ldb, ldc := ac+pad, bc+pad, n+pad
+		mats := [][]float32{make([]float32, ar*lda), make([]float32, br*ldb), make([]float32, m*ldc)}
+		for _, x := range mats {
+			for i := range x {
+				x[i] = rng.Float32()*2 - 1
+			}
+		}
+		want := slices.Clone(mats[2])
+		op := func(t bool) blas.Transpose {
+			if t {
+				return blas.Trans
+			}
+			return blas.NoTrans
+		}
+		gonum.Implementation{}.Sgemm(op(tr[0]), op(tr[1]), m, n, k, 0.5, mats[0], lda, mats[1], ldb, 0.25, want, ldc)
+
+		var ptrs []tiers.DevicePtr
+		var pinned [][]byte
+		for _, x := range mats {
+			p, err := dev.Alloc(int64(4 * len(x)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.Free(p)
+			h, err := dev.HostAlloc(4 * len(x))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.HostFree(h)
+			for i, v := range x {
+				binary.LittleEndian.PutUint32(h[4*i:], math.Float32bits(v))
+			}
+			if err := s.HtoD(p, h); err != nil {
+				t.Fatal(err)
+			}
+			ptrs, pinned = append(ptrs, p), append(pinned, h)
+		}
+		if err := dev.Sgemm(s, tr[0], tr[1], m, n, k, 0.5, ptrs[0], lda, ptrs[1], ldb, 0.25, ptrs[2], ldc); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.DtoH(pinned[2], ptrs[2]); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		for i, w := range want {
+			got := math.Float32frombits(binary.LittleEndian.Uint32(pinned[2][4*i:]))
+			if math.Abs(float64(got-w)) > 1e-4*(1+math.Abs(float64(w))) {
+				t.Fatalf("trans %v: C[%d] = %g, gonum says %g", tr, i, got, w)
+			}
+		}
+	}
+}
+
+// testPrefill: the device backend's logits are within 1e-3 (relative to
+// their scale) of the CPU backend's, on the demo model and on a random
+// 4-layer model, cold and over a prefix computed before.
+func testPrefill(t *testing.T, plug string) {
+	dev, err := OpenBLAS(0, Options{Plugin: plug})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpuB, err := prefill.NewDevice(dev, prefill.DeviceOptions{})
+	if err != nil {
+		dev.Close()
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := gpuB.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	cpuB, err := prefill.NewCPU(prefill.CPUOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	four := prefill.Config{Layers: 4, Dim: 256, Heads: 8, KVHeads: 2, HeadDim: 32, FFNDim: 512, Vocab: 1000,
+		MaxContext: 4096, BlockTokens: 16, RopeTheta: 500000}
+	four.EnsureDefaults()
+	for name, c := range map[string]prefill.Config{"demo": prefill.DefaultConfig(), "4 layers": four} {
+		w := prefill.SeededWeights(c, 99)
+		ref, err := cpuB.Load(c, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := gpuB.Load(c, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(3, 4))
+		for _, n := range []int{1, 100, 1500} {
+			tokens := make([]uint32, n)
+			for i := range tokens {
+				tokens[i] = uint32(rng.IntN(c.Vocab))
+			}
+			want, got, warm := make([]float32, c.Vocab), make([]float32, c.Vocab), make([]float32, c.Vocab)
+			ctx := context.Background()
+			if err := ref.Forward(ctx, prefill.NewKV(c, n), 0, tokens, want); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Forward(ctx, prefill.NewKV(c, n), 0, tokens, got); err != nil {
+				t.Fatal(err)
+			}
+			kv := prefill.NewKV(c, n)
+			split := n / 2
+			if split > 0 {
+				if err := m.Forward(ctx, kv, 0, tokens[:split], make([]float32, c.Vocab)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := m.Forward(ctx, kv, split, tokens[split:], warm); err != nil {
+				t.Fatal(err)
+			}
+			for what, l := range map[string][]float32{"cold": got, "over a prefix": warm} {
+				if e := relErr(l, want); e > 1e-3 {
+					t.Errorf("%s, %d tokens, %s: device logits differ from the CPU's by %.2g (relative)", name, n, what, e)
+				}
+			}
+		}
+		for _, x := range []prefill.Model{m, ref} {
+			if err := x.Close(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+}
+
+// relErr is max|a−b| / max|b|.
+func relErr(a, b []float32) float64 {
+	var diff, scale float64
+	for i := range b {
+		diff = max(diff, math.Abs(float64(a[i])-float64(b[i])))
+		scale = max(scale, math.Abs(float64(b[i])))
+	}
+	return diff / scale
 }

@@ -6,8 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 	"github.com/kvmesh/kvmesh/tiers"
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
 )
 
 var (
@@ -86,6 +86,23 @@ func Open(ordinal int, opts Options) (tiers.Device, error) {
 		return nil, fmt.Errorf("gpu: device %d: %w", ordinal, err)
 	}
 	return dev, nil
+}
+
+// OpenBLAS returns CUDA device ordinal for the prefill engine's device
+// backend (prefill.NewDevice takes ownership of it): its memory, copies and
+// cuBLAS products. It fails as Open does.
+func OpenBLAS(ordinal int, opts Options) (gpumem.BLAS, error) {
+	opts.EnsureDefaults()
+	dev, err := Open(ordinal, opts)
+	if err != nil {
+		return nil, err
+	}
+	b, ok := dev.(gpumem.BLAS)
+	if !ok {
+		_ = dev.Close()
+		return nil, fmt.Errorf("gpu: device %d of plugin %s has no matrix products (%T): rebuild the plugin from this source", ordinal, opts.Plugin, dev)
+	}
+	return b, nil
 }
 
 // openFunc is the type of the plugin's exported Open.

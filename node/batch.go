@@ -21,6 +21,7 @@ import (
 //	"B"+id            the batch's meta (batchMeta, JSON)
 //	"Q"+id+"/"+index  request index's body: 'c' (chat) or 't' (completion), then its JSON
 //	"P"+id+"/"+index  response index: an OpenAI response, or {"error": {...}}
+//	"K"+id            present while the finished batch's callback is not yet delivered
 //
 // A batch runs its requests in order. A response is written with the meta
 // that counts it (Done) in one synced pebble batch, so after a crash a
@@ -87,8 +88,21 @@ type batchMeta struct {
 	// (callback.go); empty: nowhere.
 	Callback string `json:"callback,omitempty"`
 
-	active bool // taken by the worker since the store opened
+	active bool // taken by a worker (or leased to a peer) since the store opened
 	cancel bool // DELETE while it runs: the requests not started are cancelled
+	// lease names the peer that claimed the batch (steal.go), "" when a
+	// worker of this node runs it; the claim lapses at leaseUntil, and the
+	// batch can then be taken again. writing is set while the lessee's
+	// answer is being stored, so the lease cannot lapse under it.
+	lease      string
+	leaseUntil time.Time
+	writing    bool
+}
+
+// takeable says whether a worker or a peer may take m now: not taken, or
+// leased to a peer whose lease lapsed.
+func (m *batchMeta) takeable(now time.Time) bool {
+	return !m.active || (m.lease != "" && !m.writing && !now.Before(m.leaseUntil))
 }
 
 func (m *batchMeta) finishedState() bool {
@@ -108,7 +122,10 @@ const (
 	batchMetaPrefix     = 'B'
 	batchRequestPrefix  = 'Q'
 	batchResponsePrefix = 'P'
+	batchCallbackPrefix = 'K'
 )
+
+func batchCallbackKey(id string) []byte { return append([]byte{batchCallbackPrefix}, id...) }
 
 func batchMetaKey(id string) []byte { return append([]byte{batchMetaPrefix}, id...) }
 
@@ -209,10 +226,7 @@ func (b *batches) submit(owner queueOwner, reqs [][]byte, callback string) (batc
 	if err != nil {
 		return batchMeta{}, fmt.Errorf("node: batches: store a batch: %w", err)
 	}
-	select {
-	case b.ready <- struct{}{}:
-	default:
-	}
+	b.signal()
 	return snap, nil
 }
 
@@ -224,36 +238,87 @@ func encodeBatchMeta(m *batchMeta) []byte {
 	return v
 }
 
-// take waits for the oldest batch not taken (one interrupted by a restart
-// first, since it is older), claims it and returns a copy of its meta; it
-// stays queued until start. It returns ctx's error when ctx ends first.
-func (b *batches) take(ctx context.Context) (batchMeta, error) {
+// take waits up to wait for the oldest batch not taken (one interrupted by
+// a restart first, since it is older; or one whose peer's lease lapsed),
+// claims it for this node and returns a copy of its meta; it stays queued
+// until start. ok is false when none came within wait. It returns ctx's
+// error when ctx ends first.
+func (b *batches) take(ctx context.Context, wait time.Duration) (_ batchMeta, ok bool, _ error) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
 	for {
-		b.mu.Lock()
-		for _, m := range b.mu.pending {
-			if !m.active {
-				m.active = true
-				snap := *m
-				b.mu.Unlock()
-				return snap, nil
-			}
+		m, next := b.claimLocked("", 0)
+		if m != nil {
+			return *m, true, nil
 		}
-		b.mu.Unlock()
+		var (
+			lapse <-chan time.Time
+			lt    *time.Timer
+		)
+		if !next.IsZero() {
+			lt = time.NewTimer(max(next.Sub(b.now()), time.Millisecond))
+			lapse = lt.C
+		}
+		var err error
+		timeout := false
 		select {
 		case <-b.ready:
+		case <-lapse:
+		case <-t.C:
+			timeout = true
 		case <-ctx.Done():
-			return batchMeta{}, ctx.Err()
+			err = ctx.Err()
+		}
+		if lt != nil {
+			lt.Stop()
+		}
+		if timeout || err != nil {
+			return batchMeta{}, false, err
 		}
 	}
 }
 
+// claimLocked takes the oldest takeable batch for lessee ("" for this
+// node's own worker, else a peer's id, for ttl) and returns a copy of its
+// meta, or nil and when the next lease lapses (zero: none).
+func (b *batches) claimLocked(lessee string, ttl time.Duration) (_ *batchMeta, next time.Time) {
+	now := b.now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range b.mu.pending {
+		if m.takeable(now) {
+			if m.lease != "" {
+				b.log.Info("queue: a peer's lease on a batch lapsed; it runs again from its first unanswered request", "id", m.ID, "peer", m.lease)
+			}
+			m.active, m.lease, m.leaseUntil = true, lessee, time.Time{}
+			if lessee != "" {
+				m.leaseUntil = now.Add(ttl)
+			}
+			snap := *m
+			return &snap, time.Time{}
+		}
+		if m.lease != "" && (next.IsZero() || m.leaseUntil.Before(next)) {
+			next = m.leaseUntil
+		}
+	}
+	return nil, next
+}
+
 // start marks the claimed batch id running, durably, and returns its meta;
-// ok is false when it was cancelled meanwhile (the canceller finishes it).
+// ok is false when it was cancelled meanwhile: the canceller finishes a
+// batch that had not started, start one cancelled while it ran (its runner
+// stopped or its lease lapsed before it saw the cancel).
 func (b *batches) start(id string) (_ batchMeta, ok bool) {
 	b.mu.Lock()
 	m := b.mu.all[id]
 	if m.cancel {
+		running := m.State == batchRunning
 		b.mu.Unlock()
+		if running {
+			if err := b.cancelRest(id); err != nil {
+				b.log.Error("batches: cannot cancel a batch", "id", id, "err", err)
+			}
+		}
 		return batchMeta{}, false
 	}
 	m.State, m.Runs, m.Started = batchRunning, m.Runs+1, b.now()
@@ -318,6 +383,9 @@ func (b *batches) answer(id string, i int, resp []byte, failed bool) (more bool,
 		wb.Set(batchItemKey(batchResponsePrefix, id, i), resp, nil)
 		wb.Delete(batchItemKey(batchRequestPrefix, id, i), nil)
 		wb.Set(batchMetaKey(id), encodeBatchMeta(&next), nil)
+		if next.finishedState() && next.Callback != "" {
+			wb.Set(batchCallbackKey(id), nil, nil) // delivered even after a crash
+		}
 	})
 	if err != nil {
 		// Not recorded: it runs again after a restart, as if interrupted.
@@ -340,6 +408,74 @@ func (b *batches) answer(id string, i int, resp []byte, failed bool) (more bool,
 		return false, b.cancelRest(id)
 	}
 	return !next.finishedState(), nil
+}
+
+// Errors of a peer's lease (steal.go).
+var errLeaseLost = errors.New("node: the batch is not leased to this peer (its lease lapsed, it finished, or the index is not the next)")
+
+// answerLeased stores the answer of request i of batch id from lessee, the
+// peer that holds its lease, and renews the lease for ttl. errLeaseLost
+// when lessee does not hold it or i is not the next request: the answer is
+// dropped, and the batch's current runner answers it.
+func (b *batches) answerLeased(id, lessee string, i int, resp []byte, failed bool, ttl time.Duration) (more bool, err error) {
+	b.mu.Lock()
+	m := b.mu.all[id]
+	if m == nil || !m.active || m.lease != lessee || lessee == "" || m.writing || m.Done != i || m.finishedState() || i >= m.N {
+		b.mu.Unlock()
+		return false, errLeaseLost
+	}
+	m.writing, m.leaseUntil = true, b.now().Add(ttl)
+	b.mu.Unlock()
+	more, err = b.answer(id, i, resp, failed)
+	b.mu.Lock()
+	m.writing = false
+	b.mu.Unlock()
+	return more, err
+}
+
+// renewLease extends lessee's lease on batch id for ttl; errLeaseLost when
+// it does not hold it.
+func (b *batches) renewLease(id, lessee string, ttl time.Duration) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := b.mu.all[id]
+	if m == nil || !m.active || m.lease != lessee || lessee == "" || m.finishedState() {
+		return errLeaseLost
+	}
+	m.leaseUntil = b.now().Add(ttl)
+	return nil
+}
+
+// releaseLease gives batch id back from lessee: it can be taken at once.
+func (b *batches) releaseLease(id, lessee string) error {
+	b.mu.Lock()
+	m := b.mu.all[id]
+	if m == nil || !m.active || m.lease != lessee || lessee == "" || m.writing || m.finishedState() {
+		b.mu.Unlock()
+		return errLeaseLost
+	}
+	m.active, m.lease, m.leaseUntil = false, "", time.Time{}
+	b.mu.Unlock()
+	b.signal()
+	return nil
+}
+
+// release gives back a batch this node's worker took and did not finish
+// (it stopped, or lost its store): another worker may take it.
+func (b *batches) release(id string) {
+	b.mu.Lock()
+	if m := b.mu.all[id]; m != nil && m.lease == "" && !m.finishedState() {
+		m.active = false
+	}
+	b.mu.Unlock()
+	b.signal()
+}
+
+func (b *batches) signal() {
+	select {
+	case b.ready <- struct{}{}:
+	default:
+	}
 }
 
 func (b *batches) finishLocked(m *batchMeta) {
@@ -407,6 +543,9 @@ func (b *batches) cancelRest(id string) error {
 		lo, hi := batchItems(batchRequestPrefix, id)
 		wb.DeleteRange(lo, hi, nil)
 		wb.Set(batchMetaKey(id), encodeBatchMeta(&next), nil)
+		if next.Callback != "" {
+			wb.Set(batchCallbackKey(id), nil, nil)
+		}
 	})
 	b.mu.Lock()
 	if err != nil {
@@ -494,11 +633,51 @@ func (b *batches) expire() {
 			lo, hi = batchItems(batchRequestPrefix, id)
 			wb.DeleteRange(lo, hi, nil)
 			wb.Delete(batchMetaKey(id), nil)
+			wb.Delete(batchCallbackKey(id), nil)
 		})
 		if err != nil {
 			b.log.Warn("batches: cannot delete an expired batch", "id", id, "err", err)
 			return
 		}
+	}
+}
+
+// pendingCallbacks returns copies of the metas of the finished batches
+// whose callback is not yet delivered (or given up on), oldest first.
+func (b *batches) pendingCallbacks() []batchMeta {
+	b.life.RLock()
+	defer b.life.RUnlock()
+	if b.life.closed {
+		return nil
+	}
+	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{batchCallbackPrefix}, UpperBound: []byte{batchCallbackPrefix + 1}})
+	if err != nil {
+		b.log.Warn("batches: cannot read the pending callbacks", "err", err)
+		return nil
+	}
+	var ids []string
+	for it.First(); it.Valid(); it.Next() {
+		ids = append(ids, string(it.Key()[1:]))
+	}
+	if err := it.Close(); err != nil {
+		b.log.Warn("batches: cannot read the pending callbacks", "err", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []batchMeta
+	for _, id := range ids {
+		if m := b.mu.all[id]; m != nil && m.finishedState() && m.Callback != "" {
+			out = append(out, *m)
+		}
+	}
+	slices.SortFunc(out, func(x, y batchMeta) int { return x.Finished.Compare(y.Finished) })
+	return out
+}
+
+// callbackDone forgets batch id's pending callback: delivered or given up.
+func (b *batches) callbackDone(id string) {
+	if err := b.write(func(wb *pebble.Batch) { wb.Delete(batchCallbackKey(id), nil) }); err != nil && !errors.Is(err, errBatchClosed) {
+		b.log.Warn("batches: cannot record a callback as delivered; it is sent again after a restart", "id", id, "err", err)
 	}
 }
 

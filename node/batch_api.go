@@ -27,11 +27,13 @@ import (
 // submission, so a bad one refuses the batch with 400 naming requests[i].
 // A batch is stored durably (batches) before the 202 and answered in full
 // once completed: one OpenAI response per request, in order, or an OpenAI
-// error object in place of a request that failed. One worker runs the
-// batches in order, a request at a time, each with Engine.Generate started
+// error object in place of a request that failed. Workers
+// (BatchOptions.Share of the engine's slots) run the batches in order, a
+// request at a time, each with Engine.Generate as background work started
 // only once the engine is idle (Engine.WaitIdle: no synchronous request
-// for the grace period), so synchronous requests keep priority; a request
-// already started is not preempted. Limits: BatchOptions (413 for too many
+// for the grace period), so synchronous requests keep priority; one that
+// arrives preempts the queued request between two chunks or decode steps.
+// Limits: BatchOptions (413 for too many
 // requests or bytes, 429 with Retry-After only for the tenant's own queue
 // quota, 503 for the node's). Another tenant's id, like an unknown one, is
 // 404. With callback_url (a host BatchOptions.CallbackAllow allows, else
@@ -39,7 +41,7 @@ import (
 // signed (SignatureHeader) with the key GET /v1/queue/callback-key tells
 // the tenant (callback.go). Through
 // the router (router.go), a batch lives on the node that accepted it and is
-// found by asking the nodes.
+// found by asking the nodes; any node with headroom may run it (steal.go).
 const QueuePath = "/v1/queue"
 
 // QueueList is GET /v1/queue's answer: the caller's batches, those not
@@ -70,6 +72,7 @@ const maxQueueList = 1000
 type batchMetrics struct {
 	requests *prometheus.CounterVec // outcome: completed, failed, cancelled
 	wait     prometheus.Histogram
+	steals   *prometheus.CounterVec // direction: lent, borrowed
 }
 
 func newBatchMetrics(reg *prometheus.Registry, b *batches) *batchMetrics {
@@ -84,7 +87,11 @@ func newBatchMetrics(reg *prometheus.Registry, b *batches) *batchMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 12),
 		}),
 	}
-	reg.MustRegister(m.requests, m.wait,
+	m.steals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_queue_steals_total",
+		Help: "Queued batches run by another node than the one that stored them: lent (this node stored it, a peer claimed it) or borrowed (this node claimed a peer's).",
+	}, []string{"direction"})
+	reg.MustRegister(m.requests, m.wait, m.steals,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kvmesh_queue_queued_requests",
 			Help: "Requests of queued batches waiting for their batch to start.",
@@ -143,6 +150,9 @@ func (o *openAI) serveQueue(w http.ResponseWriter, r *http.Request, path string,
 		m, resps, err := o.p.batches.get(id, owner)
 		switch {
 		case errors.Is(err, errBatchNotFound):
+			if o.n.askPeers(w, r) { // a batch another node stored: it answers
+				return nil
+			}
 			return notFound
 		case err != nil:
 			return err
@@ -153,6 +163,9 @@ func (o *openAI) serveQueue(w http.ResponseWriter, r *http.Request, path string,
 		state, err := o.p.batches.cancel(id, owner)
 		switch {
 		case errors.Is(err, errBatchNotFound):
+			if o.n.askPeers(w, r) {
+				return nil
+			}
 			return notFound
 		case errors.Is(err, errBatchDone):
 			return newHTTPError(http.StatusConflict, "request_id", "already_finished", "the batch %q is already %s", id, state)
@@ -288,7 +301,9 @@ func (o *openAI) runQueued(ctx context.Context, owner queueOwner, stored []byte)
 		}
 		return fail(newHTTPError(http.StatusInternalServerError, "", "", "%v", err))
 	}
-	g, err := o.p.engine.Generate(owner.context(ctx), j.prompt, j.opts)
+	opts := j.opts
+	opts.Background = true // yields to synchronous requests between chunks and decode steps
+	g, err := o.p.engine.Generate(owner.context(ctx), j.prompt, opts)
 	if err != nil {
 		if errors.Is(err, prefill.ErrInvalidInput) {
 			return fail(badRequest("", "%s", strings.TrimPrefix(err.Error(), prefill.ErrInvalidInput.Error()+": ")))
@@ -306,63 +321,106 @@ func (o *openAI) runQueued(ctx context.Context, owner queueOwner, stored []byte)
 	return mustJSON(whole(out, chat, dec.text(o.tok.Decode(g.Tokens), true), g)), false
 }
 
-// workBatches runs the queued batches until the service stops. A request
-// interrupted by the stop is not recorded: it runs again from its start
-// when the node reopens its data dir.
+// batchRun is one run of a batch by a worker: of this node's own (start
+// marks it running) or of a peer's it claimed (steal.go: the owner started
+// it, and the answers go back to it).
+type batchRun struct {
+	meta    batchMeta
+	start   func() (batchMeta, bool) // nil: started already
+	request func(i int) ([]byte, error)
+	answer  func(i int, resp []byte, failed bool) (more bool, err error)
+}
+
+// batchWorkers is how many workers run queued batches at once:
+// BatchOptions.Share of the engine's Concurrency, at least one; none with
+// a negative Share.
+func batchWorkers(o PrefillOptions) int {
+	if o.Batch.Share < 0 {
+		return 0
+	}
+	return max(1, int(o.Batch.Share*float64(o.Concurrency)))
+}
+
+// workBatches runs the queued batches until the service stops: this
+// node's, and, while it has none to run, those it pulls from its peers
+// (steal.go). A request interrupted by the stop is not recorded: it runs
+// again from its start when the node reopens its data dir (or, for a
+// peer's, when its lease lapses).
 func (p *prefillService) workBatches() {
 	defer p.wg.Done()
+	wait := p.batches.opts.StealInterval
+	if wait < 0 || p.n.cluster == nil {
+		wait = time.Hour // nobody to pull from: wake on submissions only
+	}
 	for {
-		m, err := p.batches.take(p.ctx)
-		if err != nil {
+		m, ok, err := p.batches.take(p.ctx, wait)
+		switch {
+		case err != nil:
+			return
+		case ok:
+			id := m.ID
+			p.runBatch(batchRun{meta: m,
+				start:   func() (batchMeta, bool) { return p.batches.start(id) },
+				request: func(i int) ([]byte, error) { return p.batches.request(id, i) },
+				answer:  func(i int, resp []byte, failed bool) (bool, error) { return p.batches.answer(id, i, resp, failed) },
+			})
+		case wait != time.Hour:
+			p.steal()
+		}
+	}
+}
+
+// runBatch answers r's requests in order, each started once the engine is
+// idle (Engine.WaitIdle) and run as background work that yields to
+// synchronous requests (runQueued).
+func (p *prefillService) runBatch(r batchRun) {
+	m := r.meta
+	for i := m.Done; i < m.N; i++ {
+		if err := p.engine.WaitIdle(p.ctx); err != nil {
 			return
 		}
-		for i := m.Done; i < m.N; i++ {
-			if err := p.engine.WaitIdle(p.ctx); err != nil {
+		if i == m.Done && r.start != nil {
+			var ok bool
+			if m, ok = r.start(); !ok {
 				return
 			}
-			if i == m.Done {
-				var ok bool
-				if m, ok = p.batches.start(m.ID); !ok {
-					break
-				}
-				if m.Runs == 1 {
-					p.batchMetrics.wait.Observe(m.Started.Sub(m.Enqueued).Seconds())
-				}
-			}
-			stored, err := p.batches.request(m.ID, i)
-			var (
-				resp   []byte
-				failed bool
-			)
-			if err != nil {
-				resp, failed = mustJSON(struct {
-					Error apiError `json:"error"`
-				}{newHTTPError(http.StatusInternalServerError, "", "", "the queued request could not be read back: %v", err).apiError}), true
-			} else {
-				resp, failed = p.n.openai.runQueued(p.ctx, m.Owner, stored)
-			}
-			if p.ctx.Err() != nil {
-				p.n.log.Info("queue: batch interrupted by shutdown; its request runs again after a restart", "id", m.ID, "request", i)
-				return
-			}
-			// Counted before the answer is visible, so a client that sees it
-			// sees it counted.
-			if failed {
-				p.batchMetrics.requests.WithLabelValues("failed").Inc()
-			} else {
-				p.batchMetrics.requests.WithLabelValues("completed").Inc()
-			}
-			more, err := p.batches.answer(m.ID, i, resp, failed)
-			if err != nil {
-				p.n.log.Error("queue: cannot record a response", "id", m.ID, "request", i, "err", err)
-				break
-			}
-			if !more {
-				break
+			if m.Runs == 1 {
+				p.batchMetrics.wait.Observe(m.Started.Sub(m.Enqueued).Seconds())
 			}
 		}
-		p.n.log.Info("queue: batch done", "id", m.ID, "requests", m.N, "runs", m.Runs)
+		stored, err := r.request(i)
+		var (
+			resp   []byte
+			failed bool
+		)
+		if err != nil {
+			resp, failed = mustJSON(struct {
+				Error apiError `json:"error"`
+			}{newHTTPError(http.StatusInternalServerError, "", "", "the queued request could not be read back: %v", err).apiError}), true
+		} else {
+			resp, failed = p.n.openai.runQueued(p.ctx, m.Owner, stored)
+		}
+		if p.ctx.Err() != nil {
+			p.n.log.Info("queue: batch interrupted by shutdown; its request runs again after a restart", "id", m.ID, "request", i)
+			return
+		}
+		// Counted before the answer is visible, so a client that sees it
+		// sees it counted.
+		if failed {
+			p.batchMetrics.requests.WithLabelValues("failed").Inc()
+		} else {
+			p.batchMetrics.requests.WithLabelValues("completed").Inc()
+		}
+		more, err := r.answer(i, resp, failed)
+		if err != nil {
+			p.n.log.Error("queue: cannot record a response", "id", m.ID, "request", i, "err", err)
+			return
+		}
+		if !more {
+			break
+		}
 	}
+	p.n.log.Info("queue: batch done", "id", m.ID, "requests", m.N, "runs", m.Runs)
 }
 
 // reapBatches deletes expired batches now and then.

@@ -9,10 +9,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
 // queueNode is a node with the tiny model and tenants (tenantsFile) on
@@ -297,7 +300,7 @@ func TestBatchesResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.take(ctx); err != nil {
+	if _, ok, err := b.take(ctx, time.Minute); err != nil || !ok {
 		t.Fatal(err)
 	}
 	if _, ok := b.start(m.ID); !ok {
@@ -317,7 +320,7 @@ func TestBatchesResume(t *testing.T) {
 	if _, _, err := b.get(m.ID, queueOwner{Tenant: "beta"}); err != errBatchNotFound {
 		t.Errorf("another tenant gets %v, want errBatchNotFound", err)
 	}
-	again, err := b.take(ctx)
+	again, _, err := b.take(ctx, time.Minute)
 	if err != nil || again.ID != m.ID || again.Done != 1 {
 		t.Fatalf("take after reopening: %+v %v; want %s from request 1", again, err, m.ID)
 	}
@@ -338,7 +341,7 @@ func TestBatchesResume(t *testing.T) {
 
 	// Cancel while running: the current answer is kept, the rest cancelled.
 	m2, _ := b.submit(owner, [][]byte{[]byte("t{}"), []byte("t{}"), []byte("t{}")}, "")
-	b.take(ctx)
+	b.take(ctx, time.Minute)
 	b.start(m2.ID)
 	if s, err := b.cancel(m2.ID, owner); s != batchRunning || err != nil {
 		t.Fatalf("cancel a running batch: %s %v", s, err)
@@ -421,5 +424,78 @@ func TestQueueFailedRequest(t *testing.T) {
 	wantAPIError(t, "the failed request", apiCall{status: 400, body: a.Responses[1]}, 400)
 	if got := metricValue(scrape(t, pn.HTTPAddr()), `kvmesh_queue_requests_total{outcome="failed"}`); got != 1 {
 		t.Errorf("failed requests counted %v, want 1", got)
+	}
+}
+
+// TestQueueCallbackRestart: a callback not yet delivered when the node
+// stops (its receiver refused the first attempt) is stored with the batch
+// and delivered, signed, by the node reopened on the same data dir; once
+// delivered it is forgotten, so a second restart sends nothing.
+func TestQueueCallbackRestart(t *testing.T) {
+	var accept atomic.Bool
+	refused := make(chan struct{}, 1)
+	got := make(chan []byte, 4)
+	sigs := make(chan string, 4)
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if !accept.Load() {
+			select {
+			case refused <- struct{}{}:
+			default:
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		got <- b
+		sigs <- r.Header.Get(SignatureHeader)
+	}))
+	defer recv.Close()
+	host := strings.TrimPrefix(recv.URL, "http://")
+	allow := func(o *Options) { o.Prefill.Batch.CallbackAllow = []string{host} }
+	dir := t.TempDir()
+	n := startQueueNode(t, dir, allow)
+	ok := map[string]any{"model": "kvmesh", "prompt": "call me back later", "max_tokens": 2, "temperature": 0}
+	id := submitBatch(t, n.Node, "acme-rw", map[string]any{"requests": []any{ok}, "callback_url": recv.URL + "/hook"})
+	select {
+	case <-refused:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no callback attempt within 60s")
+	}
+	n.stop() // during the backoff before the second attempt
+	if len(got) != 0 {
+		t.Fatal("a refused callback was counted as delivered")
+	}
+
+	accept.Store(true)
+	n = startQueueNode(t, dir, allow)
+	var body []byte
+	select {
+	case body = <-got:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the stored callback was not delivered after the restart")
+	}
+	var st batchAnswer
+	if json.Unmarshal(body, &st) != nil || st.RequestID != id || st.Status != "completed" {
+		t.Errorf("callback body %s", body)
+	}
+	k := callAPI(t, "GET", apiURL(n.Node, QueuePath+"/callback-key"), "acme-rw", nil).json(t)["key"].(string)
+	key, _ := hex.DecodeString(k)
+	if sig := <-sigs; sig != Sign(key, body) {
+		t.Errorf("callback after the restart signed %q, want %q", sig, Sign(key, body))
+	}
+	// Forgotten once delivered: wait until the store says so, then a
+	// second restart sends nothing.
+	// The sender records it after the receiver's answer.
+	testkit.WaitFor(t, "the delivered callback to be forgotten", func() bool {
+		return len(n.prefill.batches.pendingCallbacks()) == 0
+	})
+	n.stop()
+	n = startQueueNode(t, dir, allow)
+	if p := n.prefill.batches.pendingCallbacks(); len(p) != 0 {
+		t.Errorf("after a second restart %d callbacks are pending", len(p))
+	}
+	n.stop()
+	if len(got) != 0 {
+		t.Errorf("a delivered callback was sent again after a restart: %s", <-got)
 	}
 }

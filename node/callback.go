@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,8 +41,11 @@ const (
 // callbackAttempts times. Only URLs whose host (or host:port) the operator
 // allowed are accepted at submission (allowed), so the node cannot be
 // pointed at an internal address. Deliveries wait in a bounded queue; one
-// goroutine (run) sends them. A delivery pending when the node stops is
-// lost (the client can still poll).
+// goroutine (run) sends them. A delivery is durable: the batch store
+// writes its pending mark with the answer that finishes the batch, and
+// forgets it (done) once it was delivered or given up on, so one pending
+// when the node stops or crashes is sent after the restart (pending
+// reloads them at start, and whenever the queue overflowed).
 type callbacks struct {
 	allow  []string // HOST or HOST:PORT, lower case
 	key    []byte   // the node's callback secret; a tenant's key derives from it
@@ -50,6 +54,17 @@ type callbacks struct {
 	log    *slog.Logger
 	sent   prometheus.Counter
 	failed prometheus.Counter
+	// pending returns the deliveries stored and not yet done; done forgets
+	// one. Both are the batch store's (batches.pendingCallbacks,
+	// batches.callbackDone).
+	pending func() []batchMeta
+	done    func(id string)
+
+	mu struct {
+		sync.Mutex
+		queued   map[string]bool // in queue or being delivered
+		overflow bool            // some were left out of a full queue: reload from pending
+	}
 }
 
 // loadCallbackSecret reads DataDir/callback-secret, or makes one (32 random
@@ -95,6 +110,7 @@ func newCallbacks(allow []string, secret []byte, reg *prometheus.Registry, log *
 			c.allow = append(c.allow, a)
 		}
 	}
+	c.mu.queued = make(map[string]bool)
 	reg.MustRegister(c.sent, c.failed)
 	return c
 }
@@ -142,32 +158,70 @@ func (c *callbacks) allowed(raw string) error {
 	return fmt.Errorf("the host %s is not among the hosts this node may call (--callback-allow)", net.JoinHostPort(host, port))
 }
 
-// enqueue hands a finished batch to the sender; a full queue drops it.
+// enqueue hands a finished batch to the sender, once. A full queue leaves
+// it stored: the sender reloads it once the queue has drained.
 func (c *callbacks) enqueue(m batchMeta) {
 	if m.Callback == "" {
 		return
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.queued[m.ID] {
+		return
+	}
 	select {
 	case c.queue <- m:
+		c.mu.queued[m.ID] = true
 	default:
-		c.failed.Inc()
-		c.log.Warn("queue: callback dropped: too many waiting", "id", m.ID)
+		if !c.mu.overflow {
+			c.log.Warn("queue: too many callbacks waiting; the rest are sent once these are", "waiting", len(c.queue))
+		}
+		c.mu.overflow = true
 	}
 }
 
-// run sends the callbacks until ctx ends.
+// run sends the stored callbacks, then those of batches that finish, until
+// ctx ends.
 func (c *callbacks) run(ctx context.Context) {
+	c.reload()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case m := <-c.queue:
-			c.deliver(ctx, m)
+			if !c.deliver(ctx, m) {
+				return // stopped: it stays stored and is sent after a restart
+			}
+			if c.done != nil {
+				c.done(m.ID)
+			}
+			c.mu.Lock()
+			delete(c.mu.queued, m.ID)
+			reload := c.mu.overflow && len(c.queue) == 0
+			c.mu.Unlock()
+			if reload {
+				c.reload()
+			}
 		}
 	}
 }
 
-func (c *callbacks) deliver(ctx context.Context, m batchMeta) {
+// reload enqueues the stored deliveries not yet done.
+func (c *callbacks) reload() {
+	if c.pending == nil {
+		return
+	}
+	c.mu.Lock()
+	c.mu.overflow = false
+	c.mu.Unlock()
+	for _, m := range c.pending() {
+		c.enqueue(m)
+	}
+}
+
+// deliver sends m's callback; it reports false when ctx ended before it
+// was delivered or given up on.
+func (c *callbacks) deliver(ctx context.Context, m batchMeta) bool {
 	body := mustJSON(batchStatus{RequestID: m.ID, Status: m.State})
 	sig := Sign(CallbackKey(c.key, m.Owner.Tenant), body)
 	wait := callbackBackoff
@@ -185,10 +239,13 @@ func (c *callbacks) deliver(ctx context.Context, m batchMeta) {
 			resp.Body.Close()
 			if resp.StatusCode/100 == 2 {
 				c.sent.Inc()
-				return
+				return true
 			}
 			last = resp.Status
 		} else {
+			if ctx.Err() != nil {
+				return false
+			}
 			last = err.Error()
 		}
 		if attempt == callbackAttempts {
@@ -198,11 +255,12 @@ func (c *callbacks) deliver(ctx context.Context, m batchMeta) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return
+			return false
 		case <-t.C:
 		}
 		wait *= 2
 	}
 	c.failed.Inc()
 	c.log.Warn("queue: callback not delivered", "id", m.ID, "url", m.Callback, "last", last)
+	return true
 }

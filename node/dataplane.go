@@ -74,21 +74,27 @@ var _ transfer.Publisher = localSink{}
 // are reported as misses: the client then sends them through BatchPut,
 // which stores (a no-op now) and queues them.
 func (s localSink) PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, vals [][]byte, st []transfer.Status) {
-	s.Put(ctx, keys, vals, st)
-	pk, pc := keys, chunkKeys // usually every block was stored
+	// A block another node owns is the producer's copy (store.EvictDedup).
+	var copyOf func(i int) bool
+	if c := s.cluster.Load(); c != nil {
+		copyOf = func(i int) bool { return !c.Owns(chunkKeys[i]) }
+	}
+	s.put(ctx, keys, vals, st, copyOf)
+	pv, pc := vals, chunkKeys // usually every block was stored
 	if slices.ContainsFunc(st, func(x transfer.Status) bool { return x != transfer.StatusOK }) {
-		pk, pc = nil, nil
+		pv, pc = nil, nil
 		for i := range keys {
 			if st[i] == transfer.StatusOK {
-				pk, pc = append(pk, keys[i]), append(pc, chunkKeys[i])
+				pv, pc = append(pv, vals[i]), append(pc, chunkKeys[i])
 			}
 		}
-		if len(pk) == 0 {
+		if len(pv) == 0 {
 			return
 		}
 	}
 	if c := s.cluster.Load(); c != nil {
-		if _, err := c.Publish(ctx, pk, pc); err == nil {
+		// From the bytes put: a copy may be gone from the store already.
+		if _, err := c.PublishBlocks(pv, pc); err == nil {
 			return
 		}
 	}
@@ -100,6 +106,12 @@ func (s localSink) PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.
 }
 
 func (s localSink) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte, st []transfer.Status) {
+	s.put(ctx, keys, vals, st, nil)
+}
+
+// put stores vals; those copyOf names (when it is not nil) as copies
+// (store.Local.PutCopy).
+func (s localSink) put(ctx context.Context, keys []prefixhash.Key, vals [][]byte, st []transfer.Status, copyOf func(i int) bool) {
 	for i, v := range vals {
 		if ctx.Err() != nil {
 			return // the rest stay StatusMiss
@@ -110,7 +122,11 @@ func (s localSink) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte
 			st[i] = transfer.StatusError
 			continue
 		}
-		switch err := s.l.Put(ctx, v); {
+		put := s.l.Put
+		if copyOf != nil && copyOf(i) {
+			put = s.l.PutCopy
+		}
+		switch err := put(ctx, v); {
 		case err == nil:
 			st[i] = transfer.StatusOK
 		case errors.Is(err, block.ErrCorrupt), errors.Is(err, block.ErrTooLarge), errors.Is(err, store.ErrLayout), errors.Is(err, store.ErrTenant):

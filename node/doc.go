@@ -133,11 +133,15 @@
 // Prefill.Role prefill and decode nodes splits the prompt from the answer.
 // POST /v1/queue (batch.go, batch_api.go) takes batches of completions
 // nobody waits on: stored durably in the prefill queue's pebble database
-// before the 202, run one request at a time with Generate once the engine
-// is idle (Engine.WaitIdle), each answer stored with the count that says so
-// in one synced write, so a restart re-runs only the request it
-// interrupted. A finished batch with a callback_url on a host of
-// BatchOptions.CallbackAllow is announced there, signed (callback.go).
+// before the 202, run a request at a time per batch (BatchOptions.Share
+// bounds the batches run at once) with Generate as background work once
+// the engine is idle (Engine.WaitIdle; a synchronous request preempts it
+// between chunks and decode steps), each answer stored with the count that
+// says so in one synced write, so a restart re-runs only the request it
+// interrupted. An idle node leases batches nobody runs from its peers and
+// posts the answers back to the owner (steal.go). A finished batch with a callback_url on a host of
+// BatchOptions.CallbackAllow is announced there, signed (callback.go); a
+// pending callback is stored with the batch and survives a restart.
 // With Options.HTTPTLS the HTTP address speaks TLS with the node's
 // certificate (a client certificate checked when given, not required), and
 // the router reaches such nodes with RouterOptions.NodeTLS; without it the

@@ -7,25 +7,44 @@ import (
 	"github.com/kvmesh/kvmesh/tiers"
 )
 
-// checkHBM decides whether the node can have the HBM tier that HBMBytes
-// asks for, before anything else is opened, and returns an OptionError that
-// says why not. A build without CUDA and a host without the device are
-// refused with gpu's reason. On a host with the device, the GPU plugin is
-// loaded and the tier is opened and closed again, so that a GPU host proves
-// the device, the plugin and the allocation work; then it is refused all the
-// same, because store.Local has two tiers (DRAM, NVMe) and places nothing in
-// HBM yet. Serving with HBM needs the store to take a third, faster tier:
-// writes into HBM, pressure demoting HBM → DRAM → NVMe, hits promoting.
+// The GPU as the node reaches it; tests substitute a fake device.
+var (
+	probeGPU = gpu.Probe
+	openGPU  = gpu.Open
+	openBLAS = gpu.OpenBLAS
+)
+
+// checkHBM refuses the HBM tier that HBMBytes asks for before anything is
+// opened when the build has no CUDA or the host no such device (the driver
+// is asked; nothing is loaded). A missing or mismatched plugin is found by
+// openHBM.
 func checkHBM(opts Options) error {
 	if opts.HBMBytes == 0 {
 		return nil
 	}
+	info, err := probeGPU()
+	if err == nil && opts.GPU >= info.Devices {
+		err = fmt.Errorf("%w %d: this host has %d", gpu.ErrNoDevice, opts.GPU, info.Devices)
+	}
+	if err != nil {
+		return &OptionError{Field: "HBMBytes", Msg: fmt.Sprintf("an HBM tier needs a CUDA device: %v", err)}
+	}
+	return nil
+}
+
+// openHBM opens the HBM tier on CUDA device GPU, of HBMBytes: the top of the
+// store's tiers (HBM → DRAM → NVMe; see store.Options.HBM). It returns nil
+// when HBMBytes is 0. Its slabs hold the largest block, as DRAM's do.
+func openHBM(opts Options) (tiers.Tier, error) {
+	if opts.HBMBytes == 0 {
+		return nil, nil
+	}
 	bad := func(format string, args ...any) error {
 		return &OptionError{Field: "HBMBytes", Msg: fmt.Sprintf(format, args...)}
 	}
-	dev, err := gpu.Open(opts.GPU, gpu.Options{})
+	dev, err := openGPU(opts.GPU, gpu.Options{})
 	if err != nil {
-		return bad("an HBM tier needs a CUDA device: %v", err)
+		return nil, bad("an HBM tier needs a CUDA device: %v", err)
 	}
 	hopts := tiers.HBMOptions{Capacity: opts.HBMBytes}
 	if need := int64(opts.MaxBlockBytes) + 64; need > tiers.DefaultSlabSize {
@@ -34,10 +53,7 @@ func checkHBM(opts Options) error {
 	h, err := tiers.NewHBM(dev, hopts)
 	if err != nil {
 		_ = dev.Close()
-		return bad("HBM tier of %d bytes on %v: %v", opts.HBMBytes, dev, err)
+		return nil, bad("HBM tier of %d bytes on %v: %v", opts.HBMBytes, dev, err)
 	}
-	if err := h.Close(); err != nil {
-		return bad("HBM tier on %v: %v", dev, err)
-	}
-	return bad("the HBM tier opened on %v, but the store does not place blocks in HBM yet (HBM → DRAM → NVMe is not implemented); serve without --hbm", dev)
+	return h, nil
 }

@@ -52,6 +52,8 @@ type Node struct {
 	cluster *clusterCache
 
 	putBudget *budget // BatchPut's block buffers (MaxInFlightBytes)
+	// peerHTTP reaches the peers' HTTP addresses (steal.go).
+	peerHTTP  *http.Client
 	serveOnce sync.Once
 	closeOnce sync.Once
 	closeErr  error
@@ -125,7 +127,9 @@ func (n *Node) tenantCount() int {
 // (nil: none) guard every call; extra collectors join its metrics.
 func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, extra ...prometheus.Collector) *Node {
 	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens),
-		putBudget: newBudget(opts.MaxInFlightBytes)}
+		putBudget: newBudget(opts.MaxInFlightBytes),
+		peerHTTP: &http.Client{Transport: &http.Transport{TLSClientConfig: opts.PeerTLS, MaxIdleConnsPerHost: 4,
+			IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: time.Minute}}}
 	var labelKey []byte
 	// A namespace in the metrics holds blocks: keep its name, as Stats does.
 	model := func(d uint64) string { n.names.keepSeen(d); return n.names.model(d) }
@@ -173,7 +177,8 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{Registry: n.metrics.reg}))
 	mux.HandleFunc("GET /healthz", n.healthz)
-	mux.HandleFunc("/v1/", n.serveOpenAI) // openai.go
+	mux.HandleFunc("/v1/", n.serveOpenAI)                           // openai.go
+	mux.HandleFunc("POST "+internalQueuePath, n.serveInternalQueue) // steal.go
 	mux.HandleFunc("GET /livez", n.livez)
 	mux.HandleFunc("GET /readyz", n.readyz)
 	if opts.Pprof {

@@ -28,6 +28,9 @@ func Open(opts Options) (*Node, error) {
 	if err := checkHBM(opts); err != nil {
 		return nil, err
 	}
+	if err := checkBackend(opts); err != nil {
+		return nil, err
+	}
 	// The data dir holds cached blocks and the node's state: its user's
 	// alone (directories 0700, files 0600).
 	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
@@ -85,12 +88,22 @@ func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error
 	// A slot of either tier must hold the largest block and the tier's
 	// 64-byte slot header.
 	const slotHeader = 64
+	hbm, err := openHBM(opts)
+	if err != nil {
+		return nil, err
+	}
+	closeHBM := func() {
+		if hbm != nil {
+			hbm.Close()
+		}
+	}
 	dramOpts := tiers.DRAMOptions{Capacity: opts.DRAMBytes}
 	if need := int64(opts.MaxBlockBytes) + slotHeader; need > tiers.DefaultSlabSize {
 		dramOpts.SlabSize = roundUp(need, 64*KiB)
 	}
 	dram, err := tiers.NewDRAM(dramOpts)
 	if err != nil {
+		closeHBM()
 		return nil, fmt.Errorf("node: DRAM tier of %d bytes: %w", opts.DRAMBytes, err)
 	}
 	nvmeOpts := tiers.NVMeOptions{Dir: filepath.Join(opts.DataDir, "nvme"), Capacity: opts.NVMeBytes, Logger: opts.Logger}
@@ -100,13 +113,15 @@ func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error
 	nvme, err := tiers.OpenNVMe(nvmeOpts)
 	if err != nil {
 		dram.Close()
+		closeHBM()
 		return nil, fmt.Errorf("node: NVMe tier in %s: %w", nvmeOpts.Dir, err)
 	}
-	local, err := store.Open(store.Options{DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes, MaxBlocks: opts.MaxBlocks,
+	local, err := store.Open(store.Options{HBM: hbm, DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes, MaxBlocks: opts.MaxBlocks, Eviction: store.Eviction(opts.Eviction),
 		Quotas: quotas, DefaultQuota: store.Quota{DRAM: opts.QuotaDRAMBytes, NVMe: opts.QuotaNVMeBytes}})
 	if err != nil {
 		dram.Close()
 		nvme.Close()
+		closeHBM()
 		return nil, fmt.Errorf("node: open cache: %w", err)
 	}
 	return local, nil
@@ -134,7 +149,9 @@ func cacheError(err error) error {
 // localStats converts store.Local's counters.
 func localStats(l *store.Local) CacheStats {
 	s := l.Stats()
-	out := CacheStats{Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions, Demotions: s.Demotions, Promotions: s.Promotions,
+	// A move between HBM and DRAM is one tier down or up like the others.
+	out := CacheStats{Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions,
+		Demotions: s.Demotions + s.HBMDemotions, Promotions: s.Promotions + s.HBMPromotions,
 		QuotaRefused: s.QuotaRefused, CorruptDrops: s.CorruptDrops}
 	for _, t := range s.Tiers {
 		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity})

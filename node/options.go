@@ -16,8 +16,14 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
 )
+
+func validEviction(s string) bool {
+	_, err := store.ParseEviction(s)
+	return err == nil
+}
 
 // Default addresses: one port each for gRPC, HTTP (metrics, health), the
 // data plane and gossip, all on loopback so that a node started with no
@@ -159,12 +165,13 @@ type Options struct {
 	// Default 10 GiB.
 	NVMeBytes int64
 	// HBMBytes asks for an HBM tier of this many bytes of GPU memory on
-	// CUDA device GPU. Default 0: none. Open fails, naming the reason,
-	// in a build without CUDA, on a host without the device, and for now
-	// on every host: the store does not place blocks in HBM yet (see
-	// node/hbm.go).
+	// CUDA device GPU, on top of DRAM: blocks are written and promoted
+	// there, and HBM pressure demotes them into DRAM (store.Options.HBM).
+	// Default 0: none. Open fails, naming the reason, in a build without
+	// CUDA, on a host without the device, or without the CUDA plugin.
 	HBMBytes int64
-	// GPU is the CUDA device ordinal of the HBM tier. Default 0.
+	// GPU is the CUDA device ordinal of the HBM tier and of the prefill
+	// engine's cuda backend (Prefill.Backend). Default 0.
 	GPU int
 	// QuotaDRAMBytes and QuotaNVMeBytes are the default quota of every
 	// namespace (a model layout and tenant salt, see prefixhash.Namespace)
@@ -184,6 +191,11 @@ type Options struct {
 	// tier pressure does. Default 0: the store's default, the tiers'
 	// capacities over 4 KiB.
 	MaxBlocks int
+	// Eviction is the store's eviction policy (store.Options.Eviction):
+	// "lru", the reference, or "dedup", which evicts first the copies a
+	// node keeps of blocks other nodes own. Default "": the store's
+	// default (store.DefaultEviction).
+	Eviction string
 	// MaxBatchBlocks is the most blocks one request may name: keys of a
 	// BatchGet or Exists, blocks of a BatchPut stream, full blocks of a
 	// Lookup's prompt. Default 16384 (a 256k-token prompt in blocks of 16).
@@ -395,6 +407,8 @@ func (o *Options) Validate() error {
 		return bad("TLS", "has no certificate")
 	case o.MaxBlocks < 0 || o.MaxBlocks > 1<<27:
 		return bad("MaxBlocks", "%d is outside 0..%d", o.MaxBlocks, 1<<27)
+	case o.Eviction != "" && !validEviction(o.Eviction):
+		return bad("Eviction", "%q is not a policy: want lru or dedup", o.Eviction)
 	case o.MaxBatchBlocks < 1:
 		return bad("MaxBatchBlocks", "%d must be at least 1", o.MaxBatchBlocks)
 	case o.MaxMessageBytes < messageOverhead+4*KiB:

@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/kvmesh/kvmesh/block"
@@ -58,6 +59,12 @@ type PrefillOptions struct {
 	MaxWaiting int
 	// Batch bounds the asynchronous API (POST /v1/queue).
 	Batch BatchOptions
+	// Backend runs the engine's model: BackendCPU (gonum on the host) or
+	// BackendCUDA (the products with the weights through cuBLAS on CUDA
+	// device Options.GPU; needs a build with -tags cuda, its kvmesh-cuda.so
+	// and a GPU, or the node refuses to start and says which is missing).
+	// Default BackendCPU.
+	Backend string
 	// Role is what the node does for a router (kvmesh route), gossiped in
 	// its MemberMeta: RoleBoth, RolePrefill (the router sends it prompts
 	// to compute and publish) or RoleDecode (the router sends it requests
@@ -89,6 +96,24 @@ type BatchOptions struct {
 	// callback_url may name; others are refused with 400. Default none:
 	// every callback_url is refused.
 	CallbackAllow []string
+	// Share is the share of the engine queued work may take: at most
+	// max(1, ⌊Share × Concurrency⌋) queued requests (this node's batches
+	// and those it pulls from its peers) run at once, each only while no
+	// synchronous request is active, and each gives way to a synchronous
+	// request that arrives, between two chunks or decode steps
+	// (prefill.GenerateOptions.Background). Default 1; negative: none, the
+	// node stores the batches it accepts and its peers run them.
+	Share float64
+	// StealInterval is how long a worker with nothing to run waits between
+	// two rounds of asking its peers for a queued batch they have not
+	// started (steal.go). Default 1s; negative: never (a node alone never
+	// asks).
+	StealInterval time.Duration
+	// LeaseTTL is how long a batch a peer claimed stays with it without
+	// news (an answer or a renewal, which it sends every LeaseTTL/3); then
+	// the batch can be taken again, from its first unanswered request.
+	// Default 30s.
+	LeaseTTL time.Duration
 }
 
 // Defaults of BatchOptions.
@@ -98,6 +123,9 @@ const (
 	DefaultBatchTenantQueued = 4096
 	DefaultBatchMaxQueued    = 65536
 	DefaultBatchResultTTL    = 24 * time.Hour
+	DefaultBatchShare        = 1
+	DefaultBatchSteal        = time.Second
+	DefaultBatchLeaseTTL     = 30 * time.Second
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -116,6 +144,15 @@ func (o *BatchOptions) EnsureDefaults() {
 	}
 	if o.ResultTTL == 0 {
 		o.ResultTTL = DefaultBatchResultTTL
+	}
+	if o.Share == 0 {
+		o.Share = DefaultBatchShare
+	}
+	if o.StealInterval == 0 {
+		o.StealInterval = DefaultBatchSteal
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = DefaultBatchLeaseTTL
 	}
 }
 
@@ -151,6 +188,9 @@ func (o *PrefillOptions) EnsureDefaults() {
 	if o.Role == "" {
 		o.Role = RoleBoth
 	}
+	if o.Backend == "" {
+		o.Backend = BackendCPU
+	}
 	o.Batch.EnsureDefaults()
 }
 
@@ -180,6 +220,8 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("MaxResults", "%d is outside 1..%d", o.MaxResults, 1<<24)
 	case o.BackgroundBlocks < 1 || o.BackgroundBlocks > 1<<16:
 		return bad("BackgroundBlocks", "%d is outside 1..%d", o.BackgroundBlocks, 1<<16)
+	case o.Backend != BackendCPU && o.Backend != BackendCUDA:
+		return bad("Backend", "%q: want %s or %s", o.Backend, BackendCPU, BackendCUDA)
 	case o.Role != RoleBoth && o.Role != RolePrefill && o.Role != RoleDecode:
 		return bad("Role", "%q: want both, prefill or decode", o.Role)
 	case o.MaxWaiting < 0 || o.MaxWaiting > 1<<16:
@@ -195,6 +237,10 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("Batch.MaxQueued", "%d is over %d", o.Batch.MaxQueued, 1<<24)
 	case o.Batch.ResultTTL < time.Second:
 		return bad("Batch.ResultTTL", "%v is shorter than 1s", o.Batch.ResultTTL)
+	case math.IsNaN(o.Batch.Share) || o.Batch.Share > 1:
+		return bad("Batch.Share", "%g is over 1 (a share of the engine; negative: none)", o.Batch.Share)
+	case o.Batch.LeaseTTL < 100*time.Millisecond:
+		return bad("Batch.LeaseTTL", "%v is shorter than 100ms", o.Batch.LeaseTTL)
 	}
 	// The namespace's layout does not depend on the weights.
 	if size := block.EncodedLen(o.Model.BlockTokens, o.Model.Namespace(0, "").BlockBytes()); size > maxBlockBytes {

@@ -46,10 +46,12 @@ const queueMaxRuns = 5
 // published) when the node reopens its data dir.
 type prefillService struct {
 	kvmeshv1.UnimplementedPrefillServiceServer
-	n       *Node
-	engine  *prefill.Engine
-	q       *queue
-	metrics *prefillMetrics
+	n      *Node
+	engine *prefill.Engine
+	// closeBackend releases the engine's backend (a GPU) after the engine.
+	closeBackend func() error
+	q            *queue
+	metrics      *prefillMetrics
 	// batches are the asynchronous API's (batch.go), in q's database; one
 	// worker runs them.
 	batches      *batches
@@ -108,9 +110,19 @@ func (n *Node) openPrefill() error {
 
 // newPrefillService loads the engine and opens the queue under DataDir.
 // Nothing runs until start.
-func newPrefillService(n *Node) (*prefillService, error) {
+func newPrefillService(n *Node) (_ *prefillService, err error) {
 	o := &n.opts.Prefill
 	eopts := o.engineOptions(n)
+	backend, closeBackend, err := prefillBackend(o.Backend, n.opts.GPU)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, closeBackend())
+		}
+	}()
+	eopts.Backend = backend
 	var (
 		tok tokenizer.Tokenizer = tokenizer.Bytes{}
 		eos []uint32
@@ -155,7 +167,7 @@ func newPrefillService(n *Node) (*prefillService, error) {
 		engine.Close()
 		return nil, err
 	}
-	p := &prefillService{n: n, engine: engine, q: q, batches: b, nsPB: namespacePB(engine), tok: tok, eos: eos}
+	p := &prefillService{n: n, engine: engine, closeBackend: closeBackend, q: q, batches: b, nsPB: namespacePB(engine), tok: tok, eos: eos}
 	p.batchMetrics = newBatchMetrics(n.metrics.reg, b)
 	b.cancelled = func(k int) { p.batchMetrics.requests.WithLabelValues("cancelled").Add(float64(k)) }
 	secret, err := loadCallbackSecret(n.opts.DataDir)
@@ -165,6 +177,7 @@ func newPrefillService(n *Node) (*prefillService, error) {
 		return nil, err
 	}
 	p.callbacks = newCallbacks(o.Batch.CallbackAllow, secret, n.metrics.reg, n.log)
+	p.callbacks.pending, p.callbacks.done = b.pendingCallbacks, b.callbackDone
 	b.finished = p.callbacks.enqueue
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.metrics = newPrefillMetrics(n.metrics.reg, engine, q)
@@ -190,11 +203,14 @@ func namespacePB(e *prefill.Engine) *kvmeshv1.Namespace {
 // deletes expired results.
 func (p *prefillService) start() {
 	p.startOnce.Do(func() {
-		p.wg.Add(5)
+		workers := batchWorkers(p.n.opts.Prefill)
+		p.wg.Add(4 + workers)
 		go func() { defer p.wg.Done(); p.callbacks.run(p.ctx) }()
 		go p.work()
 		go p.reap()
-		go p.workBatches()
+		for range workers {
+			go p.workBatches()
+		}
 		go p.reapBatches()
 	})
 }
@@ -216,7 +232,7 @@ func (p *prefillService) close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		p.engine.Flush(ctx) // best effort: unpublished blocks are only recomputed later
 		cancel()
-		err := p.engine.Close()
+		err := errors.Join(p.engine.Close(), p.closeBackend())
 		p.batches.close()
 		if qerr := p.q.close(); err == nil {
 			err = qerr

@@ -633,6 +633,8 @@ func (r *Router) listQueue(w http.ResponseWriter, req *http.Request) {
 // that is not 404 (404 when every node says so). A batch is stored by the
 // node that accepted it; nothing else knows where.
 func (r *Router) forwardQueue(w http.ResponseWriter, req *http.Request) {
+	req = req.Clone(req.Context())
+	req.Header.Set(forwardedHeader, "1") // the router asks every node: they need not ask their peers
 	var last *captureWriter
 	for _, b := range r.backends() {
 		rec := &captureWriter{header: http.Header{}}

@@ -6,9 +6,9 @@ import (
 )
 
 // Backend turns weights into a runnable model on some device. The CPU
-// backend (NewCPU) runs on gonum's BLAS; a CUDA backend can follow behind the
-// cuda build tag with the same contract: K/V enter and leave through a
-// host-side KV, because that is what the store holds.
+// backend (NewCPU) runs on gonum's BLAS; the device backend (NewDevice) runs
+// its matrix products on a GPU. Both keep the contract: K/V enter and leave
+// through a host-side KV, because that is what the store holds.
 type Backend interface {
 	// Name identifies the backend in logs and metrics ("cpu/gonum").
 	Name() string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -319,5 +320,103 @@ func TestHoldKeepsBackgroundOff(t *testing.T) {
 	}
 	if v := violations.Load(); v != 0 {
 		t.Errorf("%d forward passes ran while the engine was held", v)
+	}
+}
+
+// TestBackgroundGenerateYields: a background Generate (queued work) gives
+// way to a foreground Generate that arrives while it decodes: with one
+// slot, the foreground returns only because the background's stalled
+// decode step was cancelled for it; the background then resumes and its
+// tokens are those of a foreground Generate, for random prompts, cached
+// prefixes and chunk sizes too.
+func TestBackgroundGenerateYields(t *testing.T) {
+	c := tinyConfig()
+	r := rand.New(rand.NewPCG(31, 32))
+	long := randTokens(r, 3*c.BlockTokens+5, c.Vocab)
+	short := randTokens(r, 9, c.Vocab)
+	stallAt := len(long) + 3 // the fourth decode step
+	var stalled atomic.Bool
+	inStep := make(chan struct{})
+	e := newTinyEngine(t, newMemCache(), func(o *Options) {
+		o.Concurrency = 1
+		o.Backend = hookBackend{before: func(ctx context.Context, start int, tokens []uint32) error {
+			if start == stallAt && len(tokens) == 1 && stalled.CompareAndSwap(false, true) {
+				close(inStep)
+				<-ctx.Done() // only a foreground arrival ends it
+				return ctx.Err()
+			}
+			return nil
+		}}
+	})
+	opts := GenerateOptions{MaxTokens: 12}
+	type outcome struct {
+		g   Generation
+		err error
+	}
+	bg := make(chan outcome, 1)
+	go func() {
+		g, err := e.Generate(context.Background(), long, GenerateOptions{MaxTokens: 12, Background: true})
+		bg <- outcome{g, err}
+	}()
+	<-inStep
+	fg := make(chan outcome, 1)
+	go func() {
+		g, err := e.Generate(context.Background(), short, opts)
+		fg <- outcome{g, err}
+	}()
+	var f outcome
+	select {
+	case f = <-fg:
+	case b := <-bg:
+		t.Fatalf("the background generation finished (%v) before the foreground one that arrived during it", b.err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the foreground generation waited behind the background one for 60s")
+	}
+	b := <-bg
+	if f.err != nil || b.err != nil {
+		t.Fatalf("foreground: %v; background: %v", f.err, b.err)
+	}
+	cold := newTinyEngine(t, nil, nil)
+	for _, k := range []struct {
+		what   string
+		prompt []uint32
+		got    Generation
+	}{{"foreground", short, f.g}, {"background", long, b.g}} {
+		want, err := cold.Generate(context.Background(), k.prompt, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(k.got.Tokens, want.Tokens) || k.got.CompletionTokens != want.CompletionTokens {
+			t.Errorf("%s tokens %v, want %v", k.what, k.got.Tokens, want.Tokens)
+		}
+	}
+	if st := e.Stats(); st.Preempted < 1 {
+		t.Errorf("stats %+v: want a preemption", st)
+	}
+
+	// Without preemption: the same tokens as a foreground generation,
+	// whatever the chunk size and cached prefix.
+	for i := range 6 {
+		cache := newMemCache()
+		e := newTinyEngine(t, cache, func(o *Options) { o.BackgroundBlocks = 1 + r.IntN(3) })
+		n := 2 + r.IntN(300)
+		prompt := randTokens(r, n, c.Vocab)
+		if split := r.IntN(n); split > 0 {
+			run(t, e, prompt[:split])
+			flush(t, e)
+		}
+		o := GenerateOptions{MaxTokens: 1 + r.IntN(8), Temperature: 0.8, Seed: uint64(i)}
+		want, err := cold.Generate(context.Background(), prompt, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Background = true
+		got, err := e.Generate(context.Background(), prompt, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.Tokens, want.Tokens) {
+			t.Errorf("case %d (n=%d): background tokens %v, want %v", i, n, got.Tokens, want.Tokens)
+		}
 	}
 }

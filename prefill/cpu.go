@@ -67,19 +67,25 @@ const (
 
 type cpuLayer struct {
 	attnNorm, mlpNorm []float32
-	qkv               []float32 // [Q+2·KV][Dim]: q_proj, k_proj, v_proj stacked
-	o                 []float32 // [Dim][Q]
-	gateUp            []float32 // [2·FFN][Dim]: gate_proj, up_proj stacked
-	down              []float32 // [Dim][FFN]
+	qkv               *matrix // [Q+2·KV][Dim]: q_proj, k_proj, v_proj stacked
+	o                 *matrix // [Dim][Q]
+	gateUp            *matrix // [2·FFN][Dim]: gate_proj, up_proj stacked
+	down              *matrix // [Dim][FFN]
 }
 
+// cpuModel is the forward pass of every backend: the element-wise work and
+// attention run here, on the host; the products with weight matrices run
+// on a pass from passes (the host's gonum for the CPU backend, a device for
+// the device backend).
 type cpuModel struct {
 	cfg      Config
 	threads  int
 	embed    []float32
 	norm     []float32
-	lmHead   []float32
+	lmHead   *matrix
 	layers   []cpuLayer
+	mats     []*matrix // every weight matrix, in order of matrix.id
+	passes   passes
 	cos, sin []float32 // [MaxContext][HeadDim/2]
 	scratch  sync.Pool // *cpuScratch
 }
@@ -95,23 +101,39 @@ func (b *CPU) Load(cfg Config, w *Weights) (Model, error) {
 	if err := w.Check(cfg); err != nil {
 		return nil, err
 	}
-	m := &cpuModel{cfg: cfg, threads: b.opts.Threads, embed: w.Embed, norm: w.Norm, lmHead: w.LMHead}
+	m := newModel(cfg, w, b.opts.Threads)
+	m.passes = hostPasses{}
+	return m, nil
+}
+
+// newModel prepares w for a forward pass on threads goroutines: it stacks
+// the projections that read the same input into one matrix each (QKV,
+// gate+up), so each becomes one product. The caller sets passes.
+func newModel(cfg Config, w *Weights, threads int) *cpuModel {
+	m := &cpuModel{cfg: cfg, threads: threads, embed: w.Embed, norm: w.Norm}
+	mat := func(rows, cols int, data []float32) *matrix {
+		x := &matrix{id: len(m.mats), rows: rows, cols: cols, data: data}
+		m.mats = append(m.mats, x)
+		return x
+	}
+	d, q, kvd, ffn := cfg.Dim, cfg.QDim(), cfg.KVDim(), cfg.FFNDim
 	for _, l := range w.Layers {
 		m.layers = append(m.layers, cpuLayer{
 			attnNorm: l.AttnNorm,
 			mlpNorm:  l.MLPNorm,
-			qkv:      slices.Concat(l.Q, l.K, l.V),
-			o:        l.O,
-			gateUp:   slices.Concat(l.Gate, l.Up),
-			down:     l.Down,
+			qkv:      mat(q+2*kvd, d, slices.Concat(l.Q, l.K, l.V)),
+			o:        mat(d, q, l.O),
+			gateUp:   mat(2*ffn, d, slices.Concat(l.Gate, l.Up)),
+			down:     mat(d, ffn, l.Down),
 		})
 	}
+	m.lmHead = mat(cfg.Vocab, d, w.LMHead)
 	m.cos, m.sin = ropeTable(cfg.MaxContext, cfg.HeadDim, cfg.RopeTheta)
-	return m, nil
+	return m
 }
 
 // Close implements Model.
-func (m *cpuModel) Close() error { return nil }
+func (m *cpuModel) Close() error { return m.passes.close() }
 
 // cpuScratch is the working memory of one forward pass, pooled across
 // passes. Slices grow to the largest pass seen.
@@ -229,6 +251,11 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 			return fmt.Errorf("prefill: token %d at %d outside the vocabulary of %d", t, start+i, c.Vocab)
 		}
 	}
+	p, err := m.passes.get()
+	if err != nil {
+		return err
+	}
+	defer m.passes.put(p)
 	sc := m.getScratch(s)
 	defer m.scratch.Put(sc)
 
@@ -254,7 +281,7 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 					rmsNorm(xn[i*d:(i+1)*d], x[(r0+i)*d:(r0+i+1)*d], L.attnNorm, c.NormEps)
 				}
 			})
-			if err := linearCancel(ctx, rows, w, d, xn, d, L.qkv, d, 0, sc.qkv[r0*w:], w); err != nil {
+			if err := p.linear(ctx, L.qkv, rows, xn, d, 0, sc.qkv[r0*w:], w); err != nil {
 				return err
 			}
 		}
@@ -279,7 +306,9 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 			}
 			rows := min(rowChunk, s-r0)
 			xr := x[r0*d : (r0+rows)*d]
-			linear(rows, d, q, sc.attn[r0*q:], q, L.o, q, 1, xr, d)
+			if err := p.linear(ctx, L.o, rows, sc.attn[r0*q:], q, 1, xr, d); err != nil {
+				return err
+			}
 			xn := sc.xn[:rows*d]
 			m.parallel(rows, func(lo, hi int) {
 				for i := lo; i < hi; i++ {
@@ -287,7 +316,7 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 				}
 			})
 			gu := sc.gu[:rows*2*ffn]
-			if err := linearCancel(ctx, rows, 2*ffn, d, xn, d, L.gateUp, d, 0, gu, 2*ffn); err != nil {
+			if err := p.linear(ctx, L.gateUp, rows, xn, d, 0, gu, 2*ffn); err != nil {
 				return err
 			}
 			m.parallel(rows, func(lo, hi int) {
@@ -295,15 +324,14 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 					swiGLU(gu[i*2*ffn:i*2*ffn+ffn], gu[i*2*ffn+ffn:(i+1)*2*ffn])
 				}
 			})
-			if err := linearCancel(ctx, rows, d, ffn, gu, 2*ffn, L.down, ffn, 1, xr, d); err != nil {
+			if err := p.linear(ctx, L.down, rows, gu, 2*ffn, 1, xr, d); err != nil {
 				return err
 			}
 		}
 	}
 	h := sc.h[:d]
 	rmsNorm(h, x[(s-1)*d:], m.norm, c.NormEps)
-	impl.Sgemv(blas.NoTrans, c.Vocab, d, 1, m.lmHead, d, h, 1, 0, logits, 1)
-	return nil
+	return p.head(ctx, m.lmHead, h, logits)
 }
 
 // attention computes causal grouped-query attention of the s new positions

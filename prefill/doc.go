@@ -72,8 +72,21 @@
 // goroutines; attention runs in tiles (a query tile of one KV head's stacked
 // query heads against key tiles up to its last position, online softmax), so
 // the upper triangle is never computed, and tiles are spread over the
-// backend's threads. A CUDA backend can follow behind the cuda build tag with
-// the same interface.
+// backend's threads.
+//
+// The device backend (NewDevice, `kvmesh serve --backend cuda`) runs the same
+// forward pass with one difference: the products with weight matrices (QKV,
+// output, gate+up, down, LM head) run on a GPU through a gpumem.BLAS —
+// cuBLAS on CUDA, loaded by package gpu, or gpu/gputest's fake in tests. Its
+// weights are uploaded once, at Load; each product uploads its input rows
+// through pinned memory, multiplies and downloads its output, on a stream of
+// its forward pass. As a first step, RMSNorm, RoPE, attention (its products
+// and softmax), SwiGLU and the K/V cache stay on the host between the
+// products, so the K/V a block is published from are already in host memory.
+// Both backends share every line but the products (cpuModel, with a pass
+// per backend), and the default build tests the device backend's dispatch
+// against the CPU backend on a fake device; on a GPU, gpu's cuda tests
+// compare the two. Nothing of it has run on a GPU yet.
 //
 // # Foreground and background
 //

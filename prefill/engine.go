@@ -204,7 +204,7 @@ type Stats struct {
 	Published      int64 // blocks handed to Put successfully
 	PublishErrors  int64 // Put calls that failed
 	DroppedBlocks  int64 // new blocks not published: queue full, Put failed, or engine closing
-	Background     int64 // of Requests, background prefills (PrefillBackground)
+	Background     int64 // of Requests, background ones (PrefillBackground, GenerateOptions.Background)
 	Preempted      int64 // background chunks cancelled for a foreground prefill and run again
 	Generations    int64 // of Requests, those that decoded (Generate)
 	Generated      int64 // tokens sampled by Generate, stop sequences included

@@ -60,6 +60,17 @@ type GenerateOptions struct {
 	// other requests, so it should only hand the tokens to a writer. An
 	// error from it ends the generation with that error.
 	Emit func(tokens []uint32) error
+	// Background makes the generation queued work, as PrefillBackground's:
+	// it computes only while no foreground prefill or generation (or Hold)
+	// is active, on the background's slots, its prompt in chunks of
+	// Options.BackgroundBlocks blocks and then one decode step at a time. A
+	// foreground request that arrives preempts it at once: the chunk or
+	// step in flight stops at the forward pass's next check and is
+	// computed again once the foreground has been idle for
+	// Options.BackgroundGrace; tokens already generated are kept. The
+	// tokens are those of a foreground Generate with the same prompt and
+	// options. Default false: a foreground generation.
+	Background bool
 }
 
 // Generation is the outcome of Generate.
@@ -163,7 +174,7 @@ func (e *Engine) Generate(ctx context.Context, prompt []uint32, opts GenerateOpt
 		return Generation{}, err
 	}
 	g, res, err := e.generate(ctx, began, prompt, opts)
-	if _, err := e.account(res, err, false); err != nil {
+	if _, err := e.account(res, err, opts.Background); err != nil {
 		return Generation{}, err
 	}
 	e.stats.generations.Add(1)
@@ -177,14 +188,16 @@ func (e *Engine) generate(ctx context.Context, began time.Time, prompt []uint32,
 		return Generation{}, Result{}, err
 	}
 	defer end()
-	e.sched.enter()
-	defer e.sched.exit()
-	select {
-	case e.slots <- struct{}{}:
-	case <-ctx.Done():
-		return Generation{}, Result{}, e.ctxErr(ctx, "waiting for a slot")
+	if !opts.Background {
+		e.sched.enter()
+		defer e.sched.exit()
+		select {
+		case e.slots <- struct{}{}:
+		case <-ctx.Done():
+			return Generation{}, Result{}, e.ctxErr(ctx, "waiting for a slot")
+		}
+		defer func() { <-e.slots }()
 	}
-	defer func() { <-e.slots }()
 
 	n := len(prompt)
 	b := e.cfg.BlockTokens
@@ -214,14 +227,23 @@ func (e *Engine) generate(ctx context.Context, began time.Time, prompt []uint32,
 	t2 := e.opts.Now()
 	start := min(loaded*b, n-1)
 	logits := make([]float32, e.cfg.Vocab)
-	if err := e.model.Forward(ctx, kv, start, prompt[start:], logits); err != nil {
+	if opts.Background {
+		chunk := e.opts.BackgroundBlocks * b
+		for pos := start; pos < n; pos = min(pos+chunk, n) {
+			if err := e.backgroundStep(ctx, kv, pos, prompt[pos:min(pos+chunk, n)], logits, &res.Timing); err != nil {
+				return Generation{}, Result{}, err
+			}
+		}
+	} else if err := e.model.Forward(ctx, kv, start, prompt[start:], logits); err != nil {
 		if ctx.Err() != nil {
 			return Generation{}, Result{}, e.ctxErr(ctx, "forward")
 		}
 		return Generation{}, Result{}, fmt.Errorf("prefill: forward on %s: %w", e.backend, err)
 	}
 	t3 := e.opts.Now()
-	res.Timing.Compute = t3.Sub(t2)
+	if !opts.Background {
+		res.Timing.Compute = t3.Sub(t2)
+	}
 	res.TTFT = t3.Sub(began)
 	res.Usage.CachedTokens = start
 	res.FLOPs = e.cfg.ForwardFLOPs(start, n-start)
@@ -241,6 +263,7 @@ func (e *Engine) generate(ctx context.Context, began time.Time, prompt []uint32,
 		return err
 	}
 	stopLen := 0
+	var steps Timing // a background generation's decode waits, not the prompt's
 	for {
 		seq = append(seq, s.next(logits))
 		gen := seq[n:]
@@ -257,7 +280,11 @@ func (e *Engine) generate(ctx context.Context, began time.Time, prompt []uint32,
 		if err := emit(len(gen) - heldBack(gen, opts.Stop)); err != nil {
 			return Generation{}, Result{}, err
 		}
-		if err := e.model.Forward(ctx, kv, len(seq)-1, seq[len(seq)-1:], logits); err != nil {
+		if opts.Background {
+			if err := e.backgroundStep(ctx, kv, len(seq)-1, seq[len(seq)-1:], logits, &steps); err != nil {
+				return Generation{}, Result{}, err
+			}
+		} else if err := e.model.Forward(ctx, kv, len(seq)-1, seq[len(seq)-1:], logits); err != nil {
 			if ctx.Err() != nil {
 				return Generation{}, Result{}, e.ctxErr(ctx, "decode")
 			}
@@ -277,6 +304,22 @@ func (e *Engine) generate(ctx context.Context, began time.Time, prompt []uint32,
 		e.publishShared(sc, kv, share(), seq[:full*b], all, len(keys))
 	}
 	return g, res, nil
+}
+
+// backgroundStep computes positions [pos, pos+len(tokens)) of a background
+// generation as a background chunk: once no foreground request is active,
+// again each time one preempts it.
+func (e *Engine) backgroundStep(ctx context.Context, kv *KV, pos int, tokens []uint32, logits []float32, timing *Timing) error {
+	for {
+		preempted, err := e.backgroundChunk(ctx, kv, pos, tokens, logits, timing, e.opts.Now())
+		if err != nil {
+			return err
+		}
+		if !preempted {
+			return nil
+		}
+		e.stats.preempted.Add(1)
+	}
 }
 
 // lastKey returns the parent of the block after keys: the chain's last key,

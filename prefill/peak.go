@@ -2,9 +2,13 @@ package prefill
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"gonum.org/v1/gonum/blas"
+
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 )
 
 // SgemmPeak returns the best GFLOP/s of the CPU backend's Sgemm (gonum) on
@@ -27,4 +31,35 @@ func SgemmPeak(ctx context.Context, n, runs int) float64 {
 		best = max(best, 2*float64(n)*float64(n)*float64(n)/time.Since(start).Seconds()/1e9)
 	}
 	return best
+}
+
+// DeviceSgemmPeak is SgemmPeak on dev: the best GFLOP/s of its Sgemm
+// (cuBLAS on CUDA) on n×n×n, C = A·Bᵀ, timed from enqueueing to the
+// stream's completion, over runs runs. It is the device backend's ceiling.
+func DeviceSgemmPeak(ctx context.Context, dev gpumem.BLAS, n, runs int) (_ float64, err error) {
+	s, err := dev.NewStream()
+	if err != nil {
+		return 0, fmt.Errorf("prefill: sgemm peak: %w", err)
+	}
+	defer func() { err = errors.Join(err, s.Close()) }()
+	var m [3]gpumem.Ptr
+	for i := range m {
+		if m[i], err = dev.Alloc(4 * int64(n) * int64(n)); err != nil {
+			return 0, fmt.Errorf("prefill: sgemm peak: %w", err)
+		}
+		defer func() { err = errors.Join(err, dev.Free(m[i])) }()
+	}
+	best := 0.0
+	for range runs {
+		if ctx.Err() != nil {
+			break
+		}
+		start := time.Now()
+		err := dev.Sgemm(s, false, true, n, n, n, 1, m[0], n, m[1], n, 0, m[2], n)
+		if err = errors.Join(err, s.Wait()); err != nil {
+			return best, fmt.Errorf("prefill: sgemm peak: %w", err)
+		}
+		best = max(best, 2*float64(n)*float64(n)*float64(n)/time.Since(start).Seconds()/1e9)
+	}
+	return best, nil
 }

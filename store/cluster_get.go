@@ -157,7 +157,7 @@ func (c *Cluster) fetch(ctx context.Context, keys []prefixhash.Key, byOwner map[
 				}
 				c.c.remoteHits.Add(1)
 				if c.opts.KeepRemote {
-					_ = c.local.Put(ctx, b) // best effort: a full node still serves the copy
+					_ = c.local.PutCopy(ctx, b) // best effort: a full node still serves the copy
 				}
 				mu.Lock()
 				f.Blocks[idx[j]] = b

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -57,8 +58,44 @@ func (c *Cluster) Publish(ctx context.Context, keys, chunkKeys []prefixhash.Key)
 	return n, nil
 }
 
-// Put stores blocks locally (the producer keeps what it computed) and queues
-// each for the owners of its placement chunk, whose key is chunkKeys[i].
+// PublishBlocks queues encoded blocks, which the caller has just stored
+// with Local.Put or PutCopy (so they are verified), for the owners of their
+// placement chunks (chunkKeys[i] places blocks[i]) other than this node, as
+// Put does. Unlike Publish it does not read them back: a copy stored under
+// EvictDedup may already be gone again. It returns how many blocks it
+// queued for at least one other owner, and never waits for a peer.
+func (c *Cluster) PublishBlocks(blocks [][]byte, chunkKeys []prefixhash.Key) (int, error) {
+	if len(chunkKeys) != len(blocks) {
+		return 0, fmt.Errorf("store: cluster publish: %d blocks but %d chunk keys", len(blocks), len(chunkKeys))
+	}
+	p := c.placement()
+	var owners []string
+	n := 0
+	for k, b := range blocks {
+		queued := false
+		for _, o := range p.Owners(owners[:0], chunkKeys[k]) {
+			if o != c.self {
+				c.enqueue(o, b)
+				queued = true
+			}
+		}
+		if queued {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Owns reports whether this node is one of the owners of the placement
+// chunk whose key is chunkKey.
+func (c *Cluster) Owns(chunkKey prefixhash.Key) bool {
+	var buf [8]string
+	return slices.Contains(c.placement().Owners(buf[:0], chunkKey), c.self)
+}
+
+// Put stores blocks locally (the producer keeps what it computed; a block
+// another node owns as a copy, Local.PutCopy) and queues each for the owners
+// of its placement chunk, whose key is chunkKeys[i].
 // Pushes run in the background through a bounded queue per owner: when a
 // queue is full the block is dropped and counted; Put never waits for a
 // peer. The error is the local store's (see Local.PutMany): a block it
@@ -71,14 +108,18 @@ func (c *Cluster) Put(ctx context.Context, blocks [][]byte, chunkKeys []prefixha
 	p := c.placement()
 	var owners []string
 	for k, b := range blocks {
-		if err := c.local.Put(ctx, b); err != nil {
+		owners = p.Owners(owners[:0], chunkKeys[k])
+		put := c.local.PutCopy // another node owns it (see EvictDedup)
+		if slices.Contains(owners, c.self) {
+			put = c.local.Put
+		}
+		if err := put(ctx, b); err != nil {
 			if ctx.Err() != nil {
 				return errors.Join(append(errs, err)...)
 			}
 			errs = append(errs, fmt.Errorf("block %d: %w", k, err))
 			continue
 		}
-		owners = p.Owners(owners[:0], chunkKeys[k])
 		for _, o := range owners {
 			if o != c.self {
 				c.enqueue(o, b)

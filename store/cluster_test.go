@@ -111,13 +111,22 @@ type testCluster struct {
 
 func newTestCluster(t *testing.T, n int, opts ClusterOptions) *testCluster {
 	t.Helper()
+	return newTestClusterWith(t, n, opts, Options{})
+}
+
+// newTestClusterWith is newTestCluster whose Locals take lopts (a DRAM tier
+// of their own each).
+func newTestClusterWith(t *testing.T, n int, opts ClusterOptions, lopts Options) *testCluster {
+	t.Helper()
 	tc := &testCluster{net: &loopback{nodes: map[string]*Local{}, fault: map[string]string{}, calls: map[string]int{}}}
 	var ms []Member
 	for i := range n {
 		ms = append(ms, Member{ID: fmt.Sprintf("n%d", i), Weight: 1})
 	}
 	for i := range n {
-		l, err := Open(Options{DRAM: newFakeMem(1<<20, 64, 256, 4096)})
+		lo := lopts
+		lo.DRAM = newFakeMem(1<<20, 64, 256, 4096)
+		l, err := Open(lo)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -29,6 +29,12 @@
 //     rewritten, the rest are dropped, and the segment goes.
 //   - An NVMe hit is read, verified and promoted to DRAM (making room there
 //     as a write would); if no room can be made it is served from the copy.
+//   - With an HBM tier (Options.HBM, GPU memory) on top of DRAM, writes and
+//     promotions land in HBM first; HBM pressure demotes its least recently
+//     used blocks into DRAM, never past it; a DRAM hit promotes the block
+//     back to HBM. For the index, recency lists and quotas, an HBM block is
+//     a memory block; its location says where its bytes are
+//     (local_hbm.go). HBM blocks are served from a copy.
 //   - Prefix-aware recency: LongestPrefix and GetMany touch a chain
 //     deepest-first, and a block put (or put again) is placed right behind
 //     its parent when the parent is in the same list, so within a chain the
@@ -44,6 +50,17 @@
 //     parent (forged: keys chain from the namespace) is neither linked to
 //     nor placed behind it, so one tenant's drops never cascade into
 //     another's.
+//   - Options.Eviction picks the policy (evict.go). EvictLRU is the
+//     reference: the recency above, nothing else. EvictDedup, the default,
+//     also knows copies: a block stored with PutCopy is one whose owner,
+//     by placement, is another node (the producer's copy Cluster.Put keeps,
+//     a block KeepRemote fetched). A copy is listed at the cold end of its
+//     tier and stays there when touched, so a full node evicts its copies
+//     before any block it owns; it is never linked to a parent or a child
+//     (it may go before a block put under it, which its owner's chain
+//     does not need); DRAM pressure drops it instead of demoting it; and
+//     its owner's Put of the same block makes it an ordinary block. The
+//     copy mark is the top bit of the entry's hit counter.
 //   - Capacity limits are the tiers' own: a tier refuses (tiers.ErrFull)
 //     rather than grow, and Local makes room or refuses the write with
 //     ErrFull. The index is bounded by Options.MaxBlocks. Transient heap

@@ -41,6 +41,7 @@ type Local struct {
 	view    tiers.Viewer  // nil: copy out of mem
 	classed tiers.Classed // nil: one class
 	disk    tiers.Tier    // nil: memory only
+	hbm     tiers.Tier    // nil: DRAM is the top tier
 	seg     tiers.Segmented
 	batcher tiers.Batcher
 
@@ -80,6 +81,7 @@ type Local struct {
 		evictedNext int
 
 		cursors map[uint32][]cursorRef // entry → the namespace cursors on it (quota.go)
+		hbm     hbmResidents           // entries in HBM (local_hbm.go)
 
 		c     counters
 		stack []uint32 // scratch
@@ -128,7 +130,7 @@ func Open(opts Options) (*Local, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Local{opts: opts, mem: opts.DRAM, disk: opts.NVMe}
+	l := &Local{opts: opts, mem: opts.DRAM, disk: opts.NVMe, hbm: opts.HBM}
 	l.view, _ = opts.DRAM.(tiers.Viewer)
 	l.classed, _ = opts.DRAM.(tiers.Classed)
 	l.mu.idle.L = &l.mu.Mutex
@@ -188,6 +190,11 @@ func (l *Local) Close() error {
 	l.mu.tiersClosed = true
 	l.mu.Unlock()
 	var errs []error
+	if l.hbm != nil {
+		if err := l.hbm.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("store: close %s: %w", l.hbm.Name(), err))
+		}
+	}
 	if err := l.mem.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("store: close %s: %w", l.mem.Name(), err))
 	}

@@ -92,6 +92,7 @@ func (l *Local) removeLocked(i uint32, fr *[]freeLoc) {
 		panic(fmt.Sprintf("store: removing %s, which is not in the table", e.key))
 	}
 	l.unlistLocked(i)
+	l.hbmForgetLocked(i)
 	n := l.mu.ns.get(e.ns)
 	t := tierOf(e)
 	l.mu.blocks[t]--
@@ -123,7 +124,7 @@ func (l *Local) freeAll(fr []freeLoc) {
 		if f.disk {
 			l.disk.Free(f.loc)
 		} else {
-			l.mem.Free(f.loc)
+			l.memFree(f.loc)
 		}
 	}
 }

@@ -105,6 +105,9 @@ func (l *Local) get(ctx context.Context, key prefixhash.Key) (*Ref, error) {
 		}
 		e := l.mu.x.at(i)
 		if !e.persistent() {
+			if l.hbm != nil && !isHBM(e.getLoc()) && !e.busy() {
+				return l.promoteHBMLocked(ctx, i)
+			}
 			return l.getMemLocked(i)
 		}
 		if e.has(flagMoving) {
@@ -135,7 +138,7 @@ func (l *Local) getMemLocked(i uint32) (*Ref, error) {
 	e.setHitsSaturating()
 	l.mu.c.hits++
 	key, loc, size := e.key, e.getLoc(), l.mu.ns.get(e.ns).size
-	if l.view != nil && e.pins < maxPins {
+	if l.viewable(loc) && e.pins < maxPins {
 		e.pins++
 		l.mu.refs++
 		l.mu.Unlock()
@@ -148,7 +151,7 @@ func (l *Local) getMemLocked(i uint32) (*Ref, error) {
 		invariants.Track(r, &r.leak, "store.Ref")
 		return r, nil
 	}
-	if l.view != nil { // pins saturated: hand out a copy
+	if l.viewable(loc) { // pins saturated: hand out a copy
 		b := append([]byte(nil), l.view.View(loc, size)...)
 		l.mu.Unlock()
 		return &Ref{l: l, b: b}, nil
@@ -161,7 +164,7 @@ func (l *Local) getMemLocked(i uint32) (*Ref, error) {
 	l.mu.Unlock()
 	defer l.exit()
 	b := make([]byte, size)
-	err := l.mem.Read(loc, b)
+	err := l.memRead(loc, b)
 	if err == nil {
 		_, err = l.verify(key, b)
 	}
@@ -281,7 +284,7 @@ func (l *Local) GetMany(ctx context.Context, keys []prefixhash.Key) ([]*Ref, err
 			l.mu.c.misses++
 			continue
 		}
-		if e.persistent() || l.view == nil || e.pins == maxPins {
+		if e.persistent() || l.view == nil || e.pins == maxPins || l.hbm != nil {
 			slow = append(slow, k)
 			continue
 		}

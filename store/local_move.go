@@ -59,6 +59,7 @@ func (l *Local) moveTierLocked(i uint32, loc tiers.Loc) {
 	n.inTier[from]--
 	n.inTier[1-from]++
 	l.unlistLocked(i)
+	l.hbmForgetLocked(i)
 	e.setLoc(loc)
 	e.clear(flagHit | flagLocGone)
 	if from == tierMem {
@@ -67,6 +68,10 @@ func (l *Local) moveTierLocked(i uint32, loc tiers.Loc) {
 	} else {
 		e.clear(flagPersistent)
 		x.insertAfter(l.memListLocked(l.mu.ns.get(e.ns).class), i)
+		l.hbmAddLocked(i, loc, int(size))
+	}
+	if e.copy() {
+		l.placeCopyLocked(i)
 	}
 }
 
@@ -77,10 +82,10 @@ func (l *Local) moveTierLocked(i uint32, loc tiers.Loc) {
 // kept.
 var errColdest = errors.New("store: the new block is the coldest")
 
-// putMem copies val into the memory tier, making room when it is full.
+// putDRAM copies val into the DRAM tier, making room when it is full.
 // parent is the key of the block's parent for a new block (its position
 // in the recency order), zero for a promotion (the hottest position).
-func (l *Local) putMem(ctx context.Context, key, parent prefixhash.Key, val []byte, class int) (tiers.Loc, error) {
+func (l *Local) putDRAM(ctx context.Context, key, parent prefixhash.Key, val []byte, class int) (tiers.Loc, error) {
 	if class < 0 {
 		return 0, tiers.ErrTooLarge
 	}
@@ -158,7 +163,7 @@ func (l *Local) coldestLocked(list uint32, want int, stop uint32) (vs []moved, r
 		if j == stop {
 			return vs, true
 		}
-		if x.at(j).busy() {
+		if e := x.at(j); e.busy() || isHBM(e.getLoc()) { // HBM empties into DRAM, not past it
 			continue
 		}
 		vs = append(vs, l.markVictimLocked(j))
@@ -194,12 +199,12 @@ func (l *Local) evacuateLocked(avoid int) []moved {
 
 // memBytes returns the bytes of a memory-tier value for a mover.
 func (l *Local) memBytes(m *moved) {
-	if l.view != nil {
+	if l.viewable(m.loc) {
 		m.val = l.view.View(m.loc, m.size)
 		return
 	}
 	m.val = make([]byte, m.size)
-	if err := l.mem.Read(m.loc, m.val); err != nil {
+	if err := l.memRead(m.loc, m.val); err != nil {
 		m.err = err
 	} else if _, err := l.verify(m.key, m.val); err != nil {
 		m.err = err

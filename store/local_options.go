@@ -19,6 +19,10 @@ type Options struct {
 	// index is rebuilt on Open) and tiers.Batcher (one write per demotion
 	// batch) are used when it implements them.
 	NVMe tiers.Tier
+	// HBM is the GPU-memory tier above DRAM (tiers.HBM): writes and
+	// promotions land there first, HBM pressure demotes into DRAM, and a
+	// DRAM hit promotes back (local_hbm.go). Optional: nil, DRAM is the top.
+	HBM tiers.Tier
 	// MaxBlockBytes is the largest block payload Put accepts, in bytes;
 	// larger blocks get ErrTooLarge. Default 64 MiB, at most 1 GiB.
 	MaxBlockBytes int
@@ -47,6 +51,10 @@ type Options struct {
 	// DefaultQuota is the quota of every namespace not in Quotas. Default:
 	// zero, unlimited in both tiers. SetDefaultQuota changes it at run time.
 	DefaultQuota Quota
+	// Eviction is the eviction policy (evict.go): EvictLRU, the reference,
+	// or EvictDedup, which evicts copies (PutCopy) first. Default
+	// DefaultEviction.
+	Eviction Eviction
 }
 
 // Option defaults and limits.
@@ -66,10 +74,16 @@ func (o *Options) EnsureDefaults() {
 	if o.DemoteBatchBytes == 0 {
 		o.DemoteBatchBytes = DefaultDemoteBatchBytes
 	}
+	if o.Eviction == "" {
+		o.Eviction = DefaultEviction
+	}
 	if o.MaxBlocks == 0 && o.DRAM != nil {
 		c := o.DRAM.Stats().Capacity
 		if o.NVMe != nil {
 			c += o.NVMe.Stats().Capacity
+		}
+		if o.HBM != nil {
+			c += o.HBM.Stats().Capacity
 		}
 		o.MaxBlocks = int(min(max(c/4096, minDefaultMaxBlocks), maxDefaultMaxBlocks))
 	}
@@ -86,6 +100,9 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("store: options: MaxBlocks: %d is outside 1..%d", o.MaxBlocks, maxEntry-(1<<16))
 	case o.DemoteBatchBytes < 1:
 		return fmt.Errorf("store: options: DemoteBatchBytes: %d must be positive", o.DemoteBatchBytes)
+	}
+	if _, err := ParseEviction(string(o.Eviction)); err != nil {
+		return fmt.Errorf("store: options: Eviction: %w", err)
 	}
 	if err := o.DefaultQuota.validate("options: DefaultQuota"); err != nil {
 		return err

@@ -20,6 +20,11 @@ import (
 // tier has room even after eviction; ErrQuota, that the block's namespace
 // has no room within its quotas (see Quota).
 func (l *Local) Put(ctx context.Context, b []byte) error {
+	return l.put(ctx, b, false)
+}
+
+// put is Put, or PutCopy storing a copy (asCopy: under EvictDedup).
+func (l *Local) put(ctx context.Context, b []byte, asCopy bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -35,6 +40,12 @@ func (l *Local) Put(ctx context.Context, b []byte) error {
 	}
 	size := len(b)
 	class := l.classOf(size)
+	// A copy goes to the cold end, not behind its parent: making room for
+	// it never stops at the parent.
+	parent := h.Parent
+	if asCopy {
+		parent = prefixhash.Key{}
+	}
 	l.mu.Lock()
 	if !l.enterLocked() {
 		l.mu.Unlock()
@@ -45,6 +56,9 @@ func (l *Local) Put(ctx context.Context, b []byte) error {
 			l.mu.active--
 			l.mu.Unlock()
 			return fmt.Errorf("%w: key %s is held for tenant %016x, the block is tagged %016x", ErrTenant, h.Key, n.tenant, h.Tenant)
+		}
+		if e := l.mu.x.at(i); e.copy() && !asCopy {
+			l.ownCopyLocked(i, &h)
 		}
 		l.touchPutLocked(i, h.Parent)
 		l.mu.active--
@@ -81,16 +95,16 @@ func (l *Local) Put(ctx context.Context, b []byte) error {
 	err = tiers.ErrTooLarge
 	if class >= 0 {
 		if !reserved {
-			id, err = l.room(ctx, &h, h.Namespace, size, class, tierMem, h.Parent)
+			id, err = l.room(ctx, &h, h.Namespace, size, class, tierMem, parent)
 		} else {
 			err = nil
 		}
 		if err == nil {
 			var loc tiers.Loc
-			if loc, err = l.putMem(ctx, h.Key, h.Parent, b, class); err == nil {
+			if loc, err = l.putMem(ctx, h.Key, parent, b, class); err == nil {
 				var fr []freeLoc
 				l.mu.Lock()
-				err = l.insertLocked(&h, size, class, loc, false, id, &fr)
+				err = l.insertLocked(&h, size, class, loc, false, asCopy, id, &fr)
 				l.mu.Unlock()
 				l.freeAll(fr)
 				return err
@@ -110,13 +124,13 @@ func (l *Local) Put(ctx context.Context, b []byte) error {
 		// No room in memory (or in the namespace's memory quota), or the
 		// block is the coldest there: it goes straight to the persistent
 		// tier.
-		id, derr := l.room(ctx, &h, h.Namespace, size, class, tierDisk, h.Parent)
+		id, derr := l.room(ctx, &h, h.Namespace, size, class, tierDisk, parent)
 		if derr == nil {
 			var ierr error
 			ms := []moved{{key: h.Key, val: b}}
 			l.toDisk(ms, func(m *moved, fr *[]freeLoc) {
 				if m.done {
-					ierr = l.insertLocked(&h, size, class, m.newLoc, true, id, fr)
+					ierr = l.insertLocked(&h, size, class, m.newLoc, true, asCopy, id, fr)
 				} else {
 					l.unreserveLocked(id, tierDisk, size)
 				}
@@ -179,16 +193,19 @@ func (l *Local) refused(err error, n int) error {
 	return fmt.Errorf("store: put: %w", err)
 }
 
-// insertLocked indexes a block just stored at loc, taking over the
-// reservation room made for it in namespace rid; on failure (or when a
-// concurrent Put won) it frees loc.
-func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, disk bool, rid uint32, fr *[]freeLoc) error {
+// insertLocked indexes a block just stored at loc (a copy under EvictDedup
+// if asCopy), taking over the reservation room made for it in namespace rid;
+// on failure (or when a concurrent Put won) it frees loc.
+func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, disk, asCopy bool, rid uint32, fr *[]freeLoc) error {
 	x := &l.mu.x
 	t := tierMem
 	if disk {
 		t = tierDisk
 	}
 	if i := x.find(h.Key); i != 0 { // a concurrent Put won
+		if x.at(i).copy() && !asCopy {
+			l.ownCopyLocked(i, h)
+		}
 		l.touchPutLocked(i, h.Parent)
 		l.unreserveLocked(rid, t, size)
 		*fr = append(*fr, freeLoc{disk, loc})
@@ -216,19 +233,17 @@ func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, di
 	e.setLoc(loc)
 	if disk {
 		e.set(flagPersistent)
+	} else {
+		l.hbmAddLocked(i, loc, size)
 	}
 	x.insert(i)
 	l.mu.blocks[t]++
 	l.mu.bytes[t] += int64(size)
 	l.mu.c.puts++
-	// A parent of another namespace is not linked: a block naming one is
-	// forged, and one tenant's eviction must never cascade into another's.
-	// (An unresolved parent is checked when it is resolved.)
-	if p := x.find(h.Parent); p != 0 {
-		if pns := x.at(p).ns; pns == id || !l.mu.ns.get(pns).resolved {
-			x.link(i, p)
-		}
+	if asCopy {
+		e.hits |= hitsCopy
 	}
+	l.linkParentLocked(i, h)
 	l.placeLocked(i, h.Parent)
 	return nil
 }
@@ -243,16 +258,20 @@ func (l *Local) touchPutLocked(i uint32, parent prefixhash.Key) {
 // placeLocked moves i in its recency list right behind its parent (on the
 // colder side) when the parent is in the same list, else to the front. So
 // a chain put in order, or put again, keeps its leaves colder than its
-// ancestors, and eviction takes leaves first.
+// ancestors, and eviction takes leaves first. A copy goes to the cold end.
 func (l *Local) placeLocked(i uint32, parent prefixhash.Key) {
 	x := &l.mu.x
 	e := x.at(i)
+	if e.copy() {
+		l.placeCopyLocked(i)
+		return
+	}
 	at := l.mu.diskList
 	if !e.persistent() {
 		at = l.memListLocked(l.mu.ns.get(e.ns).class)
 	}
 	if p := x.find(parent); p != 0 && p != i {
-		if pe := x.at(p); pe.persistent() == e.persistent() && pe.ns == e.ns {
+		if pe := x.at(p); pe.persistent() == e.persistent() && pe.ns == e.ns && !pe.copy() {
 			at = p
 		}
 	}
@@ -283,11 +302,16 @@ func (l *Local) memListLocked(class int) uint32 {
 	return l.mu.memLists[class]
 }
 
-// touchLocked marks i as just used: the hottest of its list.
+// touchLocked marks i as just used: the hottest of its list (a copy stays
+// where it is, at the cold end).
 func (l *Local) touchLocked(i uint32) {
 	x := &l.mu.x
 	e := x.at(i)
 	e.set(flagHit)
+	if e.copy() {
+		return
+	}
+	l.hbmTouchLocked(i)
 	if e.persistent() {
 		l.moveFrontLocked(l.mu.diskList, i)
 	} else {

@@ -15,7 +15,8 @@ import (
 // ancestor's reason (as an eviction when the ancestor was corrupt) and also
 // in Cascaded.
 type Stats struct {
-	// Tiers are the memory tier, then the persistent tier if any.
+	// Tiers are the memory tier (DRAM), then the persistent tier if any,
+	// then HBM if any.
 	Tiers []TierStats
 
 	Hits   int64 // Gets served
@@ -32,6 +33,9 @@ type Stats struct {
 	Demotions  int64 // memory → persistent moves
 	Promotions int64 // persistent → memory moves on a hit
 	Rewrites   int64 // blocks re-inserted when their segment was reclaimed
+	// HBMDemotions and HBMPromotions count the moves between HBM and
+	// DRAM: HBM pressure, and hits in DRAM.
+	HBMDemotions, HBMPromotions int64
 
 	Evictions      int64 // blocks dropped from the node for room
 	CorruptDrops   int64 // blocks dropped because a read or verification failed
@@ -84,6 +88,9 @@ func (l *Local) Stats() Stats {
 		if l.disk != nil {
 			s.Tiers[1].Stats = l.disk.Stats()
 		}
+		if l.hbm != nil {
+			s.Tiers[len(s.Tiers)-1].Stats = l.hbm.Stats()
+		}
 		l.exit()
 	}
 	return s
@@ -98,10 +105,15 @@ func (l *Local) statsLocked() Stats {
 		Recovered: c.recovered, Demotions: c.demotions, Promotions: c.promotions, Rewrites: c.rewrites,
 		Evictions: c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops,
 		Cascaded: c.cascade, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
+		HBMDemotions: l.mu.hbm.demote, HBMPromotions: l.mu.hbm.promot,
 	}
-	s.Tiers = append(s.Tiers, TierStats{Name: l.mem.Name(), Blocks: l.mu.blocks[tierMem], Bytes: l.mu.bytes[tierMem]})
+	hbmBlocks, hbmBytes := int64(len(l.mu.hbm.at)), l.mu.hbm.bytes
+	s.Tiers = append(s.Tiers, TierStats{Name: l.mem.Name(), Blocks: l.mu.blocks[tierMem] - hbmBlocks, Bytes: l.mu.bytes[tierMem] - hbmBytes})
 	if l.disk != nil {
 		s.Tiers = append(s.Tiers, TierStats{Name: l.disk.Name(), Blocks: l.mu.blocks[tierDisk], Bytes: l.mu.bytes[tierDisk]})
+	}
+	if l.hbm != nil {
+		s.Tiers = append(s.Tiers, TierStats{Name: l.hbm.Name(), Blocks: hbmBlocks, Bytes: hbmBytes})
 	}
 	byDigest := map[uint64]int{}
 	for _, n := range l.mu.ns.list {
@@ -128,14 +140,15 @@ func (l *Local) statsLocked() Stats {
 // BlockInfo describes one cached block, for people (the admin BlockInfo RPC).
 type BlockInfo struct {
 	Key       prefixhash.Key
-	Tier      string // the tier's Name: "dram", "nvme"
+	Tier      string // the tier's Name: "hbm", "dram", "nvme"
 	Size      int    // encoded block bytes
 	Namespace uint64 // namespace digest; 0 while a recovered block is unread
 	Tokens    int    // tokens in the block; 0 while unread
-	Hits      int    // Gets served from it (saturating at 65535)
+	Hits      int    // Gets served from it (saturating at 32767)
 	Pins      int    // live Refs reading it in place
 	Parent    bool   // linked to a cached parent
 	Children  int    // cached children linked to it
+	Copy      bool   // a copy of a block another node owns (PutCopy under EvictDedup)
 }
 
 // Info describes the block of key, if a request with access a may see it,
@@ -151,9 +164,11 @@ func (l *Local) Info(a auth.Access, key prefixhash.Key) (BlockInfo, bool) {
 	e := x.at(i)
 	n := l.mu.ns.get(e.ns)
 	info := BlockInfo{Key: key, Tier: l.mem.Name(), Size: n.size, Namespace: n.digest, Tokens: n.tokens,
-		Hits: int(e.hits), Pins: int(e.pins), Parent: e.up != 0}
+		Hits: e.hitCount(), Pins: int(e.pins), Parent: e.up != 0, Copy: e.copy()}
 	if e.persistent() {
 		info.Tier = l.disk.Name()
+	} else if isHBM(e.getLoc()) {
+		info.Tier = l.hbm.Name()
 	}
 	for c := e.child; c != 0; c = x.at(c).sib {
 		info.Children++

@@ -40,7 +40,11 @@ func TestLocalStressRealTiers(t *testing.T) {
 				b := w.blocks[rng.IntN(len(w.blocks))]
 				switch op := rng.IntN(20); {
 				case op < 8:
-					if err := l.Put(ctx, b.enc); err != nil && !errors.Is(err, ErrFull) && !errors.Is(err, ErrQuota) {
+					put := l.Put
+					if op < 3 {
+						put = l.PutCopy // a copy under the default policy (dedup)
+					}
+					if err := put(ctx, b.enc); err != nil && !errors.Is(err, ErrFull) && !errors.Is(err, ErrQuota) {
 						errc <- fmt.Errorf("put: %w", err)
 						return
 					}

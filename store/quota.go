@@ -413,6 +413,10 @@ func (l *Local) reserveDemotionsLocked(vs []moved, fr *[]freeLoc) {
 		if x.at(m.i).has(flagDropped) {
 			continue
 		}
+		if x.at(m.i).copy() {
+			m.skipDisk = true // its owner holds it: not worth a write
+			continue
+		}
 		n := l.mu.ns.get(m.ns)
 		if ex := n.excess(tierDisk, m.size); ex > 0 && int64(m.size) <= n.quota[tierDisk] {
 			l.dropColdLocked(m.ns, ex, 0, fr)

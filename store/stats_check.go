@@ -52,6 +52,9 @@ func (l *Local) checkQuiescentLocked() {
 	if l.disk != nil {
 		s.Tiers[1].Stats = l.disk.Stats()
 	}
+	if l.hbm != nil {
+		s.Tiers[len(s.Tiers)-1].Stats = l.hbm.Stats()
+	}
 	if err := s.Check(); err != nil {
 		panic(fmt.Sprintf("%v, at Close: %+v", err, s))
 	}

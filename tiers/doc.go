@@ -14,10 +14,12 @@
 // lock; DRAM's Read and View take no allocator lock at all.
 //
 // HBM is built in every build over the small Device and Stream interfaces
-// (declared in the leaf tiers/gpumem, aliased here): pinned staging buffers, streams, chunked copies whose host
-// half overlaps the DMA of the previous chunk, and waiting on completion are
-// all logic of this package, tested against an in-memory fake device whose
-// copies happen only when waited for. The CUDA implementation of Device lives
+// (declared in the leaf gpu/gpumem, aliased here): pinned staging buffers,
+// streams, chunked copies whose host half overlaps the DMA of the previous
+// chunk, and waiting on completion are all logic of this package, tested
+// against an in-memory fake device (gpu/gputest) whose copies happen only
+// when waited for. store.Local places blocks in it above DRAM
+// (store.Options.HBM). The CUDA implementation of Device lives
 // in gpu/cudadev (-tags cuda, gorgonia.org/cu) and is loaded at run time by
 // package gpu only when a device exists; see gpu's package doc for why. It has
 // been compiled and vetted against CUDA 11.8 but never run on a GPU.

@@ -7,8 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 	"github.com/kvmesh/kvmesh/prefixhash"
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
 )
 
 // Device, DevicePtr and Stream are the GPU an HBM tier keeps its values on;

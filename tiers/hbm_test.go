@@ -8,8 +8,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"unsafe"
 
+	"github.com/kvmesh/kvmesh/gpu/gputest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -37,179 +37,9 @@ func TestHBMOptions(t *testing.T) {
 	}
 }
 
-// fakeDevice is a Device in host memory. Its streams run their copies only at
-// Wait, so a tier that reads a result before waiting for it, or reuses a
-// staging buffer a copy has not drained, sees wrong bytes; copies of host
-// memory that HostAlloc did not return fail, as unpinned memory must not be
-// used for asynchronous copies.
-type fakeDevice struct {
-	mu     sync.Mutex
-	mem    map[DevicePtr][]byte // allocation base → bytes
-	next   DevicePtr
-	pinned map[*byte]int // HostAlloc'd buffers → length
-	live   int           // streams not closed
-	closed bool
-	fail   error // returned by every copy when set
-}
-
-func newFakeDevice() *fakeDevice {
-	return &fakeDevice{mem: map[DevicePtr][]byte{}, next: 1 << 40, pinned: map[*byte]int{}}
-}
-
-func (d *fakeDevice) Alloc(n int64) (DevicePtr, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	p := d.next
-	d.mem[p] = make([]byte, n)
-	d.next += DevicePtr(n) + 1<<20
-	return p, nil
-}
-
-func (d *fakeDevice) Free(p DevicePtr) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, ok := d.mem[p]; !ok {
-		return fmt.Errorf("fake: free of %#x, not allocated", p)
-	}
-	delete(d.mem, p)
-	return nil
-}
-
-// at returns the device bytes [p, p+n).
-func (d *fakeDevice) at(p DevicePtr, n int64) ([]byte, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for base, b := range d.mem {
-		if p >= base && p+DevicePtr(n) <= base+DevicePtr(len(b)) {
-			return b[p-base : p-base+DevicePtr(n)], nil
-		}
-	}
-	return nil, fmt.Errorf("fake: %d bytes at %#x are not device memory", n, p)
-}
-
-func (d *fakeDevice) HostAlloc(n int) ([]byte, error) {
-	b := make([]byte, n)
-	d.mu.Lock()
-	d.pinned[&b[0]] = n
-	d.mu.Unlock()
-	return b, nil
-}
-
-func (d *fakeDevice) HostFree(b []byte) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, ok := d.pinned[&b[0]]; !ok {
-		return errors.New("fake: HostFree of memory HostAlloc did not return")
-	}
-	delete(d.pinned, &b[0])
-	return nil
-}
-
-// isPinned reports whether b lies within a HostAlloc'd buffer.
-func (d *fakeDevice) isPinned(b []byte) bool {
-	if len(b) == 0 {
-		return true
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	p := uintptr(unsafe.Pointer(&b[0]))
-	for base, n := range d.pinned {
-		q := uintptr(unsafe.Pointer(base))
-		if p >= q && p+uintptr(len(b)) <= q+uintptr(n) {
-			return true
-		}
-	}
-	return false
-}
-
-func (d *fakeDevice) NewStream() (Stream, error) {
-	d.mu.Lock()
-	d.live++
-	d.mu.Unlock()
-	return &fakeStream{d: d}, nil
-}
-
-func (d *fakeDevice) Close() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(d.mem) != 0 || len(d.pinned) != 0 || d.live != 0 {
-		return fmt.Errorf("fake: closed with %d allocations, %d pinned buffers, %d streams", len(d.mem), len(d.pinned), d.live)
-	}
-	d.closed = true
-	return nil
-}
-
-type fakeStream struct {
-	d     *fakeDevice
-	queue []func() error
-	busy  sync.Mutex // a Stream is used by one goroutine at a time
-}
-
-func (s *fakeStream) enqueue(host []byte, op func() error) error {
-	if !s.busy.TryLock() {
-		panic("fake: stream used by two goroutines at once")
-	}
-	defer s.busy.Unlock()
-	if !s.d.isPinned(host) {
-		return errors.New("fake: asynchronous copy of unpinned host memory")
-	}
-	s.queue = append(s.queue, op)
-	return nil
-}
-
-func (s *fakeStream) HtoD(dst DevicePtr, src []byte) error {
-	return s.enqueue(src, func() error {
-		b, err := s.d.at(dst, int64(len(src)))
-		copy(b, src)
-		return err
-	})
-}
-
-func (s *fakeStream) DtoH(dst []byte, src DevicePtr) error {
-	return s.enqueue(dst, func() error {
-		b, err := s.d.at(src, int64(len(dst)))
-		copy(dst, b)
-		return err
-	})
-}
-
-func (s *fakeStream) DtoD(dst, src DevicePtr, n int64) error {
-	return s.enqueue(nil, func() error {
-		a, err := s.d.at(src, n)
-		if err != nil {
-			return err
-		}
-		b, err := s.d.at(dst, n)
-		copy(b, a)
-		return err
-	})
-}
-
-func (s *fakeStream) Wait() error {
-	q := s.queue
-	s.queue = nil
-	var first error
-	for _, op := range q {
-		if err := op(); first == nil {
-			first = err
-		}
-	}
-	if s.d.fail != nil {
-		return s.d.fail
-	}
-	return first
-}
-
-func (s *fakeStream) Close() error {
-	s.d.mu.Lock()
-	s.d.live--
-	s.d.mu.Unlock()
-	return nil
-}
-
-func newTestHBM(t *testing.T, opts HBMOptions) (*HBM, *fakeDevice) {
+func newTestHBM(t *testing.T, opts HBMOptions) (*HBM, *gputest.Device) {
 	t.Helper()
-	dev := newFakeDevice()
+	dev := gputest.New()
 	h, err := NewHBM(dev, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -262,7 +92,7 @@ func TestHBMRoundTrip(t *testing.T) {
 	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if !dev.closed {
+	if !dev.Closed() {
 		t.Fatal("Close did not close the device")
 	}
 	if _, err := h.Put(prefixhash.Key{}, nil); !errors.Is(err, ErrClosed) {
@@ -321,7 +151,7 @@ func TestHBMCopyTo(t *testing.T) {
 	if err := h.CopyTo(loc, dst, len(val)); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := dev.at(dst, int64(len(val)))
+	b, _ := dev.Bytes(dst, int64(len(val)))
 	if !bytes.Equal(b, val) {
 		t.Fatal("CopyTo moved other bytes")
 	}
@@ -334,14 +164,14 @@ func TestHBMCopyTo(t *testing.T) {
 func TestHBMCopyError(t *testing.T) {
 	h, dev := newTestHBM(t, HBMOptions{Capacity: DefaultSlabSize})
 	defer h.Close()
-	dev.fail = errors.New("fake: ECC error")
+	dev.SetFail(errors.New("fake: ECC error"))
 	if _, err := h.Put(prefixhash.Key{}, make([]byte, 100)); err == nil || !strings.Contains(err.Error(), "ECC") {
 		t.Fatalf("Put over a failing device = %v", err)
 	}
 	if s := h.Stats(); s.Values != 0 {
 		t.Fatalf("a failed Put left %d values", s.Values)
 	}
-	dev.fail = nil
+	dev.SetFail(nil)
 }
 
 // TestHBMConcurrent: more goroutines than lanes put and read at once; every

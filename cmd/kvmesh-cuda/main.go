@@ -12,7 +12,7 @@ package main
 
 import (
 	"github.com/kvmesh/kvmesh/gpu/cudadev"
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 )
 
 // Open is the symbol package gpu looks up.

@@ -14,6 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvmesh/kvmesh/bench"
+	"github.com/kvmesh/kvmesh/gpu"
+	"github.com/kvmesh/kvmesh/store"
 )
 
 // benchFlags are kvmesh bench's flags.
@@ -28,10 +30,14 @@ type benchFlags struct {
 	nodes    int
 	routing  string
 	capacity int
+	eviction string
 	speedup  float64
 	duration time.Duration
 	conc     int
 	logLevel string
+	backend  string
+	gpu      int
+	backlog  int
 }
 
 func benchCmd() *cobra.Command {
@@ -48,12 +54,16 @@ Suites:
   lookup     longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes; hashing
   nvme       the NVMe tier vs fio (sequential direct write, random direct read)
   prefill    time to first token vs cached fraction of an 8k prompt; GFLOP/s vs Sgemm
+             (--backend cuda: the engine on CUDA device --gpu, in process, vs cuBLAS
+             Sgemm alone; needs a build with -tags cuda, kvmesh-cuda.so and a GPU)
   trace      a Mooncake trace replayed on N nodes: hit ratio vs the trace's ideal
   peers      the peers and limits alone (memcpy, raw TCP, Redis, fio)
   serve      agentic multi-turn sessions through kvmesh route over 3 nodes (the
              OpenAI-compatible API, streamed): cached tokens vs the ideal, TTFT
              p50/p99 and tokens/s for token-aware, random and session routing;
-             what the router adds
+             what the router adds; with --backlog N instead: the sessions alone
+             and beside N queued requests (POST /v1/queue) on the same nodes,
+             TTFT p50 ratio and the backlog's drain rate vs queued work alone
   soak       a mixed load (lookups, gets, puts, prefills) for --duration on 2 nodes
              with small tiers: RSS, goroutines, errors and latencies over time;
              fails on any error but a miss, on wrong bytes, or RSS past DRAM + overhead
@@ -86,10 +96,14 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4)")
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
 	fs.IntVar(&f.capacity, "capacity-blocks", 0, "trace suite: each node's capacity in blocks (default: every distinct block of the trace fits)")
+	fs.StringVar(&f.eviction, "eviction", "", "trace suite: eviction policy of the nodes it starts, lru or dedup (default: kvmesh serve's); the sweep on nodes replays lru beside it")
 	fs.Float64Var(&f.speedup, "speedup", 0, "trace suite: honour the trace's timestamps, replayed this many times faster (default 0: as fast as possible)")
 	fs.DurationVar(&f.duration, "duration", 0, "soak: how long the load runs (default 10m; --quick: 30s)")
 	fs.IntVar(&f.conc, "concurrency", 0, "soak: workers, one call in flight each (default 64)")
+	fs.IntVar(&f.backlog, "backlog", 0, "serve: measure N queued requests beside the sessions instead of the routing policies (the issue's figure wants 200 or more)")
 	fs.StringVar(&f.workDir, "work-dir", "", "scratch directory, on the disk the nvme suite measures (default: a temporary directory)")
+	fs.StringVar(&f.backend, "backend", "cpu", "prefill suite: the engine's backend, cpu or cuda (cuBLAS on CUDA device --gpu, in the bench's process)")
+	fs.IntVar(&f.gpu, "gpu", 0, "prefill suite: CUDA device ordinal of --backend cuda")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	return c
 }
@@ -106,16 +120,34 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	if err != nil {
 		return fmt.Errorf("--routing: %w", err)
 	}
-	if f.nodes < 0 || f.requests < 0 || f.capacity < 0 || f.speedup < 0 || f.duration < 0 || f.conc < 0 {
-		return errors.New("--nodes, --requests, --capacity-blocks, --speedup, --duration and --concurrency must not be negative")
+	if f.eviction != "" {
+		if _, err := store.ParseEviction(f.eviction); err != nil {
+			return fmt.Errorf("--eviction: %w", err)
+		}
+	}
+	if f.nodes < 0 || f.requests < 0 || f.capacity < 0 || f.speedup < 0 || f.duration < 0 || f.conc < 0 || f.backlog < 0 {
+		return errors.New("--nodes, --requests, --capacity-blocks, --speedup, --duration, --concurrency and --backlog must not be negative")
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
 	}
-	suites, err := bench.Select(bench.Suites(bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
-		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Speedup: f.speedup,
-		SoakDuration: f.duration, SoakConcurrency: f.conc}), names)
+	sf := bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
+		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Eviction: f.eviction, Speedup: f.speedup,
+		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog}
+	switch f.backend {
+	case "cpu":
+	case "cuda":
+		dev, err := gpu.OpenBLAS(f.gpu, gpu.Options{})
+		if err != nil {
+			return fmt.Errorf("--backend cuda: %w", err)
+		}
+		defer dev.Close()
+		sf.PrefillDevice = dev
+	default:
+		return fmt.Errorf("--backend %q: want cpu or cuda", f.backend)
+	}
+	suites, err := bench.Select(bench.Suites(sf), names)
 	if err != nil {
 		return fmt.Errorf("%w; see 'kvmesh bench --help'", err)
 	}

@@ -77,6 +77,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{[]string{"bench", "trace", "-o", "yaml"}, "want table or json"},
 		{[]string{"bench", "trace", "--routing", "sticky"}, "--routing"},
 		{[]string{"bench"}, "name a suite"},
+		{[]string{"bench", "serve", "--backlog", "-1"}, "--backlog"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(tc.args, &stdout, &stderr); code != 1 {

@@ -339,3 +339,32 @@ func TestServeLimitFlags(t *testing.T) {
 		t.Fatalf("set: InsecureGossip %v, MaxConcurrentStreams %d, MaxInFlightBytes %d", o.InsecureGossip, o.MaxConcurrentStreams, o.MaxInFlightBytes)
 	}
 }
+
+// TestServeQueueFlags: --queue-share, --queue-steal-interval and
+// --queue-lease reach BatchOptions; 0 (or less) means none or never.
+func TestServeQueueFlags(t *testing.T) {
+	o, err := serveOptions(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := o.Prefill.Batch; b.Share != 1 || b.StealInterval != time.Second || b.LeaseTTL != 30*time.Second {
+		t.Fatalf("defaults: %+v", b)
+	}
+	o, err = serveOptions(t, nil, "--queue-share", "0.5", "--queue-steal-interval", "200ms", "--queue-lease", "5s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := o.Prefill.Batch; b.Share != 0.5 || b.StealInterval != 200*time.Millisecond || b.LeaseTTL != 5*time.Second {
+		t.Fatalf("set: %+v", b)
+	}
+	o, err = serveOptions(t, nil, "--queue-share", "0", "--queue-steal-interval", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := o.Prefill.Batch; b.Share >= 0 || b.StealInterval >= 0 {
+		t.Fatalf("--queue-share 0 --queue-steal-interval 0: %+v, want both negative (none, never)", b)
+	}
+	if _, err := serveOptions(t, nil, "--queue-share", "2"); err == nil || !strings.Contains(err.Error(), "--queue-share") {
+		t.Errorf("--queue-share 2: %v", err)
+	}
+}

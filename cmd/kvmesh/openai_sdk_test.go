@@ -123,23 +123,30 @@ func writeTokenFile(t *testing.T) string {
 // runSDK runs sdk.mjs against baseURL with the token sdk-secret.
 func runSDK(t *testing.T, nodeBin, dir, baseURL string, logs ...*daemon) {
 	t.Helper()
+	runScript(t, nodeBin, dir, "sdk.mjs", []string{"KVMESH_BASE_URL=" + baseURL, "KVMESH_API_KEY=sdk-secret"}, logs...)
+}
+
+// runScript runs a script of test/openai with env added to the test's;
+// it must print a JSON line with "ok":true.
+func runScript(t *testing.T, nodeBin, dir, script string, env []string, logs ...*daemon) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, nodeBin, "sdk.mjs")
+	cmd := exec.CommandContext(ctx, nodeBin, script)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "KVMESH_BASE_URL="+baseURL, "KVMESH_API_KEY=sdk-secret")
+	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		var b strings.Builder
 		for _, d := range logs {
 			fmt.Fprintf(&b, "--- %s:\n%s\n", d.id, d.stderr)
 		}
-		t.Fatalf("node sdk.mjs: %v\n%s\nkvmesh logs:\n%s", err, out, b.String())
+		t.Fatalf("node %s: %v\n%s\nkvmesh logs:\n%s", script, err, out, b.String())
 	}
 	if !strings.Contains(string(out), `"ok":true`) {
-		t.Fatalf("node sdk.mjs printed no result:\n%s", out)
+		t.Fatalf("node %s printed no result:\n%s", script, out)
 	}
-	t.Logf("openai SDK: %s", strings.TrimSpace(string(out)))
+	t.Logf("openai SDK (%s): %s", script, strings.TrimSpace(string(out)))
 }
 
 // startRouteProcess runs kvmesh route on a free port and returns the

@@ -271,8 +271,10 @@ type prefillServeFlags struct {
 	maxResults       int
 	backgroundBlocks int
 	role             string
+	backend          string
 	modelDir         string
 	batch            node.BatchOptions
+	queueShare       float64
 }
 
 func init() {
@@ -280,10 +282,12 @@ func init() {
 		"Prefill.WeightsPath": "prefill-weights", "Prefill.Seed": "prefill-seed", "Prefill.Model": "prefill-max-context",
 		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.ResultTTL": "prefill-result-ttl",
 		"Prefill.MaxResults": "prefill-max-results", "Prefill.BackgroundBlocks": "prefill-background-blocks",
-		"Prefill.Role": "role", "Prefill.ModelDir": "prefill-model-dir",
+		"Prefill.Role": "role", "Prefill.ModelDir": "prefill-model-dir", "Prefill.Backend": "backend",
 		"Prefill.Batch.MaxRequests": "queue-max-requests", "Prefill.Batch.MaxBodyBytes": "queue-max-body",
 		"Prefill.Batch.TenantQueued": "queue-tenant-quota", "Prefill.Batch.MaxQueued": "queue-max-queued",
 		"Prefill.Batch.ResultTTL": "queue-result-ttl", "Prefill.Batch.CallbackAllow": "callback-allow",
+		"Prefill.Batch.Share": "queue-share", "Prefill.Batch.StealInterval": "queue-steal-interval",
+		"Prefill.Batch.LeaseTTL": "queue-lease",
 	} {
 		flagOf[field] = flag
 	}
@@ -306,6 +310,10 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.IntVar(&p.batch.MaxQueued, "queue-max-queued", d.Batch.MaxQueued, "most queued requests (POST /v1/queue) of all tenants not yet answered (more: 503)")
 	fs.DurationVar(&p.batch.ResultTTL, "queue-result-ttl", d.Batch.ResultTTL, "how long a finished batch's responses are kept (then GET /v1/queue/{id} is 404)")
 	fs.StringSliceVar(&p.batch.CallbackAllow, "callback-allow", d.Batch.CallbackAllow, "hosts (HOST: any port, or HOST:PORT) a queued batch's callback_url may name; others are refused (default none: no callbacks)")
+	fs.StringVar(&p.backend, "backend", node.BackendCPU, "what runs the prefill engine's model: cpu, or cuda (its matrix products through cuBLAS on CUDA device --gpu; needs a build with -tags cuda, kvmesh-cuda.so beside it and a GPU, else serve refuses to start and says which is missing)")
+	fs.Float64Var(&p.queueShare, "queue-share", d.Batch.Share, "share of the engine's slots (--prefill-concurrency) queued batches may run on at once, at least one request; each runs only while no synchronous request does and yields to one between chunks and decode steps; 0: none here (peers pull this node's batches)")
+	fs.DurationVar(&p.batch.StealInterval, "queue-steal-interval", d.Batch.StealInterval, "how often an idle node asks its peers for a queued batch they have not started (0 or less: never)")
+	fs.DurationVar(&p.batch.LeaseTTL, "queue-lease", d.Batch.LeaseTTL, "how long a batch a peer pulled from this node stays with it without news; then it runs again elsewhere from its first unanswered request")
 	fs.StringVar(&p.role, "role", node.RoleBoth, "what kvmesh route sends this node: both, prefill (prompts to compute and publish) or decode (requests whose prompt a prefill node just published)")
 }
 
@@ -313,7 +321,14 @@ func (p *prefillServeFlags) options() node.PrefillOptions {
 	o := node.PrefillOptions{
 		Disabled: !p.enabled, WeightsPath: p.weights, Seed: p.seed,
 		Concurrency: p.concurrency, QueueSize: p.queue, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
-		BackgroundBlocks: p.backgroundBlocks, Role: p.role, ModelDir: p.modelDir, Batch: p.batch,
+		BackgroundBlocks: p.backgroundBlocks, Role: p.role, Backend: p.backend, ModelDir: p.modelDir, Batch: p.batch,
+	}
+	o.Batch.Share = p.queueShare
+	if p.queueShare <= 0 {
+		o.Batch.Share = -1 // none: the flag's 0 is the option's negative
+	}
+	if p.batch.StealInterval <= 0 {
+		o.Batch.StealInterval = -1
 	}
 	o.Model.MaxContext = p.maxContext
 	return o
@@ -329,12 +344,12 @@ func engineLine(o node.PrefillOptions) string {
 		weights = o.WeightsPath
 	}
 	if o.ModelDir != "" {
-		return fmt.Sprintf("model directory %s (config.json, model.safetensors, tokenizer.json); context at most %d; queue %d; role %s",
-			o.ModelDir, o.Model.MaxContext, o.QueueSize, o.Role)
+		return fmt.Sprintf("model directory %s (config.json, model.safetensors, tokenizer.json); context at most %d; queue %d; role %s; backend %s",
+			o.ModelDir, o.Model.MaxContext, o.QueueSize, o.Role, o.Backend)
 	}
 	m := o.Model
 	return strings.Join([]string{
 		fmt.Sprintf("%d layer(s), d=%d, %d heads (%d KV) of %d, FFN %d, vocab %d, context %d", m.Layers, m.Dim, m.Heads, m.KVHeads, m.HeadDim, m.FFNDim, m.Vocab, m.MaxContext),
-		weights, fmt.Sprintf("queue %d", o.QueueSize), "role " + o.Role,
+		weights, fmt.Sprintf("queue %d", o.QueueSize), "role " + o.Role, "backend " + o.Backend,
 	}, "; ")
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -42,6 +43,7 @@ type serveFlags struct {
 	maxBatchBlocks, maxBlocks                  int
 	requestTimeout, shutdownTimeout            time.Duration
 	logLevel, logFormat                        string
+	eviction                                   string
 	prefill                                    prefillServeFlags
 	tlsCert, tlsKey, tlsCA, tlsServerName      string
 	tlsClientAuth                              bool
@@ -59,7 +61,7 @@ type serveFlags struct {
 // errors into advice about the flag.
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "GRPCAddr": "grpc-addr", "HTTPAddr": "http-addr",
-	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "GPU": "gpu",
+	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "GPU": "gpu",
 	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
 	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
@@ -164,12 +166,13 @@ flag names, for example:
 	fs.Var(newSize(&f.handoff, d.HandoffBytes), "handoff", "most DRAM bytes handed to their next owners on a graceful stop")
 	fs.Var(newSize(&f.dram, d.DRAMBytes), "dram", "DRAM tier capacity")
 	fs.Var(newSize(&f.nvme, d.NVMeBytes), "nvme", "NVMe tier capacity, under --data-dir")
-	fs.Var(newSize(&f.hbm, d.HBMBytes), "hbm", "HBM (GPU memory) tier capacity on CUDA device --gpu; needs a cuda build and a GPU, and is refused for now: the store does not place blocks in HBM yet (0: none)")
-	fs.IntVar(&f.gpu, "gpu", d.GPU, "CUDA device ordinal of the --hbm tier")
+	fs.Var(newSize(&f.hbm, d.HBMBytes), "hbm", "HBM (GPU memory) tier capacity on CUDA device --gpu, above DRAM: blocks land there, HBM pressure demotes them into DRAM, DRAM hits promote them back; needs a build with -tags cuda, kvmesh-cuda.so and a GPU, else serve refuses to start and says which is missing (0: none)")
+	fs.IntVar(&f.gpu, "gpu", d.GPU, "CUDA device ordinal of the --hbm tier and of --backend cuda")
 	fs.StringVar(&f.nodeID, "node-id", "", "stable, unique node id (default: host name and gossip port)")
 	fs.Var(newSize(&f.maxBlockBytes, int64(d.MaxBlockBytes)), "max-block-bytes", "largest encoded block accepted")
 	fs.IntVar(&f.maxBatchBlocks, "max-batch-blocks", d.MaxBatchBlocks, "most blocks one request may name")
 	fs.IntVar(&f.maxBlocks, "max-blocks", d.MaxBlocks, "most blocks cached in DRAM and NVMe together (0: the tiers' capacities over 4KiB)")
+	fs.StringVar(&f.eviction, "eviction", string(store.DefaultEviction), "eviction policy: lru (the reference), or dedup (a node's copies of blocks other nodes own go first)")
 	fs.Var(newSize(&f.maxMessageBytes, int64(d.MaxMessageBytes)), "max-message-bytes", "largest gRPC message sent or received")
 	fs.Var(newSize(&f.chunkBytes, int64(d.ChunkBytes)), "chunk-bytes", "most payload bytes in one streamed message")
 	fs.IntVar(&f.maxConcurrentStreams, "max-concurrent-streams", d.MaxConcurrentStreams, "most gRPC calls open at once on one client connection (more wait on the client)")
@@ -274,7 +277,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
 		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff,
 		DRAMBytes: f.dram, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
-		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, MaxBatchBlocks: f.maxBatchBlocks,
+		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, Eviction: f.eviction, MaxBatchBlocks: f.maxBatchBlocks,
 		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
 		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout,
 		Version: version(), Logger: logger,

@@ -1,9 +1,11 @@
 //go:build cuda
 
-// Package cudadev is gpumem.Device on a CUDA GPU, through gorgonia.org/cu and
-// the driver API. It is thin on purpose: every call maps to one driver call,
-// and the logic above it (staging, chunking, completion) is tiers.HBM's,
-// tested in the default build against a fake device.
+// Package cudadev is gpumem.BLAS on a CUDA GPU, through gorgonia.org/cu (the
+// driver API) and gorgonia.org/cu/blas (cuBLAS). It is thin on purpose: every
+// call maps to one driver or cuBLAS call, and the logic above it (staging,
+// chunking, completion, which products to run) is tiers.HBM's and
+// prefill.Device's, tested in the default build against a fake device
+// (gpu/gputest).
 //
 // Importing this package runs cu's init, which exits the process when the
 // driver finds no device. Only cmd/kvmesh-cuda (a plugin that package gpu
@@ -31,11 +33,14 @@ import "C"
 import (
 	"fmt"
 	"runtime"
+	"sync"
 	"unsafe"
 
+	"gonum.org/v1/gonum/blas"
 	"gorgonia.org/cu"
+	cublas "gorgonia.org/cu/blas"
 
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 )
 
 // Device is one CUDA device and its primary context.
@@ -43,9 +48,15 @@ type Device struct {
 	dev  cu.Device
 	ctx  cu.CUContext
 	name string
+	// blas is the cuBLAS handle, made at the first product. Its calls are
+	// serialized: a handle is not safe for concurrent use.
+	blas struct {
+		sync.Mutex
+		h *cublas.Standard
+	}
 }
 
-var _ gpumem.Device = (*Device)(nil)
+var _ gpumem.BLAS = (*Device)(nil)
 
 // Open retains the primary context of device ordinal.
 func Open(ordinal int) (*Device, error) {
@@ -115,25 +126,133 @@ func (d *Device) HostFree(b []byte) error {
 // on the legacy default stream.
 func (d *Device) NewStream() (gpumem.Stream, error) {
 	s := &stream{d: d}
-	err := d.do(func() (err error) { s.s, err = cu.MakeStream(cu.NonBlocking); return err })
+	err := d.do(func() (err error) {
+		if s.s, err = cu.MakeStream(cu.NonBlocking); err != nil {
+			return err
+		}
+		if s.before, err = cu.MakeEvent(cu.DisableTiming); err != nil {
+			return err
+		}
+		s.after, err = cu.MakeEvent(cu.DisableTiming)
+		return err
+	})
 	if err != nil {
+		_ = d.do(s.destroy)
 		return nil, fmt.Errorf("cudadev: create stream: %w", err)
 	}
 	return s, nil
 }
 
-// Close releases the primary context.
+// Sgemm enqueues a row-major product on s (see gpumem.BLAS). cuBLAS is
+// column-major, and a row-major matrix is its transpose in column-major
+// order, so C = op(A)·op(B) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ: the operands
+// swapped, nothing copied. The handle of gorgonia.org/cu/blas runs on the
+// legacy default stream, which a non-blocking stream does not synchronize
+// with; two events order the product after s's queued work and s's later
+// work after the product, without the host waiting.
+func (d *Device) Sgemm(s gpumem.Stream, transA, transB bool, m, n, k int, alpha float32, a gpumem.Ptr, lda int, b gpumem.Ptr, ldb int, beta float32, c gpumem.Ptr, ldc int) error {
+	st, ok := s.(*stream)
+	if !ok || st.d != d {
+		return fmt.Errorf("cudadev: Sgemm on a stream of another device (%T)", s)
+	}
+	if m == 0 || n == 0 {
+		return nil
+	}
+	op := func(t bool) blas.Transpose {
+		if t {
+			return blas.Trans
+		}
+		return blas.NoTrans
+	}
+	d.blas.Lock()
+	defer d.blas.Unlock()
+	err := d.do(func() error {
+		if d.blas.h == nil {
+			// cublasCreate binds the handle to the current context, d.ctx.
+			h := &cublas.Standard{}
+			if err := h.Init(); err != nil {
+				return err
+			}
+			d.blas.h = h
+		}
+		var legacy cu.Stream // the NULL stream
+		if err := st.before.Record(st.s); err != nil {
+			return err
+		}
+		if err := legacy.Wait(st.before, 0); err != nil {
+			return err
+		}
+		h := d.blas.h
+		h.Sgemm(op(transB), op(transA), n, m, k, alpha, devFloats(b), ldb, devFloats(a), lda, beta, devFloats(c), ldc)
+		if err := h.Err(); err != nil {
+			// The handle's error is sticky: make a new one for the next product.
+			d.blas.h = nil
+			return fmt.Errorf("cublasSgemm: %w", err)
+		}
+		if err := st.after.Record(legacy); err != nil {
+			return err
+		}
+		return st.s.Wait(st.after, 0)
+	})
+	if err != nil {
+		return fmt.Errorf("cudadev: Sgemm %d×%d×%d: %w", m, n, k, err)
+	}
+	return nil
+}
+
+// devFloats is the form gorgonia.org/cu/blas takes a device address in: a
+// slice whose first element's address is the device pointer. It is never
+// dereferenced on the host; device memory is not in the Go heap, so the
+// garbage collector ignores the pointer.
+func devFloats(p gpumem.Ptr) []float32 {
+	return unsafe.Slice((*float32)(*(*unsafe.Pointer)(unsafe.Pointer(&p))), 1)
+}
+
+// Close destroys the cuBLAS handle and releases the primary context.
 func (d *Device) Close() error {
+	d.blas.Lock()
+	h := d.blas.h
+	d.blas.h = nil
+	d.blas.Unlock()
+	if h != nil {
+		if err := d.do(h.Close); err != nil {
+			return fmt.Errorf("cudadev: destroy the cuBLAS handle: %w", err)
+		}
+	}
 	if err := d.dev.ReleasePrimaryCtx(); err != nil {
 		return fmt.Errorf("cudadev: release context: %w", err)
 	}
 	return nil
 }
 
-// stream is a CUDA stream; see gpumem.Stream.
+// stream is a CUDA stream and the events that order products on the
+// cuBLAS handle's stream with it; see gpumem.Stream.
 type stream struct {
-	d *Device
-	s cu.Stream
+	d             *Device
+	s             cu.Stream
+	before, after cu.Event
+}
+
+// destroy releases what NewStream made, ignoring what it did not.
+func (s *stream) destroy() error {
+	var first error
+	keep := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	var zeroS cu.Stream
+	var zeroE cu.Event
+	if s.after != zeroE {
+		keep(cu.DestroyEvent(&s.after))
+	}
+	if s.before != zeroE {
+		keep(cu.DestroyEvent(&s.before))
+	}
+	if s.s != zeroS {
+		keep(s.s.Destroy())
+	}
+	return first
 }
 
 func (s *stream) HtoD(dst gpumem.Ptr, src []byte) error {
@@ -164,5 +283,5 @@ func (s *stream) Wait() error {
 }
 
 func (s *stream) Close() error {
-	return s.d.do(func() error { return s.s.Destroy() })
+	return s.d.do(s.destroy)
 }

@@ -7,7 +7,7 @@ package main
 import (
 	"fmt"
 
-	"github.com/kvmesh/kvmesh/tiers/gpumem"
+	"github.com/kvmesh/kvmesh/gpu/gpumem"
 )
 
 // Open fails, naming the ordinal, so the caller sees the call went through.

@@ -1,7 +1,8 @@
 // Package gpumem declares what the HBM tier (tiers.HBM, its consumer, which
 // re-exports these types) needs of a GPU: device memory, pinned host memory,
-// and streams of asynchronous copies with a completion to wait on. It is a
-// leaf, importing nothing, because its implementation on CUDA (gpu/cudadev)
+// and streams of asynchronous copies with a completion to wait on; and what
+// the prefill engine's device backend needs besides: matrix products (BLAS).
+// It is a leaf, importing nothing, because its implementation on CUDA (gpu/cudadev)
 // is built into a plugin that must share every package it imports with the
 // kvmesh binary loading it: the fewer, the cheaper the plugin is to build and
 // the less there is to mismatch. See package gpu.
@@ -48,4 +49,23 @@ type Stream interface {
 	Wait() error
 	// Close destroys the stream.
 	Close() error
+}
+
+// BLAS is a Device that also multiplies matrices in its memory (cuBLAS on
+// CUDA): the prefill engine's device backend (prefill.NewDevice) uploads
+// its weights once with the copies of Device and runs its matrix products
+// here.
+type BLAS interface {
+	Device
+	// Sgemm enqueues on s, after the work already queued there and before
+	// the work queued after it, the row-major float32 product
+	//
+	//	C = alpha·op(A)·op(B) + beta·C
+	//
+	// where op(A) is m×k, op(B) is k×n and C is m×n, all in device memory.
+	// transA means A is stored k×m (op(A) = Aᵀ), transB that B is stored
+	// n×k; lda, ldb and ldc are the row strides, in elements, of A, B and C
+	// as stored. Like the copies, it returns at once; s.Wait reports its
+	// errors.
+	Sgemm(s Stream, transA, transB bool, m, n, k int, alpha float32, a Ptr, lda int, b Ptr, ldb int, beta float32, c Ptr, ldc int) error
 }

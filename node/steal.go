@@ -1,0 +1,355 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/auth"
+)
+
+// Work stealing: a queued batch is stored by the node that accepted it (its
+// owner) and run by any node of the cluster with headroom. A worker with
+// nothing of its own to run (batches.take found none within
+// BatchOptions.StealInterval) waits until its engine is idle and asks its
+// peers, in random order, to lease it a batch they have not started:
+//
+//	POST /internal/queue/claim         {"node"} → 200 stolenBatch, or 204: none
+//	POST /internal/queue/{id}/answer   {"node", "index", "response", "failed"} → {"more"}
+//	POST /internal/queue/{id}/renew    {"node"}
+//	POST /internal/queue/{id}/release  {"node"}
+//
+// on the peer's HTTP address, with the cluster credential (the tokens
+// file's cluster token; the Cluster scope). The owner marks the batch
+// running, durably, and leases it to the claimer for BatchOptions.LeaseTTL;
+// the claimer runs the requests in order as its own queued work (yielding
+// to its synchronous requests) and posts each answer back, which the owner
+// stores as its own worker's (one synced write with the count: no request
+// completes twice) and which renews the lease; a long request renews it
+// every LeaseTTL/3. The owner accepts an answer only from the lease's
+// holder and only for the next request. A claimer that dies or is cut off
+// stops renewing: the lease lapses and the batch is taken again (by the
+// owner's worker or another peer) from its first unanswered request, and a
+// late answer from the old holder is refused (409) and dropped. An owner
+// that restarts forgets its leases: the batch, "running" on disk, is taken
+// again, and the old holder's answers are refused. The owner keeps the
+// results, the callback and the status; GET /v1/queue/{id} on a node that
+// does not hold the id asks its peers (queue.go's forwarding), as the
+// router does.
+const internalQueuePath = "/internal/queue/"
+
+// forwardedHeader marks a request one node passed to another, so that the
+// other does not pass it on again.
+const forwardedHeader = "X-Kvmesh-Forwarded"
+
+// stolenBatch is a claim's answer: what the claimer needs to run the
+// batch's requests not yet answered.
+type stolenBatch struct {
+	RequestID string     `json:"request_id"`
+	Owner     queueOwner `json:"owner"`
+	N         int        `json:"n"`
+	Done      int        `json:"done"`
+	Runs      int        `json:"runs"`
+	Requests  [][]byte   `json:"requests"` // requests Done..N-1, as stored: kind byte and JSON
+	LeaseMs   int64      `json:"lease_ms"`
+}
+
+type leaseCall struct {
+	Node     string          `json:"node"`
+	Index    int             `json:"index"`
+	Response json.RawMessage `json:"response,omitempty"`
+	Failed   bool            `json:"failed,omitempty"`
+}
+
+// serveInternalQueue answers the owner's side of work stealing.
+func (n *Node) serveInternalQueue(w http.ResponseWriter, r *http.Request) {
+	err := n.internalQueue(w, r)
+	if err == nil {
+		return
+	}
+	var he *httpError
+	if !errors.As(err, &he) {
+		he = newHTTPError(http.StatusInternalServerError, "", "", "%v", err)
+		n.log.Error("queue: a peer's request failed", "path", r.URL.Path, "err", err)
+	}
+	writeJSON(w, he.status, struct {
+		Error apiError `json:"error"`
+	}{he.apiError})
+}
+
+func (n *Node) internalQueue(w http.ResponseWriter, r *http.Request) error {
+	if n.stopping.Load() || n.prefill == nil {
+		return newHTTPError(http.StatusServiceUnavailable, "", "", "this node runs no queue")
+	}
+	if _, err := n.guard.authorize(r.Header.Values("Authorization"), r.Method+" "+r.URL.Path, auth.Cluster); err != nil {
+		return newHTTPError(http.StatusForbidden, "", "insufficient_scope", "the internal queue API needs the cluster credential")
+	}
+	var call leaseCall
+	if err := decodeBody(w, r, &call, n.opts.Prefill.Batch.MaxBodyBytes); err != nil {
+		return err
+	}
+	if call.Node == "" || call.Node == n.opts.NodeID {
+		return badRequest("node", "node: the claimer's id is required, and is not this node's")
+	}
+	b, ttl := n.prefill.batches, n.opts.Prefill.Batch.LeaseTTL
+	rest := strings.TrimPrefix(r.URL.Path, internalQueuePath)
+	if rest == "claim" {
+		return n.prefill.lend(w, call.Node)
+	}
+	id, verb, _ := strings.Cut(rest, "/")
+	var err error
+	switch verb {
+	case "answer":
+		var more bool
+		if more, err = b.answerLeased(id, call.Node, call.Index, call.Response, call.Failed, ttl); err == nil {
+			writeJSON(w, http.StatusOK, struct {
+				More bool `json:"more"`
+			}{more})
+			return nil
+		}
+	case "renew":
+		err = b.renewLease(id, call.Node, ttl)
+	case "release":
+		err = b.releaseLease(id, call.Node)
+		if err == nil {
+			n.log.Info("queue: a peer gave a batch back", "id", id, "peer", call.Node)
+		}
+	default:
+		return newHTTPError(http.StatusNotFound, "", "not_found", "no such internal queue call %q", rest)
+	}
+	if errors.Is(err, errLeaseLost) {
+		return newHTTPError(http.StatusConflict, "request_id", "lease_lost", "%v", err)
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, struct{}{})
+	return nil
+}
+
+// lend leases the oldest batch nobody runs to peer and answers its
+// requests not yet answered; 204 when there is none.
+func (p *prefillService) lend(w http.ResponseWriter, peer string) error {
+	b := p.batches
+	c, _ := b.claimLocked(peer, b.opts.LeaseTTL)
+	if c == nil {
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	m, ok := b.start(c.ID)
+	if !ok { // cancelled meanwhile
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	if m.Runs == 1 {
+		p.batchMetrics.wait.Observe(m.Started.Sub(m.Enqueued).Seconds())
+	}
+	out := stolenBatch{RequestID: m.ID, Owner: m.Owner, N: m.N, Done: m.Done, Runs: m.Runs, LeaseMs: b.opts.LeaseTTL.Milliseconds()}
+	for i := m.Done; i < m.N; i++ {
+		req, err := b.request(m.ID, i)
+		if err != nil {
+			b.releaseLease(m.ID, peer)
+			return err
+		}
+		out.Requests = append(out.Requests, req)
+	}
+	p.batchMetrics.steals.WithLabelValues("lent").Inc()
+	p.n.log.Info("queue: lent a batch to a peer", "id", m.ID, "peer", peer, "from", m.Done, "requests", m.N)
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// queuePeers returns the HTTP addresses of the live members that run an
+// engine, this node excepted, in random order.
+func (n *Node) queuePeers() []string {
+	if n.cluster == nil || n.cluster.members == nil {
+		return nil
+	}
+	ms, _ := n.cluster.members.Members()
+	self := n.cluster.members.LocalID()
+	var out []string
+	for _, m := range ms {
+		if m.ID == self || m.Meta.HTTPAddr == "" || m.Meta.Role == RoleRouter || m.Meta.Role == RoleStore {
+			continue
+		}
+		out = append(out, m.Meta.HTTPAddr)
+	}
+	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+// peerRequest sends a request to a peer's HTTP address with the cluster
+// credential.
+func (n *Node) peerRequest(ctx context.Context, method, addr, path string, body any, header http.Header) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	scheme := "http://"
+	if n.opts.HTTPTLS {
+		scheme = "https://"
+	}
+	req, err := http.NewRequestWithContext(ctx, method, scheme+addr+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if tok := peerToken(&n.opts); tok != "" && header.Get("Authorization") == "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return n.peerHTTP.Do(req)
+}
+
+// leaseCallTo posts a lease call to a peer and decodes its answer into
+// out (when set). errLeaseLost for 409.
+func (n *Node) leaseCallTo(ctx context.Context, addr, path string, call leaseCall, out any) error {
+	resp, err := n.peerRequest(ctx, http.MethodPost, addr, path, call, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
+	switch {
+	case err != nil:
+		return err
+	case resp.StatusCode == http.StatusConflict:
+		return errLeaseLost
+	case resp.StatusCode == http.StatusNoContent:
+		return errBatchNotFound
+	case resp.StatusCode != http.StatusOK:
+		return fmt.Errorf("%s%s: %s: %s", addr, path, resp.Status, bytes.TrimSpace(body))
+	}
+	if out != nil {
+		return json.Unmarshal(body, out)
+	}
+	return nil
+}
+
+// steal asks the peers, once the engine is idle, for a batch nobody runs,
+// and runs the first one lent.
+func (p *prefillService) steal() {
+	if err := p.engine.WaitIdle(p.ctx); err != nil {
+		return
+	}
+	self := p.n.opts.NodeID
+	for _, addr := range p.n.queuePeers() {
+		var sb stolenBatch
+		ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+		err := p.n.leaseCallTo(ctx, addr, internalQueuePath+"claim", leaseCall{Node: self}, &sb)
+		cancel()
+		switch {
+		case errors.Is(err, errBatchNotFound):
+			continue
+		case err != nil:
+			if p.ctx.Err() == nil {
+				p.n.log.Debug("queue: a peer lent no batch", "peer", addr, "err", err)
+			}
+			continue
+		case len(sb.Requests) != sb.N-sb.Done:
+			p.n.log.Warn("queue: a peer lent a malformed batch", "peer", addr, "id", sb.RequestID)
+			continue
+		}
+		p.batchMetrics.steals.WithLabelValues("borrowed").Inc()
+		p.n.log.Info("queue: running a peer's batch", "id", sb.RequestID, "peer", addr, "from", sb.Done, "requests", sb.N)
+		p.runStolen(addr, sb)
+		return
+	}
+}
+
+// runStolen runs the batch a peer lent, posting each answer back, and
+// renews the lease meanwhile; it gives the batch back if the node stops.
+func (p *prefillService) runStolen(addr string, sb stolenBatch) {
+	self := p.n.opts.NodeID
+	base := internalQueuePath + sb.RequestID
+	ttl := time.Duration(sb.LeaseMs) * time.Millisecond
+	renewCtx, stopRenew := context.WithCancel(p.ctx)
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		t := time.NewTicker(max(ttl/3, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-renewCtx.Done():
+				return
+			case <-t.C:
+				if err := p.n.leaseCallTo(renewCtx, addr, base+"/renew", leaseCall{Node: self}, nil); errors.Is(err, errLeaseLost) {
+					p.n.log.Warn("queue: lost the lease on a peer's batch", "id", sb.RequestID, "peer", addr)
+					return
+				}
+			}
+		}
+	}()
+	finished := false
+	p.runBatch(batchRun{
+		meta: batchMeta{ID: sb.RequestID, Owner: sb.Owner, N: sb.N, Done: sb.Done, Runs: sb.Runs},
+		request: func(i int) ([]byte, error) {
+			return sb.Requests[i-sb.Done], nil
+		},
+		answer: func(i int, resp []byte, failed bool) (bool, error) {
+			var out struct {
+				More bool `json:"more"`
+			}
+			ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+			defer cancel()
+			err := p.n.leaseCallTo(ctx, addr, base+"/answer", leaseCall{Node: self, Index: i, Response: resp, Failed: failed}, &out)
+			finished = err == nil && !out.More
+			return out.More, err
+		},
+	})
+	stopRenew()
+	<-renewed
+	if !finished && p.ctx.Err() != nil {
+		// Stopping: give it back now rather than when the lease lapses.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		p.n.leaseCallTo(ctx, addr, base+"/release", leaseCall{Node: self}, nil)
+		cancel()
+	}
+}
+
+// askPeers passes a GET or DELETE of /v1/queue/{id} that this node does
+// not hold to its peers, with the caller's credential, and answers with
+// the first answer that is not 404; false when every peer said 404 (or
+// none answered), or when the request came from a peer already.
+func (n *Node) askPeers(w http.ResponseWriter, r *http.Request) bool {
+	if r.Header.Get(forwardedHeader) != "" {
+		return false
+	}
+	h := http.Header{forwardedHeader: {"1"}}
+	if a := r.Header.Values("Authorization"); len(a) > 0 {
+		h["Authorization"] = a
+	}
+	for _, addr := range n.queuePeers() {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		resp, err := n.peerRequest(ctx, r.Method, addr, r.URL.Path, nil, h)
+		if err != nil {
+			cancel()
+			continue
+		}
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
+		resp.Body.Close()
+		cancel()
+		if err != nil || resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusServiceUnavailable {
+			continue
+		}
+		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+		w.WriteHeader(resp.StatusCode)
+		w.Write(body)
+		return true
+	}
+	return false
+}

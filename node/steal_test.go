@@ -1,0 +1,152 @@
+package node
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testkit"
+	"github.com/kvmesh/kvmesh/prefill"
+)
+
+// TestQueueStealing: a batch stored by a node that runs no queued work
+// (Batch.Share negative) is pulled and completed by its peer, with the
+// answers of a cold engine; a claimer that vanished after its claim (a
+// ghost, never answering) delays it only until its lease lapses, and its
+// late answer is refused, so no request completes twice. The status reads
+// the same through either node and through a router.
+func TestQueueStealing(t *testing.T) {
+	c := tinyModel()
+	owner := openClusterNode(t, t.TempDir(), "owner", nil, func(o *Options) {
+		o.Prefill.Model = c
+		o.Prefill.Batch.Share = -1 // stores batches, runs none
+		o.Prefill.Batch.LeaseTTL = 300 * time.Millisecond
+	})
+	prompt := strings.Repeat("stolen work ", 12)
+	req := map[string]any{"model": "kvmesh", "prompt": prompt, "max_tokens": 8, "temperature": 0}
+	a := submitBatch(t, owner.Node, "", map[string]any{"requests": []any{req, req, req}})
+
+	// A ghost claims it and is never heard of again.
+	ghost := callAPI(t, "POST", apiURL(owner.Node, internalQueuePath+"claim"), "", map[string]any{"node": "ghost"})
+	var lent stolenBatch
+	if ghost.status != http.StatusOK || !jsonInto(ghost.body, &lent) || lent.RequestID != a || lent.Done != 0 || len(lent.Requests) != 3 {
+		t.Fatalf("claim: %d %s", ghost.status, ghost.body)
+	}
+	if got := callAPI(t, "POST", apiURL(owner.Node, internalQueuePath+"claim"), "", map[string]any{"node": "ghost2"}); got.status != http.StatusNoContent {
+		t.Errorf("a second claim of the only batch: %d %s, want 204", got.status, got.body)
+	}
+	if s := pollBatch(t, owner.Node, "", a); s.Status != "running" {
+		t.Errorf("a lent batch is %s, want running", s.Status)
+	}
+	// Bad calls: no claimer, an answer out of order, another peer's lease.
+	wantAPIError(t, "claim without a node", callAPI(t, "POST", apiURL(owner.Node, internalQueuePath+"claim"), "", map[string]any{}), 400)
+	wantAPIError(t, "answer out of order", callAPI(t, "POST", apiURL(owner.Node, internalQueuePath+a+"/answer"), "",
+		map[string]any{"node": "ghost", "index": 1, "response": map[string]any{}}), 409)
+	wantAPIError(t, "answer by another peer", callAPI(t, "POST", apiURL(owner.Node, internalQueuePath+a+"/answer"), "",
+		map[string]any{"node": "ghost2", "index": 0, "response": map[string]any{}}), 409)
+
+	// The peer joins; once the ghost's lease lapsed it pulls the batch.
+	peer := openClusterNode(t, t.TempDir(), "peer", []string{owner.GossipAddr()}, func(o *Options) {
+		o.Prefill.Model = c
+		o.Prefill.Batch.StealInterval = 20 * time.Millisecond
+	})
+	waitClusterSize(t, []*clusterNode{owner, peer}, 2)
+	done := waitBatch(t, owner.Node, "", a)
+	want := coldText(t, c, prompt, prefill.GenerateOptions{MaxTokens: 8})
+	if done.Status != "completed" || len(done.Responses) != 3 {
+		t.Fatalf("stolen batch: %+v", done)
+	}
+	for i, r := range done.Responses {
+		if got := parseCompletion(t, apiCall{status: 200, body: r}, false); got.Text != want {
+			t.Errorf("response %d: %q, cold %q", i, got.Text, want)
+		}
+	}
+	// The ghost's late answer is refused; the batch stays as it was.
+	wantAPIError(t, "the ghost's late answer", callAPI(t, "POST", apiURL(owner.Node, internalQueuePath+a+"/answer"), "",
+		map[string]any{"node": "ghost", "index": 0, "response": map[string]any{"x": 1}}), 409)
+	if again := pollBatch(t, owner.Node, "", a); string(again.Responses[0]) != string(done.Responses[0]) {
+		t.Errorf("a late answer replaced a stored one: %s", again.Responses[0])
+	}
+	// Readable through the peer, which does not hold it, and a router.
+	if via := pollBatch(t, peer.Node, "", a); via.Status != "completed" || len(via.Responses) != 3 || string(via.Responses[2]) != string(done.Responses[2]) {
+		t.Errorf("through the peer: %+v", via)
+	}
+	r := startRouter(t, owner.GossipAddr(), PolicyTokens)
+	testkit.WaitFor(t, "the router to see 2 nodes", func() bool { return len(r.backends()) == 2 })
+	if got := callAPI(t, "GET", "http://"+r.HTTPAddr()+QueuePath+"/"+a, "", nil); got.status != 200 || !strings.Contains(string(got.body), `"completed"`) {
+		t.Errorf("through the router: %d %s", got.status, got.body)
+	}
+	wantAPIError(t, "an unknown id through the peer", callAPI(t, "GET", apiURL(peer.Node, QueuePath+"/batch_nope"), "", nil), 404)
+	// Counted on both sides, and the peer's answers only once each.
+	om, pm := scrape(t, owner.HTTPAddr()), scrape(t, peer.HTTPAddr())
+	if v := metricValue(om, `kvmesh_queue_steals_total{direction="lent"}`); v != 2 {
+		t.Errorf("owner lent %v batches, want 2 (the ghost, the peer)", v)
+	}
+	if v := metricValue(pm, `kvmesh_queue_steals_total{direction="borrowed"}`); v != 1 {
+		t.Errorf("peer borrowed %v batches, want 1", v)
+	}
+	if v := metricValue(om, `kvmesh_queue_requests_total{outcome="completed"}`); v > 0 {
+		t.Errorf("the owner, which runs no queued work, completed %v requests", v)
+	}
+	if v := metricValue(pm, `kvmesh_queue_requests_total{outcome="completed"}`); v != 3 {
+		t.Errorf("peer completed %v requests, want 3", v)
+	}
+}
+
+// TestQueueShare: Batch.Share sets how many workers run queued batches
+// (at least one, none when negative), and a queued request runs as
+// background work of the engine (prefill.GenerateOptions.Background),
+// which gives way to synchronous requests between chunks and decode steps
+// (prefill's TestBackgroundGenerateYields shows the preemption).
+func TestQueueShare(t *testing.T) {
+	for _, c := range []struct {
+		share       float64
+		concurrency int
+		want        int
+	}{{1, 1, 1}, {1, 4, 4}, {0.5, 4, 2}, {0.1, 4, 1}, {-1, 4, 0}} {
+		if got := batchWorkers(PrefillOptions{Concurrency: c.concurrency, Batch: BatchOptions{Share: c.share}}); got != c.want {
+			t.Errorf("share %g of %d slots: %d workers, want %d", c.share, c.concurrency, got, c.want)
+		}
+	}
+	bad := PrefillOptions{Batch: BatchOptions{Share: 1.5}}
+	bad.EnsureDefaults()
+	if err := bad.Validate(1 << 30); err == nil || !strings.Contains(err.Error(), "Share") {
+		t.Errorf("a share of 1.5: %v", err)
+	}
+	n := startQueueNode(t, t.TempDir(), func(o *Options) { o.Prefill.Concurrency, o.Prefill.Batch.Share = 2, 1 })
+	req := map[string]any{"model": "kvmesh", "prompt": "in the background", "max_tokens": 4, "temperature": 0}
+	a := submitBatch(t, n.Node, "acme-rw", map[string]any{"requests": []any{req, req}})
+	b := submitBatch(t, n.Node, "acme-rw", map[string]any{"requests": []any{req}})
+	for _, id := range []string{a, b} {
+		if got := waitBatch(t, n.Node, "acme-rw", id); got.Status != "completed" {
+			t.Fatalf("batch %s: %+v", id, got)
+		}
+	}
+	if st := n.prefill.engine.Stats(); st.Background != 3 {
+		t.Errorf("engine stats %+v: want the 3 queued requests run as background work", st)
+	}
+}
+
+// TestQueueClaimNeedsCluster: the internal queue API answers only the
+// cluster credential: no token, a tenant's or an operator's is refused and
+// lends nothing; the cluster token claims the batch.
+func TestQueueClaimNeedsCluster(t *testing.T) {
+	n := startQueueNode(t, t.TempDir(), func(o *Options) { o.Prefill.Batch.Share = -1 })
+	req := map[string]any{"model": "kvmesh", "prompt": "guarded", "max_tokens": 2}
+	id := submitBatch(t, n.Node, "acme-rw", map[string]any{"requests": []any{req}})
+	claim := map[string]any{"node": "peer"}
+	for _, tok := range []string{"", "acme-rw", "ops", "not-a-token"} {
+		if got := callAPI(t, "POST", apiURL(n.Node, internalQueuePath+"claim"), tok, claim); got.status != http.StatusForbidden {
+			t.Errorf("claim with %q: %d %s, want 403", tok, got.status, got.body)
+		}
+	}
+	if s := pollBatch(t, n.Node, "acme-rw", id); s.Status != "queued" {
+		t.Errorf("after refused claims the batch is %s", s.Status)
+	}
+	got := callAPI(t, "POST", apiURL(n.Node, internalQueuePath+"claim"), "node-to-node", claim)
+	var lent stolenBatch
+	if got.status != http.StatusOK || !jsonInto(got.body, &lent) || lent.RequestID != id || lent.Owner.Tenant != "acme" {
+		t.Fatalf("claim with the cluster token: %d %s", got.status, got.body)
+	}
+}

@@ -1,0 +1,56 @@
+package prefill
+
+import (
+	"context"
+
+	"gonum.org/v1/gonum/blas"
+)
+
+// matrix is a weight matrix [rows][cols], row-major, as the model multiplies
+// it: a linear layer computes x·matrixᵀ. id numbers the model's matrices
+// (cpuModel.mats), so that a backend can keep its own copy of each (a
+// device buffer).
+type matrix struct {
+	id         int
+	rows, cols int
+	data       []float32 // host copy, len rows·cols
+}
+
+// pass runs the products with weight matrices of one forward pass. Every
+// backend shares the rest of the forward pass (cpuModel.Forward); this is
+// where they differ. A pass is used by one goroutine at a time.
+type pass interface {
+	// linear computes c = a·wᵀ + beta·c for a [m][w.cols] (row stride lda)
+	// and c [m][w.rows] (row stride ldc). It returns ctx's error, leaving c
+	// partly written, when ctx is done before it finished.
+	linear(ctx context.Context, w *matrix, m int, a []float32, lda int, beta float32, c []float32, ldc int) error
+	// head computes logits = w·h: the LM head of the last position.
+	head(ctx context.Context, w *matrix, h, logits []float32) error
+}
+
+// passes hands out passes to concurrent forward passes.
+type passes interface {
+	get() (pass, error)
+	put(pass)
+	// close releases every pass and the weights behind them; none is in use.
+	close() error
+}
+
+// hostPasses are the CPU backend's: gonum's Sgemm on the host, cut for
+// cancellation (linearCancel). They hold no state.
+type hostPasses struct{}
+
+func (hostPasses) get() (pass, error) { return hostPass{}, nil }
+func (hostPasses) put(pass)           {}
+func (hostPasses) close() error       { return nil }
+
+type hostPass struct{}
+
+func (hostPass) linear(ctx context.Context, w *matrix, m int, a []float32, lda int, beta float32, c []float32, ldc int) error {
+	return linearCancel(ctx, m, w.rows, w.cols, a, lda, w.data, w.cols, beta, c, ldc)
+}
+
+func (hostPass) head(_ context.Context, w *matrix, h, logits []float32) error {
+	impl.Sgemv(blas.NoTrans, w.rows, w.cols, 1, w.data, w.cols, h, 1, 0, logits, 1)
+	return nil
+}
