@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
 // queueNode is a node with the tiny model and tenants (tenantsFile) on
@@ -483,13 +485,10 @@ func TestQueueCallbackRestart(t *testing.T) {
 	}
 	// Forgotten once delivered: wait until the store says so, then a
 	// second restart sends nothing.
-	deadline := time.Now().Add(60 * time.Second)
-	for len(n.prefill.batches.pendingCallbacks()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("a delivered callback is still pending after 60s")
-		}
-		time.Sleep(5 * time.Millisecond) // the sender records it after the receiver's answer
-	}
+	// The sender records it after the receiver's answer.
+	testkit.WaitFor(t, "the delivered callback to be forgotten", func() bool {
+		return len(n.prefill.batches.pendingCallbacks()) == 0
+	})
 	n.stop()
 	n = startQueueNode(t, dir, allow)
 	if p := n.prefill.batches.pendingCallbacks(); len(p) != 0 {

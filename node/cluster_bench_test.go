@@ -14,6 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/bench"
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
@@ -399,7 +400,7 @@ func lookupCluster(b *testing.B) ([]*clusterNode, prefixhash.Namespace, []uint32
 	if st := cl.Stats(); st.PushDropped+st.PushFailed > 0 {
 		b.Fatalf("pushes failed: %+v", st)
 	}
-	waitUntil(b, "node 4 to find the whole prompt", 30*time.Second, func() bool {
+	testkit.WaitFor(b, "node 4 to find the whole prompt", func() bool {
 		return nodes[3].cluster.cluster.LongestPrefix(ctx, chain, ns.BlockTokens) == len(chain)
 	})
 	return nodes, ns, tokens, chain

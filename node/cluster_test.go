@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -107,7 +108,7 @@ func (cn *clusterNode) crash(t testing.TB) {
 // waitClusterSize waits until every node sees want members.
 func waitClusterSize(t testing.TB, nodes []*clusterNode, want int) {
 	t.Helper()
-	waitUntil(t, fmt.Sprintf("%d members everywhere", want), 30*time.Second, func() bool {
+	testkit.WaitFor(t, fmt.Sprintf("%d members everywhere", want), func() bool {
 		for _, n := range nodes {
 			if ms, _ := n.cluster.members.Members(); len(ms) != want {
 				return false
@@ -115,17 +116,6 @@ func waitClusterSize(t testing.TB, nodes []*clusterNode, want int) {
 		}
 		return true
 	})
-}
-
-func waitUntil(t testing.TB, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // clusterPrompt returns a prompt of blocks full blocks (and a 5-token tail)
@@ -150,7 +140,7 @@ func clusterPrompt(seed, blocks int) ([]uint32, [][]byte) {
 func waitHit(t testing.TB, c *client.Client, tokens []uint32, want int) client.Lookup {
 	t.Helper()
 	var l client.Lookup
-	waitUntil(t, fmt.Sprintf("a lookup finding %d blocks", want), 30*time.Second, func() bool {
+	testkit.WaitFor(t, fmt.Sprintf("a lookup finding %d blocks", want), func() bool {
 		var err error
 		l, err = c.Lookup(context.Background(), clusterNS, tokens)
 		if err != nil {
@@ -284,7 +274,7 @@ func TestClusterClientTransports(t *testing.T) {
 			t.Fatalf("auto: %d leases while a view is held, want 1", l)
 		}
 		view.Release()
-		waitFor(t, "leases and reservations to end", func() bool {
+		testkit.WaitFor(t, "leases and reservations to end", func() bool {
 			s := a.cluster.shm.Stats()
 			return s.Leases == 0 && s.Reservations == 0
 		})

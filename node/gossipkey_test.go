@@ -7,7 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
 // syncBuffer is a log sink safe for the node's goroutines.
@@ -47,7 +48,7 @@ func TestGossipWrongKey(t *testing.T) {
 	})
 	// The seed refuses what it cannot decrypt; the intruder retries every
 	// second: wait for two refusals, so that a retry was refused too.
-	waitUntil(t, "the seed to refuse the intruder's gossip twice", 30*time.Second, func() bool {
+	testkit.WaitFor(t, "the seed to refuse the intruder's gossip twice", func() bool {
 		return strings.Count(seedLog.String(), "no installed keys could decrypt the message") >= 2
 	})
 	for _, n := range nodes {
@@ -65,7 +66,7 @@ func TestGossipWrongKey(t *testing.T) {
 	if _, err := nodes[0].client.Put(ctx, clusterNS, tokens, payloads); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the prompt to be a hit through the other node", 10*time.Second, func() bool {
+	testkit.WaitFor(t, "the prompt to be a hit through the other node", func() bool {
 		l, err := nodes[1].client.Lookup(ctx, clusterNS, tokens)
 		return err == nil && l.CachedBlocks == len(payloads)
 	})

@@ -5,12 +5,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/gpu"
 	"github.com/kvmesh/kvmesh/gpu/gpumem"
 	"github.com/kvmesh/kvmesh/gpu/gputest"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -57,7 +57,7 @@ func TestNodeOnGPU(t *testing.T) {
 	if blasDev.Products() == 0 {
 		t.Fatal("no product ran on the device")
 	}
-	waitUntil(t, "the prompt's blocks published", 30*time.Second, func() bool {
+	testkit.WaitFor(t, "the prompt's blocks published", func() bool {
 		return cn.cluster.local.Stats().Puts >= 3
 	})
 	var hbm store.TierStats

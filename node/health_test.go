@@ -8,10 +8,11 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
 // get returns the status code and body of GET http://addr+path.
@@ -34,7 +35,7 @@ func TestProbes(t *testing.T) {
 	if code, body := get(t, tn.HTTPAddr(), "/livez"); code != 200 {
 		t.Errorf("/livez = %d %q, want 200", code, body)
 	}
-	waitUntil(t, "/readyz 200", 10*time.Second, func() bool {
+	testkit.WaitFor(t, "/readyz 200", func() bool {
 		code, _ := get(t, tn.HTTPAddr(), "/readyz")
 		return code == 200
 	})
@@ -84,12 +85,12 @@ func TestReadyzWaitsForJoin(t *testing.T) {
 	gone.stop(t)
 
 	b := openClusterNode(t, t.TempDir(), "b", []string{seed}, nil)
-	waitUntil(t, "b serving", 10*time.Second, func() bool { return b.serving.Load() })
+	testkit.WaitFor(t, "b serving", func() bool { return b.serving.Load() })
 	if code, body := get(t, b.HTTPAddr(), "/readyz"); code != 503 || !strings.Contains(body, "joining") {
 		t.Errorf("/readyz with no seed answering = %d %q, want 503 joining", code, body)
 	}
 	openClusterNode(t, t.TempDir(), "c", []string{b.GossipAddr()}, nil)
-	waitUntil(t, "b ready once c joined it", 30*time.Second, func() bool {
+	testkit.WaitFor(t, "b ready once c joined it", func() bool {
 		code, _ := get(t, b.HTTPAddr(), "/readyz")
 		return code == 200
 	})

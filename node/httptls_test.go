@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
 // TestHTTPTLS: with HTTPTLS the node's HTTP address (the OpenAI-compatible
@@ -62,7 +64,7 @@ func TestHTTPTLS(t *testing.T) {
 			t.Errorf("router: %v", err)
 		}
 	}()
-	waitUntil(t, "the router to see the node", 30*time.Second, func() bool { return len(r.backends()) == 1 })
+	testkit.WaitFor(t, "the router to see the node", func() bool { return len(r.backends()) == 1 })
 	got := callAPI(t, "POST", "http://"+r.HTTPAddr()+"/v1/completions", "", map[string]any{"model": "kvmesh", "prompt": "hello over TLS", "max_tokens": 4, "temperature": 0})
 	if got.status != 200 {
 		t.Fatalf("a completion through the router over HTTPS: %d %s", got.status, got.body)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -71,10 +72,10 @@ func TestGracefulShutdown(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, "some requests served", func() bool { return ok.Load() >= 10 })
+	testkit.WaitFor(t, "some requests served", func() bool { return ok.Load() >= 10 })
 
 	tn.cancel()
-	waitFor(t, "/healthz to turn 503", func() bool {
+	testkit.WaitFor(t, "/healthz to turn 503", func() bool {
 		resp, err := http.Get("http://" + tn.HTTPAddr() + "/healthz")
 		if err != nil {
 			return true // already closed

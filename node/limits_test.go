@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
@@ -88,7 +89,7 @@ func TestBatchPutBudget(t *testing.T) {
 	}
 	size := int64(4*MiB) + int64(block.HeaderLen(bigNS.BlockTokens))
 	fit := (64 * MiB) / size // 15
-	waitFor(t, "the budget full and the streams past it refused", func() bool {
+	testkit.WaitFor(t, "the budget full and the streams past it refused", func() bool {
 		return tn.putBudget.inUse() == fit*size && refused.Load() == holders-fit
 	})
 	grown := heapInuse() - before
@@ -114,7 +115,7 @@ func TestBatchPutBudget(t *testing.T) {
 		t.Fatalf("small put with the budget nearly full: %v", err)
 	}
 	cancel()
-	waitFor(t, "the budget given back", func() bool { return tn.putBudget.inUse() == 0 })
+	testkit.WaitFor(t, "the budget given back", func() bool { return tn.putBudget.inUse() == 0 })
 }
 
 // TestStreamLimit: one connection's calls past MaxConcurrentStreams wait on

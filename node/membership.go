@@ -99,6 +99,12 @@ type MembershipOptions struct {
 	Fast bool
 	// Logger receives memberlist's log lines. Default slog.Default().
 	Logger *slog.Logger
+	// Transport, when set, carries gossip instead of UDP and TCP sockets
+	// bound on GossipAddr, and gives the address members advertise: tests
+	// pass memberlist.MockNetwork transports, or one that drops traffic,
+	// to run partitions in one process without network namespaces.
+	// Default nil: memberlist's network transport on GossipAddr.
+	Transport memberlist.Transport
 }
 
 // Errors of membership.
@@ -210,6 +216,7 @@ func StartMembership(opts MembershipOptions) (*Membership, error) {
 	if opts.AdvertiseAddr != "" {
 		conf.AdvertisePort = port // memberlist replaces a 0 with the port it picked
 	}
+	conf.Transport = opts.Transport
 	conf.Delegate = (*delegate)(m)
 	conf.Events = (*events)(m)
 	conf.Conflict = (*events)(m)

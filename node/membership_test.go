@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -25,12 +27,12 @@ func startMember(t *testing.T, id string, key []byte, join ...string) *Membershi
 	return m
 }
 
-// waitMembers waits until m sees exactly want members, or fails after a
-// deadline.
+// waitMembers waits until m sees exactly want members, or fails after
+// testkit.WaitLimit.
 func waitMembers(t *testing.T, m *Membership, want int) []MemberInfo {
 	t.Helper()
 	ch := m.Subscribe()
-	deadline := time.After(20 * time.Second)
+	deadline := time.After(testkit.WaitLimit)
 	for {
 		ms, _ := m.Members()
 		if len(ms) == want {

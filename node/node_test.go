@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
@@ -312,24 +313,13 @@ func TestCancelReleasesPins(t *testing.T) {
 	if status.Code(errors.Unwrap(err)) != codes.Canceled {
 		t.Fatalf("GetKeys after cancel: %v, want Canceled", err)
 	}
-	waitFor(t, "pins released", func() bool { return tn.cache.pins.Load() == 0 })
+	testkit.WaitFor(t, "pins released", func() bool { return tn.cache.pins.Load() == 0 })
 
 	// An expired deadline is honoured before any work.
 	ctx, cancel = context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancel()
 	if _, err := tn.client.Lookup(ctx, testNS, tokens); status.Code(errors.Unwrap(err)) != codes.DeadlineExceeded {
 		t.Fatalf("Lookup past its deadline: %v, want DeadlineExceeded", err)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

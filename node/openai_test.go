@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
@@ -452,7 +453,7 @@ func TestOpenAITooManyRequests(t *testing.T) {
 			}
 		}()
 	}
-	waitUntil(t, "two requests admitted", 10*time.Second, func() bool { return len(pn.Node.openai.admit) == 2 })
+	testkit.WaitFor(t, "two requests admitted", func() bool { return len(pn.Node.openai.admit) == 2 })
 	got := callAPI(t, "POST", apiURL(pn.Node, "/v1/completions"), "", map[string]any{"model": "kvmesh", "prompt": "x"})
 	if got.status != 429 || got.header.Get("Retry-After") == "" {
 		t.Errorf("a request past the limit: %d %s (Retry-After %q), want 429 with Retry-After", got.status, got.body, got.header.Get("Retry-After"))
@@ -487,7 +488,7 @@ func TestOpenAIGenerateAcrossTheCluster(t *testing.T) {
 		}
 		hit := len(prompt) * 2 / 3 / c.BlockTokens * c.BlockTokens
 		ns := nodes[0].Node.prefill.engine.Namespace()
-		waitUntil(t, "node 1 to see node 0's prefix", 30*time.Second, func() bool {
+		testkit.WaitFor(t, "node 1 to see node 0's prefix", func() bool {
 			l, err := nodes[1].client.Lookup(context.Background(), ns, prefill.TokenizeBytes(prompt))
 			return err == nil && l.CachedTokens >= hit
 		})

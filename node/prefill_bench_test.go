@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefill"
 )
 
@@ -223,7 +224,7 @@ func BenchmarkPrefillClusterTTFT(b *testing.B) {
 					b.Fatal(err)
 				}
 				want := len(prefix) / eng.BlockTokens * eng.BlockTokens
-				waitUntil(b, "node B to see the prefix node A computed", time.Minute, func() bool {
+				testkit.WaitFor(b, "node B to see the prefix node A computed", func() bool {
 					l, err := bn.client.Lookup(ctx, eng.Namespace, prefix)
 					return err == nil && l.CachedTokens == want
 				})

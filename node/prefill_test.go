@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
@@ -229,7 +230,7 @@ func TestPrefillPrefixFromPeer(t *testing.T) {
 		cancel()
 		// Each step has its own deadline, so that a slow prefill on a busy
 		// machine does not eat the wait's.
-		waitUntil(t, fmt.Sprintf("node %d to see the prefix node %d computed", b, a), 30*time.Second, func() bool {
+		testkit.WaitFor(t, fmt.Sprintf("node %d to see the prefix node %d computed", b, a), func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			l, err := nodes[b].client.Lookup(ctx, eng.Namespace, tokens[:split])

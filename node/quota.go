@@ -81,7 +81,7 @@ func saveQuotas(dir string, quotas map[uint64]store.Quota) error {
 		return fmt.Errorf("node: quotas: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // after the rename: nothing there
-	if _, err := tmp.Write(append(b, '\n')); err == nil {
+	if _, err = tmp.Write(append(b, '\n')); err == nil {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {

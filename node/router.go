@@ -480,7 +480,7 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	t0 := time.Now()
 	r.forward(rec, preReq, pre, path, cands, LookupResult{PromptTokens: look.PromptTokens, CachedTokens: look.CachedTokens, MaxTokens: 1},
 		false, session, nil)
-	preMs := time.Since(t0)
+	preTook := time.Since(t0)
 	if rec.code != http.StatusOK {
 		copyHeader(w.Header(), rec.header)
 		w.WriteHeader(rec.code)
@@ -492,7 +492,7 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	}
 	json.Unmarshal(rec.body.Bytes(), &pu)
 	w.Header().Set("X-Kvmesh-Prefill-Node", rec.header.Get("X-Kvmesh-Node"))
-	w.Header().Set("X-Kvmesh-Prefill-Node-Ms", strconv.FormatFloat(ms(preMs), 'f', 3, 64))
+	w.Header().Set("X-Kvmesh-Prefill-Node-Ms", strconv.FormatFloat(ms(preTook), 'f', 3, 64))
 	w.Header().Set("X-Kvmesh-Prefill-Cached-Tokens", strconv.Itoa(pu.Usage.PromptTokensDetails.CachedTokens))
 	rewrite := func(u *usageJSON) { u.PromptTokensDetails.CachedTokens = pu.Usage.PromptTokensDetails.CachedTokens }
 	r.forward(w, req, body, path, slices.Concat(decoders, both), LookupResult{PromptTokens: look.PromptTokens,

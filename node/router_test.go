@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefill"
 )
 
@@ -96,7 +97,7 @@ func TestRouterThroughCluster(t *testing.T) {
 	c := tinyModel()
 	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.Prefill.Model = c })
 	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
-	waitUntil(t, "the router to see 3 nodes", 30*time.Second, func() bool { return len(r.backends()) == 3 })
+	testkit.WaitFor(t, "the router to see 3 nodes", func() bool { return len(r.backends()) == 3 })
 	url := "http://" + r.HTTPAddr()
 	if got := callAPI(t, "GET", url+"/v1/models", "", nil); got.status != 200 {
 		t.Fatalf("models through the router: %d %s", got.status, got.body)
@@ -111,7 +112,7 @@ func TestRouterThroughCluster(t *testing.T) {
 	for _, n := range nodes {
 		n.Node.prefill.engine.Flush(context.Background())
 	}
-	waitUntil(t, "the prompt to be cached", 30*time.Second, func() bool {
+	testkit.WaitFor(t, "the prompt to be cached", func() bool {
 		var l LookupResult
 		got := callAPI(t, "POST", url+LookupPath+"/completions", "", req)
 		return got.status == 200 && jsonInto(got.body, &l) && l.CachedTokens >= 288
@@ -154,7 +155,7 @@ func TestRouterSplitsPrefillAndDecode(t *testing.T) {
 	roles := []string{RolePrefill, RoleDecode}
 	nodes := startClusterNodes(t, 2, func(i int, o *Options) { o.Prefill.Model = c; o.Prefill.Role = roles[i] })
 	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
-	waitUntil(t, "the router to see 2 nodes", 30*time.Second, func() bool { return len(r.backends()) == 2 })
+	testkit.WaitFor(t, "the router to see 2 nodes", func() bool { return len(r.backends()) == 2 })
 	url := "http://" + r.HTTPAddr()
 	prompt := longText(rand.New(rand.NewPCG(6, 6)), 400)
 	for _, stream := range []bool{false, true} {
@@ -211,7 +212,7 @@ func jsonInto(b []byte, v any) bool { return json.Unmarshal(b, v) == nil }
 func TestRouterQueue(t *testing.T) {
 	nodes := startClusterNodes(t, 2, func(_ int, o *Options) { o.Prefill.Model = tinyModel() })
 	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
-	waitUntil(t, "the router to see 2 nodes", 30*time.Second, func() bool { return len(r.backends()) == 2 })
+	testkit.WaitFor(t, "the router to see 2 nodes", func() bool { return len(r.backends()) == 2 })
 	url := "http://" + r.HTTPAddr() + QueuePath
 	req := map[string]any{"model": "kvmesh", "prompt": "routed and queued", "max_tokens": 4, "temperature": 0}
 	got := callAPI(t, "POST", url, "", map[string]any{"requests": []any{req, req}})

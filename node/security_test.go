@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/transfer"
 	"github.com/kvmesh/kvmesh/transfer/certtest"
@@ -238,7 +239,7 @@ func TestTLSNode(t *testing.T) {
 				t.Errorf("%s client of a TLS node: %v, want Unavailable", name, err)
 			}
 		}
-		waitFor(t, "failed handshakes counted", func() bool {
+		testkit.WaitFor(t, "failed handshakes counted", func() bool {
 			return metricValue(scrape(t, tn.HTTPAddr()), "kvmesh_grpc_tls_handshake_failures_total") >= 2
 		})
 	})
@@ -303,7 +304,7 @@ func TestSecureCluster(t *testing.T) {
 	for _, transport := range []string{client.TransportAuto, client.TransportTCP} {
 		c := dial(nodes[1], transport, "client-token")
 		for p := range prompts {
-			waitUntil(t, "the prompt is a hit through the other node", 10*time.Second, func() bool {
+			testkit.WaitFor(t, "the prompt is a hit through the other node", func() bool {
 				l, err := c.Lookup(ctx, clusterNS, tokens[p])
 				return err == nil && l.CachedBlocks == blocks
 			})
@@ -347,7 +348,7 @@ func TestSecureCluster(t *testing.T) {
 		t.Fatalf("shared memory with a wrong token: %v, want ErrAuth", err)
 	}
 	// The servers count a refusal after sending it: wait for the count.
-	waitUntil(t, "the data-plane refusals to be counted", 10*time.Second, func() bool {
+	testkit.WaitFor(t, "the data-plane refusals to be counted", func() bool {
 		body = scrape(t, nodes[1].HTTPAddr())
 		return metricValue(body, `kvmesh_transfer_unauthorized_connections_total{transport="tcp"}`) >= 1 &&
 			metricValue(body, `kvmesh_transfer_unauthorized_connections_total{transport="shm"}`) >= 1

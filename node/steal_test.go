@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefill"
 )
 
@@ -72,7 +73,7 @@ func TestQueueStealing(t *testing.T) {
 		t.Errorf("through the peer: %+v", via)
 	}
 	r := startRouter(t, owner.GossipAddr(), PolicyTokens)
-	waitUntil(t, "the router to see 2 nodes", 30*time.Second, func() bool { return len(r.backends()) == 2 })
+	testkit.WaitFor(t, "the router to see 2 nodes", func() bool { return len(r.backends()) == 2 })
 	if got := callAPI(t, "GET", "http://"+r.HTTPAddr()+QueuePath+"/"+a, "", nil); got.status != 200 || !strings.Contains(string(got.body), `"completed"`) {
 		t.Errorf("through the router: %d %s", got.status, got.body)
 	}

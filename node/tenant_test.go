@@ -8,7 +8,6 @@ import (
 	"io"
 	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
@@ -100,7 +100,7 @@ func TestTenantsNeverShareAHit(t *testing.T) {
 			t.Fatalf("block %d has the same key under both tenants", i)
 		}
 	}
-	waitUntil(t, "tenant A's prompt to be a hit through both nodes", 10*time.Second, func() bool {
+	testkit.WaitFor(t, "tenant A's prompt to be a hit through both nodes", func() bool {
 		for _, n := range nodes {
 			if l, err := n.client.Lookup(ctx, nsA, tokens); err != nil || l.CachedBlocks != len(payloads) {
 				return false

@@ -18,6 +18,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 	"github.com/kvmesh/kvmesh/transfer"
@@ -318,7 +319,7 @@ func TestTenantsPrefill(t *testing.T) {
 		t.Fatal(err)
 	}
 	const hit = 96 // 6 blocks of 16
-	waitUntil(t, "acme's prefix to be seen from n1", 30*time.Second, func() bool {
+	testkit.WaitFor(t, "acme's prefix to be seen from n1", func() bool {
 		l, err := acme1.Lookup(ctx, eng.Namespace, tokens)
 		return err == nil && l.CachedTokens == hit
 	})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
 // TestClusterDepartedOwnerWorkerRetires: a push worker whose owner left the
@@ -30,7 +32,7 @@ func TestClusterDepartedOwnerWorkerRetires(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { return queues() == 0 }) // fails after 10s: the worker never retires
+	testkit.WaitFor(t, "the push worker of the departed peer to retire", func() bool { return queues() == 0 })
 }
 
 // TestClusterReplicaServesGet: with R=2, a block that LongestPrefix finds on

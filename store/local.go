@@ -7,6 +7,7 @@ import (
 	"maps"
 	"sync"
 
+	"github.com/kvmesh/kvmesh/internal/invariants"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -186,6 +187,9 @@ func (l *Local) Close() error {
 	if n := l.mu.refs; n > 0 {
 		l.mu.Unlock()
 		return fmt.Errorf("%w: %d Refs not released", ErrPinned, n)
+	}
+	if invariants.Enabled {
+		l.checkQuiescentLocked()
 	}
 	l.mu.tiersClosed = true
 	l.mu.Unlock()

@@ -7,25 +7,11 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block/blocktest"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
-
-// waitFor polls cond until it holds or 10 s pass.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		<-tick.C
-	}
-}
 
 // TestLocalPinsUnderEviction holds Refs while other goroutines put, get and
 // drop hard enough to evict everything evictable: a Ref's bytes never change
@@ -118,13 +104,8 @@ func TestLocalPinsUnderEviction(t *testing.T) {
 				r.Release()
 			}
 			s := l.Stats()
-			for _, ts := range s.Tiers {
-				if ts.Blocks != ts.Values || ts.Bytes != ts.Stored || ts.Reserved > ts.Capacity {
-					t.Fatalf("after the storm, tier %+v", ts)
-				}
-			}
-			if in, out := s.Puts+s.Recovered, totalBlocks(s)+s.Evictions+s.CorruptDrops+s.NamespaceDrops; in != out {
-				t.Fatalf("%d blocks came in, %d are accounted for: %+v", in, out, s)
+			if err := s.Check(); err != nil {
+				t.Fatalf("after the storm: %v (%+v)", err, s)
 			}
 			if s.Pinned != 0 {
 				t.Fatalf("%d pins left", s.Pinned)
@@ -191,7 +172,7 @@ func TestLocalGetCanceled(t *testing.T) {
 		_, err := l.Get(ctx, b.key)
 		done <- err
 	}()
-	waitFor(t, func() bool { l.mu.Lock(); defer l.mu.Unlock(); return l.mu.waiters[i] != nil })
+	testkit.WaitFor(t, "the Get to wait on the block", func() bool { l.mu.Lock(); defer l.mu.Unlock(); return l.mu.waiters[i] != nil })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled Get = %v", err)

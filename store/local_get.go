@@ -10,15 +10,17 @@ import (
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/internal/invariants"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
 // Ref is a pinned, verified block returned by Get. Its bytes stay valid and
 // unchanged until Release; the block cannot be freed or moved under it.
 type Ref struct {
-	l *Local
-	i uint32 // pinned entry, 0 when b is a private copy
-	b []byte
+	leak invariants.Leak // a pinned Ref collected unreleased panics in the invariants build
+	l    *Local
+	i    uint32 // pinned entry, 0 when b is a private copy
+	b    []byte
 }
 
 // Bytes returns the encoded block. The slice belongs to the store: read it,
@@ -33,6 +35,7 @@ func (r *Ref) Release() {
 	}
 	l, i := r.l, r.i
 	r.l, r.b = nil, nil
+	r.leak.Stop()
 	if i == 0 {
 		return
 	}
@@ -147,7 +150,9 @@ func (l *Local) getMemLocked(i uint32) (*Ref, error) {
 			l.corruptPinned(i)
 			return nil, ErrNotFound
 		}
-		return &Ref{l: l, i: i, b: b}, nil
+		r := &Ref{l: l, i: i, b: b}
+		invariants.Track(r, &r.leak, "store.Ref")
+		return r, nil
 	}
 	if l.viewable(loc) { // pins saturated: hand out a copy
 		b := append([]byte(nil), l.view.View(loc, size)...)
@@ -294,11 +299,13 @@ func (l *Local) GetMany(ctx context.Context, keys []prefixhash.Key) ([]*Ref, err
 		l.mu.c.hits++
 		backing[k] = Ref{l: l, i: i, b: l.view.View(e.getLoc(), l.mu.ns.get(e.ns).size)}
 		refs[k] = &backing[k]
+		invariants.Track(refs[k], &refs[k].leak, "store.Ref")
 	}
 	l.mu.Unlock()
 	for k, r := range refs {
 		if r != nil && l.checkHit(keys[k], r.b) != nil {
-			l.corruptPinned(r.i)
+			l.corruptPinned(r.i) // unpins: the Ref is spent
+			r.leak.Stop()
 			refs[k] = nil
 		}
 	}

@@ -87,6 +87,26 @@ type NamespaceStats struct {
 // Stats returns a snapshot of usage and counters.
 func (l *Local) Stats() Stats {
 	l.mu.Lock()
+	s := l.statsLocked()
+	open := l.enterLocked()
+	l.mu.Unlock()
+	sort.Slice(s.Namespaces, func(a, b int) bool { return s.Namespaces[a].Digest < s.Namespaces[b].Digest })
+	if open {
+		s.Tiers[0].Stats = l.mem.Stats()
+		if l.disk != nil {
+			s.Tiers[1].Stats = l.disk.Stats()
+		}
+		if l.hbm != nil {
+			s.Tiers[len(s.Tiers)-1].Stats = l.hbm.Stats()
+		}
+		l.exit()
+	}
+	return s
+}
+
+// statsLocked is Stats' index half: counters, the index's view of the
+// tiers and the namespaces (unsorted), without the tiers' own figures.
+func (l *Local) statsLocked() Stats {
 	c := l.mu.c
 	s := Stats{
 		Hits: c.hits, Misses: c.misses, Puts: c.puts, Duplicates: c.duplicates, Refused: c.refused,
@@ -122,19 +142,6 @@ func (l *Local) Stats() Stats {
 		ns.DRAMBytes += n.inTier[tierMem] * int64(n.size)
 		ns.NVMeBytes += n.inTier[tierDisk] * int64(n.size)
 		ns.Quota = Quota{DRAM: n.quota[tierMem], NVMe: n.quota[tierDisk]}
-	}
-	open := l.enterLocked()
-	l.mu.Unlock()
-	sort.Slice(s.Namespaces, func(a, b int) bool { return s.Namespaces[a].Digest < s.Namespaces[b].Digest })
-	if open {
-		s.Tiers[0].Stats = l.mem.Stats()
-		if l.disk != nil {
-			s.Tiers[1].Stats = l.disk.Stats()
-		}
-		if l.hbm != nil {
-			s.Tiers[len(s.Tiers)-1].Stats = l.hbm.Stats()
-		}
-		l.exit()
 	}
 	return s
 }

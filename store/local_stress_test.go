@@ -101,13 +101,8 @@ func TestLocalStressRealTiers(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := l.Stats()
-	for _, ts := range s.Tiers {
-		if ts.Blocks != ts.Values || ts.Bytes != ts.Stored || ts.Reserved > ts.Capacity {
-			t.Fatalf("tier %+v", ts)
-		}
-	}
-	if in, out := s.Puts+s.Recovered, totalBlocks(s)+s.Evictions+s.CorruptDrops+s.NamespaceDrops; in != out {
-		t.Fatalf("%d in, %d out: %+v", in, out, s)
+	if err := s.Check(); err != nil {
+		t.Fatalf("%v (%+v)", err, s)
 	}
 	if totalBlocks(s) > 300 {
 		t.Fatalf("%d blocks, MaxBlocks 300", totalBlocks(s))

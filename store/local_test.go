@@ -10,6 +10,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/block/blocktest"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -219,25 +220,8 @@ func totalBlocks(s Stats) int64 {
 func checkInvariants(t *testing.T, step int, l *Local, w *world, linked map[prefixhash.Key]bool) {
 	t.Helper()
 	s := l.Stats()
-	for _, ts := range s.Tiers {
-		if ts.Reserved > ts.Capacity {
-			t.Fatalf("step %d: tier %s reserves %d bytes, capacity %d", step, ts.Name, ts.Reserved, ts.Capacity)
-		}
-		if ts.Blocks != ts.Values || ts.Bytes != ts.Stored {
-			t.Fatalf("step %d: tier %s: index has %d blocks, %d bytes; tier has %d values, %d bytes",
-				step, ts.Name, ts.Blocks, ts.Bytes, ts.Values, ts.Stored)
-		}
-	}
-	total := totalBlocks(s)
-	if in, out := s.Puts+s.Recovered, total+s.Evictions+s.CorruptDrops+s.NamespaceDrops; in != out {
-		t.Fatalf("step %d: %d blocks came in, %d are cached or were dropped (%+v)", step, in, out, s)
-	}
-	nsBlocks := int64(0)
-	for _, n := range s.Namespaces {
-		nsBlocks += n.Blocks
-	}
-	if nsBlocks != total {
-		t.Fatalf("step %d: namespaces hold %d blocks, tiers %d", step, nsBlocks, total)
+	if err := s.Check(); err != nil {
+		t.Fatalf("step %d: %v (%+v)", step, err, s)
 	}
 	if s.Pinned != 0 {
 		t.Fatalf("step %d: %d pins with no Ref live", step, s.Pinned)
@@ -608,7 +592,7 @@ func TestLocalReopen(t *testing.T) {
 			t.Fatalf("cached prefix after reopen: %d blocks, want %d", n, prefix)
 		}
 		if !skipScan {
-			waitFor(t, func() bool {
+			testkit.WaitFor(t, "the background scan to read every recovered header", func() bool {
 				for _, n := range l.Stats().Namespaces {
 					if n.Digest == 0 {
 						return false

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block/blocktest"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -695,7 +696,7 @@ func TestQuotaReopen(t *testing.T) {
 	}
 	l = openLocal(t, Options{DRAM: newFakeMem(4096, 1, 1024), NVMe: vol.open(), DemoteBatchBytes: 1,
 		Quotas: map[uint64]Quota{w.ns.Digest(): {NVMe: 3 * bb}}})
-	waitFor(t, func() bool { return usage(l.Stats(), 0).Blocks == 0 })
+	testkit.WaitFor(t, "the recovery scan to resolve every block", func() bool { return usage(l.Stats(), 0).Blocks == 0 })
 	s := l.Stats()
 	checkQuotas(t, 0, s)
 	if u := usage(s, w.ns.Digest()); u.NVMeBytes != 3*bb || s.Evictions != onDisk-3 {

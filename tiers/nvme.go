@@ -88,10 +88,9 @@ type NVMe struct {
 
 	w nvmeWriter // owned by the writer goroutine
 
-	// fault, when set (by tests, before any Put), is called before each
-	// segment write ("write") and sync ("sync"); an error it returns
-	// replaces the system call.
-	fault func(op string, seg uint64) error
+	// files makes the data path's system calls: sysFiles, or a test's
+	// faults (set before any Put).
+	files fileOps
 
 	mu struct {
 		sync.RWMutex
@@ -126,6 +125,7 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 		reqs:    make(chan *nvmeReq, opts.QueueDepth),
 		groups:  make(chan *nvmeGroup, 1),
 		stop:    make(chan struct{}),
+		files:   sysFiles{},
 	}
 	t.mu.segs = make(map[uint64]*segment)
 	ok := false
@@ -195,10 +195,10 @@ func nvmeProbeDirectIO(dir string) error {
 		return err
 	}
 	defer segMunmap(b)
-	if err := segPwritev(fd, [][]byte{b}, 0); err != nil {
+	if err := segPwritev(sysFiles{}, fd, [][]byte{b}, 0); err != nil {
 		return err
 	}
-	return segPreadv(fd, [][]byte{b}, 0)
+	return segPreadv(sysFiles{}, fd, [][]byte{b}, 0)
 }
 
 func (t *NVMe) openSegment(path string, flags int) (int, error) {
@@ -337,7 +337,7 @@ func (t *NVMe) readRecord(fd int, loc Loc, dst []byte) error {
 	if head == 0 {
 		io = io[1:]
 	}
-	if err := segPreadv(fd, io, off); err != nil {
+	if err := segPreadv(t.files, fd, io, off); err != nil {
 		return fmt.Errorf("nvme: read segment %d offset %d: %w (%w)", id, off, ErrCorrupt, err)
 	}
 	h, err := decodeSegHeader(tail[tailLen-segHeaderSize:])

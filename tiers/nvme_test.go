@@ -12,12 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -825,72 +823,6 @@ func TestNVMeBufferedIO(t *testing.T) {
 		t.Fatal(err)
 	}
 	nvmeMustRead(t, n, loc, nvmeTestVal(k, 12345))
-}
-
-// TestNVMeWriteErrors: a failed write or sync fails the Puts of its group
-// (a full disk as ErrFull), indexes nothing, and the tier carries on in a new
-// segment; the broken one is sealed, so the owner can drop it.
-func TestNVMeWriteErrors(t *testing.T) {
-	for _, tc := range []struct {
-		op      string
-		err     error
-		wantErr error
-	}{
-		{"write", unix.ENOSPC, ErrFull},
-		{"write", unix.EIO, unix.EIO},
-		{"sync", unix.ENOSPC, ErrFull},
-		{"sync", unix.EIO, unix.EIO},
-	} {
-		t.Run(tc.op+"/"+tc.err.Error(), func(t *testing.T) {
-			opts := nvmeTestOptions(t.TempDir())
-			n := openTestNVMe(t, opts)
-			var failing atomic.Bool
-			n.fault = func(op string, seg uint64) error {
-				if op == tc.op && failing.Load() {
-					return tc.err
-				}
-				return nil
-			}
-			k1, k2, k3 := nvmeTestKey(1), nvmeTestKey(2), nvmeTestKey(3)
-			loc1, err := n.Put(k1, nvmeTestVal(k1, 5000))
-			if err != nil {
-				t.Fatal(err)
-			}
-			before := n.Stats()
-			failing.Store(true)
-			if _, err := n.Put(k2, nvmeTestVal(k2, 50_000)); !errors.Is(err, tc.wantErr) {
-				t.Fatalf("Put with a failing %s = %v, want %v", tc.op, err, tc.wantErr)
-			}
-			locs := make([]Loc, 2)
-			if stored, err := n.PutBatch([]prefixhash.Key{k2, k3}, [][]byte{nvmeTestVal(k2, 10), nvmeTestVal(k3, 10)}, locs); stored != 0 || !errors.Is(err, tc.wantErr) {
-				t.Fatalf("PutBatch with a failing %s = %d, %v", tc.op, stored, err)
-			}
-			failing.Store(false)
-			if st := n.Stats(); st.Values != before.Values || st.Stored != before.Stored {
-				t.Fatalf("Stats after failed Puts = %+v, before %+v", st, before)
-			}
-			loc3, err := n.Put(k3, nvmeTestVal(k3, 7000))
-			if err != nil {
-				t.Fatalf("Put after the fault: %v", err)
-			}
-			if locSeg(loc3) == locSeg(loc1) {
-				t.Fatalf("Put after a failed %s went to the broken segment %d", tc.op, locSeg(loc1))
-			}
-			seg, recs, ok, err := n.OldestSegment()
-			if err != nil || !ok || seg != locSeg(loc1) || len(recs) != 1 || recs[0].Loc != loc1 {
-				t.Fatalf("OldestSegment = %d, %+v, %v, %v; want the broken segment %d with its one value", seg, recs, ok, err, locSeg(loc1))
-			}
-			nvmeMustRead(t, n, loc1, nvmeTestVal(k1, 5000))
-			n.Close()
-			n = openTestNVMe(t, opts)
-			defer n.Close()
-			got := nvmeRangeAll(t, n)
-			if len(got) != 2 || got[loc1].Key != k1 || got[loc3].Key != k3 {
-				t.Fatalf("Range after reopen = %+v", got)
-			}
-			nvmeMustRead(t, n, loc3, nvmeTestVal(k3, 7000))
-		})
-	}
 }
 
 // TestNVMeRecoveryVerifiesNewestSegment: on open, the records of the newest

@@ -329,22 +329,10 @@ func (t *NVMe) flushAsync(g *nvmeGroup) error {
 }
 
 func (t *NVMe) pwritev(s *segment, iov [][]byte, off int64) error {
-	if t.fault != nil {
-		if err := t.fault("write", s.id); err != nil {
-			return err
-		}
-	}
-	return segPwritev(s.fd, iov, off)
+	return segPwritev(t.files, s.fd, iov, off)
 }
 
-func (t *NVMe) fdatasync(s *segment) error {
-	if t.fault != nil {
-		if err := t.fault("sync", s.id); err != nil {
-			return err
-		}
-	}
-	return unix.Fdatasync(s.fd)
-}
+func (t *NVMe) fdatasync(s *segment) error { return t.files.Fdatasync(s.fd) }
 
 // takeUnit returns the offset at which u goes and advances past it.
 func (t *NVMe) takeUnit(u *nvmeUnit) int64 {

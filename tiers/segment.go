@@ -252,9 +252,9 @@ var errSegShort = errors.New("nvme: unexpected end of segment file")
 
 // segPreadv fills the buffers of iov from fd at off, in one preadv unless
 // the kernel returns less.
-func segPreadv(fd int, iov [][]byte, off int64) error {
+func segPreadv(files fileOps, fd int, iov [][]byte, off int64) error {
 	for len(iov) > 0 {
-		n, err := unix.Preadv(fd, iov, off)
+		n, err := files.Preadv(fd, iov, off)
 		if err == unix.EINTR {
 			continue
 		}
@@ -270,10 +270,11 @@ func segPreadv(fd int, iov [][]byte, off int64) error {
 	return nil
 }
 
-// segPwritev writes the buffers of iov to fd at off.
-func segPwritev(fd int, iov [][]byte, off int64) error {
+// segPwritev writes the buffers of iov to fd at off, writing again what a
+// short write left.
+func segPwritev(files fileOps, fd int, iov [][]byte, off int64) error {
 	for len(iov) > 0 {
-		n, err := unix.Pwritev(fd, iov, off)
+		n, err := files.Pwritev(fd, iov, off)
 		if err == unix.EINTR {
 			continue
 		}

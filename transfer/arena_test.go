@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
 // The arena against a model: a byte map of which 64-byte units are taken.
@@ -100,9 +102,9 @@ func TestByteSem(t *testing.T) {
 	// First come, first served: 10 would fit, but queues behind 50.
 	got := make(chan int, 2)
 	go func() { s.acquire(ctx, 50); got <- 50 }()
-	waitFor(t, "the first waiter to queue", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.mu.waiters) == 1 })
+	testkit.WaitFor(t, "the first waiter to queue", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.mu.waiters) == 1 })
 	go func() { s.acquire(ctx, 10); got <- 10 }()
-	waitFor(t, "the second waiter to queue", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.mu.waiters) == 2 })
+	testkit.WaitFor(t, "the second waiter to queue", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.mu.waiters) == 2 })
 	s.release(60)
 	if a, b := <-got, <-got; a+b != 60 {
 		t.Fatalf("waiters granted %d and %d", a, b)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -78,7 +79,7 @@ func TestIdleLookupConnsHeap(t *testing.T) {
 		}
 	}
 	// Requests is counted once a connection is back to waiting, idle.
-	waitFor(t, "every connection idle", func() bool { return s.Stats().Requests == conns })
+	testkit.WaitFor(t, "every connection idle", func() bool { return s.Stats().Requests == conns })
 	after := heapInuse()
 	grown := int64(after) - int64(before)
 	const perConn = 96 << 10 // the 64 KiB read buffer, the connection's objects, slack
@@ -134,7 +135,7 @@ func TestRequestBudget(t *testing.T) {
 		t.Fatalf("get with room: %v", err)
 	}
 	r.Release()
-	waitFor(t, "the budget given back", func() bool { return s.inflight.used() == 0 })
+	testkit.WaitFor(t, "the budget given back", func() bool { return s.inflight.used() == 0 })
 }
 
 // TestPartialTablesHoldWhatArrived: requests that declared a large table
@@ -157,13 +158,13 @@ func TestPartialTablesHoldWhatArrived(t *testing.T) {
 		}
 	}
 	declared := requestCost(&header{typ: typeLookupReq, count: DefaultMaxLookupKeys})
-	waitFor(t, "a table piece charged per connection", func() bool { return s.inflight.used() == conns*tablePiece })
+	testkit.WaitFor(t, "a table piece charged per connection", func() bool { return s.inflight.used() == conns*tablePiece })
 	t.Logf("%d connections that sent 1 byte of a %d-byte table hold %d KiB (they declared %d KiB)",
 		conns, DefaultMaxLookupKeys*lookupEntry, conns*tablePiece>>10, conns*declared>>10)
 	for _, nc := range ncs {
 		nc.Close()
 	}
-	waitFor(t, "the budget given back", func() bool { return s.inflight.used() == 0 })
+	testkit.WaitFor(t, "the budget given back", func() bool { return s.inflight.used() == 0 })
 }
 
 // silentPuts opens n connections that each send a put declaring 8 values
@@ -208,7 +209,7 @@ func TestSilentPutsDoNotStall(t *testing.T) {
 	// Each holds its request's charge (table and scratch) and waits for
 	// its values.
 	charge := requestCost(&header{typ: typePutReq, count: 8})
-	waitFor(t, "the silent puts waiting for their values", func() bool { return s.inflight.used() == 8*charge })
+	testkit.WaitFor(t, "the silent puts waiting for their values", func() bool { return s.inflight.used() == 8*charge })
 	c := newClient(t, addr, nil)
 	keys := []prefixhash.Key{testKey(1), testKey(2), testKey(3)}
 	vals := [][]byte{testValue(1, 1<<20), testValue(2, 3<<20), testValue(3, 5<<20)}
@@ -248,7 +249,7 @@ func TestSilentPutsDropped(t *testing.T) {
 	if _, err := ncs[0].Write(make([]byte, 3<<20)); err != nil { // 3 MiB of a 4 MiB segment
 		t.Fatal(err)
 	}
-	waitFor(t, "the silent puts dropped", func() bool {
+	testkit.WaitFor(t, "the silent puts dropped", func() bool {
 		st := s.Stats()
 		return st.Dropped == 4 && st.Conns == 0
 	})
@@ -325,7 +326,7 @@ func TestIdleLookupConnsFullSize(t *testing.T) {
 			t.Fatalf("lookup answer: %v (%s)", err, resp[headerLen:min(len(resp), headerLen+200)])
 		}
 	}
-	waitFor(t, "every connection idle", func() bool { return s.Stats().Requests == int64(conns) })
+	testkit.WaitFor(t, "every connection idle", func() bool { return s.Stats().Requests == int64(conns) })
 	heap1, rss1 := heapInuse(), rss()
 	t.Logf("%d idle connections after one %d-key lookup each: heap in use %d MiB -> %d MiB, RSS %d MiB -> %d MiB",
 		conns, keys, heap0>>20, heap1>>20, rss0>>20, rss1>>20)

@@ -21,6 +21,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -290,7 +291,7 @@ func TestShmArenaGetInPlace(t *testing.T) {
 		}
 	}
 	r.Release()
-	waitFor(t, "the lease to end", func() bool { return srv.Stats().Leases == 0 })
+	testkit.WaitFor(t, "the lease to end", func() bool { return srv.Stats().Leases == 0 })
 	a.mu.Lock()
 	pinned := len(a.mu.pins) + len(a.mu.dead)
 	a.mu.Unlock()
@@ -309,7 +310,7 @@ func TestShmArenaLeaseExpires(t *testing.T) {
 	if err != nil || r.Hits() != 1 {
 		t.Fatalf("get: %v", err)
 	}
-	waitFor(t, "the lease to expire", func() bool {
+	testkit.WaitFor(t, "the lease to expire", func() bool {
 		st := srv.Stats()
 		return st.Leases == 0 && st.LeasesExpired == 1
 	})
@@ -365,7 +366,7 @@ func TestShmArenaPut(t *testing.T) {
 	if s := srv.Stats(); s.Puts != 3 || s.Reservations != 0 {
 		t.Fatalf("server stats %+v", s)
 	}
-	waitFor(t, "leases to end", func() bool { return srv.Stats().Leases == 0 })
+	testkit.WaitFor(t, "leases to end", func() bool { return srv.Stats().Leases == 0 })
 	a.check(t)
 	// No slot holds it: the value travels inline instead, which this
 	// server (no Sink) refuses; nothing is left behind.
@@ -438,7 +439,7 @@ func TestShmArenaClientDeath(t *testing.T) {
 		t.Fatalf("while the child holds reservations: %d open, tier holds %d values", st.Reservations, a.d.Stats().Values)
 	}
 	cmd.Process.Kill()
-	waitFor(t, "the dead client's reservations to be freed", func() bool {
+	testkit.WaitFor(t, "the dead client's reservations to be freed", func() bool {
 		st := srv.Stats()
 		return st.Conns == 0 && st.Reservations == 0 && st.ReservationsAborted == 2
 	})
@@ -513,7 +514,7 @@ func TestShmArenaUnderEviction(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	waitFor(t, "leases to end", func() bool { return srv.Stats().Leases == 0 })
+	testkit.WaitFor(t, "leases to end", func() bool { return srv.Stats().Leases == 0 })
 	a.check(t)
 }
 

@@ -8,15 +8,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/auth"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -57,7 +57,7 @@ func TestShmRoundTrip(t *testing.T) {
 			}
 			checkResult(t, src, keys, r)
 			r.Release()
-			waitFor(t, "the region to be released", func() bool { return srv.Stats().RegionUse == 0 })
+			testkit.WaitFor(t, "the region to be released", func() bool { return srv.Stats().RegionUse == 0 })
 		})
 	}
 }
@@ -78,7 +78,7 @@ func TestShmReleaseReusesSpace(t *testing.T) {
 		checkResult(t, src, k, r)
 		r.Release()
 	}
-	waitFor(t, "the region to be released", func() bool { return srv.Stats().RegionUse == 0 })
+	testkit.WaitFor(t, "the region to be released", func() bool { return srv.Stats().RegionUse == 0 })
 }
 
 // A get that does not fit next to unreleased results is answered in part,
@@ -102,7 +102,7 @@ func TestShmSplitAndWait(t *testing.T) {
 		done <- err
 	}()
 	// The first value fits beside the held one, the second must wait.
-	waitFor(t, "the partial answer", func() bool { return srv.Stats().RegionUse == (600+300)<<10 })
+	testkit.WaitFor(t, "the partial answer", func() bool { return srv.Stats().RegionUse == (600+300)<<10 })
 	held.Release()
 	within(t, 10*time.Second, func() {
 		if err := <-done; err != nil {
@@ -117,7 +117,7 @@ func TestShmSplitAndWait(t *testing.T) {
 	if _, err := c.Get(ctx, big); err == nil {
 		t.Fatal("a get larger than the region succeeded")
 	}
-	waitFor(t, "the region to be released", func() bool { return srv.Stats().RegionUse == 0 })
+	testkit.WaitFor(t, "the region to be released", func() bool { return srv.Stats().RegionUse == 0 })
 	// A value larger than the region is an error item.
 	src.set(testKey(50), make([]byte, 2<<20))
 	r, err := c.Get(context.Background(), []prefixhash.Key{testKey(50), keys[1]})
@@ -150,7 +150,7 @@ func TestShmAbandonedRequest(t *testing.T) {
 		t.Fatalf("canceled get: %v", err)
 	}
 	close(src.unblock) // the server answers now, to nobody
-	waitFor(t, "the abandoned answer to be released", func() bool {
+	testkit.WaitFor(t, "the abandoned answer to be released", func() bool {
 		st := srv.Stats()
 		return st.Requests == 1 && st.RegionUse == 0
 	})
@@ -181,42 +181,6 @@ func TestShmPut(t *testing.T) {
 			t.Fatalf("put %d: status %s, stored %d bytes of %d", i, st[i], len(got), len(vals[i]))
 		}
 	}
-}
-
-func TestShmConcurrent(t *testing.T) {
-	src := newMemSource()
-	srv, path := startShm(t, src, &ShmServerOptions{RegionSize: 4 << 20, MaxPending: 4})
-	sizes := make([]int, 40)
-	for i := range sizes {
-		sizes[i] = []int{-1, 0, 100, 64 << 10, 300 << 10}[i%5]
-	}
-	keys := fill(src, sizes)
-	c := dialShm(t, path, nil)
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for it := range 40 {
-				lo := (g*7 + it*3) % len(keys)
-				sub := keys[lo:min(lo+1+it%10, len(keys))]
-				r, err := c.Get(context.Background(), sub)
-				if err != nil {
-					errs <- err
-					return
-				}
-				checkResult(t, src, sub, r)
-				r.Release()
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	waitFor(t, "the region to be released", func() bool { return srv.Stats().RegionUse == 0 })
 }
 
 // Results stay readable after the server goes away (the client's mapping
@@ -307,7 +271,7 @@ func TestShmClientDeath(t *testing.T) {
 		t.Fatalf("while the child holds its results: %+v", st)
 	}
 	cmd.Process.Kill()
-	waitFor(t, "the dead client's region to be freed", func() bool {
+	testkit.WaitFor(t, "the dead client's region to be freed", func() bool {
 		st := srv.Stats()
 		return st.Conns == 0 && st.RegionUse == 0
 	})
@@ -399,7 +363,7 @@ func TestShmAuth(t *testing.T) {
 			t.Errorf("uid not in PeerUIDs: %v, want ErrAuth naming the uid", err)
 		}
 	})
-	waitFor(t, "the refusals to be counted", func() bool { return srv.Stats().Unauthorized == 2 })
+	testkit.WaitFor(t, "the refusals to be counted", func() bool { return srv.Stats().Unauthorized == 2 })
 }
 
 func TestShmPutPublish(t *testing.T) {

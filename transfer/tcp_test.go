@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -115,7 +116,7 @@ func TestGetSplitByBatchBytes(t *testing.T) {
 	defer r.Release()
 	checkResult(t, src, keys, r)
 	// The server counts a request after writing its answer.
-	waitFor(t, "the batch to take at least 3 requests", func() bool { return srv.Stats().Requests >= 3 })
+	testkit.WaitFor(t, "the batch to take at least 3 requests", func() bool { return srv.Stats().Requests >= 3 })
 }
 
 func TestPutRoundTrip(t *testing.T) {
@@ -147,61 +148,6 @@ func TestPutRoundTrip(t *testing.T) {
 	}
 	checkResult(t, src, keys, r)
 	r.Release()
-}
-
-func TestConcurrentClients(t *testing.T) {
-	lim := Limits{MaxBatchBytes: 1 << 20, MaxValueSize: 1 << 20}
-	src := newMemSource()
-	_, addr := startServer(t, src, &ServerOptions{Limits: lim})
-	sizes := make([]int, 64)
-	for i := range sizes {
-		sizes[i] = []int{-1, 0, 100, 64 << 10, 300 << 10}[i%5]
-	}
-	keys := fill(src, sizes)
-	clients := []*Client{
-		newClient(t, addr, &ClientOptions{Limits: lim, MaxConns: 2}),
-		newClient(t, addr, &ClientOptions{Limits: lim, MaxConns: 3, MaxInFlightBytes: 2 << 20}),
-	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := clients[g%len(clients)]
-			for it := range 30 {
-				lo := (g*7 + it*5) % len(keys)
-				sub := keys[lo:min(lo+1+it%20, len(keys))]
-				if it%4 == 3 {
-					// Re-put what is there: the source's content never changes.
-					var pk []prefixhash.Key
-					var pv [][]byte
-					for _, k := range sub {
-						if v, ok := src.get(k); ok {
-							pk, pv = append(pk, k), append(pv, v)
-						}
-					}
-					if _, err := c.Put(context.Background(), pk, pv); err != nil {
-						errs <- err
-						return
-					}
-					continue
-				}
-				r, err := c.Get(context.Background(), sub)
-				if err != nil {
-					errs <- err
-					return
-				}
-				checkResult(t, src, sub, r)
-				r.Release()
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
 }
 
 // Closing the server while a request is being served fails the request on
@@ -301,7 +247,7 @@ func TestSlowSourceDeadline(t *testing.T) {
 		checkResult(t, src, keys, r)
 		r.Release()
 	}
-	waitFor(t, "the abandoned connection to close", func() bool { return srv.Stats().Conns == 1 })
+	testkit.WaitFor(t, "the abandoned connection to close", func() bool { return srv.Stats().Conns == 1 })
 }
 
 // writeRaw sends bytes on a fresh connection and returns everything the
@@ -394,7 +340,7 @@ func TestCorruptFrames(t *testing.T) {
 	if out := writeRaw(t, addr, req[:20]); len(out) != 0 {
 		t.Fatalf("truncated header got a %d-byte answer", len(out))
 	}
-	waitFor(t, "bad connections to be dropped", func() bool { return srv.Stats().Dropped >= 8 })
+	testkit.WaitFor(t, "bad connections to be dropped", func() bool { return srv.Stats().Dropped >= 8 })
 }
 
 func helloAck(id uint64) []byte {
@@ -636,7 +582,7 @@ func TestStaleConnectionRetried(t *testing.T) {
 			}
 			checkResult(t, src, keys, r)
 			r.Release()
-			waitFor(t, "the server to close the idle connection", func() bool { return srv.Stats().Conns == 0 })
+			testkit.WaitFor(t, "the server to close the idle connection", func() bool { return srv.Stats().Conns == 0 })
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/transfer/certtest"
 )
@@ -185,7 +186,7 @@ func TestMutualTLS(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, "the server to count 2 refusals", func() bool { return srv.Stats().Unauthorized == 2 })
+	testkit.WaitFor(t, "the server to count 2 refusals", func() bool { return srv.Stats().Unauthorized == 2 })
 	// The refusals cost the good client nothing.
 	if r, err = good.Get(context.Background(), keys); err != nil {
 		t.Fatal(err)
@@ -345,7 +346,7 @@ func TestTokens(t *testing.T) {
 		t.Fatalf("get without a hello: answered %+v (%v), want an authentication error frame", h, err)
 	}
 	// The server counts a request after answering it.
-	waitFor(t, "the 2 requests of the good tokens, and no other, to be served", func() bool { return srv.Stats().Requests == 2 })
+	testkit.WaitFor(t, "the 2 requests of the good tokens, and no other, to be served", func() bool { return srv.Stats().Requests == 2 })
 
 	if err := tokens.Set("next"); err != nil {
 		t.Fatal(err)

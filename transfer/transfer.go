@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvmesh/kvmesh/internal/invariants"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -151,6 +152,8 @@ var (
 // client's in-flight byte budget) for reuse. A Result is not safe for
 // concurrent use.
 type Result struct {
+	leak invariants.Leak // collected unreleased panics in the invariants build
+
 	Status []Status
 	Values [][]byte
 
@@ -163,7 +166,9 @@ type Result struct {
 type resultOwner interface{ release(r *Result) }
 
 func newResult(owner resultOwner, n int) *Result {
-	return &Result{Status: make([]Status, n), Values: make([][]byte, n), owner: owner}
+	r := &Result{Status: make([]Status, n), Values: make([][]byte, n), owner: owner}
+	invariants.Track(r, &r.leak, "transfer.Result")
+	return r
 }
 
 // Hits returns the number of found keys.
@@ -185,5 +190,6 @@ func (r *Result) Release() {
 	}
 	r.owner.release(r)
 	r.owner = nil
+	r.leak.Stop()
 	clear(r.Values)
 }

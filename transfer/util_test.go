@@ -126,18 +126,6 @@ func checkResult(t testing.TB, src *memSource, keys []prefixhash.Key, r *Result)
 	}
 }
 
-// waitFor polls cond until it holds or 10s pass.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // within runs fn and fails the test if it does not return within d: the
 // guard that turns a hang into a failure.
 func within(t testing.TB, d time.Duration, fn func()) {

@@ -232,7 +232,7 @@ func TestClusterProcesses(t *testing.T) {
 	t.Logf("B served its %d NVMe blocks again after its restart", len(onDisk))
 
 	for _, d := range []*daemon{a, b2, c} {
-		if err, _ := d.stop(t); err != nil {
+		if _, err := d.stop(t); err != nil {
 			t.Errorf("%s: exit %v\n%s", d.id, err, d.stderr)
 		}
 	}

@@ -145,9 +145,9 @@ func startCommand(t *testing.T, cmd *exec.Cmd) *daemon {
 	return d
 }
 
-// stop sends SIGTERM and returns the exit error and how long the process
-// took to exit.
-func (d *daemon) stop(t *testing.T) (error, time.Duration) {
+// stop sends SIGTERM and returns how long the process took to exit and its
+// exit error.
+func (d *daemon) stop(t *testing.T) (time.Duration, error) {
 	t.Helper()
 	start := time.Now()
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -155,11 +155,11 @@ func (d *daemon) stop(t *testing.T) (error, time.Duration) {
 	}
 	select {
 	case <-d.exited:
-		return d.exitErr, time.Since(start)
+		return time.Since(start), d.exitErr
 	case <-time.After(30 * time.Second):
 		t.Fatalf("kvmesh serve still running 30s after SIGTERM:\n%s", d.stderr)
 	}
-	return nil, 0
+	return 0, nil
 }
 
 // e2eNS has 512 KiB blocks of 16 tokens, so a few dozen blocks overflow a
@@ -361,7 +361,7 @@ func TestServe(t *testing.T) {
 		case <-time.After(time.Millisecond):
 		}
 	}
-	exitErr, took := d.stop(t)
+	took, exitErr := d.stop(t)
 	if exitErr != nil || took > 10*time.Second {
 		t.Fatalf("after SIGTERM: exit %v after %v; want status 0 within 10s\n%s", exitErr, took, d.stderr)
 	}
@@ -401,7 +401,7 @@ func TestServe(t *testing.T) {
 	if err != nil || n != len(keys) {
 		t.Fatalf("after reopening: %d of %d NVMe blocks served, %v\n%s", n, len(keys), err, d2.stderr)
 	}
-	if exitErr, _ := d2.stop(t); exitErr != nil {
+	if _, exitErr := d2.stop(t); exitErr != nil {
 		t.Fatalf("second stop: %v\n%s", exitErr, d2.stderr)
 	}
 	t.Logf("%d blocks on NVMe survived the restart; %d requests served before SIGTERM", len(keys), served.Load())

@@ -160,7 +160,7 @@ func TestFaultDiskFull(t *testing.T) {
 			t.Fatalf("no block spilled to NVMe 30s after the disk emptied\n%s", d.stderr)
 		}
 	}
-	if err, _ := d.stop(t); err != nil {
+	if _, err := d.stop(t); err != nil {
 		t.Fatalf("stop: %v\n%s", err, d.stderr)
 	}
 }

@@ -102,7 +102,7 @@ func TestFaultCorruptSegment(t *testing.T) {
 			}
 		}
 	}
-	if err, _ := d.stop(t); err != nil {
+	if _, err := d.stop(t); err != nil {
 		t.Fatalf("stop: %v\n%s", err, d.stderr)
 	}
 
@@ -177,7 +177,7 @@ func TestFaultCorruptSegment(t *testing.T) {
 		t.Fatalf("Get after the restart: %d blocks, %v", len(got), err)
 	}
 	t.Logf("%d blocks on NVMe, %d corrupted: all detected (%d at recovery, %d on read), the rest served", len(onDisk), len(corrupt), dropped, int(corruptDrops))
-	if err, _ := d2.stop(t); err != nil {
+	if _, err := d2.stop(t); err != nil {
 		t.Fatalf("stop: %v\n%s", err, d2.stderr)
 	}
 }
@@ -265,7 +265,7 @@ func TestFaultSlowPeer(t *testing.T) {
 		waitFullHit(t, ca, tokens[p], blocks)
 	}
 	for _, d := range []*daemon{a, b} {
-		if err, _ := d.stop(t); err != nil {
+		if _, err := d.stop(t); err != nil {
 			t.Errorf("%s: exit %v\n%s", d.id, err, d.stderr)
 		}
 	}

@@ -27,7 +27,7 @@ func TestOpenAISDK(t *testing.T) {
 	// A node with tokens needs a gossip key (or mutual TLS, or --insecure-gossip).
 	d := startDaemon(t, t.TempDir(), "--auth-token-file", tokenFile, "--gossip-key-file", writeGossipKey(t))
 	runSDK(t, nodeBin, dir, "http://"+d.http+"/v1", d)
-	if err, _ := d.stop(t); err != nil {
+	if _, err := d.stop(t); err != nil {
 		t.Errorf("kvmesh serve: %v\n%s", err, d.stderr)
 	}
 }

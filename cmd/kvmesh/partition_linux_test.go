@@ -203,7 +203,7 @@ func TestClusterPartition(t *testing.T) {
 		waitFullHit(t, clients[0], tokens[p], blocks)
 	}
 	for _, d := range ds {
-		if err, _ := d.stop(t); err != nil {
+		if _, err := d.stop(t); err != nil {
 			t.Errorf("%s: exit %v\n%s", d.id, err, d.stderr)
 		}
 	}

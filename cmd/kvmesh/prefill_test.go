@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefill"
 )
 
@@ -53,21 +54,6 @@ func prefillShape(t *testing.T, out []byte, promptTokens int) (cached int, top [
 	return *v.Usage.CachedTokens, v.TopTokens
 }
 
-// waitFor polls cond until it holds or 60s passed.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(60 * time.Second)
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("after 60s: %s", what)
-		}
-	}
-}
-
 // TestPrefillCLI drives kvmesh prefill and inspect against a running node
 // as a user would: the JSON shape, a repeated prompt mostly cached, a queued
 // request waited for and fetched by id, cached tokens per namespace, and the
@@ -97,7 +83,7 @@ func TestPrefillCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokens := prefill.TokenizeBytes(text)
-	waitFor(t, "the first prefill's blocks are published", func() bool {
+	testkit.WaitFor(t, "the first prefill's blocks are published", func() bool {
 		l, err := c1.Lookup(ctx, eng.Namespace, tokens)
 		return err == nil && l.CachedTokens == 128
 	})
@@ -168,7 +154,7 @@ func TestPrefillCLI(t *testing.T) {
 	if _, err := c1.Prefill(ctx, client.PrefillRequest{Tokens: prefix}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the second node sees the prefix the first computed", func() bool {
+	testkit.WaitFor(t, "the second node sees the prefix the first computed", func() bool {
 		l, err := c2.Lookup(ctx, eng.Namespace, prefix)
 		return err == nil && l.CachedTokens == 128
 	})
@@ -197,7 +183,7 @@ func TestPrefillCLI(t *testing.T) {
 		t.Errorf("second node's logits with the first node's prefix differ from cold by %.2g", diff/scale)
 	}
 	for _, d := range []*daemon{d1, d2} {
-		if exitErr, _ := d.stop(t); exitErr != nil {
+		if _, exitErr := d.stop(t); exitErr != nil {
 			t.Errorf("stop: %v\n%s", exitErr, d.stderr)
 		}
 	}

@@ -129,7 +129,7 @@ func TestServePortZero(t *testing.T) {
 		}
 	}
 
-	if err, _ := b.stop(t); err != nil {
+	if _, err := b.stop(t); err != nil {
 		t.Fatalf("stop: %v\n%s", err, b.stderr)
 	}
 	if _, err := os.Stat(b.readyFile); !errors.Is(err, os.ErrNotExist) {

@@ -139,7 +139,7 @@ func TestServeTLS(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	if err, _ := d.stop(t); err != nil {
+	if _, err := d.stop(t); err != nil {
 		t.Fatalf("exit %v\n%s", err, d.stderr)
 	}
 }

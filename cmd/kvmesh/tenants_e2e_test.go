@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
 // TestServeTenants runs kvmesh serve with a tokens file as an operator
@@ -76,7 +78,7 @@ tokens:
 		t.Fatalf("acme's first prefill: %+v, %v", first, err)
 	}
 	// The engine publishes asynchronously: wait for acme's second to hit.
-	waitFor(t, "acme's second prefill to hit its first", func() bool {
+	testkit.WaitFor(t, "acme's second prefill to hit its first", func() bool {
 		u, err := prefill("acme-rw")
 		return err == nil && u.CachedTokens > 0
 	})
@@ -103,7 +105,7 @@ tokens:
 	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the new token to be accepted", func() bool {
+	testkit.WaitFor(t, "the new token to be accepted", func() bool {
 		_, err := stats("acme-new")
 		return err == nil
 	})
@@ -111,7 +113,7 @@ tokens:
 	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the broken reload to be logged", func() bool {
+	testkit.WaitFor(t, "the broken reload to be logged", func() bool {
 		return strings.Contains(d.stderr.String(), "tokens not reloaded")
 	})
 	if _, err := stats("acme-new"); err != nil {

@@ -26,12 +26,13 @@ func TestFormatsDoNotLinkTheEngine(t *testing.T) {
 }
 
 // TestNoHarnessInProduction fails when the node or the client links a
-// test-support package (transfertest, certtest, blocktest): harnesses live
-// beside the tests and benchmarks that use them, never in what ships.
+// test-support package (transfertest, transporttest, certtest, blocktest,
+// internal/testkit): harnesses live beside the tests and benchmarks that
+// use them, never in what ships.
 func TestNoHarnessInProduction(t *testing.T) {
 	for _, pkg := range []string{"client", "node", "store", "transfer"} {
 		for _, dep := range deps(t, pkg) {
-			if strings.HasSuffix(dep, "test") && strings.HasPrefix(dep, module) {
+			if strings.HasPrefix(dep, module) && (strings.HasSuffix(dep, "test") || strings.Contains(dep, "/internal/testkit")) {
 				t.Errorf("%s depends on the test-support package %s", pkg, dep)
 			}
 		}

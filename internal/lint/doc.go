@@ -13,4 +13,10 @@
 // prefill links store, tiers or pebble (go list -deps); client, node, store
 // and transfer link no test-support package (transfertest, certtest,
 // blocktest).
+//
+// style_test.go: STYLE.md's rules that a parser can check. client imports
+// neither store nor tiers; an exported sentinel error made by errors.New
+// says its package first ("store: block not found"); a test waits with
+// testkit.WaitFor, never time.Sleep, except in the listed files, each with
+// its reason. staticcheck runs beside these in .ci/run.
 package lint

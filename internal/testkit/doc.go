@@ -1,0 +1,13 @@
+// Package testkit holds the helpers kvmesh's tests share, so that each is
+// written once (raft's rafttest, pebble's internal/testutils):
+//
+//   - WaitFor, the one way a test waits on a condition;
+//   - ExpectCrash, InChild and CollectGarbage, for a test whose point is
+//     that the process dies (the invariants build's leak reports).
+//
+// The data-plane transports' conformance suite, which imports transfer,
+// is transfer/transporttest.
+//
+// It is imported by tests only; no production package links it
+// (internal/lint checks).
+package testkit
