@@ -158,6 +158,9 @@
 // another mover holds waits for it (or for its context). A persistent-tier
 // writer holds Local.diskMu shared from its write until the index knows the
 // new location, so a segment is never dropped under a value the index cannot
-// see yet. Close stops the recovery scan, waits for operations in flight and
+// see yet. A dropped block's NVMe location is freed after the lock is
+// released, so reclaim may drop its segment first: reclaim marks such a
+// location (Local.mu.orphans), and the free, under diskMu shared, skips it.
+// Close stops the recovery scan, waits for operations in flight and
 // closes the tiers, or returns ErrPinned while Refs are live.
 package store

@@ -77,6 +77,11 @@ type Local struct {
 		// blocks were unresolved: those blocks are dropped when resolved.
 		droppedUnresolved map[uint64]struct{}
 
+		// orphans holds the persistent-tier locations of dropped entries
+		// that are not freed yet (local_drop.go). reclaim marks those of
+		// the segment it drops true: freeAll must never Free them.
+		orphans map[tiers.Loc]bool
+
 		// evicted remembers the last blocks evicted as soon as they were
 		// put, so that their children, put next, are evicted too instead
 		// of displacing the cached prefix they hang from.

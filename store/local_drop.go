@@ -2,6 +2,9 @@ package store
 
 import (
 	"fmt"
+	"slices"
+
+	"github.com/kvmesh/kvmesh/tiers"
 )
 
 // DropNamespace drops every cached block of the namespace with the given
@@ -103,6 +106,9 @@ func (l *Local) removeLocked(i uint32, fr *[]freeLoc) {
 	l.releaseNSLocked(e.ns, t)
 	e.ns = 0
 	e.set(flagDropped)
+	if e.persistent() && !e.has(flagLocGone) {
+		l.orphanLocked(e.getLoc())
+	}
 	l.finalizeIfIdleLocked(i, fr)
 }
 
@@ -118,13 +124,73 @@ func (l *Local) finalizeIfIdleLocked(i uint32, fr *[]freeLoc) {
 	l.mu.x.release(i)
 }
 
-// freeAll frees tier locations; it is called without the lock.
+// orphanLocked records that loc, a persistent-tier location the index no
+// longer names, is to be freed. Between the unlock that hands it to freeAll
+// (or, for a busy entry, to its pins or mover) and the Free, reclaim may drop
+// its segment: reclaim cannot find it in the table, so it marks it here, and
+// freeAll leaves it to the dropped segment.
+func (l *Local) orphanLocked(loc tiers.Loc) {
+	if l.seg == nil {
+		return // segments are never dropped
+	}
+	if l.mu.orphans == nil {
+		l.mu.orphans = make(map[tiers.Loc]bool)
+	}
+	l.mu.orphans[loc] = false
+}
+
+// freeAll frees tier locations; it is called without the lock and without
+// diskMu.
 func (l *Local) freeAll(fr []freeLoc) {
-	for _, f := range fr {
-		if f.disk {
-			l.disk.Free(f.loc)
-		} else {
+	if l.seg != nil && slices.ContainsFunc(fr, freeLoc.onDisk) {
+		// Shared, so that no segment is dropped between the check of
+		// orphans and the Free.
+		l.diskMu.RLock()
+		defer l.diskMu.RUnlock()
+	}
+	l.freeHeld(fr)
+}
+
+// freeHeld is freeAll for a caller that holds diskMu, either way.
+func (l *Local) freeHeld(fr []freeLoc) {
+	gone := l.takeOrphans(fr)
+	for k, f := range fr {
+		switch {
+		case !f.disk:
 			l.memFree(f.loc)
+		case gone == nil || !gone[k]:
+			l.disk.Free(f.loc)
 		}
 	}
 }
+
+// takeOrphans forgets the orphans among fr's persistent-tier locations and
+// reports which of them went with a dropped segment (nil: none).
+func (l *Local) takeOrphans(fr []freeLoc) []bool {
+	if l.seg == nil || !slices.ContainsFunc(fr, freeLoc.onDisk) {
+		return nil
+	}
+	var gone []bool
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.mu.orphans) == 0 {
+		return nil
+	}
+	for k, f := range fr {
+		if !f.disk {
+			continue
+		}
+		if g, ok := l.mu.orphans[f.loc]; ok {
+			delete(l.mu.orphans, f.loc)
+			if g {
+				if gone == nil {
+					gone = make([]bool, len(fr))
+				}
+				gone[k] = true
+			}
+		}
+	}
+	return gone
+}
+
+func (f freeLoc) onDisk() bool { return f.disk }

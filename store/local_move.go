@@ -285,7 +285,7 @@ func (l *Local) toDisk(ms []moved, commit func(m *moved, fr *[]freeLoc)) {
 	for round := 0; len(rest) > 0; round++ {
 		l.diskMu.RLock()
 		n, err := l.putDisk(rest)
-		l.commitAll(rest[:n], commit)
+		l.freeHeld(l.commitCollect(rest[:n], commit))
 		l.diskMu.RUnlock()
 		rest = rest[n:]
 		if len(rest) == 0 {
@@ -316,8 +316,13 @@ func partitionFailed(ms []moved) int {
 }
 
 func (l *Local) commitAll(ms []moved, commit func(m *moved, fr *[]freeLoc)) {
+	l.freeAll(l.commitCollect(ms, commit))
+}
+
+// commitCollect commits ms under the lock and returns what to free.
+func (l *Local) commitCollect(ms []moved, commit func(m *moved, fr *[]freeLoc)) []freeLoc {
 	if len(ms) == 0 {
-		return
+		return nil
 	}
 	var fr []freeLoc
 	l.mu.Lock()
@@ -325,7 +330,7 @@ func (l *Local) commitAll(ms []moved, commit func(m *moved, fr *[]freeLoc)) {
 		commit(&ms[k], &fr)
 	}
 	l.mu.Unlock()
-	l.freeAll(fr)
+	return fr
 }
 
 // putDisk stores the values of ms in the persistent tier, in order, setting
@@ -377,6 +382,10 @@ func (l *Local) reclaim() bool {
 	l.mu.Lock()
 	x := &l.mu.x
 	for _, r := range recs {
+		if _, ok := l.mu.orphans[r.Loc]; ok {
+			// Dropped, its Free still to come: it must not.
+			l.mu.orphans[r.Loc] = true
+		}
 		i := x.find(r.Key)
 		if i == 0 {
 			continue
@@ -402,7 +411,7 @@ func (l *Local) reclaim() bool {
 		}
 	}
 	l.mu.Unlock()
-	l.freeAll(fr)
+	l.freeHeld(fr)
 	fr = fr[:0]
 
 	for k := range rw {
@@ -423,7 +432,7 @@ func (l *Local) reclaim() bool {
 			l.finalizeIfIdleLocked(m.i, &fr)
 		}
 		l.mu.Unlock()
-		l.freeAll(fr)
+		l.freeHeld(fr)
 		return false
 	}
 	l.putDisk(rw[partitionFailed(rw):])
@@ -450,7 +459,7 @@ func (l *Local) reclaim() bool {
 		}
 	}
 	l.mu.Unlock()
-	l.freeAll(fr)
+	l.freeHeld(fr)
 	return true
 }
 
@@ -579,6 +588,7 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 		l.finalizeIfIdleLocked(m.i, &fr)
 	case perr == nil:
 		if !e.has(flagLocGone) {
+			l.orphanLocked(e.getLoc())
 			fr = append(fr, freeLoc{true, e.getLoc()})
 		}
 		e.setHitsSaturating()
