@@ -486,7 +486,10 @@ func (l *Local) makeIndexRoom(ctx context.Context) error {
 		var fr []freeLoc
 		l.mu.Lock()
 		dropped := false
-		for _, list := range l.mu.memLists {
+		// The coldest idle memory block; when memory holds none (every
+		// block is on NVMe and no segment could be reclaimed), the
+		// coldest idle NVMe block.
+		for _, list := range append(slices.Clip(l.mu.memLists), l.mu.diskList) {
 			if list == 0 {
 				continue
 			}
@@ -510,8 +513,12 @@ func (l *Local) makeIndexRoom(ctx context.Context) error {
 	}
 }
 
+// indexFullLocked reports whether the index holds MaxBlocks blocks, open
+// reservations counted as the blocks they will be: room for a reserved
+// block is made when it is reserved, before the memory room that would
+// otherwise demote what the index room then drops.
 func (l *Local) indexFullLocked() bool {
-	return l.mu.blocks[tierMem]+l.mu.blocks[tierDisk] >= int64(l.opts.MaxBlocks)
+	return l.mu.blocks[tierMem]+l.mu.blocks[tierDisk]+int64(l.mu.reservations) >= int64(l.opts.MaxBlocks)
 }
 
 // promote serves a Get of a block in the persistent tier: it reads and

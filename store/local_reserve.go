@@ -79,8 +79,18 @@ func (l *Local) Reserve(ctx context.Context, key, parent prefixhash.Key, size in
 		l.mu.Unlock()
 		return nil, ErrClosed
 	}
+	indexFull := l.indexFullLocked()
 	l.mu.Unlock()
 	defer l.exit()
+	// Room in the index first, as Put makes it: making room in memory
+	// first would demote the blocks that room in the index then drops,
+	// a write to NVMe for nothing, and leave memory without a block to
+	// drop (Commit makes index room again if reservations raced).
+	if indexFull {
+		if err := l.makeIndexRoom(ctx); err != nil {
+			return nil, err
+		}
+	}
 	var (
 		loc tiers.Loc
 		buf []byte
