@@ -60,6 +60,15 @@ type ClusterOptions struct {
 	PushQueueBytes int64
 	// PushBatchBytes is the most one push carries. Default 16 MiB.
 	PushBatchBytes int64
+	// PushYield is the longest a push batch waits for the node's
+	// foreground work (gets, lookups, what Foreground marks) to end before
+	// it goes anyway, so that pushes yield to serving but never starve.
+	// Default 2s; negative: pushes do not wait for foreground work.
+	PushYield time.Duration
+	// PushBytesPerSec bounds the rate of pushes to owners, all owners
+	// together on average (each batch waits its size over the rate).
+	// Default 0: no bound.
+	PushBytesPerSec int64
 	// KeepRemote caches blocks fetched from peers in the local tiers too.
 	// Default false: pooled capacity then holds each block once (R times),
 	// which is what gives random routing its hit ratio.
@@ -89,6 +98,9 @@ func (o *ClusterOptions) EnsureDefaults() {
 	if o.PushBatchBytes == 0 {
 		o.PushBatchBytes = 16 << 20
 	}
+	if o.PushYield == 0 {
+		o.PushYield = 2 * time.Second
+	}
 }
 
 // Validate reports the first field that makes o unusable.
@@ -102,6 +114,8 @@ func (o *ClusterOptions) Validate() error {
 		return errors.New("store: cluster options: LookupTimeout, GetTimeout and PushTimeout must be positive")
 	case o.PushQueueBytes < 1 || o.PushBatchBytes < 1:
 		return errors.New("store: cluster options: PushQueueBytes and PushBatchBytes must be positive")
+	case o.PushBytesPerSec < 0:
+		return fmt.Errorf("store: cluster options: PushBytesPerSec: %d must not be negative", o.PushBytesPerSec)
 	}
 	return nil
 }
@@ -118,6 +132,8 @@ type ClusterStats struct {
 	Pushed            uint64 // blocks pushed to their owners
 	PushDropped       uint64 // blocks not pushed: queue full or owner gone
 	PushFailed        uint64 // blocks whose push failed
+	PushYields        uint64 // push batches that waited for foreground work
+	PushYieldTimeouts uint64 // of those, the ones that went after PushYield with foreground work still in flight
 }
 
 // Cluster is the cache of the whole cluster as one node sees it: blocks are
@@ -143,6 +159,9 @@ type Cluster struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	fg    foreground
+	after func(time.Duration) <-chan time.Time // time.After; tests replace it
+
 	mu struct {
 		sync.Mutex
 		version   uint64
@@ -154,6 +173,7 @@ type Cluster struct {
 		remoteLookups, remoteLookupFails, remoteGets, remoteGetFails atomic.Uint64
 		remoteHits, remoteMisses, remoteCorrupt                      atomic.Uint64
 		pushed, pushDropped, pushFailed                              atomic.Uint64
+		pushYields, pushYieldTimeouts                                atomic.Uint64
 	}
 }
 
@@ -164,7 +184,7 @@ func NewCluster(local *Local, members Membership, peers Peers, opts ClusterOptio
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{local: local, members: members, peers: peers, opts: opts, self: members.LocalID()}
+	c := &Cluster{local: local, members: members, peers: peers, opts: opts, self: members.LocalID(), after: time.After}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.mu.queues = make(map[string]*pushQueue)
 	return c, nil
@@ -223,6 +243,7 @@ func (c *Cluster) Stats() ClusterStats {
 		RemoteGets: c.c.remoteGets.Load(), RemoteGetFails: c.c.remoteGetFails.Load(),
 		RemoteHits: c.c.remoteHits.Load(), RemoteMisses: c.c.remoteMisses.Load(), RemoteCorrupt: c.c.remoteCorrupt.Load(),
 		Pushed: c.c.pushed.Load(), PushDropped: c.c.pushDropped.Load(), PushFailed: c.c.pushFailed.Load(),
+		PushYields: c.c.pushYields.Load(), PushYieldTimeouts: c.c.pushYieldTimeouts.Load(),
 	}
 }
 

@@ -89,9 +89,12 @@ func (q *pushQueue) run() {
 			if batch == nil {
 				break
 			}
-			if !q.c.isMember(q.id) {
+			switch {
+			case !q.c.isMember(q.id):
 				q.c.c.pushDropped.Add(uint64(len(batch)))
-			} else {
+			case !q.c.pace(batchBytes(batch)):
+				q.c.c.pushDropped.Add(uint64(len(batch))) // the cluster closed while it waited
+			default:
 				ctx, cancel := context.WithTimeout(q.c.ctx, q.c.opts.PushTimeout)
 				err := q.c.peers.Put(ctx, q.id, batch)
 				cancel()
@@ -145,6 +148,14 @@ func (q *pushQueue) take() [][]byte {
 	q.mu.bytes -= size
 	q.mu.inflight = true
 	return batch
+}
+
+func batchBytes(batch [][]byte) int64 {
+	var n int64
+	for _, b := range batch {
+		n += int64(len(b))
+	}
+	return n
 }
 
 func (q *pushQueue) done() {
