@@ -62,12 +62,14 @@ type ClusterOptions struct {
 	PushBatchBytes int64
 	// PushYield is the longest a push batch waits for the node's
 	// foreground work (gets, lookups, what Foreground marks) to end before
-	// it goes anyway, so that pushes yield to serving but never starve.
-	// Default 2s; negative: pushes do not wait for foreground work.
+	// it goes anyway, so that pushes yield to serving but never starve. A
+	// queue at least half full (PushQueueBytes) goes without waiting, so
+	// yielding never drops a block. Default 2s; negative: pushes do not wait
+	// for foreground work.
 	PushYield time.Duration
 	// PushBytesPerSec bounds the rate of pushes to owners, all owners
-	// together on average (each batch waits its size over the rate).
-	// Default 0: no bound.
+	// together on average (each batch waits its size over the rate); a
+	// queue at least half full goes without waiting. Default 0: no bound.
 	PushBytesPerSec int64
 	// KeepRemote caches blocks fetched from peers in the local tiers too.
 	// Default false: pooled capacity then holds each block once (R times),

@@ -56,11 +56,16 @@ func (c *Cluster) Foreground() (done func()) {
 	return func() { once.Do(c.fg.end) }
 }
 
-// pace runs before a push of size bytes: it waits while foreground work is
-// in flight (at most PushYield) and, with PushBytesPerSec set, long enough
-// that pushes keep to that rate on average. It reports false when the
-// cluster closed meanwhile.
-func (c *Cluster) pace(size int64) bool {
+// pace runs before a push of size bytes, with queued bytes left behind it
+// in its queue: it waits while foreground work is in flight (at most
+// PushYield) and, with PushBytesPerSec set, long enough that pushes keep to
+// that rate on average. A queue at least half full does not wait at all:
+// waiting would then drop blocks that no longer fit. It reports false when
+// the cluster closed meanwhile.
+func (c *Cluster) pace(size, queued int64) bool {
+	if queued >= c.opts.PushQueueBytes/2 {
+		return true
+	}
 	if c.opts.PushYield > 0 {
 		if busy := c.fg.busy(); busy != nil {
 			c.c.pushYields.Add(1)

@@ -229,3 +229,27 @@ func TestClusterPaceOptions(t *testing.T) {
 		t.Fatalf("defaults: PushYield %v, PushBytesPerSec %d", o.PushYield, o.PushBytesPerSec)
 	}
 }
+
+// TestClusterPushFullQueueDoesNotWait: a queue at least half full pushes at
+// once, foreground work or not, so that yielding never drops a block.
+func TestClusterPushFullQueueDoesNotWait(t *testing.T) {
+	tc := newTestCluster(t, 2, ClusterOptions{PushQueueBytes: 1000, PushBytesPerSec: 1})
+	a := tc.nodes[0]
+	f := newFakeAfter(a)
+	defer a.Foreground()()
+	if !a.pace(100, 500) {
+		t.Fatal("pace reported the cluster closed")
+	}
+	if ds := f.durations(); len(ds) != 0 {
+		t.Fatalf("a half-full queue waited %v", ds)
+	}
+	paced := make(chan bool, 1)
+	go func() { paced <- a.pace(100, 499) }()
+	<-f.waiting
+	f.fire() // the yield
+	<-f.waiting
+	f.fire() // the rate
+	if !<-paced || len(f.durations()) != 2 {
+		t.Fatalf("a queue under half full: waits %v, want the yield and the rate", f.durations())
+	}
+}

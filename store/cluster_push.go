@@ -92,7 +92,7 @@ func (q *pushQueue) run() {
 			switch {
 			case !q.c.isMember(q.id):
 				q.c.c.pushDropped.Add(uint64(len(batch)))
-			case !q.c.pace(batchBytes(batch)):
+			case !q.c.pace(batchBytes(batch), q.queued()):
 				q.c.c.pushDropped.Add(uint64(len(batch))) // the cluster closed while it waited
 			default:
 				ctx, cancel := context.WithTimeout(q.c.ctx, q.c.opts.PushTimeout)
@@ -148,6 +148,13 @@ func (q *pushQueue) take() [][]byte {
 	q.mu.bytes -= size
 	q.mu.inflight = true
 	return batch
+}
+
+// queued returns the bytes waiting in the queue, the batch in flight aside.
+func (q *pushQueue) queued() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.mu.bytes
 }
 
 func batchBytes(batch [][]byte) int64 {
