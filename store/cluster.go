@@ -245,7 +245,7 @@ func (c *Cluster) Stats() ClusterStats {
 		RemoteGets: c.c.remoteGets.Load(), RemoteGetFails: c.c.remoteGetFails.Load(),
 		RemoteHits: c.c.remoteHits.Load(), RemoteMisses: c.c.remoteMisses.Load(), RemoteCorrupt: c.c.remoteCorrupt.Load(),
 		Pushed: c.c.pushed.Load(), PushDropped: c.c.pushDropped.Load(), PushFailed: c.c.pushFailed.Load(),
-		PushYields: c.c.pushYields.Load(), PushYieldTimeouts: c.c.pushYieldTimeouts.Load(),
+		PushYieldTimeouts: c.c.pushYieldTimeouts.Load(), PushYields: c.c.pushYields.Load(), // never fewer yields than timeouts
 	}
 }
 
