@@ -142,8 +142,9 @@ type ClusterStats struct {
 // placed on owners by rendezvous hashing of their placement-chunk keys; a
 // lookup asks every owner at once; a get reads local tiers first, then the
 // owners; a put keeps the blocks locally and pushes them to their owners in
-// the background. Peer failures become misses within the deadlines, never
-// errors or hangs. All methods are safe for concurrent use.
+// the background, yielding to the node's serving work (see Foreground). Peer
+// failures become misses within the deadlines, never errors or hangs. All
+// methods are safe for concurrent use.
 //
 // Placement needs each block's chunk key, which a block does not carry (it
 // does not know its position in its prompt). Methods take a chain from
