@@ -59,10 +59,11 @@ func (c *Cluster) Foreground() (done func()) {
 // pace runs before a push of size bytes, with queued bytes left behind it
 // in its queue: it waits while foreground work is in flight (at most
 // PushYield) and, with PushBytesPerSec set, long enough that pushes keep to
-// that rate on average. A queue at least half full does not wait at all:
+// that rate on average. A queue at least half full does not wait at all, and
+// a wait ends when urge receives (the queue filled to half meanwhile):
 // waiting would then drop blocks that no longer fit. It reports false when
 // the cluster closed meanwhile.
-func (c *Cluster) pace(size, queued int64) bool {
+func (c *Cluster) pace(size, queued int64, urge <-chan struct{}) bool {
 	if queued >= c.opts.PushQueueBytes/2 {
 		return true
 	}
@@ -73,6 +74,8 @@ func (c *Cluster) pace(size, queued int64) bool {
 			case <-busy:
 			case <-c.after(c.opts.PushYield):
 				c.c.pushYieldTimeouts.Add(1)
+			case <-urge:
+				return true
 			case <-c.ctx.Done():
 				return false
 			}
@@ -83,6 +86,7 @@ func (c *Cluster) pace(size, queued int64) bool {
 		if d > 0 {
 			select {
 			case <-c.after(d):
+			case <-urge:
 			case <-c.ctx.Done():
 				return false
 			}

@@ -237,19 +237,55 @@ func TestClusterPushFullQueueDoesNotWait(t *testing.T) {
 	a := tc.nodes[0]
 	f := newFakeAfter(a)
 	defer a.Foreground()()
-	if !a.pace(100, 500) {
+	if !a.pace(100, 500, nil) {
 		t.Fatal("pace reported the cluster closed")
 	}
 	if ds := f.durations(); len(ds) != 0 {
 		t.Fatalf("a half-full queue waited %v", ds)
 	}
 	paced := make(chan bool, 1)
-	go func() { paced <- a.pace(100, 499) }()
+	go func() { paced <- a.pace(100, 499, nil) }()
 	<-f.waiting
 	f.fire() // the yield
 	<-f.waiting
 	f.fire() // the rate
 	if !<-paced || len(f.durations()) != 2 {
 		t.Fatalf("a queue under half full: waits %v, want the yield and the rate", f.durations())
+	}
+}
+
+// TestClusterPushUrgedWhenQueueFills: a push waiting for foreground work goes
+// as soon as its queue reaches half its bound, before the wait's bound, so
+// yielding never drops a block that would have fitted.
+func TestClusterPushUrgedWhenQueueFills(t *testing.T) {
+	ns := clusterNS()
+	size := int64(block.EncodedLen(ns.BlockTokens, ns.BlockBytes()))
+	tc := newTestCluster(t, 2, ClusterOptions{PushBatchBytes: 1, PushYield: time.Hour, PushQueueBytes: 8 * size})
+	a := tc.nodes[0]
+	f := newFakeAfter(a)
+	done := a.Foreground()
+	chain, blocks := prompt(t, rand.New(rand.NewPCG(11, 11)), ns, 5)
+	a.enqueue("n1", blocks[0])
+	<-f.waiting // block 0 waits for the foreground work, the queue empty behind it
+	for _, b := range blocks[1:] {
+		a.enqueue("n1", b) // the fourth fills the queue to half
+	}
+	select { // block 0 goes without its bound passing; block 1 waits
+	case <-f.waiting:
+	case <-time.After(10 * time.Second): // a hang guard, not a timing
+		t.Fatal("the push stayed waiting with its queue half full")
+	}
+	if st := a.Stats(); st.Pushed != 1 || st.PushYieldTimeouts != 0 || st.PushDropped != 0 {
+		t.Fatalf("push stats %+v: want block 0 pushed, urged by the queue, nothing dropped", st)
+	}
+	done()
+	flushFiring(t, a, f)
+	for i, key := range chain {
+		if !tc.net.nodes["n1"].Contains(auth.Access{}, key) {
+			t.Fatalf("block %d never reached n1", i)
+		}
+	}
+	if st := a.Stats(); st.Pushed != 5 || st.PushDropped != 0 || st.PushFailed != 0 {
+		t.Fatalf("push stats %+v", st)
 	}
 }
