@@ -128,12 +128,25 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	c.peers = newPeers(c.members, peerOpts, opts.PeerBackoff, opts.MaxMessageBytes, obs, opts.Logger)
 	c.cluster, err = store.NewCluster(local, placementView{c.members}, c.peers, store.ClusterOptions{
 		ChunkTokens: opts.ChunkTokens, Replicas: opts.Replicas, LookupTimeout: opts.LookupTimeout, GetTimeout: opts.GetTimeout,
+		PushYield: opts.PushYield, PushBytesPerSec: opts.PushBytesPerSec,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node: cluster: %w", err)
 	}
 	c.publisher.Store(c.cluster)
 	return c, nil
+}
+
+// foreground marks serving work in flight until done is called: the
+// cluster's pushes to owners yield to it (store.Cluster.Foreground). A
+// no-op on a node without a cluster.
+func (n *Node) foreground() (done func()) {
+	if n.cluster != nil {
+		if c := n.cluster.publisher.Load(); c != nil {
+			return c.Foreground()
+		}
+	}
+	return func() {}
 }
 
 // placementView shows Membership to store.Cluster.

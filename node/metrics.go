@@ -105,6 +105,7 @@ type clusterCollector struct {
 
 	members, refused, unauthorized                                   *prometheus.Desc
 	lookups, lookupFails, gets, getFails, remoteBlocks, pushed       *prometheus.Desc
+	pushYields                                                       *prometheus.Desc
 	conns, connsRefused, requests, dropped, values, bytes, regionUse *prometheus.Desc
 	leases, leasesExpired, reservations, reservationsAborted         *prometheus.Desc
 }
@@ -122,6 +123,7 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 		getFails:     d("kvmesh_cluster_remote_get_failures_total", "Get calls that failed or timed out, counted as misses."),
 		remoteBlocks: d("kvmesh_cluster_remote_blocks_total", "Blocks asked of other nodes, by result: hit, miss, or corrupt (failed verification, dropped).", "result"),
 		pushed:       d("kvmesh_cluster_pushed_blocks_total", "Blocks pushed to their owners, by result: ok, dropped (queue full or owner gone), failed.", "result"),
+		pushYields:   d("kvmesh_cluster_push_yields_total", "Push batches that waited for this node's serving work, by how the wait ended: idle (the work ended) or bound (--push-yield passed).", "end"),
 		refused:      d("kvmesh_transfer_refused_blocks_total", "Blocks pushed to this node over the data plane that were refused: not the block their key named, or failing verification."),
 		conns:        d("kvmesh_transfer_connections", "Open data-plane connections (shm: clients).", "transport"),
 		connsRefused: d("kvmesh_transfer_refused_connections_total", "Data-plane connections closed at accept, over the limit.", "transport"),
@@ -142,7 +144,7 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 
 func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.members, c.refused, c.unauthorized, c.lookups, c.lookupFails, c.gets, c.getFails, c.remoteBlocks,
-		c.pushed, c.conns, c.connsRefused, c.requests, c.dropped, c.values, c.bytes, c.regionUse,
+		c.pushed, c.pushYields, c.conns, c.connsRefused, c.requests, c.dropped, c.values, c.bytes, c.regionUse,
 		c.leases, c.leasesExpired, c.reservations, c.reservationsAborted} {
 		ch <- d
 	}
@@ -169,6 +171,8 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.pushed, st.Pushed, "ok")
 	counter(c.pushed, st.PushDropped, "dropped")
 	counter(c.pushed, st.PushFailed, "failed")
+	counter(c.pushYields, st.PushYields-st.PushYieldTimeouts, "idle")
+	counter(c.pushYields, st.PushYieldTimeouts, "bound")
 	servers := []struct {
 		name  string
 		stats func() transfer.Stats

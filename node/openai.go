@@ -778,7 +778,9 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 			return nil
 		}
 	}
+	serving := o.n.foreground() // pushes to owners wait for the generation (not for the publishing below)
 	g, err := o.p.engine.Generate(ctx, j.prompt, j.opts)
+	serving()
 	if err != nil {
 		var he *httpError
 		switch {

@@ -155,6 +155,16 @@ type Options struct {
 	// skipped (its blocks are misses at once) before it is tried again.
 	// Default 1s.
 	PeerBackoff time.Duration
+	// PushYield is the longest a push of fresh blocks to their owners waits
+	// for this node's serving work (reads, lookups, synchronous prefills)
+	// to end before it goes anyway: pushes yield to serving but never
+	// starve, and a push queue at least half full never waits. Default 0:
+	// pushes do not wait (no gain shown on a 2-core machine yet; see
+	// BENCHMARKS.md); negative is the same as 0.
+	PushYield time.Duration
+	// PushBytesPerSec bounds the rate of those pushes, all owners together.
+	// Default 0: no bound.
+	PushBytesPerSec int64
 	// HandoffBytes bounds the DRAM-resident blocks a node stopping
 	// gracefully pushes to the owners they get once it has left (within
 	// ShutdownTimeout). Default 1 GiB; negative: none.
@@ -377,6 +387,8 @@ func (o *Options) Validate() error {
 		return bad("Replicas", "%d is outside 1..8", o.Replicas)
 	case o.ChunkTokens < 1:
 		return bad("ChunkTokens", "%d must be at least 1", o.ChunkTokens)
+	case o.PushBytesPerSec < 0:
+		return bad("PushBytesPerSec", "%d must not be negative", o.PushBytesPerSec)
 	case o.LookupTimeout < 0:
 		return bad("LookupTimeout", "%v must not be negative", o.LookupTimeout)
 	case o.GetTimeout < 0:

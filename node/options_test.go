@@ -30,9 +30,10 @@ func TestOptionsDefaults(t *testing.T) {
 		t.Fatalf("defaults\n got %+v\nwant %+v", got, want)
 	}
 	if o.NodeID != "" || o.Logger == nil || o.ShmSocket != "kvmesh-data/shm.sock" || o.Replicas != 1 || o.ChunkTokens != 512 ||
-		o.LookupTimeout != 100*time.Millisecond || o.GetTimeout != 2*time.Second || o.GossipProfile != "lan" {
-		t.Fatalf("defaults: NodeID %q (want it left to Open), Logger %v, ShmSocket %q, Replicas %d, ChunkTokens %d, LookupTimeout %v, GetTimeout %v, GossipProfile %q",
-			o.NodeID, o.Logger, o.ShmSocket, o.Replicas, o.ChunkTokens, o.LookupTimeout, o.GetTimeout, o.GossipProfile)
+		o.LookupTimeout != 100*time.Millisecond || o.GetTimeout != 2*time.Second || o.GossipProfile != "lan" ||
+		o.PushYield != 0 || o.PushBytesPerSec != 0 {
+		t.Fatalf("defaults: NodeID %q (want it left to Open), Logger %v, ShmSocket %q, Replicas %d, ChunkTokens %d, LookupTimeout %v, GetTimeout %v, GossipProfile %q, PushYield %v, PushBytesPerSec %d",
+			o.NodeID, o.Logger, o.ShmSocket, o.Replicas, o.ChunkTokens, o.LookupTimeout, o.GetTimeout, o.GossipProfile, o.PushYield, o.PushBytesPerSec)
 	}
 }
 
@@ -49,6 +50,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"GossipKey", func(o *Options) { o.GossipKey = []byte("short") }},
 		{"GossipProfile", func(o *Options) { o.GossipProfile = "wan" }},
 		{"Replicas", func(o *Options) { o.Replicas = 9 }},
+		{"PushBytesPerSec", func(o *Options) { o.PushBytesPerSec = -1 }},
 		{"ShmSocket", func(o *Options) { o.ShmSocket = "/" + strings.Repeat("x", 120) }},
 		{"ShmRegionBytes", func(o *Options) { o.ShmRegionBytes = 4097 }},
 		{"DRAMBytes", func(o *Options) { o.DRAMBytes = -1 }},

@@ -333,8 +333,9 @@ func (p *prefillService) prefill(ctx context.Context, req *kvmeshv1.PrefillReque
 		mode = "queued"
 	} else {
 		// Queued work stays off the cores for the whole request, not only
-		// while the engine computes it.
+		// while the engine computes it, and so do pushes to owners.
 		defer p.engine.Hold()()
+		defer p.n.foreground()()
 	}
 	session, err := p.check(ctx, req)
 	if err != nil {

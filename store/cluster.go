@@ -60,6 +60,18 @@ type ClusterOptions struct {
 	PushQueueBytes int64
 	// PushBatchBytes is the most one push carries. Default 16 MiB.
 	PushBatchBytes int64
+	// PushYield is the longest a push batch waits for the node's
+	// foreground work (gets, lookups, what Foreground marks) to end before
+	// it goes anyway, so that pushes yield to serving but never starve. A
+	// queue at least half full (PushQueueBytes) goes without waiting, so
+	// yielding never drops a block. Default 0: pushes do not wait (the
+	// gain is not shown on a 2-core machine: BENCHMARKS.md); 2s is a sane
+	// bound where it helps. Negative: the same as 0.
+	PushYield time.Duration
+	// PushBytesPerSec bounds the rate of pushes to owners, all owners
+	// together on average (each batch waits its size over the rate); a
+	// queue at least half full goes without waiting. Default 0: no bound.
+	PushBytesPerSec int64
 	// KeepRemote caches blocks fetched from peers in the local tiers too.
 	// Default false: pooled capacity then holds each block once (R times),
 	// which is what gives random routing its hit ratio.
@@ -102,6 +114,8 @@ func (o *ClusterOptions) Validate() error {
 		return errors.New("store: cluster options: LookupTimeout, GetTimeout and PushTimeout must be positive")
 	case o.PushQueueBytes < 1 || o.PushBatchBytes < 1:
 		return errors.New("store: cluster options: PushQueueBytes and PushBatchBytes must be positive")
+	case o.PushBytesPerSec < 0:
+		return fmt.Errorf("store: cluster options: PushBytesPerSec: %d must not be negative", o.PushBytesPerSec)
 	}
 	return nil
 }
@@ -118,14 +132,17 @@ type ClusterStats struct {
 	Pushed            uint64 // blocks pushed to their owners
 	PushDropped       uint64 // blocks not pushed: queue full or owner gone
 	PushFailed        uint64 // blocks whose push failed
+	PushYields        uint64 // push batches that waited for foreground work
+	PushYieldTimeouts uint64 // of those, the ones that went after PushYield with foreground work still in flight
 }
 
 // Cluster is the cache of the whole cluster as one node sees it: blocks are
 // placed on owners by rendezvous hashing of their placement-chunk keys; a
 // lookup asks every owner at once; a get reads local tiers first, then the
 // owners; a put keeps the blocks locally and pushes them to their owners in
-// the background. Peer failures become misses within the deadlines, never
-// errors or hangs. All methods are safe for concurrent use.
+// the background, yielding to the node's serving work (see Foreground). Peer
+// failures become misses within the deadlines, never errors or hangs. All
+// methods are safe for concurrent use.
 //
 // Placement needs each block's chunk key, which a block does not carry (it
 // does not know its position in its prompt). Methods take a chain from
@@ -143,6 +160,9 @@ type Cluster struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	fg    foreground
+	after func(time.Duration) <-chan time.Time // time.After; tests replace it
+
 	mu struct {
 		sync.Mutex
 		version   uint64
@@ -154,6 +174,7 @@ type Cluster struct {
 		remoteLookups, remoteLookupFails, remoteGets, remoteGetFails atomic.Uint64
 		remoteHits, remoteMisses, remoteCorrupt                      atomic.Uint64
 		pushed, pushDropped, pushFailed                              atomic.Uint64
+		pushYields, pushYieldTimeouts                                atomic.Uint64
 	}
 }
 
@@ -164,7 +185,7 @@ func NewCluster(local *Local, members Membership, peers Peers, opts ClusterOptio
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{local: local, members: members, peers: peers, opts: opts, self: members.LocalID()}
+	c := &Cluster{local: local, members: members, peers: peers, opts: opts, self: members.LocalID(), after: time.After}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.mu.queues = make(map[string]*pushQueue)
 	return c, nil
@@ -223,6 +244,7 @@ func (c *Cluster) Stats() ClusterStats {
 		RemoteGets: c.c.remoteGets.Load(), RemoteGetFails: c.c.remoteGetFails.Load(),
 		RemoteHits: c.c.remoteHits.Load(), RemoteMisses: c.c.remoteMisses.Load(), RemoteCorrupt: c.c.remoteCorrupt.Load(),
 		Pushed: c.c.pushed.Load(), PushDropped: c.c.pushDropped.Load(), PushFailed: c.c.pushFailed.Load(),
+		PushYieldTimeouts: c.c.pushYieldTimeouts.Load(), PushYields: c.c.pushYields.Load(), // never fewer yields than timeouts
 	}
 }
 

@@ -49,6 +49,8 @@ func (c *Cluster) Get(ctx context.Context, chain []prefixhash.Key, blockTokens, 
 // a caller that reads a long list in several calls can bound their remote
 // part as a whole. The local tiers answer under ctx alone.
 func (c *Cluster) GetKeys(ctx context.Context, keys, chunkKeys []prefixhash.Key, remoteBy time.Time) (*Fetched, error) {
+	c.fg.begin() // serving: pushes wait for it
+	defer c.fg.end()
 	if chunkKeys != nil && len(chunkKeys) != len(keys) {
 		return nil, fmt.Errorf("store: cluster get: %d keys but %d chunk keys", len(keys), len(chunkKeys))
 	}

@@ -29,6 +29,8 @@ func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockToken
 }
 
 func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockTokens int, locate bool) (int, []string, []string) {
+	c.fg.begin() // serving: pushes wait for it
+	defer c.fg.end()
 	a := auth.AccessFrom(ctx)
 	var tiers []string
 	if locate {
@@ -200,6 +202,8 @@ func (c *Cluster) whoHas(ctx context.Context, keys []prefixhash.Key, idx []int) 
 // part is one parallel round bounded by LookupTimeout; a peer that fails or
 // is late counts as not holding its keys.
 func (c *Cluster) Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) ([]bool, error) {
+	c.fg.begin() // serving: pushes wait for it
+	defer c.fg.end()
 	if chunkKeys != nil && len(chunkKeys) != len(keys) {
 		return nil, fmt.Errorf("store: cluster exists: %d keys but %d chunk keys", len(keys), len(chunkKeys))
 	}

@@ -37,6 +37,7 @@ type pushQueue struct {
 		idle     chan struct{} // closed when the queue is empty and nothing is in flight
 	}
 	wake chan struct{}
+	urge chan struct{} // a token when the queue reaches half its bound: a paced push goes at once
 }
 
 func (c *Cluster) enqueue(owner string, b []byte) {
@@ -48,7 +49,7 @@ func (c *Cluster) enqueue(owner string, b []byte) {
 	}
 	q := c.mu.queues[owner]
 	if q == nil {
-		q = &pushQueue{c: c, id: owner, wake: make(chan struct{}, 1)}
+		q = &pushQueue{c: c, id: owner, wake: make(chan struct{}, 1), urge: make(chan struct{}, 1)}
 		c.mu.queues[owner] = q
 		c.wg.Add(1)
 		go q.run()
@@ -66,10 +67,17 @@ func (c *Cluster) enqueue(owner string, b []byte) {
 	if q.mu.idle == nil {
 		q.mu.idle = make(chan struct{})
 	}
+	full := q.mu.bytes >= c.opts.PushQueueBytes/2
 	q.mu.Unlock()
 	select {
 	case q.wake <- struct{}{}:
 	default:
+	}
+	if full {
+		select {
+		case q.urge <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -89,9 +97,12 @@ func (q *pushQueue) run() {
 			if batch == nil {
 				break
 			}
-			if !q.c.isMember(q.id) {
+			switch {
+			case !q.c.isMember(q.id):
 				q.c.c.pushDropped.Add(uint64(len(batch)))
-			} else {
+			case !q.c.pace(batchBytes(batch), q.queued(), q.urge):
+				q.c.c.pushDropped.Add(uint64(len(batch))) // the cluster closed while it waited
+			default:
 				ctx, cancel := context.WithTimeout(q.c.ctx, q.c.opts.PushTimeout)
 				err := q.c.peers.Put(ctx, q.id, batch)
 				cancel()
@@ -145,6 +156,21 @@ func (q *pushQueue) take() [][]byte {
 	q.mu.bytes -= size
 	q.mu.inflight = true
 	return batch
+}
+
+// queued returns the bytes waiting in the queue, the batch in flight aside.
+func (q *pushQueue) queued() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.mu.bytes
+}
+
+func batchBytes(batch [][]byte) int64 {
+	var n int64
+	for _, b := range batch {
+		n += int64(len(b))
+	}
+	return n
 }
 
 func (q *pushQueue) done() {

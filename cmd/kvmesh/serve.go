@@ -36,6 +36,8 @@ type serveFlags struct {
 	maxInFlightBytes                           int64
 	replicas, chunkTokens                      int
 	lookupTimeout, getTimeout, peerBackoff     time.Duration
+	pushYield                                  time.Duration
+	pushRate                                   int64
 	handoff                                    int64
 	dram, nvme, hbm                            int64
 	gpu                                        int
@@ -65,6 +67,7 @@ var flagOf = map[string]string{
 	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
 	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
+	"PushYield": "push-yield", "PushBytesPerSec": "push-rate",
 	"MaxBlockBytes": "max-block-bytes", "MaxBatchBlocks": "max-batch-blocks", "MaxMessageBytes": "max-message-bytes",
 	"ChunkBytes": "chunk-bytes", "RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout",
 	"TLS": "tls-cert", "PeerTLS": "tls-ca", "Tokens": "auth-token-file", "QuotaDRAMBytes": "quota-dram", "QuotaNVMeBytes": "quota-nvme",
@@ -163,6 +166,8 @@ flag names, for example:
 	fs.DurationVar(&f.lookupTimeout, "lookup-timeout", d.LookupTimeout, "how long a lookup waits for other nodes; a late node is a miss")
 	fs.DurationVar(&f.getTimeout, "get-timeout", d.GetTimeout, "how long a read waits for blocks from other nodes; late blocks are misses")
 	fs.DurationVar(&f.peerBackoff, "peer-backoff", d.PeerBackoff, "how long a node that failed a call is skipped (its blocks are misses)")
+	fs.DurationVar(&f.pushYield, "push-yield", d.PushYield, "longest a push of fresh blocks to their owners waits for this node's reads, lookups and synchronous prefills to end (0, the default: pushes do not wait; 2s is a sane bound where serving competes with pushes for cores; a push queue at least half full never waits)")
+	fs.Var(newSize(&f.pushRate, d.PushBytesPerSec), "push-rate", "most bytes a second pushed to owners, all together (0: no bound)")
 	fs.Var(newSize(&f.handoff, d.HandoffBytes), "handoff", "most DRAM bytes handed to their next owners on a graceful stop")
 	fs.Var(newSize(&f.dram, d.DRAMBytes), "dram", "DRAM tier capacity")
 	fs.Var(newSize(&f.nvme, d.NVMeBytes), "nvme", "NVMe tier capacity, under --data-dir")
@@ -276,6 +281,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
 		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff,
+		PushYield: f.pushYield, PushBytesPerSec: f.pushRate,
 		DRAMBytes: f.dram, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
 		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, Eviction: f.eviction, MaxBatchBlocks: f.maxBatchBlocks,
 		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
