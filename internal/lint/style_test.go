@@ -151,7 +151,7 @@ var sleepAllowed = map[string]struct {
 }{
 	"transfer/shm_test.go":             {1, "a child process that holds a region until the parent kills it"},
 	"transfer/shm_arena_test.go":       {1, "a child process that holds a reservation until the parent kills it"},
-	"node/prefill_bench_test.go":       {1, "a benchmark's think time between a client's requests, the load it models"},
+	"node/prefill_bench_test.go":       {2, "a benchmark's think time between a client's requests, the load it models, and the gap before a prompt arrives at the second node (1 s or 8 s), what the pacing benchmark measures"},
 	"node/batch_bench_test.go":         {1, "a benchmark polling its batch as a client does"},
 	"transfer/bench_test.go":           {1, "a benchmark waiting for redis-server's socket (a peer, not kvmesh)"},
 	"node/batch_test.go":               {1, "polls the batch API as a client does and fails naming the last status"},
