@@ -460,19 +460,6 @@ func (b *batches) releaseLease(id, lessee string) error {
 	return nil
 }
 
-// release gives back a batch this node's worker took and did not finish
-// (it stopped, or lost its store): another worker may take it.
-//
-//lint:ignore U1000 uncalled since main merged queue2 and gpu; batch.go's owner is to call or delete it
-func (b *batches) release(id string) {
-	b.mu.Lock()
-	if m := b.mu.all[id]; m != nil && m.lease == "" && !m.finishedState() {
-		m.active = false
-	}
-	b.mu.Unlock()
-	b.signal()
-}
-
 func (b *batches) signal() {
 	select {
 	case b.ready <- struct{}{}:
