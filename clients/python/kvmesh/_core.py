@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _tensors, _xxhash, block
+from . import _shm, _tensors, _xxhash, block
 from ._namespace import KEY_VERSION, Namespace, key_bytes, key_links
-from .errors import InvalidArgument, KVMeshError
+from .errors import InvalidArgument, KVMeshError, PartConflict
 from .v1 import cache_pb2
 
 CHUNK_BYTES = 1 << 20  # payload bytes per gRPC message (the node takes messages up to 4 MiB)
@@ -93,13 +93,23 @@ def chunk_keys(keys, ns, chunk_tokens):
 
 # ---- put ----
 
-class PutPlan:
-    """The blocks of a batch of prompts: keys, parents, chunk keys, payloads."""
+def rank_slice(ns, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+    """The Slice of ns's blocks that a parallel rank holds (block.rank_part); BadPart when the
+    rank layout does not fit the namespace."""
+    check_ns(ns)
+    return _tensors.Slice(ns, block.rank_part(ns, tp_rank, tp_size, pp_rank, pp_size),
+                          (tp_rank, tp_size, pp_rank, pp_size))
 
-    def __init__(self, ns, items, meta):
-        """items: (tokens, kv[, scales[, extra_keys]]) per prompt."""
+
+class PutPlan:
+    """The blocks of a batch of prompts: keys, parents, chunk keys, payloads (a rank's parts)."""
+
+    def __init__(self, ns, items, meta, sl=None):
+        """items: (tokens, kv[, scales[, extra_keys]]) per prompt; sl: the rank's Slice (default
+        the whole block)."""
         check_ns(ns)
         self.ns, self.meta = ns, meta
+        self.sl = sl = sl or _tensors.whole(ns)
         self.kns = ns.salted(meta.salt)
         B = ns.block_tokens
         self.blocks = []  # (prompt, index, tokens bytes, parent link, key, chunk, payload runs, extra keys)
@@ -111,19 +121,19 @@ class PutPlan:
             extra = list(item[3] or ()) if len(item) > 3 else []
             name = f" of prompt {p}" if len(items) > 1 else ""
             tb = _token_bytes(tokens)
-            _tensors.check_kv(ns, kv, n_tokens=len(tb) // 4, name="kv" + name)
-            sc = _tensors.check_scales(ns, scales, len(tb) // 4 // B, name="scales" + name)
-            u8, staged = _tensors.host_u8(kv, ns)
+            _tensors.check_kv(sl, kv, n_tokens=len(tb) // 4, name="kv" + name)
+            sc = _tensors.check_scales(sl, scales, len(tb) // 4 // B, name="scales" + name)
+            u8, staged = _tensors.host_u8(kv, sl)
             self._keep.append((u8, staged, sc))
             links = key_links(self.kns, tb, extra, meta.key_version)
             ks = [link[:16] for link in links]
             cks = chunk_keys(ks, ns, meta.chunk_tokens)
             parent = self.kns.root_link(meta.key_version)
             for i, k in enumerate(ks):
-                # The block's payload is one contiguous run of the tensor per (layer, K|V)
-                # (or latent), then its scales: views, not copies; the data planes send them
-                # as they lie.
-                runs = list(u8[:, :, i * B:(i + 1) * B, :].reshape(ns.layers * _tensors.parts(ns), -1))
+                # The block's part in the stored order, then its scales: views of the tensor
+                # where the order allows (the data planes send them as they lie), else one
+                # copy of the block (put_runs).
+                runs = _tensors.put_runs(sl, u8, i)
                 if sc is not None:
                     runs.append(sc[i].view(np.uint8))
                 e = extra[i] if i < len(extra) and extra[i] else []
@@ -137,11 +147,14 @@ class PutPlan:
             return 0
         return _xxhash.xxh64_parts([(r.__array_interface__["data"][0], r.nbytes) for r in runs])
 
-    def shm_items(self):
+    def shm_items(self, which=None):
+        """keys, chunk keys, encoded headers and payload runs of blocks[which] (default all), as
+        the data planes' puts take them: part records for a rank's part."""
         keys, chunks, heads, payloads = [], [], [], []
-        for (_p, _i, tb, parent, k, ck, payload, extra) in self.blocks:
+        for j in range(len(self.blocks)) if which is None else which:
+            (_p, _i, tb, parent, k, ck, payload, extra) = self.blocks[j]
             h, link = block.encode_header(self.kns, parent, tb, self.checksum(payload), self.meta.tag,
-                                          self.meta.key_version, extra)
+                                          self.meta.key_version, extra, self.sl.part)
             assert link[:16] == k
             keys.append(k)
             chunks.append(ck)
@@ -150,7 +163,12 @@ class PutPlan:
         return keys, chunks, heads, payloads
 
     def requests(self, which):
-        """The BatchPut stream of blocks[which] (indexes)."""
+        """The BatchPut stream of blocks[which] (indexes): whole blocks only (gRPC's BatchPut
+        carries no part range)."""
+        if not self.sl.whole:
+            raise KVMeshError("a rank's part of a block (tp_size or pp_size > 1) is put through the node's data "
+                              "plane (shared memory or TCP), which this client could not use; gRPC's BatchPut "
+                              "takes whole blocks only")
         first = True
         nsp = self.ns.to_proto()
         for j in which:
@@ -169,6 +187,26 @@ class PutPlan:
                     req.block.CopyFrom(hdr)
                 yield req
 
+    def keys(self):
+        return [b[4] for b in self.blocks]
+
+    def claimed(self, statuses):
+        """Given the node's ClaimStatus per block: (keys needing nothing sent: complete, covered,
+        or being sent by another writer holding the claim; indexes to send: CLAIM_WRITE)."""
+        done = [b[4] for b, st in zip(self.blocks, statuses) if st != _shm.CLAIM_WRITE]
+        return done, [j for j, st in enumerate(statuses) if st == _shm.CLAIM_WRITE]
+
+    def unsent(self, rest, tried):
+        """The error for blocks[rest] of a rank's part that the data plane did not store (gRPC
+        cannot carry parts): tried says whether a data plane was reached at all."""
+        if not tried:
+            return KVMeshError(f"{len(rest)} parts ({self.sl.part}) not put: a rank's part of a block (tp_size or "
+                               "pp_size > 1) goes through the node's data plane (shared memory or TCP), which this "
+                               "client could not use (transport='grpc', TLS credentials it cannot reuse, or the "
+                               "connection failed); gRPC's BatchPut takes whole blocks only")
+        return KVMeshError(f"the node did not store {len(rest)} of {len(self.blocks)} parts ({self.sl.part}) "
+                           f"(first {self.blocks[rest[0]][4].hex()}): it refused or asked to retry them")
+
     def counts(self, stored_keys):
         """Blocks stored per prompt, given the keys stored."""
         got = set(stored_keys)
@@ -184,8 +222,9 @@ class PutPlan:
 class GetPlan:
     """Keys of a batch of prompts and where their blocks land."""
 
-    def __init__(self, ns, prompts, outs, array, meta, extra_keys=None):
+    def __init__(self, ns, prompts, outs, array, meta, extra_keys=None, sl=None):
         check_ns(ns)
+        self.sl = sl = sl or _tensors.whole(ns)
         if extra_keys is not None and len(extra_keys) != len(prompts):
             raise ValueError(f"extra_keys: {len(extra_keys)} lists for {len(prompts)} prompts")
         if outs is not None and len(outs) != len(prompts):
@@ -198,7 +237,7 @@ class GetPlan:
         tbs = [_token_bytes(t) for t in prompts]
         for p, out in enumerate(outs or []):
             if out is not None:
-                _tensors.check_kv(ns, out, name=f"outs[{p}]" if len(prompts) > 1 else "out")
+                _tensors.check_kv(sl, out, name=f"outs[{p}]" if len(prompts) > 1 else "out")
         if array is None:
             array = "torch" if _tensors._torch() is not None else "numpy"
         self.array = array
@@ -209,7 +248,7 @@ class GetPlan:
             if out is not None:
                 nb = min(nb, _tensors.tokens_of(ns, out) // B)
             else:
-                out = _tensors.alloc(ns, nb * B, array)
+                out = _tensors.alloc(sl, nb * B, array)
             extra = list((extra_keys[p] if extra_keys is not None else None) or ())[:nb]
             ks = key_bytes(self.kns, tb[:4 * nb * B], meta.key_version, extra_keys=extra) if nb else []
             for i, k in enumerate(ks):
@@ -217,7 +256,7 @@ class GetPlan:
                 self.where.append((p, i))
             self.nblocks.append(nb)
             self.given.append(outs is not None and outs[p] is not None)
-            self.dests.append(_tensors.Dest(ns, out))
+            self.dests.append(_tensors.Dest(sl, out))
         self.found = [set() for _ in tbs]
         self._tcp = {}
 
@@ -230,53 +269,66 @@ class GetPlan:
         return out
 
     def land(self, j, payload):
+        """Lands a whole block's payload (gRPC's BatchGet answers whole blocks): the rank's part
+        of it is copied into place."""
         p, i = self.where[j]
-        self.dests[p].put_block(i, payload)
+        self.dests[p].put_whole(i, payload)
         self.found[p].add(i)
 
+    def parts(self):
+        """What the data planes ask for: None (whole blocks, getReq) or the rank's part per key
+        (getPartReq: the node answers with part records)."""
+        return None if self.sl.whole else [self.sl.part] * len(self.keys)
+
     def shm_consume(self, j, conn, off, n):
-        """Lands the encoded block at offset off (n bytes) of the shared region for key j, if
+        """Lands the encoded record at offset off (n bytes) of the shared region for key j, if
         it checks out: header (checksum, versions, key = H(parent ‖ tokens)), the key asked
-        for, the namespace and layout. The payload is copied once, region to destination."""
+        for, the namespace, layout and part range. The payload is copied once, region to
+        destination."""
         hl = block.namespace_header_len(self.kns)
-        if n != hl + self.ns.block_bytes:
+        if n != hl + self.sl.part_bytes:
             return
         try:
             h = block.decode_header(conn.region[off:off + hl], self.meta.key_version)
             if h.header_len != hl:
                 return
-            block.check_namespace(h, self.kns)
+            block.check_namespace(h, self.kns, self.sl.part)
         except block.CorruptBlock:
             return
         if h.key != self.keys[j]:
             return
         p, i = self.where[j]
-        self.dests[p].copy_from(i, conn.region_np[off + hl:off + n])
+        self.dests[p].put_part(i, conn.region_np[off + hl:off + n])
         self.found[p].add(i)
 
     def tcp_buffers(self, j, n):
         """Where the value of key j (n bytes) is read to: its header into a buffer of its own,
-        its payload straight into the destination."""
+        its payload straight into the destination where the stored order allows (Dest.segments),
+        else into a buffer copied into place once checked."""
         p, i = self.where[j]
         hl = block.namespace_header_len(self.kns)
-        if n != hl + self.ns.block_bytes:
+        if n != hl + self.sl.part_bytes:
             self._tcp[j] = None
-            return [memoryview(bytearray(n))]  # not a block of this namespace: read and dropped
+            return [memoryview(bytearray(n))]  # not a record of this namespace and part: read and dropped
         hdr = bytearray(hl)
         segs = self.dests[p].segments(i)
-        self._tcp[j] = (hdr, segs)
+        staged = None
+        if segs is None:
+            staged = np.empty(n - hl, np.uint8)
+            segs = [memoryview(staged)]
+        self._tcp[j] = (hdr, segs, staged)
         return [memoryview(hdr)] + segs
 
     def tcp_landed(self, j):
-        """Checks the block read for key j (header, key, namespace, payload checksum): a block
+        """Checks the record read for key j (header, key, namespace, part, payload checksum): one
         that fails is a miss (its bytes in the destination are then unspecified)."""
         got = self._tcp.pop(j, None)
         if got is None:
             return
-        hdr, segs = got
+        hdr, segs, staged = got
         try:
             h = block.decode_header(hdr, self.meta.key_version)
-            block.check_namespace(h, self.kns)
+            block.check_namespace(h, self.kns, self.sl.part)
         except block.CorruptBlock:
             return
         if h.key != self.keys[j] or h.header_len != len(hdr):
@@ -285,6 +337,8 @@ class GetPlan:
         if _xxhash.xxh64_parts(parts) != h.checksum:
             return
         p, i = self.where[j]
+        if staged is not None:
+            self.dests[p].put_part(i, staged)
         self.found[p].add(i)
 
     def missing(self):
@@ -353,7 +407,7 @@ class GetPlan:
                 kv = kv[:, :n * B] if self.ns.kv_layout == "latent" else kv[:, :, :n * B]
                 kv = kv.contiguous() if _tensors.is_torch(kv) else np.ascontiguousarray(kv)
             if d.scales is not None:
-                out.append((n * B, kv, d.scales[:n].reshape((n,) + self.ns.scales_shape())))
+                out.append((n * B, kv, d.scales[:n].reshape((n,) + self.sl.scales_shape)))
             else:
                 out.append((n * B, kv))
         return out
@@ -364,6 +418,16 @@ def _token_bytes(tokens):
     if isinstance(tokens, (bytes, bytearray, str)):
         raise ValueError("tokens: want a sequence of int token ids (not bytes or str)")
     return token_bytes(tokens)
+
+
+def put_statuses(plan, keys, st):
+    """The keys stored, from the data plane's put statuses; raises PartConflict when any part
+    overlapped what the node holds with other bytes (nothing of those parts was stored)."""
+    conflicts = [keys[j].hex() for j in range(len(keys)) if st[j] == _shm.STATUS_CONFLICT]
+    if conflicts:
+        raise PartConflict(f"{len(conflicts)} of {len(keys)} parts ({plan.sl.part}) conflict with different bytes "
+                           f"the node holds of the same blocks (first {conflicts[0]}); nothing of them was stored")
+    return [keys[j] for j in range(len(keys)) if st[j] == _shm.STATUS_OK]
 
 
 def lookup_request(ns, tokens, meta, extra_keys=None):

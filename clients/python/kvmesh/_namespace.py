@@ -1,11 +1,15 @@
 """Namespaces and block keys, bit-identical to Go's prefixhash.
 
-Key format 2 (prefixhash.KeyVersion 2):
+Key format 3 (prefixhash.KeyVersion 3):
 
-    encoding = str("kvmesh/ns/v2") ‖ str(model) ‖ u8 dtype ‖ u32 block_tokens ‖
-               u32 layer_start ‖ u32 layer_end ‖ u32 kv_heads ‖ u32 head_dim ‖
-               u32 tp_rank ‖ u32 max(tp_size, 1) ‖ str(tenant_salt)
+    encoding = str("kvmesh/ns/v3") ‖ str(model) ‖ u8 dtype ‖ u32 block_tokens ‖
+               u32 layers ‖ u32 kv_heads ‖ u32 head_dim ‖ str(tenant_salt)
                (little-endian; str = u32 byte length ‖ UTF-8 bytes)
+
+A key names the whole model's KV of its tokens (every layer, every KV head):
+the parallel layout (tensor- and pipeline-parallel rank and size) is not part
+of it but of each put and get (block.rank_part). Key format 2 had the layer
+range and the TP rank and size in the encoding; its keys simply miss.
     k_0    = SHA-256(encoding)[:16]
     k_i    = SHA-256(k_{i-1} ‖ tokens of block i as little-endian uint32)[:16]
     digest = uint64 little-endian of SHA-256(encoding)[:8]
@@ -27,7 +31,7 @@ import struct
 import sys
 
 
-KEY_VERSION = 2
+KEY_VERSION = 3
 KEY_SIZE = 16
 
 DTYPES = ("float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2", "int8")
@@ -44,6 +48,7 @@ MAX_SEED_LEN = 256
 MAX_EXTRA_KEYS = 64
 MAX_EXTRA_BYTES = 4096
 MAX_EXTRA_ROOM = MAX_EXTRA_BYTES + 4 * MAX_EXTRA_KEYS
+MAX_LAYERS = 1 << 20
 
 KV_LAYOUTS = ("split", "latent")
 SCALES = ("none", "block", "head")
@@ -73,9 +78,14 @@ def dtype_name(dtype):
 class Namespace:
     """The producer of KV blocks: blocks are interchangeable only within one.
 
-    ``layers`` is the half-open range (start, end) of layers a block holds, or
-    an int n for (0, n). ``tenant_salt`` separates tenants; a client of a node
-    with tenants gets its tenant's salt applied for it.
+    A namespace describes the whole model's KV: ``layers`` is the model's
+    number of attention layers (all of them), ``kv_heads`` its number of KV
+    heads (all of them). Which part of a block a tensor- or pipeline-parallel
+    rank holds is not the namespace's business: put and get take
+    ``tp_rank``, ``tp_size``, ``pp_rank``, ``pp_size`` per call, so ranks of
+    any parallel layout share the same blocks. ``tenant_salt`` separates
+    tenants; a client of a node with tenants gets its tenant's salt applied
+    for it.
 
     ``kv_layout`` is "split" (a K and a V per KV head: kv_heads, head_dim) or
     "latent" (multi-head latent attention: one vector of ``latent_dim`` per
@@ -87,19 +97,21 @@ class Namespace:
     keys (4 bytes plus each key's length); 0 means blocks carry none.
     """
 
-    __slots__ = ("model", "dtype", "block_tokens", "layer_start", "layer_end", "kv_heads", "head_dim",
-                 "tp_rank", "tp_size", "tenant_salt", "kv_layout", "latent_dim", "scales", "lora", "key_scheme",
-                 "hash_seed", "extra_key_bytes", "_enc")
+    __slots__ = ("model", "dtype", "block_tokens", "layers", "kv_heads", "head_dim", "tenant_salt", "kv_layout",
+                 "latent_dim", "scales", "lora", "key_scheme", "hash_seed", "extra_key_bytes", "_enc")
 
-    def __init__(self, model, dtype, block_tokens, layers, kv_heads=0, head_dim=0, tp_rank=0, tp_size=1,
-                 tenant_salt=b"", *, kv_layout="split", latent_dim=0, scales="none", lora="", key_scheme="kvmesh",
-                 hash_seed="", extra_key_bytes=0):
-        if isinstance(layers, int):
-            layers = (0, layers)
-        try:
-            start, end = layers
-        except (TypeError, ValueError):
-            raise ValueError(f"layers {layers!r}: want (start, end) or a layer count") from None
+    def __init__(self, model, dtype, block_tokens, layers, kv_heads=0, head_dim=0, tenant_salt=b"", *,
+                 kv_layout="split", latent_dim=0, scales="none", lora="", key_scheme="kvmesh", hash_seed="",
+                 extra_key_bytes=0, **moved):
+        for k in moved:
+            if k in ("tp_rank", "tp_size"):
+                raise TypeError(f"Namespace: {k} is no longer part of the namespace (key format 3): pass tp_rank, "
+                                "tp_size, pp_rank, pp_size to put/get (the namespace names the whole model's KV)")
+            raise TypeError(f"Namespace: unexpected keyword argument {k!r}")
+        if isinstance(layers, (tuple, list)):
+            raise ValueError(f"namespace layers: {tuple(layers)!r} is a layer range; since key format 3 layers is "
+                             "the model's layer count (an int) and a pipeline stage passes pp_rank, pp_size to "
+                             "put/get")
         if isinstance(tenant_salt, (bytes, bytearray)):
             try:
                 tenant_salt = bytes(tenant_salt).decode("utf-8")
@@ -108,9 +120,8 @@ class Namespace:
         self.model = model
         self.dtype = dtype_name(dtype)
         self.block_tokens = block_tokens
-        self.layer_start, self.layer_end = start, end
+        self.layers = layers
         self.kv_heads, self.head_dim = kv_heads, head_dim
-        self.tp_rank, self.tp_size = tp_rank, tp_size
         self.tenant_salt = tenant_salt
         self.kv_layout, self.latent_dim, self.scales = kv_layout, latent_dim, scales
         self.lora, self.key_scheme, self.hash_seed = lora, key_scheme, hash_seed
@@ -121,8 +132,7 @@ class Namespace:
     def _validate(self):
         def bad(field, msg):
             raise ValueError(f"namespace {field}: {msg}")
-        for f in ("block_tokens", "layer_start", "layer_end", "kv_heads", "head_dim", "tp_rank", "tp_size",
-                  "latent_dim", "extra_key_bytes"):
+        for f in ("block_tokens", "layers", "kv_heads", "head_dim", "latent_dim", "extra_key_bytes"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int):
                 bad(f, f"{v!r} is not an int")
@@ -132,13 +142,13 @@ class Namespace:
             bad("model", f"longer than {MAX_MODEL_LEN} bytes")
         if not 1 <= self.block_tokens <= MAX_BLOCK_TOKENS:
             bad("block_tokens", f"{self.block_tokens} is outside 1..{MAX_BLOCK_TOKENS}")
-        if self.layer_start < 0 or self.layer_end <= self.layer_start or self.layer_end >= 1 << 32:
-            bad("layers", f"range [{self.layer_start},{self.layer_end}) is empty or negative")
+        if not 1 <= self.layers <= MAX_LAYERS:
+            bad("layers", f"{self.layers} is outside 1..{MAX_LAYERS} (the model's number of layers)")
         if self.kv_layout not in KV_LAYOUTS:
             bad("kv_layout", f"{self.kv_layout!r}: want one of {', '.join(KV_LAYOUTS)}")
         if self.kv_layout == "split":
             if not 1 <= self.kv_heads <= 1 << 20:
-                bad("kv_heads", f"{self.kv_heads} must be at least 1")
+                bad("kv_heads", f"{self.kv_heads} must be at least 1 (the model's KV heads)")
             if not 1 <= self.head_dim <= 1 << 20:
                 bad("head_dim", f"{self.head_dim} must be at least 1")
             if self.latent_dim != 0:
@@ -166,60 +176,63 @@ class Namespace:
             bad("hash_seed", f"set with the {self.key_scheme} key scheme, which has no seed")
         if not 0 <= self.extra_key_bytes <= MAX_EXTRA_ROOM:
             bad("extra_key_bytes", f"{self.extra_key_bytes} is outside 0..{MAX_EXTRA_ROOM}")
-        if self.tp_size < 0 or self.tp_rank < 0 or self.tp_rank >= max(self.tp_size, 1) or self.tp_size >= 1 << 32:
-            bad("tp", f"rank {self.tp_rank} of size {self.tp_size}")
         if not isinstance(self.tenant_salt, str) or len(self.tenant_salt.encode()) > MAX_SALT_LEN:
             bad("tenant_salt", f"must be a string of at most {MAX_SALT_LEN} bytes")
-
-    @property
-    def layers(self):
-        return self.layer_end - self.layer_start
 
     @property
     def dtype_size(self):
         return DTYPE_SIZES[self.dtype]
 
     @property
+    def heads(self):
+        """The head cells of a block: kv_heads, or 1 for the latent layout (one latent per layer)."""
+        return 1 if self.kv_layout == "latent" else self.kv_heads
+
+    @property
     def kv_bytes(self):
-        """KV bytes of one block: layers x 2 x block_tokens x kv_heads x head_dim x dtype size (split),
-        layers x block_tokens x latent_dim x dtype size (latent)."""
+        """KV bytes of one whole block: layers x kv_heads x 2 x block_tokens x head_dim x dtype size
+        (split), layers x block_tokens x latent_dim x dtype size (latent)."""
         if self.kv_layout == "latent":
             return self.layers * self.block_tokens * self.latent_dim * self.dtype_size
         return self.layers * 2 * self.block_tokens * self.kv_heads * self.head_dim * self.dtype_size
 
     @property
     def scale_count(self):
-        """float32 scales after a block's KV bytes: [layer][K|V] per block ([layer] latent),
-        [layer][K|V][kv_head] per head, none without."""
+        """float32 scales after a whole block's KV bytes: [layer][K|V] per block ([layer] latent),
+        [layer][kv_head][K|V] per head, none without."""
         parts = 1 if self.kv_layout == "latent" else 2
         return {"none": 0, "block": self.layers * parts, "head": self.layers * parts * self.kv_heads}[self.scales]
 
     @property
     def block_bytes(self):
-        """Payload bytes of one block: its KV bytes, then 4 per scale."""
+        """Payload bytes of one whole block: its KV bytes, then 4 per scale."""
         return self.kv_bytes + 4 * self.scale_count
 
-    def scales_shape(self):
-        """The shape of a block's scales: (layers, 2) per block, (layers,) latent per block,
-        (layers, 2, kv_heads) per head; None without scales."""
+    def scales_shape(self, layers=None, heads=None):
+        """The shape of a block's scales (of a part of `layers` layers and `heads` KV heads; default
+        the whole block's): (layers, 2) per block, (layers,) latent per block, (layers, kv_heads, 2)
+        per head -- the order they follow the KV bytes in; None without scales."""
         if self.scales == "none":
             return None
+        L = self.layers if layers is None else layers
         if self.kv_layout == "latent":
-            return (self.layers,)
-        return (self.layers, 2) if self.scales == "block" else (self.layers, 2, self.kv_heads)
+            return (L,)
+        return (L, 2) if self.scales == "block" else (L, self.kv_heads if heads is None else heads, 2)
 
-    def block_shape(self, n_tokens=None):
+    def block_shape(self, n_tokens=None, layers=None, heads=None):
         """[layers, 2, n_tokens, kv_heads, head_dim], or [layers, n_tokens, latent_dim] for the
-        latent layout (n_tokens defaults to block_tokens)."""
+        latent layout (n_tokens defaults to block_tokens; layers and heads to the whole model's,
+        a rank's slice passes its own)."""
         n = self.block_tokens if n_tokens is None else n_tokens
+        L = self.layers if layers is None else layers
         if self.kv_layout == "latent":
-            return (self.layers, n, self.latent_dim)
-        return (self.layers, 2, n, self.kv_heads, self.head_dim)
+            return (L, n, self.latent_dim)
+        return (L, 2, n, self.kv_heads if heads is None else heads, self.head_dim)
 
     def _fields(self):
-        return (self.model, self.dtype, self.block_tokens, self.layer_start, self.layer_end, self.kv_heads,
-                self.head_dim, self.tp_rank, max(self.tp_size, 1), self.tenant_salt, self.kv_layout,
-                self.latent_dim, self.scales, self.lora, self.key_scheme, self.hash_seed, self.extra_key_bytes)
+        return (self.model, self.dtype, self.block_tokens, self.layers, self.kv_heads, self.head_dim,
+                self.tenant_salt, self.kv_layout, self.latent_dim, self.scales, self.lora, self.key_scheme,
+                self.hash_seed, self.extra_key_bytes)
 
     def __eq__(self, other):
         return isinstance(other, Namespace) and self._fields() == other._fields()
@@ -228,9 +241,8 @@ class Namespace:
         return hash(self._fields())
 
     def __repr__(self):
-        return (f"Namespace({self.model!r}, {self.dtype!r}, {self.block_tokens}, layers=({self.layer_start}, "
-                f"{self.layer_end}), kv_heads={self.kv_heads}, head_dim={self.head_dim}, tp_rank={self.tp_rank}, "
-                f"tp_size={self.tp_size}{', salted' if self.tenant_salt else ''}"
+        return (f"Namespace({self.model!r}, {self.dtype!r}, {self.block_tokens}, layers={self.layers}, "
+                f"kv_heads={self.kv_heads}, head_dim={self.head_dim}{', salted' if self.tenant_salt else ''}"
                 + (f", kv_layout='latent', latent_dim={self.latent_dim}" if self.kv_layout == "latent" else "")
                 + (f", scales={self.scales!r}" if self.scales != "none" else "")
                 + (f", lora={self.lora!r}" if self.lora else "")
@@ -243,10 +255,10 @@ class Namespace:
         own = self.tenant_salt
         if not tenant_salt or own.startswith(tenant_salt + ":"):
             return self
-        return Namespace(self.model, self.dtype, self.block_tokens, (self.layer_start, self.layer_end),
-                         self.kv_heads, self.head_dim, self.tp_rank, self.tp_size, tenant_salt + ":" + own,
-                         kv_layout=self.kv_layout, latent_dim=self.latent_dim, scales=self.scales, lora=self.lora,
-                         key_scheme=self.key_scheme, hash_seed=self.hash_seed, extra_key_bytes=self.extra_key_bytes)
+        return Namespace(self.model, self.dtype, self.block_tokens, self.layers, self.kv_heads, self.head_dim,
+                         tenant_salt + ":" + own, kv_layout=self.kv_layout, latent_dim=self.latent_dim,
+                         scales=self.scales, lora=self.lora, key_scheme=self.key_scheme, hash_seed=self.hash_seed,
+                         extra_key_bytes=self.extra_key_bytes)
 
     def encoding(self, key_version=KEY_VERSION):
         """The canonical encoding that roots every key chain."""
@@ -256,8 +268,8 @@ class Namespace:
                 b = x.encode("utf-8")
                 return struct.pack("<I", len(b)) + b
             e = (s(f"kvmesh/ns/v{key_version}") + s(self.model) + bytes([DTYPE_IDS[self.dtype]]) +
-                 struct.pack("<7I", self.block_tokens, self.layer_start, self.layer_end, self.kv_heads,
-                             self.head_dim, self.tp_rank, max(self.tp_size, 1)) + s(self.tenant_salt))
+                 struct.pack("<4I", self.block_tokens, self.layers, self.kv_heads, self.head_dim) +
+                 s(self.tenant_salt))
             if self.kv_layout != "split" or self.latent_dim:
                 e += bytes([1, KV_LAYOUTS.index(self.kv_layout)]) + struct.pack("<I", self.latent_dim)
             if self.lora:
@@ -288,7 +300,7 @@ class Namespace:
         return r
 
     def extension_room(self):
-        """The header extension every format-3 block of this namespace carries (its length
+        """The header extension every block of this namespace carries (its length
         field excluded): the vllm parent link, the key count, the room for extra keys."""
         n = 4 + self.extra_key_bytes
         if self.key_scheme == "vllm":
@@ -323,8 +335,7 @@ class Namespace:
     def to_proto(self):
         from .v1 import types_pb2
         return types_pb2.Namespace(model=self.model, dtype=DTYPE_IDS[self.dtype], block_tokens=self.block_tokens,
-                                   layer_start=self.layer_start, layer_end=self.layer_end, kv_heads=self.kv_heads,
-                                   head_dim=self.head_dim, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                                   layers=self.layers, kv_heads=self.kv_heads, head_dim=self.head_dim,
                                    tenant_salt=self.tenant_salt, kv_layout=KV_LAYOUTS.index(self.kv_layout),
                                    latent_dim=self.latent_dim, scales=SCALES.index(self.scales), lora=self.lora,
                                    key_scheme=KEY_SCHEMES.index(self.key_scheme), hash_seed=self.hash_seed,
@@ -395,7 +406,7 @@ class _SHA256:
         return out
 
 
-_ALGOS = {2: _SHA256}
+_ALGOS = {KEY_VERSION: _SHA256}  # key format 3 chains as format 2 did; only the encoding changed
 
 
 def _cbor_head(major, v):

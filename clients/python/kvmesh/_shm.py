@@ -26,10 +26,20 @@ ALIGN = 64
 
 GET_REQ, GET_RESP, PUT_REQ, PUT_RESP, SHM_GET_RESP, SHM_RELEASE, SHM_HELLO, ERROR, LOOKUP_REQ, \
     LOOKUP_RESP, HELLO, HELLO_ACK, PUBLISH_REQ = range(1, 14)
+# Parts of blocks (multi-GPU instances): a get of part records of the asked ranges, answered as
+# a get; a claim of ranges, answered with a ClaimStatus per item.
+GET_PART_REQ, CLAIM_REQ, CLAIM_RESP = 16, 17, 18
 _ENTRY = {GET_REQ: 16, GET_RESP: 8, PUT_REQ: 24, PUT_RESP: 8, SHM_GET_RESP: 16, SHM_RELEASE: 8, SHM_HELLO: 32,
-          ERROR: 0, LOOKUP_REQ: 24, LOOKUP_RESP: 8, HELLO: 1, HELLO_ACK: 0, PUBLISH_REQ: 40}
+          ERROR: 0, LOOKUP_REQ: 24, LOOKUP_RESP: 8, HELLO: 1, HELLO_ACK: 0, PUBLISH_REQ: 40, GET_PART_REQ: 32,
+          CLAIM_REQ: 32, CLAIM_RESP: 8}
 
-STATUS_MISS, STATUS_OK, STATUS_ERROR, STATUS_RETRY = 0, 1, 2, 3
+# Item statuses; STATUS_CONFLICT answers a put of a part that overlaps stored cells with other bytes.
+STATUS_MISS, STATUS_OK, STATUS_ERROR, STATUS_RETRY, STATUS_CONFLICT = 0, 1, 2, 3, 4
+
+# What a claim of a part range answers (store.ClaimStatus): send it (the caller now holds a claim on
+# it), the block is complete, stored parts cover the range, another writer holds an open claim.
+CLAIM_WRITE, CLAIM_COMPLETE, CLAIM_COVERED, CLAIM_CLAIMED = 0, 1, 2, 3
+_CLAIM_ENTRY = struct.Struct("<B3xI")
 
 _HDR = struct.Struct("<IBBBBQIIQIIQQ")  # up to the header checksum at 56
 _ITEM = struct.Struct("<B3xIQ")  # shmGetResp entry: status, value length, region offset
@@ -76,8 +86,16 @@ def _parse_header(b):
     return typ, rid, count, payload, tsum, cls
 
 
+def get_table(keys, idx, parts):
+    """The item table of a get of keys[i] for i in idx: keys alone (getReq), or with parts (a
+    block.Part per key, or None for all whole) key ‖ u32 l0 ‖ u32 l1 ‖ u32 h0 ‖ u32 h1 (getPartReq)."""
+    if parts is None:
+        return GET_REQ, b"".join(keys[i] for i in idx)
+    return GET_PART_REQ, b"".join(keys[i] + struct.pack("<4I", *parts[i]) for i in idx)
+
+
 class Publisher:
-    """put_publish for a connection with _sock, _lock, _id(), _read_frame(), _sendmsg(),
+    """put_publish and claim for a connection with _sock, _lock, _id(), _read_frame(), _sendmsg(),
     _fail(), _timeout, max_items and max_batch: the unix socket's and the TCP data plane's."""
 
     def put_publish(self, keys, chunk_keys, heads, payloads):
@@ -117,6 +135,32 @@ class Publisher:
                         raise ShmError(f"got frame type {typ} id {got} for put {rid}")
                     out.extend(rtable[8 * j] for j in range(count))
                     lo = hi
+            except (OSError, ShmError):
+                self._fail()
+                raise
+        return out
+
+    def claim(self, keys, parts):
+        """Claims part ranges of blocks (parts[i] of keys[i]) before sending them: per item the
+        node's ClaimStatus (CLAIM_WRITE: send it, this client now holds the claim; CLAIM_COMPLETE,
+        CLAIM_COVERED: nothing to send; CLAIM_CLAIMED: another writer is sending it)."""
+        out = []
+        with self._lock:
+            try:
+                for lo in range(0, len(keys), self.max_items):
+                    idx = range(lo, min(len(keys), lo + self.max_items))
+                    rid = self._id()
+                    _typ, table = get_table(keys, idx, parts)
+                    hdr = _HDR.pack(MAGIC, WIRE_VERSION, CLAIM_REQ, 0, 0, rid, len(idx), int(self._timeout * 1000) + 1,
+                                    0, 0, 0, 0, _xxhash.xxh64(table))
+                    self._sendmsg([hdr + struct.pack("<Q", _xxhash.xxh64(hdr)) + table])
+                    typ, got, count, rtable = self._read_frame()[:4]
+                    if typ != CLAIM_RESP or got != rid or count != len(idx):
+                        raise ShmError(f"got frame type {typ} id {got} of {count} items for claim {rid} of {len(idx)}")
+                    for j, (st, z) in enumerate(_CLAIM_ENTRY.iter_unpack(rtable)):
+                        if st > CLAIM_CLAIMED or z or rtable[8 * j + 1:8 * j + 4] != b"\0\0\0":
+                            raise ShmError(f"bad claim answer item {j}")
+                        out.append(st)
             except (OSError, ShmError):
                 self._fail()
                 raise
@@ -225,9 +269,10 @@ class ShmConn(Publisher):
     def _fail(self):
         self.close()
 
-    def get(self, keys, consume):
-        """Reads keys (16 bytes each). consume(i, conn, off, n) is called for every key the
-        node holds: the encoded block is the n bytes at offset off of conn.region (and of
+    def get(self, keys, consume, parts=None):
+        """Reads keys (16 bytes each), or with parts (a block.Part per key) those part ranges of
+        them. consume(i, conn, off, n) is called for every key the node holds: the encoded
+        block (or part record) is the n bytes at offset off of conn.region (and of
         conn.region_np, a numpy view), valid only during the call; keys it lacks are not
         passed. Returns the set of indexes found."""
         found = set()
@@ -238,8 +283,8 @@ class ShmConn(Publisher):
                     idx = todo[:self.max_items]
                     todo = todo[self.max_items:]
                     rid = self._id()
-                    table = b"".join(keys[i] for i in idx)
-                    hdr = _HDR.pack(MAGIC, WIRE_VERSION, GET_REQ, 0, 0, rid, len(idx), int(self._timeout * 1000) + 1,
+                    typ, table = get_table(keys, idx, parts)
+                    hdr = _HDR.pack(MAGIC, WIRE_VERSION, typ, 0, 0, rid, len(idx), int(self._timeout * 1000) + 1,
                                     0, self.max_batch, self.max_value, 0, _xxhash.xxh64(table))
                     self._sock.sendall(hdr + struct.pack("<Q", _xxhash.xxh64(hdr)) + table)
                     typ, got, count, rtable = self._read_frame()

@@ -15,9 +15,9 @@ import struct
 import threading
 
 from . import _xxhash
-from ._shm import (_HDR, ERROR, GET_REQ, GET_RESP, HEADER_LEN, HELLO, HELLO_ACK, MAGIC, STATUS_ERROR, STATUS_MISS,
+from ._shm import (_HDR, ERROR, GET_RESP, HEADER_LEN, HELLO, HELLO_ACK, MAGIC, STATUS_ERROR, STATUS_MISS,
                    STATUS_OK, STATUS_RETRY, WIRE_VERSION, Publisher, ShmAuthError, ShmError, _align, _parse_header,
-                   frame_header)
+                   frame_header, get_table)
 
 MAX_ITEMS = 4096          # transfer.DefaultMaxItems
 MAX_BATCH = 64 << 20      # transfer.DefaultMaxBatchBytes: most value bytes per answer
@@ -99,8 +99,9 @@ class TcpConn(Publisher):
             raise ShmError(f"unexpected payload on frame type {typ}")
         return typ, rid, count, table, payload
 
-    def get(self, keys, buffers, landed):
-        """Reads keys (16 bytes each). For each value the node sends, buffers(i, n) returns
+    def get(self, keys, buffers, landed, parts=None):
+        """Reads keys (16 bytes each), or with parts (a block.Part per key) those part ranges of
+        them (the node answers with part records). For each value the node sends, buffers(i, n) returns
         writable byte memoryviews adding up to n where it lands, and landed(i) is called once
         it is in. Keys the node lacks are skipped."""
         todo = list(range(len(keys)))
@@ -110,8 +111,8 @@ class TcpConn(Publisher):
                     idx, todo = todo[:MAX_ITEMS], todo[MAX_ITEMS:]
                     self._next += 1
                     rid = self._next
-                    table = b"".join(keys[i] for i in idx)
-                    hdr = _HDR.pack(MAGIC, WIRE_VERSION, GET_REQ, 0, 0, rid, len(idx), int(self._timeout * 1000) + 1,
+                    typ, table = get_table(keys, idx, parts)
+                    hdr = _HDR.pack(MAGIC, WIRE_VERSION, typ, 0, 0, rid, len(idx), int(self._timeout * 1000) + 1,
                                     0, MAX_BATCH, MAX_BATCH, 0, _xxhash.xxh64(table))
                     self._sock.sendall(hdr + struct.pack("<Q", _xxhash.xxh64(hdr)) + table)
                     typ, got, count, rtable, payload = self._read_frame(payload_ok=True)

@@ -1,14 +1,17 @@
 """KV tensors in and out: validation, byte views, allocation.
 
-A KV tensor is shaped [layers, 2, n_tokens, kv_heads, head_dim] (the block
-payload layout; [layers, n_tokens, latent_dim] for the latent layout) and is
-a torch.Tensor (CPU or CUDA) or a numpy.ndarray. Everything below works on a
-uint8 numpy view [layers, parts, n_tokens, row] (parts 2, row = kv_heads x
-head_dim x dtype size; latent: parts 1, row = latent_dim x dtype size) of
-host memory, so that a block is the slice [:, :, i*B:(i+1)*B] of it.
+A KV tensor is a rank's slice (Slice) of the model's KV, shaped
+[layers/pp, 2, n_tokens, kv_heads/tp, head_dim] ([layers/pp, n_tokens,
+latent_dim] for the latent layout), a torch.Tensor (CPU or CUDA) or a
+numpy.ndarray. Everything below works on a uint8 numpy view of its host
+memory, so that a block is the slice [:, :, i*B:(i+1)*B] of it. Blocks are
+stored [layer][kv_head][K|V][token][head_dim] (block.py): a put takes each
+block's part in that order (views of the tensor when the rank holds one head
+or the latent, else one copy per block) and a get copies each block once
+into place.
 
 A namespace with scales adds a float32 scales tensor per call, shaped
-[n_blocks, *ns.scales_shape()]: block i's scales follow its KV bytes in
+[n_blocks, *Slice.scales_shape]: block i's scales follow its KV bytes in
 its payload.
 
 numpy has no bfloat16 or fp8: for those namespaces a numpy array of the same
@@ -59,19 +62,46 @@ def parts(ns):
     return 1 if ns.kv_layout == "latent" else 2
 
 
-def row_bytes(ns):
-    """Bytes of one token's part in one layer."""
-    if ns.kv_layout == "latent":
-        return ns.latent_dim * ns.dtype_size
-    return ns.kv_heads * ns.head_dim * ns.dtype_size
+class Slice:
+    """What one parallel rank holds of ns's blocks: part (a block.Part) and the shapes that go
+    with it. A rank's tensor is [l1-l0, 2, n_tokens, h1-h0, head_dim] (split) or
+    [l1-l0, n_tokens, latent_dim] (latent); its scales [n_blocks, *scales_shape]."""
+
+    def __init__(self, ns, part, rank=None):
+        from . import block
+        self.ns, self.part = ns, block.Part(*part)
+        self.layers = part[1] - part[0]
+        self.heads = part[3] - part[2]
+        self.whole = block.is_whole(ns, self.part)
+        self.rank = rank  # (tp_rank, tp_size, pp_rank, pp_size), for messages
+        self.part_bytes = block.part_len(ns, ns.block_tokens, self.part)
+        self.scales_shape = ns.scales_shape(self.layers, self.heads)
+        self.scale_count = 0 if self.scales_shape is None else int(np.prod(self.scales_shape))
+        self.kv_bytes = self.part_bytes - 4 * self.scale_count
+
+    def shape(self, n_tokens):
+        return self.ns.block_shape(n_tokens, self.layers, self.heads)
+
+    def row(self):
+        """Bytes of one token of one head (split) or of the latent, in one layer."""
+        ns = self.ns
+        return (ns.latent_dim if ns.kv_layout == "latent" else ns.head_dim) * ns.dtype_size
+
+    def u8_shape(self, n_tokens):
+        if self.ns.kv_layout == "latent":
+            return (self.layers, n_tokens, self.row())
+        return (self.layers, 2, n_tokens, self.heads, self.row())
+
+    def describe(self):
+        if self.rank is None or self.whole:
+            return ""
+        tp, tps, pp, pps = self.rank
+        return f" (tp_rank {tp} of {tps}, pp_rank {pp} of {pps}: {self.part})"
 
 
-def _shape_ok(ns, shape, n_tokens):
-    if ns.kv_layout == "latent":
-        return len(shape) == 3 and shape[0] == ns.layers and shape[2] == ns.latent_dim and \
-            (n_tokens is None or shape[1] == n_tokens)
-    return len(shape) == 5 and shape[0] == ns.layers and shape[1] == 2 and shape[3] == ns.kv_heads and \
-        shape[4] == ns.head_dim and (n_tokens is None or shape[2] == n_tokens)
+def whole(ns):
+    from . import block
+    return Slice(ns, block.whole_part(ns))
 
 
 def tokens_of(ns, kv):
@@ -79,30 +109,35 @@ def tokens_of(ns, kv):
     return kv.shape[1] if ns.kv_layout == "latent" else kv.shape[2]
 
 
-def check_scales(ns, scales, n_blocks, name="scales"):
-    """A contiguous float32 numpy view [n_blocks, scale_count] of scales, or ValueError."""
+def check_scales(sl, scales, n_blocks, name="scales"):
+    """A contiguous float32 numpy view [n_blocks, scale_count] of scales for slice sl, or ValueError."""
+    ns = sl.ns
     if ns.scales == "none":
         if scales is not None:
             raise ValueError(f"{name}: namespace {ns.model!r} has no scales (scales='none')")
         return None
-    want = (n_blocks,) + ns.scales_shape()
+    want = (n_blocks,) + sl.scales_shape
     if scales is None:
-        raise ValueError(f"{name}: namespace has {ns.scales} scales: give them, float32 shaped {list(want)}")
+        raise ValueError(f"{name}: namespace has {ns.scales} scales: give them, float32 shaped {list(want)}"
+                         + sl.describe())
     if is_torch(scales):
         scales = scales.detach().cpu().numpy()
     a = np.asarray(scales)
     if tuple(a.shape) != want or a.dtype != np.float32:
-        raise ValueError(f"{name}: shape {list(a.shape)} {a.dtype}, want float32 {list(want)}")
-    return np.ascontiguousarray(a).astype("<f4", copy=False).reshape(n_blocks, ns.scale_count)
+        raise ValueError(f"{name}: shape {list(a.shape)} {a.dtype}, want float32 {list(want)}" + sl.describe())
+    return np.ascontiguousarray(a).astype("<f4", copy=False).reshape(n_blocks, sl.scale_count)
 
 
-def check_kv(ns, kv, n_tokens=None, name="kv"):
-    """Raises ValueError unless kv is a contiguous KV tensor of ns (with n_tokens tokens when given)."""
-    nt = 'n_tokens' if n_tokens is None else n_tokens
-    want = f"[{ns.layers}, 2, {nt}, {ns.kv_heads}, {ns.head_dim}]"
-    what = "layers, K|V, tokens, kv_heads, head_dim"
+def check_kv(sl, kv, n_tokens=None, name="kv"):
+    """Raises ValueError unless kv is a contiguous KV tensor of slice sl (with n_tokens tokens
+    when given)."""
+    ns = sl.ns
+    nt = "n_tokens" if n_tokens is None else n_tokens
+    per = "" if sl.whole else " of this rank"
+    want = f"[{sl.layers}, 2, {nt}, {sl.heads}, {ns.head_dim}]"
+    what = f"layers{per}, K|V, tokens, kv_heads{per}, head_dim"
     if ns.kv_layout == "latent":
-        want, what = f"[{ns.layers}, {nt}, {ns.latent_dim}]", "layers, tokens, latent_dim"
+        want, what = f"[{sl.layers}, {nt}, {ns.latent_dim}]", f"layers{per}, tokens, latent_dim"
     if is_torch(kv):
         shape, dt = tuple(kv.shape), kv.dtype
         ok_dt = _torch_ok(ns, dt)
@@ -115,17 +150,20 @@ def check_kv(ns, kv, n_tokens=None, name="kv"):
         want_dt = " or ".join("numpy." + n for n in _NP[ns.dtype])
     else:
         raise ValueError(f"{name}: want a torch.Tensor or numpy.ndarray shaped {want}, got {type(kv).__name__}")
-    if not _shape_ok(ns, shape, n_tokens):
-        raise ValueError(f"{name}: shape {list(shape)}, want {want} ({what})")
+    dims = 3 if ns.kv_layout == "latent" else 5
+    if len(shape) != dims or tuple(shape) != sl.shape(tokens_of(ns, kv)) or \
+            (n_tokens is not None and tokens_of(ns, kv) != n_tokens):
+        raise ValueError(f"{name}: shape {list(shape)}, want {want} ({what})" + sl.describe())
     if not ok_dt:
         raise ValueError(f"{name}: dtype {dt}, want {want_dt} for namespace dtype {ns.dtype}")
     if not contiguous:
         raise ValueError(f"{name}: must be contiguous (call .contiguous() / numpy.ascontiguousarray first)")
 
 
-def host_u8(kv, ns):
-    """A uint8 view [layers, 2, n, row] of kv's host memory, and for a CUDA tensor the pinned
-    host copy it views (None otherwise)."""
+def host_u8(kv, sl):
+    """A uint8 view of kv's host memory ([layers, 2, n, heads, head_dim bytes], latent
+    [layers, n, latent bytes]), and for a CUDA tensor the pinned host copy it views (None
+    otherwise)."""
     staged = None
     if is_torch(kv):
         torch = _torch()
@@ -136,62 +174,102 @@ def host_u8(kv, ns):
         a = kv.view(torch.uint8).numpy() if kv.numel() else np.empty((0,), np.uint8)
     else:
         a = kv.view(np.uint8)
-    return a.reshape(ns.layers, parts(ns), -1, row_bytes(ns)), staged
+    return a.reshape(sl.u8_shape(tokens_of(sl.ns, kv))), staged
 
 
-def alloc(ns, n_tokens, array, device=None):
-    """A new KV tensor of ns for n_tokens tokens: torch (on device) or numpy."""
+def put_runs(sl, u8, i):
+    """Block i's part payload KV bytes taken from u8 (host_u8 of a rank's tensor), in the stored
+    order ([layer][head][K|V][token][head_dim]; latent [layer][token][latent]), as a list of
+    byte runs: views of the tensor where the order lets them be (the latent layout, or one head
+    per rank: one run per layer and K|V), else one copy of the block's slice."""
+    B = sl.ns.block_tokens
+    if sl.ns.kv_layout == "latent":
+        return list(u8[:, i * B:(i + 1) * B].reshape(sl.layers, -1))
+    v = u8[:, :, i * B:(i + 1) * B]
+    if sl.heads == 1:
+        return list(v.reshape(sl.layers * 2, -1))
+    return [np.ascontiguousarray(v.transpose(0, 3, 1, 2, 4)).reshape(-1)]
+
+
+def alloc(sl, n_tokens, array, device=None):
+    """A new KV tensor of slice sl for n_tokens tokens: torch (on device) or numpy."""
+    ns = sl.ns
     if array == "numpy":
-        return np.empty(ns.block_shape(n_tokens), numpy_dtype(ns))
+        return np.empty(sl.shape(n_tokens), numpy_dtype(ns))
     torch = _torch()
-    return torch.empty(ns.block_shape(n_tokens), dtype=torch_dtype(ns), device=device or "cpu")
+    return torch.empty(sl.shape(n_tokens), dtype=torch_dtype(ns), device=device or "cpu")
 
 
 class Dest:
-    """Where a get lands: out (caller's or new) viewed as host bytes; a CUDA out is filled
-    through a pinned host tensor and copied once at the end."""
+    """Where a get lands: out (caller's or new, a rank's slice) viewed as host bytes; a CUDA out is
+    filled through a pinned host tensor and copied once at the end. Every block is copied once
+    into place, from a part record or a whole block."""
 
-    def __init__(self, ns, out):
-        self.out = out
+    def __init__(self, sl, out):
+        ns = sl.ns
+        self.sl, self.out = sl, out
         self.cuda = is_torch(out) and out.device.type != "cpu"
         if self.cuda:
             torch = _torch()
             self.host = torch.empty(out.shape, dtype=out.dtype, pin_memory=torch.cuda.is_available())
         else:
             self.host = out
-        self.u8 = host_u8(self.host, ns)[0] if tokens_of(ns, out) else None
+        self.u8 = host_u8(self.host, sl)[0] if tokens_of(ns, out) else None
         self.B = ns.block_tokens
-        self.kv_bytes = ns.kv_bytes
-        self.shape = (ns.layers, parts(ns), ns.block_tokens, -1)
         # Block i's scales land in scales[i] (float32 [n_blocks, scale_count]).
         nb = tokens_of(ns, out) // ns.block_tokens
-        self.scales = np.zeros((nb, ns.scale_count), "<f4") if ns.scales != "none" else None
+        self.scales = np.zeros((nb, sl.scale_count), "<f4") if ns.scales != "none" else None
+
+    def _block(self, i):
+        B = self.B
+        if self.sl.ns.kv_layout == "latent":
+            return self.u8[:, i * B:(i + 1) * B]
+        return self.u8[:, :, i * B:(i + 1) * B]
 
     def segments(self, i):
-        """Block i's place in the destination as the payload's runs, in payload order: one
-        writable byte view per (layer, K|V), each block_tokens rows long."""
-        u8 = self.u8
-        L2, N, row = u8.shape[0] * u8.shape[1], u8.shape[2], u8.shape[3]
-        flat = u8.reshape(-1)
-        run = self.B * row
-        segs = [memoryview(flat[s * N * row + i * run: s * N * row + (i + 1) * run]) for s in range(L2)]
+        """Block i's place in the destination as the part payload's runs, in payload order, when
+        the order lets a read land there directly (the latent layout, or one head per rank): one
+        writable byte view per layer (and K|V), then the scales. None otherwise."""
+        sl = self.sl
+        if sl.ns.kv_layout != "latent" and sl.heads != 1:
+            return None
+        v = self._block(i)
+        rows = v.shape[0] * (1 if sl.ns.kv_layout == "latent" else 2)
+        segs = [memoryview(r) for r in v.reshape(rows, -1)]  # views: each run is contiguous in out
         if self.scales is not None:
             segs.append(memoryview(self.scales[i].view(np.uint8)))
         return segs
 
-    def copy_from(self, i, src):
-        """Copies block i's payload from src, a uint8 numpy array of it (a view of the
-        shared region): one strided numpy copy, which beats a memmove per run."""
-        self.u8[:, :, i * self.B:(i + 1) * self.B, :] = src[:self.kv_bytes].reshape(self.shape)
+    def put_part(self, i, payload):
+        """Copies block i's part payload (bytes-like or a uint8 array: the rank's part, in the
+        stored order) into place: the one copy of a get."""
+        sl = self.sl
+        b = np.frombuffer(payload, np.uint8) if not isinstance(payload, np.ndarray) else payload
+        kv = b[:sl.kv_bytes]
+        if sl.ns.kv_layout == "latent":
+            self._block(i)[...] = kv.reshape(sl.layers, self.B, -1)
+        else:
+            self._block(i)[...] = kv.reshape(sl.layers, sl.heads, 2, self.B, -1).transpose(0, 2, 3, 1, 4)
         if self.scales is not None:
-            self.scales[i] = src[self.kv_bytes:].view("<f4")
+            self.scales[i] = b[sl.kv_bytes:sl.part_bytes].view("<f4")
 
-    def put_block(self, i, payload):
-        """Copies block i's payload (bytes-like) into place: the one copy of a get."""
-        b = np.frombuffer(payload, np.uint8)
-        self.u8[:, :, i * self.B:(i + 1) * self.B, :] = b[:self.kv_bytes].reshape(self.shape)
+    def put_whole(self, i, payload):
+        """Copies this rank's part of block i from the whole block's payload into place."""
+        sl, ns, p = self.sl, self.sl.ns, self.sl.part
+        b = np.frombuffer(payload, np.uint8) if not isinstance(payload, np.ndarray) else payload
+        kv = b[:ns.kv_bytes]
+        if ns.kv_layout == "latent":
+            self._block(i)[...] = kv.reshape(ns.layers, self.B, -1)[p.l0:p.l1]
+        else:
+            self._block(i)[...] = kv.reshape(ns.layers, ns.kv_heads, 2, self.B, -1)[p.l0:p.l1, p.h0:p.h1] \
+                .transpose(0, 2, 3, 1, 4)
         if self.scales is not None:
-            self.scales[i] = b[self.kv_bytes:].view("<f4")
+            sc = b[ns.kv_bytes:ns.block_bytes].view("<f4")
+            if ns.scales == "head":
+                sc = sc.reshape(ns.layers, ns.kv_heads, 2)[p.l0:p.l1, p.h0:p.h1]
+            else:
+                sc = sc.reshape(ns.layers, -1)[p.l0:p.l1]
+            self.scales[i] = sc.reshape(-1)
 
     def finish(self, n_tokens):
         if self.cuda and n_tokens:

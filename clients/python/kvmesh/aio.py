@@ -8,7 +8,7 @@ import asyncio
 
 import grpc
 
-from . import _core, _shm, _tcp
+from . import _core, _shm, _tcp, block
 from .client import _check_outs, _check_put_items, channel_credentials, channel_options, check_transport, ssl_context
 from .errors import KVMeshError, PermissionDenied, from_rpc
 from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2_grpc
@@ -119,14 +119,16 @@ class Client:
         m = await self.meta(ns)
         return _core.lookup_result(await self._call(self._cache.Lookup, _core.lookup_request(ns, tokens, m, extra_keys)))
 
-    async def put(self, ns, tokens, kv, *, scales=None, extra_keys=None):
-        return (await self.batch_put(ns, [(tokens, kv, scales, extra_keys)]))[0]
+    async def put(self, ns, tokens, kv, *, scales=None, extra_keys=None, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+        return (await self.batch_put(ns, [(tokens, kv, scales, extra_keys)], tp_rank=tp_rank, tp_size=tp_size,
+                                     pp_rank=pp_rank, pp_size=pp_size))[0]
 
-    async def batch_put(self, ns, items):
+    async def batch_put(self, ns, items, *, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
         items = list(items)
-        _check_put_items(ns, items)
+        sl = _core.rank_slice(ns, tp_rank, tp_size, pp_rank, pp_size)
+        _check_put_items(ns, items, sl)
         m = await self.meta(ns)
-        plan = _core.PutPlan(ns, items, m)
+        plan = _core.PutPlan(ns, items, m, sl)
         if not plan.blocks:
             return [0] * len(items)
         stored, rest = [], list(range(len(plan.blocks)))
@@ -134,14 +136,21 @@ class Client:
         if conn is None:
             conn, path = await self._tcp_conn(m), "tcp_put"
         if conn is not None:
-            keys, chunks, heads, payloads = plan.shm_items()
             try:
-                st = await asyncio.to_thread(conn.put_publish, keys, chunks, heads, payloads)
-                stored = [keys[j] for j in range(len(keys)) if st[j] == _shm.STATUS_OK]
-                self.counters[path] += len(stored)
-                rest = [j for j in range(len(keys)) if st[j] != _shm.STATUS_OK]
+                if block.replicated(ns, tp_size):
+                    st = await asyncio.to_thread(conn.claim, plan.keys(), [sl.part] * len(plan.blocks))
+                    stored, rest = plan.claimed(st)
+                if rest:
+                    keys, chunks, heads, payloads = plan.shm_items(rest)
+                    st = await asyncio.to_thread(conn.put_publish, keys, chunks, heads, payloads)
+                    ok = _core.put_statuses(plan, keys, st)
+                    stored += ok
+                    self.counters[path] += len(ok)
+                    rest = [rest[j] for j in range(len(keys)) if st[j] != _shm.STATUS_OK]
             except (OSError, _shm.ShmError):
                 pass
+        if rest and not sl.whole:
+            raise plan.unsent(rest, conn is not None and not conn.closed)
         if rest:
             try:
                 resp = await self._cache.BatchPut(plan.requests(rest), timeout=self.timeout, metadata=self._md)
@@ -159,20 +168,24 @@ class Client:
         except grpc.aio.AioRpcError as e:
             raise from_rpc(e) from None
 
-    async def get(self, ns, tokens, out=None, *, array=None, extra_keys=None):
+    async def get(self, ns, tokens, out=None, *, array=None, extra_keys=None, tp_rank=0, tp_size=1, pp_rank=0,
+                  pp_size=1):
         return (await self.batch_get(ns, [tokens], None if out is None else [out], array=array,
-                                     extra_keys=None if extra_keys is None else [extra_keys]))[0]
+                                     extra_keys=None if extra_keys is None else [extra_keys], tp_rank=tp_rank,
+                                     tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size))[0]
 
-    async def batch_get(self, ns, prompts, outs=None, *, array=None, extra_keys=None):
+    async def batch_get(self, ns, prompts, outs=None, *, array=None, extra_keys=None, tp_rank=0, tp_size=1,
+                        pp_rank=0, pp_size=1):
         prompts = list(prompts)
-        _check_outs(ns, prompts, outs, array)
+        sl = _core.rank_slice(ns, tp_rank, tp_size, pp_rank, pp_size)
+        _check_outs(ns, prompts, outs, array, sl)
         m = await self.meta(ns)
-        plan = _core.GetPlan(ns, prompts, outs, array, m, extra_keys)
+        plan = _core.GetPlan(ns, prompts, outs, array, m, extra_keys, sl)
         if plan.keys:
             conn = await self._shm_conn(m)
             if conn is not None:
                 try:
-                    await asyncio.to_thread(conn.get, plan.keys, plan.shm_consume)
+                    await asyncio.to_thread(conn.get, plan.keys, plan.shm_consume, plan.parts())
                 except (OSError, _shm.ShmError):
                     pass
                 self.counters["shm_get"] += len(plan.keys) - len(plan.missing())
@@ -180,7 +193,7 @@ class Client:
                 tcp = await self._tcp_conn(m)
                 if tcp is not None:
                     try:
-                        await asyncio.to_thread(tcp.get, plan.keys, plan.tcp_buffers, plan.tcp_landed)
+                        await asyncio.to_thread(tcp.get, plan.keys, plan.tcp_buffers, plan.tcp_landed, plan.parts())
                     except (OSError, _shm.ShmError):
                         pass
                     self.counters["tcp_get"] += len(plan.keys) - len(plan.missing())

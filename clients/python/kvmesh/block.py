@@ -1,39 +1,50 @@
-"""The encoded block header (block/block.go, block format 2), for the data planes.
+"""Encoded blocks and their parts (block/block.go, block format 4), for the data planes.
 
 All integers little-endian; the header is padded to a multiple of 64 bytes::
 
-      0  4  magic "KVMB"           56  1  KV dtype        80  8  payload length
-      4  2  format version (2)     60  4  layer start     88  8  xxhash64 of the payload
-      6  1  key format version     64  4  layer end       96  8  tenant tag (0: none)
-      8  4  header length          68  4  KV heads       104  8  xxhash64 of [0,104) and the tokens
-     12  4  token count n          72  4  head dim       112 4n  token ids
-     16  8  namespace digest
-     24 16  key, 40 16 parent key
+      0  4  magic "KVMB"              60  4  layers (the model's)
+      4  2  format version (4)        64  4  KV heads (the model's; 0 latent)
+      6  1  key format version (3)    68  4  head dim (0 latent)
+      7  1  KV layout (0 split, 1 latent)  72  4  latent dim (0 split)
+      8  4  header length             76  4  reserved, zero
+     12  4  token count n             80  8  payload length (of this record)
+     16  8  namespace digest          88  8  xxhash64 of the payload (of this record)
+     24 16  key                       96  8  tenant tag (0: none)
+     40 16  parent key               104 16  part: l0, l1, h0, h1 (u32 each)
+     56  1  dtype                    120  8  xxhash64 of [0,120), the tokens and the extension
+     57  1  key scheme (0 kvmesh, 1 vllm)
+     58  1  scales (0 none, 1 per block, 2 per head)
+     59  1  reserved, zero
+    128 4n  token ids, then u32 extension length X (the namespace's extension_room) and
+            X bytes: the parent's 32-byte vLLM hash (vllm scheme only), u32 extra key
+            count m, m x (u32 len ‖ bytes), zeros to X
 
-Byte 6 is the key format (prefixhash.KeyVersion). Payloads are
-[layer][K|V][token][kv_head][head_dim] (split) or [layer][token][latent_dim]
-(latent), then the float32 scales when the namespace has them.
+Payload of a whole block: split ``[layer][kv_head][K|V][token][head_dim]``,
+latent ``[layer][token][latent_dim]``, then the float32 scales: per block
+``[layer][K|V]`` (latent ``[layer]``), per head ``[layer][kv_head][K|V]``.
+So a tensor-parallel rank's heads of one layer are one contiguous run.
 
-Format 3 (store/block.go) is written for blocks that use a latent layout,
-scales, the vllm key scheme or extra keys: byte 7 the KV layout, 57 the key
-scheme, 58 the scales, 76 the latent dim, and after the tokens an extension
-(u32 length X, then X bytes: the parent's 32-byte vLLM hash under the vllm
-scheme, u32 count, (u32 length ‖ bytes) per extra key) that the header
-checksum covers. A block with none of them is format 2, as before.
+A *part* is a record whose range ``[l0,l1) x [h0,h1)`` is not the whole
+block (heads are the KV heads, or the one latent for the latent layout). Its
+payload is, for each layer of [l0,l1), that layer's heads [h0,h1), then the
+scales of those layers (and heads). rank_part maps a parallel rank to its
+part exactly as Go's block.RankPart does.
 """
 import struct
+from collections import namedtuple
 
 from . import _xxhash
-from ._namespace import (_ALGOS, DTYPE_IDS, KEY_SCHEMES, KEY_SIZE, KV_LAYOUTS, MAX_EXTRA_KEYS, SCALES, KEY_VERSION,
+from ._namespace import (DTYPE_IDS, KEY_SCHEMES, KEY_SIZE, KV_LAYOUTS, MAX_EXTRA_KEYS, SCALES, KEY_VERSION,
                          block_link, token_bytes)
+from .errors import BadPart
 
 MAGIC = b"KVMB"
-BLOCK_VERSION = 2
-FIXED_HEADER_LEN = 112
-HEADER_SUM_OFF = 104
+BLOCK_VERSION = 4
+FIXED_HEADER_LEN = 128
+HEADER_SUM_OFF = 120
 HEADER_ALIGN = 64
 
-_FIXED = struct.Struct("<4sHBxII Q16s16s B3xIIII4x QQQ")
+_FIXED = struct.Struct("<4sHBBII Q16s16s BBBx IIII4x QQQ IIII")
 assert _FIXED.size == HEADER_SUM_OFF
 
 
@@ -41,15 +52,170 @@ class CorruptBlock(ValueError):
     """Bytes that are not a block this client may use."""
 
 
-def header_len(n_tokens, ext=None):
-    """The header length of a block of n_tokens: format 2, or format 3 with an extension of
-    ext bytes (its length field excluded)."""
-    n = FIXED_HEADER_LEN + 4 * n_tokens + (0 if ext is None else 4 + ext)
+class Part(namedtuple("Part", "l0 l1 h0 h1")):
+    """A range of a block: layers [l0, l1) x heads [h0, h1) (latent layout: h0=0, h1=1)."""
+    __slots__ = ()
+
+    def __str__(self):
+        return f"layers [{self.l0},{self.l1}) heads [{self.h0},{self.h1})"
+
+
+def whole_part(ns):
+    """The part that is the whole block of ns."""
+    return Part(0, ns.layers, 0, ns.heads)
+
+
+def is_whole(ns, p):
+    return tuple(p) == tuple(whole_part(ns))
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_part(ns, p):
+    """Raises BadPart (an InvalidArgument) unless p is a valid part range of ns's blocks, naming
+    the valid ranges: any layer range 0 <= l0 < l1 <= layers; split heads an aligned slice
+    (h1-h0 divides kv_heads, h0 a multiple of it); latent heads [0,1); per-block scales with
+    the split layout only the whole head range."""
+    l0, l1, h0, h1 = p
+    L, H = ns.layers, ns.heads
+    if not 0 <= l0 < l1 <= L:
+        raise BadPart(f"part {Part(*p)}: layers [{l0},{l1}) is not within the model's {L} layers "
+                      f"(want 0 <= l0 < l1 <= {L})")
+    if ns.kv_layout == "latent":
+        if (h0, h1) != (0, 1):
+            raise BadPart(f"part {Part(*p)}: the latent layout has no heads to split (want heads [0,1))")
+        return
+    w = h1 - h0
+    if not (0 <= h0 < h1 <= H and H % w == 0 and h0 % w == 0):
+        raise BadPart(f"part {Part(*p)}: heads must be an aligned slice of the {H} KV heads: [k*w,(k+1)*w) with "
+                      f"w one of {', '.join(map(str, _divisors(H)))}")
+    if ns.scales == "block" and w != H:
+        raise BadPart(f"part {Part(*p)}: per-block scales cover all {H} heads of a layer; a head slice needs "
+                      f"per-head scales (want heads [0,{H}))")
+
+
+def rank_part(ns, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+    """The part of ns's blocks that a rank holds (block.RankPart):
+
+    - tp: the split layout's H KV heads: heads [r*H/tp, (r+1)*H/tp) when tp divides H; when H
+      divides tp (more ranks than heads: vLLM replicates heads) the one head r // (tp/H); else
+      BadPart naming the valid tp sizes. Latent: every rank holds the latent, heads [0,1).
+    - pp: vLLM's partition: every stage gets layers // pp_size layers, and the layers % pp_size
+      extra layers go one each to the stages just before the last; stage r covers the layers
+      after those of stages < r.
+    """
+    for name, v in (("tp_rank", tp_rank), ("tp_size", tp_size), ("pp_rank", pp_rank), ("pp_size", pp_size)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise BadPart(f"{name}: {v!r} is not an int")
+    if tp_size < 1 or not 0 <= tp_rank < tp_size:
+        raise BadPart(f"tp_rank {tp_rank} of tp_size {tp_size}: want tp_size >= 1 and 0 <= tp_rank < tp_size")
+    L = ns.layers
+    if pp_size < 1 or pp_size > L or not 0 <= pp_rank < pp_size:
+        raise BadPart(f"pp_rank {pp_rank} of pp_size {pp_size}: want 1 <= pp_size <= {L} (the model's layers) and "
+                      "0 <= pp_rank < pp_size")
+    base, extra = divmod(L, pp_size)
+    sizes = [base + (1 if pp_size - 1 - extra <= s < pp_size - 1 else 0) for s in range(pp_size)]
+    l0 = sum(sizes[:pp_rank])
+    l1 = l0 + sizes[pp_rank]
+    if ns.kv_layout == "latent":
+        h0, h1 = 0, 1
+    else:
+        H = ns.kv_heads
+        if H % tp_size == 0:
+            w = H // tp_size
+            h0, h1 = tp_rank * w, (tp_rank + 1) * w
+        elif tp_size % H == 0:
+            h0 = tp_rank // (tp_size // H)
+            h1 = h0 + 1
+        else:
+            raise BadPart(f"tp_size {tp_size} neither divides nor is a multiple of the model's {H} KV heads: "
+                          f"want one of {', '.join(map(str, _divisors(H)))} or a multiple of {H}")
+    p = Part(l0, l1, h0, h1)
+    check_part(ns, p)
+    return p
+
+
+def replicated(ns, tp_size):
+    """Whether several tensor-parallel ranks of tp_size hold the same part (the latent layout, or
+    more ranks than KV heads): then a put asks the node first and sends only what it lacks."""
+    return tp_size > 1 and (ns.kv_layout == "latent" or tp_size > ns.kv_heads)
+
+
+def _cell(ns, tokens):
+    """Bytes of one (layer, head) cell of KV: split 2 x tokens x head_dim, latent tokens x latent_dim."""
+    if ns.kv_layout == "latent":
+        return tokens * ns.latent_dim * ns.dtype_size
+    return 2 * tokens * ns.head_dim * ns.dtype_size
+
+
+def _cell_scales(ns):
+    """float32 scales per (layer, head) cell (per head: K and V), or per layer (per block)."""
+    return {"none": 0, "block": 1 if ns.kv_layout == "latent" else 2, "head": 2}[ns.scales]
+
+
+def part_len(ns, tokens, p):
+    """Payload bytes of part p of a block of `tokens` tokens."""
+    L, H = p.l1 - p.l0, p.h1 - p.h0
+    n = L * H * _cell(ns, tokens)
+    if ns.scales == "head":
+        n += 4 * L * H * 2
+    elif ns.scales == "block":
+        n += 4 * L * _cell_scales(ns)
+    return n
+
+
+def extract_part(ns, payload, tokens, p):
+    """Part p's payload taken from a whole block payload (bytes-like), as bytes."""
+    mv = memoryview(payload).cast("B")
+    H, c = ns.heads, _cell(ns, tokens)
+    out = bytearray()
+    for layer in range(p.l0, p.l1):
+        off = (layer * H + p.h0) * c
+        out += mv[off:off + (p.h1 - p.h0) * c]
+    kv = ns.layers * H * c
+    if ns.scales == "head":
+        for layer in range(p.l0, p.l1):
+            off = kv + 4 * 2 * (layer * H + p.h0)
+            out += mv[off:off + 4 * 2 * (p.h1 - p.h0)]
+    elif ns.scales == "block":
+        k = _cell_scales(ns)
+        out += mv[kv + 4 * k * p.l0:kv + 4 * k * p.l1]
+    return bytes(out)
+
+
+def place_part(ns, payload, part, tokens, p):
+    """Copies part p's payload (bytes-like) into its place in a whole block payload (a writable
+    buffer): the inverse of extract_part."""
+    dst = memoryview(payload).cast("B")
+    src = memoryview(part).cast("B")
+    if src.nbytes != part_len(ns, tokens, p):
+        raise ValueError(f"part {p}: {src.nbytes} bytes, want {part_len(ns, tokens, p)}")
+    H, c = ns.heads, _cell(ns, tokens)
+    w = (p.h1 - p.h0) * c
+    i = 0
+    for layer in range(p.l0, p.l1):
+        off = (layer * H + p.h0) * c
+        dst[off:off + w] = src[i:i + w]
+        i += w
+    kv = ns.layers * H * c
+    if ns.scales == "head":
+        w = 4 * 2 * (p.h1 - p.h0)
+        for layer in range(p.l0, p.l1):
+            off = kv + 4 * 2 * (layer * H + p.h0)
+            dst[off:off + w] = src[i:i + w]
+            i += w
+    elif ns.scales == "block":
+        k = _cell_scales(ns)
+        dst[kv + 4 * k * p.l0:kv + 4 * k * p.l1] = src[i:]
+
+
+def header_len(n_tokens, ext):
+    """The header length of a block of n_tokens whose extension is ext bytes (its length field
+    excluded)."""
+    n = FIXED_HEADER_LEN + 4 * n_tokens + 4 + ext
     return (n + HEADER_ALIGN - 1) // HEADER_ALIGN * HEADER_ALIGN
-
-
-def _v3(ns):
-    return ns.kv_layout != "split" or ns.scales != "none" or ns.key_scheme != "kvmesh" or ns.extra_key_bytes != 0
 
 
 def _extension(ns, parent, extra):
@@ -66,37 +232,35 @@ def _extension(ns, parent, extra):
 
 
 def namespace_header_len(ns):
-    """The header length of every block of ns."""
-    return header_len(ns.block_tokens, ns.extension_room() if _v3(ns) else None)
+    """The header length of every block (and part) of ns."""
+    return header_len(ns.block_tokens, ns.extension_room())
 
 
-def encode_header(ns, parent, tokens, payload_checksum, tenant_tag=0, key_version=KEY_VERSION, extra=None):
-    """The header of the block of ns holding tokens (exactly ns.block_tokens), chained from
+def encode_header(ns, parent, tokens, payload_checksum, tenant_tag=0, key_version=KEY_VERSION, extra=None, part=None):
+    """The header of the record of ns holding tokens (exactly ns.block_tokens), chained from
     parent (its link: the parent key, or under the vllm scheme the parent's 32-byte hash),
-    whose payload has xxhash64 payload_checksum and whose key covers extra (the caller's extra
-    keys; the namespace adds its own). Returns (header bytes, link); link[:16] is the key."""
+    whose key covers extra (the caller's extra keys; the namespace adds its own). part (default
+    the whole block) is the range the record holds; payload_checksum is the xxhash64 of its
+    payload (of part_len bytes). Returns (header bytes, link); link[:16] is the key."""
     tb = token_bytes(tokens)
     n = len(tb) // 4
     if n != ns.block_tokens:
         raise ValueError(f"block has {n} tokens, namespace blocks hold {ns.block_tokens}")
+    p = whole_part(ns) if part is None else Part(*part)
+    check_part(ns, p)
     extra = ns.block_extra(ns.key_scheme == "vllm" and parent == ns.root_link(key_version), extra)
     if len(extra) > MAX_EXTRA_KEYS + 2:
         raise ValueError(f"extra_keys: {len(extra)} keys, the limit is {MAX_EXTRA_KEYS}")
     link = block_link(ns, parent, tb, extra)
     key = link[:KEY_SIZE]
-    v3 = _v3(ns)
-    ext = _extension(ns, parent, extra) if v3 else None
-    hl = header_len(n, None if ext is None else len(ext))
-    fixed = bytearray(_FIXED.pack(MAGIC, 3 if v3 else BLOCK_VERSION, key_version, hl, n, ns.digest(key_version), key,
-                                  parent[:KEY_SIZE], DTYPE_IDS[ns.dtype], ns.layer_start, ns.layer_end, ns.kv_heads,
-                                  ns.head_dim, ns.block_bytes, payload_checksum, tenant_tag))
-    if v3:
-        fixed[7] = KV_LAYOUTS.index(ns.kv_layout)
-        fixed[57] = KEY_SCHEMES.index(ns.key_scheme)
-        fixed[58] = SCALES.index(ns.scales)
-        struct.pack_into("<I", fixed, 76, ns.latent_dim)
-    tail = tb + (struct.pack("<I", len(ext)) + ext if v3 else b"")
-    hsum = _xxhash.xxh64(bytes(fixed) + tail)
+    ext = _extension(ns, parent, extra)
+    hl = header_len(n, len(ext))
+    fixed = _FIXED.pack(MAGIC, BLOCK_VERSION, key_version, KV_LAYOUTS.index(ns.kv_layout), hl, n,
+                        ns.digest(key_version), key, parent[:KEY_SIZE], DTYPE_IDS[ns.dtype],
+                        KEY_SCHEMES.index(ns.key_scheme), SCALES.index(ns.scales), ns.layers, ns.kv_heads,
+                        ns.head_dim, ns.latent_dim, part_len(ns, n, p), payload_checksum, tenant_tag, *p)
+    tail = tb + struct.pack("<I", len(ext)) + ext
+    hsum = _xxhash.xxh64(fixed + tail)
     h = bytearray(hl)
     h[:HEADER_SUM_OFF] = fixed
     struct.pack_into("<Q", h, HEADER_SUM_OFF, hsum)
@@ -105,53 +269,52 @@ def encode_header(ns, parent, tokens, payload_checksum, tenant_tag=0, key_versio
 
 
 class Header:
-    __slots__ = ("key_version", "digest", "key", "parent", "dtype", "layer_start", "layer_end", "kv_heads",
-                 "head_dim", "payload_len", "checksum", "tenant", "tokens", "header_len", "kv_layout", "key_scheme",
-                 "scales", "latent_dim", "parent_link", "extra")
+    __slots__ = ("key_version", "digest", "key", "parent", "dtype", "layers", "kv_heads", "head_dim", "payload_len",
+                 "checksum", "tenant", "tokens", "header_len", "kv_layout", "key_scheme", "scales", "latent_dim",
+                 "parent_link", "extra", "part")
+
+    def whole(self):
+        """Whether the record is a whole block, not a part."""
+        heads = 1 if self.kv_layout == "latent" else self.kv_heads
+        return tuple(self.part) == (0, self.layers, 0, heads)
 
 
 def decode_header(b, key_version=KEY_VERSION):
     """Parses and verifies the header at the start of b (bytes-like): magic, versions,
-    lengths, header checksum, and key = H(parent ‖ tokens). Raises CorruptBlock."""
+    lengths, header checksum, and key = H(parent ‖ tokens ‖ extra keys). Raises CorruptBlock."""
     mv = memoryview(b)
     if len(mv) < FIXED_HEADER_LEN:
         raise CorruptBlock(f"{len(mv)} bytes, shorter than a block header")
-    (magic, version, kv, hl, n, digest, key, parent, dtype, ls, le, heads, hd, plen, csum,
-     tenant) = _FIXED.unpack_from(mv)
+    (magic, version, kv, layout, hl, n, digest, key, parent, dtype, scheme, scales, layers, heads, hd, latent, plen,
+     csum, tenant, l0, l1, h0, h1) = _FIXED.unpack_from(mv)
     if magic != MAGIC:
         raise CorruptBlock(f"bad magic {magic!r}")
-    want_kv = key_version
-    if version not in (2, 3) or kv != want_kv:
-        raise CorruptBlock(f"block format {version}, key format {kv}: not this client's (2 or 3, {want_kv})")
-    v3 = version == 3
-    if n == 0 or len(mv) < hl or (not v3 and hl != header_len(n)) or (v3 and hl < header_len(n, 4)):
+    if version != BLOCK_VERSION or kv != key_version:
+        raise CorruptBlock(f"block format {version}, key format {kv}: not this client's ({BLOCK_VERSION}, "
+                           f"{key_version})")
+    if n == 0 or len(mv) < hl or hl < header_len(n, 4):
         raise CorruptBlock(f"header length {hl} for {n} tokens")
     tb = bytes(mv[FIXED_HEADER_LEN:FIXED_HEADER_LEN + 4 * n])
-    ext = b""
-    if v3:
-        (x,) = struct.unpack_from("<I", mv, FIXED_HEADER_LEN + 4 * n)
-        if x < 4 or header_len(n, x) != hl:
-            raise CorruptBlock(f"extension of {x} bytes in a header of {hl}")
-        ext = bytes(mv[FIXED_HEADER_LEN + 4 * n:FIXED_HEADER_LEN + 4 * n + 4 + x])
+    (x,) = struct.unpack_from("<I", mv, FIXED_HEADER_LEN + 4 * n)
+    if x < 4 or header_len(n, x) != hl:
+        raise CorruptBlock(f"extension of {x} bytes in a header of {hl}")
+    ext = bytes(mv[FIXED_HEADER_LEN + 4 * n:FIXED_HEADER_LEN + 4 * n + 4 + x])
     (hsum,) = struct.unpack_from("<Q", mv, HEADER_SUM_OFF)
     if _xxhash.xxh64(bytes(mv[:HEADER_SUM_OFF]) + tb + ext) != hsum:
         raise CorruptBlock("header checksum mismatch")
+    if mv[59] or any(mv[76:80]):
+        raise CorruptBlock("reserved header bytes are not zero")
     h = Header()
     h.key_version, h.digest, h.key, h.parent = key_version, digest, key, parent
-    h.dtype, h.layer_start, h.layer_end, h.kv_heads, h.head_dim = dtype, ls, le, heads, hd
+    h.dtype, h.layers, h.kv_heads, h.head_dim, h.latent_dim = dtype, layers, heads, hd, latent
     h.payload_len, h.checksum, h.tenant, h.header_len = plen, csum, tenant, hl
     h.tokens = tb
-    h.kv_layout, h.key_scheme, h.scales, h.latent_dim = "split", "kvmesh", "none", 0
-    h.parent_link, h.extra = parent, []
-    if not v3:
-        if _ALGOS[key_version].chain(parent, tb, len(tb))[0] != key:
-            raise CorruptBlock("key is not H(parent ‖ tokens)")
-        return h
+    h.part = Part(l0, l1, h0, h1)
     try:
-        h.kv_layout, h.key_scheme, h.scales = KV_LAYOUTS[mv[7]], KEY_SCHEMES[mv[57]], SCALES[mv[58]]
+        h.kv_layout, h.key_scheme, h.scales = KV_LAYOUTS[layout], KEY_SCHEMES[scheme], SCALES[scales]
     except IndexError:
         raise CorruptBlock("unknown layout, key scheme or scales") from None
-    (h.latent_dim,) = struct.unpack_from("<I", mv, 76)
+    h.parent_link, h.extra = parent, []
     e = ext[4:]
     if h.key_scheme == "vllm":
         if len(e) < 32 or e[:KEY_SIZE] != parent:
@@ -179,10 +342,42 @@ def decode_header(b, key_version=KEY_VERSION):
     return h
 
 
-def check_namespace(h, ns):
-    """Raises CorruptBlock unless header h was produced under ns."""
+def check_namespace(h, ns, part=None):
+    """Raises CorruptBlock unless header h was produced under ns and holds part (default the
+    whole block), with the payload length that part has."""
+    p = whole_part(ns) if part is None else Part(*part)
     if (h.digest != ns.digest(h.key_version) or h.dtype != DTYPE_IDS[ns.dtype] or
-            (h.layer_start, h.layer_end, h.kv_heads, h.head_dim) != (ns.layer_start, ns.layer_end, ns.kv_heads, ns.head_dim)
+            (h.layers, h.kv_heads, h.head_dim) != (ns.layers, ns.kv_heads, ns.head_dim)
             or (h.kv_layout, h.latent_dim, h.scales, h.key_scheme) != (ns.kv_layout, ns.latent_dim, ns.scales, ns.key_scheme)
-            or len(h.tokens) != 4 * ns.block_tokens or h.payload_len != ns.block_bytes):
+            or len(h.tokens) != 4 * ns.block_tokens):
         raise CorruptBlock("block of another namespace or layout")
+    if tuple(h.part) != tuple(p) or h.payload_len != part_len(ns, ns.block_tokens, p):
+        raise CorruptBlock(f"record of {h.part} ({h.payload_len} bytes), want {p}")
+
+
+def decode_record(ns, record, key_version=KEY_VERSION):
+    """Verifies a whole encoded record (a block or a part) of ns: header, namespace, its part
+    range, payload length and checksum. Returns (Header, payload memoryview)."""
+    h = decode_header(record, key_version)
+    try:
+        check_part(ns, h.part)
+    except BadPart as e:
+        raise CorruptBlock(str(e)) from None
+    check_namespace(h, ns, h.part)
+    payload = memoryview(record)[h.header_len:]
+    if payload.nbytes != h.payload_len:
+        raise CorruptBlock(f"payload of {payload.nbytes} bytes, header says {h.payload_len}")
+    if _xxhash.available and _xxhash.xxh64(bytes(payload)) != h.checksum:
+        raise CorruptBlock("payload checksum mismatch")
+    return h, payload
+
+
+def encode_record(ns, parent, tokens, payload, tenant_tag=0, key_version=KEY_VERSION, extra=None, part=None):
+    """A whole encoded record: encode_header for payload (bytes-like, the part's bytes), then
+    the payload. Returns (record bytes, link)."""
+    pl = bytes(memoryview(payload).cast("B"))
+    p = whole_part(ns) if part is None else Part(*part)
+    if len(pl) != part_len(ns, ns.block_tokens, p):
+        raise ValueError(f"payload of {len(pl)} bytes, part {p} holds {part_len(ns, ns.block_tokens, p)}")
+    h, link = encode_header(ns, parent, tokens, _xxhash.xxh64(pl), tenant_tag, key_version, extra, p)
+    return h + pl, link

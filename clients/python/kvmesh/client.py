@@ -4,7 +4,7 @@ import threading
 
 import grpc
 
-from . import _core, _shm, _tcp, _tensors
+from . import _core, _shm, _tcp, _tensors, block
 from .errors import KVMeshError, PermissionDenied, from_rpc
 from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2_grpc
 
@@ -67,16 +67,16 @@ def channel_options(tls):
     return opts
 
 
-def _check_put_items(ns, items):
+def _check_put_items(ns, items, sl):
     _core.check_ns(ns)
     for p, item in enumerate(items):
         if not 2 <= len(item) <= 4:
             raise ValueError(f"items[{p}]: want (tokens, kv[, scales[, extra_keys]])")
-        _tensors.check_kv(ns, item[1], n_tokens=len(_core._token_bytes(item[0])) // 4,
+        _tensors.check_kv(sl, item[1], n_tokens=len(_core._token_bytes(item[0])) // 4,
                           name=f"kv of prompt {p}" if len(items) > 1 else "kv")
 
 
-def _check_outs(ns, prompts, outs, array=None):
+def _check_outs(ns, prompts, outs, array, sl):
     _core.check_ns(ns)
     if array not in (None, "torch", "numpy"):
         raise ValueError(f"array: want 'torch' or 'numpy', got {array!r}")
@@ -85,7 +85,7 @@ def _check_outs(ns, prompts, outs, array=None):
             raise ValueError(f"outs: {len(outs)} outputs for {len(prompts)} prompts")
         for p, out in enumerate(outs):
             if out is not None:
-                _tensors.check_kv(ns, out, name=f"outs[{p}]" if len(prompts) > 1 else "out")
+                _tensors.check_kv(sl, out, name=f"outs[{p}]" if len(prompts) > 1 else "out")
     for t in prompts:
         _core._token_bytes(t)
 
@@ -213,21 +213,28 @@ class Client:
         m = self.meta(ns)
         return _core.lookup_result(self._call(self._cache.Lookup, _core.lookup_request(ns, tokens, m, extra_keys)))
 
-    def put(self, ns, tokens, kv, *, scales=None, extra_keys=None):
-        """Stores every full block of kv ([layers, 2, len(tokens), kv_heads, head_dim], or
-        [layers, len(tokens), latent_dim] for a latent namespace); returns the number of blocks
-        stored. A namespace with scales needs scales, float32 [n_blocks, *ns.scales_shape()].
-        extra_keys[i] are block i's extra keys (bytes each: e.g. an image's hash and offset),
-        which its key covers: the same tokens with other extra keys are other blocks."""
-        return self.batch_put(ns, [(tokens, kv, scales, extra_keys)])[0]
+    def put(self, ns, tokens, kv, *, scales=None, extra_keys=None, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+        """Stores this rank's part of every full block of tokens; returns the number of blocks
+        stored (or acknowledged: a part the node already holds, or that another rank holding
+        the same part is sending). kv is the rank's slice, [layers/pp_size, 2, len(tokens),
+        kv_heads/tp_size, head_dim] ([layers/pp_size, len(tokens), latent_dim] for a latent
+        namespace; the ranks' ranges are block.rank_part's). A block serves gets once parts of
+        every layer and head are stored. A namespace with scales needs scales, float32
+        [n_blocks, *scales shape of the slice]. extra_keys[i] are block i's extra keys (bytes
+        each: e.g. an image's hash and offset), which its key covers. Raises BadPart for a rank
+        layout that does not fit the namespace, PartConflict when a part overlaps different
+        bytes the node holds of a block."""
+        return self.batch_put(ns, [(tokens, kv, scales, extra_keys)], tp_rank=tp_rank, tp_size=tp_size,
+                              pp_rank=pp_rank, pp_size=pp_size)[0]
 
-    def batch_put(self, ns, items):
+    def batch_put(self, ns, items, *, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
         """put of many (tokens, kv[, scales[, extra_keys]]) in one call; returns blocks stored
         per prompt."""
         items = list(items)
-        _check_put_items(ns, items)
+        sl = _core.rank_slice(ns, tp_rank, tp_size, pp_rank, pp_size)
+        _check_put_items(ns, items, sl)
         m = self.meta(ns)
-        plan = _core.PutPlan(ns, items, m)
+        plan = _core.PutPlan(ns, items, m, sl)
         if not plan.blocks:
             return [0] * len(items)
         stored = []
@@ -236,14 +243,21 @@ class Client:
         if conn is None:
             conn, path = self._tcp_conn(m), "tcp_put"
         if conn is not None:
-            keys, chunks, heads, payloads = plan.shm_items()
             try:
-                st = conn.put_publish(keys, chunks, heads, payloads)
-                stored = [keys[j] for j in range(len(keys)) if st[j] == _shm.STATUS_OK]
-                self.counters[path] += len(stored)
-                rest = [j for j in range(len(keys)) if st[j] != _shm.STATUS_OK]
+                if block.replicated(ns, tp_size):
+                    # Ranks holding the same part: ask first, send only what the node lacks.
+                    stored, rest = plan.claimed(conn.claim(plan.keys(), [sl.part] * len(plan.blocks)))
+                if rest:
+                    keys, chunks, heads, payloads = plan.shm_items(rest)
+                    st = conn.put_publish(keys, chunks, heads, payloads)
+                    ok = _core.put_statuses(plan, keys, st)
+                    stored += ok
+                    self.counters[path] += len(ok)
+                    rest = [rest[j] for j in range(len(keys)) if st[j] != _shm.STATUS_OK]
             except (OSError, _shm.ShmError):
                 pass
+        if rest and not sl.whole:
+            raise plan.unsent(rest, conn is not None and not conn.closed)
         if rest:
             try:
                 resp = self._cache.BatchPut(plan.requests(rest), timeout=self.timeout, metadata=self._md)
@@ -261,27 +275,33 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc(e) from None
 
-    def get(self, ns, tokens, out=None, *, array=None, extra_keys=None):
-        """Reads the longest cached prefix of tokens: returns (cached_tokens, kv), and for a
-        namespace with scales (cached_tokens, kv, scales) with scales float32
-        [cached blocks, *ns.scales_shape()]. With out (a KV tensor) the blocks land in it in
-        place (as many as fit); else a new torch tensor (array="numpy": numpy array) of the
-        cached tokens. extra_keys: block i's extra keys, as put took them."""
+    def get(self, ns, tokens, out=None, *, array=None, extra_keys=None, tp_rank=0, tp_size=1, pp_rank=0,
+            pp_size=1):
+        """Reads this rank's slice of the longest cached prefix of tokens (complete blocks only,
+        whatever parallel layout wrote them): returns (cached_tokens, kv), and for a namespace
+        with scales (cached_tokens, kv, scales) with scales float32 [cached blocks, *scales shape
+        of the slice]. kv is shaped as put takes it, [layers/pp_size, 2, cached_tokens,
+        kv_heads/tp_size, head_dim]. With out (such a tensor) the blocks land in it in place (as
+        many as fit); else a new torch tensor (array="numpy": numpy array) of the cached tokens.
+        extra_keys: block i's extra keys, as put took them."""
         return self.batch_get(ns, [tokens], None if out is None else [out], array=array,
-                              extra_keys=None if extra_keys is None else [extra_keys])[0]
+                              extra_keys=None if extra_keys is None else [extra_keys], tp_rank=tp_rank,
+                              tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size)[0]
 
-    def batch_get(self, ns, prompts, outs=None, *, array=None, extra_keys=None):
+    def batch_get(self, ns, prompts, outs=None, *, array=None, extra_keys=None, tp_rank=0, tp_size=1, pp_rank=0,
+                  pp_size=1):
         """get of many prompts in one call; returns [(cached_tokens, kv[, scales]), ...].
         extra_keys: one list per prompt (or None)."""
         prompts = list(prompts)
-        _check_outs(ns, prompts, outs, array)
+        sl = _core.rank_slice(ns, tp_rank, tp_size, pp_rank, pp_size)
+        _check_outs(ns, prompts, outs, array, sl)
         m = self.meta(ns)
-        plan = _core.GetPlan(ns, prompts, outs, array, m, extra_keys)
+        plan = _core.GetPlan(ns, prompts, outs, array, m, extra_keys, sl)
         if plan.keys:
             conn = self._shm_conn(m)
             if conn is not None:
                 try:
-                    conn.get(plan.keys, plan.shm_consume)
+                    conn.get(plan.keys, plan.shm_consume, plan.parts())
                 except (OSError, _shm.ShmError):
                     pass
                 self.counters["shm_get"] += len(plan.keys) - len(plan.missing())
@@ -289,7 +309,7 @@ class Client:
                 tcp = self._tcp_conn(m)
                 if tcp is not None:
                     try:
-                        tcp.get(plan.keys, plan.tcp_buffers, plan.tcp_landed)
+                        tcp.get(plan.keys, plan.tcp_buffers, plan.tcp_landed, plan.parts())
                     except (OSError, _shm.ShmError):
                         pass
                     self.counters["tcp_get"] += len(plan.keys) - len(plan.missing())

@@ -68,6 +68,16 @@ class BlockCorrupt(InvalidArgument):
     """A block's bytes do not match its header or checksum."""
 
 
+class BadPart(InvalidArgument):
+    """A part range or parallel rank layout that does not fit the namespace's blocks (block.ErrBadPart):
+    the message names the valid ranges. Raised before any call."""
+
+
+class PartConflict(InvalidArgument):
+    """A part that overlaps what the node already holds of the block with different bytes
+    (store.ErrPartConflict, put status 4): nothing of it was stored."""
+
+
 class InvalidPageToken(InvalidArgument):
     """A page_token the node did not issue for that call."""
 

@@ -28,9 +28,8 @@ def vectors():
 
 def ns_of(v):
     n = v["namespace"]
-    return kvmesh.Namespace(n["model"], n["dtype"], n["block_tokens"], layers=(n["layer_start"], n["layer_end"]),
-                            kv_heads=n["kv_heads"], head_dim=n["head_dim"], tp_rank=n["tp_rank"], tp_size=n["tp_size"],
-                            tenant_salt=n["tenant_salt"], kv_layout=n.get("kv_layout", "split"),
+    return kvmesh.Namespace(n["model"], n["dtype"], n["block_tokens"], layers=n["layers"],
+                            kv_heads=n["kv_heads"], head_dim=n["head_dim"], tenant_salt=n["tenant_salt"], kv_layout=n.get("kv_layout", "split"),
                             latent_dim=n.get("latent_dim", 0), scales=n.get("scales", "none"), lora=n.get("lora", ""),
                             key_scheme=n.get("key_scheme", "kvmesh"), hash_seed=n.get("hash_seed", ""),
                             extra_key_bytes=n.get("extra_key_bytes", 0))
@@ -140,7 +139,7 @@ def test_salted_with():
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2", "int8"])
 def test_dtype_names(dtype):
-    assert kvmesh.Namespace("m", dtype, 16, (0, 1), 1, 8).dtype == dtype
+    assert kvmesh.Namespace("m", dtype, 16, 1, 1, 8).dtype == dtype
 
 
 def test_dtype_objects():
@@ -153,12 +152,13 @@ def test_dtype_objects():
 @pytest.mark.parametrize("kw,field", [
     (dict(model=""), "model"), (dict(model="x" * 257), "model"), (dict(dtype="float64"), "dtype"),
     (dict(block_tokens=0), "block_tokens"), (dict(block_tokens=1 << 17), "block_tokens"),
-    (dict(layers=(3, 3)), "layers"), (dict(layers=(-1, 2)), "layers"), (dict(layers="x"), "layers"),
-    (dict(kv_heads=0), "kv_heads"), (dict(head_dim=0), "head_dim"), (dict(tp_rank=2, tp_size=2), "tp"),
+    (dict(layers=0), "layers"), (dict(layers=-1), "layers"), (dict(layers="x"), "layers"),
+    (dict(layers=(0, 2)), "layers"), (dict(layers=(1 << 20) + 1), "layers"),
+    (dict(kv_heads=0), "kv_heads"), (dict(head_dim=0), "head_dim"),
     (dict(tenant_salt="s" * 257), "tenant_salt"), (dict(block_tokens=1.5), "block_tokens"),
 ])
 def test_bad_namespace(kw, field):
-    args = dict(model="m", dtype="float16", block_tokens=16, layers=(0, 2), kv_heads=2, head_dim=8)
+    args = dict(model="m", dtype="float16", block_tokens=16, layers=2, kv_heads=2, head_dim=8)
     args.update(kw)
     with pytest.raises(ValueError, match=field):
         kvmesh.Namespace(**args)
@@ -172,20 +172,20 @@ def test_bad_tokens(tokens):
 
 
 def test_block_header_roundtrip():
-    ns = kvmesh.Namespace("m", "float16", 4, layers=(2, 4), kv_heads=2, head_dim=8)
+    ns = kvmesh.Namespace("m", "float16", 4, layers=2, kv_heads=2, head_dim=8)
     for kv in (kvmesh.KEY_VERSION,):
         h, key = block.encode_header(ns, ns.root(kv), [1, 2, 3, 4], 0x1234, tenant_tag=99, key_version=kv)
-        assert len(h) == block.header_len(4) == 128
+        assert len(h) == block.header_len(4, 4) == 192
         d = block.decode_header(h, kv)
         block.check_namespace(d, ns)
         assert (d.key, d.parent, d.checksum, d.tenant, d.payload_len) == (key, ns.root(kv), 0x1234, 99, ns.block_bytes)
         assert h[96:104] == (99).to_bytes(8, "little")  # the tenant tag's place
-        for off in (0, 4, 6, 16, 30, 60, 96, 112):
+        for off in (0, 4, 6, 16, 30, 60, 96, 104, 120, 128, 144):
             bad = bytearray(h)
             bad[off] ^= 1
             with pytest.raises(block.CorruptBlock):
                 block.decode_header(bytes(bad), kv)
-        other = kvmesh.Namespace("m", "float16", 4, layers=(2, 4), kv_heads=2, head_dim=8, tenant_salt="x")
+        other = kvmesh.Namespace("m", "float16", 4, layers=2, kv_heads=2, head_dim=8, tenant_salt="x")
         with pytest.raises(block.CorruptBlock):
             block.check_namespace(d, other)
 
