@@ -80,7 +80,7 @@ def main():
     rows = []
     try:
         for size, layers in SIZES.items():
-            ns = kvmesh.Namespace("py/bench", "float16", 16, layers=(0, layers), kv_heads=8, head_dim=128)
+            ns = kvmesh.Namespace("py/bench", "float16", 16, layers=layers, kv_heads=8, head_dim=128)
             blocks = TOTAL // size
             first = 1 + layers * 1_000_000
             tokens = list(range(first, first + 16 * blocks))
@@ -106,7 +106,7 @@ def main():
             rows.append(row)
     finally:
         node.stop()
-    ns = kvmesh.Namespace("py/bench", "bfloat16", 16, layers=(0, 32), kv_heads=8, head_dim=128)
+    ns = kvmesh.Namespace("py/bench", "bfloat16", 16, layers=32, kv_heads=8, head_dim=128)
     toks = list(range(128 * 1024))
     keys_ms = min((lambda t0: (kvmesh.keys(ns, toks), time.perf_counter() - t0)[1])(time.perf_counter())
                   for _ in range(10)) * 1e3

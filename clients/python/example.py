@@ -31,7 +31,7 @@ except ImportError as e:
     sys.exit(f"example.py: {e}: it needs grpcio, protobuf and numpy; on Debian apt-get install python3-grpcio "
              f"python3-numpy and run it with /usr/bin/python3 (this is {sys.executable})")
 
-DEMO = kvmesh.Namespace("kvmesh/demo", "float32", block_tokens=16, layers=(0, 2), kv_heads=2, head_dim=16)
+DEMO = kvmesh.Namespace("kvmesh/demo", "float32", block_tokens=16, layers=2, kv_heads=2, head_dim=16)
 
 
 def main():

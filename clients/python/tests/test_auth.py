@@ -17,7 +17,7 @@ tokens:
   - {token: node-to-node, scopes: [cluster, read, write]}
 """
 
-NS = kvmesh.Namespace("py/auth", "float16", 16, layers=(0, 2), kv_heads=2, head_dim=8)
+NS = kvmesh.Namespace("py/auth", "float16", 16, layers=2, kv_heads=2, head_dim=8)
 
 
 def kv_of(n, seed):

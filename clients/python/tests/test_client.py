@@ -21,7 +21,7 @@ def prompt(n, salt=None):
 
 
 def ns_of(dtype, block_tokens=16, model="py/test"):
-    return kvmesh.Namespace(model, dtype, block_tokens, layers=(0, 3), kv_heads=2, head_dim=8)
+    return kvmesh.Namespace(model, dtype, block_tokens, layers=3, kv_heads=2, head_dim=8)
 
 
 def rand_torch(ns, n, dtype):
@@ -279,7 +279,7 @@ def test_typed_errors(node):
     for conn in held:
         conn.close()
     # The node's own InvalidArgument (a block over its size limit) comes back typed, with its message.
-    big = kvmesh.Namespace("py/big", "float32", 4096, layers=(0, 64), kv_heads=8, head_dim=128)
+    big = kvmesh.Namespace("py/big", "float32", 4096, layers=64, kv_heads=8, head_dim=128)
     with kvmesh.Client(node.addr, transport="grpc") as c:
         with pytest.raises(kvmesh.InvalidArgument) as e:
             c.get(big, prompt(4096))
@@ -336,7 +336,7 @@ def test_async_tcp_path(node):
 def test_blocks_larger_than_a_message(node, path):
     """A 4 MiB block comes over gRPC in several messages (the node's ChunkBytes); through
     shared memory in one piece. Both land bit-exact."""
-    ns = kvmesh.Namespace("py/big-blocks", "float16", 16, layers=(0, 64), kv_heads=8, head_dim=128)
+    ns = kvmesh.Namespace("py/big-blocks", "float16", 16, layers=64, kv_heads=8, head_dim=128)
     assert ns.block_bytes == 4 << 20
     toks = prompt(40)
     kv = rand_torch(ns, 40, torch.float16)
@@ -351,7 +351,7 @@ def test_blocks_larger_than_a_message(node, path):
 def test_parallel_streams_prefix(node):
     """A large read over gRPC runs as several streams; the answer is still the cached
     prefix, and only it lands."""
-    ns = kvmesh.Namespace("py/big-blocks", "float16", 16, layers=(0, 64), kv_heads=8, head_dim=128)
+    ns = kvmesh.Namespace("py/big-blocks", "float16", 16, layers=64, kv_heads=8, head_dim=128)
     toks = prompt(16 * 8)
     kv = rand_torch(ns, 16 * 6, torch.float16)
     with kvmesh.Client(node.addr, transport="grpc") as c:

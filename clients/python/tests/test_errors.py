@@ -8,7 +8,7 @@ from kvmesh import errors
 
 torch = pytest.importorskip("torch")
 
-NS = kvmesh.Namespace("py/errors", "float16", 16, layers=(0, 2), kv_heads=2, head_dim=8)
+NS = kvmesh.Namespace("py/errors", "float16", 16, layers=2, kv_heads=2, head_dim=8)
 
 
 def kv_of(n, seed):
@@ -74,7 +74,7 @@ def test_quota_exceeded(start_node):
 
 
 def test_invalid_argument_details(node):
-    big = kvmesh.Namespace("py/big", "float32", 4096, layers=(0, 64), kv_heads=8, head_dim=128)
+    big = kvmesh.Namespace("py/big", "float32", 4096, layers=64, kv_heads=8, head_dim=128)
     with kvmesh.Client(node.addr, transport="grpc") as c:
         with pytest.raises(kvmesh.BlockTooLarge) as e:
             c.get(big, list(range(4096)))

@@ -153,7 +153,7 @@ def test_dtype_objects():
     (dict(model=""), "model"), (dict(model="x" * 257), "model"), (dict(dtype="float64"), "dtype"),
     (dict(block_tokens=0), "block_tokens"), (dict(block_tokens=1 << 17), "block_tokens"),
     (dict(layers=0), "layers"), (dict(layers=-1), "layers"), (dict(layers="x"), "layers"),
-    (dict(layers=(0, 2)), "layers"), (dict(layers=(1 << 20) + 1), "layers"),
+    (dict(layers=(1, 2)), "layers"), (dict(layers=(1 << 20) + 1), "layers"),
     (dict(kv_heads=0), "kv_heads"), (dict(head_dim=0), "head_dim"),
     (dict(tenant_salt="s" * 257), "tenant_salt"), (dict(block_tokens=1.5), "block_tokens"),
 ])

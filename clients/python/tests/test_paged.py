@@ -8,7 +8,7 @@ from kvmesh import paged
 
 torch = pytest.importorskip("torch")
 
-NS = kvmesh.Namespace("py/paged", "bfloat16", 16, layers=(0, 3), kv_heads=2, head_dim=8)
+NS = kvmesh.Namespace("py/paged", "bfloat16", 16, layers=3, kv_heads=2, head_dim=8)
 _seq = itertools.count(1)
 
 
@@ -74,14 +74,36 @@ def test_load_partial_and_nothing(node):
 
 
 def test_whole_model_caches(node):
-    """kv_caches of every layer of the model: the namespace's range is used."""
-    ns = kvmesh.Namespace("py/paged-pp", "float32", 16, layers=(2, 4), kv_heads=2, head_dim=8)
-    caches = [torch.randn((2, 4, 16, 2, 8)) for _ in range(5)]
+    """kv_caches of every layer of the model: each pipeline stage saves and loads its own layers."""
+    ns = kvmesh.Namespace("py/paged-pp", "float32", 16, layers=4, kv_heads=2, head_dim=8)
+    caches = [torch.randn((2, 4, 16, 2, 8)) for _ in range(4)]
     toks = list(range(888_000, 888_016))
     with kvmesh.Client(node.addr) as c:
-        assert paged.save(c, ns, toks, caches, [1]) == 16
-        n, kv = c.get(ns, toks)
-    assert n == 16 and torch.equal(kv[0], caches[2][:, 1]) and torch.equal(kv[1], caches[3][:, 1])
+        assert paged.save(c, ns, toks, caches, [1], pp_rank=1, pp_size=2) == 16
+        assert c.lookup(ns, toks).cached_tokens == 0  # layers [0,2) missing: not a hit yet
+        assert paged.save(c, ns, toks, caches[:2], [1], pp_rank=0, pp_size=2) == 16  # the stage's own layers
+        n, kv = c.get(ns, toks, pp_rank=1, pp_size=2)
+        assert n == 16 and torch.equal(kv[0], caches[2][:, 1]) and torch.equal(kv[1], caches[3][:, 1])
+        dst = [torch.zeros((2, 4, 16, 2, 8)) for _ in range(4)]
+        assert paged.load(c, ns, toks, dst, [3], pp_rank=0, pp_size=2) == 16
+    assert all(torch.equal(dst[i][:, 3], caches[i][:, 1]) for i in range(2)) and not dst[2].any()
+
+
+def test_tp_ranks(node):
+    """Two tensor-parallel ranks save their heads; a rank of another TP size loads its own."""
+    ns = kvmesh.Namespace("py/paged-tp", "bfloat16", 16, layers=3, kv_heads=4, head_dim=8)
+    full = [torch.randn((2, 4, 16, 4, 8), dtype=torch.bfloat16) for _ in range(3)]
+    toks = list(range(889_000, 889_032))
+    with kvmesh.Client(node.addr) as c:
+        for r in range(2):
+            mine = [x[:, :, :, 2 * r:2 * r + 2].contiguous() for x in full]
+            assert paged.save(c, ns, toks, mine, [0, 2], tp_rank=r, tp_size=2) == 32
+        dst = [torch.zeros((2, 4, 16, 1, 8), dtype=torch.bfloat16) for _ in range(3)]
+        assert paged.load(c, ns, toks, dst, [1, 3], tp_rank=3, tp_size=4) == 32
+        with pytest.raises(kvmesh.BadPart, match="tp_size 3"):
+            paged.load(c, ns, toks, dst, [1, 3], tp_rank=0, tp_size=3)
+    for layer in range(3):
+        assert torch.equal(dst[layer][:, 1], full[layer][:, 0, :, 3:4]) and torch.equal(dst[layer][:, 3], full[layer][:, 2, :, 3:4])
 
 
 @pytest.mark.parametrize("case", ["layers", "shape", "dtype", "noncontig", "mixed"])
