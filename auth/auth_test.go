@@ -160,7 +160,7 @@ func TestParseFileErrors(t *testing.T) {
 }
 
 func TestNamespaceSalting(t *testing.T) {
-	ns := prefixhash.Namespace{Model: "m", DType: prefixhash.Float16, BlockTokens: 16, LayerEnd: 2, KVHeads: 1, HeadDim: 8, TenantSalt: "mine"}
+	ns := prefixhash.Namespace{Model: "m", DType: prefixhash.Float16, BlockTokens: 16, Layers: 2, KVHeads: 1, HeadDim: 8, TenantSalt: "mine"}
 	open, err := Open.Namespace(ns)
 	if err != nil || open != ns {
 		t.Fatalf("a node-wide principal's namespace changed: %+v, %v", open, err)

@@ -67,7 +67,7 @@ func KVNamespace(valueBytes int) (prefixhash.Namespace, error) {
 		return prefixhash.Namespace{}, fmt.Errorf("bench: kvmesh values are block payloads: %d bytes is not a positive multiple of 64", valueBytes)
 	}
 	ns := prefixhash.Namespace{Model: fmt.Sprintf("kvmesh/bench-kv-%d", valueBytes), DType: prefixhash.Float16,
-		BlockTokens: 16, LayerStart: 0, LayerEnd: 1, KVHeads: 1, HeadDim: valueBytes / 64, TPSize: 1}
+		BlockTokens: 16, Layers: 1, KVHeads: 1, HeadDim: valueBytes / 64}
 	if ns.BlockBytes() != valueBytes {
 		panic(fmt.Sprintf("bench: KVNamespace(%d) holds %d bytes", valueBytes, ns.BlockBytes()))
 	}

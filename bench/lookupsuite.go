@@ -157,7 +157,7 @@ const hashPromptTokens = 128 << 10
 // small payload (128 bytes), so that placing 8k blocks is quick.
 func lookupNamespace(blockTokens int) prefixhash.Namespace {
 	return prefixhash.Namespace{Model: "kvmesh/bench-lookup", DType: prefixhash.Float16, BlockTokens: blockTokens,
-		LayerStart: 0, LayerEnd: 1, KVHeads: 1, HeadDim: 2, TPSize: 1}
+		Layers: 1, KVHeads: 1, HeadDim: 2}
 }
 
 // Run measures.

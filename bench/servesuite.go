@@ -351,7 +351,7 @@ func bytesTokens(s string) []uint32 {
 // at url, o.Concurrency at once, each turn streamed.
 func runSessions(ctx context.Context, hc *http.Client, url, policy string, o ServeOptions, bar Bar) (serveRow, error) {
 	ideal := &idealCache{seen: map[prefixhash.Key]bool{}, ns: prefixhash.Namespace{Model: "bench/serve-ideal", DType: prefixhash.Float32,
-		BlockTokens: 64, LayerStart: 0, LayerEnd: 1, KVHeads: 1, HeadDim: 64}}
+		BlockTokens: 64, Layers: 1, KVHeads: 1, HeadDim: 64}}
 	system := serveText(uint64(len(policy))*7919+uint64(policy[0]), o.SystemBytes) // each policy its own prefix
 	var (
 		ttft                                   Latency

@@ -181,7 +181,7 @@ type soakSummary struct {
 // soakNamespace keys the soak's blocks: 64-token blocks of 64 KiB.
 func soakNamespace() prefixhash.Namespace {
 	return prefixhash.Namespace{Model: "kvmesh/soak", DType: prefixhash.Float16, BlockTokens: 64,
-		LayerStart: 0, LayerEnd: 2, KVHeads: 2, HeadDim: 64, TPSize: 1}
+		Layers: 2, KVHeads: 2, HeadDim: 64}
 }
 
 // soakLoad is the load's shared state: counters, latencies of the current

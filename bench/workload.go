@@ -20,7 +20,7 @@ const DefaultVocab = 128256
 // ratios do not depend on it.
 func TraceNamespace() prefixhash.Namespace {
 	return prefixhash.Namespace{Model: "kvmesh/bench-trace", DType: prefixhash.Float16, BlockTokens: TraceBlockTokens,
-		LayerStart: 0, LayerEnd: 1, KVHeads: 1, HeadDim: 1, TPSize: 1}
+		Layers: 1, KVHeads: 1, HeadDim: 1}
 }
 
 // HashIDTokens writes the first len(dst) tokens (at most 512) of the block a

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/bits"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -19,55 +18,66 @@ import (
 //
 //	off  size  field
 //	  0     4  magic "KVMB"
-//	  4     2  format version (2, or 3 with any of the fields marked v3)
+//	  4     2  format version (4)
 //	  6     1  key format version (prefixhash.KeyVersion)
-//	  7     1  v3: KV layout (0 split, 1 latent); zero in v2
-//	  8     4  header length (fixed part + tokens + padding)
+//	  7     1  KV layout (0 split, 1 latent)
+//	  8     4  header length (fixed part + tokens + extension + padding)
 //	 12     4  token count n
 //	 16     8  namespace digest
 //	 24    16  key
 //	 40    16  parent key
 //	 56     1  KV dtype
-//	 57     1  v3: key scheme (0 kvmesh, 1 vllm); zero in v2
-//	 58     1  v3: scales (0 none, 1 per block, 2 per head); zero in v2
+//	 57     1  key scheme (0 kvmesh, 1 vllm)
+//	 58     1  scales (0 none, 1 per block, 2 per head)
 //	 59     1  reserved, zero
-//	 60     4  layer start
-//	 64     4  layer end
-//	 68     4  KV heads
-//	 72     4  head dim
-//	 76     4  v3: latent dim; zero in v2
-//	 80     8  payload length
+//	 60     4  layers (the model's)
+//	 64     4  KV heads (the model's; 0 with the latent layout)
+//	 68     4  head dim (0 with the latent layout)
+//	 72     4  latent dim (0 with the split layout)
+//	 76     4  reserved, zero
+//	 80     8  payload length (of this record: a part's, for a part)
 //	 88     8  xxhash64 of the payload
 //	 96     8  tenant tag (0: no tenant)
-//	104     8  xxhash64 of bytes [0,104), of the n tokens and (v3) of the extension
-//	112    4n  token ids
-//	  v3:   4  extension length X, then X bytes: the parent's 32-byte link
+//	104     4  part: first layer
+//	108     4  part: layer end (excluded)
+//	112     4  part: first head
+//	116     4  part: head end (excluded; latent: the one "head" [0,1))
+//	120     8  xxhash64 of bytes [0,120), of the n tokens and of the extension
+//	128    4n  token ids
+//	  …     4  extension length X, then X bytes: the parent's 32-byte link
 //	           (key scheme vllm only), u32 extra key count m, m × (u32 length
 //	           ‖ bytes): the extra keys the block's key covers, then zeros
 //	           to X. X is the namespace's (Namespace.ExtensionRoom), so every
 //	           block of a namespace has one encoded size, as the store needs.
 //	  …        zero padding to the header length
 //
-// A block of a namespace that uses none of the v3 fields (split layout,
-// kvmesh keys, no scales, no room for extra keys) is written as version 2,
-// byte for byte as before they existed, so blocks already on disk stay
-// valid. The payload is the KV
-// bytes, then the scales when the layout has them (float32, see
-// prefixhash.Scales): the payload checksum covers both.
+// The payload is the KV bytes, then the scales when the layout has them
+// (float32, see prefixhash.Scales): the payload checksum covers both. The
+// split layout's KV bytes are [layer][kv_head][K|V][token][head_dim], so
+// that the heads of one tensor-parallel rank in one layer are one
+// contiguous run; the latent layout's are [layer][token][latent_dim].
+// Scales are [layer][K|V] per block ([layer] latent) and
+// [layer][kv_head][K|V] per head.
 //
-// Version 1 (a 104-byte fixed header, no key format, no tenant) was written
-// under xxhash64 keys; its blocks, and blocks of any other key format, fail
-// to decode: their keys mean nothing under this build's key format.
+// A record whose part range is less than the whole block is a part: the
+// piece of the block one parallel rank holds (see Part). Its payload is the
+// part's bytes only, and its checksum theirs; the store assembles parts
+// into the whole block and seals it (Seal).
+//
+// Versions 1 to 3 were written under older key formats (v2 and v3 under
+// key format 2, whose namespaces named a tensor-parallel rank and a layer
+// range); their blocks fail to decode with ErrOtherFormat: their keys mean
+// nothing under this build's key format.
 const (
 	blockMagic = "KVMB"
-	// Version is the newest block format version this build writes (3,
-	// for blocks that need it; others are written as 2); it reads 2 and 3.
-	Version = 3
+	// Version is the block format version this build writes and reads.
+	Version = 4
 	// FixedHeaderLen is the length of the header's fixed part: no encoded
 	// block is shorter.
-	FixedHeaderLen = 112
-	headerSumOff   = 104
+	FixedHeaderLen = 128
+	headerSumOff   = 120
 	headerAlign    = 64
+	minExt         = 4 // an extension with no extra keys: the count alone
 )
 
 // Errors of the block format. Decoding errors wrap ErrCorrupt: the bytes are
@@ -83,72 +93,47 @@ var (
 	ErrTokens = fmt.Errorf("%w: stored tokens differ from the tokens asked for", ErrCorrupt)
 )
 
-// Layout is the shape of a block's payload: [layer][K|V][token][kv_head][head_dim]
+// Layout is the shape of a block's payload: [layer][kv_head][K|V][token][head_dim]
 // (split) or [layer][token][latent_dim] (latent), then the scales, if any.
+// It describes the whole block: every layer and KV head of the model.
 type Layout struct {
-	DType                prefixhash.DType
-	LayerStart, LayerEnd int
-	KVHeads, HeadDim     int
-	KV                   prefixhash.KVLayout
-	LatentDim            int
-	Scales               prefixhash.Scales
+	DType            prefixhash.DType
+	Layers           int
+	KVHeads, HeadDim int
+	KV               prefixhash.KVLayout
+	LatentDim        int
+	Scales           prefixhash.Scales
 }
 
 // LayoutOf returns the payload layout of blocks of ns.
 func LayoutOf(ns prefixhash.Namespace) Layout {
-	return Layout{DType: ns.DType, LayerStart: ns.LayerStart, LayerEnd: ns.LayerEnd, KVHeads: ns.KVHeads, HeadDim: ns.HeadDim,
+	return Layout{DType: ns.DType, Layers: ns.Layers, KVHeads: ns.KVHeads, HeadDim: ns.HeadDim,
 		KV: ns.Layout, LatentDim: ns.LatentDim, Scales: ns.Scales}
 }
 
-// nsV3 reports whether the blocks of ns are format 3.
-func nsV3(ns prefixhash.Namespace) bool {
-	return LayoutOf(ns).v3() || ns.Scheme != prefixhash.SchemeKVMesh || ns.ExtraKeyBytes != 0
-}
-
-// v3 reports whether the layout needs format version 3.
-func (l Layout) v3() bool {
-	return l.KV != prefixhash.SplitKV || l.LatentDim != 0 || l.Scales != prefixhash.NoScales
-}
-
-// PayloadLen returns the payload size of a block of tokens tokens, KV bytes
-// and scales, or -1 if the layout is not valid.
-func (l Layout) PayloadLen(tokens int) int {
-	if l.DType.Size() == 0 || l.LayerEnd <= l.LayerStart || l.LayerStart < 0 || tokens < 1 ||
+// valid reports whether l describes a payload at all (sizes in range, the
+// fields of its KV layout set and the others zero).
+func (l Layout) valid() bool {
+	if l.DType.Size() == 0 || l.Layers < 1 || l.Layers > prefixhash.MaxLayers ||
 		l.Scales > prefixhash.ScalesPerHead || (l.Scales != prefixhash.NoScales && l.DType.Size() != 1) {
+		return false
+	}
+	switch l.KV {
+	case prefixhash.SplitKV:
+		return l.KVHeads >= 1 && l.HeadDim >= 1 && l.LatentDim == 0 && l.KVHeads <= 1<<20 && l.HeadDim <= 1<<20
+	case prefixhash.LatentKV:
+		return l.KVHeads == 0 && l.HeadDim == 0 && l.LatentDim >= 1 && l.LatentDim <= 1<<20 && l.Scales != prefixhash.ScalesPerHead
+	}
+	return false
+}
+
+// PayloadLen returns the payload size of a whole block of tokens tokens,
+// KV bytes and scales, or -1 if the layout is not valid.
+func (l Layout) PayloadLen(tokens int) int {
+	if !l.valid() {
 		return -1
 	}
-	layers := uint64(l.LayerEnd - l.LayerStart)
-	var shape [6]uint64
-	var scales uint64 // per layer
-	switch {
-	case l.KV == prefixhash.SplitKV && l.KVHeads >= 1 && l.HeadDim >= 1 && l.LatentDim == 0:
-		shape = [6]uint64{layers, 2, uint64(tokens), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.DType.Size())}
-		switch l.Scales {
-		case prefixhash.ScalesPerBlock:
-			scales = 2
-		case prefixhash.ScalesPerHead:
-			scales = 2 * uint64(l.KVHeads)
-		}
-	case l.KV == prefixhash.LatentKV && l.KVHeads == 0 && l.HeadDim == 0 && l.LatentDim >= 1 && l.Scales != prefixhash.ScalesPerHead:
-		shape = [6]uint64{layers, uint64(tokens), uint64(l.LatentDim), uint64(l.DType.Size()), 1, 1}
-		if l.Scales == prefixhash.ScalesPerBlock {
-			scales = 1
-		}
-	default:
-		return -1
-	}
-	n := uint64(1)
-	for _, f := range shape {
-		hi, lo := bits.Mul64(n, f)
-		if hi != 0 || lo > 1<<40 {
-			return -1 // absurd layouts must not wrap into plausible sizes
-		}
-		n = lo
-	}
-	if scales > 0 && (scales > 1<<20 || layers > 1<<20) {
-		return -1
-	}
-	return int(n + 4*layers*scales)
+	return l.PartLen(tokens, l.Whole())
 }
 
 // Header is a decoded block header.
@@ -156,6 +141,9 @@ type Header struct {
 	Namespace   uint64 // digest of the producing namespace
 	Key, Parent prefixhash.Key
 	Layout      Layout
+	// Part is the range of the block this record holds: Layout.Whole() for
+	// a block, less for a part (see Part).
+	Part Part
 	// Scheme is the key scheme the key was derived under.
 	Scheme prefixhash.KeyScheme
 	// ParentLink is what the key was chained from: the parent's whole
@@ -164,19 +152,23 @@ type Header struct {
 	// Extra are the extra keys the key covers (as Namespace.BlockExtra
 	// makes them). After Decode they alias the decoded buffer.
 	Extra prefixhash.ExtraKeys
-	// Len is the encoded header's length: HeaderLen(len(Tokens)) for a
-	// block without extension (format 2), longer with one.
+	// Len is the encoded header's length.
 	Len int
 	// Tokens are the block's token ids. After Decode they may alias the
 	// decoded buffer: same lifetime as it.
-	Tokens     []uint32
+	Tokens []uint32
+	// PayloadLen is the length of this record's payload: the whole
+	// block's, or the part's.
 	PayloadLen int
-	Checksum   uint64 // xxhash64 of the payload
+	Checksum   uint64 // xxhash64 of this record's payload
 	// Tenant is the tag of the tenant that wrote the block (0: no tenant,
 	// an open or single-tenant node). The format carries it; enforcing it
 	// is the caller's business.
 	Tenant uint64
 }
+
+// Whole reports whether the record is a whole block rather than a part.
+func (h *Header) Whole() bool { return h.Part == h.Layout.Whole() }
 
 // Block is a decoded, verified block. Payload (and possibly Tokens) alias the
 // buffer it was decoded from and live as long as it.
@@ -185,14 +177,12 @@ type Block struct {
 	Payload []byte
 }
 
-// HeaderLen returns the encoded header length of a block of n tokens
-// without extension (format 2).
-func HeaderLen(n int) int {
-	return (FixedHeaderLen + 4*n + headerAlign - 1) / headerAlign * headerAlign
-}
+// HeaderLen returns the encoded header length of a block of n tokens whose
+// namespace reserves no room for extra keys (Namespace.ExtensionRoom 4).
+func HeaderLen(n int) int { return HeaderLenExt(n, minExt) }
 
 // HeaderLenExt returns the encoded header length of a block of n tokens
-// whose extension (format 3) is extLen bytes, its length field excluded.
+// whose extension is extLen bytes, its length field excluded.
 func HeaderLenExt(n, extLen int) int {
 	return (FixedHeaderLen + 4*n + 4 + extLen + headerAlign - 1) / headerAlign * headerAlign
 }
@@ -205,14 +195,11 @@ func MaxHeaderLen(n int) int {
 
 // NamespaceHeaderLen returns the header length of every block of ns.
 func NamespaceHeaderLen(ns prefixhash.Namespace) int {
-	if !nsV3(ns) {
-		return HeaderLen(ns.BlockTokens)
-	}
 	return HeaderLenExt(ns.BlockTokens, ns.ExtensionRoom())
 }
 
 // EncodedLen returns the size of an encoded block of n tokens and payloadLen
-// payload bytes.
+// payload bytes whose namespace reserves no room for extra keys.
 func EncodedLen(n, payloadLen int) int { return HeaderLen(n) + payloadLen }
 
 // CheckNamespace reports whether h was produced under ns: digest, layout and
@@ -285,14 +272,29 @@ func AppendHeaderTenant(dst []byte, tenant uint64, ns prefixhash.Namespace, pare
 // namespace's are added: Namespace.BlockExtra). It returns the block's link,
 // whose Key is its key.
 func AppendHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent prefixhash.Link, tokens []uint32, extra prefixhash.ExtraKeys, payload []byte) ([]byte, prefixhash.Link, error) {
+	return AppendPartHeaderExt(dst, tenant, ns, parent, tokens, extra, LayoutOf(ns).Whole(), payload)
+}
+
+// AppendPartHeaderExt is AppendHeaderExt for a record of part p of the
+// block: payload is the part's bytes (Layout.PartLen of them, in the order
+// Layout.ExtractPart gives). With p the whole block it is AppendHeaderExt.
+// An invalid part is ErrBadPart.
+func AppendPartHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent prefixhash.Link, tokens []uint32, extra prefixhash.ExtraKeys, p Part, payload []byte) ([]byte, prefixhash.Link, error) {
 	if err := ns.Validate(); err != nil {
+		return dst, prefixhash.Link{}, err
+	}
+	lay := LayoutOf(ns)
+	if err := lay.CheckPart(p); err != nil {
 		return dst, prefixhash.Link{}, err
 	}
 	if len(tokens) != ns.BlockTokens {
 		return dst, prefixhash.Link{}, fmt.Errorf("block: block has %d tokens, namespace blocks hold %d", len(tokens), ns.BlockTokens)
 	}
-	if len(payload) != ns.BlockBytes() {
-		return dst, prefixhash.Link{}, fmt.Errorf("block: payload is %d bytes, namespace blocks hold %d", len(payload), ns.BlockBytes())
+	if want := lay.PartLen(len(tokens), p); len(payload) != want {
+		if p == lay.Whole() {
+			return dst, prefixhash.Link{}, fmt.Errorf("block: payload is %d bytes, namespace blocks hold %d", len(payload), want)
+		}
+		return dst, prefixhash.Link{}, fmt.Errorf("block: part %s payload is %d bytes, want %d", p, len(payload), want)
 	}
 	if err := ns.CheckExtra(extra); err != nil {
 		return dst, prefixhash.Link{}, err
@@ -305,56 +307,56 @@ func AppendHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent 
 	if err := extra.CheckBlock(ns.Scheme); err != nil {
 		return dst, prefixhash.Link{}, err
 	}
-	v3 := nsV3(ns)
 	link := prefixhash.BlockLink(ns.Scheme, parent, tokens, extra)
 	key, parentKey := link.Key(), parent.Key()
-	hl, ext := HeaderLen(len(tokens)), 0
-	if v3 {
-		ext = ns.ExtensionRoom()
-		hl = HeaderLenExt(len(tokens), ext)
-	}
+	ext := ns.ExtensionRoom()
+	hl := HeaderLenExt(len(tokens), ext)
 	start := len(dst)
 	dst = append(dst, make([]byte, hl)...)
 	h := dst[start:]
 	copy(h[0:4], blockMagic)
-	binary.LittleEndian.PutUint16(h[4:], 2)
+	binary.LittleEndian.PutUint16(h[4:], Version)
 	h[6] = prefixhash.KeyVersion
+	h[7] = byte(ns.Layout)
 	binary.LittleEndian.PutUint32(h[8:], uint32(hl))
 	binary.LittleEndian.PutUint32(h[12:], uint32(len(tokens)))
 	binary.LittleEndian.PutUint64(h[16:], ns.Digest())
 	copy(h[24:40], key[:])
 	copy(h[40:56], parentKey[:])
 	h[56] = byte(ns.DType)
-	binary.LittleEndian.PutUint32(h[60:], uint32(ns.LayerStart))
-	binary.LittleEndian.PutUint32(h[64:], uint32(ns.LayerEnd))
-	binary.LittleEndian.PutUint32(h[68:], uint32(ns.KVHeads))
-	binary.LittleEndian.PutUint32(h[72:], uint32(ns.HeadDim))
+	h[57] = byte(ns.Scheme)
+	h[58] = byte(ns.Scales)
+	binary.LittleEndian.PutUint32(h[60:], uint32(ns.Layers))
+	binary.LittleEndian.PutUint32(h[64:], uint32(ns.KVHeads))
+	binary.LittleEndian.PutUint32(h[68:], uint32(ns.HeadDim))
+	binary.LittleEndian.PutUint32(h[72:], uint32(ns.LatentDim))
 	binary.LittleEndian.PutUint64(h[80:], uint64(len(payload)))
 	binary.LittleEndian.PutUint64(h[88:], xxhash.Sum64(payload))
 	binary.LittleEndian.PutUint64(h[96:], tenant)
+	putPart(h, p)
 	for i, t := range tokens {
 		binary.LittleEndian.PutUint32(h[FixedHeaderLen+4*i:], t)
 	}
-	if v3 {
-		binary.LittleEndian.PutUint16(h[4:], 3)
-		h[7] = byte(ns.Layout)
-		h[57] = byte(ns.Scheme)
-		h[58] = byte(ns.Scales)
-		binary.LittleEndian.PutUint32(h[76:], uint32(ns.LatentDim))
-		e := h[FixedHeaderLen+4*len(tokens):]
-		binary.LittleEndian.PutUint32(e, uint32(ext))
-		e = e[4:4]
-		if ns.Scheme == prefixhash.SchemeVLLM {
-			e = append(e, parent[:]...)
-		}
-		e = binary.LittleEndian.AppendUint32(e, uint32(len(extra)))
-		for _, k := range extra {
-			e = binary.LittleEndian.AppendUint32(e, uint32(len(k)))
-			e = append(e, k...)
-		}
+	e := h[FixedHeaderLen+4*len(tokens):]
+	binary.LittleEndian.PutUint32(e, uint32(ext))
+	e = e[4:4]
+	if ns.Scheme == prefixhash.SchemeVLLM {
+		e = append(e, parent[:]...)
+	}
+	e = binary.LittleEndian.AppendUint32(e, uint32(len(extra)))
+	for _, k := range extra {
+		e = binary.LittleEndian.AppendUint32(e, uint32(len(k)))
+		e = append(e, k...)
 	}
 	binary.LittleEndian.PutUint64(h[headerSumOff:], headerSum(h, len(tokens), ext))
 	return dst, link, nil
+}
+
+func putPart(h []byte, p Part) {
+	binary.LittleEndian.PutUint32(h[104:], uint32(p.L0))
+	binary.LittleEndian.PutUint32(h[108:], uint32(p.L1))
+	binary.LittleEndian.PutUint32(h[112:], uint32(p.H0))
+	binary.LittleEndian.PutUint32(h[116:], uint32(p.H1))
 }
 
 // Encode appends the whole encoded block (header and payload) to dst, with
@@ -372,17 +374,13 @@ func EncodeTenant(dst []byte, tenant uint64, ns prefixhash.Namespace, parent pre
 	return append(dst, payload...), key, nil
 }
 
-// headerSum is the header checksum: bytes [0,104), the n tokens and, with
-// an extension of ext bytes (format 3), the extension and its length field.
+// headerSum is the header checksum: bytes [0,120), the n tokens, the
+// extension's length field and its ext bytes.
 func headerSum(h []byte, n, ext int) uint64 {
 	var d xxhash.Digest
 	d.Reset()
 	d.Write(h[:headerSumOff])
-	end := FixedHeaderLen + 4*n
-	if ext > 0 {
-		end += 4 + ext
-	}
-	d.Write(h[FixedHeaderLen:end])
+	d.Write(h[FixedHeaderLen : FixedHeaderLen+4*n+4+ext])
 	return d.Sum64()
 }
 
@@ -391,14 +389,15 @@ func corrupt(format string, args ...any) error {
 }
 
 // DecodeHeader parses and verifies the header at the start of b: magic,
-// format and key format versions, lengths, layout, header checksum, and that
-// the key is H(parent ‖ tokens ‖ extra keys) under the block's key scheme.
-// It does not read the payload. maxPayload bounds the payload length the
-// caller accepts (ErrTooLarge beyond it).
+// format and key format versions, lengths, layout, part range, header
+// checksum, and that the key is H(parent ‖ tokens ‖ extra keys) under the
+// block's key scheme. It does not read the payload. maxPayload bounds the
+// payload length the caller accepts (ErrTooLarge beyond it). The record
+// may be a part: see Header.Whole.
 func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	var h Header
-	// The version comes before the length check: a version-1 header is
-	// shorter, and must be reported as one.
+	// The version comes before the length check: older headers are
+	// shorter, and must be reported as what they are.
 	if len(b) >= 8 && string(b[0:4]) == blockMagic {
 		if err := checkVersions(binary.LittleEndian.Uint16(b[4:]), b[6]); err != nil {
 			return h, err
@@ -410,24 +409,19 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	if string(b[0:4]) != blockMagic {
 		return h, corrupt("bad magic %q", b[0:4])
 	}
-	v3 := binary.LittleEndian.Uint16(b[4:]) == 3
 	hl := uint64(binary.LittleEndian.Uint32(b[8:]))
 	n := uint64(binary.LittleEndian.Uint32(b[12:]))
-	if n == 0 || n > prefixhash.MaxBlockTokens || (!v3 && hl != uint64(HeaderLen(int(n)))) ||
-		(v3 && (hl < uint64(HeaderLenExt(int(n), 4)) || hl > uint64(MaxHeaderLen(int(n))))) {
+	if n == 0 || n > prefixhash.MaxBlockTokens || hl < uint64(HeaderLen(int(n))) || hl > uint64(MaxHeaderLen(int(n))) {
 		return h, corrupt("header length %d for %d tokens", hl, n)
 	}
 	if uint64(len(b)) < hl {
 		return h, corrupt("%d bytes, header needs %d", len(b), hl)
 	}
-	ext := 0
-	if v3 {
-		x := uint64(binary.LittleEndian.Uint32(b[FixedHeaderLen+4*n:]))
-		if x < 4 || uint64(HeaderLenExt(int(n), int(min(x, hl)))) != hl {
-			return h, corrupt("extension of %d bytes in a header of %d", x, hl)
-		}
-		ext = int(x)
+	x := uint64(binary.LittleEndian.Uint32(b[FixedHeaderLen+4*n:]))
+	if x < minExt || uint64(HeaderLenExt(int(n), int(min(x, hl)))) != hl {
+		return h, corrupt("extension of %d bytes in a header of %d", x, hl)
 	}
+	ext := int(x)
 	if got, want := binary.LittleEndian.Uint64(b[headerSumOff:]), headerSum(b, int(n), ext); got != want {
 		return h, corrupt("header checksum %016x, computed %016x", got, want)
 	}
@@ -435,27 +429,37 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	copy(h.Key[:], b[24:40])
 	copy(h.Parent[:], b[40:56])
 	h.Layout = Layout{
-		DType:      prefixhash.DType(b[56]),
-		LayerStart: int(binary.LittleEndian.Uint32(b[60:])),
-		LayerEnd:   int(binary.LittleEndian.Uint32(b[64:])),
-		KVHeads:    int(binary.LittleEndian.Uint32(b[68:])),
-		HeadDim:    int(binary.LittleEndian.Uint32(b[72:])),
+		DType:     prefixhash.DType(b[56]),
+		KV:        prefixhash.KVLayout(b[7]),
+		Scales:    prefixhash.Scales(b[58]),
+		Layers:    int(binary.LittleEndian.Uint32(b[60:])),
+		KVHeads:   int(binary.LittleEndian.Uint32(b[64:])),
+		HeadDim:   int(binary.LittleEndian.Uint32(b[68:])),
+		LatentDim: int(binary.LittleEndian.Uint32(b[72:])),
+	}
+	h.Scheme = prefixhash.KeyScheme(b[57])
+	h.Part = Part{
+		L0: int(binary.LittleEndian.Uint32(b[104:])), L1: int(binary.LittleEndian.Uint32(b[108:])),
+		H0: int(binary.LittleEndian.Uint32(b[112:])), H1: int(binary.LittleEndian.Uint32(b[116:])),
 	}
 	h.Len = int(hl)
 	h.ParentLink = prefixhash.KeyLink(h.Parent)
-	if v3 {
-		h.Layout.KV = prefixhash.KVLayout(b[7])
-		h.Scheme = prefixhash.KeyScheme(b[57])
-		h.Layout.Scales = prefixhash.Scales(b[58])
-		h.Layout.LatentDim = int(binary.LittleEndian.Uint32(b[76:]))
-		if err := h.decodeExt(b[FixedHeaderLen+4*n+4 : FixedHeaderLen+4*n+4+uint64(ext)]); err != nil {
-			return h, err
-		}
+	if b[59] != 0 || binary.LittleEndian.Uint32(b[76:]) != 0 {
+		return h, corrupt("reserved header bytes are not zero")
+	}
+	if !h.Layout.valid() {
+		return h, corrupt("layout %+v is not valid", h.Layout)
+	}
+	if err := h.Layout.CheckPart(h.Part); err != nil {
+		return h, corrupt("%v", err)
+	}
+	if err := h.decodeExt(b[FixedHeaderLen+4*n+4 : FixedHeaderLen+4*n+4+uint64(ext)]); err != nil {
+		return h, err
 	}
 	pl := binary.LittleEndian.Uint64(b[80:])
-	want := h.Layout.PayloadLen(int(n))
+	want := h.Layout.PartLen(int(n), h.Part)
 	if want < 0 || pl != uint64(want) {
-		return h, corrupt("payload length %d does not match layout %+v of %d tokens", pl, h.Layout, n)
+		return h, corrupt("payload length %d does not match part %s of layout %+v of %d tokens", pl, h.Part, h.Layout, n)
 	}
 	if maxPayload > 0 && pl > uint64(maxPayload) {
 		return h, fmt.Errorf("%w: payload %d bytes, limit %d", ErrTooLarge, pl, maxPayload)
@@ -464,19 +468,13 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	h.Checksum = binary.LittleEndian.Uint64(b[88:])
 	h.Tenant = binary.LittleEndian.Uint64(b[96:])
 	h.Tokens = viewTokens(b[FixedHeaderLen : FixedHeaderLen+4*n])
-	if !v3 {
-		if prefixhash.BlockKey(h.Parent, h.Tokens) != h.Key {
-			return h, corrupt("key %s is not H(parent ‖ tokens)", h.Key)
-		}
-		return h, nil
-	}
 	if prefixhash.BlockLink(h.Scheme, h.ParentLink, h.Tokens, h.Extra).Key() != h.Key {
 		return h, corrupt("key %s is not H(parent ‖ tokens ‖ extra keys) under the %s scheme", h.Key, h.Scheme)
 	}
 	return h, nil
 }
 
-// decodeExt parses a format 3 extension: the parent link (vllm scheme)
+// decodeExt parses the extension: the parent link (vllm scheme)
 // and the extra keys.
 func (h *Header) decodeExt(e []byte) error {
 	if h.Scheme > prefixhash.SchemeVLLM {
@@ -522,7 +520,7 @@ func (h *Header) decodeExt(e []byte) error {
 // checkVersions accepts only this build's block and key formats. Version 1
 // blocks predate key format versions: they were keyed by xxhash64.
 func checkVersions(format uint16, keys byte) error {
-	if (format == 2 || format == Version) && keys == prefixhash.KeyVersion {
+	if format == Version && keys == prefixhash.KeyVersion {
 		return nil
 	}
 	if format == 1 {

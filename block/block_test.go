@@ -95,7 +95,7 @@ func TestBlockForgedKey(t *testing.T) {
 	}
 }
 
-// TestBlockHeaderLayout pins the v2 header offsets that other readers (the
+// TestBlockHeaderLayout pins the format 4 header offsets that other readers (the
 // Python library, inspect tools) rely on.
 func TestBlockHeaderLayout(t *testing.T) {
 	rng := rand.New(rand.NewPCG(6, 6))
@@ -113,20 +113,24 @@ func TestBlockHeaderLayout(t *testing.T) {
 	le32 := func(off int) uint32 { return binary.LittleEndian.Uint32(b[off:]) }
 	le64 := func(off int) uint64 { return binary.LittleEndian.Uint64(b[off:]) }
 	switch {
-	case string(b[0:4]) != "KVMB", binary.LittleEndian.Uint16(b[4:]) != 2, b[6] != prefixhash.KeyVersion, b[7] != 0:
+	case string(b[0:4]) != "KVMB", binary.LittleEndian.Uint16(b[4:]) != 4, b[6] != prefixhash.KeyVersion, b[7] != 0:
 		t.Fatalf("magic/versions: % x", b[:8])
-	case le32(8) != 128 || block.HeaderLen(4) != 128 || block.HeaderLen(0) != 128 || block.HeaderLen(5) != 192:
+	case le32(8) != 192 || block.HeaderLen(4) != 192 || block.HeaderLen(0) != 192 || block.HeaderLen(14) != 192 || block.HeaderLen(15) != 256:
 		t.Fatalf("header length %d (HeaderLen(4) = %d)", le32(8), block.HeaderLen(4))
 	case le32(12) != 4, le64(16) != ns.Digest():
 		t.Fatal("token count or namespace digest")
 	case !bytes.Equal(b[24:40], key[:]), !bytes.Equal(b[40:56], parent[:]):
 		t.Fatal("key or parent")
-	case b[56] != byte(ns.DType), le32(60) != 0, le32(64) != 2, le32(68) != 2, le32(72) != 8, le32(76) != 0:
+	case b[56] != byte(ns.DType), b[57] != 0, b[58] != 0, b[59] != 0, le32(60) != 2, le32(64) != 2, le32(68) != 8, le32(72) != 0, le32(76) != 0:
 		t.Fatal("layout")
 	case le64(80) != uint64(len(payload)), le64(88) != xxhash.Sum64(payload), le64(96) != 0x1122334455667788:
 		t.Fatal("payload length, checksum or tenant")
-	case le32(112) != 1 || le32(116) != 0xffffffff || le32(124) != 4:
+	case le32(104) != 0 || le32(108) != 2 || le32(112) != 0 || le32(116) != 2:
+		t.Fatal("part range of a whole block")
+	case le32(128) != 1 || le32(132) != 0xffffffff || le32(140) != 4:
 		t.Fatal("tokens")
+	case le32(144) != 4 || le32(148) != 0:
+		t.Fatal("extension: length 4, no extra keys")
 	}
 	blk, err := block.Decode(b, 0)
 	if err != nil || blk.Tenant != 0x1122334455667788 {
@@ -138,8 +142,8 @@ func TestBlockHeaderLayout(t *testing.T) {
 }
 
 // TestBlockOtherFormats: a block written by an older kvmesh (format 1, its
-// 104-byte header and xxhash64 keys) or under another key format fails to
-// decode, and says why.
+// 104-byte header and xxhash64 keys; formats 2 and 3, key format 2) or
+// under another key format fails to decode, and says why.
 func TestBlockOtherFormats(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	ns := blocktest.NS()
@@ -159,7 +163,15 @@ func TestBlockOtherFormats(t *testing.T) {
 		{"format 1", v1},
 		{"format 1, header only", v1[:104]},
 		{"key format 1", func() []byte { c := bytes.Clone(b); c[6] = 1; blocktest.Reseal(c); return c }()},
-		{"key format 3", func() []byte { c := bytes.Clone(b); c[6] = 3; blocktest.Reseal(c); return c }()},
+		{"key format 2", func() []byte { c := bytes.Clone(b); c[6] = 2; blocktest.Reseal(c); return c }()},
+		{"format 3, key format 2", func() []byte {
+			c := bytes.Clone(b)
+			binary.LittleEndian.PutUint16(c[4:], 3)
+			c[6] = 2
+			blocktest.Reseal(c)
+			return c
+		}()},
+		{"key format 4", func() []byte { c := bytes.Clone(b); c[6] = 4; blocktest.Reseal(c); return c }()},
 	} {
 		_, err := block.Decode(c.b, 0)
 		if !errors.Is(err, block.ErrCorrupt) || !errors.Is(err, block.ErrOtherFormat) {
@@ -243,22 +255,20 @@ func FuzzDecode(f *testing.F) {
 		if prefixhash.BlockLink(blk.Scheme, blk.ParentLink, blk.Tokens, blk.Extra).Key() != blk.Key || blk.ParentLink.Key() != blk.Parent {
 			t.Fatal("accepted a block whose key does not match its parent, tokens and extra keys")
 		}
-		if blk.Len != block.HeaderLen(len(blk.Tokens)) {
-			// Format 3: its namespace's extra keys are already in blk.Extra,
-			// so it is not re-encoded from a namespace; the checks above and
-			// the payload length are what hold.
-			if len(data) != blk.Len+blk.PayloadLen || blk.PayloadLen != blk.Layout.PayloadLen(len(blk.Tokens)) {
-				t.Fatal("accepted a format 3 block of the wrong length")
-			}
-			return
+		if len(data) != blk.Len+blk.PayloadLen || blk.PayloadLen != blk.Layout.PartLen(len(blk.Tokens), blk.Part) {
+			t.Fatal("accepted a record of the wrong length")
 		}
-		rns := prefixhash.Namespace{Model: "x", DType: blk.Layout.DType, BlockTokens: len(blk.Tokens),
-			LayerStart: blk.Layout.LayerStart, LayerEnd: blk.Layout.LayerEnd, KVHeads: blk.Layout.KVHeads, HeadDim: blk.Layout.HeadDim}
-		re, key, err := block.EncodeTenant(nil, blk.Tenant, rns, blk.Parent, blk.Tokens, blk.Payload)
+		if blk.Len != block.HeaderLen(len(blk.Tokens)) || blk.Scheme != prefixhash.SchemeKVMesh || len(blk.Extra) != 0 {
+			return // a namespace with extra key room: the checks above are what hold
+		}
+		rns := prefixhash.Namespace{Model: "x", DType: blk.Layout.DType, BlockTokens: len(blk.Tokens), Layers: blk.Layout.Layers,
+			KVHeads: blk.Layout.KVHeads, HeadDim: blk.Layout.HeadDim, Layout: blk.Layout.KV, LatentDim: blk.Layout.LatentDim, Scales: blk.Layout.Scales}
+		re, link, err := block.AppendPartHeaderExt(nil, blk.Tenant, rns, blk.ParentLink, blk.Tokens, nil, blk.Part, blk.Payload)
 		if err != nil {
 			t.Fatalf("accepted block does not re-encode: %v", err)
 		}
-		if key != blk.Key || !bytes.Equal(re[block.HeaderLen(len(blk.Tokens)):], data[block.HeaderLen(len(blk.Tokens)):]) {
+		re = append(re, blk.Payload...)
+		if link.Key() != blk.Key || !bytes.Equal(re[blk.Len:], data[blk.Len:]) || !bytes.Equal(re[104:120], data[104:120]) {
 			t.Fatal("accepted block re-encodes differently")
 		}
 	})
@@ -278,11 +288,11 @@ func BenchmarkDecode(b *testing.B) {
 }
 
 func TestLayoutPayloadLenNeverWraps(t *testing.T) {
-	l := block.Layout{DType: prefixhash.Float32, LayerStart: 0, LayerEnd: 1 << 31, KVHeads: 1 << 31, HeadDim: 1 << 31}
+	l := block.Layout{DType: prefixhash.Float32, Layers: prefixhash.MaxLayers, KVHeads: 1 << 20, HeadDim: 1 << 20}
 	if n := l.PayloadLen(1 << 16); n != -1 {
 		t.Fatalf("absurd layout gave payload length %d", n)
 	}
-	l = block.Layout{DType: prefixhash.Float32, LayerEnd: 2, KVHeads: 2, HeadDim: 8}
+	l = block.Layout{DType: prefixhash.Float32, Layers: 2, KVHeads: 2, HeadDim: 8}
 	if n := l.PayloadLen(4); n != 2*2*4*2*8*4 {
 		t.Fatalf("PayloadLen = %d", n)
 	}

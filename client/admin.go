@@ -171,8 +171,8 @@ type BlockInfo struct {
 	// Payload bytes, and the encoded block's size (header and payload).
 	PayloadLen, EncodedLen int
 	// The payload layout.
-	DType                                  prefixhash.DType
-	LayerStart, LayerEnd, KVHeads, HeadDim int
+	DType                    prefixhash.DType
+	Layers, KVHeads, HeadDim int
 }
 
 // BlockInfo describes one cached block; the error matches ErrNotFound when
@@ -188,7 +188,7 @@ func (c *Client) BlockInfo(ctx context.Context, key prefixhash.Key) (BlockInfo, 
 	}
 	b := BlockInfo{NamespaceDigest: resp.GetNamespaceDigest(), Tokens: resp.GetTokens(), NodeID: resp.GetNodeId(), Tier: resp.GetTier(),
 		PayloadLen: int(resp.GetPayloadLen()), EncodedLen: int(resp.GetEncodedLen()), DType: prefixhash.DType(resp.GetDtype()),
-		LayerStart: int(resp.GetLayerStart()), LayerEnd: int(resp.GetLayerEnd()), KVHeads: int(resp.GetKvHeads()), HeadDim: int(resp.GetHeadDim())}
+		Layers: int(resp.GetLayers()), KVHeads: int(resp.GetKvHeads()), HeadDim: int(resp.GetHeadDim())}
 	copy(b.Key[:], resp.GetKey())
 	copy(b.Parent[:], resp.GetParent())
 	return b, nil

@@ -17,7 +17,7 @@ import (
 )
 
 var testNS = prefixhash.Namespace{Model: "test/tiny", DType: prefixhash.Float32, BlockTokens: 4,
-	LayerStart: 0, LayerEnd: 1, KVHeads: 1, HeadDim: 2}
+	Layers: 1, KVHeads: 1, HeadDim: 2}
 
 // flaky is a CacheService that fails the first failures calls of each kind
 // with code, then answers.

@@ -20,7 +20,7 @@ import (
 // ns is the examples' namespace: blocks of 16 tokens of a small model, 4 KiB
 // of payload each.
 var ns = prefixhash.Namespace{Model: "example/tiny", DType: prefixhash.Float16, BlockTokens: 16,
-	LayerStart: 0, LayerEnd: 2, KVHeads: 2, HeadDim: 16}
+	Layers: 2, KVHeads: 2, HeadDim: 16}
 
 // startNode starts a node with small tiers (16 MiB of DRAM, 64 MiB of NVMe) in a temporary directory
 // and returns its gRPC address and how to stop it.

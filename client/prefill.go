@@ -208,8 +208,8 @@ func (c *Client) Engine(ctx context.Context) (Engine, error) {
 	return Engine{
 		Namespace: prefixhash.Namespace{
 			Model: ns.GetModel(), DType: prefixhash.DType(ns.GetDtype()), BlockTokens: int(ns.GetBlockTokens()),
-			LayerStart: int(ns.GetLayerStart()), LayerEnd: int(ns.GetLayerEnd()), KVHeads: int(ns.GetKvHeads()),
-			HeadDim: int(ns.GetHeadDim()), TPRank: int(ns.GetTpRank()), TPSize: int(ns.GetTpSize()), TenantSalt: ns.GetTenantSalt(),
+			Layers: int(ns.GetLayers()), KVHeads: int(ns.GetKvHeads()),
+			HeadDim: int(ns.GetHeadDim()), TenantSalt: ns.GetTenantSalt(),
 			Layout: prefixhash.KVLayout(ns.GetKvLayout()), LatentDim: int(ns.GetLatentDim()), Scales: prefixhash.Scales(ns.GetScales()),
 			LoRA: ns.GetLora(), Scheme: prefixhash.KeyScheme(ns.GetKeyScheme()), HashSeed: ns.GetHashSeed(),
 			ExtraKeyBytes: int(ns.GetExtraKeyBytes()),

@@ -57,7 +57,7 @@ func (noNode) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.CallO
 // a namespace and a prompt of 4 blocks.
 func lyingClient(t *testing.T) (*Client, prefixhash.Namespace, []uint32) {
 	t.Helper()
-	ns := prefixhash.Namespace{Model: "test/client", DType: prefixhash.Float16, BlockTokens: 4, LayerEnd: 1, KVHeads: 1, HeadDim: 4}
+	ns := prefixhash.Namespace{Model: "test/client", DType: prefixhash.Float16, BlockTokens: 4, Layers: 1, KVHeads: 1, HeadDim: 4}
 	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 	c, err := newClient(noNode{}, Options{Transport: TransportGRPC})
 	if err != nil {

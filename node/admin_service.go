@@ -115,8 +115,8 @@ func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoReq
 		Tokens: append([]uint32(nil), h.Tokens...),
 		NodeId: s.n.opts.NodeID, Tier: info.Tier,
 		PayloadLen: uint64(h.PayloadLen), EncodedLen: uint64(len(ref.Bytes())),
-		Dtype:      kvmeshv1.Dtype(h.Layout.DType),
-		LayerStart: uint32(h.Layout.LayerStart), LayerEnd: uint32(h.Layout.LayerEnd),
+		Dtype:   kvmeshv1.Dtype(h.Layout.DType),
+		Layers:  uint32(h.Layout.Layers),
 		KvHeads: uint32(h.Layout.KVHeads), HeadDim: uint32(h.Layout.HeadDim),
 	}, nil
 }

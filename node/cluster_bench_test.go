@@ -40,7 +40,7 @@ func benchNamespace(payload int) prefixhash.Namespace {
 		}
 	}
 	ns := prefixhash.Namespace{Model: "bench/cluster", DType: prefixhash.Float16, BlockTokens: 16,
-		LayerEnd: layers, KVHeads: heads, HeadDim: lhd / (layers * heads)}
+		Layers: layers, KVHeads: heads, HeadDim: lhd / (layers * heads)}
 	if ns.BlockBytes() != payload {
 		panic(fmt.Sprintf("bench namespace of %d payload bytes has %d", payload, ns.BlockBytes()))
 	}
@@ -368,7 +368,7 @@ func viewLoad(b *testing.B, addr string, ns prefixhash.Namespace, load bench.KVL
 // all of it.
 func lookupCluster(b *testing.B) ([]*clusterNode, prefixhash.Namespace, []uint32, []prefixhash.Key) {
 	b.Helper()
-	ns := prefixhash.Namespace{Model: "bench/lookup", DType: prefixhash.Float16, BlockTokens: 16, LayerEnd: 1, KVHeads: 1, HeadDim: 4}
+	ns := prefixhash.Namespace{Model: "bench/lookup", DType: prefixhash.Float16, BlockTokens: 16, Layers: 1, KVHeads: 1, HeadDim: 4}
 	nodes := startClusterNodes(b, 4, func(_ int, o *Options) {
 		o.ChunkTokens, o.LookupTimeout, o.MaxMessageBytes, o.ChunkBytes = 512, time.Second, 8*MiB, 1*MiB
 	})

@@ -28,7 +28,7 @@ type clusterNode struct {
 
 // clusterNS has 2 KiB blocks of 16 tokens.
 var clusterNS = prefixhash.Namespace{Model: "test/cluster", DType: prefixhash.Float16, BlockTokens: 16,
-	LayerStart: 0, LayerEnd: 2, KVHeads: 2, HeadDim: 8}
+	Layers: 2, KVHeads: 2, HeadDim: 8}
 
 // startClusterNodes starts n nodes, each joining the first, and waits until
 // every node sees all n. mod may adjust each node's options.

@@ -85,12 +85,8 @@ func TestInvalidArgument(t *testing.T) {
 			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.Dtype = 99 })})
 			return err
 		}},
-		{"namespace with empty layer range", "layers", func() error {
-			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.LayerEnd = 0 })})
-			return err
-		}},
-		{"namespace with tp_rank >= tp_size", "tp", func() error {
-			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.TpRank, n.TpSize = 2, 2 })})
+		{"namespace with no layers", "layers", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.Layers = 0 })})
 			return err
 		}},
 		{"namespace with oversized blocks", "max_block_bytes", func() error {
@@ -99,7 +95,7 @@ func TestInvalidArgument(t *testing.T) {
 		}},
 		{"namespace with overflowing block size", "max_block_bytes", func() error {
 			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) {
-				n.LayerEnd, n.KvHeads, n.HeadDim = 1<<32-1, 1<<20, 1<<20 // the largest shape Validate allows
+				n.Layers, n.KvHeads, n.HeadDim = 1<<20, 1<<20, 1<<20 // the largest shape Validate allows
 			})})
 			return err
 		}},

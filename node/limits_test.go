@@ -27,7 +27,7 @@ import (
 
 // bigNS has blocks of 4 MiB.
 var bigNS = prefixhash.Namespace{Model: "test/big", DType: prefixhash.Float16, BlockTokens: 16,
-	LayerStart: 0, LayerEnd: 64, KVHeads: 8, HeadDim: 128}
+	Layers: 64, KVHeads: 8, HeadDim: 128}
 
 func heapInuse() int64 {
 	runtime.GC()
@@ -266,7 +266,7 @@ func TestDataDirModes(t *testing.T) {
 // of namespaces that hold blocks, and the table stays bounded.
 func TestNamesFlood(t *testing.T) {
 	var n names
-	legit := prefixhash.Namespace{Model: "org/legit", DType: prefixhash.Float16, BlockTokens: 16, LayerEnd: 1, KVHeads: 1, HeadDim: 8}
+	legit := prefixhash.Namespace{Model: "org/legit", DType: prefixhash.Float16, BlockTokens: 16, Layers: 1, KVHeads: 1, HeadDim: 8}
 	n.note(legit)
 	n.keep(legit)
 	recent := legit

@@ -109,7 +109,7 @@ func TestExtraKeysEndToEnd(t *testing.T) {
 func TestLatentAndScalesEndToEnd(t *testing.T) {
 	tn := startNode(t, nil)
 	ctx := context.Background()
-	kimi := prefixhash.Namespace{Model: "moonshotai/Kimi-K2.5-tiny", DType: prefixhash.BFloat16, BlockTokens: 4, LayerEnd: 3,
+	kimi := prefixhash.Namespace{Model: "moonshotai/Kimi-K2.5-tiny", DType: prefixhash.BFloat16, BlockTokens: 4, Layers: 3,
 		Layout: prefixhash.LatentKV, LatentDim: 576}
 	kimiFP8 := kimi
 	kimiFP8.DType, kimiFP8.Scales = prefixhash.Float8E4M3, prefixhash.ScalesPerBlock
@@ -171,7 +171,7 @@ func TestVLLMSchemeEndToEnd(t *testing.T) {
 			continue
 		}
 		tested++
-		ns := prefixhash.Namespace{Model: "vllm/" + v.Name, DType: prefixhash.Float16, BlockTokens: v.BlockTokens, LayerEnd: 1,
+		ns := prefixhash.Namespace{Model: "vllm/" + v.Name, DType: prefixhash.Float16, BlockTokens: v.BlockTokens, Layers: 1,
 			KVHeads: 1, HeadDim: 8, Scheme: prefixhash.SchemeVLLM, HashSeed: "0", LoRA: v.LoRA, TenantSalt: v.CacheSalt,
 			ExtraKeyBytes: 128}
 		nb := len(v.Tokens) / v.BlockTokens
@@ -223,7 +223,7 @@ func TestModelFitTransports(t *testing.T) {
 	nodes := startClusterNodes(t, 1, nil)
 	a := nodes[0]
 	ctx := context.Background()
-	ns := prefixhash.Namespace{Model: "test/mla-vllm", DType: prefixhash.Float8E4M3, BlockTokens: 16, LayerEnd: 2,
+	ns := prefixhash.Namespace{Model: "test/mla-vllm", DType: prefixhash.Float8E4M3, BlockTokens: 16, Layers: 2,
 		Layout: prefixhash.LatentKV, LatentDim: 40, Scales: prefixhash.ScalesPerBlock,
 		Scheme: prefixhash.SchemeVLLM, HashSeed: "0", LoRA: "l", ExtraKeyBytes: 64}
 	for i, tr := range []string{client.TransportAuto, client.TransportTCP, client.TransportGRPC} {

@@ -24,7 +24,7 @@ import (
 
 // testNS has blocks of 4 tokens and 1 KiB of payload.
 var testNS = prefixhash.Namespace{Model: "test/tiny", DType: prefixhash.Float32, BlockTokens: 4,
-	LayerStart: 0, LayerEnd: 2, KVHeads: 2, HeadDim: 8}
+	Layers: 2, KVHeads: 2, HeadDim: 8}
 
 type testNode struct {
 	*Node

@@ -194,8 +194,7 @@ func namespacePB(e *prefill.Engine) *kvmeshv1.Namespace {
 	ns := e.Namespace()
 	return &kvmeshv1.Namespace{
 		Model: ns.Model, Dtype: kvmeshv1.Dtype(ns.DType), BlockTokens: uint32(ns.BlockTokens),
-		LayerStart: uint32(ns.LayerStart), LayerEnd: uint32(ns.LayerEnd), KvHeads: uint32(ns.KVHeads), HeadDim: uint32(ns.HeadDim),
-		TpRank: uint32(ns.TPRank), TpSize: uint32(ns.TPSize), TenantSalt: ns.TenantSalt,
+		Layers: uint32(ns.Layers), KvHeads: uint32(ns.KVHeads), HeadDim: uint32(ns.HeadDim), TenantSalt: ns.TenantSalt,
 		KvLayout: kvmeshv1.KVLayout(ns.Layout), LatentDim: uint32(ns.LatentDim), Scales: kvmeshv1.Scales(ns.Scales),
 		Lora: ns.LoRA, KeyScheme: kvmeshv1.KeyScheme(ns.Scheme), HashSeed: ns.HashSeed, ExtraKeyBytes: uint32(ns.ExtraKeyBytes),
 	}

@@ -22,12 +22,9 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 		Model:       pb.GetModel(),
 		DType:       prefixhash.DType(pb.GetDtype()),
 		BlockTokens: int(pb.GetBlockTokens()),
-		LayerStart:  int(pb.GetLayerStart()),
-		LayerEnd:    int(pb.GetLayerEnd()),
+		Layers:      int(min(pb.GetLayers(), 1<<30)),
 		KVHeads:     int(pb.GetKvHeads()),
 		HeadDim:     int(pb.GetHeadDim()),
-		TPRank:      int(pb.GetTpRank()),
-		TPSize:      int(pb.GetTpSize()),
 		TenantSalt:  pb.GetTenantSalt(),
 		Layout:      prefixhash.KVLayout(pb.GetKvLayout()),
 		LatentDim:   int(pb.GetLatentDim()),
@@ -51,9 +48,9 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 	// Multiply with a ceiling so that absurd head counts cannot overflow.
 	limit := uint64(n.opts.MaxBlockBytes)
 	size := uint64(ns.DType.Size())
-	factors := []int{ns.Layers(), 2, ns.BlockTokens, ns.KVHeads, ns.HeadDim}
+	factors := []int{ns.Layers, 2, ns.BlockTokens, ns.KVHeads, ns.HeadDim}
 	if ns.Layout == prefixhash.LatentKV {
-		factors = []int{ns.Layers(), ns.BlockTokens, ns.LatentDim}
+		factors = []int{ns.Layers, ns.BlockTokens, ns.LatentDim}
 	}
 	for _, f := range factors {
 		if size > limit/uint64(f) {

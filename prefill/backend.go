@@ -32,15 +32,17 @@ type Model interface {
 	Close() error
 }
 
-// KV holds the attention keys and values of one sequence in host memory, in
-// the layout of a block's payload stretched over the whole sequence:
-// [layer][K|V][token][kv_head][head_dim], float32, keys after RoPE (GQA), or
-// [layer][token][latent] with latent = the normalised compressed KV ‖ the
-// rotary key part after RoPE (MLA). The K (or V, or latent) of tokens
-// [a, b) in one layer is therefore one contiguous run, and a block is
-// parts·Layers such runs.
+// KV holds the attention keys and values of one sequence in host memory,
+// in the layout attention reads: [layer][K|V][token][kv_head][head_dim],
+// float32, keys after RoPE (GQA), or [layer][token][latent] with latent =
+// the normalised compressed KV ‖ the rotary key part after RoPE (MLA). The
+// K (or V, or latent) of tokens [a, b) in one layer is therefore one
+// contiguous run. A block payload is [layer][kv_head][K|V][token][head_dim]
+// (package block): readBlock and writeBlock transpose, one head_dim run
+// per token, head and tensor (one run per layer for MLA, or one head).
 type KV struct {
 	layers, parts, stride, cap int
+	heads                      int // KV heads (1 for MLA: the latent is one run)
 	data                       []float32
 }
 
@@ -50,7 +52,11 @@ func NewKV(c Config, tokens int) *KV {
 		panic(fmt.Sprintf("prefill: NewKV(%d tokens)", tokens))
 	}
 	p := c.cacheParts()
-	return &KV{layers: c.Layers, parts: p, stride: c.CacheDim(), cap: tokens, data: make([]float32, c.Layers*p*tokens*c.CacheDim())}
+	heads := 1
+	if !c.MLA() {
+		heads = c.KVHeads
+	}
+	return &KV{layers: c.Layers, parts: p, stride: c.CacheDim(), heads: heads, cap: tokens, data: make([]float32, c.Layers*p*tokens*c.CacheDim())}
 }
 
 // Cap returns the number of tokens kv can hold.
@@ -76,16 +82,30 @@ func (kv *KV) Latent(l int) []float32 { return kv.part(l, 0) }
 
 // fits reports whether kv was made for c and holds tokens tokens.
 func (kv *KV) fits(c Config, tokens int) bool {
-	return kv.layers == c.Layers && kv.parts == c.cacheParts() && kv.stride == c.CacheDim() && kv.cap >= tokens
+	return kv.layers == c.Layers && kv.parts == c.cacheParts() && kv.stride == c.CacheDim() && kv.cap >= tokens &&
+		(c.MLA() && kv.heads == 1 || kv.heads == c.KVHeads)
 }
 
-// blockRuns calls f for each of the parts·Layers contiguous runs of the
-// tokens [t0, t0+n): layer 0's K then its V (or its latent), then layer
-// 1's, ... This is the order of a block's payload.
+// blockRuns calls f for the runs of the tokens [t0, t0+n) in the order of
+// a block's payload: per layer, per KV head, K then V (or the latent), per
+// token. With one head (or MLA) a layer's K of the n tokens is one run.
 func (kv *KV) blockRuns(t0, n int, f func(run []float32)) {
+	hd := kv.stride / kv.heads
 	for l := range kv.layers {
-		for i := range kv.parts {
-			f(kv.part(l, i)[t0*kv.stride : (t0+n)*kv.stride])
+		if kv.heads == 1 {
+			for i := range kv.parts {
+				f(kv.part(l, i)[t0*kv.stride : (t0+n)*kv.stride])
+			}
+			continue
+		}
+		for h := range kv.heads {
+			for i := range kv.parts {
+				p := kv.part(l, i)
+				for t := t0; t < t0+n; t++ {
+					o := t*kv.stride + h*hd
+					f(p[o : o+hd])
+				}
+			}
 		}
 	}
 }

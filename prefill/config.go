@@ -277,10 +277,9 @@ func (c Config) Namespace(weightsDigest uint64, tenantSalt string) prefixhash.Na
 				c.Layers, c.Dim, c.Heads, c.HeadDim, c.RopeDim, c.KVLoraRank, c.FFNDim, c.Vocab, c.RopeTheta, c.NormEps, weightsDigest),
 			DType:       prefixhash.Float32,
 			BlockTokens: c.BlockTokens,
-			LayerEnd:    c.Layers,
+			Layers:      c.Layers,
 			Layout:      prefixhash.LatentKV,
 			LatentDim:   c.CacheDim(),
-			TPSize:      1,
 			TenantSalt:  tenantSalt,
 		}
 	}
@@ -289,12 +288,9 @@ func (c Config) Namespace(weightsDigest uint64, tenantSalt string) prefixhash.Na
 			c.Layers, c.Dim, c.Heads, c.KVHeads, c.HeadDim, c.FFNDim, c.Vocab, c.RopeTheta, c.NormEps, weightsDigest),
 		DType:       prefixhash.Float32,
 		BlockTokens: c.BlockTokens,
-		LayerStart:  0,
-		LayerEnd:    c.Layers,
+		Layers:      c.Layers,
 		KVHeads:     c.KVHeads,
 		HeadDim:     c.HeadDim,
-		TPRank:      0,
-		TPSize:      1,
 		TenantSalt:  tenantSalt,
 	}
 }

@@ -52,10 +52,12 @@
 // weights (Config.Namespace, Weights.Digest), so another model, or the same
 // shape with other weights, or another tenant salt, never shares a block.
 //
-// Block payloads are [layer][K|V][token][kv_head][head_dim] float32,
-// little-endian, keys after RoPE: block.Layout of the namespace. A KV holds
-// the same layout stretched over the whole sequence, so loading or
-// publishing a block is 2·Layers contiguous copies.
+// Block payloads are [layer][kv_head][K|V][token][head_dim] float32,
+// little-endian, keys after RoPE: block.Layout of the namespace, the whole
+// model's KV (a tensor-parallel rank's heads are one run per layer). A KV
+// holds [layer][K|V][token][kv_head][head_dim], the order attention reads,
+// so loading or publishing a block copies one head_dim run per token, head
+// and tensor.
 //
 // # Weights
 //

@@ -71,7 +71,7 @@ func TestConfigValidateNamesField(t *testing.T) {
 const (
 	goldenTinyDigest    = 0x4aae331231e7278d
 	goldenDefaultDigest = 0x6062efd42607b5dc
-	goldenDefaultNS     = 0x0c78039537c309b4 // key format 2 (SHA-256); Python: int.from_bytes(sha256(encoding)[:8], "little")
+	goldenDefaultNS     = 0x842662a406af71df // key format 3; Python: int.from_bytes(sha256(encoding)[:8], "little")
 )
 
 func TestSeededWeightsGolden(t *testing.T) {

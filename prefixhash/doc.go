@@ -2,13 +2,13 @@
 // blocks under.
 //
 // A Namespace names the producer of KV blocks (model, dtype, block size,
-// layers, KV layout and shape, tensor parallelism, tenant salt, LoRA
+// the model's layer count, KV layout and whole KV shape, tenant salt, LoRA
 // adapter, quantisation scales, key scheme). The KV layout is SplitKV (a K
 // and a V per KV head and layer) or LatentKV (one latent vector of
 // LatentDim per token and layer, multi-head latent attention); each has its
 // payload rule (BlockBytes). Fields added after the first encoding are
 // encoded only when set, so older namespaces keep their keys. Its canonical encoding E
-// (magic "kvmesh/ns/v2", length-prefixed strings, little-endian integers) is
+// (magic "kvmesh/ns/v3", length-prefixed strings, little-endian integers) is
 // hashed into the root key k_0 = trunc128(SHA-256(E)), so two namespaces never
 // share a key and two tenants with different salts never see each other's
 // prefixes. Its 64-bit Digest, carried in block headers, is the first 8 bytes
@@ -35,7 +35,13 @@
 // kvmesh blocks directly. testdata/vllm.json holds vectors computed by an
 // independent script from vLLM's definition.
 //
-// KeyVersion names this key format (2). Formats that persist or move blocks
+// A namespace describes the model's whole KV, not a rank's: a block key
+// covers every layer and KV head of its tokens under every parallel layout.
+// Which part of a block a tensor- or pipeline-parallel rank holds travels
+// with each call (block.Part), so an instance at TP 8 and one at TP 4 share
+// keys. Key format 2 put the rank into the namespace; its keys simply miss.
+//
+// KeyVersion names this key format (3). Formats that persist or move blocks
 // under keys record it, so that blocks keyed by another version are dropped
 // rather than served. Keys are identical across processes, machines,
 // languages and restarts; testdata/golden.json pins them in a self-describing

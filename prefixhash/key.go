@@ -14,10 +14,13 @@ import (
 // KeyVersion names the key format: how namespaces and tokens become keys.
 // Version 1 was two seeded xxhash64 digests (forgeable: a second token block
 // with the same key could be solved for in microseconds); version 2 is
-// SHA-256 truncated to 128 bits. Every format that stores or moves blocks
+// SHA-256 truncated to 128 bits; version 3 is version 2's hash over a
+// namespace that no longer names a parallel layout (no tensor-parallel rank
+// or size, every layer of the model), so that instances of different
+// parallel sizes share keys. Every format that stores or moves blocks
 // under keys (block headers, NVMe segments) records it, so blocks keyed under
 // another version are dropped, never served under a new key.
-const KeyVersion = 2
+const KeyVersion = 3
 
 // Key is a 128-bit block key: the first 16 bytes of a SHA-256 digest. 64 bits
 // are not enough: at 10^8 blocks a 64-bit collision has a real probability,

@@ -60,6 +60,7 @@ const (
 	MaxLoRALen     = 256
 	MaxSeedLen     = 256
 	MaxBlockTokens = 1 << 16
+	MaxLayers      = 1 << 20
 )
 
 // KVLayout is how a model caches attention state per token, and so the shape
@@ -184,11 +185,15 @@ type Namespace struct {
 	DType DType
 	// BlockTokens is B, the number of tokens per block. Required, 1..65536.
 	BlockTokens int
-	// LayerStart and LayerEnd are the half-open range of layers a block
-	// holds (pipeline-parallel stages cache different ranges). LayerEnd > LayerStart.
-	LayerStart, LayerEnd int
-	// KVHeads is the number of key/value heads this rank holds. Required
-	// with SplitKV, zero with LatentKV.
+	// Layers is the model's number of attention layers, all of them: a
+	// block holds every layer of its tokens, whichever pipeline stages
+	// wrote it (a stage's layers are a part of the block, named per call:
+	// block.Part). Required, 1..MaxLayers.
+	Layers int
+	// KVHeads is the model's number of key/value heads, all of them: a
+	// tensor-parallel rank's heads are a part of the block, named per call,
+	// not a property of the namespace. Required with SplitKV, zero with
+	// LatentKV.
 	KVHeads int
 	// HeadDim is the size of one head. Required with SplitKV, zero with
 	// LatentKV.
@@ -201,9 +206,6 @@ type Namespace struct {
 	// Scales says whether a quantised payload carries scales (fp8 and int8
 	// dtypes only). Default NoScales.
 	Scales Scales
-	// TPRank and TPSize describe tensor parallelism: 0 <= TPRank < TPSize.
-	// TPSize 0 is read as 1.
-	TPRank, TPSize int
 	// TenantSalt, when set, separates tenants: two tenants with different
 	// salts never share a key, so neither can probe the other's prefixes.
 	TenantSalt string
@@ -241,8 +243,8 @@ func (ns Namespace) Validate() error {
 		return bad("dtype", "unknown dtype %d", uint8(ns.DType))
 	case ns.BlockTokens < 1 || ns.BlockTokens > MaxBlockTokens:
 		return bad("block_tokens", "%d is outside 1..%d", ns.BlockTokens, MaxBlockTokens)
-	case ns.LayerStart < 0 || ns.LayerEnd <= ns.LayerStart:
-		return bad("layers", "range [%d,%d) is empty or negative", ns.LayerStart, ns.LayerEnd)
+	case ns.Layers < 1 || ns.Layers > MaxLayers:
+		return bad("layers", "%d is outside 1..%d", ns.Layers, MaxLayers)
 	case ns.Layout >= numLayouts:
 		return bad("kv_layout", "unknown layout %d (want split or latent)", uint8(ns.Layout))
 	case ns.Layout == SplitKV && ns.KVHeads < 1:
@@ -263,8 +265,6 @@ func (ns Namespace) Validate() error {
 		return bad("scales", "%s payloads carry no scales (only fp8 and int8 do)", ns.DType)
 	case ns.Scales == ScalesPerHead && ns.Layout == LatentKV:
 		return bad("scales", "per-head scales with the latent layout, which has no heads")
-	case ns.TPSize < 0 || ns.TPRank < 0 || ns.TPRank >= max(ns.TPSize, 1):
-		return bad("tp", "rank %d of size %d", ns.TPRank, ns.TPSize)
 	case len(ns.TenantSalt) > MaxSaltLen:
 		return bad("tenant_salt", "%d bytes, the limit is %d", len(ns.TenantSalt), MaxSaltLen)
 	case len(ns.LoRA) > MaxLoRALen:
@@ -283,9 +283,6 @@ func (ns Namespace) Validate() error {
 	return nil
 }
 
-// Layers returns the number of layers a block holds.
-func (ns Namespace) Layers() int { return ns.LayerEnd - ns.LayerStart }
-
 // BlockBytes returns the size of one block's payload in bytes: its KV bytes
 // (KVBytes) followed by its scales (ScaleCount float32s).
 func (ns Namespace) BlockBytes() int {
@@ -297,9 +294,9 @@ func (ns Namespace) BlockBytes() int {
 // or layers × BlockTokens × LatentDim × dtype size (LatentKV).
 func (ns Namespace) KVBytes() int {
 	if ns.Layout == LatentKV {
-		return ns.Layers() * ns.BlockTokens * ns.LatentDim * ns.DType.Size()
+		return ns.Layers * ns.BlockTokens * ns.LatentDim * ns.DType.Size()
 	}
-	return ns.Layers() * 2 * ns.BlockTokens * ns.KVHeads * ns.HeadDim * ns.DType.Size()
+	return ns.Layers * 2 * ns.BlockTokens * ns.KVHeads * ns.HeadDim * ns.DType.Size()
 }
 
 // ScaleCount returns the number of float32 scales after a block's KV bytes:
@@ -312,17 +309,19 @@ func (ns Namespace) ScaleCount() int {
 	}
 	switch ns.Scales {
 	case ScalesPerBlock:
-		return ns.Layers() * parts
+		return ns.Layers * parts
 	case ScalesPerHead:
-		return ns.Layers() * parts * ns.KVHeads
+		return ns.Layers * parts * ns.KVHeads
 	}
 	return 0
 }
 
 // encodingMagic versions the canonical encoding. Changing the encoding
 // changes every key; the golden test exists to make that loud. v2 came with
-// KeyVersion 2 (SHA-256), so that no v1 root or digest can match a v2 one.
-const encodingMagic = "kvmesh/ns/v2"
+// KeyVersion 2 (SHA-256), so that no v1 root or digest can match a v2 one;
+// v3 with KeyVersion 3, which took the parallel layout (tensor-parallel
+// rank and size, a pipeline stage's layer range) out of the namespace.
+const encodingMagic = "kvmesh/ns/v3"
 
 // Tags of the optional fields that follow the base encoding, in this order,
 // each only when it differs from its default: so a namespace that sets none
@@ -337,7 +336,7 @@ const (
 
 // AppendEncoding appends the canonical encoding of ns to b. Strings are
 // length-prefixed and integers fixed-width little-endian, so distinct
-// namespaces never encode alike. TPSize 0 encodes as 1. Optional fields
+// namespaces never encode alike. Optional fields
 // follow the base fields as tag ‖ value, in tag order, only when set; the
 // base fields end with a length-prefixed string, so the extension is never
 // ambiguous.
@@ -346,12 +345,9 @@ func (ns Namespace) AppendEncoding(b []byte) []byte {
 	b = appendString(b, ns.Model)
 	b = append(b, byte(ns.DType))
 	b = binary.LittleEndian.AppendUint32(b, uint32(ns.BlockTokens))
-	b = binary.LittleEndian.AppendUint32(b, uint32(ns.LayerStart))
-	b = binary.LittleEndian.AppendUint32(b, uint32(ns.LayerEnd))
+	b = binary.LittleEndian.AppendUint32(b, uint32(ns.Layers))
 	b = binary.LittleEndian.AppendUint32(b, uint32(ns.KVHeads))
 	b = binary.LittleEndian.AppendUint32(b, uint32(ns.HeadDim))
-	b = binary.LittleEndian.AppendUint32(b, uint32(ns.TPRank))
-	b = binary.LittleEndian.AppendUint32(b, uint32(max(ns.TPSize, 1)))
 	b = appendString(b, ns.TenantSalt)
 	if ns.Layout != SplitKV || ns.LatentDim != 0 {
 		b = append(b, tagLayout, byte(ns.Layout))
@@ -402,14 +398,13 @@ func (ns Namespace) Root() Key {
 }
 
 // String is a short human form:
-// model/dtype/B/layers/kv shape/tp[/scales][/lora][/scheme][/salted].
+// model/dtype/B/layers/kv shape[/scales][/lora][/scheme][/salted].
 func (ns Namespace) String() string {
 	shape := fmt.Sprintf("kv%dx%d", ns.KVHeads, ns.HeadDim)
 	if ns.Layout != SplitKV {
 		shape = fmt.Sprintf("%s%d", ns.Layout, ns.LatentDim)
 	}
-	s := fmt.Sprintf("%s/%s/b%d/l%d-%d/%s/tp%d-%d", ns.Model, ns.DType, ns.BlockTokens,
-		ns.LayerStart, ns.LayerEnd, shape, ns.TPRank, max(ns.TPSize, 1))
+	s := fmt.Sprintf("%s/%s/b%d/l%d/%s", ns.Model, ns.DType, ns.BlockTokens, ns.Layers, shape)
 	if ns.Scales != NoScales {
 		s += "/scales-" + ns.Scales.String()
 	}

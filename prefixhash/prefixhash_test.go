@@ -9,8 +9,8 @@ import (
 )
 
 func testNS() Namespace {
-	return Namespace{Model: "kvmesh/test", DType: Float32, BlockTokens: 16, LayerStart: 0, LayerEnd: 2,
-		KVHeads: 4, HeadDim: 64, TPSize: 1}
+	return Namespace{Model: "kvmesh/test", DType: Float32, BlockTokens: 16, Layers: 2,
+		KVHeads: 4, HeadDim: 64}
 }
 
 // seqTokens returns n deterministic tokens that do not depend on any RNG
@@ -29,11 +29,9 @@ func TestNamespacesNeverShareKeys(t *testing.T) {
 		"model":  func(n *Namespace) { n.Model = "kvmesh/other" },
 		"dtype":  func(n *Namespace) { n.DType = Float16 },
 		"block":  func(n *Namespace) { n.BlockTokens = 32 },
-		"layers": func(n *Namespace) { n.LayerStart, n.LayerEnd = 1, 2 },
+		"layers": func(n *Namespace) { n.Layers = 3 },
 		"heads":  func(n *Namespace) { n.KVHeads = 8 },
 		"dim":    func(n *Namespace) { n.HeadDim = 128 },
-		"rank":   func(n *Namespace) { n.TPRank, n.TPSize = 1, 2 },
-		"size":   func(n *Namespace) { n.TPSize = 2 },
 		"salt":   func(n *Namespace) { n.TenantSalt = "x" },
 		"latent": func(n *Namespace) { n.Layout, n.LatentDim, n.KVHeads, n.HeadDim = LatentKV, 256, 0, 0 },
 		"lora":   func(n *Namespace) { n.LoRA = "adapter" },
@@ -60,12 +58,6 @@ func TestNamespacesNeverShareKeys(t *testing.T) {
 			}
 		}
 	}
-	// TPSize 0 means 1.
-	one := base
-	one.TPSize = 0
-	if one.Root() != base.Root() {
-		t.Error("TPSize 0 and 1 give different roots")
-	}
 }
 
 func TestValidate(t *testing.T) {
@@ -81,10 +73,10 @@ func TestValidate(t *testing.T) {
 		{"bad dtype", func(n *Namespace) { n.DType = 200 }, "dtype"},
 		{"zero block", func(n *Namespace) { n.BlockTokens = 0 }, "block_tokens"},
 		{"huge block", func(n *Namespace) { n.BlockTokens = MaxBlockTokens + 1 }, "block_tokens"},
-		{"empty layers", func(n *Namespace) { n.LayerStart, n.LayerEnd = 3, 3 }, "layers"},
+		{"no layers", func(n *Namespace) { n.Layers = 0 }, "layers"},
+		{"too many layers", func(n *Namespace) { n.Layers = MaxLayers + 1 }, "layers"},
 		{"kv heads", func(n *Namespace) { n.KVHeads = 0 }, "kv_heads"},
 		{"head dim", func(n *Namespace) { n.HeadDim = -1 }, "head_dim"},
-		{"tp rank", func(n *Namespace) { n.TPRank, n.TPSize = 2, 2 }, "tp"},
 		{"long salt", func(n *Namespace) { n.TenantSalt = string(make([]byte, MaxSaltLen+1)) }, "tenant_salt"},
 	}
 	latent := func(n *Namespace) { n.Layout, n.LatentDim, n.KVHeads, n.HeadDim = LatentKV, 576, 0, 0 }
@@ -132,7 +124,7 @@ func TestValidate(t *testing.T) {
 // TestPayloadRule: the payload sizes of both layouts, with and without
 // scales.
 func TestPayloadRule(t *testing.T) {
-	kimi := Namespace{Model: "k", DType: BFloat16, BlockTokens: 16, LayerEnd: 61, Layout: LatentKV, LatentDim: 576}
+	kimi := Namespace{Model: "k", DType: BFloat16, BlockTokens: 16, Layers: 61, Layout: LatentKV, LatentDim: 576}
 	if got, want := kimi.BlockBytes(), 61*16*576*2; got != want {
 		t.Errorf("latent block %d bytes, want %d", got, want)
 	}

@@ -44,7 +44,7 @@ func TestVLLMVectors(t *testing.T) {
 		t.Fatalf("%d vectors", len(f.Vectors))
 	}
 	for _, v := range f.Vectors {
-		ns := Namespace{Model: "m", DType: BFloat16, BlockTokens: v.BlockTokens, LayerEnd: 1, KVHeads: 1, HeadDim: 8,
+		ns := Namespace{Model: "m", DType: BFloat16, BlockTokens: v.BlockTokens, Layers: 1, KVHeads: 1, HeadDim: 8,
 			Scheme: SchemeVLLM, HashSeed: v.HashSeed, LoRA: v.LoRA, TenantSalt: v.CacheSalt, ExtraKeyBytes: 256}
 		if err := ns.Validate(); err != nil {
 			t.Fatalf("%s: %v", v.Name, err)

@@ -145,7 +145,7 @@ func newTestClusterWith(t *testing.T, n int, opts ClusterOptions, lopts Options)
 }
 
 func clusterNS() prefixhash.Namespace {
-	return prefixhash.Namespace{Model: "cluster-test", DType: prefixhash.Int8, BlockTokens: 4, LayerEnd: 1, KVHeads: 1, HeadDim: 8, TPSize: 1}
+	return prefixhash.Namespace{Model: "cluster-test", DType: prefixhash.Int8, BlockTokens: 4, Layers: 1, KVHeads: 1, HeadDim: 8}
 }
 
 // prompt returns a chain of n blocks and their encoded blocks.

@@ -16,7 +16,7 @@ import (
 // 8 heads × 128 dims in float16 per layer and K|V is 64 KiB a layer.
 func benchNS(payload int) prefixhash.Namespace {
 	return prefixhash.Namespace{Model: "kvmesh/bench", DType: prefixhash.Float16, BlockTokens: 16,
-		LayerStart: 0, LayerEnd: payload / (64 << 10), KVHeads: 8, HeadDim: 128, TPSize: 1}
+		Layers: payload / (64 << 10), KVHeads: 8, HeadDim: 128}
 }
 
 var benchSizes = []struct {
@@ -147,7 +147,7 @@ func BenchmarkLocalGet(b *testing.B) {
 func BenchmarkLongestPrefix(b *testing.B) {
 	ctx := context.Background()
 	ns := prefixhash.Namespace{Model: "kvmesh/bench", DType: prefixhash.Float16, BlockTokens: 512,
-		LayerStart: 0, LayerEnd: 1, KVHeads: 1, HeadDim: 1, TPSize: 1}
+		Layers: 1, KVHeads: 1, HeadDim: 1}
 	const blocks = 256
 	rng := rand.New(rand.NewPCG(2, 2))
 	tokens := make([]uint32, blocks*ns.BlockTokens)

@@ -10,7 +10,7 @@ import (
 )
 
 func placementKeys(n int) []prefixhash.Key {
-	ns := prefixhash.Namespace{Model: "placement", DType: prefixhash.Float16, BlockTokens: 1, LayerEnd: 1, KVHeads: 1, HeadDim: 1}
+	ns := prefixhash.Namespace{Model: "placement", DType: prefixhash.Float16, BlockTokens: 1, Layers: 1, KVHeads: 1, HeadDim: 1}
 	toks := make([]uint32, n)
 	for i := range toks {
 		toks[i] = uint32(i)

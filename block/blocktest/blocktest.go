@@ -16,13 +16,13 @@ import (
 
 // headerSumOff is the offset of the header checksum (see the layout in
 // package block).
-const headerSumOff = 104
+const headerSumOff = 120
 
 // NS returns a small valid namespace: blocks of 4 tokens, 2 layers, 2 KV
 // heads of 8 float16s.
 func NS() prefixhash.Namespace {
 	return prefixhash.Namespace{Model: "kvmesh/block-test", DType: prefixhash.Float16, BlockTokens: 4,
-		LayerStart: 0, LayerEnd: 2, KVHeads: 2, HeadDim: 8, TPSize: 1}
+		Layers: 2, KVHeads: 2, HeadDim: 8}
 }
 
 // Random encodes a block of ns chained from parent with random tokens and
@@ -45,12 +45,12 @@ func Random(t testing.TB, rng *rand.Rand, ns prefixhash.Namespace, parent prefix
 
 // Reseal recomputes the header checksum of the encoded block b after a test
 // edited its header, so that only the checks behind the checksum can catch
-// the edit. A format 3 header's extension (its length field as it reads
-// now, bounded by b) is covered too.
+// the edit. The extension (its length field as it reads now, bounded by b)
+// is covered too.
 func Reseal(b []byte) {
 	n := int(binary.LittleEndian.Uint32(b[12:]))
 	end := block.FixedHeaderLen + 4*n
-	if binary.LittleEndian.Uint16(b[4:]) == 3 && len(b) >= end+4 {
+	if len(b) >= end+4 {
 		end = min(len(b), end+4+int(binary.LittleEndian.Uint32(b[end:])))
 	}
 	var d xxhash.Digest

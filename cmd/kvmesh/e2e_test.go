@@ -165,7 +165,7 @@ func (d *daemon) stop(t *testing.T) (time.Duration, error) {
 // e2eNS has 512 KiB blocks of 16 tokens, so a few dozen blocks overflow a
 // small DRAM tier into NVMe.
 var e2eNS = prefixhash.Namespace{Model: "e2e/model", DType: prefixhash.Float32, BlockTokens: 16,
-	LayerStart: 0, LayerEnd: 8, KVHeads: 8, HeadDim: 64}
+	Layers: 8, KVHeads: 8, HeadDim: 64}
 
 func e2ePrompt(seed, blocks int) ([]uint32, [][]byte) {
 	tokens := make([]uint32, blocks*e2eNS.BlockTokens+3)
@@ -254,7 +254,7 @@ func TestServe(t *testing.T) {
 		raw := kvmeshv1.NewCacheServiceClient(conn)
 		ns := client.NamespaceProto(e2eNS)
 		huge := client.NamespaceProto(e2eNS)
-		huge.LayerEnd = 64 // 4 MiB blocks, over --max-block-bytes 1MiB
+		huge.Layers = 64 // 4 MiB blocks, over --max-block-bytes 1MiB
 		bad := client.NamespaceProto(e2eNS)
 		bad.Dtype = 0
 		put := func(req *kvmeshv1.BatchPutRequest) error {

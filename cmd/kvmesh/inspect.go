@@ -33,7 +33,7 @@ type inspectFlags struct {
 // namespace flag, lookup uses the node's prefill engine's namespace.
 var defaultNamespace = prefixhash.Namespace{
 	Model: "kvmesh/demo", DType: prefixhash.Float32, BlockTokens: 16,
-	LayerStart: 0, LayerEnd: 2, KVHeads: 2, HeadDim: 16,
+	Layers: 2, KVHeads: 2, HeadDim: 16,
 }
 
 func inspectCmd() *cobra.Command {
@@ -310,12 +310,11 @@ func dash(s string) string {
 
 // namespaceFlags select the namespace of a lookup.
 type namespaceFlags struct {
-	model, dtype, layers, salt    string
-	blockTokens, kvHeads, headDim int
-	tpRank, tpSize                int
-	layout, scales, lora, scheme  string
-	latentDim, extraKeyBytes      int
-	hashSeed                      string
+	model, dtype, salt                    string
+	layers, blockTokens, kvHeads, headDim int
+	layout, scales, lora, scheme          string
+	latentDim, extraKeyBytes              int
+	hashSeed                              string
 }
 
 func (n *namespaceFlags) register(c *cobra.Command) {
@@ -324,11 +323,9 @@ func (n *namespaceFlags) register(c *cobra.Command) {
 	fs.StringVar(&n.model, "model", d.Model, "namespace: model id")
 	fs.StringVar(&n.dtype, "dtype", d.DType.String(), "namespace: KV dtype (float32, float16, bfloat16, fp8_e4m3, fp8_e5m2, int8)")
 	fs.IntVar(&n.blockTokens, "block-tokens", d.BlockTokens, "namespace: tokens per block")
-	fs.StringVar(&n.layers, "layers", fmt.Sprintf("%d:%d", d.LayerStart, d.LayerEnd), "namespace: layer range START:END (END excluded)")
-	fs.IntVar(&n.kvHeads, "kv-heads", d.KVHeads, "namespace: KV heads")
+	fs.IntVar(&n.layers, "layers", d.Layers, "namespace: the model's number of layers (all of them; a pipeline stage's are a part of the block)")
+	fs.IntVar(&n.kvHeads, "kv-heads", d.KVHeads, "namespace: the model's KV heads (all of them; a tensor-parallel rank's are a part of the block)")
 	fs.IntVar(&n.headDim, "head-dim", d.HeadDim, "namespace: head dimension")
-	fs.IntVar(&n.tpRank, "tp-rank", d.TPRank, "namespace: tensor-parallel rank")
-	fs.IntVar(&n.tpSize, "tp-size", max(d.TPSize, 1), "namespace: tensor-parallel size")
 	fs.StringVar(&n.salt, "tenant-salt", "", "namespace: tenant salt")
 	fs.StringVar(&n.layout, "kv-layout", "split", "namespace: KV layout, split (K and V per KV head) or latent (one latent vector per token and layer, MLA; give --latent-dim, and --kv-heads and --head-dim then default to 0)")
 	fs.IntVar(&n.latentDim, "latent-dim", 0, "namespace: latent width per token and layer (latent layout; 576 for DeepSeek-V3/Kimi)")
@@ -343,15 +340,6 @@ func (n *namespaceFlags) namespace() (prefixhash.Namespace, error) {
 	dt, err := prefixhash.ParseDType(n.dtype)
 	if err != nil {
 		return prefixhash.Namespace{}, fmt.Errorf("--dtype: %w", err)
-	}
-	var start, end int
-	if a, b, ok := strings.Cut(n.layers, ":"); !ok {
-		return prefixhash.Namespace{}, fmt.Errorf("--layers %q: want START:END, like 0:32", n.layers)
-	} else if start, err = strconv.Atoi(a); err == nil {
-		end, err = strconv.Atoi(b)
-	}
-	if err != nil {
-		return prefixhash.Namespace{}, fmt.Errorf("--layers %q: want START:END, like 0:32", n.layers)
 	}
 	layout, err := prefixhash.ParseKVLayout(n.layout)
 	if err != nil {
@@ -369,8 +357,8 @@ func (n *namespaceFlags) namespace() (prefixhash.Namespace, error) {
 	if layout == prefixhash.LatentKV && heads == defaultNamespace.KVHeads && dim == defaultNamespace.HeadDim {
 		heads, dim = 0, 0 // the demo's split shape, not given: a latent block has no heads
 	}
-	ns := prefixhash.Namespace{Model: n.model, DType: dt, BlockTokens: n.blockTokens, LayerStart: start, LayerEnd: end,
-		KVHeads: heads, HeadDim: dim, TPRank: n.tpRank, TPSize: n.tpSize, TenantSalt: n.salt,
+	ns := prefixhash.Namespace{Model: n.model, DType: dt, BlockTokens: n.blockTokens, Layers: n.layers,
+		KVHeads: heads, HeadDim: dim, TenantSalt: n.salt,
 		Layout: layout, LatentDim: n.latentDim, Scales: scales, LoRA: n.lora, Scheme: scheme, HashSeed: n.hashSeed,
 		ExtraKeyBytes: n.extraKeyBytes}
 	if err := ns.Validate(); err != nil {
@@ -497,7 +485,7 @@ type blockJSON struct {
 	PayloadBytes    uint64   `json:"payload_bytes"`
 	EncodedBytes    uint64   `json:"encoded_bytes"`
 	DType           string   `json:"dtype"`
-	Layers          string   `json:"layers"`
+	Layers          int      `json:"layers"`
 	KVHeads         uint32   `json:"kv_heads"`
 	HeadDim         uint32   `json:"head_dim"`
 }
@@ -522,13 +510,13 @@ func blockCmd(f *inspectFlags) *cobra.Command {
 			}
 			out := blockJSON{Key: key.String(), Parent: b.Parent.String(), NamespaceDigest: fmt.Sprintf("%016x", b.NamespaceDigest),
 				Node: b.NodeID, Tier: b.Tier, Tokens: b.Tokens, PayloadBytes: uint64(b.PayloadLen), EncodedBytes: uint64(b.EncodedLen),
-				DType: b.DType.String(), Layers: fmt.Sprintf("%d:%d", b.LayerStart, b.LayerEnd),
+				DType: b.DType.String(), Layers: b.Layers,
 				KVHeads: uint32(b.KVHeads), HeadDim: uint32(b.HeadDim)}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "key\t%s\nparent\t%s\nnamespace\t%s\nnode\t%s\ntier\t%s\n", out.Key, out.Parent, out.NamespaceDigest, out.Node, out.Tier)
 				fmt.Fprintf(w, "tokens\t%d: %s\n", len(out.Tokens), tokenPreview(out.Tokens))
 				fmt.Fprintf(w, "payload\t%s (%s encoded)\n", formatSize(int64(out.PayloadBytes)), formatSize(int64(out.EncodedBytes)))
-				fmt.Fprintf(w, "layout\t%s, layers %s, %d kv heads x %d\n", out.DType, out.Layers, out.KVHeads, out.HeadDim)
+				fmt.Fprintf(w, "layout\t%s, %d layers, %d kv heads x %d\n", out.DType, out.Layers, out.KVHeads, out.HeadDim)
 			})
 		},
 	}

@@ -26,8 +26,7 @@ func main() {
 	dur := flag.Duration("duration", 2*time.Second, "how long to measure")
 	flag.Parse()
 
-	ns := prefixhash.Namespace{Model: *model, DType: prefixhash.Float16, BlockTokens: 16, LayerStart: 0,
-		LayerEnd: *layers, KVHeads: 8, HeadDim: 128}
+	ns := prefixhash.Namespace{Model: *model, DType: prefixhash.Float16, BlockTokens: 16, Layers: *layers, KVHeads: 8, HeadDim: 128}
 	tokens := make([]uint32, *blocks*ns.BlockTokens)
 	for i := range tokens {
 		tokens[i] = uint32(*first) + uint32(i)

@@ -613,8 +613,7 @@ type BlockInfoResponse struct {
 	EncodedLen uint64 `protobuf:"varint,8,opt,name=encoded_len,json=encodedLen,proto3" json:"encoded_len,omitempty"`
 	// The payload layout.
 	Dtype         Dtype  `protobuf:"varint,9,opt,name=dtype,proto3,enum=kvmesh.v1.Dtype" json:"dtype,omitempty"`
-	LayerStart    uint32 `protobuf:"varint,10,opt,name=layer_start,json=layerStart,proto3" json:"layer_start,omitempty"`
-	LayerEnd      uint32 `protobuf:"varint,11,opt,name=layer_end,json=layerEnd,proto3" json:"layer_end,omitempty"`
+	Layers        uint32 `protobuf:"varint,14,opt,name=layers,proto3" json:"layers,omitempty"`
 	KvHeads       uint32 `protobuf:"varint,12,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
 	HeadDim       uint32 `protobuf:"varint,13,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -714,16 +713,9 @@ func (x *BlockInfoResponse) GetDtype() Dtype {
 	return Dtype_DTYPE_UNSPECIFIED
 }
 
-func (x *BlockInfoResponse) GetLayerStart() uint32 {
+func (x *BlockInfoResponse) GetLayers() uint32 {
 	if x != nil {
-		return x.LayerStart
-	}
-	return 0
-}
-
-func (x *BlockInfoResponse) GetLayerEnd() uint32 {
-	if x != nil {
-		return x.LayerEnd
+		return x.Layers
 	}
 	return 0
 }
@@ -1175,7 +1167,7 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\x15DropNamespaceResponse\x12%\n" +
 	"\x0edropped_blocks\x18\x01 \x01(\x04R\rdroppedBlocks\"$\n" +
 	"\x10BlockInfoRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\fR\x03key\"\x8b\x03\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\"\x89\x03\n" +
 	"\x11BlockInfoResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\fR\x06parent\x12)\n" +
@@ -1187,13 +1179,11 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"payloadLen\x12\x1f\n" +
 	"\vencoded_len\x18\b \x01(\x04R\n" +
 	"encodedLen\x12&\n" +
-	"\x05dtype\x18\t \x01(\x0e2\x10.kvmesh.v1.DtypeR\x05dtype\x12\x1f\n" +
-	"\vlayer_start\x18\n" +
-	" \x01(\rR\n" +
-	"layerStart\x12\x1b\n" +
-	"\tlayer_end\x18\v \x01(\rR\blayerEnd\x12\x19\n" +
+	"\x05dtype\x18\t \x01(\x0e2\x10.kvmesh.v1.DtypeR\x05dtype\x12\x16\n" +
+	"\x06layers\x18\x0e \x01(\rR\x06layers\x12\x19\n" +
 	"\bkv_heads\x18\f \x01(\rR\akvHeads\x12\x19\n" +
-	"\bhead_dim\x18\r \x01(\rR\aheadDim\"E\n" +
+	"\bhead_dim\x18\r \x01(\rR\aheadDimJ\x04\b\n" +
+	"\x10\vJ\x04\b\v\x10\fR\vlayer_startR\tlayer_end\"E\n" +
 	"\x05Quota\x12\x1d\n" +
 	"\n" +
 	"dram_bytes\x18\x01 \x01(\x04R\tdramBytes\x12\x1d\n" +

@@ -194,7 +194,7 @@ func (Scales) EnumDescriptor() ([]byte, []int) {
 type KeyScheme int32
 
 const (
-	// kvmesh's SHA-256 chain (key format 2). The default.
+	// kvmesh's SHA-256 chain (key format 3). The default.
 	KeyScheme_KEY_SCHEME_KVMESH KeyScheme = 0
 	// vLLM's block hash (sha256_cbor), rooted in hash_seed: a block's key is
 	// the first 16 bytes of the hash vLLM computes and publishes for it.
@@ -253,16 +253,13 @@ type Namespace struct {
 	Dtype Dtype `protobuf:"varint,2,opt,name=dtype,proto3,enum=kvmesh.v1.Dtype" json:"dtype,omitempty"`
 	// Tokens per block (B). Required, 1..65536.
 	BlockTokens uint32 `protobuf:"varint,3,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"`
-	// Half-open range [layer_start, layer_end) of the layers a block holds.
-	LayerStart uint32 `protobuf:"varint,4,opt,name=layer_start,json=layerStart,proto3" json:"layer_start,omitempty"`
-	LayerEnd   uint32 `protobuf:"varint,5,opt,name=layer_end,json=layerEnd,proto3" json:"layer_end,omitempty"`
-	// Key/value heads this rank holds, and the size of one head. Required
-	// with the split layout, 0 with the latent layout.
+	// The model's number of attention layers, all of them: a block holds
+	// every layer of its tokens. Required.
+	Layers uint32 `protobuf:"varint,18,opt,name=layers,proto3" json:"layers,omitempty"`
+	// The model's key/value heads (all of them, not a rank's), and the size
+	// of one head. Required with the split layout, 0 with the latent layout.
 	KvHeads uint32 `protobuf:"varint,6,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
 	HeadDim uint32 `protobuf:"varint,7,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
-	// Tensor parallelism: 0 <= tp_rank < tp_size; tp_size 0 reads as 1.
-	TpRank uint32 `protobuf:"varint,8,opt,name=tp_rank,json=tpRank,proto3" json:"tp_rank,omitempty"`
-	TpSize uint32 `protobuf:"varint,9,opt,name=tp_size,json=tpSize,proto3" json:"tp_size,omitempty"`
 	// Optional tenant salt (at most 256 bytes): tenants with different salts
 	// never see each other's prefixes.
 	TenantSalt string `protobuf:"bytes,10,opt,name=tenant_salt,json=tenantSalt,proto3" json:"tenant_salt,omitempty"`
@@ -335,16 +332,9 @@ func (x *Namespace) GetBlockTokens() uint32 {
 	return 0
 }
 
-func (x *Namespace) GetLayerStart() uint32 {
+func (x *Namespace) GetLayers() uint32 {
 	if x != nil {
-		return x.LayerStart
-	}
-	return 0
-}
-
-func (x *Namespace) GetLayerEnd() uint32 {
-	if x != nil {
-		return x.LayerEnd
+		return x.Layers
 	}
 	return 0
 }
@@ -359,20 +349,6 @@ func (x *Namespace) GetKvHeads() uint32 {
 func (x *Namespace) GetHeadDim() uint32 {
 	if x != nil {
 		return x.HeadDim
-	}
-	return 0
-}
-
-func (x *Namespace) GetTpRank() uint32 {
-	if x != nil {
-		return x.TpRank
-	}
-	return 0
-}
-
-func (x *Namespace) GetTpSize() uint32 {
-	if x != nil {
-		return x.TpSize
 	}
 	return 0
 }
@@ -495,18 +471,14 @@ var File_kvmesh_v1_types_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xbd\x04\n" +
+	"\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xa7\x04\n" +
 	"\tNamespace\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12&\n" +
 	"\x05dtype\x18\x02 \x01(\x0e2\x10.kvmesh.v1.DtypeR\x05dtype\x12!\n" +
-	"\fblock_tokens\x18\x03 \x01(\rR\vblockTokens\x12\x1f\n" +
-	"\vlayer_start\x18\x04 \x01(\rR\n" +
-	"layerStart\x12\x1b\n" +
-	"\tlayer_end\x18\x05 \x01(\rR\blayerEnd\x12\x19\n" +
+	"\fblock_tokens\x18\x03 \x01(\rR\vblockTokens\x12\x16\n" +
+	"\x06layers\x18\x12 \x01(\rR\x06layers\x12\x19\n" +
 	"\bkv_heads\x18\x06 \x01(\rR\akvHeads\x12\x19\n" +
-	"\bhead_dim\x18\a \x01(\rR\aheadDim\x12\x17\n" +
-	"\atp_rank\x18\b \x01(\rR\x06tpRank\x12\x17\n" +
-	"\atp_size\x18\t \x01(\rR\x06tpSize\x12\x1f\n" +
+	"\bhead_dim\x18\a \x01(\rR\aheadDim\x12\x1f\n" +
 	"\vtenant_salt\x18\n" +
 	" \x01(\tR\n" +
 	"tenantSalt\x120\n" +
@@ -518,7 +490,8 @@ const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"key_scheme\x18\x0f \x01(\x0e2\x14.kvmesh.v1.KeySchemeR\tkeyScheme\x12\x1b\n" +
 	"\thash_seed\x18\x10 \x01(\tR\bhashSeed\x12&\n" +
-	"\x0fextra_key_bytes\x18\x11 \x01(\rR\rextraKeyBytes\":\n" +
+	"\x0fextra_key_bytes\x18\x11 \x01(\rR\rextraKeyBytesJ\x04\b\x04\x10\x05J\x04\b\x05\x10\x06J\x04\b\b\x10\tJ\x04\b\t\x10\n" +
+	"R\vlayer_startR\tlayer_endR\atp_rankR\atp_size\":\n" +
 	"\x0eBlockExtraKeys\x12\x14\n" +
 	"\x05block\x18\x01 \x01(\rR\x05block\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys*\x90\x01\n" +

@@ -12,11 +12,11 @@ import (
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
-// v3Namespaces are namespaces whose blocks need format 3: the latent
-// layout, scales, the vLLM key scheme.
+// v3Namespaces are namespaces that use the fields format 3 added (the
+// latent layout, scales, the vLLM key scheme).
 func v3Namespaces() map[string]prefixhash.Namespace {
-	latent := prefixhash.Namespace{Model: "kvmesh/mla", DType: prefixhash.BFloat16, BlockTokens: 4, LayerEnd: 3,
-		Layout: prefixhash.LatentKV, LatentDim: 40, TPSize: 1}
+	latent := prefixhash.Namespace{Model: "kvmesh/mla", DType: prefixhash.BFloat16, BlockTokens: 4, Layers: 3,
+		Layout: prefixhash.LatentKV, LatentDim: 40}
 	latentFP8 := latent
 	latentFP8.DType, latentFP8.Scales = prefixhash.Float8E4M3, prefixhash.ScalesPerBlock
 	int8Head := blocktest.NS()
@@ -68,7 +68,7 @@ func TestBlockV3RoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
-			want := uint16(3)
+			want := uint16(4)
 			if len(hdr)%64 != 0 || len(hdr) != block.NamespaceHeaderLen(ns) || binary.LittleEndian.Uint16(hdr[4:]) != want {
 				t.Fatalf("%s: header of %d bytes, format %d", name, len(hdr), binary.LittleEndian.Uint16(hdr[4:]))
 			}
@@ -118,7 +118,7 @@ func TestBlockV3Corruption(t *testing.T) {
 	b := append(hdr, payload...)
 	ext := block.FixedHeaderLen + 4*len(tokens)
 	x := int(binary.LittleEndian.Uint32(b[ext:]))
-	for _, i := range []int{7, 57, 58, 76, ext, ext + 4, ext + 4 + 31, ext + 4 + 32, ext + 4 + x - 1} {
+	for _, i := range []int{7, 57, 58, 72, ext, ext + 4, ext + 4 + 31, ext + 4 + 32, ext + 4 + x - 1} {
 		for _, resum := range []bool{false, true} {
 			c := bytes.Clone(b)
 			c[i] ^= 0x41
@@ -132,22 +132,29 @@ func TestBlockV3Corruption(t *testing.T) {
 	}
 }
 
-// TestBlockV2Unchanged: a block with none of the new fields is format 2,
-// byte for byte what this package wrote before format 3 existed (the
-// golden bytes of a fixed block).
-func TestBlockV2Unchanged(t *testing.T) {
+// TestBlockReservedZero: a block of the plainest namespace has its
+// reserved bytes zero, and a header with one of them set is refused.
+func TestBlockReservedZero(t *testing.T) {
 	ns := blocktest.NS()
 	payload := make([]byte, ns.BlockBytes())
 	b, _, err := block.Encode(nil, ns, ns.Root(), []uint32{1, 2, 3, 4}, payload)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != 2 || len(b) != block.HeaderLen(4)+len(payload) {
+	if v := binary.LittleEndian.Uint16(b[4:]); v != 4 || len(b) != block.HeaderLen(4)+len(payload) {
 		t.Fatalf("format %d, %d bytes", v, len(b))
 	}
-	for _, i := range []int{7, 57, 58, 59, 76, 77, 78, 79} {
+	for _, i := range []int{7, 57, 58, 59, 72, 76, 77, 78, 79} {
 		if b[i] != 0 {
-			t.Errorf("byte %d is %d, zero in format 2", i, b[i])
+			t.Errorf("byte %d is %d, want zero", i, b[i])
+		}
+	}
+	for _, i := range []int{59, 76} {
+		c := bytes.Clone(b)
+		c[i] = 1
+		blocktest.Reseal(c)
+		if _, err := block.Decode(c, 0); !errors.Is(err, block.ErrCorrupt) {
+			t.Errorf("reserved byte %d set: %v", i, err)
 		}
 	}
 }

@@ -1,0 +1,317 @@
+package block
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// ErrBadPart marks a part range that is not one kvmesh stores or serves: out
+// of the block, empty, or a head range that is not an aligned slice of the
+// KV heads. Its message names the valid ranges. It is the caller's mistake
+// (InvalidArgument), not corruption.
+var ErrBadPart = errors.New("block: invalid part")
+
+// A Part is the piece of a block that one parallel rank of a model instance
+// holds: the layers [L0,L1) (a pipeline stage) and the KV heads [H0,H1) (a
+// tensor-parallel rank) of every token of the block. The latent layout has
+// no heads to split: every rank holds the whole latent, and its head range
+// is always [0,1). The whole block is Layout.Whole().
+//
+// A part's payload is, in order: for each layer of [L0,L1), the KV bytes of
+// heads [H0,H1) of that layer (one contiguous run of the block payload,
+// because the split layout is [layer][kv_head][K|V][token][head_dim]); then
+// the scales of those layers: a layer's per-block scales, or heads
+// [H0,H1) of its per-head scales. For the whole block it is exactly the
+// block payload.
+type Part struct{ L0, L1, H0, H1 int }
+
+func (p Part) String() string {
+	return fmt.Sprintf("layers [%d,%d) heads [%d,%d)", p.L0, p.L1, p.H0, p.H1)
+}
+
+// Cells returns the grid a block's parts cover: layers × heads (heads is 1
+// with the latent layout).
+func (l Layout) Cells() (layers, heads int) {
+	if l.KV == prefixhash.LatentKV {
+		return l.Layers, 1
+	}
+	return l.Layers, l.KVHeads
+}
+
+// Whole returns the part that is the whole block.
+func (l Layout) Whole() Part {
+	layers, heads := l.Cells()
+	return Part{0, layers, 0, heads}
+}
+
+// WholePart returns the part that is the whole block of ns.
+func WholePart(ns prefixhash.Namespace) Part { return LayoutOf(ns).Whole() }
+
+// CheckPart reports whether p is a part kvmesh stores and serves: a
+// non-empty layer range inside the block (pipeline stages may be uneven),
+// and a head range that is an aligned slice of the KV heads (its width w
+// divides the heads and it starts at a multiple of w), [0,1) with the
+// latent layout. With per-block scales a split block's heads are not
+// split: its scales cover every head. The error wraps ErrBadPart and names
+// the valid ranges.
+func (l Layout) CheckPart(p Part) error {
+	layers, heads := l.Cells()
+	if p.L0 < 0 || p.L1 <= p.L0 || p.L1 > layers {
+		return fmt.Errorf("%w: layers [%d,%d): want a non-empty range inside [0,%d)", ErrBadPart, p.L0, p.L1, layers)
+	}
+	w := p.H1 - p.H0
+	switch {
+	case l.KV == prefixhash.LatentKV && (p.H0 != 0 || p.H1 != 1):
+		return fmt.Errorf("%w: heads [%d,%d) of a latent block: the latent has no heads to split, every rank holds it whole (heads [0,1))", ErrBadPart, p.H0, p.H1)
+	case p.H0 < 0 || w < 1 || p.H1 > heads || heads%w != 0 || p.H0%w != 0:
+		return fmt.Errorf("%w: heads [%d,%d) of %d: a head range is one of the equal slices of the %d KV heads (%s)", ErrBadPart, p.H0, p.H1, heads, heads, headSlices(heads))
+	case l.Scales == prefixhash.ScalesPerBlock && w != heads:
+		return fmt.Errorf("%w: heads [%d,%d) of %d with per-block scales: a layer's scale covers every head, so its heads are not split (use per-head scales)", ErrBadPart, p.H0, p.H1, heads)
+	}
+	return nil
+}
+
+// headSlices names the valid head ranges of heads: every aligned slice of
+// each width that divides heads.
+func headSlices(heads int) string {
+	var ws []string
+	for w := heads; w >= 1; w-- {
+		if heads%w == 0 {
+			ws = append(ws, fmt.Sprintf("width %d: [0,%d), [%d,%d), …", w, w, w, min(2*w, heads)))
+		}
+		if len(ws) == 6 {
+			ws = append(ws, "…")
+			break
+		}
+	}
+	return strings.Join(ws, "; ")
+}
+
+// cellBytes returns the KV bytes of one cell (one layer of one head; one
+// layer with the latent layout) of a block of tokens tokens and the scale
+// bytes of one layer (per block) and of one cell (per head), or -1 when the
+// sizes overflow.
+func (l Layout) cellBytes(tokens int) (kv, layerScales, cellScales int) {
+	var shape [4]uint64
+	parts := uint64(2)
+	if l.KV == prefixhash.LatentKV {
+		shape = [4]uint64{uint64(tokens), uint64(l.LatentDim), uint64(l.DType.Size()), 1}
+		parts = 1
+	} else {
+		shape = [4]uint64{2, uint64(tokens), uint64(l.HeadDim), uint64(l.DType.Size())}
+	}
+	n := uint64(1)
+	for _, f := range shape {
+		hi, lo := bits.Mul64(n, f)
+		if hi != 0 || lo > 1<<40 {
+			return -1, 0, 0
+		}
+		n = lo
+	}
+	switch l.Scales {
+	case prefixhash.ScalesPerBlock:
+		layerScales = 4 * int(parts)
+	case prefixhash.ScalesPerHead:
+		cellScales = 4 * int(parts)
+	}
+	return int(n), layerScales, cellScales
+}
+
+// PartLen returns the payload bytes of part p of a block of tokens tokens,
+// or -1 when the layout or the part is not valid.
+func (l Layout) PartLen(tokens int, p Part) int {
+	if !l.valid() || tokens < 1 || l.CheckPart(p) != nil {
+		return -1
+	}
+	kv, ls, cs := l.cellBytes(tokens)
+	if kv < 0 {
+		return -1
+	}
+	cells := uint64(p.L1-p.L0) * uint64(p.H1-p.H0)
+	hi, lo := bits.Mul64(cells, uint64(kv+cs))
+	if hi != 0 || lo > 1<<40 {
+		return -1 // absurd layouts must not wrap into plausible sizes
+	}
+	return int(lo) + (p.L1-p.L0)*ls
+}
+
+// runs calls fn, in part payload order, with the offset in the whole
+// payload and the length of each contiguous run of part p: one KV run per
+// layer, then the scales. p must be valid (CheckPart).
+func (l Layout) runs(tokens int, p Part, fn func(off, n int)) {
+	_, heads := l.Cells()
+	kv, ls, cs := l.cellBytes(tokens)
+	layerKV := heads * kv
+	for layer := p.L0; layer < p.L1; layer++ {
+		fn(layer*layerKV+p.H0*kv, (p.H1-p.H0)*kv)
+	}
+	scales := l.Layers * layerKV
+	for layer := p.L0; layer < p.L1; layer++ {
+		switch {
+		case ls > 0:
+			fn(scales+layer*ls, ls)
+		case cs > 0:
+			fn(scales+(layer*heads+p.H0)*cs, (p.H1-p.H0)*cs)
+		}
+	}
+}
+
+// ExtractPart appends to dst part p of the whole block payload of a block
+// of tokens tokens, in part payload order. p must be valid (CheckPart) and
+// payload a whole block's.
+func (l Layout) ExtractPart(dst, payload []byte, tokens int, p Part) []byte {
+	l.runs(tokens, p, func(off, n int) { dst = append(dst, payload[off:off+n]...) })
+	return dst
+}
+
+// PlacePart copies part, the payload of part p, to its place in payload,
+// the whole block payload of a block of tokens tokens. p must be valid and
+// len(part) its PartLen.
+func (l Layout) PlacePart(payload, part []byte, tokens int, p Part) {
+	l.runs(tokens, p, func(off, n int) {
+		copy(payload[off:off+n], part[:n])
+		part = part[n:]
+	})
+}
+
+// ComparePart reports whether part, the payload of part p, equals payload
+// (a whole block payload being assembled) in every cell covered says is
+// already there: the overlap check of a part that arrives after others. A
+// layer's per-block scales are compared when its first head of p is
+// covered.
+func (l Layout) ComparePart(payload, part []byte, tokens int, p Part, covered func(layer, head int) bool) bool {
+	_, heads := l.Cells()
+	kv, ls, cs := l.cellBytes(tokens)
+	pos := 0
+	for layer := p.L0; layer < p.L1; layer++ {
+		for h := p.H0; h < p.H1; h++ {
+			off := (layer*heads + h) * kv
+			if covered(layer, h) && !bytes.Equal(payload[off:off+kv], part[pos:pos+kv]) {
+				return false
+			}
+			pos += kv
+		}
+	}
+	scales := l.Layers * heads * kv
+	for layer := p.L0; layer < p.L1; layer++ {
+		if ls > 0 {
+			off := scales + layer*ls
+			if covered(layer, p.H0) && !bytes.Equal(payload[off:off+ls], part[pos:pos+ls]) {
+				return false
+			}
+			pos += ls
+		}
+		for h := p.H0; cs > 0 && h < p.H1; h++ {
+			off := scales + (layer*heads+h)*cs
+			if covered(layer, h) && !bytes.Equal(payload[off:off+cs], part[pos:pos+cs]) {
+				return false
+			}
+			pos += cs
+		}
+	}
+	return true
+}
+
+// Seal turns record, a part's header followed by the whole block's
+// assembled payload, into the encoded whole block: its part range becomes
+// the whole block, its payload length and checksum the whole payload's,
+// and its header checksum is recomputed. The header must decode (any part
+// of the same block) and the payload must be the whole block's length.
+func Seal(record []byte) error {
+	h, err := DecodeHeader(record, 0)
+	if err != nil {
+		return err
+	}
+	whole := h.Layout.Whole()
+	want := h.Layout.PartLen(len(h.Tokens), whole)
+	if len(record) != h.Len+want {
+		return corrupt("sealing %d bytes: a header of %d and a whole payload of %d", len(record), h.Len, want)
+	}
+	putPart(record, whole)
+	binary.LittleEndian.PutUint64(record[80:], uint64(want))
+	binary.LittleEndian.PutUint64(record[88:], xxhash.Sum64(record[h.Len:]))
+	n := len(h.Tokens)
+	ext := int(binary.LittleEndian.Uint32(record[FixedHeaderLen+4*n:]))
+	binary.LittleEndian.PutUint64(record[headerSumOff:], headerSum(record, n, ext))
+	return nil
+}
+
+// RankPart returns the part of a block of ns that the rank (tpRank of
+// tpSize tensor-parallel ranks, ppRank of ppSize pipeline stages) of a
+// model instance holds.
+//
+// Heads: with the split layout and H KV heads, when tpSize divides H rank
+// r holds heads [r·H/tpSize, (r+1)·H/tpSize); when H divides tpSize (more
+// ranks than KV heads: the heads are replicated) it holds the one head
+// r/(tpSize/H); any other size is ErrBadPart, naming the valid ones. With
+// the latent layout every rank holds the whole latent (heads [0,1)).
+//
+// Layers: each stage gets layers/ppSize of them, and the layers%ppSize
+// left over go one each to the stages just before the last (the split
+// vLLM makes by default); stage r holds the layers after those of the
+// stages before it.
+func RankPart(ns prefixhash.Namespace, tpRank, tpSize, ppRank, ppSize int) (Part, error) {
+	if err := ns.Validate(); err != nil {
+		return Part{}, err
+	}
+	if tpSize < 1 || tpRank < 0 || tpRank >= tpSize {
+		return Part{}, fmt.Errorf("%w: tensor-parallel rank %d of size %d: want 0 <= rank < size", ErrBadPart, tpRank, tpSize)
+	}
+	if ppSize < 1 || ppRank < 0 || ppRank >= ppSize {
+		return Part{}, fmt.Errorf("%w: pipeline rank %d of size %d: want 0 <= rank < size", ErrBadPart, ppRank, ppSize)
+	}
+	if ppSize > ns.Layers {
+		return Part{}, fmt.Errorf("%w: %d pipeline stages for %d layers: a stage holds at least one layer", ErrBadPart, ppSize, ns.Layers)
+	}
+	var p Part
+	if ns.Layout == prefixhash.LatentKV {
+		p.H0, p.H1 = 0, 1
+	} else {
+		h := ns.KVHeads
+		switch {
+		case h%tpSize == 0:
+			w := h / tpSize
+			p.H0, p.H1 = tpRank*w, (tpRank+1)*w
+		case tpSize%h == 0:
+			p.H0 = tpRank / (tpSize / h)
+			p.H1 = p.H0 + 1
+		default:
+			return Part{}, fmt.Errorf("%w: tensor-parallel size %d for %d KV heads: it must divide the heads or be a multiple of them (%s)", ErrBadPart, tpSize, h, tpSizes(h))
+		}
+	}
+	base, extra := ns.Layers/ppSize, ns.Layers%ppSize
+	size := func(r int) int {
+		// the extra layers go to stages ppSize-2, ppSize-3, …
+		if r < ppSize-1 && r >= ppSize-1-extra {
+			return base + 1
+		}
+		return base
+	}
+	for r := range ppRank {
+		p.L0 += size(r)
+	}
+	p.L1 = p.L0 + size(ppRank)
+	if err := LayoutOf(ns).CheckPart(p); err != nil {
+		return Part{}, err
+	}
+	return p, nil
+}
+
+// tpSizes names the tensor-parallel sizes RankPart takes for h KV heads.
+func tpSizes(h int) string {
+	var s []string
+	for d := 1; d <= h; d++ {
+		if h%d == 0 {
+			s = append(s, fmt.Sprint(d))
+		}
+	}
+	return "valid: " + strings.Join(s, ", ") + fmt.Sprintf(", or a multiple of %d", h)
+}
