@@ -125,7 +125,7 @@ def test_keys_match_inspect_lookup(client, node, kvmesh_bin):
     toks = prompt(40)
     client.put(ns, toks, rand_torch(ns, 40, torch.float16))
     out = subprocess.run([kvmesh_bin, "inspect", "--addr", node.addr, "lookup", "--tokens", ",".join(map(str, toks)),
-                          "--model", ns.model, "--dtype", ns.dtype, "--block-tokens", "16", "--layers", "0:3",
+                          "--model", ns.model, "--dtype", ns.dtype, "--block-tokens", "16", "--layers", "3",
                           "--kv-heads", "2", "--head-dim", "8", "-o", "json"],
                          check=True, capture_output=True, text=True).stdout
     got = json.loads(out)

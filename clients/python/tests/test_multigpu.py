@@ -74,12 +74,12 @@ def test_tp2_written_read_at_every_layout(node, plane):
 
 
 def test_pp_stages_then_whole(node, plane):
-    """Uneven pipeline stages (5 layers over 3: vLLM gives 1, 2, 2) write; a single-GPU reader
-    reads the whole block."""
+    """Uneven pipeline stages (5 layers over 3: vLLM gives 2, 2, 1, the extra layers to the stages
+    before the last) write; a single-GPU reader reads the whole block."""
     ns = split_ns("py/mgi-pp")
     toks = prompt(32)
     full = full_kv(ns, 32, 2)
-    assert [tuple(kvmesh.rank_part(ns, 0, 1, r, 3))[:2] for r in range(3)] == [(0, 1), (1, 3), (3, 5)]
+    assert [tuple(kvmesh.rank_part(ns, 0, 1, r, 3))[:2] for r in range(3)] == [(0, 2), (2, 4), (4, 5)]
     with kvmesh.Client(node.addr, transport=DATA_PLANES[plane]) as c:
         for r in (2, 0):
             assert c.put(ns, toks, rank_slice(ns, full, 0, 1, r, 3), pp_rank=r, pp_size=3) == 2
