@@ -177,6 +177,12 @@ def host_u8(kv, sl):
     return a.reshape(sl.u8_shape(tokens_of(sl.ns, kv))), staged
 
 
+def _rows(a):
+    """a (uint8, its last axis contiguous: one head's row of head_dim elements) with each row as
+    one element: numpy then moves a row per step in a strided copy, not a byte."""
+    return a.view(np.dtype((np.void, a.shape[-1])))[..., 0]
+
+
 def put_runs(sl, u8, i):
     """Block i's part payload KV bytes taken from u8 (host_u8 of a rank's tensor), in the stored
     order ([layer][head][K|V][token][head_dim]; latent [layer][token][latent]), as a list of
@@ -188,7 +194,7 @@ def put_runs(sl, u8, i):
     v = u8[:, :, i * B:(i + 1) * B]
     if sl.heads == 1:
         return list(v.reshape(sl.layers * 2, -1))
-    return [np.ascontiguousarray(v.transpose(0, 3, 1, 2, 4)).reshape(-1)]
+    return [np.ascontiguousarray(_rows(v).transpose(0, 3, 1, 2)).view(np.uint8).reshape(-1)]
 
 
 def alloc(sl, n_tokens, array, device=None):
@@ -249,7 +255,7 @@ class Dest:
         if sl.ns.kv_layout == "latent":
             self._block(i)[...] = kv.reshape(sl.layers, self.B, -1)
         else:
-            self._block(i)[...] = kv.reshape(sl.layers, sl.heads, 2, self.B, -1).transpose(0, 2, 3, 1, 4)
+            _rows(self._block(i))[...] = _rows(kv.reshape(sl.layers, sl.heads, 2, self.B, -1)).transpose(0, 2, 3, 1)
         if self.scales is not None:
             self.scales[i] = b[sl.kv_bytes:sl.part_bytes].view("<f4")
 
@@ -261,8 +267,8 @@ class Dest:
         if ns.kv_layout == "latent":
             self._block(i)[...] = kv.reshape(ns.layers, self.B, -1)[p.l0:p.l1]
         else:
-            self._block(i)[...] = kv.reshape(ns.layers, ns.kv_heads, 2, self.B, -1)[p.l0:p.l1, p.h0:p.h1] \
-                .transpose(0, 2, 3, 1, 4)
+            _rows(self._block(i))[...] = _rows(kv.reshape(ns.layers, ns.kv_heads, 2, self.B, -1))[p.l0:p.l1, p.h0:p.h1] \
+                .transpose(0, 2, 3, 1)
         if self.scales is not None:
             sc = b[ns.kv_bytes:ns.block_bytes].view("<f4")
             if ns.scales == "head":
