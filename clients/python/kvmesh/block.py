@@ -73,27 +73,42 @@ def _divisors(n):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _head_slices(heads):
+    """The valid head ranges of heads KV heads, as Go's block.headSlices names them."""
+    ws = []
+    for w in range(heads, 0, -1):
+        if heads % w == 0:
+            ws.append(f"width {w}: [0,{w}), [{w},{min(2 * w, heads)}), …")
+        if len(ws) == 6:
+            ws.append("…")
+            break
+    return "; ".join(ws)
+
+
+def _bad(msg):
+    return BadPart(f"block: invalid part: {msg}")
+
+
 def check_part(ns, p):
     """Raises BadPart (an InvalidArgument) unless p is a valid part range of ns's blocks, naming
-    the valid ranges: any layer range 0 <= l0 < l1 <= layers; split heads an aligned slice
-    (h1-h0 divides kv_heads, h0 a multiple of it); latent heads [0,1); per-block scales with
-    the split layout only the whole head range."""
+    the valid ranges (block.Layout.CheckPart): any layer range 0 <= l0 < l1 <= layers; split
+    heads an aligned slice (h1-h0 divides kv_heads, h0 a multiple of it); latent heads [0,1);
+    per-block scales with the split layout only the whole head range."""
     l0, l1, h0, h1 = p
     L, H = ns.layers, ns.heads
-    if not 0 <= l0 < l1 <= L:
-        raise BadPart(f"part {Part(*p)}: layers [{l0},{l1}) is not within the model's {L} layers "
-                      f"(want 0 <= l0 < l1 <= {L})")
+    if l0 < 0 or l1 <= l0 or l1 > L:
+        raise _bad(f"layers [{l0},{l1}): want a non-empty range inside [0,{L})")
+    w = h1 - h0
     if ns.kv_layout == "latent":
         if (h0, h1) != (0, 1):
-            raise BadPart(f"part {Part(*p)}: the latent layout has no heads to split (want heads [0,1))")
-        return
-    w = h1 - h0
-    if not (0 <= h0 < h1 <= H and H % w == 0 and h0 % w == 0):
-        raise BadPart(f"part {Part(*p)}: heads must be an aligned slice of the {H} KV heads: [k*w,(k+1)*w) with "
-                      f"w one of {', '.join(map(str, _divisors(H)))}")
-    if ns.scales == "block" and w != H:
-        raise BadPart(f"part {Part(*p)}: per-block scales cover all {H} heads of a layer; a head slice needs "
-                      f"per-head scales (want heads [0,{H}))")
+            raise _bad(f"heads [{h0},{h1}) of a latent block: the latent has no heads to split, every rank holds "
+                       "it whole (heads [0,1))")
+    elif h0 < 0 or w < 1 or h1 > H or H % w or h0 % w:
+        raise _bad(f"heads [{h0},{h1}) of {H}: a head range is one of the equal slices of the {H} KV heads "
+                   f"({_head_slices(H)})")
+    elif ns.scales == "block" and w != H:
+        raise _bad(f"heads [{h0},{h1}) of {H} with per-block scales: a layer's scale covers every head, so its "
+                   "heads are not split (use per-head scales)")
 
 
 def rank_part(ns, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
@@ -108,17 +123,14 @@ def rank_part(ns, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
     """
     for name, v in (("tp_rank", tp_rank), ("tp_size", tp_size), ("pp_rank", pp_rank), ("pp_size", pp_size)):
         if isinstance(v, bool) or not isinstance(v, int):
-            raise BadPart(f"{name}: {v!r} is not an int")
+            raise _bad(f"{name} {v!r} is not an int")
     if tp_size < 1 or not 0 <= tp_rank < tp_size:
-        raise BadPart(f"tp_rank {tp_rank} of tp_size {tp_size}: want tp_size >= 1 and 0 <= tp_rank < tp_size")
+        raise _bad(f"tensor-parallel rank {tp_rank} of size {tp_size}: want 0 <= rank < size")
+    if pp_size < 1 or not 0 <= pp_rank < pp_size:
+        raise _bad(f"pipeline rank {pp_rank} of size {pp_size}: want 0 <= rank < size")
     L = ns.layers
-    if pp_size < 1 or pp_size > L or not 0 <= pp_rank < pp_size:
-        raise BadPart(f"pp_rank {pp_rank} of pp_size {pp_size}: want 1 <= pp_size <= {L} (the model's layers) and "
-                      "0 <= pp_rank < pp_size")
-    base, extra = divmod(L, pp_size)
-    sizes = [base + (1 if pp_size - 1 - extra <= s < pp_size - 1 else 0) for s in range(pp_size)]
-    l0 = sum(sizes[:pp_rank])
-    l1 = l0 + sizes[pp_rank]
+    if pp_size > L:
+        raise _bad(f"{pp_size} pipeline stages for {L} layers: a stage holds at least one layer")
     if ns.kv_layout == "latent":
         h0, h1 = 0, 1
     else:
@@ -130,9 +142,12 @@ def rank_part(ns, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
             h0 = tp_rank // (tp_size // H)
             h1 = h0 + 1
         else:
-            raise BadPart(f"tp_size {tp_size} neither divides nor is a multiple of the model's {H} KV heads: "
-                          f"want one of {', '.join(map(str, _divisors(H)))} or a multiple of {H}")
-    p = Part(l0, l1, h0, h1)
+            raise _bad(f"tensor-parallel size {tp_size} for {H} KV heads: it must divide the heads or be a multiple "
+                       f"of them (valid: {', '.join(map(str, _divisors(H)))}, or a multiple of {H})")
+    base, extra = divmod(L, pp_size)
+    sizes = [base + (1 if pp_size - 1 - extra <= s < pp_size - 1 else 0) for s in range(pp_size)]
+    l0 = sum(sizes[:pp_rank])
+    p = Part(l0, l0 + sizes[pp_rank], h0, h1)
     check_part(ns, p)
     return p
 

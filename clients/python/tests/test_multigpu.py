@@ -154,9 +154,10 @@ def test_bad_ranks_refused_before_any_call(node):
         c._call = lambda *a, **k: pytest.fail("a call went out")
         c.meta = lambda *a, **k: pytest.fail("a call went out")
         kv = rank_slice(ns, full_kv(ns, 16), 0, 2)
-        for kw, msg in [(dict(tp_size=3), r"tp_size 3 .* want one of 1, 2, 4 or a multiple of 4"),
-                        (dict(tp_rank=2, tp_size=2), "0 <= tp_rank < tp_size"),
-                        (dict(pp_size=6), r"pp_size <= 5"), (dict(pp_rank=-1, pp_size=2), "pp_rank")]:
+        for kw, msg in [(dict(tp_size=3), r"size 3 for 4 KV heads.*valid: 1, 2, 4, or a multiple of 4"),
+                        (dict(tp_rank=2, tp_size=2), "tensor-parallel rank 2 of size 2"),
+                        (dict(pp_size=6), r"6 pipeline stages for 5 layers"), (dict(pp_rank=-1, pp_size=2),
+                                                                                "pipeline rank -1 of size 2")]:
             with pytest.raises(kvmesh.BadPart, match=msg):
                 c.put(ns, toks, kv, **kw)
             with pytest.raises(kvmesh.BadPart, match=msg):

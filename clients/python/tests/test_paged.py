@@ -100,7 +100,7 @@ def test_tp_ranks(node):
             assert paged.save(c, ns, toks, mine, [0, 2], tp_rank=r, tp_size=2) == 32
         dst = [torch.zeros((2, 4, 16, 1, 8), dtype=torch.bfloat16) for _ in range(3)]
         assert paged.load(c, ns, toks, dst, [1, 3], tp_rank=3, tp_size=4) == 32
-        with pytest.raises(kvmesh.BadPart, match="tp_size 3"):
+        with pytest.raises(kvmesh.BadPart, match="tensor-parallel size 3"):
             paged.load(c, ns, toks, dst, [1, 3], tp_rank=0, tp_size=3)
     for layer in range(3):
         assert torch.equal(dst[layer][:, 1], full[layer][:, 0, :, 3:4]) and torch.equal(dst[layer][:, 3], full[layer][:, 2, :, 3:4])

@@ -92,16 +92,17 @@ def test_rank_part_pp_is_vllms_partition():
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(tp_size=3), "tp_size 3 neither divides nor is a multiple of the model's 8 KV heads: want one of 1, 2, 4, 8"),
-    (dict(tp_size=12), "want one of 1, 2, 4, 8 or a multiple of 8"),
-    (dict(tp_rank=2, tp_size=2), "0 <= tp_rank < tp_size"),
-    (dict(tp_rank=-1, tp_size=2), "0 <= tp_rank < tp_size"),
-    (dict(tp_size=0), "tp_size >= 1"),
-    (dict(pp_size=33), r"1 <= pp_size <= 32 \(the model's layers\)"),
-    (dict(pp_rank=2, pp_size=2), "0 <= pp_rank < pp_size"),
-    (dict(pp_size=0), "pp_size"),
-    (dict(tp_rank=1.0, tp_size=2), "tp_rank: 1.0 is not an int"),
-    (dict(pp_size=True), "pp_size: True is not an int"),
+    (dict(tp_size=3), r"^block: invalid part: tensor-parallel size 3 for 8 KV heads: it must divide the heads or be a "
+                      r"multiple of them \(valid: 1, 2, 4, 8, or a multiple of 8\)$"),
+    (dict(tp_size=12), r"size 12 .*valid: 1, 2, 4, 8, or a multiple of 8"),
+    (dict(tp_rank=2, tp_size=2), r"tensor-parallel rank 2 of size 2: want 0 <= rank < size"),
+    (dict(tp_rank=-1, tp_size=2), r"tensor-parallel rank -1 of size 2"),
+    (dict(tp_size=0), r"tensor-parallel rank 0 of size 0"),
+    (dict(pp_size=33), r"33 pipeline stages for 32 layers: a stage holds at least one layer"),
+    (dict(pp_rank=2, pp_size=2), r"pipeline rank 2 of size 2: want 0 <= rank < size"),
+    (dict(pp_size=0), r"pipeline rank 0 of size 0"),
+    (dict(tp_rank=1.0, tp_size=2), r"tp_rank 1.0 is not an int"),
+    (dict(pp_size=True), r"pp_size True is not an int"),
 ])
 def test_rank_part_bad(kw, msg):
     ns = kvmesh.Namespace("m", "float16", 16, 32, 8, 128)
@@ -113,13 +114,15 @@ def test_rank_part_bad(kw, msg):
 def test_check_part_bad():
     ns = kvmesh.Namespace("m", "int8", 16, 4, 8, 16, scales="head")
     block.check_part(ns, block.Part(1, 3, 4, 6))
-    for p, msg in [((0, 5, 0, 8), "within the model's 4 layers"), ((2, 2, 0, 8), "0 <= l0 < l1 <= 4"),
-                   ((0, 4, 1, 3), r"aligned slice of the 8 KV heads.*w one of 1, 2, 4, 8"),
-                   ((0, 4, 0, 3), "aligned slice"), ((0, 4, 6, 10), "aligned slice"), ((0, 4, 2, 2), "aligned")]:
+    for p, msg in [((0, 5, 0, 8), r"layers \[0,5\): want a non-empty range inside \[0,4\)"),
+                   ((2, 2, 0, 8), "non-empty range"), ((-1, 2, 0, 8), "non-empty range"),
+                   ((0, 4, 1, 3), r"heads \[1,3\) of 8: a head range is one of the equal slices of the 8 KV heads "
+                                  r"\(width 8: \[0,8\), \[8,8\), …; width 4: \[0,4\), \[4,8\), …; width 2"),
+                   ((0, 4, 0, 3), "equal slices"), ((0, 4, 6, 10), "equal slices"), ((0, 4, 2, 2), "equal slices")]:
         with pytest.raises(kvmesh.BadPart, match=msg):
             block.check_part(ns, p)
     lat = kvmesh.Namespace("m", "bfloat16", 16, 4, kv_layout="latent", latent_dim=64)
-    with pytest.raises(kvmesh.BadPart, match=r"no heads to split \(want heads \[0,1\)\)"):
+    with pytest.raises(kvmesh.BadPart, match=r"no heads to split, every rank holds it whole \(heads \[0,1\)\)"):
         block.check_part(lat, (0, 4, 0, 2))
     blk = kvmesh.Namespace("m", "int8", 16, 4, 8, 16, scales="block")
     with pytest.raises(kvmesh.BadPart, match="per-block scales"):
@@ -171,7 +174,7 @@ def test_header_refuses_other_formats_and_damage():
         b[off] = val
         with pytest.raises(block.CorruptBlock, match=msg):
             block.decode_header(b)
-    with pytest.raises(kvmesh.BadPart, match="within the model's 2 layers"):
+    with pytest.raises(kvmesh.BadPart, match=r"layers \[0,3\): want a non-empty range inside \[0,2\)"):
         block.encode_header(ns, ns.root_link(), [1, 2, 3, 4], 0, part=(0, 3, 0, 2))
 
 
