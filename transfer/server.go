@@ -690,8 +690,10 @@ func (sc *serverConn) get(ctx context.Context, h *header) error {
 			sc.vals[i] = rec
 			off += alignUp(sc.lens[i])
 		}
-		release()
-		release = nil
+		if release != nil {
+			release()
+			release = nil
+		}
 	}
 	bufs := append(sc.bufs[:0], nil)
 	for i := range n {
