@@ -333,11 +333,19 @@ func AppendPartRecord(dst, whole []byte, p Part) ([]byte, error) {
 	n := len(h.Tokens)
 	start := len(dst)
 	dst = append(dst, whole[:h.Len]...)
-	dst = h.Layout.ExtractPart(dst, whole[h.Len:], n, p)
+	// Each run is hashed as it is copied, while it is in cache: one pass
+	// over the bytes rather than a copy and then a checksum.
+	var d xxhash.Digest
+	d.Reset()
+	payload := whole[h.Len:]
+	h.Layout.runs(n, p, func(off, m int) {
+		dst = append(dst, payload[off:off+m]...)
+		d.Write(dst[len(dst)-m:])
+	})
 	rec := dst[start:]
 	putPart(rec, p)
 	binary.LittleEndian.PutUint64(rec[80:], uint64(len(rec)-h.Len))
-	binary.LittleEndian.PutUint64(rec[88:], xxhash.Sum64(rec[h.Len:]))
+	binary.LittleEndian.PutUint64(rec[88:], d.Sum64())
 	ext := int(binary.LittleEndian.Uint32(rec[FixedHeaderLen+4*n:]))
 	binary.LittleEndian.PutUint64(rec[headerSumOff:], headerSum(rec, n, ext))
 	return dst, nil
