@@ -105,6 +105,13 @@ func sizeValues(vals [][]byte, st []Status, parts []block.Part, lens []int) {
 	}
 }
 
+// asStored reports whether the answer to an item of a get-part request,
+// of n bytes (sizeValues), is the stored value v itself: the item asks for
+// the whole block, whose part record is the block (same header, payload
+// and checksums), sent as it is rather than built again. Any other part
+// is shorter than its block.
+func asStored(n int, v []byte) bool { return n == len(v) }
+
 // putRecord builds the part record of part p of whole in dst, which has
 // room for exactly the record (sizeValues said how much).
 func putRecord(dst, whole []byte, p block.Part) error {

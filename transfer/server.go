@@ -623,7 +623,8 @@ func sendError(nc net.Conn, id uint64, err error) error {
 // MaxBatchBytes, the excess is marked for the client to ask again. A
 // get-part request is answered the same way with the part records built,
 // in one pooled buffer charged to the in-flight budget, from the whole
-// blocks, which are released as soon as the records are built.
+// blocks, which are released as soon as the records are built (a whole
+// range is sent as stored, as a get's value is).
 func (sc *serverConn) get(ctx context.Context, h *header) error {
 	s := sc.s
 	n := h.count
@@ -670,28 +671,36 @@ func (sc *serverConn) get(ctx context.Context, h *header) error {
 			s.stats.misses.Add(1)
 		}
 	}
-	if parts != nil && total > 0 {
-		held, err := reserve(ctx, s.inflight, int64(total))
-		if err != nil {
-			return err
-		}
-		defer s.inflight.release(held)
-		buf := getBuffer(total)
-		defer putBuffer(buf)
-		off := 0
+	if parts != nil {
+		built := 0 // bytes of the records to build: all but the whole ranges
 		for i := range n {
-			if sc.st[i] != StatusOK {
-				continue
+			if sc.st[i] == StatusOK && !asStored(sc.lens[i], sc.vals[i]) {
+				built += alignUp(sc.lens[i])
 			}
-			rec := buf.b[off : off+sc.lens[i] : off+sc.lens[i]]
-			if err := putRecord(rec, sc.vals[i], parts[i]); err != nil {
+		}
+		if built > 0 {
+			held, err := reserve(ctx, s.inflight, int64(built))
+			if err != nil {
 				return err
 			}
-			sc.vals[i] = rec
-			off += alignUp(sc.lens[i])
+			defer s.inflight.release(held)
+			buf := getBuffer(built)
+			defer putBuffer(buf)
+			off := 0
+			for i := range n {
+				if sc.st[i] != StatusOK || asStored(sc.lens[i], sc.vals[i]) {
+					continue
+				}
+				rec := buf.b[off : off+sc.lens[i] : off+sc.lens[i]]
+				if err := putRecord(rec, sc.vals[i], parts[i]); err != nil {
+					return err
+				}
+				sc.vals[i] = rec
+				off += alignUp(sc.lens[i])
+			}
 		}
-		if release != nil {
-			release()
+		if built == total && release != nil {
+			release() // every value sent is a record built here
 			release = nil
 		}
 	}

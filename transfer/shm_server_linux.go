@@ -731,7 +731,7 @@ func (c *shmConn) alloc(ctx context.Context, n int, wait bool) (int64, bool) {
 // two requests never wait on each other's space; once one is placed, the
 // values that do not fit are marked for the client to ask again. A
 // get-part request's records are built straight into the region from the
-// whole blocks (never read in place from the arena).
+// whole blocks; a whole range is the stored block, answered as a get's.
 func (c *shmConn) get(w shmWork) {
 	s := c.s
 	ctx, cancel := requestDeadline(c.ctx, &w.h, s.opts.RequestTimeout)
@@ -750,7 +750,8 @@ func (c *shmConn) get(w shmWork) {
 	full, leased := false, false
 	for i := range n {
 		v, size := vals[i], lens[i]
-		if st[i] == StatusOK && size <= maxValue && w.parts == nil {
+		stored := w.parts == nil || asStored(size, v)
+		if st[i] == StatusOK && size <= maxValue && stored {
 			if off, ok := c.inArena(v); ok {
 				putShmEntry(t, i, StatusOK, len(v), arenaOff(off))
 				leased = true
@@ -785,7 +786,7 @@ func (c *shmConn) get(w shmWork) {
 				break
 			}
 			dst := c.mem[off : off+int64(size) : off+int64(size)]
-			if w.parts == nil {
+			if stored {
 				copy(dst, v)
 			} else if err := putRecord(dst, v, w.parts[i]); err != nil {
 				c.mu.Lock()
