@@ -50,11 +50,11 @@ def test_namespace_migration_errors():
 
 
 def test_proto_namespace_has_layers():
-    """kvmesh.v1.Namespace carries the model's layers, no layer range or TP (the stubs come from
-    proto/ via proto/gen.sh)."""
+    """kvmesh.v1.Namespace carries the model's layers; the deprecated layer range and TP fields of
+    key format 2 stay unset (the stubs come from proto/ via proto/gen.sh)."""
     m = kvmesh.Namespace("m", "float16", 16, 32, 8, 128).to_proto()
     assert m.layers == 32
-    assert not {"layer_start", "layer_end", "tp_rank", "tp_size"} & {f.name for f in m.DESCRIPTOR.fields}
+    assert (m.layer_start, m.layer_end, m.tp_rank, m.tp_size) == (0, 0, 0, 0)
 
 
 def test_rank_part_tp():
