@@ -581,6 +581,7 @@ type PartialInfo struct {
 	// Layers and Heads are the block's coverage grid (Heads is 1 with the
 	// latent layout); Covered counts the cells covered.
 	Layers, Heads, Covered int
+	Tenant                 uint64 // the tag of the tenant whose parts these are
 }
 
 // Partials lists the incomplete blocks, oldest first.
@@ -595,7 +596,7 @@ func (l *Local) Partials() []PartialInfo {
 		layers, heads := p.layout.Cells()
 		out = append(out, PartialInfo{Key: p.key, Namespace: p.ns, Tokens: p.tokens,
 			Parts: append([]block.Part(nil), p.parts...), Age: now.Sub(p.created), Bytes: p.size,
-			Layers: layers, Heads: heads, Covered: layers*heads - p.left})
+			Layers: layers, Heads: heads, Covered: layers*heads - p.left, Tenant: p.tenant})
 	}
 	l.mu.Unlock()
 	sort.Slice(out, func(a, b int) bool {
