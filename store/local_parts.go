@@ -62,7 +62,12 @@ const maxClaims = 1 << 16
 // partial is an incomplete block.
 type partial struct {
 	// mu orders the parts copied into buf. Order: partial.mu, then Local.mu.
-	mu sync.Mutex
+	mu   sync.Mutex
+	cond sync.Cond // on mu: broadcast when a copy outside mu ends
+	// Under mu: the cells being copied outside it, and how many copies
+	// are in flight (the slot is freed only when none is).
+	pending []bool
+	copying int
 
 	// Fixed at creation.
 	key     prefixhash.Key
@@ -196,6 +201,8 @@ func (l *Local) partialFor(ctx context.Context, b []byte, h *block.Header, size 
 	}
 	layers, heads := h.Layout.Cells()
 	np.cover, np.left = make([]bool, layers*heads), layers*heads
+	np.pending = make([]bool, layers*heads)
+	np.cond.L = &np.mu
 	if rs, ok := l.mem.(tiers.Reserver); ok {
 		np.loc, np.buf, err = l.reserveSlot(ctx, rs, h.Key, h.Parent, size, np.class)
 		if err != nil {
@@ -249,27 +256,50 @@ func (l *Local) findPartialLocked(h *block.Header) (*partial, bool, error) {
 // placePart compares and copies part b into p. stored: the part was
 // accepted (copied, or a no-op); sealing: p is now complete and the caller
 // completes it; gone: p was dropped before the part got in.
+//
+// A part that overlaps no covered cell (the common case: ranks hold
+// disjoint ranges) is copied outside p.mu, its cells marked pending so
+// that no other part touches them meanwhile; one that overlaps covered
+// cells is compared and copied under p.mu. A part waits while cells it
+// covers are pending.
 func (l *Local) placePart(p *partial, b []byte, h *block.Header, asCopy bool) (stored, sealing, gone bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	l.mu.Lock()
-	state := p.state
-	l.mu.Unlock()
-	switch state {
-	case partialGone:
-		return false, false, true, nil
-	case partialSealing:
-		return true, false, false, nil
+	for {
+		l.mu.Lock()
+		state := p.state
+		l.mu.Unlock()
+		if state == partialGone {
+			return false, false, true, nil
+		}
+		if state == partialSealing {
+			return true, false, false, nil
+		}
+		if !p.pendingIn(h.Part) {
+			break
+		}
+		p.cond.Wait()
 	}
 	payload, part := p.buf[p.hdrLen:], b[h.Len:]
 	covered, all := p.coveredCells(h.Part)
-	if covered > 0 && !p.layout.ComparePart(payload, part, p.tokens, h.Part, p.covered) {
+	switch {
+	case covered > 0 && !p.layout.ComparePart(payload, part, p.tokens, h.Part, p.covered):
 		l.mu.Lock()
 		l.mu.pc.conflicts++
 		l.mu.Unlock()
 		return false, false, false, fmt.Errorf("%w: part %s of block %s differs from the bytes already stored for the cells it overlaps", ErrPartConflict, h.Part, h.Key)
-	}
-	if covered < all {
+	case covered == 0:
+		p.setPending(h.Part, true)
+		p.copying++
+		p.mu.Unlock()
+		p.layout.PlacePart(payload, part, p.tokens, h.Part)
+		p.mu.Lock()
+		p.setPending(h.Part, false)
+		p.copying--
+		p.cond.Broadcast()
+	case covered < all:
+		// Rewrites the covered cells with the same bytes: under p.mu, where
+		// other parts compare them.
 		p.layout.PlacePart(payload, part, p.tokens, h.Part)
 	}
 	_, heads := p.layout.Cells()
@@ -297,6 +327,31 @@ func (l *Local) placePart(p *partial, b []byte, h *block.Header, asCopy bool) (s
 		return true, true, false, nil
 	}
 	return true, false, false, nil
+}
+
+// pendingIn reports whether a cell of q is being copied; p.mu is held.
+func (p *partial) pendingIn(q block.Part) bool {
+	if p.copying == 0 {
+		return false
+	}
+	_, heads := p.layout.Cells()
+	for layer := q.L0; layer < q.L1; layer++ {
+		for h := q.H0; h < q.H1; h++ {
+			if p.pending[layer*heads+h] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (p *partial) setPending(q block.Part, v bool) {
+	_, heads := p.layout.Cells()
+	for layer := q.L0; layer < q.L1; layer++ {
+		for h := q.H0; h < q.H1; h++ {
+			p.pending[layer*heads+h] = v
+		}
+	}
 }
 
 // completePartial seals complete p and commits it as a reservation is.
@@ -363,7 +418,9 @@ func (l *Local) dropSuperseded(key prefixhash.Key) {
 func (l *Local) freePartials(ps []*partial) {
 	for _, p := range ps {
 		p.mu.Lock()
-		//lint:ignore SA2001 waits for the part being copied in
+		for p.copying > 0 {
+			p.cond.Wait()
+		}
 		p.mu.Unlock()
 		l.freeSlot(p)
 	}
