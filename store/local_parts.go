@@ -362,7 +362,7 @@ func (l *Local) completePartial(ctx context.Context, p *partial) error {
 		if p.heap {
 			err = l.put(ctx, p.buf, asCopy, nil)
 		} else {
-			err = l.put(ctx, p.buf, asCopy, &Reservation{loc: p.loc}) // put takes the slot, or frees it
+			err = l.put(ctx, p.buf, asCopy, &Reservation{loc: p.loc, sealed: true}) // put takes the slot, or frees it
 		}
 	} else if !p.heap {
 		l.freeAll([]freeLoc{{false, p.loc}})

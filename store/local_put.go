@@ -96,7 +96,9 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 	l.mu.Unlock()
 	defer l.exit()
 
-	err = verifyPayload(b, &h)
+	if rv == nil || !rv.sealed {
+		err = verifyPayload(b, &h)
+	}
 	if err == nil && indexFull {
 		err = l.makeIndexRoom(ctx)
 	}

@@ -44,6 +44,10 @@ type Reservation struct {
 	// end took it.
 	state atomic.Int32
 	stop  func() bool // unregisters the context's abort
+	// sealed: buf is an incomplete block just sealed (block.Seal) from
+	// verified parts, its checksum computed over these very bytes; put
+	// does not hash it again.
+	sealed bool
 }
 
 const (
