@@ -151,6 +151,15 @@ func (l *Local) putPart(ctx context.Context, b []byte, h *block.Header, asCopy b
 		return fmt.Errorf("%w: the whole block of part %s has a payload of %d bytes, limit %d", block.ErrTooLarge, h.Part, wholeLen, l.opts.MaxBlockBytes)
 	}
 	size := h.Len + wholeLen
+	// One operation from here to the commit: Close waits for it before it
+	// frees the incomplete blocks and closes the tiers.
+	l.mu.Lock()
+	if !l.enterLocked() {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	l.mu.Unlock()
+	defer l.exit()
 	for round := 0; round < 4; round++ {
 		p, done, err := l.partialFor(ctx, b, h, size)
 		if err != nil || done {
@@ -173,11 +182,6 @@ func (l *Local) putPart(ctx context.Context, b []byte, h *block.Header, asCopy b
 // completed.
 func (l *Local) partialFor(ctx context.Context, b []byte, h *block.Header, size int) (p *partial, done bool, err error) {
 	l.mu.Lock()
-	if !l.enterLocked() {
-		l.mu.Unlock()
-		return nil, false, ErrClosed
-	}
-	defer l.exit()
 	expired := l.sweepDueLocked()
 	p, done, err = l.findPartialLocked(h)
 	l.mu.Unlock()
@@ -403,10 +407,11 @@ func (l *Local) takePartialLocked(p *partial) {
 func (l *Local) dropSuperseded(key prefixhash.Key) {
 	l.mu.Lock()
 	p := l.mu.parts.open[key]
-	if p == nil || p.state != partialOpen || l.mu.x.find(key) == 0 {
+	if p == nil || p.state != partialOpen || l.mu.x.find(key) == 0 || !l.enterLocked() {
 		l.mu.Unlock()
 		return
 	}
+	defer l.exit()
 	l.takePartialLocked(p)
 	l.releaseClaimsLocked(key, nil)
 	l.mu.Unlock()

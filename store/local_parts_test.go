@@ -646,3 +646,38 @@ func TestPartsUnderPressure(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPartsRaceClose: Close while ranks put parts: every put ends with
+// success or ErrClosed, and Close frees what was incomplete (the
+// invariants build checks the tiers at Close).
+func TestPartsRaceClose(t *testing.T) {
+	l, err := Open(Options{DRAM: realDRAM(t, 8<<20, 1<<20)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(27, 28))
+	parts := rankParts(t, partsNS(), 4, 1)
+	var bs []*partBlock
+	for range 32 {
+		bs = append(bs, newPartBlock(t, rng, partsNS()))
+	}
+	var wg sync.WaitGroup
+	for _, p := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, b := range bs {
+				if err := l.Put(context.Background(), b.record(t, p, nil)); err != nil && !errors.Is(err, ErrClosed) {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	if err := l.Put(context.Background(), bs[0].record(t, parts[0], nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+}
