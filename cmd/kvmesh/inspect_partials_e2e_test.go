@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -50,6 +52,19 @@ func TestInspectPartials(t *testing.T) {
 		}
 		return got
 	}
+	metrics := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + d.http + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(body)
+	}
 	rec, key := record(0)
 	st, err := dc.Put(ctx, []prefixhash.Key{key}, [][]byte{rec})
 	if err != nil || st[0] != transfer.StatusOK {
@@ -61,6 +76,10 @@ func TestInspectPartials(t *testing.T) {
 		got.Blocks[0].Covered != 32 || got.Blocks[0].Layers != 8 || got.Blocks[0].Heads != 8 {
 		t.Fatalf("inspect partials after one of two parts: %+v", got)
 	}
+	if m := metrics(); metricOf(m, "kvmesh_cache_partials") != 1 || metricOf(m, "kvmesh_cache_partial_bytes") < float64(len(rec)) ||
+		metricOf(m, `kvmesh_cache_parts_total{result="stored"}`) != 1 {
+		t.Fatalf("metrics after one part:\n%s", m)
+	}
 	out, err := exec.Command(binary(t), "inspect", "--addr", d.grpcAddr, "partials").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "0-8x0-4") || !strings.Contains(string(out), "32/64") {
 		t.Fatalf("inspect partials:\n%s", out)
@@ -71,6 +90,10 @@ func TestInspectPartials(t *testing.T) {
 	}
 	if got := inspect(); got.Total != 0 || len(got.Blocks) != 0 {
 		t.Fatalf("inspect partials after the block completed: %+v", got)
+	}
+	if m := metrics(); metricOf(m, "kvmesh_cache_partials") != 0 || metricOf(m, `kvmesh_cache_parts_total{result="completed"}`) != 1 ||
+		metricOf(m, `kvmesh_cache_parts_total{result="conflict"}`) != 0 || metricOf(m, `kvmesh_cache_claims_total{status="write"}`) != 0 {
+		t.Fatalf("metrics after the block completed:\n%s", m)
 	}
 	res, err := dc.Get(ctx, []prefixhash.Key{key})
 	if err != nil || res.Hits() != 1 {
