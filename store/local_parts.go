@@ -62,12 +62,14 @@ const maxClaims = 1 << 16
 // partial is an incomplete block.
 type partial struct {
 	// mu orders the parts copied into buf. Order: partial.mu, then Local.mu.
-	mu   sync.Mutex
+	mu struct {
+		sync.Mutex
+		// pending marks the cells being copied outside the lock; copying
+		// counts those copies (the slot is freed only when none is).
+		pending []bool
+		copying int
+	}
 	cond sync.Cond // on mu: broadcast when a copy outside mu ends
-	// Under mu: the cells being copied outside it, and how many copies
-	// are in flight (the slot is freed only when none is).
-	pending []bool
-	copying int
 
 	// Fixed at creation.
 	key     prefixhash.Key
@@ -205,8 +207,8 @@ func (l *Local) partialFor(ctx context.Context, b []byte, h *block.Header, size 
 	}
 	layers, heads := h.Layout.Cells()
 	np.cover, np.left = make([]bool, layers*heads), layers*heads
-	np.pending = make([]bool, layers*heads)
-	np.cond.L = &np.mu
+	np.mu.pending = make([]bool, layers*heads)
+	np.cond.L = &np.mu.Mutex
 	if rs, ok := l.mem.(tiers.Reserver); ok {
 		np.loc, np.buf, err = l.reserveSlot(ctx, rs, h.Key, h.Parent, size, np.class)
 		if err != nil {
@@ -279,7 +281,7 @@ func (l *Local) placePart(p *partial, b []byte, h *block.Header, asCopy bool) (s
 		if state == partialSealing {
 			return true, false, false, nil
 		}
-		if !p.pendingIn(h.Part) {
+		if !p.pendingInLocked(h.Part) {
 			break
 		}
 		p.cond.Wait()
@@ -293,13 +295,13 @@ func (l *Local) placePart(p *partial, b []byte, h *block.Header, asCopy bool) (s
 		l.mu.Unlock()
 		return false, false, false, fmt.Errorf("%w: part %s of block %s differs from the bytes already stored for the cells it overlaps", ErrPartConflict, h.Part, h.Key)
 	case covered == 0:
-		p.setPending(h.Part, true)
-		p.copying++
+		p.setPendingLocked(h.Part, true)
+		p.mu.copying++
 		p.mu.Unlock()
 		p.layout.PlacePart(payload, part, p.tokens, h.Part)
 		p.mu.Lock()
-		p.setPending(h.Part, false)
-		p.copying--
+		p.setPendingLocked(h.Part, false)
+		p.mu.copying--
 		p.cond.Broadcast()
 	case covered < all:
 		// Rewrites the covered cells with the same bytes: under p.mu, where
@@ -333,15 +335,15 @@ func (l *Local) placePart(p *partial, b []byte, h *block.Header, asCopy bool) (s
 	return true, false, false, nil
 }
 
-// pendingIn reports whether a cell of q is being copied; p.mu is held.
-func (p *partial) pendingIn(q block.Part) bool {
-	if p.copying == 0 {
+// pendingInLocked reports whether a cell of q is being copied; p.mu is held.
+func (p *partial) pendingInLocked(q block.Part) bool {
+	if p.mu.copying == 0 {
 		return false
 	}
 	_, heads := p.layout.Cells()
 	for layer := q.L0; layer < q.L1; layer++ {
 		for h := q.H0; h < q.H1; h++ {
-			if p.pending[layer*heads+h] {
+			if p.mu.pending[layer*heads+h] {
 				return true
 			}
 		}
@@ -349,11 +351,11 @@ func (p *partial) pendingIn(q block.Part) bool {
 	return false
 }
 
-func (p *partial) setPending(q block.Part, v bool) {
+func (p *partial) setPendingLocked(q block.Part, v bool) {
 	_, heads := p.layout.Cells()
 	for layer := q.L0; layer < q.L1; layer++ {
 		for h := q.H0; h < q.H1; h++ {
-			p.pending[layer*heads+h] = v
+			p.mu.pending[layer*heads+h] = v
 		}
 	}
 }
@@ -423,7 +425,7 @@ func (l *Local) dropSuperseded(key prefixhash.Key) {
 func (l *Local) freePartials(ps []*partial) {
 	for _, p := range ps {
 		p.mu.Lock()
-		for p.copying > 0 {
+		for p.mu.copying > 0 {
 			p.cond.Wait()
 		}
 		p.mu.Unlock()

@@ -681,3 +681,94 @@ func TestPartsRaceClose(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestPartsModel gives the store and a model of cells random parts of one
+// block, each cut from one of two payloads: the model says a part
+// conflicts when a cell it covers holds the other payload's bytes, else
+// its cells take its payload; the block is complete, with the bytes of
+// each cell's payload, once every cell is covered.
+func TestPartsModel(t *testing.T) {
+	ctx := context.Background()
+	for seed := range uint64(40) {
+		rng := rand.New(rand.NewPCG(seed, 29))
+		l := openLocal(t, Options{DRAM: realDRAM(t, 4<<20, 1<<20)})
+		b := newPartBlock(t, rng, partsNS())
+		alt := make([]byte, len(b.payload))
+		for i := range alt {
+			alt[i] = byte(rng.Uint32())
+		}
+		srcs := [2][]byte{b.payload, alt}
+		lay := block.LayoutOf(b.ns)
+		layers, heads := lay.Cells()
+		cell := make([]int, layers*heads) // -1: not covered, else the payload's index
+		for i := range cell {
+			cell[i] = -1
+		}
+		left, conflicts := len(cell), 0
+		for step := 0; left > 0; step++ {
+			w := []int{1, 2, 4, 8}[rng.IntN(4)]
+			h0 := rng.IntN(heads/w) * w
+			l0 := rng.IntN(layers)
+			p := block.Part{L0: l0, L1: l0 + 1 + rng.IntN(layers-l0), H0: h0, H1: h0 + w}
+			if p == lay.Whole() {
+				continue // a whole block, not a part
+			}
+			src := 0
+			if rng.IntN(4) == 0 {
+				src = 1
+			}
+			want := error(nil)
+			for layer := p.L0; layer < p.L1; layer++ {
+				for h := p.H0; h < p.H1; h++ {
+					if c := cell[layer*heads+h]; c >= 0 && c != src {
+						want = ErrPartConflict
+					}
+				}
+			}
+			err := l.Put(ctx, b.record(t, p, srcs[src]))
+			if !errors.Is(err, want) || (want == nil) != (err == nil) {
+				t.Fatalf("seed %d step %d: part %s of payload %d: %v, model says %v", seed, step, p, src, err, want)
+			}
+			if want != nil {
+				conflicts++
+				continue
+			}
+			for layer := p.L0; layer < p.L1; layer++ {
+				for h := p.H0; h < p.H1; h++ {
+					if c := &cell[layer*heads+h]; *c < 0 {
+						*c = src
+						left--
+					}
+				}
+			}
+			if left > 0 {
+				if ps := l.Partials(); len(ps) != 1 || ps[0].Covered != len(cell)-left {
+					t.Fatalf("seed %d step %d: Partials %+v, model covers %d", seed, step, ps, len(cell)-left)
+				}
+				if l.Contains(auth.Access{}, b.key) {
+					t.Fatalf("seed %d step %d: incomplete block visible", seed, step)
+				}
+			}
+		}
+		want := make([]byte, len(b.payload))
+		for layer := range layers {
+			for h := range heads {
+				p := block.Part{L0: layer, L1: layer + 1, H0: h, H1: h + 1}
+				lay.PlacePart(want, lay.ExtractPart(nil, srcs[cell[layer*heads+h]], len(b.tokens), p), len(b.tokens), p)
+			}
+		}
+		r, err := l.Get(ctx, b.key)
+		if err != nil {
+			t.Fatalf("seed %d: the completed block: %v", seed, err)
+		}
+		got, err := block.Decode(r.Bytes(), 0)
+		if err != nil || !got.Whole() || !bytes.Equal(got.Payload, want) {
+			t.Fatalf("seed %d: the block differs from the model's cells (%v)", seed, err)
+		}
+		r.Release()
+		if s := l.Stats(); s.PartConflicts != int64(conflicts) || s.PartsCompleted != 1 {
+			t.Fatalf("seed %d: conflicts %d (model %d), completed %d", seed, s.PartConflicts, conflicts, s.PartsCompleted)
+		}
+		checkPartialsFreed(t, l)
+	}
+}

@@ -8,8 +8,9 @@ import "fmt"
 // one side only):
 //
 //   - each tier holds what the index says it holds: as many values and
-//     bytes as the index counts in it, and reserves no more than its
-//     capacity;
+//     bytes as the index counts in it (the memory tier, also the slots of
+//     the incomplete blocks: PartialSlots, PartialSlotBytes), and reserves
+//     no more than its capacity;
 //   - every block that came in (Puts, Recovered) is either cached or was
 //     dropped (Evictions, CorruptDrops, NamespaceDrops);
 //   - the namespaces' blocks add up to the tiers'.
