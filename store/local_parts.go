@@ -214,6 +214,8 @@ func (l *Local) partialFor(ctx context.Context, b []byte, h *block.Header, size 
 		if err != nil {
 			return nil, false, err
 		}
+	} else if err = l.heapRoom(size); err != nil {
+		return nil, false, err
 	} else {
 		np.heap, np.buf = true, make([]byte, size)
 	}
@@ -437,11 +439,39 @@ func (l *Local) freePartials(ps []*partial) {
 // frees room for class, reporting whether it did: incomplete blocks go
 // before any complete block is demoted or evicted.
 func (l *Local) dropPartialForRoom(class int) bool {
+	return l.dropOldestPartial(func(p *partial) bool { return !p.heap && (l.classed == nil || p.class == class) })
+}
+
+// heapRoom bounds the incomplete blocks assembled in process memory (over
+// a memory tier that takes no reservations) to the tier's capacity,
+// dropping the oldest of them to make room for size more bytes.
+func (l *Local) heapRoom(size int) error {
+	limit := l.mem.Stats().Capacity
+	for {
+		l.mu.Lock()
+		var used int64
+		for _, p := range l.mu.parts.open {
+			if p.heap {
+				used += int64(p.size)
+			}
+		}
+		l.mu.Unlock()
+		if used+int64(size) <= limit {
+			return nil
+		}
+		if !l.dropOldestPartial(func(p *partial) bool { return p.heap }) {
+			return l.refused(tiers.ErrFull, size)
+		}
+	}
+}
+
+// dropOldestPartial drops the oldest open incomplete block that which
+// accepts, reporting whether there was one.
+func (l *Local) dropOldestPartial(which func(*partial) bool) bool {
 	l.mu.Lock()
 	var old *partial
 	for _, p := range l.mu.parts.open {
-		if p.state == partialOpen && !p.heap && (l.classed == nil || p.class == class) &&
-			(old == nil || p.created.Before(old.created)) {
+		if p.state == partialOpen && which(p) && (old == nil || p.created.Before(old.created)) {
 			old = p
 		}
 	}

@@ -772,3 +772,37 @@ func TestPartsModel(t *testing.T) {
 		checkPartialsFreed(t, l)
 	}
 }
+
+// TestPartsNoReserver: over a memory tier that takes no reservations, an
+// incomplete block is assembled in process memory and put when complete.
+func TestPartsNoReserver(t *testing.T) {
+	ctx := context.Background()
+	l := openLocal(t, Options{DRAM: plainTier{realDRAM(t, 4<<20, 1<<20)}})
+	b := newPartBlock(t, rand.New(rand.NewPCG(31, 32)), partsNS())
+	parts := rankParts(t, b.ns, 2, 2)
+	for _, p := range parts[:3] {
+		if err := l.Put(ctx, b.record(t, p, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := l.Stats(); s.PartialsOpen != 1 || s.PartialSlots != 0 || s.Check() != nil {
+		t.Fatalf("an incomplete block in process memory: %+v (%v)", s, s.Check())
+	}
+	if err := l.Put(ctx, b.record(t, parts[3], nil)); err != nil {
+		t.Fatal(err)
+	}
+	checkWhole(t, l, b)
+	checkPartialsFreed(t, l)
+
+	// They hold no more than the tier's capacity: the oldest go.
+	small := openLocal(t, Options{DRAM: plainTier{realDRAM(t, 64<<10, 64<<10)}})
+	rng := rand.New(rand.NewPCG(33, 34))
+	for range 20 {
+		if err := small.Put(ctx, newPartBlock(t, rng, partsNS()).record(t, parts[0], nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := small.Stats(); s.PartialBytes > 64<<10 || s.PartialsDropped == 0 {
+		t.Fatalf("incomplete blocks in process memory: %d bytes, %d dropped", s.PartialBytes, s.PartialsDropped)
+	}
+}
