@@ -602,9 +602,10 @@ func TestClusterRemoteDeadline(t *testing.T) {
 	}
 }
 
-// TestClusterPartsCompleteAtOwner: two ranks put the two halves of one
-// block through two nodes that do not own it; each keeps its half and
-// pushes it to the owners, where the block completes.
+// TestClusterPartsCompleteAtOwner: ranks put the parts of one block
+// through two nodes that do not own it, one through Cluster.Put, the other
+// as the data plane does (stored, then PublishBlocks); each node keeps its
+// parts and pushes them to the owners, where the block completes.
 func TestClusterPartsCompleteAtOwner(t *testing.T) {
 	tc := newTestCluster(t, 4, ClusterOptions{ChunkTokens: 4, Replicas: 1})
 	ctx := context.Background()
@@ -622,13 +623,21 @@ func TestClusterPartsCompleteAtOwner(t *testing.T) {
 	if owner == nil || len(writers) < 2 {
 		t.Fatalf("owner %v, %d other nodes", owner, len(writers))
 	}
-	for stage, c := range writers[:2] { // pipeline stages 0 and 1
-		p, err := block.RankPart(b.ns, 0, 1, stage, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Put(ctx, [][]byte{b.record(t, p, nil)}, chunk); err != nil {
-			t.Fatal(err)
+	for tp, c := range writers[:2] { // tensor-parallel ranks 0 and 1, each of 2 pipeline stages
+		for stage := range 2 {
+			p, err := block.RankPart(b.ns, tp, 2, stage, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := b.record(t, p, nil)
+			if tp == 0 {
+				err = c.Put(ctx, [][]byte{rec}, chunk)
+			} else if err = tc.net.nodes[c.self].PutCopy(ctx, rec); err == nil {
+				_, err = c.PublishBlocks([][]byte{rec}, chunk)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	flush(t, writers[:2]...)
