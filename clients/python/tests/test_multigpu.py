@@ -222,3 +222,27 @@ def test_rank_part_matches_put_layout():
     part = block.extract_part(ns, whole, 16, p)
     cell = 2 * 16 * 8 * 2
     assert part == whole[2 * cell:4 * cell] + whole[6 * cell:8 * cell]
+
+
+def test_bad_range_on_the_wire_is_an_item_error(node, plane):
+    """A get-part of a range that is no part (sent as is, past the client's checks) is a miss for
+    that item; the connection and the node keep serving."""
+    ns = split_ns("py/mgi-wire", heads=4, layers=2)
+    toks = prompt(32)
+    full = full_kv(ns, 32, 10)
+    with kvmesh.Client(node.addr, transport=DATA_PLANES[plane]) as c:
+        assert c.put(ns, toks, full) == 2
+        m = c.meta(ns)
+        conn = c._shm_conn(m) if plane == "shm" else c._tcp_conn(m)
+        keys = kvmesh._namespace.key_bytes(ns.salted(m.salt), toks)
+        got = []
+        parts = [block.Part(0, 2, 1, 3), block.Part(0, 2, 2, 4)]  # heads [1,3) is not an aligned slice
+        if plane == "shm":
+            conn.get(keys, lambda i, _conn, _off, n: got.append((i, n)), parts)
+        else:
+            conn.get(keys, lambda i, n: (got.append((i, n)), [memoryview(bytearray(n))])[1], lambda i: None, parts)
+        hl = block.namespace_header_len(ns)
+        assert got == [(1, hl + block.part_len(ns, 16, parts[1]))]
+        assert not conn.closed
+        n, kv = c.get(ns, toks, array="numpy", tp_rank=1, tp_size=2)
+        assert n == 32 and np.array_equal(kv, rank_slice(ns, full, 1, 2))
