@@ -177,12 +177,6 @@ def host_u8(kv, sl):
     return a.reshape(sl.u8_shape(tokens_of(sl.ns, kv))), staged
 
 
-def _rows(a):
-    """a (uint8, its last axis contiguous: one head's row of head_dim elements) with each row as
-    one element: numpy then moves a row per step in a strided copy, not a byte."""
-    return a.view(np.dtype((np.void, a.shape[-1])))[..., 0]
-
-
 def put_runs(sl, u8, i):
     """Block i's part payload KV bytes taken from u8 (host_u8 of a rank's tensor), in the stored
     order ([layer][head][K|V][token][head_dim]; latent [layer][token][latent]), as a list of
@@ -194,7 +188,7 @@ def put_runs(sl, u8, i):
     v = u8[:, :, i * B:(i + 1) * B]
     if sl.heads == 1:
         return list(v.reshape(sl.layers * 2, -1))
-    return [np.ascontiguousarray(_rows(v).transpose(0, 3, 1, 2)).view(np.uint8).reshape(-1)]
+    return [np.ascontiguousarray(v.transpose(0, 3, 1, 2, 4)).reshape(-1)]
 
 
 def alloc(sl, n_tokens, array, device=None):
@@ -222,6 +216,13 @@ class Dest:
             self.host = out
         self.u8 = host_u8(self.host, sl)[0] if tokens_of(ns, out) else None
         self.B = ns.block_tokens
+        # The stored order of a part's KV bytes, and the permutation that takes it to the
+        # tensor's: [layer][head][K|V][token][dim] -> [layer][K|V][token][head][dim].
+        if ns.kv_layout == "latent":
+            self._order, self._perm = (sl.layers, self.B, -1), None
+        else:
+            self._order = (sl.layers, sl.heads, 2, self.B, -1)
+            self._perm = (0, 2, 3, 1, 4) if sl.heads > 1 else None
         # Block i's scales land in scales[i] (float32 [n_blocks, scale_count]).
         nb = tokens_of(ns, out) // ns.block_tokens
         self.scales = np.zeros((nb, sl.scale_count), "<f4") if ns.scales != "none" else None
@@ -250,12 +251,12 @@ class Dest:
         """Copies block i's part payload (bytes-like or a uint8 array: the rank's part, in the
         stored order) into place: the one copy of a get."""
         sl = self.sl
-        b = np.frombuffer(payload, np.uint8) if not isinstance(payload, np.ndarray) else payload
-        kv = b[:sl.kv_bytes]
-        if sl.ns.kv_layout == "latent":
-            self._block(i)[...] = kv.reshape(sl.layers, self.B, -1)
+        b = payload if isinstance(payload, np.ndarray) else np.frombuffer(payload, np.uint8)
+        kv = b[:sl.kv_bytes].reshape(self._order)
+        if self._perm is None:  # the latent, or one head: the orders agree
+            self._block(i)[...] = kv.reshape(self._block(i).shape)
         else:
-            _rows(self._block(i))[...] = _rows(kv.reshape(sl.layers, sl.heads, 2, self.B, -1)).transpose(0, 2, 3, 1)
+            self._block(i)[...] = kv.transpose(self._perm)
         if self.scales is not None:
             self.scales[i] = b[sl.kv_bytes:sl.part_bytes].view("<f4")
 
@@ -267,8 +268,8 @@ class Dest:
         if ns.kv_layout == "latent":
             self._block(i)[...] = kv.reshape(ns.layers, self.B, -1)[p.l0:p.l1]
         else:
-            _rows(self._block(i))[...] = _rows(kv.reshape(ns.layers, ns.kv_heads, 2, self.B, -1))[p.l0:p.l1, p.h0:p.h1] \
-                .transpose(0, 2, 3, 1)
+            self._block(i)[...] = kv.reshape(ns.layers, ns.kv_heads, 2, self.B, -1)[p.l0:p.l1, p.h0:p.h1] \
+                .transpose(0, 2, 3, 1, 4)
         if self.scales is not None:
             sc = b[ns.kv_bytes:ns.block_bytes].view("<f4")
             if ns.scales == "head":

@@ -283,6 +283,17 @@ def encode_header(ns, parent, tokens, payload_checksum, tenant_tag=0, key_versio
     return bytes(h), link
 
 
+class _Scheme:
+    """What block_link reads of a namespace: its key scheme."""
+    __slots__ = ("key_scheme",)
+
+    def __init__(self, key_scheme):
+        self.key_scheme = key_scheme
+
+
+_SCHEMES = {k: _Scheme(k) for k in KEY_SCHEMES}
+
+
 class Header:
     __slots__ = ("key_version", "digest", "key", "parent", "dtype", "layers", "kv_heads", "head_dim", "payload_len",
                  "checksum", "tenant", "tokens", "header_len", "kv_layout", "key_scheme", "scales", "latent_dim",
@@ -349,10 +360,7 @@ def decode_header(b, key_version=KEY_VERSION):
         e = e[4 + k:]
     if any(e):
         raise CorruptBlock("extension padding is not zero")
-
-    class _NS:  # what block_link reads of a namespace
-        key_scheme = h.key_scheme
-    if block_link(_NS, h.parent_link, tb, h.extra)[:KEY_SIZE] != key:
+    if block_link(_SCHEMES[h.key_scheme], h.parent_link, tb, h.extra)[:KEY_SIZE] != key:
         raise CorruptBlock("key is not H(parent ‖ tokens ‖ extra keys)")
     return h
 
