@@ -104,6 +104,7 @@ class Node:
             raise
         self.addr = info["grpc_addr"]
         self.shm_socket = info.get("shm_socket", "off")
+        self.gossip_addr = info.get("gossip_addr")
         self.node_id = info.get("node_id")
 
     def stop(self):

@@ -8,6 +8,7 @@ import pytest
 
 import kvmesh
 from kvmesh import block
+from kvmesh.v1 import admin_pb2
 
 _seq = itertools.count(1)
 
@@ -246,3 +247,31 @@ def test_bad_range_on_the_wire_is_an_item_error(node, plane):
         assert not conn.closed
         n, kv = c.get(ns, toks, array="numpy", tp_rank=1, tp_size=2)
         assert n == 32 and np.array_equal(kv, rank_slice(ns, full, 1, 2))
+
+
+def test_ranks_on_two_nodes(start_node):
+    """Two ranks write their parts through different nodes of a cluster; a third client reads the
+    blocks whole (each completes at its owner: a part put on another node is pushed there too)."""
+    import time
+    a = start_node()
+    b = start_node("--join", a.gossip_addr)
+    with kvmesh.Client(a.addr) as ca, kvmesh.Client(b.addr) as cb:
+        deadline = time.monotonic() + 60
+        while True:  # membership converges asynchronously (gossip): bounded wait for both to see two
+            sizes = [len(c._call(c._admin.Members, admin_pb2.MembersRequest()).members) for c in (ca, cb)]
+            if sizes == [2, 2]:
+                break
+            assert time.monotonic() < deadline, f"members {sizes}"
+            time.sleep(0.05)
+        ns = split_ns("py/mgi-cluster", heads=2, layers=2)
+        toks = prompt(16 * 16)
+        full = full_kv(ns, 16 * 16, 11)
+        assert ca.put(ns, toks, rank_slice(ns, full, 0, 2), tp_rank=0, tp_size=2) == 16
+        assert ca.lookup(ns, toks).cached_tokens == 0
+        assert cb.put(ns, toks, rank_slice(ns, full, 1, 2), tp_rank=1, tp_size=2) == 16
+    for node in (a, b):
+        with kvmesh.Client(node.addr, transport="grpc") as reader:
+            n, kv = reader.get(ns, toks, array="numpy")
+            assert n == 256 and np.array_equal(kv, full)
+            n, kv = reader.get(ns, toks, array="numpy", pp_rank=1, pp_size=2)
+            assert n == 256 and np.array_equal(kv, full[1:])
