@@ -155,11 +155,15 @@ type ranksRow struct {
 	// RatioVsWhole is the median of the runs' RanksGBps/WholeGBps, each run
 	// against the whole-block peer measured beside it; RatioMin and
 	// RatioMax are their spread.
-	RatioVsWhole float64   `json:"ratio_vs_whole"`
-	RatioMin     float64   `json:"ratio_min"`
-	RatioMax     float64   `json:"ratio_max"`
-	WholeRuns    []float64 `json:"whole_gbps_runs" table:"-"`
-	RanksRuns    []float64 `json:"ranks_gbps_runs" table:"-"`
+	RatioVsWhole float64 `json:"ratio_vs_whole"`
+	RatioMin     float64 `json:"ratio_min"`
+	RatioMax     float64 `json:"ratio_max"`
+	// PathShare is the share of the bytes the node moved in these runs
+	// (data plane and gRPC) that went over the row's transport; nil when
+	// the node's metrics could not be read.
+	PathShare *float64  `json:"path_share,omitempty"`
+	WholeRuns []float64 `json:"whole_gbps_runs" table:"-"`
+	RanksRuns []float64 `json:"ranks_gbps_runs" table:"-"`
 	// BytesVerified counts the payload bytes compared with what was put:
 	// the blocks or parts this operation returned (get), or the whole
 	// blocks read back after the puts (put).
@@ -215,17 +219,30 @@ func (s *RanksSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	bar := env.Progress.Bar(int64(len(paths)*(len(o.Ranks)*o.Runs+1)), "ranks")
 	defer bar.Finish()
 
+	httpAddr := ""
+	if c, err := client.Dial(addr, client.Options{MaxRetries: -1}); err == nil {
+		httpAddr, err = nodeHTTPAddr(ctx, c)
+		c.Close()
+		if err != nil {
+			res.Skip("path_share and latent", fmt.Errorf("the bytes the node moved are read from its metrics: %w", err))
+		}
+	}
+
 	m := &ranksMeasure{ns: o.Model, prompts: o.Prompts, blocks: o.Blocks}
 	m.payloads = ranksPayloads(o.Model, o.Prompts*o.Blocks)
 	var rows []ranksRow
 	for _, p := range paths {
 		for _, n := range o.Ranks {
 			bar.Describe(fmt.Sprintf("ranks: %s, %d ranks", p.target, n))
-			put, get, err := m.measure(ctx, addr, p.opts, n, o.Runs, bar)
+			var share *float64
+			put, get, err := withPathShare(ctx, httpAddr, p.transport, &share, func() (ranksRow, ranksRow, error) {
+				return m.measure(ctx, addr, p.opts, n, o.Runs, bar)
+			})
 			if err != nil {
 				return res, fmt.Errorf("bench: ranks: %s, %d ranks: %w", p.target, n, err)
 			}
 			put.Path, get.Path = p.target, p.target
+			put.PathShare, get.PathShare = share, share
 			rows = append(rows, put, get)
 		}
 	}
@@ -235,14 +252,6 @@ func (s *RanksSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	ranksChecks(res, rows)
 
 	var latent []latentRow
-	httpAddr := ""
-	if c, err := client.Dial(addr, client.Options{MaxRetries: -1}); err == nil {
-		httpAddr, err = nodeHTTPAddr(ctx, c)
-		c.Close()
-		if err != nil {
-			res.Skip("latent", fmt.Errorf("the bytes the node received are read from its metrics: %w", err))
-		}
-	}
 	if httpAddr != "" {
 		lm := &latentMeasure{ns: o.Latent, ranks: o.LatentRanks, blocks: o.LatentBlocks, addr: addr, httpAddr: httpAddr,
 			payloads: ranksPayloads(o.Latent, o.LatentBlocks)}
@@ -732,6 +741,48 @@ func (m *latentMeasure) put(ctx context.Context, cs []*client.Client, writers st
 	return row, nil
 }
 
+// withPathShare runs measure and sets *share to the share of the bytes the
+// node at httpAddr moved meanwhile that went over transport; it stays nil
+// when httpAddr is empty or the metrics cannot be read.
+func withPathShare(ctx context.Context, httpAddr, transport string, share **float64, measure func() (put, get ranksRow, err error)) (put, get ranksRow, err error) {
+	var before map[string]float64
+	if httpAddr != "" {
+		before, _ = movedBytes(ctx, httpAddr)
+	}
+	put, get, err = measure()
+	if err != nil || before == nil {
+		return put, get, err
+	}
+	after, err := movedBytes(ctx, httpAddr)
+	if err != nil {
+		return put, get, nil // the share stays unmeasured
+	}
+	total := 0.0
+	for k, v := range after {
+		total += v - before[k]
+	}
+	if total > 0 {
+		x := (after[transport] - before[transport]) / total
+		*share = &x
+	}
+	return put, get, nil
+}
+
+// movedBytes returns the bytes the node at httpAddr has moved, both
+// directions, per data-plane transport ("tcp", "shm") and over its gRPC
+// API ("grpc").
+func movedBytes(ctx context.Context, httpAddr string) (map[string]float64, error) {
+	mf, err := nodeMetrics(ctx, httpAddr)
+	if err != nil {
+		return nil, err
+	}
+	out := countersBy(mf, "kvmesh_transfer_bytes_total", "transport")
+	for _, v := range countersBy(mf, "kvmesh_payload_bytes_total", "op") {
+		out["grpc"] += v
+	}
+	return out, nil
+}
+
 // receivedBytes returns the put bytes the node at httpAddr has received,
 // over its data plane (every transport) and its gRPC API.
 func receivedBytes(ctx context.Context, httpAddr string) (float64, error) {
@@ -739,15 +790,5 @@ func receivedBytes(ctx context.Context, httpAddr string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var n float64
-	for _, name := range []string{"kvmesh_transfer_bytes_total", "kvmesh_payload_bytes_total"} {
-		for _, m := range mf[name].GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "op" && l.GetValue() == "put" {
-					n += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return n, nil
+	return countersBy(mf, "kvmesh_transfer_bytes_total", "op")["put"] + countersBy(mf, "kvmesh_payload_bytes_total", "op")["put"], nil
 }

@@ -44,6 +44,10 @@ func TestRanksSuite(t *testing.T) {
 		if r.WholeGBps <= 0 || r.RanksGBps <= 0 || r.RatioMin <= 0 || r.RatioMin > r.RatioVsWhole || r.RatioVsWhole > r.RatioMax {
 			t.Errorf("row %d figures: %+v", i, r)
 		}
+		// The node's data plane carried the runs over the row's transport.
+		if r.PathShare == nil || *r.PathShare < 0.9 {
+			t.Errorf("row %d: path_share %v", i, r.PathShare)
+		}
 		// Every block of every run was read back and compared: a put's
 		// whole blocks (the peer's and the ranks'), a get's blocks or
 		// parts (the ranks' parts add up to the blocks).
