@@ -173,18 +173,20 @@ type ranksRow struct {
 // latentRow is one way an MLA instance's ranks put one prefix.
 type latentRow struct {
 	Path string `json:"path"`
-	// Writers is "put_rank" (client.PutRank: a rank sends only what its
-	// claim lets it) or "put_whole_each" (every rank sends the whole block
-	// with client.Put, as when each rank stored its own copy): the peer.
+	// Writers is "one_copy" (one client's Put of the prefix: the bytes one
+	// copy costs the node), "put_rank" (every rank's client.PutRank at
+	// once: a rank sends only what its claim lets it) or "put_whole_each"
+	// (every rank's Put of the whole blocks at once, as when each rank
+	// stored its own copy).
 	Writers    string `json:"writers"`
 	Ranks      int    `json:"ranks"`
 	Blocks     int    `json:"blocks"`
 	BlockBytes int    `json:"block_bytes"`
-	// OneCopyBytes is the prefix's payload bytes; ReceivedBytes what the
-	// node's data plane and gRPC API received for the puts (its
-	// kvmesh_transfer_bytes_total and kvmesh_payload_bytes_total, op=put:
-	// encoded records, headers included).
-	OneCopyBytes   int64   `json:"one_copy_bytes"`
+	// ReceivedBytes is what the node's data plane and gRPC API received
+	// for the puts (its kvmesh_transfer_bytes_total and
+	// kvmesh_payload_bytes_total, op=put: encoded records, headers
+	// included); RatioVsOneCopy is it over the one_copy row's, measured
+	// on the same path just before.
 	ReceivedBytes  int64   `json:"received_bytes"`
 	RatioVsOneCopy float64 `json:"ratio_vs_one_copy"`
 	// StoredBlocks is what the node holds of the namespace afterwards.
@@ -452,12 +454,15 @@ func (m *ranksMeasure) run(ctx context.Context, whole *client.Client, ranks []*c
 	var r ranksRun
 	steps := []func() error{
 		func() (err error) {
-			r.wholePut, r.wholeGet, r.putVerified, r.getVerified, err = m.runWhole(ctx, whole)
+			var pv, gv int64
+			r.wholePut, r.wholeGet, pv, gv, err = m.runWhole(ctx, whole)
+			r.putVerified, r.getVerified = r.putVerified+pv, r.getVerified+gv
 			return err
 		},
-		func() error {
-			put, get, pv, gv, err := m.runRanks(ctx, whole, ranks, parts)
-			r.ranksPut, r.ranksGet, r.putVerified, r.getVerified = put, get, r.putVerified+pv, r.getVerified+gv
+		func() (err error) {
+			var pv, gv int64
+			r.ranksPut, r.ranksGet, pv, gv, err = m.runRanks(ctx, whole, ranks, parts)
+			r.putVerified, r.getVerified = r.putVerified+pv, r.getVerified+gv
 			return err
 		},
 	}
@@ -638,6 +643,7 @@ func latentChecks(res *Result, rows []latentRow) {
 
 // The writers of the latent table.
 const (
+	latentOneCopy   = "one_copy"
 	latentPutRank   = "put_rank"
 	latentPutWholes = "put_whole_each"
 )
@@ -652,8 +658,9 @@ type latentMeasure struct {
 	seq            uint64
 }
 
-// measure puts a prefix with PutRank from every rank, then another with
-// every rank's whole Put, over one path, and returns their rows.
+// measure puts a prefix with one client's Put, then another with PutRank
+// from every rank, then another with every rank's whole Put, over one
+// path, and returns their rows.
 func (m *latentMeasure) measure(ctx context.Context, opts client.Options) ([]latentRow, error) {
 	cs, closeAll, err := dialRanks(m.addr, opts, m.ranks)
 	if err != nil {
@@ -664,12 +671,20 @@ func (m *latentMeasure) measure(ctx context.Context, opts client.Options) ([]lat
 		return nil, err
 	}
 	var rows []latentRow
-	for _, writers := range []string{latentPutRank, latentPutWholes} {
-		r, err := m.put(ctx, cs, writers)
+	for _, writers := range []string{latentOneCopy, latentPutRank, latentPutWholes} {
+		w := cs
+		if writers == latentOneCopy {
+			w = cs[:1]
+		}
+		r, err := m.put(ctx, w, writers)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", writers, err)
 		}
+		if r.ReceivedBytes <= 0 {
+			return nil, fmt.Errorf("%s: the node's metrics count no bytes received for the puts", writers)
+		}
 		rows = append(rows, r)
+		rows[len(rows)-1].RatioVsOneCopy = float64(r.ReceivedBytes) / float64(rows[0].ReceivedBytes)
 		if _, err := cs[0].DropNamespace(ctx, m.ns); err != nil {
 			return nil, err
 		}
@@ -684,8 +699,7 @@ func (m *latentMeasure) put(ctx context.Context, cs []*client.Client, writers st
 	n := len(cs)
 	m.seq++
 	tokens := ranksTokens(m.ns, m.seq, 1, m.blocks)[0]
-	row := latentRow{Writers: writers, Ranks: n, Blocks: m.blocks, BlockBytes: m.ns.BlockBytes(),
-		OneCopyBytes: int64(m.blocks) * int64(m.ns.BlockBytes())}
+	row := latentRow{Writers: writers, Ranks: n, Blocks: m.blocks, BlockBytes: m.ns.BlockBytes()}
 	before, err := receivedBytes(ctx, m.httpAddr)
 	if err != nil {
 		return row, err
@@ -711,7 +725,6 @@ func (m *latentMeasure) put(ctx context.Context, cs []*client.Client, writers st
 	}
 	row.PutSeconds = d.Seconds()
 	row.ReceivedBytes = int64(after - before)
-	row.RatioVsOneCopy = float64(row.ReceivedBytes) / float64(row.OneCopyBytes)
 	st, err := cs[0].Stats(ctx)
 	if err != nil {
 		return row, err
