@@ -25,18 +25,18 @@ type RanksOptions struct {
 	Ranks []int
 	// Model is the split-layout namespace the ranks write. Default: 32
 	// layers, 8 KV heads, head_dim 128, bfloat16, 16-token blocks (2 MiB
-	// blocks); quick: 4 layers, head_dim 64 (128 KiB blocks).
+	// blocks), for a full run and --quick alike.
 	Model prefixhash.Namespace
 	// Prompts is how many prompts each measurement writes and reads,
 	// Blocks full blocks each. Default 8 × 16 (256 MiB of the default
-	// blocks); quick 2 × 8.
+	// blocks); quick 2 × 8 (32 MiB).
 	Prompts, Blocks int
-	// Runs is how many times each measurement is repeated. Default 3;
+	// Runs is how many times each measurement is repeated. Default 5;
 	// quick 1.
 	Runs int
 	// Latent is the latent-layout (MLA) namespace. Default: 61 layers,
-	// latent_dim 576, bfloat16, 16-token blocks (1.07 MiB blocks); quick:
-	// 8 layers.
+	// latent_dim 576, bfloat16, 16-token blocks (1.07 MiB blocks), for a
+	// full run and --quick alike.
 	Latent prefixhash.Namespace
 	// LatentRanks is the tensor-parallel size of the MLA instance. Default 8.
 	LatentRanks int
@@ -57,7 +57,7 @@ func (o *RanksOptions) EnsureDefaults(quick bool) {
 	}
 	if o.Model.Model == "" {
 		o.Model = prefixhash.Namespace{Model: "kvmesh/bench-ranks", DType: prefixhash.BFloat16, BlockTokens: 16,
-			Layers: pick(quick, 32, 4), KVHeads: 8, HeadDim: pick(quick, 128, 64)}
+			Layers: 32, KVHeads: 8, HeadDim: 128}
 	}
 	if o.Prompts == 0 {
 		o.Prompts = pick(quick, 8, 2)
@@ -66,11 +66,11 @@ func (o *RanksOptions) EnsureDefaults(quick bool) {
 		o.Blocks = pick(quick, 16, 8)
 	}
 	if o.Runs == 0 {
-		o.Runs = pick(quick, 3, 1)
+		o.Runs = pick(quick, 5, 1)
 	}
 	if o.Latent.Model == "" {
 		o.Latent = prefixhash.Namespace{Model: "kvmesh/bench-ranks-mla", DType: prefixhash.BFloat16, BlockTokens: 16,
-			Layers: pick(quick, 61, 8), Layout: prefixhash.LatentKV, LatentDim: 576}
+			Layers: 61, Layout: prefixhash.LatentKV, LatentDim: 576}
 	}
 	if o.LatentRanks == 0 {
 		o.LatentRanks = 8
@@ -274,7 +274,7 @@ func (s *RanksSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		latentChecks(res, latent)
 	}
 	res.Note("Each run writes prompts never written before (new keys) and drops the namespace afterwards; the whole-block peer runs " +
-		"beside the ranks in every run, first in even runs and second in odd ones. After the ranks' puts every block must be complete " +
+		"beside the ranks in every run (both puts, then both gets), first in even runs and second in odd ones. After the ranks' puts every block must be complete " +
 		"(Lookup), and a whole-block Get of it must equal the bytes put; every payload a get returns is compared with what was put, " +
 		"after the timed phase.")
 	return res, nil
@@ -448,143 +448,152 @@ type ranksRun struct {
 	putVerified, getVerified               int64
 }
 
-// run measures the whole-block peer and the ranks once, ranks first when
-// ranksFirst is set, each on prompts of its own.
+// run measures the whole-block peer and the ranks once, each on prompts
+// of its own: both puts one after the other, then both gets, the ranks
+// first when ranksFirst is set, so that each figure's peer is measured
+// right beside it.
 func (m *ranksMeasure) run(ctx context.Context, whole *client.Client, ranks []*client.Client, parts [][][]byte, ranksFirst bool) (ranksRun, error) {
 	var r ranksRun
-	steps := []func() error{
-		func() (err error) {
-			var pv, gv int64
-			r.wholePut, r.wholeGet, pv, gv, err = m.runWhole(ctx, whole)
-			r.putVerified, r.getVerified = r.putVerified+pv, r.getVerified+gv
+	n := len(ranks)
+	m.seq += 2
+	wholeTokens := ranksTokens(m.ns, m.seq-1, m.prompts, m.blocks)
+	rankTokens := ranksTokens(m.ns, m.seq, m.prompts, m.blocks)
+	var wholeGot [][]client.Block
+	var rankGot [][][]client.Block
+	type phase struct {
+		ranks int
+		fn    func(rank int) error
+		gbps  *float64
+	}
+	puts := []phase{
+		{1, func(int) error { return m.putWhole(ctx, whole, wholeTokens) }, &r.wholePut},
+		{n, func(rank int) error { return m.putRank(ctx, ranks[rank], rankTokens, parts[rank], rank, n) }, &r.ranksPut},
+	}
+	gets := []phase{
+		{1, func(int) (err error) { wholeGot, err = m.getWhole(ctx, whole, wholeTokens); return err }, &r.wholeGet},
+		{n, func(rank int) (err error) {
+			rankGot[rank], err = m.getRank(ctx, ranks[rank], rankTokens, rank, n)
 			return err
-		},
-		func() (err error) {
-			var pv, gv int64
-			r.ranksPut, r.ranksGet, pv, gv, err = m.runRanks(ctx, whole, ranks, parts)
-			r.putVerified, r.getVerified = r.putVerified+pv, r.getVerified+gv
-			return err
-		},
+		}, &r.ranksGet},
 	}
 	if ranksFirst {
-		steps[0], steps[1] = steps[1], steps[0]
+		puts[0], puts[1] = puts[1], puts[0]
+		gets[0], gets[1] = gets[1], gets[0]
 	}
-	for _, step := range steps {
-		if err := step(); err != nil {
+	for _, ph := range puts {
+		d, err := timeRanks(ph.ranks, ph.fn)
+		if err != nil {
 			return r, err
+		}
+		*ph.gbps = m.gbps(d)
+	}
+	// The puts are verified by reading the blocks back whole (untimed):
+	// the peer's by its own get below, the ranks' here, once they are
+	// complete.
+	v, err := m.verifyWhole(ctx, whole, rankTokens)
+	if err != nil {
+		return r, err
+	}
+	r.putVerified += v
+	rankGot = make([][][]client.Block, n)
+	for _, ph := range gets {
+		d, err := timeRanks(ph.ranks, ph.fn)
+		if err != nil {
+			return r, err
+		}
+		*ph.gbps = m.gbps(d)
+	}
+	for p := range m.prompts {
+		v, err := verifyBlocks("whole get", wholeGot[p], m.prompt(p))
+		if err != nil {
+			return r, fmt.Errorf("prompt %d: %w", p, err)
+		}
+		r.putVerified += v
+		r.getVerified += v
+	}
+	for rank := range n {
+		for p := range m.prompts {
+			v, err := verifyBlocks(fmt.Sprintf("rank %d of %d: get", rank, n), rankGot[rank][p], parts[rank][p*m.blocks:(p+1)*m.blocks])
+			if err != nil {
+				return r, fmt.Errorf("prompt %d: %w", p, err)
+			}
+			r.getVerified += v
 		}
 	}
 	return r, nil
 }
 
-// runWhole puts every prompt's blocks whole with one client, then gets
-// them; a put is verified by the get that follows it.
-func (m *ranksMeasure) runWhole(ctx context.Context, c *client.Client) (put, get float64, putVerified, getVerified int64, err error) {
-	m.seq++
-	tokens := ranksTokens(m.ns, m.seq, m.prompts, m.blocks)
-	d, err := timeRanks(1, func(int) error {
-		for p := range m.prompts {
-			stored, err := c.Put(ctx, m.ns, tokens[p], m.prompt(p))
-			if err != nil {
-				return fmt.Errorf("whole put: %w", err)
-			}
-			if len(stored) != m.blocks {
-				return fmt.Errorf("whole put stored %d of %d blocks", len(stored), m.blocks)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, 0, 0, 0, err
-	}
-	put = m.gbps(d)
-	got := make([][]client.Block, m.prompts)
-	d, err = timeRanks(1, func(int) error {
-		for p := range m.prompts {
-			var err error
-			if got[p], err = c.Get(ctx, m.ns, tokens[p]); err != nil {
-				return fmt.Errorf("whole get: %w", err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, 0, 0, 0, err
-	}
-	get = m.gbps(d)
+// putWhole puts every prompt's blocks whole.
+func (m *ranksMeasure) putWhole(ctx context.Context, c *client.Client, tokens [][]uint32) error {
 	for p := range m.prompts {
-		v, err := verifyBlocks("whole get", got[p], m.prompt(p))
+		stored, err := c.Put(ctx, m.ns, tokens[p], m.prompt(p))
 		if err != nil {
-			return 0, 0, 0, 0, fmt.Errorf("prompt %d: %w", p, err)
+			return fmt.Errorf("whole put: %w", err)
 		}
-		getVerified += v
+		if len(stored) != m.blocks {
+			return fmt.Errorf("whole put stored %d of %d blocks", len(stored), m.blocks)
+		}
 	}
-	return put, get, getVerified, getVerified, nil
+	return nil
 }
 
-// runRanks has every rank put its part of every prompt's blocks at once,
-// checks that the blocks are complete and whole, then has every rank get
-// its part.
-func (m *ranksMeasure) runRanks(ctx context.Context, whole *client.Client, ranks []*client.Client, parts [][][]byte) (put, get float64, putVerified, getVerified int64, err error) {
-	n := len(ranks)
-	m.seq++
-	tokens := ranksTokens(m.ns, m.seq, m.prompts, m.blocks)
-	d, err := timeRanks(n, func(r int) error {
-		for p := range m.prompts {
-			if _, err := ranks[r].PutRank(ctx, m.ns, tokens[p], parts[r][p*m.blocks:(p+1)*m.blocks], tpRank(r, n)); err != nil {
-				return fmt.Errorf("rank %d of %d: put: %w", r, n, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, 0, 0, 0, err
-	}
-	put = m.gbps(d)
-	// The parts made whole blocks of the bytes put (untimed).
+// getWhole gets every prompt's blocks whole.
+func (m *ranksMeasure) getWhole(ctx context.Context, c *client.Client, tokens [][]uint32) ([][]client.Block, error) {
+	got := make([][]client.Block, m.prompts)
 	for p := range m.prompts {
-		l, err := whole.Lookup(ctx, m.ns, tokens[p])
+		var err error
+		if got[p], err = c.Get(ctx, m.ns, tokens[p]); err != nil {
+			return nil, fmt.Errorf("whole get: %w", err)
+		}
+	}
+	return got, nil
+}
+
+// putRank puts rank's part of every prompt's blocks.
+func (m *ranksMeasure) putRank(ctx context.Context, c *client.Client, tokens [][]uint32, parts [][]byte, rank, n int) error {
+	for p := range m.prompts {
+		if _, err := c.PutRank(ctx, m.ns, tokens[p], parts[p*m.blocks:(p+1)*m.blocks], tpRank(rank, n)); err != nil {
+			return fmt.Errorf("rank %d of %d: put: %w", rank, n, err)
+		}
+	}
+	return nil
+}
+
+// getRank gets rank's part of every prompt's blocks.
+func (m *ranksMeasure) getRank(ctx context.Context, c *client.Client, tokens [][]uint32, rank, n int) ([][]client.Block, error) {
+	got := make([][]client.Block, m.prompts)
+	for p := range m.prompts {
+		var err error
+		if got[p], err = c.GetRank(ctx, m.ns, tokens[p], tpRank(rank, n)); err != nil {
+			return nil, fmt.Errorf("rank %d of %d: get: %w", rank, n, err)
+		}
+	}
+	return got, nil
+}
+
+// verifyWhole checks that every block of the prompts is complete (Lookup)
+// and holds, read whole, the bytes put, and returns the bytes compared.
+func (m *ranksMeasure) verifyWhole(ctx context.Context, c *client.Client, tokens [][]uint32) (int64, error) {
+	var n int64
+	for p := range m.prompts {
+		l, err := c.Lookup(ctx, m.ns, tokens[p])
 		if err != nil {
-			return 0, 0, 0, 0, err
+			return n, err
 		}
 		if l.CachedBlocks != m.blocks {
-			return 0, 0, 0, 0, fmt.Errorf("after every rank's put, prompt %d has %d of %d blocks complete", p, l.CachedBlocks, m.blocks)
+			return n, fmt.Errorf("after every rank's put, prompt %d has %d of %d blocks complete", p, l.CachedBlocks, m.blocks)
 		}
-		bl, err := whole.Get(ctx, m.ns, tokens[p])
+		bl, err := c.Get(ctx, m.ns, tokens[p])
 		if err != nil {
-			return 0, 0, 0, 0, err
+			return n, err
 		}
 		v, err := verifyBlocks("whole get of the ranks' blocks", bl, m.prompt(p))
 		if err != nil {
-			return 0, 0, 0, 0, fmt.Errorf("prompt %d: %w", p, err)
+			return n, fmt.Errorf("prompt %d: %w", p, err)
 		}
-		putVerified += v
+		n += v
 	}
-	got := make([][][]client.Block, n)
-	d, err = timeRanks(n, func(r int) error {
-		got[r] = make([][]client.Block, m.prompts)
-		for p := range m.prompts {
-			var err error
-			if got[r][p], err = ranks[r].GetRank(ctx, m.ns, tokens[p], tpRank(r, n)); err != nil {
-				return fmt.Errorf("rank %d of %d: get: %w", r, n, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, 0, 0, 0, err
-	}
-	get = m.gbps(d)
-	for r := range n {
-		for p := range m.prompts {
-			v, err := verifyBlocks(fmt.Sprintf("rank %d of %d: get", r, n), got[r][p], parts[r][p*m.blocks:(p+1)*m.blocks])
-			if err != nil {
-				return 0, 0, 0, 0, fmt.Errorf("prompt %d: %w", p, err)
-			}
-			getVerified += v
-		}
-	}
-	return put, get, putVerified, getVerified, nil
+	return n, nil
 }
 
 // verifyBlocks checks that got holds want, block by block, and returns the
