@@ -70,6 +70,7 @@ func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, part block.
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", errStream, fmt.Sprintf(format, args...))
 	}
+	layout := block.LayoutOf(ns)
 	var (
 		cur     Block
 		sum     uint64
@@ -125,6 +126,10 @@ func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, part block.
 			if n := f.GetPayloadLen(); n == 0 || n > uint64(g.c.opts.MaxBlockBytes) {
 				return bad("block %d: payload of %d bytes (limit %d)", next, n, g.c.opts.MaxBlockBytes)
 			}
+			if n, whole := f.GetPayloadLen(), layout.PayloadLen(len(cur.Tokens)); n != uint64(whole) {
+				// A part of the block, or another layout: not the block.
+				return bad("block %d: payload of %d bytes, a block of %s holds %d", next, n, ns, whole)
+			}
 			want = int(f.GetPayloadLen())
 			if fresh || cap(buf) < want {
 				buf = make([]byte, want)
@@ -152,14 +157,10 @@ func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, part block.
 		next++
 		if part != (block.Part{}) {
 			// BatchGet reads whole blocks: the part is cut out here.
-			l := block.LayoutOf(ns)
-			if len(cur.Payload) != l.PayloadLen(len(cur.Tokens)) {
-				return bad("block %d: %d payload bytes, a block of %s holds %d", cur.Index, len(cur.Payload), ns, l.PayloadLen(len(cur.Tokens)))
-			}
 			if fresh {
 				pbuf = nil
 			}
-			pbuf = l.ExtractPart(pbuf[:0], cur.Payload, len(cur.Tokens), part)
+			pbuf = layout.ExtractPart(pbuf[:0], cur.Payload, len(cur.Tokens), part)
 			cur.Payload = pbuf
 		}
 		if err := fn(cur); err != nil {
