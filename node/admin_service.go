@@ -110,7 +110,7 @@ func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoReq
 	if err != nil {
 		return nil, status.Errorf(codes.DataLoss, "block %s: %v", key, err)
 	}
-	return &kvmeshv1.BlockInfoResponse{
+	resp := &kvmeshv1.BlockInfoResponse{
 		Key: keyBytes(h.Key), Parent: keyBytes(h.Parent), NamespaceDigest: h.Namespace,
 		Tokens: append([]uint32(nil), h.Tokens...),
 		NodeId: s.n.opts.NodeID, Tier: info.Tier,
@@ -118,7 +118,10 @@ func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoReq
 		Dtype:   kvmeshv1.Dtype(h.Layout.DType),
 		Layers:  uint32(h.Layout.Layers),
 		KvHeads: uint32(h.Layout.KVHeads), HeadDim: uint32(h.Layout.HeadDim),
-	}, nil
+	}
+	//lint:ignore SA1019 key format 2 clients read the layer range: [0, layers)
+	resp.LayerEnd = resp.Layers
+	return resp, nil
 }
 
 // WhoAmI tells the caller whom its token authenticates and the namespace

@@ -159,7 +159,7 @@ func TestClusterPutOnAHitOnC(t *testing.T) {
 	a, c := nodes[0], nodes[2]
 	ctx := context.Background()
 	const blocks = 24 // 6 chunks
-	tokens, payloads := clusterPrompt(1, blocks)
+	tokens, payloads := clusterPrompt(3, blocks)
 	keys, err := a.client.Put(ctx, clusterNS, tokens, payloads)
 	if err != nil || len(keys) != blocks {
 		t.Fatalf("Put through A: %d keys, %v", len(keys), err)

@@ -31,7 +31,7 @@ func grpcurl(t *testing.T, stdin string, args ...string) (string, string, bool) 
 }
 
 // nsJSON is testNS as grpcurl's JSON.
-const nsJSON = `{"model":"test/tiny","dtype":"DTYPE_FLOAT32","blockTokens":4,"layerStart":0,"layerEnd":2,"kvHeads":2,"headDim":8}`
+const nsJSON = `{"model":"test/tiny","dtype":"DTYPE_FLOAT32","blockTokens":4,"layers":2,"kvHeads":2,"headDim":8}`
 
 // TestGRPCurl drives the node the way an operator would with grpcurl and
 // server reflection: no .proto files at hand.
@@ -108,7 +108,7 @@ func TestGRPCurl(t *testing.T) {
 	// Malformed requests: InvalidArgument naming the field.
 	for _, tc := range []struct{ method, data, want string }{
 		{"kvmesh.v1.CacheService/BatchPut", `{"namespace":` + nsJSON + `,"block":{"tokens":[1,2,3],"payloadLen":"1024"}}`, "block.tokens"},
-		{"kvmesh.v1.CacheService/Lookup", `{"namespace":{"model":"m","dtype":"DTYPE_FLOAT32","blockTokens":0,"layerEnd":1,"kvHeads":1,"headDim":1}}`, "block_tokens"},
+		{"kvmesh.v1.CacheService/Lookup", `{"namespace":{"model":"m","dtype":"DTYPE_FLOAT32","blockTokens":0,"layers":1,"kvHeads":1,"headDim":1}}`, "block_tokens"},
 		{"kvmesh.v1.CacheService/Exists", `{"keys":["AAEC"]}`, "keys[0]"},
 	} {
 		_, errs, ok := grpcurl(t, "", "-d", tc.data, addr, tc.method)

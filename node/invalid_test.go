@@ -85,6 +85,14 @@ func TestInvalidArgument(t *testing.T) {
 			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.Dtype = 99 })})
 			return err
 		}},
+		{"namespace with a key format 2 tensor-parallel rank", "names the whole model since key format 3", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.TpRank, n.TpSize = 1, 2 })})
+			return err
+		}},
+		{"namespace with a key format 2 pipeline stage", "names the whole model since key format 3", func() error {
+			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.Layers, n.LayerStart, n.LayerEnd = 0, 1, 2 })})
+			return err
+		}},
 		{"namespace with no layers", "layers", func() error {
 			_, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: bad(func(n *kvmeshv1.Namespace) { n.Layers = 0 })})
 			return err
@@ -288,5 +296,26 @@ func TestInvalidArgument(t *testing.T) {
 	}
 	if st := tn.cache.Stats(); st.Tiers[0].Blocks != 2+4 {
 		t.Fatalf("%d blocks cached, want the prompt's 2 and the 4 within the batch limit", st.Tiers[0].Blocks)
+	}
+}
+
+// TestKeyFormat2Namespace: a client of key format 2 that names the whole
+// model (layer_start 0, layer_end L, tp_size 1) and not layers is read as
+// layers L: its lookups see the blocks a key format 3 client stored.
+func TestKeyFormat2Namespace(t *testing.T) {
+	tn := startNode(t, nil)
+	ctx := context.Background()
+	tokens, payloads := prompt(7, 2*testNS.BlockTokens)
+	if _, err := tn.client.Put(ctx, testNS, tokens, payloads); err != nil {
+		t.Fatal(err)
+	}
+	old := client.NamespaceProto(testNS)
+	old.Layers, old.LayerEnd, old.TpSize = 0, uint32(testNS.Layers), 1
+	resp, err := tn.raw.Lookup(ctx, &kvmeshv1.LookupRequest{Namespace: old, Tokens: tokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetCachedTokens() != uint64(len(tokens)) {
+		t.Fatalf("a key format 2 namespace of the whole model sees %d cached tokens, want %d", resp.GetCachedTokens(), len(tokens))
 	}
 }

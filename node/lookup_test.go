@@ -22,7 +22,7 @@ func TestLookupSummaryMatchesListing(t *testing.T) {
 	a, c := nodes[0], nodes[2]
 	ctx := context.Background()
 	const blocks = 24                            // 6 chunks, on all three nodes
-	tokens, payloads := clusterPrompt(1, blocks) // as TestClusterPutOnAHitOnC: chunks on every node
+	tokens, payloads := clusterPrompt(3, blocks) // as TestClusterPutOnAHitOnC: chunks on every node
 	if _, err := a.client.Put(ctx, clusterNS, tokens, payloads); err != nil {
 		t.Fatal(err)
 	}

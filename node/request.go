@@ -35,6 +35,17 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 		// Bounded by Validate; the cap keeps a huge value huge on 32-bit ints.
 		ExtraKeyBytes: int(min(pb.GetExtraKeyBytes(), 1<<30)),
 	}
+	//lint:ignore SA1019 the deprecated key format 2 fields are read to refuse or translate them
+	start, end, tpRank, tpSize := pb.GetLayerStart(), pb.GetLayerEnd(), pb.GetTpRank(), pb.GetTpSize()
+	switch {
+	case start == 0 && end == 0 && tpRank == 0 && tpSize <= 1:
+	case pb.GetLayers() == 0 && start == 0 && tpRank == 0 && tpSize <= 1:
+		ns.Layers = int(min(end, 1<<30)) // a key format 2 client naming the whole model
+	default:
+		return ns, invalid("namespace", "layer_start %d, layer_end %d, tp_rank %d, tp_size %d: a namespace names the whole model since key format 3 "+
+			"(set layers to the model's layer count and kv_heads to all its KV heads); a rank's part of a block goes with each put and get",
+			start, end, tpRank, tpSize)
+	}
 	if pb.GetKvLayout() < 0 || pb.GetKvLayout() > 255 || pb.GetScales() < 0 || pb.GetScales() > 255 || pb.GetKeyScheme() < 0 || pb.GetKeyScheme() > 255 {
 		return ns, invalid("namespace", "kv_layout %d, scales %d or key_scheme %d is not a known value", pb.GetKvLayout(), pb.GetScales(), pb.GetKeyScheme())
 	}

@@ -37,15 +37,15 @@ echo "buf breaking --against proto/released"
 echo "buf breaking detects a removed field"
 mkdir -p "$tmp/mutated"
 cp -r proto/kvmesh "$tmp/mutated/kvmesh"
-sed -i '/uint32 tp_size = 9;/d' "$tmp/mutated/kvmesh/v1/types.proto"
-if grep -q 'tp_size = 9;' "$tmp/mutated/kvmesh/v1/types.proto" ||
-	! grep -q 'tp_size = 9;' "$tmp/released/kvmesh/v1/types.proto"; then
-	echo "proto/check.sh: the self-check's field (Namespace.tp_size) moved; pick another" >&2
+sed -i '/uint32 head_dim = 7;/d' "$tmp/mutated/kvmesh/v1/types.proto"
+if grep -q 'head_dim = 7;' "$tmp/mutated/kvmesh/v1/types.proto" ||
+	! grep -q 'head_dim = 7;' "$tmp/released/kvmesh/v1/types.proto"; then
+	echo "proto/check.sh: the self-check's field (Namespace.head_dim) moved; pick another" >&2
 	exit 1
 fi
 if "$buf" breaking "$tmp/mutated" --against "$tmp/released" >"$tmp/out" 2>&1; then
-	echo "proto/check.sh: buf breaking passed a contract with Namespace.tp_size removed" >&2
+	echo "proto/check.sh: buf breaking passed a contract with Namespace.head_dim removed" >&2
 	exit 1
 fi
-grep -q '"tp_size"' "$tmp/out" || { cat "$tmp/out" >&2; echo "proto/check.sh: buf breaking failed for another reason" >&2; exit 1; }
+grep -q '"head_dim"' "$tmp/out" || { cat "$tmp/out" >&2; echo "proto/check.sh: buf breaking failed for another reason" >&2; exit 1; }
 echo "ok: $(head -1 "$tmp/out")"

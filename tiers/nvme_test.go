@@ -927,7 +927,7 @@ func TestNVMeDropsOtherFormat(t *testing.T) {
 	if len(drops) != 1 {
 		t.Fatalf("want one line about the drop, got %q", logs.String())
 	}
-	for _, want := range []string{"segments=" + itoa(wantSegs), "values=4", "bytes=" + itoa(int(wantBytes)), "format=kvmesh-nvme-1", "key_version=2"} {
+	for _, want := range []string{"segments=" + itoa(wantSegs), "values=4", "bytes=" + itoa(int(wantBytes)), "format=kvmesh-nvme-1", "key_version=" + itoa(prefixhash.KeyVersion)} {
 		if !strings.Contains(drops[0], want) {
 			t.Errorf("drop line %q lacks %q", drops[0], want)
 		}

@@ -238,7 +238,7 @@ func TestServe(t *testing.T) {
 			t.Fatalf("grpcurl health check: %v\n%s", err, out)
 		}
 		toks := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(tokens[last])), ","), "[]")
-		req := fmt.Sprintf(`{"namespace":{"model":"e2e/model","dtype":"DTYPE_FLOAT32","blockTokens":16,"layerEnd":8,"kvHeads":8,"headDim":64},"tokens":[%s]}`, toks)
+		req := fmt.Sprintf(`{"namespace":{"model":"e2e/model","dtype":"DTYPE_FLOAT32","blockTokens":16,"layers":8,"kvHeads":8,"headDim":64},"tokens":[%s]}`, toks)
 		out, err = exec.Command(grpcurl, "-plaintext", "-d", req, d.grpcAddr, "kvmesh.v1.CacheService/Lookup").CombinedOutput()
 		if err != nil || !strings.Contains(string(out), fmt.Sprintf(`"cachedTokens": "%d"`, blocks*16)) {
 			t.Fatalf("grpcurl Lookup: %v\n%s", err, out)

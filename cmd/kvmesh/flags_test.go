@@ -180,7 +180,7 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"inspect", "stats", "--addr", "127.0.0.1:1", "--timeout", "3s"}, "no kvmesh node answers at 127.0.0.1:1"},
 		{[]string{"inspect", "lookup"}, "--text T or as --tokens"},
 		{[]string{"inspect", "stats", "-o", "yaml"}, "want table or json"},
-		{[]string{"inspect", "lookup", "--text", "hi", "--layers", "3"}, "--layers"},
+		{[]string{"inspect", "lookup", "--text", "hi", "--layers", "0"}, "layers"},
 		{[]string{"serve", "--bogus"}, "unknown flag: --bogus; see 'kvmesh serve --help'"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 	} {
@@ -354,10 +354,10 @@ func TestNamespaceFlags(t *testing.T) {
 		return ns.String(), err
 	}
 	ok := map[string][]string{
-		"kvmesh/demo/float32/b16/l0-2/latent576/tp0-1":                {"--kv-layout", "latent", "--latent-dim", "576"},
-		"kvmesh/demo/int8/b16/l0-2/kv2x16/tp0-1/scales-head/lora-sql": {"--dtype", "int8", "--scales", "head", "--lora", "sql"},
-		"kvmesh/demo/float32/b16/l0-2/kv2x16/tp0-1/vllm":              {"--key-scheme", "vllm", "--hash-seed", "0"},
-		"kvmesh/demo/fp8_e4m3/b16/l0-2/latent64/tp0-1/scales-block":   {"--kv-layout", "latent", "--latent-dim", "64", "--dtype", "fp8_e4m3", "--scales", "block"},
+		"kvmesh/demo/float32/b16/l2/latent576":                {"--kv-layout", "latent", "--latent-dim", "576"},
+		"kvmesh/demo/int8/b16/l2/kv2x16/scales-head/lora-sql": {"--dtype", "int8", "--scales", "head", "--lora", "sql"},
+		"kvmesh/demo/float32/b16/l2/kv2x16/vllm":              {"--key-scheme", "vllm", "--hash-seed", "0"},
+		"kvmesh/demo/fp8_e4m3/b16/l2/latent64/scales-block":   {"--kv-layout", "latent", "--latent-dim", "64", "--dtype", "fp8_e4m3", "--scales", "block"},
 	}
 	for want, args := range ok {
 		if got, err := parse(args...); err != nil || got != want {

@@ -612,7 +612,14 @@ type BlockInfoResponse struct {
 	PayloadLen uint64 `protobuf:"varint,7,opt,name=payload_len,json=payloadLen,proto3" json:"payload_len,omitempty"`
 	EncodedLen uint64 `protobuf:"varint,8,opt,name=encoded_len,json=encodedLen,proto3" json:"encoded_len,omitempty"`
 	// The payload layout.
-	Dtype         Dtype  `protobuf:"varint,9,opt,name=dtype,proto3,enum=kvmesh.v1.Dtype" json:"dtype,omitempty"`
+	Dtype Dtype `protobuf:"varint,9,opt,name=dtype,proto3,enum=kvmesh.v1.Dtype" json:"dtype,omitempty"`
+	// Deprecated: 0 and layers (key format 2 named a layer range).
+	//
+	// Deprecated: Marked as deprecated in kvmesh/v1/admin.proto.
+	LayerStart uint32 `protobuf:"varint,10,opt,name=layer_start,json=layerStart,proto3" json:"layer_start,omitempty"`
+	// Deprecated: Marked as deprecated in kvmesh/v1/admin.proto.
+	LayerEnd uint32 `protobuf:"varint,11,opt,name=layer_end,json=layerEnd,proto3" json:"layer_end,omitempty"`
+	// The model's number of layers: a block holds all of them.
 	Layers        uint32 `protobuf:"varint,14,opt,name=layers,proto3" json:"layers,omitempty"`
 	KvHeads       uint32 `protobuf:"varint,12,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
 	HeadDim       uint32 `protobuf:"varint,13,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
@@ -711,6 +718,22 @@ func (x *BlockInfoResponse) GetDtype() Dtype {
 		return x.Dtype
 	}
 	return Dtype_DTYPE_UNSPECIFIED
+}
+
+// Deprecated: Marked as deprecated in kvmesh/v1/admin.proto.
+func (x *BlockInfoResponse) GetLayerStart() uint32 {
+	if x != nil {
+		return x.LayerStart
+	}
+	return 0
+}
+
+// Deprecated: Marked as deprecated in kvmesh/v1/admin.proto.
+func (x *BlockInfoResponse) GetLayerEnd() uint32 {
+	if x != nil {
+		return x.LayerEnd
+	}
+	return 0
 }
 
 func (x *BlockInfoResponse) GetLayers() uint32 {
@@ -1167,7 +1190,7 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\x15DropNamespaceResponse\x12%\n" +
 	"\x0edropped_blocks\x18\x01 \x01(\x04R\rdroppedBlocks\"$\n" +
 	"\x10BlockInfoRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\fR\x03key\"\x89\x03\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\"\xab\x03\n" +
 	"\x11BlockInfoResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\fR\x06parent\x12)\n" +
@@ -1179,11 +1202,14 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"payloadLen\x12\x1f\n" +
 	"\vencoded_len\x18\b \x01(\x04R\n" +
 	"encodedLen\x12&\n" +
-	"\x05dtype\x18\t \x01(\x0e2\x10.kvmesh.v1.DtypeR\x05dtype\x12\x16\n" +
+	"\x05dtype\x18\t \x01(\x0e2\x10.kvmesh.v1.DtypeR\x05dtype\x12#\n" +
+	"\vlayer_start\x18\n" +
+	" \x01(\rB\x02\x18\x01R\n" +
+	"layerStart\x12\x1f\n" +
+	"\tlayer_end\x18\v \x01(\rB\x02\x18\x01R\blayerEnd\x12\x16\n" +
 	"\x06layers\x18\x0e \x01(\rR\x06layers\x12\x19\n" +
 	"\bkv_heads\x18\f \x01(\rR\akvHeads\x12\x19\n" +
-	"\bhead_dim\x18\r \x01(\rR\aheadDimJ\x04\b\n" +
-	"\x10\vJ\x04\b\v\x10\fR\vlayer_startR\tlayer_end\"E\n" +
+	"\bhead_dim\x18\r \x01(\rR\aheadDim\"E\n" +
 	"\x05Quota\x12\x1d\n" +
 	"\n" +
 	"dram_bytes\x18\x01 \x01(\x04R\tdramBytes\x12\x1d\n" +

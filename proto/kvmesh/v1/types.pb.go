@@ -253,13 +253,27 @@ type Namespace struct {
 	Dtype Dtype `protobuf:"varint,2,opt,name=dtype,proto3,enum=kvmesh.v1.Dtype" json:"dtype,omitempty"`
 	// Tokens per block (B). Required, 1..65536.
 	BlockTokens uint32 `protobuf:"varint,3,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"`
-	// The model's number of attention layers, all of them: a block holds
-	// every layer of its tokens. Required.
-	Layers uint32 `protobuf:"varint,18,opt,name=layers,proto3" json:"layers,omitempty"`
+	// Deprecated (key format 2 named a parallel layout in the namespace):
+	// a namespace names the whole model, and a rank's part of a block goes
+	// with each call. A request that sets layers leaves these unset. One
+	// that does not set layers is read as before only when it names the
+	// whole model (layer_start 0, tp_size at most 1, tp_rank 0): layer_end
+	// is then the layer count. Any other value is INVALID_ARGUMENT.
+	//
+	// Deprecated: Marked as deprecated in kvmesh/v1/types.proto.
+	LayerStart uint32 `protobuf:"varint,4,opt,name=layer_start,json=layerStart,proto3" json:"layer_start,omitempty"`
+	// Deprecated: Marked as deprecated in kvmesh/v1/types.proto.
+	LayerEnd uint32 `protobuf:"varint,5,opt,name=layer_end,json=layerEnd,proto3" json:"layer_end,omitempty"`
 	// The model's key/value heads (all of them, not a rank's), and the size
 	// of one head. Required with the split layout, 0 with the latent layout.
 	KvHeads uint32 `protobuf:"varint,6,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
 	HeadDim uint32 `protobuf:"varint,7,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	// Deprecated with layer_start: see there.
+	//
+	// Deprecated: Marked as deprecated in kvmesh/v1/types.proto.
+	TpRank uint32 `protobuf:"varint,8,opt,name=tp_rank,json=tpRank,proto3" json:"tp_rank,omitempty"`
+	// Deprecated: Marked as deprecated in kvmesh/v1/types.proto.
+	TpSize uint32 `protobuf:"varint,9,opt,name=tp_size,json=tpSize,proto3" json:"tp_size,omitempty"`
 	// Optional tenant salt (at most 256 bytes): tenants with different salts
 	// never see each other's prefixes.
 	TenantSalt string `protobuf:"bytes,10,opt,name=tenant_salt,json=tenantSalt,proto3" json:"tenant_salt,omitempty"`
@@ -277,6 +291,10 @@ type Namespace struct {
 	// Header room every block reserves for its extra keys (4 bytes plus the
 	// length of each); 0: blocks carry none. At most 4352.
 	ExtraKeyBytes uint32 `protobuf:"varint,17,opt,name=extra_key_bytes,json=extraKeyBytes,proto3" json:"extra_key_bytes,omitempty"`
+	// The model's number of attention layers, all of them: a block holds
+	// every layer of its tokens (key format 3). Required (or the deprecated
+	// layer_end, see layer_start).
+	Layers        uint32 `protobuf:"varint,18,opt,name=layers,proto3" json:"layers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -332,9 +350,18 @@ func (x *Namespace) GetBlockTokens() uint32 {
 	return 0
 }
 
-func (x *Namespace) GetLayers() uint32 {
+// Deprecated: Marked as deprecated in kvmesh/v1/types.proto.
+func (x *Namespace) GetLayerStart() uint32 {
 	if x != nil {
-		return x.Layers
+		return x.LayerStart
+	}
+	return 0
+}
+
+// Deprecated: Marked as deprecated in kvmesh/v1/types.proto.
+func (x *Namespace) GetLayerEnd() uint32 {
+	if x != nil {
+		return x.LayerEnd
 	}
 	return 0
 }
@@ -349,6 +376,22 @@ func (x *Namespace) GetKvHeads() uint32 {
 func (x *Namespace) GetHeadDim() uint32 {
 	if x != nil {
 		return x.HeadDim
+	}
+	return 0
+}
+
+// Deprecated: Marked as deprecated in kvmesh/v1/types.proto.
+func (x *Namespace) GetTpRank() uint32 {
+	if x != nil {
+		return x.TpRank
+	}
+	return 0
+}
+
+// Deprecated: Marked as deprecated in kvmesh/v1/types.proto.
+func (x *Namespace) GetTpSize() uint32 {
+	if x != nil {
+		return x.TpSize
 	}
 	return 0
 }
@@ -405,6 +448,13 @@ func (x *Namespace) GetHashSeed() string {
 func (x *Namespace) GetExtraKeyBytes() uint32 {
 	if x != nil {
 		return x.ExtraKeyBytes
+	}
+	return 0
+}
+
+func (x *Namespace) GetLayers() uint32 {
+	if x != nil {
+		return x.Layers
 	}
 	return 0
 }
@@ -471,14 +521,18 @@ var File_kvmesh_v1_types_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xa7\x04\n" +
+	"\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xe5\x04\n" +
 	"\tNamespace\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12&\n" +
 	"\x05dtype\x18\x02 \x01(\x0e2\x10.kvmesh.v1.DtypeR\x05dtype\x12!\n" +
-	"\fblock_tokens\x18\x03 \x01(\rR\vblockTokens\x12\x16\n" +
-	"\x06layers\x18\x12 \x01(\rR\x06layers\x12\x19\n" +
+	"\fblock_tokens\x18\x03 \x01(\rR\vblockTokens\x12#\n" +
+	"\vlayer_start\x18\x04 \x01(\rB\x02\x18\x01R\n" +
+	"layerStart\x12\x1f\n" +
+	"\tlayer_end\x18\x05 \x01(\rB\x02\x18\x01R\blayerEnd\x12\x19\n" +
 	"\bkv_heads\x18\x06 \x01(\rR\akvHeads\x12\x19\n" +
-	"\bhead_dim\x18\a \x01(\rR\aheadDim\x12\x1f\n" +
+	"\bhead_dim\x18\a \x01(\rR\aheadDim\x12\x1b\n" +
+	"\atp_rank\x18\b \x01(\rB\x02\x18\x01R\x06tpRank\x12\x1b\n" +
+	"\atp_size\x18\t \x01(\rB\x02\x18\x01R\x06tpSize\x12\x1f\n" +
 	"\vtenant_salt\x18\n" +
 	" \x01(\tR\n" +
 	"tenantSalt\x120\n" +
@@ -490,8 +544,8 @@ const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"key_scheme\x18\x0f \x01(\x0e2\x14.kvmesh.v1.KeySchemeR\tkeyScheme\x12\x1b\n" +
 	"\thash_seed\x18\x10 \x01(\tR\bhashSeed\x12&\n" +
-	"\x0fextra_key_bytes\x18\x11 \x01(\rR\rextraKeyBytesJ\x04\b\x04\x10\x05J\x04\b\x05\x10\x06J\x04\b\b\x10\tJ\x04\b\t\x10\n" +
-	"R\vlayer_startR\tlayer_endR\atp_rankR\atp_size\":\n" +
+	"\x0fextra_key_bytes\x18\x11 \x01(\rR\rextraKeyBytes\x12\x16\n" +
+	"\x06layers\x18\x12 \x01(\rR\x06layers\":\n" +
 	"\x0eBlockExtraKeys\x12\x14\n" +
 	"\x05block\x18\x01 \x01(\rR\x05block\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys*\x90\x01\n" +

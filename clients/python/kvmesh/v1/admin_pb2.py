@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/admin.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x0f\n\rWhoAmIRequest\"\\\n\x0eWhoAmIResponse\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06scopes\x18\x02 \x03(\t\x12\x16\n\x0enamespace_salt\x18\x03 \x01(\t\x12\x12\n\ntenant_tag\x18\x04 \x01(\x06\"7\n\x0eMembersRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xe5\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x12\n\nshm_socket\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x14\n\x0crdma_devices\x18\x0b \x03(\t\"u\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\x9c\x02\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x0e\n\x06layers\x18\x0e \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\rJ\x04\x08\n\x10\x0bJ\x04\x08\x0b\x10\x0cR\x0blayer_startR\tlayer_end\"/\n\x05Quota\x12\x12\n\ndram_bytes\x18\x01 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x02 \x01(\x04\"z\n\x0fSetQuotaRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\x12\x1f\n\x05quota\x18\x03 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"@\n\x10SetQuotaResponse\x12,\n\tnamespace\x18\x01 \x01(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\"6\n\rQuotasRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x86\x01\n\x0eNamespaceQuota\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x1f\n\x05quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\x0b\n\x03own\x18\x03 \x01(\x08\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x12\n\ndram_bytes\x18\x05 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x06 \x01(\x04\"\x92\x01\n\x0eQuotasResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\rdefault_quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12-\n\nnamespaces\x18\x03 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t2\xaf\x03\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12\x43\n\x08SetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponse\x12=\n\x06WhoAmI\x12\x18.kvmesh.v1.WhoAmIRequest\x1a\x19.kvmesh.v1.WhoAmIResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x0f\n\rWhoAmIRequest\"\\\n\x0eWhoAmIResponse\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06scopes\x18\x02 \x03(\t\x12\x16\n\x0enamespace_salt\x18\x03 \x01(\t\x12\x12\n\ntenant_tag\x18\x04 \x01(\x06\"7\n\x0eMembersRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xe5\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x12\n\nshm_socket\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x14\n\x0crdma_devices\x18\x0b \x03(\t\"u\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\xa8\x02\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x17\n\x0blayer_start\x18\n \x01(\rB\x02\x18\x01\x12\x15\n\tlayer_end\x18\x0b \x01(\rB\x02\x18\x01\x12\x0e\n\x06layers\x18\x0e \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\r\"/\n\x05Quota\x12\x12\n\ndram_bytes\x18\x01 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x02 \x01(\x04\"z\n\x0fSetQuotaRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\x12\x1f\n\x05quota\x18\x03 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"@\n\x10SetQuotaResponse\x12,\n\tnamespace\x18\x01 \x01(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\"6\n\rQuotasRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x86\x01\n\x0eNamespaceQuota\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x1f\n\x05quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\x0b\n\x03own\x18\x03 \x01(\x08\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x12\n\ndram_bytes\x18\x05 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x06 \x01(\x04\"\x92\x01\n\x0eQuotasResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\rdefault_quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12-\n\nnamespaces\x18\x03 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t2\xaf\x03\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12\x43\n\x08SetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponse\x12=\n\x06WhoAmI\x12\x18.kvmesh.v1.WhoAmIRequest\x1a\x19.kvmesh.v1.WhoAmIResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
@@ -510,21 +510,35 @@ _BLOCKINFORESPONSE = _descriptor.Descriptor(
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='layers', full_name='kvmesh.v1.BlockInfoResponse.layers', index=9,
+      name='layer_start', full_name='kvmesh.v1.BlockInfoResponse.layer_start', index=9,
+      number=10, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=_descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001')), file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='layer_end', full_name='kvmesh.v1.BlockInfoResponse.layer_end', index=10,
+      number=11, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=_descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001')), file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='layers', full_name='kvmesh.v1.BlockInfoResponse.layers', index=11,
       number=14, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='kv_heads', full_name='kvmesh.v1.BlockInfoResponse.kv_heads', index=10,
+      name='kv_heads', full_name='kvmesh.v1.BlockInfoResponse.kv_heads', index=12,
       number=12, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='head_dim', full_name='kvmesh.v1.BlockInfoResponse.head_dim', index=11,
+      name='head_dim', full_name='kvmesh.v1.BlockInfoResponse.head_dim', index=13,
       number=13, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
@@ -543,7 +557,7 @@ _BLOCKINFORESPONSE = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=816,
-  serialized_end=1100,
+  serialized_end=1112,
 )
 
 
@@ -580,8 +594,8 @@ _QUOTA = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1102,
-  serialized_end=1149,
+  serialized_start=1114,
+  serialized_end=1161,
 )
 
 
@@ -632,8 +646,8 @@ _SETQUOTAREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1151,
-  serialized_end=1273,
+  serialized_start=1163,
+  serialized_end=1285,
 )
 
 
@@ -663,8 +677,8 @@ _SETQUOTARESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1275,
-  serialized_end=1339,
+  serialized_start=1287,
+  serialized_end=1351,
 )
 
 
@@ -701,8 +715,8 @@ _QUOTASREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1341,
-  serialized_end=1395,
+  serialized_start=1353,
+  serialized_end=1407,
 )
 
 
@@ -767,8 +781,8 @@ _NAMESPACEQUOTA = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1398,
-  serialized_end=1532,
+  serialized_start=1410,
+  serialized_end=1544,
 )
 
 
@@ -819,8 +833,8 @@ _QUOTASRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1535,
-  serialized_end=1681,
+  serialized_start=1547,
+  serialized_end=1693,
 )
 
 _MEMBER.fields_by_name['tiers'].message_type = _TIERCAPACITY
@@ -966,6 +980,10 @@ _sym_db.RegisterMessage(QuotasResponse)
 
 DESCRIPTOR.has_options = True
 DESCRIPTOR._options = _descriptor._ParseOptions(descriptor_pb2.FileOptions(), _b('Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1'))
+_BLOCKINFORESPONSE.fields_by_name['layer_start'].has_options = True
+_BLOCKINFORESPONSE.fields_by_name['layer_start']._options = _descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001'))
+_BLOCKINFORESPONSE.fields_by_name['layer_end'].has_options = True
+_BLOCKINFORESPONSE.fields_by_name['layer_end']._options = _descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001'))
 
 _ADMINSERVICE = _descriptor.ServiceDescriptor(
   name='AdminService',
@@ -973,8 +991,8 @@ _ADMINSERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=1684,
-  serialized_end=2115,
+  serialized_start=1696,
+  serialized_end=2127,
   methods=[
   _descriptor.MethodDescriptor(
     name='Members',

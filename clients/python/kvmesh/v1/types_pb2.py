@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/types.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\x9f\x03\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x0e\n\x06layers\x18\x12 \x01(\r\x12\x10\n\x08kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x13\n\x0btenant_salt\x18\n \x01(\t\x12&\n\tkv_layout\x18\x0b \x01(\x0e\x32\x13.kvmesh.v1.KVLayout\x12\x12\n\nlatent_dim\x18\x0c \x01(\r\x12!\n\x06scales\x18\r \x01(\x0e\x32\x11.kvmesh.v1.Scales\x12\x0c\n\x04lora\x18\x0e \x01(\t\x12(\n\nkey_scheme\x18\x0f \x01(\x0e\x32\x14.kvmesh.v1.KeyScheme\x12\x11\n\thash_seed\x18\x10 \x01(\t\x12\x17\n\x0f\x65xtra_key_bytes\x18\x11 \x01(\rJ\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x08\x10\tJ\x04\x08\t\x10\nR\x0blayer_startR\tlayer_endR\x07tp_rankR\x07tp_size\"-\n\x0e\x42lockExtraKeys\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c*\x90\x01\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_FP8_E4M3\x10\x04\x12\x12\n\x0e\x44TYPE_FP8_E5M2\x10\x05\x12\x0e\n\nDTYPE_INT8\x10\x06*5\n\x08KVLayout\x12\x13\n\x0fKV_LAYOUT_SPLIT\x10\x00\x12\x14\n\x10KV_LAYOUT_LATENT\x10\x01*D\n\x06Scales\x12\x0f\n\x0bSCALES_NONE\x10\x00\x12\x14\n\x10SCALES_PER_BLOCK\x10\x01\x12\x13\n\x0fSCALES_PER_HEAD\x10\x02*7\n\tKeyScheme\x12\x15\n\x11KEY_SCHEME_KVMESH\x10\x00\x12\x13\n\x0fKEY_SCHEME_VLLM\x10\x01\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xb7\x03\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x17\n\x0blayer_start\x18\x04 \x01(\rB\x02\x18\x01\x12\x15\n\tlayer_end\x18\x05 \x01(\rB\x02\x18\x01\x12\x10\n\x08kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x13\n\x07tp_rank\x18\x08 \x01(\rB\x02\x18\x01\x12\x13\n\x07tp_size\x18\t \x01(\rB\x02\x18\x01\x12\x13\n\x0btenant_salt\x18\n \x01(\t\x12&\n\tkv_layout\x18\x0b \x01(\x0e\x32\x13.kvmesh.v1.KVLayout\x12\x12\n\nlatent_dim\x18\x0c \x01(\r\x12!\n\x06scales\x18\r \x01(\x0e\x32\x11.kvmesh.v1.Scales\x12\x0c\n\x04lora\x18\x0e \x01(\t\x12(\n\nkey_scheme\x18\x0f \x01(\x0e\x32\x14.kvmesh.v1.KeyScheme\x12\x11\n\thash_seed\x18\x10 \x01(\t\x12\x17\n\x0f\x65xtra_key_bytes\x18\x11 \x01(\r\x12\x0e\n\x06layers\x18\x12 \x01(\r\"-\n\x0e\x42lockExtraKeys\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c*\x90\x01\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_FP8_E4M3\x10\x04\x12\x12\n\x0e\x44TYPE_FP8_E5M2\x10\x05\x12\x0e\n\nDTYPE_INT8\x10\x06*5\n\x08KVLayout\x12\x13\n\x0fKV_LAYOUT_SPLIT\x10\x00\x12\x14\n\x10KV_LAYOUT_LATENT\x10\x01*D\n\x06Scales\x12\x0f\n\x0bSCALES_NONE\x10\x00\x12\x14\n\x10SCALES_PER_BLOCK\x10\x01\x12\x13\n\x0fSCALES_PER_HEAD\x10\x02*7\n\tKeyScheme\x12\x15\n\x11KEY_SCHEME_KVMESH\x10\x00\x12\x13\n\x0fKEY_SCHEME_VLLM\x10\x01\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
 )
 
 _DTYPE = _descriptor.EnumDescriptor(
@@ -60,8 +60,8 @@ _DTYPE = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=502,
-  serialized_end=646,
+  serialized_start=526,
+  serialized_end=670,
 )
 _sym_db.RegisterEnumDescriptor(_DTYPE)
 
@@ -83,8 +83,8 @@ _KVLAYOUT = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=648,
-  serialized_end=701,
+  serialized_start=672,
+  serialized_end=725,
 )
 _sym_db.RegisterEnumDescriptor(_KVLAYOUT)
 
@@ -110,8 +110,8 @@ _SCALES = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=703,
-  serialized_end=771,
+  serialized_start=727,
+  serialized_end=795,
 )
 _sym_db.RegisterEnumDescriptor(_SCALES)
 
@@ -133,8 +133,8 @@ _KEYSCHEME = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=773,
-  serialized_end=828,
+  serialized_start=797,
+  serialized_end=852,
 )
 _sym_db.RegisterEnumDescriptor(_KEYSCHEME)
 
@@ -185,78 +185,106 @@ _NAMESPACE = _descriptor.Descriptor(
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='layers', full_name='kvmesh.v1.Namespace.layers', index=3,
-      number=18, type=13, cpp_type=3, label=1,
+      name='layer_start', full_name='kvmesh.v1.Namespace.layer_start', index=3,
+      number=4, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
-      options=None, file=DESCRIPTOR),
+      options=_descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001')), file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='kv_heads', full_name='kvmesh.v1.Namespace.kv_heads', index=4,
+      name='layer_end', full_name='kvmesh.v1.Namespace.layer_end', index=4,
+      number=5, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=_descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001')), file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='kv_heads', full_name='kvmesh.v1.Namespace.kv_heads', index=5,
       number=6, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='head_dim', full_name='kvmesh.v1.Namespace.head_dim', index=5,
+      name='head_dim', full_name='kvmesh.v1.Namespace.head_dim', index=6,
       number=7, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='tenant_salt', full_name='kvmesh.v1.Namespace.tenant_salt', index=6,
+      name='tp_rank', full_name='kvmesh.v1.Namespace.tp_rank', index=7,
+      number=8, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=_descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001')), file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='tp_size', full_name='kvmesh.v1.Namespace.tp_size', index=8,
+      number=9, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=_descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001')), file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='tenant_salt', full_name='kvmesh.v1.Namespace.tenant_salt', index=9,
       number=10, type=9, cpp_type=9, label=1,
       has_default_value=False, default_value=_b("").decode('utf-8'),
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='kv_layout', full_name='kvmesh.v1.Namespace.kv_layout', index=7,
+      name='kv_layout', full_name='kvmesh.v1.Namespace.kv_layout', index=10,
       number=11, type=14, cpp_type=8, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='latent_dim', full_name='kvmesh.v1.Namespace.latent_dim', index=8,
+      name='latent_dim', full_name='kvmesh.v1.Namespace.latent_dim', index=11,
       number=12, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='scales', full_name='kvmesh.v1.Namespace.scales', index=9,
+      name='scales', full_name='kvmesh.v1.Namespace.scales', index=12,
       number=13, type=14, cpp_type=8, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='lora', full_name='kvmesh.v1.Namespace.lora', index=10,
+      name='lora', full_name='kvmesh.v1.Namespace.lora', index=13,
       number=14, type=9, cpp_type=9, label=1,
       has_default_value=False, default_value=_b("").decode('utf-8'),
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='key_scheme', full_name='kvmesh.v1.Namespace.key_scheme', index=11,
+      name='key_scheme', full_name='kvmesh.v1.Namespace.key_scheme', index=14,
       number=15, type=14, cpp_type=8, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='hash_seed', full_name='kvmesh.v1.Namespace.hash_seed', index=12,
+      name='hash_seed', full_name='kvmesh.v1.Namespace.hash_seed', index=15,
       number=16, type=9, cpp_type=9, label=1,
       has_default_value=False, default_value=_b("").decode('utf-8'),
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='extra_key_bytes', full_name='kvmesh.v1.Namespace.extra_key_bytes', index=13,
+      name='extra_key_bytes', full_name='kvmesh.v1.Namespace.extra_key_bytes', index=16,
       number=17, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='layers', full_name='kvmesh.v1.Namespace.layers', index=17,
+      number=18, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
@@ -274,7 +302,7 @@ _NAMESPACE = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=37,
-  serialized_end=452,
+  serialized_end=476,
 )
 
 
@@ -311,8 +339,8 @@ _BLOCKEXTRAKEYS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=454,
-  serialized_end=499,
+  serialized_start=478,
+  serialized_end=523,
 )
 
 _NAMESPACE.fields_by_name['dtype'].enum_type = _DTYPE
@@ -344,4 +372,12 @@ _sym_db.RegisterMessage(BlockExtraKeys)
 
 DESCRIPTOR.has_options = True
 DESCRIPTOR._options = _descriptor._ParseOptions(descriptor_pb2.FileOptions(), _b('Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1'))
+_NAMESPACE.fields_by_name['layer_start'].has_options = True
+_NAMESPACE.fields_by_name['layer_start']._options = _descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001'))
+_NAMESPACE.fields_by_name['layer_end'].has_options = True
+_NAMESPACE.fields_by_name['layer_end']._options = _descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001'))
+_NAMESPACE.fields_by_name['tp_rank'].has_options = True
+_NAMESPACE.fields_by_name['tp_rank']._options = _descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001'))
+_NAMESPACE.fields_by_name['tp_size'].has_options = True
+_NAMESPACE.fields_by_name['tp_size']._options = _descriptor._ParseOptions(descriptor_pb2.FieldOptions(), _b('\030\001'))
 # @@protoc_insertion_point(module_scope)
