@@ -368,9 +368,11 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 			case st != nil && st[j] == transfer.StatusConflict:
 				return nil, &PartConflictError{Key: it.key, Part: it.part}
 			case it.part != (block.Part{}):
-				// BatchPut carries whole blocks only: nothing to fall
-				// back to.
-				return nil, partRefused(it, st, j)
+				// BatchPut carries whole blocks only: the next data-plane
+				// transport is the part's way out.
+				if err := d.putPartNext(ctx, ts, keys[lo+j], chunks[lo+j], heads[j], it, st, j); err != nil {
+					return nil, err
+				}
 			default:
 				// The node dropped it (full?) or could not publish it:
 				// BatchPut stores and publishes it, or says why not.
@@ -392,6 +394,27 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 		}
 	}
 	return keys, nil
+}
+
+// putPartNext sends it, a part the transport ts[0] did not store (st[j]
+// says why; st is nil when no transport took it), over the next transport
+// in ts: TCP after shared memory, where a put takes a slot of the part's
+// size in the node's arena besides the whole block's slot the node
+// assembles parts in, and so may find no room where TCP does.
+func (d *dataBulk) putPartNext(ctx context.Context, ts []transport, key, chunk prefixhash.Key, head []byte, it *putItem, st []transfer.Status, j int) error {
+	if st != nil && st[j] != transfer.StatusError && len(ts) > 1 {
+		next := ts[1:]
+		if s := d.dataPut(ctx, &next, []prefixhash.Key{key}, []prefixhash.Key{chunk}, [][]byte{head}, []putItem{*it}); s != nil {
+			st, j = s, 0
+		}
+	}
+	switch {
+	case st != nil && st[j] == transfer.StatusOK:
+		return nil
+	case st != nil && st[j] == transfer.StatusConflict:
+		return &PartConflictError{Key: it.key, Part: it.part}
+	}
+	return partRefused(it, st, j)
 }
 
 // dataPeer is a data-plane transport: transfer.Client or ShmClient. Besides

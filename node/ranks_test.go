@@ -21,6 +21,11 @@ import (
 // Multi-GPU instances (issue 23) end to end: ranks of a model instance put
 // and read their parts of blocks through real nodes (Open) and the client.
 
+// partsDRAM is the DRAM tier of the nodes here: room for several slabs, so
+// that the slots shared-memory puts reserve for parts, of sizes other than
+// the whole block's, leave slabs for the blocks being assembled.
+const partsDRAM = 128 * MiB
+
 // rankModel is the bundled engine's tiny model with 4 KV heads (no
 // grouping) and 2 layers: TP 1, 2 and 4 and PP 1 and 2 split it.
 func rankModel() prefill.Config {
@@ -200,14 +205,24 @@ func TestRanksPrefillTPAndPP(t *testing.T) {
 	c := rankModel()
 	rng := rand.New(rand.NewPCG(23, 5))
 	for i, w := range []struct{ tp, pp int }{{2, 1}, {4, 2}} {
-		n := openClusterNode(t, t.TempDir(), fmt.Sprintf("r%d", i), nil, func(o *Options) { o.Prefill.Model = c })
+		n := openClusterNode(t, t.TempDir(), fmt.Sprintf("r%d", i), nil, func(o *Options) { o.Prefill.Model, o.DRAMBytes = c, partsDRAM })
 		prompt := longText(rng, 300)
 		prefix := prefill.TokenizeBytes(prompt[:200])
 		ns, cold := coldBlocks(t, c, prefix)
 		if got := n.Node.prefill.engine.Namespace(); got != ns {
 			t.Fatalf("the node's engine keys under %s, the cold one under %s", got, ns)
 		}
+		var shmPuts int64
+		if n.cluster.shm != nil {
+			shmPuts = n.cluster.shm.Stats().Puts
+		}
 		putRanks(t, n.GRPCAddr(), ns, prefix, cold, w.tp, w.pp)
+		if n.cluster.shm != nil {
+			// Same host: every part went through shared memory.
+			if got := n.cluster.shm.Stats().Puts - shmPuts; got != int64(len(cold)*w.tp*w.pp) {
+				t.Errorf("written at TP %d PP %d: %d parts put through shared memory, want %d", w.tp, w.pp, got, len(cold)*w.tp*w.pp)
+			}
+		}
 		l, err := n.client.Lookup(context.Background(), ns, prefix)
 		if err != nil || l.CachedBlocks != len(cold) {
 			t.Fatalf("written at TP %d PP %d: lookup %+v, %v; want %d blocks", w.tp, w.pp, l, err, len(cold))
@@ -233,7 +248,7 @@ func TestRanksPrefillTPAndPP(t *testing.T) {
 // blocks of a prompt through two different nodes; a third client reads the
 // blocks whole, and at TP 2, through a third node.
 func TestClusterRanksOnTwoNodes(t *testing.T) {
-	nodes := startClusterNodes(t, 3, nil)
+	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.DRAMBytes = partsDRAM })
 	ns := partsNS
 	tokens, payloads := partsPrompt(ns, 3, 8) // 2 chunks of 4 blocks: owners differ
 	ctx := context.Background()
@@ -278,7 +293,7 @@ func TestClusterRanksOnTwoNodes(t *testing.T) {
 // rank 1 writes after all, every block does.
 func TestRanksIncompleteNeverCount(t *testing.T) {
 	c := rankModel()
-	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Prefill.Model = c })
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Prefill.Model, o.DRAMBytes = c, partsDRAM })
 	prompt := longText(rand.New(rand.NewPCG(8, 8)), 200)
 	tokens := prefill.TokenizeBytes(prompt)
 	ns, cold := coldBlocks(t, c, tokens)
@@ -331,7 +346,7 @@ func TestRanksIncompleteNeverCount(t *testing.T) {
 // with an error naming what is valid, before anything is stored; and the
 // node keeps serving.
 func TestRanksConflictsAndBadRanks(t *testing.T) {
-	n := openClusterNode(t, t.TempDir(), "n", nil, nil)
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
 	ns := partsNS
 	tokens, payloads := partsPrompt(ns, 5, 3)
 	keys := prefixhash.Keys(ns, tokens)
@@ -422,7 +437,7 @@ func TestRanksConflictsAndBadRanks(t *testing.T) {
 // plane's byte counters), the node stores one copy, and every rank reads
 // the whole latent.
 func TestRanksLatentStoredOnce(t *testing.T) {
-	n := openClusterNode(t, t.TempDir(), "n", nil, nil)
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
 	ns := latentNS
 	tokens, payloads := partsPrompt(ns, 4, 6)
 	bytesIn := func() int64 {
