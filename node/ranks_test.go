@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -11,11 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // Multi-GPU instances (issue 23) end to end: ranks of a model instance put
@@ -420,8 +424,44 @@ func TestRanksConflictsAndBadRanks(t *testing.T) {
 	if _, err := n.client.PutRank(ctx, ns, fresh, [][]byte{freshPayloads[0]}, r0); !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "heads [0,2)") {
 		t.Errorf("PutRank of a whole block as rank 0 of 2: %v; want ErrInvalid naming the part", err)
 	}
-	if l, err := n.client.Lookup(ctx, ns, fresh); err != nil || l.CachedBlocks != 0 {
-		t.Errorf("after the refused puts: lookup %+v, %v; want nothing stored", l, err)
+	// Bad ranges on the wire, from a client that checks nothing: a record
+	// whose part range is not a part of its block is refused
+	// (StatusError), as are reads of such ranges, item by item.
+	wire, err := transfer.NewClient(n.DataAddr(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wire.Close()
+	fkey := prefixhash.Keys(ns, fresh)[0]
+	half := block.Part{L0: 0, L1: 2, H0: 0, H1: 2}
+	payload := block.LayoutOf(ns).ExtractPart(nil, freshPayloads[0], ns.BlockTokens, half)
+	rec, _, err := block.AppendPartHeaderExt(nil, 0, ns, ns.RootLink(), fresh[:ns.BlockTokens], nil, half, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec = append(rec, payload...)
+	badParts := []block.Part{{L0: 0, L1: 3, H0: 0, H1: 4}, {L0: 0, L1: 2, H0: 1, H1: 3}, {L0: 1, L1: 1, H0: 0, H1: 4}, {L0: 0, L1: 2, H0: 0, H1: 3}}
+	for _, bp := range badParts {
+		if got := wirePut(t, wire, fkey, withPart(t, rec, bp)); got != transfer.StatusError {
+			t.Errorf("a record of %s: status %s, want %s", bp, got, transfer.StatusError)
+		}
+	}
+	keys4 := []prefixhash.Key{keys[0], keys[0], keys[0], keys[0]}
+	r, err := wire.GetParts(ctx, keys4, badParts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range r.Status {
+		if st != transfer.StatusError {
+			t.Errorf("a read of %s of a stored block: status %s, want %s", badParts[i], st, transfer.StatusError)
+		}
+	}
+	r.Release()
+	if l, err := n.client.Lookup(ctx, ns, fresh); err != nil || l.CachedBlocks != 0 || len(n.cluster.local.Partials()) != 0 {
+		t.Errorf("after the refused puts: lookup %+v, %v, %d incomplete blocks; want nothing stored", l, err, len(n.cluster.local.Partials()))
+	}
+	if got := wirePut(t, wire, fkey, withPart(t, rec, half)); got != transfer.StatusOK {
+		t.Errorf("the same record with its own range: status %s; want it stored (the refusals were the ranges')", got)
 	}
 	// The node keeps serving.
 	if _, err := n.client.Put(ctx, ns, fresh, freshPayloads); err != nil {
@@ -430,6 +470,40 @@ func TestRanksConflictsAndBadRanks(t *testing.T) {
 	if got := readRanks(t, n.client, ns, fresh, len(freshPayloads), 4, 2); !bytes.Equal(got[1], freshPayloads[1]) {
 		t.Error("a whole put after the refusals does not read back at TP 4 PP 2")
 	}
+}
+
+// withPart returns a copy of the encoded record rec with its part range set
+// to p, valid or not, and its header checksum made right: what a client
+// that checks nothing could send.
+func withPart(t testing.TB, rec []byte, p block.Part) []byte {
+	t.Helper()
+	h, err := block.DecodeHeader(rec, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := bytes.Clone(rec)
+	for i, v := range []int{p.L0, p.L1, p.H0, p.H1} {
+		binary.LittleEndian.PutUint32(out[104+4*i:], uint32(v))
+	}
+	n := len(h.Tokens)
+	ext := int(binary.LittleEndian.Uint32(out[block.FixedHeaderLen+4*n:]))
+	var d xxhash.Digest
+	d.Reset()
+	d.Write(out[:120])
+	d.Write(out[block.FixedHeaderLen : block.FixedHeaderLen+4*n+4+ext])
+	binary.LittleEndian.PutUint64(out[120:], d.Sum64())
+	return out
+}
+
+// wirePut puts one value under key through a data-plane client and returns
+// its status.
+func wirePut(t testing.TB, c *transfer.Client, key prefixhash.Key, v []byte) transfer.Status {
+	t.Helper()
+	st, err := c.Put(context.Background(), []prefixhash.Key{key}, [][]byte{v})
+	if err != nil || len(st) != 1 {
+		t.Fatalf("put: %v, %v", st, err)
+	}
+	return st[0]
 }
 
 // TestRanksLatentStoredOnce: the 8 TP ranks of an MLA instance put the same
