@@ -291,6 +291,59 @@ func TestClusterRanksOnTwoNodes(t *testing.T) {
 	}
 }
 
+// TestRanksTransports: parts of a namespace with per-head scales, vLLM keys
+// and extra keys travel shared memory and TCP (written at TP 2 × PP 2, read
+// at TP 4); a gRPC-only client reads parts too (cut from the whole blocks
+// BatchGet reads) but cannot put one, and says so.
+func TestRanksTransports(t *testing.T) {
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
+	ns := prefixhash.Namespace{Model: "test/parts-vllm", DType: prefixhash.Float8E4M3, BlockTokens: 16, Layers: 3,
+		KVHeads: 4, HeadDim: 8, Scales: prefixhash.ScalesPerHead, Scheme: prefixhash.SchemeVLLM, HashSeed: "0", ExtraKeyBytes: 64}
+	ctx := context.Background()
+	grpcOnly, err := client.Dial(n.GRPCAddr(), client.Options{Transport: client.TransportGRPC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer grpcOnly.Close()
+	for i, tr := range []string{client.TransportAuto, client.TransportTCP} {
+		c, err := client.Dial(n.GRPCAddr(), client.Options{Transport: tr, VerifySharedMemory: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		tokens, payloads := partsPrompt(ns, 20+i, 3)
+		extra := []prefixhash.ExtraKeys{nil, {prefixhash.VLLMMultimodalKey("img", 2)}}
+		for _, r := range ranks(2, 2) {
+			if _, err := c.PutRankExtra(ctx, ns, tokens, extra, rankParts(t, ns, payloads, r), r); err != nil {
+				t.Fatalf("%s: rank %s: %v", tr, r, err)
+			}
+		}
+		for _, rd := range []*client.Client{c, grpcOnly} {
+			l := block.LayoutOf(ns)
+			for _, r := range ranks(4, 1) {
+				p, _ := r.Part(ns)
+				got, err := rd.GetRankExtra(ctx, ns, tokens, extra, r)
+				if err != nil || len(got) != len(payloads) {
+					t.Fatalf("%s: GetRankExtra %s: %d blocks, %v", tr, r, len(got), err)
+				}
+				for j, b := range got {
+					if want := l.ExtractPart(nil, payloads[j], ns.BlockTokens, p); !bytes.Equal(b.Payload, want) {
+						t.Errorf("%s: rank %s, block %d: not its part of what the ranks wrote", tr, r, j)
+					}
+				}
+			}
+		}
+		if got, _ := c.GetRank(ctx, ns, tokens, client.Rank{TPSize: 2}); len(got) != 1 {
+			t.Errorf("%s: GetRank without the extra keys: %d blocks, want 1", tr, len(got))
+		}
+	}
+	tokens, payloads := partsPrompt(ns, 30, 1)
+	r := client.Rank{TPRank: 1, TPSize: 2}
+	if _, err := grpcOnly.PutRank(ctx, ns, tokens, rankParts(t, ns, payloads, r), r); err == nil || !strings.Contains(err.Error(), "data plane") {
+		t.Errorf("PutRank of a part over gRPC alone: %v; want an error naming the data plane", err)
+	}
+}
+
 // TestRanksIncompleteNeverCount: when only rank 0 of a TP 2 instance
 // writes (rank 1 died), no block of the prompt counts: Lookup, GetRank of
 // either rank, Get and the OpenAI usage's cached_tokens all see none. When
