@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -15,6 +18,7 @@ import (
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // rankNS has 4 KV heads and 3 layers: TP 1, 2, 4 and any PP up to 3.
@@ -232,5 +236,119 @@ func TestPutRankSharedAsksFirst(t *testing.T) {
 		if len(rb.items) != 1 || rb.items[0].key != keys[1] {
 			t.Errorf("%s %s: sent %d items; want block 1 alone (block 0 is stored)", c.ns.Model, c.r, len(rb.items))
 		}
+	}
+}
+
+// scriptedNode is a data plane whose puts answer status (by the record's
+// part range) and whose claims answer claims, recording the records put.
+type scriptedNode struct {
+	status func(p block.Part) transfer.Status
+	claims []transfer.ClaimStatus
+	mu     sync.Mutex
+	puts   []block.Header
+}
+
+func (*scriptedNode) Acquire(_ context.Context, keys []prefixhash.Key, _ [][]byte, st []transfer.Status) func() {
+	return nil // every key misses
+}
+
+func (s *scriptedNode) Put(ctx context.Context, keys []prefixhash.Key, vals [][]byte, st []transfer.Status) {
+	s.PutPublish(ctx, keys, keys, vals, st)
+}
+
+func (s *scriptedNode) PutPublish(_ context.Context, _, _ []prefixhash.Key, vals [][]byte, st []transfer.Status) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, v := range vals {
+		h, err := block.DecodeHeader(v, 0)
+		if err != nil {
+			st[i] = transfer.StatusError
+			continue
+		}
+		s.puts = append(s.puts, h)
+		st[i] = s.status(h.Part)
+	}
+}
+
+func (s *scriptedNode) Claim(_ context.Context, keys []prefixhash.Key, _ []block.Part, st []transfer.ClaimStatus) {
+	copy(st, s.claims)
+}
+
+// scriptedClient returns a client whose node's data plane (TCP) is sn.
+func scriptedClient(t *testing.T, sn *scriptedNode) *Client {
+	t.Helper()
+	srv, err := transfer.NewServer(sn, sn, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	c, err := newClient(noNode{}, Options{Transport: TransportTCP, MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.info.node, c.info.fetched = &nodeInfo{dataAddr: addr.String()}, time.Now()
+	return c
+}
+
+// TestPutRankStatuses: what the node answers a part put becomes the error
+// PutRank returns: a conflict the typed error naming the block and the
+// part, a dropped part ErrExhausted, a refused one an error; a shared part
+// is sent only for the blocks its claim answered write.
+func TestPutRankStatuses(t *testing.T) {
+	ctx := context.Background()
+	ns := rankNS
+	tokens := make([]uint32, 3*ns.BlockTokens)
+	keys := prefixhash.Keys(ns, tokens)
+	r := Rank{TPRank: 1, TPSize: 2}
+	p, _ := r.Part(ns)
+	n := block.LayoutOf(ns).PartLen(ns.BlockTokens, p)
+	payloads := [][]byte{make([]byte, n), make([]byte, n), make([]byte, n)}
+	for _, c := range []struct {
+		st   transfer.Status
+		want error
+	}{
+		{transfer.StatusConflict, ErrPartConflict},
+		{transfer.StatusMiss, ErrExhausted},
+		{transfer.StatusError, nil},
+	} {
+		sn := &scriptedNode{status: func(got block.Part) transfer.Status {
+			if got != p {
+				return transfer.StatusOK
+			}
+			return c.st
+		}}
+		cl := scriptedClient(t, sn)
+		_, err := cl.PutRank(ctx, ns, tokens, payloads, r)
+		switch {
+		case err == nil:
+			t.Errorf("status %s: no error", c.st)
+		case c.want != nil && !errors.Is(err, c.want):
+			t.Errorf("status %s: %v; want %v", c.st, err, c.want)
+		case !strings.Contains(err.Error(), keys[0].String()) || !strings.Contains(err.Error(), p.String()):
+			t.Errorf("status %s: %v; want the block and the part named", c.st, err)
+		}
+		var pc *PartConflictError
+		if c.st == transfer.StatusConflict && (!errors.As(err, &pc) || pc.Key != keys[0] || pc.Part != p || !errors.Is(err, ErrInvalid)) {
+			t.Errorf("conflict: %v; want a *PartConflictError of block 0's %s, matching ErrInvalid", err, p)
+		}
+	}
+
+	// The latent at TP 8: claims say which blocks this rank sends.
+	sn := &scriptedNode{status: func(block.Part) transfer.Status { return transfer.StatusOK },
+		claims: []transfer.ClaimStatus{transfer.ClaimComplete, transfer.ClaimWrite, transfer.ClaimClaimed}}
+	cl := scriptedClient(t, sn)
+	lt := make([]uint32, 3*latentNS.BlockTokens)
+	lp := [][]byte{make([]byte, latentNS.BlockBytes()), make([]byte, latentNS.BlockBytes()), make([]byte, latentNS.BlockBytes())}
+	got, err := cl.PutRank(ctx, latentNS, lt, lp, Rank{TPRank: 5, TPSize: 8})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("latent PutRank: %v, %v", got, err)
+	}
+	if lk := prefixhash.Keys(latentNS, lt); len(sn.puts) != 1 || sn.puts[0].Key != lk[1] || !sn.puts[0].Whole() {
+		t.Errorf("latent PutRank sent %d records; want block 1 alone, whole", len(sn.puts))
 	}
 }
