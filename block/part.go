@@ -315,3 +315,63 @@ func tpSizes(h int) string {
 	}
 	return "valid: " + strings.Join(s, ", ") + fmt.Sprintf(", or a multiple of %d", h)
 }
+
+// AppendPartRecord appends to dst the encoded record of part p of whole,
+// an encoded whole block: whole's header with the part range, payload
+// length, payload checksum and header checksum rewritten for p, followed
+// by the part's payload (ExtractPart). It is how a node serves a read of
+// one rank's slice from the block it stores. whole's header is decoded
+// and verified (DecodeHeader); its payload is taken as it is, the caller
+// having verified it when it was stored. A p that is not a valid part of
+// the block is ErrBadPart; a whole that is not a whole block, ErrCorrupt.
+// On error dst is returned unchanged.
+func AppendPartRecord(dst, whole []byte, p Part) ([]byte, error) {
+	h, err := partSource(whole, p)
+	if err != nil {
+		return dst, err
+	}
+	n := len(h.Tokens)
+	start := len(dst)
+	dst = append(dst, whole[:h.Len]...)
+	// Each run is hashed as it is copied, while it is in cache: one pass
+	// over the bytes rather than a copy and then a checksum.
+	var d xxhash.Digest
+	d.Reset()
+	payload := whole[h.Len:]
+	h.Layout.runs(n, p, func(off, m int) {
+		dst = append(dst, payload[off:off+m]...)
+		d.Write(dst[len(dst)-m:])
+	})
+	rec := dst[start:]
+	putPart(rec, p)
+	binary.LittleEndian.PutUint64(rec[80:], uint64(len(rec)-h.Len))
+	binary.LittleEndian.PutUint64(rec[88:], d.Sum64())
+	ext := int(binary.LittleEndian.Uint32(rec[FixedHeaderLen+4*n:]))
+	binary.LittleEndian.PutUint64(rec[headerSumOff:], headerSum(rec, n, ext))
+	return dst, nil
+}
+
+// PartRecordLen returns the length of the record AppendPartRecord makes of
+// part p of whole, or the error it would fail with.
+func PartRecordLen(whole []byte, p Part) (int, error) {
+	h, err := partSource(whole, p)
+	if err != nil {
+		return 0, err
+	}
+	return h.Len + h.Layout.PartLen(len(h.Tokens), p), nil
+}
+
+// partSource decodes whole's header and checks that whole is a whole
+// block of which p is a valid part.
+func partSource(whole []byte, p Part) (Header, error) {
+	h, err := DecodeHeader(whole, 0)
+	switch {
+	case err != nil:
+		return h, err
+	case !h.Whole():
+		return h, corrupt("a part record (%s) where a whole block belongs", h.Part)
+	case len(whole) != h.Len+h.PayloadLen:
+		return h, corrupt("%d bytes, header says %d", len(whole), h.Len+h.PayloadLen)
+	}
+	return h, h.Layout.CheckPart(p)
+}

@@ -278,3 +278,74 @@ func TestGoldenRecords(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendPartRecord: the record a node builds from a stored whole block
+// for a read of any rank's part is byte for byte the record that rank
+// would have written (AppendPartHeaderExt over ExtractPart), decodes as
+// that part, and PartRecordLen says its length. A bad range is ErrBadPart
+// and appends nothing; a part record is not a whole block.
+func TestAppendPartRecord(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for name, ns := range partNamespaces() {
+		lay := block.LayoutOf(ns)
+		tokens := []uint32{9, 8, 7, 6}
+		payload := randBytes(rng, ns.BlockBytes())
+		whole, _, err := block.EncodeTenant(nil, 5, ns, ns.Root(), tokens, payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tp := range []int{1, 2, 4, 8} {
+			for _, pp := range []int{1, 2} {
+				for r := range tp * pp {
+					p, err := block.RankPart(ns, r%tp, tp, r/tp, pp)
+					if err != nil {
+						t.Fatal(err)
+					}
+					prefix := []byte("kept")
+					got, err := block.AppendPartRecord(prefix, whole, p)
+					if err != nil {
+						t.Fatalf("%s %s: %v", name, p, err)
+					}
+					if string(got[:4]) != "kept" {
+						t.Fatalf("%s %s: dst's bytes overwritten", name, p)
+					}
+					rec := got[4:]
+					part := lay.ExtractPart(nil, payload, ns.BlockTokens, p)
+					want, _, err := block.AppendPartHeaderExt(nil, 5, ns, ns.RootLink(), tokens, nil, p, part)
+					if err != nil {
+						t.Fatal(err)
+					}
+					want = append(want, part...)
+					if !bytes.Equal(rec, want) {
+						t.Fatalf("%s %s: record differs from the rank's own encoding", name, p)
+					}
+					b, err := block.Decode(rec, 0)
+					if err != nil || b.Part != p || b.Whole() != (p == lay.Whole()) {
+						t.Fatalf("%s %s: decodes as %v, %v", name, p, b.Part, err)
+					}
+					if n, err := block.PartRecordLen(whole, p); err != nil || n != len(rec) {
+						t.Fatalf("%s %s: PartRecordLen %d, %v; record is %d bytes", name, p, n, err, len(rec))
+					}
+				}
+			}
+		}
+		bad := block.Part{L0: 0, L1: lay.Layers + 1, H0: 0, H1: 1}
+		if got, err := block.AppendPartRecord([]byte("x"), whole, bad); !errors.Is(err, block.ErrBadPart) || string(got) != "x" {
+			t.Fatalf("%s: bad part gave %q, %v", name, got, err)
+		}
+		if _, err := block.PartRecordLen(whole, bad); !errors.Is(err, block.ErrBadPart) {
+			t.Fatalf("%s: PartRecordLen of a bad part: %v", name, err)
+		}
+		half := block.Part{L0: 0, L1: 1, H0: 0, H1: lay.Whole().H1}
+		rec, err := block.AppendPartRecord(nil, whole, half)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := block.AppendPartRecord(nil, rec, half); !errors.Is(err, block.ErrCorrupt) {
+			t.Fatalf("%s: a part record taken as a whole block: %v", name, err)
+		}
+		if _, err := block.PartRecordLen(whole[:len(whole)-1], half); !errors.Is(err, block.ErrCorrupt) {
+			t.Fatalf("%s: a truncated block: %v", name, err)
+		}
+	}
+}

@@ -158,8 +158,8 @@ func TestClusterPutOnAHitOnC(t *testing.T) {
 	nodes := startClusterNodes(t, 3, nil)
 	a, c := nodes[0], nodes[2]
 	ctx := context.Background()
-	const blocks = 24 // 6 chunks
-	tokens, payloads := clusterPrompt(3, blocks)
+	const blocks = 24                            // 6 chunks
+	tokens, payloads := clusterPrompt(3, blocks) // key format 3: this prompt's chunks land on every node
 	keys, err := a.client.Put(ctx, clusterNS, tokens, payloads)
 	if err != nil || len(keys) != blocks {
 		t.Fatalf("Put through A: %d keys, %v", len(keys), err)

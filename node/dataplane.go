@@ -67,7 +67,33 @@ type localSink struct {
 	cluster  *atomic.Pointer[store.Cluster] // publishes; nil until the cluster started
 }
 
-var _ transfer.Publisher = localSink{}
+var (
+	_ transfer.Publisher = localSink{}
+	_ transfer.Claimer   = localSink{}
+)
+
+// Claim answers a rank's question whether a part still needs sending
+// (store.Local.Claim). A claim the store cannot answer (a bad range, an
+// error) is left ClaimWrite: the put that follows gets the verdict.
+func (s localSink) Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part, st []transfer.ClaimStatus) {
+	for i, k := range keys {
+		if ctx.Err() != nil {
+			return
+		}
+		cs, err := s.l.Claim(ctx, k, parts[i])
+		if err != nil {
+			continue
+		}
+		switch cs {
+		case store.ClaimComplete:
+			st[i] = transfer.ClaimComplete
+		case store.ClaimCovered:
+			st[i] = transfer.ClaimCovered
+		case store.ClaimClaimed:
+			st[i] = transfer.ClaimClaimed
+		}
+	}
+}
 
 // PutPublish stores the blocks as Put does, then queues those it stored for
 // the owners of their chunks (store.Cluster.Publish). When they cannot be
@@ -130,6 +156,10 @@ func (s localSink) put(ctx context.Context, keys []prefixhash.Key, vals [][]byte
 		switch err := put(ctx, v); {
 		case err == nil:
 			st[i] = transfer.StatusOK
+		case errors.Is(err, store.ErrPartConflict):
+			// A part whose bytes differ from the parts it overlaps
+			// (counted by the store).
+			st[i] = transfer.StatusConflict
 		case errors.Is(err, block.ErrCorrupt), errors.Is(err, block.ErrTooLarge), errors.Is(err, store.ErrLayout), errors.Is(err, store.ErrTenant):
 			s.refused.Add(1)
 			st[i] = transfer.StatusError
@@ -203,6 +233,9 @@ func (r reservation) Commit() error {
 		}
 	}
 	err := commit()
+	if errors.Is(err, store.ErrPartConflict) {
+		return fmt.Errorf("%w: %w", transfer.ErrConflict, err)
+	}
 	if errors.Is(err, block.ErrCorrupt) || errors.Is(err, store.ErrLayout) || errors.Is(err, store.ErrTenant) {
 		return fmt.Errorf("%w: %w", transfer.ErrCorrupt, err)
 	}

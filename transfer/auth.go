@@ -69,7 +69,7 @@ func requestScope(ctx context.Context, who auth.Principal, h *header) (context.C
 // make request h.
 func checkScope(who auth.Principal, h *header) error {
 	need := auth.Read
-	if h.typ == typePutReq || h.typ == typePublishReq || h.typ == typeShmReserveReq {
+	if h.typ == typePutReq || h.typ == typePublishReq || h.typ == typeShmReserveReq || h.typ == typeClaimReq {
 		need = auth.Write
 	}
 	if !who.Can(need) {

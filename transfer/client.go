@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -105,20 +106,29 @@ func (c *Client) Close() error {
 // MaxBatchBytes per response. The Result's values live in pooled buffers
 // until Release. On error nothing is held.
 func (c *Client) Get(ctx context.Context, keys []prefixhash.Key) (*Result, error) {
+	return c.get(ctx, keys, nil)
+}
+
+// get is Get, or GetParts when parts is not nil.
+func (c *Client) get(ctx context.Context, keys []prefixhash.Key, parts []block.Part) (*Result, error) {
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
 	r := newResult(c, len(keys))
 	err := getRounds(len(keys), c.opts.MaxItems, func(idx []int) (retry []int, err error) {
 		err = c.do(ctx, func(cc *clientConn) error {
 			var err error
-			retry, err = cc.get(ctx, c, keys, idx, r)
+			retry, err = cc.get(ctx, c, keys, parts, idx, r)
 			return err
 		})
 		return retry, err
 	})
 	if err != nil {
 		r.Release()
-		return nil, fmt.Errorf("transfer: get %d keys from %s: %w", len(keys), c.addr, err)
+		what := "keys"
+		if parts != nil {
+			what = "parts"
+		}
+		return nil, fmt.Errorf("transfer: get %d %s from %s: %w", len(keys), what, c.addr, err)
 	}
 	return r, nil
 }
@@ -391,15 +401,12 @@ func (cc *clientConn) readFrame(id uint64, want frameType, lim *Limits) (header,
 	return h, nil
 }
 
-// get sends one get request for keys[idx[i]] and reads the answer into r.
-// It returns the indices the server asked to be requested again.
-func (cc *clientConn) get(ctx context.Context, c *Client, keys []prefixhash.Key, idx []int, r *Result) ([]int, error) {
+// get sends one get request for keys[idx[i]] (a get-part request for
+// parts[idx[i]] of them, when parts is not nil) and reads the answer into
+// r. It returns the indices the server asked to be requested again.
+func (cc *clientConn) get(ctx context.Context, c *Client, keys []prefixhash.Key, parts []block.Part, idx []int, r *Result) ([]int, error) {
 	id := c.nextID.Add(1)
-	t := cc.enc.begin(typeGetReq, len(idx))
-	for i, j := range idx {
-		putKeyEntry(t, i, keys[j])
-	}
-	if _, err := cc.nc.Write(cc.enc.finish(getHeader(ctx, id, len(idx), &c.opts.Limits))); err != nil {
+	if _, err := cc.nc.Write(requestFrame(ctx, &cc.enc, id, keys, parts, idx, &c.opts.Limits)); err != nil {
 		return nil, fmt.Errorf("send request: %w", err)
 	}
 	h, err := cc.readFrame(id, typeGetResp, &c.opts.Limits)

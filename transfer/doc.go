@@ -1,6 +1,6 @@
 // Package transfer is kvmesh's data plane: it moves batches of opaque
 // (key, bytes) pairs between processes, separately from the gRPC control
-// plane. It knows nothing of blocks. The store plugs in through two small
+// plane. It knows nothing of blocks, except to serve parts of them (below). The store plugs in through two small
 // interfaces declared here: a Source, which serves values (pinned until the
 // server has sent them), and a Sink, which receives pushed values.
 //
@@ -29,6 +29,20 @@
 // arena: gets are answered with arena offsets under a lease (no copy at
 // all), and puts reserve slots there, are written by the client and
 // committed by the server (Reserver); see ShmServer.
+//
+// Parts (parts.go; issue 23): a tensor- or pipeline-parallel rank reads its
+// slice of blocks with PartPeer.GetParts (Client and ShmClient): a get-part
+// request names a head and layer range per key, and the server answers
+// with part records it builds from the whole blocks its Source holds
+// (block.AppendPartRecord: the block's header rewritten for the part, the
+// part's payload, its own checksum), releasing the blocks once built. Over
+// TCP the records are built in one pooled buffer charged to the in-flight
+// budget; over shared memory, straight into the client's region (never
+// read in place from the arena). A range that is not a part of its block is
+// StatusError for that item. PartPeer.Claim asks the Sink (a Claimer)
+// whether a part still needs sending, for ranks that write identical parts
+// (the latent layout); a put of a part whose bytes differ from what is
+// stored is answered StatusConflict.
 //
 // RDMA verbs need NICs that no machine here has. RDMADevices discovers
 // devices (rdmamap; an empty list, not an error, when there are none) so the
@@ -104,8 +118,8 @@
 // travels in the clear: use TLS wherever the network is not trusted.
 //
 // The token authenticates a principal (auth.Principal), kept for the
-// connection. Every request is checked against its scopes (a get or lookup
-// needs read, a put or publish write; else ErrAuth and the connection is
+// connection. Every request is checked against its scopes (a get, get-part
+// or lookup needs read, a put, publish or claim write; else ErrAuth and the connection is
 // dropped) and runs with the principal and an access in its context
 // (auth.WithPrincipal, auth.AccessFrom) that the Source and Sink enforce per
 // block: a tenant's connection is confined to its own tenant's blocks

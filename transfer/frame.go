@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -21,10 +23,10 @@ import (
 //	  7     1  error frames: error class (0 request, 1 authentication); else zero
 //	  8     8  request id (an answer carries its request's id)
 //	 16     4  item count
-//	 20     4  get/put/publish/lookup requests: milliseconds the requester will wait (0: no deadline); else zero
+//	 20     4  get/get-part/put/publish/lookup/reserve/claim requests: milliseconds the requester will wait (0: no deadline); else zero
 //	 24     8  payload length in bytes
-//	 32     4  get requests: most value bytes the requester takes in one answer (0: no limit); else zero
-//	 36     4  get requests: largest value the requester takes (0: no limit); else zero
+//	 32     4  get and get-part requests: most value bytes the requester takes in one answer (0: no limit); else zero
+//	 36     4  get and get-part requests: largest value the requester takes (0: no limit); else zero
 //	 40     8  scoped requests: the tenant tag the request is confined to; else zero
 //	 48     8  xxhash64 of the item table
 //	 56     8  xxhash64 of bytes [0,56)
@@ -62,6 +64,29 @@ import (
 //	                  the previous key's or one more), 4 zero bytes
 //	lookupResp  (8)   per run: how many leading keys the peer holds u32,
 //	                  4 zero bytes
+//	getPartReq  (32)  key, then the part asked for: l0 u32, l1 u32, h0 u32,
+//	                  h1 u32 (layers [l0,l1), KV heads [h0,h1); see
+//	                  block.Part)
+//	claimReq    (32)  as getPartReq (no payload)
+//	claimResp   (8)   ClaimStatus u8, 3 zero bytes, 0 u32 (no payload)
+//
+// A getPartReq is a getReq for parts of blocks (issue 23: a tensor- or
+// pipeline-parallel rank reads its slice): the server takes each whole
+// block from its Source and answers, with a getResp (TCP) or a shmGetResp
+// (shared memory: copied into the client's region, never read in place),
+// the part record of the asked range that it builds from it
+// (block.AppendPartRecord: the block's header rewritten for the part, the
+// part's payload, its own checksums). A range that is not a valid part of
+// the block is answered StatusError for that item, and the connection
+// serves on. Its header fields are a getReq's (deadline, requester limits,
+// which apply to the part records, scope).
+//
+// A claimReq asks, per item, whether a part of a block still needs to be
+// sent (the latent layout's replicated parts: one rank writes, the others
+// see it covered): the server asks its Sink (a Claimer; one that is not is
+// answered with an error frame) and answers a claimResp whose statuses are
+// ClaimWrite (send it: the asker now holds a claim on the range),
+// ClaimComplete, ClaimCovered or ClaimClaimed. It needs the write scope.
 //
 // A publishReq is a putReq from a client that produced the blocks: the
 // server stores them as it stores a put's and then queues each stored block
@@ -109,6 +134,8 @@ const (
 	reserveEntry = 3*prefixhash.KeySize + 8
 	helloEntry   = 32
 	tokenEntry   = 1
+	partEntry    = prefixhash.KeySize + 16
+	claimEntry   = 8
 )
 
 type frameType uint8
@@ -129,6 +156,9 @@ const (
 	typePublishReq
 	typeShmReserveReq
 	typeShmCommitReq
+	typeGetPartReq
+	typeClaimReq
+	typeClaimResp
 )
 
 // flagScoped marks a request confined to one tenant's blocks; flagArena, a
@@ -143,7 +173,7 @@ const (
 // blocks, and so may be scoped to a tenant.
 func (t frameType) isRequest() bool {
 	switch t {
-	case typeGetReq, typePutReq, typePublishReq, typeLookupReq, typeShmReserveReq:
+	case typeGetReq, typePutReq, typePublishReq, typeLookupReq, typeShmReserveReq, typeGetPartReq, typeClaimReq:
 		return true
 	}
 	return false
@@ -187,6 +217,12 @@ func (t frameType) String() string {
 		return "shm reserve request"
 	case typeShmCommitReq:
 		return "shm commit request"
+	case typeGetPartReq:
+		return "get part request"
+	case typeClaimReq:
+		return "claim request"
+	case typeClaimResp:
+		return "claim response"
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }
@@ -219,6 +255,10 @@ func (t frameType) entryLen() int {
 		return countEntry
 	case typeHello:
 		return tokenEntry
+	case typeGetPartReq, typeClaimReq:
+		return partEntry
+	case typeClaimResp:
+		return claimEntry
 	}
 	return -1
 }
@@ -318,9 +358,9 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 		return h, corrupt("%s frame with a tenant tag but no scope", h.typ)
 	case h.typ != typeError && h.class != 0:
 		return h, corrupt("%s frame with an error class", h.typ)
-	case h.typ != typeGetReq && (maxBatch != 0 || h.maxValue != 0):
+	case h.typ != typeGetReq && h.typ != typeGetPartReq && (maxBatch != 0 || h.maxValue != 0):
 		return h, corrupt("%s frame with requester limits", h.typ)
-	case h.typ != typeGetReq && h.typ != typePutReq && h.typ != typePublishReq && h.typ != typeLookupReq && h.typ != typeShmReserveReq && h.timeout != 0:
+	case !h.typ.isRequest() && h.timeout != 0:
 		return h, corrupt("%s frame with a timeout", h.typ)
 	}
 	h.maxBatch = int(min(maxBatch, maxBatchLimit))
@@ -512,9 +552,12 @@ func parseGetResp(table []byte, h *header, lim *Limits, st []Status, lens []int)
 func parsePutResp(table []byte, st []Status) error {
 	for i := range st {
 		e := table[i*getRespEntry:]
-		s, err := parseStatus(e[0], false)
-		if err != nil {
-			return err
+		s := StatusConflict // a put's answer only
+		if Status(e[0]) != StatusConflict {
+			var err error
+			if s, err = parseStatus(e[0], false); err != nil {
+				return err
+			}
 		}
 		if e[1]|e[2]|e[3]|e[4]|e[5]|e[6]|e[7] != 0 {
 			return corrupt("put status %d has non-zero reserved bytes", i)
@@ -681,4 +724,62 @@ func parseHello(t []byte) (hello, error) {
 func helloFrame(enc *encoder, token string) []byte {
 	copy(enc.begin(typeHello, len(token)), token)
 	return enc.finish(header{typ: typeHello, count: len(token)})
+}
+
+func putPartEntry(t []byte, i int, k prefixhash.Key, p block.Part) {
+	e := t[i*partEntry:]
+	copy(e, k[:])
+	e = e[prefixhash.KeySize:]
+	binary.LittleEndian.PutUint32(e[0:], uint32(p.L0))
+	binary.LittleEndian.PutUint32(e[4:], uint32(p.L1))
+	binary.LittleEndian.PutUint32(e[8:], uint32(p.H0))
+	binary.LittleEndian.PutUint32(e[12:], uint32(p.H1))
+}
+
+// parsePartReq decodes a getPartReq or claimReq table into keys and parts.
+// Any u32 is a part here; whether it is a valid part of its block is the
+// server's check, item by item.
+func parsePartReq(table []byte, keys []prefixhash.Key, parts []block.Part) {
+	for i := range keys {
+		e := table[i*partEntry:]
+		copy(keys[i][:], e)
+		e = e[prefixhash.KeySize:]
+		parts[i] = block.Part{
+			L0: int(binary.LittleEndian.Uint32(e[0:])), L1: int(binary.LittleEndian.Uint32(e[4:])),
+			H0: int(binary.LittleEndian.Uint32(e[8:])), H1: int(binary.LittleEndian.Uint32(e[12:])),
+		}
+	}
+}
+
+// checkParts checks, before anything is sent, that parts has one range
+// per key and that each fits the wire's u32 fields.
+func checkParts(keys []prefixhash.Key, parts []block.Part) error {
+	if len(parts) != len(keys) {
+		return fmt.Errorf("transfer: %d keys and %d parts", len(keys), len(parts))
+	}
+	for i, p := range parts {
+		for _, v := range [4]int{p.L0, p.L1, p.H0, p.H1} {
+			if v < 0 || uint64(v) > 1<<32-1 {
+				return fmt.Errorf("transfer: part %d (%s) does not fit the wire: %w", i, p, block.ErrBadPart)
+			}
+		}
+	}
+	return nil
+}
+
+func putClaimEntry(t []byte, i int, st ClaimStatus) { t[i*claimEntry] = byte(st) }
+
+// parseClaimResp decodes a claimResp table into st.
+func parseClaimResp(table []byte, st []ClaimStatus) error {
+	for i := range st {
+		e := table[i*claimEntry:]
+		if e[0] > byte(ClaimClaimed) {
+			return corrupt("claim status %d of item %d", e[0], i)
+		}
+		if e[1]|e[2]|e[3]|e[4]|e[5]|e[6]|e[7] != 0 {
+			return corrupt("claim status %d has non-zero reserved bytes", i)
+		}
+		st[i] = ClaimStatus(e[0])
+	}
+	return nil
 }

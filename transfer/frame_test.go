@@ -6,6 +6,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -31,6 +32,9 @@ func TestHeaderRoundTrip(t *testing.T) {
 		{typ: typeHello, count: MaxTokenLen},
 		{typ: typeHello},
 		{typ: typeHelloAck, id: 3},
+		{typ: typeGetPartReq, id: 4, count: 2, timeout: 30, maxBatch: 1 << 20, maxValue: 4096, scoped: true, tag: 7},
+		{typ: typeClaimReq, id: 5, count: 3, timeout: 30},
+		{typ: typeClaimResp, id: 5, count: 3},
 	} {
 		var b [headerLen]byte
 		h.tableSum = 0x1234
@@ -65,6 +69,12 @@ func TestHeaderRejects(t *testing.T) {
 		{"token over MaxTokenLen", header{typ: typeHello, count: MaxTokenLen + 1}, ErrLimit},
 		{"payload on a hello", header{typ: typeHello, count: 1, payload: 64}, ErrCorrupt},
 		{"items in a hello ack", header{typ: typeHelloAck, count: 1}, ErrCorrupt},
+		{"payload on a get-part request", header{typ: typeGetPartReq, count: 1, payload: 64}, ErrCorrupt},
+		{"too many parts", header{typ: typeGetPartReq, count: 11}, ErrLimit},
+		{"payload on a claim", header{typ: typeClaimReq, count: 1, payload: 64}, ErrCorrupt},
+		{"limits on a claim", header{typ: typeClaimReq, maxValue: 1}, ErrCorrupt},
+		{"timeout on a claim answer", header{typ: typeClaimResp, timeout: 1}, ErrCorrupt},
+		{"scope on a claim answer", header{typ: typeClaimResp, scoped: true}, ErrCorrupt},
 	} {
 		var b [headerLen]byte
 		putHeader(b[:], &tc.h)
@@ -164,6 +174,22 @@ func FuzzTable(f *testing.F) {
 	t = enc.begin(typeShmHello, 1)
 	putHello(t, hello{regionSize: 1 << 20, maxPending: 8, limits: defaultLimits()})
 	f.Add(uint8(typeShmHello), 0, bytes.Clone(t))
+	t = enc.begin(typeGetPartReq, 2)
+	putPartEntry(t, 0, testKey(1), block.Part{L0: 0, L1: 4, H0: 2, H1: 4})
+	putPartEntry(t, 1, testKey(2), block.Part{L0: 1<<32 - 1, L1: 0, H0: 5, H1: 1})
+	f.Add(uint8(typeGetPartReq), 0, bytes.Clone(t))
+	t = enc.begin(typeClaimReq, 1)
+	putPartEntry(t, 0, testKey(1), block.Part{L0: 0, L1: 61, H0: 0, H1: 1})
+	f.Add(uint8(typeClaimReq), 0, bytes.Clone(t))
+	t = enc.begin(typeClaimResp, 4)
+	for i, s := range []ClaimStatus{ClaimWrite, ClaimComplete, ClaimCovered, ClaimClaimed} {
+		putClaimEntry(t, i, s)
+	}
+	f.Add(uint8(typeClaimResp), 0, bytes.Clone(t))
+	t = enc.begin(typePutResp, 2)
+	putStatusEntry(t, 0, StatusConflict, 0)
+	putStatusEntry(t, 1, StatusOK, 0)
+	f.Add(uint8(typePutResp), 0, bytes.Clone(t))
 	f.Add(uint8(typeHello), 0, []byte("s3cret"))
 	f.Add(uint8(typeHello), 0, []byte{})
 	tokens, err := auth.NewTokens("s3cret")
@@ -206,6 +232,9 @@ func FuzzTable(f *testing.F) {
 				return
 			}
 			for i := range st {
+				if st[i] > StatusConflict || st[i] == statusRetry {
+					t.Fatalf("item %d: accepted put status %d", i, st[i])
+				}
 				putStatusEntry(out, i, st[i], 0)
 			}
 		case typePutReq:
@@ -262,6 +291,23 @@ func FuzzTable(f *testing.F) {
 			parseKeys(table, keys)
 			for i, k := range keys {
 				putKeyEntry(out, i, k)
+			}
+		case typeGetPartReq, typeClaimReq:
+			keys, parts := make([]prefixhash.Key, n), make([]block.Part, n)
+			parsePartReq(table, keys, parts)
+			for i := range keys {
+				putPartEntry(out, i, keys[i], parts[i])
+			}
+		case typeClaimResp:
+			st := make([]ClaimStatus, n)
+			if parseClaimResp(table, st) != nil {
+				return
+			}
+			for i, s := range st {
+				if s > ClaimClaimed {
+					t.Fatalf("item %d: accepted claim status %d", i, s)
+				}
+				putClaimEntry(out, i, s)
 			}
 		case typeHello:
 			if len(table) > MaxTokenLen {

@@ -42,8 +42,9 @@ type Reservation interface {
 	Buf() []byte
 	// Commit verifies and stores what Buf holds, visible all at once, or
 	// fails and frees the room. An error wrapping ErrCorrupt or ErrLimit
-	// is the value's fault (StatusError); any other leaves it unstored
-	// (StatusMiss).
+	// is the value's fault (StatusError); one wrapping ErrConflict, a
+	// part refused for its overlap (StatusConflict); any other leaves it
+	// unstored (StatusMiss).
 	Commit() error
 	// Abort frees the room; it does nothing after Commit.
 	Abort()

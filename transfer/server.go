@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -260,6 +261,7 @@ type scratch struct {
 	vals   [][]byte
 	st     []Status
 	lens   []int
+	parts  []block.Part // get-part and claim requests
 }
 
 func (sc *scratch) size(n int) {
@@ -280,15 +282,15 @@ const (
 
 // trim drops slices grown past keepItems.
 func (sc *scratch) trim() {
-	if cap(sc.keys) > keepItems || cap(sc.chunks) > keepItems || cap(sc.vals) > keepItems || cap(sc.lens) > keepItems {
+	if cap(sc.keys) > keepItems || cap(sc.chunks) > keepItems || cap(sc.vals) > keepItems || cap(sc.lens) > keepItems || cap(sc.parts) > keepItems {
 		*sc = scratch{}
 	}
 }
 
 // itemCost is what serving a request costs the server per key or item,
 // beside its item table: the scratch slices (a key, a chunk key, a value
-// slice, a status, a length) and an entry of the answer's table.
-const itemCost = 2*prefixhash.KeySize + 24 + 1 + 8 + getRespEntry
+// slice, a status, a length, a part) and an entry of the answer's table.
+const itemCost = 2*prefixhash.KeySize + 24 + 1 + 8 + 32 + getRespEntry
 
 // requestCost is the memory a request of header h is charged once its table
 // has arrived: the table, the scratch and the answer's table. A put's
@@ -374,7 +376,7 @@ type connBufs struct {
 func (b *connBufs) big() bool {
 	s := &b.scratch
 	return cap(b.table) > keepBytes || cap(b.enc.b) > keepBytes || cap(b.bufs) > keepItems ||
-		cap(s.keys) > keepItems || cap(s.chunks) > keepItems || cap(s.vals) > keepItems || cap(s.lens) > keepItems
+		cap(s.keys) > keepItems || cap(s.chunks) > keepItems || cap(s.vals) > keepItems || cap(s.lens) > keepItems || cap(s.parts) > keepItems
 }
 
 // bigBufs holds the buffers of large requests between them, shared by all
@@ -557,8 +559,14 @@ func (sc *serverConn) serve() error {
 		ctx = confine(ctx, sc.who, &h)
 	}
 	switch h.typ {
-	case typeGetReq:
+	case typeGetReq, typeGetPartReq:
 		err = sc.get(ctx, &h)
+	case typeClaimReq:
+		var frame []byte
+		frame, err = serveClaim(ctx, &h, sc.table, s.sink, &sc.scratch, &sc.enc)
+		if err == nil {
+			_, err = sc.nc.Write(frame)
+		}
 	case typePutReq, typePublishReq:
 		var frame []byte
 		frame, err = servePut(ctx, &pr, &h, sc.table, &s.opts.Limits, s.inflight, s.sink, &sc.scratch, &sc.enc, &s.stats)
@@ -612,42 +620,94 @@ func sendError(nc net.Conn, id uint64, err error) error {
 // get answers a get request: values are acquired from the Source and written
 // from its memory, after the header and table, by one vectored write
 // (writev); nothing is copied into a frame buffer. When the values exceed
-// MaxBatchBytes, the excess is marked for the client to ask again.
+// MaxBatchBytes, the excess is marked for the client to ask again. A
+// get-part request is answered the same way with the part records built,
+// in one pooled buffer charged to the in-flight budget, from the whole
+// blocks, which are released as soon as the records are built (a whole
+// range is sent as stored, as a get's value is).
 func (sc *serverConn) get(ctx context.Context, h *header) error {
 	s := sc.s
 	n := h.count
 	sc.size(n)
-	parseKeys(sc.table, sc.keys)
-	release := s.src.Acquire(ctx, sc.keys, sc.vals, sc.st)
-	if release != nil {
-		defer release()
+	var parts []block.Part
+	if h.typ == typeGetPartReq {
+		sc.parts = grow(sc.parts, n)
+		parts = sc.parts
+		parsePartReq(sc.table, sc.keys, parts)
+	} else {
+		parseKeys(sc.table, sc.keys)
 	}
+	release := s.src.Acquire(ctx, sc.keys, sc.vals, sc.st)
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
+	sizeValues(sc.vals, sc.st, parts, sc.lens)
 	maxValue, maxBatch := answerLimits(h, &s.opts.Limits)
 	t := sc.enc.begin(typeGetResp, n)
-	bufs := append(sc.bufs[:0], nil)
 	total, sent := 0, false
 	for i := range n {
-		st, v := sc.st[i], sc.vals[i]
+		st, size := sc.st[i], sc.lens[i]
 		switch {
 		case st != StatusOK:
 			if st != StatusMiss {
 				st = StatusError
 			}
-		case len(v) > maxValue:
+		case size > maxValue:
 			st = StatusError
-		case sent && total+alignUp(len(v)) > maxBatch:
+		case sent && total+alignUp(size) > maxBatch:
 			st = statusRetry
 		default:
-			total += alignUp(len(v))
+			total += alignUp(size)
 			sent = true
-			bufs = appendValues(bufs, sc.vals[i:i+1])
-			putStatusEntry(t, i, st, len(v))
+			putStatusEntry(t, i, st, size)
 			s.stats.hits.Add(1)
 			continue
 		}
+		sc.st[i] = st
 		putStatusEntry(t, i, st, 0)
 		if st != statusRetry {
 			s.stats.misses.Add(1)
+		}
+	}
+	if parts != nil {
+		built := 0 // bytes of the records to build: all but the whole ranges
+		for i := range n {
+			if sc.st[i] == StatusOK && !asStored(sc.lens[i], sc.vals[i]) {
+				built += alignUp(sc.lens[i])
+			}
+		}
+		if built > 0 {
+			held, err := reserve(ctx, s.inflight, int64(built))
+			if err != nil {
+				return err
+			}
+			defer s.inflight.release(held)
+			buf := getBuffer(built)
+			defer putBuffer(buf)
+			off := 0
+			for i := range n {
+				if sc.st[i] != StatusOK || asStored(sc.lens[i], sc.vals[i]) {
+					continue
+				}
+				rec := buf.b[off : off+sc.lens[i] : off+sc.lens[i]]
+				if err := putRecord(rec, sc.vals[i], parts[i]); err != nil {
+					return err
+				}
+				sc.vals[i] = rec
+				off += alignUp(sc.lens[i])
+			}
+		}
+		if built == total && release != nil {
+			release() // every value sent is a record built here
+			release = nil
+		}
+	}
+	bufs := append(sc.bufs[:0], nil)
+	for i := range n {
+		if sc.st[i] == StatusOK {
+			bufs = appendValues(bufs, sc.vals[i:i+1])
 		}
 	}
 	bufs[0] = sc.enc.finish(header{typ: typeGetResp, id: h.id, count: n, payload: total})
@@ -748,7 +808,7 @@ func servePut(ctx context.Context, pr *payloadReader, h *header, table []byte, l
 	}
 	t := enc.begin(typePutResp, n)
 	for i, st := range sc.st[:n] {
-		if st > StatusError {
+		if st > StatusError && st != StatusConflict {
 			st = StatusError
 		}
 		putStatusEntry(t, i, st, 0)

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -322,7 +323,7 @@ func (c *ShmClient) readFrames() error {
 		}
 		rep := shmReply{h: h, table: table}
 		switch h.typ {
-		case typeShmGetResp, typePutResp:
+		case typeShmGetResp, typePutResp, typeClaimResp:
 		case typeError:
 			rep.err = remoteError(br, &h)
 			if h.id == 0 {
@@ -421,6 +422,46 @@ func (c *ShmClient) roundTrip(ctx context.Context, fill func(id uint64) net.Buff
 // valid until Release (which also gives the space back to the server), even
 // if the client or server closes meanwhile. On error nothing is held.
 func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, error) {
+	return c.get(ctx, keys, nil)
+}
+
+// GetParts is Client.GetParts through the shared region: the server builds
+// each part record straight into it.
+func (c *ShmClient) GetParts(ctx context.Context, keys []prefixhash.Key, parts []block.Part) (*Result, error) {
+	if err := checkParts(keys, parts); err != nil {
+		return nil, err
+	}
+	return c.get(ctx, keys, parts)
+}
+
+// Claim is Client.Claim through the unix socket.
+func (c *ShmClient) Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part) ([]ClaimStatus, error) {
+	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
+	defer cancel()
+	st, err := claimRounds(keys, parts, c.opts.MaxItems, func(idx []int, st []ClaimStatus) error {
+		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
+			c.bufs = append(c.bufs[:0], partFrame(ctx, &c.enc, typeClaimReq, id, keys, parts, idx, &c.opts.Limits))
+			return c.bufs
+		})
+		if err != nil {
+			return err
+		}
+		if rep.h.typ != typeClaimResp || rep.h.count != len(idx) {
+			return corrupt("got %s of %d items for %d claims", rep.h.typ, rep.h.count, len(idx))
+		}
+		return parseClaimResp(rep.table, st)
+	})
+	if err != nil {
+		if errors.Is(err, ErrCorrupt) {
+			c.uc.Close()
+		}
+		return nil, fmt.Errorf("transfer: shm claim %d parts: %w", len(keys), err)
+	}
+	return st, nil
+}
+
+// get is Get, or GetParts when parts is not nil.
+func (c *ShmClient) get(ctx context.Context, keys []prefixhash.Key, parts []block.Part) (*Result, error) {
 	c.mu.Lock()
 	if c.mu.closed {
 		c.mu.Unlock()
@@ -436,11 +477,7 @@ func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, er
 	var offs []uint64
 	err := getRounds(len(keys), c.opts.MaxItems, func(idx []int) ([]int, error) {
 		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
-			t := c.enc.begin(typeGetReq, len(idx))
-			for i, j := range idx {
-				putKeyEntry(t, i, keys[j])
-			}
-			c.bufs = append(c.bufs[:0], c.enc.finish(getHeader(ctx, id, len(idx), &c.opts.Limits)))
+			c.bufs = append(c.bufs[:0], requestFrame(ctx, &c.enc, id, keys, parts, idx, &c.opts.Limits))
 			return c.bufs
 		})
 		if err != nil {
@@ -468,7 +505,11 @@ func (c *ShmClient) Get(ctx context.Context, keys []prefixhash.Key) (*Result, er
 		if errors.Is(err, ErrCorrupt) {
 			c.uc.Close()
 		}
-		return nil, fmt.Errorf("transfer: shm get %d keys: %w", len(keys), err)
+		what := "keys"
+		if parts != nil {
+			what = "parts"
+		}
+		return nil, fmt.Errorf("transfer: shm get %d %s: %w", len(keys), what, err)
 	}
 	return r, nil
 }

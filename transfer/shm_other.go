@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -54,6 +55,16 @@ func (*ShmClient) Put(context.Context, []prefixhash.Key, [][]byte) ([]Status, er
 
 // PutPublish returns ErrUnsupported.
 func (*ShmClient) PutPublish(context.Context, []prefixhash.Key, []prefixhash.Key, [][]byte, [][]byte) ([]Status, error) {
+	return nil, ErrUnsupported
+}
+
+// GetParts returns ErrUnsupported.
+func (*ShmClient) GetParts(context.Context, []prefixhash.Key, []block.Part) (*Result, error) {
+	return nil, ErrUnsupported
+}
+
+// Claim returns ErrUnsupported.
+func (*ShmClient) Claim(context.Context, []prefixhash.Key, []block.Part) ([]ClaimStatus, error) {
 	return nil, ErrUnsupported
 }
 

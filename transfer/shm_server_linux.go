@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -242,8 +243,9 @@ type reserved struct {
 }
 
 type shmWork struct {
-	h    header
-	keys []prefixhash.Key
+	h     header
+	keys  []prefixhash.Key
+	parts []block.Part // a get-part request's; nil for a get
 }
 
 // newShmConn creates the client's region and sends it, with the hello
@@ -412,15 +414,20 @@ func (c *shmConn) readLoop(work chan<- shmWork) error {
 			return c.sendError(h.id, err)
 		}
 		switch h.typ {
-		case typeGetReq:
+		case typeGetReq, typeGetPartReq:
 			if _, err := requestScope(c.ctx, c.who, &h); err != nil {
 				s.stats.unauthorized.Add(1)
 				return c.sendError(h.id, err)
 			}
-			keys := make([]prefixhash.Key, h.count)
-			parseKeys(table, keys)
+			w := shmWork{h: h, keys: make([]prefixhash.Key, h.count)}
+			if h.typ == typeGetPartReq {
+				w.parts = make([]block.Part, h.count)
+				parsePartReq(table, w.keys, w.parts)
+			} else {
+				parseKeys(table, w.keys)
+			}
 			select {
-			case work <- shmWork{h: h, keys: keys}:
+			case work <- w:
 			default:
 				return c.sendError(h.id, fmt.Errorf("%w: more than MaxPending (%d) requests queued", ErrLimit, s.opts.MaxPending))
 			}
@@ -445,6 +452,24 @@ func (c *shmConn) readLoop(work chan<- shmWork) error {
 			var id [1]uint64
 			parseIDs(table, id[:])
 			if err := c.commit(h.id, id[0]); err != nil {
+				return err
+			}
+			s.stats.requests.Add(1)
+		case typeClaimReq:
+			ctx, cancel := requestDeadline(c.ctx, &h, s.opts.RequestTimeout)
+			ctx, err := requestScope(ctx, c.who, &h)
+			if err != nil {
+				cancel()
+				s.stats.unauthorized.Add(1)
+				return c.sendError(h.id, err)
+			}
+			frame, err := serveClaim(ctx, &h, table, s.sink, &sc, &enc)
+			cancel()
+			sc.trim()
+			if err != nil {
+				return c.sendError(h.id, err)
+			}
+			if err := c.write(frame); err != nil {
 				return err
 			}
 			s.stats.requests.Add(1)
@@ -662,7 +687,10 @@ func (c *shmConn) commit(id, rid uint64) error {
 		n++
 		size := len(res.Buf())
 		if err := res.Commit(); err != nil {
-			if errors.Is(err, ErrCorrupt) || errors.Is(err, ErrLimit) {
+			switch {
+			case errors.Is(err, ErrConflict):
+				st[i] = StatusConflict
+			case errors.Is(err, ErrCorrupt) || errors.Is(err, ErrLimit):
 				st[i] = StatusError
 			}
 			continue
@@ -701,7 +729,9 @@ func (c *shmConn) alloc(ctx context.Context, n int, wait bool) (int64, bool) {
 // get answers one get request: found values are copied into the region.
 // A request waits for space only while none of its values is placed, so
 // two requests never wait on each other's space; once one is placed, the
-// values that do not fit are marked for the client to ask again.
+// values that do not fit are marked for the client to ask again. A
+// get-part request's records are built straight into the region from the
+// whole blocks; a whole range is the stored block, answered as a get's.
 func (c *shmConn) get(w shmWork) {
 	s := c.s
 	ctx, cancel := requestDeadline(c.ctx, &w.h, s.opts.RequestTimeout)
@@ -710,6 +740,8 @@ func (c *shmConn) get(w shmWork) {
 	n := len(w.keys)
 	vals, st := make([][]byte, n), make([]Status, n)
 	release := s.src.Acquire(ctx, w.keys, vals, st)
+	lens := make([]int, n)
+	sizeValues(vals, st, w.parts, lens)
 	maxValue, _ := answerLimits(&w.h, &s.opts.Limits)
 	var enc encoder
 	t := enc.begin(typeShmGetResp, n)
@@ -717,8 +749,9 @@ func (c *shmConn) get(w shmWork) {
 	var placed int64
 	full, leased := false, false
 	for i := range n {
-		v := vals[i]
-		if st[i] == StatusOK && len(v) <= maxValue {
+		v, size := vals[i], lens[i]
+		stored := w.parts == nil || asStored(size, v)
+		if st[i] == StatusOK && size <= maxValue && stored {
 			if off, ok := c.inArena(v); ok {
 				putShmEntry(t, i, StatusOK, len(v), arenaOff(off))
 				leased = true
@@ -732,12 +765,12 @@ func (c *shmConn) get(w shmWork) {
 			if st[i] != StatusMiss {
 				st[i] = StatusError
 			}
-		case len(v) > maxValue || int64(len(v)) > s.opts.RegionSize:
+		case size > maxValue || int64(size) > s.opts.RegionSize:
 			st[i] = StatusError
 		case full:
 			st[i] = statusRetry
 		default:
-			off, ok := c.alloc(ctx, len(v), len(held) == 0 && !leased)
+			off, ok := c.alloc(ctx, size, len(held) == 0 && !leased)
 			if !ok {
 				if len(held) == 0 && !leased {
 					// Waited the whole deadline and placed nothing.
@@ -752,12 +785,21 @@ func (c *shmConn) get(w shmWork) {
 				st[i] = statusRetry
 				break
 			}
-			copy(c.mem[off:off+int64(len(v))], v)
-			if len(v) > 0 {
-				held = append(held, extent{off, int64(len(v))})
-				placed += alignExtent(int64(len(v)))
+			dst := c.mem[off : off+int64(size) : off+int64(size)]
+			if stored {
+				copy(dst, v)
+			} else if err := putRecord(dst, v, w.parts[i]); err != nil {
+				c.mu.Lock()
+				c.mu.arena.release(off, int64(size))
+				c.mu.Unlock()
+				st[i] = StatusError
+				break
 			}
-			putShmEntry(t, i, StatusOK, len(v), off)
+			if size > 0 {
+				held = append(held, extent{off, int64(size)})
+				placed += alignExtent(int64(size))
+			}
+			putShmEntry(t, i, StatusOK, size, off)
 			s.stats.hits.Add(1)
 			continue
 		}

@@ -34,6 +34,10 @@ var (
 	// ErrUnsupported means this build or this host cannot do what was
 	// asked (shared memory off Linux, puts to a server without a Sink).
 	ErrUnsupported = errors.New("transfer: unsupported")
+	// ErrConflict is what a Reservation's Commit wraps when its value is a
+	// part whose bytes differ from stored parts it overlaps: answered
+	// StatusConflict.
+	ErrConflict = errors.New("transfer: part conflicts with the stored part it overlaps")
 )
 
 // Status is the outcome of one item of a batch.
@@ -65,6 +69,8 @@ func (s Status) String() string {
 		return "error"
 	case statusRetry:
 		return "retry"
+	case StatusConflict:
+		return "conflict"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }
@@ -85,7 +91,8 @@ type Source interface {
 // Sink receives pushed values. The store implements it.
 type Sink interface {
 	// Put stores vals[i] under keys[i] and sets st[i] (StatusOK when
-	// stored, StatusMiss when dropped, StatusError on failure; st arrives
+	// stored, StatusMiss when dropped, StatusError on failure,
+	// StatusConflict for a part refused for its overlap; st arrives
 	// zeroed). vals alias a receive buffer that is reused after Put
 	// returns: a sink that keeps a value copies it. Values are unverified
 	// bytes from the network; the sink verifies them (block.Decode) before

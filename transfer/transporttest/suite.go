@@ -1,7 +1,8 @@
 // Package transporttest is the conformance suite every data-plane
 // transport passes (memberlist's transport tests): put, get and miss
 // through transfer.Transport and transfer.Peer, concurrent Get/Release and
-// Put storms, and a closed peer. The TCP and shared-memory transports run
+// Put storms, a closed peer, and, through transfer.PartPeer, part reads at
+// every TP and PP slice, bad ranges, claims and conflicting parts. The TCP and shared-memory transports run
 // it from transfer's tests, so a behaviour one of them gets wrong fails the
 // same test the other passes.
 //
@@ -43,6 +44,9 @@ func Run(t *testing.T, h Harness) {
 	t.Run("PutGet", func(t *testing.T) { putGet(t, h) })
 	t.Run("Storm", func(t *testing.T) { storm(t, h) })
 	t.Run("ClosedPeer", func(t *testing.T) { closedPeer(t, h) })
+	t.Run("PartReads", func(t *testing.T) { partReads(t, h) })
+	t.Run("BadParts", func(t *testing.T) { badParts(t, h) })
+	t.Run("Claims", func(t *testing.T) { claims(t, h) })
 }
 
 // sizes are the values the suite moves: empty, small, and over the 64 KiB
