@@ -12,6 +12,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+	"github.com/kvmesh/kvmesh/store"
 )
 
 // adminService implements kvmesh.v1.AdminService.
@@ -121,6 +122,35 @@ func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoReq
 	}
 	//lint:ignore SA1019 key format 2 clients read the layer range: [0, layers)
 	resp.LayerEnd = resp.Layers
+	return resp, nil
+}
+
+// partialLister is the Cache of a node that assembles blocks from parts.
+type partialLister interface {
+	Partials(a auth.Access) []store.PartialInfo
+}
+
+// Partials lists the node's incomplete blocks, oldest first.
+func (s *adminService) Partials(ctx context.Context, req *kvmeshv1.PartialsRequest) (*kvmeshv1.PartialsResponse, error) {
+	pl, ok := s.n.cache.(partialLister)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "this node's cache does not assemble parts")
+	}
+	ps := pl.Partials(auth.AccessFrom(ctx))
+	limit := int(req.GetLimit())
+	if limit <= 0 || limit > 1000 {
+		limit = 1000
+	}
+	resp := &kvmeshv1.PartialsResponse{Total: uint32(len(ps))}
+	for _, p := range ps[:min(limit, len(ps))] {
+		b := &kvmeshv1.PartialBlock{Key: keyBytes(p.Key), NamespaceDigest: p.Namespace, Tokens: uint32(p.Tokens),
+			Layers: uint32(p.Layers), Heads: uint32(p.Heads), Covered: uint32(p.Covered),
+			AgeSeconds: p.Age.Seconds(), Bytes: uint64(p.Bytes)}
+		for _, r := range p.Parts {
+			b.Parts = append(b.Parts, &kvmeshv1.PartRange{L0: uint32(r.L0), L1: uint32(r.L1), H0: uint32(r.H0), H1: uint32(r.H1)})
+		}
+		resp.Blocks = append(resp.Blocks, b)
+	}
 	return resp, nil
 }
 

@@ -146,4 +146,19 @@ type CacheStats struct {
 	// read (counted in Misses too).
 	QuotaRefused, CorruptDrops int64
 	Namespaces                 []NamespaceStats
+	// Parts are the counters of blocks assembled from the parts of
+	// parallel ranks (store.Stats' Part fields).
+	Parts PartStats
+}
+
+// PartStats counts the parts of blocks put by parallel ranks: incomplete
+// blocks open and their bytes, parts stored, blocks completed, parts
+// refused as conflicting, incomplete blocks expired and dropped for room,
+// and claims answered by store.ClaimStatus (write, complete, covered,
+// claimed).
+type PartStats struct {
+	Open                                           int64
+	Bytes                                          int64
+	Stored, Completed, Conflicts, Expired, Dropped int64
+	Claims                                         [4]int64
 }

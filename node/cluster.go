@@ -350,6 +350,18 @@ func (c *clusterCache) Info(a auth.Access, key prefixhash.Key) (BlockInfo, bool)
 	return BlockInfo{Tier: i.Tier, Size: i.Size}, ok
 }
 
+// Partials lists the incomplete blocks a request with access a may see.
+func (c *clusterCache) Partials(a auth.Access) []store.PartialInfo {
+	ps := c.local.Partials()
+	out := ps[:0]
+	for _, p := range ps {
+		if a.Allows(p.Tenant) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 func (c *clusterCache) DropNamespace(digest uint64) (int, error) {
 	n, err := c.local.DropNamespace(digest)
 	return n, cacheError(err)

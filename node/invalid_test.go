@@ -1,5 +1,7 @@
 package node
 
+//lint:file-ignore SA1019 the deprecated key format 2 namespace fields are set on purpose: the node must refuse or translate them
+
 import (
 	"context"
 	"io"

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 
+	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -257,6 +258,7 @@ type cacheCollector struct {
 	tierBlocks, tierBytes, tierCapacity                    *prometheus.Desc
 	namespaceBlocks, namespaceBytes, namespaceTokensCached *prometheus.Desc
 	namespaceTierBytes, namespaceQuota, namespaces         *prometheus.Desc
+	partials, partialBytes, parts, partialsEnded, claims   *prometheus.Desc
 }
 
 func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) *cacheCollector {
@@ -275,6 +277,11 @@ func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) 
 		promotions:            d("kvmesh_cache_promotions_total", "Blocks moved one tier up on a hit."),
 		quotaRefused:          d("kvmesh_cache_quota_refused_total", "Writes refused because their namespace had no room within its quota (answered ResourceExhausted)."),
 		corruptDrops:          d("kvmesh_cache_corrupt_drops_total", "Blocks dropped because they failed verification when read (corrupt or torn on disk); each read of one is a miss."),
+		partials:              d("kvmesh_cache_partials", "Incomplete blocks: some parts put by parallel ranks, not all; not served, dropped first for room."),
+		partialBytes:          d("kvmesh_cache_partial_bytes", "DRAM bytes held by incomplete blocks (each the size of its whole block)."),
+		parts:                 d("kvmesh_cache_parts_total", "Parts of blocks put by parallel ranks, by result: stored, conflict (overlapping stored cells with other bytes, refused), completed (counts blocks the parts completed).", "result"),
+		partialsEnded:         d("kvmesh_cache_partials_dropped_total", "Incomplete blocks dropped, by reason: expired (--partial-ttl passed) or room (memory was needed).", "reason"),
+		claims:                d("kvmesh_cache_claims_total", "Claims on parts answered, by status: write (the rank sends it), complete, covered, claimed (another rank is sending it).", "status"),
 		tierBlocks:            d("kvmesh_tier_blocks", "Blocks held by a tier.", "tier"),
 		tierBytes:             d("kvmesh_tier_bytes", "Encoded block bytes held by a tier.", "tier"),
 		tierCapacity:          d("kvmesh_tier_capacity_bytes", "A tier's configured capacity.", "tier"),
@@ -290,7 +297,7 @@ func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) 
 func (c *cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.evictions, c.demotions, c.promotions, c.quotaRefused, c.corruptDrops,
 		c.tierBlocks, c.tierBytes, c.tierCapacity, c.namespaces, c.namespaceBlocks, c.namespaceBytes, c.namespaceTokensCached,
-		c.namespaceTierBytes, c.namespaceQuota} {
+		c.namespaceTierBytes, c.namespaceQuota, c.partials, c.partialBytes, c.parts, c.partialsEnded, c.claims} {
 		ch <- d
 	}
 }
@@ -310,6 +317,19 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.promotions, s.Promotions)
 	counter(c.quotaRefused, s.QuotaRefused)
 	counter(c.corruptDrops, s.CorruptDrops)
+	gauge(c.partials, s.Parts.Open)
+	gauge(c.partialBytes, s.Parts.Bytes)
+	labelled := func(d *prometheus.Desc, v int64, label string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label)
+	}
+	labelled(c.parts, s.Parts.Stored, "stored")
+	labelled(c.parts, s.Parts.Conflicts, "conflict")
+	labelled(c.parts, s.Parts.Completed, "completed")
+	labelled(c.partialsEnded, s.Parts.Expired, "expired")
+	labelled(c.partialsEnded, s.Parts.Dropped, "room")
+	for st, n := range s.Parts.Claims {
+		labelled(c.claims, n, store.ClaimStatus(st).String())
+	}
 	for _, t := range s.Tiers {
 		gauge(c.tierBlocks, t.Blocks, t.Name)
 		gauge(c.tierBytes, t.Bytes, t.Name)

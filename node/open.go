@@ -117,6 +117,7 @@ func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error
 		return nil, fmt.Errorf("node: NVMe tier in %s: %w", nvmeOpts.Dir, err)
 	}
 	local, err := store.Open(store.Options{HBM: hbm, DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes, MaxBlocks: opts.MaxBlocks, Eviction: store.Eviction(opts.Eviction),
+		PartialTTL: opts.PartialTTL, ClaimTTL: opts.ClaimTTL,
 		Quotas: quotas, DefaultQuota: store.Quota{DRAM: opts.QuotaDRAMBytes, NVMe: opts.QuotaNVMeBytes}})
 	if err != nil {
 		dram.Close()
@@ -152,7 +153,9 @@ func localStats(l *store.Local) CacheStats {
 	// A move between HBM and DRAM is one tier down or up like the others.
 	out := CacheStats{Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions,
 		Demotions: s.Demotions + s.HBMDemotions, Promotions: s.Promotions + s.HBMPromotions,
-		QuotaRefused: s.QuotaRefused, CorruptDrops: s.CorruptDrops}
+		QuotaRefused: s.QuotaRefused, CorruptDrops: s.CorruptDrops,
+		Parts: PartStats{Open: int64(s.PartialsOpen), Bytes: s.PartialBytes, Stored: s.PartsStored, Completed: s.PartsCompleted,
+			Conflicts: s.PartConflicts, Expired: s.PartialsExpired, Dropped: s.PartialsDropped, Claims: s.Claims}}
 	for _, t := range s.Tiers {
 		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity})
 	}

@@ -206,6 +206,13 @@ type Options struct {
 	// node keeps of blocks other nodes own. Default "": the store's
 	// default (store.DefaultEviction).
 	Eviction string
+	// PartialTTL is how long the parts of a block that tensor- or
+	// pipeline-parallel ranks put are kept while the block is incomplete
+	// (store.Options.PartialTTL). Default 0: the store's (30 s).
+	PartialTTL time.Duration
+	// ClaimTTL is how long a writer's claim on a part stands
+	// (store.Options.ClaimTTL). Default 0: the store's (10 s).
+	ClaimTTL time.Duration
 	// MaxBatchBlocks is the most blocks one request may name: keys of a
 	// BatchGet or Exists, blocks of a BatchPut stream, full blocks of a
 	// Lookup's prompt. Default 16384 (a 256k-token prompt in blocks of 16).
@@ -421,6 +428,10 @@ func (o *Options) Validate() error {
 		return bad("MaxBlocks", "%d is outside 0..%d", o.MaxBlocks, 1<<27)
 	case o.Eviction != "" && !validEviction(o.Eviction):
 		return bad("Eviction", "%q is not a policy: want lru or dedup", o.Eviction)
+	case o.PartialTTL != 0 && (o.PartialTTL < time.Millisecond || o.PartialTTL > store.MaxPartialTTL):
+		return bad("PartialTTL", "%v is outside 1ms..%v", o.PartialTTL, store.MaxPartialTTL)
+	case o.ClaimTTL != 0 && (o.ClaimTTL < time.Millisecond || o.ClaimTTL > store.MaxClaimTTL):
+		return bad("ClaimTTL", "%v is outside 1ms..%v", o.ClaimTTL, store.MaxClaimTTL)
 	case o.MaxBatchBlocks < 1:
 		return bad("MaxBatchBlocks", "%d must be at least 1", o.MaxBatchBlocks)
 	case o.MaxMessageBytes < messageOverhead+4*KiB:

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/block"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+	"github.com/kvmesh/kvmesh/store"
 )
 
 // This file builds every status with which the node refuses a request. An
@@ -100,6 +101,8 @@ func statusError(err error) error {
 		return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, nil, "block", "%v", err)
 	case errors.Is(err, block.ErrCorrupt):
 		return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_CORRUPT, nil, "block", "%v", err)
+	case errors.Is(err, store.ErrPartConflict), errors.Is(err, block.ErrBadPart):
+		return invalid("block", "%v", err)
 	case errors.Is(err, ErrClosed):
 		return status.Errorf(codes.Unavailable, "node is shutting down: %v", err)
 	case errors.Is(err, ErrNotFound):

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,7 +12,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/block"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
+	"github.com/kvmesh/kvmesh/store"
 )
 
 // wantRefusal fails t unless err is a status of code carrying the details
@@ -69,6 +72,10 @@ func TestRefusalDetails(t *testing.T) {
 	}
 	wantRefusal(t, statusError(ErrQuota), codes.ResourceExhausted, kvmeshv1.ErrorReason_ERROR_REASON_QUOTA_EXCEEDED)
 	wantRefusal(t, statusError(ErrFull), codes.ResourceExhausted, kvmeshv1.ErrorReason_ERROR_REASON_CACHE_FULL)
+	// A part overlapping stored cells with other bytes, a range that is
+	// not a part: the caller's mistake.
+	wantRefusal(t, statusError(fmt.Errorf("put: %w", store.ErrPartConflict)), codes.InvalidArgument, kvmeshv1.ErrorReason_ERROR_REASON_INVALID_FIELD)
+	wantRefusal(t, statusError(block.ErrBadPart), codes.InvalidArgument, kvmeshv1.ErrorReason_ERROR_REASON_INVALID_FIELD)
 	// A status that has its details passes as it is; other codes get none.
 	if err := invalid("x", "y"); statusError(err) != err {
 		t.Error("statusError rebuilt a status that had its details")

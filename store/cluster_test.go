@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -598,5 +599,56 @@ func TestClusterRemoteDeadline(t *testing.T) {
 		if (blk != nil) != b.Local().Contains(auth.Access{}, chain[i]) {
 			t.Fatalf("block %d: found %v, held locally %v", i, blk != nil, b.Local().Contains(auth.Access{}, chain[i]))
 		}
+	}
+}
+
+// TestClusterPartsCompleteAtOwner: ranks put the parts of one block
+// through two nodes that do not own it, one through Cluster.Put, the other
+// as the data plane does (stored, then PublishBlocks); each node keeps its
+// parts and pushes them to the owners, where the block completes.
+func TestClusterPartsCompleteAtOwner(t *testing.T) {
+	tc := newTestCluster(t, 4, ClusterOptions{ChunkTokens: 4, Replicas: 1})
+	ctx := context.Background()
+	b := newPartBlock(t, rand.New(rand.NewPCG(21, 22)), blocktest.NS()) // 2 layers
+	chunk := tc.nodes[0].ChunkKeys([]prefixhash.Key{b.key}, b.ns.BlockTokens, 0, 1)
+	var writers []*Cluster
+	var owner *Local
+	for _, c := range tc.nodes {
+		if c.Owns(chunk[0]) {
+			owner = tc.net.nodes[c.self]
+		} else {
+			writers = append(writers, c)
+		}
+	}
+	if owner == nil || len(writers) < 2 {
+		t.Fatalf("owner %v, %d other nodes", owner, len(writers))
+	}
+	for tp, c := range writers[:2] { // tensor-parallel ranks 0 and 1, each of 2 pipeline stages
+		for stage := range 2 {
+			p, err := block.RankPart(b.ns, tp, 2, stage, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := b.record(t, p, nil)
+			if tp == 0 {
+				err = c.Put(ctx, [][]byte{rec}, chunk)
+			} else if err = tc.net.nodes[c.self].PutCopy(ctx, rec); err == nil {
+				_, err = c.PublishBlocks([][]byte{rec}, chunk)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	flush(t, writers[:2]...)
+	checkWhole(t, owner, b)
+	for _, c := range writers[:2] {
+		l := tc.net.nodes[c.self]
+		if l.Contains(auth.Access{}, b.key) || len(l.Partials()) != 1 {
+			t.Fatalf("%s: a writer holds its half as an incomplete block, never whole", c.self)
+		}
+	}
+	if n := writers[2].LongestPrefix(ctx, []prefixhash.Key{b.key}, b.ns.BlockTokens); n != 1 {
+		t.Fatalf("the block is not found through a third node: %d", n)
 	}
 }

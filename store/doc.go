@@ -72,6 +72,15 @@
 //     buffers are bounded too: one block per promotion in flight, one
 //     segment's rewrite set per reclaim, one block in the recovery scan.
 //
+// # Parts
+//
+// A put of a part record (the layers and heads of one parallel rank,
+// block.Header.Whole false) is assembled into an incomplete block, complete
+// and indexed when its parts cover every cell; until then it is in no
+// index, goes first when DRAM needs room and expires after
+// Options.PartialTTL. Claim lets ranks holding identical bytes send them
+// once. See local_parts.go and docs/ARCHITECTURE.md.
+//
 // # Quotas
 //
 // A namespace (by digest; a tenant is a namespace salt) may hold at most

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/internal/invariants"
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -53,6 +54,11 @@ type Local struct {
 
 	stopResolve context.CancelFunc
 	resolveDone chan struct{}
+	// partialsOpen mirrors len(mu.parts.open), so that a whole block's
+	// Put looks for parts it supersedes only when there are any.
+	partialsOpen atomic.Int64
+	stopSweep    chan struct{} // closed by Close: ends sweepLoop
+	sweepDone    chan struct{}
 
 	mu struct {
 		sync.Mutex
@@ -92,7 +98,9 @@ type Local struct {
 		hbm     hbmResidents           // entries in HBM (local_hbm.go)
 
 		c     counters
-		stack []uint32 // scratch
+		pc    partCounters
+		parts partsState // incomplete blocks and claims (local_parts.go)
+		stack []uint32   // scratch
 	}
 }
 
@@ -161,6 +169,8 @@ func Open(opts Options) (*Local, error) {
 	} else {
 		close(l.resolveDone)
 	}
+	l.stopSweep, l.sweepDone = make(chan struct{}), make(chan struct{})
+	go l.sweepLoop(l.stopSweep, l.sweepDone)
 	return l, nil
 }
 
@@ -174,12 +184,17 @@ func (l *Local) Close() error {
 		l.mu.Unlock()
 		return ErrClosed
 	}
+	first := !l.mu.closed
 	l.mu.closed = true
 	l.mu.Unlock()
 	if l.stopResolve != nil {
 		l.stopResolve()
 	}
 	<-l.resolveDone
+	if first {
+		close(l.stopSweep)
+	}
+	<-l.sweepDone
 
 	l.mu.Lock()
 	for l.mu.active > 0 {
@@ -192,6 +207,11 @@ func (l *Local) Close() error {
 	if n := l.mu.refs; n > 0 {
 		l.mu.Unlock()
 		return fmt.Errorf("%w: %d Refs not released", ErrPinned, n)
+	}
+	if ps := l.closePartialsLocked(); len(ps) > 0 {
+		l.mu.Unlock()
+		l.freePartials(ps)
+		l.mu.Lock()
 	}
 	if invariants.Enabled {
 		l.checkQuiescentLocked()

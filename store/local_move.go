@@ -108,6 +108,9 @@ func (l *Local) putDRAM(ctx context.Context, key, parent prefixhash.Key, val []b
 // ErrFull when it could move nothing, errColdest when the new block (child
 // of parent) is colder than anything it could move.
 func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key) error {
+	if l.dropPartialForRoom(class) {
+		return nil // incomplete blocks go first
+	}
 	l.mu.Lock()
 	stop := uint32(0)
 	if !parent.IsZero() {

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -55,6 +56,16 @@ type Options struct {
 	// or EvictDedup, which evicts copies (PutCopy) first. Default
 	// DefaultEviction.
 	Eviction Eviction
+	// PartialTTL is how long an incomplete block (parts of a block put,
+	// not all of them yet) is kept before it expires and its memory is
+	// freed. Default 30 s.
+	PartialTTL time.Duration
+	// ClaimTTL is how long a claim (Claim answering ClaimWrite) stands
+	// unless a part put covering it releases it first. Default 10 s.
+	ClaimTTL time.Duration
+	// Now is the clock of PartialTTL and ClaimTTL (tests inject one).
+	// Default time.Now.
+	Now func() time.Time
 }
 
 // Option defaults and limits.
@@ -62,8 +73,14 @@ const (
 	DefaultMaxBlockBytes    = 64 << 20
 	MaxMaxBlockBytes        = 1 << 30
 	DefaultDemoteBatchBytes = 4 << 20
-	minDefaultMaxBlocks     = 1 << 16
-	maxDefaultMaxBlocks     = 1 << 27
+	DefaultPartialTTL       = 30 * time.Second
+	DefaultClaimTTL         = 10 * time.Second
+	// MaxPartialTTL and MaxClaimTTL bound the TTLs: an incomplete block
+	// holds memory, a claim holds back other writers.
+	MaxPartialTTL       = time.Hour
+	MaxClaimTTL         = 10 * time.Minute
+	minDefaultMaxBlocks = 1 << 16
+	maxDefaultMaxBlocks = 1 << 27
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -73,6 +90,15 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.DemoteBatchBytes == 0 {
 		o.DemoteBatchBytes = DefaultDemoteBatchBytes
+	}
+	if o.PartialTTL == 0 {
+		o.PartialTTL = DefaultPartialTTL
+	}
+	if o.ClaimTTL == 0 {
+		o.ClaimTTL = DefaultClaimTTL
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	if o.Eviction == "" {
 		o.Eviction = DefaultEviction
@@ -100,6 +126,12 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("store: options: MaxBlocks: %d is outside 1..%d", o.MaxBlocks, maxEntry-(1<<16))
 	case o.DemoteBatchBytes < 1:
 		return fmt.Errorf("store: options: DemoteBatchBytes: %d must be positive", o.DemoteBatchBytes)
+	case o.PartialTTL < time.Millisecond || o.PartialTTL > MaxPartialTTL:
+		return fmt.Errorf("store: options: PartialTTL: %v is outside 1ms..%v", o.PartialTTL, MaxPartialTTL)
+	case o.ClaimTTL < time.Millisecond || o.ClaimTTL > MaxClaimTTL:
+		return fmt.Errorf("store: options: ClaimTTL: %v is outside 1ms..%v", o.ClaimTTL, MaxClaimTTL)
+	case o.Now == nil:
+		return errors.New("store: options: Now: a clock is required")
 	}
 	if _, err := ParseEviction(string(o.Eviction)); err != nil {
 		return fmt.Errorf("store: options: Eviction: %w", err)

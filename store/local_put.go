@@ -48,6 +48,12 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 	if a := auth.AccessFrom(ctx); !a.Allows(h.Tenant) {
 		return fmt.Errorf("%w: block %s is tagged for tenant %016x, the writer is tenant %016x", ErrTenant, h.Key, h.Tenant, a.Tag)
 	}
+	if !h.Whole() {
+		return l.putPart(ctx, b, &h, asCopy)
+	}
+	if l.partialsOpen.Load() > 0 {
+		defer l.dropSuperseded(h.Key)
+	}
 	size := len(b)
 	class := l.classOf(size)
 	// A copy goes to the cold end, not behind its parent: making room for
@@ -90,7 +96,9 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 	l.mu.Unlock()
 	defer l.exit()
 
-	err = verifyPayload(b, &h)
+	if rv == nil || !rv.sealed {
+		err = verifyPayload(b, &h)
+	}
 	if err == nil && indexFull {
 		err = l.makeIndexRoom(ctx)
 	}

@@ -44,6 +44,10 @@ type Reservation struct {
 	// end took it.
 	state atomic.Int32
 	stop  func() bool // unregisters the context's abort
+	// sealed: buf is an incomplete block just sealed (block.Seal) from
+	// verified parts, its checksum computed over these very bytes; put
+	// does not hash it again.
+	sealed bool
 }
 
 const (
@@ -91,28 +95,9 @@ func (l *Local) Reserve(ctx context.Context, key, parent prefixhash.Key, size in
 			return nil, err
 		}
 	}
-	var (
-		loc tiers.Loc
-		buf []byte
-		err error
-	)
-	for round := 0; ; round++ {
-		loc, buf, err = rs.Reserve(key, size)
-		if err == nil || !errors.Is(err, tiers.ErrFull) || round == maxRoomRounds {
-			break
-		}
-		if err = ctx.Err(); err != nil {
-			break
-		}
-		if err = l.makeMemRoom(class, size, parent); err != nil {
-			break
-		}
-	}
+	loc, buf, err := l.reserveSlot(ctx, rs, key, parent, size, class)
 	if err != nil {
-		if errors.Is(err, errColdest) {
-			err = tiers.ErrFull
-		}
-		return nil, l.refused(err, size)
+		return nil, err
 	}
 	r := &Reservation{l: l, ctx: ctx, key: key, parent: parent, loc: loc, buf: buf}
 	l.mu.Lock()
@@ -165,6 +150,35 @@ func (r *Reservation) commit(asCopy bool) error {
 		l.countCorruptCommit()
 	}
 	return err
+}
+
+// reserveSlot takes a size-byte slot of the memory tier for key, making
+// room as a write would; the caller holds an operation (enterLocked).
+func (l *Local) reserveSlot(ctx context.Context, rs tiers.Reserver, key, parent prefixhash.Key, size, class int) (tiers.Loc, []byte, error) {
+	var (
+		loc tiers.Loc
+		buf []byte
+		err error
+	)
+	for round := 0; ; round++ {
+		loc, buf, err = rs.Reserve(key, size)
+		if err == nil || !errors.Is(err, tiers.ErrFull) || round == maxRoomRounds {
+			break
+		}
+		if err = ctx.Err(); err != nil {
+			break
+		}
+		if err = l.makeMemRoom(class, size, parent); err != nil {
+			break
+		}
+	}
+	if err != nil {
+		if errors.Is(err, errColdest) {
+			err = tiers.ErrFull
+		}
+		return 0, nil, l.refused(err, size)
+	}
+	return loc, buf, nil
 }
 
 // Abort gives the slot back. It does nothing once the reservation ended.

@@ -52,6 +52,26 @@ type Stats struct {
 	ReservationsExpired int64
 	CorruptCommits      int64
 
+	// Parts (issue 23). PartialsOpen incomplete blocks hold PartialBytes
+	// of the memory tier (slots of their whole encoded size, not in the
+	// index); PartsStored counts the parts copied into one,
+	// PartsCompleted the blocks completed from parts, PartConflicts the
+	// parts refused with ErrPartConflict, PartialsExpired the incomplete
+	// blocks dropped after PartialTTL and PartialsDropped those dropped
+	// for memory room. Claims counts Claim's answers by ClaimStatus.
+	PartialsOpen    int
+	PartialBytes    int64
+	PartsStored     int64
+	PartsCompleted  int64
+	PartConflicts   int64
+	PartialsExpired int64
+	PartialsDropped int64
+	Claims          [4]int64
+	// PartialSlots is how many of PartialsOpen hold a memory-tier slot
+	// (the others are in process memory: the tier takes no reservations).
+	PartialSlots     int
+	PartialSlotBytes int64
+
 	// Namespaces are sorted by digest. Digest 0 gathers blocks recovered
 	// from the persistent tier whose header has not been read yet.
 	Namespaces []NamespaceStats
@@ -115,6 +135,15 @@ func (l *Local) statsLocked() Stats {
 		Cascaded: c.cascade, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
 		Reservations: l.mu.reservations, ReservationsExpired: c.reservationsExpired, CorruptCommits: c.corruptCommits,
 		HBMDemotions: l.mu.hbm.demote, HBMPromotions: l.mu.hbm.promot,
+		PartialsOpen: len(l.mu.parts.open), PartialBytes: l.mu.parts.bytes,
+		PartsStored: l.mu.pc.stored, PartsCompleted: l.mu.pc.completed, PartConflicts: l.mu.pc.conflicts,
+		PartialsExpired: l.mu.pc.expired, PartialsDropped: l.mu.pc.dropped, Claims: l.mu.pc.claims,
+	}
+	for _, p := range l.mu.parts.open {
+		if !p.heap {
+			s.PartialSlots++
+			s.PartialSlotBytes += int64(p.size)
+		}
 	}
 	hbmBlocks, hbmBytes := int64(len(l.mu.hbm.at)), l.mu.hbm.bytes
 	s.Tiers = append(s.Tiers, TierStats{Name: l.mem.Name(), Blocks: l.mu.blocks[tierMem] - hbmBlocks, Bytes: l.mu.bytes[tierMem] - hbmBytes})

@@ -8,8 +8,9 @@ import "fmt"
 // one side only):
 //
 //   - each tier holds what the index says it holds: as many values and
-//     bytes as the index counts in it, and reserves no more than its
-//     capacity;
+//     bytes as the index counts in it (the memory tier, also the slots of
+//     the incomplete blocks: PartialSlots, PartialSlotBytes), and reserves
+//     no more than its capacity;
 //   - every block that came in (Puts, Recovered) is either cached or was
 //     dropped (Evictions, CorruptDrops, NamespaceDrops);
 //   - the namespaces' blocks add up to the tiers'.
@@ -18,9 +19,13 @@ import "fmt"
 // -tags invariants) calls it when a Local closes.
 func (s Stats) Check() error {
 	total := int64(0)
-	for _, ts := range s.Tiers {
+	for k, ts := range s.Tiers {
 		if ts.Reserved > ts.Capacity {
 			return fmt.Errorf("store: tier %s reserves %d bytes, capacity %d", ts.Name, ts.Reserved, ts.Capacity)
+		}
+		if k == 0 { // incomplete blocks hold memory-tier slots the index does not list
+			ts.Values -= int64(s.PartialSlots)
+			ts.Stored -= s.PartialSlotBytes
 		}
 		if ts.Blocks != ts.Values || ts.Bytes != ts.Stored {
 			return fmt.Errorf("store: tier %s: the index counts %d blocks, %d bytes; the tier holds %d values, %d bytes",

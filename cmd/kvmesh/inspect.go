@@ -49,6 +49,7 @@ func inspectCmd() *cobra.Command {
   kvmesh inspect lookup --tokens 1,2,3
   kvmesh inspect block KEY                 one block (KEY: 32 hex digits, as lookup prints)
   kvmesh inspect quotas                    per namespace: usage and quota on the node
+  kvmesh inspect partials                  incomplete blocks: which parts of each are present
   kvmesh inspect queue --http-addr H:P     the token's tenant's queued batches (HTTP API)
 
 A node that serves TLS needs --tls-ca (or --tls, for a certificate the system
@@ -60,7 +61,7 @@ bearer token needs --auth-token-file.`,
 	pf.StringVarP(&f.output, "output", "o", "table", "table or json")
 	pf.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the node")
 	f.sec.register(pf)
-	c.AddCommand(statsCmd(f), membersCmd(f), lookupCmd(f), blockCmd(f), quotasCmd(f), queueCmd(f))
+	c.AddCommand(statsCmd(f), membersCmd(f), lookupCmd(f), blockCmd(f), quotasCmd(f), queueCmd(f), partialsCmd(f))
 	return c
 }
 

@@ -46,6 +46,7 @@ type serveFlags struct {
 	requestTimeout, shutdownTimeout            time.Duration
 	logLevel, logFormat                        string
 	eviction                                   string
+	partialTTL, claimTTL                       time.Duration
 	prefill                                    prefillServeFlags
 	tlsCert, tlsKey, tlsCA, tlsServerName      string
 	tlsClientAuth                              bool
@@ -63,7 +64,7 @@ type serveFlags struct {
 // errors into advice about the flag.
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "GRPCAddr": "grpc-addr", "HTTPAddr": "http-addr",
-	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "GPU": "gpu",
+	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "PartialTTL": "partial-ttl", "ClaimTTL": "claim-ttl", "GPU": "gpu",
 	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
 	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
@@ -178,6 +179,8 @@ flag names, for example:
 	fs.IntVar(&f.maxBatchBlocks, "max-batch-blocks", d.MaxBatchBlocks, "most blocks one request may name")
 	fs.IntVar(&f.maxBlocks, "max-blocks", d.MaxBlocks, "most blocks cached in DRAM and NVMe together (0: the tiers' capacities over 4KiB)")
 	fs.StringVar(&f.eviction, "eviction", string(store.DefaultEviction), "eviction policy: lru (the reference), or dedup (a node's copies of blocks other nodes own go first)")
+	fs.DurationVar(&f.partialTTL, "partial-ttl", store.DefaultPartialTTL, "how long the parts of a block put by tensor- or pipeline-parallel ranks are kept while the block is incomplete (1ms..1h)")
+	fs.DurationVar(&f.claimTTL, "claim-ttl", store.DefaultClaimTTL, "how long a rank's claim to write a part holds back the other ranks writing the same part (1ms..10m)")
 	fs.Var(newSize(&f.maxMessageBytes, int64(d.MaxMessageBytes)), "max-message-bytes", "largest gRPC message sent or received")
 	fs.Var(newSize(&f.chunkBytes, int64(d.ChunkBytes)), "chunk-bytes", "most payload bytes in one streamed message")
 	fs.IntVar(&f.maxConcurrentStreams, "max-concurrent-streams", d.MaxConcurrentStreams, "most gRPC calls open at once on one client connection (more wait on the client)")
@@ -283,7 +286,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff,
 		PushYield: f.pushYield, PushBytesPerSec: f.pushRate,
 		DRAMBytes: f.dram, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
-		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, Eviction: f.eviction, MaxBatchBlocks: f.maxBatchBlocks,
+		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, Eviction: f.eviction, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL, MaxBatchBlocks: f.maxBatchBlocks,
 		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
 		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout,
 		Version: version(), Logger: logger,

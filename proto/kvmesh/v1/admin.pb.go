@@ -21,6 +21,287 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type PartialsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most limit entries, the oldest; 0 reads as 1000, larger values as 1000.
+	Limit         uint32 `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartialsRequest) Reset() {
+	*x = PartialsRequest{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartialsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartialsRequest) ProtoMessage() {}
+
+func (x *PartialsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartialsRequest.ProtoReflect.Descriptor instead.
+func (*PartialsRequest) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PartialsRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type PartialsResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Blocks []*PartialBlock        `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	// How many incomplete blocks the node holds (visible to the caller).
+	Total         uint32 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartialsResponse) Reset() {
+	*x = PartialsResponse{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartialsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartialsResponse) ProtoMessage() {}
+
+func (x *PartialsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartialsResponse.ProtoReflect.Descriptor instead.
+func (*PartialsResponse) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PartialsResponse) GetBlocks() []*PartialBlock {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+func (x *PartialsResponse) GetTotal() uint32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+// PartRange is a part of a block: layers [l0, l1) and KV heads [h0, h1)
+// (always [0, 1) with the latent layout).
+type PartRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	L0            uint32                 `protobuf:"varint,1,opt,name=l0,proto3" json:"l0,omitempty"`
+	L1            uint32                 `protobuf:"varint,2,opt,name=l1,proto3" json:"l1,omitempty"`
+	H0            uint32                 `protobuf:"varint,3,opt,name=h0,proto3" json:"h0,omitempty"`
+	H1            uint32                 `protobuf:"varint,4,opt,name=h1,proto3" json:"h1,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartRange) Reset() {
+	*x = PartRange{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartRange) ProtoMessage() {}
+
+func (x *PartRange) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartRange.ProtoReflect.Descriptor instead.
+func (*PartRange) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PartRange) GetL0() uint32 {
+	if x != nil {
+		return x.L0
+	}
+	return 0
+}
+
+func (x *PartRange) GetL1() uint32 {
+	if x != nil {
+		return x.L1
+	}
+	return 0
+}
+
+func (x *PartRange) GetH0() uint32 {
+	if x != nil {
+		return x.H0
+	}
+	return 0
+}
+
+func (x *PartRange) GetH1() uint32 {
+	if x != nil {
+		return x.H1
+	}
+	return 0
+}
+
+// PartialBlock is one incomplete block.
+type PartialBlock struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Key             []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	NamespaceDigest uint64                 `protobuf:"fixed64,2,opt,name=namespace_digest,json=namespaceDigest,proto3" json:"namespace_digest,omitempty"`
+	Tokens          uint32                 `protobuf:"varint,3,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// The parts stored, in the order they came (overlapping ones included).
+	Parts []*PartRange `protobuf:"bytes,4,rep,name=parts,proto3" json:"parts,omitempty"`
+	// The block's grid of cells, layers × heads (heads 1 for latent), and
+	// how many of them the parts cover.
+	Layers     uint32  `protobuf:"varint,5,opt,name=layers,proto3" json:"layers,omitempty"`
+	Heads      uint32  `protobuf:"varint,6,opt,name=heads,proto3" json:"heads,omitempty"`
+	Covered    uint32  `protobuf:"varint,7,opt,name=covered,proto3" json:"covered,omitempty"`
+	AgeSeconds float64 `protobuf:"fixed64,8,opt,name=age_seconds,json=ageSeconds,proto3" json:"age_seconds,omitempty"`
+	// DRAM bytes it holds: its whole block's encoded size.
+	Bytes         uint64 `protobuf:"varint,9,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartialBlock) Reset() {
+	*x = PartialBlock{}
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartialBlock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartialBlock) ProtoMessage() {}
+
+func (x *PartialBlock) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartialBlock.ProtoReflect.Descriptor instead.
+func (*PartialBlock) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PartialBlock) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *PartialBlock) GetNamespaceDigest() uint64 {
+	if x != nil {
+		return x.NamespaceDigest
+	}
+	return 0
+}
+
+func (x *PartialBlock) GetTokens() uint32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *PartialBlock) GetParts() []*PartRange {
+	if x != nil {
+		return x.Parts
+	}
+	return nil
+}
+
+func (x *PartialBlock) GetLayers() uint32 {
+	if x != nil {
+		return x.Layers
+	}
+	return 0
+}
+
+func (x *PartialBlock) GetHeads() uint32 {
+	if x != nil {
+		return x.Heads
+	}
+	return 0
+}
+
+func (x *PartialBlock) GetCovered() uint32 {
+	if x != nil {
+		return x.Covered
+	}
+	return 0
+}
+
+func (x *PartialBlock) GetAgeSeconds() float64 {
+	if x != nil {
+		return x.AgeSeconds
+	}
+	return 0
+}
+
+func (x *PartialBlock) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 type WhoAmIRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -29,7 +310,7 @@ type WhoAmIRequest struct {
 
 func (x *WhoAmIRequest) Reset() {
 	*x = WhoAmIRequest{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[0]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -41,7 +322,7 @@ func (x *WhoAmIRequest) String() string {
 func (*WhoAmIRequest) ProtoMessage() {}
 
 func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[0]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -54,7 +335,7 @@ func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
 func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 type WhoAmIResponse struct {
@@ -74,7 +355,7 @@ type WhoAmIResponse struct {
 
 func (x *WhoAmIResponse) Reset() {
 	*x = WhoAmIResponse{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[1]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -86,7 +367,7 @@ func (x *WhoAmIResponse) String() string {
 func (*WhoAmIResponse) ProtoMessage() {}
 
 func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[1]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -99,7 +380,7 @@ func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIResponse.ProtoReflect.Descriptor instead.
 func (*WhoAmIResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WhoAmIResponse) GetTenant() string {
@@ -146,7 +427,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[2]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -158,7 +439,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[2]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -171,7 +452,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *MembersRequest) GetPageSize() int32 {
@@ -200,7 +481,7 @@ type TierCapacity struct {
 
 func (x *TierCapacity) Reset() {
 	*x = TierCapacity{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[3]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -212,7 +493,7 @@ func (x *TierCapacity) String() string {
 func (*TierCapacity) ProtoMessage() {}
 
 func (x *TierCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[3]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -225,7 +506,7 @@ func (x *TierCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierCapacity.ProtoReflect.Descriptor instead.
 func (*TierCapacity) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TierCapacity) GetName() string {
@@ -279,7 +560,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[4]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +572,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[4]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +585,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Member) GetId() string {
@@ -401,7 +682,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[5]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -413,7 +694,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[5]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -426,7 +707,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MembersResponse) GetSelfId() string {
@@ -468,7 +749,7 @@ type DropNamespaceRequest struct {
 
 func (x *DropNamespaceRequest) Reset() {
 	*x = DropNamespaceRequest{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[6]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +761,7 @@ func (x *DropNamespaceRequest) String() string {
 func (*DropNamespaceRequest) ProtoMessage() {}
 
 func (x *DropNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[6]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +774,7 @@ func (x *DropNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*DropNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DropNamespaceRequest) GetNamespace() *Namespace {
@@ -519,7 +800,7 @@ type DropNamespaceResponse struct {
 
 func (x *DropNamespaceResponse) Reset() {
 	*x = DropNamespaceResponse{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[7]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -531,7 +812,7 @@ func (x *DropNamespaceResponse) String() string {
 func (*DropNamespaceResponse) ProtoMessage() {}
 
 func (x *DropNamespaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[7]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -544,7 +825,7 @@ func (x *DropNamespaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropNamespaceResponse.ProtoReflect.Descriptor instead.
 func (*DropNamespaceResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DropNamespaceResponse) GetDroppedBlocks() uint64 {
@@ -564,7 +845,7 @@ type BlockInfoRequest struct {
 
 func (x *BlockInfoRequest) Reset() {
 	*x = BlockInfoRequest{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[8]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +857,7 @@ func (x *BlockInfoRequest) String() string {
 func (*BlockInfoRequest) ProtoMessage() {}
 
 func (x *BlockInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[8]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +870,7 @@ func (x *BlockInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockInfoRequest.ProtoReflect.Descriptor instead.
 func (*BlockInfoRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BlockInfoRequest) GetKey() []byte {
@@ -629,7 +910,7 @@ type BlockInfoResponse struct {
 
 func (x *BlockInfoResponse) Reset() {
 	*x = BlockInfoResponse{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[9]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +922,7 @@ func (x *BlockInfoResponse) String() string {
 func (*BlockInfoResponse) ProtoMessage() {}
 
 func (x *BlockInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[9]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +935,7 @@ func (x *BlockInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockInfoResponse.ProtoReflect.Descriptor instead.
 func (*BlockInfoResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BlockInfoResponse) GetKey() []byte {
@@ -769,7 +1050,7 @@ type Quota struct {
 
 func (x *Quota) Reset() {
 	*x = Quota{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[10]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +1062,7 @@ func (x *Quota) String() string {
 func (*Quota) ProtoMessage() {}
 
 func (x *Quota) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[10]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +1075,7 @@ func (x *Quota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Quota.ProtoReflect.Descriptor instead.
 func (*Quota) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Quota) GetDramBytes() uint64 {
@@ -826,7 +1107,7 @@ type SetQuotaRequest struct {
 
 func (x *SetQuotaRequest) Reset() {
 	*x = SetQuotaRequest{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[11]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +1119,7 @@ func (x *SetQuotaRequest) String() string {
 func (*SetQuotaRequest) ProtoMessage() {}
 
 func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[11]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +1132,7 @@ func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetQuotaRequest) GetNamespace() *Namespace {
@@ -893,7 +1174,7 @@ type SetQuotaResponse struct {
 
 func (x *SetQuotaResponse) Reset() {
 	*x = SetQuotaResponse{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[12]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +1186,7 @@ func (x *SetQuotaResponse) String() string {
 func (*SetQuotaResponse) ProtoMessage() {}
 
 func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[12]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +1199,7 @@ func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetQuotaResponse) GetNamespace() *NamespaceQuota {
@@ -944,7 +1225,7 @@ type QuotasRequest struct {
 
 func (x *QuotasRequest) Reset() {
 	*x = QuotasRequest{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[13]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1237,7 @@ func (x *QuotasRequest) String() string {
 func (*QuotasRequest) ProtoMessage() {}
 
 func (x *QuotasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[13]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1250,7 @@ func (x *QuotasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotasRequest.ProtoReflect.Descriptor instead.
 func (*QuotasRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *QuotasRequest) GetPageSize() int32 {
@@ -1002,7 +1283,7 @@ type NamespaceQuota struct {
 
 func (x *NamespaceQuota) Reset() {
 	*x = NamespaceQuota{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[14]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1295,7 @@ func (x *NamespaceQuota) String() string {
 func (*NamespaceQuota) ProtoMessage() {}
 
 func (x *NamespaceQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[14]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1308,7 @@ func (x *NamespaceQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceQuota.ProtoReflect.Descriptor instead.
 func (*NamespaceQuota) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NamespaceQuota) GetDigest() uint64 {
@@ -1087,7 +1368,7 @@ type QuotasResponse struct {
 
 func (x *QuotasResponse) Reset() {
 	*x = QuotasResponse{}
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[15]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1380,7 @@ func (x *QuotasResponse) String() string {
 func (*QuotasResponse) ProtoMessage() {}
 
 func (x *QuotasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_admin_proto_msgTypes[15]
+	mi := &file_kvmesh_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1393,7 @@ func (x *QuotasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotasResponse.ProtoReflect.Descriptor instead.
 func (*QuotasResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_kvmesh_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *QuotasResponse) GetNodeId() string {
@@ -1147,7 +1428,28 @@ var File_kvmesh_v1_admin_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x0f\n" +
+	"\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"'\n" +
+	"\x0fPartialsRequest\x12\x14\n" +
+	"\x05limit\x18\x01 \x01(\rR\x05limit\"Y\n" +
+	"\x10PartialsResponse\x12/\n" +
+	"\x06blocks\x18\x01 \x03(\v2\x17.kvmesh.v1.PartialBlockR\x06blocks\x12\x14\n" +
+	"\x05total\x18\x02 \x01(\rR\x05total\"K\n" +
+	"\tPartRange\x12\x0e\n" +
+	"\x02l0\x18\x01 \x01(\rR\x02l0\x12\x0e\n" +
+	"\x02l1\x18\x02 \x01(\rR\x02l1\x12\x0e\n" +
+	"\x02h0\x18\x03 \x01(\rR\x02h0\x12\x0e\n" +
+	"\x02h1\x18\x04 \x01(\rR\x02h1\"\x8e\x02\n" +
+	"\fPartialBlock\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12)\n" +
+	"\x10namespace_digest\x18\x02 \x01(\x06R\x0fnamespaceDigest\x12\x16\n" +
+	"\x06tokens\x18\x03 \x01(\rR\x06tokens\x12*\n" +
+	"\x05parts\x18\x04 \x03(\v2\x14.kvmesh.v1.PartRangeR\x05parts\x12\x16\n" +
+	"\x06layers\x18\x05 \x01(\rR\x06layers\x12\x14\n" +
+	"\x05heads\x18\x06 \x01(\rR\x05heads\x12\x18\n" +
+	"\acovered\x18\a \x01(\rR\acovered\x12\x1f\n" +
+	"\vage_seconds\x18\b \x01(\x01R\n" +
+	"ageSeconds\x12\x14\n" +
+	"\x05bytes\x18\t \x01(\x04R\x05bytes\"\x0f\n" +
 	"\rWhoAmIRequest\"\x86\x01\n" +
 	"\x0eWhoAmIResponse\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
@@ -1241,14 +1543,15 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"namespaces\x18\x03 \x03(\v2\x19.kvmesh.v1.NamespaceQuotaR\n" +
 	"namespaces\x12&\n" +
-	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken2\xaf\x03\n" +
+	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken2\xf4\x03\n" +
 	"\fAdminService\x12@\n" +
 	"\aMembers\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n" +
 	"\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12F\n" +
 	"\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12C\n" +
 	"\bSetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n" +
 	"\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponse\x12=\n" +
-	"\x06WhoAmI\x12\x18.kvmesh.v1.WhoAmIRequest\x1a\x19.kvmesh.v1.WhoAmIResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
+	"\x06WhoAmI\x12\x18.kvmesh.v1.WhoAmIRequest\x1a\x19.kvmesh.v1.WhoAmIResponse\x12C\n" +
+	"\bPartials\x12\x1a.kvmesh.v1.PartialsRequest\x1a\x1b.kvmesh.v1.PartialsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
 
 var (
 	file_kvmesh_v1_admin_proto_rawDescOnce sync.Once
@@ -1262,55 +1565,63 @@ func file_kvmesh_v1_admin_proto_rawDescGZIP() []byte {
 	return file_kvmesh_v1_admin_proto_rawDescData
 }
 
-var file_kvmesh_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_kvmesh_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_kvmesh_v1_admin_proto_goTypes = []any{
-	(*WhoAmIRequest)(nil),         // 0: kvmesh.v1.WhoAmIRequest
-	(*WhoAmIResponse)(nil),        // 1: kvmesh.v1.WhoAmIResponse
-	(*MembersRequest)(nil),        // 2: kvmesh.v1.MembersRequest
-	(*TierCapacity)(nil),          // 3: kvmesh.v1.TierCapacity
-	(*Member)(nil),                // 4: kvmesh.v1.Member
-	(*MembersResponse)(nil),       // 5: kvmesh.v1.MembersResponse
-	(*DropNamespaceRequest)(nil),  // 6: kvmesh.v1.DropNamespaceRequest
-	(*DropNamespaceResponse)(nil), // 7: kvmesh.v1.DropNamespaceResponse
-	(*BlockInfoRequest)(nil),      // 8: kvmesh.v1.BlockInfoRequest
-	(*BlockInfoResponse)(nil),     // 9: kvmesh.v1.BlockInfoResponse
-	(*Quota)(nil),                 // 10: kvmesh.v1.Quota
-	(*SetQuotaRequest)(nil),       // 11: kvmesh.v1.SetQuotaRequest
-	(*SetQuotaResponse)(nil),      // 12: kvmesh.v1.SetQuotaResponse
-	(*QuotasRequest)(nil),         // 13: kvmesh.v1.QuotasRequest
-	(*NamespaceQuota)(nil),        // 14: kvmesh.v1.NamespaceQuota
-	(*QuotasResponse)(nil),        // 15: kvmesh.v1.QuotasResponse
-	(*Namespace)(nil),             // 16: kvmesh.v1.Namespace
-	(Dtype)(0),                    // 17: kvmesh.v1.Dtype
+	(*PartialsRequest)(nil),       // 0: kvmesh.v1.PartialsRequest
+	(*PartialsResponse)(nil),      // 1: kvmesh.v1.PartialsResponse
+	(*PartRange)(nil),             // 2: kvmesh.v1.PartRange
+	(*PartialBlock)(nil),          // 3: kvmesh.v1.PartialBlock
+	(*WhoAmIRequest)(nil),         // 4: kvmesh.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),        // 5: kvmesh.v1.WhoAmIResponse
+	(*MembersRequest)(nil),        // 6: kvmesh.v1.MembersRequest
+	(*TierCapacity)(nil),          // 7: kvmesh.v1.TierCapacity
+	(*Member)(nil),                // 8: kvmesh.v1.Member
+	(*MembersResponse)(nil),       // 9: kvmesh.v1.MembersResponse
+	(*DropNamespaceRequest)(nil),  // 10: kvmesh.v1.DropNamespaceRequest
+	(*DropNamespaceResponse)(nil), // 11: kvmesh.v1.DropNamespaceResponse
+	(*BlockInfoRequest)(nil),      // 12: kvmesh.v1.BlockInfoRequest
+	(*BlockInfoResponse)(nil),     // 13: kvmesh.v1.BlockInfoResponse
+	(*Quota)(nil),                 // 14: kvmesh.v1.Quota
+	(*SetQuotaRequest)(nil),       // 15: kvmesh.v1.SetQuotaRequest
+	(*SetQuotaResponse)(nil),      // 16: kvmesh.v1.SetQuotaResponse
+	(*QuotasRequest)(nil),         // 17: kvmesh.v1.QuotasRequest
+	(*NamespaceQuota)(nil),        // 18: kvmesh.v1.NamespaceQuota
+	(*QuotasResponse)(nil),        // 19: kvmesh.v1.QuotasResponse
+	(*Namespace)(nil),             // 20: kvmesh.v1.Namespace
+	(Dtype)(0),                    // 21: kvmesh.v1.Dtype
 }
 var file_kvmesh_v1_admin_proto_depIdxs = []int32{
-	3,  // 0: kvmesh.v1.Member.tiers:type_name -> kvmesh.v1.TierCapacity
-	4,  // 1: kvmesh.v1.MembersResponse.members:type_name -> kvmesh.v1.Member
-	16, // 2: kvmesh.v1.DropNamespaceRequest.namespace:type_name -> kvmesh.v1.Namespace
-	17, // 3: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.Dtype
-	16, // 4: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
-	10, // 5: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
-	14, // 6: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
-	10, // 7: kvmesh.v1.NamespaceQuota.quota:type_name -> kvmesh.v1.Quota
-	10, // 8: kvmesh.v1.QuotasResponse.default_quota:type_name -> kvmesh.v1.Quota
-	14, // 9: kvmesh.v1.QuotasResponse.namespaces:type_name -> kvmesh.v1.NamespaceQuota
-	2,  // 10: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
-	6,  // 11: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
-	8,  // 12: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
-	11, // 13: kvmesh.v1.AdminService.SetQuota:input_type -> kvmesh.v1.SetQuotaRequest
-	13, // 14: kvmesh.v1.AdminService.Quotas:input_type -> kvmesh.v1.QuotasRequest
-	0,  // 15: kvmesh.v1.AdminService.WhoAmI:input_type -> kvmesh.v1.WhoAmIRequest
-	5,  // 16: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
-	7,  // 17: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
-	9,  // 18: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
-	12, // 19: kvmesh.v1.AdminService.SetQuota:output_type -> kvmesh.v1.SetQuotaResponse
-	15, // 20: kvmesh.v1.AdminService.Quotas:output_type -> kvmesh.v1.QuotasResponse
-	1,  // 21: kvmesh.v1.AdminService.WhoAmI:output_type -> kvmesh.v1.WhoAmIResponse
-	16, // [16:22] is the sub-list for method output_type
-	10, // [10:16] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	3,  // 0: kvmesh.v1.PartialsResponse.blocks:type_name -> kvmesh.v1.PartialBlock
+	2,  // 1: kvmesh.v1.PartialBlock.parts:type_name -> kvmesh.v1.PartRange
+	7,  // 2: kvmesh.v1.Member.tiers:type_name -> kvmesh.v1.TierCapacity
+	8,  // 3: kvmesh.v1.MembersResponse.members:type_name -> kvmesh.v1.Member
+	20, // 4: kvmesh.v1.DropNamespaceRequest.namespace:type_name -> kvmesh.v1.Namespace
+	21, // 5: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.Dtype
+	20, // 6: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
+	14, // 7: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
+	18, // 8: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
+	14, // 9: kvmesh.v1.NamespaceQuota.quota:type_name -> kvmesh.v1.Quota
+	14, // 10: kvmesh.v1.QuotasResponse.default_quota:type_name -> kvmesh.v1.Quota
+	18, // 11: kvmesh.v1.QuotasResponse.namespaces:type_name -> kvmesh.v1.NamespaceQuota
+	6,  // 12: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
+	10, // 13: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
+	12, // 14: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
+	15, // 15: kvmesh.v1.AdminService.SetQuota:input_type -> kvmesh.v1.SetQuotaRequest
+	17, // 16: kvmesh.v1.AdminService.Quotas:input_type -> kvmesh.v1.QuotasRequest
+	4,  // 17: kvmesh.v1.AdminService.WhoAmI:input_type -> kvmesh.v1.WhoAmIRequest
+	0,  // 18: kvmesh.v1.AdminService.Partials:input_type -> kvmesh.v1.PartialsRequest
+	9,  // 19: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
+	11, // 20: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
+	13, // 21: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
+	16, // 22: kvmesh.v1.AdminService.SetQuota:output_type -> kvmesh.v1.SetQuotaResponse
+	19, // 23: kvmesh.v1.AdminService.Quotas:output_type -> kvmesh.v1.QuotasResponse
+	5,  // 24: kvmesh.v1.AdminService.WhoAmI:output_type -> kvmesh.v1.WhoAmIResponse
+	1,  // 25: kvmesh.v1.AdminService.Partials:output_type -> kvmesh.v1.PartialsResponse
+	19, // [19:26] is the sub-list for method output_type
+	12, // [12:19] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_admin_proto_init() }
@@ -1325,7 +1636,7 @@ func file_kvmesh_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_v1_admin_proto_rawDesc), len(file_kvmesh_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const (
 	AdminService_SetQuota_FullMethodName      = "/kvmesh.v1.AdminService/SetQuota"
 	AdminService_Quotas_FullMethodName        = "/kvmesh.v1.AdminService/Quotas"
 	AdminService_WhoAmI_FullMethodName        = "/kvmesh.v1.AdminService/WhoAmI"
+	AdminService_Partials_FullMethodName      = "/kvmesh.v1.AdminService/Partials"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -58,6 +59,12 @@ type AdminServiceClient interface {
 	// tenant's namespace = keys of the namespace whose tenant_salt is
 	// namespace_salt + ":" + the caller's own salt).
 	WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error)
+	// Partials lists this node's incomplete blocks, oldest first: blocks some
+	// of whose parts (the head and layer ranges of tensor- and
+	// pipeline-parallel ranks) are stored and others not yet. They are not
+	// served; they expire after kvmesh serve --partial-ttl. A tenant sees its
+	// own only.
+	Partials(ctx context.Context, in *PartialsRequest, opts ...grpc.CallOption) (*PartialsResponse, error)
 }
 
 type adminServiceClient struct {
@@ -128,6 +135,16 @@ func (c *adminServiceClient) WhoAmI(ctx context.Context, in *WhoAmIRequest, opts
 	return out, nil
 }
 
+func (c *adminServiceClient) Partials(ctx context.Context, in *PartialsRequest, opts ...grpc.CallOption) (*PartialsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PartialsResponse)
+	err := c.cc.Invoke(ctx, AdminService_Partials_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -159,6 +176,12 @@ type AdminServiceServer interface {
 	// tenant's namespace = keys of the namespace whose tenant_salt is
 	// namespace_salt + ":" + the caller's own salt).
 	WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error)
+	// Partials lists this node's incomplete blocks, oldest first: blocks some
+	// of whose parts (the head and layer ranges of tensor- and
+	// pipeline-parallel ranks) are stored and others not yet. They are not
+	// served; they expire after kvmesh serve --partial-ttl. A tenant sees its
+	// own only.
+	Partials(context.Context, *PartialsRequest) (*PartialsResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -186,6 +209,9 @@ func (UnimplementedAdminServiceServer) Quotas(context.Context, *QuotasRequest) (
 }
 func (UnimplementedAdminServiceServer) WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method WhoAmI not implemented")
+}
+func (UnimplementedAdminServiceServer) Partials(context.Context, *PartialsRequest) (*PartialsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Partials not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -316,6 +342,24 @@ func _AdminService_WhoAmI_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_Partials_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PartialsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Partials(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Partials_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Partials(ctx, req.(*PartialsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -346,6 +390,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "WhoAmI",
 			Handler:    _AdminService_WhoAmI_Handler,
+		},
+		{
+			MethodName: "Partials",
+			Handler:    _AdminService_Partials_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

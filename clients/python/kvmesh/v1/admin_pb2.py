@@ -20,11 +20,219 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/admin.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\x0f\n\rWhoAmIRequest\"\\\n\x0eWhoAmIResponse\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06scopes\x18\x02 \x03(\t\x12\x16\n\x0enamespace_salt\x18\x03 \x01(\t\x12\x12\n\ntenant_tag\x18\x04 \x01(\x06\"7\n\x0eMembersRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xe5\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x12\n\nshm_socket\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x14\n\x0crdma_devices\x18\x0b \x03(\t\"u\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\xa8\x02\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x17\n\x0blayer_start\x18\n \x01(\rB\x02\x18\x01\x12\x15\n\tlayer_end\x18\x0b \x01(\rB\x02\x18\x01\x12\x0e\n\x06layers\x18\x0e \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\r\"/\n\x05Quota\x12\x12\n\ndram_bytes\x18\x01 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x02 \x01(\x04\"z\n\x0fSetQuotaRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\x12\x1f\n\x05quota\x18\x03 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"@\n\x10SetQuotaResponse\x12,\n\tnamespace\x18\x01 \x01(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\"6\n\rQuotasRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x86\x01\n\x0eNamespaceQuota\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x1f\n\x05quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\x0b\n\x03own\x18\x03 \x01(\x08\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x12\n\ndram_bytes\x18\x05 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x06 \x01(\x04\"\x92\x01\n\x0eQuotasResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\rdefault_quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12-\n\nnamespaces\x18\x03 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t2\xaf\x03\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12\x43\n\x08SetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponse\x12=\n\x06WhoAmI\x12\x18.kvmesh.v1.WhoAmIRequest\x1a\x19.kvmesh.v1.WhoAmIResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\" \n\x0fPartialsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"J\n\x10PartialsResponse\x12\'\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.PartialBlock\x12\r\n\x05total\x18\x02 \x01(\r\";\n\tPartRange\x12\n\n\x02l0\x18\x01 \x01(\r\x12\n\n\x02l1\x18\x02 \x01(\r\x12\n\n\x02h0\x18\x03 \x01(\r\x12\n\n\x02h1\x18\x04 \x01(\r\"\xbe\x01\n\x0cPartialBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x02 \x01(\x06\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12#\n\x05parts\x18\x04 \x03(\x0b\x32\x14.kvmesh.v1.PartRange\x12\x0e\n\x06layers\x18\x05 \x01(\r\x12\r\n\x05heads\x18\x06 \x01(\r\x12\x0f\n\x07\x63overed\x18\x07 \x01(\r\x12\x13\n\x0b\x61ge_seconds\x18\x08 \x01(\x01\x12\r\n\x05\x62ytes\x18\t \x01(\x04\"\x0f\n\rWhoAmIRequest\"\\\n\x0eWhoAmIResponse\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06scopes\x18\x02 \x03(\t\x12\x16\n\x0enamespace_salt\x18\x03 \x01(\t\x12\x12\n\ntenant_tag\x18\x04 \x01(\x06\"7\n\x0eMembersRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xe5\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x12\n\nshm_socket\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x14\n\x0crdma_devices\x18\x0b \x03(\t\"u\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\xa8\x02\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x17\n\x0blayer_start\x18\n \x01(\rB\x02\x18\x01\x12\x15\n\tlayer_end\x18\x0b \x01(\rB\x02\x18\x01\x12\x0e\n\x06layers\x18\x0e \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\r\"/\n\x05Quota\x12\x12\n\ndram_bytes\x18\x01 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x02 \x01(\x04\"z\n\x0fSetQuotaRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\x12\x1f\n\x05quota\x18\x03 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"@\n\x10SetQuotaResponse\x12,\n\tnamespace\x18\x01 \x01(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\"6\n\rQuotasRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x86\x01\n\x0eNamespaceQuota\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x1f\n\x05quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\x0b\n\x03own\x18\x03 \x01(\x08\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x12\n\ndram_bytes\x18\x05 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x06 \x01(\x04\"\x92\x01\n\x0eQuotasResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\rdefault_quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12-\n\nnamespaces\x18\x03 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t2\xf4\x03\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12\x43\n\x08SetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponse\x12=\n\x06WhoAmI\x12\x18.kvmesh.v1.WhoAmIRequest\x1a\x19.kvmesh.v1.WhoAmIResponse\x12\x43\n\x08Partials\x12\x1a.kvmesh.v1.PartialsRequest\x1a\x1b.kvmesh.v1.PartialsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
 
+
+
+_PARTIALSREQUEST = _descriptor.Descriptor(
+  name='PartialsRequest',
+  full_name='kvmesh.v1.PartialsRequest',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='limit', full_name='kvmesh.v1.PartialsRequest.limit', index=0,
+      number=1, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=59,
+  serialized_end=91,
+)
+
+
+_PARTIALSRESPONSE = _descriptor.Descriptor(
+  name='PartialsResponse',
+  full_name='kvmesh.v1.PartialsResponse',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='blocks', full_name='kvmesh.v1.PartialsResponse.blocks', index=0,
+      number=1, type=11, cpp_type=10, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='total', full_name='kvmesh.v1.PartialsResponse.total', index=1,
+      number=2, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=93,
+  serialized_end=167,
+)
+
+
+_PARTRANGE = _descriptor.Descriptor(
+  name='PartRange',
+  full_name='kvmesh.v1.PartRange',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='l0', full_name='kvmesh.v1.PartRange.l0', index=0,
+      number=1, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='l1', full_name='kvmesh.v1.PartRange.l1', index=1,
+      number=2, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='h0', full_name='kvmesh.v1.PartRange.h0', index=2,
+      number=3, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='h1', full_name='kvmesh.v1.PartRange.h1', index=3,
+      number=4, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=169,
+  serialized_end=228,
+)
+
+
+_PARTIALBLOCK = _descriptor.Descriptor(
+  name='PartialBlock',
+  full_name='kvmesh.v1.PartialBlock',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='key', full_name='kvmesh.v1.PartialBlock.key', index=0,
+      number=1, type=12, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b(""),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='namespace_digest', full_name='kvmesh.v1.PartialBlock.namespace_digest', index=1,
+      number=2, type=6, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='tokens', full_name='kvmesh.v1.PartialBlock.tokens', index=2,
+      number=3, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='parts', full_name='kvmesh.v1.PartialBlock.parts', index=3,
+      number=4, type=11, cpp_type=10, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='layers', full_name='kvmesh.v1.PartialBlock.layers', index=4,
+      number=5, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='heads', full_name='kvmesh.v1.PartialBlock.heads', index=5,
+      number=6, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='covered', full_name='kvmesh.v1.PartialBlock.covered', index=6,
+      number=7, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='age_seconds', full_name='kvmesh.v1.PartialBlock.age_seconds', index=7,
+      number=8, type=1, cpp_type=5, label=1,
+      has_default_value=False, default_value=float(0),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='bytes', full_name='kvmesh.v1.PartialBlock.bytes', index=8,
+      number=9, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=231,
+  serialized_end=421,
+)
 
 
 _WHOAMIREQUEST = _descriptor.Descriptor(
@@ -46,8 +254,8 @@ _WHOAMIREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=59,
-  serialized_end=74,
+  serialized_start=423,
+  serialized_end=438,
 )
 
 
@@ -98,8 +306,8 @@ _WHOAMIRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=76,
-  serialized_end=168,
+  serialized_start=440,
+  serialized_end=532,
 )
 
 
@@ -136,8 +344,8 @@ _MEMBERSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=170,
-  serialized_end=225,
+  serialized_start=534,
+  serialized_end=589,
 )
 
 
@@ -181,8 +389,8 @@ _TIERCAPACITY = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=227,
-  serialized_end=299,
+  serialized_start=591,
+  serialized_end=663,
 )
 
 
@@ -282,8 +490,8 @@ _MEMBER = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=302,
-  serialized_end=531,
+  serialized_start=666,
+  serialized_end=895,
 )
 
 
@@ -334,8 +542,8 @@ _MEMBERSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=533,
-  serialized_end=650,
+  serialized_start=897,
+  serialized_end=1014,
 )
 
 
@@ -372,8 +580,8 @@ _DROPNAMESPACEREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=652,
-  serialized_end=731,
+  serialized_start=1016,
+  serialized_end=1095,
 )
 
 
@@ -403,8 +611,8 @@ _DROPNAMESPACERESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=733,
-  serialized_end=780,
+  serialized_start=1097,
+  serialized_end=1144,
 )
 
 
@@ -434,8 +642,8 @@ _BLOCKINFOREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=782,
-  serialized_end=813,
+  serialized_start=1146,
+  serialized_end=1177,
 )
 
 
@@ -556,8 +764,8 @@ _BLOCKINFORESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=816,
-  serialized_end=1112,
+  serialized_start=1180,
+  serialized_end=1476,
 )
 
 
@@ -594,8 +802,8 @@ _QUOTA = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1114,
-  serialized_end=1161,
+  serialized_start=1478,
+  serialized_end=1525,
 )
 
 
@@ -646,8 +854,8 @@ _SETQUOTAREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1163,
-  serialized_end=1285,
+  serialized_start=1527,
+  serialized_end=1649,
 )
 
 
@@ -677,8 +885,8 @@ _SETQUOTARESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1287,
-  serialized_end=1351,
+  serialized_start=1651,
+  serialized_end=1715,
 )
 
 
@@ -715,8 +923,8 @@ _QUOTASREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1353,
-  serialized_end=1407,
+  serialized_start=1717,
+  serialized_end=1771,
 )
 
 
@@ -781,8 +989,8 @@ _NAMESPACEQUOTA = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1410,
-  serialized_end=1544,
+  serialized_start=1774,
+  serialized_end=1908,
 )
 
 
@@ -833,10 +1041,12 @@ _QUOTASRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1547,
-  serialized_end=1693,
+  serialized_start=1911,
+  serialized_end=2057,
 )
 
+_PARTIALSRESPONSE.fields_by_name['blocks'].message_type = _PARTIALBLOCK
+_PARTIALBLOCK.fields_by_name['parts'].message_type = _PARTRANGE
 _MEMBER.fields_by_name['tiers'].message_type = _TIERCAPACITY
 _MEMBERSRESPONSE.fields_by_name['members'].message_type = _MEMBER
 _DROPNAMESPACEREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
@@ -847,6 +1057,10 @@ _SETQUOTARESPONSE.fields_by_name['namespace'].message_type = _NAMESPACEQUOTA
 _NAMESPACEQUOTA.fields_by_name['quota'].message_type = _QUOTA
 _QUOTASRESPONSE.fields_by_name['default_quota'].message_type = _QUOTA
 _QUOTASRESPONSE.fields_by_name['namespaces'].message_type = _NAMESPACEQUOTA
+DESCRIPTOR.message_types_by_name['PartialsRequest'] = _PARTIALSREQUEST
+DESCRIPTOR.message_types_by_name['PartialsResponse'] = _PARTIALSRESPONSE
+DESCRIPTOR.message_types_by_name['PartRange'] = _PARTRANGE
+DESCRIPTOR.message_types_by_name['PartialBlock'] = _PARTIALBLOCK
 DESCRIPTOR.message_types_by_name['WhoAmIRequest'] = _WHOAMIREQUEST
 DESCRIPTOR.message_types_by_name['WhoAmIResponse'] = _WHOAMIRESPONSE
 DESCRIPTOR.message_types_by_name['MembersRequest'] = _MEMBERSREQUEST
@@ -864,6 +1078,34 @@ DESCRIPTOR.message_types_by_name['QuotasRequest'] = _QUOTASREQUEST
 DESCRIPTOR.message_types_by_name['NamespaceQuota'] = _NAMESPACEQUOTA
 DESCRIPTOR.message_types_by_name['QuotasResponse'] = _QUOTASRESPONSE
 _sym_db.RegisterFileDescriptor(DESCRIPTOR)
+
+PartialsRequest = _reflection.GeneratedProtocolMessageType('PartialsRequest', (_message.Message,), dict(
+  DESCRIPTOR = _PARTIALSREQUEST,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PartialsRequest)
+  ))
+_sym_db.RegisterMessage(PartialsRequest)
+
+PartialsResponse = _reflection.GeneratedProtocolMessageType('PartialsResponse', (_message.Message,), dict(
+  DESCRIPTOR = _PARTIALSRESPONSE,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PartialsResponse)
+  ))
+_sym_db.RegisterMessage(PartialsResponse)
+
+PartRange = _reflection.GeneratedProtocolMessageType('PartRange', (_message.Message,), dict(
+  DESCRIPTOR = _PARTRANGE,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PartRange)
+  ))
+_sym_db.RegisterMessage(PartRange)
+
+PartialBlock = _reflection.GeneratedProtocolMessageType('PartialBlock', (_message.Message,), dict(
+  DESCRIPTOR = _PARTIALBLOCK,
+  __module__ = 'kvmesh.v1.admin_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PartialBlock)
+  ))
+_sym_db.RegisterMessage(PartialBlock)
 
 WhoAmIRequest = _reflection.GeneratedProtocolMessageType('WhoAmIRequest', (_message.Message,), dict(
   DESCRIPTOR = _WHOAMIREQUEST,
@@ -991,8 +1233,8 @@ _ADMINSERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=1696,
-  serialized_end=2127,
+  serialized_start=2060,
+  serialized_end=2560,
   methods=[
   _descriptor.MethodDescriptor(
     name='Members',
@@ -1046,6 +1288,15 @@ _ADMINSERVICE = _descriptor.ServiceDescriptor(
     containing_service=None,
     input_type=_WHOAMIREQUEST,
     output_type=_WHOAMIRESPONSE,
+    options=None,
+  ),
+  _descriptor.MethodDescriptor(
+    name='Partials',
+    full_name='kvmesh.v1.AdminService.Partials',
+    index=6,
+    containing_service=None,
+    input_type=_PARTIALSREQUEST,
+    output_type=_PARTIALSRESPONSE,
     options=None,
   ),
 ])

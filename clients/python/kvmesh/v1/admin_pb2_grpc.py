@@ -45,6 +45,11 @@ class AdminServiceStub(object):
         request_serializer=kvmesh_dot_v1_dot_admin__pb2.WhoAmIRequest.SerializeToString,
         response_deserializer=kvmesh_dot_v1_dot_admin__pb2.WhoAmIResponse.FromString,
         )
+    self.Partials = channel.unary_unary(
+        '/kvmesh.v1.AdminService/Partials',
+        request_serializer=kvmesh_dot_v1_dot_admin__pb2.PartialsRequest.SerializeToString,
+        response_deserializer=kvmesh_dot_v1_dot_admin__pb2.PartialsResponse.FromString,
+        )
 
 
 class AdminServiceServicer(object):
@@ -106,6 +111,17 @@ class AdminServiceServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def Partials(self, request, context):
+    """Partials lists this node's incomplete blocks, oldest first: blocks some
+    of whose parts (the head and layer ranges of tensor- and
+    pipeline-parallel ranks) are stored and others not yet. They are not
+    served; they expire after kvmesh serve --partial-ttl. A tenant sees its
+    own only.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -138,6 +154,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
           servicer.WhoAmI,
           request_deserializer=kvmesh_dot_v1_dot_admin__pb2.WhoAmIRequest.FromString,
           response_serializer=kvmesh_dot_v1_dot_admin__pb2.WhoAmIResponse.SerializeToString,
+      ),
+      'Partials': grpc.unary_unary_rpc_method_handler(
+          servicer.Partials,
+          request_deserializer=kvmesh_dot_v1_dot_admin__pb2.PartialsRequest.FromString,
+          response_serializer=kvmesh_dot_v1_dot_admin__pb2.PartialsResponse.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(
