@@ -73,7 +73,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	// Puts over TCP are read straight into slots of the memory tier.
 	reserver := localReserver{l: local, cluster: &c.publisher, refused: &c.refused}
 	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.TLS, Tokens: tokens,
-		MaxInFlightBytes: int(opts.MaxInFlightBytes), Reserver: reserver}, opts.Logger); err != nil {
+		MaxInFlightBytes: int(opts.MaxInFlightBytes), Reserver: tcpReserver{reserver}}, opts.Logger); err != nil {
 		return nil, fmt.Errorf("node: data plane: %w", err)
 	}
 	dataAddr, err := c.data.Listen(opts.DataAddr)

@@ -200,6 +200,20 @@ func (r localReserver) Reserve(ctx context.Context, key, parent, chunk prefixhas
 	return reservation{Reservation: res, chunk: chunk, cluster: r.cluster, refused: r.refused}, nil
 }
 
+// tcpReserver is localReserver for the TCP data plane, whose values the
+// Sink takes when they are not reserved: a block already held is left to
+// it (a no-op there), so that a repeated put makes no room for nothing.
+type tcpReserver struct{ localReserver }
+
+var errHeld = errors.New("node: the block is held already")
+
+func (r tcpReserver) Reserve(ctx context.Context, key, parent, chunk prefixhash.Key, size int) (transfer.Reservation, error) {
+	if r.l.Contains(auth.AccessFrom(ctx), key) {
+		return nil, errHeld
+	}
+	return r.localReserver.Reserve(ctx, key, parent, chunk, size)
+}
+
 // errNotPublished: a publish that cannot be queued (the cluster is not
 // started) is not stored either, so that the client sends it through
 // BatchPut, which publishes.
