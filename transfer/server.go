@@ -855,6 +855,11 @@ func putInPlace(ctx context.Context, pr *payloadReader, res Reserver, sc *scratc
 	if err := pr.wait(); err != nil {
 		return false, fmt.Errorf("read values: %w", err)
 	}
+	// A part is assembled into its whole block's room, not stored where
+	// it arrives: room of its own would only cost memory the block needs.
+	if hdr, err := pr.br.Peek(min(l, block.FixedHeaderLen)); err == nil && block.IsPart(hdr) {
+		return false, nil
+	}
 	r, err := res.Reserve(ctx, sc.keys[i], prefixhash.Key{}, chunk, l)
 	if err != nil {
 		return false, nil
