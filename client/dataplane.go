@@ -59,6 +59,10 @@ type transport struct {
 	name string // "shm" or "tcp"
 	peer dataPeer
 	full bool // verify payload checksums of what it reads
+	// inPlace: it reads whole blocks in place (the node's DRAM arena), so a
+	// part is cut here from the whole block rather than copied out and
+	// checksummed by the node.
+	inPlace bool
 }
 
 // transports returns the usable data-plane transports, best first: none when
@@ -89,7 +93,7 @@ func (d *dataPlane) transports(ctx context.Context) []transport {
 			}
 		}
 		if d.mu.shmc != nil {
-			out = append(out, transport{name: "shm", peer: d.mu.shmc, full: d.c.opts.VerifySharedMemory})
+			out = append(out, transport{name: "shm", peer: d.mu.shmc, full: d.c.opts.VerifySharedMemory, inPlace: d.mu.shmc.InPlace()})
 		}
 	}
 	if ni.dataAddr != "" && !now.Before(d.mu.tcpUntil) {
@@ -183,7 +187,14 @@ func (d *dataBulk) get(ctx context.Context, ns prefixhash.Namespace, part block.
 // reads the whole block and the part is cut from it.
 func (d *dataBulk) getWindow(ctx context.Context, ts *[]transport, ns prefixhash.Namespace, part block.Part, base int, keys, chunkKeys []prefixhash.Key,
 	prefix, fresh bool, fn func(Block) error) (stop bool, err error) {
-	r, t := d.dataGet(ctx, ts, part, keys)
+	// Through the node's arena a whole block costs no copy: the part is
+	// cut from it here (one copy of the part's bytes), where the node
+	// would copy it out and checksum it.
+	read, cut := part, part != (block.Part{}) && len(*ts) > 0 && (*ts)[0].inPlace
+	if cut {
+		read = block.Part{}
+	}
+	r, t := d.dataGet(ctx, ts, read, keys)
 	if r == nil {
 		if err := ctx.Err(); err != nil {
 			return false, err
@@ -202,7 +213,11 @@ func (d *dataBulk) getWindow(ctx context.Context, ts *[]transport, ns prefixhash
 	var missing []int
 	for i, k := range keys {
 		if r.Status[i] == transfer.StatusOK {
-			if b, ok := d.check(ns, part, k, r.Values[i], t.full); ok {
+			if b, ok := d.check(ns, read, k, r.Values[i], t.full); ok {
+				if cut {
+					lay := block.LayoutOf(ns)
+					b.Payload = lay.ExtractPart(make([]byte, 0, lay.PartLen(ns.BlockTokens, part)), b.Payload, ns.BlockTokens, part)
+				}
 				local[i] = b
 				continue
 			}
@@ -214,7 +229,7 @@ func (d *dataBulk) getWindow(ctx context.Context, ts *[]transport, ns prefixhash
 		for ; next < upTo; next++ {
 			b := local[next]
 			b.Index = base + next
-			if fresh {
+			if fresh && !cut { // a cut part is a copy already
 				b.Payload = append([]byte(nil), b.Payload...)
 				b.Tokens = append([]uint32(nil), b.Tokens...)
 			}
