@@ -15,6 +15,11 @@
 //	store     GET/SET of whole blocks through the Go client, network and
 //	          shared-memory paths, against Redis by the same load loop and
 //	          by redis-benchmark (the faster is the peer; > 15% apart flagged)
+//	ranks     N tensor-parallel ranks (goroutines, a client each) putting
+//	          and getting their slices of the same blocks at once
+//	          (client.PutRank, GetRank) against one client's whole blocks,
+//	          over TCP and shared memory; an MLA instance's ranks putting
+//	          one prefix: bytes the node received against one copy
 //	lookup    longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes;
 //	          the keys of a 128k-token prompt against one SHA-256 pass
 //	nvme      the NVMe tier against fio on the same file system; end to

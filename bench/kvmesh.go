@@ -378,15 +378,21 @@ func transferBytes(ctx context.Context, httpAddr string) (map[string]float64, er
 	if err != nil {
 		return nil, err
 	}
+	return countersBy(mf, "kvmesh_transfer_bytes_total", "transport"), nil
+}
+
+// countersBy sums the counters of the metric family name by the value of
+// their label label.
+func countersBy(mf map[string]*dto.MetricFamily, name, label string) map[string]float64 {
 	out := map[string]float64{}
-	for _, m := range mf["kvmesh_transfer_bytes_total"].GetMetric() {
+	for _, m := range mf[name].GetMetric() {
 		for _, l := range m.GetLabel() {
-			if l.GetName() == "transport" {
+			if l.GetName() == label {
 				out[l.GetValue()] += m.GetCounter().GetValue()
 			}
 		}
 	}
-	return out, nil
+	return out
 }
 
 // nodeMetrics reads and parses the /metrics page the node serves at

@@ -301,7 +301,7 @@ type SuiteFlags struct {
 }
 
 // Suites returns every suite, in the order `all` runs them: transfer,
-// store, lookup, nvme, prefill, trace; and those `all` leaves out: peers
+// store, ranks, lookup, nvme, prefill, trace; and those `all` leaves out: peers
 // (every suite measures its own peers) and soak (a test of endurance, not a
 // figure of speed).
 func Suites(f SuiteFlags) []Suite {
@@ -313,7 +313,7 @@ func Suites(f SuiteFlags) []Suite {
 			trace.Routing = append(trace.Routing, RoutingSession)
 		}
 	}
-	return []Suite{&TransferSuite{}, &StoreSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice}},
+	return []Suite{&TransferSuite{}, &StoreSuite{}, &RanksSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice}},
 		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{Options: ServeOptions{Backlog: f.Backlog}},
 		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}}
 }

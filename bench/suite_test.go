@@ -49,7 +49,7 @@ func TestSelect(t *testing.T) {
 		t.Fatalf("no suite: %v", err)
 	}
 	// The built-in suites are found by name.
-	if _, err := Select(Suites(SuiteFlags{}), []string{"peers", "trace", "transfer", "store", "lookup", "nvme", "prefill"}); err != nil {
+	if _, err := Select(Suites(SuiteFlags{}), []string{"peers", "trace", "transfer", "store", "ranks", "lookup", "nvme", "prefill"}); err != nil {
 		t.Fatal(err)
 	}
 	// "all" is every suite but peers, which every suite measures itself.
@@ -61,11 +61,11 @@ func TestSelect(t *testing.T) {
 	for _, s := range got {
 		names = append(names, s.Name())
 	}
-	if strings.Join(names, ",") != "transfer,store,lookup,nvme,prefill,trace" {
+	if strings.Join(names, ",") != "transfer,store,ranks,lookup,nvme,prefill,trace" {
 		t.Fatalf("all = %v", names)
 	}
 	// --routing puts the policy beside session-affinity in the trace suite.
-	tr := Suites(SuiteFlags{Routing: RoutingRoundRobin, Nodes: 3})[5].(*TraceSuite)
+	tr := Suites(SuiteFlags{Routing: RoutingRoundRobin, Nodes: 3})[6].(*TraceSuite)
 	if fmt.Sprint(tr.Options.Routing) != "[round-robin session-affinity]" || tr.Options.Nodes != 3 {
 		t.Fatalf("trace options %+v", tr.Options)
 	}

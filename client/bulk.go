@@ -8,6 +8,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
@@ -20,14 +21,21 @@ type bulk interface {
 	// key is answered (up to that miss) or an error is returned.
 	// chunkKeys (nil: unknown) place the keys in the cluster. With fresh,
 	// each payload is a new slice the caller keeps; without it, payload
-	// and tokens are valid only during fn.
-	get(ctx context.Context, ns prefixhash.Namespace, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error
+	// and tokens are valid only during fn. part, when not zero, is the
+	// part of every block to read (a rank's, rank.go): the payloads fn
+	// gets are then that part's bytes.
+	get(ctx context.Context, ns prefixhash.Namespace, part block.Part, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error
 	// put stores blocks and returns their keys in order.
 	put(ctx context.Context, ns prefixhash.Namespace, blocks []putItem) ([]prefixhash.Key, error)
 }
 
-// putItem is one block to store. payload is read during put only.
+// putItem is one block to store, or one part of it. payload is read during
+// put only.
 type putItem struct {
+	// part is the part of the block payload holds (PutRank); zero: the
+	// whole block. Parts travel over the data plane only: the gRPC API
+	// carries whole blocks.
+	part    block.Part
 	parent  prefixhash.Link // what its key chains from (KeyLink of the parent key but under the vllm scheme)
 	extra   prefixhash.ExtraKeys
 	key     prefixhash.Key // the key the client expects
@@ -42,7 +50,7 @@ var errStream = errors.New("client: malformed stream from node")
 // grpcBulk moves payloads over CacheService's BatchGet and BatchPut streams.
 type grpcBulk struct{ c *Client }
 
-func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
+func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, part block.Part, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
 	req := &kvmeshv1.BatchGetRequest{Namespace: NamespaceProto(ns), Keys: make([][]byte, len(keys)), Prefix: prefix}
 	for i := range keys {
 		req.Keys[i] = keys[i][:]
@@ -62,14 +70,16 @@ func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunk
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", errStream, fmt.Sprintf(format, args...))
 	}
+	layout := block.LayoutOf(ns)
 	var (
 		cur     Block
 		sum     uint64
 		want    int // payload bytes of the current block
 		buf     []byte
-		next    int  // the index the next block must have
-		inBlock bool // a hit's frames are arriving
-		stopped bool // prefix: a miss ended the stream
+		pbuf    []byte // the part read, when part is set
+		next    int    // the index the next block must have
+		inBlock bool   // a hit's frames are arriving
+		stopped bool   // prefix: a miss ended the stream
 	)
 	for {
 		f, err := stream.Recv()
@@ -116,6 +126,10 @@ func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunk
 			if n := f.GetPayloadLen(); n == 0 || n > uint64(g.c.opts.MaxBlockBytes) {
 				return bad("block %d: payload of %d bytes (limit %d)", next, n, g.c.opts.MaxBlockBytes)
 			}
+			if n, whole := f.GetPayloadLen(), layout.PayloadLen(len(cur.Tokens)); n != uint64(whole) {
+				// A part of the block, or another layout: not the block.
+				return bad("block %d: payload of %d bytes, a block of %s holds %d", next, n, ns, whole)
+			}
 			want = int(f.GetPayloadLen())
 			if fresh || cap(buf) < want {
 				buf = make([]byte, want)
@@ -141,6 +155,14 @@ func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunk
 		}
 		inBlock = false
 		next++
+		if part != (block.Part{}) {
+			// BatchGet reads whole blocks: the part is cut out here.
+			if fresh {
+				pbuf = nil
+			}
+			pbuf = layout.ExtractPart(pbuf[:0], cur.Payload, len(cur.Tokens), part)
+			cur.Payload = pbuf
+		}
 		if err := fn(cur); err != nil {
 			return err
 		}
@@ -148,6 +170,11 @@ func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunk
 }
 
 func (g *grpcBulk) put(ctx context.Context, ns prefixhash.Namespace, blocks []putItem) ([]prefixhash.Key, error) {
+	for i, b := range blocks {
+		if b.part != (block.Part{}) {
+			return nil, fmt.Errorf("%w: block %s (%s)", errPartsNeedDataPlane, blocks[i].key, b.part)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := g.c.cache.BatchPut(ctx)

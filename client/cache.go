@@ -7,6 +7,7 @@ import (
 	"slices"
 	"unsafe"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
@@ -212,9 +213,10 @@ type Block struct {
 	// Extra are the extra keys the block's key covers, as the namespace
 	// makes them (prefixhash.Namespace.BlockExtra).
 	Extra prefixhash.ExtraKeys
-	// Payload is the block's K/V, [layer][K|V][token][kv_head][head_dim]
+	// Payload is the block's K/V, [layer][kv_head][K|V][token][head_dim]
 	// ([layer][token][latent_dim] for a latent namespace), followed by its
-	// float32 scales when the namespace has them (prefixhash.Scales).
+	// float32 scales when the namespace has them (prefixhash.Scales). From
+	// GetRank, it is the rank's part of the block (block.Part).
 	Payload []byte
 }
 
@@ -231,7 +233,7 @@ func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, tokens []uint
 // LookupExtra.
 func (c *Client) GetExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys) ([]Block, error) {
 	var out []Block
-	err := c.getPrefix(ctx, ns, tokens, extra, -1, true, func(b Block) { out = append(out, b) })
+	err := c.getPrefix(ctx, ns, block.Part{}, tokens, extra, -1, true, func(b Block) { out = append(out, b) })
 	if err != nil {
 		return nil, err
 	}
@@ -247,13 +249,19 @@ func (c *Client) GetExtra(ctx context.Context, ns prefixhash.Namespace, tokens [
 // buffer (or the node's shared memory), so a worker that reads every prompt
 // into the same buffers allocates nothing per block.
 func (c *Client) GetInto(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, dst [][]byte) (int, error) {
+	return c.getInto(ctx, ns, block.Part{}, tokens, dst)
+}
+
+// getInto is GetInto of part of each block (the whole block when part is
+// zero).
+func (c *Client) getInto(ctx context.Context, ns prefixhash.Namespace, part block.Part, tokens []uint32, dst [][]byte) (int, error) {
 	for i, d := range dst {
-		if len(d) != ns.BlockBytes() {
-			return 0, fmt.Errorf("%w: dst[%d] is %d bytes; blocks of %s hold %d", ErrInvalid, i, len(d), ns, ns.BlockBytes())
+		if err := checkPayloadLen(ns, part, "dst", i, d); err != nil {
+			return 0, err
 		}
 	}
 	n := 0
-	err := c.getPrefix(ctx, ns, tokens, nil, len(dst), false, func(b Block) {
+	err := c.getPrefix(ctx, ns, part, tokens, nil, len(dst), false, func(b Block) {
 		copy(dst[b.Index], b.Payload)
 		n++
 	})
@@ -262,9 +270,10 @@ func (c *Client) GetInto(ctx context.Context, ns prefixhash.Namespace, tokens []
 
 // getPrefix reads the cached prefix of tokens (with their blocks' extra
 // keys, none when nil) under ns, at most limit blocks (no limit when
-// negative), and hands each block to fn in prompt order. With fresh,
-// b.Payload is fn's to keep; otherwise it is valid during the call only.
-func (c *Client) getPrefix(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys, limit int, fresh bool, fn func(Block)) error {
+// negative), and hands each block to fn in prompt order: part of it when
+// part is not zero. With fresh, b.Payload is fn's to keep; otherwise it is
+// valid during the call only.
+func (c *Client) getPrefix(ctx context.Context, ns prefixhash.Namespace, part block.Part, tokens []uint32, extra []prefixhash.ExtraKeys, limit int, fresh bool, fn func(Block)) error {
 	ns, err := c.Namespace(ctx, ns)
 	if err != nil {
 		return err
@@ -278,7 +287,7 @@ func (c *Client) getPrefix(ctx context.Context, ns prefixhash.Namespace, tokens 
 	}
 	root := ns.Root()
 	next := 0
-	err = c.getKeys(ctx, ns, keys, c.chunkKeys(ctx, ns, keys), true, fresh, func(b Block) error {
+	err = c.getKeys(ctx, ns, part, keys, c.chunkKeys(ctx, ns, keys), true, fresh, func(b Block) error {
 		if !b.Found {
 			return nil
 		}
@@ -316,15 +325,16 @@ func (c *Client) GetKeys(ctx context.Context, ns prefixhash.Namespace, keys []pr
 	if err := checkNamespace(ns); err != nil {
 		return err
 	}
-	if err := c.getKeys(ctx, ns, keys, nil, false, false, fn); err != nil {
+	if err := c.getKeys(ctx, ns, block.Part{}, keys, nil, false, false, fn); err != nil {
 		return callError("get", err)
 	}
 	return nil
 }
 
 // getKeys splits keys into batches, each read with retries that resume after
-// the last block delivered. chunkKeys, when not nil, place keys.
-func (c *Client) getKeys(ctx context.Context, ns prefixhash.Namespace, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
+// the last block delivered. chunkKeys, when not nil, place keys. part, when
+// not zero, is the part of each block read.
+func (c *Client) getKeys(ctx context.Context, ns prefixhash.Namespace, part block.Part, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	next := 0 // keys[:next] are delivered
@@ -339,7 +349,7 @@ func (c *Client) getKeys(ctx context.Context, ns prefixhash.Namespace, keys, chu
 				cks = chunkKeys[next:end]
 			}
 			base := next
-			return c.bulk.get(ctx, ns, batch, cks, prefix, fresh, func(b Block) error {
+			return c.bulk.get(ctx, ns, part, batch, cks, prefix, fresh, func(b Block) error {
 				b.Index += base
 				if err := fn(b); err != nil {
 					return &callbackError{err}
@@ -390,6 +400,33 @@ func (c *Client) PutExtra(ctx context.Context, ns prefixhash.Namespace, tokens [
 	if err != nil {
 		return nil, err
 	}
+	items, err := c.putItems(ctx, ns, block.Part{}, tokens, extra, payloads)
+	if err != nil {
+		return nil, err
+	}
+	return c.putBatches(ctx, ns, items)
+}
+
+// checkPayloadLen refuses buf, the i-th of what (payloads, dst), unless it
+// is the length of part of a block of ns (the whole block when part is
+// zero).
+func checkPayloadLen(ns prefixhash.Namespace, part block.Part, what string, i int, buf []byte) error {
+	if part == (block.Part{}) {
+		if len(buf) != ns.BlockBytes() {
+			return fmt.Errorf("%w: %s[%d] is %d bytes; blocks of %s hold %d", ErrInvalid, what, i, len(buf), ns, ns.BlockBytes())
+		}
+		return nil
+	}
+	if want := block.LayoutOf(ns).PartLen(ns.BlockTokens, part); len(buf) != want {
+		return fmt.Errorf("%w: %s[%d] is %d bytes; %s of a block of %s holds %d", ErrInvalid, what, i, len(buf), part, ns, want)
+	}
+	return nil
+}
+
+// putItems checks payloads, part of each block of tokens (the whole block
+// when part is zero; nil skips a block), and returns them as items to put,
+// under ns as the node keys it for this client (Namespace).
+func (c *Client) putItems(ctx context.Context, ns prefixhash.Namespace, part block.Part, tokens []uint32, extra []prefixhash.ExtraKeys, payloads [][]byte) ([]putItem, error) {
 	links, err := prefixhash.LinksExtra(ns, tokens, extra)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -402,8 +439,10 @@ func (c *Client) PutExtra(ctx context.Context, ns prefixhash.Namespace, tokens [
 		return nil, fmt.Errorf("%w: %d payloads for %d full blocks of tokens", ErrInvalid, len(payloads), len(keys))
 	}
 	for i, p := range payloads {
-		if p != nil && len(p) != ns.BlockBytes() {
-			return nil, fmt.Errorf("%w: payload %d is %d bytes; blocks of %s hold %d", ErrInvalid, i, len(p), ns, ns.BlockBytes())
+		if p != nil {
+			if err := checkPayloadLen(ns, part, "payload", i, p); err != nil {
+				return nil, err
+			}
 		}
 	}
 	chunks := c.chunkKeys(ctx, ns, keys[:len(payloads)])
@@ -411,7 +450,7 @@ func (c *Client) PutExtra(ctx context.Context, ns prefixhash.Namespace, tokens [
 	parent := ns.RootLink()
 	for i, p := range payloads {
 		if p != nil {
-			it := putItem{parent: parent, key: keys[i], tokens: tokens[i*ns.BlockTokens : (i+1)*ns.BlockTokens], payload: p}
+			it := putItem{part: part, parent: parent, key: keys[i], tokens: tokens[i*ns.BlockTokens : (i+1)*ns.BlockTokens], payload: p}
 			if i < len(extra) {
 				it.extra = extra[i]
 			}
@@ -422,6 +461,12 @@ func (c *Client) PutExtra(ctx context.Context, ns prefixhash.Namespace, tokens [
 		}
 		parent = links[i]
 	}
+	return items, nil
+}
+
+// putBatches stores items, MaxBatchBlocks at a time, and returns the keys
+// stored.
+func (c *Client) putBatches(ctx context.Context, ns prefixhash.Namespace, items []putItem) ([]prefixhash.Key, error) {
 	var stored []prefixhash.Key
 	for len(items) > 0 {
 		batch := items[:min(len(items), c.opts.MaxBatchBlocks)]

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -58,6 +59,10 @@ type transport struct {
 	name string // "shm" or "tcp"
 	peer dataPeer
 	full bool // verify payload checksums of what it reads
+	// inPlace: it reads whole blocks in place (the node's DRAM arena), so a
+	// part is cut here from the whole block rather than copied out and
+	// checksummed by the node.
+	inPlace bool
 }
 
 // transports returns the usable data-plane transports, best first: none when
@@ -88,7 +93,7 @@ func (d *dataPlane) transports(ctx context.Context) []transport {
 			}
 		}
 		if d.mu.shmc != nil {
-			out = append(out, transport{name: "shm", peer: d.mu.shmc, full: d.c.opts.VerifySharedMemory})
+			out = append(out, transport{name: "shm", peer: d.mu.shmc, full: d.c.opts.VerifySharedMemory, inPlace: d.mu.shmc.InPlace()})
 		}
 	}
 	if ni.dataAddr != "" && !now.Before(d.mu.tcpUntil) {
@@ -154,10 +159,10 @@ func windowOf(ns prefixhash.Namespace) int {
 	return max(1, windowBytes/block.EncodedLen(ns.BlockTokens, ns.BlockBytes()))
 }
 
-func (d *dataBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
+func (d *dataBulk) get(ctx context.Context, ns prefixhash.Namespace, part block.Part, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
 	ts := d.dp.transports(ctx)
 	if len(ts) == 0 {
-		return d.grpc.get(ctx, ns, keys, chunkKeys, prefix, fresh, fn)
+		return d.grpc.get(ctx, ns, part, keys, chunkKeys, prefix, fresh, fn)
 	}
 	win := windowOf(ns)
 	for lo := 0; lo < len(keys); lo += win {
@@ -166,7 +171,7 @@ func (d *dataBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunk
 		if chunkKeys != nil {
 			cks = chunkKeys[lo:hi]
 		}
-		stop, err := d.getWindow(ctx, &ts, ns, lo, keys[lo:hi], cks, prefix, fresh, fn)
+		stop, err := d.getWindow(ctx, &ts, ns, part, lo, keys[lo:hi], cks, prefix, fresh, fn)
 		if err != nil || stop {
 			return err
 		}
@@ -177,16 +182,25 @@ func (d *dataBulk) get(ctx context.Context, ns prefixhash.Namespace, keys, chunk
 // getWindow reads keys, the request's keys from index base on: from the
 // node's tiers over the first transport that answers, then what they lacked
 // through BatchGet, delivering blocks to fn in key order. It reports stop
-// when prefix is set and a miss ended the read.
-func (d *dataBulk) getWindow(ctx context.Context, ts *[]transport, ns prefixhash.Namespace, base int, keys, chunkKeys []prefixhash.Key,
+// when prefix is set and a miss ended the read. part, when not zero, is the
+// part of each block read: the data plane reads it alone (GetParts), BatchGet
+// reads the whole block and the part is cut from it.
+func (d *dataBulk) getWindow(ctx context.Context, ts *[]transport, ns prefixhash.Namespace, part block.Part, base int, keys, chunkKeys []prefixhash.Key,
 	prefix, fresh bool, fn func(Block) error) (stop bool, err error) {
-	r, t := d.dataGet(ctx, ts, keys)
+	// Through the node's arena a whole block costs no copy: the part is
+	// cut from it here (one copy of the part's bytes), where the node
+	// would copy it out and checksum it.
+	read, cut := part, part != (block.Part{}) && len(*ts) > 0 && (*ts)[0].inPlace
+	if cut {
+		read = block.Part{}
+	}
+	r, t := d.dataGet(ctx, ts, read, keys)
 	if r == nil {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
 		stopped := false
-		err := d.grpc.get(ctx, ns, keys, chunkKeys, prefix, fresh, func(b Block) error {
+		err := d.grpc.get(ctx, ns, part, keys, chunkKeys, prefix, fresh, func(b Block) error {
 			stopped = prefix && !b.Found
 			b.Index += base
 			return fn(b)
@@ -199,7 +213,11 @@ func (d *dataBulk) getWindow(ctx context.Context, ts *[]transport, ns prefixhash
 	var missing []int
 	for i, k := range keys {
 		if r.Status[i] == transfer.StatusOK {
-			if b, ok := d.check(ns, k, r.Values[i], t.full); ok {
+			if b, ok := d.check(ns, read, k, r.Values[i], t.full); ok {
+				if cut {
+					lay := block.LayoutOf(ns)
+					b.Payload = lay.ExtractPart(make([]byte, 0, lay.PartLen(ns.BlockTokens, part)), b.Payload, ns.BlockTokens, part)
+				}
 				local[i] = b
 				continue
 			}
@@ -211,7 +229,7 @@ func (d *dataBulk) getWindow(ctx context.Context, ts *[]transport, ns prefixhash
 		for ; next < upTo; next++ {
 			b := local[next]
 			b.Index = base + next
-			if fresh {
+			if fresh && !cut { // a cut part is a copy already
 				b.Payload = append([]byte(nil), b.Payload...)
 				b.Tokens = append([]uint32(nil), b.Tokens...)
 			}
@@ -233,7 +251,7 @@ func (d *dataBulk) getWindow(ctx context.Context, ts *[]transport, ns prefixhash
 				mck[j] = chunkKeys[i]
 			}
 		}
-		err := d.grpc.get(ctx, ns, mk, mck, prefix, fresh, func(b Block) error {
+		err := d.grpc.get(ctx, ns, part, mk, mck, prefix, fresh, func(b Block) error {
 			i := missing[b.Index]
 			if err := deliver(i); err != nil {
 				return err
@@ -250,19 +268,37 @@ func (d *dataBulk) getWindow(ctx context.Context, ts *[]transport, ns prefixhash
 	return false, deliver(len(keys))
 }
 
-// dataGet reads keys over the first transport that answers, dropping the
-// ones that fail from ts. It returns nil when none answered.
-func (d *dataBulk) dataGet(ctx context.Context, ts *[]transport, keys []prefixhash.Key) (*transfer.Result, transport) {
+// dataGet reads keys (part of each, when part is not zero) over the first
+// transport that answers, dropping the ones that fail from ts. It returns
+// nil when none answered.
+func (d *dataBulk) dataGet(ctx context.Context, ts *[]transport, part block.Part, keys []prefixhash.Key) (*transfer.Result, transport) {
+	var parts []block.Part
+	if part != (block.Part{}) {
+		parts = make([]block.Part, len(keys))
+		for i := range parts {
+			parts[i] = part
+		}
+	}
 	for len(*ts) > 0 {
 		t := (*ts)[0]
-		r, err := t.peer.Get(ctx, keys)
+		var r *transfer.Result
+		var err error
+		if parts == nil {
+			r, err = t.peer.Get(ctx, keys)
+		} else if pp, ok := t.peer.(transfer.PartPeer); ok {
+			r, err = pp.GetParts(ctx, keys, parts)
+		} else {
+			err = transfer.ErrUnsupported
+		}
 		if err == nil {
 			return r, t
 		}
 		if ctx.Err() != nil {
 			return nil, t
 		}
-		d.dp.failed(t)
+		if !errors.Is(err, transfer.ErrUnsupported) {
+			d.dp.failed(t)
+		}
 		*ts = (*ts)[1:]
 	}
 	return nil, transport{}
@@ -270,11 +306,18 @@ func (d *dataBulk) dataGet(ctx context.Context, ts *[]transport, keys []prefixha
 
 // check verifies a block read from the data plane: its header (checksum;
 // key = H(parent ‖ tokens), the key asked for; the namespace and its
-// layout), its length and, when full, its payload checksum. A block that
-// fails is a miss here (BatchGet then asks the cluster).
-func (d *dataBulk) check(ns prefixhash.Namespace, key prefixhash.Key, b []byte, full bool) (Block, bool) {
+// layout; the part asked for, the whole block when part is zero), its
+// length and, when full, its payload checksum. A block that fails is a miss
+// here (BatchGet then asks the cluster).
+func (d *dataBulk) check(ns prefixhash.Namespace, part block.Part, key prefixhash.Key, b []byte, full bool) (Block, bool) {
 	h, err := block.DecodeHeader(b, d.c.opts.MaxBlockBytes)
 	if err != nil || h.Key != key || h.CheckNamespace(ns) != nil {
+		return Block{}, false
+	}
+	if part == (block.Part{}) {
+		part = h.Layout.Whole()
+	}
+	if h.Part != part {
 		return Block{}, false
 	}
 	hl := h.Len
@@ -315,7 +358,12 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 			var err error
 			// The node stores a tenant's blocks only with its tag.
 			var link prefixhash.Link
-			if hbuf, link, err = block.AppendHeaderExt(hbuf, sess.Tag, ns, it.parent, it.tokens, it.extra, it.payload); err != nil {
+			if it.part == (block.Part{}) {
+				hbuf, link, err = block.AppendHeaderExt(hbuf, sess.Tag, ns, it.parent, it.tokens, it.extra, it.payload)
+			} else {
+				hbuf, link, err = block.AppendPartHeaderExt(hbuf, sess.Tag, ns, it.parent, it.tokens, it.extra, it.part, it.payload)
+			}
+			if err != nil {
 				return nil, fmt.Errorf("%w: block %d: %w", ErrInvalid, lo+j, err)
 			}
 			keys[lo+j] = link.Key()
@@ -329,7 +377,18 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 			return nil, err
 		}
 		for j := range heads {
-			if st == nil || st[j] != transfer.StatusOK {
+			it := &items[lo+j]
+			switch {
+			case st != nil && st[j] == transfer.StatusOK:
+			case st != nil && st[j] == transfer.StatusConflict:
+				return nil, &PartConflictError{Key: it.key, Part: it.part}
+			case it.part != (block.Part{}):
+				// BatchPut carries whole blocks only: the next data-plane
+				// transport is the part's way out.
+				if err := d.putPartNext(ctx, ts, keys[lo+j], chunks[lo+j], heads[j], it, st, j); err != nil {
+					return nil, err
+				}
+			default:
 				// The node dropped it (full?) or could not publish it:
 				// BatchPut stores and publishes it, or says why not.
 				rest = append(rest, lo+j)
@@ -350,6 +409,27 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 		}
 	}
 	return keys, nil
+}
+
+// putPartNext sends it, a part the transport ts[0] did not store (st[j]
+// says why; st is nil when no transport took it), over the next transport
+// in ts: TCP after shared memory, where a put takes a slot of the part's
+// size in the node's arena besides the whole block's slot the node
+// assembles parts in, and so may find no room where TCP does.
+func (d *dataBulk) putPartNext(ctx context.Context, ts []transport, key, chunk prefixhash.Key, head []byte, it *putItem, st []transfer.Status, j int) error {
+	if st != nil && st[j] != transfer.StatusError && len(ts) > 1 {
+		next := ts[1:]
+		if s := d.dataPut(ctx, &next, []prefixhash.Key{key}, []prefixhash.Key{chunk}, [][]byte{head}, []putItem{*it}); s != nil {
+			st, j = s, 0
+		}
+	}
+	switch {
+	case st != nil && st[j] == transfer.StatusOK:
+		return nil
+	case st != nil && st[j] == transfer.StatusConflict:
+		return &PartConflictError{Key: it.key, Part: it.part}
+	}
+	return partRefused(it, st, j)
 }
 
 // dataPeer is a data-plane transport: transfer.Client or ShmClient. Besides

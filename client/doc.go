@@ -8,6 +8,16 @@
 // (k_0 = H(namespace), k_i = H(k_{i-1} ‖ block i's tokens)), so a key never
 // depends on which node or process computed it.
 //
+// A model instance spread over several GPUs puts and gets per rank: PutRank
+// stores a tensor- or pipeline-parallel rank's part of each block (its KV
+// heads, its layers; block.RankPart) and GetRank reads a rank's part. The
+// node assembles a block's parts and serves it, and Lookup counts it, only
+// once all of them are there; the key names the whole model's KV, so a
+// prompt written at one parallel size is read at any other (written at
+// TP 2, read at TP 4 or by a single GPU). A part several ranks hold alike
+// (the latent of an MLA model) is claimed before it is sent, so that it
+// crosses once. Parts travel over the data plane (rank.go).
+//
 // Calls honour the context's deadline; a call without one gets
 // Options.Timeout. Only calls that are safe to repeat are retried, and only
 // when the node was Unavailable: reads, Exists, Stats, and Put (a block's key

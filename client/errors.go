@@ -8,6 +8,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
@@ -39,7 +41,34 @@ var (
 	// ErrUnavailable: the node could not be reached, or was shutting down,
 	// after the retries a safe call is given.
 	ErrUnavailable = errors.New("client: node unavailable")
+	// ErrPartConflict: a part PutRank sent overlaps what the node already
+	// holds of its block with different bytes; the node stored nothing of
+	// that part. Ranks that disagree on a block's KV computed different
+	// prompts or models under one namespace. It is an invalid argument:
+	// it matches ErrInvalid too, and errors.As reaches the
+	// *PartConflictError, which names the block and the part.
+	ErrPartConflict = errors.New("client: part conflicts with the stored parts of its block")
 )
+
+// PartConflictError is a part the node refused because it conflicts with
+// the parts of its block already stored (ErrPartConflict).
+type PartConflictError struct {
+	Key  prefixhash.Key // the block
+	Part block.Part     // the part refused; zero: the whole block
+}
+
+func (e *PartConflictError) Error() string {
+	what := "the whole block"
+	if e.Part != (block.Part{}) {
+		what = e.Part.String()
+	}
+	return fmt.Sprintf("block %s, %s: the node holds other bytes for cells of it: refused (part conflict)", e.Key, what)
+}
+
+// Is matches ErrPartConflict and ErrInvalid.
+func (e *PartConflictError) Is(target error) bool {
+	return target == ErrPartConflict || target == ErrInvalid
+}
 
 // errTooManyPages ends a listing whose node keeps answering with a next
 // page.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -53,7 +54,13 @@ func prompt() ([]uint32, [][]byte) {
 	for i := range tokens {
 		tokens[i] = uint32(1000 + i)
 	}
-	payloads := [][]byte{bytes.Repeat([]byte{1}, ns.BlockBytes()), bytes.Repeat([]byte{2}, ns.BlockBytes())}
+	payloads := make([][]byte, 2)
+	for i := range payloads {
+		payloads[i] = make([]byte, ns.BlockBytes())
+		for j := range payloads[i] {
+			payloads[i][j] = byte(i + j)
+		}
+	}
 	return tokens, payloads
 }
 
@@ -161,6 +168,51 @@ func ExampleClient_GetInto() {
 	}
 	fmt.Println(n, "blocks read;", bytes.Equal(dst[1], payloads[1]))
 	// Output: 2 blocks read; true
+}
+
+// Two tensor-parallel ranks of an instance each put their half of every
+// block's KV heads; the blocks count as cached once both halves are there,
+// and a single-GPU worker reads them whole.
+func ExampleClient_PutRank() {
+	c, stop := dial()
+	defer stop()
+	ctx := context.Background()
+	tokens, payloads := prompt() // the whole model's KV, as one GPU computes it
+
+	l := block.LayoutOf(ns)
+	for rank := range 2 {
+		r := client.Rank{TPRank: rank, TPSize: 2}
+		part, err := r.Part(ns) // its KV heads, in every layer
+		if err != nil {
+			log.Fatal(err)
+		}
+		// What the rank holds of each block: its heads of each layer.
+		mine := make([][]byte, len(payloads))
+		for i, p := range payloads {
+			mine[i] = l.ExtractPart(nil, p, ns.BlockTokens, part)
+		}
+		if _, err := c.PutRank(ctx, ns, tokens, mine, r); err != nil {
+			log.Fatal(err)
+		}
+		lk, err := c.Lookup(ctx, ns, tokens)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("rank %d put %s: %d blocks cached\n", rank, part, lk.CachedBlocks)
+	}
+
+	blocks, err := c.GetRank(ctx, ns, tokens, client.Rank{}) // TP 1: the whole block, as Get
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, b := range blocks {
+		fmt.Println("block", b.Index, "whole:", bytes.Equal(b.Payload, payloads[b.Index]))
+	}
+	// Output:
+	// rank 0 put layers [0,2) heads [0,1): 0 blocks cached
+	// rank 1 put layers [0,2) heads [1,2): 2 blocks cached
+	// block 0 whole: true
+	// block 1 whole: true
 }
 
 func ExampleClient_Stats() {

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
@@ -68,7 +69,7 @@ func FuzzGetFrames(f *testing.F) {
 			t.Fatal(err)
 		}
 		c.cache = &frameNode{frames: frames}
-		_ = c.bulk.get(context.Background(), testNS, keys, nil, false, false, func(b Block) error {
+		_ = c.bulk.get(context.Background(), testNS, block.Part{}, keys, nil, false, false, func(b Block) error {
 			if b.Key != keys[b.Index] {
 				t.Fatalf("delivered block %d with key %s, asked for %s", b.Index, b.Key, keys[b.Index])
 			}

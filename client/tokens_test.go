@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -20,7 +21,7 @@ type lyingBulk struct {
 	bad    int
 }
 
-func (l lyingBulk) get(_ context.Context, ns prefixhash.Namespace, keys, _ []prefixhash.Key, _, _ bool, fn func(Block) error) error {
+func (l lyingBulk) get(_ context.Context, ns prefixhash.Namespace, part block.Part, keys, _ []prefixhash.Key, _, _ bool, fn func(Block) error) error {
 	parent := ns.Root()
 	for i, k := range keys {
 		toks := append([]uint32(nil), l.tokens[i*ns.BlockTokens:(i+1)*ns.BlockTokens]...)
@@ -28,6 +29,9 @@ func (l lyingBulk) get(_ context.Context, ns prefixhash.Namespace, keys, _ []pre
 			toks[0]++
 		}
 		payload := bytes.Repeat([]byte{byte(i + 1)}, ns.BlockBytes())
+		if part != (block.Part{}) {
+			payload = block.LayoutOf(ns).ExtractPart(nil, payload, ns.BlockTokens, part)
+		}
 		if err := fn(Block{Index: i, Key: k, Found: true, Parent: parent, Tokens: toks, Payload: payload}); err != nil {
 			return err
 		}

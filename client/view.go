@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/transfer"
 )
@@ -52,13 +53,13 @@ func (c *Client) GetView(ctx context.Context, ns prefixhash.Namespace, keys []pr
 		win := windowOf(ns)
 		for lo := 0; lo < len(keys); lo += win {
 			hi := min(lo+win, len(keys))
-			r, t := db.dataGet(ctx, &ts, keys[lo:hi])
+			r, t := db.dataGet(ctx, &ts, block.Part{}, keys[lo:hi])
 			if r != nil {
 				v.results = append(v.results, r)
 			}
 			for i := lo; i < hi; i++ {
 				if r != nil && r.Status[i-lo] == transfer.StatusOK {
-					if b, ok := db.check(ns, keys[i], r.Values[i-lo], t.full); ok {
+					if b, ok := db.check(ns, block.Part{}, keys[i], r.Values[i-lo], t.full); ok {
 						v.Blocks[i] = b
 						continue
 					}

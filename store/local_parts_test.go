@@ -14,6 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/tiers"
 )
 
 // partsNS is a namespace with a grid of 4 layers × 8 KV heads, enough
@@ -393,6 +394,40 @@ func TestReserveCommitPart(t *testing.T) {
 		copy(r.Buf(), rec)
 		if err := r.Commit(); err != nil {
 			t.Fatal(err)
+		}
+	}
+	checkWhole(t, l, b)
+	checkPartialsFreed(t, l)
+}
+
+// TestReserveCommitPartOneSlab: over a memory tier of a single slab, a
+// part committed through its reservation is assembled (its slot is given
+// back before the whole block's slot is taken); the next part finds no
+// slot of its own to reserve while the incomplete block holds the slab,
+// and completes the block through Put (what the data planes fall back to).
+func TestReserveCommitPartOneSlab(t *testing.T) {
+	ctx := context.Background()
+	b := newPartBlock(t, rand.New(rand.NewPCG(9, 11)), partsNS())
+	slab := int64(64 << 10)
+	for slab < int64(len(b.whole))+64 {
+		slab *= 2
+	}
+	l := openLocal(t, Options{DRAM: realDRAM(t, slab, slab)})
+	for i, p := range rankParts(t, b.ns, 2, 1) {
+		rec := b.record(t, p, nil)
+		r, err := l.Reserve(ctx, b.key, b.parent, len(rec))
+		if i > 0 && errors.Is(err, tiers.ErrFull) {
+			if err := l.Put(ctx, rec); err != nil {
+				t.Fatalf("put of part %s: %v", p, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("reserve for part %s: %v", p, err)
+		}
+		copy(r.Buf(), rec)
+		if err := r.Commit(); err != nil {
+			t.Fatalf("commit of part %s: %v", p, err)
 		}
 	}
 	checkWhole(t, l, b)

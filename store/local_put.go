@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -49,6 +50,17 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 		return fmt.Errorf("%w: block %s is tagged for tenant %016x, the writer is tenant %016x", ErrTenant, h.Key, h.Tenant, a.Tag)
 	}
 	if !h.Whole() {
+		if rv != nil {
+			// Assembled from a heap copy, the part's slot freed first: the
+			// slot would hold memory that its whole block's needs (a small
+			// tier may have a single slab of that class).
+			b = bytes.Clone(b)
+			l.freeAll([]freeLoc{{false, rv.loc}})
+			rv = nil
+			if h, err = block.DecodeHeader(b, l.opts.MaxBlockBytes); err != nil {
+				return err
+			}
+		}
 		return l.putPart(ctx, b, &h, asCopy)
 	}
 	if l.partialsOpen.Load() > 0 {

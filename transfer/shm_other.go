@@ -71,4 +71,7 @@ func (*ShmClient) Claim(context.Context, []prefixhash.Key, []block.Part) ([]Clai
 // Close does nothing.
 func (*ShmClient) Close() error { return nil }
 
+// InPlace reports false: nothing is shared off Linux.
+func (*ShmClient) InPlace() bool { return false }
+
 func (*ShmClient) release(*Result) {}

@@ -51,6 +51,9 @@ physical limit, both measured in the same run; figures are reported as ratios.
 Suites:
   transfer   data plane: transfer client vs raw TCP stream, shared memory vs copy()
   store      GET/SET of 64KiB, 1MiB, 4MiB blocks at concurrency 4 and 16, vs Redis
+  ranks      2, 4, 8 tensor-parallel ranks putting then getting their slices of the
+             same blocks at once (PutRank/GetRank) vs one client's whole blocks, TCP
+             and shared memory; 8 MLA ranks putting one prefix: bytes received vs one copy
   lookup     longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes; hashing
   nvme       the NVMe tier vs fio (sequential direct write, random direct read), and
              end to end: Go client Get of 64-block prompts mostly on a node's NVMe
@@ -80,7 +83,7 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
   kvmesh bench soak --duration 10m --concurrency 64 --out bench-out`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return errors.New("name a suite (transfer, store, lookup, nvme, prefill, trace, peers, serve, soak) or all; see 'kvmesh bench --help'")
+				return errors.New("name a suite (transfer, store, ranks, lookup, nvme, prefill, trace, peers, serve, soak) or all; see 'kvmesh bench --help'")
 			}
 			return nil
 		},
