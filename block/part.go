@@ -375,21 +375,3 @@ func partSource(whole []byte, p Part) (Header, error) {
 	}
 	return h, h.Layout.CheckPart(p)
 }
-
-// IsPart reports whether b, the start of an encoded record (at least
-// FixedHeaderLen bytes), names a part rather than a whole block. It reads
-// the fixed header's layout and part range without verifying anything: a
-// hint for a data plane choosing where to receive the record, never a
-// substitute for DecodeHeader. Fewer bytes, or bytes that are no header,
-// report false.
-func IsPart(b []byte) bool {
-	if len(b) < FixedHeaderLen || string(b[0:4]) != blockMagic {
-		return false
-	}
-	heads := binary.LittleEndian.Uint32(b[64:])
-	if prefixhash.KVLayout(b[7]) == prefixhash.LatentKV {
-		heads = 1
-	}
-	return binary.LittleEndian.Uint32(b[104:]) != 0 || binary.LittleEndian.Uint32(b[108:]) != binary.LittleEndian.Uint32(b[60:]) ||
-		binary.LittleEndian.Uint32(b[112:]) != 0 || binary.LittleEndian.Uint32(b[116:]) != heads
-}

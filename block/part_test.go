@@ -349,35 +349,3 @@ func TestAppendPartRecord(t *testing.T) {
 		}
 	}
 }
-
-// TestIsPart: the unverified hint tells a part's header from a whole
-// block's, for both layouts, and says false for what is no header.
-func TestIsPart(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	for name, ns := range partNamespaces() {
-		lay := block.LayoutOf(ns)
-		payload := randBytes(rng, ns.BlockBytes())
-		whole, _, err := block.Encode(nil, ns, ns.Root(), []uint32{1, 2, 3, 4}, payload)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if block.IsPart(whole) || block.IsPart(whole[:block.FixedHeaderLen-1]) {
-			t.Errorf("%s: a whole block, or a short prefix, reads as a part", name)
-		}
-		p, err := block.RankPart(ns, 0, 1, 1, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		part := lay.ExtractPart(nil, payload, ns.BlockTokens, p)
-		hdr, _, err := block.AppendPartHeaderExt(nil, 0, ns, ns.RootLink(), []uint32{1, 2, 3, 4}, nil, p, part)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !block.IsPart(hdr) {
-			t.Errorf("%s: part %s does not read as a part", name, p)
-		}
-	}
-	if block.IsPart(make([]byte, 200)) {
-		t.Error("zeros read as a part")
-	}
-}

@@ -70,10 +70,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		lim.MaxValueSize = opts.MaxBlockBytes
 	}
 	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.MaxBlockBytes, refused: &c.refused, cluster: &c.publisher}
-	// Puts over TCP are read straight into slots of the memory tier.
-	reserver := localReserver{l: local, cluster: &c.publisher, refused: &c.refused}
-	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.TLS, Tokens: tokens,
-		MaxInFlightBytes: int(opts.MaxInFlightBytes), Reserver: tcpReserver{reserver}}, opts.Logger); err != nil {
+	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.TLS, Tokens: tokens, MaxInFlightBytes: int(opts.MaxInFlightBytes)}, opts.Logger); err != nil {
 		return nil, fmt.Errorf("node: data plane: %w", err)
 	}
 	dataAddr, err := c.data.Listen(opts.DataAddr)
@@ -86,7 +83,8 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		if mem, _ := local.Arena(); mem != nil {
 			// Trusted same-host clients read blocks in place and write
 			// puts into reserved slots (see transfer.ShmServer).
-			so.Arena, so.Reserver = reserver, reserver
+			r := localReserver{l: local, cluster: &c.publisher}
+			so.Arena, so.Reserver = r, r
 		}
 		if c.shm, err = transfer.NewShmServer(src, sink, so, opts.Logger); err != nil {
 			return nil, fmt.Errorf("node: shared-memory data plane: %w", err)

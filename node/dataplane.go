@@ -171,15 +171,14 @@ func (s localSink) put(ctx context.Context, keys []prefixhash.Key, vals [][]byte
 	}
 }
 
-// localReserver serves reservations from store.Local: the shared-memory
-// data plane's reserve and commit requests (the DRAM arena it shares and
-// slots reserved in it), and the TCP data plane's puts, read into slots. A publish (a chunk key given) is handled as localSink.PutPublish
+// localReserver serves the shared-memory data plane's reserve and commit
+// requests from store.Local: the DRAM arena it shares and slots reserved in
+// it. A publish (a chunk key given) is handled as localSink.PutPublish
 // handles one: a block another node owns is committed as a copy, and the
 // block is queued for its owners from its bytes.
 type localReserver struct {
 	l       *store.Local
 	cluster *atomic.Pointer[store.Cluster] // publishes; nil until the cluster started
-	refused *atomic.Int64                  // as localSink's; nil: not counted
 }
 
 var (
@@ -197,21 +196,7 @@ func (r localReserver) Reserve(ctx context.Context, key, parent, chunk prefixhas
 		}
 		return nil, err
 	}
-	return reservation{Reservation: res, chunk: chunk, cluster: r.cluster, refused: r.refused}, nil
-}
-
-// tcpReserver is localReserver for the TCP data plane, whose values the
-// Sink takes when they are not reserved: a block already held is left to
-// it (a no-op there), so that a repeated put makes no room for nothing.
-type tcpReserver struct{ localReserver }
-
-var errHeld = errors.New("node: the block is held already")
-
-func (r tcpReserver) Reserve(ctx context.Context, key, parent, chunk prefixhash.Key, size int) (transfer.Reservation, error) {
-	if r.l.Contains(auth.AccessFrom(ctx), key) {
-		return nil, errHeld
-	}
-	return r.localReserver.Reserve(ctx, key, parent, chunk, size)
+	return reservation{Reservation: res, chunk: chunk, cluster: r.cluster}, nil
 }
 
 // errNotPublished: a publish that cannot be queued (the cluster is not
@@ -225,7 +210,6 @@ type reservation struct {
 	*store.Reservation
 	chunk   prefixhash.Key // zero: a put, not a publish
 	cluster *atomic.Pointer[store.Cluster]
-	refused *atomic.Int64
 }
 
 func (r reservation) Commit() error {
@@ -253,9 +237,6 @@ func (r reservation) Commit() error {
 		return fmt.Errorf("%w: %w", transfer.ErrConflict, err)
 	}
 	if errors.Is(err, block.ErrCorrupt) || errors.Is(err, store.ErrLayout) || errors.Is(err, store.ErrTenant) {
-		if r.refused != nil {
-			r.refused.Add(1)
-		}
 		return fmt.Errorf("%w: %w", transfer.ErrCorrupt, err)
 	}
 	return err

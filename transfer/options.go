@@ -216,14 +216,6 @@ type ServerOptions struct {
 	// refused (ErrAuth on the client) before any request is served.
 	// Default nil: no token required.
 	Tokens *auth.Tokens
-	// Reserver, when set, receives a put's values in place: the server
-	// reserves each value's room (store.Local's memory tier, through a
-	// node adapter) once its first byte has come, reads the socket straight
-	// into it and commits it, instead of reading into a buffer that the
-	// Sink then copies. A value it cannot reserve goes the Sink's way.
-	// A reservation ends with the request: a put abandoned halfway leaves
-	// nothing reserved. Default nil: every value goes through the Sink.
-	Reserver Reserver
 }
 
 // EnsureDefaults fills zero fields with their defaults.

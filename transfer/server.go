@@ -569,7 +569,7 @@ func (sc *serverConn) serve() error {
 		}
 	case typePutReq, typePublishReq:
 		var frame []byte
-		frame, err = servePut(ctx, &pr, &h, sc.table, &s.opts.Limits, s.inflight, s.sink, s.opts.Reserver, &sc.scratch, &sc.enc, &s.stats)
+		frame, err = servePut(ctx, &pr, &h, sc.table, &s.opts.Limits, s.inflight, s.sink, &sc.scratch, &sc.enc, &s.stats)
 		if err == nil {
 			_, err = sc.nc.Write(frame)
 		}
@@ -754,16 +754,6 @@ func (pr *payloadReader) wait() error {
 	return err
 }
 
-// discard skips n bytes (a value's padding), within timeout.
-func (pr *payloadReader) discard(n int) error {
-	if n == 0 {
-		return nil
-	}
-	pr.progress()
-	_, err := pr.br.Discard(n)
-	return err
-}
-
 // read fills b, a MiB at a time, each within timeout.
 func (pr *payloadReader) read(b []byte) error {
 	for len(b) > 0 {
@@ -784,7 +774,7 @@ func (pr *payloadReader) read(b []byte) error {
 // and a put that stops sending holds none (it is dropped after pr's
 // timeout). It returns the response frame, valid until enc's next use. It
 // is shared by the TCP and shared-memory servers.
-func servePut(ctx context.Context, pr *payloadReader, h *header, table []byte, lim *Limits, sem *byteSem, sink Sink, res Reserver, sc *scratch, enc *encoder, stats *counters) ([]byte, error) {
+func servePut(ctx context.Context, pr *payloadReader, h *header, table []byte, lim *Limits, sem *byteSem, sink Sink, sc *scratch, enc *encoder, stats *counters) ([]byte, error) {
 	if sink == nil {
 		return nil, fmt.Errorf("%w: this server accepts no puts", ErrUnsupported)
 	}
@@ -805,22 +795,7 @@ func servePut(ctx context.Context, pr *payloadReader, h *header, table []byte, l
 		}
 		clear(sc.vals[lo:hi])
 	}
-	for lo := 0; res != nil && lo < n; lo++ {
-		// In place, one value at a time; one that cannot be reserved
-		// goes the Sink's way, a segment of one.
-		var chunk prefixhash.Key
-		if h.typ == typePublishReq {
-			chunk = sc.chunks[lo]
-		}
-		if in, err := putInPlace(ctx, pr, res, sc, lo, chunk); err != nil {
-			return nil, err
-		} else if !in {
-			if err := putSegmentOf(ctx, pr, sem, sc, lo, lo+1, alignUp(sc.lens[lo]), store); err != nil {
-				return nil, err
-			}
-		}
-	}
-	for lo := 0; res == nil && lo < n; {
+	for lo := 0; lo < n; {
 		hi, size := lo, 0
 		for hi < n && (hi == lo || size+alignUp(sc.lens[hi]) <= putSegment) {
 			size += alignUp(sc.lens[hi])
@@ -841,53 +816,6 @@ func servePut(ctx context.Context, pr *payloadReader, h *header, table []byte, l
 	stats.puts.Add(int64(n))
 	stats.bytesIn.Add(int64(h.payload))
 	return enc.finish(header{typ: typePutResp, id: h.id, count: n}), nil
-}
-
-// putInPlace reads value i of a put straight into room res reserves for
-// it and commits it (a publish when chunk is not zero), setting its status.
-// It reports false, having read nothing, when there is no room to reserve:
-// the caller takes the value another way.
-func putInPlace(ctx context.Context, pr *payloadReader, res Reserver, sc *scratch, i int, chunk prefixhash.Key) (bool, error) {
-	l := sc.lens[i]
-	if l == 0 {
-		return false, nil
-	}
-	if err := pr.wait(); err != nil {
-		return false, fmt.Errorf("read values: %w", err)
-	}
-	// A part is assembled into its whole block's room, not stored where
-	// it arrives: room of its own would only cost memory the block needs.
-	if hdr, err := pr.br.Peek(min(l, block.FixedHeaderLen)); err == nil && block.IsPart(hdr) {
-		return false, nil
-	}
-	r, err := res.Reserve(ctx, sc.keys[i], prefixhash.Key{}, chunk, l)
-	if err != nil {
-		return false, nil
-	}
-	if err := pr.read(r.Buf()); err != nil {
-		r.Abort()
-		return false, fmt.Errorf("read values: %w", err)
-	}
-	if err := pr.discard(alignUp(l) - l); err != nil {
-		r.Abort()
-		return false, fmt.Errorf("read values: %w", err)
-	}
-	sc.st[i] = commitStatus(r.Commit())
-	return true, nil
-}
-
-// commitStatus is the status of a value whose reservation's Commit
-// returned err (see Reservation).
-func commitStatus(err error) Status {
-	switch {
-	case err == nil:
-		return StatusOK
-	case errors.Is(err, ErrConflict):
-		return StatusConflict
-	case errors.Is(err, ErrCorrupt) || errors.Is(err, ErrLimit):
-		return StatusError
-	}
-	return StatusMiss
 }
 
 // putSegmentOf reads the values lo..hi of a put, size bytes padded, and

@@ -483,7 +483,7 @@ func (c *shmConn) readLoop(work chan<- shmWork) error {
 			}
 			dl, _ := ctx.Deadline()
 			pr := payloadReader{br: br, conn: c.uc, timeout: s.opts.RequestTimeout, deadline: dl}
-			frame, err := servePut(ctx, &pr, &h, table, &s.opts.Limits, s.inflight, s.sink, nil, &sc, &enc, &s.stats)
+			frame, err := servePut(ctx, &pr, &h, table, &s.opts.Limits, s.inflight, s.sink, &sc, &enc, &s.stats)
 			cancel()
 			c.uc.SetReadDeadline(time.Time{})
 			sc.trim()
@@ -686,9 +686,16 @@ func (c *shmConn) commit(id, rid uint64) error {
 		}
 		n++
 		size := len(res.Buf())
-		if st[i] = commitStatus(res.Commit()); st[i] != StatusOK {
+		if err := res.Commit(); err != nil {
+			switch {
+			case errors.Is(err, ErrConflict):
+				st[i] = StatusConflict
+			case errors.Is(err, ErrCorrupt) || errors.Is(err, ErrLimit):
+				st[i] = StatusError
+			}
 			continue
 		}
+		st[i] = StatusOK
 		s.stats.puts.Add(1)
 		s.stats.bytesIn.Add(int64(size))
 	}
