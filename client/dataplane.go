@@ -229,9 +229,11 @@ func (d *dataBulk) getWindow(ctx context.Context, ts *[]transport, ns prefixhash
 		for ; next < upTo; next++ {
 			b := local[next]
 			b.Index = base + next
-			if fresh && !cut { // a cut part is a copy already
-				b.Payload = append([]byte(nil), b.Payload...)
-				b.Tokens = append([]uint32(nil), b.Tokens...)
+			if fresh {
+				if !cut { // a cut part is a copy already
+					b.Payload = append([]byte(nil), b.Payload...)
+				}
+				b.Tokens = append([]uint32(nil), b.Tokens...) // they view the read block
 			}
 			if err := fn(b); err != nil {
 				return err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -598,6 +599,34 @@ func TestRanksLatentStoredOnce(t *testing.T) {
 			if !bytes.Equal(b.Payload, payloads[i]) {
 				t.Errorf("rank %s: block %d is not the whole latent", r, i)
 			}
+		}
+	}
+}
+
+// TestGetRankOwnsTokens: what GetRank returns is the caller's to keep, its
+// tokens too, after the client that read it (its shared-memory mappings)
+// is closed: a part cut from a block read in place used to keep tokens
+// that viewed the node's arena.
+func TestGetRankOwnsTokens(t *testing.T) {
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
+	ns := partsNS
+	tokens, payloads := partsPrompt(ns, 5, 2)
+	ctx := context.Background()
+	if _, err := n.client.Put(ctx, ns, tokens, payloads); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(n.GRPCAddr(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.GetRank(ctx, ns, tokens, client.Rank{TPRank: 1, TPSize: 2})
+	c.Close()
+	if err != nil || len(got) != len(payloads) {
+		t.Fatalf("GetRank: %d blocks, %v", len(got), err)
+	}
+	for i, b := range got {
+		if !slices.Equal(b.Tokens, tokens[i*ns.BlockTokens:(i+1)*ns.BlockTokens]) {
+			t.Fatalf("block %d: tokens %v after the client closed", i, b.Tokens)
 		}
 	}
 }
