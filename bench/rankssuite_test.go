@@ -25,9 +25,6 @@ func TestRanksSuite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	res, err := (&RanksSuite{Options: o}).Run(ctx, env)
-	if err != nil && strings.Contains(err.Error(), "not implemented yet") {
-		t.Skipf("client.PutRank/GetRank are still the skeleton of issue 23: %v", err)
-	}
 	if err != nil {
 		t.Fatal(err)
 	}

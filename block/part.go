@@ -84,8 +84,14 @@ func (l Layout) CheckPart(p Part) error {
 func headSlices(heads int) string {
 	var ws []string
 	for w := heads; w >= 1; w-- {
-		if heads%w == 0 {
-			ws = append(ws, fmt.Sprintf("width %d: [0,%d), [%d,%d), …", w, w, w, min(2*w, heads)))
+		switch {
+		case heads%w != 0:
+		case w == heads:
+			ws = append(ws, fmt.Sprintf("width %d: [0,%d)", w, w))
+		case 2*w == heads:
+			ws = append(ws, fmt.Sprintf("width %d: [0,%d), [%d,%d)", w, w, w, heads))
+		default:
+			ws = append(ws, fmt.Sprintf("width %d: [0,%d), [%d,%d), …", w, w, w, 2*w))
 		}
 		if len(ws) == 6 {
 			ws = append(ws, "…")

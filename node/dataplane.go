@@ -160,7 +160,7 @@ func (s localSink) put(ctx context.Context, keys []prefixhash.Key, vals [][]byte
 			// A part whose bytes differ from the parts it overlaps
 			// (counted by the store).
 			st[i] = transfer.StatusConflict
-		case errors.Is(err, block.ErrCorrupt), errors.Is(err, block.ErrTooLarge), errors.Is(err, store.ErrLayout), errors.Is(err, store.ErrTenant):
+		case errors.Is(err, block.ErrCorrupt), errors.Is(err, block.ErrTooLarge), errors.Is(err, block.ErrBadPart), errors.Is(err, store.ErrLayout), errors.Is(err, store.ErrTenant):
 			s.refused.Add(1)
 			st[i] = transfer.StatusError
 		default:

@@ -27,6 +27,12 @@ import (
 // first thing dropped when the memory tier needs room (oldest first), and
 // expire after Options.PartialTTL (swept on access and by one ticker).
 
+// MaxPartCells bounds layers × heads (heads: 1 for the latent layout) of a
+// block assembled from parts: real models have a few thousand (61 × 1 for
+// Kimi K2.5, 80 × 8 for Llama 3 70B); its whole block is still stored
+// when put whole.
+const MaxPartCells = 1 << 16
+
 // ErrPartConflict: a part overlaps cells already stored with different bytes.
 var ErrPartConflict = errors.New("store: part conflicts with the stored part it overlaps")
 
@@ -206,6 +212,12 @@ func (l *Local) partialFor(ctx context.Context, b []byte, h *block.Header, size 
 		return nil, false, l.refused(tiers.ErrTooLarge, size)
 	}
 	layers, heads := h.Layout.Cells()
+	if layers*heads > MaxPartCells {
+		// The grids cost a byte a cell: a tiny record of an absurd shape
+		// must not make the node allocate for it.
+		return nil, false, fmt.Errorf("%w: a block of %d layers × %d heads has more than %d cells to assemble from parts; put it whole",
+			block.ErrBadPart, layers, heads, MaxPartCells)
+	}
 	np.cover, np.left = make([]bool, layers*heads), layers*heads
 	np.mu.pending = make([]bool, layers*heads)
 	np.cond.L = &np.mu.Mutex

@@ -416,7 +416,10 @@ func TestReserveCommitPartOneSlab(t *testing.T) {
 	for i, p := range rankParts(t, b.ns, 2, 1) {
 		rec := b.record(t, p, nil)
 		r, err := l.Reserve(ctx, b.key, b.parent, len(rec))
-		if i > 0 && errors.Is(err, tiers.ErrFull) {
+		if i > 0 { // the incomplete block holds the only slab
+			if !errors.Is(err, tiers.ErrFull) {
+				t.Fatalf("reserve for part %s beside the incomplete block: %v, want tiers.ErrFull", p, err)
+			}
 			if err := l.Put(ctx, rec); err != nil {
 				t.Fatalf("put of part %s: %v", p, err)
 			}
@@ -545,6 +548,14 @@ func TestPartsBadInput(t *testing.T) {
 	tenant := auth.WithAccess(ctx, auth.Access{Tag: 7, Scoped: true})
 	if err := l.Put(tenant, rec); !errors.Is(err, ErrTenant) {
 		t.Fatalf("a part of another tenant: %v", err)
+	}
+	// A block of more cells than MaxPartCells (4096 layers × 32 heads of
+	// one int8 each): its 2 KiB record would have the node allocate its
+	// grids.
+	huge := prefixhash.Namespace{Model: "kvmesh/huge-grid", DType: prefixhash.Int8, BlockTokens: 1, Layers: 4096, KVHeads: 32, HeadDim: 1}
+	hb := newPartBlock(t, rand.New(rand.NewPCG(17, 18)), huge)
+	if err := l.Put(ctx, hb.record(t, block.Part{L0: 0, L1: 1, H0: 0, H1: 32}, nil)); !errors.Is(err, block.ErrBadPart) {
+		t.Fatalf("a part of a block of %d cells: %v", 4096*32, err)
 	}
 	if s := l.Stats(); s.PartialsOpen != 0 || s.PartsStored != 0 {
 		t.Fatalf("a refused part was kept: %+v", s)

@@ -73,13 +73,7 @@ func TestBenchTraceQuick(t *testing.T) {
 // client over TCP and shared memory, every byte read back and compared, and
 // the MLA ranks' puts counted at the node.
 func TestBenchRanksQuick(t *testing.T) {
-	rep, err := runBenchErr(t, 3*time.Minute, "bench", "ranks", "--quick", "-o", "json")
-	if err != nil && strings.Contains(err.Error(), "not implemented yet") {
-		t.Skipf("client.PutRank/GetRank are still the skeleton of issue 23: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runBench(t, 3*time.Minute, "bench", "ranks", "--quick", "-o", "json")
 	if !rep.Quick || len(rep.Suites) != 1 || rep.Suites[0].Suite != "ranks" || rep.Suites[0].Error != "" || len(rep.Suites[0].Tables) != 2 {
 		t.Fatalf("report %+v", rep)
 	}
@@ -167,17 +161,6 @@ type benchReport struct {
 // returns its report; it fails the test if the command fails.
 func runBench(t *testing.T, timeout time.Duration, args ...string) benchReport {
 	t.Helper()
-	rep, err := runBenchErr(t, timeout, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rep
-}
-
-// runBenchErr is runBench returning the command's failure, with its report
-// when it printed one.
-func runBenchErr(t *testing.T, timeout time.Duration, args ...string) (benchReport, error) {
-	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary(t), args...)
@@ -187,10 +170,10 @@ func runBenchErr(t *testing.T, timeout time.Duration, args ...string) (benchRepo
 	var rep benchReport
 	runErr := cmd.Run()
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		return rep, fmt.Errorf("kvmesh %s: %w; output is not JSON: %w\n%s\n%s", strings.Join(args, " "), runErr, err, stdout.String(), stderr.String())
+		t.Fatalf("kvmesh %s: %v; output is not JSON: %v\n%s\n%s", strings.Join(args, " "), runErr, err, stdout.String(), stderr.String())
 	}
 	if runErr != nil {
-		return rep, fmt.Errorf("kvmesh %s: %w\n%s\n%s", strings.Join(args, " "), runErr, stdout.String(), stderr.String())
+		t.Fatalf("kvmesh %s: %v\n%s\n%s", strings.Join(args, " "), runErr, stdout.String(), stderr.String())
 	}
-	return rep, nil
+	return rep
 }

@@ -77,8 +77,14 @@ def _head_slices(heads):
     """The valid head ranges of heads KV heads, as Go's block.headSlices names them."""
     ws = []
     for w in range(heads, 0, -1):
-        if heads % w == 0:
-            ws.append(f"width {w}: [0,{w}), [{w},{min(2 * w, heads)}), …")
+        if heads % w != 0:
+            pass
+        elif w == heads:
+            ws.append(f"width {w}: [0,{w})")
+        elif 2 * w == heads:
+            ws.append(f"width {w}: [0,{w}), [{w},{heads})")
+        else:
+            ws.append(f"width {w}: [0,{w}), [{w},{2 * w}), …")
         if len(ws) == 6:
             ws.append("…")
             break

@@ -269,6 +269,15 @@ def test_ranks_on_two_nodes(start_node):
         assert ca.put(ns, toks, rank_slice(ns, full, 0, 2), tp_rank=0, tp_size=2) == 16
         assert ca.lookup(ns, toks).cached_tokens == 0
         assert cb.put(ns, toks, rank_slice(ns, full, 1, 2), tp_rank=1, tp_size=2) == 16
+        # A part put on a node that does not own its block reaches the owner by an asynchronous
+        # push: bounded wait until both nodes see every block complete.
+        deadline = time.monotonic() + 60
+        while True:
+            cached = [c.lookup(ns, toks).cached_tokens for c in (ca, cb)]
+            if cached == [256, 256]:
+                break
+            assert time.monotonic() < deadline, f"cached tokens {cached}"
+            time.sleep(0.05)
     for node in (a, b):
         with kvmesh.Client(node.addr, transport="grpc") as reader:
             n, kv = reader.get(ns, toks, array="numpy")

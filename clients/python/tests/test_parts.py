@@ -42,7 +42,7 @@ def test_namespace_migration_errors():
         kvmesh.Namespace("m", "float16", 16, 32, 8, 128, tp_size=2)
     with pytest.raises(ValueError, match="layers.*layer range.*pp_rank"):
         kvmesh.Namespace("m", "float16", 16, (0, 32), 8, 128)
-    for bad in (0, -1, 1 << 20 + 1, 1.5, True):
+    for bad in (0, -1, (1 << 20) + 1, 1.5, True):
         with pytest.raises(ValueError, match="namespace layers"):
             kvmesh.Namespace("m", "float16", 16, bad, 8, 128)
     ns = kvmesh.Namespace("m", "float16", 16, 32, 8, 128)
@@ -117,7 +117,7 @@ def test_check_part_bad():
     for p, msg in [((0, 5, 0, 8), r"layers \[0,5\): want a non-empty range inside \[0,4\)"),
                    ((2, 2, 0, 8), "non-empty range"), ((-1, 2, 0, 8), "non-empty range"),
                    ((0, 4, 1, 3), r"heads \[1,3\) of 8: a head range is one of the equal slices of the 8 KV heads "
-                                  r"\(width 8: \[0,8\), \[8,8\), …; width 4: \[0,4\), \[4,8\), …; width 2"),
+                                  r"\(width 8: \[0,8\); width 4: \[0,4\), \[4,8\); width 2: \[0,2\), \[2,4\), …"),
                    ((0, 4, 0, 3), "equal slices"), ((0, 4, 6, 10), "equal slices"), ((0, 4, 2, 2), "equal slices")]:
         with pytest.raises(kvmesh.BadPart, match=msg):
             block.check_part(ns, p)
