@@ -252,14 +252,14 @@ func receiveHello(ctx context.Context, uc *net.UnixConn, token string, lim *Limi
 	return hl, mem, fds, nil
 }
 
-// Close disconnects from the server; requests in flight fail with
-// ErrClosed. The region stays mapped until every Result is released.
 // InPlace reports whether the server shares its DRAM arena with this
 // client: found values are then read in place (see ShmClient), and a reader
 // that wants a piece of a value does better to cut it from the value than
 // to have the server copy it out.
 func (c *ShmClient) InPlace() bool { return c.arena != nil }
 
+// Close disconnects from the server; requests in flight fail with
+// ErrClosed. The region stays mapped until every Result is released.
 func (c *ShmClient) Close() error {
 	c.mu.Lock()
 	if c.mu.closed {
