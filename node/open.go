@@ -97,7 +97,7 @@ func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error
 			hbm.Close()
 		}
 	}
-	dramOpts := tiers.DRAMOptions{Capacity: opts.DRAMBytes}
+	dramOpts := tiers.DRAMOptions{Capacity: opts.DRAMBytes, Populate: opts.DRAMPopulate}
 	if need := int64(opts.MaxBlockBytes) + slotHeader; need > tiers.DefaultSlabSize {
 		dramOpts.SlabSize = roundUp(need, 64*KiB)
 	}

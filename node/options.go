@@ -171,6 +171,12 @@ type Options struct {
 	HandoffBytes int64
 	// DRAMBytes is the hard limit of the DRAM tier, in bytes. Default 1 GiB.
 	DRAMBytes int64
+	// DRAMPopulate backs the whole DRAM tier with memory at start and
+	// keeps it (tiers.DRAMOptions.Populate): no put waits for the kernel
+	// to allocate pages, and the node's resident memory includes DRAMBytes
+	// from the start. Without it, memory is taken as blocks arrive and
+	// returned as slabs empty, less a few kept warm.
+	DRAMPopulate bool
 	// NVMeBytes is the hard limit of the NVMe tier under DataDir, in bytes.
 	// Default 10 GiB.
 	NVMeBytes int64

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvmesh/kvmesh/internal/prefault"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -25,7 +26,25 @@ type DRAMOptions struct {
 	// slot header). Default DefaultSlabSize (16 MiB + 64 KiB), or Capacity
 	// rounded down to the page size if that is smaller.
 	SlabSize int64
+	// WarmSlabs is how many emptied slabs keep their memory for the next
+	// slabs that size classes need, instead of returning it to the kernel.
+	// A value written into memory the kernel took back faults once per
+	// page, and the fault allocates and zeroes the page: that was most of
+	// the time of a put of a few MiB (BENCHMARKS.md, "Warm slabs"). Resident
+	// memory is then at most what the tier holds plus WarmSlabs slabs.
+	// Default DefaultWarmSlabs(slabs); -1 keeps none.
+	WarmSlabs int
+	// Populate backs the whole arena with memory when the tier opens and
+	// keeps it: no put ever waits for the kernel to allocate a page, and
+	// resident memory is Capacity from the start (the way an RDMA-registered
+	// buffer is pinned whole). For hosts that give the cache its memory;
+	// opening takes about a second per 4 GiB.
+	Populate bool
 }
+
+// DefaultWarmSlabs is WarmSlabs' default for an arena of slabs slabs: one
+// in eight, at least one (for the default 1 GiB tier, 7 slabs of 16 MiB).
+func DefaultWarmSlabs(slabs int) int { return max(1, slabs/8) }
 
 // EnsureDefaults fills zero fields with their defaults.
 func (o *DRAMOptions) EnsureDefaults() {
@@ -35,10 +54,16 @@ func (o *DRAMOptions) EnsureDefaults() {
 	if o.SlabSize == 0 {
 		o.SlabSize = defaultSlabSize(o.Capacity)
 	}
+	if o.WarmSlabs == 0 && o.SlabSize > 0 {
+		o.WarmSlabs = DefaultWarmSlabs(int(o.Capacity / o.SlabSize))
+	}
 }
 
 // Validate reports the first field that is out of range.
 func (o *DRAMOptions) Validate() error {
+	if o.WarmSlabs < -1 {
+		return fmt.Errorf("tiers: DRAMOptions.WarmSlabs %d is less than -1", o.WarmSlabs)
+	}
 	_, err := arenaSlabs("DRAMOptions", o.Capacity, o.SlabSize, unix.Getpagesize())
 	return err
 }
@@ -47,8 +72,9 @@ func (o *DRAMOptions) Validate() error {
 // capacity's size, MAP_SHARED|MAP_NORESERVE) and cut into slabs of size
 // classes by the slab allocator. Memory is touched only as slabs are used,
 // and an emptied slab is returned to the kernel (MADV_REMOVE punches it out
-// of the memfd), so the process's resident memory follows what the tier
-// holds. The arena asks for transparent huge pages (MADV_HUGEPAGE), which
+// of the memfd) once WarmSlabs emptied slabs already keep theirs for reuse,
+// so the process's resident memory follows what the tier holds, plus at
+// most WarmSlabs slabs (or is the whole arena, with Populate). The arena asks for transparent huge pages (MADV_HUGEPAGE), which
 // the kernel grants a memfd only where shmem_enabled allows. The arena is a
 // memfd so that a process on the same host can map it (Arena): the
 // shared-memory data plane hands it to trusted clients, which read blocks
@@ -85,10 +111,10 @@ var (
 // NewDRAM maps a DRAM tier's arena.
 func NewDRAM(opts DRAMOptions) (*DRAM, error) {
 	opts.EnsureDefaults()
-	nslabs, err := arenaSlabs("DRAMOptions", opts.Capacity, opts.SlabSize, unix.Getpagesize())
-	if err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
+	nslabs, _ := arenaSlabs("DRAMOptions", opts.Capacity, opts.SlabSize, unix.Getpagesize())
 	size := int64(nslabs) * opts.SlabSize
 	fd, err := unix.MemfdCreate("kvmesh-dram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -117,8 +143,16 @@ func NewDRAM(opts DRAMOptions) (*DRAM, error) {
 	// pages: speed, never correctness. An emptied slab is still returned to
 	// the kernel (MADV_DONTNEED splits a huge page it covers in part).
 	_ = unix.Madvise(arena, unix.MADV_HUGEPAGE)
+	if opts.Populate {
+		if err := prefault.All(arena); err != nil {
+			unix.Munmap(arena)
+			unix.Close(fd)
+			return nil, fmt.Errorf("tiers: dram: populate %d bytes: %w", size, err)
+		}
+	}
 	d := &DRAM{arena: arena, fd: fd}
 	d.capacity, d.alloc = opts.Capacity, newSlabAlloc(opts.SlabSize, nslabs)
+	d.alloc.keepWarm(max(opts.WarmSlabs, 0), opts.Populate)
 	return d, nil
 }
 
@@ -135,6 +169,7 @@ func (d *DRAM) Put(key prefixhash.Key, val []byte) (Loc, error) {
 	if err != nil {
 		return 0, err
 	}
+	prefault.Write(buf)
 	copy(buf, val)
 	return loc, nil
 }

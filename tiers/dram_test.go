@@ -8,10 +8,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvmesh/kvmesh/internal/prefault"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -62,9 +62,10 @@ func TestDRAMModel(t *testing.T) {
 
 func testDRAMModel(t *testing.T, seed uint64) {
 	const slab = 64 << 10
-	opts := DRAMOptions{Capacity: 24*slab + 12345, SlabSize: slab}
+	opts := DRAMOptions{Capacity: 24*slab + 12345, SlabSize: slab, WarmSlabs: 3}
 	d := newTestDRAM(t, opts)
 	r := rand.New(rand.NewPCG(seed, 1))
+	warm := warmModel{max: opts.WarmSlabs}
 	model := map[Loc]modelValue{}
 	var locs []Loc // the keys of model, for random picks
 	blockSizes := []int{0, 1000, 4096, 16<<10 - 64, 30000, d.MaxValue()}
@@ -186,7 +187,7 @@ func testDRAMModel(t *testing.T, seed uint64) {
 				}
 			}
 		}
-		checkStats(t, step, d, opts, model)
+		checkStats(t, step, d, opts, model, &warm)
 		if c := r.IntN(len(d.alloc.classes) + 1); c < len(d.alloc.classes) {
 			has := false
 			for loc := range model {
@@ -207,7 +208,21 @@ func testDRAMModel(t *testing.T, seed uint64) {
 	}
 }
 
-func checkStats(t *testing.T, step int, d *DRAM, opts DRAMOptions, model map[Loc]modelValue) {
+// warmModel follows how many emptied slabs a DRAM tier keeps warm: a slab
+// that empties joins them while fewer than max are, and a slab a class
+// takes is a warm one while any is.
+type warmModel struct{ held, warm, max int }
+
+func (w *warmModel) update(held int) {
+	for ; w.held < held; w.held++ {
+		w.warm = max(w.warm-1, 0)
+	}
+	for ; w.held > held; w.held-- {
+		w.warm = min(w.warm+1, w.max)
+	}
+}
+
+func checkStats(t *testing.T, step int, d *DRAM, opts DRAMOptions, model map[Loc]modelValue, warm *warmModel) {
 	t.Helper()
 	st := d.Stats()
 	var stored int64
@@ -217,7 +232,9 @@ func checkStats(t *testing.T, step int, d *DRAM, opts DRAMOptions, model map[Loc
 		s, _, _ := splitLoc(loc)
 		slabs[s] = true
 	}
-	want := Stats{Capacity: opts.Capacity, Reserved: int64(len(slabs)) * opts.SlabSize, Stored: stored, Values: int64(len(model))}
+	warm.update(len(slabs))
+	want := Stats{Capacity: opts.Capacity, Reserved: int64(len(slabs)) * opts.SlabSize, Warm: int64(warm.warm) * opts.SlabSize,
+		Stored: stored, Values: int64(len(model))}
 	if st != want {
 		t.Fatalf("step %d: Stats = %+v, model says %+v", step, st, want)
 	}
@@ -355,23 +372,22 @@ func TestDRAMUndrain(t *testing.T) {
 	}
 }
 
+// residentPages counts the pages of mem that are in memory.
+func residentPages(t *testing.T, mem []byte) int {
+	t.Helper()
+	n, err := prefault.Resident(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // TestDRAMReleasesMemory checks that an emptied slab's pages leave the
-// process's resident memory.
+// process's resident memory when no slab is kept warm.
 func TestDRAMReleasesMemory(t *testing.T) {
 	const slab = 1 << 20
-	d := newTestDRAM(t, DRAMOptions{Capacity: 4 * slab, SlabSize: slab})
-	resident := func() int {
-		vec := make([]byte, slab/unix.Getpagesize())
-		_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&d.arena[0])), slab, uintptr(unsafe.Pointer(&vec[0])))
-		if errno != 0 {
-			t.Fatal(errno)
-		}
-		n := 0
-		for _, v := range vec {
-			n += int(v & 1)
-		}
-		return n
-	}
+	d := newTestDRAM(t, DRAMOptions{Capacity: 4 * slab, SlabSize: slab, WarmSlabs: -1})
+	resident := func() int { return residentPages(t, d.arena[:slab]) }
 	if n := resident(); n != 0 {
 		t.Fatalf("%d pages resident before any Put", n)
 	}
@@ -396,6 +412,87 @@ func TestDRAMReleasesMemory(t *testing.T) {
 	d.Free(locs[3])
 	if n := resident(); n != 0 {
 		t.Fatalf("%d pages still resident after the slab emptied", n)
+	}
+}
+
+// TestDRAMWarmSlabs checks that up to WarmSlabs emptied slabs keep their
+// pages, that the next slab a class needs is a warm one, and that the
+// slabs past WarmSlabs still release theirs.
+func TestDRAMWarmSlabs(t *testing.T) {
+	const slab = 1 << 20
+	d := newTestDRAM(t, DRAMOptions{Capacity: 4 * slab, SlabSize: slab, WarmSlabs: 1})
+	val := make([]byte, slab-slotHeaderLen) // one value fills a slab
+	for i := range val {
+		val[i] = byte(i)
+	}
+	var locs []Loc
+	for i := range 3 {
+		loc, err := d.Put(testKey(uint64(i)), val)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locs = append(locs, loc)
+	}
+	slabOf := func(loc Loc) int { s, _, _ := splitLoc(loc); return s }
+	d.Free(locs[0]) // kept warm
+	d.Free(locs[1]) // warm is full: released
+	a, b := slabOf(locs[0]), slabOf(locs[1])
+	if n := residentPages(t, d.arena[a*slab:(a+1)*slab]); n != slab/unix.Getpagesize() {
+		t.Fatalf("warm slab %d: %d of %d pages resident", a, n, slab/unix.Getpagesize())
+	}
+	if n := residentPages(t, d.arena[b*slab:(b+1)*slab]); n != 0 {
+		t.Fatalf("slab %d past WarmSlabs: %d pages still resident", b, n)
+	}
+	if st := d.Stats(); st.Warm != slab || st.Reserved != slab {
+		t.Fatalf("Stats: warm %d reserved %d, want %d and %d", st.Warm, st.Reserved, slab, slab)
+	}
+	loc, err := d.Put(testKey(9), val)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slabOf(loc) != a {
+		t.Fatalf("Put took slab %d, not the warm slab %d", slabOf(loc), a)
+	}
+	got := make([]byte, len(val))
+	if err := d.Read(loc, got); err != nil || !bytes.Equal(got, val) {
+		t.Fatalf("value in the reused warm slab: err %v, equal %v", err, bytes.Equal(got, val))
+	}
+	if st := d.Stats(); st.Warm != 0 || st.Reserved != 2*slab {
+		t.Fatalf("Stats after reuse: warm %d reserved %d", st.Warm, st.Reserved)
+	}
+}
+
+// TestDRAMPopulate checks that Populate backs the whole arena at open, and
+// that emptied slabs keep their memory.
+func TestDRAMPopulate(t *testing.T) {
+	const slab = 1 << 20
+	d := newTestDRAM(t, DRAMOptions{Capacity: 4 * slab, SlabSize: slab, WarmSlabs: -1, Populate: true})
+	all := 4 * slab / unix.Getpagesize()
+	if n := residentPages(t, d.arena); n != all {
+		t.Fatalf("%d of %d pages resident after open", n, all)
+	}
+	if st := d.Stats(); st.Warm != 4*slab || st.Reserved != 0 {
+		t.Fatalf("Stats after open: warm %d reserved %d", st.Warm, st.Reserved)
+	}
+	loc, err := d.Put(testKey(1), make([]byte, 100<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Free(loc)
+	if n := residentPages(t, d.arena); n != all {
+		t.Fatalf("%d of %d pages resident after a slab emptied", n, all)
+	}
+}
+
+func TestDRAMOptionsWarmSlabs(t *testing.T) {
+	o := DRAMOptions{Capacity: 1 << 30}
+	o.EnsureDefaults()
+	if want := DefaultWarmSlabs(int(o.Capacity / o.SlabSize)); o.WarmSlabs != want || want < 1 {
+		t.Fatalf("default WarmSlabs %d, want %d", o.WarmSlabs, want)
+	}
+	o.WarmSlabs = -2
+	if err := o.Validate(); err == nil {
+		t.Fatal("WarmSlabs -2 validated")
 	}
 }
 
@@ -484,7 +581,7 @@ func TestDRAMConcurrent(t *testing.T) {
 	for err := range errc {
 		t.Error(err)
 	}
-	if st := d.Stats(); st != (Stats{Capacity: 16 * slab}) {
+	if st := d.Stats(); st != (Stats{Capacity: 16 * slab, Warm: int64(DefaultWarmSlabs(16)) * slab}) {
 		t.Fatalf("after every value was freed: %+v", st)
 	}
 }

@@ -107,7 +107,12 @@ type slabAlloc struct {
 	classes  []int64  // slot size per class, ascending
 	perSlab  []uint32 // slots per slab per class
 	slabs    []slabMeta
-	pool     []int32 // free slabs, a stack
+	pool     []int32 // free slabs whose memory was released, a stack
+	// warm are free slabs whose memory was kept (see warmMax), a stack:
+	// a size class that needs a slab takes one of these first, so a put
+	// into it writes memory that is already there.
+	warm     []int32
+	warmMax  int     // most slabs kept in warm; the rest release their memory
 	partial  []int32 // per class: first slab with a free slot, -1 if none
 	owned    []int32 // per class: slabs assigned to it
 	draining int32   // slab being evacuated, -1 if none
@@ -185,11 +190,16 @@ func (a *slabAlloc) split(loc Loc) (slab, class, slot int) {
 func (a *slabAlloc) alloc(c, n int) (loc Loc, off int64, ok bool) {
 	i := a.partial[c]
 	if i < 0 {
-		if len(a.pool) == 0 {
+		if len(a.pool) == 0 && len(a.warm) == 0 {
 			return 0, 0, false
 		}
-		i = a.pool[len(a.pool)-1]
-		a.pool = a.pool[:len(a.pool)-1]
+		if k := len(a.warm); k > 0 {
+			i = a.warm[k-1]
+			a.warm = a.warm[:k-1]
+		} else {
+			i = a.pool[len(a.pool)-1]
+			a.pool = a.pool[:len(a.pool)-1]
+		}
 		a.assign(i, c)
 		a.pushPartial(i)
 	}
@@ -233,8 +243,9 @@ func (a *slabAlloc) assign(i int32, c int) {
 }
 
 // free releases the slot at loc and returns its value's length. empty is true
-// when that emptied the slab: the caller releases the slab's memory and then
-// calls reclaim(slab). Freeing a location that is not live panics.
+// when that emptied the slab and it did not go to warm: the caller releases
+// the slab's memory and then calls reclaim(slab). Freeing a location that is
+// not live panics.
 func (a *slabAlloc) free(loc Loc) (n int, slab int, empty bool) {
 	i, c, slot := a.split(loc)
 	m := &a.slabs[i]
@@ -253,6 +264,11 @@ func (a *slabAlloc) free(loc Loc) (n int, slab int, empty bool) {
 		}
 		a.owned[c]--
 		m.class = -1
+		if len(a.warm) < a.warmMax {
+			a.warm = append(a.warm, int32(i))
+			a.held--
+			return n, i, false
+		}
 		return n, i, true
 	}
 	m.freeSlots = append(m.freeSlots, uint32(slot))
@@ -359,7 +375,20 @@ func (a *slabAlloc) classHasMemory(c int) bool {
 }
 
 func (a *slabAlloc) stats(capacity int64) Stats {
-	return Stats{Capacity: capacity, Reserved: a.held * a.slabSize, Stored: a.stored, Values: a.values}
+	return Stats{Capacity: capacity, Reserved: a.held * a.slabSize, Warm: int64(len(a.warm)) * a.slabSize,
+		Stored: a.stored, Values: a.values}
+}
+
+// keepWarm sets how many emptied slabs keep their memory (warmMax). With
+// all set, every free slab counts as warm from now on: its memory is there
+// (the owner has just touched all of it).
+func (a *slabAlloc) keepWarm(n int, all bool) {
+	a.warmMax = min(n, len(a.slabs))
+	if all {
+		a.warmMax = len(a.slabs)
+		a.warm = append(a.warm, a.pool...)
+		a.pool = a.pool[:0]
+	}
 }
 
 // defaultSlabSize is DefaultSlabSize, or capacity rounded down to the page

@@ -76,8 +76,12 @@ type Reserver interface {
 type Stats struct {
 	Capacity int64
 	Reserved int64
-	Stored   int64
-	Values   int64
+	// Warm is memory the tier keeps for reuse though it holds no value
+	// (the DRAM tier's emptied slabs, DRAMOptions.WarmSlabs): resident,
+	// but not counted in Reserved.
+	Warm   int64
+	Stored int64
+	Values int64
 }
 
 // Record describes one stored value: the key it was Put under, where it is,

@@ -40,6 +40,7 @@ type serveFlags struct {
 	pushRate                                   int64
 	handoff                                    int64
 	dram, nvme, hbm                            int64
+	dramPopulate                               bool
 	gpu                                        int
 	maxBlockBytes, maxMessageBytes, chunkBytes int64
 	maxBatchBlocks, maxBlocks                  int
@@ -64,7 +65,7 @@ type serveFlags struct {
 // errors into advice about the flag.
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "GRPCAddr": "grpc-addr", "HTTPAddr": "http-addr",
-	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "PartialTTL": "partial-ttl", "ClaimTTL": "claim-ttl", "GPU": "gpu",
+	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "DRAMPopulate": "dram-populate", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "PartialTTL": "partial-ttl", "ClaimTTL": "claim-ttl", "GPU": "gpu",
 	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
 	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
@@ -171,6 +172,7 @@ flag names, for example:
 	fs.Var(newSize(&f.pushRate, d.PushBytesPerSec), "push-rate", "most bytes a second pushed to owners, all together (0: no bound)")
 	fs.Var(newSize(&f.handoff, d.HandoffBytes), "handoff", "most DRAM bytes handed to their next owners on a graceful stop")
 	fs.Var(newSize(&f.dram, d.DRAMBytes), "dram", "DRAM tier capacity")
+	fs.BoolVar(&f.dramPopulate, "dram-populate", false, "back the whole DRAM tier with memory at start and keep it: puts never wait for page allocation, and resident memory includes --dram from the start (for hosts that give the cache its memory)")
 	fs.Var(newSize(&f.nvme, d.NVMeBytes), "nvme", "NVMe tier capacity, under --data-dir")
 	fs.Var(newSize(&f.hbm, d.HBMBytes), "hbm", "HBM (GPU memory) tier capacity on CUDA device --gpu, above DRAM: blocks land there, HBM pressure demotes them into DRAM, DRAM hits promote them back; needs a build with -tags cuda, kvmesh-cuda.so and a GPU, else serve refuses to start and says which is missing (0: none)")
 	fs.IntVar(&f.gpu, "gpu", d.GPU, "CUDA device ordinal of the --hbm tier and of --backend cuda")
@@ -285,7 +287,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
 		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff,
 		PushYield: f.pushYield, PushBytesPerSec: f.pushRate,
-		DRAMBytes: f.dram, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
+		DRAMBytes: f.dram, DRAMPopulate: f.dramPopulate, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
 		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, Eviction: f.eviction, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL, MaxBatchBlocks: f.maxBatchBlocks,
 		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
 		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout,
