@@ -619,3 +619,34 @@ func formatSize(n int) string {
 	}
 	return fmt.Sprintf("%dKiB", n>>10)
 }
+
+// A Release is told to the server ahead of the client's next request, in
+// the same write, so when that request is answered its lease has ended; a
+// Release followed by no request reaches the server after releaseDelay.
+func TestShmReleaseRidesNextRequest(t *testing.T) {
+	a := newArenaSource(t, 8<<20, 1<<20)
+	srv, path := startArenaShm(t, a, ShmServerOptions{})
+	c := dialShm(t, path, nil)
+	for i := range 2 {
+		a.set(t, testKey(i), sealed(i, 64<<10))
+	}
+	get := func(i int) *Result {
+		t.Helper()
+		r, err := c.Get(context.Background(), []prefixhash.Key{testKey(i)})
+		if err != nil || r.Status[0] != StatusOK || !bytes.Equal(r.Values[0], sealed(i, 64<<10)) {
+			t.Fatalf("get %d: %v", i, err)
+		}
+		return r
+	}
+	r0 := get(0)
+	r0.Release()
+	r1 := get(1)
+	if st := srv.Stats(); st.Leases != 1 {
+		t.Fatalf("after a Release and the next Get: %d leases, want 1 (the release goes ahead of the get)", st.Leases)
+	}
+	r1.Release()
+	testkit.WaitFor(t, "the last lease to end with no request after it", func() bool { return srv.Stats().Leases == 0 })
+	if st := srv.Stats(); st.LeasesExpired != 0 {
+		t.Fatalf("%d leases expired: a release was lost", st.LeasesExpired)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/internal/prefault"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -45,9 +46,20 @@ type ShmClient struct {
 	done   chan struct{} // closed when the reader exits
 	err    error         // why the reader exited; set before done closes
 
-	wmu  sync.Mutex // serializes writes to uc; guards enc and bufs
+	wmu  sync.Mutex // serializes writes to uc; guards enc, bufs and rel
 	enc  encoder
 	bufs net.Buffers
+	// rel holds the request ids of released Results not yet told to the
+	// server: they go ahead of the next request, in the same write, or
+	// when relTimer fires (releaseDelay), whichever comes first. One
+	// write and one server wakeup per Get instead of two.
+	rel struct {
+		ids   []uint64
+		enc   encoder
+		bufs  net.Buffers
+		timer *time.Timer
+		armed bool
+	}
 
 	mu struct {
 		sync.Mutex
@@ -268,6 +280,11 @@ func (c *ShmClient) Close() error {
 	}
 	c.mu.closed = true
 	c.mu.Unlock()
+	c.wmu.Lock()
+	if c.rel.timer != nil {
+		c.rel.timer.Stop() // the server frees what the closed connection held
+	}
+	c.wmu.Unlock()
 	c.uc.Close()
 	<-c.done
 	c.mu.Lock()
@@ -381,9 +398,13 @@ func (c *ShmClient) roundTrip(ctx context.Context, fill func(id uint64) net.Buff
 	c.wmu.Lock()
 	dl, _ := ctx.Deadline()
 	c.uc.SetWriteDeadline(dl)
-	bufs := fill(id)
+	bufs := c.withReleases(fill(id))
 	n, err := bufs.WriteTo(c.uc)
 	clear(c.bufs)
+	clear(c.rel.bufs)
+	if err == nil || n > 0 {
+		c.rel.ids = c.rel.ids[:0] // sent (or the stream is unusable)
+	}
 	c.wmu.Unlock()
 	if err != nil {
 		if n > 0 {
@@ -612,6 +633,7 @@ func (c *ShmClient) putReserved(ctx context.Context, p *puts, lo, hi int, st []S
 			continue
 		}
 		dst := c.arena[offs[j]&^inArena:][:lens[j]]
+		prefault.Write(dst)
 		if p.heads != nil {
 			dst = dst[copy(dst, p.heads[i]):]
 		}
@@ -667,16 +689,69 @@ func (c *ShmClient) putInline(ctx context.Context, p puts) ([]Status, error) {
 	return st, nil
 }
 
+// releaseDelay bounds how long a released Result's ids wait for a request
+// to go ahead of before they are sent alone.
+const releaseDelay = time.Millisecond
+
 func (c *ShmClient) release(r *Result) {
-	for len(r.ids) > 0 {
-		n := min(len(r.ids), c.opts.MaxItems)
-		c.sendRelease(r.ids[:n])
-		r.ids = r.ids[n:]
+	c.wmu.Lock()
+	c.rel.ids = append(c.rel.ids, r.ids...)
+	r.ids = nil
+	if len(c.rel.ids) >= c.opts.MaxItems {
+		c.flushReleasesLocked()
+	} else if !c.rel.armed && len(c.rel.ids) > 0 {
+		c.rel.armed = true
+		if c.rel.timer == nil {
+			c.rel.timer = time.AfterFunc(releaseDelay, c.flushReleases)
+		} else {
+			c.rel.timer.Reset(releaseDelay)
+		}
 	}
+	c.wmu.Unlock()
 	c.mu.Lock()
 	c.mu.results--
 	c.unmapLocked()
 	c.mu.Unlock()
+}
+
+// withReleases returns the request frames bufs, preceded by a release
+// frame of the pending released ids; the caller empties c.rel.ids once it
+// wrote them. c.wmu is held.
+func (c *ShmClient) withReleases(bufs net.Buffers) net.Buffers {
+	ids := c.rel.ids
+	if len(ids) == 0 {
+		return bufs
+	}
+	if len(ids) > c.opts.MaxItems {
+		c.flushReleasesLocked()
+		return bufs
+	}
+	t := c.rel.enc.begin(typeShmRelease, len(ids))
+	for i, id := range ids {
+		putIDEntry(t, i, id)
+	}
+	c.rel.bufs = append(append(c.rel.bufs[:0], c.rel.enc.finish(header{typ: typeShmRelease, count: len(ids)})), bufs...)
+	return c.rel.bufs
+}
+
+// flushReleases sends the pending released ids, if a request has not
+// taken them meanwhile.
+func (c *ShmClient) flushReleases() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.rel.armed = false
+	c.flushReleasesLocked()
+}
+
+// flushReleasesLocked sends the pending released ids, in frames of at most
+// MaxItems. c.wmu is held.
+func (c *ShmClient) flushReleasesLocked() {
+	for ids := c.rel.ids; len(ids) > 0; {
+		n := min(len(ids), c.opts.MaxItems)
+		c.sendReleaseLocked(ids[:n])
+		ids = ids[n:]
+	}
+	c.rel.ids = c.rel.ids[:0]
 }
 
 // sendRelease tells the server it may reuse the space of requests ids. If
@@ -685,6 +760,11 @@ func (c *ShmClient) release(r *Result) {
 func (c *ShmClient) sendRelease(ids []uint64) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	c.sendReleaseLocked(ids)
+}
+
+// sendReleaseLocked is sendRelease with c.wmu held.
+func (c *ShmClient) sendReleaseLocked(ids []uint64) {
 	t := c.enc.begin(typeShmRelease, len(ids))
 	for i, id := range ids {
 		putIDEntry(t, i, id)
