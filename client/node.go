@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -90,11 +91,13 @@ func (c *Client) chunkKeys(ctx context.Context, ns prefixhash.Namespace, chain [
 }
 
 // localHostID identifies this host's running kernel, as the node reports
-// its own: equal ids mean the node's shared memory can be mapped here.
-func localHostID() string {
+// its own: equal ids mean the node's shared memory can be mapped here. It
+// is read once per process (every data-plane call asks; reading the file
+// each time was a third of a 64 KiB shared-memory GET).
+var localHostID = sync.OnceValue(func() string {
 	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
-}
+})

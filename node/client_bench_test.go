@@ -51,39 +51,48 @@ func BenchmarkClientPut(b *testing.B) {
 
 func BenchmarkClientGet(b *testing.B) {
 	for _, size := range benchSizes {
-		b.Run("size="+size.name, func(b *testing.B) {
-			ns := benchNamespace(size.n)
-			c := tcpBenchClient(b)
-			ctx := context.Background()
-			nkeys := max(2, (64*MiB)/size.n)
-			keys := make([]prefixhash.Key, nkeys)
-			payload := make([]byte, size.n)
-			tokens := make([]uint32, ns.BlockTokens)
-			for i := range keys {
-				tokens[0] = uint32(i)
-				binary.LittleEndian.PutUint64(payload, uint64(i))
-				got, err := c.Put(ctx, ns, tokens, [][]byte{payload})
-				if err != nil {
-					b.Fatal(err)
-				}
-				keys[i] = got[0]
-			}
-			dst := make([]byte, 0, size.n)
-			b.SetBytes(int64(size.n))
-			b.ResetTimer()
-			for i := range b.N {
-				k := i % nkeys
-				found := false
-				err := c.GetKeys(ctx, ns, keys[k:k+1], func(blk client.Block) error {
-					found = blk.Found
-					dst = append(dst[:0], blk.Payload...)
-					return nil
-				})
-				if err != nil || !found || binary.LittleEndian.Uint64(dst) != uint64(k) {
-					b.Fatalf("get %d: found %v, %v", k, found, err)
-				}
-			}
+		b.Run("size="+size.name, func(b *testing.B) { benchClientGet(b, size.n, tcpBenchClient(b)) })
+	}
+	// The same through the shared-memory data plane: the node's arena read
+	// in place under a lease.
+	for _, size := range benchSizes {
+		b.Run("shm/size="+size.name, func(b *testing.B) { benchClientGet(b, size.n, shmBenchClient(b)) })
+	}
+}
+
+// benchClientGet fills the node behind c with 64 MiB of n-byte blocks and
+// reads them back one GetKeys of one block at a time, copying each payload
+// out in the callback.
+func benchClientGet(b *testing.B, n int, c *client.Client) {
+	ns := benchNamespace(n)
+	ctx := context.Background()
+	nkeys := max(2, (64*MiB)/n)
+	keys := make([]prefixhash.Key, nkeys)
+	payload := make([]byte, n)
+	tokens := make([]uint32, ns.BlockTokens)
+	for i := range keys {
+		tokens[0] = uint32(i)
+		binary.LittleEndian.PutUint64(payload, uint64(i))
+		got, err := c.Put(ctx, ns, tokens, [][]byte{payload})
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys[i] = got[0]
+	}
+	dst := make([]byte, 0, n)
+	b.SetBytes(int64(n))
+	b.ResetTimer()
+	for i := range b.N {
+		k := i % nkeys
+		found := false
+		err := c.GetKeys(ctx, ns, keys[k:k+1], func(blk client.Block) error {
+			found = blk.Found
+			dst = append(dst[:0], blk.Payload...)
+			return nil
 		})
+		if err != nil || !found || binary.LittleEndian.Uint64(dst) != uint64(k) {
+			b.Fatalf("get %d: found %v, %v", k, found, err)
+		}
 	}
 }
 
@@ -139,7 +148,19 @@ func tcpBenchClient(b *testing.B) *client.Client {
 	n := startClusterNodes(b, 1, func(_ int, o *Options) {
 		o.DRAMBytes, o.MaxBlockBytes, o.ShmSocket = 512*MiB, 8*MiB, ShmOff
 	})[0]
-	c, err := client.Dial(n.GRPCAddr(), client.Options{Transport: client.TransportTCP, MaxRetries: -1})
+	return benchClient(b, n, client.TransportTCP)
+}
+
+// shmBenchClient is tcpBenchClient with the node's shared-memory data plane.
+func shmBenchClient(b *testing.B) *client.Client {
+	n := startClusterNodes(b, 1, func(_ int, o *Options) {
+		o.DRAMBytes, o.MaxBlockBytes = 512*MiB, 8*MiB
+	})[0]
+	return benchClient(b, n, client.TransportAuto)
+}
+
+func benchClient(b *testing.B, n *clusterNode, transport string) *client.Client {
+	c, err := client.Dial(n.GRPCAddr(), client.Options{Transport: transport, MaxRetries: -1})
 	if err != nil {
 		b.Fatal(err)
 	}
