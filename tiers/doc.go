@@ -11,7 +11,10 @@
 // slab of its class, a 64-byte header (key, length) in the tier's memory and
 // then the value, 64-byte aligned. The Go heap holds only per-slab
 // bookkeeping, never an object per value. Copies run outside the allocator
-// lock; DRAM's Read and View take no allocator lock at all.
+// lock; DRAM's Read and View take no allocator lock at all. An emptied DRAM
+// slab returns its pages to the kernel unless it is one of the WarmSlabs kept
+// for reuse (taken first when a class needs a slab); DRAMOptions.Populate
+// makes the whole arena resident up front.
 //
 // HBM is built in every build over the small Device and Stream interfaces
 // (declared in the leaf gpu/gpumem, aliased here): pinned staging buffers,
