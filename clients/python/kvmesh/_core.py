@@ -280,16 +280,17 @@ class GetPlan:
         (getPartReq: the node answers with part records)."""
         return None if self.sl.whole else [self.sl.part] * len(self.keys)
 
-    def shm_consume(self, j, conn, off, n):
-        """Lands the encoded record at offset off (n bytes) of the shared region for key j, if
-        it checks out: header (checksum, versions, key = H(parent ‖ tokens)), the key asked
-        for, the namespace, layout and part range. The payload is copied once, region to
+    def shm_consume(self, j, mem, mem_np, off, n):
+        """Lands the encoded record at offset off (n bytes) of mem (the node's arena, read in
+        place, or the shared region; mem_np a numpy view of it) for key j, if it checks out:
+        header (checksum, versions, key = H(parent ‖ tokens)), the key asked for, the
+        namespace, layout and part range. The payload is copied once, node memory to
         destination."""
         hl = block.namespace_header_len(self.kns)
         if n != hl + self.sl.part_bytes:
             return
         try:
-            h = block.decode_header(conn.region[off:off + hl], self.meta.key_version)
+            h = block.decode_header(mem[off:off + hl], self.meta.key_version)
             if h.header_len != hl:
                 return
             block.check_namespace(h, self.kns, self.sl.part)
@@ -298,7 +299,7 @@ class GetPlan:
         if h.key != self.keys[j]:
             return
         p, i = self.where[j]
-        self.dests[p].put_part(i, conn.region_np[off + hl:off + n])
+        self.dests[p].put_part(i, mem_np[off + hl:off + n])
         self.found[p].add(i)
 
     def tcp_buffers(self, j, n):

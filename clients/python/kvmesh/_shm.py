@@ -2,10 +2,14 @@
 
 A unix socket carries frames; the node answers the hello (bearer token) with
 an shmHello frame and, by SCM_RIGHTS, the descriptor of a memfd region that
-this process maps read-only. A get is answered with (status, length, offset)
-per key: the block lies in the region until the request id is released. A
-put travels inline: the frame's payload is each encoded block (header, then
-payload) padded to 64 bytes, sent with one sendmsg from the caller's memory.
+this process maps read-only, and, for a node-wide principal (never a tenant),
+the descriptor of the node's DRAM arena, mapped read-only too. A get is
+answered with (status, length, offset) per key: a block found in DRAM lies in
+the arena itself (offset bit 63 set), read in place under a lease, and any
+other (an NVMe hit, a part cut from a block, a tenant's read) was copied into
+the region; either stays put until the request id is released. A put travels
+inline: the frame's payload is each encoded block (header, then payload)
+padded to 64 bytes, sent with one sendmsg from the caller's memory.
 
 One request is in flight per connection (a lock serialises callers), so the
 answer that comes back is always the caller's.
@@ -42,6 +46,9 @@ CLAIM_WRITE, CLAIM_COMPLETE, CLAIM_COVERED, CLAIM_CLAIMED = 0, 1, 2, 3
 _CLAIM_ENTRY = struct.Struct("<B3xI")
 
 _HDR = struct.Struct("<IBBBBQIIQIIQQ")  # up to the header checksum at 56
+FLAG_ARENA = 2  # hello flag: map the node's DRAM arena too, if this principal may
+ARENA_SHARED = 1  # hello arena flag: the arena's descriptor follows the region's
+IN_ARENA = 1 << 63  # shmGetResp offset bit: the value lies in the arena, not the region
 _ITEM = struct.Struct("<B3xIQ")  # shmGetResp entry: status, value length, region offset
 assert _HDR.size == 56
 
@@ -58,8 +65,8 @@ def _align(n):
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
-def frame_header(typ, rid, count, table, payload=0, timeout_ms=0):
-    h = _HDR.pack(MAGIC, WIRE_VERSION, typ, 0, 0, rid, count, timeout_ms, payload, 0, 0, 0, _xxhash.xxh64(table))
+def frame_header(typ, rid, count, table, payload=0, timeout_ms=0, flags=0):
+    h = _HDR.pack(MAGIC, WIRE_VERSION, typ, flags, 0, rid, count, timeout_ms, payload, 0, 0, 0, _xxhash.xxh64(table))
     return h + struct.pack("<Q", _xxhash.xxh64(h))
 
 
@@ -196,8 +203,9 @@ class ShmConn(Publisher):
         try:
             s.connect(path)
             tok = (token or "").encode()
-            s.sendall(frame_header(HELLO, 0, len(tok), tok) + tok)
+            s.sendall(frame_header(HELLO, 0, len(tok), tok, flags=FLAG_ARENA) + tok)
             msg, fds, _flags, _addr = socket.recv_fds(s, HEADER_LEN + 32, 4)
+            self.arena = self.arena_np = None
             try:
                 if len(msg) == 0:
                     raise ShmError("node closed the connection (over its client limit?)")
@@ -211,20 +219,25 @@ class ShmConn(Publisher):
                         rest += bytes(_recv_exact(s, payload - len(rest)))
                     text = rest[:payload].decode("utf-8", "replace")
                     raise (ShmAuthError if cls == 1 else ShmError)(f"node refused the connection: {text}")
-                if typ != SHM_HELLO or count != 1 or len(fds) != 1:
+                if typ != SHM_HELLO or count != 1 or len(fds) not in (1, 2):
                     raise ShmError(f"expected a hello with the region, got frame type {typ} with {len(fds)} descriptors")
                 if len(buf) < HEADER_LEN + 32:
                     buf += _recv_exact(s, HEADER_LEN + 32 - len(buf))
                 table = bytes(buf[HEADER_LEN:HEADER_LEN + 32])
                 if _xxhash.xxh64(table) != tsum:
                     raise ShmError("hello table checksum mismatch")
-                size, pending, self.max_items, self.max_value, _z, self.max_batch = struct.unpack("<QIIIIQ", table)
+                size, pending, self.max_items, self.max_value, arena, self.max_batch = struct.unpack("<QIIIIQ", table)
                 if size == 0 or size % ALIGN or os.fstat(fds[0]).st_size != size:
                     raise ShmError(f"region of {size} bytes does not match its descriptor")
+                if len(fds) != 1 + (arena & ARENA_SHARED):
+                    raise ShmError(f"hello with {len(fds)} descriptors and arena flags {arena:#x}")
                 self.region = mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
                 self.region_view = memoryview(self.region)
                 import numpy as np
                 self.region_np = np.frombuffer(self.region, np.uint8)  # read-only, for copies out
+                if len(fds) == 2:
+                    self.arena = _map_arena(fds[1])
+                    self.arena_np = np.frombuffer(self.arena, np.uint8)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -242,9 +255,11 @@ class ShmConn(Publisher):
         # The region stays mapped until every view of it is gone; releasing
         # our reference is enough.
         try:
-            self.region_np = None
+            self.region_np = self.arena_np = None
             self.region_view.release()
             self.region.close()
+            if self.arena is not None:
+                self.arena.close()
         except (BufferError, ValueError):
             pass  # a caller still holds a view: the mapping goes with the last one
 
@@ -271,10 +286,11 @@ class ShmConn(Publisher):
 
     def get(self, keys, consume, parts=None):
         """Reads keys (16 bytes each), or with parts (a block.Part per key) those part ranges of
-        them. consume(i, conn, off, n) is called for every key the node holds: the encoded
-        block (or part record) is the n bytes at offset off of conn.region (and of
-        conn.region_np, a numpy view), valid only during the call; keys it lacks are not
-        passed. Returns the set of indexes found."""
+        them. consume(i, mem, mem_np, off, n) is called for every key the node holds: the encoded
+        block (or part record) is the n bytes at offset off of mem, an mmap (mem_np, a numpy
+        view of it): the node's arena itself for a block read in place, else the region. They
+        are valid only during the call (the node may reuse them once it is told of the release
+        that follows); keys it lacks are not passed. Returns the set of indexes found."""
         found = set()
         todo = list(range(len(keys)))
         with self._lock:
@@ -291,14 +307,19 @@ class ShmConn(Publisher):
                     if typ != SHM_GET_RESP or got != rid or count != len(idx):
                         raise ShmError(f"got frame type {typ} id {got} of {count} items for get {rid} of {len(idx)}")
                     retry = []
-                    size = len(self.region)
                     try:
                         for j, (st, n, off) in enumerate(_ITEM.iter_unpack(rtable)):
                             i = idx[j]
                             if st == STATUS_OK:
-                                if off % ALIGN or off + n > size:
-                                    raise ShmError(f"item {j} at [{off}, +{n}) lies outside the region")
-                                consume(i, self, off, n)
+                                mem, mem_np, what = self.region, self.region_np, "region"
+                                if off & IN_ARENA:
+                                    if self.arena is None:
+                                        raise ShmError(f"item {j} lies in an arena this connection was not given")
+                                    off &= ~IN_ARENA
+                                    mem, mem_np, what = self.arena, self.arena_np, "arena"
+                                if off % ALIGN or off + n > len(mem):
+                                    raise ShmError(f"item {j} at [{off}, +{n}) lies outside the {what}")
+                                consume(i, mem, mem_np, off, n)
                                 found.add(i)
                             elif st == STATUS_RETRY:
                                 retry.append(i)
@@ -314,6 +335,24 @@ class ShmConn(Publisher):
                 raise
         return found
 
+    @property
+    def in_place(self):
+        """Whether blocks found in the node's DRAM are read in place (the arena is mapped)."""
+        return self.arena is not None
+
     def _release(self, rid):
         table = struct.pack("<Q", rid)
         self._sock.sendall(frame_header(SHM_RELEASE, 0, 1, table) + table)
+
+
+def _map_arena(fd):
+    """Maps the node's DRAM arena read-only from its descriptor, once it is known to be sealed
+    against shrinking (a shrink under the mapping would fault this process)."""
+    import fcntl
+    size = os.fstat(fd).st_size
+    seals = fcntl.fcntl(fd, getattr(fcntl, "F_GET_SEALS", 1034))
+    if size <= 0 or size % ALIGN:
+        raise ShmError(f"arena of {size} bytes")
+    if not seals & getattr(fcntl, "F_SEAL_SHRINK", 2):
+        raise ShmError("arena is not sealed against shrinking")
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)

@@ -48,6 +48,8 @@ def test_tenant_round_trip(tenant_node, path):
         assert c.lookup(NS, toks).cached_tokens == 48
         assert c.counters[path + "_get"] == 3
         assert c.counters[path + "_put"] == 3
+        if path == "shm":
+            assert not c._shm.in_place, "a tenant was given the node's arena, which holds every tenant's blocks"
     # The tenant's read-only token reads them; the other tenant sees nothing.
     with kvmesh.Client(tenant_node.addr, token="acme-r", transport=shm) as c:
         assert c.get(NS, toks)[0] == 48

@@ -152,6 +152,7 @@ def test_shm_and_grpc_same_bytes(node):
         n1, x = a.get(ns, toks)
         n2, y = b.get(ns, toks)
         assert a.counters["shm_get"] == 4 and a.counters["grpc_get"] == 0
+        assert a._shm.in_place, "an open-mode client reads the node's DRAM arena in place"
         assert b.counters["grpc_get"] == 4 and b.counters["shm_get"] == 0
         assert n1 == n2 == 64 and x.view(torch.int16).numpy().tobytes() == y.view(torch.int16).numpy().tobytes()
         n3, w = t.get(ns, toks)

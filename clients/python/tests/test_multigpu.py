@@ -239,7 +239,7 @@ def test_bad_range_on_the_wire_is_an_item_error(node, plane):
         got = []
         parts = [block.Part(0, 2, 1, 3), block.Part(0, 2, 2, 4)]  # heads [1,3) is not an aligned slice
         if plane == "shm":
-            conn.get(keys, lambda i, _conn, _off, n: got.append((i, n)), parts)
+            conn.get(keys, lambda i, _mem, _mem_np, _off, n: got.append((i, n)), parts)
         else:
             conn.get(keys, lambda i, n: (got.append((i, n)), [memoryview(bytearray(n))])[1], lambda i: None, parts)
         hl = block.namespace_header_len(ns)
