@@ -99,6 +99,9 @@ type DRAM struct {
 	slabTier
 	arena []byte // guarded by closeMu; nil after Close
 	fd    int    // the arena's memfd; -1 after Close
+	// populated: every page of the arena is in memory and mapped here
+	// (Populate), so a Put has no fault to save.
+	populated bool
 }
 
 var (
@@ -150,7 +153,7 @@ func NewDRAM(opts DRAMOptions) (*DRAM, error) {
 			return nil, fmt.Errorf("tiers: dram: populate %d bytes: %w", size, err)
 		}
 	}
-	d := &DRAM{arena: arena, fd: fd}
+	d := &DRAM{arena: arena, fd: fd, populated: opts.Populate}
 	d.capacity, d.alloc = opts.Capacity, newSlabAlloc(opts.SlabSize, nslabs)
 	d.alloc.keepWarm(max(opts.WarmSlabs, 0), opts.Populate)
 	return d, nil
@@ -169,7 +172,9 @@ func (d *DRAM) Put(key prefixhash.Key, val []byte) (Loc, error) {
 	if err != nil {
 		return 0, err
 	}
-	prefault.Write(buf)
+	if !d.populated {
+		prefault.Write(buf)
+	}
 	copy(buf, val)
 	return loc, nil
 }
