@@ -80,17 +80,6 @@ type Location struct {
 	Blocks int
 }
 
-// appendLocation appends one block in l's place to runs, extending the
-// last run when it is in the same place.
-func appendLocation(runs []Location, l Location) []Location {
-	if k := len(runs) - 1; k >= 0 && runs[k].Node == l.Node && runs[k].Tier == l.Tier {
-		runs[k].Blocks++
-		return runs
-	}
-	l.Blocks = 1
-	return append(runs, l)
-}
-
 // Ref pins one block read from a Cache.
 type Ref interface {
 	// Bytes returns the encoded block. The slice is owned by the cache and

@@ -322,15 +322,15 @@ func (c *clusterCache) Exists(ctx context.Context, keys, chunkKeys []prefixhash.
 func (c *clusterCache) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (int, []Location) {
 	// One index probe per block: the tiers of the blocks held here come
 	// from the probe that found them, not from a second query per block.
-	n, where, tiers := c.cluster.Locate(ctx, chain, blockTokens)
-	var runs []Location
+	n, spans := c.cluster.Locate(ctx, chain, blockTokens)
+	runs := make([]Location, 0, len(spans))
 	self := c.members.LocalID()
-	for i, w := range where {
-		if w != self {
-			runs = appendLocation(runs, Location{Node: w})
-		} else {
-			runs = appendLocation(runs, Location{Tier: tiers[i]})
+	for _, sp := range spans {
+		l := Location{Node: sp.Node, Blocks: sp.Blocks}
+		if sp.Node == self {
+			l = Location{Tier: sp.Tier, Blocks: sp.Blocks}
 		}
+		runs = append(runs, l)
 	}
 	return n, runs
 }

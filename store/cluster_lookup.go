@@ -16,25 +16,63 @@ import (
 // of every owner at once, in one round bounded by LookupTimeout. A peer that
 // fails or is late counts as a miss.
 func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blockTokens int) int {
-	n, _, _ := c.lookup(ctx, chain, blockTokens, false)
+	n, _ := c.lookup(ctx, chain, blockTokens, false)
 	return n
 }
 
-// Locate is LongestPrefix that also says where the prefix is: where[i] is the
-// id of the member that holds block i (this node's own id for blocks it
-// holds), for i < n; tiers[i] names the local tier of a block held here
-// (from the same index probe that found it), "" for one held elsewhere.
-func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, where, tiers []string) {
+// Span is a run of consecutive blocks of a located prefix that one member
+// holds.
+type Span struct {
+	// Node is the id of the member that holds the blocks: this node's own
+	// id for blocks it holds.
+	Node string
+	// Tier names the local tier of blocks held here (from the same index
+	// probe that found them); "" for blocks held elsewhere.
+	Tier   string
+	Blocks int
+}
+
+// Locate is LongestPrefix that also says where the prefix is: spans cover
+// its n blocks in order, a new span wherever the member or the local tier
+// changes. It allocates per span, not per block: a 128k-token prompt is
+// 8192 blocks but a few hundred spans at most.
+func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, spans []Span) {
 	return c.lookup(ctx, chain, blockTokens, true)
 }
 
-func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockTokens int, locate bool) (int, []string, []string) {
+// appendSpan appends k blocks held by node (in tier, here) to spans,
+// extending the last span when it is the same place.
+func appendSpan(spans []Span, node, tier string, k int) []Span {
+	if last := len(spans) - 1; last >= 0 && spans[last].Node == node && spans[last].Tier == tier {
+		spans[last].Blocks += k
+		return spans
+	}
+	return append(spans, Span{Node: node, Tier: tier, Blocks: k})
+}
+
+// tierBufs holds the per-block tier scratch of Locate: the names of the
+// local tiers are constants, so a reused buffer keeps nothing alive.
+var tierBufs = sync.Pool{New: func() any { return new([]string) }}
+
+// maxPooledTiers bounds the scratch kept in tierBufs (1 MiB of strings).
+const maxPooledTiers = 1 << 16
+
+func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockTokens int, locate bool) (int, []Span) {
 	c.fg.begin() // serving: pushes wait for it
 	defer c.fg.end()
 	a := auth.AccessFrom(ctx)
+	// tiers[i] is the tier of block i when a probe found it here; other
+	// entries are stale scratch, never read.
 	var tiers []string
 	if locate {
-		tiers = make([]string, len(chain))
+		buf := tierBufs.Get().(*[]string)
+		tiers = slices.Grow((*buf)[:0], len(chain))[:len(chain)]
+		defer func() {
+			if cap(tiers) <= maxPooledTiers {
+				*buf = tiers[:0]
+				tierBufs.Put(buf)
+			}
+		}()
 	}
 	// probe counts the leading blocks of chain[start:end] held here, one
 	// index probe each; locating, it writes their tiers into tiers[start:].
@@ -47,10 +85,14 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 	}
 	n := probe(0, len(chain))
 	if n == len(chain) {
-		if locate {
-			return n, slices.Repeat([]string{c.self}, n), tiers
+		if !locate {
+			return n, nil
 		}
-		return n, nil, nil
+		var spans []Span
+		for _, t := range tiers[:n] {
+			spans = appendSpan(spans, c.self, t, 1)
+		}
+		return n, spans
 	}
 	cb := c.ChunkBlocks(blockTokens)
 	p := c.placement()
@@ -102,22 +144,22 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 		}
 	}
 	if !locate {
-		return total, nil, nil
+		return total, nil
 	}
-	where := make([]string, n, total) // sized once: 8k appends would copy it a dozen times
+	var spans []Span
 	for i := range n {
-		where[i] = c.self
+		spans = appendSpan(spans, c.self, tiers[i], 1)
 	}
 	for _, r := range runs {
 		for i := r.start; i < min(r.start+r.have, total); i++ {
 			if i-r.start < r.local {
-				where = append(where, c.self)
+				spans = appendSpan(spans, c.self, tiers[i], 1)
 			} else {
-				where = append(where, r.by)
+				spans = appendSpan(spans, r.by, "", 1)
 			}
 		}
 	}
-	return total, where, tiers[:total]
+	return total, spans
 }
 
 // lookupRound asks every member of asks at once, in one round bounded by

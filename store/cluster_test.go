@@ -475,9 +475,18 @@ func TestClusterLocate(t *testing.T) {
 	ns := clusterNS()
 	p := NewPlacement([]Member{{ID: "n0", Weight: 1}, {ID: "n1", Weight: 1}, {ID: "n2", Weight: 1}}, 1)
 	for _, c := range tc.nodes {
-		n, where, tiers := c.Locate(context.Background(), chain, ns.BlockTokens)
-		if n != len(chain) || len(where) != n || len(tiers) != n {
-			t.Fatalf("%s: Locate = %d blocks, %d places, %d tiers", c.self, n, len(where), len(tiers))
+		n, spans := c.Locate(context.Background(), chain, ns.BlockTokens)
+		var where, tiers []string // per block
+		for k, sp := range spans {
+			if sp.Blocks < 1 || k > 0 && spans[k-1].Node == sp.Node && spans[k-1].Tier == sp.Tier {
+				t.Fatalf("%s: span %d of %v is empty or not joined to the one before", c.self, k, spans)
+			}
+			for range sp.Blocks {
+				where, tiers = append(where, sp.Node), append(tiers, sp.Tier)
+			}
+		}
+		if n != len(chain) || len(where) != n {
+			t.Fatalf("%s: Locate = %d blocks, %d located", c.self, n, len(where))
 		}
 		for i, w := range where {
 			owner := p.Owner(prefixhash.ChunkKey(chain, i, 2))
@@ -493,8 +502,8 @@ func TestClusterLocate(t *testing.T) {
 			}
 		}
 	}
-	if n, where, _ := tc.nodes[1].Locate(context.Background(), nil, ns.BlockTokens); n != 0 || len(where) != 0 {
-		t.Fatalf("empty chain: %d, %v", n, where)
+	if n, spans := tc.nodes[1].Locate(context.Background(), nil, ns.BlockTokens); n != 0 || len(spans) != 0 {
+		t.Fatalf("empty chain: %d, %v", n, spans)
 	}
 }
 
