@@ -34,8 +34,9 @@ type Span struct {
 
 // Locate is LongestPrefix that also says where the prefix is: spans cover
 // its n blocks in order, a new span wherever the member or the local tier
-// changes. It allocates per span, not per block: a 128k-token prompt is
-// 8192 blocks but a few hundred spans at most.
+// changes. It allocates per span, not per block: a span ends only where a
+// chunk or a local tier does (a 128k-token prompt is 8192 blocks, 256
+// chunks of the default 512 tokens).
 func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, spans []Span) {
 	return c.lookup(ctx, chain, blockTokens, true)
 }
