@@ -145,9 +145,15 @@
 // Options.VerifyMemoryHits); others are copied out. A pinned block is never
 // freed, moved or evicted: eviction skips it, a drop (DropNamespace, a
 // cascade) removes it from the index at once but frees its bytes at the last
-// Release. Bytes read from a tier are always block.Decode-verified; a read that
-// returns tiers.ErrCorrupt, or bytes that fail verification, drop the block
-// and its descendants, count a corrupt drop and answer ErrNotFound.
+// Release. Bytes read from a tier are always verified before they are
+// served: block.Decode (header and payload checksums, key), or, for an NVMe
+// hit when the tier checks every byte it reads against the sum taken when
+// it was written (tiers.Checked) and VerifyMemoryHits is off, that check and
+// the header's (checksum, length, key), so the payload is hashed once per
+// hit, not twice. A read that returns tiers.ErrCorrupt, or bytes that fail
+// verification, drop the block and its descendants, count a corrupt drop and
+// answer ErrNotFound. An NVMe hit is read into a buffer pooled by size,
+// returned at Release.
 //
 // # Restart
 //

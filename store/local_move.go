@@ -529,19 +529,21 @@ func (l *Local) indexFullLocked() bool {
 // can be made and this is the block's second hit since it was demoted, and
 // returns a Ref over the bytes read.
 func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
-	b := make([]byte, m.size)
+	buf := l.readBuf(m.size)
+	b := *buf
 	err := l.disk.Read(m.loc, b)
-	var blk block.Block
+	var h block.Header
 	if err == nil {
-		blk, err = l.verify(m.key, b)
+		h, err = l.verifyRead(m.key, b)
 	}
 	var fr []freeLoc
 	l.mu.Lock()
 	e := l.mu.x.at(m.i)
 	if err == nil && !e.has(flagDropped) && !l.mu.ns.get(e.ns).resolved {
-		err = l.resolveLocked(m.i, &blk.Header)
+		err = l.resolveLocked(m.i, &h)
 	}
 	if err != nil {
+		l.putReadBuf(buf)
 		l.doneMovingLocked(m.i)
 		switch {
 		case errors.Is(err, errNamespaceDropped):
@@ -613,5 +615,5 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	}
 	l.mu.Unlock()
 	l.freeAll(fr)
-	return &Ref{l: l, b: b}, nil
+	return &Ref{l: l, b: b, buf: buf}, nil
 }

@@ -37,7 +37,9 @@ type Options struct {
 	// VerifyMemoryHits makes a Get served from DRAM verify the whole
 	// block (header and payload checksums) instead of only its key.
 	// Default false: DRAM bytes were verified when they were put, and
-	// bytes read from NVMe are always verified.
+	// bytes read from NVMe are always verified. With it, an NVMe hit's
+	// payload is hashed by Local too, not only by a tiers.Checked tier
+	// (whose sum was taken over the DRAM bytes it was demoted from).
 	VerifyMemoryHits bool
 	// SkipRecoveryScan leaves blocks recovered from NVMe unresolved until
 	// they are first read, instead of reading each once in the background
