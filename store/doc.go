@@ -31,8 +31,11 @@
 //     the block's first hit since it landed on NVMe, making room as a write
 //     would (demoting colder blocks) from its second, so that a working set
 //     larger than DRAM does not turn every hit into a read plus a demotion
-//     write; otherwise it is served from the copy. GetMany reads a prompt's
-//     NVMe blocks 8 at a time.
+//     write; otherwise it is served from the copy. One promotion at a time
+//     makes room: a second hit that finds another promotion demoting takes
+//     free room only, keeps its mark and may push at a later hit, so that
+//     the 8 reads of a prompt in flight do not each wait for a demotion
+//     batch of their own. GetMany reads a prompt's NVMe blocks 8 at a time.
 //   - With an HBM tier (Options.HBM, GPU memory) on top of DRAM, writes and
 //     promotions land in HBM first; HBM pressure demotes its least recently
 //     used blocks into DRAM, never past it; a DRAM hit promotes the block

@@ -53,6 +53,9 @@ type Local struct {
 	// readBufs pools the buffers NVMe hits are read into, by size
 	// (int → *sync.Pool of *[]byte).
 	readBufs sync.Map
+	// roomPromoting is held by the one promotion that may make room in
+	// memory (demote) at a time; see promote.
+	roomPromoting atomic.Bool
 
 	// diskMu orders persistent-tier writes against segment drops: a writer
 	// holds it shared from its write until the index knows the new

@@ -568,7 +568,10 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	// A block hit on the persistent tier before (flagHit is cleared when
 	// it lands there) may push colder blocks out of memory; on its first
 	// hit it takes only free room. Otherwise, with a working set larger
-	// than memory, every hit would be a read plus a demotion write.
+	// than memory, every hit would be a read plus a demotion write. One
+	// promotion at a time makes room (roomPromoting): the others take free
+	// room only, keep their mark and may push at a later hit, so that the
+	// reads of a prompt do not each wait for a demotion batch of their own.
 	again := e.has(flagHit)
 	l.mu.Unlock()
 
@@ -578,8 +581,9 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	rid := uint32(0)
 	if class >= 0 {
 		if rid, perr = l.room(ctx, nil, digest, m.size, class, tierMem, prefixhash.Key{}); perr == nil {
-			if again {
+			if again && l.roomPromoting.CompareAndSwap(false, true) {
 				newLoc, perr = l.putMem(ctx, m.key, prefixhash.Key{}, b, class)
+				l.roomPromoting.Store(false)
 			} else {
 				newLoc, perr = l.putFree(m.key, b)
 			}

@@ -12,7 +12,9 @@ import (
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/tiers"
 )
 
 // distinctBlocks returns n root blocks of ns whose payloads all differ, so
@@ -204,5 +206,114 @@ func TestLocalVerifyRead(t *testing.T) {
 	l := openLocal(t, Options{DRAM: realDRAM(t, 1<<20, 1<<20), NVMe: realNVMe(t, t.TempDir(), 16<<20, 4<<20), VerifyMemoryHits: true})
 	if l.diskChecked {
 		t.Fatal("VerifyMemoryHits: NVMe reads must be hashed again")
+	}
+}
+
+// writeGatedDisk is a fakeDisk whose batch writes (demotions), while gated, tell
+// entered and wait for open.
+type writeGatedDisk struct {
+	*fakeDisk
+	mu      sync.Mutex
+	gated   bool
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func (d *writeGatedDisk) PutBatch(keys []prefixhash.Key, vals [][]byte, locs []tiers.Loc) (int, error) {
+	d.mu.Lock()
+	gated := d.gated
+	d.mu.Unlock()
+	if gated {
+		d.entered <- struct{}{}
+		<-d.open
+	}
+	return d.fakeDisk.PutBatch(keys, vals, locs)
+}
+
+// TestLocalPromotionRoomOneAtATime: while one promotion (a block's second hit
+// on NVMe, memory full) waits for the demotion that makes its room, another
+// block's second hit is served from the bytes read, without a demotion of
+// its own, and stays on NVMe; it is promoted at a later hit.
+func TestLocalPromotionRoomOneAtATime(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, 41, blocktest.NS())
+	disk := &writeGatedDisk{fakeDisk: newFakeVolume(64<<10, 16).open(), entered: make(chan struct{}, 2), open: make(chan struct{})}
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), NVMe: disk, DemoteBatchBytes: 1})
+	for range 40 {
+		if err := l.Put(ctx, w.blocks[w.extend(-1)].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var a, b *wblock
+	for k := range w.blocks {
+		if info, ok := l.Info(auth.Access{}, w.blocks[k].key); ok && info.Tier == "nvme" {
+			if a == nil {
+				a = &w.blocks[k]
+			} else {
+				b = &w.blocks[k]
+				break
+			}
+		}
+	}
+	if b == nil {
+		t.Fatal("fewer than two blocks were demoted")
+	}
+	get := func(blk *wblock) error {
+		r, err := l.Get(ctx, blk.key)
+		if err != nil {
+			return err
+		}
+		defer r.Release()
+		if !bytes.Equal(r.Bytes(), blk.enc) {
+			return errors.New("the block came back with other bytes")
+		}
+		return nil
+	}
+	tier := func(blk *wblock) string {
+		info, _ := l.Info(auth.Access{}, blk.key)
+		return info.Tier
+	}
+	for _, blk := range []*wblock{a, b} { // first hits: no room made
+		if err := get(blk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	disk.mu.Lock()
+	disk.gated = true
+	disk.mu.Unlock()
+	aDone := make(chan error, 1)
+	go func() { aDone <- get(a) }()
+	<-disk.entered // a's promotion is writing the blocks it demotes
+	bDone := make(chan error, 1)
+	go func() { bDone <- get(b) }()
+	select {
+	case err := <-bDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-disk.entered:
+		close(disk.open)
+		<-aDone
+		<-bDone
+		t.Fatal("a second promotion made room while another was making it")
+	}
+	if got := tier(b); got != "nvme" {
+		t.Fatalf("b, hit while a made room, is in %q", got)
+	}
+	disk.mu.Lock()
+	disk.gated = false
+	disk.mu.Unlock()
+	close(disk.open)
+	if err := <-aDone; err != nil {
+		t.Fatal(err)
+	}
+	if got := tier(a); got != "dram" {
+		t.Fatalf("a, promoted, is in %q", got)
+	}
+	if err := get(b); err != nil {
+		t.Fatal(err)
+	}
+	if got := tier(b); got != "dram" {
+		t.Fatalf("b, hit again, is in %q", got)
 	}
 }
