@@ -19,7 +19,7 @@
 //   - Writes land in DRAM. Put verifies the whole block first; putting a
 //     cached block is a cheap no-op that touches it.
 //   - DRAM pressure demotes the coldest idle blocks to NVMe, at least
-//     Options.DemoteBatchBytes at a time (one tiers.Batcher write when the
+//     Options.DemoteBatchBytes at a time for a write (a promotion: see below) (one tiers.Batcher write when the
 //     tier has it); with no NVMe, or NVMe refusing, they are dropped. Under
 //     tiers.Classed a value only frees room for its own size class: the
 //     coldest blocks of the class are moved, and when the class owns no
@@ -32,10 +32,12 @@
 //     would (demoting colder blocks) from its second, so that a working set
 //     larger than DRAM does not turn every hit into a read plus a demotion
 //     write; otherwise it is served from the copy. One promotion at a time
-//     makes room: a second hit that finds another promotion demoting takes
-//     free room only, keeps its mark and may push at a later hit, so that
-//     the 8 reads of a prompt in flight do not each wait for a demotion
-//     batch of their own. GetMany reads a prompt's NVMe blocks 8 at a time.
+//     makes room, and only the room it needs (one block, not a
+//     DemoteBatchBytes batch, whose spare room would go to first hits): a
+//     second hit that finds another promotion demoting takes free room
+//     only, keeps its mark and may push at a later hit, so that the 8 reads
+//     of a prompt in flight do not each wait for a demotion of their own.
+//     GetMany reads a prompt's NVMe blocks 8 at a time.
 //   - With an HBM tier (Options.HBM, GPU memory) on top of DRAM, writes and
 //     promotions land in HBM first; HBM pressure demotes its least recently
 //     used blocks into DRAM, never past it; a DRAM hit promotes the block

@@ -317,3 +317,54 @@ func TestLocalPromotionRoomOneAtATime(t *testing.T) {
 		t.Fatalf("b, hit again, is in %q", got)
 	}
 }
+
+// TestLocalPromotionMakesOwnRoom: a promotion into a full memory tier
+// demotes one block, the room it needs, not a DemoteBatchBytes batch whose
+// spare room would go to blocks hit once; a write still demotes a batch.
+func TestLocalPromotionMakesOwnRoom(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, 43, blocktest.NS())
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), NVMe: newFakeVolume(64<<10, 16).open(), DemoteBatchBytes: 8 * blockBytes})
+	for range 40 {
+		if err := l.Put(ctx, w.blocks[w.extend(-1)].enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var onDisk *wblock
+	for k := range w.blocks {
+		if info, ok := l.Info(auth.Access{}, w.blocks[k].key); ok && info.Tier == "nvme" {
+			onDisk = &w.blocks[k]
+			break
+		}
+	}
+	if onDisk == nil {
+		t.Fatal("no block was demoted")
+	}
+	get := func(blk *wblock) {
+		t.Helper()
+		r, err := l.Get(ctx, blk.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(r.Bytes(), blk.enc) {
+			t.Fatal("the block came back with other bytes")
+		}
+		r.Release()
+	}
+	get(onDisk) // first hit: served from the bytes read
+	first := l.Stats()
+	get(onDisk) // second: promoted
+	second := l.Stats()
+	if info, _ := l.Info(auth.Access{}, onDisk.key); info.Tier != "dram" {
+		t.Fatalf("after its second hit the block is in %q", info.Tier)
+	}
+	if p, d := second.Promotions-first.Promotions, second.Demotions-first.Demotions; p != 1 || d != 1 {
+		t.Fatalf("the promotion: %d promotions, %d demotions, want 1 and 1", p, d)
+	}
+	if err := l.Put(ctx, w.blocks[w.extend(-1)].enc); err != nil {
+		t.Fatal(err)
+	}
+	if d := l.Stats().Demotions - second.Demotions; d < 8 {
+		t.Fatalf("a write into full memory demoted %d blocks, want a batch of 8", d)
+	}
+}
