@@ -133,6 +133,7 @@ type counters struct {
 	demotions, promotions, rewrites, recovered       int64
 	evictions, corruptDrops, namespaceDrops, cascade int64
 	reservationsExpired, corruptCommits              int64
+	promotionsDeferred                               int64
 }
 
 type reason uint8

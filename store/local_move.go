@@ -584,6 +584,7 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	var newLoc tiers.Loc
 	perr := error(tiers.ErrTooLarge)
 	rid := uint32(0)
+	deferred := false // a second hit that found another promotion making room
 	if class >= 0 {
 		if rid, perr = l.room(ctx, nil, digest, m.size, class, tierMem, prefixhash.Key{}); perr == nil {
 			if again && l.roomPromoting.CompareAndSwap(false, true) {
@@ -591,6 +592,7 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 				l.roomPromoting.Store(false)
 			} else {
 				newLoc, perr = l.putFree(m.key, b)
+				deferred = again && perr != nil
 			}
 		}
 	}
@@ -598,6 +600,9 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	l.doneMovingLocked(m.i)
 	if rid != 0 {
 		l.unreserveLocked(rid, tierMem, m.size) // the entry keeps the namespace
+	}
+	if deferred {
+		l.mu.c.promotionsDeferred++
 	}
 	l.mu.c.hits++
 	switch {

@@ -300,6 +300,9 @@ func TestLocalPromotionRoomOneAtATime(t *testing.T) {
 	if got := tier(b); got != "nvme" {
 		t.Fatalf("b, hit while a made room, is in %q", got)
 	}
+	if s := l.Stats(); s.PromotionsDeferred != 1 {
+		t.Fatalf("%d promotions deferred, want 1 (b's)", s.PromotionsDeferred)
+	}
 	disk.mu.Lock()
 	disk.gated = false
 	disk.mu.Unlock()
