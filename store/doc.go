@@ -19,7 +19,7 @@
 //   - Writes land in DRAM. Put verifies the whole block first; putting a
 //     cached block is a cheap no-op that touches it.
 //   - DRAM pressure demotes the coldest idle blocks to NVMe, at least
-//     Options.DemoteBatchBytes at a time (one tiers.Batcher write when the
+//     Options.DemoteBatchBytes at a time for a write (a promotion: see below) (one tiers.Batcher write when the
 //     tier has it); with no NVMe, or NVMe refusing, they are dropped. Under
 //     tiers.Classed a value only frees room for its own size class: the
 //     coldest blocks of the class are moved, and when the class owns no
@@ -31,8 +31,13 @@
 //     the block's first hit since it landed on NVMe, making room as a write
 //     would (demoting colder blocks) from its second, so that a working set
 //     larger than DRAM does not turn every hit into a read plus a demotion
-//     write; otherwise it is served from the copy. GetMany reads a prompt's
-//     NVMe blocks 8 at a time.
+//     write; otherwise it is served from the copy. One promotion at a time
+//     makes room, and only the room it needs (one block, not a
+//     DemoteBatchBytes batch, whose spare room would go to first hits): a
+//     second hit that finds another promotion demoting takes free room
+//     only, keeps its mark and may push at a later hit, so that the 8 reads
+//     of a prompt in flight do not each wait for a demotion of their own.
+//     GetMany reads a prompt's NVMe blocks 8 at a time.
 //   - With an HBM tier (Options.HBM, GPU memory) on top of DRAM, writes and
 //     promotions land in HBM first; HBM pressure demotes its least recently
 //     used blocks into DRAM, never past it; a DRAM hit promotes the block
@@ -145,9 +150,15 @@
 // Options.VerifyMemoryHits); others are copied out. A pinned block is never
 // freed, moved or evicted: eviction skips it, a drop (DropNamespace, a
 // cascade) removes it from the index at once but frees its bytes at the last
-// Release. Bytes read from a tier are always block.Decode-verified; a read that
-// returns tiers.ErrCorrupt, or bytes that fail verification, drop the block
-// and its descendants, count a corrupt drop and answer ErrNotFound.
+// Release. Bytes read from a tier are always verified before they are
+// served: block.Decode (header and payload checksums, key), or, for an NVMe
+// hit when the tier checks every byte it reads against the sum taken when
+// it was written (tiers.Checked) and VerifyMemoryHits is off, that check and
+// the header's (checksum, length, key), so the payload is hashed once per
+// hit, not twice. A read that returns tiers.ErrCorrupt, or bytes that fail
+// verification, drop the block and its descendants, count a corrupt drop and
+// answer ErrNotFound. An NVMe hit is read into a buffer pooled by size,
+// returned at Release.
 //
 // # Restart
 //

@@ -45,6 +45,17 @@ type Local struct {
 	hbm     tiers.Tier    // nil: DRAM is the top tier
 	seg     tiers.Segmented
 	batcher tiers.Batcher
+	// diskChecked: the persistent tier's Read checks every byte against a
+	// sum taken when it was written (tiers.Checked), so a promotion checks
+	// the block's header and key and does not hash the payload again;
+	// VerifyMemoryHits turns it off (that sum was taken over DRAM bytes).
+	diskChecked bool
+	// readBufs pools the buffers NVMe hits are read into, by size
+	// (int → *sync.Pool of *[]byte).
+	readBufs sync.Map
+	// roomPromoting is held by the one promotion that may make room in
+	// memory (demote) at a time; see promote.
+	roomPromoting atomic.Bool
 
 	// diskMu orders persistent-tier writes against segment drops: a writer
 	// holds it shared from its write until the index knows the new
@@ -122,6 +133,7 @@ type counters struct {
 	demotions, promotions, rewrites, recovered       int64
 	evictions, corruptDrops, namespaceDrops, cascade int64
 	reservationsExpired, corruptCommits              int64
+	promotionsDeferred                               int64
 }
 
 type reason uint8
@@ -156,6 +168,9 @@ func Open(opts Options) (*Local, error) {
 	if l.disk != nil {
 		l.seg, _ = l.disk.(tiers.Segmented)
 		l.batcher, _ = l.disk.(tiers.Batcher)
+		if c, ok := l.disk.(tiers.Checked); ok && !opts.VerifyMemoryHits {
+			l.diskChecked = c.ChecksReads()
+		}
 		l.mu.diskList = l.mu.x.newList()
 		if err := l.recover(); err != nil {
 			return nil, err

@@ -232,3 +232,42 @@ func BenchmarkGetManyNVMe(b *testing.B) {
 	b.ReportMetric(float64(after.Promotions-before.Promotions)/float64(b.N)/n, "promotions/block")
 	b.ReportMetric(float64(after.Demotions-before.Demotions)/float64(b.N)/n, "demotions/block")
 }
+
+// BenchmarkGetManyNVMeRandom gets random prompts of 16 blocks of 256 KiB,
+// from a data set four times the DRAM tier (16 prompts, DRAM holding 4),
+// the rest on a real NVMe tier in a temporary directory: the working set
+// of bench nvme's end-to-end row, where half the NVMe hits are second hits
+// and promotion pushes blocks out (demotions/block).
+func BenchmarkGetManyNVMeRandom(b *testing.B) {
+	ctx := context.Background()
+	ns := benchNS(256 << 10)
+	const prompts, per = 16, 16
+	blocks, keys := distinctBlocks(b, ns, prompts*per)
+	size := int64(len(blocks[0]))
+	slab := (size + 4095) &^ 4095
+	l := openLocal(b, Options{DRAM: realDRAM(b, prompts*per/4*slab, slab), NVMe: realNVMe(b, b.TempDir(), 8*prompts*per*slab, 64*slab)})
+	for _, blk := range blocks {
+		if err := l.Put(ctx, blk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(3, 3))
+	b.SetBytes(per * size)
+	before := l.Stats()
+	for b.Loop() {
+		p := rng.IntN(prompts)
+		refs, err := l.GetMany(ctx, keys[p*per:(p+1)*per])
+		if err != nil {
+			b.Fatal(err)
+		}
+		for k, r := range refs {
+			if r == nil {
+				b.Fatalf("prompt %d block %d missing", p, k)
+			}
+			r.Release()
+		}
+	}
+	after := l.Stats()
+	b.ReportMetric(float64(after.Promotions-before.Promotions)/float64(b.N)/per, "promotions/block")
+	b.ReportMetric(float64(after.Demotions-before.Demotions)/float64(b.N)/per, "demotions/block")
+}

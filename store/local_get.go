@@ -21,6 +21,7 @@ type Ref struct {
 	l    *Local
 	i    uint32 // pinned entry, 0 when b is a private copy
 	b    []byte
+	buf  *[]byte // the pooled buffer a private copy lives in, back to the pool at Release
 }
 
 // Bytes returns the encoded block. The slice belongs to the store: read it,
@@ -33,10 +34,11 @@ func (r *Ref) Release() {
 	if r == nil || r.l == nil {
 		return
 	}
-	l, i := r.l, r.i
-	r.l, r.b = nil, nil
+	l, i, buf := r.l, r.i, r.buf
+	r.l, r.b, r.buf = nil, nil, nil
 	r.leak.Stop()
 	if i == 0 {
+		l.putReadBuf(buf)
 		return
 	}
 	var fr []freeLoc
@@ -208,6 +210,51 @@ func (l *Local) verify(key prefixhash.Key, b []byte) (block.Block, error) {
 		return blk, fmt.Errorf("%w: the location of %s holds %s", block.ErrCorrupt, key, blk.Key)
 	}
 	return blk, nil
+}
+
+// verifyRead checks a block read from the persistent tier. When that tier
+// checked every byte against the sum taken when it was written (tiers.Checked),
+// which was over bytes Put verified, the header (its checksum, the length
+// and the key) is checked and the payload is not hashed a second time.
+func (l *Local) verifyRead(key prefixhash.Key, b []byte) (block.Header, error) {
+	if !l.diskChecked {
+		blk, err := l.verify(key, b)
+		return blk.Header, err
+	}
+	h, err := block.DecodeHeader(b, l.opts.MaxBlockBytes)
+	switch {
+	case err != nil:
+		return h, err
+	case len(b) != h.Len+h.PayloadLen:
+		return h, fmt.Errorf("%w: %d bytes, header says %d", block.ErrCorrupt, len(b), h.Len+h.PayloadLen)
+	case h.Key != key:
+		return h, fmt.Errorf("%w: the location of %s holds %s", block.ErrCorrupt, key, h.Key)
+	}
+	return h, nil
+}
+
+// readBuf returns a buffer of n bytes for a block read from the persistent
+// tier, pooled by size: a fresh one would be cleared by the runtime only for
+// the read to overwrite it. Its contents are unspecified.
+func (l *Local) readBuf(n int) *[]byte {
+	p, ok := l.readBufs.Load(n)
+	if !ok {
+		p, _ = l.readBufs.LoadOrStore(n, &sync.Pool{New: func() any {
+			b := make([]byte, n)
+			return &b
+		}})
+	}
+	return p.(*sync.Pool).Get().(*[]byte)
+}
+
+// putReadBuf returns a buffer of readBuf to its pool; nil does nothing.
+func (l *Local) putReadBuf(b *[]byte) {
+	if b == nil {
+		return
+	}
+	if p, ok := l.readBufs.Load(len(*b)); ok {
+		p.(*sync.Pool).Put(b)
+	}
 }
 
 // corruptPinned drops a block whose in-place bytes failed checkHit.

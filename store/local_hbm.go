@@ -136,7 +136,7 @@ func (l *Local) demoteHBM(ctx context.Context, need int) bool {
 		m := &vs[k].m
 		l.memBytes(m)
 		if m.err == nil {
-			if loc, err := l.putDRAM(ctx, m.key, prefixhash.Key{}, m.val, vs[k].class); err == nil {
+			if loc, err := l.putDRAM(ctx, m.key, prefixhash.Key{}, m.val, vs[k].class, true); err == nil {
 				m.newLoc, m.done = loc, true
 			}
 		}
@@ -242,12 +242,12 @@ func (l *Local) putFree(key prefixhash.Key, val []byte) (tiers.Loc, error) {
 }
 
 // putMem copies val into the memory tier: HBM when there is one and it
-// takes it, else DRAM (putDRAM).
-func (l *Local) putMem(ctx context.Context, key, parent prefixhash.Key, val []byte, class int) (tiers.Loc, error) {
+// takes it, else DRAM (putDRAM, with batch).
+func (l *Local) putMem(ctx context.Context, key, parent prefixhash.Key, val []byte, class int, batch bool) (tiers.Loc, error) {
 	if l.hbm != nil {
 		if loc, ok := l.putHBM(ctx, key, val); ok {
 			return loc, nil
 		}
 	}
-	return l.putDRAM(ctx, key, parent, val, class)
+	return l.putDRAM(ctx, key, parent, val, class, batch)
 }

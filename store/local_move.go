@@ -85,7 +85,8 @@ var errColdest = errors.New("store: the new block is the coldest")
 // putDRAM copies val into the DRAM tier, making room when it is full.
 // parent is the key of the block's parent for a new block (its position
 // in the recency order), zero for a promotion (the hottest position).
-func (l *Local) putDRAM(ctx context.Context, key, parent prefixhash.Key, val []byte, class int) (tiers.Loc, error) {
+// batch makes room by DemoteBatchBytes at least (see makeMemRoom).
+func (l *Local) putDRAM(ctx context.Context, key, parent prefixhash.Key, val []byte, class int, batch bool) (tiers.Loc, error) {
 	if class < 0 {
 		return 0, tiers.ErrTooLarge
 	}
@@ -97,7 +98,7 @@ func (l *Local) putDRAM(ctx context.Context, key, parent prefixhash.Key, val []b
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
 		}
-		if err := l.makeMemRoom(class, len(val), parent); err != nil {
+		if err := l.makeMemRoom(class, len(val), parent, batch); err != nil {
 			return 0, err
 		}
 	}
@@ -106,8 +107,11 @@ func (l *Local) putDRAM(ctx context.Context, key, parent prefixhash.Key, val []b
 // makeMemRoom demotes (or, failing that, drops) the coldest idle blocks that
 // free room for a value of the given class and size. It returns the tier's
 // ErrFull when it could move nothing, errColdest when the new block (child
-// of parent) is colder than anything it could move.
-func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key) error {
+// of parent) is colder than anything it could move. With batch (writes), it
+// demotes DemoteBatchBytes at least, so that NVMe sees large writes; without
+// (a promotion), only what the value needs: the rest of a batch's room would
+// go to the first hits of blocks not shown hot, each a demotion more.
+func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key, batch bool) error {
 	if l.dropPartialForRoom(class) {
 		return nil // incomplete blocks go first
 	}
@@ -123,7 +127,7 @@ func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key) error {
 			stop = p
 		}
 	}
-	vs, coldest := l.memVictimsLocked(class, need, stop)
+	vs, coldest := l.memVictimsLocked(class, need, stop, batch)
 	var fr []freeLoc
 	l.reserveDemotionsLocked(vs, &fr)
 	l.mu.Unlock()
@@ -143,9 +147,9 @@ func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key) error {
 // and when the class owns no memory (or none of it is idle), the slab the
 // tier names to evacuate. The walk stops at stop, the new block's parent:
 // what lies beyond is warmer than the new block; coldest reports that.
-func (l *Local) memVictimsLocked(class, need int, stop uint32) (vs []moved, coldest bool) {
+func (l *Local) memVictimsLocked(class, need int, stop uint32, batch bool) (vs []moved, coldest bool) {
 	want := need
-	if l.disk != nil {
+	if l.disk != nil && batch {
 		want = max(need, l.opts.DemoteBatchBytes) // batch the writes; drops need no batching
 	}
 	if l.classed == nil {
@@ -529,19 +533,21 @@ func (l *Local) indexFullLocked() bool {
 // can be made and this is the block's second hit since it was demoted, and
 // returns a Ref over the bytes read.
 func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
-	b := make([]byte, m.size)
+	buf := l.readBuf(m.size)
+	b := *buf
 	err := l.disk.Read(m.loc, b)
-	var blk block.Block
+	var h block.Header
 	if err == nil {
-		blk, err = l.verify(m.key, b)
+		h, err = l.verifyRead(m.key, b)
 	}
 	var fr []freeLoc
 	l.mu.Lock()
 	e := l.mu.x.at(m.i)
 	if err == nil && !e.has(flagDropped) && !l.mu.ns.get(e.ns).resolved {
-		err = l.resolveLocked(m.i, &blk.Header)
+		err = l.resolveLocked(m.i, &h)
 	}
 	if err != nil {
+		l.putReadBuf(buf)
 		l.doneMovingLocked(m.i)
 		switch {
 		case errors.Is(err, errNamespaceDropped):
@@ -566,7 +572,11 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	// A block hit on the persistent tier before (flagHit is cleared when
 	// it lands there) may push colder blocks out of memory; on its first
 	// hit it takes only free room. Otherwise, with a working set larger
-	// than memory, every hit would be a read plus a demotion write.
+	// than memory, every hit would be a read plus a demotion write. One
+	// promotion at a time makes room (roomPromoting), and only its own
+	// (makeMemRoom without batch): the others take free room only, keep
+	// their mark and may push at a later hit, so that the reads of a
+	// prompt do not each wait for a demotion batch of their own.
 	again := e.has(flagHit)
 	l.mu.Unlock()
 
@@ -574,12 +584,15 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	var newLoc tiers.Loc
 	perr := error(tiers.ErrTooLarge)
 	rid := uint32(0)
+	deferred := false // a second hit that found another promotion making room
 	if class >= 0 {
 		if rid, perr = l.room(ctx, nil, digest, m.size, class, tierMem, prefixhash.Key{}); perr == nil {
-			if again {
-				newLoc, perr = l.putMem(ctx, m.key, prefixhash.Key{}, b, class)
+			if again && l.roomPromoting.CompareAndSwap(false, true) {
+				newLoc, perr = l.putMem(ctx, m.key, prefixhash.Key{}, b, class, false)
+				l.roomPromoting.Store(false)
 			} else {
 				newLoc, perr = l.putFree(m.key, b)
+				deferred = again && perr != nil
 			}
 		}
 	}
@@ -587,6 +600,9 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	l.doneMovingLocked(m.i)
 	if rid != 0 {
 		l.unreserveLocked(rid, tierMem, m.size) // the entry keeps the namespace
+	}
+	if deferred {
+		l.mu.c.promotionsDeferred++
 	}
 	l.mu.c.hits++
 	switch {
@@ -613,5 +629,5 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	}
 	l.mu.Unlock()
 	l.freeAll(fr)
-	return &Ref{l: l, b: b}, nil
+	return &Ref{l: l, b: b, buf: buf}, nil
 }

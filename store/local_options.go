@@ -31,13 +31,16 @@ type Options struct {
 	// and with it the index's RAM (about 60 bytes per block). Default:
 	// the tiers' capacities over 4 KiB, within [65536, 1<<27].
 	MaxBlocks int
-	// DemoteBatchBytes is the least that one round of DRAM pressure
-	// demotes, in bytes, so that NVMe sees large writes. Default 4 MiB.
+	// DemoteBatchBytes is the least that one round of DRAM pressure from
+	// a write demotes, in bytes, so that NVMe sees large writes (a
+	// promotion demotes only the room it needs). Default 4 MiB.
 	DemoteBatchBytes int
 	// VerifyMemoryHits makes a Get served from DRAM verify the whole
 	// block (header and payload checksums) instead of only its key.
 	// Default false: DRAM bytes were verified when they were put, and
-	// bytes read from NVMe are always verified.
+	// bytes read from NVMe are always verified. With it, an NVMe hit's
+	// payload is hashed by Local too, not only by a tiers.Checked tier
+	// (whose sum was taken over the DRAM bytes it was demoted from).
 	VerifyMemoryHits bool
 	// SkipRecoveryScan leaves blocks recovered from NVMe unresolved until
 	// they are first read, instead of reading each once in the background

@@ -134,7 +134,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 			if rv != nil {
 				loc, rv = rv.loc, nil // the index takes the slot (or frees it)
 			} else {
-				loc, err = l.putMem(ctx, h.Key, parent, b, class)
+				loc, err = l.putMem(ctx, h.Key, parent, b, class, true)
 			}
 			if err == nil {
 				var fr []freeLoc

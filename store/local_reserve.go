@@ -168,7 +168,7 @@ func (l *Local) reserveSlot(ctx context.Context, rs tiers.Reserver, key, parent 
 		if err = ctx.Err(); err != nil {
 			break
 		}
-		if err = l.makeMemRoom(class, size, parent); err != nil {
+		if err = l.makeMemRoom(class, size, parent, true); err != nil {
 			break
 		}
 	}

@@ -32,7 +32,11 @@ type Stats struct {
 
 	Demotions  int64 // memory → persistent moves
 	Promotions int64 // persistent → memory moves on a hit
-	Rewrites   int64 // blocks re-inserted when their segment was reclaimed
+	// PromotionsDeferred counts second hits on the persistent tier served
+	// from their copy, and left there, because another promotion was
+	// making room in memory (one at a time); a later hit may promote them.
+	PromotionsDeferred int64
+	Rewrites           int64 // blocks re-inserted when their segment was reclaimed
 	// HBMDemotions and HBMPromotions count the moves between HBM and
 	// DRAM: HBM pressure, and hits in DRAM.
 	HBMDemotions, HBMPromotions int64
@@ -131,7 +135,8 @@ func (l *Local) statsLocked() Stats {
 	s := Stats{
 		Hits: c.hits, Misses: c.misses, Puts: c.puts, Duplicates: c.duplicates, Refused: c.refused,
 		Recovered: c.recovered, Demotions: c.demotions, Promotions: c.promotions, Rewrites: c.rewrites,
-		Evictions: c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops,
+		PromotionsDeferred: c.promotionsDeferred,
+		Evictions:          c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops,
 		Cascaded: c.cascade, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
 		Reservations: l.mu.reservations, ReservationsExpired: c.reservationsExpired, CorruptCommits: c.corruptCommits,
 		HBMDemotions: l.mu.hbm.demote, HBMPromotions: l.mu.hbm.promot,

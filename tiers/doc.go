@@ -39,6 +39,7 @@
 //	Segmented    reclaim by whole segments, oldest first                  x
 //	Recoverable  Range: what survived a restart or a crash                x
 //	Batcher      PutBatch: many values, one write and one sync            x
+//	Checked      Read verifies every byte against a put-time sum          x
 //
 // Each implementation asserts its set at compile time (var _ Viewer =
 // (*DRAM)(nil)); a change there belongs in this table too.

@@ -106,6 +106,7 @@ var (
 	_ Segmented   = (*NVMe)(nil)
 	_ Recoverable = (*NVMe)(nil)
 	_ Batcher     = (*NVMe)(nil)
+	_ Checked     = (*NVMe)(nil)
 )
 
 // OpenNVMe opens (creating if needed) the NVMe tier in opts.Dir and recovers
@@ -361,6 +362,10 @@ func (t *NVMe) readRecord(fd int, loc Loc, dst []byte) error {
 	copy(dst[head:], rest)
 	return nil
 }
+
+// ChecksReads reports that Read verifies the whole value against its
+// record's checksum (Checked).
+func (t *NVMe) ChecksReads() bool { return true }
 
 // Free deletes the index entry of the value at loc. Its space comes back when
 // its segment is dropped. The delete is not synced: a crash may bring the

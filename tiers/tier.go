@@ -140,3 +140,11 @@ type Recoverable interface {
 type Batcher interface {
 	PutBatch(keys []prefixhash.Key, vals [][]byte, locs []Loc) (int, error)
 }
+
+// Checked is implemented by tiers whose Read verifies every byte of the value
+// against a checksum taken when it was put, and fails with an error wrapping
+// ErrCorrupt otherwise (NVMe: the record's xxhash64). An owner that trusted
+// the bytes it put need not hash what it reads back a second time.
+type Checked interface {
+	ChecksReads() bool
+}
