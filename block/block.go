@@ -384,6 +384,15 @@ func headerSum(h []byte, n, ext int) uint64 {
 	return d.Sum64()
 }
 
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 func corrupt(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
 }
@@ -424,6 +433,12 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	ext := int(x)
 	if got, want := binary.LittleEndian.Uint64(b[headerSumOff:]), headerSum(b, int(n), ext); got != want {
 		return h, corrupt("header checksum %016x, computed %016x", got, want)
+	}
+	// The padding that aligns the header is covered by neither checksum:
+	// it must be zeros, as encoders write it, so that a block has one
+	// encoding and no byte of it goes unchecked.
+	if pad := b[FixedHeaderLen+4*n+4+uint64(ext) : hl]; !allZero(pad) {
+		return h, corrupt("header padding of %d bytes is not zero", len(pad))
 	}
 	h.Namespace = binary.LittleEndian.Uint64(b[16:])
 	copy(h.Key[:], b[24:40])

@@ -14,8 +14,10 @@
 // the vllm key scheme, extra keys) adds the layout, scheme, scales and
 // latent dim in bytes format 2 reserved, and an extension after the tokens:
 // the parent's vLLM hash and the extra keys, zero-padded to the namespace's
-// room so that all blocks of a namespace have one size. Decode verifies all
-// of it, including key == H(parent ‖ tokens ‖ extra keys) under the block's
+// room so that all blocks of a namespace have one size. The header is
+// zero-padded to 64 bytes. Decode verifies all of it, the padding's zeros
+// included (no byte of a block goes unchecked, so a block has one
+// encoding), and key == H(parent ‖ tokens ‖ extra keys) under the block's
 // key scheme (prefixhash.BlockLink),
 // before any byte is served (the store drops a block that fails and counts a
 // miss). A block of format version 1 or of another key format (one an older

@@ -334,6 +334,8 @@ def decode_header(b, key_version=KEY_VERSION):
     (hsum,) = struct.unpack_from("<Q", mv, HEADER_SUM_OFF)
     if _xxhash.xxh64(bytes(mv[:HEADER_SUM_OFF]) + tb + ext) != hsum:
         raise CorruptBlock("header checksum mismatch")
+    if any(mv[FIXED_HEADER_LEN + 4 * n + 4 + x:hl]):
+        raise CorruptBlock("header padding is not zero")
     if mv[59] or any(mv[76:80]):
         raise CorruptBlock("reserved header bytes are not zero")
     h = Header()
