@@ -111,6 +111,9 @@ type TierStats struct {
 	Blocks   int64
 	Bytes    int64 // encoded bytes held
 	Capacity int64 // configured limit in bytes
+	// Warm is memory the tier keeps for reuse though it holds no block
+	// (DRAM's emptied slabs kept warm: tiers.Stats.Warm).
+	Warm int64
 }
 
 // NamespaceStats describe one namespace's blocks.
@@ -130,6 +133,9 @@ type NamespaceStats struct {
 type CacheStats struct {
 	Tiers                                          []TierStats
 	Hits, Misses, Evictions, Demotions, Promotions int64
+	// PromotionsDeferred counts second hits on NVMe served from the read
+	// while another promotion was making room (store.Stats).
+	PromotionsDeferred int64
 	// QuotaRefused counts writes refused by their namespace's quota;
 	// CorruptDrops, blocks dropped because they failed verification when
 	// read (counted in Misses too).

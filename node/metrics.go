@@ -254,6 +254,7 @@ type cacheCollector struct {
 	labelKey                                               []byte                // keys namespace labels; nil: plain digests
 	model                                                  func(d uint64) string // model id of a digest; nil or "": unknown
 	hits, misses, evictions, demotions, promotions         *prometheus.Desc
+	promotionsDeferred, tierWarm                           *prometheus.Desc
 	quotaRefused, corruptDrops                             *prometheus.Desc
 	tierBlocks, tierBytes, tierCapacity                    *prometheus.Desc
 	namespaceBlocks, namespaceBytes, namespaceTokensCached *prometheus.Desc
@@ -275,6 +276,8 @@ func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) 
 		evictions:             d("kvmesh_cache_evictions_total", "Blocks dropped from the cache to make room."),
 		demotions:             d("kvmesh_cache_demotions_total", "Blocks moved one tier down under pressure."),
 		promotions:            d("kvmesh_cache_promotions_total", "Blocks moved one tier up on a hit."),
+		promotionsDeferred:    d("kvmesh_cache_promotions_deferred_total", "Second hits on NVMe served from the read and left there, because another promotion was making room in DRAM (a later hit may promote them)."),
+		tierWarm:              d("kvmesh_tier_warm_bytes", "Memory a tier keeps for reuse though it holds no block (DRAM's emptied slabs kept warm): resident, not in kvmesh_tier_bytes.", "tier"),
 		quotaRefused:          d("kvmesh_cache_quota_refused_total", "Writes refused because their namespace had no room within its quota (answered ResourceExhausted)."),
 		corruptDrops:          d("kvmesh_cache_corrupt_drops_total", "Blocks dropped because they failed verification when read (corrupt or torn on disk); each read of one is a miss."),
 		partials:              d("kvmesh_cache_partials", "Incomplete blocks: some parts put by parallel ranks, not all; not served, dropped first for room."),
@@ -295,7 +298,7 @@ func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) 
 }
 
 func (c *cacheCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.evictions, c.demotions, c.promotions, c.quotaRefused, c.corruptDrops,
+	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.evictions, c.demotions, c.promotions, c.promotionsDeferred, c.tierWarm, c.quotaRefused, c.corruptDrops,
 		c.tierBlocks, c.tierBytes, c.tierCapacity, c.namespaces, c.namespaceBlocks, c.namespaceBytes, c.namespaceTokensCached,
 		c.namespaceTierBytes, c.namespaceQuota, c.partials, c.partialBytes, c.parts, c.partialsEnded, c.claims} {
 		ch <- d
@@ -315,6 +318,7 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.evictions, s.Evictions)
 	counter(c.demotions, s.Demotions)
 	counter(c.promotions, s.Promotions)
+	counter(c.promotionsDeferred, s.PromotionsDeferred)
 	counter(c.quotaRefused, s.QuotaRefused)
 	counter(c.corruptDrops, s.CorruptDrops)
 	gauge(c.partials, s.Parts.Open)
@@ -334,6 +338,7 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.tierBlocks, t.Blocks, t.Name)
 		gauge(c.tierBytes, t.Bytes, t.Name)
 		gauge(c.tierCapacity, t.Capacity, t.Name)
+		gauge(c.tierWarm, t.Warm, t.Name)
 	}
 	gauge(c.namespaces, int64(len(s.Namespaces)))
 	top, other := topNamespaces(s.Namespaces, maxNamespaceSeries)

@@ -153,11 +153,11 @@ func localStats(l *store.Local) CacheStats {
 	// A move between HBM and DRAM is one tier down or up like the others.
 	out := CacheStats{Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions,
 		Demotions: s.Demotions + s.HBMDemotions, Promotions: s.Promotions + s.HBMPromotions,
-		QuotaRefused: s.QuotaRefused, CorruptDrops: s.CorruptDrops,
+		PromotionsDeferred: s.PromotionsDeferred, QuotaRefused: s.QuotaRefused, CorruptDrops: s.CorruptDrops,
 		Parts: PartStats{Open: int64(s.PartialsOpen), Bytes: s.PartialBytes, Stored: s.PartsStored, Completed: s.PartsCompleted,
 			Conflicts: s.PartConflicts, Expired: s.PartialsExpired, Dropped: s.PartialsDropped, Claims: s.Claims}}
 	for _, t := range s.Tiers {
-		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity})
+		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity, Warm: t.Warm})
 	}
 	for _, n := range s.Namespaces {
 		out.Namespaces = append(out.Namespaces, NamespaceStats{Digest: n.Digest, Tenant: n.Tenant, Blocks: n.Blocks, Bytes: n.Bytes, Tokens: n.Tokens,
