@@ -293,3 +293,33 @@ func TestLayoutPayloadLenNeverWraps(t *testing.T) {
 		t.Fatalf("PayloadLen = %d", n)
 	}
 }
+
+// TestDecodeFramed checks that DecodeFramed verifies what Decode does but
+// the payload checksum: for bytes a checksum of their own already covered.
+func TestDecodeFramed(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	ns := blocktest.NS()
+	b, key, _, payload := blocktest.Random(t, rng, ns, ns.Root())
+	blk, err := block.DecodeFramed(b, 0)
+	if err != nil || blk.Key != key || !bytes.Equal(blk.Payload, payload) {
+		t.Fatalf("DecodeFramed of a good block: %v", err)
+	}
+	c := bytes.Clone(b)
+	c[len(c)-1] ^= 1
+	if _, err := block.DecodeFramed(c, 0); err != nil {
+		t.Fatalf("DecodeFramed hashed the payload: %v", err)
+	}
+	if _, err := block.Decode(c, 0); !errors.Is(err, block.ErrCorrupt) {
+		t.Fatalf("Decode of a damaged payload: %v", err)
+	}
+	for _, bad := range [][]byte{b[:len(b)-1], append(bytes.Clone(b), 0)} {
+		if _, err := block.DecodeFramed(bad, 0); !errors.Is(err, block.ErrCorrupt) {
+			t.Fatalf("DecodeFramed of %d bytes (the block is %d): %v", len(bad), len(b), err)
+		}
+	}
+	c = bytes.Clone(b)
+	c[30] ^= 1 // the key
+	if _, err := block.DecodeFramed(c, 0); !errors.Is(err, block.ErrCorrupt) {
+		t.Fatalf("DecodeFramed of a damaged header: %v", err)
+	}
+}

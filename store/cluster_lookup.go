@@ -152,12 +152,13 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 		spans = appendSpan(spans, c.self, tiers[i], 1)
 	}
 	for _, r := range runs {
-		for i := r.start; i < min(r.start+r.have, total); i++ {
-			if i-r.start < r.local {
-				spans = appendSpan(spans, c.self, tiers[i], 1)
-			} else {
-				spans = appendSpan(spans, r.by, "", 1)
-			}
+		end := min(r.start+r.have, total)
+		local := min(r.start+r.local, end)
+		for i := r.start; i < local; i++ {
+			spans = appendSpan(spans, c.self, tiers[i], 1)
+		}
+		if end > local {
+			spans = appendSpan(spans, r.by, "", end-local)
 		}
 	}
 	return total, spans

@@ -202,7 +202,23 @@ func (l *Local) checkHit(key prefixhash.Key, b []byte) error {
 
 // verify decodes a block read from a tier and checks it is key's.
 func (l *Local) verify(key prefixhash.Key, b []byte) (block.Block, error) {
-	blk, err := block.Decode(b, l.opts.MaxBlockBytes)
+	return l.verifyWith(block.Decode, key, b)
+}
+
+// verifyRead is verify for a block read from the persistent tier. When that
+// tier checked every byte against the sum taken when it was written
+// (tiers.Checked), which was over bytes Put verified, the header, the
+// length and the key are checked and the payload is not hashed a second
+// time (block.DecodeFramed).
+func (l *Local) verifyRead(key prefixhash.Key, b []byte) (block.Block, error) {
+	if l.diskChecked {
+		return l.verifyWith(block.DecodeFramed, key, b)
+	}
+	return l.verify(key, b)
+}
+
+func (l *Local) verifyWith(decode func([]byte, int) (block.Block, error), key prefixhash.Key, b []byte) (block.Block, error) {
+	blk, err := decode(b, l.opts.MaxBlockBytes)
 	if err != nil {
 		return blk, err
 	}
@@ -210,27 +226,6 @@ func (l *Local) verify(key prefixhash.Key, b []byte) (block.Block, error) {
 		return blk, fmt.Errorf("%w: the location of %s holds %s", block.ErrCorrupt, key, blk.Key)
 	}
 	return blk, nil
-}
-
-// verifyRead checks a block read from the persistent tier. When that tier
-// checked every byte against the sum taken when it was written (tiers.Checked),
-// which was over bytes Put verified, the header (its checksum, the length
-// and the key) is checked and the payload is not hashed a second time.
-func (l *Local) verifyRead(key prefixhash.Key, b []byte) (block.Header, error) {
-	if !l.diskChecked {
-		blk, err := l.verify(key, b)
-		return blk.Header, err
-	}
-	h, err := block.DecodeHeader(b, l.opts.MaxBlockBytes)
-	switch {
-	case err != nil:
-		return h, err
-	case len(b) != h.Len+h.PayloadLen:
-		return h, fmt.Errorf("%w: %d bytes, header says %d", block.ErrCorrupt, len(b), h.Len+h.PayloadLen)
-	case h.Key != key:
-		return h, fmt.Errorf("%w: the location of %s holds %s", block.ErrCorrupt, key, h.Key)
-	}
-	return h, nil
 }
 
 // readBuf returns a buffer of n bytes for a block read from the persistent

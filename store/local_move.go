@@ -425,7 +425,7 @@ func (l *Local) reclaim() bool {
 		m := &rw[k]
 		m.val = make([]byte, m.size)
 		if m.err = l.disk.Read(m.loc, m.val); m.err == nil {
-			_, m.err = l.verify(m.key, m.val)
+			_, m.err = l.verifyRead(m.key, m.val)
 		}
 	}
 	if err := l.seg.DropSegment(seg); err != nil {
@@ -536,15 +536,15 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	buf := l.readBuf(m.size)
 	b := *buf
 	err := l.disk.Read(m.loc, b)
-	var h block.Header
+	var blk block.Block
 	if err == nil {
-		h, err = l.verifyRead(m.key, b)
+		blk, err = l.verifyRead(m.key, b)
 	}
 	var fr []freeLoc
 	l.mu.Lock()
 	e := l.mu.x.at(m.i)
 	if err == nil && !e.has(flagDropped) && !l.mu.ns.get(e.ns).resolved {
-		err = l.resolveLocked(m.i, &h)
+		err = l.resolveLocked(m.i, &blk.Header)
 	}
 	if err != nil {
 		l.putReadBuf(buf)

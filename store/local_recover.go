@@ -138,7 +138,7 @@ func (l *Local) resolveLoop(ctx context.Context) {
 			}
 			if m.err = l.disk.Read(m.loc, buf[:m.size]); m.err == nil {
 				var blk block.Block
-				if blk, m.err = l.verify(m.key, buf[:m.size]); m.err == nil {
+				if blk, m.err = l.verifyRead(m.key, buf[:m.size]); m.err == nil {
 					m.err = l.resolveOne(m.i, &blk.Header)
 				}
 			}

@@ -74,8 +74,9 @@ func (o *DRAMOptions) Validate() error {
 // and an emptied slab is returned to the kernel (MADV_REMOVE punches it out
 // of the memfd) once WarmSlabs emptied slabs already keep theirs for reuse,
 // so the process's resident memory follows what the tier holds, plus at
-// most WarmSlabs slabs (or is the whole arena, with Populate). The arena asks for transparent huge pages (MADV_HUGEPAGE), which
-// the kernel grants a memfd only where shmem_enabled allows. The arena is a
+// most WarmSlabs slabs (or is the whole arena, with Populate). The arena
+// asks for transparent huge pages (MADV_HUGEPAGE), which the kernel grants
+// a memfd only where shmem_enabled allows. The arena is a
 // memfd so that a process on the same host can map it (Arena): the
 // shared-memory data plane hands it to trusted clients, which read blocks
 // in place and write reserved slots (Reserve) without a copy on the node.

@@ -51,7 +51,7 @@ type ShmClient struct {
 	bufs net.Buffers
 	// rel holds the request ids of released Results not yet told to the
 	// server: they go ahead of the next request, in the same write, or
-	// when relTimer fires (releaseDelay), whichever comes first. One
+	// when rel.timer fires (releaseDelay), whichever comes first. One
 	// write and one server wakeup per Get instead of two.
 	rel struct {
 		ids   []uint64
