@@ -151,11 +151,12 @@
 // freed, moved or evicted: eviction skips it, a drop (DropNamespace, a
 // cascade) removes it from the index at once but frees its bytes at the last
 // Release. Bytes read from a tier are always verified before they are
-// served: block.Decode (header and payload checksums, key), or, for an NVMe
-// hit when the tier checks every byte it reads against the sum taken when
-// it was written (tiers.Checked) and VerifyMemoryHits is off, that check and
-// the header's (checksum, length, key), so the payload is hashed once per
-// hit, not twice. A read that returns tiers.ErrCorrupt, or bytes that fail
+// served or moved: block.Decode (header and payload checksums, key), or, for
+// a read from NVMe (a hit, a segment's rewrite, the recovery scan) when the
+// tier checks every byte it reads against the sum taken when it was written
+// (tiers.Checked) and VerifyMemoryHits is off, that check and the header's
+// (block.DecodeFramed: checksum, length, key), so the payload is hashed once
+// per read, not twice. A read that returns tiers.ErrCorrupt, or bytes that fail
 // verification, drop the block and its descendants, count a corrupt drop and
 // answer ErrNotFound. An NVMe hit is read into a buffer pooled by size,
 // returned at Release.
