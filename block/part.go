@@ -241,13 +241,20 @@ func Seal(record []byte) error {
 	if len(record) != h.Len+want {
 		return corrupt("sealing %d bytes: a header of %d and a whole payload of %d", len(record), h.Len, want)
 	}
-	putPart(record, whole)
-	binary.LittleEndian.PutUint64(record[80:], uint64(want))
-	binary.LittleEndian.PutUint64(record[88:], xxhash.Sum64(record[h.Len:]))
-	n := len(h.Tokens)
-	ext := int(binary.LittleEndian.Uint32(record[FixedHeaderLen+4*n:]))
-	binary.LittleEndian.PutUint64(record[headerSumOff:], headerSum(record, n, ext))
+	rewriteHeader(record, len(h.Tokens), whole, want, xxhash.Sum64(record[h.Len:]))
 	return nil
+}
+
+// rewriteHeader sets, in rec, a record whose header (of a block of n
+// tokens) is valid, the part range p, the payload length and checksum,
+// and recomputes the header checksum: what turns one block's header into
+// that of another part of it (Seal, AppendPartRecord).
+func rewriteHeader(rec []byte, n int, p Part, payloadLen int, sum uint64) {
+	putPart(rec, p)
+	binary.LittleEndian.PutUint64(rec[80:], uint64(payloadLen))
+	binary.LittleEndian.PutUint64(rec[88:], sum)
+	ext := int(binary.LittleEndian.Uint32(rec[FixedHeaderLen+4*n:]))
+	binary.LittleEndian.PutUint64(rec[headerSumOff:], headerSum(rec, n, ext))
 }
 
 // RankPart returns the part of a block of ns that the rank (tpRank of
@@ -349,11 +356,7 @@ func AppendPartRecord(dst, whole []byte, p Part) ([]byte, error) {
 		d.Write(dst[len(dst)-m:])
 	})
 	rec := dst[start:]
-	putPart(rec, p)
-	binary.LittleEndian.PutUint64(rec[80:], uint64(len(rec)-h.Len))
-	binary.LittleEndian.PutUint64(rec[88:], d.Sum64())
-	ext := int(binary.LittleEndian.Uint32(rec[FixedHeaderLen+4*n:]))
-	binary.LittleEndian.PutUint64(rec[headerSumOff:], headerSum(rec, n, ext))
+	rewriteHeader(rec, n, p, len(rec)-h.Len, d.Sum64())
 	return dst, nil
 }
 

@@ -80,17 +80,8 @@ func (s localSink) Claim(ctx context.Context, keys []prefixhash.Key, parts []blo
 		if ctx.Err() != nil {
 			return
 		}
-		cs, err := s.l.Claim(ctx, k, parts[i])
-		if err != nil {
-			continue
-		}
-		switch cs {
-		case store.ClaimComplete:
-			st[i] = transfer.ClaimComplete
-		case store.ClaimCovered:
-			st[i] = transfer.ClaimCovered
-		case store.ClaimClaimed:
-			st[i] = transfer.ClaimClaimed
+		if cs, err := s.l.Claim(ctx, k, parts[i]); err == nil {
+			st[i] = cs
 		}
 	}
 }

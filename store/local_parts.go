@@ -12,6 +12,7 @@ import (
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
+	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // Parts (issue 23). A record whose header is a part (block.Header.Whole is
@@ -36,33 +37,9 @@ const MaxPartCells = 1 << 16
 // ErrPartConflict: a part overlaps cells already stored with different bytes.
 var ErrPartConflict = errors.New("store: part conflicts with the stored part it overlaps")
 
-// ClaimStatus is the answer to Claim.
-type ClaimStatus uint8
-
-const (
-	ClaimWrite    ClaimStatus = iota // send it: the caller holds a claim
-	ClaimComplete                    // the block is complete
-	ClaimCovered                     // stored parts cover the range
-	ClaimClaimed                     // another writer holds an open claim
-)
-
-func (s ClaimStatus) String() string {
-	switch s {
-	case ClaimWrite:
-		return "write"
-	case ClaimComplete:
-		return "complete"
-	case ClaimCovered:
-		return "covered"
-	case ClaimClaimed:
-		return "claimed"
-	}
-	return fmt.Sprintf("ClaimStatus(%d)", uint8(s))
-}
-
 // maxClaims bounds the open claims a node remembers; past it Claim answers
-// ClaimWrite without recording one (a duplicate write is a no-op, a lost
-// claim only costs bandwidth).
+// transfer.ClaimWrite without recording one (a duplicate write is a no-op,
+// a lost claim only costs bandwidth).
 const maxClaims = 1 << 16
 
 // partial is an incomplete block.
@@ -612,24 +589,25 @@ func overlaps(a, b block.Part) bool {
 	return a.L0 < b.L1 && b.L0 < a.L1 && a.H0 < b.H1 && b.H0 < a.H1
 }
 
-// Claim asks whether part p of key's block still needs to be sent:
+// Claim asks whether part p of key's block still needs to be sent (the
+// answer is the data plane's, which carries it to the rank that asked):
 // ClaimComplete (the block is cached), ClaimCovered (the parts stored
 // cover p), ClaimClaimed (another writer's open claim overlaps p), or
 // ClaimWrite, when the caller now holds a claim on p for Options.ClaimTTL
 // (a put of a part covering p releases it). A range that is not a part
 // of the block being assembled is block.ErrBadPart.
-func (l *Local) Claim(ctx context.Context, key prefixhash.Key, p block.Part) (ClaimStatus, error) {
+func (l *Local) Claim(ctx context.Context, key prefixhash.Key, p block.Part) (transfer.ClaimStatus, error) {
 	if err := ctx.Err(); err != nil {
-		return ClaimWrite, err
+		return transfer.ClaimWrite, err
 	}
 	if p.L0 < 0 || p.L1 <= p.L0 || p.H0 < 0 || p.H1 <= p.H0 {
-		return ClaimWrite, fmt.Errorf("%w: %s is empty or negative", block.ErrBadPart, p)
+		return transfer.ClaimWrite, fmt.Errorf("%w: %s is empty or negative", block.ErrBadPart, p)
 	}
 	a := auth.AccessFrom(ctx)
 	l.mu.Lock()
 	if !l.enterLocked() {
 		l.mu.Unlock()
-		return ClaimWrite, ErrClosed
+		return transfer.ClaimWrite, ErrClosed
 	}
 	defer l.exit()
 	expired := l.sweepDueLocked()
@@ -642,28 +620,28 @@ func (l *Local) Claim(ctx context.Context, key prefixhash.Key, p block.Part) (Cl
 	return st, err
 }
 
-func (l *Local) claimLocked(a auth.Access, key prefixhash.Key, p block.Part) (ClaimStatus, error) {
+func (l *Local) claimLocked(a auth.Access, key prefixhash.Key, p block.Part) (transfer.ClaimStatus, error) {
 	if i := l.mu.x.find(key); i != 0 {
 		if n := l.mu.ns.get(l.mu.x.at(i).ns); !n.resolved || a.Allows(n.tenant) {
-			return ClaimComplete, nil
+			return transfer.ClaimComplete, nil
 		}
 	}
 	if pa := l.mu.parts.open[key]; pa != nil && a.Allows(pa.tenant) {
 		if pa.state == partialSealing {
-			return ClaimComplete, nil
+			return transfer.ClaimComplete, nil
 		}
 		if err := pa.layout.CheckPart(p); err != nil {
-			return ClaimWrite, err
+			return transfer.ClaimWrite, err
 		}
 		if c, all := pa.coveredCells(p); c == all {
-			return ClaimCovered, nil
+			return transfer.ClaimCovered, nil
 		}
 	}
 	now := l.now()
 	cs := l.mu.parts.claims[key]
 	for _, c := range cs {
 		if now.Before(c.expires) && overlaps(c.part, p) {
-			return ClaimClaimed, nil
+			return transfer.ClaimClaimed, nil
 		}
 	}
 	if l.mu.parts.nclaims < maxClaims {
@@ -673,7 +651,7 @@ func (l *Local) claimLocked(a auth.Access, key prefixhash.Key, p block.Part) (Cl
 		l.mu.parts.claims[key] = append(cs, claim{part: p, expires: now.Add(l.opts.ClaimTTL)})
 		l.mu.parts.nclaims++
 	}
-	return ClaimWrite, nil
+	return transfer.ClaimWrite, nil
 }
 
 // PartialInfo describes an incomplete block.

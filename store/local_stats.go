@@ -62,7 +62,7 @@ type Stats struct {
 	// PartsCompleted the blocks completed from parts, PartConflicts the
 	// parts refused with ErrPartConflict, PartialsExpired the incomplete
 	// blocks dropped after PartialTTL and PartialsDropped those dropped
-	// for memory room. Claims counts Claim's answers by ClaimStatus.
+	// for memory room. Claims counts Claim's answers by transfer.ClaimStatus.
 	PartialsOpen    int
 	PartialBytes    int64
 	PartsStored     int64

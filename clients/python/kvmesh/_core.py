@@ -140,6 +140,10 @@ class PutPlan:
                 self.blocks.append((p, i, tb[4 * i * B:4 * (i + 1) * B], parent, k, cks[i], runs, e))
                 parent = links[i]
             self.per_prompt.append(len(ks))
+        # What the put has done so far (both clients drive the same steps): keys stored (or
+        # needing nothing sent), and the indexes of blocks still to put.
+        self.stored = []
+        self.rest = list(range(len(self.blocks)))
 
     @staticmethod
     def checksum(runs):
@@ -190,15 +194,40 @@ class PutPlan:
     def keys(self):
         return [b[4] for b in self.blocks]
 
-    def claimed(self, statuses):
-        """Given the node's ClaimStatus per block: (keys needing nothing sent: complete, covered,
-        or being sent by another writer holding the claim; indexes to send: CLAIM_WRITE)."""
-        done = [b[4] for b, st in zip(self.blocks, statuses) if st != _shm.CLAIM_WRITE]
-        return done, [j for j, st in enumerate(statuses) if st == _shm.CLAIM_WRITE]
+    def claim_items(self):
+        """keys and part ranges of every block, as the data planes' claim takes them."""
+        return self.keys(), [self.sl.part] * len(self.blocks)
 
-    def unsent(self, rest, tried):
-        """The error for blocks[rest] of a rank's part that the data plane did not store (gRPC
+    def on_claims(self, statuses):
+        """Takes the node's ClaimStatus per block: blocks complete, covered, or being sent by
+        another writer holding the claim need nothing sent (stored); those answered CLAIM_WRITE
+        are the rest to send."""
+        self.stored = [b[4] for b, st in zip(self.blocks, statuses) if st != _shm.CLAIM_WRITE]
+        self.rest = [j for j, st in enumerate(statuses) if st == _shm.CLAIM_WRITE]
+
+    def on_put(self, keys, st):
+        """Takes the data plane's put statuses of keys (shm_items(rest)): the stored leave rest;
+        returns how many. Raises PartConflict when any part overlapped what the node holds with
+        other bytes (nothing of those parts was stored)."""
+        conflicts = [keys[j].hex() for j in range(len(keys)) if st[j] == _shm.STATUS_CONFLICT]
+        if conflicts:
+            raise PartConflict(f"{len(conflicts)} of {len(keys)} parts ({self.sl.part}) conflict with different "
+                               f"bytes the node holds of the same blocks (first {conflicts[0]}); nothing of them "
+                               "was stored")
+        ok = [keys[j] for j in range(len(keys)) if st[j] == _shm.STATUS_OK]
+        self.stored += ok
+        self.rest = [self.rest[j] for j in range(len(keys)) if st[j] != _shm.STATUS_OK]
+        return len(ok)
+
+    def on_grpc(self, keys):
+        """Takes the keys BatchPut stored; returns how many."""
+        self.stored += list(keys)
+        return len(keys)
+
+    def unsent(self, tried):
+        """The error for the rest of a rank's part that the data plane did not store (gRPC
         cannot carry parts): tried says whether a data plane was reached at all."""
+        rest = self.rest
         if not tried:
             return KVMeshError(f"{len(rest)} parts ({self.sl.part}) not put: a rank's part of a block (tp_size or "
                                "pp_size > 1) goes through the node's data plane (shared memory or TCP), which this "
@@ -207,9 +236,9 @@ class PutPlan:
         return KVMeshError(f"the node did not store {len(rest)} of {len(self.blocks)} parts ({self.sl.part}) "
                            f"(first {self.blocks[rest[0]][4].hex()}): it refused or asked to retry them")
 
-    def counts(self, stored_keys):
-        """Blocks stored per prompt, given the keys stored."""
-        got = set(stored_keys)
+    def counts(self):
+        """Blocks stored per prompt."""
+        got = set(self.stored)
         out = [0] * len(self.per_prompt)
         for (p, _i, _tb, _parent, k, _ck, _pl, _e) in self.blocks:
             if k in got:
@@ -419,16 +448,6 @@ def _token_bytes(tokens):
     if isinstance(tokens, (bytes, bytearray, str)):
         raise ValueError("tokens: want a sequence of int token ids (not bytes or str)")
     return token_bytes(tokens)
-
-
-def put_statuses(plan, keys, st):
-    """The keys stored, from the data plane's put statuses; raises PartConflict when any part
-    overlapped what the node holds with other bytes (nothing of those parts was stored)."""
-    conflicts = [keys[j].hex() for j in range(len(keys)) if st[j] == _shm.STATUS_CONFLICT]
-    if conflicts:
-        raise PartConflict(f"{len(conflicts)} of {len(keys)} parts ({plan.sl.part}) conflict with different bytes "
-                           f"the node holds of the same blocks (first {conflicts[0]}); nothing of them was stored")
-    return [keys[j] for j in range(len(keys)) if st[j] == _shm.STATUS_OK]
 
 
 def lookup_request(ns, tokens, meta, extra_keys=None):

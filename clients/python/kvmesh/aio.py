@@ -131,34 +131,29 @@ class Client:
         plan = _core.PutPlan(ns, items, m, sl)
         if not plan.blocks:
             return [0] * len(items)
-        stored, rest = [], list(range(len(plan.blocks)))
         conn, path = await self._shm_conn(m), "shm_put"
         if conn is None:
             conn, path = await self._tcp_conn(m), "tcp_put"
         if conn is not None:
             try:
                 if block.replicated(ns, tp_size):
-                    st = await asyncio.to_thread(conn.claim, plan.keys(), [sl.part] * len(plan.blocks))
-                    stored, rest = plan.claimed(st)
-                if rest:
-                    keys, chunks, heads, payloads = plan.shm_items(rest)
+                    # Ranks holding the same part: ask first, send only what the node lacks.
+                    plan.on_claims(await asyncio.to_thread(conn.claim, *plan.claim_items()))
+                if plan.rest:
+                    keys, chunks, heads, payloads = plan.shm_items(plan.rest)
                     st = await asyncio.to_thread(conn.put_publish, keys, chunks, heads, payloads)
-                    ok = _core.put_statuses(plan, keys, st)
-                    stored += ok
-                    self.counters[path] += len(ok)
-                    rest = [rest[j] for j in range(len(keys)) if st[j] != _shm.STATUS_OK]
+                    self.counters[path] += plan.on_put(keys, st)
             except (OSError, _shm.ShmError):
                 pass
-        if rest and not sl.whole:
-            raise plan.unsent(rest, conn is not None and not conn.closed)
-        if rest:
+        if plan.rest and not sl.whole:
+            raise plan.unsent(conn is not None and not conn.closed)
+        if plan.rest:
             try:
-                resp = await self._cache.BatchPut(plan.requests(rest), timeout=self.timeout, metadata=self._md)
+                resp = await self._cache.BatchPut(plan.requests(plan.rest), timeout=self.timeout, metadata=self._md)
             except grpc.aio.AioRpcError as e:
                 raise from_rpc(e) from None
-            stored += list(resp.keys)
-            self.counters["grpc_put"] += len(resp.keys)
-        return plan.counts(stored)
+            self.counters["grpc_put"] += plan.on_grpc(resp.keys)
+        return plan.counts()
 
     async def _read(self, plan, which, prefix):
         staging = {}

@@ -237,8 +237,6 @@ class Client:
         plan = _core.PutPlan(ns, items, m, sl)
         if not plan.blocks:
             return [0] * len(items)
-        stored = []
-        rest = list(range(len(plan.blocks)))
         conn, path = self._shm_conn(m), "shm_put"
         if conn is None:
             conn, path = self._tcp_conn(m), "tcp_put"
@@ -246,26 +244,21 @@ class Client:
             try:
                 if block.replicated(ns, tp_size):
                     # Ranks holding the same part: ask first, send only what the node lacks.
-                    stored, rest = plan.claimed(conn.claim(plan.keys(), [sl.part] * len(plan.blocks)))
-                if rest:
-                    keys, chunks, heads, payloads = plan.shm_items(rest)
-                    st = conn.put_publish(keys, chunks, heads, payloads)
-                    ok = _core.put_statuses(plan, keys, st)
-                    stored += ok
-                    self.counters[path] += len(ok)
-                    rest = [rest[j] for j in range(len(keys)) if st[j] != _shm.STATUS_OK]
+                    plan.on_claims(conn.claim(*plan.claim_items()))
+                if plan.rest:
+                    keys, chunks, heads, payloads = plan.shm_items(plan.rest)
+                    self.counters[path] += plan.on_put(keys, conn.put_publish(keys, chunks, heads, payloads))
             except (OSError, _shm.ShmError):
                 pass
-        if rest and not sl.whole:
-            raise plan.unsent(rest, conn is not None and not conn.closed)
-        if rest:
+        if plan.rest and not sl.whole:
+            raise plan.unsent(conn is not None and not conn.closed)
+        if plan.rest:
             try:
-                resp = self._cache.BatchPut(plan.requests(rest), timeout=self.timeout, metadata=self._md)
+                resp = self._cache.BatchPut(plan.requests(plan.rest), timeout=self.timeout, metadata=self._md)
             except grpc.RpcError as e:
                 raise from_rpc(e) from None
-            stored += list(resp.keys)
-            self.counters["grpc_put"] += len(resp.keys)
-        return plan.counts(stored)
+            self.counters["grpc_put"] += plan.on_grpc(resp.keys)
+        return plan.counts()
 
     def _read(self, plan, which, prefix):
         staging = {}
