@@ -165,10 +165,15 @@ type Header struct {
 	// an open or single-tenant node). The format carries it; enforcing it
 	// is the caller's business.
 	Tenant uint64
+	// Kind says whether the record is a block (or part) or an object's
+	// piece (object.go). An object record has no tokens, layout or part:
+	// Object describes it, and Parent is its namespace's root.
+	Kind   Kind
+	Object Object
 }
 
 // Whole reports whether the record is a whole block rather than a part.
-func (h *Header) Whole() bool { return h.Part == h.Layout.Whole() }
+func (h *Header) Whole() bool { return h.Kind == KindObject || h.Part == h.Layout.Whole() }
 
 // Block is a decoded, verified block. Payload (and possibly Tokens) alias the
 // buffer it was decoded from and live as long as it.
@@ -402,7 +407,8 @@ func corrupt(format string, args ...any) error {
 // checksum, and that the key is H(parent ‖ tokens ‖ extra keys) under the
 // block's key scheme. It does not read the payload. maxPayload bounds the
 // payload length the caller accepts (ErrTooLarge beyond it). The record
-// may be a part: see Header.Whole.
+// may be a part (see Header.Whole) or an object's piece (Header.Kind;
+// object.go), whose key is checked against its name instead.
 func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	var h Header
 	// The version comes before the length check: older headers are
@@ -417,6 +423,9 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	}
 	if string(b[0:4]) != blockMagic {
 		return h, corrupt("bad magic %q", b[0:4])
+	}
+	if isObject(b) {
+		return decodeObjectHeader(b, maxPayload)
 	}
 	hl := uint64(binary.LittleEndian.Uint32(b[8:]))
 	n := uint64(binary.LittleEndian.Uint32(b[12:]))

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -243,9 +244,16 @@ func FuzzDecode(f *testing.F) {
 			prefixhash.ExtraKeys{prefixhash.VLLMText("k")}, make([]byte, vns.BlockBytes()))
 		f.Add(append(v3, make([]byte, vns.BlockBytes())...))
 	}
+	obj, _, _ := block.EncodeObject(nil, 7, ns, block.Object{Name: "o", Pieces: 2, Piece: 1, Size: 9, Generation: 3,
+		Retention: block.Retention{Pin: block.PinSoft, TTL: time.Second}}, []byte("piece"))
+	f.Add(obj)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		blk, err := block.Decode(data, 1<<20)
 		if err != nil {
+			return
+		}
+		if blk.Kind == block.KindObject {
+			checkObjectReencodes(t, blk, data)
 			return
 		}
 		if prefixhash.BlockLink(blk.Scheme, blk.ParentLink, blk.Tokens, blk.Extra).Key() != blk.Key || blk.ParentLink.Key() != blk.Parent {

@@ -29,6 +29,16 @@
 // ones it asked for. The tenant tag records who wrote the block; the format
 // carries it and enforces nothing.
 //
+// # Objects
+//
+// The same format carries objects (object.go): opaque bytes a caller stores
+// under a name in a namespace, in pieces. An object record sets byte 59,
+// which a block keeps zero, so a build that predates objects refuses one as
+// corrupt; it has no tokens and no layout, and its key is the piece's key
+// under the object's name (prefixhash.ObjectKey, PieceKey), checked like a
+// block's. It also carries the retention the writer asked for (a pin and a
+// TTL), which the store applies as it stores the record.
+//
 // The byte layout is documented beside the constants in block.go; the
 // Python client (clients/python/kvmesh/block.py) reads and writes the same.
 //
