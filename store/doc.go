@@ -86,6 +86,20 @@
 // Options.PartialTTL. Claim lets ranks holding identical bytes send them
 // once. See local_parts.go and docs/ARCHITECTURE.md.
 //
+// # Objects and retention
+//
+// Beside blocks the store holds objects' pieces (block.KindObject records,
+// issue 33): stored, verified, demoted, promoted, persisted and recovered as
+// blocks are, placed by their own key, never linked into a chain. A
+// namespace's objects are grouped by encoded size in the namespace table
+// (local_ns.go), so that every group, like a namespace's blocks, has one
+// size; one account per digest counts blocks and objects together against
+// the namespace's quota. Putting a key already cached is a no-op; Remove
+// drops values by key (an upsert is a Remove and a Put). Retain gives any
+// cached value (an object's piece, a prefix's blocks) a lease, a soft pin
+// or a hard pin; an object's writer may ask for one in its record, applied
+// as it is stored (retain.go: the policy and its limits).
+//
 // # Quotas
 //
 // A namespace (by digest; a tenant is a namespace salt) may hold at most

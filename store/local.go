@@ -108,6 +108,8 @@ type Local struct {
 		cursors map[uint32][]cursorRef // entry → the namespace cursors on it (quota.go)
 		hbm     hbmResidents           // entries in HBM (local_hbm.go)
 
+		retain retainState // values under a pin or a lease (retain.go)
+
 		c     counters
 		pc    partCounters
 		parts partsState // incomplete blocks and claims (local_parts.go)
@@ -132,6 +134,7 @@ type counters struct {
 	quotaRefused                                     int64
 	demotions, promotions, rewrites, recovered       int64
 	evictions, corruptDrops, namespaceDrops, cascade int64
+	removed                                          int64
 	reservationsExpired, corruptCommits              int64
 	promotionsDeferred                               int64
 }
@@ -142,6 +145,7 @@ const (
 	reasonEvict reason = iota
 	reasonCorrupt
 	reasonNamespace
+	reasonRemove
 )
 
 // freeLoc is a tier location to free once the index lock is released.

@@ -23,23 +23,24 @@ func (l *Local) DropNamespace(digest uint64) (int, error) {
 		}
 		l.mu.droppedUnresolved[digest] = struct{}{}
 	}
-	id := l.mu.ns.byDigest[digest]
+	held := len(l.mu.ns.ids(digest)) > 0
 	pages := len(l.mu.x.pages)
 	l.mu.Unlock()
 	defer l.exit()
 	dropped := 0
 	// A page at a time, so that a large drop does not stall every reader.
-	for p := 0; p < pages && id != 0; p++ {
+	// Objects put meanwhile in a new object group of the digest are
+	// dropped too: entries are matched by digest, not by id.
+	for p := 0; p < pages && held; p++ {
 		var fr []freeLoc
 		l.mu.Lock()
-		if n := l.mu.ns.get(id); !n.resolved || n.digest != digest {
-			l.mu.Unlock()
-			break // all gone (and the id possibly reused)
-		}
 		for k := range pageLen {
 			i := uint32(p*pageLen + k)
 			e := l.mu.x.at(i)
-			if e.ns == id && e.flags&(flagSentinel|flagDropped) == 0 {
+			if e.ns == 0 || e.flags&(flagSentinel|flagDropped) != 0 {
+				continue
+			}
+			if n := l.mu.ns.get(e.ns); n.resolved && n.digest == digest {
 				dropped += l.dropLocked(i, reasonNamespace, &fr)
 			}
 		}
@@ -81,6 +82,8 @@ func (l *Local) dropLocked(i uint32, why reason, fr *[]freeLoc) int {
 		l.mu.c.evictions += int64(n - 1)
 	case reasonNamespace:
 		l.mu.c.namespaceDrops += int64(n)
+	case reasonRemove:
+		l.mu.c.removed += int64(n)
 	}
 	l.mu.c.cascade += int64(n - 1)
 	return n
@@ -96,6 +99,7 @@ func (l *Local) removeLocked(i uint32, fr *[]freeLoc) {
 	}
 	l.unlistLocked(i)
 	l.hbmForgetLocked(i)
+	l.clearRetentionLocked(i)
 	n := l.mu.ns.get(e.ns)
 	t := tierOf(e)
 	l.mu.blocks[t]--

@@ -479,9 +479,9 @@ func (l *Local) prefix(a auth.Access, keys []prefixhash.Key, tiers []string) (in
 func (l *Local) NamespaceTenant(digest uint64) (uint64, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	id := l.mu.ns.byDigest[digest]
-	if id == 0 {
+	a := l.mu.ns.accts[digest]
+	if a == nil {
 		return 0, false
 	}
-	return l.mu.ns.get(id).tenant, true
+	return a.tenant, true
 }

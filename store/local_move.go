@@ -56,8 +56,8 @@ func (l *Local) moveTierLocked(i uint32, loc tiers.Loc) {
 	l.mu.bytes[from] -= size
 	l.mu.blocks[1-from]++
 	l.mu.bytes[1-from] += size
-	n.inTier[from]--
-	n.inTier[1-from]++
+	n.addBlocks(from, -1)
+	n.addBlocks(1-from, 1)
 	l.unlistLocked(i)
 	l.hbmForgetLocked(i)
 	e.setLoc(loc)
@@ -163,20 +163,41 @@ func (l *Local) memVictimsLocked(class, need int, stop uint32, batch bool) (vs [
 	return l.evacuateLocked(class), false
 }
 
+// coldestLocked marks list's coldest idle blocks worth want bytes. Values
+// under retention (retain.go) are passed over; soft-pinned ones are taken
+// only by a second search, when the first found nothing else.
 func (l *Local) coldestLocked(list uint32, want int, stop uint32) (vs []moved, reachedStop bool) {
+	vs, reachedStop, sawSoft := l.coldestPassLocked(list, want, stop, false)
+	if len(vs) == 0 && !reachedStop && sawSoft {
+		vs, reachedStop, _ = l.coldestPassLocked(list, want, stop, true)
+	}
+	return vs, reachedStop
+}
+
+func (l *Local) coldestPassLocked(list uint32, want int, stop uint32, takeSoft bool) (vs []moved, reachedStop, sawSoft bool) {
 	x := &l.mu.x
 	got := 0
-	for j, walked := x.at(list).prev, 0; j != list && got < want && walked < maxVictimWalk; j, walked = x.at(j).prev, walked+1 {
+	first := uint32(0) // the first value moved out of the way: the walk ends when it comes round
+	for j, walked := x.at(list).prev, 0; j != list && j != first && got < want && walked < maxVictimWalk; walked++ {
 		if j == stop {
-			return vs, true
+			return vs, true, sawSoft
 		}
-		if e := x.at(j); e.busy() || isHBM(e.getLoc()) { // HBM empties into DRAM, not past it
-			continue
+		e, prev := x.at(j), x.at(j).prev
+		switch {
+		case e.busy() || isHBM(e.getLoc()): // HBM empties into DRAM, not past it
+		case l.keepLocked(j, takeSoft):
+			sawSoft = sawSoft || l.mu.retain.by[j].pin == block.PinSoft
+			l.moveFrontLocked(list, j) // out of the next search's way
+			if first == 0 {
+				first = j
+			}
+		default:
+			vs = append(vs, l.markVictimLocked(j))
+			got += vs[len(vs)-1].size
 		}
-		vs = append(vs, l.markVictimLocked(j))
-		got += vs[len(vs)-1].size
+		j = prev
 	}
-	return vs, false
+	return vs, false, sawSoft
 }
 
 func (l *Local) markVictimLocked(i uint32) moved {
@@ -196,7 +217,7 @@ func (l *Local) evacuateLocked(avoid int) []moved {
 			continue // being freed, or a Put not indexed yet
 		}
 		e := l.mu.x.at(i)
-		if e.persistent() || e.getLoc() != r.Loc || e.busy() {
+		if e.persistent() || e.getLoc() != r.Loc || e.busy() || l.keepLocked(i, false) {
 			continue
 		}
 		vs = append(vs, l.markVictimLocked(i))
@@ -410,7 +431,7 @@ func (l *Local) reclaim() bool {
 			// Dropped with an ancestor earlier in this loop.
 		case e.has(flagMoving):
 			// A promotion reads it; flagLocGone tells it the rest.
-		case e.has(flagHit):
+		case e.has(flagHit) || l.keepLocked(lv.i, false):
 			e.set(flagMoving)
 			rw = append(rw, l.movedLocked(lv.i))
 		default:
@@ -502,7 +523,7 @@ func (l *Local) makeIndexRoom(ctx context.Context) error {
 			}
 			x := &l.mu.x
 			for j, walked := x.at(list).prev, 0; j != list && walked < maxVictimWalk; j, walked = x.at(j).prev, walked+1 {
-				if !x.at(j).busy() {
+				if !x.at(j).busy() && !l.keepLocked(j, false) {
 					l.dropLocked(j, reasonEvict, &fr)
 					dropped = true
 					break
@@ -564,10 +585,10 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 		l.freeAll(fr)
 		return nil, ErrNotFound
 	}
-	class, digest := -1, uint64(0)
+	class, digest, object := -1, uint64(0), false
 	if !e.has(flagDropped) {
 		n := l.mu.ns.get(e.ns)
-		class, digest = n.class, n.digest
+		class, digest, object = n.class, n.digest, n.object
 	}
 	// A block hit on the persistent tier before (flagHit is cleared when
 	// it lands there) may push colder blocks out of memory; on its first
@@ -586,7 +607,7 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	rid := uint32(0)
 	deferred := false // a second hit that found another promotion making room
 	if class >= 0 {
-		if rid, perr = l.room(ctx, nil, digest, m.size, class, tierMem, prefixhash.Key{}); perr == nil {
+		if rid, perr = l.room(ctx, nil, digest, object, m.size, class, tierMem, prefixhash.Key{}); perr == nil {
 			if again && l.roomPromoting.CompareAndSwap(false, true) {
 				newLoc, perr = l.putMem(ctx, m.key, prefixhash.Key{}, b, class, false)
 				l.roomPromoting.Store(false)

@@ -12,6 +12,13 @@ import (
 // size and layout, so every block of one namespace has the same encoded
 // length: the table keeps it once and entries keep none.
 //
+// Objects (block.KindObject records) have a size of their own each. A
+// namespace's objects are grouped by encoded size into object groups, one
+// entry of the table each (objects), so that a group, like a namespace's
+// blocks, has one size, one size class and one cold cursor per tier. What
+// a digest holds against its quota is counted over all its entries (the
+// blocks and every object group) in one account (nsAcct).
+//
 // Blocks recovered from the persistent tier whose header has not been read
 // yet are grouped into unresolved pseudo-namespaces, one per block length
 // (digest 0), until a read resolves them.
@@ -21,21 +28,43 @@ import (
 type namespaces struct {
 	list       []nsInfo // by id; id 0 is unused
 	free       []uint32
-	byDigest   map[uint64]uint32
-	unresolved map[int]uint32 // block length → pseudo-namespace id
+	byDigest   map[uint64]uint32   // a digest's blocks
+	objects    map[objGroup]uint32 // a digest's objects of one encoded size
+	accts      map[uint64]*nsAcct  // by digest, while any entry of it is held
+	unresolved map[int]uint32      // block length → pseudo-namespace id
 
 	quotas   map[uint64]Quota // explicit quotas by digest
 	defQuota Quota            // quota of resolved namespaces not in quotas
+}
+
+// objGroup names the object group of a digest's objects of one size.
+type objGroup struct {
+	digest uint64
+	size   int
+}
+
+// nsAcct is what all the entries of one digest (its blocks and its object
+// groups) hold together: what its quota bounds.
+type nsAcct struct {
+	digest  uint64
+	tenant  uint64
+	used    [2]int64 // bytes held or reserved per tier
+	entries int      // table entries sharing the account
+	// pinned is the bytes of the digest's values under a hard pin or an
+	// unexpired lease (retain.go), which its quota bounds too.
+	pinned int64
 }
 
 type nsInfo struct {
 	digest   uint64
 	tenant   uint64 // tag of the tenant whose blocks these are (Header.Tenant)
 	size     int    // encoded block length
-	tokens   int    // tokens per block (0 when unresolved)
+	tokens   int    // tokens per block (0 when unresolved, and for objects)
 	layout   block.Layout
 	class    int // memory-tier size class of size (0 when the tier is not Classed)
 	resolved bool
+	object   bool    // an object group: objects of digest of this size
+	acct     *nsAcct // the digest's account; nil while unresolved
 	blocks   int64
 
 	inTier  [2]int64  // blocks per tier (tierMem, tierDisk)
@@ -44,8 +73,34 @@ type nsInfo struct {
 	cursor  [2]uint32 // cold cursor per tier (quota.go); 0: the cold end
 }
 
-// used returns the bytes the namespace holds or has reserved in tier t.
+// used returns the bytes this entry of the table holds or has reserved in
+// tier t.
 func (n *nsInfo) used(t int) int64 { return n.inTier[t]*int64(n.size) + n.pending[t] }
+
+// held returns the bytes the namespace (every entry of its digest) holds
+// or has reserved in tier t: what its quota bounds.
+func (n *nsInfo) held(t int) int64 {
+	if n.acct != nil {
+		return n.acct.used[t]
+	}
+	return n.used(t)
+}
+
+// addBlocks counts k more blocks in tier t (k may be negative).
+func (n *nsInfo) addBlocks(t int, k int64) {
+	n.inTier[t] += k
+	if n.acct != nil {
+		n.acct.used[t] += k * int64(n.size)
+	}
+}
+
+// addPending counts b more bytes reserved in tier t (b may be negative).
+func (n *nsInfo) addPending(t int, b int64) {
+	n.pending[t] += b
+	if n.acct != nil {
+		n.acct.used[t] += b
+	}
+}
 
 // excess returns how many bytes past its quota in tier t the namespace would
 // be with size more bytes there; 0 or less when they fit.
@@ -53,7 +108,7 @@ func (n *nsInfo) excess(t, size int) int64 {
 	if n.quota[t] == 0 {
 		return 0
 	}
-	return n.used(t) + int64(size) - n.quota[t]
+	return n.held(t) + int64(size) - n.quota[t]
 }
 
 func (t *namespaces) get(id uint32) *nsInfo { return &t.list[id] }
@@ -71,10 +126,27 @@ func (t *namespaces) add(n nsInfo) uint32 {
 		t.list = append(t.list, n)
 	}
 	if n.resolved {
-		if t.byDigest == nil {
-			t.byDigest = make(map[uint64]uint32)
+		if n.object {
+			if t.objects == nil {
+				t.objects = make(map[objGroup]uint32)
+			}
+			t.objects[objGroup{n.digest, n.size}] = id
+		} else {
+			if t.byDigest == nil {
+				t.byDigest = make(map[uint64]uint32)
+			}
+			t.byDigest[n.digest] = id
 		}
-		t.byDigest[n.digest] = id
+		a := t.accts[n.digest]
+		if a == nil {
+			if t.accts == nil {
+				t.accts = make(map[uint64]*nsAcct)
+			}
+			a = &nsAcct{digest: n.digest, tenant: n.tenant}
+			t.accts[n.digest] = a
+		}
+		a.entries++
+		t.list[id].acct = a
 		t.list[id].quota = t.quotaOf(n.digest).tiers()
 	} else {
 		if t.unresolved == nil {
@@ -96,25 +168,30 @@ func (t *namespaces) quotaOf(digest uint64) Quota {
 // fits reports whether size more bytes in tier t keep the namespace with the
 // given digest within its quota.
 func (t *namespaces) fits(digest uint64, tier, size int) bool {
-	if id := t.byDigest[digest]; id != 0 {
-		return t.list[id].excess(tier, size) <= 0
+	if a := t.accts[digest]; a != nil {
+		q := t.quotaOf(digest).tiers()[tier]
+		return q == 0 || a.used[tier]+int64(size) <= q
 	}
 	q := t.quotaOf(digest).tiers()[tier]
 	return q == 0 || int64(size) <= q
 }
 
-// check returns the id of h's namespace (0 if unknown) after checking that h
-// agrees with the blocks of it already held.
+// check returns the id of h's entry of the table (its namespace's blocks,
+// or its object group; 0 if unknown) after checking that h agrees with what
+// the namespace holds already.
 func (t *namespaces) check(h *block.Header, size int) (uint32, error) {
+	if a := t.accts[h.Namespace]; a != nil && a.tenant != h.Tenant {
+		return 0, fmt.Errorf("%w: block %s of namespace %016x is tagged for tenant %016x; the namespace's cached blocks are another tenant's",
+			ErrTenant, h.Key, h.Namespace, h.Tenant)
+	}
+	if h.Kind == block.KindObject {
+		return t.objects[objGroup{h.Namespace, size}], nil
+	}
 	id := t.byDigest[h.Namespace]
 	if id == 0 {
 		return 0, nil
 	}
 	n := &t.list[id]
-	if n.tenant != h.Tenant {
-		return 0, fmt.Errorf("%w: block %s of namespace %016x is tagged for tenant %016x; the namespace's cached blocks are another tenant's",
-			ErrTenant, h.Key, h.Namespace, h.Tenant)
-	}
 	if n.size != size || n.tokens != len(h.Tokens) || n.layout != h.Layout {
 		return 0, fmt.Errorf("%w: block %s of namespace %016x has %d tokens, layout %+v, %d bytes; the namespace's cached blocks have %d tokens, layout %+v, %d bytes",
 			ErrLayout, h.Key, h.Namespace, len(h.Tokens), h.Layout, size, n.tokens, n.layout, n.size)
@@ -131,7 +208,11 @@ func (t *namespaces) ensure(h *block.Header, size, class int) (uint32, error) {
 		return 0, err
 	}
 	if id == 0 {
-		id = t.add(nsInfo{digest: h.Namespace, tenant: h.Tenant, size: size, tokens: len(h.Tokens), layout: h.Layout, class: class, resolved: true})
+		n := nsInfo{digest: h.Namespace, tenant: h.Tenant, size: size, tokens: len(h.Tokens), layout: h.Layout, class: class, resolved: true}
+		if h.Kind == block.KindObject {
+			n.tokens, n.layout, n.object = 0, block.Layout{}, true
+		}
+		id = t.add(n)
 	}
 	return id, nil
 }
@@ -144,7 +225,7 @@ func (t *namespaces) acquire(h *block.Header, size, class, tier int) (uint32, er
 		return 0, err
 	}
 	t.list[id].blocks++
-	t.list[id].inTier[tier]++
+	t.list[id].addBlocks(tier, 1)
 	return id, nil
 }
 
@@ -164,7 +245,7 @@ func (t *namespaces) acquireUnresolved(size int) uint32 {
 func (t *namespaces) release(id uint32, tier int) bool {
 	n := &t.list[id]
 	n.blocks--
-	n.inTier[tier]--
+	n.addBlocks(tier, -1)
 	if n.blocks < 0 || n.inTier[tier] < 0 {
 		panic(fmt.Sprintf("store: namespace %016x holds %d blocks, %d in tier %d", n.digest, n.blocks, n.inTier[tier], tier))
 	}
@@ -183,10 +264,21 @@ func (t *namespaces) forget(id uint32) {
 	if !t.empty(id) {
 		panic(fmt.Sprintf("store: forgetting namespace %016x, which holds %d blocks and %v reserved bytes", n.digest, n.blocks, n.pending))
 	}
-	if n.resolved {
-		delete(t.byDigest, n.digest)
-	} else {
+	switch {
+	case !n.resolved:
 		delete(t.unresolved, n.size)
+	case n.object:
+		delete(t.objects, objGroup{n.digest, n.size})
+	default:
+		delete(t.byDigest, n.digest)
+	}
+	if a := n.acct; a != nil {
+		if a.entries--; a.entries == 0 {
+			if a.used != [2]int64{} || a.pinned != 0 {
+				panic(fmt.Sprintf("store: namespace %016x forgotten with %v bytes held and %d pinned", n.digest, a.used, a.pinned))
+			}
+			delete(t.accts, n.digest)
+		}
 	}
 	*n = nsInfo{}
 	t.free = append(t.free, id)
@@ -201,4 +293,30 @@ func (t *namespaces) allows(a auth.Access, id uint32) bool {
 	}
 	n := &t.list[id]
 	return n.resolved && n.tenant == a.Tag
+}
+
+// find returns the entry of the table that holds the digest's blocks, or
+// (object) its objects of size bytes; 0 if none.
+func (t *namespaces) find(digest uint64, object bool, size int) uint32 {
+	if object {
+		return t.objects[objGroup{digest, size}]
+	}
+	return t.byDigest[digest]
+}
+
+// ids returns the entries of the table that hold the digest's blocks and
+// objects.
+func (t *namespaces) ids(digest uint64) []uint32 {
+	var ids []uint32
+	if id := t.byDigest[digest]; id != 0 {
+		ids = append(ids, id)
+	}
+	if t.accts[digest] != nil {
+		for g, id := range t.objects {
+			if g.digest == digest {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
 }

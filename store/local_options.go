@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/tiers"
 )
 
@@ -66,7 +67,14 @@ type Options struct {
 	// ClaimTTL is how long a claim (Claim answering ClaimWrite) stands
 	// unless a part put covering it releases it first. Default 10 s.
 	ClaimTTL time.Duration
-	// Now is the clock of PartialTTL and ClaimTTL (tests inject one).
+	// MaxRetentionTTL is the longest TTL a lease or pin may have
+	// (retain.go). Default 24 h, at most block.MaxObjectTTL.
+	MaxRetentionTTL time.Duration
+	// MaxPinnedFraction bounds the bytes under hard pins and leases, all
+	// namespaces together, as a fraction of the node's tiers' capacity
+	// (DRAM and NVMe together). Default 0.5, within (0, 1].
+	MaxPinnedFraction float64
+	// Now is the clock of PartialTTL, ClaimTTL and retention (tests inject one).
 	// Default time.Now.
 	Now func() time.Time
 }
@@ -78,6 +86,8 @@ const (
 	DefaultDemoteBatchBytes = 4 << 20
 	DefaultPartialTTL       = 30 * time.Second
 	DefaultClaimTTL         = 10 * time.Second
+	DefaultMaxRetentionTTL  = 24 * time.Hour
+	DefaultPinnedFraction   = 0.5
 	// MaxPartialTTL and MaxClaimTTL bound the TTLs: an incomplete block
 	// holds memory, a claim holds back other writers.
 	MaxPartialTTL       = time.Hour
@@ -102,6 +112,12 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.MaxRetentionTTL == 0 {
+		o.MaxRetentionTTL = DefaultMaxRetentionTTL
+	}
+	if o.MaxPinnedFraction == 0 {
+		o.MaxPinnedFraction = DefaultPinnedFraction
 	}
 	if o.Eviction == "" {
 		o.Eviction = DefaultEviction
@@ -135,6 +151,10 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("store: options: ClaimTTL: %v is outside 1ms..%v", o.ClaimTTL, MaxClaimTTL)
 	case o.Now == nil:
 		return errors.New("store: options: Now: a clock is required")
+	case o.MaxRetentionTTL < time.Millisecond || o.MaxRetentionTTL > block.MaxObjectTTL:
+		return fmt.Errorf("store: options: MaxRetentionTTL: %v is outside 1ms..%v", o.MaxRetentionTTL, block.MaxObjectTTL)
+	case !(o.MaxPinnedFraction > 0 && o.MaxPinnedFraction <= 1):
+		return fmt.Errorf("store: options: MaxPinnedFraction: %v is outside (0, 1]", o.MaxPinnedFraction)
 	}
 	if _, err := ParseEviction(string(o.Eviction)); err != nil {
 		return fmt.Errorf("store: options: Eviction: %w", err)

@@ -49,6 +49,11 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 	if a := auth.AccessFrom(ctx); !a.Allows(h.Tenant) {
 		return fmt.Errorf("%w: block %s is tagged for tenant %016x, the writer is tenant %016x", ErrTenant, h.Key, h.Tenant, a.Tag)
 	}
+	if h.Kind == block.KindObject {
+		if err := l.checkRetention(h.Object.Retention); err != nil {
+			return err
+		}
+	}
 	if !h.Whole() {
 		if rv != nil {
 			// Assembled from a heap copy, the part's slot freed first: the
@@ -125,7 +130,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 	err = tiers.ErrTooLarge
 	if class >= 0 {
 		if !reserved {
-			id, err = l.room(ctx, &h, h.Namespace, size, class, tierMem, parent)
+			id, err = l.room(ctx, &h, h.Namespace, false, size, class, tierMem, parent)
 		} else {
 			err = nil
 		}
@@ -159,7 +164,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 		// No room in memory (or in the namespace's memory quota), or the
 		// block is the coldest there: it goes straight to the persistent
 		// tier.
-		id, derr := l.room(ctx, &h, h.Namespace, size, class, tierDisk, parent)
+		id, derr := l.room(ctx, &h, h.Namespace, false, size, class, tierDisk, parent)
 		if derr == nil {
 			var ierr error
 			ms := []moved{{key: h.Key, val: b}}
@@ -256,6 +261,14 @@ func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, di
 		*fr = append(*fr, freeLoc{disk, loc})
 		return err
 	}
+	keep := h.Object.Retention // what an object's writer asked for (zero for a block)
+	if keep != (block.Retention{}) {
+		if err := l.pinRoomForLocked(id, keep); err != nil {
+			l.releaseNSLocked(id, t)
+			*fr = append(*fr, freeLoc{disk, loc})
+			return err
+		}
+	}
 	i := x.alloc(h.Key)
 	if i == 0 {
 		l.releaseNSLocked(id, t)
@@ -276,6 +289,9 @@ func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, di
 	l.mu.c.puts++
 	if asCopy {
 		e.hits |= hitsCopy
+	}
+	if keep != (block.Retention{}) {
+		l.setRetentionLocked(i, keep, l.now())
 	}
 	l.linkParentLocked(i, h)
 	l.placeLocked(i, h.Parent)

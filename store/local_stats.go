@@ -1,8 +1,10 @@
 package store
 
 import (
-	"github.com/kvmesh/kvmesh/auth"
 	"sort"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
@@ -44,7 +46,13 @@ type Stats struct {
 	Evictions      int64 // blocks dropped from the node for room
 	CorruptDrops   int64 // blocks dropped because a read or verification failed
 	NamespaceDrops int64 // blocks dropped by DropNamespace
+	Removed        int64 // values (objects' pieces, blocks) dropped by Remove
 	Cascaded       int64 // of all drops, descendants dropped with an ancestor
+
+	// Retained values are under a pin or a lease (retain.go); PinnedBytes
+	// is what those under a hard pin or a lease hold.
+	Retained    int
+	PinnedBytes int64
 
 	Pinned int // live Refs pinning a block in place
 
@@ -99,6 +107,11 @@ type NamespaceStats struct {
 	Blocks int64
 	Bytes  int64 // encoded block bytes, DRAMBytes + NVMeBytes
 	Tokens int64 // cached tokens: Blocks × tokens per block
+	// Objects is how many of Blocks are objects' pieces (object records).
+	Objects int64
+	// PinnedBytes is what the namespace holds under hard pins and leases
+	// (retain.go), which its quota bounds too.
+	PinnedBytes int64
 
 	// DRAMBytes and NVMeBytes are the bytes the namespace holds in the
 	// memory and the persistent tier: what Quota bounds.
@@ -111,6 +124,7 @@ type NamespaceStats struct {
 // Stats returns a snapshot of usage and counters.
 func (l *Local) Stats() Stats {
 	l.mu.Lock()
+	l.expireRetentionsLocked(l.now())
 	s := l.statsLocked()
 	open := l.enterLocked()
 	l.mu.Unlock()
@@ -136,7 +150,8 @@ func (l *Local) statsLocked() Stats {
 		Hits: c.hits, Misses: c.misses, Puts: c.puts, Duplicates: c.duplicates, Refused: c.refused,
 		Recovered: c.recovered, Demotions: c.demotions, Promotions: c.promotions, Rewrites: c.rewrites,
 		PromotionsDeferred: c.promotionsDeferred,
-		Evictions:          c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops,
+		Evictions:          c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops, Removed: c.removed,
+		Retained: len(l.mu.retain.by), PinnedBytes: l.mu.retain.pinned,
 		Cascaded: c.cascade, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
 		Reservations: l.mu.reservations, ReservationsExpired: c.reservationsExpired, CorruptCommits: c.corruptCommits,
 		HBMDemotions: l.mu.hbm.demote, HBMPromotions: l.mu.hbm.promot,
@@ -170,6 +185,12 @@ func (l *Local) statsLocked() Stats {
 			s.Namespaces = append(s.Namespaces, NamespaceStats{Digest: n.digest, Tenant: n.tenant})
 		}
 		ns := &s.Namespaces[k]
+		if n.object {
+			ns.Objects += n.blocks
+		}
+		if n.acct != nil {
+			ns.PinnedBytes = n.acct.pinned
+		}
 		ns.Blocks += n.blocks
 		ns.Bytes += n.blocks * int64(n.size)
 		ns.Tokens += n.blocks * int64(n.tokens)
@@ -192,6 +213,10 @@ type BlockInfo struct {
 	Parent    bool   // linked to a cached parent
 	Children  int    // cached children linked to it
 	Copy      bool   // a copy of a block another node owns (PutCopy under EvictDedup)
+	Object    bool   // an object's piece (block.KindObject), not a block
+	// Retention is the value's pin and the TTL left of its lease or pin
+	// (retain.go).
+	Retention block.Retention
 }
 
 // Info describes the block of key, if a request with access a may see it,
@@ -207,7 +232,7 @@ func (l *Local) Info(a auth.Access, key prefixhash.Key) (BlockInfo, bool) {
 	e := x.at(i)
 	n := l.mu.ns.get(e.ns)
 	info := BlockInfo{Key: key, Tier: l.mem.Name(), Size: n.size, Namespace: n.digest, Tokens: n.tokens,
-		Hits: e.hitCount(), Pins: int(e.pins), Parent: e.up != 0, Copy: e.copy()}
+		Hits: e.hitCount(), Pins: int(e.pins), Parent: e.up != 0, Copy: e.copy(), Object: n.object, Retention: l.retentionOf(i)}
 	if e.persistent() {
 		info.Tier = l.disk.Name()
 	} else if isHBM(e.getLoc()) {

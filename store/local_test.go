@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
@@ -837,6 +838,8 @@ func FuzzLocalPut(f *testing.F) {
 	f.Add(good)
 	f.Add(good[:block.HeaderLen(blocktest.NS().BlockTokens)])
 	f.Add([]byte("KVMB"))
+	obj, _ := object(f, w.rng, blocktest.NS(), "o", 700, block.Retention{Pin: block.PinSoft, TTL: time.Second})
+	f.Add(obj)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 4, 1024, 16<<10, 64<<10), MaxBlockBytes: 32 << 10})
 		if err := l.Put(context.Background(), data); err != nil {

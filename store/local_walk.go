@@ -44,6 +44,13 @@ func (l *Local) InMemory(chunkBlocks func(tokens int) int) []Placed {
 			stack = stack[:len(stack)-1]
 			e := x.at(it.i)
 			ns := l.mu.ns.get(e.ns)
+			if ns.object {
+				// An object's piece is its own chunk: placed by its key.
+				if !e.persistent() {
+					out = append(out, Placed{Key: e.key, ChunkKey: e.key, Size: ns.size})
+				}
+				continue
+			}
 			if ns.tokens == 0 {
 				continue // unresolved after a restart: no tree below it either
 			}

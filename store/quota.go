@@ -152,12 +152,12 @@ func (l *Local) trim(digest uint64) error {
 		var fr []freeLoc
 		var vs []moved
 		l.mu.Lock()
-		id := l.mu.ns.byDigest[digest]
-		if id == 0 {
+		ids := l.mu.ns.ids(digest)
+		if len(ids) == 0 {
 			l.mu.Unlock()
 			return nil
 		}
-		n := l.mu.ns.get(id)
+		n := l.mu.ns.get(ids[0])
 		exMem, exDisk := n.excess(tierMem, 0), n.excess(tierDisk, 0)
 		if exMem <= 0 && exDisk <= 0 {
 			l.mu.Unlock()
@@ -165,16 +165,24 @@ func (l *Local) trim(digest uint64) error {
 		}
 		t := tierMem
 		if exMem > 0 && round < maxRoomRounds {
-			for _, i := range l.coldNSLocked(id, tierMem, exMem, 0, nil) {
-				vs = append(vs, l.markVictimLocked(i))
+			for _, id := range ids {
+				if len(vs) == 0 {
+					for _, i := range l.coldNSLocked(id, tierMem, exMem, 0, nil) {
+						vs = append(vs, l.markVictimLocked(i))
+					}
+				}
 			}
 			l.reserveDemotionsLocked(vs, &fr)
 		}
 		progress := len(vs) > 0
 		if !progress && exDisk > 0 && round < maxRoomRounds {
 			t = tierDisk
-			dropped, _ := l.dropColdLocked(id, exDisk, 0, &fr)
-			progress = dropped > 0
+			for _, id := range ids {
+				if !progress {
+					dropped, _ := l.dropColdLocked(id, exDisk, 0, &fr)
+					progress = dropped > 0
+				}
+			}
 		}
 		var err error
 		if !progress {
@@ -197,13 +205,16 @@ func (l *Local) trim(digest uint64) error {
 // dropped. Blocks of other namespaces are never touched.
 //
 // h is the header of a new block, whose namespace is created if need be; nil
-// for a block already cached, whose namespace is found by digest. parent is
+// for a block already cached, whose namespace is found by digest (and, for
+// an object, by its object group: object, size). When the block's own entry
+// of the table has no idle block to make room with, the other entries of
+// its digest (its blocks, its other object groups) are tried. parent is
 // a new block's parent (zero for a promotion): when the namespace's coldest
 // idle memory block is the parent, the block is colder than anything it
 // could displace, and room returns errColdest, as makeMemRoom does. Other
 // failures wrap ErrQuota. On success the caller holds the reservation and
 // hands it to insertLocked or unreserveLocked.
-func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, size, class, t int, parent prefixhash.Key) (uint32, error) {
+func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, object bool, size, class, t int, parent prefixhash.Key) (uint32, error) {
 	for round := 0; ; round++ {
 		l.mu.Lock()
 		var id uint32
@@ -213,14 +224,14 @@ func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, size, 
 				l.mu.Unlock()
 				return 0, err
 			}
-		} else if id = l.mu.ns.byDigest[digest]; id == 0 {
+		} else if id = l.mu.ns.find(digest, object, size); id == 0 {
 			l.mu.Unlock()
 			return 0, errNoNamespace
 		}
 		n := l.mu.ns.get(id)
 		excess := n.excess(t, size)
 		if excess <= 0 {
-			n.pending[t] += int64(size)
+			n.addPending(t, int64(size))
 			l.mu.Unlock()
 			return id, nil
 		}
@@ -239,6 +250,14 @@ func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, size, 
 			if !gone && t == tierDisk {
 				var dropped int
 				dropped, coldest = l.dropColdLocked(id, excess, stopDisk, &fr)
+				for _, o := range l.mu.ns.ids(n.digest) {
+					if dropped > 0 || coldest {
+						break
+					}
+					if o != id {
+						dropped, _ = l.dropColdLocked(o, excess, 0, &fr)
+					}
+				}
 				progress = dropped > 0
 			} else if stopDisk != 0 {
 				// The parent is in the persistent tier: the block is
@@ -251,6 +270,16 @@ func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, size, 
 				}
 				for _, i := range l.coldNSLocked(id, tierMem, want, stopMem, &coldest) {
 					vs = append(vs, l.markVictimLocked(i))
+				}
+				for _, o := range l.mu.ns.ids(n.digest) {
+					if len(vs) > 0 || coldest {
+						break
+					}
+					if o != id {
+						for _, i := range l.coldNSLocked(o, tierMem, want, 0, nil) {
+							vs = append(vs, l.markVictimLocked(i))
+						}
+					}
 				}
 				l.reserveDemotionsLocked(vs, &fr)
 				progress = len(vs) > 0
@@ -288,7 +317,7 @@ func (l *Local) tryReserveLocked(h *block.Header, size, class, t int) (uint32, b
 		l.forgetIfEmptyLocked(id)
 		return 0, false
 	}
-	n.pending[t] += int64(size)
+	n.addPending(t, int64(size))
 	return id, true
 }
 
@@ -362,7 +391,7 @@ func (l *Local) coldNSLocked(id uint32, t int, want int64, stop uint32, reachedS
 			*reachedStop = true
 			break
 		}
-		if e.busy() {
+		if e.busy() || l.keepLocked(j, false) {
 			continue
 		}
 		is = append(is, j)
@@ -428,7 +457,7 @@ func (l *Local) reserveDemotionsLocked(vs []moved, fr *[]freeLoc) {
 			m.skipDisk = true
 			continue
 		}
-		n.pending[tierDisk] += int64(m.size)
+		n.addPending(tierDisk, int64(m.size))
 		m.reserved = true
 	}
 }
@@ -437,7 +466,7 @@ func (l *Local) reserveDemotionsLocked(vs []moved, fr *[]freeLoc) {
 // reserveDemotionsLocked.
 func (l *Local) unreserveLocked(id uint32, t, size int) {
 	n := l.mu.ns.get(id)
-	if n.pending[t] -= int64(size); n.pending[t] < 0 {
+	if n.addPending(t, -int64(size)); n.pending[t] < 0 {
 		panic(fmt.Sprintf("store: namespace %016x has %d bytes reserved in tier %d", n.digest, n.pending[t], t))
 	}
 	l.forgetIfEmptyLocked(id)

@@ -12,7 +12,7 @@ import "fmt"
 //     the incomplete blocks: PartialSlots, PartialSlotBytes), and reserves
 //     no more than its capacity;
 //   - every block that came in (Puts, Recovered) is either cached or was
-//     dropped (Evictions, CorruptDrops, NamespaceDrops);
+//     dropped (Evictions, CorruptDrops, NamespaceDrops, Removed);
 //   - the namespaces' blocks add up to the tiers'.
 //
 // Tests call it after a workload; the invariants build (go test -race, or
@@ -33,9 +33,9 @@ func (s Stats) Check() error {
 		}
 		total += ts.Blocks
 	}
-	if in, out := s.Puts+s.Recovered, total+s.Evictions+s.CorruptDrops+s.NamespaceDrops; in != out {
-		return fmt.Errorf("store: %d blocks came in (puts %d, recovered %d), %d are cached or were dropped (cached %d, evicted %d, corrupt %d, namespace drops %d)",
-			in, s.Puts, s.Recovered, out, total, s.Evictions, s.CorruptDrops, s.NamespaceDrops)
+	if in, out := s.Puts+s.Recovered, total+s.Evictions+s.CorruptDrops+s.NamespaceDrops+s.Removed; in != out {
+		return fmt.Errorf("store: %d blocks came in (puts %d, recovered %d), %d are cached or were dropped (cached %d, evicted %d, corrupt %d, namespace drops %d, removed %d)",
+			in, s.Puts, s.Recovered, out, total, s.Evictions, s.CorruptDrops, s.NamespaceDrops, s.Removed)
 	}
 	nsBlocks := int64(0)
 	for _, n := range s.Namespaces {
