@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -35,6 +36,13 @@ type Peers interface {
 	Get(ctx context.Context, id string, keys []prefixhash.Key) (blocks [][]byte, release func(), err error)
 	// Put pushes encoded blocks to member id.
 	Put(ctx context.Context, id string, blocks [][]byte) error
+	// Remove asks member id to drop keys (Local.Remove) and returns per
+	// key whether it held it.
+	Remove(ctx context.Context, id string, keys []prefixhash.Key) ([]bool, error)
+	// Retain asks member id to set the retention of keys (Local.Retain)
+	// and returns per key whether it applied it. A refusal over a limit
+	// wraps ErrQuota or ErrRetentionTTL.
+	Retain(ctx context.Context, id string, keys []prefixhash.Key, r block.Retention) ([]bool, error)
 }
 
 // ClusterOptions configure a Cluster. Zero fields take the defaults. Every

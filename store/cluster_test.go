@@ -104,6 +104,22 @@ func (p loopPeers) Put(ctx context.Context, id string, blocks [][]byte) error {
 	return l.PutMany(ctx, blocks)
 }
 
+func (p loopPeers) Remove(ctx context.Context, id string, keys []prefixhash.Key) ([]bool, error) {
+	l, _, err := p.net.check(ctx, id, "remove")
+	if err != nil {
+		return nil, err
+	}
+	return l.Remove(ctx, keys)
+}
+
+func (p loopPeers) Retain(ctx context.Context, id string, keys []prefixhash.Key, r block.Retention) ([]bool, error) {
+	l, _, err := p.net.check(ctx, id, "retain")
+	if err != nil {
+		return nil, err
+	}
+	return l.Retain(ctx, keys, r)
+}
+
 type testCluster struct {
 	net     *loopback
 	nodes   []*Cluster

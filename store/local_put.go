@@ -262,6 +262,9 @@ func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, di
 		return err
 	}
 	keep := h.Object.Retention // what an object's writer asked for (zero for a block)
+	if asCopy {
+		keep = block.Retention{} // the owners keep it: a copy is evicted first
+	}
 	if keep != (block.Retention{}) {
 		if err := l.pinRoomForLocked(id, keep); err != nil {
 			l.releaseNSLocked(id, t)
