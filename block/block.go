@@ -20,7 +20,7 @@ import (
 //	  0     4  magic "KVMB"
 //	  4     2  format version (4)
 //	  6     1  key format version (prefixhash.KeyVersion)
-//	  7     1  KV layout (0 split, 1 latent)
+//	  7     1  KV layout (0 split, 1 latent; 0xFF marks an object record, object.go)
 //	  8     4  header length (fixed part + tokens + extension + padding)
 //	 12     4  token count n
 //	 16     8  namespace digest

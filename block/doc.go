@@ -32,9 +32,9 @@
 // # Objects
 //
 // The same format carries objects (object.go): opaque bytes a caller stores
-// under a name in a namespace, in pieces. An object record sets byte 59,
-// which a block keeps zero, so a build that predates objects refuses one as
-// corrupt; it has no tokens and no layout, and its key is the piece's key
+// under a name in a namespace, in pieces. An object record sets the KV
+// layout byte to 0xFF and has no tokens, so a build that predates objects
+// refuses one as corrupt; and its key is the piece's key
 // under the object's name (prefixhash.ObjectKey, PieceKey), checked like a
 // block's. It also carries the retention the writer asked for (a pin and a
 // TTL), which the store applies as it stores the record.

@@ -13,15 +13,17 @@ import (
 
 // An object record holds one piece of an object: opaque bytes a caller
 // stores under a name (prefixhash.ObjectKey), beside the prefix-chained
-// blocks. It is the block format with byte 59, reserved in a block, set to
-// 1 (older builds refuse it as a corrupt block), no tokens, no layout, and
-// the object's fields in bytes that a block gives its layout and part:
+// blocks. It is the block format with the KV layout byte (7) set to 0xFF
+// and no tokens (a block has at least one; older builds refuse either as a
+// corrupt block), and the object's fields in bytes that a block gives its
+// layout and part. Bytes 59 and 76-79, which the blocks of KV-cache groups
+// use, stay zero:
 //
 //	off  size  field
 //	  0     4  magic "KVMB"
 //	  4     2  format version (4)
 //	  6     1  key format version (prefixhash.KeyVersion)
-//	  7     1  zero
+//	  7     1  0xFF: an object record
 //	  8     4  header length: 128 + name length, rounded up to 64
 //	 12     4  zero (no tokens)
 //	 16     8  namespace digest
@@ -30,7 +32,7 @@ import (
 //	 56     1  zero
 //	 57     1  the namespace's key scheme
 //	 58     1  pin the writer asks for (0 none, 1 soft, 2 hard; Pin)
-//	 59     1  record kind: 1, an object
+//	 59     1  zero
 //	 60     4  piece index j
 //	 64     4  piece count m (at least 1, j < m)
 //	 68     4  lease TTL the writer asks for, in milliseconds (0: none)
@@ -51,8 +53,8 @@ import (
 // The retention the writer asked for (pin, TTL) applies when the record is
 // stored; it is not the record's state afterwards (Retain changes that).
 const (
-	kindOff    = 59
-	kindObject = 1
+	kindOff    = 7 // a block's KV layout byte
+	kindObject = 0xFF
 )
 
 // Kind says what a record holds.
@@ -216,7 +218,7 @@ func decodeObjectHeader(b []byte, maxPayload int) (Header, error) {
 	if !allZero(b[FixedHeaderLen+n : hl]) {
 		return h, corrupt("object header padding is not zero")
 	}
-	if b[7] != 0 || binary.LittleEndian.Uint32(b[12:]) != 0 || b[56] != 0 || binary.LittleEndian.Uint32(b[76:]) != 0 {
+	if binary.LittleEndian.Uint32(b[12:]) != 0 || b[56] != 0 || b[59] != 0 || binary.LittleEndian.Uint32(b[76:]) != 0 {
 		return h, corrupt("object header: bytes a block gives its layout are not zero")
 	}
 	name := b[FixedHeaderLen : FixedHeaderLen+n]
