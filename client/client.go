@@ -128,7 +128,9 @@ type Client struct {
 	conn  *grpc.ClientConn // nil when the caller owns the connection
 	cache kvmeshv1.CacheServiceClient
 	admin kvmeshv1.AdminServiceClient
-	bulk  bulk
+	// objects is the node's ObjectService (object.go).
+	objects kvmeshv1.ObjectServiceClient
+	bulk    bulk
 	// prefill is the node's PrefillService (prefill.go).
 	prefill kvmeshv1.PrefillServiceClient
 	dp      *dataPlane // nil with TransportGRPC
@@ -199,6 +201,7 @@ func newClient(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 		opts:    opts,
 		cache:   kvmeshv1.NewCacheServiceClient(conn),
 		admin:   kvmeshv1.NewAdminServiceClient(conn),
+		objects: kvmeshv1.NewObjectServiceClient(conn),
 		prefill: kvmeshv1.NewPrefillServiceClient(conn),
 	}
 	g := &grpcBulk{c: c}

@@ -122,6 +122,14 @@ func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoReq
 	}
 	//lint:ignore SA1019 key format 2 clients read the layer range: [0, layers)
 	resp.LayerEnd = resp.Layers
+	if h.Kind == block.KindObject {
+		resp.Object, resp.ObjectName, resp.ObjectSize = true, h.Object.Name, h.Object.Size
+		resp.ObjectPiece, resp.ObjectPieces = uint32(h.Object.Piece), uint32(h.Object.Pieces)
+		resp.Dtype = kvmeshv1.Dtype_DTYPE_UNSPECIFIED
+	}
+	if info.Retention != (block.Retention{}) {
+		resp.Retention = retentionProto(info.Retention)
+	}
 	return resp, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 )
@@ -103,6 +104,8 @@ var (
 type BlockInfo struct {
 	Tier string // "hbm", "dram" or "nvme"
 	Size int    // encoded bytes, header and payload
+	// Retention is its pin and the TTL left (store.Local.Retain).
+	Retention block.Retention
 }
 
 // TierStats describe one tier's contents.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
@@ -347,7 +348,7 @@ func (c *clusterCache) LongestPrefix(a auth.Access, keys []prefixhash.Key) int {
 
 func (c *clusterCache) Info(a auth.Access, key prefixhash.Key) (BlockInfo, bool) {
 	i, ok := c.local.Info(a, key)
-	return BlockInfo{Tier: i.Tier, Size: i.Size}, ok
+	return BlockInfo{Tier: i.Tier, Size: i.Size, Retention: i.Retention}, ok
 }
 
 // Partials lists the incomplete blocks a request with access a may see.
@@ -360,6 +361,31 @@ func (c *clusterCache) Partials(a auth.Access) []store.PartialInfo {
 		}
 	}
 	return out
+}
+
+// Remove drops keys from every member (here only with local).
+func (c *clusterCache) Remove(ctx context.Context, keys []prefixhash.Key, local bool) ([]bool, error) {
+	var found []bool
+	var err error
+	if local {
+		found, err = c.local.Remove(ctx, keys)
+	} else {
+		found, err = c.cluster.Remove(ctx, keys)
+	}
+	return found, cacheError(err)
+}
+
+// Retain sets the retention of keys on their owners (here only with
+// local).
+func (c *clusterCache) Retain(ctx context.Context, keys, chunkKeys []prefixhash.Key, r block.Retention, local bool) ([]bool, error) {
+	var applied []bool
+	var err error
+	if local {
+		applied, err = c.local.Retain(ctx, keys, r)
+	} else {
+		applied, err = c.cluster.Retain(ctx, keys, chunkKeys, r)
+	}
+	return applied, cacheError(err)
 }
 
 func (c *clusterCache) DropNamespace(digest uint64) (int, error) {

@@ -167,6 +167,7 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	kvmeshv1.RegisterCacheServiceServer(n.grpc, &cacheService{n: n})
 	kvmeshv1.RegisterAdminServiceServer(n.grpc, &adminService{n: n})
 	kvmeshv1.RegisterPeerServiceServer(n.grpc, &peerService{n: n})
+	kvmeshv1.RegisterObjectServiceServer(n.grpc, &objectService{n: n})
 	n.health = health.NewServer()
 	for _, svc := range []string{"", kvmeshv1.CacheService_ServiceDesc.ServiceName, kvmeshv1.AdminService_ServiceDesc.ServiceName} {
 		n.health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)

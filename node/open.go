@@ -118,6 +118,7 @@ func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error
 	}
 	local, err := store.Open(store.Options{HBM: hbm, DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes, MaxBlocks: opts.MaxBlocks, Eviction: store.Eviction(opts.Eviction),
 		PartialTTL: opts.PartialTTL, ClaimTTL: opts.ClaimTTL,
+		MaxRetentionTTL: opts.MaxRetentionTTL, MaxPinnedFraction: opts.MaxPinnedFraction,
 		Quotas: quotas, DefaultQuota: store.Quota{DRAM: opts.QuotaDRAMBytes, NVMe: opts.QuotaNVMeBytes}})
 	if err != nil {
 		dram.Close()

@@ -219,6 +219,14 @@ type Options struct {
 	// ClaimTTL is how long a writer's claim on a part stands
 	// (store.Options.ClaimTTL). Default 0: the store's (10 s).
 	ClaimTTL time.Duration
+	// MaxRetentionTTL is the longest TTL of a lease or pin
+	// (ObjectService.Retain, an object's retention). Default 0: the
+	// store's (24 h).
+	MaxRetentionTTL time.Duration
+	// MaxPinnedFraction bounds the bytes under hard pins and leases on
+	// this node, a fraction of its DRAM and NVMe together. Default 0: the
+	// store's (0.5).
+	MaxPinnedFraction float64
 	// MaxBatchBlocks is the most blocks one request may name: keys of a
 	// BatchGet or Exists, blocks of a BatchPut stream, full blocks of a
 	// Lookup's prompt. Default 16384 (a 256k-token prompt in blocks of 16).
@@ -438,6 +446,10 @@ func (o *Options) Validate() error {
 		return bad("PartialTTL", "%v is outside 1ms..%v", o.PartialTTL, store.MaxPartialTTL)
 	case o.ClaimTTL != 0 && (o.ClaimTTL < time.Millisecond || o.ClaimTTL > store.MaxClaimTTL):
 		return bad("ClaimTTL", "%v is outside 1ms..%v", o.ClaimTTL, store.MaxClaimTTL)
+	case o.MaxRetentionTTL != 0 && (o.MaxRetentionTTL < time.Millisecond || o.MaxRetentionTTL > block.MaxObjectTTL):
+		return bad("MaxRetentionTTL", "%v is outside 1ms..%v", o.MaxRetentionTTL, block.MaxObjectTTL)
+	case o.MaxPinnedFraction < 0 || o.MaxPinnedFraction > 1:
+		return bad("MaxPinnedFraction", "%v is outside 0..1", o.MaxPinnedFraction)
 	case o.MaxBatchBlocks < 1:
 		return bad("MaxBatchBlocks", "%d must be at least 1", o.MaxBatchBlocks)
 	case o.MaxMessageBytes < messageOverhead+4*KiB:

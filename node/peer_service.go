@@ -53,3 +53,67 @@ func (s *peerService) Lookup(ctx context.Context, req *kvmeshv1.PeerServiceLooku
 	}
 	return &kvmeshv1.PeerServiceLookupResponse{Counts: counts}, nil
 }
+
+// peerKeys checks the concatenated keys of a peer request.
+func peerKeys(raw []byte) ([]prefixhash.Key, error) {
+	if len(raw)%prefixhash.KeySize != 0 {
+		return nil, invalid("keys", "%d bytes is not a whole number of %d-byte keys", len(raw), prefixhash.KeySize)
+	}
+	n := len(raw) / prefixhash.KeySize
+	if n > maxPeerLookupKeys {
+		return nil, invalid("keys", "%d keys in one request; the limit is %d", n, maxPeerLookupKeys)
+	}
+	keys := make([]prefixhash.Key, n)
+	for i := range keys {
+		keys[i] = prefixhash.Key(raw[i*prefixhash.KeySize:])
+	}
+	return keys, nil
+}
+
+// scoped returns ctx acting for the tenant a peer request names. Only
+// node-wide callers reach PeerService (it needs the cluster scope): the
+// scope narrows what they may touch, never widens it.
+func scoped(ctx context.Context, sc *kvmeshv1.PeerScope) context.Context {
+	if a := auth.AccessFrom(ctx); !a.Scoped && sc.GetScoped() {
+		return auth.WithAccess(ctx, auth.Access{Scoped: true, Tag: sc.GetTenant()})
+	}
+	return ctx
+}
+
+// Remove drops keys from this node.
+func (s *peerService) Remove(ctx context.Context, req *kvmeshv1.PeerServiceRemoveRequest) (*kvmeshv1.PeerServiceRemoveResponse, error) {
+	os, err := s.n.objects()
+	if err != nil {
+		return nil, err
+	}
+	keys, err := peerKeys(req.GetKeys())
+	if err != nil {
+		return nil, err
+	}
+	found, err := os.Remove(scoped(ctx, req.GetScope()), keys, true)
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return &kvmeshv1.PeerServiceRemoveResponse{Found: found}, nil
+}
+
+// Retain sets the retention of keys this node holds.
+func (s *peerService) Retain(ctx context.Context, req *kvmeshv1.PeerServiceRetainRequest) (*kvmeshv1.PeerServiceRetainResponse, error) {
+	os, err := s.n.objects()
+	if err != nil {
+		return nil, err
+	}
+	keys, err := peerKeys(req.GetKeys())
+	if err != nil {
+		return nil, err
+	}
+	r, err := retentionFrom(req.GetRetention())
+	if err != nil {
+		return nil, err
+	}
+	applied, err := os.Retain(scoped(ctx, req.GetScope()), keys, nil, r, true)
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return &kvmeshv1.PeerServiceRetainResponse{Applied: applied}, nil
+}

@@ -11,9 +11,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
@@ -264,6 +267,64 @@ func (p *peers) grpcLookup(ctx context.Context, id string, runs [][]prefixhash.K
 		return nil
 	})
 	return counts, err
+}
+
+// Remove asks member id to drop keys (PeerService.Remove), for the tenant
+// ctx acts for.
+func (p *peers) Remove(ctx context.Context, id string, keys []prefixhash.Key) ([]bool, error) {
+	req := &kvmeshv1.PeerServiceRemoveRequest{Keys: concatKeys(keys), Scope: peerScope(ctx)}
+	var found []bool
+	err := p.call(ctx, "remove", id, func(pe *peer) error {
+		resp, err := pe.lookup.Remove(ctx, req)
+		if err != nil {
+			return err
+		}
+		if found = resp.GetFound(); len(found) != len(keys) {
+			return fmt.Errorf("node: peer %s answered %d of %d keys", id, len(found), len(keys))
+		}
+		return nil
+	})
+	return found, err
+}
+
+// Retain asks member id to set the retention of keys (PeerService.Retain),
+// for the tenant ctx acts for. Its refusal over a limit comes back as
+// store.ErrQuota or store.ErrRetentionTTL.
+func (p *peers) Retain(ctx context.Context, id string, keys []prefixhash.Key, r block.Retention) ([]bool, error) {
+	req := &kvmeshv1.PeerServiceRetainRequest{Keys: concatKeys(keys), Retention: retentionProto(r), Scope: peerScope(ctx)}
+	var applied []bool
+	err := p.call(ctx, "retain", id, func(pe *peer) error {
+		resp, err := pe.lookup.Retain(ctx, req)
+		switch status.Code(err) {
+		case codes.OK:
+		case codes.ResourceExhausted:
+			return fmt.Errorf("node: peer %s: %w: %s", id, store.ErrQuota, status.Convert(err).Message())
+		case codes.InvalidArgument:
+			return fmt.Errorf("node: peer %s: %w: %s", id, store.ErrRetentionTTL, status.Convert(err).Message())
+		default:
+			return err
+		}
+		if applied = resp.GetApplied(); len(applied) != len(keys) {
+			return fmt.Errorf("node: peer %s answered %d of %d keys", id, len(applied), len(keys))
+		}
+		return nil
+	})
+	return applied, err
+}
+
+// peerScope is the tenant ctx acts for, as a peer request carries it.
+func peerScope(ctx context.Context) *kvmeshv1.PeerScope {
+	a := auth.AccessFrom(ctx)
+	return &kvmeshv1.PeerScope{Scoped: a.Scoped, Tenant: a.Tag}
+}
+
+// concatKeys returns keys as one byte string, 16 bytes each.
+func concatKeys(keys []prefixhash.Key) []byte {
+	b := make([]byte, 0, len(keys)*prefixhash.KeySize)
+	for _, k := range keys {
+		b = append(b, k[:]...)
+	}
+	return b
 }
 
 // Get reads blocks from member id over the data plane. The blocks alias the

@@ -150,6 +150,9 @@ func methodScope(method string) auth.Scope {
 		return auth.Admin
 	case strings.HasPrefix(method, "/kvmesh.v1.CacheService/BatchPut"),
 		strings.HasPrefix(method, "/kvmesh.v1.CacheService/Publish"),
+		strings.HasPrefix(method, "/kvmesh.v1.ObjectService/Put"),
+		strings.HasPrefix(method, "/kvmesh.v1.ObjectService/Remove"),
+		strings.HasPrefix(method, "/kvmesh.v1.ObjectService/Retain"),
 		strings.HasPrefix(method, "/kvmesh.v1.PrefillService/Prefill"): // it publishes the blocks it computes
 		return auth.Write
 	}

@@ -94,6 +94,8 @@ func statusError(err error) error {
 		return status.FromContextError(err).Err()
 	case errors.Is(err, ErrQuota):
 		return quotaExceeded(0, err)
+	case errors.Is(err, store.ErrRetentionTTL):
+		return invalid("retention.ttl_ms", "%v; ask the operator for a longer --max-retention-ttl, or use a pin without a TTL", err)
 	case errors.Is(err, ErrFull):
 		return exhausted(kvmeshv1.ErrorReason_ERROR_REASON_CACHE_FULL, nil, "node:cache",
 			"cache full: %v; retry later or give the node more --dram/--nvme", err)

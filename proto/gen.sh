@@ -27,7 +27,7 @@ bin="${TMPDIR:-/tmp}/kvmesh-proto-bin"
 GOBIN="$bin" go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 GOBIN="$bin" go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 
-protos=(kvmesh/v1/types.proto kvmesh/v1/errors.proto kvmesh/v1/cache.proto kvmesh/v1/admin.proto kvmesh/v1/prefill.proto kvmesh/v1/peer.proto)
+protos=(kvmesh/v1/types.proto kvmesh/v1/errors.proto kvmesh/v1/cache.proto kvmesh/v1/admin.proto kvmesh/v1/prefill.proto kvmesh/v1/peer.proto kvmesh/v1/object.proto)
 
 rm -f proto/kvmesh/v1/*.pb.go
 PATH="$bin:$PATH" protoc -I proto \

@@ -901,9 +901,19 @@ type BlockInfoResponse struct {
 	// Deprecated: Marked as deprecated in kvmesh/v1/admin.proto.
 	LayerEnd uint32 `protobuf:"varint,11,opt,name=layer_end,json=layerEnd,proto3" json:"layer_end,omitempty"`
 	// The model's number of layers: a block holds all of them.
-	Layers        uint32 `protobuf:"varint,14,opt,name=layers,proto3" json:"layers,omitempty"`
-	KvHeads       uint32 `protobuf:"varint,12,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
-	HeadDim       uint32 `protobuf:"varint,13,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	Layers  uint32 `protobuf:"varint,14,opt,name=layers,proto3" json:"layers,omitempty"`
+	KvHeads uint32 `protobuf:"varint,12,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
+	HeadDim uint32 `protobuf:"varint,13,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	// An object's piece (ObjectService), not a block: then object_name,
+	// object_piece, object_pieces and object_size describe it, and tokens and
+	// the layout are empty.
+	Object       bool   `protobuf:"varint,15,opt,name=object,proto3" json:"object,omitempty"`
+	ObjectName   string `protobuf:"bytes,16,opt,name=object_name,json=objectName,proto3" json:"object_name,omitempty"`
+	ObjectPiece  uint32 `protobuf:"varint,17,opt,name=object_piece,json=objectPiece,proto3" json:"object_piece,omitempty"`
+	ObjectPieces uint32 `protobuf:"varint,18,opt,name=object_pieces,json=objectPieces,proto3" json:"object_pieces,omitempty"`
+	ObjectSize   uint64 `protobuf:"varint,19,opt,name=object_size,json=objectSize,proto3" json:"object_size,omitempty"`
+	// Its retention on this node: its pin and the TTL left (ObjectService.Retain).
+	Retention     *Retention `protobuf:"bytes,20,opt,name=retention,proto3" json:"retention,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1036,6 +1046,48 @@ func (x *BlockInfoResponse) GetHeadDim() uint32 {
 		return x.HeadDim
 	}
 	return 0
+}
+
+func (x *BlockInfoResponse) GetObject() bool {
+	if x != nil {
+		return x.Object
+	}
+	return false
+}
+
+func (x *BlockInfoResponse) GetObjectName() string {
+	if x != nil {
+		return x.ObjectName
+	}
+	return ""
+}
+
+func (x *BlockInfoResponse) GetObjectPiece() uint32 {
+	if x != nil {
+		return x.ObjectPiece
+	}
+	return 0
+}
+
+func (x *BlockInfoResponse) GetObjectPieces() uint32 {
+	if x != nil {
+		return x.ObjectPieces
+	}
+	return 0
+}
+
+func (x *BlockInfoResponse) GetObjectSize() uint64 {
+	if x != nil {
+		return x.ObjectSize
+	}
+	return 0
+}
+
+func (x *BlockInfoResponse) GetRetention() *Retention {
+	if x != nil {
+		return x.Retention
+	}
+	return nil
 }
 
 // Quota bounds the encoded block bytes (header and payload) one namespace
@@ -1428,7 +1480,7 @@ var File_kvmesh_v1_admin_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"'\n" +
+	"\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/object.proto\x1a\x15kvmesh/v1/types.proto\"'\n" +
 	"\x0fPartialsRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"Y\n" +
 	"\x10PartialsResponse\x12/\n" +
@@ -1492,7 +1544,7 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\x15DropNamespaceResponse\x12%\n" +
 	"\x0edropped_blocks\x18\x01 \x01(\x04R\rdroppedBlocks\"$\n" +
 	"\x10BlockInfoRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\fR\x03key\"\xab\x03\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\"\x81\x05\n" +
 	"\x11BlockInfoResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\fR\x06parent\x12)\n" +
@@ -1511,7 +1563,15 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\tlayer_end\x18\v \x01(\rB\x02\x18\x01R\blayerEnd\x12\x16\n" +
 	"\x06layers\x18\x0e \x01(\rR\x06layers\x12\x19\n" +
 	"\bkv_heads\x18\f \x01(\rR\akvHeads\x12\x19\n" +
-	"\bhead_dim\x18\r \x01(\rR\aheadDim\"E\n" +
+	"\bhead_dim\x18\r \x01(\rR\aheadDim\x12\x16\n" +
+	"\x06object\x18\x0f \x01(\bR\x06object\x12\x1f\n" +
+	"\vobject_name\x18\x10 \x01(\tR\n" +
+	"objectName\x12!\n" +
+	"\fobject_piece\x18\x11 \x01(\rR\vobjectPiece\x12#\n" +
+	"\robject_pieces\x18\x12 \x01(\rR\fobjectPieces\x12\x1f\n" +
+	"\vobject_size\x18\x13 \x01(\x04R\n" +
+	"objectSize\x122\n" +
+	"\tretention\x18\x14 \x01(\v2\x14.kvmesh.v1.RetentionR\tretention\"E\n" +
 	"\x05Quota\x12\x1d\n" +
 	"\n" +
 	"dram_bytes\x18\x01 \x01(\x04R\tdramBytes\x12\x1d\n" +
@@ -1589,6 +1649,7 @@ var file_kvmesh_v1_admin_proto_goTypes = []any{
 	(*QuotasResponse)(nil),        // 19: kvmesh.v1.QuotasResponse
 	(*Namespace)(nil),             // 20: kvmesh.v1.Namespace
 	(Dtype)(0),                    // 21: kvmesh.v1.Dtype
+	(*Retention)(nil),             // 22: kvmesh.v1.Retention
 }
 var file_kvmesh_v1_admin_proto_depIdxs = []int32{
 	3,  // 0: kvmesh.v1.PartialsResponse.blocks:type_name -> kvmesh.v1.PartialBlock
@@ -1597,31 +1658,32 @@ var file_kvmesh_v1_admin_proto_depIdxs = []int32{
 	8,  // 3: kvmesh.v1.MembersResponse.members:type_name -> kvmesh.v1.Member
 	20, // 4: kvmesh.v1.DropNamespaceRequest.namespace:type_name -> kvmesh.v1.Namespace
 	21, // 5: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.Dtype
-	20, // 6: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
-	14, // 7: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
-	18, // 8: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
-	14, // 9: kvmesh.v1.NamespaceQuota.quota:type_name -> kvmesh.v1.Quota
-	14, // 10: kvmesh.v1.QuotasResponse.default_quota:type_name -> kvmesh.v1.Quota
-	18, // 11: kvmesh.v1.QuotasResponse.namespaces:type_name -> kvmesh.v1.NamespaceQuota
-	6,  // 12: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
-	10, // 13: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
-	12, // 14: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
-	15, // 15: kvmesh.v1.AdminService.SetQuota:input_type -> kvmesh.v1.SetQuotaRequest
-	17, // 16: kvmesh.v1.AdminService.Quotas:input_type -> kvmesh.v1.QuotasRequest
-	4,  // 17: kvmesh.v1.AdminService.WhoAmI:input_type -> kvmesh.v1.WhoAmIRequest
-	0,  // 18: kvmesh.v1.AdminService.Partials:input_type -> kvmesh.v1.PartialsRequest
-	9,  // 19: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
-	11, // 20: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
-	13, // 21: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
-	16, // 22: kvmesh.v1.AdminService.SetQuota:output_type -> kvmesh.v1.SetQuotaResponse
-	19, // 23: kvmesh.v1.AdminService.Quotas:output_type -> kvmesh.v1.QuotasResponse
-	5,  // 24: kvmesh.v1.AdminService.WhoAmI:output_type -> kvmesh.v1.WhoAmIResponse
-	1,  // 25: kvmesh.v1.AdminService.Partials:output_type -> kvmesh.v1.PartialsResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	22, // 6: kvmesh.v1.BlockInfoResponse.retention:type_name -> kvmesh.v1.Retention
+	20, // 7: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
+	14, // 8: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
+	18, // 9: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
+	14, // 10: kvmesh.v1.NamespaceQuota.quota:type_name -> kvmesh.v1.Quota
+	14, // 11: kvmesh.v1.QuotasResponse.default_quota:type_name -> kvmesh.v1.Quota
+	18, // 12: kvmesh.v1.QuotasResponse.namespaces:type_name -> kvmesh.v1.NamespaceQuota
+	6,  // 13: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
+	10, // 14: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
+	12, // 15: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
+	15, // 16: kvmesh.v1.AdminService.SetQuota:input_type -> kvmesh.v1.SetQuotaRequest
+	17, // 17: kvmesh.v1.AdminService.Quotas:input_type -> kvmesh.v1.QuotasRequest
+	4,  // 18: kvmesh.v1.AdminService.WhoAmI:input_type -> kvmesh.v1.WhoAmIRequest
+	0,  // 19: kvmesh.v1.AdminService.Partials:input_type -> kvmesh.v1.PartialsRequest
+	9,  // 20: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
+	11, // 21: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
+	13, // 22: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
+	16, // 23: kvmesh.v1.AdminService.SetQuota:output_type -> kvmesh.v1.SetQuotaResponse
+	19, // 24: kvmesh.v1.AdminService.Quotas:output_type -> kvmesh.v1.QuotasResponse
+	5,  // 25: kvmesh.v1.AdminService.WhoAmI:output_type -> kvmesh.v1.WhoAmIResponse
+	1,  // 26: kvmesh.v1.AdminService.Partials:output_type -> kvmesh.v1.PartialsResponse
+	20, // [20:27] is the sub-list for method output_type
+	13, // [13:20] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_admin_proto_init() }
@@ -1629,6 +1691,7 @@ func file_kvmesh_v1_admin_proto_init() {
 	if File_kvmesh_v1_admin_proto != nil {
 		return
 	}
+	file_kvmesh_v1_object_proto_init()
 	file_kvmesh_v1_types_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

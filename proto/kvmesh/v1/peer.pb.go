@@ -21,6 +21,265 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// PeerScope is the tenant a node acts for when it asks a peer: scoped to a
+// tenant's tag, the peer touches only that tenant's values (as the data
+// plane's scoped requests).
+type PeerScope struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Scoped        bool                   `protobuf:"varint,1,opt,name=scoped,proto3" json:"scoped,omitempty"`
+	Tenant        uint64                 `protobuf:"fixed64,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerScope) Reset() {
+	*x = PeerScope{}
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerScope) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerScope) ProtoMessage() {}
+
+func (x *PeerScope) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerScope.ProtoReflect.Descriptor instead.
+func (*PeerScope) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PeerScope) GetScoped() bool {
+	if x != nil {
+		return x.Scoped
+	}
+	return false
+}
+
+func (x *PeerScope) GetTenant() uint64 {
+	if x != nil {
+		return x.Tenant
+	}
+	return 0
+}
+
+type PeerServiceRemoveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 16 bytes each, concatenated.
+	Keys          []byte     `protobuf:"bytes,1,opt,name=keys,proto3" json:"keys,omitempty"`
+	Scope         *PeerScope `protobuf:"bytes,2,opt,name=scope,proto3" json:"scope,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerServiceRemoveRequest) Reset() {
+	*x = PeerServiceRemoveRequest{}
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerServiceRemoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerServiceRemoveRequest) ProtoMessage() {}
+
+func (x *PeerServiceRemoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerServiceRemoveRequest.ProtoReflect.Descriptor instead.
+func (*PeerServiceRemoveRequest) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PeerServiceRemoveRequest) GetKeys() []byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *PeerServiceRemoveRequest) GetScope() *PeerScope {
+	if x != nil {
+		return x.Scope
+	}
+	return nil
+}
+
+type PeerServiceRemoveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Per key: whether this node held it.
+	Found         []bool `protobuf:"varint,1,rep,packed,name=found,proto3" json:"found,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerServiceRemoveResponse) Reset() {
+	*x = PeerServiceRemoveResponse{}
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerServiceRemoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerServiceRemoveResponse) ProtoMessage() {}
+
+func (x *PeerServiceRemoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerServiceRemoveResponse.ProtoReflect.Descriptor instead.
+func (*PeerServiceRemoveResponse) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_peer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PeerServiceRemoveResponse) GetFound() []bool {
+	if x != nil {
+		return x.Found
+	}
+	return nil
+}
+
+type PeerServiceRetainRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 16 bytes each, concatenated.
+	Keys          []byte     `protobuf:"bytes,1,opt,name=keys,proto3" json:"keys,omitempty"`
+	Retention     *Retention `protobuf:"bytes,2,opt,name=retention,proto3" json:"retention,omitempty"`
+	Scope         *PeerScope `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerServiceRetainRequest) Reset() {
+	*x = PeerServiceRetainRequest{}
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerServiceRetainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerServiceRetainRequest) ProtoMessage() {}
+
+func (x *PeerServiceRetainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerServiceRetainRequest.ProtoReflect.Descriptor instead.
+func (*PeerServiceRetainRequest) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_peer_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PeerServiceRetainRequest) GetKeys() []byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *PeerServiceRetainRequest) GetRetention() *Retention {
+	if x != nil {
+		return x.Retention
+	}
+	return nil
+}
+
+func (x *PeerServiceRetainRequest) GetScope() *PeerScope {
+	if x != nil {
+		return x.Scope
+	}
+	return nil
+}
+
+type PeerServiceRetainResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Per key: whether this node held it and applied the retention.
+	Applied       []bool `protobuf:"varint,1,rep,packed,name=applied,proto3" json:"applied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerServiceRetainResponse) Reset() {
+	*x = PeerServiceRetainResponse{}
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerServiceRetainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerServiceRetainResponse) ProtoMessage() {}
+
+func (x *PeerServiceRetainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerServiceRetainResponse.ProtoReflect.Descriptor instead.
+func (*PeerServiceRetainResponse) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_peer_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PeerServiceRetainResponse) GetApplied() []bool {
+	if x != nil {
+		return x.Applied
+	}
+	return nil
+}
+
 type PeerServiceLookupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The keys of every run, concatenated, 16 bytes each.
@@ -33,7 +292,7 @@ type PeerServiceLookupRequest struct {
 
 func (x *PeerServiceLookupRequest) Reset() {
 	*x = PeerServiceLookupRequest{}
-	mi := &file_kvmesh_v1_peer_proto_msgTypes[0]
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +304,7 @@ func (x *PeerServiceLookupRequest) String() string {
 func (*PeerServiceLookupRequest) ProtoMessage() {}
 
 func (x *PeerServiceLookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_peer_proto_msgTypes[0]
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +317,7 @@ func (x *PeerServiceLookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerServiceLookupRequest.ProtoReflect.Descriptor instead.
 func (*PeerServiceLookupRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_kvmesh_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PeerServiceLookupRequest) GetKeys() []byte {
@@ -85,7 +344,7 @@ type PeerServiceLookupResponse struct {
 
 func (x *PeerServiceLookupResponse) Reset() {
 	*x = PeerServiceLookupResponse{}
-	mi := &file_kvmesh_v1_peer_proto_msgTypes[1]
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -97,7 +356,7 @@ func (x *PeerServiceLookupResponse) String() string {
 func (*PeerServiceLookupResponse) ProtoMessage() {}
 
 func (x *PeerServiceLookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_peer_proto_msgTypes[1]
+	mi := &file_kvmesh_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -110,7 +369,7 @@ func (x *PeerServiceLookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerServiceLookupResponse.ProtoReflect.Descriptor instead.
 func (*PeerServiceLookupResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_kvmesh_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PeerServiceLookupResponse) GetCounts() []uint32 {
@@ -124,14 +383,30 @@ var File_kvmesh_v1_peer_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x14kvmesh/v1/peer.proto\x12\tkvmesh.v1\"B\n" +
+	"\x14kvmesh/v1/peer.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/object.proto\";\n" +
+	"\tPeerScope\x12\x16\n" +
+	"\x06scoped\x18\x01 \x01(\bR\x06scoped\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\x06R\x06tenant\"Z\n" +
+	"\x18PeerServiceRemoveRequest\x12\x12\n" +
+	"\x04keys\x18\x01 \x01(\fR\x04keys\x12*\n" +
+	"\x05scope\x18\x02 \x01(\v2\x14.kvmesh.v1.PeerScopeR\x05scope\"1\n" +
+	"\x19PeerServiceRemoveResponse\x12\x14\n" +
+	"\x05found\x18\x01 \x03(\bR\x05found\"\x8e\x01\n" +
+	"\x18PeerServiceRetainRequest\x12\x12\n" +
+	"\x04keys\x18\x01 \x01(\fR\x04keys\x122\n" +
+	"\tretention\x18\x02 \x01(\v2\x14.kvmesh.v1.RetentionR\tretention\x12*\n" +
+	"\x05scope\x18\x03 \x01(\v2\x14.kvmesh.v1.PeerScopeR\x05scope\"5\n" +
+	"\x19PeerServiceRetainResponse\x12\x18\n" +
+	"\aapplied\x18\x01 \x03(\bR\aapplied\"B\n" +
 	"\x18PeerServiceLookupRequest\x12\x12\n" +
 	"\x04keys\x18\x01 \x01(\fR\x04keys\x12\x12\n" +
 	"\x04runs\x18\x02 \x03(\rR\x04runs\"3\n" +
 	"\x19PeerServiceLookupResponse\x12\x16\n" +
-	"\x06counts\x18\x01 \x03(\rR\x06counts2b\n" +
+	"\x06counts\x18\x01 \x03(\rR\x06counts2\x8c\x02\n" +
 	"\vPeerService\x12S\n" +
-	"\x06Lookup\x12#.kvmesh.v1.PeerServiceLookupRequest\x1a$.kvmesh.v1.PeerServiceLookupResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
+	"\x06Lookup\x12#.kvmesh.v1.PeerServiceLookupRequest\x1a$.kvmesh.v1.PeerServiceLookupResponse\x12S\n" +
+	"\x06Remove\x12#.kvmesh.v1.PeerServiceRemoveRequest\x1a$.kvmesh.v1.PeerServiceRemoveResponse\x12S\n" +
+	"\x06Retain\x12#.kvmesh.v1.PeerServiceRetainRequest\x1a$.kvmesh.v1.PeerServiceRetainResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3"
 
 var (
 	file_kvmesh_v1_peer_proto_rawDescOnce sync.Once
@@ -145,19 +420,32 @@ func file_kvmesh_v1_peer_proto_rawDescGZIP() []byte {
 	return file_kvmesh_v1_peer_proto_rawDescData
 }
 
-var file_kvmesh_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_kvmesh_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_kvmesh_v1_peer_proto_goTypes = []any{
-	(*PeerServiceLookupRequest)(nil),  // 0: kvmesh.v1.PeerServiceLookupRequest
-	(*PeerServiceLookupResponse)(nil), // 1: kvmesh.v1.PeerServiceLookupResponse
+	(*PeerScope)(nil),                 // 0: kvmesh.v1.PeerScope
+	(*PeerServiceRemoveRequest)(nil),  // 1: kvmesh.v1.PeerServiceRemoveRequest
+	(*PeerServiceRemoveResponse)(nil), // 2: kvmesh.v1.PeerServiceRemoveResponse
+	(*PeerServiceRetainRequest)(nil),  // 3: kvmesh.v1.PeerServiceRetainRequest
+	(*PeerServiceRetainResponse)(nil), // 4: kvmesh.v1.PeerServiceRetainResponse
+	(*PeerServiceLookupRequest)(nil),  // 5: kvmesh.v1.PeerServiceLookupRequest
+	(*PeerServiceLookupResponse)(nil), // 6: kvmesh.v1.PeerServiceLookupResponse
+	(*Retention)(nil),                 // 7: kvmesh.v1.Retention
 }
 var file_kvmesh_v1_peer_proto_depIdxs = []int32{
-	0, // 0: kvmesh.v1.PeerService.Lookup:input_type -> kvmesh.v1.PeerServiceLookupRequest
-	1, // 1: kvmesh.v1.PeerService.Lookup:output_type -> kvmesh.v1.PeerServiceLookupResponse
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	0, // 0: kvmesh.v1.PeerServiceRemoveRequest.scope:type_name -> kvmesh.v1.PeerScope
+	7, // 1: kvmesh.v1.PeerServiceRetainRequest.retention:type_name -> kvmesh.v1.Retention
+	0, // 2: kvmesh.v1.PeerServiceRetainRequest.scope:type_name -> kvmesh.v1.PeerScope
+	5, // 3: kvmesh.v1.PeerService.Lookup:input_type -> kvmesh.v1.PeerServiceLookupRequest
+	1, // 4: kvmesh.v1.PeerService.Remove:input_type -> kvmesh.v1.PeerServiceRemoveRequest
+	3, // 5: kvmesh.v1.PeerService.Retain:input_type -> kvmesh.v1.PeerServiceRetainRequest
+	6, // 6: kvmesh.v1.PeerService.Lookup:output_type -> kvmesh.v1.PeerServiceLookupResponse
+	2, // 7: kvmesh.v1.PeerService.Remove:output_type -> kvmesh.v1.PeerServiceRemoveResponse
+	4, // 8: kvmesh.v1.PeerService.Retain:output_type -> kvmesh.v1.PeerServiceRetainResponse
+	6, // [6:9] is the sub-list for method output_type
+	3, // [3:6] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_peer_proto_init() }
@@ -165,13 +453,14 @@ func file_kvmesh_v1_peer_proto_init() {
 	if File_kvmesh_v1_peer_proto != nil {
 		return
 	}
+	file_kvmesh_v1_object_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_v1_peer_proto_rawDesc), len(file_kvmesh_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

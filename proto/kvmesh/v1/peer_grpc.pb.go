@@ -20,6 +20,8 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	PeerService_Lookup_FullMethodName = "/kvmesh.v1.PeerService/Lookup"
+	PeerService_Remove_FullMethodName = "/kvmesh.v1.PeerService/Remove"
+	PeerService_Retain_FullMethodName = "/kvmesh.v1.PeerService/Retain"
 )
 
 // PeerServiceClient is the client API for PeerService service.
@@ -34,6 +36,12 @@ type PeerServiceClient interface {
 	// leading keys of the run this node holds. A node looking up a prompt
 	// sends every owner all of that owner's runs in one call.
 	Lookup(ctx context.Context, in *PeerServiceLookupRequest, opts ...grpc.CallOption) (*PeerServiceLookupResponse, error)
+	// Remove drops keys from this node (ObjectService.Remove asks every
+	// member).
+	Remove(ctx context.Context, in *PeerServiceRemoveRequest, opts ...grpc.CallOption) (*PeerServiceRemoveResponse, error)
+	// Retain sets the retention of keys this node holds
+	// (ObjectService.Retain asks their owners).
+	Retain(ctx context.Context, in *PeerServiceRetainRequest, opts ...grpc.CallOption) (*PeerServiceRetainResponse, error)
 }
 
 type peerServiceClient struct {
@@ -54,6 +62,26 @@ func (c *peerServiceClient) Lookup(ctx context.Context, in *PeerServiceLookupReq
 	return out, nil
 }
 
+func (c *peerServiceClient) Remove(ctx context.Context, in *PeerServiceRemoveRequest, opts ...grpc.CallOption) (*PeerServiceRemoveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PeerServiceRemoveResponse)
+	err := c.cc.Invoke(ctx, PeerService_Remove_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerServiceClient) Retain(ctx context.Context, in *PeerServiceRetainRequest, opts ...grpc.CallOption) (*PeerServiceRetainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PeerServiceRetainResponse)
+	err := c.cc.Invoke(ctx, PeerService_Retain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
 // for forward compatibility.
@@ -66,6 +94,12 @@ type PeerServiceServer interface {
 	// leading keys of the run this node holds. A node looking up a prompt
 	// sends every owner all of that owner's runs in one call.
 	Lookup(context.Context, *PeerServiceLookupRequest) (*PeerServiceLookupResponse, error)
+	// Remove drops keys from this node (ObjectService.Remove asks every
+	// member).
+	Remove(context.Context, *PeerServiceRemoveRequest) (*PeerServiceRemoveResponse, error)
+	// Retain sets the retention of keys this node holds
+	// (ObjectService.Retain asks their owners).
+	Retain(context.Context, *PeerServiceRetainRequest) (*PeerServiceRetainResponse, error)
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -78,6 +112,12 @@ type UnimplementedPeerServiceServer struct{}
 
 func (UnimplementedPeerServiceServer) Lookup(context.Context, *PeerServiceLookupRequest) (*PeerServiceLookupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
+}
+func (UnimplementedPeerServiceServer) Remove(context.Context, *PeerServiceRemoveRequest) (*PeerServiceRemoveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Remove not implemented")
+}
+func (UnimplementedPeerServiceServer) Retain(context.Context, *PeerServiceRetainRequest) (*PeerServiceRetainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Retain not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -118,6 +158,42 @@ func _PeerService_Lookup_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PeerService_Remove_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeerServiceRemoveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Remove(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Remove_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Remove(ctx, req.(*PeerServiceRemoveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PeerService_Retain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeerServiceRetainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Retain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Retain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Retain(ctx, req.(*PeerServiceRetainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -128,6 +204,14 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Lookup",
 			Handler:    _PeerService_Lookup_Handler,
+		},
+		{
+			MethodName: "Remove",
+			Handler:    _PeerService_Remove_Handler,
+		},
+		{
+			MethodName: "Retain",
+			Handler:    _PeerService_Retain_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

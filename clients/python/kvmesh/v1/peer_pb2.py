@@ -13,16 +13,201 @@ from google.protobuf import descriptor_pb2
 _sym_db = _symbol_database.Default()
 
 
+from kvmesh.v1 import object_pb2 as kvmesh_dot_v1_dot_object__pb2
 
 
 DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/peer.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x14kvmesh/v1/peer.proto\x12\tkvmesh.v1\"6\n\x18PeerServiceLookupRequest\x12\x0c\n\x04keys\x18\x01 \x01(\x0c\x12\x0c\n\x04runs\x18\x02 \x03(\r\"+\n\x19PeerServiceLookupResponse\x12\x0e\n\x06\x63ounts\x18\x01 \x03(\r2b\n\x0bPeerService\x12S\n\x06Lookup\x12#.kvmesh.v1.PeerServiceLookupRequest\x1a$.kvmesh.v1.PeerServiceLookupResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x14kvmesh/v1/peer.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/object.proto\"+\n\tPeerScope\x12\x0e\n\x06scoped\x18\x01 \x01(\x08\x12\x0e\n\x06tenant\x18\x02 \x01(\x06\"M\n\x18PeerServiceRemoveRequest\x12\x0c\n\x04keys\x18\x01 \x01(\x0c\x12#\n\x05scope\x18\x02 \x01(\x0b\x32\x14.kvmesh.v1.PeerScope\"*\n\x19PeerServiceRemoveResponse\x12\r\n\x05\x66ound\x18\x01 \x03(\x08\"v\n\x18PeerServiceRetainRequest\x12\x0c\n\x04keys\x18\x01 \x01(\x0c\x12\'\n\tretention\x18\x02 \x01(\x0b\x32\x14.kvmesh.v1.Retention\x12#\n\x05scope\x18\x03 \x01(\x0b\x32\x14.kvmesh.v1.PeerScope\",\n\x19PeerServiceRetainResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x03(\x08\"6\n\x18PeerServiceLookupRequest\x12\x0c\n\x04keys\x18\x01 \x01(\x0c\x12\x0c\n\x04runs\x18\x02 \x03(\r\"+\n\x19PeerServiceLookupResponse\x12\x0e\n\x06\x63ounts\x18\x01 \x03(\r2\x8c\x02\n\x0bPeerService\x12S\n\x06Lookup\x12#.kvmesh.v1.PeerServiceLookupRequest\x1a$.kvmesh.v1.PeerServiceLookupResponse\x12S\n\x06Remove\x12#.kvmesh.v1.PeerServiceRemoveRequest\x1a$.kvmesh.v1.PeerServiceRemoveResponse\x12S\n\x06Retain\x12#.kvmesh.v1.PeerServiceRetainRequest\x1a$.kvmesh.v1.PeerServiceRetainResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  ,
+  dependencies=[kvmesh_dot_v1_dot_object__pb2.DESCRIPTOR,])
+
+
+
+
+_PEERSCOPE = _descriptor.Descriptor(
+  name='PeerScope',
+  full_name='kvmesh.v1.PeerScope',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='scoped', full_name='kvmesh.v1.PeerScope.scoped', index=0,
+      number=1, type=8, cpp_type=7, label=1,
+      has_default_value=False, default_value=False,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='tenant', full_name='kvmesh.v1.PeerScope.tenant', index=1,
+      number=2, type=6, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=59,
+  serialized_end=102,
 )
 
 
+_PEERSERVICEREMOVEREQUEST = _descriptor.Descriptor(
+  name='PeerServiceRemoveRequest',
+  full_name='kvmesh.v1.PeerServiceRemoveRequest',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='keys', full_name='kvmesh.v1.PeerServiceRemoveRequest.keys', index=0,
+      number=1, type=12, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b(""),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='scope', full_name='kvmesh.v1.PeerServiceRemoveRequest.scope', index=1,
+      number=2, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=104,
+  serialized_end=181,
+)
+
+
+_PEERSERVICEREMOVERESPONSE = _descriptor.Descriptor(
+  name='PeerServiceRemoveResponse',
+  full_name='kvmesh.v1.PeerServiceRemoveResponse',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='found', full_name='kvmesh.v1.PeerServiceRemoveResponse.found', index=0,
+      number=1, type=8, cpp_type=7, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=183,
+  serialized_end=225,
+)
+
+
+_PEERSERVICERETAINREQUEST = _descriptor.Descriptor(
+  name='PeerServiceRetainRequest',
+  full_name='kvmesh.v1.PeerServiceRetainRequest',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='keys', full_name='kvmesh.v1.PeerServiceRetainRequest.keys', index=0,
+      number=1, type=12, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b(""),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='retention', full_name='kvmesh.v1.PeerServiceRetainRequest.retention', index=1,
+      number=2, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='scope', full_name='kvmesh.v1.PeerServiceRetainRequest.scope', index=2,
+      number=3, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=227,
+  serialized_end=345,
+)
+
+
+_PEERSERVICERETAINRESPONSE = _descriptor.Descriptor(
+  name='PeerServiceRetainResponse',
+  full_name='kvmesh.v1.PeerServiceRetainResponse',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='applied', full_name='kvmesh.v1.PeerServiceRetainResponse.applied', index=0,
+      number=1, type=8, cpp_type=7, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=347,
+  serialized_end=391,
+)
 
 
 _PEERSERVICELOOKUPREQUEST = _descriptor.Descriptor(
@@ -58,8 +243,8 @@ _PEERSERVICELOOKUPREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=35,
-  serialized_end=89,
+  serialized_start=393,
+  serialized_end=447,
 )
 
 
@@ -89,13 +274,56 @@ _PEERSERVICELOOKUPRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=91,
-  serialized_end=134,
+  serialized_start=449,
+  serialized_end=492,
 )
 
+_PEERSERVICEREMOVEREQUEST.fields_by_name['scope'].message_type = _PEERSCOPE
+_PEERSERVICERETAINREQUEST.fields_by_name['retention'].message_type = kvmesh_dot_v1_dot_object__pb2._RETENTION
+_PEERSERVICERETAINREQUEST.fields_by_name['scope'].message_type = _PEERSCOPE
+DESCRIPTOR.message_types_by_name['PeerScope'] = _PEERSCOPE
+DESCRIPTOR.message_types_by_name['PeerServiceRemoveRequest'] = _PEERSERVICEREMOVEREQUEST
+DESCRIPTOR.message_types_by_name['PeerServiceRemoveResponse'] = _PEERSERVICEREMOVERESPONSE
+DESCRIPTOR.message_types_by_name['PeerServiceRetainRequest'] = _PEERSERVICERETAINREQUEST
+DESCRIPTOR.message_types_by_name['PeerServiceRetainResponse'] = _PEERSERVICERETAINRESPONSE
 DESCRIPTOR.message_types_by_name['PeerServiceLookupRequest'] = _PEERSERVICELOOKUPREQUEST
 DESCRIPTOR.message_types_by_name['PeerServiceLookupResponse'] = _PEERSERVICELOOKUPRESPONSE
 _sym_db.RegisterFileDescriptor(DESCRIPTOR)
+
+PeerScope = _reflection.GeneratedProtocolMessageType('PeerScope', (_message.Message,), dict(
+  DESCRIPTOR = _PEERSCOPE,
+  __module__ = 'kvmesh.v1.peer_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PeerScope)
+  ))
+_sym_db.RegisterMessage(PeerScope)
+
+PeerServiceRemoveRequest = _reflection.GeneratedProtocolMessageType('PeerServiceRemoveRequest', (_message.Message,), dict(
+  DESCRIPTOR = _PEERSERVICEREMOVEREQUEST,
+  __module__ = 'kvmesh.v1.peer_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PeerServiceRemoveRequest)
+  ))
+_sym_db.RegisterMessage(PeerServiceRemoveRequest)
+
+PeerServiceRemoveResponse = _reflection.GeneratedProtocolMessageType('PeerServiceRemoveResponse', (_message.Message,), dict(
+  DESCRIPTOR = _PEERSERVICEREMOVERESPONSE,
+  __module__ = 'kvmesh.v1.peer_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PeerServiceRemoveResponse)
+  ))
+_sym_db.RegisterMessage(PeerServiceRemoveResponse)
+
+PeerServiceRetainRequest = _reflection.GeneratedProtocolMessageType('PeerServiceRetainRequest', (_message.Message,), dict(
+  DESCRIPTOR = _PEERSERVICERETAINREQUEST,
+  __module__ = 'kvmesh.v1.peer_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PeerServiceRetainRequest)
+  ))
+_sym_db.RegisterMessage(PeerServiceRetainRequest)
+
+PeerServiceRetainResponse = _reflection.GeneratedProtocolMessageType('PeerServiceRetainResponse', (_message.Message,), dict(
+  DESCRIPTOR = _PEERSERVICERETAINRESPONSE,
+  __module__ = 'kvmesh.v1.peer_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.PeerServiceRetainResponse)
+  ))
+_sym_db.RegisterMessage(PeerServiceRetainResponse)
 
 PeerServiceLookupRequest = _reflection.GeneratedProtocolMessageType('PeerServiceLookupRequest', (_message.Message,), dict(
   DESCRIPTOR = _PEERSERVICELOOKUPREQUEST,
@@ -121,8 +349,8 @@ _PEERSERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=136,
-  serialized_end=234,
+  serialized_start=495,
+  serialized_end=763,
   methods=[
   _descriptor.MethodDescriptor(
     name='Lookup',
@@ -131,6 +359,24 @@ _PEERSERVICE = _descriptor.ServiceDescriptor(
     containing_service=None,
     input_type=_PEERSERVICELOOKUPREQUEST,
     output_type=_PEERSERVICELOOKUPRESPONSE,
+    options=None,
+  ),
+  _descriptor.MethodDescriptor(
+    name='Remove',
+    full_name='kvmesh.v1.PeerService.Remove',
+    index=1,
+    containing_service=None,
+    input_type=_PEERSERVICEREMOVEREQUEST,
+    output_type=_PEERSERVICEREMOVERESPONSE,
+    options=None,
+  ),
+  _descriptor.MethodDescriptor(
+    name='Retain',
+    full_name='kvmesh.v1.PeerService.Retain',
+    index=2,
+    containing_service=None,
+    input_type=_PEERSERVICERETAINREQUEST,
+    output_type=_PEERSERVICERETAINRESPONSE,
     options=None,
   ),
 ])

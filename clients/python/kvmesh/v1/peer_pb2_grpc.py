@@ -21,6 +21,16 @@ class PeerServiceStub(object):
         request_serializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceLookupRequest.SerializeToString,
         response_deserializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceLookupResponse.FromString,
         )
+    self.Remove = channel.unary_unary(
+        '/kvmesh.v1.PeerService/Remove',
+        request_serializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceRemoveRequest.SerializeToString,
+        response_deserializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceRemoveResponse.FromString,
+        )
+    self.Retain = channel.unary_unary(
+        '/kvmesh.v1.PeerService/Retain',
+        request_serializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceRetainRequest.SerializeToString,
+        response_deserializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceRetainResponse.FromString,
+        )
 
 
 class PeerServiceServicer(object):
@@ -38,6 +48,22 @@ class PeerServiceServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def Remove(self, request, context):
+    """Remove drops keys from this node (ObjectService.Remove asks every
+    member).
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
+  def Retain(self, request, context):
+    """Retain sets the retention of keys this node holds
+    (ObjectService.Retain asks their owners).
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServiceServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -45,6 +71,16 @@ def add_PeerServiceServicer_to_server(servicer, server):
           servicer.Lookup,
           request_deserializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceLookupRequest.FromString,
           response_serializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceLookupResponse.SerializeToString,
+      ),
+      'Remove': grpc.unary_unary_rpc_method_handler(
+          servicer.Remove,
+          request_deserializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceRemoveRequest.FromString,
+          response_serializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceRemoveResponse.SerializeToString,
+      ),
+      'Retain': grpc.unary_unary_rpc_method_handler(
+          servicer.Retain,
+          request_deserializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceRetainRequest.FromString,
+          response_serializer=kvmesh_dot_v1_dot_peer__pb2.PeerServiceRetainResponse.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(
