@@ -7,7 +7,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[3]
 PKG = REPO / "clients" / "python"
 PROTOS = ["kvmesh/v1/types.proto", "kvmesh/v1/errors.proto", "kvmesh/v1/cache.proto", "kvmesh/v1/admin.proto", "kvmesh/v1/prefill.proto",
-          "kvmesh/v1/peer.proto"]
+          "kvmesh/v1/peer.proto", "kvmesh/v1/object.proto"]
 
 
 def test_stubs_match_proto():
