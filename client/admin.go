@@ -3,7 +3,9 @@ package client
 import (
 	"context"
 	"fmt"
+	"time"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
@@ -173,6 +175,11 @@ type BlockInfo struct {
 	// The payload layout.
 	DType                    prefixhash.DType
 	Layers, KVHeads, HeadDim int
+	// Object is set for an object's piece (its name, piece, pieces and
+	// size; no tokens, no layout), nil for a block.
+	Object *block.Object
+	// Retention is its pin and the TTL left on the node.
+	Retention block.Retention
 }
 
 // BlockInfo describes one cached block; the error matches ErrNotFound when
@@ -191,6 +198,12 @@ func (c *Client) BlockInfo(ctx context.Context, key prefixhash.Key) (BlockInfo, 
 		Layers: int(resp.GetLayers()), KVHeads: int(resp.GetKvHeads()), HeadDim: int(resp.GetHeadDim())}
 	copy(b.Key[:], resp.GetKey())
 	copy(b.Parent[:], resp.GetParent())
+	if resp.GetObject() {
+		b.Object = &block.Object{Name: resp.GetObjectName(), Piece: int(resp.GetObjectPiece()), Pieces: int(resp.GetObjectPieces()), Size: resp.GetObjectSize()}
+	}
+	if r := resp.GetRetention(); r != nil {
+		b.Retention = block.Retention{Pin: block.Pin(r.GetPin()), TTL: time.Duration(r.GetTtlMs()) * time.Millisecond}
+	}
 	return b, nil
 }
 

@@ -50,6 +50,8 @@ func inspectCmd() *cobra.Command {
   kvmesh inspect block KEY                 one block (KEY: 32 hex digits, as lookup prints)
   kvmesh inspect quotas                    per namespace: usage and quota on the node
   kvmesh inspect partials                  incomplete blocks: which parts of each are present
+  kvmesh inspect object NAME...            objects by name: size, pieces, tier, pin and TTL
+  kvmesh inspect retain --object N --pin hard   pin objects or a prompt's prefix, lease them, or clear it
   kvmesh inspect queue --http-addr H:P     the token's tenant's queued batches (HTTP API)
 
 A node that serves TLS needs --tls-ca (or --tls, for a certificate the system
@@ -61,7 +63,8 @@ bearer token needs --auth-token-file.`,
 	pf.StringVarP(&f.output, "output", "o", "table", "table or json")
 	pf.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the node")
 	f.sec.register(pf)
-	c.AddCommand(statsCmd(f), membersCmd(f), lookupCmd(f), blockCmd(f), quotasCmd(f), queueCmd(f), partialsCmd(f))
+	c.AddCommand(statsCmd(f), membersCmd(f), lookupCmd(f), blockCmd(f), quotasCmd(f), queueCmd(f), partialsCmd(f),
+		objectCmd(f), retainCmd(f))
 	return c
 }
 

@@ -48,6 +48,8 @@ type serveFlags struct {
 	logLevel, logFormat                        string
 	eviction                                   string
 	partialTTL, claimTTL                       time.Duration
+	maxRetentionTTL                            time.Duration
+	maxPinned                                  float64
 	prefill                                    prefillServeFlags
 	tlsCert, tlsKey, tlsCA, tlsServerName      string
 	tlsClientAuth                              bool
@@ -65,7 +67,8 @@ type serveFlags struct {
 // errors into advice about the flag.
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "GRPCAddr": "grpc-addr", "HTTPAddr": "http-addr",
-	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "DRAMPopulate": "dram-populate", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "PartialTTL": "partial-ttl", "ClaimTTL": "claim-ttl", "GPU": "gpu",
+	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "DRAMPopulate": "dram-populate", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "PartialTTL": "partial-ttl", "ClaimTTL": "claim-ttl",
+	"MaxRetentionTTL": "max-retention-ttl", "MaxPinnedFraction": "max-pinned", "GPU": "gpu",
 	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
 	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
@@ -183,6 +186,8 @@ flag names, for example:
 	fs.StringVar(&f.eviction, "eviction", string(store.DefaultEviction), "eviction policy: lru (the reference), or dedup (a node's copies of blocks other nodes own go first)")
 	fs.DurationVar(&f.partialTTL, "partial-ttl", store.DefaultPartialTTL, "how long the parts of a block put by tensor- or pipeline-parallel ranks are kept while the block is incomplete (1ms..1h)")
 	fs.DurationVar(&f.claimTTL, "claim-ttl", store.DefaultClaimTTL, "how long a rank's claim to write a part holds back the other ranks writing the same part (1ms..10m)")
+	fs.DurationVar(&f.maxRetentionTTL, "max-retention-ttl", store.DefaultMaxRetentionTTL, "the longest TTL of an object's or a prefix's lease or pin (1ms..49d)")
+	fs.Float64Var(&f.maxPinned, "max-pinned", store.DefaultPinnedFraction, "the most of the node's DRAM and NVMe together that hard pins and leases may hold, as a fraction (0..1]")
 	fs.Var(newSize(&f.maxMessageBytes, int64(d.MaxMessageBytes)), "max-message-bytes", "largest gRPC message sent or received")
 	fs.Var(newSize(&f.chunkBytes, int64(d.ChunkBytes)), "chunk-bytes", "most payload bytes in one streamed message")
 	fs.IntVar(&f.maxConcurrentStreams, "max-concurrent-streams", d.MaxConcurrentStreams, "most gRPC calls open at once on one client connection (more wait on the client)")
@@ -289,6 +294,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		PushYield: f.pushYield, PushBytesPerSec: f.pushRate,
 		DRAMBytes: f.dram, DRAMPopulate: f.dramPopulate, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
 		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, Eviction: f.eviction, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL, MaxBatchBlocks: f.maxBatchBlocks,
+		MaxRetentionTTL: f.maxRetentionTTL, MaxPinnedFraction: f.maxPinned,
 		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
 		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout,
 		Version: version(), Logger: logger,
