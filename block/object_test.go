@@ -3,7 +3,11 @@ package block_test
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"flag"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -124,5 +128,61 @@ func checkObjectReencodes(t *testing.T, blk block.Block, data []byte) {
 	re[57] = data[57]
 	if !bytes.Equal(re[:120], data[:120]) || !bytes.Equal(re[128:], data[128:]) {
 		t.Fatal("accepted object re-encodes differently")
+	}
+}
+
+var updateObjects = flag.Bool("update-objects", false, "rewrite testdata/golden_objects.json (only when the object record changes on purpose)")
+
+// TestGoldenObjects pins object records for other implementations
+// (clients/python reproduces them): testdata/golden_objects.json.
+func TestGoldenObjects(t *testing.T) {
+	type rec struct {
+		Name       string `json:"name"`
+		Piece      int    `json:"piece"`
+		Pieces     int    `json:"pieces"`
+		Size       uint64 `json:"size"`
+		Generation uint64 `json:"generation"`
+		Pin        int    `json:"pin"`
+		TTLMillis  int64  `json:"ttl_ms"`
+		Tenant     uint64 `json:"tenant"`
+		Payload    string `json:"payload"` // hex
+		Record     string `json:"record"`  // hex: header and payload
+	}
+	ns := prefixhash.Namespace{Model: "mooncake", DType: prefixhash.Int8, BlockTokens: 1, Layers: 1, KVHeads: 1, HeadDim: 1}
+	var recs []rec
+	for i, in := range []rec{
+		{Name: "hello_key", Pieces: 1, Size: 5, Generation: 1, Payload: "68656c6c6f"},
+		{Name: "model@tp_rank:3@ключ", Piece: 2, Pieces: 3, Size: 300, Generation: 0xfeedface, Pin: 2, TTLMillis: 90000, Tenant: 42, Payload: "000102"},
+	} {
+		p, _ := hex.DecodeString(in.Payload)
+		b, _, err := block.EncodeObject(nil, in.Tenant, ns, block.Object{Name: in.Name, Piece: in.Piece, Pieces: in.Pieces, Size: in.Size,
+			Generation: in.Generation, Retention: block.Retention{Pin: block.Pin(in.Pin), TTL: time.Duration(in.TTLMillis) * time.Millisecond}}, p)
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		in.Record = hex.EncodeToString(b)
+		recs = append(recs, in)
+	}
+	out, err := json.MarshalIndent(map[string]any{
+		"comment":   "object records of namespace mooncake/int8/b1/l1/kv1x1; go test ./block -run TestGoldenObjects -update-objects rewrites it",
+		"namespace": map[string]any{"model": "mooncake", "dtype": "int8", "block_tokens": 1, "layers": 1, "kv_heads": 1, "head_dim": 1},
+		"records":   recs,
+	}, "", " ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append(out, '\n')
+	const path = "testdata/golden_objects.json"
+	if *updateObjects {
+		if err := os.WriteFile(path, out, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(want, out) {
+		t.Fatalf("%s differs from the records this build encodes; the object record changed", path)
 	}
 }

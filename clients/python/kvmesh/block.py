@@ -412,3 +412,129 @@ def encode_record(ns, parent, tokens, payload, tenant_tag=0, key_version=KEY_VER
         raise ValueError(f"payload of {len(pl)} bytes, part {p} holds {part_len(ns, ns.block_tokens, p)}")
     h, link = encode_header(ns, parent, tokens, _xxhash.xxh64(pl), tenant_tag, key_version, extra, p)
     return h + pl, link
+
+
+# ---- objects (block/object.go) ----
+#
+# An object record is the block format with the KV layout byte (7) 0xFF and no tokens; the object's
+# fields lie where a block keeps its layout and part::
+#
+#      7  1  0xFF                      60  4  piece j            80  8  payload length (this piece's)
+#      8  4  header length: 128 + name 64  4  piece count m      88  8  xxhash64 of the payload
+#            length, rounded up to 64  68  4  lease TTL in ms    96  8  tenant tag
+#     24 16  key (piece j's)           72  4  name length       104  8  the object's whole size
+#     40 16  the namespace's root key  76  4  zero              112  8  generation (the writer's nonce)
+#     57  1  the namespace's key scheme                         120  8  xxhash64 of [0,120) and the name
+#     58  1  pin (0 none, 1 soft, 2 hard)                       128  n  the name (UTF-8), zeros to 64
+#
+# object key o = sha256(root || b"object" || name)[:16]; piece j >= 1: sha256(o || b"piece" || u32le j)[:16].
+
+OBJECT_KIND = 0xFF
+MAX_OBJECT_NAME = 1024
+MAX_PIECES = 1 << 20
+PINS = ("none", "soft", "hard")
+_OBJ = struct.Struct("<4sHBBII Q16s16s BBBB IIII4x QQQ QQ")
+assert _OBJ.size == HEADER_SUM_OFF
+
+
+def check_object_name(name):
+    """The name as UTF-8 bytes; ValueError when it cannot name an object (empty, over
+    MAX_OBJECT_NAME bytes, not valid UTF-8)."""
+    if isinstance(name, (bytes, bytearray, memoryview)):
+        try:
+            b = bytes(name)
+            b.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError("object name is not valid UTF-8") from None
+    elif isinstance(name, str):
+        try:
+            b = name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("object name is not valid UTF-8 (lone surrogates)") from None
+    else:
+        raise TypeError(f"object name: want str, got {type(name).__name__}")
+    if not b:
+        raise ValueError("object name is empty")
+    if len(b) > MAX_OBJECT_NAME:
+        raise ValueError(f"object name of {len(b)} bytes, the limit is {MAX_OBJECT_NAME}")
+    return b
+
+
+def object_key(root, name):
+    """The key of the object name (str or UTF-8 bytes) in the namespace whose root is root."""
+    import hashlib
+    b = name.encode("utf-8") if isinstance(name, str) else bytes(name)
+    return hashlib.sha256(bytes(root[:KEY_SIZE]) + b"object" + b).digest()[:KEY_SIZE]
+
+
+def piece_key(obj_key, j):
+    """The key of piece j of the object whose key is obj_key (itself for piece 0)."""
+    import hashlib
+    if j == 0:
+        return obj_key
+    return hashlib.sha256(obj_key + b"piece" + struct.pack("<I", j)).digest()[:KEY_SIZE]
+
+
+def object_header_len(name_len):
+    return (FIXED_HEADER_LEN + name_len + HEADER_ALIGN - 1) // HEADER_ALIGN * HEADER_ALIGN
+
+
+def encode_object_header(ns, name, piece, pieces, size, generation, payload_len, payload_checksum, tenant_tag=0,
+                         pin=0, ttl_ms=0, key_version=KEY_VERSION):
+    """The header of piece `piece` of `pieces` of the object name (UTF-8 bytes, checked) of ns,
+    whose whole value is size bytes. Returns (header bytes, key)."""
+    if not (1 <= pieces <= MAX_PIECES and 0 <= piece < pieces) or payload_len > size:
+        raise ValueError(f"object piece {piece} of {pieces}, {payload_len} of {size} bytes")
+    if pin not in (0, 1, 2) or not 0 <= ttl_ms < 1 << 32:
+        raise ValueError(f"pin {pin}, TTL {ttl_ms} ms")
+    root = ns.root(key_version)
+    key = piece_key(object_key(root, name), piece)
+    hl = object_header_len(len(name))
+    fixed = _OBJ.pack(MAGIC, BLOCK_VERSION, key_version, OBJECT_KIND, hl, 0, ns.digest(key_version), key, root,
+                      0, KEY_SCHEMES.index(ns.key_scheme), pin, 0, piece, pieces, ttl_ms, len(name),
+                      payload_len, payload_checksum, tenant_tag, size, generation)
+    h = bytearray(hl)
+    h[:HEADER_SUM_OFF] = fixed
+    struct.pack_into("<Q", h, HEADER_SUM_OFF, _xxhash.xxh64(fixed + name))
+    h[FIXED_HEADER_LEN:FIXED_HEADER_LEN + len(name)] = name
+    return bytes(h), key
+
+
+class ObjectHeader:
+    __slots__ = ("key", "root", "digest", "name", "piece", "pieces", "size", "generation", "pin", "ttl_ms",
+                 "payload_len", "checksum", "tenant", "header_len")
+
+
+def decode_object_header(b, key_version=KEY_VERSION):
+    """Parses and verifies the object record header at the start of b (bytes-like): magic,
+    versions, lengths, header checksum, padding, and key = the piece's key under its name.
+    Raises CorruptBlock."""
+    mv = memoryview(b)
+    if len(mv) < FIXED_HEADER_LEN:
+        raise CorruptBlock(f"{len(mv)} bytes, shorter than a header")
+    (magic, version, kv, kind, hl, n, digest, key, root, z56, _scheme, pin, z59, piece, pieces, ttl, nlen,
+     plen, csum, tenant, size, gen) = _OBJ.unpack_from(mv)
+    if magic != MAGIC or version != BLOCK_VERSION or kv != key_version:
+        raise CorruptBlock(f"magic {magic!r}, format {version}, key format {kv}")
+    if kind != OBJECT_KIND or n or z56 or z59 or any(mv[76:80]):
+        raise CorruptBlock("not an object record")
+    if not 1 <= nlen <= MAX_OBJECT_NAME or hl != object_header_len(nlen) or len(mv) < hl:
+        raise CorruptBlock(f"object header length {hl} for a name of {nlen} bytes")
+    name = bytes(mv[FIXED_HEADER_LEN:FIXED_HEADER_LEN + nlen])
+    (hsum,) = struct.unpack_from("<Q", mv, HEADER_SUM_OFF)
+    if _xxhash.xxh64(bytes(mv[:HEADER_SUM_OFF]) + name) != hsum:
+        raise CorruptBlock("header checksum mismatch")
+    if any(mv[FIXED_HEADER_LEN + nlen:hl]):
+        raise CorruptBlock("header padding is not zero")
+    if pin > 2 or not (1 <= pieces <= MAX_PIECES and piece < pieces) or plen > size:
+        raise CorruptBlock(f"pin {pin}, piece {piece} of {pieces}, {plen} of {size} bytes")
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptBlock("object name is not valid UTF-8") from None
+    if piece_key(object_key(root, name), piece) != key:
+        raise CorruptBlock("key is not the key of the piece under its name")
+    h = ObjectHeader()
+    h.key, h.root, h.digest, h.name, h.piece, h.pieces, h.size, h.generation = key, root, digest, name, piece, pieces, size, gen
+    h.pin, h.ttl_ms, h.payload_len, h.checksum, h.tenant, h.header_len = pin, ttl, plen, csum, tenant, hl
+    return h
