@@ -4,7 +4,7 @@ import threading
 
 import grpc
 
-from . import _core, _shm, _tcp, _tensors, block
+from . import _core, _objects, _shm, _tcp, _tensors, block
 from .errors import KVMeshError, PermissionDenied, from_rpc
 from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2_grpc
 
@@ -119,8 +119,9 @@ class Client:
         self._meta = None
         self._lock = threading.Lock()
         self._shm = None
-        #: Blocks moved, by path: shm_get, tcp_get, grpc_get, shm_put, tcp_put, grpc_put.
+        #: Blocks (and object records) moved, by path: shm_get, tcp_get, grpc_get, shm_put, tcp_put, grpc_put.
         self.counters = dict.fromkeys(("shm_get", "tcp_get", "grpc_get", "shm_put", "tcp_put", "grpc_put"), 0)
+        self._objects = _objects.ObjectIO(self)
 
     def __enter__(self):
         return self
@@ -317,3 +318,52 @@ class Client:
                             f.result()
             self.counters["grpc_get"] += len(which) - len(plan.missing())
         return plan.results()
+
+    # ---- objects (issue 33; _objects.py) ----
+
+    def put_objects(self, ns, objects, *, pin="none", ttl=0.0, upsert=False, piece_bytes=_objects.DEFAULT_PIECE_BYTES):
+        """Stores objects, {name: value} or [(name, value)], under their names in ns (values:
+        bytes-like or numpy arrays, read where they lie). Returns one exception per object, or
+        None for each stored (or held already: a second put keeps the first value unless
+        upsert). pin ("none", "soft", "hard") and ttl (seconds: a lease without a pin, the pin's
+        lifetime with one) are applied as each piece is stored, within the node's limits."""
+        _core.check_ns(ns)
+        items = list(objects.items() if isinstance(objects, dict) else objects)
+        pins = block.PINS.index(pin)
+        first, rest, errors = self._objects.plan(ns, [(n, [_objects.as_u8(v)]) for n, v in items], piece_bytes,
+                                                 pins, int(ttl * 1000))
+        if upsert:
+            self._objects.remove(ns, [n for (n, _v), e in zip(items, errors) if e is None])
+        self._objects.put(rest, errors)
+        self._objects.put([r for r in first if errors[r.obj] is None], errors)
+        return errors
+
+    def get_objects(self, ns, names):
+        """The values of objects by name (bytes), None for each not found."""
+        _core.check_ns(ns)
+        out = [None] * len(names)
+
+        def sink(i, _h, parts):
+            out[i] = b"".join(p.tobytes() for p in parts)
+        self._objects.read(ns, list(names), sink)
+        return out
+
+    def remove_objects(self, ns, names):
+        """Removes objects (every piece) from every node of the cluster, whatever their
+        retention; per name whether a node held it."""
+        _core.check_ns(ns)
+        return self._objects.remove(ns, list(names))
+
+    def retain(self, ns, *, objects=(), tokens=None, pin="none", ttl=0.0):
+        """Sets the retention of objects by name and of the blocks of a prompt's prefix (tokens),
+        on the nodes that own them, replacing what they had (pin "none" and ttl 0 clear it).
+        Returns per item (the objects, then the prompt's full blocks) whether it was applied.
+        Pin a prefix from its first block: a block's descendants go with it."""
+        _core.check_ns(ns)
+        m = self.meta(ns)
+        chain, chunks = [], None
+        if tokens is not None:
+            kns = ns.salted(m.salt)
+            chain = _core.key_bytes(kns, _core._token_bytes(tokens), m.key_version)
+            chunks = _core.chunk_keys(chain, ns, m.chunk_tokens)
+        return self._objects.retain(ns, list(objects), chain, chunks, block.PINS.index(pin), int(ttl * 1000))
