@@ -59,11 +59,43 @@ def py_get(addr, path, ns, tokens, dur):
     return iters * len(tokens) // 16 * ns.block_bytes / el / 1e9
 
 
-def go_get(benchgo, addr, transport, layers, blocks, first, dur):
+def go_get(benchgo, addr, transport, layers, blocks, first, dur, mode="keys"):
     r = subprocess.run([str(benchgo), "-addr", addr, "-transport", transport, "-layers", str(layers), "-blocks",
-                        str(blocks), "-first-token", str(first), "-duration", f"{dur}s"],
+                        str(blocks), "-first-token", str(first), "-duration", f"{dur}s", "-mode", mode],
                        check=True, capture_output=True, text=True)
     return json.loads(r.stdout)["gb_per_s"]
+
+
+MC_OBJECTS, MC_BYTES = 64, 1 << 20
+
+
+def mooncake_setup(addr):
+    """Puts MC_OBJECTS objects of MC_BYTES through kvmesh.mooncake (put_from of registered
+    memory); returns the store, the keys and a registered destination buffer."""
+    from kvmesh.mooncake import MooncakeDistributedStore
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost", "P2PHANDSHAKE", 0, 0, "tcp", "", addr) == 0
+    src = torch.randint(0, 255, (MC_OBJECTS * MC_BYTES,), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    for t in (src, dst):
+        assert s.register_buffer(t.data_ptr(), t.numel()) == 0
+    keys = [f"bench-mooncake-{i}" for i in range(MC_OBJECTS)]
+    ptrs = [src.data_ptr() + i * MC_BYTES for i in range(MC_OBJECTS)]
+    assert s.batch_put_from(keys, ptrs, [MC_BYTES] * MC_OBJECTS) == [0] * MC_OBJECTS
+    return s, keys, src, dst
+
+
+def mooncake_get(mc, dur):
+    """GB/s of batch_get_into of every object into the registered buffer, in a loop."""
+    s, keys, src, dst = mc
+    ptrs = [dst.data_ptr() + i * MC_BYTES for i in range(MC_OBJECTS)]
+    sizes = [MC_BYTES] * MC_OBJECTS
+    assert s.batch_get_into(keys, ptrs, sizes) == sizes and torch.equal(src, dst)
+    t0, iters = time.perf_counter(), 0
+    while time.perf_counter() - t0 < dur:
+        s.batch_get_into(keys, ptrs, sizes)
+        iters += 1
+    return iters * MC_OBJECTS * MC_BYTES / (time.perf_counter() - t0) / 1e9
 
 
 def main():
@@ -104,15 +136,34 @@ def main():
             row["ratio_grpc"] = row["python_grpc"] / row["go_grpc"]
             row["ratio_tcp"] = row["python_tcp"] / row["go_tcp"]
             rows.append(row)
+        # kvmesh.mooncake: batch_get_into of 64 objects of 1 MiB into registered memory, against
+        # the Go client's GetInto of the same bytes (64 blocks of 1 MiB), alternating.
+        mc = mooncake_setup(node.addr)
+        layers = SIZES[MC_BYTES]
+        mc_first = 7_000_001
+        mc_ns = kvmesh.Namespace("py/bench", "float16", 16, layers=layers, kv_heads=8, head_dim=128)
+        mc_tokens = list(range(mc_first, mc_first + 16 * MC_OBJECTS))
+        with kvmesh.Client(node.addr) as c:
+            assert c.put(mc_ns, mc_tokens, torch.randn(mc_ns.block_shape(len(mc_tokens))).half()) == MC_OBJECTS
+        mc_samples = {"python_mooncake": [], "go_getinto": []}
+        for _ in range(args.rounds):
+            d = args.duration / args.rounds
+            mc_samples["python_mooncake"].append(mooncake_get(mc, d))
+            mc_samples["go_getinto"].append(go_get(go_bin, node.addr, "auto", layers, MC_OBJECTS, mc_first, d, "getinto"))
+        mc_row = {k: statistics.median(v) for k, v in mc_samples.items()}
+        mc_row["spread"] = {k: [min(v), max(v)] for k, v in mc_samples.items()}
+        mc_row["ratio"] = mc_row["python_mooncake"] / mc_row["go_getinto"]
+        mc[0].close()
     finally:
         node.stop()
     ns = kvmesh.Namespace("py/bench", "bfloat16", 16, layers=32, kv_heads=8, head_dim=128)
     toks = list(range(128 * 1024))
     keys_ms = min((lambda t0: (kvmesh.keys(ns, toks), time.perf_counter() - t0)[1])(time.perf_counter())
                   for _ in range(10)) * 1e3
-    rep = {"get": rows, "keys_128k_ms": keys_ms, "key_format": kvmesh.KEY_VERSION,
+    rep = {"get": rows, "mooncake": mc_row, "keys_128k_ms": keys_ms, "key_format": kvmesh.KEY_VERSION,
            "checks": {"python_get_vs_go >= 0.8 (every size and path)":
                       min(min(r["ratio_shm"], r["ratio_grpc"], r["ratio_tcp"]) for r in rows) >= 0.8,
+                      "mooncake batch_get_into of 64 x 1 MiB >= 0.8 go GetInto": mc_row["ratio"] >= 0.8,
                       "keys_128k <= 5 ms": keys_ms <= 5}}
     if args.o == "json":
         json.dump(rep, sys.stdout, indent=2)
@@ -124,6 +175,8 @@ def main():
         print(f"{r['block_bytes'] >> 10:>5}Ki {r['python_shm']:8.2f} {r['go_shm']:8.2f} {r['ratio_shm']:6.2f}   "
               f"{r['python_tcp']:8.2f} {r['go_tcp']:8.2f} {r['ratio_tcp']:6.2f}   "
               f"{r['python_grpc']:8.2f} {r['go_grpc']:8.2f} {r['ratio_grpc']:6.2f}")
+    print(f"kvmesh.mooncake batch_get_into 64 x 1 MiB: {mc_row['python_mooncake']:.2f} GB/s, Go GetInto "
+          f"{mc_row['go_getinto']:.2f} GB/s, ratio {mc_row['ratio']:.2f}")
     print(f"keys of a 128k-token prompt: {keys_ms:.2f} ms")
     for k, v in rep["checks"].items():
         print(f"{'ok  ' if v else 'FAIL'} {k}")

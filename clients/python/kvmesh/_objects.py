@@ -16,8 +16,10 @@ Values are given and taken as "runs": lists of buffers (bytes-like objects,
 numpy arrays, ctypes arrays over raw memory) that are read or filled where
 they lie: no intermediate Python bytes on the data planes.
 """
+import concurrent.futures
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -68,16 +70,68 @@ def checksum(runs):
     return _xxhash.xxh64_parts([(r.ctypes.data, r.nbytes) for r in runs if r.nbytes])
 
 
-def scatter(src, runs):
-    """Copies the uint8 array src into the runs (writable uint8 arrays), in order."""
-    off = 0
-    for r in runs:
-        n = min(r.nbytes, src.nbytes - off)
-        if n <= 0:
+class Span:
+    """n bytes of process memory at address addr; keep holds what owns them."""
+    __slots__ = ("addr", "n", "keep")
+
+    def __init__(self, addr, n, keep=None):
+        self.addr, self.n, self.keep = addr, n, keep
+
+    def copy(self):
+        """A Span over a private copy of the bytes (which outlives the memory they were in)."""
+        b = np.empty(self.n, np.uint8)
+        if self.n:
+            ctypes.memmove(b.ctypes.data, self.addr, self.n)
+        return Span(b.ctypes.data, self.n, b)
+
+    def tobytes(self):
+        return ctypes.string_at(self.addr, self.n)
+
+
+# Copies of a large value are split over a few threads (ctypes.memmove releases the GIL): on
+# the 2-core machines here one thread's memcpy reached 1-2.5 GB/s under load, two halves in
+# parallel 6 GB/s (BENCHMARKS.md, issue 33).
+_PARALLEL = max(1, min(4, os.cpu_count() or 1))
+_SPLIT = 512 << 10  # copies of at least this many bytes are split
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _memmove(dst, src, n):
+    """memmove of n bytes, split over _PARALLEL threads when large."""
+    global _pool
+    if n < _SPLIT or _PARALLEL == 1:
+        ctypes.memmove(dst, src, n)
+        return
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = concurrent.futures.ThreadPoolExecutor(_PARALLEL - 1, thread_name_prefix="kvmesh-copy")
+    k = min(_PARALLEL, n // (_SPLIT // 2))
+    step = (n // k + 63) & ~63
+    futs = [_pool.submit(ctypes.memmove, dst + a, src + a, min(step, n - a)) for a in range(step, n, step)]
+    ctypes.memmove(dst, src, min(step, n))
+    for f in futs:
+        f.result()
+
+
+def scatter(spans, dst):
+    """Copies the bytes of spans, in order, into dst, a list of (address, size) of writable
+    memory, as far as dst reaches; returns the bytes copied."""
+    k, at, done = 0, 0, 0  # dst run k, bytes of it filled
+    for sp in spans:
+        src, left = sp.addr, sp.n
+        while left and k < len(dst):
+            d, size = dst[k]
+            n = min(left, size - at)
+            if n:
+                _memmove(d + at, src, n)
+            src, left, at, done = src + n, left - n, at + n, done + n
+            if at == size:
+                k, at = k + 1, 0
+        if left:
             break
-        ctypes.memmove(r.ctypes.data, src.ctypes.data + off, n)
-        off += n
-    return off
+    return done
 
 
 class Record:
@@ -183,22 +237,24 @@ class ObjectIO:
 
     # ---- get ----
 
-    def get(self, keys, consume, verify=False):
+    def get(self, keys, consume, verify=False, expect=None):
         """Reads records by key. consume(i, header, payload) is called for every record found and
-        verified, payload a read-only uint8 array valid during the call only (it may lie in the
-        node's shared memory); keys not found are not passed. Returns the set of indexes found."""
+        verified, payload a Span (address, length) of memory valid during the call only (it may
+        lie in the node's shared memory); keys not found are not passed. expect[i], (key, root,
+        name) when the caller computed keys[i] from them, spares rehashing the key
+        (block.decode_object_header). Returns the set of indexes found."""
         m = self.c.meta()
         found = set()
 
-        def deliver(i, rec, full):
+        def deliver(i, addr, n, full, keep=None):
             try:
-                h = block.decode_object_header(rec)
+                h = block.decode_object_header_at(addr, n, expect=None if expect is None else expect[i])
             except block.CorruptBlock:
                 return
-            if h.key != keys[i] or rec.nbytes != h.header_len + h.payload_len:
+            if h.key != keys[i] or n != h.header_len + h.payload_len:
                 return
-            payload = rec[h.header_len:]
-            if (full or verify) and _xxhash.available and _xxhash.xxh64_ptr(payload.ctypes.data, payload.nbytes) != h.checksum:
+            payload = Span(addr + h.header_len, h.payload_len, keep)
+            if (full or verify) and _xxhash.available and _xxhash.xxh64_ptr(payload.addr, payload.n) != h.checksum:
                 return
             consume(i, h, payload)
             found.add(i)
@@ -206,7 +262,7 @@ class ObjectIO:
         conn, path = self._conn(m)
         if path == "shm":
             try:
-                conn.get(keys, lambda i, mem, mem_np, off, n: deliver(i, mem_np[off:off + n], False))
+                conn.get(keys, lambda i, mem, mem_np, off, n: deliver(i, conn.addr[id(mem_np)] + off, n, False, mem_np))
             except (OSError, _shm.ShmError):
                 pass
             self.c.counters["shm_get"] += len(found)
@@ -216,8 +272,12 @@ class ObjectIO:
             def bufs(i, n):
                 b = scratch[i] = np.empty(n, np.uint8)
                 return [memoryview(b)]
+
+            def landed(i):
+                b = scratch.pop(i)
+                deliver(i, b.ctypes.data, b.nbytes, True, b)
             try:
-                conn.get(keys, bufs, lambda i: deliver(i, scratch.pop(i), True))
+                conn.get(keys, bufs, landed)
             except (OSError, _shm.ShmError):
                 pass
             self.c.counters["tcp_get"] += len(found)
@@ -234,7 +294,8 @@ class ObjectIO:
                         cur, rec = f.index, bytearray()
                     rec += f.data
                     if f.last:
-                        deliver(missing[cur], np.frombuffer(bytes(rec), np.uint8), True)
+                        b = np.frombuffer(rec, np.uint8)
+                        deliver(missing[cur], b.ctypes.data, b.nbytes, True, b)
             except Exception as e:  # grpc.RpcError
                 raise from_rpc(e) from None
             self.c.counters["grpc_get"] += len(found) - before
@@ -242,12 +303,14 @@ class ObjectIO:
 
     def read(self, ns, names, sink, verify=False):
         """Reads objects by name. sink(i, header, payloads) is called once per object found whole:
-        payloads the uint8 arrays of its pieces in order (views valid during the call only). Returns
-        the indexes not found (broken objects are removed)."""
+        payloads the Spans of its pieces in order (valid during the call only). Returns the indexes
+        not found (broken objects are removed)."""
         kns, _m = self._ns(ns)
         root = kns.root()
-        keys = [block.object_key(root, block.check_object_name(n)) for n in names]
+        nbs = [block.check_object_name(n) for n in names]
+        keys = [block.object_key(root, nb) for nb in nbs]
         multi = {}
+        done = set()
 
         def first(i, h, payload):
             if h.pieces == 1:
@@ -255,9 +318,8 @@ class ObjectIO:
                     sink(i, h, [payload])
                     done.add(i)
             else:
-                multi[i] = (h, np.array(payload))  # held across the next round: a copy
-        done = set()
-        self.get(keys, first, verify)
+                multi[i] = (h, payload.copy())  # held across the next round
+        self.get(keys, first, verify, [(k, root, nb) for k, nb in zip(keys, nbs)])
         broken = []
         if multi:
             pkeys, owner = [], []
@@ -272,10 +334,10 @@ class ObjectIO:
                 h0 = multi[i][0]
                 if (h.name, h.piece, h.pieces, h.size, h.generation) == (h0.name, j, h0.pieces, h0.size, h0.generation) \
                         and len(parts[i]) == j:
-                    parts[i].append(np.array(payload))
+                    parts[i].append(payload.copy())
             self.get(pkeys, rest, verify)
             for i, (h, _p) in multi.items():
-                if len(parts[i]) == h.pieces and sum(p.nbytes for p in parts[i]) == h.size:
+                if len(parts[i]) == h.pieces and sum(p.n for p in parts[i]) == h.size:
                     sink(i, h, parts[i])
                     done.add(i)
                 else:

@@ -235,9 +235,12 @@ class ShmConn(Publisher):
                 self.region_view = memoryview(self.region)
                 import numpy as np
                 self.region_np = np.frombuffer(self.region, np.uint8)  # read-only, for copies out
+                #: Base addresses of the mappings in this process, for copies by address.
+                self.addr = {id(self.region_np): self.region_np.ctypes.data}
                 if len(fds) == 2:
                     self.arena = _map_arena(fds[1])
                     self.arena_np = np.frombuffer(self.arena, np.uint8)
+                    self.addr[id(self.arena_np)] = self.arena_np.ctypes.data
             finally:
                 for fd in fds:
                     os.close(fd)

@@ -500,15 +500,29 @@ def encode_object_header(ns, name, piece, pieces, size, generation, payload_len,
     return bytes(h), key
 
 
+def decode_object_header_at(addr, n, key_version=KEY_VERSION, expect=None):
+    """decode_object_header of the n-byte record at address addr of process memory (a mapping
+    of the node's shared memory): reads the header's bytes alone."""
+    import ctypes
+    if n < FIXED_HEADER_LEN:
+        raise CorruptBlock(f"{n} bytes, shorter than a header")
+    (nlen,) = struct.unpack_from("<I", ctypes.string_at(addr + 72, 4))
+    hl = object_header_len(min(nlen, MAX_OBJECT_NAME))
+    if hl > n:
+        raise CorruptBlock(f"object header of {hl} bytes in a record of {n}")
+    return decode_object_header(ctypes.string_at(addr, hl), key_version, expect)
+
+
 class ObjectHeader:
     __slots__ = ("key", "root", "digest", "name", "piece", "pieces", "size", "generation", "pin", "ttl_ms",
                  "payload_len", "checksum", "tenant", "header_len")
 
 
-def decode_object_header(b, key_version=KEY_VERSION):
+def decode_object_header(b, key_version=KEY_VERSION, expect=None):
     """Parses and verifies the object record header at the start of b (bytes-like): magic,
     versions, lengths, header checksum, padding, and key = the piece's key under its name.
-    Raises CorruptBlock."""
+    expect, (key, root, name) of a reader that computed key from root and name itself, spares
+    hashing the key again: the header must name exactly those. Raises CorruptBlock."""
     mv = memoryview(b)
     if len(mv) < FIXED_HEADER_LEN:
         raise CorruptBlock(f"{len(mv)} bytes, shorter than a header")
@@ -516,7 +530,7 @@ def decode_object_header(b, key_version=KEY_VERSION):
      plen, csum, tenant, size, gen) = _OBJ.unpack_from(mv)
     if magic != MAGIC or version != BLOCK_VERSION or kv != key_version:
         raise CorruptBlock(f"magic {magic!r}, format {version}, key format {kv}")
-    if kind != OBJECT_KIND or n or z56 or z59 or any(mv[76:80]):
+    if kind != OBJECT_KIND or n or z56 or z59 or mv[76:80] != b"\0\0\0\0":
         raise CorruptBlock("not an object record")
     if not 1 <= nlen <= MAX_OBJECT_NAME or hl != object_header_len(nlen) or len(mv) < hl:
         raise CorruptBlock(f"object header length {hl} for a name of {nlen} bytes")
@@ -524,7 +538,7 @@ def decode_object_header(b, key_version=KEY_VERSION):
     (hsum,) = struct.unpack_from("<Q", mv, HEADER_SUM_OFF)
     if _xxhash.xxh64(bytes(mv[:HEADER_SUM_OFF]) + name) != hsum:
         raise CorruptBlock("header checksum mismatch")
-    if any(mv[FIXED_HEADER_LEN + nlen:hl]):
+    if bytes(mv[FIXED_HEADER_LEN + nlen:hl]).strip(b"\0"):
         raise CorruptBlock("header padding is not zero")
     if pin > 2 or not (1 <= pieces <= MAX_PIECES and piece < pieces) or plen > size:
         raise CorruptBlock(f"pin {pin}, piece {piece} of {pieces}, {plen} of {size} bytes")
@@ -532,7 +546,10 @@ def decode_object_header(b, key_version=KEY_VERSION):
         name.decode("utf-8")
     except UnicodeDecodeError:
         raise CorruptBlock("object name is not valid UTF-8") from None
-    if piece_key(object_key(root, name), piece) != key:
+    if expect is not None:
+        if (key, root, name) != expect:
+            raise CorruptBlock("not the object asked for")
+    elif piece_key(object_key(root, name), piece) != key:
         raise CorruptBlock("key is not the key of the piece under its name")
     h = ObjectHeader()
     h.key, h.root, h.digest, h.name, h.piece, h.pieces, h.size, h.generation = key, root, digest, name, piece, pieces, size, gen

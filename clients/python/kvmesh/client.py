@@ -343,8 +343,8 @@ class Client:
         _core.check_ns(ns)
         out = [None] * len(names)
 
-        def sink(i, _h, parts):
-            out[i] = b"".join(p.tobytes() for p in parts)
+        def sink(i, _h, spans):
+            out[i] = b"".join(sp.tobytes() for sp in spans)
         self._objects.read(ns, list(names), sink)
         return out
 

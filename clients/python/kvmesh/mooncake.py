@@ -349,16 +349,19 @@ class MooncakeDistributedStore:
         """Forgets a registered buffer. Returns 0, or INVALID_PARAMS when none starts at buffer_ptr."""
         return OK if self._regions.remove(buffer_ptr) else INVALID_PARAMS
 
-    def _runs(self, ptrs, sizes):
-        """Numpy views of registered memory, or None when a range is not registered."""
-        runs = []
+    def _spans(self, ptrs, sizes):
+        """(address, size) of registered memory, or None when a range is not registered."""
         for p, n in zip(ptrs, sizes):
             if n < 0 or (n and not self._regions.covers(p, n)):
                 self._warn("unregistered", f"buffer [{p:#x}, +{n}) lies outside every registered buffer "
                                            "(register_buffer it first)")
                 return None
-            runs.append(_objects.raw(p, n))
-        return runs
+        return list(zip(ptrs, sizes))
+
+    def _runs(self, ptrs, sizes):
+        """Numpy views of registered memory (for puts), or None when a range is not registered."""
+        spans = self._spans(ptrs, sizes)
+        return None if spans is None else [_objects.raw(p, n) for p, n in spans]
 
     def _warn(self, what, msg):
         if what not in self._warned:
@@ -489,13 +492,13 @@ class MooncakeDistributedStore:
     def get(self, key):
         """The value of key (bytes), b"" when it is not stored."""
         got = {}
-        self._read([key], lambda i, parts: got.setdefault(i, b"".join(p.tobytes() for p in parts)))
+        self._read([key], lambda i, spans: got.setdefault(i, b"".join(sp.tobytes() for sp in spans)))
         return got.get(0, b"")
 
     def get_batch(self, keys):
         """The values of keys (bytes each, b"" when not stored)."""
         got = {}
-        self._read(list(keys), lambda i, parts: got.setdefault(i, b"".join(p.tobytes() for p in parts)))
+        self._read(list(keys), lambda i, spans: got.setdefault(i, b"".join(sp.tobytes() for sp in spans)))
         return [got.get(i, b"") for i in range(len(keys))]
 
     def get_buffer(self, key):
@@ -506,34 +509,29 @@ class MooncakeDistributedStore:
         """get_buffer of many keys: a buffer, or None, per key."""
         got = {}
 
-        def keep(i, parts):
-            b = Buffer(sum(p.nbytes for p in parts))
-            dst, off = np.frombuffer(b, np.uint8), 0
-            for p in parts:
-                dst[off:off + p.nbytes] = p
-                off += p.nbytes
+        def keep(i, spans):
+            b = Buffer(sum(sp.n for sp in spans))
+            if len(b):
+                _objects.scatter(spans, [(np.frombuffer(b, np.uint8).ctypes.data, len(b))])
             got[i] = b
         self._read(list(keys), keep)
         return [got.get(i) for i in range(len(keys))]
 
     def _get_into(self, keys, dsts):
-        """dsts[i]: runs of registered memory, or None for a bad buffer. Per key bytes read or a
-        negative code."""
+        """dsts[i]: (address, size) runs of registered memory, or None for a bad buffer. Per key
+        bytes read or a negative code."""
         out = [INVALID_PARAMS] * len(keys)
         want = [i for i, d in enumerate(dsts) if d is not None]
         if not want:
             return out
-        cap = {i: sum(r.nbytes for r in dsts[i]) for i in want}
 
-        def land(j, parts):
+        def land(j, spans):
             i = want[j]
-            n = sum(p.nbytes for p in parts)
-            if n > cap[i]:
+            n = sum(sp.n for sp in spans)
+            if n > sum(size for _p, size in dsts[i]):
                 out[i] = INVALID_PARAMS  # as Mooncake: the buffer is smaller than the object
                 return
-            runs, off = dsts[i], 0
-            for p in parts:
-                off += _objects.scatter(p, _objects.slice_runs(runs, off, cap[i]))
+            _objects.scatter(spans, dsts[i])
             out[i] = n
         codes = self._read([keys[i] for i in want], land)
         for j, i in enumerate(want):
@@ -545,13 +543,13 @@ class MooncakeDistributedStore:
         """Reads key into size bytes of registered memory at buffer_ptr (zero copy): bytes read,
         or a negative code (OBJECT_NOT_FOUND; INVALID_PARAMS for an unregistered buffer or one
         smaller than the value)."""
-        return self._get_into([key], [self._runs([buffer_ptr], [size])])[0]
+        return self._get_into([key], [self._spans([buffer_ptr], [size])])[0]
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
         """get_into for many keys: per key bytes read or a negative code."""
         if not len(keys) == len(buffer_ptrs) == len(sizes):
             return [INVALID_PARAMS] * len(keys)
-        return self._get_into(list(keys), [self._runs([p], [n]) for p, n in zip(buffer_ptrs, sizes)])
+        return self._get_into(list(keys), [self._spans([p], [n]) for p, n in zip(buffer_ptrs, sizes)])
 
     def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_sizes):
         """Reads keys[i] into the registered buffers all_buffer_ptrs[i] (sizes all_sizes[i]), in
@@ -559,7 +557,7 @@ class MooncakeDistributedStore:
         if not len(keys) == len(all_buffer_ptrs) == len(all_sizes) or \
                 any(len(p) != len(s) for p, s in zip(all_buffer_ptrs, all_sizes)):
             return [INVALID_PARAMS] * len(keys)
-        return self._get_into(list(keys), [self._runs(p, s) for p, s in zip(all_buffer_ptrs, all_sizes)])
+        return self._get_into(list(keys), [self._spans(p, s) for p, s in zip(all_buffer_ptrs, all_sizes)])
 
     # ---- existence, size, removal ----
 
