@@ -143,7 +143,11 @@ type CacheStats struct {
 	// CorruptDrops, blocks dropped because they failed verification when
 	// read (counted in Misses too).
 	QuotaRefused, CorruptDrops int64
-	Namespaces                 []NamespaceStats
+	// Retained values are under a pin or a lease; PinnedBytes is what the
+	// hard pins and leases hold; Removed counts values removed by key
+	// (objects; store.Stats).
+	Retained, PinnedBytes, Removed int64
+	Namespaces                     []NamespaceStats
 	// Parts are the counters of blocks assembled from the parts of
 	// parallel ranks (store.Stats' Part fields).
 	Parts PartStats

@@ -4,7 +4,9 @@
 // cluster, memberlist); it wires the cache, the transfer engine and the
 // prefill engine together.
 //
-// A Node serves kvmesh.v1.CacheService, AdminService, PeerService and
+// A Node serves kvmesh.v1.CacheService, AdminService, PeerService,
+// ObjectService (object_service.go: object records in and out, Remove and
+// Retain across the cluster, over a Cache that implements objectStore) and
 // PrefillService over a Cache, with gRPC health checking and server reflection on, and an HTTP
 // server with /metrics (every metric named kvmesh_*, but the gRPC server's
 // standard grpc_server_* and the Go runtime's), /healthz, /livez, /readyz

@@ -255,6 +255,7 @@ type cacheCollector struct {
 	hits, misses, evictions, demotions, promotions         *prometheus.Desc
 	promotionsDeferred, tierWarm                           *prometheus.Desc
 	quotaRefused, corruptDrops                             *prometheus.Desc
+	retained, pinnedBytes, removed                         *prometheus.Desc
 	tierBlocks, tierBytes, tierCapacity                    *prometheus.Desc
 	namespaceBlocks, namespaceBytes, namespaceTokensCached *prometheus.Desc
 	namespaceTierBytes, namespaceQuota, namespaces         *prometheus.Desc
@@ -278,6 +279,9 @@ func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) 
 		promotionsDeferred:    d("kvmesh_cache_promotions_deferred_total", "Second hits on NVMe served from the read and left there, because another promotion was making room in DRAM (a later hit may promote them)."),
 		tierWarm:              d("kvmesh_tier_warm_bytes", "Memory a tier keeps for reuse though it holds no block (DRAM's emptied slabs kept warm): resident, not in kvmesh_tier_bytes.", "tier"),
 		quotaRefused:          d("kvmesh_cache_quota_refused_total", "Writes refused because their namespace had no room within its quota (answered ResourceExhausted)."),
+		retained:              d("kvmesh_cache_retained", "Values (objects' pieces, blocks of pinned prefixes) under a pin or a lease (ObjectService.Retain, an object's retention)."),
+		pinnedBytes:           d("kvmesh_cache_pinned_bytes", "Bytes under hard pins and leases, bounded by --max-pinned of DRAM and NVMe together and by each namespace's quota."),
+		removed:               d("kvmesh_cache_removed_total", "Values removed by key (objects removed or upserted)."),
 		corruptDrops:          d("kvmesh_cache_corrupt_drops_total", "Blocks dropped because they failed verification when read (corrupt or torn on disk); each read of one is a miss."),
 		partials:              d("kvmesh_cache_partials", "Incomplete blocks: some parts put by parallel ranks, not all; not served, dropped first for room."),
 		partialBytes:          d("kvmesh_cache_partial_bytes", "DRAM bytes held by incomplete blocks (each the size of its whole block)."),
@@ -298,7 +302,7 @@ func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) 
 
 func (c *cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.evictions, c.demotions, c.promotions, c.promotionsDeferred, c.tierWarm, c.quotaRefused, c.corruptDrops,
-		c.tierBlocks, c.tierBytes, c.tierCapacity, c.namespaces, c.namespaceBlocks, c.namespaceBytes, c.namespaceTokensCached,
+		c.retained, c.pinnedBytes, c.removed, c.tierBlocks, c.tierBytes, c.tierCapacity, c.namespaces, c.namespaceBlocks, c.namespaceBytes, c.namespaceTokensCached,
 		c.namespaceTierBytes, c.namespaceQuota, c.partials, c.partialBytes, c.parts, c.partialsEnded, c.claims} {
 		ch <- d
 	}
@@ -320,6 +324,9 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.promotionsDeferred, s.PromotionsDeferred)
 	counter(c.quotaRefused, s.QuotaRefused)
 	counter(c.corruptDrops, s.CorruptDrops)
+	counter(c.removed, s.Removed)
+	gauge(c.retained, s.Retained)
+	gauge(c.pinnedBytes, s.PinnedBytes)
 	gauge(c.partials, s.Parts.Open)
 	gauge(c.partialBytes, s.Parts.Bytes)
 	labelled := func(d *prometheus.Desc, v int64, label string) {

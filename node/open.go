@@ -155,6 +155,7 @@ func localStats(l *store.Local) CacheStats {
 	out := CacheStats{Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions,
 		Demotions: s.Demotions + s.HBMDemotions, Promotions: s.Promotions + s.HBMPromotions,
 		PromotionsDeferred: s.PromotionsDeferred, QuotaRefused: s.QuotaRefused, CorruptDrops: s.CorruptDrops,
+		Retained: int64(s.Retained), PinnedBytes: s.PinnedBytes, Removed: s.Removed,
 		Parts: PartStats{Open: int64(s.PartialsOpen), Bytes: s.PartialBytes, Stored: s.PartsStored, Completed: s.PartsCompleted,
 			Conflicts: s.PartConflicts, Expired: s.PartialsExpired, Dropped: s.PartialsDropped, Claims: s.Claims}}
 	for _, t := range s.Tiers {

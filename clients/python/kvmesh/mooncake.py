@@ -678,6 +678,28 @@ class MooncakeDistributedStore:
                                   "class (see kvmesh.mooncake's doc for what is)")
 
 
+def install_as_mooncake():
+    """Makes ``import mooncake.store`` (and ``from mooncake.store import
+    MooncakeDistributedStore, ReplicateConfig``) give this module, so that an engine's unchanged
+    Mooncake backend runs on kvmesh; one line in a .pth file runs it in every process of an
+    environment (docs/MOONCAKE.md). Returns False, changing nothing, when the real mooncake
+    package is installed: it is never shadowed."""
+    import importlib.util
+    import sys
+    import types
+    if "mooncake" in sys.modules:
+        return sys.modules.get("mooncake.store") is sys.modules[__name__]
+    if importlib.util.find_spec("mooncake") is not None:
+        log.warning("install_as_mooncake: the mooncake package is installed; not shadowing it")
+        return False
+    pkg = types.ModuleType("mooncake", "kvmesh's stand-in for the mooncake package (kvmesh.mooncake)")
+    pkg.__path__ = []
+    pkg.store = sys.modules[__name__]
+    sys.modules["mooncake"] = pkg
+    sys.modules["mooncake.store"] = sys.modules[__name__]
+    return True
+
+
 class Buffer(bytearray):
     """A value read by get_buffer: a bytearray (so the buffer protocol: memoryview(b),
     numpy.frombuffer(b)) with Mooncake's BufferHandle methods .size() and .ptr()."""

@@ -278,3 +278,15 @@ def test_two_nodes(kvmesh_bin, start_node):
     assert sa.batch_is_exist(keys) == [0] * 16 and sa.get(keys[0]) == b""
     sa.close()
     sb.close()
+
+
+def test_install_as_mooncake():
+    """An engine's unchanged `from mooncake.store import ...` gets kvmesh's class."""
+    import subprocess
+    import sys
+    code = ("import kvmesh.mooncake as k; assert k.install_as_mooncake()\n"
+            "from mooncake.store import MooncakeDistributedStore, ReplicateConfig\n"
+            "assert MooncakeDistributedStore is k.MooncakeDistributedStore and ReplicateConfig is k.ReplicateConfig\n")
+    import pathlib
+    env = {"PYTHONPATH": str(pathlib.Path(mooncake.__file__).resolve().parents[1])}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -4,8 +4,10 @@
 //
 // Services: CacheService (Lookup, BatchGet, BatchPut, Exists, Publish,
 // Stats) for inference workers; AdminService (Members, DropNamespace,
-// BlockInfo, SetQuota, Quotas, WhoAmI) for operators; PeerService (Lookup)
-// that nodes ask each other; and PrefillService (Prefill, GetResult,
+// BlockInfo, SetQuota, Quotas, WhoAmI) for operators; ObjectService (Put,
+// Get, Remove, Retain) for objects by name and the retention of cached
+// values; PeerService (Lookup, Remove, Retain) that nodes ask each other;
+// and PrefillService (Prefill, GetResult,
 // Engine), served when the node runs its bundled prefill engine. Nodes also
 // serve grpc.health.v1 and server reflection.
 //
