@@ -109,6 +109,9 @@ type Local struct {
 		hbm     hbmResidents           // entries in HBM (local_hbm.go)
 
 		retain retainState // values under a pin or a lease (retain.go)
+		// clearing is set while DropNamespace drops blocks it reported
+		// as AllBlocksCleared (events.go).
+		clearing bool
 
 		c     counters
 		pc    partCounters

@@ -25,6 +25,9 @@ func (l *Local) DropNamespace(digest uint64) (int, error) {
 	}
 	held := len(l.mu.ns.ids(digest)) > 0
 	pages := len(l.mu.x.pages)
+	if held && l.opts.Events != nil {
+		l.opts.Events.AllBlocksCleared(digest)
+	}
 	l.mu.Unlock()
 	defer l.exit()
 	dropped := 0
@@ -41,7 +44,9 @@ func (l *Local) DropNamespace(digest uint64) (int, error) {
 				continue
 			}
 			if n := l.mu.ns.get(e.ns); n.resolved && n.digest == digest {
+				l.mu.clearing = true // one AllBlocksCleared, not an event per block
 				dropped += l.dropLocked(i, reasonNamespace, &fr)
+				l.mu.clearing = false
 			}
 		}
 		l.mu.Unlock()
@@ -100,6 +105,9 @@ func (l *Local) removeLocked(i uint32, fr *[]freeLoc) {
 	l.unlistLocked(i)
 	l.hbmForgetLocked(i)
 	l.clearRetentionLocked(i)
+	if !l.mu.clearing {
+		l.evRemovedLocked(i)
+	}
 	n := l.mu.ns.get(e.ns)
 	t := tierOf(e)
 	l.mu.blocks[t]--

@@ -161,8 +161,10 @@ func (l *Local) demoteHBM(ctx context.Context, need int) bool {
 			}
 		default:
 			fr = append(fr, freeLoc{false, m.loc})
+			l.evRemovedLocked(m.i)
 			l.hbmForgetLocked(m.i)
 			e.setLoc(m.newLoc)
+			l.evStoredLocked(m.i, m.val)
 			l.mu.hbm.demote++
 			freed = true
 		}
@@ -218,8 +220,10 @@ func (l *Local) promoteHBMLocked(ctx context.Context, i uint32) (*Ref, error) {
 		}
 	default:
 		fr = append(fr, freeLoc{false, m.loc})
+		l.evRemovedLocked(i)
 		e.setLoc(newLoc)
 		l.hbmAddLocked(i, newLoc, m.size)
+		l.evStoredLocked(i, m.val)
 		l.mu.hbm.promot++
 	}
 	l.mu.Unlock()

@@ -295,7 +295,9 @@ func (l *Local) commitDemotionLocked(m *moved, fr *[]freeLoc) {
 		}
 	case m.done:
 		*fr = append(*fr, freeLoc{false, m.loc})
+		l.evRemovedLocked(m.i)
 		l.moveTierLocked(m.i, m.newLoc)
+		l.evStoredLocked(m.i, m.val)
 		l.mu.c.demotions++
 	default:
 		l.dropLocked(m.i, reasonEvict, fr)
@@ -565,7 +567,9 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	l.mu.Lock()
 	e := l.mu.x.at(m.i)
 	if err == nil && !e.has(flagDropped) && !l.mu.ns.get(e.ns).resolved {
-		err = l.resolveLocked(m.i, &blk.Header)
+		if err = l.resolveLocked(m.i, &blk.Header); err == nil {
+			l.evStoredLocked(m.i, b)
+		}
 	}
 	if err != nil {
 		l.putReadBuf(buf)
@@ -639,7 +643,9 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 			fr = append(fr, freeLoc{true, e.getLoc()})
 		}
 		e.setHitsSaturating()
+		l.evRemovedLocked(m.i)
 		l.moveTierLocked(m.i, newLoc)
+		l.evStoredLocked(m.i, b)
 		l.mu.c.promotions++
 	case e.has(flagLocGone):
 		e.setHitsSaturating()

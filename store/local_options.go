@@ -74,6 +74,9 @@ type Options struct {
 	// namespaces together, as a fraction of the node's tiers' capacity
 	// (DRAM and NVMe together). Default 0.5, within (0, 1].
 	MaxPinnedFraction float64
+	// Events, when set, is told of blocks entering and leaving tiers (KV
+	// events; events.go). Default nil: none.
+	Events Events
 	// Now is the clock of PartialTTL, ClaimTTL and retention (tests inject one).
 	// Default time.Now.
 	Now func() time.Time

@@ -144,7 +144,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 			if err == nil {
 				var fr []freeLoc
 				l.mu.Lock()
-				err = l.insertLocked(&h, size, class, loc, false, asCopy, id, &fr)
+				err = l.insertLocked(&h, b, size, class, loc, false, asCopy, id, &fr)
 				l.mu.Unlock()
 				l.freeAll(fr)
 				return err
@@ -170,7 +170,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 			ms := []moved{{key: h.Key, val: b}}
 			l.toDisk(ms, func(m *moved, fr *[]freeLoc) {
 				if m.done {
-					ierr = l.insertLocked(&h, size, class, m.newLoc, true, asCopy, id, fr)
+					ierr = l.insertLocked(&h, b, size, class, m.newLoc, true, asCopy, id, fr)
 				} else {
 					l.unreserveLocked(id, tierDisk, size)
 				}
@@ -235,7 +235,7 @@ func (l *Local) refused(err error, n int) error {
 // insertLocked indexes a block just stored at loc (a copy under EvictDedup
 // if asCopy), taking over the reservation room made for it in namespace rid;
 // on failure (or when a concurrent Put won) it frees loc.
-func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, disk, asCopy bool, rid uint32, fr *[]freeLoc) error {
+func (l *Local) insertLocked(h *block.Header, record []byte, size, class int, loc tiers.Loc, disk, asCopy bool, rid uint32, fr *[]freeLoc) error {
 	x := &l.mu.x
 	t := tierMem
 	if disk {
@@ -296,6 +296,7 @@ func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, di
 	if keep != (block.Retention{}) {
 		l.setRetentionLocked(i, keep, l.now())
 	}
+	l.evStoredLocked(i, record)
 	l.linkParentLocked(i, h)
 	l.placeLocked(i, h.Parent)
 	return nil

@@ -139,7 +139,7 @@ func (l *Local) resolveLoop(ctx context.Context) {
 			if m.err = l.disk.Read(m.loc, buf[:m.size]); m.err == nil {
 				var blk block.Block
 				if blk, m.err = l.verifyRead(m.key, buf[:m.size]); m.err == nil {
-					m.err = l.resolveOne(m.i, &blk.Header)
+					m.err = l.resolveOne(m.i, &blk.Header, buf[:m.size])
 				}
 			}
 			if m.err != nil {
@@ -150,7 +150,7 @@ func (l *Local) resolveLoop(ctx context.Context) {
 }
 
 // resolveOne commits one successful resolution.
-func (l *Local) resolveOne(i uint32, h *block.Header) error {
+func (l *Local) resolveOne(i uint32, h *block.Header, record []byte) error {
 	var fr []freeLoc
 	l.mu.Lock()
 	defer func() { l.mu.Unlock(); l.freeAll(fr) }()
@@ -166,6 +166,7 @@ func (l *Local) resolveOne(i uint32, h *block.Header) error {
 	if err := l.resolveLocked(i, h); err != nil {
 		return err
 	}
+	l.evStoredLocked(i, record) // known from now on: a recovered block is news
 	l.doneMovingLocked(i)
 	return nil
 }
