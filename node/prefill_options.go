@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/prefill"
 )
 
@@ -66,11 +67,12 @@ type PrefillOptions struct {
 	// Default BackendCPU.
 	Backend string
 	// Role is what the node does for a router (kvmesh route), gossiped in
-	// its MemberMeta: RoleBoth, RolePrefill (the router sends it prompts
-	// to compute and publish) or RoleDecode (the router sends it requests
-	// whose prompt a prefill node has just published: it loads the whole
-	// cached prefix and computes only what is missing). A node answers
-	// every request it is sent, whatever its role. Default RoleBoth.
+	// its gossip.MemberMeta: gossip.RoleBoth, gossip.RolePrefill (the
+	// router sends it prompts to compute and publish) or gossip.RoleDecode
+	// (the router sends it requests whose prompt a prefill node has just
+	// published: it loads the whole cached prefix and computes only what
+	// is missing). A node answers every request it is sent, whatever its
+	// role. Default gossip.RoleBoth.
 	Role string
 }
 
@@ -186,7 +188,7 @@ func (o *PrefillOptions) EnsureDefaults() {
 		o.MaxWaiting = DefaultPrefillMaxWaiting
 	}
 	if o.Role == "" {
-		o.Role = RoleBoth
+		o.Role = gossip.RoleBoth
 	}
 	if o.Backend == "" {
 		o.Backend = BackendCPU
@@ -222,7 +224,7 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("BackgroundBlocks", "%d is outside 1..%d", o.BackgroundBlocks, 1<<16)
 	case o.Backend != BackendCPU && o.Backend != BackendCUDA:
 		return bad("Backend", "%q: want %s or %s", o.Backend, BackendCPU, BackendCUDA)
-	case o.Role != RoleBoth && o.Role != RolePrefill && o.Role != RoleDecode:
+	case o.Role != gossip.RoleBoth && o.Role != gossip.RolePrefill && o.Role != gossip.RoleDecode:
 		return bad("Role", "%q: want both, prefill or decode", o.Role)
 	case o.MaxWaiting < 0 || o.MaxWaiting > 1<<16:
 		return bad("MaxWaiting", "%d is outside 0..%d", o.MaxWaiting, 1<<16)

@@ -22,6 +22,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvmesh/kvmesh/gossip"
 )
 
 // The router (kvmesh route): the OpenAI-compatible API in front of a
@@ -99,7 +101,7 @@ const routerBackoff = 2 * time.Second
 type Router struct {
 	opts    RouterOptions
 	log     *slog.Logger
-	members *Membership
+	members *gossip.Membership
 	lis     net.Listener
 	http    *http.Server
 	client  *http.Client
@@ -157,9 +159,9 @@ func NewRouter(opts RouterOptions) (*Router, error) {
 		host, _ := os.Hostname()
 		opts.NodeID = fmt.Sprintf("router-%s-%d", host, lis.Addr().(*net.TCPAddr).Port)
 	}
-	members, err := StartMembership(MembershipOptions{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join,
+	members, err := gossip.StartMembership(gossip.MembershipOptions{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join,
 		RetryJoin: true, SecretKey: opts.GossipKey, Fast: opts.GossipProfile == "local", Logger: opts.Logger,
-		Meta: MemberMeta{HTTPAddr: lis.Addr().String(), Role: RoleRouter}})
+		Meta: gossip.MemberMeta{HTTPAddr: lis.Addr().String(), Role: gossip.RoleRouter}})
 	if err != nil {
 		lis.Close()
 		return nil, err
@@ -273,9 +275,9 @@ func (r *Router) backends() []backend {
 	for _, m := range ms {
 		role := m.Meta.Role
 		if role == "" {
-			role = RoleBoth
+			role = gossip.RoleBoth
 		}
-		if m.Meta.HTTPAddr == "" || (role != RoleBoth && role != RolePrefill && role != RoleDecode) {
+		if m.Meta.HTTPAddr == "" || (role != gossip.RoleBoth && role != gossip.RolePrefill && role != gossip.RoleDecode) {
 			continue
 		}
 		if l := r.mu.load[m.ID]; l != nil && now.Before(l.downUntil) {
@@ -438,9 +440,9 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	var prefillers, decoders, both []backend
 	for _, b := range all {
 		switch b.role {
-		case RolePrefill:
+		case gossip.RolePrefill:
 			prefillers = append(prefillers, b)
-		case RoleDecode:
+		case gossip.RoleDecode:
 			decoders = append(decoders, b)
 		default:
 			both = append(both, b)

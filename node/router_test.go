@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefill"
 )
@@ -152,7 +153,7 @@ func TestRouterThroughCluster(t *testing.T) {
 // the client's cached_tokens is what the prefill node reused.
 func TestRouterSplitsPrefillAndDecode(t *testing.T) {
 	c := tinyModel()
-	roles := []string{RolePrefill, RoleDecode}
+	roles := []string{gossip.RolePrefill, gossip.RoleDecode}
 	nodes := startClusterNodes(t, 2, func(i int, o *Options) { o.Prefill.Model = c; o.Prefill.Role = roles[i] })
 	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
 	testkit.WaitFor(t, "the router to see 2 nodes", func() bool { return len(r.backends()) == 2 })

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/gossip"
 )
 
 // Work stealing: a queued batch is stored by the node that accepted it (its
@@ -176,7 +177,7 @@ func (n *Node) queuePeers() []string {
 	self := n.cluster.members.LocalID()
 	var out []string
 	for _, m := range ms {
-		if m.ID == self || m.Meta.HTTPAddr == "" || m.Meta.Role == RoleRouter || m.Meta.Role == RoleStore {
+		if m.ID == self || m.Meta.HTTPAddr == "" || m.Meta.Role == gossip.RoleRouter || m.Meta.Role == gossip.RoleStore {
 			continue
 		}
 		out = append(out, m.Meta.HTTPAddr)
