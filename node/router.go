@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/openai"
 )
 
 // The router (kvmesh route): the OpenAI-compatible API in front of a
@@ -31,7 +32,7 @@ import (
 // capacity (so it owns no block) and learns from the members' metadata
 // where their HTTP APIs are and what role each plays. For each completion
 // it asks one node how much of the prompt the cluster's cache holds for the
-// caller (LookupPath: one Lookup, nothing computed), and sends the request
+// caller (openai.LookupPath: one Lookup, nothing computed), and sends the request
 // to the node with the fewest outstanding uncached prompt tokens: the
 // prompt tokens that the requests it sent there and that have not yet
 // answered must still compute. A session never decides: a cached prefix
@@ -40,7 +41,7 @@ import (
 // With prefill-role and decode-role members, a request goes first, not
 // streamed and with max_tokens 1, to a prefill node (chosen as above),
 // which computes the prompt and answers once its blocks are in the cache
-// (PublishHeader); then, as the client sent it, to the decode node with the
+// (openai.PublishHeader); then, as the client sent it, to the decode node with the
 // fewest outstanding generated tokens, which loads the whole prefix from the
 // cache and computes only what is missing. The usage's cached_tokens the
 // client sees is then what the prefill node reused, rewritten into the
@@ -394,19 +395,19 @@ func (r *Router) markDown(id string) {
 
 func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	path := req.URL.Path
-	if strings.HasPrefix(path, QueuePath+"/") {
+	if strings.HasPrefix(path, openai.QueuePath+"/") {
 		r.forwardQueue(w, req)
 		return
 	}
-	if path == QueuePath && req.Method == http.MethodGet {
+	if path == openai.QueuePath && req.Method == http.MethodGet {
 		r.listQueue(w, req)
 		return
 	}
-	if path == QueuePath && req.Method == http.MethodPost {
+	if path == openai.QueuePath && req.Method == http.MethodPost {
 		// Any node stores the batch and runs it; its id is found by asking.
-		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, DefaultBatchMaxBodyBytes))
+		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, openai.DefaultBatchMaxBodyBytes))
 		if err != nil {
-			writeAPIError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is too large (at most %d bytes) or unreadable", DefaultBatchMaxBodyBytes), "invalid_request_error", "", "request_too_large")
+			openai.WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is too large (at most %d bytes) or unreadable", openai.DefaultBatchMaxBodyBytes), "invalid_request_error", "", "request_too_large")
 			return
 		}
 		r.forwardAny(w, req, body)
@@ -421,17 +422,17 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 		r.forwardAny(w, req, nil)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, MaxOpenAIBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, openai.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeAPIError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is over %d bytes", tooBig.Limit), "invalid_request_error", "", "request_too_large")
+			openai.WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is over %d bytes", tooBig.Limit), "invalid_request_error", "", "request_too_large")
 			return
 		}
-		writeAPIError(w, http.StatusBadRequest, "reading the request body: "+err.Error(), "invalid_request_error", "", "")
+		openai.WriteError(w, http.StatusBadRequest, "reading the request body: "+err.Error(), "invalid_request_error", "", "")
 		return
 	}
-	session := req.Header.Get(SessionHeader)
+	session := req.Header.Get(openai.SessionHeader)
 	if session != "" {
 		r.hints.Inc()
 	}
@@ -449,7 +450,7 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 	if len(all) == 0 {
-		writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+		openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
 		return
 	}
 	// The cost of the prompt, from one node's lookup; that node also
@@ -471,16 +472,16 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	// before it answers), then decode on a decode node.
 	pre, err := prefillBody(body)
 	if err != nil {
-		writeAPIError(w, http.StatusBadRequest, err.Error(), "invalid_request_error", "", "")
+		openai.WriteError(w, http.StatusBadRequest, err.Error(), "invalid_request_error", "", "")
 		return
 	}
 	r.overhead.Observe(time.Since(began).Seconds())
 	cands := slices.Concat(prefillers, both)
 	rec := &captureWriter{header: http.Header{}}
 	preReq := req.Clone(req.Context())
-	preReq.Header.Set(PublishHeader, "wait")
+	preReq.Header.Set(openai.PublishHeader, "wait")
 	t0 := time.Now()
-	r.forward(rec, preReq, pre, path, cands, LookupResult{PromptTokens: look.PromptTokens, CachedTokens: look.CachedTokens, MaxTokens: 1},
+	r.forward(rec, preReq, pre, path, cands, openai.LookupResult{PromptTokens: look.PromptTokens, CachedTokens: look.CachedTokens, MaxTokens: 1},
 		false, session, nil)
 	preTook := time.Since(t0)
 	if rec.code != http.StatusOK {
@@ -490,14 +491,14 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	var pu struct {
-		Usage usageJSON `json:"usage"`
+		Usage openai.Usage `json:"usage"`
 	}
 	json.Unmarshal(rec.body.Bytes(), &pu)
 	w.Header().Set("X-Kvmesh-Prefill-Node", rec.header.Get("X-Kvmesh-Node"))
 	w.Header().Set("X-Kvmesh-Prefill-Node-Ms", strconv.FormatFloat(ms(preTook), 'f', 3, 64))
 	w.Header().Set("X-Kvmesh-Prefill-Cached-Tokens", strconv.Itoa(pu.Usage.PromptTokensDetails.CachedTokens))
-	rewrite := func(u *usageJSON) { u.PromptTokensDetails.CachedTokens = pu.Usage.PromptTokensDetails.CachedTokens }
-	r.forward(w, req, body, path, slices.Concat(decoders, both), LookupResult{PromptTokens: look.PromptTokens,
+	rewrite := func(u *openai.Usage) { u.PromptTokensDetails.CachedTokens = pu.Usage.PromptTokensDetails.CachedTokens }
+	r.forward(w, req, body, path, slices.Concat(decoders, both), openai.LookupResult{PromptTokens: look.PromptTokens,
 		CachedTokens: look.PromptTokens, MaxTokens: look.MaxTokens}, true, session, rewrite)
 }
 
@@ -516,12 +517,12 @@ func (e *routerError) write(w http.ResponseWriter) {
 
 // lookup asks a node for the prompt's cost; a node that cannot answer is
 // skipped, and when none can the cost is the whole prompt, unknown.
-func (r *Router) lookup(req *http.Request, body []byte, path string, cands []backend) (LookupResult, *routerError) {
+func (r *Router) lookup(req *http.Request, body []byte, path string, cands []backend) (openai.LookupResult, *routerError) {
 	order := rand.Perm(len(cands))
 	for _, i := range order[:min(len(order), 3)] {
 		b := cands[i]
 		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
-		up, err := http.NewRequestWithContext(ctx, http.MethodPost, r.scheme()+b.addr+LookupPath+strings.TrimPrefix(path, "/v1"), bytes.NewReader(body))
+		up, err := http.NewRequestWithContext(ctx, http.MethodPost, r.scheme()+b.addr+openai.LookupPath+strings.TrimPrefix(path, "/v1"), bytes.NewReader(body))
 		if err != nil {
 			cancel()
 			continue
@@ -540,21 +541,21 @@ func (r *Router) lookup(req *http.Request, body []byte, path string, cands []bac
 		case err != nil || resp.StatusCode >= 500:
 			continue
 		case resp.StatusCode != http.StatusOK:
-			return LookupResult{}, &routerError{code: resp.StatusCode, header: resp.Header, body: rb}
+			return openai.LookupResult{}, &routerError{code: resp.StatusCode, header: resp.Header, body: rb}
 		}
-		var lr LookupResult
+		var lr openai.LookupResult
 		if json.Unmarshal(rb, &lr) == nil {
 			return lr, nil
 		}
 	}
-	return LookupResult{}, nil
+	return openai.LookupResult{}, nil
 }
 
 // forward sends the request to the best of cands, and on a failure before
 // the first byte of the answer to the next best, until one answers or none
 // is left. decode charges the node by tokens to generate, else by uncached
 // prompt tokens. rewrite, when set, edits the usage of the answer.
-func (r *Router) forward(w http.ResponseWriter, req *http.Request, body []byte, path string, cands []backend, look LookupResult, decode bool, session string, rewrite func(*usageJSON)) {
+func (r *Router) forward(w http.ResponseWriter, req *http.Request, body []byte, path string, cands []backend, look openai.LookupResult, decode bool, session string, rewrite func(*openai.Usage)) {
 	cands = slices.Clone(cands)
 	for len(cands) > 0 {
 		i := r.pick(cands, decode, session)
@@ -573,7 +574,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, body []byte, 
 		r.markDown(b.id)
 		r.retries.WithLabelValues(b.id).Inc()
 	}
-	writeAPIError(w, http.StatusServiceUnavailable, "every node failed this request; retry", "server_error", "", "no_backend")
+	openai.WriteError(w, http.StatusServiceUnavailable, "every node failed this request; retry", "server_error", "", "no_backend")
 }
 
 // forwardAny sends a request that needs no choice to any live node, with
@@ -581,8 +582,8 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, body []byte, 
 func (r *Router) forwardAny(w http.ResponseWriter, req *http.Request, body []byte) {
 	if req.Body != nil && body == nil {
 		var err error
-		if body, err = io.ReadAll(http.MaxBytesReader(w, req.Body, MaxOpenAIBodyBytes)); err != nil {
-			writeAPIError(w, http.StatusRequestEntityTooLarge, "the request body is too large or unreadable", "invalid_request_error", "", "")
+		if body, err = io.ReadAll(http.MaxBytesReader(w, req.Body, openai.MaxBodyBytes)); err != nil {
+			openai.WriteError(w, http.StatusRequestEntityTooLarge, "the request body is too large or unreadable", "invalid_request_error", "", "")
 			return
 		}
 	}
@@ -598,13 +599,13 @@ func (r *Router) forwardAny(w http.ResponseWriter, req *http.Request, body []byt
 		r.markDown(b.id)
 		r.retries.WithLabelValues(b.id).Inc()
 	}
-	writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+	openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
 }
 
 // listQueue answers GET /v1/queue with every node's list of the caller's
 // batches; a node's error (a refused token) is answered as is.
 func (r *Router) listQueue(w http.ResponseWriter, req *http.Request) {
-	all := QueueList{Object: "list", Data: []QueueBatch{}}
+	all := openai.QueueList{Object: "list", Data: []openai.QueueBatch{}}
 	answered := false
 	for _, b := range r.backends() {
 		rec := &captureWriter{header: http.Header{}}
@@ -617,17 +618,17 @@ func (r *Router) listQueue(w http.ResponseWriter, req *http.Request) {
 			w.Write(rec.body.Bytes())
 			return
 		}
-		var l QueueList
+		var l openai.QueueList
 		if json.Unmarshal(rec.body.Bytes(), &l) == nil {
 			all.Data = append(all.Data, l.Data...)
 			answered = true
 		}
 	}
 	if !answered {
-		writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+		openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
 		return
 	}
-	writeJSON(w, http.StatusOK, all)
+	openai.WriteJSON(w, http.StatusOK, all)
 }
 
 // forwardQueue passes GET or DELETE /v1/queue/{id} to the node that holds
@@ -636,7 +637,7 @@ func (r *Router) listQueue(w http.ResponseWriter, req *http.Request) {
 // node that accepted it; nothing else knows where.
 func (r *Router) forwardQueue(w http.ResponseWriter, req *http.Request) {
 	req = req.Clone(req.Context())
-	req.Header.Set(forwardedHeader, "1") // the router asks every node: they need not ask their peers
+	req.Header.Set(openai.ForwardedHeader, "1") // the router asks every node: they need not ask their peers
 	var last *captureWriter
 	for _, b := range r.backends() {
 		rec := &captureWriter{header: http.Header{}}
@@ -651,7 +652,7 @@ func (r *Router) forwardQueue(w http.ResponseWriter, req *http.Request) {
 		break
 	}
 	if last == nil {
-		writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+		openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
 		return
 	}
 	copyHeader(w.Header(), last.header)
@@ -662,7 +663,7 @@ func (r *Router) forwardQueue(w http.ResponseWriter, req *http.Request) {
 // try sends the request to b and streams its answer to w. It reports
 // whether anything reached w; an error with nothing sent may be retried.
 // firstByte is called when the node's answer starts (its prefill is done).
-func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path string, b backend, firstByte func(), rewrite func(*usageJSON)) (sent bool, err error) {
+func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path string, b backend, firstByte func(), rewrite func(*openai.Usage)) (sent bool, err error) {
 	t0 := time.Now()
 	up, err := http.NewRequestWithContext(req.Context(), req.Method, r.scheme()+b.addr+path, bytes.NewReader(body))
 	if err != nil {
@@ -751,12 +752,12 @@ func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path
 
 // rewriteUsage applies f to the usage of a JSON answer; an answer without
 // usage is returned as is.
-func rewriteUsage(b []byte, f func(*usageJSON)) []byte {
+func rewriteUsage(b []byte, f func(*openai.Usage)) []byte {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(b, &m) != nil || m["usage"] == nil || string(m["usage"]) == "null" {
 		return b
 	}
-	var u usageJSON
+	var u openai.Usage
 	if json.Unmarshal(m["usage"], &u) != nil {
 		return b
 	}
@@ -770,7 +771,7 @@ func rewriteUsage(b []byte, f func(*usageJSON)) []byte {
 }
 
 // rewriteEvents applies f to the usage of each complete event in b.
-func rewriteEvents(b []byte, f func(*usageJSON)) []byte {
+func rewriteEvents(b []byte, f func(*openai.Usage)) []byte {
 	var out []byte
 	for ev := range bytes.SplitSeq(b, []byte("\n\n")) {
 		if len(ev) == 0 {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/testkit"
+	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
 )
 
@@ -114,8 +115,8 @@ func TestRouterThroughCluster(t *testing.T) {
 		n.Node.prefill.engine.Flush(context.Background())
 	}
 	testkit.WaitFor(t, "the prompt to be cached", func() bool {
-		var l LookupResult
-		got := callAPI(t, "POST", url+LookupPath+"/completions", "", req)
+		var l openai.LookupResult
+		got := callAPI(t, "POST", url+openai.LookupPath+"/completions", "", req)
 		return got.status == 200 && jsonInto(got.body, &l) && l.CachedTokens >= 288
 	})
 	seen := map[string]bool{}
@@ -214,7 +215,7 @@ func TestRouterQueue(t *testing.T) {
 	nodes := startClusterNodes(t, 2, func(_ int, o *Options) { o.Prefill.Model = tinyModel() })
 	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
 	testkit.WaitFor(t, "the router to see 2 nodes", func() bool { return len(r.backends()) == 2 })
-	url := "http://" + r.HTTPAddr() + QueuePath
+	url := "http://" + r.HTTPAddr() + openai.QueuePath
 	req := map[string]any{"model": "kvmesh", "prompt": "routed and queued", "max_tokens": 4, "temperature": 0}
 	got := callAPI(t, "POST", url, "", map[string]any{"requests": []any{req, req}})
 	var a batchAnswer
@@ -232,7 +233,7 @@ func TestRouterQueue(t *testing.T) {
 	if a.Status != "completed" || len(a.Responses) != 2 {
 		t.Fatalf("through the router the batch is %+v", a)
 	}
-	var list QueueList
+	var list openai.QueueList
 	if got := callAPI(t, "GET", url, "", nil); got.status != 200 || json.Unmarshal(got.body, &list) != nil ||
 		len(list.Data) != 1 || list.Data[0].RequestID != a.RequestID || list.Data[0].Answered != 2 {
 		t.Errorf("the list through the router: %d %s", got.status, got.body)

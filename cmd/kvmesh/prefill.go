@@ -17,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -275,7 +276,7 @@ type prefillServeFlags struct {
 	role             string
 	backend          string
 	modelDir         string
-	batch            node.BatchOptions
+	batch            openai.BatchOptions
 	queueShare       float64
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
 )
@@ -362,7 +363,7 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *tra
 	fmt.Fprintf(out, "  store    %s (DRAM %s, NVMe %s)\n", opts.DataDir, formatSize(opts.DRAMBytes), formatSize(opts.NVMeBytes))
 	fmt.Fprintf(out, "  prefill  %s\n", engineLine(opts.Prefill))
 	if !opts.Prefill.Disabled {
-		fmt.Fprintf(out, "  openai   %s://%s/v1   (model %q: /v1/models, /v1/completions, /v1/chat/completions)\n", web, n.HTTPAddr(), node.ModelAlias)
+		fmt.Fprintf(out, "  openai   %s://%s/v1   (model %q: /v1/models, /v1/completions, /v1/chat/completions)\n", web, n.HTTPAddr(), openai.ModelAlias)
 	}
 	fmt.Fprintf(out, "  security %s\n", security(opts))
 	fmt.Fprintf(out, "try: kvmesh inspect --addr %s%s members   (stop with Ctrl-C)\n", n.GRPCAddr(), clientHint(cmd.Flags()))

@@ -1,4 +1,4 @@
-package node
+package openai
 
 import (
 	"bytes"
@@ -7,13 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/gossip"
 )
 
 // Work stealing: a queued batch is stored by the node that accepted it (its
@@ -46,9 +44,9 @@ import (
 // router does.
 const internalQueuePath = "/internal/queue/"
 
-// forwardedHeader marks a request one node passed to another, so that the
+// ForwardedHeader marks a request one node passed to another, so that the
 // other does not pass it on again.
-const forwardedHeader = "X-Kvmesh-Forwarded"
+const ForwardedHeader = "X-Kvmesh-Forwarded"
 
 // stolenBatch is a claim's answer: what the claimer needs to run the
 // batch's requests not yet answered.
@@ -70,7 +68,7 @@ type leaseCall struct {
 }
 
 // serveInternalQueue answers the owner's side of work stealing.
-func (n *Node) serveInternalQueue(w http.ResponseWriter, r *http.Request) {
+func (n *API) serveInternalQueue(w http.ResponseWriter, r *http.Request) {
 	err := n.internalQueue(w, r)
 	if err == nil {
 		return
@@ -80,29 +78,29 @@ func (n *Node) serveInternalQueue(w http.ResponseWriter, r *http.Request) {
 		he = newHTTPError(http.StatusInternalServerError, "", "", "%v", err)
 		n.log.Error("queue: a peer's request failed", "path", r.URL.Path, "err", err)
 	}
-	writeJSON(w, he.status, struct {
+	WriteJSON(w, he.status, struct {
 		Error apiError `json:"error"`
 	}{he.apiError})
 }
 
-func (n *Node) internalQueue(w http.ResponseWriter, r *http.Request) error {
-	if n.stopping.Load() || n.prefill == nil {
+func (n *API) internalQueue(w http.ResponseWriter, r *http.Request) error {
+	if n.n.Stopping() {
 		return newHTTPError(http.StatusServiceUnavailable, "", "", "this node runs no queue")
 	}
-	if _, err := n.guard.authorize(r.Header.Values("Authorization"), r.Method+" "+r.URL.Path, auth.Cluster); err != nil {
+	if _, err := n.n.Authorize(r.Header.Values("Authorization"), r.Method+" "+r.URL.Path, auth.Cluster); err != nil {
 		return newHTTPError(http.StatusForbidden, "", "insufficient_scope", "the internal queue API needs the cluster credential")
 	}
 	var call leaseCall
-	if err := decodeBody(w, r, &call, n.opts.Prefill.Batch.MaxBodyBytes); err != nil {
+	if err := decodeBody(w, r, &call, n.opts.Batch.MaxBodyBytes); err != nil {
 		return err
 	}
-	if call.Node == "" || call.Node == n.opts.NodeID {
+	if call.Node == "" || call.Node == n.n.ID() {
 		return badRequest("node", "node: the claimer's id is required, and is not this node's")
 	}
-	b, ttl := n.prefill.batches, n.opts.Prefill.Batch.LeaseTTL
+	b, ttl := n.batches, n.opts.Batch.LeaseTTL
 	rest := strings.TrimPrefix(r.URL.Path, internalQueuePath)
 	if rest == "claim" {
-		return n.prefill.lend(w, call.Node)
+		return n.lend(w, call.Node)
 	}
 	id, verb, _ := strings.Cut(rest, "/")
 	var err error
@@ -110,7 +108,7 @@ func (n *Node) internalQueue(w http.ResponseWriter, r *http.Request) error {
 	case "answer":
 		var more bool
 		if more, err = b.answerLeased(id, call.Node, call.Index, call.Response, call.Failed, ttl); err == nil {
-			writeJSON(w, http.StatusOK, struct {
+			WriteJSON(w, http.StatusOK, struct {
 				More bool `json:"more"`
 			}{more})
 			return nil
@@ -131,13 +129,13 @@ func (n *Node) internalQueue(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, struct{}{})
+	WriteJSON(w, http.StatusOK, struct{}{})
 	return nil
 }
 
 // lend leases the oldest batch nobody runs to peer and answers its
 // requests not yet answered; 204 when there is none.
-func (p *prefillService) lend(w http.ResponseWriter, peer string) error {
+func (p *API) lend(w http.ResponseWriter, peer string) error {
 	b := p.batches
 	c, _ := b.claimLocked(peer, b.opts.LeaseTTL)
 	if c == nil {
@@ -162,33 +160,14 @@ func (p *prefillService) lend(w http.ResponseWriter, peer string) error {
 		out.Requests = append(out.Requests, req)
 	}
 	p.batchMetrics.steals.WithLabelValues("lent").Inc()
-	p.n.log.Info("queue: lent a batch to a peer", "id", m.ID, "peer", peer, "from", m.Done, "requests", m.N)
-	writeJSON(w, http.StatusOK, out)
+	p.log.Info("queue: lent a batch to a peer", "id", m.ID, "peer", peer, "from", m.Done, "requests", m.N)
+	WriteJSON(w, http.StatusOK, out)
 	return nil
-}
-
-// queuePeers returns the HTTP addresses of the live members that run an
-// engine, this node excepted, in random order.
-func (n *Node) queuePeers() []string {
-	if n.cluster == nil || n.cluster.members == nil {
-		return nil
-	}
-	ms, _ := n.cluster.members.Members()
-	self := n.cluster.members.LocalID()
-	var out []string
-	for _, m := range ms {
-		if m.ID == self || m.Meta.HTTPAddr == "" || m.Meta.Role == gossip.RoleRouter || m.Meta.Role == gossip.RoleStore {
-			continue
-		}
-		out = append(out, m.Meta.HTTPAddr)
-	}
-	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
-	return out
 }
 
 // peerRequest sends a request to a peer's HTTP address with the cluster
 // credential.
-func (n *Node) peerRequest(ctx context.Context, method, addr, path string, body any, header http.Header) (*http.Response, error) {
+func (n *API) peerRequest(ctx context.Context, method, addr, path string, body any, header http.Header) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -198,7 +177,7 @@ func (n *Node) peerRequest(ctx context.Context, method, addr, path string, body 
 		rd = bytes.NewReader(b)
 	}
 	scheme := "http://"
-	if n.opts.HTTPTLS {
+	if n.opts.PeerHTTPS {
 		scheme = "https://"
 	}
 	req, err := http.NewRequestWithContext(ctx, method, scheme+addr+path, rd)
@@ -208,7 +187,7 @@ func (n *Node) peerRequest(ctx context.Context, method, addr, path string, body 
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	if tok := peerToken(&n.opts); tok != "" && header.Get("Authorization") == "" {
+	if tok := n.opts.PeerToken; tok != "" && header.Get("Authorization") == "" {
 		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -217,7 +196,7 @@ func (n *Node) peerRequest(ctx context.Context, method, addr, path string, body 
 
 // leaseCallTo posts a lease call to a peer and decodes its answer into
 // out (when set). errLeaseLost for 409.
-func (n *Node) leaseCallTo(ctx context.Context, addr, path string, call leaseCall, out any) error {
+func (n *API) leaseCallTo(ctx context.Context, addr, path string, call leaseCall, out any) error {
 	resp, err := n.peerRequest(ctx, http.MethodPost, addr, path, call, nil)
 	if err != nil {
 		return err
@@ -242,30 +221,30 @@ func (n *Node) leaseCallTo(ctx context.Context, addr, path string, call leaseCal
 
 // steal asks the peers, once the engine is idle, for a batch nobody runs,
 // and runs the first one lent.
-func (p *prefillService) steal() {
+func (p *API) steal() {
 	if err := p.engine.WaitIdle(p.ctx); err != nil {
 		return
 	}
-	self := p.n.opts.NodeID
-	for _, addr := range p.n.queuePeers() {
+	self := p.n.ID()
+	for _, addr := range p.n.Peers() {
 		var sb stolenBatch
 		ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
-		err := p.n.leaseCallTo(ctx, addr, internalQueuePath+"claim", leaseCall{Node: self}, &sb)
+		err := p.leaseCallTo(ctx, addr, internalQueuePath+"claim", leaseCall{Node: self}, &sb)
 		cancel()
 		switch {
 		case errors.Is(err, errBatchNotFound):
 			continue
 		case err != nil:
 			if p.ctx.Err() == nil {
-				p.n.log.Debug("queue: a peer lent no batch", "peer", addr, "err", err)
+				p.log.Debug("queue: a peer lent no batch", "peer", addr, "err", err)
 			}
 			continue
 		case len(sb.Requests) != sb.N-sb.Done:
-			p.n.log.Warn("queue: a peer lent a malformed batch", "peer", addr, "id", sb.RequestID)
+			p.log.Warn("queue: a peer lent a malformed batch", "peer", addr, "id", sb.RequestID)
 			continue
 		}
 		p.batchMetrics.steals.WithLabelValues("borrowed").Inc()
-		p.n.log.Info("queue: running a peer's batch", "id", sb.RequestID, "peer", addr, "from", sb.Done, "requests", sb.N)
+		p.log.Info("queue: running a peer's batch", "id", sb.RequestID, "peer", addr, "from", sb.Done, "requests", sb.N)
 		p.runStolen(addr, sb)
 		return
 	}
@@ -273,8 +252,8 @@ func (p *prefillService) steal() {
 
 // runStolen runs the batch a peer lent, posting each answer back, and
 // renews the lease meanwhile; it gives the batch back if the node stops.
-func (p *prefillService) runStolen(addr string, sb stolenBatch) {
-	self := p.n.opts.NodeID
+func (p *API) runStolen(addr string, sb stolenBatch) {
+	self := p.n.ID()
 	base := internalQueuePath + sb.RequestID
 	ttl := time.Duration(sb.LeaseMs) * time.Millisecond
 	renewCtx, stopRenew := context.WithCancel(p.ctx)
@@ -288,8 +267,8 @@ func (p *prefillService) runStolen(addr string, sb stolenBatch) {
 			case <-renewCtx.Done():
 				return
 			case <-t.C:
-				if err := p.n.leaseCallTo(renewCtx, addr, base+"/renew", leaseCall{Node: self}, nil); errors.Is(err, errLeaseLost) {
-					p.n.log.Warn("queue: lost the lease on a peer's batch", "id", sb.RequestID, "peer", addr)
+				if err := p.leaseCallTo(renewCtx, addr, base+"/renew", leaseCall{Node: self}, nil); errors.Is(err, errLeaseLost) {
+					p.log.Warn("queue: lost the lease on a peer's batch", "id", sb.RequestID, "peer", addr)
 					return
 				}
 			}
@@ -307,7 +286,7 @@ func (p *prefillService) runStolen(addr string, sb stolenBatch) {
 			}
 			ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
 			defer cancel()
-			err := p.n.leaseCallTo(ctx, addr, base+"/answer", leaseCall{Node: self, Index: i, Response: resp, Failed: failed}, &out)
+			err := p.leaseCallTo(ctx, addr, base+"/answer", leaseCall{Node: self, Index: i, Response: resp, Failed: failed}, &out)
 			finished = err == nil && !out.More
 			return out.More, err
 		},
@@ -317,7 +296,7 @@ func (p *prefillService) runStolen(addr string, sb stolenBatch) {
 	if !finished && p.ctx.Err() != nil {
 		// Stopping: give it back now rather than when the lease lapses.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		p.n.leaseCallTo(ctx, addr, base+"/release", leaseCall{Node: self}, nil)
+		p.leaseCallTo(ctx, addr, base+"/release", leaseCall{Node: self}, nil)
 		cancel()
 	}
 }
@@ -326,15 +305,15 @@ func (p *prefillService) runStolen(addr string, sb stolenBatch) {
 // not hold to its peers, with the caller's credential, and answers with
 // the first answer that is not 404; false when every peer said 404 (or
 // none answered), or when the request came from a peer already.
-func (n *Node) askPeers(w http.ResponseWriter, r *http.Request) bool {
-	if r.Header.Get(forwardedHeader) != "" {
+func (n *API) askPeers(w http.ResponseWriter, r *http.Request) bool {
+	if r.Header.Get(ForwardedHeader) != "" {
 		return false
 	}
-	h := http.Header{forwardedHeader: {"1"}}
+	h := http.Header{ForwardedHeader: {"1"}}
 	if a := r.Header.Values("Authorization"); len(a) > 0 {
 		h["Authorization"] = a
 	}
-	for _, addr := range n.queuePeers() {
+	for _, addr := range n.n.Peers() {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 		resp, err := n.peerRequest(ctx, r.Method, addr, r.URL.Path, nil, h)
 		if err != nil {
