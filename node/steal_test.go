@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
+	"github.com/kvmesh/kvmesh/router"
 )
 
 // internalQueuePath is the owner's side of work stealing, and lentBatch a
@@ -84,8 +84,8 @@ func TestQueueStealing(t *testing.T) {
 	if via := pollBatch(t, peer.Node, "", a); via.Status != "completed" || len(via.Responses) != 3 || string(via.Responses[2]) != string(done.Responses[2]) {
 		t.Errorf("through the peer: %+v", via)
 	}
-	r := startRouter(t, owner.GossipAddr(), PolicyTokens)
-	testkit.WaitFor(t, "the router to see 2 nodes", func() bool { return len(r.backends()) == 2 })
+	r := startRouter(t, owner.GossipAddr(), router.PolicyTokens)
+	waitRouterNodes(t, r, 2)
 	if got := callAPI(t, "GET", "http://"+r.HTTPAddr()+openai.QueuePath+"/"+a, "", nil); got.status != 200 || !strings.Contains(string(got.body), `"completed"`) {
 		t.Errorf("through the router: %d %s", got.status, got.body)
 	}

@@ -1,4 +1,4 @@
-package node
+package router
 
 import (
 	"bytes"
@@ -55,15 +55,15 @@ import (
 // x-session-affinity header travel through unchanged (the session is only
 // logged and counted).
 
-// Routing policies (RouterOptions.Policy).
+// Routing policies (Options.Policy).
 const (
 	PolicyTokens  = "tokens"  // fewest outstanding uncached prompt tokens (the default)
 	PolicyRandom  = "random"  // any live node
 	PolicySession = "session" // by a hash of x-session-affinity (random without one): the baseline the others are measured against
 )
 
-// RouterOptions configure a Router.
-type RouterOptions struct {
+// Options configure a Router.
+type Options struct {
 	// NodeID names the router among the members. Default
 	// "router-<hostname>-<gossip port>".
 	NodeID string
@@ -77,7 +77,7 @@ type RouterOptions struct {
 	Join []string
 	// GossipKey is the cluster's gossip key, if it has one.
 	GossipKey []byte
-	// GossipProfile is "lan" or "local", as Options.GossipProfile.
+	// GossipProfile is "lan" or "local", as the nodes' (node.Options).
 	// Default "lan".
 	GossipProfile string
 	// Policy is PolicyTokens, PolicyRandom or PolicySession. Default
@@ -85,22 +85,36 @@ type RouterOptions struct {
 	Policy string
 	// NodeTLS, when set, is the client configuration the router reaches
 	// the nodes' HTTP addresses with, over HTTPS (nodes started with
-	// Options.HTTPTLS: its CA, and a certificate when they want one).
+	// node.Options.HTTPTLS: its CA, and a certificate when they want one).
 	// Default nil: plain HTTP.
 	NodeTLS *tls.Config
 	// Logger receives the router's records. Default slog.Default().
 	Logger *slog.Logger
 }
 
-// DefaultRouterHTTPAddr is RouterOptions.HTTPAddr's default.
-const DefaultRouterHTTPAddr = "127.0.0.1:7700"
+// DefaultHTTPAddr is Options.HTTPAddr's default.
+const DefaultHTTPAddr = "127.0.0.1:7700"
+
+// ErrInvalidOptions is wrapped by every error New returns for its options.
+var ErrInvalidOptions = errors.New("router: invalid options")
+
+// OptionError names the option New rejected.
+type OptionError struct {
+	Field string // the Options field, for example "Policy"
+	Msg   string
+}
+
+func (e *OptionError) Error() string { return fmt.Sprintf("router: option %s: %s", e.Field, e.Msg) }
+
+// Unwrap makes every OptionError match ErrInvalidOptions.
+func (e *OptionError) Unwrap() error { return ErrInvalidOptions }
 
 // routerBackoff is how long a node that failed a request is skipped.
 const routerBackoff = 2 * time.Second
 
 // Router is a running kvmesh route.
 type Router struct {
-	opts    RouterOptions
+	opts    Options
 	log     *slog.Logger
 	members *gossip.Membership
 	lis     net.Listener
@@ -126,11 +140,11 @@ type nodeLoad struct {
 	downUntil                time.Time
 }
 
-// NewRouter binds the router's HTTP address and joins the cluster. Serve
-// runs it.
-func NewRouter(opts RouterOptions) (*Router, error) {
+// New binds the router's HTTP address and joins the cluster. Serve runs
+// it.
+func New(opts Options) (*Router, error) {
 	if opts.HTTPAddr == "" {
-		opts.HTTPAddr = DefaultRouterHTTPAddr
+		opts.HTTPAddr = DefaultHTTPAddr
 	}
 	if opts.GossipAddr == "" {
 		opts.GossipAddr = "127.0.0.1:0"
@@ -154,7 +168,7 @@ func NewRouter(opts RouterOptions) (*Router, error) {
 	}
 	lis, err := net.Listen("tcp", opts.HTTPAddr)
 	if err != nil {
-		return nil, fmt.Errorf("node: router: listen on HTTPAddr %s: %w", opts.HTTPAddr, err)
+		return nil, fmt.Errorf("router: listen on HTTPAddr %s: %w", opts.HTTPAddr, err)
 	}
 	if opts.NodeID == "" {
 		host, _ := os.Hostname()
@@ -241,7 +255,7 @@ func (r *Router) Serve(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
-		err = fmt.Errorf("node: router: HTTP server: %w", err)
+		err = fmt.Errorf("router: HTTP server: %w", err)
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	if serr := r.http.Shutdown(sctx); serr != nil {
@@ -847,3 +861,5 @@ func (r *Router) scheme() string {
 	}
 	return "http://"
 }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
