@@ -13,8 +13,8 @@
 // (memberlist alone never contacts a member it declared dead), so a node
 // may start before its seeds and a partition heals by itself.
 //
-// Gossip is encrypted (AES-GCM) when MembershipOptions.SecretKey is set;
-// a member with another key cannot join. MembershipOptions.Transport
+// Gossip is encrypted (AES-GCM) when Options.SecretKey is set;
+// a member with another key cannot join. Options.Transport
 // replaces the UDP and TCP sockets, so that tests run partitions in one
 // process on memberlist's MockNetwork.
 //

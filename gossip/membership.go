@@ -61,8 +61,8 @@ type MemberInfo struct {
 // Weight is the member's placement weight: the bytes it offers to the cache.
 func (m MemberInfo) Weight() float64 { return float64(m.Meta.DRAMBytes + m.Meta.NVMeBytes) }
 
-// MembershipOptions configure StartMembership.
-type MembershipOptions struct {
+// Options configure Start.
+type Options struct {
 	// NodeID names this node in the cluster; it must be unique and stable
 	// across restarts (placement hashes it). Default: hostname:gossip-port.
 	NodeID string
@@ -155,9 +155,9 @@ type failedMember struct {
 	since time.Time
 }
 
-// StartMembership binds the gossip address, joins the seeds (if any) and
+// Start binds the gossip address, joins the seeds (if any) and
 // returns once this node is a member. The caller must Close it.
-func StartMembership(opts MembershipOptions) (*Membership, error) {
+func Start(opts Options) (*Membership, error) {
 	if len(opts.SecretKey) != 0 && !slices.Contains([]int{16, 24, 32}, len(opts.SecretKey)) {
 		return nil, fmt.Errorf("%w (got %d)", ErrSecretKey, len(opts.SecretKey))
 	}

@@ -111,14 +111,14 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	if opts.Prefill.Disabled {
 		meta.Role = gossip.RoleStore
 	}
-	mopts := gossip.MembershipOptions{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join, RetryJoin: true,
+	mopts := gossip.Options{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join, RetryJoin: true,
 		SecretKey: opts.GossipKey, Meta: meta, Fast: opts.GossipProfile == "local", Logger: opts.Logger}
 	if opts.AdvertiseHost != "" {
 		if mopts.AdvertiseAddr, err = resolveIP(opts.AdvertiseHost); err != nil {
 			return nil, err
 		}
 	}
-	if c.members, err = gossip.StartMembership(mopts); err != nil {
+	if c.members, err = gossip.Start(mopts); err != nil {
 		return nil, err
 	}
 	var obs observer

@@ -126,24 +126,6 @@ func New(n Node, opts Options) (*API, error) {
 	return o, nil
 }
 
-// Register mounts the API on mux: /v1/, and the owner's side of work
-// stealing (internalQueuePath).
-func (o *API) Register(mux *http.ServeMux) {
-	mux.HandleFunc("/v1/", o.serve)
-	mux.HandleFunc("POST "+internalQueuePath, o.serveInternalQueue)
-}
-
-// RegisterDisabled mounts on mux what a node without an engine answers in
-// the API's place: 503.
-func RegisterDisabled(mux *http.ServeMux) {
-	mux.HandleFunc("/v1/", func(w http.ResponseWriter, _ *http.Request) {
-		WriteError(w, http.StatusServiceUnavailable, "this node runs no engine (Prefill.Disabled)", "server_error", "", "engine_disabled")
-	})
-	mux.HandleFunc("POST "+internalQueuePath, func(w http.ResponseWriter, _ *http.Request) {
-		WriteError(w, http.StatusServiceUnavailable, "this node runs no queue", "server_error", "", "")
-	})
-}
-
 // Start starts the workers that run queued batches, the reaper of expired
 // ones and the callbacks' sender.
 func (o *API) Start() {

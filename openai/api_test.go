@@ -137,3 +137,68 @@ func TestQueueFailedRequest(t *testing.T) {
 		t.Errorf("failed requests counted %v (%v), want 1", failed.GetCounter().GetValue(), err)
 	}
 }
+
+// TestRoutes: each route answers its method; a known path asked with
+// another is 405 with Allow, an unknown path 404, both as OpenAI's error
+// object; every answer is counted under its route's label.
+func TestRoutes(t *testing.T) {
+	a := startTestAPI(t)
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code, allow  string // the error object's code; the Allow header
+	}{
+		{"GET", "/v1/models", 200, "", ""},
+		{"GET", "/v1/models/kvmesh", 200, "", ""},
+		{"GET", "/v1/models/nope", 404, "model_not_found", ""},
+		{"GET", "/v1/models/a/b", 404, "model_not_found", ""},
+		{"POST", "/v1/models", 405, "method_not_allowed", "GET"},
+		{"GET", "/v1/completions", 405, "method_not_allowed", "POST"},
+		{"DELETE", "/v1/chat/completions", 405, "method_not_allowed", "POST"},
+		{"GET", LookupPath + "/completions", 405, "method_not_allowed", "POST"},
+		{"POST", LookupPath + "/other", 404, "unknown_url", ""},
+		{"PUT", QueuePath, 405, "method_not_allowed", "GET, POST"},
+		{"GET", QueuePath, 200, "", ""},
+		{"GET", QueuePath + "/callback-key", 200, "", ""},
+		{"POST", QueuePath + "/callback-key", 405, "method_not_allowed", "GET, DELETE"},
+		{"GET", QueuePath + "/batch_nope", 404, "not_found", ""},
+		{"DELETE", QueuePath + "/batch_nope", 404, "not_found", ""},
+		{"GET", "/v1/nothing", 404, "unknown_url", ""},
+		{"POST", internalQueuePath + "nope", 400, "", ""}, // the caller is checked first: no node named
+	} {
+		req, err := http.NewRequest(c.method, a.srv.URL+c.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Error *struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode != c.status || err != nil:
+			t.Errorf("%s %s: %d (%v), want %d", c.method, c.path, resp.StatusCode, err, c.status)
+		case c.code != "" && (body.Error == nil || body.Error.Code != c.code):
+			t.Errorf("%s %s: error %+v, want code %q", c.method, c.path, body.Error, c.code)
+		case resp.Header.Get("Allow") != c.allow:
+			t.Errorf("%s %s: Allow %q, want %q", c.method, c.path, resp.Header.Get("Allow"), c.allow)
+		}
+	}
+	for label, want := range map[string]float64{"/v1/models/{id}": 3, "/v1/models": 2, QueuePath + "/{id}": 4, "other": 1, LookupPath: 2} {
+		n := 0.0
+		for _, code := range []string{"200", "404", "405"} {
+			var m dto.Metric
+			a.metrics.requests.WithLabelValues(label, code).Write(&m)
+			n += m.GetCounter().GetValue()
+		}
+		if n != want {
+			t.Errorf("requests counted under %q: %v, want %v", label, n, want)
+		}
+	}
+}

@@ -114,77 +114,79 @@ type batchStatus struct {
 	Responses []json.RawMessage `json:"responses,omitempty"`
 }
 
-// serveQueue answers QueuePath and QueuePath/{id}.
-func (o *API) serveQueue(w http.ResponseWriter, r *http.Request, path string, who auth.Principal) error {
-	owner := ownerOf(who)
-	if path == QueuePath {
-		switch r.Method {
-		case http.MethodPost:
-			return o.submit(w, r, owner)
-		case http.MethodGet:
-			out := QueueList{Object: "list", Data: []QueueBatch{}}
-			for _, m := range o.batches.list(owner, maxQueueList) {
-				qb := QueueBatch{RequestID: m.ID, Status: m.State, Requests: m.N, Answered: m.Done, Failed: m.Failed,
-					Created: m.Enqueued.Unix(), Runs: m.Runs}
-				if !m.Started.IsZero() {
-					qb.Started = m.Started.Unix()
-				}
-				if !m.Finished.IsZero() {
-					qb.Finished = m.Finished.Unix()
-				}
-				out.Data = append(out.Data, qb)
-			}
-			WriteJSON(w, http.StatusOK, out)
-			return nil
+// list answers GET QueuePath: the caller's batches.
+func (o *API) list(w http.ResponseWriter, r *http.Request, who auth.Principal) error {
+	out := QueueList{Object: "list", Data: []QueueBatch{}}
+	for _, m := range o.batches.list(ownerOf(who), maxQueueList) {
+		qb := QueueBatch{RequestID: m.ID, Status: m.State, Requests: m.N, Answered: m.Done, Failed: m.Failed,
+			Created: m.Enqueued.Unix(), Runs: m.Runs}
+		if !m.Started.IsZero() {
+			qb.Started = m.Started.Unix()
 		}
-		w.Header().Set("Allow", "GET, POST")
-		return newHTTPError(http.StatusMethodNotAllowed, "", "method_not_allowed", "%s %s: use POST (or GET for the list)", r.Method, path)
-	}
-	id := strings.TrimPrefix(path, QueuePath+"/")
-	if id == "callback-key" && r.Method == http.MethodGet {
-		// The key this caller's callbacks are signed with (Sign).
-		WriteJSON(w, http.StatusOK, struct {
-			Key string `json:"key"`
-		}{hex.EncodeToString(CallbackKey(o.callbacks.key, owner.Tenant))})
-		return nil
-	}
-	notFound := newHTTPError(http.StatusNotFound, "request_id", "not_found", "no queued batch %q (unknown, expired, or not yours)", id)
-	switch r.Method {
-	case http.MethodGet:
-		m, resps, err := o.batches.get(id, owner)
-		switch {
-		case errors.Is(err, errBatchNotFound):
-			if o.askPeers(w, r) { // a batch another node stored: it answers
-				return nil
-			}
-			return notFound
-		case err != nil:
-			return err
+		if !m.Finished.IsZero() {
+			qb.Finished = m.Finished.Unix()
 		}
-		WriteJSON(w, http.StatusOK, batchStatus{RequestID: m.ID, Status: m.State, Responses: resps})
-		return nil
-	case http.MethodDelete:
-		state, err := o.batches.cancel(id, owner)
-		switch {
-		case errors.Is(err, errBatchNotFound):
-			if o.askPeers(w, r) {
-				return nil
-			}
-			return notFound
-		case errors.Is(err, errBatchDone):
-			return newHTTPError(http.StatusConflict, "request_id", "already_finished", "the batch %q is already %s", id, state)
-		case err != nil:
-			return err
-		}
-		WriteJSON(w, http.StatusOK, batchStatus{RequestID: id, Status: state})
-		return nil
+		out.Data = append(out.Data, qb)
 	}
-	w.Header().Set("Allow", "GET, DELETE")
-	return newHTTPError(http.StatusMethodNotAllowed, "", "method_not_allowed", "%s %s: use GET or DELETE", r.Method, path)
+	WriteJSON(w, http.StatusOK, out)
+	return nil
 }
 
-func (o *API) submit(w http.ResponseWriter, r *http.Request, owner queueOwner) error {
-	lim := o.opts.Batch
+// callbackKey answers GET QueuePath/callback-key: the key this caller's
+// callbacks are signed with (Sign).
+func (o *API) callbackKey(w http.ResponseWriter, _ *http.Request, who auth.Principal) error {
+	WriteJSON(w, http.StatusOK, struct {
+		Key string `json:"key"`
+	}{hex.EncodeToString(CallbackKey(o.callbacks.key, ownerOf(who).Tenant))})
+	return nil
+}
+
+// batchNotFound is the answer about a batch no node holds for the caller.
+func batchNotFound(id string) error {
+	return newHTTPError(http.StatusNotFound, "request_id", "not_found", "no queued batch %q (unknown, expired, or not yours)", id)
+}
+
+// status answers GET QueuePath/{id}; a batch this node does not hold is
+// asked of its peers.
+func (o *API) status(w http.ResponseWriter, r *http.Request, who auth.Principal) error {
+	id := r.PathValue("id")
+	m, resps, err := o.batches.get(id, ownerOf(who))
+	switch {
+	case errors.Is(err, errBatchNotFound):
+		if o.askPeers(w, r) { // a batch another node stored: it answers
+			return nil
+		}
+		return batchNotFound(id)
+	case err != nil:
+		return err
+	}
+	WriteJSON(w, http.StatusOK, batchStatus{RequestID: m.ID, Status: m.State, Responses: resps})
+	return nil
+}
+
+// cancelBatch answers DELETE QueuePath/{id}; a batch this node does not hold is
+// asked of its peers.
+func (o *API) cancelBatch(w http.ResponseWriter, r *http.Request, who auth.Principal) error {
+	id := r.PathValue("id")
+	state, err := o.batches.cancel(id, ownerOf(who))
+	switch {
+	case errors.Is(err, errBatchNotFound):
+		if o.askPeers(w, r) {
+			return nil
+		}
+		return batchNotFound(id)
+	case errors.Is(err, errBatchDone):
+		return newHTTPError(http.StatusConflict, "request_id", "already_finished", "the batch %q is already %s", id, state)
+	case err != nil:
+		return err
+	}
+	WriteJSON(w, http.StatusOK, batchStatus{RequestID: id, Status: state})
+	return nil
+}
+
+// submit answers POST QueuePath: it checks and stores a batch.
+func (o *API) submit(w http.ResponseWriter, r *http.Request, who auth.Principal) error {
+	owner, lim := ownerOf(who), o.opts.Batch
 	var body struct {
 		Requests    []json.RawMessage `json:"requests"`
 		CallbackURL *string           `json:"callback_url"`

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
@@ -67,75 +66,90 @@ type leaseCall struct {
 	Failed   bool            `json:"failed,omitempty"`
 }
 
-// serveInternalQueue answers the owner's side of work stealing.
-func (n *API) serveInternalQueue(w http.ResponseWriter, r *http.Request) {
-	err := n.internalQueue(w, r)
-	if err == nil {
-		return
+// internal is the handler of one call of the owner's side of work
+// stealing: fn answers a call from the peer with the cluster credential,
+// its body decoded.
+func (o *API) internal(fn func(w http.ResponseWriter, r *http.Request, call leaseCall) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		err := o.internalCall(w, r, fn)
+		if err == nil {
+			return
+		}
+		var he *httpError
+		if !errors.As(err, &he) {
+			he = newHTTPError(http.StatusInternalServerError, "", "", "%v", err)
+			o.log.Error("queue: a peer's request failed", "path", r.URL.Path, "err", err)
+		}
+		WriteJSON(w, he.status, struct {
+			Error apiError `json:"error"`
+		}{he.apiError})
 	}
-	var he *httpError
-	if !errors.As(err, &he) {
-		he = newHTTPError(http.StatusInternalServerError, "", "", "%v", err)
-		n.log.Error("queue: a peer's request failed", "path", r.URL.Path, "err", err)
-	}
-	WriteJSON(w, he.status, struct {
-		Error apiError `json:"error"`
-	}{he.apiError})
 }
 
-func (n *API) internalQueue(w http.ResponseWriter, r *http.Request) error {
-	if n.n.Stopping() {
+func (o *API) internalCall(w http.ResponseWriter, r *http.Request, fn func(w http.ResponseWriter, r *http.Request, call leaseCall) error) error {
+	if o.n.Stopping() {
 		return newHTTPError(http.StatusServiceUnavailable, "", "", "this node runs no queue")
 	}
-	if _, err := n.n.Authorize(r.Header.Values("Authorization"), r.Method+" "+r.URL.Path, auth.Cluster); err != nil {
+	if _, err := o.n.Authorize(r.Header.Values("Authorization"), r.Method+" "+r.URL.Path, auth.Cluster); err != nil {
 		return newHTTPError(http.StatusForbidden, "", "insufficient_scope", "the internal queue API needs the cluster credential")
 	}
 	var call leaseCall
-	if err := decodeBody(w, r, &call, n.opts.Batch.MaxBodyBytes); err != nil {
+	if err := decodeBody(w, r, &call, o.opts.Batch.MaxBodyBytes); err != nil {
 		return err
 	}
-	if call.Node == "" || call.Node == n.n.ID() {
+	if call.Node == "" || call.Node == o.n.ID() {
 		return badRequest("node", "node: the claimer's id is required, and is not this node's")
 	}
-	b, ttl := n.batches, n.opts.Batch.LeaseTTL
-	rest := strings.TrimPrefix(r.URL.Path, internalQueuePath)
-	if rest == "claim" {
-		return n.lend(w, call.Node)
-	}
-	id, verb, _ := strings.Cut(rest, "/")
-	var err error
-	switch verb {
-	case "answer":
-		var more bool
-		if more, err = b.answerLeased(id, call.Node, call.Index, call.Response, call.Failed, ttl); err == nil {
-			WriteJSON(w, http.StatusOK, struct {
-				More bool `json:"more"`
-			}{more})
-			return nil
-		}
-	case "renew":
-		err = b.renewLease(id, call.Node, ttl)
-	case "release":
-		err = b.releaseLease(id, call.Node)
-		if err == nil {
-			n.log.Info("queue: a peer gave a batch back", "id", id, "peer", call.Node)
-		}
-	default:
-		return newHTTPError(http.StatusNotFound, "", "not_found", "no such internal queue call %q", rest)
-	}
-	if errors.Is(err, errLeaseLost) {
-		return newHTTPError(http.StatusConflict, "request_id", "lease_lost", "%v", err)
-	}
+	return fn(w, r, call)
+}
+
+// answerLeased stores a lessee's answer (POST internalQueuePath{id}/answer).
+func (o *API) answerLeased(w http.ResponseWriter, r *http.Request, call leaseCall) error {
+	more, err := o.batches.answerLeased(r.PathValue("id"), call.Node, call.Index, call.Response, call.Failed, o.opts.Batch.LeaseTTL)
 	if err != nil {
-		return err
+		return leaseError(err)
+	}
+	WriteJSON(w, http.StatusOK, struct {
+		More bool `json:"more"`
+	}{more})
+	return nil
+}
+
+// renewLease extends a lessee's lease (POST internalQueuePath{id}/renew).
+func (o *API) renewLease(w http.ResponseWriter, r *http.Request, call leaseCall) error {
+	if err := o.batches.renewLease(r.PathValue("id"), call.Node, o.opts.Batch.LeaseTTL); err != nil {
+		return leaseError(err)
 	}
 	WriteJSON(w, http.StatusOK, struct{}{})
 	return nil
 }
 
-// lend leases the oldest batch nobody runs to peer and answers its
-// requests not yet answered; 204 when there is none.
-func (p *API) lend(w http.ResponseWriter, peer string) error {
+// releaseLease takes a batch back from its lessee (POST
+// internalQueuePath{id}/release).
+func (o *API) releaseLease(w http.ResponseWriter, r *http.Request, call leaseCall) error {
+	id := r.PathValue("id")
+	if err := o.batches.releaseLease(id, call.Node); err != nil {
+		return leaseError(err)
+	}
+	o.log.Info("queue: a peer gave a batch back", "id", id, "peer", call.Node)
+	WriteJSON(w, http.StatusOK, struct{}{})
+	return nil
+}
+
+// leaseError is the answer to a lease call the store refused: 409 when the
+// caller does not hold the lease.
+func leaseError(err error) error {
+	if errors.Is(err, errLeaseLost) {
+		return newHTTPError(http.StatusConflict, "request_id", "lease_lost", "%v", err)
+	}
+	return err
+}
+
+// lend leases the oldest batch nobody runs to the caller and answers its
+// requests not yet answered (POST internalQueuePath+"claim"); 204 when
+// there is none.
+func (p *API) lend(w http.ResponseWriter, _ *http.Request, call leaseCall) error {
+	peer := call.Node
 	b := p.batches
 	c, _ := b.claimLocked(peer, b.opts.LeaseTTL)
 	if c == nil {

@@ -27,34 +27,6 @@ import (
 	"github.com/kvmesh/kvmesh/openai"
 )
 
-// The router (kvmesh route): the OpenAI-compatible API in front of a
-// cluster. It joins the cluster's gossip as a member that offers no
-// capacity (so it owns no block) and learns from the members' metadata
-// where their HTTP APIs are and what role each plays. For each completion
-// it asks one node how much of the prompt the cluster's cache holds for the
-// caller (openai.LookupPath: one Lookup, nothing computed), and sends the request
-// to the node with the fewest outstanding uncached prompt tokens: the
-// prompt tokens that the requests it sent there and that have not yet
-// answered must still compute. A session never decides: a cached prefix
-// is a hit on every node, so spreading by load costs no hits.
-//
-// With prefill-role and decode-role members, a request goes first, not
-// streamed and with max_tokens 1, to a prefill node (chosen as above),
-// which computes the prompt and answers once its blocks are in the cache
-// (openai.PublishHeader); then, as the client sent it, to the decode node with the
-// fewest outstanding generated tokens, which loads the whole prefix from the
-// cache and computes only what is missing. The usage's cached_tokens the
-// client sees is then what the prefill node reused, rewritten into the
-// decode node's answer (its stream's usage chunk too), and both nodes' times
-// are in the response headers.
-//
-// Answers stream through as they come. A node that fails before the first
-// byte of its answer (refused, reset, 502/503) is marked down for
-// routerBackoff and the request goes to another; once bytes have reached
-// the client, a failure ends the response. Bearer tokens and the
-// x-session-affinity header travel through unchanged (the session is only
-// logged and counted).
-
 // Routing policies (Options.Policy).
 const (
 	PolicyTokens  = "tokens"  // fewest outstanding uncached prompt tokens (the default)
@@ -174,7 +146,7 @@ func New(opts Options) (*Router, error) {
 		host, _ := os.Hostname()
 		opts.NodeID = fmt.Sprintf("router-%s-%d", host, lis.Addr().(*net.TCPAddr).Port)
 	}
-	members, err := gossip.StartMembership(gossip.MembershipOptions{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join,
+	members, err := gossip.Start(gossip.Options{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join,
 		RetryJoin: true, SecretKey: opts.GossipKey, Fast: opts.GossipProfile == "local", Logger: opts.Logger,
 		Meta: gossip.MemberMeta{HTTPAddr: lis.Addr().String(), Role: gossip.RoleRouter}})
 	if err != nil {
@@ -221,7 +193,13 @@ func New(opts Options) (*Router, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
 	mux.HandleFunc("GET /healthz", r.healthz)
-	mux.HandleFunc("/v1/", r.serveAPI)
+	mux.HandleFunc("POST /v1/completions", r.complete)
+	mux.HandleFunc("POST /v1/chat/completions", r.complete)
+	mux.HandleFunc("GET "+openai.QueuePath, r.listQueue)
+	mux.HandleFunc("POST "+openai.QueuePath, r.submitQueue)
+	mux.HandleFunc(openai.QueuePath+"/{id...}", r.forwardQueue)
+	// Models, other methods and errors: any node answers the same.
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, req *http.Request) { r.forwardAny(w, req, nil) })
 	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return r, nil
 }
@@ -407,35 +385,20 @@ func (r *Router) markDown(id string) {
 	r.mu.Unlock()
 }
 
-func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
-	path := req.URL.Path
-	if strings.HasPrefix(path, openai.QueuePath+"/") {
-		r.forwardQueue(w, req)
+// submitQueue passes POST /v1/queue to any node: it stores the batch and
+// runs it, and its id is found later by asking the nodes.
+func (r *Router) submitQueue(w http.ResponseWriter, req *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, openai.DefaultBatchMaxBodyBytes))
+	if err != nil {
+		openai.WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is too large (at most %d bytes) or unreadable", openai.DefaultBatchMaxBodyBytes), "invalid_request_error", "", "request_too_large")
 		return
 	}
-	if path == openai.QueuePath && req.Method == http.MethodGet {
-		r.listQueue(w, req)
-		return
-	}
-	if path == openai.QueuePath && req.Method == http.MethodPost {
-		// Any node stores the batch and runs it; its id is found by asking.
-		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, openai.DefaultBatchMaxBodyBytes))
-		if err != nil {
-			openai.WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is too large (at most %d bytes) or unreadable", openai.DefaultBatchMaxBodyBytes), "invalid_request_error", "", "request_too_large")
-			return
-		}
-		r.forwardAny(w, req, body)
-		return
-	}
-	if path != "/v1/completions" && path != "/v1/chat/completions" {
-		// Models and errors: any node answers the same.
-		r.forwardAny(w, req, nil)
-		return
-	}
-	if req.Method != http.MethodPost {
-		r.forwardAny(w, req, nil)
-		return
-	}
+	r.forwardAny(w, req, body)
+}
+
+// complete routes a completion: on the node chosen by the policy, or, with
+// nodes in the prefill and decode roles, split between two.
+func (r *Router) complete(w http.ResponseWriter, req *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, openai.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -446,8 +409,8 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 		openai.WriteError(w, http.StatusBadRequest, "reading the request body: "+err.Error(), "invalid_request_error", "", "")
 		return
 	}
-	session := req.Header.Get(openai.SessionHeader)
-	if session != "" {
+	c := completion{req: req, body: body, path: req.URL.Path, session: req.Header.Get(openai.SessionHeader)}
+	if c.session != "" {
 		r.hints.Inc()
 	}
 	began := time.Now()
@@ -470,33 +433,46 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	// The cost of the prompt, from one node's lookup; that node also
 	// checks the request, so a bad one is refused here, with the node's
 	// error, before any work.
-	look, lerr := r.lookup(req, body, path, all)
-	if lerr != nil {
+	var lerr *routerError
+	if c.look, lerr = r.lookup(req, body, c.path, all); lerr != nil {
 		lerr.write(w)
 		return
 	}
-	split := len(prefillers) > 0 && len(decoders) > 0
-	if !split {
-		cands := slices.Concat(both, prefillers, decoders)
+	if len(prefillers) == 0 || len(decoders) == 0 {
 		r.overhead.Observe(time.Since(began).Seconds())
-		r.forward(w, req, body, path, cands, look, false, session, nil)
+		r.forward(w, c, slices.Concat(both, prefillers, decoders), c.look, false, nil)
 		return
 	}
-	// Prefill on a prefill node (max_tokens 1, not streamed, published
-	// before it answers), then decode on a decode node.
-	pre, err := prefillBody(body)
+	r.split(w, c, began, slices.Concat(prefillers, both), slices.Concat(decoders, both))
+}
+
+// completion is a completion request the router sends on: the client's
+// request and body, and what the lookup found.
+type completion struct {
+	req           *http.Request
+	body          []byte
+	path, session string
+	look          openai.LookupResult
+}
+
+// split runs c's prompt on one of prefillers (max_tokens 1, not streamed,
+// published before it answers), then decodes on one of decoders, which
+// loads the prefix from the cache; the client is told the prefill node's
+// cached tokens.
+func (r *Router) split(w http.ResponseWriter, c completion, began time.Time, prefillers, decoders []backend) {
+	pre, err := prefillBody(c.body)
 	if err != nil {
 		openai.WriteError(w, http.StatusBadRequest, err.Error(), "invalid_request_error", "", "")
 		return
 	}
 	r.overhead.Observe(time.Since(began).Seconds())
-	cands := slices.Concat(prefillers, both)
 	rec := &captureWriter{header: http.Header{}}
-	preReq := req.Clone(req.Context())
-	preReq.Header.Set(openai.PublishHeader, "wait")
+	pc := c
+	pc.req, pc.body = c.req.Clone(c.req.Context()), pre
+	pc.req.Header.Set(openai.PublishHeader, "wait")
 	t0 := time.Now()
-	r.forward(rec, preReq, pre, path, cands, openai.LookupResult{PromptTokens: look.PromptTokens, CachedTokens: look.CachedTokens, MaxTokens: 1},
-		false, session, nil)
+	r.forward(rec, pc, prefillers, openai.LookupResult{PromptTokens: c.look.PromptTokens, CachedTokens: c.look.CachedTokens, MaxTokens: 1},
+		false, nil)
 	preTook := time.Since(t0)
 	if rec.code != http.StatusOK {
 		copyHeader(w.Header(), rec.header)
@@ -512,8 +488,8 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	w.Header().Set("X-Kvmesh-Prefill-Node-Ms", strconv.FormatFloat(ms(preTook), 'f', 3, 64))
 	w.Header().Set("X-Kvmesh-Prefill-Cached-Tokens", strconv.Itoa(pu.Usage.PromptTokensDetails.CachedTokens))
 	rewrite := func(u *openai.Usage) { u.PromptTokensDetails.CachedTokens = pu.Usage.PromptTokensDetails.CachedTokens }
-	r.forward(w, req, body, path, slices.Concat(decoders, both), openai.LookupResult{PromptTokens: look.PromptTokens,
-		CachedTokens: look.PromptTokens, MaxTokens: look.MaxTokens}, true, session, rewrite)
+	r.forward(w, c, decoders, openai.LookupResult{PromptTokens: c.look.PromptTokens,
+		CachedTokens: c.look.PromptTokens, MaxTokens: c.look.MaxTokens}, true, rewrite)
 }
 
 // routerError is an answer the router passes on as is.
@@ -569,16 +545,16 @@ func (r *Router) lookup(req *http.Request, body []byte, path string, cands []bac
 // the first byte of the answer to the next best, until one answers or none
 // is left. decode charges the node by tokens to generate, else by uncached
 // prompt tokens. rewrite, when set, edits the usage of the answer.
-func (r *Router) forward(w http.ResponseWriter, req *http.Request, body []byte, path string, cands []backend, look openai.LookupResult, decode bool, session string, rewrite func(*openai.Usage)) {
+func (r *Router) forward(w http.ResponseWriter, c completion, cands []backend, look openai.LookupResult, decode bool, rewrite func(*openai.Usage)) {
 	cands = slices.Clone(cands)
 	for len(cands) > 0 {
-		i := r.pick(cands, decode, session)
+		i := r.pick(cands, decode, c.session)
 		b := cands[i]
 		cands = slices.Delete(cands, i, i+1)
 		prefilled, done := r.charge(b.id, max(0, look.PromptTokens-look.CachedTokens), look.MaxTokens)
-		sent, err := r.try(w, req, body, path, b, prefilled, rewrite)
+		sent, err := r.try(w, c.req, c.body, c.path, b, prefilled, rewrite)
 		done()
-		if err == nil || req.Context().Err() != nil {
+		if err == nil || c.req.Context().Err() != nil {
 			return
 		}
 		r.log.Warn("router: node failed", "node", b.id, "addr", b.addr, "answered", sent, "err", err)
