@@ -156,12 +156,12 @@ func TestPublisher(t *testing.T) {
 	k0, k1 := hdr(t, kvRec[0]).Key, hdr(t, kvRec[1]).Key
 	want := []kvevents.Event{
 		{Tag: kvevents.TagBlockStored, BlockHashes: [][]byte{links[0][:]}, TokenIDs: tokens[:4], BlockSize: 4, Medium: "CPU", LoRAName: ptr("adapter"),
-			ExtraKeys: [][]any{{prefixhash.VLLMText("adapter")}}},
+			ExtraKeys: [][]any{{"adapter"}}},
 		{Tag: kvevents.TagBlockStored, BlockHashes: [][]byte{links[1][:]}, ParentBlockHash: links[0][:], TokenIDs: tokens[4:], BlockSize: 4,
-			Medium: "CPU", LoRAName: ptr("adapter"), ExtraKeys: [][]any{{prefixhash.VLLMText("adapter")}}},
+			Medium: "CPU", LoRAName: ptr("adapter"), ExtraKeys: [][]any{{"adapter"}}},
 		{Tag: kvevents.TagBlockRemoved, BlockHashes: [][]byte{links[1][:]}, Medium: "CPU"},
 		{Tag: kvevents.TagBlockStored, BlockHashes: [][]byte{links[1][:]}, ParentBlockHash: links[0][:], TokenIDs: tokens[4:], BlockSize: 4,
-			Medium: "DISK", LoRAName: ptr("adapter"), ExtraKeys: [][]any{{prefixhash.VLLMText("adapter")}}},
+			Medium: "DISK", LoRAName: ptr("adapter"), ExtraKeys: [][]any{{"adapter"}}},
 		{Tag: kvevents.TagBlockStored, BlockHashes: [][]byte{k1[:]}, ParentBlockHash: k0[:],
 			TokenIDs: tokens[4:], BlockSize: 4, Medium: "GPU"},
 		{Tag: kvevents.TagAllBlocksCleared},
@@ -217,14 +217,24 @@ func TestPublisherNeverBlocks(t *testing.T) {
 
 func encode(t *testing.T, ns prefixhash.Namespace, tokens []uint32) [][]byte {
 	t.Helper()
-	links, err := prefixhash.LinksExtra(ns, tokens, nil)
+	return encodeExtra(t, ns, tokens, nil)
+}
+
+// encodeExtra is encode for blocks with extra keys (extra[i]: block i's).
+func encodeExtra(t *testing.T, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys) [][]byte {
+	t.Helper()
+	links, err := prefixhash.LinksExtra(ns, tokens, extra)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out [][]byte
 	parent := ns.RootLink()
 	for i := range links {
-		b, _, err := block.AppendHeaderExt(nil, 0, ns, parent, tokens[i*ns.BlockTokens:(i+1)*ns.BlockTokens], nil, make([]byte, ns.BlockBytes()))
+		var e prefixhash.ExtraKeys
+		if i < len(extra) {
+			e = extra[i]
+		}
+		b, _, err := block.AppendHeaderExt(nil, 0, ns, parent, tokens[i*ns.BlockTokens:(i+1)*ns.BlockTokens], e, make([]byte, ns.BlockBytes()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,4 +251,32 @@ func hdr(t *testing.T, rec []byte) block.Header {
 		t.Fatal(err)
 	}
 	return h
+}
+
+// TestVLLMExtraValues: a vllm-scheme block's extra keys are published as
+// the values vLLM's engine publishes (strings, [identifier, offset]).
+func TestVLLMExtraValues(t *testing.T) {
+	vl := prefixhash.Namespace{Model: "m", DType: prefixhash.Float16, BlockTokens: 4, Layers: 1, KVHeads: 1, HeadDim: 2,
+		Scheme: prefixhash.SchemeVLLM, HashSeed: "0", ExtraKeyBytes: 64}
+	p, err := kvevents.New(kvevents.Options{Addr: "tcp://127.0.0.1:0", NodeID: "n", BatchInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	tokens := []uint32{1, 2, 3, 4}
+	extra := []prefixhash.ExtraKeys{{prefixhash.VLLMMultimodalKey("img", -3), prefixhash.VLLMBytes([]byte{1, 2})}}
+	rec := encodeExtra(t, vl, tokens, extra)[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var r received
+	go kvevents.Subscribe(ctx, p.Addr(), "", r.add)
+	testkit.WaitFor(t, "the subscriber to receive a batch", func() bool {
+		p.BlockStored("CPU", rec)
+		return len(r.events("")) > 0
+	})
+	got := r.events("")[0].ExtraKeys
+	want := [][]any{{[]any{"img", int64(-3)}, []byte{1, 2}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("extra keys %#v, want %#v", got, want)
+	}
 }

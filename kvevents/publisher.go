@@ -371,9 +371,18 @@ func (p *Publisher) event(it item) (topic string, ev Event, ok bool) {
 			ev.LoRAName = &l
 		}
 		if len(h.Extra) > 0 {
+			// vLLM publishes its extra keys as the values they are (a
+			// LoRA name, a multimodal identifier and offset); a
+			// vllm-scheme block holds them as the CBOR its hash covered.
+			// A kvmesh-scheme block's extra keys are opaque bytes.
 			items := make([]any, len(h.Extra))
 			for i, k := range h.Extra {
 				items[i] = append([]byte(nil), k...)
+				if h.Scheme == prefixhash.SchemeVLLM {
+					if v, ok := vllmExtraValue(k); ok {
+						items[i] = v
+					}
+				}
 			}
 			ev.ExtraKeys = [][]any{items}
 		}

@@ -37,6 +37,7 @@ type Node struct {
 	metrics *metrics
 	names   names           // model ids of the namespaces seen, for Stats
 	prefill *prefillService // nil when Options.Prefill.Disabled
+	events  *nodeEvents     // nil when Options.KVEventsAddr is not set
 
 	grpcLis, httpLis net.Listener
 	grpc             *grpc.Server
@@ -197,6 +198,11 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 // when Options.GRPCAddr had port 0).
 func (n *Node) GRPCAddr() string { return n.grpcLis.Addr().String() }
 
+// KVEventsAddrs returns the endpoints the node publishes its KV events on
+// (Options.KVEventsAddr, the chosen port when it had port 0) and replays
+// them from; "" when none.
+func (n *Node) KVEventsAddrs() (pub, replay string) { return n.events.addrs() }
+
 // HTTPAddr returns the address /metrics and /healthz are served on.
 func (n *Node) HTTPAddr() string { return n.httpLis.Addr().String() }
 
@@ -236,6 +242,7 @@ func (n *Node) GossipAddr() string {
 func (n *Node) Ready() ready.Info {
 	info := ready.Info{NodeID: n.opts.NodeID, PID: os.Getpid(), GRPCAddr: n.GRPCAddr(), HTTPAddr: n.HTTPAddr(),
 		DataAddr: n.DataAddr(), GossipAddr: n.GossipAddr(), ShmSocket: n.ShmSocket()}
+	info.KVEventsAddr, info.KVEventsReplayAddr = n.KVEventsAddrs()
 	if n.cluster != nil {
 		info.GRPCAddr, info.HTTPAddr = n.cluster.grpcAddr, n.cluster.httpAddr
 	}
@@ -280,6 +287,9 @@ func (n *Node) Serve(ctx context.Context) error {
 		"data_dir", n.opts.DataDir, "dram_bytes", n.opts.DRAMBytes, "nvme_bytes", n.opts.NVMeBytes,
 		"tls", n.opts.TLS != nil, "mutual_tls", n.opts.TLS != nil && n.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
 		"tokens", len(n.opts.Tokens), "tenants", n.tenantCount())
+	if pub, replay := n.KVEventsAddrs(); pub != "" {
+		n.log.Info("kvmesh node publishing KV events", "pub", pub, "replay", replay)
+	}
 
 	var serveErr error
 	if n.opts.ReadyFile != "" {
@@ -366,6 +376,10 @@ func (n *Node) Close() error {
 		}
 		if err := n.cache.Close(); err != nil {
 			n.closeErr = fmt.Errorf("node: close cache: %w", err)
+		}
+		// After the cache: its last moves are published.
+		if err := n.events.close(); err != nil && n.closeErr == nil {
+			n.closeErr = fmt.Errorf("node: close KV events: %w", err)
 		}
 		n.log.Info("kvmesh node stopped", "id", n.opts.NodeID)
 	})

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/tiers"
@@ -57,13 +59,19 @@ func Open(opts Options) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	local, err := openLocal(opts, quotas)
+	events, err := openEvents(opts)
 	if err != nil {
+		return nil, err
+	}
+	local, err := openLocal(opts, quotas, events.store())
+	if err != nil {
+		events.close()
 		return nil, err
 	}
 	lis, err := listen(opts)
 	if err != nil {
 		local.Close()
+		events.close()
 		return nil, err
 	}
 	peerSeconds := newPeerHistogram()
@@ -71,10 +79,13 @@ func Open(opts Options) (*Node, error) {
 	if err != nil {
 		lis.close()
 		local.Close()
+		events.close()
 		return nil, err
 	}
-	n := newNode(opts, cc, lis, tokens, peerSeconds, newClusterCollector(cc))
+	n := newNode(opts, cc, lis, tokens, append([]prometheus.Collector{peerSeconds, newClusterCollector(cc)}, events.collectors()...)...)
 	n.cluster = cc
+	events.bind(&n.names)
+	n.events = events
 	if err := n.openPrefill(); err != nil {
 		n.Close()
 		return nil, err
@@ -84,7 +95,7 @@ func Open(opts Options) (*Node, error) {
 
 // openLocal opens the tiers under opts.DataDir and store.Local over them,
 // with the namespaces' own quotas (those kept in the data dir).
-func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error) {
+func openLocal(opts Options, quotas map[uint64]store.Quota, events store.Events) (*store.Local, error) {
 	// A slot of either tier must hold the largest block and the tier's
 	// 64-byte slot header.
 	const slotHeader = 64
@@ -118,7 +129,7 @@ func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error
 	}
 	local, err := store.Open(store.Options{HBM: hbm, DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes, MaxBlocks: opts.MaxBlocks, Eviction: store.Eviction(opts.Eviction),
 		PartialTTL: opts.PartialTTL, ClaimTTL: opts.ClaimTTL,
-		MaxRetentionTTL: opts.MaxRetentionTTL, MaxPinnedFraction: opts.MaxPinnedFraction,
+		MaxRetentionTTL: opts.MaxRetentionTTL, MaxPinnedFraction: opts.MaxPinnedFraction, Events: events,
 		Quotas: quotas, DefaultQuota: store.Quota{DRAM: opts.QuotaDRAMBytes, NVMe: opts.QuotaNVMeBytes}})
 	if err != nil {
 		dram.Close()

@@ -227,6 +227,17 @@ type Options struct {
 	// this node, a fraction of its DRAM and NVMe together. Default 0: the
 	// store's (0.5).
 	MaxPinnedFraction float64
+	// KVEventsAddr, when set, is the ZMQ PUB endpoint (tcp://HOST:PORT,
+	// port 0: any free one) the node publishes its store's KV events on, in
+	// vLLM's format (package kvevents): a block entering or leaving HBM,
+	// DRAM or NVMe as medium GPU, CPU or DISK. KVEventsReplayAddr, when
+	// set, is the ROUTER endpoint that replays recent batches.
+	// KVEventsTopic is the batches' topic ("{model}" is replaced by the
+	// namespace's model); default "kv@<NodeID>@{model}". The sockets have
+	// no authentication: a node that requires tokens or TLS refuses them.
+	KVEventsAddr       string
+	KVEventsReplayAddr string
+	KVEventsTopic      string
 	// MaxBatchBlocks is the most blocks one request may name: keys of a
 	// BatchGet or Exists, blocks of a BatchPut stream, full blocks of a
 	// Lookup's prompt. Default 16384 (a 256k-token prompt in blocks of 16).
@@ -450,6 +461,14 @@ func (o *Options) Validate() error {
 		return bad("MaxRetentionTTL", "%v is outside 1ms..%v", o.MaxRetentionTTL, block.MaxObjectTTL)
 	case o.MaxPinnedFraction < 0 || o.MaxPinnedFraction > 1:
 		return bad("MaxPinnedFraction", "%v is outside 0..1", o.MaxPinnedFraction)
+	case o.KVEventsAddr != "" && !strings.HasPrefix(o.KVEventsAddr, "tcp://"):
+		return bad("KVEventsAddr", "%q: want tcp://HOST:PORT", o.KVEventsAddr)
+	case o.KVEventsReplayAddr != "" && (o.KVEventsAddr == "" || !strings.HasPrefix(o.KVEventsReplayAddr, "tcp://")):
+		return bad("KVEventsReplayAddr", "%q: want tcp://HOST:PORT, with KVEventsAddr", o.KVEventsReplayAddr)
+	case o.KVEventsTopic != "" && o.KVEventsAddr == "":
+		return bad("KVEventsTopic", "set without KVEventsAddr")
+	case o.KVEventsAddr != "" && (len(o.Tokens) > 0 || o.TokensFile != nil || o.TLS != nil):
+		return bad("KVEventsAddr", "KV events' ZMQ sockets have no authentication: a node that requires tokens or TLS does not publish them")
 	case o.MaxBatchBlocks < 1:
 		return bad("MaxBatchBlocks", "%d must be at least 1", o.MaxBatchBlocks)
 	case o.MaxMessageBytes < messageOverhead+4*KiB:

@@ -106,6 +106,7 @@ func TestServeRefusals(t *testing.T) {
 	os.WriteFile(badValue, []byte("replicas: 9\n"), 0o644)
 	emptyTokens := filepath.Join(t.TempDir(), "tokens")
 	os.WriteFile(emptyTokens, []byte("# no token yet\n\n"), 0o600)
+	tokens := writeTokenFile(t)
 	for _, tc := range []struct {
 		env  map[string]string
 		args []string
@@ -121,6 +122,9 @@ func TestServeRefusals(t *testing.T) {
 		{nil, []string{"--tls-cert", "/does/not/exist.pem", "--tls-key", "/does/not/exist.pem"}, "TLS flags"},
 		{nil, []string{"--auth-token-file", "/does/not/exist"}, "--auth-token-file"},
 		{nil, []string{"--auth-token-file", emptyTokens}, "holds no token"},
+		{nil, []string{"--kv-events-addr", "127.0.0.1:5557"}, "--kv-events-addr"},
+		{nil, []string{"--kv-events-replay-addr", "tcp://127.0.0.1:0"}, "--kv-events-replay-addr"},
+		{nil, []string{"--kv-events-addr", "tcp://127.0.0.1:0", "--auth-token-file", tokens, "--insecure-gossip"}, "no authentication"},
 		{nil, []string{"--quota-dram", "-1"}, "not a size"},
 		{nil, []string{"--partial-ttl", "2h"}, "--partial-ttl"},
 		{nil, []string{"--partial-ttl", "-1s"}, "--partial-ttl"},

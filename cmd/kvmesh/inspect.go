@@ -53,6 +53,7 @@ func inspectCmd() *cobra.Command {
   kvmesh inspect object NAME...            objects by name: size, pieces, tier, pin and TTL
   kvmesh inspect retain --object N --pin hard   pin objects or a prompt's prefix, lease them, or clear it
   kvmesh inspect queue --http-addr H:P     the token's tenant's queued batches (HTTP API)
+  kvmesh inspect events --events tcp://H:P   tail KV events (vLLM's format) of a node or an engine
 
 A node that serves TLS needs --tls-ca (or --tls, for a certificate the system
 trusts) and, with mutual TLS, --tls-cert and --tls-key; one that asks for a
@@ -64,17 +65,25 @@ bearer token needs --auth-token-file.`,
 	pf.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the node")
 	f.sec.register(pf)
 	c.AddCommand(statsCmd(f), membersCmd(f), lookupCmd(f), blockCmd(f), quotasCmd(f), queueCmd(f), partialsCmd(f),
-		objectCmd(f), retainCmd(f))
+		objectCmd(f), retainCmd(f), eventsCmd(f))
 	return c
+}
+
+// prepare applies the environment to the flags and checks -o.
+func (f *inspectFlags) prepare(cmd *cobra.Command) error {
+	if err := envLayer(cmd); err != nil {
+		return err
+	}
+	if f.output != "table" && f.output != "json" {
+		return fmt.Errorf("-o %q: want table or json", f.output)
+	}
+	return nil
 }
 
 // dial applies the environment to the flags and connects to the node.
 func (f *inspectFlags) dial(cmd *cobra.Command) (*client.Client, context.Context, context.CancelFunc, error) {
-	if err := envLayer(cmd); err != nil {
+	if err := f.prepare(cmd); err != nil {
 		return nil, nil, nil, err
-	}
-	if f.output != "table" && f.output != "json" {
-		return nil, nil, nil, fmt.Errorf("-o %q: want table or json", f.output)
 	}
 	opts := client.Options{MaxRetries: -1}
 	if err := f.sec.apply(&opts); err != nil {

@@ -29,11 +29,8 @@ order they run, then the most recently finished. It asks the HTTP API
 (GET /v1/queue), not the gRPC address.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := envLayer(cmd); err != nil {
+			if err := f.prepare(cmd); err != nil {
 				return err
-			}
-			if f.output != "table" && f.output != "json" {
-				return fmt.Errorf("-o %q: want table or json", f.output)
 			}
 			var opts client.Options
 			if err := f.sec.apply(&opts); err != nil {

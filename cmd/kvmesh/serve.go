@@ -51,6 +51,8 @@ type serveFlags struct {
 	eviction                                   string
 	partialTTL, claimTTL                       time.Duration
 	maxRetentionTTL                            time.Duration
+	kvEventsAddr, kvEventsReplayAddr           string
+	kvEventsTopic                              string
 	maxPinned                                  float64
 	prefill                                    prefillServeFlags
 	tlsCert, tlsKey, tlsCA, tlsServerName      string
@@ -71,6 +73,7 @@ var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "GRPCAddr": "grpc-addr", "HTTPAddr": "http-addr",
 	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "DRAMPopulate": "dram-populate", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "PartialTTL": "partial-ttl", "ClaimTTL": "claim-ttl",
 	"MaxRetentionTTL": "max-retention-ttl", "MaxPinnedFraction": "max-pinned", "GPU": "gpu",
+	"KVEventsAddr": "kv-events-addr", "KVEventsReplayAddr": "kv-events-replay-addr", "KVEventsTopic": "kv-events-topic",
 	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
 	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
@@ -189,6 +192,9 @@ flag names, for example:
 	fs.DurationVar(&f.partialTTL, "partial-ttl", store.DefaultPartialTTL, "how long the parts of a block put by tensor- or pipeline-parallel ranks are kept while the block is incomplete (1ms..1h)")
 	fs.DurationVar(&f.claimTTL, "claim-ttl", store.DefaultClaimTTL, "how long a rank's claim to write a part holds back the other ranks writing the same part (1ms..10m)")
 	fs.DurationVar(&f.maxRetentionTTL, "max-retention-ttl", store.DefaultMaxRetentionTTL, "the longest TTL of an object's or a prefix's lease or pin (1ms..49d)")
+	fs.StringVar(&f.kvEventsAddr, "kv-events-addr", "", "publish the store's KV events in vLLM's format on this ZMQ PUB endpoint, tcp://HOST:PORT (blocks entering and leaving HBM, DRAM, NVMe as medium GPU, CPU, DISK; for llm-d's indexer and kvmesh route --engine-events). No authentication: refused with tokens or TLS")
+	fs.StringVar(&f.kvEventsReplayAddr, "kv-events-replay-addr", "", "ZMQ ROUTER endpoint, tcp://HOST:PORT, that replays recent KV-event batches from a sequence number (vLLM's replay protocol)")
+	fs.StringVar(&f.kvEventsTopic, "kv-events-topic", "", "topic of the KV-event batches; {model} is replaced by the namespace's model (default kv@<node-id>@{model}, as llm-d parses)")
 	fs.Float64Var(&f.maxPinned, "max-pinned", store.DefaultPinnedFraction, "the most of the node's DRAM and NVMe together that hard pins and leases may hold, as a fraction (0..1]")
 	fs.Var(newSize(&f.maxMessageBytes, int64(d.MaxMessageBytes)), "max-message-bytes", "largest gRPC message sent or received")
 	fs.Var(newSize(&f.chunkBytes, int64(d.ChunkBytes)), "chunk-bytes", "most payload bytes in one streamed message")
@@ -297,6 +303,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		DRAMBytes: f.dram, DRAMPopulate: f.dramPopulate, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
 		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, Eviction: f.eviction, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL, MaxBatchBlocks: f.maxBatchBlocks,
 		MaxRetentionTTL: f.maxRetentionTTL, MaxPinnedFraction: f.maxPinned,
+		KVEventsAddr: f.kvEventsAddr, KVEventsReplayAddr: f.kvEventsReplayAddr, KVEventsTopic: f.kvEventsTopic,
 		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
 		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout,
 		Version: version(), Logger: logger,

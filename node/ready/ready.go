@@ -31,6 +31,10 @@ type Info struct {
 	DataAddr   string `json:"data_addr"`   // TCP data plane; "" for a node without one
 	GossipAddr string `json:"gossip_addr"` // membership: what other nodes --join; "" without one
 	ShmSocket  string `json:"shm_socket"`  // shared-memory data plane's unix socket; "" when off
+	// KV events (--kv-events-addr): the ZMQ PUB and replay ROUTER
+	// endpoints, tcp://HOST:PORT; left out when off.
+	KVEventsAddr       string `json:"kv_events_addr,omitempty"`
+	KVEventsReplayAddr string `json:"kv_events_replay_addr,omitempty"`
 }
 
 // ErrExited is returned by Wait when the process exited before it wrote

@@ -102,6 +102,7 @@ class Node:
         except Exception:
             self.stop()
             raise
+        self.info = info
         self.addr = info["grpc_addr"]
         self.shm_socket = info.get("shm_socket", "off")
         self.gossip_addr = info.get("gossip_addr")
