@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -10,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
+
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/testkit"
+	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/router"
@@ -21,8 +26,13 @@ import (
 
 func startRouter(t *testing.T, join string, policy string) *router.Router {
 	t.Helper()
-	r, err := router.New(router.Options{HTTPAddr: "127.0.0.1:0", Join: []string{join}, GossipProfile: "local", Policy: policy,
-		Logger: slog.New(slog.DiscardHandler)})
+	return startRouterWith(t, router.Options{Join: []string{join}, Policy: policy})
+}
+
+func startRouterWith(t *testing.T, opts router.Options) *router.Router {
+	t.Helper()
+	opts.HTTPAddr, opts.GossipProfile, opts.Logger = "127.0.0.1:0", "local", slog.New(slog.DiscardHandler)
+	r, err := router.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,4 +209,63 @@ func TestRouterQueue(t *testing.T) {
 	if got := callAPI(t, "GET", url+"/batch_nope", "", nil); got.status != http.StatusNotFound {
 		t.Errorf("unknown id through the router: %d %s", got.status, got.body)
 	}
+}
+
+// TestRouterEngineEvents: with --engine-events, the router sends a prompt
+// to the node whose engine holds its prefix in GPU memory (as the engine's
+// KV events say), where without them the nodes tie; the nodes' own KV
+// events (the store's tiers) are a source too.
+func TestRouterEngineEvents(t *testing.T) {
+	nodes := startClusterNodes(t, 2, func(_ int, o *Options) {
+		o.Prefill.Model = tinyModel()
+		o.KVEventsAddr = "tcp://127.0.0.1:0"
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	engine := zmq4.NewPub(ctx)
+	defer engine.Close()
+	if err := engine.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	srcs := []router.EngineEvents{{Addr: "tcp://" + engine.Addr().String(), Member: nodes[1].ID()}}
+	for _, n := range nodes {
+		pub, _ := n.Node.KVEventsAddrs()
+		srcs = append(srcs, router.EngineEvents{Addr: pub})
+	}
+	r := startRouterWith(t, router.Options{Join: []string{nodes[0].GossipAddr()}, Policy: router.PolicyTokens, EngineEvents: srcs})
+	waitRouterNodes(t, r, 2)
+	prompt := longText(rand.New(rand.NewPCG(9, 9)), 300)
+	req := map[string]any{"model": "kvmesh", "prompt": prompt, "max_tokens": 4, "temperature": 0}
+	var look openai.LookupResult
+	got := callAPI(t, "POST", "http://"+nodes[0].HTTPAddr()+openai.LookupPath+"/completions?"+openai.LookupBlocksQuery, "", req)
+	if got.status != 200 || !jsonInto(got.body, &look) || len(look.BlockKeys) < 4 || look.BlockTokens == 0 {
+		t.Fatalf("lookup with blocks: %d %s", got.status, got.body)
+	}
+	// The engine of nodes[1] says it holds the prompt's blocks in GPU
+	// memory (published until the router's subscription has it).
+	ev := kvevents.Event{Tag: kvevents.TagBlockStored, BlockSize: look.BlockTokens, Medium: "GPU"}
+	for _, k := range look.BlockKeys {
+		h, _ := hex.DecodeString(k)
+		ev.BlockHashes = append(ev.BlockHashes, h)
+	}
+	payload, err := kvevents.Encode(nil, &kvevents.Batch{TS: 1, Events: []kvevents.Event{ev}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := uint64(0)
+	testkit.WaitFor(t, "the router to take the engine's events", func() bool {
+		engine.SendMulti(zmq4.NewMsgFrom([]byte("kv@engine@kvmesh"), binary.BigEndian.AppendUint64(nil, seq), payload))
+		seq++
+		return metricValue(scrape(t, r.HTTPAddr()), "kvmesh_router_engine_events_total") >= 1
+	})
+	for i := range 4 {
+		got := callAPI(t, "POST", "http://"+r.HTTPAddr()+"/v1/completions", "", req)
+		if got.status != 200 || got.header.Get("X-Kvmesh-Node") != nodes[1].ID() {
+			t.Fatalf("request %d: %d on %q, want %s (its engine holds the prompt)", i, got.status, got.header.Get("X-Kvmesh-Node"), nodes[1].ID())
+		}
+	}
+	// The nodes' own events reach the router: the store's blocks of the prompt.
+	testkit.WaitFor(t, "the nodes' KV events", func() bool {
+		return metricValue(scrape(t, r.HTTPAddr()), "kvmesh_router_engine_events_total") >= 2
+	})
 }

@@ -756,15 +756,32 @@ type LookupResult struct {
 	PromptTokens int `json:"prompt_tokens"`
 	CachedTokens int `json:"cached_tokens"`
 	MaxTokens    int `json:"max_tokens"`
+	// With ?blocks=1 (LookupBlocksQuery): the tokens of a block and the
+	// keys of the prompt's full blocks, 32 hex digits each (under key
+	// scheme vllm the first 16 bytes of vLLM's block hash), as KV events
+	// name blocks: what a router matches against engines' events.
+	BlockTokens int      `json:"block_tokens,omitempty"`
+	BlockKeys   []string `json:"block_keys,omitempty"`
 }
+
+// LookupBlocksQuery asks LookupPath for the prompt's block keys.
+const LookupBlocksQuery = "blocks=1"
 
 func (o *API) lookup(w http.ResponseWriter, r *http.Request, chat bool, who auth.Principal) error {
 	j, err := o.parse(w, r, chat)
 	if err != nil {
 		return err
 	}
-	cached := o.engine.Cached(ownerOf(who).context(r.Context()), j.prompt)
-	WriteJSON(w, http.StatusOK, LookupResult{PromptTokens: len(j.prompt), CachedTokens: cached, MaxTokens: j.opts.MaxTokens})
+	cached, keys := o.engine.CachedKeys(ownerOf(who).context(r.Context()), j.prompt)
+	res := LookupResult{PromptTokens: len(j.prompt), CachedTokens: cached, MaxTokens: j.opts.MaxTokens}
+	if r.URL.RawQuery == LookupBlocksQuery {
+		res.BlockTokens = o.engine.Config().BlockTokens
+		res.BlockKeys = make([]string, len(keys))
+		for i, k := range keys {
+			res.BlockKeys[i] = hex.EncodeToString(k[:])
+		}
+	}
+	WriteJSON(w, http.StatusOK, res)
 	return nil
 }
 

@@ -103,11 +103,20 @@ type Generation struct {
 // ctx's tenant, as Prefill asks), at most len(tokens)−1. An error or a
 // cache-less engine reads as 0. Routers weigh a prompt by what is left.
 func (e *Engine) Cached(ctx context.Context, tokens []uint32) int {
+	cached, _ := e.CachedKeys(ctx, tokens)
+	return cached
+}
+
+// CachedKeys is Cached that also returns the keys of the prompt's full
+// blocks under the caller's namespace: what KV events name the blocks by
+// (their first 16 bytes, under key scheme vllm), for a router that matches
+// them against engines' events.
+func (e *Engine) CachedKeys(ctx context.Context, tokens []uint32) (int, []prefixhash.Key) {
 	if len(tokens) == 0 {
-		return 0
+		return 0, nil
 	}
 	keys := prefixhash.Keys(e.scopeOf(ctx).ns, tokens)
-	return min(e.lookup(ctx, keys)*e.cfg.BlockTokens, len(tokens)-1)
+	return min(e.lookup(ctx, keys)*e.cfg.BlockTokens, len(tokens)-1), keys
 }
 
 // CheckGenerate returns nil when Generate would accept prompt and opts,

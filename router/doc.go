@@ -24,6 +24,18 @@
 // rewritten into the decode node's answer (its stream's usage chunk too),
 // and both nodes' times are in the response headers.
 //
+// With engine events (Options.EngineEvents: vLLM-format KV events of the
+// engines, and of kvmesh nodes' tiers), the token policy's cost of a
+// prompt differs by node: the lookup returns the prompt's block keys too
+// (openai.LookupBlocksQuery), and a node is spared the leading blocks its
+// engine holds in GPU memory, then the store's cached prefix weighed by
+// tier (Weights). An index per member and topic (events.go) holds which
+// media hold each block; a subscriber per source applies batches in
+// sequence order, asks the source's replay endpoint for what a gap (or the
+// time before subscribing) missed, drops what a publisher had published
+// when its sequence numbers start over (a restart), and members gone from
+// the cluster for EngineEventsTTL lose their entries.
+//
 // A batch of the asynchronous API is stored by the node that accepted it;
 // the router finds it by asking the nodes. Answers stream through as they
 // come. A node that fails before the first byte of its answer (refused,

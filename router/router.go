@@ -60,6 +60,21 @@ type Options struct {
 	// node.Options.HTTPTLS: its CA, and a certificate when they want one).
 	// Default nil: plain HTTP.
 	NodeTLS *tls.Config
+	// EngineEvents are KV-event sources (engines', kvmesh nodes') the
+	// router subscribes to: with any, the token policy weighs each node's
+	// cost of a prompt by what its engine holds in GPU memory and where
+	// the store holds the rest (Weights), instead of the store's cached
+	// prefix alone.
+	EngineEvents []EngineEvents
+	// Weights weigh a block's tokens by where it is held. Zero fields:
+	// DefaultWeights.
+	Weights Weights
+	// EngineEventsTTL is how long a member may be gone from the cluster
+	// before the blocks its engine published are dropped. Default 30s.
+	EngineEventsTTL time.Duration
+	// MaxIndexedBlocks bounds the blocks the event index holds, all
+	// members together. Default 1<<22 (about 200 MiB).
+	MaxIndexedBlocks int
 	// Logger receives the router's records. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -93,6 +108,8 @@ type Router struct {
 	http    *http.Server
 	client  *http.Client
 	reg     *prometheus.Registry
+
+	events *eventIndex // nil without Options.EngineEvents
 
 	requests *prometheus.CounterVec // node, code
 	retries  *prometheus.CounterVec // node
@@ -130,7 +147,26 @@ func New(opts Options) (*Router, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	opts.Weights.ensureDefaults()
+	if opts.EngineEventsTTL == 0 {
+		opts.EngineEventsTTL = 30 * time.Second
+	}
+	if opts.MaxIndexedBlocks == 0 {
+		opts.MaxIndexedBlocks = 1 << 22
+	}
+	for _, e := range opts.EngineEvents {
+		if !strings.HasPrefix(e.Addr, "tcp://") || (e.ReplayAddr != "" && !strings.HasPrefix(e.ReplayAddr, "tcp://")) {
+			return nil, &OptionError{Field: "EngineEvents", Msg: fmt.Sprintf("%+v: want tcp://HOST:PORT endpoints", e)}
+		}
+	}
+	if err := opts.Weights.validate(); err != nil {
+		return nil, err
+	}
 	switch {
+	case opts.EngineEventsTTL < 0:
+		return nil, &OptionError{Field: "EngineEventsTTL", Msg: fmt.Sprintf("%v must not be negative", opts.EngineEventsTTL)}
+	case opts.MaxIndexedBlocks < 0:
+		return nil, &OptionError{Field: "MaxIndexedBlocks", Msg: fmt.Sprintf("%d must not be negative", opts.MaxIndexedBlocks)}
 	case len(opts.Join) == 0:
 		return nil, &OptionError{Field: "Join", Msg: "a router needs the gossip address of a member to join"}
 	case opts.Policy != PolicyTokens && opts.Policy != PolicyRandom && opts.Policy != PolicySession:
@@ -190,6 +226,10 @@ func New(opts Options) (*Router, error) {
 	}
 	r.mu.load = map[string]*nodeLoad{}
 	r.reg.MustRegister(r.requests, r.retries, r.pending, r.upstream, r.hints, r.overhead)
+	if len(opts.EngineEvents) > 0 {
+		r.events = newEventIndex(opts)
+		r.reg.MustRegister(r.events.collectors()...)
+	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
 	mux.HandleFunc("GET /healthz", r.healthz)
@@ -228,7 +268,19 @@ func (r *Router) GossipAddr() string { return r.members.GossipAddr() }
 func (r *Router) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- r.http.Serve(r.lis) }()
-	r.log.Info("kvmesh router serving", "http", r.HTTPAddr(), "gossip", r.GossipAddr(), "policy", r.opts.Policy)
+	var wg sync.WaitGroup
+	ectx, stopEvents := context.WithCancel(ctx)
+	defer func() { stopEvents(); wg.Wait() }()
+	if r.events != nil {
+		for _, src := range r.opts.EngineEvents {
+			wg.Add(1)
+			go func() { defer wg.Done(); r.events.subscribe(ectx, src) }()
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); r.ageEvents(ectx) }()
+	}
+	r.log.Info("kvmesh router serving", "http", r.HTTPAddr(), "gossip", r.GossipAddr(), "policy", r.opts.Policy,
+		"engine_events", len(r.opts.EngineEvents))
 	var err error
 	select {
 	case <-ctx.Done():
@@ -245,6 +297,26 @@ func (r *Router) Serve(ctx context.Context) error {
 	r.client.CloseIdleConnections()
 	r.log.Info("kvmesh router stopped")
 	return err
+}
+
+// ageEvents drops, now and then, the event-index entries of members gone
+// from the cluster for longer than EngineEventsTTL.
+func (r *Router) ageEvents(ctx context.Context) {
+	t := time.NewTicker(max(time.Second, r.opts.EngineEventsTTL/4))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			ms, _ := r.members.Members()
+			alive := make(map[string]bool, len(ms))
+			for _, m := range ms {
+				alive[m.ID] = true
+			}
+			r.events.age(alive, now)
+		}
+	}
 }
 
 // Close releases a router that was never served.
@@ -291,9 +363,10 @@ func (r *Router) loadLocked(id string) *nodeLoad {
 }
 
 // pick chooses among cands: by policy for prefill work (cost: uncached
-// prompt tokens), by outstanding decode tokens for decode work. It
-// returns -1 when cands is empty.
-func (r *Router) pick(cands []backend, decode bool, session string) int {
+// prompt tokens in flight, and costs[i], this prompt's on cands[i], when
+// known), by outstanding decode tokens for decode work. It returns -1
+// when cands is empty.
+func (r *Router) pick(cands []backend, decode bool, session string, costs []int) int {
 	if len(cands) == 0 {
 		return -1
 	}
@@ -320,6 +393,9 @@ func (r *Router) pick(cands []backend, decode bool, session string) int {
 	loads := make([]nodeLoad, len(cands))
 	for i, c := range cands {
 		loads[i] = *r.loadLocked(c.id)
+		if costs != nil && !decode {
+			loads[i].prompt += costs[i]
+		}
 	}
 	return chooseLeastLoaded(loads, decode, rand.IntN(len(cands)))
 }
@@ -471,8 +547,8 @@ func (r *Router) split(w http.ResponseWriter, c completion, began time.Time, pre
 	pc.req, pc.body = c.req.Clone(c.req.Context()), pre
 	pc.req.Header.Set(openai.PublishHeader, "wait")
 	t0 := time.Now()
-	r.forward(rec, pc, prefillers, openai.LookupResult{PromptTokens: c.look.PromptTokens, CachedTokens: c.look.CachedTokens, MaxTokens: 1},
-		false, nil)
+	r.forward(rec, pc, prefillers, openai.LookupResult{PromptTokens: c.look.PromptTokens, CachedTokens: c.look.CachedTokens, MaxTokens: 1,
+		BlockTokens: c.look.BlockTokens, BlockKeys: c.look.BlockKeys}, false, nil)
 	preTook := time.Since(t0)
 	if rec.code != http.StatusOK {
 		copyHeader(w.Header(), rec.header)
@@ -512,7 +588,13 @@ func (r *Router) lookup(req *http.Request, body []byte, path string, cands []bac
 	for _, i := range order[:min(len(order), 3)] {
 		b := cands[i]
 		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
-		up, err := http.NewRequestWithContext(ctx, http.MethodPost, r.scheme()+b.addr+openai.LookupPath+strings.TrimPrefix(path, "/v1"), bytes.NewReader(body))
+		target := r.scheme() + b.addr + openai.LookupPath + strings.TrimPrefix(path, "/v1")
+		limit := int64(1 << 20)
+		if r.events != nil { // the prompt's block keys, to match the engines' events
+			target += "?" + openai.LookupBlocksQuery
+			limit = 16 << 20
+		}
+		up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 		if err != nil {
 			cancel()
 			continue
@@ -524,7 +606,7 @@ func (r *Router) lookup(req *http.Request, body []byte, path string, cands []bac
 			r.markDown(b.id)
 			continue
 		}
-		rb, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		rb, err := io.ReadAll(io.LimitReader(resp.Body, limit))
 		resp.Body.Close()
 		cancel()
 		switch {
@@ -548,10 +630,18 @@ func (r *Router) lookup(req *http.Request, body []byte, path string, cands []bac
 func (r *Router) forward(w http.ResponseWriter, c completion, cands []backend, look openai.LookupResult, decode bool, rewrite func(*openai.Usage)) {
 	cands = slices.Clone(cands)
 	for len(cands) > 0 {
-		i := r.pick(cands, decode, c.session)
+		var costs []int
+		if r.events != nil && !decode && r.opts.Policy == PolicyTokens {
+			costs = r.events.costs(cands, look)
+		}
+		i := r.pick(cands, decode, c.session, costs)
 		b := cands[i]
 		cands = slices.Delete(cands, i, i+1)
-		prefilled, done := r.charge(b.id, max(0, look.PromptTokens-look.CachedTokens), look.MaxTokens)
+		prompt := max(0, look.PromptTokens-look.CachedTokens)
+		if costs != nil {
+			prompt = costs[i]
+		}
+		prefilled, done := r.charge(b.id, prompt, look.MaxTokens)
 		sent, err := r.try(w, c.req, c.body, c.path, b, prefilled, rewrite)
 		done()
 		if err == nil || c.req.Context().Err() != nil {

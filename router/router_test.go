@@ -36,12 +36,12 @@ func TestRouterPicksByUncachedTokens(t *testing.T) {
 	preB, doneB := r.charge("b", 300, 10)
 	_, doneC := r.charge("c", 900, 10)
 	for range 5 {
-		if i := r.pick(cands, false, "session-1"); cands[i].id != "b" {
+		if i := r.pick(cands, false, "session-1", nil); cands[i].id != "b" {
 			t.Fatalf("picked %s with loads a=4000 b=300 c=900", cands[i].id)
 		}
 	}
 	preB() // b's prompt is computed: it decodes, its prompt load is gone
-	if i := r.pick(cands, false, ""); cands[i].id != "b" {
+	if i := r.pick(cands, false, "", nil); cands[i].id != "b" {
 		t.Errorf("picked %s once b's prefill was done", cands[i].id)
 	}
 	doneA()
@@ -51,9 +51,9 @@ func TestRouterPicksByUncachedTokens(t *testing.T) {
 		t.Errorf("load of b after its requests ended: %+v", *l)
 	}
 	r.opts.Policy = PolicySession
-	first := r.pick(cands, false, "conv-7")
+	first := r.pick(cands, false, "conv-7", nil)
 	for range 5 {
-		if r.pick(cands, false, "conv-7") != first {
+		if r.pick(cands, false, "conv-7", nil) != first {
 			t.Fatal("the session policy moved a session")
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,6 +21,7 @@ func routeCmd() *cobra.Command {
 		opts                    router.Options
 		gossipKeyFile, logLevel string
 		nodeTLS                 struct{ ca, cert, key, server string }
+		engineEvents            []string
 	)
 	c := &cobra.Command{
 		Use:   "route --join HOST:PORT,...",
@@ -35,7 +37,19 @@ node. With nodes served --role prefill and --role decode, a request is computed
 on a prefill node, then decoded on the decode node with the fewest tokens to
 generate. A node that fails before answering is retried on another.
 --policy random or session are the baselines of kvmesh bench serve.
-Prometheus metrics per node on /metrics.`,
+Prometheus metrics per node on /metrics.
+
+--engine-events subscribes to KV events in vLLM's format (repeat the flag per
+source): an engine's kv-events publisher, or a kvmesh node's --kv-events-addr.
+A prompt's cost on a node is then what is left after the leading blocks that
+node's engine holds in GPU memory (--weight-gpu of their tokens) and the blocks
+the store holds (--weight-cpu in DRAM, --weight-disk on NVMe). A source is
+tcp://HOST:PORT, with ?replay=tcp://HOST:PORT (the publisher's replay endpoint:
+batches missed in a gap of the sequence numbers, or sent before the router
+subscribed, are asked for again) and &member=ID (the member whose engine
+publishes; default the one its topic names, kv@<member>@<model>). A publisher
+whose sequence numbers start over has restarted: what it published is dropped;
+so are the blocks of a member gone from the cluster for --engine-events-ttl.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := envLayer(cmd); err != nil {
@@ -63,6 +77,13 @@ Prometheus metrics per node on /metrics.`,
 				}
 				opts.NodeTLS = cfg
 			}
+			for _, s := range engineEvents {
+				e, err := router.ParseEngineEvents(s)
+				if err != nil {
+					return fmt.Errorf("--engine-events %w", err)
+				}
+				opts.EngineEvents = append(opts.EngineEvents, e)
+			}
 			r, err := router.New(opts)
 			if err != nil {
 				return fmt.Errorf("%w (see kvmesh route --help)", optionError(err, nil))
@@ -86,6 +107,12 @@ Prometheus metrics per node on /metrics.`,
 	fs.StringVar(&opts.GossipProfile, "gossip-profile", "lan", "failure detection timings: lan, or local (one host)")
 	fs.StringVar(&opts.Policy, "policy", router.PolicyTokens, "tokens (fewest outstanding uncached prompt tokens), random, or session (by x-session-affinity; a baseline)")
 	fs.StringVar(&opts.NodeID, "node-id", "", "the router's member id (default router-<host>-<port>)")
+	fs.StringArrayVar(&engineEvents, "engine-events", nil, "a KV-event source to route by, tcp://HOST:PORT[?replay=tcp://HOST:PORT&member=ID] (repeat for more)")
+	fs.Float64Var(&opts.Weights.GPU, "weight-gpu", router.DefaultWeights.GPU, "share of a block's tokens a node is spared when its engine holds the block in GPU memory (0..1)")
+	fs.Float64Var(&opts.Weights.CPU, "weight-cpu", router.DefaultWeights.CPU, "share spared for a block the store holds in DRAM (0..1)")
+	fs.Float64Var(&opts.Weights.Disk, "weight-disk", router.DefaultWeights.Disk, "share spared for a block the store holds on NVMe (0..1)")
+	fs.DurationVar(&opts.EngineEventsTTL, "engine-events-ttl", 30*time.Second, "drop the blocks a member's engine published once the member is gone from the cluster this long")
+	fs.IntVar(&opts.MaxIndexedBlocks, "engine-events-max-blocks", 1<<22, "most blocks the router's event index holds")
 	fs.StringVar(&nodeTLS.ca, "tls-ca", "", "reach the nodes' HTTP addresses over HTTPS (nodes served with --http-tls), trusting this CA's PEM file")
 	fs.StringVar(&nodeTLS.cert, "tls-cert", "", "client certificate (PEM) to present to the nodes over HTTPS")
 	fs.StringVar(&nodeTLS.key, "tls-key", "", "the client certificate's private key (PEM)")
@@ -94,4 +121,10 @@ Prometheus metrics per node on /metrics.`,
 	return c
 }
 
-func init() { flagOf["Policy"] = "policy" }
+func init() {
+	for field, flag := range map[string]string{"Policy": "policy", "EngineEvents": "engine-events",
+		"Weights.GPU": "weight-gpu", "Weights.CPU": "weight-cpu", "Weights.Disk": "weight-disk",
+		"EngineEventsTTL": "engine-events-ttl", "MaxIndexedBlocks": "engine-events-max-blocks"} {
+		flagOf[field] = flag
+	}
+}

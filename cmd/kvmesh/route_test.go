@@ -17,6 +17,8 @@ func TestRouteBadFlags(t *testing.T) {
 		{[]string{"route", "--join", "127.0.0.1:1", "--policy", "fastest"}, "--policy"},
 		{[]string{"route", "--join", "127.0.0.1:1", "--gossip-profile", "wan"}, "lan or local"},
 		{[]string{"serve", "--role", "router"}, "--role"},
+		{[]string{"route", "--join", "127.0.0.1:1", "--engine-events", "127.0.0.1:5557"}, "--engine-events"},
+		{[]string{"route", "--join", "127.0.0.1:1", "--weight-gpu", "2"}, "--weight-gpu"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(c.args, &out, &errb); code != 1 || !strings.Contains(errb.String(), c.want) || strings.Count(strings.TrimSpace(errb.String()), "\n") > 0 {
