@@ -11,8 +11,9 @@
 // As vLLM's kv_events.py: each batch is a ZMQ PUB multipart message
 // [topic, sequence number as 8 bytes big-endian, payload], the payload a
 // KVEventBatch in msgpack as msgspec writes an array_like tagged union
-// with omit_defaults: [ts, [event...]] (and a data-parallel rank when
-// set), each event an array starting with its class name —
+// with omit_defaults: [ts, [event...], data-parallel rank] (the rank nil:
+// vLLM always sends it, and llm-d decodes exactly three fields), each
+// event an array starting with its class name —
 //
 //	["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
 //	 lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind,
@@ -53,10 +54,13 @@
 // cgo would not), and both are the ones llm-d's indexer uses to read
 // vLLM's events, which makes that indexer and this publisher agree on the
 // wire by construction. zmq4 implements ZMTP 3 and interoperates with
-// libzmq (the test decodes with pyzmq). What it lacks against libzmq:
+// libzmq (clients/python/tests/test_kv_events.py decodes with pyzmq and
+// msgpack from vLLM's schema; test/llmd runs llm-d's own indexer on a
+// node's events). What it lacks against libzmq:
 // a PUB's high-water-mark drops are not counted (Stats counts the
-// publisher's own queue drops), and a SUB reconnects only with
-// WithAutomaticReconnect. Encode writes the array form directly (no struct
+// publisher's own queue drops), and zmq4's automatic reconnect races with
+// Close, so Subscribe does without it: it returns when the connection
+// ends, and callers (kvmesh route) subscribe again. Encode writes the array form directly (no struct
 // tags), and Decode accepts every form vLLM has published: integer or bytes
 // hashes, the fields of 2026 (medium, group_idx, kv_cache_spec_kind and
 // _sliding_window) present or not.

@@ -56,21 +56,19 @@ type Batch struct {
 // Encode appends b as vLLM's publisher sends it: msgspec's array_like
 // encoding with omit_defaults (every field positional, trailing fields
 // at their default left out; a struct of a tagged union starts with its
-// tag).
+// tag). The batch always has its three fields, the data-parallel rank nil
+// when not set: vLLM's publisher always sets it (its rank, 0 without data
+// parallelism), and llm-d's indexer decodes the batch as exactly three.
 func Encode(dst []byte, b *Batch) ([]byte, error) {
 	var buf bytes.Buffer
 	buf.Write(dst)
 	e := msgpack.NewEncoder(&buf)
-	n := 2
-	if b.DataParallelRank != nil {
-		n = 3
-	}
 	must := func(err error) {
 		if err != nil {
 			panic(err) // a bytes.Buffer does not fail
 		}
 	}
-	must(e.EncodeArrayLen(n))
+	must(e.EncodeArrayLen(3))
 	must(e.EncodeFloat64(b.TS))
 	must(e.EncodeArrayLen(len(b.Events)))
 	for k := range b.Events {
@@ -80,6 +78,8 @@ func Encode(dst []byte, b *Batch) ([]byte, error) {
 	}
 	if b.DataParallelRank != nil {
 		must(e.EncodeInt(int64(*b.DataParallelRank)))
+	} else {
+		must(e.EncodeNil())
 	}
 	return buf.Bytes(), nil
 }

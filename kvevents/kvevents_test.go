@@ -39,9 +39,10 @@ func TestEncodeDecode(t *testing.T) {
 	if !reflect.DeepEqual(got, b) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, b)
 	}
-	// [1.5, [["AllBlocksCleared"]]]: fixarray(2), float64 1.5, fixarray(1), fixarray(1), fixstr(16).
+	// [1.5, [["AllBlocksCleared"]], nil]: fixarray(3), float64 1.5, fixarray(1), fixarray(1), fixstr(16), nil
+	// (the rank always there, as vLLM sends it and llm-d's decoder wants it).
 	one, _ := kvevents.Encode(nil, &kvevents.Batch{TS: 1.5, Events: []kvevents.Event{{Tag: kvevents.TagAllBlocksCleared}}})
-	want := append([]byte{0x92, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x91, 0x91, 0xb0}, "AllBlocksCleared"...)
+	want := append(append([]byte{0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x91, 0x91, 0xb0}, "AllBlocksCleared"...), 0xc0)
 	if !bytes.Equal(one, want) {
 		t.Fatalf("encoding % x, want % x", one, want)
 	}

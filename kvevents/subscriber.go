@@ -20,11 +20,12 @@ type Message struct {
 // Subscribe connects to the PUB endpoint addr (tcp://HOST:PORT), subscribes
 // to topics starting with prefix ("" for all) and calls fn with each batch,
 // in order, until ctx ends or fn returns false. It returns ctx's error, or
-// the socket's when it fails.
+// the socket's when it fails or the publisher's connection ends (it does
+// not reconnect: subscribe again).
 func Subscribe(ctx context.Context, addr, prefix string, fn func(Message) bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sub := zmq4.NewSub(ctx, zmq4.WithAutomaticReconnect(true))
+	sub := zmq4.NewSub(ctx)
 	defer sub.Close()
 	if err := sub.Dial(addr); err != nil {
 		return fmt.Errorf("kvevents: connect to %s: %w", addr, err)

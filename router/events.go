@@ -340,10 +340,13 @@ type source struct {
 	members map[string]bool // members its batches named
 }
 
-// subscribe follows src until ctx ends, resubscribing after a failure.
+// subscribe follows src until ctx ends, resubscribing after a failure
+// (a connection lost: the publisher died, or the network). The sequence
+// numbers carry over: after a restart they start over, which drops what
+// the old publisher had published.
 func (x *eventIndex) subscribe(ctx context.Context, src EngineEvents) {
+	s := &source{EngineEvents: src, members: map[string]bool{}}
 	for ctx.Err() == nil {
-		s := &source{EngineEvents: src, members: map[string]bool{}}
 		err := kvevents.Subscribe(ctx, src.Addr, "", func(m kvevents.Message) bool {
 			x.receive(ctx, s, m)
 			return true
