@@ -124,7 +124,7 @@ func (o *RanksOptions) Validate() error {
 }
 
 // RanksSuite measures a tensor-parallel instance's ranks writing and
-// reading their slices of blocks (client.PutRank, client.GetRank), N ranks
+// reading their slices of blocks (client.Put, client.Get with a Prompt.Rank), N ranks
 // at once, each a goroutine with a client of its own, against one writer
 // and reader of the same bytes as whole blocks (client.Put, client.Get),
 // on one node on the same host, over the TCP data plane and over shared
@@ -174,7 +174,7 @@ type ranksRow struct {
 type latentRow struct {
 	Path string `json:"path"`
 	// Writers is "one_copy" (one client's Put of the prefix: the bytes one
-	// copy costs the node), "put_rank" (every rank's client.PutRank at
+	// copy costs the node), "put_rank" (every rank's client.Put of its Rank at
 	// once: a rank sends only what its claim lets it) or "put_whole_each"
 	// (every rank's Put of the whole blocks at once, as when each rank
 	// stored its own copy).
@@ -192,7 +192,7 @@ type latentRow struct {
 	// StoredBlocks is what the node holds of the namespace afterwards.
 	StoredBlocks int64   `json:"stored_blocks"`
 	PutSeconds   float64 `json:"put_s"`
-	// RanksReadWhole counts the ranks whose GetRank returned the whole
+	// RanksReadWhole counts the ranks whose Get of its Rank returned the whole
 	// latent of every block (put_rank only).
 	RanksReadWhole int   `json:"ranks_read_whole"`
 	BytesVerified  int64 `json:"bytes_verified"`
@@ -249,7 +249,7 @@ func (s *RanksSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 	}
 	m.payloads = nil
-	res.AddTable("ranks", fmt.Sprintf("N tensor-parallel ranks (goroutines, a client each) PutRank then GetRank their slices of %d prompts × %d blocks of %s, "+
+	res.AddTable("ranks", fmt.Sprintf("N tensor-parallel ranks (goroutines, a client each) put then get their slices of %d prompts × %d blocks of %s, "+
 		"against one client's Put and Get of the same bytes as whole blocks; one node on this host", o.Prompts, o.Blocks, o.Model), rows)
 	ranksChecks(res, rows)
 
@@ -269,7 +269,7 @@ func (s *RanksSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 			latent = append(latent, rs...)
 			bar.Add(1)
 		}
-		res.AddTable("latent", fmt.Sprintf("an MLA instance's %d ranks put the same %d blocks of %s at once: bytes the node received against one copy; then each rank's GetRank",
+		res.AddTable("latent", fmt.Sprintf("an MLA instance's %d ranks put the same %d blocks of %s at once: bytes the node received against one copy; then each rank's Get of its part",
 			o.LatentRanks, o.LatentBlocks, o.Latent), latent)
 		latentChecks(res, latent)
 	}
@@ -526,7 +526,7 @@ func (m *ranksMeasure) run(ctx context.Context, whole *client.Client, ranks []*c
 // putWhole puts every prompt's blocks whole.
 func (m *ranksMeasure) putWhole(ctx context.Context, c *client.Client, tokens [][]uint32) error {
 	for p := range m.prompts {
-		stored, err := c.Put(ctx, m.ns, tokens[p], m.prompt(p))
+		stored, err := c.Put(ctx, m.ns, client.Prompt{Tokens: tokens[p]}, m.prompt(p))
 		if err != nil {
 			return fmt.Errorf("whole put: %w", err)
 		}
@@ -542,7 +542,7 @@ func (m *ranksMeasure) getWhole(ctx context.Context, c *client.Client, tokens []
 	got := make([][]client.Block, m.prompts)
 	for p := range m.prompts {
 		var err error
-		if got[p], err = c.Get(ctx, m.ns, tokens[p]); err != nil {
+		if got[p], err = c.Get(ctx, m.ns, client.Prompt{Tokens: tokens[p]}); err != nil {
 			return nil, fmt.Errorf("whole get: %w", err)
 		}
 	}
@@ -552,7 +552,7 @@ func (m *ranksMeasure) getWhole(ctx context.Context, c *client.Client, tokens []
 // putRank puts rank's part of every prompt's blocks.
 func (m *ranksMeasure) putRank(ctx context.Context, c *client.Client, tokens [][]uint32, parts [][]byte, rank, n int) error {
 	for p := range m.prompts {
-		if _, err := c.PutRank(ctx, m.ns, tokens[p], parts[p*m.blocks:(p+1)*m.blocks], tpRank(rank, n)); err != nil {
+		if _, err := c.Put(ctx, m.ns, client.Prompt{Tokens: tokens[p], Rank: tpRank(rank, n)}, parts[p*m.blocks:(p+1)*m.blocks]); err != nil {
 			return fmt.Errorf("rank %d of %d: put: %w", rank, n, err)
 		}
 	}
@@ -564,7 +564,7 @@ func (m *ranksMeasure) getRank(ctx context.Context, c *client.Client, tokens [][
 	got := make([][]client.Block, m.prompts)
 	for p := range m.prompts {
 		var err error
-		if got[p], err = c.GetRank(ctx, m.ns, tokens[p], tpRank(rank, n)); err != nil {
+		if got[p], err = c.Get(ctx, m.ns, client.Prompt{Tokens: tokens[p], Rank: tpRank(rank, n)}); err != nil {
 			return nil, fmt.Errorf("rank %d of %d: get: %w", rank, n, err)
 		}
 	}
@@ -576,14 +576,14 @@ func (m *ranksMeasure) getRank(ctx context.Context, c *client.Client, tokens [][
 func (m *ranksMeasure) verifyWhole(ctx context.Context, c *client.Client, tokens [][]uint32) (int64, error) {
 	var n int64
 	for p := range m.prompts {
-		l, err := c.Lookup(ctx, m.ns, tokens[p])
+		l, err := c.Lookup(ctx, m.ns, client.Prompt{Tokens: tokens[p]})
 		if err != nil {
 			return n, err
 		}
 		if l.CachedBlocks != m.blocks {
 			return n, fmt.Errorf("after every rank's put, prompt %d has %d of %d blocks complete", p, l.CachedBlocks, m.blocks)
 		}
-		bl, err := c.Get(ctx, m.ns, tokens[p])
+		bl, err := c.Get(ctx, m.ns, client.Prompt{Tokens: tokens[p]})
 		if err != nil {
 			return n, err
 		}
@@ -667,7 +667,7 @@ type latentMeasure struct {
 	seq            uint64
 }
 
-// measure puts a prefix with one client's Put, then another with PutRank
+// measure puts a prefix with one client's Put, then another with every rank's Put of its part
 // from every rank, then another with every rank's whole Put, over one
 // path, and returns their rows.
 func (m *latentMeasure) measure(ctx context.Context, opts client.Options) ([]latentRow, error) {
@@ -716,9 +716,9 @@ func (m *latentMeasure) put(ctx context.Context, cs []*client.Client, writers st
 	d, err := timeRanks(n, func(r int) error {
 		var err error
 		if writers == latentPutRank {
-			_, err = cs[r].PutRank(ctx, m.ns, tokens, m.payloads, tpRank(r, n))
+			_, err = cs[r].Put(ctx, m.ns, client.Prompt{Tokens: tokens, Rank: tpRank(r, n)}, m.payloads)
 		} else {
-			_, err = cs[r].Put(ctx, m.ns, tokens, m.payloads)
+			_, err = cs[r].Put(ctx, m.ns, client.Prompt{Tokens: tokens}, m.payloads)
 		}
 		if err != nil {
 			return fmt.Errorf("rank %d of %d: %w", r, n, err)
@@ -747,7 +747,7 @@ func (m *latentMeasure) put(ctx context.Context, cs []*client.Client, writers st
 		return row, nil
 	}
 	for r, c := range cs {
-		got, err := c.GetRank(ctx, m.ns, tokens, tpRank(r, n))
+		got, err := c.Get(ctx, m.ns, client.Prompt{Tokens: tokens, Rank: tpRank(r, n)})
 		if err != nil {
 			return row, fmt.Errorf("rank %d of %d: get: %w", r, n, err)
 		}

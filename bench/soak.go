@@ -285,7 +285,7 @@ func (l *soakLoad) turn(ctx context.Context, c *client.Client, tokens []uint32, 
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 	defer cancel()
 	t0 := time.Now()
-	lk, err := c.Lookup(cctx, l.ns, tokens)
+	lk, err := c.Lookup(cctx, l.ns, client.Prompt{Tokens: tokens})
 	l.record(opLookup, time.Since(t0), err)
 	if err != nil {
 		return
@@ -297,21 +297,26 @@ func (l *soakLoad) turn(ctx context.Context, c *client.Client, tokens []uint32, 
 	cached := 0
 	if lk.CachedBlocks > 0 {
 		t0 = time.Now()
-		err = c.GetKeys(cctx, l.ns, keys[:lk.CachedBlocks], func(b client.Block) error {
-			if !b.Found {
-				l.misses.Add(1) // evicted since the lookup: a miss, never an error
-				return nil
+		var v *client.View
+		v, err = c.View(cctx, l.ns, client.Prompt{Keys: keys[:lk.CachedBlocks]})
+		if err == nil {
+			for _, b := range v.Blocks {
+				if !b.Found {
+					l.misses.Add(1) // evicted since the lookup: a miss, never an error
+					continue
+				}
+				soakPayload(payload, b.Key)
+				if !bytes.Equal(b.Payload, payload) {
+					l.wrong.Add(1)
+					err = fmt.Errorf("block %s: served bytes differ from those put", b.Key)
+					break
+				}
+				if b.Index == cached {
+					cached++
+				}
 			}
-			soakPayload(payload, b.Key)
-			if !bytes.Equal(b.Payload, payload) {
-				l.wrong.Add(1)
-				return fmt.Errorf("block %s: served bytes differ from those put", b.Key)
-			}
-			if b.Index == cached {
-				cached++
-			}
-			return nil
-		})
+			v.Release()
+		}
 		l.record(opGet, time.Since(t0), err)
 		if err != nil {
 			return
@@ -326,7 +331,7 @@ func (l *soakLoad) turn(ctx context.Context, c *client.Client, tokens []uint32, 
 		soakPayload(payloads[i], keys[i])
 	}
 	t0 = time.Now()
-	_, err = c.Put(cctx, l.ns, tokens, payloads)
+	_, err = c.Put(cctx, l.ns, client.Prompt{Tokens: tokens}, payloads)
 	if status.Code(errors.Unwrap(err)) == codes.ResourceExhausted {
 		err = nil // refusing a write under pressure is the contract, not a failure
 	}
