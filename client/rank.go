@@ -129,7 +129,7 @@ func (c *Client) claim(ctx context.Context, p block.Part, items []putItem) ([]pu
 			}
 			st, err := pp.Claim(ctx, keys, parts)
 			if err == nil && len(st) == len(keys) {
-				return keep(func(i int) bool { return st[i] == transfer.ClaimWrite }), nil
+				return keep(func(i int) bool { return st[i] == block.ClaimWrite }), nil
 			}
 			if ctx.Err() != nil {
 				return nil, callError("put", ctx.Err())

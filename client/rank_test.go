@@ -243,7 +243,7 @@ func TestPutRankSharedAsksFirst(t *testing.T) {
 // part range) and whose claims answer claims, recording the records put.
 type scriptedNode struct {
 	status func(p block.Part) transfer.Status
-	claims []transfer.ClaimStatus
+	claims []block.ClaimStatus
 	mu     sync.Mutex
 	puts   []block.Header
 }
@@ -270,7 +270,7 @@ func (s *scriptedNode) PutPublish(_ context.Context, _, _ []prefixhash.Key, vals
 	}
 }
 
-func (s *scriptedNode) Claim(_ context.Context, keys []prefixhash.Key, _ []block.Part, st []transfer.ClaimStatus) {
+func (s *scriptedNode) Claim(_ context.Context, keys []prefixhash.Key, _ []block.Part, st []block.ClaimStatus) {
 	copy(st, s.claims)
 }
 
@@ -340,7 +340,7 @@ func TestPutRankStatuses(t *testing.T) {
 
 	// The latent at TP 8: claims say which blocks this rank sends.
 	sn := &scriptedNode{status: func(block.Part) transfer.Status { return transfer.StatusOK },
-		claims: []transfer.ClaimStatus{transfer.ClaimComplete, transfer.ClaimWrite, transfer.ClaimClaimed}}
+		claims: []block.ClaimStatus{block.ClaimComplete, block.ClaimWrite, block.ClaimClaimed}}
 	cl := scriptedClient(t, sn)
 	lt := make([]uint32, 3*latentNS.BlockTokens)
 	lp := [][]byte{make([]byte, latentNS.BlockBytes()), make([]byte, latentNS.BlockBytes()), make([]byte, latentNS.BlockBytes())}

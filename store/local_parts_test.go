@@ -15,7 +15,6 @@ import (
 	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
-	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // partsNS is a namespace with a grid of 4 layers × 8 KV heads, enough
@@ -444,33 +443,33 @@ func TestClaim(t *testing.T) {
 	l := openLocal(t, Options{DRAM: realDRAM(t, 4<<20, 1<<20), Now: clock.Now, ClaimTTL: 10 * time.Second})
 	b := newPartBlock(t, rand.New(rand.NewPCG(11, 12)), partsNS())
 	left, right := block.Part{L0: 0, L1: 4, H0: 0, H1: 4}, block.Part{L0: 0, L1: 4, H0: 4, H1: 8}
-	want := func(p block.Part, st transfer.ClaimStatus) {
+	want := func(p block.Part, st block.ClaimStatus) {
 		t.Helper()
 		got, err := l.Claim(ctx, b.key, p)
 		if err != nil || got != st {
 			t.Fatalf("Claim %s: %v, %v; want %v", p, got, err, st)
 		}
 	}
-	want(left, transfer.ClaimWrite)
-	want(left, transfer.ClaimClaimed)
-	want(block.Part{L0: 0, L1: 1, H0: 2, H1: 4}, transfer.ClaimClaimed) // overlaps
-	want(right, transfer.ClaimWrite)
+	want(left, block.ClaimWrite)
+	want(left, block.ClaimClaimed)
+	want(block.Part{L0: 0, L1: 1, H0: 2, H1: 4}, block.ClaimClaimed) // overlaps
+	want(right, block.ClaimWrite)
 	clock.advance(11 * time.Second) // right's claim lapses, left's too
-	want(right, transfer.ClaimWrite)
-	want(left, transfer.ClaimWrite)
+	want(right, block.ClaimWrite)
+	want(left, block.ClaimWrite)
 	if err := l.Put(ctx, b.record(t, left, nil)); err != nil {
 		t.Fatal(err)
 	}
-	want(left, transfer.ClaimCovered) // the put released left's claim; its cells are stored
-	want(block.Part{L0: 2, L1: 3, H0: 0, H1: 2}, transfer.ClaimCovered)
-	want(right, transfer.ClaimClaimed)
+	want(left, block.ClaimCovered) // the put released left's claim; its cells are stored
+	want(block.Part{L0: 2, L1: 3, H0: 0, H1: 2}, block.ClaimCovered)
+	want(right, block.ClaimClaimed)
 	if _, err := l.Claim(ctx, b.key, block.Part{L0: 0, L1: 4, H0: 0, H1: 3}); !errors.Is(err, block.ErrBadPart) {
 		t.Fatalf("Claim of a bad range: %v", err)
 	}
 	if err := l.Put(ctx, b.record(t, right, nil)); err != nil {
 		t.Fatal(err)
 	}
-	want(right, transfer.ClaimComplete)
+	want(right, block.ClaimComplete)
 	s := l.Stats()
 	if s.Claims != [4]int64{4, 1, 2, 3} {
 		t.Fatalf("claims by kind %v", s.Claims)
@@ -484,7 +483,7 @@ func TestClaim(t *testing.T) {
 }
 
 // TestMLAOneCopy: 8 tensor-parallel ranks of a latent-attention model hold
-// the same latent; each Claims its part and sends it only on transfer.ClaimWrite, so
+// the same latent; each Claims its part and sends it only on block.ClaimWrite, so
 // one copy is sent and stored.
 func TestMLAOneCopy(t *testing.T) {
 	for _, pp := range []int{1, 2} {
@@ -505,7 +504,7 @@ func TestMLAOneCopy(t *testing.T) {
 						t.Error(err)
 						return
 					}
-					if st != transfer.ClaimWrite {
+					if st != block.ClaimWrite {
 						return
 					}
 					rec := b.record(t, p, nil)
