@@ -221,49 +221,6 @@ func (x *index) remove(key prefixhash.Key) bool {
 	return true
 }
 
-// Recency lists. The sentinel's next is the hottest entry, its prev the
-// coldest.
-
-func (x *index) newList() uint32 {
-	s := x.alloc(prefixhash.Key{})
-	if s == 0 {
-		panic("store: index full while creating a recency list")
-	}
-	e := x.at(s)
-	e.flags = flagSentinel
-	e.prev, e.next = s, s
-	return s
-}
-
-// insertAfter links i into a list right after at (on its colder side); at may
-// be a sentinel, which makes i the hottest.
-func (x *index) insertAfter(at, i uint32) {
-	a, e := x.at(at), x.at(i)
-	e.prev, e.next = at, a.next
-	x.at(a.next).prev = i
-	a.next = i
-}
-
-// unlist removes i from its recency list, if it is in one.
-func (x *index) unlist(i uint32) {
-	e := x.at(i)
-	if e.prev == 0 {
-		return
-	}
-	x.at(e.prev).next = e.next
-	x.at(e.next).prev = e.prev
-	e.prev, e.next = 0, 0
-}
-
-// moveFront makes i the hottest of list.
-func (x *index) moveFront(list, i uint32) {
-	if x.at(list).next == i {
-		return
-	}
-	x.unlist(i)
-	x.insertAfter(list, i)
-}
-
 // The prefix tree.
 
 // link makes child the first child of parent. child must be unlinked.
