@@ -97,16 +97,17 @@ func nvmeEndToEndAt(ctx context.Context, addr string, o NVMeOptions) (float64, e
 		}
 		p := rng.IntN(prompts)
 		got := 0
-		v, err := c.View(ctx, ns, client.Prompt{Keys: keys[p]})
-		if err == nil {
-			for _, b := range v.Blocks {
-				if err = checkNVMeBlock(b, p, pattern); err != nil {
-					break
-				}
-				got++
+		_, err := c.Get(ctx, ns, client.Prompt{Keys: keys[p]}, client.Each(func(b client.Block) error {
+			switch {
+			case !b.Found:
+				return fmt.Errorf("block %d missing", b.Index)
+			case len(b.Payload) != nvmeReadValue || binary.LittleEndian.Uint64(b.Payload) != uint64(p)<<16|uint64(b.Index) ||
+				!bytes.Equal(b.Payload[8:], pattern[8:]):
+				return errNVMeBytes
 			}
-			v.Release()
-		}
+			got++
+			return nil
+		}))
 		if err == nil && got != nvmePromptBlocks {
 			err = fmt.Errorf("%d of %d blocks delivered", got, nvmePromptBlocks)
 		}
@@ -120,16 +121,3 @@ func nvmeEndToEndAt(ctx context.Context, addr string, o NVMeOptions) (float64, e
 
 // errNVMeBytes means a block came back with bytes other than those put.
 var errNVMeBytes = errors.New("a block came back with other bytes than were put")
-
-// checkNVMeBlock checks b, block b.Index of prompt p, holds the bytes the
-// end-to-end test put.
-func checkNVMeBlock(b client.Block, p int, pattern []byte) error {
-	switch {
-	case !b.Found:
-		return fmt.Errorf("block %d missing", b.Index)
-	case len(b.Payload) != nvmeReadValue || binary.LittleEndian.Uint64(b.Payload) != uint64(p)<<16|uint64(b.Index) ||
-		!bytes.Equal(b.Payload[8:], pattern[8:]):
-		return errNVMeBytes
-	}
-	return nil
-}

@@ -297,26 +297,21 @@ func (l *soakLoad) turn(ctx context.Context, c *client.Client, tokens []uint32, 
 	cached := 0
 	if lk.CachedBlocks > 0 {
 		t0 = time.Now()
-		var v *client.View
-		v, err = c.View(cctx, l.ns, client.Prompt{Keys: keys[:lk.CachedBlocks]})
-		if err == nil {
-			for _, b := range v.Blocks {
-				if !b.Found {
-					l.misses.Add(1) // evicted since the lookup: a miss, never an error
-					continue
-				}
-				soakPayload(payload, b.Key)
-				if !bytes.Equal(b.Payload, payload) {
-					l.wrong.Add(1)
-					err = fmt.Errorf("block %s: served bytes differ from those put", b.Key)
-					break
-				}
-				if b.Index == cached {
-					cached++
-				}
+		_, err = c.Get(cctx, l.ns, client.Prompt{Keys: keys[:lk.CachedBlocks]}, client.Each(func(b client.Block) error {
+			if !b.Found {
+				l.misses.Add(1) // evicted since the lookup: a miss, never an error
+				return nil
 			}
-			v.Release()
-		}
+			soakPayload(payload, b.Key)
+			if !bytes.Equal(b.Payload, payload) {
+				l.wrong.Add(1)
+				return fmt.Errorf("block %s: served bytes differ from those put", b.Key)
+			}
+			if b.Index == cached {
+				cached++
+			}
+			return nil
+		}))
 		l.record(opGet, time.Since(t0), err)
 		if err != nil {
 			return

@@ -259,18 +259,24 @@ func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, p Prompt, opt
 	if err != nil {
 		return nil, err
 	}
-	if o.intoSet {
+	switch {
+	case o.intoSet && o.each != nil:
+		return nil, fmt.Errorf("%w: Get takes Into or Each, not both", ErrInvalid)
+	case o.intoSet:
 		return c.getInto(ctx, ns, p, o.into)
 	}
 	t, err := c.newTarget(ctx, ns, p, false)
 	if err != nil {
 		return nil, err
 	}
+	if o.each != nil {
+		return nil, c.read(ctx, t, -1, false, o.each)
+	}
 	var out []Block
 	if !t.byTokens() {
 		out = make([]Block, 0, len(t.keys))
 	}
-	err = c.read(ctx, t, -1, true, func(b Block) { out = append(out, b) })
+	err = c.read(ctx, t, -1, true, func(b Block) error { out = append(out, b); return nil })
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +300,7 @@ func (c *Client) getInto(ctx context.Context, ns prefixhash.Namespace, p Prompt,
 	}
 	out := make([]Block, 0, min(len(dst), len(t.keys)))
 	bt := t.ns.BlockTokens
-	err = c.read(ctx, t, len(dst), false, func(b Block) {
+	err = c.read(ctx, t, len(dst), false, func(b Block) error {
 		if b.Found {
 			b.Payload = dst[b.Index][:copy(dst[b.Index], b.Payload)]
 			if t.byTokens() {
@@ -304,6 +310,7 @@ func (c *Client) getInto(ctx context.Context, ns prefixhash.Namespace, p Prompt,
 			}
 		}
 		out = append(out, b)
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -315,14 +322,15 @@ func (c *Client) getInto(ctx context.Context, ns prefixhash.Namespace, p Prompt,
 // and hands each to fn in order: by tokens, the cached prefix's blocks
 // that hold the prompt (a miss or a refused block ends it); by keys, every
 // block, misses included. With fresh, b.Payload is fn's to keep; otherwise
-// it is valid during the call only.
-func (c *Client) read(ctx context.Context, t *target, limit int, fresh bool, fn func(Block)) error {
+// it is valid during the call only. An error from fn ends the read and is
+// returned.
+func (c *Client) read(ctx context.Context, t *target, limit int, fresh bool, fn func(Block) error) error {
 	keys := t.keys
 	if limit >= 0 && len(keys) > limit {
 		keys = keys[:limit]
 	}
 	if !t.byTokens() {
-		if err := c.getKeys(ctx, t.ns, t.part, keys, nil, false, fresh, func(b Block) error { fn(b); return nil }); err != nil {
+		if err := c.getKeys(ctx, t.ns, t.part, keys, nil, false, fresh, fn); err != nil {
 			return callError("get", err)
 		}
 		return nil
@@ -340,9 +348,8 @@ func (c *Client) read(ctx context.Context, t *target, limit int, fresh bool, fn 
 			c.refused.Add(1)
 			return errPrefixEnds
 		}
-		fn(b)
 		next++
-		return nil
+		return fn(b)
 	})
 	if err != nil && !errors.Is(err, errPrefixEnds) {
 		return callError("get", err)

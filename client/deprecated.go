@@ -45,20 +45,10 @@ func (c *Client) GetInto(ctx context.Context, ns prefixhash.Namespace, tokens []
 // included; b.Payload and b.Tokens are valid only during fn. An error from
 // fn ends the call and is returned.
 //
-// Deprecated: use View(ctx, ns, Prompt{Keys: keys}) (in place until
-// Release) or Get(ctx, ns, Prompt{Keys: keys}) (copies).
+// Deprecated: use Get(ctx, ns, Prompt{Keys: keys}, Each(fn)).
 func (c *Client) GetKeys(ctx context.Context, ns prefixhash.Namespace, keys []prefixhash.Key, fn func(b Block) error) error {
-	v, err := c.View(ctx, ns, Prompt{Keys: keys})
-	if err != nil {
-		return err
-	}
-	defer v.Release()
-	for _, b := range v.Blocks {
-		if err := fn(b); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := c.Get(ctx, ns, Prompt{Keys: keys}, Each(fn))
+	return err
 }
 
 // GetView reads blocks by key in place.

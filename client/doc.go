@@ -7,8 +7,9 @@
 // whole block or a rank's part) and per-call options (CallOption): Lookup
 // asks how much of a prompt is cached (it sends the prompt's chain, 16
 // bytes a block, and gets counts and runs of blocks per node back), Get
-// reads the cached prefix's blocks (into new buffers, or the caller's with
-// Into), View reads them in place until View.Release, Put publishes the
+// reads the cached prefix's blocks (into new buffers, the caller's with
+// Into, or a callback with Each), View reads them in place until
+// View.Release, Put publishes the
 // blocks the worker computed. The client turns tokens into block keys
 // itself with prefixhash (k_0 = H(namespace), k_i = H(k_{i-1} ‖ block i's
 // tokens)), so a key never depends on which node or process computed it.
@@ -82,7 +83,9 @@
 //
 // Ownership: the Blocks Get returns, and their payloads, are the caller's.
 // Get with Into copies the blocks into buffers the caller owns (and may
-// reuse), writing them during the call only. View hands blocks out with
+// reuse), writing them during the call only. Get with Each hands each block
+// to a callback with Payload and Tokens valid only during that call. View
+// hands blocks out with
 // Payload and Tokens valid only until View.Release (they may alias a
 // receive buffer or the node's shared memory); copy what must outlive it.
 // Put reads the payloads it is given during the call only.

@@ -264,6 +264,27 @@ func ExampleClient_Get_keys() {
 	// key 2 found: false
 }
 
+// Each streams the blocks to a callback as they arrive: a read of many
+// blocks holds one at a time.
+func ExampleClient_Get_each() {
+	c, stop := cachedPrompt()
+	defer stop()
+	ctx := context.Background()
+	tokens, payloads := prompt()
+
+	_, err := c.Get(ctx, ns, client.Prompt{Tokens: tokens}, client.Each(func(b client.Block) error {
+		// b.Payload is valid during the call only.
+		fmt.Println("block", b.Index, bytes.Equal(b.Payload, payloads[b.Index]))
+		return nil
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// block 0 true
+	// block 1 true
+}
+
 // View reads in place: on the node's host the payloads are the node's own
 // memory, held for the caller until Release.
 func ExampleClient_View() {

@@ -62,7 +62,8 @@ type CallOption struct {
 type callOptions struct {
 	into       [][]byte // Get: the caller's buffers, with intoSet
 	intoSet    bool
-	sendTokens bool // Lookup: send the tokens, not the chain
+	each       func(Block) error // Get: the caller's callback
+	sendTokens bool              // Lookup: send the tokens, not the chain
 }
 
 // Into makes Get read into buffers the caller owns: block i's payload (or
@@ -76,6 +77,16 @@ type callOptions struct {
 // unspecified bytes.
 func Into(dst [][]byte) CallOption {
 	return CallOption{name: "Into", verbs: "get", apply: func(o *callOptions) { o.into, o.intoSet = dst, true }}
+}
+
+// Each makes Get hand each block to fn as it arrives, in order, instead of
+// returning them: b.Payload and b.Tokens are valid only during fn (they
+// may alias a buffer reused for the next block, or the node's shared
+// memory); copy what must outlive it. A read of many blocks then holds one
+// at a time, and an error from fn ends it (Get returns the error). Get
+// returns no blocks. Not with Into.
+func Each(fn func(b Block) error) CallOption {
+	return CallOption{name: "Each", verbs: "get", apply: func(o *callOptions) { o.each = fn }}
 }
 
 // SendTokens makes Lookup send the prompt's tokens, as the node's API first

@@ -157,7 +157,11 @@ func TestPromptRefusedBeforeSending(t *testing.T) {
 		"Put by Keys":       func() error { _, err := c.Put(ctx, testNS, Prompt{Keys: keys}, nil); return err },
 		"Into on Lookup":    func() error { _, err := c.Lookup(ctx, testNS, Prompt{Tokens: tokens}, Into(nil)); return err },
 		"SendTokens on Get": func() error { _, err := c.Get(ctx, testNS, Prompt{Tokens: tokens}, SendTokens()); return err },
-		"the zero option":   func() error { _, err := c.View(ctx, testNS, Prompt{Tokens: tokens}, CallOption{}); return err },
+		"Into and Each": func() error {
+			_, err := c.Get(ctx, testNS, Prompt{Tokens: tokens}, Into(nil), Each(func(Block) error { return nil }))
+			return err
+		},
+		"the zero option": func() error { _, err := c.View(ctx, testNS, Prompt{Tokens: tokens}, CallOption{}); return err },
 		"SendTokens with Parent": func() error {
 			_, err := c.Lookup(ctx, testNS, Prompt{Tokens: tokens, Parent: prefixhash.NewChain(testNS)}, SendTokens())
 			return err
@@ -175,5 +179,33 @@ func TestPromptRefusedBeforeSending(t *testing.T) {
 	}
 	if f.calls.Load() != 0 {
 		t.Fatal("invalid calls reached the node")
+	}
+}
+
+// TestGetEach: Get with Each hands the blocks to the callback in order as
+// they arrive, returns none, and an error from the callback ends the read
+// and is returned.
+func TestGetEach(t *testing.T) {
+	c := serve(t, &flaky{})
+	keys := prefixhash.Keys(testNS, make([]uint32, 5*4))
+	var got []int
+	blocks, err := c.Get(context.Background(), testNS, Prompt{Keys: keys}, Each(func(b Block) error {
+		got = append(got, b.Index)
+		return nil
+	}))
+	if err != nil || blocks != nil || !slices.Equal(got, []int{0, 1, 2, 3, 4}) {
+		t.Fatalf("Get with Each = %v, %v; delivered %v; want blocks 0..4 to the callback", blocks, err, got)
+	}
+	stop := errors.New("enough")
+	got = nil
+	_, err = c.Get(context.Background(), testNS, Prompt{Keys: keys}, Each(func(b Block) error {
+		got = append(got, b.Index)
+		if b.Index == 1 {
+			return stop
+		}
+		return nil
+	}))
+	if !errors.Is(err, stop) || !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("Get with Each stopped at block 1 = %v, delivered %v; want the callback's error after 0, 1", err, got)
 	}
 }
