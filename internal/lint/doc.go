@@ -14,6 +14,15 @@
 // and transfer link no test-support package (transfertest, certtest,
 // blocktest).
 //
+// layers_test.go: no back-edge for want of a small type (gpu does not
+// import tiers, store does not import transfer).
+//
+// ci_test.go: CI cannot pass vacuously. Every Fuzz function of the tree is
+// in .ci/run's fuzz smoke, at the package that holds it (or in a counted
+// allowance list, with its reason), and every test or benchmark CI's
+// scripts run by name (-run, -bench) matches a function of the package it
+// gives, through .ci/named, which fails a step that ran nothing.
+//
 // style_test.go: STYLE.md's rules that a parser can check. client imports
 // neither store nor tiers; an exported sentinel error made by errors.New
 // says its package first ("store: block not found"); a test waits with
