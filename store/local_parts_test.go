@@ -775,6 +775,7 @@ func TestPartsModel(t *testing.T) {
 			if !errors.Is(err, want) || (want == nil) != (err == nil) {
 				t.Fatalf("seed %d step %d: part %s of payload %d: %v, model says %v", seed, step, p, src, err, want)
 			}
+			checkAccounting(t, step, l)
 			if want != nil {
 				conflicts++
 				continue
