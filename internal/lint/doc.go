@@ -14,8 +14,11 @@
 // and transfer link no test-support package (transfertest, certtest,
 // blocktest).
 //
-// layers_test.go: no back-edge for want of a small type (gpu does not
-// import tiers, store does not import transfer); no Go file over 800 lines
+// layers_test.go: the serving packages (gossip, openai, router) depend on
+// node neither directly nor through another package (go list -deps; their
+// tests may start nodes), and no Go file, test or not, imports a package
+// under cmd/; no back-edge for want of a small type (gpu does not import
+// tiers, store does not import transfer); no Go file over 800 lines
 // (generated code aside; the files and directories still over it are
 // listed, each with why).
 //
