@@ -33,8 +33,8 @@ type Lookup struct {
 	PromptTokens, PromptBlocks int // the prompt, and its full blocks
 	CachedTokens, CachedBlocks int // the longest cached prefix
 	// Keys are the keys of the prompt's full blocks in order (PromptBlocks
-	// of them; from LookupTokens, only the CachedBlocks the node listed):
-	// Keys[:CachedBlocks] is the cached prefix, ready for GetKeys. The
+	// of them; with SendTokens, only the CachedBlocks the node listed):
+	// Keys[:CachedBlocks] is the cached prefix, ready for Prompt.Keys. The
 	// slice is the caller's.
 	Keys []prefixhash.Key
 	// Runs say where the cached blocks are, in prompt order: the first
@@ -226,7 +226,7 @@ func lookupAnswer(resp *kvmeshv1.LookupResponse, keys []prefixhash.Key) (Lookup,
 // Block is a block read from the cache.
 type Block struct {
 	// Index is the block's position in the request: the block index in the
-	// prompt for Get, the position in keys for GetKeys.
+	// Prompt's Tokens, or the position in its Keys.
 	Index int
 	Key   prefixhash.Key
 	// Found is false for a miss; the other fields are then empty.
@@ -239,7 +239,7 @@ type Block struct {
 	// Payload is the block's K/V, [layer][kv_head][K|V][token][head_dim]
 	// ([layer][token][latent_dim] for a latent namespace), followed by its
 	// float32 scales when the namespace has them (prefixhash.Scales). From
-	// GetRank, it is the rank's part of the block (block.Part).
+	// a Prompt's Rank, it is the rank's part of the block (block.Part).
 	Payload []byte
 }
 
