@@ -127,7 +127,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 	ctx := stream.Context()
 	// The remote part of the whole request is bounded once, so that a
 	// dead peer costs one GetTimeout, not one per window.
-	remoteBy := time.Now().Add(s.n.opts.GetTimeout)
+	remoteBy := time.Now().Add(s.n.opts.Cluster.GetTimeout)
 	// Windows grow from one block, so that the first block leaves at once,
 	// to maxReadWindow bytes.
 	maxWindow := max(1, maxReadWindow/block.EncodedLen(ns.BlockTokens, ns.BlockBytes()))
@@ -233,7 +233,7 @@ func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, fr
 		s.n.log.Warn("block refused", "reason", reason, "err", err)
 		return miss()
 	}
-	chunk := s.n.opts.ChunkBytes
+	chunk := s.n.opts.Limits.ChunkBytes
 	payload := blk.Payload
 	*frame = kvmeshv1.BatchGetResponse{
 		Index: i, Key: key[:], Found: true, Parent: blk.Parent[:], Tokens: blk.Tokens,

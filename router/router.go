@@ -57,7 +57,7 @@ type Options struct {
 	Policy string
 	// NodeTLS, when set, is the client configuration the router reaches
 	// the nodes' HTTP addresses with, over HTTPS (nodes started with
-	// node.Options.HTTPTLS: its CA, and a certificate when they want one).
+	// node.Options.Security.HTTPTLS: its CA, and a certificate when they want one).
 	// Default nil: plain HTTP.
 	NodeTLS *tls.Config
 	// Logger receives the router's records. Default slog.Default().
