@@ -16,7 +16,9 @@ import (
 )
 
 // Objects (issue 33): opaque bytes under a name of the caller's in a
-// namespace, beside its prefix-chained blocks (Mooncake Store's objects).
+// namespace, beside its prefix-chained blocks (Mooncake Store's objects),
+// named by a Prompt's Names: Put stores them, Get reads them, Remove
+// removes them, Retain pins or leases them.
 // The client encodes each object as object records (block.EncodeObject),
 // one per piece of at most PieceBytes, keyed from the name
 // (prefixhash.ObjectKey, PieceKey), and moves them as it moves blocks:
@@ -31,57 +33,83 @@ import (
 // the writer's random generation: a reader never joins pieces of two puts.
 // Putting a name already held keeps the value held (Mooncake's put);
 // Upsert replaces it (a remove, then a put).
+//
+// Put and Get of objects report per object: an object refused (a bad name,
+// over the quota) is an entry of ItemErrors, the others are stored or read.
 
 // DefaultPieceBytes is the largest piece an object is cut into.
 const DefaultPieceBytes = 4 << 20
 
-// Object is one object to put: its name (1 to prefixhash.MaxObjectName
-// bytes of UTF-8) and its value, read during the call only.
-type Object struct {
-	Name  string
-	Value []byte
-}
-
-// ObjectValue is one object read: Found false for a miss. Value is valid
+// objectValue is one object read: Found false for a miss. Value is valid
 // only during the callback (it may alias the node's shared memory).
-type ObjectValue struct {
+type objectValue struct {
 	Index int
 	Name  string
 	Found bool
 	Value []byte
 }
 
-// ObjectOption is a per-call option of the object verbs.
-type ObjectOption func(*objectOpts)
-
-type objectOpts struct {
-	retention  block.Retention
-	upsert     bool
-	pieceBytes int
+// Retention makes Put of objects (Prompt.Names) ask their owners to keep
+// them: a pin, a lease (a TTL without a pin). It is applied as each piece
+// is stored, and bounded by the node (ResourceExhausted past its share of
+// pinned bytes or the namespace's quota; InvalidArgument for a TTL over its
+// limit). Retain changes it later.
+func Retention(r block.Retention) CallOption {
+	return CallOption{name: "Retention", verbs: "put", apply: func(o *callOptions) { o.retention = r }}
 }
 
-// WithRetention asks the objects' owners to keep them: a pin, a lease (a
-// TTL without a pin). It is applied as each piece is stored, and bounded by
-// the node (ResourceExhausted past its share of pinned bytes or the
-// namespace's quota; InvalidArgument for a TTL over its limit).
-func WithRetention(r block.Retention) ObjectOption {
-	return func(o *objectOpts) { o.retention = r }
+// Upsert makes Put of objects replace what a name holds, instead of
+// keeping it (Mooncake's put keeps it).
+func Upsert() CallOption {
+	return CallOption{name: "Upsert", verbs: "put", apply: func(o *callOptions) { o.upsert = true }}
 }
 
-// Upsert makes PutObjects replace what a name holds, instead of keeping it.
-func Upsert() ObjectOption { return func(o *objectOpts) { o.upsert = true } }
-
-// PieceBytes sets the largest piece (payload bytes) objects are cut into;
+// PieceBytes sets the largest piece (payload bytes) Put cuts objects into;
 // it must leave room for the record's header within the node's
 // max_block_bytes. Default DefaultPieceBytes.
-func PieceBytes(n int) ObjectOption { return func(o *objectOpts) { o.pieceBytes = n } }
+func PieceBytes(n int) CallOption {
+	return CallOption{name: "PieceBytes", verbs: "put", apply: func(o *callOptions) { o.pieceBytes = n }}
+}
 
-func objectOptions(opts []ObjectOption) objectOpts {
-	o := objectOpts{pieceBytes: DefaultPieceBytes}
-	for _, f := range opts {
-		f(&o)
+// ItemErrors is the error of a call about objects that failed for some of
+// them and not the others: one entry per object of the Prompt's Names, nil
+// where it succeeded. errors.Is and errors.As see every entry.
+type ItemErrors []error
+
+func (e ItemErrors) Error() string {
+	n, first := 0, error(nil)
+	for _, err := range e {
+		if err != nil {
+			if n++; first == nil {
+				first = err
+			}
+		}
 	}
-	return o
+	if n == 1 {
+		return first.Error()
+	}
+	return fmt.Sprintf("%d of %d objects failed; the first: %v", n, len(e), first)
+}
+
+// Unwrap returns the entries that are errors.
+func (e ItemErrors) Unwrap() []error {
+	var out []error
+	for _, err := range e {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	return out
+}
+
+// itemErrors returns errs as ItemErrors, or nil when none failed.
+func itemErrors(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return ItemErrors(errs)
+		}
+	}
+	return nil
 }
 
 // objRecord is one piece to put: its key and encoded header; the payload
@@ -93,12 +121,18 @@ type objRecord struct {
 	payload []byte
 }
 
-// PutObjects stores objs in ns and returns one error per object (nil:
-// stored, or held already). The error alone is for the call: a bad
-// namespace or option, or the node unreachable.
-func (c *Client) PutObjects(ctx context.Context, ns prefixhash.Namespace, objs []Object, opts ...ObjectOption) ([]error, error) {
-	o := objectOptions(opts)
-	if o.pieceBytes < 1 || o.pieceBytes > c.opts.MaxBlockBytes-block.ObjectHeaderLen(prefixhash.MaxObjectName) {
+// putObjects is Put of objects: values[i] under names[i]. It returns each
+// object's key (zero for one refused) and, when some were refused,
+// ItemErrors; another error is the call's (a bad namespace or option, the
+// node unreachable).
+func (c *Client) putObjects(ctx context.Context, ns prefixhash.Namespace, names []string, values [][]byte, o callOptions) ([]prefixhash.Key, error) {
+	if o.pieceBytes == 0 {
+		o.pieceBytes = DefaultPieceBytes
+	}
+	switch {
+	case len(values) != len(names):
+		return nil, fmt.Errorf("%w: Put of %d objects with %d values", ErrInvalid, len(names), len(values))
+	case o.pieceBytes < 1 || o.pieceBytes > c.opts.MaxBlockBytes-block.ObjectHeaderLen(prefixhash.MaxObjectName):
 		return nil, fmt.Errorf("%w: PieceBytes %d must be positive and leave room for a header within MaxBlockBytes (%d)", ErrInvalid, o.pieceBytes, c.opts.MaxBlockBytes)
 	}
 	ns, err := c.Namespace(ctx, ns)
@@ -109,25 +143,26 @@ func (c *Client) PutObjects(ctx context.Context, ns prefixhash.Namespace, objs [
 	if err != nil {
 		return nil, err
 	}
-	errs := make([]error, len(objs))
+	errs := make([]error, len(names))
 	var rest, first []objRecord // pieces 1.. of every object; then each piece 0
-	for i, obj := range objs {
-		if err := prefixhash.CheckObjectName(obj.Name); err != nil {
+	for i, name := range names {
+		value := values[i]
+		if err := prefixhash.CheckObjectName(name); err != nil {
 			errs[i] = fmt.Errorf("%w: object %d: %w", ErrInvalid, i, err)
 			continue
 		}
-		pieces := max(1, (len(obj.Value)+o.pieceBytes-1)/o.pieceBytes)
+		pieces := max(1, (len(value)+o.pieceBytes-1)/o.pieceBytes)
 		if pieces > block.MaxPieces {
-			errs[i] = fmt.Errorf("%w: object %q: %d bytes is more than %d pieces", ErrInvalid, obj.Name, len(obj.Value), block.MaxPieces)
+			errs[i] = fmt.Errorf("%w: object %q: %d bytes is more than %d pieces", ErrInvalid, name, len(value), block.MaxPieces)
 			continue
 		}
 		gen := rand.Uint64()
 		for j := range pieces {
-			p := obj.Value[min(j*o.pieceBytes, len(obj.Value)):min((j+1)*o.pieceBytes, len(obj.Value))]
-			head, key, err := block.AppendObjectHeader(nil, sess.Tag, ns, block.Object{Name: obj.Name, Piece: j, Pieces: pieces,
-				Size: uint64(len(obj.Value)), Generation: gen, Retention: o.retention}, p)
+			p := value[min(j*o.pieceBytes, len(value)):min((j+1)*o.pieceBytes, len(value))]
+			head, key, err := block.AppendObjectHeader(nil, sess.Tag, ns, block.Object{Name: name, Piece: j, Pieces: pieces,
+				Size: uint64(len(value)), Generation: gen, Retention: o.retention}, p)
 			if err != nil {
-				errs[i] = fmt.Errorf("%w: object %q: %w", ErrInvalid, obj.Name, err)
+				errs[i] = fmt.Errorf("%w: object %q: %w", ErrInvalid, name, err)
 				break
 			}
 			r := objRecord{obj: i, key: key, head: head, payload: p}
@@ -139,13 +174,13 @@ func (c *Client) PutObjects(ctx context.Context, ns prefixhash.Namespace, objs [
 		}
 	}
 	if o.upsert {
-		var names []string
-		for i, obj := range objs {
+		var replaced []string
+		for i, name := range names {
 			if errs[i] == nil {
-				names = append(names, obj.Name)
+				replaced = append(replaced, name)
 			}
 		}
-		if _, err := c.removeObjectKeys(ctx, ns, names); err != nil {
+		if _, err := c.removeObjectKeys(ctx, ns, replaced); err != nil {
 			return nil, err
 		}
 	}
@@ -161,7 +196,14 @@ func (c *Client) PutObjects(ctx context.Context, ns prefixhash.Namespace, objs [
 	if err := c.putRecords(ctx, commit, errs); err != nil {
 		return nil, err
 	}
-	return errs, nil
+	keys := make([]prefixhash.Key, len(names))
+	root := ns.Root()
+	for i, name := range names {
+		if errs[i] == nil {
+			keys[i] = prefixhash.ObjectKey(root, name)
+		}
+	}
+	return keys, itemErrors(errs)
 }
 
 // putRecords stores recs through the data plane, then what it did not take
@@ -290,10 +332,51 @@ func grpcStreamErr(closeAndRecv func() (*kvmeshv1.ObjectServicePutResponse, erro
 	return err
 }
 
-// GetObjects reads the objects names of ns and calls fn for each, in order,
-// misses included (Found false). v.Value is valid only during fn: copy what
-// must outlive it. An error from fn ends the call and is returned.
-func (c *Client) GetObjects(ctx context.Context, ns prefixhash.Namespace, names []string, fn func(v ObjectValue) error) error {
+// getObjects is Get of objects: one Block per name, in order, a miss with
+// Found false; its Key is the object's key (its first piece's), its Payload
+// the whole value. With Each the blocks go to the callback (the Payload
+// valid during it only); with Into the values are copied into the
+// caller's buffers, dst[i] for names[i], and a value longer than its
+// buffer is an entry of ItemErrors (the others are read).
+func (c *Client) getObjects(ctx context.Context, ns prefixhash.Namespace, names []string, o callOptions) ([]Block, error) {
+	if o.intoSet && len(o.into) < len(names) {
+		return nil, fmt.Errorf("%w: Into has %d buffers for %d objects", ErrInvalid, len(o.into), len(names))
+	}
+	var out []Block
+	var errs []error
+	err := c.eachObject(ctx, ns, names, func(v objectValue) error {
+		b := Block{Index: v.Index, Key: prefixhash.ObjectKey(ns.Root(), v.Name), Found: v.Found}
+		switch {
+		case !v.Found:
+		case o.each != nil:
+			b.Payload = v.Value
+			return o.each(b)
+		case o.intoSet && len(v.Value) > len(o.into[v.Index]):
+			if errs == nil {
+				errs = make([]error, len(names))
+			}
+			errs[v.Index] = fmt.Errorf("%w: object %q is %d bytes, its buffer %d", ErrInvalid, v.Name, len(v.Value), len(o.into[v.Index]))
+			b.Found = false
+		case o.intoSet:
+			b.Payload = o.into[v.Index][:copy(o.into[v.Index], v.Value)]
+		default:
+			b.Payload = append([]byte(nil), v.Value...)
+		}
+		if o.each == nil {
+			out = append(out, b)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, itemErrors(errs)
+}
+
+// eachObject reads the objects names of ns and calls fn for each, in
+// order, misses included (Found false). v.Value is valid only during fn. An
+// error from fn ends the call and is returned.
+func (c *Client) eachObject(ctx context.Context, ns prefixhash.Namespace, names []string, fn func(v objectValue) error) error {
 	ns, err := c.Namespace(ctx, ns)
 	if err != nil {
 		return err
@@ -302,14 +385,14 @@ func (c *Client) GetObjects(ctx context.Context, ns prefixhash.Namespace, names 
 	defer cancel()
 	for lo := 0; lo < len(names); lo += c.opts.MaxBatchBlocks {
 		batch := names[lo:min(len(names), lo+c.opts.MaxBatchBlocks)]
-		if err := c.getObjects(ctx, ns, lo, batch, fn); err != nil {
+		if err := c.getObjectBatch(ctx, ns, lo, batch, fn); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (c *Client) getObjects(ctx context.Context, ns prefixhash.Namespace, base int, names []string, fn func(ObjectValue) error) error {
+func (c *Client) getObjectBatch(ctx context.Context, ns prefixhash.Namespace, base int, names []string, fn func(objectValue) error) error {
 	root := ns.Root()
 	keys := make([]prefixhash.Key, len(names))
 	for i, name := range names {
@@ -320,7 +403,7 @@ func (c *Client) getObjects(ctx context.Context, ns prefixhash.Namespace, base i
 	}
 	var broken []string
 	err := c.readRecords(ctx, keys, func(i int, rec []byte, full bool) error {
-		v := ObjectValue{Index: base + i, Name: names[i]}
+		v := objectValue{Index: base + i, Name: names[i]}
 		var h block.Header
 		if rec != nil {
 			h, _ = c.checkRecord(ns, names[i], 0, keys[i], rec, full)
@@ -518,10 +601,19 @@ func (c *Client) grpcGetRecords(ctx context.Context, keys []prefixhash.Key, fn f
 	}
 }
 
-// RemoveObjects removes the objects names of ns from every node of the
+// Remove removes the objects p names (Prompt.Names) from every node of the
 // cluster (all their pieces, whatever their retention) and reports per name
-// whether it was there.
-func (c *Client) RemoveObjects(ctx context.Context, ns prefixhash.Namespace, names []string) ([]bool, error) {
+// whether it was there. Only objects are removed by name: a Prompt of
+// Tokens or Keys is ErrInvalid (blocks leave by eviction, or with their
+// namespace: DropNamespace).
+func (c *Client) Remove(ctx context.Context, ns prefixhash.Namespace, p Prompt, opts ...CallOption) ([]bool, error) {
+	if _, err := applyOptions("remove", opts); err != nil {
+		return nil, err
+	}
+	if p.Names == nil || p.Tokens != nil || p.Keys != nil {
+		return nil, fmt.Errorf("%w: Remove takes a Prompt's Names (objects) only", ErrInvalid)
+	}
+	names := p.Names
 	ns, err := c.Namespace(ctx, ns)
 	if err != nil {
 		return nil, err
@@ -583,21 +675,25 @@ func (c *Client) removeObjectKeys(ctx context.Context, ns prefixhash.Namespace, 
 	return found, nil
 }
 
-// Retained names what Retain applies to: objects of a namespace by name
-// (all their pieces), and the blocks of a prompt's prefix (its full
-// blocks, as Put stores them: tokens, and the blocks' extra keys if any).
-type Retained struct {
-	Objects []string
-	Tokens  []uint32
-	Extra   []prefixhash.ExtraKeys
-}
-
-// Retain sets the retention of what names in ns on the nodes that hold it,
-// replacing what it had (block.Retention{} clears it), and reports per item
-// (the objects, then the prefix's blocks) whether a node applied it. A pin
+// Retain sets the retention of what p names in ns on the nodes that hold
+// it, replacing what it had (block.Retention{} clears it), and reports per
+// item whether a node applied it: per object of p.Names (all its pieces),
+// or per full block of p.Tokens (with p.Extra, as Put stores them). A pin
 // of a prefix keeps its blocks from eviction from its first block on: pin
 // the whole prefix a prompt shares (a block's descendants go with it).
-func (c *Client) Retain(ctx context.Context, ns prefixhash.Namespace, what Retained, r block.Retention) ([]bool, error) {
+// Keys, Parent and Rank are not taken.
+func (c *Client) Retain(ctx context.Context, ns prefixhash.Namespace, p Prompt, r block.Retention, opts ...CallOption) ([]bool, error) {
+	if _, err := applyOptions("retain", opts); err != nil {
+		return nil, err
+	}
+	if p.Keys != nil || p.Parent != nil || p.Rank != (Rank{}) || (p.Names != nil) == (p.Tokens != nil) {
+		return nil, fmt.Errorf("%w: Retain takes a Prompt's Names (objects) or its Tokens (a prefix's blocks), one of them", ErrInvalid)
+	}
+	what := struct {
+		Objects []string
+		Tokens  []uint32
+		Extra   []prefixhash.ExtraKeys
+	}{p.Names, p.Tokens, p.Extra}
 	ns, err := c.Namespace(ctx, ns)
 	if err != nil {
 		return nil, err

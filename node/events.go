@@ -10,7 +10,7 @@ import (
 	"github.com/kvmesh/kvmesh/store"
 )
 
-// nodeEvents is a node's KV-event publisher (Options.KVEventsAddr), nil
+// nodeEvents is a node's KV-event publisher (Options.Events.Addr), nil
 // when it publishes none: every method of a nil one does nothing.
 type nodeEvents struct {
 	pub *kvevents.Publisher
@@ -23,12 +23,12 @@ type nodeEvents struct {
 // openEvents binds the publisher's sockets, or returns nil when opts name
 // none.
 func openEvents(opts Options) (*nodeEvents, error) {
-	if opts.KVEventsAddr == "" {
+	if opts.Events.Addr == "" {
 		return nil, nil
 	}
 	e := &nodeEvents{}
-	pub, err := kvevents.New(kvevents.Options{Addr: opts.KVEventsAddr, ReplayAddr: opts.KVEventsReplayAddr,
-		Topic: opts.KVEventsTopic, NodeID: opts.NodeID, Names: e})
+	pub, err := kvevents.New(kvevents.Options{Addr: opts.Events.Addr, ReplayAddr: opts.Events.ReplayAddr,
+		Topic: opts.Events.Topic, NodeID: opts.NodeID, Names: e})
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -212,7 +213,7 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 	start := time.Now()
 	n.metrics.inFlight.Inc()
 	defer n.metrics.inFlight.Dec()
-	ctx, cancel := context.WithTimeout(ctx, n.opts.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, n.opts.Limits.RequestTimeout)
 	defer cancel()
 	resp, err := h(ctx, req)
 	err = statusError(err)
@@ -225,7 +226,7 @@ func (n *Node) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo
 	start := time.Now()
 	n.metrics.inFlight.Inc()
 	defer n.metrics.inFlight.Dec()
-	ctx, cancel := context.WithTimeout(ss.Context(), n.opts.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ss.Context(), n.opts.Limits.RequestTimeout)
 	defer cancel()
 	err := statusError(h(srv, &ctxStream{ServerStream: ss, ctx: ctx}))
 	n.logRequest(info.FullMethod, start, err)
@@ -338,7 +339,7 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	labelled(c.partialsEnded, s.Parts.Expired, "expired")
 	labelled(c.partialsEnded, s.Parts.Dropped, "room")
 	for st, n := range s.Parts.Claims {
-		labelled(c.claims, n, transfer.ClaimStatus(st).String())
+		labelled(c.claims, n, block.ClaimStatus(st).String())
 	}
 	for _, t := range s.Tiers {
 		gauge(c.tierBlocks, t.Blocks, t.Name)

@@ -80,13 +80,13 @@ func (s *objectService) Put(stream kvmeshv1.ObjectService_PutServer) error {
 		}
 		if buf == nil {
 			n := msg.GetRecordLen()
-			if n < block.FixedHeaderLen || n > uint64(s.n.opts.MaxBlockBytes) {
-				return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(s.n.opts.MaxBlockBytes), "record_len",
-					"record %d: %d bytes is outside %d..%d (max_block_bytes)", len(results), n, block.FixedHeaderLen, s.n.opts.MaxBlockBytes)
+			if n < block.FixedHeaderLen || n > uint64(s.n.opts.Limits.MaxBlockBytes) {
+				return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(s.n.opts.Limits.MaxBlockBytes), "record_len",
+					"record %d: %d bytes is outside %d..%d (max_block_bytes)", len(results), n, block.FixedHeaderLen, s.n.opts.Limits.MaxBlockBytes)
 			}
-			if len(results) >= s.n.opts.MaxBatchBlocks {
-				return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_TOO_MANY_BLOCKS, limitMeta(s.n.opts.MaxBatchBlocks), "index",
-					"more than %d records in one stream", s.n.opts.MaxBatchBlocks)
+			if len(results) >= s.n.opts.Limits.MaxBatchBlocks {
+				return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_TOO_MANY_BLOCKS, limitMeta(s.n.opts.Limits.MaxBatchBlocks), "index",
+					"more than %d records in one stream", s.n.opts.Limits.MaxBatchBlocks)
 			}
 			if err := s.n.putBudget.acquire(ctx, int64(n), fmt.Sprintf("record %d of the Put stream", len(results))); err != nil {
 				return err
@@ -142,8 +142,8 @@ func (s *objectService) Get(req *kvmeshv1.ObjectServiceGetRequest, stream kvmesh
 		return err
 	}
 	ctx := stream.Context()
-	remoteBy := time.Now().Add(s.n.opts.GetTimeout)
-	chunk := s.n.opts.ChunkBytes
+	remoteBy := time.Now().Add(s.n.opts.Cluster.GetTimeout)
+	chunk := s.n.opts.Limits.ChunkBytes
 	var frame kvmeshv1.ObjectServiceGetResponse
 	// A window at a time, so that a batch of large records does not pin
 	// them all at once.

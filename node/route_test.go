@@ -218,7 +218,7 @@ func TestRouterQueue(t *testing.T) {
 func TestRouterEngineEvents(t *testing.T) {
 	nodes := startClusterNodes(t, 2, func(_ int, o *Options) {
 		o.Prefill.Model = tinyModel()
-		o.KVEventsAddr = "tcp://127.0.0.1:0"
+		o.Events.Addr = "tcp://127.0.0.1:0"
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -94,6 +94,69 @@ func (w Weights) validate() error {
 	return nil
 }
 
+// ensureEvents fills the engine-event options' defaults and checks them.
+func (o *Options) ensureEvents() error {
+	o.Weights.ensureDefaults()
+	if o.EngineEventsTTL == 0 {
+		o.EngineEventsTTL = 30 * time.Second
+	}
+	if o.MaxIndexedBlocks == 0 {
+		o.MaxIndexedBlocks = 1 << 22
+	}
+	for _, e := range o.EngineEvents {
+		if !strings.HasPrefix(e.Addr, "tcp://") || (e.ReplayAddr != "" && !strings.HasPrefix(e.ReplayAddr, "tcp://")) {
+			return &OptionError{Field: "EngineEvents", Msg: fmt.Sprintf("%+v: want tcp://HOST:PORT endpoints", e)}
+		}
+	}
+	if err := o.Weights.validate(); err != nil {
+		return err
+	}
+	switch {
+	case o.EngineEventsTTL < 0:
+		return &OptionError{Field: "EngineEventsTTL", Msg: fmt.Sprintf("%v must not be negative", o.EngineEventsTTL)}
+	case o.MaxIndexedBlocks < 0:
+		return &OptionError{Field: "MaxIndexedBlocks", Msg: fmt.Sprintf("%d must not be negative", o.MaxIndexedBlocks)}
+	}
+	return nil
+}
+
+// followEvents starts the subscribers of the engine-event sources and the
+// ageing of the index; the function it returns stops them and waits.
+func (r *Router) followEvents(ctx context.Context) (stop func()) {
+	if r.events == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, src := range r.opts.EngineEvents {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.events.subscribe(ctx, src) }()
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); r.ageEvents(ctx) }()
+	return func() { cancel(); wg.Wait() }
+}
+
+// ageEvents drops, now and then, the event-index entries of members gone
+// from the cluster for longer than EngineEventsTTL.
+func (r *Router) ageEvents(ctx context.Context) {
+	t := time.NewTicker(max(time.Second, r.opts.EngineEventsTTL/4))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			ms, _ := r.members.Members()
+			alive := make(map[string]bool, len(ms))
+			for _, m := range ms {
+				alive[m.ID] = true
+			}
+			r.events.age(alive, now)
+		}
+	}
+}
+
 // Media of a block, as bits.
 const (
 	inGPU uint8 = 1 << iota

@@ -163,43 +163,6 @@ func (l *Local) memVictimsLocked(class, need int, stop uint32, batch bool) (vs [
 	return l.evacuateLocked(class), false
 }
 
-// coldestLocked marks list's coldest idle blocks worth want bytes. Values
-// under retention (retain.go) are passed over; soft-pinned ones are taken
-// only by a second search, when the first found nothing else.
-func (l *Local) coldestLocked(list uint32, want int, stop uint32) (vs []moved, reachedStop bool) {
-	vs, reachedStop, sawSoft := l.coldestPassLocked(list, want, stop, false)
-	if len(vs) == 0 && !reachedStop && sawSoft {
-		vs, reachedStop, _ = l.coldestPassLocked(list, want, stop, true)
-	}
-	return vs, reachedStop
-}
-
-func (l *Local) coldestPassLocked(list uint32, want int, stop uint32, takeSoft bool) (vs []moved, reachedStop, sawSoft bool) {
-	x := &l.mu.x
-	got := 0
-	first := uint32(0) // the first value moved out of the way: the walk ends when it comes round
-	for j, walked := x.at(list).prev, 0; j != list && j != first && got < want && walked < maxVictimWalk; walked++ {
-		if j == stop {
-			return vs, true, sawSoft
-		}
-		e, prev := x.at(j), x.at(j).prev
-		switch {
-		case e.busy() || isHBM(e.getLoc()): // HBM empties into DRAM, not past it
-		case l.keepLocked(j, takeSoft):
-			sawSoft = sawSoft || l.mu.retain.by[j].pin == block.PinSoft
-			l.moveFrontLocked(list, j) // out of the next search's way
-			if first == 0 {
-				first = j
-			}
-		default:
-			vs = append(vs, l.markVictimLocked(j))
-			got += vs[len(vs)-1].size
-		}
-		j = prev
-	}
-	return vs, false, sawSoft
-}
-
 func (l *Local) markVictimLocked(i uint32) moved {
 	e := l.mu.x.at(i)
 	e.set(flagMoving)

@@ -9,7 +9,7 @@ and over for --duration seconds, single caller, each block into its place in
 a preallocated buffer (Python and Go alternate in --rounds slices; medians):
   - Python, kvmesh.Client.get(ns, tokens, out) into a torch tensor, through
     shared memory and through gRPC;
-  - Go, package client's GetKeys copying each block into a []byte
+  - Go, package client's Get into a []byte's slices (client.Into)
     (clients/python/benchgo), through shared memory, gRPC and TCP.
 and times kvmesh.keys of a 128k-token prompt. Targets (issue 15): Python ≥ 0.8×
 Go on each path; keys ≤ 5 ms.
@@ -59,9 +59,9 @@ def py_get(addr, path, ns, tokens, dur):
     return iters * len(tokens) // 16 * ns.block_bytes / el / 1e9
 
 
-def go_get(benchgo, addr, transport, layers, blocks, first, dur, mode="keys"):
+def go_get(benchgo, addr, transport, layers, blocks, first, dur):
     r = subprocess.run([str(benchgo), "-addr", addr, "-transport", transport, "-layers", str(layers), "-blocks",
-                        str(blocks), "-first-token", str(first), "-duration", f"{dur}s", "-mode", mode],
+                        str(blocks), "-first-token", str(first), "-duration", f"{dur}s"],
                        check=True, capture_output=True, text=True)
     return json.loads(r.stdout)["gb_per_s"]
 
@@ -137,7 +137,7 @@ def main():
             row["ratio_tcp"] = row["python_tcp"] / row["go_tcp"]
             rows.append(row)
         # kvmesh.mooncake: batch_get_into of 64 objects of 1 MiB into registered memory, against
-        # the Go client's GetInto of the same bytes (64 blocks of 1 MiB), alternating.
+        # the Go client's Get with Into of the same bytes (64 blocks of 1 MiB), alternating.
         mc = mooncake_setup(node.addr)
         layers = SIZES[MC_BYTES]
         mc_first = 7_000_001
@@ -149,7 +149,7 @@ def main():
         for _ in range(args.rounds):
             d = args.duration / args.rounds
             mc_samples["python_mooncake"].append(mooncake_get(mc, d))
-            mc_samples["go_getinto"].append(go_get(go_bin, node.addr, "auto", layers, MC_OBJECTS, mc_first, d, "getinto"))
+            mc_samples["go_getinto"].append(go_get(go_bin, node.addr, "auto", layers, MC_OBJECTS, mc_first, d))
         mc_row = {k: statistics.median(v) for k, v in mc_samples.items()}
         mc_row["spread"] = {k: [min(v), max(v)] for k, v in mc_samples.items()}
         mc_row["ratio"] = mc_row["python_mooncake"] / mc_row["go_getinto"]
@@ -163,7 +163,7 @@ def main():
     rep = {"get": rows, "mooncake": mc_row, "keys_128k_ms": keys_ms, "key_format": kvmesh.KEY_VERSION,
            "checks": {"python_get_vs_go >= 0.8 (every size and path)":
                       min(min(r["ratio_shm"], r["ratio_grpc"], r["ratio_tcp"]) for r in rows) >= 0.8,
-                      "mooncake batch_get_into of 64 x 1 MiB >= 0.8 go GetInto": mc_row["ratio"] >= 0.8,
+                      "mooncake batch_get_into of 64 x 1 MiB >= 0.8 go Get into": mc_row["ratio"] >= 0.8,
                       "keys_128k <= 5 ms": keys_ms <= 5}}
     if args.o == "json":
         json.dump(rep, sys.stdout, indent=2)
@@ -175,7 +175,7 @@ def main():
         print(f"{r['block_bytes'] >> 10:>5}Ki {r['python_shm']:8.2f} {r['go_shm']:8.2f} {r['ratio_shm']:6.2f}   "
               f"{r['python_tcp']:8.2f} {r['go_tcp']:8.2f} {r['ratio_tcp']:6.2f}   "
               f"{r['python_grpc']:8.2f} {r['go_grpc']:8.2f} {r['ratio_grpc']:6.2f}")
-    print(f"kvmesh.mooncake batch_get_into 64 x 1 MiB: {mc_row['python_mooncake']:.2f} GB/s, Go GetInto "
+    print(f"kvmesh.mooncake batch_get_into 64 x 1 MiB: {mc_row['python_mooncake']:.2f} GB/s, Go Get into "
           f"{mc_row['go_getinto']:.2f} GB/s, ratio {mc_row['ratio']:.2f}")
     print(f"keys of a 128k-token prompt: {keys_ms:.2f} ms")
     for k, v in rep["checks"].items():

@@ -45,10 +45,10 @@ func TestInspectEvents(t *testing.T) {
 	tokens, payloads := e2ePrompt(1, 2)
 	for seed := 1; ; seed++ {
 		tokens, payloads = e2ePrompt(seed, 2)
-		if _, err := c.Lookup(ctx, e2eNS, tokens); err != nil { // names the namespace's model
+		if _, err := c.Lookup(ctx, e2eNS, client.Prompt{Tokens: tokens}); err != nil { // names the namespace's model
 			t.Fatal(err)
 		}
-		if _, err := c.Put(ctx, e2eNS, tokens, payloads); err != nil {
+		if _, err := c.Put(ctx, e2eNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 			t.Fatal(err)
 		}
 		select {

@@ -167,7 +167,7 @@ a prompt with no namespace flag, the node's prefill engine's.`,
 					if err != nil {
 						return err
 					}
-					applied, err := c.Retain(ctx, ns, client.Retained{Objects: objects}, r)
+					applied, err := c.Retain(ctx, ns, client.Prompt{Names: objects}, r)
 					if err != nil {
 						return err
 					}
@@ -181,7 +181,7 @@ a prompt with no namespace flag, the node's prefill engine's.`,
 					if err != nil {
 						return err
 					}
-					applied, err := c.Retain(ctx, ns, client.Retained{Tokens: toks}, r)
+					applied, err := c.Retain(ctx, ns, client.Prompt{Tokens: toks}, r)
 					if err != nil {
 						return err
 					}

@@ -22,9 +22,8 @@ func TestInspectObjects(t *testing.T) {
 	}
 	defer c.Close()
 	ctx := context.Background()
-	errs, err := c.PutObjects(ctx, objectNamespace, []client.Object{{Name: "k1", Value: make([]byte, 300<<10)}}, client.PieceBytes(128<<10))
-	if err != nil || errs[0] != nil {
-		t.Fatalf("PutObjects: %v %v", errs, err)
+	if _, err := c.Put(ctx, objectNamespace, client.Prompt{Names: []string{"k1"}}, [][]byte{make([]byte, 300<<10)}, client.PieceBytes(128<<10)); err != nil {
+		t.Fatalf("Put of an object: %v", err)
 	}
 	var objs []objectJSON
 	if err := json.Unmarshal(kvmesh(t, "inspect", "--addr", d.grpcAddr, "-o", "json", "object", "k1", "absent"), &objs); err != nil {

@@ -121,10 +121,8 @@ so are the blocks of a member gone from the cluster for --engine-events-ttl.`,
 	return c
 }
 
-func init() {
-	for field, flag := range map[string]string{"Policy": "policy", "EngineEvents": "engine-events",
-		"Weights.GPU": "weight-gpu", "Weights.CPU": "weight-cpu", "Weights.Disk": "weight-disk",
-		"EngineEventsTTL": "engine-events-ttl", "MaxIndexedBlocks": "engine-events-max-blocks"} {
-		flagOf[field] = flag
-	}
-}
+// routeFlagOf names the flag of each router.Options field New checks, as
+// flagOf does the node's.
+var routeFlagOf = map[string]string{"Join": "join", "Policy": "policy", "GossipProfile": "gossip-profile",
+	"EngineEvents": "engine-events", "Weights.GPU": "weight-gpu", "Weights.CPU": "weight-cpu", "Weights.Disk": "weight-disk",
+	"EngineEventsTTL": "engine-events-ttl", "MaxIndexedBlocks": "engine-events-max-blocks"}

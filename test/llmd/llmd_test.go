@@ -43,9 +43,12 @@ func prompt(seed, blocks int) ([]uint32, [][]byte) {
 // gone.
 func TestLLMDIndexesKVMeshEvents(t *testing.T) {
 	n, err := node.Open(node.Options{NodeID: "kvmesh-0", DataDir: t.TempDir(),
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		DRAMBytes: 4 << 20, NVMeBytes: 64 << 20, MaxBlockBytes: 1 << 20, KVEventsAddr: "tcp://127.0.0.1:0",
-		Logger: slog.New(slog.DiscardHandler)})
+		Listen:  node.ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0"},
+		Cluster: node.ClusterOptions{GossipAddr: "127.0.0.1:0"},
+		Tiers:   node.TierOptions{DRAMBytes: 4 << 20, NVMeBytes: 64 << 20},
+		Limits:  node.LimitOptions{MaxBlockBytes: 1 << 20},
+		Events:  node.EventOptions{Addr: "tcp://127.0.0.1:0"},
+		Logger:  slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,10 +91,10 @@ func TestLLMDIndexesKVMeshEvents(t *testing.T) {
 	put := func(seed, blocks int) []uint32 {
 		t.Helper()
 		tokens, payloads := prompt(seed, blocks)
-		if _, err := c.Lookup(ctx, ns, tokens); err != nil { // names the namespace: its model is the topic's
+		if _, err := c.Lookup(ctx, ns, client.Prompt{Tokens: tokens}); err != nil { // names the namespace: its model is the topic's
 			t.Fatal(err)
 		}
-		if _, err := c.Put(ctx, ns, tokens, payloads); err != nil {
+		if _, err := c.Put(ctx, ns, client.Prompt{Tokens: tokens}, payloads); err != nil {
 			t.Fatal(err)
 		}
 		return tokens

@@ -24,7 +24,6 @@ func main() {
 	blocks := flag.Int("blocks", 64, "blocks in the prompt")
 	first := flag.Uint("first-token", 1, "the prompt is first-token, first-token+1, ...")
 	dur := flag.Duration("duration", 2*time.Second, "how long to measure")
-	mode := flag.String("mode", "keys", "keys: GetKeys copying each block into a buffer; getinto: GetInto")
 	flag.Parse()
 
 	ns := prefixhash.Namespace{Model: *model, DType: prefixhash.Float16, BlockTokens: 16, Layers: *layers, KVHeads: 8, HeadDim: 128}
@@ -44,29 +43,23 @@ func main() {
 	}
 	keys := prefixhash.Keys(sns, tokens)
 	size := ns.BlockBytes()
+	// One buffer for the prompt, as the Python client's get fills one
+	// tensor: block i lands in its i-th slice.
 	dst := make([]byte, len(keys)*size)
 	bufs := make([][]byte, len(keys))
 	for i := range bufs {
 		bufs[i] = dst[i*size : (i+1)*size]
 	}
 	get := func() int {
-		if *mode == "getinto" {
-			n, err := c.GetInto(ctx, ns, tokens, bufs)
-			if err != nil {
-				fail(err)
-			}
-			return n
-		}
-		n := 0
-		err := c.GetKeys(ctx, sns, keys, func(b client.Block) error {
-			if b.Found {
-				copy(dst[b.Index*size:], b.Payload)
-				n++
-			}
-			return nil
-		})
+		blocks, err := c.Get(ctx, sns, client.Prompt{Keys: keys}, client.Into(bufs))
 		if err != nil {
 			fail(err)
+		}
+		n := 0
+		for _, b := range blocks {
+			if b.Found {
+				n++
+			}
 		}
 		return n
 	}
@@ -79,7 +72,7 @@ func main() {
 		iters++
 	}
 	el := time.Since(start).Seconds()
-	json.NewEncoder(os.Stdout).Encode(map[string]any{"transport": *transport, "mode": *mode, "block_bytes": size, "blocks": len(keys),
+	json.NewEncoder(os.Stdout).Encode(map[string]any{"transport": *transport, "block_bytes": size, "blocks": len(keys),
 		"iters": iters, "seconds": el, "gb_per_s": float64(iters*len(keys)*size) / el / 1e9})
 }
 
