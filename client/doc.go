@@ -16,6 +16,12 @@
 // The methods of one per combination that came before (PutRank, GetInto,
 // GetKeys, ...) stay one release as deprecated wrappers (deprecated.go).
 //
+// Objects (Mooncake Store's) are values under names of the caller's,
+// beside the blocks, same tiers and quotas (object.go): Put and Get take a
+// Prompt's Names (Retention, Upsert, PieceBytes; Into, Each), Remove
+// removes them from every node, Retain pins or leases them, or a prompt's
+// prefix; a call about several objects reports per object (ItemErrors).
+//
 // A model instance spread over several GPUs puts and gets per rank
 // (Prompt.Rank): Put stores a tensor- or pipeline-parallel rank's part of
 // each block (its KV heads, its layers; block.RankPart) and Get reads a
