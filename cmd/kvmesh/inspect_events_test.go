@@ -42,9 +42,8 @@ func TestInspectEvents(t *testing.T) {
 	go func() { exited <- tail.Wait() }()
 	// A subscription lands a moment after the connection: put fresh
 	// prompts until inspect events has printed two events and exited.
-	tokens, payloads := e2ePrompt(1, 2)
 	for seed := 1; ; seed++ {
-		tokens, payloads = e2ePrompt(seed, 2)
+		tokens, payloads := e2ePrompt(seed, 2)
 		if _, err := c.Lookup(ctx, e2eNS, client.Prompt{Tokens: tokens}); err != nil { // names the namespace's model
 			t.Fatal(err)
 		}
