@@ -17,6 +17,7 @@ numpy arrays, ctypes arrays over raw memory) that are read or filled where
 they lie: no intermediate Python bytes on the data planes.
 """
 import concurrent.futures
+import contextlib
 import ctypes
 import os
 import threading
@@ -88,43 +89,107 @@ class Span:
         return ctypes.string_at(self.addr, self.n)
 
 
-# Copies of a large value are split over a few threads (ctypes.memmove releases the GIL): on
-# the 2-core machines here one thread's memcpy reached 1-2.5 GB/s under load, two halves in
-# parallel 6 GB/s (BENCHMARKS.md, issue 33).
-_PARALLEL = max(1, min(4, os.cpu_count() or 1))
+# Copies may be split over a few threads (ctypes.memmove releases the GIL): KVMESH_COPY_THREADS,
+# default 1. On the shared, loaded 2-core hosts kvmesh is built on, a second thread did not
+# raise batch_get_into's rate (its wake-ups cost about what it copies; issue 33's note has the
+# figures). Hosts with idle cores may do better with 2-4.
+_PARALLEL = max(1, min(8, int(os.environ.get("KVMESH_COPY_THREADS", "1") or 1)))
 _SPLIT = 512 << 10  # copies of at least this many bytes are split
 _pool = None
 _pool_lock = threading.Lock()
 
 
-def _memmove(dst, src, n):
-    """memmove of n bytes, split over _PARALLEL threads when large."""
+def _copy_pool():
     global _pool
-    if n < _SPLIT or _PARALLEL == 1:
-        ctypes.memmove(dst, src, n)
-        return
     if _pool is None:
         with _pool_lock:
             if _pool is None:
                 _pool = concurrent.futures.ThreadPoolExecutor(_PARALLEL - 1, thread_name_prefix="kvmesh-copy")
+    return _pool
+
+
+def _memmove(dst, src, n):
+    """memmove of n bytes, split over _PARALLEL threads when large."""
+    if n < _SPLIT or _PARALLEL == 1:
+        ctypes.memmove(dst, src, n)
+        return
+    pool = _copy_pool()
     k = min(_PARALLEL, n // (_SPLIT // 2))
     step = (n // k + 63) & ~63
-    futs = [_pool.submit(ctypes.memmove, dst + a, src + a, min(step, n - a)) for a in range(step, n, step)]
+    futs = [pool.submit(ctypes.memmove, dst + a, src + a, min(step, n - a)) for a in range(step, n, step)]
     ctypes.memmove(dst, src, min(step, n))
     for f in futs:
         f.result()
 
 
+# A batch read's copies (many values of a MiB, say) are gathered while its records are read and
+# run together before the node's memory they come from is released (split into _PARALLEL runs
+# of about equal bytes, one thread each, when KVMESH_COPY_THREADS asks for more than one). With
+# threads, splitting each value on its own cost a handoff per value (about 100 us on a loaded
+# 2-core host, as much as the copy of a MiB); gathered, two per batch.
+_tl = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_copies():
+    """Within it (on this thread), scatter queues its copies; flush_copies runs them. ObjectIO.get
+    flushes before it releases each batch of records, and the context flushes what is left."""
+    prev = getattr(_tl, "copies", None)
+    _tl.copies = []
+    try:
+        yield
+        flush_copies()
+    finally:
+        _tl.copies = prev
+
+
+def flush_copies():
+    """Runs the copies deferred_copies queued on this thread, split over threads."""
+    tasks = getattr(_tl, "copies", None)
+    if not tasks:
+        return
+    _tl.copies = []
+    total = sum(t[2] for t in tasks)
+    if _PARALLEL == 1 or total < _SPLIT:
+        for d, src, n, _keep in tasks:
+            ctypes.memmove(d, src, n)
+        return
+    per = (total // _PARALLEL + 63) & ~63
+    groups, cur, room = [], [], per
+    for d, src, n, _keep in tasks:
+        while n:
+            m = n if len(groups) == _PARALLEL - 1 else min(n, room)
+            cur.append((d, src, m))
+            d, src, n, room = d + m, src + m, n - m, room - m
+            if room <= 0 and len(groups) < _PARALLEL - 1:
+                groups.append(cur)
+                cur, room = [], per
+    groups.append(cur)
+    futs = [_copy_pool().submit(_copy_run, g) for g in groups[1:] if g]
+    _copy_run(groups[0])
+    for f in futs:
+        f.result()
+
+
+def _copy_run(tasks):
+    for d, src, n in tasks:
+        ctypes.memmove(d, src, n)
+
+
 def scatter(spans, dst):
     """Copies the bytes of spans, in order, into dst, a list of (address, size) of writable
-    memory, as far as dst reaches; returns the bytes copied."""
+    memory, as far as dst reaches; returns the bytes copied. Within deferred_copies the copies
+    are queued (with the spans, which keep their memory alive) until flush_copies."""
+    tasks = getattr(_tl, "copies", None)
     k, at, done = 0, 0, 0  # dst run k, bytes of it filled
     for sp in spans:
         src, left = sp.addr, sp.n
         while left and k < len(dst):
             d, size = dst[k]
             n = min(left, size - at)
-            if n:
+            if n and tasks is not None:
+                tasks.append((d + at, src, n, sp))
+            elif n:
                 _memmove(d + at, src, n)
             src, left, at, done = src + n, left - n, at + n, done + n
             if at == size:
@@ -262,7 +327,8 @@ class ObjectIO:
         conn, path = self._conn(m)
         if path == "shm":
             try:
-                conn.get(keys, lambda i, mem, mem_np, off, n: deliver(i, conn.addr[id(mem_np)] + off, n, False, mem_np))
+                conn.get(keys, lambda i, mem, mem_np, off, n: deliver(i, conn.addr[id(mem_np)] + off, n, False, mem_np),
+                         before_release=flush_copies)
             except (OSError, _shm.ShmError):
                 pass
             self.c.counters["shm_get"] += len(found)
@@ -280,6 +346,7 @@ class ObjectIO:
                 conn.get(keys, bufs, landed)
             except (OSError, _shm.ShmError):
                 pass
+            flush_copies()  # before scratch, which holds the values, goes
             self.c.counters["tcp_get"] += len(found)
         missing = [i for i in range(len(keys)) if i not in found]
         if missing:
@@ -296,6 +363,7 @@ class ObjectIO:
                     if f.last:
                         b = np.frombuffer(rec, np.uint8)
                         deliver(missing[cur], b.ctypes.data, b.nbytes, True, b)
+                        flush_copies()  # before rec, which holds the value, is replaced
             except Exception as e:  # grpc.RpcError
                 raise from_rpc(e) from None
             self.c.counters["grpc_get"] += len(found) - before
@@ -342,6 +410,7 @@ class ObjectIO:
                     done.add(i)
                 else:
                     broken.append(names[i])
+            flush_copies()  # before parts, which holds the pieces, goes
         if broken:
             self.remove(ns, broken)
         return [i for i in range(len(names)) if i not in done]

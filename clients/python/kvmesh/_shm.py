@@ -287,13 +287,14 @@ class ShmConn(Publisher):
     def _fail(self):
         self.close()
 
-    def get(self, keys, consume, parts=None):
+    def get(self, keys, consume, parts=None, before_release=None):
         """Reads keys (16 bytes each), or with parts (a block.Part per key) those part ranges of
         them. consume(i, mem, mem_np, off, n) is called for every key the node holds: the encoded
         block (or part record) is the n bytes at offset off of mem, an mmap (mem_np, a numpy
         view of it): the node's arena itself for a block read in place, else the region. They
         are valid only during the call (the node may reuse them once it is told of the release
-        that follows); keys it lacks are not passed. Returns the set of indexes found."""
+        that follows); keys it lacks are not passed. before_release(), when given, is called
+        before each batch's release (deferred copies out of it). Returns the set of indexes found."""
         found = set()
         todo = list(range(len(keys)))
         with self._lock:
@@ -329,6 +330,8 @@ class ShmConn(Publisher):
                             elif st not in (STATUS_MISS, STATUS_ERROR):
                                 raise ShmError(f"item status {st}")
                     finally:
+                        if before_release is not None:
+                            before_release()
                         self._release(rid)
                     if retry and len(retry) == len(idx):
                         raise ShmError("node sent none of the values and asked for all again")

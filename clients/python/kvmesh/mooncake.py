@@ -533,7 +533,8 @@ class MooncakeDistributedStore:
                 return
             _objects.scatter(spans, dsts[i])
             out[i] = n
-        codes = self._read([keys[i] for i in want], land)
+        with _objects.deferred_copies():  # the batch's copies run together, split over threads
+            codes = self._read([keys[i] for i in want], land)
         for j, i in enumerate(want):
             if codes[j] != OK:
                 out[i] = codes[j]
