@@ -131,7 +131,7 @@ func LoadCheckpoint(dir string, c Config, tie *bool) (_ *Weights, err error) {
 		if src[i].data == nil {
 			continue
 		}
-		*t.data = arena[off : off+t.elems() : off+t.elems()]
+		*t.data = arena[off : off+t.elems()] // cap reaches on: stacked sees neighbours
 		off += t.elems()
 	}
 	if tied {
