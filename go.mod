@@ -26,6 +26,8 @@ require (
 	gorgonia.org/cu v0.9.6
 )
 
+require github.com/ardanlabs/jinja v1.8.0
+
 require (
 	codeberg.org/go-fonts/liberation v0.5.0 // indirect
 	codeberg.org/go-latex/latex v0.2.0 // indirect
