@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefill"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 	"github.com/kvmesh/kvmesh/tokenizer"
@@ -60,6 +59,7 @@ type prefillService struct {
 	nsPB         *kvmeshv1.Namespace
 	tok          tokenizer.Tokenizer // the model's (PrefillOptions.ModelDir), else tokenizer.Bytes
 	eos          []uint32            // the model's end-of-sequence ids, if it says
+	sampling     prefill.SamplingDefaults
 
 	// ctx is cancelled by close; the worker and the reaper stop on it.
 	ctx       context.Context
@@ -124,28 +124,17 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	}()
 	eopts.Backend = backend
 	var (
-		tok tokenizer.Tokenizer = tokenizer.Bytes{}
-		eos []uint32
+		tok      tokenizer.Tokenizer = tokenizer.Bytes{}
+		eos      []uint32
+		sampling prefill.SamplingDefaults
 	)
 	switch {
 	case o.ModelDir != "":
-		cfg, info, err := prefill.LoadConfigJSON(filepath.Join(o.ModelDir, "config.json"))
+		m, err := openModelDir(o.ModelDir, o.Model, n.opts.MaxBlockBytes)
 		if err != nil {
-			return nil, fmt.Errorf("node: Prefill.ModelDir: %w", err)
+			return nil, err
 		}
-		cfg.BlockTokens = o.Model.BlockTokens
-		cfg.MaxContext = min(cfg.MaxContext, o.Model.MaxContext)
-		if size := block.EncodedLen(cfg.BlockTokens, cfg.Namespace(0, "").BlockBytes()); size > n.opts.MaxBlockBytes {
-			return nil, &OptionError{Field: "Prefill.ModelDir", Msg: fmt.Sprintf("the model's blocks are %d bytes encoded, over MaxBlockBytes (%d)", size, n.opts.MaxBlockBytes)}
-		}
-		eopts.Config, eopts.WeightsPath, eos = cfg, filepath.Join(o.ModelDir, "model.safetensors"), info.EOS
-		if path := filepath.Join(o.ModelDir, "tokenizer.json"); fileExists(path) {
-			bpe, err := tokenizer.Load(path)
-			if err != nil {
-				return nil, fmt.Errorf("node: Prefill.ModelDir: %w", err)
-			}
-			tok = bpe
-		}
+		eopts.Config, tok, eos, sampling = m.cfg, m.tok, m.eos, m.sampling
 	case o.WeightsPath == "":
 		eopts.Weights = seededWeights(o.Model, o.Seed)
 	}
@@ -167,7 +156,7 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 		engine.Close()
 		return nil, err
 	}
-	p := &prefillService{n: n, engine: engine, closeBackend: closeBackend, q: q, batches: b, nsPB: namespacePB(engine), tok: tok, eos: eos}
+	p := &prefillService{n: n, engine: engine, closeBackend: closeBackend, q: q, batches: b, nsPB: namespacePB(engine), tok: tok, eos: eos, sampling: sampling}
 	p.batchMetrics = newBatchMetrics(n.metrics.reg, b)
 	b.cancelled = func(k int) { p.batchMetrics.requests.WithLabelValues("cancelled").Add(float64(k)) }
 	secret, err := loadCallbackSecret(n.opts.DataDir)

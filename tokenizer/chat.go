@@ -172,3 +172,24 @@ func (d *Dir) SpecialText(name string) string {
 	s, _ := d.vars[name].(string)
 	return s
 }
+
+// Chatter is a tokenizer that renders chats itself (Dir).
+type Chatter interface {
+	Tokenizer
+	// HasChatTemplate reports whether EncodeChat can render.
+	HasChatTemplate() bool
+	// EncodeChat returns the tokens of msgs with the generation prompt
+	// added; errors wrap ErrTemplate.
+	EncodeChat(msgs []Message) ([]uint32, error)
+}
+
+var _ Chatter = (*Dir)(nil)
+
+// EncodePrompt encodes text as a whole prompt: with what the tokenizer's
+// post-processor adds around it (a BOS; BPE.Prompt), else as Encode.
+func EncodePrompt(tok Tokenizer, text string) []uint32 {
+	if p, ok := tok.(interface{ Prompt(string) []uint32 }); ok {
+		return p.Prompt(text)
+	}
+	return tok.Encode(text)
+}

@@ -68,7 +68,7 @@ func Prompt(n, vocab int, seed uint64) []uint32 {
 // head_dim that is not hidden/heads, bf16, linear RoPE scaling. Prompts
 // are promptTokens long.
 func Archs(promptTokens int) []Model {
-	const vocab = 300
+	const vocab = 512 // room for the tokenizer fixtures of package tokenizer
 	base := func(hidden, layers, heads, kv, ffn int) map[string]any {
 		return map[string]any{"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
 			"num_key_value_heads": kv, "intermediate_size": ffn, "vocab_size": vocab, "max_position_embeddings": 4096,
