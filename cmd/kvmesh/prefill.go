@@ -285,7 +285,7 @@ func init() {
 		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.ResultTTL": "prefill-result-ttl",
 		"Prefill.MaxResults": "prefill-max-results", "Prefill.BackgroundBlocks": "prefill-background-blocks",
 		"Prefill.Role": "role", "Prefill.ModelDir": "prefill-model-dir", "Prefill.Backend": "backend",
-		"Prefill.MaxModelBytes": "max-model-bytes",
+		"Prefill.MaxModelBytes":     "max-model-bytes",
 		"Prefill.Batch.MaxRequests": "queue-max-requests", "Prefill.Batch.MaxBodyBytes": "queue-max-body",
 		"Prefill.Batch.TenantQueued": "queue-tenant-quota", "Prefill.Batch.MaxQueued": "queue-max-queued",
 		"Prefill.Batch.ResultTTL": "queue-result-ttl", "Prefill.Batch.CallbackAllow": "callback-allow",
