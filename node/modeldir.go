@@ -1,7 +1,9 @@
 package node
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"slices"
 
@@ -63,4 +65,19 @@ func (p *prefillService) samplingDefaults() (temperature, topP float64) {
 		topP = *t
 	}
 	return temperature, topP
+}
+
+// modelError makes an error about the model's files an OptionError that
+// names the option to fix (the flag, on the command line), and passes
+// others on.
+func modelError(err error) error {
+	switch {
+	case errors.Is(err, prefill.ErrModelTooLarge):
+		return &OptionError{Field: "Prefill.MaxModelBytes", Msg: err.Error()}
+	case errors.Is(err, prefill.ErrCheckpoint), errors.Is(err, prefill.ErrSafetensors), errors.Is(err, prefill.ErrWeights),
+		errors.Is(err, prefill.ErrInvalidConfig), errors.Is(err, tokenizer.ErrFormat), errors.Is(err, tokenizer.ErrTemplate),
+		errors.Is(err, fs.ErrNotExist):
+		return &OptionError{Field: "Prefill.ModelDir", Msg: err.Error()}
+	}
+	return err
 }

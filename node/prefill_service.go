@@ -132,7 +132,7 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	case o.ModelDir != "":
 		m, err := openModelDir(o.ModelDir, o.Model, n.opts.MaxBlockBytes)
 		if err != nil {
-			return nil, err
+			return nil, modelError(err)
 		}
 		eopts.Config, tok, eos, sampling = m.cfg, m.tok, m.eos, m.sampling
 	case o.WeightsPath == "":
@@ -140,7 +140,7 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	}
 	engine, err := prefill.New(engineCache{c: n.cache, blockTokens: o.Model.BlockTokens}, eopts)
 	if err != nil {
-		return nil, fmt.Errorf("node: prefill engine: %w", err)
+		return nil, modelError(fmt.Errorf("node: prefill engine: %w", err))
 	}
 	q, err := openQueue(filepath.Join(n.opts.DataDir, "prefill-queue"), queueOptions{
 		capacity: o.QueueSize, maxResults: o.MaxResults, ttl: o.ResultTTL, maxRuns: queueMaxRuns,

@@ -321,7 +321,7 @@ func checkModelBytes(need, limit int64) error {
 		limit, of = int64(si.Totalram)*int64(si.Unit), "the machine's memory"
 	}
 	if need > limit {
-		return fmt.Errorf("%w: its weights take %d MiB in float32, over %s (%d MiB)", ErrModelTooLarge, need>>20, of, limit>>20)
+		return fmt.Errorf("%w: its weights take %.1f MiB in float32, over %s (%.1f MiB)", ErrModelTooLarge, float64(need)/(1<<20), of, float64(limit)/(1<<20))
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testkit"
+	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/prefill/prefilltest"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
@@ -171,6 +173,11 @@ func checkChatRefused(t *testing.T, d *daemon, dir string) {
 	if code != 400 || !strings.Contains(string(resp), "Conversation roles must alternate") {
 		t.Errorf("a conversation the template refuses: %d %s", code, resp)
 	}
+	code, resp = postJSON(t, base+"/v1/chat/completions", map[string]any{"model": "kvmesh",
+		"messages": []map[string]string{{"role": "user", "content": strings.Repeat("hello ", 1100)}}}, false)
+	if code != 400 || !strings.Contains(string(resp), "context_length_exceeded") {
+		t.Errorf("a chat longer than the context: %d %s", code, resp)
+	}
 	msgs := []map[string]string{{"role": "user", "content": "hello world"}}
 	ids := func() []uint32 {
 		tok, err := tokenizer.LoadDir(dir)
@@ -229,4 +236,79 @@ func postJSON(t *testing.T, url string, body any, publish bool) (int, []byte) {
 	defer resp.Body.Close()
 	out, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, out
+}
+
+// TestServeRefusesBadModelDirs: kvmesh serve --prefill-model-dir exits at
+// start, with one line that says what is wrong, for a directory it cannot
+// serve whole: it never starts half-loaded.
+func TestServeRefusesBadModelDirs(t *testing.T) {
+	cfg := prefill.Config{Layers: 2, Dim: 32, Heads: 4, KVHeads: 2, HeadDim: 8, FFNDim: 48, Vocab: 300, MaxContext: 512, BlockTokens: 16}
+	cfg.EnsureDefaults()
+	config := map[string]any{"model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+		"num_key_value_heads": 2, "intermediate_size": 48, "vocab_size": 300}
+	good := func(t *testing.T, edit func(map[string]any)) string {
+		dir := t.TempDir()
+		c := maps.Clone(config)
+		if edit != nil {
+			edit(c)
+		}
+		b, _ := json.Marshal(c)
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		qk := cfg
+		qk.QKNorm = true
+		if err := prefill.SaveWeights(filepath.Join(dir, prefill.CheckpointFile), qk, prefill.SeededWeights(qk, 1)); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	for _, tc := range []struct {
+		name string
+		dir  func(t *testing.T) string
+		args []string
+		want string
+	}{
+		{"no config.json", func(t *testing.T) string {
+			dir := good(t, nil)
+			os.Remove(filepath.Join(dir, "config.json"))
+			return dir
+		}, nil, "config.json: no such file"},
+		{"unsupported architecture", func(t *testing.T) string {
+			return good(t, func(c map[string]any) { c["model_type"] = "gemma2" })
+		}, nil, `model_type "gemma2" is not supported`},
+		{"config.json lies about a shape", func(t *testing.T) string {
+			return good(t, func(c map[string]any) { c["intermediate_size"] = 64 })
+		}, nil, "mlp.gate_proj.weight"},
+		{"missing shard", func(t *testing.T) string {
+			dir := good(t, nil)
+			os.Rename(filepath.Join(dir, prefill.CheckpointFile), filepath.Join(dir, "model-00001-of-00002.safetensors"))
+			os.WriteFile(filepath.Join(dir, prefill.CheckpointIndex), []byte(`{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}`), 0o644)
+			return dir
+		}, nil, "model-00002-of-00002.safetensors is missing"},
+		{"truncated file", func(t *testing.T) string {
+			dir := good(t, nil)
+			p := filepath.Join(dir, prefill.CheckpointFile)
+			st, _ := os.Stat(p)
+			os.Truncate(p, st.Size()/2)
+			return dir
+		}, nil, "model.safetensors"},
+		{"a template that does not compile", func(t *testing.T) string {
+			dir := good(t, nil)
+			tok, _ := os.ReadFile(filepath.Join("..", "..", "tokenizer", "testdata", "qwen2", "tokenizer.json"))
+			os.WriteFile(filepath.Join(dir, "tokenizer.json"), tok, 0o644)
+			os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(`{"chat_template": "{% for m in messages %}"}`), 0o644)
+			return dir
+		}, nil, "chat template"},
+		{"over --max-model-bytes", func(t *testing.T) string { return good(t, nil) }, []string{"--max-model-bytes", "64KiB"}, "over --max-model-bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"serve", "--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+				"--data-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--prefill-model-dir", tc.dir(t)}, tc.args...)
+			var stdout, stderr bytes.Buffer
+			if code := run(args, &stdout, &stderr); code == 0 || !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("exit %d, stderr %q; want an error saying %q", code, stderr.String(), tc.want)
+			}
+		})
+	}
 }
