@@ -106,7 +106,7 @@ func (b *CPU) Load(cfg Config, w *Weights) (Model, error) {
 		return nil, err
 	}
 	m := newModel(cfg, w, b.opts.Threads)
-	m.passes = hostPasses{}
+	m.passes = hostPasses{threads: b.opts.Threads}
 	return m, nil
 }
 

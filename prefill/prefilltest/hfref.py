@@ -232,8 +232,9 @@ class Model:
         self.inv = self.inv.to(dtype)
         self.dtype = dtype
 
-    def forward(self, ids, cache=None):
-        """Logits of every position of ids, which follow the len(cache[0][0])
+    def forward(self, ids, cache=None, last=False):
+        """Logits of every position of ids (with last, of the last one only,
+        as generation computes them), which follow the len(cache[0][0])
         positions whose K/V cache holds (a list of per-layer [k, v])."""
         c, w = self.c, self.w
         H, KV, hd = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
@@ -282,6 +283,8 @@ class Model:
             g = h @ w[p + "mlp.gate_proj.weight"].T
             u = h @ w[p + "mlp.up_proj.weight"].T
             x = x + (torch.nn.functional.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+        if last:
+            x = x[-1:]
         return rms(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
 
 
@@ -311,11 +314,11 @@ def cmd_bench(d, prompt, decode, threads, runs):
         for _ in range(runs):
             t0 = time.time()
             cache = []
-            logits = m.forward(ids, cache)
+            logits = m.forward(ids, cache, last=True)
             t1 = time.time()
             nxt = int(logits[-1].argmax())
             for _ in range(decode):
-                nxt = int(m.forward([nxt], cache)[-1].argmax())
+                nxt = int(m.forward([nxt], cache, last=True)[-1].argmax())
             t2 = time.time()
             pre.append(prompt / (t1 - t0))
             dec.append(decode / (t2 - t1) if decode else 0)
@@ -325,10 +328,14 @@ def cmd_bench(d, prompt, decode, threads, runs):
 
 
 def blas_info():
-    for line in torch.__config__.show().splitlines():
-        if "BLAS_INFO" in line:
-            return line.strip().split(",")[0]
-    return ""
+    """The BLAS library the process loaded (Debian's torch calls libblas.so.3:
+    the reference BLAS, or OpenBLAS when installed or on LD_LIBRARY_PATH)."""
+    try:
+        with open("/proc/self/maps") as f:
+            libs = sorted({line.split()[-1] for line in f if "blas" in line.lower() and "/" in line})
+        return ", ".join(os.path.relpath(l, "/usr/lib/x86_64-linux-gnu") if l.startswith("/usr/lib") else l for l in libs)
+    except OSError:
+        return ""
 
 
 def main():
