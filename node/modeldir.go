@@ -53,20 +53,6 @@ func openModelDir(dir string, shape prefill.Config, maxBlockBytes int) (modelDir
 	return m, nil
 }
 
-// samplingDefaults returns the temperature and top_p of a request that
-// names neither: the model's generation_config.json's, else OpenAI's
-// (temperature 1; top_p 0, read as 1).
-func (p *prefillService) samplingDefaults() (temperature, topP float64) {
-	temperature = 1
-	if t := p.sampling.Temperature; t != nil {
-		temperature = min(max(*t, 0), prefill.MaxTemperature)
-	}
-	if t := p.sampling.TopP; t != nil && *t > 0 && *t <= 1 {
-		topP = *t
-	}
-	return temperature, topP
-}
-
 // modelError makes an error about the model's files an OptionError that
 // names the option to fix (the flag, on the command line), and passes
 // others on.

@@ -481,7 +481,7 @@ func (o *openAI) check(req *completionRequest, chat bool, session string) (*job,
 		// Without a limit, a chat answer stops where the context does.
 		j.opts.MaxTokens = max(1, min(j.opts.MaxTokens, o.p.engine.Config().MaxContext-len(j.prompt)))
 	}
-	j.opts.Temperature, j.opts.TopP = o.p.samplingDefaults() // the model's, else OpenAI's
+	j.opts.Temperature, j.opts.TopP = o.p.sampling.Values() // the model's, else OpenAI's
 	if req.Temperature != nil {
 		j.opts.Temperature = *req.Temperature
 	}

@@ -287,3 +287,26 @@ func TestEngineModelDir(t *testing.T) {
 		t.Errorf("over MaxModelBytes: %v", err)
 	}
 }
+
+func TestGenerationConfig(t *testing.T) {
+	dir := t.TempDir()
+	info := ModelInfo{EOS: []uint32{2}}
+	if err := LoadGenerationConfig(filepath.Join(dir, "absent.json"), &info); err != nil || !slices.Equal(info.EOS, []uint32{2}) {
+		t.Fatalf("a missing file: %v %v", info, err)
+	}
+	if temp, topP := info.Sampling.Values(); temp != 1 || topP != 0 {
+		t.Errorf("no defaults: temperature %g, top_p %g; want OpenAI's 1 and 0 (read as 1)", temp, topP)
+	}
+	path := filepath.Join(dir, "generation_config.json")
+	os.WriteFile(path, []byte(`{"eos_token_id": [128001, 128008, 128009], "temperature": 0.6, "top_p": 0.9, "do_sample": true}`), 0o644)
+	if err := LoadGenerationConfig(path, &info); err != nil || !slices.Equal(info.EOS, []uint32{128001, 128008, 128009}) {
+		t.Fatalf("%v %v", info, err)
+	}
+	if temp, topP := info.Sampling.Values(); temp != 0.6 || topP != 0.9 {
+		t.Errorf("temperature %g, top_p %g; want the file's 0.6 and 0.9", temp, topP)
+	}
+	os.WriteFile(path, []byte(`{"eos_token_id": "x"}`), 0o644)
+	if err := LoadGenerationConfig(path, &info); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("a bad eos_token_id: %v", err)
+	}
+}

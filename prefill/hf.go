@@ -39,6 +39,20 @@ type SamplingDefaults struct {
 	TopP        *float64
 }
 
+// Values returns the temperature and top_p of a request that names
+// neither: the model's, else OpenAI's (temperature 1, top_p 0 read as 1),
+// each clamped to what GenerateOptions accepts.
+func (s SamplingDefaults) Values() (temperature, topP float64) {
+	temperature = 1
+	if t := s.Temperature; t != nil && !math.IsNaN(*t) {
+		temperature = min(max(*t, 0), MaxTemperature)
+	}
+	if t := s.TopP; t != nil && *t > 0 && *t <= 1 {
+		topP = *t
+	}
+	return temperature, topP
+}
+
 // hfConfig is the part of config.json the engine reads.
 type hfConfig struct {
 	ModelType     string          `json:"model_type"`
