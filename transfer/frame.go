@@ -69,6 +69,17 @@ import (
 //	                  block.Part)
 //	claimReq    (32)  as getPartReq (no payload)
 //	claimResp   (8)   ClaimStatus u8, 3 zero bytes, 0 u32 (no payload)
+//	fabricReq   (0)   nothing (count 0): the requester asks for the
+//	                  server's Window (one-sided reads, lease.go)
+//	fabricResp  (0)   the payload is the window's descriptor (fabric.go),
+//	                  or empty: no window for this requester
+//	leaseReq    (16)  key
+//	leaseResp   (16)  as shmGetResp, offsets in the server's Window; the
+//	                  payload is the window's epoch u64, the lease's
+//	                  duration in milliseconds u32, 4 zero bytes
+//	leaseEnd    (8)   id of a lease request whose lease the client ends
+//	leaseEndResp (8)  status u8 (OK: the lease was held until now; miss:
+//	                  it had ended), 7 zero bytes
 //
 // A getPartReq is a getReq for parts of blocks (issue 23: a tensor- or
 // pipeline-parallel rank reads its slice): the server takes each whole
@@ -159,6 +170,12 @@ const (
 	typeGetPartReq
 	typeClaimReq
 	typeClaimResp
+	typeFabricReq
+	typeFabricResp
+	typeLeaseReq
+	typeLeaseResp
+	typeLeaseEnd
+	typeLeaseEndResp
 )
 
 // flagScoped marks a request confined to one tenant's blocks; flagArena, a
@@ -173,7 +190,7 @@ const (
 // blocks, and so may be scoped to a tenant.
 func (t frameType) isRequest() bool {
 	switch t {
-	case typeGetReq, typePutReq, typePublishReq, typeLookupReq, typeShmReserveReq, typeGetPartReq, typeClaimReq:
+	case typeGetReq, typePutReq, typePublishReq, typeLookupReq, typeShmReserveReq, typeGetPartReq, typeClaimReq, typeLeaseReq:
 		return true
 	}
 	return false
@@ -223,6 +240,18 @@ func (t frameType) String() string {
 		return "claim request"
 	case typeClaimResp:
 		return "claim response"
+	case typeFabricReq:
+		return "fabric request"
+	case typeFabricResp:
+		return "fabric response"
+	case typeLeaseReq:
+		return "lease request"
+	case typeLeaseResp:
+		return "lease response"
+	case typeLeaseEnd:
+		return "lease end"
+	case typeLeaseEndResp:
+		return "lease end response"
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }
@@ -231,23 +260,23 @@ func (t frameType) String() string {
 // -1 for an unknown type.
 func (t frameType) entryLen() int {
 	switch t {
-	case typeGetReq:
+	case typeGetReq, typeLeaseReq:
 		return getReqEntry
-	case typeGetResp, typePutResp:
+	case typeGetResp, typePutResp, typeLeaseEndResp:
 		return getRespEntry
 	case typePutReq:
 		return putReqEntry
 	case typePublishReq:
 		return publishEntry
-	case typeShmGetResp:
+	case typeShmGetResp, typeLeaseResp:
 		return shmRespEntry
-	case typeShmRelease, typeShmCommitReq:
+	case typeShmRelease, typeShmCommitReq, typeLeaseEnd:
 		return releaseEntry
 	case typeShmReserveReq:
 		return reserveEntry
 	case typeShmHello:
 		return helloEntry
-	case typeError, typeHelloAck:
+	case typeError, typeHelloAck, typeFabricReq, typeFabricResp:
 		return 0
 	case typeLookupReq:
 		return lookupEntry
@@ -377,12 +406,16 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 		maxCount = uint64(lim.lookupKeys())
 	case typeHello:
 		maxCount = MaxTokenLen
-	case typeHelloAck:
+	case typeHelloAck, typeFabricReq:
 		maxCount = 0
+	case typeFabricResp:
+		maxCount, maxPayload = 0, maxFabricPayload
+	case typeLeaseResp:
+		maxPayload = leasePayload
 	}
 	if uint64(count) > maxCount {
 		switch h.typ {
-		case typeShmHello, typeShmCommitReq, typeError, typeHelloAck:
+		case typeShmHello, typeShmCommitReq, typeError, typeHelloAck, typeFabricReq, typeFabricResp:
 			return h, corrupt("%s frame with %d items", h.typ, count)
 		case typeHello:
 			return h, fmt.Errorf("%w: hello with a %d-byte token, MaxTokenLen is %d", ErrLimit, count, MaxTokenLen)

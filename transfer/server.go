@@ -47,10 +47,11 @@ type Stats struct {
 	BytesIn      int64 // value bytes received in puts
 	Lookups      int64 // lookup requests answered
 	RegionUse    int64 // ShmServer: bytes of all regions held by unreleased results
-	// ShmServer with an Arena: requests whose values clients read in
-	// place (their blocks pinned) now, and those the server ended at
-	// LeaseTimeout; reserved slots open now, and those ended unfilled
-	// (LeaseTimeout, abort, or the client gone).
+	// ShmServer with an Arena, Server with a Window: requests whose
+	// values clients read in place or one-sidedly (their blocks pinned)
+	// now, and those the server ended at LeaseTimeout; reserved slots
+	// open now, and those ended unfilled (LeaseTimeout, abort, or the
+	// client gone). A Server counts granted values in Hits and BytesOut.
 	Leases, LeasesExpired             int64
 	Reservations, ReservationsAborted int64
 }
@@ -362,6 +363,7 @@ type serverConn struct {
 	// rather than once per request.
 	base context.Context
 	connBufs
+	grants grants // leases on values in the server's Window (lease.go)
 }
 
 // connBufs are the buffers a connection's requests grow: kept between
@@ -398,6 +400,7 @@ func (s *Server) serveConn(raw net.Conn) {
 	if !sc.opening() {
 		return
 	}
+	defer sc.grants.close(&s.stats)
 	for {
 		nc.SetDeadline(time.Now().Add(s.opts.IdleTimeout))
 		if _, err := io.ReadFull(sc.br, sc.hdr[:]); err != nil {
@@ -575,6 +578,12 @@ func (sc *serverConn) serve() error {
 		}
 	case typeLookupReq:
 		err = sc.lookup(ctx, &h)
+	case typeFabricReq:
+		err = sc.serveFabric(&h)
+	case typeLeaseReq:
+		err = sc.serveLease(ctx, &h)
+	case typeLeaseEnd:
+		err = sc.serveLeaseEnd(&h)
 	default:
 		err = corrupt("unexpected %s frame", h.typ)
 	}
