@@ -64,13 +64,13 @@ func TestWindowDesc(t *testing.T) {
 // TestUCXDesc: UCX's descriptor round-trips; a worker address or a remote
 // key of a bad length is refused.
 func TestUCXDesc(t *testing.T) {
-	d := ucxDesc{base: 42, worker: []byte("w"), rkey: bytes.Repeat([]byte{9}, 300)}
+	d := ucxDesc{base: 42, version: 0x010d01, worker: []byte("w"), rkey: bytes.Repeat([]byte{9}, 300)}
 	got, err := parseUCXDesc(encodeUCXDesc(d))
-	if err != nil || got.base != 42 || !bytes.Equal(got.worker, d.worker) || !bytes.Equal(got.rkey, d.rkey) {
+	if err != nil || got.base != 42 || got.version != 0x010d01 || ucxVersionString(got.version) != "1.13.1" || !bytes.Equal(got.worker, d.worker) || !bytes.Equal(got.rkey, d.rkey) {
 		t.Fatalf("round trip: %+v, %v", got, err)
 	}
 	for name, bad := range map[string][]byte{
-		"short":      make([]byte, 15),
+		"short":      make([]byte, 23),
 		"no worker":  encodeUCXDesc(ucxDesc{rkey: []byte{1}}),
 		"no rkey":    encodeUCXDesc(ucxDesc{worker: []byte{1}}),
 		"extra byte": append(encodeUCXDesc(d), 0),

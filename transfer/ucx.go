@@ -94,6 +94,7 @@ func NewUCX(opts *UCXOptions) (*UCX, error) {
 		return nil, fmt.Errorf("%w: start UCX (UCX_TLS %q, UCX_NET_DEVICES %q): %s", ErrNoFabric, envOr(o.TLS, "UCX_TLS"), envOr(o.NetDevices, "UCX_NET_DEVICES"), ucsError(st))
 	}
 	u.info.Transports = parseUCXResources(u.contextInfo())
+	u.info.Version = ucxVersionString(uint32(C.kvu_version()))
 	u.network = u.info.Network()
 	u.info.CUDA = u.c.mem_types&(1<<C.UCS_MEMORY_TYPE_CUDA) != 0
 	go u.run()
@@ -281,9 +282,10 @@ func (u *UCX) Register(mem []byte) (Region, error) {
 			return nil
 		}
 		r.desc = encodeUCXDesc(ucxDesc{
-			base:   uint64(uintptrOf(mem)),
-			worker: C.GoBytes(u.c.addr, C.int(u.c.addr_len)),
-			rkey:   C.GoBytes(rkey, C.int(n)),
+			base:    uint64(uintptrOf(mem)),
+			version: uint32(C.kvu_version()),
+			worker:  C.GoBytes(u.c.addr, C.int(u.c.addr_len)),
+			rkey:    C.GoBytes(rkey, C.int(n)),
 		})
 		C.kvu_pack_release(rkey)
 		return nil
@@ -328,6 +330,10 @@ func (u *UCX) Connect(desc []byte) (Remote, error) {
 	d, err := parseUCXDesc(desc)
 	if err != nil {
 		return nil, err
+	}
+	if v := uint32(C.kvu_version()); d.version != v {
+		return nil, fmt.Errorf("%w: the owner runs UCX %s and this process %s: its worker address is not handed to this UCX",
+			ErrUnsupported, ucxVersionString(d.version), ucxVersionString(v))
 	}
 	worker, rkey := C.CBytes(d.worker), C.CBytes(d.rkey)
 	defer C.free(worker)

@@ -38,6 +38,7 @@ static struct {
 	ucs_status_t (*request_check_status)(void *);
 	void (*request_free)(void *);
 	const char *(*status_string)(ucs_status_t);
+	void (*get_version)(unsigned *, unsigned *, unsigned *);
 } U;
 
 static int loaded;
@@ -53,16 +54,18 @@ static int loaded;
 	} while (0)
 
 int kvu_load(const char *lib, char *err, size_t errlen) {
-	if (loaded) {
-		return 0;
-	}
 	if (lib == NULL || lib[0] == '\0') {
 		lib = "libucp.so.0";
 	}
+	// Loaded once per process; a second call still checks that lib opens.
 	void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
 	if (h == NULL) {
 		snprintf(err, errlen, "%s", dlerror());
 		return -1;
+	}
+	if (loaded) {
+		dlclose(h);
+		return 0;
 	}
 	SYM(config_read, "ucp_config_read");
 	SYM(config_release, "ucp_config_release");
@@ -92,8 +95,15 @@ int kvu_load(const char *lib, char *err, size_t errlen) {
 	SYM(request_check_status, "ucp_request_check_status");
 	SYM(request_free, "ucp_request_free");
 	SYM(status_string, "ucs_status_string"); // libucs, a dependency of libucp
+	SYM(get_version, "ucp_get_version");
 	loaded = 1;
 	return 0;
+}
+
+uint32_t kvu_version(void) {
+	unsigned major, minor, release;
+	U.get_version(&major, &minor, &release);
+	return (major & 0xff) << 16 | (minor & 0xff) << 8 | (release & 0xff);
 }
 
 const char *kvu_status(ucs_status_t s) {

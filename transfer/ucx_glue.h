@@ -37,6 +37,8 @@ int kvu_load(const char *lib, char *err, size_t errlen);
 // the overrides: tls and devices, NULL or "" for none) and its worker.
 ucs_status_t kvu_open(const char *tls, const char *devices, kvu_ctx **out);
 void kvu_close(kvu_ctx *c);
+// kvu_version is the loaded library's version: major << 16 | minor << 8 | release.
+uint32_t kvu_version(void);
 const char *kvu_status(ucs_status_t s);
 
 // kvu_info writes ucp_context_print_info's text into buf (at most len

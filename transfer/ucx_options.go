@@ -33,6 +33,8 @@ type UCXInfo struct {
 	// Transports are the "tl/device" resources UCX opened, such as
 	// "tcp/eth0", "posix/memory", "cma/memory", "rc_mlx5/mlx5_0:1".
 	Transports []string
+	// Version is the UCX library's ("1.13.1").
+	Version string
 	// CUDA reports that UCX can register CUDA memory (GPUDirect RDMA when
 	// the NIC and driver allow): an HBM tier's memory could be a window.
 	CUDA bool
