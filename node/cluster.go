@@ -31,6 +31,7 @@ type clusterCache struct {
 	peers   *peers
 	data    *transfer.Server
 	shm     *transfer.ShmServer // nil when off
+	fab     *fabric             // one-sided reads (UCX); its fields nil on TCP
 	log     *slog.Logger
 
 	// Where this node is reached (advertised: never an unspecified host).
@@ -70,7 +71,12 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		lim.MaxValueSize = opts.MaxBlockBytes
 	}
 	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.MaxBlockBytes, refused: &c.refused, cluster: &c.publisher}
-	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.TLS, Tokens: tokens, MaxInFlightBytes: int(opts.MaxInFlightBytes)}, opts.Logger); err != nil {
+	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.PeerTLS, Token: peerToken(&opts)}
+	arena, _ := local.Arena()
+	if c.fab, err = startFabric(opts, dataHost(opts.DataAddr), arena, peerOpts, opts.Logger); err != nil {
+		return nil, err
+	}
+	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.TLS, Tokens: tokens, MaxInFlightBytes: int(opts.MaxInFlightBytes), Window: c.fab.window}, opts.Logger); err != nil {
 		return nil, fmt.Errorf("node: data plane: %w", err)
 	}
 	dataAddr, err := c.data.Listen(opts.DataAddr)
@@ -106,7 +112,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		c.rdma = append(c.rdma, d.Name)
 	}
 	meta := MemberMeta{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataAddr: c.dataAddr,
-		DRAMBytes: opts.DRAMBytes, NVMeBytes: opts.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role}
+		DRAMBytes: opts.DRAMBytes, NVMeBytes: opts.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role, Fabric: c.fab.desc}
 	if opts.Prefill.Disabled {
 		meta.Role = RoleStore
 	}
@@ -124,8 +130,8 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	if peerSeconds != nil {
 		obs = func(op, result string, d time.Duration) { peerSeconds.WithLabelValues(op, result).Observe(d.Seconds()) }
 	}
-	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.PeerTLS, Token: peerToken(&opts)}
 	c.peers = newPeers(c.members, peerOpts, opts.PeerBackoff, opts.MaxMessageBytes, obs, opts.Logger)
+	c.peers.rma = c.fab.rma
 	c.cluster, err = store.NewCluster(local, placementView{c.members}, c.peers, store.ClusterOptions{
 		ChunkTokens: opts.ChunkTokens, Replicas: opts.Replicas, LookupTimeout: opts.LookupTimeout, GetTimeout: opts.GetTimeout,
 		PushYield: opts.PushYield, PushBytesPerSec: opts.PushBytesPerSec,
@@ -292,6 +298,7 @@ func (c *clusterCache) stop() {
 			c.log.Warn("stopping gossip", "err", err)
 		}
 	}
+	c.fab.close() // after the data plane and the peers, before the arena goes
 }
 
 func (c *clusterCache) Put(ctx context.Context, block []byte, chunkKey prefixhash.Key) error {

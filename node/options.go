@@ -76,6 +76,22 @@ type Options struct {
 	// in bytes (memory is committed as blocks are copied in). A multiple of
 	// 4 KiB, at least MaxBlockBytes. Default 256 MiB.
 	ShmRegionBytes int64
+	// Transport is how this node reads blocks from other nodes (issue
+	// 36): "tcp", the data plane; "ucx", one-sided reads of the peers'
+	// DRAM arenas through UCX (gets of what is elsewhere, and every write,
+	// stay on TCP; a build without UCX, or a host without its library,
+	// refuses to start); "auto", UCX with every peer whose endpoint UCX
+	// would carry over something better than plain TCP (shared memory,
+	// RDMA), TCP otherwise and when UCX cannot start (a log line says
+	// why). UCX moves bytes unencrypted: with TLS, "auto" is TCP and
+	// "ucx" is refused. UCX_TLS, UCX_NET_DEVICES and UCX's other
+	// variables apply. Default "auto".
+	Transport string
+	// RDMADevice is the RDMA device UCX uses, "mlx5_0" or "mlx5_0:1" with
+	// its port (UCX_NET_DEVICES). Default: the device bound to the
+	// interface of DataAddr's host (rdmamap), none when it has none;
+	// UCX_NET_DEVICES in the environment overrides both.
+	RDMADevice string
 	// GossipAddr is where membership (memberlist, UDP and TCP) listens, and
 	// what other nodes' Join names. Port 0 picks a free port. Default
 	// 127.0.0.1:7603.
@@ -285,6 +301,7 @@ func (o *Options) EnsureDefaults() *Options {
 	def(&o.GossipProfile, "lan")
 	def(&o.Version, "(devel)")
 	def(&o.ShmSocket, filepath.Join(o.DataDir, "shm.sock"))
+	def(&o.Transport, TransportAuto)
 	if o.ShmRegionBytes == 0 {
 		o.ShmRegionBytes = 256 * MiB
 	}
@@ -422,6 +439,10 @@ func (o *Options) Validate() error {
 		return bad("QuotaDRAMBytes", "%d bytes must not be negative (0 is unlimited)", o.QuotaDRAMBytes)
 	case o.QuotaNVMeBytes < 0:
 		return bad("QuotaNVMeBytes", "%d bytes must not be negative (0 is unlimited)", o.QuotaNVMeBytes)
+	case o.Transport != TransportAuto && o.Transport != TransportTCP && o.Transport != TransportUCX:
+		return bad("Transport", "%q: want auto, tcp or ucx", o.Transport)
+	case o.Transport == TransportUCX && o.TLS != nil:
+		return bad("Transport", "ucx moves block bytes unencrypted and this node has TLS: use auto or tcp (TLS on the data plane), or drop TLS on a trusted fabric")
 	case o.TLS != nil && o.PeerTLS == nil:
 		return bad("PeerTLS", "required with TLS: the other members serve TLS too, and this node must reach them")
 	case o.TLS == nil && o.PeerTLS != nil:

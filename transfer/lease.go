@@ -197,6 +197,7 @@ func (sc *serverConn) serveLease(ctx context.Context, h *header) error {
 			continue
 		case len(v) == 0:
 			putShmEntry(t, i, StatusOK, 0, 0)
+			s.stats.hits.Add(1)
 		default:
 			off, ok := w.offset(v)
 			if !ok {
@@ -205,9 +206,9 @@ func (sc *serverConn) serveLease(ctx context.Context, h *header) error {
 			}
 			putShmEntry(t, i, StatusOK, len(v), off)
 			granted++
-			s.stats.bytesOut.Add(int64(len(v)))
+			s.stats.granted.Add(1)
+			s.stats.grantedBytes.Add(int64(len(v)))
 		}
-		s.stats.hits.Add(1)
 	}
 	clear(sc.vals)
 	switch {

@@ -88,11 +88,11 @@ func (o *RMAOptions) Validate() error {
 type RMAStats struct {
 	Reads     int64 // values read one-sidedly through the fabric
 	ReadBytes int64 // their bytes
-	// Fallbacks are values a lease request did not deliver that were
-	// then asked for with a TCP get (outside the window, no landing room,
-	// a lease that ended, a failed read), and every key of a peer read
-	// over TCP alone; FallbackBytes the bytes those gets found.
-	Fallbacks, FallbackBytes int64
+	// Fallbacks are keys asked for with a TCP get: what a lease round did
+	// not deliver (outside the window, no landing room, a lease that
+	// ended, a failed read), and every key of a peer read over TCP alone;
+	// FallbackValues and FallbackBytes, what those gets found.
+	Fallbacks, FallbackValues, FallbackBytes int64
 	// Ended counts values read under a lease that had ended when the
 	// client ended it (read again over TCP); Stale, lease answers from a
 	// window other than the one the client knew (the peer restarted);
@@ -101,7 +101,7 @@ type RMAStats struct {
 }
 
 type rmaCounters struct {
-	reads, readBytes, fallbacks, fallbackBytes, ended, stale, failures atomic.Int64
+	reads, readBytes, fallbacks, fallbackValues, fallbackBytes, ended, stale, failures atomic.Int64
 }
 
 // NewRMA returns the RMA transport over f. It maps and registers the
@@ -152,7 +152,7 @@ func (t *RMA) Client(addr string) (*RMAClient, error) {
 // Stats returns the transport's counters.
 func (t *RMA) Stats() RMAStats {
 	s := &t.stats
-	return RMAStats{Reads: s.reads.Load(), ReadBytes: s.readBytes.Load(), Fallbacks: s.fallbacks.Load(), FallbackBytes: s.fallbackBytes.Load(),
+	return RMAStats{Reads: s.reads.Load(), ReadBytes: s.readBytes.Load(), Fallbacks: s.fallbacks.Load(), FallbackValues: s.fallbackValues.Load(), FallbackBytes: s.fallbackBytes.Load(),
 		Ended: s.ended.Load(), Stale: s.stale.Load(), Failures: s.failures.Load()}
 }
 
@@ -367,13 +367,17 @@ func (c *RMAClient) getTCP(ctx context.Context, keys []prefixhash.Key, idx []int
 	if err != nil {
 		return err
 	}
-	n := int64(0)
+	found, n := int64(0), int64(0)
 	for i, j := range idx {
 		r.Status[j], r.Values[j] = res.Status[i], res.Values[i]
-		n += int64(len(res.Values[i]))
+		if res.Status[i] == StatusOK {
+			found++
+			n += int64(len(res.Values[i]))
+		}
 	}
 	r.subs = append(r.subs, res)
 	c.t.stats.fallbacks.Add(int64(len(idx)))
+	c.t.stats.fallbackValues.Add(found)
 	c.t.stats.fallbackBytes.Add(n)
 	return nil
 }

@@ -51,14 +51,18 @@ type Stats struct {
 	// values clients read in place or one-sidedly (their blocks pinned)
 	// now, and those the server ended at LeaseTimeout; reserved slots
 	// open now, and those ended unfilled (LeaseTimeout, abort, or the
-	// client gone). A Server counts granted values in Hits and BytesOut.
+	// client gone).
 	Leases, LeasesExpired             int64
 	Reservations, ReservationsAborted int64
+	// Server with a Window: values granted to readers one-sidedly (lease
+	// requests), and their bytes; not in Hits and BytesOut.
+	Granted, GrantedBytes int64
 }
 
 type counters struct {
 	conns, refused, unauthorized, requests, dropped, hits, misses, bytesOut, puts, bytesIn, regionUse, lookups atomic.Int64
 	leases, leasesExpired, reservations, reservationsAborted                                                   atomic.Int64
+	granted, grantedBytes                                                                                      atomic.Int64
 }
 
 func (l *listeners) snapshot() Stats {
@@ -69,6 +73,7 @@ func (l *listeners) snapshot() Stats {
 		Puts: c.puts.Load(), BytesIn: c.bytesIn.Load(), RegionUse: c.regionUse.Load(), Lookups: c.lookups.Load(),
 		Leases: c.leases.Load(), LeasesExpired: c.leasesExpired.Load(),
 		Reservations: c.reservations.Load(), ReservationsAborted: c.reservationsAborted.Load(),
+		Granted: c.granted.Load(), GrantedBytes: c.grantedBytes.Load(),
 	}
 }
 

@@ -27,6 +27,7 @@ type serveFlags struct {
 	nodeID, dataDir                            string
 	grpcAddr, httpAddr, dataAddr, gossipAddr   string
 	shmSocket, advertiseHost                   string
+	transport, rdmaDevice                      string
 	readyFile                                  string
 	shmRegion                                  int64
 	join                                       []string
@@ -66,7 +67,7 @@ type serveFlags struct {
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "GRPCAddr": "grpc-addr", "HTTPAddr": "http-addr",
 	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "DRAMPopulate": "dram-populate", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "PartialTTL": "partial-ttl", "ClaimTTL": "claim-ttl", "GPU": "gpu",
-	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
+	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host", "Transport": "transport", "RDMADevice": "rdma-device",
 	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
 	"PushYield": "push-yield", "PushBytesPerSec": "push-rate",
@@ -156,6 +157,8 @@ flag names, for example:
 	fs.StringVar(&f.dataAddr, "data-addr", d.DataAddr, "host:port of the data plane: blocks between nodes, and to clients")
 	fs.StringVar(&f.shmSocket, "shm-socket", "", `unix socket of the shared-memory data plane for clients on this host, or "off" (default <data-dir>/shm.sock)`)
 	fs.Var(newSize(&f.shmRegion, d.ShmRegionBytes), "shm-region", "shared region of each shared-memory client")
+	fs.StringVar(&f.transport, "transport", d.Transport, "how this node reads other nodes' blocks: tcp (the data plane), ucx (one-sided reads of their DRAM through UCX, needs a build with -tags ucx and libucx0; refused with TLS), or auto (UCX where it reaches a peer over shared memory or RDMA, TCP otherwise); UCX_TLS and UCX_NET_DEVICES apply")
+	fs.StringVar(&f.rdmaDevice, "rdma-device", "", `RDMA device (and port: "mlx5_0:1") UCX uses (default: the one bound to --data-addr's interface; UCX_NET_DEVICES overrides)`)
 	fs.StringVar(&f.gossipAddr, "gossip-addr", d.GossipAddr, "host:port of membership gossip (UDP and TCP): what other nodes --join")
 	fs.StringSliceVar(&f.join, "join", nil, "gossip addresses HOST:PORT,... of running members to join (retried until one answers)")
 	fs.StringVar(&f.readyFile, "ready-file", "", "once serving, write the addresses bound (port 0 resolved) to this file as JSON: node_id, pid, grpc_addr, http_addr, data_addr, gossip_addr, shm_socket")
@@ -280,6 +283,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		NodeID: f.nodeID, DataDir: f.dataDir,
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
 		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost, ReadyFile: f.readyFile,
+		Transport: f.transport, RDMADevice: f.rdmaDevice,
 		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip, HTTPTLS: f.httpTLS,
 		MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes, Pprof: f.pprof,
 		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf,
