@@ -20,8 +20,10 @@ import (
 type Fabric interface {
 	// Name names the fabric to peers and in metrics ("ucx").
 	Name() string
-	// Register registers mem, which must stay mapped and unmoved until
-	// the Region is closed, for remote reads and as a landing buffer.
+	// Register registers mem for remote reads and as a landing buffer.
+	// mem must be memory the Go runtime does not manage (an mmap: the
+	// fabric keeps its address) and stay mapped until the Region is
+	// closed.
 	Register(mem []byte) (Region, error)
 	// Connect reaches the region a peer described (Region.Descriptor).
 	// A descriptor that does not parse is an error wrapping ErrCorrupt.
