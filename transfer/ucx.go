@@ -76,10 +76,14 @@ func NewUCX(opts *UCXOptions) (*UCX, error) {
 	if o.Library == "" {
 		o.Library = "libucp.so.0"
 	}
-	// UCX must not install signal handlers: the Go runtime owns SIGSEGV
-	// and friends (a nil dereference is a panic, not a crash report).
+	// UCX must not install signal handlers (its global options, read
+	// when the library loads): the Go runtime owns SIGSEGV and friends (a
+	// nil dereference is a panic, not a crash report), and the node owns
+	// SIGHUP (it reloads its certificate and tokens), which UCX otherwise
+	// takes as its debug signal.
 	os.Setenv("UCX_ERROR_SIGNALS", "")
 	os.Setenv("UCX_HANDLE_ERRORS", "none")
+	os.Setenv("UCX_DEBUG_SIGNO", "0")
 	lib := C.CString(o.Library)
 	defer C.free(unsafe.Pointer(lib))
 	var msg [512]C.char

@@ -11,7 +11,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -282,5 +284,23 @@ func TestUCXMissingLibrary(t *testing.T) {
 	_, err := transfer.NewUCX(&transfer.UCXOptions{Library: "libucp-kvmesh-absent.so.0"})
 	if !errors.Is(err, transfer.ErrNoFabric) || !strings.Contains(err.Error(), "libucp-kvmesh-absent.so.0") {
 		t.Fatalf("NewUCX of a missing library: %v, want ErrNoFabric naming it", err)
+	}
+}
+
+// TestUCXLeavesSignalsToGo: with UCX loaded, SIGHUP still reaches the Go
+// program (the node reloads its certificate and tokens on it; UCX would
+// take it as its debug signal).
+func TestUCXLeavesSignalsToGo(t *testing.T) {
+	newUCX(t, "tcp")
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	defer signal.Stop(ch)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("SIGHUP never reached Go with UCX loaded")
 	}
 }
