@@ -1,4 +1,4 @@
-package node
+package openai
 
 import (
 	"bytes"
@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/internal/atomicfile"
 )
 
 // SignatureHeader carries a callback's signature: "sha256=" and the hex
@@ -76,28 +78,13 @@ func loadCallbackSecret(dataDir string) ([]byte, error) {
 	}
 	b := make([]byte, 32)
 	rand.Read(b)
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("node: callback secret: %w", err)
-	}
-	_, err = f.Write(b)
-	if serr := f.Sync(); err == nil {
-		err = serr
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("node: callback secret: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return nil, fmt.Errorf("node: callback secret: %w", err)
+	if err := atomicfile.Write(path, b, 0o600); err != nil {
+		return nil, fmt.Errorf("openai: callback secret: %w", err)
 	}
 	return b, nil
 }
 
-func newCallbacks(allow []string, secret []byte, reg *prometheus.Registry, log *slog.Logger) *callbacks {
+func newCallbacks(allow []string, secret []byte, reg prometheus.Registerer, log *slog.Logger) *callbacks {
 	c := &callbacks{key: secret, log: log, queue: make(chan batchMeta, callbackQueue),
 		client: &http.Client{Timeout: callbackTimeout, CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse // a redirect could lead anywhere

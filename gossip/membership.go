@@ -1,4 +1,4 @@
-package node
+package gossip
 
 import (
 	"bytes"
@@ -18,8 +18,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
-
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // MemberMeta is what a node gossips about itself: where to reach it and what
@@ -38,6 +36,9 @@ type MemberMeta struct {
 	// from an older node reads as RoleBoth), RoleStore for one without,
 	// RoleRouter for a router, which offers no capacity and owns nothing.
 	Role string `json:"role,omitempty"`
+	// Fabric is how the member reads other nodes: "tcp", or "ucx", its
+	// UCX version and the transports UCX opened (issue 36).
+	Fabric string `json:"fabric,omitempty"`
 }
 
 // Roles of members (MemberMeta.Role, PrefillOptions.Role).
@@ -63,8 +64,8 @@ type MemberInfo struct {
 // Weight is the member's placement weight: the bytes it offers to the cache.
 func (m MemberInfo) Weight() float64 { return float64(m.Meta.DRAMBytes + m.Meta.NVMeBytes) }
 
-// MembershipOptions configure StartMembership.
-type MembershipOptions struct {
+// Options configure Start.
+type Options struct {
 	// NodeID names this node in the cluster; it must be unique and stable
 	// across restarts (placement hashes it). Default: hostname:gossip-port.
 	NodeID string
@@ -109,8 +110,8 @@ type MembershipOptions struct {
 
 // Errors of membership.
 var (
-	ErrJoin      = errors.New("node: could not join the cluster")
-	ErrSecretKey = errors.New("node: gossip key must be 16, 24 or 32 bytes")
+	ErrJoin      = errors.New("gossip: could not join the cluster")
+	ErrSecretKey = errors.New("gossip: gossip key must be 16, 24 or 32 bytes")
 )
 
 // Membership tracks the live members of the cluster with memberlist (SWIM
@@ -143,12 +144,11 @@ type Membership struct {
 
 	mu struct {
 		sync.Mutex
-		version   uint64
-		members   []MemberInfo
-		placement []store.Member
-		subs      []chan struct{}
-		live      map[string]MemberInfo   // by id, as the event callbacks copied them
-		failed    map[string]failedMember // by id: members that died (not left)
+		version uint64
+		members []MemberInfo
+		subs    []chan struct{}
+		live    map[string]MemberInfo   // by id, as the event callbacks copied them
+		failed  map[string]failedMember // by id: members that died (not left)
 	}
 }
 
@@ -158,106 +158,34 @@ type failedMember struct {
 	since time.Time
 }
 
-// StartMembership binds the gossip address, joins the seeds (if any) and
+// Start binds the gossip address, joins the seeds (if any) and
 // returns once this node is a member. The caller must Close it.
-func StartMembership(opts MembershipOptions) (*Membership, error) {
-	if len(opts.SecretKey) != 0 && !slices.Contains([]int{16, 24, 32}, len(opts.SecretKey)) {
-		return nil, fmt.Errorf("%w (got %d)", ErrSecretKey, len(opts.SecretKey))
-	}
-	if opts.GossipAddr == "" {
-		opts.GossipAddr = "127.0.0.1:7603"
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	host, portStr, err := net.SplitHostPort(opts.GossipAddr)
+func Start(opts Options) (*Membership, error) {
+	meta, err := opts.check()
 	if err != nil {
-		return nil, fmt.Errorf("node: gossip addr %q: %w", opts.GossipAddr, err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil || port < 0 || port > 65535 {
-		return nil, fmt.Errorf("node: gossip addr %q: bad port", opts.GossipAddr)
-	}
-	meta, err := json.Marshal(opts.Meta)
-	if err != nil {
-		return nil, fmt.Errorf("node: encode member meta: %w", err)
-	}
-	if len(meta) > memberlist.MetaMaxSize {
-		return nil, fmt.Errorf("node: member meta is %d bytes, memberlist allows %d", len(meta), memberlist.MetaMaxSize)
-	}
-
-	if opts.ReconnectInterval <= 0 {
-		opts.ReconnectInterval = 10 * time.Second
-		if opts.Fast {
-			opts.ReconnectInterval = time.Second
-		}
-	}
-	if opts.ReconnectFor <= 0 {
-		opts.ReconnectFor = time.Hour
+		return nil, err
 	}
 	m := &Membership{meta: meta, log: opts.Logger, kick: make(chan struct{}, 1),
 		seeds: opts.Join, reconnect: opts.ReconnectInterval, retryFor: opts.ReconnectFor,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	m.mu.failed = make(map[string]failedMember)
 	m.mu.live = make(map[string]MemberInfo)
-	conf := memberlist.DefaultLANConfig()
-	// A node that restarts on another port (port 0) keeps its id: let it
-	// take its name back once the old incarnation is known dead.
-	conf.DeadNodeReclaimTime = 30 * time.Second
-	if opts.Fast {
-		conf = memberlist.DefaultLocalConfig()
-		conf.ProbeInterval = 500 * time.Millisecond
-		conf.SuspicionMaxTimeoutMult = 2
-		conf.PushPullInterval = 5 * time.Second
-		conf.DeadNodeReclaimTime = time.Second
-	}
-	conf.BindAddr, conf.BindPort = host, port
-	conf.AdvertiseAddr, conf.AdvertisePort = opts.AdvertiseAddr, 0
-	if opts.AdvertiseAddr != "" {
-		conf.AdvertisePort = port // memberlist replaces a 0 with the port it picked
-	}
-	conf.Transport = opts.Transport
-	conf.Delegate = (*delegate)(m)
-	conf.Events = (*events)(m)
-	conf.Conflict = (*events)(m)
-	conf.Logger = log.New(&logWriter{log: opts.Logger}, "", 0)
-	conf.SecretKey = opts.SecretKey
-	if len(opts.SecretKey) == 0 {
-		conf.GossipVerifyIncoming, conf.GossipVerifyOutgoing = false, false
-	}
-	if port == 0 {
-		// memberlist needs one port free for both TCP and UDP; let it pick.
-		conf.BindPort = 0
-	}
-	conf.Name = opts.NodeID
-	if conf.Name == "" {
-		h, _ := os.Hostname()
-		conf.Name = h + ":" + portStr // fixed below if the port was 0
-	}
+	conf := m.config(opts)
 	m.name = conf.Name
-
+	anyPort := conf.BindPort == 0 // memberlist writes the port it picks into conf
 	ml, err := memberlist.Create(conf)
 	if err != nil {
-		return nil, fmt.Errorf("node: start gossip on %s: %w", opts.GossipAddr, err)
+		return nil, fmt.Errorf("gossip: start gossip on %s: %w", opts.GossipAddr, err)
 	}
 	m.ml = ml
-	if opts.NodeID == "" && port == 0 {
+	if opts.NodeID == "" && anyPort {
 		// The name must be known before Create; with a random port it carries "0".
 		// Nodes started this way are for tests, where the id is given.
 		m.log.Warn("gossip port 0 without a node id: the node id carries port 0", "id", conf.Name)
 	}
-	m.joined.Store(len(opts.Join) == 0)
-	if len(opts.Join) > 0 {
-		contacted, err := ml.Join(opts.Join)
-		m.joined.Store(contacted > 0)
-		if err != nil && contacted == 0 {
-			if !opts.RetryJoin {
-				_ = ml.Shutdown()
-				return nil, fmt.Errorf("%w via %v: %w", ErrJoin, opts.Join, err)
-			}
-			m.log.Warn("no seed answered; serving alone and trying them again in the background",
-				"seeds", opts.Join, "retry_every", m.reconnect, "err", err)
-		}
+	if err := m.join(opts); err != nil {
+		_ = ml.Shutdown()
+		return nil, err
 	}
 	m.refresh()
 	var wg sync.WaitGroup
@@ -275,6 +203,102 @@ func StartMembership(opts MembershipOptions) (*Membership, error) {
 		close(m.done)
 	}()
 	return m, nil
+}
+
+// check fills opts' defaults, refuses what cannot work and returns the
+// encoded metadata.
+func (opts *Options) check() (meta []byte, _ error) {
+	if len(opts.SecretKey) != 0 && !slices.Contains([]int{16, 24, 32}, len(opts.SecretKey)) {
+		return nil, fmt.Errorf("%w (got %d)", ErrSecretKey, len(opts.SecretKey))
+	}
+	if opts.GossipAddr == "" {
+		opts.GossipAddr = "127.0.0.1:7603"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	_, portStr, err := net.SplitHostPort(opts.GossipAddr)
+	if err != nil {
+		return nil, fmt.Errorf("gossip: gossip addr %q: %w", opts.GossipAddr, err)
+	}
+	if port, err := strconv.Atoi(portStr); err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("gossip: gossip addr %q: bad port", opts.GossipAddr)
+	}
+	meta, err = json.Marshal(opts.Meta)
+	if err != nil {
+		return nil, fmt.Errorf("gossip: encode member meta: %w", err)
+	}
+	if len(meta) > memberlist.MetaMaxSize {
+		return nil, fmt.Errorf("gossip: member meta is %d bytes, memberlist allows %d", len(meta), memberlist.MetaMaxSize)
+	}
+	if opts.ReconnectInterval <= 0 {
+		opts.ReconnectInterval = 10 * time.Second
+		if opts.Fast {
+			opts.ReconnectInterval = time.Second
+		}
+	}
+	if opts.ReconnectFor <= 0 {
+		opts.ReconnectFor = time.Hour
+	}
+	return meta, nil
+}
+
+// config is memberlist's configuration for m, of opts (checked).
+func (m *Membership) config(opts Options) *memberlist.Config {
+	host, portStr, _ := net.SplitHostPort(opts.GossipAddr)
+	port, _ := strconv.Atoi(portStr)
+	conf := memberlist.DefaultLANConfig()
+	// A node that restarts on another port (port 0) keeps its id: let it
+	// take its name back once the old incarnation is known dead.
+	conf.DeadNodeReclaimTime = 30 * time.Second
+	if opts.Fast {
+		conf = memberlist.DefaultLocalConfig()
+		conf.ProbeInterval = 500 * time.Millisecond
+		conf.SuspicionMaxTimeoutMult = 2
+		conf.PushPullInterval = 5 * time.Second
+		conf.DeadNodeReclaimTime = time.Second
+	}
+	// Port 0: memberlist needs one port free for both TCP and UDP; let it
+	// pick.
+	conf.BindAddr, conf.BindPort = host, port
+	conf.AdvertiseAddr, conf.AdvertisePort = opts.AdvertiseAddr, 0
+	if opts.AdvertiseAddr != "" {
+		conf.AdvertisePort = port // memberlist replaces a 0 with the port it picked
+	}
+	conf.Transport = opts.Transport
+	conf.Delegate = (*delegate)(m)
+	conf.Events = (*events)(m)
+	conf.Conflict = (*events)(m)
+	conf.Logger = log.New(&logWriter{log: opts.Logger}, "", 0)
+	conf.SecretKey = opts.SecretKey
+	if len(opts.SecretKey) == 0 {
+		conf.GossipVerifyIncoming, conf.GossipVerifyOutgoing = false, false
+	}
+	conf.Name = opts.NodeID
+	if conf.Name == "" {
+		h, _ := os.Hostname()
+		conf.Name = h + ":" + portStr
+	}
+	return conf
+}
+
+// join joins the seeds, if any: ErrJoin when none answers, unless
+// opts.RetryJoin, which leaves it to the reconnector.
+func (m *Membership) join(opts Options) error {
+	m.joined.Store(len(opts.Join) == 0)
+	if len(opts.Join) == 0 {
+		return nil
+	}
+	contacted, err := m.ml.Join(opts.Join)
+	m.joined.Store(contacted > 0)
+	if err != nil && contacted == 0 {
+		if !opts.RetryJoin {
+			return fmt.Errorf("%w via %v: %w", ErrJoin, opts.Join, err)
+		}
+		m.log.Warn("no seed answered; serving alone and trying them again in the background",
+			"seeds", opts.Join, "retry_every", m.reconnect, "err", err)
+	}
+	return nil
 }
 
 // Joined reports whether the node has joined its cluster: it was started
@@ -370,15 +394,6 @@ func (m *Membership) Members() ([]MemberInfo, uint64) {
 	return m.mu.members, m.mu.version
 }
 
-// Placement returns the members believed alive as placement sees them (id
-// and weight), sorted by id, and the snapshot's version: it implements
-// store.Membership with LocalID. The slice is shared: do not modify it.
-func (m *Membership) Placement() ([]store.Member, uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.mu.placement, m.mu.version
-}
-
 // Member returns the live member id, if it is one.
 func (m *Membership) Member(id string) (MemberInfo, bool) {
 	ms, _ := m.Members()
@@ -405,10 +420,10 @@ func (m *Membership) Leave(timeout time.Duration) error {
 	m.life.Lock()
 	defer m.life.Unlock()
 	if m.life.closed {
-		return errors.New("node: leave after the membership was closed")
+		return errors.New("gossip: leave after the membership was closed")
 	}
 	if err := m.ml.Leave(timeout); err != nil {
-		return fmt.Errorf("node: leave cluster: %w", err)
+		return fmt.Errorf("gossip: leave cluster: %w", err)
 	}
 	return nil
 }
@@ -422,7 +437,7 @@ func (m *Membership) Close() error {
 		defer m.life.Unlock()
 		m.life.closed = true
 		if err := m.ml.Shutdown(); err != nil {
-			m.closeErr = fmt.Errorf("node: stop gossip: %w", err)
+			m.closeErr = fmt.Errorf("gossip: stop gossip: %w", err)
 		}
 	})
 	return m.closeErr
@@ -437,12 +452,7 @@ func (m *Membership) refresh() {
 		infos = append(infos, mi)
 	}
 	slices.SortFunc(infos, func(a, b MemberInfo) int { return cmpString(a.ID, b.ID) })
-	placement := make([]store.Member, len(infos))
-	for i, mi := range infos {
-		placement[i] = store.Member{ID: mi.ID, Weight: mi.Weight()}
-	}
 	m.mu.members = infos
-	m.mu.placement = placement
 	m.mu.version++
 	subs := m.mu.subs
 	m.mu.Unlock()
@@ -469,7 +479,7 @@ type delegate Membership
 
 func (d *delegate) NodeMeta(limit int) []byte {
 	if len(d.meta) > limit {
-		panic(fmt.Sprintf("node: member meta %d bytes over memberlist's limit %d", len(d.meta), limit))
+		panic(fmt.Sprintf("gossip: member meta %d bytes over memberlist's limit %d", len(d.meta), limit))
 	}
 	return d.meta
 }

@@ -1,0 +1,270 @@
+package router
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/openai"
+)
+
+// Routing policies (Options.Policy).
+const (
+	PolicyTokens  = "tokens"  // fewest outstanding uncached prompt tokens (the default)
+	PolicyRandom  = "random"  // any live node
+	PolicySession = "session" // by a hash of x-session-affinity (random without one): the baseline the others are measured against
+)
+
+// Options configure a Router.
+type Options struct {
+	// NodeID names the router among the members. Default
+	// "router-<hostname>-<gossip port>".
+	NodeID string
+	// HTTPAddr is where the router serves /v1/, /metrics and /healthz.
+	// Port 0 picks a free port. Default 127.0.0.1:7700.
+	HTTPAddr string
+	// GossipAddr is where the router's gossip listens. Default
+	// 127.0.0.1:0.
+	GossipAddr string
+	// Join lists gossip addresses of members. Required.
+	Join []string
+	// GossipKey is the cluster's gossip key, if it has one.
+	GossipKey []byte
+	// GossipProfile is "lan" or "local", as the nodes' (node.Options).
+	// Default "lan".
+	GossipProfile string
+	// Policy is PolicyTokens, PolicyRandom or PolicySession. Default
+	// PolicyTokens.
+	Policy string
+	// NodeTLS, when set, is the client configuration the router reaches
+	// the nodes' HTTP addresses with, over HTTPS (nodes started with
+	// node.Options.Security.HTTPTLS: its CA, and a certificate when they want one).
+	// Default nil: plain HTTP.
+	NodeTLS *tls.Config
+	// Logger receives the router's records. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultHTTPAddr is Options.HTTPAddr's default.
+const DefaultHTTPAddr = "127.0.0.1:7700"
+
+// ErrInvalidOptions is wrapped by every error New returns for its options.
+var ErrInvalidOptions = errors.New("router: invalid options")
+
+// OptionError names the option New rejected.
+type OptionError struct {
+	Field string // the Options field, for example "Policy"
+	Msg   string
+}
+
+func (e *OptionError) Error() string { return fmt.Sprintf("router: option %s: %s", e.Field, e.Msg) }
+
+// Unwrap makes every OptionError match ErrInvalidOptions.
+func (e *OptionError) Unwrap() error { return ErrInvalidOptions }
+
+// routerBackoff is how long a node that failed a request is skipped.
+const routerBackoff = 2 * time.Second
+
+// Router is a running kvmesh route.
+type Router struct {
+	opts    Options
+	log     *slog.Logger
+	members *gossip.Membership
+	lis     net.Listener
+	http    *http.Server
+	client  *http.Client
+	reg     *prometheus.Registry
+
+	requests *prometheus.CounterVec // node, code
+	retries  *prometheus.CounterVec // node
+	pending  *prometheus.GaugeVec   // node, kind: prompt (uncached tokens), decode (tokens to generate)
+	upstream *prometheus.HistogramVec
+	hints    prometheus.Counter
+	overhead prometheus.Histogram
+
+	mu struct {
+		sync.Mutex
+		load map[string]*nodeLoad // by member id
+	}
+}
+
+// New binds the router's HTTP address and joins the cluster. Serve runs
+// it.
+func New(opts Options) (*Router, error) {
+	if opts.HTTPAddr == "" {
+		opts.HTTPAddr = DefaultHTTPAddr
+	}
+	if opts.GossipAddr == "" {
+		opts.GossipAddr = "127.0.0.1:0"
+	}
+	if opts.GossipProfile == "" {
+		opts.GossipProfile = "lan"
+	}
+	if opts.Policy == "" {
+		opts.Policy = PolicyTokens
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	switch {
+	case len(opts.Join) == 0:
+		return nil, &OptionError{Field: "Join", Msg: "a router needs the gossip address of a member to join"}
+	case opts.Policy != PolicyTokens && opts.Policy != PolicyRandom && opts.Policy != PolicySession:
+		return nil, &OptionError{Field: "Policy", Msg: fmt.Sprintf("%q: want tokens, random or session", opts.Policy)}
+	case opts.GossipProfile != "lan" && opts.GossipProfile != "local":
+		return nil, &OptionError{Field: "GossipProfile", Msg: fmt.Sprintf("%q: want lan or local", opts.GossipProfile)}
+	}
+	lis, err := net.Listen("tcp", opts.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("router: listen on HTTPAddr %s: %w", opts.HTTPAddr, err)
+	}
+	if opts.NodeID == "" {
+		host, _ := os.Hostname()
+		opts.NodeID = fmt.Sprintf("router-%s-%d", host, lis.Addr().(*net.TCPAddr).Port)
+	}
+	members, err := gossip.Start(gossip.Options{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join,
+		RetryJoin: true, SecretKey: opts.GossipKey, Fast: opts.GossipProfile == "local", Logger: opts.Logger,
+		Meta: gossip.MemberMeta{HTTPAddr: lis.Addr().String(), Role: gossip.RoleRouter}})
+	if err != nil {
+		lis.Close()
+		return nil, err
+	}
+	r := &Router{opts: opts, log: opts.Logger, members: members, lis: lis, reg: prometheus.NewRegistry(),
+		client: &http.Client{Transport: &http.Transport{
+			DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost:   64,
+			IdleConnTimeout:       90 * time.Second,
+			ResponseHeaderTimeout: 10 * time.Minute, // a long prefill answers late
+			TLSClientConfig:       opts.NodeTLS,
+		}},
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_router_requests_total",
+			Help: "Requests the router sent to each node, by node and HTTP status (0: the node failed before answering).",
+		}, []string{"node", "code"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_router_retries_total",
+			Help: "Requests sent to another node because this one failed before the first byte of its answer.",
+		}, []string{"node"}),
+		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvmesh_router_outstanding_tokens",
+			Help: "Tokens of the requests in flight on each node: prompt (uncached prompt tokens still to compute) and decode (tokens to generate).",
+		}, []string{"node", "kind"}),
+		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvmesh_router_upstream_first_byte_seconds",
+			Help:    "Time from sending a request to a node to the first byte of its answer, by node.",
+			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"node"}),
+		hints: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_router_session_hints_total",
+			Help: "Requests that carried x-session-affinity (a hint: the tokens and random policies never route by it).",
+		}),
+		overhead: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvmesh_router_choice_seconds",
+			Help:    "Time the router spent choosing a node for a request (its lookup included).",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .1},
+		}),
+	}
+	r.mu.load = map[string]*nodeLoad{}
+	r.reg.MustRegister(r.requests, r.retries, r.pending, r.upstream, r.hints, r.overhead)
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
+	mux.HandleFunc("GET /healthz", r.healthz)
+	mux.HandleFunc("POST /v1/completions", r.complete)
+	mux.HandleFunc("POST /v1/chat/completions", r.complete)
+	mux.HandleFunc("GET "+openai.QueuePath, r.listQueue)
+	mux.HandleFunc("POST "+openai.QueuePath, r.submitQueue)
+	mux.HandleFunc(openai.QueuePath+"/{id...}", r.forwardQueue)
+	// Models, other methods and errors: any node answers the same.
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, req *http.Request) { r.forwardAny(w, req, nil) })
+	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return r, nil
+}
+
+// healthz answers "ok N nodes" while N > 0 nodes serve the API, else 503.
+func (r *Router) healthz(w http.ResponseWriter, _ *http.Request) {
+	n := len(r.backends())
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if n == 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "no node serves the API\n")
+		return
+	}
+	fmt.Fprintf(w, "ok %d nodes\n", n)
+}
+
+// HTTPAddr returns the address the router serves on.
+func (r *Router) HTTPAddr() string { return r.lis.Addr().String() }
+
+// GossipAddr returns the router's gossip address.
+func (r *Router) GossipAddr() string { return r.members.GossipAddr() }
+
+// Serve serves until ctx is done, then stops: new connections are refused,
+// requests in flight get up to 10s to finish, and the router leaves the
+// membership.
+func (r *Router) Serve(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- r.http.Serve(r.lis) }()
+	r.log.Info("kvmesh router serving", "http", r.HTTPAddr(), "gossip", r.GossipAddr(), "policy", r.opts.Policy)
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		err = fmt.Errorf("router: HTTP server: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if serr := r.http.Shutdown(sctx); serr != nil {
+		r.http.Close()
+	}
+	cancel()
+	r.members.Leave(time.Second)
+	r.members.Close()
+	r.client.CloseIdleConnections()
+	r.log.Info("kvmesh router stopped")
+	return err
+}
+
+// Close releases a router that was never served.
+func (r *Router) Close() error {
+	r.lis.Close()
+	return r.members.Close()
+}
+
+// backend is a member the router may send requests to.
+type backend struct {
+	id, addr, role string
+}
+
+// backends returns the live members that serve the API, by role.
+func (r *Router) backends() []backend {
+	ms, _ := r.members.Members()
+	var out []backend
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range ms {
+		role := m.Meta.Role
+		if role == "" {
+			role = gossip.RoleBoth
+		}
+		if m.Meta.HTTPAddr == "" || (role != gossip.RoleBoth && role != gossip.RolePrefill && role != gossip.RoleDecode) {
+			continue
+		}
+		if l := r.mu.load[m.ID]; l != nil && now.Before(l.downUntil) {
+			continue
+		}
+		out = append(out, backend{id: m.ID, addr: m.Meta.HTTPAddr, role: role})
+	}
+	return out
+}
