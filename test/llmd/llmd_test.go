@@ -3,18 +3,21 @@ package llmd
 import (
 	"context"
 	"log/slog"
+	"math"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"github.com/llm-d/llm-d-kv-cache/pkg/kvcache"
 	"github.com/llm-d/llm-d-kv-cache/pkg/kvcache/kvblock"
 	"github.com/llm-d/llm-d-kv-cache/pkg/kvevents"
 	"github.com/llm-d/llm-d-kv-cache/pkg/kvevents/engineadapter"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -37,12 +40,21 @@ func prompt(seed, blocks int) ([]uint32, [][]byte) {
 	return tokens, payloads
 }
 
-// TestLLMDIndexesKVMeshEvents: blocks a client puts into a kvmesh node
-// appear in llm-d's index under the node's pod and the model, as "cpu";
-// demoted ones as "disk" (and no longer "cpu"); a dropped namespace's are
-// gone.
-func TestLLMDIndexesKVMeshEvents(t *testing.T) {
-	n, err := node.Open(node.Options{NodeID: "kvmesh-0", DataDir: t.TempDir(),
+// near: llm-d's scores are sums of tier weights.
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+// kvmeshNode is a kvmesh node publishing KV events, and a client of it.
+type kvmeshNode struct {
+	id  string
+	pub string
+	c   *client.Client
+}
+
+// startNode serves a kvmesh node (no cluster: each its own pod for llm-d)
+// with a 4 MiB DRAM tier over 64 MiB of NVMe, until the test ends.
+func startNode(t *testing.T, id string) kvmeshNode {
+	t.Helper()
+	n, err := node.Open(node.Options{NodeID: id, DataDir: t.TempDir(),
 		Listen:  node.ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0"},
 		Cluster: node.ClusterOptions{GossipAddr: "127.0.0.1:0"},
 		Tiers:   node.TierOptions{DRAMBytes: 4 << 20, NVMeBytes: 64 << 20},
@@ -53,16 +65,28 @@ func TestLLMDIndexesKVMeshEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	served := make(chan error, 1)
 	go func() { served <- n.Serve(ctx) }()
-	defer func() { cancel(); <-served }()
+	t.Cleanup(func() { cancel(); <-served })
 	c, err := client.Dial(n.GRPCAddr(), client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	pub, _ := n.KVEventsAddrs()
+	return kvmeshNode{id: id, pub: pub, c: c}
+}
+
+// TestLLMDIndexesKVMeshEvents: llm-d's indexer, subscribed to two kvmesh
+// nodes, indexes the blocks a client puts into each under that node's pod
+// and the model, as "cpu"; llm-d's longest-prefix scorer ranks the node
+// that holds a prompt above the other (also when both hold its first
+// blocks); demoted blocks show as "disk" (and no longer "cpu"); a dropped
+// namespace's are gone.
+func TestLLMDIndexesKVMeshEvents(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	nodes := []kvmeshNode{startNode(t, "kvmesh-0"), startNode(t, "kvmesh-1")}
 
 	// llm-d logs through controller-runtime; KVMESH_TEST_LOGS=1 with -v shows it.
 	logger := logr.Discard()
@@ -70,7 +94,7 @@ func TestLLMDIndexesKVMeshEvents(t *testing.T) {
 		logger = funcr.New(func(p, a string) { t.Log(p, a) }, funcr.Options{Verbosity: 10})
 	}
 	ctrllog.SetLogger(logger)
-	// llm-d's indexer, as its kv-cache service wires it, on the node's events.
+	// llm-d's indexer, as its kv-cache service wires it, on the nodes' events.
 	index, err := kvblock.NewInMemoryIndex(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -79,97 +103,136 @@ func TestLLMDIndexesKVMeshEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	scorer, err := kvcache.NewKVBlockScorer(kvcache.DefaultKVBlockScorerConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
 	pool := kvevents.NewPool(&kvevents.Config{TopicFilter: "kv@", Concurrency: 1}, index, tp, engineadapter.NewVLLMAdapter())
 	pool.Start(ctx)
 	defer pool.Shutdown(context.Background())
 	subs := kvevents.NewSubscriberManager(pool)
 	defer subs.Shutdown(context.Background())
-	if err := subs.EnsureSubscriber(ctx, "kvmesh-0", pub, "kv@", true); err != nil {
-		t.Fatal(err)
-	}
-
-	put := func(seed, blocks int) []uint32 {
-		t.Helper()
-		tokens, payloads := prompt(seed, blocks)
-		if _, err := c.Lookup(ctx, ns, client.Prompt{Tokens: tokens}); err != nil { // names the namespace: its model is the topic's
+	for _, n := range nodes {
+		if err := subs.EnsureSubscriber(ctx, n.id, n.pub, "kv@", true); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Put(ctx, ns, client.Prompt{Tokens: tokens}, payloads); err != nil {
+	}
+
+	put := func(n kvmeshNode, seed, blocks int) []uint32 {
+		t.Helper()
+		tokens, payloads := prompt(seed, blocks)
+		if _, err := n.c.Lookup(ctx, ns, client.Prompt{Tokens: tokens}); err != nil { // names the namespace: its model is the topic's
+			t.Fatal(err)
+		}
+		if _, err := n.c.Put(ctx, ns, client.Prompt{Tokens: tokens}, payloads); err != nil {
 			t.Fatal(err)
 		}
 		return tokens
 	}
-	tiers := func(tokens []uint32) []map[string]bool {
+	// lookup returns the prompt's block keys as llm-d computes them and what
+	// its index holds of them.
+	lookup := func(tokens []uint32) ([]kvblock.BlockHash, map[kvblock.BlockHash][]kvblock.PodEntry) {
+		t.Helper()
 		keys, err := tp.TokensToKVBlockKeys(kvblock.EmptyBlockHash, tokens, ns.Model, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		found, err := index.Lookup(ctx, keys, nil)
 		if err != nil {
-			return make([]map[string]bool, len(keys))
+			return keys, nil
 		}
+		return keys, found
+	}
+	// tiers: per block of the prompt, the tiers pod holds it in.
+	tiers := func(pod string, tokens []uint32) []map[string]bool {
+		keys, found := lookup(tokens)
 		out := make([]map[string]bool, len(keys))
 		for i, k := range keys {
 			out[i] = map[string]bool{}
 			for _, e := range found[k] {
-				if e.PodIdentifier == "kvmesh-0" {
+				if e.PodIdentifier == pod {
 					out[i][e.DeviceTier] = true
 				}
 			}
 		}
 		return out
 	}
-	waitFor := func(what string, cond func() bool) {
+	scores := func(tokens []uint32) map[string]float64 {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
+		keys, found := lookup(tokens)
+		s, err := scorer.Score(ctx, keys, found)
+		if err != nil {
+			t.Fatal(err)
 		}
+		return s
 	}
 
-	// A PUB drops what it sends before a subscription lands: put probes
-	// until one shows.
+	// A PUB drops what it sends before a subscription lands: each node puts
+	// probes (a new one every 20 ms) until one shows.
 	seed := 1000
-	waitFor("llm-d to index a probe", func() bool {
-		seed++
-		probe := put(seed, 1)
-		time.Sleep(50 * time.Millisecond)
-		return tiers(probe)[0]["cpu"]
-	})
-
-	main := put(1, 4)
-	waitFor("the prompt's 4 blocks in DRAM (cpu)", func() bool {
-		for _, tr := range tiers(main) {
-			if !tr["cpu"] {
-				return false
+	for _, n := range nodes {
+		var probes [][]uint32
+		last := time.Time{}
+		testkit.WaitFor(t, "llm-d to index a probe of "+n.id, func() bool {
+			if time.Since(last) > 20*time.Millisecond {
+				seed++
+				probes = append(probes, put(n, seed, 1))
+				last = time.Now()
 			}
-		}
-		return true
-	})
-	// More prompts than DRAM holds: the oldest blocks, the prompt's, move
-	// to NVMe: a BlockRemoved CPU and a BlockStored DISK each.
-	for s := 2; s < 32; s++ {
-		put(s, 4)
+			for _, p := range probes {
+				if tiers(n.id, p)[0]["cpu"] {
+					return true
+				}
+			}
+			return false
+		})
 	}
-	waitFor("the prompt's first block on NVMe (disk) only", func() bool {
-		tr := tiers(main)[0]
+
+	// Prompt 1 whole on kvmesh-0 and its first two blocks on kvmesh-1;
+	// prompt 2 on kvmesh-1 only.
+	one := put(nodes[0], 1, 4)
+	put(nodes[1], 1, 2)
+	two := put(nodes[1], 2, 4)
+	testkit.WaitFor(t, "llm-d to score prompt 1 on kvmesh-0 above kvmesh-1, and prompt 2 on kvmesh-1 only", func() bool {
+		s1, s2 := scores(one), scores(two)
+		return s1["kvmesh-0"] > s1["kvmesh-1"] && s1["kvmesh-1"] > 0 && s2["kvmesh-1"] > 0 && s2["kvmesh-0"] == 0
+	})
+	// Whole prompts in DRAM: 4 blocks at llm-d's "cpu" weight (0.8) and 2.
+	s1 := scores(one)
+	if !near(s1["kvmesh-0"], 4*0.8) || !near(s1["kvmesh-1"], 2*0.8) {
+		t.Errorf("llm-d's scores of prompt 1: %v, want kvmesh-0 3.2 and kvmesh-1 1.6", s1)
+	}
+	for i, tr := range tiers("kvmesh-0", one) {
+		if !tr["cpu"] || len(tr) != 1 {
+			t.Errorf("prompt 1's block %d on kvmesh-0 in llm-d's index as %v, want cpu", i, tr)
+		}
+	}
+
+	// More prompts than DRAM holds: the oldest blocks, prompt 1's, move to
+	// NVMe: a BlockRemoved CPU and a BlockStored DISK each.
+	for s := 3; s < 33; s++ {
+		put(nodes[0], s, 4)
+	}
+	testkit.WaitFor(t, "prompt 1's first block on kvmesh-0's NVMe (disk) only", func() bool {
+		tr := tiers("kvmesh-0", one)[0]
 		return tr["disk"] && !tr["cpu"]
 	})
 
-	// Dropping the namespace: AllBlocksCleared on its topic, which llm-d
-	// applies to the whole pod (vLLM's meaning: the engine's cache reset).
-	if _, err := c.DropNamespace(ctx, ns); err != nil {
+	// Dropping the namespace on kvmesh-0: AllBlocksCleared on its topic,
+	// which llm-d applies to the whole pod (vLLM's meaning: the engine's
+	// cache reset). kvmesh-1's blocks stay.
+	if _, err := nodes[0].c.DropNamespace(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("the prompt gone from the index", func() bool {
-		for _, tr := range tiers(main) {
+	testkit.WaitFor(t, "prompt 1 gone from kvmesh-0 in the index", func() bool {
+		for _, tr := range tiers("kvmesh-0", one) {
 			if len(tr) > 0 {
 				return false
 			}
 		}
 		return true
 	})
+	if s := scores(two); !near(s["kvmesh-1"], 4*0.8) || len(s) != 1 {
+		t.Errorf("llm-d's scores of prompt 2 after kvmesh-0's drop: %v, want kvmesh-1 3.2 only", s)
+	}
 }
