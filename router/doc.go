@@ -34,7 +34,9 @@
 // sequence order, asks the source's replay endpoint for what a gap (or the
 // time before subscribing) missed, drops what a publisher had published
 // when its sequence numbers start over (a restart), and members gone from
-// the cluster for EngineEventsTTL lose their entries.
+// the cluster for EngineEventsTTL lose their entries, as do those of a
+// publisher whose connection has been lost that long (a dead engine: its
+// member falls back to the store's view).
 //
 // A batch of the asynchronous API is stored by the node that accepted it;
 // the router finds it by asking the nodes. Answers stream through as they

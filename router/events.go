@@ -220,7 +220,7 @@ func (x *eventIndex) collectors() []prometheus.Collector {
 		counter("kvmesh_router_engine_events_replays_total", "Replays asked of a source's replay endpoint (for a gap, or the history before the router subscribed).", &x.c.replays),
 		counter("kvmesh_router_engine_events_replay_failures_total", "Replays that failed or timed out: the index misses those batches.", &x.c.replayFails),
 		counter("kvmesh_router_engine_events_restarts_total", "Publishers whose sequence numbers started over (a restarted engine): what they had published is dropped.", &x.c.restarts),
-		counter("kvmesh_router_engine_events_aged_out_total", "Members whose blocks were dropped after being gone from the cluster for --engine-events-ttl.", &x.c.agedOut),
+		counter("kvmesh_router_engine_events_aged_out_total", "Members whose blocks were dropped after being gone from the cluster, or their publisher's connection lost, for --engine-events-ttl.", &x.c.agedOut),
 		counter("kvmesh_router_engine_events_overflow_total", "Blocks not indexed: the index held --engine-events-max-blocks.", &x.c.overflow),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_router_engine_blocks", Help: "Blocks the router's KV-event index holds, all members together."},
 			func() float64 { x.mu.RLock(); defer x.mu.RUnlock(); return float64(x.mu.blocks) }),
@@ -406,18 +406,33 @@ type source struct {
 // subscribe follows src until ctx ends, resubscribing after a failure
 // (a connection lost: the publisher died, or the network). The sequence
 // numbers carry over: after a restart they start over, which drops what
-// the old publisher had published.
+// the old publisher had published. A publisher that sends nothing for
+// EngineEventsTTL after its connection was lost (dead, not restarted)
+// loses what it had published: its members fall back to the store's view.
 func (x *eventIndex) subscribe(ctx context.Context, src EngineEvents) {
 	s := &source{EngineEvents: src, members: map[string]bool{}}
+	var down time.Time // when the subscription was lost with no batch since
 	for ctx.Err() == nil {
 		err := kvevents.Subscribe(ctx, src.Addr, "", func(m kvevents.Message) bool {
+			down = time.Time{}
 			x.receive(ctx, s, m)
 			return true
 		})
 		if ctx.Err() != nil {
 			return
 		}
-		x.log.Warn("router: engine events: subscription ended; resubscribing", "addr", src.Addr, "err", err)
+		if down.IsZero() {
+			down = time.Now()
+			x.log.Warn("router: engine events: subscription ended; resubscribing", "addr", src.Addr, "err", err)
+		}
+		if len(s.members) > 0 && time.Since(down) > x.ttl {
+			x.c.agedOut.Add(uint64(len(s.members)))
+			x.log.Info("router: engine events: the publisher is gone; forgetting what it published", "addr", src.Addr, "down", time.Since(down).Round(time.Second))
+			for id := range s.members {
+				x.forget(id)
+			}
+			clear(s.members)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):

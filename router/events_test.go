@@ -223,3 +223,40 @@ func TestEventIndexSubscribes(t *testing.T) {
 		t.Fatalf("after a restart: holds block 1 %v, restarts %d", x.holds("e1", hash(1)), x.c.restarts.Load())
 	}
 }
+
+// TestEventIndexForgetsDeadPublisher: an engine whose publisher dies (its
+// connection lost, nothing sent for EngineEventsTTL) loses its GPU blocks,
+// so its member falls back to the store's view; a live publisher that
+// sends nothing keeps its own.
+func TestEventIndexForgetsDeadPublisher(t *testing.T) {
+	x := newEventIndex(Options{Logger: slog.New(slog.DiscardHandler), EngineEventsTTL: 100 * time.Millisecond, MaxIndexedBlocks: 100, Weights: DefaultWeights})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	pubs := map[string]zmq4.Socket{}
+	for _, e := range []string{"dead", "live"} {
+		pub := zmq4.NewPub(ctx)
+		if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		pubs[e] = pub
+		wg.Add(1)
+		go func() { defer wg.Done(); x.subscribe(ctx, EngineEvents{Addr: "tcp://" + pub.Addr().String()}) }()
+		p, err := kvevents.Encode(nil, &kvevents.Batch{TS: 1, Events: []kvevents.Event{stored("GPU", hash(1))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq := uint64(0)
+		testkit.WaitFor(t, "the subscription to "+e, func() bool {
+			pub.SendMulti(zmq4.NewMsgFrom([]byte("kv@"+e+"@m"), binary.BigEndian.AppendUint64(nil, seq), p))
+			seq++
+			return x.holds(e, hash(1))
+		})
+	}
+	defer pubs["live"].Close()
+	pubs["dead"].Close()
+	testkit.WaitFor(t, "the dead publisher's blocks dropped", func() bool { return !x.holds("dead", hash(1)) })
+	if !x.holds("live", hash(1)) || x.c.agedOut.Load() != 1 {
+		t.Fatalf("live publisher's block held: %v; aged out %d, want 1", x.holds("live", hash(1)), x.c.agedOut.Load())
+	}
+}

@@ -62,8 +62,9 @@ type Options struct {
 	// Weights weigh a block's tokens by where it is held. Zero:
 	// DefaultWeights.
 	Weights Weights
-	// EngineEventsTTL is how long a member may be gone from the cluster
-	// before the blocks its engine published are dropped. Default 30s.
+	// EngineEventsTTL is how long a member may be gone from the cluster,
+	// or a publisher's connection lost, before the blocks its engine
+	// published are dropped. Default 30s.
 	EngineEventsTTL time.Duration
 	// MaxIndexedBlocks bounds the blocks the event index holds, all
 	// members together. Default 1<<22 (about 200 MiB).

@@ -49,7 +49,8 @@ batches missed in a gap of the sequence numbers, or sent before the router
 subscribed, are asked for again) and &member=ID (the member whose engine
 publishes; default the one its topic names, kv@<member>@<model>). A publisher
 whose sequence numbers start over has restarted: what it published is dropped;
-so are the blocks of a member gone from the cluster for --engine-events-ttl.`,
+so are the blocks of a member gone from the cluster for --engine-events-ttl, and those
+of a publisher whose connection has been lost that long (a dead engine).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := envLayer(cmd); err != nil {
@@ -111,7 +112,7 @@ so are the blocks of a member gone from the cluster for --engine-events-ttl.`,
 	fs.Float64Var(&opts.Weights.GPU, "weight-gpu", router.DefaultWeights.GPU, "share of a block's tokens a node is spared when its engine holds the block in GPU memory (0..1)")
 	fs.Float64Var(&opts.Weights.CPU, "weight-cpu", router.DefaultWeights.CPU, "share spared for a block the store holds in DRAM (0..1)")
 	fs.Float64Var(&opts.Weights.Disk, "weight-disk", router.DefaultWeights.Disk, "share spared for a block the store holds on NVMe (0..1)")
-	fs.DurationVar(&opts.EngineEventsTTL, "engine-events-ttl", 30*time.Second, "drop the blocks a member's engine published once the member is gone from the cluster this long")
+	fs.DurationVar(&opts.EngineEventsTTL, "engine-events-ttl", 30*time.Second, "drop the blocks a member's engine published once the member is gone from the cluster, or its publisher's connection lost, this long")
 	fs.IntVar(&opts.MaxIndexedBlocks, "engine-events-max-blocks", 1<<22, "most blocks the router's event index holds")
 	fs.StringVar(&nodeTLS.ca, "tls-ca", "", "reach the nodes' HTTP addresses over HTTPS (nodes served with --http-tls), trusting this CA's PEM file")
 	fs.StringVar(&nodeTLS.cert, "tls-cert", "", "client certificate (PEM) to present to the nodes over HTTPS")
