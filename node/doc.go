@@ -183,9 +183,11 @@
 // accepted set at run time. The node presents the first shared token, or
 // the file's cluster token, to its peers. Membership gossip is guarded
 // separately, by Options.GossipKey: since members are sent the blocks they
-// own, with the node's token, Open refuses a node with tokens but neither a
-// GossipKey nor mutual TLS unless Options.InsecureGossip (--insecure-gossip)
-// says the network is trusted.
+// own, with the node's cluster credential, Open refuses a node with any
+// credential (Tokens or TokensFile) but no GossipKey unless
+// Options.InsecureGossip (--insecure-gossip) says the network is trusted.
+// Mutual TLS does not replace the key: it guards gRPC and the data plane,
+// and memberlist's packets carry neither.
 //
 // The data dir is the node's user's alone: kvmesh creates its directories
 // 0700 and its files 0600 (node-id, written durably: synced, renamed,

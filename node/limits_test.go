@@ -177,28 +177,42 @@ func TestStreamLimit(t *testing.T) {
 	}
 }
 
-// TestTokensNeedGossipKey: a cluster node with tokens refuses to start
-// without a gossip key or mutual TLS, saying what to do; with
-// InsecureGossip, or a gossip key, it starts.
+// TestTokensNeedGossipKey: a cluster node with any credential (shared
+// tokens, or a tenants file) refuses to start without a gossip key, saying
+// what to do, and mutual TLS does not stand in for the key (it does not
+// guard gossip); with InsecureGossip, or a gossip key, it starts.
 func TestTokensNeedGossipKey(t *testing.T) {
-	opts := Options{
-		NodeID: "n", DataDir: t.TempDir(), Tokens: []string{"cluster-token"},
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		DRAMBytes: 32 * MiB, NVMeBytes: 128 * MiB, MaxBlockBytes: 1 * MiB, ShmRegionBytes: 16 * MiB,
-		Logger: slog.New(slog.DiscardHandler),
-	}
-	n, err := Open(opts)
-	if err == nil {
-		n.Close()
-		t.Fatal("a node with tokens and open gossip started")
-	}
-	var oe *OptionError
-	if !errors.As(err, &oe) || oe.Field != "GossipKey" {
-		t.Fatalf("error %v does not name GossipKey", err)
-	}
-	for _, says := range []string{"needs a gossip key (--gossip-key-file) or mutual TLS (--tls-client-auth)", "--insecure-gossip"} {
-		if !strings.Contains(err.Error(), says) {
-			t.Errorf("error %q does not say %q", err, says)
+	_, mtls, peer := tlsFiles(t, true)
+	for _, tc := range []struct {
+		name string
+		mod  func(*Options)
+	}{
+		{"shared tokens", func(o *Options) { o.Tokens = []string{"cluster-token"} }},
+		{"tokens file", func(o *Options) { o.TokensFile = tenantsFile(t) }},
+		{"tokens file and mutual TLS", func(o *Options) { o.TokensFile, o.TLS, o.PeerTLS = tenantsFile(t), mtls, peer }},
+		{"shared tokens and mutual TLS", func(o *Options) { o.Tokens, o.TLS, o.PeerTLS = []string{"cluster-token"}, mtls, peer }},
+	} {
+		opts := Options{
+			NodeID: "n", DataDir: t.TempDir(),
+			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
+			DRAMBytes: 32 * MiB, NVMeBytes: 128 * MiB, MaxBlockBytes: 1 * MiB, ShmRegionBytes: 16 * MiB,
+			Logger: slog.New(slog.DiscardHandler),
+		}
+		tc.mod(&opts)
+		n, err := Open(opts)
+		if err == nil {
+			n.Close()
+			t.Errorf("%s: a node with credentials and open gossip started", tc.name)
+			continue
+		}
+		var oe *OptionError
+		if !errors.As(err, &oe) || oe.Field != "GossipKey" {
+			t.Errorf("%s: error %v does not name GossipKey", tc.name, err)
+		}
+		for _, says := range []string{"needs a gossip key (--gossip-key-file", "mutual TLS does not protect gossip", "--insecure-gossip"} {
+			if !strings.Contains(err.Error(), says) {
+				t.Errorf("%s: error %q does not say %q", tc.name, err, says)
+			}
 		}
 	}
 	openClusterNode(t, t.TempDir(), "insecure", nil, func(o *Options) {
@@ -206,6 +220,9 @@ func TestTokensNeedGossipKey(t *testing.T) {
 	})
 	openClusterNode(t, t.TempDir(), "keyed", nil, func(o *Options) {
 		o.Tokens, o.GossipKey = []string{"cluster-token"}, make([]byte, 32)
+	})
+	openClusterNode(t, t.TempDir(), "tenants-keyed", nil, func(o *Options) {
+		o.TokensFile, o.GossipKey = tenantsFile(t), make([]byte, 32)
 	})
 }
 

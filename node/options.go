@@ -90,17 +90,18 @@ type Options struct {
 	// cannot be reached are retried in the background; so are members
 	// that failed (a partition heals by itself).
 	Join []string
-	// GossipKey encrypts gossip (AES-GCM); every member must have the same
-	// 16, 24 or 32 bytes (see ReadGossipKey). Default none: gossip in the
-	// clear, and any host that reaches GossipAddr may join. A node with
-	// Tokens needs a GossipKey or mutual TLS (TLS with ClientAuth
-	// tls.RequireAndVerifyClientCert), unless InsecureGossip is set: a host
-	// that joins gossip is sent blocks (and the node's token) as an owner.
+	// GossipKey encrypts and authenticates gossip (AES-GCM); every member
+	// must have the same 16, 24 or 32 bytes (see ReadGossipKey). Default
+	// none: gossip in the clear, and any host that reaches GossipAddr may
+	// join. A node with any credential (Tokens or TokensFile) needs one,
+	// unless InsecureGossip is set: a host that joins gossip owns blocks
+	// and is sent them with the node's cluster credential. Mutual TLS does
+	// not replace it, since it guards gRPC and the data plane, not gossip.
 	GossipKey []byte
-	// InsecureGossip lets a node with Tokens start without a GossipKey or
-	// mutual TLS, accepting that any host that reaches GossipAddr may join
-	// the cluster, own blocks and receive them with the node's token. For
-	// trusted networks only. Default false.
+	// InsecureGossip lets a node with Tokens or TokensFile start without a
+	// GossipKey, accepting that any host that reaches GossipAddr may join
+	// the cluster, own blocks and receive them with the node's cluster
+	// credential. For trusted networks only. Default false.
 	InsecureGossip bool
 	// TLS, when set, serves the gRPC API and the TCP data plane over TLS 1.3
 	// with this server configuration (transfer.LoadTLS builds it from PEM
@@ -473,17 +474,19 @@ func (o *Options) Validate() error {
 	return o.Prefill.Validate(o.MaxBlockBytes)
 }
 
-// validateGossip refuses a cluster node (Open) that asks clients for
-// tokens but lets anyone join its gossip: a member is sent the blocks it
-// owns, with the node's token, so an open gossip port undoes the tokens.
+// validateGossip refuses a cluster node (Open) that asks clients for any
+// credential but lets anyone join its gossip: a member is sent the blocks it
+// owns, with the node's cluster credential, so an open gossip port undoes
+// the tokens. Mutual TLS does not count: it guards gRPC and the data plane,
+// and memberlist's packets carry neither.
 func (o *Options) validateGossip() error {
-	mutual := o.TLS != nil && o.TLS.ClientAuth == tls.RequireAndVerifyClientCert
-	if len(o.Tokens) == 0 || len(o.GossipKey) > 0 || mutual || o.InsecureGossip {
+	if (len(o.Tokens) == 0 && o.TokensFile == nil) || len(o.GossipKey) > 0 || o.InsecureGossip {
 		return nil
 	}
-	return &OptionError{Field: "GossipKey", Msg: "a node with Tokens needs a gossip key (--gossip-key-file) or mutual TLS " +
-		"(--tls-client-auth): without either, any host that reaches the gossip address can join the cluster as an owner " +
-		"and be sent blocks and this node's token; set InsecureGossip (--insecure-gossip) to start anyway"}
+	return &OptionError{Field: "GossipKey", Msg: "a node with credentials (--auth-token-file or --tokens-file) needs a gossip key " +
+		"(--gossip-key-file; make one with: head -c 32 /dev/urandom | base64): without it, any host that reaches the gossip " +
+		"address can join the cluster as an owner and be sent blocks and this node's cluster credential (mutual TLS does not " +
+		"protect gossip); set InsecureGossip (--insecure-gossip) to start anyway, on a network only your nodes reach"}
 }
 
 // ShmOff as Options.ShmSocket turns the shared-memory data plane off.

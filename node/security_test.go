@@ -282,6 +282,7 @@ func TestSecureCluster(t *testing.T) {
 	_, server, peer := tlsFiles(t, true)
 	nodes := startClusterNodes(t, 2, func(_ int, o *Options) {
 		o.TLS, o.PeerTLS, o.Tokens = server, peer, []string{"cluster-token", "client-token"}
+		o.GossipKey = []byte("0123456789abcdef0123456789abcdef")
 	})
 	ctx := context.Background()
 	dial := func(n *clusterNode, transport, token string) *client.Client {

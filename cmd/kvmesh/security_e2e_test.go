@@ -41,7 +41,7 @@ func TestServeTLS(t *testing.T) {
 		}
 	}
 	d := startDaemon(t, t.TempDir(), "--tls-cert", cert, "--tls-key", key, "--tls-ca", ca.File, "--tls-client-auth",
-		"--auth-token-file", tokens, "--dram", "32MiB", "--max-block-bytes", "1MiB")
+		"--auth-token-file", tokens, "--gossip-key-file", writeGossipKey(t), "--dram", "32MiB", "--max-block-bytes", "1MiB")
 
 	inspect := func(env []string, args ...string) (string, error) {
 		cmd := exec.Command(binary(t), append([]string{"inspect", "--addr", d.grpcAddr, "--timeout", "5s"}, args...)...)

@@ -161,7 +161,7 @@ flag names, for example:
 	fs.StringVar(&f.readyFile, "ready-file", "", "once serving, write the addresses bound (port 0 resolved) to this file as JSON: node_id, pid, grpc_addr, http_addr, data_addr, gossip_addr, shm_socket")
 	fs.StringVar(&f.advertiseHost, "advertise-host", "", "host other nodes and clients reach this node at, for addresses bound to 0.0.0.0 (default: the gossip host, else a private IP)")
 	fs.StringVar(&f.gossipKeyFile, "gossip-key-file", "", "file holding the base64 of a 16, 24 or 32-byte key that encrypts gossip (the same on every member)")
-	fs.BoolVar(&f.insecureGossip, "insecure-gossip", false, "let a node with --auth-token-file start without a gossip key or mutual TLS: any host that reaches --gossip-addr may then join, own blocks and receive the node's token")
+	fs.BoolVar(&f.insecureGossip, "insecure-gossip", false, "let a node with --auth-token-file or --tokens-file start without --gossip-key-file (mutual TLS does not protect gossip): any host that reaches --gossip-addr may then join, own blocks and receive the node's cluster credential")
 	fs.StringVar(&f.gossipProfile, "gossip-profile", d.GossipProfile, "failure detection timings: lan, or local (one host, tests: a dead node noticed in about 2s)")
 	fs.IntVar(&f.replicas, "replicas", d.Replicas, "nodes that own each placement chunk (the same on every member)")
 	fs.IntVar(&f.chunkTokens, "chunk-tokens", d.ChunkTokens, "tokens per placement chunk (the same on every member)")

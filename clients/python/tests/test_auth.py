@@ -25,10 +25,10 @@ def kv_of(n, seed):
 
 
 @pytest.fixture(scope="module")
-def tenant_node(start_node, tmp_path_factory):
+def tenant_node(start_node, tmp_path_factory, gossip_key):
     f = tmp_path_factory.mktemp("auth") / "tokens.yaml"
     f.write_text(TOKENS)
-    return start_node("--tokens-file", str(f))
+    return start_node("--tokens-file", str(f), "--gossip-key-file", gossip_key)
 
 
 PATHS = {"shm": "auto", "tcp": "tcp", "grpc": "grpc"}
@@ -80,19 +80,10 @@ def test_refused_tokens(tenant_node):
             c.put(NS, toks, kv_of(32, 3))
 
 
-def gossip_key(tmp_path):
-    """A gossip key file: a node with tokens refuses to gossip in the clear."""
-    import base64
-    import os
-    k = tmp_path / "gossip.key"
-    k.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
-    return str(k)
-
-
-def test_shared_token(start_node, tmp_path):
+def test_shared_token(start_node, tmp_path, gossip_key):
     f = tmp_path / "token"
     f.write_text("s3cret-shared-token\n")
-    n = start_node("--auth-token-file", str(f), "--gossip-key-file", gossip_key(tmp_path))
+    n = start_node("--auth-token-file", str(f), "--gossip-key-file", gossip_key)
     toks = list(range(100, 132))
     with kvmesh.Client(n.addr, token="s3cret-shared-token") as c:
         assert c.put(NS, toks, kv_of(32, 4)) == 2 and c.get(NS, toks)[0] == 32
@@ -101,7 +92,7 @@ def test_shared_token(start_node, tmp_path):
         c.get(NS, toks)
 
 
-def test_tls_and_token(start_node, tmp_path):
+def test_tls_and_token(start_node, tmp_path, gossip_key):
     if not shutil.which("openssl"):
         pytest.skip("needs openssl to make a certificate")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
@@ -111,7 +102,7 @@ def test_tls_and_token(start_node, tmp_path):
     tok = tmp_path / "token"
     tok.write_text("tls-token\n")
     n = start_node("--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert), "--auth-token-file", str(tok),
-                   "--gossip-key-file", gossip_key(tmp_path))
+                   "--gossip-key-file", gossip_key)
     toks = list(range(200, 248))
     kv = kv_of(48, 5)
     for path, transport in PATHS.items():
