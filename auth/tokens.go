@@ -97,11 +97,20 @@ func (t *Tokens) SetCredentials(creds []Credential) error {
 // Lookup returns the principal token authenticates, and whether it is in
 // the set. It takes the same time whichever entry matches.
 func (t *Tokens) Lookup(token []byte) (Principal, bool) {
-	creds := t.creds.Load()
-	if creds == nil || len(token) == 0 {
+	if len(token) == 0 {
 		return Principal{}, false
 	}
-	sum := sha256.Sum256(token)
+	return t.LookupSum(sha256.Sum256(token))
+}
+
+// LookupSum is Lookup of the token whose SHA-256 is sum: what a server that
+// keeps a connection's credential (never the token itself) uses to decide,
+// after the set changed, whether the connection may stay.
+func (t *Tokens) LookupSum(sum [sha256.Size]byte) (Principal, bool) {
+	creds := t.creds.Load()
+	if creds == nil {
+		return Principal{}, false
+	}
 	found := -1
 	for i := range *creds {
 		if subtle.ConstantTimeCompare(sum[:], (*creds)[i].Sum[:]) == 1 {

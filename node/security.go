@@ -217,8 +217,10 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 func (b bearer) RequireTransportSecurity() bool { return false }
 
 // SetTokens replaces the bearer tokens the node accepts, on gRPC and on the
-// data plane at once, without a restart (connections already accepted stay
-// open). The token the node presents to its peers stays the first of
+// data plane at once, without a restart. Data-plane and shared-memory
+// connections opened with a token no longer accepted are closed (see
+// closeRevoked); gRPC checks the token of every call. The token the node
+// presents to its peers stays the first of
 // Options.Tokens until it restarts. A node started without tokens cannot
 // be given some: restart it with Options.Tokens.
 func (n *Node) SetTokens(tokens []string) error {
@@ -231,6 +233,7 @@ func (n *Node) SetTokens(tokens []string) error {
 	if err := n.guard.tokens.Set(tokens...); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	n.closeRevoked()
 	return nil
 }
 
@@ -252,5 +255,28 @@ func (n *Node) SetTokensFile(f *auth.File) error {
 	if err := n.guard.tokens.SetCredentials(f.Credentials); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	n.closeRevoked()
 	return nil
+}
+
+// closeRevoked closes the data-plane and shared-memory connections whose
+// token the node no longer accepts, or that now names another principal
+// (other scopes or tenant): a revoked credential stops reading at once,
+// not when its pooled connections idle out. A shared-memory client keeps
+// what it already copied out of its region, and the region's pages as they
+// were (the node unmaps its side; it cannot unmap the client's), and a
+// node-wide writer keeps its mapping of the DRAM arena until it exits:
+// revoke such a token by restarting the node, or the client's process.
+func (n *Node) closeRevoked() {
+	if n.cluster == nil {
+		return
+	}
+	tcp := n.cluster.data.CloseRevoked()
+	shm := 0
+	if n.cluster.shm != nil {
+		shm = n.cluster.shm.CloseRevoked()
+	}
+	if tcp+shm > 0 {
+		n.log.Info("node: closed the connections of revoked tokens", "data_plane", tcp, "shared_memory", shm)
+	}
 }

@@ -399,3 +399,64 @@ func TestSetTokensFile(t *testing.T) {
 		}
 	}
 }
+
+// TestReloadClosesRevoked: a reloaded tokens file that drops a token closes
+// the data-plane and shared-memory connections it opened at once (a
+// pooled connection would otherwise read on until it idled out); the
+// tokens kept keep their connections.
+func TestReloadClosesRevoked(t *testing.T) {
+	tf := tenantsFile(t)
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) {
+		o.TokensFile, o.GossipKey = tf, []byte("fedcba9876543210fedcba9876543210")
+	})
+	ctx := context.Background()
+	keys := []prefixhash.Key{{1}}
+	tcp := map[string]*transfer.Client{}
+	shm := map[string]*transfer.ShmClient{}
+	for _, tok := range []string{"acme-r", "beta-rw"} {
+		c, err := transfer.NewClient(n.DataAddr(), &transfer.ClientOptions{Token: tok, MaxConns: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if r, err := c.Get(ctx, keys); err != nil {
+			t.Fatalf("%s: TCP get: %v", tok, err)
+		} else {
+			r.Release()
+		}
+		tcp[tok] = c
+		if shm[tok], err = transfer.DialShm(ctx, n.ShmSocket(), &transfer.ShmClientOptions{Token: tok}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { shm[tok].Close() })
+	}
+	f, err := auth.ParseFile([]byte(`secret: "0123456789abcdef0123456789abcdef-test"
+tokens:
+  - {token: beta-rw, tenant: beta, scopes: [read, write]}
+  - {token: node-to-node, scopes: [cluster, read, write]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.SetTokensFile(f); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := tcp["acme-r"].Get(ctx, keys); err == nil {
+		r.Release()
+		t.Error("a dropped token still reads on its open data-plane connection")
+	}
+	if r, err := shm["acme-r"].Get(ctx, keys); err == nil {
+		r.Release()
+		t.Error("a dropped token still reads on its open shared-memory connection")
+	}
+	if r, err := tcp["beta-rw"].Get(ctx, keys); err != nil {
+		t.Errorf("a kept token's TCP get: %v", err)
+	} else {
+		r.Release()
+	}
+	if r, err := shm["beta-rw"].Get(ctx, keys); err != nil {
+		t.Errorf("a kept token's shared-memory get: %v", err)
+	} else {
+		r.Release()
+	}
+}

@@ -24,8 +24,8 @@
 // the Source into the region, and the client reads them in place. Requests,
 // (offset, length) answers and releases travel over the socket; value bytes
 // never do (puts without a writable arena excepted: they travel inline).
-// With ShmServerOptions.Arena, a node-wide client whose hello asks for it
-// (ShmClient does; the Python client does not) also maps the node's DRAM
+// With ShmServerOptions.Arena, a node-wide client allowed to write whose
+// hello asks for it (ShmClient and the Python client do) also maps the node's DRAM
 // arena: gets are answered with arena offsets under a lease (no copy at
 // all), and puts reserve slots there, are written by the client and
 // committed by the server (Reserver); see ShmServer.
@@ -141,9 +141,14 @@
 // the same hello as TCP's). A refused client gets no region. Each client's
 // region is its own memfd, sealed and mapped read-only by the client, so a
 // client sees only the values it asked for. The DRAM arena is shared only
-// with node-wide principals (never a tenant's client, which keeps the
-// region): read-only to readers, writable to writers, who could write any
-// slot: reservations are verified at commit, not afterwards.
+// with node-wide principals allowed to write (never a tenant's client or a
+// node-wide reader, which keep the region): a memfd's inode is mode 0777,
+// so any descriptor of it, even one opened O_RDONLY, can be reopened
+// through /proc/self/fd writable, and the arena holds every tenant's
+// blocks. Writers could write any slot: reservations are verified at
+// commit, not afterwards. A client's region is sealed F_SEAL_FUTURE_WRITE
+// (Linux 5.1+), so a reopened descriptor of it cannot be written either;
+// were it, the client would only spoil its own copies.
 //
 // # Deadlines and failure
 //

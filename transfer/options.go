@@ -303,10 +303,11 @@ type ShmServerOptions struct {
 	// hello carries none of them. Default nil: no token required.
 	Tokens *auth.Tokens
 	// Arena, when set, is shared with clients that are node-wide
-	// principals (see Arena): read-only to those that may only read,
-	// writable to writers when Reserver is set too. A tenant's client
-	// never gets it and is served by copies into its region. Default nil:
-	// every value is copied into the client's region.
+	// principals allowed to write (see Arena), writable when Reserver is
+	// set too. A tenant's client or a node-wide reader never gets it (any
+	// descriptor of a memfd can be reopened writable) and is served by
+	// copies into its region. Default nil: every value is copied into the
+	// client's region.
 	Arena Arena
 	// Reserver, with Arena, serves reserve and commit requests: puts
 	// written by the client straight into arena slots. Its Buf must lie in

@@ -14,6 +14,8 @@ tokens:
   - {token: acme-rw, tenant: acme, scopes: [read, write]}
   - {token: acme-r, tenant: acme, scopes: [read]}
   - {token: beta-rw, tenant: beta, scopes: [read, write]}
+  - {token: ops-r, scopes: [read]}
+  - {token: ops-rw, scopes: [read, write]}
   - {token: node-to-node, scopes: [cluster, read, write]}
 """
 
@@ -56,6 +58,57 @@ def test_tenant_round_trip(tenant_node, path):
     with kvmesh.Client(tenant_node.addr, token="beta-rw", transport=shm) as c:
         assert c.lookup(NS, toks).cached_tokens == 0
         assert c.get(NS, toks)[0] == 0
+
+
+def test_arena_is_a_writers_privilege(tenant_node):
+    """Only a node-wide writer maps the node's DRAM arena in place: a node-wide reader (like a
+    tenant) reads copies in its own region, and gets the same bytes."""
+    toks = list(range(7600, 7632))
+    kv = kv_of(32, 6)
+    with kvmesh.Client(tenant_node.addr, token="ops-rw", transport="auto") as w:
+        assert w.put(NS, toks, kv) == 2
+        assert w._shm.in_place, "a node-wide writer reads the node's DRAM in place"
+    with kvmesh.Client(tenant_node.addr, token="ops-r", transport="auto") as r:
+        n, got = r.get(NS, toks)
+        assert n == 32 and torch.equal(got, kv)
+        assert r.counters["shm_get"] == 2
+        assert not r._shm.in_place, "a node-wide reader was given the arena, which it could reopen writable"
+
+
+@pytest.mark.parametrize("token", ["ops-r", "acme-r"])
+def test_reopen_attack(tenant_node, token):
+    """What a hostile reader does with the descriptors the node sends it: reopen each through
+    /proc/self/fd read-write (a memfd's inode is mode 0777) and write through it. None is the
+    arena, and none can be written (the region is sealed against writes)."""
+    import mmap
+    import os
+    import socket
+    from kvmesh import _shm
+    sock = tenant_node.shm_socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(sock)
+        tok = token.encode()
+        s.sendall(_shm.frame_header(_shm.HELLO, 0, len(tok), tok, flags=_shm.FLAG_ARENA) + tok)
+        msg, fds, _flags, _addr = socket.recv_fds(s, _shm.HEADER_LEN + 32, 4)
+    try:
+        assert len(fds) == 1, f"{token} was sent {len(fds)} descriptors: the arena is a writer's privilege"
+        for fd in fds:
+            try:
+                rw = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                size = os.fstat(rw).st_size
+                with pytest.raises(OSError):
+                    os.pwrite(rw, os.pread(rw, 1, size - 1), size - 1)
+                with pytest.raises(OSError):
+                    mmap.mmap(rw, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(rw)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def test_tenant_keys_are_salted(tenant_node):
