@@ -114,8 +114,19 @@
 // unauthenticated connection, and the client's error says why (ErrAuth).
 // The server compares the token's SHA-256 with every accepted token's in
 // constant time (auth.Tokens). Tokens.Set rotates the set without a
-// restart; connections already accepted stay open. Over plain TCP the token
-// travels in the clear: use TLS wherever the network is not trusted.
+// restart; CloseRevoked then closes the connections whose token was dropped
+// or now names another principal (the server keeps each connection's token
+// digest, never the token). Over plain TCP the token travels in the clear:
+// use TLS wherever the network is not trusted.
+//
+// Slots (listeners.go): a connection is pending until its hello is accepted
+// (HandshakeTimeout, 2s, bounds that), then authenticated. MaxConns (shared
+// memory: MaxClients) bounds the authenticated ones and MaxConnsPerTenant
+// (MaxClientsPerTenant) one tenant's share of them; pending connections
+// have slots of their own, and when those are full the oldest is evicted.
+// So sockets that never say hello cannot keep credentialed clients out,
+// and one tenant cannot take every slot, nor, on shared memory, pin more
+// than its share of regions.
 //
 // The token authenticates a principal (auth.Principal), kept for the
 // connection. Every request is checked against its scopes (a get, get-part

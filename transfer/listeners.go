@@ -16,25 +16,44 @@ import (
 // listeners is what both servers share: listeners, an accept loop per
 // listener, a goroutine per admitted connection, what each connection
 // authenticated as, and a Close that stops them all and waits for them.
+//
+// Slots. A connection is pending from its accept until its hello is
+// accepted (or, on a server that asks for no token, its first frame is
+// read), then authenticated. At most maxConns connections are
+// authenticated, at most maxPerTenant of them a tenant's; a hello past
+// either is refused with a limit error. Pending connections have slots of
+// their own, maxPending, and when those are full a new connection evicts
+// the oldest pending one: sockets that never authenticate (a flood of
+// them) hold no slot a credentialed client needs, and a legitimate client
+// is evicted only if maxPending newer connections arrive during its own
+// handshake, which takes a round trip or two.
 type listeners struct {
-	log      *slog.Logger
-	maxConns int
-	handle   func(net.Conn)  // serves one connection; the caller closes it after
-	ctx      context.Context // canceled by Close
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup // accept loops and connection goroutines
-	stats    counters
+	log          *slog.Logger
+	maxConns     int
+	maxPending   int
+	maxPerTenant int
+	handle       func(net.Conn)  // serves one connection; the caller closes it after
+	ctx          context.Context // canceled by Close
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup // accept loops and connection goroutines
+	stats        counters
 
 	mu struct {
 		sync.Mutex
-		lns    map[net.Listener]struct{}
-		conns  map[net.Conn]*connState
-		closed bool
+		lns     map[net.Listener]struct{}
+		conns   map[net.Conn]*connState
+		pending int            // connections not yet authenticated nor evicted
+		authed  int            // authenticated connections
+		tenants map[string]int // authenticated connections per tenant
+		seq     uint64         // accepts so far: the order pending connections are evicted in
+		closed  bool
 	}
 }
 
 // connState is what the server knows of one open connection.
 type connState struct {
+	seq     uint64 // when it was accepted
+	evicted bool   // closed while pending, to make room
 	// authed is set once the connection's hello was accepted (or, on a
 	// server that asks for no token, once its first frame was read).
 	authed bool
@@ -45,15 +64,21 @@ type connState struct {
 	token bool
 }
 
-func (l *listeners) init(log *slog.Logger, maxConns int, handle func(net.Conn)) {
+func (l *listeners) init(log *slog.Logger, maxConns, maxPerTenant int, handle func(net.Conn)) {
 	if log == nil {
 		log = slog.Default()
 	}
-	l.log, l.maxConns, l.handle = log, maxConns, handle
+	l.log, l.maxConns, l.maxPerTenant, l.handle = log, maxConns, maxPerTenant, handle
+	l.maxPending = pendingSlots(maxConns)
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.mu.lns = make(map[net.Listener]struct{})
 	l.mu.conns = make(map[net.Conn]*connState)
+	l.mu.tenants = make(map[string]int)
 }
+
+// pendingSlots is how many connections may be in their handshake at once
+// beside maxConns authenticated ones: a quarter as many, at least 16.
+func pendingSlots(maxConns int) int { return max(16, maxConns/4) }
 
 // start serves ln in a goroutine that close stops.
 func (l *listeners) start(ln net.Listener) (net.Addr, error) {
@@ -124,39 +149,96 @@ func (l *listeners) acceptLoop(ln net.Listener) error {
 	}
 }
 
-// admit tracks nc, or closes it when the server is closed or full.
+// admit tracks nc as pending, evicting the oldest pending connection when
+// their slots are full, or closes it when the server is closed.
 func (l *listeners) admit(nc net.Conn) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.mu.closed || len(l.mu.conns) >= l.maxConns {
+	if l.mu.closed {
 		nc.Close()
 		l.stats.refused.Add(1)
 		return false
 	}
-	l.mu.conns[nc] = &connState{}
+	if l.mu.pending >= l.maxPending {
+		l.evictOldestPendingLocked()
+	}
+	l.mu.seq++
+	l.mu.conns[nc] = &connState{seq: l.mu.seq}
+	l.mu.pending++
 	l.stats.conns.Add(1)
 	return true
 }
 
+// evictOldestPendingLocked closes the pending connection accepted first.
+func (l *listeners) evictOldestPendingLocked() {
+	var (
+		oldest net.Conn
+		st     *connState
+	)
+	for nc, s := range l.mu.conns {
+		if !s.authed && !s.evicted && (st == nil || s.seq < st.seq) {
+			oldest, st = nc, s
+		}
+	}
+	if st == nil {
+		return
+	}
+	st.evicted = true
+	l.mu.pending--
+	oldest.Close()
+	l.stats.evicted.Add(1)
+}
+
 // authenticated records whom nc's hello authenticated, with the token it
-// presented (nil: none), so that closeRevoked can find it.
-func (l *listeners) authenticated(nc net.Conn, who auth.Principal, token []byte) {
+// presented (nil: none), so that closeRevoked can find it, and moves it to
+// the authenticated slots. It returns an ErrLimit error, and changes
+// nothing, when those are full (MaxConns, or the tenant's share), and
+// ErrClosed when nc was evicted meanwhile.
+func (l *listeners) authenticated(nc net.Conn, who auth.Principal, token []byte) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := l.mu.conns[nc]
-	if st == nil {
-		return
+	switch {
+	case st == nil || st.evicted:
+		return ErrClosed
+	case st.authed:
+		return nil
+	case l.mu.authed >= l.maxConns:
+		l.stats.refused.Add(1)
+		return fmt.Errorf("%w: server full: %d connections are open, its limit", ErrLimit, l.mu.authed)
+	case who.Scoped() && l.mu.tenants[who.Tenant] >= l.maxPerTenant:
+		l.stats.refused.Add(1)
+		return fmt.Errorf("%w: tenant %s has %d connections open, its limit on this server", ErrLimit, who.Tenant, l.mu.tenants[who.Tenant])
 	}
 	st.authed, st.who = true, who
 	if len(token) > 0 {
 		st.sum, st.token = sha256.Sum256(token), true
 	}
+	l.mu.pending--
+	l.mu.authed++
+	if who.Scoped() {
+		l.mu.tenants[who.Tenant]++
+	}
+	return nil
 }
 
 func (l *listeners) forget(nc net.Conn) {
 	nc.Close()
 	l.mu.Lock()
-	delete(l.mu.conns, nc)
+	if st := l.mu.conns[nc]; st != nil {
+		switch {
+		case st.authed:
+			l.mu.authed--
+			if st.who.Scoped() {
+				if l.mu.tenants[st.who.Tenant]--; l.mu.tenants[st.who.Tenant] == 0 {
+					delete(l.mu.tenants, st.who.Tenant)
+				}
+			}
+		case !st.evicted:
+			l.mu.pending--
+		}
+		delete(l.mu.conns, nc)
+	}
 	l.mu.Unlock()
 	l.stats.conns.Add(-1)
 }

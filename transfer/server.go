@@ -36,7 +36,8 @@ type Server struct {
 // Stats are a server's counters since it started.
 type Stats struct {
 	Conns        int64 // connections (clients, for ShmServer) open now
-	Refused      int64 // connections closed at accept (over MaxConns)
+	Refused      int64 // connections refused: server closed, or a hello over MaxConns or a tenant's share
+	Evicted      int64 // connections closed in their handshake to make room for newer ones
 	Unauthorized int64 // connections refused before serving: TLS failed, token missing or wrong, peer uid not allowed
 	Revoked      int64 // connections closed by CloseRevoked: their token was dropped or changed
 	Requests     int64 // requests served
@@ -58,13 +59,13 @@ type Stats struct {
 
 type counters struct {
 	conns, refused, unauthorized, requests, dropped, hits, misses, bytesOut, puts, bytesIn, regionUse, lookups atomic.Int64
-	leases, leasesExpired, reservations, reservationsAborted, revoked                                          atomic.Int64
+	leases, leasesExpired, reservations, reservationsAborted, revoked, evicted                                 atomic.Int64
 }
 
 func (l *listeners) snapshot() Stats {
 	c := &l.stats
 	return Stats{
-		Conns: c.conns.Load(), Refused: c.refused.Load(), Unauthorized: c.unauthorized.Load(), Revoked: c.revoked.Load(),
+		Conns: c.conns.Load(), Refused: c.refused.Load(), Unauthorized: c.unauthorized.Load(), Revoked: c.revoked.Load(), Evicted: c.evicted.Load(),
 		Requests: c.requests.Load(), Dropped: c.dropped.Load(),
 		Hits: c.hits.Load(), Misses: c.misses.Load(), BytesOut: c.bytesOut.Load(),
 		Puts: c.puts.Load(), BytesIn: c.bytesIn.Load(), RegionUse: c.regionUse.Load(), Lookups: c.lookups.Load(),
@@ -89,7 +90,7 @@ func NewServer(src Source, sink Sink, opts *ServerOptions, log *slog.Logger) (*S
 		return nil, errors.New("transfer: NewServer needs a Source")
 	}
 	s := &Server{src: src, sink: sink, opts: o, tls: prepareTLS(o.TLS, ""), inflight: newByteSem(int64(o.MaxInFlightBytes))}
-	s.listeners.init(log, o.MaxConns, s.serveConn)
+	s.listeners.init(log, o.MaxConns, o.MaxConnsPerTenant, s.serveConn)
 	return s, nil
 }
 
@@ -364,7 +365,9 @@ func (sc *serverConn) opening() bool {
 			sc.who, err = checkHello(s.opts.Tokens, sc.table)
 		}
 		if err == nil {
-			s.authenticated(sc.raw, sc.who, sc.table)
+			err = s.authenticated(sc.raw, sc.who, sc.table)
+		}
+		if err == nil {
 			sc.enc.begin(typeHelloAck, 0)
 			_, err = sc.nc.Write(sc.enc.finish(header{typ: typeHelloAck, id: h.id}))
 			if err == nil {
@@ -375,7 +378,9 @@ func (sc *serverConn) opening() bool {
 		err = refused("this server requires a bearer token: the connection must open with a hello")
 	default:
 		// A client that skipped the hello, served without one.
-		s.authenticated(sc.raw, sc.who, nil)
+		if err = s.authenticated(sc.raw, sc.who, nil); err != nil {
+			break
+		}
 		err := sc.serve()
 		sc.trim()
 		if err != nil {

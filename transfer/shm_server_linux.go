@@ -80,7 +80,7 @@ func NewShmServer(src Source, sink Sink, opts *ShmServerOptions, log *slog.Logge
 		return nil, errors.New("transfer: NewShmServer needs a Source")
 	}
 	s := &ShmServer{src: src, sink: sink, opts: o, inflight: newByteSem(int64(o.MaxInFlightBytes))}
-	s.listeners.init(log, o.MaxClients, s.serveConn)
+	s.listeners.init(log, o.MaxClients, o.MaxClientsPerTenant, s.serveConn)
 	return s, nil
 }
 
@@ -178,11 +178,13 @@ func (s *ShmServer) admitPeer(uc *net.UnixConn) (who auth.Principal, wantArena b
 	if err == nil {
 		who, err = checkHello(s.opts.Tokens, table)
 	}
+	if err == nil {
+		err = s.authenticated(uc, who, table)
+	}
 	if err != nil {
 		sendError(uc, 0, err)
 		return who, false, err
 	}
-	s.authenticated(uc, who, table)
 	return who, h.arena, nil
 }
 
