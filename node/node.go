@@ -184,7 +184,7 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	if opts.Pprof {
 		registerPprof(mux)
 	}
-	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	n.http = newHTTPServer(mux, opts.httpTimeouts)
 	if opts.HTTPTLS {
 		cfg := opts.TLS.Clone()
 		if cfg.ClientAuth == tls.RequireAndVerifyClientCert {
