@@ -9,6 +9,8 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvmesh/kvmesh/auth"
@@ -309,17 +311,19 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 		cb     = 0            // blocks per chunk
 	)
 	// The block buffer is charged to the node's budget while it is held:
-	// from the block's first payload bytes until it is stored.
+	// from the block's first payload bytes until it is stored, or until
+	// the stream goes silent for ReceiveTimeout.
+	tenant := auth.PrincipalFrom(ctx).Tenant
 	drop := func() {
 		if cur != nil && cur.buf != nil {
 			putBlockBuf(cur.buf)
-			s.n.putBudget.release(int64(cur.size))
+			s.n.putBudget.release(tenant, int64(cur.size))
 			cur.buf = nil
 		}
 	}
 	defer drop()
 	for {
-		msg, err := stream.Recv()
+		msg, err := recvWithin(ctx, s.n.opts.ReceiveTimeout, stream.Recv)
 		if err == io.EOF {
 			if cur != nil {
 				return invalid("data", "stream ended inside block %d: %d of %d payload bytes", cur.index, cur.got, cur.payloadLen())
@@ -370,7 +374,7 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 				return invalid("data", "block %d: more payload bytes than its payload_len of %d", cur.index, cur.payloadLen())
 			}
 			if cur.buf == nil {
-				if err := s.n.putBudget.acquire(ctx, int64(cur.size), fmt.Sprintf("block %d of the BatchPut stream", cur.index)); err != nil {
+				if err := s.n.putBudget.acquire(ctx, tenant, int64(cur.size), fmt.Sprintf("block %d of the BatchPut stream", cur.index)); err != nil {
 					return err
 				}
 				cur.buf = getBlockBuf(cur.size)
@@ -406,6 +410,35 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 			drop()
 			prev, cur = link, nil
 		}
+	}
+}
+
+// recvWithin returns the next message recv receives, or DeadlineExceeded
+// when none arrives within d. gRPC's Recv takes no deadline, so it runs in
+// a goroutine of its own; after a timeout the handler returns, which ends
+// the stream, and that Recv returns with it (its goroutine then exits).
+func recvWithin[T any](ctx context.Context, d time.Duration, recv func() (*T, error)) (*T, error) {
+	if d <= 0 {
+		return recv()
+	}
+	type result struct {
+		m   *T
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		m, err := recv()
+		got <- result{m, err}
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case r := <-got:
+		return r.m, r.err
+	case <-t.C:
+		return nil, status.Errorf(codes.DeadlineExceeded, "no message for %v (receive_timeout): the stream is ended and what it held released; send each message within it", d)
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 }
 

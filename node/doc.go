@@ -90,7 +90,10 @@
 //     node-wide: a block is charged from its first payload bytes until it
 //     is stored; a stream that finds no room within a second (or its
 //     deadline) is refused with ResourceExhausted naming
-//     max_inflight_bytes. Each data plane has a budget of the same size for
+//     max_inflight_bytes. One tenant's streams hold at most a quarter of
+//     it, and a stream that sends no message for ReceiveTimeout (5s) is
+//     ended with DeadlineExceeded, its buffer given back: stalled streams
+//     cannot keep other writers out. Each data plane has a budget of the same size for
 //     its requests' tables and scratch and its puts' values
 //     (transfer.ServerOptions.MaxInFlightBytes: a request waits for room
 //     until its deadline, then is refused; a put's values are reserved a
@@ -101,6 +104,13 @@
 //     request-sized buffer once its request is done.
 //   - MaxBatchBlocks blocks per request, MaxMessageBytes per message,
 //     MaxBlockBytes per block, RequestTimeout per request.
+//   - Data-plane connections (transfer.ServerOptions.MaxConns, 1024;
+//     shared memory 64 clients) count once their hello is accepted, a
+//     tenant's at most a quarter; sockets still in their 2 s handshake have
+//     slots of their own, the oldest evicted when those are full.
+//   - The HTTP address (httpserver.go): headers within 10s, the request
+//     within 1m, each write of a response within 1m, 2m idle between
+//     requests.
 //   - The model names shown by Stats: at most 4096 of namespaces that hold
 //     blocks, and the 1024 names requests named most recently, so made-up
 //     names cannot push out real ones.

@@ -54,7 +54,7 @@ func TestBatchPutBudget(t *testing.T) {
 	if s := bigNS.BlockBytes(); s != 4*MiB {
 		t.Fatalf("bigNS blocks are %d bytes", s)
 	}
-	tn := startNode(t, func(o *Options) { o.MaxInFlightBytes = 64 * MiB })
+	tn := startNode(t, func(o *Options) { o.MaxInFlightBytes, o.ReceiveTimeout = 64*MiB, time.Hour })
 	tn.cache.capacity = 1 << 30
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -116,6 +116,60 @@ func TestBatchPutBudget(t *testing.T) {
 	}
 	cancel()
 	testkit.WaitFor(t, "the budget given back", func() bool { return tn.putBudget.inUse() == 0 })
+}
+
+// TestBatchPutStalls: a tenant's BatchPut streams that send a block's first
+// byte and then nothing (17 of them, more than the budget holds) take at
+// most the tenant's share of MaxInFlightBytes, so another tenant's puts go
+// through meanwhile; and each stalled stream is ended with
+// DeadlineExceeded after ReceiveTimeout, which gives its buffer back.
+// Before, 17 such streams blocked every other writer for RequestTimeout.
+func TestBatchPutStalls(t *testing.T) {
+	const recvTimeout = 2 * time.Second
+	tn := startNode(t, func(o *Options) {
+		o.TokensFile, o.MaxInFlightBytes, o.ReceiveTimeout = tenantsFile(t), 64*MiB, recvTimeout
+	})
+	tn.cache.capacity = 1 << 30
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	acme := rawTenantAPI(t, tn.GRPCAddr(), "acme-rw")
+	const stalls = 17
+	errs := make(chan error, stalls)
+	for range stalls {
+		stream, err := acme.cache.BatchPut(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(bigHeader(1)); err != nil {
+			t.Fatal(err)
+		}
+		go func() { errs <- stream.RecvMsg(new(kvmeshv1.BatchPutResponse)) }()
+	}
+	size := int64(4*MiB) + int64(block.HeaderLen(bigNS.BlockTokens))
+	testkit.WaitFor(t, "acme's stalled streams to hold its share", func() bool { return tn.putBudget.inUse() >= (16*MiB/size)*size })
+	if used := tn.putBudget.inUse(); used > 16*MiB+size {
+		t.Fatalf("one tenant's streams hold %d bytes of a 64 MiB budget, over its share", used)
+	}
+	// Another tenant writes whole blocks meanwhile.
+	beta, err := client.Dial(tn.GRPCAddr(), client.Options{Token: "beta-rw", Transport: client.TransportGRPC, MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer beta.Close()
+	payload := make([]byte, bigNS.BlockBytes())
+	for i := range 4 {
+		toks := make([]uint32, bigNS.BlockTokens)
+		toks[0] = uint32(i + 1)
+		if _, err := beta.Put(context.Background(), bigNS, toks, [][]byte{payload}); err != nil {
+			t.Fatalf("beta's put %d beside acme's stalled streams: %v", i, err)
+		}
+	}
+	for range stalls {
+		if err := <-errs; status.Code(err) != codes.DeadlineExceeded && status.Code(err) != codes.ResourceExhausted {
+			t.Errorf("a stalled stream ended with %v, want DeadlineExceeded (or ResourceExhausted past the share)", err)
+		}
+	}
+	testkit.WaitFor(t, "the stalled streams' buffers given back", func() bool { return tn.putBudget.inUse() == 0 })
 }
 
 // TestStreamLimit: one connection's calls past MaxConcurrentStreams wait on

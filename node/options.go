@@ -236,7 +236,7 @@ type Options struct {
 	// node's servers holds at once: the block buffers of BatchPut streams
 	// (a block is charged from its first payload bytes until it is stored;
 	// a stream with no room within a second is refused with
-	// ResourceExhausted), and the requests and put values of each data
+	// ResourceExhausted; one tenant's streams hold at most a quarter), and the requests and put values of each data
 	// plane (transfer.ServerOptions.MaxInFlightBytes). At least 64 MiB and
 	// MaxBlockBytes. Default 256 MiB.
 	MaxInFlightBytes int64
@@ -247,6 +247,11 @@ type Options struct {
 	// RequestTimeout bounds every request, streams included, whatever
 	// deadline the client set (the earlier wins). Default 1m.
 	RequestTimeout time.Duration
+	// ReceiveTimeout bounds each wait for the next message of a client
+	// stream (BatchPut): a stream that sends nothing for this long is ended
+	// with DeadlineExceeded, and the block buffer it held released to
+	// MaxInFlightBytes. Default 5s.
+	ReceiveTimeout time.Duration
 	// ShutdownTimeout is how long a stopping node lets requests in flight
 	// finish before it cancels them. Default 8s.
 	ShutdownTimeout time.Duration
@@ -336,6 +341,9 @@ func (o *Options) EnsureDefaults() *Options {
 	}
 	if o.RequestTimeout == 0 {
 		o.RequestTimeout = time.Minute
+	}
+	if o.ReceiveTimeout == 0 {
+		o.ReceiveTimeout = 5 * time.Second
 	}
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = 8 * time.Second
@@ -450,6 +458,8 @@ func (o *Options) Validate() error {
 		return bad("ChunkBytes", "%d must be in 1..MaxMessageBytes-%d (%d)", o.ChunkBytes, messageOverhead, o.MaxMessageBytes-messageOverhead)
 	case o.RequestTimeout < 0:
 		return bad("RequestTimeout", "%v must not be negative", o.RequestTimeout)
+	case o.ReceiveTimeout < 0:
+		return bad("ReceiveTimeout", "%v must not be negative", o.ReceiveTimeout)
 	case o.ShutdownTimeout < 0:
 		return bad("ShutdownTimeout", "%v must not be negative", o.ShutdownTimeout)
 	case o.MaxBatchBlocks > 1<<24:

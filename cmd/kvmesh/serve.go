@@ -45,6 +45,7 @@ type serveFlags struct {
 	maxBlockBytes, maxMessageBytes, chunkBytes int64
 	maxBatchBlocks, maxBlocks                  int
 	requestTimeout, shutdownTimeout            time.Duration
+	receiveTimeout                             time.Duration
 	logLevel, logFormat                        string
 	eviction                                   string
 	partialTTL, claimTTL                       time.Duration
@@ -71,7 +72,7 @@ var flagOf = map[string]string{
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
 	"PushYield": "push-yield", "PushBytesPerSec": "push-rate",
 	"MaxBlockBytes": "max-block-bytes", "MaxBatchBlocks": "max-batch-blocks", "MaxMessageBytes": "max-message-bytes",
-	"ChunkBytes": "chunk-bytes", "RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout",
+	"ChunkBytes": "chunk-bytes", "RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout", "ReceiveTimeout": "receive-timeout",
 	"TLS": "tls-cert", "PeerTLS": "tls-ca", "Tokens": "auth-token-file", "QuotaDRAMBytes": "quota-dram", "QuotaNVMeBytes": "quota-nvme",
 	"ReadyFile": "ready-file",
 	"HTTPTLS":   "http-tls", "InsecureGossip": "insecure-gossip", "MaxConcurrentStreams": "max-concurrent-streams", "MaxInFlightBytes": "max-inflight-bytes",
@@ -188,6 +189,7 @@ flag names, for example:
 	fs.IntVar(&f.maxConcurrentStreams, "max-concurrent-streams", d.MaxConcurrentStreams, "most gRPC calls open at once on one client connection (more wait on the client)")
 	fs.Var(newSize(&f.maxInFlightBytes, d.MaxInFlightBytes), "max-inflight-bytes", "request buffers each server holds at once (BatchPut blocks; data-plane requests and puts); more wait, then are refused")
 	fs.DurationVar(&f.requestTimeout, "request-timeout", d.RequestTimeout, "upper bound of any request, streams included")
+	fs.DurationVar(&f.receiveTimeout, "receive-timeout", d.ReceiveTimeout, "longest wait for the next message of a client stream (BatchPut): a stream silent for longer is ended and its block buffer released")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "how long requests in flight may run on after SIGTERM")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM file of the node's certificate chain: serve gRPC and the data plane over TLS 1.3")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM file of the certificate's private key")
@@ -290,7 +292,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		DRAMBytes: f.dram, DRAMPopulate: f.dramPopulate, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
 		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, Eviction: f.eviction, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL, MaxBatchBlocks: f.maxBatchBlocks,
 		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
-		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout,
+		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout, ReceiveTimeout: f.receiveTimeout,
 		Version: version(), Logger: logger,
 		Prefill: f.prefill.options(),
 	}
