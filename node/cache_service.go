@@ -543,7 +543,7 @@ func (s *cacheService) Stats(ctx context.Context, req *kvmeshv1.StatsRequest) (*
 		return nil, err
 	}
 	st := s.n.cache.Stats()
-	a := auth.AccessFrom(ctx)
+	a := viewOf(ctx)
 	resp := &kvmeshv1.StatsResponse{
 		NodeId: s.n.opts.NodeID,
 		Hits:   uint64(st.Hits), Misses: uint64(st.Misses),

@@ -215,7 +215,14 @@
 // writes, Contains, LongestPrefix and Info, hence BatchGet, Exists,
 // Lookup, BlockInfo, the data plane over TCP and shared memory, and the
 // requests this node makes to its peers for the tenant (scoped frames). A
-// block of another tenant is a miss, even by its exact key. Stats and
+// block of another tenant is a miss, even by its exact key. Node-wide
+// namespaces are not salted, so a tenant can compute their keys and write
+// blocks under them with its own tag; a node-wide principal without the
+// cluster scope therefore reads node-wide blocks only (auth.NodeWide; its
+// admin views, viewOf, still see every namespace), the engine runs a
+// node-wide request the same way, and a node-wide write takes back keys
+// and digests a tenant wrote under first (store.Local.Put), after which
+// the tenant's writes there are refused. Stats and
 // Quotas list a tenant's own namespaces only; /metrics labels namespaces
 // with a keyed hash of their digest (namespaceLabel) when the node has
 // tenants; a tenant names a namespace by digest only when its blocks here
@@ -224,7 +231,11 @@
 // Options' QuotaDRAMBytes and QuotaNVMeBytes as the default,
 // AdminService.SetQuota per namespace, kept in DataDir/quotas.json) bound
 // what a tenant holds in each tier; a write its quota has no room for is
-// answered ResourceExhausted.
+// answered ResourceExhausted. A quota is set only on a namespace that holds
+// the caller's blocks here (or, for a node-wide caller naming the
+// namespace, will hold node-wide ones), and binds only blocks of that tag
+// (store.Quota.Bound): a tenant's quota on a digest it wrote under first
+// never limits the node-wide blocks that take it back.
 //
 // # Deadlines and shutdown
 //

@@ -422,10 +422,12 @@ func ownerOf(p auth.Principal) queueOwner {
 }
 
 // context returns ctx for running a request of o: the engine keys its
-// blocks for the tenant, and the cache confines its reads to them.
+// blocks for the tenant, and the cache confines its reads to them; a
+// node-wide request reads node-wide blocks only (auth.NodeWide), never
+// what a tenant wrote under a node-wide key.
 func (o queueOwner) context(ctx context.Context) context.Context {
 	if o.Tenant == "" {
-		return ctx
+		return auth.WithAccess(ctx, auth.NodeWide)
 	}
 	ctx = auth.WithAccess(ctx, auth.Access{Scoped: true, Tag: o.Tag})
 	return prefill.WithTenant(ctx, prefill.Tenant{Salt: o.Salt, Tag: o.Tag})

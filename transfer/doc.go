@@ -134,10 +134,12 @@
 // dropped) and runs with the principal and an access in its context
 // (auth.WithPrincipal, auth.AccessFrom) that the Source and Sink enforce per
 // block: a tenant's connection is confined to its own tenant's blocks
-// whatever its frames say; a node-wide principal's request is confined when
-// its frame is scoped (a node reading or writing for a tenant: the client
-// scopes a request when its context carries a scoped access), and touches
-// any block otherwise. Without tokens every connection is auth.Open.
+// whatever its frames say; a node-wide principal without the cluster scope
+// to node-wide blocks (tag 0) whatever its frames say; a node's (the
+// cluster scope) request is confined when its frame is scoped (a node
+// reading or writing for a tenant: the client scopes a request when its
+// context carries a scoped access), and touches any block otherwise.
+// Without tokens every connection is auth.Open, which holds every scope.
 //
 // Mismatched ends fail at once with ErrAuth, never with a hang or a
 // deadline: a plain client of a TLS server is answered with a plain error
