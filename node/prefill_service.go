@@ -154,7 +154,7 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 		return nil, fmt.Errorf("node: prefill engine: %w", err)
 	}
 	q, err := openQueue(filepath.Join(n.opts.DataDir, "prefill-queue"), queueOptions{
-		capacity: o.QueueSize, maxResults: o.MaxResults, ttl: o.ResultTTL, maxRuns: queueMaxRuns,
+		capacity: o.QueueSize, maxBytes: o.QueueBytes, maxResults: o.MaxResults, ttl: o.ResultTTL, maxRuns: queueMaxRuns,
 		now: time.Now, log: n.log,
 	})
 	if err != nil {

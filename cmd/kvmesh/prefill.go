@@ -268,6 +268,7 @@ type prefillServeFlags struct {
 	maxContext       int
 	concurrency      int
 	queue            int
+	queueBytes       int64
 	resultTTL        time.Duration
 	maxResults       int
 	backgroundBlocks int
@@ -281,7 +282,7 @@ type prefillServeFlags struct {
 func init() {
 	for field, flag := range map[string]string{
 		"Prefill.WeightsPath": "prefill-weights", "Prefill.Seed": "prefill-seed", "Prefill.Model": "prefill-max-context",
-		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.ResultTTL": "prefill-result-ttl",
+		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.QueueBytes": "prefill-queue-bytes", "Prefill.ResultTTL": "prefill-result-ttl",
 		"Prefill.MaxResults": "prefill-max-results", "Prefill.BackgroundBlocks": "prefill-background-blocks",
 		"Prefill.Role": "role", "Prefill.ModelDir": "prefill-model-dir", "Prefill.Backend": "backend",
 		"Prefill.Batch.MaxRequests": "queue-max-requests", "Prefill.Batch.MaxBodyBytes": "queue-max-body",
@@ -301,7 +302,8 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.Uint64Var(&p.seed, "prefill-seed", d.Seed, "seed of the generated weights; nodes share blocks only with the same seed")
 	fs.IntVar(&p.maxContext, "prefill-max-context", d.Model.MaxContext, "longest prompt the engine accepts, in tokens")
 	fs.IntVar(&p.concurrency, "prefill-concurrency", d.Concurrency, "synchronous prefills that run at once")
-	fs.IntVar(&p.queue, "prefill-queue", d.QueueSize, "most queued prefill requests not yet done")
+	fs.IntVar(&p.queue, "prefill-queue", d.QueueSize, "most queued prefill requests not yet done (one tenant: half)")
+	fs.Var(newSize(&p.queueBytes, d.QueueBytes), "prefill-queue-bytes", "most bytes of queued prefill requests not yet done, 4 a prompt token (one tenant: half)")
 	fs.DurationVar(&p.resultTTL, "prefill-result-ttl", d.ResultTTL, "how long a queued request's result is kept")
 	fs.IntVar(&p.maxResults, "prefill-max-results", d.MaxResults, "most queued requests' results kept")
 	fs.IntVar(&p.backgroundBlocks, "prefill-background-blocks", d.BackgroundBlocks, "blocks per chunk of queued work (a synchronous prefill preempts it within one)")
@@ -321,7 +323,7 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 func (p *prefillServeFlags) options() node.PrefillOptions {
 	o := node.PrefillOptions{
 		Disabled: !p.enabled, WeightsPath: p.weights, Seed: p.seed,
-		Concurrency: p.concurrency, QueueSize: p.queue, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
+		Concurrency: p.concurrency, QueueSize: p.queue, QueueBytes: p.queueBytes, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
 		BackgroundBlocks: p.backgroundBlocks, Role: p.role, Backend: p.backend, ModelDir: p.modelDir, Batch: p.batch,
 	}
 	o.Batch.Share = p.queueShare
