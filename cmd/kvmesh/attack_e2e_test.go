@@ -294,6 +294,27 @@ func TestSecurityStalledStreams(t *testing.T) {
 	}
 }
 
+// flood opens n TCP connections to addr that never send a byte, and
+// returns a func that closes them.
+func flood(t testing.TB, addr string, n int) func() {
+	t.Helper()
+	conns := make([]net.Conn, 0, n)
+	end := func() {
+		for _, nc := range conns {
+			nc.Close()
+		}
+	}
+	for range n {
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			end()
+			t.Fatalf("flood socket %d: %v", len(conns), err)
+		}
+		conns = append(conns, nc)
+	}
+	return end
+}
+
 // TestSecurityRawSocketFlood: 1100 sockets that connect to the data plane
 // and never say hello (bounded: opened once, closed at the end) do not
 // starve a credentialed client: every one of its lookups and reads over
@@ -313,19 +334,7 @@ func TestSecurityRawSocketFlood(t *testing.T) {
 	if l, err := before.Lookup(ctx, attackNS, tokens); err != nil || l.CachedBlocks != 4 {
 		t.Fatalf("before the flood: %+v %v", l, err)
 	}
-	flood := make([]net.Conn, 0, 1100)
-	defer func() {
-		for _, nc := range flood {
-			nc.Close()
-		}
-	}()
-	for range cap(flood) {
-		nc, err := net.Dial("tcp", node.dataAddr)
-		if err != nil {
-			t.Fatalf("flood socket %d: %v", len(flood), err)
-		}
-		flood = append(flood, nc)
-	}
+	defer flood(t, node.dataAddr, 1100)()
 	during := dialAs(t, node, "ops-r", client.TransportTCP)
 	for i := range 114 {
 		c := before
@@ -534,19 +543,10 @@ func BenchmarkSecurityNeighbour(b *testing.B) {
 		}
 	}
 	b.Run("quiet", read)
-	flood := make([]net.Conn, 0, 1100)
-	for range cap(flood) {
-		nc, err := net.Dial("tcp", node.dataAddr)
-		if err != nil {
-			b.Fatal(err)
-		}
-		flood = append(flood, nc)
-	}
-	_, stop := stallPuts(b, node.grpcAddr, "acme-rw", 17)
+	endFlood := flood(b, node.dataAddr, 1100)
+	_, endStalls := stallPuts(b, node.grpcAddr, "acme-rw", 17)
 	b.Run("attacked", read)
-	for _, nc := range flood {
-		nc.Close()
-	}
-	stop()
+	endFlood()
+	endStalls()
 	b.Run("after", read)
 }
