@@ -173,6 +173,9 @@ type File struct {
 	// digest from them. It is derived from the secret: the same on every
 	// node and across restarts, so dashboards keep their series.
 	LabelKey []byte
+	// peerKey signs what a node vouches for toward its peers (Vouch),
+	// derived from the secret.
+	peerKey []byte
 }
 
 // MinSecretLen is the shortest secret a tokens file may hold.
@@ -289,6 +292,7 @@ func ParseFile(b []byte) (*File, error) {
 		return nil, errors.New("no entry with the cluster scope given as a token: the node needs one to present to its peers")
 	}
 	f.LabelKey = []byte(SaltOf([]byte(y.Secret), "\x00metrics-labels"))
+	f.peerKey = []byte(SaltOf([]byte(y.Secret), "\x00peer-vouch"))
 	for i := range f.Credentials {
 		if p := &f.Credentials[i].Principal; p.Scoped() {
 			p.Salt = SaltOf([]byte(y.Secret), p.Tenant)

@@ -107,7 +107,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		c.rdma = append(c.rdma, d.Name)
 	}
 	meta := gossip.MemberMeta{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataAddr: c.dataAddr,
-		DRAMBytes: opts.DRAMBytes, NVMeBytes: opts.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role}
+		DRAMBytes: opts.DRAMBytes, NVMeBytes: opts.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role, TLS: opts.TLS != nil}
 	if opts.Prefill.Disabled {
 		meta.Role = gossip.RoleStore
 	}

@@ -155,10 +155,14 @@
 // HTTP mux, and starts and stops its workers with the prefill queue's. A
 // node without an engine answers /v1/ with 503. kvmesh route (package
 // router) is that API in front of a cluster, another process. With
-// Options.HTTPTLS the HTTP address speaks TLS with the node's certificate
-// (a client certificate checked when given, not required), and peers and
-// routers reach it over HTTPS; without it the address is plain HTTP, for a
-// network where bearer tokens may travel.
+// Options.TLS the HTTP address speaks TLS too (HTTPTLS is implied) with the
+// node's certificate (a client certificate checked when given, not
+// required), peers reach it over HTTPS verified against the cluster CA
+// (PeerTLS), and it gossips MemberMeta.TLS so routers without the CA leave
+// it alone; without TLS the address is plain HTTP, for a network where
+// bearer tokens may travel. A peer is never sent a caller's bearer token:
+// it is asked with the cluster credential and the node's vouch for the
+// caller (openai.VouchHeader, auth.File.Vouch).
 //
 // # Security
 //

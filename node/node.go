@@ -126,6 +126,9 @@ func (n *Node) tenantCount() int {
 func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, extra ...prometheus.Collector) *Node {
 	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens),
 		putBudget: newBudget(opts.MaxInFlightBytes)}
+	if opts.TokensFile != nil {
+		n.guard.file.Store(opts.TokensFile)
+	}
 	var labelKey []byte
 	// A namespace in the metrics holds blocks: keep its name, as Stats does.
 	model := func(d uint64) string { n.names.keepSeen(d); return n.names.model(d) }
@@ -180,7 +183,7 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 		registerPprof(mux)
 	}
 	n.http = newHTTPServer(mux, opts.httpTimeouts)
-	if opts.HTTPTLS {
+	if opts.TLS != nil { // every listener: HTTPTLS is implied
 		cfg := opts.TLS.Clone()
 		if cfg.ClientAuth == tls.RequireAndVerifyClientCert {
 			cfg.ClientAuth = tls.VerifyClientCertIfGiven // probes and scrapers carry no certificate; tokens guard /v1/

@@ -2,7 +2,9 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -58,4 +60,24 @@ func (a openaiNode) Peers() []string {
 	}
 	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
 	return out
+}
+
+// Vouch vouches for p toward a peer with the tokens file in force; "" in
+// open or shared-token mode, where the cluster credential is all a peer
+// needs (there are no tenants).
+func (a openaiNode) Vouch(p auth.Principal, what string) string {
+	f := a.n.guard.file.Load()
+	if f == nil {
+		return ""
+	}
+	return f.Vouch(p, what, time.Now())
+}
+
+// Vouched checks a peer's vouch with the tokens file in force.
+func (a openaiNode) Vouched(v, what string) (auth.Principal, error) {
+	f := a.n.guard.file.Load()
+	if f == nil {
+		return auth.Principal{}, fmt.Errorf("%w: this node has no tokens file", auth.ErrVouch)
+	}
+	return f.Vouched(v, what, time.Now())
 }

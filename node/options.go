@@ -108,12 +108,15 @@ type Options struct {
 	// files; its ClientAuth makes it mutual TLS). It needs PeerTLS, since
 	// every member serves TLS. Default nil: plain TCP.
 	TLS *tls.Config
-	// HTTPTLS serves the HTTP address (the OpenAI-compatible API, /metrics
-	// and the health endpoints) over TLS too, with TLS's certificate; it
-	// needs TLS. A client certificate is verified when one is presented but
-	// not required there, so probes and scrapers without one still work:
-	// the API's bearer tokens guard it as they guard gRPC. Default false:
-	// plain HTTP (bind HTTPAddr where only trusted clients reach it).
+	// HTTPTLS serves the HTTP address (the OpenAI-compatible API, /metrics,
+	// the health endpoints and the nodes' /internal/ calls) over TLS too,
+	// with TLS's certificate; it needs TLS, and TLS implies it: a node with
+	// TLS serves every listener over TLS, so bearer tokens, prompts and the
+	// cluster credential never cross the network in the clear, and its
+	// peers reach it over HTTPS verified against the cluster CA (PeerTLS).
+	// A client certificate is verified when one is presented but not
+	// required there, so probes and scrapers without one still work: the
+	// API's bearer tokens guard it as they guard gRPC. Default: TLS != nil.
 	HTTPTLS bool
 	// PeerTLS is the client configuration this node reaches other nodes
 	// with, gRPC and data plane alike (transfer.LoadTLS's client

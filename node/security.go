@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -73,7 +74,8 @@ const (
 // of calls (no or wrong token) and of connections (TLS handshakes that
 // failed).
 type guard struct {
-	tokens     *auth.Tokens // nil: no token asked for
+	tokens     *auth.Tokens              // nil: no token asked for
+	file       atomic.Pointer[auth.File] // the tokens file in force; nil without one
 	calls      *prometheus.CounterVec
 	handshakes prometheus.Counter
 }
@@ -255,6 +257,7 @@ func (n *Node) SetTokensFile(f *auth.File) error {
 	if err := n.guard.tokens.SetCredentials(f.Credentials); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	n.guard.file.Store(f)
 	n.closeRevoked()
 	return nil
 }

@@ -1,11 +1,16 @@
 package node
 
 import (
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/router"
@@ -152,4 +157,65 @@ func TestQueueClaimNeedsCluster(t *testing.T) {
 	if got.status != http.StatusOK || !jsonInto(got.body, &lent) || lent.RequestID != id || lent.Owner.Tenant != "acme" {
 		t.Fatalf("claim with the cluster token: %d %s", got.status, got.body)
 	}
+}
+
+// TestQueuePeersVouched: a node asked for a batch it does not hold asks
+// its peers with the cluster credential and a vouch for the caller, never
+// with the caller's bearer token (a member that records what it is sent
+// sees the cluster token and the vouch only); the owner answers the batch's
+// tenant and refuses another tenant vouched for, and a vouch that was
+// forged or made for another request is refused (403).
+func TestQueuePeersVouched(t *testing.T) {
+	key := []byte("fedcba9876543210fedcba9876543210")
+	mod := func(o *Options) {
+		o.TokensFile, o.GossipKey, o.Prefill.Model = tenantsFile(t), key, tinyModel()
+		o.Prefill.Batch.Share = -1 // the batch stays queued on its owner
+	}
+	owner := openClusterNode(t, t.TempDir(), "owner", nil, mod)
+	asker := openClusterNode(t, t.TempDir(), "asker", []string{owner.GossipAddr()}, mod)
+	var mu sync.Mutex
+	var seen []http.Header
+	spy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Clone())
+		mu.Unlock()
+		http.NotFound(w, r)
+	}))
+	defer spy.Close()
+	member, err := gossip.Start(gossip.Options{NodeID: "spy", GossipAddr: "127.0.0.1:0", Join: []string{owner.GossipAddr()}, SecretKey: key,
+		Fast: true, Meta: gossip.MemberMeta{HTTPAddr: strings.TrimPrefix(spy.URL, "http://"), Role: gossip.RoleBoth},
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer member.Close()
+	testkit.WaitFor(t, "the asker to see the owner and the spy", func() bool {
+		ms, _ := asker.cluster.members.Members()
+		return len(ms) == 3
+	})
+
+	prompt := map[string]any{"model": "kvmesh", "prompt": "vouched", "max_tokens": 2}
+	id := submitBatch(t, owner.Node, "acme-rw", map[string]any{"requests": []any{prompt}})
+	if got := pollBatch(t, asker.Node, "acme-rw", id); got.Status != "queued" {
+		t.Errorf("acme's batch through the asker: %+v", got)
+	}
+	wantAPIError(t, "beta asking for acme's batch", callAPI(t, "GET", apiURL(asker.Node, openai.QueuePath+"/"+id), "beta-rw", nil), 404)
+	wantAPIError(t, "an unknown batch", callAPI(t, "GET", apiURL(asker.Node, openai.QueuePath+"/batch_nope"), "acme-rw", nil), 404)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) == 0 {
+		t.Fatal("the asker never asked the spy")
+	}
+	for _, h := range seen {
+		if a := h.Get("Authorization"); a != "Bearer node-to-node" || h.Get(openai.VouchHeader) == "" {
+			t.Errorf("a peer was sent Authorization %q, vouch %q; want the cluster token and a vouch", a, h.Get(openai.VouchHeader))
+		}
+	}
+	// The owner refuses what a holder of the cluster token alone could
+	// make up, and a vouch replayed for another request.
+	wantAPIError(t, "a forged vouch", callAPI(t, "GET", apiURL(owner.Node, openai.QueuePath+"/"+id), "node-to-node", nil,
+		openai.VouchHeader, "eyJ0IjoiYWNtZSIsInMiOjEsInciOiJHRVQiLCJlIjo5OTk5OTk5OTk5fQ.AAAA"), 403)
+	replay := seen[0].Get(openai.VouchHeader)
+	wantAPIError(t, "a vouch for another request", callAPI(t, "DELETE", apiURL(owner.Node, openai.QueuePath+"/"+id), "node-to-node", nil,
+		openai.VouchHeader, replay), 403)
 }

@@ -37,6 +37,14 @@ type Node interface {
 	// an engine, in random order: where to pull batches from, and whom to
 	// ask for a batch this node does not hold.
 	Peers() []string
+	// Vouch returns the value (VouchHeader) with which this node vouches,
+	// toward a peer it calls with the cluster credential, for p making the
+	// request what (method and path); "" when the node has no tokens file
+	// (no tenants: the cluster credential is all a peer needs).
+	Vouch(p auth.Principal, what string) string
+	// Vouched checks a peer's VouchHeader value for the request what and
+	// returns the principal it vouches for (auth.File.Vouched).
+	Vouched(v, what string) (auth.Principal, error)
 }
 
 // AuthError is Node.Authorize's refusal.
@@ -158,8 +166,28 @@ func (o *API) Close() {
 	})
 }
 
-// authorize checks r's credentials for need through the node.
+// VouchHeader carries a node's vouch for the caller it acts for toward a
+// peer (Node.Vouch): the peer acts as that caller, never on a bearer token
+// the first node passed on.
+const VouchHeader = "X-Kvmesh-Vouch"
+
+// authorize checks r's credentials for need through the node. A request
+// that carries VouchHeader must come with the cluster credential, and runs
+// as the principal the vouch names, which must hold need.
 func (o *API) authorize(r *http.Request, what string, need auth.Scope) (auth.Principal, error) {
+	if v := r.Header.Get(VouchHeader); v != "" {
+		if _, err := o.n.Authorize(r.Header.Values("Authorization"), what, auth.Cluster); err != nil {
+			return auth.Principal{}, newHTTPError(http.StatusForbidden, "", "insufficient_scope", "a vouched request needs the cluster credential")
+		}
+		who, err := o.n.Vouched(v, what)
+		if err != nil {
+			return auth.Principal{}, newHTTPError(http.StatusForbidden, "", "invalid_vouch", "%v", err)
+		}
+		if !who.Can(need) {
+			return who, newHTTPError(http.StatusForbidden, "", "insufficient_scope", "the caller vouched for lacks the %s scope", need)
+		}
+		return who, nil
+	}
 	who, err := o.n.Authorize(r.Header.Values("Authorization"), what, need)
 	if err == nil {
 		return who, nil

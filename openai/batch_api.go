@@ -153,7 +153,7 @@ func (o *API) status(w http.ResponseWriter, r *http.Request, who auth.Principal)
 	m, resps, err := o.batches.get(id, ownerOf(who))
 	switch {
 	case errors.Is(err, errBatchNotFound):
-		if o.askPeers(w, r) { // a batch another node stored: it answers
+		if o.askPeers(w, r, who) { // a batch another node stored: it answers
 			return nil
 		}
 		return batchNotFound(id)
@@ -171,7 +171,7 @@ func (o *API) cancelBatch(w http.ResponseWriter, r *http.Request, who auth.Princ
 	state, err := o.batches.cancel(id, ownerOf(who))
 	switch {
 	case errors.Is(err, errBatchNotFound):
-		if o.askPeers(w, r) {
+		if o.askPeers(w, r, who) {
 			return nil
 		}
 		return batchNotFound(id)

@@ -201,7 +201,7 @@ func (n *API) peerRequest(ctx context.Context, method, addr, path string, body a
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	if tok := n.opts.PeerToken; tok != "" && header.Get("Authorization") == "" {
+	if tok := n.opts.PeerToken; tok != "" {
 		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -316,16 +316,19 @@ func (p *API) runStolen(addr string, sb stolenBatch) {
 }
 
 // askPeers passes a GET or DELETE of /v1/queue/{id} that this node does
-// not hold to its peers, with the caller's credential, and answers with
-// the first answer that is not 404; false when every peer said 404 (or
-// none answered), or when the request came from a peer already.
-func (n *API) askPeers(w http.ResponseWriter, r *http.Request) bool {
+// not hold to its peers and answers with the first answer that is not 404;
+// false when every peer said 404 (or none answered), or when the request
+// came from a peer already. The caller's bearer token stays here: the peers
+// are called with the cluster credential, this node vouching for who
+// (VouchHeader), so a peer sees the caller's tenant and scopes, and nothing
+// it could use for anything else.
+func (n *API) askPeers(w http.ResponseWriter, r *http.Request, who auth.Principal) bool {
 	if r.Header.Get(ForwardedHeader) != "" {
 		return false
 	}
 	h := http.Header{ForwardedHeader: {"1"}}
-	if a := r.Header.Values("Authorization"); len(a) > 0 {
-		h["Authorization"] = a
+	if v := n.n.Vouch(who, r.Method+" "+r.URL.Path); v != "" {
+		h.Set(VouchHeader, v)
 	}
 	for _, addr := range n.n.Peers() {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)

@@ -56,9 +56,11 @@ type Options struct {
 	// PolicyTokens.
 	Policy string
 	// NodeTLS, when set, is the client configuration the router reaches
-	// the nodes' HTTP addresses with, over HTTPS (nodes started with
-	// node.Options.HTTPTLS: its CA, and a certificate when they want one).
-	// Default nil: plain HTTP.
+	// the nodes' HTTP addresses with, over HTTPS verified against the
+	// cluster's CA (nodes with TLS serve every listener over it: its CA,
+	// and a certificate when they want one). Default nil: plain HTTP. The
+	// router routes only to nodes that agree: with NodeTLS to nodes that
+	// gossip TLS, without it to nodes that do not (MemberMeta.TLS).
 	NodeTLS *tls.Config
 	// Logger receives the router's records. Default slog.Default().
 	Logger *slog.Logger
@@ -271,6 +273,12 @@ func (r *Router) backends() []backend {
 			role = gossip.RoleBoth
 		}
 		if m.Meta.HTTPAddr == "" || (role != gossip.RoleBoth && role != gossip.RolePrefill && role != gossip.RoleDecode) {
+			continue
+		}
+		if m.Meta.TLS != (r.opts.NodeTLS != nil) {
+			// A node with TLS is never sent clients' tokens and prompts in
+			// the clear, and a router with the cluster's CA speaks to no
+			// node without TLS (that node could be anyone's).
 			continue
 		}
 		if l := r.mu.load[m.ID]; l != nil && now.Before(l.downUntil) {

@@ -86,7 +86,7 @@ Prometheus metrics per node on /metrics.`,
 	fs.StringVar(&opts.GossipProfile, "gossip-profile", "lan", "failure detection timings: lan, or local (one host)")
 	fs.StringVar(&opts.Policy, "policy", router.PolicyTokens, "tokens (fewest outstanding uncached prompt tokens), random, or session (by x-session-affinity; a baseline)")
 	fs.StringVar(&opts.NodeID, "node-id", "", "the router's member id (default router-<host>-<port>)")
-	fs.StringVar(&nodeTLS.ca, "tls-ca", "", "reach the nodes' HTTP addresses over HTTPS (nodes served with --http-tls), trusting this CA's PEM file")
+	fs.StringVar(&nodeTLS.ca, "tls-ca", "", "reach the nodes' HTTP addresses over HTTPS (nodes with TLS serve it there), trusting this CA's PEM file; without it the router routes to no node with TLS")
 	fs.StringVar(&nodeTLS.cert, "tls-cert", "", "client certificate (PEM) to present to the nodes over HTTPS")
 	fs.StringVar(&nodeTLS.key, "tls-key", "", "the client certificate's private key (PEM)")
 	fs.StringVar(&nodeTLS.server, "tls-server-name", "", "name verified in the nodes' certificates (default: the host of their address)")

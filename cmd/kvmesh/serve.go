@@ -197,7 +197,7 @@ flag names, for example:
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM file of the certificate's private key")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM file of the CA that signs the members' (and, with --tls-client-auth, the clients') certificates (default: the system's roots)")
 	fs.BoolVar(&f.tlsClientAuth, "tls-client-auth", false, "mutual TLS: refuse clients and peers without a certificate signed by --tls-ca")
-	fs.BoolVar(&f.httpTLS, "http-tls", false, "serve the HTTP address (the OpenAI-compatible API, /metrics, health) over TLS too, with --tls-cert (a client certificate is checked when given, not required)")
+	fs.BoolVar(&f.httpTLS, "http-tls", false, "serve the HTTP address (the OpenAI-compatible API, /metrics, health) over TLS too, with --tls-cert (a client certificate is checked when given, not required); implied by --tls-cert: every listener of a node with TLS serves TLS")
 	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "name verified in the other members' certificates (default: the host of their address)")
 	fs.StringVar(&f.tokenFile, "auth-token-file", "", "file of shared bearer tokens, one a line, that clients and peers must present (the node presents the first); one tenant: every token may do everything")
 	fs.StringVar(&f.tokensFile, "tokens-file", "", "tokens file (YAML) mapping each token, or its SHA-256, to a tenant and scopes (read, write, admin, cluster): tenants that cannot touch each other's blocks; see the README's Security section")
@@ -364,7 +364,7 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *tra
 	fmt.Fprintf(out, "kvmesh %s serving node %s\n", version(), n.ID())
 	fmt.Fprintf(out, "  gRPC     %s\n", n.GRPCAddr())
 	web := "http"
-	if opts.HTTPTLS {
+	if opts.TLS != nil {
 		web = "https"
 	}
 	fmt.Fprintf(out, "  metrics  %s://%s/metrics   health  %s://%s/healthz\n", web, n.HTTPAddr(), web, n.HTTPAddr())
