@@ -81,3 +81,17 @@ func (a openaiNode) Vouched(v, what string) (auth.Principal, error) {
 	}
 	return f.Vouched(v, what, time.Now())
 }
+
+// Tenant returns the tenant's principal from the tokens file in force.
+func (a openaiNode) Tenant(name string) (auth.Principal, bool) {
+	f := a.n.guard.file.Load()
+	if f == nil || name == "" {
+		return auth.Principal{}, false
+	}
+	for _, c := range f.Credentials {
+		if c.Principal.Tenant == name {
+			return c.Principal, true
+		}
+	}
+	return auth.Principal{}, false
+}

@@ -219,3 +219,39 @@ func TestQueuePeersVouched(t *testing.T) {
 	wantAPIError(t, "a vouch for another request", callAPI(t, "DELETE", apiURL(owner.Node, openai.QueuePath+"/"+id), "node-to-node", nil,
 		openai.VouchHeader, replay), 403)
 }
+
+// TestQueueStealingTenant: a tenant's batch lent to a peer crosses the
+// network with the tenant's name and tag, never its namespace salt (the
+// claimer derives it from its own tokens file), and the peer completes it.
+func TestQueueStealingTenant(t *testing.T) {
+	key := []byte("fedcba9876543210fedcba9876543210")
+	tf := tenantsFile(t)
+	var salt string
+	for _, c := range tf.Credentials {
+		if c.Principal.Tenant == "acme" {
+			salt = c.Principal.Salt
+		}
+	}
+	owner := openClusterNode(t, t.TempDir(), "owner", nil, func(o *Options) {
+		o.TokensFile, o.GossipKey, o.Prefill.Model = tf, key, tinyModel()
+		o.Prefill.Batch.Share = -1
+		o.Prefill.Batch.LeaseTTL = 300 * time.Millisecond
+	})
+	req := map[string]any{"model": "kvmesh", "prompt": "a tenant's stolen work", "max_tokens": 4, "temperature": 0}
+	id := submitBatch(t, owner.Node, "acme-rw", map[string]any{"requests": []any{req, req}})
+	ghost := callAPI(t, "POST", apiURL(owner.Node, internalQueuePath+"claim"), "node-to-node", map[string]any{"node": "ghost"})
+	if ghost.status != http.StatusOK || !strings.Contains(string(ghost.body), id) {
+		t.Fatalf("claim: %d %s", ghost.status, ghost.body)
+	}
+	if salt == "" || strings.Contains(string(ghost.body), salt) {
+		t.Fatalf("the lent batch carries the tenant's salt: %s", ghost.body)
+	}
+	peer := openClusterNode(t, t.TempDir(), "peer", []string{owner.GossipAddr()}, func(o *Options) {
+		o.TokensFile, o.GossipKey, o.Prefill.Model = tf, key, tinyModel()
+		o.Prefill.Batch.StealInterval = 20 * time.Millisecond
+	})
+	waitClusterSize(t, []*clusterNode{owner, peer}, 2)
+	if done := waitBatch(t, owner.Node, "acme-rw", id); done.Status != "completed" || len(done.Responses) != 2 {
+		t.Fatalf("the tenant's batch run by the peer: %+v", done)
+	}
+}

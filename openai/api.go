@@ -45,6 +45,11 @@ type Node interface {
 	// Vouched checks a peer's VouchHeader value for the request what and
 	// returns the principal it vouches for (auth.File.Vouched).
 	Vouched(v, what string) (auth.Principal, error)
+	// Tenant returns the principal of the named tenant as this node's
+	// tokens file derives it (its salt and tag); false when the node knows
+	// no such tenant. A node that runs a peer's batch derives the tenant's
+	// salt so, rather than being sent it.
+	Tenant(name string) (auth.Principal, bool)
 }
 
 // AuthError is Node.Authorize's refusal.

@@ -164,7 +164,10 @@ func (p *API) lend(w http.ResponseWriter, _ *http.Request, call leaseCall) error
 	if m.Runs == 1 {
 		p.batchMetrics.wait.Observe(m.Started.Sub(m.Enqueued).Seconds())
 	}
-	out := stolenBatch{RequestID: m.ID, Owner: m.Owner, N: m.N, Done: m.Done, Runs: m.Runs, LeaseMs: b.opts.LeaseTTL.Milliseconds()}
+	// The tenant's name and tag, never its salt: the claimer derives that
+	// from its own tokens file (Node.Tenant), so it crosses no network.
+	owner := queueOwner{Tenant: m.Owner.Tenant, Tag: m.Owner.Tag}
+	out := stolenBatch{RequestID: m.ID, Owner: owner, N: m.N, Done: m.Done, Runs: m.Runs, LeaseMs: b.opts.LeaseTTL.Milliseconds()}
 	for i := m.Done; i < m.N; i++ {
 		req, err := b.request(m.ID, i)
 		if err != nil {
@@ -256,6 +259,17 @@ func (p *API) steal() {
 		case len(sb.Requests) != sb.N-sb.Done:
 			p.log.Warn("queue: a peer lent a malformed batch", "peer", addr, "id", sb.RequestID)
 			continue
+		}
+		if sb.Owner.Tenant != "" {
+			who, ok := p.n.Tenant(sb.Owner.Tenant)
+			if !ok || who.Tag != sb.Owner.Tag {
+				p.log.Warn("queue: a peer lent a batch of a tenant this node does not know; giving it back", "peer", addr, "id", sb.RequestID)
+				ctx, cancel := context.WithTimeout(p.ctx, 2*time.Second)
+				p.leaseCallTo(ctx, addr, internalQueuePath+sb.RequestID+"/release", leaseCall{Node: self}, nil)
+				cancel()
+				continue
+			}
+			sb.Owner.Salt = who.Salt
 		}
 		p.batchMetrics.steals.WithLabelValues("borrowed").Inc()
 		p.log.Info("queue: running a peer's batch", "id", sb.RequestID, "peer", addr, "from", sb.Done, "requests", sb.N)
