@@ -32,6 +32,13 @@
 // response. Bearer tokens and the x-session-affinity header travel through
 // unchanged (the session is only logged and counted).
 //
+// Trust. The nodes' addresses come from gossip, which only the gossip key
+// authenticates: a router without Options.GossipKey forwards no request
+// that carries credentials (unless InsecureGossip), since any host that
+// joined its gossip could be sent them. It routes only to nodes whose TLS
+// matches its own (MemberMeta.TLS against Options.NodeTLS), so a node with
+// TLS is never sent a client's token in the clear.
+//
 // Concurrency. Handlers run on net/http's goroutines and share the nodes'
 // loads under one mutex, never held across a request. Serve owns the HTTP
 // server and stops it and the gossip when its context ends; Close releases

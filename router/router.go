@@ -47,8 +47,16 @@ type Options struct {
 	GossipAddr string
 	// Join lists gossip addresses of members. Required.
 	Join []string
-	// GossipKey is the cluster's gossip key, if it has one.
+	// GossipKey is the cluster's gossip key, if it has one. Gossip is
+	// authenticated by it alone: without it, any host that reaches the
+	// router's gossip can join as a "node" and be sent the requests, so the
+	// router then forwards no request that carries credentials (an
+	// Authorization header; 503 saying so), unless InsecureGossip.
 	GossipKey []byte
+	// InsecureGossip lets a router without a GossipKey forward requests
+	// with credentials, on a network only the cluster's hosts reach.
+	// Default false.
+	InsecureGossip bool
 	// GossipProfile is "lan" or "local", as the nodes' (node.Options).
 	// Default "lan".
 	GossipProfile string
@@ -195,15 +203,28 @@ func New(opts Options) (*Router, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
 	mux.HandleFunc("GET /healthz", r.healthz)
-	mux.HandleFunc("POST /v1/completions", r.complete)
-	mux.HandleFunc("POST /v1/chat/completions", r.complete)
-	mux.HandleFunc("GET "+openai.QueuePath, r.listQueue)
-	mux.HandleFunc("POST "+openai.QueuePath, r.submitQueue)
-	mux.HandleFunc(openai.QueuePath+"/{id...}", r.forwardQueue)
+	mux.HandleFunc("POST /v1/completions", r.gate(r.complete))
+	mux.HandleFunc("POST /v1/chat/completions", r.gate(r.complete))
+	mux.HandleFunc("GET "+openai.QueuePath, r.gate(r.listQueue))
+	mux.HandleFunc("POST "+openai.QueuePath, r.gate(r.submitQueue))
+	mux.HandleFunc(openai.QueuePath+"/{id...}", r.gate(r.forwardQueue))
 	// Models, other methods and errors: any node answers the same.
-	mux.HandleFunc("/v1/", func(w http.ResponseWriter, req *http.Request) { r.forwardAny(w, req, nil) })
+	mux.HandleFunc("/v1/", r.gate(func(w http.ResponseWriter, req *http.Request) { r.forwardAny(w, req, nil) }))
 	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return r, nil
+}
+
+// gate refuses a request the router must not forward: one with credentials
+// when gossip is not authenticated (no GossipKey, not InsecureGossip).
+func (r *Router) gate(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		if req.Header.Get("Authorization") != "" && len(r.opts.GossipKey) == 0 && !r.opts.InsecureGossip {
+			openai.WriteError(w, http.StatusServiceUnavailable, "this router has no gossip key (--gossip-key-file): it cannot tell "+
+				"the cluster's nodes from any host that joined its gossip, and sends them no bearer token", "server_error", "", "no_gossip_key")
+			return
+		}
+		h(w, req)
+	}
 }
 
 // healthz answers "ok N nodes" while N > 0 nodes serve the API, else 503.
