@@ -37,7 +37,11 @@
 // that carries credentials (unless InsecureGossip), since any host that
 // joined its gossip could be sent them. It routes only to nodes whose TLS
 // matches its own (MemberMeta.TLS against Options.NodeTLS), so a node with
-// TLS is never sent a client's token in the clear.
+// TLS is never sent a client's token in the clear. It forwards the OpenAI
+// API's paths only (apiPath: cleaned, checked against a list, a
+// percent-encoded slash refused), so no encoding reaches a node's /metrics,
+// /debug or /internal, and it passes a node's redirects to the client
+// rather than following them.
 //
 // Concurrency. Handlers run on net/http's goroutines and share the nodes'
 // loads under one mutex, never held across a request. Serve owns the HTTP

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -170,7 +171,11 @@ func New(opts Options) (*Router, error) {
 			IdleConnTimeout:       90 * time.Second,
 			ResponseHeaderTimeout: 10 * time.Minute, // a long prefill answers late
 			TLSClientConfig:       opts.NodeTLS,
-		}},
+		},
+			// A node's redirect is passed to the client, never followed
+			// here (it could point anywhere, /metrics included).
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_router_requests_total",
 			Help: "Requests the router sent to each node, by node and HTTP status (0: the node failed before answering).",
@@ -214,10 +219,36 @@ func New(opts Options) (*Router, error) {
 	return r, nil
 }
 
-// gate refuses a request the router must not forward: one with credentials
+// apiPath reports whether p, a request's decoded path, is one the router
+// forwards: the OpenAI API's paths as package openai serves them, clean
+// (no "." or ".." segment, no empty one, no backslash), and nothing else:
+// never /metrics, /debug or /internal of a node, however encoded.
+func apiPath(p string) bool {
+	if p != path.Clean(p) || strings.ContainsAny(p, "\\\x00") {
+		return false
+	}
+	switch p {
+	case "/v1/models", "/v1/completions", "/v1/chat/completions", openai.QueuePath,
+		openai.LookupPath + "/completions", openai.LookupPath + "/chat/completions":
+		return true
+	}
+	if id, ok := strings.CutPrefix(p, openai.QueuePath+"/"); ok {
+		return id != "" && !strings.Contains(id, "/")
+	}
+	id, ok := strings.CutPrefix(p, "/v1/models/")
+	return ok && id != "" // model ids may hold '/' (org/model)
+}
+
+// gate refuses a request the router must not forward: a path that is not
+// the API's (apiPath: 404, whatever its encoding), or one with credentials
 // when gossip is not authenticated (no GossipKey, not InsecureGossip).
 func (r *Router) gate(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, req *http.Request) {
+		if !apiPath(req.URL.Path) || strings.Contains(strings.ToLower(req.URL.RawPath), "%2f") {
+			openai.WriteError(w, http.StatusNotFound, "no such path: the router forwards the OpenAI API's paths only (/v1/models, /v1/completions, /v1/chat/completions, /v1/queue)",
+				"invalid_request_error", "", "unknown_url")
+			return
+		}
 		if req.Header.Get("Authorization") != "" && len(r.opts.GossipKey) == 0 && !r.opts.InsecureGossip {
 			openai.WriteError(w, http.StatusServiceUnavailable, "this router has no gossip key (--gossip-key-file): it cannot tell "+
 				"the cluster's nodes from any host that joined its gossip, and sends them no bearer token", "server_error", "", "no_gossip_key")

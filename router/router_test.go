@@ -119,3 +119,27 @@ func TestRouterWithoutGossipKey(t *testing.T) {
 		}
 	}
 }
+
+// TestRouterPaths: the router forwards the API's paths only, cleaned:
+// encoded traversals to a node's /metrics, /debug/pprof or /internal never
+// leave it (404 here), whatever their encoding.
+func TestRouterPaths(t *testing.T) {
+	for p, want := range map[string]bool{
+		"/v1/models": true, "/v1/models/org/model-7b": true, "/v1/completions": true, "/v1/chat/completions": true,
+		"/v1/queue": true, "/v1/queue/batch_0123": true, "/v1/queue/callback-key": true, "/v1/kvmesh/lookup/completions": true,
+		"/v1/../metrics": false, "/v1/queue/../../internal/queue/claim": false, "/v1/models/../../debug/pprof/cmdline": false,
+		"/v1/queue/a/b": false, "/v1/completions/": false, "/v1//completions": false, "/metrics": false, "/internal/queue/claim": false,
+		"/v1/models/a\\b": false, "/v1/other": false,
+	} {
+		if got := apiPath(p); got != want {
+			t.Errorf("apiPath(%q) = %v, want %v", p, got, want)
+		}
+	}
+	r := startRouter(t, Options{InsecureGossip: true})
+	for _, p := range []string{"/v1/..%2Fmetrics", "/v1/..%2Fdebug%2Fpprof%2Fcmdline", "/v1/..%2Finternal%2Fqueue%2Fclaim",
+		"/v1/queue/..%2F..%2Fmetrics", "/v1/models/..%2F..%2Fmetrics", "/v1/queue/a%2Fb", "/v1/%2e%2e/metrics"} {
+		if code, body := get(t, "http://"+r.HTTPAddr()+p, ""); code != http.StatusNotFound || !strings.Contains(body, "unknown_url") {
+			t.Errorf("GET %s through the router: %d %s, want 404 unknown_url", p, code, body)
+		}
+	}
+}

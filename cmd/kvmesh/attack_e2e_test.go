@@ -11,7 +11,9 @@ import (
 	"context"
 	encbin "encoding/binary"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -462,6 +464,37 @@ func TestSecurityQueueFairness(t *testing.T) {
 	if done > 3 {
 		t.Errorf("beta's one request finished after %d of acme's twelve, queued before it; want it served in turn", done)
 	}
+}
+
+// TestSecurityRouterPaths: encoded path traversals sent to kvmesh route
+// never reach a node's /metrics, /debug/pprof or /internal (404 from the
+// router), while the API's paths are routed.
+func TestSecurityRouterPaths(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs kvmesh serve and kvmesh route")
+	}
+	node, _, key := secureNode(t, "--pprof")
+	router := startRouteProcess(t, "--join", node.gossip, "--gossip-profile", "local", "--gossip-key-file", key)
+	waitUntilHTTP(t, "http://"+router+"/healthz", "ok 1 nodes", node)
+	for _, p := range []string{"/v1/..%2Fmetrics", "/v1/..%2Fdebug%2Fpprof%2Fcmdline", "/v1/..%2Finternal%2Fqueue%2Fclaim",
+		"/v1/queue/..%2F..%2Fmetrics", "/v1/models/..%2F..%2Fdebug%2Fpprof%2F"} {
+		resp, err := http.Get("http://" + router + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound || strings.Contains(string(body), "kvmesh_") || strings.Contains(string(body), "serve") {
+			t.Errorf("GET %s through the router: %d %.200s; want 404 from the router", p, resp.StatusCode, body)
+		}
+	}
+	req, _ := http.NewRequest("GET", "http://"+router+"/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer ops-r")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/models through the router: %v %v", resp, err)
+	}
+	resp.Body.Close()
 }
 
 // TestSecurityRevocation: rewriting the tokens file without a token and
