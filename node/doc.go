@@ -112,7 +112,7 @@
 //     shared memory 64 clients) count once their hello is accepted, a
 //     tenant's at most a quarter; sockets still in their 2 s handshake have
 //     slots of their own, the oldest evicted when those are full.
-//   - The HTTP address (httpserver.go): headers within 10s, the request
+//   - The HTTP address (openai.NewServer): headers within 10s, the request
 //     within 1m, each write of a response within 1m, 2m idle between
 //     requests.
 //   - The model names shown by Stats: at most 4096 of namespaces that hold

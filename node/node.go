@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/node/ready"
+	"github.com/kvmesh/kvmesh/openai"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
@@ -182,7 +183,7 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	if opts.Pprof {
 		registerPprof(mux)
 	}
-	n.http = newHTTPServer(mux, opts.httpTimeouts)
+	n.http = openai.NewServer(mux, openai.Timeouts{})
 	if opts.TLS != nil { // every listener: HTTPTLS is implied
 		cfg := opts.TLS.Clone()
 		if cfg.ClientAuth == tls.RequireAndVerifyClientCert {

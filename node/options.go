@@ -261,9 +261,6 @@ type Options struct {
 	// Prefill configures the bundled prefill engine and its queue (its
 	// zero value is the default engine; see PrefillOptions).
 	Prefill PrefillOptions
-	// httpTimeouts bound the HTTP server's clients (httpserver.go);
-	// zero fields take defaultHTTPTimeouts. Tests shorten them.
-	httpTimeouts httpTimeouts
 	// ReadyFile, when set, is where the node writes, once it serves, a JSON
 	// document of the addresses it bound (package ready: node_id, pid,
 	// grpc_addr, http_addr, data_addr, gossip_addr, shm_socket), atomically

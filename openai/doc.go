@@ -19,7 +19,9 @@
 // Files: openai.go (completions, wire types, errors), routes.go (the
 // routes, authorization, metrics per route), batch_api.go (the
 // asynchronous API's endpoints and workers), batch.go (the batches' store),
-// steal.go (work stealing between nodes), callback.go (signed callbacks).
+// steal.go (work stealing between nodes), callback.go (signed callbacks),
+// server.go (the HTTP server both a node and a router serve it with: read,
+// write and idle timeouts that do not cut a long generation).
 //
 // Invariants. A completion needs the write scope (it publishes the blocks
 // it computes), a lookup or a list the read scope, a peer's lease call the

@@ -215,7 +215,7 @@ func New(opts Options) (*Router, error) {
 	mux.HandleFunc(openai.QueuePath+"/{id...}", r.gate(r.forwardQueue))
 	// Models, other methods and errors: any node answers the same.
 	mux.HandleFunc("/v1/", r.gate(func(w http.ResponseWriter, req *http.Request) { r.forwardAny(w, req, nil) }))
-	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	r.http = openai.NewServer(mux, openai.Timeouts{})
 	return r, nil
 }
 

@@ -1,4 +1,4 @@
-package node
+package openai
 
 import (
 	"bufio"
@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// TestHTTPTimeouts: the node's HTTP server drops a client that is slow to
+// TestHTTPTimeouts: the API's HTTP server drops a client that is slow to
 // send its headers or its body, or that idles between requests; a handler
 // that runs longer than the read timeout keeps its context (net/http's
 // whole-request ReadTimeout would cancel it), and a response written over
@@ -18,7 +18,7 @@ import (
 // of its own.
 func TestHTTPTimeouts(t *testing.T) {
 	const d = 100 * time.Millisecond
-	to := httpTimeouts{ReadHeader: d, Read: d, Write: d, Idle: d}
+	to := Timeouts{ReadHeader: d, Read: d, Write: d, Idle: d}
 	long := make(chan string, 4)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/long", func(w http.ResponseWriter, r *http.Request) {
@@ -36,7 +36,7 @@ func TestHTTPTimeouts(t *testing.T) {
 		}
 		long <- "ok"
 	})
-	srv := newHTTPServer(mux, to)
+	srv := NewServer(mux, to)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

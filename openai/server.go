@@ -1,4 +1,4 @@
-package node
+package openai
 
 import (
 	"io"
@@ -6,22 +6,23 @@ import (
 	"time"
 )
 
-// httpTimeouts bound what one HTTP client can hold of the node's HTTP
-// server (the OpenAI-compatible API, metrics, health): a connection that
-// is slow to send its headers (ReadHeader), its body (Read, from the
-// request's start), to take each piece of a response (Write, per write:
-// a streamed completion writes for as long as it generates), or that sits
-// idle between requests (Idle) is closed.
-type httpTimeouts struct {
+// Timeouts bound what one HTTP client can hold of a server of the API (a
+// node's HTTP address, with its metrics and health; a router's): a
+// connection that is slow to send its headers (ReadHeader), its body
+// (Read, from the request's start), to take each piece of a response
+// (Write, per write: a streamed completion writes for as long as it
+// generates), or that sits idle between requests (Idle) is closed. Zero
+// fields take DefaultTimeouts'.
+type Timeouts struct {
 	ReadHeader, Read, Write, Idle time.Duration
 }
 
-// defaultHTTPTimeouts: a 16 MiB body has a minute at 300 KB/s, and
+// DefaultTimeouts: a 16 MiB body has a minute at 300 KB/s, and
 // /debug/pprof/profile?seconds=30 fits under Write.
-var defaultHTTPTimeouts = httpTimeouts{ReadHeader: 10 * time.Second, Read: time.Minute, Write: time.Minute, Idle: 2 * time.Minute}
+var DefaultTimeouts = Timeouts{ReadHeader: 10 * time.Second, Read: time.Minute, Write: time.Minute, Idle: 2 * time.Minute}
 
-func (t *httpTimeouts) ensureDefaults() {
-	d := defaultHTTPTimeouts
+func (t *Timeouts) ensureDefaults() {
+	d := DefaultTimeouts
 	for _, f := range []struct{ v, d *time.Duration }{{&t.ReadHeader, &d.ReadHeader}, {&t.Read, &d.Read}, {&t.Write, &d.Write}, {&t.Idle, &d.Idle}} {
 		if *f.v <= 0 {
 			*f.v = *f.d
@@ -29,8 +30,8 @@ func (t *httpTimeouts) ensureDefaults() {
 	}
 }
 
-// newHTTPServer returns a server of h under the timeouts t.
-func newHTTPServer(h http.Handler, t httpTimeouts) *http.Server {
+// NewServer returns an HTTP server of h under the timeouts t.
+func NewServer(h http.Handler, t Timeouts) *http.Server {
 	t.ensureDefaults()
 	return &http.Server{Handler: withDeadlines(h, t), ReadHeaderTimeout: t.ReadHeader, ReadTimeout: t.Read,
 		WriteTimeout: t.Write, IdleTimeout: t.Idle}
@@ -45,7 +46,7 @@ func newHTTPServer(h http.Handler, t httpTimeouts) *http.Server {
 // without a body). WriteTimeout would likewise cut a long response, so it
 // is lifted for the handler, and every write of the response gets
 // t.Write of its own instead.
-func withDeadlines(h http.Handler, t httpTimeouts) http.Handler {
+func withDeadlines(h http.Handler, t Timeouts) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
 		if r.Body == nil || r.Body == http.NoBody {
