@@ -87,8 +87,10 @@ type API struct {
 	chatML    bool
 	endOfTurn [][]uint32
 	// admit bounds the requests that run or wait for the engine.
-	admit   chan struct{}
-	metrics *metrics
+	admit chan struct{}
+	// inflight bounds the request bodies being read and decoded (body.go).
+	inflight *budget
+	metrics  *metrics
 
 	// batches are the asynchronous API's, in Options.DB; workers run them.
 	batches      *batches
@@ -115,6 +117,9 @@ func New(n Node, opts Options) (*API, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.MaxInFlightBytes <= 0 {
+		opts.MaxInFlightBytes = DefaultMaxInFlightBytes
+	}
 	b, err := openBatches(opts.DB, opts.Batch, time.Now, opts.Logger)
 	if err != nil {
 		return nil, err
@@ -125,7 +130,7 @@ func New(n Node, opts Options) (*API, error) {
 		return nil, err
 	}
 	o := &API{n: n, opts: opts, engine: opts.Engine, log: opts.Logger, model: opts.Engine.Namespace().Model, tok: opts.Tokenizer,
-		admit: make(chan struct{}, opts.Concurrency+opts.MaxWaiting), batches: b,
+		admit: make(chan struct{}, opts.Concurrency+opts.MaxWaiting), batches: b, inflight: newBudget(opts.MaxInFlightBytes),
 		peerHTTP: &http.Client{Transport: &http.Transport{TLSClientConfig: opts.PeerTLS, MaxIdleConnsPerHost: 4,
 			IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: time.Minute}}}
 	o.endOfTurn, o.chatML = endsOfTurn(o.tok, opts.EOS)

@@ -16,6 +16,11 @@
 // implements Node and mounts the API (Register; RegisterDisabled on a node
 // without an engine), each route one http.ServeMux pattern.
 //
+// Bodies (body.go): each endpoint caps its body before reading it (413),
+// charges it to Options.MaxInFlightBytes before its first byte (503 when
+// there is no room), refuses JSON nested deeper than MaxJSONDepth, and a
+// batch's requests are stored with the fields the API knows only.
+//
 // Files: openai.go (completions, wire types, errors), routes.go (the
 // routes, authorization, metrics per route), batch_api.go (the
 // asynchronous API's endpoints and workers), batch.go (the batches' store),

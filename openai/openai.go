@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -280,33 +279,6 @@ type chatMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// decodeBody reads a JSON body of at most limit bytes into v.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
-	body := http.MaxBytesReader(w, r.Body, limit)
-	dec := json.NewDecoder(body)
-	err := dec.Decode(v)
-	if err == nil {
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("data after the JSON object")
-		}
-	}
-	var (
-		tooBig  *http.MaxBytesError
-		typeErr *json.UnmarshalTypeError
-	)
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &tooBig):
-		return newHTTPError(http.StatusRequestEntityTooLarge, "", "request_too_large", "the request body is over %d bytes", tooBig.Limit)
-	case errors.As(err, &typeErr):
-		return badRequest(typeErr.Field, "%s: expected %s, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
-	case errors.Is(err, io.EOF):
-		return badRequest("", "the request body is empty; send a JSON object")
-	}
-	return badRequest("", "the request body is not valid JSON: %v", err)
-}
-
 // job is a checked completion request.
 type job struct {
 	chat    bool
@@ -319,7 +291,7 @@ type job struct {
 
 func (o *API) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job, error) {
 	var req completionRequest
-	if err := decodeBody(w, r, &req, MaxBodyBytes); err != nil {
+	if err := o.decodeBody(w, r, &req, MaxBodyBytes); err != nil {
 		return nil, err
 	}
 	return o.check(&req, chat, r.Header.Get(SessionHeader))

@@ -26,6 +26,12 @@ type Options struct {
 	Concurrency, MaxWaiting int
 	// Batch bounds the asynchronous API (POST /v1/queue).
 	Batch BatchOptions
+	// MaxInFlightBytes bounds, in bytes, what the requests being read and
+	// decoded hold at once: each is charged four times its body (its
+	// Content-Length, or its endpoint's limit when it has none) before its
+	// first byte is read, and one with no room within a second is answered
+	// 503 (body.go). Default DefaultMaxInFlightBytes.
+	MaxInFlightBytes int64
 	// DB keeps the batches, under keys of their own (batches); the caller
 	// owns it and closes it after Close.
 	DB *pebble.DB
@@ -86,6 +92,9 @@ type BatchOptions struct {
 	// Default 30s.
 	LeaseTTL time.Duration
 }
+
+// DefaultMaxInFlightBytes is Options.MaxInFlightBytes' default.
+const DefaultMaxInFlightBytes = 256 << 20
 
 // Defaults of BatchOptions.
 const (

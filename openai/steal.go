@@ -94,7 +94,7 @@ func (o *API) internalCall(w http.ResponseWriter, r *http.Request, fn func(w htt
 		return newHTTPError(http.StatusForbidden, "", "insufficient_scope", "the internal queue API needs the cluster credential")
 	}
 	var call leaseCall
-	if err := decodeBody(w, r, &call, o.opts.Batch.MaxBodyBytes); err != nil {
+	if err := o.decodeBody(w, r, &call, o.opts.Batch.MaxBodyBytes); err != nil {
 		return err
 	}
 	if call.Node == "" || call.Node == o.n.ID() {

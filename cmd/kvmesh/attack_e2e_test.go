@@ -497,6 +497,45 @@ func TestSecurityRouterPaths(t *testing.T) {
 	resp.Body.Close()
 }
 
+// TestSecurityBodies: a body over its endpoint's limit is 413 without
+// being read (a batch of 17 MiB, a completion of 5 MiB), JSON nested
+// deeper than 32 is 400 before it is decoded, and the node serves on.
+func TestSecurityBodies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs kvmesh serve")
+	}
+	node, _, _ := secureNode(t)
+	post := func(path string, body []byte) (int, string) {
+		req, _ := http.NewRequest("POST", "http://"+node.http+path, bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer acme-rw")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return resp.StatusCode, string(b)
+	}
+	deep := []byte(`{"requests":[` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + `]}`)
+	for _, tc := range []struct {
+		path string
+		body []byte
+		code int
+	}{
+		{"/v1/queue", bytes.Repeat([]byte{' '}, 17<<20), http.StatusRequestEntityTooLarge},
+		{"/v1/completions", bytes.Repeat([]byte{' '}, 5<<20), http.StatusRequestEntityTooLarge},
+		{"/v1/queue", deep, http.StatusBadRequest},
+		{"/v1/chat/completions", []byte(`{"model":"kvmesh","messages":` + strings.Repeat("[", 40) + strings.Repeat("]", 40) + `}`), http.StatusBadRequest},
+	} {
+		if code, body := post(tc.path, tc.body); code != tc.code {
+			t.Errorf("POST %s of %d bytes: %d %.200s, want %d", tc.path, len(tc.body), code, body, tc.code)
+		}
+	}
+	if code, body := post("/v1/completions", []byte(`{"model":"kvmesh","prompt":"still serving","max_tokens":1}`)); code != http.StatusOK {
+		t.Errorf("a completion after the attempts: %d %s", code, body)
+	}
+}
+
 // TestSecurityRevocation: rewriting the tokens file without a token and
 // sending SIGHUP closes that token's open data-plane connections, TCP and
 // shared memory: its next read fails instead of reading on through a
