@@ -3,6 +3,7 @@ package auth
 import (
 	"bufio"
 	"bytes"
+	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -176,6 +177,19 @@ type File struct {
 	// peerKey signs what a node vouches for toward its peers (Vouch),
 	// derived from the secret.
 	peerKey []byte
+	secret  []byte
+}
+
+// Derive returns a key for label derived from the file's secret, the same
+// on every node of the cluster; nil when the file has no secret of
+// MinSecretLen bytes (it names no tenant).
+func (f *File) Derive(label string) []byte {
+	if len(f.secret) < MinSecretLen {
+		return nil
+	}
+	m := hmac.New(sha256.New, f.secret)
+	m.Write([]byte("kvmesh/derive/v1\x00" + label))
+	return m.Sum(nil)
 }
 
 // MinSecretLen is the shortest secret a tokens file may hold.
@@ -293,6 +307,7 @@ func ParseFile(b []byte) (*File, error) {
 	}
 	f.LabelKey = []byte(SaltOf([]byte(y.Secret), "\x00metrics-labels"))
 	f.peerKey = []byte(SaltOf([]byte(y.Secret), "\x00peer-vouch"))
+	f.secret = []byte(y.Secret)
 	for i := range f.Credentials {
 		if p := &f.Credentials[i].Principal; p.Scoped() {
 			p.Salt = SaltOf([]byte(y.Secret), p.Tenant)

@@ -159,7 +159,7 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	api, err := openai.New(openaiNode{n}, openai.Options{Engine: engine, Tokenizer: tok, EOS: eos,
 		Concurrency: o.Concurrency, MaxWaiting: o.MaxWaiting, Batch: o.Batch, DB: q.db, DataDir: n.opts.DataDir,
 		Alone: n.cluster == nil, PeerHTTPS: n.opts.TLS != nil, PeerTLS: n.opts.PeerTLS, MaxInFlightBytes: n.opts.MaxInFlightBytes, PeerToken: peerToken(&n.opts),
-		Registerer: n.metrics.reg, Logger: n.log})
+		CallbackSecret: callbackSecret(&n.opts), Registerer: n.metrics.reg, Logger: n.log})
 	if err != nil {
 		q.close()
 		engine.Close()

@@ -3,6 +3,8 @@ package node
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -56,6 +58,24 @@ func peerToken(opts *Options) string {
 		return opts.Tokens[0]
 	}
 	return ""
+}
+
+// callbackSecret is the secret the queue's callbacks are signed from, the
+// same on every node of a cluster so that a callback verifies whichever
+// node delivers it: derived from the tokens file's secret, else from the
+// gossip key; nil (each node's own, in its data dir) without either.
+func callbackSecret(opts *Options) []byte {
+	if opts.TokensFile != nil {
+		if k := opts.TokensFile.Derive("callback"); k != nil {
+			return k
+		}
+	}
+	if len(opts.GossipKey) > 0 {
+		m := hmac.New(sha256.New, opts.GossipKey)
+		m.Write([]byte("kvmesh/callback/v1"))
+		return m.Sum(nil)
+	}
+	return nil
 }
 
 // healthPrefix names the methods open without a token: load balancers and

@@ -159,7 +159,8 @@ func TestQueueClaimNeedsCluster(t *testing.T) {
 	}
 }
 
-// TestQueuePeersVouched: a node asked for a batch it does not hold asks
+// TestQueuePeersVouched: a tenant's callback key is the same on every node;
+// a node asked for a batch it does not hold asks
 // its peers with the cluster credential and a vouch for the caller, never
 // with the caller's bearer token (a member that records what it is sent
 // sees the cluster token and the vouch only); the owner answers the batch's
@@ -194,6 +195,12 @@ func TestQueuePeersVouched(t *testing.T) {
 		return len(ms) == 3
 	})
 
+	// The callback key is the cluster's: the same through either node.
+	key1 := callAPI(t, "GET", apiURL(owner.Node, openai.QueuePath+"/callback-key"), "acme-rw", nil).json(t)["key"]
+	key2 := callAPI(t, "GET", apiURL(asker.Node, openai.QueuePath+"/callback-key"), "acme-rw", nil).json(t)["key"]
+	if key1 == nil || key1 != key2 {
+		t.Errorf("acme's callback key differs between nodes: %v, %v", key1, key2)
+	}
 	prompt := map[string]any{"model": "kvmesh", "prompt": "vouched", "max_tokens": 2}
 	id := submitBatch(t, owner.Node, "acme-rw", map[string]any{"requests": []any{prompt}})
 	if got := pollBatch(t, asker.Node, "acme-rw", id); got.Status != "queued" {

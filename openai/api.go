@@ -124,10 +124,12 @@ func New(n Node, opts Options) (*API, error) {
 	if err != nil {
 		return nil, err
 	}
-	secret, err := loadCallbackSecret(opts.DataDir)
-	if err != nil {
-		b.close()
-		return nil, err
+	secret := opts.CallbackSecret
+	if len(secret) == 0 {
+		if secret, err = loadCallbackSecret(opts.DataDir); err != nil {
+			b.close()
+			return nil, err
+		}
 	}
 	o := &API{n: n, opts: opts, engine: opts.Engine, log: opts.Logger, model: opts.Engine.Namespace().Model, tok: opts.Tokenizer,
 		admit: make(chan struct{}, opts.Concurrency+opts.MaxWaiting), batches: b, inflight: newBudget(opts.MaxInFlightBytes),

@@ -35,8 +35,15 @@ type Options struct {
 	// DB keeps the batches, under keys of their own (batches); the caller
 	// owns it and closes it after Close.
 	DB *pebble.DB
-	// DataDir holds the callback secret (DataDir/callback-secret).
+	// DataDir holds the callback secret (DataDir/callback-secret) when
+	// CallbackSecret is not set.
 	DataDir string
+	// CallbackSecret derives the tenants' callback keys (CallbackKey). Set
+	// it to a secret every node of the cluster shares (the node derives
+	// one from its tokens file's secret, or its gossip key), so that a
+	// callback verifies with the same key whichever node delivers it.
+	// Default: a secret of this node's own, made once in DataDir.
+	CallbackSecret []byte
 	// Alone says the node has no peers: its workers pull no batches.
 	Alone bool
 	// PeerHTTPS, PeerTLS and PeerToken are how the peers' HTTP addresses
@@ -69,7 +76,8 @@ type BatchOptions struct {
 	// ResultTTL is how long a finished batch's responses are kept, from
 	// when it finished; then GET answers 404. Default 24h.
 	ResultTTL time.Duration
-	// CallbackAllow are the hosts (HOST, any port, or HOST:PORT) a
+	// CallbackAllow are the hosts (HOST: the scheme's default port only;
+	// or HOST:PORT) a
 	// callback_url may name; others are refused with 400. Default none:
 	// every callback_url is refused.
 	CallbackAllow []string
