@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvmesh/kvmesh/openai"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
@@ -31,8 +33,9 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 }
 
 // TestCallerInputClipped: what a caller sends is never repeated whole, in
-// a status or in the log: a 1 MiB request id is answered NotFound with a
-// short message and logs a short line; a page token that is not UTF-8 is
+// a status, an HTTP error or the log: a 1 MiB request id (gRPC) or a 512
+// KiB batch id (HTTP) is answered NotFound with a short message and logs a
+// short line; a page token that is not UTF-8 is
 // InvalidArgument naming page_token, not gRPC's Internal (which any
 // string field that is not UTF-8 used to cause).
 func TestCallerInputClipped(t *testing.T) {
@@ -53,6 +56,11 @@ func TestCallerInputClipped(t *testing.T) {
 	err = tn.conn.Invoke(ctx, "/kvmesh.v1.CacheService/Stats", req, &resp, grpc.ForceCodecV2(rawCodec{}))
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "page_token") {
 		t.Errorf("Stats with a page token that is not UTF-8: %v, want InvalidArgument naming page_token", err)
+	}
+	// Over HTTP: a 512 KiB batch id is answered 404 with a short message.
+	got := callAPI(t, "GET", apiURL(tn.Node, openai.QueuePath+"/"+strings.Repeat("b", 512<<10)), "", nil)
+	if got.status != http.StatusNotFound || len(got.body) > 4*maxStatusText {
+		t.Errorf("GET of a 512 KiB batch id: %d, %d bytes of answer", got.status, len(got.body))
 	}
 	for _, line := range strings.Split(logs.String(), "\n") {
 		if len(line) > 4*maxStatusText {

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -397,10 +398,19 @@ func (c *callbacks) deliver(ctx context.Context, m batchMeta) bool {
 	return true
 }
 
-// clip shortens what a caller sent for a log line.
-func clip(s string) string {
-	if len(s) <= 256 {
+// clip returns what a caller sent as a log line or an error message may
+// repeat it: valid UTF-8, at most 256 bytes, saying how much was cut.
+func clip(s string) string { return clipTo(s, 256) }
+
+// clipTo is clip to n bytes.
+func clipTo(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= n {
 		return s
 	}
-	return s[:256] + "…"
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("… (%d bytes cut)", len(s)-cut)
 }

@@ -185,7 +185,9 @@ func errorType(code int) string {
 }
 
 func newHTTPError(code int, param, errCode, format string, args ...any) *httpError {
-	return &httpError{status: code, apiError: apiError{Message: fmt.Sprintf(format, args...), Type: errorType(code),
+	// A message may quote what the caller sent (an id, a model): at most
+	// 1 KiB of it, in the answer and in the log line of the refusal.
+	return &httpError{status: code, apiError: apiError{Message: clipTo(fmt.Sprintf(format, args...), 1<<10), Type: errorType(code),
 		Param: nullable(param), Code: nullable(errCode)}}
 }
 
@@ -650,7 +652,7 @@ func (o *API) complete(w http.ResponseWriter, r *http.Request, chat bool, who au
 		case errors.Is(err, prefill.ErrClosed):
 			he = newHTTPError(http.StatusServiceUnavailable, "", "", "the node is shutting down; retry on another node")
 		case r.Context().Err() != nil, sse != nil && sse.err != nil:
-			o.log.Info("openai: the client left", "path", r.URL.Path, "session", j.session, "err", err)
+			o.log.Info("openai: the client left", "path", clip(r.URL.Path), "session", j.session, "err", err)
 			return nil
 		default:
 			return err

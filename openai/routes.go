@@ -109,7 +109,7 @@ func (o *API) answerError(w *statusWriter, r *http.Request, err error) {
 	var he *httpError
 	if !errors.As(err, &he) {
 		he = newHTTPError(http.StatusInternalServerError, "", "", "%v", err)
-		o.log.Error("openai: request failed", "path", r.URL.Path, "err", err)
+		o.log.Error("openai: request failed", "path", clip(r.URL.Path), "err", err)
 	}
 	if w.code == 0 {
 		if he.retryAfter > 0 {
@@ -120,7 +120,7 @@ func (o *API) answerError(w *statusWriter, r *http.Request, err error) {
 		}{he.apiError})
 	}
 	if he.status != http.StatusInternalServerError {
-		o.log.Info("openai: request refused", "path", r.URL.Path, "status", he.status, "err", he.Message)
+		o.log.Info("openai: request refused", "path", clip(r.URL.Path), "status", he.status, "err", he.Message)
 	}
 }
 

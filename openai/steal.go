@@ -78,7 +78,7 @@ func (o *API) internal(fn func(w http.ResponseWriter, r *http.Request, call leas
 		var he *httpError
 		if !errors.As(err, &he) {
 			he = newHTTPError(http.StatusInternalServerError, "", "", "%v", err)
-			o.log.Error("queue: a peer's request failed", "path", r.URL.Path, "err", err)
+			o.log.Error("queue: a peer's request failed", "path", clip(r.URL.Path), "err", err)
 		}
 		WriteJSON(w, he.status, struct {
 			Error apiError `json:"error"`
@@ -131,7 +131,7 @@ func (o *API) releaseLease(w http.ResponseWriter, r *http.Request, call leaseCal
 	if err := o.batches.releaseLease(id, call.Node); err != nil {
 		return leaseError(err)
 	}
-	o.log.Info("queue: a peer gave a batch back", "id", id, "peer", call.Node)
+	o.log.Info("queue: a peer gave a batch back", "id", clip(id), "peer", clip(call.Node))
 	WriteJSON(w, http.StatusOK, struct{}{})
 	return nil
 }
@@ -177,7 +177,7 @@ func (p *API) lend(w http.ResponseWriter, _ *http.Request, call leaseCall) error
 		out.Requests = append(out.Requests, req)
 	}
 	p.batchMetrics.steals.WithLabelValues("lent").Inc()
-	p.log.Info("queue: lent a batch to a peer", "id", m.ID, "peer", peer, "from", m.Done, "requests", m.N)
+	p.log.Info("queue: lent a batch to a peer", "id", m.ID, "peer", clip(peer), "from", m.Done, "requests", m.N)
 	WriteJSON(w, http.StatusOK, out)
 	return nil
 }
