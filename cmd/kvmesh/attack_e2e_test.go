@@ -192,7 +192,7 @@ func TestSecurityArenaReopen(t *testing.T) {
 	ctx := context.Background()
 	tokens, payloads := attackPrompt(1, 2)
 	writer := dialAs(t, node, "ops-rw", client.TransportAuto)
-	if _, err := writer.Put(ctx, attackNS, tokens, payloads); err != nil {
+	if _, err := writer.Put(ctx, attackNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	isArena := func(fd int) bool {
@@ -225,7 +225,7 @@ func TestSecurityArenaReopen(t *testing.T) {
 			t.Errorf("%s: sent the arena: %v, want %v (the arena is a node-wide writer's privilege)", token, arena, want)
 		}
 	}
-	got, err := dialAs(t, node, "ops-r", client.TransportAuto).Get(ctx, attackNS, tokens)
+	got, err := dialAs(t, node, "ops-r", client.TransportAuto).Get(ctx, attackNS, client.Prompt{Tokens: tokens})
 	if err != nil || len(got) != 2 || !bytes.Equal(got[1].Payload, payloads[1]) {
 		t.Fatalf("the stored blocks after the attempts: %d, %v", len(got), err)
 	}
@@ -280,7 +280,7 @@ func TestSecurityStalledStreams(t *testing.T) {
 	beta := dialAs(t, node, "beta-rw", client.TransportGRPC)
 	for i := range 8 {
 		tokens, payloads := attackPrompt(10+i, 4)
-		if _, err := beta.Put(context.Background(), attackNS, tokens, payloads); err != nil {
+		if _, err := beta.Put(context.Background(), attackNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 			t.Fatalf("beta's put %d beside acme's stalled streams: %v", i, err)
 		}
 	}
@@ -329,11 +329,11 @@ func TestSecurityRawSocketFlood(t *testing.T) {
 	node, _, _ := secureNode(t)
 	ctx := context.Background()
 	tokens, payloads := attackPrompt(2, 4)
-	if _, err := dialAs(t, node, "ops-rw", client.TransportTCP).Put(ctx, attackNS, tokens, payloads); err != nil {
+	if _, err := dialAs(t, node, "ops-rw", client.TransportTCP).Put(ctx, attackNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	before := dialAs(t, node, "ops-r", client.TransportTCP)
-	if l, err := before.Lookup(ctx, attackNS, tokens); err != nil || l.CachedBlocks != 4 {
+	if l, err := before.Lookup(ctx, attackNS, client.Prompt{Tokens: tokens}); err != nil || l.CachedBlocks != 4 {
 		t.Fatalf("before the flood: %+v %v", l, err)
 	}
 	defer flood(t, node.dataAddr, 1100)()
@@ -343,7 +343,7 @@ func TestSecurityRawSocketFlood(t *testing.T) {
 		if i%2 == 1 {
 			c = during
 		}
-		got, err := c.Get(ctx, attackNS, tokens)
+		got, err := c.Get(ctx, attackNS, client.Prompt{Tokens: tokens})
 		if err != nil || len(got) != 4 {
 			t.Fatalf("legitimate read %d during the flood: %d blocks, %v", i, len(got), err)
 		}
@@ -405,7 +405,7 @@ func TestSecurityNodeWidePlant(t *testing.T) {
 		t.Error("a tenant set a quota on a digest that holds nothing")
 	}
 
-	if l, err := dialAs(t, node, "ops-r", client.TransportTCP).Lookup(ctx, ns, prompt); err != nil || l.CachedBlocks != 0 {
+	if l, err := dialAs(t, node, "ops-r", client.TransportTCP).Lookup(ctx, ns, client.Prompt{Tokens: prompt}); err != nil || l.CachedBlocks != 0 {
 		t.Errorf("a node-wide lookup found %d of the tenant's blocks (%v)", l.CachedBlocks, err)
 	}
 	res, err := ops.Prefill(ctx, client.PrefillRequest{Tokens: prompt})
@@ -418,7 +418,7 @@ func TestSecurityNodeWidePlant(t *testing.T) {
 	// Its blocks took the keys back: a second prefill hits them, and the
 	// tenant's quota did not apply to them.
 	testkit.WaitFor(t, "the node-wide prompt's blocks to be cached", func() bool {
-		l, err := ops.Lookup(ctx, ns, prompt)
+		l, err := ops.Lookup(ctx, ns, client.Prompt{Tokens: prompt})
 		return err == nil && l.CachedBlocks == 2
 	})
 	again, err := ops.Prefill(ctx, client.PrefillRequest{Tokens: prompt})
@@ -547,7 +547,7 @@ func TestSecurityRevocation(t *testing.T) {
 	node, tokensFile, _ := secureNode(t)
 	ctx := context.Background()
 	tokens, payloads := attackPrompt(3, 2)
-	if _, err := dialAs(t, node, "ops-rw", client.TransportTCP).Put(ctx, attackNS, tokens, payloads); err != nil {
+	if _, err := dialAs(t, node, "ops-rw", client.TransportTCP).Put(ctx, attackNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	keys := prefixhash.Keys(attackNS, tokens)
@@ -585,7 +585,7 @@ func TestSecurityRevocation(t *testing.T) {
 		r.Release()
 		t.Error("a revoked token still reads on its open shared-memory connection")
 	}
-	if got, err := dialAs(t, node, "ops-rw", client.TransportAuto).Get(ctx, attackNS, tokens); err != nil || len(got) != 2 {
+	if got, err := dialAs(t, node, "ops-rw", client.TransportAuto).Get(ctx, attackNS, client.Prompt{Tokens: tokens}); err != nil || len(got) != 2 {
 		t.Errorf("a kept token after the reload: %d blocks, %v", len(got), err)
 	}
 }
@@ -601,15 +601,15 @@ func BenchmarkSecurityNeighbour(b *testing.B) {
 	ctx := context.Background()
 	beta := dialAs(b, node, "beta-rw", client.TransportTCP)
 	tokens, payloads := attackPrompt(4, 4)
-	if _, err := beta.Put(ctx, attackNS, tokens, payloads); err != nil {
+	if _, err := beta.Put(ctx, attackNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		b.Fatal(err)
 	}
 	read := func(b *testing.B) {
 		for b.Loop() {
-			if l, err := beta.Lookup(ctx, attackNS, tokens); err != nil || l.CachedBlocks != 4 {
+			if l, err := beta.Lookup(ctx, attackNS, client.Prompt{Tokens: tokens}); err != nil || l.CachedBlocks != 4 {
 				b.Fatalf("lookup: %v", err)
 			}
-			if got, err := beta.Get(ctx, attackNS, tokens); err != nil || len(got) != 4 {
+			if got, err := beta.Get(ctx, attackNS, client.Prompt{Tokens: tokens}); err != nil || len(got) != 4 {
 				b.Fatalf("get: %v", err)
 			}
 		}
