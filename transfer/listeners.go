@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -45,15 +46,14 @@ type listeners struct {
 		pending int            // connections not yet authenticated nor evicted
 		authed  int            // authenticated connections
 		tenants map[string]int // authenticated connections per tenant
-		seq     uint64         // accepts so far: the order pending connections are evicted in
+		order   []net.Conn     // accepted connections, oldest first: the eviction order (see evictOldestPendingLocked)
 		closed  bool
 	}
 }
 
 // connState is what the server knows of one open connection.
 type connState struct {
-	seq     uint64 // when it was accepted
-	evicted bool   // closed while pending, to make room
+	evicted bool // closed while pending, to make room
 	// authed is set once the connection's hello was accepted (or, on a
 	// server that asks for no token, once its first frame was read).
 	authed bool
@@ -162,31 +162,38 @@ func (l *listeners) admit(nc net.Conn) bool {
 	if l.mu.pending >= l.maxPending {
 		l.evictOldestPendingLocked()
 	}
-	l.mu.seq++
-	l.mu.conns[nc] = &connState{seq: l.mu.seq}
+	l.mu.conns[nc] = &connState{}
+	if len(l.mu.order) >= 2*(l.maxConns+l.maxPending) {
+		l.mu.order = slices.DeleteFunc(l.mu.order, func(nc net.Conn) bool {
+			st := l.mu.conns[nc]
+			return st == nil || st.authed || st.evicted
+		})
+	}
+	l.mu.order = append(l.mu.order, nc)
 	l.mu.pending++
 	l.stats.conns.Add(1)
 	return true
 }
 
 // evictOldestPendingLocked closes the pending connection accepted first.
+// order holds the connections in accept order; those no longer pending
+// (authenticated, evicted, gone) are skipped as they come to its front
+// (admit compacts it when it holds many more than can be open), so an
+// eviction costs O(1) amortized: a flood does not make each accept scan
+// every connection under the lock.
 func (l *listeners) evictOldestPendingLocked() {
-	var (
-		oldest net.Conn
-		st     *connState
-	)
-	for nc, s := range l.mu.conns {
-		if !s.authed && !s.evicted && (st == nil || s.seq < st.seq) {
-			oldest, st = nc, s
+	for len(l.mu.order) > 0 {
+		nc := l.mu.order[0]
+		l.mu.order[0] = nil
+		l.mu.order = l.mu.order[1:]
+		if st := l.mu.conns[nc]; st != nil && !st.authed && !st.evicted {
+			st.evicted = true
+			l.mu.pending--
+			nc.Close()
+			l.stats.evicted.Add(1)
+			return
 		}
 	}
-	if st == nil {
-		return
-	}
-	st.evicted = true
-	l.mu.pending--
-	oldest.Close()
-	l.stats.evicted.Add(1)
 }
 
 // authenticated records whom nc's hello authenticated, with the token it

@@ -54,6 +54,12 @@ func TestFloodDoesNotStarve(t *testing.T) {
 	if st := srv.Stats(); st.Unauthorized != 0 {
 		t.Errorf("stats %+v", st)
 	}
+	srv.mu.Lock()
+	order := len(srv.mu.order)
+	srv.mu.Unlock()
+	if order > 2*(maxConns+pendingSlots(maxConns)) {
+		t.Errorf("the eviction order holds %d connections after 400 were accepted; it should be compacted", order)
+	}
 }
 
 // TestTenantSlotShare: one tenant's clients take at most its share of a
