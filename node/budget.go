@@ -9,13 +9,13 @@ import (
 )
 
 // budget bounds the bytes of request buffers the gRPC API holds at once,
-// node-wide (Options.MaxInFlightBytes): BatchPut streams' block buffers. A
-// stream is charged a block when the block's first payload bytes arrive, and
-// gives it back when the block is stored, so a stream that sent only headers,
-// or is between blocks, holds nothing. One tenant's streams hold at most a
-// share of it (a quarter), so a tenant whose streams stall (each held until
-// Options.ReceiveTimeout) cannot keep other writers out; node-wide callers
-// (a shared token, the cluster) may take all of it.
+// node-wide (Options.Limits.MaxInFlightBytes): BatchPut streams' block
+// buffers. A stream is charged a block when the block's first payload bytes
+// arrive, and gives it back when the block is stored, so a stream that sent
+// only headers, or is between blocks, holds nothing. One tenant's streams
+// hold at most a share of it (a quarter), so a tenant whose streams stall
+// (each held until Options.Limits.ReceiveTimeout) cannot keep other writers
+// out; node-wide callers (a shared token, the cluster) may take all of it.
 type budget struct {
 	size  int64
 	share int64 // the most one tenant holds

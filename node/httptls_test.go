@@ -22,7 +22,7 @@ import (
 func TestHTTPTLS(t *testing.T) {
 	_, server, peer := tlsFiles(t, true)
 	nodes := startClusterNodes(t, 1, func(_ int, o *Options) {
-		o.TLS, o.PeerTLS, o.HTTPTLS = server, peer, true
+		o.Security.TLS, o.Security.PeerTLS, o.Security.HTTPTLS = server, peer, true
 		o.Prefill.Model = tinyModel()
 	})
 	addr := nodes[0].HTTPAddr()
@@ -82,7 +82,7 @@ func TestHTTPTLS(t *testing.T) {
 		t.Errorf("a router without NodeTLS in front of a TLS node: %d %s, want 503 (no node)", got.status, got.body)
 	}
 
-	o := Options{DataDir: t.TempDir(), HTTPTLS: true}
+	o := Options{DataDir: t.TempDir(), Security: SecurityOptions{HTTPTLS: true}}
 	o.EnsureDefaults()
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "HTTPTLS") {
 		t.Errorf("HTTPTLS without TLS: %v", err)

@@ -54,7 +54,7 @@ func TestBatchPutBudget(t *testing.T) {
 	if s := bigNS.BlockBytes(); s != 4*MiB {
 		t.Fatalf("bigNS blocks are %d bytes", s)
 	}
-	tn := startNode(t, func(o *Options) { o.MaxInFlightBytes, o.ReceiveTimeout = 64*MiB, time.Hour })
+	tn := startNode(t, func(o *Options) { o.Limits.MaxInFlightBytes, o.Limits.ReceiveTimeout = 64*MiB, time.Hour })
 	tn.cache.capacity = 1 << 30
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -127,7 +127,7 @@ func TestBatchPutBudget(t *testing.T) {
 func TestBatchPutStalls(t *testing.T) {
 	const recvTimeout = 2 * time.Second
 	tn := startNode(t, func(o *Options) {
-		o.TokensFile, o.MaxInFlightBytes, o.ReceiveTimeout = tenantsFile(t), 64*MiB, recvTimeout
+		o.Security.TokensFile, o.Limits.MaxInFlightBytes, o.Limits.ReceiveTimeout = tenantsFile(t), 64*MiB, recvTimeout
 	})
 	tn.cache.capacity = 1 << 30
 	ctx, cancel := context.WithCancel(context.Background())
@@ -176,7 +176,7 @@ func TestBatchPutStalls(t *testing.T) {
 // the client; calls on other connections are served, and a waiting call
 // starts once one ends.
 func TestStreamLimit(t *testing.T) {
-	tn := startNode(t, func(o *Options) { o.MaxConcurrentStreams = 4 })
+	tn := startNode(t, func(o *Options) { o.Limits.MaxConcurrentStreams = 4 })
 	conn, err := grpc.NewClient(tn.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -241,16 +241,23 @@ func TestTokensNeedGossipKey(t *testing.T) {
 		name string
 		mod  func(*Options)
 	}{
-		{"shared tokens", func(o *Options) { o.Tokens = []string{"cluster-token"} }},
-		{"tokens file", func(o *Options) { o.TokensFile = tenantsFile(t) }},
-		{"tokens file and mutual TLS", func(o *Options) { o.TokensFile, o.TLS, o.PeerTLS = tenantsFile(t), mtls, peer }},
-		{"shared tokens and mutual TLS", func(o *Options) { o.Tokens, o.TLS, o.PeerTLS = []string{"cluster-token"}, mtls, peer }},
+		{"shared tokens", func(o *Options) { o.Security.Tokens = []string{"cluster-token"} }},
+		{"tokens file", func(o *Options) { o.Security.TokensFile = tenantsFile(t) }},
+		{"tokens file and mutual TLS", func(o *Options) {
+			o.Security.TokensFile, o.Security.TLS, o.Security.PeerTLS = tenantsFile(t), mtls, peer
+		}},
+		{"shared tokens and mutual TLS", func(o *Options) {
+			o.Security.Tokens, o.Security.TLS, o.Security.PeerTLS = []string{"cluster-token"}, mtls, peer
+		}},
 	} {
 		opts := Options{
-			NodeID: "n", DataDir: t.TempDir(),
-			GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-			DRAMBytes: 32 * MiB, NVMeBytes: 128 * MiB, MaxBlockBytes: 1 * MiB, ShmRegionBytes: 16 * MiB,
-			Logger: slog.New(slog.DiscardHandler),
+			NodeID:  "n",
+			DataDir: t.TempDir(),
+			Listen:  ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", ShmRegionBytes: 16 * MiB},
+			Cluster: ClusterOptions{GossipAddr: "127.0.0.1:0"},
+			Tiers:   TierOptions{DRAMBytes: 32 * MiB, NVMeBytes: 128 * MiB},
+			Limits:  LimitOptions{MaxBlockBytes: 1 * MiB},
+			Logger:  slog.New(slog.DiscardHandler),
 		}
 		tc.mod(&opts)
 		n, err := Open(opts)
@@ -260,7 +267,7 @@ func TestTokensNeedGossipKey(t *testing.T) {
 			continue
 		}
 		var oe *OptionError
-		if !errors.As(err, &oe) || oe.Field != "GossipKey" {
+		if !errors.As(err, &oe) || oe.Field != "Cluster.GossipKey" {
 			t.Errorf("%s: error %v does not name GossipKey", tc.name, err)
 		}
 		for _, says := range []string{"needs a gossip key (--gossip-key-file", "mutual TLS does not protect gossip", "--insecure-gossip"} {
@@ -270,13 +277,13 @@ func TestTokensNeedGossipKey(t *testing.T) {
 		}
 	}
 	openClusterNode(t, t.TempDir(), "insecure", nil, func(o *Options) {
-		o.Tokens, o.InsecureGossip = []string{"cluster-token"}, true
+		o.Security.Tokens, o.Cluster.InsecureGossip = []string{"cluster-token"}, true
 	})
 	openClusterNode(t, t.TempDir(), "keyed", nil, func(o *Options) {
-		o.Tokens, o.GossipKey = []string{"cluster-token"}, make([]byte, 32)
+		o.Security.Tokens, o.Cluster.GossipKey = []string{"cluster-token"}, make([]byte, 32)
 	})
 	openClusterNode(t, t.TempDir(), "tenants-keyed", nil, func(o *Options) {
-		o.TokensFile, o.GossipKey = tenantsFile(t), make([]byte, 32)
+		o.Security.TokensFile, o.Cluster.GossipKey = tenantsFile(t), make([]byte, 32)
 	})
 }
 

@@ -169,7 +169,7 @@ func TestQueueClaimNeedsCluster(t *testing.T) {
 func TestQueuePeersVouched(t *testing.T) {
 	key := []byte("fedcba9876543210fedcba9876543210")
 	mod := func(o *Options) {
-		o.TokensFile, o.GossipKey, o.Prefill.Model = tenantsFile(t), key, tinyModel()
+		o.Security.TokensFile, o.Cluster.GossipKey, o.Prefill.Model = tenantsFile(t), key, tinyModel()
 		o.Prefill.Batch.Share = -1 // the batch stays queued on its owner
 	}
 	owner := openClusterNode(t, t.TempDir(), "owner", nil, mod)
@@ -240,7 +240,7 @@ func TestQueueStealingTenant(t *testing.T) {
 		}
 	}
 	owner := openClusterNode(t, t.TempDir(), "owner", nil, func(o *Options) {
-		o.TokensFile, o.GossipKey, o.Prefill.Model = tf, key, tinyModel()
+		o.Security.TokensFile, o.Cluster.GossipKey, o.Prefill.Model = tf, key, tinyModel()
 		o.Prefill.Batch.Share = -1
 		o.Prefill.Batch.LeaseTTL = 300 * time.Millisecond
 	})
@@ -254,7 +254,7 @@ func TestQueueStealingTenant(t *testing.T) {
 		t.Fatalf("the lent batch carries the tenant's salt: %s", ghost.body)
 	}
 	peer := openClusterNode(t, t.TempDir(), "peer", []string{owner.GossipAddr()}, func(o *Options) {
-		o.TokensFile, o.GossipKey, o.Prefill.Model = tf, key, tinyModel()
+		o.Security.TokensFile, o.Cluster.GossipKey, o.Prefill.Model = tf, key, tinyModel()
 		o.Prefill.Batch.StealInterval = 20 * time.Millisecond
 	})
 	waitClusterSize(t, []*clusterNode{owner, peer}, 2)

@@ -78,8 +78,8 @@ func rawTenantAPI(t testing.TB, addr, token string) api {
 func TestTenantsIsolated(t *testing.T) {
 	tf := tenantsFile(t)
 	nodes := startClusterNodes(t, 2, func(_ int, o *Options) {
-		o.TokensFile = tf
-		o.GossipKey = []byte("fedcba9876543210fedcba9876543210")
+		o.Security.TokensFile = tf
+		o.Cluster.GossipKey = []byte("fedcba9876543210fedcba9876543210")
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -297,8 +297,8 @@ func encodeTenantBlock(t testing.TB, ns prefixhash.Namespace, parent prefixhash.
 func TestTenantsPrefill(t *testing.T) {
 	tf := tenantsFile(t)
 	nodes := startClusterNodes(t, 2, func(_ int, o *Options) {
-		o.TokensFile = tf
-		o.GossipKey = []byte("fedcba9876543210fedcba9876543210")
+		o.Security.TokensFile = tf
+		o.Cluster.GossipKey = []byte("fedcba9876543210fedcba9876543210")
 		o.Prefill.Model = tinyModel()
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -364,7 +364,7 @@ func TestTenantsPrefill(t *testing.T) {
 // one whose secret or cluster token changed is refused and changes nothing.
 func TestSetTokensFile(t *testing.T) {
 	tf := tenantsFile(t)
-	n := startNode(t, func(o *Options) { o.TokensFile = tf })
+	n := startNode(t, func(o *Options) { o.Security.TokensFile = tf })
 	parse := func(body string) *auth.File {
 		f, err := auth.ParseFile([]byte(body))
 		if err != nil {
@@ -409,7 +409,7 @@ func TestSetTokensFile(t *testing.T) {
 func TestReloadClosesRevoked(t *testing.T) {
 	tf := tenantsFile(t)
 	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) {
-		o.TokensFile, o.GossipKey = tf, []byte("fedcba9876543210fedcba9876543210")
+		o.Security.TokensFile, o.Cluster.GossipKey = tf, []byte("fedcba9876543210fedcba9876543210")
 	})
 	ctx := context.Background()
 	keys := []prefixhash.Key{{1}}
@@ -472,7 +472,7 @@ tokens:
 // nothing of is refused.
 func TestTenantCannotPlantNodeWide(t *testing.T) {
 	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) {
-		o.TokensFile, o.GossipKey = tenantsFile(t), []byte("fedcba9876543210fedcba9876543210")
+		o.Security.TokensFile, o.Cluster.GossipKey = tenantsFile(t), []byte("fedcba9876543210fedcba9876543210")
 	})
 	ctx := context.Background()
 	const blocks = 4

@@ -21,10 +21,13 @@
 // there is no room), refuses JSON nested deeper than MaxJSONDepth, and a
 // batch's requests are stored with the fields the API knows only.
 //
-// Files: openai.go (completions, wire types, errors), routes.go (the
-// routes, authorization, metrics per route), batch_api.go (the
-// asynchronous API's endpoints and workers), batch.go (the batches' store),
-// steal.go (work stealing between nodes), callback.go (signed callbacks),
+// Files: api.go (Node, New and the lifecycle), options.go, routes.go (the
+// routes, authorization, metrics per route), openai.go (completions),
+// request.go (checking a completion request), wire.go (wire types and
+// the error object), stream.go (server-sent events), batch_api.go (the
+// asynchronous API's endpoints and workers), batch.go (the batches'
+// store), steal.go (work stealing between nodes), callback.go (signed
+// callbacks), body.go (reading bodies within their caps and budget),
 // server.go (the HTTP server both a node and a router serve it with: read,
 // write and idle timeouts that do not cut a long generation).
 //
