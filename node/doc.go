@@ -189,9 +189,10 @@
 //
 // The data dir is the node's user's alone: kvmesh creates its directories
 // 0700 and its files 0600 (node-id, written durably: synced, renamed,
-// directory synced; quotas.json; NVMe segments); pebble's own files (the
-// NVMe index, the prefill queue) are 0644 inside 0700 directories. A data
-// dir made by an older version keeps its modes: chmod -R go-rwx it.
+// directory synced; quotas.json; callback-secret; NVMe segments), pebble's
+// included (the NVMe index, the prefill queue: internal/privatefs), and
+// the shared-memory socket 0600. A data dir made by an older
+// version keeps its modes: chmod -R go-rwx it.
 //
 // Tenants. A tenant's namespaces are salted by the node (namespace: the
 // principal's salt goes before the caller's own), so a tenant can neither

@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvmesh/kvmesh/internal/privatefs"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -136,7 +137,7 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 		}
 	}()
 	// Only the node's user may read the cache: directories 0700, files
-	// 0600 (pebble's own files are 0644, unreachable in a 0700 directory).
+	// 0600, pebble's included (privatefs).
 	for _, dir := range []string{t.segDir, filepath.Join(opts.Dir, "index")} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("nvme: %w", err)
@@ -154,7 +155,7 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 			t.log.Warn("nvme: O_DIRECT refused, using buffered I/O", "dir", t.segDir, "err", err)
 		}
 	}
-	t.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: nvmePebbleLogger{t.log}})
+	t.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: nvmePebbleLogger{t.log}, FS: privatefs.New(nil)})
 	if err != nil {
 		return nil, fmt.Errorf("nvme: open index: %w", err)
 	}
