@@ -44,8 +44,9 @@ VOLUME ["/var/lib/kvmesh"]
 EXPOSE 7600/tcp 7601/tcp 7602/tcp 7603/tcp 7603/udp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/usr/local/bin/kvmesh", "health", "--addr", "127.0.0.1:7600"]
-# SIGTERM stops the node gracefully (hand-off, leave); give it
-# --shutdown-timeout twice over: docker stop -t 60.
+# SIGTERM stops the node gracefully (requests, hand-off and leave, DRAM
+# written to NVMe: each within --shutdown-timeout, default 8s); give it three
+# of them and more: docker stop -t 30.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/kvmesh"]
 CMD ["serve"]

@@ -241,14 +241,13 @@ func removeStaleSocket(path string) error {
 
 // leave hands this node's hot blocks to their next owners and leaves the
 // membership, within ctx. The node must have stopped taking requests.
-func (c *clusterCache) leave(ctx context.Context) {
+func (c *clusterCache) leave(ctx context.Context) (taken []prefixhash.Key) {
 	start := time.Now()
 	if err := c.cluster.Flush(ctx); err != nil {
 		c.log.Warn("pushes still queued at shutdown are dropped", "err", err)
 	}
-	handed := 0
 	if c.opts.HandoffBytes > 0 {
-		handed = c.cluster.Handoff(ctx, c.opts.HandoffBytes)
+		taken = c.cluster.Handoff(ctx, c.opts.HandoffBytes)
 	}
 	timeout := time.Second
 	if dl, ok := ctx.Deadline(); ok {
@@ -257,7 +256,41 @@ func (c *clusterCache) leave(ctx context.Context) {
 	if err := c.members.Leave(timeout); err != nil {
 		c.log.Warn("leaving the cluster", "err", err)
 	}
-	c.log.Info("left the cluster", "handed_off_blocks", handed, "took", time.Since(start))
+	c.log.Info("left the cluster", "handed_off_blocks", len(taken), "took", time.Since(start))
+	return taken
+}
+
+// spill writes what only DRAM holds to NVMe, within SpillOnStopBytes and
+// ctx, the blocks no other member took (taken: the handoff's) first, so
+// that a restart on the same data dir serves them. It logs its progress
+// at most every second, and what it wrote.
+func (c *clusterCache) spill(ctx context.Context, taken []prefixhash.Key) {
+	if c.opts.SpillOnStopBytes <= 0 {
+		return
+	}
+	last := time.Now()
+	st := c.local.Spill(ctx, c.opts.SpillOnStopBytes, taken, func(st store.SpillStats) {
+		if time.Since(last) >= time.Second {
+			last = time.Now()
+			c.log.Info("writing DRAM to NVMe before exit", "written_bytes", st.Bytes, "of_bytes", st.Planned, "blocks", st.Blocks)
+		}
+	})
+	if st.Planned == 0 && st.Left == 0 {
+		return
+	}
+	gbps := 0.0
+	if st.Took > 0 {
+		gbps = float64(st.Bytes) / st.Took.Seconds() / 1e9
+	}
+	attrs := []any{"blocks", st.Blocks, "bytes", st.Bytes, "left_in_dram", st.Left, "took", st.Took, "gbps", gbps}
+	switch {
+	case ctx.Err() != nil:
+		c.log.Warn("wrote DRAM to NVMe until the shutdown timeout; the rest is lost", attrs...)
+	case st.Left > 0:
+		c.log.Warn("wrote DRAM to NVMe; blocks over --spill-on-stop, busy or refused are lost", attrs...)
+	default:
+		c.log.Info("wrote DRAM to NVMe", attrs...)
+	}
 }
 
 // Close stops serving peers and clients, the pushes, the peers' clients and

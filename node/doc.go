@@ -223,7 +223,10 @@
 // 503, requests in flight get ShutdownTimeout to finish, then are cancelled;
 // a node of a cluster then pushes what is queued, hands its DRAM blocks to
 // the owners they get without it (up to HandoffBytes) and leaves the
-// membership, within ShutdownTimeout; last the data plane, the peers and
+// membership, within ShutdownTimeout; then it writes what only DRAM holds
+// to NVMe (store.Local.Spill, up to SpillOnStopBytes, those no member took
+// first), within ShutdownTimeout again, logging its progress, so that a
+// restart on the data dir serves them; last the data plane, the peers and
 // gossip stop and the cache is closed, after every handler has returned.
 //
 // # Concurrency

@@ -169,6 +169,12 @@ type Options struct {
 	// gracefully pushes to the owners they get once it has left (within
 	// ShutdownTimeout). Default 1 GiB; negative: none.
 	HandoffBytes int64
+	// SpillOnStopBytes bounds the DRAM-resident blocks a node stopping
+	// gracefully writes to its NVMe tier after the handoff, hottest first
+	// and those no other member took before those it did (within
+	// ShutdownTimeout), so that a restart on the same data dir serves them.
+	// Default DRAMBytes (all of it); negative: none.
+	SpillOnStopBytes int64
 	// DRAMBytes is the hard limit of the DRAM tier, in bytes. Default 1 GiB.
 	DRAMBytes int64
 	// DRAMPopulate backs the whole DRAM tier with memory at start and
@@ -308,6 +314,9 @@ func (o *Options) EnsureDefaults() *Options {
 	}
 	if o.DRAMBytes == 0 {
 		o.DRAMBytes = 1 * GiB
+	}
+	if o.SpillOnStopBytes == 0 {
+		o.SpillOnStopBytes = o.DRAMBytes
 	}
 	if o.NVMeBytes == 0 {
 		o.NVMeBytes = 10 * GiB

@@ -70,6 +70,30 @@ func TestServeDefaults(t *testing.T) {
 	}
 }
 
+// TestServeSpillOnStop: a graceful stop writes all of --dram to NVMe unless
+// --spill-on-stop (flag, variable or config) bounds it, and 0 turns it off.
+func TestServeSpillOnStop(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want int64
+	}{
+		{nil, nil, 1 << 30},
+		{[]string{"--dram", "8GiB"}, nil, 8 << 30},
+		{[]string{"--spill-on-stop", "2GiB"}, nil, 2 << 30},
+		{[]string{"--spill-on-stop", "0"}, nil, -1},
+		{nil, map[string]string{"KVMESH_SPILL_ON_STOP": "0"}, -1},
+	} {
+		o, err := serveOptions(t, tc.env, tc.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.SpillOnStopBytes != tc.want {
+			t.Errorf("serve %v (env %v): SpillOnStopBytes %d, want %d", tc.args, tc.env, o.SpillOnStopBytes, tc.want)
+		}
+	}
+}
+
 // TestServeLayers checks the precedence: flag, then KVMESH_* variable, then
 // config file, then default.
 func TestServeLayers(t *testing.T) {

@@ -39,6 +39,7 @@ type serveFlags struct {
 	pushYield                                  time.Duration
 	pushRate                                   int64
 	handoff                                    int64
+	spillOnStop                                optionalSize
 	dram, nvme, hbm                            int64
 	dramPopulate                               bool
 	gpu                                        int
@@ -68,7 +69,7 @@ var flagOf = map[string]string{
 	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "DRAMPopulate": "dram-populate", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "PartialTTL": "partial-ttl", "ClaimTTL": "claim-ttl", "GPU": "gpu",
 	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
 	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
-	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
+	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff", "SpillOnStopBytes": "spill-on-stop",
 	"PushYield": "push-yield", "PushBytesPerSec": "push-rate",
 	"MaxBlockBytes": "max-block-bytes", "MaxBatchBlocks": "max-batch-blocks", "MaxMessageBytes": "max-message-bytes",
 	"ChunkBytes": "chunk-bytes", "RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout",
@@ -171,6 +172,7 @@ flag names, for example:
 	fs.DurationVar(&f.pushYield, "push-yield", d.PushYield, "longest a push of fresh blocks to their owners waits for this node's reads, lookups and synchronous prefills to end (0, the default: pushes do not wait; 2s is a sane bound where serving competes with pushes for cores; a push queue at least half full never waits)")
 	fs.Var(newSize(&f.pushRate, d.PushBytesPerSec), "push-rate", "most bytes a second pushed to owners, all together (0: no bound)")
 	fs.Var(newSize(&f.handoff, d.HandoffBytes), "handoff", "most DRAM bytes handed to their next owners on a graceful stop")
+	fs.Var(&f.spillOnStop, "spill-on-stop", "most DRAM bytes written to NVMe on a graceful stop, after the handoff, so that a restart on this data dir serves them (default: all of --dram; 0: none)")
 	fs.Var(newSize(&f.dram, d.DRAMBytes), "dram", "DRAM tier capacity")
 	fs.BoolVar(&f.dramPopulate, "dram-populate", false, "back the whole DRAM tier with memory at start and keep it: puts never wait for page allocation, and resident memory includes --dram from the start (for hosts that give the cache its memory)")
 	fs.Var(newSize(&f.nvme, d.NVMeBytes), "nvme", "NVMe tier capacity, under --data-dir")
@@ -285,7 +287,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf,
 		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
 		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
-		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff,
+		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff, SpillOnStopBytes: f.spillOnStop.option(),
 		PushYield: f.pushYield, PushBytesPerSec: f.pushRate,
 		DRAMBytes: f.dram, DRAMPopulate: f.dramPopulate, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
 		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, Eviction: f.eviction, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL, MaxBatchBlocks: f.maxBatchBlocks,
