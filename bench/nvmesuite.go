@@ -115,7 +115,7 @@ type nvmeRow struct {
 	// RatioVsFio is the median of the ratios of adjacent (kvmesh, fio)
 	// pairs: the disk's speed drifts, adjacent runs see the same disk.
 	RatioVsFio *float64 `json:"ratio_vs_fio,omitempty"`
-	DirectIO   bool     `json:"direct_io"`
+	DirectIO   bool     `json:"direct_io" table:"wide"`
 	Rounds     int      `json:"rounds" table:"-"`
 	FioArgs    string   `json:"fio_args" table:"-"`
 }
