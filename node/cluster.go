@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -92,8 +93,19 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		if err := removeStaleSocket(opts.ShmSocket); err != nil {
 			return nil, err
 		}
+		if dir := filepath.Dir(opts.ShmSocket); !strings.HasPrefix(opts.ShmSocket, "@") {
+			// A directory of its own under the data dir (the chart's
+			// per-host mode): made the node user's alone; shareSocket
+			// opens it to the socket's group.
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return nil, fmt.Errorf("node: option ShmSocket: %w", err)
+			}
+		}
 		if err := c.shm.Listen(opts.ShmSocket); err != nil {
 			return nil, fmt.Errorf("node: listen on ShmSocket %s: %w", opts.ShmSocket, err)
+		}
+		if err := shareSocket(opts.ShmSocket, opts.ShmSocketMode, opts.ShmSocketGroup); err != nil {
+			return nil, err
 		}
 		c.shmPath = opts.ShmSocket
 	}

@@ -191,7 +191,9 @@
 // 0700 and its files 0600 (node-id, written durably: synced, renamed,
 // directory synced; quotas.json; callback-secret; NVMe segments), pebble's
 // included (the NVMe index, the prefill queue: internal/privatefs), and
-// the shared-memory socket 0600. A data dir made by an older
+// the shared-memory socket ShmSocketMode (0600; with ShmSocketGroup, 0660
+// and the socket's own directory 0710, both in that group, for workers
+// running as other users). A data dir made by an older
 // version keeps its modes: chmod -R go-rwx it.
 //
 // Tenants. A tenant's namespaces are salted by the node (namespace: the

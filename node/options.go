@@ -72,6 +72,15 @@ type Options struct {
 	// permissions decide who may read the cache. "off" turns it off.
 	// Default DataDir/shm.sock (made absolute).
 	ShmSocket string
+	// ShmSocketMode is the socket's permission bits: 0600 admits the
+	// node's user (and root), 0660 also ShmSocketGroup. Default 0600.
+	ShmSocketMode os.FileMode
+	// ShmSocketGroup, a group name or id, is given the socket and its
+	// directory (search permission only): with ShmSocketMode 0660, the
+	// processes of that group (inference workers running as other users)
+	// may connect. The node's user must be a member. Give the socket a
+	// directory of its own. Default "": the node user's group, untouched.
+	ShmSocketGroup string
 	// ShmRegionBytes is the shared region each shared-memory client gets,
 	// in bytes (memory is committed as blocks are copied in). A multiple of
 	// 4 KiB, at least MaxBlockBytes. Default 256 MiB.
@@ -291,6 +300,9 @@ func (o *Options) EnsureDefaults() *Options {
 	def(&o.GossipProfile, "lan")
 	def(&o.Version, "(devel)")
 	def(&o.ShmSocket, filepath.Join(o.DataDir, "shm.sock"))
+	if o.ShmSocketMode == 0 {
+		o.ShmSocketMode = 0o600
+	}
 	if o.ShmRegionBytes == 0 {
 		o.ShmRegionBytes = 256 * MiB
 	}
@@ -399,6 +411,10 @@ func (o *Options) Validate() error {
 		return bad("HTTPAddr", "%s is also GRPCAddr", o.HTTPAddr)
 	case o.ShmSocket != ShmOff && len(o.ShmSocket) > maxSocketPath:
 		return bad("ShmSocket", "%q is longer than a unix socket path may be (%d bytes); choose a shorter path or \"off\"", o.ShmSocket, maxSocketPath)
+	case o.ShmSocketMode&^os.ModePerm != 0 || o.ShmSocketMode&0o600 != 0o600:
+		return bad("ShmSocketMode", "%#o must be permission bits that let the node's user read and write (0600, 0660)", uint32(o.ShmSocketMode))
+	case o.ShmSocketMode&0o007 != 0:
+		return bad("ShmSocketMode", "%#o lets every user of the host connect and read the cache; give the workers a group of their own and use 0660", uint32(o.ShmSocketMode))
 	case o.ShmRegionBytes < int64(o.MaxBlockBytes) || o.ShmRegionBytes%(4*KiB) != 0:
 		return bad("ShmRegionBytes", "%d bytes must be a multiple of 4KiB and hold one block of MaxBlockBytes (%d)", o.ShmRegionBytes, o.MaxBlockBytes)
 	case len(o.GossipKey) != 0 && len(o.GossipKey) != 16 && len(o.GossipKey) != 24 && len(o.GossipKey) != 32:

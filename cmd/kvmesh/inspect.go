@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -230,14 +231,18 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 }
 
 type memberJSON struct {
-	ID          string     `json:"id"`
-	Self        bool       `json:"self"`
-	State       string     `json:"state"`
-	GRPCAddr    string     `json:"grpc_addr"`
-	HTTPAddr    string     `json:"http_addr,omitempty"`
-	DataAddr    string     `json:"data_addr,omitempty"`
-	GossipAddr  string     `json:"gossip_addr,omitempty"`
-	ShmSocket   string     `json:"shm_socket,omitempty"`
+	ID         string `json:"id"`
+	Self       bool   `json:"self"`
+	State      string `json:"state"`
+	GRPCAddr   string `json:"grpc_addr"`
+	HTTPAddr   string `json:"http_addr,omitempty"`
+	DataAddr   string `json:"data_addr,omitempty"`
+	GossipAddr string `json:"gossip_addr,omitempty"`
+	ShmSocket  string `json:"shm_socket,omitempty"`
+	// Shm says whether the node serves shared memory to clients on its
+	// host (ShmSocket), and ShmHere whether that host is this one.
+	Shm         bool       `json:"shm"`
+	ShmHere     bool       `json:"shm_this_host"`
 	HostID      string     `json:"host_id,omitempty"`
 	RDMADevices []string   `json:"rdma_devices"`
 	Version     string     `json:"version,omitempty"`
@@ -250,7 +255,10 @@ func membersCmd(f *inspectFlags) *cobra.Command {
 		Short: "The nodes of the cluster, as the node at --addr sees them",
 		Long: `The nodes of the cluster as the node at --addr sees them: each live node (alive,
 or suspected of having failed) with its addresses and tiers. Tier usage is
-known for the node that answered (marked *); for the others, their capacity.`,
+known for the node that answered (marked *); for the others, their capacity.
+SHM says whether a node serves shared memory to clients on its own host (its
+socket), and "here" when that host is this one and this process can reach
+the socket: clients run here read its blocks without a socket copy.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var resp client.Cluster
@@ -266,6 +274,8 @@ known for the node that answered (marked *); for the others, their capacity.`,
 				mj := memberJSON{ID: m.ID, Self: m.ID == resp.SelfID, State: m.State, GRPCAddr: m.GRPCAddr,
 					HTTPAddr: m.HTTPAddr, DataAddr: m.DataAddr, GossipAddr: m.GossipAddr, ShmSocket: m.ShmSocket,
 					HostID: m.HostID, RDMADevices: append([]string{}, m.RDMADevices...), Version: m.Version, Tiers: []tierJSON{}}
+				mj.Shm = m.ShmSocket != ""
+				mj.ShmHere = mj.Shm && m.HostID != "" && m.HostID == client.HostID() && socketReachable(m.ShmSocket)
 				for _, t := range m.Tiers {
 					tj := tierJSON{Name: t.Name, Bytes: uint64(t.UsedBytes), CapacityBytes: uint64(t.CapacityBytes)}
 					if tj.CapacityBytes > 0 {
@@ -276,7 +286,7 @@ known for the node that answered (marked *); for the others, their capacity.`,
 				out = append(out, mj)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tTIERS\tRDMA\tVERSION")
+				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tSHM\tTIERS\tRDMA\tVERSION")
 				for _, m := range out {
 					var tiers []string
 					for _, t := range m.Tiers {
@@ -293,13 +303,31 @@ known for the node that answered (marked *); for the others, their capacity.`,
 					if len(m.RDMADevices) > 0 {
 						rdma = strings.Join(m.RDMADevices, ",")
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
-						strings.Join(tiers, ", "), rdma, m.Version)
+					shm := "off"
+					switch {
+					case m.ShmHere:
+						shm = "on, here: " + m.ShmSocket
+					case m.Shm:
+						shm = "on: " + m.ShmSocket
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
+						shm, strings.Join(tiers, ", "), rdma, m.Version)
 				}
-				fmt.Fprintf(w, "\n%d members; * answered (tiers: used/capacity; others: capacity)\n", len(out))
+				fmt.Fprintf(w, "\n%d members; * answered (tiers: used/capacity; others: capacity); SHM: shared memory for clients on the node's host (here: this host, socket reachable)\n", len(out))
 			})
 		},
 	}
+}
+
+// socketReachable reports whether this process can connect to the unix
+// socket at path.
+func socketReachable(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 func dash(s string) string {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -27,6 +28,7 @@ type serveFlags struct {
 	nodeID, dataDir                            string
 	grpcAddr, httpAddr, dataAddr, gossipAddr   string
 	shmSocket, advertiseHost                   string
+	shmSocketMode, shmSocketGroup              string
 	readyFile                                  string
 	shmRegion                                  int64
 	join                                       []string
@@ -67,7 +69,7 @@ type serveFlags struct {
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "GRPCAddr": "grpc-addr", "HTTPAddr": "http-addr",
 	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "DRAMPopulate": "dram-populate", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "PartialTTL": "partial-ttl", "ClaimTTL": "claim-ttl", "GPU": "gpu",
-	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
+	"ShmSocket": "shm-socket", "ShmSocketMode": "shm-socket-mode", "ShmSocketGroup": "shm-socket-group", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
 	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
 	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff", "SpillOnStopBytes": "spill-on-stop",
 	"PushYield": "push-yield", "PushBytesPerSec": "push-rate",
@@ -156,6 +158,8 @@ flag names, for example:
 	fs.StringVar(&f.httpAddr, "http-addr", d.HTTPAddr, "host:port of /metrics, /healthz, /livez and /readyz")
 	fs.StringVar(&f.dataAddr, "data-addr", d.DataAddr, "host:port of the data plane: blocks between nodes, and to clients")
 	fs.StringVar(&f.shmSocket, "shm-socket", "", `unix socket of the shared-memory data plane for clients on this host, or "off" (default <data-dir>/shm.sock)`)
+	fs.StringVar(&f.shmSocketMode, "shm-socket-mode", "0600", "permissions of the shared-memory socket, in octal: 0600 admits the node's user, 0660 also --shm-socket-group")
+	fs.StringVar(&f.shmSocketGroup, "shm-socket-group", "", "group (name or id) given the shared-memory socket and its directory, so that workers running as other users in that group may connect (with --shm-socket-mode 0660); the node's user must be a member")
 	fs.Var(newSize(&f.shmRegion, d.ShmRegionBytes), "shm-region", "shared region of each shared-memory client")
 	fs.StringVar(&f.gossipAddr, "gossip-addr", d.GossipAddr, "host:port of membership gossip (UDP and TCP): what other nodes --join")
 	fs.StringSliceVar(&f.join, "join", nil, "gossip addresses HOST:PORT,... of running members to join (retried until one answers)")
@@ -269,6 +273,10 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 			return node.Options{}, nil, fmt.Errorf("%s: %w", src("auth-token-file"), err)
 		}
 	}
+	shmMode, err := strconv.ParseUint(f.shmSocketMode, 8, 32)
+	if err != nil {
+		return node.Options{}, nil, fmt.Errorf("%s %q: want permission bits in octal, such as 0600 or 0660", src("shm-socket-mode"), f.shmSocketMode)
+	}
 	var tf *auth.File
 	if f.tokensFile != "" {
 		if f.tokenFile != "" {
@@ -281,7 +289,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 	opts := node.Options{
 		NodeID: f.nodeID, DataDir: f.dataDir,
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
-		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost, ReadyFile: f.readyFile,
+		ShmSocket: f.shmSocket, ShmSocketMode: os.FileMode(shmMode), ShmSocketGroup: f.shmSocketGroup, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost, ReadyFile: f.readyFile,
 		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip, HTTPTLS: f.httpTLS,
 		MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes, Pprof: f.pprof,
 		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf,

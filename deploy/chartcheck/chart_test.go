@@ -214,6 +214,7 @@ func TestChartRefuses(t *testing.T) {
 		{"kind: Deployment\n", "want StatefulSet or DaemonSet"},
 		{"tls:\n  enabled: true\n", "tls.existingSecret"},
 		{"auth:\n  tokens: [t]\n", "auth needs a gossip key"},
+		{"shm:\n  enabled: true\n", "shm.enabled needs kind: DaemonSet"},
 	} {
 		f := filepath.Join(t.TempDir(), "values.yaml")
 		os.WriteFile(f, []byte(tc.values), 0o644)

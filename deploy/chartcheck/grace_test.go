@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -88,4 +90,21 @@ func preStopTime(t *testing.T, h *corev1.LifecycleHandler) time.Duration {
 	}
 	t.Fatalf("a preStop hook whose wait the test cannot read: %+v", h)
 	return 0
+}
+
+// TestChartKubeVersion: the preStop hook sleeps with the kubelet's sleep
+// action (the image has no shell), on by default from Kubernetes 1.30, so
+// the chart declares that minimum: helm install refuses an older cluster
+// instead of pods that never start.
+func TestChartKubeVersion(t *testing.T) {
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := ch.Metadata.KubeVersion
+	for v, want := range map[string]bool{"v1.29.9": false, "v1.30.0": true, "v1.33.1": true} {
+		if got := kv != "" && chartutil.IsCompatibleRange(kv, v); got != want {
+			t.Errorf("Chart.yaml kubeVersion %q admits Kubernetes %s: %v, want %v", kv, v, got, want)
+		}
+	}
 }
