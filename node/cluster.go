@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/probe"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
@@ -132,6 +133,11 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	}
 	if c.members, err = gossip.Start(mopts); err != nil {
 		return nil, err
+	}
+	if len(opts.Join) > 0 && !c.members.Joined() {
+		if err := checkSeeds(opts.Join); err != nil {
+			return nil, err
+		}
 	}
 	var obs observer
 	if peerSeconds != nil {
@@ -257,6 +263,18 @@ func hostID() string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// checkSeeds says which seed is not a gossip address, once a join found no
+// member: a node's gRPC or HTTP port given to Join would be retried forever,
+// with memberlist's "invalid msgType" in the log.
+func checkSeeds(seeds []string) error {
+	for _, s := range seeds {
+		if what := probe.NotGossip(s); what != "" {
+			return &OptionError{Field: "Join", Msg: fmt.Sprintf("%s answers %s; join takes the members' gossip addresses (their --gossip-addr, port 7603 by default)", s, what)}
+		}
+	}
+	return nil
 }
 
 // removeStaleSocket removes a unix socket that a killed node left at path;

@@ -397,6 +397,9 @@ func (o *Options) Validate() error {
 		}
 	}
 	for i, j := range o.Join {
+		if strings.Contains(j, "://") {
+			return bad("Join", "seed %d, %q, is a URL; give a member's gossip address as HOST:PORT, without a scheme", i+1, j)
+		}
 		if _, _, err := net.SplitHostPort(j); err != nil {
 			return bad("Join", "seed %d, %q, is not host:port (a member's gossip address)", i+1, j)
 		}

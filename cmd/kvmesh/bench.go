@@ -118,6 +118,11 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	if err := envLayer(cmd); err != nil {
 		return err
 	}
+	for _, a := range f.addr {
+		if err := checkHostPort("--addr", a); err != nil {
+			return err
+		}
+	}
 	format, err := bench.ParseFormat(f.output)
 	if err != nil {
 		return fmt.Errorf("-o %q: want table, wide or json", f.output)

@@ -74,6 +74,9 @@ func (f *inspectFlags) dial(cmd *cobra.Command) (*client.Client, context.Context
 	if f.output != "table" && f.output != "json" {
 		return nil, nil, nil, fmt.Errorf("-o %q: want table or json", f.output)
 	}
+	if err := checkHostPort("--addr", f.addr); err != nil {
+		return nil, nil, nil, err
+	}
 	opts := client.Options{MaxRetries: -1}
 	if err := f.sec.apply(&opts); err != nil {
 		return nil, nil, nil, err
@@ -121,8 +124,9 @@ func (f *inspectFlags) explain(err error) error {
 			return fmt.Errorf("the node at %s closed the TLS connection; if it asks for a client certificate (mutual TLS), pass --tls-cert/--tls-key", f.addr)
 		case f.sec.enabled() && strings.Contains(msg, "tls:"):
 			return fmt.Errorf("TLS with the node at %s failed (%s); check --tls-ca, --tls-server-name and, for mutual TLS, --tls-cert/--tls-key", f.addr, msg)
-		case !f.sec.enabled() && strings.Contains(msg, "preface"):
-			return fmt.Errorf("the node at %s closed the connection; if it serves TLS, pass --tls-ca CA (or --tls)", f.addr)
+		}
+		if m := wrongServer(f.addr, f.sec.enabled()); m != "" {
+			return errors.New(m)
 		}
 		return fmt.Errorf("no kvmesh node answers at %s; start one with 'kvmesh serve' or pass --addr HOST:PORT", f.addr)
 	case codes.Unauthenticated:

@@ -1,6 +1,7 @@
 package privatefs
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -52,10 +53,31 @@ func (fs FS) MkdirAll(dir string, _ os.FileMode) error {
 	return fs.FS.MkdirAll(dir, DirMode)
 }
 
+// LockedError is Lock's error when another process holds the lock: PID
+// names it (0 when the kernel does not say, as across PID namespaces).
+type LockedError struct {
+	Path string
+	PID  int
+	Err  error
+}
+
+func (e *LockedError) Error() string {
+	if e.PID > 0 {
+		return fmt.Sprintf("privatefs: %s is locked by process %d", e.Path, e.PID)
+	}
+	return fmt.Sprintf("privatefs: %s is locked by another process", e.Path)
+}
+
+func (e *LockedError) Unwrap() error { return e.Err }
+
 // Lock locks name as the wrapped FS does (creating it), then narrows its
-// mode.
+// mode. When another process holds the lock, the error is a *LockedError
+// naming it.
 func (fs FS) Lock(name string) (io.Closer, error) {
 	c, err := fs.FS.Lock(name)
+	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
+		return nil, &LockedError{Path: name, PID: lockHolder(name), Err: err}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -64,6 +86,21 @@ func (fs FS) Lock(name string) (io.Closer, error) {
 		return nil, fmt.Errorf("privatefs: %w", err)
 	}
 	return c, nil
+}
+
+// lockHolder returns the id of the process that holds a write lock on
+// name (fcntl F_GETLK), or 0.
+func lockHolder(name string) int {
+	f, err := os.Open(name)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_GETLK, &lk); err != nil || lk.Type == unix.F_UNLCK {
+		return 0
+	}
+	return int(lk.Pid)
 }
 
 // Unwrap returns the wrapped FS.

@@ -1,9 +1,15 @@
 package privatefs_test
 
 import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -62,5 +68,56 @@ func TestPebbleFilesArePrivate(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "LOCK")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// holdEnv makes the test binary a child that holds the lock on the file it
+// names until its stdin closes.
+const holdEnv = "KVMESH_PRIVATEFS_HOLD"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(holdEnv); path != "" {
+		c, err := privatefs.New(nil).Lock(path)
+		if err != nil {
+			fmt.Println("lock:", err)
+			os.Exit(1)
+		}
+		fmt.Println("locked")
+		io.Copy(io.Discard, os.Stdin)
+		c.Close()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestLockNamesHolder: a lock another process holds is refused with a
+// LockedError that names the process.
+func TestLockNamesHolder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "LOCK")
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), holdEnv+"="+path)
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		child.Wait()
+	}()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "locked\n" {
+		t.Fatalf("child: %q, %v", line, err)
+	}
+	_, err = privatefs.New(nil).Lock(path)
+	var le *privatefs.LockedError
+	if !errors.As(err, &le) || le.PID != child.Process.Pid || !strings.Contains(err.Error(), fmt.Sprintf("process %d", child.Process.Pid)) {
+		t.Fatalf("Lock of a file another process holds: %v; want a LockedError naming process %d", err, child.Process.Pid)
 	}
 }
