@@ -7,7 +7,7 @@
 #   docker build --build-arg VERSION=$(cat VERSION) --build-arg REVISION=$(git rev-parse HEAD) -t kvmesh:$(cat VERSION) .
 #   docker run -p 7600-7603:7600-7603 -p 7603:7603/udp -v kvmesh-data:/var/lib/kvmesh kvmesh:$(cat VERSION)
 #
-# The CUDA prefill engine needs cgo and is not in this image (see the README).
+# The CUDA prefill engine needs cgo and is not in this image (see docs/GPU.md).
 
 # The build stage runs on the builder's platform and cross-compiles for the
 # target's (docker buildx --platform linux/amd64,linux/arm64).

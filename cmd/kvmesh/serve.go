@@ -204,7 +204,7 @@ flag names, for example:
 	fs.BoolVar(&f.httpTLS, "http-tls", false, "serve the HTTP address (the OpenAI-compatible API, /metrics, health) over TLS too, with --tls-cert (a client certificate is checked when given, not required)")
 	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "name verified in the other members' certificates (default: the host of their address)")
 	fs.StringVar(&f.tokenFile, "auth-token-file", "", "file of shared bearer tokens, one a line, that clients and peers must present (the node presents the first); one tenant: every token may do everything")
-	fs.StringVar(&f.tokensFile, "tokens-file", "", "tokens file (YAML) mapping each token, or its SHA-256, to a tenant and scopes (read, write, admin, cluster): tenants that cannot touch each other's blocks; see the README's Security section")
+	fs.StringVar(&f.tokensFile, "tokens-file", "", "tokens file (YAML) mapping each token, or its SHA-256, to a tenant and scopes (read, write, admin, cluster): tenants that cannot touch each other's blocks; see docs/SECURITY.md")
 	fs.Var(newSize(&f.quotaDRAM, d.QuotaDRAMBytes), "quota-dram", "default DRAM quota of each namespace (0: unlimited; AdminService.SetQuota sets one namespace's)")
 	fs.Var(newSize(&f.quotaNVMe, d.QuotaNVMeBytes), "quota-nvme", "default NVMe quota of each namespace (0: unlimited)")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve the Go profiler (net/http/pprof) under /debug/pprof/ on --http-addr, which has no authentication")
