@@ -72,7 +72,7 @@ func nvmeWarmRestart(ctx context.Context, env *Env, o NVMeOptions) (warmRestart,
 		for j := range tokens[p] {
 			tokens[p][j] = uint32(p*len(tokens[p]) + j)
 		}
-		if _, err := c.Put(ctx, ns, tokens[p], payloads); err != nil {
+		if _, err := c.Put(ctx, ns, client.Prompt{Tokens: tokens[p]}, payloads); err != nil {
 			c.Close()
 			return wr, fmt.Errorf("bench: nvme: warm restart: put prompt %d: %w", p, err)
 		}
@@ -95,7 +95,7 @@ func nvmeWarmRestart(ctx context.Context, env *Env, o NVMeOptions) (warmRestart,
 	defer c.Close()
 	found := 0
 	for p := range prompts {
-		l, err := c.Lookup(ctx, ns, tokens[p])
+		l, err := c.Lookup(ctx, ns, client.Prompt{Tokens: tokens[p]})
 		if err != nil {
 			return wr, fmt.Errorf("bench: nvme: warm restart: lookup prompt %d: %w", p, err)
 		}

@@ -116,7 +116,7 @@ func BenchmarkNodeToNode(b *testing.B) {
 		b.Run("size="+size.name, func(b *testing.B) {
 			ns := benchNamespace(size.n)
 			nodes := startClusterNodes(b, 2, func(_ int, o *Options) {
-				o.DRAMBytes, o.MaxBlockBytes, o.ChunkTokens, o.ShmSocket = 256*MiB, 8*MiB, ns.BlockTokens, ShmOff
+				o.Tiers.DRAMBytes, o.Limits.MaxBlockBytes, o.Cluster.ChunkTokens, o.Listen.ShmSocket = 256*MiB, 8*MiB, ns.BlockTokens, ShmOff
 			})
 			a, on := nodes[0], nodes[1]
 			keys := storeOwned(b, on, ns, benchSource)
@@ -234,7 +234,7 @@ func (c *kvConn) tokens(k int) []uint32 {
 }
 
 func (c *kvConn) Set(ctx context.Context, k int, v []byte) error {
-	_, err := c.c.Put(ctx, c.ns, c.tokens(k), [][]byte{v})
+	_, err := c.c.Put(ctx, c.ns, client.Prompt{Tokens: c.tokens(k)}, [][]byte{v})
 	return err
 }
 
@@ -272,7 +272,7 @@ func BenchmarkClientSharedMemory(b *testing.B) {
 	defer redis.Close()
 	ns := benchNamespace(1 << 20)
 	n := startClusterNodes(b, 1, func(_ int, o *Options) {
-		o.DRAMBytes, o.MaxBlockBytes, o.ShmRegionBytes = 512*MiB, 2*MiB, 64*MiB
+		o.Tiers.DRAMBytes, o.Limits.MaxBlockBytes, o.Listen.ShmRegionBytes = 512*MiB, 2*MiB, 64*MiB
 	})[0]
 	targets := []bench.KVTarget{
 		kvTarget{name: "kvmesh-shm", addr: n.GRPCAddr(), ns: ns},
@@ -370,7 +370,7 @@ func lookupCluster(b *testing.B) ([]*clusterNode, prefixhash.Namespace, []uint32
 	b.Helper()
 	ns := prefixhash.Namespace{Model: "bench/lookup", DType: prefixhash.Float16, BlockTokens: 16, Layers: 1, KVHeads: 1, HeadDim: 4}
 	nodes := startClusterNodes(b, 4, func(_ int, o *Options) {
-		o.ChunkTokens, o.LookupTimeout, o.MaxMessageBytes, o.ChunkBytes = 512, time.Second, 8*MiB, 1*MiB
+		o.Cluster.ChunkTokens, o.Cluster.LookupTimeout, o.Limits.MaxMessageBytes, o.Limits.ChunkBytes = 512, time.Second, 8*MiB, 1*MiB
 	})
 	tokens := make([]uint32, 128<<10)
 	for i := range tokens {
@@ -434,7 +434,10 @@ func BenchmarkLookup128k(b *testing.B) {
 		lookup func() (int, error)
 	}{
 		{"cluster", func() (int, error) { return d.cluster.cluster.LongestPrefix(ctx, chain, ns.BlockTokens), nil }},
-		{"grpc", func() (int, error) { l, err := c.Lookup(ctx, ns, tokens); return l.CachedBlocks, err }},
+		{"grpc", func() (int, error) {
+			l, err := c.Lookup(ctx, ns, client.Prompt{Tokens: tokens})
+			return l.CachedBlocks, err
+		}},
 		{"grpc-tokens", func() (int, error) { l, err := c.LookupTokens(ctx, ns, tokens); return l.CachedBlocks, err }},
 		{"grpc-tokens-summary", func() (int, error) {
 			l, err := raw.cache.Lookup(ctx, summary)
@@ -492,3 +495,5 @@ func BenchmarkPeerLookup(b *testing.B) {
 		})
 	}
 }
+
+//lint:file-ignore SA1019 the node's tests call the client's deprecated methods, kept one release (client/deprecated.go).

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -33,10 +34,10 @@ func TestEvictionDedupHoldsEachBlockOnce(t *testing.T) {
 		t.Fatalf("one node owns every chunk (%v): the test proves nothing", owned)
 	}
 	nodes := startClusterNodes(t, 2, func(i int, o *Options) {
-		o.MaxBlocks = owned[o.NodeID]
+		o.Tiers.MaxBlocks = owned[o.NodeID]
 	})
 	ctx := context.Background()
-	if _, err := nodes[0].client.Put(ctx, clusterNS, tokens, payloads); err != nil {
+	if _, err := nodes[0].client.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	waitHit(t, nodes[1].client, tokens, blocks)

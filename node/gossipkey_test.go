@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
@@ -38,13 +39,13 @@ func TestGossipWrongKey(t *testing.T) {
 	key := []byte("0123456789abcdef0123456789abcdef")
 	var seedLog syncBuffer
 	nodes := startClusterNodes(t, 2, func(i int, o *Options) {
-		o.GossipKey = key
+		o.Cluster.GossipKey = key
 		if i == 0 {
 			o.Logger = slog.New(slog.NewTextHandler(&seedLog, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		}
 	})
 	intruder := openClusterNode(t, t.TempDir(), "intruder", []string{nodes[0].GossipAddr()}, func(o *Options) {
-		o.GossipKey = []byte("fedcba9876543210fedcba9876543210")
+		o.Cluster.GossipKey = []byte("fedcba9876543210fedcba9876543210")
 	})
 	// The seed refuses what it cannot decrypt; the intruder retries every
 	// second: wait for two refusals, so that a retry was refused too.
@@ -63,14 +64,14 @@ func TestGossipWrongKey(t *testing.T) {
 
 	ctx := context.Background()
 	tokens, payloads := clusterPrompt(7, 12)
-	if _, err := nodes[0].client.Put(ctx, clusterNS, tokens, payloads); err != nil {
+	if _, err := nodes[0].client.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	testkit.WaitFor(t, "the prompt to be a hit through the other node", func() bool {
-		l, err := nodes[1].client.Lookup(ctx, clusterNS, tokens)
+		l, err := nodes[1].client.Lookup(ctx, clusterNS, client.Prompt{Tokens: tokens})
 		return err == nil && l.CachedBlocks == len(payloads)
 	})
-	if l, err := intruder.client.Lookup(ctx, clusterNS, tokens); err != nil || l.CachedBlocks != 0 {
+	if l, err := intruder.client.Lookup(ctx, clusterNS, client.Prompt{Tokens: tokens}); err != nil || l.CachedBlocks != 0 {
 		t.Fatalf("the intruder found %+v, %v; want nothing", l, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
@@ -380,9 +381,14 @@ func TestOpenAIBadInput(t *testing.T) {
 // but not complete (403), a read-write tenant token completes in its own
 // namespace.
 func TestOpenAIAuth(t *testing.T) {
-	n, err := New(Options{DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB, Logger: slog.New(slog.DiscardHandler),
-		Prefill: PrefillOptions{Model: tinyModel()}, TokensFile: tenantsFile(t)}, newFakeCache(64<<20))
+	n, err := New(Options{
+		DataDir:  t.TempDir(),
+		Listen:   ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"},
+		Tiers:    TierOptions{DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB},
+		Logger:   slog.New(slog.DiscardHandler),
+		Prefill:  PrefillOptions{Model: tinyModel()},
+		Security: SecurityOptions{TokensFile: tenantsFile(t)},
+	}, newFakeCache(64<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +500,7 @@ func TestOpenAIGenerateAcrossTheCluster(t *testing.T) {
 		hit := len(prompt) * 2 / 3 / c.BlockTokens * c.BlockTokens
 		ns := nodes[0].Node.prefill.engine.Namespace()
 		testkit.WaitFor(t, "node 1 to see node 0's prefix", func() bool {
-			l, err := nodes[1].client.Lookup(context.Background(), ns, prefill.TokenizeBytes(prompt))
+			l, err := nodes[1].client.Lookup(context.Background(), ns, client.Prompt{Tokens: prefill.TokenizeBytes(prompt)})
 			return err == nil && l.CachedTokens >= hit
 		})
 		req["prompt"] = prompt
@@ -507,7 +513,7 @@ func TestOpenAIGenerateAcrossTheCluster(t *testing.T) {
 	// NVMe: a node whose DRAM quota holds one block keeps the rest on NVMe.
 	nv := openClusterNode(t, t.TempDir(), "nvme", nil, func(o *Options) {
 		o.Prefill.Model = c
-		o.QuotaDRAMBytes = blk
+		o.Tiers.QuotaDRAMBytes = blk
 	})
 	prompt := longText(r, 500)
 	req := map[string]any{"model": "kvmesh", "prompt": prompt, "max_tokens": 20, "temperature": 0}

@@ -210,7 +210,7 @@ func TestRanksPrefillTPAndPP(t *testing.T) {
 	c := rankModel()
 	rng := rand.New(rand.NewPCG(23, 5))
 	for i, w := range []struct{ tp, pp int }{{2, 1}, {4, 2}} {
-		n := openClusterNode(t, t.TempDir(), fmt.Sprintf("r%d", i), nil, func(o *Options) { o.Prefill.Model, o.DRAMBytes = c, partsDRAM })
+		n := openClusterNode(t, t.TempDir(), fmt.Sprintf("r%d", i), nil, func(o *Options) { o.Prefill.Model, o.Tiers.DRAMBytes = c, partsDRAM })
 		prompt := longText(rng, 300)
 		prefix := prefill.TokenizeBytes(prompt[:200])
 		ns, cold := coldBlocks(t, c, prefix)
@@ -228,7 +228,7 @@ func TestRanksPrefillTPAndPP(t *testing.T) {
 				t.Errorf("written at TP %d PP %d: %d parts put through shared memory, want %d", w.tp, w.pp, got, len(cold)*w.tp*w.pp)
 			}
 		}
-		l, err := n.client.Lookup(context.Background(), ns, prefix)
+		l, err := n.client.Lookup(context.Background(), ns, client.Prompt{Tokens: prefix})
 		if err != nil || l.CachedBlocks != len(cold) {
 			t.Fatalf("written at TP %d PP %d: lookup %+v, %v; want %d blocks", w.tp, w.pp, l, err, len(cold))
 		}
@@ -253,7 +253,7 @@ func TestRanksPrefillTPAndPP(t *testing.T) {
 // blocks of a prompt through two different nodes; a third client reads the
 // blocks whole, and at TP 2, through a third node.
 func TestClusterRanksOnTwoNodes(t *testing.T) {
-	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.DRAMBytes = partsDRAM })
+	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.Tiers.DRAMBytes = partsDRAM })
 	ns := partsNS
 	tokens, payloads := partsPrompt(ns, 3, 8) // 2 chunks of 4 blocks: owners differ
 	ctx := context.Background()
@@ -269,13 +269,13 @@ func TestClusterRanksOnTwoNodes(t *testing.T) {
 	}
 	defer reader.Close()
 	testkit.WaitFor(t, "node 2 to see the assembled blocks", func() bool {
-		l, err := reader.Lookup(ctx, ns, tokens)
+		l, err := reader.Lookup(ctx, ns, client.Prompt{Tokens: tokens})
 		if err != nil {
 			t.Fatalf("Lookup: %v", err)
 		}
 		return l.CachedBlocks == len(payloads)
 	})
-	blocks, err := reader.Get(ctx, ns, tokens)
+	blocks, err := reader.Get(ctx, ns, client.Prompt{Tokens: tokens})
 	if err != nil || len(blocks) != len(payloads) {
 		t.Fatalf("Get through node 2: %d blocks, %v", len(blocks), err)
 	}
@@ -297,7 +297,7 @@ func TestClusterRanksOnTwoNodes(t *testing.T) {
 // at TP 4); a gRPC-only client reads parts too (cut from the whole blocks
 // BatchGet reads) but cannot put one, and says so.
 func TestRanksTransports(t *testing.T) {
-	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Tiers.DRAMBytes = partsDRAM })
 	ns := prefixhash.Namespace{Model: "test/parts-vllm", DType: prefixhash.Float8E4M3, BlockTokens: 16, Layers: 3,
 		KVHeads: 4, HeadDim: 8, Scales: prefixhash.ScalesPerHead, Scheme: prefixhash.SchemeVLLM, HashSeed: "0", ExtraKeyBytes: 64}
 	ctx := context.Background()
@@ -351,7 +351,7 @@ func TestRanksTransports(t *testing.T) {
 // rank 1 writes after all, every block does.
 func TestRanksIncompleteNeverCount(t *testing.T) {
 	c := rankModel()
-	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Prefill.Model, o.DRAMBytes = c, partsDRAM })
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Prefill.Model, o.Tiers.DRAMBytes = c, partsDRAM })
 	prompt := longText(rand.New(rand.NewPCG(8, 8)), 200)
 	tokens := prefill.TokenizeBytes(prompt)
 	ns, cold := coldBlocks(t, c, tokens)
@@ -362,7 +362,7 @@ func TestRanksIncompleteNeverCount(t *testing.T) {
 	}
 	none := func(when string) {
 		t.Helper()
-		if l, err := n.client.Lookup(ctx, ns, tokens); err != nil || l.CachedBlocks != 0 {
+		if l, err := n.client.Lookup(ctx, ns, client.Prompt{Tokens: tokens}); err != nil || l.CachedBlocks != 0 {
 			t.Errorf("%s: lookup %+v, %v; want no block", when, l, err)
 		}
 		for _, r := range []client.Rank{r0, r1, {}} {
@@ -370,7 +370,7 @@ func TestRanksIncompleteNeverCount(t *testing.T) {
 				t.Errorf("%s: GetRank %s: %d blocks, %v; want none", when, r, len(got), err)
 			}
 		}
-		if got, err := n.client.Get(ctx, ns, tokens); err != nil || len(got) != 0 {
+		if got, err := n.client.Get(ctx, ns, client.Prompt{Tokens: tokens}); err != nil || len(got) != 0 {
 			t.Errorf("%s: Get: %d blocks, %v; want none", when, len(got), err)
 		}
 	}
@@ -387,13 +387,13 @@ func TestRanksIncompleteNeverCount(t *testing.T) {
 	if _, err := n.client.PutRank(ctx, ns2, tokens2, rankParts(t, ns2, cold2, r0), r0); err != nil {
 		t.Fatal(err)
 	}
-	if l, err := n.client.Lookup(ctx, ns2, tokens2); err != nil || l.CachedBlocks != 0 {
+	if l, err := n.client.Lookup(ctx, ns2, client.Prompt{Tokens: tokens2}); err != nil || l.CachedBlocks != 0 {
 		t.Errorf("second prompt, rank 0 alone: lookup %+v, %v; want no block", l, err)
 	}
 	if _, err := n.client.PutRank(ctx, ns2, tokens2, rankParts(t, ns2, cold2, r1), r1); err != nil {
 		t.Fatal(err)
 	}
-	if l, err := n.client.Lookup(ctx, ns2, tokens2); err != nil || l.CachedBlocks != len(cold2) {
+	if l, err := n.client.Lookup(ctx, ns2, client.Prompt{Tokens: tokens2}); err != nil || l.CachedBlocks != len(cold2) {
 		t.Errorf("second prompt, both ranks: lookup %+v, %v; want %d blocks", l, err, len(cold2))
 	}
 }
@@ -404,7 +404,7 @@ func TestRanksIncompleteNeverCount(t *testing.T) {
 // with an error naming what is valid, before anything is stored; and the
 // node keeps serving.
 func TestRanksConflictsAndBadRanks(t *testing.T) {
-	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Tiers.DRAMBytes = partsDRAM })
 	ns := partsNS
 	tokens, payloads := partsPrompt(ns, 5, 3)
 	keys := prefixhash.Keys(ns, tokens)
@@ -440,7 +440,7 @@ func TestRanksConflictsAndBadRanks(t *testing.T) {
 	if err := put(r1, payloads); err != nil {
 		t.Fatal(err)
 	}
-	blocks, err := n.client.Get(ctx, ns, tokens)
+	blocks, err := n.client.Get(ctx, ns, client.Prompt{Tokens: tokens})
 	if err != nil || len(blocks) != len(payloads) {
 		t.Fatalf("Get after both ranks: %d blocks, %v", len(blocks), err)
 	}
@@ -511,14 +511,14 @@ func TestRanksConflictsAndBadRanks(t *testing.T) {
 		}
 	}
 	r.Release()
-	if l, err := n.client.Lookup(ctx, ns, fresh); err != nil || l.CachedBlocks != 0 || len(n.cluster.local.Partials()) != 0 {
+	if l, err := n.client.Lookup(ctx, ns, client.Prompt{Tokens: fresh}); err != nil || l.CachedBlocks != 0 || len(n.cluster.local.Partials()) != 0 {
 		t.Errorf("after the refused puts: lookup %+v, %v, %d incomplete blocks; want nothing stored", l, err, len(n.cluster.local.Partials()))
 	}
 	if got := wirePut(t, wire, fkey, withPart(t, rec, half)); got != transfer.StatusOK {
 		t.Errorf("the same record with its own range: status %s; want it stored (the refusals were the ranges')", got)
 	}
 	// The node keeps serving.
-	if _, err := n.client.Put(ctx, ns, fresh, freshPayloads); err != nil {
+	if _, err := n.client.Put(ctx, ns, client.Prompt{Tokens: fresh}, freshPayloads); err != nil {
 		t.Fatal(err)
 	}
 	if got := readRanks(t, n.client, ns, fresh, len(freshPayloads), 4, 2); !bytes.Equal(got[1], freshPayloads[1]) {
@@ -565,7 +565,7 @@ func wirePut(t testing.TB, c *transfer.Client, key prefixhash.Key, v []byte) tra
 // plane's byte counters), the node stores one copy, and every rank reads
 // the whole latent.
 func TestRanksLatentStoredOnce(t *testing.T) {
-	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Tiers.DRAMBytes = partsDRAM })
 	ns := latentNS
 	tokens, payloads := partsPrompt(ns, 4, 6)
 	bytesIn := func() int64 {
@@ -608,11 +608,11 @@ func TestRanksLatentStoredOnce(t *testing.T) {
 // is closed: a part cut from a block read in place used to keep tokens
 // that viewed the node's arena.
 func TestGetRankOwnsTokens(t *testing.T) {
-	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Tiers.DRAMBytes = partsDRAM })
 	ns := partsNS
 	tokens, payloads := partsPrompt(ns, 5, 2)
 	ctx := context.Background()
-	if _, err := n.client.Put(ctx, ns, tokens, payloads); err != nil {
+	if _, err := n.client.Put(ctx, ns, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	c, err := client.Dial(n.GRPCAddr(), client.Options{})
@@ -630,3 +630,5 @@ func TestGetRankOwnsTokens(t *testing.T) {
 		}
 	}
 }
+
+//lint:file-ignore SA1019 the node's tests call the client's deprecated methods, kept one release (client/deprecated.go).

@@ -84,7 +84,7 @@ func TestShareSocket(t *testing.T) {
 		t.Errorf("an unknown group name: %v", err)
 	}
 	for _, mode := range []os.FileMode{0o666, 0o400, 0o4600} {
-		o := Options{ShmSocketMode: mode}
+		o := Options{Listen: ListenOptions{ShmSocketMode: mode}}
 		o.EnsureDefaults()
 		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "ShmSocketMode") {
 			t.Errorf("ShmSocketMode %#o: %v", mode, err)

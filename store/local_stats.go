@@ -1,9 +1,10 @@
 package store
 
 import (
-	"github.com/kvmesh/kvmesh/auth"
 	"sort"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -62,7 +63,7 @@ type Stats struct {
 	// PartsCompleted the blocks completed from parts, PartConflicts the
 	// parts refused with ErrPartConflict, PartialsExpired the incomplete
 	// blocks dropped after PartialTTL and PartialsDropped those dropped
-	// for memory room. Claims counts Claim's answers by transfer.ClaimStatus.
+	// for memory room. Claims counts Claim's answers by block.ClaimStatus.
 	PartialsOpen    int
 	PartialBytes    int64
 	PartsStored     int64
@@ -70,7 +71,7 @@ type Stats struct {
 	PartConflicts   int64
 	PartialsExpired int64
 	PartialsDropped int64
-	Claims          [4]int64
+	Claims          [block.ClaimStatuses]int64
 	// PartialSlots is how many of PartialsOpen hold a memory-tier slot
 	// (the others are in process memory: the tier takes no reservations).
 	PartialSlots     int

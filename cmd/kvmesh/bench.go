@@ -20,24 +20,25 @@ import (
 
 // benchFlags are kvmesh bench's flags.
 type benchFlags struct {
-	quick    bool
-	output   string
-	out      string
-	workDir  string
-	addr     []string
-	trace    string
-	requests int
-	nodes    int
-	routing  string
-	capacity int
-	eviction string
-	speedup  float64
-	duration time.Duration
-	conc     int
-	logLevel string
-	backend  string
-	gpu      int
-	backlog  int
+	quick     bool
+	output    string
+	out       string
+	workDir   string
+	addr      []string
+	trace     string
+	requests  int
+	nodes     int
+	routing   string
+	capacity  int
+	eviction  string
+	speedup   float64
+	duration  time.Duration
+	conc      int
+	logLevel  string
+	backend   string
+	gpu       int
+	backlog   int
+	transport string
 }
 
 func benchCmd() *cobra.Command {
@@ -49,11 +50,13 @@ func benchCmd() *cobra.Command {
 physical limit, both measured in the same run; figures are reported as ratios.
 
 Suites:
-  transfer   data plane: transfer client vs raw TCP stream, shared memory vs copy()
+  transfer   data plane: transfer client vs raw TCP stream, shared memory vs copy();
+             --transport ucx: one-sided reads through UCX vs ucx_perftest -t ucp_get and
+             kvmesh's TCP path, over UCX_TLS tcp and sm (needs a build with -tags ucx)
   store      GET/SET of 64KiB, 1MiB, 4MiB blocks at concurrency 4 and 16, vs Redis;
              over shared memory, reads copied out (get) and in place (view) apart
   ranks      2, 4, 8 tensor-parallel ranks putting then getting their slices of the
-             same blocks at once (PutRank/GetRank) vs one client's whole blocks, TCP
+             same blocks at once (Put/Get with a Rank) vs one client's whole blocks, TCP
              and shared memory; 8 MLA ranks putting one prefix: bytes received vs one copy
   lookup     longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes; hashing
   nvme       the NVMe tier vs fio (sequential direct write, random direct read);
@@ -106,6 +109,7 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.Float64Var(&f.speedup, "speedup", 0, "trace suite: honour the trace's timestamps, replayed this many times faster (default 0: as fast as possible)")
 	fs.DurationVar(&f.duration, "duration", 0, "soak: how long the load runs (default 10m; --quick: 30s)")
 	fs.IntVar(&f.conc, "concurrency", 0, "soak: workers, one call in flight each (default 64)")
+	fs.StringVar(&f.transport, "transport", "tcp", "transfer suite: tcp, or ucx (the one-sided path beside ucx_perftest, over UCX_TLS tcp and sm)")
 	fs.IntVar(&f.backlog, "backlog", 0, "serve: measure N queued requests beside the sessions instead of the routing policies (the queue's target is stated for 200 or more)")
 	fs.StringVar(&f.workDir, "work-dir", "", "scratch directory, on the disk the nvme suite measures (default: a temporary directory)")
 	fs.StringVar(&f.backend, "backend", "cpu", "prefill suite: the engine's backend, cpu or cuda (cuBLAS on CUDA device --gpu, in the bench's process)")
@@ -145,7 +149,7 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	}
 	sf := bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
 		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Eviction: f.eviction, Speedup: f.speedup,
-		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog}
+		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog, Transport: f.transport}
 	switch f.backend {
 	case "cpu":
 	case "cuda":

@@ -33,7 +33,7 @@ func TestDataDirPrivate(t *testing.T) {
 	ctx := context.Background()
 
 	tokens, payloads := e2ePrompt(1, 40) // 20 MiB: most of it spills to NVMe
-	if _, err := c.Put(ctx, e2eNS, tokens, payloads); err != nil {
+	if _, err := c.Put(ctx, e2eNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.SetQuota(ctx, e2eNS, client.Quota{DRAMBytes: 64 << 20, NVMeBytes: 128 << 20}); err != nil {

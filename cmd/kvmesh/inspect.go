@@ -249,6 +249,7 @@ type memberJSON struct {
 	ShmHere     bool       `json:"shm_this_host"`
 	HostID      string     `json:"host_id,omitempty"`
 	RDMADevices []string   `json:"rdma_devices"`
+	Fabric      string     `json:"fabric,omitempty"`
 	Version     string     `json:"version,omitempty"`
 	Tiers       []tierJSON `json:"tiers"`
 }
@@ -258,11 +259,13 @@ func membersCmd(f *inspectFlags) *cobra.Command {
 		Use:   "members",
 		Short: "The nodes of the cluster, as the node at --addr sees them",
 		Long: `The nodes of the cluster as the node at --addr sees them: each live node (alive,
-or suspected of having failed) with its addresses and tiers. Tier usage is
-known for the node that answered (marked *); for the others, their capacity.
-SHM says whether a node serves shared memory to clients on its own host (its
-socket), and "here" when that host is this one and this process can reach
-the socket: clients run here read its blocks without a socket copy.`,
+or suspected of having failed) with its addresses, tiers, RDMA devices and
+fabric (how it reads other nodes: tcp, or ucx with UCX's version and the
+transports it opened). Tier usage is known for the node that answered
+(marked *); for the others, their capacity. SHM says whether a node serves
+shared memory to clients on its own host (its socket), and "here" when that
+host is this one and this process can reach the socket: clients run here
+read its blocks without a socket copy.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var resp client.Cluster
@@ -277,7 +280,7 @@ the socket: clients run here read its blocks without a socket copy.`,
 			for _, m := range resp.Members {
 				mj := memberJSON{ID: m.ID, Self: m.ID == resp.SelfID, State: m.State, GRPCAddr: m.GRPCAddr,
 					HTTPAddr: m.HTTPAddr, DataAddr: m.DataAddr, GossipAddr: m.GossipAddr, ShmSocket: m.ShmSocket,
-					HostID: m.HostID, RDMADevices: append([]string{}, m.RDMADevices...), Version: m.Version, Tiers: []tierJSON{}}
+					HostID: m.HostID, RDMADevices: append([]string{}, m.RDMADevices...), Fabric: m.Fabric, Version: m.Version, Tiers: []tierJSON{}}
 				mj.Shm = m.ShmSocket != ""
 				mj.ShmHere = mj.Shm && m.HostID != "" && m.HostID == client.HostID() && socketReachable(m.ShmSocket)
 				for _, t := range m.Tiers {
@@ -290,7 +293,7 @@ the socket: clients run here read its blocks without a socket copy.`,
 				out = append(out, mj)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tSHM\tTIERS\tRDMA\tVERSION")
+				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tSHM\tTIERS\tRDMA\tFABRIC\tVERSION")
 				for _, m := range out {
 					var tiers []string
 					for _, t := range m.Tiers {
@@ -314,8 +317,8 @@ the socket: clients run here read its blocks without a socket copy.`,
 					case m.Shm:
 						shm = "on: " + m.ShmSocket
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
-						shm, strings.Join(tiers, ", "), rdma, m.Version)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
+						shm, strings.Join(tiers, ", "), rdma, dash(m.Fabric), m.Version)
 				}
 				fmt.Fprintf(w, "\n%d members; * answered (tiers: used/capacity; others: capacity); SHM: shared memory for clients on the node's host (here: this host, socket reachable)\n", len(out))
 			})
@@ -477,7 +480,7 @@ names it).`,
 				if ns, err = lookupNamespace(ctx, c, given, &nf); err != nil {
 					return err
 				}
-				l, err = c.Lookup(ctx, ns, toks)
+				l, err = c.Lookup(ctx, ns, client.Prompt{Tokens: toks})
 				return err
 			})
 			if err != nil {

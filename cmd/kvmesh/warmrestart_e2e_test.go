@@ -28,7 +28,7 @@ func TestWarmRestart(t *testing.T) {
 		payloads = map[prefixhash.Key][]byte{}
 		for p := range prompts {
 			tk, pl := e2ePrompt(seed+p, blocks)
-			keys, err := c.Put(ctx, e2eNS, tk, pl)
+			keys, err := c.Put(ctx, e2eNS, client.Prompt{Tokens: tk}, pl)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -42,7 +42,7 @@ func TestWarmRestart(t *testing.T) {
 	cached := func(c *client.Client, tokens [][]uint32) int {
 		n := 0
 		for _, tk := range tokens {
-			l, err := c.Lookup(ctx, e2eNS, tk)
+			l, err := c.Lookup(ctx, e2eNS, client.Prompt{Tokens: tk})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -74,13 +74,13 @@ func TestWarmRestart(t *testing.T) {
 		keys = append(keys, k)
 	}
 	got := 0
-	err := c.GetKeys(ctx, e2eNS, keys, func(b client.Block) error {
+	_, err := c.Get(ctx, e2eNS, client.Prompt{Keys: keys}, client.Each(func(b client.Block) error {
 		if !b.Found || !bytes.Equal(b.Payload, payloads[b.Key]) {
 			return fmt.Errorf("block %s: found %v, bytes equal %v", b.Key, b.Found, bytes.Equal(b.Payload, payloads[b.Key]))
 		}
 		got++
 		return nil
-	})
+	}))
 	if err != nil || got != len(keys) {
 		t.Fatalf("after a graceful restart: %d of %d blocks read back, %v", got, len(keys), err)
 	}
