@@ -8,8 +8,9 @@ import "strings"
 var columnHelp = map[string]string{
 	// What a row is.
 	"target":         "what was measured: kvmesh-tcp (the Go client over the node's TCP data plane), kvmesh-shm (over shared memory on the node's host), redis (the bench's own Redis client), redis-benchmark (Redis's own tool)",
-	"op":             "get: each value copied into the caller's buffer; view: read in place in the node's shared memory, copied nowhere (kvmesh-shm only); set: a key never written before; put/get in ranks: PutRank/GetRank",
+	"op":             "get: each value copied into the caller's buffer; view: read in place in the node's shared memory, copied nowhere (kvmesh-shm only); set: a key never written before; put/get in ranks: Put/Get of a Rank's part",
 	"path":           "the way the bytes or requests went (the table's title lists them)",
+	"ucx_tls":        "the UCX transports the UCX rows ran over (UCX_TLS): tcp, or sm (shared memory); RDMA never ran here",
 	"pattern":        "the I/O pattern measured",
 	"backend":        "kvmesh (nodes started by the bench) or the in-process model of the same policy",
 	"engine_backend": "the prefill engine's backend: cpu or cuda",
@@ -56,7 +57,7 @@ var columnHelp = map[string]string{
 	"keys":                     "keys in the chain",
 	"received_bytes":           "bytes the node received for the puts, headers included",
 	"stored_blocks":            "blocks the node holds afterwards",
-	"ranks_read_whole":         "ranks whose GetRank returned every block whole",
+	"ranks_read_whole":         "ranks whose Get of their Rank returned every block whole",
 	"bytes_verified":           "payload bytes compared with what was put",
 	"sgemm_n":                  "the square matrices' size",
 	"gflop":                    "10^9 floating-point operations the prefill did",
