@@ -20,25 +20,27 @@ import (
 
 // benchFlags are kvmesh bench's flags.
 type benchFlags struct {
-	quick     bool
-	output    string
-	out       string
-	workDir   string
-	addr      []string
-	trace     string
-	requests  int
-	nodes     int
-	routing   string
-	capacity  int
-	eviction  string
-	speedup   float64
-	duration  time.Duration
-	conc      int
-	logLevel  string
-	backend   string
-	gpu       int
-	backlog   int
-	transport string
+	quick                      bool
+	output                     string
+	out                        string
+	workDir                    string
+	addr                       []string
+	trace                      string
+	requests                   int
+	nodes                      int
+	routing                    string
+	capacity                   int
+	eviction                   string
+	speedup                    float64
+	duration                   time.Duration
+	conc                       int
+	logLevel                   string
+	backend                    string
+	gpu                        int
+	modelDir                   string
+	promptTokens, decodeTokens int
+	backlog                    int
+	transport                  string
 }
 
 func benchCmd() *cobra.Command {
@@ -114,6 +116,9 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.StringVar(&f.workDir, "work-dir", "", "scratch directory, on the disk the nvme suite measures (default: a temporary directory)")
 	fs.StringVar(&f.backend, "backend", "cpu", "prefill suite: the engine's backend, cpu or cuda (cuBLAS on CUDA device --gpu, in the bench's process)")
 	fs.IntVar(&f.gpu, "gpu", 0, "prefill suite: CUDA device ordinal of --backend cuda")
+	fs.StringVar(&f.modelDir, "model-dir", "", "prefill suite: a Hugging Face model directory to measure instead (prefill and decode tokens/s beside PyTorch's forward of the same checkpoint)")
+	fs.IntVar(&f.promptTokens, "prompt-tokens", 0, "prefill suite: the prompt's length (default 8192; with --model-dir 512; --quick less)")
+	fs.IntVar(&f.decodeTokens, "decode-tokens", 0, "prefill suite with --model-dir: tokens decoded after the prompt (default 32)")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	return c
 }
@@ -149,7 +154,8 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	}
 	sf := bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
 		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Eviction: f.eviction, Speedup: f.speedup,
-		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog, Transport: f.transport}
+		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog, Transport: f.transport,
+		PrefillModelDir: f.modelDir, PrefillPromptTokens: f.promptTokens, PrefillDecodeTokens: f.decodeTokens}
 	switch f.backend {
 	case "cpu":
 	case "cuda":
