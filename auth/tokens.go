@@ -228,7 +228,7 @@ func ReadFile(path string) (*File, error) {
 	return f, nil
 }
 
-// ParseFile parses a tokens file (YAML; see the package doc and the README
+// ParseFile parses a tokens file (YAML; see the package doc and docs/SECURITY.md
 // for an example). Every entry needs a token or its SHA-256 and at least
 // one scope; a tenant's entry may not hold the cluster scope; the file
 // needs a secret of at least MinSecretLen bytes when it names a tenant,

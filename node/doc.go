@@ -208,9 +208,12 @@
 //
 // The data dir is the node's user's alone: kvmesh creates its directories
 // 0700 and its files 0600 (node-id, written durably: synced, renamed,
-// directory synced; quotas.json; NVMe segments); pebble's own files (the
-// NVMe index, the prefill queue) are 0644 inside 0700 directories. A data
-// dir made by an older version keeps its modes: chmod -R go-rwx it.
+// directory synced; quotas.json; callback-secret; NVMe segments), pebble's
+// included (the NVMe index, the prefill queue: internal/privatefs), and
+// the shared-memory socket Listen.ShmSocketMode (0600; with
+// Listen.ShmSocketGroup, 0660 and the socket's own directory 0710, both in
+// that group, for workers running as other users). A data dir made by an older
+// version keeps its modes: chmod -R go-rwx it.
 //
 // Tenants. A tenant's namespaces are salted by the node (namespace: the
 // principal's salt goes before the caller's own), so a tenant can neither
@@ -252,7 +255,10 @@
 // 503, requests in flight get ShutdownTimeout to finish, then are cancelled;
 // a node of a cluster then pushes what is queued, hands its DRAM blocks to
 // the owners they get without it (up to HandoffBytes) and leaves the
-// membership, within ShutdownTimeout; last the data plane, the peers and
+// membership, within ShutdownTimeout; then it writes what only DRAM holds
+// to NVMe (store.Local.Spill, up to Tiers.SpillOnStopBytes, those no member took
+// first), within ShutdownTimeout again, logging its progress, so that a
+// restart on the data dir serves them; last the data plane, the peers and
 // gossip stop and the cache is closed, after every handler has returned.
 //
 // # Concurrency

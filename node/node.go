@@ -249,7 +249,9 @@ func (n *Node) Ready() ready.Info {
 // turns NOT_SERVING, new requests are refused, requests in flight get
 // ShutdownTimeout to finish before they are cancelled; then a node of a
 // cluster pushes its DRAM blocks to their next owners and leaves the
-// membership (within ShutdownTimeout again), and the cache is closed. It
+// membership (within ShutdownTimeout again), writes what remains only in
+// DRAM to NVMe (Tiers.SpillOnStopBytes, within ShutdownTimeout again), and the
+// cache is closed. It
 // returns nil after a shutdown asked for through ctx. Serve may be called
 // once.
 func (n *Node) Serve(ctx context.Context) error {
@@ -314,7 +316,12 @@ func (n *Node) Serve(ctx context.Context) error {
 		// that the others stop asking this node before it stops
 		// answering.
 		ctx, cancel := context.WithTimeout(context.Background(), n.opts.ShutdownTimeout)
-		n.cluster.leave(ctx)
+		taken := n.cluster.leave(ctx)
+		cancel()
+		// Then what no other member took goes to NVMe: a restart on
+		// this data dir serves it.
+		ctx, cancel = context.WithTimeout(context.Background(), n.opts.ShutdownTimeout)
+		n.cluster.spill(ctx, taken)
 		cancel()
 	}
 	if err := n.Close(); err != nil && serveErr == nil {

@@ -28,10 +28,17 @@ func (a openaiNode) Foreground() (done func()) { return a.n.foreground() }
 // Authorize checks HTTP credentials as the gRPC API's guard checks a call's.
 func (a openaiNode) Authorize(header []string, what string, need auth.Scope) (auth.Principal, error) {
 	who, err := a.n.guard.authorize(header, what, need)
-	if err != nil {
-		return who, &openai.AuthError{Forbidden: status.Code(err) == codes.PermissionDenied, Msg: status.Convert(err).Message()}
+	switch {
+	case err == nil:
+		return who, nil
+	case status.Code(err) == codes.PermissionDenied:
+		return who, &openai.AuthError{Forbidden: true, Msg: status.Convert(err).Message()}
+	case len(header) == 0:
+		// In HTTP's terms: the guard's own message speaks of gRPC metadata.
+		return who, &openai.AuthError{Msg: `this node requires an API key: send the header "Authorization: Bearer <token>" ` +
+			`(OpenAI SDKs: api_key=<token>, or the OPENAI_API_KEY variable)`}
 	}
-	return who, nil
+	return who, &openai.AuthError{Msg: `the API key (the "Authorization: Bearer" token) is not accepted by this node`}
 }
 
 // Flush waits for the cluster's pushes to owners; a node alone has none.

@@ -116,6 +116,15 @@ type ListenOptions struct {
 	// permissions decide who may read the cache. "off" turns it off.
 	// Default DataDir/shm.sock (made absolute).
 	ShmSocket string
+	// ShmSocketMode is the socket's permission bits: 0600 admits the
+	// node's user (and root), 0660 also ShmSocketGroup. Default 0600.
+	ShmSocketMode os.FileMode
+	// ShmSocketGroup, a group name or id, is given the socket and its
+	// directory (search permission only): with ShmSocketMode 0660, the
+	// processes of that group (inference workers running as other users)
+	// may connect. The node's user must be a member. Give the socket a
+	// directory of its own. Default "": the node user's group, untouched.
+	ShmSocketGroup string
 	// ShmRegionBytes is the shared region each shared-memory client gets,
 	// in bytes (memory is committed as blocks are copied in). A multiple of
 	// 4 KiB, at least MaxBlockBytes. Default 256 MiB.
@@ -254,6 +263,13 @@ type SecurityOptions struct {
 type TierOptions struct {
 	// DRAMBytes is the hard limit of the DRAM tier, in bytes. Default 1 GiB.
 	DRAMBytes int64
+	// SpillOnStopBytes bounds the DRAM-resident blocks a node stopping
+	// gracefully writes to its NVMe tier after the handoff
+	// (Cluster.HandoffBytes), hottest first and those no other member took
+	// before those it did (within ShutdownTimeout), so that a restart on
+	// the same data dir serves them. Default DRAMBytes (all of it);
+	// negative: none.
+	SpillOnStopBytes int64
 	// DRAMPopulate backs the whole DRAM tier with memory at start and
 	// keeps it (tiers.DRAMOptions.Populate): no put waits for the kernel
 	// to allocate pages, and the node's resident memory includes DRAMBytes
@@ -366,6 +382,7 @@ func (o *ListenOptions) ensureDefaults(dataDir string) {
 	def(&o.HTTPAddr, DefaultHTTPAddr)
 	def(&o.DataAddr, DefaultDataAddr)
 	def(&o.ShmSocket, filepath.Join(dataDir, "shm.sock"))
+	def(&o.ShmSocketMode, 0o600)
 	def(&o.ShmRegionBytes, 256*MiB)
 }
 
@@ -383,6 +400,7 @@ func (o *ClusterOptions) ensureDefaults() {
 
 func (o *TierOptions) ensureDefaults() {
 	def(&o.DRAMBytes, 1*GiB)
+	def(&o.SpillOnStopBytes, o.DRAMBytes)
 	def(&o.NVMeBytes, 10*GiB)
 }
 
@@ -483,6 +501,10 @@ func (o *ListenOptions) validate(maxBlock int) error {
 		return badOption("Listen.HTTPAddr", "%s is also GRPCAddr", o.HTTPAddr)
 	case o.ShmSocket != ShmOff && len(o.ShmSocket) > maxSocketPath:
 		return badOption("Listen.ShmSocket", "%q is longer than a unix socket path may be (%d bytes); choose a shorter path or \"off\"", o.ShmSocket, maxSocketPath)
+	case o.ShmSocketMode&^os.ModePerm != 0 || o.ShmSocketMode&0o600 != 0o600:
+		return badOption("Listen.ShmSocketMode", "%#o must be permission bits that let the node's user read and write (0600, 0660)", uint32(o.ShmSocketMode))
+	case o.ShmSocketMode&0o007 != 0:
+		return badOption("Listen.ShmSocketMode", "%#o lets every user of the host connect and read the cache; give the workers a group of their own and use 0660", uint32(o.ShmSocketMode))
 	case o.ShmRegionBytes < int64(maxBlock) || o.ShmRegionBytes%(4*KiB) != 0:
 		return badOption("Listen.ShmRegionBytes", "%d bytes must be a multiple of 4KiB and hold one block of MaxBlockBytes (%d)", o.ShmRegionBytes, maxBlock)
 	}
@@ -494,6 +516,9 @@ func (o *ClusterOptions) validate() error {
 		return err
 	}
 	for i, j := range o.Join {
+		if strings.Contains(j, "://") {
+			return badOption("Cluster.Join", "seed %d, %q, is a URL; give a member's gossip address as HOST:PORT, without a scheme", i+1, j)
+		}
 		if _, _, err := net.SplitHostPort(j); err != nil {
 			return badOption("Cluster.Join", "seed %d, %q, is not host:port (a member's gossip address)", i+1, j)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/kvmesh/kvmesh/internal/privatefs"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
@@ -105,11 +106,11 @@ func queueKey(id string) []byte { return append([]byte{queueRecordPrefix}, id...
 
 // openQueue opens (or creates) the queue in dir and rebuilds its index.
 func openQueue(dir string, opts queueOptions) (*queue, error) {
-	// 0700: pebble's files (0644) are then the node's user's alone.
+	// The node's user's alone: 0700, and pebble's files 0600 (privatefs).
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: prefill queue: %w", err)
 	}
-	db, err := pebble.Open(dir, &pebble.Options{Logger: queuePebbleLogger{opts.log}})
+	db, err := pebble.Open(dir, &pebble.Options{Logger: queuePebbleLogger{opts.log}, FS: privatefs.New(nil)})
 	if err != nil {
 		return nil, fmt.Errorf("node: open prefill queue in %s: %w", dir, err)
 	}

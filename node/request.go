@@ -183,6 +183,14 @@ func blockExtraKeys(extra []*kvmeshv1.BlockExtraKeys, blocks int) ([]prefixhash.
 // its keys, within limits, and the prompt's length in tokens.
 func (n *Node) lookupChain(ns prefixhash.Namespace, req *kvmeshv1.LookupRequest) ([]prefixhash.Key, int, error) {
 	tokens, raw := req.GetTokens(), req.GetChain()
+	if len(raw) == 0 && len(tokens) == 0 && req.GetPromptTokens() > 0 {
+		// A prompt shorter than one block has no key, so its chain is
+		// empty; prompt_tokens still says how long it is.
+		if p := req.GetPromptTokens(); p >= uint64(ns.BlockTokens) {
+			return nil, 0, invalid("prompt_tokens", "%d tokens make full blocks of %d tokens, and the chain is empty", p, ns.BlockTokens)
+		}
+		return nil, int(req.GetPromptTokens()), nil
+	}
 	if len(raw) == 0 {
 		keys, err := n.promptKeys(ns, tokens, req.GetExtraKeys())
 		return keys, len(tokens), err

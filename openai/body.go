@@ -143,8 +143,10 @@ func decodeJSON(b []byte, v any) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(err, &typeErr) && typeErr.Field == "":
+		return badRequest("", "the request body must be a JSON object, got %s", typeErr.Value)
 	case errors.As(err, &typeErr):
-		return badRequest(typeErr.Field, "%s: expected %s, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		return badRequest(typeErr.Field, "%s must be %s, got %s", typeErr.Field, jsonType(typeErr.Type), typeErr.Value)
 	case errors.Is(err, io.EOF):
 		return badRequest("", "the request body is empty; send a JSON object")
 	}

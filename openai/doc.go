@@ -31,6 +31,12 @@
 // server.go (the HTTP server both a node and a router serve it with: read,
 // write and idle timeouts that do not cut a long generation).
 //
+// Errors speak the API's terms: OpenAI's error object with the parameter
+// at fault, the shape a value should have in JSON's words (never a Go type
+// name), 404 for any path no route serves (NotFound, which says the API is
+// under /v1/ when the path is outside it), and tool calling refused with
+// 400 unsupported_parameter rather than ignored.
+//
 // Invariants. A completion needs the write scope (it publishes the blocks
 // it computes), a lookup or a list the read scope, a peer's lease call the
 // cluster scope; a tenant's prompts run in its namespace (prefill.RunAs)

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/probe"
 	"github.com/kvmesh/kvmesh/openai"
 )
 
@@ -153,6 +154,17 @@ func New(opts Options) (*Router, error) {
 		lis.Close()
 		return nil, err
 	}
+	if !members.Joined() {
+		// A node's gRPC or HTTP port given as a seed is retried forever:
+		// say so now.
+		for _, s := range opts.Join {
+			if what := probe.NotGossip(s); what != "" {
+				members.Close()
+				lis.Close()
+				return nil, &OptionError{Field: "Join", Msg: fmt.Sprintf("%s answers %s; join takes the members' gossip addresses (their --gossip-addr, port 7603 by default)", s, what)}
+			}
+		}
+	}
 	r := &Router{opts: opts, log: opts.Logger, members: members, lis: lis, reg: prometheus.NewRegistry(),
 		client: &http.Client{Transport: &http.Transport{
 			DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -204,6 +216,7 @@ func New(opts Options) (*Router, error) {
 	mux.HandleFunc(openai.QueuePath+"/{id...}", r.gate(r.forwardQueue))
 	// Models, other methods and errors: any node answers the same.
 	mux.HandleFunc("/v1/", r.gate(func(w http.ResponseWriter, req *http.Request) { r.forwardAny(w, req, nil) }))
+	mux.HandleFunc("/", openai.NotFound)
 	r.http = openai.NewServer(mux, openai.Timeouts{})
 	return r, nil
 }

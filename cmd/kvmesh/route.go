@@ -63,6 +63,11 @@ Prometheus metrics per node on /metrics.`,
 				}
 				opts.NodeTLS = cfg
 			}
+			for _, j := range opts.Join {
+				if err := checkHostPort("--join", j); err != nil {
+					return err
+				}
+			}
 			r, err := router.New(opts)
 			if err != nil {
 				return fmt.Errorf("%w (see kvmesh route --help)", optionError(err, nil))

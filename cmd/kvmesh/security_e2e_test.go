@@ -55,7 +55,7 @@ func TestServeTLS(t *testing.T) {
 		args []string
 		says string
 	}{
-		{"plain", nil, "if it serves TLS, pass --tls-ca"},
+		{"plain", nil, "if it is a node's gRPC port with TLS, pass --tls-ca"},
 		{"no client certificate", []string{"--tls-ca", ca.File}, "--tls-cert/--tls-key"},
 		{"no token", all, "asks for a bearer token: pass --auth-token-file"},
 		{"wrong token", append(all, "--auth-token-file", wrong), "refused the token of " + wrong},

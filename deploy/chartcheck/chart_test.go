@@ -227,6 +227,7 @@ func TestChartRefuses(t *testing.T) {
 		{"auth:\n  existingSecret: t\n  tenants: true\n", "auth needs a gossip key"},
 		// Mutual TLS guards gRPC and the data plane, not gossip.
 		{"auth:\n  tokens: [t]\ntls:\n  enabled: true\n  existingSecret: s\n  clientAuth: true\n", "mutual TLS does not protect gossip"},
+		{"shm:\n  enabled: true\n", "shm.enabled needs kind: DaemonSet"},
 	} {
 		f := filepath.Join(t.TempDir(), "values.yaml")
 		os.WriteFile(f, []byte(tc.values), 0o644)
