@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
@@ -51,6 +52,7 @@ func (n *Node) objects() (objectStore, error) {
 // Put stores the records of the stream, one result each.
 func (s *objectService) Put(stream kvmeshv1.ObjectService_PutServer) error {
 	ctx := stream.Context()
+	tenant := auth.PrincipalFrom(ctx).Tenant
 	var (
 		results []*kvmeshv1.ObjectResult
 		buf     []byte // the record being received, charged to putBudget
@@ -59,7 +61,7 @@ func (s *objectService) Put(stream kvmeshv1.ObjectService_PutServer) error {
 	release := func() {
 		if buf != nil {
 			putBlockBuf(buf)
-			s.n.putBudget.release(int64(len(buf)))
+			s.n.putBudget.release(tenant, int64(len(buf)))
 			buf = nil
 		}
 	}
@@ -88,7 +90,7 @@ func (s *objectService) Put(stream kvmeshv1.ObjectService_PutServer) error {
 				return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_TOO_MANY_BLOCKS, limitMeta(s.n.opts.Limits.MaxBatchBlocks), "index",
 					"more than %d records in one stream", s.n.opts.Limits.MaxBatchBlocks)
 			}
-			if err := s.n.putBudget.acquire(ctx, int64(n), fmt.Sprintf("record %d of the Put stream", len(results))); err != nil {
+			if err := s.n.putBudget.acquire(ctx, tenant, int64(n), fmt.Sprintf("record %d of the Put stream", len(results))); err != nil {
 				return err
 			}
 			buf, got = getBlockBuf(int(n)), 0

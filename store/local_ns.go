@@ -147,7 +147,7 @@ func (t *namespaces) add(n nsInfo) uint32 {
 		}
 		a.entries++
 		t.list[id].acct = a
-		t.list[id].quota = t.quotaOf(n.digest).tiers()
+		t.list[id].quota = t.quotaOf(n.digest, n.tenant).tiers()
 	} else {
 		if t.unresolved == nil {
 			t.unresolved = make(map[int]uint32)
@@ -157,22 +157,23 @@ func (t *namespaces) add(n nsInfo) uint32 {
 	return id
 }
 
-// quotaOf returns the quota in force for a resolved namespace.
-func (t *namespaces) quotaOf(digest uint64) Quota {
-	if q, ok := t.quotas[digest]; ok {
+// quotaOf returns the quota in force for a resolved namespace whose blocks
+// carry tag.
+func (t *namespaces) quotaOf(digest, tag uint64) Quota {
+	if q, ok := t.quotas[digest]; ok && q.appliesTo(tag) {
 		return q
 	}
 	return t.defQuota
 }
 
 // fits reports whether size more bytes in tier t keep the namespace with the
-// given digest within its quota.
-func (t *namespaces) fits(digest uint64, tier, size int) bool {
+// given digest, whose blocks carry tag, within its quota.
+func (t *namespaces) fits(digest, tag uint64, tier, size int) bool {
 	if a := t.accts[digest]; a != nil {
-		q := t.quotaOf(digest).tiers()[tier]
+		q := t.quotaOf(digest, a.tenant).tiers()[tier]
 		return q == 0 || a.used[tier]+int64(size) <= q
 	}
-	q := t.quotaOf(digest).tiers()[tier]
+	q := t.quotaOf(digest, tag).tiers()[tier]
 	return q == 0 || int64(size) <= q
 }
 

@@ -167,7 +167,7 @@ func (l *Local) pinRoomLocked(acct *nsAcct, total, d int64) error {
 	if d <= 0 {
 		return nil
 	}
-	q := l.mu.ns.quotaOf(acct.digest)
+	q := l.mu.ns.quotaOf(acct.digest, acct.tenant)
 	var limit int64
 	switch {
 	case q.DRAM == 0:

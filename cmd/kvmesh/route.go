@@ -78,6 +78,11 @@ of a publisher whose connection has been lost that long (a dead engine).`,
 				}
 				opts.NodeTLS = cfg
 			}
+			for _, j := range opts.Join {
+				if err := checkHostPort("--join", j); err != nil {
+					return err
+				}
+			}
 			for _, s := range engineEvents {
 				e, err := router.ParseEngineEvents(s)
 				if err != nil {
@@ -104,7 +109,8 @@ of a publisher whose connection has been lost that long (a dead engine).`,
 	fs.StringVar(&opts.HTTPAddr, "http-addr", router.DefaultHTTPAddr, "host:port of the router's API and /metrics (port 0: any free port)")
 	fs.StringSliceVar(&opts.Join, "join", nil, "gossip addresses HOST:PORT,... of cluster members (required)")
 	fs.StringVar(&opts.GossipAddr, "gossip-addr", "127.0.0.1:0", "host:port of the router's own gossip")
-	fs.StringVar(&gossipKeyFile, "gossip-key-file", "", "the cluster's gossip key file, if it has one")
+	fs.StringVar(&gossipKeyFile, "gossip-key-file", "", "the cluster's gossip key file; without it the router forwards no request that carries a bearer token (any host could join its gossip as a node)")
+	fs.BoolVar(&opts.InsecureGossip, "insecure-gossip", false, "forward requests with bearer tokens without a gossip key, on a network only the cluster's hosts reach")
 	fs.StringVar(&opts.GossipProfile, "gossip-profile", "lan", "failure detection timings: lan, or local (one host)")
 	fs.StringVar(&opts.Policy, "policy", router.PolicyTokens, "tokens (fewest outstanding uncached prompt tokens), random, or session (by x-session-affinity; a baseline)")
 	fs.StringVar(&opts.NodeID, "node-id", "", "the router's member id (default router-<host>-<port>)")
@@ -114,7 +120,7 @@ of a publisher whose connection has been lost that long (a dead engine).`,
 	fs.Float64Var(&opts.Weights.Disk, "weight-disk", router.DefaultWeights.Disk, "share spared for a block the store holds on NVMe (0..1)")
 	fs.DurationVar(&opts.EngineEventsTTL, "engine-events-ttl", 30*time.Second, "drop the blocks a member's engine published once the member is gone from the cluster, or its publisher's connection lost, this long")
 	fs.IntVar(&opts.MaxIndexedBlocks, "engine-events-max-blocks", 1<<22, "most blocks the router's event index holds")
-	fs.StringVar(&nodeTLS.ca, "tls-ca", "", "reach the nodes' HTTP addresses over HTTPS (nodes served with --http-tls), trusting this CA's PEM file")
+	fs.StringVar(&nodeTLS.ca, "tls-ca", "", "reach the nodes' HTTP addresses over HTTPS (nodes with TLS serve it there), trusting this CA's PEM file; without it the router routes to no node with TLS")
 	fs.StringVar(&nodeTLS.cert, "tls-cert", "", "client certificate (PEM) to present to the nodes over HTTPS")
 	fs.StringVar(&nodeTLS.key, "tls-key", "", "the client certificate's private key (PEM)")
 	fs.StringVar(&nodeTLS.server, "tls-server-name", "", "name verified in the nodes' certificates (default: the host of their address)")
