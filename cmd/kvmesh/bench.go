@@ -95,7 +95,7 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.StringVarP(&f.output, "output", "o", "table", "table or json")
 	fs.StringVar(&f.out, "out", "", "directory for PNG plots (none without it)")
 	fs.StringSliceVar(&f.addr, "addr", nil, "gRPC addresses HOST:PORT,... of a running cluster to measure instead of starting nodes")
-	fs.StringVar(&f.trace, "trace", "", "trace suite: Mooncake-format trace (JSONL, .gz ok; default: the bundled conversation trace)")
+	fs.StringVar(&f.trace, "trace", "", "trace suite: Mooncake-format trace (JSONL, .gz ok; agentic or agentic:SEED generates agent sessions; default: the bundled conversation trace)")
 	fs.IntVar(&f.requests, "requests", 0, "trace suite: replay only the first N requests (default: all; --quick: fewer)")
 	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4)")
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
