@@ -74,7 +74,7 @@ func TestEvictionCopiesFirst(t *testing.T) {
 			}
 		}
 		for _, b := range copies {
-			if got := info(t, l, w.blocks[b].key).Copy; got != (ev == EvictDedup) {
+			if got := info(t, l, w.blocks[b].key).Copy; got != ev.keepsCopies() {
 				t.Fatalf("Info.Copy of a PutCopy block = %v under %s", got, ev)
 			}
 		}
@@ -91,7 +91,7 @@ func TestEvictionCopiesFirst(t *testing.T) {
 		}
 		gone := owned[:max/2] // lru: the four oldest
 		kept := slices.Concat(owned[max/2:], copies)
-		if ev == EvictDedup {
+		if ev.keepsCopies() {
 			gone, kept = copies, owned
 		}
 		for _, b := range gone {

@@ -134,6 +134,7 @@ type counters struct {
 	evictions, corruptDrops, namespaceDrops, cascade int64
 	reservationsExpired, corruptCommits              int64
 	promotionsDeferred                               int64
+	secondChances                                    int64 // EvictReuse passing over a reused block
 }
 
 type reason uint8

@@ -474,6 +474,7 @@ func (l *Local) prefix(a auth.Access, keys []prefixhash.Key, tiers []string) (in
 		if i == 0 || !ns.allows(a, x.at(i).ns) {
 			return n, tiers
 		}
+		l.markReusedLocked(i)
 		if tiers != nil {
 			if x.at(i).persistent() {
 				tiers = append(tiers, l.disk.Name())

@@ -46,6 +46,10 @@ type Stats struct {
 	CorruptDrops   int64 // blocks dropped because a read or verification failed
 	NamespaceDrops int64 // blocks dropped by DropNamespace
 	Cascaded       int64 // of all drops, descendants dropped with an ancestor
+	// SecondChances counts the blocks EvictReuse passed over at the cold
+	// end of a list, because they were asked for again, and moved to the
+	// hot end.
+	SecondChances int64
 
 	Pinned int // live Refs pinning a block in place
 
@@ -138,7 +142,7 @@ func (l *Local) statsLocked() Stats {
 		Recovered: c.recovered, Demotions: c.demotions, Promotions: c.promotions, Rewrites: c.rewrites,
 		PromotionsDeferred: c.promotionsDeferred,
 		Evictions:          c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops,
-		Cascaded: c.cascade, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
+		Cascaded: c.cascade, SecondChances: c.secondChances, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
 		Reservations: l.mu.reservations, ReservationsExpired: c.reservationsExpired, CorruptCommits: c.corruptCommits,
 		HBMDemotions: l.mu.hbm.demote, HBMPromotions: l.mu.hbm.promot,
 		PartialsOpen: len(l.mu.parts.open), PartialBytes: l.mu.parts.bytes,
