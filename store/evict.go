@@ -103,10 +103,37 @@ func (l *Local) linkParentLocked(i uint32, h *block.Header) {
 	}
 }
 
+// lookedUpLocked touches and marks the blocks a lookup found (EvictReuse),
+// listed in l.mu.stack in chain order: deepest first, so that the chain's
+// ancestors end up warmest, as GetMany leaves them.
+func (l *Local) lookedUpLocked() {
+	for k := len(l.mu.stack) - 1; k >= 0; k-- {
+		i := l.mu.stack[k]
+		e := l.mu.x.at(i)
+		l.setReusedLocked(e)
+		if e.copy() {
+			continue // a copy stays at the cold end
+		}
+		list := l.mu.diskList
+		if !e.persistent() {
+			list = l.memListLocked(l.mu.ns.get(e.ns).class)
+		}
+		l.moveFrontLocked(list, i)
+	}
+	l.mu.stack = l.mu.stack[:0]
+}
+
 // markReusedLocked records that i was asked for again (EvictReuse).
 func (l *Local) markReusedLocked(i uint32) {
 	if l.opts.Eviction == EvictReuse {
-		l.mu.x.at(i).hits |= hitsReused
+		l.setReusedLocked(l.mu.x.at(i))
+	}
+}
+
+func (l *Local) setReusedLocked(e *entry) {
+	if !e.reused() {
+		e.hits |= hitsReused
+		l.mu.reused++
 	}
 }
 
@@ -120,6 +147,7 @@ func (l *Local) secondChanceLocked(list, i uint32) bool {
 		return false
 	}
 	e.hits &^= hitsReused
+	l.mu.reused--
 	l.moveFrontLocked(list, i)
 	l.mu.c.secondChances++
 	return true

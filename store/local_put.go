@@ -185,6 +185,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 		l.mu.Lock()
 		l.mu.c.puts++
 		l.mu.c.evictions++
+		l.mu.c.unadmitted++
 		l.mu.evicted[l.mu.evictedNext%len(l.mu.evicted)] = h.Key
 		l.mu.evictedNext++
 		l.mu.Unlock()
