@@ -111,8 +111,8 @@ type Local struct {
 		c      counters
 		reused int64 // blocks marked reused (EvictReuse): the policy's own signal
 		pc     partCounters
-		parts partsState // incomplete blocks and claims (local_parts.go)
-		stack []uint32   // scratch
+		parts  partsState // incomplete blocks and claims (local_parts.go)
+		stack  []uint32   // scratch
 	}
 }
 
