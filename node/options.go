@@ -433,7 +433,7 @@ func (o *Options) Validate() error {
 	case o.MaxBlocks < 0 || o.MaxBlocks > 1<<27:
 		return bad("MaxBlocks", "%d is outside 0..%d", o.MaxBlocks, 1<<27)
 	case o.Eviction != "" && !validEviction(o.Eviction):
-		return bad("Eviction", "%q is not a policy: want lru or dedup", o.Eviction)
+		return bad("Eviction", "%q is not a policy: want lru, dedup or reuse", o.Eviction)
 	case o.PartialTTL != 0 && (o.PartialTTL < time.Millisecond || o.PartialTTL > store.MaxPartialTTL):
 		return bad("PartialTTL", "%v is outside 1ms..%v", o.PartialTTL, store.MaxPartialTTL)
 	case o.ClaimTTL != 0 && (o.ClaimTTL < time.Millisecond || o.ClaimTTL > store.MaxClaimTTL):

@@ -100,7 +100,7 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4)")
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
 	fs.IntVar(&f.capacity, "capacity-blocks", 0, "trace suite: each node's capacity in blocks (default: every distinct block of the trace fits)")
-	fs.StringVar(&f.eviction, "eviction", "", "trace suite: eviction policy of the nodes it starts, lru or dedup (default: kvmesh serve's); the sweep on nodes replays lru beside it")
+	fs.StringVar(&f.eviction, "eviction", "", "trace suite: eviction policy of the nodes it starts, lru, dedup or reuse (default: kvmesh serve's); the sweep on nodes replays lru beside it")
 	fs.Float64Var(&f.speedup, "speedup", 0, "trace suite: honour the trace's timestamps, replayed this many times faster (default 0: as fast as possible)")
 	fs.DurationVar(&f.duration, "duration", 0, "soak: how long the load runs (default 10m; --quick: 30s)")
 	fs.IntVar(&f.conc, "concurrency", 0, "soak: workers, one call in flight each (default 64)")
