@@ -45,11 +45,25 @@ type PrefillOptions struct {
 	// the ceiling is its Sgemm (cuBLAS). The suite does not close it.
 	// Default nil: the CPU backend.
 	Device gpumem.BLAS
+	// ModelDir, when set, names a Hugging Face model directory to measure
+	// instead: tokens per second of prefill and decode, beside PyTorch's
+	// forward of the same checkpoint (onModelDir). PromptTokens then
+	// defaults to 512 (quick 128).
+	ModelDir string
+	// DecodeTokens is how many tokens are decoded after the prompt, with
+	// ModelDir. Default 32; quick 8.
+	DecodeTokens int
 }
 
 // EnsureDefaults fills zero fields with their defaults for a full run, or
 // for --quick when quick is set.
 func (o *PrefillOptions) EnsureDefaults(quick bool) {
+	if o.ModelDir != "" && o.PromptTokens == 0 {
+		o.PromptTokens = pick(quick, 512, 128)
+	}
+	if o.DecodeTokens == 0 {
+		o.DecodeTokens = pick(quick, 32, 8)
+	}
 	if o.PromptTokens == 0 {
 		o.PromptTokens = pick(quick, 8192, 2048)
 	}
@@ -72,6 +86,12 @@ func (o *PrefillOptions) EnsureDefaults(quick bool) {
 func (o *PrefillOptions) Validate() error {
 	if err := o.Config.Validate(); err != nil {
 		return err
+	}
+	if o.ModelDir != "" {
+		if o.PromptTokens < 1 || o.DecodeTokens < 2 || o.Runs < 1 || o.Runs > 100 {
+			return fmt.Errorf("bench: prefill: prompt tokens %d, decode tokens %d, runs %d: want ≥ 1, ≥ 2, 1..100", o.PromptTokens, o.DecodeTokens, o.Runs)
+		}
+		return nil
 	}
 	switch {
 	case o.PromptTokens < 2*o.Config.BlockTokens || o.PromptTokens > o.Config.MaxContext:
@@ -116,7 +136,7 @@ type prefillRow struct {
 	// CPUVsCold is the process CPU time of the prefill (and of publishing
 	// its new blocks) over the cold one's: the work done, which the
 	// neighbours' load on a shared machine does not move.
-	CPUVsCold float64 `json:"cpu_vs_cold"`
+	CPUVsCold float64 `json:"cpu_vs_cold" table:"wide"`
 	// FLOPFloor is the arithmetic of this prefill over the cold one's
 	// (prefill.Config.ForwardFLOPs): the best ratio any engine can reach.
 	FLOPFloor float64 `json:"flop_floor"`
@@ -124,10 +144,10 @@ type prefillRow struct {
 	// reports it (in process); EngineGFLOP is GFLOP over ComputeMS, or
 	// over the whole TTFT without it.
 	LookupMS    *float64 `json:"lookup_ms,omitempty" table:"-"`
-	FetchMS     *float64 `json:"fetch_ms,omitempty"`
-	ComputeMS   *float64 `json:"compute_ms,omitempty"`
-	GFLOP       float64  `json:"gflop"`
-	EngineGFLOP float64  `json:"engine_gflops"`
+	FetchMS     *float64 `json:"fetch_ms,omitempty" table:"wide"`
+	ComputeMS   *float64 `json:"compute_ms,omitempty" table:"wide"`
+	GFLOP       float64  `json:"gflop" table:"wide"`
+	EngineGFLOP float64  `json:"engine_gflops" table:"wide"`
 	Runs        int      `json:"runs" table:"-"`
 }
 
@@ -149,6 +169,11 @@ func (s *PrefillSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Suite: s.Name()}
+	if o.ModelDir != "" {
+		bar := env.Progress.Bar(int64(o.Runs+1), "prefill")
+		defer bar.Finish()
+		return res, s.onModelDir(ctx, o, res, bar)
+	}
 	bar := env.Progress.Bar(int64(o.Runs*(2*len(o.Fractions)-1)+len(o.Fractions)+1), "prefill")
 	defer bar.Finish()
 	var rows []prefillRow
@@ -200,7 +225,7 @@ func (s *PrefillSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 	}
 	if n != 8192 {
-		res.Note("the prompt has %d tokens (DESIGN's target is stated for 8192; --quick uses a shorter one)", n)
+		res.Note("the prompt has %d tokens (the TTFT target is stated for 8192; --quick uses a shorter one)", n)
 	}
 	measured := Series{Name: "TTFT (median)"}
 	floor := Series{Name: "cold TTFT × arithmetic floor", Dashed: true}

@@ -298,6 +298,14 @@ type SuiteFlags struct {
 	// PrefillDevice is the GPU the prefill suite's engines run on
 	// (--backend cuda; PrefillOptions.Device). Default nil: the CPU.
 	PrefillDevice gpumem.BLAS
+	// PrefillModelDir, PrefillPromptTokens and PrefillDecodeTokens measure
+	// a Hugging Face model directory in the prefill suite (--model-dir,
+	// --prompt-tokens, --decode-tokens; PrefillOptions).
+	PrefillModelDir                          string
+	PrefillPromptTokens, PrefillDecodeTokens int
+	// Transport is the transfer suite's (--transport; TransferOptions).
+	// Default "": tcp.
+	Transport string
 }
 
 // Suites returns every suite, in the order `all` runs them: transfer,
@@ -313,7 +321,8 @@ func Suites(f SuiteFlags) []Suite {
 			trace.Routing = append(trace.Routing, RoutingSession)
 		}
 	}
-	return []Suite{&TransferSuite{}, &StoreSuite{}, &RanksSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice}},
+	return []Suite{&TransferSuite{Options: TransferOptions{Transport: f.Transport}}, &StoreSuite{}, &RanksSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice,
+		ModelDir: f.PrefillModelDir, PromptTokens: f.PrefillPromptTokens, DecodeTokens: f.PrefillDecodeTokens}},
 		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{Options: ServeOptions{Backlog: f.Backlog}},
 		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}}
 }
@@ -329,22 +338,26 @@ type Format string
 // The output formats of `-o`.
 const (
 	FormatTable Format = "table"
+	FormatWide  Format = "wide" // the table with every column
 	FormatJSON  Format = "json"
 )
 
 // ParseFormat parses the value of `-o`.
 func ParseFormat(s string) (Format, error) {
 	f := Format(strings.ToLower(s))
-	if !slices.Contains([]Format{FormatTable, FormatJSON}, f) {
-		return "", fmt.Errorf("bench: output format %q: want table or json", s)
+	if !slices.Contains([]Format{FormatTable, FormatWide, FormatJSON}, f) {
+		return "", fmt.Errorf("bench: output format %q: want table, wide or json", s)
 	}
 	return f, nil
 }
 
 // Write prints rep in format f.
 func Write(w io.Writer, rep *Report, f Format) error {
-	if f == FormatJSON {
+	switch f {
+	case FormatJSON:
 		return WriteJSON(w, rep)
+	case FormatWide:
+		return WriteWide(w, rep)
 	}
 	return WriteTable(w, rep)
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/probe"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
@@ -32,6 +34,7 @@ type clusterCache struct {
 	peers   *peers
 	data    *transfer.Server
 	shm     *transfer.ShmServer // nil when off
+	fab     *fabric             // one-sided reads (UCX); its fields nil on TCP
 	log     *slog.Logger
 
 	// Where this node is reached (advertised: never an unspecified host).
@@ -67,20 +70,25 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	c.grpcAddr, c.httpAddr = advertised(grpcAddr, adv), advertised(httpAddr, adv)
 
 	var lim transfer.Limits
-	if opts.MaxBlockBytes > transfer.DefaultMaxValueSize {
-		lim.MaxValueSize = opts.MaxBlockBytes
+	if opts.Limits.MaxBlockBytes > transfer.DefaultMaxValueSize {
+		lim.MaxValueSize = opts.Limits.MaxBlockBytes
 	}
-	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.MaxBlockBytes, refused: &c.refused, cluster: &c.publisher}
-	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.TLS, Tokens: tokens, MaxInFlightBytes: int(opts.MaxInFlightBytes)}, opts.Logger); err != nil {
+	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.Limits.MaxBlockBytes, refused: &c.refused, cluster: &c.publisher}
+	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.Security.PeerTLS, Token: peerToken(&opts.Security)}
+	arena, _ := local.Arena()
+	if c.fab, err = startFabric(opts, dataHost(opts.Listen.DataAddr), arena, peerOpts, opts.Logger); err != nil {
+		return nil, err
+	}
+	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.Security.TLS, Tokens: tokens, MaxInFlightBytes: int(opts.Limits.MaxInFlightBytes), Window: c.fab.window}, opts.Logger); err != nil {
 		return nil, fmt.Errorf("node: data plane: %w", err)
 	}
-	dataAddr, err := c.data.Listen(opts.DataAddr)
+	dataAddr, err := c.data.Listen(opts.Listen.DataAddr)
 	if err != nil {
-		return nil, fmt.Errorf("node: listen on DataAddr %s: %w", opts.DataAddr, err)
+		return nil, fmt.Errorf("node: listen on DataAddr %s: %w", opts.Listen.DataAddr, err)
 	}
 	c.dataAddr = advertised(dataAddr.String(), adv)
-	if opts.ShmSocket != ShmOff {
-		so := &transfer.ShmServerOptions{Limits: lim, RegionSize: opts.ShmRegionBytes, Tokens: tokens, MaxInFlightBytes: int(opts.MaxInFlightBytes)}
+	if opts.Listen.ShmSocket != ShmOff {
+		so := &transfer.ShmServerOptions{Limits: lim, RegionSize: opts.Listen.ShmRegionBytes, Tokens: tokens, MaxInFlightBytes: int(opts.Limits.MaxInFlightBytes)}
 		if mem, _ := local.Arena(); mem != nil {
 			// Trusted same-host clients read blocks in place and write
 			// puts into reserved slots (see transfer.ShmServer).
@@ -90,13 +98,24 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		if c.shm, err = transfer.NewShmServer(src, sink, so, opts.Logger); err != nil {
 			return nil, fmt.Errorf("node: shared-memory data plane: %w", err)
 		}
-		if err := removeStaleSocket(opts.ShmSocket); err != nil {
+		if err := removeStaleSocket(opts.Listen.ShmSocket); err != nil {
 			return nil, err
 		}
-		if err := c.shm.Listen(opts.ShmSocket); err != nil {
-			return nil, fmt.Errorf("node: listen on ShmSocket %s: %w", opts.ShmSocket, err)
+		if dir := filepath.Dir(opts.Listen.ShmSocket); !strings.HasPrefix(opts.Listen.ShmSocket, "@") {
+			// A directory of its own under the data dir (the chart's
+			// per-host mode): made the node user's alone; shareSocket
+			// opens it to the socket's group.
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return nil, fmt.Errorf("node: option ShmSocket: %w", err)
+			}
 		}
-		c.shmPath = opts.ShmSocket
+		if err := c.shm.Listen(opts.Listen.ShmSocket); err != nil {
+			return nil, fmt.Errorf("node: listen on ShmSocket %s: %w", opts.Listen.ShmSocket, err)
+		}
+		if err := shareSocket(opts.Listen.ShmSocket, opts.Listen.ShmSocketMode, opts.Listen.ShmSocketGroup); err != nil {
+			return nil, err
+		}
+		c.shmPath = opts.Listen.ShmSocket
 	}
 
 	devs, err := transfer.RDMADevices()
@@ -107,29 +126,35 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		c.rdma = append(c.rdma, d.Name)
 	}
 	meta := gossip.MemberMeta{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataAddr: c.dataAddr,
-		DRAMBytes: opts.DRAMBytes, NVMeBytes: opts.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role}
+		DRAMBytes: opts.Tiers.DRAMBytes, NVMeBytes: opts.Tiers.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role, Fabric: c.fab.desc,
+		TLS: opts.Security.TLS != nil}
 	if opts.Prefill.Disabled {
 		meta.Role = gossip.RoleStore
 	}
-	mopts := gossip.Options{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join, RetryJoin: true,
-		SecretKey: opts.GossipKey, Meta: meta, Fast: opts.GossipProfile == "local", Logger: opts.Logger}
-	if opts.AdvertiseHost != "" {
-		if mopts.AdvertiseAddr, err = resolveIP(opts.AdvertiseHost); err != nil {
+	mopts := gossip.Options{NodeID: opts.NodeID, GossipAddr: opts.Cluster.GossipAddr, Join: opts.Cluster.Join, RetryJoin: true,
+		SecretKey: opts.Cluster.GossipKey, Meta: meta, Fast: opts.Cluster.GossipProfile == "local", Logger: opts.Logger}
+	if opts.Listen.AdvertiseHost != "" {
+		if mopts.AdvertiseAddr, err = resolveIP(opts.Listen.AdvertiseHost); err != nil {
 			return nil, err
 		}
 	}
 	if c.members, err = gossip.Start(mopts); err != nil {
 		return nil, err
 	}
+	if len(opts.Cluster.Join) > 0 && !c.members.Joined() {
+		if err := checkSeeds(opts.Cluster.Join); err != nil {
+			return nil, err
+		}
+	}
 	var obs observer
 	if peerSeconds != nil {
 		obs = func(op, result string, d time.Duration) { peerSeconds.WithLabelValues(op, result).Observe(d.Seconds()) }
 	}
-	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.PeerTLS, Token: peerToken(&opts)}
-	c.peers = newPeers(c.members, peerOpts, opts.PeerBackoff, opts.MaxMessageBytes, obs, opts.Logger)
+	c.peers = newPeers(c.members, peerOpts, opts.Cluster.PeerBackoff, opts.Limits.MaxMessageBytes, obs, opts.Logger)
+	c.peers.rma = c.fab.rma
 	c.cluster, err = store.NewCluster(local, newPlacementView(c.members), c.peers, store.ClusterOptions{
-		ChunkTokens: opts.ChunkTokens, Replicas: opts.Replicas, LookupTimeout: opts.LookupTimeout, GetTimeout: opts.GetTimeout,
-		PushYield: opts.PushYield, PushBytesPerSec: opts.PushBytesPerSec,
+		ChunkTokens: opts.Cluster.ChunkTokens, Replicas: opts.Cluster.Replicas, LookupTimeout: opts.Cluster.LookupTimeout, GetTimeout: opts.Cluster.GetTimeout,
+		PushYield: opts.Cluster.PushYield, PushBytesPerSec: opts.Cluster.PushBytesPerSec,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node: cluster: %w", err)
@@ -185,10 +210,10 @@ func (v *placementView) Members() ([]store.Member, uint64) {
 
 // advertiseHost is the host other nodes and clients reach this node at.
 func advertiseHost(opts Options) (string, error) {
-	if opts.AdvertiseHost != "" {
-		return opts.AdvertiseHost, nil
+	if opts.Listen.AdvertiseHost != "" {
+		return opts.Listen.AdvertiseHost, nil
 	}
-	if host, _, _ := net.SplitHostPort(opts.GossipAddr); !unspecifiedHost(host) {
+	if host, _, _ := net.SplitHostPort(opts.Cluster.GossipAddr); !unspecifiedHost(host) {
 		return host, nil
 	}
 	if ip := privateIP(); ip != "" {
@@ -247,6 +272,18 @@ func hostID() string {
 	return strings.TrimSpace(string(b))
 }
 
+// checkSeeds says which seed is not a gossip address, once a join found no
+// member: a node's gRPC or HTTP port given to Join would be retried forever,
+// with memberlist's "invalid msgType" in the log.
+func checkSeeds(seeds []string) error {
+	for _, s := range seeds {
+		if what := probe.NotGossip(s); what != "" {
+			return &OptionError{Field: "Cluster.Join", Msg: fmt.Sprintf("%s answers %s; join takes the members' gossip addresses (their --gossip-addr, port 7603 by default)", s, what)}
+		}
+	}
+	return nil
+}
+
 // removeStaleSocket removes a unix socket that a killed node left at path;
 // a socket someone still serves is an error.
 func removeStaleSocket(path string) error {
@@ -269,14 +306,13 @@ func removeStaleSocket(path string) error {
 
 // leave hands this node's hot blocks to their next owners and leaves the
 // membership, within ctx. The node must have stopped taking requests.
-func (c *clusterCache) leave(ctx context.Context) {
+func (c *clusterCache) leave(ctx context.Context) (taken []prefixhash.Key) {
 	start := time.Now()
 	if err := c.cluster.Flush(ctx); err != nil {
 		c.log.Warn("pushes still queued at shutdown are dropped", "err", err)
 	}
-	handed := 0
-	if c.opts.HandoffBytes > 0 {
-		handed = c.cluster.Handoff(ctx, c.opts.HandoffBytes)
+	if c.opts.Cluster.HandoffBytes > 0 {
+		taken = c.cluster.Handoff(ctx, c.opts.Cluster.HandoffBytes)
 	}
 	timeout := time.Second
 	if dl, ok := ctx.Deadline(); ok {
@@ -285,7 +321,41 @@ func (c *clusterCache) leave(ctx context.Context) {
 	if err := c.members.Leave(timeout); err != nil {
 		c.log.Warn("leaving the cluster", "err", err)
 	}
-	c.log.Info("left the cluster", "handed_off_blocks", handed, "took", time.Since(start))
+	c.log.Info("left the cluster", "handed_off_blocks", len(taken), "took", time.Since(start))
+	return taken
+}
+
+// spill writes what only DRAM holds to NVMe, within Tiers.SpillOnStopBytes and
+// ctx, the blocks no other member took (taken: the handoff's) first, so
+// that a restart on the same data dir serves them. It logs its progress
+// at most every second, and what it wrote.
+func (c *clusterCache) spill(ctx context.Context, taken []prefixhash.Key) {
+	if c.opts.Tiers.SpillOnStopBytes <= 0 {
+		return
+	}
+	last := time.Now()
+	st := c.local.Spill(ctx, c.opts.Tiers.SpillOnStopBytes, taken, func(st store.SpillStats) {
+		if time.Since(last) >= time.Second {
+			last = time.Now()
+			c.log.Info("writing DRAM to NVMe before exit", "written_bytes", st.Bytes, "of_bytes", st.Planned, "blocks", st.Blocks)
+		}
+	})
+	if st.Planned == 0 && st.Left == 0 {
+		return
+	}
+	gbps := 0.0
+	if st.Took > 0 {
+		gbps = float64(st.Bytes) / st.Took.Seconds() / 1e9
+	}
+	attrs := []any{"blocks", st.Blocks, "bytes", st.Bytes, "left_in_dram", st.Left, "took", st.Took, "gbps", gbps}
+	switch {
+	case ctx.Err() != nil:
+		c.log.Warn("wrote DRAM to NVMe until the shutdown timeout; the rest is lost", attrs...)
+	case st.Left > 0:
+		c.log.Warn("wrote DRAM to NVMe; blocks over --spill-on-stop, busy or refused are lost", attrs...)
+	default:
+		c.log.Info("wrote DRAM to NVMe", attrs...)
+	}
 }
 
 // Close stops serving peers and clients, the pushes, the peers' clients and
@@ -320,6 +390,7 @@ func (c *clusterCache) stop() {
 			c.log.Warn("stopping gossip", "err", err)
 		}
 	}
+	c.fab.close() // after the data plane and the peers, before the arena goes
 }
 
 func (c *clusterCache) Put(ctx context.Context, block []byte, chunkKey prefixhash.Key) error {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/router"
 )
 
@@ -21,7 +22,7 @@ import (
 func TestHTTPTLS(t *testing.T) {
 	_, server, peer := tlsFiles(t, true)
 	nodes := startClusterNodes(t, 1, func(_ int, o *Options) {
-		o.TLS, o.PeerTLS, o.HTTPTLS = server, peer, true
+		o.Security.TLS, o.Security.PeerTLS, o.Security.HTTPTLS = server, peer, true
 		o.Prefill.Model = tinyModel()
 	})
 	addr := nodes[0].HTTPAddr()
@@ -70,7 +71,18 @@ func TestHTTPTLS(t *testing.T) {
 		t.Fatalf("a completion through the router over HTTPS: %d %s", got.status, got.body)
 	}
 
-	o := Options{DataDir: t.TempDir(), HTTPTLS: true}
+	// A router without the cluster's CA routes nothing to a node with TLS:
+	// it would send clients' tokens and prompts to it in the clear.
+	plain := startRouter(t, nodes[0].GossipAddr(), router.PolicyTokens)
+	testkit.WaitFor(t, "the node to see both routers", func() bool {
+		ms, _ := nodes[0].cluster.members.Members()
+		return len(ms) == 3
+	})
+	if got := callAPI(t, "GET", "http://"+plain.HTTPAddr()+"/healthz", "", nil); got.status != http.StatusServiceUnavailable {
+		t.Errorf("a router without NodeTLS in front of a TLS node: %d %s, want 503 (no node)", got.status, got.body)
+	}
+
+	o := Options{DataDir: t.TempDir(), Security: SecurityOptions{HTTPTLS: true}}
 	o.EnsureDefaults()
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "HTTPTLS") {
 		t.Errorf("HTTPTLS without TLS: %v", err)

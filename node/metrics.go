@@ -109,6 +109,8 @@ type clusterCollector struct {
 	pushYields                                                       *prometheus.Desc
 	conns, connsRefused, requests, dropped, values, bytes, regionUse *prometheus.Desc
 	leases, leasesExpired, reservations, reservationsAborted         *prometheus.Desc
+	connsEvicted, connsRevoked                                       *prometheus.Desc
+	reads, readBytes, landing                                        *prometheus.Desc
 }
 
 func newClusterCollector(c *clusterCache) *clusterCollector {
@@ -127,7 +129,9 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 		pushYields:   d("kvmesh_cluster_push_yields_total", "Push batches that waited for this node's serving work, by how the wait ended: idle (the work ended) or bound (--push-yield passed).", "end"),
 		refused:      d("kvmesh_transfer_refused_blocks_total", "Blocks pushed to this node over the data plane that were refused: not the block their key named, or failing verification."),
 		conns:        d("kvmesh_transfer_connections", "Open data-plane connections (shm: clients).", "transport"),
-		connsRefused: d("kvmesh_transfer_refused_connections_total", "Data-plane connections closed at accept, over the limit.", "transport"),
+		connsRefused: d("kvmesh_transfer_refused_connections_total", "Data-plane connections refused over a limit: all connections, or a tenant's share.", "transport"),
+		connsEvicted: d("kvmesh_transfer_evicted_connections_total", "Data-plane connections closed in their handshake (no hello yet) to make room for newer ones.", "transport"),
+		connsRevoked: d("kvmesh_transfer_revoked_connections_total", "Data-plane connections closed because a token reload dropped or changed their token.", "transport"),
 		unauthorized: d("kvmesh_transfer_unauthorized_connections_total", "Data-plane connections refused before serving: TLS failed, bearer token missing or not accepted.", "transport"),
 		requests:     d("kvmesh_transfer_requests_total", "Data-plane requests served.", "transport"),
 		dropped:      d("kvmesh_transfer_dropped_connections_total", "Data-plane connections dropped for a bad frame, a limit or an I/O error.", "transport"),
@@ -140,13 +144,18 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 		reservations: d("kvmesh_transfer_shm_reservations", "DRAM slots reserved for shared-memory puts and not yet committed or freed."),
 		reservationsAborted: d("kvmesh_transfer_shm_reservations_aborted_total",
 			"Reserved DRAM slots freed uncommitted: released by the client, past the lease timeout, or the client gone."),
+		reads: d("kvmesh_transfer_reads_total",
+			"Values this node read from other nodes, by transport: ucx (one-sided reads of their DRAM arenas, --transport ucx or auto) or tcp (data-plane gets).", "transport"),
+		readBytes: d("kvmesh_transfer_read_bytes_total", "Bytes of kvmesh_transfer_reads_total's values, by transport.", "transport"),
+		landing:   d("kvmesh_transfer_ucx_landing_bytes", "Bytes of the UCX landing region held by blocks read one-sidedly and not yet released."),
 	}
 }
 
 func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.members, c.refused, c.unauthorized, c.lookups, c.lookupFails, c.gets, c.getFails, c.remoteBlocks,
 		c.pushed, c.pushYields, c.conns, c.connsRefused, c.requests, c.dropped, c.values, c.bytes, c.regionUse,
-		c.leases, c.leasesExpired, c.reservations, c.reservationsAborted} {
+		c.leases, c.leasesExpired, c.reservations, c.reservationsAborted, c.connsEvicted, c.connsRevoked,
+		c.reads, c.readBytes, c.landing} {
 		ch <- d
 	}
 }
@@ -188,6 +197,8 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		t := s.stats()
 		metric(c.conns, prometheus.GaugeValue, float64(t.Conns), s.name)
 		counter(c.connsRefused, uint64(t.Refused), s.name)
+		counter(c.connsEvicted, uint64(t.Evicted), s.name)
+		counter(c.connsRevoked, uint64(t.Revoked), s.name)
 		counter(c.unauthorized, uint64(t.Unauthorized), s.name)
 		counter(c.requests, uint64(t.Requests), s.name)
 		counter(c.dropped, uint64(t.Dropped), s.name)
@@ -196,6 +207,10 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.values, uint64(t.Puts), s.name, "put")
 		counter(c.bytes, uint64(t.BytesOut), s.name, "get")
 		counter(c.bytes, uint64(t.BytesIn), s.name, "put")
+		if s.name == "tcp" && c.c.fab.window != nil { // granted to one-sided readers
+			counter(c.values, uint64(t.Granted), c.c.fab.window.Fabric(), "get")
+			counter(c.bytes, uint64(t.GrantedBytes), c.c.fab.window.Fabric(), "get")
+		}
 		if s.name == "shm" {
 			metric(c.regionUse, prometheus.GaugeValue, float64(t.RegionUse))
 			metric(c.leases, prometheus.GaugeValue, float64(t.Leases))
@@ -204,6 +219,17 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.reservationsAborted, uint64(t.ReservationsAborted))
 		}
 	}
+	tcpValues, tcpBytes := c.c.peers.tcpValues.Load(), c.c.peers.tcpBytes.Load()
+	if rma := c.c.fab.rma; rma != nil {
+		rs := rma.Stats()
+		counter(c.reads, uint64(rs.Reads), rma.Name())
+		counter(c.readBytes, uint64(rs.ReadBytes), rma.Name())
+		tcpValues, tcpBytes = tcpValues+rs.FallbackValues, tcpBytes+rs.FallbackBytes
+		held, _ := rma.LandingUse()
+		metric(c.landing, prometheus.GaugeValue, float64(held))
+	}
+	counter(c.reads, uint64(tcpValues), "tcp")
+	counter(c.readBytes, uint64(tcpBytes), "tcp")
 }
 
 // unary counts the call in flight, applies the node's request timeout and
@@ -213,7 +239,7 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 	start := time.Now()
 	n.metrics.inFlight.Inc()
 	defer n.metrics.inFlight.Dec()
-	ctx, cancel := context.WithTimeout(ctx, n.opts.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, n.opts.Limits.RequestTimeout)
 	defer cancel()
 	resp, err := h(ctx, req)
 	err = statusError(err)
@@ -226,7 +252,7 @@ func (n *Node) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo
 	start := time.Now()
 	n.metrics.inFlight.Inc()
 	defer n.metrics.inFlight.Dec()
-	ctx, cancel := context.WithTimeout(ss.Context(), n.opts.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ss.Context(), n.opts.Limits.RequestTimeout)
 	defer cancel()
 	err := statusError(h(srv, &ctxStream{ServerStream: ss, ctx: ctx}))
 	n.logRequest(info.FullMethod, start, err)

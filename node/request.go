@@ -57,7 +57,7 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 		return ns, invalid("namespace", "%v", err)
 	}
 	// Multiply with a ceiling so that absurd head counts cannot overflow.
-	limit := uint64(n.opts.MaxBlockBytes)
+	limit := uint64(n.opts.Limits.MaxBlockBytes)
 	size := uint64(ns.DType.Size())
 	factors := []int{ns.Layers, 2, ns.BlockTokens, ns.KVHeads, ns.HeadDim}
 	if ns.Layout == prefixhash.LatentKV {
@@ -65,13 +65,13 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 	}
 	for _, f := range factors {
 		if size > limit/uint64(f) {
-			return ns, invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.MaxBlockBytes), "namespace", "blocks of %s are larger than the node's limit, max_block_bytes=%d", ns, limit)
+			return ns, invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.Limits.MaxBlockBytes), "namespace", "blocks of %s are larger than the node's limit, max_block_bytes=%d", ns, limit)
 		}
 		size *= uint64(f)
 	}
 	size += 4 * uint64(ns.ScaleCount()) // at most layers x 2 x kv_heads, bounded with the above
 	if enc := uint64(block.NamespaceHeaderLen(ns)) + size; enc > limit {
-		return ns, invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.MaxBlockBytes), "namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
+		return ns, invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.Limits.MaxBlockBytes), "namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
 	}
 	n.names.note(ns)
 	return ns, nil
@@ -100,11 +100,24 @@ func (n *Node) namespaceDigest(ctx context.Context, pb *kvmeshv1.Namespace, dige
 	return 0, invalid("namespace", "set namespace or digest")
 }
 
+// viewOf is what the caller of an admin or inspection call (stats, quotas,
+// block info, partials) may see: a tenant its own namespaces and blocks, a
+// node-wide principal all of them. It differs from the access its reads
+// of block data run with (auth.Principal.Access), which confines a
+// node-wide principal without the cluster scope to node-wide blocks.
+func viewOf(ctx context.Context) auth.Access {
+	a := auth.AccessFrom(ctx)
+	if a == auth.NodeWide && !auth.PrincipalFrom(ctx).Scoped() {
+		return auth.Access{}
+	}
+	return a
+}
+
 // mayNameDigest reports whether the caller may act on the namespace with
 // the given digest: a node-wide principal on any, a tenant on those whose
 // blocks here carry its tag.
 func (n *Node) mayNameDigest(ctx context.Context, digest uint64) bool {
-	a := auth.AccessFrom(ctx)
+	a := viewOf(ctx)
 	if !a.Scoped {
 		return true
 	}
@@ -118,8 +131,8 @@ func (n *Node) mayNameDigest(ctx context.Context, digest uint64) bool {
 
 // blockLimit refuses requests naming more than MaxBatchBlocks blocks.
 func (n *Node) blockLimit(field string, blocks int) error {
-	if blocks > n.opts.MaxBatchBlocks {
-		return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_TOO_MANY_BLOCKS, limitMeta(n.opts.MaxBatchBlocks), field, "%d blocks in one request; the limit is max_batch_blocks=%d", blocks, n.opts.MaxBatchBlocks)
+	if blocks > n.opts.Limits.MaxBatchBlocks {
+		return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_TOO_MANY_BLOCKS, limitMeta(n.opts.Limits.MaxBatchBlocks), field, "%d blocks in one request; the limit is max_batch_blocks=%d", blocks, n.opts.Limits.MaxBatchBlocks)
 	}
 	return nil
 }
@@ -170,6 +183,14 @@ func blockExtraKeys(extra []*kvmeshv1.BlockExtraKeys, blocks int) ([]prefixhash.
 // its keys, within limits, and the prompt's length in tokens.
 func (n *Node) lookupChain(ns prefixhash.Namespace, req *kvmeshv1.LookupRequest) ([]prefixhash.Key, int, error) {
 	tokens, raw := req.GetTokens(), req.GetChain()
+	if len(raw) == 0 && len(tokens) == 0 && req.GetPromptTokens() > 0 {
+		// A prompt shorter than one block has no key, so its chain is
+		// empty; prompt_tokens still says how long it is.
+		if p := req.GetPromptTokens(); p >= uint64(ns.BlockTokens) {
+			return nil, 0, invalid("prompt_tokens", "%d tokens make full blocks of %d tokens, and the chain is empty", p, ns.BlockTokens)
+		}
+		return nil, int(req.GetPromptTokens()), nil
+	}
 	if len(raw) == 0 {
 		keys, err := n.promptKeys(ns, tokens, req.GetExtraKeys())
 		return keys, len(tokens), err

@@ -1,21 +1,16 @@
 package router
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
-	"slices"
-	"strconv"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/probe"
 	"github.com/kvmesh/kvmesh/openai"
 )
 
@@ -47,8 +43,16 @@ type Options struct {
 	GossipAddr string
 	// Join lists gossip addresses of members. Required.
 	Join []string
-	// GossipKey is the cluster's gossip key, if it has one.
+	// GossipKey is the cluster's gossip key, if it has one. Gossip is
+	// authenticated by it alone: without it, any host that reaches the
+	// router's gossip can join as a "node" and be sent the requests, so the
+	// router then forwards no request that carries credentials (an
+	// Authorization header; 503 saying so), unless InsecureGossip.
 	GossipKey []byte
+	// InsecureGossip lets a router without a GossipKey forward requests
+	// with credentials, on a network only the cluster's hosts reach.
+	// Default false.
+	InsecureGossip bool
 	// GossipProfile is "lan" or "local", as the nodes' (node.Options).
 	// Default "lan".
 	GossipProfile string
@@ -56,9 +60,11 @@ type Options struct {
 	// PolicyTokens.
 	Policy string
 	// NodeTLS, when set, is the client configuration the router reaches
-	// the nodes' HTTP addresses with, over HTTPS (nodes started with
-	// node.Options.HTTPTLS: its CA, and a certificate when they want one).
-	// Default nil: plain HTTP.
+	// the nodes' HTTP addresses with, over HTTPS verified against the
+	// cluster's CA (nodes with TLS serve every listener over it: its CA,
+	// and a certificate when they want one). Default nil: plain HTTP. The
+	// router routes only to nodes that agree: with NodeTLS to nodes that
+	// gossip TLS, without it to nodes that do not (MemberMeta.TLS).
 	NodeTLS *tls.Config
 	// Logger receives the router's records. Default slog.Default().
 	Logger *slog.Logger
@@ -107,11 +113,6 @@ type Router struct {
 	}
 }
 
-type nodeLoad struct {
-	prompt, decode, requests int
-	downUntil                time.Time
-}
-
 // New binds the router's HTTP address and joins the cluster. Serve runs
 // it.
 func New(opts Options) (*Router, error) {
@@ -153,6 +154,17 @@ func New(opts Options) (*Router, error) {
 		lis.Close()
 		return nil, err
 	}
+	if !members.Joined() {
+		// A node's gRPC or HTTP port given as a seed is retried forever:
+		// say so now.
+		for _, s := range opts.Join {
+			if what := probe.NotGossip(s); what != "" {
+				members.Close()
+				lis.Close()
+				return nil, &OptionError{Field: "Join", Msg: fmt.Sprintf("%s answers %s; join takes the members' gossip addresses (their --gossip-addr, port 7603 by default)", s, what)}
+			}
+		}
+	}
 	r := &Router{opts: opts, log: opts.Logger, members: members, lis: lis, reg: prometheus.NewRegistry(),
 		client: &http.Client{Transport: &http.Transport{
 			DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -160,7 +172,11 @@ func New(opts Options) (*Router, error) {
 			IdleConnTimeout:       90 * time.Second,
 			ResponseHeaderTimeout: 10 * time.Minute, // a long prefill answers late
 			TLSClientConfig:       opts.NodeTLS,
-		}},
+		},
+			// A node's redirect is passed to the client, never followed
+			// here (it could point anywhere, /metrics included).
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_router_requests_total",
 			Help: "Requests the router sent to each node, by node and HTTP status (0: the node failed before answering).",
@@ -193,15 +209,55 @@ func New(opts Options) (*Router, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
 	mux.HandleFunc("GET /healthz", r.healthz)
-	mux.HandleFunc("POST /v1/completions", r.complete)
-	mux.HandleFunc("POST /v1/chat/completions", r.complete)
-	mux.HandleFunc("GET "+openai.QueuePath, r.listQueue)
-	mux.HandleFunc("POST "+openai.QueuePath, r.submitQueue)
-	mux.HandleFunc(openai.QueuePath+"/{id...}", r.forwardQueue)
+	mux.HandleFunc("POST /v1/completions", r.gate(r.complete))
+	mux.HandleFunc("POST /v1/chat/completions", r.gate(r.complete))
+	mux.HandleFunc("GET "+openai.QueuePath, r.gate(r.listQueue))
+	mux.HandleFunc("POST "+openai.QueuePath, r.gate(r.submitQueue))
+	mux.HandleFunc(openai.QueuePath+"/{id...}", r.gate(r.forwardQueue))
 	// Models, other methods and errors: any node answers the same.
-	mux.HandleFunc("/v1/", func(w http.ResponseWriter, req *http.Request) { r.forwardAny(w, req, nil) })
-	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	mux.HandleFunc("/v1/", r.gate(func(w http.ResponseWriter, req *http.Request) { r.forwardAny(w, req, nil) }))
+	mux.HandleFunc("/", openai.NotFound)
+	r.http = openai.NewServer(mux, openai.Timeouts{})
 	return r, nil
+}
+
+// apiPath reports whether p, a request's decoded path, is one the router
+// forwards: the OpenAI API's paths as package openai serves them, clean
+// (no "." or ".." segment, no empty one, no backslash), and nothing else:
+// never /metrics, /debug or /internal of a node, however encoded.
+func apiPath(p string) bool {
+	if p != path.Clean(p) || strings.ContainsAny(p, "\\\x00") {
+		return false
+	}
+	switch p {
+	case "/v1/models", "/v1/completions", "/v1/chat/completions", openai.QueuePath,
+		openai.LookupPath + "/completions", openai.LookupPath + "/chat/completions":
+		return true
+	}
+	if id, ok := strings.CutPrefix(p, openai.QueuePath+"/"); ok {
+		return id != "" && !strings.Contains(id, "/")
+	}
+	id, ok := strings.CutPrefix(p, "/v1/models/")
+	return ok && id != "" // model ids may hold '/' (org/model)
+}
+
+// gate refuses a request the router must not forward: a path that is not
+// the API's (apiPath: 404, whatever its encoding), or one with credentials
+// when gossip is not authenticated (no GossipKey, not InsecureGossip).
+func (r *Router) gate(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		if !apiPath(req.URL.Path) || strings.Contains(strings.ToLower(req.URL.RawPath), "%2f") {
+			openai.WriteError(w, http.StatusNotFound, "no such path: the router forwards the OpenAI API's paths only (/v1/models, /v1/completions, /v1/chat/completions, /v1/queue)",
+				"invalid_request_error", "", "unknown_url")
+			return
+		}
+		if req.Header.Get("Authorization") != "" && len(r.opts.GossipKey) == 0 && !r.opts.InsecureGossip {
+			openai.WriteError(w, http.StatusServiceUnavailable, "this router has no gossip key (--gossip-key-file): it cannot tell "+
+				"the cluster's nodes from any host that joined its gossip, and sends them no bearer token", "server_error", "", "no_gossip_key")
+			return
+		}
+		h(w, req)
+	}
 }
 
 // healthz answers "ok N nodes" while N > 0 nodes serve the API, else 503.
@@ -273,6 +329,12 @@ func (r *Router) backends() []backend {
 		if m.Meta.HTTPAddr == "" || (role != gossip.RoleBoth && role != gossip.RolePrefill && role != gossip.RoleDecode) {
 			continue
 		}
+		if m.Meta.TLS != (r.opts.NodeTLS != nil) {
+			// A node with TLS is never sent clients' tokens and prompts in
+			// the clear, and a router with the cluster's CA speaks to no
+			// node without TLS (that node could be anyone's).
+			continue
+		}
 		if l := r.mu.load[m.ID]; l != nil && now.Before(l.downUntil) {
 			continue
 		}
@@ -280,562 +342,3 @@ func (r *Router) backends() []backend {
 	}
 	return out
 }
-
-func (r *Router) loadLocked(id string) *nodeLoad {
-	l := r.mu.load[id]
-	if l == nil {
-		l = &nodeLoad{}
-		r.mu.load[id] = l
-	}
-	return l
-}
-
-// pick chooses among cands: by policy for prefill work (cost: uncached
-// prompt tokens), by outstanding decode tokens for decode work. It
-// returns -1 when cands is empty.
-func (r *Router) pick(cands []backend, decode bool, session string) int {
-	if len(cands) == 0 {
-		return -1
-	}
-	switch {
-	case r.opts.Policy == PolicyRandom:
-		return rand.IntN(len(cands))
-	case r.opts.Policy == PolicySession && session != "":
-		// Rendezvous on the session, so a member change moves few sessions.
-		best, bestH := 0, uint64(0)
-		for i, c := range cands {
-			h := fnv.New64a()
-			io.WriteString(h, session)
-			io.WriteString(h, c.id)
-			if v := h.Sum64(); i == 0 || v > bestH {
-				best, bestH = i, v
-			}
-		}
-		return best
-	case r.opts.Policy == PolicySession:
-		return rand.IntN(len(cands))
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	loads := make([]nodeLoad, len(cands))
-	for i, c := range cands {
-		loads[i] = *r.loadLocked(c.id)
-	}
-	return chooseLeastLoaded(loads, decode, rand.IntN(len(cands)))
-}
-
-// chooseLeastLoaded returns the index of the load with the fewest
-// outstanding prompt tokens (decode: tokens to generate), then the fewest
-// requests; among equals, the first from start on (a random start spreads
-// ties).
-func chooseLeastLoaded(loads []nodeLoad, decode bool, start int) int {
-	key := func(l nodeLoad) [2]int {
-		if decode {
-			return [2]int{l.decode, l.requests}
-		}
-		return [2]int{l.prompt, l.requests}
-	}
-	best := start % len(loads)
-	for k := 1; k < len(loads); k++ {
-		i := (start + k) % len(loads)
-		a, b := key(loads[i]), key(loads[best])
-		if a[0] < b[0] || (a[0] == b[0] && a[1] < b[1]) {
-			best = i
-		}
-	}
-	return best
-}
-
-// charge adds a request's work to a node's load: prefilled is called
-// when its prompt is computed (the first byte of the answer), done when it
-// ended; both may be called more than once.
-func (r *Router) charge(id string, prompt, decode int) (prefilled, done func()) {
-	r.mu.Lock()
-	l := r.loadLocked(id)
-	l.prompt += prompt
-	l.decode += decode
-	l.requests++
-	r.mu.Unlock()
-	r.pending.WithLabelValues(id, "prompt").Add(float64(prompt))
-	r.pending.WithLabelValues(id, "decode").Add(float64(decode))
-	var p, d sync.Once
-	prefilled = func() {
-		p.Do(func() {
-			r.mu.Lock()
-			l.prompt -= prompt
-			r.mu.Unlock()
-			r.pending.WithLabelValues(id, "prompt").Sub(float64(prompt))
-		})
-	}
-	return prefilled, func() {
-		prefilled()
-		d.Do(func() {
-			r.mu.Lock()
-			l.decode -= decode
-			l.requests--
-			r.mu.Unlock()
-			r.pending.WithLabelValues(id, "decode").Sub(float64(decode))
-		})
-	}
-}
-
-func (r *Router) markDown(id string) {
-	r.mu.Lock()
-	r.loadLocked(id).downUntil = time.Now().Add(routerBackoff)
-	r.mu.Unlock()
-}
-
-// submitQueue passes POST /v1/queue to any node: it stores the batch and
-// runs it, and its id is found later by asking the nodes.
-func (r *Router) submitQueue(w http.ResponseWriter, req *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, openai.DefaultBatchMaxBodyBytes))
-	if err != nil {
-		openai.WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is too large (at most %d bytes) or unreadable", openai.DefaultBatchMaxBodyBytes), "invalid_request_error", "", "request_too_large")
-		return
-	}
-	r.forwardAny(w, req, body)
-}
-
-// complete routes a completion: on the node chosen by the policy, or, with
-// nodes in the prefill and decode roles, split between two.
-func (r *Router) complete(w http.ResponseWriter, req *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, openai.MaxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			openai.WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is over %d bytes", tooBig.Limit), "invalid_request_error", "", "request_too_large")
-			return
-		}
-		openai.WriteError(w, http.StatusBadRequest, "reading the request body: "+err.Error(), "invalid_request_error", "", "")
-		return
-	}
-	c := completion{req: req, body: body, path: req.URL.Path, session: req.Header.Get(openai.SessionHeader)}
-	if c.session != "" {
-		r.hints.Inc()
-	}
-	began := time.Now()
-	all := r.backends()
-	var prefillers, decoders, both []backend
-	for _, b := range all {
-		switch b.role {
-		case gossip.RolePrefill:
-			prefillers = append(prefillers, b)
-		case gossip.RoleDecode:
-			decoders = append(decoders, b)
-		default:
-			both = append(both, b)
-		}
-	}
-	if len(all) == 0 {
-		openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
-		return
-	}
-	// The cost of the prompt, from one node's lookup; that node also
-	// checks the request, so a bad one is refused here, with the node's
-	// error, before any work.
-	var lerr *routerError
-	if c.look, lerr = r.lookup(req, body, c.path, all); lerr != nil {
-		lerr.write(w)
-		return
-	}
-	if len(prefillers) == 0 || len(decoders) == 0 {
-		r.overhead.Observe(time.Since(began).Seconds())
-		r.forward(w, c, slices.Concat(both, prefillers, decoders), c.look, false, nil)
-		return
-	}
-	r.split(w, c, began, slices.Concat(prefillers, both), slices.Concat(decoders, both))
-}
-
-// completion is a completion request the router sends on: the client's
-// request and body, and what the lookup found.
-type completion struct {
-	req           *http.Request
-	body          []byte
-	path, session string
-	look          openai.LookupResult
-}
-
-// split runs c's prompt on one of prefillers (max_tokens 1, not streamed,
-// published before it answers), then decodes on one of decoders, which
-// loads the prefix from the cache; the client is told the prefill node's
-// cached tokens.
-func (r *Router) split(w http.ResponseWriter, c completion, began time.Time, prefillers, decoders []backend) {
-	pre, err := prefillBody(c.body)
-	if err != nil {
-		openai.WriteError(w, http.StatusBadRequest, err.Error(), "invalid_request_error", "", "")
-		return
-	}
-	r.overhead.Observe(time.Since(began).Seconds())
-	rec := &captureWriter{header: http.Header{}}
-	pc := c
-	pc.req, pc.body = c.req.Clone(c.req.Context()), pre
-	pc.req.Header.Set(openai.PublishHeader, "wait")
-	t0 := time.Now()
-	r.forward(rec, pc, prefillers, openai.LookupResult{PromptTokens: c.look.PromptTokens, CachedTokens: c.look.CachedTokens, MaxTokens: 1},
-		false, nil)
-	preTook := time.Since(t0)
-	if rec.code != http.StatusOK {
-		copyHeader(w.Header(), rec.header)
-		w.WriteHeader(rec.code)
-		w.Write(rec.body.Bytes())
-		return
-	}
-	var pu struct {
-		Usage openai.Usage `json:"usage"`
-	}
-	json.Unmarshal(rec.body.Bytes(), &pu)
-	w.Header().Set("X-Kvmesh-Prefill-Node", rec.header.Get("X-Kvmesh-Node"))
-	w.Header().Set("X-Kvmesh-Prefill-Node-Ms", strconv.FormatFloat(ms(preTook), 'f', 3, 64))
-	w.Header().Set("X-Kvmesh-Prefill-Cached-Tokens", strconv.Itoa(pu.Usage.PromptTokensDetails.CachedTokens))
-	rewrite := func(u *openai.Usage) { u.PromptTokensDetails.CachedTokens = pu.Usage.PromptTokensDetails.CachedTokens }
-	r.forward(w, c, decoders, openai.LookupResult{PromptTokens: c.look.PromptTokens,
-		CachedTokens: c.look.PromptTokens, MaxTokens: c.look.MaxTokens}, true, rewrite)
-}
-
-// routerError is an answer the router passes on as is.
-type routerError struct {
-	code   int
-	header http.Header
-	body   []byte
-}
-
-func (e *routerError) write(w http.ResponseWriter) {
-	copyHeader(w.Header(), e.header)
-	w.WriteHeader(e.code)
-	w.Write(e.body)
-}
-
-// lookup asks a node for the prompt's cost; a node that cannot answer is
-// skipped, and when none can the cost is the whole prompt, unknown.
-func (r *Router) lookup(req *http.Request, body []byte, path string, cands []backend) (openai.LookupResult, *routerError) {
-	order := rand.Perm(len(cands))
-	for _, i := range order[:min(len(order), 3)] {
-		b := cands[i]
-		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
-		up, err := http.NewRequestWithContext(ctx, http.MethodPost, r.scheme()+b.addr+openai.LookupPath+strings.TrimPrefix(path, "/v1"), bytes.NewReader(body))
-		if err != nil {
-			cancel()
-			continue
-		}
-		copyRequestHeader(up.Header, req.Header)
-		resp, err := r.client.Do(up)
-		if err != nil {
-			cancel()
-			r.markDown(b.id)
-			continue
-		}
-		rb, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		resp.Body.Close()
-		cancel()
-		switch {
-		case err != nil || resp.StatusCode >= 500:
-			continue
-		case resp.StatusCode != http.StatusOK:
-			return openai.LookupResult{}, &routerError{code: resp.StatusCode, header: resp.Header, body: rb}
-		}
-		var lr openai.LookupResult
-		if json.Unmarshal(rb, &lr) == nil {
-			return lr, nil
-		}
-	}
-	return openai.LookupResult{}, nil
-}
-
-// forward sends the request to the best of cands, and on a failure before
-// the first byte of the answer to the next best, until one answers or none
-// is left. decode charges the node by tokens to generate, else by uncached
-// prompt tokens. rewrite, when set, edits the usage of the answer.
-func (r *Router) forward(w http.ResponseWriter, c completion, cands []backend, look openai.LookupResult, decode bool, rewrite func(*openai.Usage)) {
-	cands = slices.Clone(cands)
-	for len(cands) > 0 {
-		i := r.pick(cands, decode, c.session)
-		b := cands[i]
-		cands = slices.Delete(cands, i, i+1)
-		prefilled, done := r.charge(b.id, max(0, look.PromptTokens-look.CachedTokens), look.MaxTokens)
-		sent, err := r.try(w, c.req, c.body, c.path, b, prefilled, rewrite)
-		done()
-		if err == nil || c.req.Context().Err() != nil {
-			return
-		}
-		r.log.Warn("router: node failed", "node", b.id, "addr", b.addr, "answered", sent, "err", err)
-		if sent {
-			return // the client has bytes already: the response ends here
-		}
-		r.markDown(b.id)
-		r.retries.WithLabelValues(b.id).Inc()
-	}
-	openai.WriteError(w, http.StatusServiceUnavailable, "every node failed this request; retry", "server_error", "", "no_backend")
-}
-
-// forwardAny sends a request that needs no choice to any live node, with
-// the same retries.
-func (r *Router) forwardAny(w http.ResponseWriter, req *http.Request, body []byte) {
-	if req.Body != nil && body == nil {
-		var err error
-		if body, err = io.ReadAll(http.MaxBytesReader(w, req.Body, openai.MaxBodyBytes)); err != nil {
-			openai.WriteError(w, http.StatusRequestEntityTooLarge, "the request body is too large or unreadable", "invalid_request_error", "", "")
-			return
-		}
-	}
-	cands := r.backends()
-	for len(cands) > 0 {
-		i := rand.IntN(len(cands))
-		b := cands[i]
-		cands = slices.Delete(cands, i, i+1)
-		sent, err := r.try(w, req, body, req.URL.Path, b, func() {}, nil)
-		if err == nil || sent {
-			return
-		}
-		r.markDown(b.id)
-		r.retries.WithLabelValues(b.id).Inc()
-	}
-	openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
-}
-
-// listQueue answers GET /v1/queue with every node's list of the caller's
-// batches; a node's error (a refused token) is answered as is.
-func (r *Router) listQueue(w http.ResponseWriter, req *http.Request) {
-	all := openai.QueueList{Object: "list", Data: []openai.QueueBatch{}}
-	answered := false
-	for _, b := range r.backends() {
-		rec := &captureWriter{header: http.Header{}}
-		if _, err := r.try(rec, req, nil, req.URL.Path, b, func() {}, nil); err != nil {
-			continue
-		}
-		if rec.code != http.StatusOK {
-			copyHeader(w.Header(), rec.header)
-			w.WriteHeader(rec.code)
-			w.Write(rec.body.Bytes())
-			return
-		}
-		var l openai.QueueList
-		if json.Unmarshal(rec.body.Bytes(), &l) == nil {
-			all.Data = append(all.Data, l.Data...)
-			answered = true
-		}
-	}
-	if !answered {
-		openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
-		return
-	}
-	openai.WriteJSON(w, http.StatusOK, all)
-}
-
-// forwardQueue passes GET or DELETE /v1/queue/{id} to the node that holds
-// the batch: it asks the nodes in turn and answers with the first answer
-// that is not 404 (404 when every node says so). A batch is stored by the
-// node that accepted it; nothing else knows where.
-func (r *Router) forwardQueue(w http.ResponseWriter, req *http.Request) {
-	req = req.Clone(req.Context())
-	req.Header.Set(openai.ForwardedHeader, "1") // the router asks every node: they need not ask their peers
-	var last *captureWriter
-	for _, b := range r.backends() {
-		rec := &captureWriter{header: http.Header{}}
-		if _, err := r.try(rec, req, nil, req.URL.Path, b, func() {}, nil); err != nil {
-			continue // down or stopping: another node may hold it, else 404 below
-		}
-		if rec.code == http.StatusNotFound {
-			last = rec
-			continue
-		}
-		last = rec
-		break
-	}
-	if last == nil {
-		openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
-		return
-	}
-	copyHeader(w.Header(), last.header)
-	w.WriteHeader(last.code)
-	w.Write(last.body.Bytes())
-}
-
-// try sends the request to b and streams its answer to w. It reports
-// whether anything reached w; an error with nothing sent may be retried.
-// firstByte is called when the node's answer starts (its prefill is done).
-func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path string, b backend, firstByte func(), rewrite func(*openai.Usage)) (sent bool, err error) {
-	t0 := time.Now()
-	up, err := http.NewRequestWithContext(req.Context(), req.Method, r.scheme()+b.addr+path, bytes.NewReader(body))
-	if err != nil {
-		return false, err
-	}
-	copyRequestHeader(up.Header, req.Header)
-	resp, err := r.client.Do(up)
-	if err != nil {
-		r.requests.WithLabelValues(b.id, "0").Inc()
-		return false, err
-	}
-	defer resp.Body.Close()
-	r.requests.WithLabelValues(b.id, strconv.Itoa(resp.StatusCode)).Inc()
-	if resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusServiceUnavailable {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		return false, fmt.Errorf("status %d", resp.StatusCode)
-	}
-	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	// Read the first bytes before answering: a node that dies before
-	// them is retried elsewhere.
-	br := make([]byte, 32<<10)
-	n, rerr := resp.Body.Read(br)
-	if n == 0 && rerr != nil && rerr != io.EOF {
-		return false, rerr
-	}
-	r.upstream.WithLabelValues(b.id).Observe(time.Since(t0).Seconds())
-	firstByte()
-	copyHeader(w.Header(), resp.Header)
-	if rewrite != nil { // the client's cached tokens are the prefill node's
-		w.Header().Set("X-Kvmesh-Cached-Tokens", w.Header().Get("X-Kvmesh-Prefill-Cached-Tokens"))
-		w.Header().Set("X-Kvmesh-Decode-Node", b.id)
-	}
-	w.Header().Set("X-Kvmesh-Node", b.id)
-	w.Header().Set("X-Kvmesh-Router-Node", b.id)
-	if !stream {
-		rest, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-		if err != nil {
-			return false, err
-		}
-		all := append(br[:n], rest...)
-		if rewrite != nil && resp.StatusCode == http.StatusOK {
-			all = rewriteUsage(all, rewrite)
-			w.Header().Set("X-Kvmesh-Decode-Node-Ms", strconv.FormatFloat(ms(time.Since(t0)), 'f', 3, 64))
-		}
-		w.Header().Del("Content-Length")
-		w.Header().Set("Content-Length", strconv.Itoa(len(all)))
-		w.WriteHeader(resp.StatusCode)
-		w.Write(all)
-		return true, nil
-	}
-	w.Header().Del("Content-Length")
-	w.WriteHeader(resp.StatusCode)
-	rc := http.NewResponseController(w)
-	var pending []byte // an event not yet complete (rewrite only)
-	out := func(p []byte) error {
-		if rewrite != nil {
-			pending = append(pending, p...)
-			cut := bytes.LastIndex(pending, []byte("\n\n"))
-			if cut < 0 {
-				return nil
-			}
-			p = rewriteEvents(pending[:cut+2], rewrite)
-			pending = append(pending[:0], pending[cut+2:]...)
-		}
-		if _, err := w.Write(p); err != nil {
-			return err
-		}
-		return rc.Flush()
-	}
-	if err := out(br[:n]); err != nil {
-		return true, nil // the client left
-	}
-	for rerr == nil {
-		n, rerr = resp.Body.Read(br)
-		if n > 0 {
-			if err := out(br[:n]); err != nil {
-				return true, nil
-			}
-		}
-	}
-	if rerr != io.EOF {
-		return true, rerr
-	}
-	return true, nil
-}
-
-// rewriteUsage applies f to the usage of a JSON answer; an answer without
-// usage is returned as is.
-func rewriteUsage(b []byte, f func(*openai.Usage)) []byte {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(b, &m) != nil || m["usage"] == nil || string(m["usage"]) == "null" {
-		return b
-	}
-	var u openai.Usage
-	if json.Unmarshal(m["usage"], &u) != nil {
-		return b
-	}
-	f(&u)
-	m["usage"], _ = json.Marshal(u)
-	out, err := json.Marshal(m)
-	if err != nil {
-		return b
-	}
-	return out
-}
-
-// rewriteEvents applies f to the usage of each complete event in b.
-func rewriteEvents(b []byte, f func(*openai.Usage)) []byte {
-	var out []byte
-	for ev := range bytes.SplitSeq(b, []byte("\n\n")) {
-		if len(ev) == 0 {
-			continue
-		}
-		if data, ok := bytes.CutPrefix(ev, []byte("data: {")); ok && bytes.Contains(data, []byte(`"usage"`)) {
-			ev = append([]byte("data: "), rewriteUsage(append([]byte("{"), data...), f)...)
-		}
-		out = append(append(out, ev...), '\n', '\n')
-	}
-	return out
-}
-
-// prefillBody is the request body of the prefill step: the client's, not
-// streamed, generating one token.
-func prefillBody(body []byte) ([]byte, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(body, &m); err != nil {
-		return nil, fmt.Errorf("the request body is not a JSON object: %w", err)
-	}
-	m["stream"] = json.RawMessage("false")
-	delete(m, "stream_options")
-	delete(m, "max_completion_tokens")
-	m["max_tokens"] = json.RawMessage("1")
-	return json.Marshal(m)
-}
-
-// hopHeaders are not forwarded (RFC 9110 §7.6.1), nor is Content-Length,
-// which the transport sets.
-var hopHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
-	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true}
-
-func copyRequestHeader(dst, src http.Header) {
-	for k, vs := range src {
-		if !hopHeaders[k] {
-			dst[k] = slices.Clone(vs)
-		}
-	}
-}
-
-func copyHeader(dst, src http.Header) {
-	for k, vs := range src {
-		if !hopHeaders[k] {
-			dst[k] = slices.Clone(vs)
-		}
-	}
-}
-
-// captureWriter is an http.ResponseWriter that keeps the answer.
-type captureWriter struct {
-	header http.Header
-	code   int
-	body   bytes.Buffer
-}
-
-func (c *captureWriter) Header() http.Header { return c.header }
-func (c *captureWriter) WriteHeader(code int) {
-	if c.code == 0 {
-		c.code = code
-	}
-}
-func (c *captureWriter) Write(b []byte) (int, error) {
-	if c.code == 0 {
-		c.code = http.StatusOK
-	}
-	return c.body.Write(b)
-}
-
-// scheme is how the router reaches the nodes' HTTP addresses.
-func (r *Router) scheme() string {
-	if r.opts.NodeTLS != nil {
-		return "https://"
-	}
-	return "http://"
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

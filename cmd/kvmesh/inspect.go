@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -73,6 +74,9 @@ func (f *inspectFlags) dial(cmd *cobra.Command) (*client.Client, context.Context
 	if f.output != "table" && f.output != "json" {
 		return nil, nil, nil, fmt.Errorf("-o %q: want table or json", f.output)
 	}
+	if err := checkHostPort("--addr", f.addr); err != nil {
+		return nil, nil, nil, err
+	}
 	opts := client.Options{MaxRetries: -1}
 	if err := f.sec.apply(&opts); err != nil {
 		return nil, nil, nil, err
@@ -120,8 +124,9 @@ func (f *inspectFlags) explain(err error) error {
 			return fmt.Errorf("the node at %s closed the TLS connection; if it asks for a client certificate (mutual TLS), pass --tls-cert/--tls-key", f.addr)
 		case f.sec.enabled() && strings.Contains(msg, "tls:"):
 			return fmt.Errorf("TLS with the node at %s failed (%s); check --tls-ca, --tls-server-name and, for mutual TLS, --tls-cert/--tls-key", f.addr, msg)
-		case !f.sec.enabled() && strings.Contains(msg, "preface"):
-			return fmt.Errorf("the node at %s closed the connection; if it serves TLS, pass --tls-ca CA (or --tls)", f.addr)
+		}
+		if m := wrongServer(f.addr, f.sec.enabled()); m != "" {
+			return errors.New(m)
 		}
 		return fmt.Errorf("no kvmesh node answers at %s; start one with 'kvmesh serve' or pass --addr HOST:PORT", f.addr)
 	case codes.Unauthenticated:
@@ -240,16 +245,21 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 }
 
 type memberJSON struct {
-	ID          string     `json:"id"`
-	Self        bool       `json:"self"`
-	State       string     `json:"state"`
-	GRPCAddr    string     `json:"grpc_addr"`
-	HTTPAddr    string     `json:"http_addr,omitempty"`
-	DataAddr    string     `json:"data_addr,omitempty"`
-	GossipAddr  string     `json:"gossip_addr,omitempty"`
-	ShmSocket   string     `json:"shm_socket,omitempty"`
+	ID         string `json:"id"`
+	Self       bool   `json:"self"`
+	State      string `json:"state"`
+	GRPCAddr   string `json:"grpc_addr"`
+	HTTPAddr   string `json:"http_addr,omitempty"`
+	DataAddr   string `json:"data_addr,omitempty"`
+	GossipAddr string `json:"gossip_addr,omitempty"`
+	ShmSocket  string `json:"shm_socket,omitempty"`
+	// Shm says whether the node serves shared memory to clients on its
+	// host (ShmSocket), and ShmHere whether that host is this one.
+	Shm         bool       `json:"shm"`
+	ShmHere     bool       `json:"shm_this_host"`
 	HostID      string     `json:"host_id,omitempty"`
 	RDMADevices []string   `json:"rdma_devices"`
+	Fabric      string     `json:"fabric,omitempty"`
 	Version     string     `json:"version,omitempty"`
 	Tiers       []tierJSON `json:"tiers"`
 }
@@ -259,8 +269,13 @@ func membersCmd(f *inspectFlags) *cobra.Command {
 		Use:   "members",
 		Short: "The nodes of the cluster, as the node at --addr sees them",
 		Long: `The nodes of the cluster as the node at --addr sees them: each live node (alive,
-or suspected of having failed) with its addresses and tiers. Tier usage is
-known for the node that answered (marked *); for the others, their capacity.`,
+or suspected of having failed) with its addresses, tiers, RDMA devices and
+fabric (how it reads other nodes: tcp, or ucx with UCX's version and the
+transports it opened). Tier usage is known for the node that answered
+(marked *); for the others, their capacity. SHM says whether a node serves
+shared memory to clients on its own host (its socket), and "here" when that
+host is this one and this process can reach the socket: clients run here
+read its blocks without a socket copy.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var resp client.Cluster
@@ -275,7 +290,9 @@ known for the node that answered (marked *); for the others, their capacity.`,
 			for _, m := range resp.Members {
 				mj := memberJSON{ID: m.ID, Self: m.ID == resp.SelfID, State: m.State, GRPCAddr: m.GRPCAddr,
 					HTTPAddr: m.HTTPAddr, DataAddr: m.DataAddr, GossipAddr: m.GossipAddr, ShmSocket: m.ShmSocket,
-					HostID: m.HostID, RDMADevices: append([]string{}, m.RDMADevices...), Version: m.Version, Tiers: []tierJSON{}}
+					HostID: m.HostID, RDMADevices: append([]string{}, m.RDMADevices...), Fabric: m.Fabric, Version: m.Version, Tiers: []tierJSON{}}
+				mj.Shm = m.ShmSocket != ""
+				mj.ShmHere = mj.Shm && m.HostID != "" && m.HostID == client.HostID() && socketReachable(m.ShmSocket)
 				for _, t := range m.Tiers {
 					tj := tierJSON{Name: t.Name, Bytes: uint64(t.UsedBytes), CapacityBytes: uint64(t.CapacityBytes)}
 					if tj.CapacityBytes > 0 {
@@ -286,7 +303,7 @@ known for the node that answered (marked *); for the others, their capacity.`,
 				out = append(out, mj)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tTIERS\tRDMA\tVERSION")
+				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tSHM\tTIERS\tRDMA\tFABRIC\tVERSION")
 				for _, m := range out {
 					var tiers []string
 					for _, t := range m.Tiers {
@@ -303,13 +320,31 @@ known for the node that answered (marked *); for the others, their capacity.`,
 					if len(m.RDMADevices) > 0 {
 						rdma = strings.Join(m.RDMADevices, ",")
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
-						strings.Join(tiers, ", "), rdma, m.Version)
+					shm := "off"
+					switch {
+					case m.ShmHere:
+						shm = "on, here: " + m.ShmSocket
+					case m.Shm:
+						shm = "on: " + m.ShmSocket
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
+						shm, strings.Join(tiers, ", "), rdma, dash(m.Fabric), m.Version)
 				}
-				fmt.Fprintf(w, "\n%d members; * answered (tiers: used/capacity; others: capacity)\n", len(out))
+				fmt.Fprintf(w, "\n%d members; * answered (tiers: used/capacity; others: capacity); SHM: shared memory for clients on the node's host (here: this host, socket reachable)\n", len(out))
 			})
 		},
 	}
+}
+
+// socketReachable reports whether this process can connect to the unix
+// socket at path.
+func socketReachable(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 func dash(s string) string {

@@ -270,12 +270,14 @@ type prefillServeFlags struct {
 	maxContext       int
 	concurrency      int
 	queue            int
+	queueBytes       int64
 	resultTTL        time.Duration
 	maxResults       int
 	backgroundBlocks int
 	role             string
 	backend          string
 	modelDir         string
+	maxModelBytes    int64
 	batch            openai.BatchOptions
 	queueShare       float64
 }
@@ -283,9 +285,10 @@ type prefillServeFlags struct {
 func init() {
 	for field, flag := range map[string]string{
 		"Prefill.WeightsPath": "prefill-weights", "Prefill.Seed": "prefill-seed", "Prefill.Model": "prefill-max-context",
-		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.ResultTTL": "prefill-result-ttl",
+		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.QueueBytes": "prefill-queue-bytes", "Prefill.ResultTTL": "prefill-result-ttl",
 		"Prefill.MaxResults": "prefill-max-results", "Prefill.BackgroundBlocks": "prefill-background-blocks",
 		"Prefill.Role": "role", "Prefill.ModelDir": "prefill-model-dir", "Prefill.Backend": "backend",
+		"Prefill.MaxModelBytes":     "max-model-bytes",
 		"Prefill.Batch.MaxRequests": "queue-max-requests", "Prefill.Batch.MaxBodyBytes": "queue-max-body",
 		"Prefill.Batch.TenantQueued": "queue-tenant-quota", "Prefill.Batch.MaxQueued": "queue-max-queued",
 		"Prefill.Batch.ResultTTL": "queue-result-ttl", "Prefill.Batch.CallbackAllow": "callback-allow",
@@ -298,12 +301,14 @@ func init() {
 
 func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.BoolVar(&p.enabled, "prefill", !d.Disabled, "serve the bundled prefill engine (--prefill=false turns it off)")
-	fs.StringVar(&p.modelDir, "prefill-model-dir", d.ModelDir, "Hugging Face Llama directory to serve instead of the seeded model: config.json, model.safetensors (float32) and tokenizer.json (byte-level BPE; else byte tokens)")
+	fs.StringVar(&p.modelDir, "prefill-model-dir", d.ModelDir, "Hugging Face model directory (llama, mistral, qwen2, qwen3) to serve instead of the seeded model: config.json, model.safetensors or model.safetensors.index.json with its shards (F32, BF16, F16), generation_config.json, tokenizer.json and tokenizer_config.json (its chat template)")
+	fs.Var(newSize(&p.maxModelBytes, d.MaxModelBytes), "max-model-bytes", "refuse to start when the model's weights take more memory than this once loaded (float32); 0: the machine's memory")
 	fs.StringVar(&p.weights, "prefill-weights", d.WeightsPath, "safetensors file of the engine's weights (default: weights generated from --prefill-seed)")
 	fs.Uint64Var(&p.seed, "prefill-seed", d.Seed, "seed of the generated weights; nodes share blocks only with the same seed")
 	fs.IntVar(&p.maxContext, "prefill-max-context", d.Model.MaxContext, "longest prompt the engine accepts, in tokens")
 	fs.IntVar(&p.concurrency, "prefill-concurrency", d.Concurrency, "synchronous prefills that run at once")
-	fs.IntVar(&p.queue, "prefill-queue", d.QueueSize, "most queued prefill requests not yet done")
+	fs.IntVar(&p.queue, "prefill-queue", d.QueueSize, "most queued prefill requests not yet done (one tenant: half)")
+	fs.Var(newSize(&p.queueBytes, d.QueueBytes), "prefill-queue-bytes", "most bytes of queued prefill requests not yet done, 4 a prompt token (one tenant: half)")
 	fs.DurationVar(&p.resultTTL, "prefill-result-ttl", d.ResultTTL, "how long a queued request's result is kept")
 	fs.IntVar(&p.maxResults, "prefill-max-results", d.MaxResults, "most queued requests' results kept")
 	fs.IntVar(&p.backgroundBlocks, "prefill-background-blocks", d.BackgroundBlocks, "blocks per chunk of queued work (a synchronous prefill preempts it within one)")
@@ -312,7 +317,7 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.IntVar(&p.batch.TenantQueued, "queue-tenant-quota", d.Batch.TenantQueued, "most queued requests (POST /v1/queue) of one tenant not yet answered (more: 429 with Retry-After)")
 	fs.IntVar(&p.batch.MaxQueued, "queue-max-queued", d.Batch.MaxQueued, "most queued requests (POST /v1/queue) of all tenants not yet answered (more: 503)")
 	fs.DurationVar(&p.batch.ResultTTL, "queue-result-ttl", d.Batch.ResultTTL, "how long a finished batch's responses are kept (then GET /v1/queue/{id} is 404)")
-	fs.StringSliceVar(&p.batch.CallbackAllow, "callback-allow", d.Batch.CallbackAllow, "hosts (HOST: any port, or HOST:PORT) a queued batch's callback_url may name; others are refused (default none: no callbacks)")
+	fs.StringSliceVar(&p.batch.CallbackAllow, "callback-allow", d.Batch.CallbackAllow, "hosts (HOST: its scheme's default port only, or HOST:PORT) a queued batch's callback_url may name, checked at submission and at each delivery, which goes to the address the host resolves to then (never a loopback or link-local one unless listed); others are refused (default none: no callbacks)")
 	fs.StringVar(&p.backend, "backend", node.BackendCPU, "what runs the prefill engine's model: cpu, or cuda (its matrix products through cuBLAS on CUDA device --gpu; needs a build with -tags cuda, kvmesh-cuda.so beside it and a GPU, else serve refuses to start and says which is missing)")
 	fs.Float64Var(&p.queueShare, "queue-share", d.Batch.Share, "share of the engine's slots (--prefill-concurrency) queued batches may run on at once, at least one request; each runs only while no synchronous request does and yields to one between chunks and decode steps; 0: none here (peers pull this node's batches)")
 	fs.DurationVar(&p.batch.StealInterval, "queue-steal-interval", d.Batch.StealInterval, "how often an idle node asks its peers for a queued batch they have not started (0 or less: never)")
@@ -323,8 +328,9 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 func (p *prefillServeFlags) options() node.PrefillOptions {
 	o := node.PrefillOptions{
 		Disabled: !p.enabled, WeightsPath: p.weights, Seed: p.seed,
-		Concurrency: p.concurrency, QueueSize: p.queue, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
+		Concurrency: p.concurrency, QueueSize: p.queue, QueueBytes: p.queueBytes, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
 		BackgroundBlocks: p.backgroundBlocks, Role: p.role, Backend: p.backend, ModelDir: p.modelDir, Batch: p.batch,
+		MaxModelBytes: p.maxModelBytes,
 	}
 	o.Batch.Share = p.queueShare
 	if p.queueShare <= 0 {
@@ -347,7 +353,7 @@ func engineLine(o node.PrefillOptions) string {
 		weights = o.WeightsPath
 	}
 	if o.ModelDir != "" {
-		return fmt.Sprintf("model directory %s (config.json, model.safetensors, tokenizer.json); context at most %d; queue %d; role %s; backend %s",
+		return fmt.Sprintf("model directory %s (config.json, safetensors, tokenizer files); context at most %d; queue %d; role %s; backend %s",
 			o.ModelDir, o.Model.MaxContext, o.QueueSize, o.Role, o.Backend)
 	}
 	m := o.Model
