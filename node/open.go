@@ -177,9 +177,10 @@ func localStats(l *store.Local) CacheStats {
 		PromotionsDeferred: s.PromotionsDeferred, QuotaRefused: s.QuotaRefused, CorruptDrops: s.CorruptDrops,
 		Retained: int64(s.Retained), PinnedBytes: s.PinnedBytes, Removed: s.Removed,
 		Parts: PartStats{Open: int64(s.PartialsOpen), Bytes: s.PartialBytes, Stored: s.PartsStored, Completed: s.PartsCompleted,
-			Conflicts: s.PartConflicts, Expired: s.PartialsExpired, Dropped: s.PartialsDropped, Claims: s.Claims}}
+			Conflicts: s.PartConflicts, Expired: s.PartialsExpired, Dropped: s.PartialsDropped, Claims: s.Claims},
+		SecondChances: s.SecondChances, ReusedBlocks: s.ReusedBlocks}
 	for _, t := range s.Tiers {
-		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity, Warm: t.Warm})
+		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity, Warm: t.Warm, Evicted: t.Evicted})
 	}
 	for _, n := range s.Namespaces {
 		out.Namespaces = append(out.Namespaces, NamespaceStats{Digest: n.Digest, Tenant: n.Tenant, Blocks: n.Blocks, Bytes: n.Bytes, Tokens: n.Tokens,

@@ -32,7 +32,7 @@ type entry struct {
 	sib        uint32    // next sibling
 	up         uint32    // parent if flagFirst, else previous sibling; 0 when unlinked
 	ns         uint32    // namespace id (see namespaces)
-	hits       uint16    // Gets served, saturating at maxHits; the top bits are hitsCopy and hitsRetained
+	hits       uint16    // Gets served, saturating at maxHits; the top bits are hitsCopy, hitsReused and hitsRetained
 	pins       uint8     // live Refs reading it in place, saturating at maxPins
 	flags      uint8
 }
@@ -52,13 +52,16 @@ const (
 const maxPins = 1<<8 - 1
 
 // hitsCopy, the top bit of entry.hits, marks a copy: a block this node keeps
-// beside the owner that placement gave it (Local.PutCopy under EvictDedup).
+// beside the owner that placement gave it (Local.PutCopy under EvictDedup or
+// EvictReuse). hitsReused, the next bit, marks a block reused (found by a
+// lookup, or read) since it was stored or last passed over by EvictReuse.
 // hitsRetained, the next, marks a value under retention (retain.go). The
-// eight flag bits are taken, and 16383 hits saturate as well as 65535.
+// eight flag bits are taken, and 8191 hits saturate as well as 65535.
 const (
 	hitsCopy     uint16 = 1 << 15
-	hitsRetained uint16 = 1 << 14
-	hitsMarks           = hitsCopy | hitsRetained
+	hitsReused   uint16 = 1 << 14
+	hitsRetained uint16 = 1 << 13
+	hitsMarks           = hitsCopy | hitsReused | hitsRetained
 	maxHits             = hitsRetained - 1
 )
 
@@ -73,6 +76,7 @@ func (e *entry) copy() bool         { return e.hits&hitsCopy != 0 }
 func (e *entry) retained() bool     { return e.hits&hitsRetained != 0 }
 func (e *entry) hitCount() int      { return int(e.hits &^ hitsMarks) }
 func (e *entry) setHitsSaturating() { e.hits = e.hits&hitsMarks | min(e.hits&^hitsMarks+1, maxHits) }
+func (e *entry) reused() bool       { return e.hits&hitsReused != 0 }
 
 const (
 	pageBits = 12

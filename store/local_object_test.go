@@ -187,12 +187,19 @@ func TestObjectsReopen(t *testing.T) {
 // TestRetention: a hard pin is never evicted, a soft pin only once nothing
 // unpinned is left, a lease until it lapses; limits refuse.
 func TestRetention(t *testing.T) {
+	for _, ev := range []Eviction{EvictLRU, EvictDedup, EvictReuse} {
+		t.Run(string(ev), func(t *testing.T) { testRetention(t, ev) })
+	}
+}
+
+// testRetention is TestRetention under one eviction policy.
+func testRetention(t *testing.T, ev Eviction) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(33, 4))
 	ns := blocktest.NS()
 	clock := &fakeClock{now: time.Unix(1000, 0)}
 	// Memory only, 8 slots of one class: pressure evicts.
-	l := openLocal(t, Options{DRAM: newFakeMem(8<<10, 8, 8<<10), Now: clock.Now, MaxPinnedFraction: 0.5})
+	l := openLocal(t, Options{DRAM: newFakeMem(8<<10, 8, 8<<10), Now: clock.Now, MaxPinnedFraction: 0.5, Eviction: ev})
 	put := func(name string, r block.Retention) prefixhash.Key {
 		b, key := object(t, rng, ns, name, 6000, r)
 		if err := l.Put(ctx, b); err != nil {
@@ -237,7 +244,7 @@ func TestRetention(t *testing.T) {
 		}
 	}
 	// Only soft-pinned and retained values left: the soft one goes.
-	l2 := openLocal(t, Options{DRAM: newFakeMem(8<<10, 2, 8<<10), Now: clock.Now, MaxPinnedFraction: 1})
+	l2 := openLocal(t, Options{DRAM: newFakeMem(8<<10, 2, 8<<10), Now: clock.Now, MaxPinnedFraction: 1, Eviction: ev})
 	b, s1 := object(t, rng, ns, "s1", 6000, block.Retention{Pin: block.PinSoft})
 	if err := l2.Put(ctx, b); err != nil {
 		t.Fatal(err)

@@ -84,12 +84,19 @@ func (l *Local) placeLocked(i uint32, parent prefixhash.Key) {
 		l.placeCopyLocked(i)
 		return
 	}
-	at := l.mu.diskList
+	list := l.mu.diskList
 	if !e.persistent() {
-		at = l.memListLocked(l.mu.ns.get(e.ns).class)
+		list = l.memListLocked(l.mu.ns.get(e.ns).class)
 	}
+	at := list
 	if p := x.find(parent); p != 0 && p != i {
 		if pe := x.at(p); pe.persistent() == e.persistent() && pe.ns == e.ns && !pe.copy() {
+			if l.opts.Eviction == EvictReuse && pe.reused() {
+				// A lookup found the parent: its chain is in use, so the
+				// parent, and the new block behind it, are the hottest
+				// (a lookup marks, it does not move).
+				l.moveFrontLocked(list, p)
+			}
 			at = p
 		}
 	}
@@ -104,6 +111,7 @@ func (l *Local) touchLocked(i uint32) {
 	x := &l.mu.x
 	e := x.at(i)
 	e.set(flagHit)
+	l.markReusedLocked(i)
 	if e.copy() {
 		return
 	}
@@ -169,8 +177,11 @@ func (l *Local) placedBehindLocked(at, i uint32) {
 	}
 }
 
-// coldestLocked marks list's coldest idle blocks worth want bytes. Values
-// under retention (retain.go) are passed over; soft-pinned ones are taken
+// coldestLocked marks the coldest idle blocks of list as victims until they
+// add up to want bytes, walking at most maxVictimWalk entries; it stops at
+// stop (reporting that it reached it). The policy may pass over a block
+// (secondChanceLocked), which moves it to the hot end. Values under
+// retention (retain.go) are passed over too; soft-pinned ones are taken
 // only by a second search, when the first found nothing else.
 func (l *Local) coldestLocked(list uint32, want int, stop uint32) (vs []moved, reachedStop bool) {
 	vs, reachedStop, sawSoft := l.coldestPassLocked(list, want, stop, false)
@@ -197,6 +208,7 @@ func (l *Local) coldestPassLocked(list uint32, want int, stop uint32, takeSoft b
 			if first == 0 {
 				first = j
 			}
+		case l.secondChanceLocked(list, j):
 		default:
 			vs = append(vs, l.markVictimLocked(j))
 			got += vs[len(vs)-1].size
