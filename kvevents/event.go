@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // Event tags: vLLM's msgspec tagged union names its classes.
@@ -199,6 +200,9 @@ func Decode(payload []byte) (Batch, error) {
 	if len(payload) > MaxPayload {
 		return b, fmt.Errorf("%w: %d bytes", ErrMalformed, len(payload))
 	}
+	if err := checkShape(payload); err != nil {
+		return b, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
 	d := msgpack.NewDecoder(bytes.NewReader(payload))
 	top, err := d.DecodeInterface()
 	if err != nil {
@@ -231,6 +235,53 @@ func Decode(payload []byte) (Batch, error) {
 		b.Events = append(b.Events, ev)
 	}
 	return b, nil
+}
+
+// maxDepth bounds the nesting of a payload's arrays and maps: a batch
+// nests five deep (batch, events, event, extra keys, a key's tuple).
+const maxDepth = 32
+
+// checkShape walks the msgpack value of payload without building it and
+// fails when an array or map claims more elements than bytes are left
+// (each takes one at least), or nests past maxDepth. msgpack's
+// DecodeInterface allocates what a length claims before reading an
+// element (a 5-byte array or map header could ask for gigabytes) and
+// recurses once per level, so Decode checks first.
+func checkShape(payload []byte) error {
+	r := bytes.NewReader(payload)
+	d := msgpack.NewDecoder(r)
+	var walk func(depth int) error
+	walk = func(depth int) error {
+		c, err := d.PeekCode()
+		if err != nil {
+			return err
+		}
+		var n int
+		switch {
+		case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+			n, err = d.DecodeArrayLen()
+		case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+			n, err = d.DecodeMapLen()
+			n *= 2
+		default:
+			return d.Skip()
+		}
+		switch {
+		case err != nil:
+			return err
+		case depth >= maxDepth:
+			return fmt.Errorf("nested deeper than %d", maxDepth)
+		case n > r.Len():
+			return fmt.Errorf("%d elements claimed with %d bytes left", n, r.Len())
+		}
+		for range n {
+			if err := walk(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return walk(0)
 }
 
 func decodeEvent(raw any) (Event, error) {

@@ -3,6 +3,7 @@ package kvevents_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"reflect"
 	"sync"
 	"testing"
@@ -55,6 +56,24 @@ func TestEncodeDecode(t *testing.T) {
 	for _, bad := range [][]byte{nil, {0x90}, {0x92, 0xc0, 0x90}, append([]byte{0x92, 0x01, 0x91, 0x91, 0xa3}, "Foo"...)} {
 		if _, err := kvevents.Decode(bad); err == nil {
 			t.Errorf("Decode(% x) accepted", bad)
+		}
+	}
+}
+
+// TestDecodeClaimedLengths: a header that claims billions of elements, or
+// nesting a million deep, is refused before anything is built (the msgpack
+// library allocates what a length claims; the fuzzer found a 11-byte
+// payload that took the process's memory).
+func TestDecodeClaimedLengths(t *testing.T) {
+	deep := bytes.Repeat([]byte{0x91}, 1<<20)
+	for name, bad := range map[string][]byte{
+		"map32":   []byte("\xdf3\x9f\xb1\x9e\x83k5\x92\x950"), // testdata/fuzz/FuzzDecode/33f73b6a39213a62
+		"array32": {0xdd, 0xff, 0xff, 0xff, 0xff, 0xc0},
+		"inner":   {0x92, 0x01, 0xdd, 0x10, 0, 0, 0, 0x90},
+		"deep":    append(deep, 0xc0),
+	} {
+		if _, err := kvevents.Decode(bad); !errors.Is(err, kvevents.ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", name, err)
 		}
 	}
 }
