@@ -1,0 +1,151 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/prefill"
+	"github.com/kvmesh/kvmesh/tokenizer"
+)
+
+// writeDraftDir writes a draft of writeModelDir's model: one layer of the
+// same shape, the same tokenizer.json.
+func writeDraftDir(t *testing.T, model string) string {
+	t.Helper()
+	dir := t.TempDir()
+	var c map[string]any
+	b, err := os.ReadFile(filepath.Join(model, "config.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &c)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	c["num_hidden_layers"] = 1
+	j, _ := json.Marshal(c)
+	cfg, _, err := prefill.LoadConfigJSON(filepath.Join(model, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Layers = 1
+	tok, err := os.ReadFile(filepath.Join(model, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"config.json": j, "tokenizer.json": tok} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := prefill.SaveWeights(filepath.Join(dir, "model.safetensors"), cfg, prefill.SeededWeights(cfg, 4)); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestOpenAISpeculative: a node that decodes speculatively, with prompt
+// lookup or a draft model directory, answers greedy completions with the
+// tokens of a cold engine that does not, reports the guesses in the usage
+// (OpenAI's completion_tokens_details) and headers, and counts them in its
+// metrics, labelled with the proposer.
+func TestOpenAISpeculative(t *testing.T) {
+	dir, cfg, w := writeModelDir(t)
+	draft := writeDraftDir(t, dir)
+	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cold, err := prefill.New(nil, prefill.Options{Config: cfg, Weights: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cold.Close()
+	prompt := strings.Repeat("the tool returned {\"path\": \"a/b.go\"}; ", 6)
+	g, err := cold.Generate(context.Background(), tok.Encode(prompt), prefill.GenerateOptions{MaxTokens: 16, Stop: [][]uint32{{266}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := string([]rune(string(tok.Decode(g.Tokens))))
+	for _, method := range []string{prefill.SpeculateNgram, prefill.SpeculateDraft} {
+		pn := startPrefillNode(t, "", nil, func(o *Options) {
+			o.Prefill = PrefillOptions{ModelDir: dir, Model: prefill.Config{BlockTokens: 16}, Speculative: method, SpeculativeTokens: 3}
+			if method == prefill.SpeculateDraft {
+				o.Prefill.DraftDir = draft
+			}
+		}, nil)
+		req := map[string]any{"model": "kvmesh", "prompt": prompt, "max_tokens": 16, "temperature": 0}
+		call := callAPI(t, "POST", apiURL(pn.Node, "/v1/completions"), "", req)
+		if got := parseCompletion(t, call, false); got.Text != want || got.Compl != len(g.Tokens) {
+			t.Errorf("%s: %+v, want %q (%d tokens)", method, got, want, len(g.Tokens))
+		}
+		var r struct {
+			Usage struct {
+				Details *struct {
+					Accepted int `json:"accepted_prediction_tokens"`
+					Rejected int `json:"rejected_prediction_tokens"`
+				} `json:"completion_tokens_details"`
+			}
+		}
+		if err := json.Unmarshal(call.body, &r); err != nil || r.Usage.Details == nil {
+			t.Fatalf("%s: no completion_tokens_details in %s (%v)", method, call.body, err)
+		}
+		proposed, _ := strconv.Atoi(call.header.Get("X-Kvmesh-Proposed-Tokens"))
+		accepted, _ := strconv.Atoi(call.header.Get("X-Kvmesh-Accepted-Tokens"))
+		if call.header.Get("X-Kvmesh-Speculative") != method || proposed == 0 || accepted != r.Usage.Details.Accepted ||
+			proposed != accepted+r.Usage.Details.Rejected {
+			t.Errorf("%s: headers %v, usage %+v", method, call.header, *r.Usage.Details)
+		}
+		metrics := string(callAPI(t, "GET", apiURL(pn.Node, "/metrics"), "", nil).body)
+		line := `kvmesh_speculative_proposed_tokens_total{proposer="` + method + `"} ` + strconv.Itoa(proposed)
+		if !strings.Contains(metrics, line) {
+			t.Errorf("%s: no %q in the metrics", method, line)
+		}
+	}
+}
+
+// TestSpeculativeDraftRefused: a draft directory whose tokenizer or
+// vocabulary is not the model's is refused at start, naming the difference.
+func TestSpeculativeDraftRefused(t *testing.T) {
+	dir, _, _ := writeModelDir(t)
+	otherTok := writeDraftDir(t, dir)
+	// The same tokenizer but for two tokens whose ids are swapped.
+	var tj map[string]any
+	b, _ := os.ReadFile(filepath.Join(otherTok, "tokenizer.json"))
+	if err := json.Unmarshal(b, &tj); err != nil {
+		t.Fatal(err)
+	}
+	vocab := tj["model"].(map[string]any)["vocab"].(map[string]any)
+	vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+	b, _ = json.Marshal(tj)
+	if err := os.WriteFile(filepath.Join(otherTok, "tokenizer.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	otherVocab := writeDraftDir(t, dir)
+	var c map[string]any
+	b, _ = os.ReadFile(filepath.Join(otherVocab, "config.json"))
+	json.Unmarshal(b, &c)
+	c["vocab_size"] = 300
+	b, _ = json.Marshal(c)
+	if err := os.WriteFile(filepath.Join(otherVocab, "config.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for draft, want := range map[string]string{otherTok: "tokenizer.json differs", otherVocab: "vocabulary has 300 tokens"} {
+		opts := Options{DataDir: t.TempDir(), Listen: ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"},
+			Tiers:   TierOptions{DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB},
+			Prefill: PrefillOptions{ModelDir: dir, Model: prefill.Config{BlockTokens: 16}, Speculative: prefill.SpeculateDraft, DraftDir: draft}}
+		n, err := New(opts, newFakeCache(1<<20))
+		if err == nil {
+			n.Close()
+		}
+		var oe *OptionError
+		if !errors.As(err, &oe) || oe.Field != "Prefill.DraftDir" || !strings.Contains(err.Error(), want) {
+			t.Errorf("draft %s: %v, want an OptionError of Prefill.DraftDir saying %q", filepath.Base(draft), err, want)
+		}
+	}
+}
