@@ -4,13 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefill"
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
@@ -148,4 +153,66 @@ func TestSpeculativeDraftRefused(t *testing.T) {
 			t.Errorf("draft %s: %v, want an OptionError of Prefill.DraftDir saying %q", filepath.Base(draft), err, want)
 		}
 	}
+}
+
+// writeSeededDraftDir writes a model directory for the seeded model of c:
+// one layer of c's shape, no tokenizer.json (byte tokens, as the seeded
+// model's).
+func writeSeededDraftDir(t *testing.T, c prefill.Config) string {
+	t.Helper()
+	dir := t.TempDir()
+	c.Layers = 1
+	j, _ := json.Marshal(map[string]any{"model_type": "llama", "hidden_size": c.Dim, "num_hidden_layers": c.Layers,
+		"num_attention_heads": c.Heads, "num_key_value_heads": c.KVHeads, "intermediate_size": c.FFNDim,
+		"vocab_size": c.Vocab, "rope_theta": c.RopeTheta, "rms_norm_eps": c.NormEps, "max_position_embeddings": c.MaxContext})
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), j, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := prefill.SaveWeights(filepath.Join(dir, "model.safetensors"), c, prefill.SeededWeights(c, 9)); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestRouterSpeculativeDecode: through kvmesh route with a prefill-role
+// and a decode-role node, both with a draft model, the decode node
+// speculates, the text is that of a cold engine without speculation, and
+// the draft's blocks of the prompt are in the cluster under the draft's
+// namespace (the prefill-only path that publishes them is
+// prefill.TestSpeculationDraftPrefilled's).
+func TestRouterSpeculativeDecode(t *testing.T) {
+	c := tinyModel()
+	draft := writeSeededDraftDir(t, c)
+	roles := []string{gossip.RolePrefill, gossip.RoleDecode}
+	nodes := startClusterNodes(t, 2, func(i int, o *Options) {
+		o.Prefill.Model, o.Prefill.Role = c, roles[i]
+		o.Prefill.Speculative, o.Prefill.SpeculativeTokens, o.Prefill.DraftDir = prefill.SpeculateDraft, 5, draft
+	})
+	r := startRouter(t, nodes[0].GossipAddr(), router.PolicyTokens)
+	waitRouterNodes(t, r, 2)
+	prompt := longText(rand.New(rand.NewPCG(8, 8)), 300)
+	req := map[string]any{"model": "kvmesh", "prompt": prompt, "max_tokens": 20, "temperature": 0}
+	got := callAPI(t, "POST", "http://"+r.HTTPAddr()+"/v1/completions", "", req)
+	res := parseCompletion(t, got, false)
+	if want := coldText(t, c, prompt, prefill.GenerateOptions{MaxTokens: 20}); res.Text != want {
+		t.Errorf("speculative split text %q, cold %q", res.Text, want)
+	}
+	if got.header.Get("X-Kvmesh-Prefill-Node") != nodes[0].ID() || got.header.Get("X-Kvmesh-Node") != nodes[1].ID() {
+		t.Fatalf("prefill on %q, decode on %q", got.header.Get("X-Kvmesh-Prefill-Node"), got.header.Get("X-Kvmesh-Node"))
+	}
+	if s := nodes[1].Node.prefill.engine.Stats(); s.Proposed == 0 {
+		t.Errorf("the decode node proposed nothing: %+v", s)
+	}
+	e := nodes[0].Node.prefill.engine
+	dns, ok := e.DraftNamespace()
+	if !ok {
+		t.Fatal("the prefill node has no draft")
+	}
+	tokens := prefill.TokenizeBytes(prompt)
+	full := len(tokens) / c.BlockTokens
+	cache := engineCache{c: nodes[0].Node.cache, blockTokens: c.BlockTokens}
+	testkit.WaitFor(t, "the draft's blocks of the prompt in the cluster", func() bool {
+		n, err := cache.LongestPrefix(context.Background(), prefixhash.Keys(dns, tokens[:full*c.BlockTokens]))
+		return err == nil && n == full
+	})
 }
