@@ -469,3 +469,34 @@ func TestSpeculationSamplingDistribution(t *testing.T) {
 		}
 	}
 }
+
+// TestSpeculationConcurrent: generations that run at once on an engine
+// with a draft model (each with its own draft K/V over the shared draft
+// engine and cache), foreground and queued, each generate the tokens
+// plain decoding does.
+func TestSpeculationConcurrent(t *testing.T) {
+	plain := newTinyEngine(t, nil, nil)
+	e := newTinyEngine(t, newMemCache(), func(o *Options) {
+		o.Concurrency = 3
+		o.Speculative = SpeculativeOptions{Method: SpeculateDraft, Tokens: 3, Draft: &Options{Config: tinyConfig(), Weights: tinyDraftWeights()}}
+	})
+	vocab := tinyConfig().Vocab
+	prompts := [][]uint32{repetitive(30, 50, vocab), repetitive(31, 70, vocab), repetitive(30, 50, vocab), repetitive(32, 40, vocab)}
+	got := make([]Generation, len(prompts))
+	errs := make([]error, len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		wg.Go(func() {
+			got[i], errs[i] = e.Generate(context.Background(), p, GenerateOptions{MaxTokens: 20, Background: i == 3})
+		})
+	}
+	wg.Wait()
+	for i, p := range prompts {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if want := generate(t, plain, p, GenerateOptions{MaxTokens: 20}).Tokens; !slices.Equal(got[i].Tokens, want) || got[i].Proposed == 0 {
+			t.Errorf("generation %d: %v (%d proposed), want %v", i, got[i].Tokens, got[i].Proposed, want)
+		}
+	}
+}
