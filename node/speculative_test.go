@@ -175,44 +175,62 @@ func writeSeededDraftDir(t *testing.T, c prefill.Config) string {
 }
 
 // TestRouterSpeculativeDecode: through kvmesh route with a prefill-role
-// and a decode-role node, both with a draft model, the decode node
-// speculates, the text is that of a cold engine without speculation, and
-// the draft's blocks of the prompt are in the cluster under the draft's
+// and a decode-role node, the decode node speculates — with a draft model
+// (K=5, whole answer) and with prompt lookup (K=8, streamed) — and the
+// text is that of a cold engine without speculation; with a draft, the
+// draft's blocks of the prompt are in the cluster under the draft's
 // namespace (the prefill-only path that publishes them is
 // prefill.TestSpeculationDraftPrefilled's).
 func TestRouterSpeculativeDecode(t *testing.T) {
 	c := tinyModel()
 	draft := writeSeededDraftDir(t, c)
-	roles := []string{gossip.RolePrefill, gossip.RoleDecode}
-	nodes := startClusterNodes(t, 2, func(i int, o *Options) {
-		o.Prefill.Model, o.Prefill.Role = c, roles[i]
-		o.Prefill.Speculative, o.Prefill.SpeculativeTokens, o.Prefill.DraftDir = prefill.SpeculateDraft, 5, draft
-	})
-	r := startRouter(t, nodes[0].GossipAddr(), router.PolicyTokens)
-	waitRouterNodes(t, r, 2)
 	prompt := longText(rand.New(rand.NewPCG(8, 8)), 300)
-	req := map[string]any{"model": "kvmesh", "prompt": prompt, "max_tokens": 20, "temperature": 0}
-	got := callAPI(t, "POST", "http://"+r.HTTPAddr()+"/v1/completions", "", req)
-	res := parseCompletion(t, got, false)
-	if want := coldText(t, c, prompt, prefill.GenerateOptions{MaxTokens: 20}); res.Text != want {
-		t.Errorf("speculative split text %q, cold %q", res.Text, want)
+	want := coldText(t, c, prompt, prefill.GenerateOptions{MaxTokens: 20})
+	for _, tc := range []struct {
+		method string
+		k      int
+		stream bool
+	}{{prefill.SpeculateDraft, 5, false}, {prefill.SpeculateNgram, 8, true}} {
+		roles := []string{gossip.RolePrefill, gossip.RoleDecode}
+		nodes := startClusterNodes(t, 2, func(i int, o *Options) {
+			o.Prefill.Model, o.Prefill.Role = c, roles[i]
+			o.Prefill.Speculative, o.Prefill.SpeculativeTokens = tc.method, tc.k
+			if tc.method == prefill.SpeculateDraft {
+				o.Prefill.DraftDir = draft
+			}
+		})
+		r := startRouter(t, nodes[0].GossipAddr(), router.PolicyTokens)
+		waitRouterNodes(t, r, 2)
+		req := map[string]any{"model": "kvmesh", "prompt": prompt, "max_tokens": 20, "temperature": 0, "stream": tc.stream}
+		got := callAPI(t, "POST", "http://"+r.HTTPAddr()+"/v1/completions", "", req)
+		var res completion
+		if tc.stream {
+			res = parseStream(t, got, false)
+		} else {
+			res = parseCompletion(t, got, false)
+		}
+		if res.Text != want {
+			t.Errorf("%s: speculative split text %q, cold %q", tc.method, res.Text, want)
+		}
+		if got.header.Get("X-Kvmesh-Prefill-Node") != nodes[0].ID() || got.header.Get("X-Kvmesh-Node") != nodes[1].ID() {
+			t.Fatalf("%s: prefill on %q, decode on %q", tc.method, got.header.Get("X-Kvmesh-Prefill-Node"), got.header.Get("X-Kvmesh-Node"))
+		}
+		if s := nodes[1].Node.prefill.engine.Stats(); s.Proposed == 0 {
+			t.Errorf("%s: the decode node proposed nothing: %+v", tc.method, s)
+		}
+		if tc.method != prefill.SpeculateDraft {
+			continue
+		}
+		dns, ok := nodes[0].Node.prefill.engine.DraftNamespace()
+		if !ok {
+			t.Fatal("the prefill node has no draft")
+		}
+		tokens := prefill.TokenizeBytes(prompt)
+		full := len(tokens) / c.BlockTokens
+		cache := engineCache{c: nodes[0].Node.cache, blockTokens: c.BlockTokens}
+		testkit.WaitFor(t, "the draft's blocks of the prompt in the cluster", func() bool {
+			n, err := cache.LongestPrefix(context.Background(), prefixhash.Keys(dns, tokens[:full*c.BlockTokens]))
+			return err == nil && n == full
+		})
 	}
-	if got.header.Get("X-Kvmesh-Prefill-Node") != nodes[0].ID() || got.header.Get("X-Kvmesh-Node") != nodes[1].ID() {
-		t.Fatalf("prefill on %q, decode on %q", got.header.Get("X-Kvmesh-Prefill-Node"), got.header.Get("X-Kvmesh-Node"))
-	}
-	if s := nodes[1].Node.prefill.engine.Stats(); s.Proposed == 0 {
-		t.Errorf("the decode node proposed nothing: %+v", s)
-	}
-	e := nodes[0].Node.prefill.engine
-	dns, ok := e.DraftNamespace()
-	if !ok {
-		t.Fatal("the prefill node has no draft")
-	}
-	tokens := prefill.TokenizeBytes(prompt)
-	full := len(tokens) / c.BlockTokens
-	cache := engineCache{c: nodes[0].Node.cache, blockTokens: c.BlockTokens}
-	testkit.WaitFor(t, "the draft's blocks of the prompt in the cluster", func() bool {
-		n, err := cache.LongestPrefix(context.Background(), prefixhash.Keys(dns, tokens[:full*c.BlockTokens]))
-		return err == nil && n == full
-	})
 }
