@@ -260,7 +260,10 @@ func (s *SpeculateSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 			if r.Workload != workloads[0].name {
 				target, what = 0.95, "decode speed with prompt lookup where nothing repeats, over plain decoding"
 			}
-			res.Checks = append(res.Checks, NewCheck("speculate: "+what, "speedup", r.Speedup, ">=", target, BackendKvmesh))
+			// The wall clock is the target's figure; the CPU time is the
+			// one a shared machine's load moves least.
+			res.Checks = append(res.Checks, NewCheck("speculate: "+what, "speedup", r.Speedup, ">=", target, BackendKvmesh),
+				NewCheck("speculate: "+what+", in CPU time", "cpu_speedup", r.CPUSpeedup, ">=", target, BackendKvmesh))
 		}
 	}
 	return res, nil

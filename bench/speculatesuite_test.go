@@ -29,7 +29,9 @@ func TestSpeculateSuite(t *testing.T) {
 			t.Errorf("the draft's row %+v: it proposes at every step", r)
 		}
 	}
-	if c := check(t, res, "speedup"); c.Value <= 0 {
-		t.Errorf("check %+v", c)
+	for _, figure := range []string{"speedup", "cpu_speedup"} {
+		if c := check(t, res, figure); c.Value <= 0 {
+			t.Errorf("check %+v", c)
+		}
 	}
 }
