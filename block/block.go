@@ -20,7 +20,7 @@ import (
 //	  0     4  magic "KVMB"
 //	  4     2  format version (4)
 //	  6     1  key format version (prefixhash.KeyVersion)
-//	  7     1  KV layout (0 split, 1 latent)
+//	  7     1  KV layout (0 split, 1 latent, 2 state)
 //	  8     4  header length (fixed part + tokens + extension + padding)
 //	 12     4  token count n
 //	 16     8  namespace digest
@@ -29,12 +29,16 @@ import (
 //	 56     1  KV dtype
 //	 57     1  key scheme (0 kvmesh, 1 vllm)
 //	 58     1  scales (0 none, 1 per block, 2 per head)
-//	 59     1  reserved, zero
+//	 59     1  group: 0 in a namespace without groups, else g+1 for
+//	           group g's record of the block (see Group)
 //	 60     4  layers (the model's)
 //	 64     4  KV heads (the model's; 0 with the latent layout)
 //	 68     4  head dim (0 with the latent layout)
-//	 72     4  latent dim (0 with the split layout)
-//	 76     4  reserved, zero
+//	 72     4  latent dim (0 with the split layout); with the state
+//	           layout, the bytes of one head's state in one layer
+//	 76     1  group kind + 1 (0 without a group)
+//	 77     1  anchor group + 1 (0: none, or not a sliding or state record)
+//	 78     2  window in blocks (sliding groups; else 0)
 //	 80     8  payload length (of this record: a part's, for a part)
 //	 88     8  xxhash64 of the payload
 //	 96     8  tenant tag (0: no tenant)
@@ -50,6 +54,17 @@ import (
 //	           to X. X is the namespace's (Namespace.ExtensionRoom), so every
 //	           block of a namespace has one encoded size, as the store needs.
 //	  …        zero padding to the header length
+//
+// A namespace with groups (prefixhash.Groups, hybrid models) stores one
+// record per group of each block: its header names the group, its kind,
+// the group its record hangs from in a store (the namespace's anchor, for
+// sliding and state records) and a sliding group's window; the key field
+// holds the record's key prefixhash.GroupKey(k_i, g) (k_i = H(parent ‖
+// tokens ‖ extra keys) as for any block, which is what Decode checks); the
+// layout fields describe the group's payload, whose layers are the group's
+// (in its order). A header without a group has zeros in bytes 59 and
+// 76-79, as before groups, so blocks on disk stay valid. A state record's
+// payload is [layer][head][state_bytes], whatever the tokens.
 //
 // The payload is the KV bytes, then the scales when the layout has them
 // (float32, see prefixhash.Scales): the payload checksum covers both. The
@@ -103,12 +118,32 @@ type Layout struct {
 	KV               prefixhash.KVLayout
 	LatentDim        int
 	Scales           prefixhash.Scales
+	// StateBytes sizes one head's state in one layer (prefixhash.StateKV).
+	StateBytes int
 }
 
-// LayoutOf returns the payload layout of blocks of ns.
+// LayoutOf returns the payload layout of blocks of ns, a namespace
+// without groups (see GroupLayout).
 func LayoutOf(ns prefixhash.Namespace) Layout {
 	return Layout{DType: ns.DType, Layers: ns.Layers, KVHeads: ns.KVHeads, HeadDim: ns.HeadDim,
 		KV: ns.Layout, LatentDim: ns.LatentDim, Scales: ns.Scales}
+}
+
+// GroupLayout returns the payload layout of group g's records of ns.
+func GroupLayout(ns prefixhash.Namespace, g int) Layout {
+	gr := ns.Groups.At(g)
+	return Layout{DType: gr.DType, Layers: len(gr.Layers), KVHeads: gr.KVHeads, HeadDim: gr.HeadDim,
+		KV: gr.Layout, LatentDim: gr.LatentDim, Scales: gr.Scales, StateBytes: gr.StateBytes}
+}
+
+// RecordLayout returns the payload layout of ns's records of group g:
+// GroupLayout, or LayoutOf for a namespace without groups (g is then
+// ignored).
+func RecordLayout(ns prefixhash.Namespace, g int) Layout {
+	if ns.Groups.IsZero() {
+		return LayoutOf(ns)
+	}
+	return GroupLayout(ns, g)
 }
 
 // valid reports whether l describes a payload at all (sizes in range, the
@@ -120,9 +155,12 @@ func (l Layout) valid() bool {
 	}
 	switch l.KV {
 	case prefixhash.SplitKV:
-		return l.KVHeads >= 1 && l.HeadDim >= 1 && l.LatentDim == 0 && l.KVHeads <= 1<<20 && l.HeadDim <= 1<<20
+		return l.KVHeads >= 1 && l.HeadDim >= 1 && l.LatentDim == 0 && l.KVHeads <= 1<<20 && l.HeadDim <= 1<<20 && l.StateBytes == 0
 	case prefixhash.LatentKV:
-		return l.KVHeads == 0 && l.HeadDim == 0 && l.LatentDim >= 1 && l.LatentDim <= 1<<20 && l.Scales != prefixhash.ScalesPerHead
+		return l.KVHeads == 0 && l.HeadDim == 0 && l.LatentDim >= 1 && l.LatentDim <= 1<<20 && l.Scales != prefixhash.ScalesPerHead && l.StateBytes == 0
+	case prefixhash.StateKV:
+		return l.KVHeads >= 1 && l.KVHeads <= 1<<20 && l.HeadDim == 0 && l.LatentDim == 0 && l.Scales == prefixhash.NoScales &&
+			l.StateBytes >= 1 && l.StateBytes <= prefixhash.MaxStateBytes && l.StateBytes%l.DType.Size() == 0
 	}
 	return false
 }
@@ -136,10 +174,51 @@ func (l Layout) PayloadLen(tokens int) int {
 	return l.PartLen(tokens, l.Whole())
 }
 
+// GroupRef names the group of a namespace with groups whose record of a
+// block a header holds, with what a store needs to know of the group
+// without knowing the namespace.
+type GroupRef struct {
+	// Set is false in a namespace without groups; the rest is then zero.
+	Set bool
+	// Index is the group's position in the namespace's groups.
+	Index int
+	Kind  prefixhash.GroupKind
+	// Anchor is the group whose record of the same block a sliding or
+	// state record hangs from in a store (Groups.Anchor), -1 when the
+	// namespace has none or the record is a full or indexer one.
+	Anchor int
+	// WindowBlocks is a sliding group's window in blocks
+	// (Group.WindowBlocks), 0 for other kinds.
+	WindowBlocks int
+}
+
+// GroupRefOf returns the GroupRef of ns's records of group g; the zero
+// GroupRef for a namespace without groups.
+func GroupRefOf(ns prefixhash.Namespace, g int) GroupRef {
+	if ns.Groups.IsZero() {
+		return GroupRef{}
+	}
+	gr := ns.Groups.At(g)
+	r := GroupRef{Set: true, Index: g, Kind: gr.Kind, Anchor: -1, WindowBlocks: gr.WindowBlocks(ns.BlockTokens)}
+	if !gr.Kind.EveryBlock() {
+		r.Anchor = ns.Groups.Anchor()
+	}
+	return r
+}
+
 // Header is a decoded block header.
 type Header struct {
-	Namespace   uint64 // digest of the producing namespace
-	Key, Parent prefixhash.Key
+	Namespace uint64 // digest of the producing namespace
+	// Key is the key the record is stored under: the block's chain key
+	// (Chain), or for a group's record GroupKey(Chain, group).
+	Key    prefixhash.Key
+	Parent prefixhash.Key
+	// Chain is the block's key in its prompt's chain, H(parent ‖ tokens ‖
+	// extra keys): Key for a block of a namespace without groups.
+	Chain prefixhash.Key
+	// Group names the group whose record this is (Set false in a
+	// namespace without groups).
+	Group GroupRef
 	Layout      Layout
 	// Part is the range of the block this record holds: Layout.Whole() for
 	// a block, less for a part (see Part).
@@ -169,6 +248,25 @@ type Header struct {
 
 // Whole reports whether the record is a whole block rather than a part.
 func (h *Header) Whole() bool { return h.Part == h.Layout.Whole() }
+
+// LinkParent returns the key of the record a store hangs this one from,
+// so that dropping that one drops this one too, and recency keeps this
+// one behind it (zero: none): the parent for a block of a namespace
+// without groups; for a full or indexer group's record, the same group's
+// record of the parent block; for a sliding or state record, the anchor's
+// record of the same block (a window or a state is no use without the
+// chain that leads to it), or none without an anchor.
+func (h *Header) LinkParent() prefixhash.Key {
+	switch {
+	case !h.Group.Set:
+		return h.Parent
+	case h.Group.Kind.EveryBlock():
+		return prefixhash.GroupKey(h.Parent, h.Group.Index)
+	case h.Group.Anchor >= 0:
+		return prefixhash.GroupKey(h.Chain, h.Group.Anchor)
+	}
+	return prefixhash.Key{}
+}
 
 // Block is a decoded, verified block. Payload (and possibly Tokens) alias the
 // buffer it was decoded from and live as long as it.
@@ -208,7 +306,13 @@ func (h *Header) CheckNamespace(ns prefixhash.Namespace) error {
 	switch {
 	case h.Namespace != ns.Digest():
 		return fmt.Errorf("%w: namespace digest %016x, want %016x (%s)", ErrCorrupt, h.Namespace, ns.Digest(), ns)
-	case h.Layout != LayoutOf(ns):
+	case h.Group.Set != !ns.Groups.IsZero():
+		return fmt.Errorf("%w: a record naming group %v in namespace %s", ErrCorrupt, h.Group.Set, ns)
+	case h.Group.Set && h.Group.Index >= ns.Groups.Len():
+		return fmt.Errorf("%w: group %d of namespace %s, which has %d", ErrCorrupt, h.Group.Index, ns, ns.Groups.Len())
+	case h.Group.Set && (h.Group != GroupRefOf(ns, h.Group.Index) || h.Layout != GroupLayout(ns, h.Group.Index)):
+		return fmt.Errorf("%w: group %+v, layout %+v do not match group %d of namespace %s", ErrCorrupt, h.Group, h.Layout, h.Group.Index, ns)
+	case !h.Group.Set && h.Layout != LayoutOf(ns):
 		return fmt.Errorf("%w: layout %+v does not match namespace %s", ErrCorrupt, h.Layout, ns)
 	case h.Scheme != ns.Scheme:
 		return fmt.Errorf("%w: key scheme %s, namespace %s has %s", ErrCorrupt, h.Scheme, ns, ns.Scheme)
@@ -280,10 +384,48 @@ func AppendHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent 
 // Layout.ExtractPart gives). With p the whole block it is AppendHeaderExt.
 // An invalid part is ErrBadPart.
 func AppendPartHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent prefixhash.Link, tokens []uint32, extra prefixhash.ExtraKeys, p Part, payload []byte) ([]byte, prefixhash.Link, error) {
+	if !ns.Groups.IsZero() {
+		return dst, prefixhash.Link{}, fmt.Errorf("block: namespace %s has groups: encode a group's record (AppendGroupHeader)", ns)
+	}
+	return appendHeader(dst, tenant, ns, -1, parent, tokens, extra, p, payload)
+}
+
+// AppendGroupHeader is AppendPartHeaderExt for group g's record (or its
+// part p) of a block of ns, a namespace with groups: payload is the group's
+// (prefixhash.Group.RecordBytes, or the part's). The record is keyed
+// prefixhash.GroupKey(k, g); the returned link is the block's own (k), which
+// the next block chains from. A group ns does not have, or a state of
+// another size than the group declares, is an error naming it.
+func AppendGroupHeader(dst []byte, tenant uint64, ns prefixhash.Namespace, g int, parent prefixhash.Link, tokens []uint32, extra prefixhash.ExtraKeys, p Part, payload []byte) ([]byte, prefixhash.Link, error) {
+	if ns.Groups.IsZero() {
+		return dst, prefixhash.Link{}, fmt.Errorf("block: namespace %s has no groups (group %d)", ns, g)
+	}
+	if g < 0 || g >= ns.Groups.Len() {
+		return dst, prefixhash.Link{}, fmt.Errorf("block: group %d: namespace %s has %d groups", g, ns, ns.Groups.Len())
+	}
+	return appendHeader(dst, tenant, ns, g, parent, tokens, extra, p, payload)
+}
+
+// EncodeGroup appends group g's whole encoded record (header and payload)
+// of a block of ns to dst (AppendGroupHeader).
+func EncodeGroup(dst []byte, tenant uint64, ns prefixhash.Namespace, g int, parent prefixhash.Link, tokens []uint32, extra prefixhash.ExtraKeys, payload []byte) ([]byte, prefixhash.Link, error) {
+	if ns.Groups.IsZero() || g < 0 || g >= ns.Groups.Len() {
+		return AppendGroupHeader(dst, tenant, ns, g, parent, tokens, extra, Part{}, payload)
+	}
+	dst, l, err := AppendGroupHeader(dst, tenant, ns, g, parent, tokens, extra, GroupLayout(ns, g).Whole(), payload)
+	if err != nil {
+		return dst, l, err
+	}
+	return append(dst, payload...), l, nil
+}
+
+// appendHeader encodes the header of part p of group g's record (g -1: a
+// namespace without groups) of a block of ns.
+func appendHeader(dst []byte, tenant uint64, ns prefixhash.Namespace, g int, parent prefixhash.Link, tokens []uint32, extra prefixhash.ExtraKeys, p Part, payload []byte) ([]byte, prefixhash.Link, error) {
 	if err := ns.Validate(); err != nil {
 		return dst, prefixhash.Link{}, err
 	}
-	lay := LayoutOf(ns)
+	lay := RecordLayout(ns, g)
 	if err := lay.CheckPart(p); err != nil {
 		return dst, prefixhash.Link{}, err
 	}
@@ -291,7 +433,13 @@ func AppendPartHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, par
 		return dst, prefixhash.Link{}, fmt.Errorf("block: block has %d tokens, namespace blocks hold %d", len(tokens), ns.BlockTokens)
 	}
 	if want := lay.PartLen(len(tokens), p); len(payload) != want {
-		if p == lay.Whole() {
+		switch {
+		case g >= 0 && lay.KV == prefixhash.StateKV && p == lay.Whole():
+			return dst, prefixhash.Link{}, fmt.Errorf("block: groups[%d].state_bytes: a state of %d bytes, the group's is %d (%d layers × %d heads × %d bytes)",
+				g, len(payload), want, lay.Layers, lay.KVHeads, lay.StateBytes)
+		case g >= 0 && p == lay.Whole():
+			return dst, prefixhash.Link{}, fmt.Errorf("block: payload is %d bytes, group %d's records hold %d", len(payload), g, want)
+		case p == lay.Whole():
 			return dst, prefixhash.Link{}, fmt.Errorf("block: payload is %d bytes, namespace blocks hold %d", len(payload), want)
 		}
 		return dst, prefixhash.Link{}, fmt.Errorf("block: part %s payload is %d bytes, want %d", p, len(payload), want)
@@ -309,6 +457,11 @@ func AppendPartHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, par
 	}
 	link := prefixhash.BlockLink(ns.Scheme, parent, tokens, extra)
 	key, parentKey := link.Key(), parent.Key()
+	gref := GroupRef{}
+	if g >= 0 {
+		key = prefixhash.GroupKey(key, g)
+		gref = GroupRefOf(ns, g)
+	}
 	ext := ns.ExtensionRoom()
 	hl := HeaderLenExt(len(tokens), ext)
 	start := len(dst)
@@ -317,19 +470,25 @@ func AppendPartHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, par
 	copy(h[0:4], blockMagic)
 	binary.LittleEndian.PutUint16(h[4:], Version)
 	h[6] = prefixhash.KeyVersion
-	h[7] = byte(ns.Layout)
+	h[7] = byte(lay.KV)
 	binary.LittleEndian.PutUint32(h[8:], uint32(hl))
 	binary.LittleEndian.PutUint32(h[12:], uint32(len(tokens)))
 	binary.LittleEndian.PutUint64(h[16:], ns.Digest())
 	copy(h[24:40], key[:])
 	copy(h[40:56], parentKey[:])
-	h[56] = byte(ns.DType)
+	h[56] = byte(lay.DType)
 	h[57] = byte(ns.Scheme)
-	h[58] = byte(ns.Scales)
-	binary.LittleEndian.PutUint32(h[60:], uint32(ns.Layers))
-	binary.LittleEndian.PutUint32(h[64:], uint32(ns.KVHeads))
-	binary.LittleEndian.PutUint32(h[68:], uint32(ns.HeadDim))
-	binary.LittleEndian.PutUint32(h[72:], uint32(ns.LatentDim))
+	h[58] = byte(lay.Scales)
+	binary.LittleEndian.PutUint32(h[60:], uint32(lay.Layers))
+	binary.LittleEndian.PutUint32(h[64:], uint32(lay.KVHeads))
+	binary.LittleEndian.PutUint32(h[68:], uint32(lay.HeadDim))
+	binary.LittleEndian.PutUint32(h[72:], uint32(lay.LatentDim+lay.StateBytes)) // one of them is 0
+	if gref.Set {
+		h[59] = byte(gref.Index + 1)
+		h[76] = byte(gref.Kind + 1)
+		h[77] = byte(gref.Anchor + 1)
+		binary.LittleEndian.PutUint16(h[78:], uint16(gref.WindowBlocks))
+	}
 	binary.LittleEndian.PutUint64(h[80:], uint64(len(payload)))
 	binary.LittleEndian.PutUint64(h[88:], xxhash.Sum64(payload))
 	binary.LittleEndian.PutUint64(h[96:], tenant)
@@ -452,6 +611,9 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 		HeadDim:   int(binary.LittleEndian.Uint32(b[68:])),
 		LatentDim: int(binary.LittleEndian.Uint32(b[72:])),
 	}
+	if h.Layout.KV == prefixhash.StateKV {
+		h.Layout.StateBytes, h.Layout.LatentDim = h.Layout.LatentDim, 0
+	}
 	h.Scheme = prefixhash.KeyScheme(b[57])
 	h.Part = Part{
 		L0: int(binary.LittleEndian.Uint32(b[104:])), L1: int(binary.LittleEndian.Uint32(b[108:])),
@@ -459,8 +621,8 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	}
 	h.Len = int(hl)
 	h.ParentLink = prefixhash.KeyLink(h.Parent)
-	if b[59] != 0 || binary.LittleEndian.Uint32(b[76:]) != 0 {
-		return h, corrupt("reserved header bytes are not zero")
+	if err := h.decodeGroup(b); err != nil {
+		return h, err
 	}
 	if !h.Layout.valid() {
 		return h, corrupt("layout %+v is not valid", h.Layout)
@@ -483,10 +645,42 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	h.Checksum = binary.LittleEndian.Uint64(b[88:])
 	h.Tenant = binary.LittleEndian.Uint64(b[96:])
 	h.Tokens = viewTokens(b[FixedHeaderLen : FixedHeaderLen+4*n])
-	if prefixhash.BlockLink(h.Scheme, h.ParentLink, h.Tokens, h.Extra).Key() != h.Key {
-		return h, corrupt("key %s is not H(parent ‖ tokens ‖ extra keys) under the %s scheme", h.Key, h.Scheme)
+	h.Chain = prefixhash.BlockLink(h.Scheme, h.ParentLink, h.Tokens, h.Extra).Key()
+	if want := h.Chain; h.Group.Set && prefixhash.GroupKey(want, h.Group.Index) != h.Key || !h.Group.Set && want != h.Key {
+		return h, corrupt("key %s is not H(parent ‖ tokens ‖ extra keys) under the %s scheme (group %+v)", h.Key, h.Scheme, h.Group)
 	}
 	return h, nil
+}
+
+// decodeGroup parses and checks the group fields (bytes 59 and 76-79):
+// all zero without a group.
+func (h *Header) decodeGroup(b []byte) error {
+	g, kind, anchor := int(b[59]), int(b[76]), int(b[77])
+	window := int(binary.LittleEndian.Uint16(b[78:]))
+	if g == 0 {
+		if kind != 0 || anchor != 0 || window != 0 {
+			return corrupt("group fields set in a record of no group")
+		}
+		if h.Layout.KV == prefixhash.StateKV {
+			return corrupt("a state layout outside a state group")
+		}
+		return nil
+	}
+	k := prefixhash.GroupKind(kind - 1)
+	switch {
+	case g > prefixhash.MaxGroups || anchor > prefixhash.MaxGroups:
+		return corrupt("group %d, anchor %d: at most %d groups", g-1, anchor-1, prefixhash.MaxGroups)
+	case kind == 0 || kind > int(prefixhash.GroupIndexer)+1:
+		return corrupt("group kind %d", kind-1)
+	case (k == prefixhash.GroupState) != (h.Layout.KV == prefixhash.StateKV):
+		return corrupt("a %s group's record with the %s layout", k, h.Layout.KV)
+	case (k == prefixhash.GroupSliding) != (window > 0):
+		return corrupt("a %s group's record with a window of %d blocks", k, window)
+	case k.EveryBlock() && anchor != 0:
+		return corrupt("a %s group's record hanging from group %d", k, anchor-1)
+	}
+	h.Group = GroupRef{Set: true, Index: g - 1, Kind: k, Anchor: anchor - 1, WindowBlocks: window}
+	return nil
 }
 
 // decodeExt parses the extension: the parent link (vllm scheme)
