@@ -52,10 +52,13 @@ const maxPins = 1<<8 - 1
 
 // hitsCopy, the top bit of entry.hits, marks a copy: a block this node keeps
 // beside the owner that placement gave it (Local.PutCopy under EvictDedup).
-// The eight flag bits are taken, and 32767 hits saturate as well as 65535.
+// hitsRetired, the next, marks a group's record that its chain has moved
+// past (local_groups.go). The eight flag bits are taken, and 16383 hits
+// saturate as well as 65535.
 const (
-	hitsCopy uint16 = 1 << 15
-	maxHits         = hitsCopy - 1
+	hitsCopy    uint16 = 1 << 15
+	hitsRetired uint16 = 1 << 14
+	maxHits            = hitsRetired - 1
 )
 
 func (e *entry) getLoc() tiers.Loc  { return tiers.Loc(uint64(e.loc[1])<<32 | uint64(e.loc[0])) }
@@ -66,8 +69,9 @@ func (e *entry) clear(f uint8)      { e.flags &^= f }
 func (e *entry) persistent() bool   { return e.flags&flagPersistent != 0 }
 func (e *entry) busy() bool         { return e.pins > 0 || e.flags&flagMoving != 0 }
 func (e *entry) copy() bool         { return e.hits&hitsCopy != 0 }
-func (e *entry) hitCount() int      { return int(e.hits &^ hitsCopy) }
-func (e *entry) setHitsSaturating() { e.hits = e.hits&hitsCopy | min(e.hits&^hitsCopy+1, maxHits) }
+func (e *entry) retired() bool      { return e.hits&hitsRetired != 0 }
+func (e *entry) hitCount() int      { return int(e.hits & maxHits) }
+func (e *entry) setHitsSaturating() { e.hits = e.hits&^maxHits | min(e.hits&maxHits+1, maxHits) }
 
 const (
 	pageBits = 12

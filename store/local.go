@@ -108,6 +108,10 @@ type Local struct {
 		cursors map[uint32][]cursorRef // entry → the namespace cursors on it (quota.go)
 		hbm     hbmResidents           // entries in HBM (local_hbm.go)
 
+		// retiredHint counts records retired in memory since the last
+		// dropRetiredForRoom that found none: 0 spares it the walk.
+		retiredHint int
+
 		c     counters
 		pc    partCounters
 		parts partsState // incomplete blocks and claims (local_parts.go)
@@ -134,6 +138,7 @@ type counters struct {
 	evictions, corruptDrops, namespaceDrops, cascade int64
 	reservationsExpired, corruptCommits              int64
 	promotionsDeferred                               int64
+	retired                                          int64 // group records retired (local_groups.go)
 }
 
 type reason uint8

@@ -23,23 +23,26 @@ func (l *Local) DropNamespace(digest uint64) (int, error) {
 		}
 		l.mu.droppedUnresolved[digest] = struct{}{}
 	}
-	id := l.mu.ns.byDigest[digest]
+	held := len(l.mu.ns.idsOf(digest)) > 0 // one entry, or one per group
 	pages := len(l.mu.x.pages)
 	l.mu.Unlock()
 	defer l.exit()
 	dropped := 0
 	// A page at a time, so that a large drop does not stall every reader.
-	for p := 0; p < pages && id != 0; p++ {
+	for p := 0; p < pages && held; p++ {
 		var fr []freeLoc
 		l.mu.Lock()
-		if n := l.mu.ns.get(id); !n.resolved || n.digest != digest {
+		if len(l.mu.ns.idsOf(digest)) == 0 {
 			l.mu.Unlock()
-			break // all gone (and the id possibly reused)
+			break // all gone
 		}
 		for k := range pageLen {
 			i := uint32(p*pageLen + k)
 			e := l.mu.x.at(i)
-			if e.ns == id && e.flags&(flagSentinel|flagDropped) == 0 {
+			if e.flags&(flagSentinel|flagDropped) != 0 || e.ns == 0 {
+				continue
+			}
+			if n := l.mu.ns.get(e.ns); n.resolved && n.digest == digest {
 				dropped += l.dropLocked(i, reasonNamespace, &fr)
 			}
 		}

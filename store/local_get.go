@@ -479,9 +479,9 @@ func (l *Local) prefix(a auth.Access, keys []prefixhash.Key, tiers []string) (in
 func (l *Local) NamespaceTenant(digest uint64) (uint64, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	id := l.mu.ns.byDigest[digest]
-	if id == 0 {
+	ids := l.mu.ns.idsOf(digest)
+	if len(ids) == 0 {
 		return 0, false
 	}
-	return l.mu.ns.get(id).tenant, true
+	return l.mu.ns.get(ids[0]).tenant, true
 }

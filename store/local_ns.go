@@ -5,12 +5,16 @@ import (
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
 // namespaces is Local's table of the namespaces it holds blocks of, addressed
 // by the uint32 id in each entry. A namespace digest commits to the block
 // size and layout, so every block of one namespace has the same encoded
-// length: the table keeps it once and entries keep none.
+// length: the table keeps it once and entries keep none. A namespace with
+// groups (hybrid models) has one record size per group: each group is an
+// entry of its own (nsKey), and what is asked by digest (a drop, a
+// tenant, stats) covers all of them; a quota holds each group to it.
 //
 // Blocks recovered from the persistent tier whose header has not been read
 // yet are grouped into unresolved pseudo-namespaces, one per block length
@@ -21,15 +25,32 @@ import (
 type namespaces struct {
 	list       []nsInfo // by id; id 0 is unused
 	free       []uint32
-	byDigest   map[uint64]uint32
+	byKey      map[nsKey]uint32
 	unresolved map[int]uint32 // block length → pseudo-namespace id
 
 	quotas   map[uint64]Quota // explicit quotas by digest
 	defQuota Quota            // quota of resolved namespaces not in quotas
 }
 
+// nsKey names an entry of the table: a namespace digest, and for a
+// namespace with groups the group (its index + 1; 0 without groups).
+type nsKey struct {
+	digest uint64
+	group  uint8
+}
+
+// keyOf returns the table key of h's namespace (and group).
+func keyOf(h *block.Header) nsKey {
+	k := nsKey{digest: h.Namespace}
+	if h.Group.Set {
+		k.group = uint8(h.Group.Index + 1)
+	}
+	return k
+}
+
 type nsInfo struct {
 	digest   uint64
+	group    uint8 // nsKey.group
 	tenant   uint64 // tag of the tenant whose blocks these are (Header.Tenant)
 	size     int    // encoded block length
 	tokens   int    // tokens per block (0 when unresolved)
@@ -71,10 +92,10 @@ func (t *namespaces) add(n nsInfo) uint32 {
 		t.list = append(t.list, n)
 	}
 	if n.resolved {
-		if t.byDigest == nil {
-			t.byDigest = make(map[uint64]uint32)
+		if t.byKey == nil {
+			t.byKey = make(map[nsKey]uint32)
 		}
-		t.byDigest[n.digest] = id
+		t.byKey[n.key()] = id
 		t.list[id].quota = t.quotaOf(n.digest).tiers()
 	} else {
 		if t.unresolved == nil {
@@ -93,20 +114,41 @@ func (t *namespaces) quotaOf(digest uint64) Quota {
 	return t.defQuota
 }
 
-// fits reports whether size more bytes in tier t keep the namespace with the
-// given digest within its quota.
-func (t *namespaces) fits(digest uint64, tier, size int) bool {
-	if id := t.byDigest[digest]; id != 0 {
+// same reports whether entries a and b are of one namespace: the same
+// entry, or two groups of one resolved namespace.
+func (t *namespaces) same(a, b uint32) bool {
+	return a == b || t.list[a].resolved && t.list[b].resolved && t.list[a].digest == t.list[b].digest
+}
+
+// key returns n's table key.
+func (n *nsInfo) key() nsKey { return nsKey{n.digest, n.group} }
+
+// idsOf returns the ids of every entry of the namespace with the given
+// digest: one, or one per group held.
+func (t *namespaces) idsOf(digest uint64) []uint32 {
+	var ids []uint32
+	for g := range prefixhash.MaxGroups + 1 {
+		if id := t.byKey[nsKey{digest, uint8(g)}]; id != 0 {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// fits reports whether size more bytes in tier t keep the namespace (or
+// group) k within its quota.
+func (t *namespaces) fits(k nsKey, tier, size int) bool {
+	if id := t.byKey[k]; id != 0 {
 		return t.list[id].excess(tier, size) <= 0
 	}
-	q := t.quotaOf(digest).tiers()[tier]
+	q := t.quotaOf(k.digest).tiers()[tier]
 	return q == 0 || int64(size) <= q
 }
 
 // check returns the id of h's namespace (0 if unknown) after checking that h
 // agrees with the blocks of it already held.
 func (t *namespaces) check(h *block.Header, size int) (uint32, error) {
-	id := t.byDigest[h.Namespace]
+	id := t.byKey[keyOf(h)]
 	if id == 0 {
 		return 0, nil
 	}
@@ -131,7 +173,7 @@ func (t *namespaces) ensure(h *block.Header, size, class int) (uint32, error) {
 		return 0, err
 	}
 	if id == 0 {
-		id = t.add(nsInfo{digest: h.Namespace, tenant: h.Tenant, size: size, tokens: len(h.Tokens), layout: h.Layout, class: class, resolved: true})
+		id = t.add(nsInfo{digest: h.Namespace, group: keyOf(h).group, tenant: h.Tenant, size: size, tokens: len(h.Tokens), layout: h.Layout, class: class, resolved: true})
 	}
 	return id, nil
 }
@@ -184,7 +226,7 @@ func (t *namespaces) forget(id uint32) {
 		panic(fmt.Sprintf("store: forgetting namespace %016x, which holds %d blocks and %v reserved bytes", n.digest, n.blocks, n.pending))
 	}
 	if n.resolved {
-		delete(t.byDigest, n.digest)
+		delete(t.byKey, n.key())
 	} else {
 		delete(t.unresolved, n.size)
 	}

@@ -70,7 +70,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 	class := l.classOf(size)
 	// A copy goes to the cold end, not behind its parent: making room for
 	// it never stops at the parent.
-	parent := h.Parent
+	parent := h.LinkParent()
 	if asCopy {
 		parent = prefixhash.Key{}
 	}
@@ -88,7 +88,10 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 		if e := l.mu.x.at(i); e.copy() && !asCopy {
 			l.ownCopyLocked(i, &h)
 		}
-		l.touchPutLocked(i, h.Parent)
+		l.touchPutLocked(i, h.LinkParent())
+		if h.Group.Set {
+			l.retireBehindLocked(i, &h)
+		}
 		l.mu.active--
 		l.mu.Unlock()
 		return nil
@@ -125,7 +128,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 	err = tiers.ErrTooLarge
 	if class >= 0 {
 		if !reserved {
-			id, err = l.room(ctx, &h, h.Namespace, size, class, tierMem, parent)
+			id, err = l.room(ctx, &h, keyOf(&h), size, class, tierMem, parent)
 		} else {
 			err = nil
 		}
@@ -159,7 +162,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 		// No room in memory (or in the namespace's memory quota), or the
 		// block is the coldest there: it goes straight to the persistent
 		// tier.
-		id, derr := l.room(ctx, &h, h.Namespace, size, class, tierDisk, parent)
+		id, derr := l.room(ctx, &h, keyOf(&h), size, class, tierDisk, parent)
 		if derr == nil {
 			var ierr error
 			ms := []moved{{key: h.Key, val: b}}
@@ -240,7 +243,7 @@ func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, di
 		if x.at(i).copy() && !asCopy {
 			l.ownCopyLocked(i, h)
 		}
-		l.touchPutLocked(i, h.Parent)
+		l.touchPutLocked(i, h.LinkParent())
 		l.unreserveLocked(rid, t, size)
 		*fr = append(*fr, freeLoc{disk, loc})
 		return nil
@@ -278,14 +281,24 @@ func (l *Local) insertLocked(h *block.Header, size, class int, loc tiers.Loc, di
 		e.hits |= hitsCopy
 	}
 	l.linkParentLocked(i, h)
-	l.placeLocked(i, h.Parent)
+	l.placeLocked(i, h.LinkParent())
+	if h.Group.Set {
+		l.retireBehindLocked(i, h)
+	}
 	return nil
 }
 
-// touchPutLocked touches a block put again.
+// touchPutLocked touches a block put again. A retired record stays at the
+// cold end: a writer storing every group at every block puts it again
+// with the rest of its prompt.
 func (l *Local) touchPutLocked(i uint32, parent prefixhash.Key) {
-	l.mu.x.at(i).set(flagHit)
-	l.placeLocked(i, parent)
+	e := l.mu.x.at(i)
+	e.set(flagHit)
+	if e.retired() {
+		l.placeCopyLocked(i)
+	} else {
+		l.placeLocked(i, parent)
+	}
 	l.mu.c.duplicates++
 }
 
@@ -305,7 +318,7 @@ func (l *Local) placeLocked(i uint32, parent prefixhash.Key) {
 		at = l.memListLocked(l.mu.ns.get(e.ns).class)
 	}
 	if p := x.find(parent); p != 0 && p != i {
-		if pe := x.at(p); pe.persistent() == e.persistent() && pe.ns == e.ns && !pe.copy() {
+		if pe := x.at(p); pe.persistent() == e.persistent() && l.mu.ns.same(pe.ns, e.ns) && !pe.copy() {
 			at = p
 		}
 	}
@@ -342,6 +355,7 @@ func (l *Local) touchLocked(i uint32) {
 	x := &l.mu.x
 	e := x.at(i)
 	e.set(flagHit)
+	e.hits &^= hitsRetired // read again: a resume point after all
 	if e.copy() {
 		return
 	}

@@ -45,6 +45,10 @@ type Stats struct {
 	CorruptDrops   int64 // blocks dropped because a read or verification failed
 	NamespaceDrops int64 // blocks dropped by DropNamespace
 	Cascaded       int64 // of all drops, descendants dropped with an ancestor
+	// Retired counts the records of hybrid namespaces' sliding and state
+	// groups that a chain moved past (a window's old block, a state
+	// before the chain's end), listed cold and dropped first for room.
+	Retired int64
 
 	Pinned int // live Refs pinning a block in place
 
@@ -137,7 +141,7 @@ func (l *Local) statsLocked() Stats {
 		Recovered: c.recovered, Demotions: c.demotions, Promotions: c.promotions, Rewrites: c.rewrites,
 		PromotionsDeferred: c.promotionsDeferred,
 		Evictions:          c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops,
-		Cascaded: c.cascade, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
+		Cascaded: c.cascade, Retired: c.retired, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
 		Reservations: l.mu.reservations, ReservationsExpired: c.reservationsExpired, CorruptCommits: c.corruptCommits,
 		HBMDemotions: l.mu.hbm.demote, HBMPromotions: l.mu.hbm.promot,
 		PartialsOpen: len(l.mu.parts.open), PartialBytes: l.mu.parts.bytes,

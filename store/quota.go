@@ -123,7 +123,7 @@ func (l *Local) changeQuotas(change func(*namespaces)) error {
 	}
 	t := &l.mu.ns
 	change(t)
-	var trim []uint64
+	var trim []nsKey
 	for id := range t.list {
 		n := &t.list[id]
 		if !n.resolved {
@@ -131,7 +131,7 @@ func (l *Local) changeQuotas(change func(*namespaces)) error {
 		}
 		n.quota = t.quotaOf(n.digest).tiers()
 		if n.excess(tierMem, 0) > 0 || n.excess(tierDisk, 0) > 0 {
-			trim = append(trim, n.digest)
+			trim = append(trim, n.key())
 		}
 	}
 	l.mu.Unlock()
@@ -147,12 +147,12 @@ func (l *Local) changeQuotas(change func(*namespaces)) error {
 
 // trim brings a namespace within its quota: demotes (or drops) its coldest
 // idle memory blocks and drops its coldest idle persistent blocks.
-func (l *Local) trim(digest uint64) error {
+func (l *Local) trim(k nsKey) error {
 	for round := 0; ; round++ {
 		var fr []freeLoc
 		var vs []moved
 		l.mu.Lock()
-		id := l.mu.ns.byDigest[digest]
+		id := l.mu.ns.byKey[k]
 		if id == 0 {
 			l.mu.Unlock()
 			return nil
@@ -179,7 +179,7 @@ func (l *Local) trim(digest uint64) error {
 		var err error
 		if !progress {
 			err = fmt.Errorf("%w: namespace %016x holds %d bytes in %s over its quota of %d in blocks that are pinned or moving",
-				ErrQuota, digest, max(exMem, exDisk), l.tierName(t), n.quota[t])
+				ErrQuota, k.digest, max(exMem, exDisk), l.tierName(t), n.quota[t])
 		}
 		l.mu.Unlock()
 		l.freeAll(fr)
@@ -197,13 +197,13 @@ func (l *Local) trim(digest uint64) error {
 // dropped. Blocks of other namespaces are never touched.
 //
 // h is the header of a new block, whose namespace is created if need be; nil
-// for a block already cached, whose namespace is found by digest. parent is
+// for a block already cached, whose namespace (or group) is found by k. parent is
 // a new block's parent (zero for a promotion): when the namespace's coldest
 // idle memory block is the parent, the block is colder than anything it
 // could displace, and room returns errColdest, as makeMemRoom does. Other
 // failures wrap ErrQuota. On success the caller holds the reservation and
 // hands it to insertLocked or unreserveLocked.
-func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, size, class, t int, parent prefixhash.Key) (uint32, error) {
+func (l *Local) room(ctx context.Context, h *block.Header, k nsKey, size, class, t int, parent prefixhash.Key) (uint32, error) {
 	for round := 0; ; round++ {
 		l.mu.Lock()
 		var id uint32
@@ -213,7 +213,7 @@ func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, size, 
 				l.mu.Unlock()
 				return 0, err
 			}
-		} else if id = l.mu.ns.byDigest[digest]; id == 0 {
+		} else if id = l.mu.ns.byKey[k]; id == 0 {
 			l.mu.Unlock()
 			return 0, errNoNamespace
 		}
@@ -413,8 +413,8 @@ func (l *Local) reserveDemotionsLocked(vs []moved, fr *[]freeLoc) {
 		if x.at(m.i).has(flagDropped) {
 			continue
 		}
-		if x.at(m.i).copy() {
-			m.skipDisk = true // its owner holds it: not worth a write
+		if e := x.at(m.i); e.copy() || e.retired() {
+			m.skipDisk = true // its owner holds it, or its chain moved past it: not worth a write
 			continue
 		}
 		n := l.mu.ns.get(m.ns)
