@@ -16,7 +16,7 @@ import (
 // of every owner at once, in one round bounded by LookupTimeout. A peer that
 // fails or is late counts as a miss.
 func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blockTokens int) int {
-	n, _ := c.lookup(ctx, chain, blockTokens, false)
+	n, _ := c.lookup(ctx, chain, chain, blockTokens, false)
 	return n
 }
 
@@ -38,7 +38,7 @@ type Span struct {
 // chunk or a local tier does (a 128k-token prompt is 8192 blocks, 256
 // chunks of the default 512 tokens).
 func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, spans []Span) {
-	return c.lookup(ctx, chain, blockTokens, true)
+	return c.lookup(ctx, chain, chain, blockTokens, true)
 }
 
 // appendSpan appends k blocks held by node (in tier, here) to spans,
@@ -58,7 +58,10 @@ var tierBufs = sync.Pool{New: func() any { return new([]string) }}
 // maxPooledTiers bounds the scratch kept in tierBufs (1 MiB of strings).
 const maxPooledTiers = 1 << 16
 
-func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockTokens int, locate bool) (int, []Span) {
+// lookup is LongestPrefix (Locate with locate) of keys, placed by chain:
+// keys[i] is the key of block i of chain (a group's record, or the block
+// itself when keys is chain).
+func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, blockTokens int, locate bool) (int, []Span) {
 	c.fg.begin() // serving: pushes wait for it
 	defer c.fg.end()
 	a := auth.AccessFrom(ctx)
@@ -67,7 +70,7 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 	var tiers []string
 	if locate {
 		buf := tierBufs.Get().(*[]string)
-		tiers = slices.Grow((*buf)[:0], len(chain))[:len(chain)]
+		tiers = slices.Grow((*buf)[:0], len(keys))[:len(keys)]
 		defer func() {
 			if cap(tiers) <= maxPooledTiers {
 				*buf = tiers[:0]
@@ -75,17 +78,17 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 			}
 		}()
 	}
-	// probe counts the leading blocks of chain[start:end] held here, one
+	// probe counts the leading blocks of keys[start:end] held here, one
 	// index probe each; locating, it writes their tiers into tiers[start:].
 	probe := func(start, end int) int {
 		if !locate {
-			return c.local.LongestPrefix(a, chain[start:end])
+			return c.local.LongestPrefix(a, keys[start:end])
 		}
-		k, _ := c.local.LongestPrefixTiers(a, chain[start:end], tiers[start:start:end])
+		k, _ := c.local.LongestPrefixTiers(a, keys[start:end], tiers[start:start:end])
 		return k
 	}
-	n := probe(0, len(chain))
-	if n == len(chain) {
+	n := probe(0, len(keys))
+	if n == len(keys) {
 		if !locate {
 			return n, nil
 		}
@@ -108,8 +111,8 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 	var runs []run
 	asks := map[string][]int{} // owner → indexes into runs
 	var owners []string
-	for s := prefixhash.ChunkStart(n, cb); s < len(chain); s += cb {
-		r := run{start: max(s, n), end: min(s+cb, len(chain))}
+	for s := prefixhash.ChunkStart(n, cb); s < len(keys); s += cb {
+		r := run{start: max(s, n), end: min(s+cb, len(keys))}
 		if r.start > n {
 			// Blocks beyond the local prefix may still be here (a
 			// producer keeps what it computed).
@@ -127,7 +130,7 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key {
 		runsOf := make([][]prefixhash.Key, len(idx))
 		for k, ri := range idx {
-			runsOf[k] = chain[runs[ri].start:runs[ri].end]
+			runsOf[k] = keys[runs[ri].start:runs[ri].end]
 		}
 		return runsOf
 	}, func(o string, idx, counts []int) {
@@ -137,7 +140,7 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 			}
 		}
 	})
-	total := len(chain)
+	total := len(keys)
 	for _, r := range runs {
 		if r.have < r.end-r.start {
 			total = r.start + r.have
@@ -252,9 +255,10 @@ func (c *Cluster) Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) 
 		return nil, fmt.Errorf("store: cluster exists: %d keys but %d chunk keys", len(keys), len(chunkKeys))
 	}
 	present := make([]bool, len(keys))
+	c.local.ContainsMany(auth.AccessFrom(ctx), keys, present)
 	var missing []int
-	for k, key := range keys {
-		if present[k] = c.local.Contains(auth.AccessFrom(ctx), key); !present[k] {
+	for k := range keys {
+		if !present[k] {
 			missing = append(missing, k)
 		}
 	}
