@@ -61,8 +61,9 @@
 // encodes and keys exactly as before, and Namespace stays comparable
 // (Groups holds its encoding). The chain of block keys stays one per prompt;
 // group g's record of block i is stored under GroupKey(k_i, g) = k_i XOR
-// M_g, M_g a constant per group index (an XOR, so a 128k-token prompt's
-// group keys cost nothing next to its chain). A state group's record of
+// M_g, M_g a constant per group index, zero for group 0 (an XOR, so a
+// 128k-token prompt's group keys cost nothing next to its chain; group 0,
+// best the full-attention group, is under the chain keys themselves). A state group's record of
 // block i is the state after the block's last token.
 //
 // Resume is the hit rule: the longest prefix P such that every full and

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -343,9 +344,10 @@ func (ns Namespace) validateGroups(bad func(field, format string, args ...any) e
 	return nil
 }
 
-// groupMasks[g] is M_g = trunc128(SHA-256("kvmesh/group/v1" ‖ u32 g)).
+// groupMasks[g] is M_g: zero for group 0, trunc128(SHA-256("kvmesh/group/v1"
+// ‖ u32 g)) for the others.
 var groupMasks = func() (m [MaxGroups]Key) {
-	for g := range m {
+	for g := 1; g < len(m); g++ {
 		msg := binary.LittleEndian.AppendUint32([]byte("kvmesh/group/v1"), uint32(g))
 		sum := sha256.Sum256(msg)
 		m[g] = Key(sum[:KeySize])
@@ -354,30 +356,38 @@ var groupMasks = func() (m [MaxGroups]Key) {
 }()
 
 // GroupKey returns the key group g's record of the block with chain key k
-// is stored under: k XOR M_g, with M_g = trunc128(SHA-256("kvmesh/group/v1"
-// ‖ u32 g)). The chain stays one per prompt (k_i is a prompt's key as in a
-// namespace without groups); each group's record of block i lives under
-// GroupKey(k_i, g), so a reader that knows the chain knows every group's
-// keys at the cost of an XOR, and GroupKey(GroupKey(k, g), g) = k.
+// is stored under: k XOR M_g, with M_0 = 0 and, for g > 0, M_g =
+// trunc128(SHA-256("kvmesh/group/v1" ‖ u32 g)). The chain stays one per
+// prompt (k_i is a prompt's key as in a namespace without groups); each
+// group's record of block i lives under GroupKey(k_i, g), so a reader that
+// knows the chain knows every group's keys at the cost of an XOR, and
+// GroupKey(GroupKey(k, g), g) = k. Group 0's records live under the chain
+// keys themselves: with the full-attention group first (Groups.Anchor 0),
+// looking up its prefix is exactly a plain namespace's lookup.
 //
 // Finding two (k, g) ≠ (k', g') with equal GroupKeys means finding two
-// chain keys whose XOR is M_g XOR M_g', as hard as a collision of the
-// truncated SHA-256; and k commits to the namespace, whose encoding holds
-// the groups, so no namespace without groups (whose blocks live under k_i)
-// shares a key with one that has them.
+// chain keys whose XOR is M_g XOR M_g' (nonzero for g ≠ g'), as hard as a
+// collision of the truncated SHA-256; and k commits to the namespace, whose
+// encoding holds the groups, so no namespace without groups shares a key
+// with one that has them.
 func GroupKey(k Key, g int) Key {
 	m := &groupMasks[g]
-	for j := range k {
-		k[j] ^= m[j]
-	}
+	binary.LittleEndian.PutUint64(k[:8], binary.LittleEndian.Uint64(k[:8])^binary.LittleEndian.Uint64(m[:8]))
+	binary.LittleEndian.PutUint64(k[8:], binary.LittleEndian.Uint64(k[8:])^binary.LittleEndian.Uint64(m[8:]))
 	return k
 }
 
 // GroupKeys returns GroupKey(chain[i], g) for every key of chain, appended
 // to dst.
 func GroupKeys(dst []Key, chain []Key, g int) []Key {
-	for _, k := range chain {
-		dst = append(dst, GroupKey(k, g))
+	m := &groupMasks[g]
+	lo, hi := binary.LittleEndian.Uint64(m[:8]), binary.LittleEndian.Uint64(m[8:])
+	n := len(dst)
+	dst = slices.Grow(dst, len(chain))[:n+len(chain)]
+	for i, k := range chain {
+		o := &dst[n+i]
+		binary.LittleEndian.PutUint64(o[:8], binary.LittleEndian.Uint64(k[:8])^lo)
+		binary.LittleEndian.PutUint64(o[8:], binary.LittleEndian.Uint64(k[8:])^hi)
 	}
 	return dst
 }

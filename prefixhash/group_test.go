@@ -120,8 +120,11 @@ func TestGroupKey(t *testing.T) {
 	keys := Keys(ns, make([]uint32, 64))
 	seen := map[Key]bool{}
 	for _, k := range keys {
+		if GroupKey(k, 0) != k {
+			t.Fatal("group 0's records are not under the chain keys")
+		}
 		seen[k] = true
-		for g := range MaxGroups {
+		for g := 1; g < MaxGroups; g++ {
 			gk := GroupKey(k, g)
 			if GroupKey(gk, g) != k {
 				t.Fatalf("GroupKey is not its own inverse for group %d", g)

@@ -208,7 +208,7 @@ func groupsHeader() groupsFile {
 			"other optional field: u8 6 ‖ u8 group count ‖ per group: u8 kind (full 0, sliding 1, state 2, indexer 3) ‖ u32 window ‖ " +
 			"u8 kv_layout (split 0, latent 1, state 2) ‖ u8 dtype_id ‖ u8 scales ‖ u32 kv_heads ‖ u32 head_dim ‖ u32 latent_dim ‖ " +
 			"u32 state_bytes ‖ u32 layer count ‖ u32 per layer (ascending)",
-		GroupKey: "group g's record of block i is stored under k_i XOR M_g, M_g = first 16 bytes of " +
+		GroupKey: "group g's record of block i is stored under k_i XOR M_g, M_0 = 16 zero bytes, M_g (g > 0) = first 16 bytes of " +
 			"SHA-256(\"kvmesh/group/v1\" ‖ u32 little-endian g)",
 		HitRule: "the longest P (blocks) such that every full and indexer group holds blocks [0,P), every sliding group " +
 			"blocks [max(0, P - ceil(window/block_tokens)), P), every state group block P-1 (P = 0 always qualifies); " +

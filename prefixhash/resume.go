@@ -47,6 +47,28 @@ type Hit struct {
 // the Hit is then not final. With a held that never answers Unknown, need
 // is empty.
 func Resume(groups []Group, blockTokens, n int, held func(g, i int) Presence) (hit Hit, need []Probe) {
+	lead := make([]int, len(groups))
+	for g, gr := range groups {
+		if !gr.Kind.EveryBlock() {
+			continue
+		}
+		for ; lead[g] < n; lead[g]++ {
+			p := held(g, lead[g])
+			if p == Unknown {
+				return Hit{Groups: make([]int, len(groups))}, append(need, Probe{g, lead[g]})
+			}
+			if p == Missing {
+				break
+			}
+		}
+	}
+	return ResumeFrom(groups, blockTokens, n, lead, held)
+}
+
+// ResumeFrom is Resume for a caller that knows every full and indexer
+// group's leading blocks held, lead[g] (a cluster's lookup finds them in
+// one round): held is asked of sliding and state groups only.
+func ResumeFrom(groups []Group, blockTokens, n int, lead []int, held func(g, i int) Presence) (hit Hit, need []Probe) {
 	hit.Groups = make([]int, len(groups))
 	full := n
 	for g, gr := range groups {
@@ -54,18 +76,8 @@ func Resume(groups []Group, blockTokens, n int, held func(g, i int) Presence) (h
 			hit.Groups[g] = -1
 			continue
 		}
-		k := 0
-		for ; k < n; k++ {
-			p := held(g, k)
-			if p == Unknown {
-				return hit, append(need, Probe{g, k})
-			}
-			if p == Missing {
-				break
-			}
-		}
-		hit.Groups[g] = k
-		full = min(full, k)
+		hit.Groups[g] = min(lead[g], n)
+		full = min(full, hit.Groups[g])
 	}
 	// Sliding windows are read block by block from P-1 down, over and
 	// over as P falls: memo keeps each record's answer.

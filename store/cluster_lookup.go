@@ -16,7 +16,7 @@ import (
 // of every owner at once, in one round bounded by LookupTimeout. A peer that
 // fails or is late counts as a miss.
 func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blockTokens int) int {
-	n, _ := c.lookup(ctx, chain, chain, blockTokens, false)
+	n, _ := c.lookup(ctx, chain, chain, blockTokens, false, nil)
 	return n
 }
 
@@ -38,7 +38,7 @@ type Span struct {
 // chunk or a local tier does (a 128k-token prompt is 8192 blocks, 256
 // chunks of the default 512 tokens).
 func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, spans []Span) {
-	return c.lookup(ctx, chain, chain, blockTokens, true)
+	return c.lookup(ctx, chain, chain, blockTokens, true, nil)
 }
 
 // appendSpan appends k blocks held by node (in tier, here) to spans,
@@ -58,10 +58,19 @@ var tierBufs = sync.Pool{New: func() any { return new([]string) }}
 // maxPooledTiers bounds the scratch kept in tierBufs (1 MiB of strings).
 const maxPooledTiers = 1 << 16
 
+// extraProbes are single records a lookup asks about in its own round
+// (Resume's states and windows, beside the full group's prefix): whether
+// keys[j], placed by chunks[j], is held anywhere goes into held[j].
+type extraProbes struct {
+	keys, chunks []prefixhash.Key
+	held         []bool
+}
+
 // lookup is LongestPrefix (Locate with locate) of keys, placed by chain:
 // keys[i] is the key of block i of chain (a group's record, or the block
-// itself when keys is chain).
-func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, blockTokens int, locate bool) (int, []Span) {
+// itself when keys is chain). With extra, it also finds extra's records, in
+// the same round (one message per member).
+func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, blockTokens int, locate bool, extra *extraProbes) (int, []Span) {
 	c.fg.begin() // serving: pushes wait for it
 	defer c.fg.end()
 	a := auth.AccessFrom(ctx)
@@ -88,7 +97,12 @@ func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, bloc
 		return k
 	}
 	n := probe(0, len(keys))
-	if n == len(keys) {
+	extraMissing := false
+	if extra != nil {
+		c.local.ContainsMany(a, extra.keys, extra.held)
+		extraMissing = slices.Contains(extra.held, false)
+	}
+	if n == len(keys) && !extraMissing {
 		if !locate {
 			return n, nil
 		}
@@ -127,14 +141,39 @@ func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, bloc
 			}
 		}
 	}
+	if extraMissing {
+		// Extra probes follow the runs: index len(runs)+j asks extra.keys[j].
+		var last prefixhash.Key
+		for j, held := range extra.held {
+			if held {
+				continue
+			}
+			if j == 0 || extra.chunks[j] != last { // probes of one chunk run together
+				owners, last = p.Owners(owners[:0], extra.chunks[j]), extra.chunks[j]
+			}
+			for _, o := range owners {
+				if o != c.self {
+					asks[o] = append(asks[o], len(runs)+j)
+				}
+			}
+		}
+	}
 	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key {
 		runsOf := make([][]prefixhash.Key, len(idx))
 		for k, ri := range idx {
+			if ri >= len(runs) {
+				runsOf[k] = extra.keys[ri-len(runs) : ri-len(runs)+1]
+				continue
+			}
 			runsOf[k] = keys[runs[ri].start:runs[ri].end]
 		}
 		return runsOf
 	}, func(o string, idx, counts []int) {
 		for k, ri := range idx {
+			if ri >= len(runs) {
+				extra.held[ri-len(runs)] = extra.held[ri-len(runs)] || counts[k] > 0
+				continue
+			}
 			if got := min(counts[k], runs[ri].end-runs[ri].start); got > runs[ri].have {
 				runs[ri].have, runs[ri].by = got, o
 			}

@@ -12,6 +12,12 @@ import (
 // unknown after them counts as missing (a shorter hit, never a wrong one).
 const maxResumeRounds = 8
 
+// groupKeyBufs pools the group keys of a chain Resume looks up (a
+// 128k-token prompt's are 128 KiB); maxPooledGroupKeys bounds what it keeps.
+var groupKeyBufs = sync.Pool{New: func() any { return new([]prefixhash.Key) }}
+
+const maxPooledGroupKeys = 1 << 16
+
 // Resume applies the hit rule (prefixhash.Resume) to chain, the keys of a
 // prompt's blocks from block 0 in a namespace with groups (blocks of
 // blockTokens tokens), over every record the cluster holds: here, or on an
@@ -38,32 +44,52 @@ func (c *Cluster) Resume(ctx context.Context, groups []prefixhash.Group, blockTo
 	}
 	lead := make([]int, len(groups))
 	var spans []Span
+	// The states and windows that resuming at the chain's end needs, with
+	// a few below, are asked in the anchor's round: a prompt that is
+	// cached whole takes one round.
+	spec := speculate(groups, blockTokens, len(chain), firstBack)
+	extra := c.probeKeys(chain, blockTokens, spec)
+	find := func(g int) {
+		buf := groupKeyBufs.Get().(*[]prefixhash.Key)
+		keys := chain // group 0's records are under the chain keys
+		if g > 0 {
+			keys = prefixhash.GroupKeys((*buf)[:0], chain, g)
+		}
+		var ex *extraProbes
+		if g == anchor {
+			ex = extra
+		}
+		var sp []Span
+		lead[g], sp = c.lookup(ctx, chain, keys, blockTokens, g == anchor, ex)
+		if g == anchor {
+			spans = sp
+		}
+		if g > 0 && cap(keys) <= maxPooledGroupKeys {
+			*buf = keys[:0]
+			groupKeyBufs.Put(buf)
+		}
+	}
 	var wg sync.WaitGroup
 	for g, gr := range groups {
-		if !gr.Kind.EveryBlock() {
-			continue
+		if gr.Kind.EveryBlock() && g != anchor {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				find(g)
+			}()
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			keys := prefixhash.GroupKeys(make([]prefixhash.Key, 0, len(chain)), chain, g)
-			var sp []Span
-			lead[g], sp = c.lookup(ctx, chain, keys, blockTokens, g == anchor)
-			if g == anchor {
-				spans = sp
-			}
-		}()
+	}
+	if anchor >= 0 {
+		find(anchor) // here, while the others run
+	} else {
+		c.holdsInto(ctx, extra)
 	}
 	wg.Wait()
-
-	known := map[prefixhash.Probe]bool{}
+	known := make(map[prefixhash.Probe]bool, len(spec))
+	for j, p := range spec {
+		known[p] = extra.held[j]
+	}
 	held := func(g, i int) prefixhash.Presence {
-		if groups[g].Kind.EveryBlock() {
-			if i < lead[g] {
-				return prefixhash.Held
-			}
-			return prefixhash.Missing
-		}
 		h, ok := known[prefixhash.Probe{Group: g, Block: i}]
 		switch {
 		case !ok:
@@ -73,8 +99,8 @@ func (c *Cluster) Resume(ctx context.Context, groups []prefixhash.Group, blockTo
 		}
 		return prefixhash.Missing
 	}
-	hit, need := prefixhash.Resume(groups, blockTokens, len(chain), held)
-	for round, back := 0, 8; len(need) > 0 && round < maxResumeRounds; round, back = round+1, 2*back {
+	hit, need := prefixhash.ResumeFrom(groups, blockTokens, len(chain), lead, held)
+	for round, back := 0, 2*firstBack; len(need) > 0 && round < maxResumeRounds; round, back = round+1, 2*back {
 		// Ask for what the walk needs, and for the records a further
 		// step down would need: states and window blocks below them.
 		var probes []prefixhash.Probe
@@ -87,14 +113,16 @@ func (c *Cluster) Resume(ctx context.Context, groups []prefixhash.Group, blockTo
 				}
 			}
 		}
-		for k, h := range c.holds(ctx, chain, blockTokens, probes) {
+		ex := c.probeKeys(chain, blockTokens, probes)
+		c.holdsInto(ctx, ex)
+		for k, h := range ex.held {
 			known[probes[k]] = h
 		}
-		hit, need = prefixhash.Resume(groups, blockTokens, len(chain), held)
+		hit, need = prefixhash.ResumeFrom(groups, blockTokens, len(chain), lead, held)
 	}
 	if len(need) > 0 {
 		// Out of rounds: what is still unknown is missing.
-		hit, _ = prefixhash.Resume(groups, blockTokens, len(chain), func(g, i int) prefixhash.Presence {
+		hit, _ = prefixhash.ResumeFrom(groups, blockTokens, len(chain), lead, func(g, i int) prefixhash.Presence {
 			if p := held(g, i); p != prefixhash.Unknown {
 				return p
 			}
@@ -104,18 +132,51 @@ func (c *Cluster) Resume(ctx context.Context, groups []prefixhash.Group, blockTo
 	return hit, cutSpans(spans, hit.Blocks)
 }
 
-// holds reports, for each probe, whether its record (of a block of chain)
-// is held here or by an owner of its block's chunk (Exists).
-func (c *Cluster) holds(ctx context.Context, chain []prefixhash.Key, blockTokens int, probes []prefixhash.Probe) []bool {
-	keys := make([]prefixhash.Key, len(probes))
-	cks := make([]prefixhash.Key, len(probes))
+// firstBack is how far below the chain's end the first round asks for
+// states and window blocks.
+const firstBack = 8
+
+// speculate returns the records resuming at n needs (each state group's
+// record of block n-1, each sliding group's window before n) and those
+// back blocks further down.
+func speculate(groups []prefixhash.Group, blockTokens, n, back int) []prefixhash.Probe {
+	var out []prefixhash.Probe
+	for g, gr := range groups {
+		lo := n - 1
+		switch gr.Kind {
+		case prefixhash.GroupSliding:
+			lo = n - gr.WindowBlocks(blockTokens)
+		case prefixhash.GroupState:
+		default:
+			continue
+		}
+		for i := n - 1; i >= max(0, lo-back); i-- {
+			out = append(out, prefixhash.Probe{Group: g, Block: i})
+		}
+	}
+	return out
+}
+
+// probeKeys returns the records of probes (of blocks of chain) as extra
+// probes of a lookup.
+func (c *Cluster) probeKeys(chain []prefixhash.Key, blockTokens int, probes []prefixhash.Probe) *extraProbes {
+	ex := &extraProbes{keys: make([]prefixhash.Key, len(probes)), chunks: make([]prefixhash.Key, len(probes)), held: make([]bool, len(probes))}
 	cb := c.ChunkBlocks(blockTokens)
 	for k, p := range probes {
-		keys[k] = prefixhash.GroupKey(chain[p.Block], p.Group)
-		cks[k] = prefixhash.ChunkKey(chain, p.Block, cb)
+		ex.keys[k] = prefixhash.GroupKey(chain[p.Block], p.Group)
+		ex.chunks[k] = prefixhash.ChunkKey(chain, p.Block, cb)
 	}
-	held, _ := c.Exists(ctx, keys, cks) // a failed peer is a miss
-	return held
+	return ex
+}
+
+// holdsInto finds whether ex's records are held here or by an owner of
+// their chunks (Exists; a failed peer is a miss).
+func (c *Cluster) holdsInto(ctx context.Context, ex *extraProbes) {
+	if len(ex.keys) == 0 {
+		return
+	}
+	held, _ := c.Exists(ctx, ex.keys, ex.chunks)
+	copy(ex.held, held)
 }
 
 // cutSpans returns the spans of the first n blocks of spans.

@@ -50,7 +50,7 @@ func keyOf(h *block.Header) nsKey {
 
 type nsInfo struct {
 	digest   uint64
-	group    uint8 // nsKey.group
+	group    uint8  // nsKey.group
 	tenant   uint64 // tag of the tenant whose blocks these are (Header.Tenant)
 	size     int    // encoded block length
 	tokens   int    // tokens per block (0 when unresolved)

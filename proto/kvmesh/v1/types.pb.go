@@ -309,8 +309,10 @@ func (KeyScheme) EnumDescriptor() ([]byte, []int) {
 
 // Group is one group of a hybrid model's cache (prefixhash.Group): layers
 // of one kind, with one layout. A namespace with groups stores, for block i
-// of a prompt, one record per group, group g's under k_i XOR M_g (M_g the
-// first 16 bytes of SHA-256("kvmesh/group/v1" || u32 little-endian g)).
+// of a prompt, one record per group, group g's under k_i XOR M_g (M_0 zero:
+// group 0's records are under the chain keys; for g > 0 M_g is the first
+// 16 bytes of SHA-256("kvmesh/group/v1" || u32 little-endian g)). List the
+// full-attention group first: its lookup is then a plain one.
 // Invalid groups (layers that overlap another group's, a window of 0, a
 // state_bytes that is not a whole number of dtype elements, ...) are
 // INVALID_ARGUMENT naming the field, e.g. "groups[1].window".
