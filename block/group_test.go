@@ -223,7 +223,7 @@ func TestGoldenGroupRecords(t *testing.T) {
 				"group and rank (RankGroupPart) and `encoded` from the namespace, group, tokens, tenant 0xabcdef, part and the whole " +
 				"payload; block 0 chains from the namespace root, block 1 from block 0.",
 			"namespace": map[string]any{"model": ns.Model, "dtype": ns.DType.String(), "block_tokens": ns.BlockTokens, "layers": ns.Layers,
-				"groups": ns.Groups.String()},
+				"groups": goldenGroups(ns)},
 			"records": recs}, &file)
 	if len(file.Records) != len(recs) {
 		t.Fatalf("golden file has %d records, the test makes %d", len(file.Records), len(recs))
@@ -237,4 +237,16 @@ func TestGoldenGroupRecords(t *testing.T) {
 			t.Errorf("record %d: %v", i, err)
 		}
 	}
+}
+
+// goldenGroups describes ns's groups field by field, as
+// prefixhash/testdata/groups.json does.
+func goldenGroups(ns prefixhash.Namespace) []map[string]any {
+	var out []map[string]any
+	for _, g := range ns.Groups.All() {
+		out = append(out, map[string]any{"kind": g.Kind.String(), "window": g.Window, "layers": g.Layers,
+			"kv_layout": g.Layout.String(), "dtype": g.DType.String(), "kv_heads": g.KVHeads, "head_dim": g.HeadDim,
+			"latent_dim": g.LatentDim, "state_bytes": g.StateBytes, "scales": g.Scales.String()})
+	}
+	return out
 }
