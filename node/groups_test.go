@@ -194,6 +194,24 @@ func TestGroupsCluster(t *testing.T) {
 		t.Fatalf("resume read at 17: %v", err)
 	}
 
+	// Block info describes a group's record: its group, kind and shape.
+	ca, err := client.Dial(a.GRPCAddr(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close()
+	info, err := ca.BlockInfo(ctx, prefixhash.GroupKey(p.chain[3], 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Group != 2 || info.GroupKind != prefixhash.GroupState || info.KVLayout != prefixhash.StateKV || info.StateBytes != 16 ||
+		info.KVHeads != 2 || info.Layers != 1 || info.Chain != p.chain[3] || info.PayloadLen != p.ns.GroupBytes(2) {
+		t.Fatalf("block info of block 3's state: %+v", info)
+	}
+	if info, err := ca.BlockInfo(ctx, prefixhash.GroupKey(p.chain[3], 1)); err != nil || info.Group != 1 || info.WindowBlocks != 2 {
+		t.Fatalf("block info of block 3's window block: %+v, %v", info, err)
+	}
+
 	// The missing window block, through A; then the newest state through
 	// the owner of the last chunk only.
 	if err := p.put(ctx, ra, true, cb, func(i, g int) bool { return g == 1 && i == 17 }); err != nil {

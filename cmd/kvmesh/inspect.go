@@ -489,6 +489,15 @@ type blockJSON struct {
 	Layers          int      `json:"layers"`
 	KVHeads         uint32   `json:"kv_heads"`
 	HeadDim         uint32   `json:"head_dim"`
+	KVLayout        string   `json:"kv_layout"`
+	LatentDim       int      `json:"latent_dim,omitempty"`
+	StateBytes      int      `json:"state_bytes,omitempty"`
+	// A record of a namespace with groups: its group, kind, window and the
+	// block's chain key (what lookup lists).
+	Group        *int   `json:"group,omitempty"`
+	GroupKind    string `json:"group_kind,omitempty"`
+	WindowBlocks int    `json:"window_blocks,omitempty"`
+	ChainKey     string `json:"chain_key,omitempty"`
 }
 
 func blockCmd(f *inspectFlags) *cobra.Command {
@@ -512,12 +521,30 @@ func blockCmd(f *inspectFlags) *cobra.Command {
 			out := blockJSON{Key: key.String(), Parent: b.Parent.String(), NamespaceDigest: fmt.Sprintf("%016x", b.NamespaceDigest),
 				Node: b.NodeID, Tier: b.Tier, Tokens: b.Tokens, PayloadBytes: uint64(b.PayloadLen), EncodedBytes: uint64(b.EncodedLen),
 				DType: b.DType.String(), Layers: b.Layers,
-				KVHeads: uint32(b.KVHeads), HeadDim: uint32(b.HeadDim)}
+				KVHeads: uint32(b.KVHeads), HeadDim: uint32(b.HeadDim), KVLayout: b.KVLayout.String(), LatentDim: b.LatentDim, StateBytes: b.StateBytes}
+			if b.Group >= 0 {
+				g := b.Group
+				out.Group, out.GroupKind, out.WindowBlocks, out.ChainKey = &g, b.GroupKind.String(), b.WindowBlocks, b.Chain.String()
+			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "key\t%s\nparent\t%s\nnamespace\t%s\nnode\t%s\ntier\t%s\n", out.Key, out.Parent, out.NamespaceDigest, out.Node, out.Tier)
 				fmt.Fprintf(w, "tokens\t%d: %s\n", len(out.Tokens), tokenPreview(out.Tokens))
 				fmt.Fprintf(w, "payload\t%s (%s encoded)\n", formatSize(int64(out.PayloadBytes)), formatSize(int64(out.EncodedBytes)))
-				fmt.Fprintf(w, "layout\t%s, %d layers, %d kv heads x %d\n", out.DType, out.Layers, out.KVHeads, out.HeadDim)
+				switch out.KVLayout {
+				case "latent":
+					fmt.Fprintf(w, "layout\t%s, %d layers, latent %d\n", out.DType, out.Layers, out.LatentDim)
+				case "state":
+					fmt.Fprintf(w, "layout\t%s, %d layers, state of %d heads x %d bytes\n", out.DType, out.Layers, out.KVHeads, out.StateBytes)
+				default:
+					fmt.Fprintf(w, "layout\t%s, %d layers, %d kv heads x %d\n", out.DType, out.Layers, out.KVHeads, out.HeadDim)
+				}
+				if out.Group != nil {
+					fmt.Fprintf(w, "group\t%d (%s", *out.Group, out.GroupKind)
+					if out.WindowBlocks > 0 {
+						fmt.Fprintf(w, ", window %d blocks", out.WindowBlocks)
+					}
+					fmt.Fprintf(w, ") of block %s\n", out.ChainKey)
+				}
 			})
 		},
 	}

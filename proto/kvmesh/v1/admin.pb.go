@@ -901,9 +901,22 @@ type BlockInfoResponse struct {
 	// Deprecated: Marked as deprecated in kvmesh/v1/admin.proto.
 	LayerEnd uint32 `protobuf:"varint,11,opt,name=layer_end,json=layerEnd,proto3" json:"layer_end,omitempty"`
 	// The model's number of layers: a block holds all of them.
-	Layers        uint32 `protobuf:"varint,14,opt,name=layers,proto3" json:"layers,omitempty"`
-	KvHeads       uint32 `protobuf:"varint,12,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
-	HeadDim       uint32 `protobuf:"varint,13,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	Layers  uint32 `protobuf:"varint,14,opt,name=layers,proto3" json:"layers,omitempty"`
+	KvHeads uint32 `protobuf:"varint,12,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
+	HeadDim uint32 `protobuf:"varint,13,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	// The layout, and its width: latent_dim (latent), state_bytes per layer
+	// and head (state).
+	KvLayout   KVLayout `protobuf:"varint,15,opt,name=kv_layout,json=kvLayout,proto3,enum=kvmesh.v1.KVLayout" json:"kv_layout,omitempty"`
+	LatentDim  uint32   `protobuf:"varint,16,opt,name=latent_dim,json=latentDim,proto3" json:"latent_dim,omitempty"`
+	StateBytes uint32   `protobuf:"varint,17,opt,name=state_bytes,json=stateBytes,proto3" json:"state_bytes,omitempty"`
+	// A namespace with groups: the index, plus one, of the group whose record
+	// this is (0: no group), its kind, a sliding group's window in blocks,
+	// and the block's chain key (key is k_i XOR M_group; layers and the shape
+	// above are the group's).
+	Group         uint32    `protobuf:"varint,18,opt,name=group,proto3" json:"group,omitempty"`
+	GroupKind     GroupKind `protobuf:"varint,19,opt,name=group_kind,json=groupKind,proto3,enum=kvmesh.v1.GroupKind" json:"group_kind,omitempty"`
+	WindowBlocks  uint32    `protobuf:"varint,20,opt,name=window_blocks,json=windowBlocks,proto3" json:"window_blocks,omitempty"`
+	ChainKey      []byte    `protobuf:"bytes,21,opt,name=chain_key,json=chainKey,proto3" json:"chain_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1036,6 +1049,55 @@ func (x *BlockInfoResponse) GetHeadDim() uint32 {
 		return x.HeadDim
 	}
 	return 0
+}
+
+func (x *BlockInfoResponse) GetKvLayout() KVLayout {
+	if x != nil {
+		return x.KvLayout
+	}
+	return KVLayout_KV_LAYOUT_SPLIT
+}
+
+func (x *BlockInfoResponse) GetLatentDim() uint32 {
+	if x != nil {
+		return x.LatentDim
+	}
+	return 0
+}
+
+func (x *BlockInfoResponse) GetStateBytes() uint32 {
+	if x != nil {
+		return x.StateBytes
+	}
+	return 0
+}
+
+func (x *BlockInfoResponse) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
+func (x *BlockInfoResponse) GetGroupKind() GroupKind {
+	if x != nil {
+		return x.GroupKind
+	}
+	return GroupKind_GROUP_KIND_FULL
+}
+
+func (x *BlockInfoResponse) GetWindowBlocks() uint32 {
+	if x != nil {
+		return x.WindowBlocks
+	}
+	return 0
+}
+
+func (x *BlockInfoResponse) GetChainKey() []byte {
+	if x != nil {
+		return x.ChainKey
+	}
+	return nil
 }
 
 // Quota bounds the encoded block bytes (header and payload) one namespace
@@ -1492,7 +1554,7 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\x15DropNamespaceResponse\x12%\n" +
 	"\x0edropped_blocks\x18\x01 \x01(\x04R\rdroppedBlocks\"$\n" +
 	"\x10BlockInfoRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\fR\x03key\"\xab\x03\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\"\xaa\x05\n" +
 	"\x11BlockInfoResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\fR\x06parent\x12)\n" +
@@ -1511,7 +1573,17 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\tlayer_end\x18\v \x01(\rB\x02\x18\x01R\blayerEnd\x12\x16\n" +
 	"\x06layers\x18\x0e \x01(\rR\x06layers\x12\x19\n" +
 	"\bkv_heads\x18\f \x01(\rR\akvHeads\x12\x19\n" +
-	"\bhead_dim\x18\r \x01(\rR\aheadDim\"E\n" +
+	"\bhead_dim\x18\r \x01(\rR\aheadDim\x120\n" +
+	"\tkv_layout\x18\x0f \x01(\x0e2\x13.kvmesh.v1.KVLayoutR\bkvLayout\x12\x1d\n" +
+	"\n" +
+	"latent_dim\x18\x10 \x01(\rR\tlatentDim\x12\x1f\n" +
+	"\vstate_bytes\x18\x11 \x01(\rR\n" +
+	"stateBytes\x12\x14\n" +
+	"\x05group\x18\x12 \x01(\rR\x05group\x123\n" +
+	"\n" +
+	"group_kind\x18\x13 \x01(\x0e2\x14.kvmesh.v1.GroupKindR\tgroupKind\x12#\n" +
+	"\rwindow_blocks\x18\x14 \x01(\rR\fwindowBlocks\x12\x1b\n" +
+	"\tchain_key\x18\x15 \x01(\fR\bchainKey\"E\n" +
 	"\x05Quota\x12\x1d\n" +
 	"\n" +
 	"dram_bytes\x18\x01 \x01(\x04R\tdramBytes\x12\x1d\n" +
@@ -1589,6 +1661,8 @@ var file_kvmesh_v1_admin_proto_goTypes = []any{
 	(*QuotasResponse)(nil),        // 19: kvmesh.v1.QuotasResponse
 	(*Namespace)(nil),             // 20: kvmesh.v1.Namespace
 	(Dtype)(0),                    // 21: kvmesh.v1.Dtype
+	(KVLayout)(0),                 // 22: kvmesh.v1.KVLayout
+	(GroupKind)(0),                // 23: kvmesh.v1.GroupKind
 }
 var file_kvmesh_v1_admin_proto_depIdxs = []int32{
 	3,  // 0: kvmesh.v1.PartialsResponse.blocks:type_name -> kvmesh.v1.PartialBlock
@@ -1597,31 +1671,33 @@ var file_kvmesh_v1_admin_proto_depIdxs = []int32{
 	8,  // 3: kvmesh.v1.MembersResponse.members:type_name -> kvmesh.v1.Member
 	20, // 4: kvmesh.v1.DropNamespaceRequest.namespace:type_name -> kvmesh.v1.Namespace
 	21, // 5: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.Dtype
-	20, // 6: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
-	14, // 7: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
-	18, // 8: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
-	14, // 9: kvmesh.v1.NamespaceQuota.quota:type_name -> kvmesh.v1.Quota
-	14, // 10: kvmesh.v1.QuotasResponse.default_quota:type_name -> kvmesh.v1.Quota
-	18, // 11: kvmesh.v1.QuotasResponse.namespaces:type_name -> kvmesh.v1.NamespaceQuota
-	6,  // 12: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
-	10, // 13: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
-	12, // 14: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
-	15, // 15: kvmesh.v1.AdminService.SetQuota:input_type -> kvmesh.v1.SetQuotaRequest
-	17, // 16: kvmesh.v1.AdminService.Quotas:input_type -> kvmesh.v1.QuotasRequest
-	4,  // 17: kvmesh.v1.AdminService.WhoAmI:input_type -> kvmesh.v1.WhoAmIRequest
-	0,  // 18: kvmesh.v1.AdminService.Partials:input_type -> kvmesh.v1.PartialsRequest
-	9,  // 19: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
-	11, // 20: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
-	13, // 21: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
-	16, // 22: kvmesh.v1.AdminService.SetQuota:output_type -> kvmesh.v1.SetQuotaResponse
-	19, // 23: kvmesh.v1.AdminService.Quotas:output_type -> kvmesh.v1.QuotasResponse
-	5,  // 24: kvmesh.v1.AdminService.WhoAmI:output_type -> kvmesh.v1.WhoAmIResponse
-	1,  // 25: kvmesh.v1.AdminService.Partials:output_type -> kvmesh.v1.PartialsResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	22, // 6: kvmesh.v1.BlockInfoResponse.kv_layout:type_name -> kvmesh.v1.KVLayout
+	23, // 7: kvmesh.v1.BlockInfoResponse.group_kind:type_name -> kvmesh.v1.GroupKind
+	20, // 8: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
+	14, // 9: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
+	18, // 10: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
+	14, // 11: kvmesh.v1.NamespaceQuota.quota:type_name -> kvmesh.v1.Quota
+	14, // 12: kvmesh.v1.QuotasResponse.default_quota:type_name -> kvmesh.v1.Quota
+	18, // 13: kvmesh.v1.QuotasResponse.namespaces:type_name -> kvmesh.v1.NamespaceQuota
+	6,  // 14: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
+	10, // 15: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
+	12, // 16: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
+	15, // 17: kvmesh.v1.AdminService.SetQuota:input_type -> kvmesh.v1.SetQuotaRequest
+	17, // 18: kvmesh.v1.AdminService.Quotas:input_type -> kvmesh.v1.QuotasRequest
+	4,  // 19: kvmesh.v1.AdminService.WhoAmI:input_type -> kvmesh.v1.WhoAmIRequest
+	0,  // 20: kvmesh.v1.AdminService.Partials:input_type -> kvmesh.v1.PartialsRequest
+	9,  // 21: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
+	11, // 22: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
+	13, // 23: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
+	16, // 24: kvmesh.v1.AdminService.SetQuota:output_type -> kvmesh.v1.SetQuotaResponse
+	19, // 25: kvmesh.v1.AdminService.Quotas:output_type -> kvmesh.v1.QuotasResponse
+	5,  // 26: kvmesh.v1.AdminService.WhoAmI:output_type -> kvmesh.v1.WhoAmIResponse
+	1,  // 27: kvmesh.v1.AdminService.Partials:output_type -> kvmesh.v1.PartialsResponse
+	21, // [21:28] is the sub-list for method output_type
+	14, // [14:21] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_admin_proto_init() }
