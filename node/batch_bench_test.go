@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/openai"
 )
 
 // BenchmarkQueueBacklogTTFT measures what a backlog of queued requests
@@ -46,14 +48,14 @@ func BenchmarkQueueBacklogTTFT(b *testing.B) {
 			for i := range reqs {
 				reqs[i] = req(i, tag)
 			}
-			got := callAPI(b, "POST", apiURL(pn.Node, QueuePath), "", map[string]any{"requests": reqs})
+			got := callAPI(b, "POST", apiURL(pn.Node, openai.QueuePath), "", map[string]any{"requests": reqs})
 			var a batchAnswer
 			if got.status != 202 || !jsonInto(got.body, &a) {
 				b.Fatalf("submit: %d %s", got.status, got.body)
 			}
 			done := func() bool {
 				var s batchAnswer
-				jsonInto(callAPI(b, "GET", apiURL(pn.Node, QueuePath+"/"+a.RequestID), "", nil).body, &s)
+				jsonInto(callAPI(b, "GET", apiURL(pn.Node, openai.QueuePath+"/"+a.RequestID), "", nil).body, &s)
 				return s.Status == "completed"
 			}
 			return done, time.Now()

@@ -13,9 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
-
 	"github.com/kvmesh/kvmesh/internal/testkit"
+	"github.com/kvmesh/kvmesh/openai"
 )
 
 // queueNode is a node with the tiny model and tenants (tenantsFile) on
@@ -65,20 +64,20 @@ type batchAnswer struct {
 
 func submitBatch(t *testing.T, n *Node, token string, body any) string {
 	t.Helper()
-	got := callAPI(t, "POST", apiURL(n, QueuePath), token, body)
+	got := callAPI(t, "POST", apiURL(n, openai.QueuePath), token, body)
 	var a batchAnswer
 	if got.status != http.StatusAccepted || json.Unmarshal(got.body, &a) != nil || a.Status != "queued" || a.RequestID == "" {
-		t.Fatalf("POST %s: %d %s; want 202 with a request_id, queued", QueuePath, got.status, got.body)
+		t.Fatalf("POST %s: %d %s; want 202 with a request_id, queued", openai.QueuePath, got.status, got.body)
 	}
 	return a.RequestID
 }
 
 func pollBatch(t *testing.T, n *Node, token, id string) batchAnswer {
 	t.Helper()
-	got := callAPI(t, "GET", apiURL(n, QueuePath+"/"+id), token, nil)
+	got := callAPI(t, "GET", apiURL(n, openai.QueuePath+"/"+id), token, nil)
 	var a batchAnswer
 	if got.status != http.StatusOK || json.Unmarshal(got.body, &a) != nil || a.RequestID != id {
-		t.Fatalf("GET %s/%s: %d %s", QueuePath, id, got.status, got.body)
+		t.Fatalf("GET %s/%s: %d %s", openai.QueuePath, id, got.status, got.body)
 	}
 	return a
 }
@@ -155,12 +154,12 @@ func TestQueueCompletes(t *testing.T) {
 	}
 
 	// Another tenant: 404 like an unknown id, for GET and DELETE.
-	wantAPIError(t, "beta polls acme's batch", callAPI(t, "GET", apiURL(n.Node, QueuePath+"/"+id), "beta-rw", nil), 404)
-	wantAPIError(t, "beta cancels acme's batch", callAPI(t, "DELETE", apiURL(n.Node, QueuePath+"/"+id), "beta-rw", nil), 404)
-	wantAPIError(t, "unknown id", callAPI(t, "GET", apiURL(n.Node, QueuePath+"/batch_nope"), "acme-rw", nil), 404)
-	wantAPIError(t, "cancel a completed batch", callAPI(t, "DELETE", apiURL(n.Node, QueuePath+"/"+id), "acme-rw", nil), 409)
-	wantAPIError(t, "no token", callAPI(t, "GET", apiURL(n.Node, QueuePath+"/"+id), "", nil), 401)
-	wantAPIError(t, "read-only submits", callAPI(t, "POST", apiURL(n.Node, QueuePath), "acme-r", map[string]any{"requests": reqs}), 403)
+	wantAPIError(t, "beta polls acme's batch", callAPI(t, "GET", apiURL(n.Node, openai.QueuePath+"/"+id), "beta-rw", nil), 404)
+	wantAPIError(t, "beta cancels acme's batch", callAPI(t, "DELETE", apiURL(n.Node, openai.QueuePath+"/"+id), "beta-rw", nil), 404)
+	wantAPIError(t, "unknown id", callAPI(t, "GET", apiURL(n.Node, openai.QueuePath+"/batch_nope"), "acme-rw", nil), 404)
+	wantAPIError(t, "cancel a completed batch", callAPI(t, "DELETE", apiURL(n.Node, openai.QueuePath+"/"+id), "acme-rw", nil), 409)
+	wantAPIError(t, "no token", callAPI(t, "GET", apiURL(n.Node, openai.QueuePath+"/"+id), "", nil), 401)
+	wantAPIError(t, "read-only submits", callAPI(t, "POST", apiURL(n.Node, openai.QueuePath), "acme-r", map[string]any{"requests": reqs}), 403)
 	if again := pollBatch(t, n.Node, "acme-r", id); again.Status != "completed" {
 		t.Errorf("acme's read-only token polls %+v", again)
 	}
@@ -171,9 +170,9 @@ func TestQueueCompletes(t *testing.T) {
 // Retry-After; a queued batch is cancelled; the node keeps serving.
 func TestQueueBadInputAndCancel(t *testing.T) {
 	n := startQueueNode(t, t.TempDir(), func(o *Options) {
-		o.Prefill.Batch = BatchOptions{MaxRequests: 3, MaxBodyBytes: 4 << 10, TenantQueued: 3}
+		o.Prefill.Batch = openai.BatchOptions{MaxRequests: 3, MaxBodyBytes: 4 << 10, TenantQueued: 3}
 	})
-	url := apiURL(n.Node, QueuePath)
+	url := apiURL(n.Node, openai.QueuePath)
 	ok := map[string]any{"model": "kvmesh", "prompt": "hello", "max_tokens": 2, "temperature": 0}
 	for _, c := range []struct {
 		name   string
@@ -208,12 +207,12 @@ func TestQueueBadInputAndCancel(t *testing.T) {
 	if a := pollBatch(t, n.Node, "acme-rw", id); a.Status != "queued" {
 		t.Errorf("with the engine held, the batch is %s, want queued", a.Status)
 	}
-	var list QueueList
+	var list openai.QueueList
 	if got := callAPI(t, "GET", url, "acme-r", nil); got.status != 200 || json.Unmarshal(got.body, &list) != nil ||
 		len(list.Data) != 1 || list.Data[0].RequestID != id || list.Data[0].Status != "queued" || list.Data[0].Requests != 3 {
 		t.Errorf("acme's list: %d %s; want its one queued batch only", got.status, got.body)
 	}
-	got := callAPI(t, "DELETE", apiURL(n.Node, QueuePath+"/"+id), "acme-rw", nil)
+	got := callAPI(t, "DELETE", apiURL(n.Node, openai.QueuePath+"/"+id), "acme-rw", nil)
 	if got.status != 200 || got.json(t)["status"] != "cancelled" {
 		t.Errorf("DELETE a queued batch: %d %s", got.status, got.body)
 	}
@@ -274,88 +273,7 @@ func TestQueueRestart(t *testing.T) {
 			t.Errorf("response %d after the restart %+v, want %+v", i, got, first)
 		}
 	}
-	wantAPIError(t, "beta after the restart", callAPI(t, "GET", apiURL(n.Node, QueuePath+"/"+queued), "beta-rw", nil), 404)
-}
-
-// TestBatchesResume: a batch interrupted after its first answer reopens
-// running with that answer kept; only the rest run, and its answers come
-// back in order. A cancel while it runs answers the rest as cancelled.
-func TestBatchesResume(t *testing.T) {
-	dir := t.TempDir()
-	open := func() (*pebble.DB, *batches) {
-		db, err := pebble.Open(dir, &pebble.Options{Logger: queuePebbleLogger{slog.New(slog.DiscardHandler)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := openBatches(db, BatchOptions{MaxRequests: 8, MaxBodyBytes: 1 << 20, TenantQueued: 8, MaxQueued: 16, ResultTTL: time.Hour}, time.Now, slog.New(slog.DiscardHandler))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return db, b
-	}
-	ctx := context.Background()
-	owner := queueOwner{Tenant: "acme"}
-	db, b := open()
-	m, err := b.submit(owner, [][]byte{[]byte("t{}"), []byte("t{}"), []byte("t{}")}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok, err := b.take(ctx, time.Minute); err != nil || !ok {
-		t.Fatal(err)
-	}
-	if _, ok := b.start(m.ID); !ok {
-		t.Fatal("start refused")
-	}
-	if more, err := b.answer(m.ID, 0, []byte(`{"n":0}`), false); !more || err != nil {
-		t.Fatalf("answer 0: %v %v", more, err)
-	}
-	b.close()
-	db.Close() // as a crash after the synced answer
-
-	db, b = open()
-	defer db.Close()
-	if got, _, err := b.get(m.ID, owner); err != nil || got.State != batchRunning || got.Done != 1 {
-		t.Fatalf("after reopening: %+v %v; want running with 1 answer", got, err)
-	}
-	if _, _, err := b.get(m.ID, queueOwner{Tenant: "beta"}); err != errBatchNotFound {
-		t.Errorf("another tenant gets %v, want errBatchNotFound", err)
-	}
-	again, _, err := b.take(ctx, time.Minute)
-	if err != nil || again.ID != m.ID || again.Done != 1 {
-		t.Fatalf("take after reopening: %+v %v; want %s from request 1", again, err, m.ID)
-	}
-	if s, _ := b.start(m.ID); s.Runs != 2 {
-		t.Errorf("runs %d, want 2", s.Runs)
-	}
-	if _, err := b.request(m.ID, 0); err == nil {
-		t.Error("the answered request's body is still stored")
-	}
-	b.answer(m.ID, 1, []byte(`{"n":1}`), false)
-	if more, err := b.answer(m.ID, 2, []byte(`{"n":2}`), true); more || err != nil {
-		t.Fatalf("last answer: %v %v", more, err)
-	}
-	got, resps, err := b.get(m.ID, owner)
-	if err != nil || got.State != batchCompleted || got.Failed != 1 || len(resps) != 3 || string(resps[0]) != `{"n":0}` || string(resps[2]) != `{"n":2}` {
-		t.Fatalf("completed: %+v %q %v", got, resps, err)
-	}
-
-	// Cancel while running: the current answer is kept, the rest cancelled.
-	m2, _ := b.submit(owner, [][]byte{[]byte("t{}"), []byte("t{}"), []byte("t{}")}, "")
-	b.take(ctx, time.Minute)
-	b.start(m2.ID)
-	if s, err := b.cancel(m2.ID, owner); s != batchRunning || err != nil {
-		t.Fatalf("cancel a running batch: %s %v", s, err)
-	}
-	if more, err := b.answer(m2.ID, 0, []byte(`{"n":0}`), false); more || err != nil {
-		t.Fatalf("answer after cancel: %v %v", more, err)
-	}
-	got, resps, err = b.get(m2.ID, owner)
-	if err != nil || got.State != batchCancelled || len(resps) != 3 || string(resps[0]) != `{"n":0}` || !strings.Contains(string(resps[1]), "cancelled") {
-		t.Fatalf("cancelled: %+v %q %v", got, resps, err)
-	}
-	if q, r := b.counts(); q != 0 || r != 0 {
-		t.Errorf("counts %d queued, %d running after all finished", q, r)
-	}
+	wantAPIError(t, "beta after the restart", callAPI(t, "GET", apiURL(n.Node, openai.QueuePath+"/"+queued), "beta-rw", nil), 404)
 }
 
 // TestQueueCallback: a batch with a callback_url on an allowed host is
@@ -376,9 +294,9 @@ func TestQueueCallback(t *testing.T) {
 	host := strings.TrimPrefix(recv.URL, "http://")
 	n := startQueueNode(t, t.TempDir(), func(o *Options) { o.Prefill.Batch.CallbackAllow = []string{host} })
 	ok := map[string]any{"model": "kvmesh", "prompt": "call me back", "max_tokens": 2, "temperature": 0}
-	wantAPIError(t, "a host not allowed", callAPI(t, "POST", apiURL(n.Node, QueuePath), "acme-rw",
+	wantAPIError(t, "a host not allowed", callAPI(t, "POST", apiURL(n.Node, openai.QueuePath), "acme-rw",
 		map[string]any{"requests": []any{ok}, "callback_url": "http://169.254.169.254/latest"}), 400)
-	wantAPIError(t, "not http", callAPI(t, "POST", apiURL(n.Node, QueuePath), "acme-rw",
+	wantAPIError(t, "not http", callAPI(t, "POST", apiURL(n.Node, openai.QueuePath), "acme-rw",
 		map[string]any{"requests": []any{ok}, "callback_url": "file:///etc/passwd"}), 400)
 
 	id := submitBatch(t, n.Node, "acme-rw", map[string]any{"requests": []any{ok}, "callback_url": recv.URL + "/hook"})
@@ -393,37 +311,14 @@ func TestQueueCallback(t *testing.T) {
 	if json.Unmarshal(body, &st) != nil || st.RequestID != id || st.Status != "completed" {
 		t.Errorf("callback body %s", body)
 	}
-	k := callAPI(t, "GET", apiURL(n.Node, QueuePath+"/callback-key"), "acme-rw", nil).json(t)["key"].(string)
+	k := callAPI(t, "GET", apiURL(n.Node, openai.QueuePath+"/callback-key"), "acme-rw", nil).json(t)["key"].(string)
 	key, _ := hex.DecodeString(k)
-	if r.URL.Path != "/hook" || r.Header.Get(SignatureHeader) != Sign(key, body) {
-		t.Errorf("callback to %s signed %q; want %q", r.URL.Path, r.Header.Get(SignatureHeader), Sign(key, body))
+	if r.URL.Path != "/hook" || r.Header.Get(openai.SignatureHeader) != openai.Sign(key, body) {
+		t.Errorf("callback to %s signed %q; want %q", r.URL.Path, r.Header.Get(openai.SignatureHeader), openai.Sign(key, body))
 	}
-	other := callAPI(t, "GET", apiURL(n.Node, QueuePath+"/callback-key"), "beta-rw", nil).json(t)["key"]
+	other := callAPI(t, "GET", apiURL(n.Node, openai.QueuePath+"/callback-key"), "beta-rw", nil).json(t)["key"]
 	if other == k {
 		t.Error("two tenants have the same callback key")
-	}
-}
-
-// TestQueueFailedRequest: a request that fails when it runs (here one
-// whose stored body is no longer valid, as after a version change) is
-// answered with an OpenAI error object in its place; the batch completes
-// and its other requests are answered.
-func TestQueueFailedRequest(t *testing.T) {
-	pn := startPrefillNode(t, "", nil, nil, nil)
-	good := []byte(`t{"model": "kvmesh", "prompt": "still fine", "max_tokens": 3, "temperature": 0}`)
-	m, err := pn.prefill.batches.submit(queueOwner{}, [][]byte{good, []byte(`t{"model": `), good}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := waitBatch(t, pn.Node, "", m.ID)
-	if a.Status != "completed" || len(a.Responses) != 3 {
-		t.Fatalf("batch %+v", a)
-	}
-	parseCompletion(t, apiCall{status: 200, body: a.Responses[0]}, false)
-	parseCompletion(t, apiCall{status: 200, body: a.Responses[2]}, false)
-	wantAPIError(t, "the failed request", apiCall{status: 400, body: a.Responses[1]}, 400)
-	if got := metricValue(scrape(t, pn.HTTPAddr()), `kvmesh_queue_requests_total{outcome="failed"}`); got != 1 {
-		t.Errorf("failed requests counted %v, want 1", got)
 	}
 }
 
@@ -447,7 +342,7 @@ func TestQueueCallbackRestart(t *testing.T) {
 			return
 		}
 		got <- b
-		sigs <- r.Header.Get(SignatureHeader)
+		sigs <- r.Header.Get(openai.SignatureHeader)
 	}))
 	defer recv.Close()
 	host := strings.TrimPrefix(recv.URL, "http://")
@@ -478,21 +373,21 @@ func TestQueueCallbackRestart(t *testing.T) {
 	if json.Unmarshal(body, &st) != nil || st.RequestID != id || st.Status != "completed" {
 		t.Errorf("callback body %s", body)
 	}
-	k := callAPI(t, "GET", apiURL(n.Node, QueuePath+"/callback-key"), "acme-rw", nil).json(t)["key"].(string)
+	k := callAPI(t, "GET", apiURL(n.Node, openai.QueuePath+"/callback-key"), "acme-rw", nil).json(t)["key"].(string)
 	key, _ := hex.DecodeString(k)
-	if sig := <-sigs; sig != Sign(key, body) {
-		t.Errorf("callback after the restart signed %q, want %q", sig, Sign(key, body))
+	if sig := <-sigs; sig != openai.Sign(key, body) {
+		t.Errorf("callback after the restart signed %q, want %q", sig, openai.Sign(key, body))
 	}
 	// Forgotten once delivered: wait until the store says so, then a
 	// second restart sends nothing.
 	// The sender records it after the receiver's answer.
 	testkit.WaitFor(t, "the delivered callback to be forgotten", func() bool {
-		return len(n.prefill.batches.pendingCallbacks()) == 0
+		return metricValue(scrape(t, n.HTTPAddr()), "kvmesh_queue_callbacks_pending") == 0
 	})
 	n.stop()
 	n = startQueueNode(t, dir, allow)
-	if p := n.prefill.batches.pendingCallbacks(); len(p) != 0 {
-		t.Errorf("after a second restart %d callbacks are pending", len(p))
+	if p := metricValue(scrape(t, n.HTTPAddr()), "kvmesh_queue_callbacks_pending"); p != 0 {
+		t.Errorf("after a second restart %v callbacks are pending", p)
 	}
 	n.stop()
 	if len(got) != 0 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
@@ -27,7 +28,7 @@ type clusterCache struct {
 	opts    Options
 	local   *store.Local
 	cluster *store.Cluster
-	members *Membership
+	members *gossip.Membership
 	peers   *peers
 	data    *transfer.Server
 	shm     *transfer.ShmServer // nil when off
@@ -105,19 +106,19 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	for _, d := range devs {
 		c.rdma = append(c.rdma, d.Name)
 	}
-	meta := MemberMeta{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataAddr: c.dataAddr,
+	meta := gossip.MemberMeta{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataAddr: c.dataAddr,
 		DRAMBytes: opts.DRAMBytes, NVMeBytes: opts.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role}
 	if opts.Prefill.Disabled {
-		meta.Role = RoleStore
+		meta.Role = gossip.RoleStore
 	}
-	mopts := MembershipOptions{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join, RetryJoin: true,
+	mopts := gossip.Options{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join, RetryJoin: true,
 		SecretKey: opts.GossipKey, Meta: meta, Fast: opts.GossipProfile == "local", Logger: opts.Logger}
 	if opts.AdvertiseHost != "" {
 		if mopts.AdvertiseAddr, err = resolveIP(opts.AdvertiseHost); err != nil {
 			return nil, err
 		}
 	}
-	if c.members, err = StartMembership(mopts); err != nil {
+	if c.members, err = gossip.Start(mopts); err != nil {
 		return nil, err
 	}
 	var obs observer
@@ -126,7 +127,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	}
 	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.PeerTLS, Token: peerToken(&opts)}
 	c.peers = newPeers(c.members, peerOpts, opts.PeerBackoff, opts.MaxMessageBytes, obs, opts.Logger)
-	c.cluster, err = store.NewCluster(local, placementView{c.members}, c.peers, store.ClusterOptions{
+	c.cluster, err = store.NewCluster(local, newPlacementView(c.members), c.peers, store.ClusterOptions{
 		ChunkTokens: opts.ChunkTokens, Replicas: opts.Replicas, LookupTimeout: opts.LookupTimeout, GetTimeout: opts.GetTimeout,
 		PushYield: opts.PushYield, PushBytesPerSec: opts.PushBytesPerSec,
 	})
@@ -149,11 +150,38 @@ func (n *Node) foreground() (done func()) {
 	return func() {}
 }
 
-// placementView shows Membership to store.Cluster.
-type placementView struct{ m *Membership }
+// placementView shows the gossip's members to store.Cluster as placement
+// sees them (id and weight), rebuilt only when the members change.
+type placementView struct {
+	m  *gossip.Membership
+	mu struct {
+		sync.Mutex
+		version uint64
+		built   bool
+		members []store.Member
+	}
+}
 
-func (v placementView) LocalID() string                   { return v.m.LocalID() }
-func (v placementView) Members() ([]store.Member, uint64) { return v.m.Placement() }
+func newPlacementView(m *gossip.Membership) *placementView { return &placementView{m: m} }
+
+func (v *placementView) LocalID() string { return v.m.LocalID() }
+
+// Members returns the live members, sorted by id, and the version of the
+// newest gossip snapshot they were built from. The slice is shared: do not
+// modify it.
+func (v *placementView) Members() ([]store.Member, uint64) {
+	infos, version := v.m.Members()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.mu.built || version > v.mu.version { // versions only grow: never go back to an older snapshot
+		members := make([]store.Member, len(infos))
+		for i, mi := range infos {
+			members[i] = store.Member{ID: mi.ID, Weight: mi.Weight()}
+		}
+		v.mu.members, v.mu.version, v.mu.built = members, version, true
+	}
+	return v.mu.members, v.mu.version
+}
 
 // advertiseHost is the host other nodes and clients reach this node at.
 func advertiseHost(opts Options) (string, error) {

@@ -1,8 +1,11 @@
 // Package node is the kvmesh daemon: configuration (Options), the gRPC
 // services of proto/kvmesh/v1, Prometheus metrics, health, and the process
-// lifecycle. It is the only package that knows gRPC servers (and, for a
-// cluster, memberlist); it wires the cache, the transfer engine and the
-// prefill engine together.
+// lifecycle. It is the only package that knows gRPC servers; it wires the
+// cache, the transfer engine, the cluster's membership (package gossip),
+// the prefill engine and its durable queue, and the OpenAI-compatible API
+// (package openai) together. It accumulates no surface of its own: a
+// surface is a package that declares what it needs of the node (as
+// openai.Node), and node implements it and mounts it.
 //
 // A Node serves kvmesh.v1.CacheService, AdminService, PeerService and
 // PrefillService over a Cache, with gRPC health checking and server reflection on, and an HTTP
@@ -24,13 +27,14 @@
 // Open wires store.Cluster over store.Local (a DRAM tier and an NVMe tier
 // under Options.DataDir) and everything that reaches the other nodes:
 //
-//   - Membership (membership.go): memberlist on GossipAddr, joined through
-//     the Join seeds, gossiping MemberMeta (gRPC, HTTP and data addresses,
-//     tier capacities, RDMA devices). Seeds that do not answer and members
-//     that failed are asked again every ReconnectInterval, so a node may
-//     start before its seeds and a partition heals. The node id is kept in
-//     DataDir/node-id. The live members, weighted by capacity, are
-//     store.Cluster's placement.
+//   - Membership (cluster.go, package gossip): memberlist on GossipAddr,
+//     joined through the Join seeds, gossiping gossip.MemberMeta (gRPC,
+//     HTTP and data addresses, tier capacities, RDMA devices, role). Seeds
+//     that do not answer and members that failed are asked again every
+//     ReconnectInterval, so a node may start before its seeds and a
+//     partition heals. The node id is kept in DataDir/node-id. The live
+//     members, weighted by capacity, are store.Cluster's placement
+//     (placementView builds it from gossip's snapshot, once per change).
 //   - The data plane (dataplane.go): a transfer.Server on DataAddr and a
 //     transfer.ShmServer on ShmSocket, serving this node's own tiers (never
 //     the cluster: an owner that fanned out again could loop). Gets pin
@@ -129,31 +133,22 @@
 // it. An empty prompt, a token outside the vocabulary or a prompt longer
 // than the model's context is InvalidArgument naming "tokens".
 //
-// # The OpenAI-compatible API and the router
+// # The OpenAI-compatible API
 //
 // The same engine answers OpenAI's /v1/models, /v1/completions and
-// /v1/chat/completions on the HTTP address (openai.go: Engine.Generate,
-// whole or streamed, usage with prompt_tokens_details.cached_tokens, the
-// gRPC API's tokens and scopes, OpenAI error objects). Router (router.go,
-// `kvmesh route`) is that API in front of a cluster: a member of the gossip
-// with no capacity, which sends each request to the node with the fewest
-// outstanding uncached prompt tokens (never by session), and across
-// Prefill.Role prefill and decode nodes splits the prompt from the answer.
-// POST /v1/queue (batch.go, batch_api.go) takes batches of completions
-// nobody waits on: stored durably in the prefill queue's pebble database
-// before the 202, run a request at a time per batch (BatchOptions.Share
-// bounds the batches run at once) with Generate as background work once
-// the engine is idle (Engine.WaitIdle; a synchronous request preempts it
-// between chunks and decode steps), each answer stored with the count that
-// says so in one synced write, so a restart re-runs only the request it
-// interrupted. An idle node leases batches nobody runs from its peers and
-// posts the answers back to the owner (steal.go). A finished batch with a callback_url on a host of
-// BatchOptions.CallbackAllow is announced there, signed (callback.go); a
-// pending callback is stored with the batch and survives a restart.
-// With Options.HTTPTLS the HTTP address speaks TLS with the node's
-// certificate (a client certificate checked when given, not required), and
-// the router reaches such nodes with RouterOptions.NodeTLS; without it the
-// address is plain HTTP, for a network where bearer tokens may travel.
+// /v1/chat/completions and the asynchronous API (POST /v1/queue) on the
+// HTTP address: package openai, over the engine and the prefill queue's
+// pebble database (its batches live there under keys of their own). The
+// node implements openai.Node (openai_node.go: its id, the gRPC API's
+// tokens and scopes, stopping, foreground work, the flush of pushes to
+// owners, the peers' HTTP addresses from gossip), mounts the API on its
+// HTTP mux, and starts and stops its workers with the prefill queue's. A
+// node without an engine answers /v1/ with 503. kvmesh route (package
+// router) is that API in front of a cluster, another process. With
+// Options.HTTPTLS the HTTP address speaks TLS with the node's certificate
+// (a client certificate checked when given, not required), and peers and
+// routers reach it over HTTPS; without it the address is plain HTTP, for a
+// network where bearer tokens may travel.
 //
 // # Security
 //

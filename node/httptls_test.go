@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/testkit"
+	"github.com/kvmesh/kvmesh/router"
 )
 
 // TestHTTPTLS: with HTTPTLS the node's HTTP address (the OpenAI-compatible
@@ -50,7 +50,7 @@ func TestHTTPTLS(t *testing.T) {
 		t.Error("a client that does not trust the node's CA was served")
 	}
 
-	r, err := NewRouter(RouterOptions{HTTPAddr: "127.0.0.1:0", Join: []string{nodes[0].GossipAddr()}, GossipProfile: "local",
+	r, err := router.New(router.Options{HTTPAddr: "127.0.0.1:0", Join: []string{nodes[0].GossipAddr()}, GossipProfile: "local",
 		NodeTLS: peer, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +64,7 @@ func TestHTTPTLS(t *testing.T) {
 			t.Errorf("router: %v", err)
 		}
 	}()
-	testkit.WaitFor(t, "the router to see the node", func() bool { return len(r.backends()) == 1 })
+	waitRouterNodes(t, r, 1)
 	got := callAPI(t, "POST", "http://"+r.HTTPAddr()+"/v1/completions", "", map[string]any{"model": "kvmesh", "prompt": "hello over TLS", "max_tokens": 4, "temperature": 0})
 	if got.status != 200 {
 		t.Fatalf("a completion through the router over HTTPS: %d %s", got.status, got.body)

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"unicode"
+
+	"github.com/kvmesh/kvmesh/gossip"
 )
 
 // nodeIDFile is where a node keeps the id it generated on its first start.
@@ -116,7 +118,7 @@ func ReadGossipKey(path string) ([]byte, error) {
 		return nil, fmt.Errorf("node: gossip key in %s is not base64: %w", path, err)
 	}
 	if n := len(key); n != 16 && n != 24 && n != 32 {
-		return nil, fmt.Errorf("%w: %s holds %d bytes", ErrSecretKey, path, n)
+		return nil, fmt.Errorf("%w: %s holds %d bytes", gossip.ErrSecretKey, path, n)
 	}
 	return key, nil
 }

@@ -29,7 +29,7 @@ import (
 
 // Node is one kvmesh daemon: the gRPC API over a Cache, and an HTTP server
 // with /metrics, /healthz, /livez and /readyz (and /debug/pprof/ with
-// Options.Pprof), and the OpenAI-compatible API (/v1/, openai.go).
+// Options.Pprof), and the OpenAI-compatible API (/v1/, package openai).
 type Node struct {
 	opts    Options
 	cache   Cache
@@ -37,23 +37,21 @@ type Node struct {
 	metrics *metrics
 	names   names           // model ids of the namespaces seen, for Stats
 	prefill *prefillService // nil when Options.Prefill.Disabled
-	openai  *openAI         // the HTTP API over prefill; nil with it
 
 	grpcLis, httpLis net.Listener
 	grpc             *grpc.Server
 	guard            *guard // tokens and TLS refusals of the gRPC API
 	health           *health.Server
 	http             *http.Server
-	stopping         atomic.Bool // /healthz and /readyz answer 503 once set
-	serving          atomic.Bool // set once Serve serves; /readyz answers 503 until then
+	mux              *http.ServeMux // http's; openPrefill mounts the OpenAI-compatible API on it
+	stopping         atomic.Bool    // /healthz and /readyz answer 503 once set
+	serving          atomic.Bool    // set once Serve serves; /readyz answers 503 until then
 
 	// cluster is the production cache (Open), nil for a cache given to
 	// New: it knows the members and the data plane's addresses.
 	cluster *clusterCache
 
 	putBudget *budget // BatchPut's block buffers (MaxInFlightBytes)
-	// peerHTTP reaches the peers' HTTP addresses (steal.go).
-	peerHTTP  *http.Client
 	serveOnce sync.Once
 	closeOnce sync.Once
 	closeErr  error
@@ -127,9 +125,7 @@ func (n *Node) tenantCount() int {
 // (nil: none) guard every call; extra collectors join its metrics.
 func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, extra ...prometheus.Collector) *Node {
 	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens),
-		putBudget: newBudget(opts.MaxInFlightBytes),
-		peerHTTP: &http.Client{Transport: &http.Transport{TLSClientConfig: opts.PeerTLS, MaxIdleConnsPerHost: 4,
-			IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: time.Minute}}}
+		putBudget: newBudget(opts.MaxInFlightBytes)}
 	var labelKey []byte
 	// A namespace in the metrics holds blocks: keep its name, as Stats does.
 	model := func(d uint64) string { n.names.keepSeen(d); return n.names.model(d) }
@@ -175,10 +171,9 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	reflection.Register(n.grpc)
 
 	mux := http.NewServeMux()
+	n.mux = mux
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{Registry: n.metrics.reg}))
 	mux.HandleFunc("GET /healthz", n.healthz)
-	mux.HandleFunc("/v1/", n.serveOpenAI)                           // openai.go
-	mux.HandleFunc("POST "+internalQueuePath, n.serveInternalQueue) // steal.go
 	mux.HandleFunc("GET /livez", n.livez)
 	mux.HandleFunc("GET /readyz", n.readyz)
 	if opts.Pprof {

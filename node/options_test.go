@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/gossip"
 )
 
 func TestOptionsDefaults(t *testing.T) {
@@ -132,8 +134,8 @@ func TestReadGossipKey(t *testing.T) {
 	if err != nil || string(key) != "0123456789abcdef" {
 		t.Fatalf("ReadGossipKey = %q, %v", key, err)
 	}
-	if _, err := ReadGossipKey(write("short", "c2hvcnQ=")); !errors.Is(err, ErrSecretKey) {
-		t.Fatalf("5-byte key: %v, want ErrSecretKey", err)
+	if _, err := ReadGossipKey(write("short", "c2hvcnQ=")); !errors.Is(err, gossip.ErrSecretKey) {
+		t.Fatalf("5-byte key: %v, want gossip.ErrSecretKey", err)
 	}
 	if _, err := ReadGossipKey(write("garbage", "not base64 at all!")); err == nil {
 		t.Fatal("garbage accepted as a key")

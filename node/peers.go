@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 	"github.com/kvmesh/kvmesh/store"
@@ -41,7 +42,7 @@ var (
 // its deadline; the first call after that tries it again. So a dead or
 // partitioned peer costs one deadline per backoff, not one per request.
 type peers struct {
-	members *Membership
+	members *gossip.Membership
 	log     *slog.Logger
 	tcp     transfer.ClientOptions
 	backoff time.Duration
@@ -64,7 +65,7 @@ type observer func(op, result string, d time.Duration)
 // peer is one other member as peers reaches it.
 type peer struct {
 	id        string
-	meta      MemberMeta
+	meta      gossip.MemberMeta
 	data      *transfer.Client
 	conn      *grpc.ClientConn
 	lookup    kvmeshv1.PeerServiceClient
@@ -73,7 +74,7 @@ type peer struct {
 
 var _ store.Peers = (*peers)(nil)
 
-func newPeers(m *Membership, tcp transfer.ClientOptions, backoff time.Duration, maxMsg int, obs observer, log *slog.Logger) *peers {
+func newPeers(m *gossip.Membership, tcp transfer.ClientOptions, backoff time.Duration, maxMsg int, obs observer, log *slog.Logger) *peers {
 	p := &peers{members: m, log: log, tcp: tcp, backoff: backoff, maxMsg: maxMsg, seconds: obs,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	p.mu.m = make(map[string]*peer)

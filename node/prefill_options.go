@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
 )
 
@@ -58,7 +60,7 @@ type PrefillOptions struct {
 	// answered 429 with Retry-After. Default 64.
 	MaxWaiting int
 	// Batch bounds the asynchronous API (POST /v1/queue).
-	Batch BatchOptions
+	Batch openai.BatchOptions
 	// Backend runs the engine's model: BackendCPU (gonum on the host) or
 	// BackendCUDA (the products with the weights through cuBLAS on CUDA
 	// device Options.GPU; needs a build with -tags cuda, its kvmesh-cuda.so
@@ -66,94 +68,13 @@ type PrefillOptions struct {
 	// Default BackendCPU.
 	Backend string
 	// Role is what the node does for a router (kvmesh route), gossiped in
-	// its MemberMeta: RoleBoth, RolePrefill (the router sends it prompts
-	// to compute and publish) or RoleDecode (the router sends it requests
-	// whose prompt a prefill node has just published: it loads the whole
-	// cached prefix and computes only what is missing). A node answers
-	// every request it is sent, whatever its role. Default RoleBoth.
+	// its gossip.MemberMeta: gossip.RoleBoth, gossip.RolePrefill (the
+	// router sends it prompts to compute and publish) or gossip.RoleDecode
+	// (the router sends it requests whose prompt a prefill node has just
+	// published: it loads the whole cached prefix and computes only what
+	// is missing). A node answers every request it is sent, whatever its
+	// role. Default gossip.RoleBoth.
 	Role string
-}
-
-// BatchOptions bound the batches of the asynchronous API (batch.go).
-type BatchOptions struct {
-	// MaxRequests is the most requests in one batch; more is 413.
-	// Default 256.
-	MaxRequests int
-	// MaxBodyBytes bounds a batch's body, in bytes; past it, 413.
-	// Default 16 MiB.
-	MaxBodyBytes int64
-	// TenantQueued is the most requests of one tenant (or of the node-wide
-	// principal) queued or running at once; a batch that does not fit is
-	// 429 with Retry-After. Default 4096.
-	TenantQueued int
-	// MaxQueued is the most requests queued or running on the node, all
-	// tenants together; a batch that does not fit is 503. Default 65536.
-	MaxQueued int
-	// ResultTTL is how long a finished batch's responses are kept, from
-	// when it finished; then GET answers 404. Default 24h.
-	ResultTTL time.Duration
-	// CallbackAllow are the hosts (HOST, any port, or HOST:PORT) a
-	// callback_url may name; others are refused with 400. Default none:
-	// every callback_url is refused.
-	CallbackAllow []string
-	// Share is the share of the engine queued work may take: at most
-	// max(1, ⌊Share × Concurrency⌋) queued requests (this node's batches
-	// and those it pulls from its peers) run at once, each only while no
-	// synchronous request is active, and each gives way to a synchronous
-	// request that arrives, between two chunks or decode steps
-	// (prefill.GenerateOptions.Background). Default 1; negative: none, the
-	// node stores the batches it accepts and its peers run them.
-	Share float64
-	// StealInterval is how long a worker with nothing to run waits between
-	// two rounds of asking its peers for a queued batch they have not
-	// started (steal.go). Default 1s; negative: never (a node alone never
-	// asks).
-	StealInterval time.Duration
-	// LeaseTTL is how long a batch a peer claimed stays with it without
-	// news (an answer or a renewal, which it sends every LeaseTTL/3); then
-	// the batch can be taken again, from its first unanswered request.
-	// Default 30s.
-	LeaseTTL time.Duration
-}
-
-// Defaults of BatchOptions.
-const (
-	DefaultBatchMaxRequests  = 256
-	DefaultBatchMaxBodyBytes = 16 << 20
-	DefaultBatchTenantQueued = 4096
-	DefaultBatchMaxQueued    = 65536
-	DefaultBatchResultTTL    = 24 * time.Hour
-	DefaultBatchShare        = 1
-	DefaultBatchSteal        = time.Second
-	DefaultBatchLeaseTTL     = 30 * time.Second
-)
-
-// EnsureDefaults fills zero fields with their defaults.
-func (o *BatchOptions) EnsureDefaults() {
-	if o.MaxRequests == 0 {
-		o.MaxRequests = DefaultBatchMaxRequests
-	}
-	if o.MaxBodyBytes == 0 {
-		o.MaxBodyBytes = DefaultBatchMaxBodyBytes
-	}
-	if o.TenantQueued == 0 {
-		o.TenantQueued = DefaultBatchTenantQueued
-	}
-	if o.MaxQueued == 0 {
-		o.MaxQueued = DefaultBatchMaxQueued
-	}
-	if o.ResultTTL == 0 {
-		o.ResultTTL = DefaultBatchResultTTL
-	}
-	if o.Share == 0 {
-		o.Share = DefaultBatchShare
-	}
-	if o.StealInterval == 0 {
-		o.StealInterval = DefaultBatchSteal
-	}
-	if o.LeaseTTL == 0 {
-		o.LeaseTTL = DefaultBatchLeaseTTL
-	}
 }
 
 // Defaults of PrefillOptions.
@@ -186,7 +107,7 @@ func (o *PrefillOptions) EnsureDefaults() {
 		o.MaxWaiting = DefaultPrefillMaxWaiting
 	}
 	if o.Role == "" {
-		o.Role = RoleBoth
+		o.Role = gossip.RoleBoth
 	}
 	if o.Backend == "" {
 		o.Backend = BackendCPU
@@ -222,7 +143,7 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("BackgroundBlocks", "%d is outside 1..%d", o.BackgroundBlocks, 1<<16)
 	case o.Backend != BackendCPU && o.Backend != BackendCUDA:
 		return bad("Backend", "%q: want %s or %s", o.Backend, BackendCPU, BackendCUDA)
-	case o.Role != RoleBoth && o.Role != RolePrefill && o.Role != RoleDecode:
+	case o.Role != gossip.RoleBoth && o.Role != gossip.RolePrefill && o.Role != gossip.RoleDecode:
 		return bad("Role", "%q: want both, prefill or decode", o.Role)
 	case o.MaxWaiting < 0 || o.MaxWaiting > 1<<16:
 		return bad("MaxWaiting", "%d is outside 0..%d", o.MaxWaiting, 1<<16)

@@ -17,17 +17,15 @@ import (
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 	"github.com/kvmesh/kvmesh/tokenizer"
 )
 
-// SessionHeader is the gRPC metadata key of the session-affinity hint. A
-// request's session field wins over it.
-const SessionHeader = "x-session-affinity"
-
-// maxSessionBytes bounds a session id.
-const maxSessionBytes = 256
+// SessionHeader is the gRPC metadata key of the session-affinity hint (the
+// OpenAI-compatible API's header). A request's session field wins over it.
+const SessionHeader = openai.SessionHeader
 
 // queueMaxRuns is how often a queued request is started before the queue
 // gives up on it: each restart during its run starts it once more.
@@ -52,14 +50,10 @@ type prefillService struct {
 	closeBackend func() error
 	q            *queue
 	metrics      *prefillMetrics
-	// batches are the asynchronous API's (batch.go), in q's database; one
-	// worker runs them.
-	batches      *batches
-	batchMetrics *batchMetrics
-	callbacks    *callbacks
-	nsPB         *kvmeshv1.Namespace
-	tok          tokenizer.Tokenizer // the model's (PrefillOptions.ModelDir), else tokenizer.Bytes
-	eos          []uint32            // the model's end-of-sequence ids, if it says
+	// api is the OpenAI-compatible HTTP API over the engine; its batches
+	// are kept in q's database.
+	api  *openai.API
+	nsPB *kvmeshv1.Namespace
 
 	// ctx is cancelled by close; the worker and the reaper stop on it.
 	ctx       context.Context
@@ -95,6 +89,7 @@ func seededWeights(cfg prefill.Config, seed uint64) *prefill.Weights {
 // before Serve; when it fails they close the node.
 func (n *Node) openPrefill() error {
 	if n.opts.Prefill.Disabled {
+		openai.RegisterDisabled(n.mux)
 		return nil
 	}
 	p, err := newPrefillService(n)
@@ -102,7 +97,7 @@ func (n *Node) openPrefill() error {
 		return err
 	}
 	n.prefill = p
-	n.openai = newOpenAI(n, p)
+	p.api.Register(n.mux)
 	kvmeshv1.RegisterPrefillServiceServer(n.grpc, p)
 	n.health.SetServingStatus(kvmeshv1.PrefillService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return nil
@@ -161,24 +156,16 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 		engine.Close()
 		return nil, err
 	}
-	b, err := openBatches(q.db, o.Batch, time.Now, n.log)
+	api, err := openai.New(openaiNode{n}, openai.Options{Engine: engine, Tokenizer: tok, EOS: eos,
+		Concurrency: o.Concurrency, MaxWaiting: o.MaxWaiting, Batch: o.Batch, DB: q.db, DataDir: n.opts.DataDir,
+		Alone: n.cluster == nil, PeerHTTPS: n.opts.HTTPTLS, PeerTLS: n.opts.PeerTLS, PeerToken: peerToken(&n.opts),
+		Registerer: n.metrics.reg, Logger: n.log})
 	if err != nil {
 		q.close()
 		engine.Close()
 		return nil, err
 	}
-	p := &prefillService{n: n, engine: engine, closeBackend: closeBackend, q: q, batches: b, nsPB: namespacePB(engine), tok: tok, eos: eos}
-	p.batchMetrics = newBatchMetrics(n.metrics.reg, b)
-	b.cancelled = func(k int) { p.batchMetrics.requests.WithLabelValues("cancelled").Add(float64(k)) }
-	secret, err := loadCallbackSecret(n.opts.DataDir)
-	if err != nil {
-		q.close()
-		engine.Close()
-		return nil, err
-	}
-	p.callbacks = newCallbacks(o.Batch.CallbackAllow, secret, n.metrics.reg, n.log)
-	p.callbacks.pending, p.callbacks.done = b.pendingCallbacks, b.callbackDone
-	b.finished = p.callbacks.enqueue
+	p := &prefillService{n: n, engine: engine, closeBackend: closeBackend, q: q, api: api, nsPB: namespacePB(engine)}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.metrics = newPrefillMetrics(n.metrics.reg, engine, q)
 	n.names.keep(engine.Namespace())
@@ -200,19 +187,14 @@ func namespacePB(e *prefill.Engine) *kvmeshv1.Namespace {
 	}
 }
 
-// start starts the worker that runs queued requests and the reaper that
-// deletes expired results.
+// start starts the worker that runs queued requests, the reaper that
+// deletes expired results, and the OpenAI-compatible API's workers.
 func (p *prefillService) start() {
 	p.startOnce.Do(func() {
-		workers := batchWorkers(p.n.opts.Prefill)
-		p.wg.Add(4 + workers)
-		go func() { defer p.wg.Done(); p.callbacks.run(p.ctx) }()
+		p.wg.Add(2)
 		go p.work()
 		go p.reap()
-		for range workers {
-			go p.workBatches()
-		}
-		go p.reapBatches()
+		p.api.Start()
 	})
 }
 
@@ -222,6 +204,7 @@ func (p *prefillService) start() {
 func (p *prefillService) stop() {
 	p.startOnce.Do(func() {}) // a later start does nothing
 	p.cancel()
+	p.api.Stop()
 	p.wg.Wait()
 }
 
@@ -234,7 +217,7 @@ func (p *prefillService) close() error {
 		p.engine.Flush(ctx) // best effort: unpublished blocks are only recomputed later
 		cancel()
 		err := errors.Join(p.engine.Close(), p.closeBackend())
-		p.batches.close()
+		p.api.Close()
 		if qerr := p.q.close(); err == nil {
 			err = qerr
 		}
@@ -308,8 +291,8 @@ func (p *prefillService) check(ctx context.Context, req *kvmeshv1.PrefillRequest
 			session = v[0]
 		}
 	}
-	if len(session) > maxSessionBytes {
-		return "", invalid("session", "%d bytes; at most %d", len(session), maxSessionBytes)
+	if len(session) > openai.MaxSessionBytes {
+		return "", invalid("session", "%d bytes; at most %d", len(session), openai.MaxSessionBytes)
 	}
 	if session != "" {
 		p.metrics.sessionHints.Inc()
@@ -421,14 +404,9 @@ func ownerOf(p auth.Principal) queueOwner {
 	return queueOwner{Tenant: p.Tenant, Salt: p.Salt, Tag: p.Tag}
 }
 
-// context returns ctx for running a request of o: the engine keys its
-// blocks for the tenant, and the cache confines its reads to them.
+// context returns ctx for running a request of o (prefill.RunAs).
 func (o queueOwner) context(ctx context.Context) context.Context {
-	if o.Tenant == "" {
-		return ctx
-	}
-	ctx = auth.WithAccess(ctx, auth.Access{Scoped: true, Tag: o.Tag})
-	return prefill.WithTenant(ctx, prefill.Tenant{Salt: o.Salt, Tag: o.Tag})
+	return prefill.RunAs(ctx, auth.Principal{Tenant: o.Tenant, Salt: o.Salt, Tag: o.Tag})
 }
 
 func (p *prefillService) Engine(context.Context, *kvmeshv1.EngineRequest) (*kvmeshv1.EngineResponse, error) {

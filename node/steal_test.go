@@ -6,9 +6,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/testkit"
+	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
+	"github.com/kvmesh/kvmesh/router"
 )
+
+// internalQueuePath is the owner's side of work stealing, and lentBatch a
+// claim's answer, as ARCHITECTURE.md documents the wire.
+const internalQueuePath = "/internal/queue/"
+
+type lentBatch struct {
+	RequestID string                  `json:"request_id"`
+	Owner     struct{ Tenant string } `json:"owner"`
+	Done      int                     `json:"done"`
+	Requests  [][]byte                `json:"requests"`
+}
 
 // TestQueueStealing: a batch stored by a node that runs no queued work
 // (Batch.Share negative) is pulled and completed by its peer, with the
@@ -29,7 +41,7 @@ func TestQueueStealing(t *testing.T) {
 
 	// A ghost claims it and is never heard of again.
 	ghost := callAPI(t, "POST", apiURL(owner.Node, internalQueuePath+"claim"), "", map[string]any{"node": "ghost"})
-	var lent stolenBatch
+	var lent lentBatch
 	if ghost.status != http.StatusOK || !jsonInto(ghost.body, &lent) || lent.RequestID != a || lent.Done != 0 || len(lent.Requests) != 3 {
 		t.Fatalf("claim: %d %s", ghost.status, ghost.body)
 	}
@@ -72,12 +84,12 @@ func TestQueueStealing(t *testing.T) {
 	if via := pollBatch(t, peer.Node, "", a); via.Status != "completed" || len(via.Responses) != 3 || string(via.Responses[2]) != string(done.Responses[2]) {
 		t.Errorf("through the peer: %+v", via)
 	}
-	r := startRouter(t, owner.GossipAddr(), PolicyTokens)
-	testkit.WaitFor(t, "the router to see 2 nodes", func() bool { return len(r.backends()) == 2 })
-	if got := callAPI(t, "GET", "http://"+r.HTTPAddr()+QueuePath+"/"+a, "", nil); got.status != 200 || !strings.Contains(string(got.body), `"completed"`) {
+	r := startRouter(t, owner.GossipAddr(), router.PolicyTokens)
+	waitRouterNodes(t, r, 2)
+	if got := callAPI(t, "GET", "http://"+r.HTTPAddr()+openai.QueuePath+"/"+a, "", nil); got.status != 200 || !strings.Contains(string(got.body), `"completed"`) {
 		t.Errorf("through the router: %d %s", got.status, got.body)
 	}
-	wantAPIError(t, "an unknown id through the peer", callAPI(t, "GET", apiURL(peer.Node, QueuePath+"/batch_nope"), "", nil), 404)
+	wantAPIError(t, "an unknown id through the peer", callAPI(t, "GET", apiURL(peer.Node, openai.QueuePath+"/batch_nope"), "", nil), 404)
 	// Counted on both sides, and the peer's answers only once each.
 	om, pm := scrape(t, owner.HTTPAddr()), scrape(t, peer.HTTPAddr())
 	if v := metricValue(om, `kvmesh_queue_steals_total{direction="lent"}`); v != 2 {
@@ -94,22 +106,13 @@ func TestQueueStealing(t *testing.T) {
 	}
 }
 
-// TestQueueShare: Batch.Share sets how many workers run queued batches
-// (at least one, none when negative), and a queued request runs as
+// TestQueueShare: Batch.Share (at most 1) sets how many workers run
+// queued batches (openai's TestBatchWorkers), and a queued request runs as
 // background work of the engine (prefill.GenerateOptions.Background),
 // which gives way to synchronous requests between chunks and decode steps
 // (prefill's TestBackgroundGenerateYields shows the preemption).
 func TestQueueShare(t *testing.T) {
-	for _, c := range []struct {
-		share       float64
-		concurrency int
-		want        int
-	}{{1, 1, 1}, {1, 4, 4}, {0.5, 4, 2}, {0.1, 4, 1}, {-1, 4, 0}} {
-		if got := batchWorkers(PrefillOptions{Concurrency: c.concurrency, Batch: BatchOptions{Share: c.share}}); got != c.want {
-			t.Errorf("share %g of %d slots: %d workers, want %d", c.share, c.concurrency, got, c.want)
-		}
-	}
-	bad := PrefillOptions{Batch: BatchOptions{Share: 1.5}}
+	bad := PrefillOptions{Batch: openai.BatchOptions{Share: 1.5}}
 	bad.EnsureDefaults()
 	if err := bad.Validate(1 << 30); err == nil || !strings.Contains(err.Error(), "Share") {
 		t.Errorf("a share of 1.5: %v", err)
@@ -145,7 +148,7 @@ func TestQueueClaimNeedsCluster(t *testing.T) {
 		t.Errorf("after refused claims the batch is %s", s.Status)
 	}
 	got := callAPI(t, "POST", apiURL(n.Node, internalQueuePath+"claim"), "node-to-node", claim)
-	var lent stolenBatch
+	var lent lentBatch
 	if got.status != http.StatusOK || !jsonInto(got.body, &lent) || lent.RequestID != id || lent.Owner.Tenant != "acme" {
 		t.Fatalf("claim with the cluster token: %d %s", got.status, got.body)
 	}

@@ -43,3 +43,15 @@ func (e *Engine) scopeOf(ctx context.Context) scope {
 	ns.TenantSalt = auth.SaltedWith(t.Salt, ns.TenantSalt)
 	return scope{ns: ns, root: ns.Root(), tag: t.Tag}
 }
+
+// RunAs returns ctx for a run on behalf of p: a tenant's prompt is keyed in
+// its salted namespace and published with its tag (WithTenant), and the
+// cache is asked with the tenant's access (auth.WithAccess), so that it
+// reads the tenant's blocks only. A node-wide principal runs as none.
+func RunAs(ctx context.Context, p auth.Principal) context.Context {
+	if !p.Scoped() {
+		return ctx
+	}
+	ctx = auth.WithAccess(ctx, p.Access())
+	return WithTenant(ctx, Tenant{Salt: p.Salt, Tag: p.Tag})
+}

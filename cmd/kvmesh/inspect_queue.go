@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/openai"
 )
 
 // queueCmd is inspect queue: GET /v1/queue on a node's (or a router's)
@@ -44,7 +45,7 @@ order they run, then the most recently finished. It asks the HTTP API
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
 			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+httpAddr+node.QueuePath, nil)
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+httpAddr+openai.QueuePath, nil)
 			if err != nil {
 				return err
 			}
@@ -53,21 +54,21 @@ order they run, then the most recently finished. It asks the HTTP API
 			}
 			resp, err := hc.Do(req)
 			if err != nil {
-				return fmt.Errorf("GET %s on %s: %w", node.QueuePath, httpAddr, err)
+				return fmt.Errorf("GET %s on %s: %w", openai.QueuePath, httpAddr, err)
 			}
 			defer resp.Body.Close()
 			body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 			if err != nil {
-				return fmt.Errorf("GET %s on %s: %w", node.QueuePath, httpAddr, err)
+				return fmt.Errorf("GET %s on %s: %w", openai.QueuePath, httpAddr, err)
 			}
 			if resp.StatusCode != http.StatusOK {
 				var e struct{ Error struct{ Message string } }
 				json.Unmarshal(body, &e)
-				return fmt.Errorf("GET %s on %s: %s: %s", node.QueuePath, httpAddr, resp.Status, e.Error.Message)
+				return fmt.Errorf("GET %s on %s: %s: %s", openai.QueuePath, httpAddr, resp.Status, e.Error.Message)
 			}
-			var list node.QueueList
+			var list openai.QueueList
 			if err := json.Unmarshal(body, &list); err != nil {
-				return fmt.Errorf("GET %s on %s: the answer is not a list: %w", node.QueuePath, httpAddr, err)
+				return fmt.Errorf("GET %s on %s: the answer is not a list: %w", openai.QueuePath, httpAddr, err)
 			}
 			return f.print(cmd.OutOrStdout(), list.Data, func(w *tabwriter.Writer) {
 				fmt.Fprintln(w, "REQUEST ID\tSTATUS\tANSWERED\tFAILED\tRUNS\tCREATED\tFINISHED")

@@ -15,7 +15,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -274,7 +276,7 @@ type prefillServeFlags struct {
 	role             string
 	backend          string
 	modelDir         string
-	batch            node.BatchOptions
+	batch            openai.BatchOptions
 	queueShare       float64
 }
 
@@ -315,7 +317,7 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.Float64Var(&p.queueShare, "queue-share", d.Batch.Share, "share of the engine's slots (--prefill-concurrency) queued batches may run on at once, at least one request; each runs only while no synchronous request does and yields to one between chunks and decode steps; 0: none here (peers pull this node's batches)")
 	fs.DurationVar(&p.batch.StealInterval, "queue-steal-interval", d.Batch.StealInterval, "how often an idle node asks its peers for a queued batch they have not started (0 or less: never)")
 	fs.DurationVar(&p.batch.LeaseTTL, "queue-lease", d.Batch.LeaseTTL, "how long a batch a peer pulled from this node stays with it without news; then it runs again elsewhere from its first unanswered request")
-	fs.StringVar(&p.role, "role", node.RoleBoth, "what kvmesh route sends this node: both, prefill (prompts to compute and publish) or decode (requests whose prompt a prefill node just published)")
+	fs.StringVar(&p.role, "role", gossip.RoleBoth, "what kvmesh route sends this node: both, prefill (prompts to compute and publish) or decode (requests whose prompt a prefill node just published)")
 }
 
 func (p *prefillServeFlags) options() node.PrefillOptions {

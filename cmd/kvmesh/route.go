@@ -11,12 +11,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
 func routeCmd() *cobra.Command {
 	var (
-		opts                    node.RouterOptions
+		opts                    router.Options
 		gossipKeyFile, logLevel string
 		nodeTLS                 struct{ ca, cert, key, server string }
 	)
@@ -62,7 +63,7 @@ Prometheus metrics per node on /metrics.`,
 				}
 				opts.NodeTLS = cfg
 			}
-			r, err := node.NewRouter(opts)
+			r, err := router.New(opts)
 			if err != nil {
 				return fmt.Errorf("%w (see kvmesh route --help)", optionError(err, nil))
 			}
@@ -78,12 +79,12 @@ Prometheus metrics per node on /metrics.`,
 	}
 	fs := c.Flags()
 	fs.SortFlags = false
-	fs.StringVar(&opts.HTTPAddr, "http-addr", node.DefaultRouterHTTPAddr, "host:port of the router's API and /metrics (port 0: any free port)")
+	fs.StringVar(&opts.HTTPAddr, "http-addr", router.DefaultHTTPAddr, "host:port of the router's API and /metrics (port 0: any free port)")
 	fs.StringSliceVar(&opts.Join, "join", nil, "gossip addresses HOST:PORT,... of cluster members (required)")
 	fs.StringVar(&opts.GossipAddr, "gossip-addr", "127.0.0.1:0", "host:port of the router's own gossip")
 	fs.StringVar(&gossipKeyFile, "gossip-key-file", "", "the cluster's gossip key file, if it has one")
 	fs.StringVar(&opts.GossipProfile, "gossip-profile", "lan", "failure detection timings: lan, or local (one host)")
-	fs.StringVar(&opts.Policy, "policy", node.PolicyTokens, "tokens (fewest outstanding uncached prompt tokens), random, or session (by x-session-affinity; a baseline)")
+	fs.StringVar(&opts.Policy, "policy", router.PolicyTokens, "tokens (fewest outstanding uncached prompt tokens), random, or session (by x-session-affinity; a baseline)")
 	fs.StringVar(&opts.NodeID, "node-id", "", "the router's member id (default router-<host>-<port>)")
 	fs.StringVar(&nodeTLS.ca, "tls-ca", "", "reach the nodes' HTTP addresses over HTTPS (nodes served with --http-tls), trusting this CA's PEM file")
 	fs.StringVar(&nodeTLS.cert, "tls-cert", "", "client certificate (PEM) to present to the nodes over HTTPS")

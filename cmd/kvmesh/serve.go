@@ -17,6 +17,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/openai"
+	"github.com/kvmesh/kvmesh/router"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
 )
@@ -319,17 +321,28 @@ func (f *serveFlags) tlsConfigs(src func(string) string) (server, peer *tls.Conf
 	return server, peer, nil
 }
 
-// optionError rewrites a node option error in terms of the flag, or of the
-// environment variable or config key that set it (from, as layer returns).
+// optionError rewrites a node's or a router's option error in terms of the
+// flag, or of the environment variable or config key that set it (from, as
+// layer returns).
 func optionError(err error, from map[string]string) error {
-	var oe *node.OptionError
-	if errors.As(err, &oe) {
-		if name, ok := flagOf[oe.Field]; ok {
-			if s, ok := from[name]; ok {
-				return fmt.Errorf("%s: %s", s, oe.Msg)
-			}
-			return fmt.Errorf("--%s (or %s): %s", name, envName(name), oe.Msg)
+	var (
+		field, msg string
+		oe         *node.OptionError
+		re         *router.OptionError
+	)
+	switch {
+	case errors.As(err, &oe):
+		field, msg = oe.Field, oe.Msg
+	case errors.As(err, &re):
+		field, msg = re.Field, re.Msg
+	default:
+		return err
+	}
+	if name, ok := flagOf[field]; ok {
+		if s, ok := from[name]; ok {
+			return fmt.Errorf("%s: %s", s, msg)
 		}
+		return fmt.Errorf("--%s (or %s): %s", name, envName(name), msg)
 	}
 	return err
 }
@@ -362,7 +375,7 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *tra
 	fmt.Fprintf(out, "  store    %s (DRAM %s, NVMe %s)\n", opts.DataDir, formatSize(opts.DRAMBytes), formatSize(opts.NVMeBytes))
 	fmt.Fprintf(out, "  prefill  %s\n", engineLine(opts.Prefill))
 	if !opts.Prefill.Disabled {
-		fmt.Fprintf(out, "  openai   %s://%s/v1   (model %q: /v1/models, /v1/completions, /v1/chat/completions)\n", web, n.HTTPAddr(), node.ModelAlias)
+		fmt.Fprintf(out, "  openai   %s://%s/v1   (model %q: /v1/models, /v1/completions, /v1/chat/completions)\n", web, n.HTTPAddr(), openai.ModelAlias)
 	}
 	fmt.Fprintf(out, "  security %s\n", security(opts))
 	fmt.Fprintf(out, "try: kvmesh inspect --addr %s%s members   (stop with Ctrl-C)\n", n.GRPCAddr(), clientHint(cmd.Flags()))

@@ -14,6 +14,11 @@
 // and transfer link no test-support package (transfertest, certtest,
 // blocktest).
 //
+// layers_test.go: the serving packages (gossip, openai, router) depend on
+// node neither directly nor through another package (go list -deps; their
+// tests may start nodes), and no Go file, test or not, imports a package
+// under cmd/.
+//
 // style_test.go: STYLE.md's rules that a parser can check. client imports
 // neither store nor tiers; an exported sentinel error made by errors.New
 // says its package first ("store: block not found"); a test waits with

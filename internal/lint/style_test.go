@@ -155,7 +155,7 @@ var sleepAllowed = map[string]struct {
 	"node/batch_bench_test.go":         {1, "a benchmark polling its batch as a client does"},
 	"transfer/bench_test.go":           {1, "a benchmark waiting for redis-server's socket (a peer, not kvmesh)"},
 	"node/batch_test.go":               {1, "polls the batch API as a client does and fails naming the last status"},
-	"node/router_test.go":              {1, "polls the batch API through the router as a client does"},
+	"node/route_test.go":               {1, "polls the batch API through the router as a client does"},
 	"cmd/kvmesh/queue_e2e_test.go":     {1, "polls a batch across a restart as a client does"},
 	"cmd/kvmesh/openai_sdk_test.go":    {1, "polls /healthz and fails with the daemons' logs"},
 	"cmd/kvmesh/tlsreload_e2e_test.go": {1, "waits for a log line after SIGHUP and fails with the log"},

@@ -1,4 +1,4 @@
-package node
+package openai
 
 import (
 	"bytes"
@@ -79,7 +79,7 @@ func loadCallbackSecret(dataDir string) ([]byte, error) {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("node: callback secret: %w", err)
+		return nil, fmt.Errorf("openai: callback secret: %w", err)
 	}
 	_, err = f.Write(b)
 	if serr := f.Sync(); err == nil {
@@ -89,15 +89,15 @@ func loadCallbackSecret(dataDir string) ([]byte, error) {
 		err = cerr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("node: callback secret: %w", err)
+		return nil, fmt.Errorf("openai: callback secret: %w", err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
-		return nil, fmt.Errorf("node: callback secret: %w", err)
+		return nil, fmt.Errorf("openai: callback secret: %w", err)
 	}
 	return b, nil
 }
 
-func newCallbacks(allow []string, secret []byte, reg *prometheus.Registry, log *slog.Logger) *callbacks {
+func newCallbacks(allow []string, secret []byte, reg prometheus.Registerer, log *slog.Logger) *callbacks {
 	c := &callbacks{key: secret, log: log, queue: make(chan batchMeta, callbackQueue),
 		client: &http.Client{Timeout: callbackTimeout, CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse // a redirect could lead anywhere

@@ -1,4 +1,4 @@
-package node
+package router
 
 import (
 	"bytes"
@@ -22,45 +22,20 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/openai"
 )
 
-// The router (kvmesh route): the OpenAI-compatible API in front of a
-// cluster. It joins the cluster's gossip as a member that offers no
-// capacity (so it owns no block) and learns from the members' metadata
-// where their HTTP APIs are and what role each plays. For each completion
-// it asks one node how much of the prompt the cluster's cache holds for the
-// caller (LookupPath: one Lookup, nothing computed), and sends the request
-// to the node with the fewest outstanding uncached prompt tokens: the
-// prompt tokens that the requests it sent there and that have not yet
-// answered must still compute. A session never decides: a cached prefix
-// is a hit on every node, so spreading by load costs no hits.
-//
-// With prefill-role and decode-role members, a request goes first, not
-// streamed and with max_tokens 1, to a prefill node (chosen as above),
-// which computes the prompt and answers once its blocks are in the cache
-// (PublishHeader); then, as the client sent it, to the decode node with the
-// fewest outstanding generated tokens, which loads the whole prefix from the
-// cache and computes only what is missing. The usage's cached_tokens the
-// client sees is then what the prefill node reused, rewritten into the
-// decode node's answer (its stream's usage chunk too), and both nodes' times
-// are in the response headers.
-//
-// Answers stream through as they come. A node that fails before the first
-// byte of its answer (refused, reset, 502/503) is marked down for
-// routerBackoff and the request goes to another; once bytes have reached
-// the client, a failure ends the response. Bearer tokens and the
-// x-session-affinity header travel through unchanged (the session is only
-// logged and counted).
-
-// Routing policies (RouterOptions.Policy).
+// Routing policies (Options.Policy).
 const (
 	PolicyTokens  = "tokens"  // fewest outstanding uncached prompt tokens (the default)
 	PolicyRandom  = "random"  // any live node
 	PolicySession = "session" // by a hash of x-session-affinity (random without one): the baseline the others are measured against
 )
 
-// RouterOptions configure a Router.
-type RouterOptions struct {
+// Options configure a Router.
+type Options struct {
 	// NodeID names the router among the members. Default
 	// "router-<hostname>-<gossip port>".
 	NodeID string
@@ -74,7 +49,7 @@ type RouterOptions struct {
 	Join []string
 	// GossipKey is the cluster's gossip key, if it has one.
 	GossipKey []byte
-	// GossipProfile is "lan" or "local", as Options.GossipProfile.
+	// GossipProfile is "lan" or "local", as the nodes' (node.Options).
 	// Default "lan".
 	GossipProfile string
 	// Policy is PolicyTokens, PolicyRandom or PolicySession. Default
@@ -82,24 +57,38 @@ type RouterOptions struct {
 	Policy string
 	// NodeTLS, when set, is the client configuration the router reaches
 	// the nodes' HTTP addresses with, over HTTPS (nodes started with
-	// Options.HTTPTLS: its CA, and a certificate when they want one).
+	// node.Options.HTTPTLS: its CA, and a certificate when they want one).
 	// Default nil: plain HTTP.
 	NodeTLS *tls.Config
 	// Logger receives the router's records. Default slog.Default().
 	Logger *slog.Logger
 }
 
-// DefaultRouterHTTPAddr is RouterOptions.HTTPAddr's default.
-const DefaultRouterHTTPAddr = "127.0.0.1:7700"
+// DefaultHTTPAddr is Options.HTTPAddr's default.
+const DefaultHTTPAddr = "127.0.0.1:7700"
+
+// ErrInvalidOptions is wrapped by every error New returns for its options.
+var ErrInvalidOptions = errors.New("router: invalid options")
+
+// OptionError names the option New rejected.
+type OptionError struct {
+	Field string // the Options field, for example "Policy"
+	Msg   string
+}
+
+func (e *OptionError) Error() string { return fmt.Sprintf("router: option %s: %s", e.Field, e.Msg) }
+
+// Unwrap makes every OptionError match ErrInvalidOptions.
+func (e *OptionError) Unwrap() error { return ErrInvalidOptions }
 
 // routerBackoff is how long a node that failed a request is skipped.
 const routerBackoff = 2 * time.Second
 
 // Router is a running kvmesh route.
 type Router struct {
-	opts    RouterOptions
+	opts    Options
 	log     *slog.Logger
-	members *Membership
+	members *gossip.Membership
 	lis     net.Listener
 	http    *http.Server
 	client  *http.Client
@@ -123,11 +112,11 @@ type nodeLoad struct {
 	downUntil                time.Time
 }
 
-// NewRouter binds the router's HTTP address and joins the cluster. Serve
-// runs it.
-func NewRouter(opts RouterOptions) (*Router, error) {
+// New binds the router's HTTP address and joins the cluster. Serve runs
+// it.
+func New(opts Options) (*Router, error) {
 	if opts.HTTPAddr == "" {
-		opts.HTTPAddr = DefaultRouterHTTPAddr
+		opts.HTTPAddr = DefaultHTTPAddr
 	}
 	if opts.GossipAddr == "" {
 		opts.GossipAddr = "127.0.0.1:0"
@@ -151,15 +140,15 @@ func NewRouter(opts RouterOptions) (*Router, error) {
 	}
 	lis, err := net.Listen("tcp", opts.HTTPAddr)
 	if err != nil {
-		return nil, fmt.Errorf("node: router: listen on HTTPAddr %s: %w", opts.HTTPAddr, err)
+		return nil, fmt.Errorf("router: listen on HTTPAddr %s: %w", opts.HTTPAddr, err)
 	}
 	if opts.NodeID == "" {
 		host, _ := os.Hostname()
 		opts.NodeID = fmt.Sprintf("router-%s-%d", host, lis.Addr().(*net.TCPAddr).Port)
 	}
-	members, err := StartMembership(MembershipOptions{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join,
+	members, err := gossip.Start(gossip.Options{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join,
 		RetryJoin: true, SecretKey: opts.GossipKey, Fast: opts.GossipProfile == "local", Logger: opts.Logger,
-		Meta: MemberMeta{HTTPAddr: lis.Addr().String(), Role: RoleRouter}})
+		Meta: gossip.MemberMeta{HTTPAddr: lis.Addr().String(), Role: gossip.RoleRouter}})
 	if err != nil {
 		lis.Close()
 		return nil, err
@@ -204,7 +193,13 @@ func NewRouter(opts RouterOptions) (*Router, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
 	mux.HandleFunc("GET /healthz", r.healthz)
-	mux.HandleFunc("/v1/", r.serveAPI)
+	mux.HandleFunc("POST /v1/completions", r.complete)
+	mux.HandleFunc("POST /v1/chat/completions", r.complete)
+	mux.HandleFunc("GET "+openai.QueuePath, r.listQueue)
+	mux.HandleFunc("POST "+openai.QueuePath, r.submitQueue)
+	mux.HandleFunc(openai.QueuePath+"/{id...}", r.forwardQueue)
+	// Models, other methods and errors: any node answers the same.
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, req *http.Request) { r.forwardAny(w, req, nil) })
 	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return r, nil
 }
@@ -238,7 +233,7 @@ func (r *Router) Serve(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
-		err = fmt.Errorf("node: router: HTTP server: %w", err)
+		err = fmt.Errorf("router: HTTP server: %w", err)
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	if serr := r.http.Shutdown(sctx); serr != nil {
@@ -273,9 +268,9 @@ func (r *Router) backends() []backend {
 	for _, m := range ms {
 		role := m.Meta.Role
 		if role == "" {
-			role = RoleBoth
+			role = gossip.RoleBoth
 		}
-		if m.Meta.HTTPAddr == "" || (role != RoleBoth && role != RolePrefill && role != RoleDecode) {
+		if m.Meta.HTTPAddr == "" || (role != gossip.RoleBoth && role != gossip.RolePrefill && role != gossip.RoleDecode) {
 			continue
 		}
 		if l := r.mu.load[m.ID]; l != nil && now.Before(l.downUntil) {
@@ -390,47 +385,32 @@ func (r *Router) markDown(id string) {
 	r.mu.Unlock()
 }
 
-func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
-	path := req.URL.Path
-	if strings.HasPrefix(path, QueuePath+"/") {
-		r.forwardQueue(w, req)
+// submitQueue passes POST /v1/queue to any node: it stores the batch and
+// runs it, and its id is found later by asking the nodes.
+func (r *Router) submitQueue(w http.ResponseWriter, req *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, openai.DefaultBatchMaxBodyBytes))
+	if err != nil {
+		openai.WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is too large (at most %d bytes) or unreadable", openai.DefaultBatchMaxBodyBytes), "invalid_request_error", "", "request_too_large")
 		return
 	}
-	if path == QueuePath && req.Method == http.MethodGet {
-		r.listQueue(w, req)
-		return
-	}
-	if path == QueuePath && req.Method == http.MethodPost {
-		// Any node stores the batch and runs it; its id is found by asking.
-		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, DefaultBatchMaxBodyBytes))
-		if err != nil {
-			writeAPIError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is too large (at most %d bytes) or unreadable", DefaultBatchMaxBodyBytes), "invalid_request_error", "", "request_too_large")
-			return
-		}
-		r.forwardAny(w, req, body)
-		return
-	}
-	if path != "/v1/completions" && path != "/v1/chat/completions" {
-		// Models and errors: any node answers the same.
-		r.forwardAny(w, req, nil)
-		return
-	}
-	if req.Method != http.MethodPost {
-		r.forwardAny(w, req, nil)
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, MaxOpenAIBodyBytes))
+	r.forwardAny(w, req, body)
+}
+
+// complete routes a completion: on the node chosen by the policy, or, with
+// nodes in the prefill and decode roles, split between two.
+func (r *Router) complete(w http.ResponseWriter, req *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, openai.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeAPIError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is over %d bytes", tooBig.Limit), "invalid_request_error", "", "request_too_large")
+			openai.WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is over %d bytes", tooBig.Limit), "invalid_request_error", "", "request_too_large")
 			return
 		}
-		writeAPIError(w, http.StatusBadRequest, "reading the request body: "+err.Error(), "invalid_request_error", "", "")
+		openai.WriteError(w, http.StatusBadRequest, "reading the request body: "+err.Error(), "invalid_request_error", "", "")
 		return
 	}
-	session := req.Header.Get(SessionHeader)
-	if session != "" {
+	c := completion{req: req, body: body, path: req.URL.Path, session: req.Header.Get(openai.SessionHeader)}
+	if c.session != "" {
 		r.hints.Inc()
 	}
 	began := time.Now()
@@ -438,48 +418,61 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 	var prefillers, decoders, both []backend
 	for _, b := range all {
 		switch b.role {
-		case RolePrefill:
+		case gossip.RolePrefill:
 			prefillers = append(prefillers, b)
-		case RoleDecode:
+		case gossip.RoleDecode:
 			decoders = append(decoders, b)
 		default:
 			both = append(both, b)
 		}
 	}
 	if len(all) == 0 {
-		writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+		openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
 		return
 	}
 	// The cost of the prompt, from one node's lookup; that node also
 	// checks the request, so a bad one is refused here, with the node's
 	// error, before any work.
-	look, lerr := r.lookup(req, body, path, all)
-	if lerr != nil {
+	var lerr *routerError
+	if c.look, lerr = r.lookup(req, body, c.path, all); lerr != nil {
 		lerr.write(w)
 		return
 	}
-	split := len(prefillers) > 0 && len(decoders) > 0
-	if !split {
-		cands := slices.Concat(both, prefillers, decoders)
+	if len(prefillers) == 0 || len(decoders) == 0 {
 		r.overhead.Observe(time.Since(began).Seconds())
-		r.forward(w, req, body, path, cands, look, false, session, nil)
+		r.forward(w, c, slices.Concat(both, prefillers, decoders), c.look, false, nil)
 		return
 	}
-	// Prefill on a prefill node (max_tokens 1, not streamed, published
-	// before it answers), then decode on a decode node.
-	pre, err := prefillBody(body)
+	r.split(w, c, began, slices.Concat(prefillers, both), slices.Concat(decoders, both))
+}
+
+// completion is a completion request the router sends on: the client's
+// request and body, and what the lookup found.
+type completion struct {
+	req           *http.Request
+	body          []byte
+	path, session string
+	look          openai.LookupResult
+}
+
+// split runs c's prompt on one of prefillers (max_tokens 1, not streamed,
+// published before it answers), then decodes on one of decoders, which
+// loads the prefix from the cache; the client is told the prefill node's
+// cached tokens.
+func (r *Router) split(w http.ResponseWriter, c completion, began time.Time, prefillers, decoders []backend) {
+	pre, err := prefillBody(c.body)
 	if err != nil {
-		writeAPIError(w, http.StatusBadRequest, err.Error(), "invalid_request_error", "", "")
+		openai.WriteError(w, http.StatusBadRequest, err.Error(), "invalid_request_error", "", "")
 		return
 	}
 	r.overhead.Observe(time.Since(began).Seconds())
-	cands := slices.Concat(prefillers, both)
 	rec := &captureWriter{header: http.Header{}}
-	preReq := req.Clone(req.Context())
-	preReq.Header.Set(PublishHeader, "wait")
+	pc := c
+	pc.req, pc.body = c.req.Clone(c.req.Context()), pre
+	pc.req.Header.Set(openai.PublishHeader, "wait")
 	t0 := time.Now()
-	r.forward(rec, preReq, pre, path, cands, LookupResult{PromptTokens: look.PromptTokens, CachedTokens: look.CachedTokens, MaxTokens: 1},
-		false, session, nil)
+	r.forward(rec, pc, prefillers, openai.LookupResult{PromptTokens: c.look.PromptTokens, CachedTokens: c.look.CachedTokens, MaxTokens: 1},
+		false, nil)
 	preTook := time.Since(t0)
 	if rec.code != http.StatusOK {
 		copyHeader(w.Header(), rec.header)
@@ -488,15 +481,15 @@ func (r *Router) serveAPI(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	var pu struct {
-		Usage usageJSON `json:"usage"`
+		Usage openai.Usage `json:"usage"`
 	}
 	json.Unmarshal(rec.body.Bytes(), &pu)
 	w.Header().Set("X-Kvmesh-Prefill-Node", rec.header.Get("X-Kvmesh-Node"))
 	w.Header().Set("X-Kvmesh-Prefill-Node-Ms", strconv.FormatFloat(ms(preTook), 'f', 3, 64))
 	w.Header().Set("X-Kvmesh-Prefill-Cached-Tokens", strconv.Itoa(pu.Usage.PromptTokensDetails.CachedTokens))
-	rewrite := func(u *usageJSON) { u.PromptTokensDetails.CachedTokens = pu.Usage.PromptTokensDetails.CachedTokens }
-	r.forward(w, req, body, path, slices.Concat(decoders, both), LookupResult{PromptTokens: look.PromptTokens,
-		CachedTokens: look.PromptTokens, MaxTokens: look.MaxTokens}, true, session, rewrite)
+	rewrite := func(u *openai.Usage) { u.PromptTokensDetails.CachedTokens = pu.Usage.PromptTokensDetails.CachedTokens }
+	r.forward(w, c, decoders, openai.LookupResult{PromptTokens: c.look.PromptTokens,
+		CachedTokens: c.look.PromptTokens, MaxTokens: c.look.MaxTokens}, true, rewrite)
 }
 
 // routerError is an answer the router passes on as is.
@@ -514,12 +507,12 @@ func (e *routerError) write(w http.ResponseWriter) {
 
 // lookup asks a node for the prompt's cost; a node that cannot answer is
 // skipped, and when none can the cost is the whole prompt, unknown.
-func (r *Router) lookup(req *http.Request, body []byte, path string, cands []backend) (LookupResult, *routerError) {
+func (r *Router) lookup(req *http.Request, body []byte, path string, cands []backend) (openai.LookupResult, *routerError) {
 	order := rand.Perm(len(cands))
 	for _, i := range order[:min(len(order), 3)] {
 		b := cands[i]
 		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
-		up, err := http.NewRequestWithContext(ctx, http.MethodPost, r.scheme()+b.addr+LookupPath+strings.TrimPrefix(path, "/v1"), bytes.NewReader(body))
+		up, err := http.NewRequestWithContext(ctx, http.MethodPost, r.scheme()+b.addr+openai.LookupPath+strings.TrimPrefix(path, "/v1"), bytes.NewReader(body))
 		if err != nil {
 			cancel()
 			continue
@@ -538,30 +531,30 @@ func (r *Router) lookup(req *http.Request, body []byte, path string, cands []bac
 		case err != nil || resp.StatusCode >= 500:
 			continue
 		case resp.StatusCode != http.StatusOK:
-			return LookupResult{}, &routerError{code: resp.StatusCode, header: resp.Header, body: rb}
+			return openai.LookupResult{}, &routerError{code: resp.StatusCode, header: resp.Header, body: rb}
 		}
-		var lr LookupResult
+		var lr openai.LookupResult
 		if json.Unmarshal(rb, &lr) == nil {
 			return lr, nil
 		}
 	}
-	return LookupResult{}, nil
+	return openai.LookupResult{}, nil
 }
 
 // forward sends the request to the best of cands, and on a failure before
 // the first byte of the answer to the next best, until one answers or none
 // is left. decode charges the node by tokens to generate, else by uncached
 // prompt tokens. rewrite, when set, edits the usage of the answer.
-func (r *Router) forward(w http.ResponseWriter, req *http.Request, body []byte, path string, cands []backend, look LookupResult, decode bool, session string, rewrite func(*usageJSON)) {
+func (r *Router) forward(w http.ResponseWriter, c completion, cands []backend, look openai.LookupResult, decode bool, rewrite func(*openai.Usage)) {
 	cands = slices.Clone(cands)
 	for len(cands) > 0 {
-		i := r.pick(cands, decode, session)
+		i := r.pick(cands, decode, c.session)
 		b := cands[i]
 		cands = slices.Delete(cands, i, i+1)
 		prefilled, done := r.charge(b.id, max(0, look.PromptTokens-look.CachedTokens), look.MaxTokens)
-		sent, err := r.try(w, req, body, path, b, prefilled, rewrite)
+		sent, err := r.try(w, c.req, c.body, c.path, b, prefilled, rewrite)
 		done()
-		if err == nil || req.Context().Err() != nil {
+		if err == nil || c.req.Context().Err() != nil {
 			return
 		}
 		r.log.Warn("router: node failed", "node", b.id, "addr", b.addr, "answered", sent, "err", err)
@@ -571,7 +564,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, body []byte, 
 		r.markDown(b.id)
 		r.retries.WithLabelValues(b.id).Inc()
 	}
-	writeAPIError(w, http.StatusServiceUnavailable, "every node failed this request; retry", "server_error", "", "no_backend")
+	openai.WriteError(w, http.StatusServiceUnavailable, "every node failed this request; retry", "server_error", "", "no_backend")
 }
 
 // forwardAny sends a request that needs no choice to any live node, with
@@ -579,8 +572,8 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, body []byte, 
 func (r *Router) forwardAny(w http.ResponseWriter, req *http.Request, body []byte) {
 	if req.Body != nil && body == nil {
 		var err error
-		if body, err = io.ReadAll(http.MaxBytesReader(w, req.Body, MaxOpenAIBodyBytes)); err != nil {
-			writeAPIError(w, http.StatusRequestEntityTooLarge, "the request body is too large or unreadable", "invalid_request_error", "", "")
+		if body, err = io.ReadAll(http.MaxBytesReader(w, req.Body, openai.MaxBodyBytes)); err != nil {
+			openai.WriteError(w, http.StatusRequestEntityTooLarge, "the request body is too large or unreadable", "invalid_request_error", "", "")
 			return
 		}
 	}
@@ -596,13 +589,13 @@ func (r *Router) forwardAny(w http.ResponseWriter, req *http.Request, body []byt
 		r.markDown(b.id)
 		r.retries.WithLabelValues(b.id).Inc()
 	}
-	writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+	openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
 }
 
 // listQueue answers GET /v1/queue with every node's list of the caller's
 // batches; a node's error (a refused token) is answered as is.
 func (r *Router) listQueue(w http.ResponseWriter, req *http.Request) {
-	all := QueueList{Object: "list", Data: []QueueBatch{}}
+	all := openai.QueueList{Object: "list", Data: []openai.QueueBatch{}}
 	answered := false
 	for _, b := range r.backends() {
 		rec := &captureWriter{header: http.Header{}}
@@ -615,17 +608,17 @@ func (r *Router) listQueue(w http.ResponseWriter, req *http.Request) {
 			w.Write(rec.body.Bytes())
 			return
 		}
-		var l QueueList
+		var l openai.QueueList
 		if json.Unmarshal(rec.body.Bytes(), &l) == nil {
 			all.Data = append(all.Data, l.Data...)
 			answered = true
 		}
 	}
 	if !answered {
-		writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+		openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
 		return
 	}
-	writeJSON(w, http.StatusOK, all)
+	openai.WriteJSON(w, http.StatusOK, all)
 }
 
 // forwardQueue passes GET or DELETE /v1/queue/{id} to the node that holds
@@ -634,7 +627,7 @@ func (r *Router) listQueue(w http.ResponseWriter, req *http.Request) {
 // node that accepted it; nothing else knows where.
 func (r *Router) forwardQueue(w http.ResponseWriter, req *http.Request) {
 	req = req.Clone(req.Context())
-	req.Header.Set(forwardedHeader, "1") // the router asks every node: they need not ask their peers
+	req.Header.Set(openai.ForwardedHeader, "1") // the router asks every node: they need not ask their peers
 	var last *captureWriter
 	for _, b := range r.backends() {
 		rec := &captureWriter{header: http.Header{}}
@@ -649,7 +642,7 @@ func (r *Router) forwardQueue(w http.ResponseWriter, req *http.Request) {
 		break
 	}
 	if last == nil {
-		writeAPIError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
+		openai.WriteError(w, http.StatusServiceUnavailable, "no node serves the API: none has joined, or all are down", "server_error", "", "no_backend")
 		return
 	}
 	copyHeader(w.Header(), last.header)
@@ -660,7 +653,7 @@ func (r *Router) forwardQueue(w http.ResponseWriter, req *http.Request) {
 // try sends the request to b and streams its answer to w. It reports
 // whether anything reached w; an error with nothing sent may be retried.
 // firstByte is called when the node's answer starts (its prefill is done).
-func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path string, b backend, firstByte func(), rewrite func(*usageJSON)) (sent bool, err error) {
+func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path string, b backend, firstByte func(), rewrite func(*openai.Usage)) (sent bool, err error) {
 	t0 := time.Now()
 	up, err := http.NewRequestWithContext(req.Context(), req.Method, r.scheme()+b.addr+path, bytes.NewReader(body))
 	if err != nil {
@@ -749,12 +742,12 @@ func (r *Router) try(w http.ResponseWriter, req *http.Request, body []byte, path
 
 // rewriteUsage applies f to the usage of a JSON answer; an answer without
 // usage is returned as is.
-func rewriteUsage(b []byte, f func(*usageJSON)) []byte {
+func rewriteUsage(b []byte, f func(*openai.Usage)) []byte {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(b, &m) != nil || m["usage"] == nil || string(m["usage"]) == "null" {
 		return b
 	}
-	var u usageJSON
+	var u openai.Usage
 	if json.Unmarshal(m["usage"], &u) != nil {
 		return b
 	}
@@ -768,7 +761,7 @@ func rewriteUsage(b []byte, f func(*usageJSON)) []byte {
 }
 
 // rewriteEvents applies f to the usage of each complete event in b.
-func rewriteEvents(b []byte, f func(*usageJSON)) []byte {
+func rewriteEvents(b []byte, f func(*openai.Usage)) []byte {
 	var out []byte
 	for ev := range bytes.SplitSeq(b, []byte("\n\n")) {
 		if len(ev) == 0 {
@@ -844,3 +837,5 @@ func (r *Router) scheme() string {
 	}
 	return "http://"
 }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,4 +1,4 @@
-package node
+package gossip
 
 import (
 	"fmt"
@@ -85,7 +85,7 @@ func (p *partition) split(a, b []*cutTransport, heal bool) {
 
 func startMemberOn(t *testing.T, id string, tr memberlist.Transport, join ...string) *Membership {
 	t.Helper()
-	m, err := StartMembership(MembershipOptions{
+	m, err := Start(Options{
 		NodeID: id, Join: join, Fast: true, Transport: tr,
 		Meta:   MemberMeta{GRPCAddr: "127.0.0.1:1", DRAMBytes: 1 << 30},
 		Logger: quietLogger(),

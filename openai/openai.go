@@ -1,4 +1,4 @@
-package node
+package openai
 
 import (
 	"context"
@@ -16,8 +16,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/prefill"
@@ -25,7 +23,7 @@ import (
 )
 
 // The OpenAI-compatible HTTP API, on the node's HTTP address beside
-// /metrics and /healthz:
+// /metrics and /healthz (the node mounts it: Register):
 //
 //	GET  /v1/models               the engine's model
 //	GET  /v1/models/{id}
@@ -50,7 +48,7 @@ import (
 // is a hint: logged, counted and echoed in the response, never used for a
 // lookup. Errors are OpenAI's error object with 400 (bad request), 401 (no
 // or unknown token), 403 (scope), 404 (unknown model or path), 405, 413
-// (body over MaxOpenAIBodyBytes), 429 (more than PrefillOptions.MaxWaiting requests
+// (body over MaxBodyBytes), 429 (more than Options.MaxWaiting requests
 // waiting for the engine; Retry-After says when to retry) and 503 (no engine,
 // or shutting down).
 
@@ -80,8 +78,8 @@ const ChatTemplate = "<|{role}|>\n{content}\n ... <|assistant|>\n"
 
 // Limits of the HTTP API.
 const (
-	// MaxOpenAIBodyBytes bounds a request body; past it, 413.
-	MaxOpenAIBodyBytes = 4 << 20
+	// MaxBodyBytes bounds a request body; past it, 413.
+	MaxBodyBytes = 4 << 20
 	// DefaultCompletionTokens is max_tokens when a completion request
 	// has none (OpenAI's default for /v1/completions); chat requests
 	// default to DefaultChatTokens.
@@ -89,37 +87,21 @@ const (
 	DefaultChatTokens       = 256
 	// maxAPIStops is the most stop sequences a request may give (OpenAI's 4).
 	maxAPIStops = 4
-	// openAIWriteTimeout bounds one write to a client: a reader that
+	// writeTimeout bounds one write to a client: a reader that
 	// stalls longer loses its stream rather than hold the engine.
-	openAIWriteTimeout = 30 * time.Second
+	writeTimeout = 30 * time.Second
 )
 
-// openAI serves the HTTP API over the node's prefill engine.
-type openAI struct {
-	n     *Node
-	p     *prefillService
-	model string
-	// tok tokenizes prompts and reads answers back (tokenizer.Bytes, or
-	// the model directory's tokenizer.json); chatML renders chats as ChatML
-	// (the tokenizer has <|im_start|> and <|im_end|>); endOfTurn are the
-	// token sequences that end every answer (the model's EOS ids, and
-	// <|im_end|> with ChatML).
-	tok       tokenizer.Tokenizer
-	chatML    bool
-	endOfTurn [][]uint32
-	// admit bounds the requests that run or wait for the engine.
-	admit chan struct{}
-
+// metrics are the completions' metrics.
+type metrics struct {
 	requests *prometheus.CounterVec // path, code
 	hints    prometheus.Counter
 	tokens   *prometheus.CounterVec // kind: prompt, cached, completion
 	ttft     prometheus.Histogram
 }
 
-func newOpenAI(n *Node, p *prefillService) *openAI {
-	o := &openAI{
-		n: n, p: p, model: p.engine.Namespace().Model, tok: p.tok,
-		admit: make(chan struct{}, n.opts.Prefill.Concurrency+n.opts.Prefill.MaxWaiting),
+func newMetrics(reg prometheus.Registerer, admit chan struct{}) *metrics {
+	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_openai_requests_total",
 			Help: "Requests to the OpenAI-compatible HTTP API, by path and HTTP status.",
@@ -138,31 +120,29 @@ func newOpenAI(n *Node, p *prefillService) *openAI {
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}),
 	}
-	n.metrics.reg.MustRegister(o.requests, o.hints, o.tokens, o.ttft)
-	if o.tok == nil {
-		o.tok = tokenizer.Bytes{}
-	}
-	ends := slices.Clone(p.eos)
-	_, start := o.tok.Special("<|im_start|>")
-	if end, ok := o.tok.Special("<|im_end|>"); start && ok {
-		o.chatML = true
-		ends = append(ends, end)
-	}
-	slices.Sort(ends)
-	for _, id := range slices.Compact(ends)[:min(len(slices.Compact(ends)), prefill.MaxStops-maxAPIStops)] {
-		o.endOfTurn = append(o.endOfTurn, []uint32{id})
-	}
-	return o
+	reg.MustRegister(m.requests, m.hints, m.tokens, m.ttft,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvmesh_openai_admitted_requests",
+			Help: "Completions running on the engine or waiting for it (at most Concurrency + MaxWaiting; one more is answered 429).",
+		}, func() float64 { return float64(len(admit)) }))
+	return m
 }
 
-// serveOpenAI is the /v1/ handler of every node; a node without an engine
-// answers 503.
-func (n *Node) serveOpenAI(w http.ResponseWriter, r *http.Request) {
-	if n.openai == nil {
-		writeAPIError(w, http.StatusServiceUnavailable, "this node runs no engine (Prefill.Disabled)", "server_error", "", "engine_disabled")
-		return
+// endsOfTurn returns the token sequences that end every answer: the
+// model's EOS ids, and <|im_end|> when tok renders chats as ChatML (it has
+// <|im_start|> and <|im_end|>), which chatML reports.
+func endsOfTurn(tok tokenizer.Tokenizer, eos []uint32) (ends [][]uint32, chatML bool) {
+	ids := slices.Clone(eos)
+	_, start := tok.Special("<|im_start|>")
+	if end, ok := tok.Special("<|im_end|>"); start && ok {
+		chatML = true
+		ids = append(ids, end)
 	}
-	n.openai.serve(w, r)
+	slices.Sort(ids)
+	for _, id := range slices.Compact(ids)[:min(len(slices.Compact(ids)), prefill.MaxStops-maxAPIStops)] {
+		ends = append(ends, []uint32{id})
+	}
+	return ends, chatML
 }
 
 // apiError is OpenAI's error object.
@@ -214,16 +194,21 @@ func badRequest(param, format string, args ...any) *httpError {
 	return newHTTPError(http.StatusBadRequest, param, "", format, args...)
 }
 
-func writeAPIError(w http.ResponseWriter, code int, msg, typ, param, errCode string) {
-	writeJSON(w, code, struct {
+// WriteError answers with OpenAI's error object: status code, message,
+// type ("invalid_request_error", "server_error", ...) and, when not empty,
+// the param at fault and a code.
+func WriteError(w http.ResponseWriter, code int, msg, typ, param, errCode string) {
+	WriteJSON(w, code, struct {
 		Error apiError `json:"error"`
 	}{apiError{Message: msg, Type: typ, Param: nullable(param), Code: nullable(errCode)}})
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
+// WriteJSON answers with status code and v as JSON, as every answer of the
+// API is written (Content-Type and Content-Length set, a newline at the end).
+func WriteJSON(w http.ResponseWriter, code int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		panic(fmt.Sprintf("node: encoding an HTTP answer: %v", err)) // our own types always encode
+		panic(fmt.Sprintf("openai: encoding an HTTP answer: %v", err)) // our own types always encode
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
@@ -253,104 +238,6 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-func (o *openAI) serve(w http.ResponseWriter, r *http.Request) {
-	sw := &statusWriter{ResponseWriter: w}
-	path := r.URL.Path
-	label := path
-	if strings.HasPrefix(path, "/v1/models/") {
-		label = "/v1/models/{id}"
-	} else if strings.HasPrefix(path, LookupPath+"/") {
-		label = LookupPath
-	} else if strings.HasPrefix(path, QueuePath+"/") {
-		label = QueuePath + "/{id}"
-	} else if path != QueuePath && path != "/v1/models" && path != "/v1/completions" && path != "/v1/chat/completions" {
-		label = "other"
-	}
-	err := o.route(sw, r, path)
-	if err != nil {
-		var he *httpError
-		if !errors.As(err, &he) {
-			he = newHTTPError(http.StatusInternalServerError, "", "", "%v", err)
-			o.n.log.Error("openai: request failed", "path", path, "err", err)
-		}
-		if sw.code == 0 { // else a stream already started: route sent the error in it
-			if he.retryAfter > 0 {
-				sw.Header().Set("Retry-After", strconv.Itoa(he.retryAfter))
-			}
-			writeJSON(sw, he.status, struct {
-				Error apiError `json:"error"`
-			}{he.apiError})
-		}
-		if he.status != http.StatusInternalServerError {
-			o.n.log.Info("openai: request refused", "path", path, "status", he.status, "err", he.Message)
-		}
-	}
-	code := sw.code
-	if code == 0 {
-		code = 499 // the client left before any answer
-	}
-	o.requests.WithLabelValues(label, strconv.Itoa(code)).Inc()
-}
-
-func (o *openAI) route(w http.ResponseWriter, r *http.Request, path string) error {
-	if o.n.stopping.Load() {
-		return newHTTPError(http.StatusServiceUnavailable, "", "", "the node is shutting down; retry on another node")
-	}
-	need := auth.Read
-	if (r.Method == http.MethodPost || r.Method == http.MethodDelete) && !strings.HasPrefix(path, LookupPath+"/") {
-		need = auth.Write
-	}
-	who, err := o.n.guard.authorize(r.Header.Values("Authorization"), r.Method+" "+path, need)
-	if err != nil {
-		switch status.Code(err) {
-		case codes.PermissionDenied:
-			return newHTTPError(http.StatusForbidden, "", "insufficient_scope", "%s", status.Convert(err).Message())
-		default:
-			return newHTTPError(http.StatusUnauthorized, "", "invalid_api_key", "%s", status.Convert(err).Message())
-		}
-	}
-	method := func(want string) error {
-		if r.Method != want {
-			w.Header().Set("Allow", want)
-			return newHTTPError(http.StatusMethodNotAllowed, "", "method_not_allowed", "%s %s: use %s", r.Method, path, want)
-		}
-		return nil
-	}
-	switch {
-	case path == "/v1/models":
-		if err := method(http.MethodGet); err != nil {
-			return err
-		}
-		writeJSON(w, http.StatusOK, struct {
-			Object string      `json:"object"`
-			Data   []modelJSON `json:"data"`
-		}{"list", []modelJSON{o.modelJSON()}})
-		return nil
-	case strings.HasPrefix(path, "/v1/models/"):
-		if err := method(http.MethodGet); err != nil {
-			return err
-		}
-		if id := strings.TrimPrefix(path, "/v1/models/"); !o.knows(id) {
-			return o.unknownModel(id)
-		}
-		writeJSON(w, http.StatusOK, o.modelJSON())
-		return nil
-	case path == "/v1/completions", path == "/v1/chat/completions":
-		if err := method(http.MethodPost); err != nil {
-			return err
-		}
-		return o.complete(w, r, path == "/v1/chat/completions", who)
-	case path == QueuePath, strings.HasPrefix(path, QueuePath+"/"):
-		return o.serveQueue(w, r, path, who)
-	case path == LookupPath+"/completions", path == LookupPath+"/chat/completions":
-		if err := method(http.MethodPost); err != nil {
-			return err
-		}
-		return o.lookup(w, r, path == LookupPath+"/chat/completions", who)
-	}
-	return newHTTPError(http.StatusNotFound, "", "unknown_url", "no such path: %s %s (this node serves /v1/models, /v1/completions, /v1/chat/completions and /v1/queue)", r.Method, path)
-}
-
 type modelJSON struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
@@ -358,13 +245,13 @@ type modelJSON struct {
 	OwnedBy string `json:"owned_by"`
 }
 
-func (o *openAI) modelJSON() modelJSON {
+func (o *API) modelJSON() modelJSON {
 	return modelJSON{ID: o.model, Object: "model", OwnedBy: "kvmesh"}
 }
 
-func (o *openAI) knows(model string) bool { return model == o.model || model == ModelAlias }
+func (o *API) knows(model string) bool { return model == o.model || model == ModelAlias }
 
-func (o *openAI) unknownModel(model string) error {
+func (o *API) unknownModel(model string) error {
 	return newHTTPError(http.StatusNotFound, "model", "model_not_found", "the model %q does not exist on this node; it serves %q (also called %q)", model, o.model, ModelAlias)
 }
 
@@ -430,16 +317,16 @@ type job struct {
 	session string
 }
 
-func (o *openAI) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job, error) {
+func (o *API) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job, error) {
 	var req completionRequest
-	if err := decodeBody(w, r, &req, MaxOpenAIBodyBytes); err != nil {
+	if err := decodeBody(w, r, &req, MaxBodyBytes); err != nil {
 		return nil, err
 	}
 	return o.check(&req, chat, r.Header.Get(SessionHeader))
 }
 
 // check validates a decoded completion request and makes it a job.
-func (o *openAI) check(req *completionRequest, chat bool, session string) (*job, error) {
+func (o *API) check(req *completionRequest, chat bool, session string) (*job, error) {
 	j := &job{chat: chat, stream: req.Stream, usage: req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
 	switch {
 	case req.Model == "":
@@ -478,7 +365,7 @@ func (o *openAI) check(req *completionRequest, chat bool, session string) (*job,
 		j.opts.MaxTokens = *req.MaxTokens
 	} else if chat {
 		// Without a limit, a chat answer stops where the context does.
-		j.opts.MaxTokens = max(1, min(j.opts.MaxTokens, o.p.engine.Config().MaxContext-len(j.prompt)))
+		j.opts.MaxTokens = max(1, min(j.opts.MaxTokens, o.engine.Config().MaxContext-len(j.prompt)))
 	}
 	j.opts.Temperature = 1 // OpenAI's default
 	if req.Temperature != nil {
@@ -503,7 +390,7 @@ func (o *openAI) check(req *completionRequest, chat bool, session string) (*job,
 		return nil, err
 	}
 	j.opts.Stop = append(j.opts.Stop, o.endOfTurn...)
-	if err := o.p.engine.CheckGenerate(j.prompt, j.opts); err != nil {
+	if err := o.engine.CheckGenerate(j.prompt, j.opts); err != nil {
 		msg := strings.TrimPrefix(err.Error(), prefill.ErrInvalidInput.Error()+": ")
 		param := "prompt"
 		if chat {
@@ -525,8 +412,8 @@ func (o *openAI) check(req *completionRequest, chat bool, session string) (*job,
 		return nil, badRequest(param, "%s", msg).withCode(code)
 	}
 	j.session = session
-	if len(j.session) > maxSessionBytes {
-		return nil, badRequest(SessionHeader, "the %s header has %d bytes; at most %d", SessionHeader, len(j.session), maxSessionBytes)
+	if len(j.session) > MaxSessionBytes {
+		return nil, badRequest(SessionHeader, "the %s header has %d bytes; at most %d", SessionHeader, len(j.session), MaxSessionBytes)
 	}
 	j.opts.Session = j.session
 	return j, nil
@@ -679,7 +566,9 @@ func (d *textDecoder) text(in []byte, final bool) string {
 	return b.String()
 }
 
-type usageJSON struct {
+// Usage is a completion's usage, with the prompt tokens whose K/V came from
+// the cache (prompt_tokens_details.cached_tokens).
+type Usage struct {
 	PromptTokens        int `json:"prompt_tokens"`
 	CompletionTokens    int `json:"completion_tokens"`
 	TotalTokens         int `json:"total_tokens"`
@@ -688,8 +577,8 @@ type usageJSON struct {
 	} `json:"prompt_tokens_details"`
 }
 
-func usageOf(g prefill.Generation) *usageJSON {
-	u := &usageJSON{PromptTokens: g.Usage.PromptTokens, CompletionTokens: g.CompletionTokens,
+func usageOf(g prefill.Generation) *Usage {
+	u := &Usage{PromptTokens: g.Usage.PromptTokens, CompletionTokens: g.CompletionTokens,
 		TotalTokens: g.Usage.PromptTokens + g.CompletionTokens}
 	u.PromptTokensDetails.CachedTokens = g.Usage.CachedTokens
 	return u
@@ -716,7 +605,7 @@ type responseJSON struct {
 	Model             string       `json:"model"`
 	SystemFingerprint string       `json:"system_fingerprint"`
 	Choices           []choiceJSON `json:"choices"`
-	Usage             *usageJSON   `json:"usage,omitempty"`
+	Usage             *Usage       `json:"usage,omitempty"`
 }
 
 func newID(prefix string) string {
@@ -725,7 +614,7 @@ func newID(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who auth.Principal) error {
+func (o *API) complete(w http.ResponseWriter, r *http.Request, chat bool, who auth.Principal) error {
 	began := time.Now()
 	j, err := o.parse(w, r, chat)
 	if err != nil {
@@ -740,12 +629,12 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 		return e
 	}
 	if j.session != "" {
-		o.hints.Inc()
+		o.metrics.hints.Inc()
 		w.Header().Set(SessionHeader, j.session)
 	}
-	w.Header().Set("X-Kvmesh-Node", o.n.opts.NodeID)
+	w.Header().Set("X-Kvmesh-Node", o.n.ID())
 	// Queued work stays off the cores for the whole request.
-	defer o.p.engine.Hold()()
+	defer o.engine.Hold()()
 	ctx := ownerOf(who).context(r.Context())
 
 	resp := responseJSON{ID: newID("cmpl-"), Object: "text_completion", Created: began.Unix(), Model: o.model, SystemFingerprint: o.fingerprint()}
@@ -778,8 +667,8 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 			return nil
 		}
 	}
-	serving := o.n.foreground() // pushes to owners wait for the generation (not for the publishing below)
-	g, err := o.p.engine.Generate(ctx, j.prompt, j.opts)
+	serving := o.n.Foreground() // pushes to owners wait for the generation (not for the publishing below)
+	g, err := o.engine.Generate(ctx, j.prompt, j.opts)
 	serving()
 	if err != nil {
 		var he *httpError
@@ -789,7 +678,7 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 		case errors.Is(err, prefill.ErrClosed):
 			he = newHTTPError(http.StatusServiceUnavailable, "", "", "the node is shutting down; retry on another node")
 		case r.Context().Err() != nil, sse != nil && sse.err != nil:
-			o.n.log.Info("openai: the client left", "path", r.URL.Path, "session", j.session, "err", err)
+			o.log.Info("openai: the client left", "path", r.URL.Path, "session", j.session, "err", err)
 			return nil
 		default:
 			return err
@@ -807,13 +696,13 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 		// and pushes them to their owners, where other nodes look: wait
 		// for both (bounded; a miss only costs the next node compute).
 		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := o.p.engine.Flush(fctx)
-		if err == nil && o.n.cluster != nil {
-			err = o.n.cluster.cluster.Flush(fctx)
+		err := o.engine.Flush(fctx)
+		if err == nil {
+			err = o.n.Flush(fctx)
 		}
 		cancel()
 		if err != nil {
-			o.n.log.Info("openai: the prompt's blocks are not all published yet", "err", err)
+			o.log.Info("openai: the prompt's blocks are not all published yet", "err", err)
 		}
 	}
 	if sse == nil {
@@ -823,7 +712,7 @@ func (o *openAI) complete(w http.ResponseWriter, r *http.Request, chat bool, who
 		h.Set("X-Kvmesh-Prefill-Ms", strconv.FormatFloat(ms(g.Prefill), 'f', 3, 64))
 		h.Set("X-Kvmesh-Ttft-Ms", strconv.FormatFloat(ms(g.TTFT), 'f', 3, 64))
 		h.Set("X-Kvmesh-Decode-Ms", strconv.FormatFloat(ms(g.Decode), 'f', 3, 64))
-		writeJSON(w, http.StatusOK, whole(resp, chat, text, g))
+		WriteJSON(w, http.StatusOK, whole(resp, chat, text, g))
 		return nil
 	}
 	if !sse.started { // nothing was emitted: no text at all
@@ -869,19 +758,19 @@ type LookupResult struct {
 	MaxTokens    int `json:"max_tokens"`
 }
 
-func (o *openAI) lookup(w http.ResponseWriter, r *http.Request, chat bool, who auth.Principal) error {
+func (o *API) lookup(w http.ResponseWriter, r *http.Request, chat bool, who auth.Principal) error {
 	j, err := o.parse(w, r, chat)
 	if err != nil {
 		return err
 	}
-	cached := o.p.engine.Cached(ownerOf(who).context(r.Context()), j.prompt)
-	writeJSON(w, http.StatusOK, LookupResult{PromptTokens: len(j.prompt), CachedTokens: cached, MaxTokens: j.opts.MaxTokens})
+	cached := o.engine.Cached(ownerOf(who).context(r.Context()), j.prompt)
+	WriteJSON(w, http.StatusOK, LookupResult{PromptTokens: len(j.prompt), CachedTokens: cached, MaxTokens: j.opts.MaxTokens})
 	return nil
 }
 
 // chunk is one streamed event: text, the role (chat's first chunk), or the
 // finish reason (the last).
-func (o *openAI) chunk(resp responseJSON, chat bool, text string, role bool, finish *string) responseJSON {
+func (o *API) chunk(resp responseJSON, chat bool, text string, role bool, finish *string) responseJSON {
 	c := choiceJSON{FinishReason: finish}
 	switch {
 	case chat && role:
@@ -895,23 +784,23 @@ func (o *openAI) chunk(resp responseJSON, chat bool, text string, role bool, fin
 	return resp
 }
 
-func (o *openAI) fingerprint() string {
-	return "kvmesh-" + digestString(o.p.engine.WeightsDigest())
+func (o *API) fingerprint() string {
+	return "kvmesh-" + digestString(o.engine.WeightsDigest())
 }
 
-func (o *openAI) account(path string, j *job, g prefill.Generation, began time.Time) {
-	o.tokens.WithLabelValues("prompt").Add(float64(g.Usage.PromptTokens))
-	o.tokens.WithLabelValues("cached").Add(float64(g.Usage.CachedTokens))
-	o.tokens.WithLabelValues("completion").Add(float64(g.CompletionTokens))
-	o.ttft.Observe(g.TTFT.Seconds())
-	o.n.log.Info("completion", "path", path, "session", j.session, "stream", j.stream,
+func (o *API) account(path string, j *job, g prefill.Generation, began time.Time) {
+	o.metrics.tokens.WithLabelValues("prompt").Add(float64(g.Usage.PromptTokens))
+	o.metrics.tokens.WithLabelValues("cached").Add(float64(g.Usage.CachedTokens))
+	o.metrics.tokens.WithLabelValues("completion").Add(float64(g.CompletionTokens))
+	o.metrics.ttft.Observe(g.TTFT.Seconds())
+	o.log.Info("completion", "path", path, "session", j.session, "stream", j.stream,
 		"prompt_tokens", g.Usage.PromptTokens, "cached_tokens", g.Usage.CachedTokens, "completion_tokens", g.CompletionTokens,
 		"finish", g.Finish, "prefill_ms", ms(g.Prefill), "ttft_ms", ms(g.TTFT), "decode_ms", ms(g.Decode),
 		"total_ms", ms(time.Since(began)))
 }
 
 // sseWriter writes server-sent events, each flushed, each write under
-// openAIWriteTimeout.
+// writeTimeout.
 type sseWriter struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
@@ -932,7 +821,7 @@ func (s *sseWriter) start() error {
 func (s *sseWriter) event(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
-		panic(fmt.Sprintf("node: encoding an event: %v", err))
+		panic(fmt.Sprintf("openai: encoding an event: %v", err))
 	}
 	return s.write(append(append([]byte("data: "), b...), '\n', '\n'))
 }
@@ -943,15 +832,15 @@ func (s *sseWriter) write(b []byte) error {
 	if s.err != nil {
 		return s.err
 	}
-	s.rc.SetWriteDeadline(time.Now().Add(openAIWriteTimeout)) // not every writer has deadlines
+	s.rc.SetWriteDeadline(time.Now().Add(writeTimeout)) // not every writer has deadlines
 	if len(b) > 0 {
 		if _, err := s.w.Write(b); err != nil {
-			s.err = fmt.Errorf("node: writing to the client: %w", err)
+			s.err = fmt.Errorf("openai: writing to the client: %w", err)
 			return s.err
 		}
 	}
 	if err := s.rc.Flush(); err != nil {
-		s.err = fmt.Errorf("node: flushing to the client: %w", err)
+		s.err = fmt.Errorf("openai: flushing to the client: %w", err)
 	}
 	return s.err
 }

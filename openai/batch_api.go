@@ -1,4 +1,4 @@
-package node
+package openai
 
 import (
 	"context"
@@ -40,7 +40,7 @@ import (
 // 400) the node POSTs {"request_id", "status"} once the batch finished,
 // signed (SignatureHeader) with the key GET /v1/queue/callback-key tells
 // the tenant (callback.go). Through
-// the router (router.go), a batch lives on the node that accepted it and is
+// the router (kvmesh route), a batch lives on the node that accepted it and is
 // found by asking the nodes; any node with headroom may run it (steal.go).
 const QueuePath = "/v1/queue"
 
@@ -75,7 +75,7 @@ type batchMetrics struct {
 	steals   *prometheus.CounterVec // direction: lent, borrowed
 }
 
-func newBatchMetrics(reg *prometheus.Registry, b *batches) *batchMetrics {
+func newBatchMetrics(reg prometheus.Registerer, b *batches) *batchMetrics {
 	m := &batchMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_queue_requests_total",
@@ -99,7 +99,11 @@ func newBatchMetrics(reg *prometheus.Registry, b *batches) *batchMetrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kvmesh_queue_running_requests",
 			Help: "Requests of running batches not yet answered.",
-		}, func() float64 { _, r := b.counts(); return float64(r) }))
+		}, func() float64 { _, r := b.counts(); return float64(r) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvmesh_queue_callbacks_pending",
+			Help: "Callbacks of finished batches not yet delivered nor given up on; they are kept with the batch and sent after a restart.",
+		}, func() float64 { return float64(len(b.pendingCallbacks())) }))
 	return m
 }
 
@@ -110,77 +114,79 @@ type batchStatus struct {
 	Responses []json.RawMessage `json:"responses,omitempty"`
 }
 
-// serveQueue answers QueuePath and QueuePath/{id}.
-func (o *openAI) serveQueue(w http.ResponseWriter, r *http.Request, path string, who auth.Principal) error {
-	owner := ownerOf(who)
-	if path == QueuePath {
-		switch r.Method {
-		case http.MethodPost:
-			return o.submit(w, r, owner)
-		case http.MethodGet:
-			out := QueueList{Object: "list", Data: []QueueBatch{}}
-			for _, m := range o.p.batches.list(owner, maxQueueList) {
-				qb := QueueBatch{RequestID: m.ID, Status: m.State, Requests: m.N, Answered: m.Done, Failed: m.Failed,
-					Created: m.Enqueued.Unix(), Runs: m.Runs}
-				if !m.Started.IsZero() {
-					qb.Started = m.Started.Unix()
-				}
-				if !m.Finished.IsZero() {
-					qb.Finished = m.Finished.Unix()
-				}
-				out.Data = append(out.Data, qb)
-			}
-			writeJSON(w, http.StatusOK, out)
-			return nil
+// list answers GET QueuePath: the caller's batches.
+func (o *API) list(w http.ResponseWriter, r *http.Request, who auth.Principal) error {
+	out := QueueList{Object: "list", Data: []QueueBatch{}}
+	for _, m := range o.batches.list(ownerOf(who), maxQueueList) {
+		qb := QueueBatch{RequestID: m.ID, Status: m.State, Requests: m.N, Answered: m.Done, Failed: m.Failed,
+			Created: m.Enqueued.Unix(), Runs: m.Runs}
+		if !m.Started.IsZero() {
+			qb.Started = m.Started.Unix()
 		}
-		w.Header().Set("Allow", "GET, POST")
-		return newHTTPError(http.StatusMethodNotAllowed, "", "method_not_allowed", "%s %s: use POST (or GET for the list)", r.Method, path)
-	}
-	id := strings.TrimPrefix(path, QueuePath+"/")
-	if id == "callback-key" && r.Method == http.MethodGet {
-		// The key this caller's callbacks are signed with (Sign).
-		writeJSON(w, http.StatusOK, struct {
-			Key string `json:"key"`
-		}{hex.EncodeToString(CallbackKey(o.p.callbacks.key, owner.Tenant))})
-		return nil
-	}
-	notFound := newHTTPError(http.StatusNotFound, "request_id", "not_found", "no queued batch %q (unknown, expired, or not yours)", id)
-	switch r.Method {
-	case http.MethodGet:
-		m, resps, err := o.p.batches.get(id, owner)
-		switch {
-		case errors.Is(err, errBatchNotFound):
-			if o.n.askPeers(w, r) { // a batch another node stored: it answers
-				return nil
-			}
-			return notFound
-		case err != nil:
-			return err
+		if !m.Finished.IsZero() {
+			qb.Finished = m.Finished.Unix()
 		}
-		writeJSON(w, http.StatusOK, batchStatus{RequestID: m.ID, Status: m.State, Responses: resps})
-		return nil
-	case http.MethodDelete:
-		state, err := o.p.batches.cancel(id, owner)
-		switch {
-		case errors.Is(err, errBatchNotFound):
-			if o.n.askPeers(w, r) {
-				return nil
-			}
-			return notFound
-		case errors.Is(err, errBatchDone):
-			return newHTTPError(http.StatusConflict, "request_id", "already_finished", "the batch %q is already %s", id, state)
-		case err != nil:
-			return err
-		}
-		writeJSON(w, http.StatusOK, batchStatus{RequestID: id, Status: state})
-		return nil
+		out.Data = append(out.Data, qb)
 	}
-	w.Header().Set("Allow", "GET, DELETE")
-	return newHTTPError(http.StatusMethodNotAllowed, "", "method_not_allowed", "%s %s: use GET or DELETE", r.Method, path)
+	WriteJSON(w, http.StatusOK, out)
+	return nil
 }
 
-func (o *openAI) submit(w http.ResponseWriter, r *http.Request, owner queueOwner) error {
-	lim := o.n.opts.Prefill.Batch
+// callbackKey answers GET QueuePath/callback-key: the key this caller's
+// callbacks are signed with (Sign).
+func (o *API) callbackKey(w http.ResponseWriter, _ *http.Request, who auth.Principal) error {
+	WriteJSON(w, http.StatusOK, struct {
+		Key string `json:"key"`
+	}{hex.EncodeToString(CallbackKey(o.callbacks.key, ownerOf(who).Tenant))})
+	return nil
+}
+
+// batchNotFound is the answer about a batch no node holds for the caller.
+func batchNotFound(id string) error {
+	return newHTTPError(http.StatusNotFound, "request_id", "not_found", "no queued batch %q (unknown, expired, or not yours)", id)
+}
+
+// status answers GET QueuePath/{id}; a batch this node does not hold is
+// asked of its peers.
+func (o *API) status(w http.ResponseWriter, r *http.Request, who auth.Principal) error {
+	id := r.PathValue("id")
+	m, resps, err := o.batches.get(id, ownerOf(who))
+	switch {
+	case errors.Is(err, errBatchNotFound):
+		if o.askPeers(w, r) { // a batch another node stored: it answers
+			return nil
+		}
+		return batchNotFound(id)
+	case err != nil:
+		return err
+	}
+	WriteJSON(w, http.StatusOK, batchStatus{RequestID: m.ID, Status: m.State, Responses: resps})
+	return nil
+}
+
+// cancelBatch answers DELETE QueuePath/{id}; a batch this node does not hold is
+// asked of its peers.
+func (o *API) cancelBatch(w http.ResponseWriter, r *http.Request, who auth.Principal) error {
+	id := r.PathValue("id")
+	state, err := o.batches.cancel(id, ownerOf(who))
+	switch {
+	case errors.Is(err, errBatchNotFound):
+		if o.askPeers(w, r) {
+			return nil
+		}
+		return batchNotFound(id)
+	case errors.Is(err, errBatchDone):
+		return newHTTPError(http.StatusConflict, "request_id", "already_finished", "the batch %q is already %s", id, state)
+	case err != nil:
+		return err
+	}
+	WriteJSON(w, http.StatusOK, batchStatus{RequestID: id, Status: state})
+	return nil
+}
+
+// submit answers POST QueuePath: it checks and stores a batch.
+func (o *API) submit(w http.ResponseWriter, r *http.Request, who auth.Principal) error {
+	owner, lim := ownerOf(who), o.opts.Batch
 	var body struct {
 		Requests    []json.RawMessage `json:"requests"`
 		CallbackURL *string           `json:"callback_url"`
@@ -198,7 +204,7 @@ func (o *openAI) submit(w http.ResponseWriter, r *http.Request, owner queueOwner
 	}
 	var callback string
 	if body.CallbackURL != nil {
-		if err := o.p.callbacks.allowed(*body.CallbackURL); err != nil {
+		if err := o.callbacks.allowed(*body.CallbackURL); err != nil {
 			return badRequest("callback_url", "callback_url: %v", err)
 		}
 		callback = *body.CallbackURL
@@ -219,7 +225,7 @@ func (o *openAI) submit(w http.ResponseWriter, r *http.Request, owner queueOwner
 		}
 		stored[i] = append([]byte{kind}, raw...)
 	}
-	m, err := o.p.batches.submit(owner, stored, callback)
+	m, err := o.batches.submit(owner, stored, callback)
 	switch {
 	case errors.Is(err, errBatchTenantFull):
 		he := newHTTPError(http.StatusTooManyRequests, "", "queue_quota_exceeded", "%v; retry once some have completed", err)
@@ -232,13 +238,13 @@ func (o *openAI) submit(w http.ResponseWriter, r *http.Request, owner queueOwner
 	case err != nil:
 		return err
 	}
-	writeJSON(w, http.StatusAccepted, batchStatus{RequestID: m.ID, Status: batchQueued})
+	WriteJSON(w, http.StatusAccepted, batchStatus{RequestID: m.ID, Status: batchQueued})
 	return nil
 }
 
 // checkQueued checks one request of a batch as its endpoint would and
 // returns its kind: 'c' (chat) or 't' (completion).
-func (o *openAI) checkQueued(raw json.RawMessage) (byte, error) {
+func (o *API) checkQueued(raw json.RawMessage) (byte, error) {
 	req, kind, err := decodeQueued(raw)
 	if err != nil {
 		return 0, err
@@ -278,7 +284,7 @@ func decodeQueued(raw json.RawMessage) (*completionRequest, byte, error) {
 // runQueued answers one stored request of a batch as owner's: the JSON of
 // an OpenAI response, or of an error object (failed). ctx's end
 // interrupts it; the caller then records nothing.
-func (o *openAI) runQueued(ctx context.Context, owner queueOwner, stored []byte) (resp []byte, failed bool) {
+func (o *API) runQueued(ctx context.Context, owner queueOwner, stored []byte) (resp []byte, failed bool) {
 	began := time.Now()
 	fail := func(he *httpError) ([]byte, bool) {
 		return mustJSON(struct {
@@ -303,7 +309,7 @@ func (o *openAI) runQueued(ctx context.Context, owner queueOwner, stored []byte)
 	}
 	opts := j.opts
 	opts.Background = true // yields to synchronous requests between chunks and decode steps
-	g, err := o.p.engine.Generate(owner.context(ctx), j.prompt, opts)
+	g, err := o.engine.Generate(owner.context(ctx), j.prompt, opts)
 	if err != nil {
 		if errors.Is(err, prefill.ErrInvalidInput) {
 			return fail(badRequest("", "%s", strings.TrimPrefix(err.Error(), prefill.ErrInvalidInput.Error()+": ")))
@@ -334,7 +340,7 @@ type batchRun struct {
 // batchWorkers is how many workers run queued batches at once:
 // BatchOptions.Share of the engine's Concurrency, at least one; none with
 // a negative Share.
-func batchWorkers(o PrefillOptions) int {
+func batchWorkers(o Options) int {
 	if o.Batch.Share < 0 {
 		return 0
 	}
@@ -346,10 +352,10 @@ func batchWorkers(o PrefillOptions) int {
 // (steal.go). A request interrupted by the stop is not recorded: it runs
 // again from its start when the node reopens its data dir (or, for a
 // peer's, when its lease lapses).
-func (p *prefillService) workBatches() {
+func (p *API) workBatches() {
 	defer p.wg.Done()
 	wait := p.batches.opts.StealInterval
-	if wait < 0 || p.n.cluster == nil {
+	if wait < 0 || p.opts.Alone {
 		wait = time.Hour // nobody to pull from: wake on submissions only
 	}
 	for {
@@ -373,7 +379,7 @@ func (p *prefillService) workBatches() {
 // runBatch answers r's requests in order, each started once the engine is
 // idle (Engine.WaitIdle) and run as background work that yields to
 // synchronous requests (runQueued).
-func (p *prefillService) runBatch(r batchRun) {
+func (p *API) runBatch(r batchRun) {
 	m := r.meta
 	for i := m.Done; i < m.N; i++ {
 		if err := p.engine.WaitIdle(p.ctx); err != nil {
@@ -398,10 +404,10 @@ func (p *prefillService) runBatch(r batchRun) {
 				Error apiError `json:"error"`
 			}{newHTTPError(http.StatusInternalServerError, "", "", "the queued request could not be read back: %v", err).apiError}), true
 		} else {
-			resp, failed = p.n.openai.runQueued(p.ctx, m.Owner, stored)
+			resp, failed = p.runQueued(p.ctx, m.Owner, stored)
 		}
 		if p.ctx.Err() != nil {
-			p.n.log.Info("queue: batch interrupted by shutdown; its request runs again after a restart", "id", m.ID, "request", i)
+			p.log.Info("queue: batch interrupted by shutdown; its request runs again after a restart", "id", m.ID, "request", i)
 			return
 		}
 		// Counted before the answer is visible, so a client that sees it
@@ -413,18 +419,18 @@ func (p *prefillService) runBatch(r batchRun) {
 		}
 		more, err := r.answer(i, resp, failed)
 		if err != nil {
-			p.n.log.Error("queue: cannot record a response", "id", m.ID, "request", i, "err", err)
+			p.log.Error("queue: cannot record a response", "id", m.ID, "request", i, "err", err)
 			return
 		}
 		if !more {
 			break
 		}
 	}
-	p.n.log.Info("queue: batch done", "id", m.ID, "requests", m.N, "runs", m.Runs)
+	p.log.Info("queue: batch done", "id", m.ID, "requests", m.N, "runs", m.Runs)
 }
 
 // reapBatches deletes expired batches now and then.
-func (p *prefillService) reapBatches() {
+func (p *API) reapBatches() {
 	defer p.wg.Done()
 	t := time.NewTicker(min(p.batches.opts.ResultTTL/4, time.Minute))
 	defer t.Stop()

@@ -1,4 +1,4 @@
-package node
+package gossip
 
 import (
 	"bytes"
@@ -18,8 +18,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
-
-	"github.com/kvmesh/kvmesh/store"
 )
 
 // MemberMeta is what a node gossips about itself: where to reach it and what
@@ -63,8 +61,8 @@ type MemberInfo struct {
 // Weight is the member's placement weight: the bytes it offers to the cache.
 func (m MemberInfo) Weight() float64 { return float64(m.Meta.DRAMBytes + m.Meta.NVMeBytes) }
 
-// MembershipOptions configure StartMembership.
-type MembershipOptions struct {
+// Options configure Start.
+type Options struct {
 	// NodeID names this node in the cluster; it must be unique and stable
 	// across restarts (placement hashes it). Default: hostname:gossip-port.
 	NodeID string
@@ -109,8 +107,8 @@ type MembershipOptions struct {
 
 // Errors of membership.
 var (
-	ErrJoin      = errors.New("node: could not join the cluster")
-	ErrSecretKey = errors.New("node: gossip key must be 16, 24 or 32 bytes")
+	ErrJoin      = errors.New("gossip: could not join the cluster")
+	ErrSecretKey = errors.New("gossip: gossip key must be 16, 24 or 32 bytes")
 )
 
 // Membership tracks the live members of the cluster with memberlist (SWIM
@@ -143,12 +141,11 @@ type Membership struct {
 
 	mu struct {
 		sync.Mutex
-		version   uint64
-		members   []MemberInfo
-		placement []store.Member
-		subs      []chan struct{}
-		live      map[string]MemberInfo   // by id, as the event callbacks copied them
-		failed    map[string]failedMember // by id: members that died (not left)
+		version uint64
+		members []MemberInfo
+		subs    []chan struct{}
+		live    map[string]MemberInfo   // by id, as the event callbacks copied them
+		failed  map[string]failedMember // by id: members that died (not left)
 	}
 }
 
@@ -158,9 +155,9 @@ type failedMember struct {
 	since time.Time
 }
 
-// StartMembership binds the gossip address, joins the seeds (if any) and
+// Start binds the gossip address, joins the seeds (if any) and
 // returns once this node is a member. The caller must Close it.
-func StartMembership(opts MembershipOptions) (*Membership, error) {
+func Start(opts Options) (*Membership, error) {
 	if len(opts.SecretKey) != 0 && !slices.Contains([]int{16, 24, 32}, len(opts.SecretKey)) {
 		return nil, fmt.Errorf("%w (got %d)", ErrSecretKey, len(opts.SecretKey))
 	}
@@ -172,18 +169,18 @@ func StartMembership(opts MembershipOptions) (*Membership, error) {
 	}
 	host, portStr, err := net.SplitHostPort(opts.GossipAddr)
 	if err != nil {
-		return nil, fmt.Errorf("node: gossip addr %q: %w", opts.GossipAddr, err)
+		return nil, fmt.Errorf("gossip: gossip addr %q: %w", opts.GossipAddr, err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port < 0 || port > 65535 {
-		return nil, fmt.Errorf("node: gossip addr %q: bad port", opts.GossipAddr)
+		return nil, fmt.Errorf("gossip: gossip addr %q: bad port", opts.GossipAddr)
 	}
 	meta, err := json.Marshal(opts.Meta)
 	if err != nil {
-		return nil, fmt.Errorf("node: encode member meta: %w", err)
+		return nil, fmt.Errorf("gossip: encode member meta: %w", err)
 	}
 	if len(meta) > memberlist.MetaMaxSize {
-		return nil, fmt.Errorf("node: member meta is %d bytes, memberlist allows %d", len(meta), memberlist.MetaMaxSize)
+		return nil, fmt.Errorf("gossip: member meta is %d bytes, memberlist allows %d", len(meta), memberlist.MetaMaxSize)
 	}
 
 	if opts.ReconnectInterval <= 0 {
@@ -238,7 +235,7 @@ func StartMembership(opts MembershipOptions) (*Membership, error) {
 
 	ml, err := memberlist.Create(conf)
 	if err != nil {
-		return nil, fmt.Errorf("node: start gossip on %s: %w", opts.GossipAddr, err)
+		return nil, fmt.Errorf("gossip: start gossip on %s: %w", opts.GossipAddr, err)
 	}
 	m.ml = ml
 	if opts.NodeID == "" && port == 0 {
@@ -370,15 +367,6 @@ func (m *Membership) Members() ([]MemberInfo, uint64) {
 	return m.mu.members, m.mu.version
 }
 
-// Placement returns the members believed alive as placement sees them (id
-// and weight), sorted by id, and the snapshot's version: it implements
-// store.Membership with LocalID. The slice is shared: do not modify it.
-func (m *Membership) Placement() ([]store.Member, uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.mu.placement, m.mu.version
-}
-
 // Member returns the live member id, if it is one.
 func (m *Membership) Member(id string) (MemberInfo, bool) {
 	ms, _ := m.Members()
@@ -405,10 +393,10 @@ func (m *Membership) Leave(timeout time.Duration) error {
 	m.life.Lock()
 	defer m.life.Unlock()
 	if m.life.closed {
-		return errors.New("node: leave after the membership was closed")
+		return errors.New("gossip: leave after the membership was closed")
 	}
 	if err := m.ml.Leave(timeout); err != nil {
-		return fmt.Errorf("node: leave cluster: %w", err)
+		return fmt.Errorf("gossip: leave cluster: %w", err)
 	}
 	return nil
 }
@@ -422,7 +410,7 @@ func (m *Membership) Close() error {
 		defer m.life.Unlock()
 		m.life.closed = true
 		if err := m.ml.Shutdown(); err != nil {
-			m.closeErr = fmt.Errorf("node: stop gossip: %w", err)
+			m.closeErr = fmt.Errorf("gossip: stop gossip: %w", err)
 		}
 	})
 	return m.closeErr
@@ -437,12 +425,7 @@ func (m *Membership) refresh() {
 		infos = append(infos, mi)
 	}
 	slices.SortFunc(infos, func(a, b MemberInfo) int { return cmpString(a.ID, b.ID) })
-	placement := make([]store.Member, len(infos))
-	for i, mi := range infos {
-		placement[i] = store.Member{ID: mi.ID, Weight: mi.Weight()}
-	}
 	m.mu.members = infos
-	m.mu.placement = placement
 	m.mu.version++
 	subs := m.mu.subs
 	m.mu.Unlock()
@@ -469,7 +452,7 @@ type delegate Membership
 
 func (d *delegate) NodeMeta(limit int) []byte {
 	if len(d.meta) > limit {
-		panic(fmt.Sprintf("node: member meta %d bytes over memberlist's limit %d", len(d.meta), limit))
+		panic(fmt.Sprintf("gossip: member meta %d bytes over memberlist's limit %d", len(d.meta), limit))
 	}
 	return d.meta
 }

@@ -1,4 +1,4 @@
-package node
+package openai
 
 import (
 	"bytes"
@@ -7,9 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
@@ -45,9 +43,9 @@ import (
 // router does.
 const internalQueuePath = "/internal/queue/"
 
-// forwardedHeader marks a request one node passed to another, so that the
+// ForwardedHeader marks a request one node passed to another, so that the
 // other does not pass it on again.
-const forwardedHeader = "X-Kvmesh-Forwarded"
+const ForwardedHeader = "X-Kvmesh-Forwarded"
 
 // stolenBatch is a claim's answer: what the claimer needs to run the
 // batch's requests not yet answered.
@@ -68,75 +66,90 @@ type leaseCall struct {
 	Failed   bool            `json:"failed,omitempty"`
 }
 
-// serveInternalQueue answers the owner's side of work stealing.
-func (n *Node) serveInternalQueue(w http.ResponseWriter, r *http.Request) {
-	err := n.internalQueue(w, r)
-	if err == nil {
-		return
+// internal is the handler of one call of the owner's side of work
+// stealing: fn answers a call from the peer with the cluster credential,
+// its body decoded.
+func (o *API) internal(fn func(w http.ResponseWriter, r *http.Request, call leaseCall) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		err := o.internalCall(w, r, fn)
+		if err == nil {
+			return
+		}
+		var he *httpError
+		if !errors.As(err, &he) {
+			he = newHTTPError(http.StatusInternalServerError, "", "", "%v", err)
+			o.log.Error("queue: a peer's request failed", "path", r.URL.Path, "err", err)
+		}
+		WriteJSON(w, he.status, struct {
+			Error apiError `json:"error"`
+		}{he.apiError})
 	}
-	var he *httpError
-	if !errors.As(err, &he) {
-		he = newHTTPError(http.StatusInternalServerError, "", "", "%v", err)
-		n.log.Error("queue: a peer's request failed", "path", r.URL.Path, "err", err)
-	}
-	writeJSON(w, he.status, struct {
-		Error apiError `json:"error"`
-	}{he.apiError})
 }
 
-func (n *Node) internalQueue(w http.ResponseWriter, r *http.Request) error {
-	if n.stopping.Load() || n.prefill == nil {
+func (o *API) internalCall(w http.ResponseWriter, r *http.Request, fn func(w http.ResponseWriter, r *http.Request, call leaseCall) error) error {
+	if o.n.Stopping() {
 		return newHTTPError(http.StatusServiceUnavailable, "", "", "this node runs no queue")
 	}
-	if _, err := n.guard.authorize(r.Header.Values("Authorization"), r.Method+" "+r.URL.Path, auth.Cluster); err != nil {
+	if _, err := o.n.Authorize(r.Header.Values("Authorization"), r.Method+" "+r.URL.Path, auth.Cluster); err != nil {
 		return newHTTPError(http.StatusForbidden, "", "insufficient_scope", "the internal queue API needs the cluster credential")
 	}
 	var call leaseCall
-	if err := decodeBody(w, r, &call, n.opts.Prefill.Batch.MaxBodyBytes); err != nil {
+	if err := decodeBody(w, r, &call, o.opts.Batch.MaxBodyBytes); err != nil {
 		return err
 	}
-	if call.Node == "" || call.Node == n.opts.NodeID {
+	if call.Node == "" || call.Node == o.n.ID() {
 		return badRequest("node", "node: the claimer's id is required, and is not this node's")
 	}
-	b, ttl := n.prefill.batches, n.opts.Prefill.Batch.LeaseTTL
-	rest := strings.TrimPrefix(r.URL.Path, internalQueuePath)
-	if rest == "claim" {
-		return n.prefill.lend(w, call.Node)
-	}
-	id, verb, _ := strings.Cut(rest, "/")
-	var err error
-	switch verb {
-	case "answer":
-		var more bool
-		if more, err = b.answerLeased(id, call.Node, call.Index, call.Response, call.Failed, ttl); err == nil {
-			writeJSON(w, http.StatusOK, struct {
-				More bool `json:"more"`
-			}{more})
-			return nil
-		}
-	case "renew":
-		err = b.renewLease(id, call.Node, ttl)
-	case "release":
-		err = b.releaseLease(id, call.Node)
-		if err == nil {
-			n.log.Info("queue: a peer gave a batch back", "id", id, "peer", call.Node)
-		}
-	default:
-		return newHTTPError(http.StatusNotFound, "", "not_found", "no such internal queue call %q", rest)
-	}
-	if errors.Is(err, errLeaseLost) {
-		return newHTTPError(http.StatusConflict, "request_id", "lease_lost", "%v", err)
-	}
+	return fn(w, r, call)
+}
+
+// answerLeased stores a lessee's answer (POST internalQueuePath{id}/answer).
+func (o *API) answerLeased(w http.ResponseWriter, r *http.Request, call leaseCall) error {
+	more, err := o.batches.answerLeased(r.PathValue("id"), call.Node, call.Index, call.Response, call.Failed, o.opts.Batch.LeaseTTL)
 	if err != nil {
-		return err
+		return leaseError(err)
 	}
-	writeJSON(w, http.StatusOK, struct{}{})
+	WriteJSON(w, http.StatusOK, struct {
+		More bool `json:"more"`
+	}{more})
 	return nil
 }
 
-// lend leases the oldest batch nobody runs to peer and answers its
-// requests not yet answered; 204 when there is none.
-func (p *prefillService) lend(w http.ResponseWriter, peer string) error {
+// renewLease extends a lessee's lease (POST internalQueuePath{id}/renew).
+func (o *API) renewLease(w http.ResponseWriter, r *http.Request, call leaseCall) error {
+	if err := o.batches.renewLease(r.PathValue("id"), call.Node, o.opts.Batch.LeaseTTL); err != nil {
+		return leaseError(err)
+	}
+	WriteJSON(w, http.StatusOK, struct{}{})
+	return nil
+}
+
+// releaseLease takes a batch back from its lessee (POST
+// internalQueuePath{id}/release).
+func (o *API) releaseLease(w http.ResponseWriter, r *http.Request, call leaseCall) error {
+	id := r.PathValue("id")
+	if err := o.batches.releaseLease(id, call.Node); err != nil {
+		return leaseError(err)
+	}
+	o.log.Info("queue: a peer gave a batch back", "id", id, "peer", call.Node)
+	WriteJSON(w, http.StatusOK, struct{}{})
+	return nil
+}
+
+// leaseError is the answer to a lease call the store refused: 409 when the
+// caller does not hold the lease.
+func leaseError(err error) error {
+	if errors.Is(err, errLeaseLost) {
+		return newHTTPError(http.StatusConflict, "request_id", "lease_lost", "%v", err)
+	}
+	return err
+}
+
+// lend leases the oldest batch nobody runs to the caller and answers its
+// requests not yet answered (POST internalQueuePath+"claim"); 204 when
+// there is none.
+func (p *API) lend(w http.ResponseWriter, _ *http.Request, call leaseCall) error {
+	peer := call.Node
 	b := p.batches
 	c, _ := b.claimLocked(peer, b.opts.LeaseTTL)
 	if c == nil {
@@ -161,33 +174,14 @@ func (p *prefillService) lend(w http.ResponseWriter, peer string) error {
 		out.Requests = append(out.Requests, req)
 	}
 	p.batchMetrics.steals.WithLabelValues("lent").Inc()
-	p.n.log.Info("queue: lent a batch to a peer", "id", m.ID, "peer", peer, "from", m.Done, "requests", m.N)
-	writeJSON(w, http.StatusOK, out)
+	p.log.Info("queue: lent a batch to a peer", "id", m.ID, "peer", peer, "from", m.Done, "requests", m.N)
+	WriteJSON(w, http.StatusOK, out)
 	return nil
-}
-
-// queuePeers returns the HTTP addresses of the live members that run an
-// engine, this node excepted, in random order.
-func (n *Node) queuePeers() []string {
-	if n.cluster == nil || n.cluster.members == nil {
-		return nil
-	}
-	ms, _ := n.cluster.members.Members()
-	self := n.cluster.members.LocalID()
-	var out []string
-	for _, m := range ms {
-		if m.ID == self || m.Meta.HTTPAddr == "" || m.Meta.Role == RoleRouter || m.Meta.Role == RoleStore {
-			continue
-		}
-		out = append(out, m.Meta.HTTPAddr)
-	}
-	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
-	return out
 }
 
 // peerRequest sends a request to a peer's HTTP address with the cluster
 // credential.
-func (n *Node) peerRequest(ctx context.Context, method, addr, path string, body any, header http.Header) (*http.Response, error) {
+func (n *API) peerRequest(ctx context.Context, method, addr, path string, body any, header http.Header) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -197,7 +191,7 @@ func (n *Node) peerRequest(ctx context.Context, method, addr, path string, body 
 		rd = bytes.NewReader(b)
 	}
 	scheme := "http://"
-	if n.opts.HTTPTLS {
+	if n.opts.PeerHTTPS {
 		scheme = "https://"
 	}
 	req, err := http.NewRequestWithContext(ctx, method, scheme+addr+path, rd)
@@ -207,7 +201,7 @@ func (n *Node) peerRequest(ctx context.Context, method, addr, path string, body 
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	if tok := peerToken(&n.opts); tok != "" && header.Get("Authorization") == "" {
+	if tok := n.opts.PeerToken; tok != "" && header.Get("Authorization") == "" {
 		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -216,7 +210,7 @@ func (n *Node) peerRequest(ctx context.Context, method, addr, path string, body 
 
 // leaseCallTo posts a lease call to a peer and decodes its answer into
 // out (when set). errLeaseLost for 409.
-func (n *Node) leaseCallTo(ctx context.Context, addr, path string, call leaseCall, out any) error {
+func (n *API) leaseCallTo(ctx context.Context, addr, path string, call leaseCall, out any) error {
 	resp, err := n.peerRequest(ctx, http.MethodPost, addr, path, call, nil)
 	if err != nil {
 		return err
@@ -241,30 +235,30 @@ func (n *Node) leaseCallTo(ctx context.Context, addr, path string, call leaseCal
 
 // steal asks the peers, once the engine is idle, for a batch nobody runs,
 // and runs the first one lent.
-func (p *prefillService) steal() {
+func (p *API) steal() {
 	if err := p.engine.WaitIdle(p.ctx); err != nil {
 		return
 	}
-	self := p.n.opts.NodeID
-	for _, addr := range p.n.queuePeers() {
+	self := p.n.ID()
+	for _, addr := range p.n.Peers() {
 		var sb stolenBatch
 		ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
-		err := p.n.leaseCallTo(ctx, addr, internalQueuePath+"claim", leaseCall{Node: self}, &sb)
+		err := p.leaseCallTo(ctx, addr, internalQueuePath+"claim", leaseCall{Node: self}, &sb)
 		cancel()
 		switch {
 		case errors.Is(err, errBatchNotFound):
 			continue
 		case err != nil:
 			if p.ctx.Err() == nil {
-				p.n.log.Debug("queue: a peer lent no batch", "peer", addr, "err", err)
+				p.log.Debug("queue: a peer lent no batch", "peer", addr, "err", err)
 			}
 			continue
 		case len(sb.Requests) != sb.N-sb.Done:
-			p.n.log.Warn("queue: a peer lent a malformed batch", "peer", addr, "id", sb.RequestID)
+			p.log.Warn("queue: a peer lent a malformed batch", "peer", addr, "id", sb.RequestID)
 			continue
 		}
 		p.batchMetrics.steals.WithLabelValues("borrowed").Inc()
-		p.n.log.Info("queue: running a peer's batch", "id", sb.RequestID, "peer", addr, "from", sb.Done, "requests", sb.N)
+		p.log.Info("queue: running a peer's batch", "id", sb.RequestID, "peer", addr, "from", sb.Done, "requests", sb.N)
 		p.runStolen(addr, sb)
 		return
 	}
@@ -272,8 +266,8 @@ func (p *prefillService) steal() {
 
 // runStolen runs the batch a peer lent, posting each answer back, and
 // renews the lease meanwhile; it gives the batch back if the node stops.
-func (p *prefillService) runStolen(addr string, sb stolenBatch) {
-	self := p.n.opts.NodeID
+func (p *API) runStolen(addr string, sb stolenBatch) {
+	self := p.n.ID()
 	base := internalQueuePath + sb.RequestID
 	ttl := time.Duration(sb.LeaseMs) * time.Millisecond
 	renewCtx, stopRenew := context.WithCancel(p.ctx)
@@ -287,8 +281,8 @@ func (p *prefillService) runStolen(addr string, sb stolenBatch) {
 			case <-renewCtx.Done():
 				return
 			case <-t.C:
-				if err := p.n.leaseCallTo(renewCtx, addr, base+"/renew", leaseCall{Node: self}, nil); errors.Is(err, errLeaseLost) {
-					p.n.log.Warn("queue: lost the lease on a peer's batch", "id", sb.RequestID, "peer", addr)
+				if err := p.leaseCallTo(renewCtx, addr, base+"/renew", leaseCall{Node: self}, nil); errors.Is(err, errLeaseLost) {
+					p.log.Warn("queue: lost the lease on a peer's batch", "id", sb.RequestID, "peer", addr)
 					return
 				}
 			}
@@ -306,7 +300,7 @@ func (p *prefillService) runStolen(addr string, sb stolenBatch) {
 			}
 			ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
 			defer cancel()
-			err := p.n.leaseCallTo(ctx, addr, base+"/answer", leaseCall{Node: self, Index: i, Response: resp, Failed: failed}, &out)
+			err := p.leaseCallTo(ctx, addr, base+"/answer", leaseCall{Node: self, Index: i, Response: resp, Failed: failed}, &out)
 			finished = err == nil && !out.More
 			return out.More, err
 		},
@@ -316,7 +310,7 @@ func (p *prefillService) runStolen(addr string, sb stolenBatch) {
 	if !finished && p.ctx.Err() != nil {
 		// Stopping: give it back now rather than when the lease lapses.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		p.n.leaseCallTo(ctx, addr, base+"/release", leaseCall{Node: self}, nil)
+		p.leaseCallTo(ctx, addr, base+"/release", leaseCall{Node: self}, nil)
 		cancel()
 	}
 }
@@ -325,15 +319,15 @@ func (p *prefillService) runStolen(addr string, sb stolenBatch) {
 // not hold to its peers, with the caller's credential, and answers with
 // the first answer that is not 404; false when every peer said 404 (or
 // none answered), or when the request came from a peer already.
-func (n *Node) askPeers(w http.ResponseWriter, r *http.Request) bool {
-	if r.Header.Get(forwardedHeader) != "" {
+func (n *API) askPeers(w http.ResponseWriter, r *http.Request) bool {
+	if r.Header.Get(ForwardedHeader) != "" {
 		return false
 	}
-	h := http.Header{forwardedHeader: {"1"}}
+	h := http.Header{ForwardedHeader: {"1"}}
 	if a := r.Header.Values("Authorization"); len(a) > 0 {
 		h["Authorization"] = a
 	}
-	for _, addr := range n.queuePeers() {
+	for _, addr := range n.n.Peers() {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 		resp, err := n.peerRequest(ctx, r.Method, addr, r.URL.Path, nil, h)
 		if err != nil {

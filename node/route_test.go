@@ -10,68 +10,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/testkit"
+	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
+	"github.com/kvmesh/kvmesh/router"
 )
 
-func TestChooseLeastLoaded(t *testing.T) {
-	for _, c := range []struct {
-		loads  []nodeLoad
-		decode bool
-		start  int
-		want   int
-	}{
-		{[]nodeLoad{{prompt: 500}, {prompt: 10}, {prompt: 90}}, false, 0, 1},
-		{[]nodeLoad{{prompt: 500, decode: 1}, {prompt: 10, decode: 900}}, true, 1, 0},
-		// Equal tokens: fewer requests; all equal: the start.
-		{[]nodeLoad{{prompt: 5, requests: 3}, {prompt: 5, requests: 1}, {prompt: 5, requests: 2}}, false, 2, 1},
-		{[]nodeLoad{{}, {}, {}}, false, 2, 2},
-	} {
-		if got := chooseLeastLoaded(c.loads, c.decode, c.start); got != c.want {
-			t.Errorf("chooseLeastLoaded(%+v, decode %v, start %d) = %d, want %d", c.loads, c.decode, c.start, got, c.want)
-		}
-	}
-}
+// The router (kvmesh route, package router) in front of nodes.
 
-// TestRouterPicksByUncachedTokens: the token policy sends a request to the
-// node with the fewest uncached prompt tokens in flight, whatever the
-// session; the session policy keeps a session on one node.
-func TestRouterPicksByUncachedTokens(t *testing.T) {
-	r := &Router{opts: RouterOptions{Policy: PolicyTokens}, pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "x"}, []string{"node", "kind"})}
-	r.mu.load = map[string]*nodeLoad{}
-	cands := []backend{{id: "a"}, {id: "b"}, {id: "c"}}
-	_, doneA := r.charge("a", 4000, 10)
-	preB, doneB := r.charge("b", 300, 10)
-	_, doneC := r.charge("c", 900, 10)
-	for range 5 {
-		if i := r.pick(cands, false, "session-1"); cands[i].id != "b" {
-			t.Fatalf("picked %s with loads a=4000 b=300 c=900", cands[i].id)
-		}
-	}
-	preB() // b's prompt is computed: it decodes, its prompt load is gone
-	if i := r.pick(cands, false, ""); cands[i].id != "b" {
-		t.Errorf("picked %s once b's prefill was done", cands[i].id)
-	}
-	doneA()
-	doneB()
-	doneC()
-	if l := r.mu.load["b"]; l.prompt != 0 || l.decode != 0 || l.requests != 0 {
-		t.Errorf("load of b after its requests ended: %+v", *l)
-	}
-	r.opts.Policy = PolicySession
-	first := r.pick(cands, false, "conv-7")
-	for range 5 {
-		if r.pick(cands, false, "conv-7") != first {
-			t.Fatal("the session policy moved a session")
-		}
-	}
-}
-
-func startRouter(t *testing.T, join string, policy string) *Router {
+func startRouter(t *testing.T, join string, policy string) *router.Router {
 	t.Helper()
-	r, err := NewRouter(RouterOptions{HTTPAddr: "127.0.0.1:0", Join: []string{join}, GossipProfile: "local", Policy: policy,
+	r, err := router.New(router.Options{HTTPAddr: "127.0.0.1:0", Join: []string{join}, GossipProfile: "local", Policy: policy,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +38,16 @@ func startRouter(t *testing.T, join string, policy string) *Router {
 	return r
 }
 
+// waitRouterNodes waits until the router serves want nodes, as its
+// /healthz says.
+func waitRouterNodes(t *testing.T, r *router.Router, want int) {
+	t.Helper()
+	testkit.WaitFor(t, fmt.Sprintf("the router to see %d nodes", want), func() bool {
+		got := callAPI(t, "GET", "http://"+r.HTTPAddr()+"/healthz", "", nil)
+		return got.status == http.StatusOK && string(got.body) == fmt.Sprintf("ok %d nodes\n", want)
+	})
+}
+
 // TestRouterThroughCluster: a router in front of three nodes learns their
 // HTTP addresses from gossip, answers completions (whole and streamed) with
 // the cold engine's text, reports a repeat's cached tokens whichever node
@@ -96,8 +56,8 @@ func startRouter(t *testing.T, join string, policy string) *Router {
 func TestRouterThroughCluster(t *testing.T) {
 	c := tinyModel()
 	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.Prefill.Model = c })
-	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
-	testkit.WaitFor(t, "the router to see 3 nodes", func() bool { return len(r.backends()) == 3 })
+	r := startRouter(t, nodes[0].GossipAddr(), router.PolicyTokens)
+	waitRouterNodes(t, r, 3)
 	url := "http://" + r.HTTPAddr()
 	if got := callAPI(t, "GET", url+"/v1/models", "", nil); got.status != 200 {
 		t.Fatalf("models through the router: %d %s", got.status, got.body)
@@ -113,8 +73,8 @@ func TestRouterThroughCluster(t *testing.T) {
 		n.Node.prefill.engine.Flush(context.Background())
 	}
 	testkit.WaitFor(t, "the prompt to be cached", func() bool {
-		var l LookupResult
-		got := callAPI(t, "POST", url+LookupPath+"/completions", "", req)
+		var l openai.LookupResult
+		got := callAPI(t, "POST", url+openai.LookupPath+"/completions", "", req)
 		return got.status == 200 && jsonInto(got.body, &l) && l.CachedTokens >= 288
 	})
 	seen := map[string]bool{}
@@ -152,10 +112,10 @@ func TestRouterThroughCluster(t *testing.T) {
 // the client's cached_tokens is what the prefill node reused.
 func TestRouterSplitsPrefillAndDecode(t *testing.T) {
 	c := tinyModel()
-	roles := []string{RolePrefill, RoleDecode}
+	roles := []string{gossip.RolePrefill, gossip.RoleDecode}
 	nodes := startClusterNodes(t, 2, func(i int, o *Options) { o.Prefill.Model = c; o.Prefill.Role = roles[i] })
-	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
-	testkit.WaitFor(t, "the router to see 2 nodes", func() bool { return len(r.backends()) == 2 })
+	r := startRouter(t, nodes[0].GossipAddr(), router.PolicyTokens)
+	waitRouterNodes(t, r, 2)
 	url := "http://" + r.HTTPAddr()
 	prompt := longText(rand.New(rand.NewPCG(6, 6)), 400)
 	for _, stream := range []bool{false, true} {
@@ -211,9 +171,9 @@ func jsonInto(b []byte, v any) bool { return json.Unmarshal(b, v) == nil }
 // node and polled, to completion, through the router; an unknown id is 404.
 func TestRouterQueue(t *testing.T) {
 	nodes := startClusterNodes(t, 2, func(_ int, o *Options) { o.Prefill.Model = tinyModel() })
-	r := startRouter(t, nodes[0].GossipAddr(), PolicyTokens)
-	testkit.WaitFor(t, "the router to see 2 nodes", func() bool { return len(r.backends()) == 2 })
-	url := "http://" + r.HTTPAddr() + QueuePath
+	r := startRouter(t, nodes[0].GossipAddr(), router.PolicyTokens)
+	waitRouterNodes(t, r, 2)
+	url := "http://" + r.HTTPAddr() + openai.QueuePath
 	req := map[string]any{"model": "kvmesh", "prompt": "routed and queued", "max_tokens": 4, "temperature": 0}
 	got := callAPI(t, "POST", url, "", map[string]any{"requests": []any{req, req}})
 	var a batchAnswer
@@ -231,7 +191,7 @@ func TestRouterQueue(t *testing.T) {
 	if a.Status != "completed" || len(a.Responses) != 2 {
 		t.Fatalf("through the router the batch is %+v", a)
 	}
-	var list QueueList
+	var list openai.QueueList
 	if got := callAPI(t, "GET", url, "", nil); got.status != 200 || json.Unmarshal(got.body, &list) != nil ||
 		len(list.Data) != 1 || list.Data[0].RequestID != a.RequestID || list.Data[0].Answered != 2 {
 		t.Errorf("the list through the router: %d %s", got.status, got.body)

@@ -1,4 +1,4 @@
-package node
+package openai
 
 import (
 	"cmp"
@@ -111,11 +111,11 @@ func (m *batchMeta) finishedState() bool {
 
 // Errors of the store.
 var (
-	errBatchTenantFull = errors.New("node: the tenant's queued requests are at their limit")
-	errBatchFull       = errors.New("node: the node's queued requests are at their limit")
-	errBatchClosed     = errors.New("node: batch store closed")
-	errBatchNotFound   = errors.New("node: no such batch")
-	errBatchDone       = errors.New("node: the batch has finished")
+	errBatchTenantFull = errors.New("openai: the tenant's queued requests are at their limit")
+	errBatchFull       = errors.New("openai: the node's queued requests are at their limit")
+	errBatchClosed     = errors.New("openai: batch store closed")
+	errBatchNotFound   = errors.New("openai: no such batch")
+	errBatchDone       = errors.New("openai: the batch has finished")
 )
 
 const (
@@ -147,7 +147,7 @@ func openBatches(db *pebble.DB, opts BatchOptions, now func() time.Time, log *sl
 	b.mu.queued = make(map[string]int)
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{batchMetaPrefix}, UpperBound: []byte{batchMetaPrefix + 1}})
 	if err != nil {
-		return nil, fmt.Errorf("node: batches: %w", err)
+		return nil, fmt.Errorf("openai: batches: %w", err)
 	}
 	for it.First(); it.Valid(); it.Next() {
 		m := new(batchMeta)
@@ -166,7 +166,7 @@ func openBatches(db *pebble.DB, opts BatchOptions, now func() time.Time, log *sl
 		}
 	}
 	if err := it.Close(); err != nil {
-		return nil, fmt.Errorf("node: batches: %w", err)
+		return nil, fmt.Errorf("openai: batches: %w", err)
 	}
 	slices.SortFunc(b.mu.pending, func(x, y *batchMeta) int { return cmp.Compare(x.Seq, y.Seq) })
 	slices.SortFunc(b.mu.finished, func(x, y *batchMeta) int { return x.Finished.Compare(y.Finished) })
@@ -224,7 +224,7 @@ func (b *batches) submit(owner queueOwner, reqs [][]byte, callback string) (batc
 	snap := *m
 	b.mu.Unlock()
 	if err != nil {
-		return batchMeta{}, fmt.Errorf("node: batches: store a batch: %w", err)
+		return batchMeta{}, fmt.Errorf("openai: batches: store a batch: %w", err)
 	}
 	b.signal()
 	return snap, nil
@@ -233,7 +233,7 @@ func (b *batches) submit(owner queueOwner, reqs [][]byte, callback string) (batc
 func encodeBatchMeta(m *batchMeta) []byte {
 	v, err := json.Marshal(m)
 	if err != nil {
-		panic(fmt.Sprintf("node: encoding a batch meta: %v", err)) // plain fields always encode
+		panic(fmt.Sprintf("openai: encoding a batch meta: %v", err)) // plain fields always encode
 	}
 	return v
 }
@@ -353,7 +353,7 @@ func (b *batches) request(id string, i int) ([]byte, error) {
 	}
 	v, closer, err := b.db.Get(batchItemKey(batchRequestPrefix, id, i))
 	if err != nil {
-		return nil, fmt.Errorf("node: batches: read request %d of %s: %w", i, id, err)
+		return nil, fmt.Errorf("openai: batches: read request %d of %s: %w", i, id, err)
 	}
 	defer closer.Close()
 	return slices.Clone(v), nil
@@ -367,7 +367,7 @@ func (b *batches) answer(id string, i int, resp []byte, failed bool) (more bool,
 	m := b.mu.all[id]
 	if m == nil || m.Done != i {
 		b.mu.Unlock()
-		panic(fmt.Sprintf("node: batches: answer %d of %s out of order", i, id)) // one worker answers in order
+		panic(fmt.Sprintf("openai: batches: answer %d of %s out of order", i, id)) // one worker answers in order
 	}
 	next := *m
 	next.Done++
@@ -389,7 +389,7 @@ func (b *batches) answer(id string, i int, resp []byte, failed bool) (more bool,
 	})
 	if err != nil {
 		// Not recorded: it runs again after a restart, as if interrupted.
-		return false, fmt.Errorf("node: batches: store response %d of %s: %w", i, id, err)
+		return false, fmt.Errorf("openai: batches: store response %d of %s: %w", i, id, err)
 	}
 	b.mu.Lock()
 	m.Done, m.Failed, m.State, m.Finished = next.Done, next.Failed, next.State, next.Finished
@@ -411,7 +411,7 @@ func (b *batches) answer(id string, i int, resp []byte, failed bool) (more bool,
 }
 
 // Errors of a peer's lease (steal.go).
-var errLeaseLost = errors.New("node: the batch is not leased to this peer (its lease lapsed, it finished, or the index is not the next)")
+var errLeaseLost = errors.New("openai: the batch is not leased to this peer (its lease lapsed, it finished, or the index is not the next)")
 
 // answerLeased stores the answer of request i of batch id from lessee, the
 // peer that holds its lease, and renews the lease for ttl. errLeaseLost
@@ -540,7 +540,7 @@ func (b *batches) cancelRest(id string) error {
 	if err != nil {
 		m.active, m.cancel = false, false // still queued on disk: runs (or is cancelled) later
 		b.mu.Unlock()
-		return fmt.Errorf("node: batches: cancel %s: %w", id, err)
+		return fmt.Errorf("openai: batches: cancel %s: %w", id, err)
 	}
 	b.mu.queued[m.Owner.Tenant] -= next.N - from
 	b.mu.total -= next.N - from
@@ -582,14 +582,14 @@ func (b *batches) get(id string, owner queueOwner) (batchMeta, []json.RawMessage
 	lo, hi := batchItems(batchResponsePrefix, id)
 	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
-		return batchMeta{}, nil, fmt.Errorf("node: batches: read %s: %w", id, err)
+		return batchMeta{}, nil, fmt.Errorf("openai: batches: read %s: %w", id, err)
 	}
 	resps := make([]json.RawMessage, 0, snap.N)
 	for it.First(); it.Valid(); it.Next() {
 		resps = append(resps, slices.Clone(it.Value()))
 	}
 	if err := it.Close(); err != nil {
-		return batchMeta{}, nil, fmt.Errorf("node: batches: read %s: %w", id, err)
+		return batchMeta{}, nil, fmt.Errorf("openai: batches: read %s: %w", id, err)
 	}
 	if len(resps) != snap.N {
 		return batchMeta{}, nil, errBatchNotFound // expired and deleted meanwhile

@@ -1,4 +1,4 @@
-package node
+package gossip
 
 import (
 	"errors"
@@ -15,7 +15,7 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 
 func startMember(t *testing.T, id string, key []byte, join ...string) *Membership {
 	t.Helper()
-	m, err := StartMembership(MembershipOptions{
+	m, err := Start(Options{
 		NodeID: id, GossipAddr: "127.0.0.1:0", Join: join, SecretKey: key, Fast: true,
 		Meta:   MemberMeta{GRPCAddr: "127.0.0.1:1", DRAMBytes: 1 << 30, RDMA: nil},
 		Logger: quietLogger(),
@@ -84,12 +84,12 @@ func TestMembershipEncryption(t *testing.T) {
 	waitMembers(t, b, 2)
 	waitMembers(t, a, 2) // a learns of b by gossip, a moment after b's join returns
 
-	_, err := StartMembership(MembershipOptions{NodeID: "intruder", GossipAddr: "127.0.0.1:0", Fast: true,
+	_, err := Start(Options{NodeID: "intruder", GossipAddr: "127.0.0.1:0", Fast: true,
 		Join: []string{a.GossipAddr()}, SecretKey: []byte("fedcba9876543210"), Logger: quietLogger()})
 	if !errors.Is(err, ErrJoin) {
 		t.Fatalf("a node with the wrong key joined: err = %v", err)
 	}
-	_, err = StartMembership(MembershipOptions{NodeID: "plain", GossipAddr: "127.0.0.1:0", Fast: true,
+	_, err = Start(Options{NodeID: "plain", GossipAddr: "127.0.0.1:0", Fast: true,
 		Join: []string{a.GossipAddr()}, Logger: quietLogger()})
 	if !errors.Is(err, ErrJoin) {
 		t.Fatalf("a node without a key joined an encrypted cluster: err = %v", err)
@@ -97,7 +97,7 @@ func TestMembershipEncryption(t *testing.T) {
 	if ms, _ := a.Members(); len(ms) != 2 {
 		t.Fatalf("members after rejected joins: %+v", ms)
 	}
-	if _, err := StartMembership(MembershipOptions{SecretKey: []byte("short")}); !errors.Is(err, ErrSecretKey) {
+	if _, err := Start(Options{SecretKey: []byte("short")}); !errors.Is(err, ErrSecretKey) {
 		t.Fatalf("short key: %v", err)
 	}
 }

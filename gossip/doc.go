@@ -1,0 +1,25 @@
+// Package gossip is cluster membership over hashicorp/memberlist (SWIM
+// gossip and failure detection): who the live members are, what each
+// gossips about itself (MemberMeta: its gRPC, HTTP and data-plane
+// addresses, tier capacities, RDMA devices, role) and a coalesced signal
+// on every change. It knows nothing of the node that uses it: the node
+// builds placement from Members and reaches the peers at the addresses
+// their metadata names; kvmesh route joins as a member with no capacity.
+//
+// A Membership keeps a snapshot of the members believed alive, sorted by
+// id, with a version that grows whenever it changes, so that consumers
+// rebuild what they derive only on change. Seeds that do not answer and
+// members that failed are asked to join again every ReconnectInterval
+// (memberlist alone never contacts a member it declared dead), so a node
+// may start before its seeds and a partition heals by itself.
+//
+// Gossip is encrypted (AES-GCM) when Options.SecretKey is set;
+// a member with another key cannot join. Options.Transport
+// replaces the UDP and TCP sockets, so that tests run partitions in one
+// process on memberlist's MockNetwork.
+//
+// Concurrency: every method is safe for concurrent use. memberlist's
+// callbacks run under its lock: they copy what they need and never call
+// back into memberlist; a refresher goroutine rebuilds the snapshot, and
+// Close stops it and the reconnector and waits for them.
+package gossip

@@ -1,0 +1,41 @@
+// Package openai is kvmesh's OpenAI-compatible HTTP API over a node's
+// prefill engine: /v1/models, /v1/completions and /v1/chat/completions
+// (whole or streamed, usage with prompt_tokens_details.cached_tokens),
+// kvmesh's lookup beside them (LookupPath, for routers), and the
+// asynchronous API (POST /v1/queue: batches stored durably, run only while
+// the engine is idle, pulled by idle peers, announced by signed callbacks).
+// Its wire types (Usage, LookupResult, QueueList) and error object
+// (WriteError) are what package router speaks too.
+//
+// The package knows nothing of the daemon. It declares what it needs of
+// the node that serves it, Node (identity, authorization, stopping,
+// foreground work, the flush of pushes to owners, the peers' HTTP
+// addresses), and takes the rest as Options: the engine, the tokenizer,
+// the limits, the pebble database the batches live in (the node's prefill
+// queue's, under keys of their own), the peers' credential. The node
+// implements Node and mounts the API (Register; RegisterDisabled on a node
+// without an engine), each route one http.ServeMux pattern.
+//
+// Files: openai.go (completions, wire types, errors), routes.go (the
+// routes, authorization, metrics per route), batch_api.go (the
+// asynchronous API's endpoints and workers), batch.go (the batches' store),
+// steal.go (work stealing between nodes), callback.go (signed callbacks).
+//
+// Invariants. A completion needs the write scope (it publishes the blocks
+// it computes), a lookup or a list the read scope, a peer's lease call the
+// cluster scope; a tenant's prompts run in its namespace (prefill.RunAs)
+// and its batches are invisible to other tenants (404). No queued request
+// completes twice: an answer is stored with the count that says so in one
+// synced write, only from the worker or the peer that holds the batch's
+// lease, and only for the next request. Every queue is bounded: requests
+// waiting for the engine (Concurrency + MaxWaiting, then 429), queued
+// requests per tenant and per node, finished batches kept, callbacks
+// waiting for delivery.
+//
+// Concurrency. Handlers run on net/http's goroutines. Start starts the
+// workers (BatchOptions.Share of the engine's slots), the reaper of expired
+// batches and the callbacks' sender; Stop cancels them and waits for them;
+// Close then makes every later operation on the batches fail, so the caller
+// may close the database. The batches' in-memory index is guarded by one
+// mutex, never held across a database write or a network call.
+package openai

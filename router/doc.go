@@ -1,0 +1,39 @@
+// Package router is kvmesh route: the OpenAI-compatible API (package
+// openai's wire) in front of a cluster. It imports gossip and openai, never
+// node: it is another process, and reaches the nodes over HTTP only.
+//
+// A Router joins the cluster's gossip as a member that offers no capacity
+// (so it owns no block) and learns from the members' metadata where their
+// HTTP APIs are and what role each plays. For each completion it asks one
+// node how much of the prompt the cluster's cache holds for the caller
+// (openai.LookupPath: one Lookup, nothing computed), and sends the request
+// to the node with the fewest outstanding uncached prompt tokens: the
+// prompt tokens that the requests it sent there and that have not yet
+// answered must still compute (PolicyTokens; PolicyRandom and
+// PolicySession are the baselines kvmesh bench serve measures it against).
+// A session never decides: a cached prefix is a hit on every node, so
+// spreading by load costs no hits.
+//
+// With prefill-role and decode-role members, a request goes first, not
+// streamed and with max_tokens 1, to a prefill node (chosen as above),
+// which computes the prompt and answers once its blocks are in the cache
+// (openai.PublishHeader); then, as the client sent it, to the decode node
+// with the fewest outstanding generated tokens, which loads the whole
+// prefix from the cache and computes only what is missing. The usage's
+// cached_tokens the client sees is then what the prefill node reused,
+// rewritten into the decode node's answer (its stream's usage chunk too),
+// and both nodes' times are in the response headers.
+//
+// A batch of the asynchronous API is stored by the node that accepted it;
+// the router finds it by asking the nodes. Answers stream through as they
+// come. A node that fails before the first byte of its answer (refused,
+// reset, 502/503) is marked down for routerBackoff and the request goes to
+// another; once bytes have reached the client, a failure ends the
+// response. Bearer tokens and the x-session-affinity header travel through
+// unchanged (the session is only logged and counted).
+//
+// Concurrency. Handlers run on net/http's goroutines and share the nodes'
+// loads under one mutex, never held across a request. Serve owns the HTTP
+// server and stops it and the gossip when its context ends; Close releases
+// a router never served.
+package router
