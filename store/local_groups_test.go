@@ -251,3 +251,83 @@ func TestLocalGroupsBytesKept(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLocalGroupsParts: groups' records put as TP/PP parts count only once
+// every part of them is in: a prefix whose newest state or window block is
+// half written resumes shorter, and complete once the last part lands.
+func TestLocalGroupsParts(t *testing.T) {
+	w := newHybridWorld(t, 4)
+	l := openLocal(t, Options{DRAM: newFakeMem(64<<10, 64, 256, 512, 1024, 2048)})
+	ctx := context.Background()
+	last := -1
+	for range 4 {
+		last = w.extend(last)
+	}
+	path := w.path(last)
+	putParts := func(i, g, tp, pp int, ranks ...int) {
+		t.Helper()
+		b := w.blocks[path[i]]
+		pl := w.ns.RootLink()
+		if i > 0 {
+			pl = w.blocks[path[i-1]].link
+		}
+		whole, err := block.Decode(w.record(path[i], g), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lay := block.GroupLayout(w.ns, g)
+		for _, r := range ranks {
+			p, err := block.RankGroupPart(w.ns, g, r%tp, tp, r/tp, pp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Empty() {
+				continue
+			}
+			part := lay.ExtractPart(nil, whole.Payload, w.ns.BlockTokens, p)
+			rec, _, err := block.AppendGroupHeader(nil, 0, w.ns, g, pl, b.tokens, nil, p, part)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Put(ctx, append(rec, part...)); err != nil {
+				t.Fatalf("block %d group %d rank %d: %v", i, g, r, err)
+			}
+		}
+	}
+	// Whole records of everything but the last block's state and window
+	// block, which ranks write in parts: the state by TP 2 (its two heads),
+	// the window block by PP 2 (its layers 0, 2, 3 on stage 0, 5 on 1).
+	for i := range 4 {
+		for g := range w.groups {
+			if i == 3 && (g == 1 || g == 2) {
+				continue
+			}
+			if err := l.Put(ctx, w.record(path[i], g)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	chain := w.chain(last)
+	resume := func() int { return l.Resume(auth.Access{}, w.groups, w.ns.BlockTokens, chain).Blocks }
+	putParts(3, 2, 2, 1, 0)
+	putParts(3, 1, 1, 2, 0)
+	if got := resume(); got != 3 {
+		t.Fatalf("with half of the last state and window block: resumes at %d, want 3", got)
+	}
+	putParts(3, 2, 2, 1, 1)
+	if got := resume(); got != 3 {
+		t.Fatalf("with the whole state, half the window block: resumes at %d, want 3", got)
+	}
+	putParts(3, 1, 1, 2, 1)
+	if got := resume(); got != 4 {
+		t.Fatalf("with every part: resumes at %d, want 4", got)
+	}
+	r, err := l.Get(ctx, prefixhash.GroupKey(chain[3], 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Release()
+	if !bytes.Equal(r.Bytes(), w.record(path[3], 2)) {
+		t.Fatal("the state assembled from parts is not the whole record")
+	}
+}
