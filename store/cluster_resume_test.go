@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -170,5 +171,87 @@ func TestClusterResumeKilledState(t *testing.T) {
 			}
 		}
 		f.Release()
+	}
+}
+
+// TestClusterGroupsHandoff: a node leaving gracefully hands every group's
+// records to their new owners, placed by their blocks' chain keys: the
+// prompt still resumes whole through the remaining nodes.
+func TestClusterGroupsHandoff(t *testing.T) {
+	tc := newTestCluster(t, 3, ClusterOptions{ChunkTokens: 8})
+	w := newHybridWorld(t, 7)
+	const n = 24
+	last := -1
+	for range n {
+		last = w.extend(last)
+	}
+	for g := range w.groups {
+		putRecords(t, tc.nodes[0], w, last, g, upTo(n)...)
+	}
+	flush(t, tc.nodes...)
+	leaving := tc.nodes[1]
+	if held := leaving.Local().Stats().Tiers[0].Blocks; held == 0 {
+		t.Fatal("n1 holds nothing: the test proves nothing")
+	}
+	leaving.Handoff(context.Background(), 1<<30)
+	for _, sm := range tc.members {
+		sm.set([]Member{{ID: "n0", Weight: 1}, {ID: "n2", Weight: 1}})
+	}
+	tc.net.mu.Lock()
+	tc.net.fault["n1"] = "dead"
+	tc.net.mu.Unlock()
+	// Every record of a chunk that moved from n1 to n2 is on n2 (n0 wrote
+	// them all and holds copies, which prove nothing), and the prompt
+	// resumes whole through n2.
+	after := NewPlacement([]Member{{ID: "n0", Weight: 1}, {ID: "n2", Weight: 1}}, 1)
+	before := NewPlacement([]Member{{ID: "n0", Weight: 1}, {ID: "n1", Weight: 1}, {ID: "n2", Weight: 1}}, 1)
+	chain := w.chain(last)
+	moved := 0
+	for i := range chain {
+		ck := prefixhash.ChunkKey(chain, i, 2)
+		if before.Owner(ck) != "n1" || after.Owner(ck) != "n2" {
+			continue
+		}
+		for g := range w.groups {
+			moved++
+			if !tc.net.nodes["n2"].Contains(auth.Access{}, prefixhash.GroupKey(chain[i], g)) {
+				t.Fatalf("block %d group %d moved from n1 to n2, which does not hold it", i, g)
+			}
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no record moved from n1 to n2: the test proves nothing")
+	}
+	if hit, _ := tc.nodes[2].Resume(context.Background(), w.groups, w.ns.BlockTokens, chain); hit.Blocks != n {
+		t.Fatalf("after n1 left: %+v", hit)
+	}
+}
+
+// TestClusterResumeNoAnchor: a namespace of sliding and state groups only
+// (no full group: every layer windowed, as Mistral 7B v0.1) resumes where
+// the window and the state are, asking owners in one round of its own.
+func TestClusterResumeNoAnchor(t *testing.T) {
+	tc := newTestCluster(t, 4, ClusterOptions{ChunkTokens: 8})
+	ns := prefixhash.Namespace{Model: "kvmesh/windowed", DType: prefixhash.Float16, BlockTokens: 4, Layers: 3, Groups: prefixhash.MustGroups(
+		prefixhash.Group{Kind: prefixhash.GroupSliding, Window: 8, Layers: []int{0, 1}, Layout: prefixhash.SplitKV, DType: prefixhash.Float16, KVHeads: 1, HeadDim: 4},
+		prefixhash.Group{Kind: prefixhash.GroupState, Layers: []int{2}, Layout: prefixhash.StateKV, DType: prefixhash.Float16, KVHeads: 1, StateBytes: 8},
+	)}
+	w := newHybridWorld(t, 8)
+	w.ns, w.groups = ns, ns.Groups.All()
+	const n = 12
+	last := -1
+	for range n {
+		last = w.extend(last)
+	}
+	// Windows of blocks 6.. and states at 7 and 9 only.
+	putRecords(t, tc.nodes[0], w, last, 0, 6, 7, 8, 9, 10, 11)
+	putRecords(t, tc.nodes[1], w, last, 1, 7, 9)
+	flush(t, tc.nodes...)
+	for k, c := range tc.nodes {
+		hit, spans := c.Resume(context.Background(), w.groups, ns.BlockTokens, w.chain(last))
+		// At 10: window [8,10) and the state at 9.
+		if hit.Blocks != 10 || !slices.Equal(hit.Groups, []int{12, 10}) || len(spans) != 0 {
+			t.Fatalf("node %d: %+v, spans %+v; want 10 blocks, groups [12 10]", k, hit, spans)
+		}
 	}
 }
