@@ -174,3 +174,24 @@ def _raw_put(c, req):
         c._cache.BatchPut(iter([req]), timeout=10)
     except grpc.RpcError as e:
         raise from_rpc(e) from None
+
+
+def test_groups_aio(node):
+    """The asyncio client puts, looks up and reads a hybrid prompt as the sync one does."""
+    import asyncio
+    ns = gemma_like("py/hybrid-aio")
+    nb = 4
+    tokens = [(104729 * i) % (1 << 31) for i in range(nb * 16)]
+    full, sliding, states = tensors(ns, nb, 2)
+
+    async def run():
+        async with kvmesh.aio.Client(node.addr) as c:
+            assert await c.put(ns, tokens, full, group=0) == nb
+            assert await c.put(ns, tokens, sliding, group=1) == nb
+            assert await c.put(ns, tokens, states, group=2) == nb
+            assert (await c.lookup(ns, tokens)).cached_blocks == nb
+            assert (await c.exists(ns, tokens))[1] == [True] * nb
+            return await c.get(ns, tokens)
+    cached, got = asyncio.run(run())
+    assert cached == nb * 16 and torch.equal(got[0].kv, full) and torch.equal(got[2].kv, states[nb - 1])
+    assert torch.equal(got[1].kv, sliding[:, :, (nb - 2) * 16:])
