@@ -139,6 +139,17 @@ func TestLocalResumeModel(t *testing.T) {
 	if err := l.Stats().Check(); err != nil {
 		t.Fatal(err)
 	}
+	// Stats count every group's records as blocks, group 0's tokens once.
+	st := l.Stats()
+	full := 0
+	for k := range held {
+		if k[1] == 0 {
+			full++
+		}
+	}
+	if len(st.Namespaces) != 1 || st.Namespaces[0].Blocks != int64(len(held)) || st.Namespaces[0].Tokens != int64(full*w.ns.BlockTokens) {
+		t.Fatalf("stats %+v; %d records held, %d of group 0", st.Namespaces, len(held), full)
+	}
 }
 
 // TestLocalGroupsShorterHit: a prompt with every record is a full hit; a

@@ -100,9 +100,11 @@ type TierStats struct {
 type NamespaceStats struct {
 	Digest uint64
 	Tenant uint64 // the tag of the tenant whose blocks these are (0: none, or not read yet)
-	Blocks int64
+	Blocks int64 // blocks, or with groups records of every group
 	Bytes  int64 // encoded block bytes, DRAMBytes + NVMeBytes
-	Tokens int64 // cached tokens: Blocks × tokens per block
+	// Tokens are the cached tokens: Blocks × tokens per block; with
+	// groups, those of group 0's records (list the full group first).
+	Tokens int64
 
 	// DRAMBytes and NVMeBytes are the bytes the namespace holds in the
 	// memory and the persistent tier: what Quota bounds.
@@ -176,7 +178,9 @@ func (l *Local) statsLocked() Stats {
 		ns := &s.Namespaces[k]
 		ns.Blocks += n.blocks
 		ns.Bytes += n.blocks * int64(n.size)
-		ns.Tokens += n.blocks * int64(n.tokens)
+		if n.group <= 1 { // no groups, or group 0: tokens are counted once
+			ns.Tokens += n.blocks * int64(n.tokens)
+		}
 		ns.DRAMBytes += n.inTier[tierMem] * int64(n.size)
 		ns.NVMeBytes += n.inTier[tierDisk] * int64(n.size)
 		ns.Quota = Quota{DRAM: n.quota[tierMem], NVMe: n.quota[tierDisk]}
