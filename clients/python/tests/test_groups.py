@@ -165,6 +165,9 @@ def test_groups_invalid(node):
         with pytest.raises(kvmesh.InvalidArgument, match=r"groups\[2\]\.state_bytes"):
             _raw_put(c, req)
         assert c.lookup(ns, tokens).cached_blocks == 0  # still serving
+        cached, got = c.get(ns, tokens)  # nothing cached: empty tensors, no state
+        assert cached == 0 and got[0].kv.shape == (1, 2, 0, 2, 8) and got[1].kv.shape == (4, 2, 0, 2, 8)
+        assert got[2].kv is None
 
 
 def _raw_put(c, req):
