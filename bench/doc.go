@@ -17,7 +17,7 @@
 //	          by redis-benchmark (the faster is the peer; > 15% apart flagged)
 //	ranks     N tensor-parallel ranks (goroutines, a client each) putting
 //	          and getting their slices of the same blocks at once
-//	          (client.PutRank, GetRank) against one client's whole blocks,
+//	          (client.Put, Get with a Prompt.Rank) against one client's whole blocks,
 //	          over TCP and shared memory; an MLA instance's ranks putting
 //	          one prefix: bytes the node received against one copy
 //	lookup    longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes;

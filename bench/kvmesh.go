@@ -144,7 +144,7 @@ type kvmeshConn struct {
 func (c *kvmeshConn) Set(ctx context.Context, k int, value []byte) error {
 	kvTokens(c.tokens, k)
 	c.payloads[0] = value
-	stored, err := c.c.Put(ctx, c.t.ns, c.tokens, c.payloads)
+	stored, err := c.c.Put(ctx, c.t.ns, client.Prompt{Tokens: c.tokens}, c.payloads)
 	c.payloads[0] = nil
 	if err != nil {
 		return err
@@ -160,18 +160,17 @@ var errKVMiss = errors.New("bench: kvmesh: block not found")
 func (c *kvmeshConn) Get(ctx context.Context, k int, dst []byte) ([]byte, error) {
 	kvTokens(c.tokens, k)
 	c.keys[0] = prefixhash.BlockKey(c.t.ns.Root(), c.tokens)
-	found := false
-	err := c.c.GetKeys(ctx, c.t.ns, c.keys[:], func(b client.Block) error {
-		if b.Found {
-			dst, found = append(dst[:0], b.Payload...), true
-		}
-		return nil
-	})
-	if err != nil {
-		return dst, err
+	size := c.t.ns.BlockBytes()
+	if cap(dst) < size {
+		dst = make([]byte, size)
 	}
-	if !found {
-		return dst, errKVMiss
+	dst = dst[:size]
+	blocks, err := c.c.Get(ctx, c.t.ns, client.Prompt{Keys: c.keys[:]}, client.Into([][]byte{dst}))
+	if err != nil {
+		return dst[:0], err
+	}
+	if len(blocks) != 1 || !blocks[0].Found {
+		return dst[:0], errKVMiss
 	}
 	return dst, nil
 }
@@ -184,18 +183,15 @@ type kvmeshViewConn struct{ *kvmeshConn }
 func (c kvmeshViewConn) View(ctx context.Context, k int, fn func(v []byte) error) error {
 	kvTokens(c.tokens, k)
 	c.keys[0] = prefixhash.BlockKey(c.t.ns.Root(), c.tokens)
-	found := false
-	err := c.c.GetKeys(ctx, c.t.ns, c.keys[:], func(b client.Block) error {
-		if !b.Found {
-			return nil
-		}
-		found = true
-		return fn(b.Payload)
-	})
-	if err == nil && !found {
-		err = errKVMiss
+	v, err := c.c.View(ctx, c.t.ns, client.Prompt{Keys: c.keys[:]})
+	if err != nil {
+		return err
 	}
-	return err
+	defer v.Release()
+	if len(v.Blocks) != 1 || !v.Blocks[0].Found {
+		return errKVMiss
+	}
+	return fn(v.Blocks[0].Payload)
 }
 
 func (c *kvmeshConn) Close() error { return c.c.Close() }
@@ -335,7 +331,7 @@ func (n *kvmeshNode) LongestPrefix(ctx context.Context, p Prompt) (int, error) {
 	if len(p.Keys) == 0 {
 		return 0, nil
 	}
-	l, err := n.c.Lookup(ctx, n.ns, p.Tokens)
+	l, err := n.c.Lookup(ctx, n.ns, client.Prompt{Tokens: p.Tokens})
 	if err != nil {
 		return 0, err
 	}
@@ -350,7 +346,7 @@ func (n *kvmeshNode) Put(ctx context.Context, p Prompt, blocks []Block) error {
 	for _, b := range blocks {
 		payloads[b.Index] = b.Payload
 	}
-	_, err := n.c.Put(ctx, n.ns, p.Tokens, payloads)
+	_, err := n.c.Put(ctx, n.ns, client.Prompt{Tokens: p.Tokens}, payloads)
 	return err
 }
 

@@ -247,13 +247,13 @@ func (s *LookupSuite) onCluster(ctx context.Context, env *Env, o LookupOptions, 
 		payloads[i] = make([]byte, ns.BlockBytes())
 		stampKey(payloads[i], uint64(i))
 	}
-	if _, err := clients[0].Put(ctx, ns, tokens, payloads); err != nil {
+	if _, err := clients[0].Put(ctx, ns, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		return nil, fmt.Errorf("bench: lookup: put the prompt: %w", err)
 	}
 	settle, cancel := context.WithTimeout(ctx, o.SettleTimeout)
 	for _, c := range clients {
 		for {
-			l, err := c.Lookup(settle, ns, tokens)
+			l, err := c.Lookup(settle, ns, client.Prompt{Tokens: tokens})
 			if err == nil && l.CachedBlocks == len(payloads) {
 				break
 			}
@@ -267,9 +267,9 @@ func (s *LookupSuite) onCluster(ctx context.Context, env *Env, o LookupOptions, 
 	bar.Add(1)
 
 	paths := []struct {
-		name   string
-		lookup func(*client.Client, context.Context, prefixhash.Namespace, []uint32) (client.Lookup, error)
-	}{{"chain", (*client.Client).Lookup}, {"tokens", (*client.Client).LookupTokens}}
+		name string
+		opts []client.CallOption
+	}{{"chain", nil}, {"tokens", []client.CallOption{client.SendTokens()}}}
 	var rows []lookupRow
 	for _, length := range o.PromptTokens {
 		bar.Describe(fmt.Sprintf("lookup: %d tokens on %d node(s)", length, n))
@@ -284,7 +284,7 @@ func (s *LookupSuite) onCluster(ctx context.Context, env *Env, o LookupOptions, 
 			start := time.Now()
 			for i := range o.Lookups {
 				t0 := time.Now()
-				l, err := path.lookup(clients[i%len(clients)], ctx, ns, prompt)
+				l, err := clients[i%len(clients)].Lookup(ctx, ns, client.Prompt{Tokens: prompt}, path.opts...)
 				lat.Record(time.Since(t0))
 				switch {
 				case err != nil:

@@ -80,7 +80,7 @@ func nvmeEndToEndAt(ctx context.Context, addr string, o NVMeOptions) (float64, e
 		for i, pl := range payloads {
 			binary.LittleEndian.PutUint64(pl, uint64(p)<<16|uint64(i))
 		}
-		if keys[p], err = c.Put(ctx, ns, tokens, payloads); err != nil {
+		if keys[p], err = c.Put(ctx, ns, client.Prompt{Tokens: tokens}, payloads); err != nil {
 			return 0, fmt.Errorf("bench: nvme: end to end: put prompt %d: %w", p, err)
 		}
 		if len(keys[p]) != nvmePromptBlocks {
@@ -97,7 +97,7 @@ func nvmeEndToEndAt(ctx context.Context, addr string, o NVMeOptions) (float64, e
 		}
 		p := rng.IntN(prompts)
 		got := 0
-		err := c.GetKeys(ctx, ns, keys[p], func(b client.Block) error {
+		_, err := c.Get(ctx, ns, client.Prompt{Keys: keys[p]}, client.Each(func(b client.Block) error {
 			switch {
 			case !b.Found:
 				return fmt.Errorf("block %d missing", b.Index)
@@ -107,7 +107,7 @@ func nvmeEndToEndAt(ctx context.Context, addr string, o NVMeOptions) (float64, e
 			}
 			got++
 			return nil
-		})
+		}))
 		if err == nil && got != nvmePromptBlocks {
 			err = fmt.Errorf("%d of %d blocks delivered", got, nvmePromptBlocks)
 		}

@@ -80,7 +80,7 @@ func (s *PrefillSuite) onNodes(ctx context.Context, env *Env, o PrefillOptions, 
 				// them all (or a minute; the row then shows what it saw).
 				wait, cancel := context.WithTimeout(ctx, time.Minute)
 				for wait.Err() == nil {
-					if l, err := consumer.Lookup(wait, eng.Namespace, prefix); err == nil && l.CachedBlocks == len(prefix)/b {
+					if l, err := consumer.Lookup(wait, eng.Namespace, client.Prompt{Tokens: prefix}); err == nil && l.CachedBlocks == len(prefix)/b {
 						break
 					}
 					time.Sleep(20 * time.Millisecond)

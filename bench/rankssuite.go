@@ -124,7 +124,7 @@ func (o *RanksOptions) Validate() error {
 }
 
 // RanksSuite measures a tensor-parallel instance's ranks writing and
-// reading their slices of blocks (client.PutRank, client.GetRank), N ranks
+// reading their slices of blocks (client.Put, client.Get with a Prompt.Rank), N ranks
 // at once, each a goroutine with a client of its own, against one writer
 // and reader of the same bytes as whole blocks (client.Put, client.Get),
 // on one node on the same host, over the TCP data plane and over shared
@@ -168,34 +168,6 @@ type ranksRow struct {
 	// the blocks or parts this operation returned (get), or the whole
 	// blocks read back after the puts (put).
 	BytesVerified int64 `json:"bytes_verified"`
-}
-
-// latentRow is one way an MLA instance's ranks put one prefix.
-type latentRow struct {
-	Path string `json:"path"`
-	// Writers is "one_copy" (one client's Put of the prefix: the bytes one
-	// copy costs the node), "put_rank" (every rank's client.PutRank at
-	// once: a rank sends only what its claim lets it) or "put_whole_each"
-	// (every rank's Put of the whole blocks at once, as when each rank
-	// stored its own copy).
-	Writers    string `json:"writers"`
-	Ranks      int    `json:"ranks"`
-	Blocks     int    `json:"blocks"`
-	BlockBytes int    `json:"block_bytes"`
-	// ReceivedBytes is what the node's data plane and gRPC API received
-	// for the puts (its kvmesh_transfer_bytes_total and
-	// kvmesh_payload_bytes_total, op=put: encoded records, headers
-	// included); RatioVsOneCopy is it over the one_copy row's, measured
-	// on the same path just before.
-	ReceivedBytes  int64   `json:"received_bytes"`
-	RatioVsOneCopy float64 `json:"ratio_vs_one_copy"`
-	// StoredBlocks is what the node holds of the namespace afterwards.
-	StoredBlocks int64   `json:"stored_blocks"`
-	PutSeconds   float64 `json:"put_s"`
-	// RanksReadWhole counts the ranks whose GetRank returned the whole
-	// latent of every block (put_rank only).
-	RanksReadWhole int   `json:"ranks_read_whole"`
-	BytesVerified  int64 `json:"bytes_verified"`
 }
 
 // Run measures.
@@ -249,7 +221,7 @@ func (s *RanksSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 	}
 	m.payloads = nil
-	res.AddTable("ranks", fmt.Sprintf("N tensor-parallel ranks (goroutines, a client each) PutRank then GetRank their slices of %d prompts × %d blocks of %s, "+
+	res.AddTable("ranks", fmt.Sprintf("N tensor-parallel ranks (goroutines, a client each) put then get their slices of %d prompts × %d blocks of %s, "+
 		"against one client's Put and Get of the same bytes as whole blocks; one node on this host", o.Prompts, o.Blocks, o.Model), rows)
 	ranksChecks(res, rows)
 
@@ -269,7 +241,7 @@ func (s *RanksSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 			latent = append(latent, rs...)
 			bar.Add(1)
 		}
-		res.AddTable("latent", fmt.Sprintf("an MLA instance's %d ranks put the same %d blocks of %s at once: bytes the node received against one copy; then each rank's GetRank",
+		res.AddTable("latent", fmt.Sprintf("an MLA instance's %d ranks put the same %d blocks of %s at once: bytes the node received against one copy; then each rank's Get of its part",
 			o.LatentRanks, o.LatentBlocks, o.Latent), latent)
 		latentChecks(res, latent)
 	}
@@ -526,7 +498,7 @@ func (m *ranksMeasure) run(ctx context.Context, whole *client.Client, ranks []*c
 // putWhole puts every prompt's blocks whole.
 func (m *ranksMeasure) putWhole(ctx context.Context, c *client.Client, tokens [][]uint32) error {
 	for p := range m.prompts {
-		stored, err := c.Put(ctx, m.ns, tokens[p], m.prompt(p))
+		stored, err := c.Put(ctx, m.ns, client.Prompt{Tokens: tokens[p]}, m.prompt(p))
 		if err != nil {
 			return fmt.Errorf("whole put: %w", err)
 		}
@@ -542,7 +514,7 @@ func (m *ranksMeasure) getWhole(ctx context.Context, c *client.Client, tokens []
 	got := make([][]client.Block, m.prompts)
 	for p := range m.prompts {
 		var err error
-		if got[p], err = c.Get(ctx, m.ns, tokens[p]); err != nil {
+		if got[p], err = c.Get(ctx, m.ns, client.Prompt{Tokens: tokens[p]}); err != nil {
 			return nil, fmt.Errorf("whole get: %w", err)
 		}
 	}
@@ -552,7 +524,7 @@ func (m *ranksMeasure) getWhole(ctx context.Context, c *client.Client, tokens []
 // putRank puts rank's part of every prompt's blocks.
 func (m *ranksMeasure) putRank(ctx context.Context, c *client.Client, tokens [][]uint32, parts [][]byte, rank, n int) error {
 	for p := range m.prompts {
-		if _, err := c.PutRank(ctx, m.ns, tokens[p], parts[p*m.blocks:(p+1)*m.blocks], tpRank(rank, n)); err != nil {
+		if _, err := c.Put(ctx, m.ns, client.Prompt{Tokens: tokens[p], Rank: tpRank(rank, n)}, parts[p*m.blocks:(p+1)*m.blocks]); err != nil {
 			return fmt.Errorf("rank %d of %d: put: %w", rank, n, err)
 		}
 	}
@@ -564,7 +536,7 @@ func (m *ranksMeasure) getRank(ctx context.Context, c *client.Client, tokens [][
 	got := make([][]client.Block, m.prompts)
 	for p := range m.prompts {
 		var err error
-		if got[p], err = c.GetRank(ctx, m.ns, tokens[p], tpRank(rank, n)); err != nil {
+		if got[p], err = c.Get(ctx, m.ns, client.Prompt{Tokens: tokens[p], Rank: tpRank(rank, n)}); err != nil {
 			return nil, fmt.Errorf("rank %d of %d: get: %w", rank, n, err)
 		}
 	}
@@ -576,14 +548,14 @@ func (m *ranksMeasure) getRank(ctx context.Context, c *client.Client, tokens [][
 func (m *ranksMeasure) verifyWhole(ctx context.Context, c *client.Client, tokens [][]uint32) (int64, error) {
 	var n int64
 	for p := range m.prompts {
-		l, err := c.Lookup(ctx, m.ns, tokens[p])
+		l, err := c.Lookup(ctx, m.ns, client.Prompt{Tokens: tokens[p]})
 		if err != nil {
 			return n, err
 		}
 		if l.CachedBlocks != m.blocks {
 			return n, fmt.Errorf("after every rank's put, prompt %d has %d of %d blocks complete", p, l.CachedBlocks, m.blocks)
 		}
-		bl, err := c.Get(ctx, m.ns, tokens[p])
+		bl, err := c.Get(ctx, m.ns, client.Prompt{Tokens: tokens[p]})
 		if err != nil {
 			return n, err
 		}
@@ -628,139 +600,6 @@ func ranksChecks(res *Result, rows []ranksRow) {
 				"min ratio_vs_whole (N <= 4)", worst, ">=", 0.9, BackendKvmesh))
 		}
 	}
-}
-
-// latentChecks adds the MLA targets: the node receives at most 1.05 copies
-// of the prefix, and every rank reads the whole latent.
-func latentChecks(res *Result, rows []latentRow) {
-	worst, read, ranks := 0.0, 0, 0
-	for _, r := range rows {
-		if r.Writers != latentPutRank {
-			continue
-		}
-		worst = max(worst, r.RatioVsOneCopy)
-		read += r.RanksReadWhole
-		ranks += r.Ranks
-	}
-	if ranks == 0 {
-		return
-	}
-	res.Checks = append(res.Checks,
-		NewCheck("ranks: bytes an MLA instance's ranks send for a prefix vs one copy, every path", "max ratio_vs_one_copy", worst, "<=", 1.05, BackendKvmesh),
-		NewCheck("ranks: every MLA rank reads the whole latent", "ranks_read_whole / ranks", float64(read)/float64(ranks), ">=", 1, BackendKvmesh))
-}
-
-// The writers of the latent table.
-const (
-	latentOneCopy   = "one_copy"
-	latentPutRank   = "put_rank"
-	latentPutWholes = "put_whole_each"
-)
-
-// latentMeasure is the MLA measurement: ranks ranks put the same blocks
-// prefix of ns, whose block b holds payloads[b].
-type latentMeasure struct {
-	ns             prefixhash.Namespace
-	ranks, blocks  int
-	addr, httpAddr string
-	payloads       [][]byte
-	seq            uint64
-}
-
-// measure puts a prefix with one client's Put, then another with PutRank
-// from every rank, then another with every rank's whole Put, over one
-// path, and returns their rows.
-func (m *latentMeasure) measure(ctx context.Context, opts client.Options) ([]latentRow, error) {
-	cs, closeAll, err := dialRanks(m.addr, opts, m.ranks)
-	if err != nil {
-		return nil, err
-	}
-	defer closeAll()
-	if _, err := cs[0].DropNamespace(ctx, m.ns); err != nil {
-		return nil, err
-	}
-	var rows []latentRow
-	for _, writers := range []string{latentOneCopy, latentPutRank, latentPutWholes} {
-		w := cs
-		if writers == latentOneCopy {
-			w = cs[:1]
-		}
-		r, err := m.put(ctx, w, writers)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", writers, err)
-		}
-		if r.ReceivedBytes <= 0 {
-			return nil, fmt.Errorf("%s: the node's metrics count no bytes received for the puts", writers)
-		}
-		rows = append(rows, r)
-		rows[len(rows)-1].RatioVsOneCopy = float64(r.ReceivedBytes) / float64(rows[0].ReceivedBytes)
-		if _, err := cs[0].DropNamespace(ctx, m.ns); err != nil {
-			return nil, err
-		}
-	}
-	return rows, nil
-}
-
-// put has every rank put the prefix at once, the way writers says, and
-// counts what the node received; after PutRank every rank reads the
-// prefix back with GetRank.
-func (m *latentMeasure) put(ctx context.Context, cs []*client.Client, writers string) (latentRow, error) {
-	n := len(cs)
-	m.seq++
-	tokens := ranksTokens(m.ns, m.seq, 1, m.blocks)[0]
-	row := latentRow{Writers: writers, Ranks: n, Blocks: m.blocks, BlockBytes: m.ns.BlockBytes()}
-	before, err := receivedBytes(ctx, m.httpAddr)
-	if err != nil {
-		return row, err
-	}
-	d, err := timeRanks(n, func(r int) error {
-		var err error
-		if writers == latentPutRank {
-			_, err = cs[r].PutRank(ctx, m.ns, tokens, m.payloads, tpRank(r, n))
-		} else {
-			_, err = cs[r].Put(ctx, m.ns, tokens, m.payloads)
-		}
-		if err != nil {
-			return fmt.Errorf("rank %d of %d: %w", r, n, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return row, err
-	}
-	after, err := receivedBytes(ctx, m.httpAddr)
-	if err != nil {
-		return row, err
-	}
-	row.PutSeconds = d.Seconds()
-	row.ReceivedBytes = int64(after - before)
-	st, err := cs[0].Stats(ctx)
-	if err != nil {
-		return row, err
-	}
-	for _, x := range st.Namespaces {
-		if x.Digest == m.ns.Digest() {
-			row.StoredBlocks += x.Blocks
-		}
-	}
-	if writers != latentPutRank {
-		return row, nil
-	}
-	for r, c := range cs {
-		got, err := c.GetRank(ctx, m.ns, tokens, tpRank(r, n))
-		if err != nil {
-			return row, fmt.Errorf("rank %d of %d: get: %w", r, n, err)
-		}
-		v, err := verifyBlocks(fmt.Sprintf("rank %d of %d: get", r, n), got, m.payloads)
-		row.BytesVerified += v
-		switch {
-		case err == nil:
-			row.RanksReadWhole++
-		case len(got) == len(m.payloads):
-			return row, err // wrong bytes, not a shorter prefix
-		}
-	}
-	return row, nil
 }
 
 // withPathShare runs measure and sets *share to the share of the bytes the

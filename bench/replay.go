@@ -208,53 +208,40 @@ func Replay(ctx context.Context, w *Workload, nodes []Node, backend string, o Re
 	if err != nil {
 		return ReplayStats{}, err
 	}
-	var (
-		cached     = make([]int32, len(t.Requests)) // written once per request, read after wg.Wait
-		routed     = make([]int32, len(t.Requests))
-		lookup     Latency
-		put        Latency
-		lookupErrs atomic.Int64
-		putErrs    atomic.Int64
-		sem        = make(chan struct{}, o.Concurrency)
-		wg         sync.WaitGroup
-	)
-	serve := func(i, n int) {
-		defer wg.Done()
-		defer func() { <-sem }()
-		defer router.Done(i, n)
-		defer o.Bar.Add(1)
-		keys := w.Keys(i)
-		p := Prompt{Request: i, Keys: keys}
-		if o.Encode {
-			p.Tokens = w.Tokens(make([]uint32, 0, len(keys)*TraceBlockTokens), i)[:len(keys)*TraceBlockTokens]
-		}
-		start := time.Now()
-		c, err := nodes[n].LongestPrefix(ctx, p)
-		lookup.Record(time.Since(start))
-		if err != nil {
-			lookupErrs.Add(1)
-			c = 0
-		}
-		c = min(max(c, 0), len(keys))
-		cached[i] = int32(c)
-		if c == len(keys) || ctx.Err() != nil {
-			return
-		}
-		blocks, _, err := w.Blocks(i, c, o.Encode, nil)
-		if err != nil {
-			panic(err) // the workload's own namespace failed to encode: a bug
-		}
-		start = time.Now()
-		if err := nodes[n].Put(ctx, p, blocks); err != nil {
-			putErrs.Add(1)
-		}
-		put.Record(time.Since(start))
-	}
+	r := &replayer{w: w, nodes: nodes, o: o, router: router,
+		cached: make([]int32, len(t.Requests)), routed: make([]int32, len(t.Requests)), sem: make(chan struct{}, o.Concurrency)}
 	began := time.Now()
+	r.dispatch(ctx, began)
+	r.wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return ReplayStats{}, err
+	}
+	return r.stats(backend, time.Since(began)), nil
+}
+
+// replayer is one replay in progress.
+type replayer struct {
+	w      *Workload
+	nodes  []Node
+	o      ReplayOptions
+	router Router
+	// cached and routed are written once per request, read after wg.Wait.
+	cached, routed      []int32
+	lookup, put         Latency
+	lookupErrs, putErrs atomic.Int64
+	sem                 chan struct{} // bounds the requests in flight
+	wg                  sync.WaitGroup
+}
+
+// dispatch routes each request, at its time in the trace scaled by Speedup
+// (at once without one), and serves it on a goroutine of its own, at most
+// Concurrency at a time. It stops when ctx ends.
+func (r *replayer) dispatch(ctx context.Context, began time.Time) {
+	t := r.w.Trace()
 	var timer *time.Timer
 	for i := range t.Requests {
-		if o.Speedup > 0 {
-			due := began.Add(time.Duration(float64(t.Requests[i].Timestamp-t.Requests[0].Timestamp) / o.Speedup))
+		if r.o.Speedup > 0 {
+			due := began.Add(time.Duration(float64(t.Requests[i].Timestamp-t.Requests[0].Timestamp) / r.o.Speedup))
 			if d := time.Until(due); d > 0 {
 				if timer == nil {
 					timer = time.NewTimer(d)
@@ -272,38 +259,72 @@ func Replay(ctx context.Context, w *Workload, nodes []Node, backend string, o Re
 			break
 		}
 		select {
-		case sem <- struct{}{}:
+		case r.sem <- struct{}{}:
 		case <-ctx.Done():
 		}
 		if ctx.Err() != nil {
 			break
 		}
-		n := router.Route(i)
-		routed[i] = int32(n)
-		wg.Add(1)
-		go serve(i, n)
+		n := r.router.Route(i)
+		r.routed[i] = int32(n)
+		r.wg.Add(1)
+		go r.serve(ctx, i, n)
 	}
-	wg.Wait()
-	if err := ctx.Err(); err != nil {
-		return ReplayStats{}, err
-	}
-	wall := time.Since(began)
+}
 
-	ideal := w.Ideal()
+// serve plays request i on node n: a lookup of its prompt, then a put of
+// the blocks it missed.
+func (r *replayer) serve(ctx context.Context, i, n int) {
+	defer r.wg.Done()
+	defer func() { <-r.sem }()
+	defer r.router.Done(i, n)
+	defer r.o.Bar.Add(1)
+	keys := r.w.Keys(i)
+	p := Prompt{Request: i, Keys: keys}
+	if r.o.Encode {
+		p.Tokens = r.w.Tokens(make([]uint32, 0, len(keys)*TraceBlockTokens), i)[:len(keys)*TraceBlockTokens]
+	}
+	start := time.Now()
+	c, err := r.nodes[n].LongestPrefix(ctx, p)
+	r.lookup.Record(time.Since(start))
+	if err != nil {
+		r.lookupErrs.Add(1)
+		c = 0
+	}
+	c = min(max(c, 0), len(keys))
+	r.cached[i] = int32(c)
+	if c == len(keys) || ctx.Err() != nil {
+		return
+	}
+	blocks, _, err := r.w.Blocks(i, c, r.o.Encode, nil)
+	if err != nil {
+		panic(err) // the workload's own namespace failed to encode: a bug
+	}
+	start = time.Now()
+	if err := r.nodes[n].Put(ctx, p, blocks); err != nil {
+		r.putErrs.Add(1)
+	}
+	r.put.Record(time.Since(start))
+}
+
+// stats sums the replay up, beside the trace's ideal.
+func (r *replayer) stats(backend string, wall time.Duration) ReplayStats {
+	t, nodes := r.w.Trace(), r.nodes
+	ideal := r.w.Ideal()
 	st := ReplayStats{
-		Backend: backend, Routing: o.Routing, Nodes: len(nodes), Requests: len(t.Requests),
+		Backend: backend, Routing: r.o.Routing, Nodes: len(nodes), Requests: len(t.Requests),
 		Blocks: ideal.Blocks, IdealHitRatio: ideal.HitRatio, IdealFullBlockHitRatio: ideal.FullBlockHitRatio,
 		PromptTokens: ideal.PromptTokens,
-		LookupP50MS:  lookup.Quantile(0.5), LookupP99MS: lookup.Quantile(0.99),
-		PutP50MS: put.Quantile(0.5), PutP99MS: put.Quantile(0.99),
+		LookupP50MS:  r.lookup.Quantile(0.5), LookupP99MS: r.lookup.Quantile(0.99),
+		PutP50MS: r.put.Quantile(0.5), PutP99MS: r.put.Quantile(0.99),
 		RequestsPerNode: make([]int, len(nodes)), TokensPerNode: make([]int64, len(nodes)),
-		LookupErrors: lookupErrs.Load(), PutErrors: putErrs.Load(),
+		LookupErrors: r.lookupErrs.Load(), PutErrors: r.putErrs.Load(),
 		WallSeconds: wall.Seconds(), RequestsPerS: float64(len(t.Requests)) / max(wall.Seconds(), 1e-9),
 	}
-	for i, c := range cached {
+	for i, c := range r.cached {
 		st.HitBlocks += int(c)
-		st.RequestsPerNode[routed[i]]++
-		st.TokensPerNode[routed[i]] += int64(t.Requests[i].InputLength)
+		st.RequestsPerNode[r.routed[i]]++
+		st.TokensPerNode[r.routed[i]] += int64(t.Requests[i].InputLength)
 	}
 	st.CachedTokens = int64(st.HitBlocks) * TraceBlockTokens
 	st.HitRatio = float64(st.HitBlocks) / float64(max(st.Blocks, 1))
@@ -313,7 +334,7 @@ func Replay(ctx context.Context, w *Workload, nodes []Node, backend string, o Re
 	}
 	st.RequestsMaxOverMean = maxOverMean(st.RequestsPerNode)
 	st.TokensMaxOverMean = maxOverMean(st.TokensPerNode)
-	return st, nil
+	return st
 }
 
 func maxOverMean[T int | int64](xs []T) float64 {

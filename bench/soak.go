@@ -285,7 +285,7 @@ func (l *soakLoad) turn(ctx context.Context, c *client.Client, tokens []uint32, 
 	cctx, cancel := context.WithTimeout(ctx, l.opts.CallTimeout)
 	defer cancel()
 	t0 := time.Now()
-	lk, err := c.Lookup(cctx, l.ns, tokens)
+	lk, err := c.Lookup(cctx, l.ns, client.Prompt{Tokens: tokens})
 	l.record(opLookup, time.Since(t0), err)
 	if err != nil {
 		return
@@ -297,7 +297,7 @@ func (l *soakLoad) turn(ctx context.Context, c *client.Client, tokens []uint32, 
 	cached := 0
 	if lk.CachedBlocks > 0 {
 		t0 = time.Now()
-		err = c.GetKeys(cctx, l.ns, keys[:lk.CachedBlocks], func(b client.Block) error {
+		_, err = c.Get(cctx, l.ns, client.Prompt{Keys: keys[:lk.CachedBlocks]}, client.Each(func(b client.Block) error {
 			if !b.Found {
 				l.misses.Add(1) // evicted since the lookup: a miss, never an error
 				return nil
@@ -311,7 +311,7 @@ func (l *soakLoad) turn(ctx context.Context, c *client.Client, tokens []uint32, 
 				cached++
 			}
 			return nil
-		})
+		}))
 		l.record(opGet, time.Since(t0), err)
 		if err != nil {
 			return
@@ -326,7 +326,7 @@ func (l *soakLoad) turn(ctx context.Context, c *client.Client, tokens []uint32, 
 		soakPayload(payloads[i], keys[i])
 	}
 	t0 = time.Now()
-	_, err = c.Put(cctx, l.ns, tokens, payloads)
+	_, err = c.Put(cctx, l.ns, client.Prompt{Tokens: tokens}, payloads)
 	if status.Code(errors.Unwrap(err)) == codes.ResourceExhausted {
 		err = nil // refusing a write under pressure is the contract, not a failure
 	}
@@ -364,7 +364,8 @@ func (l *soakLoad) prefiller(run, calls context.Context) {
 	}
 }
 
-// Run soaks.
+// Run soaks: it starts the nodes (or takes --addr's), connects to each,
+// runs the load while sampling the nodes, and reports.
 func (s *SoakSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	o := s.Options
 	o.EnsureDefaults(env.Quick)
@@ -382,28 +383,58 @@ func (s *SoakSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	for i := range l.interval {
 		l.interval[i] = new(Latency)
 	}
-	var httpAddrs []string
-	var names []string
+	defer l.close()
+	nodes, err := l.connect(ctx, ds, addrs)
+	if err != nil {
+		return res, err
+	}
+	if ds == nil {
+		res.Note("measured an existing cluster (--addr): rss_limit_bytes assumes its nodes' DRAM tiers are %s each", formatBytes(float64(o.DRAMBytes)))
+	}
+	samples, elapsed, sampleErr := l.run(ctx, env, nodes)
+	if ctx.Err() != nil {
+		return res, ctx.Err()
+	}
+	return res, l.report(env, res, samples, len(nodes), elapsed, sampleErr)
+}
+
+// soakNode is a node the soak samples: its name in the report and its
+// metrics address.
+type soakNode struct{ name, httpAddr string }
+
+// connect dials a client of each node (close closes them) and finds its
+// metrics address.
+func (l *soakLoad) connect(ctx context.Context, ds *Daemons, addrs []string) ([]soakNode, error) {
+	var nodes []soakNode
 	for i, a := range addrs {
 		c, err := client.Dial(a, client.Options{MaxRetries: -1})
 		if err != nil {
-			return res, err
+			return nil, err
 		}
-		defer c.Close()
 		l.clients = append(l.clients, c)
 		h := ""
 		if ds != nil {
 			h = ds.list[i].HTTPAddr
 		} else if h, err = nodeHTTPAddr(ctx, c); err != nil {
-			return res, fmt.Errorf("bench: soak: node %s: its metrics address: %w", a, err)
+			return nil, fmt.Errorf("bench: soak: node %s: its metrics address: %w", a, err)
 		}
-		httpAddrs = append(httpAddrs, h)
-		names = append(names, fmt.Sprintf("node%d", i+1))
+		nodes = append(nodes, soakNode{fmt.Sprintf("node%d", i+1), h})
 	}
-	if ds == nil {
-		res.Note("measured an existing cluster (--addr): rss_limit_bytes assumes its nodes' DRAM tiers are %s each", formatBytes(float64(o.DRAMBytes)))
-	}
+	return nodes, nil
+}
 
+// close closes the clients connect dialed.
+func (l *soakLoad) close() {
+	for _, c := range l.clients {
+		c.Close()
+	}
+}
+
+// run runs the workers (and the prefiller) for the soak's duration,
+// sampling every node each interval and once more at the end. It returns
+// the samples, how long the load ran, and why sampling failed, if it did.
+func (l *soakLoad) run(ctx context.Context, env *Env, nodes []soakNode) ([]soakSample, time.Duration, error) {
+	o := l.opts
 	bar := env.Progress.Bar(int64(o.Duration/time.Second), "soak")
 	defer bar.Finish()
 	runCtx, cancel := context.WithTimeout(ctx, o.Duration)
@@ -418,35 +449,8 @@ func (s *SoakSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		wg.Go(func() { l.worker(runCtx, ctx, w) })
 	}
 
-	var samples []soakSample
-	start := time.Now()
+	sm := &soakSampler{l: l, nodes: nodes, start: time.Now(), bar: bar}
 	tick := time.NewTicker(o.Interval)
-	var lastOps, lastErrs, lastHit, lastAll int64
-	sample := func() error {
-		lat := l.rotate()
-		var ops int64
-		for i := range l.ops {
-			ops += l.ops[i].Load()
-		}
-		errs, hit, all := l.errs.Load(), l.hit.Load(), l.all.Load()
-		ratio := 0.0
-		if all > lastAll {
-			ratio = float64(hit-lastHit) / float64(all-lastAll)
-		}
-		for i, h := range httpAddrs {
-			m, err := nodeGauges(ctx, h, "process_resident_memory_bytes", "go_goroutines")
-			if err != nil {
-				return fmt.Errorf("bench: soak: %s: %w", names[i], err)
-			}
-			samples = append(samples, soakSample{ElapsedS: time.Since(start).Seconds(), Node: names[i],
-				RSSBytes: int64(m["process_resident_memory_bytes"]), Goroutines: int64(m["go_goroutines"]),
-				Ops: ops - lastOps, Errors: errs - lastErrs, LookupP99: lat[opLookup].Quantile(0.99),
-				GetP99: lat[opGet].Quantile(0.99), PutP99: lat[opPut].Quantile(0.99), HitRatio: ratio})
-		}
-		lastOps, lastErrs, lastHit, lastAll = ops, errs, hit, all
-		bar.Add(int64(o.Interval / time.Second))
-		return nil
-	}
 	var sampleErr error
 loop:
 	for {
@@ -454,7 +458,7 @@ loop:
 		case <-runCtx.Done():
 			break loop
 		case <-tick.C:
-			if sampleErr = sample(); sampleErr != nil {
+			if sampleErr = sm.sample(ctx); sampleErr != nil {
 				cancel()
 				break loop
 			}
@@ -463,13 +467,57 @@ loop:
 	tick.Stop()
 	wg.Wait()
 	if sampleErr == nil && ctx.Err() == nil {
-		sampleErr = sample() // the end, after every worker stopped
+		sampleErr = sm.sample(ctx) // the end, after every worker stopped
 	}
-	elapsed := time.Since(start)
-	if ctx.Err() != nil {
-		return res, ctx.Err()
+	return sm.samples, time.Since(sm.start), sampleErr
+}
+
+// soakSampler takes the samples of a soak: per node, each interval, its
+// RSS and goroutines beside the whole load's ops, errors, latencies and hit
+// ratio in the interval.
+type soakSampler struct {
+	l                          *soakLoad
+	nodes                      []soakNode
+	start                      time.Time
+	bar                        Bar
+	samples                    []soakSample
+	lastOps, lastErrs, lastHit int64
+	lastAll                    int64
+}
+
+func (sm *soakSampler) sample(ctx context.Context) error {
+	l := sm.l
+	lat := l.rotate()
+	var ops int64
+	for i := range l.ops {
+		ops += l.ops[i].Load()
 	}
-	sum := l.summary(o, samples, len(names), elapsed)
+	errs, hit, all := l.errs.Load(), l.hit.Load(), l.all.Load()
+	ratio := 0.0
+	if all > sm.lastAll {
+		ratio = float64(hit-sm.lastHit) / float64(all-sm.lastAll)
+	}
+	for _, n := range sm.nodes {
+		m, err := nodeGauges(ctx, n.httpAddr, "process_resident_memory_bytes", "go_goroutines")
+		if err != nil {
+			return fmt.Errorf("bench: soak: %s: %w", n.name, err)
+		}
+		sm.samples = append(sm.samples, soakSample{ElapsedS: time.Since(sm.start).Seconds(), Node: n.name,
+			RSSBytes: int64(m["process_resident_memory_bytes"]), Goroutines: int64(m["go_goroutines"]),
+			Ops: ops - sm.lastOps, Errors: errs - sm.lastErrs, LookupP99: lat[opLookup].Quantile(0.99),
+			GetP99: lat[opGet].Quantile(0.99), PutP99: lat[opPut].Quantile(0.99), HitRatio: ratio})
+	}
+	sm.lastOps, sm.lastErrs, sm.lastHit, sm.lastAll = ops, errs, hit, all
+	sm.bar.Add(int64(l.opts.Interval / time.Second))
+	return nil
+}
+
+// report adds the soak's tables, checks, notes and plot to res, and returns
+// the run's verdict: why sampling failed, wrong bytes, failed calls, or a
+// node's RSS over its limit.
+func (l *soakLoad) report(env *Env, res *Result, samples []soakSample, nodes int, elapsed time.Duration, sampleErr error) error {
+	o := l.opts
+	sum := l.summary(o, samples, nodes, elapsed)
 	res.AddTable("soak", fmt.Sprintf("%d workers for %v on %d `kvmesh serve` nodes (DRAM %s, NVMe %s each): lookups, gets (every byte checked) and puts of growing conversations, a prefill every %v",
 		o.Concurrency, o.Duration, o.Nodes, formatBytes(float64(o.DRAMBytes)), formatBytes(float64(o.NVMeBytes)), o.PrefillEvery), []soakSummary{sum})
 	res.AddTable("soak_series", "samples over time, per node (ops, errors and latencies are the whole load's in the interval)", samples)
@@ -480,20 +528,20 @@ loop:
 	res.Note("rss_limit_bytes is the DRAM tier (%s) plus a fixed overhead of %s for the Go runtime, indexes, pebble and I/O buffers.",
 		formatBytes(float64(o.DRAMBytes)), formatBytes(float64(o.OverheadBytes)))
 	if err := SavePlot(env, res, "soak_rss_over_time", soakPlot(samples, sum.RSSLimitBytes)); err != nil && !errors.Is(err, ErrEmptyPlot) {
-		return res, err
+		return err
 	}
 	switch {
 	case sampleErr != nil:
-		return res, sampleErr
+		return sampleErr
 	case sum.WrongBytes > 0:
-		return res, fmt.Errorf("bench: soak: %d blocks were served with other bytes than were put (%s)", sum.WrongBytes, sum.FirstError)
+		return fmt.Errorf("bench: soak: %d blocks were served with other bytes than were put (%s)", sum.WrongBytes, sum.FirstError)
 	case sum.Errors > 0:
-		return res, fmt.Errorf("bench: soak: %d of %d calls failed; the first: %s", sum.Errors, sum.Ops, sum.FirstError)
+		return fmt.Errorf("bench: soak: %d of %d calls failed; the first: %s", sum.Errors, sum.Ops, sum.FirstError)
 	case !sum.RSSWithinLimit:
-		return res, fmt.Errorf("bench: soak: a node's RSS reached %s, over its DRAM tier plus overhead (%s)",
+		return fmt.Errorf("bench: soak: a node's RSS reached %s, over its DRAM tier plus overhead (%s)",
 			formatBytes(float64(sum.MaxRSSBytes)), formatBytes(float64(sum.RSSLimitBytes)))
 	}
-	return res, nil
+	return nil
 }
 
 // summary sums the run up.

@@ -145,7 +145,8 @@ func pathShare(ctx context.Context, p storePath, httpAddr string, load func() (s
 	return set, get, nil
 }
 
-// Run measures.
+// Run measures: the machine's limits, then every path of the node and
+// Redis under each load, then the report.
 func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	o := s.Options
 	o.EnsureDefaults(env.Quick, env.WorkDir)
@@ -167,9 +168,9 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		return res, err
 	}
 	defer stop()
-	httpAddr := ""
-	if c, err := client.Dial(addrs[0], client.Options{MaxRetries: -1}); err == nil {
-		httpAddr, _ = nodeHTTPAddr(ctx, c) // without it, path_share stays unmeasured
+	r := &storeRun{ctx: ctx, o: o, res: res, paths: paths, addr: addrs[0]}
+	if c, err := client.Dial(r.addr, client.Options{MaxRetries: -1}); err == nil {
+		r.httpAddr, _ = nodeHTTPAddr(ctx, c) // without it, path_share stays unmeasured
 		c.Close()
 	}
 	redis, err := StartRedis(ctx, o.Redis)
@@ -180,75 +181,115 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		return res, err
 	default:
 		defer redis.Close()
+		r.redis = redis
 	}
 
 	loads := len(o.BlockSizes) * len(o.Concurrency) * (len(paths) + 1)
-	bar := env.Progress.Bar(int64(loads+2*len(o.BlockSizes)), "store")
-	defer bar.Finish()
+	r.bar = env.Progress.Bar(int64(loads+2*len(o.BlockSizes)), "store")
+	defer r.bar.Finish()
+	limits, err := r.limits()
+	if err != nil {
+		return res, err
+	}
+	rows, err := r.loads()
+	if err != nil {
+		return res, err
+	}
+	return res, r.report(env, rows, limits)
+}
 
+// storeRun is one run of the store suite: the node, its paths, Redis when
+// there is one.
+type storeRun struct {
+	ctx      context.Context
+	o        StoreOptions
+	res      *Result
+	paths    []storePath
+	addr     string // the node's gRPC address
+	httpAddr string // its metrics address; "" when unknown
+	redis    *Redis // nil without one
+	bar      Bar
+}
+
+// limits measures the machine's limits per block size: a raw TCP stream
+// and memcpy.
+func (r *storeRun) limits() ([]limitRow, error) {
 	var limits []limitRow
-	for _, b := range o.BlockSizes {
-		bar.Describe("store: limits " + formatBytes(float64(b)))
-		l, err := measureLimits(ctx, b, o.Duration, o.DataSetBytes)
+	for _, b := range r.o.BlockSizes {
+		r.bar.Describe("store: limits " + formatBytes(float64(b)))
+		l, err := measureLimits(r.ctx, b, r.o.Duration, r.o.DataSetBytes)
 		if err != nil {
-			return res, err
+			return nil, err
 		}
 		limits = append(limits, l)
-		bar.Add(2)
+		r.bar.Add(2)
 	}
-	res.AddTable("limits", "limits on this machine: raw TCP stream on 127.0.0.1 (one connection) and memcpy from DRAM, per block size", limits)
+	r.res.AddTable("limits", "limits on this machine: raw TCP stream on 127.0.0.1 (one connection) and memcpy from DRAM, per block size", limits)
+	return limits, nil
+}
 
+// loads runs the GET and SET load of each block size and concurrency on
+// every path of the node, then on Redis (by the same loop and by
+// redis-benchmark).
+func (r *storeRun) loads() ([]KVResult, error) {
+	ctx, o := r.ctx, r.o
 	var rows []KVResult
 	var redisBenchMissing error
 	for _, b := range o.BlockSizes {
 		for _, c := range o.Concurrency {
 			load := KVLoadOptions{ValueBytes: b, Concurrency: c, Duration: o.Duration,
 				Keys: max(2*c, o.DataSetBytes/b), MaxSetBytes: o.MaxSetBytes}
-			for _, p := range paths {
-				t, err := NodeKV(p.target, addrs[0], b, p.opts)
+			for _, p := range r.paths {
+				t, err := NodeKV(p.target, r.addr, b, p.opts)
 				if err != nil {
-					return res, err
+					return nil, err
 				}
-				bar.Describe(fmt.Sprintf("store: %s %s × %d", t.Name(), formatBytes(float64(b)), c))
-				set, get, err := pathShare(ctx, p, httpAddr, func() (KVResult, KVResult, error) { return KVLoad(ctx, t, load) }, load.Keys, b)
+				r.bar.Describe(fmt.Sprintf("store: %s %s × %d", t.Name(), formatBytes(float64(b)), c))
+				set, get, err := pathShare(ctx, p, r.httpAddr, func() (KVResult, KVResult, error) { return KVLoad(ctx, t, load) }, load.Keys, b)
 				if err != nil {
-					return res, err
+					return nil, err
 				}
 				rows = append(rows, get, set)
-				bar.Add(1)
+				r.bar.Add(1)
 			}
-			if redis != nil {
-				bar.Describe(fmt.Sprintf("store: redis %s × %d", formatBytes(float64(b)), c))
-				set, get, err := KVLoad(ctx, redis.Target(), load)
+			if r.redis != nil {
+				r.bar.Describe(fmt.Sprintf("store: redis %s × %d", formatBytes(float64(b)), c))
+				set, get, err := KVLoad(ctx, r.redis.Target(), load)
 				if err != nil {
-					return res, err
+					return nil, err
 				}
 				rows = append(rows, get, set)
-				peer, err := redisBenchmarkRows(ctx, redis.Socket(), load, get, set)
+				peer, err := redisBenchmarkRows(ctx, r.redis.Socket(), load, get, set)
 				switch {
 				case errors.Is(err, ErrMissing):
 					redisBenchMissing = err
 				case err != nil:
-					return res, err
+					return nil, err
 				}
 				rows = append(rows, peer...)
-				bar.Add(1)
+				r.bar.Add(1)
 			}
 		}
 		// Each load sized the node's DRAM for itself alone: drop this
 		// size's blocks before the next size fills the node, lest the next
 		// loads measure evictions and misses instead of GETs.
-		if err := dropKV(ctx, addrs[0], b, paths[0].opts); err != nil {
-			return res, err
+		if err := dropKV(ctx, r.addr, b, r.paths[0].opts); err != nil {
+			return nil, err
 		}
 	}
 	if redisBenchMissing != nil {
-		res.Skip(RedisBenchmarkTarget, redisBenchMissing)
+		r.res.Skip(RedisBenchmarkTarget, redisBenchMissing)
 	}
+	return rows, nil
+}
+
+// report adds the store table, its checks, notes and plots.
+func (r *storeRun) report(env *Env, rows []KVResult, limits []limitRow) error {
+	res := r.res
 	storeRatios(rows, limits)
 	title := "GET and SET of whole blocks, one request in flight per connection; kvmesh through its Go client"
-	if redis != nil {
-		title += fmt.Sprintf(", Redis %s (persistence off, on a unix socket) by the same load loop and by redis-benchmark", redis.Version())
+	if r.redis != nil {
+		title += fmt.Sprintf(", Redis %s (persistence off, on a unix socket) by the same load loop and by redis-benchmark", r.redis.Version())
 	}
 	res.AddTable("store", title, rows)
 	storeChecks(res, rows)
@@ -267,10 +308,10 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	for _, op := range []string{"get", "set"} {
 		if err := SavePlot(env, res, "store_"+op+"_vs_block_size",
 			ThroughputPlot(fmt.Sprintf("store %s: kvmesh vs Redis and the limits", op), storeSeries(rows, limits, op)...)); err != nil {
-			return res, err
+			return err
 		}
 	}
-	return res, nil
+	return nil
 }
 
 // redisBenchmarkRows runs redis-benchmark's GET (over the fill the bench's

@@ -58,51 +58,9 @@ func RawTCP(ctx context.Context, o TCPOptions) (TCPResult, error) {
 	}
 	defer ln.Close()
 
-	var (
-		received atomic.Int64
-		stop     atomic.Bool
-		wg       sync.WaitGroup
-		errMu    sync.Mutex
-		firstErr error
-	)
-	fail := func(err error) {
-		errMu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		errMu.Unlock()
-		stop.Store(true)
-	}
-	// Readers: accept o.Conns connections, read each to EOF.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for range o.Conns {
-			c, err := ln.Accept()
-			if err != nil {
-				fail(fmt.Errorf("bench: raw tcp: accept: %w", err))
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				buf := make([]byte, o.WriteBytes)
-				for {
-					n, err := c.Read(buf)
-					received.Add(int64(n))
-					if errors.Is(err, io.EOF) {
-						return
-					}
-					if err != nil {
-						fail(fmt.Errorf("bench: raw tcp: read: %w", err))
-						return
-					}
-				}
-			}()
-		}
-	}()
-	// Writers.
+	st := &tcpStream{o: o}
+	st.wg.Add(1)
+	go st.accept(ln)
 	var d net.Dialer
 	conns := make([]net.Conn, 0, o.Conns)
 	defer func() {
@@ -114,7 +72,7 @@ func RawTCP(ctx context.Context, o TCPOptions) (TCPResult, error) {
 		c, err := d.DialContext(ctx, "tcp", ln.Addr().String())
 		if err != nil {
 			ln.Close()
-			wg.Wait()
+			st.wg.Wait()
 			return TCPResult{}, fmt.Errorf("bench: raw tcp: dial: %w", err)
 		}
 		conns = append(conns, c)
@@ -122,32 +80,87 @@ func RawTCP(ctx context.Context, o TCPOptions) (TCPResult, error) {
 	start := time.Now()
 	deadline := start.Add(o.Duration)
 	for _, c := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer c.(*net.TCPConn).CloseWrite()
-			buf := make([]byte, o.WriteBytes)
-			// At least one write each, so that a writer scheduled after
-			// the deadline (a busy machine, a short run) still measures.
-			for {
-				if _, err := c.Write(buf); err != nil {
-					fail(fmt.Errorf("bench: raw tcp: write: %w", err))
-					return
-				}
-				if stop.Load() || ctx.Err() != nil || !time.Now().Before(deadline) {
-					return
-				}
-			}
-		}()
+		st.wg.Add(1)
+		go st.write(ctx, c, deadline)
 	}
-	wg.Wait()
+	st.wg.Wait()
 	sec := time.Since(start).Seconds()
 	if err := ctx.Err(); err != nil {
 		return TCPResult{}, err
 	}
-	if firstErr != nil {
-		return TCPResult{}, firstErr
+	if st.firstErr != nil {
+		return TCPResult{}, st.firstErr
 	}
-	n := received.Load()
+	n := st.received.Load()
 	return TCPResult{Conns: o.Conns, WriteBytes: o.WriteBytes, Bytes: n, Seconds: sec, GBps: float64(n) / sec / 1e9}, nil
+}
+
+// tcpStream is a RawTCP run: its writers and readers, the bytes received
+// and the first error, which stops them all.
+type tcpStream struct {
+	o        TCPOptions
+	received atomic.Int64
+	stop     atomic.Bool
+	wg       sync.WaitGroup
+	errMu    sync.Mutex
+	firstErr error // guarded by errMu until wg is done
+}
+
+func (st *tcpStream) fail(err error) {
+	st.errMu.Lock()
+	if st.firstErr == nil {
+		st.firstErr = err
+	}
+	st.errMu.Unlock()
+	st.stop.Store(true)
+}
+
+// accept accepts o.Conns connections and reads each to EOF.
+func (st *tcpStream) accept(ln net.Listener) {
+	defer st.wg.Done()
+	for range st.o.Conns {
+		c, err := ln.Accept()
+		if err != nil {
+			st.fail(fmt.Errorf("bench: raw tcp: accept: %w", err))
+			return
+		}
+		st.wg.Add(1)
+		go st.read(c)
+	}
+}
+
+// read counts what arrives on c until EOF.
+func (st *tcpStream) read(c net.Conn) {
+	defer st.wg.Done()
+	defer c.Close()
+	buf := make([]byte, st.o.WriteBytes)
+	for {
+		n, err := c.Read(buf)
+		st.received.Add(int64(n))
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			st.fail(fmt.Errorf("bench: raw tcp: read: %w", err))
+			return
+		}
+	}
+}
+
+// write writes to c until the deadline, then closes its write side.
+func (st *tcpStream) write(ctx context.Context, c net.Conn, deadline time.Time) {
+	defer st.wg.Done()
+	defer c.(*net.TCPConn).CloseWrite()
+	buf := make([]byte, st.o.WriteBytes)
+	// At least one write each, so that a writer scheduled after the
+	// deadline (a busy machine, a short run) still measures.
+	for {
+		if _, err := c.Write(buf); err != nil {
+			st.fail(fmt.Errorf("bench: raw tcp: write: %w", err))
+			return
+		}
+		if st.stop.Load() || ctx.Err() != nil || !time.Now().Before(deadline) {
+			return
+		}
+	}
 }

@@ -194,7 +194,9 @@ func (r traceRun) mode() string {
 	return "pooled"
 }
 
-// Run replays the trace.
+// Run replays the trace: on the suite's cluster with each routing policy,
+// then on the simulation (every policy, when the cluster is not one, and
+// the capacity sweep), then the eviction sweep on kvmesh nodes.
 func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	o := s.Options
 	o.EnsureDefaults(env)
@@ -202,6 +204,48 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Suite: s.Name()}
+	tr, err := newTraceReplay(ctx, env, o)
+	if err != nil {
+		return res, err
+	}
+	res.AddTable("ideal", "the trace's ideal (a block hits if its hash id appeared in any earlier request)", []Ideal{tr.ideal})
+
+	backend, err := tr.replayCluster(res)
+	if err != nil {
+		return res, err
+	}
+	points, err := tr.simulate(res, backend != BackendSimulation)
+	if err != nil {
+		return res, err
+	}
+	if backend == BackendKvmesh && len(env.Addrs) > 0 {
+		res.Skip("eviction sweep on kvmesh nodes", errors.New("a running cluster (--addr) has its own capacity and policy: the sweep needs nodes the bench starts"))
+	} else if backend == BackendKvmesh {
+		if err := tr.evictionSweep(res, points); err != nil {
+			return res, err
+		}
+	}
+	tr.notes(res, backend)
+	return res, tr.plot(res, points)
+}
+
+// traceReplay is one run of the trace suite: the keyed trace, its ideal,
+// and the replays to do of it.
+type traceReplay struct {
+	ctx        context.Context
+	env        *Env
+	o          TraceOptions
+	t          *Trace
+	w          *Workload
+	ideal      Ideal
+	enough     int // blocks per node that hold every distinct full block
+	blockBytes int
+	bar        Bar // the current phase's; play advances it
+}
+
+// newTraceReplay loads the trace (the bundled one without TracePath), keeps
+// its first Requests requests and keys them.
+func newTraceReplay(ctx context.Context, env *Env, o TraceOptions) (*traceReplay, error) {
 	var t *Trace
 	var err error
 	if o.TracePath == "" {
@@ -210,41 +254,49 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		t, err = LoadTrace(o.TracePath)
 	}
 	if err != nil {
-		return res, err
+		return nil, err
 	}
 	t = t.Head(o.Requests)
 	bar := env.Progress.Bar(int64(len(t.Requests)), "trace: keying requests")
 	w, err := NewWorkload(ctx, t, o.Namespace, o.Vocab, bar)
 	bar.Finish()
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	ideal := w.Ideal()
-	res.AddTable("ideal", "the trace's ideal (a block hits if its hash id appeared in any earlier request)", []Ideal{ideal})
+	tr := &traceReplay{ctx: ctx, env: env, o: o, t: t, w: w, ideal: w.Ideal(),
+		blockBytes: block.EncodedLen(o.Namespace.BlockTokens, o.Namespace.BlockBytes())}
+	tr.enough = o.CapacityBlocks
+	if tr.enough == 0 {
+		tr.enough = max(tr.ideal.DistinctFullBlocks, 1)
+	}
+	return tr, nil
+}
 
-	enough := o.CapacityBlocks
-	if enough == 0 {
-		enough = max(ideal.DistinctFullBlocks, 1)
-	}
-	blockBytes := block.EncodedLen(o.Namespace.BlockTokens, o.Namespace.BlockBytes())
-	compareRuns := func(policies []Policy) []traceRun {
-		var out []traceRun
-		for _, local := range []bool{false, true} {
-			for _, p := range policies {
-				out = append(out, traceRun{p, local, enough, float64(enough*o.Nodes) / float64(max(ideal.DistinctFullBlocks, 1)), o.Eviction})
-			}
+// compareRuns are the replays that compare policies, pooled and local-only,
+// at a capacity that holds every distinct block.
+func (tr *traceReplay) compareRuns(policies []Policy) []traceRun {
+	var out []traceRun
+	for _, local := range []bool{false, true} {
+		for _, p := range policies {
+			out = append(out, traceRun{p, local, tr.enough, float64(tr.enough*tr.o.Nodes) / float64(max(tr.ideal.DistinctFullBlocks, 1)), tr.o.Eviction})
 		}
-		return out
 	}
-	compare := compareRuns(o.Routing)
-	capacityOf := func(f float64) int {
-		return max(1, int(math.Round(f*float64(ideal.DistinctFullBlocks)/float64(o.Nodes))))
-	}
+	return out
+}
+
+// capacityOf returns the blocks per node that pool fraction f of the
+// trace's distinct full blocks.
+func (tr *traceReplay) capacityOf(f float64) int {
+	return max(1, int(math.Round(f*float64(tr.ideal.DistinctFullBlocks)/float64(tr.o.Nodes))))
+}
+
+// sweepRuns are the simulation's replays at each capacity of the sweep.
+func (tr *traceReplay) sweepRuns() []traceRun {
 	var sweep []traceRun
 	for _, local := range []bool{false, true} {
-		for _, p := range o.SweepRouting {
-			for _, f := range o.Sweep {
-				c := capacityOf(f)
+		for _, p := range tr.o.SweepRouting {
+			for _, f := range tr.o.Sweep {
+				c := tr.capacityOf(f)
 				sweep = append(sweep, traceRun{p, local, c, f, EvictLRU})
 				if !local && p == RoutingRandom {
 					sweep = append(sweep, traceRun{p, local, c, f, EvictDepthLRU}, traceRun{p, local, c, f, EvictOptimum})
@@ -252,50 +304,59 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 			}
 		}
 	}
-	bar = env.Progress.Bar(int64(len(compare)*len(t.Requests)), "trace: replaying")
-	play := func(factory ClusterFactory, r traceRun) (ReplayStats, error) {
-		bar.Describe(fmt.Sprintf("trace: %s %s, %d blocks/node", r.policy, r.mode(), r.capacity))
-		if r.eviction == EvictOptimum || r.eviction == EvictDepthLRU {
-			factory = func(_ context.Context, spec ClusterSpec) (Cluster, error) {
-				return NewSim(SimOptions{Nodes: spec.Nodes, CapacityBlocks: spec.CapacityBlocks, LocalOnly: spec.LocalOnly,
-					Eviction: r.eviction, Future: w})
-			}
-		}
-		c, err := factory(ctx, ClusterSpec{Nodes: o.Nodes, CapacityBlocks: r.capacity, BlockBytes: blockBytes,
-			LocalOnly: r.localOnly, Namespace: o.Namespace, Eviction: r.eviction})
-		if err != nil {
-			return ReplayStats{}, fmt.Errorf("bench: trace: start cluster: %w", err)
-		}
-		defer c.Close()
-		ro := o.Replay
-		ro.Routing, ro.Bar = r.policy, bar
-		ro.Encode = ro.Encode || c.Backend() != BackendSimulation
-		st, err := Replay(ctx, w, c.Nodes(), c.Backend(), ro)
-		if err != nil {
-			return st, fmt.Errorf("bench: trace: replay %s %s: %w", r.policy, r.mode(), err)
-		}
-		st.LocalOnly, st.CapacityBlocksPerNode, st.PooledCapacityFraction = r.localOnly, r.capacity, r.fraction
-		return st, nil
-	}
+	return sweep
+}
 
+// play replays the trace once on a cluster factory makes (the simulation
+// for the evictions only it has).
+func (tr *traceReplay) play(factory ClusterFactory, r traceRun) (ReplayStats, error) {
+	o := tr.o
+	tr.bar.Describe(fmt.Sprintf("trace: %s %s, %d blocks/node", r.policy, r.mode(), r.capacity))
+	if r.eviction == EvictOptimum || r.eviction == EvictDepthLRU {
+		factory = func(_ context.Context, spec ClusterSpec) (Cluster, error) {
+			return NewSim(SimOptions{Nodes: spec.Nodes, CapacityBlocks: spec.CapacityBlocks, LocalOnly: spec.LocalOnly,
+				Eviction: r.eviction, Future: tr.w})
+		}
+	}
+	c, err := factory(tr.ctx, ClusterSpec{Nodes: o.Nodes, CapacityBlocks: r.capacity, BlockBytes: tr.blockBytes,
+		LocalOnly: r.localOnly, Namespace: o.Namespace, Eviction: r.eviction})
+	if err != nil {
+		return ReplayStats{}, fmt.Errorf("bench: trace: start cluster: %w", err)
+	}
+	defer c.Close()
+	ro := o.Replay
+	ro.Routing, ro.Bar = r.policy, tr.bar
+	ro.Encode = ro.Encode || c.Backend() != BackendSimulation
+	st, err := Replay(tr.ctx, tr.w, c.Nodes(), c.Backend(), ro)
+	if err != nil {
+		return st, fmt.Errorf("bench: trace: replay %s %s: %w", r.policy, r.mode(), err)
+	}
+	st.LocalOnly, st.CapacityBlocksPerNode, st.PooledCapacityFraction = r.localOnly, r.capacity, r.fraction
+	return st, nil
+}
+
+// replayCluster replays the trace on the suite's cluster with each routing
+// policy and returns its backend ("" when every replay was skipped).
+func (tr *traceReplay) replayCluster(res *Result) (backend string, err error) {
+	compare := tr.compareRuns(tr.o.Routing)
+	tr.bar = tr.env.Progress.Bar(int64(len(compare)*len(tr.t.Requests)), "trace: replaying")
 	var rows []ReplayStats
-	backend := "" // the main cluster's, from its replays
 	for _, r := range compare {
-		st, err := play(o.Cluster, r)
+		st, err := tr.play(tr.o.Cluster, r)
 		if errors.Is(err, ErrMissing) {
 			res.Skip(fmt.Sprintf("%s %s", r.policy, r.mode()), err)
-			bar.Add(int64(len(t.Requests)))
+			tr.bar.Add(int64(len(tr.t.Requests)))
 			continue
 		}
 		if err != nil {
-			bar.Finish()
-			return res, err
+			tr.bar.Finish()
+			return backend, err
 		}
 		rows = append(rows, st)
 		backend = st.Backend
 	}
-	bar.Finish()
-	title := fmt.Sprintf("replay of %s (%d requests) on %d nodes, %d blocks per node", t.Name, len(t.Requests), o.Nodes, enough)
+	tr.bar.Finish()
+	title := fmt.Sprintf("replay of %s (%d requests) on %d nodes, %d blocks per node", tr.t.Name, len(tr.t.Requests), tr.o.Nodes, tr.enough)
 	if backend == BackendSimulation {
 		title = "SIMULATION (not a kvmesh measurement): " + title
 	} else {
@@ -303,19 +364,26 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	res.AddTable("replay", title, rows)
 	traceChecks(res, rows)
+	return backend, nil
+}
 
+// simulate replays the trace on the simulation: the comparison of every
+// policy (with compare: beside a cluster that is not the simulation), then
+// the capacity sweep, whose points it returns.
+func (tr *traceReplay) simulate(res *Result, compare bool) ([]traceSweepRow, error) {
 	var simCompare []traceRun
-	if backend != BackendSimulation {
-		simCompare = compareRuns(o.SimRouting)
+	if compare {
+		simCompare = tr.compareRuns(tr.o.SimRouting)
 	}
-	bar = env.Progress.Bar(int64((len(simCompare)+len(sweep))*len(t.Requests)), "trace: simulating")
-	defer bar.Finish()
+	sweep := tr.sweepRuns()
+	tr.bar = tr.env.Progress.Bar(int64((len(simCompare)+len(sweep))*len(tr.t.Requests)), "trace: simulating")
+	defer tr.bar.Finish()
 	if len(simCompare) > 0 {
 		var simRows []ReplayStats
 		for _, r := range simCompare {
-			st, err := play(SimCluster, r)
+			st, err := tr.play(SimCluster, r)
 			if err != nil {
-				return res, err
+				return nil, err
 			}
 			simRows = append(simRows, st)
 		}
@@ -324,72 +392,80 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 
 	var points []traceSweepRow
 	for _, r := range sweep {
-		st, err := play(SimCluster, r)
+		st, err := tr.play(SimCluster, r)
 		if err != nil {
-			return res, err
+			return nil, err
 		}
 		points = append(points, traceSweepRow{Backend: st.Backend, Routing: st.Routing, LocalOnly: st.LocalOnly, Eviction: r.eviction,
 			PooledCapacityFraction: r.fraction, CapacityBlocksPerNode: r.capacity,
 			HitRatio: st.HitRatio, IdealHitRatio: st.IdealHitRatio, RatioVsIdeal: st.RatioVsIdeal})
 	}
 	res.AddTable("capacity_sweep", "SIMULATION (not a kvmesh measurement): hit ratio vs pooled capacity (fraction of the trace's distinct full blocks)", points)
-	bar.Finish()
+	return points, nil
+}
 
-	if backend == BackendKvmesh && len(env.Addrs) > 0 {
-		res.Skip("eviction sweep on kvmesh nodes", errors.New("a running cluster (--addr) has its own capacity and policy: the sweep needs nodes the bench starts"))
-	} else if backend == BackendKvmesh {
-		simAt := func(f float64, eviction string) (float64, error) {
-			for _, p := range points {
-				if p.Routing == RoutingRandom && !p.LocalOnly && p.PooledCapacityFraction == f && p.Eviction == eviction {
-					return p.RatioVsIdeal, nil
-				}
+// evictionSweep replays the trace on kvmesh nodes the bench starts, under
+// LRU and the configured policy at each capacity of NodeSweep, beside the
+// simulation's LRU and offline optimum at the same capacity (from points,
+// or replayed).
+func (tr *traceReplay) evictionSweep(res *Result, points []traceSweepRow) error {
+	o := tr.o
+	simAt := func(f float64, eviction string) (float64, error) {
+		for _, p := range points {
+			if p.Routing == RoutingRandom && !p.LocalOnly && p.PooledCapacityFraction == f && p.Eviction == eviction {
+				return p.RatioVsIdeal, nil
 			}
-			st, err := play(SimCluster, traceRun{RoutingRandom, false, capacityOf(f), f, eviction})
-			return st.RatioVsIdeal, err
 		}
-		policy := o.Eviction
-		if policy == "" || policy == string(store.EvictLRU) {
-			policy = string(store.DefaultEviction)
-		}
-		bar = env.Progress.Bar(int64(2*len(o.NodeSweep)*len(t.Requests)), "trace: eviction sweep on kvmesh nodes")
-		var evs []evictionSweepRow
-		for _, f := range o.NodeSweep {
-			row := evictionSweepRow{Policy: policy, PooledCapacityFraction: f, CapacityBlocksPerNode: capacityOf(f)}
-			for _, ev := range []string{string(store.EvictLRU), policy} {
-				st, err := play(o.Cluster, traceRun{RoutingRandom, false, row.CapacityBlocksPerNode, f, ev})
-				if err != nil {
-					bar.Finish()
-					return res, err
-				}
-				if ev == policy {
-					row.PolicyRatioVsIdeal = st.RatioVsIdeal
-				} else {
-					row.LRURatioVsIdeal = st.RatioVsIdeal
-				}
-			}
-			var err error
-			if row.SimLRURatioVsIdeal, err = simAt(f, EvictLRU); err == nil {
-				row.SimOptimumRatioVsIdeal, err = simAt(f, EvictOptimum)
-			}
-			if err != nil {
-				bar.Finish()
-				return res, err
-			}
-			if row.LRURatioVsIdeal > 0 {
-				row.PolicyOverLRU = row.PolicyRatioVsIdeal / row.LRURatioVsIdeal
-				row.OptimumOverLRU = row.SimOptimumRatioVsIdeal / row.LRURatioVsIdeal
-			}
-			evs = append(evs, row)
-		}
-		bar.Finish()
-		res.AddTable("eviction_sweep", fmt.Sprintf("eviction on kvmesh nodes (random routing, pooled, %d nodes, --max-blocks per node): "+
-			"hit ratio / ideal under lru and %s, beside the SIMULATION's lru and offline optimum at the same capacity", o.Nodes, policy), evs)
-		evictionChecks(res, evs)
-		res.Note("eviction_sweep: a node that computes a block another node owns keeps a copy beside the owner's (store.Cluster.Put); " +
-			"lru keeps copies as long as any block, dedup evicts them first. The simulation keeps no copies: its lru is what nodes " +
-			"holding each block once reach, and its optimum (Belady, from the trace's future) is a bound, not a policy a node can run.")
+		st, err := tr.play(SimCluster, traceRun{RoutingRandom, false, tr.capacityOf(f), f, eviction})
+		return st.RatioVsIdeal, err
 	}
+	policy := o.Eviction
+	if policy == "" || policy == string(store.EvictLRU) {
+		policy = string(store.DefaultEviction)
+	}
+	tr.bar = tr.env.Progress.Bar(int64(2*len(o.NodeSweep)*len(tr.t.Requests)), "trace: eviction sweep on kvmesh nodes")
+	var evs []evictionSweepRow
+	for _, f := range o.NodeSweep {
+		row := evictionSweepRow{Policy: policy, PooledCapacityFraction: f, CapacityBlocksPerNode: tr.capacityOf(f)}
+		for _, ev := range []string{string(store.EvictLRU), policy} {
+			st, err := tr.play(o.Cluster, traceRun{RoutingRandom, false, row.CapacityBlocksPerNode, f, ev})
+			if err != nil {
+				tr.bar.Finish()
+				return err
+			}
+			if ev == policy {
+				row.PolicyRatioVsIdeal = st.RatioVsIdeal
+			} else {
+				row.LRURatioVsIdeal = st.RatioVsIdeal
+			}
+		}
+		var err error
+		if row.SimLRURatioVsIdeal, err = simAt(f, EvictLRU); err == nil {
+			row.SimOptimumRatioVsIdeal, err = simAt(f, EvictOptimum)
+		}
+		if err != nil {
+			tr.bar.Finish()
+			return err
+		}
+		if row.LRURatioVsIdeal > 0 {
+			row.PolicyOverLRU = row.PolicyRatioVsIdeal / row.LRURatioVsIdeal
+			row.OptimumOverLRU = row.SimOptimumRatioVsIdeal / row.LRURatioVsIdeal
+		}
+		evs = append(evs, row)
+	}
+	tr.bar.Finish()
+	res.AddTable("eviction_sweep", fmt.Sprintf("eviction on kvmesh nodes (random routing, pooled, %d nodes, --max-blocks per node): "+
+		"hit ratio / ideal under lru and %s, beside the SIMULATION's lru and offline optimum at the same capacity", o.Nodes, policy), evs)
+	evictionChecks(res, evs)
+	res.Note("eviction_sweep: a node that computes a block another node owns keeps a copy beside the owner's (store.Cluster.Put); " +
+		"lru keeps copies as long as any block, dedup evicts them first. The simulation keeps no copies: its lru is what nodes " +
+		"holding each block once reach, and its optimum (Belady, from the trace's future) is a bound, not a policy a node can run.")
+	return nil
+}
 
+// notes says what the figures count and what the backends are.
+func (tr *traceReplay) notes(res *Result, backend string) {
+	ideal, o := tr.ideal, tr.o
 	res.Note("hit_ratio counts every hash id of the trace, partial tails included, as ideal_hit_ratio (%.4f) does: the target compares these two. "+
 		"A block cache never holds a partial tail, which caps hit_ratio at %.4f (%.4f of the ideal); full_block_hit_ratio against "+
 		"ideal_full_block_hit_ratio (%.4f) is the same comparison over full blocks only.",
@@ -402,9 +478,12 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	if backend != BackendSimulation {
 		res.Note("backend kvmesh: %d `kvmesh serve` processes on 127.0.0.1, joined into one cluster (pooled) or separate (local-only), "+
 			"each with DRAM for %d blocks of %d bytes and the smallest NVMe tier (64 MiB), holding at most that many blocks in both (--max-blocks); every request is a Lookup of its tokens "+
-			"and a Put of the blocks it missed, through the Go client of the node it was routed to.", o.Nodes, enough, blockBytes)
+			"and a Put of the blocks it missed, through the Go client of the node it was routed to.", o.Nodes, tr.enough, tr.blockBytes)
 	}
+}
 
+// plot saves the capacity sweep's plot.
+func (tr *traceReplay) plot(res *Result, points []traceSweepRow) error {
 	series := GroupSeries(points, func(p traceSweepRow) (string, bool, bool, float64, float64) {
 		name := string(p.Routing) + " pooled"
 		if p.LocalOnly {
@@ -415,11 +494,8 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 		return name, false, false, p.PooledCapacityFraction, p.HitRatio
 	})
-	if err := SavePlot(env, res, "trace_hit_ratio_vs_capacity",
-		HitRatioPlot("SIMULATION: block hit ratio vs pooled capacity, "+t.Name, ideal.HitRatio, series...)); err != nil {
-		return res, err
-	}
-	return res, nil
+	return SavePlot(tr.env, res, "trace_hit_ratio_vs_capacity",
+		HitRatioPlot("SIMULATION: block hit ratio vs pooled capacity, "+tr.t.Name, tr.ideal.HitRatio, series...))
 }
 
 // evictionSweepRow is one capacity of the eviction sweep on kvmesh nodes.

@@ -32,7 +32,7 @@ type bulk interface {
 // putItem is one block to store, or one part of it. payload is read during
 // put only.
 type putItem struct {
-	// part is the part of the block payload holds (PutRank); zero: the
+	// part is the part of the block payload holds (Prompt.Rank); zero: the
 	// whole block. Parts travel over the data plane only: the gRPC API
 	// carries whole blocks.
 	part    block.Part

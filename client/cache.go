@@ -33,8 +33,8 @@ type Lookup struct {
 	PromptTokens, PromptBlocks int // the prompt, and its full blocks
 	CachedTokens, CachedBlocks int // the longest cached prefix
 	// Keys are the keys of the prompt's full blocks in order (PromptBlocks
-	// of them; from LookupTokens, only the CachedBlocks the node listed):
-	// Keys[:CachedBlocks] is the cached prefix, ready for GetKeys. The
+	// of them; with SendTokens, only the CachedBlocks the node listed):
+	// Keys[:CachedBlocks] is the cached prefix, ready for Prompt.Keys. The
 	// slice is the caller's.
 	Keys []prefixhash.Key
 	// Runs say where the cached blocks are, in prompt order: the first
@@ -53,58 +53,81 @@ func (l Lookup) Blocks() []CachedBlock {
 	return out
 }
 
-// Lookup returns the longest cached prefix of tokens under ns. The client
-// hashes the prompt and sends its chain (16 bytes a block), and the node
-// answers with counts and runs; neither side encodes a token or lists a
-// block. That is what an inference worker asks before every prefill.
-func (c *Client) Lookup(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) (Lookup, error) {
-	return c.LookupExtra(ctx, ns, tokens, nil)
-}
-
-// LookupExtra is Lookup for a prompt whose blocks carry extra keys
-// (prefixhash.ExtraKeys, such as a multimodal input's hash and offset):
-// extra[i] are block i's, extra may be shorter than the prompt's blocks.
-// Equal tokens with other extra keys are other blocks.
-func (c *Client) LookupExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys) (Lookup, error) {
-	ns, err := c.Namespace(ctx, ns)
+// Lookup returns the longest cached prefix of the prompt p under ns: how
+// many of its blocks and tokens are cached, and where. The client hashes
+// the prompt and sends its chain (16 bytes a block), and the node answers
+// with counts and runs; neither side encodes a token or lists a block. That
+// is what an inference worker asks before every prefill. SendTokens has
+// the node hash the tokens instead.
+func (c *Client) Lookup(ctx context.Context, ns prefixhash.Namespace, p Prompt, opts ...CallOption) (Lookup, error) {
+	o, err := applyOptions("lookup", opts)
 	if err != nil {
 		return Lookup{}, err
 	}
-	keys, err := prefixhash.KeysExtra(ns, tokens, extra)
+	t, err := c.newTarget(ctx, ns, p, false)
 	if err != nil {
-		return Lookup{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return Lookup{}, err
 	}
-	req := &kvmeshv1.LookupRequest{Namespace: NamespaceProto(ns), Chain: chainBytes(keys), PromptTokens: uint64(len(tokens)), Summary: true}
+	if o.sendTokens {
+		if !t.byTokens() || p.Parent != nil {
+			return Lookup{}, fmt.Errorf("%w: SendTokens sends a Prompt's Tokens, without Parent", ErrInvalid)
+		}
+		resp, err := c.lookup(ctx, &kvmeshv1.LookupRequest{Namespace: NamespaceProto(t.ns), Tokens: p.Tokens, ExtraKeys: extraKeysProto(p.Extra)})
+		if err != nil {
+			return Lookup{}, err
+		}
+		return lookupAnswer(resp, nil)
+	}
+	chain, promptTokens := t.chain(), len(p.Tokens)
+	if !t.byTokens() {
+		promptTokens = len(t.keys) * t.ns.BlockTokens
+	}
+	if p.Parent != nil {
+		promptTokens += p.Parent.Tokens()
+	}
+	req := &kvmeshv1.LookupRequest{Namespace: NamespaceProto(t.ns), Chain: chainBytes(chain), PromptTokens: uint64(promptTokens), Summary: true}
 	resp, err := c.lookup(ctx, req)
 	if err != nil {
 		return Lookup{}, err
 	}
-	if len(keys) > 0 && resp.GetPromptBlocks() == 0 {
+	if len(chain) > 0 && resp.GetPromptBlocks() == 0 && t.byTokens() && p.Parent == nil {
 		// A node older than LookupRequest.chain saw an empty prompt: ask
 		// it with the tokens.
-		req = &kvmeshv1.LookupRequest{Namespace: req.GetNamespace(), Tokens: tokens, ExtraKeys: extraKeysProto(extra)}
+		req = &kvmeshv1.LookupRequest{Namespace: req.GetNamespace(), Tokens: p.Tokens, ExtraKeys: extraKeysProto(p.Extra)}
 		if resp, err = c.lookup(ctx, req); err != nil {
 			return Lookup{}, err
 		}
 	}
-	return lookupAnswer(resp, keys)
+	l, err := lookupAnswer(resp, chain)
+	if err != nil {
+		return Lookup{}, err
+	}
+	return l.after(len(t.before), t.ns.BlockTokens), nil
 }
 
-// LookupTokens is Lookup the way the node's API first had it, and the way
-// clients that cannot hash ask: it sends the tokens, the node hashes them
-// and lists every cached block. It answers as Lookup does, at several times
-// the cost for long prompts; it is kept for comparison (kvmesh bench
-// lookup) and to check a node's hashing against the client's.
-func (c *Client) LookupTokens(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) (Lookup, error) {
-	ns, err := c.Namespace(ctx, ns)
-	if err != nil {
-		return Lookup{}, err
+// after returns l, a Lookup of a whole prompt, as one of its blocks from
+// block n on: what a Prompt with a Parent of n blocks asked.
+func (l Lookup) after(n, blockTokens int) Lookup {
+	if n == 0 {
+		return l
 	}
-	resp, err := c.lookup(ctx, &kvmeshv1.LookupRequest{Namespace: NamespaceProto(ns), Tokens: tokens})
-	if err != nil {
-		return Lookup{}, err
+	l.PromptTokens -= n * blockTokens
+	l.PromptBlocks -= n
+	l.CachedBlocks = max(0, l.CachedBlocks-n)
+	l.CachedTokens = l.CachedBlocks * blockTokens
+	l.Keys = l.Keys[n:]
+	var runs []Run
+	for _, r := range l.Runs {
+		end := r.Start + r.Blocks - n
+		if end <= 0 {
+			continue
+		}
+		r.Start = max(0, r.Start-n)
+		r.Blocks = end - r.Start
+		runs = append(runs, r)
 	}
-	return lookupAnswer(resp, nil)
+	l.Runs = runs
+	return l
 }
 
 // extraKeysProto is the wire form of per-block extra keys: the blocks
@@ -203,7 +226,7 @@ func lookupAnswer(resp *kvmeshv1.LookupResponse, keys []prefixhash.Key) (Lookup,
 // Block is a block read from the cache.
 type Block struct {
 	// Index is the block's position in the request: the block index in the
-	// prompt for Get, the position in keys for GetKeys.
+	// Prompt's Tokens, or the position in its Keys.
 	Index int
 	Key   prefixhash.Key
 	// Found is false for a miss; the other fields are then empty.
@@ -216,92 +239,117 @@ type Block struct {
 	// Payload is the block's K/V, [layer][kv_head][K|V][token][head_dim]
 	// ([layer][token][latent_dim] for a latent namespace), followed by its
 	// float32 scales when the namespace has them (prefixhash.Scales). From
-	// GetRank, it is the rank's part of the block (block.Part).
+	// a Prompt's Rank, it is the rank's part of the block (block.Part).
 	Payload []byte
 }
 
-// Get returns the blocks of the longest cached prefix of tokens under ns,
-// in prompt order (none when the first block is not cached). The blocks'
-// payloads are the caller's. Every block's tokens and parent are compared
-// with the prompt's: a block that differs ends the prefix, as a miss, and
-// is counted in RefusedBlocks.
-func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, tokens []uint32) ([]Block, error) {
-	return c.GetExtra(ctx, ns, tokens, nil)
-}
-
-// GetExtra is Get for a prompt whose blocks carry extra keys, as
-// LookupExtra.
-func (c *Client) GetExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys) ([]Block, error) {
+// Get reads the blocks of p under ns. By Tokens it returns the blocks of
+// the prompt's longest cached prefix, in prompt order (none when the first
+// block is not cached): every block's tokens and parent are compared with
+// the prompt's, and a block that differs ends the prefix, as a miss, and is
+// counted in RefusedBlocks. By Keys it returns one Block per key, in order,
+// a miss with Found false. With p.Rank, each Payload is the rank's part of
+// its block (block.Part's order); only complete blocks count, and the part
+// can be read whatever the ranks that wrote the block.
+//
+// The blocks and their payloads are the caller's; with Into, the payloads
+// are in the caller's buffers. View reads in place instead.
+func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, p Prompt, opts ...CallOption) ([]Block, error) {
+	o, err := applyOptions("get", opts)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case o.intoSet && o.each != nil:
+		return nil, fmt.Errorf("%w: Get takes Into or Each, not both", ErrInvalid)
+	case o.intoSet:
+		return c.getInto(ctx, ns, p, o.into)
+	}
+	t, err := c.newTarget(ctx, ns, p, false)
+	if err != nil {
+		return nil, err
+	}
+	if o.each != nil {
+		return nil, c.read(ctx, t, -1, false, o.each)
+	}
 	var out []Block
-	err := c.getPrefix(ctx, ns, block.Part{}, tokens, extra, -1, true, func(b Block) { out = append(out, b) })
+	if !t.byTokens() {
+		out = make([]Block, 0, len(t.keys))
+	}
+	err = c.read(ctx, t, -1, true, func(b Block) error { out = append(out, b); return nil })
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-// GetInto reads the longest cached prefix of tokens under ns, as Get does,
-// into buffers the caller owns: block i's payload into dst[i], which must be
-// ns.BlockBytes() long. It reads at most len(dst) blocks and returns how
-// many leading buffers it filled. The client writes into dst only during the
-// call and keeps no reference to it; buffers past the returned count hold
-// unspecified bytes. Blocks are copied into dst from the transport's own
-// buffer (or the node's shared memory), so a worker that reads every prompt
-// into the same buffers allocates nothing per block.
-func (c *Client) GetInto(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, dst [][]byte) (int, error) {
-	return c.getInto(ctx, ns, block.Part{}, tokens, dst)
-}
-
-// getInto is GetInto of part of each block (the whole block when part is
-// zero).
-func (c *Client) getInto(ctx context.Context, ns prefixhash.Namespace, part block.Part, tokens []uint32, dst [][]byte) (int, error) {
+// getInto is Get with Into(dst).
+func (c *Client) getInto(ctx context.Context, ns prefixhash.Namespace, p Prompt, dst [][]byte) ([]Block, error) {
+	part, err := rankPart(ns, p.Rank)
+	if err != nil {
+		return nil, err
+	}
 	for i, d := range dst {
 		if err := checkPayloadLen(ns, part, "dst", i, d); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
-	n := 0
-	err := c.getPrefix(ctx, ns, part, tokens, nil, len(dst), false, func(b Block) {
-		copy(dst[b.Index], b.Payload)
-		n++
+	t, err := c.newTarget(ctx, ns, p, false)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Block, 0, min(len(dst), len(t.keys)))
+	bt := t.ns.BlockTokens
+	err = c.read(ctx, t, len(dst), false, func(b Block) error {
+		if b.Found {
+			b.Payload = dst[b.Index][:copy(dst[b.Index], b.Payload)]
+			if t.byTokens() {
+				b.Tokens = p.Tokens[b.Index*bt : (b.Index+1)*bt : (b.Index+1)*bt] // equal, and the caller's
+			} else {
+				b.Tokens = slices.Clone(b.Tokens) // they view the transport's buffer
+			}
+		}
+		out = append(out, b)
+		return nil
 	})
-	return n, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-// getPrefix reads the cached prefix of tokens (with their blocks' extra
-// keys, none when nil) under ns, at most limit blocks (no limit when
-// negative), and hands each block to fn in prompt order: part of it when
-// part is not zero. With fresh, b.Payload is fn's to keep; otherwise it is
-// valid during the call only.
-func (c *Client) getPrefix(ctx context.Context, ns prefixhash.Namespace, part block.Part, tokens []uint32, extra []prefixhash.ExtraKeys, limit int, fresh bool, fn func(Block)) error {
-	ns, err := c.Namespace(ctx, ns)
-	if err != nil {
-		return err
-	}
-	keys, err := prefixhash.KeysExtra(ns, tokens, extra)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
+// read reads t's blocks, at most limit of them (no limit when negative),
+// and hands each to fn in order: by tokens, the cached prefix's blocks
+// that hold the prompt (a miss or a refused block ends it); by keys, every
+// block, misses included. With fresh, b.Payload is fn's to keep; otherwise
+// it is valid during the call only. An error from fn ends the read and is
+// returned.
+func (c *Client) read(ctx context.Context, t *target, limit int, fresh bool, fn func(Block) error) error {
+	keys := t.keys
 	if limit >= 0 && len(keys) > limit {
 		keys = keys[:limit]
 	}
-	root := ns.Root()
+	if !t.byTokens() {
+		if err := c.getKeys(ctx, t.ns, t.part, keys, nil, false, fresh, fn); err != nil {
+			return callError("get", err)
+		}
+		return nil
+	}
 	next := 0
-	err = c.getKeys(ctx, ns, part, keys, c.chunkKeys(ctx, ns, keys), true, fresh, func(b Block) error {
+	cks := c.chunkKeysOf(ctx, t)
+	if cks != nil {
+		cks = cks[:len(keys)]
+	}
+	err := c.getKeys(ctx, t.ns, t.part, keys, cks, true, fresh, func(b Block) error {
 		if !b.Found {
 			return nil
 		}
-		parent := root
-		if b.Index > 0 {
-			parent = keys[b.Index-1]
-		}
-		if b.Index != next || b.Parent != parent || !slices.Equal(b.Tokens, tokens[b.Index*ns.BlockTokens:(b.Index+1)*ns.BlockTokens]) {
+		if b.Index != next || !t.holds(b) {
 			c.refused.Add(1)
 			return errPrefixEnds
 		}
-		fn(b)
 		next++
-		return nil
+		return fn(b)
 	})
 	if err != nil && !errors.Is(err, errPrefixEnds) {
 		return callError("get", err)
@@ -316,20 +364,6 @@ var errPrefixEnds = errors.New("client: the cached prefix ends")
 // RefusedBlocks returns how many blocks Get received but refused because
 // they did not hold the tokens (or parent) of the prompt asked for.
 func (c *Client) RefusedBlocks() int64 { return c.refused.Load() }
-
-// GetKeys reads blocks by key and calls fn for each, in key order, misses
-// included (Found false). b.Payload and b.Tokens are valid only during the
-// call: the buffer is reused for the next block. An error from fn ends the
-// stream and is returned.
-func (c *Client) GetKeys(ctx context.Context, ns prefixhash.Namespace, keys []prefixhash.Key, fn func(b Block) error) error {
-	if err := checkNamespace(ns); err != nil {
-		return err
-	}
-	if err := c.getKeys(ctx, ns, block.Part{}, keys, nil, false, false, fn); err != nil {
-		return callError("get", err)
-	}
-	return nil
-}
 
 // getKeys splits keys into batches, each read with retries that resume after
 // the last block delivered. chunkKeys, when not nil, place keys. part, when
@@ -380,31 +414,62 @@ type callbackError struct{ err error }
 
 func (e *callbackError) Error() string { return e.err.Error() }
 
-// Put publishes blocks of the prompt tokens under ns: payloads[i] is the
-// payload of block i (tokens[i*B:(i+1)*B]), its KV bytes then its scales
-// if the namespace has them, and must be ns.BlockBytes() long; a nil payload skips its block (it is cached already). len(payloads)
-// is at most the number of full blocks. Put returns the keys of the blocks
-// it stored. payloads are not retained after Put returns.
+// Put stores the blocks of p under ns, which names them by Tokens:
+// payloads[i] is the payload of block i (tokens[i*B:(i+1)*B]), its KV bytes
+// then its scales if the namespace has them, ns.BlockBytes() long; a nil
+// payload skips its block (it is cached already). len(payloads) is at most
+// the number of full blocks. Put returns the keys of the blocks it stored.
+// payloads are read during the call only.
+//
+// With p.Rank, payloads[i] is the rank's part of block i, laid out as
+// block.Part says (for each of its layers the KV of its heads, then their
+// scales), as long as Rank.Part(ns) says. The node keeps the parts of a
+// block apart until every rank's is there; only then is the block served
+// and counted by Lookup. Put then returns the keys of the blocks whose part
+// it sent or found stored (or being sent by another rank). A part several
+// ranks hold identically (the latent of an MLA namespace at TPSize > 1;
+// replicated KV heads at TPSize > KVHeads) is claimed first: the node says
+// which blocks still need it, and only those are sent, so that the bytes
+// cross once whatever the number of ranks. A part whose bytes differ from
+// what the node holds of its block is refused: *PartConflictError
+// (ErrPartConflict, ErrInvalid). A part of a block (not the whole) needs
+// the node's data plane.
 //
 // Put is idempotent and retried on Unavailable; a failed Put may have
 // stored some of the blocks.
-func (c *Client) Put(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, payloads [][]byte) ([]prefixhash.Key, error) {
-	return c.PutExtra(ctx, ns, tokens, nil, payloads)
-}
-
-// PutExtra is Put for a prompt whose blocks carry extra keys, as
-// LookupExtra: each block's key covers its extra keys, and the node
-// stores them in its header.
-func (c *Client) PutExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys, payloads [][]byte) ([]prefixhash.Key, error) {
-	ns, err := c.Namespace(ctx, ns)
+func (c *Client) Put(ctx context.Context, ns prefixhash.Namespace, p Prompt, payloads [][]byte, opts ...CallOption) ([]prefixhash.Key, error) {
+	if _, err := applyOptions("put", opts); err != nil {
+		return nil, err
+	}
+	if p.Keys != nil {
+		return nil, fmt.Errorf("%w: Put needs a Prompt's Tokens: a block's key is computed from them", ErrInvalid)
+	}
+	t, err := c.newTarget(ctx, ns, p, true)
 	if err != nil {
 		return nil, err
 	}
-	items, err := c.putItems(ctx, ns, block.Part{}, tokens, extra, payloads)
+	items, err := c.putItems(ctx, t, payloads)
 	if err != nil {
 		return nil, err
 	}
-	return c.putBatches(ctx, ns, items)
+	if !p.Rank.shared(t.ns) {
+		return c.putBatches(ctx, t.ns, items)
+	}
+	keys := make([]prefixhash.Key, len(items))
+	for i, it := range items {
+		keys[i] = it.key
+	}
+	part := t.part
+	if part == (block.Part{}) {
+		part = block.WholePart(t.ns)
+	}
+	if items, err = c.claim(ctx, part, items); err != nil {
+		return nil, err
+	}
+	if _, err := c.putBatches(ctx, t.ns, items); err != nil {
+		return nil, err
+	}
+	return keys, nil
 }
 
 // checkPayloadLen refuses buf, the i-th of what (payloads, dst), unless it
@@ -423,43 +488,35 @@ func checkPayloadLen(ns prefixhash.Namespace, part block.Part, what string, i in
 	return nil
 }
 
-// putItems checks payloads, part of each block of tokens (the whole block
-// when part is zero; nil skips a block), and returns them as items to put,
-// under ns as the node keys it for this client (Namespace).
-func (c *Client) putItems(ctx context.Context, ns prefixhash.Namespace, part block.Part, tokens []uint32, extra []prefixhash.ExtraKeys, payloads [][]byte) ([]putItem, error) {
-	links, err := prefixhash.LinksExtra(ns, tokens, extra)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
-	keys := make([]prefixhash.Key, len(links))
-	for i, l := range links {
-		keys[i] = l.Key()
-	}
-	if len(payloads) > len(keys) {
-		return nil, fmt.Errorf("%w: %d payloads for %d full blocks of tokens", ErrInvalid, len(payloads), len(keys))
+// putItems checks payloads, t's part of each of its blocks by tokens (nil
+// skips a block), and returns them as items to put.
+func (c *Client) putItems(ctx context.Context, t *target, payloads [][]byte) ([]putItem, error) {
+	if len(payloads) > len(t.keys) {
+		return nil, fmt.Errorf("%w: %d payloads for %d full blocks of tokens", ErrInvalid, len(payloads), len(t.keys))
 	}
 	for i, p := range payloads {
 		if p != nil {
-			if err := checkPayloadLen(ns, part, "payload", i, p); err != nil {
+			if err := checkPayloadLen(t.ns, t.part, "payload", i, p); err != nil {
 				return nil, err
 			}
 		}
 	}
-	chunks := c.chunkKeys(ctx, ns, keys[:len(payloads)])
+	chunks := c.chunkKeysOf(ctx, t)
+	bt := t.ns.BlockTokens
 	var items []putItem
-	parent := ns.RootLink()
+	parent := t.parent
 	for i, p := range payloads {
 		if p != nil {
-			it := putItem{part: part, parent: parent, key: keys[i], tokens: tokens[i*ns.BlockTokens : (i+1)*ns.BlockTokens], payload: p}
-			if i < len(extra) {
-				it.extra = extra[i]
+			it := putItem{part: t.part, parent: parent, key: t.keys[i], tokens: t.p.Tokens[i*bt : (i+1)*bt], payload: p}
+			if i < len(t.p.Extra) {
+				it.extra = t.p.Extra[i]
 			}
 			if chunks != nil {
 				it.chunk = chunks[i]
 			}
 			items = append(items, it)
 		}
-		parent = links[i]
+		parent = t.links[i]
 	}
 	return items, nil
 }

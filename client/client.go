@@ -62,7 +62,8 @@ type Options struct {
 	// on the node's host, else its TCP data plane, and falls back to the
 	// next (then to gRPC) on any failure; TransportTCP skips shared memory;
 	// TransportGRPC uses the gRPC streams only, which carry whole blocks:
-	// GetRank then cuts parts out of them, and PutRank of a part fails.
+	// a Get of a rank's part then cuts it out of them, and a Put of a part
+	// fails.
 	Transport string
 	// VerifySharedMemory makes blocks read through shared memory have
 	// their payload checksum verified too. Default false: their header is

@@ -96,7 +96,7 @@ func serve(t *testing.T, f fakeNode) *Client {
 func TestRetryUnavailable(t *testing.T) {
 	f := &flaky{code: codes.Unavailable, failures: 2}
 	c := serve(t, f)
-	l, err := c.Lookup(context.Background(), testNS, make([]uint32, 8))
+	l, err := c.Lookup(context.Background(), testNS, Prompt{Tokens: make([]uint32, 8)})
 	if err != nil || l.CachedTokens != 4 {
 		t.Fatalf("Lookup after 2 Unavailable = %+v, %v; want it retried to success", l, err)
 	}
@@ -108,7 +108,7 @@ func TestRetryUnavailable(t *testing.T) {
 func TestRetryBounded(t *testing.T) {
 	f := &flaky{code: codes.Unavailable, failures: 100}
 	c := serve(t, f)
-	_, err := c.Lookup(context.Background(), testNS, nil)
+	_, err := c.Lookup(context.Background(), testNS, Prompt{})
 	if status.Code(errors.Unwrap(err)) != codes.Unavailable || f.calls.Load() != 3 {
 		t.Fatalf("Lookup = %v after %d calls; want Unavailable after 1 + MaxRetries=2", err, f.calls.Load())
 	}
@@ -118,7 +118,7 @@ func TestNoRetry(t *testing.T) {
 	// Other codes are final.
 	f := &flaky{code: codes.InvalidArgument, failures: 1}
 	c := serve(t, f)
-	if _, err := c.Lookup(context.Background(), testNS, nil); status.Code(errors.Unwrap(err)) != codes.InvalidArgument || f.calls.Load() != 1 {
+	if _, err := c.Lookup(context.Background(), testNS, Prompt{}); status.Code(errors.Unwrap(err)) != codes.InvalidArgument || f.calls.Load() != 1 {
 		t.Fatalf("Lookup = %v after %d calls; want InvalidArgument, not retried", err, f.calls.Load())
 	}
 	// DropNamespace is not retried even when Unavailable.
@@ -135,20 +135,13 @@ func TestGetResumes(t *testing.T) {
 	f := &flaky{code: codes.Unavailable, failures: 2}
 	c := serve(t, f)
 	keys := prefixhash.Keys(testNS, make([]uint32, 5*4))
-	var got []int
-	err := c.GetKeys(context.Background(), testNS, keys, func(b Block) error {
-		got = append(got, b.Index)
-		if b.Key != keys[b.Index] {
-			t.Errorf("block %d has key %s, want %s", b.Index, b.Key, keys[b.Index])
-		}
-		return nil
-	})
-	if err != nil || len(got) != 5 {
-		t.Fatalf("GetKeys delivered %v, %v; want blocks 0..4 once each", got, err)
+	blocks, err := c.Get(context.Background(), testNS, Prompt{Keys: keys})
+	if err != nil || len(blocks) != 5 {
+		t.Fatalf("Get delivered %d blocks, %v; want blocks 0..4 once each", len(blocks), err)
 	}
-	for i, idx := range got {
-		if idx != i {
-			t.Fatalf("GetKeys delivered %v, want 0..4 in order", got)
+	for i, b := range blocks {
+		if b.Index != i || b.Key != keys[i] {
+			t.Fatalf("Get delivered block %d (key %s) at %d, want block %d (key %s): 0..4 in order", b.Index, b.Key, i, i, keys[i])
 		}
 	}
 }
@@ -157,13 +150,13 @@ func TestInvalidBeforeSending(t *testing.T) {
 	f := &flaky{}
 	c := serve(t, f)
 	ctx := context.Background()
-	if _, err := c.Lookup(ctx, prefixhash.Namespace{}, nil); !errors.Is(err, ErrInvalid) {
+	if _, err := c.Lookup(ctx, prefixhash.Namespace{}, Prompt{}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Lookup with the zero namespace = %v, want ErrInvalid", err)
 	}
-	if _, err := c.Put(ctx, testNS, make([]uint32, 4), [][]byte{make([]byte, 3)}); !errors.Is(err, ErrInvalid) {
+	if _, err := c.Put(ctx, testNS, Prompt{Tokens: make([]uint32, 4)}, [][]byte{make([]byte, 3)}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Put of a short payload = %v, want ErrInvalid", err)
 	}
-	if _, err := c.Put(ctx, testNS, make([]uint32, 4), make([][]byte, 2)); !errors.Is(err, ErrInvalid) {
+	if _, err := c.Put(ctx, testNS, Prompt{Tokens: make([]uint32, 4)}, make([][]byte, 2)); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Put of more payloads than blocks = %v, want ErrInvalid", err)
 	}
 	if f.calls.Load() != 0 {

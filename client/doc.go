@@ -1,20 +1,28 @@
 // Package client is the Go client of kvmesh, for inference workers and the
 // CLI.
 //
-// A worker speaks in token sequences: Lookup asks how much of a prompt is
-// cached (it sends the prompt's chain, 16 bytes a block, and gets counts and
-// runs of blocks per node back), Get reads the cached prefix's blocks, Put
-// publishes the blocks it computed. The client turns tokens into block keys itself with prefixhash
-// (k_0 = H(namespace), k_i = H(k_{i-1} ‖ block i's tokens)), so a key never
-// depends on which node or process computed it.
+// A worker speaks in token sequences. There is one method per operation,
+// each over a Prompt (which blocks: a prompt's tokens and its blocks' extra
+// keys, the chain it continues, or blocks by key; which data of each: the
+// whole block or a rank's part) and per-call options (CallOption): Lookup
+// asks how much of a prompt is cached (it sends the prompt's chain, 16
+// bytes a block, and gets counts and runs of blocks per node back), Get
+// reads the cached prefix's blocks (into new buffers, the caller's with
+// Into, or a callback with Each), View reads them in place until
+// View.Release, Put publishes the
+// blocks the worker computed. The client turns tokens into block keys
+// itself with prefixhash (k_0 = H(namespace), k_i = H(k_{i-1} ‖ block i's
+// tokens)), so a key never depends on which node or process computed it.
+// The methods of one per combination that came before (PutRank, GetInto,
+// GetKeys, ...) stay one release as deprecated wrappers (deprecated.go).
 //
-// A model instance spread over several GPUs puts and gets per rank: PutRank
-// stores a tensor- or pipeline-parallel rank's part of each block (its KV
-// heads, its layers; block.RankPart) and GetRank reads a rank's part. The
-// node assembles a block's parts and serves it, and Lookup counts it, only
-// once all of them are there; the key names the whole model's KV, so a
-// prompt written at one parallel size is read at any other (written at
-// TP 2, read at TP 4 or by a single GPU). A part several ranks hold alike
+// A model instance spread over several GPUs puts and gets per rank
+// (Prompt.Rank): Put stores a tensor- or pipeline-parallel rank's part of
+// each block (its KV heads, its layers; block.RankPart) and Get reads a
+// rank's part. The node assembles a block's parts and serves it, and
+// Lookup counts it, only once all of them are there; the key names the
+// whole model's KV, so a prompt written at one parallel size is read at
+// any other (written at TP 2, read at TP 4 or by a single GPU). A part several ranks hold alike
 // (the latent of an MLA model) is claimed before it is sent, so that it
 // crosses once. Parts travel over the data plane (rank.go).
 //
@@ -29,11 +37,11 @@
 // transfer; dataplane.go) when it has one: on the node's host, its shared
 // memory (blocks are read in place: in the node's DRAM arena, which a client
 // with a node-wide token maps, under a lease the node holds until the
-// window's result is released, else in a region the node copies them into;
-// valid only during the callback of GetKeys, or until View.Release for
-// GetView; Get copies; puts are written straight into slots the node
-// reserved in its arena and then committed); elsewhere its TCP data plane; and the gRPC streams when neither works, or
-// with Options.Transport set to TransportGRPC. A transport that fails moves
+// window's result is released, else in a region the node copies them
+// into; valid until View.Release; Get copies; puts are written straight
+// into slots the node reserved in its arena and then committed); elsewhere
+// its TCP data plane; and the gRPC streams when neither works, or with
+// Options.Transport set to TransportGRPC. A transport that fails moves
 // the call to the next one and is left alone for a while. The data plane
 // serves the node's own tiers: what the node lacks is read through BatchGet,
 // which reaches the rest of the cluster, and blocks put through it are
@@ -47,10 +55,11 @@
 // always, its payload checksum when it crossed a socket (and through shared
 // memory with Options.VerifySharedMemory).
 //
-// Reads of a prompt (Get) and Put send each block's chunk key (placement:
-// see proto/kvmesh/v1/cache.proto), computed from the chain with the
-// cluster's chunk size; GetKeys and Exists, given keys alone, do not, and the
-// node then asks every member.
+// Reads of a prompt by tokens (Get, View) and Put send each block's chunk
+// key (placement: see proto/kvmesh/v1/cache.proto), computed from the chain
+// (Prompt.Parent's blocks first) with the cluster's chunk size; reads by
+// key and Exists, given keys alone, do not, and the node then asks every
+// member.
 //
 // Errors: a call the node refuses returns an *Error carrying its gRPC status
 // code, the reason the node gave (a stable name, see
@@ -73,9 +82,11 @@
 // again.
 //
 // Ownership: the Blocks Get returns, and their payloads, are the caller's.
-// GetInto copies the prefix into buffers the caller owns (and may reuse),
-// writing them during the call only. GetKeys hands each block to its
-// callback with Payload and Tokens valid only during that call (they may
-// alias a reused buffer or the node's shared memory); copy what must outlive
-// it. Put and PutKeys read the payloads they are given during the call only.
+// Get with Into copies the blocks into buffers the caller owns (and may
+// reuse), writing them during the call only. Get with Each hands each block
+// to a callback with Payload and Tokens valid only during that call. View
+// hands blocks out with
+// Payload and Tokens valid only until View.Release (they may alias a
+// receive buffer or the node's shared memory); copy what must outlive it.
+// Put reads the payloads it is given during the call only.
 package client

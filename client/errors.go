@@ -41,9 +41,9 @@ var (
 	// ErrUnavailable: the node could not be reached, or was shutting down,
 	// after the retries a safe call is given.
 	ErrUnavailable = errors.New("client: node unavailable")
-	// ErrPartConflict: a part PutRank sent overlaps what the node already
-	// holds of its block with different bytes; the node stored nothing of
-	// that part. Ranks that disagree on a block's KV computed different
+	// ErrPartConflict: a part Put sent (a Prompt's Rank) overlaps what the
+	// node already holds of its block with different bytes; the node stored
+	// nothing of that part. Ranks that disagree on a block's KV computed different
 	// prompts or models under one namespace. It is an invalid argument:
 	// it matches ErrInvalid too, and errors.As reaches the
 	// *PartConflictError, which names the block and the part.

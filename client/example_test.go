@@ -82,7 +82,7 @@ func dial() (*client.Client, func()) {
 func cachedPrompt() (*client.Client, func()) {
 	c, stop := dial()
 	tokens, payloads := prompt()
-	if _, err := c.Put(context.Background(), ns, tokens, payloads); err != nil {
+	if _, err := c.Put(context.Background(), ns, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		log.Fatal(err)
 	}
 	return c, stop
@@ -110,7 +110,7 @@ func ExampleClient_Put() {
 	defer stop()
 
 	tokens, payloads := prompt()
-	keys, err := c.Put(context.Background(), ns, tokens, payloads)
+	keys, err := c.Put(context.Background(), ns, client.Prompt{Tokens: tokens}, payloads)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -118,62 +118,10 @@ func ExampleClient_Put() {
 	// Output: 2 blocks stored; the first is true
 }
 
-func ExampleClient_Lookup() {
-	c, stop := dial()
-	defer stop()
-	ctx := context.Background()
-	tokens, payloads := prompt()
-	if _, err := c.Put(ctx, ns, tokens, payloads[:1]); err != nil {
-		log.Fatal(err)
-	}
-
-	l, err := c.Lookup(ctx, ns, tokens)
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Printf("%d of %d tokens cached, on %s\n", l.CachedTokens, l.PromptTokens, l.Runs[0].NodeID)
-	// Output: 16 of 40 tokens cached, on example
-}
-
-func ExampleClient_Get() {
-	c, stop := cachedPrompt()
-	defer stop()
-	ctx := context.Background()
-	tokens, payloads := prompt()
-
-	blocks, err := c.Get(ctx, ns, tokens)
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, b := range blocks {
-		fmt.Println("block", b.Index, bytes.Equal(b.Payload, payloads[b.Index]))
-	}
-	// Output:
-	// block 0 true
-	// block 1 true
-}
-
-func ExampleClient_GetInto() {
-	c, stop := cachedPrompt()
-	defer stop()
-	ctx := context.Background()
-	tokens, payloads := prompt()
-
-	// The worker's own buffers (its KV cache pages, say), reused for every
-	// prompt: one per block it can take.
-	dst := [][]byte{make([]byte, ns.BlockBytes()), make([]byte, ns.BlockBytes()), make([]byte, ns.BlockBytes())}
-	n, err := c.GetInto(ctx, ns, tokens, dst)
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println(n, "blocks read;", bytes.Equal(dst[1], payloads[1]))
-	// Output: 2 blocks read; true
-}
-
 // Two tensor-parallel ranks of an instance each put their half of every
 // block's KV heads; the blocks count as cached once both halves are there,
 // and a single-GPU worker reads them whole.
-func ExampleClient_PutRank() {
+func ExampleClient_Put_rank() {
 	c, stop := dial()
 	defer stop()
 	ctx := context.Background()
@@ -191,17 +139,17 @@ func ExampleClient_PutRank() {
 		for i, p := range payloads {
 			mine[i] = l.ExtractPart(nil, p, ns.BlockTokens, part)
 		}
-		if _, err := c.PutRank(ctx, ns, tokens, mine, r); err != nil {
+		if _, err := c.Put(ctx, ns, client.Prompt{Tokens: tokens, Rank: r}, mine); err != nil {
 			log.Fatal(err)
 		}
-		lk, err := c.Lookup(ctx, ns, tokens)
+		lk, err := c.Lookup(ctx, ns, client.Prompt{Tokens: tokens})
 		if err != nil {
 			log.Fatal(err)
 		}
 		fmt.Printf("rank %d put %s: %d blocks cached\n", rank, part, lk.CachedBlocks)
 	}
 
-	blocks, err := c.GetRank(ctx, ns, tokens, client.Rank{}) // TP 1: the whole block, as Get
+	blocks, err := c.Get(ctx, ns, client.Prompt{Tokens: tokens}) // the zero Rank: the whole block
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -213,6 +161,149 @@ func ExampleClient_PutRank() {
 	// rank 1 put layers [0,2) heads [1,2): 2 blocks cached
 	// block 0 whole: true
 	// block 1 whole: true
+}
+
+func ExampleClient_Lookup() {
+	c, stop := dial()
+	defer stop()
+	ctx := context.Background()
+	tokens, payloads := prompt()
+	if _, err := c.Put(ctx, ns, client.Prompt{Tokens: tokens}, payloads[:1]); err != nil {
+		log.Fatal(err)
+	}
+
+	l, err := c.Lookup(ctx, ns, client.Prompt{Tokens: tokens})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%d of %d tokens cached, on %s\n", l.CachedTokens, l.PromptTokens, l.Runs[0].NodeID)
+	// Output: 16 of 40 tokens cached, on example
+}
+
+// A conversation's next turn continues the chain of the turns before it:
+// only the new tokens are hashed, and their blocks are placed and counted
+// as the whole prompt's.
+func ExampleClient_Lookup_parent() {
+	c, stop := cachedPrompt()
+	defer stop()
+	ctx := context.Background()
+	tokens, _ := prompt()
+
+	salted, err := c.Namespace(ctx, ns) // the namespace as the node keys it for this client
+	if err != nil {
+		log.Fatal(err)
+	}
+	turn1 := prefixhash.NewChain(salted)
+	turn1.Extend(tokens[:16]) // the first turn: block 0
+	l, err := c.Lookup(ctx, ns, client.Prompt{Tokens: tokens[16:], Parent: turn1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("after the first turn: %d of %d blocks cached; the next is %v\n", l.CachedBlocks, l.PromptBlocks, l.Keys[0] == prefixhash.Keys(ns, tokens)[1])
+	// Output: after the first turn: 1 of 1 blocks cached; the next is true
+}
+
+func ExampleClient_Get() {
+	c, stop := cachedPrompt()
+	defer stop()
+	ctx := context.Background()
+	tokens, payloads := prompt()
+
+	blocks, err := c.Get(ctx, ns, client.Prompt{Tokens: tokens})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, b := range blocks {
+		fmt.Println("block", b.Index, bytes.Equal(b.Payload, payloads[b.Index]))
+	}
+	// Output:
+	// block 0 true
+	// block 1 true
+}
+
+func ExampleClient_Get_into() {
+	c, stop := cachedPrompt()
+	defer stop()
+	ctx := context.Background()
+	tokens, payloads := prompt()
+
+	// The worker's own buffers (its KV cache pages, say), reused for every
+	// prompt: one per block it can take.
+	dst := [][]byte{make([]byte, ns.BlockBytes()), make([]byte, ns.BlockBytes()), make([]byte, ns.BlockBytes())}
+	blocks, err := c.Get(ctx, ns, client.Prompt{Tokens: tokens}, client.Into(dst))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(blocks), "blocks read;", bytes.Equal(dst[1], payloads[1]))
+	// Output: 2 blocks read; true
+}
+
+// Blocks by key (here the ones a Lookup found, and one that is not cached):
+// one Block per key, a miss with Found false.
+func ExampleClient_Get_keys() {
+	c, stop := cachedPrompt()
+	defer stop()
+	ctx := context.Background()
+	tokens, _ := prompt()
+
+	l, err := c.Lookup(ctx, ns, client.Prompt{Tokens: tokens})
+	if err != nil {
+		log.Fatal(err)
+	}
+	keys := append(l.Keys[:l.CachedBlocks:l.CachedBlocks], prefixhash.Key{1})
+	blocks, err := c.Get(ctx, ns, client.Prompt{Keys: keys})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, b := range blocks {
+		fmt.Println("key", b.Index, "found:", b.Found)
+	}
+	// Output:
+	// key 0 found: true
+	// key 1 found: true
+	// key 2 found: false
+}
+
+// Each streams the blocks to a callback as they arrive: a read of many
+// blocks holds one at a time.
+func ExampleClient_Get_each() {
+	c, stop := cachedPrompt()
+	defer stop()
+	ctx := context.Background()
+	tokens, payloads := prompt()
+
+	_, err := c.Get(ctx, ns, client.Prompt{Tokens: tokens}, client.Each(func(b client.Block) error {
+		// b.Payload is valid during the call only.
+		fmt.Println("block", b.Index, bytes.Equal(b.Payload, payloads[b.Index]))
+		return nil
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// block 0 true
+	// block 1 true
+}
+
+// View reads in place: on the node's host the payloads are the node's own
+// memory, held for the caller until Release.
+func ExampleClient_View() {
+	c, stop := cachedPrompt()
+	defer stop()
+	ctx := context.Background()
+	tokens, payloads := prompt()
+
+	v, err := c.View(ctx, ns, client.Prompt{Tokens: tokens})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer v.Release()
+	for _, b := range v.Blocks {
+		fmt.Println("block", b.Index, bytes.Equal(b.Payload, payloads[b.Index]))
+	}
+	// Output:
+	// block 0 true
+	// block 1 true
 }
 
 func ExampleClient_Stats() {
@@ -240,7 +331,7 @@ func ExampleError() {
 	}
 	tokens, payloads := prompt()
 
-	_, err := c.Put(ctx, ns, tokens, payloads)
+	_, err := c.Put(ctx, ns, client.Prompt{Tokens: tokens}, payloads)
 	fmt.Println("over the quota:", errors.Is(err, client.ErrQuota))
 	var e *client.Error
 	if errors.As(err, &e) {

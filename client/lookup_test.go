@@ -48,7 +48,7 @@ func TestLookupOfAnOlderNode(t *testing.T) {
 	for i := range tokens {
 		tokens[i] = uint32(i)
 	}
-	l, err := c.Lookup(context.Background(), testNS, tokens)
+	l, err := c.Lookup(context.Background(), testNS, Prompt{Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestLookupOfAnOlderNode(t *testing.T) {
 	if len(bl) != 5 || bl[1] != (CachedBlock{Key: keys[1], NodeID: "a", Tier: "dram"}) || bl[4] != (CachedBlock{Key: keys[4], NodeID: "b"}) {
 		t.Fatalf("Blocks() = %+v", bl)
 	}
-	lt, err := c.LookupTokens(context.Background(), testNS, tokens)
+	lt, err := c.Lookup(context.Background(), testNS, Prompt{Tokens: tokens}, SendTokens())
 	if err != nil || lt.CachedBlocks != 5 || !slices.Equal(lt.Runs, want) || !slices.Equal(lt.Keys, keys[:5]) {
 		t.Fatalf("LookupTokens = %+v, %v", lt, err)
 	}

@@ -15,7 +15,7 @@ import (
 // model's KV of its tokens; each rank puts and gets its part of it (the
 // KV heads and layers it holds, block.RankPart), and the node assembles
 // the parts: a block is served, and counted by Lookup, once every part of
-// it is there. Which part a call moves is the caller's Rank, not the
+// it is there. Which part a call moves is the caller's Prompt.Rank, not the
 // namespace's, so that instances of different parallel sizes share blocks.
 //
 // Parts travel over the node's data plane (its shared memory or TCP): the
@@ -99,65 +99,6 @@ func partRefused(it *putItem, st []transfer.Status, j int) error {
 	return fmt.Errorf("block %s, %s: the node failed the part (status %s)", it.key, it.part, st[j])
 }
 
-// PutRank stores the rank's part of each block of the prompt tokens under
-// ns: payloads[i] is its part of block i (tokens[i*B:(i+1)*B]), laid out as
-// block.Part says (for each of its layers the KV of its heads, then their
-// scales), Rank.Part(ns) long; a nil payload skips its block. The node
-// keeps the parts of a block apart until every rank's is there; only then
-// is the block served and counted by Lookup. PutRank returns the keys of
-// the blocks whose part it sent or found stored (or being sent by another
-// rank).
-//
-// A part several ranks hold identically (the latent of an MLA namespace at
-// TPSize > 1; replicated KV heads at TPSize > KVHeads) is claimed first: the
-// node says which blocks still need it, and only those are sent, so that
-// the bytes cross once whatever the number of ranks.
-//
-// A part whose bytes differ from what the node holds of its block is
-// refused: *PartConflictError (ErrPartConflict, ErrInvalid). An invalid
-// rank is ErrInvalid before anything is sent. A part of a block (not the
-// whole) needs the node's data plane. Like Put, PutRank is idempotent; a
-// failed PutRank may have stored some of the parts.
-func (c *Client) PutRank(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, payloads [][]byte, r Rank) ([]prefixhash.Key, error) {
-	return c.PutRankExtra(ctx, ns, tokens, nil, payloads, r)
-}
-
-// PutRankExtra is PutRank for a prompt whose blocks carry extra keys, as
-// PutExtra.
-func (c *Client) PutRankExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys, payloads [][]byte, r Rank) ([]prefixhash.Key, error) {
-	part, err := rankPart(ns, r)
-	if err != nil {
-		return nil, err
-	}
-	if part == (block.Part{}) && !r.shared(ns) {
-		return c.PutExtra(ctx, ns, tokens, extra, payloads)
-	}
-	if ns, err = c.Namespace(ctx, ns); err != nil {
-		return nil, err
-	}
-	items, err := c.putItems(ctx, ns, part, tokens, extra, payloads)
-	if err != nil {
-		return nil, err
-	}
-	keys := make([]prefixhash.Key, len(items))
-	for i, it := range items {
-		keys[i] = it.key
-	}
-	if r.shared(ns) {
-		p := part
-		if p == (block.Part{}) {
-			p = block.WholePart(ns)
-		}
-		if items, err = c.claim(ctx, p, items); err != nil {
-			return nil, err
-		}
-	}
-	if _, err := c.putBatches(ctx, ns, items); err != nil {
-		return nil, err
-	}
-	return keys, nil
-}
-
 // claim asks the node which of items, part p of their blocks, still need
 // to be sent, and returns those: the ones it answered ClaimWrite (the
 // client now holds the claim, which the put releases). The others are
@@ -188,7 +129,7 @@ func (c *Client) claim(ctx context.Context, p block.Part, items []putItem) ([]pu
 			}
 			st, err := pp.Claim(ctx, keys, parts)
 			if err == nil && len(st) == len(keys) {
-				return keep(func(i int) bool { return st[i] == transfer.ClaimWrite }), nil
+				return keep(func(i int) bool { return st[i] == block.ClaimWrite }), nil
 			}
 			if ctx.Err() != nil {
 				return nil, callError("put", ctx.Err())
@@ -203,41 +144,4 @@ func (c *Client) claim(ctx context.Context, p block.Part, items []putItem) ([]pu
 		return nil, err
 	}
 	return keep(func(i int) bool { return !have[i] }), nil
-}
-
-// GetRank returns the rank's part of each block of the longest cached
-// prefix of tokens under ns, in prompt order: Block.Payload is the part's
-// bytes (block.Part's order), the caller's to keep. Only complete blocks
-// count, as for Lookup and Get: a block some rank has not put yet ends the
-// prefix. Every part is verified as Get verifies blocks (header, key,
-// tokens and parent, payload checksum), and the rank's part can be read
-// whatever the ranks that wrote the block: written at TP 8, read at TP 2
-// or whole. An invalid rank is ErrInvalid before anything is sent.
-func (c *Client) GetRank(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, r Rank) ([]Block, error) {
-	return c.GetRankExtra(ctx, ns, tokens, nil, r)
-}
-
-// GetRankExtra is GetRank for a prompt whose blocks carry extra keys, as
-// GetExtra.
-func (c *Client) GetRankExtra(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, extra []prefixhash.ExtraKeys, r Rank) ([]Block, error) {
-	part, err := rankPart(ns, r)
-	if err != nil {
-		return nil, err
-	}
-	var out []Block
-	if err := c.getPrefix(ctx, ns, part, tokens, extra, -1, true, func(b Block) { out = append(out, b) }); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// GetRankInto is GetInto of the rank's part: block i's part goes into
-// dst[i], which must be the part's length (block.Layout.PartLen of
-// Rank.Part(ns)). It returns how many leading buffers it filled.
-func (c *Client) GetRankInto(ctx context.Context, ns prefixhash.Namespace, tokens []uint32, dst [][]byte, r Rank) (int, error) {
-	part, err := rankPart(ns, r)
-	if err != nil {
-		return 0, err
-	}
-	return c.getInto(ctx, ns, part, tokens, dst)
 }

@@ -112,16 +112,16 @@ func TestBadRankNoIO(t *testing.T) {
 	tokens := make([]uint32, 8)
 	ctx := context.Background()
 	bad := Rank{TPRank: 0, TPSize: 3}
-	if _, err := c.PutRank(ctx, rankNS, tokens, [][]byte{make([]byte, 8)}, bad); !errors.Is(err, ErrInvalid) {
+	if _, err := c.Put(ctx, rankNS, Prompt{Tokens: tokens, Rank: bad}, [][]byte{make([]byte, 8)}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("PutRank of TP 3 of 4 heads: %v", err)
 	}
-	if _, err := c.GetRank(ctx, rankNS, tokens, bad); !errors.Is(err, ErrInvalid) {
+	if _, err := c.Get(ctx, rankNS, Prompt{Tokens: tokens, Rank: bad}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("GetRank of TP 3 of 4 heads: %v", err)
 	}
-	if _, err := c.GetRankInto(ctx, rankNS, tokens, nil, Rank{PPSize: 9}); !errors.Is(err, ErrInvalid) {
-		t.Errorf("GetRankInto of 9 stages of 3 layers: %v", err)
+	if _, err := c.Get(ctx, rankNS, Prompt{Tokens: tokens, Rank: Rank{PPSize: 9}}, Into(nil)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Get into buffers of 9 stages of 3 layers: %v", err)
 	}
-	if _, err := c.GetRank(ctx, prefixhash.Namespace{}, tokens, Rank{}); !errors.Is(err, ErrInvalid) {
+	if _, err := c.Get(ctx, prefixhash.Namespace{}, Prompt{Tokens: tokens}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("GetRank of an empty namespace: %v", err)
 	}
 	if n := node.calls.Load(); n != 0 {
@@ -147,7 +147,7 @@ func TestGetRank(t *testing.T) {
 	l := block.LayoutOf(ns)
 	r := Rank{TPRank: 1, TPSize: 2, PPRank: 1, PPSize: 2}
 	p, _ := r.Part(ns)
-	blocks, err := c.GetRank(context.Background(), ns, tokens, r)
+	blocks, err := c.Get(context.Background(), ns, Prompt{Tokens: tokens, Rank: r})
 	if err != nil || len(blocks) != 2 {
 		t.Fatalf("GetRank: %d blocks, %v; want the 2 before the lying one", len(blocks), err)
 	}
@@ -158,12 +158,12 @@ func TestGetRank(t *testing.T) {
 		}
 	}
 	dst := [][]byte{make([]byte, l.PartLen(ns.BlockTokens, p)), make([]byte, l.PartLen(ns.BlockTokens, p))}
-	if n, err := c.GetRankInto(context.Background(), ns, tokens, dst, r); n != 2 || err != nil || !bytes.Equal(dst[1], blocks[1].Payload) {
-		t.Errorf("GetRankInto = %d, %v; want 2 parts as GetRank read them", n, err)
+	if got, err := c.Get(context.Background(), ns, Prompt{Tokens: tokens, Rank: r}, Into(dst)); len(got) != 2 || err != nil || !bytes.Equal(dst[1], blocks[1].Payload) {
+		t.Errorf("Get of a rank into buffers = %d blocks, %v; want 2 parts as Get read them", len(got), err)
 	}
 	dst[1] = dst[1][1:]
-	if _, err := c.GetRankInto(context.Background(), ns, tokens, dst, r); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), p.String()) {
-		t.Errorf("GetRankInto with a short buffer: %v; want ErrInvalid naming the part", err)
+	if _, err := c.Get(context.Background(), ns, Prompt{Tokens: tokens, Rank: r}, Into(dst)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), p.String()) {
+		t.Errorf("Get of a rank into a short buffer: %v; want ErrInvalid naming the part", err)
 	}
 }
 
@@ -182,19 +182,19 @@ func TestPutRankParts(t *testing.T) {
 	n := block.LayoutOf(ns).PartLen(ns.BlockTokens, p)
 	payloads := [][]byte{make([]byte, n), nil}
 	ctx := context.Background()
-	if _, err := c.PutRank(ctx, ns, tokens, payloads, r); !errors.Is(err, errPartsNeedDataPlane) {
+	if _, err := c.Put(ctx, ns, Prompt{Tokens: tokens, Rank: r}, payloads); !errors.Is(err, errPartsNeedDataPlane) {
 		t.Errorf("PutRank of a part over gRPC alone: %v; want errPartsNeedDataPlane", err)
 	}
 	rb := &recordingBulk{}
 	c.bulk = rb
-	keys, err := c.PutRank(ctx, ns, tokens, payloads, r)
+	keys, err := c.Put(ctx, ns, Prompt{Tokens: tokens, Rank: r}, payloads)
 	if err != nil || len(keys) != 1 || len(rb.items) != 1 || rb.items[0].part != p || rb.items[0].key != keys[0] {
 		t.Fatalf("PutRank: %v, %v; sent %+v; want block 0's %s", keys, err, rb.items, p)
 	}
-	if _, err := c.PutRank(ctx, ns, tokens, [][]byte{make([]byte, n+1)}, r); !errors.Is(err, ErrInvalid) {
+	if _, err := c.Put(ctx, ns, Prompt{Tokens: tokens, Rank: r}, [][]byte{make([]byte, n+1)}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("PutRank of a payload longer than the part: %v", err)
 	}
-	if _, err := c.PutRank(ctx, ns, tokens, [][]byte{nil, nil, make([]byte, n)}, r); !errors.Is(err, ErrInvalid) {
+	if _, err := c.Put(ctx, ns, Prompt{Tokens: tokens, Rank: r}, [][]byte{nil, nil, make([]byte, n)}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("PutRank of 3 payloads for 2 blocks: %v", err)
 	}
 	if len(rb.items) != 1 {
@@ -202,7 +202,7 @@ func TestPutRankParts(t *testing.T) {
 	}
 	// The whole block (a single-GPU rank) is a plain put.
 	rb.items = nil
-	if _, err := c.PutRank(ctx, ns, tokens, [][]byte{make([]byte, ns.BlockBytes())}, Rank{}); err != nil || len(rb.items) != 1 || rb.items[0].part != (block.Part{}) {
+	if _, err := c.Put(ctx, ns, Prompt{Tokens: tokens}, [][]byte{make([]byte, ns.BlockBytes())}); err != nil || len(rb.items) != 1 || rb.items[0].part != (block.Part{}) {
 		t.Errorf("PutRank of the whole block: %v, sent %+v", err, rb.items)
 	}
 }
@@ -229,7 +229,7 @@ func TestPutRankSharedAsksFirst(t *testing.T) {
 		p, _ := c.r.Part(c.ns)
 		n := block.LayoutOf(c.ns).PartLen(c.ns.BlockTokens, p)
 		tokens := make([]uint32, 2*c.ns.BlockTokens)
-		keys, err := cl.PutRank(context.Background(), c.ns, tokens, [][]byte{make([]byte, n), make([]byte, n)}, c.r)
+		keys, err := cl.Put(context.Background(), c.ns, Prompt{Tokens: tokens, Rank: c.r}, [][]byte{make([]byte, n), make([]byte, n)})
 		if err != nil || len(keys) != 2 {
 			t.Fatalf("%s %s: %v, %v", c.ns.Model, c.r, keys, err)
 		}
@@ -243,7 +243,7 @@ func TestPutRankSharedAsksFirst(t *testing.T) {
 // part range) and whose claims answer claims, recording the records put.
 type scriptedNode struct {
 	status func(p block.Part) transfer.Status
-	claims []transfer.ClaimStatus
+	claims []block.ClaimStatus
 	mu     sync.Mutex
 	puts   []block.Header
 }
@@ -270,7 +270,7 @@ func (s *scriptedNode) PutPublish(_ context.Context, _, _ []prefixhash.Key, vals
 	}
 }
 
-func (s *scriptedNode) Claim(_ context.Context, keys []prefixhash.Key, _ []block.Part, st []transfer.ClaimStatus) {
+func (s *scriptedNode) Claim(_ context.Context, keys []prefixhash.Key, _ []block.Part, st []block.ClaimStatus) {
 	copy(st, s.claims)
 }
 
@@ -323,7 +323,7 @@ func TestPutRankStatuses(t *testing.T) {
 			return c.st
 		}}
 		cl := scriptedClient(t, sn)
-		_, err := cl.PutRank(ctx, ns, tokens, payloads, r)
+		_, err := cl.Put(ctx, ns, Prompt{Tokens: tokens, Rank: r}, payloads)
 		switch {
 		case err == nil:
 			t.Errorf("status %s: no error", c.st)
@@ -340,11 +340,11 @@ func TestPutRankStatuses(t *testing.T) {
 
 	// The latent at TP 8: claims say which blocks this rank sends.
 	sn := &scriptedNode{status: func(block.Part) transfer.Status { return transfer.StatusOK },
-		claims: []transfer.ClaimStatus{transfer.ClaimComplete, transfer.ClaimWrite, transfer.ClaimClaimed}}
+		claims: []block.ClaimStatus{block.ClaimComplete, block.ClaimWrite, block.ClaimClaimed}}
 	cl := scriptedClient(t, sn)
 	lt := make([]uint32, 3*latentNS.BlockTokens)
 	lp := [][]byte{make([]byte, latentNS.BlockBytes()), make([]byte, latentNS.BlockBytes()), make([]byte, latentNS.BlockBytes())}
-	got, err := cl.PutRank(ctx, latentNS, lt, lp, Rank{TPRank: 5, TPSize: 8})
+	got, err := cl.Put(ctx, latentNS, Prompt{Tokens: lt, Rank: Rank{TPRank: 5, TPSize: 8}}, lp)
 	if err != nil || len(got) != 3 {
 		t.Fatalf("latent PutRank: %v, %v", got, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -73,7 +74,7 @@ func lyingClient(t *testing.T) (*Client, prefixhash.Namespace, []uint32) {
 func TestGetComparesTokens(t *testing.T) {
 	c, ns, tokens := lyingClient(t)
 	c.bulk = lyingBulk{tokens: tokens, bad: 2}
-	blocks, err := c.Get(context.Background(), ns, tokens)
+	blocks, err := c.Get(context.Background(), ns, Prompt{Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,14 +82,15 @@ func TestGetComparesTokens(t *testing.T) {
 		t.Fatalf("Get: %d blocks, %d refused; want blocks 0 and 1, block 2 refused", len(blocks), c.RefusedBlocks())
 	}
 	c.bulk = lyingBulk{tokens: tokens, bad: -1}
-	if blocks, err = c.Get(context.Background(), ns, tokens); err != nil || len(blocks) != 4 {
+	if blocks, err = c.Get(context.Background(), ns, Prompt{Tokens: tokens}); err != nil || len(blocks) != 4 {
 		t.Fatalf("honest Get: %d blocks, %v", len(blocks), err)
 	}
 }
 
-// TestGetInto: GetInto fills the caller's buffers with the cached prefix,
-// at most len(dst) blocks, stops where Get stops, and refuses buffers of
-// the wrong size before asking anything.
+// TestGetInto: Get with Into fills the caller's buffers with the cached
+// prefix, at most len(dst) blocks, stops where Get stops, returns blocks
+// whose payloads are the buffers, and refuses buffers of the wrong size
+// before asking anything.
 func TestGetInto(t *testing.T) {
 	c, ns, tokens := lyingClient(t)
 	c.bulk = lyingBulk{tokens: tokens, bad: 2}
@@ -96,21 +98,24 @@ func TestGetInto(t *testing.T) {
 	for i := range dst {
 		dst[i] = make([]byte, ns.BlockBytes())
 	}
-	n, err := c.GetInto(context.Background(), ns, tokens, dst)
-	if err != nil || n != 2 {
-		t.Fatalf("GetInto = %d, %v; want the 2 blocks before the refused one", n, err)
+	got, err := c.Get(context.Background(), ns, Prompt{Tokens: tokens}, Into(dst))
+	if err != nil || len(got) != 2 {
+		t.Fatalf("Get into = %d blocks, %v; want the 2 blocks before the refused one", len(got), err)
 	}
-	for i := range 2 {
+	for i, b := range got {
 		if dst[i][0] != byte(i+1) || dst[i][len(dst[i])-1] != byte(i+1) {
 			t.Errorf("dst[%d] = %v, want block %d's payload", i, dst[i][:4], i)
 		}
+		if &b.Payload[0] != &dst[i][0] || !slices.Equal(b.Tokens, tokens[i*ns.BlockTokens:(i+1)*ns.BlockTokens]) {
+			t.Errorf("block %d: payload not in dst[%d], or tokens %v", i, i, b.Tokens)
+		}
 	}
 	c.bulk = lyingBulk{tokens: tokens, bad: -1}
-	if n, err := c.GetInto(context.Background(), ns, tokens, dst[:3]); err != nil || n != 3 || dst[2][0] != 3 || dst[3][0] != 0 {
-		t.Fatalf("GetInto with 3 buffers = %d, %v; want blocks 0..2, the 4th buffer untouched", n, err)
+	if got, err := c.Get(context.Background(), ns, Prompt{Tokens: tokens}, Into(dst[:3])); err != nil || len(got) != 3 || dst[2][0] != 3 || dst[3][0] != 0 {
+		t.Fatalf("Get into 3 buffers = %d blocks, %v; want blocks 0..2, the 4th buffer untouched", len(got), err)
 	}
 	short := [][]byte{make([]byte, ns.BlockBytes()-1)}
-	if n, err := c.GetInto(context.Background(), ns, tokens, short); !errors.Is(err, ErrInvalid) || n != 0 {
-		t.Fatalf("GetInto with a short buffer = %d, %v; want ErrInvalid", n, err)
+	if got, err := c.Get(context.Background(), ns, Prompt{Tokens: tokens}, Into(short)); !errors.Is(err, ErrInvalid) || got != nil {
+		t.Fatalf("Get into a short buffer = %v, %v; want ErrInvalid", got, err)
 	}
 }

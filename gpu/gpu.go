@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 
 	"github.com/kvmesh/kvmesh/gpu/gpumem"
-	"github.com/kvmesh/kvmesh/tiers"
 )
 
 var (
@@ -62,10 +61,11 @@ func Status() string {
 }
 
 // Open returns CUDA device ordinal for an HBM tier (tiers.NewHBM takes
-// ownership of it). It fails with ErrNoCUDA in a build without the cuda
+// ownership of it: tiers.Device is gpumem.Device, so gpu needs nothing of
+// tiers). It fails with ErrNoCUDA in a build without the cuda
 // tag, with ErrNoDevice where the driver finds none or fewer than
 // ordinal+1, and with an error naming the plugin when it cannot be loaded.
-func Open(ordinal int, opts Options) (tiers.Device, error) {
+func Open(ordinal int, opts Options) (gpumem.Device, error) {
 	if ordinal < 0 {
 		return nil, fmt.Errorf("gpu: device ordinal %d is negative", ordinal)
 	}

@@ -154,7 +154,7 @@ type CacheStats struct {
 // PartStats counts the parts of blocks put by parallel ranks: incomplete
 // blocks open and their bytes, parts stored, blocks completed, parts
 // refused as conflicting, incomplete blocks expired and dropped for room,
-// and claims answered by transfer.ClaimStatus (write, complete, covered,
+// and claims answered by block.ClaimStatus (write, complete, covered,
 // claimed).
 type PartStats struct {
 	Open                                           int64

@@ -88,7 +88,7 @@ func TestBatchPutChunkKeys(t *testing.T) {
 	third, thirdPayloads := prompt(22, 5*testNS.BlockTokens)
 	tk := prefixhash.Keys(testNS, third)
 	thirdPayloads[0], thirdPayloads[2] = nil, nil
-	if _, err := tn.client.Put(ctx, testNS, third, thirdPayloads); err != nil {
+	if _, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: third}, thirdPayloads); err != nil {
 		t.Fatal(err)
 	}
 	for i, want := range map[int]int{1: 0, 3: 2, 4: 4} {
@@ -104,7 +104,7 @@ func TestChunkKeysRefused(t *testing.T) {
 	tn := startChunkNode(t)
 	ctx := context.Background()
 	tokens, payloads := prompt(23, 8)
-	keys, err := tn.client.Put(ctx, testNS, tokens, payloads)
+	keys, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestPeerServiceLookup(t *testing.T) {
 	ctx := context.Background()
 	tokens, payloads := prompt(24, 12)
 	payloads[1] = nil
-	if _, err := tn.client.Put(ctx, testNS, tokens, payloads); err != nil {
+	if _, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	keys := prefixhash.Keys(testNS, tokens)

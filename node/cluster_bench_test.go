@@ -234,7 +234,7 @@ func (c *kvConn) tokens(k int) []uint32 {
 }
 
 func (c *kvConn) Set(ctx context.Context, k int, v []byte) error {
-	_, err := c.c.Put(ctx, c.ns, c.tokens(k), [][]byte{v})
+	_, err := c.c.Put(ctx, c.ns, client.Prompt{Tokens: c.tokens(k)}, [][]byte{v})
 	return err
 }
 
@@ -434,7 +434,10 @@ func BenchmarkLookup128k(b *testing.B) {
 		lookup func() (int, error)
 	}{
 		{"cluster", func() (int, error) { return d.cluster.cluster.LongestPrefix(ctx, chain, ns.BlockTokens), nil }},
-		{"grpc", func() (int, error) { l, err := c.Lookup(ctx, ns, tokens); return l.CachedBlocks, err }},
+		{"grpc", func() (int, error) {
+			l, err := c.Lookup(ctx, ns, client.Prompt{Tokens: tokens})
+			return l.CachedBlocks, err
+		}},
 		{"grpc-tokens", func() (int, error) { l, err := c.LookupTokens(ctx, ns, tokens); return l.CachedBlocks, err }},
 		{"grpc-tokens-summary", func() (int, error) {
 			l, err := raw.cache.Lookup(ctx, summary)
@@ -492,3 +495,5 @@ func BenchmarkPeerLookup(b *testing.B) {
 		})
 	}
 }
+
+//lint:file-ignore SA1019 the node's tests call the client's deprecated methods, kept one release (client/deprecated.go).

@@ -142,7 +142,7 @@ func waitHit(t testing.TB, c *client.Client, tokens []uint32, want int) client.L
 	var l client.Lookup
 	testkit.WaitFor(t, fmt.Sprintf("a lookup finding %d blocks", want), func() bool {
 		var err error
-		l, err = c.Lookup(context.Background(), clusterNS, tokens)
+		l, err = c.Lookup(context.Background(), clusterNS, client.Prompt{Tokens: tokens})
 		if err != nil {
 			t.Fatalf("Lookup: %v", err)
 		}
@@ -160,7 +160,7 @@ func TestClusterPutOnAHitOnC(t *testing.T) {
 	ctx := context.Background()
 	const blocks = 24                            // 6 chunks
 	tokens, payloads := clusterPrompt(3, blocks) // key format 3: this prompt's chunks land on every node
-	keys, err := a.client.Put(ctx, clusterNS, tokens, payloads)
+	keys, err := a.client.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads)
 	if err != nil || len(keys) != blocks {
 		t.Fatalf("Put through A: %d keys, %v", len(keys), err)
 	}
@@ -185,7 +185,7 @@ func TestClusterPutOnAHitOnC(t *testing.T) {
 		t.Fatalf("blocks located on %v: the test wants chunks on every node", located)
 	}
 
-	got, err := c.client.Get(ctx, clusterNS, tokens)
+	got, err := c.client.Get(ctx, clusterNS, client.Prompt{Tokens: tokens})
 	if err != nil || len(got) != blocks {
 		t.Fatalf("Get through C: %d blocks, %v", len(got), err)
 	}
@@ -243,10 +243,10 @@ func TestClusterClientTransports(t *testing.T) {
 		defer c.Close()
 		shmBefore, tcpBefore := a.cluster.shm.Stats(), a.cluster.data.Stats()
 		tokens, payloads := clusterPrompt(10+i, 12)
-		if _, err := c.Put(ctx, clusterNS, tokens, payloads); err != nil {
+		if _, err := c.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 			t.Fatalf("%s: Put: %v", tr, err)
 		}
-		got, err := c.Get(ctx, clusterNS, tokens)
+		got, err := c.Get(ctx, clusterNS, client.Prompt{Tokens: tokens})
 		if err != nil || len(got) != len(payloads) {
 			t.Fatalf("%s: Get: %d blocks, %v", tr, len(got), err)
 		}
@@ -302,18 +302,18 @@ func TestClusterDeadPeerIsAMiss(t *testing.T) {
 	ctx := context.Background()
 	const blocks = 40
 	tokens, payloads := clusterPrompt(2, blocks)
-	if _, err := a.client.Put(ctx, clusterNS, tokens, payloads); err != nil {
+	if _, err := a.client.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	waitHit(t, c.client, tokens, blocks)
 	b.crash(t)
 	for i := range 20 {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		l, err := c.client.Lookup(cctx, clusterNS, tokens)
+		l, err := c.client.Lookup(cctx, clusterNS, client.Prompt{Tokens: tokens})
 		if err != nil {
 			t.Fatalf("lookup %d with B dead: %v", i, err)
 		}
-		got, err := c.client.Get(cctx, clusterNS, tokens)
+		got, err := c.client.Get(cctx, clusterNS, client.Prompt{Tokens: tokens})
 		cancel()
 		if err != nil {
 			t.Fatalf("get %d with B dead: %v", i, err)
@@ -331,7 +331,7 @@ func TestClusterDeadPeerIsAMiss(t *testing.T) {
 	// With B gone from the membership its chunks have new owners: a new
 	// put is a full hit again.
 	tokens2, payloads2 := clusterPrompt(3, blocks)
-	if _, err := a.client.Put(ctx, clusterNS, tokens2, payloads2); err != nil {
+	if _, err := a.client.Put(ctx, clusterNS, client.Prompt{Tokens: tokens2}, payloads2); err != nil {
 		t.Fatal(err)
 	}
 	waitHit(t, c.client, tokens2, blocks)
@@ -344,7 +344,7 @@ func TestClusterGracefulLeave(t *testing.T) {
 	a, b, c := nodes[0], nodes[1], nodes[2]
 	const blocks = 32
 	tokens, payloads := clusterPrompt(4, blocks)
-	if _, err := a.client.Put(context.Background(), clusterNS, tokens, payloads); err != nil {
+	if _, err := a.client.Put(context.Background(), clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	l := waitHit(t, c.client, tokens, blocks)
@@ -375,7 +375,7 @@ func TestClientFallsBack(t *testing.T) {
 	ctx := context.Background()
 	read := func(seed int, tokens []uint32, payloads [][]byte) {
 		t.Helper()
-		got, err := n.client.Get(ctx, clusterNS, tokens)
+		got, err := n.client.Get(ctx, clusterNS, client.Prompt{Tokens: tokens})
 		if err != nil || len(got) != len(payloads) {
 			t.Fatalf("Get %d: %d blocks, %v", seed, len(got), err)
 		}
@@ -386,7 +386,7 @@ func TestClientFallsBack(t *testing.T) {
 		}
 	}
 	tokens, payloads := clusterPrompt(30, 8)
-	if _, err := n.client.Put(ctx, clusterNS, tokens, payloads); err != nil {
+	if _, err := n.client.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	read(1, tokens, payloads)
@@ -403,8 +403,10 @@ func TestClientFallsBack(t *testing.T) {
 	n.cluster.data.Close()
 	read(3, tokens, payloads)
 	tokens2, payloads2 := clusterPrompt(31, 4)
-	if _, err := n.client.Put(ctx, clusterNS, tokens2, payloads2); err != nil {
+	if _, err := n.client.Put(ctx, clusterNS, client.Prompt{Tokens: tokens2}, payloads2); err != nil {
 		t.Fatalf("Put with no data plane: %v", err)
 	}
 	read(4, tokens2, payloads2)
 }
+
+//lint:file-ignore SA1019 the node's tests call the client's deprecated methods, kept one release (client/deprecated.go).

@@ -75,7 +75,7 @@ var (
 // Claim answers a rank's question whether a part still needs sending
 // (store.Local.Claim). A claim the store cannot answer (a bad range, an
 // error) is left ClaimWrite: the put that follows gets the verdict.
-func (s localSink) Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part, st []transfer.ClaimStatus) {
+func (s localSink) Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part, st []block.ClaimStatus) {
 	for i, k := range keys {
 		if ctx.Err() != nil {
 			return

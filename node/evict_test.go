@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -36,7 +37,7 @@ func TestEvictionDedupHoldsEachBlockOnce(t *testing.T) {
 		o.MaxBlocks = owned[o.NodeID]
 	})
 	ctx := context.Background()
-	if _, err := nodes[0].client.Put(ctx, clusterNS, tokens, payloads); err != nil {
+	if _, err := nodes[0].client.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	waitHit(t, nodes[1].client, tokens, blocks)

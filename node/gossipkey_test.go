@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
@@ -63,14 +64,14 @@ func TestGossipWrongKey(t *testing.T) {
 
 	ctx := context.Background()
 	tokens, payloads := clusterPrompt(7, 12)
-	if _, err := nodes[0].client.Put(ctx, clusterNS, tokens, payloads); err != nil {
+	if _, err := nodes[0].client.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	testkit.WaitFor(t, "the prompt to be a hit through the other node", func() bool {
-		l, err := nodes[1].client.Lookup(ctx, clusterNS, tokens)
+		l, err := nodes[1].client.Lookup(ctx, clusterNS, client.Prompt{Tokens: tokens})
 		return err == nil && l.CachedBlocks == len(payloads)
 	})
-	if l, err := intruder.client.Lookup(ctx, clusterNS, tokens); err != nil || l.CachedBlocks != 0 {
+	if l, err := intruder.client.Lookup(ctx, clusterNS, client.Prompt{Tokens: tokens}); err != nil || l.CachedBlocks != 0 {
 		t.Fatalf("the intruder found %+v, %v; want nothing", l, err)
 	}
 }

@@ -290,10 +290,10 @@ func TestInvalidArgument(t *testing.T) {
 	// Still serving. Of the refused puts, only whole valid blocks that came
 	// before the fault were stored: the 4 under the batch limit and the
 	// prompt's first block (before the namespace changed).
-	if _, err := tn.client.Put(ctx, testNS, tokens, payloads); err != nil {
+	if _, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatalf("Put after refused requests: %v", err)
 	}
-	if l, err := tn.client.Lookup(ctx, testNS, tokens); err != nil || l.CachedTokens != 8 {
+	if l, err := tn.client.Lookup(ctx, testNS, client.Prompt{Tokens: tokens}); err != nil || l.CachedTokens != 8 {
 		t.Fatalf("Lookup after refused requests = %+v, %v", l, err)
 	}
 	if st := tn.cache.Stats(); st.Tiers[0].Blocks != 2+4 {
@@ -308,7 +308,7 @@ func TestKeyFormat2Namespace(t *testing.T) {
 	tn := startNode(t, nil)
 	ctx := context.Background()
 	tokens, payloads := prompt(7, 2*testNS.BlockTokens)
-	if _, err := tn.client.Put(ctx, testNS, tokens, payloads); err != nil {
+	if _, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	old := client.NamespaceProto(testNS)

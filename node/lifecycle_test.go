@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -26,7 +27,7 @@ func TestGracefulShutdown(t *testing.T) {
 	tn := startNode(t, nil)
 	ctx := context.Background()
 	tokens, payloads := prompt(7, 16)
-	if _, err := tn.client.Put(ctx, testNS, tokens, payloads); err != nil {
+	if _, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 
@@ -42,7 +43,7 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	inflight := make(chan error, 1)
 	go func() {
-		blocks, err := tn.client.Get(ctx, testNS, tokens)
+		blocks, err := tn.client.Get(ctx, testNS, client.Prompt{Tokens: tokens})
 		if err == nil && len(blocks) != 4 {
 			err = errors.New("in-flight Get returned a short prefix")
 		}
@@ -61,8 +62,8 @@ func TestGracefulShutdown(t *testing.T) {
 			toks, pays := prompt(uint32(100+w), 8)
 			for range 500 {
 				var err error
-				if _, err = tn.client.Put(ctx, testNS, toks, pays); err == nil {
-					_, err = tn.client.Lookup(ctx, testNS, toks)
+				if _, err = tn.client.Put(ctx, testNS, client.Prompt{Tokens: toks}, pays); err == nil {
+					_, err = tn.client.Lookup(ctx, testNS, client.Prompt{Tokens: toks})
 				}
 				if err != nil {
 					errs <- err
@@ -101,13 +102,13 @@ func TestMetrics(t *testing.T) {
 	tn := startNode(t, nil)
 	ctx := context.Background()
 	tokens, payloads := prompt(8, 12)
-	if _, err := tn.client.Put(ctx, testNS, tokens[:8], payloads[:2]); err != nil {
+	if _, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens[:8]}, payloads[:2]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tn.client.Get(ctx, testNS, tokens); err != nil {
+	if _, err := tn.client.Get(ctx, testNS, client.Prompt{Tokens: tokens}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tn.client.Lookup(ctx, testNS, tokens); err != nil {
+	if _, err := tn.client.Lookup(ctx, testNS, client.Prompt{Tokens: tokens}); err != nil {
 		t.Fatal(err)
 	}
 	_, _ = tn.client.Exists(ctx, []prefixhash.Key{{}})

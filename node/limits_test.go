@@ -111,7 +111,7 @@ func TestBatchPutBudget(t *testing.T) {
 		t.Fatalf("Stats with the budget full: %v", err)
 	}
 	tokens, payloads := prompt(3, 2*testNS.BlockTokens)
-	if _, err := tn.client.Put(context.Background(), testNS, tokens, payloads); err != nil {
+	if _, err := tn.client.Put(context.Background(), testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatalf("small put with the budget nearly full: %v", err)
 	}
 	cancel()
@@ -223,7 +223,7 @@ func TestDataDirModes(t *testing.T) {
 	}
 	defer c.Close()
 	tokens, payloads := clusterPrompt(5, 4)
-	if _, err := c.Put(ctx, clusterNS, tokens, payloads); err != nil {
+	if _, err := c.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.SetQuota(ctx, clusterNS, client.Quota{DRAMBytes: 1 * MiB}); err != nil {

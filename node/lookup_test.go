@@ -23,7 +23,7 @@ func TestLookupSummaryMatchesListing(t *testing.T) {
 	ctx := context.Background()
 	const blocks = 24                            // 6 chunks, on all three nodes
 	tokens, payloads := clusterPrompt(3, blocks) // as TestClusterPutOnAHitOnC: chunks on every node
-	if _, err := a.client.Put(ctx, clusterNS, tokens, payloads); err != nil {
+	if _, err := a.client.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	waitHit(t, c.client, tokens, blocks)
@@ -38,7 +38,7 @@ func TestLookupSummaryMatchesListing(t *testing.T) {
 		cached int
 	}{{"cached", tokens, blocks}, {"diverging", diverging, 13}, {"a miss", miss, 0}} {
 		keys := prefixhash.Keys(clusterNS, tc.tokens)
-		l, err := c.client.Lookup(ctx, clusterNS, tc.tokens)
+		l, err := c.client.Lookup(ctx, clusterNS, client.Prompt{Tokens: tc.tokens})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,3 +81,5 @@ func TestLookupSummaryMatchesListing(t *testing.T) {
 		}
 	}
 }
+
+//lint:file-ignore SA1019 the node's tests call the client's deprecated methods, kept one release (client/deprecated.go).

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/transfer"
 )
 
@@ -331,7 +332,7 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	labelled(c.partialsEnded, s.Parts.Expired, "expired")
 	labelled(c.partialsEnded, s.Parts.Dropped, "room")
 	for st, n := range s.Parts.Claims {
-		labelled(c.claims, n, transfer.ClaimStatus(st).String())
+		labelled(c.claims, n, block.ClaimStatus(st).String())
 	}
 	for _, t := range s.Tiers {
 		gauge(c.tierBlocks, t.Blocks, t.Name)

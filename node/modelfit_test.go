@@ -78,7 +78,7 @@ func TestExtraKeysEndToEnd(t *testing.T) {
 			t.Errorf("Lookup by tokens with extra keys: %d blocks, %v", resp.GetCachedBlocks(), err)
 		}
 	}
-	blocks, err := tn.client.Get(ctx, ns, tokens)
+	blocks, err := tn.client.Get(ctx, ns, client.Prompt{Tokens: tokens})
 	if err != nil || len(blocks) != 1 {
 		t.Errorf("Get without the extra keys: %d blocks (want only block 0, which has none), %v", len(blocks), err)
 	}
@@ -118,10 +118,10 @@ func TestLatentAndScalesEndToEnd(t *testing.T) {
 	for name, ns := range map[string]prefixhash.Namespace{"latent": kimi, "latent fp8 scales": kimiFP8, "int8 per-head scales": int8Head} {
 		tokens, _ := prompt(5, 8)
 		payloads := payloadsOf(ns, 2, 9)
-		if _, err := tn.client.Put(ctx, ns, tokens, payloads); err != nil {
+		if _, err := tn.client.Put(ctx, ns, client.Prompt{Tokens: tokens}, payloads); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		blocks, err := tn.client.Get(ctx, ns, tokens)
+		blocks, err := tn.client.Get(ctx, ns, client.Prompt{Tokens: tokens})
 		if err != nil || len(blocks) != 2 {
 			t.Fatalf("%s: %d blocks, %v", name, len(blocks), err)
 		}
@@ -132,7 +132,7 @@ func TestLatentAndScalesEndToEnd(t *testing.T) {
 		}
 		if ns.Scales != prefixhash.NoScales {
 			short := [][]byte{payloads[0][:ns.KVBytes()]}
-			if _, err := tn.client.Put(ctx, ns, tokens, short); !errors.Is(err, client.ErrInvalid) {
+			if _, err := tn.client.Put(ctx, ns, client.Prompt{Tokens: tokens}, short); !errors.Is(err, client.ErrInvalid) {
 				t.Errorf("%s: a payload without its scales: %v", name, err)
 			}
 		}
@@ -247,8 +247,10 @@ func TestModelFitTransports(t *testing.T) {
 				t.Fatalf("%s: block %d differs", tr, j)
 			}
 		}
-		if got, _ := c.Get(ctx, ns, tokens); len(got) != 1 {
+		if got, _ := c.Get(ctx, ns, client.Prompt{Tokens: tokens}); len(got) != 1 {
 			t.Errorf("%s: Get without the extra keys: %d blocks, want 1", tr, len(got))
 		}
 	}
 }
+
+//lint:file-ignore SA1019 the node's tests call the client's deprecated methods, kept one release (client/deprecated.go).

@@ -114,7 +114,7 @@ func TestPutLookupGet(t *testing.T) {
 	tn := startNode(t, nil)
 	ctx := context.Background()
 	tokens, payloads := prompt(1, 14) // 3 full blocks and a tail of 2
-	keys, err := tn.client.Put(ctx, testNS, tokens, payloads)
+	keys, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads)
 	if err != nil {
 		t.Fatalf("Put: %v", err)
 	}
@@ -122,7 +122,7 @@ func TestPutLookupGet(t *testing.T) {
 		t.Fatalf("Put keys %v, want %v", keys, want)
 	}
 
-	l, err := tn.client.Lookup(ctx, testNS, tokens)
+	l, err := tn.client.Lookup(ctx, testNS, client.Prompt{Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,17 +135,17 @@ func TestPutLookupGet(t *testing.T) {
 
 	// A prompt that shares the first two blocks and then diverges.
 	other := append(append([]uint32(nil), tokens[:8]...), 7, 7, 7, 7, 7)
-	if l, err := tn.client.Lookup(ctx, testNS, other); err != nil || l.CachedTokens != 8 || l.PromptBlocks != 3 {
+	if l, err := tn.client.Lookup(ctx, testNS, client.Prompt{Tokens: other}); err != nil || l.CachedTokens != 8 || l.PromptBlocks != 3 {
 		t.Fatalf("Lookup of a diverging prompt = %+v, %v; want 8 tokens cached", l, err)
 	}
 	// Another tenant never sees the prefix.
 	salted := testNS
 	salted.TenantSalt = "tenant-b"
-	if l, err := tn.client.Lookup(ctx, salted, tokens); err != nil || l.CachedTokens != 0 {
+	if l, err := tn.client.Lookup(ctx, salted, client.Prompt{Tokens: tokens}); err != nil || l.CachedTokens != 0 {
 		t.Fatalf("Lookup under another tenant = %+v, %v; want nothing cached", l, err)
 	}
 
-	blocks, err := tn.client.Get(ctx, testNS, other)
+	blocks, err := tn.client.Get(ctx, testNS, client.Prompt{Tokens: other})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestPutLookupGet(t *testing.T) {
 	if err != nil || dropped != 3 {
 		t.Fatalf("DropNamespace = %d, %v; want 3", dropped, err)
 	}
-	if l, _ := tn.client.Lookup(ctx, testNS, tokens); l.CachedTokens != 0 {
+	if l, _ := tn.client.Lookup(ctx, testNS, client.Prompt{Tokens: tokens}); l.CachedTokens != 0 {
 		t.Fatalf("after DropNamespace, %d tokens still cached", l.CachedTokens)
 	}
 }
@@ -217,7 +217,7 @@ func TestChunking(t *testing.T) {
 	tn := startNode(t, func(o *Options) { o.ChunkBytes = chunk })
 	ctx := context.Background()
 	tokens, payloads := prompt(2, 8)
-	if _, err := tn.client.Put(ctx, testNS, tokens, payloads); err != nil {
+	if _, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	stream, err := tn.raw.BatchGet(ctx, &kvmeshv1.BatchGetRequest{Namespace: client.NamespaceProto(testNS), Tokens: tokens})
@@ -241,7 +241,7 @@ func TestChunking(t *testing.T) {
 	if want := 2 * ((testNS.BlockBytes() + chunk - 1) / chunk); frames != want {
 		t.Fatalf("%d frames, want %d", frames, want)
 	}
-	blocks, err := tn.client.Get(ctx, testNS, tokens)
+	blocks, err := tn.client.Get(ctx, testNS, client.Prompt{Tokens: tokens})
 	if err != nil || len(blocks) != 2 || !bytes.Equal(blocks[1].Payload, payloads[1]) {
 		t.Fatalf("Get after chunked transfer: %d blocks, %v", len(blocks), err)
 	}
@@ -253,7 +253,7 @@ func TestGetKeysMisses(t *testing.T) {
 	ctx := context.Background()
 	tokens, payloads := prompt(3, 12)
 	payloads[1] = nil // block 1 is not stored
-	if _, err := tn.client.Put(ctx, testNS, tokens, payloads); err != nil {
+	if _, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	keys := prefixhash.Keys(testNS, tokens)
@@ -269,7 +269,7 @@ func TestGetKeysMisses(t *testing.T) {
 		t.Fatalf("GetKeys found %v, %v; want [true false true]", found, err)
 	}
 	// By prompt, the prefix ends at the miss.
-	if blocks, err := tn.client.Get(ctx, testNS, tokens); err != nil || len(blocks) != 1 {
+	if blocks, err := tn.client.Get(ctx, testNS, client.Prompt{Tokens: tokens}); err != nil || len(blocks) != 1 {
 		t.Fatalf("Get = %d blocks, %v; want 1", len(blocks), err)
 	}
 }
@@ -279,12 +279,12 @@ func TestResourceExhausted(t *testing.T) {
 	tn.cache.capacity = 3000 // two encoded blocks
 	ctx := context.Background()
 	tokens, payloads := prompt(4, 16)
-	_, err := tn.client.Put(ctx, testNS, tokens, payloads)
+	_, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads)
 	if status.Code(errors.Unwrap(err)) != codes.ResourceExhausted {
 		t.Fatalf("Put into a full cache: %v, want ResourceExhausted", err)
 	}
 	wantRefusal(t, err, codes.ResourceExhausted, kvmeshv1.ErrorReason_ERROR_REASON_CACHE_FULL)
-	if l, err := tn.client.Lookup(ctx, testNS, tokens); err != nil || l.CachedBlocks != 2 {
+	if l, err := tn.client.Lookup(ctx, testNS, client.Prompt{Tokens: tokens}); err != nil || l.CachedBlocks != 2 {
 		t.Fatalf("after a refused put, Lookup = %+v, %v; want the 2 blocks that fit", l, err)
 	}
 }
@@ -294,7 +294,7 @@ func TestResourceExhausted(t *testing.T) {
 func TestCancelReleasesPins(t *testing.T) {
 	tn := startNode(t, func(o *Options) { o.ChunkBytes = 64 })
 	tokens, payloads := prompt(5, 40)
-	if _, err := tn.client.Put(context.Background(), testNS, tokens, payloads); err != nil {
+	if _, err := tn.client.Put(context.Background(), testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	// The second block's read waits until the request is cancelled.
@@ -318,7 +318,7 @@ func TestCancelReleasesPins(t *testing.T) {
 	// An expired deadline is honoured before any work.
 	ctx, cancel = context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancel()
-	if _, err := tn.client.Lookup(ctx, testNS, tokens); status.Code(errors.Unwrap(err)) != codes.DeadlineExceeded {
+	if _, err := tn.client.Lookup(ctx, testNS, client.Prompt{Tokens: tokens}); status.Code(errors.Unwrap(err)) != codes.DeadlineExceeded {
 		t.Fatalf("Lookup past its deadline: %v, want DeadlineExceeded", err)
 	}
 }
@@ -335,3 +335,5 @@ func TestHealthz(t *testing.T) {
 		t.Fatalf("/healthz = %d %q", resp.StatusCode, body)
 	}
 }
+
+//lint:file-ignore SA1019 the node's tests call the client's deprecated methods, kept one release (client/deprecated.go).

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
@@ -491,7 +492,7 @@ func TestOpenAIGenerateAcrossTheCluster(t *testing.T) {
 		hit := len(prompt) * 2 / 3 / c.BlockTokens * c.BlockTokens
 		ns := nodes[0].Node.prefill.engine.Namespace()
 		testkit.WaitFor(t, "node 1 to see node 0's prefix", func() bool {
-			l, err := nodes[1].client.Lookup(context.Background(), ns, prefill.TokenizeBytes(prompt))
+			l, err := nodes[1].client.Lookup(context.Background(), ns, client.Prompt{Tokens: prefill.TokenizeBytes(prompt)})
 			return err == nil && l.CachedTokens >= hit
 		})
 		req["prompt"] = prompt

@@ -118,7 +118,7 @@ func TestPagedLists(t *testing.T) {
 		digests = append(digests, ns.Digest())
 		if i < 3 {
 			tok, pay := clusterPrompt(i, 1)
-			if _, err := n.client.Put(ctx, ns, tok, pay); err != nil {
+			if _, err := n.client.Put(ctx, ns, client.Prompt{Tokens: tok}, pay); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -241,7 +241,7 @@ func BenchmarkPrefillClusterTTFT(b *testing.B) {
 				}
 				want := len(prefix) / eng.BlockTokens * eng.BlockTokens
 				testkit.WaitFor(b, "node B to see the prefix node A computed", func() bool {
-					l, err := bn.client.Lookup(ctx, eng.Namespace, prefix)
+					l, err := bn.client.Lookup(ctx, eng.Namespace, client.Prompt{Tokens: prefix})
 					return err == nil && l.CachedTokens == want
 				})
 				time.Sleep(time.Until(answered.Add(v.gap))) // the prompt arrives gap after the seed's answer

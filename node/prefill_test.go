@@ -136,7 +136,7 @@ func (pn *prefillNode) waitCached(t *testing.T, tokens []uint32) {
 	if err := pn.Node.prefill.engine.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	l, err := pn.c.Lookup(ctx, pn.ns, tokens)
+	l, err := pn.c.Lookup(ctx, pn.ns, client.Prompt{Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestPrefillPrefixFromPeer(t *testing.T) {
 		testkit.WaitFor(t, fmt.Sprintf("node %d to see the prefix node %d computed", b, a), func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			l, err := nodes[b].client.Lookup(ctx, eng.Namespace, tokens[:split])
+			l, err := nodes[b].client.Lookup(ctx, eng.Namespace, client.Prompt{Tokens: tokens[:split]})
 			return err == nil && l.CachedTokens == hit
 		})
 		ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)

@@ -228,7 +228,7 @@ func TestRanksPrefillTPAndPP(t *testing.T) {
 				t.Errorf("written at TP %d PP %d: %d parts put through shared memory, want %d", w.tp, w.pp, got, len(cold)*w.tp*w.pp)
 			}
 		}
-		l, err := n.client.Lookup(context.Background(), ns, prefix)
+		l, err := n.client.Lookup(context.Background(), ns, client.Prompt{Tokens: prefix})
 		if err != nil || l.CachedBlocks != len(cold) {
 			t.Fatalf("written at TP %d PP %d: lookup %+v, %v; want %d blocks", w.tp, w.pp, l, err, len(cold))
 		}
@@ -269,13 +269,13 @@ func TestClusterRanksOnTwoNodes(t *testing.T) {
 	}
 	defer reader.Close()
 	testkit.WaitFor(t, "node 2 to see the assembled blocks", func() bool {
-		l, err := reader.Lookup(ctx, ns, tokens)
+		l, err := reader.Lookup(ctx, ns, client.Prompt{Tokens: tokens})
 		if err != nil {
 			t.Fatalf("Lookup: %v", err)
 		}
 		return l.CachedBlocks == len(payloads)
 	})
-	blocks, err := reader.Get(ctx, ns, tokens)
+	blocks, err := reader.Get(ctx, ns, client.Prompt{Tokens: tokens})
 	if err != nil || len(blocks) != len(payloads) {
 		t.Fatalf("Get through node 2: %d blocks, %v", len(blocks), err)
 	}
@@ -362,7 +362,7 @@ func TestRanksIncompleteNeverCount(t *testing.T) {
 	}
 	none := func(when string) {
 		t.Helper()
-		if l, err := n.client.Lookup(ctx, ns, tokens); err != nil || l.CachedBlocks != 0 {
+		if l, err := n.client.Lookup(ctx, ns, client.Prompt{Tokens: tokens}); err != nil || l.CachedBlocks != 0 {
 			t.Errorf("%s: lookup %+v, %v; want no block", when, l, err)
 		}
 		for _, r := range []client.Rank{r0, r1, {}} {
@@ -370,7 +370,7 @@ func TestRanksIncompleteNeverCount(t *testing.T) {
 				t.Errorf("%s: GetRank %s: %d blocks, %v; want none", when, r, len(got), err)
 			}
 		}
-		if got, err := n.client.Get(ctx, ns, tokens); err != nil || len(got) != 0 {
+		if got, err := n.client.Get(ctx, ns, client.Prompt{Tokens: tokens}); err != nil || len(got) != 0 {
 			t.Errorf("%s: Get: %d blocks, %v; want none", when, len(got), err)
 		}
 	}
@@ -387,13 +387,13 @@ func TestRanksIncompleteNeverCount(t *testing.T) {
 	if _, err := n.client.PutRank(ctx, ns2, tokens2, rankParts(t, ns2, cold2, r0), r0); err != nil {
 		t.Fatal(err)
 	}
-	if l, err := n.client.Lookup(ctx, ns2, tokens2); err != nil || l.CachedBlocks != 0 {
+	if l, err := n.client.Lookup(ctx, ns2, client.Prompt{Tokens: tokens2}); err != nil || l.CachedBlocks != 0 {
 		t.Errorf("second prompt, rank 0 alone: lookup %+v, %v; want no block", l, err)
 	}
 	if _, err := n.client.PutRank(ctx, ns2, tokens2, rankParts(t, ns2, cold2, r1), r1); err != nil {
 		t.Fatal(err)
 	}
-	if l, err := n.client.Lookup(ctx, ns2, tokens2); err != nil || l.CachedBlocks != len(cold2) {
+	if l, err := n.client.Lookup(ctx, ns2, client.Prompt{Tokens: tokens2}); err != nil || l.CachedBlocks != len(cold2) {
 		t.Errorf("second prompt, both ranks: lookup %+v, %v; want %d blocks", l, err, len(cold2))
 	}
 }
@@ -440,7 +440,7 @@ func TestRanksConflictsAndBadRanks(t *testing.T) {
 	if err := put(r1, payloads); err != nil {
 		t.Fatal(err)
 	}
-	blocks, err := n.client.Get(ctx, ns, tokens)
+	blocks, err := n.client.Get(ctx, ns, client.Prompt{Tokens: tokens})
 	if err != nil || len(blocks) != len(payloads) {
 		t.Fatalf("Get after both ranks: %d blocks, %v", len(blocks), err)
 	}
@@ -511,14 +511,14 @@ func TestRanksConflictsAndBadRanks(t *testing.T) {
 		}
 	}
 	r.Release()
-	if l, err := n.client.Lookup(ctx, ns, fresh); err != nil || l.CachedBlocks != 0 || len(n.cluster.local.Partials()) != 0 {
+	if l, err := n.client.Lookup(ctx, ns, client.Prompt{Tokens: fresh}); err != nil || l.CachedBlocks != 0 || len(n.cluster.local.Partials()) != 0 {
 		t.Errorf("after the refused puts: lookup %+v, %v, %d incomplete blocks; want nothing stored", l, err, len(n.cluster.local.Partials()))
 	}
 	if got := wirePut(t, wire, fkey, withPart(t, rec, half)); got != transfer.StatusOK {
 		t.Errorf("the same record with its own range: status %s; want it stored (the refusals were the ranges')", got)
 	}
 	// The node keeps serving.
-	if _, err := n.client.Put(ctx, ns, fresh, freshPayloads); err != nil {
+	if _, err := n.client.Put(ctx, ns, client.Prompt{Tokens: fresh}, freshPayloads); err != nil {
 		t.Fatal(err)
 	}
 	if got := readRanks(t, n.client, ns, fresh, len(freshPayloads), 4, 2); !bytes.Equal(got[1], freshPayloads[1]) {
@@ -612,7 +612,7 @@ func TestGetRankOwnsTokens(t *testing.T) {
 	ns := partsNS
 	tokens, payloads := partsPrompt(ns, 5, 2)
 	ctx := context.Background()
-	if _, err := n.client.Put(ctx, ns, tokens, payloads); err != nil {
+	if _, err := n.client.Put(ctx, ns, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)
 	}
 	c, err := client.Dial(n.GRPCAddr(), client.Options{})
@@ -630,3 +630,5 @@ func TestGetRankOwnsTokens(t *testing.T) {
 		}
 	}
 }
+
+//lint:file-ignore SA1019 the node's tests call the client's deprecated methods, kept one release (client/deprecated.go).

@@ -144,10 +144,10 @@ func TestTokenOnEveryCall(t *testing.T) {
 	defer c.Close()
 	ctx := context.Background()
 	tokens, payloads := prompt(3, 9)
-	if _, err := c.Put(ctx, testNS, tokens, payloads); err != nil {
+	if _, err := c.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatalf("Put with the token: %v", err)
 	}
-	if l, err := c.Lookup(ctx, testNS, tokens); err != nil || l.CachedBlocks != len(payloads) {
+	if l, err := c.Lookup(ctx, testNS, client.Prompt{Tokens: tokens}); err != nil || l.CachedBlocks != len(payloads) {
 		t.Fatalf("Lookup with the token = %+v, %v", l, err)
 	}
 	if _, err := tn.client.Stats(ctx); status.Code(errors.Unwrap(err)) != codes.Unauthenticated {
@@ -221,10 +221,10 @@ func TestTLSNode(t *testing.T) {
 		}
 		defer c.Close()
 		tokens, payloads := prompt(5, 8)
-		if _, err := c.Put(ctx, testNS, tokens, payloads); err != nil {
+		if _, err := c.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 			t.Fatalf("Put over TLS: %v", err)
 		}
-		if got, err := c.Get(ctx, testNS, tokens); err != nil || len(got) != len(payloads) {
+		if got, err := c.Get(ctx, testNS, client.Prompt{Tokens: tokens}); err != nil || len(got) != len(payloads) {
 			t.Fatalf("Get over TLS = %d blocks, %v", len(got), err)
 		}
 		plain, _ := client.Dial(tn.GRPCAddr(), client.Options{MaxRetries: -1})
@@ -297,7 +297,7 @@ func TestSecureCluster(t *testing.T) {
 	put := dial(nodes[0], client.TransportTCP, "client-token")
 	for p := range prompts {
 		tokens[p], payloads[p] = clusterPrompt(40+p, blocks)
-		if _, err := put.Put(ctx, clusterNS, tokens[p], payloads[p]); err != nil {
+		if _, err := put.Put(ctx, clusterNS, client.Prompt{Tokens: tokens[p]}, payloads[p]); err != nil {
 			t.Fatalf("Put over the TLS data plane: %v", err)
 		}
 	}
@@ -305,10 +305,10 @@ func TestSecureCluster(t *testing.T) {
 		c := dial(nodes[1], transport, "client-token")
 		for p := range prompts {
 			testkit.WaitFor(t, "the prompt is a hit through the other node", func() bool {
-				l, err := c.Lookup(ctx, clusterNS, tokens[p])
+				l, err := c.Lookup(ctx, clusterNS, client.Prompt{Tokens: tokens[p]})
 				return err == nil && l.CachedBlocks == blocks
 			})
-			got, err := c.Get(ctx, clusterNS, tokens[p])
+			got, err := c.Get(ctx, clusterNS, client.Prompt{Tokens: tokens[p]})
 			if err != nil || len(got) != blocks {
 				t.Fatalf("%s: Get through n1 = %d blocks, %v", transport, len(got), err)
 			}
@@ -333,7 +333,7 @@ func TestSecureCluster(t *testing.T) {
 	}
 
 	bad := dial(nodes[1], client.TransportTCP, "wrong")
-	if _, err := bad.Get(ctx, clusterNS, tokens[0]); status.Code(errors.Unwrap(err)) != codes.Unauthenticated {
+	if _, err := bad.Get(ctx, clusterNS, client.Prompt{Tokens: tokens[0]}); status.Code(errors.Unwrap(err)) != codes.Unauthenticated {
 		t.Fatalf("a wrong token: %v, want Unauthenticated", err)
 	}
 	direct, err := transfer.NewClient(nodes[1].DataAddr(), &transfer.ClientOptions{TLS: peer, Token: "wrong"})

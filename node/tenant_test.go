@@ -91,7 +91,7 @@ func TestTenantsNeverShareAHit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer grpcOnly.Close()
-	if _, err := grpcOnly.Put(ctx, nsA, tokens, payloads); err != nil { // BatchPut
+	if _, err := grpcOnly.Put(ctx, nsA, client.Prompt{Tokens: tokens}, payloads); err != nil { // BatchPut
 		t.Fatal(err)
 	}
 	keysA, keysB := prefixhash.Keys(nsA, tokens), prefixhash.Keys(nsB, tokens)
@@ -102,7 +102,7 @@ func TestTenantsNeverShareAHit(t *testing.T) {
 	}
 	testkit.WaitFor(t, "tenant A's prompt to be a hit through both nodes", func() bool {
 		for _, n := range nodes {
-			if l, err := n.client.Lookup(ctx, nsA, tokens); err != nil || l.CachedBlocks != len(payloads) {
+			if l, err := n.client.Lookup(ctx, nsA, client.Prompt{Tokens: tokens}); err != nil || l.CachedBlocks != len(payloads) {
 				return false
 			}
 		}
@@ -170,12 +170,12 @@ func TestQuotas(t *testing.T) {
 	ctx := context.Background()
 	nsA, nsB := tenantNS("tenant-a"), tenantNS("tenant-b")
 	tokB, payB := clusterPrompt(1, 6)
-	if _, err := n.client.Put(ctx, nsB, tokB, payB); err != nil {
+	if _, err := n.client.Put(ctx, nsB, client.Prompt{Tokens: tokB}, payB); err != nil {
 		t.Fatal(err)
 	}
 	for p := range 8 {
 		tok, pay := clusterPrompt(100+p, 12)
-		if _, err := n.client.Put(ctx, nsA, tok, pay); err != nil {
+		if _, err := n.client.Put(ctx, nsA, client.Prompt{Tokens: tok}, pay); err != nil {
 			t.Fatalf("tenant A's prompt %d: %v", p, err)
 		}
 	}
@@ -201,7 +201,7 @@ func TestQuotas(t *testing.T) {
 	if ra.GetOwn() || ra.GetDramBytes() > uint64(8*blk) || ra.GetNvmeBytes() > uint64(16*blk) || ra.GetBlocks() == 0 {
 		t.Fatalf("tenant A after writing 96 blocks: %v; want at most 8 blocks in DRAM and 16 in NVMe", ra)
 	}
-	got, err := n.client.Get(ctx, nsB, tokB)
+	got, err := n.client.Get(ctx, nsB, client.Prompt{Tokens: tokB})
 	if err != nil || len(got) != len(payB) {
 		t.Fatalf("tenant B after tenant A's writes: %d of %d blocks, %v", len(got), len(payB), err)
 	}
@@ -218,7 +218,7 @@ func TestQuotas(t *testing.T) {
 	}
 	defer grpcOnly.Close()
 	tok, pay := clusterPrompt(999, 2)
-	_, err = grpcOnly.Put(ctx, nsA, tok, pay)
+	_, err = grpcOnly.Put(ctx, nsA, client.Prompt{Tokens: tok}, pay)
 	if st := status.Convert(errors.Unwrap(err)); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "quota") {
 		t.Fatalf("BatchPut over the quota = %v; want ResourceExhausted naming the quota", err)
 	}
@@ -226,12 +226,12 @@ func TestQuotas(t *testing.T) {
 		info.GetMetadata()["namespace_digest"] != digestString(nsA.Digest()) {
 		t.Errorf("quota refusal: subject %q, metadata %v; want namespace %s", subject, info.GetMetadata(), digestString(nsA.Digest()))
 	}
-	if got, err := n.client.Get(ctx, nsB, tokB); err != nil || len(got) != len(payB) {
+	if got, err := n.client.Get(ctx, nsB, client.Prompt{Tokens: tokB}); err != nil || len(got) != len(payB) {
 		t.Fatalf("tenant B after tenant A was refused: %d blocks, %v", len(got), err)
 	}
 	// Blocks go over the data plane, which names digests only: a lookup
 	// over gRPC tells the node nsB's model, for the metrics' model label.
-	if _, err := n.client.Lookup(ctx, nsB, tokB); err != nil {
+	if _, err := n.client.Lookup(ctx, nsB, client.Prompt{Tokens: tokB}); err != nil {
 		t.Fatal(err)
 	}
 	body := scrape(t, n.HTTPAddr())
@@ -252,7 +252,7 @@ func TestQuotas(t *testing.T) {
 	if ra, err := n.client.ClearQuota(ctx, nsA); err != nil || ra.Own || ra.Quota.DRAMBytes != 8*blk {
 		t.Fatalf("ClearQuota = %v, %v; want the default quota in force", ra, err)
 	}
-	if _, err := n.client.Put(ctx, nsA, tok, pay); err != nil {
+	if _, err := n.client.Put(ctx, nsA, client.Prompt{Tokens: tok}, pay); err != nil {
 		t.Fatalf("Put after ClearQuota: %v", err)
 	}
 

@@ -85,7 +85,7 @@ func TestTenantsIsolated(t *testing.T) {
 	tokens, payloads := clusterPrompt(77, blocks)
 
 	acme := tenantDial(t, nodes[0], "acme-rw", client.TransportTCP)
-	if _, err := acme.Put(ctx, clusterNS, tokens, payloads); err != nil {
+	if _, err := acme.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatalf("acme puts its prompt: %v", err)
 	}
 	sess, err := acme.Session(ctx)
@@ -99,7 +99,7 @@ func TestTenantsIsolated(t *testing.T) {
 	for _, tr := range []string{client.TransportAuto, client.TransportGRPC} {
 		c := tenantDial(t, nodes[1], "acme-r", tr)
 		waitHit(t, c, tokens, blocks)
-		got, err := c.Get(ctx, clusterNS, tokens)
+		got, err := c.Get(ctx, clusterNS, client.Prompt{Tokens: tokens})
 		if err != nil || len(got) != blocks || string(got[3].Payload) != string(payloads[3]) {
 			t.Fatalf("%s: acme reads its prompt through n1: %d blocks, %v", tr, len(got), err)
 		}
@@ -109,10 +109,10 @@ func TestTenantsIsolated(t *testing.T) {
 	for i, n := range nodes {
 		for _, tr := range []string{client.TransportAuto, client.TransportTCP, client.TransportGRPC} {
 			beta := tenantDial(t, n, "beta-rw", tr)
-			if l, err := beta.Lookup(ctx, clusterNS, tokens); err != nil || l.CachedBlocks != 0 {
+			if l, err := beta.Lookup(ctx, clusterNS, client.Prompt{Tokens: tokens}); err != nil || l.CachedBlocks != 0 {
 				t.Errorf("n%d %s: beta's lookup of acme's prompt: %d blocks, %v", i, tr, l.CachedBlocks, err)
 			}
-			if got, err := beta.Get(ctx, clusterNS, tokens); err != nil || len(got) != 0 {
+			if got, err := beta.Get(ctx, clusterNS, client.Prompt{Tokens: tokens}); err != nil || len(got) != 0 {
 				t.Errorf("n%d %s: beta's get of acme's prompt: %d blocks, %v", i, tr, len(got), err)
 			}
 			// Not even with acme's exact keys.
@@ -272,7 +272,7 @@ func TestTenantsIsolated(t *testing.T) {
 	}
 
 	// A read-only token cannot put through gRPC either.
-	if _, err := tenantDial(t, nodes[0], "acme-r", client.TransportGRPC).Put(ctx, clusterNS, tokens, payloads); status.Code(errors.Unwrap(err)) != codes.PermissionDenied {
+	if _, err := tenantDial(t, nodes[0], "acme-r", client.TransportGRPC).Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); status.Code(errors.Unwrap(err)) != codes.PermissionDenied {
 		t.Errorf("a read-only token's BatchPut: %v, want PermissionDenied", err)
 	}
 }
@@ -320,7 +320,7 @@ func TestTenantsPrefill(t *testing.T) {
 	}
 	const hit = 96 // 6 blocks of 16
 	testkit.WaitFor(t, "acme's prefix to be seen from n1", func() bool {
-		l, err := acme1.Lookup(ctx, eng.Namespace, tokens)
+		l, err := acme1.Lookup(ctx, eng.Namespace, client.Prompt{Tokens: tokens})
 		return err == nil && l.CachedTokens == hit
 	})
 	again, err := acme1.Prefill(ctx, client.PrefillRequest{Tokens: tokens})
@@ -328,7 +328,7 @@ func TestTenantsPrefill(t *testing.T) {
 		t.Errorf("acme's prefill on n1: %+v, %v; want %d cached", again.Usage, err, hit)
 	}
 	beta := tenantDial(t, nodes[1], "beta-rw", client.TransportAuto)
-	if l, err := beta.Lookup(ctx, eng.Namespace, tokens); err != nil || l.CachedTokens != 0 {
+	if l, err := beta.Lookup(ctx, eng.Namespace, client.Prompt{Tokens: tokens}); err != nil || l.CachedTokens != 0 {
 		t.Errorf("beta's lookup of acme's prefilled prompt: %d cached, %v", l.CachedTokens, err)
 	}
 	other, err := beta.Prefill(ctx, client.PrefillRequest{Tokens: tokens})
@@ -337,7 +337,7 @@ func TestTenantsPrefill(t *testing.T) {
 	}
 	// An open (node-wide) caller's namespace is not the tenant's either.
 	ops := tenantDial(t, nodes[1], "node-to-node", client.TransportGRPC)
-	if l, err := ops.Lookup(ctx, eng.Namespace, tokens); err != nil || l.CachedTokens != 0 {
+	if l, err := ops.Lookup(ctx, eng.Namespace, client.Prompt{Tokens: tokens}); err != nil || l.CachedTokens != 0 {
 		t.Errorf("the unsalted namespace holds acme's prompt: %d cached, %v", l.CachedTokens, err)
 	}
 
@@ -399,3 +399,5 @@ func TestSetTokensFile(t *testing.T) {
 		}
 	}
 }
+
+//lint:file-ignore SA1019 the node's tests call the client's deprecated methods, kept one release (client/deprecated.go).

@@ -19,7 +19,7 @@ func TestBatchGetByTokensComparesTokens(t *testing.T) {
 	tn := startNode(t, nil)
 	ctx := context.Background()
 	tokens, payloads := prompt(31, 3*testNS.BlockTokens)
-	keys, err := tn.client.Put(ctx, testNS, tokens, payloads)
+	keys, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads)
 	if err != nil || len(keys) != 3 {
 		t.Fatalf("Put: %v, %v", keys, err)
 	}
@@ -61,7 +61,7 @@ func TestBatchGetByTokensComparesTokens(t *testing.T) {
 	}
 
 	// The Go client's Get reads the prompt's longest prefix: block 0 only.
-	blocks, err := tn.client.Get(ctx, testNS, tokens)
+	blocks, err := tn.client.Get(ctx, testNS, client.Prompt{Tokens: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,24 +59,6 @@ func (l *Local) PutCopy(ctx context.Context, block []byte) error {
 	return l.put(ctx, block, l.opts.Eviction == EvictDedup, nil)
 }
 
-// placeCopyLocked lists copy i at the cold end of its tier's list. The cold
-// cursor of its namespace, if set, moves to it: nothing of the namespace is
-// colder.
-func (l *Local) placeCopyLocked(i uint32) {
-	x := &l.mu.x
-	e := x.at(i)
-	list := l.mu.diskList
-	if !e.persistent() {
-		list = l.memListLocked(l.mu.ns.get(e.ns).class)
-	}
-	l.unlistLocked(i)
-	x.insertAfter(x.at(list).prev, i)
-	t := tierOf(e)
-	if l.mu.ns.get(e.ns).cursor[t] != 0 {
-		l.setCursorLocked(e.ns, t, i)
-	}
-}
-
 // ownCopyLocked makes copy i an ordinary block: its owner put it here.
 // It links it to its parent as insertLocked would have.
 func (l *Local) ownCopyLocked(i uint32, h *block.Header) {

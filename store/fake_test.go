@@ -148,6 +148,15 @@ func (m *fakeMem) slot(loc tiers.Loc, op string) (*fakeSlab, int) {
 	return m.slabs[k], j
 }
 
+// Holds reports whether loc holds a value of key (the store's index checks
+// ask).
+func (m *fakeMem) Holds(loc tiers.Loc, key prefixhash.Key) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k, j := int(loc>>32), int(uint32(loc))
+	return k < len(m.slabs) && m.slabs[k].class >= 0 && j < len(m.slabs[k].used) && m.slabs[k].used[j] && m.slabs[k].keys[j] == key
+}
+
 func (m *fakeMem) View(loc tiers.Loc, n int) []byte {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -314,6 +323,17 @@ func (d *fakeDisk) putLocked(key prefixhash.Key, val []byte) (tiers.Loc, error) 
 	head.recs = append(head.recs, fakeRec{key: key, off: len(head.data), n: len(val), live: true})
 	head.data = append(head.data, val...)
 	return tiers.Loc(id<<32 | uint64(len(head.recs)-1)), nil
+}
+
+// Holds reports whether loc holds a live record of key (the store's index
+// checks ask).
+func (d *fakeDisk) Holds(loc tiers.Loc, key prefixhash.Key) bool {
+	v := d.v
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	seg, ok := v.segs[uint64(loc)>>32]
+	j := int(uint32(loc))
+	return ok && j < len(seg.recs) && seg.recs[j].live && seg.recs[j].key == key
 }
 
 func (d *fakeDisk) PutBatch(keys []prefixhash.Key, vals [][]byte, locs []tiers.Loc) (int, error) {

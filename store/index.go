@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/kvmesh/kvmesh/internal/invariants"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -125,9 +126,14 @@ func (x *index) alloc(key prefixhash.Key) uint32 {
 }
 
 // release returns entry i to the free list. It must be out of the table,
-// every list and every tree.
+// every list and every tree: the invariants build checks it, since a child
+// still linked to a released entry would name a parent that is gone (and,
+// once the slot is reused, another block).
 func (x *index) release(i uint32) {
 	e := x.at(i)
+	if invariants.Enabled {
+		x.checkReleasable(i)
+	}
 	*e = entry{next: x.free}
 	x.free = i
 	x.used--
@@ -225,56 +231,17 @@ func (x *index) remove(key prefixhash.Key) bool {
 	return true
 }
 
-// Recency lists. The sentinel's next is the hottest entry, its prev the
-// coldest.
-
-func (x *index) newList() uint32 {
-	s := x.alloc(prefixhash.Key{})
-	if s == 0 {
-		panic("store: index full while creating a recency list")
-	}
-	e := x.at(s)
-	e.flags = flagSentinel
-	e.prev, e.next = s, s
-	return s
-}
-
-// insertAfter links i into a list right after at (on its colder side); at may
-// be a sentinel, which makes i the hottest.
-func (x *index) insertAfter(at, i uint32) {
-	a, e := x.at(at), x.at(i)
-	e.prev, e.next = at, a.next
-	x.at(a.next).prev = i
-	a.next = i
-}
-
-// unlist removes i from its recency list, if it is in one.
-func (x *index) unlist(i uint32) {
-	e := x.at(i)
-	if e.prev == 0 {
-		return
-	}
-	x.at(e.prev).next = e.next
-	x.at(e.next).prev = e.prev
-	e.prev, e.next = 0, 0
-}
-
-// moveFront makes i the hottest of list.
-func (x *index) moveFront(list, i uint32) {
-	if x.at(list).next == i {
-		return
-	}
-	x.unlist(i)
-	x.insertAfter(list, i)
-}
-
 // The prefix tree.
 
-// link makes child the first child of parent. child must be unlinked.
+// link makes child the first child of parent. child must be unlinked, and
+// parent a block in the table (the invariants build checks it).
 func (x *index) link(child, parent uint32) {
 	c, p := x.at(child), x.at(parent)
 	if c.up != 0 {
 		panic(fmt.Sprintf("store: linking entry %d, already linked", child))
+	}
+	if invariants.Enabled && !x.inTable(parent) {
+		panic(fmt.Sprintf("store: linking entry %d (%s) to parent entry %d, which is no block in the table (flags %#x)", child, c.key, parent, p.flags))
 	}
 	if old := p.child; old != 0 {
 		o := x.at(old)
@@ -317,4 +284,29 @@ func (x *index) parent(i uint32) uint32 {
 		e = x.at(e.up)
 	}
 	return e.up
+}
+
+// inTable reports whether entry i is a block in the table: not free, not a
+// sentinel, not dropped.
+func (x *index) inTable(i uint32) bool {
+	e := x.at(i)
+	return i != 0 && e.flags&(flagSentinel|flagDropped) == 0 && x.find(e.key) == i
+}
+
+// checkReleasable panics unless entry i is out of the table, its list and
+// the prefix tree, and holds no pin: what release requires.
+func (x *index) checkReleasable(i uint32) {
+	e := x.at(i)
+	switch {
+	case e.flags&flagSentinel == 0 && x.find(e.key) == i:
+		panic(fmt.Sprintf("store: releasing entry %d (%s), which is still in the table", i, e.key))
+	case e.prev != 0 || e.next != 0:
+		panic(fmt.Sprintf("store: releasing entry %d (%s), which is still in a recency list", i, e.key))
+	case e.child != 0:
+		panic(fmt.Sprintf("store: releasing entry %d (%s), which still has children (entry %d): they would name a parent that is gone", i, e.key, e.child))
+	case e.up != 0:
+		panic(fmt.Sprintf("store: releasing entry %d (%s), which is still linked to its parent", i, e.key))
+	case e.pins != 0:
+		panic(fmt.Sprintf("store: releasing entry %d (%s) with %d pins", i, e.key, e.pins))
+	}
 }

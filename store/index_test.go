@@ -85,6 +85,7 @@ func TestIndexTreeAndLists(t *testing.T) {
 	var nodes []uint32
 	for range 300 {
 		i := x.alloc(randKey(rng))
+		x.insert(i) // a block in the table: only those are linked
 		x.insertAfter(list, i)
 		if len(nodes) > 0 && rng.IntN(4) > 0 {
 			p := nodes[rng.IntN(min(len(nodes), 5))] // few parents, many siblings

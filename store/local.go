@@ -268,6 +268,9 @@ func (l *Local) enterLocked() bool {
 func (l *Local) exit() {
 	l.mu.Lock()
 	l.mu.active--
+	if invariants.Enabled && l.mu.active < 0 {
+		panic(fmt.Sprintf("store: %d operations in flight: one ended twice, and Close may close the tiers under another", l.mu.active))
+	}
 	if l.mu.active == 0 && l.mu.closed {
 		l.mu.idle.Broadcast()
 	}

@@ -44,7 +44,7 @@ func (r *Ref) Release() {
 	var fr []freeLoc
 	l.mu.Lock()
 	l.unpinLocked(i, &fr)
-	l.mu.refs--
+	l.unrefLocked()
 	l.unlockAndFree(fr)
 }
 
@@ -59,6 +59,17 @@ func (l *Local) unlockAndFree(fr []freeLoc) {
 	l.mu.Unlock()
 	l.freeAll(fr)
 	l.exit()
+}
+
+// unrefLocked counts a live Ref gone (released, or spent on a failed
+// check). The count going below zero means a Ref was released twice, and
+// the pin it held was taken from another reader: the invariants build
+// panics.
+func (l *Local) unrefLocked() {
+	l.mu.refs--
+	if invariants.Enabled && l.mu.refs < 0 {
+		panic(fmt.Sprintf("store: %d live Refs: a Ref was released more often than it was handed out", l.mu.refs))
+	}
 }
 
 func (l *Local) unpinLocked(i uint32, fr *[]freeLoc) {
@@ -256,7 +267,7 @@ func (l *Local) putReadBuf(b *[]byte) {
 func (l *Local) corruptPinned(i uint32) {
 	var fr []freeLoc
 	l.mu.Lock()
-	l.mu.refs--
+	l.unrefLocked()
 	l.mu.c.hits--
 	l.unpinLocked(i, &fr)
 	l.failedReadLocked(i, &fr)

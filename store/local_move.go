@@ -166,22 +166,6 @@ func (l *Local) memVictimsLocked(class, need int, stop uint32, batch bool) (vs [
 	return l.evacuateLocked(class), false
 }
 
-func (l *Local) coldestLocked(list uint32, want int, stop uint32) (vs []moved, reachedStop bool) {
-	x := &l.mu.x
-	got := 0
-	for j, walked := x.at(list).prev, 0; j != list && got < want && walked < maxVictimWalk; j, walked = x.at(j).prev, walked+1 {
-		if j == stop {
-			return vs, true
-		}
-		if e := x.at(j); e.busy() || isHBM(e.getLoc()) { // HBM empties into DRAM, not past it
-			continue
-		}
-		vs = append(vs, l.markVictimLocked(j))
-		got += vs[len(vs)-1].size
-	}
-	return vs, false
-}
-
 func (l *Local) markVictimLocked(i uint32) moved {
 	e := l.mu.x.at(i)
 	e.set(flagMoving)

@@ -12,7 +12,6 @@ import (
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
-	"github.com/kvmesh/kvmesh/transfer"
 )
 
 // Parts (issue 23). A record whose header is a part (block.Header.Whole is
@@ -38,7 +37,7 @@ const MaxPartCells = 1 << 16
 var ErrPartConflict = errors.New("store: part conflicts with the stored part it overlaps")
 
 // maxClaims bounds the open claims a node remembers; past it Claim answers
-// transfer.ClaimWrite without recording one (a duplicate write is a no-op,
+// block.ClaimWrite without recording one (a duplicate write is a no-op,
 // a lost claim only costs bandwidth).
 const maxClaims = 1 << 16
 
@@ -101,7 +100,7 @@ type partsState struct {
 
 type partCounters struct {
 	stored, completed, conflicts, expired, dropped int64
-	claims                                         [4]int64
+	claims                                         [block.ClaimStatuses]int64
 }
 
 func (p *partial) covered(layer, head int) bool {
@@ -596,18 +595,18 @@ func overlaps(a, b block.Part) bool {
 // ClaimWrite, when the caller now holds a claim on p for Options.ClaimTTL
 // (a put of a part covering p releases it). A range that is not a part
 // of the block being assembled is block.ErrBadPart.
-func (l *Local) Claim(ctx context.Context, key prefixhash.Key, p block.Part) (transfer.ClaimStatus, error) {
+func (l *Local) Claim(ctx context.Context, key prefixhash.Key, p block.Part) (block.ClaimStatus, error) {
 	if err := ctx.Err(); err != nil {
-		return transfer.ClaimWrite, err
+		return block.ClaimWrite, err
 	}
 	if p.L0 < 0 || p.L1 <= p.L0 || p.H0 < 0 || p.H1 <= p.H0 {
-		return transfer.ClaimWrite, fmt.Errorf("%w: %s is empty or negative", block.ErrBadPart, p)
+		return block.ClaimWrite, fmt.Errorf("%w: %s is empty or negative", block.ErrBadPart, p)
 	}
 	a := auth.AccessFrom(ctx)
 	l.mu.Lock()
 	if !l.enterLocked() {
 		l.mu.Unlock()
-		return transfer.ClaimWrite, ErrClosed
+		return block.ClaimWrite, ErrClosed
 	}
 	defer l.exit()
 	expired := l.sweepDueLocked()
@@ -620,28 +619,28 @@ func (l *Local) Claim(ctx context.Context, key prefixhash.Key, p block.Part) (tr
 	return st, err
 }
 
-func (l *Local) claimLocked(a auth.Access, key prefixhash.Key, p block.Part) (transfer.ClaimStatus, error) {
+func (l *Local) claimLocked(a auth.Access, key prefixhash.Key, p block.Part) (block.ClaimStatus, error) {
 	if i := l.mu.x.find(key); i != 0 {
 		if n := l.mu.ns.get(l.mu.x.at(i).ns); !n.resolved || a.Allows(n.tenant) {
-			return transfer.ClaimComplete, nil
+			return block.ClaimComplete, nil
 		}
 	}
 	if pa := l.mu.parts.open[key]; pa != nil && a.Allows(pa.tenant) {
 		if pa.state == partialSealing {
-			return transfer.ClaimComplete, nil
+			return block.ClaimComplete, nil
 		}
 		if err := pa.layout.CheckPart(p); err != nil {
-			return transfer.ClaimWrite, err
+			return block.ClaimWrite, err
 		}
 		if c, all := pa.coveredCells(p); c == all {
-			return transfer.ClaimCovered, nil
+			return block.ClaimCovered, nil
 		}
 	}
 	now := l.now()
 	cs := l.mu.parts.claims[key]
 	for _, c := range cs {
 		if now.Before(c.expires) && overlaps(c.part, p) {
-			return transfer.ClaimClaimed, nil
+			return block.ClaimClaimed, nil
 		}
 	}
 	if l.mu.parts.nclaims < maxClaims {
@@ -651,7 +650,7 @@ func (l *Local) claimLocked(a auth.Access, key prefixhash.Key, p block.Part) (tr
 		l.mu.parts.claims[key] = append(cs, claim{part: p, expires: now.Add(l.opts.ClaimTTL)})
 		l.mu.parts.nclaims++
 	}
-	return transfer.ClaimWrite, nil
+	return block.ClaimWrite, nil
 }
 
 // PartialInfo describes an incomplete block.

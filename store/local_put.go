@@ -302,31 +302,6 @@ func (l *Local) touchPutLocked(i uint32, parent prefixhash.Key) {
 	l.mu.c.duplicates++
 }
 
-// placeLocked moves i in its recency list right behind its parent (on the
-// colder side) when the parent is in the same list, else to the front. So
-// a chain put in order, or put again, keeps its leaves colder than its
-// ancestors, and eviction takes leaves first. A copy goes to the cold end.
-func (l *Local) placeLocked(i uint32, parent prefixhash.Key) {
-	x := &l.mu.x
-	e := x.at(i)
-	if e.copy() {
-		l.placeCopyLocked(i)
-		return
-	}
-	at := l.mu.diskList
-	if !e.persistent() {
-		at = l.memListLocked(l.mu.ns.get(e.ns).class)
-	}
-	if p := x.find(parent); p != 0 && p != i {
-		if pe := x.at(p); pe.persistent() == e.persistent() && l.mu.ns.same(pe.ns, e.ns) && !pe.copy() {
-			at = p
-		}
-	}
-	l.unlistLocked(i)
-	x.insertAfter(at, i)
-	l.placedBehindLocked(at, i)
-}
-
 // classOf returns the memory tier's size class for blocks of n bytes, -1 if
 // the tier can never hold them.
 func (l *Local) classOf(n int) int {
@@ -334,37 +309,6 @@ func (l *Local) classOf(n int) int {
 		return 0
 	}
 	return l.classed.SizeClass(n)
-}
-
-func (l *Local) memListLocked(class int) uint32 {
-	if class < 0 {
-		panic(fmt.Sprintf("store: memory list of class %d", class))
-	}
-	for len(l.mu.memLists) <= class {
-		l.mu.memLists = append(l.mu.memLists, 0)
-	}
-	if l.mu.memLists[class] == 0 {
-		l.mu.memLists[class] = l.mu.x.newList()
-	}
-	return l.mu.memLists[class]
-}
-
-// touchLocked marks i as just used: the hottest of its list (a copy stays
-// where it is, at the cold end).
-func (l *Local) touchLocked(i uint32) {
-	x := &l.mu.x
-	e := x.at(i)
-	e.set(flagHit)
-	e.hits &^= hitsRetired // read again: a resume point after all
-	if e.copy() {
-		return
-	}
-	l.hbmTouchLocked(i)
-	if e.persistent() {
-		l.moveFrontLocked(l.mu.diskList, i)
-	} else {
-		l.moveFrontLocked(l.memListLocked(l.mu.ns.get(e.ns).class), i)
-	}
 }
 
 // PutMany puts every block it can; the error joins those of the blocks

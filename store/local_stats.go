@@ -1,9 +1,10 @@
 package store
 
 import (
-	"github.com/kvmesh/kvmesh/auth"
 	"sort"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -66,7 +67,7 @@ type Stats struct {
 	// PartsCompleted the blocks completed from parts, PartConflicts the
 	// parts refused with ErrPartConflict, PartialsExpired the incomplete
 	// blocks dropped after PartialTTL and PartialsDropped those dropped
-	// for memory room. Claims counts Claim's answers by transfer.ClaimStatus.
+	// for memory room. Claims counts Claim's answers by block.ClaimStatus.
 	PartialsOpen    int
 	PartialBytes    int64
 	PartsStored     int64
@@ -74,7 +75,7 @@ type Stats struct {
 	PartConflicts   int64
 	PartialsExpired int64
 	PartialsDropped int64
-	Claims          [4]int64
+	Claims          [block.ClaimStatuses]int64
 	// PartialSlots is how many of PartialsOpen hold a memory-tier slot
 	// (the others are in process memory: the tier takes no reservations).
 	PartialSlots     int
@@ -100,8 +101,8 @@ type TierStats struct {
 type NamespaceStats struct {
 	Digest uint64
 	Tenant uint64 // the tag of the tenant whose blocks these are (0: none, or not read yet)
-	Blocks int64 // blocks, or with groups records of every group
-	Bytes  int64 // encoded block bytes, DRAMBytes + NVMeBytes
+	Blocks int64  // blocks, or with groups records of every group
+	Bytes  int64  // encoded block bytes, DRAMBytes + NVMeBytes
 	// Tokens are the cached tokens: Blocks × tokens per block; with
 	// groups, those of group 0's records (list the full group first).
 	Tokens int64

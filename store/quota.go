@@ -498,15 +498,6 @@ func (l *Local) setCursorLocked(id uint32, t int, c uint32) {
 	}
 }
 
-// unlistLocked takes i out of its recency list, moving the cursors on it to
-// its hotter neighbour.
-func (l *Local) unlistLocked(i uint32) {
-	if l.mu.x.at(i).has(flagCursor) {
-		l.uncursorLocked(i)
-	}
-	l.mu.x.unlist(i)
-}
-
 // uncursorLocked moves the cursors on listed entry i to its hotter
 // neighbour.
 func (l *Local) uncursorLocked(i uint32) {
@@ -517,32 +508,5 @@ func (l *Local) uncursorLocked(i uint32) {
 	}
 	for _, r := range slices.Clone(l.mu.cursors[i]) {
 		l.setCursorLocked(r.ns, r.t, to)
-	}
-}
-
-// moveFrontLocked makes i the hottest of list.
-func (l *Local) moveFrontLocked(list, i uint32) {
-	x := &l.mu.x
-	if x.at(list).next == i {
-		return
-	}
-	if x.at(i).has(flagCursor) {
-		l.uncursorLocked(i)
-	}
-	x.unlist(i)
-	x.insertAfter(list, i)
-}
-
-// placedBehindLocked keeps i's namespace's cursor true after i was listed
-// right behind at.
-func (l *Local) placedBehindLocked(at, i uint32) {
-	x := &l.mu.x
-	if !x.at(at).has(flagCursor) {
-		return
-	}
-	e := x.at(i)
-	r := cursorRef{e.ns, tierOf(e)}
-	if slices.Contains(l.mu.cursors[at], r) {
-		l.setCursorLocked(r.ns, r.t, i)
 	}
 }

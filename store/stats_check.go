@@ -1,6 +1,11 @@
 package store
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/tiers"
+)
 
 // Check reports the first way s breaks the store's accounting, or nil. It
 // holds for a snapshot taken while no operation is in flight (a Put, Get,
@@ -52,6 +57,21 @@ func (s Stats) Check() error {
 // Ref is live. The invariants build calls it; the tiers' Stats take only
 // their own locks.
 func (l *Local) checkQuiescentLocked() {
+	if _, err := l.quiescentErrLocked(); err != nil {
+		panic(fmt.Sprintf("%v, at Close", err))
+	}
+}
+
+// checkQuiescent is checkQuiescentLocked as an error, with the snapshot it
+// checked, for tests that check the store after each operation (the model
+// tests).
+func (l *Local) checkQuiescent() (Stats, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.quiescentErrLocked()
+}
+
+func (l *Local) quiescentErrLocked() (Stats, error) {
 	s := l.statsLocked()
 	s.Tiers[0].Stats = l.mem.Stats()
 	if l.disk != nil {
@@ -61,6 +81,70 @@ func (l *Local) checkQuiescentLocked() {
 		s.Tiers[len(s.Tiers)-1].Stats = l.hbm.Stats()
 	}
 	if err := s.Check(); err != nil {
-		panic(fmt.Sprintf("%v, at Close: %+v", err, s))
+		return s, fmt.Errorf("%w: %+v", err, s)
 	}
+	return s, l.checkIndexLocked()
+}
+
+// holder is a tier that can say whether a location holds a value of a key
+// (tiers.DRAM can).
+type holder interface {
+	Holds(loc tiers.Loc, key prefixhash.Key) bool
+}
+
+// checkIndexLocked reports the first way the index disagrees with the tiers
+// or with itself, or nil. With no operation in flight:
+//
+//   - every block in the table names a location where its tier holds its
+//     value, where the tier can say (holder), and no two blocks name one
+//     location: a slot that is free, or that holds another block, is never
+//     indexed;
+//   - every block linked into the prefix tree hangs from a block in the
+//     table: no child names a parent that is gone.
+func (l *Local) checkIndexLocked() error {
+	x := &l.mu.x
+	type where struct {
+		tier int
+		loc  tiers.Loc
+	}
+	// Only tiers that cannot say what a location holds need the map: where
+	// one can, a location that holds block i's key is not block j's.
+	var seen map[where]uint32
+	for _, slot := range x.table {
+		if slot == 0 {
+			continue
+		}
+		i := slot & idxMask
+		e := x.at(i)
+		loc, tier, t := e.getLoc(), tierOf(e), tiers.Tier(l.mem)
+		switch {
+		case e.persistent():
+			t = l.disk
+		case isHBM(loc):
+			tier, t, loc = 2, l.hbm, loc&^hbmTag
+		}
+		if e.persistent() && e.has(flagLocGone) {
+			return fmt.Errorf("store: entry %d (%s) is in the table with its location gone", i, e.key)
+		}
+		if h, ok := t.(holder); ok {
+			if !h.Holds(loc, e.key) {
+				return fmt.Errorf("store: entry %d (%s) names location %#x, where tier %s holds no value of it: an index entry whose location is dead (freed, or taken by another value)", i, e.key, uint64(loc), t.Name())
+			}
+		} else {
+			w := where{tier, loc}
+			if j, dup := seen[w]; dup {
+				return fmt.Errorf("store: entries %d and %d (%s, %s) both name location %#x of tier %s", j, i, x.at(j).key, e.key, uint64(loc), t.Name())
+			}
+			if seen == nil {
+				seen = make(map[where]uint32)
+			}
+			seen[w] = i
+		}
+		// A first child's up is its parent (the others' is a sibling):
+		// checking first children checks every child's parent.
+		if e.up != 0 && e.has(flagFirst) && !x.inTable(e.up) {
+			return fmt.Errorf("store: entry %d (%s) hangs from entry %d, which is no block in the table", i, e.key, e.up)
+		}
+	}
+	return nil
 }

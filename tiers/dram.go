@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvmesh/kvmesh/internal/invariants"
 	"github.com/kvmesh/kvmesh/internal/prefault"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -218,8 +219,15 @@ func (d *DRAM) Arena() (mem []byte, fd int) {
 
 // value returns the arena offset of the value at loc and its length. It reads
 // only the immutable class table and the slot's header, so it takes no lock;
-// closeMu must be held for reading.
+// closeMu must be held for reading. A freed slot's header still holds its
+// last value's length (and the value its bytes, until the slot is taken
+// again), so a read through an index that names a freed slot would succeed
+// with stale bytes: the invariants build asks the allocator, under its
+// lock, whether the slot is live.
 func (d *DRAM) value(loc Loc) (off int64, n int) {
+	if invariants.Enabled {
+		d.mustHold("dram", loc)
+	}
 	slab, class, slot := d.alloc.split(loc)
 	off = d.alloc.offset(slab, class, slot)
 	n64 := binary.LittleEndian.Uint64(d.arena[off+16:])
@@ -227,6 +235,21 @@ func (d *DRAM) value(loc Loc) (off int64, n int) {
 		panic(fmt.Sprintf("tiers: dram: location %#x: slot header claims %d bytes", uint64(loc), n64))
 	}
 	return off + slotHeaderLen, int(n64)
+}
+
+// Holds reports whether loc holds a value of key: a live slot whose header
+// names key. An index that names a freed slot, or one freed and taken by
+// another value since, gets false. It is for checks (the store's, in its
+// tests and its invariants build): it takes the allocator's lock.
+func (d *DRAM) Holds(loc Loc, key prefixhash.Key) bool {
+	d.closeMu.RLock()
+	defer d.closeMu.RUnlock()
+	if d.closed || !d.holds(loc) {
+		return false
+	}
+	slab, class, slot := d.alloc.split(loc)
+	off := d.alloc.offset(slab, class, slot)
+	return prefixhash.Key(d.arena[off:off+16]) == key
 }
 
 // Read copies the value at loc into dst, which must be exactly its length.

@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvmesh/kvmesh/internal/invariants"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -380,6 +381,10 @@ func (t *NVMe) Free(loc Loc) {
 	if err != nil {
 		if !errors.Is(err, pebble.ErrNotFound) {
 			t.log.Error("nvme: free: index lookup", "loc", loc, "err", err)
+		} else if invariants.Enabled {
+			// Freed twice, or its segment was dropped: the caller's index
+			// kept a dead location (a store freeing what reclaim dropped).
+			panic(fmt.Sprintf("tiers: nvme: free of segment %d offset %d, which holds no value: an index names a dead location", locSeg(loc), locOff(loc)))
 		}
 		return
 	}
@@ -395,6 +400,10 @@ func (t *NVMe) Free(loc Loc) {
 		s.bytes -= int64(n)
 		t.mu.values--
 		t.mu.stored -= int64(n)
+		if invariants.Enabled && (s.values < 0 || s.bytes < 0 || t.mu.values < 0 || t.mu.stored < 0) {
+			panic(fmt.Sprintf("tiers: nvme: free of segment %d offset %d leaves the segment %d values, %d bytes, the tier %d values, %d bytes",
+				locSeg(loc), locOff(loc), s.values, s.bytes, t.mu.values, t.mu.stored))
+		}
 	}
 	t.mu.Unlock()
 }

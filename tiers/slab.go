@@ -476,6 +476,28 @@ func (t *slabTier) release(loc Loc, drop func(off, size int64)) {
 	t.mu.Unlock()
 }
 
+// holds reports whether loc holds a value: whether an index that names loc
+// names a live slot (taken, not freed since).
+func (t *slabTier) holds(loc Loc) bool {
+	i, c, slot := splitLoc(loc)
+	if i < 0 || i >= len(t.alloc.slabs) || c >= len(t.alloc.classes) || slot >= int(t.alloc.perSlab[c]) {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := &t.alloc.slabs[i]
+	return int(m.class) == c && m.lens[slot] != 0
+}
+
+// mustHold panics when an operation names loc and loc holds no value: the
+// index that named it kept a location after it was freed. The invariants
+// build calls it where a tier reads without asking its allocator.
+func (t *slabTier) mustHold(tier string, loc Loc) {
+	if !t.holds(loc) {
+		panic(fmt.Sprintf("tiers: %s: location %#x holds no value: an index names a freed slot", tier, uint64(loc)))
+	}
+}
+
 // evacuateLocked picks a slab to evacuate (see slabAlloc.evacuate) and
 // returns a record for each of its values, keys not filled in, with the
 // arena offset of each slot's header.

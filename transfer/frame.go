@@ -68,7 +68,7 @@ import (
 //	                  h1 u32 (layers [l0,l1), KV heads [h0,h1); see
 //	                  block.Part)
 //	claimReq    (32)  as getPartReq (no payload)
-//	claimResp   (8)   ClaimStatus u8, 3 zero bytes, 0 u32 (no payload)
+//	claimResp   (8)   block.ClaimStatus u8, 3 zero bytes, 0 u32 (no payload)
 //
 // A getPartReq is a getReq for parts of blocks (issue 23: a tensor- or
 // pipeline-parallel rank reads its slice): the server takes each whole
@@ -85,8 +85,8 @@ import (
 // sent (the latent layout's replicated parts: one rank writes, the others
 // see it covered): the server asks its Sink (a Claimer; one that is not is
 // answered with an error frame) and answers a claimResp whose statuses are
-// ClaimWrite (send it: the asker now holds a claim on the range),
-// ClaimComplete, ClaimCovered or ClaimClaimed. It needs the write scope.
+// block.ClaimWrite (send it: the asker now holds a claim on the range),
+// block.ClaimComplete, block.ClaimCovered or block.ClaimClaimed. It needs the write scope.
 //
 // A publishReq is a putReq from a client that produced the blocks: the
 // server stores them as it stores a put's and then queues each stored block
@@ -767,19 +767,19 @@ func checkParts(keys []prefixhash.Key, parts []block.Part) error {
 	return nil
 }
 
-func putClaimEntry(t []byte, i int, st ClaimStatus) { t[i*claimEntry] = byte(st) }
+func putClaimEntry(t []byte, i int, st block.ClaimStatus) { t[i*claimEntry] = byte(st) }
 
 // parseClaimResp decodes a claimResp table into st.
-func parseClaimResp(table []byte, st []ClaimStatus) error {
+func parseClaimResp(table []byte, st []block.ClaimStatus) error {
 	for i := range st {
 		e := table[i*claimEntry:]
-		if e[0] > byte(ClaimClaimed) {
+		if e[0] > byte(block.ClaimClaimed) {
 			return corrupt("claim status %d of item %d", e[0], i)
 		}
 		if e[1]|e[2]|e[3]|e[4]|e[5]|e[6]|e[7] != 0 {
 			return corrupt("claim status %d has non-zero reserved bytes", i)
 		}
-		st[i] = ClaimStatus(e[0])
+		st[i] = block.ClaimStatus(e[0])
 	}
 	return nil
 }

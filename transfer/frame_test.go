@@ -182,7 +182,7 @@ func FuzzTable(f *testing.F) {
 	putPartEntry(t, 0, testKey(1), block.Part{L0: 0, L1: 61, H0: 0, H1: 1})
 	f.Add(uint8(typeClaimReq), 0, bytes.Clone(t))
 	t = enc.begin(typeClaimResp, 4)
-	for i, s := range []ClaimStatus{ClaimWrite, ClaimComplete, ClaimCovered, ClaimClaimed} {
+	for i, s := range []block.ClaimStatus{block.ClaimWrite, block.ClaimComplete, block.ClaimCovered, block.ClaimClaimed} {
 		putClaimEntry(t, i, s)
 	}
 	f.Add(uint8(typeClaimResp), 0, bytes.Clone(t))
@@ -299,12 +299,12 @@ func FuzzTable(f *testing.F) {
 				putPartEntry(out, i, keys[i], parts[i])
 			}
 		case typeClaimResp:
-			st := make([]ClaimStatus, n)
+			st := make([]block.ClaimStatus, n)
 			if parseClaimResp(table, st) != nil {
 				return
 			}
 			for i, s := range st {
-				if s > ClaimClaimed {
+				if s > block.ClaimClaimed {
 					t.Fatalf("item %d: accepted claim status %d", i, s)
 				}
 				putClaimEntry(out, i, s)

@@ -20,37 +20,6 @@ import (
 // stored part it overlaps; refused (nothing of it stored).
 const StatusConflict Status = 4
 
-// ClaimStatus is the answer to a claim of one item.
-type ClaimStatus uint8
-
-const (
-	// ClaimWrite: send the part; the caller now holds a claim on its
-	// range for a while (the store's ClaimTTL), so that other writers of
-	// the same range are told ClaimClaimed.
-	ClaimWrite ClaimStatus = iota
-	// ClaimComplete: the block is complete; nothing to send.
-	ClaimComplete
-	// ClaimCovered: stored parts cover the range; nothing to send.
-	ClaimCovered
-	// ClaimClaimed: another writer holds an open claim on an overlapping
-	// range; nothing to send unless that claim runs out.
-	ClaimClaimed
-)
-
-func (s ClaimStatus) String() string {
-	switch s {
-	case ClaimWrite:
-		return "write"
-	case ClaimComplete:
-		return "complete"
-	case ClaimCovered:
-		return "covered"
-	case ClaimClaimed:
-		return "claimed"
-	}
-	return fmt.Sprintf("claim(%d)", uint8(s))
-}
-
 // PartPeer is a Peer that reads parts and claims them. Client and
 // ShmClient implement it.
 type PartPeer interface {
@@ -63,9 +32,9 @@ type PartPeer interface {
 	// as Get.
 	GetParts(ctx context.Context, keys []prefixhash.Key, parts []block.Part) (*Result, error)
 	// Claim asks, for each i, whether part parts[i] of block keys[i]
-	// still needs to be put (ClaimWrite) or not. A server whose sink
+	// still needs to be put (block.ClaimWrite) or not. A server whose sink
 	// takes no claims answers with an error wrapping ErrRemote.
-	Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part) ([]ClaimStatus, error)
+	Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part) ([]block.ClaimStatus, error)
 }
 
 var (
@@ -76,10 +45,10 @@ var (
 // Claimer is a Sink that answers claims.
 type Claimer interface {
 	// Claim sets st[i] to the claim status of part parts[i] of the block
-	// keys[i] (st arrives zeroed: ClaimWrite). A claim it cannot answer
-	// (a bad range, an error) is left ClaimWrite: the put that follows
+	// keys[i] (st arrives zeroed: block.ClaimWrite). A claim it cannot answer
+	// (a bad range, an error) is left block.ClaimWrite: the put that follows
 	// gets the verdict. ctx carries the requester's access, as Put's.
-	Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part, st []ClaimStatus)
+	Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part, st []block.ClaimStatus)
 }
 
 // sizeValues sets lens[i] to the length of what answers item i of a get:
@@ -137,12 +106,12 @@ func serveClaim(ctx context.Context, h *header, table []byte, sink Sink, sc *scr
 	sc.size(n)
 	sc.parts = grow(sc.parts, n)
 	parsePartReq(table, sc.keys, sc.parts)
-	st := make([]ClaimStatus, n)
+	st := make([]block.ClaimStatus, n)
 	cl.Claim(ctx, sc.keys, sc.parts, st)
 	t := enc.begin(typeClaimResp, n)
 	for i, s := range st {
-		if s > ClaimClaimed {
-			s = ClaimWrite
+		if s > block.ClaimClaimed {
+			s = block.ClaimWrite
 		}
 		putClaimEntry(t, i, s)
 	}
@@ -180,11 +149,11 @@ func partFrame(ctx context.Context, enc *encoder, typ frameType, id uint64, keys
 
 // claimRounds runs a Claim of keys in requests of at most maxItems:
 // round asks for the items idx and fills their statuses.
-func claimRounds(keys []prefixhash.Key, parts []block.Part, maxItems int, round func(idx []int, st []ClaimStatus) error) ([]ClaimStatus, error) {
+func claimRounds(keys []prefixhash.Key, parts []block.Part, maxItems int, round func(idx []int, st []block.ClaimStatus) error) ([]block.ClaimStatus, error) {
 	if err := checkParts(keys, parts); err != nil {
 		return nil, err
 	}
-	st := make([]ClaimStatus, len(keys))
+	st := make([]block.ClaimStatus, len(keys))
 	idx := make([]int, 0, min(len(keys), maxItems))
 	for lo := 0; lo < len(keys); lo += maxItems {
 		hi := min(lo+maxItems, len(keys))
@@ -212,10 +181,10 @@ func (c *Client) GetParts(ctx context.Context, keys []prefixhash.Key, parts []bl
 
 // Claim asks the peer whether parts[i] of the blocks keys[i] still need to
 // be put (see PartPeer).
-func (c *Client) Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part) ([]ClaimStatus, error) {
+func (c *Client) Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part) ([]block.ClaimStatus, error) {
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
-	st, err := claimRounds(keys, parts, c.opts.MaxItems, func(idx []int, st []ClaimStatus) error {
+	st, err := claimRounds(keys, parts, c.opts.MaxItems, func(idx []int, st []block.ClaimStatus) error {
 		return c.do(ctx, func(cc *clientConn) error {
 			id := c.nextID.Add(1)
 			if _, err := cc.nc.Write(partFrame(ctx, &cc.enc, typeClaimReq, id, keys, parts, idx, &c.opts.Limits)); err != nil {

@@ -12,14 +12,14 @@ import (
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
-// claimSource is a scopeSource whose sink answers claims (ClaimCovered),
+// claimSource is a scopeSource whose sink answers claims (block.ClaimCovered),
 // recording the access each ran with.
 type claimSource struct{ *scopeSource }
 
-func (s claimSource) Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part, st []ClaimStatus) {
+func (s claimSource) Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part, st []block.ClaimStatus) {
 	s.note(ctx)
 	for i := range st {
-		st[i] = ClaimCovered
+		st[i] = block.ClaimCovered
 	}
 }
 
@@ -103,7 +103,7 @@ func TestPartRequestScope(t *testing.T) {
 		}
 		p = dial("node")
 		st, err := p.Claim(auth.WithAccess(ctx, beta), keys, parts)
-		if err != nil || st[0] != ClaimCovered {
+		if err != nil || st[0] != block.ClaimCovered {
 			t.Fatalf("%s: node claim: %v, %v", name, st, err)
 		}
 		if a := src.last(t); a != beta {

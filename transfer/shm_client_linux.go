@@ -462,10 +462,10 @@ func (c *ShmClient) GetParts(ctx context.Context, keys []prefixhash.Key, parts [
 }
 
 // Claim is Client.Claim through the unix socket.
-func (c *ShmClient) Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part) ([]ClaimStatus, error) {
+func (c *ShmClient) Claim(ctx context.Context, keys []prefixhash.Key, parts []block.Part) ([]block.ClaimStatus, error) {
 	ctx, cancel := requestContext(ctx, c.opts.RequestTimeout)
 	defer cancel()
-	st, err := claimRounds(keys, parts, c.opts.MaxItems, func(idx []int, st []ClaimStatus) error {
+	st, err := claimRounds(keys, parts, c.opts.MaxItems, func(idx []int, st []block.ClaimStatus) error {
 		rep, err := c.roundTrip(ctx, func(id uint64) net.Buffers {
 			c.bufs = append(c.bufs[:0], partFrame(ctx, &c.enc, typeClaimReq, id, keys, parts, idx, &c.opts.Limits))
 			return c.bufs

@@ -64,7 +64,7 @@ func (*ShmClient) GetParts(context.Context, []prefixhash.Key, []block.Part) (*Re
 }
 
 // Claim returns ErrUnsupported.
-func (*ShmClient) Claim(context.Context, []prefixhash.Key, []block.Part) ([]ClaimStatus, error) {
+func (*ShmClient) Claim(context.Context, []prefixhash.Key, []block.Part) ([]block.ClaimStatus, error) {
 	return nil, ErrUnsupported
 }
 

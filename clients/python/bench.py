@@ -9,7 +9,7 @@ and over for --duration seconds, single caller, each block into its place in
 a preallocated buffer (Python and Go alternate in --rounds slices; medians):
   - Python, kvmesh.Client.get(ns, tokens, out) into a torch tensor, through
     shared memory and through gRPC;
-  - Go, package client's GetKeys copying each block into a []byte
+  - Go, package client's Get into a []byte's slices (client.Into)
     (clients/python/benchgo), through shared memory, gRPC and TCP.
 and times kvmesh.keys of a 128k-token prompt. Targets (issue 15): Python ≥ 0.8×
 Go on each path; keys ≤ 5 ms.

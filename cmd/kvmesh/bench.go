@@ -52,7 +52,7 @@ Suites:
   transfer   data plane: transfer client vs raw TCP stream, shared memory vs copy()
   store      GET/SET of 64KiB, 1MiB, 4MiB blocks at concurrency 4 and 16, vs Redis
   ranks      2, 4, 8 tensor-parallel ranks putting then getting their slices of the
-             same blocks at once (PutRank/GetRank) vs one client's whole blocks, TCP
+             same blocks at once (Put/Get with a Rank) vs one client's whole blocks, TCP
              and shared memory; 8 MLA ranks putting one prefix: bytes received vs one copy
   lookup     longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes; hashing
   nvme       the NVMe tier vs fio (sequential direct write, random direct read), and

@@ -114,7 +114,7 @@ func TestClusterProcesses(t *testing.T) {
 	tokens, payloads := make([][]uint32, prompts), make([][][]byte, prompts)
 	for p := range prompts {
 		tokens[p], payloads[p] = e2ePrompt(100+p, blocks)
-		if _, err := ca.Put(ctx, e2eNS, tokens[p], payloads[p]); err != nil {
+		if _, err := ca.Put(ctx, e2eNS, client.Prompt{Tokens: tokens[p]}, payloads[p]); err != nil {
 			t.Fatalf("Put prompt %d through A: %v\n%s", p, err, a.stderr)
 		}
 	}
@@ -124,7 +124,7 @@ func TestClusterProcesses(t *testing.T) {
 		// contract: read again until every block comes; wrong bytes never.
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			got, err := cc.Get(ctx, e2eNS, tokens[p])
+			got, err := cc.Get(ctx, e2eNS, client.Prompt{Tokens: tokens[p]})
 			if err != nil {
 				t.Fatalf("Get prompt %d through C: %v", p, err)
 			}
@@ -154,7 +154,7 @@ func TestClusterProcesses(t *testing.T) {
 	var streamPayloads [][][]byte
 	ownedByB := 0
 	for p := range prompts {
-		l, err := cb.Lookup(ctx, e2eNS, tokens[p])
+		l, err := cb.Lookup(ctx, e2eNS, client.Prompt{Tokens: tokens[p]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -243,7 +243,7 @@ func waitFullHit(t *testing.T, c *client.Client, tokens []uint32, blocks int) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		l, err := c.Lookup(context.Background(), e2eNS, tokens)
+		l, err := c.Lookup(context.Background(), e2eNS, client.Prompt{Tokens: tokens})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -348,10 +348,10 @@ func (s *lookupStream) call(c *client.Client, w, p int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.deadline)
 	defer cancel()
 	start := time.Now()
-	l, err := c.Lookup(ctx, e2eNS, s.tokens[p])
+	l, err := c.Lookup(ctx, e2eNS, client.Prompt{Tokens: s.tokens[p]})
 	var got []client.Block
 	if err == nil {
-		got, err = c.Get(ctx, e2eNS, s.tokens[p])
+		got, err = c.Get(ctx, e2eNS, client.Prompt{Tokens: s.tokens[p]})
 	}
 	took := time.Since(start)
 	for old := s.slowest.Load(); int64(took) > old && !s.slowest.CompareAndSwap(old, int64(took)); old = s.slowest.Load() {

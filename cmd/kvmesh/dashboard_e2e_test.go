@@ -116,13 +116,13 @@ func TestDashboardMetrics(t *testing.T) {
 	ctx := context.Background()
 	for p := range 4 {
 		tokens, payloads := e2ePrompt(100+p, 24) // 6 chunks: both nodes own some
-		if _, err := cb.Put(ctx, e2eNS, tokens, payloads); err != nil {
+		if _, err := cb.Put(ctx, e2eNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 			t.Fatalf("Put through b: %v\n%s", err, b.stderr)
 		}
-		if _, err := ca.Lookup(ctx, e2eNS, tokens); err != nil {
+		if _, err := ca.Lookup(ctx, e2eNS, client.Prompt{Tokens: tokens}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ca.Get(ctx, e2eNS, tokens); err != nil {
+		if _, err := ca.Get(ctx, e2eNS, client.Prompt{Tokens: tokens}); err != nil {
 			t.Fatal(err)
 		}
 	}

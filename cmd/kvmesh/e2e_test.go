@@ -205,16 +205,16 @@ func TestServe(t *testing.T) {
 	tokens, payloads := make([][]uint32, prompts), make([][][]byte, prompts)
 	for p := range prompts {
 		tokens[p], payloads[p] = e2ePrompt(p, blocks)
-		if _, err := c.Put(ctx, e2eNS, tokens[p], payloads[p]); err != nil {
+		if _, err := c.Put(ctx, e2eNS, client.Prompt{Tokens: tokens[p]}, payloads[p]); err != nil {
 			t.Fatalf("Put prompt %d: %v\n%s", p, err, d.stderr)
 		}
 	}
 	last := prompts - 1
-	l, err := c.Lookup(ctx, e2eNS, tokens[last])
+	l, err := c.Lookup(ctx, e2eNS, client.Prompt{Tokens: tokens[last]})
 	if err != nil || l.CachedBlocks != blocks || l.CachedTokens != blocks*16 || l.PromptTokens != blocks*16+3 {
 		t.Fatalf("Lookup = %+v, %v; want %d blocks cached", l, err, blocks)
 	}
-	got, err := c.Get(ctx, e2eNS, tokens[last])
+	got, err := c.Get(ctx, e2eNS, client.Prompt{Tokens: tokens[last]})
 	if err != nil || len(got) != blocks {
 		t.Fatalf("Get = %d blocks, %v", len(got), err)
 	}
@@ -287,7 +287,7 @@ func TestServe(t *testing.T) {
 				t.Errorf("%s: %v; want InvalidArgument naming %s", tc.name, tc.err, tc.want)
 			}
 		}
-		if l, err := c.Lookup(ctx, e2eNS, tokens[last]); err != nil || l.CachedBlocks != blocks {
+		if l, err := c.Lookup(ctx, e2eNS, client.Prompt{Tokens: tokens[last]}); err != nil || l.CachedBlocks != blocks {
 			t.Fatalf("after refused requests, Lookup = %+v, %v", l, err)
 		}
 	})
@@ -321,7 +321,7 @@ func TestServe(t *testing.T) {
 	// anything)?
 	onDisk := map[prefixhash.Key][]byte{}
 	for p := range prompts {
-		l, err := c.Lookup(ctx, e2eNS, tokens[p])
+		l, err := c.Lookup(ctx, e2eNS, client.Prompt{Tokens: tokens[p]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -346,7 +346,7 @@ func TestServe(t *testing.T) {
 			defer wg.Done()
 			deadline := time.Now().Add(30 * time.Second)
 			for i := 0; i < 100000 && time.Now().Before(deadline); i++ {
-				if _, err := c.Lookup(ctx, e2eNS, tokens[(w+i)%prompts]); err != nil {
+				if _, err := c.Lookup(ctx, e2eNS, client.Prompt{Tokens: tokens[(w+i)%prompts]}); err != nil {
 					errc <- err
 					return
 				}
@@ -388,16 +388,20 @@ func TestServe(t *testing.T) {
 		keys = append(keys, k)
 	}
 	n := 0
-	err = c2.GetKeys(ctx, e2eNS, keys, func(b client.Block) error {
-		if !b.Found {
-			return fmt.Errorf("block %s was on NVMe before the restart and is missing after it", b.Key)
+	reread, err := c2.Get(ctx, e2eNS, client.Prompt{Keys: keys})
+	for _, b := range reread {
+		if err != nil {
+			break
 		}
-		if !bytes.Equal(b.Payload, onDisk[b.Key]) {
-			return fmt.Errorf("block %s differs after the restart", b.Key)
+		switch {
+		case !b.Found:
+			err = fmt.Errorf("block %s was on NVMe before the restart and is missing after it", b.Key)
+		case !bytes.Equal(b.Payload, onDisk[b.Key]):
+			err = fmt.Errorf("block %s differs after the restart", b.Key)
+		default:
+			n++
 		}
-		n++
-		return nil
-	})
+	}
 	if err != nil || n != len(keys) {
 		t.Fatalf("after reopening: %d of %d NVMe blocks served, %v\n%s", n, len(keys), err, d2.stderr)
 	}

@@ -66,7 +66,7 @@ func TestFaultDiskFull(t *testing.T) {
 	var prompts [][]uint32
 	put := func(p int) error {
 		tokens, payloads := e2ePrompt(700+p, 4)
-		_, err := c.Put(ctx, e2eNS, tokens, payloads)
+		_, err := c.Put(ctx, e2eNS, client.Prompt{Tokens: tokens}, payloads)
 		if err == nil {
 			for i, k := range prefixhash.Keys(e2eNS, tokens) {
 				payloadOf[k] = payloads[i]
@@ -126,12 +126,12 @@ func TestFaultDiskFull(t *testing.T) {
 	}
 	// The newest prompt is a full hit from DRAM; every block read is right.
 	last := prompts[len(prompts)-1]
-	if got, err := c.Get(ctx, e2eNS, last); err != nil || len(got) != 4 {
+	if got, err := c.Get(ctx, e2eNS, client.Prompt{Tokens: last}); err != nil || len(got) != 4 {
 		t.Fatalf("the newest prompt on a full disk: %d of 4 blocks, %v", len(got), err)
 	}
 	hits := 0
 	for _, tokens := range prompts {
-		got, err := c.Get(ctx, e2eNS, tokens)
+		got, err := c.Get(ctx, e2eNS, client.Prompt{Tokens: tokens})
 		if err != nil {
 			t.Fatalf("Get on a full disk: %v", err)
 		}

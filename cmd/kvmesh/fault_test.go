@@ -83,7 +83,7 @@ func TestFaultCorruptSegment(t *testing.T) {
 	var prompts [][]uint32
 	for p := range 10 { // 40 blocks of 512 KiB: most spill to NVMe
 		tokens, payloads := e2ePrompt(300+p, 4)
-		if _, err := c.Put(ctx, e2eNS, tokens, payloads); err != nil {
+		if _, err := c.Put(ctx, e2eNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 			t.Fatal(err)
 		}
 		for i, k := range prefixhash.Keys(e2eNS, tokens) {
@@ -92,7 +92,7 @@ func TestFaultCorruptSegment(t *testing.T) {
 		prompts = append(prompts, tokens)
 	}
 	for _, tokens := range prompts { // Lookup tells tiers without moving blocks
-		l, err := c.Lookup(ctx, e2eNS, tokens)
+		l, err := c.Lookup(ctx, e2eNS, client.Prompt{Tokens: tokens})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,21 +139,22 @@ func TestFaultCorruptSegment(t *testing.T) {
 		keys = append(keys, k)
 	}
 	var hits, misses int
-	err := c2.GetKeys(ctx, e2eNS, keys, func(b client.Block) error {
+	blocks, err := c2.Get(ctx, e2eNS, client.Prompt{Keys: keys})
+	for _, b := range blocks {
 		switch {
+		case err != nil:
 		case b.Found && corrupt[b.Key]:
-			return fmt.Errorf("block %s was corrupted on disk and was served", b.Key)
+			err = fmt.Errorf("block %s was corrupted on disk and was served", b.Key)
 		case b.Found && !bytes.Equal(b.Payload, payloadOf[b.Key]):
-			return fmt.Errorf("block %s served with other bytes than were put", b.Key)
+			err = fmt.Errorf("block %s served with other bytes than were put", b.Key)
 		case !b.Found && !corrupt[b.Key]:
-			return fmt.Errorf("block %s was intact on disk and is missing", b.Key)
+			err = fmt.Errorf("block %s was intact on disk and is missing", b.Key)
 		case b.Found:
 			hits++
 		default:
 			misses++
 		}
-		return nil
-	})
+	}
 	if err != nil || misses != len(corrupt) || hits != len(onDisk)-len(corrupt) {
 		t.Fatalf("after the restart: %d hits, %d misses, %v; want %d misses (the corrupted blocks)\n%s", hits, misses, err, len(corrupt), d2.stderr)
 	}
@@ -170,10 +171,10 @@ func TestFaultCorruptSegment(t *testing.T) {
 			dropped, corruptDrops, metricOf(body, "kvmesh_cache_misses_total"), len(corrupt))
 	}
 	tokens, payloads := e2ePrompt(399, 2)
-	if _, err := c2.Put(ctx, e2eNS, tokens, payloads); err != nil {
+	if _, err := c2.Put(ctx, e2eNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatalf("Put after the restart: %v", err)
 	}
-	if got, err := c2.Get(ctx, e2eNS, tokens); err != nil || len(got) != 2 {
+	if got, err := c2.Get(ctx, e2eNS, client.Prompt{Tokens: tokens}); err != nil || len(got) != 2 {
 		t.Fatalf("Get after the restart: %d blocks, %v", len(got), err)
 	}
 	t.Logf("%d blocks on NVMe, %d corrupted: all detected (%d at recovery, %d on read), the rest served", len(onDisk), len(corrupt), dropped, int(corruptDrops))
@@ -215,14 +216,14 @@ func TestFaultSlowPeer(t *testing.T) {
 	for p := range prompts {
 		// Through B: B keeps every block, A only the chunks it owns.
 		tokens[p], payloads[p] = e2ePrompt(500+p, blocks)
-		if _, err := cb.Put(ctx, e2eNS, tokens[p], payloads[p]); err != nil {
+		if _, err := cb.Put(ctx, e2eNS, client.Prompt{Tokens: tokens[p]}, payloads[p]); err != nil {
 			t.Fatal(err)
 		}
 	}
 	onB := 0
 	for p := range prompts {
 		waitFullHit(t, ca, tokens[p], blocks)
-		l, err := ca.Lookup(ctx, e2eNS, tokens[p])
+		l, err := ca.Lookup(ctx, e2eNS, client.Prompt{Tokens: tokens[p]})
 		if err != nil {
 			t.Fatal(err)
 		}

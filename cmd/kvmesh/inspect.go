@@ -445,7 +445,7 @@ names it).`,
 				if ns, err = lookupNamespace(ctx, c, given, &nf); err != nil {
 					return err
 				}
-				l, err = c.Lookup(ctx, ns, toks)
+				l, err = c.Lookup(ctx, ns, client.Prompt{Tokens: toks})
 				return err
 			})
 			if err != nil {

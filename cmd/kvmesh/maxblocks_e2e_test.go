@@ -29,7 +29,7 @@ func TestServeMaxBlocks(t *testing.T) {
 	var last []uint32
 	for p := range prompts {
 		tokens, payloads := e2ePrompt(p, blocks)
-		if _, err := c.Put(ctx, e2eNS, tokens, payloads); err != nil {
+		if _, err := c.Put(ctx, e2eNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 			t.Fatalf("Put prompt %d: %v\n%s", p, err, d.stderr)
 		}
 		last = tokens
@@ -45,7 +45,7 @@ func TestServeMaxBlocks(t *testing.T) {
 			t.Fatalf("after prompt %d the node holds %d blocks (tiers %v), over --max-blocks %d", p, held, st.Tiers, maxBlocks)
 		}
 	}
-	if l, err := c.Lookup(ctx, e2eNS, last); err != nil || l.CachedBlocks == 0 {
+	if l, err := c.Lookup(ctx, e2eNS, client.Prompt{Tokens: last}); err != nil || l.CachedBlocks == 0 {
 		t.Fatalf("Lookup of the last prompt = %+v, %v: want it cached", l, err)
 	}
 }

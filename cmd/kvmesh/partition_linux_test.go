@@ -166,7 +166,7 @@ func TestClusterPartition(t *testing.T) {
 		tokens[p], payloads[p] = e2ePrompt(200+p, blocks)
 		// Through n1: the producer keeps its blocks, so n0 and n2 hold
 		// only what they own.
-		if _, err := clients[1].Put(ctx, e2eNS, tokens[p], payloads[p]); err != nil {
+		if _, err := clients[1].Put(ctx, e2eNS, client.Prompt{Tokens: tokens[p]}, payloads[p]); err != nil {
 			t.Fatalf("Put prompt %d: %v", p, err)
 		}
 	}

@@ -84,7 +84,7 @@ func TestPrefillCLI(t *testing.T) {
 	}
 	tokens := prefill.TokenizeBytes(text)
 	testkit.WaitFor(t, "the first prefill's blocks are published", func() bool {
-		l, err := c1.Lookup(ctx, eng.Namespace, tokens)
+		l, err := c1.Lookup(ctx, eng.Namespace, client.Prompt{Tokens: tokens})
 		return err == nil && l.CachedTokens == 128
 	})
 	cached, top2 := prefillShape(t, kvmesh(t, append([]string{"prefill", "--text", text, "-o", "json"}, addr...)...), n)
@@ -155,7 +155,7 @@ func TestPrefillCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.WaitFor(t, "the second node sees the prefix the first computed", func() bool {
-		l, err := c2.Lookup(ctx, eng.Namespace, prefix)
+		l, err := c2.Lookup(ctx, eng.Namespace, client.Prompt{Tokens: prefix})
 		return err == nil && l.CachedTokens == 128
 	})
 	got, err := c2.Prefill(ctx, client.PrefillRequest{Tokens: prompt, ReturnLogits: true})

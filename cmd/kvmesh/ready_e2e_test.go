@@ -87,11 +87,11 @@ func TestServePortZero(t *testing.T) {
 	}
 	defer c.Close()
 	tokens, payloads := e2ePrompt(1, 3)
-	keys, err := c.Put(ctx, e2eNS, tokens, payloads)
+	keys, err := c.Put(ctx, e2eNS, client.Prompt{Tokens: tokens}, payloads)
 	if err != nil || len(keys) != 3 {
 		t.Fatalf("Put: %v, %v", keys, err)
 	}
-	if got, err := c.Get(ctx, e2eNS, tokens); err != nil || len(got) != 3 || !bytes.Equal(got[2].Payload, payloads[2]) {
+	if got, err := c.Get(ctx, e2eNS, client.Prompt{Tokens: tokens}); err != nil || len(got) != 3 || !bytes.Equal(got[2].Payload, payloads[2]) {
 		t.Fatalf("Get: %d blocks, %v", len(got), err)
 	}
 	dc, err := transfer.NewClient(info.DataAddr, nil)

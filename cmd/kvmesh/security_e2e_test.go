@@ -84,10 +84,10 @@ func TestServeTLS(t *testing.T) {
 			t.Fatal(err)
 		}
 		toks, payloads := e2ePrompt(7, 4)
-		if _, err := c.Put(ctx, e2eNS, toks, payloads); err != nil {
+		if _, err := c.Put(ctx, e2eNS, client.Prompt{Tokens: toks}, payloads); err != nil {
 			t.Fatalf("%s: Put: %v", transport, err)
 		}
-		got, err := c.Get(ctx, e2eNS, toks)
+		got, err := c.Get(ctx, e2eNS, client.Prompt{Tokens: toks})
 		if err != nil || len(got) != len(payloads) || !bytes.Equal(got[3].Payload, payloads[3]) {
 			t.Fatalf("%s: Get = %d blocks, %v", transport, len(got), err)
 		}

@@ -229,10 +229,10 @@ func claims(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
 	}
-	if want := []transfer.ClaimStatus{transfer.ClaimComplete, transfer.ClaimWrite, transfer.ClaimWrite}; !equalClaims(got, want) {
+	if want := []block.ClaimStatus{block.ClaimComplete, block.ClaimWrite, block.ClaimWrite}; !equalClaims(got, want) {
 		t.Fatalf("first claims: %v, want %v", got, want)
 	}
-	if got, err = p.Claim(ctx, ask[1:2], parts[1:2]); err != nil || !equalClaims(got, []transfer.ClaimStatus{transfer.ClaimClaimed}) {
+	if got, err = p.Claim(ctx, ask[1:2], parts[1:2]); err != nil || !equalClaims(got, []block.ClaimStatus{block.ClaimClaimed}) {
 		t.Fatalf("second claim: %v, %v; want claimed", got, err)
 	}
 	rec, err := block.AppendPartRecord(nil, blocks[1], stage)
@@ -262,7 +262,7 @@ func claims(t *testing.T, h Harness) {
 	if stored, ok := st.Part(keys[1], stage); !ok || !bytes.Equal(stored, rec) {
 		t.Fatal("the conflicting part replaced the stored one")
 	}
-	if got, err = p.Claim(ctx, ask[1:2], parts[1:2]); err != nil || !equalClaims(got, []transfer.ClaimStatus{transfer.ClaimCovered}) {
+	if got, err = p.Claim(ctx, ask[1:2], parts[1:2]); err != nil || !equalClaims(got, []block.ClaimStatus{block.ClaimCovered}) {
 		t.Fatalf("claim of a put part: %v, %v; want covered", got, err)
 	}
 	if _, err := p.Claim(ctx, ask, parts[:1]); err == nil {
@@ -270,6 +270,6 @@ func claims(t *testing.T, h Harness) {
 	}
 }
 
-func equalClaims(a, b []transfer.ClaimStatus) bool {
+func equalClaims(a, b []block.ClaimStatus) bool {
 	return fmt.Sprint(a) == fmt.Sprint(b)
 }

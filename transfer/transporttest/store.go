@@ -53,18 +53,18 @@ func (s *Store) Part(k prefixhash.Key, p block.Part) ([]byte, bool) {
 }
 
 // Claim implements transfer.Claimer.
-func (s *Store) Claim(_ context.Context, keys []prefixhash.Key, parts []block.Part, st []transfer.ClaimStatus) {
+func (s *Store) Claim(_ context.Context, keys []prefixhash.Key, parts []block.Part, st []block.ClaimStatus) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, k := range keys {
 		pk := partKey{k, parts[i]}
 		switch _, whole := s.vals[k]; {
 		case whole:
-			st[i] = transfer.ClaimComplete
+			st[i] = block.ClaimComplete
 		case s.parts[pk] != nil:
-			st[i] = transfer.ClaimCovered
+			st[i] = block.ClaimCovered
 		case s.claims[pk]:
-			st[i] = transfer.ClaimClaimed
+			st[i] = block.ClaimClaimed
 		default:
 			s.claims[pk] = true
 		}

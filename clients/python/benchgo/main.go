@@ -43,18 +43,23 @@ func main() {
 	}
 	keys := prefixhash.Keys(sns, tokens)
 	size := ns.BlockBytes()
+	// One buffer for the prompt, as the Python client's get fills one
+	// tensor: block i lands in its i-th slice.
 	dst := make([]byte, len(keys)*size)
+	bufs := make([][]byte, len(keys))
+	for i := range bufs {
+		bufs[i] = dst[i*size : (i+1)*size]
+	}
 	get := func() int {
-		n := 0
-		err := c.GetKeys(ctx, sns, keys, func(b client.Block) error {
-			if b.Found {
-				copy(dst[b.Index*size:], b.Payload)
-				n++
-			}
-			return nil
-		})
+		blocks, err := c.Get(ctx, sns, client.Prompt{Keys: keys}, client.Into(bufs))
 		if err != nil {
 			fail(err)
+		}
+		n := 0
+		for _, b := range blocks {
+			if b.Found {
+				n++
+			}
 		}
 		return n
 	}
