@@ -258,6 +258,9 @@ func (s *cacheService) sendBlockAs(stream kvmeshv1.CacheService_BatchGetServer, 
 		Index: i, Key: key[:], Found: true, Parent: blk.Parent[:], Tokens: blk.Tokens,
 		PayloadLen: uint64(len(payload)), PayloadChecksum: blk.Checksum, ExtraKeys: blk.Extra, Group: group,
 	}
+	if blk.Group.Set {
+		frame.Group = uint32(blk.Group.Index + 1) // a record read by key names its group too
+	}
 	if blk.Scheme == prefixhash.SchemeVLLM {
 		frame.ParentLink = blk.ParentLink[:]
 	}

@@ -1,8 +1,10 @@
 package prefixhash
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -390,4 +392,70 @@ func GroupKeys(dst []Key, chain []Key, g int) []Key {
 		binary.LittleEndian.PutUint64(o[8:], binary.LittleEndian.Uint64(k[8:])^hi)
 	}
 	return dst
+}
+
+// groupJSON is a group in JSON, as testdata/groups.json and the command
+// line's --groups write it.
+type groupJSON struct {
+	Kind       string `json:"kind"`
+	Window     int    `json:"window,omitempty"`
+	Layers     []int  `json:"layers"`
+	Layout     string `json:"kv_layout,omitempty"`
+	DType      string `json:"dtype,omitempty"`
+	KVHeads    int    `json:"kv_heads,omitempty"`
+	HeadDim    int    `json:"head_dim,omitempty"`
+	LatentDim  int    `json:"latent_dim,omitempty"`
+	StateBytes int    `json:"state_bytes,omitempty"`
+	Scales     string `json:"scales,omitempty"`
+}
+
+// ParseGroupsJSON parses groups written as a JSON list of objects with the
+// fields kind, window, layers, kv_layout (default split; state for a state
+// group), dtype (default dtype), kv_heads (a state's default 1), head_dim,
+// latent_dim, state_bytes and scales:
+//
+//	[{"kind":"full","layers":[5],"kv_heads":8,"head_dim":128},
+//	 {"kind":"sliding","window":1024,"layers":[0,1,2,3,4],"kv_heads":8,"head_dim":128}]
+//
+// Namespace.Validate checks the groups with the rest.
+func ParseGroupsJSON(b []byte, dtype DType) (Groups, error) {
+	var in []groupJSON
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return Groups{}, fmt.Errorf("%w: groups: %w", ErrInvalidNamespace, err)
+	}
+	gs := make([]Group, len(in))
+	for i, j := range in {
+		g := Group{Window: j.Window, Layers: j.Layers, DType: dtype, KVHeads: j.KVHeads, HeadDim: j.HeadDim,
+			LatentDim: j.LatentDim, StateBytes: j.StateBytes}
+		var err error
+		if g.Kind, err = ParseGroupKind(j.Kind); err != nil {
+			return Groups{}, fmt.Errorf("%w: groups[%d].kind: %w", ErrInvalidNamespace, i, err)
+		}
+		switch {
+		case j.Layout != "":
+			g.Layout, err = ParseKVLayout(j.Layout)
+		case g.Kind == GroupState:
+			g.Layout = StateKV
+		}
+		if err != nil {
+			return Groups{}, fmt.Errorf("%w: groups[%d].kv_layout: %w", ErrInvalidNamespace, i, err)
+		}
+		if j.DType != "" {
+			if g.DType, err = ParseDType(j.DType); err != nil {
+				return Groups{}, fmt.Errorf("%w: groups[%d].dtype: %w", ErrInvalidNamespace, i, err)
+			}
+		}
+		if j.Scales != "" {
+			if g.Scales, err = ParseScales(j.Scales); err != nil {
+				return Groups{}, fmt.Errorf("%w: groups[%d].scales: %w", ErrInvalidNamespace, i, err)
+			}
+		}
+		if g.Kind == GroupState && g.KVHeads == 0 {
+			g.KVHeads = 1
+		}
+		gs[i] = g
+	}
+	return NewGroups(gs...)
 }

@@ -262,3 +262,22 @@ func TestResumeModel(t *testing.T) {
 		}
 	}
 }
+
+func TestParseGroupsJSON(t *testing.T) {
+	gs, err := ParseGroupsJSON([]byte(`[{"kind":"full","layers":[2,5],"kv_heads":2,"head_dim":64},
+		{"kind":"sliding","window":40,"layers":[0,1,3,4],"kv_heads":2,"head_dim":64},
+		{"kind":"state","layers":[6],"dtype":"float32","kv_heads":4,"state_bytes":1024},
+		{"kind":"indexer","layers":[7],"kv_layout":"latent","dtype":"fp8_e4m3","latent_dim":128}]`), BFloat16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gs != hybridNS().Groups {
+		t.Fatalf("parsed %s, want %s", gs, hybridNS().Groups)
+	}
+	for _, bad := range []string{`{}`, `[{"kind":"nope","layers":[0]}]`, `[{"kind":"full","layers":[0],"color":1}]`,
+		`[{"kind":"full","layers":[0],"dtype":"f33"}]`} {
+		if _, err := ParseGroupsJSON([]byte(bad), BFloat16); !errors.Is(err, ErrInvalidNamespace) {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+}
