@@ -21,8 +21,10 @@ import (
 // per group, and returns a client of it.
 func groupsNode(t *testing.T) *client.Client {
 	t.Helper()
-	n, err := node.Open(node.Options{NodeID: "groups", DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0",
-		DRAMBytes: 5 * 17 << 20, NVMeBytes: 64 << 20, Logger: slog.New(slog.DiscardHandler)})
+	n, err := node.Open(node.Options{NodeID: "groups", DataDir: t.TempDir(),
+		Listen: node.ListenOptions{GRPCAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0"},
+		Tiers:  node.TierOptions{DRAMBytes: 5 * 17 << 20, NVMeBytes: 64 << 20},
+		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func (s *adminService) Members(_ context.Context, req *kvmeshv1.MembersRequest) 
 		return nil, err
 	}
 	self, others := s.members()
-	resp := &kvmeshv1.MembersResponse{SelfId: s.n.opts.NodeID, ChunkTokens: uint32(s.n.opts.ChunkTokens)}
+	resp := &kvmeshv1.MembersResponse{SelfId: s.n.opts.NodeID, ChunkTokens: uint32(s.n.opts.Cluster.ChunkTokens)}
 	size := page.size
 	if page.first {
 		resp.Members, size = append(resp.Members, self), size-1

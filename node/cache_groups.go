@@ -55,13 +55,13 @@ func groupsFromProto(pbs []*kvmeshv1.Group) (prefixhash.Groups, error) {
 // checkGroupSizes refuses a namespace with groups any of whose records is
 // larger than the node's limit.
 func (n *Node) checkGroupSizes(ns prefixhash.Namespace) error {
-	limit := uint64(n.opts.MaxBlockBytes)
+	limit := uint64(n.opts.Limits.MaxBlockBytes)
 	hl := uint64(block.NamespaceHeaderLen(ns))
 	for g := range ns.Groups.Len() {
 		lay := block.GroupLayout(ns, g)
 		size := lay.PayloadLen(ns.BlockTokens)
 		if size < 0 || hl+uint64(size) > limit {
-			return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.MaxBlockBytes), "namespace",
+			return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.Limits.MaxBlockBytes), "namespace",
 				"groups[%d]'s records of %s are larger than the node's limit, max_block_bytes=%d", g, ns, limit)
 		}
 	}
@@ -116,7 +116,7 @@ func (s *cacheService) batchGetResume(ns prefixhash.Namespace, keys []prefixhash
 		rkeys[k] = prefixhash.GroupKey(keys[r.i], r.g)
 		cks[k] = prefixhash.ChunkKey(keys, r.i, cb)
 	}
-	remoteBy := time.Now().Add(s.n.opts.GetTimeout)
+	remoteBy := time.Now().Add(s.n.opts.Cluster.GetTimeout)
 	largest := 0
 	for g := range groups {
 		largest = max(largest, ns.GroupBytes(g))

@@ -31,8 +31,8 @@ func BenchmarkLookupHybrid128k(b *testing.B) {
 		prefixhash.Group{Kind: prefixhash.GroupState, Layers: []int{6}, Layout: prefixhash.StateKV, DType: prefixhash.Float16, KVHeads: 1, StateBytes: 64})}
 	plain := prefixhash.Namespace{Model: "bench/lookup-plain", DType: prefixhash.Float16, BlockTokens: 16, Layers: 6, KVHeads: 1, HeadDim: 4}
 	nodes := startClusterNodes(b, 4, func(_ int, o *Options) {
-		o.ChunkTokens, o.LookupTimeout, o.MaxMessageBytes, o.ChunkBytes = 512, time.Second, 8*MiB, 1*MiB
-		o.DRAMBytes = 5 * 17 * MiB // a slab per size class
+		o.Cluster.ChunkTokens, o.Cluster.LookupTimeout, o.Limits.MaxMessageBytes, o.Limits.ChunkBytes = 512, time.Second, 8*MiB, 1*MiB
+		o.Tiers.DRAMBytes = 5 * 17 * MiB // a slab per size class
 	})
 	tokens := make([]uint32, 128<<10)
 	for i := range tokens {

@@ -162,7 +162,7 @@ func sameRecords(got, want map[[2]int][]byte) error {
 func TestGroupsCluster(t *testing.T) {
 	// Each group's records are a size class of their own: the DRAM tier
 	// needs a slab (16 MiB) for each.
-	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.DRAMBytes = 5 * 17 * MiB })
+	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.Tiers.DRAMBytes = 5 * 17 * MiB })
 	a, c := nodes[0], nodes[2]
 	ctx := context.Background()
 	ra, rc := rawAPI(t, a.GRPCAddr()).cache, rawAPI(t, c.GRPCAddr()).cache

@@ -130,8 +130,8 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 		}
 		cfg.BlockTokens = o.Model.BlockTokens
 		cfg.MaxContext = min(cfg.MaxContext, o.Model.MaxContext)
-		if size := block.EncodedLen(cfg.BlockTokens, cfg.Namespace(0, "").BlockBytes()); size > n.opts.MaxBlockBytes {
-			return nil, &OptionError{Field: "Prefill.ModelDir", Msg: fmt.Sprintf("the model's blocks are %d bytes encoded, over MaxBlockBytes (%d)", size, n.opts.MaxBlockBytes)}
+		if size := block.EncodedLen(cfg.BlockTokens, cfg.Namespace(0, "").BlockBytes()); size > n.opts.Limits.MaxBlockBytes {
+			return nil, &OptionError{Field: "Prefill.ModelDir", Msg: fmt.Sprintf("the model's blocks are %d bytes encoded, over MaxBlockBytes (%d)", size, n.opts.Limits.MaxBlockBytes)}
 		}
 		eopts.Config, eopts.WeightsPath, eos = cfg, filepath.Join(o.ModelDir, "model.safetensors"), info.EOS
 		if path := filepath.Join(o.ModelDir, "tokenizer.json"); fileExists(path) {
@@ -158,7 +158,7 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	}
 	api, err := openai.New(openaiNode{n}, openai.Options{Engine: engine, Tokenizer: tok, EOS: eos,
 		Concurrency: o.Concurrency, MaxWaiting: o.MaxWaiting, Batch: o.Batch, DB: q.db, DataDir: n.opts.DataDir,
-		Alone: n.cluster == nil, PeerHTTPS: n.opts.HTTPTLS, PeerTLS: n.opts.PeerTLS, PeerToken: peerToken(&n.opts),
+		Alone: n.cluster == nil, PeerHTTPS: n.opts.Security.HTTPTLS, PeerTLS: n.opts.Security.PeerTLS, PeerToken: peerToken(&n.opts.Security),
 		Registerer: n.metrics.reg, Logger: n.log})
 	if err != nil {
 		q.close()
