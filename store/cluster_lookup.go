@@ -66,6 +66,26 @@ type extraProbes struct {
 	held         []bool
 }
 
+// ask adds the probes not held here to asks, owner → indexes, as base+j
+// for keys[j].
+func (ex *extraProbes) ask(p *Placement, self string, base int, asks map[string][]int) {
+	var owners []string
+	var last prefixhash.Key
+	for j, held := range ex.held {
+		if held {
+			continue
+		}
+		if owners == nil || ex.chunks[j] != last { // probes of one chunk run together
+			owners, last = p.Owners(owners[:0], ex.chunks[j]), ex.chunks[j]
+		}
+		for _, o := range owners {
+			if o != self {
+				asks[o] = append(asks[o], base+j)
+			}
+		}
+	}
+}
+
 // lookup is LongestPrefix (Locate with locate) of keys, placed by chain:
 // keys[i] is the key of block i of chain (a group's record, or the block
 // itself when keys is chain). With extra, it also finds extra's records, in
@@ -142,21 +162,7 @@ func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, bloc
 		}
 	}
 	if extraMissing {
-		// Extra probes follow the runs: index len(runs)+j asks extra.keys[j].
-		var last prefixhash.Key
-		for j, held := range extra.held {
-			if held {
-				continue
-			}
-			if j == 0 || extra.chunks[j] != last { // probes of one chunk run together
-				owners, last = p.Owners(owners[:0], extra.chunks[j]), extra.chunks[j]
-			}
-			for _, o := range owners {
-				if o != c.self {
-					asks[o] = append(asks[o], len(runs)+j)
-				}
-			}
-		}
+		extra.ask(p, c.self, len(runs), asks) // they follow the runs
 	}
 	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key {
 		runsOf := make([][]prefixhash.Key, len(idx))

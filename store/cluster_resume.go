@@ -34,6 +34,25 @@ const maxPooledGroupKeys = 1 << 16
 func (c *Cluster) Resume(ctx context.Context, groups []prefixhash.Group, blockTokens int, chain []prefixhash.Key) (prefixhash.Hit, []Span) {
 	c.fg.begin()
 	defer c.fg.end()
+	// The states and windows that resuming at the chain's end needs, with
+	// a few below, are asked in the anchor's round: a prompt that is
+	// cached whole takes one round.
+	spec := speculate(groups, blockTokens, len(chain), firstBack)
+	extra := c.probeKeys(chain, blockTokens, spec)
+	lead, spans := c.leads(ctx, groups, blockTokens, chain, extra)
+	known := make(map[prefixhash.Probe]bool, len(spec))
+	for j, p := range spec {
+		known[p] = extra.held[j]
+	}
+	hit := c.resolve(ctx, groups, blockTokens, chain, lead, known)
+	return hit, cutSpans(spans, hit.Blocks)
+}
+
+// leads finds every full and indexer group's leading records of chain, one
+// lookup each, at once, the anchor's (the first full group's, else the
+// first indexer's) here with extra in its round, and returns them with the
+// anchor's spans. Without an anchor, extra is asked alone.
+func (c *Cluster) leads(ctx context.Context, groups []prefixhash.Group, blockTokens int, chain []prefixhash.Key, extra *extraProbes) ([]int, []Span) {
 	anchor := -1
 	for _, k := range [...]prefixhash.GroupKind{prefixhash.GroupFull, prefixhash.GroupIndexer} {
 		for g, gr := range groups {
@@ -44,11 +63,6 @@ func (c *Cluster) Resume(ctx context.Context, groups []prefixhash.Group, blockTo
 	}
 	lead := make([]int, len(groups))
 	var spans []Span
-	// The states and windows that resuming at the chain's end needs, with
-	// a few below, are asked in the anchor's round: a prompt that is
-	// cached whole takes one round.
-	spec := speculate(groups, blockTokens, len(chain), firstBack)
-	extra := c.probeKeys(chain, blockTokens, spec)
 	find := func(g int) {
 		buf := groupKeyBufs.Get().(*[]prefixhash.Key)
 		keys := chain // group 0's records are under the chain keys
@@ -85,10 +99,14 @@ func (c *Cluster) Resume(ctx context.Context, groups []prefixhash.Group, blockTo
 		c.holdsInto(ctx, extra)
 	}
 	wg.Wait()
-	known := make(map[prefixhash.Probe]bool, len(spec))
-	for j, p := range spec {
-		known[p] = extra.held[j]
-	}
+	return lead, spans
+}
+
+// resolve applies the hit rule given the full and indexer groups' leads
+// and the states and windows known so far, asking owners in rounds for
+// those the answer still needs (each round asks twice as far back); what
+// is unknown after maxResumeRounds is missing.
+func (c *Cluster) resolve(ctx context.Context, groups []prefixhash.Group, blockTokens int, chain []prefixhash.Key, lead []int, known map[prefixhash.Probe]bool) prefixhash.Hit {
 	held := func(g, i int) prefixhash.Presence {
 		h, ok := known[prefixhash.Probe{Group: g, Block: i}]
 		switch {
@@ -121,7 +139,6 @@ func (c *Cluster) Resume(ctx context.Context, groups []prefixhash.Group, blockTo
 		hit, need = prefixhash.ResumeFrom(groups, blockTokens, len(chain), lead, held)
 	}
 	if len(need) > 0 {
-		// Out of rounds: what is still unknown is missing.
 		hit, _ = prefixhash.ResumeFrom(groups, blockTokens, len(chain), lead, func(g, i int) prefixhash.Presence {
 			if p := held(g, i); p != prefixhash.Unknown {
 				return p
@@ -129,7 +146,7 @@ func (c *Cluster) Resume(ctx context.Context, groups []prefixhash.Group, blockTo
 			return prefixhash.Missing
 		})
 	}
-	return hit, cutSpans(spans, hit.Blocks)
+	return hit
 }
 
 // firstBack is how far below the chain's end the first round asks for
