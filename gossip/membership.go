@@ -36,6 +36,9 @@ type MemberMeta struct {
 	// from an older node reads as RoleBoth), RoleStore for one without,
 	// RoleRouter for a router, which offers no capacity and owns nothing.
 	Role string `json:"role,omitempty"`
+	// Fabric is how the member reads other nodes: "tcp", or "ucx", its
+	// UCX version and the transports UCX opened (issue 36).
+	Fabric string `json:"fabric,omitempty"`
 }
 
 // Roles of members (MemberMeta.Role, PrefillOptions.Role).

@@ -32,6 +32,7 @@ type clusterCache struct {
 	peers   *peers
 	data    *transfer.Server
 	shm     *transfer.ShmServer // nil when off
+	fab     *fabric             // one-sided reads (UCX); its fields nil on TCP
 	log     *slog.Logger
 
 	// Where this node is reached (advertised: never an unspecified host).
@@ -71,7 +72,12 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		lim.MaxValueSize = opts.Limits.MaxBlockBytes
 	}
 	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.Limits.MaxBlockBytes, refused: &c.refused, cluster: &c.publisher}
-	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.Security.TLS, Tokens: tokens, MaxInFlightBytes: int(opts.Limits.MaxInFlightBytes)}, opts.Logger); err != nil {
+	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.Security.PeerTLS, Token: peerToken(&opts.Security)}
+	arena, _ := local.Arena()
+	if c.fab, err = startFabric(opts, dataHost(opts.Listen.DataAddr), arena, peerOpts, opts.Logger); err != nil {
+		return nil, err
+	}
+	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.Security.TLS, Tokens: tokens, MaxInFlightBytes: int(opts.Limits.MaxInFlightBytes), Window: c.fab.window}, opts.Logger); err != nil {
 		return nil, fmt.Errorf("node: data plane: %w", err)
 	}
 	dataAddr, err := c.data.Listen(opts.Listen.DataAddr)
@@ -107,7 +113,7 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		c.rdma = append(c.rdma, d.Name)
 	}
 	meta := gossip.MemberMeta{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataAddr: c.dataAddr,
-		DRAMBytes: opts.Tiers.DRAMBytes, NVMeBytes: opts.Tiers.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role}
+		DRAMBytes: opts.Tiers.DRAMBytes, NVMeBytes: opts.Tiers.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role, Fabric: c.fab.desc}
 	if opts.Prefill.Disabled {
 		meta.Role = gossip.RoleStore
 	}
@@ -125,8 +131,8 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	if peerSeconds != nil {
 		obs = func(op, result string, d time.Duration) { peerSeconds.WithLabelValues(op, result).Observe(d.Seconds()) }
 	}
-	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.Security.PeerTLS, Token: peerToken(&opts.Security)}
 	c.peers = newPeers(c.members, peerOpts, opts.Cluster.PeerBackoff, opts.Limits.MaxMessageBytes, obs, opts.Logger)
+	c.peers.rma = c.fab.rma
 	c.cluster, err = store.NewCluster(local, newPlacementView(c.members), c.peers, store.ClusterOptions{
 		ChunkTokens: opts.Cluster.ChunkTokens, Replicas: opts.Cluster.Replicas, LookupTimeout: opts.Cluster.LookupTimeout, GetTimeout: opts.Cluster.GetTimeout,
 		PushYield: opts.Cluster.PushYield, PushBytesPerSec: opts.Cluster.PushBytesPerSec,
@@ -320,6 +326,7 @@ func (c *clusterCache) stop() {
 			c.log.Warn("stopping gossip", "err", err)
 		}
 	}
+	c.fab.close() // after the data plane and the peers, before the arena goes
 }
 
 func (c *clusterCache) Put(ctx context.Context, block []byte, chunkKey prefixhash.Key) error {

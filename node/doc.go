@@ -45,6 +45,12 @@
 //     first use from its gossiped address and closed when it leaves. A peer
 //     whose call failed is skipped for PeerBackoff, so a dead or
 //     partitioned node costs one deadline per backoff, not one per request.
+//   - The fabric (fabric.go; Options.Transport, issue 36): on auto or ucx,
+//     UCX with the DRAM arena registered as the data plane's window, and
+//     each peer's client a transfer.RMAClient that reads what the peer
+//     holds in DRAM one-sidedly. It stops after the data plane and the
+//     peers, before the store unmaps the arena. MemberMeta.Fabric says
+//     what each node runs.
 //
 // The services go through the cluster: Lookup locates each block of the
 // prefix (one lookup request per owner), BatchGet reads local blocks and

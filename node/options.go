@@ -188,6 +188,22 @@ type ClusterOptions struct {
 	// gracefully pushes to the owners they get once it has left (within
 	// ShutdownTimeout). Default 1 GiB; negative: none.
 	HandoffBytes int64
+	// Transport is how this node reads blocks from other nodes: "tcp", the
+	// data plane; "ucx", one-sided reads of the peers' DRAM arenas through
+	// UCX (gets of what is elsewhere, and every write, stay on TCP; a
+	// build without UCX, or a host without its library, refuses to
+	// start); "auto", UCX with every peer whose endpoint UCX would carry
+	// over something better than plain TCP (shared memory, RDMA), TCP
+	// otherwise and when UCX cannot start (a log line says why). UCX
+	// moves bytes unencrypted: with TLS, "auto" is TCP and "ucx" is
+	// refused. UCX_TLS, UCX_NET_DEVICES and UCX's other variables apply.
+	// Default "auto".
+	Transport string
+	// RDMADevice is the RDMA device UCX uses, "mlx5_0" or "mlx5_0:1" with
+	// its port (UCX_NET_DEVICES). Default: the device bound to the
+	// interface of DataAddr's host (rdmamap), none when it has none;
+	// UCX_NET_DEVICES in the environment overrides both.
+	RDMADevice string
 }
 
 // SecurityOptions are the TLS configurations and bearer tokens that guard
@@ -350,6 +366,7 @@ func (o *ClusterOptions) ensureDefaults() {
 	def(&o.GetTimeout, 2*time.Second)
 	def(&o.PeerBackoff, time.Second)
 	def(&o.HandoffBytes, 1*GiB)
+	def(&o.Transport, TransportAuto)
 }
 
 func (o *TierOptions) ensureDefaults() {
@@ -406,6 +423,12 @@ func (o *Options) Validate() error {
 		return badOption("GPU", "device ordinal %d must not be negative", o.GPU)
 	case o.ShutdownTimeout < 0:
 		return badOption("ShutdownTimeout", "%v must not be negative", o.ShutdownTimeout)
+	}
+	switch t := o.Cluster.Transport; {
+	case t != TransportAuto && t != TransportTCP && t != TransportUCX:
+		return badOption("Cluster.Transport", "%q: want auto, tcp or ucx", t)
+	case t == TransportUCX && o.Security.TLS != nil:
+		return badOption("Cluster.Transport", "ucx moves block bytes unencrypted and this node has TLS: use auto or tcp (TLS on the data plane), or drop TLS on a trusted fabric")
 	}
 	maxBlock := o.Limits.MaxBlockBytes
 	for _, err := range []error{o.Limits.validate(), o.Listen.validate(maxBlock), o.Cluster.validate(),

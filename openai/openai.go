@@ -67,7 +67,8 @@ const ModelAlias = "kvmesh"
 // ChatTemplate is how chat messages become a prompt: each message is
 // "<|ROLE|>\n" + content + "\n", in order, and the prompt ends with
 // "<|assistant|>\n", where the answer starts. Roles are system, developer,
-// user, assistant and tool.
+// user, assistant and tool. A model directory's own chat template
+// (tokenizer.Dir) replaces it.
 const ChatTemplate = "<|{role}|>\n{content}\n ... <|assistant|>\n"
 
 // Limits of the HTTP API.

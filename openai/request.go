@@ -125,7 +125,7 @@ func (o *API) check(req *completionRequest, chat bool, session string) (*job, er
 		// Without a limit, a chat answer stops where the context does.
 		j.opts.MaxTokens = max(1, min(j.opts.MaxTokens, o.engine.Config().MaxContext-len(j.prompt)))
 	}
-	j.opts.Temperature = 1 // OpenAI's default
+	j.opts.Temperature, j.opts.TopP = o.opts.Sampling.Values() // the model's, else OpenAI's
 	if req.Temperature != nil {
 		j.opts.Temperature = *req.Temperature
 	}
@@ -185,14 +185,14 @@ func completionPrompt(tok tokenizer.Tokenizer, raw json.RawMessage) ([]uint32, e
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return tok.Encode(s), nil
+		return tokenizer.EncodePrompt(tok, s), nil
 	}
 	var ss []string
 	if json.Unmarshal(raw, &ss) == nil {
 		if len(ss) != 1 {
 			return nil, badRequest("prompt", "prompt: %d prompts; this server takes one per request", len(ss))
 		}
-		return tok.Encode(ss[0]), nil
+		return tokenizer.EncodePrompt(tok, ss[0]), nil
 	}
 	var ids []uint32
 	if json.Unmarshal(raw, &ids) == nil {
@@ -225,6 +225,8 @@ func chatPrompt(tok tokenizer.Tokenizer, chatML bool, raw json.RawMessage) ([]ui
 		return nil, badRequest("messages", "messages is empty")
 	}
 	var b strings.Builder
+	chat, _ := tok.(tokenizer.Chatter)
+	var texts []tokenizer.Message
 	for i, m := range msgs {
 		if !chatRoles[m.Role] {
 			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d].role: %q is not one of system, developer, user, assistant, tool", i, m.Role)
@@ -233,11 +235,19 @@ func chatPrompt(tok tokenizer.Tokenizer, chatML bool, raw json.RawMessage) ([]ui
 		if err != nil {
 			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "messages[%d].content: %v", i, err)
 		}
+		texts = append(texts, tokenizer.Message{Role: m.Role, Content: text})
 		if chatML {
 			fmt.Fprintf(&b, "<|im_start|>%s\n%s<|im_end|>\n", m.Role, text)
 		} else {
 			fmt.Fprintf(&b, "<|%s|>\n%s\n", m.Role, text)
 		}
+	}
+	if chat != nil && chat.HasChatTemplate() {
+		ids, err := chat.EncodeChat(texts)
+		if err != nil {
+			return nil, badRequest("messages", "the model's chat template refused the messages: %s", strings.TrimPrefix(err.Error(), tokenizer.ErrTemplate.Error()+": "))
+		}
+		return ids, nil
 	}
 	if chatML {
 		b.WriteString("<|im_start|>assistant\n")

@@ -29,6 +29,7 @@ type serveFlags struct {
 	nodeID, dataDir                            string
 	grpcAddr, httpAddr, dataAddr, gossipAddr   string
 	shmSocket, advertiseHost                   string
+	transport, rdmaDevice                      string
 	readyFile                                  string
 	shmRegion                                  int64
 	join                                       []string
@@ -69,7 +70,7 @@ type serveFlags struct {
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "Listen.GRPCAddr": "grpc-addr", "Listen.HTTPAddr": "http-addr",
 	"Listen.DataAddr": "data-addr", "Cluster.GossipAddr": "gossip-addr", "Cluster.Join": "join", "Tiers.DRAMBytes": "dram", "Tiers.DRAMPopulate": "dram-populate", "Tiers.NVMeBytes": "nvme", "Tiers.HBMBytes": "hbm", "Tiers.MaxBlocks": "max-blocks", "Tiers.Eviction": "eviction", "Tiers.PartialTTL": "partial-ttl", "Tiers.ClaimTTL": "claim-ttl", "GPU": "gpu",
-	"Listen.ShmSocket": "shm-socket", "Listen.ShmRegionBytes": "shm-region", "Listen.AdvertiseHost": "advertise-host",
+	"Listen.ShmSocket": "shm-socket", "Listen.ShmRegionBytes": "shm-region", "Listen.AdvertiseHost": "advertise-host", "Cluster.Transport": "transport", "Cluster.RDMADevice": "rdma-device",
 	"Cluster.GossipKey": "gossip-key-file", "Cluster.GossipProfile": "gossip-profile", "Cluster.Replicas": "replicas", "Cluster.ChunkTokens": "chunk-tokens",
 	"Cluster.LookupTimeout": "lookup-timeout", "Cluster.GetTimeout": "get-timeout", "Cluster.PeerBackoff": "peer-backoff", "Cluster.HandoffBytes": "handoff",
 	"Cluster.PushYield": "push-yield", "Cluster.PushBytesPerSec": "push-rate",
@@ -159,6 +160,8 @@ flag names, for example:
 	fs.StringVar(&f.dataAddr, "data-addr", d.Listen.DataAddr, "host:port of the data plane: blocks between nodes, and to clients")
 	fs.StringVar(&f.shmSocket, "shm-socket", "", `unix socket of the shared-memory data plane for clients on this host, or "off" (default <data-dir>/shm.sock)`)
 	fs.Var(newSize(&f.shmRegion, d.Listen.ShmRegionBytes), "shm-region", "shared region of each shared-memory client")
+	fs.StringVar(&f.transport, "transport", d.Cluster.Transport, "how this node reads other nodes' blocks: tcp (the data plane), ucx (one-sided reads of their DRAM through UCX, needs a build with -tags ucx and libucx0; refused with TLS), or auto (UCX where it reaches a peer over shared memory or RDMA, TCP otherwise); UCX_TLS and UCX_NET_DEVICES apply")
+	fs.StringVar(&f.rdmaDevice, "rdma-device", "", `RDMA device (and port: "mlx5_0:1") UCX uses (default: the one bound to --data-addr's interface; UCX_NET_DEVICES overrides)`)
 	fs.StringVar(&f.gossipAddr, "gossip-addr", d.Cluster.GossipAddr, "host:port of membership gossip (UDP and TCP): what other nodes --join")
 	fs.StringSliceVar(&f.join, "join", nil, "gossip addresses HOST:PORT,... of running members to join (retried until one answers)")
 	fs.StringVar(&f.readyFile, "ready-file", "", "once serving, write the addresses bound (port 0 resolved) to this file as JSON: node_id, pid, grpc_addr, http_addr, data_addr, gossip_addr, shm_socket")
@@ -283,7 +286,7 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		NodeID:          f.nodeID,
 		DataDir:         f.dataDir,
 		Listen:          node.ListenOptions{GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost},
-		Cluster:         node.ClusterOptions{GossipAddr: f.gossipAddr, Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip, Replicas: f.replicas, ChunkTokens: f.chunkTokens, LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff, PushYield: f.pushYield, PushBytesPerSec: f.pushRate},
+		Cluster:         node.ClusterOptions{GossipAddr: f.gossipAddr, Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip, Replicas: f.replicas, ChunkTokens: f.chunkTokens, LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff, PushYield: f.pushYield, PushBytesPerSec: f.pushRate, Transport: f.transport, RDMADevice: f.rdmaDevice},
 		ReadyFile:       f.readyFile,
 		Security:        node.SecurityOptions{HTTPTLS: f.httpTLS, TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf},
 		Limits:          node.LimitOptions{MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes, MaxBlockBytes: int(f.maxBlockBytes), MaxBatchBlocks: f.maxBatchBlocks, MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes), RequestTimeout: f.requestTimeout},
