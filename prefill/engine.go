@@ -342,6 +342,9 @@ func newEngine(cache Cache, opts Options, w *Weights) (*Engine, error) {
 		}
 		backend = cpu
 	}
+	if err := checkGroupCache(cfg, cache); err != nil {
+		return nil, err
+	}
 	digest := w.Digest(cfg)
 	ns := cfg.Namespace(digest, opts.TenantSalt)
 	if err := ns.Validate(); err != nil {
@@ -531,6 +534,9 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 // in the pool or hands it on) and the number of blocks loaded, and records
 // the lookup and fetch times in res.
 func (e *Engine) load(ctx context.Context, sc scope, tokens []uint32, capTokens int, res *Result) ([]prefixhash.Key, *KV, int, error) {
+	if e.cfg.Hybrid() {
+		return e.loadGroups(ctx, sc, tokens, capTokens, res)
+	}
 	t0 := e.opts.Now()
 	keys := prefixhash.Keys(sc.ns, tokens)
 	hit := e.lookup(ctx, keys)

@@ -100,13 +100,17 @@ type Generation struct {
 
 // Cached returns how many leading positions of tokens a prefill would not
 // compute if it ran now: the cached full blocks (one LongestPrefix under
-// ctx's tenant, as Prefill asks), at most len(tokens)−1. An error or a
+// ctx's tenant, as Prefill asks; for a hybrid model the hit rule's prefix,
+// GroupCache.Resume), at most len(tokens)−1. An error or a
 // cache-less engine reads as 0. Routers weigh a prompt by what is left.
 func (e *Engine) Cached(ctx context.Context, tokens []uint32) int {
 	if len(tokens) == 0 {
 		return 0
 	}
 	keys := prefixhash.Keys(e.scopeOf(ctx).ns, tokens)
+	if e.cfg.Hybrid() {
+		return min(e.resume(ctx, keys, len(tokens))*e.cfg.BlockTokens, len(tokens)-1)
+	}
 	return min(e.lookup(ctx, keys)*e.cfg.BlockTokens, len(tokens)-1)
 }
 

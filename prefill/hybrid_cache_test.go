@@ -1,0 +1,305 @@
+package prefill
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/prefixhash"
+)
+
+// recordCache is the in-memory fake GroupCache: records by the key their
+// header names, and a hit rule of its own, written out from its
+// definition (every full record of [0,P), the window's records before P,
+// the state after block P−1), not prefixhash.Resume.
+type recordCache struct {
+	mu      sync.Mutex
+	recs    map[prefixhash.Key][]byte
+	claim   int // Resume answers this many more blocks than it finds (a lying peer)
+	resumes int
+	reads   int
+}
+
+func newRecordCache() *recordCache { return &recordCache{recs: make(map[prefixhash.Key][]byte)} }
+
+func (c *recordCache) LongestPrefix(context.Context, []prefixhash.Key) (int, error) {
+	return 0, errors.New("recordCache: LongestPrefix of a hybrid model")
+}
+
+func (c *recordCache) Get(context.Context, []prefixhash.Key) ([][]byte, func(), error) {
+	return nil, nil, errors.New("recordCache: Get of a hybrid model")
+}
+
+func (c *recordCache) Put(_ context.Context, chain []prefixhash.Key, from int, blocks [][]byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, b := range blocks {
+		h, err := block.DecodeHeader(b, 1<<20)
+		if err != nil {
+			return err
+		}
+		if h.Chain != chain[from+i] {
+			return errors.New("recordCache: a record put as another block's")
+		}
+		c.recs[h.Key] = append([]byte(nil), b...)
+	}
+	return nil
+}
+
+func (c *recordCache) has(chain []prefixhash.Key, g, i int) bool {
+	return c.recs[prefixhash.GroupKey(chain[i], g)] != nil
+}
+
+func (c *recordCache) Resume(_ context.Context, groups []prefixhash.Group, b int, chain []prefixhash.Key) (prefixhash.Hit, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.resumes++
+	for p := len(chain); p > 0; p-- {
+		ok := true
+		for g, gr := range groups {
+			first := 0
+			switch gr.Kind {
+			case prefixhash.GroupSliding:
+				first = max(0, p-(gr.Window+b-1)/b)
+			case prefixhash.GroupState:
+				first = p - 1
+			}
+			for i := first; i < p; i++ {
+				ok = ok && c.has(chain, g, i)
+			}
+		}
+		if ok {
+			return prefixhash.Hit{Blocks: min(p+c.claim, len(chain))}, nil
+		}
+	}
+	return prefixhash.Hit{Blocks: min(c.claim, len(chain))}, nil
+}
+
+func (c *recordCache) GetRecords(_ context.Context, chain []prefixhash.Key, records []prefixhash.Probe) ([][]byte, func(), error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reads++
+	out := make([][]byte, len(records))
+	for j, r := range records {
+		out[j] = c.recs[prefixhash.GroupKey(chain[r.Block], r.Group)]
+	}
+	return out, func() {}, nil
+}
+
+// edit changes group g's record of block i of chain (nil: removes it).
+func (c *recordCache) edit(chain []prefixhash.Key, g, i int, f func([]byte) []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := prefixhash.GroupKey(chain[i], g)
+	if r := f(c.recs[k]); r != nil {
+		c.recs[k] = r
+	} else {
+		delete(c.recs, k)
+	}
+}
+
+var hybridWeights = sync.OnceValue(func() *Weights { return SeededWeights(hybridConfig(), 11) })
+
+func newHybridEngine(t testing.TB, cache Cache, edit func(*Options)) *Engine {
+	t.Helper()
+	return newTinyEngine(t, cache, func(o *Options) {
+		o.Config, o.Weights = hybridConfig(), hybridWeights()
+		if edit != nil {
+			edit(o)
+		}
+	})
+}
+
+// hybridRef returns the float64 reference's logits of the last position of
+// tokens.
+func hybridRef(tokens []uint32) []float64 {
+	return refHybrid(hybridConfig(), hybridWeights(), tokens, []int{len(tokens) - 1})[0]
+}
+
+// TestHybridEngineHitEqualsCold: a hybrid engine over a record cache
+// resumes a prompt whose prefix an earlier request published at the hit
+// rule's prefix — the prefix's whole blocks, but never past the last block
+// boundary before the last position (the linear layer's state) — and its
+// logits are the float64 reference's within 1e-4 relative, for random
+// prompts and split points (windows of 24 tokens over 16-token blocks:
+// hits end inside a window).
+func TestHybridEngineHitEqualsCold(t *testing.T) {
+	c := hybridConfig()
+	b := c.BlockTokens
+	r := rand.New(rand.NewPCG(41, 42))
+	for i := range 6 {
+		cache := newRecordCache()
+		e := newHybridEngine(t, cache, nil)
+		n := 2 + r.IntN(300)
+		if i == 0 {
+			n = 5 * b // whole blocks: the state at the end is of no use
+		}
+		tokens := randTokens(r, n, c.Vocab)
+		split := 1 + r.IntN(n-1)
+		if i == 0 {
+			split = n
+		}
+		if first := run(t, e, tokens[:split]); first.Usage.CachedTokens != 0 {
+			t.Fatalf("case %d: a first request on an empty cache reports %d cached tokens", i, first.Usage.CachedTokens)
+		}
+		flush(t, e)
+		if got, want := len(cache.recs), 3*(split/b); got != want {
+			t.Fatalf("case %d: %d records published for %d blocks, want one per group", i, got, split/b)
+		}
+		hit := min(split/b, (n-1)/b) * b
+		if got := e.Cached(context.Background(), tokens); got != hit {
+			t.Errorf("case %d: Cached says %d before the prefill, which resumes at %d", i, got, hit)
+		}
+		warm := run(t, e, tokens)
+		if got, want := warm.Usage, (Usage{PromptTokens: n, CachedTokens: hit}); got != want {
+			t.Errorf("case %d (n=%d, split=%d): usage %+v, want %+v", i, n, split, got, want)
+		}
+		if e := relErr(warm.Logits, hybridRef(tokens)); e > 1e-4 {
+			t.Errorf("case %d (n=%d, split=%d): logits over the hit differ from the reference by %.2g", i, n, split, e)
+		}
+		if s := e.Stats(); s.LostBlocks+s.CorruptBlocks+s.MissingBlocks+s.LookupErrors+s.FetchErrors != 0 {
+			t.Errorf("case %d: faults in %+v", i, s)
+		}
+	}
+}
+
+// TestHybridEngineShorterHits: a missing state or window record, or a
+// corrupt one, makes the hit shorter — where the hit rule says, or from
+// the corrupt record's prefix down — and never changes the logits.
+func TestHybridEngineShorterHits(t *testing.T) {
+	c := hybridConfig()
+	b := c.BlockTokens
+	tokens := randTokens(newRand(43), 10*b+5, c.Vocab)
+	want := hybridRef(tokens)
+	keys := prefixhash.Keys(c.Namespace(hybridWeights().Digest(c), ""), tokens)
+	for _, tc := range []struct {
+		name   string
+		break_ func(*recordCache)
+		hit    int // blocks
+		faults func(Stats) bool
+	}{
+		{"all there", func(*recordCache) {}, 10, nil},
+		// The state after block 9 gone: resume after block 9 (state 8, window 8-9... [7,9)).
+		{"no state at 10", func(rc *recordCache) { rc.edit(keys, 2, 9, func([]byte) []byte { return nil }) }, 9, nil},
+		// Window block 8 gone: P=10 needs [8,10), P=9 needs [7,9): P=8.
+		{"no window block 8", func(rc *recordCache) { rc.edit(keys, 1, 8, func([]byte) []byte { return nil }) }, 8, nil},
+		// A full block gone: nothing after it.
+		{"no full block 3", func(rc *recordCache) { rc.edit(keys, 0, 3, func([]byte) []byte { return nil }) }, 3, nil},
+		// The cache claims more than it holds: a miss at the fetch, the hit
+		// rule over what came.
+		{"lying cache", func(rc *recordCache) {
+			rc.edit(keys, 1, 8, func([]byte) []byte { return nil })
+			rc.claim = 2
+		}, 0, func(s Stats) bool { return s.MissingBlocks == 1 && s.LostBlocks == 10 }},
+		// A state whose payload was flipped: its checksum fails; the states
+		// before it were not read, so nothing resumes.
+		{"corrupt state", func(rc *recordCache) {
+			rc.edit(keys, 2, 9, func(r []byte) []byte {
+				r = append([]byte(nil), r...)
+				r[len(r)-1] ^= 1
+				return r
+			})
+		}, 0, func(s Stats) bool { return s.CorruptBlocks == 1 && s.LostBlocks == 10 }},
+		// Another block's window record under this one's key.
+		{"misplaced window", func(rc *recordCache) {
+			other := rc.recs[prefixhash.GroupKey(keys[8], 1)]
+			rc.edit(keys, 1, 9, func([]byte) []byte { return other })
+		}, 0, func(s Stats) bool { return s.CorruptBlocks == 1 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cache := newRecordCache()
+			e := newHybridEngine(t, cache, nil)
+			run(t, e, tokens)
+			flush(t, e)
+			tc.break_(cache)
+			before := e.Stats()
+			got := run(t, e, tokens)
+			if got.Usage.CachedTokens != tc.hit*b {
+				t.Errorf("cached_tokens %d, want %d", got.Usage.CachedTokens, tc.hit*b)
+			}
+			if e := relErr(got.Logits, want); e > 1e-4 {
+				t.Errorf("logits differ from the reference by %.2g", e)
+			}
+			s := e.Stats()
+			s.MissingBlocks -= before.MissingBlocks
+			s.CorruptBlocks -= before.CorruptBlocks
+			s.LostBlocks -= before.LostBlocks
+			if tc.faults != nil && !tc.faults(s) {
+				t.Errorf("stats %+v", s)
+			}
+			if tc.faults == nil && s.LostBlocks != 0 {
+				t.Errorf("%d blocks lost on a hit the cache reported truly", s.LostBlocks)
+			}
+		})
+	}
+}
+
+// TestHybridEngineGenerate: a generation over a hybrid model's cached
+// prefix decodes the tokens a cold engine does, and the next turn (prompt,
+// answer, more) hits the blocks of the answer too.
+func TestHybridEngineGenerate(t *testing.T) {
+	c := hybridConfig()
+	b := c.BlockTokens
+	cache := newRecordCache()
+	e := newHybridEngine(t, cache, nil)
+	cold := newHybridEngine(t, nil, nil)
+	r := newRand(47)
+	prompt := randTokens(r, 3*b+7, c.Vocab)
+	opts := GenerateOptions{MaxTokens: 2 * b}
+	first, err := e.Generate(context.Background(), prompt, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flush(t, e)
+	next := append(append(append([]uint32(nil), prompt...), first.Tokens...), randTokens(r, 9, c.Vocab)...)
+	warm, err := e.Generate(context.Background(), next, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := cold.Generate(context.Background(), next, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(warm.Tokens, want.Tokens) {
+		t.Errorf("tokens over the cache %v, cold %v", warm.Tokens, want.Tokens)
+	}
+	// The conversation's whole blocks, the last token aside, are cached.
+	if got, wantHit := warm.Usage.CachedTokens, (len(prompt)+len(first.Tokens)-1)/b*b; got != wantHit {
+		t.Errorf("the next turn resumed at %d, want %d (the prompt and answer's blocks)", got, wantHit)
+	}
+}
+
+// TestHybridEngineBackground: a background prefill publishes its chunks'
+// records of every group, and a foreground prefill of the same prompt
+// resumes from them with the reference's logits.
+func TestHybridEngineBackground(t *testing.T) {
+	c := hybridConfig()
+	b := c.BlockTokens
+	cache := newRecordCache()
+	e := newHybridEngine(t, cache, nil)
+	tokens := randTokens(newRand(53), 7*b+3, c.Vocab)
+	if _, err := e.PrefillBackground(context.Background(), tokens, ""); err != nil {
+		t.Fatal(err)
+	}
+	got := run(t, e, tokens)
+	if got.Usage.CachedTokens != 7*b {
+		t.Errorf("cached_tokens %d after a background prefill, want %d", got.Usage.CachedTokens, 7*b)
+	}
+	if e := relErr(got.Logits, hybridRef(tokens)); e > 1e-4 {
+		t.Errorf("logits differ from the reference by %.2g", e)
+	}
+}
+
+// TestHybridEngineNeedsGroupCache: a hybrid model over a cache that reads
+// no records is refused by New, naming what it needs.
+func TestHybridEngineNeedsGroupCache(t *testing.T) {
+	_, err := New(newMemCache(), Options{Config: hybridConfig(), Weights: hybridWeights()})
+	if err == nil || !strings.Contains(err.Error(), "GroupCache") {
+		t.Errorf("New over a plain Cache: %v", err)
+	}
+}
