@@ -44,6 +44,24 @@ func GroupsProto(gs prefixhash.Groups) []*kvmeshv1.Group {
 	return out
 }
 
+// groupsOf converts a namespace's groups from the gRPC API (the inverse
+// of GroupsProto).
+func groupsOf(pbs []*kvmeshv1.Group) (prefixhash.Groups, error) {
+	gs := make([]prefixhash.Group, len(pbs))
+	for i, pb := range pbs {
+		gs[i] = prefixhash.Group{Kind: prefixhash.GroupKind(pb.GetKind()), Window: int(pb.GetWindow()), Layout: prefixhash.KVLayout(pb.GetKvLayout()),
+			DType: prefixhash.DType(pb.GetDtype()), KVHeads: int(pb.GetKvHeads()), HeadDim: int(pb.GetHeadDim()), LatentDim: int(pb.GetLatentDim()),
+			StateBytes: int(pb.GetStateBytes()), Scales: prefixhash.Scales(pb.GetScales())}
+		for _, l := range pb.GetLayers() {
+			gs[i].Layers = append(gs[i].Layers, int(l))
+		}
+	}
+	if len(gs) == 0 {
+		return prefixhash.Groups{}, nil
+	}
+	return prefixhash.NewGroups(gs...)
+}
+
 // groupLookups converts a Lookup answer's groups.
 func groupLookups(resp *kvmeshv1.LookupResponse) []GroupLookup {
 	var out []GroupLookup

@@ -52,6 +52,21 @@ func groupsFromProto(pbs []*kvmeshv1.Group) (prefixhash.Groups, error) {
 	return out, nil
 }
 
+// groupsPB converts a namespace's groups for an answer; nil for none.
+func groupsPB(gs prefixhash.Groups) []*kvmeshv1.Group {
+	var out []*kvmeshv1.Group
+	for _, g := range gs.All() {
+		pb := &kvmeshv1.Group{Kind: kvmeshv1.GroupKind(g.Kind), Window: uint32(g.Window), KvLayout: kvmeshv1.KVLayout(g.Layout),
+			Dtype: kvmeshv1.Dtype(g.DType), KvHeads: uint32(g.KVHeads), HeadDim: uint32(g.HeadDim), LatentDim: uint32(g.LatentDim),
+			StateBytes: uint32(g.StateBytes), Scales: kvmeshv1.Scales(g.Scales), Layers: make([]uint32, len(g.Layers))}
+		for i, l := range g.Layers {
+			pb.Layers[i] = uint32(l)
+		}
+		out = append(out, pb)
+	}
+	return out
+}
+
 // checkGroupSizes refuses a namespace with groups any of whose records is
 // larger than the node's limit.
 func (n *Node) checkGroupSizes(ns prefixhash.Namespace) error {
