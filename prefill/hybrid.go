@@ -2,6 +2,7 @@ package prefill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -85,6 +86,8 @@ func (c Config) validateLayerTypes(bad func(field, format string, args ...any) e
 	switch {
 	case c.MLA():
 		return bad("layer_types", "hybrid layer plans are for %s attention only", AttentionGQA)
+	case c.QKNorm && strings.IndexByte(t, LayerLinear) >= 0:
+		return bad("layer_types", "linear-attention layers do not take qk_norm (qwen3's q/k norms)")
 	case len(t) != c.Layers:
 		return bad("layer_types", "%q has %d letters for %d layers", t, len(t), c.Layers)
 	}
@@ -106,6 +109,46 @@ func (c Config) validateLayerTypes(bad func(field, format string, args ...any) e
 		return bad("sliding_window", "the sliding layers of %q need a window", t)
 	case !sliding && c.SlidingWindow != 0:
 		return bad("sliding_window", "%d with no sliding layer in %q", c.SlidingWindow, t)
+	}
+	return nil
+}
+
+// hfLayerTypes maps config.json's layer_types to Config.LayerTypes.
+var hfLayerTypes = map[string]byte{"full_attention": LayerFull, "sliding_attention": LayerSliding, "linear_attention": LayerLinear}
+
+// setLayerTypes sets c's layer plan from config.json's layer_types (one
+// per layer: full_attention, sliding_attention, linear_attention) and
+// sliding_window. A plan of full layers only is a plain model, one of
+// sliding layers only a plain model with a window; anything else is a
+// hybrid (LayerTypes). A kind of layer the engine does not run is refused
+// by name.
+func (c *Config) setLayerTypes(types []string, window *int) error {
+	if len(types) != c.Layers {
+		return fmt.Errorf("layer_types: %d entries for %d layers (num_hidden_layers)", len(types), c.Layers)
+	}
+	plan := make([]byte, len(types))
+	for i, t := range types {
+		k, ok := hfLayerTypes[t]
+		if !ok {
+			return fmt.Errorf("layer_types[%d]: %q is not supported; this engine runs full_attention, sliding_attention and linear_attention layers", i, t)
+		}
+		plan[i] = k
+	}
+	p := string(plan)
+	sliding := strings.IndexByte(p, LayerSliding) >= 0
+	if sliding {
+		if window == nil || *window < 1 {
+			return errors.New("sliding_window: the sliding_attention layers of layer_types need one")
+		}
+		c.SlidingWindow = *window
+	}
+	switch strings.Trim(p, p[:1]) {
+	case "": // every layer of one kind
+		if p[0] == LayerLinear {
+			return errors.New("layer_types: every layer is linear_attention; a hybrid needs a full_attention layer")
+		}
+	default:
+		c.LayerTypes = p
 	}
 	return nil
 }

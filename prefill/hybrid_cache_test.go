@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/prefill/prefilltest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -301,5 +303,93 @@ func TestHybridEngineNeedsGroupCache(t *testing.T) {
 	_, err := New(newMemCache(), Options{Config: hybridConfig(), Weights: hybridWeights()})
 	if err == nil || !strings.Contains(err.Error(), "GroupCache") {
 		t.Errorf("New over a plain Cache: %v", err)
+	}
+}
+
+// TestHybridCheckpointMatchesPyTorch: a small random checkpoint of a
+// hybrid model (config.json's layer_types: full, sliding-window and
+// linear-attention layers), written by the independent PyTorch
+// implementation, loads and computes that implementation's logits: decoded
+// one position at a time (K/V and state carried), as a whole cold prompt,
+// and resumed from the cache at several prefixes — the full blocks, the
+// window and the state read back as records.
+func TestHybridCheckpointMatchesPyTorch(t *testing.T) {
+	const n = 120
+	out := t.TempDir()
+	m := prefilltest.Hybrid(n)
+	ref := prefilltest.Suite(t, out, []prefilltest.Model{m})[0]
+	dir := filepath.Join(out, m.Name)
+	cfg, _, err := LoadConfigJSON(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.LayerTypes != "fslfs" || cfg.SlidingWindow != 24 {
+		t.Fatalf("config.json read as layer plan %q, window %d", cfg.LayerTypes, cfg.SlidingWindow)
+	}
+	cfg.BlockTokens = 16
+	cache := newRecordCache()
+	e, err := New(cache, Options{Config: cfg, ModelDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	check := func(what string, got []float32, p int) {
+		t.Helper()
+		if err := prefilltest.MaxRelErr(got, ref[p]); err > refTolerance {
+			t.Errorf("%s: position %d: logits off the reference by %.2g of their scale", what, p, err)
+		}
+	}
+	kv := NewKV(cfg, n)
+	logits := make([]float32, cfg.Vocab)
+	for p := range n {
+		if err := e.model.Forward(context.Background(), kv, p, m.Prompt[p:p+1], logits); err != nil {
+			t.Fatal(err)
+		}
+		check("decoded", logits, p)
+	}
+	check("cold", run(t, e, m.Prompt).Logits, n-1)
+	flush(t, e)
+	for _, k := range []int{n, 100, 48, 33} {
+		hit := run(t, e, m.Prompt[:k])
+		if want := (k - 1) / 16 * 16; hit.Usage.CachedTokens != want {
+			t.Errorf("prefix of %d: %d tokens cached, want %d", k, hit.Usage.CachedTokens, want)
+		}
+		check("over a cached prefix", hit.Logits, k-1)
+	}
+}
+
+// TestHybridConfigJSON: config.json's layer_types become the layer plan;
+// one kind of layer throughout is a plain model; a kind the engine does
+// not run, a plan of the wrong length, sliding layers without a window are
+// refused by name.
+func TestHybridConfigJSON(t *testing.T) {
+	base := `"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 300`
+	for _, tc := range []struct {
+		extra, plan string
+		window      int
+		err         string
+	}{
+		{`"layer_types": ["full_attention", "sliding_attention", "linear_attention"], "sliding_window": 32`, "fsl", 32, ""},
+		{`"layer_types": ["full_attention", "linear_attention", "linear_attention"], "sliding_window": 4096`, "fll", 0, ""},
+		{`"layer_types": ["full_attention", "full_attention", "full_attention"], "sliding_window": 4096`, "", 0, ""},
+		{`"layer_types": ["sliding_attention", "sliding_attention", "sliding_attention"], "sliding_window": 64`, "", 64, ""},
+		{`"layer_types": ["full_attention", "mamba", "full_attention"]`, "", 0, `layer_types[1]: "mamba" is not supported`},
+		{`"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 8`, "", 0, "layer_types: 2 entries for 3 layers"},
+		{`"layer_types": ["full_attention", "sliding_attention", "full_attention"]`, "", 0, "sliding_window"},
+		{`"layer_types": ["linear_attention", "linear_attention", "linear_attention"]`, "", 0, "full_attention layer"},
+		{`"model_type": "qwen3", "layer_types": ["full_attention", "linear_attention", "full_attention"]`, "", 0, "qk_norm"},
+		{`"model_type": "qwen3_next", "layer_types": ["full_attention", "linear_attention", "full_attention"]`, "", 0, `model_type "qwen3_next"`},
+	} {
+		c, _, err := parseConfigJSON([]byte("{" + base + ", " + tc.extra + "}"))
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: %v, want an error naming %q", tc.extra, err, tc.err)
+			}
+		case err != nil:
+			t.Errorf("%s: %v", tc.extra, err)
+		case c.LayerTypes != tc.plan || c.SlidingWindow != tc.window:
+			t.Errorf("%s: plan %q, window %d; want %q, %d", tc.extra, c.LayerTypes, c.SlidingWindow, tc.plan, tc.window)
+		}
 	}
 }
