@@ -3,7 +3,10 @@ package node
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +14,8 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/tokenizer"
+	"github.com/kvmesh/kvmesh/tokenizer/tokenizertest"
 )
 
 // hybridModel is tinyModel as a hybrid: full and sliding-window layers
@@ -116,4 +121,69 @@ func prefillLogits(t testing.TB, c *client.Client, tokens []uint32) client.Prefi
 		t.Fatal(err)
 	}
 	return r
+}
+
+// TestOpenAIModelDirHybrid: a model directory whose config.json declares
+// a hybrid layer plan (layer_types) is served: a repeated prompt resumes
+// from its groups' records, reports them as cached_tokens and generates
+// what a cold engine of those weights does; a layer kind the engine does
+// not run is refused by name when the node starts.
+func TestOpenAIModelDirHybrid(t *testing.T) {
+	cfg := hybridModel()
+	cfg.Vocab = tokenizertest.Vocab
+	types := map[string]any{"layer_types": []string{"full_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention"},
+		"sliding_window": cfg.SlidingWindow}
+	dir, cfg, w := writeModelDirOf(t, cfg, types)
+	pn := startPrefillNode(t, "", nil, func(o *Options) {
+		o.Prefill = PrefillOptions{ModelDir: dir, Model: prefill.Config{BlockTokens: 16}}
+	}, nil)
+	if gs := pn.ns.Groups; gs.Len() != 3 {
+		t.Fatalf("the served namespace has groups %v", gs)
+	}
+	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := strings.Repeat("hello world, ", 12)
+	ids := tok.Encode(prompt)
+	cold := coldGenerate(t, cfg, w, ids, prefill.GenerateOptions{MaxTokens: 12, Stop: [][]uint32{{266}}})
+	want := string([]rune(string(tok.Decode(cold))))
+	req := map[string]any{"model": "kvmesh", "prompt": prompt, "max_tokens": 12, "temperature": 0}
+	first := parseCompletion(t, callAPI(t, "POST", apiURL(pn.Node, "/v1/completions"), "", req), false)
+	if first.Cached != 0 || first.Text != want {
+		t.Errorf("completion %+v, want text %q and nothing cached", first, want)
+	}
+	if err := pn.Node.prefill.engine.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	again := parseCompletion(t, callAPI(t, "POST", apiURL(pn.Node, "/v1/completions"), "", req), false)
+	if hit := (len(ids) - 1) / 16 * 16; again.Text != want || again.Cached != hit {
+		t.Errorf("repeat %+v, want text %q and %d cached", again, want, hit)
+	}
+
+	types["layer_types"] = []string{"full_attention", "sliding_attention", "mamba", "full_attention", "sliding_attention"}
+	bad, _, _ := writeModelDirOf(t, cfg, types)
+	o := Options{DataDir: t.TempDir(), Listen: ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"},
+		Logger: slog.New(slog.DiscardHandler), Prefill: PrefillOptions{ModelDir: bad, Model: prefill.Config{BlockTokens: 16}}}
+	if n, err := New(o, newFakeCache(1<<20)); err == nil || !strings.Contains(err.Error(), `layer_types[2]: "mamba"`) {
+		t.Errorf("a model directory with a mamba layer: %v", err)
+		if n != nil {
+			n.Close()
+		}
+	}
+}
+
+// coldGenerate is what a cold engine of weights w generates for prompt.
+func coldGenerate(t testing.TB, c prefill.Config, w *prefill.Weights, prompt []uint32, o prefill.GenerateOptions) []uint32 {
+	t.Helper()
+	e, err := prefill.New(nil, prefill.Options{Config: c, Weights: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	g, err := e.Generate(context.Background(), prompt, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.Tokens
 }
