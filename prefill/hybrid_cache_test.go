@@ -459,3 +459,28 @@ func benchEngine(b *testing.B, cache Cache, cfg Config, w *Weights) *Engine {
 	b.Cleanup(func() { e.Close() })
 	return e
 }
+
+// TestHybridEngineTenants: a hybrid prompt one tenant published is a hit
+// for that tenant only: another tenant's prefill of it resumes at 0.
+func TestHybridEngineTenants(t *testing.T) {
+	c := hybridConfig()
+	cache := newRecordCache()
+	e := newHybridEngine(t, cache, nil)
+	tokens := randTokens(newRand(59), 5*c.BlockTokens+3, c.Vocab)
+	as := func(salt string) Result {
+		t.Helper()
+		res, err := e.Prefill(WithTenant(context.Background(), Tenant{Salt: salt, Tag: 7}), tokens, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	as("a")
+	flush(t, e)
+	if got := as("b").Usage.CachedTokens; got != 0 {
+		t.Errorf("tenant b resumed at %d from tenant a's records", got)
+	}
+	if got := as("a").Usage.CachedTokens; got != 5*c.BlockTokens {
+		t.Errorf("tenant a resumed at %d, want %d", got, 5*c.BlockTokens)
+	}
+}
