@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefill"
@@ -64,11 +65,15 @@ func TestPrefillHybridAcrossTheCluster(t *testing.T) {
 		})
 	}
 	r := rand.New(rand.NewPCG(61, 62))
+	elsewhere := 0 // cases whose state the resuming node did not hold
 	for i := range 3 {
-		from, to := nodes[i], nodes[(i+1)%3]
+		from := nodes[i]
 		n := 2*b + r.IntN(200)
 		tokens := randPrompt(r, n, c.Vocab)
 		split := b + r.IntN(n-b)
+		// The linear layer's state: the last position is computed from the
+		// state before it, so the hit stops at the last boundary before it.
+		hit := min(split/b, (n-1)/b) * b
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if _, err := from.client.Prefill(ctx, client.PrefillRequest{Tokens: tokens[:split]}); err != nil {
 			t.Fatal(err)
@@ -77,21 +82,38 @@ func TestPrefillHybridAcrossTheCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		cancel()
-		seen(to, tokens[:split], split/b*b)
+		for _, m := range nodes {
+			seen(m, tokens[:split], split/b*b)
+		}
+		// Resume on a member that holds neither the prefix's writer's copy
+		// nor, when there is one, the state at the hit (its chunk's owner
+		// does): the state then comes from another node.
+		state := prefixhash.GroupKey(prefixhash.Keys(eng.Namespace, tokens)[hit/b-1], 2)
+		to := nodes[(i+1)%3]
+		for _, m := range nodes {
+			if _, held := m.Node.cache.Info(auth.Access{}, state); m != from && !held {
+				to = m
+			}
+		}
+		if _, held := to.Node.cache.Info(auth.Access{}, state); !held {
+			elsewhere++
+		}
 		got := prefillLogits(t, to.client, tokens)
 		want, err := cold.Prefill(context.Background(), tokens, "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The linear layer's state: the last position is computed from the
-		// state before it, so the hit stops at the last boundary before it.
-		hit := min(split/b, (n-1)/b) * b
 		if got.Usage != (client.Usage{PromptTokens: n, CachedTokens: hit}) {
 			t.Errorf("case %d (n=%d, split=%d, node %s to %s): usage %+v, want %d cached", i, n, split, from.ID(), to.ID(), got.Usage, hit)
 		}
 		if e := relErr(got.Logits, want.Logits); e > 1e-4 {
 			t.Errorf("case %d (n=%d, split=%d, node %s to %s): logits differ from cold by %.2g", i, n, split, from.ID(), to.ID(), e)
 		}
+	}
+
+	t.Logf("%d of 3 cases resumed with the state held by another node", elsewhere)
+	if elsewhere == 0 {
+		t.Error("every case resumed on a node that held the state itself")
 	}
 
 	prompt := longText(r, 300)
