@@ -338,22 +338,26 @@ type Format string
 // The output formats of `-o`.
 const (
 	FormatTable Format = "table"
+	FormatWide  Format = "wide" // the table with every column
 	FormatJSON  Format = "json"
 )
 
 // ParseFormat parses the value of `-o`.
 func ParseFormat(s string) (Format, error) {
 	f := Format(strings.ToLower(s))
-	if !slices.Contains([]Format{FormatTable, FormatJSON}, f) {
-		return "", fmt.Errorf("bench: output format %q: want table or json", s)
+	if !slices.Contains([]Format{FormatTable, FormatWide, FormatJSON}, f) {
+		return "", fmt.Errorf("bench: output format %q: want table, wide or json", s)
 	}
 	return f, nil
 }
 
 // Write prints rep in format f.
 func Write(w io.Writer, rep *Report, f Format) error {
-	if f == FormatJSON {
+	switch f {
+	case FormatJSON:
 		return WriteJSON(w, rep)
+	case FormatWide:
+		return WriteWide(w, rep)
 	}
 	return WriteTable(w, rep)
 }

@@ -170,7 +170,7 @@ type traceSweepRow struct {
 	LocalOnly              bool    `json:"local_only"`
 	Eviction               string  `json:"eviction"`
 	PooledCapacityFraction float64 `json:"pooled_capacity_fraction"`
-	CapacityBlocksPerNode  int     `json:"capacity_blocks_per_node"`
+	CapacityBlocksPerNode  int     `json:"capacity_blocks_per_node" table:"wide"`
 	HitRatio               float64 `json:"hit_ratio"`
 	IdealHitRatio          float64 `json:"ideal_hit_ratio"`
 	RatioVsIdeal           float64 `json:"ratio_vs_ideal"`
@@ -502,12 +502,12 @@ func (tr *traceReplay) plot(res *Result, points []traceSweepRow) error {
 type evictionSweepRow struct {
 	Policy                 string  `json:"policy"`
 	PooledCapacityFraction float64 `json:"pooled_capacity_fraction"`
-	CapacityBlocksPerNode  int     `json:"capacity_blocks_per_node"`
+	CapacityBlocksPerNode  int     `json:"capacity_blocks_per_node" table:"wide"`
 	LRURatioVsIdeal        float64 `json:"lru_ratio_vs_ideal"`
 	PolicyRatioVsIdeal     float64 `json:"policy_ratio_vs_ideal"`
 	PolicyOverLRU          float64 `json:"policy_over_lru"`
-	SimLRURatioVsIdeal     float64 `json:"simulation_lru_ratio_vs_ideal"`
-	SimOptimumRatioVsIdeal float64 `json:"simulation_optimum_ratio_vs_ideal"`
+	SimLRURatioVsIdeal     float64 `json:"simulation_lru_ratio_vs_ideal" table:"wide"`
+	SimOptimumRatioVsIdeal float64 `json:"simulation_optimum_ratio_vs_ideal" table:"wide"`
 	OptimumOverLRU         float64 `json:"simulation_optimum_over_lru"`
 }
 

@@ -109,6 +109,7 @@ type clusterCollector struct {
 	pushYields                                                       *prometheus.Desc
 	conns, connsRefused, requests, dropped, values, bytes, regionUse *prometheus.Desc
 	leases, leasesExpired, reservations, reservationsAborted         *prometheus.Desc
+	connsEvicted, connsRevoked                                       *prometheus.Desc
 	reads, readBytes, landing                                        *prometheus.Desc
 }
 
@@ -128,7 +129,9 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 		pushYields:   d("kvmesh_cluster_push_yields_total", "Push batches that waited for this node's serving work, by how the wait ended: idle (the work ended) or bound (--push-yield passed).", "end"),
 		refused:      d("kvmesh_transfer_refused_blocks_total", "Blocks pushed to this node over the data plane that were refused: not the block their key named, or failing verification."),
 		conns:        d("kvmesh_transfer_connections", "Open data-plane connections (shm: clients).", "transport"),
-		connsRefused: d("kvmesh_transfer_refused_connections_total", "Data-plane connections closed at accept, over the limit.", "transport"),
+		connsRefused: d("kvmesh_transfer_refused_connections_total", "Data-plane connections refused over a limit: all connections, or a tenant's share.", "transport"),
+		connsEvicted: d("kvmesh_transfer_evicted_connections_total", "Data-plane connections closed in their handshake (no hello yet) to make room for newer ones.", "transport"),
+		connsRevoked: d("kvmesh_transfer_revoked_connections_total", "Data-plane connections closed because a token reload dropped or changed their token.", "transport"),
 		unauthorized: d("kvmesh_transfer_unauthorized_connections_total", "Data-plane connections refused before serving: TLS failed, bearer token missing or not accepted.", "transport"),
 		requests:     d("kvmesh_transfer_requests_total", "Data-plane requests served.", "transport"),
 		dropped:      d("kvmesh_transfer_dropped_connections_total", "Data-plane connections dropped for a bad frame, a limit or an I/O error.", "transport"),
@@ -151,7 +154,8 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.members, c.refused, c.unauthorized, c.lookups, c.lookupFails, c.gets, c.getFails, c.remoteBlocks,
 		c.pushed, c.pushYields, c.conns, c.connsRefused, c.requests, c.dropped, c.values, c.bytes, c.regionUse,
-		c.leases, c.leasesExpired, c.reservations, c.reservationsAborted, c.reads, c.readBytes, c.landing} {
+		c.leases, c.leasesExpired, c.reservations, c.reservationsAborted, c.connsEvicted, c.connsRevoked,
+		c.reads, c.readBytes, c.landing} {
 		ch <- d
 	}
 }
@@ -193,6 +197,8 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		t := s.stats()
 		metric(c.conns, prometheus.GaugeValue, float64(t.Conns), s.name)
 		counter(c.connsRefused, uint64(t.Refused), s.name)
+		counter(c.connsEvicted, uint64(t.Evicted), s.name)
+		counter(c.connsRevoked, uint64(t.Revoked), s.name)
 		counter(c.unauthorized, uint64(t.Unauthorized), s.name)
 		counter(c.requests, uint64(t.Requests), s.name)
 		counter(c.dropped, uint64(t.Dropped), s.name)

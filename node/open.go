@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/internal/privatefs"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -58,6 +59,13 @@ func Open(opts Options) (*Node, error) {
 		return nil, err
 	}
 	local, err := openLocal(opts, quotas)
+	if le := (*privatefs.LockedError)(nil); errors.As(err, &le) {
+		who := "another process"
+		if le.PID > 0 {
+			who = fmt.Sprintf("process %d", le.PID)
+		}
+		return nil, &OptionError{Field: "DataDir", Msg: fmt.Sprintf("%s is in use by %s (another kvmesh serve?); stop it, or give this node a data dir of its own", opts.DataDir, who)}
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -53,6 +53,11 @@ type PrefillOptions struct {
 	// running); a request beyond it is refused with ResourceExhausted.
 	// Default 256.
 	QueueSize int
+	// QueueBytes is the most bytes the queued requests not yet done may
+	// hold (4 bytes a prompt token, and the session id); a request beyond
+	// it is refused with ResourceExhausted. One tenant holds at most half
+	// of QueueSize and of QueueBytes. Default 64 MiB.
+	QueueBytes int64
 	// ResultTTL is how long the result of a queued request is kept after it
 	// finished; GetResult answers NotFound after that. Default 1h.
 	ResultTTL time.Duration
@@ -89,6 +94,7 @@ type PrefillOptions struct {
 // Defaults of PrefillOptions.
 const (
 	DefaultPrefillQueueSize  = 256
+	DefaultPrefillQueueBytes = 64 << 20
 	DefaultPrefillResultTTL  = time.Hour
 	DefaultPrefillMaxResults = 4096
 	DefaultPrefillMaxWaiting = 64
@@ -102,6 +108,9 @@ func (o *PrefillOptions) EnsureDefaults() {
 	}
 	if o.QueueSize == 0 {
 		o.QueueSize = DefaultPrefillQueueSize
+	}
+	if o.QueueBytes == 0 {
+		o.QueueBytes = DefaultPrefillQueueBytes
 	}
 	if o.ResultTTL == 0 {
 		o.ResultTTL = DefaultPrefillResultTTL
@@ -147,6 +156,8 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("Concurrency", "%d is outside 1..64", o.Concurrency)
 	case o.QueueSize < 1 || o.QueueSize > 1<<20:
 		return bad("QueueSize", "%d is outside 1..%d", o.QueueSize, 1<<20)
+	case o.QueueBytes < 64<<10 || o.QueueBytes > 1<<40:
+		return bad("QueueBytes", "%d bytes is outside 64KiB..1TiB", o.QueueBytes)
 	case o.ResultTTL < time.Second:
 		return bad("ResultTTL", "%v is shorter than 1s", o.ResultTTL)
 	case o.MaxResults < 1 || o.MaxResults > 1<<24:

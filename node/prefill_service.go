@@ -137,7 +137,7 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 		return nil, modelError(fmt.Errorf("node: prefill engine: %w", err))
 	}
 	q, err := openQueue(filepath.Join(n.opts.DataDir, "prefill-queue"), queueOptions{
-		capacity: o.QueueSize, maxResults: o.MaxResults, ttl: o.ResultTTL, maxRuns: queueMaxRuns,
+		capacity: o.QueueSize, maxBytes: o.QueueBytes, maxResults: o.MaxResults, ttl: o.ResultTTL, maxRuns: queueMaxRuns,
 		now: time.Now, log: n.log,
 	})
 	if err != nil {
@@ -146,8 +146,8 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	}
 	api, err := openai.New(openaiNode{n}, openai.Options{Engine: engine, Tokenizer: tok, EOS: eos, Sampling: sampling,
 		Concurrency: o.Concurrency, MaxWaiting: o.MaxWaiting, Batch: o.Batch, DB: q.db, DataDir: n.opts.DataDir,
-		Alone: n.cluster == nil, PeerHTTPS: n.opts.Security.HTTPTLS, PeerTLS: n.opts.Security.PeerTLS, PeerToken: peerToken(&n.opts.Security),
-		Registerer: n.metrics.reg, Logger: n.log})
+		Alone: n.cluster == nil, PeerHTTPS: n.opts.Security.TLS != nil, PeerTLS: n.opts.Security.PeerTLS,
+		MaxInFlightBytes: n.opts.Limits.MaxInFlightBytes, PeerToken: peerToken(&n.opts.Security), CallbackSecret: callbackSecret(&n.opts), Registerer: n.metrics.reg, Logger: n.log})
 	if err != nil {
 		q.close()
 		engine.Close()

@@ -238,7 +238,7 @@ func (o *API) generateError(r *http.Request, j *job, sse *sseWriter, err error) 
 	case errors.Is(err, prefill.ErrClosed):
 		he = newHTTPError(http.StatusServiceUnavailable, "", "", "the node is shutting down; retry on another node")
 	case r.Context().Err() != nil, sse != nil && sse.err != nil:
-		o.log.Info("openai: the client left", "path", r.URL.Path, "session", j.session, "err", err)
+		o.log.Info("openai: the client left", "path", clip(r.URL.Path), "session", j.session, "err", err)
 		return nil
 	default:
 		return err

@@ -52,7 +52,9 @@ func errorType(code int) string {
 }
 
 func newHTTPError(code int, param, errCode, format string, args ...any) *httpError {
-	return &httpError{status: code, apiError: apiError{Message: fmt.Sprintf(format, args...), Type: errorType(code),
+	// A message may quote what the caller sent (an id, a model): at most
+	// 1 KiB of it, in the answer and in the log line of the refusal.
+	return &httpError{status: code, apiError: apiError{Message: clipTo(fmt.Sprintf(format, args...), 1<<10), Type: errorType(code),
 		Param: nullable(param), Code: nullable(errCode)}}
 }
 

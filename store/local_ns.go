@@ -96,7 +96,7 @@ func (t *namespaces) add(n nsInfo) uint32 {
 			t.byKey = make(map[nsKey]uint32)
 		}
 		t.byKey[n.key()] = id
-		t.list[id].quota = t.quotaOf(n.digest).tiers()
+		t.list[id].quota = t.quotaOf(n.digest, n.tenant).tiers()
 	} else {
 		if t.unresolved == nil {
 			t.unresolved = make(map[int]uint32)
@@ -106,9 +106,10 @@ func (t *namespaces) add(n nsInfo) uint32 {
 	return id
 }
 
-// quotaOf returns the quota in force for a resolved namespace.
-func (t *namespaces) quotaOf(digest uint64) Quota {
-	if q, ok := t.quotas[digest]; ok {
+// quotaOf returns the quota in force for a resolved namespace whose blocks
+// carry tag.
+func (t *namespaces) quotaOf(digest, tag uint64) Quota {
+	if q, ok := t.quotas[digest]; ok && q.appliesTo(tag) {
 		return q
 	}
 	return t.defQuota
@@ -136,12 +137,12 @@ func (t *namespaces) idsOf(digest uint64) []uint32 {
 }
 
 // fits reports whether size more bytes in tier t keep the namespace (or
-// group) k within its quota.
-func (t *namespaces) fits(k nsKey, tier, size int) bool {
+// group) k, whose blocks carry tag, within its quota.
+func (t *namespaces) fits(k nsKey, tag uint64, tier, size int) bool {
 	if id := t.byKey[k]; id != 0 {
 		return t.list[id].excess(tier, size) <= 0
 	}
-	q := t.quotaOf(k.digest).tiers()[tier]
+	q := t.quotaOf(k.digest, tag).tiers()[tier]
 	return q == 0 || int64(size) <= q
 }
 

@@ -37,7 +37,8 @@ type LookupRequest struct {
 	Chain []byte `protobuf:"bytes,3,opt,name=chain,proto3" json:"chain,omitempty"`
 	// With chain: the prompt's length in tokens, which the chain alone does
 	// not tell (the tail after the last full block has no key). Zero reads as
-	// the chain's full blocks. Ignored with tokens.
+	// the chain's full blocks. Ignored with tokens. A prompt shorter than one
+	// block has an empty chain: send neither chain nor tokens, only this.
 	PromptTokens uint64 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	// Leave the per-block listing out: the answer carries the counts and
 	// runs (where the cached blocks are), blocks stays empty. An inference
