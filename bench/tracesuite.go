@@ -15,7 +15,8 @@ import (
 // TraceOptions configures the trace suite. Zero fields take the defaults
 // documented on each, for a full run or for --quick.
 type TraceOptions struct {
-	// TracePath is a Mooncake-format trace (JSONL, optionally .gz). Default:
+	// TracePath is a Mooncake-format trace (JSONL, optionally .gz), or
+	// "agentic" or "agentic:SEED" for a trace GenerateAgentic makes. Default:
 	// Mooncake's conversation trace, bundled.
 	TracePath string
 	// Requests replays only the first Requests requests. Default: all;
@@ -248,7 +249,11 @@ type traceReplay struct {
 func newTraceReplay(ctx context.Context, env *Env, o TraceOptions) (*traceReplay, error) {
 	var t *Trace
 	var err error
-	if o.TracePath == "" {
+	if ao, ok, perr := ParseAgenticPath(o.TracePath); perr != nil {
+		return nil, perr
+	} else if ok {
+		t, err = GenerateAgentic(ao)
+	} else if o.TracePath == "" {
 		t, err = ConversationTrace()
 	} else {
 		t, err = LoadTrace(o.TracePath)

@@ -163,9 +163,10 @@ func localStats(l *store.Local) CacheStats {
 		Demotions: s.Demotions + s.HBMDemotions, Promotions: s.Promotions + s.HBMPromotions,
 		PromotionsDeferred: s.PromotionsDeferred, QuotaRefused: s.QuotaRefused, CorruptDrops: s.CorruptDrops,
 		Parts: PartStats{Open: int64(s.PartialsOpen), Bytes: s.PartialBytes, Stored: s.PartsStored, Completed: s.PartsCompleted,
-			Conflicts: s.PartConflicts, Expired: s.PartialsExpired, Dropped: s.PartialsDropped, Claims: s.Claims}}
+			Conflicts: s.PartConflicts, Expired: s.PartialsExpired, Dropped: s.PartialsDropped, Claims: s.Claims},
+		SecondChances: s.SecondChances, ReusedBlocks: s.ReusedBlocks}
 	for _, t := range s.Tiers {
-		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity, Warm: t.Warm})
+		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity, Warm: t.Warm, Evicted: t.Evicted})
 	}
 	for _, n := range s.Namespaces {
 		out.Namespaces = append(out.Namespaces, NamespaceStats{Digest: n.Digest, Tenant: n.Tenant, Blocks: n.Blocks, Bytes: n.Bytes, Tokens: n.Tokens,

@@ -580,7 +580,7 @@ func (o *TierOptions) validate(maxBlock int) error {
 	case o.MaxBlocks < 0 || o.MaxBlocks > 1<<27:
 		return badOption("Tiers.MaxBlocks", "%d is outside 0..%d", o.MaxBlocks, 1<<27)
 	case o.Eviction != "" && !validEviction(o.Eviction):
-		return badOption("Tiers.Eviction", "%q is not a policy: want lru or dedup", o.Eviction)
+		return badOption("Tiers.Eviction", "%q is not a policy: want lru, dedup or reuse", o.Eviction)
 	case o.PartialTTL != 0 && (o.PartialTTL < time.Millisecond || o.PartialTTL > store.MaxPartialTTL):
 		return badOption("Tiers.PartialTTL", "%v is outside 1ms..%v", o.PartialTTL, store.MaxPartialTTL)
 	case o.ClaimTTL != 0 && (o.ClaimTTL < time.Millisecond || o.ClaimTTL > store.MaxClaimTTL):

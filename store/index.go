@@ -32,7 +32,7 @@ type entry struct {
 	sib        uint32    // next sibling
 	up         uint32    // parent if flagFirst, else previous sibling; 0 when unlinked
 	ns         uint32    // namespace id (see namespaces)
-	hits       uint16    // Gets served, saturating at maxHits; the top bit is hitsCopy
+	hits       uint16    // Gets served, saturating at maxHits; the top bits are hitsCopy, hitsReused and hitsRetired
 	pins       uint8     // live Refs reading it in place, saturating at maxPins
 	flags      uint8
 }
@@ -52,13 +52,17 @@ const (
 const maxPins = 1<<8 - 1
 
 // hitsCopy, the top bit of entry.hits, marks a copy: a block this node keeps
-// beside the owner that placement gave it (Local.PutCopy under EvictDedup).
+// beside the owner that placement gave it (Local.PutCopy under EvictDedup or
+// EvictReuse). hitsReused, the next bit, marks a block reused (found by a
+// lookup, or read) since it was stored or last passed over by EvictReuse.
 // hitsRetired, the next, marks a group's record that its chain has moved
-// past (local_groups.go). The eight flag bits are taken, and 16383 hits
+// past (local_groups.go). The eight flag bits are taken, and 8191 hits
 // saturate as well as 65535.
 const (
 	hitsCopy    uint16 = 1 << 15
-	hitsRetired uint16 = 1 << 14
+	hitsReused  uint16 = 1 << 14
+	hitsRetired uint16 = 1 << 13
+	hitsMarks          = hitsCopy | hitsReused | hitsRetired
 	maxHits            = hitsRetired - 1
 )
 
@@ -71,8 +75,9 @@ func (e *entry) persistent() bool   { return e.flags&flagPersistent != 0 }
 func (e *entry) busy() bool         { return e.pins > 0 || e.flags&flagMoving != 0 }
 func (e *entry) copy() bool         { return e.hits&hitsCopy != 0 }
 func (e *entry) retired() bool      { return e.hits&hitsRetired != 0 }
-func (e *entry) hitCount() int      { return int(e.hits & maxHits) }
-func (e *entry) setHitsSaturating() { e.hits = e.hits&^maxHits | min(e.hits&maxHits+1, maxHits) }
+func (e *entry) hitCount() int      { return int(e.hits &^ hitsMarks) }
+func (e *entry) setHitsSaturating() { e.hits = e.hits&hitsMarks | min(e.hits&^hitsMarks+1, maxHits) }
+func (e *entry) reused() bool       { return e.hits&hitsReused != 0 }
 
 const (
 	pageBits = 12

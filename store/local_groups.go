@@ -124,6 +124,10 @@ func (l *Local) retireLocked(by uint32, key prefixhash.Key) {
 		return
 	}
 	e.hits |= hitsRetired
+	if e.reused() { // no second chance for it under EvictReuse
+		e.hits &^= hitsReused
+		l.mu.reused--
+	}
 	l.placeCopyLocked(j) // the cold end of its tier's list, as a copy goes
 	if !e.persistent() {
 		l.mu.retiredHint++

@@ -200,6 +200,7 @@ again:
 		l.mu.Lock()
 		l.mu.c.puts++
 		l.mu.c.evictions++
+		l.mu.c.unadmitted++
 		l.mu.evicted[l.mu.evictedNext%len(l.mu.evicted)] = h.Key
 		l.mu.evictedNext++
 		l.mu.Unlock()

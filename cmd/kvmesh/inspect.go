@@ -174,6 +174,8 @@ type tierJSON struct {
 	Bytes         uint64  `json:"bytes"`
 	CapacityBytes uint64  `json:"capacity_bytes"`
 	Used          float64 `json:"used"`
+	// Evicted are the blocks that left the tier, by reason.
+	Evicted client.TierEvictions `json:"evicted"`
 }
 
 type statsJSON struct {
@@ -185,6 +187,9 @@ type statsJSON struct {
 	Evictions  uint64     `json:"evictions"`
 	Demotions  uint64     `json:"demotions"`
 	Promotions uint64     `json:"promotions"`
+	// SecondChances and ReusedBlocks are the reuse eviction policy's signal.
+	SecondChances uint64 `json:"second_chances"`
+	ReusedBlocks  uint64 `json:"reused_blocks"`
 	// Namespaces are the cached tokens per namespace (prefill.go).
 	Namespaces []namespaceRow `json:"namespaces"`
 }
@@ -204,12 +209,13 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 				return err
 			}
 			out := statsJSON{NodeID: st.NodeID, Hits: uint64(st.Hits), Misses: uint64(st.Misses),
-				Evictions: uint64(st.Evictions), Demotions: uint64(st.Demotions), Promotions: uint64(st.Promotions)}
+				Evictions: uint64(st.Evictions), Demotions: uint64(st.Demotions), Promotions: uint64(st.Promotions),
+				SecondChances: uint64(st.SecondChances), ReusedBlocks: uint64(st.ReusedBlocks)}
 			if n := out.Hits + out.Misses; n > 0 {
 				out.HitRatio = float64(out.Hits) / float64(n)
 			}
 			for _, t := range st.Tiers {
-				tj := tierJSON{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.CapacityBytes)}
+				tj := tierJSON{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.CapacityBytes), Evicted: t.Evicted}
 				if tj.CapacityBytes > 0 {
 					tj.Used = float64(tj.Bytes) / float64(tj.CapacityBytes)
 				}
@@ -222,12 +228,16 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "node %s\n\n", out.NodeID)
-				fmt.Fprintln(w, "TIER\tBLOCKS\tBYTES\tCAPACITY\tUSED")
+				fmt.Fprintln(w, "TIER\tBLOCKS\tBYTES\tCAPACITY\tUSED\tEVICTED: CAPACITY\tDEMOTED\tREFUSED\tUNADMITTED")
 				for _, t := range out.Tiers {
-					fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.1f%%\n", t.Name, t.Blocks, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes)), 100*t.Used)
+					fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.1f%%\t%d\t%d\t%d\t%d\n", t.Name, t.Blocks, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes)), 100*t.Used,
+						t.Evicted.Capacity, t.Evicted.Demoted, t.Evicted.Refused, t.Evicted.Unadmitted)
 				}
 				fmt.Fprintf(w, "\nhits %d  misses %d  hit ratio %.1f%%  evictions %d  demotions %d  promotions %d\n",
 					out.Hits, out.Misses, 100*out.HitRatio, out.Evictions, out.Demotions, out.Promotions)
+				if out.SecondChances > 0 || out.ReusedBlocks > 0 {
+					fmt.Fprintf(w, "reuse policy: second chances %d  blocks marked reused %d\n", out.SecondChances, out.ReusedBlocks)
+				}
 				printNamespaces(w, out.Namespaces)
 			})
 		},

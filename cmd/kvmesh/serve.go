@@ -193,7 +193,7 @@ flag names, for example:
 	fs.Var(newSize(&f.maxBlockBytes, int64(d.Limits.MaxBlockBytes)), "max-block-bytes", "largest encoded block accepted")
 	fs.IntVar(&f.maxBatchBlocks, "max-batch-blocks", d.Limits.MaxBatchBlocks, "most blocks one request may name")
 	fs.IntVar(&f.maxBlocks, "max-blocks", d.Tiers.MaxBlocks, "most blocks cached in DRAM and NVMe together (0: the tiers' capacities over 4KiB)")
-	fs.StringVar(&f.eviction, "eviction", string(store.DefaultEviction), "eviction policy: lru (the reference), or dedup (a node's copies of blocks other nodes own go first)")
+	fs.StringVar(&f.eviction, "eviction", string(store.DefaultEviction), "eviction policy: lru (the reference), dedup (a node's copies of blocks other nodes own go first), or reuse (dedup, and a block a lookup or read asked for again gets a second chance)")
 	fs.DurationVar(&f.partialTTL, "partial-ttl", store.DefaultPartialTTL, "how long the parts of a block put by tensor- or pipeline-parallel ranks are kept while the block is incomplete (1ms..1h)")
 	fs.DurationVar(&f.claimTTL, "claim-ttl", store.DefaultClaimTTL, "how long a rank's claim to write a part holds back the other ranks writing the same part (1ms..10m)")
 	fs.Var(newSize(&f.maxMessageBytes, int64(d.Limits.MaxMessageBytes)), "max-message-bytes", "largest gRPC message sent or received")
