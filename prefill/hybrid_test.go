@@ -221,15 +221,23 @@ func refLinear(c Config, L LayerWeights, xn [][]float64) [][]float64 {
 func TestHybridMatchesReference(t *testing.T) {
 	c, w, m := loadHybrid(t, 2)
 	tokens := randTokens(newRand(21), 300, c.Vocab)
-	lengths := []int{1, 2, 16, 24, 25, 47, 128, 129, 257, 300}
+	matchesRef(t, m, c, tokens, []int{1, 2, 16, 24, 25, 47, 128, 129, 257, 300}, func(at []int) [][]float64 {
+		return refHybrid(c, w, tokens, at)
+	})
+}
+
+// matchesRef checks m's cold logits of the first n tokens, for each n of
+// lengths, against ref's logits at the positions at (n−1 for each).
+func matchesRef(t *testing.T, m Model, c Config, tokens []uint32, lengths []int, ref func(at []int) [][]float64) {
+	t.Helper()
 	at := make([]int, len(lengths))
 	for i, n := range lengths {
 		at[i] = n - 1
 	}
-	ref := refHybrid(c, w, tokens, at)
+	want := ref(at)
 	for i, n := range lengths {
 		got := forward(t, m, c, NewKV(c, n), 0, tokens[:n])
-		if e := relErr(got, ref[i]); e > 1e-4 {
+		if e := relErr(got, want[i]); e > 1e-4 {
 			t.Errorf("n=%d: logits differ from the reference by %.2g (relative)", n, e)
 		}
 	}
