@@ -49,7 +49,7 @@ func TestSelect(t *testing.T) {
 		t.Fatalf("no suite: %v", err)
 	}
 	// The built-in suites are found by name.
-	if _, err := Select(Suites(SuiteFlags{}), []string{"peers", "trace", "transfer", "store", "ranks", "lookup", "nvme", "prefill"}); err != nil {
+	if _, err := Select(Suites(SuiteFlags{}), []string{"peers", "trace", "transfer", "store", "ranks", "lookup", "nvme", "prefill", "speculate"}); err != nil {
 		t.Fatal(err)
 	}
 	// "all" is every suite but peers, which every suite measures itself.

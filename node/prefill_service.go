@@ -132,6 +132,11 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	case o.WeightsPath == "":
 		eopts.Weights = seededWeights(o.Model, o.Seed)
 	}
+	if o.DraftDir != "" {
+		if eopts.Speculative.Draft, err = openDraft(o, n.opts.Limits.MaxBlockBytes); err != nil {
+			return nil, err
+		}
+	}
 	engine, err := prefill.New(engineCache{c: n.cache, blockTokens: o.Model.BlockTokens}, eopts)
 	if err != nil {
 		return nil, modelError(fmt.Errorf("node: prefill engine: %w", err))
@@ -157,6 +162,9 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.metrics = newPrefillMetrics(n.metrics.reg, engine, q)
 	n.names.keep(engine.Namespace())
+	if ns, ok := engine.DraftNamespace(); ok {
+		n.names.keep(ns)
+	}
 	return p, nil
 }
 

@@ -1,6 +1,7 @@
 // Package openai is kvmesh's OpenAI-compatible HTTP API over a node's
 // prefill engine: /v1/models, /v1/completions and /v1/chat/completions
-// (whole or streamed, usage with prompt_tokens_details.cached_tokens),
+// (whole or streamed, usage with prompt_tokens_details.cached_tokens and,
+// when the engine decodes speculatively, completion_tokens_details),
 // kvmesh's lookup beside them (LookupPath, for routers), and the
 // asynchronous API (POST /v1/queue: batches stored durably, run only while
 // the engine is idle, pulled by idle peers, announced by signed callbacks).

@@ -275,6 +275,11 @@ func (o *API) answerWhole(w http.ResponseWriter, resp responseJSON, chat bool, t
 	h.Set("X-Kvmesh-Prefill-Ms", strconv.FormatFloat(ms(g.Prefill), 'f', 3, 64))
 	h.Set("X-Kvmesh-Ttft-Ms", strconv.FormatFloat(ms(g.TTFT), 'f', 3, 64))
 	h.Set("X-Kvmesh-Decode-Ms", strconv.FormatFloat(ms(g.Decode), 'f', 3, 64))
+	if g.Speculative != "" {
+		h.Set("X-Kvmesh-Speculative", g.Speculative)
+		h.Set("X-Kvmesh-Proposed-Tokens", strconv.Itoa(g.Proposed))
+		h.Set("X-Kvmesh-Accepted-Tokens", strconv.Itoa(g.Accepted))
+	}
 	WriteJSON(w, http.StatusOK, whole(resp, chat, text, g))
 }
 

@@ -129,12 +129,27 @@ type Usage struct {
 	PromptTokensDetails struct {
 		CachedTokens int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
+	// CompletionTokensDetails is set when the engine decoded speculatively
+	// (prefill.Options.Speculative), in OpenAI's shape for predicted
+	// outputs: of the tokens its proposer guessed, those the model
+	// accepted (each one of completion_tokens, counted once) and those it
+	// rejected (never part of the answer).
+	CompletionTokensDetails *CompletionTokensDetails `json:"completion_tokens_details,omitempty"`
+}
+
+// CompletionTokensDetails are the guesses of speculative decoding.
+type CompletionTokensDetails struct {
+	AcceptedPredictionTokens int `json:"accepted_prediction_tokens"`
+	RejectedPredictionTokens int `json:"rejected_prediction_tokens"`
 }
 
 func usageOf(g prefill.Generation) *Usage {
 	u := &Usage{PromptTokens: g.Usage.PromptTokens, CompletionTokens: g.CompletionTokens,
 		TotalTokens: g.Usage.PromptTokens + g.CompletionTokens}
 	u.PromptTokensDetails.CachedTokens = g.Usage.CachedTokens
+	if g.Speculative != "" {
+		u.CompletionTokensDetails = &CompletionTokensDetails{AcceptedPredictionTokens: g.Accepted, RejectedPredictionTokens: g.Proposed - g.Accepted}
+	}
 	return u
 }
 

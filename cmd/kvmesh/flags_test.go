@@ -440,6 +440,38 @@ func TestServeQueueFlags(t *testing.T) {
 	}
 }
 
+// TestServeSpeculativeFlags: --speculative, --speculative-tokens and
+// --speculative-draft set the engine's speculative decoding; bad values
+// are refused naming the flag.
+func TestServeSpeculativeFlags(t *testing.T) {
+	o, err := serveOptions(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := o.Prefill; p.Speculative != "off" || p.SpeculativeTokens != 4 || p.DraftDir != "" {
+		t.Fatalf("defaults: %q, %d, %q", p.Speculative, p.SpeculativeTokens, p.DraftDir)
+	}
+	o, err = serveOptions(t, nil, "--speculative", "draft", "--speculative-tokens", "6", "--speculative-draft", "/models/draft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := o.Prefill; p.Speculative != "draft" || p.SpeculativeTokens != 6 || p.DraftDir != "/models/draft" {
+		t.Fatalf("set: %q, %d, %q", p.Speculative, p.SpeculativeTokens, p.DraftDir)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--speculative", "medusa"}, "--speculative"},
+		{[]string{"--speculative", "ngram", "--speculative-tokens", "17"}, "--speculative-tokens"},
+		{[]string{"--speculative", "draft"}, "--speculative-draft"},
+	} {
+		if _, err := serveOptions(t, nil, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("serve %v: %v, want an error naming %s", tc.args, err, tc.want)
+		}
+	}
+}
+
 // TestSystemdUnit: the settings deploy/systemd/kvmesh.service gives kvmesh
 // serve (its Environment= lines and ExecStart's flags) are accepted, and
 // share the shared-memory socket with a group, 0660.

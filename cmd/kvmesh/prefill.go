@@ -280,6 +280,9 @@ type prefillServeFlags struct {
 	maxModelBytes    int64
 	batch            openai.BatchOptions
 	queueShare       float64
+	speculative      string
+	specTokens       int
+	draftDir         string
 }
 
 func init() {
@@ -294,6 +297,7 @@ func init() {
 		"Prefill.Batch.ResultTTL": "queue-result-ttl", "Prefill.Batch.CallbackAllow": "callback-allow",
 		"Prefill.Batch.Share": "queue-share", "Prefill.Batch.StealInterval": "queue-steal-interval",
 		"Prefill.Batch.LeaseTTL": "queue-lease",
+		"Prefill.Speculative":    "speculative", "Prefill.SpeculativeTokens": "speculative-tokens", "Prefill.DraftDir": "speculative-draft",
 	} {
 		flagOf[field] = flag
 	}
@@ -322,6 +326,9 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.Float64Var(&p.queueShare, "queue-share", d.Batch.Share, "share of the engine's slots (--prefill-concurrency) queued batches may run on at once, at least one request; each runs only while no synchronous request does and yields to one between chunks and decode steps; 0: none here (peers pull this node's batches)")
 	fs.DurationVar(&p.batch.StealInterval, "queue-steal-interval", d.Batch.StealInterval, "how often an idle node asks its peers for a queued batch they have not started (0 or less: never)")
 	fs.DurationVar(&p.batch.LeaseTTL, "queue-lease", d.Batch.LeaseTTL, "how long a batch a peer pulled from this node stays with it without news; then it runs again elsewhere from its first unanswered request")
+	fs.StringVar(&p.speculative, "speculative", d.Speculative, "speculative decoding: off, ngram (prompt lookup: guesses what followed the last tokens earlier in the prompt or answer) or draft (a smaller model of the same tokenizer, --speculative-draft, guesses); the answer is the model's own either way")
+	fs.IntVar(&p.specTokens, "speculative-tokens", d.SpeculativeTokens, "tokens the proposer guesses per decode step, verified in one forward pass (1..16)")
+	fs.StringVar(&p.draftDir, "speculative-draft", d.DraftDir, "Hugging Face model directory of the draft model of --speculative draft (same tokenizer.json and vocabulary as the model)")
 	fs.StringVar(&p.role, "role", gossip.RoleBoth, "what kvmesh route sends this node: both, prefill (prompts to compute and publish) or decode (requests whose prompt a prefill node just published)")
 }
 
@@ -330,7 +337,7 @@ func (p *prefillServeFlags) options() node.PrefillOptions {
 		Disabled: !p.enabled, WeightsPath: p.weights, Seed: p.seed,
 		Concurrency: p.concurrency, QueueSize: p.queue, QueueBytes: p.queueBytes, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
 		BackgroundBlocks: p.backgroundBlocks, Role: p.role, Backend: p.backend, ModelDir: p.modelDir, Batch: p.batch,
-		MaxModelBytes: p.maxModelBytes,
+		MaxModelBytes: p.maxModelBytes, Speculative: p.speculative, SpeculativeTokens: p.specTokens, DraftDir: p.draftDir,
 	}
 	o.Batch.Share = p.queueShare
 	if p.queueShare <= 0 {
