@@ -92,7 +92,10 @@
 // linear layers P stops at the last block boundary before the prompt's
 // last position, which is computed from the state at P. New blocks are
 // published as every group's record of each (one Put per group, the full
-// group's first). Engine.Cached answers the same prefix. The logits over
+// group's first). Engine.Cached answers the same prefix. Speculative
+// decoding is refused for a model (or a draft) with linear layers: a
+// verification pass advances the state over every guess, and a rejected
+// one cannot be taken back out of it. The logits over
 // any hit equal the cold ones (tested against a float64 reference, and a
 // random hybrid checkpoint against prefilltest's PyTorch implementation).
 //

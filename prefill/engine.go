@@ -161,7 +161,10 @@ func (o Options) Validate() error {
 	case len(o.TenantSalt) > prefixhash.MaxSaltLen:
 		return fmt.Errorf("%w: tenant_salt: %d bytes, the limit is %d", ErrInvalidConfig, len(o.TenantSalt), prefixhash.MaxSaltLen)
 	}
-	return o.Speculative.Validate()
+	if err := o.Speculative.Validate(); err != nil {
+		return err
+	}
+	return checkSpeculativeState(o.Config, o.Speculative)
 }
 
 // Usage is what a prefill cost, in the OpenAI usage shape.

@@ -63,6 +63,23 @@ func checkGroupCache(c Config, cache Cache) error {
 	return nil
 }
 
+// checkSpeculativeState refuses speculative decoding for a model (or a
+// draft) with linear-attention layers: a verification pass advances their
+// recurrent state over every guess, and a rejected guess cannot be taken
+// back out of it as its K/V can be overwritten. Sliding-window layers
+// speculate as full ones do.
+func checkSpeculativeState(c Config, s SpeculativeOptions) error {
+	if s.Method != SpeculateOff && c.linearLayers() > 0 {
+		return fmt.Errorf("%w: speculative.method: %s: the model's linear-attention layers (layer_types %q) carry a recurrent state that a rejected guess cannot be taken back from; use %s",
+			ErrInvalidConfig, s.Method, c.LayerTypes, SpeculateOff)
+	}
+	if d := s.Draft; d != nil && d.Config.linearLayers() > 0 {
+		return fmt.Errorf("%w: speculative.draft: a model with linear-attention layers (layer_types %q) cannot be a draft: its recurrent state cannot be taken back to the last accepted guess",
+			ErrInvalidConfig, d.Config.LayerTypes)
+	}
+	return nil
+}
+
 // groupCache returns the engine's cache as a GroupCache (New checked it),
 // nil without a cache.
 func (e *Engine) groupCache() GroupCache {

@@ -484,3 +484,44 @@ func TestHybridEngineTenants(t *testing.T) {
 		t.Errorf("tenant a resumed at %d, want %d", got, 5*c.BlockTokens)
 	}
 }
+
+// TestHybridSpeculation: a model with a linear-attention layer refuses
+// speculative decoding (and as a draft), naming why; one of full and
+// sliding-window layers only speculates with prompt lookup over its
+// groups' records and generates the tokens it does without.
+func TestHybridSpeculation(t *testing.T) {
+	lin := Options{Config: hybridConfig(), Weights: hybridWeights(), Speculative: SpeculativeOptions{Method: SpeculateNgram}}
+	if _, err := New(newRecordCache(), lin); err == nil || !strings.Contains(err.Error(), "speculative.method") {
+		t.Errorf("speculation on a model with a linear layer: %v", err)
+	}
+	draft := Options{Config: tinyConfig(), Weights: tinyWeights(),
+		Speculative: SpeculativeOptions{Method: SpeculateDraft, Draft: &Options{Config: hybridConfig(), Weights: hybridWeights()}}}
+	if _, err := New(newMemCache(), draft); err == nil || !strings.Contains(err.Error(), "speculative.draft") {
+		t.Errorf("a draft with a linear layer: %v", err)
+	}
+	c := hybridConfig()
+	c.LayerTypes = "fssfs"
+	w := SeededWeights(c, 13)
+	plain := newTinyEngine(t, nil, func(o *Options) { o.Config, o.Weights = c, w })
+	e := newTinyEngine(t, newRecordCache(), func(o *Options) {
+		o.Config, o.Weights, o.Speculative = c, w, SpeculativeOptions{Method: SpeculateNgram, Tokens: 4}
+	})
+	prompt := repetitive(5, 90, c.Vocab)
+	opts := GenerateOptions{MaxTokens: 40}
+	want := generate(t, plain, prompt, opts).Tokens
+	proposed := 0
+	for pass := range 2 { // cold, then over the records the first pass published
+		g := generate(t, e, prompt, opts)
+		proposed += g.Proposed
+		if !slices.Equal(g.Tokens, want) {
+			t.Errorf("pass %d: speculating %v, plain %v", pass, g.Tokens, want)
+		}
+		if pass == 1 && g.Usage.CachedTokens == 0 {
+			t.Error("the second pass resumed nothing")
+		}
+		flush(t, e)
+	}
+	if proposed == 0 {
+		t.Error("prompt lookup proposed nothing")
+	}
+}
