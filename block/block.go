@@ -20,7 +20,7 @@ import (
 //	  0     4  magic "KVMB"
 //	  4     2  format version (4)
 //	  6     1  key format version (prefixhash.KeyVersion)
-//	  7     1  KV layout (0 split, 1 latent; 0xFF marks an object record, object.go)
+//	  7     1  KV layout (0 split, 1 latent, 2 state; 0xFF marks an object record, object.go)
 //	  8     4  header length (fixed part + tokens + extension + padding)
 //	 12     4  token count n
 //	 16     8  namespace digest
@@ -29,12 +29,16 @@ import (
 //	 56     1  KV dtype
 //	 57     1  key scheme (0 kvmesh, 1 vllm)
 //	 58     1  scales (0 none, 1 per block, 2 per head)
-//	 59     1  reserved, zero
+//	 59     1  group: 0 in a namespace without groups, else g+1 for
+//	           group g's record of the block (see Group)
 //	 60     4  layers (the model's)
 //	 64     4  KV heads (the model's; 0 with the latent layout)
 //	 68     4  head dim (0 with the latent layout)
-//	 72     4  latent dim (0 with the split layout)
-//	 76     4  reserved, zero
+//	 72     4  latent dim (0 with the split layout); with the state
+//	           layout, the bytes of one head's state in one layer
+//	 76     1  group kind + 1 (0 without a group)
+//	 77     1  anchor group + 1 (0: none, or not a sliding or state record)
+//	 78     2  window in blocks (sliding groups; else 0)
 //	 80     8  payload length (of this record: a part's, for a part)
 //	 88     8  xxhash64 of the payload
 //	 96     8  tenant tag (0: no tenant)
@@ -50,6 +54,17 @@ import (
 //	           to X. X is the namespace's (Namespace.ExtensionRoom), so every
 //	           block of a namespace has one encoded size, as the store needs.
 //	  …        zero padding to the header length
+//
+// A namespace with groups (prefixhash.Groups, hybrid models) stores one
+// record per group of each block: its header names the group, its kind,
+// the group its record hangs from in a store (the namespace's anchor, for
+// sliding and state records) and a sliding group's window; the key field
+// holds the record's key prefixhash.GroupKey(k_i, g) (k_i = H(parent ‖
+// tokens ‖ extra keys) as for any block, which is what Decode checks); the
+// layout fields describe the group's payload, whose layers are the group's
+// (in its order). A header without a group has zeros in bytes 59 and
+// 76-79, as before groups, so blocks on disk stay valid. A state record's
+// payload is [layer][head][state_bytes], whatever the tokens.
 //
 // The payload is the KV bytes, then the scales when the layout has them
 // (float32, see prefixhash.Scales): the payload checksum covers both. The
@@ -103,9 +118,12 @@ type Layout struct {
 	KV               prefixhash.KVLayout
 	LatentDim        int
 	Scales           prefixhash.Scales
+	// StateBytes sizes one head's state in one layer (prefixhash.StateKV).
+	StateBytes int
 }
 
-// LayoutOf returns the payload layout of blocks of ns.
+// LayoutOf returns the payload layout of blocks of ns, a namespace
+// without groups (see GroupLayout).
 func LayoutOf(ns prefixhash.Namespace) Layout {
 	return Layout{DType: ns.DType, Layers: ns.Layers, KVHeads: ns.KVHeads, HeadDim: ns.HeadDim,
 		KV: ns.Layout, LatentDim: ns.LatentDim, Scales: ns.Scales}
@@ -120,9 +138,12 @@ func (l Layout) valid() bool {
 	}
 	switch l.KV {
 	case prefixhash.SplitKV:
-		return l.KVHeads >= 1 && l.HeadDim >= 1 && l.LatentDim == 0 && l.KVHeads <= 1<<20 && l.HeadDim <= 1<<20
+		return l.KVHeads >= 1 && l.HeadDim >= 1 && l.LatentDim == 0 && l.KVHeads <= 1<<20 && l.HeadDim <= 1<<20 && l.StateBytes == 0
 	case prefixhash.LatentKV:
-		return l.KVHeads == 0 && l.HeadDim == 0 && l.LatentDim >= 1 && l.LatentDim <= 1<<20 && l.Scales != prefixhash.ScalesPerHead
+		return l.KVHeads == 0 && l.HeadDim == 0 && l.LatentDim >= 1 && l.LatentDim <= 1<<20 && l.Scales != prefixhash.ScalesPerHead && l.StateBytes == 0
+	case prefixhash.StateKV:
+		return l.KVHeads >= 1 && l.KVHeads <= 1<<20 && l.HeadDim == 0 && l.LatentDim == 0 && l.Scales == prefixhash.NoScales &&
+			l.StateBytes >= 1 && l.StateBytes <= prefixhash.MaxStateBytes && l.StateBytes%l.DType.Size() == 0
 	}
 	return false
 }
@@ -138,9 +159,18 @@ func (l Layout) PayloadLen(tokens int) int {
 
 // Header is a decoded block header.
 type Header struct {
-	Namespace   uint64 // digest of the producing namespace
-	Key, Parent prefixhash.Key
-	Layout      Layout
+	Namespace uint64 // digest of the producing namespace
+	// Key is the key the record is stored under: the block's chain key
+	// (Chain), or for a group's record GroupKey(Chain, group).
+	Key    prefixhash.Key
+	Parent prefixhash.Key
+	// Chain is the block's key in its prompt's chain, H(parent ‖ tokens ‖
+	// extra keys): Key for a block of a namespace without groups.
+	Chain prefixhash.Key
+	// Group names the group whose record this is (Set false in a
+	// namespace without groups).
+	Group  GroupRef
+	Layout Layout
 	// Part is the range of the block this record holds: Layout.Whole() for
 	// a block, less for a part (see Part).
 	Part Part
@@ -213,7 +243,13 @@ func (h *Header) CheckNamespace(ns prefixhash.Namespace) error {
 	switch {
 	case h.Namespace != ns.Digest():
 		return fmt.Errorf("%w: namespace digest %016x, want %016x (%s)", ErrCorrupt, h.Namespace, ns.Digest(), ns)
-	case h.Layout != LayoutOf(ns):
+	case h.Group.Set != !ns.Groups.IsZero():
+		return fmt.Errorf("%w: a record naming group %v in namespace %s", ErrCorrupt, h.Group.Set, ns)
+	case h.Group.Set && h.Group.Index >= ns.Groups.Len():
+		return fmt.Errorf("%w: group %d of namespace %s, which has %d", ErrCorrupt, h.Group.Index, ns, ns.Groups.Len())
+	case h.Group.Set && (h.Group != GroupRefOf(ns, h.Group.Index) || h.Layout != GroupLayout(ns, h.Group.Index)):
+		return fmt.Errorf("%w: group %+v, layout %+v do not match group %d of namespace %s", ErrCorrupt, h.Group, h.Layout, h.Group.Index, ns)
+	case !h.Group.Set && h.Layout != LayoutOf(ns):
 		return fmt.Errorf("%w: layout %+v does not match namespace %s", ErrCorrupt, h.Layout, ns)
 	case h.Scheme != ns.Scheme:
 		return fmt.Errorf("%w: key scheme %s, namespace %s has %s", ErrCorrupt, h.Scheme, ns, ns.Scheme)
@@ -285,10 +321,19 @@ func AppendHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent 
 // Layout.ExtractPart gives). With p the whole block it is AppendHeaderExt.
 // An invalid part is ErrBadPart.
 func AppendPartHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, parent prefixhash.Link, tokens []uint32, extra prefixhash.ExtraKeys, p Part, payload []byte) ([]byte, prefixhash.Link, error) {
+	if !ns.Groups.IsZero() {
+		return dst, prefixhash.Link{}, fmt.Errorf("block: namespace %s has groups: encode a group's record (AppendGroupHeader)", ns)
+	}
+	return appendHeader(dst, tenant, ns, -1, parent, tokens, extra, p, payload)
+}
+
+// appendHeader encodes the header of part p of group g's record (g -1: a
+// namespace without groups) of a block of ns.
+func appendHeader(dst []byte, tenant uint64, ns prefixhash.Namespace, g int, parent prefixhash.Link, tokens []uint32, extra prefixhash.ExtraKeys, p Part, payload []byte) ([]byte, prefixhash.Link, error) {
 	if err := ns.Validate(); err != nil {
 		return dst, prefixhash.Link{}, err
 	}
-	lay := LayoutOf(ns)
+	lay := RecordLayout(ns, g)
 	if err := lay.CheckPart(p); err != nil {
 		return dst, prefixhash.Link{}, err
 	}
@@ -296,7 +341,13 @@ func AppendPartHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, par
 		return dst, prefixhash.Link{}, fmt.Errorf("block: block has %d tokens, namespace blocks hold %d", len(tokens), ns.BlockTokens)
 	}
 	if want := lay.PartLen(len(tokens), p); len(payload) != want {
-		if p == lay.Whole() {
+		switch {
+		case g >= 0 && lay.KV == prefixhash.StateKV && p == lay.Whole():
+			return dst, prefixhash.Link{}, fmt.Errorf("block: groups[%d].state_bytes: a state of %d bytes, the group's is %d (%d layers × %d heads × %d bytes)",
+				g, len(payload), want, lay.Layers, lay.KVHeads, lay.StateBytes)
+		case g >= 0 && p == lay.Whole():
+			return dst, prefixhash.Link{}, fmt.Errorf("block: payload is %d bytes, group %d's records hold %d", len(payload), g, want)
+		case p == lay.Whole():
 			return dst, prefixhash.Link{}, fmt.Errorf("block: payload is %d bytes, namespace blocks hold %d", len(payload), want)
 		}
 		return dst, prefixhash.Link{}, fmt.Errorf("block: part %s payload is %d bytes, want %d", p, len(payload), want)
@@ -314,6 +365,11 @@ func AppendPartHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, par
 	}
 	link := prefixhash.BlockLink(ns.Scheme, parent, tokens, extra)
 	key, parentKey := link.Key(), parent.Key()
+	gref := GroupRef{}
+	if g >= 0 {
+		key = prefixhash.GroupKey(key, g)
+		gref = GroupRefOf(ns, g)
+	}
 	ext := ns.ExtensionRoom()
 	hl := HeaderLenExt(len(tokens), ext)
 	start := len(dst)
@@ -322,19 +378,25 @@ func AppendPartHeaderExt(dst []byte, tenant uint64, ns prefixhash.Namespace, par
 	copy(h[0:4], blockMagic)
 	binary.LittleEndian.PutUint16(h[4:], Version)
 	h[6] = prefixhash.KeyVersion
-	h[7] = byte(ns.Layout)
+	h[7] = byte(lay.KV)
 	binary.LittleEndian.PutUint32(h[8:], uint32(hl))
 	binary.LittleEndian.PutUint32(h[12:], uint32(len(tokens)))
 	binary.LittleEndian.PutUint64(h[16:], ns.Digest())
 	copy(h[24:40], key[:])
 	copy(h[40:56], parentKey[:])
-	h[56] = byte(ns.DType)
+	h[56] = byte(lay.DType)
 	h[57] = byte(ns.Scheme)
-	h[58] = byte(ns.Scales)
-	binary.LittleEndian.PutUint32(h[60:], uint32(ns.Layers))
-	binary.LittleEndian.PutUint32(h[64:], uint32(ns.KVHeads))
-	binary.LittleEndian.PutUint32(h[68:], uint32(ns.HeadDim))
-	binary.LittleEndian.PutUint32(h[72:], uint32(ns.LatentDim))
+	h[58] = byte(lay.Scales)
+	binary.LittleEndian.PutUint32(h[60:], uint32(lay.Layers))
+	binary.LittleEndian.PutUint32(h[64:], uint32(lay.KVHeads))
+	binary.LittleEndian.PutUint32(h[68:], uint32(lay.HeadDim))
+	binary.LittleEndian.PutUint32(h[72:], uint32(lay.LatentDim+lay.StateBytes)) // one of them is 0
+	if gref.Set {
+		h[59] = byte(gref.Index + 1)
+		h[76] = byte(gref.Kind + 1)
+		h[77] = byte(gref.Anchor + 1)
+		binary.LittleEndian.PutUint16(h[78:], uint16(gref.WindowBlocks))
+	}
 	binary.LittleEndian.PutUint64(h[80:], uint64(len(payload)))
 	binary.LittleEndian.PutUint64(h[88:], xxhash.Sum64(payload))
 	binary.LittleEndian.PutUint64(h[96:], tenant)
@@ -461,6 +523,9 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 		HeadDim:   int(binary.LittleEndian.Uint32(b[68:])),
 		LatentDim: int(binary.LittleEndian.Uint32(b[72:])),
 	}
+	if h.Layout.KV == prefixhash.StateKV {
+		h.Layout.StateBytes, h.Layout.LatentDim = h.Layout.LatentDim, 0
+	}
 	h.Scheme = prefixhash.KeyScheme(b[57])
 	h.Part = Part{
 		L0: int(binary.LittleEndian.Uint32(b[104:])), L1: int(binary.LittleEndian.Uint32(b[108:])),
@@ -468,8 +533,8 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	}
 	h.Len = int(hl)
 	h.ParentLink = prefixhash.KeyLink(h.Parent)
-	if b[59] != 0 || binary.LittleEndian.Uint32(b[76:]) != 0 {
-		return h, corrupt("reserved header bytes are not zero")
+	if err := h.decodeGroup(b); err != nil {
+		return h, err
 	}
 	if !h.Layout.valid() {
 		return h, corrupt("layout %+v is not valid", h.Layout)
@@ -492,8 +557,9 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 	h.Checksum = binary.LittleEndian.Uint64(b[88:])
 	h.Tenant = binary.LittleEndian.Uint64(b[96:])
 	h.Tokens = viewTokens(b[FixedHeaderLen : FixedHeaderLen+4*n])
-	if prefixhash.BlockLink(h.Scheme, h.ParentLink, h.Tokens, h.Extra).Key() != h.Key {
-		return h, corrupt("key %s is not H(parent ‖ tokens ‖ extra keys) under the %s scheme", h.Key, h.Scheme)
+	h.Chain = prefixhash.BlockLink(h.Scheme, h.ParentLink, h.Tokens, h.Extra).Key()
+	if want := h.Chain; h.Group.Set && prefixhash.GroupKey(want, h.Group.Index) != h.Key || !h.Group.Set && want != h.Key {
+		return h, corrupt("key %s is not H(parent ‖ tokens ‖ extra keys) under the %s scheme (group %+v)", h.Key, h.Scheme, h.Group)
 	}
 	return h, nil
 }

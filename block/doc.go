@@ -29,6 +29,18 @@
 // ones it asked for. The tenant tag records who wrote the block; the format
 // carries it and enforces nothing.
 //
+// A namespace with groups (hybrid models: full attention, sliding window,
+// recurrent state, indexer; prefixhash.Group) stores one record per group
+// of each block. Its header names the group (and its kind, its anchor and
+// a sliding group's window in blocks) in bytes that are zero without
+// groups, so blocks written before groups decode as before; its key field
+// holds prefixhash.GroupKey(k_i, g), and Decode checks it against the
+// block's chain key (Header.Chain); its layout is the group's (a state
+// group's is prefixhash.StateKV: per layer and head, a declared number of
+// bytes). Header.LinkParent names the record a store hangs it from. A
+// group's record splits into parts as a block does (RankGroupPart).
+// testdata/groups.json pins such records for other implementations.
+//
 // # Objects
 //
 // The same format carries objects (object.go): opaque bytes a caller stores

@@ -25,6 +25,9 @@ var ErrBadPart = errors.New("block: invalid part")
 // no heads to split: every rank holds the whole latent, and its head range
 // is always [0,1). The whole block is Layout.Whole().
 //
+// A state record (prefixhash.StateKV) splits as the split layout does:
+// its cells are a layer's heads' states.
+//
 // A part's payload is, in order: for each layer of [L0,L1), the KV bytes of
 // heads [H0,H1) of that layer (one contiguous run of the block payload,
 // because the split layout is [layer][kv_head][K|V][token][head_dim]); then
@@ -102,16 +105,19 @@ func headSlices(heads int) string {
 }
 
 // cellBytes returns the KV bytes of one cell (one layer of one head; one
-// layer with the latent layout) of a block of tokens tokens and the scale
+// layer with the latent layout; one head's state with the state layout) of a block of tokens tokens and the scale
 // bytes of one layer (per block) and of one cell (per head), or -1 when the
 // sizes overflow.
 func (l Layout) cellBytes(tokens int) (kv, layerScales, cellScales int) {
 	var shape [4]uint64
 	parts := uint64(2)
-	if l.KV == prefixhash.LatentKV {
+	switch l.KV {
+	case prefixhash.StateKV:
+		return l.StateBytes, 0, 0 // a head's state, whatever the tokens
+	case prefixhash.LatentKV:
 		shape = [4]uint64{uint64(tokens), uint64(l.LatentDim), uint64(l.DType.Size()), 1}
 		parts = 1
-	} else {
+	default:
 		shape = [4]uint64{2, uint64(tokens), uint64(l.HeadDim), uint64(l.DType.Size())}
 	}
 	n := uint64(1)
@@ -275,20 +281,94 @@ func RankPart(ns prefixhash.Namespace, tpRank, tpSize, ppRank, ppSize int) (Part
 	if err := ns.Validate(); err != nil {
 		return Part{}, err
 	}
+	if !ns.Groups.IsZero() {
+		return Part{}, fmt.Errorf("%w: namespace %s has groups: a rank's part is per group (RankGroupPart)", ErrBadPart, ns)
+	}
+	l0, l1, err := stageLayers(ns.Layers, ppRank, ppSize)
+	if err != nil {
+		return Part{}, err
+	}
+	return rankPart(LayoutOf(ns), tpRank, tpSize, l0, l1)
+}
+
+// RankGroupPart is RankPart for group g's records of ns, a namespace with
+// groups: the pipeline stage's layers are the model's (ns.Layers split as
+// RankPart splits them) that belong to the group, as a range of the
+// group's layers, and the rank's heads are the group's (a state group's
+// heads split as KV heads do; a latent group's are [0,1)). A stage that
+// holds none of the group's layers gets an empty part (Part.Empty): it has
+// nothing of the group to write or read.
+func RankGroupPart(ns prefixhash.Namespace, g, tpRank, tpSize, ppRank, ppSize int) (Part, error) {
+	if err := ns.Validate(); err != nil {
+		return Part{}, err
+	}
+	if ns.Groups.IsZero() || g < 0 || g >= ns.Groups.Len() {
+		return Part{}, fmt.Errorf("%w: group %d: namespace %s has %d groups", ErrBadPart, g, ns, ns.Groups.Len())
+	}
+	m0, m1, err := stageLayers(ns.Layers, ppRank, ppSize)
+	if err != nil {
+		return Part{}, err
+	}
+	var l0, l1 int
+	for _, l := range ns.Groups.At(g).Layers {
+		if l < m0 {
+			l0++
+		}
+		if l < m1 {
+			l1++
+		}
+	}
+	if l0 == l1 {
+		return Part{L0: l0, L1: l1}, validTP(tpRank, tpSize)
+	}
+	return rankPart(GroupLayout(ns, g), tpRank, tpSize, l0, l1)
+}
+
+// Empty reports whether p holds nothing: a pipeline stage that holds none
+// of a group's layers (RankGroupPart).
+func (p Part) Empty() bool { return p.L1 <= p.L0 }
+
+func validTP(tpRank, tpSize int) error {
 	if tpSize < 1 || tpRank < 0 || tpRank >= tpSize {
-		return Part{}, fmt.Errorf("%w: tensor-parallel rank %d of size %d: want 0 <= rank < size", ErrBadPart, tpRank, tpSize)
+		return fmt.Errorf("%w: tensor-parallel rank %d of size %d: want 0 <= rank < size", ErrBadPart, tpRank, tpSize)
 	}
+	return nil
+}
+
+// stageLayers returns the layers [l0,l1) of layers that pipeline stage
+// ppRank of ppSize holds (see RankPart).
+func stageLayers(layers, ppRank, ppSize int) (l0, l1 int, err error) {
 	if ppSize < 1 || ppRank < 0 || ppRank >= ppSize {
-		return Part{}, fmt.Errorf("%w: pipeline rank %d of size %d: want 0 <= rank < size", ErrBadPart, ppRank, ppSize)
+		return 0, 0, fmt.Errorf("%w: pipeline rank %d of size %d: want 0 <= rank < size", ErrBadPart, ppRank, ppSize)
 	}
-	if ppSize > ns.Layers {
-		return Part{}, fmt.Errorf("%w: %d pipeline stages for %d layers: a stage holds at least one layer", ErrBadPart, ppSize, ns.Layers)
+	if ppSize > layers {
+		return 0, 0, fmt.Errorf("%w: %d pipeline stages for %d layers: a stage holds at least one layer", ErrBadPart, ppSize, layers)
 	}
-	var p Part
-	if ns.Layout == prefixhash.LatentKV {
+	base, extra := layers/ppSize, layers%ppSize
+	size := func(r int) int {
+		// the extra layers go to stages ppSize-2, ppSize-3, …
+		if r < ppSize-1 && r >= ppSize-1-extra {
+			return base + 1
+		}
+		return base
+	}
+	for r := range ppRank {
+		l0 += size(r)
+	}
+	return l0, l0 + size(ppRank), nil
+}
+
+// rankPart returns the part of a record of layout lay that tensor-parallel
+// rank tpRank of tpSize holds within layers [l0,l1).
+func rankPart(lay Layout, tpRank, tpSize, l0, l1 int) (Part, error) {
+	if err := validTP(tpRank, tpSize); err != nil {
+		return Part{}, err
+	}
+	p := Part{L0: l0, L1: l1}
+	if lay.KV == prefixhash.LatentKV {
 		p.H0, p.H1 = 0, 1
 	} else {
-		h := ns.KVHeads
+		h := lay.KVHeads
 		switch {
 		case h%tpSize == 0:
 			w := h / tpSize
@@ -300,19 +380,7 @@ func RankPart(ns prefixhash.Namespace, tpRank, tpSize, ppRank, ppSize int) (Part
 			return Part{}, fmt.Errorf("%w: tensor-parallel size %d for %d KV heads: it must divide the heads or be a multiple of them (%s)", ErrBadPart, tpSize, h, tpSizes(h))
 		}
 	}
-	base, extra := ns.Layers/ppSize, ns.Layers%ppSize
-	size := func(r int) int {
-		// the extra layers go to stages ppSize-2, ppSize-3, …
-		if r < ppSize-1 && r >= ppSize-1-extra {
-			return base + 1
-		}
-		return base
-	}
-	for r := range ppRank {
-		p.L0 += size(r)
-	}
-	p.L1 = p.L0 + size(ppRank)
-	if err := LayoutOf(ns).CheckPart(p); err != nil {
+	if err := lay.CheckPart(p); err != nil {
 		return Part{}, err
 	}
 	return p, nil

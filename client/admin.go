@@ -196,6 +196,15 @@ type BlockInfo struct {
 	// The payload layout.
 	DType                    prefixhash.DType
 	Layers, KVHeads, HeadDim int
+	KVLayout                 prefixhash.KVLayout
+	LatentDim, StateBytes    int
+	// Group is the group whose record this is in a namespace with groups
+	// (-1: none); the layout above is the group's. Chain is the block's
+	// chain key (Key for a block without groups).
+	Group        int
+	GroupKind    prefixhash.GroupKind
+	WindowBlocks int
+	Chain        prefixhash.Key
 	// Object is set for an object's piece (its name, piece, pieces and
 	// size; no tokens, no layout), nil for a block.
 	Object *block.Object
@@ -216,8 +225,14 @@ func (c *Client) BlockInfo(ctx context.Context, key prefixhash.Key) (BlockInfo, 
 	}
 	b := BlockInfo{NamespaceDigest: resp.GetNamespaceDigest(), Tokens: resp.GetTokens(), NodeID: resp.GetNodeId(), Tier: resp.GetTier(),
 		PayloadLen: int(resp.GetPayloadLen()), EncodedLen: int(resp.GetEncodedLen()), DType: prefixhash.DType(resp.GetDtype()),
-		Layers: int(resp.GetLayers()), KVHeads: int(resp.GetKvHeads()), HeadDim: int(resp.GetHeadDim())}
+		Layers: int(resp.GetLayers()), KVHeads: int(resp.GetKvHeads()), HeadDim: int(resp.GetHeadDim()),
+		KVLayout: prefixhash.KVLayout(resp.GetKvLayout()), LatentDim: int(resp.GetLatentDim()), StateBytes: int(resp.GetStateBytes()),
+		Group: int(resp.GetGroup()) - 1, GroupKind: prefixhash.GroupKind(resp.GetGroupKind()), WindowBlocks: int(resp.GetWindowBlocks())}
 	copy(b.Key[:], resp.GetKey())
+	b.Chain = b.Key
+	if len(resp.GetChainKey()) == prefixhash.KeySize {
+		copy(b.Chain[:], resp.GetChainKey())
+	}
 	copy(b.Parent[:], resp.GetParent())
 	if resp.GetObject() {
 		b.Object = &block.Object{Name: resp.GetObjectName(), Piece: int(resp.GetObjectPiece()), Pieces: int(resp.GetObjectPieces()), Size: resp.GetObjectSize()}

@@ -42,6 +42,9 @@ type putItem struct {
 	chunk   prefixhash.Key // its chunk key; zero when unknown
 	tokens  []uint32
 	payload []byte
+	// group is the group whose record this is, in a namespace with groups;
+	// -1 otherwise.
+	group int
 }
 
 // errStream is wrapped by errors about a malformed answer from the node.
@@ -120,13 +123,21 @@ func (g *grpcBulk) get(ctx context.Context, ns prefixhash.Namespace, part block.
 				}
 				link = prefixhash.Link(f.GetParentLink())
 			}
-			if link.Key() != cur.Parent || prefixhash.BlockLink(ns.Scheme, link, cur.Tokens, cur.Extra).Key() != cur.Key {
+			lay, group, err := recordLayout(ns, f.GetGroup())
+			if err != nil {
+				return bad("block %d: %v", next, err)
+			}
+			chain := prefixhash.BlockLink(ns.Scheme, link, cur.Tokens, cur.Extra).Key()
+			if group >= 0 {
+				chain, cur.Group = prefixhash.GroupKey(chain, group), group
+			}
+			if link.Key() != cur.Parent || chain != cur.Key {
 				return bad("block %d: key is not H(parent ‖ tokens ‖ extra keys)", next)
 			}
 			if n := f.GetPayloadLen(); n == 0 || n > uint64(g.c.opts.MaxBlockBytes) {
 				return bad("block %d: payload of %d bytes (limit %d)", next, n, g.c.opts.MaxBlockBytes)
 			}
-			if n, whole := f.GetPayloadLen(), layout.PayloadLen(len(cur.Tokens)); n != uint64(whole) {
+			if n, whole := f.GetPayloadLen(), lay.PayloadLen(len(cur.Tokens)); n != uint64(whole) {
 				// A part of the block, or another layout: not the block.
 				return bad("block %d: payload of %d bytes, a block of %s holds %d", next, n, ns, whole)
 			}
@@ -191,6 +202,9 @@ func (g *grpcBulk) put(ctx context.Context, ns prefixhash.Namespace, blocks []pu
 		}
 		if ns.Scheme == prefixhash.SchemeVLLM {
 			msg.Block.ParentLink = b.parent[:]
+		}
+		if b.group >= 0 {
+			msg.Block.Group = uint32(b.group + 1)
 		}
 		if !b.chunk.IsZero() {
 			msg.Block.ChunkKey = b.chunk[:]

@@ -40,6 +40,11 @@ type Lookup struct {
 	// Runs say where the cached blocks are, in prompt order: the first
 	// starts at block 0 and their Blocks add up to CachedBlocks.
 	Runs []Run
+	// Groups, in a namespace with groups, say per group what it allows on
+	// its own (CachedBlocks is the hit rule's answer over them all), so a
+	// prefix shorter than the full-attention blocks says why. Nil
+	// otherwise.
+	Groups []GroupLookup
 }
 
 // Blocks lists the cached prefix block by block (CachedBlocks of them).
@@ -175,7 +180,7 @@ func lookupAnswer(resp *kvmeshv1.LookupResponse, keys []prefixhash.Key) (Lookup,
 	l := Lookup{
 		PromptTokens: int(resp.GetPromptTokens()), PromptBlocks: int(resp.GetPromptBlocks()),
 		CachedTokens: int(resp.GetCachedTokens()), CachedBlocks: int(resp.GetCachedBlocks()),
-		Keys: keys,
+		Keys: keys, Groups: groupLookups(resp),
 	}
 	blocks, nodes := resp.GetBlocks(), resp.GetNodes()
 	switch {
@@ -239,8 +244,13 @@ type Block struct {
 	// Payload is the block's K/V, [layer][kv_head][K|V][token][head_dim]
 	// ([layer][token][latent_dim] for a latent namespace), followed by its
 	// float32 scales when the namespace has them (prefixhash.Scales). From
-	// a Prompt's Rank, it is the rank's part of the block (block.Part).
+	// a Prompt's Rank, it is the rank's part of the block (block.Part). In
+	// a namespace with groups it is group Group's record of the block
+	// (block.GroupLayout).
 	Payload []byte
+	// Group is the group whose record a Get by Tokens in a namespace with
+	// groups returned (Index is then its block's); 0 otherwise.
+	Group int
 }
 
 // Get reads the blocks of p under ns. By Tokens it returns the blocks of
@@ -278,6 +288,9 @@ func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, p Prompt, opt
 	if err != nil {
 		return nil, err
 	}
+	if t.group >= 0 && t.byTokens() {
+		return c.getResume(ctx, t, o.each)
+	}
 	if o.each != nil {
 		return nil, c.read(ctx, t, -1, false, o.each)
 	}
@@ -294,6 +307,9 @@ func (c *Client) Get(ctx context.Context, ns prefixhash.Namespace, p Prompt, opt
 
 // getInto is Get with Into(dst).
 func (c *Client) getInto(ctx context.Context, ns prefixhash.Namespace, p Prompt, dst [][]byte) ([]Block, error) {
+	if !ns.Groups.IsZero() {
+		return nil, fmt.Errorf("%w: Into: the records of a namespace with groups have a size per group; Get them without Into", ErrInvalid)
+	}
 	part, err := rankPart(ns, p.Rank)
 	if err != nil {
 		return nil, err
@@ -476,6 +492,9 @@ func (c *Client) Put(ctx context.Context, ns prefixhash.Namespace, p Prompt, pay
 	if err != nil {
 		return nil, err
 	}
+	if t.group >= 0 {
+		return c.putBatches(ctx, t.ns, items) // a group's records, or a rank's parts of them, once each
+	}
 	if !p.Rank.shared(t.ns) {
 		return c.putBatches(ctx, t.ns, items)
 	}
@@ -520,7 +539,7 @@ func (c *Client) putItems(ctx context.Context, t *target, payloads [][]byte) ([]
 	}
 	for i, p := range payloads {
 		if p != nil {
-			if err := checkPayloadLen(t.ns, t.part, "payload", i, p); err != nil {
+			if err := t.checkPayloadLen("payload", i, p); err != nil {
 				return nil, err
 			}
 		}
@@ -531,7 +550,10 @@ func (c *Client) putItems(ctx context.Context, t *target, payloads [][]byte) ([]
 	parent := t.parent
 	for i, p := range payloads {
 		if p != nil {
-			it := putItem{part: t.part, parent: parent, key: t.keys[i], tokens: t.p.Tokens[i*bt : (i+1)*bt], payload: p}
+			it := putItem{part: t.part, parent: parent, key: t.keys[i], tokens: t.p.Tokens[i*bt : (i+1)*bt], payload: p, group: t.group}
+			if t.group >= 0 {
+				it.key = prefixhash.GroupKey(it.key, t.group)
+			}
 			if i < len(t.p.Extra) {
 				it.extra = t.p.Extra[i]
 			}

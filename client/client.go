@@ -246,6 +246,7 @@ func NamespaceProto(ns prefixhash.Namespace) *kvmeshv1.Namespace {
 		KeyScheme:     kvmeshv1.KeyScheme(ns.Scheme),
 		HashSeed:      ns.HashSeed,
 		ExtraKeyBytes: uint32(ns.ExtraKeyBytes),
+		Groups:        GroupsProto(ns.Groups),
 	}
 }
 

@@ -156,7 +156,7 @@ type dataBulk struct {
 
 // windowOf returns how many blocks of ns one data-plane request carries.
 func windowOf(ns prefixhash.Namespace) int {
-	return max(1, windowBytes/block.EncodedLen(ns.BlockTokens, ns.BlockBytes()))
+	return max(1, windowBytes/block.EncodedLen(ns.BlockTokens, recordBytes(ns)))
 }
 
 func (d *dataBulk) get(ctx context.Context, ns prefixhash.Namespace, part block.Part, keys, chunkKeys []prefixhash.Key, prefix, fresh bool, fn func(Block) error) error {
@@ -330,7 +330,11 @@ func (d *dataBulk) check(ns prefixhash.Namespace, part block.Part, key prefixhas
 	if full && xxhash.Sum64(payload) != h.Checksum {
 		return Block{}, false
 	}
-	return Block{Key: key, Found: true, Parent: h.Parent, Tokens: h.Tokens, Payload: payload}, true
+	blk := Block{Key: key, Found: true, Parent: h.Parent, Tokens: h.Tokens, Payload: payload}
+	if h.Group.Set {
+		blk.Group = h.Group.Index
+	}
+	return blk, true
 }
 
 func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []putItem) ([]prefixhash.Key, error) {
@@ -360,15 +364,21 @@ func (d *dataBulk) put(ctx context.Context, ns prefixhash.Namespace, items []put
 			var err error
 			// The node stores a tenant's blocks only with its tag.
 			var link prefixhash.Link
-			if it.part == (block.Part{}) {
+			switch {
+			case it.group >= 0:
+				hbuf, link, err = block.AppendGroupHeader(hbuf, sess.Tag, ns, it.group, it.parent, it.tokens, it.extra, itemPart(ns, it), it.payload)
+			case it.part == (block.Part{}):
 				hbuf, link, err = block.AppendHeaderExt(hbuf, sess.Tag, ns, it.parent, it.tokens, it.extra, it.payload)
-			} else {
+			default:
 				hbuf, link, err = block.AppendPartHeaderExt(hbuf, sess.Tag, ns, it.parent, it.tokens, it.extra, it.part, it.payload)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("%w: block %d: %w", ErrInvalid, lo+j, err)
 			}
 			keys[lo+j] = link.Key()
+			if it.group >= 0 {
+				keys[lo+j] = prefixhash.GroupKey(keys[lo+j], it.group)
+			}
 			heads = append(heads, hbuf[start:len(hbuf):len(hbuf)])
 			if chunks[lo+j] = it.chunk; it.chunk.IsZero() {
 				chunks[lo+j] = keys[lo+j] // unknown: the block is taken to start a chunk, as BatchPut does

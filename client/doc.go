@@ -77,6 +77,16 @@
 // The API speaks Go types (Stats, Cluster, Quotas, BlockInfo); lists the
 // node returns a page at a time are followed to their end.
 //
+// # Hybrid models
+//
+// A namespace with groups (prefixhash.Groups: full attention, sliding
+// window, recurrent state, indexer) uses the same verbs (groups.go): Put
+// writes the records of Prompt.Group (with Rank, a rank's part of them:
+// block.RankGroupPart); Lookup answers the hit rule and says per group what
+// it allows (Lookup.Groups); Get by Tokens reads exactly what resuming at
+// that prefix needs, each Block naming its Group (gRPC, one stream); Get
+// and View by Keys read any group's records (prefixhash.GroupKey).
+//
 // # Concurrency
 //
 // A Client is safe for concurrent use: calls from many goroutines share its

@@ -205,9 +205,14 @@ func (c *Client) Engine(ctx context.Context) (Engine, error) {
 		return Engine{}, callError("engine", err)
 	}
 	ns := resp.GetNamespace()
+	groups, err := groupsOf(ns.GetGroups())
+	if err != nil {
+		return Engine{}, fmt.Errorf("client: engine: the node's namespace: %w", err)
+	}
 	return Engine{
 		Namespace: prefixhash.Namespace{
-			Model: ns.GetModel(), DType: prefixhash.DType(ns.GetDtype()), BlockTokens: int(ns.GetBlockTokens()),
+			Groups: groups,
+			Model:  ns.GetModel(), DType: prefixhash.DType(ns.GetDtype()), BlockTokens: int(ns.GetBlockTokens()),
 			Layers: int(ns.GetLayers()), KVHeads: int(ns.GetKvHeads()),
 			HeadDim: int(ns.GetHeadDim()), TenantSalt: ns.GetTenantSalt(),
 			Layout: prefixhash.KVLayout(ns.GetKvLayout()), LatentDim: int(ns.GetLatentDim()), Scales: prefixhash.Scales(ns.GetScales()),

@@ -54,6 +54,14 @@ type Prompt struct {
 	// removes them, Retain pins or leases them; Lookup and View do not
 	// take them. Not with Tokens or Keys.
 	Names []string
+	// Group, in a namespace with groups (a hybrid model's cache:
+	// prefixhash.Groups), is the group whose records a Put writes: its
+	// payloads are the group's records of the prompt's blocks (with Rank,
+	// the rank's part of them: block.RankGroupPart). Get and Lookup by
+	// Tokens answer for every group (the hit rule), whatever Group; by Keys
+	// the keys are records' keys already (prefixhash.GroupKey). 0 outside
+	// such a namespace.
+	Group int
 }
 
 // A CallOption changes how one call does its work, in grpc-go's style:
@@ -143,6 +151,8 @@ type target struct {
 	// links are the links of the blocks by tokens (what each one's child
 	// chains from), when newTarget was asked for them.
 	links []prefixhash.Link
+	// group is Prompt.Group in a namespace with groups, -1 outside one.
+	group int
 }
 
 // byTokens reports whether the prompt names its blocks by tokens.
@@ -152,7 +162,7 @@ func (t *target) byTokens() bool { return t.p.Keys == nil }
 // namespace's salt (Client.Namespace, asked once), and computes its keys,
 // and its links when withLinks is set (a put's).
 func (c *Client) newTarget(ctx context.Context, ns prefixhash.Namespace, p Prompt, withLinks bool) (*target, error) {
-	part, err := rankPart(ns, p.Rank)
+	part, group, err := promptPart(ns, p)
 	if err != nil {
 		return nil, err
 	}
@@ -168,7 +178,7 @@ func (c *Client) newTarget(ctx context.Context, ns prefixhash.Namespace, p Promp
 	if err != nil {
 		return nil, err
 	}
-	t := &target{p: p, ns: ns, part: part, parent: ns.RootLink()}
+	t := &target{p: p, ns: ns, part: part, parent: ns.RootLink(), group: group}
 	if p.Keys != nil {
 		t.keys = p.Keys
 		return t, nil

@@ -48,6 +48,9 @@ func (c *Client) View(ctx context.Context, ns prefixhash.Namespace, p Prompt, op
 	if err != nil {
 		return nil, err
 	}
+	if t.group >= 0 && t.byTokens() {
+		return nil, fmt.Errorf("%w: View of a namespace with groups reads records by Keys; Get by Tokens reads what resuming needs", ErrInvalid)
+	}
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	keys := t.keys

@@ -120,6 +120,11 @@ func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoReq
 		Dtype:   kvmeshv1.Dtype(h.Layout.DType),
 		Layers:  uint32(h.Layout.Layers),
 		KvHeads: uint32(h.Layout.KVHeads), HeadDim: uint32(h.Layout.HeadDim),
+		KvLayout: kvmeshv1.KVLayout(h.Layout.KV), LatentDim: uint32(h.Layout.LatentDim), StateBytes: uint32(h.Layout.StateBytes),
+	}
+	if h.Group.Set {
+		resp.Group, resp.GroupKind = uint32(h.Group.Index+1), kvmeshv1.GroupKind(h.Group.Kind)
+		resp.WindowBlocks, resp.ChainKey = uint32(h.Group.WindowBlocks), keyBytes(h.Chain)
 	}
 	//lint:ignore SA1019 key format 2 clients read the layer range: [0, layers)
 	resp.LayerEnd = resp.Layers

@@ -49,6 +49,11 @@ type Cache interface {
 	// where its blocks are: runs of consecutive blocks in one place, in
 	// order, whose Blocks add up to n.
 	Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, runs []Location)
+	// Resume applies the hit rule of a namespace with groups (its groups,
+	// in order) to chain: the longest prefix a reader can resume at, what
+	// each group allows, and where the anchor group's records of it are
+	// (as Locate's runs).
+	Resume(ctx context.Context, groups []prefixhash.Group, blockTokens int, chain []prefixhash.Key) (prefixhash.Hit, []Location)
 	// Publish queues the blocks of keys held on this node for the owners
 	// of their chunks (chunkKeys, one per key) and returns how many it
 	// queued. Blocks that arrived through the data plane, which carries no

@@ -34,7 +34,18 @@ func (s *cacheService) Lookup(ctx context.Context, req *kvmeshv1.LookupRequest) 
 	if err != nil {
 		return nil, err
 	}
-	n, locs := s.n.cache.Locate(ctx, keys, ns.BlockTokens)
+	resp := &kvmeshv1.LookupResponse{
+		PromptBlocks: uint32(len(keys)),
+		PromptTokens: uint64(promptTokens),
+	}
+	var n int
+	var locs []Location
+	if ns.Groups.IsZero() {
+		n, locs = s.n.cache.Locate(ctx, keys, ns.BlockTokens)
+	} else {
+		locs = s.lookupGroups(ctx, ns, keys, resp)
+		n = int(resp.CachedBlocks)
+	}
 	if n > 0 {
 		s.n.names.keep(ns)
 	}
@@ -42,12 +53,7 @@ func (s *cacheService) Lookup(ctx context.Context, req *kvmeshv1.LookupRequest) 
 	s.n.metrics.promptTokens.Add(float64(promptTokens))
 	s.n.metrics.cachedTokens.Add(float64(cached))
 	s.n.metrics.lookups.add(ns.Digest(), promptTokens, cached)
-	resp := &kvmeshv1.LookupResponse{
-		CachedBlocks: uint32(n),
-		CachedTokens: uint64(cached),
-		PromptBlocks: uint32(len(keys)),
-		PromptTokens: uint64(promptTokens),
-	}
+	resp.CachedBlocks, resp.CachedTokens = uint32(n), uint64(cached)
 	resp.Runs, resp.Nodes = lookupRuns(locs, s.n.opts.NodeID)
 	if !req.GetSummary() {
 		resp.Blocks = lookupBlocks(keys[:n], locs, s.n.opts.NodeID)
@@ -123,8 +129,14 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 		if keys, err = s.n.promptKeys(ns, req.GetTokens(), req.GetExtraKeys()); err != nil {
 			return err
 		}
-		chunkKeys = chainChunkKeys(keys, s.n.cache.ChunkBlocks(ns.BlockTokens))
 		tokens = req.GetTokens()
+		if !ns.Groups.IsZero() {
+			if !req.GetResume() {
+				return invalid("resume", "a read by tokens in a namespace with groups reads what resuming needs: set resume (or read records by keys)")
+			}
+			return s.batchGetResume(ns, keys, tokens, stream)
+		}
+		chunkKeys = chainChunkKeys(keys, s.n.cache.ChunkBlocks(ns.BlockTokens))
 	}
 	ctx := stream.Context()
 	// The remote part of the whole request is bounded once, so that a
@@ -144,7 +156,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 		if err != nil {
 			return err
 		}
-		stop, err := s.sendWindow(ctx, stream, &frame, ns, lo, keys, tokens, hi, blocks, req.GetPrefix())
+		stop, err := s.sendWindow(ctx, stream, &frame, ns, lo, keys, tokens, hi, blocks, req.GetPrefix() || req.GetResume())
 		release()
 		if err != nil || stop {
 			return err
@@ -206,8 +218,15 @@ type wantBlock struct {
 // tokens is refused as such.
 func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, frame *kvmeshv1.BatchGetResponse,
 	ns prefixhash.Namespace, i uint32, key prefixhash.Key, want wantBlock, b []byte) (bool, error) {
+	return s.sendBlockAs(stream, frame, ns, i, 0, key, want, b)
+}
+
+// sendBlockAs is sendBlock for a record of group group-1 (0: no group),
+// which its frames name.
+func (s *cacheService) sendBlockAs(stream kvmeshv1.CacheService_BatchGetServer, frame *kvmeshv1.BatchGetResponse,
+	ns prefixhash.Namespace, i, group uint32, key prefixhash.Key, want wantBlock, b []byte) (bool, error) {
 	miss := func() (bool, error) {
-		*frame = kvmeshv1.BatchGetResponse{Index: i, Key: key[:], Last: true}
+		*frame = kvmeshv1.BatchGetResponse{Index: i, Key: key[:], Last: true, Group: group}
 		return false, stream.Send(frame)
 	}
 	if b == nil {
@@ -239,7 +258,10 @@ func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, fr
 	payload := blk.Payload
 	*frame = kvmeshv1.BatchGetResponse{
 		Index: i, Key: key[:], Found: true, Parent: blk.Parent[:], Tokens: blk.Tokens,
-		PayloadLen: uint64(len(payload)), PayloadChecksum: blk.Checksum, ExtraKeys: blk.Extra,
+		PayloadLen: uint64(len(payload)), PayloadChecksum: blk.Checksum, ExtraKeys: blk.Extra, Group: group,
+	}
+	if blk.Group.Set {
+		frame.Group = uint32(blk.Group.Index + 1) // a record read by key names its group too
 	}
 	if blk.Scheme == prefixhash.SchemeVLLM {
 		frame.ParentLink = blk.ParentLink[:]
@@ -268,6 +290,7 @@ type putBlock struct {
 	extra  prefixhash.ExtraKeys
 	chunk  prefixhash.Key // its chunk key, when the header named one
 	pos    int            // its position in its prompt, -1 when unknown
+	group  int            // the group whose record it is, -1 without groups
 	tokens []uint32
 	sum    uint64 // the client's payload checksum, 0 when not given
 	buf    []byte // header room, then the payload as it arrives; nil until its first payload bytes
@@ -333,6 +356,7 @@ type batchPut struct {
 	next   int            // position of the next block in its prompt, -1 when unknown
 	chunk  prefixhash.Key // chunk key of the chunk the known positions are in
 	cb     int            // blocks per chunk
+	last   *putBlock      // the previous record, in a namespace with groups
 }
 
 // receive takes one message of the stream: the namespace (first), a
@@ -387,14 +411,20 @@ func (p *batchPut) header(h *kvmeshv1.BlockHeader) error {
 	if err != nil {
 		return err
 	}
-	// A stream that has named no parent is a prompt from block 0: its
-	// blocks' positions, hence chunk keys, are known.
-	if len(h.GetParent()) > 0 || len(h.GetParentLink()) > 0 {
-		p.next = -1
-	}
-	cur.pos = p.next
-	if p.next >= 0 {
-		p.next++
+	named := len(h.GetParent()) > 0 || len(h.GetParentLink()) > 0
+	if !named && p.last != nil && cur.group > p.last.group {
+		// Another group's record of the previous record's block.
+		cur.parent, cur.pos = p.last.parent, p.last.pos
+	} else {
+		// A stream that has named no parent is a prompt from block 0:
+		// its blocks' positions, hence chunk keys, are known.
+		if named {
+			p.next = -1
+		}
+		cur.pos = p.next
+		if p.next >= 0 {
+			p.next++
+		}
 	}
 	p.cur = cur
 	p.blocks++
@@ -426,14 +456,25 @@ func (p *batchPut) data(data []byte) error {
 func (p *batchPut) store() error {
 	cur, ctx := p.cur, p.ctx
 	// A tenant's blocks carry its tag (0 for node-wide callers).
-	hdr, link, err := block.AppendHeaderExt(cur.buf[:0], auth.AccessFrom(ctx).Tag, p.ns, cur.parent, cur.tokens, cur.extra, cur.payload())
+	var hdr []byte
+	var link prefixhash.Link
+	var err error
+	if cur.group < 0 {
+		hdr, link, err = block.AppendHeaderExt(cur.buf[:0], auth.AccessFrom(ctx).Tag, p.ns, cur.parent, cur.tokens, cur.extra, cur.payload())
+	} else {
+		hdr, link, err = block.AppendGroupHeader(cur.buf[:0], auth.AccessFrom(ctx).Tag, p.ns, cur.group, cur.parent, cur.tokens, cur.extra,
+			block.GroupLayout(p.ns, cur.group).Whole(), cur.payload())
+	}
 	if err != nil {
 		return invalid("block", "block %d: %v", cur.index, err)
 	}
 	if len(hdr) != cur.hl {
 		panic(fmt.Sprintf("node: block %d: header of %d bytes, %d reserved", cur.index, len(hdr), cur.hl))
 	}
-	key := link.Key()
+	key, recKey := link.Key(), link.Key()
+	if cur.group >= 0 {
+		recKey = prefixhash.GroupKey(key, cur.group)
+	}
 	if h, _ := block.DecodeHeader(cur.buf, 0); cur.sum != 0 && h.Checksum != cur.sum {
 		return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_CORRUPT, nil, "block.payload_checksum", "block %d: payload checksum %016x, received bytes hash to %016x",
 			cur.index, cur.sum, h.Checksum)
@@ -449,9 +490,9 @@ func (p *batchPut) store() error {
 	if len(p.keys) == 0 {
 		p.s.n.names.keep(p.ns)
 	}
-	p.keys = append(p.keys, keyBytes(key))
+	p.keys = append(p.keys, keyBytes(recKey))
 	p.drop()
-	p.prev, p.cur = link, nil
+	p.prev, p.last, p.cur = link, cur, nil
 	return nil
 }
 
@@ -545,12 +586,12 @@ func (s *cacheService) startBlock(ns prefixhash.Namespace, h *kvmeshv1.BlockHead
 		return nil, invalid("block.tokens", "block %d has %d tokens; blocks of this namespace hold block_tokens=%d",
 			index, len(h.GetTokens()), ns.BlockTokens)
 	}
-	if h.GetPayloadLen() != uint64(ns.BlockBytes()) {
-		return nil, invalid("block.payload_len", "block %d: %d bytes; blocks of %s hold %d payload bytes",
-			index, h.GetPayloadLen(), ns, ns.BlockBytes())
+	group, size, err := putGroup(ns, h, index)
+	if err != nil {
+		return nil, err
 	}
 	hl := block.NamespaceHeaderLen(ns)
-	return &putBlock{index: index, parent: parent, extra: extra, chunk: chunk, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), hl: hl, size: hl + ns.BlockBytes()}, nil
+	return &putBlock{index: index, parent: parent, extra: extra, chunk: chunk, group: group, tokens: h.GetTokens(), sum: h.GetPayloadChecksum(), hl: hl, size: hl + size}, nil
 }
 
 func (s *cacheService) Exists(ctx context.Context, req *kvmeshv1.ExistsRequest) (*kvmeshv1.ExistsResponse, error) {

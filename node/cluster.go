@@ -423,6 +423,16 @@ func (c *clusterCache) Locate(ctx context.Context, chain []prefixhash.Key, block
 	// One index probe per block: the tiers of the blocks held here come
 	// from the probe that found them, not from a second query per block.
 	n, spans := c.cluster.Locate(ctx, chain, blockTokens)
+	return n, c.locations(spans)
+}
+
+func (c *clusterCache) Resume(ctx context.Context, groups []prefixhash.Group, blockTokens int, chain []prefixhash.Key) (prefixhash.Hit, []Location) {
+	hit, spans := c.cluster.Resume(ctx, groups, blockTokens, chain)
+	return hit, c.locations(spans)
+}
+
+// locations converts a located prefix's spans.
+func (c *clusterCache) locations(spans []store.Span) []Location {
 	runs := make([]Location, 0, len(spans))
 	self := c.members.LocalID()
 	for _, sp := range spans {
@@ -432,7 +442,7 @@ func (c *clusterCache) Locate(ctx context.Context, chain []prefixhash.Key, block
 		}
 		runs = append(runs, l)
 	}
-	return n, runs
+	return runs
 }
 
 func (c *clusterCache) Publish(ctx context.Context, keys, chunkKeys []prefixhash.Key) (int, error) {

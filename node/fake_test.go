@@ -197,6 +197,20 @@ func (c *fakeCache) Stats() CacheStats {
 	}
 }
 
+func (c *fakeCache) Resume(_ context.Context, groups []prefixhash.Group, blockTokens int, chain []prefixhash.Key) (prefixhash.Hit, []Location) {
+	hit, _ := prefixhash.Resume(groups, blockTokens, len(chain), func(g, i int) prefixhash.Presence {
+		if c.Contains(prefixhash.GroupKey(chain[i], g)) {
+			return prefixhash.Held
+		}
+		return prefixhash.Missing
+	})
+	var locs []Location
+	if hit.Blocks > 0 {
+		locs = []Location{{Tier: "dram", Blocks: hit.Blocks}}
+	}
+	return hit, locs
+}
+
 func (c *fakeCache) Close() error {
 	c.closed.Add(1)
 	return nil

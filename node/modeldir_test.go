@@ -18,14 +18,25 @@ import (
 // whose <|im_end|> (266) is the EOS.
 func writeModelDir(t *testing.T) (string, prefill.Config, *prefill.Weights) {
 	t.Helper()
-	dir := t.TempDir()
 	cfg := prefill.Config{Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, HeadDim: 16, FFNDim: 96, Vocab: tokenizertest.Vocab,
 		MaxContext: 1024, BlockTokens: 16}
 	cfg.EnsureDefaults()
-	j, _ := json.Marshal(map[string]any{"model_type": "llama", "hidden_size": cfg.Dim, "num_hidden_layers": cfg.Layers,
+	return writeModelDirOf(t, cfg, nil)
+}
+
+// writeModelDirOf is writeModelDir of a model shaped cfg, with more
+// config.json fields.
+func writeModelDirOf(t *testing.T, cfg prefill.Config, more map[string]any) (string, prefill.Config, *prefill.Weights) {
+	t.Helper()
+	dir := t.TempDir()
+	fields := map[string]any{"model_type": "llama", "hidden_size": cfg.Dim, "num_hidden_layers": cfg.Layers,
 		"num_attention_heads": cfg.Heads, "num_key_value_heads": cfg.KVHeads, "intermediate_size": cfg.FFNDim,
 		"vocab_size": cfg.Vocab, "rope_theta": cfg.RopeTheta, "rms_norm_eps": cfg.NormEps, "max_position_embeddings": 1024,
-		"eos_token_id": 266})
+		"eos_token_id": 266}
+	for k, v := range more {
+		fields[k] = v
+	}
+	j, _ := json.Marshal(fields)
 	w := prefill.SeededWeights(cfg, 3)
 	for name, b := range map[string][]byte{"config.json": j, "tokenizer.json": tokenizertest.File()} {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {

@@ -218,7 +218,12 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("Batch.LeaseTTL", "%v is shorter than 100ms", o.Batch.LeaseTTL)
 	}
 	// The namespace's layout does not depend on the weights.
-	if size := block.EncodedLen(o.Model.BlockTokens, o.Model.Namespace(0, "").BlockBytes()); size > maxBlockBytes {
+	ns := o.Model.Namespace(0, "")
+	payload := ns.BlockBytes()
+	for g := range ns.Groups.Len() { // a hybrid model's records
+		payload = max(payload, ns.GroupBytes(g))
+	}
+	if size := block.EncodedLen(o.Model.BlockTokens, payload); size > maxBlockBytes {
 		return bad("Model", "its blocks are %d bytes encoded, over MaxBlockBytes (%d)", size, maxBlockBytes)
 	}
 	return nil

@@ -180,6 +180,7 @@ func namespacePB(e *prefill.Engine) *kvmeshv1.Namespace {
 		Layers: uint32(ns.Layers), KvHeads: uint32(ns.KVHeads), HeadDim: uint32(ns.HeadDim), TenantSalt: ns.TenantSalt,
 		KvLayout: kvmeshv1.KVLayout(ns.Layout), LatentDim: uint32(ns.LatentDim), Scales: kvmeshv1.Scales(ns.Scales),
 		Lora: ns.LoRA, KeyScheme: kvmeshv1.KeyScheme(ns.Scheme), HashSeed: ns.HashSeed, ExtraKeyBytes: uint32(ns.ExtraKeyBytes),
+		Groups: groupsPB(ns.Groups),
 	}
 }
 

@@ -236,12 +236,7 @@ func TestPrefillPrefixFromPeer(t *testing.T) {
 			l, err := nodes[b].client.Lookup(ctx, eng.Namespace, client.Prompt{Tokens: tokens[:split]})
 			return err == nil && l.CachedTokens == hit
 		})
-		ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
-		got, err := nodes[b].client.Prefill(ctx, client.PrefillRequest{Tokens: tokens, ReturnLogits: true})
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
+		got := prefillLogits(t, nodes[b].client, tokens)
 		want, err := cold.Prefill(context.Background(), tokens, "")
 		if err != nil {
 			t.Fatal(err)

@@ -35,6 +35,13 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 		// Bounded by Validate; the cap keeps a huge value huge on 32-bit ints.
 		ExtraKeyBytes: int(min(pb.GetExtraKeyBytes(), 1<<30)),
 	}
+	if len(pb.GetGroups()) > 0 {
+		gs, err := groupsFromProto(pb.GetGroups())
+		if err != nil {
+			return ns, err
+		}
+		ns.Groups = gs
+	}
 	//lint:ignore SA1019 the deprecated key format 2 fields are read to refuse or translate them
 	start, end, tpRank, tpSize := pb.GetLayerStart(), pb.GetLayerEnd(), pb.GetTpRank(), pb.GetTpSize()
 	switch {
@@ -55,6 +62,9 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 	}
 	if err := ns.Validate(); err != nil {
 		return ns, invalid("namespace", "%v", err)
+	}
+	if !ns.Groups.IsZero() {
+		return ns, n.checkGroupSizes(ns)
 	}
 	// Multiply with a ceiling so that absurd head counts cannot overflow.
 	limit := uint64(n.opts.Limits.MaxBlockBytes)

@@ -46,6 +46,9 @@ type KV struct {
 	layers, parts, stride, cap int
 	heads                      int // KV heads (1 for MLA: the latent is one run)
 	data                       []float32
+	// lin holds a hybrid model's recurrent states (hybrid.go); nil without
+	// linear-attention layers.
+	lin *linState
 }
 
 // NewKV returns a KV for up to tokens tokens of a model shaped by c.
@@ -58,7 +61,8 @@ func NewKV(c Config, tokens int) *KV {
 	if !c.MLA() {
 		heads = c.KVHeads
 	}
-	return &KV{layers: c.Layers, parts: p, stride: c.CacheDim(), heads: heads, cap: tokens, data: make([]float32, c.Layers*p*tokens*c.CacheDim())}
+	return &KV{layers: c.Layers, parts: p, stride: c.CacheDim(), heads: heads, cap: tokens, data: make([]float32, c.Layers*p*tokens*c.CacheDim()),
+		lin: newLinState(c, tokens)}
 }
 
 // Cap returns the number of tokens kv can hold.
@@ -85,15 +89,25 @@ func (kv *KV) Latent(l int) []float32 { return kv.part(l, 0) }
 // fits reports whether kv was made for c and holds tokens tokens.
 func (kv *KV) fits(c Config, tokens int) bool {
 	return kv.layers == c.Layers && kv.parts == c.cacheParts() && kv.stride == c.CacheDim() && kv.cap >= tokens &&
-		(c.MLA() && kv.heads == 1 || kv.heads == c.KVHeads)
+		(c.MLA() && kv.heads == 1 || kv.heads == c.KVHeads) && kv.lin.fits(c, tokens)
 }
 
 // blockRuns calls f for the runs of the tokens [t0, t0+n) in the order of
 // a block's payload: per layer, per KV head, K then V (or the latent), per
 // token. With one head (or MLA) a layer's K of the n tokens is one run.
-func (kv *KV) blockRuns(t0, n int, f func(run []float32)) {
+// layers, when not nil, limits them to those layers, in that order (a
+// group's record).
+func (kv *KV) blockRuns(layers []int, t0, n int, f func(run []float32)) {
 	hd := kv.stride / kv.heads
-	for l := range kv.layers {
+	count := kv.layers
+	if layers != nil {
+		count = len(layers)
+	}
+	for j := range count {
+		l := j
+		if layers != nil {
+			l = layers[j]
+		}
 		if kv.heads == 1 {
 			for i := range kv.parts {
 				f(kv.part(l, i)[t0*kv.stride : (t0+n)*kv.stride])
@@ -115,7 +129,7 @@ func (kv *KV) blockRuns(t0, n int, f func(run []float32)) {
 // readBlock copies a block payload (little-endian float32) into tokens
 // [t0, t0+n). len(payload) must be the block's payload length.
 func (kv *KV) readBlock(t0, n int, payload []byte) {
-	kv.blockRuns(t0, n, func(run []float32) {
+	kv.blockRuns(nil, t0, n, func(run []float32) {
 		getFloats(run, payload[:4*len(run)])
 		payload = payload[4*len(run):]
 	})
@@ -123,7 +137,7 @@ func (kv *KV) readBlock(t0, n int, payload []byte) {
 
 // writeBlock copies tokens [t0, t0+n) into dst as a block payload.
 func (kv *KV) writeBlock(dst []byte, t0, n int) {
-	kv.blockRuns(t0, n, func(run []float32) {
+	kv.blockRuns(nil, t0, n, func(run []float32) {
 		putFloats(dst[:4*len(run)], run)
 		dst = dst[4*len(run):]
 	})

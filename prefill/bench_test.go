@@ -45,14 +45,7 @@ func BenchmarkPrefill(b *testing.B) {
 			for i := range tokens {
 				tokens[i] = uint32(i*7919+i/3) % uint32(cfg.Vocab)
 			}
-			newEngine := func(cache Cache) *Engine {
-				e, err := New(cache, Options{Config: cfg, Weights: w})
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { e.Close() })
-				return e
-			}
+			newEngine := func(cache Cache) *Engine { return benchEngine(b, cache, cfg, w) }
 			warm := func(frac float64) *Engine {
 				cache := newMemCache()
 				e := newEngine(cache)

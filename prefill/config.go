@@ -68,6 +68,14 @@ type Config struct {
 	// RopeScaling changes RoPE's frequencies for long contexts, as
 	// config.json's rope_scaling declares. The zero value is plain RoPE.
 	RopeScaling RopeScaling
+	// LayerTypes, when set, is a hybrid model's layer plan, one letter a
+	// layer: LayerFull ('f') full attention, LayerSliding ('s') attention
+	// over the SlidingWindow positions up to itself, LayerLinear ('l') gated
+	// linear attention, whose cache is a fixed-size recurrent state per KV
+	// head (hybrid.go). Its KV blocks are then a namespace with groups, one
+	// per kind of layer. GQA only. Default "": every layer the same (full,
+	// or sliding when SlidingWindow is set).
+	LayerTypes string
 }
 
 // RopeScaling is a RoPE frequency scaling, in Hugging Face's terms
@@ -234,6 +242,9 @@ func (c Config) Validate() error {
 	case c.SlidingWindow < 0:
 		return bad("sliding_window", "%d is negative", c.SlidingWindow)
 	}
+	if err := c.validateLayerTypes(bad); err != nil {
+		return err
+	}
 	return c.RopeScaling.validate()
 }
 
@@ -370,6 +381,9 @@ func (c Config) variant() string {
 	if r := c.RopeScaling.String(); r != "" {
 		b.WriteString("-" + r)
 	}
+	if c.LayerTypes != "" {
+		b.WriteString("-plan" + c.LayerTypes)
+	}
 	return b.String()
 }
 
@@ -391,7 +405,7 @@ func (c Config) Namespace(weightsDigest uint64, tenantSalt string) prefixhash.Na
 			TenantSalt:  tenantSalt,
 		}
 	}
-	return prefixhash.Namespace{
+	ns := prefixhash.Namespace{
 		Model: fmt.Sprintf("kvmesh/llama-l%d-d%d-h%d-kv%d-hd%d-f%d-v%d-rope%g-eps%g%s/w%016x",
 			c.Layers, c.Dim, c.Heads, c.KVHeads, c.HeadDim, c.FFNDim, c.Vocab, c.RopeTheta, c.NormEps, c.variant(), weightsDigest),
 		DType:       prefixhash.Float32,
@@ -401,4 +415,8 @@ func (c Config) Namespace(weightsDigest uint64, tenantSalt string) prefixhash.Na
 		HeadDim:     c.HeadDim,
 		TenantSalt:  tenantSalt,
 	}
+	if c.Hybrid() {
+		ns.KVHeads, ns.HeadDim, ns.Groups = 0, 0, c.groups()
+	}
+	return ns
 }

@@ -75,6 +75,8 @@ type cpuLayer struct {
 	o                 *matrix   // [Dim][AttnDim]
 	gateUp            *matrix   // [2·FFN][Dim]: gate_proj, up_proj stacked
 	down              *matrix   // [Dim][FFN]
+	window            int       // attention over the last window positions; 0: all (Config.window)
+	linGate           []float32 // a linear-attention layer's gate [KVHeads][Dim] (hybrid.go); nil in others
 }
 
 // cpuModel is the forward pass of every backend: the element-wise work and
@@ -132,6 +134,8 @@ func newModel(cfg Config, w *Weights, threads int) *cpuModel {
 			o:        mat(d, cfg.AttnDim(), l.O),
 			gateUp:   mat(2*ffn, d, stacked(l.Gate, l.Up)),
 			down:     mat(d, ffn, l.Down),
+			window:   cfg.window(len(m.layers)),
+			linGate:  l.LinGate,
 		}
 		if cfg.MLA() {
 			L.kvb = mat(2*cfg.Heads*cfg.HeadDim, cfg.KVLoraRank, l.KVB)
@@ -181,6 +185,9 @@ type cpuScratch struct {
 	xn   []float32 // [rowChunk][Dim], normed input of a chunk
 	gu   []float32 // [rowChunk][2·FFN]
 	h    []float32 // [Dim], the last position after the final norm
+	// gate and lin: a linear-attention layer's gates ([s][KVHeads]) and the
+	// recurrent states of every linear layer, as a pass updates them.
+	gate, lin []float32
 	// tiles holds one attention tile's scratch per worker.
 	tiles []*tileScratch
 	// MLA: the expanded k_nope and v of every position ([n][Heads·2·HeadDim]),
@@ -214,6 +221,9 @@ func (m *cpuModel) getScratch(s int) *cpuScratch {
 	sc.xn = grow(sc.xn, chunk*c.Dim)
 	sc.gu = grow(sc.gu, chunk*2*c.FFNDim)
 	sc.h = grow(sc.h, c.Dim)
+	if c.linearLayers() > 0 {
+		sc.gate = grow(sc.gate, s*c.KVHeads)
+	}
 	g := c.Heads / c.KVHeads
 	rows := max(1, attnRows/g) * g
 	for len(sc.tiles) < m.threads {
@@ -299,10 +309,12 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 	defer m.passes.put(p)
 	sc := m.getScratch(s)
 	defer m.scratch.Put(sc)
+	if err := m.beginStates(sc, kv, start); err != nil {
+		return err
+	}
 
-	d, q, kvd, ffn := c.Dim, c.QDim(), c.KVDim(), c.FFNDim
+	d, ffn := c.Dim, c.FFNDim
 	w, ad := c.qkvWidth(), c.AttnDim()
-	half := c.HeadDim / 2
 	x := sc.x[:s*d]
 	for i, t := range tokens {
 		copy(x[i*d:(i+1)*d], m.embed[int(t)*d:(int(t)+1)*d])
@@ -334,32 +346,21 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 					}
 				})
 			}
+			if L.linGate != nil {
+				m.gates(L, xn, rows, sc.gate[r0*c.KVHeads:])
+			}
 		}
-		if c.MLA() {
-			if err := m.attentionMLA(ctx, p, sc, L, kv.Latent(li), start, s); err != nil {
-				return err
-			}
-		} else {
-			// RoPE on Q and K; K and V into the cache.
-			K, V := kv.K(li), kv.V(li)
-			m.parallel(s, func(lo, hi int) {
-				for i := lo; i < hi; i++ {
-					p := start + i
-					row := sc.qkv[i*w : (i+1)*w]
-					cs, sn := m.cos[p*half:(p+1)*half], m.sin[p*half:(p+1)*half]
-					if L.qNorm != nil {
-						headNorm(row[:q], L.qNorm, c.NormEps)
-						headNorm(row[q:q+kvd], L.kNorm, c.NormEps)
-					}
-					rope(row[:q], c.Heads, c.HeadDim, cs, sn)
-					rope(row[q:q+kvd], c.KVHeads, c.HeadDim, cs, sn)
-					copy(K[p*kvd:(p+1)*kvd], row[q:q+kvd])
-					copy(V[p*kvd:(p+1)*kvd], row[q+kvd:])
-				}
-			})
-			if err := m.attention(ctx, sc, start, s, K[:n*kvd], V[:n*kvd]); err != nil {
-				return err
-			}
+		var err error
+		switch {
+		case c.MLA():
+			err = m.attentionMLA(ctx, p, sc, L, kv.Latent(li), start, s)
+		case L.linGate != nil:
+			err = m.linearAttention(ctx, sc, kv, li, start, s)
+		default:
+			err = m.attentionGQA(ctx, sc, L, kv, li, start, s)
+		}
+		if err != nil {
+			return err
 		}
 		// Output projection and feed-forward, both added to the residual.
 		for r0 := 0; r0 < s; r0 += rowChunk {
@@ -396,7 +397,39 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 	}
 	h := sc.h[:d]
 	rmsNorm(h, x[(s-1)*d:], m.norm, c.NormEps)
-	return p.head(ctx, m.lmHead, h, logits)
+	if err := p.head(ctx, m.lmHead, h, logits); err != nil {
+		return err
+	}
+	commitStates(sc, kv, n)
+	return nil
+}
+
+// attentionGQA runs grouped-query attention over the s new positions of
+// layer li (queries, keys and values in sc.qkv) into sc.attn: QK norms
+// and RoPE on the queries and keys, the keys and values into kv, then
+// attention over every position up to each query (or its window).
+func (m *cpuModel) attentionGQA(ctx context.Context, sc *cpuScratch, L *cpuLayer, kv *KV, li, start, s int) error {
+	c := m.cfg
+	q, kvd, w := c.QDim(), c.KVDim(), c.qkvWidth()
+	half := c.HeadDim / 2
+	K, V := kv.K(li), kv.V(li)
+	m.parallel(s, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			p := start + i
+			row := sc.qkv[i*w : (i+1)*w]
+			cs, sn := m.cos[p*half:(p+1)*half], m.sin[p*half:(p+1)*half]
+			if L.qNorm != nil {
+				headNorm(row[:q], L.qNorm, c.NormEps)
+				headNorm(row[q:q+kvd], L.kNorm, c.NormEps)
+			}
+			rope(row[:q], c.Heads, c.HeadDim, cs, sn)
+			rope(row[q:q+kvd], c.KVHeads, c.HeadDim, cs, sn)
+			copy(K[p*kvd:(p+1)*kvd], row[q:q+kvd])
+			copy(V[p*kvd:(p+1)*kvd], row[q+kvd:])
+		}
+	})
+	n := start + s
+	return m.attention(ctx, sc, start, s, L.window, K[:n*kvd], V[:n*kvd])
 }
 
 // headAll computes the logits of every one of the s positions of x into
@@ -422,8 +455,10 @@ func (m *cpuModel) headAll(ctx context.Context, p pass, sc *cpuScratch, x []floa
 // (queries in sc.qkv, K/V of all start+s positions in K and V) into sc.attn.
 // Work is cut into (KV head, query tile) items that the threads take from a
 // shared counter, longest first; each item walks the key tiles up to its last
-// query and never touches the upper triangle beyond the diagonal tile.
-func (m *cpuModel) attention(ctx context.Context, sc *cpuScratch, start, s int, K, V []float32) error {
+// query and never touches the upper triangle beyond the diagonal tile. win,
+// when above 0, is a sliding window: each query sees the win positions up
+// to itself.
+func (m *cpuModel) attention(ctx context.Context, sc *cpuScratch, start, s, win int, K, V []float32) error {
 	c := m.cfg
 	g := c.Heads / c.KVHeads
 	tq := max(1, attnRows/g)
@@ -444,7 +479,7 @@ func (m *cpuModel) attention(ctx context.Context, sc *cpuScratch, start, s int, 
 			t := tiles - 1 - int(it)/c.KVHeads
 			kvh := int(it) % c.KVHeads
 			i0 := t * tq
-			if !m.attendTile(ctx, ts, sc, kvh, start, i0, min(tq, s-i0), K, V) {
+			if !m.attendTile(ctx, ts, sc, kvh, start, i0, min(tq, s-i0), win, K, V) {
 				stop.Store(true)
 				return
 			}
@@ -466,7 +501,7 @@ func (m *cpuModel) attention(ctx context.Context, sc *cpuScratch, start, s int, 
 // softmax over key tiles (running max m, running sum l, rescaled output o).
 // It checks ctx before every key tile, so that a long context does not make
 // a cancelled pass linger, and reports false when it stopped for it.
-func (m *cpuModel) attendTile(ctx context.Context, ts *tileScratch, sc *cpuScratch, kvh, start, i0, nq int, K, V []float32) bool {
+func (m *cpuModel) attendTile(ctx context.Context, ts *tileScratch, sc *cpuScratch, kvh, start, i0, nq, win int, K, V []float32) bool {
 	c := m.cfg
 	g := c.Heads / c.KVHeads
 	hd, q, kvd := c.HeadDim, c.QDim(), c.KVDim()
@@ -491,7 +526,7 @@ func (m *cpuModel) attendTile(ctx context.Context, ts *tileScratch, sc *cpuScrat
 	p0 := start + i0 // the tile's first query position
 	end := p0 + nq   // keys [0, end)
 	first := 0       // the first key any query of the tile sees
-	if win := c.SlidingWindow; win > 0 {
+	if win > 0 {
 		first = max(0, p0-win+1) / attnKeys * attnKeys
 	}
 	for k0 := first; k0 < end; k0 += attnKeys {
@@ -505,7 +540,7 @@ func (m *cpuModel) attendTile(ctx context.Context, ts *tileScratch, sc *cpuScrat
 			// Keys k0+lo..p0+t are visible: the causal mask, and the
 			// sliding window's lower bound.
 			lo, valid := 0, min(kn, p0+t+1-k0)
-			if win := c.SlidingWindow; win > 0 {
+			if win > 0 {
 				lo = min(max(0, p0+t-win+1-k0), kn)
 			}
 			for r := range g {

@@ -173,18 +173,9 @@ func forward(t testing.TB, m Model, c Config, kv *KV, start int, tokens []uint32
 func TestForwardMatchesReference(t *testing.T) {
 	c, w, m := loadTiny(t, 2)
 	tokens := randTokens(newRand(1), 300, c.Vocab)
-	lengths := []int{1, 2, 15, 16, 127, 128, 129, 255, 256, 257, 300}
-	at := make([]int, len(lengths))
-	for i, n := range lengths {
-		at[i] = n - 1
-	}
-	ref := refForward(c, w, tokens, at)
-	for i, n := range lengths {
-		got := forward(t, m, c, NewKV(c, n), 0, tokens[:n])
-		if e := relErr(got, ref[i]); e > 1e-4 {
-			t.Errorf("n=%d: logits differ from the reference by %.2g (relative)", n, e)
-		}
-	}
+	matchesRef(t, m, c, tokens, []int{1, 2, 15, 16, 127, 128, 129, 255, 256, 257, 300}, func(at []int) [][]float64 {
+		return refForward(c, w, tokens, at)
+	})
 }
 
 // TestForwardSplitEqualsCold is the engine's core promise at the model

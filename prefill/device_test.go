@@ -46,7 +46,8 @@ func fourLayers() (Config, *Weights) {
 
 // TestDeviceMatchesCPU: the device backend's logits and K/V equal the CPU
 // backend's, cold and over K/V computed before (a cached prefix), on the
-// demo model, on a random 4-layer model and on a small MLA model, with prompts longer than one
+// demo model, on a random 4-layer model, on a small MLA model and on a hybrid (full,
+// sliding-window and linear-attention layers), with prompts longer than one
 // row chunk (so a product is cut in several). Every weight product went to
 // the device: the count is one per matrix per row chunk, plus the LM head.
 func TestDeviceMatchesCPU(t *testing.T) {
@@ -61,6 +62,7 @@ func TestDeviceMatchesCPU(t *testing.T) {
 		{"demo", demo, SeededWeights(demo, 0), []int{1, 70, 130}},
 		{"4 layers", c4, w4, []int{1, 33, rowChunk + 77}},
 		{"mla", tinyMLAConfig(), tinyMLAWeights(), []int{1, 40, rowChunk + 9}},
+		{"hybrid", hybridConfig(), hybridWeights(), []int{1, 40, rowChunk + 9}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.c

@@ -75,6 +75,30 @@
 // so loading or publishing a block copies one head_dim run per token, head
 // and tensor.
 //
+// # Hybrid models
+//
+// Config.LayerTypes (config.json's layer_types) mixes full-attention,
+// sliding-window and gated linear-attention layers (hybrid.go defines the
+// last: a fixed-size recurrent state per KV head instead of K/V per
+// token). The model's namespace then has groups (prefixhash.Groups): the
+// full layers' K/V (group 0), the sliding layers' K/V, the linear layers'
+// states, and its cache must be a GroupCache (New refuses another). A
+// prefill asks GroupCache.Resume for the hit rule's prefix P (every full
+// block of [0,P), the window's blocks before P, the state after block
+// P−1), reads exactly those records with one GetRecords, verifies each as
+// a block is, plus its group and that its key is GroupKey(chain key,
+// group), and applies the hit rule again over what verified: a missing or
+// corrupt record is a shorter hit, never an error or a wrong answer. With
+// linear layers P stops at the last block boundary before the prompt's
+// last position, which is computed from the state at P. New blocks are
+// published as every group's record of each (one Put per group, the full
+// group's first). Engine.Cached answers the same prefix. Speculative
+// decoding is refused for a model (or a draft) with linear layers: a
+// verification pass advances the state over every guess, and a rejected
+// one cannot be taken back out of it. The logits over
+// any hit equal the cold ones (tested against a float64 reference, and a
+// random hybrid checkpoint against prefilltest's PyTorch implementation).
+//
 // # Weights
 //
 // From a Hugging Face model directory (LoadConfigJSON, LoadCheckpoint,

@@ -161,7 +161,10 @@ func (o Options) Validate() error {
 	case len(o.TenantSalt) > prefixhash.MaxSaltLen:
 		return fmt.Errorf("%w: tenant_salt: %d bytes, the limit is %d", ErrInvalidConfig, len(o.TenantSalt), prefixhash.MaxSaltLen)
 	}
-	return o.Speculative.Validate()
+	if err := o.Speculative.Validate(); err != nil {
+		return err
+	}
+	return checkSpeculativeState(o.Config, o.Speculative)
 }
 
 // Usage is what a prefill cost, in the OpenAI usage shape.
@@ -354,6 +357,9 @@ func newEngine(cache Cache, opts Options, w *Weights) (*Engine, error) {
 			return nil, err
 		}
 		backend = cpu
+	}
+	if err := checkGroupCache(cfg, cache); err != nil {
+		return nil, err
 	}
 	digest := w.Digest(cfg)
 	ns := cfg.Namespace(digest, opts.TenantSalt)
@@ -548,6 +554,9 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 // in the pool or hands it on) and the number of blocks loaded, and records
 // the lookup and fetch times in res.
 func (e *Engine) load(ctx context.Context, sc scope, tokens []uint32, capTokens int, res *Result) ([]prefixhash.Key, *KV, int, error) {
+	if e.cfg.Hybrid() {
+		return e.loadGroups(ctx, sc, tokens, capTokens, res)
+	}
 	t0 := e.opts.Now()
 	keys := prefixhash.Keys(sc.ns, tokens)
 	hit := e.lookup(ctx, keys)

@@ -112,7 +112,8 @@ type Generation struct {
 
 // Cached returns how many leading positions of tokens a prefill would not
 // compute if it ran now: the cached full blocks (one LongestPrefix under
-// ctx's tenant, as Prefill asks), at most len(tokens)−1. An error or a
+// ctx's tenant, as Prefill asks; for a hybrid model the hit rule's prefix,
+// GroupCache.Resume), at most len(tokens)−1. An error or a
 // cache-less engine reads as 0. Routers weigh a prompt by what is left.
 func (e *Engine) Cached(ctx context.Context, tokens []uint32) int {
 	cached, _ := e.CachedKeys(ctx, tokens)
@@ -128,6 +129,9 @@ func (e *Engine) CachedKeys(ctx context.Context, tokens []uint32) (int, []prefix
 		return 0, nil
 	}
 	keys := prefixhash.Keys(e.scopeOf(ctx).ns, tokens)
+	if e.cfg.Hybrid() {
+		return min(e.resume(ctx, keys, len(tokens))*e.cfg.BlockTokens, len(tokens)-1), keys
+	}
 	return min(e.lookup(ctx, keys)*e.cfg.BlockTokens, len(tokens)-1), keys
 }
 

@@ -80,6 +80,8 @@ type hfConfig struct {
 	RopeScaling   json.RawMessage `json:"rope_scaling"`
 	// RopeParameters is where newer configs keep rope_theta and the scaling.
 	RopeParameters json.RawMessage `json:"rope_parameters"`
+	// LayerTypes is a hybrid model's layer plan (hfLayerTypes).
+	LayerTypes []string `json:"layer_types"`
 }
 
 type hfRope struct {
@@ -101,7 +103,7 @@ type hfRope struct {
 // qwen2 or qwen3 model (hidden_size, num_hidden_layers,
 // num_attention_heads, num_key_value_heads, head_dim, intermediate_size,
 // vocab_size, rope_theta, rope_scaling, rms_norm_eps, sliding_window,
-// max_position_embeddings, tie_word_embeddings, eos_token_id) into a
+// layer_types, max_position_embeddings, tie_word_embeddings, eos_token_id) into a
 // Config; fields it lacks keep Config's defaults, and BlockTokens is the
 // default. What the engine cannot compute (another model_type, another
 // activation, biases Llama does not have, dynamic RoPE) is refused by
@@ -151,7 +153,11 @@ func parseConfigJSON(b []byte) (Config, ModelInfo, error) {
 	case "qwen3":
 		c.QKNorm = true
 	}
-	if f.SlidingWindow != nil && *f.SlidingWindow > 0 {
+	if len(f.LayerTypes) > 0 {
+		if err := c.setLayerTypes(f.LayerTypes, f.SlidingWindow); err != nil {
+			return Config{}, ModelInfo{}, err
+		}
+	} else if f.SlidingWindow != nil && *f.SlidingWindow > 0 {
 		switch {
 		case info.Arch == "mistral":
 			c.SlidingWindow = *f.SlidingWindow

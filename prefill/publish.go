@@ -134,8 +134,12 @@ func (e *Engine) publishLoop(queue <-chan publishJob) {
 // encode appends to buf the encoded blocks [from, to) of chain, whose K/V
 // are in kv and whose tokens start tokens (tokens[0] is block from's first),
 // and returns buf and the blocks, which alias buf. payload is scratch of one
-// block's payload length.
+// block's payload length. For a hybrid model they are every group's
+// records of them (encodeGroups).
 func (e *Engine) encode(sc scope, buf []byte, blocks [][]byte, payload []byte, kv *KV, chain []prefixhash.Key, tokens []uint32, from, to int) ([]byte, [][]byte) {
+	if e.cfg.Hybrid() {
+		return e.encodeGroups(sc, buf, blocks, kv, chain, tokens, from, to)
+	}
 	b := e.cfg.BlockTokens
 	encLen := block.EncodedLen(b, len(payload))
 	if need := (to - from) * encLen; cap(buf) < need {
@@ -165,13 +169,19 @@ func (e *Engine) encode(sc scope, buf []byte, blocks [][]byte, payload []byte, k
 // PublishTimeout and counts the outcome.
 func (e *Engine) put(chain []prefixhash.Key, from int, blocks [][]byte) {
 	ctx, cancel := context.WithTimeout(e.ctx, e.opts.PublishTimeout)
-	err := e.cache.Put(ctx, chain, from, blocks)
+	n := len(blocks)
+	var err error
+	if e.cfg.Hybrid() {
+		n, err = e.putGroups(ctx, chain, from, blocks) // every group's records of n blocks
+	} else {
+		err = e.cache.Put(ctx, chain, from, blocks)
+	}
 	cancel()
 	if err != nil {
 		e.stats.publishErrors.Add(1)
-		e.stats.dropped.Add(int64(len(blocks)))
-		e.opts.Logger.Debug("prefill: publishing blocks failed", "blocks", len(blocks), "err", err)
+		e.stats.dropped.Add(int64(n))
+		e.opts.Logger.Debug("prefill: publishing blocks failed", "blocks", n, "err", err)
 		return
 	}
-	e.stats.published.Add(int64(len(blocks)))
+	e.stats.published.Add(int64(n))
 }

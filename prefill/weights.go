@@ -55,6 +55,10 @@ type LayerWeights struct {
 	Gate                []float32 // [FFNDim][Dim]
 	Up                  []float32 // [FFNDim][Dim]
 	Down                []float32 // [Dim][FFNDim]
+	// LinGate is a gated linear-attention layer's decay gate
+	// (Config.LayerTypes 'l'): [KVHeads][Dim], one scalar a KV head a
+	// token, through a sigmoid. Nil in other layers.
+	LinGate []float32
 }
 
 // tensor is one named parameter: its Hugging Face Llama name, shape, and
@@ -119,6 +123,9 @@ func (c Config) tensors(w *Weights) []tensor {
 					tensor{p + "self_attn.q_norm.weight", []int{c.HeadDim}, &l.QNorm, kindNorm},
 					tensor{p + "self_attn.k_norm.weight", []int{c.HeadDim}, &l.KNorm, kindNorm})
 			}
+		}
+		if c.layerType(i) == LayerLinear {
+			ts = append(ts, tensor{p + "linear_attn.gate.weight", []int{c.KVHeads, c.Dim}, &l.LinGate, kindLinear})
 		}
 		ts = append(ts,
 			tensor{p + "self_attn.o_proj.weight", []int{c.Dim, c.AttnDim()}, &l.O, kindLinear},

@@ -50,6 +50,28 @@
 // Cost: a 16-token block is an 80-byte message, two SHA-256 compressions;
 // hashing reuses one pooled SHA-256 state and allocates nothing per block.
 //
+// # Groups (hybrid models)
+//
+// A namespace may describe a hybrid model's cache as groups (Group): full
+// attention, a sliding window of W tokens, a fixed-size recurrent state
+// (StateKV: opaque bytes of a declared size per layer and head), or an
+// indexer (a per-token side cache every prefix needs), each with its
+// layers, layout and dtype. The groups are part of the canonical encoding
+// (tag 6, after every other optional field), so a namespace without them
+// encodes and keys exactly as before, and Namespace stays comparable
+// (Groups holds its encoding). The chain of block keys stays one per prompt;
+// group g's record of block i is stored under GroupKey(k_i, g) = k_i XOR
+// M_g, M_g a constant per group index, zero for group 0 (an XOR, so a
+// 128k-token prompt's group keys cost nothing next to its chain; group 0,
+// best the full-attention group, is under the chain keys themselves). A state group's record of
+// block i is the state after the block's last token.
+//
+// Resume is the hit rule: the longest prefix P such that every full and
+// indexer group holds blocks [0,P), every sliding group the blocks that
+// cover the last W tokens before P, every state group its state at P; it
+// also says what each group allows on its own. testdata/groups.json pins
+// the encoding, group keys, record sizes and hit rule for other clients.
+//
 // For placement, a chain is cut into chunks of C consecutive blocks; every
 // block of a chunk is placed by the key of the chunk's first block.
 //

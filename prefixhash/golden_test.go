@@ -243,25 +243,10 @@ func TestGolden(t *testing.T) {
 		for i := range f.Vectors {
 			f.Vectors[i].compute(t)
 		}
-		var buf bytes.Buffer
-		enc := json.NewEncoder(&buf)
-		enc.SetEscapeHTML(false)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(f); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
+		writeJSON(t, path, f)
 	}
 	var f goldenFile
-	if err := json.Unmarshal(b, &f); err != nil {
-		t.Fatal(err)
-	}
+	readJSON(t, path, &f)
 	if f.KeyVersion != KeyVersion {
 		t.Fatalf("golden file is key version %d, this build is %d", f.KeyVersion, KeyVersion)
 	}
@@ -294,5 +279,33 @@ func TestGolden(t *testing.T) {
 				t.Errorf("%s: key %d = %s, golden %s: the key format changed", w.Name, j, got.Keys[j], w.Keys[j])
 			}
 		}
+	}
+}
+
+// writeJSON writes v to path as indented JSON: a golden file regenerated
+// with -update.
+func writeJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readJSON reads the golden file at path into v.
+func readJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatal(err)
 	}
 }

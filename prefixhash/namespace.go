@@ -78,10 +78,14 @@ const (
 	// (512 + 64 = 576 for DeepSeek-V3). K and V are expanded from it at
 	// attention time.
 	LatentKV
+	// StateKV is opaque recurrent state (linear attention, state-space
+	// layers): per layer and head, Group.StateBytes bytes, whatever the
+	// tokens. Only a state group has it (see Group).
+	StateKV
 	numLayouts
 )
 
-var layoutNames = [...]string{"split", "latent"}
+var layoutNames = [...]string{"split", "latent", "state"}
 
 // String returns the layout's canonical name ("split", "latent").
 func (l KVLayout) String() string {
@@ -224,6 +228,13 @@ type Namespace struct {
 	// per namespace, so the room is the namespace's, not the block's. At
 	// most MaxExtraRoom.
 	ExtraKeyBytes int
+	// Groups, when set, describe a hybrid model's cache as groups (full
+	// attention, sliding window, recurrent state, indexer; see Group), each
+	// with its layers and layout; the namespace's own KVHeads, HeadDim,
+	// LatentDim, Layout and Scales are then unset. Block i of a prompt is
+	// then one record per group, group g's under GroupKey(k_i, g). Zero
+	// (the default): the namespace is one kind of block, as before groups.
+	Groups Groups
 }
 
 // ErrInvalidNamespace is wrapped by every error Validate returns.
@@ -245,26 +256,16 @@ func (ns Namespace) Validate() error {
 		return bad("block_tokens", "%d is outside 1..%d", ns.BlockTokens, MaxBlockTokens)
 	case ns.Layers < 1 || ns.Layers > MaxLayers:
 		return bad("layers", "%d is outside 1..%d", ns.Layers, MaxLayers)
-	case ns.Layout >= numLayouts:
-		return bad("kv_layout", "unknown layout %d (want split or latent)", uint8(ns.Layout))
-	case ns.Layout == SplitKV && ns.KVHeads < 1:
-		return bad("kv_heads", "%d must be at least 1", ns.KVHeads)
-	case ns.Layout == SplitKV && ns.HeadDim < 1:
-		return bad("head_dim", "%d must be at least 1", ns.HeadDim)
-	case ns.Layout == SplitKV && ns.LatentDim != 0:
-		return bad("latent_dim", "%d set with the split layout (the latent layout uses it)", ns.LatentDim)
-	case ns.Layout == LatentKV && ns.LatentDim < 1:
-		return bad("latent_dim", "%d must be at least 1 with the latent layout", ns.LatentDim)
-	case ns.Layout == LatentKV && (ns.KVHeads != 0 || ns.HeadDim != 0):
-		return bad("kv_heads", "kv_heads %d and head_dim %d must be 0 with the latent layout (latent_dim sizes it)", ns.KVHeads, ns.HeadDim)
-	case ns.KVHeads < 0 || ns.HeadDim < 0 || ns.LatentDim < 0 || ns.KVHeads > 1<<20 || ns.HeadDim > 1<<20 || ns.LatentDim > 1<<20:
-		return bad("kv_heads", "kv_heads %d, head_dim %d, latent_dim %d out of range", ns.KVHeads, ns.HeadDim, ns.LatentDim)
-	case ns.Scales >= numScales:
-		return bad("scales", "unknown scales %d (want none, block or head)", uint8(ns.Scales))
-	case ns.Scales != NoScales && ns.DType.Size() != 1:
-		return bad("scales", "%s payloads carry no scales (only fp8 and int8 do)", ns.DType)
-	case ns.Scales == ScalesPerHead && ns.Layout == LatentKV:
-		return bad("scales", "per-head scales with the latent layout, which has no heads")
+	}
+	if err := ns.validateGroups(bad); err != nil {
+		return err
+	}
+	if ns.Groups.IsZero() {
+		if err := ns.validateShape(bad, ""); err != nil {
+			return err
+		}
+	}
+	switch {
 	case len(ns.TenantSalt) > MaxSaltLen:
 		return bad("tenant_salt", "%d bytes, the limit is %d", len(ns.TenantSalt), MaxSaltLen)
 	case len(ns.LoRA) > MaxLoRALen:
@@ -283,10 +284,45 @@ func (ns Namespace) Validate() error {
 	return nil
 }
 
+// validateShape checks the KV shape fields (layout, heads, dims, scales) of
+// ns, or of a group seen as a namespace, naming fields after prefix.
+func (ns Namespace) validateShape(bad func(field, format string, args ...any) error, prefix string) error {
+	switch {
+	case ns.Layout >= StateKV:
+		return bad(prefix+"kv_layout", "unknown layout %d (want split or latent; state is a state group's)", uint8(ns.Layout))
+	case ns.Layout == SplitKV && ns.KVHeads < 1:
+		return bad(prefix+"kv_heads", "%d must be at least 1", ns.KVHeads)
+	case ns.Layout == SplitKV && ns.HeadDim < 1:
+		return bad(prefix+"head_dim", "%d must be at least 1", ns.HeadDim)
+	case ns.Layout == SplitKV && ns.LatentDim != 0:
+		return bad(prefix+"latent_dim", "%d set with the split layout (the latent layout uses it)", ns.LatentDim)
+	case ns.Layout == LatentKV && ns.LatentDim < 1:
+		return bad(prefix+"latent_dim", "%d must be at least 1 with the latent layout", ns.LatentDim)
+	case ns.Layout == LatentKV && (ns.KVHeads != 0 || ns.HeadDim != 0):
+		return bad(prefix+"kv_heads", "kv_heads %d and head_dim %d must be 0 with the latent layout (latent_dim sizes it)", ns.KVHeads, ns.HeadDim)
+	case ns.KVHeads < 0 || ns.HeadDim < 0 || ns.LatentDim < 0 || ns.KVHeads > 1<<20 || ns.HeadDim > 1<<20 || ns.LatentDim > 1<<20:
+		return bad(prefix+"kv_heads", "kv_heads %d, head_dim %d, latent_dim %d out of range", ns.KVHeads, ns.HeadDim, ns.LatentDim)
+	case ns.Scales >= numScales:
+		return bad(prefix+"scales", "unknown scales %d (want none, block or head)", uint8(ns.Scales))
+	case ns.Scales != NoScales && ns.DType.Size() != 1:
+		return bad(prefix+"scales", "%s payloads carry no scales (only fp8 and int8 do)", ns.DType)
+	case ns.Scales == ScalesPerHead && ns.Layout == LatentKV:
+		return bad(prefix+"scales", "per-head scales with the latent layout, which has no heads")
+	}
+	return nil
+}
+
 // BlockBytes returns the size of one block's payload in bytes: its KV bytes
-// (KVBytes) followed by its scales (ScaleCount float32s).
+// (KVBytes) followed by its scales (ScaleCount float32s). A namespace with
+// groups has no one block size: see GroupBytes.
 func (ns Namespace) BlockBytes() int {
 	return ns.KVBytes() + 4*ns.ScaleCount()
+}
+
+// GroupBytes returns the payload size of group g's record of one block
+// (Group.RecordBytes).
+func (ns Namespace) GroupBytes(g int) int {
+	return ns.Groups.At(g).RecordBytes(ns.BlockTokens)
 }
 
 // KVBytes returns the size of one block's KV tensors in bytes:
@@ -332,6 +368,7 @@ const (
 	tagScales = 3 // u8 scales
 	tagScheme = 4 // u8 scheme ‖ string(hash_seed)
 	tagExtra  = 5 // u32 extra_key_bytes
+	tagGroups = 6 // u8 count ‖ each group's encoding (appendGroup)
 )
 
 // AppendEncoding appends the canonical encoding of ns to b. Strings are
@@ -368,6 +405,10 @@ func (ns Namespace) AppendEncoding(b []byte) []byte {
 		b = append(b, tagExtra)
 		b = binary.LittleEndian.AppendUint32(b, uint32(ns.ExtraKeyBytes))
 	}
+	if !ns.Groups.IsZero() {
+		b = append(b, tagGroups)
+		b = append(b, ns.Groups.enc...)
+	}
 	return b
 }
 
@@ -403,6 +444,9 @@ func (ns Namespace) String() string {
 	shape := fmt.Sprintf("kv%dx%d", ns.KVHeads, ns.HeadDim)
 	if ns.Layout != SplitKV {
 		shape = fmt.Sprintf("%s%d", ns.Layout, ns.LatentDim)
+	}
+	if !ns.Groups.IsZero() {
+		shape = "groups[" + ns.Groups.String() + "]"
 	}
 	s := fmt.Sprintf("%s/%s/b%d/l%d/%s", ns.Model, ns.DType, ns.BlockTokens, ns.Layers, shape)
 	if ns.Scales != NoScales {

@@ -16,7 +16,7 @@ import (
 // of every owner at once, in one round bounded by LookupTimeout. A peer that
 // fails or is late counts as a miss.
 func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blockTokens int) int {
-	n, _ := c.lookup(ctx, chain, blockTokens, false)
+	n, _ := c.lookup(ctx, chain, chain, blockTokens, false, nil)
 	return n
 }
 
@@ -38,7 +38,7 @@ type Span struct {
 // chunk or a local tier does (a 128k-token prompt is 8192 blocks, 256
 // chunks of the default 512 tokens).
 func (c *Cluster) Locate(ctx context.Context, chain []prefixhash.Key, blockTokens int) (n int, spans []Span) {
-	return c.lookup(ctx, chain, blockTokens, true)
+	return c.lookup(ctx, chain, chain, blockTokens, true, nil)
 }
 
 // appendSpan appends k blocks held by node (in tier, here) to spans,
@@ -58,7 +58,39 @@ var tierBufs = sync.Pool{New: func() any { return new([]string) }}
 // maxPooledTiers bounds the scratch kept in tierBufs (1 MiB of strings).
 const maxPooledTiers = 1 << 16
 
-func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockTokens int, locate bool) (int, []Span) {
+// extraProbes are single records a lookup asks about in its own round
+// (Resume's states and windows, beside the full group's prefix): whether
+// keys[j], placed by chunks[j], is held anywhere goes into held[j].
+type extraProbes struct {
+	keys, chunks []prefixhash.Key
+	held         []bool
+}
+
+// ask adds the probes not held here to asks, owner → indexes, as base+j
+// for keys[j].
+func (ex *extraProbes) ask(p *Placement, self string, base int, asks map[string][]int) {
+	var owners []string
+	var last prefixhash.Key
+	for j, held := range ex.held {
+		if held {
+			continue
+		}
+		if owners == nil || ex.chunks[j] != last { // probes of one chunk run together
+			owners, last = p.Owners(owners[:0], ex.chunks[j]), ex.chunks[j]
+		}
+		for _, o := range owners {
+			if o != self {
+				asks[o] = append(asks[o], base+j)
+			}
+		}
+	}
+}
+
+// lookup is LongestPrefix (Locate with locate) of keys, placed by chain:
+// keys[i] is the key of block i of chain (a group's record, or the block
+// itself when keys is chain). With extra, it also finds extra's records, in
+// the same round (one message per member).
+func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, blockTokens int, locate bool, extra *extraProbes) (int, []Span) {
 	c.fg.begin() // serving: pushes wait for it
 	defer c.fg.end()
 	a := auth.AccessFrom(ctx)
@@ -67,7 +99,7 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 	var tiers []string
 	if locate {
 		buf := tierBufs.Get().(*[]string)
-		tiers = slices.Grow((*buf)[:0], len(chain))[:len(chain)]
+		tiers = slices.Grow((*buf)[:0], len(keys))[:len(keys)]
 		defer func() {
 			if cap(tiers) <= maxPooledTiers {
 				*buf = tiers[:0]
@@ -75,17 +107,22 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 			}
 		}()
 	}
-	// probe counts the leading blocks of chain[start:end] held here, one
+	// probe counts the leading blocks of keys[start:end] held here, one
 	// index probe each; locating, it writes their tiers into tiers[start:].
 	probe := func(start, end int) int {
 		if !locate {
-			return c.local.LongestPrefix(a, chain[start:end])
+			return c.local.LongestPrefix(a, keys[start:end])
 		}
-		k, _ := c.local.LongestPrefixTiers(a, chain[start:end], tiers[start:start:end])
+		k, _ := c.local.LongestPrefixTiers(a, keys[start:end], tiers[start:start:end])
 		return k
 	}
-	n := probe(0, len(chain))
-	if n == len(chain) {
+	n := probe(0, len(keys))
+	extraMissing := false
+	if extra != nil {
+		c.local.ContainsMany(a, extra.keys, extra.held)
+		extraMissing = slices.Contains(extra.held, false)
+	}
+	if n == len(keys) && !extraMissing {
 		if !locate {
 			return n, nil
 		}
@@ -108,8 +145,8 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 	var runs []run
 	asks := map[string][]int{} // owner → indexes into runs
 	var owners []string
-	for s := prefixhash.ChunkStart(n, cb); s < len(chain); s += cb {
-		r := run{start: max(s, n), end: min(s+cb, len(chain))}
+	for s := prefixhash.ChunkStart(n, cb); s < len(keys); s += cb {
+		r := run{start: max(s, n), end: min(s+cb, len(keys))}
 		if r.start > n {
 			// Blocks beyond the local prefix may still be here (a
 			// producer keeps what it computed).
@@ -124,20 +161,31 @@ func (c *Cluster) lookup(ctx context.Context, chain []prefixhash.Key, blockToken
 			}
 		}
 	}
+	if extraMissing {
+		extra.ask(p, c.self, len(runs), asks) // they follow the runs
+	}
 	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key {
 		runsOf := make([][]prefixhash.Key, len(idx))
 		for k, ri := range idx {
-			runsOf[k] = chain[runs[ri].start:runs[ri].end]
+			if ri >= len(runs) {
+				runsOf[k] = extra.keys[ri-len(runs) : ri-len(runs)+1]
+				continue
+			}
+			runsOf[k] = keys[runs[ri].start:runs[ri].end]
 		}
 		return runsOf
 	}, func(o string, idx, counts []int) {
 		for k, ri := range idx {
+			if ri >= len(runs) {
+				extra.held[ri-len(runs)] = extra.held[ri-len(runs)] || counts[k] > 0
+				continue
+			}
 			if got := min(counts[k], runs[ri].end-runs[ri].start); got > runs[ri].have {
 				runs[ri].have, runs[ri].by = got, o
 			}
 		}
 	})
-	total := len(chain)
+	total := len(keys)
 	for _, r := range runs {
 		if r.have < r.end-r.start {
 			total = r.start + r.have
@@ -252,9 +300,10 @@ func (c *Cluster) Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) 
 		return nil, fmt.Errorf("store: cluster exists: %d keys but %d chunk keys", len(keys), len(chunkKeys))
 	}
 	present := make([]bool, len(keys))
+	c.local.ContainsMany(auth.AccessFrom(ctx), keys, present)
 	var missing []int
-	for k, key := range keys {
-		if present[k] = c.local.Contains(auth.AccessFrom(ctx), key); !present[k] {
+	for k := range keys {
+		if !present[k] {
 			missing = append(missing, k)
 		}
 	}

@@ -126,14 +126,14 @@ type testCluster struct {
 	members []*staticMembers
 }
 
-func newTestCluster(t *testing.T, n int, opts ClusterOptions) *testCluster {
+func newTestCluster(t testing.TB, n int, opts ClusterOptions) *testCluster {
 	t.Helper()
 	return newTestClusterWith(t, n, opts, Options{})
 }
 
 // newTestClusterWith is newTestCluster whose Locals take lopts (a DRAM tier
 // of their own each).
-func newTestClusterWith(t *testing.T, n int, opts ClusterOptions, lopts Options) *testCluster {
+func newTestClusterWith(t testing.TB, n int, opts ClusterOptions, lopts Options) *testCluster {
 	t.Helper()
 	tc := &testCluster{net: &loopback{nodes: map[string]*Local{}, fault: map[string]string{}, calls: map[string]int{}}}
 	var ms []Member
@@ -192,7 +192,7 @@ func prompt(t *testing.T, rng *rand.Rand, ns prefixhash.Namespace, n int) ([]pre
 	return chain, blocks
 }
 
-func flush(t *testing.T, nodes ...*Cluster) {
+func flush(t testing.TB, nodes ...*Cluster) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

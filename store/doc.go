@@ -93,6 +93,23 @@
 // Options.PartialTTL. Claim lets ranks holding identical bytes send them
 // once. See local_parts.go and docs/ARCHITECTURE.md.
 //
+// # Groups (hybrid models)
+//
+// A namespace with groups (prefixhash.Groups) stores one record per group
+// of each block, group g's under GroupKey(k_i, g); each group is an entry
+// of its own in the namespace table (its record size), while a drop, a
+// tenant check and stats by digest cover them all, and a quota holds each
+// group to it. A full or indexer record hangs from the same group's record
+// of the parent block, a sliding or state record from the anchor's (the
+// first full group's) record of its own block (block.Header.LinkParent),
+// so dropping a full block drops the windows and states that need it.
+// Resume applies the hit rule (prefixhash.Resume) to what is held here.
+// When a chain grows past them, the window block that fell out of its
+// window (unless a branch starts within the window) and the state before
+// its newest are retired: listed at the cold end, dropped first when
+// memory is needed (before any live block, in any size class), never
+// demoted; a read makes a record ordinary again (local_groups.go).
+//
 // # Objects and retention
 //
 // Beside blocks the store holds objects' pieces (block.KindObject records,

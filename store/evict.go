@@ -84,13 +84,14 @@ func (l *Local) ownCopyLocked(i uint32, h *block.Header) {
 	l.linkParentLocked(i, h)
 }
 
-// linkParentLocked links new block i to its cached parent, unless either is
+// linkParentLocked links new block i to its cached parent (the record it
+// hangs from: block.Header.LinkParent), unless either is
 // a copy, or the parent is another namespace's: a block naming one is forged,
 // and one tenant's eviction must never cascade into another's. (An
 // unresolved parent is checked when it is resolved.)
 func (l *Local) linkParentLocked(i uint32, h *block.Header) {
 	x := &l.mu.x
-	p := x.find(h.Parent)
+	p := x.find(h.LinkParent())
 	if p == 0 || p == i || x.at(i).copy() || x.at(i).up != 0 {
 		return
 	}
@@ -98,7 +99,7 @@ func (l *Local) linkParentLocked(i uint32, h *block.Header) {
 	if pe.copy() {
 		return
 	}
-	if pe.ns == x.at(i).ns || !l.mu.ns.get(pe.ns).resolved {
+	if l.mu.ns.same(pe.ns, x.at(i).ns) || !l.mu.ns.get(pe.ns).resolved {
 		x.link(i, p)
 	}
 }

@@ -32,7 +32,7 @@ type entry struct {
 	sib        uint32    // next sibling
 	up         uint32    // parent if flagFirst, else previous sibling; 0 when unlinked
 	ns         uint32    // namespace id (see namespaces)
-	hits       uint16    // Gets served, saturating at maxHits; the top bits are hitsCopy, hitsReused and hitsRetained
+	hits       uint16    // Gets served, saturating at maxHits; the top bits are hitsCopy, hitsReused, hitsRetired and hitsRetained
 	pins       uint8     // live Refs reading it in place, saturating at maxPins
 	flags      uint8
 }
@@ -55,13 +55,16 @@ const maxPins = 1<<8 - 1
 // beside the owner that placement gave it (Local.PutCopy under EvictDedup or
 // EvictReuse). hitsReused, the next bit, marks a block reused (found by a
 // lookup, or read) since it was stored or last passed over by EvictReuse.
-// hitsRetained, the next, marks a value under retention (retain.go). The
-// eight flag bits are taken, and 8191 hits saturate as well as 65535.
+// hitsRetired, the next, marks a group's record that its chain has moved
+// past (local_groups.go); hitsRetained, the next, a value under retention
+// (retain.go). The eight flag bits are taken, and 4095 hits saturate as
+// well as 65535.
 const (
 	hitsCopy     uint16 = 1 << 15
 	hitsReused   uint16 = 1 << 14
-	hitsRetained uint16 = 1 << 13
-	hitsMarks           = hitsCopy | hitsReused | hitsRetained
+	hitsRetired  uint16 = 1 << 13
+	hitsRetained uint16 = 1 << 12
+	hitsMarks           = hitsCopy | hitsReused | hitsRetired | hitsRetained
 	maxHits             = hitsRetained - 1
 )
 
@@ -74,6 +77,7 @@ func (e *entry) persistent() bool   { return e.flags&flagPersistent != 0 }
 func (e *entry) busy() bool         { return e.pins > 0 || e.flags&flagMoving != 0 }
 func (e *entry) copy() bool         { return e.hits&hitsCopy != 0 }
 func (e *entry) retained() bool     { return e.hits&hitsRetained != 0 }
+func (e *entry) retired() bool      { return e.hits&hitsRetired != 0 }
 func (e *entry) hitCount() int      { return int(e.hits &^ hitsMarks) }
 func (e *entry) setHitsSaturating() { e.hits = e.hits&hitsMarks | min(e.hits&^hitsMarks+1, maxHits) }
 func (e *entry) reused() bool       { return e.hits&hitsReused != 0 }

@@ -112,6 +112,9 @@ type Local struct {
 		// clearing is set while DropNamespace drops blocks it reported
 		// as AllBlocksCleared (events.go).
 		clearing bool
+		// retiredHint counts records retired in memory since the last
+		// dropRetiredForRoom that found none: 0 spares it the walk.
+		retiredHint int
 
 		c      counters
 		reused int64 // blocks marked reused (EvictReuse): the policy's own signal
@@ -141,6 +144,7 @@ type counters struct {
 	removed                                          int64
 	reservationsExpired, corruptCommits              int64
 	promotionsDeferred                               int64
+	retired                                          int64 // group records retired (local_groups.go)
 	secondChances                                    int64 // EvictReuse passing over a reused block
 	// evicted counts the blocks dropped for room by the tier they were in
 	// (tierMem, tierDisk, tierHBM).

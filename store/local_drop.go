@@ -23,7 +23,7 @@ func (l *Local) DropNamespace(digest uint64) (int, error) {
 		}
 		l.mu.droppedUnresolved[digest] = struct{}{}
 	}
-	held := len(l.mu.ns.ids(digest)) > 0
+	held := len(l.mu.ns.idsOf(digest)) > 0 // its blocks (one entry, or one per group) and objects
 	pages := len(l.mu.x.pages)
 	if held && l.opts.Events != nil {
 		l.opts.Events.AllBlocksCleared(digest)
@@ -37,10 +37,14 @@ func (l *Local) DropNamespace(digest uint64) (int, error) {
 	for p := 0; p < pages && held; p++ {
 		var fr []freeLoc
 		l.mu.Lock()
+		if len(l.mu.ns.idsOf(digest)) == 0 {
+			l.mu.Unlock()
+			break // all gone
+		}
 		for k := range pageLen {
 			i := uint32(p*pageLen + k)
 			e := l.mu.x.at(i)
-			if e.ns == 0 || e.flags&(flagSentinel|flagDropped) != 0 {
+			if e.flags&(flagSentinel|flagDropped) != 0 || e.ns == 0 {
 				continue
 			}
 			if n := l.mu.ns.get(e.ns); n.resolved && n.digest == digest {

@@ -115,6 +115,9 @@ func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key, batch bool) 
 	if l.dropPartialForRoom(class) {
 		return nil // incomplete blocks go first
 	}
+	if l.dropRetiredForRoom() {
+		return nil // then the records of groups that chains moved past
+	}
 	l.mu.Lock()
 	stop := uint32(0)
 	if !parent.IsZero() {
@@ -554,10 +557,10 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 		l.freeAll(fr)
 		return nil, ErrNotFound
 	}
-	class, digest, object := -1, uint64(0), false
+	class, nk := -1, nsKey{}
 	if !e.has(flagDropped) {
 		n := l.mu.ns.get(e.ns)
-		class, digest, object = n.class, n.digest, n.object
+		class, nk = n.class, n.key()
 	}
 	// A block hit on the persistent tier before (flagHit is cleared when
 	// it lands there) may push colder blocks out of memory; on its first
@@ -576,7 +579,7 @@ func (l *Local) promote(ctx context.Context, m moved) (*Ref, error) {
 	rid := uint32(0)
 	deferred := false // a second hit that found another promotion making room
 	if class >= 0 {
-		if rid, perr = l.room(ctx, nil, digest, object, m.size, class, tierMem, prefixhash.Key{}); perr == nil {
+		if rid, perr = l.room(ctx, nil, nk, m.size, class, tierMem, prefixhash.Key{}); perr == nil {
 			if again && l.roomPromoting.CompareAndSwap(false, true) {
 				newLoc, perr = l.putMem(ctx, m.key, prefixhash.Key{}, b, class, false)
 				l.roomPromoting.Store(false)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block"
@@ -10,14 +11,18 @@ import (
 // namespaces is Local's table of the namespaces it holds blocks of, addressed
 // by the uint32 id in each entry. A namespace digest commits to the block
 // size and layout, so every block of one namespace has the same encoded
-// length: the table keeps it once and entries keep none.
+// length: the table keeps it once and entries keep none. A namespace with
+// groups (hybrid models) has one record size per group: each group is an
+// entry of its own (nsKey), and what is asked by digest (a drop, a
+// tenant, stats) covers all of them; a quota holds each group to it.
 //
 // Objects (block.KindObject records) have a size of their own each. A
 // namespace's objects are grouped by encoded size into object groups, one
-// entry of the table each (objects), so that a group, like a namespace's
+// entry of the table each (nsKey.obj), so that a group, like a namespace's
 // blocks, has one size, one size class and one cold cursor per tier. What
-// a digest holds against its quota is counted over all its entries (the
-// blocks and every object group) in one account (nsAcct).
+// a digest's blocks (outside groups) and objects hold against its quota is
+// counted in one account (nsAcct), which also knows every entry of the
+// digest and its tenant.
 //
 // Blocks recovered from the persistent tier whose header has not been read
 // yet are grouped into unresolved pseudo-namespaces, one per block length
@@ -28,28 +33,45 @@ import (
 type namespaces struct {
 	list       []nsInfo // by id; id 0 is unused
 	free       []uint32
-	byDigest   map[uint64]uint32   // a digest's blocks
-	objects    map[objGroup]uint32 // a digest's objects of one encoded size
-	accts      map[uint64]*nsAcct  // by digest, while any entry of it is held
-	unresolved map[int]uint32      // block length → pseudo-namespace id
+	byKey      map[nsKey]uint32
+	accts      map[uint64]*nsAcct // by digest, while any entry of it is held
+	unresolved map[int]uint32     // block length → pseudo-namespace id
 
 	quotas   map[uint64]Quota // explicit quotas by digest
 	defQuota Quota            // quota of resolved namespaces not in quotas
 }
 
-// objGroup names the object group of a digest's objects of one size.
-type objGroup struct {
+// nsKey names an entry of the table: a namespace digest, and for a
+// namespace with groups the group (its index + 1; 0 without groups), or
+// for an object group the encoded size of its objects (0 for blocks).
+type nsKey struct {
 	digest uint64
-	size   int
+	group  uint8
+	obj    int
 }
 
-// nsAcct is what all the entries of one digest (its blocks and its object
-// groups) hold together: what its quota bounds.
+// keyOf returns the table key of h's namespace (and group, or object
+// group).
+func keyOf(h *block.Header) nsKey {
+	k := nsKey{digest: h.Namespace}
+	switch {
+	case h.Kind == block.KindObject:
+		k.obj = h.Len + h.PayloadLen
+	case h.Group.Set:
+		k.group = uint8(h.Group.Index + 1)
+	}
+	return k
+}
+
+// nsAcct is what the entries of one digest hold together: the bytes of its
+// blocks outside groups and of its object groups (what its quota bounds;
+// each group of a hybrid namespace is held to the quota on its own), the
+// tenant they belong to, and which entries there are.
 type nsAcct struct {
-	digest  uint64
-	tenant  uint64
-	used    [2]int64 // bytes held or reserved per tier
-	entries int      // table entries sharing the account
+	digest uint64
+	tenant uint64
+	used   [2]int64 // bytes held or reserved per tier
+	ids    []uint32 // table entries of the digest
 	// pinned is the bytes of the digest's values under a hard pin or an
 	// unexpired lease (retain.go), which its quota bounds too.
 	pinned int64
@@ -57,6 +79,7 @@ type nsAcct struct {
 
 type nsInfo struct {
 	digest   uint64
+	group    uint8  // nsKey.group
 	tenant   uint64 // tag of the tenant whose blocks these are (Header.Tenant)
 	size     int    // encoded block length
 	tokens   int    // tokens per block (0 when unresolved, and for objects)
@@ -77,10 +100,15 @@ type nsInfo struct {
 // tier t.
 func (n *nsInfo) used(t int) int64 { return n.inTier[t]*int64(n.size) + n.pending[t] }
 
-// held returns the bytes the namespace (every entry of its digest) holds
-// or has reserved in tier t: what its quota bounds.
+// shared reports whether n's bytes count in its digest's account (blocks
+// outside groups, and objects) rather than on their own (a group's).
+func (n *nsInfo) shared() bool { return n.acct != nil && n.group == 0 }
+
+// held returns the bytes the namespace holds or has reserved in tier t:
+// what its quota bounds (every entry of its digest but its groups', or
+// the group's own).
 func (n *nsInfo) held(t int) int64 {
-	if n.acct != nil {
+	if n.shared() {
 		return n.acct.used[t]
 	}
 	return n.used(t)
@@ -89,7 +117,7 @@ func (n *nsInfo) held(t int) int64 {
 // addBlocks counts k more blocks in tier t (k may be negative).
 func (n *nsInfo) addBlocks(t int, k int64) {
 	n.inTier[t] += k
-	if n.acct != nil {
+	if n.shared() {
 		n.acct.used[t] += k * int64(n.size)
 	}
 }
@@ -97,7 +125,7 @@ func (n *nsInfo) addBlocks(t int, k int64) {
 // addPending counts b more bytes reserved in tier t (b may be negative).
 func (n *nsInfo) addPending(t int, b int64) {
 	n.pending[t] += b
-	if n.acct != nil {
+	if n.shared() {
 		n.acct.used[t] += b
 	}
 }
@@ -109,6 +137,15 @@ func (n *nsInfo) excess(t, size int) int64 {
 		return 0
 	}
 	return n.held(t) + int64(size) - n.quota[t]
+}
+
+// key returns n's table key.
+func (n *nsInfo) key() nsKey {
+	k := nsKey{digest: n.digest, group: n.group}
+	if n.object {
+		k.obj = n.size
+	}
+	return k
 }
 
 func (t *namespaces) get(id uint32) *nsInfo { return &t.list[id] }
@@ -126,17 +163,10 @@ func (t *namespaces) add(n nsInfo) uint32 {
 		t.list = append(t.list, n)
 	}
 	if n.resolved {
-		if n.object {
-			if t.objects == nil {
-				t.objects = make(map[objGroup]uint32)
-			}
-			t.objects[objGroup{n.digest, n.size}] = id
-		} else {
-			if t.byDigest == nil {
-				t.byDigest = make(map[uint64]uint32)
-			}
-			t.byDigest[n.digest] = id
+		if t.byKey == nil {
+			t.byKey = make(map[nsKey]uint32)
 		}
+		t.byKey[n.key()] = id
 		a := t.accts[n.digest]
 		if a == nil {
 			if t.accts == nil {
@@ -145,7 +175,7 @@ func (t *namespaces) add(n nsInfo) uint32 {
 			a = &nsAcct{digest: n.digest, tenant: n.tenant}
 			t.accts[n.digest] = a
 		}
-		a.entries++
+		a.ids = append(a.ids, id)
 		t.list[id].acct = a
 		t.list[id].quota = t.quotaOf(n.digest, n.tenant).tiers()
 	} else {
@@ -166,31 +196,60 @@ func (t *namespaces) quotaOf(digest, tag uint64) Quota {
 	return t.defQuota
 }
 
-// fits reports whether size more bytes in tier t keep the namespace with the
-// given digest, whose blocks carry tag, within its quota.
-func (t *namespaces) fits(digest, tag uint64, tier, size int) bool {
+// same reports whether entries a and b are of one namespace: the same
+// entry, or two groups of one resolved namespace.
+func (t *namespaces) same(a, b uint32) bool {
+	return a == b || t.list[a].resolved && t.list[b].resolved && t.list[a].digest == t.list[b].digest
+}
+
+// idsOf returns the ids of every entry of the namespace with the given
+// digest: its blocks (one entry, or one per group held) and its object
+// groups.
+func (t *namespaces) idsOf(digest uint64) []uint32 {
 	if a := t.accts[digest]; a != nil {
-		q := t.quotaOf(digest, a.tenant).tiers()[tier]
+		return slices.Clone(a.ids)
+	}
+	return nil
+}
+
+// sharing returns the entries whose bytes count against k's quota: for
+// blocks outside groups and objects, every such entry of the digest; for
+// a group, its own entry.
+func (t *namespaces) sharing(k nsKey) []uint32 {
+	if a := t.accts[k.digest]; a != nil && k.group == 0 {
+		return slices.DeleteFunc(slices.Clone(a.ids), func(id uint32) bool { return t.list[id].group != 0 })
+	}
+	if id := t.byKey[k]; id != 0 {
+		return []uint32{id}
+	}
+	return nil
+}
+
+// fits reports whether size more bytes in tier t keep the namespace (or
+// group) k, whose blocks carry tag, within its quota.
+func (t *namespaces) fits(k nsKey, tag uint64, tier, size int) bool {
+	if a := t.accts[k.digest]; a != nil && k.group == 0 {
+		q := t.quotaOf(k.digest, a.tenant).tiers()[tier]
 		return q == 0 || a.used[tier]+int64(size) <= q
 	}
-	q := t.quotaOf(digest, tag).tiers()[tier]
+	if id := t.byKey[k]; id != 0 {
+		return t.list[id].excess(tier, size) <= 0
+	}
+	q := t.quotaOf(k.digest, tag).tiers()[tier]
 	return q == 0 || int64(size) <= q
 }
 
 // check returns the id of h's entry of the table (its namespace's blocks,
-// or its object group; 0 if unknown) after checking that h agrees with what
-// the namespace holds already.
+// a group's, or its object group; 0 if unknown) after checking that h
+// agrees with what the namespace holds already.
 func (t *namespaces) check(h *block.Header, size int) (uint32, error) {
 	if a := t.accts[h.Namespace]; a != nil && a.tenant != h.Tenant {
 		return 0, fmt.Errorf("%w: block %s of namespace %016x is tagged for tenant %016x; the namespace's cached blocks are another tenant's",
 			ErrTenant, h.Key, h.Namespace, h.Tenant)
 	}
-	if h.Kind == block.KindObject {
-		return t.objects[objGroup{h.Namespace, size}], nil
-	}
-	id := t.byDigest[h.Namespace]
-	if id == 0 {
-		return 0, nil
+	id := t.byKey[keyOf(h)]
+	if id == 0 || h.Kind == block.KindObject {
+		return id, nil
 	}
 	n := &t.list[id]
 	if n.size != size || n.tokens != len(h.Tokens) || n.layout != h.Layout {
@@ -209,7 +268,7 @@ func (t *namespaces) ensure(h *block.Header, size, class int) (uint32, error) {
 		return 0, err
 	}
 	if id == 0 {
-		n := nsInfo{digest: h.Namespace, tenant: h.Tenant, size: size, tokens: len(h.Tokens), layout: h.Layout, class: class, resolved: true}
+		n := nsInfo{digest: h.Namespace, group: keyOf(h).group, tenant: h.Tenant, size: size, tokens: len(h.Tokens), layout: h.Layout, class: class, resolved: true}
 		if h.Kind == block.KindObject {
 			n.tokens, n.layout, n.object = 0, block.Layout{}, true
 		}
@@ -265,16 +324,14 @@ func (t *namespaces) forget(id uint32) {
 	if !t.empty(id) {
 		panic(fmt.Sprintf("store: forgetting namespace %016x, which holds %d blocks and %v reserved bytes", n.digest, n.blocks, n.pending))
 	}
-	switch {
-	case !n.resolved:
+	if n.resolved {
+		delete(t.byKey, n.key())
+	} else {
 		delete(t.unresolved, n.size)
-	case n.object:
-		delete(t.objects, objGroup{n.digest, n.size})
-	default:
-		delete(t.byDigest, n.digest)
 	}
 	if a := n.acct; a != nil {
-		if a.entries--; a.entries == 0 {
+		a.ids = slices.DeleteFunc(a.ids, func(o uint32) bool { return o == id })
+		if len(a.ids) == 0 {
 			if a.used != [2]int64{} || a.pinned != 0 {
 				panic(fmt.Sprintf("store: namespace %016x forgotten with %v bytes held and %d pinned", n.digest, a.used, a.pinned))
 			}
@@ -294,30 +351,4 @@ func (t *namespaces) allows(a auth.Access, id uint32) bool {
 	}
 	n := &t.list[id]
 	return n.resolved && n.tenant == a.Tag
-}
-
-// find returns the entry of the table that holds the digest's blocks, or
-// (object) its objects of size bytes; 0 if none.
-func (t *namespaces) find(digest uint64, object bool, size int) uint32 {
-	if object {
-		return t.objects[objGroup{digest, size}]
-	}
-	return t.byDigest[digest]
-}
-
-// ids returns the entries of the table that hold the digest's blocks and
-// objects.
-func (t *namespaces) ids(digest uint64) []uint32 {
-	var ids []uint32
-	if id := t.byDigest[digest]; id != 0 {
-		ids = append(ids, id)
-	}
-	if t.accts[digest] != nil {
-		for g, id := range t.objects {
-			if g.digest == digest {
-				ids = append(ids, id)
-			}
-		}
-	}
-	return ids
 }

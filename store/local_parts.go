@@ -198,7 +198,7 @@ func (l *Local) partialFor(ctx context.Context, b []byte, h *block.Header, size 
 	np.mu.pending = make([]bool, layers*heads)
 	np.cond.L = &np.mu.Mutex
 	if rs, ok := l.mem.(tiers.Reserver); ok {
-		np.loc, np.buf, err = l.reserveSlot(ctx, rs, h.Key, h.Parent, size, np.class)
+		np.loc, np.buf, err = l.reserveSlot(ctx, rs, h.Key, h.LinkParent(), size, np.class)
 		if err != nil {
 			return nil, false, err
 		}

@@ -75,7 +75,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 	class := l.classOf(size)
 	// A copy goes to the cold end, not behind its parent: making room for
 	// it never stops at the parent.
-	parent := h.Parent
+	parent := h.LinkParent()
 	if asCopy {
 		parent = prefixhash.Key{}
 	}
@@ -100,7 +100,10 @@ again:
 		if e := l.mu.x.at(i); e.copy() && !asCopy {
 			l.ownCopyLocked(i, &h)
 		}
-		l.touchPutLocked(i, h.Parent)
+		l.touchPutLocked(i, h.LinkParent())
+		if h.Group.Set {
+			l.retireBehindLocked(i, &h)
+		}
 		l.mu.active--
 		l.mu.Unlock()
 		return nil
@@ -142,7 +145,7 @@ again:
 	err = tiers.ErrTooLarge
 	if class >= 0 {
 		if !reserved {
-			id, err = l.room(ctx, &h, h.Namespace, false, size, class, tierMem, parent)
+			id, err = l.room(ctx, &h, keyOf(&h), size, class, tierMem, parent)
 		} else {
 			err = nil
 		}
@@ -176,7 +179,7 @@ again:
 		// No room in memory (or in the namespace's memory quota), or the
 		// block is the coldest there: it goes straight to the persistent
 		// tier.
-		id, derr := l.room(ctx, &h, h.Namespace, false, size, class, tierDisk, parent)
+		id, derr := l.room(ctx, &h, keyOf(&h), size, class, tierDisk, parent)
 		if derr == nil {
 			var ierr error
 			ms := []moved{{key: h.Key, val: b}}
@@ -234,7 +237,7 @@ func (l *Local) reclaimForNodeWide(h *block.Header) {
 			l.dropLocked(i, reasonNamespace, &fr)
 		}
 	}
-	a := l.mu.ns.accts[h.Namespace] // its blocks and its objects
+	a := l.mu.ns.accts[h.Namespace] // its blocks (every group) and its objects
 	squatted := a != nil && a.tenant != 0
 	l.mu.Unlock()
 	l.freeAll(fr)
@@ -288,7 +291,7 @@ func (l *Local) insertLocked(h *block.Header, record []byte, size, class int, lo
 		if x.at(i).copy() && !asCopy {
 			l.ownCopyLocked(i, h)
 		}
-		l.touchPutLocked(i, h.Parent)
+		l.touchPutLocked(i, h.LinkParent())
 		l.unreserveLocked(rid, t, size)
 		*fr = append(*fr, freeLoc{disk, loc})
 		return nil
@@ -341,14 +344,24 @@ func (l *Local) insertLocked(h *block.Header, record []byte, size, class int, lo
 	}
 	l.evStoredLocked(i, record)
 	l.linkParentLocked(i, h)
-	l.placeLocked(i, h.Parent)
+	l.placeLocked(i, h.LinkParent())
+	if h.Group.Set {
+		l.retireBehindLocked(i, h)
+	}
 	return nil
 }
 
-// touchPutLocked touches a block put again.
+// touchPutLocked touches a block put again. A retired record stays at the
+// cold end: a writer storing every group at every block puts it again
+// with the rest of its prompt.
 func (l *Local) touchPutLocked(i uint32, parent prefixhash.Key) {
-	l.mu.x.at(i).set(flagHit)
-	l.placeLocked(i, parent)
+	e := l.mu.x.at(i)
+	e.set(flagHit)
+	if e.retired() {
+		l.placeCopyLocked(i)
+	} else {
+		l.placeLocked(i, parent)
+	}
 	l.mu.c.duplicates++
 }
 

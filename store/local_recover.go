@@ -76,7 +76,7 @@ func (l *Local) resolveLocked(i uint32, h *block.Header) error {
 		return errNamespaceDropped
 	}
 	size := l.mu.ns.get(old).size
-	if !l.mu.ns.fits(h.Namespace, h.Tenant, tierDisk, size) {
+	if !l.mu.ns.fits(keyOf(h), h.Tenant, tierDisk, size) {
 		return errOverQuota
 	}
 	id, err := l.mu.ns.acquire(h, size, l.classOf(size), tierDisk)
@@ -90,8 +90,8 @@ func (l *Local) resolveLocked(i uint32, h *block.Header) error {
 	if l.mu.unresolved--; l.mu.unresolved == 0 {
 		l.mu.droppedUnresolved = nil
 	}
-	if p := x.find(h.Parent); p != 0 && p != i {
-		if pns := x.at(p).ns; pns == id || !l.mu.ns.get(pns).resolved {
+	if p := x.find(h.LinkParent()); p != 0 && p != i {
+		if pns := x.at(p).ns; l.mu.ns.same(pns, id) || !l.mu.ns.get(pns).resolved {
 			x.link(i, p)
 		}
 	}
@@ -99,7 +99,7 @@ func (l *Local) resolveLocked(i uint32, h *block.Header) error {
 	// only those of its namespace (see insertLocked).
 	for c := e.child; c != 0; {
 		next := x.at(c).sib
-		if x.at(c).ns != id {
+		if !l.mu.ns.same(x.at(c).ns, id) {
 			x.unlink(c)
 		}
 		c = next

@@ -47,6 +47,10 @@ type Stats struct {
 	NamespaceDrops int64 // blocks dropped by DropNamespace
 	Removed        int64 // values (objects' pieces, blocks) dropped by Remove
 	Cascaded       int64 // of all drops, descendants dropped with an ancestor
+	// Retired counts the records of hybrid namespaces' sliding and state
+	// groups that a chain moved past (a window's old block, a state
+	// before the chain's end), listed cold and dropped first for room.
+	Retired int64
 	// SecondChances counts the blocks EvictReuse passed over at the cold
 	// end of a list, because they were asked for again, and moved to the
 	// hot end.
@@ -131,9 +135,11 @@ type TierEvictions struct {
 type NamespaceStats struct {
 	Digest uint64
 	Tenant uint64 // the tag of the tenant whose blocks these are (0: none, or not read yet)
-	Blocks int64
-	Bytes  int64 // encoded block bytes, DRAMBytes + NVMeBytes
-	Tokens int64 // cached tokens: Blocks × tokens per block
+	Blocks int64  // blocks, or with groups records of every group
+	Bytes  int64  // encoded block bytes, DRAMBytes + NVMeBytes
+	// Tokens are the cached tokens: Blocks × tokens per block; with
+	// groups, those of group 0's records (list the full group first).
+	Tokens int64
 	// Objects is how many of Blocks are objects' pieces (object records).
 	Objects int64
 	// PinnedBytes is what the namespace holds under hard pins and leases
@@ -179,7 +185,7 @@ func (l *Local) statsLocked() Stats {
 		PromotionsDeferred: c.promotionsDeferred,
 		Evictions:          c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops, Removed: c.removed,
 		Retained: len(l.mu.retain.by), PinnedBytes: l.mu.retain.pinned,
-		Cascaded: c.cascade, SecondChances: c.secondChances, ReusedBlocks: l.mu.reused, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
+		Cascaded: c.cascade, Retired: c.retired, SecondChances: c.secondChances, ReusedBlocks: l.mu.reused, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
 		Reservations: l.mu.reservations, ReservationsExpired: c.reservationsExpired, CorruptCommits: c.corruptCommits,
 		HBMDemotions: l.mu.hbm.demote, HBMPromotions: l.mu.hbm.promot,
 		PartialsOpen: len(l.mu.parts.open), PartialBytes: l.mu.parts.bytes,
@@ -223,7 +229,9 @@ func (l *Local) statsLocked() Stats {
 		}
 		ns.Blocks += n.blocks
 		ns.Bytes += n.blocks * int64(n.size)
-		ns.Tokens += n.blocks * int64(n.tokens)
+		if n.group <= 1 { // no groups, or group 0: tokens are counted once
+			ns.Tokens += n.blocks * int64(n.tokens)
+		}
 		ns.DRAMBytes += n.inTier[tierMem] * int64(n.size)
 		ns.NVMeBytes += n.inTier[tierDisk] * int64(n.size)
 		ns.Quota = Quota{DRAM: n.quota[tierMem], NVMe: n.quota[tierDisk]}

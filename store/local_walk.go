@@ -18,7 +18,9 @@ type Placed struct {
 // d - d%C. That holds wherever blocks arrive chunk by chunk, as they do at
 // owners and at producers; a block whose parent was evicted before it
 // arrived may be assigned a wrong chunk, which costs one useless push.
-// The walk holds the index lock: O(cached blocks).
+// The walk holds the index lock: O(cached blocks). The records of a
+// namespace with groups are placed by their block's chain key: the windows
+// and states hanging from the anchor's record are at its depth.
 func (l *Local) InMemory(chunkBlocks func(tokens int) int) []Placed {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -38,7 +40,7 @@ func (l *Local) InMemory(chunkBlocks func(tokens int) int) []Placed {
 		if e.up != 0 || e.key.IsZero() || e.has(flagSentinel) || e.has(flagDropped) {
 			continue // not a root, free, a list head, or gone
 		}
-		stack = append(stack[:0], item{i: i, chunk: e.key})
+		stack = append(stack[:0], item{i: i, chunk: l.chainKeyLocked(i)})
 		for len(stack) > 0 {
 			it := stack[len(stack)-1]
 			stack = stack[:len(stack)-1]
@@ -57,15 +59,29 @@ func (l *Local) InMemory(chunkBlocks func(tokens int) int) []Placed {
 			c := max(chunkBlocks(ns.tokens), 1)
 			chunk := it.chunk
 			if it.depth%c == 0 {
-				chunk = e.key
+				chunk = l.chainKeyLocked(it.i)
 			}
 			if !e.persistent() && !e.has(flagDropped) {
 				out = append(out, Placed{Key: e.key, ChunkKey: chunk, Size: ns.size})
 			}
 			for ch := e.child; ch != 0; ch = x.at(ch).sib {
-				stack = append(stack, item{i: ch, depth: it.depth + 1, chunk: chunk})
+				d := it.depth + 1
+				if x.at(ch).ns != e.ns {
+					d = it.depth // another group's record of the same block
+				}
+				stack = append(stack, item{i: ch, depth: d, chunk: chunk})
 			}
 		}
 	}
 	return out
+}
+
+// chainKeyLocked returns the chain key of entry i's block: its key, or for
+// a group's record the key GroupKey maps back.
+func (l *Local) chainKeyLocked(i uint32) prefixhash.Key {
+	e := l.mu.x.at(i)
+	if g := l.mu.ns.get(e.ns).group; g > 0 {
+		return prefixhash.GroupKey(e.key, int(g)-1)
+	}
+	return e.key
 }

@@ -135,7 +135,7 @@ func (l *Local) changeQuotas(change func(*namespaces)) error {
 	}
 	t := &l.mu.ns
 	change(t)
-	var trim []uint64
+	var trim []nsKey
 	for id := range t.list {
 		n := &t.list[id]
 		if !n.resolved {
@@ -143,7 +143,13 @@ func (l *Local) changeQuotas(change func(*namespaces)) error {
 		}
 		n.quota = t.quotaOf(n.digest, n.tenant).tiers()
 		if n.excess(tierMem, 0) > 0 || n.excess(tierDisk, 0) > 0 {
-			trim = append(trim, n.digest)
+			k := n.key()
+			if n.shared() {
+				k = nsKey{digest: n.digest} // its digest's blocks and objects together
+			}
+			if !slices.Contains(trim, k) {
+				trim = append(trim, k)
+			}
 		}
 	}
 	l.mu.Unlock()
@@ -159,12 +165,12 @@ func (l *Local) changeQuotas(change func(*namespaces)) error {
 
 // trim brings a namespace within its quota: demotes (or drops) its coldest
 // idle memory blocks and drops its coldest idle persistent blocks.
-func (l *Local) trim(digest uint64) error {
+func (l *Local) trim(k nsKey) error {
 	for round := 0; ; round++ {
 		var fr []freeLoc
 		var vs []moved
 		l.mu.Lock()
-		ids := l.mu.ns.ids(digest)
+		ids := l.mu.ns.sharing(k)
 		if len(ids) == 0 {
 			l.mu.Unlock()
 			return nil
@@ -199,7 +205,7 @@ func (l *Local) trim(digest uint64) error {
 		var err error
 		if !progress {
 			err = fmt.Errorf("%w: namespace %016x holds %d bytes in %s over its quota of %d in blocks that are pinned or moving",
-				ErrQuota, digest, max(exMem, exDisk), l.tierName(t), n.quota[t])
+				ErrQuota, k.digest, max(exMem, exDisk), l.tierName(t), n.quota[t])
 		}
 		l.mu.Unlock()
 		l.freeAll(fr)
@@ -217,16 +223,16 @@ func (l *Local) trim(digest uint64) error {
 // dropped. Blocks of other namespaces are never touched.
 //
 // h is the header of a new block, whose namespace is created if need be; nil
-// for a block already cached, whose namespace is found by digest (and, for
-// an object, by its object group: object, size). When the block's own entry
-// of the table has no idle block to make room with, the other entries of
-// its digest (its blocks, its other object groups) are tried. parent is
+// for a block already cached, whose namespace (or group, or object group)
+// is found by k. When the block's own entry of the table has no idle block
+// to make room with, the other entries that share its quota (its digest's
+// blocks and object groups; a group's is its own) are tried. parent is
 // a new block's parent (zero for a promotion): when the namespace's coldest
 // idle memory block is the parent, the block is colder than anything it
 // could displace, and room returns errColdest, as makeMemRoom does. Other
 // failures wrap ErrQuota. On success the caller holds the reservation and
 // hands it to insertLocked or unreserveLocked.
-func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, object bool, size, class, t int, parent prefixhash.Key) (uint32, error) {
+func (l *Local) room(ctx context.Context, h *block.Header, k nsKey, size, class, t int, parent prefixhash.Key) (uint32, error) {
 	for round := 0; ; round++ {
 		l.mu.Lock()
 		var id uint32
@@ -236,7 +242,7 @@ func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, object
 				l.mu.Unlock()
 				return 0, err
 			}
-		} else if id = l.mu.ns.find(digest, object, size); id == 0 {
+		} else if id = l.mu.ns.byKey[k]; id == 0 {
 			l.mu.Unlock()
 			return 0, errNoNamespace
 		}
@@ -262,7 +268,7 @@ func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, object
 			if !gone && t == tierDisk {
 				var dropped int
 				dropped, coldest = l.dropColdLocked(id, excess, stopDisk, &fr)
-				for _, o := range l.mu.ns.ids(n.digest) {
+				for _, o := range l.mu.ns.sharing(n.key()) {
 					if dropped > 0 || coldest {
 						break
 					}
@@ -283,7 +289,7 @@ func (l *Local) room(ctx context.Context, h *block.Header, digest uint64, object
 				for _, i := range l.coldNSLocked(id, tierMem, want, stopMem, &coldest) {
 					vs = append(vs, l.markVictimLocked(i))
 				}
-				for _, o := range l.mu.ns.ids(n.digest) {
+				for _, o := range l.mu.ns.sharing(n.key()) {
 					if len(vs) > 0 || coldest {
 						break
 					}
@@ -454,8 +460,8 @@ func (l *Local) reserveDemotionsLocked(vs []moved, fr *[]freeLoc) {
 		if x.at(m.i).has(flagDropped) {
 			continue
 		}
-		if x.at(m.i).copy() {
-			m.skipDisk = true // its owner holds it: not worth a write
+		if e := x.at(m.i); e.copy() || e.retired() {
+			m.skipDisk = true // its owner holds it, or its chain moved past it: not worth a write
 			continue
 		}
 		n := l.mu.ns.get(m.ns)

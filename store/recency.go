@@ -90,7 +90,7 @@ func (l *Local) placeLocked(i uint32, parent prefixhash.Key) {
 	}
 	at := list
 	if p := x.find(parent); p != 0 && p != i {
-		if pe := x.at(p); pe.persistent() == e.persistent() && pe.ns == e.ns && !pe.copy() {
+		if pe := x.at(p); pe.persistent() == e.persistent() && l.mu.ns.same(pe.ns, e.ns) && !pe.copy() {
 			if l.opts.Eviction == EvictReuse && pe.reused() {
 				// A lookup found the parent: its chain is in use, so the
 				// parent, and the new block behind it, are the hottest
@@ -111,6 +111,7 @@ func (l *Local) touchLocked(i uint32) {
 	x := &l.mu.x
 	e := x.at(i)
 	e.set(flagHit)
+	e.hits &^= hitsRetired // read again: a resume point after all
 	l.markReusedLocked(i)
 	if e.copy() {
 		return

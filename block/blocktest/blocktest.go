@@ -59,3 +59,33 @@ func Reseal(b []byte) {
 	d.Write(b[block.FixedHeaderLen:end])
 	binary.LittleEndian.PutUint64(b[headerSumOff:], d.Sum64())
 }
+
+// Hybrid returns a small namespace with one group of each kind: full
+// attention (layers 1 and 4), a sliding window of 6 tokens (layers 0, 2,
+// 3, 5), a recurrent state (layer 6, 2 heads of 16 bytes) and an indexer
+// (the full group's layers, a latent of 4); blocks of 4 tokens.
+func Hybrid() prefixhash.Namespace {
+	return prefixhash.Namespace{Model: "kvmesh/hybrid-test", DType: prefixhash.Float16, BlockTokens: 4, Layers: 7,
+		Groups: prefixhash.MustGroups(
+			prefixhash.Group{Kind: prefixhash.GroupFull, Layers: []int{1, 4}, Layout: prefixhash.SplitKV, DType: prefixhash.Float16, KVHeads: 2, HeadDim: 8},
+			prefixhash.Group{Kind: prefixhash.GroupSliding, Window: 6, Layers: []int{0, 2, 3, 5}, Layout: prefixhash.SplitKV, DType: prefixhash.Float16, KVHeads: 2, HeadDim: 8},
+			prefixhash.Group{Kind: prefixhash.GroupState, Layers: []int{6}, Layout: prefixhash.StateKV, DType: prefixhash.Float32, KVHeads: 2, StateBytes: 16},
+			prefixhash.Group{Kind: prefixhash.GroupIndexer, Layers: []int{1, 4}, Layout: prefixhash.LatentKV, DType: prefixhash.Float16, LatentDim: 4},
+		)}
+}
+
+// Record encodes group g's record of the block of tokens chained from
+// parent (a link: prefixhash.KeyLink of the parent key, or ns.RootLink()),
+// with a payload drawn from rng; it returns the record and the block's
+// link (what the next block chains from).
+func Record(t testing.TB, rng *rand.Rand, ns prefixhash.Namespace, g int, parent prefixhash.Link, tokens []uint32) ([]byte, prefixhash.Link) {
+	payload := make([]byte, ns.GroupBytes(g))
+	for i := range payload {
+		payload[i] = byte(rng.Uint32())
+	}
+	b, link, err := block.EncodeGroup(nil, 0, ns, g, parent, tokens, nil, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, link
+}

@@ -373,6 +373,7 @@ type namespaceFlags struct {
 	layout, scales, lora, scheme          string
 	latentDim, extraKeyBytes              int
 	hashSeed                              string
+	groups                                string
 }
 
 func (n *namespaceFlags) register(c *cobra.Command) {
@@ -392,6 +393,7 @@ func (n *namespaceFlags) register(c *cobra.Command) {
 	fs.StringVar(&n.scheme, "key-scheme", "kvmesh", "namespace: key scheme, kvmesh or vllm (vLLM's block hashes, rooted in --hash-seed)")
 	fs.StringVar(&n.hashSeed, "hash-seed", "", "namespace: vLLM's PYTHONHASHSEED (key scheme vllm)")
 	fs.IntVar(&n.extraKeyBytes, "extra-key-bytes", 0, "namespace: header room each block reserves for extra keys (4 bytes plus each key's length; 0: none)")
+	fs.StringVar(&n.groups, "groups", "", `namespace: a hybrid model's cache groups, JSON: [{"kind":"full","layers":[5],"kv_heads":8,"head_dim":128}, {"kind":"sliding","window":1024,"layers":[0,1,2,3,4],...}, {"kind":"state","layers":[6],"state_bytes":65536}]; --kv-heads and --head-dim then default to 0`)
 }
 
 func (n *namespaceFlags) namespace() (prefixhash.Namespace, error) {
@@ -412,13 +414,19 @@ func (n *namespaceFlags) namespace() (prefixhash.Namespace, error) {
 		return prefixhash.Namespace{}, fmt.Errorf("--key-scheme: %w", err)
 	}
 	heads, dim := n.kvHeads, n.headDim
-	if layout == prefixhash.LatentKV && heads == defaultNamespace.KVHeads && dim == defaultNamespace.HeadDim {
-		heads, dim = 0, 0 // the demo's split shape, not given: a latent block has no heads
+	if (layout == prefixhash.LatentKV || n.groups != "") && heads == defaultNamespace.KVHeads && dim == defaultNamespace.HeadDim {
+		heads, dim = 0, 0 // the demo's split shape, not given: a latent block has no heads, groups have their own
+	}
+	var groups prefixhash.Groups
+	if n.groups != "" {
+		if groups, err = prefixhash.ParseGroupsJSON([]byte(n.groups), dt); err != nil {
+			return prefixhash.Namespace{}, fmt.Errorf("--groups: %w", err)
+		}
 	}
 	ns := prefixhash.Namespace{Model: n.model, DType: dt, BlockTokens: n.blockTokens, Layers: n.layers,
 		KVHeads: heads, HeadDim: dim, TenantSalt: n.salt,
 		Layout: layout, LatentDim: n.latentDim, Scales: scales, LoRA: n.lora, Scheme: scheme, HashSeed: n.hashSeed,
-		ExtraKeyBytes: n.extraKeyBytes}
+		ExtraKeyBytes: n.extraKeyBytes, Groups: groups}
 	if err := ns.Validate(); err != nil {
 		return ns, fmt.Errorf("namespace flags: %w", err)
 	}
@@ -461,6 +469,16 @@ type lookupJSON struct {
 	CachedTokens int               `json:"cached_tokens"`
 	CachedBlocks int               `json:"cached_blocks"`
 	Blocks       []lookupBlockJSON `json:"blocks"`
+	// Groups (a namespace with groups): what each group allows on its own;
+	// the blocks listed are the chain's, and their node and tier those of
+	// the first full group's records.
+	Groups []lookupGroupJSON `json:"groups,omitempty"`
+}
+
+type lookupGroupJSON struct {
+	Group  int    `json:"group"`
+	Kind   string `json:"kind"`
+	Blocks int    `json:"blocks"`
 }
 
 type lookupBlockJSON struct {
@@ -513,10 +531,16 @@ names it).`,
 			for i, b := range l.Blocks() {
 				out.Blocks = append(out.Blocks, lookupBlockJSON{Index: i, Key: b.Key.String(), Node: b.NodeID, Tier: b.Tier})
 			}
+			for g, gl := range l.Groups {
+				out.Groups = append(out.Groups, lookupGroupJSON{Group: g, Kind: gl.Kind.String(), Blocks: gl.Blocks})
+			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "namespace\t%s (digest %s)\n", out.Namespace, out.Digest)
 				fmt.Fprintf(w, "prompt\t%d tokens, %d full blocks\n", out.PromptTokens, out.PromptBlocks)
 				fmt.Fprintf(w, "cached\t%d tokens, %d blocks\n", out.CachedTokens, out.CachedBlocks)
+				for _, g := range out.Groups {
+					fmt.Fprintf(w, "group %d\t%s: %d blocks on its own\n", g.Group, g.Kind, g.Blocks)
+				}
 				if len(out.Blocks) > 0 {
 					fmt.Fprintln(w, "\nBLOCK\tKEY\tNODE\tTIER")
 					for _, b := range out.Blocks {
@@ -546,6 +570,15 @@ type blockJSON struct {
 	Layers          int      `json:"layers"`
 	KVHeads         uint32   `json:"kv_heads"`
 	HeadDim         uint32   `json:"head_dim"`
+	KVLayout        string   `json:"kv_layout"`
+	LatentDim       int      `json:"latent_dim,omitempty"`
+	StateBytes      int      `json:"state_bytes,omitempty"`
+	// A record of a namespace with groups: its group, kind, window and the
+	// block's chain key (what lookup lists).
+	Group        *int   `json:"group,omitempty"`
+	GroupKind    string `json:"group_kind,omitempty"`
+	WindowBlocks int    `json:"window_blocks,omitempty"`
+	ChainKey     string `json:"chain_key,omitempty"`
 }
 
 func blockCmd(f *inspectFlags) *cobra.Command {
@@ -569,12 +602,30 @@ func blockCmd(f *inspectFlags) *cobra.Command {
 			out := blockJSON{Key: key.String(), Parent: b.Parent.String(), NamespaceDigest: fmt.Sprintf("%016x", b.NamespaceDigest),
 				Node: b.NodeID, Tier: b.Tier, Tokens: b.Tokens, PayloadBytes: uint64(b.PayloadLen), EncodedBytes: uint64(b.EncodedLen),
 				DType: b.DType.String(), Layers: b.Layers,
-				KVHeads: uint32(b.KVHeads), HeadDim: uint32(b.HeadDim)}
+				KVHeads: uint32(b.KVHeads), HeadDim: uint32(b.HeadDim), KVLayout: b.KVLayout.String(), LatentDim: b.LatentDim, StateBytes: b.StateBytes}
+			if b.Group >= 0 {
+				g := b.Group
+				out.Group, out.GroupKind, out.WindowBlocks, out.ChainKey = &g, b.GroupKind.String(), b.WindowBlocks, b.Chain.String()
+			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "key\t%s\nparent\t%s\nnamespace\t%s\nnode\t%s\ntier\t%s\n", out.Key, out.Parent, out.NamespaceDigest, out.Node, out.Tier)
 				fmt.Fprintf(w, "tokens\t%d: %s\n", len(out.Tokens), tokenPreview(out.Tokens))
 				fmt.Fprintf(w, "payload\t%s (%s encoded)\n", formatSize(int64(out.PayloadBytes)), formatSize(int64(out.EncodedBytes)))
-				fmt.Fprintf(w, "layout\t%s, %d layers, %d kv heads x %d\n", out.DType, out.Layers, out.KVHeads, out.HeadDim)
+				switch out.KVLayout {
+				case "latent":
+					fmt.Fprintf(w, "layout\t%s, %d layers, latent %d\n", out.DType, out.Layers, out.LatentDim)
+				case "state":
+					fmt.Fprintf(w, "layout\t%s, %d layers, state of %d heads x %d bytes\n", out.DType, out.Layers, out.KVHeads, out.StateBytes)
+				default:
+					fmt.Fprintf(w, "layout\t%s, %d layers, %d kv heads x %d\n", out.DType, out.Layers, out.KVHeads, out.HeadDim)
+				}
+				if out.Group != nil {
+					fmt.Fprintf(w, "group\t%d (%s", *out.Group, out.GroupKind)
+					if out.WindowBlocks > 0 {
+						fmt.Fprintf(w, ", window %d blocks", out.WindowBlocks)
+					}
+					fmt.Fprintf(w, ") of block %s\n", out.ChainKey)
+				}
 			})
 		},
 	}

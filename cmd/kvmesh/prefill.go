@@ -208,7 +208,7 @@ func promptTokens(c *cobra.Command, text, tokens string) ([]uint32, error) {
 
 // namespaceFlagNames are the flags of namespaceFlags.
 var namespaceFlagNames = []string{"model", "dtype", "block-tokens", "layers", "kv-heads", "head-dim", "tp-rank", "tp-size", "tenant-salt",
-	"kv-layout", "latent-dim", "scales", "lora", "key-scheme", "hash-seed", "extra-key-bytes"}
+	"kv-layout", "latent-dim", "scales", "lora", "key-scheme", "hash-seed", "extra-key-bytes", "groups"}
 
 // namespaceGiven reports whether any namespace flag of c was set, on the
 // command line or in the environment.

@@ -3,7 +3,9 @@
 
 An implementation independent of kvmesh's, written from the architectures'
 published definitions (transformers' modeling_llama, modeling_mistral,
-modeling_qwen2, modeling_qwen3 and modeling_rope_utils) and from the
+modeling_qwen2, modeling_qwen3 and modeling_rope_utils; config.json's
+layer_types of full_attention, sliding_attention and kvmesh's own
+linear_attention, from its definition in prefill/hybrid.go) and from the
 safetensors format, for kvmesh's tests and benchmarks. Only Debian's
 python3-torch and numpy are needed: it reads and writes safetensors itself.
 
@@ -141,6 +143,8 @@ def make(d, arch, dtype, shards, seed, config):
         if arch == "qwen3":
             t[p + "self_attn.q_norm.weight"] = norm(hd)
             t[p + "self_attn.k_norm.weight"] = norm(hd)
+        if layer_type(c, l) == "linear_attention":
+            t[p + "linear_attn.gate.weight"] = lin(KV, dim)
         t[p + "self_attn.o_proj.weight"] = lin(dim, H * hd)
         t[p + "post_attention_layernorm.weight"] = norm(dim)
         t[p + "mlp.gate_proj.weight"] = lin(ffn, dim)
@@ -167,6 +171,34 @@ def make(d, arch, dtype, shards, seed, config):
 
 
 # --- the forward pass ----------------------------------------------------
+
+def layer_type(c, l):
+    """Layer l's kind: layer_types' entry, else every layer full attention
+    (sliding under mistral's sliding_window)."""
+    lt = c.get("layer_types")
+    if lt:
+        return lt[l]
+    return "sliding_attention" if c.get("model_type") == "mistral" and c.get("sliding_window") else "full_attention"
+
+
+def gated_linear_attention(q, k, v, gate):
+    """kvmesh's gated linear attention (prefill/hybrid.go), written out
+    from its definition: per KV head a state S (value dim x key dim), zero
+    at the start; per token t, with q and k scaled to unit length,
+    S = g_t S + v_t k_t^T and o_t = S q_t; a KV head's query heads share
+    its state. q [n,H,hd], k and v [n,KV,hd], gate [n,KV]; returns [n,H,hd]."""
+    n, H, hd = q.shape
+    KV = k.shape[1]
+    q = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-300)  # a zero vector stays zero
+    k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    S = torch.zeros(KV, hd, hd, dtype=q.dtype)
+    out = torch.zeros_like(q)
+    for t in range(n):
+        S = gate[t][:, None, None] * S + v[t][:, :, None] * k[t][:, None, :]
+        for h in range(H):
+            out[t, h] = S[h // (H // KV)] @ q[t, h]
+    return out
+
 
 def inv_freq(c):
     """RoPE's inverse frequencies and attention scaling (modeling_rope_utils)."""
@@ -220,6 +252,13 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def mlp(x, w, p, eps):
+    h = rms(x, w[p + "post_attention_layernorm.weight"], eps)
+    g = h @ w[p + "mlp.gate_proj.weight"].T
+    u = h @ w[p + "mlp.up_proj.weight"].T
+    return (torch.nn.functional.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+
+
 class Model:
     def __init__(self, d, dtype=torch.float64):
         with open(os.path.join(d, "config.json")) as f:
@@ -245,14 +284,23 @@ class Model:
         freqs = pos[:, None] * self.inv[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos() * self.att, emb.sin() * self.att
-        window = c.get("sliding_window") if self.arch == "mistral" else None
         x = w["model.embed_tokens.weight"][torch.tensor(ids)]
         for l in range(c["num_hidden_layers"]):
             p = "model.layers.%d." % l
+            kind = layer_type(c, l)
+            window = c.get("sliding_window") if kind == "sliding_attention" else None
             h = rms(x, w[p + "input_layernorm.weight"], eps)
             q, k, v = (h @ w[p + "self_attn.%s_proj.weight" % s].T for s in "qkv")
             if self.arch == "qwen2":
                 q, k, v = (t + w[p + "self_attn.%s_proj.bias" % s] for t, s in zip((q, k, v), "qkv"))
+            if kind == "linear_attention":
+                if cache is not None:
+                    raise ValueError("no cache for linear_attention layers")
+                gate = torch.sigmoid(h @ w[p + "linear_attn.gate.weight"].T + 3)
+                o = gated_linear_attention(q.view(n, H, hd), k.view(n, KV, hd), v.view(n, KV, hd), gate).reshape(n, H * hd)
+                x = x + o @ w[p + "self_attn.o_proj.weight"].T
+                x = x + mlp(x, w, p, eps)
+                continue
             q = q.view(n, H, hd)
             k = k.view(n, KV, hd)
             v = v.view(n, KV, hd).transpose(0, 1)
@@ -279,10 +327,7 @@ class Model:
             s = s.masked_fill(masked, float("-inf"))
             o = (torch.softmax(s, dim=-1) @ v).transpose(0, 1).reshape(n, H * hd)
             x = x + o @ w[p + "self_attn.o_proj.weight"].T
-            h = rms(x, w[p + "post_attention_layernorm.weight"], eps)
-            g = h @ w[p + "mlp.gate_proj.weight"].T
-            u = h @ w[p + "mlp.up_proj.weight"].T
-            x = x + (torch.nn.functional.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+            x = x + mlp(x, w, p, eps)
         if last:
             x = x[-1:]
         return rms(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T

@@ -2,7 +2,8 @@
 // logits with an independent PyTorch implementation (hfref.py, run by
 // Debian's python3 with python3-torch), for the tests and benchmarks of the
 // bundled engine. The script follows transformers' published definitions
-// of llama, mistral, qwen2 and qwen3, and reads and writes safetensors
+// of llama, mistral, qwen2 and qwen3 (and of hybrid layer plans, Hybrid),
+// and reads and writes safetensors
 // itself; nothing of kvmesh's is involved.
 package prefilltest
 
@@ -100,6 +101,19 @@ func Archs(promptTokens int) []Model {
 		{Name: "qwen2", Arch: "qwen2", DType: "bf16", Shards: 3, Seed: 3, Config: qwen2, Prompt: Prompt(promptTokens, vocab, 3)},
 		{Name: "qwen3", Arch: "qwen3", DType: "bf16", Shards: 2, Seed: 4, Config: qwen3, Prompt: Prompt(promptTokens, vocab, 4)},
 	}
+}
+
+// Hybrid returns a small hybrid model (config.json's layer_types): a llama
+// in bf16 whose five layers are full, sliding-window (24 tokens), kvmesh's
+// gated linear attention, full and sliding; its prompt is promptTokens
+// long.
+func Hybrid(promptTokens int) Model {
+	const vocab = 512
+	c := map[string]any{"hidden_size": 64, "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2,
+		"intermediate_size": 128, "vocab_size": vocab, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+		"bos_token_id": 1, "eos_token_id": 2, "sliding_window": 24,
+		"layer_types": []string{"full_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention"}}
+	return Model{Name: "hybrid", Arch: "llama", DType: "bf16", Shards: 1, Seed: 5, Config: c, Prompt: Prompt(promptTokens, vocab, 5)}
 }
 
 // Suite writes each model's checkpoint to out/NAME with one run of

@@ -8,10 +8,15 @@
         # a tensor-parallel rank: its heads only, kv [32, 2, n, 8 // 4, 128]
         n, kv = c.get(ns, tokens, tp_rank=1, tp_size=4)
 
+A hybrid model's cache (sliding-window, recurrent-state, indexer layers beside full
+attention) is a Namespace with groups: put takes one group's tensor (group=), get returns
+what resuming needs, lookup says what each group allows (see kvmesh/_groups.py).
+
 Keys (kvmesh.keys) are computed here, bit-identical to the node's; on the node's
 host, blocks move through its shared memory. See clients/python/README.md.
 """
-from ._namespace import DTYPES, KEY_VERSION, Namespace, keys
+from ._namespace import DTYPES, KEY_VERSION, Group, Namespace, group_key, keys
+from ._groups import GroupKV, GroupLookup
 from ._core import CachedBlock, LookupResult
 from .client import Client
 from .block import Part, rank_part
@@ -20,7 +25,7 @@ from .errors import (BadPart, BlockCorrupt, BlockTooLarge, Busy, CacheFull, Dead
                      ResourceExhausted, ScopeMissing, TooManyBlocks, Unauthenticated, Unavailable)
 from . import aio, paged  # noqa: E402
 
-__all__ = ["Namespace", "keys", "Client", "aio", "paged", "LookupResult", "CachedBlock", "KVMeshError", "NotFound",
+__all__ = ["Namespace", "Group", "GroupKV", "GroupLookup", "group_key", "keys", "Client", "aio", "paged", "LookupResult", "CachedBlock", "KVMeshError", "NotFound",
            "Unavailable", "InvalidArgument", "PermissionDenied", "ResourceExhausted", "DeadlineExceeded",
            "TooManyBlocks", "BlockTooLarge", "BlockCorrupt", "InvalidPageToken", "Unauthenticated", "ScopeMissing",
            "NamespaceForbidden", "QuotaExceeded", "CacheFull", "Busy", "BadPart", "PartConflict", "Part", "rank_part",

@@ -27,6 +27,9 @@ class LookupResult:
     cached_blocks: int
     prompt_tokens: int
     blocks: list = field(default_factory=list)
+    # A namespace with groups: per group, a GroupLookup (kind, blocks): what it allows on its
+    # own, so a shorter hit than the full-attention blocks says why.
+    groups: list = field(default_factory=list)
 
 
 @dataclass
@@ -71,15 +74,24 @@ def check_ns(ns):
         raise TypeError(f"ns: want a kvmesh.Namespace, got {type(ns).__name__}")
 
 
+def _probe_ns(ns):
+    """ns, or for a namespace with groups (whose reads by tokens are resume reads, answering
+    nothing uncached) one without them that keys as the node keys it."""
+    if not ns.groups:
+        return ns
+    return Namespace(ns.model, ns.dtype, ns.block_tokens, ns.layers, 1, 1, ns.tenant_salt, lora=ns.lora,
+                     key_scheme=ns.key_scheme, hash_seed=ns.hash_seed, extra_key_bytes=ns.extra_key_bytes)
+
+
 def probe_request(ns):
     """A BatchGet whose first answer names the key the node computes for one block of
     zeros: whether it keys blocks as this client does (format 1 nodes predate SHA-256
     keys; a node that salts a tenant's namespaces without saying so would differ too)."""
-    return cache_pb2.BatchGetRequest(namespace=ns.to_proto(), tokens=[0] * ns.block_tokens, prefix=True)
+    return cache_pb2.BatchGetRequest(namespace=_probe_ns(ns).to_proto(), tokens=[0] * ns.block_tokens, prefix=True)
 
 
 def key_version_from(ns, salt, key):
-    kns = ns.salted(salt)
+    kns = _probe_ns(ns).salted(salt)
     if key_bytes(kns, [0] * ns.block_tokens)[0] == key:
         return KEY_VERSION
     raise KVMeshError(f"the node keys blocks differently from this client (key format {KEY_VERSION}): a node "
@@ -458,9 +470,12 @@ def lookup_request(ns, tokens, meta, extra_keys=None):
 
 
 def lookup_result(resp):
+    from ._groups import GroupLookup
+    from ._namespace import GROUP_KINDS
     return LookupResult(cached_tokens=resp.cached_tokens, cached_blocks=resp.cached_blocks,
                         prompt_tokens=resp.prompt_tokens,
-                        blocks=[CachedBlock(key=b.key.hex(), node=b.node_id, tier=b.tier) for b in resp.blocks])
+                        blocks=[CachedBlock(key=b.key.hex(), node=b.node_id, tier=b.tier) for b in resp.blocks],
+                        groups=[GroupLookup(GROUP_KINDS[g.kind], g.blocks) for g in resp.groups])
 
 
 def bad(msg):

@@ -16,12 +16,18 @@ range and the TP rank and size in the encoding; its keys simply miss.
 
 Optional fields follow the tenant salt, each only when set, in this order:
 u8 1 ‖ u8 kv_layout ‖ u32 latent_dim; u8 2 ‖ str(lora); u8 3 ‖ u8 scales;
-u8 4 ‖ u8 key_scheme ‖ str(hash_seed). A block with extra keys appends
+u8 4 ‖ u8 key_scheme ‖ str(hash_seed); u8 5 ‖ u32 extra_key_bytes; u8 6 ‖ u8 group count ‖
+per group (Group.encoding). A block with extra keys appends
 u32 count ‖ (u32 len ‖ bytes)* to its message. Under key_scheme "vllm" keys
 are vLLM's block hashes (SHA-256 over canonical CBOR, rooted in its
 PYTHONHASHSEED; prefixhash/vllm.go), truncated to 16 bytes.
 
-prefixhash/testdata/golden.json pins them; the tests check every vector.
+A namespace with groups (a hybrid model's cache: full attention, sliding window,
+recurrent state, indexer; Group) keeps one chain per prompt; group g's record of
+block i is stored under group_key(k_i, g) = k_i XOR M_g (M_0 zero, M_g the first 16
+bytes of SHA-256("kvmesh/group/v1" ‖ u32 g)).
+
+prefixhash/testdata/golden.json and groups.json pin them; the tests check every vector.
 Key format 1 (two seeded xxhash64 digests, forgeable) is not spoken: a client
 asks its node once which format it keys by and refuses to work with another.
 """
@@ -51,6 +57,11 @@ MAX_EXTRA_ROOM = MAX_EXTRA_BYTES + 4 * MAX_EXTRA_KEYS
 MAX_LAYERS = 1 << 20
 
 KV_LAYOUTS = ("split", "latent")
+GROUP_LAYOUTS = ("split", "latent", "state")  # "state": a state group's, never a namespace's
+GROUP_KINDS = ("full", "sliding", "state", "indexer")
+MAX_GROUPS = 32
+MAX_WINDOW_BLOCKS = (1 << 16) - 1
+MAX_STATE_BYTES = 1 << 30
 SCALES = ("none", "block", "head")
 KEY_SCHEMES = ("kvmesh", "vllm")
 
@@ -75,6 +86,187 @@ def dtype_name(dtype):
     return s
 
 
+def _group_mask(g):
+    if g == 0:
+        return bytes(KEY_SIZE)
+    return hashlib.sha256(b"kvmesh/group/v1" + struct.pack("<I", g)).digest()[:KEY_SIZE]
+
+
+_GROUP_MASKS = [_group_mask(g) for g in range(MAX_GROUPS)]
+
+
+def group_key(key, g):
+    """The key group g's record of the block whose chain key is key (16 bytes) is stored under:
+    key XOR M_g (group 0's: the chain key itself)."""
+    if not 0 <= g < MAX_GROUPS:
+        raise ValueError(f"group {g}: at most {MAX_GROUPS} groups")
+    m = _GROUP_MASKS[g]
+    return (int.from_bytes(key[:KEY_SIZE], "little") ^ int.from_bytes(m, "little")).to_bytes(KEY_SIZE, "little")
+
+
+class Group:
+    """One group of a hybrid model's cache (prefixhash.Group): its kind ("full", "sliding" with a
+    window of tokens, "state": a fixed-size recurrent state per block boundary, "indexer": a
+    per-token side cache every prefix needs), the model's layers it holds (ascending), and its
+    layout: "split" (kv_heads, head_dim), "latent" (latent_dim) or, for a state, state_bytes per
+    layer and head (kv_heads: the heads a state splits into, default 1). dtype defaults to the
+    namespace's."""
+
+    __slots__ = ("kind", "layers", "window", "kv_layout", "dtype", "kv_heads", "head_dim", "latent_dim",
+                 "state_bytes", "scales")
+
+    def __init__(self, kind, layers, *, window=0, kv_layout=None, dtype=None, kv_heads=0, head_dim=0, latent_dim=0,
+                 state_bytes=0, scales="none"):
+        self.kind = kind
+        self.layers = tuple(layers)
+        self.window = window
+        self.kv_layout = kv_layout or ("state" if kind == "state" else "split")
+        self.dtype = None if dtype is None else dtype_name(dtype)
+        self.kv_heads = 1 if kind == "state" and not kv_heads else kv_heads
+        self.head_dim, self.latent_dim, self.state_bytes, self.scales = head_dim, latent_dim, state_bytes, scales
+
+    def _fields(self):
+        return (self.kind, self.layers, self.window, self.kv_layout, self.dtype, self.kv_heads, self.head_dim,
+                self.latent_dim, self.state_bytes, self.scales)
+
+    def __eq__(self, other):
+        return isinstance(other, Group) and self._fields() == other._fields()
+
+    def __hash__(self):
+        return hash(self._fields())
+
+    def __repr__(self):
+        extra = {"split": f"kv_heads={self.kv_heads}, head_dim={self.head_dim}", "latent": f"latent_dim={self.latent_dim}",
+                 "state": f"kv_heads={self.kv_heads}, state_bytes={self.state_bytes}"}.get(self.kv_layout, "")
+        w = f", window={self.window}" if self.kind == "sliding" else ""
+        return f"Group({self.kind!r}, {list(self.layers)}{w}, kv_layout={self.kv_layout!r}, dtype={self.dtype!r}, {extra})"
+
+    @property
+    def every_block(self):
+        """Whether a prefix needs every block of the group (full attention, indexers)."""
+        return self.kind in ("full", "indexer")
+
+    def window_blocks(self, block_tokens):
+        """The blocks a sliding group's window covers: ceil(window / block_tokens); 0 otherwise."""
+        return -(-self.window // block_tokens) if self.kind == "sliding" else 0
+
+    def record_bytes(self, block_tokens):
+        """Payload bytes of one whole record of the group."""
+        if self.kv_layout == "state":
+            return len(self.layers) * self.kv_heads * self.state_bytes
+        return self.view(block_tokens).block_bytes
+
+    def view(self, block_tokens, model="group"):
+        """The group's records as a namespace without groups would describe them (its layers,
+        shape and dtype), for the tensor and part helpers; not for a state group."""
+        if self.kv_layout == "state":
+            raise ValueError("a state group's records are not KV blocks")
+        return Namespace(model, self.dtype, block_tokens, len(self.layers), self.kv_heads, self.head_dim,
+                         kv_layout=self.kv_layout, latent_dim=self.latent_dim, scales=self.scales)
+
+    def encoding(self):
+        """u8 kind ‖ u32 window ‖ u8 layout ‖ u8 dtype ‖ u8 scales ‖ u32 kv_heads ‖ u32 head_dim ‖
+        u32 latent_dim ‖ u32 state_bytes ‖ u32 layer count ‖ u32 per layer."""
+        return (struct.pack("<BIBBB", GROUP_KINDS.index(self.kind), self.window, GROUP_LAYOUTS.index(self.kv_layout),
+                            DTYPE_IDS[self.dtype], SCALES.index(self.scales)) +
+                struct.pack(f"<{5 + len(self.layers)}I", self.kv_heads, self.head_dim, self.latent_dim,
+                            self.state_bytes, len(self.layers), *self.layers))
+
+    def to_proto(self):
+        from .v1 import types_pb2
+        return types_pb2.Group(kind=GROUP_KINDS.index(self.kind), window=self.window, layers=list(self.layers),
+                               kv_layout=GROUP_LAYOUTS.index(self.kv_layout), dtype=DTYPE_IDS[self.dtype],
+                               kv_heads=self.kv_heads, head_dim=self.head_dim, latent_dim=self.latent_dim,
+                               state_bytes=self.state_bytes, scales=SCALES.index(self.scales))
+
+
+def _validate_groups(ns):
+    def bad(field, msg):
+        raise ValueError(f"namespace {field}: {msg}")
+    if not isinstance(ns.groups, tuple) or not all(isinstance(g, Group) for g in ns.groups):
+        bad("groups", "want a list of kvmesh.Group")
+    if len(ns.groups) > MAX_GROUPS:
+        bad("groups", f"{len(ns.groups)} groups, the limit is {MAX_GROUPS}")
+    if ns.kv_heads or ns.head_dim or ns.latent_dim or ns.kv_layout != "split":
+        bad("kv_heads", "the namespace's own KV shape must be unset with groups: each group has its own")
+    if ns.scales != "none":
+        bad("scales", "set on a namespace with groups: each group has its own")
+    owner, idx = {}, {}
+    for i, g in enumerate(ns.groups):
+        def f(name, i=i):
+            return f"groups[{i}].{name}"
+        if g.kind not in GROUP_KINDS:
+            bad(f("kind"), f"{g.kind!r}: want one of {', '.join(GROUP_KINDS)}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in
+                   (g.window, g.kv_heads, g.head_dim, g.latent_dim, g.state_bytes) + g.layers):
+            bad(f("layers"), "layers and sizes are ints")
+        if g.kind == "sliding" and g.window < 1:
+            bad(f("window"), f"{g.window}: a sliding group's window is at least 1 token")
+        if g.kind == "sliding" and g.window_blocks(ns.block_tokens) > MAX_WINDOW_BLOCKS:
+            bad(f("window"), f"{g.window} tokens is more than {MAX_WINDOW_BLOCKS} blocks")
+        if g.kind != "sliding" and g.window:
+            bad(f("window"), f"{g.window} set on a {g.kind} group (only sliding groups have a window)")
+        if not g.layers:
+            bad(f("layers"), "a group holds at least one layer")
+        if g.kv_layout not in GROUP_LAYOUTS:
+            bad(f("kv_layout"), f"{g.kv_layout!r}: want one of {', '.join(GROUP_LAYOUTS)}")
+        if (g.kind == "state") != (g.kv_layout == "state"):
+            bad(f("kv_layout"), "a state group's layout is state, and only a state group's")
+        for j, l in enumerate(g.layers):
+            if not 0 <= l < ns.layers:
+                bad(f("layers"), f"layer {l} is outside the model's [0,{ns.layers})")
+            if j and l <= g.layers[j - 1]:
+                bad(f("layers"), f"layers must ascend without repeats ({l} after {g.layers[j - 1]})")
+            mine, other = (idx, owner) if g.kind == "indexer" else (owner, idx)
+            if l in mine:
+                bad(f("layers"), f"layer {l} is already in groups[{mine[l]}]: groups' layers must not overlap")
+            mine[l] = i
+            if l in other and ns.groups[other[l]].kind != "full" and g.kind != "full":
+                bad(f("layers"), f"layer {l} is already in groups[{other[l]}]: only an indexer and a full group may share layers")
+        if g.kv_layout == "state":
+            if not 1 <= g.kv_heads <= 1 << 20:
+                bad(f("kv_heads"), f"{g.kv_heads}: a state is split into 1..{1 << 20} heads")
+            if not 1 <= g.state_bytes <= MAX_STATE_BYTES:
+                bad(f("state_bytes"), f"{g.state_bytes} is outside 1..{MAX_STATE_BYTES}")
+            if g.state_bytes % DTYPE_SIZES[g.dtype]:
+                bad(f("state_bytes"), f"{g.state_bytes} is not a whole number of {g.dtype} elements")
+            if g.head_dim or g.latent_dim or g.scales != "none":
+                bad(f("head_dim"), "head_dim, latent_dim and scales are unset in a state group")
+            continue
+        if g.state_bytes:
+            bad(f("state_bytes"), f"{g.state_bytes} set on a {g.kind} group (only state groups have it)")
+        try:
+            g.view(ns.block_tokens)
+        except ValueError as e:
+            bad(f(str(e).split(": ", 1)[0].removeprefix("namespace ")), str(e).split(": ", 2)[-1])
+
+
+def resume(groups, block_tokens, n, held):
+    """The hit rule (prefixhash.Resume) over a chain of n blocks whose records held(g, i) says are
+    cached: (P, per_group). P is the longest prefix, in blocks, such that every full and indexer
+    group holds blocks [0,P), every sliding group blocks [P - window_blocks, P), every state group
+    block P-1 (P = 0 always qualifies); per_group[g] is a full/indexer group's leading blocks held,
+    or for sliding/state the largest P' no longer than those at which that group alone resumes."""
+    per = [0] * len(groups)
+    full = n
+    for g, gr in enumerate(groups):
+        if gr.every_block:
+            while per[g] < n and held(g, per[g]):
+                per[g] += 1
+            full = min(full, per[g])
+
+    def allows(g, p):
+        gr = groups[g]
+        if gr.kind == "state":
+            return p == 0 or held(g, p - 1)
+        return all(held(g, i) for i in range(max(0, p - gr.window_blocks(block_tokens)), p))
+    for g, gr in enumerate(groups):
+        if not gr.every_block:
+            per[g] = next(p for p in range(full, -1, -1) if allows(g, p))
+    p = next(p for p in range(full, -1, -1) if all(allows(g, p) for g, gr in enumerate(groups) if not gr.every_block))
+    return p, per
+
+
 class Namespace:
     """The producer of KV blocks: blocks are interchangeable only within one.
 
@@ -95,14 +287,19 @@ class Namespace:
     keys blocks by vLLM's block hash, rooted in ``hash_seed`` (vLLM's
     PYTHONHASHSEED). ``extra_key_bytes`` is the header room every block reserves for its extra
     keys (4 bytes plus each key's length); 0 means blocks carry none.
+
+    ``groups`` (a list of kvmesh.Group) describes a hybrid model's cache instead of kv_heads and
+    head_dim: full-attention, sliding-window, recurrent-state and indexer groups, each with its
+    layers and shape; put and get then take a group's tensors. List the full-attention group
+    first (its records are then under the chain keys).
     """
 
     __slots__ = ("model", "dtype", "block_tokens", "layers", "kv_heads", "head_dim", "tenant_salt", "kv_layout",
-                 "latent_dim", "scales", "lora", "key_scheme", "hash_seed", "extra_key_bytes", "_enc")
+                 "latent_dim", "scales", "lora", "key_scheme", "hash_seed", "extra_key_bytes", "groups", "_enc")
 
     def __init__(self, model, dtype, block_tokens, layers, kv_heads=0, head_dim=0, tenant_salt=b"", *,
                  kv_layout="split", latent_dim=0, scales="none", lora="", key_scheme="kvmesh", hash_seed="",
-                 extra_key_bytes=0, **moved):
+                 extra_key_bytes=0, groups=None, **moved):
         for k in moved:
             if k in ("tp_rank", "tp_size"):
                 raise TypeError(f"Namespace: {k} is no longer part of the namespace (key format 3): pass tp_rank, "
@@ -126,6 +323,16 @@ class Namespace:
         self.kv_layout, self.latent_dim, self.scales = kv_layout, latent_dim, scales
         self.lora, self.key_scheme, self.hash_seed = lora, key_scheme, hash_seed
         self.extra_key_bytes = extra_key_bytes
+        self.groups = ()
+        if groups:
+            gs = []
+            for g in groups:
+                if isinstance(g, Group) and g.dtype is None:  # the namespace's dtype
+                    g = Group(g.kind, g.layers, window=g.window, kv_layout=g.kv_layout, dtype=self.dtype,
+                              kv_heads=g.kv_heads, head_dim=g.head_dim, latent_dim=g.latent_dim,
+                              state_bytes=g.state_bytes, scales=g.scales)
+                gs.append(g)
+            self.groups = tuple(gs)
         self._validate()
         self._enc = {}
 
@@ -144,9 +351,13 @@ class Namespace:
             bad("block_tokens", f"{self.block_tokens} is outside 1..{MAX_BLOCK_TOKENS}")
         if not 1 <= self.layers <= MAX_LAYERS:
             bad("layers", f"{self.layers} is outside 1..{MAX_LAYERS} (the model's number of layers)")
-        if self.kv_layout not in KV_LAYOUTS:
+        if self.groups:
+            _validate_groups(self)
+        elif self.kv_layout not in KV_LAYOUTS:
             bad("kv_layout", f"{self.kv_layout!r}: want one of {', '.join(KV_LAYOUTS)}")
-        if self.kv_layout == "split":
+        if self.groups:
+            pass
+        elif self.kv_layout == "split":
             if not 1 <= self.kv_heads <= 1 << 20:
                 bad("kv_heads", f"{self.kv_heads} must be at least 1 (the model's KV heads)")
             if not 1 <= self.head_dim <= 1 << 20:
@@ -158,11 +369,13 @@ class Namespace:
                 bad("latent_dim", f"{self.latent_dim} must be at least 1 with the latent layout")
             if self.kv_heads or self.head_dim:
                 bad("kv_heads", "kv_heads and head_dim must be 0 with the latent layout")
-        if self.scales not in SCALES:
+        if self.groups:
+            pass
+        elif self.scales not in SCALES:
             bad("scales", f"{self.scales!r}: want one of {', '.join(SCALES)}")
-        if self.scales != "none" and DTYPE_SIZES[self.dtype] != 1:
+        elif self.scales != "none" and DTYPE_SIZES[self.dtype] != 1:
             bad("scales", f"{self.dtype} payloads carry no scales (only fp8 and int8 do)")
-        if self.scales == "head" and self.kv_layout == "latent":
+        elif self.scales == "head" and self.kv_layout == "latent":
             bad("scales", "per-head scales with the latent layout, which has no heads")
         if not isinstance(self.lora, str) or len(self.lora.encode()) > MAX_LORA_LEN:
             bad("lora", f"must be a string of at most {MAX_LORA_LEN} bytes")
@@ -232,7 +445,21 @@ class Namespace:
     def _fields(self):
         return (self.model, self.dtype, self.block_tokens, self.layers, self.kv_heads, self.head_dim,
                 self.tenant_salt, self.kv_layout, self.latent_dim, self.scales, self.lora, self.key_scheme,
-                self.hash_seed, self.extra_key_bytes)
+                self.hash_seed, self.extra_key_bytes, self.groups)
+
+    @property
+    def anchor(self):
+        """The group whose records the others' hang from in a store (the first full group, else
+        the first indexer; -1 without)."""
+        for kind in ("full", "indexer"):
+            for g, gr in enumerate(self.groups):
+                if gr.kind == kind:
+                    return g
+        return -1
+
+    def group_bytes(self, g):
+        """Payload bytes of group g's record of one block."""
+        return self.groups[g].record_bytes(self.block_tokens)
 
     def __eq__(self, other):
         return isinstance(other, Namespace) and self._fields() == other._fields()
@@ -247,7 +474,8 @@ class Namespace:
                 + (f", scales={self.scales!r}" if self.scales != "none" else "")
                 + (f", lora={self.lora!r}" if self.lora else "")
                 + (f", key_scheme={self.key_scheme!r}" if self.key_scheme != "kvmesh" else "")
-                + (f", extra_key_bytes={self.extra_key_bytes}" if self.extra_key_bytes else "") + ")")
+                + (f", extra_key_bytes={self.extra_key_bytes}" if self.extra_key_bytes else "")
+                + (f", groups={list(self.groups)!r}" if self.groups else "") + ")")
 
     def salted(self, tenant_salt):
         """This namespace as a node with tenants keys it for a tenant whose salt is tenant_salt
@@ -258,7 +486,7 @@ class Namespace:
         return Namespace(self.model, self.dtype, self.block_tokens, self.layers, self.kv_heads, self.head_dim,
                          tenant_salt + ":" + own, kv_layout=self.kv_layout, latent_dim=self.latent_dim,
                          scales=self.scales, lora=self.lora, key_scheme=self.key_scheme, hash_seed=self.hash_seed,
-                         extra_key_bytes=self.extra_key_bytes)
+                         extra_key_bytes=self.extra_key_bytes, groups=self.groups)
 
     def encoding(self, key_version=KEY_VERSION):
         """The canonical encoding that roots every key chain."""
@@ -280,6 +508,8 @@ class Namespace:
                 e += bytes([4, KEY_SCHEMES.index(self.key_scheme)]) + s(self.hash_seed)
             if self.extra_key_bytes:
                 e += b"\x05" + struct.pack("<I", self.extra_key_bytes)
+            if self.groups:
+                e += bytes([6, len(self.groups)]) + b"".join(g.encoding() for g in self.groups)
             self._enc[key_version] = e
         return e
 
@@ -339,7 +569,7 @@ class Namespace:
                                    tenant_salt=self.tenant_salt, kv_layout=KV_LAYOUTS.index(self.kv_layout),
                                    latent_dim=self.latent_dim, scales=SCALES.index(self.scales), lora=self.lora,
                                    key_scheme=KEY_SCHEMES.index(self.key_scheme), hash_seed=self.hash_seed,
-                                   extra_key_bytes=self.extra_key_bytes)
+                                   extra_key_bytes=self.extra_key_bytes, groups=[g.to_proto() for g in self.groups])
 
 
 def token_bytes(tokens):

@@ -8,10 +8,10 @@ import asyncio
 
 import grpc
 
-from . import _core, _shm, _tcp, block
+from . import _core, _groups, _shm, _tcp, block
 from .client import _check_outs, _check_put_items, channel_credentials, channel_options, check_transport, ssl_context
 from .errors import KVMeshError, PermissionDenied, from_rpc
-from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2_grpc
+from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2, cache_pb2_grpc
 
 
 class Client:
@@ -119,7 +119,12 @@ class Client:
         m = await self.meta(ns)
         return _core.lookup_result(await self._call(self._cache.Lookup, _core.lookup_request(ns, tokens, m, extra_keys)))
 
-    async def put(self, ns, tokens, kv, *, scales=None, extra_keys=None, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+    async def put(self, ns, tokens, kv, *, group=None, start=0, scales=None, extra_keys=None, tp_rank=0, tp_size=1,
+                  pp_rank=0, pp_size=1):
+        if getattr(ns, "groups", None) or group is not None or start:
+            if scales is not None or (tp_size, pp_size) != (1, 1):
+                raise ValueError("put of a group: whole records (tp_size 1, pp_size 1), no scales argument")
+            return await self._put_group(ns, tokens, kv, group, start, extra_keys)
         return (await self.batch_put(ns, [(tokens, kv, scales, extra_keys)], tp_rank=tp_rank, tp_size=tp_size,
                                      pp_rank=pp_rank, pp_size=pp_size))[0]
 
@@ -155,6 +160,44 @@ class Client:
             self.counters["grpc_put"] += plan.on_grpc(resp.keys)
         return plan.counts()
 
+    async def _put_group(self, ns, tokens, kv, group, start, extra_keys):
+        _core.check_ns(ns)
+        if not ns.groups:
+            raise ValueError(f"group: namespace {ns.model!r} has no groups")
+        m = await self.meta(ns)
+        plan = _groups.GroupPutPlan(ns, tokens, kv, group, start, m, extra_keys)
+        if not plan.blocks:
+            return 0
+        conn, path = await self._shm_conn(m), "shm_put"
+        if conn is None:
+            conn, path = await self._tcp_conn(m), "tcp_put"
+        if conn is not None:
+            try:
+                keys, chunks, heads, payloads = plan.shm_items(plan.rest)
+                st = await asyncio.to_thread(conn.put_publish, keys, chunks, heads, payloads)
+                self.counters[path] += plan.on_put(keys, st)
+            except (OSError, _shm.ShmError):
+                pass
+        if plan.rest:
+            try:
+                resp = await self._cache.BatchPut(plan.requests(plan.rest), timeout=self.timeout, metadata=self._md)
+            except grpc.aio.AioRpcError as e:
+                raise from_rpc(e) from None
+            self.counters["grpc_put"] += plan.on_grpc(resp.keys)
+        return plan.count()
+
+    async def exists(self, ns, tokens, *, extra_keys=None):
+        _core.check_ns(ns)
+        m = await self.meta(ns)
+        if ns.groups:
+            per, cks = _groups.record_keys(ns, m, tokens, extra_keys)
+        else:
+            per = [_core.key_bytes(ns.salted(m.salt), _core._token_bytes(tokens), m.key_version, extra_keys=extra_keys)]
+            cks = _core.chunk_keys(per[0], ns, m.chunk_tokens)
+        out = [list((await self._call(self._cache.Exists, cache_pb2.ExistsRequest(keys=ks, chunk_keys=cks))).present)
+               for ks in per]
+        return out if ns.groups else out[0]
+
     async def _read(self, plan, which, prefix):
         staging = {}
         try:
@@ -165,6 +208,17 @@ class Client:
 
     async def get(self, ns, tokens, out=None, *, array=None, extra_keys=None, tp_rank=0, tp_size=1, pp_rank=0,
                   pp_size=1):
+        if getattr(ns, "groups", None):
+            _core.check_ns(ns)
+            await self.meta(ns)
+            rd = _groups.ResumeRead(ns, array)
+            try:
+                async for f in self._cache.BatchGet(_groups.resume_request(ns, tokens, extra_keys), timeout=self.timeout,
+                                                    metadata=self._md):
+                    rd.on_frame(f)
+            except grpc.aio.AioRpcError as e:
+                raise from_rpc(e) from None
+            return rd.results()
         return (await self.batch_get(ns, [tokens], None if out is None else [out], array=array,
                                      extra_keys=None if extra_keys is None else [extra_keys], tp_rank=tp_rank,
                                      tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size))[0]

@@ -5,8 +5,10 @@ All integers little-endian; the header is padded to a multiple of 64 bytes::
       0  4  magic "KVMB"              60  4  layers (the model's)
       4  2  format version (4)        64  4  KV heads (the model's; 0 latent)
       6  1  key format version (3)    68  4  head dim (0 latent)
-      7  1  KV layout (0 split, 1 latent)  72  4  latent dim (0 split)
-      8  4  header length             76  4  reserved, zero
+      7  1  KV layout (0 split, 1 latent, 2 state)  72  4  latent dim (0 split; state: state_bytes)
+      8  4  header length             76  1  group kind + 1 (0: no group)
+                                      77  1  anchor group + 1 (sliding, state records; else 0)
+                                      78  2  window in blocks (sliding records; else 0)
      12  4  token count n             80  8  payload length (of this record)
      16  8  namespace digest          88  8  xxhash64 of the payload (of this record)
      24 16  key                       96  8  tenant tag (0: none)
@@ -14,7 +16,7 @@ All integers little-endian; the header is padded to a multiple of 64 bytes::
      56  1  dtype                    120  8  xxhash64 of [0,120), the tokens and the extension
      57  1  key scheme (0 kvmesh, 1 vllm)
      58  1  scales (0 none, 1 per block, 2 per head)
-     59  1  reserved, zero
+     59  1  group + 1 (0: a namespace without groups)
     128 4n  token ids, then u32 extension length X (the namespace's extension_room) and
             X bytes: the parent's 32-byte vLLM hash (vllm scheme only), u32 extra key
             count m, m x (u32 len ‖ bytes), zeros to X
@@ -29,13 +31,18 @@ block (heads are the KV heads, or the one latent for the latent layout). Its
 payload is, for each layer of [l0,l1), that layer's heads [h0,h1), then the
 scales of those layers (and heads). rank_part maps a parallel rank to its
 part exactly as Go's block.RankPart does.
+
+A namespace with groups stores one record per group of each block: its key field
+holds group_key(k_i, g), its layout fields the group's (layers: the group's count,
+in its order), and a state record's payload is [layer][head][state_bytes]
+(record_view describes a group's records for the part helpers).
 """
 import struct
 from collections import namedtuple
 
 from . import _xxhash
-from ._namespace import (DTYPE_IDS, KEY_SCHEMES, KEY_SIZE, KV_LAYOUTS, MAX_EXTRA_KEYS, SCALES, KEY_VERSION,
-                         block_link, token_bytes)
+from ._namespace import (DTYPE_IDS, DTYPE_SIZES, GROUP_KINDS, GROUP_LAYOUTS, KEY_SCHEMES, KEY_SIZE,
+                         MAX_GROUPS, MAX_EXTRA_KEYS, SCALES, KEY_VERSION, block_link, group_key, token_bytes)
 from .errors import BadPart
 
 MAGIC = b"KVMB"
@@ -44,8 +51,34 @@ FIXED_HEADER_LEN = 128
 HEADER_SUM_OFF = 120
 HEADER_ALIGN = 64
 
-_FIXED = struct.Struct("<4sHBBII Q16s16s BBBx IIII4x QQQ IIII")
+_FIXED = struct.Struct("<4sHBBII Q16s16s BBBB IIII BBH QQQ IIII")
 assert _FIXED.size == HEADER_SUM_OFF
+
+
+class _StateView:
+    """A state group's records as the part helpers see them: layers x heads cells of
+    state_bytes each."""
+    kv_layout, scales, head_dim, latent_dim = "state", "none", 0, 0
+
+    def __init__(self, ns, gr):
+        self.layers, self.kv_heads, self.heads = len(gr.layers), gr.kv_heads, gr.kv_heads
+        self.state_bytes, self.dtype, self.block_tokens = gr.state_bytes, gr.dtype, ns.block_tokens
+        self.dtype_size = DTYPE_SIZES[gr.dtype]
+
+
+def record_view(ns, group=None):
+    """What a record of ns holds, for the part helpers: ns itself without groups, else group
+    `group`'s view (Group.view; for a state group its cells of state_bytes)."""
+    if not ns.groups:
+        if group is not None:
+            raise ValueError(f"group {group}: namespace has no groups")
+        return ns
+    if group is None or not 0 <= group < len(ns.groups):
+        raise ValueError(f"group {group!r}: the namespace has {len(ns.groups)} groups (0..{len(ns.groups) - 1})")
+    gr = ns.groups[group]
+    if gr.kv_layout == "state":
+        return _StateView(ns, gr)
+    return gr.view(ns.block_tokens, ns.model)
 
 
 class CorruptBlock(ValueError):
@@ -134,9 +167,48 @@ def rank_part(ns, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
         raise _bad(f"tensor-parallel rank {tp_rank} of size {tp_size}: want 0 <= rank < size")
     if pp_size < 1 or not 0 <= pp_rank < pp_size:
         raise _bad(f"pipeline rank {pp_rank} of size {pp_size}: want 0 <= rank < size")
-    L = ns.layers
+    if ns.groups:
+        raise _bad("the namespace has groups: a rank's part is per group (rank_group_part)")
+    l0, l1 = _stage_layers(ns.layers, pp_rank, pp_size)
+    return _rank_part(ns, tp_rank, tp_size, l0, l1)
+
+
+def _stage_layers(L, pp_rank, pp_size):
     if pp_size > L:
         raise _bad(f"{pp_size} pipeline stages for {L} layers: a stage holds at least one layer")
+    base, extra = divmod(L, pp_size)
+    sizes = [base + (1 if pp_size - 1 - extra <= s < pp_size - 1 else 0) for s in range(pp_size)]
+    l0 = sum(sizes[:pp_rank])
+    return l0, l0 + sizes[pp_rank]
+
+
+def rank_group_part(ns, group, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+    """rank_part for group `group` of a namespace with groups (block.RankGroupPart): the stage's
+    model layers (split as rank_part splits them) that are the group's, as a range of the
+    group's layers, and the rank's heads of the group; a stage with none of the group's layers
+    holds the empty Part(l, l, 0, 0)."""
+    for name, v in (("tp_rank", tp_rank), ("tp_size", tp_size), ("pp_rank", pp_rank), ("pp_size", pp_size)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _bad(f"{name} {v!r} is not an int")
+    if tp_size < 1 or not 0 <= tp_rank < tp_size:
+        raise _bad(f"tensor-parallel rank {tp_rank} of size {tp_size}: want 0 <= rank < size")
+    if pp_size < 1 or not 0 <= pp_rank < pp_size:
+        raise _bad(f"pipeline rank {pp_rank} of size {pp_size}: want 0 <= rank < size")
+    try:
+        view = record_view(ns, group)
+    except ValueError as e:
+        raise _bad(str(e)) from None
+    m0, m1 = _stage_layers(ns.layers, pp_rank, pp_size)
+    layers = ns.groups[group].layers
+    l0, l1 = sum(1 for x in layers if x < m0), sum(1 for x in layers if x < m1)
+    if l0 == l1:
+        return Part(l0, l1, 0, 0)
+    return _rank_part(view, tp_rank, tp_size, l0, l1)
+
+
+def _rank_part(ns, tp_rank, tp_size, l0, l1):
+    """The part of a record shaped as ns that tensor-parallel rank tp_rank of tp_size holds in
+    layers [l0, l1)."""
     if ns.kv_layout == "latent":
         h0, h1 = 0, 1
     else:
@@ -150,10 +222,7 @@ def rank_part(ns, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
         else:
             raise _bad(f"tensor-parallel size {tp_size} for {H} KV heads: it must divide the heads or be a multiple "
                        f"of them (valid: {', '.join(map(str, _divisors(H)))}, or a multiple of {H})")
-    base, extra = divmod(L, pp_size)
-    sizes = [base + (1 if pp_size - 1 - extra <= s < pp_size - 1 else 0) for s in range(pp_size)]
-    l0 = sum(sizes[:pp_rank])
-    p = Part(l0, l0 + sizes[pp_rank], h0, h1)
+    p = Part(l0, l1, h0, h1)
     check_part(ns, p)
     return p
 
@@ -165,7 +234,10 @@ def replicated(ns, tp_size):
 
 
 def _cell(ns, tokens):
-    """Bytes of one (layer, head) cell of KV: split 2 x tokens x head_dim, latent tokens x latent_dim."""
+    """Bytes of one (layer, head) cell of KV: split 2 x tokens x head_dim, latent tokens x latent_dim,
+    state state_bytes."""
+    if ns.kv_layout == "state":
+        return ns.state_bytes
     if ns.kv_layout == "latent":
         return tokens * ns.latent_dim * ns.dtype_size
     return 2 * tokens * ns.head_dim * ns.dtype_size
@@ -257,29 +329,47 @@ def namespace_header_len(ns):
     return header_len(ns.block_tokens, ns.extension_room())
 
 
-def encode_header(ns, parent, tokens, payload_checksum, tenant_tag=0, key_version=KEY_VERSION, extra=None, part=None):
+def group_fields(ns, group):
+    """(group + 1, kind + 1, anchor + 1, window blocks) as a record of group `group` of ns carries
+    them in bytes 59 and 76-79; zeros without groups."""
+    if not ns.groups:
+        return 0, 0, 0, 0
+    gr = ns.groups[group]
+    anchor = -1 if gr.every_block else ns.anchor
+    return group + 1, GROUP_KINDS.index(gr.kind) + 1, anchor + 1, gr.window_blocks(ns.block_tokens)
+
+
+def encode_header(ns, parent, tokens, payload_checksum, tenant_tag=0, key_version=KEY_VERSION, extra=None, part=None,
+                  group=None):
     """The header of the record of ns holding tokens (exactly ns.block_tokens), chained from
     parent (its link: the parent key, or under the vllm scheme the parent's 32-byte hash),
     whose key covers extra (the caller's extra keys; the namespace adds its own). part (default
     the whole block) is the range the record holds; payload_checksum is the xxhash64 of its
-    payload (of part_len bytes). Returns (header bytes, link); link[:16] is the key."""
+    payload (of part_len bytes). In a namespace with groups, group names the group whose record
+    it is (keyed group_key(k, group)). Returns (header bytes, link); link[:16] is the block's
+    chain key, which the next block chains from."""
     tb = token_bytes(tokens)
     n = len(tb) // 4
     if n != ns.block_tokens:
         raise ValueError(f"block has {n} tokens, namespace blocks hold {ns.block_tokens}")
-    p = whole_part(ns) if part is None else Part(*part)
-    check_part(ns, p)
+    view = record_view(ns, group)
+    p = whole_part(view) if part is None else Part(*part)
+    check_part(view, p)
     extra = ns.block_extra(ns.key_scheme == "vllm" and parent == ns.root_link(key_version), extra)
     if len(extra) > MAX_EXTRA_KEYS + 2:
         raise ValueError(f"extra_keys: {len(extra)} keys, the limit is {MAX_EXTRA_KEYS}")
     link = block_link(ns, parent, tb, extra)
     key = link[:KEY_SIZE]
+    gfields = group_fields(ns, group)
+    if gfields[0]:
+        key = group_key(key, group)
     ext = _extension(ns, parent, extra)
     hl = header_len(n, len(ext))
-    fixed = _FIXED.pack(MAGIC, BLOCK_VERSION, key_version, KV_LAYOUTS.index(ns.kv_layout), hl, n,
-                        ns.digest(key_version), key, parent[:KEY_SIZE], DTYPE_IDS[ns.dtype],
-                        KEY_SCHEMES.index(ns.key_scheme), SCALES.index(ns.scales), ns.layers, ns.kv_heads,
-                        ns.head_dim, ns.latent_dim, part_len(ns, n, p), payload_checksum, tenant_tag, *p)
+    fixed = _FIXED.pack(MAGIC, BLOCK_VERSION, key_version, GROUP_LAYOUTS.index(view.kv_layout), hl, n,
+                        ns.digest(key_version), key, parent[:KEY_SIZE], DTYPE_IDS[view.dtype],
+                        KEY_SCHEMES.index(ns.key_scheme), SCALES.index(view.scales), gfields[0], view.layers,
+                        view.kv_heads, view.head_dim, view.latent_dim or getattr(view, "state_bytes", 0),
+                        *gfields[1:], part_len(view, n, p), payload_checksum, tenant_tag, *p)
     tail = tb + struct.pack("<I", len(ext)) + ext
     hsum = _xxhash.xxh64(fixed + tail)
     h = bytearray(hl)
@@ -303,7 +393,8 @@ _SCHEMES = {k: _Scheme(k) for k in KEY_SCHEMES}
 class Header:
     __slots__ = ("key_version", "digest", "key", "parent", "dtype", "layers", "kv_heads", "head_dim", "payload_len",
                  "checksum", "tenant", "tokens", "header_len", "kv_layout", "key_scheme", "scales", "latent_dim",
-                 "parent_link", "extra", "part")
+                 "parent_link", "extra", "part", "chain", "group", "group_kind", "anchor", "window_blocks",
+                 "state_bytes")
 
     def whole(self):
         """Whether the record is a whole block, not a part."""
@@ -317,8 +408,8 @@ def decode_header(b, key_version=KEY_VERSION):
     mv = memoryview(b)
     if len(mv) < FIXED_HEADER_LEN:
         raise CorruptBlock(f"{len(mv)} bytes, shorter than a block header")
-    (magic, version, kv, layout, hl, n, digest, key, parent, dtype, scheme, scales, layers, heads, hd, latent, plen,
-     csum, tenant, l0, l1, h0, h1) = _FIXED.unpack_from(mv)
+    (magic, version, kv, layout, hl, n, digest, key, parent, dtype, scheme, scales, grp, layers, heads, hd, latent,
+     kind, anchor, window, plen, csum, tenant, l0, l1, h0, h1) = _FIXED.unpack_from(mv)
     if magic != MAGIC:
         raise CorruptBlock(f"bad magic {magic!r}")
     if version != BLOCK_VERSION or kv != key_version:
@@ -336,18 +427,20 @@ def decode_header(b, key_version=KEY_VERSION):
         raise CorruptBlock("header checksum mismatch")
     if any(mv[FIXED_HEADER_LEN + 4 * n + 4 + x:hl]):
         raise CorruptBlock("header padding is not zero")
-    if mv[59] or any(mv[76:80]):
-        raise CorruptBlock("reserved header bytes are not zero")
     h = Header()
     h.key_version, h.digest, h.key, h.parent = key_version, digest, key, parent
     h.dtype, h.layers, h.kv_heads, h.head_dim, h.latent_dim = dtype, layers, heads, hd, latent
+    h.state_bytes = 0
     h.payload_len, h.checksum, h.tenant, h.header_len = plen, csum, tenant, hl
     h.tokens = tb
     h.part = Part(l0, l1, h0, h1)
     try:
-        h.kv_layout, h.key_scheme, h.scales = KV_LAYOUTS[layout], KEY_SCHEMES[scheme], SCALES[scales]
+        h.kv_layout, h.key_scheme, h.scales = GROUP_LAYOUTS[layout], KEY_SCHEMES[scheme], SCALES[scales]
     except IndexError:
         raise CorruptBlock("unknown layout, key scheme or scales") from None
+    if h.kv_layout == "state":
+        h.state_bytes, h.latent_dim = latent, 0
+    _decode_group(h, grp, kind, anchor, window)
     h.parent_link, h.extra = parent, []
     e = ext[4:]
     if h.key_scheme == "vllm":
@@ -368,33 +461,67 @@ def decode_header(b, key_version=KEY_VERSION):
         e = e[4 + k:]
     if any(e):
         raise CorruptBlock("extension padding is not zero")
-    if block_link(_SCHEMES[h.key_scheme], h.parent_link, tb, h.extra)[:KEY_SIZE] != key:
+    h.chain = block_link(_SCHEMES[h.key_scheme], h.parent_link, tb, h.extra)[:KEY_SIZE]
+    if (group_key(h.chain, h.group) if h.group is not None else h.chain) != key:
         raise CorruptBlock("key is not H(parent ‖ tokens ‖ extra keys)")
     return h
 
 
-def check_namespace(h, ns, part=None):
-    """Raises CorruptBlock unless header h was produced under ns and holds part (default the
-    whole block), with the payload length that part has."""
-    p = whole_part(ns) if part is None else Part(*part)
-    if (h.digest != ns.digest(h.key_version) or h.dtype != DTYPE_IDS[ns.dtype] or
-            (h.layers, h.kv_heads, h.head_dim) != (ns.layers, ns.kv_heads, ns.head_dim)
-            or (h.kv_layout, h.latent_dim, h.scales, h.key_scheme) != (ns.kv_layout, ns.latent_dim, ns.scales, ns.key_scheme)
+def _decode_group(h, grp, kind, anchor, window):
+    """The group fields (block.Header.decodeGroup): all zero without a group."""
+    h.group, h.group_kind, h.anchor, h.window_blocks = None, None, None, 0
+    if grp == 0:
+        if kind or anchor or window:
+            raise CorruptBlock("group fields set in a record of no group")
+        if h.kv_layout == "state":
+            raise CorruptBlock("a state layout outside a state group")
+        return
+    if grp > MAX_GROUPS or anchor > MAX_GROUPS or not 1 <= kind <= len(GROUP_KINDS):
+        raise CorruptBlock(f"group {grp - 1}, kind {kind - 1}, anchor {anchor - 1}")
+    k = GROUP_KINDS[kind - 1]
+    if (k == "state") != (h.kv_layout == "state") or (k == "sliding") != (window > 0) or \
+            (k in ("full", "indexer") and anchor):
+        raise CorruptBlock(f"a {k} group's record with layout {h.kv_layout}, window {window}, anchor {anchor - 1}")
+    h.group, h.group_kind, h.anchor, h.window_blocks = grp - 1, k, anchor - 1, window
+
+
+def check_namespace(h, ns, part=None, group=None):
+    """Raises CorruptBlock unless header h was produced under ns (as group `group`'s record, in a
+    namespace with groups) and holds part (default the whole record), with the payload length
+    that part has."""
+    try:
+        v = record_view(ns, group)
+    except ValueError as e:
+        raise CorruptBlock(str(e)) from None
+    p = whole_part(v) if part is None else Part(*part)
+    if (h.digest != ns.digest(h.key_version) or h.dtype != DTYPE_IDS[v.dtype] or
+            (h.layers, h.kv_heads, h.head_dim) != (v.layers, v.kv_heads, v.head_dim)
+            or (h.kv_layout, h.latent_dim, h.scales, h.key_scheme) != (v.kv_layout, v.latent_dim, v.scales, ns.key_scheme)
+            or h.state_bytes != getattr(v, "state_bytes", 0)
+            or (h.group, h.group_kind, h.anchor, h.window_blocks) != _header_group(ns, group)
             or len(h.tokens) != 4 * ns.block_tokens):
-        raise CorruptBlock("block of another namespace or layout")
-    if tuple(h.part) != tuple(p) or h.payload_len != part_len(ns, ns.block_tokens, p):
+        raise CorruptBlock("block of another namespace, group or layout")
+    if tuple(h.part) != tuple(p) or h.payload_len != part_len(v, ns.block_tokens, p):
         raise CorruptBlock(f"record of {h.part} ({h.payload_len} bytes), want {p}")
 
 
-def decode_record(ns, record, key_version=KEY_VERSION):
-    """Verifies a whole encoded record (a block or a part) of ns: header, namespace, its part
-    range, payload length and checksum. Returns (Header, payload memoryview)."""
+def _header_group(ns, group):
+    g, kind, anchor, window = group_fields(ns, group)
+    if not g:
+        return None, None, None, 0
+    return g - 1, GROUP_KINDS[kind - 1], anchor - 1, window
+
+
+def decode_record(ns, record, key_version=KEY_VERSION, group=None):
+    """Verifies a whole encoded record (a block or a part; of group `group` in a namespace with
+    groups) of ns: header, namespace, its part range, payload length and checksum. Returns
+    (Header, payload memoryview)."""
     h = decode_header(record, key_version)
     try:
-        check_part(ns, h.part)
-    except BadPart as e:
+        check_part(record_view(ns, group), h.part)
+    except (BadPart, ValueError) as e:
         raise CorruptBlock(str(e)) from None
-    check_namespace(h, ns, h.part)
+    check_namespace(h, ns, h.part, group)
     payload = memoryview(record)[h.header_len:]
     if payload.nbytes != h.payload_len:
         raise CorruptBlock(f"payload of {payload.nbytes} bytes, header says {h.payload_len}")
@@ -403,14 +530,17 @@ def decode_record(ns, record, key_version=KEY_VERSION):
     return h, payload
 
 
-def encode_record(ns, parent, tokens, payload, tenant_tag=0, key_version=KEY_VERSION, extra=None, part=None):
+def encode_record(ns, parent, tokens, payload, tenant_tag=0, key_version=KEY_VERSION, extra=None, part=None,
+                  group=None):
     """A whole encoded record: encode_header for payload (bytes-like, the part's bytes), then
     the payload. Returns (record bytes, link)."""
     pl = bytes(memoryview(payload).cast("B"))
-    p = whole_part(ns) if part is None else Part(*part)
-    if len(pl) != part_len(ns, ns.block_tokens, p):
-        raise ValueError(f"payload of {len(pl)} bytes, part {p} holds {part_len(ns, ns.block_tokens, p)}")
-    h, link = encode_header(ns, parent, tokens, _xxhash.xxh64(pl), tenant_tag, key_version, extra, p)
+    v = record_view(ns, group)
+    p = whole_part(v) if part is None else Part(*part)
+    if len(pl) != part_len(v, ns.block_tokens, p):
+        what = f"groups[{group}].state_bytes: a state" if getattr(v, "kv_layout", "") == "state" else "payload"
+        raise ValueError(f"{what} of {len(pl)} bytes, part {p} holds {part_len(v, ns.block_tokens, p)}")
+    h, link = encode_header(ns, parent, tokens, _xxhash.xxh64(pl), tenant_tag, key_version, extra, p, group)
     return h + pl, link
 
 

@@ -4,9 +4,9 @@ import threading
 
 import grpc
 
-from . import _core, _objects, _shm, _tcp, _tensors, block
+from . import _core, _groups, _objects, _shm, _tcp, _tensors, block
 from .errors import KVMeshError, PermissionDenied, from_rpc
-from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2_grpc
+from .v1 import admin_pb2, admin_pb2_grpc, cache_pb2, cache_pb2_grpc
 
 _MAX_MSG = 64 << 20
 
@@ -214,7 +214,8 @@ class Client:
         m = self.meta(ns)
         return _core.lookup_result(self._call(self._cache.Lookup, _core.lookup_request(ns, tokens, m, extra_keys)))
 
-    def put(self, ns, tokens, kv, *, scales=None, extra_keys=None, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+    def put(self, ns, tokens, kv, *, group=None, start=0, scales=None, extra_keys=None, tp_rank=0, tp_size=1,
+            pp_rank=0, pp_size=1):
         """Stores this rank's part of every full block of tokens; returns the number of blocks
         stored (or acknowledged: a part the node already holds, or that another rank holding
         the same part is sending). kv is the rank's slice, [layers/pp_size, 2, len(tokens),
@@ -224,9 +225,60 @@ class Client:
         [n_blocks, *scales shape of the slice]. extra_keys[i] are block i's extra keys (bytes
         each: e.g. an image's hash and offset), which its key covers. Raises BadPart for a rank
         layout that does not fit the namespace, PartConflict when a part overlaps different
-        bytes the node holds of a block."""
+        bytes the node holds of a block.
+
+        A namespace with groups (hybrid models) takes one group's tensor per call: group names it
+        (its index in ns.groups) and kv holds its records of blocks start.. of the prompt: a KV
+        group's [group layers, 2, n_tokens, kv_heads, head_dim] ([layers, n_tokens, latent_dim]),
+        a state group's [n_blocks, group layers, kv_heads, elements]: one state per block
+        boundary (kvmesh/_groups.py). Whole records only (tp_size and pp_size 1)."""
+        if getattr(ns, "groups", None) or group is not None or start:
+            if scales is not None or (tp_size, pp_size) != (1, 1):
+                raise ValueError("put of a group: whole records (tp_size 1, pp_size 1), no scales argument")
+            return self._put_group(ns, tokens, kv, group, start, extra_keys)
         return self.batch_put(ns, [(tokens, kv, scales, extra_keys)], tp_rank=tp_rank, tp_size=tp_size,
                               pp_rank=pp_rank, pp_size=pp_size)[0]
+
+    def _put_group(self, ns, tokens, kv, group, start, extra_keys):
+        _core.check_ns(ns)
+        if not ns.groups:
+            raise ValueError(f"group: namespace {ns.model!r} has no groups")
+        m = self.meta(ns)
+        plan = _groups.GroupPutPlan(ns, tokens, kv, group, start, m, extra_keys)
+        if not plan.blocks:
+            return 0
+        conn, path = self._shm_conn(m), "shm_put"
+        if conn is None:
+            conn, path = self._tcp_conn(m), "tcp_put"
+        if conn is not None:
+            try:
+                keys, chunks, heads, payloads = plan.shm_items(plan.rest)
+                self.counters[path] += plan.on_put(keys, conn.put_publish(keys, chunks, heads, payloads))
+            except (OSError, _shm.ShmError):
+                pass
+        if plan.rest:
+            try:
+                resp = self._cache.BatchPut(plan.requests(plan.rest), timeout=self.timeout, metadata=self._md)
+            except grpc.RpcError as e:
+                raise from_rpc(e) from None
+            self.counters["grpc_put"] += plan.on_grpc(resp.keys)
+        return plan.count()
+
+    def exists(self, ns, tokens, *, extra_keys=None):
+        """Which full blocks of tokens are cached anywhere in the cluster: a bool per block, or
+        for a namespace with groups a list per group (its records of each block)."""
+        _core.check_ns(ns)
+        m = self.meta(ns)
+        if ns.groups:
+            per, cks = _groups.record_keys(ns, m, tokens, extra_keys)
+        else:
+            per = [_core.key_bytes(ns.salted(m.salt), _core._token_bytes(tokens), m.key_version, extra_keys=extra_keys)]
+            cks = _core.chunk_keys(per[0], ns, m.chunk_tokens)
+        out = []
+        for ks in per:
+            resp = self._call(self._cache.Exists, cache_pb2.ExistsRequest(keys=ks, chunk_keys=cks))
+            out.append(list(resp.present))
+        return out if ns.groups else out[0]
 
     def batch_put(self, ns, items, *, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
         """put of many (tokens, kv[, scales[, extra_keys]]) in one call; returns blocks stored
@@ -277,10 +329,29 @@ class Client:
         of the slice]. kv is shaped as put takes it, [layers/pp_size, 2, cached_tokens,
         kv_heads/tp_size, head_dim]. With out (such a tensor) the blocks land in it in place (as
         many as fit); else a new torch tensor (array="numpy": numpy array) of the cached tokens.
-        extra_keys: block i's extra keys, as put took them."""
+        extra_keys: block i's extra keys, as put took them.
+
+        A namespace with groups returns exactly what resuming at the longest usable prefix P needs:
+        (cached_tokens, [GroupKV per group]), a KV group's records from block .start (0 for full
+        and indexer groups, the window's first block for a sliding one) to P as .kv, a state group's
+        state at P (.kv [layers, kv_heads, elements], None for P = 0). Read over gRPC."""
+        if getattr(ns, "groups", None):
+            return self._get_resume(ns, tokens, array, extra_keys)
         return self.batch_get(ns, [tokens], None if out is None else [out], array=array,
                               extra_keys=None if extra_keys is None else [extra_keys], tp_rank=tp_rank,
                               tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size)[0]
+
+    def _get_resume(self, ns, tokens, array, extra_keys):
+        _core.check_ns(ns)
+        self.meta(ns)
+        rd = _groups.ResumeRead(ns, array)
+        try:
+            for f in self._cache.BatchGet(_groups.resume_request(ns, tokens, extra_keys), timeout=self.timeout,
+                                          metadata=self._md):
+                rd.on_frame(f)
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+        return rd.results()
 
     def batch_get(self, ns, prompts, outs=None, *, array=None, extra_keys=None, tp_rank=0, tp_size=1, pp_rank=0,
                   pp_size=1):

@@ -915,16 +915,29 @@ type BlockInfoResponse struct {
 	Layers  uint32 `protobuf:"varint,14,opt,name=layers,proto3" json:"layers,omitempty"`
 	KvHeads uint32 `protobuf:"varint,12,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
 	HeadDim uint32 `protobuf:"varint,13,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	// The layout, and its width: latent_dim (latent), state_bytes per layer
+	// and head (state).
+	KvLayout   KVLayout `protobuf:"varint,15,opt,name=kv_layout,json=kvLayout,proto3,enum=kvmesh.v1.KVLayout" json:"kv_layout,omitempty"`
+	LatentDim  uint32   `protobuf:"varint,16,opt,name=latent_dim,json=latentDim,proto3" json:"latent_dim,omitempty"`
+	StateBytes uint32   `protobuf:"varint,17,opt,name=state_bytes,json=stateBytes,proto3" json:"state_bytes,omitempty"`
+	// A namespace with groups: the index, plus one, of the group whose record
+	// this is (0: no group), its kind, a sliding group's window in blocks,
+	// and the block's chain key (key is k_i XOR M_group; layers and the shape
+	// above are the group's).
+	Group        uint32    `protobuf:"varint,18,opt,name=group,proto3" json:"group,omitempty"`
+	GroupKind    GroupKind `protobuf:"varint,19,opt,name=group_kind,json=groupKind,proto3,enum=kvmesh.v1.GroupKind" json:"group_kind,omitempty"`
+	WindowBlocks uint32    `protobuf:"varint,20,opt,name=window_blocks,json=windowBlocks,proto3" json:"window_blocks,omitempty"`
+	ChainKey     []byte    `protobuf:"bytes,21,opt,name=chain_key,json=chainKey,proto3" json:"chain_key,omitempty"`
 	// An object's piece (ObjectService), not a block: then object_name,
 	// object_piece, object_pieces and object_size describe it, and tokens and
 	// the layout are empty.
-	Object       bool   `protobuf:"varint,15,opt,name=object,proto3" json:"object,omitempty"`
-	ObjectName   string `protobuf:"bytes,16,opt,name=object_name,json=objectName,proto3" json:"object_name,omitempty"`
-	ObjectPiece  uint32 `protobuf:"varint,17,opt,name=object_piece,json=objectPiece,proto3" json:"object_piece,omitempty"`
-	ObjectPieces uint32 `protobuf:"varint,18,opt,name=object_pieces,json=objectPieces,proto3" json:"object_pieces,omitempty"`
-	ObjectSize   uint64 `protobuf:"varint,19,opt,name=object_size,json=objectSize,proto3" json:"object_size,omitempty"`
+	Object       bool   `protobuf:"varint,22,opt,name=object,proto3" json:"object,omitempty"`
+	ObjectName   string `protobuf:"bytes,23,opt,name=object_name,json=objectName,proto3" json:"object_name,omitempty"`
+	ObjectPiece  uint32 `protobuf:"varint,24,opt,name=object_piece,json=objectPiece,proto3" json:"object_piece,omitempty"`
+	ObjectPieces uint32 `protobuf:"varint,25,opt,name=object_pieces,json=objectPieces,proto3" json:"object_pieces,omitempty"`
+	ObjectSize   uint64 `protobuf:"varint,26,opt,name=object_size,json=objectSize,proto3" json:"object_size,omitempty"`
 	// Its retention on this node: its pin and the TTL left (ObjectService.Retain).
-	Retention     *Retention `protobuf:"bytes,20,opt,name=retention,proto3" json:"retention,omitempty"`
+	Retention     *Retention `protobuf:"bytes,27,opt,name=retention,proto3" json:"retention,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1057,6 +1070,55 @@ func (x *BlockInfoResponse) GetHeadDim() uint32 {
 		return x.HeadDim
 	}
 	return 0
+}
+
+func (x *BlockInfoResponse) GetKvLayout() KVLayout {
+	if x != nil {
+		return x.KvLayout
+	}
+	return KVLayout_KV_LAYOUT_SPLIT
+}
+
+func (x *BlockInfoResponse) GetLatentDim() uint32 {
+	if x != nil {
+		return x.LatentDim
+	}
+	return 0
+}
+
+func (x *BlockInfoResponse) GetStateBytes() uint32 {
+	if x != nil {
+		return x.StateBytes
+	}
+	return 0
+}
+
+func (x *BlockInfoResponse) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
+func (x *BlockInfoResponse) GetGroupKind() GroupKind {
+	if x != nil {
+		return x.GroupKind
+	}
+	return GroupKind_GROUP_KIND_FULL
+}
+
+func (x *BlockInfoResponse) GetWindowBlocks() uint32 {
+	if x != nil {
+		return x.WindowBlocks
+	}
+	return 0
+}
+
+func (x *BlockInfoResponse) GetChainKey() []byte {
+	if x != nil {
+		return x.ChainKey
+	}
+	return nil
 }
 
 func (x *BlockInfoResponse) GetObject() bool {
@@ -1556,7 +1618,7 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\x15DropNamespaceResponse\x12%\n" +
 	"\x0edropped_blocks\x18\x01 \x01(\x04R\rdroppedBlocks\"$\n" +
 	"\x10BlockInfoRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\fR\x03key\"\x81\x05\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\"\x80\a\n" +
 	"\x11BlockInfoResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\fR\x06parent\x12)\n" +
@@ -1575,15 +1637,25 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\tlayer_end\x18\v \x01(\rB\x02\x18\x01R\blayerEnd\x12\x16\n" +
 	"\x06layers\x18\x0e \x01(\rR\x06layers\x12\x19\n" +
 	"\bkv_heads\x18\f \x01(\rR\akvHeads\x12\x19\n" +
-	"\bhead_dim\x18\r \x01(\rR\aheadDim\x12\x16\n" +
-	"\x06object\x18\x0f \x01(\bR\x06object\x12\x1f\n" +
-	"\vobject_name\x18\x10 \x01(\tR\n" +
+	"\bhead_dim\x18\r \x01(\rR\aheadDim\x120\n" +
+	"\tkv_layout\x18\x0f \x01(\x0e2\x13.kvmesh.v1.KVLayoutR\bkvLayout\x12\x1d\n" +
+	"\n" +
+	"latent_dim\x18\x10 \x01(\rR\tlatentDim\x12\x1f\n" +
+	"\vstate_bytes\x18\x11 \x01(\rR\n" +
+	"stateBytes\x12\x14\n" +
+	"\x05group\x18\x12 \x01(\rR\x05group\x123\n" +
+	"\n" +
+	"group_kind\x18\x13 \x01(\x0e2\x14.kvmesh.v1.GroupKindR\tgroupKind\x12#\n" +
+	"\rwindow_blocks\x18\x14 \x01(\rR\fwindowBlocks\x12\x1b\n" +
+	"\tchain_key\x18\x15 \x01(\fR\bchainKey\x12\x16\n" +
+	"\x06object\x18\x16 \x01(\bR\x06object\x12\x1f\n" +
+	"\vobject_name\x18\x17 \x01(\tR\n" +
 	"objectName\x12!\n" +
-	"\fobject_piece\x18\x11 \x01(\rR\vobjectPiece\x12#\n" +
-	"\robject_pieces\x18\x12 \x01(\rR\fobjectPieces\x12\x1f\n" +
-	"\vobject_size\x18\x13 \x01(\x04R\n" +
+	"\fobject_piece\x18\x18 \x01(\rR\vobjectPiece\x12#\n" +
+	"\robject_pieces\x18\x19 \x01(\rR\fobjectPieces\x12\x1f\n" +
+	"\vobject_size\x18\x1a \x01(\x04R\n" +
 	"objectSize\x122\n" +
-	"\tretention\x18\x14 \x01(\v2\x14.kvmesh.v1.RetentionR\tretention\"E\n" +
+	"\tretention\x18\x1b \x01(\v2\x14.kvmesh.v1.RetentionR\tretention\"E\n" +
 	"\x05Quota\x12\x1d\n" +
 	"\n" +
 	"dram_bytes\x18\x01 \x01(\x04R\tdramBytes\x12\x1d\n" +
@@ -1661,7 +1733,9 @@ var file_kvmesh_v1_admin_proto_goTypes = []any{
 	(*QuotasResponse)(nil),        // 19: kvmesh.v1.QuotasResponse
 	(*Namespace)(nil),             // 20: kvmesh.v1.Namespace
 	(Dtype)(0),                    // 21: kvmesh.v1.Dtype
-	(*Retention)(nil),             // 22: kvmesh.v1.Retention
+	(KVLayout)(0),                 // 22: kvmesh.v1.KVLayout
+	(GroupKind)(0),                // 23: kvmesh.v1.GroupKind
+	(*Retention)(nil),             // 24: kvmesh.v1.Retention
 }
 var file_kvmesh_v1_admin_proto_depIdxs = []int32{
 	3,  // 0: kvmesh.v1.PartialsResponse.blocks:type_name -> kvmesh.v1.PartialBlock
@@ -1670,32 +1744,34 @@ var file_kvmesh_v1_admin_proto_depIdxs = []int32{
 	8,  // 3: kvmesh.v1.MembersResponse.members:type_name -> kvmesh.v1.Member
 	20, // 4: kvmesh.v1.DropNamespaceRequest.namespace:type_name -> kvmesh.v1.Namespace
 	21, // 5: kvmesh.v1.BlockInfoResponse.dtype:type_name -> kvmesh.v1.Dtype
-	22, // 6: kvmesh.v1.BlockInfoResponse.retention:type_name -> kvmesh.v1.Retention
-	20, // 7: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
-	14, // 8: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
-	18, // 9: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
-	14, // 10: kvmesh.v1.NamespaceQuota.quota:type_name -> kvmesh.v1.Quota
-	14, // 11: kvmesh.v1.QuotasResponse.default_quota:type_name -> kvmesh.v1.Quota
-	18, // 12: kvmesh.v1.QuotasResponse.namespaces:type_name -> kvmesh.v1.NamespaceQuota
-	6,  // 13: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
-	10, // 14: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
-	12, // 15: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
-	15, // 16: kvmesh.v1.AdminService.SetQuota:input_type -> kvmesh.v1.SetQuotaRequest
-	17, // 17: kvmesh.v1.AdminService.Quotas:input_type -> kvmesh.v1.QuotasRequest
-	4,  // 18: kvmesh.v1.AdminService.WhoAmI:input_type -> kvmesh.v1.WhoAmIRequest
-	0,  // 19: kvmesh.v1.AdminService.Partials:input_type -> kvmesh.v1.PartialsRequest
-	9,  // 20: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
-	11, // 21: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
-	13, // 22: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
-	16, // 23: kvmesh.v1.AdminService.SetQuota:output_type -> kvmesh.v1.SetQuotaResponse
-	19, // 24: kvmesh.v1.AdminService.Quotas:output_type -> kvmesh.v1.QuotasResponse
-	5,  // 25: kvmesh.v1.AdminService.WhoAmI:output_type -> kvmesh.v1.WhoAmIResponse
-	1,  // 26: kvmesh.v1.AdminService.Partials:output_type -> kvmesh.v1.PartialsResponse
-	20, // [20:27] is the sub-list for method output_type
-	13, // [13:20] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	22, // 6: kvmesh.v1.BlockInfoResponse.kv_layout:type_name -> kvmesh.v1.KVLayout
+	23, // 7: kvmesh.v1.BlockInfoResponse.group_kind:type_name -> kvmesh.v1.GroupKind
+	24, // 8: kvmesh.v1.BlockInfoResponse.retention:type_name -> kvmesh.v1.Retention
+	20, // 9: kvmesh.v1.SetQuotaRequest.namespace:type_name -> kvmesh.v1.Namespace
+	14, // 10: kvmesh.v1.SetQuotaRequest.quota:type_name -> kvmesh.v1.Quota
+	18, // 11: kvmesh.v1.SetQuotaResponse.namespace:type_name -> kvmesh.v1.NamespaceQuota
+	14, // 12: kvmesh.v1.NamespaceQuota.quota:type_name -> kvmesh.v1.Quota
+	14, // 13: kvmesh.v1.QuotasResponse.default_quota:type_name -> kvmesh.v1.Quota
+	18, // 14: kvmesh.v1.QuotasResponse.namespaces:type_name -> kvmesh.v1.NamespaceQuota
+	6,  // 15: kvmesh.v1.AdminService.Members:input_type -> kvmesh.v1.MembersRequest
+	10, // 16: kvmesh.v1.AdminService.DropNamespace:input_type -> kvmesh.v1.DropNamespaceRequest
+	12, // 17: kvmesh.v1.AdminService.BlockInfo:input_type -> kvmesh.v1.BlockInfoRequest
+	15, // 18: kvmesh.v1.AdminService.SetQuota:input_type -> kvmesh.v1.SetQuotaRequest
+	17, // 19: kvmesh.v1.AdminService.Quotas:input_type -> kvmesh.v1.QuotasRequest
+	4,  // 20: kvmesh.v1.AdminService.WhoAmI:input_type -> kvmesh.v1.WhoAmIRequest
+	0,  // 21: kvmesh.v1.AdminService.Partials:input_type -> kvmesh.v1.PartialsRequest
+	9,  // 22: kvmesh.v1.AdminService.Members:output_type -> kvmesh.v1.MembersResponse
+	11, // 23: kvmesh.v1.AdminService.DropNamespace:output_type -> kvmesh.v1.DropNamespaceResponse
+	13, // 24: kvmesh.v1.AdminService.BlockInfo:output_type -> kvmesh.v1.BlockInfoResponse
+	16, // 25: kvmesh.v1.AdminService.SetQuota:output_type -> kvmesh.v1.SetQuotaResponse
+	19, // 26: kvmesh.v1.AdminService.Quotas:output_type -> kvmesh.v1.QuotasResponse
+	5,  // 27: kvmesh.v1.AdminService.WhoAmI:output_type -> kvmesh.v1.WhoAmIResponse
+	1,  // 28: kvmesh.v1.AdminService.Partials:output_type -> kvmesh.v1.PartialsResponse
+	22, // [22:29] is the sub-list for method output_type
+	15, // [15:22] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_admin_proto_init() }

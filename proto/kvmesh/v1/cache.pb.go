@@ -204,7 +204,16 @@ type LookupResponse struct {
 	// the last ended, and their blocks add up to cached_blocks. Always set.
 	Runs []*CachedRun `protobuf:"bytes,6,rep,name=runs,proto3" json:"runs,omitempty"`
 	// The node ids that runs name (CachedRun.node indexes it), each once.
-	Nodes         []string `protobuf:"bytes,7,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Nodes []string `protobuf:"bytes,7,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// A namespace with groups: per group, in the namespace's order, what it
+	// allows on its own, so that a caller sees why cached_blocks (the hit
+	// rule's answer: every full and indexer group holds blocks
+	// [0, cached_blocks), every sliding group the blocks that cover its
+	// window before it, every state group its state at it) is shorter than
+	// the full-attention blocks. runs and blocks are the anchor group's (the
+	// first full group's, else the first indexer's) records. Empty without
+	// groups.
+	Groups        []*GroupLookup `protobuf:"bytes,8,rep,name=groups,proto3" json:"groups,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -288,6 +297,69 @@ func (x *LookupResponse) GetNodes() []string {
 	return nil
 }
 
+func (x *LookupResponse) GetGroups() []*GroupLookup {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+// GroupLookup is one group's part of a Lookup answer.
+type GroupLookup struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  GroupKind              `protobuf:"varint,1,opt,name=kind,proto3,enum=kvmesh.v1.GroupKind" json:"kind,omitempty"`
+	// Full and indexer groups: the leading blocks held. Sliding and state
+	// groups: the longest prefix, no longer than any full or indexer group's,
+	// at which this group alone would let a reader resume.
+	Blocks        uint32 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupLookup) Reset() {
+	*x = GroupLookup{}
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupLookup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupLookup) ProtoMessage() {}
+
+func (x *GroupLookup) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupLookup.ProtoReflect.Descriptor instead.
+func (*GroupLookup) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GroupLookup) GetKind() GroupKind {
+	if x != nil {
+		return x.Kind
+	}
+	return GroupKind_GROUP_KIND_FULL
+}
+
+func (x *GroupLookup) GetBlocks() uint32 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
 // CachedRun is a run of consecutive cached blocks that one node holds.
 type CachedRun struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -304,7 +376,7 @@ type CachedRun struct {
 
 func (x *CachedRun) Reset() {
 	*x = CachedRun{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[3]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -316,7 +388,7 @@ func (x *CachedRun) String() string {
 func (*CachedRun) ProtoMessage() {}
 
 func (x *CachedRun) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[3]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -329,7 +401,7 @@ func (x *CachedRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CachedRun.ProtoReflect.Descriptor instead.
 func (*CachedRun) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{3}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CachedRun) GetBlocks() uint32 {
@@ -371,14 +443,22 @@ type BatchGetRequest struct {
 	// derives them from the prompt.
 	ChunkKeys [][]byte `protobuf:"bytes,5,rep,name=chunk_keys,json=chunkKeys,proto3" json:"chunk_keys,omitempty"`
 	// With tokens: the extra keys of the prompt's blocks, as in LookupRequest.
-	ExtraKeys     []*BlockExtraKeys `protobuf:"bytes,6,rep,name=extra_keys,json=extraKeys,proto3" json:"extra_keys,omitempty"`
+	ExtraKeys []*BlockExtraKeys `protobuf:"bytes,6,rep,name=extra_keys,json=extraKeys,proto3" json:"extra_keys,omitempty"`
+	// With tokens, in a namespace with groups (where a read by tokens must
+	// set it): stream exactly what a reader needs to resume at the longest
+	// usable prefix P (Lookup's cached_blocks): each full and indexer
+	// group's records of blocks [0,P), each sliding group's records of the
+	// blocks its window needs before P, each state group's record of block
+	// P-1; block by block, groups in order, each frame naming its group.
+	// Records that vanish between the lookup and the read are misses.
+	Resume        bool `protobuf:"varint,7,opt,name=resume,proto3" json:"resume,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchGetRequest) Reset() {
 	*x = BatchGetRequest{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[4]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -390,7 +470,7 @@ func (x *BatchGetRequest) String() string {
 func (*BatchGetRequest) ProtoMessage() {}
 
 func (x *BatchGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[4]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -403,7 +483,7 @@ func (x *BatchGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{4}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BatchGetRequest) GetNamespace() *Namespace {
@@ -448,6 +528,13 @@ func (x *BatchGetRequest) GetExtraKeys() []*BlockExtraKeys {
 	return nil
 }
 
+func (x *BatchGetRequest) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
 // BatchGetResponse is one frame of one block. Each requested block is
 // answered, in request order, by one or more frames with its index. The
 // first frame carries key and found; a miss is that single frame
@@ -473,15 +560,20 @@ type BatchGetResponse struct {
 	// KEY_SCHEME_VLLM with the LoRA name and, in block 0, the salt), and, under
 	// KEY_SCHEME_VLLM, the parent's whole 32-byte hash (parent holds its first
 	// 16 bytes), so that the client can verify the key.
-	ExtraKeys     [][]byte `protobuf:"bytes,11,rep,name=extra_keys,json=extraKeys,proto3" json:"extra_keys,omitempty"`
-	ParentLink    []byte   `protobuf:"bytes,12,opt,name=parent_link,json=parentLink,proto3" json:"parent_link,omitempty"`
+	ExtraKeys  [][]byte `protobuf:"bytes,11,rep,name=extra_keys,json=extraKeys,proto3" json:"extra_keys,omitempty"`
+	ParentLink []byte   `protobuf:"bytes,12,opt,name=parent_link,json=parentLink,proto3" json:"parent_link,omitempty"`
+	// A namespace with groups: the index, plus one, of the group whose
+	// record this is (0: a namespace without groups). key is then the
+	// record's key, k_i XOR M_g; index is the block's in the prompt for a
+	// read by tokens.
+	Group         uint32 `protobuf:"varint,13,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchGetResponse) Reset() {
 	*x = BatchGetResponse{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[5]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -493,7 +585,7 @@ func (x *BatchGetResponse) String() string {
 func (*BatchGetResponse) ProtoMessage() {}
 
 func (x *BatchGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[5]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -506,7 +598,7 @@ func (x *BatchGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{5}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BatchGetResponse) GetIndex() uint32 {
@@ -593,6 +685,13 @@ func (x *BatchGetResponse) GetParentLink() []byte {
 	return nil
 }
 
+func (x *BatchGetResponse) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
 // BlockHeader starts a block in a BatchPut stream.
 type BlockHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -621,14 +720,23 @@ type BlockHeader struct {
 	ExtraKeys [][]byte `protobuf:"bytes,6,rep,name=extra_keys,json=extraKeys,proto3" json:"extra_keys,omitempty"`
 	// KEY_SCHEME_VLLM: the parent's whole 32-byte vLLM hash. Empty: parent is
 	// then empty too (the previous block of this stream, or the root).
-	ParentLink    []byte `protobuf:"bytes,7,opt,name=parent_link,json=parentLink,proto3" json:"parent_link,omitempty"`
+	ParentLink []byte `protobuf:"bytes,7,opt,name=parent_link,json=parentLink,proto3" json:"parent_link,omitempty"`
+	// A namespace with groups (required there): the index, plus one, of the
+	// group whose record of the block this is (0: no group, the only value
+	// without groups); payload_len is then the group's record size (a
+	// state's: layers x heads x state_bytes, whatever else is sent is
+	// INVALID_ARGUMENT naming groups[g].state_bytes). An empty parent is
+	// then the previous block of the stream only when this record is of
+	// another block than the previous record (records of one block name the
+	// same parent).
+	Group         uint32 `protobuf:"varint,8,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BlockHeader) Reset() {
 	*x = BlockHeader{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[6]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +748,7 @@ func (x *BlockHeader) String() string {
 func (*BlockHeader) ProtoMessage() {}
 
 func (x *BlockHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[6]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +761,7 @@ func (x *BlockHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockHeader.ProtoReflect.Descriptor instead.
 func (*BlockHeader) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{6}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BlockHeader) GetParent() []byte {
@@ -705,6 +813,13 @@ func (x *BlockHeader) GetParentLink() []byte {
 	return nil
 }
 
+func (x *BlockHeader) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
 // BatchPutRequest is one message of a BatchPut stream. The first message
 // carries the namespace (later ones may repeat it; it must not change).
 // A message with a block starts that block; data carries the next payload
@@ -721,7 +836,7 @@ type BatchPutRequest struct {
 
 func (x *BatchPutRequest) Reset() {
 	*x = BatchPutRequest{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[7]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +848,7 @@ func (x *BatchPutRequest) String() string {
 func (*BatchPutRequest) ProtoMessage() {}
 
 func (x *BatchPutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[7]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +861,7 @@ func (x *BatchPutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{7}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BatchPutRequest) GetNamespace() *Namespace {
@@ -781,7 +896,7 @@ type BatchPutResponse struct {
 
 func (x *BatchPutResponse) Reset() {
 	*x = BatchPutResponse{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[8]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +908,7 @@ func (x *BatchPutResponse) String() string {
 func (*BatchPutResponse) ProtoMessage() {}
 
 func (x *BatchPutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[8]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +921,7 @@ func (x *BatchPutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{8}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BatchPutResponse) GetStored() uint32 {
@@ -835,7 +950,7 @@ type ExistsRequest struct {
 
 func (x *ExistsRequest) Reset() {
 	*x = ExistsRequest{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[9]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +962,7 @@ func (x *ExistsRequest) String() string {
 func (*ExistsRequest) ProtoMessage() {}
 
 func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[9]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +975,7 @@ func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsRequest.ProtoReflect.Descriptor instead.
 func (*ExistsRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{9}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExistsRequest) GetKeys() [][]byte {
@@ -887,7 +1002,7 @@ type ExistsResponse struct {
 
 func (x *ExistsResponse) Reset() {
 	*x = ExistsResponse{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -899,7 +1014,7 @@ func (x *ExistsResponse) String() string {
 func (*ExistsResponse) ProtoMessage() {}
 
 func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[10]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -912,7 +1027,7 @@ func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsResponse.ProtoReflect.Descriptor instead.
 func (*ExistsResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{10}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExistsResponse) GetPresent() []bool {
@@ -934,7 +1049,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1061,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[11]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1074,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{11}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PublishRequest) GetKeys() [][]byte {
@@ -986,7 +1101,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1113,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[12]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1126,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{12}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PublishResponse) GetQueued() uint32 {
@@ -1038,7 +1153,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1165,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[13]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1178,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{13}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatsRequest) GetPageSize() int32 {
@@ -1102,7 +1217,7 @@ type TierStats struct {
 
 func (x *TierStats) Reset() {
 	*x = TierStats{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[14]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1229,7 @@ func (x *TierStats) String() string {
 func (*TierStats) ProtoMessage() {}
 
 func (x *TierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[14]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1242,7 @@ func (x *TierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStats.ProtoReflect.Descriptor instead.
 func (*TierStats) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{14}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TierStats) GetName() string {
@@ -1201,7 +1316,7 @@ type NamespaceStats struct {
 
 func (x *NamespaceStats) Reset() {
 	*x = NamespaceStats{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[15]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1328,7 @@ func (x *NamespaceStats) String() string {
 func (*NamespaceStats) ProtoMessage() {}
 
 func (x *NamespaceStats) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[15]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1341,7 @@ func (x *NamespaceStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceStats.ProtoReflect.Descriptor instead.
 func (*NamespaceStats) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{15}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NamespaceStats) GetDigest() uint64 {
@@ -1290,7 +1405,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[16]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1417,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_cache_proto_msgTypes[16]
+	mi := &file_kvmesh_v1_cache_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1430,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{16}
+	return file_kvmesh_v1_cache_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StatsResponse) GetNodeId() string {
@@ -1411,7 +1526,7 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\vCachedBlock\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
-	"\x04tier\x18\x03 \x01(\tR\x04tier\"\x94\x02\n" +
+	"\x04tier\x18\x03 \x01(\tR\x04tier\"\xc4\x02\n" +
 	"\x0eLookupResponse\x12#\n" +
 	"\rcached_blocks\x18\x01 \x01(\rR\fcachedBlocks\x12#\n" +
 	"\rcached_tokens\x18\x02 \x01(\x04R\fcachedTokens\x12#\n" +
@@ -1419,11 +1534,15 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x04 \x01(\x04R\fpromptTokens\x12.\n" +
 	"\x06blocks\x18\x05 \x03(\v2\x16.kvmesh.v1.CachedBlockR\x06blocks\x12(\n" +
 	"\x04runs\x18\x06 \x03(\v2\x14.kvmesh.v1.CachedRunR\x04runs\x12\x14\n" +
-	"\x05nodes\x18\a \x03(\tR\x05nodes\"K\n" +
+	"\x05nodes\x18\a \x03(\tR\x05nodes\x12.\n" +
+	"\x06groups\x18\b \x03(\v2\x16.kvmesh.v1.GroupLookupR\x06groups\"O\n" +
+	"\vGroupLookup\x12(\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x14.kvmesh.v1.GroupKindR\x04kind\x12\x16\n" +
+	"\x06blocks\x18\x02 \x01(\rR\x06blocks\"K\n" +
 	"\tCachedRun\x12\x16\n" +
 	"\x06blocks\x18\x01 \x01(\rR\x06blocks\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\rR\x04node\x12\x12\n" +
-	"\x04tier\x18\x03 \x01(\tR\x04tier\"\xe2\x01\n" +
+	"\x04tier\x18\x03 \x01(\tR\x04tier\"\xfa\x01\n" +
 	"\x0fBatchGetRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x16\n" +
@@ -1432,7 +1551,8 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\n" +
 	"chunk_keys\x18\x05 \x03(\fR\tchunkKeys\x128\n" +
 	"\n" +
-	"extra_keys\x18\x06 \x03(\v2\x19.kvmesh.v1.BlockExtraKeysR\textraKeys\"\xcc\x02\n" +
+	"extra_keys\x18\x06 \x03(\v2\x19.kvmesh.v1.BlockExtraKeysR\textraKeys\x12\x16\n" +
+	"\x06resume\x18\a \x01(\bR\x06resume\"\xe2\x02\n" +
 	"\x10BatchGetResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1449,7 +1569,8 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\n" +
 	"extra_keys\x18\v \x03(\fR\textraKeys\x12\x1f\n" +
 	"\vparent_link\x18\f \x01(\fR\n" +
-	"parentLink\"\xe6\x01\n" +
+	"parentLink\x12\x14\n" +
+	"\x05group\x18\r \x01(\rR\x05group\"\xfc\x01\n" +
 	"\vBlockHeader\x12\x16\n" +
 	"\x06parent\x18\x01 \x01(\fR\x06parent\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\rR\x06tokens\x12\x1f\n" +
@@ -1460,7 +1581,8 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\n" +
 	"extra_keys\x18\x06 \x03(\fR\textraKeys\x12\x1f\n" +
 	"\vparent_link\x18\a \x01(\fR\n" +
-	"parentLink\"\x87\x01\n" +
+	"parentLink\x12\x14\n" +
+	"\x05group\x18\b \x01(\rR\x05group\"\x87\x01\n" +
 	"\x0fBatchPutRequest\x122\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x14.kvmesh.v1.NamespaceR\tnamespace\x12,\n" +
 	"\x05block\x18\x02 \x01(\v2\x16.kvmesh.v1.BlockHeaderR\x05block\x12\x12\n" +
@@ -1536,56 +1658,60 @@ func file_kvmesh_v1_cache_proto_rawDescGZIP() []byte {
 	return file_kvmesh_v1_cache_proto_rawDescData
 }
 
-var file_kvmesh_v1_cache_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_kvmesh_v1_cache_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_kvmesh_v1_cache_proto_goTypes = []any{
 	(*LookupRequest)(nil),    // 0: kvmesh.v1.LookupRequest
 	(*CachedBlock)(nil),      // 1: kvmesh.v1.CachedBlock
 	(*LookupResponse)(nil),   // 2: kvmesh.v1.LookupResponse
-	(*CachedRun)(nil),        // 3: kvmesh.v1.CachedRun
-	(*BatchGetRequest)(nil),  // 4: kvmesh.v1.BatchGetRequest
-	(*BatchGetResponse)(nil), // 5: kvmesh.v1.BatchGetResponse
-	(*BlockHeader)(nil),      // 6: kvmesh.v1.BlockHeader
-	(*BatchPutRequest)(nil),  // 7: kvmesh.v1.BatchPutRequest
-	(*BatchPutResponse)(nil), // 8: kvmesh.v1.BatchPutResponse
-	(*ExistsRequest)(nil),    // 9: kvmesh.v1.ExistsRequest
-	(*ExistsResponse)(nil),   // 10: kvmesh.v1.ExistsResponse
-	(*PublishRequest)(nil),   // 11: kvmesh.v1.PublishRequest
-	(*PublishResponse)(nil),  // 12: kvmesh.v1.PublishResponse
-	(*StatsRequest)(nil),     // 13: kvmesh.v1.StatsRequest
-	(*TierStats)(nil),        // 14: kvmesh.v1.TierStats
-	(*NamespaceStats)(nil),   // 15: kvmesh.v1.NamespaceStats
-	(*StatsResponse)(nil),    // 16: kvmesh.v1.StatsResponse
-	(*Namespace)(nil),        // 17: kvmesh.v1.Namespace
-	(*BlockExtraKeys)(nil),   // 18: kvmesh.v1.BlockExtraKeys
+	(*GroupLookup)(nil),      // 3: kvmesh.v1.GroupLookup
+	(*CachedRun)(nil),        // 4: kvmesh.v1.CachedRun
+	(*BatchGetRequest)(nil),  // 5: kvmesh.v1.BatchGetRequest
+	(*BatchGetResponse)(nil), // 6: kvmesh.v1.BatchGetResponse
+	(*BlockHeader)(nil),      // 7: kvmesh.v1.BlockHeader
+	(*BatchPutRequest)(nil),  // 8: kvmesh.v1.BatchPutRequest
+	(*BatchPutResponse)(nil), // 9: kvmesh.v1.BatchPutResponse
+	(*ExistsRequest)(nil),    // 10: kvmesh.v1.ExistsRequest
+	(*ExistsResponse)(nil),   // 11: kvmesh.v1.ExistsResponse
+	(*PublishRequest)(nil),   // 12: kvmesh.v1.PublishRequest
+	(*PublishResponse)(nil),  // 13: kvmesh.v1.PublishResponse
+	(*StatsRequest)(nil),     // 14: kvmesh.v1.StatsRequest
+	(*TierStats)(nil),        // 15: kvmesh.v1.TierStats
+	(*NamespaceStats)(nil),   // 16: kvmesh.v1.NamespaceStats
+	(*StatsResponse)(nil),    // 17: kvmesh.v1.StatsResponse
+	(*Namespace)(nil),        // 18: kvmesh.v1.Namespace
+	(*BlockExtraKeys)(nil),   // 19: kvmesh.v1.BlockExtraKeys
+	(GroupKind)(0),           // 20: kvmesh.v1.GroupKind
 }
 var file_kvmesh_v1_cache_proto_depIdxs = []int32{
-	17, // 0: kvmesh.v1.LookupRequest.namespace:type_name -> kvmesh.v1.Namespace
-	18, // 1: kvmesh.v1.LookupRequest.extra_keys:type_name -> kvmesh.v1.BlockExtraKeys
+	18, // 0: kvmesh.v1.LookupRequest.namespace:type_name -> kvmesh.v1.Namespace
+	19, // 1: kvmesh.v1.LookupRequest.extra_keys:type_name -> kvmesh.v1.BlockExtraKeys
 	1,  // 2: kvmesh.v1.LookupResponse.blocks:type_name -> kvmesh.v1.CachedBlock
-	3,  // 3: kvmesh.v1.LookupResponse.runs:type_name -> kvmesh.v1.CachedRun
-	17, // 4: kvmesh.v1.BatchGetRequest.namespace:type_name -> kvmesh.v1.Namespace
-	18, // 5: kvmesh.v1.BatchGetRequest.extra_keys:type_name -> kvmesh.v1.BlockExtraKeys
-	17, // 6: kvmesh.v1.BatchPutRequest.namespace:type_name -> kvmesh.v1.Namespace
-	6,  // 7: kvmesh.v1.BatchPutRequest.block:type_name -> kvmesh.v1.BlockHeader
-	14, // 8: kvmesh.v1.StatsResponse.tiers:type_name -> kvmesh.v1.TierStats
-	15, // 9: kvmesh.v1.StatsResponse.namespaces:type_name -> kvmesh.v1.NamespaceStats
-	0,  // 10: kvmesh.v1.CacheService.Lookup:input_type -> kvmesh.v1.LookupRequest
-	4,  // 11: kvmesh.v1.CacheService.BatchGet:input_type -> kvmesh.v1.BatchGetRequest
-	7,  // 12: kvmesh.v1.CacheService.BatchPut:input_type -> kvmesh.v1.BatchPutRequest
-	9,  // 13: kvmesh.v1.CacheService.Exists:input_type -> kvmesh.v1.ExistsRequest
-	11, // 14: kvmesh.v1.CacheService.Publish:input_type -> kvmesh.v1.PublishRequest
-	13, // 15: kvmesh.v1.CacheService.Stats:input_type -> kvmesh.v1.StatsRequest
-	2,  // 16: kvmesh.v1.CacheService.Lookup:output_type -> kvmesh.v1.LookupResponse
-	5,  // 17: kvmesh.v1.CacheService.BatchGet:output_type -> kvmesh.v1.BatchGetResponse
-	8,  // 18: kvmesh.v1.CacheService.BatchPut:output_type -> kvmesh.v1.BatchPutResponse
-	10, // 19: kvmesh.v1.CacheService.Exists:output_type -> kvmesh.v1.ExistsResponse
-	12, // 20: kvmesh.v1.CacheService.Publish:output_type -> kvmesh.v1.PublishResponse
-	16, // 21: kvmesh.v1.CacheService.Stats:output_type -> kvmesh.v1.StatsResponse
-	16, // [16:22] is the sub-list for method output_type
-	10, // [10:16] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	4,  // 3: kvmesh.v1.LookupResponse.runs:type_name -> kvmesh.v1.CachedRun
+	3,  // 4: kvmesh.v1.LookupResponse.groups:type_name -> kvmesh.v1.GroupLookup
+	20, // 5: kvmesh.v1.GroupLookup.kind:type_name -> kvmesh.v1.GroupKind
+	18, // 6: kvmesh.v1.BatchGetRequest.namespace:type_name -> kvmesh.v1.Namespace
+	19, // 7: kvmesh.v1.BatchGetRequest.extra_keys:type_name -> kvmesh.v1.BlockExtraKeys
+	18, // 8: kvmesh.v1.BatchPutRequest.namespace:type_name -> kvmesh.v1.Namespace
+	7,  // 9: kvmesh.v1.BatchPutRequest.block:type_name -> kvmesh.v1.BlockHeader
+	15, // 10: kvmesh.v1.StatsResponse.tiers:type_name -> kvmesh.v1.TierStats
+	16, // 11: kvmesh.v1.StatsResponse.namespaces:type_name -> kvmesh.v1.NamespaceStats
+	0,  // 12: kvmesh.v1.CacheService.Lookup:input_type -> kvmesh.v1.LookupRequest
+	5,  // 13: kvmesh.v1.CacheService.BatchGet:input_type -> kvmesh.v1.BatchGetRequest
+	8,  // 14: kvmesh.v1.CacheService.BatchPut:input_type -> kvmesh.v1.BatchPutRequest
+	10, // 15: kvmesh.v1.CacheService.Exists:input_type -> kvmesh.v1.ExistsRequest
+	12, // 16: kvmesh.v1.CacheService.Publish:input_type -> kvmesh.v1.PublishRequest
+	14, // 17: kvmesh.v1.CacheService.Stats:input_type -> kvmesh.v1.StatsRequest
+	2,  // 18: kvmesh.v1.CacheService.Lookup:output_type -> kvmesh.v1.LookupResponse
+	6,  // 19: kvmesh.v1.CacheService.BatchGet:output_type -> kvmesh.v1.BatchGetResponse
+	9,  // 20: kvmesh.v1.CacheService.BatchPut:output_type -> kvmesh.v1.BatchPutResponse
+	11, // 21: kvmesh.v1.CacheService.Exists:output_type -> kvmesh.v1.ExistsResponse
+	13, // 22: kvmesh.v1.CacheService.Publish:output_type -> kvmesh.v1.PublishResponse
+	17, // 23: kvmesh.v1.CacheService.Stats:output_type -> kvmesh.v1.StatsResponse
+	18, // [18:24] is the sub-list for method output_type
+	12, // [12:18] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_cache_proto_init() }
@@ -1600,7 +1726,7 @@ func file_kvmesh_v1_cache_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_v1_cache_proto_rawDesc), len(file_kvmesh_v1_cache_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -97,6 +97,10 @@ const (
 	// attention, DeepSeek-V3/Kimi: 512 latent + 64 rotary = 576): payload
 	// [layer][token][latent_dim]; kv_heads and head_dim are 0.
 	KVLayout_KV_LAYOUT_LATENT KVLayout = 1
+	// Opaque recurrent state (linear attention, state-space layers), for a
+	// state group only: per layer and head, the group's state_bytes bytes,
+	// whatever the tokens: payload [layer][head][state_bytes].
+	KVLayout_KV_LAYOUT_STATE KVLayout = 2
 )
 
 // Enum value maps for KVLayout.
@@ -104,10 +108,12 @@ var (
 	KVLayout_name = map[int32]string{
 		0: "KV_LAYOUT_SPLIT",
 		1: "KV_LAYOUT_LATENT",
+		2: "KV_LAYOUT_STATE",
 	}
 	KVLayout_value = map[string]int32{
 		"KV_LAYOUT_SPLIT":  0,
 		"KV_LAYOUT_LATENT": 1,
+		"KV_LAYOUT_STATE":  2,
 	}
 )
 
@@ -136,6 +142,67 @@ func (x KVLayout) Number() protoreflect.EnumNumber {
 // Deprecated: Use KVLayout.Descriptor instead.
 func (KVLayout) EnumDescriptor() ([]byte, []int) {
 	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{1}
+}
+
+// GroupKind is what a prefix needs of one group of a hybrid model's cache
+// (prefixhash.GroupKind).
+type GroupKind int32
+
+const (
+	// Full attention: every block of a prefix.
+	GroupKind_GROUP_KIND_FULL GroupKind = 0
+	// Sliding-window attention over window tokens: the blocks that cover the
+	// last window tokens before the point a reader resumes at.
+	GroupKind_GROUP_KIND_SLIDING GroupKind = 1
+	// A fixed-size recurrent state: the state at the resume point (a state
+	// group's record of block i is the state after block i's last token).
+	GroupKind_GROUP_KIND_STATE GroupKind = 2
+	// A per-token side cache every prefix needs (DeepSeek's sparse attention
+	// indexer): every block, as full attention.
+	GroupKind_GROUP_KIND_INDEXER GroupKind = 3
+)
+
+// Enum value maps for GroupKind.
+var (
+	GroupKind_name = map[int32]string{
+		0: "GROUP_KIND_FULL",
+		1: "GROUP_KIND_SLIDING",
+		2: "GROUP_KIND_STATE",
+		3: "GROUP_KIND_INDEXER",
+	}
+	GroupKind_value = map[string]int32{
+		"GROUP_KIND_FULL":    0,
+		"GROUP_KIND_SLIDING": 1,
+		"GROUP_KIND_STATE":   2,
+		"GROUP_KIND_INDEXER": 3,
+	}
+)
+
+func (x GroupKind) Enum() *GroupKind {
+	p := new(GroupKind)
+	*p = x
+	return p
+}
+
+func (x GroupKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GroupKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_kvmesh_v1_types_proto_enumTypes[2].Descriptor()
+}
+
+func (GroupKind) Type() protoreflect.EnumType {
+	return &file_kvmesh_v1_types_proto_enumTypes[2]
+}
+
+func (x GroupKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GroupKind.Descriptor instead.
+func (GroupKind) EnumDescriptor() ([]byte, []int) {
+	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{2}
 }
 
 // Scales says whether a quantised (fp8, int8) payload ends with its float32
@@ -174,11 +241,11 @@ func (x Scales) String() string {
 }
 
 func (Scales) Descriptor() protoreflect.EnumDescriptor {
-	return file_kvmesh_v1_types_proto_enumTypes[2].Descriptor()
+	return file_kvmesh_v1_types_proto_enumTypes[3].Descriptor()
 }
 
 func (Scales) Type() protoreflect.EnumType {
-	return &file_kvmesh_v1_types_proto_enumTypes[2]
+	return &file_kvmesh_v1_types_proto_enumTypes[3]
 }
 
 func (x Scales) Number() protoreflect.EnumNumber {
@@ -187,7 +254,7 @@ func (x Scales) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Scales.Descriptor instead.
 func (Scales) EnumDescriptor() ([]byte, []int) {
-	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
 // KeyScheme is how block keys are derived (prefixhash.KeyScheme).
@@ -224,11 +291,11 @@ func (x KeyScheme) String() string {
 }
 
 func (KeyScheme) Descriptor() protoreflect.EnumDescriptor {
-	return file_kvmesh_v1_types_proto_enumTypes[3].Descriptor()
+	return file_kvmesh_v1_types_proto_enumTypes[4].Descriptor()
 }
 
 func (KeyScheme) Type() protoreflect.EnumType {
-	return &file_kvmesh_v1_types_proto_enumTypes[3]
+	return &file_kvmesh_v1_types_proto_enumTypes[4]
 }
 
 func (x KeyScheme) Number() protoreflect.EnumNumber {
@@ -237,7 +304,141 @@ func (x KeyScheme) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use KeyScheme.Descriptor instead.
 func (KeyScheme) EnumDescriptor() ([]byte, []int) {
-	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
+// Group is one group of a hybrid model's cache (prefixhash.Group): layers
+// of one kind, with one layout. A namespace with groups stores, for block i
+// of a prompt, one record per group, group g's under k_i XOR M_g (M_0 zero:
+// group 0's records are under the chain keys; for g > 0 M_g is the first
+// 16 bytes of SHA-256("kvmesh/group/v1" || u32 little-endian g)). List the
+// full-attention group first: its lookup is then a plain one.
+// Invalid groups (layers that overlap another group's, a window of 0, a
+// state_bytes that is not a whole number of dtype elements, ...) are
+// INVALID_ARGUMENT naming the field, e.g. "groups[1].window".
+type Group struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  GroupKind              `protobuf:"varint,1,opt,name=kind,proto3,enum=kvmesh.v1.GroupKind" json:"kind,omitempty"`
+	// The window in tokens, sliding groups only (required there).
+	Window uint32 `protobuf:"varint,2,opt,name=window,proto3" json:"window,omitempty"`
+	// The model's layers the group holds, ascending, in [0, layers); no
+	// layer in two groups (an indexer may share a full group's layers).
+	Layers []uint32 `protobuf:"varint,3,rep,packed,name=layers,proto3" json:"layers,omitempty"`
+	// KV_LAYOUT_SPLIT or KV_LAYOUT_LATENT; KV_LAYOUT_STATE for (and only
+	// for) a state group.
+	KvLayout KVLayout `protobuf:"varint,4,opt,name=kv_layout,json=kvLayout,proto3,enum=kvmesh.v1.KVLayout" json:"kv_layout,omitempty"`
+	Dtype    Dtype    `protobuf:"varint,5,opt,name=dtype,proto3,enum=kvmesh.v1.Dtype" json:"dtype,omitempty"`
+	// Split: heads and head size; state: the heads a state splits into for
+	// tensor parallelism (at least 1).
+	KvHeads uint32 `protobuf:"varint,6,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
+	HeadDim uint32 `protobuf:"varint,7,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	// Latent only.
+	LatentDim uint32 `protobuf:"varint,8,opt,name=latent_dim,json=latentDim,proto3" json:"latent_dim,omitempty"`
+	// State only: the bytes of one head's state in one layer.
+	StateBytes    uint32 `protobuf:"varint,9,opt,name=state_bytes,json=stateBytes,proto3" json:"state_bytes,omitempty"`
+	Scales        Scales `protobuf:"varint,10,opt,name=scales,proto3,enum=kvmesh.v1.Scales" json:"scales,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Group) Reset() {
+	*x = Group{}
+	mi := &file_kvmesh_v1_types_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Group) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Group) ProtoMessage() {}
+
+func (x *Group) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_v1_types_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Group.ProtoReflect.Descriptor instead.
+func (*Group) Descriptor() ([]byte, []int) {
+	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Group) GetKind() GroupKind {
+	if x != nil {
+		return x.Kind
+	}
+	return GroupKind_GROUP_KIND_FULL
+}
+
+func (x *Group) GetWindow() uint32 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+func (x *Group) GetLayers() []uint32 {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+func (x *Group) GetKvLayout() KVLayout {
+	if x != nil {
+		return x.KvLayout
+	}
+	return KVLayout_KV_LAYOUT_SPLIT
+}
+
+func (x *Group) GetDtype() Dtype {
+	if x != nil {
+		return x.Dtype
+	}
+	return Dtype_DTYPE_UNSPECIFIED
+}
+
+func (x *Group) GetKvHeads() uint32 {
+	if x != nil {
+		return x.KvHeads
+	}
+	return 0
+}
+
+func (x *Group) GetHeadDim() uint32 {
+	if x != nil {
+		return x.HeadDim
+	}
+	return 0
+}
+
+func (x *Group) GetLatentDim() uint32 {
+	if x != nil {
+		return x.LatentDim
+	}
+	return 0
+}
+
+func (x *Group) GetStateBytes() uint32 {
+	if x != nil {
+		return x.StateBytes
+	}
+	return 0
+}
+
+func (x *Group) GetScales() Scales {
+	if x != nil {
+		return x.Scales
+	}
+	return Scales_SCALES_NONE
 }
 
 // Namespace names the producer of KV blocks (prefixhash.Namespace): two
@@ -294,14 +495,19 @@ type Namespace struct {
 	// The model's number of attention layers, all of them: a block holds
 	// every layer of its tokens (key format 3). Required (or the deprecated
 	// layer_end, see layer_start).
-	Layers        uint32 `protobuf:"varint,18,opt,name=layers,proto3" json:"layers,omitempty"`
+	Layers uint32 `protobuf:"varint,18,opt,name=layers,proto3" json:"layers,omitempty"`
+	// A hybrid model's cache groups (full attention, sliding window,
+	// recurrent state, indexer); kv_heads, head_dim, kv_layout, latent_dim
+	// and scales are then unset, each group has its own. Empty: one kind of
+	// block, as before groups.
+	Groups        []*Group `protobuf:"bytes,19,rep,name=groups,proto3" json:"groups,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_kvmesh_v1_types_proto_msgTypes[0]
+	mi := &file_kvmesh_v1_types_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -313,7 +519,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_types_proto_msgTypes[0]
+	mi := &file_kvmesh_v1_types_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -326,7 +532,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{0}
+	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *Namespace) GetModel() string {
@@ -459,6 +665,13 @@ func (x *Namespace) GetLayers() uint32 {
 	return 0
 }
 
+func (x *Namespace) GetGroups() []*Group {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
 // BlockExtraKeys are the extra keys of one block of a prompt
 // (prefixhash.ExtraKeys): opaque bytes that its key covers with its tokens,
 // such as a multimodal input's hash and offset in the block. Under
@@ -475,7 +688,7 @@ type BlockExtraKeys struct {
 
 func (x *BlockExtraKeys) Reset() {
 	*x = BlockExtraKeys{}
-	mi := &file_kvmesh_v1_types_proto_msgTypes[1]
+	mi := &file_kvmesh_v1_types_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +700,7 @@ func (x *BlockExtraKeys) String() string {
 func (*BlockExtraKeys) ProtoMessage() {}
 
 func (x *BlockExtraKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_v1_types_proto_msgTypes[1]
+	mi := &file_kvmesh_v1_types_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +713,7 @@ func (x *BlockExtraKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockExtraKeys.ProtoReflect.Descriptor instead.
 func (*BlockExtraKeys) Descriptor() ([]byte, []int) {
-	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{1}
+	return file_kvmesh_v1_types_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *BlockExtraKeys) GetBlock() uint32 {
@@ -521,7 +734,21 @@ var File_kvmesh_v1_types_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xe5\x04\n" +
+	"\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xdc\x02\n" +
+	"\x05Group\x12(\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x14.kvmesh.v1.GroupKindR\x04kind\x12\x16\n" +
+	"\x06window\x18\x02 \x01(\rR\x06window\x12\x16\n" +
+	"\x06layers\x18\x03 \x03(\rR\x06layers\x120\n" +
+	"\tkv_layout\x18\x04 \x01(\x0e2\x13.kvmesh.v1.KVLayoutR\bkvLayout\x12&\n" +
+	"\x05dtype\x18\x05 \x01(\x0e2\x10.kvmesh.v1.DtypeR\x05dtype\x12\x19\n" +
+	"\bkv_heads\x18\x06 \x01(\rR\akvHeads\x12\x19\n" +
+	"\bhead_dim\x18\a \x01(\rR\aheadDim\x12\x1d\n" +
+	"\n" +
+	"latent_dim\x18\b \x01(\rR\tlatentDim\x12\x1f\n" +
+	"\vstate_bytes\x18\t \x01(\rR\n" +
+	"stateBytes\x12)\n" +
+	"\x06scales\x18\n" +
+	" \x01(\x0e2\x11.kvmesh.v1.ScalesR\x06scales\"\x8f\x05\n" +
 	"\tNamespace\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12&\n" +
 	"\x05dtype\x18\x02 \x01(\x0e2\x10.kvmesh.v1.DtypeR\x05dtype\x12!\n" +
@@ -545,7 +772,8 @@ const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"key_scheme\x18\x0f \x01(\x0e2\x14.kvmesh.v1.KeySchemeR\tkeyScheme\x12\x1b\n" +
 	"\thash_seed\x18\x10 \x01(\tR\bhashSeed\x12&\n" +
 	"\x0fextra_key_bytes\x18\x11 \x01(\rR\rextraKeyBytes\x12\x16\n" +
-	"\x06layers\x18\x12 \x01(\rR\x06layers\":\n" +
+	"\x06layers\x18\x12 \x01(\rR\x06layers\x12(\n" +
+	"\x06groups\x18\x13 \x03(\v2\x10.kvmesh.v1.GroupR\x06groups\":\n" +
 	"\x0eBlockExtraKeys\x12\x14\n" +
 	"\x05block\x18\x01 \x01(\rR\x05block\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys*\x90\x01\n" +
@@ -557,10 +785,16 @@ const file_kvmesh_v1_types_proto_rawDesc = "" +
 	"\x0eDTYPE_FP8_E4M3\x10\x04\x12\x12\n" +
 	"\x0eDTYPE_FP8_E5M2\x10\x05\x12\x0e\n" +
 	"\n" +
-	"DTYPE_INT8\x10\x06*5\n" +
+	"DTYPE_INT8\x10\x06*J\n" +
 	"\bKVLayout\x12\x13\n" +
 	"\x0fKV_LAYOUT_SPLIT\x10\x00\x12\x14\n" +
-	"\x10KV_LAYOUT_LATENT\x10\x01*D\n" +
+	"\x10KV_LAYOUT_LATENT\x10\x01\x12\x13\n" +
+	"\x0fKV_LAYOUT_STATE\x10\x02*f\n" +
+	"\tGroupKind\x12\x13\n" +
+	"\x0fGROUP_KIND_FULL\x10\x00\x12\x16\n" +
+	"\x12GROUP_KIND_SLIDING\x10\x01\x12\x14\n" +
+	"\x10GROUP_KIND_STATE\x10\x02\x12\x16\n" +
+	"\x12GROUP_KIND_INDEXER\x10\x03*D\n" +
 	"\x06Scales\x12\x0f\n" +
 	"\vSCALES_NONE\x10\x00\x12\x14\n" +
 	"\x10SCALES_PER_BLOCK\x10\x01\x12\x13\n" +
@@ -581,26 +815,33 @@ func file_kvmesh_v1_types_proto_rawDescGZIP() []byte {
 	return file_kvmesh_v1_types_proto_rawDescData
 }
 
-var file_kvmesh_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_kvmesh_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_kvmesh_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_kvmesh_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_kvmesh_v1_types_proto_goTypes = []any{
 	(Dtype)(0),             // 0: kvmesh.v1.Dtype
 	(KVLayout)(0),          // 1: kvmesh.v1.KVLayout
-	(Scales)(0),            // 2: kvmesh.v1.Scales
-	(KeyScheme)(0),         // 3: kvmesh.v1.KeyScheme
-	(*Namespace)(nil),      // 4: kvmesh.v1.Namespace
-	(*BlockExtraKeys)(nil), // 5: kvmesh.v1.BlockExtraKeys
+	(GroupKind)(0),         // 2: kvmesh.v1.GroupKind
+	(Scales)(0),            // 3: kvmesh.v1.Scales
+	(KeyScheme)(0),         // 4: kvmesh.v1.KeyScheme
+	(*Group)(nil),          // 5: kvmesh.v1.Group
+	(*Namespace)(nil),      // 6: kvmesh.v1.Namespace
+	(*BlockExtraKeys)(nil), // 7: kvmesh.v1.BlockExtraKeys
 }
 var file_kvmesh_v1_types_proto_depIdxs = []int32{
-	0, // 0: kvmesh.v1.Namespace.dtype:type_name -> kvmesh.v1.Dtype
-	1, // 1: kvmesh.v1.Namespace.kv_layout:type_name -> kvmesh.v1.KVLayout
-	2, // 2: kvmesh.v1.Namespace.scales:type_name -> kvmesh.v1.Scales
-	3, // 3: kvmesh.v1.Namespace.key_scheme:type_name -> kvmesh.v1.KeyScheme
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	2, // 0: kvmesh.v1.Group.kind:type_name -> kvmesh.v1.GroupKind
+	1, // 1: kvmesh.v1.Group.kv_layout:type_name -> kvmesh.v1.KVLayout
+	0, // 2: kvmesh.v1.Group.dtype:type_name -> kvmesh.v1.Dtype
+	3, // 3: kvmesh.v1.Group.scales:type_name -> kvmesh.v1.Scales
+	0, // 4: kvmesh.v1.Namespace.dtype:type_name -> kvmesh.v1.Dtype
+	1, // 5: kvmesh.v1.Namespace.kv_layout:type_name -> kvmesh.v1.KVLayout
+	3, // 6: kvmesh.v1.Namespace.scales:type_name -> kvmesh.v1.Scales
+	4, // 7: kvmesh.v1.Namespace.key_scheme:type_name -> kvmesh.v1.KeyScheme
+	5, // 8: kvmesh.v1.Namespace.groups:type_name -> kvmesh.v1.Group
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_v1_types_proto_init() }
@@ -613,8 +854,8 @@ func file_kvmesh_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_v1_types_proto_rawDesc), len(file_kvmesh_v1_types_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   2,
+			NumEnums:      5,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

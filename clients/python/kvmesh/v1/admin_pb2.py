@@ -21,7 +21,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/admin.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/object.proto\x1a\x15kvmesh/v1/types.proto\" \n\x0fPartialsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"J\n\x10PartialsResponse\x12\'\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.PartialBlock\x12\r\n\x05total\x18\x02 \x01(\r\";\n\tPartRange\x12\n\n\x02l0\x18\x01 \x01(\r\x12\n\n\x02l1\x18\x02 \x01(\r\x12\n\n\x02h0\x18\x03 \x01(\r\x12\n\n\x02h1\x18\x04 \x01(\r\"\xbe\x01\n\x0cPartialBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x02 \x01(\x06\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12#\n\x05parts\x18\x04 \x03(\x0b\x32\x14.kvmesh.v1.PartRange\x12\x0e\n\x06layers\x18\x05 \x01(\r\x12\r\n\x05heads\x18\x06 \x01(\r\x12\x0f\n\x07\x63overed\x18\x07 \x01(\r\x12\x13\n\x0b\x61ge_seconds\x18\x08 \x01(\x01\x12\r\n\x05\x62ytes\x18\t \x01(\x04\"\x0f\n\rWhoAmIRequest\"\\\n\x0eWhoAmIResponse\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06scopes\x18\x02 \x03(\t\x12\x16\n\x0enamespace_salt\x18\x03 \x01(\t\x12\x12\n\ntenant_tag\x18\x04 \x01(\x06\"7\n\x0eMembersRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xf5\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x12\n\nshm_socket\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x14\n\x0crdma_devices\x18\x0b \x03(\t\x12\x0e\n\x06\x66\x61\x62ric\x18\x0c \x01(\t\"u\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\xb8\x03\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x17\n\x0blayer_start\x18\n \x01(\rB\x02\x18\x01\x12\x15\n\tlayer_end\x18\x0b \x01(\rB\x02\x18\x01\x12\x0e\n\x06layers\x18\x0e \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\r\x12\x0e\n\x06object\x18\x0f \x01(\x08\x12\x13\n\x0bobject_name\x18\x10 \x01(\t\x12\x14\n\x0cobject_piece\x18\x11 \x01(\r\x12\x15\n\robject_pieces\x18\x12 \x01(\r\x12\x13\n\x0bobject_size\x18\x13 \x01(\x04\x12\'\n\tretention\x18\x14 \x01(\x0b\x32\x14.kvmesh.v1.Retention\"/\n\x05Quota\x12\x12\n\ndram_bytes\x18\x01 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x02 \x01(\x04\"z\n\x0fSetQuotaRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\x12\x1f\n\x05quota\x18\x03 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"@\n\x10SetQuotaResponse\x12,\n\tnamespace\x18\x01 \x01(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\"6\n\rQuotasRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x86\x01\n\x0eNamespaceQuota\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x1f\n\x05quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\x0b\n\x03own\x18\x03 \x01(\x08\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x12\n\ndram_bytes\x18\x05 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x06 \x01(\x04\"\x92\x01\n\x0eQuotasResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\rdefault_quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12-\n\nnamespaces\x18\x03 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t2\xf4\x03\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12\x43\n\x08SetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponse\x12=\n\x06WhoAmI\x12\x18.kvmesh.v1.WhoAmIRequest\x1a\x19.kvmesh.v1.WhoAmIResponse\x12\x43\n\x08Partials\x12\x1a.kvmesh.v1.PartialsRequest\x1a\x1b.kvmesh.v1.PartialsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/admin.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/object.proto\x1a\x15kvmesh/v1/types.proto\" \n\x0fPartialsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"J\n\x10PartialsResponse\x12\'\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.PartialBlock\x12\r\n\x05total\x18\x02 \x01(\r\";\n\tPartRange\x12\n\n\x02l0\x18\x01 \x01(\r\x12\n\n\x02l1\x18\x02 \x01(\r\x12\n\n\x02h0\x18\x03 \x01(\r\x12\n\n\x02h1\x18\x04 \x01(\r\"\xbe\x01\n\x0cPartialBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x02 \x01(\x06\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12#\n\x05parts\x18\x04 \x03(\x0b\x32\x14.kvmesh.v1.PartRange\x12\x0e\n\x06layers\x18\x05 \x01(\r\x12\r\n\x05heads\x18\x06 \x01(\r\x12\x0f\n\x07\x63overed\x18\x07 \x01(\r\x12\x13\n\x0b\x61ge_seconds\x18\x08 \x01(\x01\x12\r\n\x05\x62ytes\x18\t \x01(\x04\"\x0f\n\rWhoAmIRequest\"\\\n\x0eWhoAmIResponse\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06scopes\x18\x02 \x03(\t\x12\x16\n\x0enamespace_salt\x18\x03 \x01(\t\x12\x12\n\ntenant_tag\x18\x04 \x01(\x06\"7\n\x0eMembersRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"H\n\x0cTierCapacity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"\xf5\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\tgrpc_addr\x18\x03 \x01(\t\x12\x11\n\thttp_addr\x18\x04 \x01(\t\x12\x11\n\tdata_addr\x18\x05 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x06 \x01(\t\x12&\n\x05tiers\x18\x07 \x03(\x0b\x32\x17.kvmesh.v1.TierCapacity\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x12\n\nshm_socket\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x14\n\x0crdma_devices\x18\x0b \x03(\t\x12\x0e\n\x06\x66\x61\x62ric\x18\x0c \x01(\t\"u\n\x0fMembersResponse\x12\x0f\n\x07self_id\x18\x01 \x01(\t\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.kvmesh.v1.Member\x12\x14\n\x0c\x63hunk_tokens\x18\x03 \x01(\r\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\"O\n\x14\x44ropNamespaceRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"/\n\x15\x44ropNamespaceResponse\x12\x16\n\x0e\x64ropped_blocks\x18\x01 \x01(\x04\"\x1f\n\x10\x42lockInfoRequest\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\xec\x04\n\x11\x42lockInfoResponse\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x0c\x12\x18\n\x10namespace_digest\x18\x03 \x01(\x06\x12\x0e\n\x06tokens\x18\x04 \x03(\r\x12\x0f\n\x07node_id\x18\x05 \x01(\t\x12\x0c\n\x04tier\x18\x06 \x01(\t\x12\x13\n\x0bpayload_len\x18\x07 \x01(\x04\x12\x13\n\x0b\x65ncoded_len\x18\x08 \x01(\x04\x12\x1f\n\x05\x64type\x18\t \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x17\n\x0blayer_start\x18\n \x01(\rB\x02\x18\x01\x12\x15\n\tlayer_end\x18\x0b \x01(\rB\x02\x18\x01\x12\x0e\n\x06layers\x18\x0e \x01(\r\x12\x10\n\x08kv_heads\x18\x0c \x01(\r\x12\x10\n\x08head_dim\x18\r \x01(\r\x12&\n\tkv_layout\x18\x0f \x01(\x0e\x32\x13.kvmesh.v1.KVLayout\x12\x12\n\nlatent_dim\x18\x10 \x01(\r\x12\x13\n\x0bstate_bytes\x18\x11 \x01(\r\x12\r\n\x05group\x18\x12 \x01(\r\x12(\n\ngroup_kind\x18\x13 \x01(\x0e\x32\x14.kvmesh.v1.GroupKind\x12\x15\n\rwindow_blocks\x18\x14 \x01(\r\x12\x11\n\tchain_key\x18\x15 \x01(\x0c\x12\x0e\n\x06object\x18\x16 \x01(\x08\x12\x13\n\x0bobject_name\x18\x17 \x01(\t\x12\x14\n\x0cobject_piece\x18\x18 \x01(\r\x12\x15\n\robject_pieces\x18\x19 \x01(\r\x12\x13\n\x0bobject_size\x18\x1a \x01(\x04\x12\'\n\tretention\x18\x1b \x01(\x0b\x32\x14.kvmesh.v1.Retention\"/\n\x05Quota\x12\x12\n\ndram_bytes\x18\x01 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x02 \x01(\x04\"z\n\x0fSetQuotaRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\x12\x1f\n\x05quota\x18\x03 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"@\n\x10SetQuotaResponse\x12,\n\tnamespace\x18\x01 \x01(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\"6\n\rQuotasRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x86\x01\n\x0eNamespaceQuota\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x1f\n\x05quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12\x0b\n\x03own\x18\x03 \x01(\x08\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\x12\n\ndram_bytes\x18\x05 \x01(\x04\x12\x12\n\nnvme_bytes\x18\x06 \x01(\x04\"\x92\x01\n\x0eQuotasResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\rdefault_quota\x18\x02 \x01(\x0b\x32\x10.kvmesh.v1.Quota\x12-\n\nnamespaces\x18\x03 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceQuota\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t2\xf4\x03\n\x0c\x41\x64minService\x12@\n\x07Members\x12\x19.kvmesh.v1.MembersRequest\x1a\x1a.kvmesh.v1.MembersResponse\x12R\n\rDropNamespace\x12\x1f.kvmesh.v1.DropNamespaceRequest\x1a .kvmesh.v1.DropNamespaceResponse\x12\x46\n\tBlockInfo\x12\x1b.kvmesh.v1.BlockInfoRequest\x1a\x1c.kvmesh.v1.BlockInfoResponse\x12\x43\n\x08SetQuota\x12\x1a.kvmesh.v1.SetQuotaRequest\x1a\x1b.kvmesh.v1.SetQuotaResponse\x12=\n\x06Quotas\x12\x18.kvmesh.v1.QuotasRequest\x1a\x19.kvmesh.v1.QuotasResponse\x12=\n\x06WhoAmI\x12\x18.kvmesh.v1.WhoAmIRequest\x1a\x19.kvmesh.v1.WhoAmIResponse\x12\x43\n\x08Partials\x12\x1a.kvmesh.v1.PartialsRequest\x1a\x1b.kvmesh.v1.PartialsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_object__pb2.DESCRIPTOR,kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
@@ -761,43 +761,92 @@ _BLOCKINFORESPONSE = _descriptor.Descriptor(
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='object', full_name='kvmesh.v1.BlockInfoResponse.object', index=14,
-      number=15, type=8, cpp_type=7, label=1,
-      has_default_value=False, default_value=False,
+      name='kv_layout', full_name='kvmesh.v1.BlockInfoResponse.kv_layout', index=14,
+      number=15, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='object_name', full_name='kvmesh.v1.BlockInfoResponse.object_name', index=15,
-      number=16, type=9, cpp_type=9, label=1,
-      has_default_value=False, default_value=_b("").decode('utf-8'),
+      name='latent_dim', full_name='kvmesh.v1.BlockInfoResponse.latent_dim', index=15,
+      number=16, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='object_piece', full_name='kvmesh.v1.BlockInfoResponse.object_piece', index=16,
+      name='state_bytes', full_name='kvmesh.v1.BlockInfoResponse.state_bytes', index=16,
       number=17, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='object_pieces', full_name='kvmesh.v1.BlockInfoResponse.object_pieces', index=17,
+      name='group', full_name='kvmesh.v1.BlockInfoResponse.group', index=17,
       number=18, type=13, cpp_type=3, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='object_size', full_name='kvmesh.v1.BlockInfoResponse.object_size', index=18,
-      number=19, type=4, cpp_type=4, label=1,
+      name='group_kind', full_name='kvmesh.v1.BlockInfoResponse.group_kind', index=18,
+      number=19, type=14, cpp_type=8, label=1,
       has_default_value=False, default_value=0,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
     _descriptor.FieldDescriptor(
-      name='retention', full_name='kvmesh.v1.BlockInfoResponse.retention', index=19,
-      number=20, type=11, cpp_type=10, label=1,
+      name='window_blocks', full_name='kvmesh.v1.BlockInfoResponse.window_blocks', index=19,
+      number=20, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='chain_key', full_name='kvmesh.v1.BlockInfoResponse.chain_key', index=20,
+      number=21, type=12, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b(""),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='object', full_name='kvmesh.v1.BlockInfoResponse.object', index=21,
+      number=22, type=8, cpp_type=7, label=1,
+      has_default_value=False, default_value=False,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='object_name', full_name='kvmesh.v1.BlockInfoResponse.object_name', index=22,
+      number=23, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='object_piece', full_name='kvmesh.v1.BlockInfoResponse.object_piece', index=23,
+      number=24, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='object_pieces', full_name='kvmesh.v1.BlockInfoResponse.object_pieces', index=24,
+      number=25, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='object_size', full_name='kvmesh.v1.BlockInfoResponse.object_size', index=25,
+      number=26, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='retention', full_name='kvmesh.v1.BlockInfoResponse.retention', index=26,
+      number=27, type=11, cpp_type=10, label=1,
       has_default_value=False, default_value=None,
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
@@ -815,7 +864,7 @@ _BLOCKINFORESPONSE = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=1220,
-  serialized_end=1660,
+  serialized_end=1840,
 )
 
 
@@ -852,8 +901,8 @@ _QUOTA = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1662,
-  serialized_end=1709,
+  serialized_start=1842,
+  serialized_end=1889,
 )
 
 
@@ -904,8 +953,8 @@ _SETQUOTAREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1711,
-  serialized_end=1833,
+  serialized_start=1891,
+  serialized_end=2013,
 )
 
 
@@ -935,8 +984,8 @@ _SETQUOTARESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1835,
-  serialized_end=1899,
+  serialized_start=2015,
+  serialized_end=2079,
 )
 
 
@@ -973,8 +1022,8 @@ _QUOTASREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1901,
-  serialized_end=1955,
+  serialized_start=2081,
+  serialized_end=2135,
 )
 
 
@@ -1039,8 +1088,8 @@ _NAMESPACEQUOTA = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1958,
-  serialized_end=2092,
+  serialized_start=2138,
+  serialized_end=2272,
 )
 
 
@@ -1091,8 +1140,8 @@ _QUOTASRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=2095,
-  serialized_end=2241,
+  serialized_start=2275,
+  serialized_end=2421,
 )
 
 _PARTIALSRESPONSE.fields_by_name['blocks'].message_type = _PARTIALBLOCK
@@ -1101,6 +1150,8 @@ _MEMBER.fields_by_name['tiers'].message_type = _TIERCAPACITY
 _MEMBERSRESPONSE.fields_by_name['members'].message_type = _MEMBER
 _DROPNAMESPACEREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
 _BLOCKINFORESPONSE.fields_by_name['dtype'].enum_type = kvmesh_dot_v1_dot_types__pb2._DTYPE
+_BLOCKINFORESPONSE.fields_by_name['kv_layout'].enum_type = kvmesh_dot_v1_dot_types__pb2._KVLAYOUT
+_BLOCKINFORESPONSE.fields_by_name['group_kind'].enum_type = kvmesh_dot_v1_dot_types__pb2._GROUPKIND
 _BLOCKINFORESPONSE.fields_by_name['retention'].message_type = kvmesh_dot_v1_dot_object__pb2._RETENTION
 _SETQUOTAREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
 _SETQUOTAREQUEST.fields_by_name['quota'].message_type = _QUOTA
@@ -1284,8 +1335,8 @@ _ADMINSERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=2244,
-  serialized_end=2744,
+  serialized_start=2424,
+  serialized_end=2924,
   methods=[
   _descriptor.MethodDescriptor(
     name='Members',

@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/cache.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\xae\x01\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\r\n\x05\x63hain\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x0f\n\x07summary\x18\x05 \x01(\x08\x12-\n\nextra_keys\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.BlockExtraKeys\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xc7\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\x12\"\n\x04runs\x18\x06 \x03(\x0b\x32\x14.kvmesh.v1.CachedRun\x12\r\n\x05nodes\x18\x07 \x03(\t\"7\n\tCachedRun\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xab\x01\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\x12\x12\n\nchunk_keys\x18\x05 \x03(\x0c\x12-\n\nextra_keys\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.BlockExtraKeys\"\xe1\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x18\n\x10payload_checksum\x18\n \x01(\x06\x12\x12\n\nextra_keys\x18\x0b \x03(\x0c\x12\x13\n\x0bparent_link\x18\x0c \x01(\x0c\"\x98\x01\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x18\n\x10payload_checksum\x18\x04 \x01(\x06\x12\x11\n\tchunk_key\x18\x05 \x01(\x0c\x12\x12\n\nextra_keys\x18\x06 \x03(\x0c\x12\x13\n\x0bparent_link\x18\x07 \x01(\x0c\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"1\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"2\n\x0ePublishRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0fPublishResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"5\n\x0cStatsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\xb8\x01\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x18\n\x10\x65victed_capacity\x18\x05 \x01(\x04\x12\x17\n\x0f\x65victed_demoted\x18\x06 \x01(\x04\x12\x17\n\x0f\x65victed_refused\x18\x07 \x01(\x04\x12\x1a\n\x12\x65victed_unadmitted\x18\x08 \x01(\x04\"^\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\r\n\x05model\x18\x05 \x01(\t\"\x94\x02\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats\x12\x17\n\x0fnext_page_token\x18\t \x01(\t\x12\x16\n\x0esecond_chances\x18\n \x01(\x04\x12\x15\n\rreused_blocks\x18\x0b \x01(\x04\x32\x98\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12@\n\x07Publish\x12\x19.kvmesh.v1.PublishRequest\x1a\x1a.kvmesh.v1.PublishResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\xae\x01\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\r\n\x05\x63hain\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x0f\n\x07summary\x18\x05 \x01(\x08\x12-\n\nextra_keys\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.BlockExtraKeys\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xef\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\x12\"\n\x04runs\x18\x06 \x03(\x0b\x32\x14.kvmesh.v1.CachedRun\x12\r\n\x05nodes\x18\x07 \x03(\t\x12&\n\x06groups\x18\x08 \x03(\x0b\x32\x16.kvmesh.v1.GroupLookup\"A\n\x0bGroupLookup\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.kvmesh.v1.GroupKind\x12\x0e\n\x06\x62locks\x18\x02 \x01(\r\"7\n\tCachedRun\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xbb\x01\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\x12\x12\n\nchunk_keys\x18\x05 \x03(\x0c\x12-\n\nextra_keys\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.BlockExtraKeys\x12\x0e\n\x06resume\x18\x07 \x01(\x08\"\xf0\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x18\n\x10payload_checksum\x18\n \x01(\x06\x12\x12\n\nextra_keys\x18\x0b \x03(\x0c\x12\x13\n\x0bparent_link\x18\x0c \x01(\x0c\x12\r\n\x05group\x18\r \x01(\r\"\xa7\x01\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x18\n\x10payload_checksum\x18\x04 \x01(\x06\x12\x11\n\tchunk_key\x18\x05 \x01(\x0c\x12\x12\n\nextra_keys\x18\x06 \x03(\x0c\x12\x13\n\x0bparent_link\x18\x07 \x01(\x0c\x12\r\n\x05group\x18\x08 \x01(\r\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"1\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"2\n\x0ePublishRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0fPublishResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"5\n\x0cStatsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\xb8\x01\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x18\n\x10\x65victed_capacity\x18\x05 \x01(\x04\x12\x17\n\x0f\x65victed_demoted\x18\x06 \x01(\x04\x12\x17\n\x0f\x65victed_refused\x18\x07 \x01(\x04\x12\x1a\n\x12\x65victed_unadmitted\x18\x08 \x01(\x04\"^\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\r\n\x05model\x18\x05 \x01(\t\"\x94\x02\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats\x12\x17\n\x0fnext_page_token\x18\t \x01(\t\x12\x16\n\x0esecond_chances\x18\n \x01(\x04\x12\x15\n\rreused_blocks\x18\x0b \x01(\x04\x32\x98\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12@\n\x07Publish\x12\x19.kvmesh.v1.PublishRequest\x1a\x1a.kvmesh.v1.PublishResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
@@ -194,6 +194,13 @@ _LOOKUPRESPONSE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='groups', full_name='kvmesh.v1.LookupResponse.groups', index=7,
+      number=8, type=11, cpp_type=10, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -207,7 +214,45 @@ _LOOKUPRESPONSE = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=296,
-  serialized_end=495,
+  serialized_end=535,
+)
+
+
+_GROUPLOOKUP = _descriptor.Descriptor(
+  name='GroupLookup',
+  full_name='kvmesh.v1.GroupLookup',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='kind', full_name='kvmesh.v1.GroupLookup.kind', index=0,
+      number=1, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='blocks', full_name='kvmesh.v1.GroupLookup.blocks', index=1,
+      number=2, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=537,
+  serialized_end=602,
 )
 
 
@@ -251,8 +296,8 @@ _CACHEDRUN = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=497,
-  serialized_end=552,
+  serialized_start=604,
+  serialized_end=659,
 )
 
 
@@ -305,6 +350,13 @@ _BATCHGETREQUEST = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='resume', full_name='kvmesh.v1.BatchGetRequest.resume', index=6,
+      number=7, type=8, cpp_type=7, label=1,
+      has_default_value=False, default_value=False,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -317,8 +369,8 @@ _BATCHGETREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=555,
-  serialized_end=726,
+  serialized_start=662,
+  serialized_end=849,
 )
 
 
@@ -413,6 +465,13 @@ _BATCHGETRESPONSE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='group', full_name='kvmesh.v1.BatchGetResponse.group', index=12,
+      number=13, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -425,8 +484,8 @@ _BATCHGETRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=729,
-  serialized_end=954,
+  serialized_start=852,
+  serialized_end=1092,
 )
 
 
@@ -486,6 +545,13 @@ _BLOCKHEADER = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='group', full_name='kvmesh.v1.BlockHeader.group', index=7,
+      number=8, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -498,8 +564,8 @@ _BLOCKHEADER = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=957,
-  serialized_end=1109,
+  serialized_start=1095,
+  serialized_end=1262,
 )
 
 
@@ -543,8 +609,8 @@ _BATCHPUTREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1111,
-  serialized_end=1222,
+  serialized_start=1264,
+  serialized_end=1375,
 )
 
 
@@ -581,8 +647,8 @@ _BATCHPUTRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1224,
-  serialized_end=1272,
+  serialized_start=1377,
+  serialized_end=1425,
 )
 
 
@@ -619,8 +685,8 @@ _EXISTSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1274,
-  serialized_end=1323,
+  serialized_start=1427,
+  serialized_end=1476,
 )
 
 
@@ -650,8 +716,8 @@ _EXISTSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1325,
-  serialized_end=1358,
+  serialized_start=1478,
+  serialized_end=1511,
 )
 
 
@@ -688,8 +754,8 @@ _PUBLISHREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1360,
-  serialized_end=1410,
+  serialized_start=1513,
+  serialized_end=1563,
 )
 
 
@@ -719,8 +785,8 @@ _PUBLISHRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1412,
-  serialized_end=1445,
+  serialized_start=1565,
+  serialized_end=1598,
 )
 
 
@@ -757,8 +823,8 @@ _STATSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1447,
-  serialized_end=1500,
+  serialized_start=1600,
+  serialized_end=1653,
 )
 
 
@@ -837,8 +903,8 @@ _TIERSTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1503,
-  serialized_end=1687,
+  serialized_start=1656,
+  serialized_end=1840,
 )
 
 
@@ -896,8 +962,8 @@ _NAMESPACESTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1689,
-  serialized_end=1783,
+  serialized_start=1842,
+  serialized_end=1936,
 )
 
 
@@ -997,14 +1063,16 @@ _STATSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1786,
-  serialized_end=2062,
+  serialized_start=1939,
+  serialized_end=2215,
 )
 
 _LOOKUPREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
 _LOOKUPREQUEST.fields_by_name['extra_keys'].message_type = kvmesh_dot_v1_dot_types__pb2._BLOCKEXTRAKEYS
 _LOOKUPRESPONSE.fields_by_name['blocks'].message_type = _CACHEDBLOCK
 _LOOKUPRESPONSE.fields_by_name['runs'].message_type = _CACHEDRUN
+_LOOKUPRESPONSE.fields_by_name['groups'].message_type = _GROUPLOOKUP
+_GROUPLOOKUP.fields_by_name['kind'].enum_type = kvmesh_dot_v1_dot_types__pb2._GROUPKIND
 _BATCHGETREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
 _BATCHGETREQUEST.fields_by_name['extra_keys'].message_type = kvmesh_dot_v1_dot_types__pb2._BLOCKEXTRAKEYS
 _BATCHPUTREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
@@ -1014,6 +1082,7 @@ _STATSRESPONSE.fields_by_name['namespaces'].message_type = _NAMESPACESTATS
 DESCRIPTOR.message_types_by_name['LookupRequest'] = _LOOKUPREQUEST
 DESCRIPTOR.message_types_by_name['CachedBlock'] = _CACHEDBLOCK
 DESCRIPTOR.message_types_by_name['LookupResponse'] = _LOOKUPRESPONSE
+DESCRIPTOR.message_types_by_name['GroupLookup'] = _GROUPLOOKUP
 DESCRIPTOR.message_types_by_name['CachedRun'] = _CACHEDRUN
 DESCRIPTOR.message_types_by_name['BatchGetRequest'] = _BATCHGETREQUEST
 DESCRIPTOR.message_types_by_name['BatchGetResponse'] = _BATCHGETRESPONSE
@@ -1050,6 +1119,13 @@ LookupResponse = _reflection.GeneratedProtocolMessageType('LookupResponse', (_me
   # @@protoc_insertion_point(class_scope:kvmesh.v1.LookupResponse)
   ))
 _sym_db.RegisterMessage(LookupResponse)
+
+GroupLookup = _reflection.GeneratedProtocolMessageType('GroupLookup', (_message.Message,), dict(
+  DESCRIPTOR = _GROUPLOOKUP,
+  __module__ = 'kvmesh.v1.cache_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.GroupLookup)
+  ))
+_sym_db.RegisterMessage(GroupLookup)
 
 CachedRun = _reflection.GeneratedProtocolMessageType('CachedRun', (_message.Message,), dict(
   DESCRIPTOR = _CACHEDRUN,
@@ -1159,8 +1235,8 @@ _CACHESERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=2065,
-  serialized_end=2473,
+  serialized_start=2218,
+  serialized_end=2626,
   methods=[
   _descriptor.MethodDescriptor(
     name='Lookup',

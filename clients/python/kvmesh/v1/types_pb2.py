@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/types.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\xb7\x03\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x17\n\x0blayer_start\x18\x04 \x01(\rB\x02\x18\x01\x12\x15\n\tlayer_end\x18\x05 \x01(\rB\x02\x18\x01\x12\x10\n\x08kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x13\n\x07tp_rank\x18\x08 \x01(\rB\x02\x18\x01\x12\x13\n\x07tp_size\x18\t \x01(\rB\x02\x18\x01\x12\x13\n\x0btenant_salt\x18\n \x01(\t\x12&\n\tkv_layout\x18\x0b \x01(\x0e\x32\x13.kvmesh.v1.KVLayout\x12\x12\n\nlatent_dim\x18\x0c \x01(\r\x12!\n\x06scales\x18\r \x01(\x0e\x32\x11.kvmesh.v1.Scales\x12\x0c\n\x04lora\x18\x0e \x01(\t\x12(\n\nkey_scheme\x18\x0f \x01(\x0e\x32\x14.kvmesh.v1.KeyScheme\x12\x11\n\thash_seed\x18\x10 \x01(\t\x12\x17\n\x0f\x65xtra_key_bytes\x18\x11 \x01(\r\x12\x0e\n\x06layers\x18\x12 \x01(\r\"-\n\x0e\x42lockExtraKeys\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c*\x90\x01\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_FP8_E4M3\x10\x04\x12\x12\n\x0e\x44TYPE_FP8_E5M2\x10\x05\x12\x0e\n\nDTYPE_INT8\x10\x06*5\n\x08KVLayout\x12\x13\n\x0fKV_LAYOUT_SPLIT\x10\x00\x12\x14\n\x10KV_LAYOUT_LATENT\x10\x01*D\n\x06Scales\x12\x0f\n\x0bSCALES_NONE\x10\x00\x12\x14\n\x10SCALES_PER_BLOCK\x10\x01\x12\x13\n\x0fSCALES_PER_HEAD\x10\x02*7\n\tKeyScheme\x12\x15\n\x11KEY_SCHEME_KVMESH\x10\x00\x12\x13\n\x0fKEY_SCHEME_VLLM\x10\x01\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/types.proto\x12\tkvmesh.v1\"\x84\x02\n\x05Group\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.kvmesh.v1.GroupKind\x12\x0e\n\x06window\x18\x02 \x01(\r\x12\x0e\n\x06layers\x18\x03 \x03(\r\x12&\n\tkv_layout\x18\x04 \x01(\x0e\x32\x13.kvmesh.v1.KVLayout\x12\x1f\n\x05\x64type\x18\x05 \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x10\n\x08kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x12\n\nlatent_dim\x18\x08 \x01(\r\x12\x13\n\x0bstate_bytes\x18\t \x01(\r\x12!\n\x06scales\x18\n \x01(\x0e\x32\x11.kvmesh.v1.Scales\"\xd9\x03\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.kvmesh.v1.Dtype\x12\x14\n\x0c\x62lock_tokens\x18\x03 \x01(\r\x12\x17\n\x0blayer_start\x18\x04 \x01(\rB\x02\x18\x01\x12\x15\n\tlayer_end\x18\x05 \x01(\rB\x02\x18\x01\x12\x10\n\x08kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x13\n\x07tp_rank\x18\x08 \x01(\rB\x02\x18\x01\x12\x13\n\x07tp_size\x18\t \x01(\rB\x02\x18\x01\x12\x13\n\x0btenant_salt\x18\n \x01(\t\x12&\n\tkv_layout\x18\x0b \x01(\x0e\x32\x13.kvmesh.v1.KVLayout\x12\x12\n\nlatent_dim\x18\x0c \x01(\r\x12!\n\x06scales\x18\r \x01(\x0e\x32\x11.kvmesh.v1.Scales\x12\x0c\n\x04lora\x18\x0e \x01(\t\x12(\n\nkey_scheme\x18\x0f \x01(\x0e\x32\x14.kvmesh.v1.KeyScheme\x12\x11\n\thash_seed\x18\x10 \x01(\t\x12\x17\n\x0f\x65xtra_key_bytes\x18\x11 \x01(\r\x12\x0e\n\x06layers\x18\x12 \x01(\r\x12 \n\x06groups\x18\x13 \x03(\x0b\x32\x10.kvmesh.v1.Group\"-\n\x0e\x42lockExtraKeys\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c*\x90\x01\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_FP8_E4M3\x10\x04\x12\x12\n\x0e\x44TYPE_FP8_E5M2\x10\x05\x12\x0e\n\nDTYPE_INT8\x10\x06*J\n\x08KVLayout\x12\x13\n\x0fKV_LAYOUT_SPLIT\x10\x00\x12\x14\n\x10KV_LAYOUT_LATENT\x10\x01\x12\x13\n\x0fKV_LAYOUT_STATE\x10\x02*f\n\tGroupKind\x12\x13\n\x0fGROUP_KIND_FULL\x10\x00\x12\x16\n\x12GROUP_KIND_SLIDING\x10\x01\x12\x14\n\x10GROUP_KIND_STATE\x10\x02\x12\x16\n\x12GROUP_KIND_INDEXER\x10\x03*D\n\x06Scales\x12\x0f\n\x0bSCALES_NONE\x10\x00\x12\x14\n\x10SCALES_PER_BLOCK\x10\x01\x12\x13\n\x0fSCALES_PER_HEAD\x10\x02*7\n\tKeyScheme\x12\x15\n\x11KEY_SCHEME_KVMESH\x10\x00\x12\x13\n\x0fKEY_SCHEME_VLLM\x10\x01\x42\x33Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
 )
 
 _DTYPE = _descriptor.EnumDescriptor(
@@ -60,8 +60,8 @@ _DTYPE = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=526,
-  serialized_end=670,
+  serialized_start=823,
+  serialized_end=967,
 )
 _sym_db.RegisterEnumDescriptor(_DTYPE)
 
@@ -80,15 +80,50 @@ _KVLAYOUT = _descriptor.EnumDescriptor(
       name='KV_LAYOUT_LATENT', index=1, number=1,
       options=None,
       type=None),
+    _descriptor.EnumValueDescriptor(
+      name='KV_LAYOUT_STATE', index=2, number=2,
+      options=None,
+      type=None),
   ],
   containing_type=None,
   options=None,
-  serialized_start=672,
-  serialized_end=725,
+  serialized_start=969,
+  serialized_end=1043,
 )
 _sym_db.RegisterEnumDescriptor(_KVLAYOUT)
 
 KVLayout = enum_type_wrapper.EnumTypeWrapper(_KVLAYOUT)
+_GROUPKIND = _descriptor.EnumDescriptor(
+  name='GroupKind',
+  full_name='kvmesh.v1.GroupKind',
+  filename=None,
+  file=DESCRIPTOR,
+  values=[
+    _descriptor.EnumValueDescriptor(
+      name='GROUP_KIND_FULL', index=0, number=0,
+      options=None,
+      type=None),
+    _descriptor.EnumValueDescriptor(
+      name='GROUP_KIND_SLIDING', index=1, number=1,
+      options=None,
+      type=None),
+    _descriptor.EnumValueDescriptor(
+      name='GROUP_KIND_STATE', index=2, number=2,
+      options=None,
+      type=None),
+    _descriptor.EnumValueDescriptor(
+      name='GROUP_KIND_INDEXER', index=3, number=3,
+      options=None,
+      type=None),
+  ],
+  containing_type=None,
+  options=None,
+  serialized_start=1045,
+  serialized_end=1147,
+)
+_sym_db.RegisterEnumDescriptor(_GROUPKIND)
+
+GroupKind = enum_type_wrapper.EnumTypeWrapper(_GROUPKIND)
 _SCALES = _descriptor.EnumDescriptor(
   name='Scales',
   full_name='kvmesh.v1.Scales',
@@ -110,8 +145,8 @@ _SCALES = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=727,
-  serialized_end=795,
+  serialized_start=1149,
+  serialized_end=1217,
 )
 _sym_db.RegisterEnumDescriptor(_SCALES)
 
@@ -133,8 +168,8 @@ _KEYSCHEME = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=797,
-  serialized_end=852,
+  serialized_start=1219,
+  serialized_end=1274,
 )
 _sym_db.RegisterEnumDescriptor(_KEYSCHEME)
 
@@ -148,12 +183,111 @@ DTYPE_FP8_E5M2 = 5
 DTYPE_INT8 = 6
 KV_LAYOUT_SPLIT = 0
 KV_LAYOUT_LATENT = 1
+KV_LAYOUT_STATE = 2
+GROUP_KIND_FULL = 0
+GROUP_KIND_SLIDING = 1
+GROUP_KIND_STATE = 2
+GROUP_KIND_INDEXER = 3
 SCALES_NONE = 0
 SCALES_PER_BLOCK = 1
 SCALES_PER_HEAD = 2
 KEY_SCHEME_KVMESH = 0
 KEY_SCHEME_VLLM = 1
 
+
+
+_GROUP = _descriptor.Descriptor(
+  name='Group',
+  full_name='kvmesh.v1.Group',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='kind', full_name='kvmesh.v1.Group.kind', index=0,
+      number=1, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='window', full_name='kvmesh.v1.Group.window', index=1,
+      number=2, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='layers', full_name='kvmesh.v1.Group.layers', index=2,
+      number=3, type=13, cpp_type=3, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='kv_layout', full_name='kvmesh.v1.Group.kv_layout', index=3,
+      number=4, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='dtype', full_name='kvmesh.v1.Group.dtype', index=4,
+      number=5, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='kv_heads', full_name='kvmesh.v1.Group.kv_heads', index=5,
+      number=6, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='head_dim', full_name='kvmesh.v1.Group.head_dim', index=6,
+      number=7, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='latent_dim', full_name='kvmesh.v1.Group.latent_dim', index=7,
+      number=8, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='state_bytes', full_name='kvmesh.v1.Group.state_bytes', index=8,
+      number=9, type=13, cpp_type=3, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='scales', full_name='kvmesh.v1.Group.scales', index=9,
+      number=10, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=37,
+  serialized_end=297,
+)
 
 
 _NAMESPACE = _descriptor.Descriptor(
@@ -289,6 +423,13 @@ _NAMESPACE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='groups', full_name='kvmesh.v1.Namespace.groups', index=18,
+      number=19, type=11, cpp_type=10, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -301,8 +442,8 @@ _NAMESPACE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=37,
-  serialized_end=476,
+  serialized_start=300,
+  serialized_end=773,
 )
 
 
@@ -339,21 +480,35 @@ _BLOCKEXTRAKEYS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=478,
-  serialized_end=523,
+  serialized_start=775,
+  serialized_end=820,
 )
 
+_GROUP.fields_by_name['kind'].enum_type = _GROUPKIND
+_GROUP.fields_by_name['kv_layout'].enum_type = _KVLAYOUT
+_GROUP.fields_by_name['dtype'].enum_type = _DTYPE
+_GROUP.fields_by_name['scales'].enum_type = _SCALES
 _NAMESPACE.fields_by_name['dtype'].enum_type = _DTYPE
 _NAMESPACE.fields_by_name['kv_layout'].enum_type = _KVLAYOUT
 _NAMESPACE.fields_by_name['scales'].enum_type = _SCALES
 _NAMESPACE.fields_by_name['key_scheme'].enum_type = _KEYSCHEME
+_NAMESPACE.fields_by_name['groups'].message_type = _GROUP
+DESCRIPTOR.message_types_by_name['Group'] = _GROUP
 DESCRIPTOR.message_types_by_name['Namespace'] = _NAMESPACE
 DESCRIPTOR.message_types_by_name['BlockExtraKeys'] = _BLOCKEXTRAKEYS
 DESCRIPTOR.enum_types_by_name['Dtype'] = _DTYPE
 DESCRIPTOR.enum_types_by_name['KVLayout'] = _KVLAYOUT
+DESCRIPTOR.enum_types_by_name['GroupKind'] = _GROUPKIND
 DESCRIPTOR.enum_types_by_name['Scales'] = _SCALES
 DESCRIPTOR.enum_types_by_name['KeyScheme'] = _KEYSCHEME
 _sym_db.RegisterFileDescriptor(DESCRIPTOR)
+
+Group = _reflection.GeneratedProtocolMessageType('Group', (_message.Message,), dict(
+  DESCRIPTOR = _GROUP,
+  __module__ = 'kvmesh.v1.types_pb2'
+  # @@protoc_insertion_point(class_scope:kvmesh.v1.Group)
+  ))
+_sym_db.RegisterMessage(Group)
 
 Namespace = _reflection.GeneratedProtocolMessageType('Namespace', (_message.Message,), dict(
   DESCRIPTOR = _NAMESPACE,
