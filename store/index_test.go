@@ -184,3 +184,33 @@ func BenchmarkIndexBytesPerBlock(b *testing.B) {
 		})
 	}
 }
+
+// TestEntryHitMarks: the marks that share an entry's hit counter (a copy,
+// reused, retired, retained: four branches' state in one uint16) are
+// distinct bits, and neither saturating hits nor clearing one touches the
+// others.
+func TestEntryHitMarks(t *testing.T) {
+	marks := []uint16{hitsCopy, hitsReused, hitsRetired, hitsRetained}
+	all := uint16(0)
+	for _, m := range marks {
+		if all&m != 0 || m&maxHits != 0 {
+			t.Fatalf("mark %#x overlaps %#x or the count", m, all)
+		}
+		all |= m
+	}
+	if all != hitsMarks {
+		t.Fatalf("hitsMarks %#x, the marks %#x", hitsMarks, all)
+	}
+	var e entry
+	e.hits = all
+	for range int(maxHits) + 10 {
+		e.setHitsSaturating()
+	}
+	if !e.copy() || !e.reused() || !e.retired() || !e.retained() || e.hitCount() != int(maxHits) {
+		t.Fatalf("after saturating: hits %#x", e.hits)
+	}
+	e.hits &^= hitsRetained
+	if !e.copy() || !e.reused() || !e.retired() || e.retained() || e.hitCount() != int(maxHits) {
+		t.Fatalf("after clearing retained: hits %#x", e.hits)
+	}
+}

@@ -357,3 +357,46 @@ func TestLocalGroupsParts(t *testing.T) {
 		t.Fatal("the state assembled from parts is not the whole record")
 	}
 }
+
+// TestLocalGroupsRetainedNotRetired: a state record under a hard pin stays
+// an ordinary record when its chain moves past it, where an unpinned one
+// is retired (listed cold, dropped first for room).
+func TestLocalGroupsRetainedNotRetired(t *testing.T) {
+	ctx := context.Background()
+	w := newHybridWorld(t, 5)
+	hl := block.NamespaceHeaderLen(w.ns)
+	size := func(g int) int { return hl + w.ns.GroupBytes(g) }
+	l := openLocal(t, Options{DRAM: newFakeMem(1<<16, 32, size(2), size(3), size(0), size(1)), MaxPinnedFraction: 0.5})
+	const state = 2 // blocktest.Hybrid's groups: full, sliding, state, indexer
+	last := -1
+	var states []prefixhash.Key
+	for i := range 4 {
+		last = w.extend(last)
+		for g := range w.groups {
+			if err := l.Put(ctx, w.record(last, g)); err != nil {
+				t.Fatalf("block %d group %d: %v", last, g, err)
+			}
+		}
+		states = append(states, prefixhash.GroupKey(w.chain(last)[i], state))
+		if i == 0 {
+			if got, err := l.Retain(ctx, states[:1], block.Retention{Pin: block.PinHard}); err != nil || !got[0] {
+				t.Fatalf("pin block 0's state: %v %v", got, err)
+			}
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	bit := func(k prefixhash.Key) (retired, retained bool) {
+		i := l.mu.x.find(k)
+		if i == 0 {
+			t.Fatalf("state %s not cached", k)
+		}
+		return l.mu.x.at(i).retired(), l.mu.x.at(i).retained()
+	}
+	if retired, retained := bit(states[0]); retired || !retained {
+		t.Fatalf("pinned state: retired %v retained %v, want an ordinary retained record", retired, retained)
+	}
+	if retired, _ := bit(states[1]); !retired {
+		t.Fatal("the unpinned state the chain moved past is not retired")
+	}
+}
