@@ -1,0 +1,90 @@
+package gemm
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/gonum"
+)
+
+// BenchmarkMulT times C = A·Bᵀ on the shapes of Qwen2.5-0.5B's layers (d
+// 896, FFN 4864, Q+K+V 1152) for a prefill chunk of 128 rows and for
+// decoding (one row), against gonum's Sgemm on the same operands, with
+// GOMAXPROCS threads (gonum's Sgemm uses as many). GFLOP/s is 2·m·n·k per
+// product.
+//
+//	go test -run '^$' -bench MulT -count 3 ./prefill/gemm/
+func BenchmarkMulT(b *testing.B) {
+	threads := runtime.GOMAXPROCS(0)
+	for _, s := range []struct{ m, n, k int }{
+		{128, 1152, 896}, // Q, K, V
+		{128, 896, 896},  // output projection
+		{128, 9728, 896}, // gate and up
+		{128, 4864, 896}, // one of them
+		{128, 896, 4864}, // down
+		{1, 4864, 896},   // decode
+		{1, 896, 4864},   // decode: down
+		{1, 32768, 896},  // decode: a fifth of the LM head
+		{256, 256, 64},   // attention's scores, one tile (one thread)
+	} {
+		r := rand.New(rand.NewPCG(1, 2))
+		a, bm, c := randSlice(r, s.m*s.k), randSlice(r, s.n*s.k), make([]float32, s.m*s.n)
+		t := threads
+		if s.k == 64 {
+			t = 1
+		}
+		flops := 2 * float64(s.m) * float64(s.n) * float64(s.k)
+		name := fmt.Sprintf("%dx%dx%d", s.m, s.n, s.k)
+		b.Run(name+"/gemm", func(b *testing.B) {
+			for b.Loop() {
+				if err := MulT(context.Background(), t, s.m, s.n, s.k, 1, a, s.k, bm, s.k, 0, c, s.n); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+		b.Run(name+"/gonum", func(b *testing.B) {
+			var g gonum.Implementation
+			for b.Loop() {
+				g.Sgemm(blas.NoTrans, blas.Trans, s.m, s.n, s.k, 1, a, s.k, bm, s.k, 0, c, s.n)
+			}
+			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
+
+// BenchmarkMul times attention's scores·V (C += S·V, V a [keys][64] block
+// of rows of stride 128: two KV heads) on one thread, against gonum.
+func BenchmarkMul(b *testing.B) {
+	const m, n, k, ldb = 256, 64, 256, 128
+	r := rand.New(rand.NewPCG(1, 2))
+	a, bm, c := randSlice(r, m*k), randSlice(r, k*ldb), make([]float32, m*n)
+	flops := 2.0 * m * n * k
+	b.Run("gemm", func(b *testing.B) {
+		for b.Loop() {
+			if err := Mul(context.Background(), 1, m, n, k, 1, a, k, bm, ldb, 1, c, n); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+	})
+	b.Run("gonum", func(b *testing.B) {
+		var g gonum.Implementation
+		for b.Loop() {
+			g.Sgemm(blas.NoTrans, blas.NoTrans, m, n, k, 1, a, k, bm, ldb, 1, c, n)
+		}
+		b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+	})
+}
+
+func randSlice(r *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	return x
+}

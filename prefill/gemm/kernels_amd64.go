@@ -1,0 +1,34 @@
+//go:build !purego
+
+package gemm
+
+import "golang.org/x/sys/cpu"
+
+// avx2 is the assembly kernels (kernels_amd64.s): AVX2 and FMA.
+var avx2 = kernels{
+	name: "avx2",
+	rows3: func(k int, a []float32, lda int, b []float32, ldb, nr int, c []float32, ldc int, alpha, beta float32) {
+		dot3x4(k, &a[0], lda, &b[0], ldb, nr, &c[0], ldc, alpha, beta)
+	},
+	one: func(k int, a []float32, lda int, b []float32, ldb, nr int, c []float32, ldc int, alpha, beta float32) {
+		dot1x4(k, &a[0], lda, &b[0], ldb, nr, &c[0], ldc, alpha, beta)
+	},
+}
+
+func init() {
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		active = avx2
+	}
+}
+
+// dot3x4 sets c[i·ldc+j] = alpha·Σ_p a[i·lda+p]·b[j·ldb+p] + beta·c[i·ldc+j]
+// for i < 3, j < nr ≤ 4, p < k; with beta 0, c is not read. It reads
+// rows nr… of B as row nr−1 (rows that may not exist are not read).
+//
+//go:noescape
+func dot3x4(k int, a *float32, lda int, b *float32, ldb int, nr int, c *float32, ldc int, alpha float32, beta float32)
+
+// dot1x4 is dot3x4 of one row of A.
+//
+//go:noescape
+func dot1x4(k int, a *float32, lda int, b *float32, ldb int, nr int, c *float32, ldc int, alpha float32, beta float32)
