@@ -32,3 +32,10 @@ func dot3x4(k int, a *float32, lda int, b *float32, ldb int, nr int, c *float32,
 //
 //go:noescape
 func dot1x4(k int, a *float32, lda int, b *float32, ldb int, nr int, c *float32, ldc int, alpha float32, beta float32)
+
+// fmaPeak runs n rounds of 12 independent 8-lane FMAs (192 flops) on
+// registers, reading no memory: the core's arithmetic peak at its present
+// clock, the physical limit BenchmarkPeak measures the kernels against.
+//
+//go:noescape
+func fmaPeak(n int)
