@@ -13,10 +13,10 @@ import (
 
 // SgemmPeak returns the best GFLOP/s of the CPU backend's Sgemm (package
 // gemm, on GOMAXPROCS threads) on n×n×n, C = A·Bᵀ (the form the linear
-// layers use), over runs runs: the
-// ceiling the engine's GFLOP/s is read against. This package's benchmarks
-// and `kvmesh bench prefill` both report it next to the engine's figure. It
-// stops early, with the best so far, when ctx ends.
+// layers use), over runs runs: the ceiling the engine's GFLOP/s is read
+// against. This package's benchmarks and `kvmesh bench prefill` both
+// report it next to the engine's figure. It stops early, with the best so
+// far, when ctx ends.
 func SgemmPeak(ctx context.Context, n, runs int) float64 {
 	a, bm, c := make([]float32, n*n), make([]float32, n*n), make([]float32, n*n)
 	for i := range a {
