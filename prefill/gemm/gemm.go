@@ -136,8 +136,13 @@ type kernels struct {
 	rows3, one func(k int, a []float32, lda int, b []float32, ldb, nr int, c []float32, ldc int, alpha, beta float32)
 }
 
-// active is the kernels this CPU runs best (kernels_amd64.go).
-var active = portable
+// runnable is the kernels this CPU can run, the portable ones first
+// (kernels_amd64.go adds the assembly ones), and active the last of them:
+// the widest.
+var (
+	runnable = []kernels{portable}
+	active   = portable
+)
 
 // tiles computes rows [i0, i1) × columns [j0, j1) of C = alpha·A·Bᵀ +
 // beta·C: for each block of k, for each 4 rows of B (kept in L1), every
@@ -237,6 +242,6 @@ func transpose(rows, cols int, x []float32, ldx int, y []float32, ldy int) {
 	}
 }
 
-// Kernels names the kernels this CPU runs: "avx2" (AVX2 and FMA, in
-// assembly) or "portable" (Go).
+// Kernels names the kernels this CPU runs: "avx512" (AVX-512F, AVX2 and
+// FMA, in assembly), "avx2" (AVX2 and FMA, in assembly) or "portable" (Go).
 func Kernels() string { return active.name }

@@ -3,6 +3,7 @@
 package gemm
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -11,28 +12,42 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testkit"
 )
 
-// TestFallsBackWithoutAVX2: a CPU without AVX2 or without FMA, as
-// golang.org/x/sys/cpu reports it, runs the portable kernels, and its
-// products are still right. GODEBUG=cpu.avx2=off (or cpu.fma=off) makes
-// this machine such a CPU for a child process.
-func TestFallsBackWithoutAVX2(t *testing.T) {
+// TestKernelsFollowCPU: the products run the widest kernels the CPU has,
+// as golang.org/x/sys/cpu reports it: without AVX-512F the AVX2 ones,
+// without AVX2 or FMA the portable ones, and the products are still right.
+// GODEBUG=cpu.avx512f=off (cpu.avx2=off, cpu.fma=off) makes this machine
+// such a CPU for a child process.
+func TestKernelsFollowCPU(t *testing.T) {
+	const wantEnv = "GEMM_TEST_WANT_KERNELS"
 	if testkit.InChild(t) {
-		if Kernels() != "portable" {
-			t.Fatalf("without AVX2 or FMA the products run the %q kernels", Kernels())
+		if want := os.Getenv(wantEnv); Kernels() != want {
+			t.Fatalf("the products run the %q kernels, want %q", Kernels(), want)
 		}
 		check(t, active, shape{m: 7, n: 13, k: 33, padA: 1, alpha: 1, beta: 1, threads: 2}, true, 1)
 		return
 	}
-	if cpu.X86.HasAVX2 && cpu.X86.HasFMA && Kernels() != "avx2" {
-		t.Errorf("with AVX2 and FMA the products run the %q kernels", Kernels())
+	avx2 := cpu.X86.HasAVX2 && cpu.X86.HasFMA
+	want := "portable"
+	switch {
+	case avx2 && cpu.X86.HasAVX512F:
+		want = "avx512"
+	case avx2:
+		want = "avx2"
 	}
-	for _, off := range []string{"cpu.avx2=off", "cpu.fma=off"} {
+	if Kernels() != want {
+		t.Errorf("the products run the %q kernels, want %q", Kernels(), want)
+	}
+	for _, c := range []struct{ godebug, want string }{
+		{"cpu.avx512f=off", map[bool]string{true: "avx2", false: "portable"}[avx2]},
+		{"cpu.avx2=off", "portable"},
+		{"cpu.fma=off", "portable"},
+	} {
 		cmd := testkit.Child(t)
 		cmd.Args = append(cmd.Args, "-test.v")
-		cmd.Env = append(cmd.Env, "GODEBUG="+off)
+		cmd.Env = append(cmd.Env, "GODEBUG="+c.godebug, wantEnv+"="+c.want)
 		out, err := cmd.CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
-			t.Errorf("GODEBUG=%s: %v\n%s", off, err, out)
+			t.Errorf("GODEBUG=%s: %v\n%s", c.godebug, err, out)
 		}
 	}
 }
