@@ -29,8 +29,13 @@ func (fakeNode) Stopping() bool { return false }
 func (fakeNode) Foreground() func() {
 	return func() {}
 }
-func (fakeNode) Flush(context.Context) error { return nil }
-func (fakeNode) Peers() []string             { return nil }
+func (fakeNode) Flush(context.Context) error          { return nil }
+func (fakeNode) Peers() []string                      { return nil }
+func (fakeNode) Vouch(auth.Principal, string) string  { return "" }
+func (fakeNode) Tenant(string) (auth.Principal, bool) { return auth.Principal{}, false }
+func (fakeNode) Vouched(string, string) (auth.Principal, error) {
+	return auth.Principal{}, auth.ErrVouch
+}
 func (fakeNode) Authorize([]string, string, auth.Scope) (auth.Principal, error) {
 	return auth.Open, nil
 }
