@@ -25,7 +25,7 @@
 //	nvme      the NVMe tier against fio on the same file system; end to
 //	          end, a node's prompt hits from NVMe through the Go client
 //	prefill   TTFT against the cached fraction of a prompt; engine GFLOP/s
-//	          against gonum's Sgemm
+//	          against the CPU backend's Sgemm alone (prefill/gemm)
 //	trace     a Mooncake trace on kvmesh nodes and on the simulation
 //	peers     the peers and limits alone (not in `all`)
 //	soak      a bounded mixed load (lookups, gets with every byte checked,

@@ -115,8 +115,8 @@ func (o *PrefillOptions) Validate() error {
 // PrefillSuite measures the time to first token of one prompt with the
 // bundled engine (CPU backend), cold and with a fraction of it prefilled
 // earlier by another engine that published its blocks to the shared cache,
-// next to the arithmetic floor of that fraction and to gonum's Sgemm peak
-// measured in the same run.
+// next to the arithmetic floor of that fraction and to the CPU backend's
+// Sgemm peak (package prefill/gemm alone) measured in the same run.
 type PrefillSuite struct {
 	Options PrefillOptions
 }
@@ -195,7 +195,7 @@ func (s *PrefillSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 	}
 	bar.Describe("prefill: sgemm peak")
-	peak, peakOf := 0.0, "gonum's Sgemm peak measured in the same run (in the bench's process)"
+	peak, peakOf := 0.0, "the CPU backend's Sgemm (prefill/gemm) alone, measured in the same run (in the bench's process)"
 	if o.Device != nil {
 		peakOf = "the device's Sgemm (cuBLAS) alone, measured in the same run"
 		if peak, err = prefill.DeviceSgemmPeak(ctx, o.Device, o.SgemmSize, o.SgemmRuns); err != nil {

@@ -172,8 +172,8 @@ func BenchmarkPrefillSyncUnderQueue(b *testing.B) {
 // reports the node's TTFTs (ttft_ms), the warm/cold ratios (target: 90%
 // cached ≤ 0.15× cold), the ratios of process CPU time (node and client in
 // one process: lookup, fetch, compute and publishing included), the engine's
-// GFLOP/s on the cold prompt and gonum's Sgemm peak measured in the same
-// run. BenchmarkPrefillClusterTTFT is the same with the prefix computed on
+// GFLOP/s on the cold prompt and the CPU backend's Sgemm peak (package
+// prefill/gemm) measured in the same run. BenchmarkPrefillClusterTTFT is the same with the prefix computed on
 // another node.
 //
 //	go test -run '^$' -bench 'PrefillNodeTTFT/n=8192' -benchtime 1x -count 3 ./node/

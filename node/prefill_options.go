@@ -75,7 +75,7 @@ type PrefillOptions struct {
 	MaxWaiting int
 	// Batch bounds the asynchronous API (POST /v1/queue).
 	Batch openai.BatchOptions
-	// Backend runs the engine's model: BackendCPU (gonum on the host) or
+	// Backend runs the engine's model: BackendCPU (package prefill/gemm on the host) or
 	// BackendCUDA (the products with the weights through cuBLAS on CUDA
 	// device Options.GPU; needs a build with -tags cuda, its kvmesh-cuda.so
 	// and a GPU, or the node refuses to start and says which is missing).

@@ -6,11 +6,11 @@ import (
 )
 
 // Backend turns weights into a runnable model on some device. The CPU
-// backend (NewCPU) runs on gonum's BLAS; the device backend (NewDevice) runs
+// backend (NewCPU) runs its products in package gemm; the device backend (NewDevice) runs
 // its matrix products on a GPU. Both keep the contract: K/V enter and leave
 // through a host-side KV, because that is what the store holds.
 type Backend interface {
-	// Name identifies the backend in logs and metrics ("cpu/gonum").
+	// Name identifies the backend in logs and metrics ("cpu/avx512", "cpu/avx2", "cpu/portable": the gemm kernels it runs).
 	Name() string
 	// Load prepares w, the weights of cfg, for this backend. cfg is valid and
 	// w passes Check(cfg). The model may keep references to w's slices and

@@ -8,7 +8,8 @@ import (
 	"time"
 )
 
-// BenchmarkSgemm2048 reports gonum's Sgemm peak on its own.
+// BenchmarkSgemm2048 reports the CPU backend's Sgemm peak (package gemm)
+// on its own.
 func BenchmarkSgemm2048(b *testing.B) {
 	var g float64
 	for range b.N {
@@ -31,9 +32,10 @@ func cpuTime() time.Duration {
 // memory, was filled by an earlier prefill of the prefix and is frozen, so
 // every iteration sees the same hit). It reports the TTFTs, the warm/cold
 // ratios (target: 90% cached ≤ 0.15× cold), the engine's GFLOP/s on the
-// cold prefill and gonum's Sgemm peak measured in the same run. On a shared
-// machine wall time swings with the neighbours' load, so it also reports the
-// ratios of process CPU time, which measure the work done.
+// cold prefill and the CPU backend's Sgemm peak (package gemm) measured in
+// the same run. On a shared machine wall time swings with the neighbours'
+// load, so it also reports the ratios of process CPU time, which measure
+// the work done.
 //
 //	go test -run '^$' -bench 'Prefill/n=8192' -benchtime 1x -count 3 ./prefill/
 func BenchmarkPrefill(b *testing.B) {

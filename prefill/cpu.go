@@ -9,16 +9,14 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/gonum"
+	"github.com/kvmesh/kvmesh/prefill/gemm"
 )
 
 // CPUOptions configure the CPU backend.
 type CPUOptions struct {
-	// Threads is the number of goroutines one forward pass runs attention
-	// tiles and element-wise work on. gonum's Sgemm spreads the large matrix
-	// products over GOMAXPROCS goroutines by itself. Default
-	// runtime.GOMAXPROCS(0).
+	// Threads is the number of goroutines one forward pass runs its matrix
+	// products (package gemm), attention tiles and element-wise work on.
+	// Default runtime.GOMAXPROCS(0).
 	Threads int
 }
 
@@ -37,7 +35,7 @@ func (o CPUOptions) Validate() error {
 	return nil
 }
 
-// CPU is the backend that runs on the host with gonum's BLAS.
+// CPU is the backend that runs on the host, its products in package gemm.
 type CPU struct{ opts CPUOptions }
 
 var _ Backend = (*CPU)(nil)
@@ -52,10 +50,10 @@ func NewCPU(opts CPUOptions) (*CPU, error) {
 }
 
 // Name implements Backend.
-func (*CPU) Name() string { return "cpu/gonum" }
+func (*CPU) Name() string { return "cpu/" + gemm.Kernels() }
 
 // Tiling. Linear layers run on rowChunk rows at a time, which bounds the
-// feed-forward scratch while keeping gonum's 64×64 blocking busy. Attention
+// feed-forward scratch while keeping the products' tiles busy. Attention
 // runs on tiles of about attnRows query rows (tokens × the query heads of one
 // KV head, stacked so grouped-query attention makes one tall product) against
 // attnKeys keys; a score tile is 256 KiB and stays in L2.
@@ -81,7 +79,7 @@ type cpuLayer struct {
 
 // cpuModel is the forward pass of every backend: the element-wise work and
 // attention run here, on the host; the products with weight matrices run
-// on a pass from passes (the host's gonum for the CPU backend, a device for
+// on a pass from passes (package gemm for the CPU backend, a device for
 // the device backend).
 type cpuModel struct {
 	cfg      Config
@@ -238,35 +236,12 @@ func (m *cpuModel) getScratch(s int) *cpuScratch {
 	return sc
 }
 
-var impl gonum.Implementation
-
 // linear computes C = A·Bᵀ + beta·C for A [m][k] (row stride lda), B [n][k]
-// (a weight matrix, row stride ldb) and C [m][n] (row stride ldc).
+// (a weight matrix, row stride ldb) and C [m][n] (row stride ldc), on the
+// calling goroutine: attention's tiles, each a thread's.
 func linear(m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	impl.Sgemm(blas.NoTrans, blas.Trans, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
+	_ = gemm.MulT(context.Background(), 1, m, n, k, 1, a, lda, b, ldb, beta, c, ldc)
 }
-
-// linearCancel is linear cut into products of at most about cancelFLOPs
-// each (by ranges of output columns: rows of B), with a check of ctx before
-// each, so that a cancelled forward pass stops within one such product
-// rather than after a whole feed-forward matrix. The results are those of
-// one product: each output column is computed the same way either way.
-func linearCancel(ctx context.Context, m, n, k int, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) error {
-	cols := max(64, min(n, cancelFLOPs/max(1, 2*m*k)/64*64))
-	for c0 := 0; c0 < n; c0 += cols {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		linear(m, min(cols, n-c0), k, a, lda, b[c0*ldb:], ldb, beta, c[c0:], ldc)
-	}
-	return nil
-}
-
-// cancelFLOPs bounds the arithmetic of a product linearCancel runs without
-// looking at its context: a few ms on two cores. Cutting the products this
-// fine costs nothing measurable (best of six cold 2048-token prefills:
-// 0.96 s cut at 32 MFLOP, 1.03 s at 128, 1.16 s whole).
-const cancelFLOPs = 32 << 20
 
 // parallel runs f over [0, n) split into contiguous ranges, one per thread,
 // and waits for all of them.
@@ -575,7 +550,7 @@ func (m *cpuModel) attendTile(ctx context.Context, ts *tileScratch, sc *cpuScrat
 				l[row] += sum
 			}
 		}
-		impl.Sgemm(blas.NoTrans, blas.NoTrans, rows, hd, kn, 1, sm, attnKeys, V[k0*kvd+kvh*hd:], kvd, 1, o, hd)
+		_ = gemm.Mul(context.Background(), 1, rows, hd, kn, 1, sm, attnKeys, V[k0*kvd+kvh*hd:], kvd, 1, o, hd)
 	}
 	for t := range nq {
 		dst := sc.attn[(i0+t)*q+kvh*g*hd:]

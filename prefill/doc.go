@@ -126,8 +126,9 @@
 //
 // A Backend loads weights into a Model whose Forward computes a range of
 // positions given the K/V before it, in host memory. The CPU backend runs its
-// matrix products on gonum's Sgemm, which spreads them over GOMAXPROCS
-// goroutines; attention runs in tiles (a query tile of one KV head's stacked
+// matrix products in package gemm (AVX-512 or AVX2/FMA assembly tiles where
+// the CPU has them, portable Go elsewhere), spread over the backend's
+// threads; attention runs in tiles (a query tile of one KV head's stacked
 // query heads against key tiles up to its last position, online softmax), so
 // the upper triangle is never computed, and tiles are spread over the
 // backend's threads.

@@ -77,9 +77,9 @@ type Options struct {
 	Backend Backend
 	// Concurrency is how many prefills run at once; the others wait for a
 	// slot (or their context). Default 1: one forward pass already keeps
-	// every core busy (gonum's products use GOMAXPROCS goroutines, attention
-	// tiles use the backend's threads), so a second one would only split the
-	// cores, double the memory, and delay both.
+	// every core busy (its products and attention tiles use the backend's
+	// threads), so a second one would only split the cores, double the
+	// memory, and delay both.
 	Concurrency int
 	// PublishQueue bounds the prefills whose new blocks wait to be published.
 	// A prefill that finds it full drops its blocks (counted in

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"gonum.org/v1/gonum/blas"
+	"github.com/kvmesh/kvmesh/prefill/gemm"
 )
 
 // Multi-head latent attention (MLA), as in DeepSeek-V2/V3 and Kimi K2, in
@@ -108,7 +108,7 @@ func (m *cpuModel) attendMLATile(sc *cpuScratch, scores *[]float32, h, start, i0
 	*scores = grow(*scores, nq*keys)
 	sm := *scores
 	scale := float32(1 / math.Sqrt(float64(qh)))
-	impl.Sgemm(blas.NoTrans, blas.Trans, nq, keys, qh, scale, sc.qkv[i0*w+h*qh:], w,
+	_ = gemm.MulT(context.Background(), 1, nq, keys, qh, scale, sc.qkv[i0*w+h*qh:], w,
 		sc.mlaK[h*n*qh:], qh, 0, sm, keys)
 	for t := range nq {
 		row := sm[t*keys : (t+1)*keys]
@@ -129,6 +129,6 @@ func (m *cpuModel) attendMLATile(sc *cpuScratch, scores *[]float32, h, start, i0
 			row[j] *= inv
 		}
 	}
-	impl.Sgemm(blas.NoTrans, blas.NoTrans, nq, hd, keys, 1, sm, keys, sc.mlaKV[h*2*hd+hd:], kvw,
+	_ = gemm.Mul(context.Background(), 1, nq, hd, keys, 1, sm, keys, sc.mlaKV[h*2*hd+hd:], kvw,
 		0, sc.attn[i0*ad+h*hd:], ad)
 }

@@ -2,9 +2,8 @@ package prefill
 
 import (
 	"context"
-	"sync"
 
-	"gonum.org/v1/gonum/blas"
+	"github.com/kvmesh/kvmesh/prefill/gemm"
 )
 
 // matrix is a weight matrix [rows][cols], row-major, as the model multiplies
@@ -37,9 +36,8 @@ type passes interface {
 	close() error
 }
 
-// hostPasses are the CPU backend's: gonum's Sgemm on the host, cut for
-// cancellation (linearCancel), and the LM head's product spread over
-// threads goroutines.
+// hostPasses are the CPU backend's: package gemm's products on the host,
+// on threads goroutines.
 type hostPasses struct{ threads int }
 
 func (h hostPasses) get() (pass, error) { return hostPass(h), nil }
@@ -48,22 +46,10 @@ func (hostPasses) close() error         { return nil }
 
 type hostPass struct{ threads int }
 
-func (hostPass) linear(ctx context.Context, w *matrix, m int, a []float32, lda int, beta float32, c []float32, ldc int) error {
-	return linearCancel(ctx, m, w.rows, w.cols, a, lda, w.data, w.cols, beta, c, ldc)
+func (p hostPass) linear(ctx context.Context, w *matrix, m int, a []float32, lda int, beta float32, c []float32, ldc int) error {
+	return gemm.MulT(ctx, p.threads, m, w.rows, w.cols, 1, a, lda, w.data, w.cols, beta, c, ldc)
 }
 
-// head splits the rows of the LM head (the largest matrix of a small
-// model, read whole for every decoded token) over the threads: gonum's
-// Sgemv runs on one.
-func (p hostPass) head(_ context.Context, w *matrix, h, logits []float32) error {
-	t := max(1, min(p.threads, w.rows/1024))
-	var wg sync.WaitGroup
-	for i := range t {
-		lo, hi := w.rows*i/t, w.rows*(i+1)/t
-		wg.Go(func() {
-			impl.Sgemv(blas.NoTrans, hi-lo, w.cols, 1, w.data[lo*w.cols:], w.cols, h, 1, 0, logits[lo:hi], 1)
-		})
-	}
-	wg.Wait()
-	return nil
+func (p hostPass) head(ctx context.Context, w *matrix, h, logits []float32) error {
+	return gemm.MulT(ctx, p.threads, 1, w.rows, w.cols, 1, h, w.cols, w.data, w.cols, 0, logits, w.rows)
 }
