@@ -103,6 +103,11 @@ type Options struct {
 	// to run partitions in one process without network namespaces.
 	// Default nil: memberlist's network transport on GossipAddr.
 	Transport memberlist.Transport
+	// Tune, when set, adjusts memberlist's configuration once the profile
+	// (Fast or LAN) has set it and before memberlist starts: a simulation
+	// slows every interval by one factor (gossiptest.Dilate), an
+	// experiment tries other timings. Default nil.
+	Tune func(*memberlist.Config)
 }
 
 // Errors of membership.
@@ -232,6 +237,9 @@ func Start(opts Options) (*Membership, error) {
 		conf.Name = h + ":" + portStr // fixed below if the port was 0
 	}
 	m.name = conf.Name
+	if opts.Tune != nil {
+		opts.Tune(conf)
+	}
 
 	ml, err := memberlist.Create(conf)
 	if err != nil {
