@@ -134,6 +134,7 @@ type ClusterStats struct {
 	PushFailed        uint64 // blocks whose push failed
 	PushYields        uint64 // push batches that waited for foreground work
 	PushYieldTimeouts uint64 // of those, the ones that went after PushYield with foreground work still in flight
+	PushWorkers       uint64 // push workers running now: one per owner with a queue (a goroutine and its queue each)
 }
 
 // Cluster is the cache of the whole cluster as one node sees it: blocks are
@@ -239,7 +240,10 @@ func (c *Cluster) ChunkKeys(chain []prefixhash.Key, blockTokens, from, to int) [
 
 // Stats returns the cluster layer's counters.
 func (c *Cluster) Stats() ClusterStats {
-	return ClusterStats{
+	c.mu.Lock()
+	workers := len(c.mu.queues)
+	c.mu.Unlock()
+	return ClusterStats{PushWorkers: uint64(workers),
 		RemoteLookups: c.c.remoteLookups.Load(), RemoteLookupFails: c.c.remoteLookupFails.Load(),
 		RemoteGets: c.c.remoteGets.Load(), RemoteGetFails: c.c.remoteGetFails.Load(),
 		RemoteHits: c.c.remoteHits.Load(), RemoteMisses: c.c.remoteMisses.Load(), RemoteCorrupt: c.c.remoteCorrupt.Load(),

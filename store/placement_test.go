@@ -113,3 +113,19 @@ func BenchmarkPlacementOwner(b *testing.B) {
 		i++
 	}
 }
+
+// BenchmarkPlacementOwnerMembers is Owner's cost by cluster size: every
+// member is scored for every key (issue 35).
+func BenchmarkPlacementOwnerMembers(b *testing.B) {
+	for _, n := range []int{16, 256, 1024} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			p := NewPlacement(members(n, 1), 1)
+			keys := placementKeys(1024)
+			i := 0
+			for b.Loop() {
+				_ = p.Owner(keys[i%len(keys)])
+				i++
+			}
+		})
+	}
+}

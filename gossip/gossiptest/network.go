@@ -276,6 +276,13 @@ type Counters struct {
 // Bytes is every byte the node sent, packets and streams.
 func (c Counters) Bytes() uint64 { return c.PacketBytes + c.StreamBytes }
 
+// Add returns c + o, field by field.
+func (c Counters) Add(o Counters) Counters {
+	return Counters{c.Packets + o.Packets, c.PacketBytes + o.PacketBytes, c.PacketsLost + o.PacketsLost,
+		c.Streams + o.Streams, c.StreamBytes + o.StreamBytes, c.StreamsCut + o.StreamsCut,
+		c.Received + o.Received, c.ReceivedByte + o.ReceivedByte}
+}
+
 // Sub returns c - o, field by field.
 func (c Counters) Sub(o Counters) Counters {
 	return Counters{c.Packets - o.Packets, c.PacketBytes - o.PacketBytes, c.PacketsLost - o.PacketsLost,
