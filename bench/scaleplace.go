@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -111,7 +112,7 @@ func scaleMembers(n int, weight func(i int) float64) []store.Member {
 }
 
 // measure runs the placement phase at n nodes.
-func (s *scalePlacement) measure(o ScaleOptions, n int, quick bool) {
+func (s *scalePlacement) measure(ctx context.Context, o ScaleOptions, n int, quick bool) error {
 	rng := rand.New(rand.NewPCG(o.Seed, uint64(n)))
 	fills := pick(quick, []int{256, 1024, 2048}, []int{256})
 	for _, weights := range []string{"equal", "1:2:4"} {
@@ -126,6 +127,9 @@ func (s *scalePlacement) measure(o ScaleOptions, n int, quick bool) {
 			total += m.Weight
 		}
 		for _, fill := range fills {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			keys := scaleKeys(rng, fill*n)
 			start := processCPU()
 			own := ownersOf(p, keys)
@@ -154,6 +158,9 @@ func (s *scalePlacement) measure(o ScaleOptions, n int, quick bool) {
 			var moved []float64
 			stray, movedAll, ownedAll := 0, 0, 0
 			for range tries {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
 				var after *store.Placement
 				var who string
 				if change == "loss" {
@@ -178,6 +185,7 @@ func (s *scalePlacement) measure(o ScaleOptions, n int, quick bool) {
 				MaxMovedTimesN: slices.Max(moved), MovedOverOwned: float64(movedAll) / float64(max(ownedAll, 1)), Stray: stray, Tries: tries})
 		}
 	}
+	return nil
 }
 
 // movedChunks counts the keys whose owner set differs between before and

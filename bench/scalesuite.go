@@ -159,7 +159,7 @@ func (s *ScaleSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 			var err error
 			switch phase {
 			case "placement":
-				placement.measure(o, n, env.Quick)
+				err = placement.measure(ctx, o, n, env.Quick)
 			case "lookup":
 				err = lookup.measure(ctx, o, n, env.Quick, bar)
 			case "membership":

@@ -267,12 +267,10 @@ func (c *Cluster) Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) 
 		}
 		return present, ctx.Err()
 	}
-	p := c.placement()
+	placed := chunkOwners{p: c.placement()}
 	asks := map[string][]int{} // owner → indexes into keys
-	var owners []string
 	for _, k := range missing {
-		owners = p.Owners(owners[:0], chunkKeys[k])
-		for _, o := range owners {
+		for _, o := range placed.of(chunkKeys[k]) {
 			if o != c.self {
 				asks[o] = append(asks[o], k)
 			}

@@ -234,9 +234,7 @@ func (n *Network) run() {
 		case <-n.stop:
 			return
 		case <-n.wake:
-			if !t.Stop() {
-				<-t.C
-			}
+			t.Stop() // since Go 1.23 no stale tick is left to drain
 		case <-t.C:
 		}
 	}
