@@ -40,11 +40,11 @@ type Member struct {
 // A Placement is immutable and safe for concurrent use; membership changes
 // build a new one.
 type Placement struct {
-	members []Member
-	seeds   []uint64 // per-member hash seed, from its id
-	lanes   []uint64 // per member: its seed's xxhash64 round (memberLane)
-	class   []int    // per member: index into weights, or -1 for no weight
-	weights []float64 // the distinct positive weights
+	members  []Member
+	seeds    []uint64  // per-member hash seed, from its id
+	lanes    []uint64  // per member: its seed's xxhash64 round (memberLane)
+	class    []int     // per member: index into weights, or -1 for no weight
+	weights  []float64 // the distinct positive weights
 	replicas int
 }
 
@@ -221,6 +221,7 @@ func (p *Placement) Owners(dst []string, key prefixhash.Key) []string {
 	}
 	return dst
 }
+
 // Owner returns key's primary owner, or "" when no member has weight.
 func (p *Placement) Owner(key prefixhash.Key) string {
 	var buf [1]string
