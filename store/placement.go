@@ -32,7 +32,7 @@ type Member struct {
 // what they always were; they are computed faster, with the same results:
 // the hash of (key, member seed) is xxhash64 of their 24 bytes, whose state
 // after the key's two lanes is the same for every member, so it is taken
-// once per key and each member's lane added to it (memberLane); and a
+// once per key and each member's lane added to it (memberHash); and a
 // score's logarithm is taken only for the best members of each distinct
 // weight (the score grows with the hash among members of one weight), so
 // a cluster of few node sizes scores N hashes and a few logarithms.
@@ -42,7 +42,7 @@ type Member struct {
 type Placement struct {
 	members  []Member
 	seeds    []uint64  // per-member hash seed, from its id
-	lanes    []uint64  // per member: its seed's xxhash64 round (memberLane)
+	lanes    []uint64  // per member: its seed's xxhash64 round (xxRound)
 	class    []int     // per member: index into weights, or -1 for no weight
 	weights  []float64 // the distinct positive weights
 	replicas int
