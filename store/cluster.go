@@ -47,9 +47,17 @@ type ClusterOptions struct {
 	ChunkTokens int
 	// Replicas is R, the number of owners of a chunk. Default 1.
 	Replicas int
-	// LookupTimeout bounds the remote round of LongestPrefix; a peer that
-	// has not answered by then counts as a miss. Default 100ms.
+	// LookupTimeout bounds the remote rounds of LongestPrefix, all of them
+	// together; a peer that has not answered by then counts as a miss.
+	// Default 100ms.
 	LookupTimeout time.Duration
+	// LookupRoundPeers bounds the fan-out of a long lookup (see rounds in
+	// cluster_lookup.go): a lookup whose chunks have at most this many
+	// owners besides this node asks them all in one round; one with more
+	// asks the first chunk's owners, then up to this many more peers, then
+	// the rest, stopping at the first round that finds the prefix's end.
+	// Default 16; negative: one round always, whatever the fan-out.
+	LookupRoundPeers int
 	// GetTimeout bounds the remote round of Get. Default 2s.
 	GetTimeout time.Duration
 	// PushTimeout bounds one push of a batch to an owner. Default 5s.
@@ -78,6 +86,9 @@ type ClusterOptions struct {
 	KeepRemote bool
 }
 
+// DefaultLookupRoundPeers is ClusterOptions.LookupRoundPeers' default.
+const DefaultLookupRoundPeers = 16
+
 // EnsureDefaults fills zero fields with their defaults.
 func (o *ClusterOptions) EnsureDefaults() {
 	if o.ChunkTokens == 0 {
@@ -88,6 +99,9 @@ func (o *ClusterOptions) EnsureDefaults() {
 	}
 	if o.LookupTimeout == 0 {
 		o.LookupTimeout = 100 * time.Millisecond
+	}
+	if o.LookupRoundPeers == 0 {
+		o.LookupRoundPeers = DefaultLookupRoundPeers
 	}
 	if o.GetTimeout == 0 {
 		o.GetTimeout = 2 * time.Second
