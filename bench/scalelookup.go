@@ -24,6 +24,11 @@ type scaleLookup struct {
 type scaleLookupRow struct {
 	Nodes        int `json:"nodes"`
 	PromptTokens int `json:"prompt_tokens"`
+	// Rounds is how the lookup asks: "rounds" (store's default: the first
+	// chunk's owners, then up to LookupRoundPeers more, then the rest) or
+	// "one" (LookupRoundPeers -1: every owner at once, kvmesh before
+	// issue 35).
+	Mode string `json:"mode"`
 	// Case is "full" (every block cached) or "1k cached" (a prompt that
 	// shares its first 1,024 tokens with a cached one, and nothing after).
 	Case         string `json:"case"`
@@ -101,11 +106,25 @@ const scaleBlockTokens = 16
 // partialTokens is how much a "1k cached" prompt shares with a cached one.
 const partialTokens = 1024
 
-// measure runs the data-plane phase at n nodes.
+// measure runs the data-plane phase at n nodes: with the store's lookup
+// rounds, then again with one round, for comparison.
 func (s *scaleLookup) measure(ctx context.Context, o ScaleOptions, n int, quick bool, bar Bar) error {
+	for _, mode := range []string{"rounds", "one"} {
+		if err := s.measureMode(ctx, o, n, quick, bar, mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *scaleLookup) measureMode(ctx context.Context, o ScaleOptions, n int, quick bool, bar Bar, mode string) error {
 	// The rounds' real deadline is far: the store's own (100ms) applies on
 	// the virtual clock, where this machine's load does not reach.
-	ds, err := newDataSim(n, &o.Links, store.ClusterOptions{LookupTimeout: time.Minute, GetTimeout: time.Minute}, 64<<20)
+	co := store.ClusterOptions{LookupTimeout: time.Minute, GetTimeout: time.Minute}
+	if mode == "one" {
+		co.LookupRoundPeers = -1
+	}
+	ds, err := newDataSim(n, &o.Links, co, 64<<20)
 	if err != nil {
 		return err
 	}
@@ -144,7 +163,7 @@ func (s *scaleLookup) measure(ctx context.Context, o ScaleOptions, n int, quick 
 			if partial && length == 1<<10 {
 				continue
 			}
-			bar.Describe(fmt.Sprintf("scale: lookup, %d nodes: %dk-token prompts", n, length>>10))
+			bar.Describe(fmt.Sprintf("scale: lookup (%s), %d nodes: %dk-token prompts", mode, n, length>>10))
 			var ps []scalePrompt
 			for _, p := range prompts {
 				if p.tokens == length {
@@ -155,11 +174,14 @@ func (s *scaleLookup) measure(ctx context.Context, o ScaleOptions, n int, quick 
 			if err != nil {
 				return err
 			}
-			row.Nodes, row.PromptTokens = n, length
+			row.Nodes, row.PromptTokens, row.Mode = n, length, mode
 			s.rows = append(s.rows, row)
 		}
 	}
 
+	if mode != "rounds" {
+		return nil
+	}
 	// A leave with handoff, then a crash: what lookups still find.
 	for _, event := range []string{"leave", "crash"} {
 		victim := s.victim(ds, prompts, rng)
@@ -362,43 +384,36 @@ func (s *scaleLookup) report(res *Result, env *Env) {
 		"share of the cached prompts a lookup still finds whole, and of their tokens", s.changes)
 	res.AddTable("scale_pushes", "publishing: push RPCs per prompt put (batches to owners), push workers a node holds once done, "+
 		"and the most peers one node called during the phase", s.pushes)
-	var series []Series
-	for _, length := range []int{1 << 10, 16 << 10, 128 << 10} {
-		for _, c := range []string{"full", "1k cached"} {
-			var x, y, b []float64
-			for _, r := range s.rows {
-				if r.PromptTokens == length && r.Case == c {
-					x, y, b = append(x, float64(r.Nodes)), append(y, r.P99MS), append(b, r.BoundP99MS)
+	for _, c := range []string{"full", "1k cached"} {
+		var series, peers []Series
+		for _, length := range []int{1 << 10, 16 << 10, 128 << 10} {
+			for _, mode := range []string{"rounds", "one"} {
+				var x, y, b, pe []float64
+				for _, r := range s.rows {
+					if r.PromptTokens == length && r.Case == c && r.Mode == mode {
+						x, y, b, pe = append(x, float64(r.Nodes)), append(y, r.P99MS), append(b, r.BoundP99MS), append(pe, r.Peers)
+					}
+				}
+				if len(x) == 0 {
+					continue
+				}
+				name := fmt.Sprintf("%dk, %s", length>>10, mode)
+				series = append(series, Series{Name: name, X: x, Y: y, Dashed: mode == "one"})
+				peers = append(peers, Series{Name: name, X: x, Y: pe, Dashed: mode == "one"})
+				if mode == "rounds" {
+					series = append(series, Series{Name: fmt.Sprintf("%dk, bound", length>>10), X: x, Y: b, Dashed: true})
 				}
 			}
-			if len(x) == 0 {
-				continue
-			}
-			name := fmt.Sprintf("%dk, %s", length>>10, c)
-			series = append(series, Series{Name: name + ": p99", X: x, Y: y}, Series{Name: name + ": bound p99", X: x, Y: b, Dashed: true})
 		}
+		file := map[string]string{"full": "full", "1k cached": "partial"}[c]
+		savePlot(res, env, "scale_lookup_p99_"+file+".png", LinePlot{Title: fmt.Sprintf("lookup p99 (%s), rounds vs one round, and the one-round-trip bound", c),
+			XLabel: "nodes", YLabel: "ms", LogX: true, XTick: intTick, Series: series})
+		savePlot(res, env, "scale_lookup_peers_"+file+".png", LinePlot{Title: fmt.Sprintf("peers asked per lookup (%s)", c), XLabel: "nodes",
+			YLabel: "peers", LogX: true, XTick: intTick, Series: peers})
 	}
-	savePlot(res, env, "scale_lookup_p99.png", LinePlot{Title: "lookup p99 against the one-round-trip bound", XLabel: "nodes",
-		YLabel: "ms", LogX: true, XTick: intTick, Series: series})
-	series = nil
-	for _, length := range []int{1 << 10, 16 << 10, 128 << 10} {
-		for _, c := range []string{"full", "1k cached"} {
-			var x, y []float64
-			for _, r := range s.rows {
-				if r.PromptTokens == length && r.Case == c {
-					x, y = append(x, float64(r.Nodes)), append(y, r.Peers)
-				}
-			}
-			if len(x) > 0 {
-				series = append(series, Series{Name: fmt.Sprintf("%dk, %s", length>>10, c), X: x, Y: y, Dashed: c != "full"})
-			}
-		}
-	}
-	savePlot(res, env, "scale_lookup_peers.png", LinePlot{Title: "peers asked per lookup", XLabel: "nodes", YLabel: "peers",
-		LogX: true, XTick: intTick, Series: series})
 	for _, r := range s.rows {
 		if r.Wrong > 0 {
-			res.Checks = append(res.Checks, NewCheck(fmt.Sprintf("scale: lookups answered right, %d nodes, %dk %s", r.Nodes, r.PromptTokens>>10, r.Case),
+			res.Checks = append(res.Checks, NewCheck(fmt.Sprintf("scale: lookups answered right, %d nodes, %dk %s, %s", r.Nodes, r.PromptTokens>>10, r.Case, r.Mode),
 				"wrong", float64(r.Wrong), "<=", 0, BackendKvmesh))
 		}
 	}
