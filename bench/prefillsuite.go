@@ -45,11 +45,25 @@ type PrefillOptions struct {
 	// the ceiling is its Sgemm (cuBLAS). The suite does not close it.
 	// Default nil: the CPU backend.
 	Device gpumem.BLAS
+	// ModelDir, when set, names a Hugging Face model directory to measure
+	// instead: tokens per second of prefill and decode, beside PyTorch's
+	// forward of the same checkpoint (onModelDir). PromptTokens then
+	// defaults to 512 (quick 128).
+	ModelDir string
+	// DecodeTokens is how many tokens are decoded after the prompt, with
+	// ModelDir. Default 32; quick 8.
+	DecodeTokens int
 }
 
 // EnsureDefaults fills zero fields with their defaults for a full run, or
 // for --quick when quick is set.
 func (o *PrefillOptions) EnsureDefaults(quick bool) {
+	if o.ModelDir != "" && o.PromptTokens == 0 {
+		o.PromptTokens = pick(quick, 512, 128)
+	}
+	if o.DecodeTokens == 0 {
+		o.DecodeTokens = pick(quick, 32, 8)
+	}
 	if o.PromptTokens == 0 {
 		o.PromptTokens = pick(quick, 8192, 2048)
 	}
@@ -72,6 +86,12 @@ func (o *PrefillOptions) EnsureDefaults(quick bool) {
 func (o *PrefillOptions) Validate() error {
 	if err := o.Config.Validate(); err != nil {
 		return err
+	}
+	if o.ModelDir != "" {
+		if o.PromptTokens < 1 || o.DecodeTokens < 2 || o.Runs < 1 || o.Runs > 100 {
+			return fmt.Errorf("bench: prefill: prompt tokens %d, decode tokens %d, runs %d: want ≥ 1, ≥ 2, 1..100", o.PromptTokens, o.DecodeTokens, o.Runs)
+		}
+		return nil
 	}
 	switch {
 	case o.PromptTokens < 2*o.Config.BlockTokens || o.PromptTokens > o.Config.MaxContext:
@@ -149,6 +169,11 @@ func (s *PrefillSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Suite: s.Name()}
+	if o.ModelDir != "" {
+		bar := env.Progress.Bar(int64(o.Runs+1), "prefill")
+		defer bar.Finish()
+		return res, s.onModelDir(ctx, o, res, bar)
+	}
 	bar := env.Progress.Bar(int64(o.Runs*(2*len(o.Fractions)-1)+len(o.Fractions)+1), "prefill")
 	defer bar.Finish()
 	var rows []prefillRow

@@ -22,9 +22,11 @@ import (
 func servedNode(t *testing.T, id string, join ...string) *node.Node {
 	t.Helper()
 	n, err := node.Open(node.Options{
-		NodeID: id, DataDir: t.TempDir(), Join: join, GossipProfile: "local",
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		DRAMBytes: 64 << 20, Logger: slog.New(slog.DiscardHandler),
+		NodeID: id, DataDir: t.TempDir(),
+		Listen:  node.ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0"},
+		Cluster: node.ClusterOptions{GossipAddr: "127.0.0.1:0", Join: join, GossipProfile: "local"},
+		Tiers:   node.TierOptions{DRAMBytes: 64 << 20},
+		Logger:  slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)

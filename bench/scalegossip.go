@@ -205,8 +205,8 @@ func (g *gossipSim) watch(ctx context.Context, pred func(*gossip.Membership) boo
 	return seen, nil
 }
 
-// spread returns the times by which 99% and 100% of members saw a change.
-func spread(seen []time.Duration) (p99, all time.Duration) {
+// seenBy returns the times by which 99% and 100% of members saw a change.
+func seenBy(seen []time.Duration) (p99, all time.Duration) {
 	if len(seen) == 0 {
 		return 0, 0
 	}

@@ -110,7 +110,7 @@ func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions,
 		if err != nil {
 			return fmt.Errorf("join: %w", err)
 		}
-		p99, all := spread(seen)
+		p99, all := seenBy(seen)
 		times["join"] = append(times["join"], [2]time.Duration{started + p99, started + all})
 
 		id = g.pick()
@@ -123,7 +123,7 @@ func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions,
 		if err != nil {
 			return fmt.Errorf("leave: %w", err)
 		}
-		p99, all = spread(seen)
+		p99, all = seenBy(seen)
 		times["leave"] = append(times["leave"], [2]time.Duration{p99, all})
 
 		id = g.pick()
@@ -131,7 +131,7 @@ func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions,
 		if seen, err = g.watch(ctx, lacks(id), limit); err != nil {
 			return fmt.Errorf("crash: %w", err)
 		}
-		p99, all = spread(seen)
+		p99, all = seenBy(seen)
 		times["crash"] = append(times["crash"], [2]time.Duration{p99, all})
 	}
 
@@ -158,7 +158,7 @@ func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions,
 	if err != nil {
 		return fmt.Errorf("heal: %w", err)
 	}
-	p99, all := spread(seen)
+	p99, all := seenBy(seen)
 	times["heal"] = append(times["heal"], [2]time.Duration{p99, all})
 
 	for _, ev := range []string{"join", "leave", "crash", "heal"} {

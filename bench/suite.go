@@ -302,6 +302,14 @@ type SuiteFlags struct {
 	// PrefillDevice is the GPU the prefill suite's engines run on
 	// (--backend cuda; PrefillOptions.Device). Default nil: the CPU.
 	PrefillDevice gpumem.BLAS
+	// PrefillModelDir, PrefillPromptTokens and PrefillDecodeTokens measure
+	// a Hugging Face model directory in the prefill suite (--model-dir,
+	// --prompt-tokens, --decode-tokens; PrefillOptions).
+	PrefillModelDir                          string
+	PrefillPromptTokens, PrefillDecodeTokens int
+	// Transport is the transfer suite's (--transport; TransferOptions).
+	// Default "": tcp.
+	Transport string
 }
 
 // Suites returns every suite, in the order `all` runs them: transfer,
@@ -321,7 +329,8 @@ func Suites(f SuiteFlags) []Suite {
 	if f.Nodes > 0 {
 		scale.Nodes = []int{f.Nodes}
 	}
-	return []Suite{&TransferSuite{}, &StoreSuite{}, &RanksSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice}},
+	return []Suite{&TransferSuite{Options: TransferOptions{Transport: f.Transport}}, &StoreSuite{}, &RanksSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice,
+		ModelDir: f.PrefillModelDir, PromptTokens: f.PrefillPromptTokens, DecodeTokens: f.PrefillDecodeTokens}},
 		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{Options: ServeOptions{Backlog: f.Backlog}},
 		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}},
 		&ScaleSuite{Options: scale}}

@@ -33,10 +33,12 @@ import (
 func inProcessNode(t *testing.T) string {
 	t.Helper()
 	n, err := node.Open(node.Options{
-		NodeID: "bench-test", DataDir: t.TempDir(),
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		DRAMBytes: 256 << 20, NVMeBytes: 64 << 20,
-		Logger: slog.New(slog.DiscardHandler),
+		NodeID:  "bench-test",
+		DataDir: t.TempDir(),
+		Listen:  node.ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0"},
+		Cluster: node.ClusterOptions{GossipAddr: "127.0.0.1:0"},
+		Tiers:   node.TierOptions{DRAMBytes: 256 << 20, NVMeBytes: 64 << 20},
+		Logger:  slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -114,6 +114,9 @@ type Member struct {
 	// clients on the host whose id is HostID; empty when it is off.
 	ShmSocket, HostID string
 	RDMADevices       []string
+	// Fabric is how the node reads other nodes: "tcp", or "ucx" with its
+	// UCX version and transports.
+	Fabric string
 }
 
 // TierCapacity is one tier of a member.
@@ -154,7 +157,7 @@ func (c *Client) membersPage(ctx context.Context, size int32, token string) (*kv
 
 func memberOf(m *kvmeshv1.Member) Member {
 	out := Member{ID: m.GetId(), State: m.GetState(), GRPCAddr: m.GetGrpcAddr(), HTTPAddr: m.GetHttpAddr(), DataAddr: m.GetDataAddr(),
-		GossipAddr: m.GetGossipAddr(), Version: m.GetVersion(), ShmSocket: m.GetShmSocket(), HostID: m.GetHostId(), RDMADevices: m.GetRdmaDevices()}
+		GossipAddr: m.GetGossipAddr(), Version: m.GetVersion(), ShmSocket: m.GetShmSocket(), HostID: m.GetHostId(), RDMADevices: m.GetRdmaDevices(), Fabric: m.GetFabric()}
 	for _, t := range m.GetTiers() {
 		out.Tiers = append(out.Tiers, TierCapacity{Name: t.GetName(), CapacityBytes: int64(t.GetCapacityBytes()), UsedBytes: int64(t.GetUsedBytes())})
 	}

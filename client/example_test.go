@@ -30,8 +30,13 @@ func startNode() (addr string, stop func()) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	n, err := node.Open(node.Options{NodeID: "example", DataDir: dir, GRPCAddr: "127.0.0.1:0",
-		DRAMBytes: 16 << 20, NVMeBytes: 64 << 20, Logger: slog.New(slog.DiscardHandler)})
+	n, err := node.Open(node.Options{
+		NodeID:  "example",
+		DataDir: dir,
+		Listen:  node.ListenOptions{GRPCAddr: "127.0.0.1:0"},
+		Tiers:   node.TierOptions{DRAMBytes: 16 << 20, NVMeBytes: 64 << 20},
+		Logger:  slog.New(slog.DiscardHandler),
+	})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -36,6 +36,9 @@ type MemberMeta struct {
 	// from an older node reads as RoleBoth), RoleStore for one without,
 	// RoleRouter for a router, which offers no capacity and owns nothing.
 	Role string `json:"role,omitempty"`
+	// Fabric is how the member reads other nodes: "tcp", or "ucx", its
+	// UCX version and the transports UCX opened (issue 36).
+	Fabric string `json:"fabric,omitempty"`
 }
 
 // Roles of members (MemberMeta.Role, PrefillOptions.Role).
@@ -163,106 +166,34 @@ type failedMember struct {
 // Start binds the gossip address, joins the seeds (if any) and
 // returns once this node is a member. The caller must Close it.
 func Start(opts Options) (*Membership, error) {
-	if len(opts.SecretKey) != 0 && !slices.Contains([]int{16, 24, 32}, len(opts.SecretKey)) {
-		return nil, fmt.Errorf("%w (got %d)", ErrSecretKey, len(opts.SecretKey))
-	}
-	if opts.GossipAddr == "" {
-		opts.GossipAddr = "127.0.0.1:7603"
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	host, portStr, err := net.SplitHostPort(opts.GossipAddr)
+	meta, err := opts.check()
 	if err != nil {
-		return nil, fmt.Errorf("gossip: gossip addr %q: %w", opts.GossipAddr, err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil || port < 0 || port > 65535 {
-		return nil, fmt.Errorf("gossip: gossip addr %q: bad port", opts.GossipAddr)
-	}
-	meta, err := json.Marshal(opts.Meta)
-	if err != nil {
-		return nil, fmt.Errorf("gossip: encode member meta: %w", err)
-	}
-	if len(meta) > memberlist.MetaMaxSize {
-		return nil, fmt.Errorf("gossip: member meta is %d bytes, memberlist allows %d", len(meta), memberlist.MetaMaxSize)
-	}
-
-	if opts.ReconnectInterval <= 0 {
-		opts.ReconnectInterval = 10 * time.Second
-		if opts.Fast {
-			opts.ReconnectInterval = time.Second
-		}
-	}
-	if opts.ReconnectFor <= 0 {
-		opts.ReconnectFor = time.Hour
+		return nil, err
 	}
 	m := &Membership{meta: meta, log: opts.Logger, kick: make(chan struct{}, 1),
 		seeds: opts.Join, reconnect: opts.ReconnectInterval, retryFor: opts.ReconnectFor,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	m.mu.failed = make(map[string]failedMember)
 	m.mu.live = make(map[string]MemberInfo)
-	conf := memberlist.DefaultLANConfig()
-	// A node that restarts on another port (port 0) keeps its id: let it
-	// take its name back once the old incarnation is known dead.
-	conf.DeadNodeReclaimTime = 30 * time.Second
-	if opts.Fast {
-		conf = memberlist.DefaultLocalConfig()
-		conf.ProbeInterval = 500 * time.Millisecond
-		conf.SuspicionMaxTimeoutMult = 2
-		conf.PushPullInterval = 5 * time.Second
-		conf.DeadNodeReclaimTime = time.Second
-	}
-	conf.BindAddr, conf.BindPort = host, port
-	conf.AdvertiseAddr, conf.AdvertisePort = opts.AdvertiseAddr, 0
-	if opts.AdvertiseAddr != "" {
-		conf.AdvertisePort = port // memberlist replaces a 0 with the port it picked
-	}
-	conf.Transport = opts.Transport
-	conf.Delegate = (*delegate)(m)
-	conf.Events = (*events)(m)
-	conf.Conflict = (*events)(m)
-	conf.Logger = log.New(&logWriter{log: opts.Logger}, "", 0)
-	conf.SecretKey = opts.SecretKey
-	if len(opts.SecretKey) == 0 {
-		conf.GossipVerifyIncoming, conf.GossipVerifyOutgoing = false, false
-	}
-	if port == 0 {
-		// memberlist needs one port free for both TCP and UDP; let it pick.
-		conf.BindPort = 0
-	}
-	conf.Name = opts.NodeID
-	if conf.Name == "" {
-		h, _ := os.Hostname()
-		conf.Name = h + ":" + portStr // fixed below if the port was 0
-	}
+	conf := m.config(opts)
 	m.name = conf.Name
 	if opts.Tune != nil {
 		opts.Tune(conf)
 	}
-
+	anyPort := conf.BindPort == 0 // memberlist writes the port it picks into conf
 	ml, err := memberlist.Create(conf)
 	if err != nil {
 		return nil, fmt.Errorf("gossip: start gossip on %s: %w", opts.GossipAddr, err)
 	}
 	m.ml = ml
-	if opts.NodeID == "" && port == 0 {
+	if opts.NodeID == "" && anyPort {
 		// The name must be known before Create; with a random port it carries "0".
 		// Nodes started this way are for tests, where the id is given.
 		m.log.Warn("gossip port 0 without a node id: the node id carries port 0", "id", conf.Name)
 	}
-	m.joined.Store(len(opts.Join) == 0)
-	if len(opts.Join) > 0 {
-		contacted, err := ml.Join(opts.Join)
-		m.joined.Store(contacted > 0)
-		if err != nil && contacted == 0 {
-			if !opts.RetryJoin {
-				_ = ml.Shutdown()
-				return nil, fmt.Errorf("%w via %v: %w", ErrJoin, opts.Join, err)
-			}
-			m.log.Warn("no seed answered; serving alone and trying them again in the background",
-				"seeds", opts.Join, "retry_every", m.reconnect, "err", err)
-		}
+	if err := m.join(opts); err != nil {
+		_ = ml.Shutdown()
+		return nil, err
 	}
 	m.refresh()
 	var wg sync.WaitGroup
@@ -280,6 +211,102 @@ func Start(opts Options) (*Membership, error) {
 		close(m.done)
 	}()
 	return m, nil
+}
+
+// check fills opts' defaults, refuses what cannot work and returns the
+// encoded metadata.
+func (opts *Options) check() (meta []byte, _ error) {
+	if len(opts.SecretKey) != 0 && !slices.Contains([]int{16, 24, 32}, len(opts.SecretKey)) {
+		return nil, fmt.Errorf("%w (got %d)", ErrSecretKey, len(opts.SecretKey))
+	}
+	if opts.GossipAddr == "" {
+		opts.GossipAddr = "127.0.0.1:7603"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	_, portStr, err := net.SplitHostPort(opts.GossipAddr)
+	if err != nil {
+		return nil, fmt.Errorf("gossip: gossip addr %q: %w", opts.GossipAddr, err)
+	}
+	if port, err := strconv.Atoi(portStr); err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("gossip: gossip addr %q: bad port", opts.GossipAddr)
+	}
+	meta, err = json.Marshal(opts.Meta)
+	if err != nil {
+		return nil, fmt.Errorf("gossip: encode member meta: %w", err)
+	}
+	if len(meta) > memberlist.MetaMaxSize {
+		return nil, fmt.Errorf("gossip: member meta is %d bytes, memberlist allows %d", len(meta), memberlist.MetaMaxSize)
+	}
+	if opts.ReconnectInterval <= 0 {
+		opts.ReconnectInterval = 10 * time.Second
+		if opts.Fast {
+			opts.ReconnectInterval = time.Second
+		}
+	}
+	if opts.ReconnectFor <= 0 {
+		opts.ReconnectFor = time.Hour
+	}
+	return meta, nil
+}
+
+// config is memberlist's configuration for m, of opts (checked).
+func (m *Membership) config(opts Options) *memberlist.Config {
+	host, portStr, _ := net.SplitHostPort(opts.GossipAddr)
+	port, _ := strconv.Atoi(portStr)
+	conf := memberlist.DefaultLANConfig()
+	// A node that restarts on another port (port 0) keeps its id: let it
+	// take its name back once the old incarnation is known dead.
+	conf.DeadNodeReclaimTime = 30 * time.Second
+	if opts.Fast {
+		conf = memberlist.DefaultLocalConfig()
+		conf.ProbeInterval = 500 * time.Millisecond
+		conf.SuspicionMaxTimeoutMult = 2
+		conf.PushPullInterval = 5 * time.Second
+		conf.DeadNodeReclaimTime = time.Second
+	}
+	// Port 0: memberlist needs one port free for both TCP and UDP; let it
+	// pick.
+	conf.BindAddr, conf.BindPort = host, port
+	conf.AdvertiseAddr, conf.AdvertisePort = opts.AdvertiseAddr, 0
+	if opts.AdvertiseAddr != "" {
+		conf.AdvertisePort = port // memberlist replaces a 0 with the port it picked
+	}
+	conf.Transport = opts.Transport
+	conf.Delegate = (*delegate)(m)
+	conf.Events = (*events)(m)
+	conf.Conflict = (*events)(m)
+	conf.Logger = log.New(&logWriter{log: opts.Logger}, "", 0)
+	conf.SecretKey = opts.SecretKey
+	if len(opts.SecretKey) == 0 {
+		conf.GossipVerifyIncoming, conf.GossipVerifyOutgoing = false, false
+	}
+	conf.Name = opts.NodeID
+	if conf.Name == "" {
+		h, _ := os.Hostname()
+		conf.Name = h + ":" + portStr
+	}
+	return conf
+}
+
+// join joins the seeds, if any: ErrJoin when none answers, unless
+// opts.RetryJoin, which leaves it to the reconnector.
+func (m *Membership) join(opts Options) error {
+	m.joined.Store(len(opts.Join) == 0)
+	if len(opts.Join) == 0 {
+		return nil
+	}
+	contacted, err := m.ml.Join(opts.Join)
+	m.joined.Store(contacted > 0)
+	if err != nil && contacted == 0 {
+		if !opts.RetryJoin {
+			return fmt.Errorf("%w via %v: %w", ErrJoin, opts.Join, err)
+		}
+		m.log.Warn("no seed answered; serving alone and trying them again in the background",
+			"seeds", opts.Join, "retry_every", m.reconnect, "err", err)
+	}
+	return nil
 }
 
 // Joined reports whether the node has joined its cluster: it was started

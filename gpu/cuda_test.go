@@ -22,6 +22,7 @@ import (
 	"gonum.org/v1/gonum/blas/gonum"
 
 	"github.com/kvmesh/kvmesh/prefill"
+	"github.com/kvmesh/kvmesh/prefill/prefilltest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -64,8 +65,8 @@ func TestLoadPlugin(t *testing.T) {
 
 // TestDevice runs the real plugin ($KVMESH_CUDA_PLUGIN, or built from
 // ../cmd/kvmesh-cuda) on CUDA device 0: HBM round trips, cuBLAS products
-// against gonum's, and the prefill engine's device backend against its CPU
-// backend. It skips, saying why, on a host without a device: it has never
+// against gonum's, the prefill engine's device backend against its CPU
+// backend, and Hugging Face checkpoints on it against PyTorch. It skips, saying why, on a host without a device: it has never
 // run in CI.
 func TestDevice(t *testing.T) {
 	if _, err := Probe(); err != nil {
@@ -81,6 +82,68 @@ func TestDevice(t *testing.T) {
 	t.Run("hbm", func(t *testing.T) { testHBM(t, plug) })
 	t.Run("sgemm", func(t *testing.T) { testSgemm(t, plug) })
 	t.Run("prefill", func(t *testing.T) { testPrefill(t, plug) })
+	t.Run("checkpoints", func(t *testing.T) { testCheckpoints(t, plug) })
+}
+
+// testCheckpoints: a small random checkpoint of each architecture, written
+// by the independent PyTorch implementation of prefill/prefilltest, loads
+// on the device backend and computes PyTorch's logits within 1e-3 of their
+// scale, cold and over a prefix computed before.
+func testCheckpoints(t *testing.T, plug string) {
+	const n = 150
+	out := t.TempDir()
+	models := prefilltest.Archs(n)
+	refs := prefilltest.Suite(t, out, models)
+	dev, err := OpenBLAS(0, Options{Plugin: plug})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := prefill.NewDevice(dev, prefill.DeviceOptions{})
+	if err != nil {
+		dev.Close()
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := b.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	ctx := context.Background()
+	for i, m := range models {
+		dir := filepath.Join(out, m.Name)
+		c, info, err := prefill.LoadConfigJSON(filepath.Join(dir, "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := prefill.LoadCheckpoint(dir, c, info.TieEmbeddings)
+		if err != nil {
+			t.Fatal(err)
+		}
+		model, err := b.Load(c, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cold, warm := make([]float32, c.Vocab), make([]float32, c.Vocab)
+		if err := model.Forward(ctx, prefill.NewKV(c, n), 0, m.Prompt, cold); err != nil {
+			t.Fatal(err)
+		}
+		kv := prefill.NewKV(c, n)
+		if err := model.Forward(ctx, kv, 0, m.Prompt[:100], make([]float32, c.Vocab)); err != nil {
+			t.Fatal(err)
+		}
+		if err := model.Forward(ctx, kv, 100, m.Prompt[100:], warm); err != nil {
+			t.Fatal(err)
+		}
+		for what, l := range map[string][]float32{"cold": cold, "over a prefix": warm} {
+			if e := prefilltest.MaxRelErr(l, refs[i][n-1]); e > 1e-3 {
+				t.Errorf("%s, %s: device logits differ from PyTorch's by %.2g of their scale", m.Name, what, e)
+			}
+		}
+		if err := model.Close(); err != nil {
+			t.Error(err)
+		}
+		w.Release()
+	}
 }
 
 // testHBM: values of many sizes through an HBM tier, device-to-device

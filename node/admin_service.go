@@ -30,7 +30,7 @@ func (s *adminService) Members(_ context.Context, req *kvmeshv1.MembersRequest) 
 		return nil, err
 	}
 	self, others := s.members()
-	resp := &kvmeshv1.MembersResponse{SelfId: s.n.opts.NodeID, ChunkTokens: uint32(s.n.opts.ChunkTokens)}
+	resp := &kvmeshv1.MembersResponse{SelfId: s.n.opts.NodeID, ChunkTokens: uint32(s.n.opts.Cluster.ChunkTokens)}
 	size := page.size
 	if page.first {
 		resp.Members, size = append(resp.Members, self), size-1
@@ -60,6 +60,7 @@ func (s *adminService) members() (self *kvmeshv1.Member, others []*kvmeshv1.Memb
 	}
 	self.GrpcAddr, self.HttpAddr, self.DataAddr = c.grpcAddr, c.httpAddr, c.dataAddr
 	self.GossipAddr, self.ShmSocket, self.HostId, self.RdmaDevices = c.members.GossipAddr(), c.shmPath, c.hostID, c.rdma
+	self.Fabric = c.fab.desc
 	ms, _ := c.members.Members()
 	for _, m := range ms {
 		if m.ID == n.opts.NodeID {
@@ -68,7 +69,7 @@ func (s *adminService) members() (self *kvmeshv1.Member, others []*kvmeshv1.Memb
 		}
 		others = append(others, &kvmeshv1.Member{
 			Id: m.ID, State: m.State, GrpcAddr: m.Meta.GRPCAddr, HttpAddr: m.Meta.HTTPAddr, DataAddr: m.Meta.DataAddr,
-			GossipAddr: m.GossipAddr, Version: m.Meta.Version, RdmaDevices: m.Meta.RDMA,
+			GossipAddr: m.GossipAddr, Version: m.Meta.Version, RdmaDevices: m.Meta.RDMA, Fabric: m.Meta.Fabric,
 			Tiers: []*kvmeshv1.TierCapacity{{Name: "dram", CapacityBytes: uint64(m.Meta.DRAMBytes)}, {Name: "nvme", CapacityBytes: uint64(m.Meta.NVMeBytes)}},
 		})
 	}

@@ -26,9 +26,14 @@ type queueNode struct {
 
 func startQueueNode(t *testing.T, dataDir string, mod func(*Options)) *queueNode {
 	t.Helper()
-	opts := Options{DataDir: dataDir, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB, Logger: slog.New(slog.DiscardHandler),
-		Prefill: PrefillOptions{Model: tinyModel()}, TokensFile: tenantsFile(t)}
+	opts := Options{
+		DataDir:  dataDir,
+		Listen:   ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"},
+		Tiers:    TierOptions{DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB},
+		Logger:   slog.New(slog.DiscardHandler),
+		Prefill:  PrefillOptions{Model: tinyModel()},
+		Security: SecurityOptions{TokensFile: tenantsFile(t)},
+	}
 	if mod != nil {
 		mod(&opts)
 	}

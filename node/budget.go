@@ -9,7 +9,7 @@ import (
 )
 
 // budget bounds the bytes of request buffers the gRPC API holds at once,
-// node-wide (Options.MaxInFlightBytes): BatchPut streams' block buffers. A
+// node-wide (Options.Limits.MaxInFlightBytes): BatchPut streams' block buffers. A
 // stream is charged a block when the block's first payload bytes arrive, and
 // gives it back when the block is stored, so a stream that sent only headers,
 // or is between blocks, holds nothing.

@@ -127,7 +127,7 @@ func (s *cacheService) BatchGet(req *kvmeshv1.BatchGetRequest, stream kvmeshv1.C
 	ctx := stream.Context()
 	// The remote part of the whole request is bounded once, so that a
 	// dead peer costs one GetTimeout, not one per window.
-	remoteBy := time.Now().Add(s.n.opts.GetTimeout)
+	remoteBy := time.Now().Add(s.n.opts.Cluster.GetTimeout)
 	// Windows grow from one block, so that the first block leaves at once,
 	// to maxReadWindow bytes.
 	maxWindow := max(1, maxReadWindow/block.EncodedLen(ns.BlockTokens, ns.BlockBytes()))
@@ -233,7 +233,7 @@ func (s *cacheService) sendBlock(stream kvmeshv1.CacheService_BatchGetServer, fr
 		s.n.log.Warn("block refused", "reason", reason, "err", err)
 		return miss()
 	}
-	chunk := s.n.opts.ChunkBytes
+	chunk := s.n.opts.Limits.ChunkBytes
 	payload := blk.Payload
 	*frame = kvmeshv1.BatchGetResponse{
 		Index: i, Key: key[:], Found: true, Parent: blk.Parent[:], Tokens: blk.Tokens,
@@ -296,116 +296,169 @@ func (b *putBlock) chunkKey(key prefixhash.Key, start *prefixhash.Key, chunkBloc
 }
 
 func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) error {
-	ctx := stream.Context()
-	var (
-		nsPB   *kvmeshv1.Namespace
-		ns     prefixhash.Namespace
-		prev   prefixhash.Link // the last block stored, or the root
-		cur    *putBlock
-		keys   [][]byte
-		blocks int
-		next   = 0            // position of the next block in its prompt, -1 when unknown
-		chunk  prefixhash.Key // chunk key of the chunk the known positions are in
-		cb     = 0            // blocks per chunk
-	)
-	// The block buffer is charged to the node's budget while it is held:
-	// from the block's first payload bytes until it is stored.
-	drop := func() {
-		if cur != nil && cur.buf != nil {
-			putBlockBuf(cur.buf)
-			s.n.putBudget.release(int64(cur.size))
-			cur.buf = nil
-		}
-	}
-	defer drop()
+	p := &batchPut{s: s, ctx: stream.Context()}
+	defer p.drop()
 	for {
 		msg, err := stream.Recv()
 		if err == io.EOF {
-			if cur != nil {
+			if cur := p.cur; cur != nil {
 				return invalid("data", "stream ended inside block %d: %d of %d payload bytes", cur.index, cur.got, cur.payloadLen())
 			}
-			return stream.SendAndClose(&kvmeshv1.BatchPutResponse{Stored: uint32(len(keys)), Keys: keys})
+			return stream.SendAndClose(&kvmeshv1.BatchPutResponse{Stored: uint32(len(p.keys)), Keys: p.keys})
 		}
 		if err != nil {
 			return err
 		}
-		if pb := msg.GetNamespace(); pb != nil {
-			if nsPB == nil {
-				if ns, err = s.n.namespace(ctx, pb); err != nil {
-					return err
-				}
-				nsPB, prev = pb, ns.RootLink()
-				cb = s.n.cache.ChunkBlocks(ns.BlockTokens)
-			} else if !proto.Equal(pb, nsPB) {
-				return invalid("namespace", "changed within the stream; send one stream per namespace")
-			}
+		if err := p.receive(msg); err != nil {
+			return err
 		}
-		if nsPB == nil {
-			return invalid("namespace", "required in the stream's first message")
+	}
+}
+
+// batchPut is one BatchPut stream as it is received: its namespace, the
+// block being received and the blocks stored.
+type batchPut struct {
+	s      *cacheService
+	ctx    context.Context
+	nsPB   *kvmeshv1.Namespace
+	ns     prefixhash.Namespace
+	prev   prefixhash.Link // the last block stored, or the root
+	cur    *putBlock
+	keys   [][]byte
+	blocks int
+	next   int            // position of the next block in its prompt, -1 when unknown
+	chunk  prefixhash.Key // chunk key of the chunk the known positions are in
+	cb     int            // blocks per chunk
+}
+
+// receive takes one message of the stream: the namespace (first), a
+// block's header, its payload bytes; a block whose last byte came is
+// stored.
+func (p *batchPut) receive(msg *kvmeshv1.BatchPutRequest) error {
+	if err := p.namespace(msg.GetNamespace()); err != nil {
+		return err
+	}
+	if h := msg.GetBlock(); h != nil {
+		if err := p.header(h); err != nil {
+			return err
 		}
-		if h := msg.GetBlock(); h != nil {
-			if cur != nil {
-				return invalid("block", "block %d started before block %d was complete (%d of %d payload bytes)",
-					blocks, cur.index, cur.got, cur.payloadLen())
-			}
-			if cur, err = s.startBlock(ns, h, blocks, prev); err != nil {
-				return err
-			}
-			// A stream that has named no parent is a prompt from block
-			// 0: its blocks' positions, hence chunk keys, are known.
-			if len(h.GetParent()) > 0 || len(h.GetParentLink()) > 0 {
-				next = -1
-			}
-			cur.pos = next
-			if next >= 0 {
-				next++
-			}
-			blocks++
+	}
+	if data := msg.GetData(); len(data) > 0 {
+		if err := p.data(data); err != nil {
+			return err
 		}
-		if data := msg.GetData(); len(data) > 0 {
-			if cur == nil {
-				return invalid("data", "payload bytes before a block header")
-			}
-			if cur.got+len(data) > cur.payloadLen() {
-				return invalid("data", "block %d: more payload bytes than its payload_len of %d", cur.index, cur.payloadLen())
-			}
-			if cur.buf == nil {
-				if err := s.n.putBudget.acquire(ctx, int64(cur.size), fmt.Sprintf("block %d of the BatchPut stream", cur.index)); err != nil {
-					return err
-				}
-				cur.buf = getBlockBuf(cur.size)
-			}
-			cur.got += copy(cur.payload()[cur.got:], data)
+	}
+	if p.cur != nil && p.cur.buf != nil && p.cur.got == p.cur.payloadLen() {
+		return p.store()
+	}
+	return nil
+}
+
+// namespace takes the stream's namespace: required in the first message,
+// the same in any later one.
+func (p *batchPut) namespace(pb *kvmeshv1.Namespace) error {
+	switch {
+	case pb != nil && p.nsPB == nil:
+		ns, err := p.s.n.namespace(p.ctx, pb)
+		if err != nil {
+			return err
 		}
-		if cur != nil && cur.buf != nil && cur.got == cur.payloadLen() {
-			// A tenant's blocks carry its tag (0 for node-wide callers).
-			hdr, link, err := block.AppendHeaderExt(cur.buf[:0], auth.AccessFrom(ctx).Tag, ns, cur.parent, cur.tokens, cur.extra, cur.payload())
-			if err != nil {
-				return invalid("block", "block %d: %v", cur.index, err)
-			}
-			if len(hdr) != cur.hl {
-				panic(fmt.Sprintf("node: block %d: header of %d bytes, %d reserved", cur.index, len(hdr), cur.hl))
-			}
-			key := link.Key()
-			if h, _ := block.DecodeHeader(cur.buf, 0); cur.sum != 0 && h.Checksum != cur.sum {
-				return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_CORRUPT, nil, "block.payload_checksum", "block %d: payload checksum %016x, received bytes hash to %016x",
-					cur.index, cur.sum, h.Checksum)
-			}
-			if err := s.n.cache.Put(ctx, cur.buf, cur.chunkKey(key, &chunk, cb)); err != nil {
-				if errors.Is(err, ErrQuota) {
-					return quotaExceeded(ns.Digest(), err)
-				}
-				return err
-			}
-			s.n.metrics.blocks.WithLabelValues("put").Inc()
-			s.n.metrics.bytes.WithLabelValues("put").Add(float64(cur.got))
-			if len(keys) == 0 {
-				s.n.names.keep(ns)
-			}
-			keys = append(keys, keyBytes(key))
-			drop()
-			prev, cur = link, nil
+		p.nsPB, p.ns, p.prev = pb, ns, ns.RootLink()
+		p.cb = p.s.n.cache.ChunkBlocks(ns.BlockTokens)
+	case pb != nil && !proto.Equal(pb, p.nsPB):
+		return invalid("namespace", "changed within the stream; send one stream per namespace")
+	case p.nsPB == nil:
+		return invalid("namespace", "required in the stream's first message")
+	}
+	return nil
+}
+
+// header starts a block.
+func (p *batchPut) header(h *kvmeshv1.BlockHeader) error {
+	if cur := p.cur; cur != nil {
+		return invalid("block", "block %d started before block %d was complete (%d of %d payload bytes)",
+			p.blocks, cur.index, cur.got, cur.payloadLen())
+	}
+	cur, err := p.s.startBlock(p.ns, h, p.blocks, p.prev)
+	if err != nil {
+		return err
+	}
+	// A stream that has named no parent is a prompt from block 0: its
+	// blocks' positions, hence chunk keys, are known.
+	if len(h.GetParent()) > 0 || len(h.GetParentLink()) > 0 {
+		p.next = -1
+	}
+	cur.pos = p.next
+	if p.next >= 0 {
+		p.next++
+	}
+	p.cur = cur
+	p.blocks++
+	return nil
+}
+
+// data takes payload bytes of the current block, into a buffer charged to
+// the node's budget from its first bytes.
+func (p *batchPut) data(data []byte) error {
+	cur := p.cur
+	if cur == nil {
+		return invalid("data", "payload bytes before a block header")
+	}
+	if cur.got+len(data) > cur.payloadLen() {
+		return invalid("data", "block %d: more payload bytes than its payload_len of %d", cur.index, cur.payloadLen())
+	}
+	if cur.buf == nil {
+		if err := p.s.n.putBudget.acquire(p.ctx, int64(cur.size), fmt.Sprintf("block %d of the BatchPut stream", cur.index)); err != nil {
+			return err
 		}
+		cur.buf = getBlockBuf(cur.size)
+	}
+	cur.got += copy(cur.payload()[cur.got:], data)
+	return nil
+}
+
+// store encodes the complete current block's header, checks its checksum
+// and stores it, then gives its buffer back.
+func (p *batchPut) store() error {
+	cur, ctx := p.cur, p.ctx
+	// A tenant's blocks carry its tag (0 for node-wide callers).
+	hdr, link, err := block.AppendHeaderExt(cur.buf[:0], auth.AccessFrom(ctx).Tag, p.ns, cur.parent, cur.tokens, cur.extra, cur.payload())
+	if err != nil {
+		return invalid("block", "block %d: %v", cur.index, err)
+	}
+	if len(hdr) != cur.hl {
+		panic(fmt.Sprintf("node: block %d: header of %d bytes, %d reserved", cur.index, len(hdr), cur.hl))
+	}
+	key := link.Key()
+	if h, _ := block.DecodeHeader(cur.buf, 0); cur.sum != 0 && h.Checksum != cur.sum {
+		return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_CORRUPT, nil, "block.payload_checksum", "block %d: payload checksum %016x, received bytes hash to %016x",
+			cur.index, cur.sum, h.Checksum)
+	}
+	if err := p.s.n.cache.Put(ctx, cur.buf, cur.chunkKey(key, &p.chunk, p.cb)); err != nil {
+		if errors.Is(err, ErrQuota) {
+			return quotaExceeded(p.ns.Digest(), err)
+		}
+		return err
+	}
+	p.s.n.metrics.blocks.WithLabelValues("put").Inc()
+	p.s.n.metrics.bytes.WithLabelValues("put").Add(float64(cur.got))
+	if len(p.keys) == 0 {
+		p.s.n.names.keep(p.ns)
+	}
+	p.keys = append(p.keys, keyBytes(key))
+	p.drop()
+	p.prev, p.cur = link, nil
+	return nil
+}
+
+// drop gives the current block's buffer back, and its bytes to the
+// node's budget: from the block's first payload bytes until it is stored,
+// it is charged.
+func (p *batchPut) drop() {
+	if cur := p.cur; cur != nil && cur.buf != nil {
+		putBlockBuf(cur.buf)
+		p.s.n.putBudget.release(int64(cur.size))
+		cur.buf = nil
 	}
 }
 

@@ -18,7 +18,7 @@ import (
 // startChunkNode serves a fake cache with chunks of 2 blocks of testNS.
 func startChunkNode(t *testing.T) *testNode {
 	t.Helper()
-	tn := startNode(t, func(o *Options) { o.ChunkTokens = 2 * testNS.BlockTokens })
+	tn := startNode(t, func(o *Options) { o.Cluster.ChunkTokens = 2 * testNS.BlockTokens })
 	tn.cache.chunkTokens = 2 * testNS.BlockTokens
 	return tn
 }

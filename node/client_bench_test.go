@@ -154,7 +154,7 @@ func BenchmarkClientGetPrompt(b *testing.B) {
 // of its TCP data plane, closed with b.
 func tcpBenchClient(b *testing.B) *client.Client {
 	n := startClusterNodes(b, 1, func(_ int, o *Options) {
-		o.DRAMBytes, o.MaxBlockBytes, o.ShmSocket = 512*MiB, 8*MiB, ShmOff
+		o.Tiers.DRAMBytes, o.Limits.MaxBlockBytes, o.Listen.ShmSocket = 512*MiB, 8*MiB, ShmOff
 	})[0]
 	return benchClient(b, n, client.TransportTCP)
 }
@@ -163,7 +163,7 @@ func tcpBenchClient(b *testing.B) *client.Client {
 // plane, its DRAM populated at start (as `kvmesh bench store` runs it).
 func shmBenchClient(b *testing.B) *client.Client {
 	n := startClusterNodes(b, 1, func(_ int, o *Options) {
-		o.DRAMBytes, o.MaxBlockBytes, o.DRAMPopulate = 512*MiB, 8*MiB, true
+		o.Tiers.DRAMBytes, o.Limits.MaxBlockBytes, o.Tiers.DRAMPopulate = 512*MiB, 8*MiB, true
 	})[0]
 	return benchClient(b, n, client.TransportAuto)
 }

@@ -32,6 +32,7 @@ type clusterCache struct {
 	peers   *peers
 	data    *transfer.Server
 	shm     *transfer.ShmServer // nil when off
+	fab     *fabric             // one-sided reads (UCX); its fields nil on TCP
 	log     *slog.Logger
 
 	// Where this node is reached (advertised: never an unspecified host).
@@ -67,20 +68,25 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	c.grpcAddr, c.httpAddr = advertised(grpcAddr, adv), advertised(httpAddr, adv)
 
 	var lim transfer.Limits
-	if opts.MaxBlockBytes > transfer.DefaultMaxValueSize {
-		lim.MaxValueSize = opts.MaxBlockBytes
+	if opts.Limits.MaxBlockBytes > transfer.DefaultMaxValueSize {
+		lim.MaxValueSize = opts.Limits.MaxBlockBytes
 	}
-	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.MaxBlockBytes, refused: &c.refused, cluster: &c.publisher}
-	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.TLS, Tokens: tokens, MaxInFlightBytes: int(opts.MaxInFlightBytes)}, opts.Logger); err != nil {
+	src, sink := localSource{local}, localSink{l: local, maxBlock: opts.Limits.MaxBlockBytes, refused: &c.refused, cluster: &c.publisher}
+	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.Security.PeerTLS, Token: peerToken(&opts.Security)}
+	arena, _ := local.Arena()
+	if c.fab, err = startFabric(opts, dataHost(opts.Listen.DataAddr), arena, peerOpts, opts.Logger); err != nil {
+		return nil, err
+	}
+	if c.data, err = transfer.NewServer(src, sink, &transfer.ServerOptions{Limits: lim, TLS: opts.Security.TLS, Tokens: tokens, MaxInFlightBytes: int(opts.Limits.MaxInFlightBytes), Window: c.fab.window}, opts.Logger); err != nil {
 		return nil, fmt.Errorf("node: data plane: %w", err)
 	}
-	dataAddr, err := c.data.Listen(opts.DataAddr)
+	dataAddr, err := c.data.Listen(opts.Listen.DataAddr)
 	if err != nil {
-		return nil, fmt.Errorf("node: listen on DataAddr %s: %w", opts.DataAddr, err)
+		return nil, fmt.Errorf("node: listen on DataAddr %s: %w", opts.Listen.DataAddr, err)
 	}
 	c.dataAddr = advertised(dataAddr.String(), adv)
-	if opts.ShmSocket != ShmOff {
-		so := &transfer.ShmServerOptions{Limits: lim, RegionSize: opts.ShmRegionBytes, Tokens: tokens, MaxInFlightBytes: int(opts.MaxInFlightBytes)}
+	if opts.Listen.ShmSocket != ShmOff {
+		so := &transfer.ShmServerOptions{Limits: lim, RegionSize: opts.Listen.ShmRegionBytes, Tokens: tokens, MaxInFlightBytes: int(opts.Limits.MaxInFlightBytes)}
 		if mem, _ := local.Arena(); mem != nil {
 			// Trusted same-host clients read blocks in place and write
 			// puts into reserved slots (see transfer.ShmServer).
@@ -90,13 +96,13 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		if c.shm, err = transfer.NewShmServer(src, sink, so, opts.Logger); err != nil {
 			return nil, fmt.Errorf("node: shared-memory data plane: %w", err)
 		}
-		if err := removeStaleSocket(opts.ShmSocket); err != nil {
+		if err := removeStaleSocket(opts.Listen.ShmSocket); err != nil {
 			return nil, err
 		}
-		if err := c.shm.Listen(opts.ShmSocket); err != nil {
-			return nil, fmt.Errorf("node: listen on ShmSocket %s: %w", opts.ShmSocket, err)
+		if err := c.shm.Listen(opts.Listen.ShmSocket); err != nil {
+			return nil, fmt.Errorf("node: listen on ShmSocket %s: %w", opts.Listen.ShmSocket, err)
 		}
-		c.shmPath = opts.ShmSocket
+		c.shmPath = opts.Listen.ShmSocket
 	}
 
 	devs, err := transfer.RDMADevices()
@@ -107,14 +113,14 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		c.rdma = append(c.rdma, d.Name)
 	}
 	meta := gossip.MemberMeta{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataAddr: c.dataAddr,
-		DRAMBytes: opts.DRAMBytes, NVMeBytes: opts.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role}
+		DRAMBytes: opts.Tiers.DRAMBytes, NVMeBytes: opts.Tiers.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role, Fabric: c.fab.desc}
 	if opts.Prefill.Disabled {
 		meta.Role = gossip.RoleStore
 	}
-	mopts := gossip.Options{NodeID: opts.NodeID, GossipAddr: opts.GossipAddr, Join: opts.Join, RetryJoin: true,
-		SecretKey: opts.GossipKey, Meta: meta, Fast: opts.GossipProfile == "local", Logger: opts.Logger}
-	if opts.AdvertiseHost != "" {
-		if mopts.AdvertiseAddr, err = resolveIP(opts.AdvertiseHost); err != nil {
+	mopts := gossip.Options{NodeID: opts.NodeID, GossipAddr: opts.Cluster.GossipAddr, Join: opts.Cluster.Join, RetryJoin: true,
+		SecretKey: opts.Cluster.GossipKey, Meta: meta, Fast: opts.Cluster.GossipProfile == "local", Logger: opts.Logger}
+	if opts.Listen.AdvertiseHost != "" {
+		if mopts.AdvertiseAddr, err = resolveIP(opts.Listen.AdvertiseHost); err != nil {
 			return nil, err
 		}
 	}
@@ -125,11 +131,11 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	if peerSeconds != nil {
 		obs = func(op, result string, d time.Duration) { peerSeconds.WithLabelValues(op, result).Observe(d.Seconds()) }
 	}
-	peerOpts := transfer.ClientOptions{Limits: lim, TLS: opts.PeerTLS, Token: peerToken(&opts)}
-	c.peers = newPeers(c.members, peerOpts, opts.PeerBackoff, opts.MaxMessageBytes, obs, opts.Logger)
+	c.peers = newPeers(c.members, peerOpts, opts.Cluster.PeerBackoff, opts.Limits.MaxMessageBytes, obs, opts.Logger)
+	c.peers.rma = c.fab.rma
 	c.cluster, err = store.NewCluster(local, newPlacementView(c.members), c.peers, store.ClusterOptions{
-		ChunkTokens: opts.ChunkTokens, Replicas: opts.Replicas, LookupTimeout: opts.LookupTimeout, GetTimeout: opts.GetTimeout,
-		PushYield: opts.PushYield, PushBytesPerSec: opts.PushBytesPerSec,
+		ChunkTokens: opts.Cluster.ChunkTokens, Replicas: opts.Cluster.Replicas, LookupTimeout: opts.Cluster.LookupTimeout, GetTimeout: opts.Cluster.GetTimeout,
+		PushYield: opts.Cluster.PushYield, PushBytesPerSec: opts.Cluster.PushBytesPerSec,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node: cluster: %w", err)
@@ -185,10 +191,10 @@ func (v *placementView) Members() ([]store.Member, uint64) {
 
 // advertiseHost is the host other nodes and clients reach this node at.
 func advertiseHost(opts Options) (string, error) {
-	if opts.AdvertiseHost != "" {
-		return opts.AdvertiseHost, nil
+	if opts.Listen.AdvertiseHost != "" {
+		return opts.Listen.AdvertiseHost, nil
 	}
-	if host, _, _ := net.SplitHostPort(opts.GossipAddr); !unspecifiedHost(host) {
+	if host, _, _ := net.SplitHostPort(opts.Cluster.GossipAddr); !unspecifiedHost(host) {
 		return host, nil
 	}
 	if ip := privateIP(); ip != "" {
@@ -275,8 +281,8 @@ func (c *clusterCache) leave(ctx context.Context) {
 		c.log.Warn("pushes still queued at shutdown are dropped", "err", err)
 	}
 	handed := 0
-	if c.opts.HandoffBytes > 0 {
-		handed = c.cluster.Handoff(ctx, c.opts.HandoffBytes)
+	if c.opts.Cluster.HandoffBytes > 0 {
+		handed = c.cluster.Handoff(ctx, c.opts.Cluster.HandoffBytes)
 	}
 	timeout := time.Second
 	if dl, ok := ctx.Deadline(); ok {
@@ -320,6 +326,7 @@ func (c *clusterCache) stop() {
 			c.log.Warn("stopping gossip", "err", err)
 		}
 	}
+	c.fab.close() // after the data plane and the peers, before the arena goes
 }
 
 func (c *clusterCache) Put(ctx context.Context, block []byte, chunkKey prefixhash.Key) error {

@@ -116,7 +116,7 @@ func BenchmarkNodeToNode(b *testing.B) {
 		b.Run("size="+size.name, func(b *testing.B) {
 			ns := benchNamespace(size.n)
 			nodes := startClusterNodes(b, 2, func(_ int, o *Options) {
-				o.DRAMBytes, o.MaxBlockBytes, o.ChunkTokens, o.ShmSocket = 256*MiB, 8*MiB, ns.BlockTokens, ShmOff
+				o.Tiers.DRAMBytes, o.Limits.MaxBlockBytes, o.Cluster.ChunkTokens, o.Listen.ShmSocket = 256*MiB, 8*MiB, ns.BlockTokens, ShmOff
 			})
 			a, on := nodes[0], nodes[1]
 			keys := storeOwned(b, on, ns, benchSource)
@@ -272,7 +272,7 @@ func BenchmarkClientSharedMemory(b *testing.B) {
 	defer redis.Close()
 	ns := benchNamespace(1 << 20)
 	n := startClusterNodes(b, 1, func(_ int, o *Options) {
-		o.DRAMBytes, o.MaxBlockBytes, o.ShmRegionBytes = 512*MiB, 2*MiB, 64*MiB
+		o.Tiers.DRAMBytes, o.Limits.MaxBlockBytes, o.Listen.ShmRegionBytes = 512*MiB, 2*MiB, 64*MiB
 	})[0]
 	targets := []bench.KVTarget{
 		kvTarget{name: "kvmesh-shm", addr: n.GRPCAddr(), ns: ns},
@@ -370,7 +370,7 @@ func lookupCluster(b *testing.B) ([]*clusterNode, prefixhash.Namespace, []uint32
 	b.Helper()
 	ns := prefixhash.Namespace{Model: "bench/lookup", DType: prefixhash.Float16, BlockTokens: 16, Layers: 1, KVHeads: 1, HeadDim: 4}
 	nodes := startClusterNodes(b, 4, func(_ int, o *Options) {
-		o.ChunkTokens, o.LookupTimeout, o.MaxMessageBytes, o.ChunkBytes = 512, time.Second, 8*MiB, 1*MiB
+		o.Cluster.ChunkTokens, o.Cluster.LookupTimeout, o.Limits.MaxMessageBytes, o.Limits.ChunkBytes = 512, time.Second, 8*MiB, 1*MiB
 	})
 	tokens := make([]uint32, 128<<10)
 	for i := range tokens {

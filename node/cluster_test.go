@@ -54,12 +54,14 @@ func startClusterNodes(t testing.TB, n int, mod func(i int, o *Options)) []*clus
 func openClusterNode(t testing.TB, dir, id string, join []string, mod func(*Options)) *clusterNode {
 	t.Helper()
 	opts := Options{
-		NodeID: id, DataDir: dir,
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		Join: join, GossipProfile: "local",
-		DRAMBytes: 32 * MiB, NVMeBytes: 128 * MiB, MaxBlockBytes: 1 * MiB, ShmRegionBytes: 16 * MiB,
-		ChunkTokens: 64, // 4 blocks of clusterNS per chunk
-		Logger:      slog.New(slog.DiscardHandler),
+		NodeID:  id,
+		DataDir: dir,
+		Listen:  ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", ShmRegionBytes: 16 * MiB},
+		Cluster: ClusterOptions{GossipAddr: "127.0.0.1:0", Join: join, GossipProfile: "local",
+			ChunkTokens: 64}, // 4 blocks of clusterNS per chunk
+		Tiers:  TierOptions{DRAMBytes: 32 * MiB, NVMeBytes: 128 * MiB},
+		Limits: LimitOptions{MaxBlockBytes: 1 * MiB},
+		Logger: slog.New(slog.DiscardHandler),
 	}
 	if testing.Verbose() && os.Getenv("KVMESH_TEST_LOGS") != "" {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("node", id)
@@ -297,7 +299,7 @@ func TestClusterClientTransports(t *testing.T) {
 // TestClusterDeadPeerIsAMiss: a node that vanishes without a word turns into
 // misses at once — no errors, no waiting — and the cluster goes on.
 func TestClusterDeadPeerIsAMiss(t *testing.T) {
-	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.LookupTimeout, o.GetTimeout = time.Second, 2*time.Second })
+	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.Cluster.LookupTimeout, o.Cluster.GetTimeout = time.Second, 2*time.Second })
 	a, b, c := nodes[0], nodes[1], nodes[2]
 	ctx := context.Background()
 	const blocks = 40

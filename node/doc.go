@@ -45,6 +45,12 @@
 //     first use from its gossiped address and closed when it leaves. A peer
 //     whose call failed is skipped for PeerBackoff, so a dead or
 //     partitioned node costs one deadline per backoff, not one per request.
+//   - The fabric (fabric.go; Options.Transport, issue 36): on auto or ucx,
+//     UCX with the DRAM arena registered as the data plane's window, and
+//     each peer's client a transfer.RMAClient that reads what the peer
+//     holds in DRAM one-sidedly. It stops after the data plane and the
+//     peers, before the store unmaps the arena. MemberMeta.Fabric says
+//     what each node runs.
 //
 // The services go through the cluster: Lookup locates each block of the
 // prefix (one lookup request per owner), BatchGet reads local blocks and
@@ -86,7 +92,8 @@
 //
 // # Limits
 //
-// What a client can make the node hold is bounded, with or without a token:
+// What a client can make the node hold is bounded (Options.Limits), with or
+// without a token:
 //
 //   - MaxConcurrentStreams (default 256) calls at once per client
 //     connection; further calls wait on the client.
@@ -145,22 +152,22 @@
 // HTTP mux, and starts and stops its workers with the prefill queue's. A
 // node without an engine answers /v1/ with 503. kvmesh route (package
 // router) is that API in front of a cluster, another process. With
-// Options.HTTPTLS the HTTP address speaks TLS with the node's certificate
+// Options.Security.HTTPTLS the HTTP address speaks TLS with the node's certificate
 // (a client certificate checked when given, not required), and peers and
 // routers reach it over HTTPS; without it the address is plain HTTP, for a
 // network where bearer tokens may travel.
 //
 // # Security
 //
-// With Options.TLS the gRPC API and the TCP data plane speak TLS 1.3 only,
+// With Options.Security.TLS the gRPC API and the TCP data plane speak TLS 1.3 only,
 // from one configuration (transfer.LoadTLS); its ClientAuth makes both
 // mutual TLS. The node reaches its peers (data plane and PeerService) with
-// Options.PeerTLS, so with mutual TLS a cluster admits only nodes holding a
+// Options.Security.PeerTLS, so with mutual TLS a cluster admits only nodes holding a
 // certificate of its CA. Failed handshakes are counted
 // (kvmesh_grpc_tls_handshake_failures_total, and per data-plane transport
 // kvmesh_transfer_unauthorized_connections_total).
 //
-// With Options.Tokens (shared tokens: one tenant) or Options.TokensFile
+// With Options.Security.Tokens (shared tokens: one tenant) or Options.Security.TokensFile
 // (tenants, package auth) every gRPC call must carry "authorization: Bearer
 // <token>" metadata with an accepted token (an interceptor on unary and
 // streaming calls alike, reflection included, before any handler runs),
@@ -177,9 +184,9 @@
 // SHA-256 digests in constant time; SetTokens and SetTokensFile rotate the
 // accepted set at run time. The node presents the first shared token, or
 // the file's cluster token, to its peers. Membership gossip is guarded
-// separately, by Options.GossipKey: since members are sent the blocks they
+// separately, by Options.Cluster.GossipKey: since members are sent the blocks they
 // own, with the node's token, Open refuses a node with tokens but neither a
-// GossipKey nor mutual TLS unless Options.InsecureGossip (--insecure-gossip)
+// GossipKey nor mutual TLS unless Options.Cluster.InsecureGossip (--insecure-gossip)
 // says the network is trusted.
 //
 // The data dir is the node's user's alone: kvmesh creates its directories

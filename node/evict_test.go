@@ -34,7 +34,7 @@ func TestEvictionDedupHoldsEachBlockOnce(t *testing.T) {
 		t.Fatalf("one node owns every chunk (%v): the test proves nothing", owned)
 	}
 	nodes := startClusterNodes(t, 2, func(i int, o *Options) {
-		o.MaxBlocks = owned[o.NodeID]
+		o.Tiers.MaxBlocks = owned[o.NodeID]
 	})
 	ctx := context.Background()
 	if _, err := nodes[0].client.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {

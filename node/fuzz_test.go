@@ -56,9 +56,9 @@ func FuzzBatchPut(f *testing.F) {
 	}
 	f.Add(seed)
 	f.Add(seed[:len(seed)/2])
-	opts := Options{MaxBatchBlocks: 4, Logger: slog.New(slog.DiscardHandler)}
+	opts := Options{Limits: LimitOptions{MaxBatchBlocks: 4}, Logger: slog.New(slog.DiscardHandler)}
 	opts.EnsureDefaults()
-	n := &Node{opts: opts, log: opts.Logger, metrics: newMetrics(newFakeCache(0), metricsOptions{}), putBudget: newBudget(opts.MaxInFlightBytes)}
+	n := &Node{opts: opts, log: opts.Logger, metrics: newMetrics(newFakeCache(0), metricsOptions{}), putBudget: newBudget(opts.Limits.MaxInFlightBytes)}
 	svc := &cacheService{n: n}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var msgs []*kvmeshv1.BatchPutRequest

@@ -39,13 +39,13 @@ func TestGossipWrongKey(t *testing.T) {
 	key := []byte("0123456789abcdef0123456789abcdef")
 	var seedLog syncBuffer
 	nodes := startClusterNodes(t, 2, func(i int, o *Options) {
-		o.GossipKey = key
+		o.Cluster.GossipKey = key
 		if i == 0 {
 			o.Logger = slog.New(slog.NewTextHandler(&seedLog, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		}
 	})
 	intruder := openClusterNode(t, t.TempDir(), "intruder", []string{nodes[0].GossipAddr()}, func(o *Options) {
-		o.GossipKey = []byte("fedcba9876543210fedcba9876543210")
+		o.Cluster.GossipKey = []byte("fedcba9876543210fedcba9876543210")
 	})
 	// The seed refuses what it cannot decrypt; the intruder retries every
 	// second: wait for two refusals, so that a retry was refused too.

@@ -35,7 +35,7 @@ func fakeGPUs(t *testing.T) (hbm, blas *gputest.Device) {
 func TestNodeOnGPU(t *testing.T) {
 	hbmDev, blasDev := fakeGPUs(t)
 	cn := openClusterNode(t, t.TempDir(), "gpu", nil, func(o *Options) {
-		o.HBMBytes = 32 * MiB
+		o.Tiers.HBMBytes = 32 * MiB
 		o.Prefill.Backend = BackendCUDA
 	})
 	ctx := context.Background()
@@ -89,7 +89,7 @@ func TestNodeOnGPU(t *testing.T) {
 		t.Fatalf("devices not released on close: hbm %t, blas %t", hbmDev.Closed(), blasDev.Closed())
 	}
 
-	_, err = Open(Options{DataDir: t.TempDir(), HBMBytes: 32 * MiB, GPU: 1})
+	_, err = Open(Options{DataDir: t.TempDir(), Tiers: TierOptions{HBMBytes: 32 * MiB}, GPU: 1})
 	if err == nil || !strings.Contains(err.Error(), "this host has 1") {
 		t.Fatalf("Open on a device the host lacks = %v", err)
 	}

@@ -50,8 +50,11 @@ func TestProbes(t *testing.T) {
 }
 
 func TestReadyzBeforeServeAndWhileStopping(t *testing.T) {
-	n, err := New(Options{DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB}, newFakeCache(1<<20))
+	n, err := New(Options{
+		DataDir: t.TempDir(),
+		Listen:  ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"},
+		Tiers:   TierOptions{DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB},
+	}, newFakeCache(1<<20))
 	if err != nil {
 		t.Fatal(err)
 	}

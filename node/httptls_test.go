@@ -21,7 +21,7 @@ import (
 func TestHTTPTLS(t *testing.T) {
 	_, server, peer := tlsFiles(t, true)
 	nodes := startClusterNodes(t, 1, func(_ int, o *Options) {
-		o.TLS, o.PeerTLS, o.HTTPTLS = server, peer, true
+		o.Security.TLS, o.Security.PeerTLS, o.Security.HTTPTLS = server, peer, true
 		o.Prefill.Model = tinyModel()
 	})
 	addr := nodes[0].HTTPAddr()
@@ -70,7 +70,7 @@ func TestHTTPTLS(t *testing.T) {
 		t.Fatalf("a completion through the router over HTTPS: %d %s", got.status, got.body)
 	}
 
-	o := Options{DataDir: t.TempDir(), HTTPTLS: true}
+	o := Options{DataDir: t.TempDir(), Security: SecurityOptions{HTTPTLS: true}}
 	o.EnsureDefaults()
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "HTTPTLS") {
 		t.Errorf("HTTPTLS without TLS: %v", err)

@@ -14,6 +14,7 @@ import (
 	"unicode"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/atomicfile"
 )
 
 // nodeIDFile is where a node keeps the id it generated on its first start.
@@ -61,41 +62,10 @@ func resolveNodeID(opts *Options) error {
 	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
 		return fmt.Errorf("node: data dir: %w", err)
 	}
-	if err := writeDurably(path, []byte(opts.NodeID+"\n")); err != nil {
+	if err := atomicfile.Write(path, []byte(opts.NodeID+"\n"), 0o600); err != nil {
 		return fmt.Errorf("node: write node id: %w", err)
 	}
 	return nil
-}
-
-// writeDurably replaces the file at path with b, mode 0600: a temporary
-// file written and synced, renamed over path, and the directory synced, so
-// that a crash leaves the old content or the new, never a torn or lost one.
-func writeDurably(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // ReadGossipKey reads a gossip encryption key from a file holding its

@@ -19,7 +19,7 @@ import (
 // each is refused with InvalidArgument naming the field, and that the node
 // keeps serving.
 func TestInvalidArgument(t *testing.T) {
-	tn := startNode(t, func(o *Options) { o.MaxBatchBlocks = 4; o.MaxBlockBytes = 64 * KiB })
+	tn := startNode(t, func(o *Options) { o.Limits.MaxBatchBlocks = 4; o.Limits.MaxBlockBytes = 64 * KiB })
 	ctx := context.Background()
 	ns := client.NamespaceProto(testNS)
 	bad := func(mod func(*kvmeshv1.Namespace)) *kvmeshv1.Namespace {

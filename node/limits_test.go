@@ -54,7 +54,7 @@ func TestBatchPutBudget(t *testing.T) {
 	if s := bigNS.BlockBytes(); s != 4*MiB {
 		t.Fatalf("bigNS blocks are %d bytes", s)
 	}
-	tn := startNode(t, func(o *Options) { o.MaxInFlightBytes = 64 * MiB })
+	tn := startNode(t, func(o *Options) { o.Limits.MaxInFlightBytes = 64 * MiB })
 	tn.cache.capacity = 1 << 30
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -122,7 +122,7 @@ func TestBatchPutBudget(t *testing.T) {
 // the client; calls on other connections are served, and a waiting call
 // starts once one ends.
 func TestStreamLimit(t *testing.T) {
-	tn := startNode(t, func(o *Options) { o.MaxConcurrentStreams = 4 })
+	tn := startNode(t, func(o *Options) { o.Limits.MaxConcurrentStreams = 4 })
 	conn, err := grpc.NewClient(tn.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -182,10 +182,14 @@ func TestStreamLimit(t *testing.T) {
 // InsecureGossip, or a gossip key, it starts.
 func TestTokensNeedGossipKey(t *testing.T) {
 	opts := Options{
-		NodeID: "n", DataDir: t.TempDir(), Tokens: []string{"cluster-token"},
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", GossipAddr: "127.0.0.1:0",
-		DRAMBytes: 32 * MiB, NVMeBytes: 128 * MiB, MaxBlockBytes: 1 * MiB, ShmRegionBytes: 16 * MiB,
-		Logger: slog.New(slog.DiscardHandler),
+		NodeID:   "n",
+		DataDir:  t.TempDir(),
+		Security: SecurityOptions{Tokens: []string{"cluster-token"}},
+		Listen:   ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", ShmRegionBytes: 16 * MiB},
+		Cluster:  ClusterOptions{GossipAddr: "127.0.0.1:0"},
+		Tiers:    TierOptions{DRAMBytes: 32 * MiB, NVMeBytes: 128 * MiB},
+		Limits:   LimitOptions{MaxBlockBytes: 1 * MiB},
+		Logger:   slog.New(slog.DiscardHandler),
 	}
 	n, err := Open(opts)
 	if err == nil {
@@ -193,7 +197,7 @@ func TestTokensNeedGossipKey(t *testing.T) {
 		t.Fatal("a node with tokens and open gossip started")
 	}
 	var oe *OptionError
-	if !errors.As(err, &oe) || oe.Field != "GossipKey" {
+	if !errors.As(err, &oe) || oe.Field != "Cluster.GossipKey" {
 		t.Fatalf("error %v does not name GossipKey", err)
 	}
 	for _, says := range []string{"needs a gossip key (--gossip-key-file) or mutual TLS (--tls-client-auth)", "--insecure-gossip"} {
@@ -202,10 +206,10 @@ func TestTokensNeedGossipKey(t *testing.T) {
 		}
 	}
 	openClusterNode(t, t.TempDir(), "insecure", nil, func(o *Options) {
-		o.Tokens, o.InsecureGossip = []string{"cluster-token"}, true
+		o.Security.Tokens, o.Cluster.InsecureGossip = []string{"cluster-token"}, true
 	})
 	openClusterNode(t, t.TempDir(), "keyed", nil, func(o *Options) {
-		o.Tokens, o.GossipKey = []string{"cluster-token"}, make([]byte, 32)
+		o.Security.Tokens, o.Cluster.GossipKey = []string{"cluster-token"}, make([]byte, 32)
 	})
 }
 

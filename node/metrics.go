@@ -109,6 +109,7 @@ type clusterCollector struct {
 	pushYields                                                       *prometheus.Desc
 	conns, connsRefused, requests, dropped, values, bytes, regionUse *prometheus.Desc
 	leases, leasesExpired, reservations, reservationsAborted         *prometheus.Desc
+	reads, readBytes, landing                                        *prometheus.Desc
 }
 
 func newClusterCollector(c *clusterCache) *clusterCollector {
@@ -140,13 +141,17 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 		reservations: d("kvmesh_transfer_shm_reservations", "DRAM slots reserved for shared-memory puts and not yet committed or freed."),
 		reservationsAborted: d("kvmesh_transfer_shm_reservations_aborted_total",
 			"Reserved DRAM slots freed uncommitted: released by the client, past the lease timeout, or the client gone."),
+		reads: d("kvmesh_transfer_reads_total",
+			"Values this node read from other nodes, by transport: ucx (one-sided reads of their DRAM arenas, --transport ucx or auto) or tcp (data-plane gets).", "transport"),
+		readBytes: d("kvmesh_transfer_read_bytes_total", "Bytes of kvmesh_transfer_reads_total's values, by transport.", "transport"),
+		landing:   d("kvmesh_transfer_ucx_landing_bytes", "Bytes of the UCX landing region held by blocks read one-sidedly and not yet released."),
 	}
 }
 
 func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.members, c.refused, c.unauthorized, c.lookups, c.lookupFails, c.gets, c.getFails, c.remoteBlocks,
 		c.pushed, c.pushYields, c.conns, c.connsRefused, c.requests, c.dropped, c.values, c.bytes, c.regionUse,
-		c.leases, c.leasesExpired, c.reservations, c.reservationsAborted} {
+		c.leases, c.leasesExpired, c.reservations, c.reservationsAborted, c.reads, c.readBytes, c.landing} {
 		ch <- d
 	}
 }
@@ -196,6 +201,10 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.values, uint64(t.Puts), s.name, "put")
 		counter(c.bytes, uint64(t.BytesOut), s.name, "get")
 		counter(c.bytes, uint64(t.BytesIn), s.name, "put")
+		if s.name == "tcp" && c.c.fab.window != nil { // granted to one-sided readers
+			counter(c.values, uint64(t.Granted), c.c.fab.window.Fabric(), "get")
+			counter(c.bytes, uint64(t.GrantedBytes), c.c.fab.window.Fabric(), "get")
+		}
 		if s.name == "shm" {
 			metric(c.regionUse, prometheus.GaugeValue, float64(t.RegionUse))
 			metric(c.leases, prometheus.GaugeValue, float64(t.Leases))
@@ -204,6 +213,17 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.reservationsAborted, uint64(t.ReservationsAborted))
 		}
 	}
+	tcpValues, tcpBytes := c.c.peers.tcpValues.Load(), c.c.peers.tcpBytes.Load()
+	if rma := c.c.fab.rma; rma != nil {
+		rs := rma.Stats()
+		counter(c.reads, uint64(rs.Reads), rma.Name())
+		counter(c.readBytes, uint64(rs.ReadBytes), rma.Name())
+		tcpValues, tcpBytes = tcpValues+rs.FallbackValues, tcpBytes+rs.FallbackBytes
+		held, _ := rma.LandingUse()
+		metric(c.landing, prometheus.GaugeValue, float64(held))
+	}
+	counter(c.reads, uint64(tcpValues), "tcp")
+	counter(c.readBytes, uint64(tcpBytes), "tcp")
 }
 
 // unary counts the call in flight, applies the node's request timeout and
@@ -213,7 +233,7 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 	start := time.Now()
 	n.metrics.inFlight.Inc()
 	defer n.metrics.inFlight.Dec()
-	ctx, cancel := context.WithTimeout(ctx, n.opts.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, n.opts.Limits.RequestTimeout)
 	defer cancel()
 	resp, err := h(ctx, req)
 	err = statusError(err)
@@ -226,7 +246,7 @@ func (n *Node) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo
 	start := time.Now()
 	n.metrics.inFlight.Inc()
 	defer n.metrics.inFlight.Dec()
-	ctx, cancel := context.WithTimeout(ss.Context(), n.opts.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ss.Context(), n.opts.Limits.RequestTimeout)
 	defer cancel()
 	err := statusError(h(srv, &ctxStream{ServerStream: ss, ctx: ctx}))
 	n.logRequest(info.FullMethod, start, err)

@@ -63,12 +63,12 @@ type nodeListeners struct{ grpc, http net.Listener }
 func listen(opts Options) (nodeListeners, error) {
 	var l nodeListeners
 	var err error
-	if l.grpc, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
-		return l, fmt.Errorf("node: listen on GRPCAddr %s: %w", opts.GRPCAddr, err)
+	if l.grpc, err = net.Listen("tcp", opts.Listen.GRPCAddr); err != nil {
+		return l, fmt.Errorf("node: listen on GRPCAddr %s: %w", opts.Listen.GRPCAddr, err)
 	}
-	if l.http, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
+	if l.http, err = net.Listen("tcp", opts.Listen.HTTPAddr); err != nil {
 		l.grpc.Close()
-		return l, fmt.Errorf("node: listen on HTTPAddr %s: %w", opts.HTTPAddr, err)
+		return l, fmt.Errorf("node: listen on HTTPAddr %s: %w", opts.Listen.HTTPAddr, err)
 	}
 	return l, nil
 }
@@ -95,7 +95,7 @@ func New(opts Options, cache Cache) (*Node, error) {
 			return nil, err
 		}
 	}
-	tokens, err := tokenSet(&opts)
+	tokens, err := tokenSet(&opts.Security)
 	if err != nil {
 		cache.Close()
 		return nil, err
@@ -115,35 +115,35 @@ func New(opts Options, cache Cache) (*Node, error) {
 
 // tenantCount is the number of tenants the node's tokens file names.
 func (n *Node) tenantCount() int {
-	if n.opts.TokensFile == nil {
+	if n.opts.Security.TokensFile == nil {
 		return 0
 	}
-	return len(n.opts.TokensFile.Tenants)
+	return len(n.opts.Security.TokensFile.Tenants)
 }
 
 // newNode builds the servers of a node over cache and its listeners; tokens
 // (nil: none) guard every call; extra collectors join its metrics.
 func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, extra ...prometheus.Collector) *Node {
 	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens),
-		putBudget: newBudget(opts.MaxInFlightBytes)}
+		putBudget: newBudget(opts.Limits.MaxInFlightBytes)}
 	var labelKey []byte
 	// A namespace in the metrics holds blocks: keep its name, as Stats does.
 	model := func(d uint64) string { n.names.keepSeen(d); return n.names.model(d) }
-	if opts.TokensFile != nil {
+	if opts.Security.TokensFile != nil {
 		// On a node with tenants /metrics, which needs no token, names
 		// neither a tenant's namespace (a keyed hash of its digest) nor
 		// its model (a tenant's model ids are its own): "unknown".
-		labelKey = opts.TokensFile.LabelKey
+		labelKey = opts.Security.TokensFile.LabelKey
 		model = func(d uint64) string { n.names.keepSeen(d); return "" }
 	}
 	n.metrics = newMetrics(cache, metricsOptions{labelKey: labelKey, version: opts.Version, model: model},
 		append(extra, n.guard.collectors()...)...)
 	sopts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
-		grpc.MaxSendMsgSize(opts.MaxMessageBytes),
+		grpc.MaxRecvMsgSize(opts.Limits.MaxMessageBytes),
+		grpc.MaxSendMsgSize(opts.Limits.MaxMessageBytes),
 		// Streams past the limit wait on their client (HTTP/2 flow
 		// control), so one connection cannot start unbounded handlers.
-		grpc.MaxConcurrentStreams(uint32(opts.MaxConcurrentStreams)),
+		grpc.MaxConcurrentStreams(uint32(opts.Limits.MaxConcurrentStreams)),
 		// The guard runs inside unary and stream, so that refused calls
 		// are counted and logged like every other refusal; the server
 		// metrics, outermost, see the status code the client gets.
@@ -156,8 +156,8 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 		// Lookup's chain) without clearing a MiB for each.
 		grpc.ForceServerCodecV2(kvmeshv1.Codec),
 	}
-	if opts.TLS != nil {
-		sopts = append(sopts, grpc.Creds(n.guard.serverCreds(opts.TLS)))
+	if opts.Security.TLS != nil {
+		sopts = append(sopts, grpc.Creds(n.guard.serverCreds(opts.Security.TLS)))
 	}
 	n.grpc = grpc.NewServer(sopts...)
 	kvmeshv1.RegisterCacheServiceServer(n.grpc, &cacheService{n: n})
@@ -180,8 +180,8 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 		registerPprof(mux)
 	}
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	if opts.HTTPTLS {
-		cfg := opts.TLS.Clone()
+	if opts.Security.HTTPTLS {
+		cfg := opts.Security.TLS.Clone()
 		if cfg.ClientAuth == tls.RequireAndVerifyClientCert {
 			cfg.ClientAuth = tls.VerifyClientCertIfGiven // probes and scrapers carry no certificate; tokens guard /v1/
 		}
@@ -193,7 +193,7 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 }
 
 // GRPCAddr returns the address the gRPC API listens on (the chosen port
-// when Options.GRPCAddr had port 0).
+// when Options.Listen.GRPCAddr had port 0).
 func (n *Node) GRPCAddr() string { return n.grpcLis.Addr().String() }
 
 // HTTPAddr returns the address /metrics and /healthz are served on.
@@ -276,9 +276,9 @@ func (n *Node) Serve(ctx context.Context) error {
 	// Every address as bound (port 0 resolved), in one line.
 	n.log.Info("kvmesh node serving", "id", n.opts.NodeID, "grpc", n.GRPCAddr(), "http", n.HTTPAddr(),
 		"data", n.DataAddr(), "shm", n.ShmSocket(), "gossip", n.GossipAddr(), "ready_file", n.opts.ReadyFile,
-		"data_dir", n.opts.DataDir, "dram_bytes", n.opts.DRAMBytes, "nvme_bytes", n.opts.NVMeBytes,
-		"tls", n.opts.TLS != nil, "mutual_tls", n.opts.TLS != nil && n.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
-		"tokens", len(n.opts.Tokens), "tenants", n.tenantCount())
+		"data_dir", n.opts.DataDir, "dram_bytes", n.opts.Tiers.DRAMBytes, "nvme_bytes", n.opts.Tiers.NVMeBytes,
+		"tls", n.opts.Security.TLS != nil, "mutual_tls", n.opts.Security.TLS != nil && n.opts.Security.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
+		"tokens", len(n.opts.Security.Tokens), "tenants", n.tenantCount())
 
 	var serveErr error
 	if n.opts.ReadyFile != "" {

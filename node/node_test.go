@@ -43,10 +43,10 @@ func startNode(t *testing.T, mod func(*Options)) *testNode {
 	t.Helper()
 	cache := newFakeCache(1 << 20)
 	opts := Options{
-		DataDir:  t.TempDir(),
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB,
-		Logger: slog.New(slog.DiscardHandler),
+		DataDir: t.TempDir(),
+		Listen:  ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"},
+		Tiers:   TierOptions{DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB},
+		Logger:  slog.New(slog.DiscardHandler),
 	}
 	if mod != nil {
 		mod(&opts)
@@ -58,7 +58,7 @@ func startNode(t *testing.T, mod func(*Options)) *testNode {
 	ctx, cancel := context.WithCancel(context.Background())
 	tn := &testNode{Node: n, cache: cache, cancel: cancel, done: make(chan error, 1)}
 	go func() { tn.done <- n.Serve(ctx) }()
-	tn.client, err = client.Dial(n.GRPCAddr(), client.Options{MaxMessageBytes: opts.MaxMessageBytes})
+	tn.client, err = client.Dial(n.GRPCAddr(), client.Options{MaxMessageBytes: opts.Limits.MaxMessageBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func equalTokens(a, b []uint32) bool {
 // several frames, none over the limit, and is reassembled intact.
 func TestChunking(t *testing.T) {
 	const chunk = 100
-	tn := startNode(t, func(o *Options) { o.ChunkBytes = chunk })
+	tn := startNode(t, func(o *Options) { o.Limits.ChunkBytes = chunk })
 	ctx := context.Background()
 	tokens, payloads := prompt(2, 8)
 	if _, err := tn.client.Put(ctx, testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
@@ -292,7 +292,7 @@ func TestResourceExhausted(t *testing.T) {
 // TestCancelReleasesPins cancels a stream after its first block and checks
 // that the node stops and unpins.
 func TestCancelReleasesPins(t *testing.T) {
-	tn := startNode(t, func(o *Options) { o.ChunkBytes = 64 })
+	tn := startNode(t, func(o *Options) { o.Limits.ChunkBytes = 64 })
 	tokens, payloads := prompt(5, 40)
 	if _, err := tn.client.Put(context.Background(), testNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
 		t.Fatal(err)

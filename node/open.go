@@ -39,17 +39,17 @@ func Open(opts Options) (*Node, error) {
 	if err := resolveNodeID(&opts); err != nil {
 		return nil, err
 	}
-	if opts.ShmSocket != ShmOff {
-		abs, err := filepath.Abs(opts.ShmSocket)
+	if opts.Listen.ShmSocket != ShmOff {
+		abs, err := filepath.Abs(opts.Listen.ShmSocket)
 		if err != nil {
 			return nil, fmt.Errorf("node: option ShmSocket: %w", err)
 		}
-		opts.ShmSocket = abs
+		opts.Listen.ShmSocket = abs
 		if err := opts.Validate(); err != nil {
 			return nil, err
 		}
 	}
-	tokens, err := tokenSet(&opts)
+	tokens, err := tokenSet(&opts.Security)
 	if err != nil {
 		return nil, err
 	}
@@ -97,17 +97,17 @@ func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error
 			hbm.Close()
 		}
 	}
-	dramOpts := tiers.DRAMOptions{Capacity: opts.DRAMBytes, Populate: opts.DRAMPopulate}
-	if need := int64(opts.MaxBlockBytes) + slotHeader; need > tiers.DefaultSlabSize {
+	dramOpts := tiers.DRAMOptions{Capacity: opts.Tiers.DRAMBytes, Populate: opts.Tiers.DRAMPopulate}
+	if need := int64(opts.Limits.MaxBlockBytes) + slotHeader; need > tiers.DefaultSlabSize {
 		dramOpts.SlabSize = roundUp(need, 64*KiB)
 	}
 	dram, err := tiers.NewDRAM(dramOpts)
 	if err != nil {
 		closeHBM()
-		return nil, fmt.Errorf("node: DRAM tier of %d bytes: %w", opts.DRAMBytes, err)
+		return nil, fmt.Errorf("node: DRAM tier of %d bytes: %w", opts.Tiers.DRAMBytes, err)
 	}
-	nvmeOpts := tiers.NVMeOptions{Dir: filepath.Join(opts.DataDir, "nvme"), Capacity: opts.NVMeBytes, Logger: opts.Logger}
-	if need := int64(opts.MaxBlockBytes) + slotHeader; need > 64*MiB {
+	nvmeOpts := tiers.NVMeOptions{Dir: filepath.Join(opts.DataDir, "nvme"), Capacity: opts.Tiers.NVMeBytes, Logger: opts.Logger}
+	if need := int64(opts.Limits.MaxBlockBytes) + slotHeader; need > 64*MiB {
 		nvmeOpts.SegmentSize = roundUp(need, 4*KiB)
 	}
 	nvme, err := tiers.OpenNVMe(nvmeOpts)
@@ -116,9 +116,9 @@ func openLocal(opts Options, quotas map[uint64]store.Quota) (*store.Local, error
 		closeHBM()
 		return nil, fmt.Errorf("node: NVMe tier in %s: %w", nvmeOpts.Dir, err)
 	}
-	local, err := store.Open(store.Options{HBM: hbm, DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.MaxBlockBytes, MaxBlocks: opts.MaxBlocks, Eviction: store.Eviction(opts.Eviction),
-		PartialTTL: opts.PartialTTL, ClaimTTL: opts.ClaimTTL,
-		Quotas: quotas, DefaultQuota: store.Quota{DRAM: opts.QuotaDRAMBytes, NVMe: opts.QuotaNVMeBytes}})
+	local, err := store.Open(store.Options{HBM: hbm, DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.Limits.MaxBlockBytes, MaxBlocks: opts.Tiers.MaxBlocks, Eviction: store.Eviction(opts.Tiers.Eviction),
+		PartialTTL: opts.Tiers.PartialTTL, ClaimTTL: opts.Tiers.ClaimTTL,
+		Quotas: quotas, DefaultQuota: store.Quota{DRAM: opts.Tiers.QuotaDRAMBytes, NVMe: opts.Tiers.QuotaNVMeBytes}})
 	if err != nil {
 		dram.Close()
 		nvme.Close()

@@ -381,9 +381,14 @@ func TestOpenAIBadInput(t *testing.T) {
 // but not complete (403), a read-write tenant token completes in its own
 // namespace.
 func TestOpenAIAuth(t *testing.T) {
-	n, err := New(Options{DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB, Logger: slog.New(slog.DiscardHandler),
-		Prefill: PrefillOptions{Model: tinyModel()}, TokensFile: tenantsFile(t)}, newFakeCache(64<<20))
+	n, err := New(Options{
+		DataDir:  t.TempDir(),
+		Listen:   ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"},
+		Tiers:    TierOptions{DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB},
+		Logger:   slog.New(slog.DiscardHandler),
+		Prefill:  PrefillOptions{Model: tinyModel()},
+		Security: SecurityOptions{TokensFile: tenantsFile(t)},
+	}, newFakeCache(64<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -505,7 +510,7 @@ func TestOpenAIGenerateAcrossTheCluster(t *testing.T) {
 	// NVMe: a node whose DRAM quota holds one block keeps the rest on NVMe.
 	nv := openClusterNode(t, t.TempDir(), "nvme", nil, func(o *Options) {
 		o.Prefill.Model = c
-		o.QuotaDRAMBytes = blk
+		o.Tiers.QuotaDRAMBytes = blk
 	})
 	prompt := longText(r, 500)
 	req := map[string]any{"model": "kvmesh", "prompt": prompt, "max_tokens": 20, "temperature": 0}

@@ -43,9 +43,13 @@ const (
 	GiB = 1 << 30
 )
 
-// Options configure a node. The zero value of a field means its default;
-// EnsureDefaults fills them in and Validate rejects what cannot work, naming
-// the field.
+// Options configure a node, grouped by concern as pebble groups its
+// options: where it listens (Listen), how it joins its cluster and places
+// blocks in it (Cluster), who may call it (Security), where blocks live
+// (Tiers), what one request may make it hold (Limits), and the bundled
+// engine (Prefill). The zero value of a field means its default;
+// EnsureDefaults fills them in and Validate rejects what cannot work,
+// naming the field as its path ("Tiers.DRAMBytes").
 type Options struct {
 	// NodeID names the node in the cluster and in every answer it gives. It
 	// must be unique and stable across restarts: placement hashes it, so a
@@ -57,6 +61,46 @@ type Options struct {
 	// and index, the node id). Created if missing. Default "kvmesh-data",
 	// relative to the working directory.
 	DataDir string
+	// Listen is where the node serves: gRPC, HTTP, the data plane.
+	Listen ListenOptions
+	// Cluster is how the node joins its cluster and spreads blocks in it.
+	Cluster ClusterOptions
+	// Security is the TLS and the bearer tokens that guard the node.
+	Security SecurityOptions
+	// Tiers are where blocks live (DRAM, NVMe, HBM), their quotas and the
+	// eviction policy.
+	Tiers TierOptions
+	// Limits bound what a client can make the node hold, and for how long.
+	Limits LimitOptions
+	// GPU is the CUDA device ordinal of the HBM tier and of the prefill
+	// engine's cuda backend (Prefill.Backend). Default 0.
+	GPU int
+	// ShutdownTimeout is how long a stopping node lets requests in flight
+	// finish before it cancels them. Default 8s.
+	ShutdownTimeout time.Duration
+	// Prefill configures the bundled prefill engine and its queue (its
+	// zero value is the default engine; see PrefillOptions).
+	Prefill PrefillOptions
+	// ReadyFile, when set, is where the node writes, once it serves, a JSON
+	// document of the addresses it bound (package ready: node_id, pid,
+	// grpc_addr, http_addr, data_addr, gossip_addr, shm_socket), atomically
+	// (a temporary file in the same directory, renamed); it is removed when
+	// the node stops serving. With every address on port 0, that is how a
+	// script or a test learns the node's ports. Its directory must exist.
+	// Default none.
+	ReadyFile string
+	// Pprof serves the Go profiler (net/http/pprof) under /debug/pprof/ on
+	// HTTPAddr, which has no authentication: turn it on where only
+	// operators reach that address. Default off.
+	Pprof bool
+	// Version is the kvmesh version reported to Members. Default "(devel)".
+	Version string
+	// Logger receives the node's structured logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// ListenOptions say where a node serves (Options.Listen).
+type ListenOptions struct {
 	// GRPCAddr is the host:port of the gRPC API. Port 0 picks a free port
 	// (see Node.GRPCAddr). Default 127.0.0.1:7600.
 	GRPCAddr string
@@ -76,15 +120,21 @@ type Options struct {
 	// in bytes (memory is committed as blocks are copied in). A multiple of
 	// 4 KiB, at least MaxBlockBytes. Default 256 MiB.
 	ShmRegionBytes int64
-	// GossipAddr is where membership (memberlist, UDP and TCP) listens, and
-	// what other nodes' Join names. Port 0 picks a free port. Default
-	// 127.0.0.1:7603.
-	GossipAddr string
 	// AdvertiseHost is the host (name or IP) other nodes and clients reach
 	// this node at, used for every address above bound to an unspecified
 	// host (0.0.0.0 or ::). Default: GossipAddr's host when it is
 	// specified, else the host's private IPv4 address.
 	AdvertiseHost string
+}
+
+// ClusterOptions say how a node joins its cluster, and how blocks are
+// placed and moved between its members (Options.Cluster). Replicas and
+// ChunkTokens must be the same on every member.
+type ClusterOptions struct {
+	// GossipAddr is where membership (memberlist, UDP and TCP) listens, and
+	// what other nodes' Join names. Port 0 picks a free port. Default
+	// 127.0.0.1:7603.
+	GossipAddr string
 	// Join lists the gossip addresses (host:port) of members to join.
 	// Empty: start a new cluster, alone until others join. Seeds that
 	// cannot be reached are retried in the background; so are members
@@ -102,37 +152,6 @@ type Options struct {
 	// the cluster, own blocks and receive them with the node's token. For
 	// trusted networks only. Default false.
 	InsecureGossip bool
-	// TLS, when set, serves the gRPC API and the TCP data plane over TLS 1.3
-	// with this server configuration (transfer.LoadTLS builds it from PEM
-	// files; its ClientAuth makes it mutual TLS). It needs PeerTLS, since
-	// every member serves TLS. Default nil: plain TCP.
-	TLS *tls.Config
-	// HTTPTLS serves the HTTP address (the OpenAI-compatible API, /metrics
-	// and the health endpoints) over TLS too, with TLS's certificate; it
-	// needs TLS. A client certificate is verified when one is presented but
-	// not required there, so probes and scrapers without one still work:
-	// the API's bearer tokens guard it as they guard gRPC. Default false:
-	// plain HTTP (bind HTTPAddr where only trusted clients reach it).
-	HTTPTLS bool
-	// PeerTLS is the client configuration this node reaches other nodes
-	// with, gRPC and data plane alike (transfer.LoadTLS's client
-	// configuration: the CA that signs the members' certificates, and this
-	// node's certificate for mutual TLS). Set with TLS, and only with it.
-	// Default nil.
-	PeerTLS *tls.Config
-	// Tokens are the bearer tokens the node accepts: every gRPC call
-	// (but health checks) must carry one in its "authorization: Bearer
-	// <token>" metadata, and every data-plane connection, TCP or shared
-	// memory, must present one in its hello. The node presents the first
-	// to its peers, so every member must accept it. Default none: no token
-	// is asked for. Every token is a node-wide principal with every scope:
-	// the single-tenant mode. See the package doc, Security.
-	Tokens []string
-	// TokensFile is the parsed tokens file (auth.ReadFile): the
-	// multi-tenant mode, in which each token names a tenant and scopes and
-	// the node presents the file's cluster token to its peers. Exclusive
-	// with Tokens. Default nil.
-	TokensFile *auth.File
 	// GossipProfile tunes failure detection: "lan" (memberlist's LAN
 	// timings: a dead node is noticed in about 5-10s) or "local" (one
 	// host, or tests: about 1-2s). Default "lan".
@@ -169,6 +188,64 @@ type Options struct {
 	// gracefully pushes to the owners they get once it has left (within
 	// ShutdownTimeout). Default 1 GiB; negative: none.
 	HandoffBytes int64
+	// Transport is how this node reads blocks from other nodes: "tcp", the
+	// data plane; "ucx", one-sided reads of the peers' DRAM arenas through
+	// UCX (gets of what is elsewhere, and every write, stay on TCP; a
+	// build without UCX, or a host without its library, refuses to
+	// start); "auto", UCX with every peer whose endpoint UCX would carry
+	// over something better than plain TCP (shared memory, RDMA), TCP
+	// otherwise and when UCX cannot start (a log line says why). UCX
+	// moves bytes unencrypted: with TLS, "auto" is TCP and "ucx" is
+	// refused. UCX_TLS, UCX_NET_DEVICES and UCX's other variables apply.
+	// Default "auto".
+	Transport string
+	// RDMADevice is the RDMA device UCX uses, "mlx5_0" or "mlx5_0:1" with
+	// its port (UCX_NET_DEVICES). Default: the device bound to the
+	// interface of DataAddr's host (rdmamap), none when it has none;
+	// UCX_NET_DEVICES in the environment overrides both.
+	RDMADevice string
+}
+
+// SecurityOptions are the TLS configurations and bearer tokens that guard
+// a node's gRPC API, data plane and HTTP address (Options.Security; see
+// the package doc, Security).
+type SecurityOptions struct {
+	// TLS, when set, serves the gRPC API and the TCP data plane over TLS 1.3
+	// with this server configuration (transfer.LoadTLS builds it from PEM
+	// files; its ClientAuth makes it mutual TLS). It needs PeerTLS, since
+	// every member serves TLS. Default nil: plain TCP.
+	TLS *tls.Config
+	// HTTPTLS serves the HTTP address (the OpenAI-compatible API, /metrics
+	// and the health endpoints) over TLS too, with TLS's certificate; it
+	// needs TLS. A client certificate is verified when one is presented but
+	// not required there, so probes and scrapers without one still work:
+	// the API's bearer tokens guard it as they guard gRPC. Default false:
+	// plain HTTP (bind HTTPAddr where only trusted clients reach it).
+	HTTPTLS bool
+	// PeerTLS is the client configuration this node reaches other nodes
+	// with, gRPC and data plane alike (transfer.LoadTLS's client
+	// configuration: the CA that signs the members' certificates, and this
+	// node's certificate for mutual TLS). Set with TLS, and only with it.
+	// Default nil.
+	PeerTLS *tls.Config
+	// Tokens are the bearer tokens the node accepts: every gRPC call
+	// (but health checks) must carry one in its "authorization: Bearer
+	// <token>" metadata, and every data-plane connection, TCP or shared
+	// memory, must present one in its hello. The node presents the first
+	// to its peers, so every member must accept it. Default none: no token
+	// is asked for. Every token is a node-wide principal with every scope:
+	// the single-tenant mode. See the package doc, Security.
+	Tokens []string
+	// TokensFile is the parsed tokens file (auth.ReadFile): the
+	// multi-tenant mode, in which each token names a tenant and scopes and
+	// the node presents the file's cluster token to its peers. Exclusive
+	// with Tokens. Default nil.
+	TokensFile *auth.File
+}
+
+// TierOptions size the tiers blocks live in, and say how they are shared
+// out and evicted (Options.Tiers).
+type TierOptions struct {
 	// DRAMBytes is the hard limit of the DRAM tier, in bytes. Default 1 GiB.
 	DRAMBytes int64
 	// DRAMPopulate backs the whole DRAM tier with memory at start and
@@ -186,9 +263,6 @@ type Options struct {
 	// Default 0: none. Open fails, naming the reason, in a build without
 	// CUDA, on a host without the device, or without the CUDA plugin.
 	HBMBytes int64
-	// GPU is the CUDA device ordinal of the HBM tier and of the prefill
-	// engine's cuda backend (Prefill.Backend). Default 0.
-	GPU int
 	// QuotaDRAMBytes and QuotaNVMeBytes are the default quota of every
 	// namespace (a model layout and tenant salt, see prefixhash.Namespace)
 	// on this node: the encoded block bytes it may hold in each tier. A
@@ -197,28 +271,33 @@ type Options struct {
 	// quota has no room for, even after making room among the namespace's
 	// own blocks, is refused with ResourceExhausted. Default 0: unlimited.
 	QuotaDRAMBytes, QuotaNVMeBytes int64
-	// MaxBlockBytes is the largest encoded block (header and payload) the
-	// node accepts, in bytes; a namespace whose blocks are larger is refused
-	// with InvalidArgument. At most 512 MiB. Default 16 MiB (a 16-token
-	// block of a 70B-class model in fp16 is 5 MiB).
-	MaxBlockBytes int
 	// MaxBlocks bounds the blocks the node caches in DRAM and NVMe
-	// together (store.Options.MaxBlocks): past it, writes make room as
+	// together (store.Options.Tiers.MaxBlocks): past it, writes make room as
 	// tier pressure does. Default 0: the store's default, the tiers'
 	// capacities over 4 KiB.
 	MaxBlocks int
-	// Eviction is the store's eviction policy (store.Options.Eviction):
+	// Eviction is the store's eviction policy (store.Options.Tiers.Eviction):
 	// "lru", the reference, or "dedup", which evicts first the copies a
 	// node keeps of blocks other nodes own. Default "": the store's
 	// default (store.DefaultEviction).
 	Eviction string
 	// PartialTTL is how long the parts of a block that tensor- or
 	// pipeline-parallel ranks put are kept while the block is incomplete
-	// (store.Options.PartialTTL). Default 0: the store's (30 s).
+	// (store.Options.Tiers.PartialTTL). Default 0: the store's (30 s).
 	PartialTTL time.Duration
 	// ClaimTTL is how long a writer's claim on a part stands
-	// (store.Options.ClaimTTL). Default 0: the store's (10 s).
+	// (store.Options.Tiers.ClaimTTL). Default 0: the store's (10 s).
 	ClaimTTL time.Duration
+}
+
+// LimitOptions bound what one client or request can make a node hold, and
+// how long a request may run (Options.Limits).
+type LimitOptions struct {
+	// MaxBlockBytes is the largest encoded block (header and payload) the
+	// node accepts, in bytes; a namespace whose blocks are larger is refused
+	// with InvalidArgument. At most 512 MiB. Default 16 MiB (a 16-token
+	// block of a 70B-class model in fp16 is 5 MiB).
+	MaxBlockBytes int
 	// MaxBatchBlocks is the most blocks one request may name: keys of a
 	// BatchGet or Exists, blocks of a BatchPut stream, full blocks of a
 	// Lookup's prompt. Default 16384 (a 256k-token prompt in blocks of 16).
@@ -246,92 +325,15 @@ type Options struct {
 	// RequestTimeout bounds every request, streams included, whatever
 	// deadline the client set (the earlier wins). Default 1m.
 	RequestTimeout time.Duration
-	// ShutdownTimeout is how long a stopping node lets requests in flight
-	// finish before it cancels them. Default 8s.
-	ShutdownTimeout time.Duration
-	// Prefill configures the bundled prefill engine and its queue (its
-	// zero value is the default engine; see PrefillOptions).
-	Prefill PrefillOptions
-	// ReadyFile, when set, is where the node writes, once it serves, a JSON
-	// document of the addresses it bound (package ready: node_id, pid,
-	// grpc_addr, http_addr, data_addr, gossip_addr, shm_socket), atomically
-	// (a temporary file in the same directory, renamed); it is removed when
-	// the node stops serving. With every address on port 0, that is how a
-	// script or a test learns the node's ports. Its directory must exist.
-	// Default none.
-	ReadyFile string
-	// Pprof serves the Go profiler (net/http/pprof) under /debug/pprof/ on
-	// HTTPAddr, which has no authentication: turn it on where only
-	// operators reach that address. Default off.
-	Pprof bool
-	// Version is the kvmesh version reported to Members. Default "(devel)".
-	Version string
-	// Logger receives the node's structured logs. Default slog.Default().
-	Logger *slog.Logger
 }
 
 // EnsureDefaults fills every zero field with its default and returns o.
 func (o *Options) EnsureDefaults() *Options {
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
-		}
+	if o.DataDir == "" {
+		o.DataDir = DefaultDataDir
 	}
-	def(&o.DataDir, DefaultDataDir)
-	def(&o.GRPCAddr, DefaultGRPCAddr)
-	def(&o.HTTPAddr, DefaultHTTPAddr)
-	def(&o.DataAddr, DefaultDataAddr)
-	def(&o.GossipAddr, DefaultGossipAddr)
-	def(&o.GossipProfile, "lan")
-	def(&o.Version, "(devel)")
-	def(&o.ShmSocket, filepath.Join(o.DataDir, "shm.sock"))
-	if o.ShmRegionBytes == 0 {
-		o.ShmRegionBytes = 256 * MiB
-	}
-	if o.Replicas == 0 {
-		o.Replicas = 1
-	}
-	if o.ChunkTokens == 0 {
-		o.ChunkTokens = prefixhash.DefaultChunkTokens
-	}
-	if o.LookupTimeout == 0 {
-		o.LookupTimeout = 100 * time.Millisecond
-	}
-	if o.GetTimeout == 0 {
-		o.GetTimeout = 2 * time.Second
-	}
-	if o.PeerBackoff == 0 {
-		o.PeerBackoff = time.Second
-	}
-	if o.HandoffBytes == 0 {
-		o.HandoffBytes = 1 * GiB
-	}
-	if o.DRAMBytes == 0 {
-		o.DRAMBytes = 1 * GiB
-	}
-	if o.NVMeBytes == 0 {
-		o.NVMeBytes = 10 * GiB
-	}
-	if o.MaxBlockBytes == 0 {
-		o.MaxBlockBytes = 16 * MiB
-	}
-	if o.MaxBatchBlocks == 0 {
-		o.MaxBatchBlocks = 16384
-	}
-	if o.MaxMessageBytes == 0 {
-		o.MaxMessageBytes = 4 * MiB
-	}
-	if o.MaxConcurrentStreams == 0 {
-		o.MaxConcurrentStreams = 256
-	}
-	if o.MaxInFlightBytes == 0 {
-		o.MaxInFlightBytes = 256 * MiB
-	}
-	if o.ChunkBytes == 0 {
-		o.ChunkBytes = min(1*MiB, o.MaxMessageBytes-messageOverhead)
-	}
-	if o.RequestTimeout == 0 {
-		o.RequestTimeout = time.Minute
+	if o.Version == "" {
+		o.Version = "(devel)"
 	}
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = 8 * time.Second
@@ -339,8 +341,55 @@ func (o *Options) EnsureDefaults() *Options {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	o.Listen.ensureDefaults(o.DataDir)
+	o.Cluster.ensureDefaults()
+	o.Tiers.ensureDefaults()
+	o.Limits.ensureDefaults()
 	o.Prefill.EnsureDefaults()
 	return o
+}
+
+func (o *ListenOptions) ensureDefaults(dataDir string) {
+	def(&o.GRPCAddr, DefaultGRPCAddr)
+	def(&o.HTTPAddr, DefaultHTTPAddr)
+	def(&o.DataAddr, DefaultDataAddr)
+	def(&o.ShmSocket, filepath.Join(dataDir, "shm.sock"))
+	def(&o.ShmRegionBytes, 256*MiB)
+}
+
+func (o *ClusterOptions) ensureDefaults() {
+	def(&o.GossipAddr, DefaultGossipAddr)
+	def(&o.GossipProfile, "lan")
+	def(&o.Replicas, 1)
+	def(&o.ChunkTokens, prefixhash.DefaultChunkTokens)
+	def(&o.LookupTimeout, 100*time.Millisecond)
+	def(&o.GetTimeout, 2*time.Second)
+	def(&o.PeerBackoff, time.Second)
+	def(&o.HandoffBytes, 1*GiB)
+	def(&o.Transport, TransportAuto)
+}
+
+func (o *TierOptions) ensureDefaults() {
+	def(&o.DRAMBytes, 1*GiB)
+	def(&o.NVMeBytes, 10*GiB)
+}
+
+func (o *LimitOptions) ensureDefaults() {
+	def(&o.MaxBlockBytes, 16*MiB)
+	def(&o.MaxBatchBlocks, 16384)
+	def(&o.MaxMessageBytes, 4*MiB)
+	def(&o.MaxConcurrentStreams, 256)
+	def(&o.MaxInFlightBytes, 256*MiB)
+	def(&o.ChunkBytes, min(1*MiB, o.MaxMessageBytes-messageOverhead))
+	def(&o.RequestTimeout, time.Minute)
+}
+
+// def sets *field to v when it is zero.
+func def[T comparable](field *T, v T) {
+	var zero T
+	if *field == zero {
+		*field = v
+	}
 }
 
 // messageOverhead is the room a streamed message needs beside its payload
@@ -365,128 +414,181 @@ func (e *OptionError) Unwrap() error { return ErrInvalidOptions }
 // Validate reports the first option that cannot work. Call it after
 // EnsureDefaults.
 func (o *Options) Validate() error {
-	bad := func(field, format string, args ...any) error {
-		return &OptionError{Field: field, Msg: fmt.Sprintf(format, args...)}
-	}
-	for _, a := range []struct{ field, addr string }{
-		{"GRPCAddr", o.GRPCAddr}, {"HTTPAddr", o.HTTPAddr}, {"DataAddr", o.DataAddr}, {"GossipAddr", o.GossipAddr},
-	} {
-		if _, _, err := net.SplitHostPort(a.addr); err != nil {
-			return bad(a.field, "%q is not host:port", a.addr)
-		}
-	}
-	for i, j := range o.Join {
-		if _, _, err := net.SplitHostPort(j); err != nil {
-			return bad("Join", "seed %d, %q, is not host:port (a member's gossip address)", i+1, j)
-		}
-	}
-	minBlock := block.EncodedLen(1, 1)
 	switch {
 	case len(o.NodeID) > 256 || strings.ContainsFunc(o.NodeID, unicode.IsSpace):
-		return bad("NodeID", "%q must be at most 256 bytes without spaces", o.NodeID)
+		return badOption("NodeID", "%q must be at most 256 bytes without spaces", o.NodeID)
 	case o.DataDir == "":
-		return bad("DataDir", "must not be empty")
-	case o.GRPCAddr == o.HTTPAddr && !hasPortZero(o.GRPCAddr):
-		return bad("HTTPAddr", "%s is also GRPCAddr", o.HTTPAddr)
-	case o.ShmSocket != ShmOff && len(o.ShmSocket) > maxSocketPath:
-		return bad("ShmSocket", "%q is longer than a unix socket path may be (%d bytes); choose a shorter path or \"off\"", o.ShmSocket, maxSocketPath)
-	case o.ShmRegionBytes < int64(o.MaxBlockBytes) || o.ShmRegionBytes%(4*KiB) != 0:
-		return bad("ShmRegionBytes", "%d bytes must be a multiple of 4KiB and hold one block of MaxBlockBytes (%d)", o.ShmRegionBytes, o.MaxBlockBytes)
-	case len(o.GossipKey) != 0 && len(o.GossipKey) != 16 && len(o.GossipKey) != 24 && len(o.GossipKey) != 32:
-		return bad("GossipKey", "%d bytes; a gossip key is 16, 24 or 32 bytes", len(o.GossipKey))
-	case o.GossipProfile != "lan" && o.GossipProfile != "local":
-		return bad("GossipProfile", "%q: want lan or local", o.GossipProfile)
-	case o.Replicas < 1 || o.Replicas > 8:
-		return bad("Replicas", "%d is outside 1..8", o.Replicas)
-	case o.ChunkTokens < 1:
-		return bad("ChunkTokens", "%d must be at least 1", o.ChunkTokens)
-	case o.PushBytesPerSec < 0:
-		return bad("PushBytesPerSec", "%d must not be negative", o.PushBytesPerSec)
-	case o.LookupTimeout < 0:
-		return bad("LookupTimeout", "%v must not be negative", o.LookupTimeout)
-	case o.GetTimeout < 0:
-		return bad("GetTimeout", "%v must not be negative", o.GetTimeout)
-	case o.PeerBackoff < 0:
-		return bad("PeerBackoff", "%v must not be negative", o.PeerBackoff)
-	case o.MaxBlockBytes < minBlock || o.MaxBlockBytes > 512*MiB:
-		return bad("MaxBlockBytes", "%d bytes is outside %d..%d", o.MaxBlockBytes, minBlock, 512*MiB)
-	case o.DRAMBytes < int64(o.MaxBlockBytes):
-		return bad("DRAMBytes", "%d bytes cannot hold one block of MaxBlockBytes (%d)", o.DRAMBytes, o.MaxBlockBytes)
-	case o.NVMeBytes < int64(o.MaxBlockBytes):
-		return bad("NVMeBytes", "%d bytes cannot hold one block of MaxBlockBytes (%d)", o.NVMeBytes, o.MaxBlockBytes)
-	case o.HBMBytes < 0:
-		return bad("HBMBytes", "%d bytes must not be negative (0 is no HBM tier)", o.HBMBytes)
+		return badOption("DataDir", "must not be empty")
 	case o.GPU < 0:
-		return bad("GPU", "device ordinal %d must not be negative", o.GPU)
-	case o.QuotaDRAMBytes < 0:
-		return bad("QuotaDRAMBytes", "%d bytes must not be negative (0 is unlimited)", o.QuotaDRAMBytes)
-	case o.QuotaNVMeBytes < 0:
-		return bad("QuotaNVMeBytes", "%d bytes must not be negative (0 is unlimited)", o.QuotaNVMeBytes)
-	case o.TLS != nil && o.PeerTLS == nil:
-		return bad("PeerTLS", "required with TLS: the other members serve TLS too, and this node must reach them")
-	case o.TLS == nil && o.PeerTLS != nil:
-		return bad("TLS", "required with PeerTLS: every member of a cluster serves TLS, or none does")
-	case o.TLS != nil && o.TLS.MaxVersion != 0 && o.TLS.MaxVersion < tls.VersionTLS13:
-		return bad("TLS", "MaxVersion %#x is below TLS 1.3, the only version the node speaks", o.TLS.MaxVersion)
-	case o.TLS != nil && len(o.TLS.Certificates) == 0 && o.TLS.GetCertificate == nil && o.TLS.GetConfigForClient == nil:
-		return bad("TLS", "has no certificate")
-	case o.MaxBlocks < 0 || o.MaxBlocks > 1<<27:
-		return bad("MaxBlocks", "%d is outside 0..%d", o.MaxBlocks, 1<<27)
-	case o.Eviction != "" && !validEviction(o.Eviction):
-		return bad("Eviction", "%q is not a policy: want lru or dedup", o.Eviction)
-	case o.PartialTTL != 0 && (o.PartialTTL < time.Millisecond || o.PartialTTL > store.MaxPartialTTL):
-		return bad("PartialTTL", "%v is outside 1ms..%v", o.PartialTTL, store.MaxPartialTTL)
-	case o.ClaimTTL != 0 && (o.ClaimTTL < time.Millisecond || o.ClaimTTL > store.MaxClaimTTL):
-		return bad("ClaimTTL", "%v is outside 1ms..%v", o.ClaimTTL, store.MaxClaimTTL)
-	case o.MaxBatchBlocks < 1:
-		return bad("MaxBatchBlocks", "%d must be at least 1", o.MaxBatchBlocks)
-	case o.MaxMessageBytes < messageOverhead+4*KiB:
-		return bad("MaxMessageBytes", "%d bytes is less than the minimum of %d", o.MaxMessageBytes, messageOverhead+4*KiB)
-	case o.ChunkBytes < 1 || o.ChunkBytes > o.MaxMessageBytes-messageOverhead:
-		return bad("ChunkBytes", "%d must be in 1..MaxMessageBytes-%d (%d)", o.ChunkBytes, messageOverhead, o.MaxMessageBytes-messageOverhead)
-	case o.RequestTimeout < 0:
-		return bad("RequestTimeout", "%v must not be negative", o.RequestTimeout)
+		return badOption("GPU", "device ordinal %d must not be negative", o.GPU)
 	case o.ShutdownTimeout < 0:
-		return bad("ShutdownTimeout", "%v must not be negative", o.ShutdownTimeout)
-	case o.MaxBatchBlocks > 1<<24:
-		return bad("MaxBatchBlocks", "%d is over the limit of %d", o.MaxBatchBlocks, 1<<24)
-	case o.MaxConcurrentStreams < 1 || o.MaxConcurrentStreams > 1<<20:
-		return bad("MaxConcurrentStreams", "%d is outside 1..%d", o.MaxConcurrentStreams, 1<<20)
-	case o.MaxInFlightBytes < max(transfer.DefaultMaxBatchBytes, int64(o.MaxBlockBytes)+64):
-		return bad("MaxInFlightBytes", "%d bytes is below the minimum of %d (64 MiB, and one block of MaxBlockBytes)",
-			o.MaxInFlightBytes, max(transfer.DefaultMaxBatchBytes, int64(o.MaxBlockBytes)+64))
+		return badOption("ShutdownTimeout", "%v must not be negative", o.ShutdownTimeout)
 	}
-	if o.HTTPTLS && o.TLS == nil {
-		return bad("HTTPTLS", "needs TLS (a certificate to serve the HTTP address with)")
+	switch t := o.Cluster.Transport; {
+	case t != TransportAuto && t != TransportTCP && t != TransportUCX:
+		return badOption("Cluster.Transport", "%q: want auto, tcp or ucx", t)
+	case t == TransportUCX && o.Security.TLS != nil:
+		return badOption("Cluster.Transport", "ucx moves block bytes unencrypted and this node has TLS: use auto or tcp (TLS on the data plane), or drop TLS on a trusted fabric")
+	}
+	maxBlock := o.Limits.MaxBlockBytes
+	for _, err := range []error{o.Limits.validate(), o.Listen.validate(maxBlock), o.Cluster.validate(),
+		o.Security.validate(), o.Tiers.validate(maxBlock)} {
+		if err != nil {
+			return err
+		}
 	}
 	if o.ReadyFile != "" {
 		if err := checkReadyFile(o.ReadyFile); err != nil {
-			return bad("ReadyFile", "%s", err)
+			return badOption("ReadyFile", "%s", err)
 		}
 	}
-	if len(o.Tokens) > 0 && o.TokensFile != nil {
-		return bad("Tokens", "set Tokens (one tenant) or TokensFile (tenants), not both")
+	return o.Prefill.Validate(maxBlock)
+}
+
+// badOption is Validate's answer about the option at path (a field of
+// Options, or of one of its groups: "Tiers.DRAMBytes").
+func badOption(path, format string, args ...any) error {
+	return &OptionError{Field: path, Msg: fmt.Sprintf(format, args...)}
+}
+
+// validateAddr refuses an address that is not host:port.
+func validateAddr(path, addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return badOption(path, "%q is not host:port", addr)
+	}
+	return nil
+}
+
+func (o *ListenOptions) validate(maxBlock int) error {
+	for _, a := range []struct{ field, addr string }{{"GRPCAddr", o.GRPCAddr}, {"HTTPAddr", o.HTTPAddr}, {"DataAddr", o.DataAddr}} {
+		if err := validateAddr("Listen."+a.field, a.addr); err != nil {
+			return err
+		}
+	}
+	switch {
+	case o.GRPCAddr == o.HTTPAddr && !hasPortZero(o.GRPCAddr):
+		return badOption("Listen.HTTPAddr", "%s is also GRPCAddr", o.HTTPAddr)
+	case o.ShmSocket != ShmOff && len(o.ShmSocket) > maxSocketPath:
+		return badOption("Listen.ShmSocket", "%q is longer than a unix socket path may be (%d bytes); choose a shorter path or \"off\"", o.ShmSocket, maxSocketPath)
+	case o.ShmRegionBytes < int64(maxBlock) || o.ShmRegionBytes%(4*KiB) != 0:
+		return badOption("Listen.ShmRegionBytes", "%d bytes must be a multiple of 4KiB and hold one block of MaxBlockBytes (%d)", o.ShmRegionBytes, maxBlock)
+	}
+	return nil
+}
+
+func (o *ClusterOptions) validate() error {
+	if err := validateAddr("Cluster.GossipAddr", o.GossipAddr); err != nil {
+		return err
+	}
+	for i, j := range o.Join {
+		if _, _, err := net.SplitHostPort(j); err != nil {
+			return badOption("Cluster.Join", "seed %d, %q, is not host:port (a member's gossip address)", i+1, j)
+		}
+	}
+	switch {
+	case len(o.GossipKey) != 0 && len(o.GossipKey) != 16 && len(o.GossipKey) != 24 && len(o.GossipKey) != 32:
+		return badOption("Cluster.GossipKey", "%d bytes; a gossip key is 16, 24 or 32 bytes", len(o.GossipKey))
+	case o.GossipProfile != "lan" && o.GossipProfile != "local":
+		return badOption("Cluster.GossipProfile", "%q: want lan or local", o.GossipProfile)
+	case o.Replicas < 1 || o.Replicas > 8:
+		return badOption("Cluster.Replicas", "%d is outside 1..8", o.Replicas)
+	case o.ChunkTokens < 1:
+		return badOption("Cluster.ChunkTokens", "%d must be at least 1", o.ChunkTokens)
+	case o.PushBytesPerSec < 0:
+		return badOption("Cluster.PushBytesPerSec", "%d must not be negative", o.PushBytesPerSec)
+	case o.LookupTimeout < 0:
+		return badOption("Cluster.LookupTimeout", "%v must not be negative", o.LookupTimeout)
+	case o.GetTimeout < 0:
+		return badOption("Cluster.GetTimeout", "%v must not be negative", o.GetTimeout)
+	case o.PeerBackoff < 0:
+		return badOption("Cluster.PeerBackoff", "%v must not be negative", o.PeerBackoff)
+	}
+	return nil
+}
+
+func (o *SecurityOptions) validate() error {
+	switch {
+	case o.TLS != nil && o.PeerTLS == nil:
+		return badOption("Security.PeerTLS", "required with TLS: the other members serve TLS too, and this node must reach them")
+	case o.TLS == nil && o.PeerTLS != nil:
+		return badOption("Security.TLS", "required with PeerTLS: every member of a cluster serves TLS, or none does")
+	case o.TLS != nil && o.TLS.MaxVersion != 0 && o.TLS.MaxVersion < tls.VersionTLS13:
+		return badOption("Security.TLS", "MaxVersion %#x is below TLS 1.3, the only version the node speaks", o.TLS.MaxVersion)
+	case o.TLS != nil && len(o.TLS.Certificates) == 0 && o.TLS.GetCertificate == nil && o.TLS.GetConfigForClient == nil:
+		return badOption("Security.TLS", "has no certificate")
+	case o.HTTPTLS && o.TLS == nil:
+		return badOption("Security.HTTPTLS", "needs TLS (a certificate to serve the HTTP address with)")
+	case len(o.Tokens) > 0 && o.TokensFile != nil:
+		return badOption("Security.Tokens", "set Tokens (one tenant) or TokensFile (tenants), not both")
 	}
 	if _, err := tokenSet(o); err != nil {
-		return bad("Tokens", "%v", err)
+		return err
 	}
-	return o.Prefill.Validate(o.MaxBlockBytes)
+	return nil
+}
+
+func (o *TierOptions) validate(maxBlock int) error {
+	switch {
+	case o.DRAMBytes < int64(maxBlock):
+		return badOption("Tiers.DRAMBytes", "%d bytes cannot hold one block of MaxBlockBytes (%d)", o.DRAMBytes, maxBlock)
+	case o.NVMeBytes < int64(maxBlock):
+		return badOption("Tiers.NVMeBytes", "%d bytes cannot hold one block of MaxBlockBytes (%d)", o.NVMeBytes, maxBlock)
+	case o.HBMBytes < 0:
+		return badOption("Tiers.HBMBytes", "%d bytes must not be negative (0 is no HBM tier)", o.HBMBytes)
+	case o.QuotaDRAMBytes < 0:
+		return badOption("Tiers.QuotaDRAMBytes", "%d bytes must not be negative (0 is unlimited)", o.QuotaDRAMBytes)
+	case o.QuotaNVMeBytes < 0:
+		return badOption("Tiers.QuotaNVMeBytes", "%d bytes must not be negative (0 is unlimited)", o.QuotaNVMeBytes)
+	case o.MaxBlocks < 0 || o.MaxBlocks > 1<<27:
+		return badOption("Tiers.MaxBlocks", "%d is outside 0..%d", o.MaxBlocks, 1<<27)
+	case o.Eviction != "" && !validEviction(o.Eviction):
+		return badOption("Tiers.Eviction", "%q is not a policy: want lru or dedup", o.Eviction)
+	case o.PartialTTL != 0 && (o.PartialTTL < time.Millisecond || o.PartialTTL > store.MaxPartialTTL):
+		return badOption("Tiers.PartialTTL", "%v is outside 1ms..%v", o.PartialTTL, store.MaxPartialTTL)
+	case o.ClaimTTL != 0 && (o.ClaimTTL < time.Millisecond || o.ClaimTTL > store.MaxClaimTTL):
+		return badOption("Tiers.ClaimTTL", "%v is outside 1ms..%v", o.ClaimTTL, store.MaxClaimTTL)
+	}
+	return nil
+}
+
+func (o *LimitOptions) validate() error {
+	minBlock := block.EncodedLen(1, 1)
+	switch {
+	case o.MaxBlockBytes < minBlock || o.MaxBlockBytes > 512*MiB:
+		return badOption("Limits.MaxBlockBytes", "%d bytes is outside %d..%d", o.MaxBlockBytes, minBlock, 512*MiB)
+	case o.MaxBatchBlocks < 1:
+		return badOption("Limits.MaxBatchBlocks", "%d must be at least 1", o.MaxBatchBlocks)
+	case o.MaxBatchBlocks > 1<<24:
+		return badOption("Limits.MaxBatchBlocks", "%d is over the limit of %d", o.MaxBatchBlocks, 1<<24)
+	case o.MaxMessageBytes < messageOverhead+4*KiB:
+		return badOption("Limits.MaxMessageBytes", "%d bytes is less than the minimum of %d", o.MaxMessageBytes, messageOverhead+4*KiB)
+	case o.ChunkBytes < 1 || o.ChunkBytes > o.MaxMessageBytes-messageOverhead:
+		return badOption("Limits.ChunkBytes", "%d must be in 1..MaxMessageBytes-%d (%d)", o.ChunkBytes, messageOverhead, o.MaxMessageBytes-messageOverhead)
+	case o.RequestTimeout < 0:
+		return badOption("Limits.RequestTimeout", "%v must not be negative", o.RequestTimeout)
+	case o.MaxConcurrentStreams < 1 || o.MaxConcurrentStreams > 1<<20:
+		return badOption("Limits.MaxConcurrentStreams", "%d is outside 1..%d", o.MaxConcurrentStreams, 1<<20)
+	case o.MaxInFlightBytes < max(transfer.DefaultMaxBatchBytes, int64(o.MaxBlockBytes)+64):
+		return badOption("Limits.MaxInFlightBytes", "%d bytes is below the minimum of %d (64 MiB, and one block of MaxBlockBytes)",
+			o.MaxInFlightBytes, max(transfer.DefaultMaxBatchBytes, int64(o.MaxBlockBytes)+64))
+	}
+	return nil
 }
 
 // validateGossip refuses a cluster node (Open) that asks clients for
 // tokens but lets anyone join its gossip: a member is sent the blocks it
 // owns, with the node's token, so an open gossip port undoes the tokens.
 func (o *Options) validateGossip() error {
-	mutual := o.TLS != nil && o.TLS.ClientAuth == tls.RequireAndVerifyClientCert
-	if len(o.Tokens) == 0 || len(o.GossipKey) > 0 || mutual || o.InsecureGossip {
+	mutual := o.Security.TLS != nil && o.Security.TLS.ClientAuth == tls.RequireAndVerifyClientCert
+	if len(o.Security.Tokens) == 0 || len(o.Cluster.GossipKey) > 0 || mutual || o.Cluster.InsecureGossip {
 		return nil
 	}
-	return &OptionError{Field: "GossipKey", Msg: "a node with Tokens needs a gossip key (--gossip-key-file) or mutual TLS " +
+	return &OptionError{Field: "Cluster.GossipKey", Msg: "a node with Tokens needs a gossip key (--gossip-key-file) or mutual TLS " +
 		"(--tls-client-auth): without either, any host that reaches the gossip address can join the cluster as an owner " +
 		"and be sent blocks and this node's token; set InsecureGossip (--insecure-gossip) to start anyway"}
 }
 
-// ShmOff as Options.ShmSocket turns the shared-memory data plane off.
+// ShmOff as Options.Listen.ShmSocket turns the shared-memory data plane off.
 const ShmOff = "off"
 
 // maxSocketPath is the longest unix socket path Linux accepts (sun_path is

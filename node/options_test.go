@@ -18,24 +18,29 @@ func TestOptionsDefaults(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatalf("defaults do not validate: %v", err)
 	}
-	want := Options{DataDir: "kvmesh-data", GRPCAddr: "127.0.0.1:7600", HTTPAddr: "127.0.0.1:7601",
-		DataAddr: "127.0.0.1:7602", GossipAddr: "127.0.0.1:7603", DRAMBytes: 1 << 30, NVMeBytes: 10 << 30,
-		MaxBlockBytes: 16 << 20, MaxBatchBlocks: 16384, MaxMessageBytes: 4 << 20, ChunkBytes: 1 << 20,
-		RequestTimeout: time.Minute, ShutdownTimeout: 8 * time.Second, Version: "(devel)"}
+	want := Options{
+		DataDir:         "kvmesh-data",
+		Listen:          ListenOptions{GRPCAddr: "127.0.0.1:7600", HTTPAddr: "127.0.0.1:7601", DataAddr: "127.0.0.1:7602"},
+		Cluster:         ClusterOptions{GossipAddr: "127.0.0.1:7603"},
+		Tiers:           TierOptions{DRAMBytes: 1 << 30, NVMeBytes: 10 << 30},
+		Limits:          LimitOptions{MaxBlockBytes: 16 << 20, MaxBatchBlocks: 16384, MaxMessageBytes: 4 << 20, ChunkBytes: 1 << 20, RequestTimeout: time.Minute},
+		ShutdownTimeout: 8 * time.Second,
+		Version:         "(devel)",
+	}
 	got := o
 	got.NodeID, got.Logger = "", nil
-	if got.DataDir != want.DataDir || got.GRPCAddr != want.GRPCAddr || got.HTTPAddr != want.HTTPAddr ||
-		got.DataAddr != want.DataAddr || got.GossipAddr != want.GossipAddr || got.DRAMBytes != want.DRAMBytes ||
-		got.NVMeBytes != want.NVMeBytes || got.MaxBlockBytes != want.MaxBlockBytes || got.MaxBatchBlocks != want.MaxBatchBlocks ||
-		got.MaxMessageBytes != want.MaxMessageBytes || got.ChunkBytes != want.ChunkBytes ||
-		got.RequestTimeout != want.RequestTimeout || got.ShutdownTimeout != want.ShutdownTimeout || got.Version != want.Version {
+	if got.DataDir != want.DataDir || got.Listen.GRPCAddr != want.Listen.GRPCAddr || got.Listen.HTTPAddr != want.Listen.HTTPAddr ||
+		got.Listen.DataAddr != want.Listen.DataAddr || got.Cluster.GossipAddr != want.Cluster.GossipAddr || got.Tiers.DRAMBytes != want.Tiers.DRAMBytes ||
+		got.Tiers.NVMeBytes != want.Tiers.NVMeBytes || got.Limits.MaxBlockBytes != want.Limits.MaxBlockBytes || got.Limits.MaxBatchBlocks != want.Limits.MaxBatchBlocks ||
+		got.Limits.MaxMessageBytes != want.Limits.MaxMessageBytes || got.Limits.ChunkBytes != want.Limits.ChunkBytes ||
+		got.Limits.RequestTimeout != want.Limits.RequestTimeout || got.ShutdownTimeout != want.ShutdownTimeout || got.Version != want.Version {
 		t.Fatalf("defaults\n got %+v\nwant %+v", got, want)
 	}
-	if o.NodeID != "" || o.Logger == nil || o.ShmSocket != "kvmesh-data/shm.sock" || o.Replicas != 1 || o.ChunkTokens != 512 ||
-		o.LookupTimeout != 100*time.Millisecond || o.GetTimeout != 2*time.Second || o.GossipProfile != "lan" ||
-		o.PushYield != 0 || o.PushBytesPerSec != 0 {
+	if o.NodeID != "" || o.Logger == nil || o.Listen.ShmSocket != "kvmesh-data/shm.sock" || o.Cluster.Replicas != 1 || o.Cluster.ChunkTokens != 512 ||
+		o.Cluster.LookupTimeout != 100*time.Millisecond || o.Cluster.GetTimeout != 2*time.Second || o.Cluster.GossipProfile != "lan" ||
+		o.Cluster.PushYield != 0 || o.Cluster.PushBytesPerSec != 0 {
 		t.Fatalf("defaults: NodeID %q (want it left to Open), Logger %v, ShmSocket %q, Replicas %d, ChunkTokens %d, LookupTimeout %v, GetTimeout %v, GossipProfile %q, PushYield %v, PushBytesPerSec %d",
-			o.NodeID, o.Logger, o.ShmSocket, o.Replicas, o.ChunkTokens, o.LookupTimeout, o.GetTimeout, o.GossipProfile, o.PushYield, o.PushBytesPerSec)
+			o.NodeID, o.Logger, o.Listen.ShmSocket, o.Cluster.Replicas, o.Cluster.ChunkTokens, o.Cluster.LookupTimeout, o.Cluster.GetTimeout, o.Cluster.GossipProfile, o.Cluster.PushYield, o.Cluster.PushBytesPerSec)
 	}
 }
 
@@ -44,24 +49,24 @@ func TestOptionsValidate(t *testing.T) {
 		field string
 		mod   func(*Options)
 	}{
-		{"GRPCAddr", func(o *Options) { o.GRPCAddr = "7600" }},
-		{"HTTPAddr", func(o *Options) { o.HTTPAddr = o.GRPCAddr }},
-		{"GossipAddr", func(o *Options) { o.GossipAddr = "nohost" }},
-		{"Join", func(o *Options) { o.Join = []string{"10.0.0.1:7603", "10.0.0.2"} }},
+		{"Listen.GRPCAddr", func(o *Options) { o.Listen.GRPCAddr = "7600" }},
+		{"Listen.HTTPAddr", func(o *Options) { o.Listen.HTTPAddr = o.Listen.GRPCAddr }},
+		{"Cluster.GossipAddr", func(o *Options) { o.Cluster.GossipAddr = "nohost" }},
+		{"Cluster.Join", func(o *Options) { o.Cluster.Join = []string{"10.0.0.1:7603", "10.0.0.2"} }},
 		{"NodeID", func(o *Options) { o.NodeID = "has space" }},
-		{"GossipKey", func(o *Options) { o.GossipKey = []byte("short") }},
-		{"GossipProfile", func(o *Options) { o.GossipProfile = "wan" }},
-		{"Replicas", func(o *Options) { o.Replicas = 9 }},
-		{"PushBytesPerSec", func(o *Options) { o.PushBytesPerSec = -1 }},
-		{"ShmSocket", func(o *Options) { o.ShmSocket = "/" + strings.Repeat("x", 120) }},
-		{"ShmRegionBytes", func(o *Options) { o.ShmRegionBytes = 4097 }},
-		{"DRAMBytes", func(o *Options) { o.DRAMBytes = -1 }},
-		{"NVMeBytes", func(o *Options) { o.NVMeBytes = 1 << 20 }},
-		{"MaxBlockBytes", func(o *Options) { o.MaxBlockBytes = 10 }},
-		{"MaxBatchBlocks", func(o *Options) { o.MaxBatchBlocks = -3 }},
-		{"MaxMessageBytes", func(o *Options) { o.MaxMessageBytes = 1024 }},
-		{"ChunkBytes", func(o *Options) { o.ChunkBytes = 4 << 20 }},
-		{"RequestTimeout", func(o *Options) { o.RequestTimeout = -time.Second }},
+		{"Cluster.GossipKey", func(o *Options) { o.Cluster.GossipKey = []byte("short") }},
+		{"Cluster.GossipProfile", func(o *Options) { o.Cluster.GossipProfile = "wan" }},
+		{"Cluster.Replicas", func(o *Options) { o.Cluster.Replicas = 9 }},
+		{"Cluster.PushBytesPerSec", func(o *Options) { o.Cluster.PushBytesPerSec = -1 }},
+		{"Listen.ShmSocket", func(o *Options) { o.Listen.ShmSocket = "/" + strings.Repeat("x", 120) }},
+		{"Listen.ShmRegionBytes", func(o *Options) { o.Listen.ShmRegionBytes = 4097 }},
+		{"Tiers.DRAMBytes", func(o *Options) { o.Tiers.DRAMBytes = -1 }},
+		{"Tiers.NVMeBytes", func(o *Options) { o.Tiers.NVMeBytes = 1 << 20 }},
+		{"Limits.MaxBlockBytes", func(o *Options) { o.Limits.MaxBlockBytes = 10 }},
+		{"Limits.MaxBatchBlocks", func(o *Options) { o.Limits.MaxBatchBlocks = -3 }},
+		{"Limits.MaxMessageBytes", func(o *Options) { o.Limits.MaxMessageBytes = 1024 }},
+		{"Limits.ChunkBytes", func(o *Options) { o.Limits.ChunkBytes = 4 << 20 }},
+		{"Limits.RequestTimeout", func(o *Options) { o.Limits.RequestTimeout = -time.Second }},
 		{"ShutdownTimeout", func(o *Options) { o.ShutdownTimeout = -time.Second }},
 		{"ReadyFile", func(o *Options) { o.ReadyFile = "/does/not/exist/kvmesh.ready" }},
 		{"ReadyFile", func(o *Options) { o.ReadyFile = os.TempDir() }},
@@ -84,7 +89,7 @@ func TestOptionsValidate(t *testing.T) {
 
 func TestNewRefusesBadOptions(t *testing.T) {
 	c := newFakeCache(1 << 20)
-	if _, err := New(Options{MaxBatchBlocks: -1}, c); !errors.Is(err, ErrInvalidOptions) {
+	if _, err := New(Options{Limits: LimitOptions{MaxBatchBlocks: -1}}, c); !errors.Is(err, ErrInvalidOptions) {
 		t.Fatalf("New = %v, want ErrInvalidOptions", err)
 	}
 	if c.closed.Load() != 1 {

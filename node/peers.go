@@ -48,6 +48,12 @@ type peers struct {
 	backoff time.Duration
 	maxMsg  int
 	seconds observer // op, result → latency; may be nil
+	// rma, when set, makes each peer's data-plane client an RMAClient:
+	// its DRAM blocks are read one-sidedly (fabric.go).
+	rma *transfer.RMA
+	// What gets over TCP found, from peers without one-sided reads (the
+	// RMA transport counts its own).
+	tcpValues, tcpBytes atomic.Int64
 
 	stop chan struct{}
 	done chan struct{}
@@ -67,6 +73,7 @@ type peer struct {
 	id        string
 	meta      gossip.MemberMeta
 	data      *transfer.Client
+	rma       *transfer.RMAClient // with one-sided reads; its TCP client is data
 	conn      *grpc.ClientConn
 	lookup    kvmeshv1.PeerServiceClient
 	downUntil atomic.Int64 // unix nanoseconds; 0 when up
@@ -127,7 +134,11 @@ func (p *peers) Close() error {
 }
 
 func (pe *peer) close() {
-	pe.data.Close()
+	if pe.rma != nil {
+		pe.rma.Close() // data with it
+	} else {
+		pe.data.Close()
+	}
 	pe.conn.Close()
 }
 
@@ -145,7 +156,16 @@ func (p *peers) peer(id string) (*peer, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: %s", errNotMember, id)
 	}
-	data, err := transfer.NewClient(mi.Meta.DataAddr, &p.tcp)
+	var rma *transfer.RMAClient
+	var data *transfer.Client
+	var err error
+	if p.rma != nil {
+		if rma, err = p.rma.Client(mi.Meta.DataAddr); err == nil {
+			data = rma.TCP()
+		}
+	} else {
+		data, err = transfer.NewClient(mi.Meta.DataAddr, &p.tcp)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("node: data plane client of %s: %w", id, err)
 	}
@@ -158,10 +178,14 @@ func (p *peers) peer(id string) (*peer, error) {
 			MinConnectTimeout: time.Second,
 		}))...)
 	if err != nil {
-		data.Close()
+		if rma != nil {
+			rma.Close()
+		} else {
+			data.Close()
+		}
 		return nil, fmt.Errorf("node: gRPC client of %s: %w", id, err)
 	}
-	pe := &peer{id: id, meta: mi.Meta, data: data, conn: conn, lookup: kvmeshv1.NewPeerServiceClient(conn)}
+	pe := &peer{id: id, meta: mi.Meta, data: data, rma: rma, conn: conn, lookup: kvmeshv1.NewPeerServiceClient(conn)}
 	p.mu.m[id] = pe
 	return pe, nil
 }
@@ -272,7 +296,18 @@ func (p *peers) grpcLookup(ctx context.Context, id string, runs [][]prefixhash.K
 func (p *peers) Get(ctx context.Context, id string, keys []prefixhash.Key) ([][]byte, func(), error) {
 	var r *transfer.Result
 	err := p.call(ctx, "get", id, func(pe *peer) (err error) {
-		r, err = pe.data.Get(ctx, keys)
+		if pe.rma != nil {
+			r, err = pe.rma.Get(ctx, keys)
+			return err
+		}
+		if r, err = pe.data.Get(ctx, keys); err == nil {
+			for _, v := range r.Values {
+				if v != nil {
+					p.tcpValues.Add(1)
+					p.tcpBytes.Add(int64(len(v)))
+				}
+			}
+		}
 		return err
 	})
 	if err != nil {

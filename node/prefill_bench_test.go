@@ -21,11 +21,11 @@ import (
 func benchNode(b *testing.B, real bool, mod func(*Options)) (n *Node, c *client.Client, stop func()) {
 	b.Helper()
 	opts := Options{
-		DataDir:  b.TempDir(),
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		DRAMBytes: 512 * MiB, NVMeBytes: 1 * GiB,
-		RequestTimeout: 10 * time.Minute,
-		Logger:         slog.New(slog.DiscardHandler),
+		DataDir: b.TempDir(),
+		Listen:  ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"},
+		Tiers:   TierOptions{DRAMBytes: 512 * MiB, NVMeBytes: 1 * GiB},
+		Limits:  LimitOptions{RequestTimeout: 10 * time.Minute},
+		Logger:  slog.New(slog.DiscardHandler),
 	}
 	if mod != nil {
 		mod(&opts)
@@ -220,10 +220,10 @@ func BenchmarkPrefillClusterTTFT(b *testing.B) {
 		{8192, "n=8192/gap=8s", 8 * time.Second, 2 * time.Second}, {8192, "n=8192/gap=1s/yield=off", time.Second, 0}} {
 		b.Run(v.name, func(b *testing.B) {
 			nodes := startClusterNodes(b, 2, func(_ int, o *Options) {
-				o.DRAMBytes, o.NVMeBytes = 512*MiB, 1*GiB
-				o.ChunkTokens = 512
-				o.RequestTimeout = 10 * time.Minute
-				o.PushYield = v.yield
+				o.Tiers.DRAMBytes, o.Tiers.NVMeBytes = 512*MiB, 1*GiB
+				o.Cluster.ChunkTokens = 512
+				o.Limits.RequestTimeout = 10 * time.Minute
+				o.Cluster.PushYield = v.yield
 			})
 			a, bn := nodes[0], nodes[1]
 			eng, err := a.client.Engine(context.Background())

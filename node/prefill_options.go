@@ -23,14 +23,23 @@ type PrefillOptions struct {
 	// (Hugging Face Llama tensor names, float32), shaped as Model. Default
 	// "": weights generated from Seed, the same on every machine.
 	WeightsPath string
-	// ModelDir, when set, names a Hugging Face Llama directory served
-	// instead: config.json (the shape, eos_token_id), model.safetensors
-	// (float32 weights) and, if present, tokenizer.json (byte-level BPE,
-	// package tokenizer; the OpenAI API then tokenizes with it, and renders
-	// chats as ChatML when it has <|im_start|> and <|im_end|>). Model's
-	// BlockTokens and MaxContext (as a cap) still apply; WeightsPath and
-	// Seed do not. Default "": the seeded model, byte tokens.
+	// ModelDir, when set, names a Hugging Face model directory served
+	// instead (llama, mistral, qwen2 or qwen3): config.json (the shape),
+	// model.safetensors or model.safetensors.index.json and its shards
+	// (F32, BF16 or F16, widened to float32 once: prefill.LoadCheckpoint),
+	// generation_config.json (EOS ids, default temperature and top_p) and,
+	// if present, tokenizer.json and tokenizer_config.json (package
+	// tokenizer: the OpenAI API then tokenizes with it and renders chats
+	// with its chat template; without one, as ChatML when the vocabulary
+	// has <|im_start|> and <|im_end|>). Model's BlockTokens and MaxContext
+	// (as a cap) still apply; WeightsPath and Seed do not. Default "": the
+	// seeded model, byte tokens.
 	ModelDir string
+	// MaxModelBytes bounds the memory the weights of ModelDir or
+	// WeightsPath take once loaded (float32, prefill.Config.WeightBytes): a
+	// larger model is refused at start, before anything is loaded.
+	// Default 0: the machine's physical memory.
+	MaxModelBytes int64
 	// Seed seeds the generated weights. Every node of a cluster must use
 	// the same Seed (and Model) to share blocks: the namespace includes the
 	// weights' digest. Default 0.
@@ -127,6 +136,9 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 	if o.ModelDir != "" && o.WeightsPath != "" {
 		return bad("ModelDir", "give a model directory or a weights file, not both")
 	}
+	if o.MaxModelBytes < 0 {
+		return bad("MaxModelBytes", "%d is negative", o.MaxModelBytes)
+	}
 	if err := o.Model.Validate(); err != nil {
 		return bad("Model", "%s", err.Error())
 	}
@@ -175,6 +187,8 @@ func (o *PrefillOptions) engineOptions(n *Node) prefill.Options {
 	return prefill.Options{
 		Config:           o.Model,
 		WeightsPath:      o.WeightsPath,
+		ModelDir:         o.ModelDir,
+		MaxModelBytes:    o.MaxModelBytes,
 		Seed:             o.Seed,
 		Concurrency:      o.Concurrency,
 		BackgroundBlocks: o.BackgroundBlocks,

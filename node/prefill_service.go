@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
@@ -119,34 +118,23 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	}()
 	eopts.Backend = backend
 	var (
-		tok tokenizer.Tokenizer = tokenizer.Bytes{}
-		eos []uint32
+		tok      tokenizer.Tokenizer = tokenizer.Bytes{}
+		eos      []uint32
+		sampling prefill.SamplingDefaults
 	)
 	switch {
 	case o.ModelDir != "":
-		cfg, info, err := prefill.LoadConfigJSON(filepath.Join(o.ModelDir, "config.json"))
+		m, err := openModelDir(o.ModelDir, o.Model, n.opts.Limits.MaxBlockBytes)
 		if err != nil {
-			return nil, fmt.Errorf("node: Prefill.ModelDir: %w", err)
+			return nil, modelError(err)
 		}
-		cfg.BlockTokens = o.Model.BlockTokens
-		cfg.MaxContext = min(cfg.MaxContext, o.Model.MaxContext)
-		if size := block.EncodedLen(cfg.BlockTokens, cfg.Namespace(0, "").BlockBytes()); size > n.opts.MaxBlockBytes {
-			return nil, &OptionError{Field: "Prefill.ModelDir", Msg: fmt.Sprintf("the model's blocks are %d bytes encoded, over MaxBlockBytes (%d)", size, n.opts.MaxBlockBytes)}
-		}
-		eopts.Config, eopts.WeightsPath, eos = cfg, filepath.Join(o.ModelDir, "model.safetensors"), info.EOS
-		if path := filepath.Join(o.ModelDir, "tokenizer.json"); fileExists(path) {
-			bpe, err := tokenizer.Load(path)
-			if err != nil {
-				return nil, fmt.Errorf("node: Prefill.ModelDir: %w", err)
-			}
-			tok = bpe
-		}
+		eopts.Config, tok, eos, sampling = m.cfg, m.tok, m.eos, m.sampling
 	case o.WeightsPath == "":
 		eopts.Weights = seededWeights(o.Model, o.Seed)
 	}
 	engine, err := prefill.New(engineCache{c: n.cache, blockTokens: o.Model.BlockTokens}, eopts)
 	if err != nil {
-		return nil, fmt.Errorf("node: prefill engine: %w", err)
+		return nil, modelError(fmt.Errorf("node: prefill engine: %w", err))
 	}
 	q, err := openQueue(filepath.Join(n.opts.DataDir, "prefill-queue"), queueOptions{
 		capacity: o.QueueSize, maxResults: o.MaxResults, ttl: o.ResultTTL, maxRuns: queueMaxRuns,
@@ -156,9 +144,9 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 		engine.Close()
 		return nil, err
 	}
-	api, err := openai.New(openaiNode{n}, openai.Options{Engine: engine, Tokenizer: tok, EOS: eos,
+	api, err := openai.New(openaiNode{n}, openai.Options{Engine: engine, Tokenizer: tok, EOS: eos, Sampling: sampling,
 		Concurrency: o.Concurrency, MaxWaiting: o.MaxWaiting, Batch: o.Batch, DB: q.db, DataDir: n.opts.DataDir,
-		Alone: n.cluster == nil, PeerHTTPS: n.opts.HTTPTLS, PeerTLS: n.opts.PeerTLS, PeerToken: peerToken(&n.opts),
+		Alone: n.cluster == nil, PeerHTTPS: n.opts.Security.HTTPTLS, PeerTLS: n.opts.Security.PeerTLS, PeerToken: peerToken(&n.opts.Security),
 		Registerer: n.metrics.reg, Logger: n.log})
 	if err != nil {
 		q.close()

@@ -62,9 +62,9 @@ func startPrefillNode(t testing.TB, dataDir string, cache *fakeCache, mod func(*
 		cache = newFakeCache(64 << 20)
 	}
 	opts := Options{
-		DataDir:  dataDir,
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB,
+		DataDir: dataDir,
+		Listen:  ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"},
+		Tiers:   TierOptions{DRAMBytes: 64 * MiB, NVMeBytes: 64 * MiB},
 		Logger:  slog.New(slog.DiscardHandler),
 		Prefill: PrefillOptions{Model: tinyModel()},
 	}

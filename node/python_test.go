@@ -28,7 +28,7 @@ func pythonWithGRPC(t *testing.T) string {
 // blocks, looks the prompt up and reads the blocks back.
 func TestPythonClient(t *testing.T) {
 	py := pythonWithGRPC(t)
-	tn := startNode(t, func(o *Options) { o.MaxBlockBytes = 1 << 20 })
+	tn := startNode(t, func(o *Options) { o.Limits.MaxBlockBytes = 1 << 20 })
 	out, err := exec.Command(py, filepath.Join("..", "clients", "python", "example.py"), "--addr", tn.GRPCAddr()).CombinedOutput()
 	if err != nil {
 		t.Fatalf("example.py: %v\n%s", err, out)

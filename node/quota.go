@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/internal/atomicfile"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 	"github.com/kvmesh/kvmesh/store"
 )
@@ -64,8 +65,7 @@ func loadQuotas(dir string) (map[uint64]store.Quota, error) {
 	return out, nil
 }
 
-// saveQuotas writes quotas to dir durably: a new file, synced, renamed over
-// the old one, and the directory synced.
+// saveQuotas writes quotas to dir durably (atomicfile.Write).
 func saveQuotas(dir string, quotas map[uint64]store.Quota) error {
 	f := quotasJSON{Namespaces: make(map[string]quotaJSON, len(quotas))}
 	for d, q := range quotas {
@@ -76,26 +76,8 @@ func saveQuotas(dir string, quotas map[uint64]store.Quota) error {
 		return fmt.Errorf("node: quotas: %w", err)
 	}
 	path := filepath.Join(dir, quotaFile)
-	tmp, err := os.CreateTemp(dir, quotaFile+".*")
-	if err != nil {
-		return fmt.Errorf("node: quotas: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // after the rename: nothing there
-	if _, err = tmp.Write(append(b, '\n')); err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
+	if err := atomicfile.Write(path, append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("node: save quotas to %s: %w", path, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
 	}
 	return nil
 }

@@ -210,7 +210,7 @@ func TestRanksPrefillTPAndPP(t *testing.T) {
 	c := rankModel()
 	rng := rand.New(rand.NewPCG(23, 5))
 	for i, w := range []struct{ tp, pp int }{{2, 1}, {4, 2}} {
-		n := openClusterNode(t, t.TempDir(), fmt.Sprintf("r%d", i), nil, func(o *Options) { o.Prefill.Model, o.DRAMBytes = c, partsDRAM })
+		n := openClusterNode(t, t.TempDir(), fmt.Sprintf("r%d", i), nil, func(o *Options) { o.Prefill.Model, o.Tiers.DRAMBytes = c, partsDRAM })
 		prompt := longText(rng, 300)
 		prefix := prefill.TokenizeBytes(prompt[:200])
 		ns, cold := coldBlocks(t, c, prefix)
@@ -253,7 +253,7 @@ func TestRanksPrefillTPAndPP(t *testing.T) {
 // blocks of a prompt through two different nodes; a third client reads the
 // blocks whole, and at TP 2, through a third node.
 func TestClusterRanksOnTwoNodes(t *testing.T) {
-	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.DRAMBytes = partsDRAM })
+	nodes := startClusterNodes(t, 3, func(_ int, o *Options) { o.Tiers.DRAMBytes = partsDRAM })
 	ns := partsNS
 	tokens, payloads := partsPrompt(ns, 3, 8) // 2 chunks of 4 blocks: owners differ
 	ctx := context.Background()
@@ -297,7 +297,7 @@ func TestClusterRanksOnTwoNodes(t *testing.T) {
 // at TP 4); a gRPC-only client reads parts too (cut from the whole blocks
 // BatchGet reads) but cannot put one, and says so.
 func TestRanksTransports(t *testing.T) {
-	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Tiers.DRAMBytes = partsDRAM })
 	ns := prefixhash.Namespace{Model: "test/parts-vllm", DType: prefixhash.Float8E4M3, BlockTokens: 16, Layers: 3,
 		KVHeads: 4, HeadDim: 8, Scales: prefixhash.ScalesPerHead, Scheme: prefixhash.SchemeVLLM, HashSeed: "0", ExtraKeyBytes: 64}
 	ctx := context.Background()
@@ -351,7 +351,7 @@ func TestRanksTransports(t *testing.T) {
 // rank 1 writes after all, every block does.
 func TestRanksIncompleteNeverCount(t *testing.T) {
 	c := rankModel()
-	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Prefill.Model, o.DRAMBytes = c, partsDRAM })
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Prefill.Model, o.Tiers.DRAMBytes = c, partsDRAM })
 	prompt := longText(rand.New(rand.NewPCG(8, 8)), 200)
 	tokens := prefill.TokenizeBytes(prompt)
 	ns, cold := coldBlocks(t, c, tokens)
@@ -404,7 +404,7 @@ func TestRanksIncompleteNeverCount(t *testing.T) {
 // with an error naming what is valid, before anything is stored; and the
 // node keeps serving.
 func TestRanksConflictsAndBadRanks(t *testing.T) {
-	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Tiers.DRAMBytes = partsDRAM })
 	ns := partsNS
 	tokens, payloads := partsPrompt(ns, 5, 3)
 	keys := prefixhash.Keys(ns, tokens)
@@ -565,7 +565,7 @@ func wirePut(t testing.TB, c *transfer.Client, key prefixhash.Key, v []byte) tra
 // plane's byte counters), the node stores one copy, and every rank reads
 // the whole latent.
 func TestRanksLatentStoredOnce(t *testing.T) {
-	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Tiers.DRAMBytes = partsDRAM })
 	ns := latentNS
 	tokens, payloads := partsPrompt(ns, 4, 6)
 	bytesIn := func() int64 {
@@ -608,7 +608,7 @@ func TestRanksLatentStoredOnce(t *testing.T) {
 // is closed: a part cut from a block read in place used to keep tokens
 // that viewed the node's arena.
 func TestGetRankOwnsTokens(t *testing.T) {
-	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.DRAMBytes = partsDRAM })
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) { o.Tiers.DRAMBytes = partsDRAM })
 	ns := partsNS
 	tokens, payloads := partsPrompt(ns, 5, 2)
 	ctx := context.Background()

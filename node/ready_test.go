@@ -43,7 +43,7 @@ func TestReadyFile(t *testing.T) {
 
 	wild := filepath.Join(t.TempDir(), "wild.ready")
 	openClusterNode(t, t.TempDir(), "b", nil, func(o *Options) {
-		o.GRPCAddr, o.HTTPAddr, o.DataAddr = "0.0.0.0:0", "0.0.0.0:0", "0.0.0.0:0"
+		o.Listen.GRPCAddr, o.Listen.HTTPAddr, o.Listen.DataAddr = "0.0.0.0:0", "0.0.0.0:0", "0.0.0.0:0"
 		o.ReadyFile = wild
 	})
 	info, err = ready.Wait(t.Context(), wild, nil)

@@ -57,7 +57,7 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 		return ns, invalid("namespace", "%v", err)
 	}
 	// Multiply with a ceiling so that absurd head counts cannot overflow.
-	limit := uint64(n.opts.MaxBlockBytes)
+	limit := uint64(n.opts.Limits.MaxBlockBytes)
 	size := uint64(ns.DType.Size())
 	factors := []int{ns.Layers, 2, ns.BlockTokens, ns.KVHeads, ns.HeadDim}
 	if ns.Layout == prefixhash.LatentKV {
@@ -65,13 +65,13 @@ func (n *Node) namespace(ctx context.Context, pb *kvmeshv1.Namespace) (prefixhas
 	}
 	for _, f := range factors {
 		if size > limit/uint64(f) {
-			return ns, invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.MaxBlockBytes), "namespace", "blocks of %s are larger than the node's limit, max_block_bytes=%d", ns, limit)
+			return ns, invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.Limits.MaxBlockBytes), "namespace", "blocks of %s are larger than the node's limit, max_block_bytes=%d", ns, limit)
 		}
 		size *= uint64(f)
 	}
 	size += 4 * uint64(ns.ScaleCount()) // at most layers x 2 x kv_heads, bounded with the above
 	if enc := uint64(block.NamespaceHeaderLen(ns)) + size; enc > limit {
-		return ns, invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.MaxBlockBytes), "namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
+		return ns, invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_BLOCK_TOO_LARGE, limitMeta(n.opts.Limits.MaxBlockBytes), "namespace", "blocks of %s are %d bytes encoded; the node's limit is max_block_bytes=%d", ns, enc, limit)
 	}
 	n.names.note(ns)
 	return ns, nil
@@ -118,8 +118,8 @@ func (n *Node) mayNameDigest(ctx context.Context, digest uint64) bool {
 
 // blockLimit refuses requests naming more than MaxBatchBlocks blocks.
 func (n *Node) blockLimit(field string, blocks int) error {
-	if blocks > n.opts.MaxBatchBlocks {
-		return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_TOO_MANY_BLOCKS, limitMeta(n.opts.MaxBatchBlocks), field, "%d blocks in one request; the limit is max_batch_blocks=%d", blocks, n.opts.MaxBatchBlocks)
+	if blocks > n.opts.Limits.MaxBatchBlocks {
+		return invalidFor(kvmeshv1.ErrorReason_ERROR_REASON_TOO_MANY_BLOCKS, limitMeta(n.opts.Limits.MaxBatchBlocks), field, "%d blocks in one request; the limit is max_batch_blocks=%d", blocks, n.opts.Limits.MaxBatchBlocks)
 	}
 	return nil
 }

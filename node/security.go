@@ -26,33 +26,33 @@ import (
 
 // tokenSet returns the set of accepted tokens, nil when none is configured:
 // the tokens file's credentials, or shared tokens.
-func tokenSet(opts *Options) (*auth.Tokens, error) {
+func tokenSet(o *SecurityOptions) (*auth.Tokens, error) {
 	var (
 		t   *auth.Tokens
 		err error
 	)
 	switch {
-	case opts.TokensFile != nil:
-		t, err = auth.NewCredentials(opts.TokensFile.Credentials)
-	case len(opts.Tokens) > 0:
-		t, err = auth.NewTokens(opts.Tokens...)
+	case o.TokensFile != nil:
+		t, err = auth.NewCredentials(o.TokensFile.Credentials)
+	case len(o.Tokens) > 0:
+		t, err = auth.NewTokens(o.Tokens...)
 	default:
 		return nil, nil
 	}
 	if err != nil {
-		return nil, &OptionError{Field: "Tokens", Msg: err.Error()}
+		return nil, badOption("Security.Tokens", "%s", err.Error())
 	}
 	return t, nil
 }
 
 // peerToken is the token a node presents to its peers: the tokens file's
 // cluster token, or the first shared token.
-func peerToken(opts *Options) string {
+func peerToken(o *SecurityOptions) string {
 	switch {
-	case opts.TokensFile != nil:
-		return opts.TokensFile.ClusterToken
-	case len(opts.Tokens) > 0:
-		return opts.Tokens[0]
+	case o.TokensFile != nil:
+		return o.TokensFile.ClusterToken
+	case len(o.Tokens) > 0:
+		return o.Tokens[0]
 	}
 	return ""
 }
@@ -219,13 +219,13 @@ func (b bearer) RequireTransportSecurity() bool { return false }
 // SetTokens replaces the bearer tokens the node accepts, on gRPC and on the
 // data plane at once, without a restart (connections already accepted stay
 // open). The token the node presents to its peers stays the first of
-// Options.Tokens until it restarts. A node started without tokens cannot
-// be given some: restart it with Options.Tokens.
+// Options.Security.Tokens until it restarts. A node started without tokens cannot
+// be given some: restart it with Options.Security.Tokens.
 func (n *Node) SetTokens(tokens []string) error {
 	if n.guard.tokens == nil {
 		return errors.New("node: started without tokens; restart it with some to require them")
 	}
-	if n.opts.TokensFile != nil {
+	if n.opts.Security.TokensFile != nil {
 		return errors.New("node: started with a tokens file; reload it with SetTokensFile")
 	}
 	if err := n.guard.tokens.Set(tokens...); err != nil {
@@ -235,18 +235,18 @@ func (n *Node) SetTokens(tokens []string) error {
 }
 
 // SetTokensFile replaces the credentials of a node started with a tokens
-// file (Options.TokensFile) by those of f, on gRPC and the data plane at
+// file (Options.Security.TokensFile) by those of f, on gRPC and the data plane at
 // once. The secret and the cluster token must not change: the first would
 // move every tenant's namespaces, the second cut the node from its peers
 // until they all restart; both need a restart of the whole cluster.
 func (n *Node) SetTokensFile(f *auth.File) error {
-	if n.opts.TokensFile == nil {
+	if n.opts.Security.TokensFile == nil {
 		return errors.New("node: started without a tokens file; restart it with one")
 	}
-	if f.ClusterToken != n.opts.TokensFile.ClusterToken {
+	if f.ClusterToken != n.opts.Security.TokensFile.ClusterToken {
 		return errors.New("node: the tokens file's cluster token changed: restart every node of the cluster to change it")
 	}
-	if !bytes.Equal(f.LabelKey, n.opts.TokensFile.LabelKey) { // derived from the secret
+	if !bytes.Equal(f.LabelKey, n.opts.Security.TokensFile.LabelKey) { // derived from the secret
 		return errors.New("node: the tokens file's secret changed: it derives every tenant's namespaces; restart every node of the cluster to change it")
 	}
 	if err := n.guard.tokens.SetCredentials(f.Credentials); err != nil {

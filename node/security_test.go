@@ -96,7 +96,7 @@ func callEvery(t *testing.T, n *Node, conn *grpc.ClientConn) map[string]*status.
 // with Unauthenticated and a message saying what to send, and counts the
 // refusals; health checks stay open; a client with the token is served.
 func TestTokenOnEveryCall(t *testing.T) {
-	tn := startNode(t, func(o *Options) { o.Tokens = []string{"s3cret", "n3xt"} })
+	tn := startNode(t, func(o *Options) { o.Security.Tokens = []string{"s3cret", "n3xt"} })
 	for _, tc := range []struct {
 		name, token, says string
 	}{
@@ -210,7 +210,7 @@ func TestTLSNode(t *testing.T) {
 	ctx := context.Background()
 	t.Run("server", func(t *testing.T) {
 		ca, server, peer := tlsFiles(t, false)
-		tn := startNode(t, func(o *Options) { o.TLS, o.PeerTLS = server, peer })
+		tn := startNode(t, func(o *Options) { o.Security.TLS, o.Security.PeerTLS = server, peer })
 		_, anon, err := transfer.LoadTLS(transfer.TLSFiles{CA: ca.File})
 		if err != nil {
 			t.Fatal(err)
@@ -245,7 +245,7 @@ func TestTLSNode(t *testing.T) {
 	})
 	t.Run("mutual", func(t *testing.T) {
 		ca, server, peer := tlsFiles(t, true)
-		tn := startNode(t, func(o *Options) { o.TLS, o.PeerTLS = server, peer })
+		tn := startNode(t, func(o *Options) { o.Security.TLS, o.Security.PeerTLS = server, peer })
 		_, anon, err := transfer.LoadTLS(transfer.TLSFiles{CA: ca.File})
 		if err != nil {
 			t.Fatal(err)
@@ -269,7 +269,7 @@ func TestTLSNode(t *testing.T) {
 			t.Fatalf("a client with a certificate of the CA: %v", err)
 		}
 	})
-	if err := (&Options{TLS: &tls.Config{}}).EnsureDefaults().Validate(); err == nil || !strings.Contains(err.Error(), "PeerTLS") {
+	if err := (&Options{Security: SecurityOptions{TLS: &tls.Config{}}}).EnsureDefaults().Validate(); err == nil || !strings.Contains(err.Error(), "PeerTLS") {
 		t.Errorf("TLS without PeerTLS: %v", err)
 	}
 }
@@ -281,7 +281,7 @@ func TestTLSNode(t *testing.T) {
 func TestSecureCluster(t *testing.T) {
 	_, server, peer := tlsFiles(t, true)
 	nodes := startClusterNodes(t, 2, func(_ int, o *Options) {
-		o.TLS, o.PeerTLS, o.Tokens = server, peer, []string{"cluster-token", "client-token"}
+		o.Security.TLS, o.Security.PeerTLS, o.Security.Tokens = server, peer, []string{"cluster-token", "client-token"}
 	})
 	ctx := context.Background()
 	dial := func(n *clusterNode, transport, token string) *client.Client {

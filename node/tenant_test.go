@@ -164,7 +164,7 @@ func TestQuotas(t *testing.T) {
 	dir := t.TempDir()
 	blk := int64(block.EncodedLen(clusterNS.BlockTokens, clusterNS.BlockBytes()))
 	open := func() *clusterNode {
-		return openClusterNode(t, dir, "q", nil, func(o *Options) { o.QuotaDRAMBytes, o.QuotaNVMeBytes = 8*blk, 16*blk })
+		return openClusterNode(t, dir, "q", nil, func(o *Options) { o.Tiers.QuotaDRAMBytes, o.Tiers.QuotaNVMeBytes = 8*blk, 16*blk })
 	}
 	n := open()
 	ctx := context.Background()

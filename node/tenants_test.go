@@ -76,8 +76,8 @@ func rawTenantAPI(t testing.TB, addr, token string) api {
 func TestTenantsIsolated(t *testing.T) {
 	tf := tenantsFile(t)
 	nodes := startClusterNodes(t, 2, func(_ int, o *Options) {
-		o.TokensFile = tf
-		o.GossipKey = []byte("fedcba9876543210fedcba9876543210")
+		o.Security.TokensFile = tf
+		o.Cluster.GossipKey = []byte("fedcba9876543210fedcba9876543210")
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -295,8 +295,8 @@ func encodeTenantBlock(t testing.TB, ns prefixhash.Namespace, parent prefixhash.
 func TestTenantsPrefill(t *testing.T) {
 	tf := tenantsFile(t)
 	nodes := startClusterNodes(t, 2, func(_ int, o *Options) {
-		o.TokensFile = tf
-		o.GossipKey = []byte("fedcba9876543210fedcba9876543210")
+		o.Security.TokensFile = tf
+		o.Cluster.GossipKey = []byte("fedcba9876543210fedcba9876543210")
 		o.Prefill.Model = tinyModel()
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -362,7 +362,7 @@ func TestTenantsPrefill(t *testing.T) {
 // one whose secret or cluster token changed is refused and changes nothing.
 func TestSetTokensFile(t *testing.T) {
 	tf := tenantsFile(t)
-	n := startNode(t, func(o *Options) { o.TokensFile = tf })
+	n := startNode(t, func(o *Options) { o.Security.TokensFile = tf })
 	parse := func(body string) *auth.File {
 		f, err := auth.ParseFile([]byte(body))
 		if err != nil {

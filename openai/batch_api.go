@@ -352,26 +352,26 @@ func batchWorkers(o Options) int {
 // (steal.go). A request interrupted by the stop is not recorded: it runs
 // again from its start when the node reopens its data dir (or, for a
 // peer's, when its lease lapses).
-func (p *API) workBatches() {
-	defer p.wg.Done()
-	wait := p.batches.opts.StealInterval
-	if wait < 0 || p.opts.Alone {
+func (o *API) workBatches() {
+	defer o.wg.Done()
+	wait := o.batches.opts.StealInterval
+	if wait < 0 || o.opts.Alone {
 		wait = time.Hour // nobody to pull from: wake on submissions only
 	}
 	for {
-		m, ok, err := p.batches.take(p.ctx, wait)
+		m, ok, err := o.batches.take(o.ctx, wait)
 		switch {
 		case err != nil:
 			return
 		case ok:
 			id := m.ID
-			p.runBatch(batchRun{meta: m,
-				start:   func() (batchMeta, bool) { return p.batches.start(id) },
-				request: func(i int) ([]byte, error) { return p.batches.request(id, i) },
-				answer:  func(i int, resp []byte, failed bool) (bool, error) { return p.batches.answer(id, i, resp, failed) },
+			o.runBatch(batchRun{meta: m,
+				start:   func() (batchMeta, bool) { return o.batches.start(id) },
+				request: func(i int) ([]byte, error) { return o.batches.request(id, i) },
+				answer:  func(i int, resp []byte, failed bool) (bool, error) { return o.batches.answer(id, i, resp, failed) },
 			})
 		case wait != time.Hour:
-			p.steal()
+			o.steal()
 		}
 	}
 }
@@ -379,10 +379,10 @@ func (p *API) workBatches() {
 // runBatch answers r's requests in order, each started once the engine is
 // idle (Engine.WaitIdle) and run as background work that yields to
 // synchronous requests (runQueued).
-func (p *API) runBatch(r batchRun) {
+func (o *API) runBatch(r batchRun) {
 	m := r.meta
 	for i := m.Done; i < m.N; i++ {
-		if err := p.engine.WaitIdle(p.ctx); err != nil {
+		if err := o.engine.WaitIdle(o.ctx); err != nil {
 			return
 		}
 		if i == m.Done && r.start != nil {
@@ -391,7 +391,7 @@ func (p *API) runBatch(r batchRun) {
 				return
 			}
 			if m.Runs == 1 {
-				p.batchMetrics.wait.Observe(m.Started.Sub(m.Enqueued).Seconds())
+				o.batchMetrics.wait.Observe(m.Started.Sub(m.Enqueued).Seconds())
 			}
 		}
 		stored, err := r.request(i)
@@ -404,42 +404,42 @@ func (p *API) runBatch(r batchRun) {
 				Error apiError `json:"error"`
 			}{newHTTPError(http.StatusInternalServerError, "", "", "the queued request could not be read back: %v", err).apiError}), true
 		} else {
-			resp, failed = p.runQueued(p.ctx, m.Owner, stored)
+			resp, failed = o.runQueued(o.ctx, m.Owner, stored)
 		}
-		if p.ctx.Err() != nil {
-			p.log.Info("queue: batch interrupted by shutdown; its request runs again after a restart", "id", m.ID, "request", i)
+		if o.ctx.Err() != nil {
+			o.log.Info("queue: batch interrupted by shutdown; its request runs again after a restart", "id", m.ID, "request", i)
 			return
 		}
 		// Counted before the answer is visible, so a client that sees it
 		// sees it counted.
 		if failed {
-			p.batchMetrics.requests.WithLabelValues("failed").Inc()
+			o.batchMetrics.requests.WithLabelValues("failed").Inc()
 		} else {
-			p.batchMetrics.requests.WithLabelValues("completed").Inc()
+			o.batchMetrics.requests.WithLabelValues("completed").Inc()
 		}
 		more, err := r.answer(i, resp, failed)
 		if err != nil {
-			p.log.Error("queue: cannot record a response", "id", m.ID, "request", i, "err", err)
+			o.log.Error("queue: cannot record a response", "id", m.ID, "request", i, "err", err)
 			return
 		}
 		if !more {
 			break
 		}
 	}
-	p.log.Info("queue: batch done", "id", m.ID, "requests", m.N, "runs", m.Runs)
+	o.log.Info("queue: batch done", "id", m.ID, "requests", m.N, "runs", m.Runs)
 }
 
 // reapBatches deletes expired batches now and then.
-func (p *API) reapBatches() {
-	defer p.wg.Done()
-	t := time.NewTicker(min(p.batches.opts.ResultTTL/4, time.Minute))
+func (o *API) reapBatches() {
+	defer o.wg.Done()
+	t := time.NewTicker(min(o.batches.opts.ResultTTL/4, time.Minute))
 	defer t.Stop()
 	for {
 		select {
-		case <-p.ctx.Done():
+		case <-o.ctx.Done():
 			return
 		case <-t.C:
-			p.batches.expire()
+			o.batches.expire()
 		}
 	}
 }

@@ -16,10 +16,13 @@
 // implements Node and mounts the API (Register; RegisterDisabled on a node
 // without an engine), each route one http.ServeMux pattern.
 //
-// Files: openai.go (completions, wire types, errors), routes.go (the
-// routes, authorization, metrics per route), batch_api.go (the
-// asynchronous API's endpoints and workers), batch.go (the batches' store),
-// steal.go (work stealing between nodes), callback.go (signed callbacks).
+// Files: api.go (Node, New and the lifecycle), options.go, routes.go (the
+// routes, authorization, metrics per route), openai.go (completions),
+// request.go (checking a completion request), wire.go (wire types and
+// the error object), stream.go (server-sent events), batch_api.go (the
+// asynchronous API's endpoints and workers), batch.go (the batches'
+// store), steal.go (work stealing between nodes), callback.go (signed
+// callbacks).
 //
 // Invariants. A completion needs the write scope (it publishes the blocks
 // it computes), a lookup or a list the read scope, a peer's lease call the

@@ -21,6 +21,10 @@ type Options struct {
 	Tokenizer tokenizer.Tokenizer
 	// EOS are the model's end-of-sequence ids, which end every answer.
 	EOS []uint32
+	// Sampling are the model's default temperature and top_p
+	// (generation_config.json), used where a request gives none. Default
+	// zero: OpenAI's (temperature 1, top_p 1).
+	Sampling prefill.SamplingDefaults
 	// Concurrency is how many requests the engine runs at once, and
 	// MaxWaiting how many more may wait for it; one more is answered 429.
 	Concurrency, MaxWaiting int

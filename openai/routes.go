@@ -168,3 +168,13 @@ func (o *API) lookupOf(chat bool) handler {
 		return o.lookup(w, r, chat, who)
 	}
 }
+
+func (o *API) modelJSON() modelJSON {
+	return modelJSON{ID: o.model, Object: "model", OwnedBy: "kvmesh"}
+}
+
+func (o *API) knows(model string) bool { return model == o.model || model == ModelAlias }
+
+func (o *API) unknownModel(model string) error {
+	return newHTTPError(http.StatusNotFound, "model", "model_not_found", "the model %q does not exist on this node; it serves %q (also called %q)", model, o.model, ModelAlias)
+}

@@ -148,9 +148,9 @@ func leaseError(err error) error {
 // lend leases the oldest batch nobody runs to the caller and answers its
 // requests not yet answered (POST internalQueuePath+"claim"); 204 when
 // there is none.
-func (p *API) lend(w http.ResponseWriter, _ *http.Request, call leaseCall) error {
+func (o *API) lend(w http.ResponseWriter, _ *http.Request, call leaseCall) error {
 	peer := call.Node
-	b := p.batches
+	b := o.batches
 	c, _ := b.claimLocked(peer, b.opts.LeaseTTL)
 	if c == nil {
 		w.WriteHeader(http.StatusNoContent)
@@ -162,7 +162,7 @@ func (p *API) lend(w http.ResponseWriter, _ *http.Request, call leaseCall) error
 		return nil
 	}
 	if m.Runs == 1 {
-		p.batchMetrics.wait.Observe(m.Started.Sub(m.Enqueued).Seconds())
+		o.batchMetrics.wait.Observe(m.Started.Sub(m.Enqueued).Seconds())
 	}
 	out := stolenBatch{RequestID: m.ID, Owner: m.Owner, N: m.N, Done: m.Done, Runs: m.Runs, LeaseMs: b.opts.LeaseTTL.Milliseconds()}
 	for i := m.Done; i < m.N; i++ {
@@ -173,15 +173,15 @@ func (p *API) lend(w http.ResponseWriter, _ *http.Request, call leaseCall) error
 		}
 		out.Requests = append(out.Requests, req)
 	}
-	p.batchMetrics.steals.WithLabelValues("lent").Inc()
-	p.log.Info("queue: lent a batch to a peer", "id", m.ID, "peer", peer, "from", m.Done, "requests", m.N)
+	o.batchMetrics.steals.WithLabelValues("lent").Inc()
+	o.log.Info("queue: lent a batch to a peer", "id", m.ID, "peer", peer, "from", m.Done, "requests", m.N)
 	WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
 // peerRequest sends a request to a peer's HTTP address with the cluster
 // credential.
-func (n *API) peerRequest(ctx context.Context, method, addr, path string, body any, header http.Header) (*http.Response, error) {
+func (o *API) peerRequest(ctx context.Context, method, addr, path string, body any, header http.Header) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -191,7 +191,7 @@ func (n *API) peerRequest(ctx context.Context, method, addr, path string, body a
 		rd = bytes.NewReader(b)
 	}
 	scheme := "http://"
-	if n.opts.PeerHTTPS {
+	if o.opts.PeerHTTPS {
 		scheme = "https://"
 	}
 	req, err := http.NewRequestWithContext(ctx, method, scheme+addr+path, rd)
@@ -201,17 +201,17 @@ func (n *API) peerRequest(ctx context.Context, method, addr, path string, body a
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	if tok := n.opts.PeerToken; tok != "" && header.Get("Authorization") == "" {
+	if tok := o.opts.PeerToken; tok != "" && header.Get("Authorization") == "" {
 		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	return n.peerHTTP.Do(req)
+	return o.peerHTTP.Do(req)
 }
 
 // leaseCallTo posts a lease call to a peer and decodes its answer into
 // out (when set). errLeaseLost for 409.
-func (n *API) leaseCallTo(ctx context.Context, addr, path string, call leaseCall, out any) error {
-	resp, err := n.peerRequest(ctx, http.MethodPost, addr, path, call, nil)
+func (o *API) leaseCallTo(ctx context.Context, addr, path string, call leaseCall, out any) error {
+	resp, err := o.peerRequest(ctx, http.MethodPost, addr, path, call, nil)
 	if err != nil {
 		return err
 	}
@@ -235,42 +235,42 @@ func (n *API) leaseCallTo(ctx context.Context, addr, path string, call leaseCall
 
 // steal asks the peers, once the engine is idle, for a batch nobody runs,
 // and runs the first one lent.
-func (p *API) steal() {
-	if err := p.engine.WaitIdle(p.ctx); err != nil {
+func (o *API) steal() {
+	if err := o.engine.WaitIdle(o.ctx); err != nil {
 		return
 	}
-	self := p.n.ID()
-	for _, addr := range p.n.Peers() {
+	self := o.n.ID()
+	for _, addr := range o.n.Peers() {
 		var sb stolenBatch
-		ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
-		err := p.leaseCallTo(ctx, addr, internalQueuePath+"claim", leaseCall{Node: self}, &sb)
+		ctx, cancel := context.WithTimeout(o.ctx, 30*time.Second)
+		err := o.leaseCallTo(ctx, addr, internalQueuePath+"claim", leaseCall{Node: self}, &sb)
 		cancel()
 		switch {
 		case errors.Is(err, errBatchNotFound):
 			continue
 		case err != nil:
-			if p.ctx.Err() == nil {
-				p.log.Debug("queue: a peer lent no batch", "peer", addr, "err", err)
+			if o.ctx.Err() == nil {
+				o.log.Debug("queue: a peer lent no batch", "peer", addr, "err", err)
 			}
 			continue
 		case len(sb.Requests) != sb.N-sb.Done:
-			p.log.Warn("queue: a peer lent a malformed batch", "peer", addr, "id", sb.RequestID)
+			o.log.Warn("queue: a peer lent a malformed batch", "peer", addr, "id", sb.RequestID)
 			continue
 		}
-		p.batchMetrics.steals.WithLabelValues("borrowed").Inc()
-		p.log.Info("queue: running a peer's batch", "id", sb.RequestID, "peer", addr, "from", sb.Done, "requests", sb.N)
-		p.runStolen(addr, sb)
+		o.batchMetrics.steals.WithLabelValues("borrowed").Inc()
+		o.log.Info("queue: running a peer's batch", "id", sb.RequestID, "peer", addr, "from", sb.Done, "requests", sb.N)
+		o.runStolen(addr, sb)
 		return
 	}
 }
 
 // runStolen runs the batch a peer lent, posting each answer back, and
 // renews the lease meanwhile; it gives the batch back if the node stops.
-func (p *API) runStolen(addr string, sb stolenBatch) {
-	self := p.n.ID()
+func (o *API) runStolen(addr string, sb stolenBatch) {
+	self := o.n.ID()
 	base := internalQueuePath + sb.RequestID
 	ttl := time.Duration(sb.LeaseMs) * time.Millisecond
-	renewCtx, stopRenew := context.WithCancel(p.ctx)
+	renewCtx, stopRenew := context.WithCancel(o.ctx)
 	renewed := make(chan struct{})
 	go func() {
 		defer close(renewed)
@@ -281,15 +281,15 @@ func (p *API) runStolen(addr string, sb stolenBatch) {
 			case <-renewCtx.Done():
 				return
 			case <-t.C:
-				if err := p.leaseCallTo(renewCtx, addr, base+"/renew", leaseCall{Node: self}, nil); errors.Is(err, errLeaseLost) {
-					p.log.Warn("queue: lost the lease on a peer's batch", "id", sb.RequestID, "peer", addr)
+				if err := o.leaseCallTo(renewCtx, addr, base+"/renew", leaseCall{Node: self}, nil); errors.Is(err, errLeaseLost) {
+					o.log.Warn("queue: lost the lease on a peer's batch", "id", sb.RequestID, "peer", addr)
 					return
 				}
 			}
 		}
 	}()
 	finished := false
-	p.runBatch(batchRun{
+	o.runBatch(batchRun{
 		meta: batchMeta{ID: sb.RequestID, Owner: sb.Owner, N: sb.N, Done: sb.Done, Runs: sb.Runs},
 		request: func(i int) ([]byte, error) {
 			return sb.Requests[i-sb.Done], nil
@@ -298,19 +298,19 @@ func (p *API) runStolen(addr string, sb stolenBatch) {
 			var out struct {
 				More bool `json:"more"`
 			}
-			ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+			ctx, cancel := context.WithTimeout(o.ctx, 30*time.Second)
 			defer cancel()
-			err := p.leaseCallTo(ctx, addr, base+"/answer", leaseCall{Node: self, Index: i, Response: resp, Failed: failed}, &out)
+			err := o.leaseCallTo(ctx, addr, base+"/answer", leaseCall{Node: self, Index: i, Response: resp, Failed: failed}, &out)
 			finished = err == nil && !out.More
 			return out.More, err
 		},
 	})
 	stopRenew()
 	<-renewed
-	if !finished && p.ctx.Err() != nil {
+	if !finished && o.ctx.Err() != nil {
 		// Stopping: give it back now rather than when the lease lapses.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		p.leaseCallTo(ctx, addr, base+"/release", leaseCall{Node: self}, nil)
+		o.leaseCallTo(ctx, addr, base+"/release", leaseCall{Node: self}, nil)
 		cancel()
 	}
 }
@@ -319,7 +319,7 @@ func (p *API) runStolen(addr string, sb stolenBatch) {
 // not hold to its peers, with the caller's credential, and answers with
 // the first answer that is not 404; false when every peer said 404 (or
 // none answered), or when the request came from a peer already.
-func (n *API) askPeers(w http.ResponseWriter, r *http.Request) bool {
+func (o *API) askPeers(w http.ResponseWriter, r *http.Request) bool {
 	if r.Header.Get(ForwardedHeader) != "" {
 		return false
 	}
@@ -327,9 +327,9 @@ func (n *API) askPeers(w http.ResponseWriter, r *http.Request) bool {
 	if a := r.Header.Values("Authorization"); len(a) > 0 {
 		h["Authorization"] = a
 	}
-	for _, addr := range n.n.Peers() {
+	for _, addr := range o.n.Peers() {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-		resp, err := n.peerRequest(ctx, r.Method, addr, r.URL.Path, nil, h)
+		resp, err := o.peerRequest(ctx, r.Method, addr, r.URL.Path, nil, h)
 		if err != nil {
 			cancel()
 			continue

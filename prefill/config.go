@@ -3,6 +3,8 @@ package prefill
 import (
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -53,7 +55,47 @@ type Config struct {
 	// part is shared by all heads and cached beside the latent (64 in
 	// DeepSeek-V3). MLA only; even; default 16.
 	RopeDim int
+	// QKVBias gives q_proj, k_proj and v_proj a bias each (Qwen2). GQA
+	// only. Default false.
+	QKVBias bool
+	// QKNorm applies an RMSNorm, with weights of HeadDim, to each query and
+	// key head before RoPE (Qwen3). GQA only. Default false.
+	QKNorm bool
+	// SlidingWindow, when above 0, lets a position attend only to itself
+	// and the SlidingWindow−1 positions before it, in every layer
+	// (Mistral's sliding_window). GQA only. Default 0: the whole prefix.
+	SlidingWindow int
+	// RopeScaling changes RoPE's frequencies for long contexts, as
+	// config.json's rope_scaling declares. The zero value is plain RoPE.
+	RopeScaling RopeScaling
 }
+
+// RopeScaling is a RoPE frequency scaling, in Hugging Face's terms
+// (transformers' modeling_rope_utils). Fields a type does not use are zero.
+type RopeScaling struct {
+	// Type is "" (none), RopeLinear, RopeLlama3 or RopeYarn.
+	Type string
+	// Factor is the context extension factor (> 1 for every type).
+	Factor float64
+	// LowFreqFactor and HighFreqFactor bound Llama 3's smoothing band.
+	LowFreqFactor, HighFreqFactor float64
+	// OriginalContext is the context the model was pretrained on
+	// (original_max_position_embeddings; llama3 and yarn).
+	OriginalContext int
+	// BetaFast and BetaSlow bound YaRN's ramp, in rotations (defaults 32
+	// and 1 when config.json omits them).
+	BetaFast, BetaSlow float64
+	// AttentionFactor scales cos and sin (YaRN's mscale); 0 reads as
+	// YaRN's default 0.1·ln(Factor)+1, and as 1 for the other types.
+	AttentionFactor float64
+}
+
+// The RoPE scalings a Config may name.
+const (
+	RopeLinear = "linear"
+	RopeLlama3 = "llama3"
+	RopeYarn   = "yarn"
+)
 
 // The attentions a Config may name.
 const (
@@ -187,8 +229,54 @@ func (c Config) Validate() error {
 		return bad("rope_dim", "%d must be even and in 2..1024", c.RopeDim)
 	case c.Attention == AttentionMLA && c.Heads*(c.HeadDim+c.RopeDim) > maxDim:
 		return bad("heads", "heads×(head_dim+rope_dim) = %d exceeds %d", c.Heads*(c.HeadDim+c.RopeDim), maxDim)
+	case c.MLA() && (c.QKVBias || c.QKNorm || c.SlidingWindow != 0):
+		return bad("attention", "qkv_bias, qk_norm and sliding_window are for %s attention only", AttentionGQA)
+	case c.SlidingWindow < 0:
+		return bad("sliding_window", "%d is negative", c.SlidingWindow)
+	}
+	return c.RopeScaling.validate()
+}
+
+func (r RopeScaling) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: rope_scaling: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch r.Type {
+	case "":
+		if r != (RopeScaling{}) {
+			return bad("parameters without a type")
+		}
+		return nil
+	case RopeLinear, RopeLlama3, RopeYarn:
+	default:
+		return bad("type %q: want %s, %s or %s", r.Type, RopeLinear, RopeLlama3, RopeYarn)
+	}
+	switch {
+	case !(r.Factor >= 1) || r.Factor > 1e6:
+		return bad("factor %g is outside [1, 1e6]", r.Factor)
+	case r.Type == RopeLlama3 && !(r.LowFreqFactor > 0 && r.HighFreqFactor > r.LowFreqFactor):
+		return bad("llama3 needs 0 < low_freq_factor (%g) < high_freq_factor (%g)", r.LowFreqFactor, r.HighFreqFactor)
+	case r.Type != RopeLinear && (r.OriginalContext < 1 || r.OriginalContext > maxMaxContext):
+		return bad("original_max_position_embeddings %d is outside 1..%d", r.OriginalContext, maxMaxContext)
+	case r.Type == RopeYarn && !(r.BetaFast > r.BetaSlow && r.BetaSlow > 0):
+		return bad("yarn needs beta_fast (%g) > beta_slow (%g) > 0", r.BetaFast, r.BetaSlow)
+	case math.IsNaN(r.AttentionFactor) || r.AttentionFactor < 0 || r.AttentionFactor > 100:
+		return bad("attention_factor %g is outside [0, 100]", r.AttentionFactor)
 	}
 	return nil
+}
+
+// String spells the scaling for a model id: "" for none.
+func (r RopeScaling) String() string {
+	switch r.Type {
+	case "":
+		return ""
+	case RopeLinear:
+		return fmt.Sprintf("linear%g", r.Factor)
+	case RopeLlama3:
+		return fmt.Sprintf("llama3-%g-%g-%g-%d", r.Factor, r.LowFreqFactor, r.HighFreqFactor, r.OriginalContext)
+	}
+	return fmt.Sprintf("yarn-%g-%d-%g-%g-%g", r.Factor, r.OriginalContext, r.BetaFast, r.BetaSlow, r.AttentionFactor)
 }
 
 // MLA reports whether c is multi-head latent attention.
@@ -265,6 +353,26 @@ func (c Config) ForwardFLOPs(start, n int) float64 {
 	return float64(c.Layers)*perLayer + 2*float64(c.Vocab)*float64(c.Dim)
 }
 
+// variant spells what a GQA model computes beyond Llama's: "" for Llama.
+// The weights digest covers biases and norms; this covers what no tensor
+// holds.
+func (c Config) variant() string {
+	var b strings.Builder
+	if c.QKVBias {
+		b.WriteString("-qkvbias")
+	}
+	if c.QKNorm {
+		b.WriteString("-qknorm")
+	}
+	if c.SlidingWindow > 0 {
+		fmt.Fprintf(&b, "-swa%d", c.SlidingWindow)
+	}
+	if r := c.RopeScaling.String(); r != "" {
+		b.WriteString("-" + r)
+	}
+	return b.String()
+}
+
 // Namespace returns the namespace of the KV blocks this model produces with
 // weights whose digest is weightsDigest (see Weights.Digest). The model id
 // spells out every field that changes the KV values and the weights digest,
@@ -284,8 +392,8 @@ func (c Config) Namespace(weightsDigest uint64, tenantSalt string) prefixhash.Na
 		}
 	}
 	return prefixhash.Namespace{
-		Model: fmt.Sprintf("kvmesh/llama-l%d-d%d-h%d-kv%d-hd%d-f%d-v%d-rope%g-eps%g/w%016x",
-			c.Layers, c.Dim, c.Heads, c.KVHeads, c.HeadDim, c.FFNDim, c.Vocab, c.RopeTheta, c.NormEps, weightsDigest),
+		Model: fmt.Sprintf("kvmesh/llama-l%d-d%d-h%d-kv%d-hd%d-f%d-v%d-rope%g-eps%g%s/w%016x",
+			c.Layers, c.Dim, c.Heads, c.KVHeads, c.HeadDim, c.FFNDim, c.Vocab, c.RopeTheta, c.NormEps, c.variant(), weightsDigest),
 		DType:       prefixhash.Float32,
 		BlockTokens: c.BlockTokens,
 		Layers:      c.Layers,

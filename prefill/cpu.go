@@ -68,6 +68,8 @@ const (
 type cpuLayer struct {
 	attnNorm, mlpNorm []float32
 	qkv               *matrix   // [qkvWidth][Dim]: q_proj, k_proj, v_proj stacked (MLA: q_proj, kv_a_proj)
+	qkvBias           []float32 // [qkvWidth]: the Q, K and V biases stacked (Config.QKVBias); nil without
+	qNorm, kNorm      []float32 // [HeadDim] (Config.QKNorm); nil without
 	kvaNorm           []float32 // MLA: kv_a_layernorm
 	kvb               *matrix   // MLA: kv_b_proj [Heads·2·HeadDim][KVLoraRank]; nil without MLA
 	o                 *matrix   // [Dim][AttnDim]
@@ -104,7 +106,7 @@ func (b *CPU) Load(cfg Config, w *Weights) (Model, error) {
 		return nil, err
 	}
 	m := newModel(cfg, w, b.opts.Threads)
-	m.passes = hostPasses{}
+	m.passes = hostPasses{threads: b.opts.Threads}
 	return m, nil
 }
 
@@ -123,14 +125,19 @@ func newModel(cfg Config, w *Weights, threads int) *cpuModel {
 		L := cpuLayer{
 			attnNorm: l.AttnNorm,
 			mlpNorm:  l.MLPNorm,
-			qkv:      mat(cfg.qkvWidth(), d, slices.Concat(l.Q, l.K, l.V, l.KVA)), // K, V empty with MLA, KVA without
+			qkv:      mat(cfg.qkvWidth(), d, stacked(l.Q, l.K, l.V, l.KVA)), // K, V empty with MLA, KVA without
+			qNorm:    l.QNorm,
+			kNorm:    l.KNorm,
 			kvaNorm:  l.KVANorm,
 			o:        mat(d, cfg.AttnDim(), l.O),
-			gateUp:   mat(2*ffn, d, slices.Concat(l.Gate, l.Up)),
+			gateUp:   mat(2*ffn, d, stacked(l.Gate, l.Up)),
 			down:     mat(d, ffn, l.Down),
 		}
 		if cfg.MLA() {
 			L.kvb = mat(2*cfg.Heads*cfg.HeadDim, cfg.KVLoraRank, l.KVB)
+		}
+		if cfg.QKVBias {
+			L.qkvBias = stacked(l.QBias, l.KBias, l.VBias)
 		}
 		m.layers = append(m.layers, L)
 	}
@@ -139,8 +146,27 @@ func newModel(cfg Config, w *Weights, threads int) *cpuModel {
 	if cfg.MLA() {
 		rd = cfg.RopeDim
 	}
-	m.cos, m.sin = ropeTable(cfg.MaxContext, rd, cfg.RopeTheta)
+	m.cos, m.sin = ropeTable(cfg.MaxContext, rd, cfg.RopeTheta, cfg.RopeScaling)
 	return m
+}
+
+// stacked returns the concatenation of parts: a view when they already lie
+// one after the other in memory (a checkpoint loader lays them out so),
+// else a copy.
+func stacked(parts ...[]float32) []float32 {
+	var all []float32
+	for _, p := range parts {
+		switch {
+		case len(p) == 0:
+		case len(all) == 0:
+			all = p
+		case cap(all) >= len(all)+len(p) && &all[:len(all)+1][len(all)] == &p[0]:
+			all = all[:len(all)+len(p)]
+		default:
+			return slices.Concat(parts...)
+		}
+	}
+	return all
 }
 
 // Close implements Model.
@@ -298,6 +324,16 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 			if err := p.linear(ctx, L.qkv, rows, xn, d, 0, sc.qkv[r0*w:], w); err != nil {
 				return err
 			}
+			if L.qkvBias != nil {
+				m.parallel(rows, func(lo, hi int) {
+					for i := lo; i < hi; i++ {
+						row := sc.qkv[(r0+i)*w : (r0+i+1)*w]
+						for j, b := range L.qkvBias[:len(row)] {
+							row[j] += b
+						}
+					}
+				})
+			}
 		}
 		if c.MLA() {
 			if err := m.attentionMLA(ctx, p, sc, L, kv.Latent(li), start, s); err != nil {
@@ -311,6 +347,10 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 					p := start + i
 					row := sc.qkv[i*w : (i+1)*w]
 					cs, sn := m.cos[p*half:(p+1)*half], m.sin[p*half:(p+1)*half]
+					if L.qNorm != nil {
+						headNorm(row[:q], L.qNorm, c.NormEps)
+						headNorm(row[q:q+kvd], L.kNorm, c.NormEps)
+					}
 					rope(row[:q], c.Heads, c.HeadDim, cs, sn)
 					rope(row[q:q+kvd], c.KVHeads, c.HeadDim, cs, sn)
 					copy(K[p*kvd:(p+1)*kvd], row[q:q+kvd])
@@ -428,7 +468,11 @@ func (m *cpuModel) attendTile(ctx context.Context, ts *tileScratch, sc *cpuScrat
 	}
 	p0 := start + i0 // the tile's first query position
 	end := p0 + nq   // keys [0, end)
-	for k0 := 0; k0 < end; k0 += attnKeys {
+	first := 0       // the first key any query of the tile sees
+	if win := c.SlidingWindow; win > 0 {
+		first = max(0, p0-win+1) / attnKeys * attnKeys
+	}
+	for k0 := first; k0 < end; k0 += attnKeys {
 		if ctx.Err() != nil {
 			return false
 		}
@@ -436,16 +480,22 @@ func (m *cpuModel) attendTile(ctx context.Context, ts *tileScratch, sc *cpuScrat
 		sm := ts.s[:rows*attnKeys]
 		linear(rows, kn, hd, qg, hd, K[k0*kvd+kvh*hd:], kvd, 0, sm, attnKeys)
 		for t := range nq {
-			valid := min(kn, p0+t+1-k0) // keys k0..p0+t are visible
+			// Keys k0+lo..p0+t are visible: the causal mask, and the
+			// sliding window's lower bound.
+			lo, valid := 0, min(kn, p0+t+1-k0)
+			if win := c.SlidingWindow; win > 0 {
+				lo = min(max(0, p0+t-win+1-k0), kn)
+			}
 			for r := range g {
 				row := t*g + r
 				srow := sm[row*attnKeys : row*attnKeys+kn]
-				if valid <= 0 {
+				if valid <= lo {
 					clear(srow)
 					continue
 				}
-				rmax := srow[0]
-				for _, v := range srow[1:valid] {
+				clear(srow[:lo])
+				rmax := srow[lo]
+				for _, v := range srow[lo+1 : valid] {
 					rmax = max(rmax, v)
 				}
 				if rmax > mx[row] {
@@ -459,9 +509,9 @@ func (m *cpuModel) attendTile(ctx context.Context, ts *tileScratch, sc *cpuScrat
 				}
 				var sum float32
 				mr := mx[row]
-				for j, v := range srow[:valid] {
+				for j, v := range srow[lo:valid] {
 					e := expf(v - mr)
-					srow[j] = e
+					srow[lo+j] = e
 					sum += e
 				}
 				clear(srow[valid:])

@@ -1,6 +1,6 @@
-// Package prefill is the bundled prefill engine: a small Llama-style decoder
-// in float32 (RMSNorm, RoPE, grouped-query attention, SwiGLU, final norm, LM
-// head) that asks the cache for the longest cached prefix of a prompt, loads
+// Package prefill is the bundled prefill engine: a Llama-style decoder in
+// float32 (RMSNorm, RoPE, grouped-query attention, SwiGLU, final norm, LM
+// head; the Mistral and Qwen variants of it) that asks the cache for the longest cached prefix of a prompt, loads
 // those blocks' K/V, computes only the suffix, and publishes the new blocks.
 //
 // # The loop
@@ -61,10 +61,26 @@
 //
 // # Weights
 //
-// From a safetensors file with Hugging Face Llama tensor names (LoadWeights;
-// ReadSafetensors/WriteSafetensors are a complete F32 reader and writer), or
-// by default generated from a seed (SeededWeights): the same bits on every
-// machine, pinned by golden tests, no download.
+// From a Hugging Face model directory (LoadConfigJSON, LoadCheckpoint,
+// Options.ModelDir): config.json of a llama, mistral, qwen2 or qwen3 model
+// and its safetensors, one file or shards named by an index, in F32, BF16
+// or F16. The files are memory-mapped, checked whole (a truncated file, a
+// missing shard, a shape that is not config.json's, a dtype it cannot load
+// are refused by name), and each tensor is widened to float32 once into
+// one anonymous mapping off the Go heap, laid out so that Q, K, V and gate,
+// up stack without a copy: a BF16 checkpoint takes twice its file's size
+// in memory (Config.WeightBytes, bounded by Options.MaxModelBytes). Tied
+// embeddings share one matrix. Qwen2's q/k/v biases, Qwen3's q/k RMSNorms,
+// Mistral's sliding window (a plain window mask in every layer), and RoPE
+// scaling (linear, llama3, yarn) are part of the forward pass and of the
+// namespace. The loader and forward pass are checked against an
+// independent PyTorch implementation written from transformers' published
+// definitions (prefilltest's hfref.py), logits within 1e-3 of their scale,
+// cold and over cached prefixes. Also from a single F32 safetensors file
+// with Llama tensor names (LoadWeights; ReadSafetensors/WriteSafetensors are
+// a complete F32 reader and writer), or by default generated from a seed
+// (SeededWeights): the same bits on every machine, pinned by golden tests,
+// no download.
 //
 // # Compute
 //

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -55,6 +58,16 @@ type Options struct {
 	// WeightsPath, when Weights is nil, names a safetensors file to load.
 	// Default "": weights are generated from Seed.
 	WeightsPath string
+	// ModelDir, when Weights is nil, names a Hugging Face model directory
+	// whose checkpoint the engine loads (LoadCheckpoint, with
+	// tie_word_embeddings from its config.json) and releases at Close.
+	// Config must be the directory's (LoadConfigJSON), BlockTokens and
+	// MaxContext aside. Default "".
+	ModelDir string
+	// MaxModelBytes bounds the host memory the weights may take
+	// (Config.WeightBytes): a larger model is refused before anything is
+	// loaded. Default 0: the machine's physical memory.
+	MaxModelBytes int64
 	// Seed seeds generated weights. Default 0, itself a valid seed.
 	Seed uint64
 	// TenantSalt, when set, is part of the namespace: engines with different
@@ -233,6 +246,7 @@ type Engine struct {
 	slots   chan struct{}
 	bgSlots chan struct{} // background prefills' own slots (PrefillBackground)
 	kvPool  sync.Pool     // *KV
+	owned   *Weights      // released by Close (Options.ModelDir)
 	stats   counters
 	sched   sched // foreground prefills before background ones
 
@@ -259,12 +273,61 @@ func New(cache Cache, opts Options) (*Engine, error) {
 	}
 	cfg := opts.Config
 	w := opts.Weights
+	var owned *Weights // weights the engine loaded and releases
+	if w == nil && opts.ModelDir != "" {
+		_, info, err := LoadConfigJSON(filepath.Join(opts.ModelDir, "config.json"))
+		if err != nil {
+			return nil, err
+		}
+		tied := info.TieEmbeddings != nil && *info.TieEmbeddings
+		if err := checkModelBytes(cfg.WeightBytes(tied), opts.MaxModelBytes); err != nil {
+			return nil, err
+		}
+		if w, err = LoadCheckpoint(opts.ModelDir, cfg, info.TieEmbeddings); err != nil {
+			return nil, err
+		}
+		owned = w
+	}
 	if w == nil && opts.WeightsPath != "" {
+		if err := checkModelBytes(cfg.WeightBytes(false), opts.MaxModelBytes); err != nil {
+			return nil, err
+		}
 		var err error
 		if w, err = LoadWeights(opts.WeightsPath, cfg); err != nil {
 			return nil, err
 		}
 	}
+	e, err := newEngine(cache, opts, w)
+	if err != nil {
+		return nil, errors.Join(err, owned.Release())
+	}
+	e.owned = owned
+	return e, nil
+}
+
+// ErrModelTooLarge is returned by New for weights over
+// Options.MaxModelBytes, or over the machine's memory.
+var ErrModelTooLarge = errors.New("prefill: model too large")
+
+// checkModelBytes refuses weights of need bytes over limit (0: the
+// machine's physical memory).
+func checkModelBytes(need, limit int64) error {
+	of := "--max-model-bytes"
+	if limit <= 0 {
+		var si unix.Sysinfo_t
+		if unix.Sysinfo(&si) != nil {
+			return nil
+		}
+		limit, of = int64(si.Totalram)*int64(si.Unit), "the machine's memory"
+	}
+	if need > limit {
+		return fmt.Errorf("%w: its weights take %.1f MiB in float32, over %s (%.1f MiB)", ErrModelTooLarge, float64(need)/(1<<20), of, float64(limit)/(1<<20))
+	}
+	return nil
+}
+
+func newEngine(cache Cache, opts Options, w *Weights) (*Engine, error) {
+	cfg := opts.Config
 	if w == nil {
 		w = SeededWeights(cfg, opts.Seed)
 	}
@@ -606,5 +669,5 @@ func (e *Engine) Close() error {
 	e.cancel()
 	e.active.Wait()
 	e.pubWG.Wait()
-	return e.model.Close()
+	return errors.Join(e.model.Close(), e.owned.Release())
 }

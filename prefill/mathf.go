@@ -75,22 +75,84 @@ func rope(vec []float32, heads, headDim int, cos, sin []float32) {
 }
 
 // ropeTable returns the cos and sin tables, [positions][headDim/2], of
-// angle p·theta^(−2i/headDim).
-func ropeTable(positions, headDim int, theta float64) (cos, sin []float32) {
+// angle p·f_i, f_i = theta^(−2i/headDim) as scaled by sc, each times sc's
+// attention factor.
+func ropeTable(positions, headDim int, theta float64, sc RopeScaling) (cos, sin []float32) {
 	half := headDim / 2
 	cos = make([]float32, positions*half)
 	sin = make([]float32, positions*half)
-	inv := make([]float64, half)
-	for i := range inv {
-		inv[i] = 1 / math.Pow(theta, float64(2*i)/float64(headDim))
-	}
+	inv, mscale := ropeFrequencies(headDim, theta, sc)
 	for p := range positions {
 		for i, f := range inv {
 			s, c := math.Sincos(float64(p) * f)
-			cos[p*half+i], sin[p*half+i] = float32(c), float32(s)
+			cos[p*half+i], sin[p*half+i] = float32(c*mscale), float32(s*mscale)
 		}
 	}
 	return cos, sin
+}
+
+// ropeFrequencies returns RoPE's headDim/2 inverse frequencies under sc,
+// and the factor cos and sin are multiplied by, as transformers'
+// modeling_rope_utils computes them (_compute_linear_scaling_rope_parameters,
+// _compute_llama3_parameters, _compute_yarn_parameters; YaRN with the
+// factor as given, not recomputed from max_position_embeddings).
+func ropeFrequencies(headDim int, theta float64, sc RopeScaling) (inv []float64, mscale float64) {
+	half := headDim / 2
+	inv = make([]float64, half)
+	for i := range inv {
+		inv[i] = 1 / math.Pow(theta, float64(2*i)/float64(headDim))
+	}
+	mscale = 1
+	switch sc.Type {
+	case RopeLinear:
+		for i := range inv {
+			inv[i] /= sc.Factor
+		}
+	case RopeLlama3:
+		old := float64(sc.OriginalContext)
+		lowWave, highWave := old/sc.LowFreqFactor, old/sc.HighFreqFactor
+		for i, f := range inv {
+			switch wave := 2 * math.Pi / f; {
+			case wave < highWave: // high frequencies are kept
+			case wave > lowWave: // low frequencies are interpolated
+				inv[i] = f / sc.Factor
+			default: // and those between, smoothly
+				s := (old/wave - sc.LowFreqFactor) / (sc.HighFreqFactor - sc.LowFreqFactor)
+				inv[i] = (1-s)*f/sc.Factor + s*f
+			}
+		}
+	case RopeYarn:
+		dim, orig := float64(headDim), float64(sc.OriginalContext)
+		corr := func(rot float64) float64 {
+			return dim * math.Log(orig/(rot*2*math.Pi)) / (2 * math.Log(theta))
+		}
+		lo, hi := max(math.Floor(corr(sc.BetaFast)), 0), min(math.Ceil(corr(sc.BetaSlow)), dim-1)
+		if lo == hi {
+			hi += 0.001
+		}
+		for i, f := range inv {
+			ramp := min(max((float64(i)-lo)/(hi-lo), 0), 1)
+			extrapolation := 1 - ramp
+			inv[i] = f/sc.Factor*(1-extrapolation) + f*extrapolation
+		}
+		mscale = sc.AttentionFactor
+		if mscale == 0 {
+			mscale = 1
+			if sc.Factor > 1 {
+				mscale = 0.1*math.Log(sc.Factor) + 1
+			}
+		}
+	}
+	return inv, mscale
+}
+
+// headNorm applies RMSNorm with weights w (len headDim) to each head of vec
+// in place.
+func headNorm(vec, w []float32, eps float64) {
+	hd := len(w)
+	for h := 0; h+hd <= len(vec); h += hd {
+		rmsNorm(vec[h:h+hd], vec[h:h+hd], w, eps)
+	}
 }
 
 // swiGLU overwrites gate with silu(gate) ⊙ up, silu(g) = g·σ(g).

@@ -2,6 +2,7 @@ package prefill
 
 import (
 	"context"
+	"sync"
 
 	"gonum.org/v1/gonum/blas"
 )
@@ -37,20 +38,32 @@ type passes interface {
 }
 
 // hostPasses are the CPU backend's: gonum's Sgemm on the host, cut for
-// cancellation (linearCancel). They hold no state.
-type hostPasses struct{}
+// cancellation (linearCancel), and the LM head's product spread over
+// threads goroutines.
+type hostPasses struct{ threads int }
 
-func (hostPasses) get() (pass, error) { return hostPass{}, nil }
-func (hostPasses) put(pass)           {}
-func (hostPasses) close() error       { return nil }
+func (h hostPasses) get() (pass, error) { return hostPass(h), nil }
+func (hostPasses) put(pass)             {}
+func (hostPasses) close() error         { return nil }
 
-type hostPass struct{}
+type hostPass struct{ threads int }
 
 func (hostPass) linear(ctx context.Context, w *matrix, m int, a []float32, lda int, beta float32, c []float32, ldc int) error {
 	return linearCancel(ctx, m, w.rows, w.cols, a, lda, w.data, w.cols, beta, c, ldc)
 }
 
-func (hostPass) head(_ context.Context, w *matrix, h, logits []float32) error {
-	impl.Sgemv(blas.NoTrans, w.rows, w.cols, 1, w.data, w.cols, h, 1, 0, logits, 1)
+// head splits the rows of the LM head (the largest matrix of a small
+// model, read whole for every decoded token) over the threads: gonum's
+// Sgemv runs on one.
+func (p hostPass) head(_ context.Context, w *matrix, h, logits []float32) error {
+	t := max(1, min(p.threads, w.rows/1024))
+	var wg sync.WaitGroup
+	for i := range t {
+		lo, hi := w.rows*i/t, w.rows*(i+1)/t
+		wg.Go(func() {
+			impl.Sgemv(blas.NoTrans, hi-lo, w.cols, 1, w.data[lo*w.cols:], w.cols, h, 1, 0, logits[lo:hi], 1)
+		})
+	}
+	wg.Wait()
 	return nil
 }

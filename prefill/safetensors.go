@@ -138,6 +138,40 @@ func shapeElems(shape []int, limit int64) (int64, bool) {
 // reused when it returns. Any violation of the format, and any dtype other
 // than F32, is an error wrapping ErrSafetensors that names the tensor.
 func ReadSafetensors(b []byte) (map[string]Tensor, map[string]string, error) {
+	raw, meta, err := parseSafetensors(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	tensors := make(map[string]Tensor, len(raw))
+	for name, t := range raw {
+		if t.dtype != "F32" {
+			return nil, nil, badFile("tensor %s: dtype %s, only F32 is supported", name, t.dtype)
+		}
+		f := make([]float32, len(t.data)/4)
+		getFloats(f, t.data)
+		tensors[name] = Tensor{Name: name, Shape: t.shape, Data: f}
+	}
+	return tensors, meta, nil
+}
+
+// stTensor is one tensor of a parsed safetensors file.
+type stTensor struct {
+	dtype string
+	shape []int
+	data  []byte // aliases the file
+}
+
+// dtypeSizes are the bytes per element of the safetensors dtypes.
+var dtypeSizes = map[string]int{
+	"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+	"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+}
+
+// parseSafetensors checks a whole safetensors file held in b and returns
+// its tensors, whose data alias b, and its metadata. Any violation of the
+// format is an error wrapping ErrSafetensors that names the tensor; so is
+// a dtype the format does not define.
+func parseSafetensors(b []byte) (map[string]stTensor, map[string]string, error) {
 	if len(b) < 8 {
 		return nil, nil, badFile("%d bytes, shorter than the header length", len(b))
 	}
@@ -165,7 +199,7 @@ func ReadSafetensors(b []byte) (map[string]Tensor, map[string]string, error) {
 		begin, end int64
 	}
 	spans := make([]span, 0, len(raw))
-	tensors := make(map[string]Tensor, len(raw))
+	tensors := make(map[string]stTensor, len(raw))
 	for name, r := range raw {
 		var e struct {
 			DType       *string  `json:"dtype"`
@@ -178,23 +212,22 @@ func ReadSafetensors(b []byte) (map[string]Tensor, map[string]string, error) {
 		switch {
 		case e.DType == nil || e.Shape == nil || e.DataOffsets == nil:
 			return nil, nil, badFile("tensor %s: dtype, shape and data_offsets are required", name)
-		case *e.DType != "F32":
-			return nil, nil, badFile("tensor %s: dtype %s, only F32 is supported", name, *e.DType)
+		case dtypeSizes[*e.DType] == 0:
+			return nil, nil, badFile("tensor %s: dtype %s is not a safetensors dtype", name, *e.DType)
 		case len(*e.DataOffsets) != 2:
 			return nil, nil, badFile("tensor %s: data_offsets has %d values, want [begin, end]", name, len(*e.DataOffsets))
 		}
+		size := int64(dtypeSizes[*e.DType])
 		begin, end := (*e.DataOffsets)[0], (*e.DataOffsets)[1]
 		if begin < 0 || end < begin || end > int64(len(data)) {
 			return nil, nil, badFile("tensor %s: data_offsets [%d, %d] outside the %d-byte buffer", name, begin, end, len(data))
 		}
-		n, ok := shapeElems(*e.Shape, int64(len(data))/4)
-		if !ok || 4*n != end-begin {
+		n, ok := shapeElems(*e.Shape, int64(len(data))/size)
+		if !ok || size*n != end-begin {
 			return nil, nil, badFile("tensor %s: shape %v does not match its %d bytes", name, *e.Shape, end-begin)
 		}
 		spans = append(spans, span{name, begin, end})
-		f := make([]float32, n)
-		getFloats(f, data[begin:end])
-		tensors[name] = Tensor{Name: name, Shape: *e.Shape, Data: f}
+		tensors[name] = stTensor{dtype: *e.DType, shape: *e.Shape, data: data[begin:end]}
 	}
 	slices.SortFunc(spans, func(a, b span) int {
 		if a.begin != b.begin {

@@ -15,6 +15,23 @@ type Weights struct {
 	Layers []LayerWeights
 	Norm   []float32 // [Dim], the final RMSNorm
 	LMHead []float32 // [Vocab][Dim]
+
+	// release frees memory the weights were loaded into (LoadCheckpoint);
+	// nil for weights on the Go heap.
+	release func() error
+}
+
+// Release frees the memory of weights LoadCheckpoint loaded; no model may
+// use them any more. It does nothing for other weights, and the second
+// time.
+func (w *Weights) Release() error {
+	if w == nil || w.release == nil {
+		return nil
+	}
+	err := w.release()
+	w.release = nil
+	*w = Weights{}
+	return err
 }
 
 // LayerWeights are the parameters of one decoder layer. GQA uses Q, K, V
@@ -29,11 +46,15 @@ type LayerWeights struct {
 	// [Heads·2·HeadDim][KVLoraRank] (per head its non-rotary key rows, then
 	// its value rows).
 	KVA, KVANorm, KVB []float32
-	O                 []float32 // [Dim][Heads·HeadDim]
-	MLPNorm           []float32 // [Dim]
-	Gate              []float32 // [FFNDim][Dim]
-	Up                []float32 // [FFNDim][Dim]
-	Down              []float32 // [Dim][FFNDim]
+	// Config.QKVBias: the biases of q_proj [QDim], k_proj and v_proj
+	// [KVDim]. Config.QKNorm: q_norm and k_norm [HeadDim].
+	QBias, KBias, VBias []float32
+	QNorm, KNorm        []float32
+	O                   []float32 // [Dim][Heads·HeadDim]
+	MLPNorm             []float32 // [Dim]
+	Gate                []float32 // [FFNDim][Dim]
+	Up                  []float32 // [FFNDim][Dim]
+	Down                []float32 // [Dim][FFNDim]
 }
 
 // tensor is one named parameter: its Hugging Face Llama name, shape, and
@@ -51,6 +72,7 @@ const (
 	kindNorm   tensorKind = iota // initialized to ones
 	kindEmbed                    // unit variance
 	kindLinear                   // variance 1/fan_in
+	kindBias                     // uniform ±1/8
 )
 
 func (t tensor) elems() int {
@@ -81,9 +103,22 @@ func (c Config) tensors(w *Weights) []tensor {
 				tensor{p + "self_attn.kv_a_layernorm.weight", []int{c.KVLoraRank}, &l.KVANorm, kindNorm},
 				tensor{p + "self_attn.kv_b_proj.weight", []int{2 * c.AttnDim(), c.KVLoraRank}, &l.KVB, kindLinear})
 		} else {
+			// Q, K and V, and their biases, are listed in a row: a loader
+			// that lays tensors out in this order makes them one matrix.
 			ts = append(ts,
 				tensor{p + "self_attn.k_proj.weight", []int{c.KVDim(), c.Dim}, &l.K, kindLinear},
 				tensor{p + "self_attn.v_proj.weight", []int{c.KVDim(), c.Dim}, &l.V, kindLinear})
+			if c.QKVBias {
+				ts = append(ts,
+					tensor{p + "self_attn.q_proj.bias", []int{c.QDim()}, &l.QBias, kindBias},
+					tensor{p + "self_attn.k_proj.bias", []int{c.KVDim()}, &l.KBias, kindBias},
+					tensor{p + "self_attn.v_proj.bias", []int{c.KVDim()}, &l.VBias, kindBias})
+			}
+			if c.QKNorm {
+				ts = append(ts,
+					tensor{p + "self_attn.q_norm.weight", []int{c.HeadDim}, &l.QNorm, kindNorm},
+					tensor{p + "self_attn.k_norm.weight", []int{c.HeadDim}, &l.KNorm, kindNorm})
+			}
 		}
 		ts = append(ts,
 			tensor{p + "self_attn.o_proj.weight", []int{c.Dim, c.AttnDim()}, &l.O, kindLinear},
@@ -132,6 +167,8 @@ func SeededWeights(c Config, seed uint64) *Weights {
 			scale = float32(math.Sqrt(3))
 		case kindLinear:
 			scale = float32(math.Sqrt(3 / float64(t.shape[len(t.shape)-1])))
+		case kindBias:
+			scale = 1.0 / 8
 		}
 		for i := range data {
 			data[i] = offset + float32(rng.uniform()*scale) // the conversion forbids fusing into an FMA

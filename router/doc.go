@@ -32,6 +32,10 @@
 // response. Bearer tokens and the x-session-affinity header travel through
 // unchanged (the session is only logged and counted).
 //
+// Files: router.go (Options, New, Serve, the members), balance.go (the
+// nodes' loads and the choice), proxy.go (completions and how a request
+// is passed on), queue.go (the asynchronous API through the router).
+//
 // Concurrency. Handlers run on net/http's goroutines and share the nodes'
 // loads under one mutex, never held across a request. Serve owns the HTTP
 // server and stops it and the gossip when its context ends; Close releases

@@ -44,14 +44,35 @@
 // (the latent layout); a put of a part whose bytes differ from what is
 // stored is answered StatusConflict.
 //
-// RDMA verbs need NICs that no machine here has. RDMADevices discovers
-// devices (rdmamap; an empty list, not an error, when there are none) so the
-// node can advertise them. There is no verbs code: a verbs transport will be
-// a third Transport whose Peer reads values one-sided (RDMA READ) from memory
-// regions the serving node registered once (the DRAM tier's arenas), after
-// exchanging keys for (region, offset, length) over a TCP frame like
-// shmGetResp. Source would then gain an optional interface naming those
-// regions.
+// One-sided reads (RMA, RMAClient; issue 36): a Server with a Window (the
+// node's DRAM arena registered once with a Fabric) gives node-wide clients
+// that ask the window's descriptor (a fabric request: the fabric's own
+// descriptor, an epoch, the size) and grants leases on the values its
+// Source holds in it (a lease request, answered with an offset and length
+// per key; the values stay pinned). The RMAClient reads the granted spans
+// through the Fabric into a registered landing region shared by the
+// transport's peers, then ends the lease, and the server answers whether it
+// still held it: a value read under a lease that had ended (a slot the
+// owner may have reused) is discarded and asked for again with a TCP get.
+// Values outside the window (NVMe), peers without one, failed fabrics,
+// part reads, claims, lookups and writes stay on TCP, so no request fails
+// for the fabric's sake. The wire is in lease.go and fabric.go.
+//
+// The Fabric is UCX (NewUCX) in a build with the ucx tag (cgo; libucp is
+// loaded at run time, so the binary starts without it and NewUCX says which
+// library is missing): one worker per process, driven by one goroutine
+// locked to its thread; gets are ucp_get_nbx; endpoints use peer error
+// handling where the transport has it (tcp, verbs), so a dead owner fails
+// the gets in flight. UCX's shared-memory transports have none: a get from
+// a dead owner over them never completes, the caller's deadline ends the
+// Get, and the landing space stays the fabric's (RMA.LandingUse's lost
+// bytes). UCX aborts on a worker address it cannot parse, so a reader hands
+// it only what an owner of the same UCX version packed, inside a
+// checksummed descriptor. fabrictest is an in-process Fabric that runs the
+// protocol and the conformance suite in the default build. UCXNetDevice
+// maps the data plane's interface to its RDMA device and port (rdmamap);
+// RDMADevices lists the host's (an empty list, not an error, when there
+// are none).
 //
 // # Integrity
 //

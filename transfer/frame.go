@@ -6,7 +6,6 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -69,6 +68,17 @@ import (
 //	                  block.Part)
 //	claimReq    (32)  as getPartReq (no payload)
 //	claimResp   (8)   block.ClaimStatus u8, 3 zero bytes, 0 u32 (no payload)
+//	fabricReq   (0)   nothing (count 0): the requester asks for the
+//	                  server's Window (one-sided reads, lease.go)
+//	fabricResp  (0)   the payload is the window's descriptor (fabric.go),
+//	                  or empty: no window for this requester
+//	leaseReq    (16)  key
+//	leaseResp   (16)  as shmGetResp, offsets in the server's Window; the
+//	                  payload is the window's epoch u64, the lease's
+//	                  duration in milliseconds u32, 4 zero bytes
+//	leaseEnd    (8)   id of a lease request whose lease the client ends
+//	leaseEndResp (8)  status u8 (OK: the lease was held until now; miss:
+//	                  it had ended), 7 zero bytes
 //
 // A getPartReq is a getReq for parts of blocks (issue 23: a tensor- or
 // pipeline-parallel rank reads its slice): the server takes each whole
@@ -159,6 +169,12 @@ const (
 	typeGetPartReq
 	typeClaimReq
 	typeClaimResp
+	typeFabricReq
+	typeFabricResp
+	typeLeaseReq
+	typeLeaseResp
+	typeLeaseEnd
+	typeLeaseEndResp
 )
 
 // flagScoped marks a request confined to one tenant's blocks; flagArena, a
@@ -173,7 +189,7 @@ const (
 // blocks, and so may be scoped to a tenant.
 func (t frameType) isRequest() bool {
 	switch t {
-	case typeGetReq, typePutReq, typePublishReq, typeLookupReq, typeShmReserveReq, typeGetPartReq, typeClaimReq:
+	case typeGetReq, typePutReq, typePublishReq, typeLookupReq, typeShmReserveReq, typeGetPartReq, typeClaimReq, typeLeaseReq:
 		return true
 	}
 	return false
@@ -223,6 +239,18 @@ func (t frameType) String() string {
 		return "claim request"
 	case typeClaimResp:
 		return "claim response"
+	case typeFabricReq:
+		return "fabric request"
+	case typeFabricResp:
+		return "fabric response"
+	case typeLeaseReq:
+		return "lease request"
+	case typeLeaseResp:
+		return "lease response"
+	case typeLeaseEnd:
+		return "lease end"
+	case typeLeaseEndResp:
+		return "lease end response"
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }
@@ -231,23 +259,23 @@ func (t frameType) String() string {
 // -1 for an unknown type.
 func (t frameType) entryLen() int {
 	switch t {
-	case typeGetReq:
+	case typeGetReq, typeLeaseReq:
 		return getReqEntry
-	case typeGetResp, typePutResp:
+	case typeGetResp, typePutResp, typeLeaseEndResp:
 		return getRespEntry
 	case typePutReq:
 		return putReqEntry
 	case typePublishReq:
 		return publishEntry
-	case typeShmGetResp:
+	case typeShmGetResp, typeLeaseResp:
 		return shmRespEntry
-	case typeShmRelease, typeShmCommitReq:
+	case typeShmRelease, typeShmCommitReq, typeLeaseEnd:
 		return releaseEntry
 	case typeShmReserveReq:
 		return reserveEntry
 	case typeShmHello:
 		return helloEntry
-	case typeError, typeHelloAck:
+	case typeError, typeHelloAck, typeFabricReq, typeFabricResp:
 		return 0
 	case typeLookupReq:
 		return lookupEntry
@@ -377,12 +405,16 @@ func parseHeader(b []byte, lim *Limits) (header, error) {
 		maxCount = uint64(lim.lookupKeys())
 	case typeHello:
 		maxCount = MaxTokenLen
-	case typeHelloAck:
+	case typeHelloAck, typeFabricReq:
 		maxCount = 0
+	case typeFabricResp:
+		maxCount, maxPayload = 0, maxFabricPayload
+	case typeLeaseResp:
+		maxPayload = leasePayload
 	}
 	if uint64(count) > maxCount {
 		switch h.typ {
-		case typeShmHello, typeShmCommitReq, typeError, typeHelloAck:
+		case typeShmHello, typeShmCommitReq, typeError, typeHelloAck, typeFabricReq, typeFabricResp:
 			return h, corrupt("%s frame with %d items", h.typ, count)
 		case typeHello:
 			return h, fmt.Errorf("%w: hello with a %d-byte token, MaxTokenLen is %d", ErrLimit, count, MaxTokenLen)
@@ -724,62 +756,4 @@ func parseHello(t []byte) (hello, error) {
 func helloFrame(enc *encoder, token string) []byte {
 	copy(enc.begin(typeHello, len(token)), token)
 	return enc.finish(header{typ: typeHello, count: len(token)})
-}
-
-func putPartEntry(t []byte, i int, k prefixhash.Key, p block.Part) {
-	e := t[i*partEntry:]
-	copy(e, k[:])
-	e = e[prefixhash.KeySize:]
-	binary.LittleEndian.PutUint32(e[0:], uint32(p.L0))
-	binary.LittleEndian.PutUint32(e[4:], uint32(p.L1))
-	binary.LittleEndian.PutUint32(e[8:], uint32(p.H0))
-	binary.LittleEndian.PutUint32(e[12:], uint32(p.H1))
-}
-
-// parsePartReq decodes a getPartReq or claimReq table into keys and parts.
-// Any u32 is a part here; whether it is a valid part of its block is the
-// server's check, item by item.
-func parsePartReq(table []byte, keys []prefixhash.Key, parts []block.Part) {
-	for i := range keys {
-		e := table[i*partEntry:]
-		copy(keys[i][:], e)
-		e = e[prefixhash.KeySize:]
-		parts[i] = block.Part{
-			L0: int(binary.LittleEndian.Uint32(e[0:])), L1: int(binary.LittleEndian.Uint32(e[4:])),
-			H0: int(binary.LittleEndian.Uint32(e[8:])), H1: int(binary.LittleEndian.Uint32(e[12:])),
-		}
-	}
-}
-
-// checkParts checks, before anything is sent, that parts has one range
-// per key and that each fits the wire's u32 fields.
-func checkParts(keys []prefixhash.Key, parts []block.Part) error {
-	if len(parts) != len(keys) {
-		return fmt.Errorf("transfer: %d keys and %d parts", len(keys), len(parts))
-	}
-	for i, p := range parts {
-		for _, v := range [4]int{p.L0, p.L1, p.H0, p.H1} {
-			if v < 0 || uint64(v) > 1<<32-1 {
-				return fmt.Errorf("transfer: part %d (%s) does not fit the wire: %w", i, p, block.ErrBadPart)
-			}
-		}
-	}
-	return nil
-}
-
-func putClaimEntry(t []byte, i int, st block.ClaimStatus) { t[i*claimEntry] = byte(st) }
-
-// parseClaimResp decodes a claimResp table into st.
-func parseClaimResp(table []byte, st []block.ClaimStatus) error {
-	for i := range st {
-		e := table[i*claimEntry:]
-		if e[0] > byte(block.ClaimClaimed) {
-			return corrupt("claim status %d of item %d", e[0], i)
-		}
-		if e[1]|e[2]|e[3]|e[4]|e[5]|e[6]|e[7] != 0 {
-			return corrupt("claim status %d has non-zero reserved bytes", i)
-		}
-		st[i] = block.ClaimStatus(e[0])
-	}
-	return nil
 }

@@ -216,6 +216,17 @@ type ServerOptions struct {
 	// refused (ErrAuth on the client) before any request is served.
 	// Default nil: no token required.
 	Tokens *auth.Tokens
+	// Window, when set, is memory the Source serves from that peers read
+	// one-sidedly (the node's DRAM arena, registered with a Fabric): the
+	// server gives its descriptor to node-wide clients that may read and
+	// write, and grants them leases on the values that lie in it (see
+	// lease.go and RMA). The window must outlive the server. Default nil:
+	// values travel over TCP only.
+	Window *Window
+	// LeaseTimeout bounds how long a lease on values in Window lasts
+	// (the values stay pinned meanwhile) when the lease request's own
+	// deadline is later. Default DefaultLeaseTimeout (30s).
+	LeaseTimeout time.Duration
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -239,6 +250,9 @@ func (o *ServerOptions) EnsureDefaults() {
 	if o.HandshakeTimeout == 0 {
 		o.HandshakeTimeout = 5 * time.Second
 	}
+	if o.LeaseTimeout == 0 {
+		o.LeaseTimeout = DefaultLeaseTimeout
+	}
 }
 
 // Validate reports the first field out of range.
@@ -259,6 +273,8 @@ func (o *ServerOptions) Validate() error {
 		return fmt.Errorf("transfer: ServerOptions.IdleTimeout %v must be positive", o.IdleTimeout)
 	case o.HandshakeTimeout <= 0:
 		return fmt.Errorf("transfer: ServerOptions.HandshakeTimeout %v must be positive", o.HandshakeTimeout)
+	case o.LeaseTimeout <= 0:
+		return fmt.Errorf("transfer: ServerOptions.LeaseTimeout %v must be positive", o.LeaseTimeout)
 	}
 	return validateTLS(o.TLS, "ServerOptions.TLS", true)
 }

@@ -50,7 +50,8 @@ type Reservation interface {
 	Abort()
 }
 
-// DefaultLeaseTimeout is ShmServerOptions.LeaseTimeout's default.
+// DefaultLeaseTimeout is ShmServerOptions.LeaseTimeout's and
+// ServerOptions.LeaseTimeout's default.
 const DefaultLeaseTimeout = 30 * time.Second
 
 // uintptrOf is the address of b's first byte.

@@ -47,17 +47,22 @@ type Stats struct {
 	BytesIn      int64 // value bytes received in puts
 	Lookups      int64 // lookup requests answered
 	RegionUse    int64 // ShmServer: bytes of all regions held by unreleased results
-	// ShmServer with an Arena: requests whose values clients read in
-	// place (their blocks pinned) now, and those the server ended at
-	// LeaseTimeout; reserved slots open now, and those ended unfilled
-	// (LeaseTimeout, abort, or the client gone).
+	// ShmServer with an Arena, Server with a Window: requests whose
+	// values clients read in place or one-sidedly (their blocks pinned)
+	// now, and those the server ended at LeaseTimeout; reserved slots
+	// open now, and those ended unfilled (LeaseTimeout, abort, or the
+	// client gone).
 	Leases, LeasesExpired             int64
 	Reservations, ReservationsAborted int64
+	// Server with a Window: values granted to readers one-sidedly (lease
+	// requests), and their bytes; not in Hits and BytesOut.
+	Granted, GrantedBytes int64
 }
 
 type counters struct {
 	conns, refused, unauthorized, requests, dropped, hits, misses, bytesOut, puts, bytesIn, regionUse, lookups atomic.Int64
 	leases, leasesExpired, reservations, reservationsAborted                                                   atomic.Int64
+	granted, grantedBytes                                                                                      atomic.Int64
 }
 
 func (l *listeners) snapshot() Stats {
@@ -68,6 +73,7 @@ func (l *listeners) snapshot() Stats {
 		Puts: c.puts.Load(), BytesIn: c.bytesIn.Load(), RegionUse: c.regionUse.Load(), Lookups: c.lookups.Load(),
 		Leases: c.leases.Load(), LeasesExpired: c.leasesExpired.Load(),
 		Reservations: c.reservations.Load(), ReservationsAborted: c.reservationsAborted.Load(),
+		Granted: c.granted.Load(), GrantedBytes: c.grantedBytes.Load(),
 	}
 }
 
@@ -362,6 +368,7 @@ type serverConn struct {
 	// rather than once per request.
 	base context.Context
 	connBufs
+	grants grants // leases on values in the server's Window (lease.go)
 }
 
 // connBufs are the buffers a connection's requests grow: kept between
@@ -398,6 +405,7 @@ func (s *Server) serveConn(raw net.Conn) {
 	if !sc.opening() {
 		return
 	}
+	defer sc.grants.close(&s.stats)
 	for {
 		nc.SetDeadline(time.Now().Add(s.opts.IdleTimeout))
 		if _, err := io.ReadFull(sc.br, sc.hdr[:]); err != nil {
@@ -575,6 +583,12 @@ func (sc *serverConn) serve() error {
 		}
 	case typeLookupReq:
 		err = sc.lookup(ctx, &h)
+	case typeFabricReq:
+		err = sc.serveFabric(&h)
+	case typeLeaseReq:
+		err = sc.serveLease(ctx, &h)
+	case typeLeaseEnd:
+		err = sc.serveLeaseEnd(&h)
 	default:
 		err = corrupt("unexpected %s frame", h.typ)
 	}

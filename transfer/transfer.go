@@ -113,8 +113,9 @@ type Publisher interface {
 	PutPublish(ctx context.Context, keys, chunkKeys []prefixhash.Key, vals [][]byte, st []Status)
 }
 
-// Peer is one node's data plane as a caller sees it. Client (TCP) and
-// ShmClient (same host) implement it; a verbs (RDMA) transport will too.
+// Peer is one node's data plane as a caller sees it. Client (TCP),
+// ShmClient (same host) and RMAClient (one-sided reads through a Fabric)
+// implement it.
 // All methods are safe for concurrent use.
 type Peer interface {
 	// Get fetches keys. The Result says, per key, found or not, and holds
@@ -168,6 +169,8 @@ type Result struct {
 	bufs  []*buffer // TCP: receive buffers
 	ids   []uint64  // shm: request ids whose region space this holds
 	held  int64     // TCP: in-flight bytes held
+	ext   []extent  // RMA: landing space of values read one-sidedly
+	subs  []*Result // RMA: results of the TCP gets that filled the rest
 }
 
 type resultOwner interface{ release(r *Result) }

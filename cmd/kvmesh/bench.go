@@ -20,25 +20,28 @@ import (
 
 // benchFlags are kvmesh bench's flags.
 type benchFlags struct {
-	quick    bool
-	output   string
-	out      string
-	workDir  string
-	addr     []string
-	trace    string
-	requests int
-	nodes    int
-	routing  string
-	capacity int
-	eviction string
-	speedup  float64
-	duration time.Duration
-	conc     int
-	logLevel string
-	backend  string
-	gpu      int
-	backlog  int
-	phases   []string
+	quick                      bool
+	output                     string
+	out                        string
+	workDir                    string
+	addr                       []string
+	trace                      string
+	requests                   int
+	nodes                      int
+	routing                    string
+	capacity                   int
+	eviction                   string
+	speedup                    float64
+	duration                   time.Duration
+	conc                       int
+	logLevel                   string
+	backend                    string
+	gpu                        int
+	modelDir                   string
+	promptTokens, decodeTokens int
+	backlog                    int
+	transport                  string
+	phases                     []string
 }
 
 func benchCmd() *cobra.Command {
@@ -50,7 +53,9 @@ func benchCmd() *cobra.Command {
 physical limit, both measured in the same run; figures are reported as ratios.
 
 Suites:
-  transfer   data plane: transfer client vs raw TCP stream, shared memory vs copy()
+  transfer   data plane: transfer client vs raw TCP stream, shared memory vs copy();
+             --transport ucx: one-sided reads through UCX vs ucx_perftest -t ucp_get and
+             kvmesh's TCP path, over UCX_TLS tcp and sm (needs a build with -tags ucx)
   store      GET/SET of 64KiB, 1MiB, 4MiB blocks at concurrency 4 and 16, vs Redis
   ranks      2, 4, 8 tensor-parallel ranks putting then getting their slices of the
              same blocks at once (Put/Get with a Rank) vs one client's whole blocks, TCP
@@ -109,10 +114,14 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.Float64Var(&f.speedup, "speedup", 0, "trace suite: honour the trace's timestamps, replayed this many times faster (default 0: as fast as possible)")
 	fs.DurationVar(&f.duration, "duration", 0, "soak: how long the load runs (default 10m; --quick: 30s)")
 	fs.IntVar(&f.conc, "concurrency", 0, "soak: workers, one call in flight each (default 64)")
+	fs.StringVar(&f.transport, "transport", "tcp", "transfer suite: tcp, or ucx (the one-sided path beside ucx_perftest, over UCX_TLS tcp and sm)")
 	fs.IntVar(&f.backlog, "backlog", 0, "serve: measure N queued requests beside the sessions instead of the routing policies (the issue's figure wants 200 or more)")
 	fs.StringVar(&f.workDir, "work-dir", "", "scratch directory, on the disk the nvme suite measures (default: a temporary directory)")
 	fs.StringVar(&f.backend, "backend", "cpu", "prefill suite: the engine's backend, cpu or cuda (cuBLAS on CUDA device --gpu, in the bench's process)")
 	fs.IntVar(&f.gpu, "gpu", 0, "prefill suite: CUDA device ordinal of --backend cuda")
+	fs.StringVar(&f.modelDir, "model-dir", "", "prefill suite: a Hugging Face model directory to measure instead (prefill and decode tokens/s beside PyTorch's forward of the same checkpoint)")
+	fs.IntVar(&f.promptTokens, "prompt-tokens", 0, "prefill suite: the prompt's length (default 8192; with --model-dir 512; --quick less)")
+	fs.IntVar(&f.decodeTokens, "decode-tokens", 0, "prefill suite with --model-dir: tokens decoded after the prompt (default 32)")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	return c
 }
@@ -143,7 +152,8 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	}
 	sf := bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
 		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Eviction: f.eviction, Speedup: f.speedup,
-		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog, ScalePhases: f.phases}
+		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog, Transport: f.transport,
+		PrefillModelDir: f.modelDir, PrefillPromptTokens: f.promptTokens, PrefillDecodeTokens: f.decodeTokens, ScalePhases: f.phases}
 	switch f.backend {
 	case "cpu":
 	case "cuda":

@@ -49,6 +49,7 @@ func binary(t *testing.T) string {
 		if raceEnabled {
 			args = append(args, "-race")
 		}
+		args = append(args, buildTags...)
 		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
@@ -113,7 +114,10 @@ func startCommand(t *testing.T, cmd *exec.Cmd) *daemon {
 	t.Helper()
 	readyPath := filepath.Join(t.TempDir(), "kvmesh.ready")
 	cmd.Args = append(cmd.Args, "--ready-file", readyPath)
-	cmd.Env = append(os.Environ(), "KVMESH_CONFIG=", "KVMESH_READY_FILE=") // no stray config
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, "KVMESH_CONFIG=", "KVMESH_READY_FILE=") // no stray config
 	d := &daemon{cmd: cmd, readyFile: readyPath, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = d.stdout, d.stderr
 	if err := cmd.Start(); err != nil {

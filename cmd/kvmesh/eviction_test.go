@@ -12,14 +12,14 @@ import (
 // names the flag.
 func TestServeEviction(t *testing.T) {
 	o, err := serveOptions(t, nil)
-	if err != nil || o.Eviction != string(store.DefaultEviction) {
-		t.Fatalf("default: eviction %q, %v; want %q", o.Eviction, err, store.DefaultEviction)
+	if err != nil || o.Tiers.Eviction != string(store.DefaultEviction) {
+		t.Fatalf("default: eviction %q, %v; want %q", o.Tiers.Eviction, err, store.DefaultEviction)
 	}
-	if o, err := serveOptions(t, nil, "--eviction", "lru"); err != nil || o.Eviction != "lru" {
-		t.Fatalf("--eviction lru: %q, %v", o.Eviction, err)
+	if o, err := serveOptions(t, nil, "--eviction", "lru"); err != nil || o.Tiers.Eviction != "lru" {
+		t.Fatalf("--eviction lru: %q, %v", o.Tiers.Eviction, err)
 	}
-	if o, err := serveOptions(t, map[string]string{"KVMESH_EVICTION": "lru"}); err != nil || o.Eviction != "lru" {
-		t.Fatalf("KVMESH_EVICTION=lru: %q, %v", o.Eviction, err)
+	if o, err := serveOptions(t, map[string]string{"KVMESH_EVICTION": "lru"}); err != nil || o.Tiers.Eviction != "lru" {
+		t.Fatalf("KVMESH_EVICTION=lru: %q, %v", o.Tiers.Eviction, err)
 	}
 	_, err = serveOptions(t, nil, "--eviction", "fifo")
 	if err == nil || !strings.Contains(err.Error(), "--eviction") || !strings.Contains(err.Error(), "fifo") {

@@ -64,8 +64,8 @@ func TestServeDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.DataDir != "kvmesh-data" || o.GRPCAddr != "127.0.0.1:7600" || o.HTTPAddr != "127.0.0.1:7601" ||
-		o.DRAMBytes != 1<<30 || o.NVMeBytes != 10<<30 || len(o.Join) != 0 {
+	if o.DataDir != "kvmesh-data" || o.Listen.GRPCAddr != "127.0.0.1:7600" || o.Listen.HTTPAddr != "127.0.0.1:7601" ||
+		o.Tiers.DRAMBytes != 1<<30 || o.Tiers.NVMeBytes != 10<<30 || len(o.Cluster.Join) != 0 {
 		t.Fatalf("serve with no flags: %+v", o)
 	}
 }
@@ -88,13 +88,17 @@ grpc-addr: 127.0.0.1:0
 		t.Fatal(err)
 	}
 	want := map[string]any{
-		"DRAMBytes": int64(3 << 30), "NVMeBytes": int64(30 << 30), "DataDir": "/from/env",
-		"RequestTimeout": 90 * time.Second, "MaxBatchBlocks": 99, "GRPCAddr": "127.0.0.1:0", "HTTPAddr": "127.0.0.1:9999",
+		"Tiers.DRAMBytes": int64(3 << 30), "Tiers.NVMeBytes": int64(30 << 30), "DataDir": "/from/env",
+		"Limits.RequestTimeout": 90 * time.Second, "Limits.MaxBatchBlocks": 99, "Listen.GRPCAddr": "127.0.0.1:0",
+		"Listen.HTTPAddr": "127.0.0.1:9999",
 	}
-	v := reflect.ValueOf(o)
-	for field, w := range want {
-		if got := v.FieldByName(field).Interface(); got != w {
-			t.Errorf("%s = %v, want %v", field, got, w)
+	for path, w := range want {
+		v := reflect.ValueOf(o)
+		for _, field := range strings.Split(path, ".") {
+			v = v.FieldByName(field)
+		}
+		if got := v.Interface(); got != w {
+			t.Errorf("%s = %v, want %v", path, got, w)
 		}
 	}
 }
@@ -155,8 +159,8 @@ func TestServeCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(o.Join, []string{"10.0.0.1:7603", "10.0.0.2:7603"}) || string(o.GossipKey) != "0123456789abcdef" ||
-		o.Replicas != 2 || o.ChunkTokens != 256 || o.LookupTimeout != 50*time.Millisecond || o.ShmSocket != node.ShmOff || o.GossipProfile != "local" {
+	if !reflect.DeepEqual(o.Cluster.Join, []string{"10.0.0.1:7603", "10.0.0.2:7603"}) || string(o.Cluster.GossipKey) != "0123456789abcdef" ||
+		o.Cluster.Replicas != 2 || o.Cluster.ChunkTokens != 256 || o.Cluster.LookupTimeout != 50*time.Millisecond || o.Listen.ShmSocket != node.ShmOff || o.Cluster.GossipProfile != "local" {
 		t.Fatalf("cluster flags: %+v", o)
 	}
 }
@@ -213,8 +217,8 @@ func TestInspectEnv(t *testing.T) {
 // environment and the config file, become the node's TLS configurations
 // (mutual TLS with --tls-client-auth), its tokens and its default quotas.
 func TestServeSecurity(t *testing.T) {
-	if o, err := serveOptions(t, nil); err != nil || o.TLS != nil || o.PeerTLS != nil || o.Tokens != nil {
-		t.Errorf("no security flags: TLS %v, peer %v, tokens %v, %v", o.TLS, o.PeerTLS, o.Tokens, err)
+	if o, err := serveOptions(t, nil); err != nil || o.Security.TLS != nil || o.Security.PeerTLS != nil || o.Security.Tokens != nil {
+		t.Errorf("no security flags: TLS %v, peer %v, tokens %v, %v", o.Security.TLS, o.Security.PeerTLS, o.Security.Tokens, err)
 	}
 	dir := t.TempDir()
 	ca := certtest.NewCA(t, dir, "kvmesh")
@@ -229,14 +233,14 @@ func TestServeSecurity(t *testing.T) {
 		t.Fatal(err)
 	}
 	switch {
-	case o.TLS == nil || o.TLS.GetCertificate == nil || o.TLS.ClientAuth != tls.RequireAndVerifyClientCert || o.TLS.ClientCAs == nil:
-		t.Errorf("server TLS: %+v", o.TLS)
-	case o.PeerTLS == nil || o.PeerTLS.RootCAs == nil || o.PeerTLS.GetClientCertificate == nil || o.PeerTLS.ServerName != "kvmesh.internal":
-		t.Errorf("peer TLS: %+v", o.PeerTLS)
-	case !reflect.DeepEqual(o.Tokens, []string{"first-token", "second-token"}):
-		t.Errorf("tokens: %q", o.Tokens)
-	case o.QuotaDRAMBytes != 512<<20 || o.QuotaNVMeBytes != 2<<30:
-		t.Errorf("quotas: %d, %d", o.QuotaDRAMBytes, o.QuotaNVMeBytes)
+	case o.Security.TLS == nil || o.Security.TLS.GetCertificate == nil || o.Security.TLS.ClientAuth != tls.RequireAndVerifyClientCert || o.Security.TLS.ClientCAs == nil:
+		t.Errorf("server TLS: %+v", o.Security.TLS)
+	case o.Security.PeerTLS == nil || o.Security.PeerTLS.RootCAs == nil || o.Security.PeerTLS.GetClientCertificate == nil || o.Security.PeerTLS.ServerName != "kvmesh.internal":
+		t.Errorf("peer TLS: %+v", o.Security.PeerTLS)
+	case !reflect.DeepEqual(o.Security.Tokens, []string{"first-token", "second-token"}):
+		t.Errorf("tokens: %q", o.Security.Tokens)
+	case o.Tiers.QuotaDRAMBytes != 512<<20 || o.Tiers.QuotaNVMeBytes != 2<<30:
+		t.Errorf("quotas: %d, %d", o.Tiers.QuotaDRAMBytes, o.Tiers.QuotaNVMeBytes)
 	}
 }
 
@@ -329,8 +333,8 @@ func TestServeLimitFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.InsecureGossip || o.MaxConcurrentStreams != 256 || o.MaxInFlightBytes != 256<<20 {
-		t.Fatalf("defaults: InsecureGossip %v, MaxConcurrentStreams %d, MaxInFlightBytes %d", o.InsecureGossip, o.MaxConcurrentStreams, o.MaxInFlightBytes)
+	if o.Cluster.InsecureGossip || o.Limits.MaxConcurrentStreams != 256 || o.Limits.MaxInFlightBytes != 256<<20 {
+		t.Fatalf("defaults: InsecureGossip %v, MaxConcurrentStreams %d, MaxInFlightBytes %d", o.Cluster.InsecureGossip, o.Limits.MaxConcurrentStreams, o.Limits.MaxInFlightBytes)
 	}
 	cfg := filepath.Join(t.TempDir(), "kvmesh.yaml")
 	os.WriteFile(cfg, []byte("max-inflight-bytes: 512MiB\n"), 0o600)
@@ -338,8 +342,8 @@ func TestServeLimitFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !o.InsecureGossip || o.MaxConcurrentStreams != 32 || o.MaxInFlightBytes != 512<<20 {
-		t.Fatalf("set: InsecureGossip %v, MaxConcurrentStreams %d, MaxInFlightBytes %d", o.InsecureGossip, o.MaxConcurrentStreams, o.MaxInFlightBytes)
+	if !o.Cluster.InsecureGossip || o.Limits.MaxConcurrentStreams != 32 || o.Limits.MaxInFlightBytes != 512<<20 {
+		t.Fatalf("set: InsecureGossip %v, MaxConcurrentStreams %d, MaxInFlightBytes %d", o.Cluster.InsecureGossip, o.Limits.MaxConcurrentStreams, o.Limits.MaxInFlightBytes)
 	}
 }
 

@@ -240,6 +240,7 @@ type memberJSON struct {
 	ShmSocket   string     `json:"shm_socket,omitempty"`
 	HostID      string     `json:"host_id,omitempty"`
 	RDMADevices []string   `json:"rdma_devices"`
+	Fabric      string     `json:"fabric,omitempty"`
 	Version     string     `json:"version,omitempty"`
 	Tiers       []tierJSON `json:"tiers"`
 }
@@ -249,8 +250,10 @@ func membersCmd(f *inspectFlags) *cobra.Command {
 		Use:   "members",
 		Short: "The nodes of the cluster, as the node at --addr sees them",
 		Long: `The nodes of the cluster as the node at --addr sees them: each live node (alive,
-or suspected of having failed) with its addresses and tiers. Tier usage is
-known for the node that answered (marked *); for the others, their capacity.`,
+or suspected of having failed) with its addresses, tiers, RDMA devices and
+fabric (how it reads other nodes: tcp, or ucx with UCX's version and the
+transports it opened). Tier usage is known for the node that answered
+(marked *); for the others, their capacity.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var resp client.Cluster
@@ -265,7 +268,7 @@ known for the node that answered (marked *); for the others, their capacity.`,
 			for _, m := range resp.Members {
 				mj := memberJSON{ID: m.ID, Self: m.ID == resp.SelfID, State: m.State, GRPCAddr: m.GRPCAddr,
 					HTTPAddr: m.HTTPAddr, DataAddr: m.DataAddr, GossipAddr: m.GossipAddr, ShmSocket: m.ShmSocket,
-					HostID: m.HostID, RDMADevices: append([]string{}, m.RDMADevices...), Version: m.Version, Tiers: []tierJSON{}}
+					HostID: m.HostID, RDMADevices: append([]string{}, m.RDMADevices...), Fabric: m.Fabric, Version: m.Version, Tiers: []tierJSON{}}
 				for _, t := range m.Tiers {
 					tj := tierJSON{Name: t.Name, Bytes: uint64(t.UsedBytes), CapacityBytes: uint64(t.CapacityBytes)}
 					if tj.CapacityBytes > 0 {
@@ -276,7 +279,7 @@ known for the node that answered (marked *); for the others, their capacity.`,
 				out = append(out, mj)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tTIERS\tRDMA\tVERSION")
+				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tTIERS\tRDMA\tFABRIC\tVERSION")
 				for _, m := range out {
 					var tiers []string
 					for _, t := range m.Tiers {
@@ -293,8 +296,8 @@ known for the node that answered (marked *); for the others, their capacity.`,
 					if len(m.RDMADevices) > 0 {
 						rdma = strings.Join(m.RDMADevices, ",")
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
-						strings.Join(tiers, ", "), rdma, m.Version)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
+						strings.Join(tiers, ", "), rdma, dash(m.Fabric), m.Version)
 				}
 				fmt.Fprintf(w, "\n%d members; * answered (tiers: used/capacity; others: capacity)\n", len(out))
 			})

@@ -276,6 +276,7 @@ type prefillServeFlags struct {
 	role             string
 	backend          string
 	modelDir         string
+	maxModelBytes    int64
 	batch            openai.BatchOptions
 	queueShare       float64
 }
@@ -286,6 +287,7 @@ func init() {
 		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.ResultTTL": "prefill-result-ttl",
 		"Prefill.MaxResults": "prefill-max-results", "Prefill.BackgroundBlocks": "prefill-background-blocks",
 		"Prefill.Role": "role", "Prefill.ModelDir": "prefill-model-dir", "Prefill.Backend": "backend",
+		"Prefill.MaxModelBytes":     "max-model-bytes",
 		"Prefill.Batch.MaxRequests": "queue-max-requests", "Prefill.Batch.MaxBodyBytes": "queue-max-body",
 		"Prefill.Batch.TenantQueued": "queue-tenant-quota", "Prefill.Batch.MaxQueued": "queue-max-queued",
 		"Prefill.Batch.ResultTTL": "queue-result-ttl", "Prefill.Batch.CallbackAllow": "callback-allow",
@@ -298,7 +300,8 @@ func init() {
 
 func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.BoolVar(&p.enabled, "prefill", !d.Disabled, "serve the bundled prefill engine (--prefill=false turns it off)")
-	fs.StringVar(&p.modelDir, "prefill-model-dir", d.ModelDir, "Hugging Face Llama directory to serve instead of the seeded model: config.json, model.safetensors (float32) and tokenizer.json (byte-level BPE; else byte tokens)")
+	fs.StringVar(&p.modelDir, "prefill-model-dir", d.ModelDir, "Hugging Face model directory (llama, mistral, qwen2, qwen3) to serve instead of the seeded model: config.json, model.safetensors or model.safetensors.index.json with its shards (F32, BF16, F16), generation_config.json, tokenizer.json and tokenizer_config.json (its chat template)")
+	fs.Var(newSize(&p.maxModelBytes, d.MaxModelBytes), "max-model-bytes", "refuse to start when the model's weights take more memory than this once loaded (float32); 0: the machine's memory")
 	fs.StringVar(&p.weights, "prefill-weights", d.WeightsPath, "safetensors file of the engine's weights (default: weights generated from --prefill-seed)")
 	fs.Uint64Var(&p.seed, "prefill-seed", d.Seed, "seed of the generated weights; nodes share blocks only with the same seed")
 	fs.IntVar(&p.maxContext, "prefill-max-context", d.Model.MaxContext, "longest prompt the engine accepts, in tokens")
@@ -325,6 +328,7 @@ func (p *prefillServeFlags) options() node.PrefillOptions {
 		Disabled: !p.enabled, WeightsPath: p.weights, Seed: p.seed,
 		Concurrency: p.concurrency, QueueSize: p.queue, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
 		BackgroundBlocks: p.backgroundBlocks, Role: p.role, Backend: p.backend, ModelDir: p.modelDir, Batch: p.batch,
+		MaxModelBytes: p.maxModelBytes,
 	}
 	o.Batch.Share = p.queueShare
 	if p.queueShare <= 0 {
@@ -347,7 +351,7 @@ func engineLine(o node.PrefillOptions) string {
 		weights = o.WeightsPath
 	}
 	if o.ModelDir != "" {
-		return fmt.Sprintf("model directory %s (config.json, model.safetensors, tokenizer.json); context at most %d; queue %d; role %s; backend %s",
+		return fmt.Sprintf("model directory %s (config.json, safetensors, tokenizer files); context at most %d; queue %d; role %s; backend %s",
 			o.ModelDir, o.Model.MaxContext, o.QueueSize, o.Role, o.Backend)
 	}
 	m := o.Model

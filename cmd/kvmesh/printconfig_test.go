@@ -73,8 +73,8 @@ func TestPrintConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("serve --config <--print-config's output>: %v", err)
 	}
-	if first.DRAMBytes != second.DRAMBytes || second.NVMeBytes != 30<<30 || strings.Join(first.Join, ",") != strings.Join(second.Join, ",") ||
-		first.GRPCAddr != second.GRPCAddr || first.ShmSocket != second.ShmSocket || first.RequestTimeout != second.RequestTimeout {
+	if first.Tiers.DRAMBytes != second.Tiers.DRAMBytes || second.Tiers.NVMeBytes != 30<<30 || strings.Join(first.Cluster.Join, ",") != strings.Join(second.Cluster.Join, ",") ||
+		first.Listen.GRPCAddr != second.Listen.GRPCAddr || first.Listen.ShmSocket != second.Listen.ShmSocket || first.Limits.RequestTimeout != second.Limits.RequestTimeout {
 		t.Errorf("options from the printed config differ:\n%+v\n%+v", first, second)
 	}
 }

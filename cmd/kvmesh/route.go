@@ -94,4 +94,6 @@ Prometheus metrics per node on /metrics.`,
 	return c
 }
 
-func init() { flagOf["Policy"] = "policy" }
+// routeFlagOf names the flag of each router.Options field New checks, as
+// flagOf does the node's.
+var routeFlagOf = map[string]string{"Join": "join", "Policy": "policy", "GossipProfile": "gossip-profile"}

@@ -29,6 +29,7 @@ type serveFlags struct {
 	nodeID, dataDir                            string
 	grpcAddr, httpAddr, dataAddr, gossipAddr   string
 	shmSocket, advertiseHost                   string
+	transport, rdmaDevice                      string
 	readyFile                                  string
 	shmRegion                                  int64
 	join                                       []string
@@ -63,20 +64,21 @@ type serveFlags struct {
 	from map[string]string // where layered flags came from (see source)
 }
 
-// flagOf names the flag of each node.Options field, to turn Validate's
-// errors into advice about the flag.
+// flagOf names the flag of each node.Options field, by its path (the
+// OptionError's Field: "Tiers.DRAMBytes"), to turn Validate's errors into
+// advice about the flag.
 var flagOf = map[string]string{
-	"NodeID": "node-id", "DataDir": "data-dir", "GRPCAddr": "grpc-addr", "HTTPAddr": "http-addr",
-	"DataAddr": "data-addr", "GossipAddr": "gossip-addr", "Join": "join", "DRAMBytes": "dram", "DRAMPopulate": "dram-populate", "NVMeBytes": "nvme", "HBMBytes": "hbm", "MaxBlocks": "max-blocks", "Eviction": "eviction", "PartialTTL": "partial-ttl", "ClaimTTL": "claim-ttl", "GPU": "gpu",
-	"ShmSocket": "shm-socket", "ShmRegionBytes": "shm-region", "AdvertiseHost": "advertise-host",
-	"GossipKey": "gossip-key-file", "GossipProfile": "gossip-profile", "Replicas": "replicas", "ChunkTokens": "chunk-tokens",
-	"LookupTimeout": "lookup-timeout", "GetTimeout": "get-timeout", "PeerBackoff": "peer-backoff", "HandoffBytes": "handoff",
-	"PushYield": "push-yield", "PushBytesPerSec": "push-rate",
-	"MaxBlockBytes": "max-block-bytes", "MaxBatchBlocks": "max-batch-blocks", "MaxMessageBytes": "max-message-bytes",
-	"ChunkBytes": "chunk-bytes", "RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout",
-	"TLS": "tls-cert", "PeerTLS": "tls-ca", "Tokens": "auth-token-file", "QuotaDRAMBytes": "quota-dram", "QuotaNVMeBytes": "quota-nvme",
-	"ReadyFile": "ready-file",
-	"HTTPTLS":   "http-tls", "InsecureGossip": "insecure-gossip", "MaxConcurrentStreams": "max-concurrent-streams", "MaxInFlightBytes": "max-inflight-bytes",
+	"NodeID": "node-id", "DataDir": "data-dir", "Listen.GRPCAddr": "grpc-addr", "Listen.HTTPAddr": "http-addr",
+	"Listen.DataAddr": "data-addr", "Cluster.GossipAddr": "gossip-addr", "Cluster.Join": "join", "Tiers.DRAMBytes": "dram", "Tiers.DRAMPopulate": "dram-populate", "Tiers.NVMeBytes": "nvme", "Tiers.HBMBytes": "hbm", "Tiers.MaxBlocks": "max-blocks", "Tiers.Eviction": "eviction", "Tiers.PartialTTL": "partial-ttl", "Tiers.ClaimTTL": "claim-ttl", "GPU": "gpu",
+	"Listen.ShmSocket": "shm-socket", "Listen.ShmRegionBytes": "shm-region", "Listen.AdvertiseHost": "advertise-host", "Cluster.Transport": "transport", "Cluster.RDMADevice": "rdma-device",
+	"Cluster.GossipKey": "gossip-key-file", "Cluster.GossipProfile": "gossip-profile", "Cluster.Replicas": "replicas", "Cluster.ChunkTokens": "chunk-tokens",
+	"Cluster.LookupTimeout": "lookup-timeout", "Cluster.GetTimeout": "get-timeout", "Cluster.PeerBackoff": "peer-backoff", "Cluster.HandoffBytes": "handoff",
+	"Cluster.PushYield": "push-yield", "Cluster.PushBytesPerSec": "push-rate",
+	"Limits.MaxBlockBytes": "max-block-bytes", "Limits.MaxBatchBlocks": "max-batch-blocks", "Limits.MaxMessageBytes": "max-message-bytes",
+	"Limits.ChunkBytes": "chunk-bytes", "Limits.RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout",
+	"Security.TLS": "tls-cert", "Security.PeerTLS": "tls-ca", "Security.Tokens": "auth-token-file", "Tiers.QuotaDRAMBytes": "quota-dram", "Tiers.QuotaNVMeBytes": "quota-nvme",
+	"ReadyFile":        "ready-file",
+	"Security.HTTPTLS": "http-tls", "Cluster.InsecureGossip": "insecure-gossip", "Limits.MaxConcurrentStreams": "max-concurrent-streams", "Limits.MaxInFlightBytes": "max-inflight-bytes",
 }
 
 func serveCmd() *cobra.Command {
@@ -153,43 +155,45 @@ flag names, for example:
 	fs.StringVar(&f.config, "config", "", "YAML config file whose keys are these flags' names")
 	fs.BoolVar(&f.printConfig, "print-config", false, "check the configuration, print it (as a config file, each value's source in a comment: flag, KVMESH_* variable, config file or default) and exit")
 	fs.StringVar(&f.dataDir, "data-dir", d.DataDir, "directory of the node's persistent state (the NVMe tier)")
-	fs.StringVar(&f.grpcAddr, "grpc-addr", d.GRPCAddr, "host:port of the gRPC API (port 0: any free port)")
-	fs.StringVar(&f.httpAddr, "http-addr", d.HTTPAddr, "host:port of /metrics, /healthz, /livez and /readyz")
-	fs.StringVar(&f.dataAddr, "data-addr", d.DataAddr, "host:port of the data plane: blocks between nodes, and to clients")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", d.Listen.GRPCAddr, "host:port of the gRPC API (port 0: any free port)")
+	fs.StringVar(&f.httpAddr, "http-addr", d.Listen.HTTPAddr, "host:port of /metrics, /healthz, /livez and /readyz")
+	fs.StringVar(&f.dataAddr, "data-addr", d.Listen.DataAddr, "host:port of the data plane: blocks between nodes, and to clients")
 	fs.StringVar(&f.shmSocket, "shm-socket", "", `unix socket of the shared-memory data plane for clients on this host, or "off" (default <data-dir>/shm.sock)`)
-	fs.Var(newSize(&f.shmRegion, d.ShmRegionBytes), "shm-region", "shared region of each shared-memory client")
-	fs.StringVar(&f.gossipAddr, "gossip-addr", d.GossipAddr, "host:port of membership gossip (UDP and TCP): what other nodes --join")
+	fs.Var(newSize(&f.shmRegion, d.Listen.ShmRegionBytes), "shm-region", "shared region of each shared-memory client")
+	fs.StringVar(&f.transport, "transport", d.Cluster.Transport, "how this node reads other nodes' blocks: tcp (the data plane), ucx (one-sided reads of their DRAM through UCX, needs a build with -tags ucx and libucx0; refused with TLS), or auto (UCX where it reaches a peer over shared memory or RDMA, TCP otherwise); UCX_TLS and UCX_NET_DEVICES apply")
+	fs.StringVar(&f.rdmaDevice, "rdma-device", "", `RDMA device (and port: "mlx5_0:1") UCX uses (default: the one bound to --data-addr's interface; UCX_NET_DEVICES overrides)`)
+	fs.StringVar(&f.gossipAddr, "gossip-addr", d.Cluster.GossipAddr, "host:port of membership gossip (UDP and TCP): what other nodes --join")
 	fs.StringSliceVar(&f.join, "join", nil, "gossip addresses HOST:PORT,... of running members to join (retried until one answers)")
 	fs.StringVar(&f.readyFile, "ready-file", "", "once serving, write the addresses bound (port 0 resolved) to this file as JSON: node_id, pid, grpc_addr, http_addr, data_addr, gossip_addr, shm_socket")
 	fs.StringVar(&f.advertiseHost, "advertise-host", "", "host other nodes and clients reach this node at, for addresses bound to 0.0.0.0 (default: the gossip host, else a private IP)")
 	fs.StringVar(&f.gossipKeyFile, "gossip-key-file", "", "file holding the base64 of a 16, 24 or 32-byte key that encrypts gossip (the same on every member)")
 	fs.BoolVar(&f.insecureGossip, "insecure-gossip", false, "let a node with --auth-token-file start without a gossip key or mutual TLS: any host that reaches --gossip-addr may then join, own blocks and receive the node's token")
-	fs.StringVar(&f.gossipProfile, "gossip-profile", d.GossipProfile, "failure detection timings: lan, or local (one host, tests: a dead node noticed in about 2s)")
-	fs.IntVar(&f.replicas, "replicas", d.Replicas, "nodes that own each placement chunk (the same on every member)")
-	fs.IntVar(&f.chunkTokens, "chunk-tokens", d.ChunkTokens, "tokens per placement chunk (the same on every member)")
-	fs.DurationVar(&f.lookupTimeout, "lookup-timeout", d.LookupTimeout, "how long a lookup waits for other nodes; a late node is a miss")
-	fs.DurationVar(&f.getTimeout, "get-timeout", d.GetTimeout, "how long a read waits for blocks from other nodes; late blocks are misses")
-	fs.DurationVar(&f.peerBackoff, "peer-backoff", d.PeerBackoff, "how long a node that failed a call is skipped (its blocks are misses)")
-	fs.DurationVar(&f.pushYield, "push-yield", d.PushYield, "longest a push of fresh blocks to their owners waits for this node's reads, lookups and synchronous prefills to end (0, the default: pushes do not wait; 2s is a sane bound where serving competes with pushes for cores; a push queue at least half full never waits)")
-	fs.Var(newSize(&f.pushRate, d.PushBytesPerSec), "push-rate", "most bytes a second pushed to owners, all together (0: no bound)")
-	fs.Var(newSize(&f.handoff, d.HandoffBytes), "handoff", "most DRAM bytes handed to their next owners on a graceful stop")
-	fs.Var(newSize(&f.dram, d.DRAMBytes), "dram", "DRAM tier capacity")
+	fs.StringVar(&f.gossipProfile, "gossip-profile", d.Cluster.GossipProfile, "failure detection timings: lan, or local (one host, tests: a dead node noticed in about 2s)")
+	fs.IntVar(&f.replicas, "replicas", d.Cluster.Replicas, "nodes that own each placement chunk (the same on every member)")
+	fs.IntVar(&f.chunkTokens, "chunk-tokens", d.Cluster.ChunkTokens, "tokens per placement chunk (the same on every member)")
+	fs.DurationVar(&f.lookupTimeout, "lookup-timeout", d.Cluster.LookupTimeout, "how long a lookup waits for other nodes; a late node is a miss")
+	fs.DurationVar(&f.getTimeout, "get-timeout", d.Cluster.GetTimeout, "how long a read waits for blocks from other nodes; late blocks are misses")
+	fs.DurationVar(&f.peerBackoff, "peer-backoff", d.Cluster.PeerBackoff, "how long a node that failed a call is skipped (its blocks are misses)")
+	fs.DurationVar(&f.pushYield, "push-yield", d.Cluster.PushYield, "longest a push of fresh blocks to their owners waits for this node's reads, lookups and synchronous prefills to end (0, the default: pushes do not wait; 2s is a sane bound where serving competes with pushes for cores; a push queue at least half full never waits)")
+	fs.Var(newSize(&f.pushRate, d.Cluster.PushBytesPerSec), "push-rate", "most bytes a second pushed to owners, all together (0: no bound)")
+	fs.Var(newSize(&f.handoff, d.Cluster.HandoffBytes), "handoff", "most DRAM bytes handed to their next owners on a graceful stop")
+	fs.Var(newSize(&f.dram, d.Tiers.DRAMBytes), "dram", "DRAM tier capacity")
 	fs.BoolVar(&f.dramPopulate, "dram-populate", false, "back the whole DRAM tier with memory at start and keep it: puts never wait for page allocation, and resident memory includes --dram from the start (for hosts that give the cache its memory)")
-	fs.Var(newSize(&f.nvme, d.NVMeBytes), "nvme", "NVMe tier capacity, under --data-dir")
-	fs.Var(newSize(&f.hbm, d.HBMBytes), "hbm", "HBM (GPU memory) tier capacity on CUDA device --gpu, above DRAM: blocks land there, HBM pressure demotes them into DRAM, DRAM hits promote them back; needs a build with -tags cuda, kvmesh-cuda.so and a GPU, else serve refuses to start and says which is missing (0: none)")
+	fs.Var(newSize(&f.nvme, d.Tiers.NVMeBytes), "nvme", "NVMe tier capacity, under --data-dir")
+	fs.Var(newSize(&f.hbm, d.Tiers.HBMBytes), "hbm", "HBM (GPU memory) tier capacity on CUDA device --gpu, above DRAM: blocks land there, HBM pressure demotes them into DRAM, DRAM hits promote them back; needs a build with -tags cuda, kvmesh-cuda.so and a GPU, else serve refuses to start and says which is missing (0: none)")
 	fs.IntVar(&f.gpu, "gpu", d.GPU, "CUDA device ordinal of the --hbm tier and of --backend cuda")
 	fs.StringVar(&f.nodeID, "node-id", "", "stable, unique node id (default: host name and gossip port)")
-	fs.Var(newSize(&f.maxBlockBytes, int64(d.MaxBlockBytes)), "max-block-bytes", "largest encoded block accepted")
-	fs.IntVar(&f.maxBatchBlocks, "max-batch-blocks", d.MaxBatchBlocks, "most blocks one request may name")
-	fs.IntVar(&f.maxBlocks, "max-blocks", d.MaxBlocks, "most blocks cached in DRAM and NVMe together (0: the tiers' capacities over 4KiB)")
+	fs.Var(newSize(&f.maxBlockBytes, int64(d.Limits.MaxBlockBytes)), "max-block-bytes", "largest encoded block accepted")
+	fs.IntVar(&f.maxBatchBlocks, "max-batch-blocks", d.Limits.MaxBatchBlocks, "most blocks one request may name")
+	fs.IntVar(&f.maxBlocks, "max-blocks", d.Tiers.MaxBlocks, "most blocks cached in DRAM and NVMe together (0: the tiers' capacities over 4KiB)")
 	fs.StringVar(&f.eviction, "eviction", string(store.DefaultEviction), "eviction policy: lru (the reference), or dedup (a node's copies of blocks other nodes own go first)")
 	fs.DurationVar(&f.partialTTL, "partial-ttl", store.DefaultPartialTTL, "how long the parts of a block put by tensor- or pipeline-parallel ranks are kept while the block is incomplete (1ms..1h)")
 	fs.DurationVar(&f.claimTTL, "claim-ttl", store.DefaultClaimTTL, "how long a rank's claim to write a part holds back the other ranks writing the same part (1ms..10m)")
-	fs.Var(newSize(&f.maxMessageBytes, int64(d.MaxMessageBytes)), "max-message-bytes", "largest gRPC message sent or received")
-	fs.Var(newSize(&f.chunkBytes, int64(d.ChunkBytes)), "chunk-bytes", "most payload bytes in one streamed message")
-	fs.IntVar(&f.maxConcurrentStreams, "max-concurrent-streams", d.MaxConcurrentStreams, "most gRPC calls open at once on one client connection (more wait on the client)")
-	fs.Var(newSize(&f.maxInFlightBytes, d.MaxInFlightBytes), "max-inflight-bytes", "request buffers each server holds at once (BatchPut blocks; data-plane requests and puts); more wait, then are refused")
-	fs.DurationVar(&f.requestTimeout, "request-timeout", d.RequestTimeout, "upper bound of any request, streams included")
+	fs.Var(newSize(&f.maxMessageBytes, int64(d.Limits.MaxMessageBytes)), "max-message-bytes", "largest gRPC message sent or received")
+	fs.Var(newSize(&f.chunkBytes, int64(d.Limits.ChunkBytes)), "chunk-bytes", "most payload bytes in one streamed message")
+	fs.IntVar(&f.maxConcurrentStreams, "max-concurrent-streams", d.Limits.MaxConcurrentStreams, "most gRPC calls open at once on one client connection (more wait on the client)")
+	fs.Var(newSize(&f.maxInFlightBytes, d.Limits.MaxInFlightBytes), "max-inflight-bytes", "request buffers each server holds at once (BatchPut blocks; data-plane requests and puts); more wait, then are refused")
+	fs.DurationVar(&f.requestTimeout, "request-timeout", d.Limits.RequestTimeout, "upper bound of any request, streams included")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "how long requests in flight may run on after SIGTERM")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM file of the node's certificate chain: serve gRPC and the data plane over TLS 1.3")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM file of the certificate's private key")
@@ -199,8 +203,8 @@ flag names, for example:
 	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "name verified in the other members' certificates (default: the host of their address)")
 	fs.StringVar(&f.tokenFile, "auth-token-file", "", "file of shared bearer tokens, one a line, that clients and peers must present (the node presents the first); one tenant: every token may do everything")
 	fs.StringVar(&f.tokensFile, "tokens-file", "", "tokens file (YAML) mapping each token, or its SHA-256, to a tenant and scopes (read, write, admin, cluster): tenants that cannot touch each other's blocks; see the README's Security section")
-	fs.Var(newSize(&f.quotaDRAM, d.QuotaDRAMBytes), "quota-dram", "default DRAM quota of each namespace (0: unlimited; AdminService.SetQuota sets one namespace's)")
-	fs.Var(newSize(&f.quotaNVMe, d.QuotaNVMeBytes), "quota-nvme", "default NVMe quota of each namespace (0: unlimited)")
+	fs.Var(newSize(&f.quotaDRAM, d.Tiers.QuotaDRAMBytes), "quota-dram", "default DRAM quota of each namespace (0: unlimited; AdminService.SetQuota sets one namespace's)")
+	fs.Var(newSize(&f.quotaNVMe, d.Tiers.QuotaNVMeBytes), "quota-nvme", "default NVMe quota of each namespace (0: unlimited)")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve the Go profiler (net/http/pprof) under /debug/pprof/ on --http-addr, which has no authentication")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json (logs go to stderr)")
@@ -279,22 +283,20 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		}
 	}
 	opts := node.Options{
-		NodeID: f.nodeID, DataDir: f.dataDir,
-		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, GossipAddr: f.gossipAddr,
-		ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost, ReadyFile: f.readyFile,
-		Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip, HTTPTLS: f.httpTLS,
-		MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes, Pprof: f.pprof,
-		TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf,
-		QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe,
-		Replicas: f.replicas, ChunkTokens: f.chunkTokens,
-		LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff,
-		PushYield: f.pushYield, PushBytesPerSec: f.pushRate,
-		DRAMBytes: f.dram, DRAMPopulate: f.dramPopulate, NVMeBytes: f.nvme, HBMBytes: f.hbm, GPU: f.gpu,
-		MaxBlockBytes: int(f.maxBlockBytes), MaxBlocks: f.maxBlocks, Eviction: f.eviction, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL, MaxBatchBlocks: f.maxBatchBlocks,
-		MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes),
-		RequestTimeout: f.requestTimeout, ShutdownTimeout: f.shutdownTimeout,
-		Version: version(), Logger: logger,
-		Prefill: f.prefill.options(),
+		NodeID:          f.nodeID,
+		DataDir:         f.dataDir,
+		Listen:          node.ListenOptions{GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost},
+		Cluster:         node.ClusterOptions{GossipAddr: f.gossipAddr, Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip, Replicas: f.replicas, ChunkTokens: f.chunkTokens, LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff, PushYield: f.pushYield, PushBytesPerSec: f.pushRate, Transport: f.transport, RDMADevice: f.rdmaDevice},
+		ReadyFile:       f.readyFile,
+		Security:        node.SecurityOptions{HTTPTLS: f.httpTLS, TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf},
+		Limits:          node.LimitOptions{MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes, MaxBlockBytes: int(f.maxBlockBytes), MaxBatchBlocks: f.maxBatchBlocks, MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes), RequestTimeout: f.requestTimeout},
+		Pprof:           f.pprof,
+		Tiers:           node.TierOptions{QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe, DRAMBytes: f.dram, DRAMPopulate: f.dramPopulate, NVMeBytes: f.nvme, HBMBytes: f.hbm, MaxBlocks: f.maxBlocks, Eviction: f.eviction, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL},
+		GPU:             f.gpu,
+		ShutdownTimeout: f.shutdownTimeout,
+		Version:         version(),
+		Logger:          logger,
+		Prefill:         f.prefill.options(),
 	}
 	opts.EnsureDefaults()
 	if err := opts.Validate(); err != nil {
@@ -327,18 +329,19 @@ func (f *serveFlags) tlsConfigs(src func(string) string) (server, peer *tls.Conf
 func optionError(err error, from map[string]string) error {
 	var (
 		field, msg string
+		flags      map[string]string
 		oe         *node.OptionError
 		re         *router.OptionError
 	)
 	switch {
 	case errors.As(err, &oe):
-		field, msg = oe.Field, oe.Msg
+		field, msg, flags = oe.Field, oe.Msg, flagOf
 	case errors.As(err, &re):
-		field, msg = re.Field, re.Msg
+		field, msg, flags = re.Field, re.Msg, routeFlagOf
 	default:
 		return err
 	}
-	if name, ok := flagOf[field]; ok {
+	if name, ok := flags[field]; ok {
 		if s, ok := from[name]; ok {
 			return fmt.Errorf("%s: %s", s, msg)
 		}
@@ -362,7 +365,7 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *tra
 	fmt.Fprintf(out, "kvmesh %s serving node %s\n", version(), n.ID())
 	fmt.Fprintf(out, "  gRPC     %s\n", n.GRPCAddr())
 	web := "http"
-	if opts.HTTPTLS {
+	if opts.Security.HTTPTLS {
 		web = "https"
 	}
 	fmt.Fprintf(out, "  metrics  %s://%s/metrics   health  %s://%s/healthz\n", web, n.HTTPAddr(), web, n.HTTPAddr())
@@ -372,7 +375,7 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *tra
 	}
 	fmt.Fprintf(out, "  data     %s   shm  %s\n", n.DataAddr(), shm)
 	fmt.Fprintf(out, "  gossip   %s   (others join with --join %s)\n", n.GossipAddr(), n.GossipAddr())
-	fmt.Fprintf(out, "  store    %s (DRAM %s, NVMe %s)\n", opts.DataDir, formatSize(opts.DRAMBytes), formatSize(opts.NVMeBytes))
+	fmt.Fprintf(out, "  store    %s (DRAM %s, NVMe %s)\n", opts.DataDir, formatSize(opts.Tiers.DRAMBytes), formatSize(opts.Tiers.NVMeBytes))
 	fmt.Fprintf(out, "  prefill  %s\n", engineLine(opts.Prefill))
 	if !opts.Prefill.Disabled {
 		fmt.Fprintf(out, "  openai   %s://%s/v1   (model %q: /v1/models, /v1/completions, /v1/chat/completions)\n", web, n.HTTPAddr(), openai.ModelAlias)
@@ -400,22 +403,22 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *tra
 func security(o node.Options) string {
 	var parts []string
 	switch {
-	case o.TLS == nil:
+	case o.Security.TLS == nil:
 		parts = append(parts, "plain TCP")
-	case o.TLS.ClientAuth == tls.RequireAndVerifyClientCert:
+	case o.Security.TLS.ClientAuth == tls.RequireAndVerifyClientCert:
 		parts = append(parts, "mutual TLS 1.3")
 	default:
 		parts = append(parts, "TLS 1.3")
 	}
 	switch {
-	case o.TokensFile != nil:
-		parts = append(parts, fmt.Sprintf("tenants (%d tokens, %d tenants)", len(o.TokensFile.Credentials), len(o.TokensFile.Tenants)))
-	case len(o.Tokens) > 0:
-		parts = append(parts, fmt.Sprintf("shared bearer tokens, one tenant (%d accepted)", len(o.Tokens)))
+	case o.Security.TokensFile != nil:
+		parts = append(parts, fmt.Sprintf("tenants (%d tokens, %d tenants)", len(o.Security.TokensFile.Credentials), len(o.Security.TokensFile.Tenants)))
+	case len(o.Security.Tokens) > 0:
+		parts = append(parts, fmt.Sprintf("shared bearer tokens, one tenant (%d accepted)", len(o.Security.Tokens)))
 	default:
 		parts = append(parts, "no token")
 	}
-	if len(o.GossipKey) > 0 {
+	if len(o.Cluster.GossipKey) > 0 {
 		parts = append(parts, "encrypted gossip")
 	}
 	return strings.Join(parts, ", ")

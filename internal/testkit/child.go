@@ -26,9 +26,7 @@ func InChild(t testing.TB) bool {
 // purpose: a panic on a runtime goroutine, a leak report.
 func ExpectCrash(t *testing.T, want ...string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"="+t.Name())
-	out, err := cmd.CombinedOutput()
+	out, err := Child(t).CombinedOutput()
 	if err == nil {
 		t.Fatalf("the child run of %s exited 0, want a crash:\n%s", t.Name(), out)
 	}
@@ -37,6 +35,16 @@ func ExpectCrash(t *testing.T, want ...string) {
 			t.Fatalf("the child run of %s crashed (%v) without %q:\n%s", t.Name(), err, w, out)
 		}
 	}
+}
+
+// Child returns the command that runs the current test again in a child
+// process (the test binary, with InChild true there), for a parent that
+// decides how the child ends: it kills it in the middle of a write, say.
+// The caller starts it and waits for it.
+func Child(t testing.TB) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+t.Name())
+	return cmd
 }
 
 // CollectGarbage runs the collector, giving cleanups time to run between

@@ -3,7 +3,9 @@
 //
 //   - WaitFor, the one way a test waits on a condition;
 //   - ExpectCrash, InChild and CollectGarbage, for a test whose point is
-//     that the process dies (the invariants build's leak reports).
+//     that the process dies (the invariants build's leak reports);
+//   - Child, the same child process for a parent that kills it itself
+//     (the crash tests of files written in place: atomicfile).
 //
 // The data-plane transports' conformance suite, which imports transfer,
 // is transfer/transporttest.

@@ -16,8 +16,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/atomicfile"
 )
 
 // Info is the ready file's content. Addresses are host:port as other
@@ -37,38 +38,13 @@ type Info struct {
 // its ready file.
 var ErrExited = errors.New("ready: process exited before it was ready")
 
-// Write writes info to path atomically: into a temporary file in path's
-// directory, synced, then renamed over path.
+// Write writes info to path atomically (atomicfile.Write), mode 0644.
 func Write(path string, info Info) error {
 	b, err := json.MarshalIndent(info, "", "  ")
 	if err != nil {
 		return fmt.Errorf("ready: encode: %w", err)
 	}
-	b = append(b, '\n')
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("ready: write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.Write(path, append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("ready: write %s: %w", path, err)
 	}
 	return nil

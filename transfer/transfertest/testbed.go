@@ -192,17 +192,11 @@ func (tb *Testbed) TCPWith(name string, conns int, so *transfer.ServerOptions, c
 	}
 	cc := *co
 	cc.MaxConns = conns
-	srv, err := transfer.NewServer(tb.src, tb.src, so, quietLogger)
+	addr, err := tb.serve(tb.src, so)
 	if err != nil {
 		return Path{}, err
 	}
-	addr, err := srv.Listen("127.0.0.1:0")
-	if err != nil {
-		srv.Close()
-		return Path{}, err
-	}
-	tb.onClose(srv.Close)
-	c, err := transfer.NewClient(addr.String(), &cc)
+	c, err := transfer.NewClient(addr, &cc)
 	if err != nil {
 		return Path{}, err
 	}
@@ -220,6 +214,22 @@ func (tb *Testbed) TCPWith(name string, conns int, so *transfer.ServerOptions, c
 		wg.Wait()
 		return errors.Join(errs...)
 	}}, nil
+}
+
+// serve starts a TCP Server of src on 127.0.0.1, which Close stops, and
+// returns its address.
+func (tb *Testbed) serve(src testbedSource, so *transfer.ServerOptions) (string, error) {
+	srv, err := transfer.NewServer(src, src, so, quietLogger)
+	if err != nil {
+		return "", err
+	}
+	addr, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		srv.Close()
+		return "", err
+	}
+	tb.onClose(srv.Close)
+	return addr.String(), nil
 }
 
 // Shm returns the shared-memory path, "shm": a ShmServer over the values

@@ -78,6 +78,13 @@ func (s *Store) Set(k prefixhash.Key, v []byte) {
 	s.mu.Unlock()
 }
 
+// Delete forgets the value under k.
+func (s *Store) Delete(k prefixhash.Key) {
+	s.mu.Lock()
+	delete(s.vals, k)
+	s.mu.Unlock()
+}
+
 // Get returns the value under k.
 func (s *Store) Get(k prefixhash.Key) ([]byte, bool) {
 	s.mu.Lock()

@@ -553,7 +553,11 @@ type Member struct {
 	// has the same id may use shm_socket.
 	HostId string `protobuf:"bytes,10,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
 	// RDMA devices found on the node's host (none on most machines).
-	RdmaDevices   []string `protobuf:"bytes,11,rep,name=rdma_devices,json=rdmaDevices,proto3" json:"rdma_devices,omitempty"`
+	RdmaDevices []string `protobuf:"bytes,11,rep,name=rdma_devices,json=rdmaDevices,proto3" json:"rdma_devices,omitempty"`
+	// How the node reads other nodes' blocks: "tcp" (the data plane), or
+	// "ucx" (one-sided reads through UCX), its UCX version and the UCX
+	// transports it opened, like "ucx 1.13.1 tcp/eth0,cma/memory".
+	Fabric        string `protobuf:"bytes,12,opt,name=fabric,proto3" json:"fabric,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -663,6 +667,13 @@ func (x *Member) GetRdmaDevices() []string {
 		return x.RdmaDevices
 	}
 	return nil
+}
+
+func (x *Member) GetFabric() string {
+	if x != nil {
+		return x.Fabric
+	}
+	return ""
 }
 
 type MembersResponse struct {
@@ -1465,7 +1476,7 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\x03 \x01(\x04R\tusedBytes\"\xca\x02\n" +
+	"used_bytes\x18\x03 \x01(\x04R\tusedBytes\"\xe2\x02\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -1480,7 +1491,8 @@ const file_kvmesh_v1_admin_proto_rawDesc = "" +
 	"shm_socket\x18\t \x01(\tR\tshmSocket\x12\x17\n" +
 	"\ahost_id\x18\n" +
 	" \x01(\tR\x06hostId\x12!\n" +
-	"\frdma_devices\x18\v \x03(\tR\vrdmaDevices\"\xa2\x01\n" +
+	"\frdma_devices\x18\v \x03(\tR\vrdmaDevices\x12\x16\n" +
+	"\x06fabric\x18\f \x01(\tR\x06fabric\"\xa2\x01\n" +
 	"\x0fMembersResponse\x12\x17\n" +
 	"\aself_id\x18\x01 \x01(\tR\x06selfId\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.kvmesh.v1.MemberR\amembers\x12!\n" +
