@@ -318,7 +318,7 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.StringSliceVar(&p.batch.CallbackAllow, "callback-allow", d.Batch.CallbackAllow, "hosts (HOST: any port, or HOST:PORT) a queued batch's callback_url may name; others are refused (default none: no callbacks)")
 	fs.StringVar(&p.backend, "backend", node.BackendCPU, "what runs the prefill engine's model: cpu, or cuda (its matrix products through cuBLAS on CUDA device --gpu; needs a build with -tags cuda, kvmesh-cuda.so beside it and a GPU, else serve refuses to start and says which is missing)")
 	fs.Float64Var(&p.queueShare, "queue-share", d.Batch.Share, "share of the engine's slots (--prefill-concurrency) queued batches may run on at once, at least one request; each runs only while no synchronous request does and yields to one between chunks and decode steps; 0: none here (peers pull this node's batches)")
-	fs.DurationVar(&p.batch.StealInterval, "queue-steal-interval", d.Batch.StealInterval, "how often an idle node asks its peers for a queued batch they have not started (0 or less: never)")
+	fs.DurationVar(&p.batch.StealInterval, "queue-steal-interval", d.Batch.StealInterval, "how often a node gossips its queued batches nobody runs, and an idle node asks up to two peers that gossip some for one (0 or less: never)")
 	fs.DurationVar(&p.batch.LeaseTTL, "queue-lease", d.Batch.LeaseTTL, "how long a batch a peer pulled from this node stays with it without news; then it runs again elsewhere from its first unanswered request")
 	fs.StringVar(&p.role, "role", gossip.RoleBoth, "what kvmesh route sends this node: both, prefill (prompts to compute and publish) or decode (requests whose prompt a prefill node just published)")
 }
