@@ -18,8 +18,10 @@ type ScaleOptions struct {
 	// Nodes are the cluster sizes simulated. Default 16, 64, 256 and 1024;
 	// quick 16 and 64.
 	Nodes []int
-	// Phases are what is measured: "membership", "placement", "lookup",
-	// "control". Default all of them.
+	// Phases are what is measured: "membership", "placement", "lookup".
+	// Default all of them. (The control traffic besides gossip, work
+	// stealing's claims, is not simulated: BENCHMARKS.md measures it on
+	// real processes.)
 	Phases []string
 	// Links is the latency model of the simulated network, for gossip and
 	// for the data plane. Default gossiptest.Links' (50µs median round
@@ -44,7 +46,7 @@ type ScaleOptions struct {
 }
 
 // scalePhases are the phases of the scale suite, in the order they run.
-var scalePhases = []string{"placement", "lookup", "control", "membership"}
+var scalePhases = []string{"placement", "lookup", "membership"}
 
 // EnsureDefaults fills zero fields with their defaults for a full run, or
 // for --quick when quick is set.
@@ -106,8 +108,8 @@ func (o *ScaleOptions) Validate() error {
 // memberlist, on gossiptest's simulated network), placement (store's
 // rendezvous hashing), lookups, pushes and handoffs (store.Cluster over
 // store.Local, peers reached through an in-process model of the data plane
-// that charges each call its link's round trip on a virtual clock), and the
-// control traffic besides gossip. See scaleReal for what is real and what is
+// that charges each call its link's round trip on a virtual clock), with
+// the pushes each node makes. See scaleReal for what is real and what is
 // modelled.
 type ScaleSuite struct {
 	Options ScaleOptions

@@ -79,7 +79,7 @@ Suites:
              fails on any error but a miss, on wrong bytes, or RSS past DRAM + overhead
   scale      N nodes simulated in this process (--nodes N, default 16, 64, 256 and 1024):
              kvmesh's gossip, placement, lookups, pushes and handoffs on a simulated
-             network (--phases membership,placement,lookup,control): what grows with N
+             network (--phases membership,placement,lookup): what grows with N
   all        every suite but peers, serve, soak and scale
 
 Suites that need nodes start them as separate 'kvmesh serve' processes on
@@ -107,7 +107,7 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.StringVar(&f.trace, "trace", "", "trace suite: Mooncake-format trace (JSONL, .gz ok; default: the bundled conversation trace)")
 	fs.IntVar(&f.requests, "requests", 0, "trace suite: replay only the first N requests (default: all; --quick: fewer)")
 	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4); scale suite: the one size simulated")
-	fs.StringSliceVar(&f.phases, "phases", nil, "scale suite: what to measure, of placement, lookup, control, membership (default all)")
+	fs.StringSliceVar(&f.phases, "phases", nil, "scale suite: what to measure, of placement, lookup, membership (default all)")
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
 	fs.IntVar(&f.capacity, "capacity-blocks", 0, "trace suite: each node's capacity in blocks (default: every distinct block of the trace fits)")
 	fs.StringVar(&f.eviction, "eviction", "", "trace suite: eviction policy of the nodes it starts, lru or dedup (default: kvmesh serve's); the sweep on nodes replays lru beside it")
