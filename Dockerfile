@@ -1,25 +1,34 @@
 # kvmesh node image: a static binary (CGO_ENABLED=0) on distroless, run as
 # a non-root user, with the data dir (the NVMe tier) as a volume.
 #
-#   docker build --build-arg REVISION=$(git rev-parse HEAD) -t kvmesh .
-#   docker run -p 7600-7603:7600-7603 -p 7603:7603/udp -v kvmesh-data:/var/lib/kvmesh kvmesh
+# deploy/release.sh builds it for linux/amd64 and linux/arm64 with the
+# release's version (the VERSION file) and revision stamped. By hand:
 #
-# The CUDA prefill engine needs cgo and is not in this image (see the README).
+#   docker build --build-arg VERSION=$(cat VERSION) --build-arg REVISION=$(git rev-parse HEAD) -t kvmesh:$(cat VERSION) .
+#   docker run -p 7600-7603:7600-7603 -p 7603:7603/udp -v kvmesh-data:/var/lib/kvmesh kvmesh:$(cat VERSION)
+#
+# The CUDA prefill engine needs cgo and is not in this image (see docs/GPU.md).
 
-FROM golang:1.26-bookworm AS build
+# The build stage runs on the builder's platform and cross-compiles for the
+# target's (docker buildx --platform linux/amd64,linux/arm64).
+FROM --platform=$BUILDPLATFORM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-# The VCS revision shown by kvmesh_build_info (the build context has no .git).
-ARG REVISION=unknown
-RUN CGO_ENABLED=0 go build -trimpath \
-      -ldflags "-s -w -X github.com/kvmesh/kvmesh/node.revision=${REVISION}" \
+ARG TARGETOS=linux TARGETARCH
+# The version (kvmesh version, Members) and VCS revision (kvmesh_build_info)
+# stamped into the binary: the build context has no .git. The flags are
+# deploy/release.sh's, so that the image's binary is the release's.
+ARG VERSION="" REVISION=unknown
+RUN CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -buildvcs=false \
+      -ldflags "-s -w -X main.releaseVersion=${VERSION} -X github.com/kvmesh/kvmesh/node.revision=${REVISION}" \
       -o /out/kvmesh ./cmd/kvmesh \
  && mkdir -p /out/data
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/kvmesh /usr/local/bin/kvmesh
+COPY --from=build /src/LICENSE /usr/share/doc/kvmesh/LICENSE
 # distroless's nonroot user (65532) owns the data dir.
 COPY --from=build --chown=65532:65532 /out/data /var/lib/kvmesh
 USER 65532:65532
@@ -35,8 +44,9 @@ VOLUME ["/var/lib/kvmesh"]
 EXPOSE 7600/tcp 7601/tcp 7602/tcp 7603/tcp 7603/udp
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/usr/local/bin/kvmesh", "health", "--addr", "127.0.0.1:7600"]
-# SIGTERM stops the node gracefully (hand-off, leave); give it
-# --shutdown-timeout twice over: docker stop -t 60.
+# SIGTERM stops the node gracefully (requests, hand-off and leave, DRAM
+# written to NVMe: each within --shutdown-timeout, default 8s); give it three
+# of them and more: docker stop -t 30.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/kvmesh"]
 CMD ["serve"]

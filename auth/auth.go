@@ -74,14 +74,26 @@ func (p Principal) Can(s Scope) bool { return p.Scopes&s == s }
 // Scoped reports whether p is a tenant, confined to its own namespaces.
 func (p Principal) Scoped() bool { return p.Tenant != "" }
 
-// Access returns what p's requests may touch: its tenant's blocks, or every
-// block for a node-wide principal.
+// Access returns what p's requests may touch: its tenant's blocks; for a
+// node-wide principal that holds the cluster scope (the nodes themselves,
+// open mode, a shared token), every block; for any other node-wide
+// principal (an operator's or a worker's token of a tokens file), node-wide
+// blocks only (tag 0). A tenant can write blocks under any key it can
+// compute, node-wide keys included (they are not salted), so a node-wide
+// reader that took every block could be served a tenant's bytes for its
+// own prompt.
 func (p Principal) Access() Access {
-	if p.Scoped() {
+	switch {
+	case p.Scoped():
 		return Access{Scoped: true, Tag: p.Tag}
+	case p.Can(Cluster):
+		return Access{}
 	}
-	return Access{}
+	return NodeWide
 }
+
+// NodeWide is the access of node-wide data alone: blocks no tenant wrote.
+var NodeWide = Access{Scoped: true, Tag: 0}
 
 // String is the principal as logs show it: "tenant acme (read,write)" or
 // "node-wide (read,write,admin,cluster)".
@@ -152,7 +164,8 @@ func SaltOf(secret []byte, tenant string) string {
 }
 
 // Access is what one request may touch: with Scoped, only blocks whose tag
-// is Tag; without, any block (node-wide principals and in-process callers).
+// is Tag (0: node-wide blocks, NodeWide); without, any block (the cluster's
+// principals and in-process callers).
 type Access struct {
 	Scoped bool
 	Tag    uint64

@@ -3,6 +3,7 @@ package auth
 import (
 	"bufio"
 	"bytes"
+	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -97,11 +98,20 @@ func (t *Tokens) SetCredentials(creds []Credential) error {
 // Lookup returns the principal token authenticates, and whether it is in
 // the set. It takes the same time whichever entry matches.
 func (t *Tokens) Lookup(token []byte) (Principal, bool) {
-	creds := t.creds.Load()
-	if creds == nil || len(token) == 0 {
+	if len(token) == 0 {
 		return Principal{}, false
 	}
-	sum := sha256.Sum256(token)
+	return t.LookupSum(sha256.Sum256(token))
+}
+
+// LookupSum is Lookup of the token whose SHA-256 is sum: what a server that
+// keeps a connection's credential (never the token itself) uses to decide,
+// after the set changed, whether the connection may stay.
+func (t *Tokens) LookupSum(sum [sha256.Size]byte) (Principal, bool) {
+	creds := t.creds.Load()
+	if creds == nil {
+		return Principal{}, false
+	}
 	found := -1
 	for i := range *creds {
 		if subtle.ConstantTimeCompare(sum[:], (*creds)[i].Sum[:]) == 1 {
@@ -164,6 +174,22 @@ type File struct {
 	// digest from them. It is derived from the secret: the same on every
 	// node and across restarts, so dashboards keep their series.
 	LabelKey []byte
+	// peerKey signs what a node vouches for toward its peers (Vouch),
+	// derived from the secret.
+	peerKey []byte
+	secret  []byte
+}
+
+// Derive returns a key for label derived from the file's secret, the same
+// on every node of the cluster; nil when the file has no secret of
+// MinSecretLen bytes (it names no tenant).
+func (f *File) Derive(label string) []byte {
+	if len(f.secret) < MinSecretLen {
+		return nil
+	}
+	m := hmac.New(sha256.New, f.secret)
+	m.Write([]byte("kvmesh/derive/v1\x00" + label))
+	return m.Sum(nil)
 }
 
 // MinSecretLen is the shortest secret a tokens file may hold.
@@ -202,7 +228,7 @@ func ReadFile(path string) (*File, error) {
 	return f, nil
 }
 
-// ParseFile parses a tokens file (YAML; see the package doc and the README
+// ParseFile parses a tokens file (YAML; see the package doc and docs/SECURITY.md
 // for an example). Every entry needs a token or its SHA-256 and at least
 // one scope; a tenant's entry may not hold the cluster scope; the file
 // needs a secret of at least MinSecretLen bytes when it names a tenant,
@@ -280,6 +306,8 @@ func ParseFile(b []byte) (*File, error) {
 		return nil, errors.New("no entry with the cluster scope given as a token: the node needs one to present to its peers")
 	}
 	f.LabelKey = []byte(SaltOf([]byte(y.Secret), "\x00metrics-labels"))
+	f.peerKey = []byte(SaltOf([]byte(y.Secret), "\x00peer-vouch"))
+	f.secret = []byte(y.Secret)
 	for i := range f.Credentials {
 		if p := &f.Credentials[i].Principal; p.Scoped() {
 			p.Salt = SaltOf([]byte(y.Secret), p.Tenant)

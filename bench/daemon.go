@@ -112,6 +112,7 @@ func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
 type Daemons struct {
 	list []*Daemon
 	dir  string
+	opts DaemonOptions
 }
 
 // StartDaemons starts o.Nodes `kvmesh serve` processes and returns when
@@ -129,7 +130,7 @@ func StartDaemons(ctx context.Context, o DaemonOptions) (*Daemons, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench: daemons: %w", err)
 	}
-	ds := &Daemons{dir: dir}
+	ds := &Daemons{dir: dir, opts: o}
 	ctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
 	defer cancel()
 	fail := func(err error) (*Daemons, error) {
@@ -286,6 +287,44 @@ func (d *Daemon) ready(ctx context.Context, c *client.Client, joined bool, nodes
 	return nil
 }
 
+// Restart stops node i gracefully (SIGTERM; after timeout, SIGKILL and an
+// error), starts it again on its data dir, under its id and options, and
+// waits until it answers. It returns what the node printed while it
+// stopped (the last 8 KiB of its stderr).
+func (ds *Daemons) Restart(ctx context.Context, i int, timeout time.Duration) (string, error) {
+	d := ds.list[i]
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-d.done:
+	case <-t.C:
+		_ = d.cmd.Process.Kill()
+		<-d.done
+		return d.stderr.String(), fmt.Errorf("bench: kvmesh serve (%s) still running %v after SIGTERM", d.ID, timeout)
+	}
+	log := d.stderr.String()
+	if d.exitErr != nil {
+		return log, fmt.Errorf("bench: kvmesh serve (%s) stopped with %v: %s", d.ID, d.exitErr, d.stderr.lastLines(3))
+	}
+	seed := ""
+	if ds.opts.Join && i > 0 {
+		seed = ds.list[0].GossipAddr
+	}
+	nd, err := startDaemon(ds.opts, ds.dir, i, seed)
+	if err != nil {
+		return log, err
+	}
+	ds.list[i] = nd
+	ctx, cancel := context.WithTimeout(ctx, ds.opts.StartTimeout)
+	defer cancel()
+	if err := nd.waitReadyFile(ctx); err != nil {
+		return log, err
+	}
+	sub := &Daemons{list: []*Daemon{nd}}
+	return log, sub.waitReady(ctx, false, 1)
+}
+
 // List returns the nodes in start order.
 func (ds *Daemons) List() []*Daemon { return ds.list }
 
@@ -346,6 +385,13 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 		t.mu.b = append(t.mu.b[:0], t.mu.b[over:]...)
 	}
 	return len(p), nil
+}
+
+// String returns what the buffer kept.
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.mu.b)
 }
 
 // lastLines returns the last n lines written, joined by " | ".

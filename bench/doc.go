@@ -33,6 +33,9 @@
 //	          RSS and goroutines over time; it fails on any error but a
 //	          miss, on wrong bytes, or on RSS past the DRAM tier plus a fixed
 //	          overhead (not in `all`)
+//	speculate speculative decoding in the engine: each proposer's decode
+//	          tokens/s and CPU time against plain decoding of the same
+//	          prompts in the same run, and its acceptance (not in `all`)
 //
 // A Result holds tables whose rows are structs: their json tags name the
 // columns of both the JSON (-o json) and the human table, so a figure is

@@ -97,12 +97,12 @@ type FioResult struct {
 	Job        string  `json:"job"`
 	RW         string  `json:"rw"`
 	BlockBytes int     `json:"block_bytes"`
-	IOEngine   string  `json:"ioengine"`
-	IODepth    int     `json:"iodepth"`
+	IOEngine   string  `json:"ioengine" table:"wide"`
+	IODepth    int     `json:"iodepth" table:"wide"`
 	NumJobs    int     `json:"numjobs"`
 	GBps       float64 `json:"gbps"`
 	IOPS       float64 `json:"iops"`
-	P50MS      float64 `json:"clat_p50_ms"`
+	P50MS      float64 `json:"clat_p50_ms" table:"wide"`
 	P99MS      float64 `json:"clat_p99_ms"`
 }
 

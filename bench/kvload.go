@@ -31,8 +31,8 @@ type KVResetter interface {
 // KVViewer is a KVConn that can read a value in place, without copying it
 // into the caller's buffer (kvmesh's same-host path reads the node's
 // memory under a lease). View calls fn with the value of key, valid only
-// during the call; fn's error is View's. KVLoad's GET phase uses it when a
-// connection has it.
+// during the call; fn's error is View's. KVLoadPhases measures it as a
+// phase of its own ("view"), apart from GETs, which copy.
 type KVViewer interface {
 	View(ctx context.Context, key int, fn func(v []byte) error) error
 }
@@ -121,14 +121,14 @@ type KVResult struct {
 	Op          string  `json:"op"`
 	ValueBytes  int     `json:"value_bytes"`
 	Concurrency int     `json:"concurrency"`
-	Ops         int64   `json:"ops"`
-	OpsPerS     float64 `json:"ops_per_s"`
+	Ops         int64   `json:"ops" table:"wide"`
+	OpsPerS     float64 `json:"ops_per_s" table:"wide"`
 	GBps        float64 `json:"gbps"`
 	P50MS       float64 `json:"p50_ms"`
 	P99MS       float64 `json:"p99_ms"`
-	Errors      int64   `json:"errors"`
+	Errors      int64   `json:"errors" table:"nonzero"`
 	// FirstError is the first failed operation's error, when Errors > 0.
-	FirstError string `json:"first_error,omitempty"`
+	FirstError string `json:"first_error,omitempty" table:"nonzero"`
 	// RatioVsRawTCP is GBps over the raw TCP stream measured in the same
 	// run (nil when that was not measured).
 	RatioVsRawTCP *float64 `json:"ratio_vs_raw_tcp,omitempty"`
@@ -144,7 +144,7 @@ type KVResult struct {
 	// moved over the transport the row names (its
 	// kvmesh_transfer_bytes_total; headers make it slightly above 1): a
 	// client that fell back to another transport shows less.
-	PathShare *float64 `json:"path_share,omitempty"`
+	PathShare *float64 `json:"path_share,omitempty" table:"wide"`
 }
 
 // Ratio returns a/b, or nil when b is not positive: a figure with nothing
@@ -172,19 +172,32 @@ var errKVMismatch = errors.New("bench: kv load: GET returned a wrong value")
 
 // KVLoad fills o.Keys keys (untimed), then runs a GET phase and a SET phase
 // of o.Duration each with o.Concurrency connections, each doing one
-// operation at a time. GETs read random keys of the fill and check the
-// value's size and the key stamped in its first bytes; SETs write keys
-// o.Keys, o.Keys+1, ..., never written before, at most o.MaxSetBytes of
-// them. A failed operation is counted in Errors; KVLoad fails only when it
-// cannot connect or fill the keys. The target keeps what the load wrote.
+// operation at a time. GETs read random keys of the fill into the caller's
+// buffer and check the value's size and the key stamped in its first
+// bytes; SETs write keys o.Keys, o.Keys+1, ..., never written before, at
+// most o.MaxSetBytes of them. A failed operation is counted in Errors;
+// KVLoad fails only when it cannot connect or fill the keys. The target
+// keeps what the load wrote.
 func KVLoad(ctx context.Context, t KVTarget, o KVLoadOptions) (set, get KVResult, err error) {
+	rs, err := KVLoadPhases(ctx, t, o)
+	if len(rs) > 0 {
+		get, set = rs[0], rs[len(rs)-1]
+	}
+	return set, get, err
+}
+
+// KVLoadPhases is KVLoad, with a VIEW phase between GET and SET when the
+// target's connections can read in place (KVViewer): the same random reads,
+// each value checked where it lies and copied nowhere (op "view"). It
+// returns the phases in order: get, view (when run), set.
+func KVLoadPhases(ctx context.Context, t KVTarget, o KVLoadOptions) ([]KVResult, error) {
 	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
-		return set, get, err
+		return nil, err
 	}
 	if r, ok := t.(KVResetter); ok {
 		if err := r.Reset(ctx); err != nil {
-			return set, get, fmt.Errorf("bench: kv load: reset %s: %w", t.Name(), err)
+			return nil, fmt.Errorf("bench: kv load: reset %s: %w", t.Name(), err)
 		}
 	}
 	conns := make([]KVConn, 0, o.Concurrency)
@@ -196,7 +209,7 @@ func KVLoad(ctx context.Context, t KVTarget, o KVLoadOptions) (set, get KVResult
 	for range o.Concurrency {
 		c, err := t.Dial(ctx)
 		if err != nil {
-			return set, get, fmt.Errorf("bench: kv load: dial %s: %w", t.Name(), err)
+			return nil, fmt.Errorf("bench: kv load: dial %s: %w", t.Name(), err)
 		}
 		conns = append(conns, c)
 	}
@@ -211,11 +224,14 @@ func KVLoad(ctx context.Context, t KVTarget, o KVLoadOptions) (set, get KVResult
 		}
 		return nil
 	}); err != nil {
-		return set, get, err
+		return nil, err
 	}
-	get = kvPhase(ctx, t, conns, "get", o)
-	set = kvPhase(ctx, t, conns, "set", o)
-	return set, get, ctx.Err()
+	rs := []KVResult{kvPhase(ctx, t, conns, "get", o)}
+	if _, ok := conns[0].(KVViewer); ok {
+		rs = append(rs, kvPhase(ctx, t, conns, "view", o))
+	}
+	rs = append(rs, kvPhase(ctx, t, conns, "set", o))
+	return rs, ctx.Err()
 }
 
 func kvParallel(conns []KVConn, f func(w int, c KVConn) error) error {
@@ -255,13 +271,14 @@ func kvPhase(ctx context.Context, t KVTarget, conns []KVConn, op string, o KVLoa
 			k := rng.IntN(o.Keys)
 			t0 := time.Now()
 			var err error
-			if op == "set" {
+			switch op {
+			case "set":
 				k = o.Keys + int(n) - 1
 				binary.LittleEndian.PutUint64(buf, uint64(k))
 				err = c.Set(ctx, k, buf)
-			} else if vc, ok := c.(KVViewer); ok {
-				err = vc.View(ctx, k, func(v []byte) error { return checkKV(v, k, o.ValueBytes) })
-			} else {
+			case "view":
+				err = c.(KVViewer).View(ctx, k, func(v []byte) error { return checkKV(v, k, o.ValueBytes) })
+			default:
 				buf, err = c.Get(ctx, k, buf)
 				if err == nil {
 					err = checkKV(buf, k, o.ValueBytes)

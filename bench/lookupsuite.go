@@ -123,14 +123,14 @@ type lookupRow struct {
 	// Path is "chain" (client.Lookup) or "tokens" (client.LookupTokens).
 	Path         string  `json:"path"`
 	PromptTokens int     `json:"prompt_tokens"`
-	PromptBlocks int     `json:"prompt_blocks"`
+	PromptBlocks int     `json:"prompt_blocks" table:"wide"`
 	CachedTokens int     `json:"cached_tokens"`
 	P50MS        float64 `json:"p50_ms"`
 	P99MS        float64 `json:"p99_ms"`
 	MaxMS        float64 `json:"max_ms" table:"-"`
 	LookupsPerS  float64 `json:"lookups_per_s"`
 	Lookups      int     `json:"lookups" table:"-"`
-	Errors       int     `json:"errors"`
+	Errors       int     `json:"errors" table:"nonzero"`
 }
 
 // hashRow is key hashing at one block size.

@@ -23,8 +23,8 @@ type MemcpyOptions struct {
 type MemcpyResult struct {
 	BlockBytes      int     `json:"block_bytes"`
 	WorkingSetBytes int     `json:"working_set_bytes"`
-	Bytes           int64   `json:"bytes"`
-	Seconds         float64 `json:"seconds"`
+	Bytes           int64   `json:"bytes" table:"wide"`
+	Seconds         float64 `json:"seconds" table:"wide"`
 	GBps            float64 `json:"gbps"`
 }
 

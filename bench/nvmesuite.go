@@ -93,9 +93,11 @@ func (o *NVMeOptions) Validate() error {
 // spill writes of 1 MiB values (PutBatch, one goroutine, durable on return)
 // against fio's sequential direct 1 MiB writes at queue depth 1 with a
 // final fsync, and random reads of 256 KiB values by N readers against
-// fio's random direct 256 KiB reads by N jobs of queue depth 1; and, end
-// to end, the Go client's Get of 64-block prompts from a node whose DRAM
-// holds a small part of them, against the same fio figure.
+// fio's random direct 256 KiB reads by N jobs of queue depth 1; end to end,
+// the Go client's Get of 64-block prompts from a node whose DRAM holds a
+// small part of them, against the same fio figure; and a warm restart: a
+// node's DRAM written to NVMe as it stops, against fio's sequential write,
+// and what a lookup finds once it is back.
 type NVMeSuite struct {
 	Options NVMeOptions
 }
@@ -113,7 +115,7 @@ type nvmeRow struct {
 	// RatioVsFio is the median of the ratios of adjacent (kvmesh, fio)
 	// pairs: the disk's speed drifts, adjacent runs see the same disk.
 	RatioVsFio *float64 `json:"ratio_vs_fio,omitempty"`
-	DirectIO   bool     `json:"direct_io"`
+	DirectIO   bool     `json:"direct_io" table:"wide"`
 	Rounds     int      `json:"rounds" table:"-"`
 	FioArgs    string   `json:"fio_args" table:"-"`
 }
@@ -126,7 +128,7 @@ func (s *NVMeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Suite: s.Name()}
-	bar := env.Progress.Bar(int64(4*o.Rounds+1), "nvme")
+	bar := env.Progress.Bar(int64(4*o.Rounds+2), "nvme")
 	defer bar.Finish()
 
 	fo := FioOptions{Dir: o.Dir, FileBytes: o.DataBytes, Runtime: o.ReadTime, IOEngine: "psync", IODepth: 1}
@@ -176,14 +178,33 @@ func (s *NVMeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		read, direct = append(read, g), direct && d
 		bar.Add(1)
 	}
+	// The rows that start nodes are skipped, saying why, where no node
+	// can be started; any other error fails the suite.
+	fatal := func(what string, err error) bool {
+		if errors.Is(err, ErrMissing) || errors.Is(err, ErrNoBinary) {
+			res.Skip(what, err)
+			return false
+		}
+		return err != nil
+	}
 	bar.Describe("nvme: end to end, prompts of 64 blocks mostly on NVMe")
 	e2e, e2eErr := nvmeEndToEnd(ctx, env, o)
-	switch {
-	case errors.Is(e2eErr, ErrMissing) || errors.Is(e2eErr, ErrNoBinary):
-		res.Skip("nvme end to end", e2eErr)
-	case e2eErr != nil:
+	if fatal("nvme end to end", e2eErr) {
 		return res, e2eErr
 	}
+	bar.Add(1)
+	bar.Describe("nvme: warm restart, DRAM written to NVMe on SIGTERM")
+	wr, wrErr := nvmeWarmRestart(ctx, env, o)
+	if fatal("nvme warm restart", wrErr) {
+		return res, wrErr
+	}
+	var wrFio float64
+	if wrErr == nil {
+		// fio right after it: adjacent runs see the same disk.
+		wrFio = runFio(writeJob, 1)
+		_ = RemoveFioFile(o.Dir)
+	}
+	bar.Add(1)
 	rows := []nvmeRow{
 		nvmeRowOf("spill write (PutBatch, durable)", nvmeSpillValue, 1, spill, spillFio, direct, o.Rounds,
 			"--rw=write --bs=1M --direct=1 --ioengine=psync --iodepth=1 --end_fsync=1 --size="+strconv.FormatInt(o.DataBytes, 10)),
@@ -199,6 +220,11 @@ func (s *NVMeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 			nvmeReadValue, 1, []float64{e2e}, []float64{medianOf(readFio)}, direct, 1, rows[1].FioArgs)
 		rows = append(rows, row)
 	}
+	e2eRow := len(rows) - 1
+	if wrErr == nil {
+		rows = append(rows, nvmeRowOf("warm restart: DRAM written to NVMe on SIGTERM (spill-on-stop)", nvmeSpillValue, 1,
+			[]float64{wr.GBps}, []float64{wrFio}, direct, 1, rows[0].FioArgs))
+	}
 	res.AddTable("nvme", fmt.Sprintf("the NVMe tier vs fio on the same file system (%s), alternately", o.Dir), rows)
 	for i, name := range []string{"nvme: spill writes vs fio sequential direct write (1 MiB)", "nvme: block reads vs fio random direct read (256 KiB, same queue depth)"} {
 		if r := rows[i].RatioVsFio; r != nil {
@@ -206,12 +232,21 @@ func (s *NVMeSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 	}
 	if e2eErr == nil {
-		if r := rows[len(rows)-1].RatioVsFio; r != nil {
+		if r := rows[e2eRow].RatioVsFio; r != nil {
 			res.Checks = append(res.Checks, NewCheck("nvme: end-to-end prompt reads vs fio random direct read (256 KiB, depth 8)", "ratio_vs_fio", *r, ">=", 0.7, BackendKvmesh))
 		}
 		res.Note("the end-to-end row starts one node with a %d MiB DRAM tier, puts %s of 64-block prompts of 256 KiB blocks and gets random whole prompts one at a time for %v; "+
 			"its fio figure is the random read row's (%d jobs of depth 1), the page cache of the node's files is not dropped",
 			nvmeE2EDRAM>>20, formatBytes(float64(o.DataBytes)), o.ReadTime, o.Readers)
+	}
+	if wrErr == nil {
+		if r := rows[len(rows)-1].RatioVsFio; r != nil {
+			res.Checks = append(res.Checks, NewCheck("nvme: DRAM written to NVMe on SIGTERM vs fio sequential direct write (1 MiB)", "ratio_vs_fio", *r, ">=", 0.7, BackendKvmesh))
+		}
+		res.Checks = append(res.Checks, NewCheck("nvme: blocks a lookup finds after a graceful restart", "found", wr.Found, ">=", 0.99, BackendKvmesh))
+		res.Note("the warm-restart row starts one node whose DRAM holds %s of 1 MiB blocks, stops it with SIGTERM, reads what it wrote and how fast from its log (%s), "+
+			"starts it again on its data dir and looks every prompt up: %.1f%% of the blocks found; its fio figure is fio's sequential write run right after it",
+			formatBytes(float64(o.DataBytes)), formatBytes(float64(wr.Bytes)), 100*wr.Found)
 	}
 	if !direct {
 		res.Note("the file system of %s refused O_DIRECT: the tier fell back to buffered I/O (and fio, which needs it, was skipped)", o.Dir)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -24,8 +25,17 @@ func WriteJSON(w io.Writer, rep *Report) error {
 // WriteTable writes rep for people: one block per suite with its tables,
 // skipped peers, checks, plots and notes. Column names are the JSON field
 // names, so a figure read here is found under the same name in -o json.
-func WriteTable(w io.Writer, rep *Report) error {
+// Each table shows the columns a reader needs (WriteWide shows them all),
+// and under it what each column it shows means, for the columns no earlier
+// table of the report explained.
+func WriteTable(w io.Writer, rep *Report) error { return writeTable(w, rep, false) }
+
+// WriteWide is WriteTable with every column (-o wide).
+func WriteWide(w io.Writer, rep *Report) error { return writeTable(w, rep, true) }
+
+func writeTable(w io.Writer, rep *Report, wide bool) error {
 	bw := &errWriter{w: w}
+	explained := map[string]bool{}
 	fmt.Fprintf(bw, "kvmesh bench  %s  %s/%s  %d CPUs  quick=%v\n", rep.Machine.GoVersion, rep.Machine.OS,
 		rep.Machine.Arch, rep.Machine.CPUs, rep.Quick)
 	for _, res := range rep.Results {
@@ -35,9 +45,11 @@ func WriteTable(w io.Writer, rep *Report) error {
 		}
 		for _, t := range res.Tables {
 			fmt.Fprintf(bw, "\n%s\n", t.Title)
-			if err := writeRows(bw, t.Rows); err != nil {
+			shown, err := writeRows(bw, t.Rows, wide)
+			if err != nil {
 				return err
 			}
+			explainColumns(bw, shown, explained)
 		}
 		if len(res.Skipped) > 0 {
 			fmt.Fprintln(bw, "\nskipped:")
@@ -86,12 +98,17 @@ func (e *errWriter) Write(p []byte) (int, error) {
 type column struct {
 	name  string
 	index []int
+	// show is the field's table tag: "" (always), "wide" (only in the
+	// wide table) or "nonzero" (in the default table only when a row
+	// has a value other than the zero one).
+	show string
 }
 
 // columns returns the table columns of struct type t: exported fields with a
 // json name, in declaration order, but for those tagged `table:"-"`, which
-// only the JSON carries (a table people read must fit a terminal).
-func columns(t reflect.Type) []column {
+// only the JSON carries, and, unless wide, those tagged `table:"wide"`: a
+// table people read must fit a terminal.
+func columns(t reflect.Type, wide bool) []column {
 	var cols []column
 	for _, f := range reflect.VisibleFields(t) {
 		if !f.IsExported() || f.Anonymous {
@@ -99,32 +116,37 @@ func columns(t reflect.Type) []column {
 		}
 		tag := f.Tag.Get("json")
 		name, _, _ := strings.Cut(tag, ",")
-		if name == "-" || name == "" || f.Tag.Get("table") == "-" {
+		show := f.Tag.Get("table")
+		if name == "-" || name == "" || show == "-" || show == "wide" && !wide {
 			continue
 		}
-		cols = append(cols, column{name: name, index: f.Index})
+		if wide {
+			show = ""
+		}
+		cols = append(cols, column{name: name, index: f.Index, show: show})
 	}
 	return cols
 }
 
-// writeRows prints a slice of structs as an aligned table.
-func writeRows(w io.Writer, rows any) error {
+// writeRows prints a slice of structs as an aligned table and returns the
+// names of the columns it showed.
+func writeRows(w io.Writer, rows any, wide bool) ([]string, error) {
 	v := reflect.ValueOf(rows)
 	if v.Kind() != reflect.Slice {
-		return fmt.Errorf("bench: table rows are %T, want a slice of structs", rows)
+		return nil, fmt.Errorf("bench: table rows are %T, want a slice of structs", rows)
 	}
 	et := v.Type().Elem()
 	if et.Kind() == reflect.Pointer {
 		et = et.Elem()
 	}
 	if et.Kind() != reflect.Struct {
-		return fmt.Errorf("bench: table rows are %T, want a slice of structs", rows)
+		return nil, fmt.Errorf("bench: table rows are %T, want a slice of structs", rows)
 	}
 	if v.Len() == 0 {
 		_, err := fmt.Fprintln(w, "  (no rows)")
-		return err
+		return nil, err
 	}
-	cols := columns(et)
+	cols := columns(et, wide)
 	cells := make([][]string, v.Len())
 	present := make([]bool, len(cols))
 	for i := range v.Len() {
@@ -136,7 +158,9 @@ func writeRows(w io.Writer, rows any) error {
 				cells[i][j] = "-"
 				continue
 			}
-			present[j] = true
+			if c.show != "nonzero" || !fv.IsZero() {
+				present[j] = true
+			}
 			cells[i][j] = formatValue(fv)
 		}
 	}
@@ -147,6 +171,7 @@ func writeRows(w io.Writer, rows any) error {
 			line = append(line, c.name)
 		}
 	}
+	shown := slices.Clone(line)
 	fmt.Fprintf(tw, "  %s\n", strings.Join(line, "\t"))
 	for i := range cells {
 		line = line[:0]
@@ -157,7 +182,26 @@ func writeRows(w io.Writer, rows any) error {
 		}
 		fmt.Fprintf(tw, "  %s\n", strings.Join(line, "\t"))
 	}
-	return tw.Flush()
+	return shown, tw.Flush()
+}
+
+// explainColumns writes what each of names means, for those not in
+// explained yet, and adds them to it.
+func explainColumns(w io.Writer, names []string, explained map[string]bool) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	first := true
+	for _, n := range names {
+		if explained[n] {
+			continue
+		}
+		explained[n] = true
+		if first {
+			fmt.Fprintln(tw, "  where")
+			first = false
+		}
+		fmt.Fprintf(tw, "    %s\t%s\n", n, ColumnHelp(n))
+	}
+	tw.Flush()
 }
 
 func formatValue(v reflect.Value) string {

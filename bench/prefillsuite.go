@@ -136,7 +136,7 @@ type prefillRow struct {
 	// CPUVsCold is the process CPU time of the prefill (and of publishing
 	// its new blocks) over the cold one's: the work done, which the
 	// neighbours' load on a shared machine does not move.
-	CPUVsCold float64 `json:"cpu_vs_cold"`
+	CPUVsCold float64 `json:"cpu_vs_cold" table:"wide"`
 	// FLOPFloor is the arithmetic of this prefill over the cold one's
 	// (prefill.Config.ForwardFLOPs): the best ratio any engine can reach.
 	FLOPFloor float64 `json:"flop_floor"`
@@ -144,10 +144,10 @@ type prefillRow struct {
 	// reports it (in process); EngineGFLOP is GFLOP over ComputeMS, or
 	// over the whole TTFT without it.
 	LookupMS    *float64 `json:"lookup_ms,omitempty" table:"-"`
-	FetchMS     *float64 `json:"fetch_ms,omitempty"`
-	ComputeMS   *float64 `json:"compute_ms,omitempty"`
-	GFLOP       float64  `json:"gflop"`
-	EngineGFLOP float64  `json:"engine_gflops"`
+	FetchMS     *float64 `json:"fetch_ms,omitempty" table:"wide"`
+	ComputeMS   *float64 `json:"compute_ms,omitempty" table:"wide"`
+	GFLOP       float64  `json:"gflop" table:"wide"`
+	EngineGFLOP float64  `json:"engine_gflops" table:"wide"`
 	Runs        int      `json:"runs" table:"-"`
 }
 
@@ -225,7 +225,7 @@ func (s *PrefillSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 	}
 	if n != 8192 {
-		res.Note("the prompt has %d tokens (DESIGN's target is stated for 8192; --quick uses a shorter one)", n)
+		res.Note("the prompt has %d tokens (the TTFT target is stated for 8192; --quick uses a shorter one)", n)
 	}
 	measured := Series{Name: "TTFT (median)"}
 	floor := Series{Name: "cold TTFT × arithmetic floor", Dashed: true}

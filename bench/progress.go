@@ -3,6 +3,7 @@ package bench
 import (
 	"io"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -13,6 +14,10 @@ import (
 // A nil *Progress draws nothing, so suites call it unconditionally.
 type Progress struct {
 	w io.Writer
+	// finished, when set (tests), replaces drawing: each bar reports its
+	// total and what was added to it when it finishes, so that a test
+	// can hold a suite's total to what it ran.
+	finished func(desc string, total, added int64)
 }
 
 // NewProgress returns a Progress drawing on w, or nil (no bars) when
@@ -43,6 +48,9 @@ type Bar interface {
 
 // Bar starts a bar of total units.
 func (p *Progress) Bar(total int64, desc string) Bar {
+	if p != nil && p.finished != nil {
+		return &countBar{desc: desc, total: total, finished: p.finished}
+	}
 	if p == nil || total <= 0 {
 		return nopBar{}
 	}
@@ -64,6 +72,30 @@ type bar struct{ pb *progressbar.ProgressBar }
 func (b *bar) Add(n int64)          { _ = b.pb.Add64(n) }
 func (b *bar) Describe(desc string) { b.pb.Describe(desc) }
 func (b *bar) Finish()              { _ = b.pb.Finish() }
+
+// countBar counts instead of drawing.
+type countBar struct {
+	desc         string
+	total, added int64
+	mu           sync.Mutex
+	done         bool
+	finished     func(desc string, total, added int64)
+}
+
+func (b *countBar) Add(n int64) {
+	b.mu.Lock()
+	b.added += n
+	b.mu.Unlock()
+}
+func (b *countBar) Describe(string) {}
+func (b *countBar) Finish() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.done {
+		b.done = true
+		b.finished(b.desc, b.total, b.added)
+	}
+}
 
 type nopBar struct{}
 

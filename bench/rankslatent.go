@@ -32,12 +32,12 @@ type latentRow struct {
 	ReceivedBytes  int64   `json:"received_bytes"`
 	RatioVsOneCopy float64 `json:"ratio_vs_one_copy"`
 	// StoredBlocks is what the node holds of the namespace afterwards.
-	StoredBlocks int64   `json:"stored_blocks"`
-	PutSeconds   float64 `json:"put_s"`
+	StoredBlocks int64   `json:"stored_blocks" table:"wide"`
+	PutSeconds   float64 `json:"put_s" table:"wide"`
 	// RanksReadWhole counts the ranks whose Get of its Rank returned the whole
 	// latent of every block (put_rank only).
 	RanksReadWhole int   `json:"ranks_read_whole"`
-	BytesVerified  int64 `json:"bytes_verified"`
+	BytesVerified  int64 `json:"bytes_verified" table:"wide"`
 }
 
 // latentChecks adds the MLA targets: the node receives at most 1.05 copies

@@ -146,7 +146,7 @@ type ranksRow struct {
 	BlockBytes int    `json:"block_bytes"`
 	// Blocks is how many blocks each run moves, whole and by the ranks.
 	Blocks int `json:"blocks"`
-	Runs   int `json:"runs"`
+	Runs   int `json:"runs" table:"wide"`
 	// WholeGBps and RanksGBps are the medians over the runs of the block
 	// bytes moved per second: one client with whole blocks, and the N
 	// ranks together (from the first rank's start to the last one's end).
@@ -156,18 +156,18 @@ type ranksRow struct {
 	// against the whole-block peer measured beside it; RatioMin and
 	// RatioMax are their spread.
 	RatioVsWhole float64 `json:"ratio_vs_whole"`
-	RatioMin     float64 `json:"ratio_min"`
-	RatioMax     float64 `json:"ratio_max"`
+	RatioMin     float64 `json:"ratio_min" table:"wide"`
+	RatioMax     float64 `json:"ratio_max" table:"wide"`
 	// PathShare is the share of the bytes the node moved in these runs
 	// (data plane and gRPC) that went over the row's transport; nil when
 	// the node's metrics could not be read.
-	PathShare *float64  `json:"path_share,omitempty"`
+	PathShare *float64  `json:"path_share,omitempty" table:"wide"`
 	WholeRuns []float64 `json:"whole_gbps_runs" table:"-"`
 	RanksRuns []float64 `json:"ranks_gbps_runs" table:"-"`
 	// BytesVerified counts the payload bytes compared with what was put:
 	// the blocks or parts this operation returned (get), or the whole
 	// blocks read back after the puts (put).
-	BytesVerified int64 `json:"bytes_verified"`
+	BytesVerified int64 `json:"bytes_verified" table:"wide"`
 }
 
 // Run measures.

@@ -166,26 +166,26 @@ type ReplayStats struct {
 	IdealHitRatio float64 `json:"ideal_hit_ratio"`
 	// RatioVsIdeal = HitRatio / IdealHitRatio: the DESIGN target's figure.
 	RatioVsIdeal           float64 `json:"ratio_vs_ideal"`
-	FullBlockHitRatio      float64 `json:"full_block_hit_ratio"`
+	FullBlockHitRatio      float64 `json:"full_block_hit_ratio" table:"wide"`
 	IdealFullBlockHitRatio float64 `json:"ideal_full_block_hit_ratio" table:"-"`
 
 	PromptTokens int64 `json:"prompt_tokens" table:"-"`
 	CachedTokens int64 `json:"cached_tokens"`
 
-	LookupP50MS float64 `json:"lookup_p50_ms"`
+	LookupP50MS float64 `json:"lookup_p50_ms" table:"wide"`
 	LookupP99MS float64 `json:"lookup_p99_ms"`
 	PutP50MS    float64 `json:"put_p50_ms" table:"-"`
-	PutP99MS    float64 `json:"put_p99_ms"`
+	PutP99MS    float64 `json:"put_p99_ms" table:"wide"`
 
 	RequestsPerNode []int   `json:"requests_per_node" table:"-"`
 	TokensPerNode   []int64 `json:"tokens_per_node" table:"-"`
 	// RequestsMaxOverMean and TokensMaxOverMean measure load balance: 1 is
 	// perfect, 2 means one node does twice its share.
-	RequestsMaxOverMean float64 `json:"requests_max_over_mean"`
-	TokensMaxOverMean   float64 `json:"tokens_max_over_mean"`
+	RequestsMaxOverMean float64 `json:"requests_max_over_mean" table:"wide"`
+	TokensMaxOverMean   float64 `json:"tokens_max_over_mean" table:"wide"`
 
-	LookupErrors int64   `json:"lookup_errors"`
-	PutErrors    int64   `json:"put_errors"`
+	LookupErrors int64   `json:"lookup_errors" table:"nonzero"`
+	PutErrors    int64   `json:"put_errors" table:"nonzero"`
 	WallSeconds  float64 `json:"wall_s" table:"-"`
 	RequestsPerS float64 `json:"requests_per_s" table:"-"`
 }

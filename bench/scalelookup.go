@@ -187,7 +187,7 @@ func (s *scaleLookup) measureMode(ctx context.Context, o ScaleOptions, n int, qu
 		victim := s.victim(ds, prompts, rng)
 		handed := 0
 		if event == "leave" {
-			handed = victim.cluster.Handoff(ctx, 1<<30)
+			handed = len(victim.cluster.Handoff(ctx, 1<<30))
 		}
 		victim.gone.Store(true)
 		ds.remove(victim.id)

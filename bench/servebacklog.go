@@ -21,10 +21,10 @@ type backlogRow struct {
 	SyncReqs    int     `json:"sync_requests"`
 	TTFTp50     float64 `json:"sync_ttft_p50_ms"`
 	TTFTp99     float64 `json:"sync_ttft_p99_ms"`
-	WallS       float64 `json:"wall_s"`
+	WallS       float64 `json:"wall_s" table:"wide"`
 	DrainS      float64 `json:"drain_s"`
 	DrainPerSec float64 `json:"drain_req_per_s"`
-	Failed      int     `json:"queued_failed"`
+	Failed      int     `json:"queued_failed" table:"nonzero"`
 }
 
 // runBacklog is the serve suite's backlog variant (ServeOptions.Backlog):

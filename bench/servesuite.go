@@ -107,7 +107,7 @@ func (*ServeSuite) notInAll() {}
 
 type serveRow struct {
 	Policy        string  `json:"policy"`
-	Requests      int     `json:"requests"`
+	Requests      int     `json:"requests" table:"wide"`
 	PromptTokens  int     `json:"prompt_tokens"`
 	CachedTokens  int     `json:"cached_tokens"`
 	IdealCached   int     `json:"ideal_cached_tokens"`
@@ -115,7 +115,7 @@ type serveRow struct {
 	TTFTp50       float64 `json:"ttft_p50_ms"`
 	TTFTp99       float64 `json:"ttft_p99_ms"`
 	TokensPerSec  float64 `json:"tokens_per_s"`
-	Errors        int     `json:"errors"`
+	Errors        int     `json:"errors" table:"nonzero"`
 }
 
 type overheadRow struct {

@@ -161,16 +161,16 @@ type soakSummary struct {
 	Errors         int64   `json:"errors"`
 	WrongBytes     int64   `json:"wrong_bytes"`
 	Misses         int64   `json:"get_misses"`
-	Prefills       int64   `json:"prefills"`
+	Prefills       int64   `json:"prefills" table:"wide"`
 	MaxRSSBytes    int64   `json:"max_rss_bytes"`
 	RSSLimitBytes  int64   `json:"rss_limit_bytes"`
 	RSSWithinLimit bool    `json:"rss_within_limit"`
 	// Goroutines are the largest node's at the first sample after the
 	// warm-up interval, at the end, and at most.
-	GoroutinesStart int64   `json:"goroutines_start"`
-	GoroutinesEnd   int64   `json:"goroutines_end"`
+	GoroutinesStart int64   `json:"goroutines_start" table:"wide"`
+	GoroutinesEnd   int64   `json:"goroutines_end" table:"wide"`
 	GoroutinesMax   int64   `json:"goroutines_max"`
-	LookupP50MS     float64 `json:"lookup_p50_ms"`
+	LookupP50MS     float64 `json:"lookup_p50_ms" table:"wide"`
 	LookupP99MS     float64 `json:"lookup_p99_ms"`
 	GetP99MS        float64 `json:"get_p99_ms"`
 	PutP99MS        float64 `json:"put_p99_ms"`

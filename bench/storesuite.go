@@ -126,23 +126,28 @@ func storePaths() (have []storePath, missing map[string]error) {
 
 // pathShare runs load against t and, for a path over the node's data
 // plane, reports in PathShare how much of the load that transport carried.
-func pathShare(ctx context.Context, p storePath, httpAddr string, load func() (set, get KVResult, err error), keys, valueBytes int) (set, get KVResult, err error) {
+func pathShare(ctx context.Context, p storePath, httpAddr string, load func() ([]KVResult, error), keys, valueBytes int) ([]KVResult, error) {
 	var before map[string]float64
 	if p.transport != "" && httpAddr != "" {
 		before, _ = transferBytes(ctx, httpAddr)
 	}
-	set, get, err = load()
+	rs, err := load()
 	if err != nil || before == nil {
-		return set, get, err
+		return rs, err
 	}
 	after, err := transferBytes(ctx, httpAddr)
 	if err != nil {
-		return set, get, nil // the figure stays unmeasured
+		return rs, nil // the figure stays unmeasured
 	}
-	moved := float64(keys+int(get.Ops)+int(set.Ops)) * float64(valueBytes)
-	share := (after[p.transport] - before[p.transport]) / moved
-	get.PathShare, set.PathShare = &share, &share
-	return set, get, nil
+	ops := keys
+	for _, r := range rs {
+		ops += int(r.Ops)
+	}
+	share := (after[p.transport] - before[p.transport]) / (float64(ops) * float64(valueBytes))
+	for i := range rs {
+		rs[i].PathShare = &share
+	}
+	return rs, nil
 }
 
 // Run measures: the machine's limits, then every path of the node and
@@ -184,8 +189,12 @@ func (s *StoreSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 		r.redis = redis
 	}
 
-	loads := len(o.BlockSizes) * len(o.Concurrency) * (len(paths) + 1)
-	r.bar = env.Progress.Bar(int64(loads+2*len(o.BlockSizes)), "store")
+	// The bar counts what will run: Redis only when it started.
+	targets := len(paths)
+	if r.redis != nil {
+		targets++
+	}
+	r.bar = env.Progress.Bar(int64(len(o.BlockSizes)*len(o.Concurrency)*targets+2*len(o.BlockSizes)), "store")
 	defer r.bar.Finish()
 	limits, err := r.limits()
 	if err != nil {
@@ -245,11 +254,11 @@ func (r *storeRun) loads() ([]KVResult, error) {
 					return nil, err
 				}
 				r.bar.Describe(fmt.Sprintf("store: %s %s × %d", t.Name(), formatBytes(float64(b)), c))
-				set, get, err := pathShare(ctx, p, r.httpAddr, func() (KVResult, KVResult, error) { return KVLoad(ctx, t, load) }, load.Keys, b)
+				rs, err := pathShare(ctx, p, r.httpAddr, func() ([]KVResult, error) { return KVLoadPhases(ctx, t, load) }, load.Keys, b)
 				if err != nil {
 					return nil, err
 				}
-				rows = append(rows, get, set)
+				rows = append(rows, rs...)
 				r.bar.Add(1)
 			}
 			if r.redis != nil {
@@ -287,7 +296,8 @@ func (r *storeRun) loads() ([]KVResult, error) {
 func (r *storeRun) report(env *Env, rows []KVResult, limits []limitRow) error {
 	res := r.res
 	storeRatios(rows, limits)
-	title := "GET and SET of whole blocks, one request in flight per connection; kvmesh through its Go client"
+	title := "GET and SET of whole blocks, one request in flight per connection; kvmesh through its Go client " +
+		"(kvmesh-shm: through shared memory, its GETs copied into the client's buffer, its VIEWs read in place)"
 	if r.redis != nil {
 		title += fmt.Sprintf(", Redis %s (persistence off, on a unix socket) by the same load loop and by redis-benchmark", r.redis.Version())
 	}
@@ -303,12 +313,17 @@ func (r *storeRun) report(env *Env, rows []KVResult, limits []limitRow) error {
 	}
 	res.Note("SET writes keys never written before (a block store answers a SET of a block it holds without storing it); " +
 		"GET reads random keys of the data set filled before it. GB/s count value bytes only. " +
-		"Redis listens on a unix socket and no TCP port (a TCP port would have to be guessed free; see StartRedis), " +
+		"Redis listens on a unix socket and no TCP port (the bench starts it on its own, with no port it could learn), " +
 		"which spares it the loopback TCP stack: a stricter baseline for kvmesh's network path than Redis over TCP.")
+	res.Note("view (kvmesh-shm only) reads each value in place in the node's shared memory and copies it nowhere: " +
+		"it is reported apart from get, which copies every value into the caller's buffer as Redis's client does, and is not compared with memcpy.")
 	for _, op := range []string{"get", "set"} {
-		if err := SavePlot(env, res, "store_"+op+"_vs_block_size",
-			ThroughputPlot(fmt.Sprintf("store %s: kvmesh vs Redis and the limits", op), storeSeries(rows, limits, op)...)); err != nil {
-			return err
+		for _, c := range r.o.Concurrency {
+			series := storeSeries(rows, limits, op, c)
+			if err := SavePlot(env, res, fmt.Sprintf("store_%s_c%d_vs_block_size", op, c),
+				ThroughputPlot(vsTitle(fmt.Sprintf("store %s, %d connections: kvmesh", op, c), series), series...)); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -373,16 +388,22 @@ func storeRatios(rows []KVResult, limits []limitRow) {
 		if r.Target == "redis" || r.Target == RedisBenchmarkTarget {
 			continue
 		}
-		if peer, ok := redisPeer(rows, *r); ok {
+		q := *r
+		if q.Op == "view" {
+			q.Op = "get" // a read, against Redis's reads
+		}
+		if peer, ok := redisPeer(rows, q); ok {
 			r.RatioVsRedis = Ratio(r.GBps, peer.GBps)
 		}
 		for _, l := range limits {
 			if l.BlockBytes != r.ValueBytes {
 				continue
 			}
-			if r.Target == "kvmesh-shm" {
+			switch {
+			case r.Op == "view": // copies nothing: no copy to compare with
+			case r.Target == "kvmesh-shm":
 				r.RatioVsMemcpy = Ratio(r.GBps, l.MemcpyGBps)
-			} else {
+			default:
 				r.RatioVsRawTCP = Ratio(r.GBps, l.RawTCPGBps)
 			}
 		}
@@ -420,21 +441,37 @@ func storeChecks(res *Result, rows []KVResult) {
 		target2    float64
 	}{{"kvmesh-tcp", "get", 1.2}, {"kvmesh-tcp", "set", 1.2}, {"kvmesh-shm", "get", 4}} {
 		if w, ok := worst(c.target, c.op); ok {
-			res.Checks = append(res.Checks, NewCheck(fmt.Sprintf("store: %s %s vs Redis %s, every size and concurrency", c.target, c.op, c.op),
+			what := c.target + " " + c.op
+			if c.target == "kvmesh-shm" {
+				what += " (copied into the client's buffer)"
+			}
+			res.Checks = append(res.Checks, NewCheck(fmt.Sprintf("store: %s vs Redis %s, every size and concurrency", what, c.op),
 				"min ratio_vs_redis", w, ">=", c.target2, BackendKvmesh))
 		}
 	}
 }
 
-// storeSeries returns the plot series of op: kvmesh solid, Redis and the
-// limits dashed.
-func storeSeries(rows []KVResult, limits []limitRow, op string) []Series {
+// storeSeries returns the plot series of op at concurrency conc: kvmesh
+// solid (for get, kvmesh-shm's views beside its copies), Redis and the
+// limits dashed: the raw TCP stream, and memcpy where kvmesh-shm copies.
+func storeSeries(rows []KVResult, limits []limitRow, op string, conc int) []Series {
 	out := GroupSeries(rows, func(r KVResult) (string, bool, bool, float64, float64) {
-		return fmt.Sprintf("%s c=%d", r.Target, r.Concurrency), r.Target == "redis", r.Op != op, float64(r.ValueBytes), r.GBps
+		name := r.Target
+		switch {
+		case r.Op == "view":
+			name += " view (in place, no copy)"
+		case r.Target == "kvmesh-shm":
+			name += " " + r.Op + " (copied)"
+		}
+		peer := r.Target == "redis" || r.Target == RedisBenchmarkTarget
+		keep := r.Concurrency == conc && (r.Op == op || op == "get" && r.Op == "view")
+		return name, peer, !keep, float64(r.ValueBytes), r.GBps
 	})
 	raw := Series{Name: "raw TCP stream", Dashed: true}
+	memcpy := Series{Name: "memcpy", Dashed: true}
 	for _, l := range limits {
 		raw.X, raw.Y = append(raw.X, float64(l.BlockBytes)), append(raw.Y, l.RawTCPGBps)
+		memcpy.X, memcpy.Y = append(memcpy.X, float64(l.BlockBytes)), append(memcpy.Y, l.MemcpyGBps)
 	}
-	return append(out, raw)
+	return append(out, raw, memcpy)
 }

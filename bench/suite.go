@@ -314,8 +314,8 @@ type SuiteFlags struct {
 
 // Suites returns every suite, in the order `all` runs them: transfer,
 // store, ranks, lookup, nvme, prefill, trace; and those `all` leaves out: peers
-// (every suite measures its own peers) and soak (a test of endurance, not a
-// figure of speed).
+// (every suite measures its own peers), soak (a test of endurance, not a
+// figure of speed) and speculate (decoding's speed, not the cache's).
 func Suites(f SuiteFlags) []Suite {
 	trace := TraceOptions{TracePath: f.TracePath, Requests: f.Requests, Nodes: f.Nodes,
 		CapacityBlocks: f.CapacityBlocks, Eviction: f.Eviction, Replay: ReplayOptions{Speedup: f.Speedup}}
@@ -332,7 +332,7 @@ func Suites(f SuiteFlags) []Suite {
 	return []Suite{&TransferSuite{Options: TransferOptions{Transport: f.Transport}}, &StoreSuite{}, &RanksSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice,
 		ModelDir: f.PrefillModelDir, PromptTokens: f.PrefillPromptTokens, DecodeTokens: f.PrefillDecodeTokens}},
 		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{Options: ServeOptions{Backlog: f.Backlog}},
-		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}},
+		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}, &SpeculateSuite{},
 		&ScaleSuite{Options: scale}}
 }
 
@@ -347,22 +347,26 @@ type Format string
 // The output formats of `-o`.
 const (
 	FormatTable Format = "table"
+	FormatWide  Format = "wide" // the table with every column
 	FormatJSON  Format = "json"
 )
 
 // ParseFormat parses the value of `-o`.
 func ParseFormat(s string) (Format, error) {
 	f := Format(strings.ToLower(s))
-	if !slices.Contains([]Format{FormatTable, FormatJSON}, f) {
-		return "", fmt.Errorf("bench: output format %q: want table or json", s)
+	if !slices.Contains([]Format{FormatTable, FormatWide, FormatJSON}, f) {
+		return "", fmt.Errorf("bench: output format %q: want table, wide or json", s)
 	}
 	return f, nil
 }
 
 // Write prints rep in format f.
 func Write(w io.Writer, rep *Report, f Format) error {
-	if f == FormatJSON {
+	switch f {
+	case FormatJSON:
 		return WriteJSON(w, rep)
+	case FormatWide:
+		return WriteWide(w, rep)
 	}
 	return WriteTable(w, rep)
 }

@@ -147,7 +147,7 @@ func TestTransferSuite(t *testing.T) {
 
 func TestNVMeSuite(t *testing.T) {
 	s := &NVMeSuite{Options: NVMeOptions{DataBytes: 16 << 20, ReadTime: 50 * time.Millisecond, Rounds: 1, Readers: 2}}
-	res := runSuite(t, s, &Env{}, "nvme")
+	res := runSuite(t, s, &Env{Progress: barsRun(t)}, "nvme")
 	rows := table[nvmeRow](t, res, "nvme")
 	// No binary to start a node with: the end-to-end row is skipped
 	// (TestNVMeEndToEnd runs its load against an in-process node).
@@ -225,14 +225,15 @@ func TestStoreSuite(t *testing.T) {
 	env := &Env{OutDir: t.TempDir(), Addrs: []string{inProcessNode(t)}}
 	s := &StoreSuite{Options: StoreOptions{BlockSizes: []int{64 << 10}, Concurrency: []int{2}, Duration: 100 * time.Millisecond,
 		DataSetBytes: 1 << 20, MaxSetBytes: 1 << 20, NodeDRAMBytes: 64 << 20}}
+	env.Progress = barsRun(t)
 	res := runSuite(t, s, env, "limits", "store")
 	rows := table[KVResult](t, res, "store")
 	_, redisErr := exec.LookPath("redis-server")
-	want := 4 // kvmesh-tcp and kvmesh-shm, GET and SET
+	want := 5 // kvmesh-tcp GET and SET; kvmesh-shm GET, VIEW and SET
 	if redisErr == nil {
-		want = 6
+		want = 7
 		if _, err := exec.LookPath("redis-benchmark"); err == nil {
-			want = 8
+			want = 9
 		}
 	}
 	if len(rows) != want {
@@ -245,9 +246,13 @@ func TestStoreSuite(t *testing.T) {
 		if r.Target == "redis" || r.Target == RedisBenchmarkTarget {
 			continue
 		}
+		// A view copies nothing: no ratio to memcpy.
 		if (redisErr == nil) != (r.RatioVsRedis != nil) || (r.Target == "kvmesh-tcp") != (r.RatioVsRawTCP != nil) ||
-			(r.Target == "kvmesh-shm") != (r.RatioVsMemcpy != nil) {
+			(r.Target == "kvmesh-shm" && r.Op != "view") != (r.RatioVsMemcpy != nil) {
 			t.Errorf("%s %s: ratios %+v", r.Target, r.Op, r)
+		}
+		if (r.Op == "view") != (r.Target == "kvmesh-shm" && r.Op != "get" && r.Op != "set") {
+			t.Errorf("%s %s: only kvmesh-shm reads in place", r.Target, r.Op)
 		}
 		// The node's data plane carried the load over the row's transport.
 		if r.PathShare == nil || *r.PathShare < 0.9 {
@@ -262,6 +267,29 @@ func TestStoreSuite(t *testing.T) {
 		check(t, res, "min ratio_vs_redis")
 	}
 	checkPNG(t, res.Plots, 2)
+}
+
+// TestStoreSuiteWithoutRedis: with no redis-server, the store suite skips
+// Redis, saying so, and its progress bar counts only what ran.
+func TestStoreSuiteWithoutRedis(t *testing.T) {
+	env := &Env{Addrs: []string{inProcessNode(t)}, Progress: barsRun(t)}
+	s := &StoreSuite{Options: StoreOptions{BlockSizes: []int{64 << 10}, Concurrency: []int{1}, Duration: 50 * time.Millisecond,
+		DataSetBytes: 256 << 10, MaxSetBytes: 256 << 10, NodeDRAMBytes: 64 << 20, Redis: RedisOptions{Binary: "/nonexistent/redis-server"}}}
+	res := runSuite(t, s, env, "limits", "store")
+	if len(res.Skipped) == 0 || res.Skipped[0].What != "redis" {
+		t.Fatalf("skipped %+v; want redis", res.Skipped)
+	}
+}
+
+// barsRun returns a Progress whose bars, when they finish, must have had
+// their whole total added: a bar that counts a step that never ran stops
+// short, as users saw when a peer was skipped.
+func barsRun(t *testing.T) *Progress {
+	return &Progress{finished: func(desc string, total, added int64) {
+		if added != total {
+			t.Errorf("progress bar %q: %d of %d steps added", desc, added, total)
+		}
+	}}
 }
 
 func TestLookupSuite(t *testing.T) {

@@ -27,8 +27,8 @@ type TCPOptions struct {
 type TCPResult struct {
 	Conns      int     `json:"conns"`
 	WriteBytes int     `json:"write_bytes"`
-	Bytes      int64   `json:"bytes"`
-	Seconds    float64 `json:"seconds"`
+	Bytes      int64   `json:"bytes" table:"wide"`
+	Seconds    float64 `json:"seconds" table:"wide"`
 	GBps       float64 `json:"gbps"`
 }
 

@@ -174,12 +174,12 @@ type Ideal struct {
 	// HitBlocks those seen before. HitRatio = HitBlocks / Blocks is the
 	// figure Mooncake quotes for its traces (0.366 for the conversation trace).
 	Blocks    int     `json:"blocks"`
-	HitBlocks int     `json:"hit_blocks"`
+	HitBlocks int     `json:"hit_blocks" table:"wide"`
 	HitRatio  float64 `json:"ideal_hit_ratio"`
 	// FullBlocks and FullHitBlocks count only full 512-token blocks, the
 	// only ones a block cache can hold.
-	FullBlocks        int     `json:"full_blocks"`
-	FullHitBlocks     int     `json:"full_hit_blocks"`
+	FullBlocks        int     `json:"full_blocks" table:"wide"`
+	FullHitBlocks     int     `json:"full_hit_blocks" table:"wide"`
 	FullBlockHitRatio float64 `json:"ideal_full_block_hit_ratio"`
 	// DistinctFullBlocks is the number of different full blocks: a pooled
 	// cache this large never evicts anything the trace asks again.

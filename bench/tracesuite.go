@@ -15,7 +15,8 @@ import (
 // TraceOptions configures the trace suite. Zero fields take the defaults
 // documented on each, for a full run or for --quick.
 type TraceOptions struct {
-	// TracePath is a Mooncake-format trace (JSONL, optionally .gz). Default:
+	// TracePath is a Mooncake-format trace (JSONL, optionally .gz), or
+	// "agentic" or "agentic:SEED" for a trace GenerateAgentic makes. Default:
 	// Mooncake's conversation trace, bundled.
 	TracePath string
 	// Requests replays only the first Requests requests. Default: all;
@@ -170,7 +171,7 @@ type traceSweepRow struct {
 	LocalOnly              bool    `json:"local_only"`
 	Eviction               string  `json:"eviction"`
 	PooledCapacityFraction float64 `json:"pooled_capacity_fraction"`
-	CapacityBlocksPerNode  int     `json:"capacity_blocks_per_node"`
+	CapacityBlocksPerNode  int     `json:"capacity_blocks_per_node" table:"wide"`
 	HitRatio               float64 `json:"hit_ratio"`
 	IdealHitRatio          float64 `json:"ideal_hit_ratio"`
 	RatioVsIdeal           float64 `json:"ratio_vs_ideal"`
@@ -248,7 +249,11 @@ type traceReplay struct {
 func newTraceReplay(ctx context.Context, env *Env, o TraceOptions) (*traceReplay, error) {
 	var t *Trace
 	var err error
-	if o.TracePath == "" {
+	if ao, ok, perr := ParseAgenticPath(o.TracePath); perr != nil {
+		return nil, perr
+	} else if ok {
+		t, err = GenerateAgentic(ao)
+	} else if o.TracePath == "" {
 		t, err = ConversationTrace()
 	} else {
 		t, err = LoadTrace(o.TracePath)
@@ -502,12 +507,12 @@ func (tr *traceReplay) plot(res *Result, points []traceSweepRow) error {
 type evictionSweepRow struct {
 	Policy                 string  `json:"policy"`
 	PooledCapacityFraction float64 `json:"pooled_capacity_fraction"`
-	CapacityBlocksPerNode  int     `json:"capacity_blocks_per_node"`
+	CapacityBlocksPerNode  int     `json:"capacity_blocks_per_node" table:"wide"`
 	LRURatioVsIdeal        float64 `json:"lru_ratio_vs_ideal"`
 	PolicyRatioVsIdeal     float64 `json:"policy_ratio_vs_ideal"`
 	PolicyOverLRU          float64 `json:"policy_over_lru"`
-	SimLRURatioVsIdeal     float64 `json:"simulation_lru_ratio_vs_ideal"`
-	SimOptimumRatioVsIdeal float64 `json:"simulation_optimum_ratio_vs_ideal"`
+	SimLRURatioVsIdeal     float64 `json:"simulation_lru_ratio_vs_ideal" table:"wide"`
+	SimOptimumRatioVsIdeal float64 `json:"simulation_optimum_ratio_vs_ideal" table:"wide"`
 	OptimumOverLRU         float64 `json:"simulation_optimum_over_lru"`
 }
 

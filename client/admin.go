@@ -32,6 +32,10 @@ type Stats struct {
 	// Namespaces the node holds blocks of, by digest (those of the caller's
 	// tenant only, for a tenant).
 	Namespaces []NamespaceStats
+	// SecondChances and ReusedBlocks are the eviction policy's own signal,
+	// zero but under --eviction reuse: blocks passed over at the cold end
+	// because they were asked for again, and the cached blocks marked so.
+	SecondChances, ReusedBlocks int64
 }
 
 // TierStats are one tier's counters.
@@ -40,6 +44,17 @@ type TierStats struct {
 	Blocks        int64
 	Bytes         int64 // encoded blocks held
 	CapacityBytes int64
+	// Evicted counts the blocks that left the tier since the node started,
+	// by reason.
+	Evicted TierEvictions
+}
+
+// TierEvictions are the blocks that left a tier, by reason.
+type TierEvictions struct {
+	Capacity   int64 // dropped from the node for room (descendants included)
+	Demoted    int64 // moved one tier down
+	Refused    int64 // writes refused for lack of room
+	Unadmitted int64 // writes accepted but evicted at once, colder than everything held
 }
 
 // NamespaceStats are what one namespace holds on the node.
@@ -64,9 +79,12 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 		}
 		if token == "" { // the counters of the first page
 			st = Stats{NodeID: resp.GetNodeId(), Hits: int64(resp.GetHits()), Misses: int64(resp.GetMisses()),
-				Evictions: int64(resp.GetEvictions()), Demotions: int64(resp.GetDemotions()), Promotions: int64(resp.GetPromotions())}
+				Evictions: int64(resp.GetEvictions()), Demotions: int64(resp.GetDemotions()), Promotions: int64(resp.GetPromotions()),
+				SecondChances: int64(resp.GetSecondChances()), ReusedBlocks: int64(resp.GetReusedBlocks())}
 			for _, t := range resp.GetTiers() {
-				st.Tiers = append(st.Tiers, TierStats{Name: t.GetName(), Blocks: int64(t.GetBlocks()), Bytes: int64(t.GetBytes()), CapacityBytes: int64(t.GetCapacityBytes())})
+				st.Tiers = append(st.Tiers, TierStats{Name: t.GetName(), Blocks: int64(t.GetBlocks()), Bytes: int64(t.GetBytes()), CapacityBytes: int64(t.GetCapacityBytes()),
+					Evicted: TierEvictions{Capacity: int64(t.GetEvictedCapacity()), Demoted: int64(t.GetEvictedDemoted()),
+						Refused: int64(t.GetEvictedRefused()), Unadmitted: int64(t.GetEvictedUnadmitted())}})
 			}
 		}
 		for _, x := range resp.GetNamespaces() {

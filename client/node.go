@@ -101,3 +101,8 @@ var localHostID = sync.OnceValue(func() string {
 	}
 	return strings.TrimSpace(string(b))
 })
+
+// HostID returns this host's id as nodes report theirs (Member.HostID): a
+// node with the same id runs on this host, and its shared memory can be
+// mapped here.
+func HostID() string { return localHostID() }

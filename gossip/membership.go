@@ -38,6 +38,10 @@ type MemberMeta struct {
 	// from an older node reads as RoleBoth), RoleStore for one without,
 	// RoleRouter for a router, which offers no capacity and owns nothing.
 	Role string `json:"role,omitempty"`
+	// TLS says the member serves every listener over TLS (its HTTP address
+	// included): a router without the cluster's CA must not send it
+	// clients' bearer tokens in the clear.
+	TLS bool `json:"tls,omitempty"`
 	// Fabric is how the member reads other nodes: "tcp", or "ucx", its
 	// UCX version and the transports UCX opened (issue 36).
 	Fabric string `json:"fabric,omitempty"`

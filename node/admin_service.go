@@ -96,7 +96,7 @@ func (s *adminService) BlockInfo(ctx context.Context, req *kvmeshv1.BlockInfoReq
 		return nil, err
 	}
 	notCached := status.Errorf(codes.NotFound, "block %s is not cached on node %s", key, s.n.opts.NodeID)
-	info, ok := s.n.cache.Info(auth.AccessFrom(ctx), key)
+	info, ok := s.n.cache.Info(viewOf(ctx), key)
 	if !ok {
 		return nil, notCached
 	}
@@ -137,7 +137,7 @@ func (s *adminService) Partials(ctx context.Context, req *kvmeshv1.PartialsReque
 	if !ok {
 		return nil, status.Error(codes.Unimplemented, "this node's cache does not assemble parts")
 	}
-	ps := pl.Partials(auth.AccessFrom(ctx))
+	ps := pl.Partials(viewOf(ctx))
 	limit := int(req.GetLimit())
 	if limit <= 0 || limit > 1000 {
 		limit = 1000

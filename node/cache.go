@@ -114,6 +114,9 @@ type TierStats struct {
 	// Warm is memory the tier keeps for reuse though it holds no block
 	// (DRAM's emptied slabs kept warm: tiers.Stats.Warm).
 	Warm int64
+	// Evicted counts the blocks that left the tier, by reason
+	// (store.TierEvictions).
+	Evicted store.TierEvictions
 }
 
 // NamespaceStats describe one namespace's blocks.
@@ -144,6 +147,9 @@ type CacheStats struct {
 	// Parts are the counters of blocks assembled from the parts of
 	// parallel ranks (store.Stats' Part fields).
 	Parts PartStats
+	// SecondChances and ReusedBlocks are the eviction policy's own signal
+	// (store.Stats; zero but under store.EvictReuse).
+	SecondChances, ReusedBlocks int64
 }
 
 // PartStats counts the parts of blocks put by parallel ranks: incomplete

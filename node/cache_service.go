@@ -9,6 +9,8 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvmesh/kvmesh/auth"
@@ -296,10 +298,11 @@ func (b *putBlock) chunkKey(key prefixhash.Key, start *prefixhash.Key, chunkBloc
 }
 
 func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) error {
-	p := &batchPut{s: s, ctx: stream.Context()}
+	ctx := stream.Context()
+	p := &batchPut{s: s, ctx: ctx, tenant: auth.PrincipalFrom(ctx).Tenant}
 	defer p.drop()
 	for {
-		msg, err := stream.Recv()
+		msg, err := recvWithin(ctx, s.n.opts.Limits.ReceiveTimeout, stream.Recv)
 		if err == io.EOF {
 			if cur := p.cur; cur != nil {
 				return invalid("data", "stream ended inside block %d: %d of %d payload bytes", cur.index, cur.got, cur.payloadLen())
@@ -320,6 +323,7 @@ func (s *cacheService) BatchPut(stream kvmeshv1.CacheService_BatchPutServer) err
 type batchPut struct {
 	s      *cacheService
 	ctx    context.Context
+	tenant string // the caller's tenant, charged for the block buffer
 	nsPB   *kvmeshv1.Namespace
 	ns     prefixhash.Namespace
 	prev   prefixhash.Link // the last block stored, or the root
@@ -408,7 +412,7 @@ func (p *batchPut) data(data []byte) error {
 		return invalid("data", "block %d: more payload bytes than its payload_len of %d", cur.index, cur.payloadLen())
 	}
 	if cur.buf == nil {
-		if err := p.s.n.putBudget.acquire(p.ctx, int64(cur.size), fmt.Sprintf("block %d of the BatchPut stream", cur.index)); err != nil {
+		if err := p.s.n.putBudget.acquire(p.ctx, p.tenant, int64(cur.size), fmt.Sprintf("block %d of the BatchPut stream", cur.index)); err != nil {
 			return err
 		}
 		cur.buf = getBlockBuf(cur.size)
@@ -453,12 +457,41 @@ func (p *batchPut) store() error {
 
 // drop gives the current block's buffer back, and its bytes to the
 // node's budget: from the block's first payload bytes until it is stored,
-// it is charged.
+// or until the stream goes silent for ReceiveTimeout, it is charged.
 func (p *batchPut) drop() {
 	if cur := p.cur; cur != nil && cur.buf != nil {
 		putBlockBuf(cur.buf)
-		p.s.n.putBudget.release(int64(cur.size))
+		p.s.n.putBudget.release(p.tenant, int64(cur.size))
 		cur.buf = nil
+	}
+}
+
+// recvWithin returns the next message recv receives, or DeadlineExceeded
+// when none arrives within d. gRPC's Recv takes no deadline, so it runs in
+// a goroutine of its own; after a timeout the handler returns, which ends
+// the stream, and that Recv returns with it (its goroutine then exits).
+func recvWithin[T any](ctx context.Context, d time.Duration, recv func() (*T, error)) (*T, error) {
+	if d <= 0 {
+		return recv()
+	}
+	type result struct {
+		m   *T
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		m, err := recv()
+		got <- result{m, err}
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case r := <-got:
+		return r.m, r.err
+	case <-t.C:
+		return nil, status.Errorf(codes.DeadlineExceeded, "no message for %v (receive_timeout): the stream is ended and what it held released; send each message within it", d)
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 }
 
@@ -563,14 +596,17 @@ func (s *cacheService) Stats(ctx context.Context, req *kvmeshv1.StatsRequest) (*
 		return nil, err
 	}
 	st := s.n.cache.Stats()
-	a := auth.AccessFrom(ctx)
+	a := viewOf(ctx)
 	resp := &kvmeshv1.StatsResponse{
 		NodeId: s.n.opts.NodeID,
 		Hits:   uint64(st.Hits), Misses: uint64(st.Misses),
 		Evictions: uint64(st.Evictions), Demotions: uint64(st.Demotions), Promotions: uint64(st.Promotions),
+		SecondChances: uint64(st.SecondChances), ReusedBlocks: uint64(st.ReusedBlocks),
 	}
 	for _, t := range st.Tiers {
-		resp.Tiers = append(resp.Tiers, &kvmeshv1.TierStats{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.Capacity)})
+		resp.Tiers = append(resp.Tiers, &kvmeshv1.TierStats{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.Capacity),
+			EvictedCapacity: uint64(t.Evicted.Capacity), EvictedDemoted: uint64(t.Evicted.Demoted),
+			EvictedRefused: uint64(t.Evicted.Refused), EvictedUnadmitted: uint64(t.Evicted.Unadmitted)})
 	}
 	var all []*kvmeshv1.NamespaceStats
 	for _, x := range st.Namespaces {

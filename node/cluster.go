@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/probe"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer"
@@ -99,8 +101,19 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		if err := removeStaleSocket(opts.Listen.ShmSocket); err != nil {
 			return nil, err
 		}
+		if dir := filepath.Dir(opts.Listen.ShmSocket); !strings.HasPrefix(opts.Listen.ShmSocket, "@") {
+			// A directory of its own under the data dir (the chart's
+			// per-host mode): made the node user's alone; shareSocket
+			// opens it to the socket's group.
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return nil, fmt.Errorf("node: option ShmSocket: %w", err)
+			}
+		}
 		if err := c.shm.Listen(opts.Listen.ShmSocket); err != nil {
 			return nil, fmt.Errorf("node: listen on ShmSocket %s: %w", opts.Listen.ShmSocket, err)
+		}
+		if err := shareSocket(opts.Listen.ShmSocket, opts.Listen.ShmSocketMode, opts.Listen.ShmSocketGroup); err != nil {
+			return nil, err
 		}
 		c.shmPath = opts.Listen.ShmSocket
 	}
@@ -113,7 +126,8 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 		c.rdma = append(c.rdma, d.Name)
 	}
 	meta := gossip.MemberMeta{GRPCAddr: c.grpcAddr, HTTPAddr: c.httpAddr, DataAddr: c.dataAddr,
-		DRAMBytes: opts.Tiers.DRAMBytes, NVMeBytes: opts.Tiers.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role, Fabric: c.fab.desc}
+		DRAMBytes: opts.Tiers.DRAMBytes, NVMeBytes: opts.Tiers.NVMeBytes, RDMA: c.rdma, Version: opts.Version, Role: opts.Prefill.Role, Fabric: c.fab.desc,
+		TLS: opts.Security.TLS != nil}
 	if opts.Prefill.Disabled {
 		meta.Role = gossip.RoleStore
 	}
@@ -126,6 +140,11 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	}
 	if c.members, err = gossip.Start(mopts); err != nil {
 		return nil, err
+	}
+	if len(opts.Cluster.Join) > 0 && !c.members.Joined() {
+		if err := checkSeeds(opts.Cluster.Join); err != nil {
+			return nil, err
+		}
 	}
 	var obs observer
 	if peerSeconds != nil {
@@ -253,6 +272,18 @@ func hostID() string {
 	return strings.TrimSpace(string(b))
 }
 
+// checkSeeds says which seed is not a gossip address, once a join found no
+// member: a node's gRPC or HTTP port given to Join would be retried forever,
+// with memberlist's "invalid msgType" in the log.
+func checkSeeds(seeds []string) error {
+	for _, s := range seeds {
+		if what := probe.NotGossip(s); what != "" {
+			return &OptionError{Field: "Cluster.Join", Msg: fmt.Sprintf("%s answers %s; join takes the members' gossip addresses (their --gossip-addr, port 7603 by default)", s, what)}
+		}
+	}
+	return nil
+}
+
 // removeStaleSocket removes a unix socket that a killed node left at path;
 // a socket someone still serves is an error.
 func removeStaleSocket(path string) error {
@@ -275,14 +306,13 @@ func removeStaleSocket(path string) error {
 
 // leave hands this node's hot blocks to their next owners and leaves the
 // membership, within ctx. The node must have stopped taking requests.
-func (c *clusterCache) leave(ctx context.Context) {
+func (c *clusterCache) leave(ctx context.Context) (taken []prefixhash.Key) {
 	start := time.Now()
 	if err := c.cluster.Flush(ctx); err != nil {
 		c.log.Warn("pushes still queued at shutdown are dropped", "err", err)
 	}
-	handed := 0
 	if c.opts.Cluster.HandoffBytes > 0 {
-		handed = c.cluster.Handoff(ctx, c.opts.Cluster.HandoffBytes)
+		taken = c.cluster.Handoff(ctx, c.opts.Cluster.HandoffBytes)
 	}
 	timeout := time.Second
 	if dl, ok := ctx.Deadline(); ok {
@@ -291,7 +321,41 @@ func (c *clusterCache) leave(ctx context.Context) {
 	if err := c.members.Leave(timeout); err != nil {
 		c.log.Warn("leaving the cluster", "err", err)
 	}
-	c.log.Info("left the cluster", "handed_off_blocks", handed, "took", time.Since(start))
+	c.log.Info("left the cluster", "handed_off_blocks", len(taken), "took", time.Since(start))
+	return taken
+}
+
+// spill writes what only DRAM holds to NVMe, within Tiers.SpillOnStopBytes and
+// ctx, the blocks no other member took (taken: the handoff's) first, so
+// that a restart on the same data dir serves them. It logs its progress
+// at most every second, and what it wrote.
+func (c *clusterCache) spill(ctx context.Context, taken []prefixhash.Key) {
+	if c.opts.Tiers.SpillOnStopBytes <= 0 {
+		return
+	}
+	last := time.Now()
+	st := c.local.Spill(ctx, c.opts.Tiers.SpillOnStopBytes, taken, func(st store.SpillStats) {
+		if time.Since(last) >= time.Second {
+			last = time.Now()
+			c.log.Info("writing DRAM to NVMe before exit", "written_bytes", st.Bytes, "of_bytes", st.Planned, "blocks", st.Blocks)
+		}
+	})
+	if st.Planned == 0 && st.Left == 0 {
+		return
+	}
+	gbps := 0.0
+	if st.Took > 0 {
+		gbps = float64(st.Bytes) / st.Took.Seconds() / 1e9
+	}
+	attrs := []any{"blocks", st.Blocks, "bytes", st.Bytes, "left_in_dram", st.Left, "took", st.Took, "gbps", gbps}
+	switch {
+	case ctx.Err() != nil:
+		c.log.Warn("wrote DRAM to NVMe until the shutdown timeout; the rest is lost", attrs...)
+	case st.Left > 0:
+		c.log.Warn("wrote DRAM to NVMe; blocks over --spill-on-stop, busy or refused are lost", attrs...)
+	default:
+		c.log.Info("wrote DRAM to NVMe", attrs...)
+	}
 }
 
 // Close stops serving peers and clients, the pushes, the peers' clients and

@@ -45,7 +45,7 @@
 //     first use from its gossiped address and closed when it leaves. A peer
 //     whose call failed is skipped for PeerBackoff, so a dead or
 //     partitioned node costs one deadline per backoff, not one per request.
-//   - The fabric (fabric.go; Options.Transport, issue 36): on auto or ucx,
+//   - The fabric (fabric.go; Options.Cluster.Transport, issue 36): on auto or ucx,
 //     UCX with the DRAM arena registered as the data plane's window, and
 //     each peer's client a transfer.RMAClient that reads what the peer
 //     holds in DRAM one-sidedly. It stops after the data plane and the
@@ -101,7 +101,10 @@
 //     node-wide: a block is charged from its first payload bytes until it
 //     is stored; a stream that finds no room within a second (or its
 //     deadline) is refused with ResourceExhausted naming
-//     max_inflight_bytes. Each data plane has a budget of the same size for
+//     max_inflight_bytes. One tenant's streams hold at most a quarter of
+//     it, and a stream that sends no message for ReceiveTimeout (5s) is
+//     ended with DeadlineExceeded, its buffer given back: stalled streams
+//     cannot keep other writers out. Each data plane has a budget of the same size for
 //     its requests' tables and scratch and its puts' values
 //     (transfer.ServerOptions.MaxInFlightBytes: a request waits for room
 //     until its deadline, then is refused; a put's values are reserved a
@@ -112,6 +115,13 @@
 //     request-sized buffer once its request is done.
 //   - MaxBatchBlocks blocks per request, MaxMessageBytes per message,
 //     MaxBlockBytes per block, RequestTimeout per request.
+//   - Data-plane connections (transfer.ServerOptions.MaxConns, 1024;
+//     shared memory 64 clients) count once their hello is accepted, a
+//     tenant's at most a quarter; sockets still in their 2 s handshake have
+//     slots of their own, the oldest evicted when those are full.
+//   - The HTTP address (openai.NewServer): headers within 10s, the request
+//     within 1m, each write of a response within 1m, 2m idle between
+//     requests.
 //   - The model names shown by Stats: at most 4096 of namespaces that hold
 //     blocks, and the 1024 names requests named most recently, so made-up
 //     names cannot push out real ones.
@@ -152,10 +162,14 @@
 // HTTP mux, and starts and stops its workers with the prefill queue's. A
 // node without an engine answers /v1/ with 503. kvmesh route (package
 // router) is that API in front of a cluster, another process. With
-// Options.Security.HTTPTLS the HTTP address speaks TLS with the node's certificate
-// (a client certificate checked when given, not required), and peers and
-// routers reach it over HTTPS; without it the address is plain HTTP, for a
-// network where bearer tokens may travel.
+// Options.Security.TLS the HTTP address speaks TLS too (HTTPTLS is
+// implied) with the node's certificate (a client certificate checked when
+// given, not required), peers reach it over HTTPS verified against the
+// cluster CA (PeerTLS), and it gossips MemberMeta.TLS so routers without the CA leave
+// it alone; without TLS the address is plain HTTP, for a network where
+// bearer tokens may travel. A peer is never sent a caller's bearer token:
+// it is asked with the cluster credential and the node's vouch for the
+// caller (openai.VouchHeader, auth.File.Vouch).
 //
 // # Security
 //
@@ -184,16 +198,22 @@
 // SHA-256 digests in constant time; SetTokens and SetTokensFile rotate the
 // accepted set at run time. The node presents the first shared token, or
 // the file's cluster token, to its peers. Membership gossip is guarded
-// separately, by Options.Cluster.GossipKey: since members are sent the blocks they
-// own, with the node's token, Open refuses a node with tokens but neither a
-// GossipKey nor mutual TLS unless Options.Cluster.InsecureGossip (--insecure-gossip)
-// says the network is trusted.
+// separately, by Options.Cluster.GossipKey: since members are sent the
+// blocks they own, with the node's cluster credential, Open refuses a node
+// with any credential (Security.Tokens or Security.TokensFile) but no
+// GossipKey unless Options.Cluster.InsecureGossip (--insecure-gossip) says
+// the network is trusted.
+// Mutual TLS does not replace the key: it guards gRPC and the data plane,
+// and memberlist's packets carry neither.
 //
 // The data dir is the node's user's alone: kvmesh creates its directories
 // 0700 and its files 0600 (node-id, written durably: synced, renamed,
-// directory synced; quotas.json; NVMe segments); pebble's own files (the
-// NVMe index, the prefill queue) are 0644 inside 0700 directories. A data
-// dir made by an older version keeps its modes: chmod -R go-rwx it.
+// directory synced; quotas.json; callback-secret; NVMe segments), pebble's
+// included (the NVMe index, the prefill queue: internal/privatefs), and
+// the shared-memory socket Listen.ShmSocketMode (0600; with
+// Listen.ShmSocketGroup, 0660 and the socket's own directory 0710, both in
+// that group, for workers running as other users). A data dir made by an older
+// version keeps its modes: chmod -R go-rwx it.
 //
 // Tenants. A tenant's namespaces are salted by the node (namespace: the
 // principal's salt goes before the caller's own), so a tenant can neither
@@ -205,7 +225,14 @@
 // writes, Contains, LongestPrefix and Info, hence BatchGet, Exists,
 // Lookup, BlockInfo, the data plane over TCP and shared memory, and the
 // requests this node makes to its peers for the tenant (scoped frames). A
-// block of another tenant is a miss, even by its exact key. Stats and
+// block of another tenant is a miss, even by its exact key. Node-wide
+// namespaces are not salted, so a tenant can compute their keys and write
+// blocks under them with its own tag; a node-wide principal without the
+// cluster scope therefore reads node-wide blocks only (auth.NodeWide; its
+// admin views, viewOf, still see every namespace), the engine runs a
+// node-wide request the same way, and a node-wide write takes back keys
+// and digests a tenant wrote under first (store.Local.Put), after which
+// the tenant's writes there are refused. Stats and
 // Quotas list a tenant's own namespaces only; /metrics labels namespaces
 // with a keyed hash of their digest (namespaceLabel) when the node has
 // tenants; a tenant names a namespace by digest only when its blocks here
@@ -214,7 +241,11 @@
 // Options' QuotaDRAMBytes and QuotaNVMeBytes as the default,
 // AdminService.SetQuota per namespace, kept in DataDir/quotas.json) bound
 // what a tenant holds in each tier; a write its quota has no room for is
-// answered ResourceExhausted.
+// answered ResourceExhausted. A quota is set only on a namespace that holds
+// the caller's blocks here (or, for a node-wide caller naming the
+// namespace, will hold node-wide ones), and binds only blocks of that tag
+// (store.Quota.Bound): a tenant's quota on a digest it wrote under first
+// never limits the node-wide blocks that take it back.
 //
 // # Deadlines and shutdown
 //
@@ -224,7 +255,10 @@
 // 503, requests in flight get ShutdownTimeout to finish, then are cancelled;
 // a node of a cluster then pushes what is queued, hands its DRAM blocks to
 // the owners they get without it (up to HandoffBytes) and leaves the
-// membership, within ShutdownTimeout; last the data plane, the peers and
+// membership, within ShutdownTimeout; then it writes what only DRAM holds
+// to NVMe (store.Local.Spill, up to Tiers.SpillOnStopBytes, those no member took
+// first), within ShutdownTimeout again, logging its progress, so that a
+// restart on the data dir serves them; last the data plane, the peers and
 // gossip stop and the cache is closed, after every handler has returned.
 //
 // # Concurrency

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/router"
 )
 
@@ -68,6 +69,17 @@ func TestHTTPTLS(t *testing.T) {
 	got := callAPI(t, "POST", "http://"+r.HTTPAddr()+"/v1/completions", "", map[string]any{"model": "kvmesh", "prompt": "hello over TLS", "max_tokens": 4, "temperature": 0})
 	if got.status != 200 {
 		t.Fatalf("a completion through the router over HTTPS: %d %s", got.status, got.body)
+	}
+
+	// A router without the cluster's CA routes nothing to a node with TLS:
+	// it would send clients' tokens and prompts to it in the clear.
+	plain := startRouter(t, nodes[0].GossipAddr(), router.PolicyTokens)
+	testkit.WaitFor(t, "the node to see both routers", func() bool {
+		ms, _ := nodes[0].cluster.members.Members()
+		return len(ms) == 3
+	})
+	if got := callAPI(t, "GET", "http://"+plain.HTTPAddr()+"/healthz", "", nil); got.status != http.StatusServiceUnavailable {
+		t.Errorf("a router without NodeTLS in front of a TLS node: %d %s, want 503 (no node)", got.status, got.body)
 	}
 
 	o := Options{DataDir: t.TempDir(), Security: SecurityOptions{HTTPTLS: true}}

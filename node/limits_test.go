@@ -54,7 +54,7 @@ func TestBatchPutBudget(t *testing.T) {
 	if s := bigNS.BlockBytes(); s != 4*MiB {
 		t.Fatalf("bigNS blocks are %d bytes", s)
 	}
-	tn := startNode(t, func(o *Options) { o.Limits.MaxInFlightBytes = 64 * MiB })
+	tn := startNode(t, func(o *Options) { o.Limits.MaxInFlightBytes, o.Limits.ReceiveTimeout = 64*MiB, time.Hour })
 	tn.cache.capacity = 1 << 30
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -118,6 +118,60 @@ func TestBatchPutBudget(t *testing.T) {
 	testkit.WaitFor(t, "the budget given back", func() bool { return tn.putBudget.inUse() == 0 })
 }
 
+// TestBatchPutStalls: a tenant's BatchPut streams that send a block's first
+// byte and then nothing (17 of them, more than the budget holds) take at
+// most the tenant's share of MaxInFlightBytes, so another tenant's puts go
+// through meanwhile; and each stalled stream is ended with
+// DeadlineExceeded after ReceiveTimeout, which gives its buffer back.
+// Before, 17 such streams blocked every other writer for RequestTimeout.
+func TestBatchPutStalls(t *testing.T) {
+	const recvTimeout = 2 * time.Second
+	tn := startNode(t, func(o *Options) {
+		o.Security.TokensFile, o.Limits.MaxInFlightBytes, o.Limits.ReceiveTimeout = tenantsFile(t), 64*MiB, recvTimeout
+	})
+	tn.cache.capacity = 1 << 30
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	acme := rawTenantAPI(t, tn.GRPCAddr(), "acme-rw")
+	const stalls = 17
+	errs := make(chan error, stalls)
+	for range stalls {
+		stream, err := acme.cache.BatchPut(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(bigHeader(1)); err != nil {
+			t.Fatal(err)
+		}
+		go func() { errs <- stream.RecvMsg(new(kvmeshv1.BatchPutResponse)) }()
+	}
+	size := int64(4*MiB) + int64(block.HeaderLen(bigNS.BlockTokens))
+	testkit.WaitFor(t, "acme's stalled streams to hold its share", func() bool { return tn.putBudget.inUse() >= (16*MiB/size)*size })
+	if used := tn.putBudget.inUse(); used > 16*MiB+size {
+		t.Fatalf("one tenant's streams hold %d bytes of a 64 MiB budget, over its share", used)
+	}
+	// Another tenant writes whole blocks meanwhile.
+	beta, err := client.Dial(tn.GRPCAddr(), client.Options{Token: "beta-rw", Transport: client.TransportGRPC, MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer beta.Close()
+	payload := make([]byte, bigNS.BlockBytes())
+	for i := range 4 {
+		toks := make([]uint32, bigNS.BlockTokens)
+		toks[0] = uint32(i + 1)
+		if _, err := beta.Put(context.Background(), bigNS, client.Prompt{Tokens: toks}, [][]byte{payload}); err != nil {
+			t.Fatalf("beta's put %d beside acme's stalled streams: %v", i, err)
+		}
+	}
+	for range stalls {
+		if err := <-errs; status.Code(err) != codes.DeadlineExceeded && status.Code(err) != codes.ResourceExhausted {
+			t.Errorf("a stalled stream ended with %v, want DeadlineExceeded (or ResourceExhausted past the share)", err)
+		}
+	}
+	testkit.WaitFor(t, "the stalled streams' buffers given back", func() bool { return tn.putBudget.inUse() == 0 })
+}
+
 // TestStreamLimit: one connection's calls past MaxConcurrentStreams wait on
 // the client; calls on other connections are served, and a waiting call
 // starts once one ends.
@@ -177,32 +231,49 @@ func TestStreamLimit(t *testing.T) {
 	}
 }
 
-// TestTokensNeedGossipKey: a cluster node with tokens refuses to start
-// without a gossip key or mutual TLS, saying what to do; with
-// InsecureGossip, or a gossip key, it starts.
+// TestTokensNeedGossipKey: a cluster node with any credential (shared
+// tokens, or a tenants file) refuses to start without a gossip key, saying
+// what to do, and mutual TLS does not stand in for the key (it does not
+// guard gossip); with InsecureGossip, or a gossip key, it starts.
 func TestTokensNeedGossipKey(t *testing.T) {
-	opts := Options{
-		NodeID:   "n",
-		DataDir:  t.TempDir(),
-		Security: SecurityOptions{Tokens: []string{"cluster-token"}},
-		Listen:   ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", ShmRegionBytes: 16 * MiB},
-		Cluster:  ClusterOptions{GossipAddr: "127.0.0.1:0"},
-		Tiers:    TierOptions{DRAMBytes: 32 * MiB, NVMeBytes: 128 * MiB},
-		Limits:   LimitOptions{MaxBlockBytes: 1 * MiB},
-		Logger:   slog.New(slog.DiscardHandler),
-	}
-	n, err := Open(opts)
-	if err == nil {
-		n.Close()
-		t.Fatal("a node with tokens and open gossip started")
-	}
-	var oe *OptionError
-	if !errors.As(err, &oe) || oe.Field != "Cluster.GossipKey" {
-		t.Fatalf("error %v does not name GossipKey", err)
-	}
-	for _, says := range []string{"needs a gossip key (--gossip-key-file) or mutual TLS (--tls-client-auth)", "--insecure-gossip"} {
-		if !strings.Contains(err.Error(), says) {
-			t.Errorf("error %q does not say %q", err, says)
+	_, mtls, peer := tlsFiles(t, true)
+	for _, tc := range []struct {
+		name string
+		mod  func(*Options)
+	}{
+		{"shared tokens", func(o *Options) { o.Security.Tokens = []string{"cluster-token"} }},
+		{"tokens file", func(o *Options) { o.Security.TokensFile = tenantsFile(t) }},
+		{"tokens file and mutual TLS", func(o *Options) {
+			o.Security.TokensFile, o.Security.TLS, o.Security.PeerTLS = tenantsFile(t), mtls, peer
+		}},
+		{"shared tokens and mutual TLS", func(o *Options) {
+			o.Security.Tokens, o.Security.TLS, o.Security.PeerTLS = []string{"cluster-token"}, mtls, peer
+		}},
+	} {
+		opts := Options{
+			NodeID:  "n",
+			DataDir: t.TempDir(),
+			Listen:  ListenOptions{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataAddr: "127.0.0.1:0", ShmRegionBytes: 16 * MiB},
+			Cluster: ClusterOptions{GossipAddr: "127.0.0.1:0"},
+			Tiers:   TierOptions{DRAMBytes: 32 * MiB, NVMeBytes: 128 * MiB},
+			Limits:  LimitOptions{MaxBlockBytes: 1 * MiB},
+			Logger:  slog.New(slog.DiscardHandler),
+		}
+		tc.mod(&opts)
+		n, err := Open(opts)
+		if err == nil {
+			n.Close()
+			t.Errorf("%s: a node with credentials and open gossip started", tc.name)
+			continue
+		}
+		var oe *OptionError
+		if !errors.As(err, &oe) || oe.Field != "Cluster.GossipKey" {
+			t.Errorf("%s: error %v does not name GossipKey", tc.name, err)
+		}
+		for _, says := range []string{"needs a gossip key (--gossip-key-file", "mutual TLS does not protect gossip", "--insecure-gossip"} {
+			if !strings.Contains(err.Error(), says) {
+				t.Errorf("%s: error %q does not say %q", tc.name, err, says)
+			}
 		}
 	}
 	openClusterNode(t, t.TempDir(), "insecure", nil, func(o *Options) {
@@ -210,6 +281,9 @@ func TestTokensNeedGossipKey(t *testing.T) {
 	})
 	openClusterNode(t, t.TempDir(), "keyed", nil, func(o *Options) {
 		o.Security.Tokens, o.Cluster.GossipKey = []string{"cluster-token"}, make([]byte, 32)
+	})
+	openClusterNode(t, t.TempDir(), "tenants-keyed", nil, func(o *Options) {
+		o.Security.TokensFile, o.Cluster.GossipKey = tenantsFile(t), make([]byte, 32)
 	})
 }
 

@@ -36,7 +36,7 @@ func TestLookupSummaryMatchesListing(t *testing.T) {
 		name   string
 		tokens []uint32
 		cached int
-	}{{"cached", tokens, blocks}, {"diverging", diverging, 13}, {"a miss", miss, 0}} {
+	}{{"cached", tokens, blocks}, {"diverging", diverging, 13}, {"a miss", miss, 0}, {"shorter than a block", tokens[:3], 0}} {
 		keys := prefixhash.Keys(clusterNS, tc.tokens)
 		l, err := c.client.Lookup(ctx, clusterNS, client.Prompt{Tokens: tc.tokens})
 		if err != nil {

@@ -109,6 +109,7 @@ type clusterCollector struct {
 	pushYields                                                       *prometheus.Desc
 	conns, connsRefused, requests, dropped, values, bytes, regionUse *prometheus.Desc
 	leases, leasesExpired, reservations, reservationsAborted         *prometheus.Desc
+	connsEvicted, connsRevoked                                       *prometheus.Desc
 	reads, readBytes, landing                                        *prometheus.Desc
 }
 
@@ -128,7 +129,9 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 		pushYields:   d("kvmesh_cluster_push_yields_total", "Push batches that waited for this node's serving work, by how the wait ended: idle (the work ended) or bound (--push-yield passed).", "end"),
 		refused:      d("kvmesh_transfer_refused_blocks_total", "Blocks pushed to this node over the data plane that were refused: not the block their key named, or failing verification."),
 		conns:        d("kvmesh_transfer_connections", "Open data-plane connections (shm: clients).", "transport"),
-		connsRefused: d("kvmesh_transfer_refused_connections_total", "Data-plane connections closed at accept, over the limit.", "transport"),
+		connsRefused: d("kvmesh_transfer_refused_connections_total", "Data-plane connections refused over a limit: all connections, or a tenant's share.", "transport"),
+		connsEvicted: d("kvmesh_transfer_evicted_connections_total", "Data-plane connections closed in their handshake (no hello yet) to make room for newer ones.", "transport"),
+		connsRevoked: d("kvmesh_transfer_revoked_connections_total", "Data-plane connections closed because a token reload dropped or changed their token.", "transport"),
 		unauthorized: d("kvmesh_transfer_unauthorized_connections_total", "Data-plane connections refused before serving: TLS failed, bearer token missing or not accepted.", "transport"),
 		requests:     d("kvmesh_transfer_requests_total", "Data-plane requests served.", "transport"),
 		dropped:      d("kvmesh_transfer_dropped_connections_total", "Data-plane connections dropped for a bad frame, a limit or an I/O error.", "transport"),
@@ -151,7 +154,8 @@ func newClusterCollector(c *clusterCache) *clusterCollector {
 func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.members, c.refused, c.unauthorized, c.lookups, c.lookupFails, c.gets, c.getFails, c.remoteBlocks,
 		c.pushed, c.pushYields, c.conns, c.connsRefused, c.requests, c.dropped, c.values, c.bytes, c.regionUse,
-		c.leases, c.leasesExpired, c.reservations, c.reservationsAborted, c.reads, c.readBytes, c.landing} {
+		c.leases, c.leasesExpired, c.reservations, c.reservationsAborted, c.connsEvicted, c.connsRevoked,
+		c.reads, c.readBytes, c.landing} {
 		ch <- d
 	}
 }
@@ -193,6 +197,8 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		t := s.stats()
 		metric(c.conns, prometheus.GaugeValue, float64(t.Conns), s.name)
 		counter(c.connsRefused, uint64(t.Refused), s.name)
+		counter(c.connsEvicted, uint64(t.Evicted), s.name)
+		counter(c.connsRevoked, uint64(t.Revoked), s.name)
 		counter(c.unauthorized, uint64(t.Unauthorized), s.name)
 		counter(c.requests, uint64(t.Requests), s.name)
 		counter(c.dropped, uint64(t.Dropped), s.name)
@@ -280,6 +286,7 @@ type cacheCollector struct {
 	namespaceBlocks, namespaceBytes, namespaceTokensCached *prometheus.Desc
 	namespaceTierBytes, namespaceQuota, namespaces         *prometheus.Desc
 	partials, partialBytes, parts, partialsEnded, claims   *prometheus.Desc
+	tierEvictions, secondChances, reusedBlocks             *prometheus.Desc
 }
 
 func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) *cacheCollector {
@@ -306,6 +313,9 @@ func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) 
 		partialsEnded:         d("kvmesh_cache_partials_dropped_total", "Incomplete blocks dropped, by reason: expired (--partial-ttl passed) or room (memory was needed).", "reason"),
 		claims:                d("kvmesh_cache_claims_total", "Claims on parts answered, by status: write (the rank sends it), complete, covered, claimed (another rank is sending it).", "status"),
 		tierBlocks:            d("kvmesh_tier_blocks", "Blocks held by a tier.", "tier"),
+		tierEvictions:         d("kvmesh_tier_evictions_total", "Blocks that left a tier, by reason: capacity (dropped from the node for room, descendants included), demoted (moved one tier down), refused (writes refused for lack of room), unadmitted (accepted but colder than everything held: evicted at once).", "tier", "reason"),
+		secondChances:         d("kvmesh_cache_second_chances_total", "Blocks the reuse eviction policy passed over at the cold end, because they were asked for again, and moved to the hot end."),
+		reusedBlocks:          d("kvmesh_cache_reused_blocks", "Cached blocks the reuse eviction policy holds marked: asked for again since they were stored or last passed over (0 under other policies)."),
 		tierBytes:             d("kvmesh_tier_bytes", "Encoded block bytes held by a tier.", "tier"),
 		tierCapacity:          d("kvmesh_tier_capacity_bytes", "A tier's configured capacity.", "tier"),
 		namespaces:            d("kvmesh_namespaces", "Namespaces with blocks cached on this node (all of them, also those summed under \"other\")."),
@@ -320,7 +330,8 @@ func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) 
 func (c *cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.evictions, c.demotions, c.promotions, c.promotionsDeferred, c.tierWarm, c.quotaRefused, c.corruptDrops,
 		c.tierBlocks, c.tierBytes, c.tierCapacity, c.namespaces, c.namespaceBlocks, c.namespaceBytes, c.namespaceTokensCached,
-		c.namespaceTierBytes, c.namespaceQuota, c.partials, c.partialBytes, c.parts, c.partialsEnded, c.claims} {
+		c.namespaceTierBytes, c.namespaceQuota, c.partials, c.partialBytes, c.parts, c.partialsEnded, c.claims,
+		c.tierEvictions, c.secondChances, c.reusedBlocks} {
 		ch <- d
 	}
 }
@@ -341,6 +352,8 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.promotionsDeferred, s.PromotionsDeferred)
 	counter(c.quotaRefused, s.QuotaRefused)
 	counter(c.corruptDrops, s.CorruptDrops)
+	counter(c.secondChances, s.SecondChances)
+	gauge(c.reusedBlocks, s.ReusedBlocks)
 	gauge(c.partials, s.Parts.Open)
 	gauge(c.partialBytes, s.Parts.Bytes)
 	labelled := func(d *prometheus.Desc, v int64, label string) {
@@ -356,6 +369,12 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, t := range s.Tiers {
 		gauge(c.tierBlocks, t.Blocks, t.Name)
+		for _, r := range []struct {
+			reason string
+			n      int64
+		}{{"capacity", t.Evicted.Capacity}, {"demoted", t.Evicted.Demoted}, {"refused", t.Evicted.Refused}, {"unadmitted", t.Evicted.Unadmitted}} {
+			ch <- prometheus.MustNewConstMetric(c.tierEvictions, prometheus.CounterValue, float64(r.n), t.Name, r.reason)
+		}
 		gauge(c.tierBytes, t.Bytes, t.Name)
 		gauge(c.tierCapacity, t.Capacity, t.Name)
 		gauge(c.tierWarm, t.Warm, t.Name)

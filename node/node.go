@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/node/ready"
+	"github.com/kvmesh/kvmesh/openai"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
@@ -126,6 +127,9 @@ func (n *Node) tenantCount() int {
 func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, extra ...prometheus.Collector) *Node {
 	n := &Node{opts: opts, cache: cache, log: opts.Logger, grpcLis: lis.grpc, httpLis: lis.http, guard: newGuard(tokens),
 		putBudget: newBudget(opts.Limits.MaxInFlightBytes)}
+	if opts.Security.TokensFile != nil {
+		n.guard.file.Store(opts.Security.TokensFile)
+	}
 	var labelKey []byte
 	// A namespace in the metrics holds blocks: keep its name, as Stats does.
 	model := func(d uint64) string { n.names.keepSeen(d); return n.names.model(d) }
@@ -179,8 +183,8 @@ func newNode(opts Options, cache Cache, lis nodeListeners, tokens *auth.Tokens, 
 	if opts.Pprof {
 		registerPprof(mux)
 	}
-	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	if opts.Security.HTTPTLS {
+	n.http = openai.NewServer(mux, openai.Timeouts{})
+	if opts.Security.TLS != nil { // every listener: HTTPTLS is implied
 		cfg := opts.Security.TLS.Clone()
 		if cfg.ClientAuth == tls.RequireAndVerifyClientCert {
 			cfg.ClientAuth = tls.VerifyClientCertIfGiven // probes and scrapers carry no certificate; tokens guard /v1/
@@ -245,7 +249,9 @@ func (n *Node) Ready() ready.Info {
 // turns NOT_SERVING, new requests are refused, requests in flight get
 // ShutdownTimeout to finish before they are cancelled; then a node of a
 // cluster pushes its DRAM blocks to their next owners and leaves the
-// membership (within ShutdownTimeout again), and the cache is closed. It
+// membership (within ShutdownTimeout again), writes what remains only in
+// DRAM to NVMe (Tiers.SpillOnStopBytes, within ShutdownTimeout again), and the
+// cache is closed. It
 // returns nil after a shutdown asked for through ctx. Serve may be called
 // once.
 func (n *Node) Serve(ctx context.Context) error {
@@ -310,7 +316,12 @@ func (n *Node) Serve(ctx context.Context) error {
 		// that the others stop asking this node before it stops
 		// answering.
 		ctx, cancel := context.WithTimeout(context.Background(), n.opts.ShutdownTimeout)
-		n.cluster.leave(ctx)
+		taken := n.cluster.leave(ctx)
+		cancel()
+		// Then what no other member took goes to NVMe: a restart on
+		// this data dir serves it.
+		ctx, cancel = context.WithTimeout(context.Background(), n.opts.ShutdownTimeout)
+		n.cluster.spill(ctx, taken)
 		cancel()
 	}
 	if err := n.Close(); err != nil && serveErr == nil {

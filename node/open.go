@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/kvmesh/kvmesh/block"
+	"github.com/kvmesh/kvmesh/internal/privatefs"
 	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/tiers"
 )
@@ -58,6 +59,13 @@ func Open(opts Options) (*Node, error) {
 		return nil, err
 	}
 	local, err := openLocal(opts, quotas)
+	if le := (*privatefs.LockedError)(nil); errors.As(err, &le) {
+		who := "another process"
+		if le.PID > 0 {
+			who = fmt.Sprintf("process %d", le.PID)
+		}
+		return nil, &OptionError{Field: "DataDir", Msg: fmt.Sprintf("%s is in use by %s (another kvmesh serve?); stop it, or give this node a data dir of its own", opts.DataDir, who)}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -155,9 +163,10 @@ func localStats(l *store.Local) CacheStats {
 		Demotions: s.Demotions + s.HBMDemotions, Promotions: s.Promotions + s.HBMPromotions,
 		PromotionsDeferred: s.PromotionsDeferred, QuotaRefused: s.QuotaRefused, CorruptDrops: s.CorruptDrops,
 		Parts: PartStats{Open: int64(s.PartialsOpen), Bytes: s.PartialBytes, Stored: s.PartsStored, Completed: s.PartsCompleted,
-			Conflicts: s.PartConflicts, Expired: s.PartialsExpired, Dropped: s.PartialsDropped, Claims: s.Claims}}
+			Conflicts: s.PartConflicts, Expired: s.PartialsExpired, Dropped: s.PartialsDropped, Claims: s.Claims},
+		SecondChances: s.SecondChances, ReusedBlocks: s.ReusedBlocks}
 	for _, t := range s.Tiers {
-		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity, Warm: t.Warm})
+		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity, Warm: t.Warm, Evicted: t.Evicted})
 	}
 	for _, n := range s.Namespaces {
 		out.Namespaces = append(out.Namespaces, NamespaceStats{Digest: n.Digest, Tenant: n.Tenant, Blocks: n.Blocks, Bytes: n.Bytes, Tokens: n.Tokens,

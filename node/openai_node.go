@@ -2,7 +2,9 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -26,10 +28,17 @@ func (a openaiNode) Foreground() (done func()) { return a.n.foreground() }
 // Authorize checks HTTP credentials as the gRPC API's guard checks a call's.
 func (a openaiNode) Authorize(header []string, what string, need auth.Scope) (auth.Principal, error) {
 	who, err := a.n.guard.authorize(header, what, need)
-	if err != nil {
-		return who, &openai.AuthError{Forbidden: status.Code(err) == codes.PermissionDenied, Msg: status.Convert(err).Message()}
+	switch {
+	case err == nil:
+		return who, nil
+	case status.Code(err) == codes.PermissionDenied:
+		return who, &openai.AuthError{Forbidden: true, Msg: status.Convert(err).Message()}
+	case len(header) == 0:
+		// In HTTP's terms: the guard's own message speaks of gRPC metadata.
+		return who, &openai.AuthError{Msg: `this node requires an API key: send the header "Authorization: Bearer <token>" ` +
+			`(OpenAI SDKs: api_key=<token>, or the OPENAI_API_KEY variable)`}
 	}
-	return who, nil
+	return who, &openai.AuthError{Msg: `the API key (the "Authorization: Bearer" token) is not accepted by this node`}
 }
 
 // Flush waits for the cluster's pushes to owners; a node alone has none.
@@ -106,4 +115,38 @@ func (a openaiNode) AdvertiseBacklog(b int) {
 	if err := n.cluster.members.SetBacklog(b); err != nil {
 		n.log.Warn("queue: cannot advertise the backlog", "err", err)
 	}
+}
+
+// Vouch vouches for p toward a peer with the tokens file in force; "" in
+// open or shared-token mode, where the cluster credential is all a peer
+// needs (there are no tenants).
+func (a openaiNode) Vouch(p auth.Principal, what string) string {
+	f := a.n.guard.file.Load()
+	if f == nil {
+		return ""
+	}
+	return f.Vouch(p, what, time.Now())
+}
+
+// Vouched checks a peer's vouch with the tokens file in force.
+func (a openaiNode) Vouched(v, what string) (auth.Principal, error) {
+	f := a.n.guard.file.Load()
+	if f == nil {
+		return auth.Principal{}, fmt.Errorf("%w: this node has no tokens file", auth.ErrVouch)
+	}
+	return f.Vouched(v, what, time.Now())
+}
+
+// Tenant returns the tenant's principal from the tokens file in force.
+func (a openaiNode) Tenant(name string) (auth.Principal, bool) {
+	f := a.n.guard.file.Load()
+	if f == nil || name == "" {
+		return auth.Principal{}, false
+	}
+	for _, c := range f.Credentials {
+		if c.Principal.Tenant == name {
+			return c.Principal, true
+		}
+	}
+	return auth.Principal{}, false
 }

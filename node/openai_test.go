@@ -407,13 +407,14 @@ func TestOpenAIAuth(t *testing.T) {
 	for _, c := range []struct {
 		name, token, method, url string
 		status                   int
+		msg                      string // what the error says, in HTTP's terms
 	}{
-		{"no token", "", "POST", comp, 401},
-		{"unknown token", "nope", "POST", comp, 401},
-		{"models without a token", "", "GET", apiURL(pn.Node, "/v1/models"), 401},
-		{"read-only completes", "acme-r", "POST", comp, 403},
-		{"read-only lists", "acme-r", "GET", apiURL(pn.Node, "/v1/models"), 200},
-		{"read-write completes", "acme-rw", "POST", comp, 200},
+		{"no token", "", "POST", comp, 401, `send the header "Authorization: Bearer <token>" (OpenAI SDKs: api_key=<token>`},
+		{"unknown token", "nope", "POST", comp, 401, `the API key (the "Authorization: Bearer" token) is not accepted`},
+		{"models without a token", "", "GET", apiURL(pn.Node, "/v1/models"), 401, "this node requires an API key"},
+		{"read-only completes", "acme-r", "POST", comp, 403, ""},
+		{"read-only lists", "acme-r", "GET", apiURL(pn.Node, "/v1/models"), 200, ""},
+		{"read-write completes", "acme-rw", "POST", comp, 200, ""},
 	} {
 		body := any(req)
 		if c.method == "GET" {
@@ -424,8 +425,10 @@ func TestOpenAIAuth(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d", c.name, got.status, got.body, c.status)
 		}
 		if c.status >= 400 {
-			if e, _ := got.json(t)["error"].(map[string]any); e == nil || e["message"] == "" {
-				t.Errorf("%s: %s is not an error object", c.name, got.body)
+			e, _ := got.json(t)["error"].(map[string]any)
+			msg, _ := e["message"].(string)
+			if e == nil || msg == "" || !strings.Contains(msg, c.msg) || strings.Contains(msg, "metadata") {
+				t.Errorf("%s: %s; want an error object saying %q, in HTTP's terms", c.name, got.body, c.msg)
 			}
 		}
 	}

@@ -116,6 +116,15 @@ type ListenOptions struct {
 	// permissions decide who may read the cache. "off" turns it off.
 	// Default DataDir/shm.sock (made absolute).
 	ShmSocket string
+	// ShmSocketMode is the socket's permission bits: 0600 admits the
+	// node's user (and root), 0660 also ShmSocketGroup. Default 0600.
+	ShmSocketMode os.FileMode
+	// ShmSocketGroup, a group name or id, is given the socket and its
+	// directory (search permission only): with ShmSocketMode 0660, the
+	// processes of that group (inference workers running as other users)
+	// may connect. The node's user must be a member. Give the socket a
+	// directory of its own. Default "": the node user's group, untouched.
+	ShmSocketGroup string
 	// ShmRegionBytes is the shared region each shared-memory client gets,
 	// in bytes (memory is committed as blocks are copied in). A multiple of
 	// 4 KiB, at least MaxBlockBytes. Default 256 MiB.
@@ -140,17 +149,20 @@ type ClusterOptions struct {
 	// cannot be reached are retried in the background; so are members
 	// that failed (a partition heals by itself).
 	Join []string
-	// GossipKey encrypts gossip (AES-GCM); every member must have the same
-	// 16, 24 or 32 bytes (see ReadGossipKey). Default none: gossip in the
-	// clear, and any host that reaches GossipAddr may join. A node with
-	// Tokens needs a GossipKey or mutual TLS (TLS with ClientAuth
-	// tls.RequireAndVerifyClientCert), unless InsecureGossip is set: a host
-	// that joins gossip is sent blocks (and the node's token) as an owner.
+	// GossipKey encrypts and authenticates gossip (AES-GCM); every member
+	// must have the same 16, 24 or 32 bytes (see ReadGossipKey). Default
+	// none: gossip in the clear, and any host that reaches GossipAddr may
+	// join. A node with any credential (Security.Tokens or
+	// Security.TokensFile) needs one, unless InsecureGossip is set: a host
+	// that joins gossip owns blocks and is sent them with the node's
+	// cluster credential. Mutual TLS does not replace it, since it guards
+	// gRPC and the data plane, not gossip.
 	GossipKey []byte
-	// InsecureGossip lets a node with Tokens start without a GossipKey or
-	// mutual TLS, accepting that any host that reaches GossipAddr may join
-	// the cluster, own blocks and receive them with the node's token. For
-	// trusted networks only. Default false.
+	// InsecureGossip lets a node with Security.Tokens or
+	// Security.TokensFile start without a GossipKey, accepting that any
+	// host that reaches GossipAddr may join the cluster, own blocks and
+	// receive them with the node's cluster credential. For trusted networks
+	// only. Default false.
 	InsecureGossip bool
 	// GossipProfile tunes failure detection: "lan" (memberlist's LAN
 	// timings: a dead node is noticed in about 5-10s) or "local" (one
@@ -215,12 +227,15 @@ type SecurityOptions struct {
 	// files; its ClientAuth makes it mutual TLS). It needs PeerTLS, since
 	// every member serves TLS. Default nil: plain TCP.
 	TLS *tls.Config
-	// HTTPTLS serves the HTTP address (the OpenAI-compatible API, /metrics
-	// and the health endpoints) over TLS too, with TLS's certificate; it
-	// needs TLS. A client certificate is verified when one is presented but
-	// not required there, so probes and scrapers without one still work:
-	// the API's bearer tokens guard it as they guard gRPC. Default false:
-	// plain HTTP (bind HTTPAddr where only trusted clients reach it).
+	// HTTPTLS serves the HTTP address (the OpenAI-compatible API, /metrics,
+	// the health endpoints and the nodes' /internal/ calls) over TLS too,
+	// with TLS's certificate; it needs TLS, and TLS implies it: a node with
+	// TLS serves every listener over TLS, so bearer tokens, prompts and the
+	// cluster credential never cross the network in the clear, and its
+	// peers reach it over HTTPS verified against the cluster CA (PeerTLS).
+	// A client certificate is verified when one is presented but not
+	// required there, so probes and scrapers without one still work: the
+	// API's bearer tokens guard it as they guard gRPC. Default: TLS != nil.
 	HTTPTLS bool
 	// PeerTLS is the client configuration this node reaches other nodes
 	// with, gRPC and data plane alike (transfer.LoadTLS's client
@@ -248,6 +263,13 @@ type SecurityOptions struct {
 type TierOptions struct {
 	// DRAMBytes is the hard limit of the DRAM tier, in bytes. Default 1 GiB.
 	DRAMBytes int64
+	// SpillOnStopBytes bounds the DRAM-resident blocks a node stopping
+	// gracefully writes to its NVMe tier after the handoff
+	// (Cluster.HandoffBytes), hottest first and those no other member took
+	// before those it did (within ShutdownTimeout), so that a restart on
+	// the same data dir serves them. Default DRAMBytes (all of it);
+	// negative: none.
+	SpillOnStopBytes int64
 	// DRAMPopulate backs the whole DRAM tier with memory at start and
 	// keeps it (tiers.DRAMOptions.Populate): no put waits for the kernel
 	// to allocate pages, and the node's resident memory includes DRAMBytes
@@ -314,7 +336,8 @@ type LimitOptions struct {
 	// node's servers holds at once: the block buffers of BatchPut streams
 	// (a block is charged from its first payload bytes until it is stored;
 	// a stream with no room within a second is refused with
-	// ResourceExhausted), and the requests and put values of each data
+	// ResourceExhausted; one tenant's streams hold at most a quarter), and
+	// the requests and put values of each data
 	// plane (transfer.ServerOptions.MaxInFlightBytes). At least 64 MiB and
 	// MaxBlockBytes. Default 256 MiB.
 	MaxInFlightBytes int64
@@ -325,6 +348,11 @@ type LimitOptions struct {
 	// RequestTimeout bounds every request, streams included, whatever
 	// deadline the client set (the earlier wins). Default 1m.
 	RequestTimeout time.Duration
+	// ReceiveTimeout bounds each wait for the next message of a client
+	// stream (BatchPut): a stream that sends nothing for this long is ended
+	// with DeadlineExceeded, and the block buffer it held released to
+	// MaxInFlightBytes. Default 5s.
+	ReceiveTimeout time.Duration
 }
 
 // EnsureDefaults fills every zero field with its default and returns o.
@@ -354,6 +382,7 @@ func (o *ListenOptions) ensureDefaults(dataDir string) {
 	def(&o.HTTPAddr, DefaultHTTPAddr)
 	def(&o.DataAddr, DefaultDataAddr)
 	def(&o.ShmSocket, filepath.Join(dataDir, "shm.sock"))
+	def(&o.ShmSocketMode, 0o600)
 	def(&o.ShmRegionBytes, 256*MiB)
 }
 
@@ -371,6 +400,7 @@ func (o *ClusterOptions) ensureDefaults() {
 
 func (o *TierOptions) ensureDefaults() {
 	def(&o.DRAMBytes, 1*GiB)
+	def(&o.SpillOnStopBytes, o.DRAMBytes)
 	def(&o.NVMeBytes, 10*GiB)
 }
 
@@ -382,6 +412,7 @@ func (o *LimitOptions) ensureDefaults() {
 	def(&o.MaxInFlightBytes, 256*MiB)
 	def(&o.ChunkBytes, min(1*MiB, o.MaxMessageBytes-messageOverhead))
 	def(&o.RequestTimeout, time.Minute)
+	def(&o.ReceiveTimeout, 5*time.Second)
 }
 
 // def sets *field to v when it is zero.
@@ -470,6 +501,10 @@ func (o *ListenOptions) validate(maxBlock int) error {
 		return badOption("Listen.HTTPAddr", "%s is also GRPCAddr", o.HTTPAddr)
 	case o.ShmSocket != ShmOff && len(o.ShmSocket) > maxSocketPath:
 		return badOption("Listen.ShmSocket", "%q is longer than a unix socket path may be (%d bytes); choose a shorter path or \"off\"", o.ShmSocket, maxSocketPath)
+	case o.ShmSocketMode&^os.ModePerm != 0 || o.ShmSocketMode&0o600 != 0o600:
+		return badOption("Listen.ShmSocketMode", "%#o must be permission bits that let the node's user read and write (0600, 0660)", uint32(o.ShmSocketMode))
+	case o.ShmSocketMode&0o007 != 0:
+		return badOption("Listen.ShmSocketMode", "%#o lets every user of the host connect and read the cache; give the workers a group of their own and use 0660", uint32(o.ShmSocketMode))
 	case o.ShmRegionBytes < int64(maxBlock) || o.ShmRegionBytes%(4*KiB) != 0:
 		return badOption("Listen.ShmRegionBytes", "%d bytes must be a multiple of 4KiB and hold one block of MaxBlockBytes (%d)", o.ShmRegionBytes, maxBlock)
 	}
@@ -481,6 +516,9 @@ func (o *ClusterOptions) validate() error {
 		return err
 	}
 	for i, j := range o.Join {
+		if strings.Contains(j, "://") {
+			return badOption("Cluster.Join", "seed %d, %q, is a URL; give a member's gossip address as HOST:PORT, without a scheme", i+1, j)
+		}
 		if _, _, err := net.SplitHostPort(j); err != nil {
 			return badOption("Cluster.Join", "seed %d, %q, is not host:port (a member's gossip address)", i+1, j)
 		}
@@ -542,7 +580,7 @@ func (o *TierOptions) validate(maxBlock int) error {
 	case o.MaxBlocks < 0 || o.MaxBlocks > 1<<27:
 		return badOption("Tiers.MaxBlocks", "%d is outside 0..%d", o.MaxBlocks, 1<<27)
 	case o.Eviction != "" && !validEviction(o.Eviction):
-		return badOption("Tiers.Eviction", "%q is not a policy: want lru or dedup", o.Eviction)
+		return badOption("Tiers.Eviction", "%q is not a policy: want lru, dedup or reuse", o.Eviction)
 	case o.PartialTTL != 0 && (o.PartialTTL < time.Millisecond || o.PartialTTL > store.MaxPartialTTL):
 		return badOption("Tiers.PartialTTL", "%v is outside 1ms..%v", o.PartialTTL, store.MaxPartialTTL)
 	case o.ClaimTTL != 0 && (o.ClaimTTL < time.Millisecond || o.ClaimTTL > store.MaxClaimTTL):
@@ -566,6 +604,8 @@ func (o *LimitOptions) validate() error {
 		return badOption("Limits.ChunkBytes", "%d must be in 1..MaxMessageBytes-%d (%d)", o.ChunkBytes, messageOverhead, o.MaxMessageBytes-messageOverhead)
 	case o.RequestTimeout < 0:
 		return badOption("Limits.RequestTimeout", "%v must not be negative", o.RequestTimeout)
+	case o.ReceiveTimeout < 0:
+		return badOption("Limits.ReceiveTimeout", "%v must not be negative", o.ReceiveTimeout)
 	case o.MaxConcurrentStreams < 1 || o.MaxConcurrentStreams > 1<<20:
 		return badOption("Limits.MaxConcurrentStreams", "%d is outside 1..%d", o.MaxConcurrentStreams, 1<<20)
 	case o.MaxInFlightBytes < max(transfer.DefaultMaxBatchBytes, int64(o.MaxBlockBytes)+64):
@@ -575,17 +615,20 @@ func (o *LimitOptions) validate() error {
 	return nil
 }
 
-// validateGossip refuses a cluster node (Open) that asks clients for
-// tokens but lets anyone join its gossip: a member is sent the blocks it
-// owns, with the node's token, so an open gossip port undoes the tokens.
+// validateGossip refuses a cluster node (Open) that asks clients for any
+// credential but lets anyone join its gossip: a member is sent the blocks it
+// owns, with the node's cluster credential, so an open gossip port undoes
+// the tokens. Mutual TLS does not count: it guards gRPC and the data plane,
+// and memberlist's packets carry neither.
 func (o *Options) validateGossip() error {
-	mutual := o.Security.TLS != nil && o.Security.TLS.ClientAuth == tls.RequireAndVerifyClientCert
-	if len(o.Security.Tokens) == 0 || len(o.Cluster.GossipKey) > 0 || mutual || o.Cluster.InsecureGossip {
+	credentialed := len(o.Security.Tokens) > 0 || o.Security.TokensFile != nil
+	if !credentialed || len(o.Cluster.GossipKey) > 0 || o.Cluster.InsecureGossip {
 		return nil
 	}
-	return &OptionError{Field: "Cluster.GossipKey", Msg: "a node with Tokens needs a gossip key (--gossip-key-file) or mutual TLS " +
-		"(--tls-client-auth): without either, any host that reaches the gossip address can join the cluster as an owner " +
-		"and be sent blocks and this node's token; set InsecureGossip (--insecure-gossip) to start anyway"}
+	return &OptionError{Field: "Cluster.GossipKey", Msg: "a node with credentials (--auth-token-file or --tokens-file) needs a gossip key " +
+		"(--gossip-key-file; make one with: head -c 32 /dev/urandom | base64): without it, any host that reaches the gossip " +
+		"address can join the cluster as an owner and be sent blocks and this node's cluster credential (mutual TLS does not " +
+		"protect gossip); set InsecureGossip (--insecure-gossip) to start anyway, on a network only your nodes reach"}
 }
 
 // ShmOff as Options.Listen.ShmSocket turns the shared-memory data plane off.

@@ -72,10 +72,22 @@ func newPrefillMetrics(reg *prometheus.Registry, engine *prefill.Engine, q *queu
 			func(s prefill.Stats) int64 { return s.DroppedBlocks }),
 		stat("kvmesh_prefill_lost_blocks_total", "Blocks a lookup reported cached that the engine recomputed anyway (missing, corrupt, fetch failed).",
 			func(s prefill.Stats) int64 { return s.LostBlocks }),
+		speculative(engine, "kvmesh_speculative_proposed_tokens_total", "Tokens the engine's speculative proposer guessed.",
+			func(s prefill.Stats) int64 { return s.Proposed }),
+		speculative(engine, "kvmesh_speculative_accepted_tokens_total", "Of the tokens the speculative proposer guessed, those the model accepted (each one generated).",
+			func(s prefill.Stats) int64 { return s.Accepted }),
 		queueGauge("kvmesh_prefill_queue_pending", "Queued prefill requests not yet done (queued or running).", false),
 		queueGauge("kvmesh_prefill_queue_results", "Results of queued prefill requests kept for GetResult.", true),
 	)
 	return m
+}
+
+// speculative returns a counter of the engine's speculative decoding,
+// labelled with its proposer.
+func speculative(engine *prefill.Engine, name, help string, f func(prefill.Stats) int64) prometheus.Collector {
+	method, _ := engine.Speculative()
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: prometheus.Labels{"proposer": method}},
+		func() float64 { return float64(f(engine.Stats())) })
 }
 
 // done counts a prefill that returned a result.

@@ -53,6 +53,11 @@ type PrefillOptions struct {
 	// running); a request beyond it is refused with ResourceExhausted.
 	// Default 256.
 	QueueSize int
+	// QueueBytes is the most bytes the queued requests not yet done may
+	// hold (4 bytes a prompt token, and the session id); a request beyond
+	// it is refused with ResourceExhausted. One tenant holds at most half
+	// of QueueSize and of QueueBytes. Default 64 MiB.
+	QueueBytes int64
 	// ResultTTL is how long the result of a queued request is kept after it
 	// finished; GetResult answers NotFound after that. Default 1h.
 	ResultTTL time.Duration
@@ -84,11 +89,29 @@ type PrefillOptions struct {
 	// is missing). A node answers every request it is sent, whatever its
 	// role. Default gossip.RoleBoth.
 	Role string
+	// Speculative is the engine's proposer of speculative decoding
+	// (prefill.SpeculativeOptions): prefill.SpeculateOff,
+	// prefill.SpeculateNgram (prompt lookup) or prefill.SpeculateDraft (the
+	// model of DraftDir). The tokens are those without speculation (greedy)
+	// or distributed as them (sampling); only the decode's cost changes.
+	// Default prefill.SpeculateOff.
+	Speculative string
+	// SpeculativeTokens is how many tokens the proposer guesses per step,
+	// 1..prefill.MaxSpeculativeTokens. Default
+	// prefill.DefaultSpeculativeTokens.
+	SpeculativeTokens int
+	// DraftDir is the Hugging Face model directory of the draft model
+	// (Speculative prefill.SpeculateDraft, and only then): a smaller model
+	// of the same tokenizer (its tokenizer.json, if either has one, must be
+	// the model's, byte for byte) and vocabulary. Its blocks are cached
+	// under a namespace of its own. MaxModelBytes bounds it too.
+	DraftDir string
 }
 
 // Defaults of PrefillOptions.
 const (
 	DefaultPrefillQueueSize  = 256
+	DefaultPrefillQueueBytes = 64 << 20
 	DefaultPrefillResultTTL  = time.Hour
 	DefaultPrefillMaxResults = 4096
 	DefaultPrefillMaxWaiting = 64
@@ -102,6 +125,9 @@ func (o *PrefillOptions) EnsureDefaults() {
 	}
 	if o.QueueSize == 0 {
 		o.QueueSize = DefaultPrefillQueueSize
+	}
+	if o.QueueBytes == 0 {
+		o.QueueBytes = DefaultPrefillQueueBytes
 	}
 	if o.ResultTTL == 0 {
 		o.ResultTTL = DefaultPrefillResultTTL
@@ -120,6 +146,12 @@ func (o *PrefillOptions) EnsureDefaults() {
 	}
 	if o.Backend == "" {
 		o.Backend = BackendCPU
+	}
+	if o.Speculative == "" {
+		o.Speculative = prefill.SpeculateOff
+	}
+	if o.SpeculativeTokens == 0 {
+		o.SpeculativeTokens = prefill.DefaultSpeculativeTokens
 	}
 	o.Batch.EnsureDefaults()
 }
@@ -147,6 +179,8 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("Concurrency", "%d is outside 1..64", o.Concurrency)
 	case o.QueueSize < 1 || o.QueueSize > 1<<20:
 		return bad("QueueSize", "%d is outside 1..%d", o.QueueSize, 1<<20)
+	case o.QueueBytes < 64<<10 || o.QueueBytes > 1<<40:
+		return bad("QueueBytes", "%d bytes is outside 64KiB..1TiB", o.QueueBytes)
 	case o.ResultTTL < time.Second:
 		return bad("ResultTTL", "%v is shorter than 1s", o.ResultTTL)
 	case o.MaxResults < 1 || o.MaxResults > 1<<24:
@@ -157,6 +191,14 @@ func (o *PrefillOptions) Validate(maxBlockBytes int) error {
 		return bad("Backend", "%q: want %s or %s", o.Backend, BackendCPU, BackendCUDA)
 	case o.Role != gossip.RoleBoth && o.Role != gossip.RolePrefill && o.Role != gossip.RoleDecode:
 		return bad("Role", "%q: want both, prefill or decode", o.Role)
+	case o.Speculative != prefill.SpeculateOff && o.Speculative != prefill.SpeculateNgram && o.Speculative != prefill.SpeculateDraft:
+		return bad("Speculative", "%q: want %s, %s or %s", o.Speculative, prefill.SpeculateOff, prefill.SpeculateNgram, prefill.SpeculateDraft)
+	case o.SpeculativeTokens < 1 || o.SpeculativeTokens > prefill.MaxSpeculativeTokens:
+		return bad("SpeculativeTokens", "%d is outside 1..%d", o.SpeculativeTokens, prefill.MaxSpeculativeTokens)
+	case o.Speculative == prefill.SpeculateDraft && o.DraftDir == "":
+		return bad("DraftDir", "speculative decoding with a draft model needs its model directory")
+	case o.Speculative != prefill.SpeculateDraft && o.DraftDir != "":
+		return bad("DraftDir", "a draft model is given, but Speculative is %s, not %s", o.Speculative, prefill.SpeculateDraft)
 	case o.MaxWaiting < 0 || o.MaxWaiting > 1<<16:
 		return bad("MaxWaiting", "%d is outside 0..%d", o.MaxWaiting, 1<<16)
 	case o.Batch.MaxRequests < 1 || o.Batch.MaxRequests > 1<<16:
@@ -192,6 +234,7 @@ func (o *PrefillOptions) engineOptions(n *Node) prefill.Options {
 		Seed:             o.Seed,
 		Concurrency:      o.Concurrency,
 		BackgroundBlocks: o.BackgroundBlocks,
+		Speculative:      prefill.SpeculativeOptions{Method: o.Speculative, Tokens: o.SpeculativeTokens},
 		Logger:           n.log,
 	}
 }

@@ -132,12 +132,17 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	case o.WeightsPath == "":
 		eopts.Weights = seededWeights(o.Model, o.Seed)
 	}
+	if o.DraftDir != "" {
+		if eopts.Speculative.Draft, err = openDraft(o, n.opts.Limits.MaxBlockBytes); err != nil {
+			return nil, err
+		}
+	}
 	engine, err := prefill.New(engineCache{c: n.cache, blockTokens: o.Model.BlockTokens}, eopts)
 	if err != nil {
 		return nil, modelError(fmt.Errorf("node: prefill engine: %w", err))
 	}
 	q, err := openQueue(filepath.Join(n.opts.DataDir, "prefill-queue"), queueOptions{
-		capacity: o.QueueSize, maxResults: o.MaxResults, ttl: o.ResultTTL, maxRuns: queueMaxRuns,
+		capacity: o.QueueSize, maxBytes: o.QueueBytes, maxResults: o.MaxResults, ttl: o.ResultTTL, maxRuns: queueMaxRuns,
 		now: time.Now, log: n.log,
 	})
 	if err != nil {
@@ -146,8 +151,8 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	}
 	api, err := openai.New(openaiNode{n}, openai.Options{Engine: engine, Tokenizer: tok, EOS: eos, Sampling: sampling,
 		Concurrency: o.Concurrency, MaxWaiting: o.MaxWaiting, Batch: o.Batch, DB: q.db, DataDir: n.opts.DataDir,
-		Alone: n.cluster == nil, PeerHTTPS: n.opts.Security.HTTPTLS, PeerTLS: n.opts.Security.PeerTLS, PeerToken: peerToken(&n.opts.Security),
-		Registerer: n.metrics.reg, Logger: n.log})
+		Alone: n.cluster == nil, PeerHTTPS: n.opts.Security.TLS != nil, PeerTLS: n.opts.Security.PeerTLS,
+		MaxInFlightBytes: n.opts.Limits.MaxInFlightBytes, PeerToken: peerToken(&n.opts.Security), CallbackSecret: callbackSecret(&n.opts), Registerer: n.metrics.reg, Logger: n.log})
 	if err != nil {
 		q.close()
 		engine.Close()
@@ -157,6 +162,9 @@ func newPrefillService(n *Node) (_ *prefillService, err error) {
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.metrics = newPrefillMetrics(n.metrics.reg, engine, q)
 	n.names.keep(engine.Namespace())
+	if ns, ok := engine.DraftNamespace(); ok {
+		n.names.keep(ns)
+	}
 	return p, nil
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/kvmesh/kvmesh/internal/privatefs"
 	kvmeshv1 "github.com/kvmesh/kvmesh/proto/kvmesh/v1"
 )
 
@@ -26,6 +27,15 @@ import (
 // when the queue opens was interrupted and is queued again, ahead of later
 // ones. Finished records lose their prompt and are deleted ResultTTL after
 // they finished, or earlier when more than MaxResults are kept.
+//
+// Fairness: the queue is one FIFO per owner (a tenant, or "" for
+// node-wide callers), served round-robin: take runs the oldest request of
+// the owner after the one it served last, so a tenant with one request
+// waits behind at most one request of each other owner, not behind every
+// request another tenant queued. What is pending is bounded in requests
+// (capacity) and in bytes (maxBytes: the prompts' 4 bytes a token and the
+// session ids), and one tenant holds at most half of either, so one tenant
+// cannot fill the queue for the others.
 //
 // Only the index is guarded by mu; reads and writes of records happen
 // outside it. One worker takes requests (take) and finishes them (finish).
@@ -41,12 +51,22 @@ type queue struct {
 		pending  []*queueEntry          // queued or running, by seq
 		finished []*queueEntry          // done or failed, in the order they finished
 		entries  map[string]*queueEntry // every record, by id
+		owners   map[string]*queueUse   // what each owner has pending (reserved included)
+		total    queueUse               // what all have pending (reserved included)
+		last     string                 // the owner take served last
 		closed   bool
 	}
 }
 
+// queueUse is what pending requests hold: their count and bytes.
+type queueUse struct {
+	requests int
+	bytes    int64
+}
+
 type queueOptions struct {
-	capacity   int // most pending requests
+	capacity   int   // most pending requests
+	maxBytes   int64 // most bytes of pending requests (queueBytes)
 	maxResults int
 	ttl        time.Duration
 	maxRuns    uint32 // starts after which an interrupted request fails
@@ -62,7 +82,11 @@ type queueEntry struct {
 	enqueued, started, finished time.Time
 	session                     string
 	tenant                      string // the owner's tenant (queueOwner)
+	bytes                       int64  // what it holds of maxBytes while pending
 }
+
+// queueBytes is what a pending request holds of the queue's byte bound.
+func queueBytes(tokens int, session string) int64 { return 4*int64(tokens) + int64(len(session)) }
 
 // Errors of the queue.
 var (
@@ -82,16 +106,17 @@ func queueKey(id string) []byte { return append([]byte{queueRecordPrefix}, id...
 
 // openQueue opens (or creates) the queue in dir and rebuilds its index.
 func openQueue(dir string, opts queueOptions) (*queue, error) {
-	// 0700: pebble's files (0644) are then the node's user's alone.
+	// The node's user's alone: 0700, and pebble's files 0600 (privatefs).
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: prefill queue: %w", err)
 	}
-	db, err := pebble.Open(dir, &pebble.Options{Logger: queuePebbleLogger{opts.log}})
+	db, err := pebble.Open(dir, &pebble.Options{Logger: queuePebbleLogger{opts.log}, FS: privatefs.New(nil)})
 	if err != nil {
 		return nil, fmt.Errorf("node: open prefill queue in %s: %w", dir, err)
 	}
 	q := &queue{db: db, opts: opts, ready: make(chan struct{}, 1)}
 	q.mu.entries = make(map[string]*queueEntry)
+	q.mu.owners = make(map[string]*queueUse)
 	if err := q.load(); err != nil {
 		db.Close()
 		return nil, err
@@ -141,7 +166,9 @@ func (q *queue) load() error {
 		if e.done() {
 			q.mu.finished = append(q.mu.finished, e)
 		} else {
+			e.bytes = queueBytes(len(r.Tokens), r.Session)
 			q.mu.pending = append(q.mu.pending, e)
+			q.useLocked(e.tenant, e.bytes, 1)
 		}
 	}
 	if err := it.Close(); err != nil {
@@ -177,27 +204,31 @@ func (q *queue) enqueue(tokens []uint32, session string, wantLogits bool, owner 
 	rand.Read(raw[:])
 	r := &queueRecord{ID: hex.EncodeToString(raw[:]), State: kvmeshv1.PrefillState_PREFILL_STATE_QUEUED,
 		Enqueued: q.opts.now(), Session: session, WantLogits: wantLogits, Tokens: slices.Clone(tokens), Owner: owner}
+	size := queueBytes(len(tokens), session)
 	q.mu.Lock()
-	switch {
-	case q.mu.closed:
+	if q.mu.closed {
 		q.mu.Unlock()
 		return nil, errQueueClosed
-	case len(q.mu.pending)+q.mu.reserved >= q.opts.capacity:
-		n := len(q.mu.pending) + q.mu.reserved
+	}
+	if err := q.fitsLocked(owner.Tenant, size); err != nil {
 		q.mu.Unlock()
-		return nil, fmt.Errorf("%w: %d requests are waiting, the limit is %d", errQueueFull, n, q.opts.capacity)
+		return nil, err
 	}
 	q.mu.seq++
 	r.Seq = q.mu.seq
 	q.mu.reserved++
+	q.useLocked(owner.Tenant, size, 1)
 	q.mu.Unlock()
 
 	err := q.db.Set(queueKey(r.ID), encodeQueueRecord(nil, r), pebble.Sync)
 
 	q.mu.Lock()
 	q.mu.reserved--
-	if err == nil {
+	if err != nil {
+		q.useLocked(owner.Tenant, -size, -1)
+	} else {
 		e := r.entry()
+		e.bytes = size
 		q.mu.entries[e.id] = e
 		i, _ := slices.BinarySearchFunc(q.mu.pending, e.seq, func(x *queueEntry, seq uint64) int { return cmp.Compare(x.seq, seq) })
 		q.mu.pending = slices.Insert(q.mu.pending, i, e)
@@ -213,21 +244,71 @@ func (q *queue) enqueue(tokens []uint32, session string, wantLogits bool, owner 
 	return r, nil
 }
 
-// take waits for the oldest queued request, marks it running and returns
-// its record, prompt included. It returns ctx's error when ctx ends first.
+// fitsLocked returns an errQueueFull error when a request of size bytes
+// from tenant ("" for node-wide callers) would take the queue past its
+// bounds, or a tenant past half of them.
+func (q *queue) fitsLocked(tenant string, size int64) error {
+	t := &q.mu.total
+	if t.requests >= q.opts.capacity || t.bytes+size > q.opts.maxBytes {
+		return fmt.Errorf("%w: %d requests of %d bytes are waiting, the limit is %d requests and %d bytes",
+			errQueueFull, t.requests, t.bytes, q.opts.capacity, q.opts.maxBytes)
+	}
+	if u := q.mu.owners[tenant]; tenant != "" && u != nil && (u.requests >= max(1, q.opts.capacity/2) || u.bytes+size > q.opts.maxBytes/2) {
+		return fmt.Errorf("%w: tenant %s has %d requests of %d bytes waiting, its share is half the queue (%d requests, %d bytes)",
+			errQueueFull, tenant, u.requests, u.bytes, max(1, q.opts.capacity/2), q.opts.maxBytes/2)
+	}
+	return nil
+}
+
+// useLocked adds n requests of size bytes to tenant's pending use.
+func (q *queue) useLocked(tenant string, size int64, n int) {
+	u := q.mu.owners[tenant]
+	if u == nil {
+		u = new(queueUse)
+		q.mu.owners[tenant] = u
+	}
+	u.requests += n
+	u.bytes += size
+	q.mu.total.requests += n
+	q.mu.total.bytes += size
+	if u.requests == 0 {
+		delete(q.mu.owners, tenant)
+	}
+}
+
+// nextLocked returns the request take runs next: the oldest queued one of
+// the first owner, in name order, after the one served last (wrapping
+// around), so owners take turns; nil when none is queued.
+func (q *queue) nextLocked() *queueEntry {
+	var first, after *queueEntry // oldest of the least owner; of the least owner past last
+	for _, p := range q.mu.pending {
+		if p.state != kvmeshv1.PrefillState_PREFILL_STATE_QUEUED {
+			continue
+		}
+		if first == nil || p.tenant < first.tenant {
+			first = p
+		}
+		if p.tenant > q.mu.last && (after == nil || p.tenant < after.tenant) {
+			after = p
+		}
+	}
+	if after != nil {
+		return after
+	}
+	return first
+}
+
+// take waits for the next queued request (nextLocked), marks it running
+// and returns its record, prompt included. It returns ctx's error when ctx
+// ends first.
 func (q *queue) take(ctx context.Context) (*queueRecord, error) {
 	for {
 		q.mu.Lock()
-		var e *queueEntry
-		for _, p := range q.mu.pending {
-			if p.state == kvmeshv1.PrefillState_PREFILL_STATE_QUEUED {
-				e = p
-				break
-			}
-		}
+		e := q.nextLocked()
 		if e != nil {
 			e.state = kvmeshv1.PrefillState_PREFILL_STATE_RUNNING
 			e.started = q.opts.now()
+			q.mu.last = e.tenant
 		}
 		q.mu.Unlock()
 		if e == nil {
@@ -302,10 +383,11 @@ func (q *queue) finish(r *queueRecord, out *queueOutcome, failure error) {
 		q.opts.log.Error("prefill queue: cannot store a result", "id", r.ID, "err", err)
 	}
 	q.mu.Lock()
-	if e := q.mu.entries[r.ID]; e != nil {
+	if e := q.mu.entries[r.ID]; e != nil && !e.done() {
 		e.state, e.finished = r.State, r.Finished
 		q.mu.pending = slices.DeleteFunc(q.mu.pending, func(p *queueEntry) bool { return p == e })
 		q.mu.finished = append(q.mu.finished, e)
+		q.useLocked(e.tenant, -e.bytes, -1)
 	}
 	q.mu.Unlock()
 	q.expire()

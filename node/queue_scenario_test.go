@@ -19,9 +19,9 @@ import (
 //
 // Commands:
 //
-//	open capacity=<n> max-results=<n> ttl=<dur> max-runs=<n>   a fresh queue
+//	open capacity=<n> max-results=<n> ttl=<dur> max-runs=<n> [max-bytes=<n>]   a fresh queue
 //	reopen                         close and open the same directory (a restart: nothing is finished on the way down)
-//	enqueue <name>                 a request; ok or the error
+//	enqueue <name> [tenant=<t>] [tokens=<n>]   a request (3 tokens, node-wide by default); ok or the error
 //	take                           the request the worker would run next, or none
 //	finish <name> [fail=<why>]     the worker finishes the request it took (why: one word)
 //	tick <dur>                     the clock moves on; expired results go
@@ -65,6 +65,8 @@ func (s *queueScenario) run(t *testing.T, d *datadriven.TestData) string {
 		d.ScanArgs(t, "max-results", &s.opts.maxResults)
 		d.ScanArgs(t, "ttl", &ttl)
 		d.ScanArgs(t, "max-runs", &s.opts.maxRuns)
+		s.opts.maxBytes = 1 << 30
+		d.MaybeScanArgs(t, "max-bytes", &s.opts.maxBytes)
 		var err error
 		if s.opts.ttl, err = time.ParseDuration(ttl); err != nil {
 			t.Fatalf("%s: %v", d.Pos, err)
@@ -79,7 +81,11 @@ func (s *queueScenario) run(t *testing.T, d *datadriven.TestData) string {
 		return ""
 	case "enqueue":
 		name := d.CmdArgs[0].Key
-		r, err := s.q.enqueue([]uint32{1, 2, 3}, name, false, queueOwner{})
+		var owner queueOwner
+		d.MaybeScanArgs(t, "tenant", &owner.Tenant)
+		tokens := 3
+		d.MaybeScanArgs(t, "tokens", &tokens)
+		r, err := s.q.enqueue(make([]uint32, tokens), name, false, owner)
 		if err != nil {
 			return err.Error()
 		}

@@ -18,7 +18,7 @@ import (
 )
 
 func testQueueOptions() queueOptions {
-	return queueOptions{capacity: 4, maxResults: 8, ttl: time.Hour, maxRuns: 3, now: time.Now, log: slog.New(slog.DiscardHandler)}
+	return queueOptions{capacity: 4, maxBytes: 1 << 20, maxResults: 8, ttl: time.Hour, maxRuns: 3, now: time.Now, log: slog.New(slog.DiscardHandler)}
 }
 
 func openTestQueue(t *testing.T, dir string, opts queueOptions) *queue {

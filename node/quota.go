@@ -28,10 +28,13 @@ import (
 // own quotas.
 const quotaFile = "quotas.json"
 
-// quotaJSON is one namespace's quota in quotaFile.
+// quotaJSON is one namespace's quota in quotaFile. Tenant, when set, is
+// the hex tag of the blocks it binds (store.Quota.Bound); files written
+// before it had none: those quotas apply whatever the blocks carry.
 type quotaJSON struct {
-	DRAMBytes int64 `json:"dram_bytes"`
-	NVMeBytes int64 `json:"nvme_bytes"`
+	DRAMBytes int64  `json:"dram_bytes"`
+	NVMeBytes int64  `json:"nvme_bytes"`
+	Tenant    string `json:"tenant,omitempty"`
 }
 
 // quotasJSON is quotaFile: quotas by namespace digest, in hex.
@@ -60,7 +63,14 @@ func loadQuotas(dir string) (map[uint64]store.Quota, error) {
 		if err != nil || q.DRAMBytes < 0 || q.NVMeBytes < 0 {
 			return nil, fmt.Errorf("node: quotas file %s: namespace %q: want a 16-digit hex digest and byte counts of 0 or more (fix or remove it)", path, hex)
 		}
-		out[d] = store.Quota{DRAM: q.DRAMBytes, NVMe: q.NVMeBytes}
+		sq := store.Quota{DRAM: q.DRAMBytes, NVMe: q.NVMeBytes}
+		if q.Tenant != "" {
+			if sq.Tenant, err = strconv.ParseUint(q.Tenant, 16, 64); err != nil {
+				return nil, fmt.Errorf("node: quotas file %s: namespace %q: tenant %q is not a hex tag (fix or remove it)", path, hex, q.Tenant)
+			}
+			sq.Bound = true
+		}
+		out[d] = sq
 	}
 	return out, nil
 }
@@ -69,7 +79,11 @@ func loadQuotas(dir string) (map[uint64]store.Quota, error) {
 func saveQuotas(dir string, quotas map[uint64]store.Quota) error {
 	f := quotasJSON{Namespaces: make(map[string]quotaJSON, len(quotas))}
 	for d, q := range quotas {
-		f.Namespaces[digestString(d)] = quotaJSON{DRAMBytes: q.DRAM, NVMeBytes: q.NVMe}
+		j := quotaJSON{DRAMBytes: q.DRAM, NVMeBytes: q.NVMe}
+		if q.Bound {
+			j.Tenant = digestString(q.Tenant)
+		}
+		f.Namespaces[digestString(d)] = j
 	}
 	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
@@ -190,7 +204,11 @@ func (s *adminService) SetQuota(ctx context.Context, req *kvmeshv1.SetQuotaReque
 	if err != nil {
 		return nil, err
 	}
-	var q store.Quota
+	tag, err := s.quotaOwner(ctx, qc, digest, req.GetNamespace() != nil, req.GetClear())
+	if err != nil {
+		return nil, err
+	}
+	q := store.Quota{Tenant: tag, Bound: true}
 	if !req.GetClear() {
 		const max = 1 << 62
 		switch {
@@ -201,13 +219,13 @@ func (s *adminService) SetQuota(ctx context.Context, req *kvmeshv1.SetQuotaReque
 		case req.GetQuota().GetNvmeBytes() > max:
 			return nil, invalid("quota.nvme_bytes", "%d bytes is too large", req.GetQuota().GetNvmeBytes())
 		}
-		q = store.Quota{DRAM: int64(req.GetQuota().GetDramBytes()), NVMe: int64(req.GetQuota().GetNvmeBytes())}
+		q.DRAM, q.NVMe = int64(req.GetQuota().GetDramBytes()), int64(req.GetQuota().GetNvmeBytes())
 	}
 	if err := qc.SetQuota(digest, q, req.GetClear()); err != nil {
 		return nil, err
 	}
 	s.n.log.Info("namespace quota set", "digest", digestString(digest), "dram_bytes", q.DRAM, "nvme_bytes", q.NVMe, "cleared", req.GetClear())
-	rows, _ := s.quotaRows(auth.AccessFrom(ctx), qc)
+	rows, _ := s.quotaRows(viewOf(ctx), qc)
 	i, _ := slices.BinarySearchFunc(rows, digest, func(r *kvmeshv1.NamespaceQuota, d uint64) int { return cmpUint64(r.Digest, d) })
 	resp := &kvmeshv1.SetQuotaResponse{}
 	if i < len(rows) && rows[i].Digest == digest {
@@ -219,6 +237,35 @@ func (s *adminService) SetQuota(ctx context.Context, req *kvmeshv1.SetQuotaReque
 	return resp, nil
 }
 
+// quotaOwner returns the tag of the blocks a quota on digest will bind
+// (store.Quota.Bound): the tag of the namespace's blocks on this node. A
+// quota is set only on a namespace that holds blocks here, or, for a
+// node-wide caller naming the namespace itself (not its digest), on one that
+// will: node-wide blocks (tag 0). A tenant's quota so never applies to
+// another's namespace, nor to node-wide blocks that take back a digest the
+// tenant wrote under first, and made-up digests cannot grow the quotas
+// file. A quota already kept may be cleared by whoever it binds.
+func (s *adminService) quotaOwner(ctx context.Context, qc quotaCache, digest uint64, named, clear bool) (uint64, error) {
+	view := viewOf(ctx)
+	for _, x := range s.n.cache.Stats().Namespaces {
+		if x.Digest == digest {
+			if !view.Allows(x.Tenant) {
+				break // mayNameDigest let it through: named by namespace
+			}
+			return x.Tenant, nil
+		}
+	}
+	own, _ := qc.Quotas()
+	if q, ok := own[digest]; clear && ok && (!view.Scoped || (q.Bound && q.Tenant == view.Tag)) {
+		return q.Tenant, nil
+	}
+	if named && !view.Scoped {
+		return 0, nil
+	}
+	return 0, status.Errorf(codes.FailedPrecondition, "namespace %016x holds no blocks of yours on node %s: a quota is set on a namespace that does (a node-wide caller may name one to come by the namespace itself)",
+		digest, s.n.opts.NodeID)
+}
+
 func (s *adminService) Quotas(ctx context.Context, req *kvmeshv1.QuotasRequest) (*kvmeshv1.QuotasResponse, error) {
 	qc, err := s.quotaCache()
 	if err != nil {
@@ -228,7 +275,7 @@ func (s *adminService) Quotas(ctx context.Context, req *kvmeshv1.QuotasRequest) 
 	if err != nil {
 		return nil, err
 	}
-	rows, def := s.quotaRows(auth.AccessFrom(ctx), qc)
+	rows, def := s.quotaRows(viewOf(ctx), qc)
 	resp := &kvmeshv1.QuotasResponse{NodeId: s.n.opts.NodeID, DefaultQuota: quotaProto(def.DRAM, def.NVMe)}
 	resp.Namespaces, resp.NextPageToken = pageOf(pageQuotas, rows, func(r *kvmeshv1.NamespaceQuota) []byte { return digestCursor(r.Digest) }, page.cursor, page.size)
 	return resp, nil

@@ -100,11 +100,24 @@ func (n *Node) namespaceDigest(ctx context.Context, pb *kvmeshv1.Namespace, dige
 	return 0, invalid("namespace", "set namespace or digest")
 }
 
+// viewOf is what the caller of an admin or inspection call (stats, quotas,
+// block info, partials) may see: a tenant its own namespaces and blocks, a
+// node-wide principal all of them. It differs from the access its reads
+// of block data run with (auth.Principal.Access), which confines a
+// node-wide principal without the cluster scope to node-wide blocks.
+func viewOf(ctx context.Context) auth.Access {
+	a := auth.AccessFrom(ctx)
+	if a == auth.NodeWide && !auth.PrincipalFrom(ctx).Scoped() {
+		return auth.Access{}
+	}
+	return a
+}
+
 // mayNameDigest reports whether the caller may act on the namespace with
 // the given digest: a node-wide principal on any, a tenant on those whose
 // blocks here carry its tag.
 func (n *Node) mayNameDigest(ctx context.Context, digest uint64) bool {
-	a := auth.AccessFrom(ctx)
+	a := viewOf(ctx)
 	if !a.Scoped {
 		return true
 	}
@@ -170,6 +183,14 @@ func blockExtraKeys(extra []*kvmeshv1.BlockExtraKeys, blocks int) ([]prefixhash.
 // its keys, within limits, and the prompt's length in tokens.
 func (n *Node) lookupChain(ns prefixhash.Namespace, req *kvmeshv1.LookupRequest) ([]prefixhash.Key, int, error) {
 	tokens, raw := req.GetTokens(), req.GetChain()
+	if len(raw) == 0 && len(tokens) == 0 && req.GetPromptTokens() > 0 {
+		// A prompt shorter than one block has no key, so its chain is
+		// empty; prompt_tokens still says how long it is.
+		if p := req.GetPromptTokens(); p >= uint64(ns.BlockTokens) {
+			return nil, 0, invalid("prompt_tokens", "%d tokens make full blocks of %d tokens, and the chain is empty", p, ns.BlockTokens)
+		}
+		return nil, int(req.GetPromptTokens()), nil
+	}
 	if len(raw) == 0 {
 		keys, err := n.promptKeys(ns, tokens, req.GetExtraKeys())
 		return keys, len(tokens), err

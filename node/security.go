@@ -3,11 +3,14 @@ package node
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -57,6 +60,24 @@ func peerToken(o *SecurityOptions) string {
 	return ""
 }
 
+// callbackSecret is the secret the queue's callbacks are signed from, the
+// same on every node of a cluster so that a callback verifies whichever
+// node delivers it: derived from the tokens file's secret, else from the
+// gossip key; nil (each node's own, in its data dir) without either.
+func callbackSecret(opts *Options) []byte {
+	if opts.Security.TokensFile != nil {
+		if k := opts.Security.TokensFile.Derive("callback"); k != nil {
+			return k
+		}
+	}
+	if len(opts.Cluster.GossipKey) > 0 {
+		m := hmac.New(sha256.New, opts.Cluster.GossipKey)
+		m.Write([]byte("kvmesh/callback/v1"))
+		return m.Sum(nil)
+	}
+	return nil
+}
+
 // healthPrefix names the methods open without a token: load balancers and
 // Kubernetes probes check health without credentials, and health tells an
 // unauthenticated caller nothing but that the node is up.
@@ -73,7 +94,8 @@ const (
 // of calls (no or wrong token) and of connections (TLS handshakes that
 // failed).
 type guard struct {
-	tokens     *auth.Tokens // nil: no token asked for
+	tokens     *auth.Tokens              // nil: no token asked for
+	file       atomic.Pointer[auth.File] // the tokens file in force; nil without one
 	calls      *prometheus.CounterVec
 	handshakes prometheus.Counter
 }
@@ -217,10 +239,12 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 func (b bearer) RequireTransportSecurity() bool { return false }
 
 // SetTokens replaces the bearer tokens the node accepts, on gRPC and on the
-// data plane at once, without a restart (connections already accepted stay
-// open). The token the node presents to its peers stays the first of
-// Options.Security.Tokens until it restarts. A node started without tokens cannot
-// be given some: restart it with Options.Security.Tokens.
+// data plane at once, without a restart. Data-plane and shared-memory
+// connections opened with a token no longer accepted are closed (see
+// closeRevoked); gRPC checks the token of every call. The token the node
+// presents to its peers stays the first of Options.Security.Tokens until
+// it restarts. A node started without tokens cannot be given some: restart
+// it with Options.Security.Tokens.
 func (n *Node) SetTokens(tokens []string) error {
 	if n.guard.tokens == nil {
 		return errors.New("node: started without tokens; restart it with some to require them")
@@ -231,6 +255,7 @@ func (n *Node) SetTokens(tokens []string) error {
 	if err := n.guard.tokens.Set(tokens...); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	n.closeRevoked()
 	return nil
 }
 
@@ -252,5 +277,29 @@ func (n *Node) SetTokensFile(f *auth.File) error {
 	if err := n.guard.tokens.SetCredentials(f.Credentials); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	n.guard.file.Store(f)
+	n.closeRevoked()
 	return nil
+}
+
+// closeRevoked closes the data-plane and shared-memory connections whose
+// token the node no longer accepts, or that now names another principal
+// (other scopes or tenant): a revoked credential stops reading at once,
+// not when its pooled connections idle out. A shared-memory client keeps
+// what it already copied out of its region, and the region's pages as they
+// were (the node unmaps its side; it cannot unmap the client's), and a
+// node-wide writer keeps its mapping of the DRAM arena until it exits:
+// revoke such a token by restarting the node, or the client's process.
+func (n *Node) closeRevoked() {
+	if n.cluster == nil {
+		return
+	}
+	tcp := n.cluster.data.CloseRevoked()
+	shm := 0
+	if n.cluster.shm != nil {
+		shm = n.cluster.shm.CloseRevoked()
+	}
+	if tcp+shm > 0 {
+		n.log.Info("node: closed the connections of revoked tokens", "data_plane", tcp, "shared_memory", shm)
+	}
 }

@@ -28,9 +28,13 @@ import (
 )
 
 // scrape returns the node's /metrics text.
-func scrape(t testing.TB, httpAddr string) string {
+func scrape(t testing.TB, httpAddr string, tlsCfg ...*tls.Config) string {
 	t.Helper()
-	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	get, url := http.Get, "http://"+httpAddr+"/metrics"
+	if len(tlsCfg) > 0 { // a node with TLS serves its HTTP address over TLS
+		get, url = (&http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg[0]}}).Get, "https://"+httpAddr+"/metrics"
+	}
+	resp, err := get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +244,7 @@ func TestTLSNode(t *testing.T) {
 			}
 		}
 		testkit.WaitFor(t, "failed handshakes counted", func() bool {
-			return metricValue(scrape(t, tn.HTTPAddr()), "kvmesh_grpc_tls_handshake_failures_total") >= 2
+			return metricValue(scrape(t, tn.HTTPAddr(), peer), "kvmesh_grpc_tls_handshake_failures_total") >= 2
 		})
 	})
 	t.Run("mutual", func(t *testing.T) {
@@ -282,6 +286,7 @@ func TestSecureCluster(t *testing.T) {
 	_, server, peer := tlsFiles(t, true)
 	nodes := startClusterNodes(t, 2, func(_ int, o *Options) {
 		o.Security.TLS, o.Security.PeerTLS, o.Security.Tokens = server, peer, []string{"cluster-token", "client-token"}
+		o.Cluster.GossipKey = []byte("0123456789abcdef0123456789abcdef")
 	})
 	ctx := context.Background()
 	dial := func(n *clusterNode, transport, token string) *client.Client {
@@ -321,7 +326,7 @@ func TestSecureCluster(t *testing.T) {
 	}
 	// The clients did use the data plane: shared memory with the token, TCP
 	// over TLS.
-	body := scrape(t, nodes[1].HTTPAddr())
+	body := scrape(t, nodes[1].HTTPAddr(), peer)
 	if metricValue(body, `kvmesh_transfer_requests_total{transport="shm"}`) < 1 || metricValue(body, `kvmesh_transfer_requests_total{transport="tcp"}`) < 1 {
 		t.Errorf("the clients did not use the data plane:\n%s", grep(body, "kvmesh_transfer_requests_total"))
 	}
@@ -349,7 +354,7 @@ func TestSecureCluster(t *testing.T) {
 	}
 	// The servers count a refusal after sending it: wait for the count.
 	testkit.WaitFor(t, "the data-plane refusals to be counted", func() bool {
-		body = scrape(t, nodes[1].HTTPAddr())
+		body = scrape(t, nodes[1].HTTPAddr(), peer)
 		return metricValue(body, `kvmesh_transfer_unauthorized_connections_total{transport="tcp"}`) >= 1 &&
 			metricValue(body, `kvmesh_transfer_unauthorized_connections_total{transport="shm"}`) >= 1
 	})

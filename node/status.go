@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -28,7 +29,7 @@ import (
 // refusal returns a status of code with an ErrorInfo of reason (its
 // metadata meta, which may be nil) and the details given.
 func refusal(code codes.Code, reason kvmeshv1.ErrorReason, meta map[string]string, msg string, details ...protoadapt.MessageV1) error {
-	st := status.New(code, msg)
+	st := status.New(code, clipText(msg))
 	info := &errdetails.ErrorInfo{Reason: reason.Reason(), Domain: kvmeshv1.ErrorDomain, Metadata: meta}
 	withDetails, err := st.WithDetails(append([]protoadapt.MessageV1{info}, details...)...)
 	if err != nil {
@@ -44,7 +45,7 @@ func invalid(field, format string, args ...any) error {
 
 // invalidFor is invalid with another reason than INVALID_FIELD.
 func invalidFor(reason kvmeshv1.ErrorReason, meta map[string]string, field, format string, args ...any) error {
-	desc := fmt.Sprintf(format, args...)
+	desc := clipText(fmt.Sprintf(format, args...))
 	msg := desc
 	if field != "" {
 		msg = field + ": " + desc
@@ -56,7 +57,7 @@ func invalidFor(reason kvmeshv1.ErrorReason, meta map[string]string, field, form
 // exhausted returns a ResourceExhausted status; subject names what ran out
 // (see errors.proto).
 func exhausted(reason kvmeshv1.ErrorReason, meta map[string]string, subject, format string, args ...any) error {
-	msg := fmt.Sprintf(format, args...)
+	msg := clipText(fmt.Sprintf(format, args...))
 	return refusal(codes.ResourceExhausted, reason, meta, msg,
 		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: subject, Description: msg}}})
 }
@@ -80,9 +81,44 @@ func quotaExceeded(digest uint64, err error) error {
 // limitMeta is the metadata of a refusal by a node limit.
 func limitMeta(limit int) map[string]string { return map[string]string{"limit": strconv.Itoa(limit)} }
 
-// statusError maps the errors handlers return to gRPC statuses. Statuses
-// pass through; cache and context errors get the code a client can act on.
+// maxStatusText is the most bytes of a status message (or of one of its
+// details' descriptions): messages quote what callers sent (an id, a model
+// name), and each refusal is logged, so a caller's megabyte must not become
+// a megabyte of log and of response header.
+const maxStatusText = 1 << 10
+
+// clipText returns s as a status message or log value may carry it: valid
+// UTF-8 (gRPC would answer a message that is not with Internal), at most
+// maxStatusText bytes, saying how much was cut.
+func clipText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= maxStatusText {
+		return s
+	}
+	cut := maxStatusText - 32
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("… (%d bytes cut)", len(s)-cut)
+}
+
+// statusError maps the errors handlers return to gRPC statuses (mapError)
+// and clips their messages (clipText), details kept.
 func statusError(err error) error {
+	err = mapError(err)
+	if st, ok := status.FromError(err); ok && err != nil {
+		if msg := st.Message(); len(msg) > maxStatusText || !utf8.ValidString(msg) {
+			p := st.Proto()
+			p.Message = clipText(msg)
+			return status.FromProto(p).Err()
+		}
+	}
+	return err
+}
+
+// mapError: statuses pass through; cache and context errors get the code a
+// client can act on.
+func mapError(err error) error {
 	if err == nil {
 		return nil
 	}

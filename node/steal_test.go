@@ -1,11 +1,16 @@
 package node
 
 import (
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/openai"
 	"github.com/kvmesh/kvmesh/prefill"
 	"github.com/kvmesh/kvmesh/router"
@@ -151,5 +156,109 @@ func TestQueueClaimNeedsCluster(t *testing.T) {
 	var lent lentBatch
 	if got.status != http.StatusOK || !jsonInto(got.body, &lent) || lent.RequestID != id || lent.Owner.Tenant != "acme" {
 		t.Fatalf("claim with the cluster token: %d %s", got.status, got.body)
+	}
+}
+
+// TestQueuePeersVouched: a tenant's callback key is the same on every node;
+// a node asked for a batch it does not hold asks
+// its peers with the cluster credential and a vouch for the caller, never
+// with the caller's bearer token (a member that records what it is sent
+// sees the cluster token and the vouch only); the owner answers the batch's
+// tenant and refuses another tenant vouched for, and a vouch that was
+// forged or made for another request is refused (403).
+func TestQueuePeersVouched(t *testing.T) {
+	key := []byte("fedcba9876543210fedcba9876543210")
+	mod := func(o *Options) {
+		o.Security.TokensFile, o.Cluster.GossipKey, o.Prefill.Model = tenantsFile(t), key, tinyModel()
+		o.Prefill.Batch.Share = -1 // the batch stays queued on its owner
+	}
+	owner := openClusterNode(t, t.TempDir(), "owner", nil, mod)
+	asker := openClusterNode(t, t.TempDir(), "asker", []string{owner.GossipAddr()}, mod)
+	var mu sync.Mutex
+	var seen []http.Header
+	spy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Clone())
+		mu.Unlock()
+		http.NotFound(w, r)
+	}))
+	defer spy.Close()
+	member, err := gossip.Start(gossip.Options{NodeID: "spy", GossipAddr: "127.0.0.1:0", Join: []string{owner.GossipAddr()}, SecretKey: key,
+		Fast: true, Meta: gossip.MemberMeta{HTTPAddr: strings.TrimPrefix(spy.URL, "http://"), Role: gossip.RoleBoth},
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer member.Close()
+	testkit.WaitFor(t, "the asker to see the owner and the spy", func() bool {
+		ms, _ := asker.cluster.members.Members()
+		return len(ms) == 3
+	})
+
+	// The callback key is the cluster's: the same through either node.
+	key1 := callAPI(t, "GET", apiURL(owner.Node, openai.QueuePath+"/callback-key"), "acme-rw", nil).json(t)["key"]
+	key2 := callAPI(t, "GET", apiURL(asker.Node, openai.QueuePath+"/callback-key"), "acme-rw", nil).json(t)["key"]
+	if key1 == nil || key1 != key2 {
+		t.Errorf("acme's callback key differs between nodes: %v, %v", key1, key2)
+	}
+	prompt := map[string]any{"model": "kvmesh", "prompt": "vouched", "max_tokens": 2}
+	id := submitBatch(t, owner.Node, "acme-rw", map[string]any{"requests": []any{prompt}})
+	if got := pollBatch(t, asker.Node, "acme-rw", id); got.Status != "queued" {
+		t.Errorf("acme's batch through the asker: %+v", got)
+	}
+	wantAPIError(t, "beta asking for acme's batch", callAPI(t, "GET", apiURL(asker.Node, openai.QueuePath+"/"+id), "beta-rw", nil), 404)
+	wantAPIError(t, "an unknown batch", callAPI(t, "GET", apiURL(asker.Node, openai.QueuePath+"/batch_nope"), "acme-rw", nil), 404)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) == 0 {
+		t.Fatal("the asker never asked the spy")
+	}
+	for _, h := range seen {
+		if a := h.Get("Authorization"); a != "Bearer node-to-node" || h.Get(openai.VouchHeader) == "" {
+			t.Errorf("a peer was sent Authorization %q, vouch %q; want the cluster token and a vouch", a, h.Get(openai.VouchHeader))
+		}
+	}
+	// The owner refuses what a holder of the cluster token alone could
+	// make up, and a vouch replayed for another request.
+	wantAPIError(t, "a forged vouch", callAPI(t, "GET", apiURL(owner.Node, openai.QueuePath+"/"+id), "node-to-node", nil,
+		openai.VouchHeader, "eyJ0IjoiYWNtZSIsInMiOjEsInciOiJHRVQiLCJlIjo5OTk5OTk5OTk5fQ.AAAA"), 403)
+	replay := seen[0].Get(openai.VouchHeader)
+	wantAPIError(t, "a vouch for another request", callAPI(t, "DELETE", apiURL(owner.Node, openai.QueuePath+"/"+id), "node-to-node", nil,
+		openai.VouchHeader, replay), 403)
+}
+
+// TestQueueStealingTenant: a tenant's batch lent to a peer crosses the
+// network with the tenant's name and tag, never its namespace salt (the
+// claimer derives it from its own tokens file), and the peer completes it.
+func TestQueueStealingTenant(t *testing.T) {
+	key := []byte("fedcba9876543210fedcba9876543210")
+	tf := tenantsFile(t)
+	var salt string
+	for _, c := range tf.Credentials {
+		if c.Principal.Tenant == "acme" {
+			salt = c.Principal.Salt
+		}
+	}
+	owner := openClusterNode(t, t.TempDir(), "owner", nil, func(o *Options) {
+		o.Security.TokensFile, o.Cluster.GossipKey, o.Prefill.Model = tf, key, tinyModel()
+		o.Prefill.Batch.Share = -1
+		o.Prefill.Batch.LeaseTTL = 300 * time.Millisecond
+	})
+	req := map[string]any{"model": "kvmesh", "prompt": "a tenant's stolen work", "max_tokens": 4, "temperature": 0}
+	id := submitBatch(t, owner.Node, "acme-rw", map[string]any{"requests": []any{req, req}})
+	ghost := callAPI(t, "POST", apiURL(owner.Node, internalQueuePath+"claim"), "node-to-node", map[string]any{"node": "ghost"})
+	if ghost.status != http.StatusOK || !strings.Contains(string(ghost.body), id) {
+		t.Fatalf("claim: %d %s", ghost.status, ghost.body)
+	}
+	if salt == "" || strings.Contains(string(ghost.body), salt) {
+		t.Fatalf("the lent batch carries the tenant's salt: %s", ghost.body)
+	}
+	peer := openClusterNode(t, t.TempDir(), "peer", []string{owner.GossipAddr()}, func(o *Options) {
+		o.Security.TokensFile, o.Cluster.GossipKey, o.Prefill.Model = tf, key, tinyModel()
+		o.Prefill.Batch.StealInterval = 20 * time.Millisecond
+	})
+	waitClusterSize(t, []*clusterNode{owner, peer}, 2)
+	if done := waitBatch(t, owner.Node, "acme-rw", id); done.Status != "completed" || len(done.Responses) != 2 {
+		t.Fatalf("the tenant's batch run by the peer: %+v", done)
 	}
 }

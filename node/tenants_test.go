@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -39,6 +40,7 @@ tokens:
   - {token: beta-rw, tenant: beta, scopes: [read, write]}
   - {token: beta-admin, tenant: beta, scopes: [read, admin]}
   - {token: ops, scopes: [read, admin]}
+  - {token: ops-rw, scopes: [read, write, admin]}
   - {token: node-to-node, scopes: [cluster, read, write]}
 `))
 	if err != nil {
@@ -241,7 +243,7 @@ func TestTenantsIsolated(t *testing.T) {
 		"rw token":                 {rawTenantAPI(t, nodes[0].GRPCAddr(), "acme-rw"), &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied, kvmeshv1.ErrorReason_ERROR_REASON_SCOPE_MISSING},
 		"other tenant's digest":    {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: digest, Quota: quota}, codes.PermissionDenied, kvmeshv1.ErrorReason_ERROR_REASON_NAMESPACE_FORBIDDEN},
 		"unknown digest":           {betaAdmin, &kvmeshv1.SetQuotaRequest{Digest: 12345, Quota: quota}, codes.PermissionDenied, kvmeshv1.ErrorReason_ERROR_REASON_NAMESPACE_FORBIDDEN},
-		"other tenant's namespace": {betaAdmin, &kvmeshv1.SetQuotaRequest{Namespace: client.NamespaceProto(acmeNS), Quota: quota}, codes.OK, 0},
+		"other tenant's namespace": {betaAdmin, &kvmeshv1.SetQuotaRequest{Namespace: client.NamespaceProto(acmeNS), Quota: quota}, codes.FailedPrecondition, 0},
 		"drop by other's digest":   {betaAdmin, nil, codes.PermissionDenied, kvmeshv1.ErrorReason_ERROR_REASON_NAMESPACE_FORBIDDEN},
 		"cluster method as tenant": {betaAdmin, nil, codes.PermissionDenied, kvmeshv1.ErrorReason_ERROR_REASON_SCOPE_MISSING},
 	} {
@@ -259,12 +261,12 @@ func TestTenantsIsolated(t *testing.T) {
 		if status.Code(err) != tc.want {
 			t.Errorf("%s: %v, want %v", name, err, tc.want)
 		}
-		if tc.want != codes.OK {
+		if tc.want != codes.OK && tc.reason != 0 {
 			wantRefusal(t, err, tc.want, tc.reason)
 		}
 	}
-	// beta's quota "on acme's namespace" landed on beta's own salted copy:
-	// acme still reads every block.
+	// beta's quota "on acme's namespace" named beta's own salted copy,
+	// which holds no blocks: refused, and acme still reads every block.
 	waitHit(t, tenantDial(t, nodes[0], "acme-r", client.TransportGRPC), tokens, blocks)
 	acmeAdmin := rawTenantAPI(t, nodes[0].GRPCAddr(), "acme-admin")
 	if r, err := acmeAdmin.admin.DropNamespace(ctx, &kvmeshv1.DropNamespaceRequest{Digest: digest}); err != nil || r.GetDroppedBlocks() == 0 {
@@ -396,6 +398,134 @@ func TestSetTokensFile(t *testing.T) {
 		}
 		if _, err := whoami("delta"); status.Code(err) != codes.Unauthenticated {
 			t.Errorf("a refused reload (%s) took effect: %v", name, err)
+		}
+	}
+}
+
+// TestReloadClosesRevoked: a reloaded tokens file that drops a token closes
+// the data-plane and shared-memory connections it opened at once (a
+// pooled connection would otherwise read on until it idled out); the
+// tokens kept keep their connections.
+func TestReloadClosesRevoked(t *testing.T) {
+	tf := tenantsFile(t)
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) {
+		o.Security.TokensFile, o.Cluster.GossipKey = tf, []byte("fedcba9876543210fedcba9876543210")
+	})
+	ctx := context.Background()
+	keys := []prefixhash.Key{{1}}
+	tcp := map[string]*transfer.Client{}
+	shm := map[string]*transfer.ShmClient{}
+	for _, tok := range []string{"acme-r", "beta-rw"} {
+		c, err := transfer.NewClient(n.DataAddr(), &transfer.ClientOptions{Token: tok, MaxConns: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if r, err := c.Get(ctx, keys); err != nil {
+			t.Fatalf("%s: TCP get: %v", tok, err)
+		} else {
+			r.Release()
+		}
+		tcp[tok] = c
+		if shm[tok], err = transfer.DialShm(ctx, n.ShmSocket(), &transfer.ShmClientOptions{Token: tok}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { shm[tok].Close() })
+	}
+	f, err := auth.ParseFile([]byte(`secret: "0123456789abcdef0123456789abcdef-test"
+tokens:
+  - {token: beta-rw, tenant: beta, scopes: [read, write]}
+  - {token: node-to-node, scopes: [cluster, read, write]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.SetTokensFile(f); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := tcp["acme-r"].Get(ctx, keys); err == nil {
+		r.Release()
+		t.Error("a dropped token still reads on its open data-plane connection")
+	}
+	if r, err := shm["acme-r"].Get(ctx, keys); err == nil {
+		r.Release()
+		t.Error("a dropped token still reads on its open shared-memory connection")
+	}
+	if r, err := tcp["beta-rw"].Get(ctx, keys); err != nil {
+		t.Errorf("a kept token's TCP get: %v", err)
+	} else {
+		r.Release()
+	}
+	if r, err := shm["beta-rw"].Get(ctx, keys); err != nil {
+		t.Errorf("a kept token's shared-memory get: %v", err)
+	} else {
+		r.Release()
+	}
+}
+
+// TestTenantCannotPlantNodeWide: a tenant writes, over the data plane and
+// with its own tag, blocks under the keys and namespace digest of a
+// node-wide prompt (neither is salted), and sets a 1-byte quota on that
+// digest. A node-wide reader is not served them (its lookup and get miss);
+// the node-wide write of the prompt takes the keys and the digest back and
+// is not held to the tenant's quota; a quota on a digest the tenant holds
+// nothing of is refused.
+func TestTenantCannotPlantNodeWide(t *testing.T) {
+	n := openClusterNode(t, t.TempDir(), "n", nil, func(o *Options) {
+		o.Security.TokensFile, o.Cluster.GossipKey = tenantsFile(t), []byte("fedcba9876543210fedcba9876543210")
+	})
+	ctx := context.Background()
+	const blocks = 4
+	tokens, payloads := clusterPrompt(91, blocks)
+	forged := make([][]byte, blocks)
+	keys := make([]prefixhash.Key, blocks)
+	vals := make([][]byte, blocks)
+	parent := clusterNS.Root()
+	for i := range blocks {
+		forged[i] = bytes.Repeat([]byte{0x66}, len(payloads[i]))
+		b, k, err := block.EncodeTenant(nil, auth.TagOf("acme"), clusterNS, parent, tokens[i*clusterNS.BlockTokens:(i+1)*clusterNS.BlockTokens], forged[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[i], vals[i], parent = k, b, k
+	}
+	acme, err := transfer.NewClient(n.DataAddr(), &transfer.ClientOptions{Token: "acme-rw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer acme.Close()
+	if st, err := acme.Put(ctx, keys, vals); err != nil || st[0] != transfer.StatusOK {
+		t.Fatalf("the tenant's plant: %v %v", st, err)
+	}
+	acmeAdmin := rawTenantAPI(t, n.GRPCAddr(), "acme-admin")
+	if _, err := acmeAdmin.admin.SetQuota(ctx, &kvmeshv1.SetQuotaRequest{Digest: clusterNS.Digest(), Quota: &kvmeshv1.Quota{DramBytes: 1, NvmeBytes: 1}}); err != nil {
+		t.Fatalf("acme's quota on the digest it holds blocks of: %v", err)
+	}
+	if _, err := acmeAdmin.admin.SetQuota(ctx, &kvmeshv1.SetQuotaRequest{Digest: 0x1234, Quota: &kvmeshv1.Quota{DramBytes: 1}}); status.Code(err) == codes.OK {
+		t.Error("a tenant's quota on a digest that holds nothing was accepted")
+	}
+
+	for _, transport := range []string{client.TransportGRPC, client.TransportTCP, client.TransportAuto} {
+		ops := tenantDial(t, n, "ops", transport)
+		if l, err := ops.Lookup(ctx, clusterNS, client.Prompt{Tokens: tokens}); err != nil || l.CachedBlocks != 0 {
+			t.Errorf("%s: a node-wide lookup found %d of the tenant's blocks (%v)", transport, l.CachedBlocks, err)
+		}
+		if got, err := ops.Get(ctx, clusterNS, client.Prompt{Tokens: tokens}); err != nil || len(got) != 0 {
+			t.Errorf("%s: a node-wide get was served %d of the tenant's blocks (%v)", transport, len(got), err)
+		}
+	}
+	// Node-wide data takes its keys back, under no tenant's quota.
+	opsRW := tenantDial(t, n, "ops-rw", client.TransportTCP)
+	if _, err := opsRW.Put(ctx, clusterNS, client.Prompt{Tokens: tokens}, payloads); err != nil {
+		t.Fatalf("the node-wide put of the prompt: %v", err)
+	}
+	got, err := tenantDial(t, n, "ops", client.TransportGRPC).Get(ctx, clusterNS, client.Prompt{Tokens: tokens})
+	if err != nil || len(got) != blocks {
+		t.Fatalf("node-wide get after the put: %d blocks, %v", len(got), err)
+	}
+	for i := range got {
+		if !bytes.Equal(got[i].Payload, payloads[i]) {
+			t.Fatalf("block %d: the node-wide reader got the tenant's bytes", i)
 		}
 	}
 }

@@ -46,6 +46,19 @@ type Node interface {
 	// queued batches a peer could take now (a coarse value: each change is
 	// gossiped to the whole cluster).
 	AdvertiseBacklog(n int)
+	// Vouch returns the value (VouchHeader) with which this node vouches,
+	// toward a peer it calls with the cluster credential, for p making the
+	// request what (method and path); "" when the node has no tokens file
+	// (no tenants: the cluster credential is all a peer needs).
+	Vouch(p auth.Principal, what string) string
+	// Vouched checks a peer's VouchHeader value for the request what and
+	// returns the principal it vouches for (auth.File.Vouched).
+	Vouched(v, what string) (auth.Principal, error)
+	// Tenant returns the principal of the named tenant as this node's
+	// tokens file derives it (its salt and tag); false when the node knows
+	// no such tenant. A node that runs a peer's batch derives the tenant's
+	// salt so, rather than being sent it.
+	Tenant(name string) (auth.Principal, bool)
 }
 
 // Lender is a peer that advertises queued batches nobody runs.
@@ -89,8 +102,10 @@ type API struct {
 	chatML    bool
 	endOfTurn [][]uint32
 	// admit bounds the requests that run or wait for the engine.
-	admit   chan struct{}
-	metrics *metrics
+	admit chan struct{}
+	// inflight bounds the request bodies being read and decoded (body.go).
+	inflight *budget
+	metrics  *metrics
 
 	// batches are the asynchronous API's, in Options.DB; workers run them.
 	batches      *batches
@@ -122,17 +137,22 @@ func New(n Node, opts Options) (*API, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.MaxInFlightBytes <= 0 {
+		opts.MaxInFlightBytes = DefaultMaxInFlightBytes
+	}
 	b, err := openBatches(opts.DB, opts.Batch, time.Now, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
-	secret, err := loadCallbackSecret(opts.DataDir)
-	if err != nil {
-		b.close()
-		return nil, err
+	secret := opts.CallbackSecret
+	if len(secret) == 0 {
+		if secret, err = loadCallbackSecret(opts.DataDir); err != nil {
+			b.close()
+			return nil, err
+		}
 	}
 	o := &API{n: n, opts: opts, engine: opts.Engine, log: opts.Logger, model: opts.Engine.Namespace().Model, tok: opts.Tokenizer,
-		admit: make(chan struct{}, opts.Concurrency+opts.MaxWaiting), batches: b,
+		admit: make(chan struct{}, opts.Concurrency+opts.MaxWaiting), batches: b, inflight: newBudget(opts.MaxInFlightBytes),
 		peerHTTP: &http.Client{Transport: &http.Transport{TLSClientConfig: opts.PeerTLS, MaxIdleConnsPerHost: 4,
 			IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: time.Minute}}}
 	o.endOfTurn, o.chatML = endsOfTurn(o.tok, opts.EOS)
@@ -183,8 +203,28 @@ func (o *API) Close() {
 	})
 }
 
-// authorize checks r's credentials for need through the node.
+// VouchHeader carries a node's vouch for the caller it acts for toward a
+// peer (Node.Vouch): the peer acts as that caller, never on a bearer token
+// the first node passed on.
+const VouchHeader = "X-Kvmesh-Vouch"
+
+// authorize checks r's credentials for need through the node. A request
+// that carries VouchHeader must come with the cluster credential, and runs
+// as the principal the vouch names, which must hold need.
 func (o *API) authorize(r *http.Request, what string, need auth.Scope) (auth.Principal, error) {
+	if v := r.Header.Get(VouchHeader); v != "" {
+		if _, err := o.n.Authorize(r.Header.Values("Authorization"), what, auth.Cluster); err != nil {
+			return auth.Principal{}, newHTTPError(http.StatusForbidden, "", "insufficient_scope", "a vouched request needs the cluster credential")
+		}
+		who, err := o.n.Vouched(v, what)
+		if err != nil {
+			return auth.Principal{}, newHTTPError(http.StatusForbidden, "", "invalid_vouch", "%v", err)
+		}
+		if !who.Can(need) {
+			return who, newHTTPError(http.StatusForbidden, "", "insufficient_scope", "the caller vouched for lacks the %s scope", need)
+		}
+		return who, nil
+	}
 	who, err := o.n.Authorize(r.Header.Values("Authorization"), what, need)
 	if err == nil {
 		return who, nil

@@ -29,10 +29,15 @@ func (fakeNode) Stopping() bool { return false }
 func (fakeNode) Foreground() func() {
 	return func() {}
 }
-func (fakeNode) Flush(context.Context) error { return nil }
-func (fakeNode) Peers() []string             { return nil }
-func (fakeNode) Lenders() []Lender           { return nil }
-func (fakeNode) AdvertiseBacklog(int)        {}
+func (fakeNode) Flush(context.Context) error          { return nil }
+func (fakeNode) Peers() []string                      { return nil }
+func (fakeNode) Vouch(auth.Principal, string) string  { return "" }
+func (fakeNode) Tenant(string) (auth.Principal, bool) { return auth.Principal{}, false }
+func (fakeNode) Vouched(string, string) (auth.Principal, error) {
+	return auth.Principal{}, auth.ErrVouch
+}
+func (fakeNode) Lenders() []Lender    { return nil }
+func (fakeNode) AdvertiseBacklog(int) {}
 func (fakeNode) Authorize([]string, string, auth.Scope) (auth.Principal, error) {
 	return auth.Open, nil
 }

@@ -158,7 +158,7 @@ func (o *API) status(w http.ResponseWriter, r *http.Request, who auth.Principal)
 	m, resps, err := o.batches.get(id, ownerOf(who))
 	switch {
 	case errors.Is(err, errBatchNotFound):
-		if o.askPeers(w, r) { // a batch another node stored: it answers
+		if o.askPeers(w, r, who) { // a batch another node stored: it answers
 			return nil
 		}
 		return batchNotFound(id)
@@ -176,7 +176,7 @@ func (o *API) cancelBatch(w http.ResponseWriter, r *http.Request, who auth.Princ
 	state, err := o.batches.cancel(id, ownerOf(who))
 	switch {
 	case errors.Is(err, errBatchNotFound):
-		if o.askPeers(w, r) {
+		if o.askPeers(w, r, who) {
 			return nil
 		}
 		return batchNotFound(id)
@@ -196,7 +196,7 @@ func (o *API) submit(w http.ResponseWriter, r *http.Request, who auth.Principal)
 		Requests    []json.RawMessage `json:"requests"`
 		CallbackURL *string           `json:"callback_url"`
 	}
-	if err := decodeBody(w, r, &body, lim.MaxBodyBytes); err != nil {
+	if err := o.decodeBody(w, r, &body, lim.MaxBodyBytes); err != nil {
 		return err
 	}
 	switch {
@@ -216,7 +216,7 @@ func (o *API) submit(w http.ResponseWriter, r *http.Request, who auth.Principal)
 	}
 	stored := make([][]byte, len(body.Requests))
 	for i, raw := range body.Requests {
-		kind, err := o.checkQueued(raw)
+		kind, canon, err := o.checkQueued(raw)
 		if err != nil {
 			var he *httpError
 			if errors.As(err, &he) {
@@ -228,7 +228,7 @@ func (o *API) submit(w http.ResponseWriter, r *http.Request, who auth.Principal)
 			}
 			return err
 		}
-		stored[i] = append([]byte{kind}, raw...)
+		stored[i] = append([]byte{kind}, canon...)
 	}
 	m, err := o.batches.submit(owner, stored, callback)
 	switch {
@@ -248,19 +248,24 @@ func (o *API) submit(w http.ResponseWriter, r *http.Request, who auth.Principal)
 }
 
 // checkQueued checks one request of a batch as its endpoint would and
-// returns its kind: 'c' (chat) or 't' (completion).
-func (o *API) checkQueued(raw json.RawMessage) (byte, error) {
+// returns its kind, 'c' (chat) or 't' (completion), and the request as it
+// is stored (canonicalRequest: what the API knows of it, nothing else).
+func (o *API) checkQueued(raw json.RawMessage) (byte, []byte, error) {
 	req, kind, err := decodeQueued(raw)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if req.Stream {
-		return 0, badRequest("stream", "stream: a queued request cannot be streamed")
+		return 0, nil, badRequest("stream", "stream: a queued request cannot be streamed")
 	}
 	if _, err := o.check(req, kind == 'c', ""); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return kind, nil
+	canon, err := canonicalRequest(req)
+	if err != nil {
+		return 0, nil, badRequest("", "%v", err)
+	}
+	return kind, canon, nil
 }
 
 // decodeQueued decodes a request of a batch and tells its kind by its

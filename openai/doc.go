@@ -1,6 +1,7 @@
 // Package openai is kvmesh's OpenAI-compatible HTTP API over a node's
 // prefill engine: /v1/models, /v1/completions and /v1/chat/completions
-// (whole or streamed, usage with prompt_tokens_details.cached_tokens),
+// (whole or streamed, usage with prompt_tokens_details.cached_tokens and,
+// when the engine decodes speculatively, completion_tokens_details),
 // kvmesh's lookup beside them (LookupPath, for routers), and the
 // asynchronous API (POST /v1/queue: batches stored durably, run only while
 // the engine is idle, pulled by idle peers, announced by signed callbacks).
@@ -16,13 +17,26 @@
 // implements Node and mounts the API (Register; RegisterDisabled on a node
 // without an engine), each route one http.ServeMux pattern.
 //
+// Bodies (body.go): each endpoint caps its body before reading it (413),
+// charges it to Options.MaxInFlightBytes before its first byte (503 when
+// there is no room), refuses JSON nested deeper than MaxJSONDepth, and a
+// batch's requests are stored with the fields the API knows only.
+//
 // Files: api.go (Node, New and the lifecycle), options.go, routes.go (the
 // routes, authorization, metrics per route), openai.go (completions),
 // request.go (checking a completion request), wire.go (wire types and
 // the error object), stream.go (server-sent events), batch_api.go (the
 // asynchronous API's endpoints and workers), batch.go (the batches'
 // store), steal.go (work stealing between nodes), callback.go (signed
-// callbacks).
+// callbacks), body.go (reading bodies within their caps and budget),
+// server.go (the HTTP server both a node and a router serve it with: read,
+// write and idle timeouts that do not cut a long generation).
+//
+// Errors speak the API's terms: OpenAI's error object with the parameter
+// at fault, the shape a value should have in JSON's words (never a Go type
+// name), 404 for any path no route serves (NotFound, which says the API is
+// under /v1/ when the path is outside it), and tool calling refused with
+// 400 unsupported_parameter rather than ignored.
 //
 // Invariants. A completion needs the write scope (it publishes the blocks
 // it computes), a lookup or a list the read scope, a peer's lease call the

@@ -238,7 +238,7 @@ func (o *API) generateError(r *http.Request, j *job, sse *sseWriter, err error) 
 	case errors.Is(err, prefill.ErrClosed):
 		he = newHTTPError(http.StatusServiceUnavailable, "", "", "the node is shutting down; retry on another node")
 	case r.Context().Err() != nil, sse != nil && sse.err != nil:
-		o.log.Info("openai: the client left", "path", r.URL.Path, "session", j.session, "err", err)
+		o.log.Info("openai: the client left", "path", clip(r.URL.Path), "session", j.session, "err", err)
 		return nil
 	default:
 		return err
@@ -275,6 +275,11 @@ func (o *API) answerWhole(w http.ResponseWriter, resp responseJSON, chat bool, t
 	h.Set("X-Kvmesh-Prefill-Ms", strconv.FormatFloat(ms(g.Prefill), 'f', 3, 64))
 	h.Set("X-Kvmesh-Ttft-Ms", strconv.FormatFloat(ms(g.TTFT), 'f', 3, 64))
 	h.Set("X-Kvmesh-Decode-Ms", strconv.FormatFloat(ms(g.Decode), 'f', 3, 64))
+	if g.Speculative != "" {
+		h.Set("X-Kvmesh-Speculative", g.Speculative)
+		h.Set("X-Kvmesh-Proposed-Tokens", strconv.Itoa(g.Proposed))
+		h.Set("X-Kvmesh-Accepted-Tokens", strconv.Itoa(g.Accepted))
+	}
 	WriteJSON(w, http.StatusOK, whole(resp, chat, text, g))
 }
 

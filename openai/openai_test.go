@@ -23,7 +23,7 @@ func FuzzOpenAIRequest(f *testing.F) {
 		f.Add(s, true)
 	}
 	e := newTestEngine(f)
-	o := &API{engine: e, model: e.Namespace().Model, tok: tokenizer.Bytes{}}
+	o := &API{engine: e, model: e.Namespace().Model, tok: tokenizer.Bytes{}, inflight: newBudget(DefaultMaxInFlightBytes)}
 	f.Fuzz(func(t *testing.T, body string, chat bool) {
 		r, err := http.NewRequest("POST", "/v1/completions", strings.NewReader(body))
 		if err != nil {

@@ -30,11 +30,24 @@ type Options struct {
 	Concurrency, MaxWaiting int
 	// Batch bounds the asynchronous API (POST /v1/queue).
 	Batch BatchOptions
+	// MaxInFlightBytes bounds, in bytes, what the requests being read and
+	// decoded hold at once: each is charged four times its body (its
+	// Content-Length, or its endpoint's limit when it has none) before its
+	// first byte is read, and one with no room within a second is answered
+	// 503 (body.go). Default DefaultMaxInFlightBytes.
+	MaxInFlightBytes int64
 	// DB keeps the batches, under keys of their own (batches); the caller
 	// owns it and closes it after Close.
 	DB *pebble.DB
-	// DataDir holds the callback secret (DataDir/callback-secret).
+	// DataDir holds the callback secret (DataDir/callback-secret) when
+	// CallbackSecret is not set.
 	DataDir string
+	// CallbackSecret derives the tenants' callback keys (CallbackKey). Set
+	// it to a secret every node of the cluster shares (the node derives
+	// one from its tokens file's secret, or its gossip key), so that a
+	// callback verifies with the same key whichever node delivers it.
+	// Default: a secret of this node's own, made once in DataDir.
+	CallbackSecret []byte
 	// Alone says the node has no peers: its workers pull no batches.
 	Alone bool
 	// PeerHTTPS, PeerTLS and PeerToken are how the peers' HTTP addresses
@@ -67,7 +80,8 @@ type BatchOptions struct {
 	// ResultTTL is how long a finished batch's responses are kept, from
 	// when it finished; then GET answers 404. Default 24h.
 	ResultTTL time.Duration
-	// CallbackAllow are the hosts (HOST, any port, or HOST:PORT) a
+	// CallbackAllow are the hosts (HOST: the scheme's default port only;
+	// or HOST:PORT) a
 	// callback_url may name; others are refused with 400. Default none:
 	// every callback_url is refused.
 	CallbackAllow []string
@@ -90,6 +104,9 @@ type BatchOptions struct {
 	// Default 30s.
 	LeaseTTL time.Duration
 }
+
+// DefaultMaxInFlightBytes is Options.MaxInFlightBytes' default.
+const DefaultMaxInFlightBytes = 256 << 20
 
 // Defaults of BatchOptions.
 const (

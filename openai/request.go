@@ -3,10 +3,9 @@ package openai
 import (
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/prefill"
@@ -31,38 +30,17 @@ type completionRequest struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	Echo bool `json:"echo"`
+	// Tool calling, refused: the engine calls no tools, and answering as
+	// if the tools were not there would mislead the caller.
+	Tools        json.RawMessage `json:"tools"`
+	ToolChoice   json.RawMessage `json:"tool_choice"`
+	Functions    json.RawMessage `json:"functions"`
+	FunctionCall json.RawMessage `json:"function_call"`
 }
 
 type chatMessage struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
-}
-
-// decodeBody reads a JSON body of at most limit bytes into v.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
-	body := http.MaxBytesReader(w, r.Body, limit)
-	dec := json.NewDecoder(body)
-	err := dec.Decode(v)
-	if err == nil {
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("data after the JSON object")
-		}
-	}
-	var (
-		tooBig  *http.MaxBytesError
-		typeErr *json.UnmarshalTypeError
-	)
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &tooBig):
-		return newHTTPError(http.StatusRequestEntityTooLarge, "", "request_too_large", "the request body is over %d bytes", tooBig.Limit)
-	case errors.As(err, &typeErr):
-		return badRequest(typeErr.Field, "%s: expected %s, got JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
-	case errors.Is(err, io.EOF):
-		return badRequest("", "the request body is empty; send a JSON object")
-	}
-	return badRequest("", "the request body is not valid JSON: %v", err)
 }
 
 // job is a checked completion request.
@@ -77,7 +55,7 @@ type job struct {
 
 func (o *API) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job, error) {
 	var req completionRequest
-	if err := decodeBody(w, r, &req, MaxBodyBytes); err != nil {
+	if err := o.decodeBody(w, r, &req, MaxBodyBytes); err != nil {
 		return nil, err
 	}
 	return o.check(&req, chat, r.Header.Get(SessionHeader))
@@ -95,6 +73,9 @@ func (o *API) check(req *completionRequest, chat bool, session string) (*job, er
 		return nil, badRequest("n", "n must be 1: this server generates one choice per request")
 	case req.Echo:
 		return nil, badRequest("echo", "echo is not supported")
+	}
+	if err := refuseTools(req); err != nil {
+		return nil, err
 	}
 	var err error
 	if chat {
@@ -177,6 +158,78 @@ func (o *API) check(req *completionRequest, chat bool, session string) (*job, er
 	return j, nil
 }
 
+// refuseTools refuses tool calling with 400 unsupported_parameter: the
+// engine never calls a tool, so a request that offers tools (or the legacy
+// functions) or asks for a tool_choice other than "none" cannot be answered
+// as asked. An empty list and "none" are accepted.
+func refuseTools(req *completionRequest) error {
+	for _, p := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"tools", req.Tools}, {"functions", req.Functions}} {
+		var list []json.RawMessage
+		if isNull(p.raw) || json.Unmarshal(p.raw, &list) == nil && len(list) == 0 {
+			continue
+		}
+		return badRequest(p.name, "%s: this server's model does not call tools; send the request without %s", p.name, p.name).withCode("unsupported_parameter")
+	}
+	for _, p := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"tool_choice", req.ToolChoice}, {"function_call", req.FunctionCall}} {
+		var s string
+		if isNull(p.raw) || json.Unmarshal(p.raw, &s) == nil && s == "none" {
+			continue
+		}
+		return badRequest(p.name, "%s: this server's model does not call tools; leave %s out (or \"none\")", p.name, p.name).withCode("unsupported_parameter")
+	}
+	return nil
+}
+
+func isNull(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
+
+// jsonKind names what raw holds, in JSON's words: for messages about a
+// value of the wrong shape, without Go's.
+func jsonKind(raw []byte) string {
+	s := strings.TrimSpace(string(raw))
+	switch {
+	case s == "":
+		return "nothing"
+	case s == "null":
+		return "null"
+	case s == "true" || s == "false":
+		return "a boolean"
+	case s[0] == '"':
+		return "a string"
+	case s[0] == '[':
+		return "an array"
+	case s[0] == '{':
+		return "an object"
+	}
+	return "a number"
+}
+
+// jsonType names the JSON a Go type reads, for decode errors.
+func jsonType(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	}
+	return "an object"
+}
+
 // completionPrompt reads /v1/completions' prompt: a string, an array of one
 // string, an array of token ids, or an array of one array of token ids.
 func completionPrompt(tok tokenizer.Tokenizer, raw json.RawMessage) ([]uint32, error) {
@@ -217,12 +270,24 @@ func chatPrompt(tok tokenizer.Tokenizer, chatML bool, raw json.RawMessage) ([]ui
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badRequest("messages", "messages is required: an array of {role, content}")
 	}
-	var msgs []chatMessage
-	if err := json.Unmarshal(raw, &msgs); err != nil {
-		return nil, badRequest("messages", "messages must be an array of {\"role\": string, \"content\": string or array of text parts}: %v", err)
+	const shape = `{"role": string, "content": string or array of text parts}`
+	var elems []json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, badRequest("messages", "messages must be an array of %s, got %s", shape, jsonKind(raw))
 	}
-	if len(msgs) == 0 {
+	if len(elems) == 0 {
 		return nil, badRequest("messages", "messages is empty")
+	}
+	msgs := make([]chatMessage, len(elems))
+	for i, e := range elems {
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(e, &fields) != nil {
+			return nil, badRequest(fmt.Sprintf("messages[%d]", i), "messages[%d] must be an object %s, got %s", i, shape, jsonKind(e))
+		}
+		if r, ok := fields["role"]; !ok || json.Unmarshal(r, &msgs[i].Role) != nil {
+			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d].role must be a string (system, developer, user, assistant or tool), got %s", i, jsonKind(r))
+		}
+		msgs[i].Content = fields["content"]
 	}
 	var b strings.Builder
 	chat, _ := tok.(tokenizer.Chatter)
@@ -272,7 +337,7 @@ func messageText(raw json.RawMessage) (string, error) {
 		Text *string `json:"text"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", errors.New("must be a string or an array of text parts")
+		return "", fmt.Errorf(`must be a string or an array of text parts ({"type": "text", "text": string}), got %s`, jsonKind(raw))
 	}
 	var b strings.Builder
 	for _, p := range parts {

@@ -44,6 +44,9 @@ func (o *API) Register(mux *http.ServeMux) {
 	}
 	route(LookupPath+"/", LookupPath, notFound)
 	route("/v1/", "other", notFound)
+	// Outside /v1/ (a client whose base URL lacks /v1): no credentials
+	// asked, OpenAI's 404 all the same.
+	mux.HandleFunc("/", NotFound)
 
 	mux.Handle("POST "+internalQueuePath+"claim", o.internal(o.lend))
 	mux.Handle("POST "+internalQueuePath+"{id}/answer", o.internal(o.answerLeased))
@@ -60,6 +63,7 @@ func RegisterDisabled(mux *http.ServeMux) {
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, _ *http.Request) {
 		WriteError(w, http.StatusServiceUnavailable, "this node runs no engine (Prefill.Disabled)", "server_error", "", "engine_disabled")
 	})
+	mux.HandleFunc("/", NotFound)
 	mux.HandleFunc("POST "+internalQueuePath, func(w http.ResponseWriter, _ *http.Request) {
 		WriteError(w, http.StatusServiceUnavailable, "this node runs no queue", "server_error", "", "")
 	})
@@ -109,7 +113,7 @@ func (o *API) answerError(w *statusWriter, r *http.Request, err error) {
 	var he *httpError
 	if !errors.As(err, &he) {
 		he = newHTTPError(http.StatusInternalServerError, "", "", "%v", err)
-		o.log.Error("openai: request failed", "path", r.URL.Path, "err", err)
+		o.log.Error("openai: request failed", "path", clip(r.URL.Path), "err", err)
 	}
 	if w.code == 0 {
 		if he.retryAfter > 0 {
@@ -120,7 +124,7 @@ func (o *API) answerError(w *statusWriter, r *http.Request, err error) {
 		}{he.apiError})
 	}
 	if he.status != http.StatusInternalServerError {
-		o.log.Info("openai: request refused", "path", r.URL.Path, "status", he.status, "err", he.Message)
+		o.log.Info("openai: request refused", "path", clip(r.URL.Path), "status", he.status, "err", he.Message)
 	}
 }
 
@@ -134,6 +138,23 @@ func methodNotAllowed(allow, use string) handler {
 }
 
 func notFound(_ http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+	return unknownURL(r)
+}
+
+// NotFound answers a path no route serves with OpenAI's 404 error object,
+// saying where the API is when the path is outside /v1/ (an SDK whose base
+// URL lacks /v1). The router answers its unknown paths with it too.
+func NotFound(w http.ResponseWriter, r *http.Request) {
+	he := unknownURL(r)
+	WriteJSON(w, he.status, struct {
+		Error apiError `json:"error"`
+	}{he.apiError})
+}
+
+func unknownURL(r *http.Request) *httpError {
+	if !strings.HasPrefix(r.URL.Path, "/v1/") {
+		return newHTTPError(http.StatusNotFound, "", "unknown_url", "no such path: %s %s; the OpenAI API is under /v1/: set the client's base URL to http://%s/v1", r.Method, r.URL.Path, r.Host)
+	}
 	return newHTTPError(http.StatusNotFound, "", "unknown_url", "no such path: %s %s (this node serves /v1/models, /v1/completions, /v1/chat/completions and /v1/queue)", r.Method, r.URL.Path)
 }
 

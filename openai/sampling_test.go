@@ -26,7 +26,8 @@ func TestSamplingDefaults(t *testing.T) {
 		{model, `{"model":"kvmesh","prompt":"hi","top_p":0.5}`, 0.6, 0.5},
 		{prefill.SamplingDefaults{}, `{"model":"kvmesh","prompt":"hi"}`, 1, 0}, // OpenAI's: top_p 0 reads as 1
 	} {
-		o := &API{opts: Options{Sampling: c.sampling}, engine: e, model: e.Namespace().Model, tok: tokenizer.Bytes{}}
+		o := &API{opts: Options{Sampling: c.sampling}, engine: e, model: e.Namespace().Model, tok: tokenizer.Bytes{},
+			inflight: newBudget(DefaultMaxInFlightBytes)}
 		r, err := http.NewRequest("POST", "/v1/completions", strings.NewReader(c.body))
 		if err != nil {
 			t.Fatal(err)

@@ -89,7 +89,7 @@ func (o *API) internal(fn func(w http.ResponseWriter, r *http.Request, call leas
 		var he *httpError
 		if !errors.As(err, &he) {
 			he = newHTTPError(http.StatusInternalServerError, "", "", "%v", err)
-			o.log.Error("queue: a peer's request failed", "path", r.URL.Path, "err", err)
+			o.log.Error("queue: a peer's request failed", "path", clip(r.URL.Path), "err", err)
 		}
 		WriteJSON(w, he.status, struct {
 			Error apiError `json:"error"`
@@ -105,7 +105,7 @@ func (o *API) internalCall(w http.ResponseWriter, r *http.Request, fn func(w htt
 		return newHTTPError(http.StatusForbidden, "", "insufficient_scope", "the internal queue API needs the cluster credential")
 	}
 	var call leaseCall
-	if err := decodeBody(w, r, &call, o.opts.Batch.MaxBodyBytes); err != nil {
+	if err := o.decodeBody(w, r, &call, o.opts.Batch.MaxBodyBytes); err != nil {
 		return err
 	}
 	if call.Node == "" || call.Node == o.n.ID() {
@@ -142,7 +142,7 @@ func (o *API) releaseLease(w http.ResponseWriter, r *http.Request, call leaseCal
 	if err := o.batches.releaseLease(id, call.Node); err != nil {
 		return leaseError(err)
 	}
-	o.log.Info("queue: a peer gave a batch back", "id", id, "peer", call.Node)
+	o.log.Info("queue: a peer gave a batch back", "id", clip(id), "peer", clip(call.Node))
 	WriteJSON(w, http.StatusOK, struct{}{})
 	return nil
 }
@@ -175,7 +175,10 @@ func (o *API) lend(w http.ResponseWriter, _ *http.Request, call leaseCall) error
 	if m.Runs == 1 {
 		o.batchMetrics.wait.Observe(m.Started.Sub(m.Enqueued).Seconds())
 	}
-	out := stolenBatch{RequestID: m.ID, Owner: m.Owner, N: m.N, Done: m.Done, Runs: m.Runs, LeaseMs: b.opts.LeaseTTL.Milliseconds()}
+	// The tenant's name and tag, never its salt: the claimer derives that
+	// from its own tokens file (Node.Tenant), so it crosses no network.
+	owner := queueOwner{Tenant: m.Owner.Tenant, Tag: m.Owner.Tag}
+	out := stolenBatch{RequestID: m.ID, Owner: owner, N: m.N, Done: m.Done, Runs: m.Runs, LeaseMs: b.opts.LeaseTTL.Milliseconds()}
 	for i := m.Done; i < m.N; i++ {
 		req, err := b.request(m.ID, i)
 		if err != nil {
@@ -185,7 +188,7 @@ func (o *API) lend(w http.ResponseWriter, _ *http.Request, call leaseCall) error
 		out.Requests = append(out.Requests, req)
 	}
 	o.batchMetrics.steals.WithLabelValues("lent").Inc()
-	o.log.Info("queue: lent a batch to a peer", "id", m.ID, "peer", peer, "from", m.Done, "requests", m.N)
+	o.log.Info("queue: lent a batch to a peer", "id", m.ID, "peer", clip(peer), "from", m.Done, "requests", m.N)
 	WriteJSON(w, http.StatusOK, out)
 	return nil
 }
@@ -212,7 +215,7 @@ func (o *API) peerRequest(ctx context.Context, method, addr, path string, body a
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	if tok := o.opts.PeerToken; tok != "" && header.Get("Authorization") == "" {
+	if tok := o.opts.PeerToken; tok != "" {
 		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -323,6 +326,17 @@ func (o *API) steal() {
 			continue
 		}
 		o.batchMetrics.claims.WithLabelValues("lent").Inc()
+		if sb.Owner.Tenant != "" {
+			who, ok := o.n.Tenant(sb.Owner.Tenant)
+			if !ok || who.Tag != sb.Owner.Tag {
+				o.log.Warn("queue: a peer lent a batch of a tenant this node does not know; giving it back", "peer", addr, "id", sb.RequestID)
+				ctx, cancel := context.WithTimeout(o.ctx, 2*time.Second)
+				o.leaseCallTo(ctx, addr, internalQueuePath+sb.RequestID+"/release", leaseCall{Node: self}, nil)
+				cancel()
+				continue
+			}
+			sb.Owner.Salt = who.Salt
+		}
 		o.batchMetrics.steals.WithLabelValues("borrowed").Inc()
 		o.log.Info("queue: running a peer's batch", "id", sb.RequestID, "peer", addr, "from", sb.Done, "requests", sb.N)
 		o.runStolen(addr, sb)
@@ -382,16 +396,19 @@ func (o *API) runStolen(addr string, sb stolenBatch) {
 }
 
 // askPeers passes a GET or DELETE of /v1/queue/{id} that this node does
-// not hold to its peers, with the caller's credential, and answers with
-// the first answer that is not 404; false when every peer said 404 (or
-// none answered), or when the request came from a peer already.
-func (o *API) askPeers(w http.ResponseWriter, r *http.Request) bool {
+// not hold to its peers and answers with the first answer that is not 404;
+// false when every peer said 404 (or none answered), or when the request
+// came from a peer already. The caller's bearer token stays here: the peers
+// are called with the cluster credential, this node vouching for who
+// (VouchHeader), so a peer sees the caller's tenant and scopes, and nothing
+// it could use for anything else.
+func (o *API) askPeers(w http.ResponseWriter, r *http.Request, who auth.Principal) bool {
 	if r.Header.Get(ForwardedHeader) != "" {
 		return false
 	}
 	h := http.Header{ForwardedHeader: {"1"}}
-	if a := r.Header.Values("Authorization"); len(a) > 0 {
-		h["Authorization"] = a
+	if v := o.n.Vouch(who, r.Method+" "+r.URL.Path); v != "" {
+		h.Set(VouchHeader, v)
 	}
 	for _, addr := range o.n.Peers() {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)

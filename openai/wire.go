@@ -52,7 +52,9 @@ func errorType(code int) string {
 }
 
 func newHTTPError(code int, param, errCode, format string, args ...any) *httpError {
-	return &httpError{status: code, apiError: apiError{Message: fmt.Sprintf(format, args...), Type: errorType(code),
+	// A message may quote what the caller sent (an id, a model): at most
+	// 1 KiB of it, in the answer and in the log line of the refusal.
+	return &httpError{status: code, apiError: apiError{Message: clipTo(fmt.Sprintf(format, args...), 1<<10), Type: errorType(code),
 		Param: nullable(param), Code: nullable(errCode)}}
 }
 
@@ -127,12 +129,27 @@ type Usage struct {
 	PromptTokensDetails struct {
 		CachedTokens int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
+	// CompletionTokensDetails is set when the engine decoded speculatively
+	// (prefill.Options.Speculative), in OpenAI's shape for predicted
+	// outputs: of the tokens its proposer guessed, those the model
+	// accepted (each one of completion_tokens, counted once) and those it
+	// rejected (never part of the answer).
+	CompletionTokensDetails *CompletionTokensDetails `json:"completion_tokens_details,omitempty"`
+}
+
+// CompletionTokensDetails are the guesses of speculative decoding.
+type CompletionTokensDetails struct {
+	AcceptedPredictionTokens int `json:"accepted_prediction_tokens"`
+	RejectedPredictionTokens int `json:"rejected_prediction_tokens"`
 }
 
 func usageOf(g prefill.Generation) *Usage {
 	u := &Usage{PromptTokens: g.Usage.PromptTokens, CompletionTokens: g.CompletionTokens,
 		TotalTokens: g.Usage.PromptTokens + g.CompletionTokens}
 	u.PromptTokensDetails.CachedTokens = g.Usage.CachedTokens
+	if g.Speculative != "" {
+		u.CompletionTokensDetails = &CompletionTokensDetails{AcceptedPredictionTokens: g.Accepted, RejectedPredictionTokens: g.Proposed - g.Accepted}
+	}
 	return u
 }
 

@@ -24,8 +24,10 @@ type Model interface {
 	// Forward computes positions [start, start+len(tokens)) of a sequence
 	// whose K/V for [0, start) are already in kv: it writes the new
 	// positions' K/V into kv and the logits of the last position into logits
-	// (len cfg.Vocab). len(tokens) ≥ 1, start+len(tokens) ≤ kv.Cap(), every
-	// token < cfg.Vocab. It stops early with ctx's error when ctx is done.
+	// (len cfg.Vocab), or of every new position when logits holds them all
+	// ([len(tokens)][cfg.Vocab]: a speculative step verifies its proposals
+	// so). len(tokens) ≥ 1, start+len(tokens) ≤ kv.Cap(), every token <
+	// cfg.Vocab. It stops early with ctx's error when ctx is done.
 	Forward(ctx context.Context, kv *KV, start int, tokens []uint32, logits []float32) error
 	// Close releases the model's resources (device memory). Forward must not
 	// be running or called after it.

@@ -163,7 +163,7 @@ func (e *Engine) background(ctx context.Context, began time.Time, tokens []uint3
 	for pos := start; pos < n; {
 		end := min(pos+chunk, n)
 		w0 := e.opts.Now()
-		preempted, err := e.backgroundChunk(ctx, kv, pos, tokens[pos:end], res.Logits, &res.Timing, w0)
+		preempted, err := e.backgroundChunk(ctx, e.model, kv, pos, tokens[pos:end], res.Logits, &res.Timing, w0)
 		if err != nil {
 			return Result{}, err
 		}
@@ -186,17 +186,20 @@ func (e *Engine) background(ctx context.Context, began time.Time, tokens []uint3
 	res.TopTokens = topK(res.Logits, TopK)
 	res.Usage.CachedTokens = start
 	res.FLOPs = e.cfg.ForwardFLOPs(start, n-start)
+	if e.draft != nil {
+		e.prefillDraft(ctx, tokens, true)
+	}
 	return res, nil
 }
 
-// backgroundChunk computes positions [pos, pos+len(tokens)) once no
+// backgroundChunk computes positions [pos, pos+len(tokens)) on m once no
 // foreground prefill is active. It reports preempted when one arrived
 // before the chunk was done; the chunk must then be computed again. It adds
 // its waits and compute to timing (w0: when it began waiting). Background
 // chunks take slots of their own (bgSlots), never the foreground's: a
 // foreground prefill starts at once, while the chunk it cancelled runs on to
 // its next check of ctx.
-func (e *Engine) backgroundChunk(ctx context.Context, kv *KV, pos int, tokens []uint32, logits []float32, timing *Timing, w0 time.Time) (preempted bool, err error) {
+func (e *Engine) backgroundChunk(ctx context.Context, m Model, kv *KV, pos int, tokens []uint32, logits []float32, timing *Timing, w0 time.Time) (preempted bool, err error) {
 	bg, err := e.sched.turn(ctx)
 	if err != nil {
 		return false, e.ctxErr(ctx, "waiting for the foreground")
@@ -229,7 +232,7 @@ func (e *Engine) backgroundChunk(ctx context.Context, kv *KV, pos int, tokens []
 		}
 		return true, nil
 	}
-	err = e.model.Forward(cctx, kv, pos, tokens, logits)
+	err = m.Forward(cctx, kv, pos, tokens, logits)
 	<-e.bgSlots
 	timing.Compute += e.opts.Now().Sub(c0)
 	switch {

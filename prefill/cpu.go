@@ -284,8 +284,8 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 		return fmt.Errorf("prefill: forward of positions [%d, %d) with max context %d", start, n, c.MaxContext)
 	case !kv.fits(c, n):
 		return fmt.Errorf("prefill: forward of %d positions into a KV of %d", n, kv.Cap())
-	case len(logits) != c.Vocab:
-		return fmt.Errorf("prefill: logits of length %d for a vocabulary of %d", len(logits), c.Vocab)
+	case len(logits) != c.Vocab && len(logits) != s*c.Vocab:
+		return fmt.Errorf("prefill: logits of length %d for %d positions and a vocabulary of %d", len(logits), s, c.Vocab)
 	}
 	for i, t := range tokens {
 		if int(t) >= c.Vocab {
@@ -391,9 +391,31 @@ func (m *cpuModel) Forward(ctx context.Context, kv *KV, start int, tokens []uint
 			}
 		}
 	}
+	if s > 1 && len(logits) == s*c.Vocab {
+		return m.headAll(ctx, p, sc, x, s, logits)
+	}
 	h := sc.h[:d]
 	rmsNorm(h, x[(s-1)*d:], m.norm, c.NormEps)
 	return p.head(ctx, m.lmHead, h, logits)
+}
+
+// headAll computes the logits of every one of the s positions of x into
+// logits ([s][Vocab]): the final norm of each row, then one product with
+// the LM head per chunk of rows, so that the head is read once for all of
+// them (what makes verifying proposed tokens cheaper than decoding them).
+func (m *cpuModel) headAll(ctx context.Context, p pass, sc *cpuScratch, x []float32, s int, logits []float32) error {
+	d, v := m.cfg.Dim, m.cfg.Vocab
+	for r0 := 0; r0 < s; r0 += rowChunk {
+		rows := min(rowChunk, s-r0)
+		xn := sc.xn[:rows*d]
+		for i := range rows {
+			rmsNorm(xn[i*d:(i+1)*d], x[(r0+i)*d:(r0+i+1)*d], m.norm, m.cfg.NormEps)
+		}
+		if err := p.linear(ctx, m.lmHead, rows, xn, d, 0, logits[r0*v:], v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // attention computes causal grouped-query attention of the s new positions

@@ -40,6 +40,22 @@
 // batching. The tokens depend only on prompt, options and weights, never on
 // where the prefix came from (tested against cold engines and prefills).
 //
+// # Speculative decoding
+//
+// With Options.Speculative a proposer guesses up to K tokens per step —
+// prompt lookup (SpeculateNgram: what followed the last earlier occurrence
+// of the sequence's last 2..4 tokens) or a draft model of the same
+// vocabulary (SpeculateDraft, an engine of its own whose blocks are cached
+// under its own namespace) — and one Forward over K+1 positions returns the
+// logits of every one of them, so the model verifies the guesses at once.
+// The longest accepted prefix is kept, then the model's own next token:
+// greedy, a guess is accepted when it is the model's top token, so the
+// tokens equal those without speculation; sampling, the standard rejection
+// rule (accept with min(1, p/q), else draw from max(p−q, 0)) keeps every
+// token distributed as the model's alone (chi-square tested). The K/V of a
+// rejected guess is overwritten by the next step and never published.
+// Generation.Proposed and Accepted, and Stats, count the guesses.
+//
 // # Invariants
 //
 // A prefix hit changes the cost, never the answer: the logits with any hit

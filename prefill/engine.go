@@ -98,6 +98,9 @@ type Options struct {
 	// sent, and for the next request of a burst to arrive, before queued
 	// work competes for the cores again. Default 5ms; negative: none.
 	BackgroundGrace time.Duration
+	// Speculative configures speculative decoding in Generate. Default:
+	// off, one token per forward pass.
+	Speculative SpeculativeOptions
 	// Logger receives debug records per prefill. Default slog.Default().
 	Logger *slog.Logger
 	// Now is the clock TTFT is measured with. Default time.Now.
@@ -138,6 +141,7 @@ func (o *Options) EnsureDefaults() {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	o.Speculative.EnsureDefaults()
 }
 
 // Validate names the first bad field.
@@ -157,7 +161,7 @@ func (o Options) Validate() error {
 	case len(o.TenantSalt) > prefixhash.MaxSaltLen:
 		return fmt.Errorf("%w: tenant_salt: %d bytes, the limit is %d", ErrInvalidConfig, len(o.TenantSalt), prefixhash.MaxSaltLen)
 	}
-	return nil
+	return o.Speculative.Validate()
 }
 
 // Usage is what a prefill cost, in the OpenAI usage shape.
@@ -221,6 +225,8 @@ type Stats struct {
 	Preempted      int64 // background chunks cancelled for a foreground prefill and run again
 	Generations    int64 // of Requests, those that decoded (Generate)
 	Generated      int64 // tokens sampled by Generate, stop sequences included
+	Proposed       int64 // tokens the speculative proposer guessed (Options.Speculative)
+	Accepted       int64 // of Proposed, those the model accepted (each one of Generated)
 }
 
 type counters struct {
@@ -230,6 +236,7 @@ type counters struct {
 	published, publishErrors, dropped          atomic.Int64
 	background, preempted                      atomic.Int64
 	generations, generated                     atomic.Int64
+	proposed, accepted                         atomic.Int64
 }
 
 // Engine is the prefill engine: it answers Prefill with a model, a cache
@@ -247,6 +254,7 @@ type Engine struct {
 	bgSlots chan struct{} // background prefills' own slots (PrefillBackground)
 	kvPool  sync.Pool     // *KV
 	owned   *Weights      // released by Close (Options.ModelDir)
+	draft   *Engine       // the draft model of SpeculateDraft; closed by Close
 	stats   counters
 	sched   sched // foreground prefills before background ones
 
@@ -302,6 +310,11 @@ func New(cache Cache, opts Options) (*Engine, error) {
 		return nil, errors.Join(err, owned.Release())
 	}
 	e.owned = owned
+	if opts.Speculative.Method == SpeculateDraft {
+		if e.draft, err = newDraft(cache, opts, cfg); err != nil {
+			return nil, errors.Join(err, e.Close())
+		}
+	}
 	return e, nil
 }
 
@@ -394,6 +407,7 @@ func (e *Engine) Stats() Stats {
 		Published: s.published.Load(), PublishErrors: s.publishErrors.Load(), DroppedBlocks: s.dropped.Load(),
 		Background: s.background.Load(), Preempted: s.preempted.Load(),
 		Generations: s.generations.Load(), Generated: s.generated.Load(),
+		Proposed: s.proposed.Load(), Accepted: s.accepted.Load(),
 	}
 }
 
@@ -523,6 +537,9 @@ func (e *Engine) prefill(ctx context.Context, began time.Time, tokens []uint32, 
 	res.Usage.CachedTokens = start
 	res.FLOPs = e.cfg.ForwardFLOPs(start, n-start)
 	e.publish(sc, kv, tokens, keys, loaded)
+	if e.draft != nil {
+		e.prefillDraft(ctx, tokens, false)
+	}
 	return res, nil
 }
 
@@ -669,5 +686,9 @@ func (e *Engine) Close() error {
 	e.cancel()
 	e.active.Wait()
 	e.pubWG.Wait()
-	return errors.Join(e.model.Close(), e.owned.Release())
+	var err error
+	if e.draft != nil {
+		err = e.draft.Close()
+	}
+	return errors.Join(err, e.model.Close(), e.owned.Release())
 }

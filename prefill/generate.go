@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
@@ -71,6 +70,12 @@ type GenerateOptions struct {
 	// tokens are those of a foreground Generate with the same prompt and
 	// options. Default false: a foreground generation.
 	Background bool
+	// SpeculativeTokens overrides, for this generation, how many tokens
+	// the engine's proposer guesses per step (Options.Speculative):
+	// 0 keeps the engine's, a negative value decodes one token per step,
+	// 1..MaxSpeculativeTokens guesses that many. It has no effect on an
+	// engine without a proposer.
+	SpeculativeTokens int
 }
 
 // Generation is the outcome of Generate.
@@ -96,6 +101,13 @@ type Generation struct {
 	Decode time.Duration
 	// Session is the hint the caller passed.
 	Session string
+	// Speculative is the proposer that guessed tokens for this generation
+	// (SpeculateNgram or SpeculateDraft), or "" when none did. Proposed
+	// counts its guesses and Accepted those the model accepted: each is
+	// one of Tokens (or of the stop sequence), the others were decoded by
+	// the model itself. CompletionTokens counts them all, once.
+	Speculative        string
+	Proposed, Accepted int
 }
 
 // Cached returns how many leading positions of tokens a prefill would not
@@ -140,6 +152,8 @@ func (e *Engine) checkGenerate(n int, o *GenerateOptions) error {
 		return bad("top_p: %g is outside (0, 1]", o.TopP)
 	case len(o.Stop) > MaxStops:
 		return bad("stop: %d sequences, at most %d", len(o.Stop), MaxStops)
+	case o.SpeculativeTokens > MaxSpeculativeTokens:
+		return bad("speculative_tokens: %d is over %d", o.SpeculativeTokens, MaxSpeculativeTokens)
 	}
 	for i, s := range o.Stop {
 		if len(s) == 0 || len(s) > MaxStopTokens {
@@ -179,6 +193,8 @@ func (e *Engine) Generate(ctx context.Context, prompt []uint32, opts GenerateOpt
 	}
 	e.stats.generations.Add(1)
 	e.stats.generated.Add(int64(g.CompletionTokens))
+	e.stats.proposed.Add(int64(g.Proposed))
+	e.stats.accepted.Add(int64(g.Accepted))
 	return g, nil
 }
 
@@ -211,18 +227,8 @@ func (e *Engine) generate(ctx context.Context, began time.Time, prompt []uint32,
 	}
 	// kv is shared by this call and the publisher's jobs: whoever is done
 	// with it last pools it.
-	var refs atomic.Int32
-	refs.Store(1) // this call's
-	release := func() {
-		if refs.Add(-1) == 0 {
-			e.kvPool.Put(kv)
-		}
-	}
-	share := func() func() {
-		refs.Add(1)
-		return release
-	}
-	defer release()
+	shared := newSharedKV(e, kv)
+	defer shared.release()
 
 	t2 := e.opts.Now()
 	start := min(loaded*b, n-1)
@@ -230,7 +236,7 @@ func (e *Engine) generate(ctx context.Context, began time.Time, prompt []uint32,
 	if opts.Background {
 		chunk := e.opts.BackgroundBlocks * b
 		for pos := start; pos < n; pos = min(pos+chunk, n) {
-			if err := e.backgroundStep(ctx, kv, pos, prompt[pos:min(pos+chunk, n)], logits, &res.Timing); err != nil {
+			if err := e.backgroundStep(ctx, e.model, kv, pos, prompt[pos:min(pos+chunk, n)], logits, &res.Timing); err != nil {
 				return Generation{}, Result{}, err
 			}
 		}
@@ -247,7 +253,7 @@ func (e *Engine) generate(ctx context.Context, began time.Time, prompt []uint32,
 	res.TTFT = t3.Sub(began)
 	res.Usage.CachedTokens = start
 	res.FLOPs = e.cfg.ForwardFLOPs(start, n-start)
-	e.publishShared(sc, kv, share(), prompt, keys, loaded)
+	e.publishShared(sc, kv, shared.share(), prompt, keys, loaded)
 
 	g := Generation{Usage: res.Usage, Prefill: res.TTFT, Timing: res.Timing, Session: opts.Session, Finish: FinishLength}
 	s := newSampler(opts, e.cfg.Vocab)
@@ -263,32 +269,66 @@ func (e *Engine) generate(ctx context.Context, began time.Time, prompt []uint32,
 		return err
 	}
 	stopLen := 0
-	var steps Timing // a background generation's decode waits, not the prompt's
-	for {
-		seq = append(seq, s.next(logits))
+	// push appends a generated token and says whether the generation ends
+	// with it.
+	push := func(t uint32) bool {
+		seq = append(seq, t)
 		gen := seq[n:]
 		if len(gen) == 1 {
 			g.TTFT = e.opts.Now().Sub(began)
 		}
 		if stopLen = stopMatch(gen, opts.Stop); stopLen > 0 {
 			g.Finish = FinishStop
-			break
+			return true
 		}
-		if len(gen) == opts.MaxTokens {
-			break
-		}
+		return len(gen) == opts.MaxTokens
+	}
+	sp := e.speculation(ctx, prompt, opts)
+	defer sp.close()
+	var steps Timing // a background generation's decode waits, not the prompt's
+	for done := push(s.next(logits)); !done; {
+		gen := seq[n:]
 		if err := emit(len(gen) - heldBack(gen, opts.Stop)); err != nil {
 			return Generation{}, Result{}, err
 		}
+		feed, rows := seq[len(seq)-1:], logits
+		var drafts []uint32
+		var q [][]float64
+		if sp != nil && sp.prop != nil {
+			// Guesses the model's next token would follow, never past
+			// MaxTokens: their K/V must fit.
+			if k := min(sp.k, opts.MaxTokens-len(gen)-1); k > 0 {
+				if drafts, q, err = sp.prop.propose(ctx, seq, k); err != nil {
+					return Generation{}, Result{}, err
+				}
+			}
+			sp.feed = append(append(sp.feed[:0], feed...), drafts...)
+			feed, rows = sp.feed, sp.rows[:len(sp.feed)*e.cfg.Vocab]
+		}
 		if opts.Background {
-			if err := e.backgroundStep(ctx, kv, len(seq)-1, seq[len(seq)-1:], logits, &steps); err != nil {
+			if err := e.backgroundStep(ctx, e.model, kv, len(seq)-1, feed, rows, &steps); err != nil {
 				return Generation{}, Result{}, err
 			}
-		} else if err := e.model.Forward(ctx, kv, len(seq)-1, seq[len(seq)-1:], logits); err != nil {
+		} else if err := e.model.Forward(ctx, kv, len(seq)-1, feed, rows); err != nil {
 			if ctx.Err() != nil {
 				return Generation{}, Result{}, e.ctxErr(ctx, "decode")
 			}
 			return Generation{}, Result{}, fmt.Errorf("prefill: decode on %s: %w", e.backend, err)
+		}
+		if len(drafts) == 0 {
+			done = push(s.next(rows))
+			continue
+		}
+		var accepted int
+		sp.out, accepted = s.verify(sp.out[:0], rows, e.cfg.Vocab, drafts, q)
+		g.Proposed += len(drafts)
+		for i, t := range sp.out {
+			if i < accepted {
+				g.Accepted++
+			}
+			if done = push(t); done {
+				break
+			}
 		}
 	}
 	gen := seq[n:]
@@ -301,17 +341,26 @@ func (e *Engine) generate(ctx context.Context, began time.Time, prompt []uint32,
 	// K/V exist for every position but the last sampled one.
 	if full := (len(seq) - 1) / b; e.cache != nil && full > len(keys) {
 		all := prefixhash.AppendKeys(slices.Clip(keys), lastKey(sc.ns, keys), b, seq[len(keys)*b:full*b])
-		e.publishShared(sc, kv, share(), seq[:full*b], all, len(keys))
+		e.publishShared(sc, kv, shared.share(), seq[:full*b], all, len(keys))
+	}
+	if sp != nil && sp.draft != nil {
+		if err := sp.draft.finish(ctx, seq); err != nil {
+			e.opts.Logger.Debug("prefill: the draft's blocks are not published", "err", err)
+		}
+	}
+	if sp != nil && sp.prop != nil {
+		g.Speculative = e.opts.Speculative.Method
 	}
 	return g, res, nil
 }
 
 // backgroundStep computes positions [pos, pos+len(tokens)) of a background
-// generation as a background chunk: once no foreground request is active,
-// again each time one preempts it.
-func (e *Engine) backgroundStep(ctx context.Context, kv *KV, pos int, tokens []uint32, logits []float32, timing *Timing) error {
+// generation on m (the engine's model, or its draft's) as a background
+// chunk: once no foreground request is active, again each time one
+// preempts it.
+func (e *Engine) backgroundStep(ctx context.Context, m Model, kv *KV, pos int, tokens []uint32, logits []float32, timing *Timing) error {
 	for {
-		preempted, err := e.backgroundChunk(ctx, kv, pos, tokens, logits, timing, e.opts.Now())
+		preempted, err := e.backgroundChunk(ctx, m, kv, pos, tokens, logits, timing, e.opts.Now())
 		if err != nil {
 			return err
 		}
@@ -365,12 +414,24 @@ type sampler struct {
 	rng        *rand.Rand
 	ids        []int
 	p          []float64
+	dist       []float64 // distribution's, made on first use
 }
 
+// Streams of the samplers' generators: the target's, and a draft model's
+// (speculation), so that the draft's draws never shift the target's.
+const (
+	targetStream = 0x6b766d657368 // "kvmesh"
+	draftStream  = 0x6472616674   // "draft"
+)
+
 func newSampler(o GenerateOptions, vocab int) *sampler {
+	return newSamplerStream(o, vocab, targetStream)
+}
+
+func newSamplerStream(o GenerateOptions, vocab int, stream uint64) *sampler {
 	s := &sampler{temp: o.Temperature, topP: o.TopP}
 	if s.temp > 0 {
-		s.rng = rand.New(rand.NewPCG(o.Seed, 0x6b766d657368)) // "kvmesh"
+		s.rng = rand.New(rand.NewPCG(o.Seed, stream))
 		s.ids = make([]int, vocab)
 		s.p = make([]float64, vocab)
 	}
@@ -381,6 +442,23 @@ func (s *sampler) next(logits []float32) uint32 {
 	if s.temp == 0 {
 		return topK(logits, 1)[0]
 	}
+	keep, cum := s.nucleus(logits)
+	u := s.rng.Float64() * cum
+	var acc float64
+	for _, id := range s.ids[:keep] {
+		acc += s.p[id]
+		if u < acc {
+			return uint32(id)
+		}
+	}
+	return uint32(s.ids[keep-1])
+}
+
+// nucleus fills s.p with the unnormalised probabilities exp((logit −
+// max)/T) and s.ids with the token ids, most probable first, and returns
+// how many of them make the top-p nucleus and their total. Temperature >
+// 0 only.
+func (s *sampler) nucleus(logits []float32) (keep int, cum float64) {
 	mx := math.Inf(-1)
 	for _, v := range logits {
 		mx = max(mx, float64(v))
@@ -404,8 +482,7 @@ func (s *sampler) next(logits []float32) uint32 {
 	for _, id := range s.ids {
 		total += s.p[id]
 	}
-	var cum float64
-	keep := len(s.ids)
+	keep = len(s.ids)
 	for i, id := range s.ids {
 		cum += s.p[id]
 		if cum >= s.topP*total {
@@ -413,13 +490,5 @@ func (s *sampler) next(logits []float32) uint32 {
 			break
 		}
 	}
-	u := s.rng.Float64() * cum
-	var acc float64
-	for _, id := range s.ids[:keep] {
-		acc += s.p[id]
-		if u < acc {
-			return uint32(id)
-		}
-	}
-	return uint32(s.ids[keep-1])
+	return keep, cum
 }

@@ -73,9 +73,18 @@ func (e *Engine) free(kv *KV, release func()) {
 }
 
 // Flush waits until every block queued for publication before the call has
-// been handed to Cache.Put (or dropped). Tests and benchmarks use it to wait
-// for publication without sleeping.
+// been handed to Cache.Put (or dropped), the draft model's too. Tests and
+// benchmarks use it to wait for publication without sleeping.
 func (e *Engine) Flush(ctx context.Context) error {
+	if e.draft != nil {
+		if err := e.draft.Flush(ctx); err != nil {
+			return err
+		}
+	}
+	return e.flush(ctx)
+}
+
+func (e *Engine) flush(ctx context.Context) error {
 	done := make(chan struct{})
 	e.mu.RLock()
 	if e.mu.closed {

@@ -47,10 +47,13 @@ func (e *Engine) scopeOf(ctx context.Context) scope {
 // RunAs returns ctx for a run on behalf of p: a tenant's prompt is keyed in
 // its salted namespace and published with its tag (WithTenant), and the
 // cache is asked with the tenant's access (auth.WithAccess), so that it
-// reads the tenant's blocks only. A node-wide principal runs as none.
+// reads the tenant's blocks only. A node-wide principal runs unsalted and
+// reads node-wide blocks only (auth.NodeWide).
 func RunAs(ctx context.Context, p auth.Principal) context.Context {
 	if !p.Scoped() {
-		return ctx
+		// Node-wide: node-wide blocks only, never what a tenant wrote
+		// under a node-wide key (node-wide keys are not salted).
+		return auth.WithAccess(ctx, auth.NodeWide)
 	}
 	ctx = auth.WithAccess(ctx, p.Access())
 	return WithTenant(ctx, Tenant{Salt: p.Salt, Tag: p.Tag})

@@ -32,6 +32,17 @@
 // response. Bearer tokens and the x-session-affinity header travel through
 // unchanged (the session is only logged and counted).
 //
+// Trust. The nodes' addresses come from gossip, which only the gossip key
+// authenticates: a router without Options.GossipKey forwards no request
+// that carries credentials (unless InsecureGossip), since any host that
+// joined its gossip could be sent them. It routes only to nodes whose TLS
+// matches its own (MemberMeta.TLS against Options.NodeTLS), so a node with
+// TLS is never sent a client's token in the clear. It forwards the OpenAI
+// API's paths only (apiPath: cleaned, checked against a list, a
+// percent-encoded slash refused), so no encoding reaches a node's /metrics,
+// /debug or /internal, and it passes a node's redirects to the client
+// rather than following them.
+//
 // Files: router.go (Options, New, Serve, the members), balance.go (the
 // nodes' loads and the choice), proxy.go (completions and how a request
 // is passed on), queue.go (the asynchronous API through the router).

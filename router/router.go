@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/probe"
 	"github.com/kvmesh/kvmesh/openai"
 )
 
@@ -40,8 +43,16 @@ type Options struct {
 	GossipAddr string
 	// Join lists gossip addresses of members. Required.
 	Join []string
-	// GossipKey is the cluster's gossip key, if it has one.
+	// GossipKey is the cluster's gossip key, if it has one. Gossip is
+	// authenticated by it alone: without it, any host that reaches the
+	// router's gossip can join as a "node" and be sent the requests, so the
+	// router then forwards no request that carries credentials (an
+	// Authorization header; 503 saying so), unless InsecureGossip.
 	GossipKey []byte
+	// InsecureGossip lets a router without a GossipKey forward requests
+	// with credentials, on a network only the cluster's hosts reach.
+	// Default false.
+	InsecureGossip bool
 	// GossipProfile is "lan" or "local", as the nodes' (node.Options).
 	// Default "lan".
 	GossipProfile string
@@ -49,9 +60,11 @@ type Options struct {
 	// PolicyTokens.
 	Policy string
 	// NodeTLS, when set, is the client configuration the router reaches
-	// the nodes' HTTP addresses with, over HTTPS (nodes started with
-	// node.Options.Security.HTTPTLS: its CA, and a certificate when they want one).
-	// Default nil: plain HTTP.
+	// the nodes' HTTP addresses with, over HTTPS verified against the
+	// cluster's CA (nodes with TLS serve every listener over it: its CA,
+	// and a certificate when they want one). Default nil: plain HTTP. The
+	// router routes only to nodes that agree: with NodeTLS to nodes that
+	// gossip TLS, without it to nodes that do not (MemberMeta.TLS).
 	NodeTLS *tls.Config
 	// Logger receives the router's records. Default slog.Default().
 	Logger *slog.Logger
@@ -141,6 +154,17 @@ func New(opts Options) (*Router, error) {
 		lis.Close()
 		return nil, err
 	}
+	if !members.Joined() {
+		// A node's gRPC or HTTP port given as a seed is retried forever:
+		// say so now.
+		for _, s := range opts.Join {
+			if what := probe.NotGossip(s); what != "" {
+				members.Close()
+				lis.Close()
+				return nil, &OptionError{Field: "Join", Msg: fmt.Sprintf("%s answers %s; join takes the members' gossip addresses (their --gossip-addr, port 7603 by default)", s, what)}
+			}
+		}
+	}
 	r := &Router{opts: opts, log: opts.Logger, members: members, lis: lis, reg: prometheus.NewRegistry(),
 		client: &http.Client{Transport: &http.Transport{
 			DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -148,7 +172,11 @@ func New(opts Options) (*Router, error) {
 			IdleConnTimeout:       90 * time.Second,
 			ResponseHeaderTimeout: 10 * time.Minute, // a long prefill answers late
 			TLSClientConfig:       opts.NodeTLS,
-		}},
+		},
+			// A node's redirect is passed to the client, never followed
+			// here (it could point anywhere, /metrics included).
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_router_requests_total",
 			Help: "Requests the router sent to each node, by node and HTTP status (0: the node failed before answering).",
@@ -181,15 +209,55 @@ func New(opts Options) (*Router, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
 	mux.HandleFunc("GET /healthz", r.healthz)
-	mux.HandleFunc("POST /v1/completions", r.complete)
-	mux.HandleFunc("POST /v1/chat/completions", r.complete)
-	mux.HandleFunc("GET "+openai.QueuePath, r.listQueue)
-	mux.HandleFunc("POST "+openai.QueuePath, r.submitQueue)
-	mux.HandleFunc(openai.QueuePath+"/{id...}", r.forwardQueue)
+	mux.HandleFunc("POST /v1/completions", r.gate(r.complete))
+	mux.HandleFunc("POST /v1/chat/completions", r.gate(r.complete))
+	mux.HandleFunc("GET "+openai.QueuePath, r.gate(r.listQueue))
+	mux.HandleFunc("POST "+openai.QueuePath, r.gate(r.submitQueue))
+	mux.HandleFunc(openai.QueuePath+"/{id...}", r.gate(r.forwardQueue))
 	// Models, other methods and errors: any node answers the same.
-	mux.HandleFunc("/v1/", func(w http.ResponseWriter, req *http.Request) { r.forwardAny(w, req, nil) })
-	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	mux.HandleFunc("/v1/", r.gate(func(w http.ResponseWriter, req *http.Request) { r.forwardAny(w, req, nil) }))
+	mux.HandleFunc("/", openai.NotFound)
+	r.http = openai.NewServer(mux, openai.Timeouts{})
 	return r, nil
+}
+
+// apiPath reports whether p, a request's decoded path, is one the router
+// forwards: the OpenAI API's paths as package openai serves them, clean
+// (no "." or ".." segment, no empty one, no backslash), and nothing else:
+// never /metrics, /debug or /internal of a node, however encoded.
+func apiPath(p string) bool {
+	if p != path.Clean(p) || strings.ContainsAny(p, "\\\x00") {
+		return false
+	}
+	switch p {
+	case "/v1/models", "/v1/completions", "/v1/chat/completions", openai.QueuePath,
+		openai.LookupPath + "/completions", openai.LookupPath + "/chat/completions":
+		return true
+	}
+	if id, ok := strings.CutPrefix(p, openai.QueuePath+"/"); ok {
+		return id != "" && !strings.Contains(id, "/")
+	}
+	id, ok := strings.CutPrefix(p, "/v1/models/")
+	return ok && id != "" // model ids may hold '/' (org/model)
+}
+
+// gate refuses a request the router must not forward: a path that is not
+// the API's (apiPath: 404, whatever its encoding), or one with credentials
+// when gossip is not authenticated (no GossipKey, not InsecureGossip).
+func (r *Router) gate(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		if !apiPath(req.URL.Path) || strings.Contains(strings.ToLower(req.URL.RawPath), "%2f") {
+			openai.WriteError(w, http.StatusNotFound, "no such path: the router forwards the OpenAI API's paths only (/v1/models, /v1/completions, /v1/chat/completions, /v1/queue)",
+				"invalid_request_error", "", "unknown_url")
+			return
+		}
+		if req.Header.Get("Authorization") != "" && len(r.opts.GossipKey) == 0 && !r.opts.InsecureGossip {
+			openai.WriteError(w, http.StatusServiceUnavailable, "this router has no gossip key (--gossip-key-file): it cannot tell "+
+				"the cluster's nodes from any host that joined its gossip, and sends them no bearer token", "server_error", "", "no_gossip_key")
+			return
+		}
+		h(w, req)
+	}
 }
 
 // healthz answers "ok N nodes" while N > 0 nodes serve the API, else 503.
@@ -259,6 +327,12 @@ func (r *Router) backends() []backend {
 			role = gossip.RoleBoth
 		}
 		if m.Meta.HTTPAddr == "" || (role != gossip.RoleBoth && role != gossip.RolePrefill && role != gossip.RoleDecode) {
+			continue
+		}
+		if m.Meta.TLS != (r.opts.NodeTLS != nil) {
+			// A node with TLS is never sent clients' tokens and prompts in
+			// the clear, and a router with the cluster's CA speaks to no
+			// node without TLS (that node could be anyone's).
 			continue
 		}
 		if l := r.mu.load[m.ID]; l != nil && now.Before(l.downUntil) {

@@ -1,6 +1,11 @@
 package router
 
 import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,6 +60,86 @@ func TestRouterPicksByUncachedTokens(t *testing.T) {
 	for range 5 {
 		if r.pick(cands, false, "conv-7") != first {
 			t.Fatal("the session policy moved a session")
+		}
+	}
+}
+
+// startRouter serves a router alone (its seed answers nothing) until the
+// test ends.
+func startRouter(t *testing.T, opts Options) *Router {
+	t.Helper()
+	opts.HTTPAddr, opts.GossipProfile, opts.Logger = "127.0.0.1:0", "local", slog.New(slog.DiscardHandler)
+	if opts.Join == nil {
+		opts.Join = []string{"127.0.0.1:1"}
+	}
+	r, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return r
+}
+
+func get(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestRouterWithoutGossipKey: a router without a gossip key forwards no
+// request that carries a bearer token (any host that joins its gossip
+// would be sent it), saying why; with the key, or InsecureGossip, it does.
+func TestRouterWithoutGossipKey(t *testing.T) {
+	plain := startRouter(t, Options{})
+	if code, body := get(t, "http://"+plain.HTTPAddr()+"/v1/models", "secret"); code != http.StatusServiceUnavailable || !strings.Contains(body, "no_gossip_key") {
+		t.Errorf("a token through a router without a gossip key: %d %s", code, body)
+	}
+	if _, body := get(t, "http://"+plain.HTTPAddr()+"/v1/models", ""); strings.Contains(body, "no_gossip_key") {
+		t.Errorf("a request without credentials refused for the gossip key: %s", body)
+	}
+	for _, o := range []Options{{GossipKey: make([]byte, 32)}, {InsecureGossip: true}} {
+		r := startRouter(t, o)
+		if _, body := get(t, "http://"+r.HTTPAddr()+"/v1/models", "secret"); strings.Contains(body, "no_gossip_key") {
+			t.Errorf("%+v: refused: %s", o, body)
+		}
+	}
+}
+
+// TestRouterPaths: the router forwards the API's paths only, cleaned:
+// encoded traversals to a node's /metrics, /debug/pprof or /internal never
+// leave it (404 here), whatever their encoding.
+func TestRouterPaths(t *testing.T) {
+	for p, want := range map[string]bool{
+		"/v1/models": true, "/v1/models/org/model-7b": true, "/v1/completions": true, "/v1/chat/completions": true,
+		"/v1/queue": true, "/v1/queue/batch_0123": true, "/v1/queue/callback-key": true, "/v1/kvmesh/lookup/completions": true,
+		"/v1/../metrics": false, "/v1/queue/../../internal/queue/claim": false, "/v1/models/../../debug/pprof/cmdline": false,
+		"/v1/queue/a/b": false, "/v1/completions/": false, "/v1//completions": false, "/metrics": false, "/internal/queue/claim": false,
+		"/v1/models/a\\b": false, "/v1/other": false,
+	} {
+		if got := apiPath(p); got != want {
+			t.Errorf("apiPath(%q) = %v, want %v", p, got, want)
+		}
+	}
+	r := startRouter(t, Options{InsecureGossip: true})
+	for _, p := range []string{"/v1/..%2Fmetrics", "/v1/..%2Fdebug%2Fpprof%2Fcmdline", "/v1/..%2Finternal%2Fqueue%2Fclaim",
+		"/v1/queue/..%2F..%2Fmetrics", "/v1/models/..%2F..%2Fmetrics", "/v1/queue/a%2Fb", "/v1/%2e%2e/metrics"} {
+		if code, body := get(t, "http://"+r.HTTPAddr()+p, ""); code != http.StatusNotFound || !strings.Contains(body, "unknown_url") {
+			t.Errorf("GET %s through the router: %d %s, want 404 unknown_url", p, code, body)
 		}
 	}
 }

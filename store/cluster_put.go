@@ -1,12 +1,12 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -127,11 +127,12 @@ func (c *Cluster) Put(ctx context.Context, blocks [][]byte, chunkKeys []prefixha
 }
 
 // Handoff pushes the blocks this node holds in memory to the owners they
-// will have once it is gone, at most maxBytes of them, and returns how many
-// it pushed. Call it on a graceful leave, before leaving the membership, so
-// that the hot part of the cache survives the departure. Pushes run in
-// parallel per owner; a failed one is counted and skipped.
-func (c *Cluster) Handoff(ctx context.Context, maxBytes int64) int {
+// will have once it is gone, at most maxBytes of them, and returns the keys
+// of those it pushed (to one owner at least). Call it on a graceful leave,
+// before leaving the membership, so that the hot part of the cache survives
+// the departure. Pushes run in parallel per owner; a failed one is counted
+// and skipped.
+func (c *Cluster) Handoff(ctx context.Context, maxBytes int64) []prefixhash.Key {
 	p := c.placement()
 	var others []Member
 	for _, m := range p.Members() {
@@ -140,7 +141,7 @@ func (c *Cluster) Handoff(ctx context.Context, maxBytes int64) int {
 		}
 	}
 	if len(others) == 0 {
-		return 0
+		return nil
 	}
 	next := NewPlacement(others, c.opts.Replicas)
 	byOwner := map[string][]prefixhash.Key{}
@@ -154,7 +155,8 @@ func (c *Cluster) Handoff(ctx context.Context, maxBytes int64) int {
 			byOwner[o] = append(byOwner[o], b.Key)
 		}
 	}
-	var pushed atomic.Int64
+	var mu sync.Mutex
+	var pushed []prefixhash.Key
 	var wg sync.WaitGroup
 	for o, keys := range byOwner {
 		wg.Add(1)
@@ -163,9 +165,13 @@ func (c *Cluster) Handoff(ctx context.Context, maxBytes int64) int {
 			for len(keys) > 0 && ctx.Err() == nil {
 				var batch [][]byte
 				var refs []*Ref
+				var sent []prefixhash.Key
 				var size int64
 				for len(keys) > 0 && size < c.opts.PushBatchBytes {
 					r, err := c.local.Get(ctx, keys[0])
+					if err == nil {
+						sent = append(sent, keys[0])
+					}
 					keys = keys[1:]
 					if err != nil {
 						continue // evicted since the walk
@@ -180,7 +186,9 @@ func (c *Cluster) Handoff(ctx context.Context, maxBytes int64) int {
 						c.c.pushFailed.Add(uint64(len(batch)))
 					} else {
 						c.c.pushed.Add(uint64(len(batch)))
-						pushed.Add(int64(len(batch)))
+						mu.Lock()
+						pushed = append(pushed, sent...)
+						mu.Unlock()
 					}
 					cancel()
 				}
@@ -191,5 +199,7 @@ func (c *Cluster) Handoff(ctx context.Context, maxBytes int64) int {
 		}()
 	}
 	wg.Wait()
-	return int(pushed.Load())
+	// With replicas, a block went to several owners: once each here.
+	slices.SortFunc(pushed, func(a, b prefixhash.Key) int { return bytes.Compare(a[:], b[:]) })
+	return slices.Compact(pushed)
 }

@@ -378,7 +378,7 @@ func TestClusterHandoff(t *testing.T) {
 	// n1 leaves: first its handoff, then the others drop it.
 	leaving := tc.nodes[1]
 	held := leaving.Local().Stats().Tiers[0].Blocks
-	if n := leaving.Handoff(context.Background(), 1<<30); held == 0 || n < int(held) {
+	if n := len(leaving.Handoff(context.Background(), 1<<30)); held == 0 || n < int(held) {
 		t.Fatalf("handoff pushed %d of the %d blocks n1 held", n, held)
 	}
 	for _, sm := range tc.members {

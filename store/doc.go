@@ -51,7 +51,8 @@
 //     ancestors are warmer and leaves are evicted first. A new block whose
 //     parent is the coldest block of its class is itself the coldest: it
 //     goes straight to NVMe or, memory-only, is evicted at once (Put
-//     succeeds) rather than evicting its own parent.
+//     succeeds) rather than evicting its own parent (counted as
+//     TierEvictions.Unadmitted).
 //   - A block is linked to its parent when the parent is cached at the time
 //     of its Put (or of its resolution after a restart) and belongs to the
 //     same namespace. Dropping a block for any reason drops every linked
@@ -70,7 +71,13 @@
 //     (it may go before a block put under it, which its owner's chain
 //     does not need); DRAM pressure drops it instead of demoting it; and
 //     its owner's Put of the same block makes it an ordinary block. The
-//     copy mark is the top bit of the entry's hit counter.
+//     copy mark is the top bit of the entry's hit counter. EvictReuse is
+//     EvictDedup that also knows reuse: a lookup that finds a block
+//     touches it (deepest-first) and marks it, as a read does, and eviction
+//     passes over a marked block once, moving it to the hot end (a second
+//     chance per reuse; the mark is the next bit of the hit counter). A
+//     block put under a marked parent moves the parent to the hot end
+//     first. Quota trimming stays LRU under every policy.
 //   - Capacity limits are the tiers' own: a tier refuses (tiers.ErrFull)
 //     rather than grow, and Local makes room or refuses the write with
 //     ErrFull. The index is bounded by Options.MaxBlocks. Transient heap

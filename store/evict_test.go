@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -12,10 +13,12 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
+	"github.com/kvmesh/kvmesh/tiers"
 )
 
 // The eviction policies (evict.go): lru is the reference, dedup evicts
-// copies first and never links them.
+// copies first and never links them, reuse also gives blocks asked for again
+// a second chance.
 
 func forEachEviction(t *testing.T, f func(t *testing.T, ev Eviction)) {
 	for _, ev := range EvictionPolicies() {
@@ -74,7 +77,7 @@ func TestEvictionCopiesFirst(t *testing.T) {
 			}
 		}
 		for _, b := range copies {
-			if got := info(t, l, w.blocks[b].key).Copy; got != (ev == EvictDedup) {
+			if got := info(t, l, w.blocks[b].key).Copy; got != ev.keepsCopies() {
 				t.Fatalf("Info.Copy of a PutCopy block = %v under %s", got, ev)
 			}
 		}
@@ -91,7 +94,7 @@ func TestEvictionCopiesFirst(t *testing.T) {
 		}
 		gone := owned[:max/2] // lru: the four oldest
 		kept := slices.Concat(owned[max/2:], copies)
-		if ev == EvictDedup {
+		if ev.keepsCopies() {
 			gone, kept = copies, owned
 		}
 		for _, b := range gone {
@@ -383,5 +386,123 @@ func TestClusterPutKeepsCopies(t *testing.T) {
 	}
 	if got := tc.nodes[2].LongestPrefix(context.Background(), chain, ns.BlockTokens); got != len(chain) {
 		t.Fatalf("prefix %d of %d", got, len(chain))
+	}
+}
+
+// TestEvictionModel gives every policy the same random puts, lookups, reads
+// and readers that hold a prompt's prefix (GetMany, as an engine reads it)
+// across later operations, on a node far too small for them. A reference
+// tracks what must never be evicted: every block a reader holds stays
+// cached, with its bytes, until released; a block put under a cached parent
+// never outlives it; the accounting adds up after every step (checkInvariants).
+func TestEvictionModel(t *testing.T) {
+	forEachEviction(t, func(t *testing.T, ev Eviction) {
+		l := openLocal(t, Options{DRAM: newFakeMem(4096, 8, 1024), MaxBlocks: 24, Eviction: ev})
+		w := newWorld(t, 31, blocktest.NS())
+		ctx := context.Background()
+		linked := map[prefixhash.Key]bool{}
+		type reader struct {
+			keys []prefixhash.Key
+			refs []*Ref
+		}
+		var readers []reader
+		for step := range 2500 {
+			switch op := w.rng.IntN(12); {
+			case op < 5 || len(w.blocks) == 0:
+				i := w.grow()
+				if w.rng.IntN(5) == 0 {
+					i = w.randomBlock()
+				}
+				b := w.blocks[i]
+				was := l.Contains(auth.Access{}, b.key)
+				if err := l.Put(ctx, b.enc); err != nil && !errors.Is(err, tiers.ErrFull) {
+					t.Fatalf("step %d: Put: %v", step, err)
+				}
+				if !was && l.Contains(auth.Access{}, b.key) {
+					linked[b.key] = b.parent >= 0 && l.Contains(auth.Access{}, w.blocks[b.parent].key)
+				}
+			case op < 8:
+				l.LongestPrefix(auth.Access{}, w.chain(w.randomBlock()))
+			case op < 10 && len(readers) < 3:
+				keys := w.chain(w.randomBlock())
+				keys = keys[:l.LongestPrefix(auth.Access{}, keys)]
+				refs, err := l.GetMany(ctx, keys)
+				if err != nil {
+					t.Fatalf("step %d: GetMany: %v", step, err)
+				}
+				readers = append(readers, reader{keys, refs})
+			case len(readers) > 0:
+				r := readers[0]
+				readers = readers[1:]
+				for _, ref := range r.refs {
+					ref.Release()
+				}
+			}
+			for _, r := range readers {
+				for k, ref := range r.refs {
+					if ref == nil {
+						continue
+					}
+					if !l.Contains(auth.Access{}, r.keys[k]) {
+						t.Fatalf("step %d: %s evicted block %s while a reader holds it", step, ev, r.keys[k])
+					}
+					if !bytes.Equal(ref.Bytes(), w.blocks[w.byKey[r.keys[k]]].enc) {
+						t.Fatalf("step %d: a held block's bytes changed", step)
+					}
+				}
+			}
+			if len(readers) == 0 {
+				checkInvariants(t, step, l, w, linked)
+			}
+		}
+		for _, r := range readers {
+			for _, ref := range r.refs {
+				ref.Release()
+			}
+		}
+		if s := l.Stats(); s.Evictions == 0 || (ev == EvictReuse && s.SecondChances == 0) {
+			t.Fatalf("%s: the test exerted no pressure: %+v", ev, s)
+		}
+	})
+}
+
+// BenchmarkEvictionPolicy measures one access as a trace replay makes it
+// on a full node, under each policy: a lookup of a prompt of 8 blocks (half
+// the prompts come back: their blocks are found, and under reuse touched
+// and marked), then a put of a new block, which evicts one. ns/op is the
+// policy's CPU cost per access beside LRU's.
+func BenchmarkEvictionPolicy(b *testing.B) {
+	for _, ev := range EvictionPolicies() {
+		b.Run(string(ev), func(b *testing.B) {
+			const capacity = 4096
+			w := newWorld(b, 51, blocktest.NS())
+			l, err := Open(Options{DRAM: newFakeMem(1<<20, 64, 1024), MaxBlocks: capacity, Eviction: ev})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			ctx := context.Background()
+			var prompts [][]prefixhash.Key
+			for range 4 * capacity {
+				i := w.grow()
+				if err := l.Put(ctx, w.blocks[i].enc); err != nil {
+					b.Fatal(err)
+				}
+				prompts = append(prompts, w.chain(i))
+			}
+			fresh := make([][]byte, 1<<14)
+			for k := range fresh {
+				fresh[k] = w.blocks[w.extend(-1)].enc
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			b.ResetTimer()
+			for k := range b.N {
+				p := prompts[len(prompts)-1-rng.IntN(min(len(prompts), 2*capacity))]
+				l.LongestPrefix(auth.Access{}, p[:min(len(p), 8)])
+				if err := l.Put(ctx, fresh[k%len(fresh)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

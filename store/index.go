@@ -32,7 +32,7 @@ type entry struct {
 	sib        uint32    // next sibling
 	up         uint32    // parent if flagFirst, else previous sibling; 0 when unlinked
 	ns         uint32    // namespace id (see namespaces)
-	hits       uint16    // Gets served, saturating at maxHits; the top bit is hitsCopy
+	hits       uint16    // Gets served, saturating at maxHits; the top bits are hitsCopy and hitsReused
 	pins       uint8     // live Refs reading it in place, saturating at maxPins
 	flags      uint8
 }
@@ -52,11 +52,15 @@ const (
 const maxPins = 1<<8 - 1
 
 // hitsCopy, the top bit of entry.hits, marks a copy: a block this node keeps
-// beside the owner that placement gave it (Local.PutCopy under EvictDedup).
-// The eight flag bits are taken, and 32767 hits saturate as well as 65535.
+// beside the owner that placement gave it (Local.PutCopy under EvictDedup or
+// EvictReuse). hitsReused, the next bit, marks a block reused (found by a
+// lookup, or read) since it was stored or last passed over by EvictReuse.
+// The eight flag bits are taken, and 16383 hits saturate as well as 65535.
 const (
-	hitsCopy uint16 = 1 << 15
-	maxHits         = hitsCopy - 1
+	hitsCopy   uint16 = 1 << 15
+	hitsReused uint16 = 1 << 14
+	hitsMarks         = hitsCopy | hitsReused
+	maxHits           = hitsReused - 1
 )
 
 func (e *entry) getLoc() tiers.Loc  { return tiers.Loc(uint64(e.loc[1])<<32 | uint64(e.loc[0])) }
@@ -67,8 +71,9 @@ func (e *entry) clear(f uint8)      { e.flags &^= f }
 func (e *entry) persistent() bool   { return e.flags&flagPersistent != 0 }
 func (e *entry) busy() bool         { return e.pins > 0 || e.flags&flagMoving != 0 }
 func (e *entry) copy() bool         { return e.hits&hitsCopy != 0 }
-func (e *entry) hitCount() int      { return int(e.hits &^ hitsCopy) }
-func (e *entry) setHitsSaturating() { e.hits = e.hits&hitsCopy | min(e.hits&^hitsCopy+1, maxHits) }
+func (e *entry) hitCount() int      { return int(e.hits &^ hitsMarks) }
+func (e *entry) setHitsSaturating() { e.hits = e.hits&hitsMarks | min(e.hits&^hitsMarks+1, maxHits) }
+func (e *entry) reused() bool       { return e.hits&hitsReused != 0 }
 
 const (
 	pageBits = 12

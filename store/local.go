@@ -108,10 +108,11 @@ type Local struct {
 		cursors map[uint32][]cursorRef // entry → the namespace cursors on it (quota.go)
 		hbm     hbmResidents           // entries in HBM (local_hbm.go)
 
-		c     counters
-		pc    partCounters
-		parts partsState // incomplete blocks and claims (local_parts.go)
-		stack []uint32   // scratch
+		c      counters
+		reused int64 // blocks marked reused (EvictReuse): the policy's own signal
+		pc     partCounters
+		parts  partsState // incomplete blocks and claims (local_parts.go)
+		stack  []uint32   // scratch
 	}
 }
 
@@ -134,6 +135,25 @@ type counters struct {
 	evictions, corruptDrops, namespaceDrops, cascade int64
 	reservationsExpired, corruptCommits              int64
 	promotionsDeferred                               int64
+	secondChances                                    int64 // EvictReuse passing over a reused block
+	// evicted counts the blocks dropped for room by the tier they were in
+	// (tierMem, tierDisk, tierHBM).
+	evicted [3]int64
+	// unadmitted counts the blocks accepted but evicted at once, colder
+	// than everything cached (errColdest); they are also evictions.
+	unadmitted int64
+}
+
+// tierHBM indexes the HBM tier in counters.evicted: for the index an HBM
+// block is a memory block (tierMem), for an operator it left HBM.
+const tierHBM = 2
+
+// evictTierLocked is the tier i's block is in, for counters.evicted.
+func evictTierLocked(e *entry) int {
+	if !e.persistent() && isHBM(e.getLoc()) {
+		return tierHBM
+	}
+	return tierOf(e)
 }
 
 type reason uint8

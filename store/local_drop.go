@@ -69,6 +69,9 @@ func (l *Local) dropLocked(i uint32, why reason, fr *[]freeLoc) int {
 			c = next
 		}
 		e.child = 0
+		if why == reasonEvict || (why == reasonCorrupt && j != i) {
+			l.mu.c.evicted[evictTierLocked(e)]++
+		}
 		l.removeLocked(j, fr)
 		n++
 	}
@@ -96,6 +99,9 @@ func (l *Local) removeLocked(i uint32, fr *[]freeLoc) {
 	}
 	l.unlistLocked(i)
 	l.hbmForgetLocked(i)
+	if e.reused() {
+		l.mu.reused--
+	}
 	n := l.mu.ns.get(e.ns)
 	t := tierOf(e)
 	l.mu.blocks[t]--

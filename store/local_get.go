@@ -442,11 +442,14 @@ func (l *Local) Contains(a auth.Access, key prefixhash.Key) bool {
 
 // LongestPrefix returns how many leading keys are cached here as blocks a
 // request with access a may see: one index probe per key, under one lock
-// hold, and no write to LRU state. A lookup is not a use: the blocks are
-// touched when they are read (GetMany touches a chain deepest-first, so its
-// ancestors end up warmest), so a lookup that is not followed by a read,
-// or a peer's lookup for a node that then reads elsewhere, does not keep
-// blocks warm.
+// hold. Under EvictLRU and EvictDedup it writes no LRU state: a lookup is
+// not a use, the blocks are touched when they are read (GetMany touches a
+// chain deepest-first, so its ancestors end up warmest), so a lookup that
+// is not followed by a read, or a peer's lookup for a node that then reads
+// elsewhere, does not keep blocks warm. Under EvictReuse a lookup that
+// finds blocks is what tells their owner that a prompt holding them came
+// back (the engine may read them from another node): it touches them,
+// deepest-first, and marks them reused (see EvictReuse).
 func (l *Local) LongestPrefix(a auth.Access, keys []prefixhash.Key) int {
 	n, _ := l.prefix(a, keys, nil)
 	return n
@@ -469,10 +472,17 @@ func (l *Local) prefix(a auth.Access, keys []prefixhash.Key, tiers []string) (in
 		return 0, tiers
 	}
 	x, ns := &l.mu.x, &l.mu.ns
+	if l.opts.Eviction == EvictReuse {
+		defer l.lookedUpLocked()
+		l.mu.stack = l.mu.stack[:0]
+	}
 	for n, k := range keys {
 		i := x.find(k)
 		if i == 0 || !ns.allows(a, x.at(i).ns) {
 			return n, tiers
+		}
+		if l.opts.Eviction == EvictReuse {
+			l.mu.stack = append(l.mu.stack, i)
 		}
 		if tiers != nil {
 			if x.at(i).persistent() {

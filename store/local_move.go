@@ -485,12 +485,14 @@ func (l *Local) makeIndexRoom(ctx context.Context) error {
 				continue
 			}
 			x := &l.mu.x
-			for j, walked := x.at(list).prev, 0; j != list && walked < maxVictimWalk; j, walked = x.at(j).prev, walked+1 {
-				if !x.at(j).busy() {
+			for j, walked := x.at(list).prev, 0; j != list && walked < maxVictimWalk; walked++ {
+				prev := x.at(j).prev
+				if !x.at(j).busy() && !l.secondChanceLocked(list, j) {
 					l.dropLocked(j, reasonEvict, &fr)
 					dropped = true
 					break
 				}
+				j = prev
 			}
 			if dropped {
 				break

@@ -75,7 +75,7 @@ func (t *namespaces) add(n nsInfo) uint32 {
 			t.byDigest = make(map[uint64]uint32)
 		}
 		t.byDigest[n.digest] = id
-		t.list[id].quota = t.quotaOf(n.digest).tiers()
+		t.list[id].quota = t.quotaOf(n.digest, n.tenant).tiers()
 	} else {
 		if t.unresolved == nil {
 			t.unresolved = make(map[int]uint32)
@@ -85,21 +85,22 @@ func (t *namespaces) add(n nsInfo) uint32 {
 	return id
 }
 
-// quotaOf returns the quota in force for a resolved namespace.
-func (t *namespaces) quotaOf(digest uint64) Quota {
-	if q, ok := t.quotas[digest]; ok {
+// quotaOf returns the quota in force for a resolved namespace whose blocks
+// carry tag.
+func (t *namespaces) quotaOf(digest, tag uint64) Quota {
+	if q, ok := t.quotas[digest]; ok && q.appliesTo(tag) {
 		return q
 	}
 	return t.defQuota
 }
 
 // fits reports whether size more bytes in tier t keep the namespace with the
-// given digest within its quota.
-func (t *namespaces) fits(digest uint64, tier, size int) bool {
+// given digest, whose blocks carry tag, within its quota.
+func (t *namespaces) fits(digest, tag uint64, tier, size int) bool {
 	if id := t.byDigest[digest]; id != 0 {
 		return t.list[id].excess(tier, size) <= 0
 	}
-	q := t.quotaOf(digest).tiers()[tier]
+	q := t.quotaOf(digest, tag).tiers()[tier]
 	return q == 0 || int64(size) <= q
 }
 

@@ -55,8 +55,9 @@ type Options struct {
 	// DefaultQuota is the quota of every namespace not in Quotas. Default:
 	// zero, unlimited in both tiers. SetDefaultQuota changes it at run time.
 	DefaultQuota Quota
-	// Eviction is the eviction policy (evict.go): EvictLRU, the reference,
-	// or EvictDedup, which evicts copies (PutCopy) first. Default
+	// Eviction is the eviction policy (evict.go): EvictLRU, the reference;
+	// EvictDedup, which evicts copies (PutCopy) first; or EvictReuse, which
+	// also gives blocks asked for again a second chance. Default
 	// DefaultEviction.
 	Eviction Eviction
 	// PartialTTL is how long an incomplete block (parts of a block put,

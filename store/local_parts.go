@@ -354,7 +354,7 @@ func (p *partial) setPendingLocked(q block.Part, v bool) {
 func (l *Local) completePartial(ctx context.Context, p *partial) error {
 	err := block.Seal(p.buf)
 	if err == nil {
-		asCopy := !p.owned && l.opts.Eviction == EvictDedup
+		asCopy := !p.owned && l.opts.Eviction.keepsCopies()
 		if p.heap {
 			err = l.put(ctx, p.buf, asCopy, nil)
 		} else {

@@ -74,6 +74,8 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 	if asCopy {
 		parent = prefixhash.Key{}
 	}
+	reclaimed := false
+again:
 	l.mu.Lock()
 	if !l.enterLocked() {
 		l.mu.Unlock()
@@ -83,6 +85,11 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 		if n := l.mu.ns.get(l.mu.x.at(i).ns); n.resolved && n.tenant != h.Tenant {
 			l.mu.active--
 			l.mu.Unlock()
+			if h.Tenant == 0 && !reclaimed {
+				l.reclaimForNodeWide(&h)
+				reclaimed = true
+				goto again
+			}
 			return fmt.Errorf("%w: key %s is held for tenant %016x, the block is tagged %016x", ErrTenant, h.Key, n.tenant, h.Tenant)
 		}
 		if e := l.mu.x.at(i); e.copy() && !asCopy {
@@ -96,6 +103,11 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 	if _, err := l.mu.ns.check(&h, size); err != nil {
 		l.mu.active--
 		l.mu.Unlock()
+		if errors.Is(err, ErrTenant) && h.Tenant == 0 && !reclaimed {
+			l.reclaimForNodeWide(&h)
+			reclaimed = true
+			goto again
+		}
 		return err
 	}
 	// Most writes fit their namespace's quota: reserve now, under this lock.
@@ -185,6 +197,7 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 		l.mu.Lock()
 		l.mu.c.puts++
 		l.mu.c.evictions++
+		l.mu.c.unadmitted++
 		l.mu.evicted[l.mu.evictedNext%len(l.mu.evicted)] = h.Key
 		l.mu.evictedNext++
 		l.mu.Unlock()
@@ -194,6 +207,36 @@ func (l *Local) put(ctx context.Context, b []byte, asCopy bool, rv *Reservation)
 		return err
 	}
 	return l.refused(err, size)
+}
+
+// reclaimForNodeWide makes way for node-wide block h (tag 0) where tenants' blocks
+// hold its key or its namespace's digest: they are dropped (counted as
+// namespace drops). A tenant may write under any key or digest it can
+// compute, and node-wide ones are not salted, so without this a tenant
+// that wrote first under a node-wide prompt's keys would keep node-wide
+// data out of the cache for good. Node-wide readers never see a tenant's
+// blocks (auth.Principal.Access), and a tenant's write under a digest that
+// node-wide blocks hold is refused (ErrTenant), so squatting gains nothing.
+func (l *Local) reclaimForNodeWide(h *block.Header) {
+	l.mu.Lock()
+	if !l.enterLocked() {
+		l.mu.Unlock()
+		return
+	}
+	var fr []freeLoc
+	if i := l.mu.x.find(h.Key); i != 0 {
+		if n := l.mu.ns.get(l.mu.x.at(i).ns); n.resolved && n.tenant != 0 {
+			l.dropLocked(i, reasonNamespace, &fr)
+		}
+	}
+	id := l.mu.ns.byDigest[h.Namespace]
+	squatted := id != 0 && l.mu.ns.get(id).tenant != 0
+	l.mu.Unlock()
+	l.freeAll(fr)
+	l.exit()
+	if squatted {
+		l.DropNamespace(h.Namespace)
+	}
 }
 
 // verifyPayload finishes what DecodeHeader and a length check started: the

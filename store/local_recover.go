@@ -76,7 +76,7 @@ func (l *Local) resolveLocked(i uint32, h *block.Header) error {
 		return errNamespaceDropped
 	}
 	size := l.mu.ns.get(old).size
-	if !l.mu.ns.fits(h.Namespace, tierDisk, size) {
+	if !l.mu.ns.fits(h.Namespace, h.Tenant, tierDisk, size) {
 		return errOverQuota
 	}
 	id, err := l.mu.ns.acquire(h, size, l.classOf(size), tierDisk)

@@ -145,7 +145,7 @@ func (r *Reservation) commit(asCopy bool) error {
 		l.countCorruptCommit()
 		return err
 	}
-	err = l.put(r.ctx, r.buf, asCopy && l.opts.Eviction == EvictDedup, r)
+	err = l.put(r.ctx, r.buf, asCopy && l.opts.Eviction.keepsCopies(), r)
 	if errors.Is(err, block.ErrCorrupt) {
 		l.countCorruptCommit()
 	}

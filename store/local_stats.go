@@ -46,6 +46,16 @@ type Stats struct {
 	CorruptDrops   int64 // blocks dropped because a read or verification failed
 	NamespaceDrops int64 // blocks dropped by DropNamespace
 	Cascaded       int64 // of all drops, descendants dropped with an ancestor
+	// SecondChances counts the blocks EvictReuse passed over at the cold
+	// end of a list, because they were asked for again, and moved to the
+	// hot end.
+	SecondChances int64
+	// ReusedBlocks are the cached blocks EvictReuse holds marked: asked for
+	// again since they were stored or last passed over. Their share of the
+	// blocks is the policy's own signal: near 0, the workload comes back
+	// to little of what it stored and the policy is LRU; near 1, eviction
+	// walks past many blocks before it finds a victim.
+	ReusedBlocks int64
 
 	Pinned int // live Refs pinning a block in place
 
@@ -89,7 +99,25 @@ type TierStats struct {
 	Name   string
 	Blocks int64
 	Bytes  int64
+	// Evicted counts the blocks that left the tier, by reason.
+	Evicted TierEvictions
 	tiers.Stats
+}
+
+// TierEvictions are the blocks that left a tier, by reason.
+type TierEvictions struct {
+	// Capacity: dropped from the node for room (in this tier), with the
+	// descendants dropped with them.
+	Capacity int64
+	// Demoted: moved one tier down for room (DRAM to NVMe, HBM to DRAM).
+	Demoted int64
+	// Refused: writes refused for lack of room (ErrFull, ErrQuota),
+	// counted on the tier writes land in (DRAM).
+	Refused int64
+	// Unadmitted: writes accepted but not kept, since the block was colder
+	// than everything the tier holds (its parent was the coldest): evicted
+	// at once, counted in Stats.Evictions too. DRAM only.
+	Unadmitted int64
 }
 
 // NamespaceStats is what one namespace has cached on this node, and its
@@ -138,7 +166,7 @@ func (l *Local) statsLocked() Stats {
 		Recovered: c.recovered, Demotions: c.demotions, Promotions: c.promotions, Rewrites: c.rewrites,
 		PromotionsDeferred: c.promotionsDeferred,
 		Evictions:          c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops,
-		Cascaded: c.cascade, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
+		Cascaded: c.cascade, SecondChances: c.secondChances, ReusedBlocks: l.mu.reused, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
 		Reservations: l.mu.reservations, ReservationsExpired: c.reservationsExpired, CorruptCommits: c.corruptCommits,
 		HBMDemotions: l.mu.hbm.demote, HBMPromotions: l.mu.hbm.promot,
 		PartialsOpen: len(l.mu.parts.open), PartialBytes: l.mu.parts.bytes,
@@ -152,12 +180,15 @@ func (l *Local) statsLocked() Stats {
 		}
 	}
 	hbmBlocks, hbmBytes := int64(len(l.mu.hbm.at)), l.mu.hbm.bytes
-	s.Tiers = append(s.Tiers, TierStats{Name: l.mem.Name(), Blocks: l.mu.blocks[tierMem] - hbmBlocks, Bytes: l.mu.bytes[tierMem] - hbmBytes})
+	s.Tiers = append(s.Tiers, TierStats{Name: l.mem.Name(), Blocks: l.mu.blocks[tierMem] - hbmBlocks, Bytes: l.mu.bytes[tierMem] - hbmBytes,
+		Evicted: TierEvictions{Capacity: c.evicted[tierMem], Demoted: c.demotions, Refused: c.refused, Unadmitted: c.unadmitted}})
 	if l.disk != nil {
-		s.Tiers = append(s.Tiers, TierStats{Name: l.disk.Name(), Blocks: l.mu.blocks[tierDisk], Bytes: l.mu.bytes[tierDisk]})
+		s.Tiers = append(s.Tiers, TierStats{Name: l.disk.Name(), Blocks: l.mu.blocks[tierDisk], Bytes: l.mu.bytes[tierDisk],
+			Evicted: TierEvictions{Capacity: c.evicted[tierDisk]}})
 	}
 	if l.hbm != nil {
-		s.Tiers = append(s.Tiers, TierStats{Name: l.hbm.Name(), Blocks: hbmBlocks, Bytes: hbmBytes})
+		s.Tiers = append(s.Tiers, TierStats{Name: l.hbm.Name(), Blocks: hbmBlocks, Bytes: hbmBytes,
+			Evicted: TierEvictions{Capacity: c.evicted[tierHBM], Demoted: l.mu.hbm.demote}})
 	}
 	byDigest := map[uint64]int{}
 	for _, n := range l.mu.ns.list {

@@ -43,10 +43,22 @@ var ErrQuota = errors.New("store: namespace over its quota")
 // Quota bounds what one namespace may cache on one node, per tier. Bytes are
 // encoded block bytes (header and payload) as Stats reports them; a tier may
 // spend a little more on a block (size-class rounding). Zero is unlimited.
+//
+// A quota set with Bound applies to the namespace only while its blocks carry
+// the tag Tenant (0: node-wide blocks): a namespace's digest is known to
+// whoever can compute it, so a tenant that wrote first under a node-wide
+// digest and set a quota there must not limit the node-wide namespace once
+// node-wide blocks take the digest back (see Put). An unbound quota applies
+// whatever the blocks carry.
 type Quota struct {
-	DRAM int64 // bytes in the memory tier; 0: unlimited
-	NVMe int64 // bytes in the persistent tier; 0: unlimited
+	DRAM   int64  // bytes in the memory tier; 0: unlimited
+	NVMe   int64  // bytes in the persistent tier; 0: unlimited
+	Tenant uint64 // with Bound, the tag of the blocks the quota applies to
+	Bound  bool   // apply only to blocks tagged Tenant
 }
+
+// appliesTo reports whether q applies to a namespace whose blocks carry tag.
+func (q Quota) appliesTo(tag uint64) bool { return !q.Bound || q.Tenant == tag }
 
 func (q Quota) tiers() [2]int64 { return [2]int64{q.DRAM, q.NVMe} }
 
@@ -129,7 +141,7 @@ func (l *Local) changeQuotas(change func(*namespaces)) error {
 		if !n.resolved {
 			continue
 		}
-		n.quota = t.quotaOf(n.digest).tiers()
+		n.quota = t.quotaOf(n.digest, n.tenant).tiers()
 		if n.excess(tierMem, 0) > 0 || n.excess(tierDisk, 0) > 0 {
 			trim = append(trim, n.digest)
 		}

@@ -83,12 +83,19 @@ func (l *Local) placeLocked(i uint32, parent prefixhash.Key) {
 		l.placeCopyLocked(i)
 		return
 	}
-	at := l.mu.diskList
+	list := l.mu.diskList
 	if !e.persistent() {
-		at = l.memListLocked(l.mu.ns.get(e.ns).class)
+		list = l.memListLocked(l.mu.ns.get(e.ns).class)
 	}
+	at := list
 	if p := x.find(parent); p != 0 && p != i {
 		if pe := x.at(p); pe.persistent() == e.persistent() && pe.ns == e.ns && !pe.copy() {
+			if l.opts.Eviction == EvictReuse && pe.reused() {
+				// A lookup found the parent: its chain is in use, so the
+				// parent, and the new block behind it, are the hottest
+				// (a lookup marks, it does not move).
+				l.moveFrontLocked(list, p)
+			}
 			at = p
 		}
 	}
@@ -103,6 +110,7 @@ func (l *Local) touchLocked(i uint32) {
 	x := &l.mu.x
 	e := x.at(i)
 	e.set(flagHit)
+	l.markReusedLocked(i)
 	if e.copy() {
 		return
 	}
@@ -168,18 +176,25 @@ func (l *Local) placedBehindLocked(at, i uint32) {
 	}
 }
 
+// coldestLocked marks the coldest idle blocks of list as victims until they
+// add up to want bytes, walking at most maxVictimWalk entries; it stops at
+// stop (reporting that it reached it). The policy may pass over a block
+// (secondChanceLocked), which moves it to the hot end.
 func (l *Local) coldestLocked(list uint32, want int, stop uint32) (vs []moved, reachedStop bool) {
 	x := &l.mu.x
 	got := 0
-	for j, walked := x.at(list).prev, 0; j != list && got < want && walked < maxVictimWalk; j, walked = x.at(j).prev, walked+1 {
+	for j, walked := x.at(list).prev, 0; j != list && got < want && walked < maxVictimWalk; walked++ {
+		prev := x.at(j).prev
 		if j == stop {
 			return vs, true
 		}
-		if e := x.at(j); e.busy() || isHBM(e.getLoc()) { // HBM empties into DRAM, not past it
+		if e := x.at(j); e.busy() || isHBM(e.getLoc()) || l.secondChanceLocked(list, j) { // HBM empties into DRAM, not past it
+			j = prev
 			continue
 		}
 		vs = append(vs, l.markVictimLocked(j))
 		got += vs[len(vs)-1].size
+		j = prev
 	}
 	return vs, false
 }

@@ -115,7 +115,7 @@ func (s *clusterScenario) run(t *testing.T, d *datadriven.TestData) string {
 	case "handoff":
 		c := s.node(t, d, d.CmdArgs[0].Key)
 		held := c.Local().Stats().Tiers[0].Blocks
-		n := c.Handoff(ctx, 1<<30)
+		n := len(c.Handoff(ctx, 1<<30))
 		return fmt.Sprintf("held %d, pushed %d", held, n)
 	case "leave":
 		id := d.CmdArgs[0].Key

@@ -23,10 +23,12 @@ import (
 //
 // Commands (sizes in blocks; every block has blockBytes encoded bytes):
 //
-//	open dram=<blocks> [nvme=<blocks>]   a fresh Local, demoting one block at a time
+//	open dram=<blocks> [nvme=<blocks>] [eviction=<policy>]
+//	                                     a fresh Local, demoting one block at a time
 //	put <name> [parent=<name>]           a new block under parent (default: the root)
 //	chain <prefix> <n>                   n blocks <prefix>1..<prefix>n, each under the last
 //	get <name>...                        hit (the tier it was in) or miss, released at once
+//	lookup <name>...                     a lookup of each block alone: found or not
 //	quota dram=<blocks> nvme=<blocks>    SetQuota for the namespace (0: unlimited)
 //	where                                each named block's tier, or -
 //	stats                                the counters that moved, then Stats.Check
@@ -64,7 +66,9 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		var mem, disk int
 		d.ScanArgs(t, "dram", &mem)
 		d.MaybeScanArgs(t, "nvme", &disk)
-		opts := Options{DRAM: newFakeMem(blockBytes, mem, blockBytes), DemoteBatchBytes: 1}
+		var ev string
+		d.MaybeScanArgs(t, "eviction", &ev)
+		opts := Options{DRAM: newFakeMem(blockBytes, mem, blockBytes), DemoteBatchBytes: 1, Eviction: Eviction(ev)}
 		if disk > 0 {
 			opts.NVMe = newFakeVolume(blockBytes+64, disk).open()
 		}
@@ -118,6 +122,20 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 			out = append(out, fmt.Sprintf("%s: hit in %s", a.Key, was))
 		}
 		return strings.Join(out, "\n")
+	case "lookup":
+		var out []string
+		for _, a := range d.CmdArgs {
+			key, ok := s.keys[a.Key]
+			if !ok {
+				t.Fatalf("%s: no block %s", d.Pos, a.Key)
+			}
+			found := "not found"
+			if s.l.LongestPrefix(auth.Access{}, []prefixhash.Key{key}) == 1 {
+				found = "found"
+			}
+			out = append(out, a.Key+": "+found)
+		}
+		return strings.Join(out, "\n")
 	case "quota":
 		var mem, disk int64
 		d.MaybeScanArgs(t, "dram", &mem)
@@ -142,6 +160,7 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 			{"puts", st.Puts}, {"refused", st.Refused}, {"quota-refused", st.QuotaRefused},
 			{"demotions", st.Demotions}, {"promotions", st.Promotions}, {"rewrites", st.Rewrites},
 			{"evictions", st.Evictions}, {"cascaded", st.Cascaded}, {"hits", st.Hits}, {"misses", st.Misses},
+			{"second-chances", st.SecondChances},
 		} {
 			if c.v != 0 {
 				out = append(out, fmt.Sprintf("%s=%d", c.name, c.v))

@@ -18,7 +18,9 @@ import (
 //     no more than its capacity;
 //   - every block that came in (Puts, Recovered) is either cached or was
 //     dropped (Evictions, CorruptDrops, NamespaceDrops);
-//   - the namespaces' blocks add up to the tiers'.
+//   - the namespaces' blocks add up to the tiers';
+//   - the tiers' evictions (capacity, unadmitted) add up to Evictions, and no more
+//     blocks are marked reused than are cached.
 //
 // Tests call it after a workload; the invariants build (go test -race, or
 // -tags invariants) calls it when a Local closes.
@@ -41,6 +43,16 @@ func (s Stats) Check() error {
 	if in, out := s.Puts+s.Recovered, total+s.Evictions+s.CorruptDrops+s.NamespaceDrops; in != out {
 		return fmt.Errorf("store: %d blocks came in (puts %d, recovered %d), %d are cached or were dropped (cached %d, evicted %d, corrupt %d, namespace drops %d)",
 			in, s.Puts, s.Recovered, out, total, s.Evictions, s.CorruptDrops, s.NamespaceDrops)
+	}
+	evicted := int64(0)
+	for _, ts := range s.Tiers {
+		evicted += ts.Evicted.Capacity + ts.Evicted.Unadmitted
+	}
+	if evicted != s.Evictions {
+		return fmt.Errorf("store: the tiers count %d blocks evicted for room, the node %d", evicted, s.Evictions)
+	}
+	if s.ReusedBlocks < 0 || s.ReusedBlocks > total {
+		return fmt.Errorf("store: %d blocks marked reused, %d cached", s.ReusedBlocks, total)
 	}
 	nsBlocks := int64(0)
 	for _, n := range s.Namespaces {

@@ -19,7 +19,7 @@ func TestStatsCheck(t *testing.T) {
 		return Stats{
 			Tiers: []TierStats{
 				{Name: "dram", Blocks: 3, Bytes: 300, Stats: tiers.Stats{Capacity: 1000, Reserved: 300, Stored: 300, Values: 3}},
-				{Name: "nvme", Blocks: 2, Bytes: 200, Stats: tiers.Stats{Capacity: 1000, Reserved: 200, Stored: 200, Values: 2}},
+				{Name: "nvme", Blocks: 2, Bytes: 200, Evicted: TierEvictions{Capacity: 1}, Stats: tiers.Stats{Capacity: 1000, Reserved: 200, Stored: 200, Values: 2}},
 			},
 			Puts: 6, Recovered: 1, Evictions: 1, CorruptDrops: 1,
 			Namespaces: []NamespaceStats{{Digest: 1, Blocks: 4}, {Digest: 2, Blocks: 1}},
@@ -39,6 +39,8 @@ func TestStatsCheck(t *testing.T) {
 		{"a block unaccounted", func(s *Stats) { s.Puts++ }, "8 blocks came in"},
 		{"a drop uncounted", func(s *Stats) { s.NamespaceDrops++ }, "8 are cached or were dropped"},
 		{"namespaces short", func(s *Stats) { s.Namespaces[1].Blocks = 0 }, "namespaces hold 4 blocks"},
+		{"a tier's eviction uncounted", func(s *Stats) { s.Tiers[0].Evicted.Unadmitted = 1 }, "the tiers count 2 blocks evicted"},
+		{"more marked than cached", func(s *Stats) { s.ReusedBlocks = 6 }, "6 blocks marked reused, 5 cached"},
 	} {
 		s := good()
 		c.mutate(&s)

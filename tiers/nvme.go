@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/internal/invariants"
+	"github.com/kvmesh/kvmesh/internal/privatefs"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -137,7 +138,7 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 		}
 	}()
 	// Only the node's user may read the cache: directories 0700, files
-	// 0600 (pebble's own files are 0644, unreachable in a 0700 directory).
+	// 0600, pebble's included (privatefs).
 	for _, dir := range []string{t.segDir, filepath.Join(opts.Dir, "index")} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("nvme: %w", err)
@@ -155,7 +156,7 @@ func OpenNVMe(opts NVMeOptions) (*NVMe, error) {
 			t.log.Warn("nvme: O_DIRECT refused, using buffered I/O", "dir", t.segDir, "err", err)
 		}
 	}
-	t.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: nvmePebbleLogger{t.log}})
+	t.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: nvmePebbleLogger{t.log}, FS: privatefs.New(nil)})
 	if err != nil {
 		return nil, fmt.Errorf("nvme: open index: %w", err)
 	}

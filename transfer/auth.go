@@ -56,8 +56,8 @@ func checkHello(tokens *auth.Tokens, table []byte) (auth.Principal, error) {
 // requestScope returns ctx carrying who and the access request h is
 // granted, or an ErrAuth error when who may not make it. A tenant's request
 // is confined to its own blocks whatever its frame says; a node-wide
-// principal's is confined only when the frame is scoped (a node acting for
-// a tenant).
+// principal's to node-wide blocks without the cluster scope, and with it,
+// only when the frame is scoped (a node acting for a tenant).
 func requestScope(ctx context.Context, who auth.Principal, h *header) (context.Context, error) {
 	if err := checkScope(who, h); err != nil {
 		return ctx, err
@@ -79,9 +79,13 @@ func checkScope(who auth.Principal, h *header) error {
 }
 
 // confine returns ctx, which carries who, confined to the tenant of a
-// scoped frame when who is node-wide.
+// scoped frame when who is a node acting for that tenant (node-wide, with
+// the cluster scope). Any other principal keeps its own access whatever its
+// frame says: a tenant its blocks, a node-wide principal without the
+// cluster scope node-wide blocks (auth.Principal.Access), so that no frame
+// widens what a token may read.
 func confine(ctx context.Context, who auth.Principal, h *header) context.Context {
-	if !who.Scoped() && h.scoped {
+	if !who.Scoped() && who.Can(auth.Cluster) && h.scoped {
 		ctx = auth.WithAccess(ctx, auth.Access{Scoped: true, Tag: h.tag})
 	}
 	return ctx

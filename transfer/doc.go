@@ -24,8 +24,8 @@
 // the Source into the region, and the client reads them in place. Requests,
 // (offset, length) answers and releases travel over the socket; value bytes
 // never do (puts without a writable arena excepted: they travel inline).
-// With ShmServerOptions.Arena, a node-wide client whose hello asks for it
-// (ShmClient does; the Python client does not) also maps the node's DRAM
+// With ShmServerOptions.Arena, a node-wide client allowed to write whose
+// hello asks for it (ShmClient and the Python client do) also maps the node's DRAM
 // arena: gets are answered with arena offsets under a lease (no copy at
 // all), and puts reserve slots there, are written by the client and
 // committed by the server (Reserver); see ShmServer.
@@ -135,8 +135,19 @@
 // unauthenticated connection, and the client's error says why (ErrAuth).
 // The server compares the token's SHA-256 with every accepted token's in
 // constant time (auth.Tokens). Tokens.Set rotates the set without a
-// restart; connections already accepted stay open. Over plain TCP the token
-// travels in the clear: use TLS wherever the network is not trusted.
+// restart; CloseRevoked then closes the connections whose token was dropped
+// or now names another principal (the server keeps each connection's token
+// digest, never the token). Over plain TCP the token travels in the clear:
+// use TLS wherever the network is not trusted.
+//
+// Slots (listeners.go): a connection is pending until its hello is accepted
+// (HandshakeTimeout, 2s, bounds that), then authenticated. MaxConns (shared
+// memory: MaxClients) bounds the authenticated ones and MaxConnsPerTenant
+// (MaxClientsPerTenant) one tenant's share of them; pending connections
+// have slots of their own, and when those are full the oldest is evicted.
+// So sockets that never say hello cannot keep credentialed clients out,
+// and one tenant cannot take every slot, nor, on shared memory, pin more
+// than its share of regions.
 //
 // The token authenticates a principal (auth.Principal), kept for the
 // connection. Every request is checked against its scopes (a get, get-part
@@ -144,10 +155,12 @@
 // dropped) and runs with the principal and an access in its context
 // (auth.WithPrincipal, auth.AccessFrom) that the Source and Sink enforce per
 // block: a tenant's connection is confined to its own tenant's blocks
-// whatever its frames say; a node-wide principal's request is confined when
-// its frame is scoped (a node reading or writing for a tenant: the client
-// scopes a request when its context carries a scoped access), and touches
-// any block otherwise. Without tokens every connection is auth.Open.
+// whatever its frames say; a node-wide principal without the cluster scope
+// to node-wide blocks (tag 0) whatever its frames say; a node's (the
+// cluster scope) request is confined when its frame is scoped (a node
+// reading or writing for a tenant: the client scopes a request when its
+// context carries a scoped access), and touches any block otherwise.
+// Without tokens every connection is auth.Open, which holds every scope.
 //
 // Mismatched ends fail at once with ErrAuth, never with a hang or a
 // deadline: a plain client of a TLS server is answered with a plain error
@@ -162,9 +175,14 @@
 // the same hello as TCP's). A refused client gets no region. Each client's
 // region is its own memfd, sealed and mapped read-only by the client, so a
 // client sees only the values it asked for. The DRAM arena is shared only
-// with node-wide principals (never a tenant's client, which keeps the
-// region): read-only to readers, writable to writers, who could write any
-// slot: reservations are verified at commit, not afterwards.
+// with node-wide principals allowed to write (never a tenant's client or a
+// node-wide reader, which keep the region): a memfd's inode is mode 0777,
+// so any descriptor of it, even one opened O_RDONLY, can be reopened
+// through /proc/self/fd writable, and the arena holds every tenant's
+// blocks. Writers could write any slot: reservations are verified at
+// commit, not afterwards. A client's region is sealed F_SEAL_FUTURE_WRITE
+// (Linux 5.1+), so a reopened descriptor of it cannot be written either;
+// were it, the client would only spoil its own copies.
 //
 // # Deadlines and failure
 //

@@ -171,9 +171,18 @@ func (o *ClientOptions) Validate() error {
 // ServerOptions configure a Server (TCP).
 type ServerOptions struct {
 	Limits
-	// MaxConns is the most open connections; further ones are closed at
-	// accept. Default 1024.
+	// MaxConns is the most authenticated connections (their hello
+	// accepted); a hello past it is refused with ErrLimit. Connections
+	// still in their handshake have slots of their own beside these (a
+	// quarter as many, at least 16): when those are full, a new connection
+	// evicts the oldest of them, so sockets that never authenticate cannot
+	// keep credentialed clients out. Default 1024.
 	MaxConns int
+	// MaxConnsPerTenant is the most authenticated connections one tenant's
+	// tokens may hold together, so one tenant cannot take every slot.
+	// Node-wide principals (a shared token, the cluster's) count only
+	// toward MaxConns. Default MaxConns/4, at least 1.
+	MaxConnsPerTenant int
 	// MaxInFlightBytes is the node-wide budget, in bytes, of the memory
 	// requests hold, over all connections, each part charged before it is
 	// allocated: a request's item table as it arrives (64 KiB at a time,
@@ -202,7 +211,7 @@ type ServerOptions struct {
 	IdleTimeout time.Duration
 	// HandshakeTimeout bounds a new connection's TLS handshake and hello:
 	// how long a client that has not yet been accepted may hold a
-	// connection. Default 5s.
+	// connection. Default 2s.
 	HandshakeTimeout time.Duration
 	// TLS, when set, makes the server speak TLS 1.3 only, with this
 	// configuration (LoadTLS builds one from PEM files): it needs a
@@ -235,6 +244,9 @@ func (o *ServerOptions) EnsureDefaults() {
 	if o.MaxConns == 0 {
 		o.MaxConns = 1024
 	}
+	if o.MaxConnsPerTenant == 0 {
+		o.MaxConnsPerTenant = max(1, o.MaxConns/4)
+	}
 	if o.MaxInFlightBytes == 0 {
 		o.MaxInFlightBytes = max(256<<20, o.MaxBatchBytes)
 	}
@@ -248,12 +260,17 @@ func (o *ServerOptions) EnsureDefaults() {
 		o.IdleTimeout = 5 * time.Minute
 	}
 	if o.HandshakeTimeout == 0 {
-		o.HandshakeTimeout = 5 * time.Second
+		o.HandshakeTimeout = DefaultHandshakeTimeout
 	}
 	if o.LeaseTimeout == 0 {
 		o.LeaseTimeout = DefaultLeaseTimeout
 	}
 }
+
+// DefaultHandshakeTimeout is how long a new data-plane connection has to
+// finish its TLS handshake and hello, by default: a loopback or LAN client
+// takes a millisecond or two; the rest is slack for a loaded host.
+const DefaultHandshakeTimeout = 2 * time.Second
 
 // Validate reports the first field out of range.
 func (o *ServerOptions) Validate() error {
@@ -263,6 +280,8 @@ func (o *ServerOptions) Validate() error {
 	switch {
 	case o.MaxConns < 1:
 		return fmt.Errorf("transfer: ServerOptions.MaxConns %d must be at least 1", o.MaxConns)
+	case o.MaxConnsPerTenant < 1:
+		return fmt.Errorf("transfer: ServerOptions.MaxConnsPerTenant %d must be at least 1", o.MaxConnsPerTenant)
 	case o.MaxInFlightBytes < o.MaxBatchBytes:
 		return fmt.Errorf("transfer: ServerOptions.MaxInFlightBytes %d is below MaxBatchBytes %d", o.MaxInFlightBytes, o.MaxBatchBytes)
 	case o.RequestTimeout <= 0:
@@ -287,9 +306,17 @@ type ShmServerOptions struct {
 	// in, not up front. Values larger than the region are answered with
 	// StatusError. Default 256 MiB.
 	RegionSize int64
-	// MaxClients is the most clients at once; further ones are closed at
-	// accept. Default 64.
+	// MaxClients is the most clients at once (their hello accepted); a
+	// hello past it is refused with ErrLimit. Connections still in their
+	// handshake have slots of their own, the oldest evicted when they are
+	// full (see ServerOptions.MaxConns). Default 64.
 	MaxClients int
+	// MaxClientsPerTenant is the most clients one tenant's tokens may hold
+	// at once, and so the most region memory it can pin
+	// (MaxClientsPerTenant × RegionSize): one tenant cannot take every
+	// slot. Node-wide principals count only toward MaxClients. Default
+	// MaxClients/4, at least 1.
+	MaxClientsPerTenant int
 	// MaxPending is the most requests a client may have queued on the
 	// server; a client that exceeds it is disconnected (ShmClient never
 	// does). Default 64.
@@ -302,7 +329,8 @@ type ShmServerOptions struct {
 	// for region space) when the client asks for no shorter timeout.
 	// Default 30s.
 	RequestTimeout time.Duration
-	// HandshakeTimeout bounds a new client's hello. Default 5s.
+	// HandshakeTimeout bounds a new client's hello. Default 2s
+	// (DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
 	// SocketMode is the permission bits of the socket file, set right
 	// after it is created: who may connect, and so read the cache. 0600
@@ -319,10 +347,11 @@ type ShmServerOptions struct {
 	// hello carries none of them. Default nil: no token required.
 	Tokens *auth.Tokens
 	// Arena, when set, is shared with clients that are node-wide
-	// principals (see Arena): read-only to those that may only read,
-	// writable to writers when Reserver is set too. A tenant's client
-	// never gets it and is served by copies into its region. Default nil:
-	// every value is copied into the client's region.
+	// principals allowed to write (see Arena), writable when Reserver is
+	// set too. A tenant's client or a node-wide reader never gets it (any
+	// descriptor of a memfd can be reopened writable) and is served by
+	// copies into its region. Default nil: every value is copied into the
+	// client's region.
 	Arena Arena
 	// Reserver, with Arena, serves reserve and commit requests: puts
 	// written by the client straight into arena slots. Its Buf must lie in
@@ -345,6 +374,9 @@ func (o *ShmServerOptions) EnsureDefaults() {
 	if o.MaxClients == 0 {
 		o.MaxClients = 64
 	}
+	if o.MaxClientsPerTenant == 0 {
+		o.MaxClientsPerTenant = max(1, o.MaxClients/4)
+	}
 	if o.MaxPending == 0 {
 		o.MaxPending = 64
 	}
@@ -355,7 +387,7 @@ func (o *ShmServerOptions) EnsureDefaults() {
 		o.RequestTimeout = 30 * time.Second
 	}
 	if o.HandshakeTimeout == 0 {
-		o.HandshakeTimeout = 5 * time.Second
+		o.HandshakeTimeout = DefaultHandshakeTimeout
 	}
 	if o.LeaseTimeout == 0 {
 		o.LeaseTimeout = DefaultLeaseTimeout
@@ -375,6 +407,8 @@ func (o *ShmServerOptions) Validate() error {
 		return fmt.Errorf("transfer: ShmServerOptions.RegionSize %d must be a multiple of 4KiB in [64KiB, 1TiB]", o.RegionSize)
 	case o.MaxClients < 1:
 		return fmt.Errorf("transfer: ShmServerOptions.MaxClients %d must be at least 1", o.MaxClients)
+	case o.MaxClientsPerTenant < 1:
+		return fmt.Errorf("transfer: ShmServerOptions.MaxClientsPerTenant %d must be at least 1", o.MaxClientsPerTenant)
 	case o.MaxPending < 1 || o.MaxPending > maxPendingLimit:
 		return fmt.Errorf("transfer: ShmServerOptions.MaxPending %d out of [1, %d]", o.MaxPending, maxPendingLimit)
 	case o.MaxInFlightBytes < o.MaxBatchBytes:

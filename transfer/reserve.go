@@ -10,8 +10,9 @@ import (
 
 // Arena is the memory a ShmServer's Source serves from and its Reserver
 // reserves in: the node's DRAM tier (tiers.DRAM implements it). When a
-// ShmServer has one, it hands trusted clients (node-wide principals, never
-// a tenant: the arena holds every tenant's blocks) a descriptor of it at
+// ShmServer has one, it hands trusted clients (node-wide principals that
+// may write; never a tenant or a reader: the arena holds every tenant's
+// blocks, and any descriptor of it can be reopened writable) a descriptor of it at
 // connect, so that they read found values in place, under a lease, instead
 // of the server copying them into their region, and write puts into
 // reserved slots.

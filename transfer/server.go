@@ -36,8 +36,10 @@ type Server struct {
 // Stats are a server's counters since it started.
 type Stats struct {
 	Conns        int64 // connections (clients, for ShmServer) open now
-	Refused      int64 // connections closed at accept (over MaxConns)
+	Refused      int64 // connections refused: server closed, or a hello over MaxConns or a tenant's share
+	Evicted      int64 // connections closed in their handshake to make room for newer ones
 	Unauthorized int64 // connections refused before serving: TLS failed, token missing or wrong, peer uid not allowed
+	Revoked      int64 // connections closed by CloseRevoked: their token was dropped or changed
 	Requests     int64 // requests served
 	Dropped      int64 // connections dropped for a bad frame, a limit or an I/O error
 	Hits         int64 // values sent
@@ -61,14 +63,15 @@ type Stats struct {
 
 type counters struct {
 	conns, refused, unauthorized, requests, dropped, hits, misses, bytesOut, puts, bytesIn, regionUse, lookups atomic.Int64
-	leases, leasesExpired, reservations, reservationsAborted                                                   atomic.Int64
+	leases, leasesExpired, reservations, reservationsAborted, revoked, evicted                                 atomic.Int64
 	granted, grantedBytes                                                                                      atomic.Int64
 }
 
 func (l *listeners) snapshot() Stats {
 	c := &l.stats
 	return Stats{
-		Conns: c.conns.Load(), Refused: c.refused.Load(), Unauthorized: c.unauthorized.Load(), Requests: c.requests.Load(), Dropped: c.dropped.Load(),
+		Conns: c.conns.Load(), Refused: c.refused.Load(), Unauthorized: c.unauthorized.Load(), Revoked: c.revoked.Load(), Evicted: c.evicted.Load(),
+		Requests: c.requests.Load(), Dropped: c.dropped.Load(),
 		Hits: c.hits.Load(), Misses: c.misses.Load(), BytesOut: c.bytesOut.Load(),
 		Puts: c.puts.Load(), BytesIn: c.bytesIn.Load(), RegionUse: c.regionUse.Load(), Lookups: c.lookups.Load(),
 		Leases: c.leases.Load(), LeasesExpired: c.leasesExpired.Load(),
@@ -93,7 +96,7 @@ func NewServer(src Source, sink Sink, opts *ServerOptions, log *slog.Logger) (*S
 		return nil, errors.New("transfer: NewServer needs a Source")
 	}
 	s := &Server{src: src, sink: sink, opts: o, tls: prepareTLS(o.TLS, ""), inflight: newByteSem(int64(o.MaxInFlightBytes))}
-	s.listeners.init(log, o.MaxConns, s.serveConn)
+	s.listeners.init(log, o.MaxConns, o.MaxConnsPerTenant, s.serveConn)
 	return s, nil
 }
 
@@ -120,145 +123,13 @@ func (s *Server) Stats() Stats { return s.snapshot() }
 // Sink, and waits for every goroutine of the server.
 func (s *Server) Close() error { return s.close() }
 
-// listeners is what both servers share: listeners, an accept loop per
-// listener, a goroutine per admitted connection (at most maxConns), and a
-// Close that stops them all and waits for them.
-type listeners struct {
-	log      *slog.Logger
-	maxConns int
-	handle   func(net.Conn)  // serves one connection; the caller closes it after
-	ctx      context.Context // canceled by Close
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup // accept loops and connection goroutines
-	stats    counters
-
-	mu struct {
-		sync.Mutex
-		lns    map[net.Listener]struct{}
-		conns  map[net.Conn]struct{}
-		closed bool
-	}
-}
-
-func (l *listeners) init(log *slog.Logger, maxConns int, handle func(net.Conn)) {
-	if log == nil {
-		log = slog.Default()
-	}
-	l.log, l.maxConns, l.handle = log, maxConns, handle
-	l.ctx, l.cancel = context.WithCancel(context.Background())
-	l.mu.lns = make(map[net.Listener]struct{})
-	l.mu.conns = make(map[net.Conn]struct{})
-}
-
-// start serves ln in a goroutine that close stops.
-func (l *listeners) start(ln net.Listener) (net.Addr, error) {
-	if !l.track(ln) {
-		ln.Close()
-		return nil, ErrClosed
-	}
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		l.acceptLoop(ln)
-	}()
-	return ln.Addr(), nil
-}
-
-func (l *listeners) serve(ln net.Listener) error {
-	if !l.track(ln) {
-		ln.Close()
-		return ErrClosed
-	}
-	return l.acceptLoop(ln)
-}
-
-func (l *listeners) track(ln net.Listener) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.mu.closed {
-		return false
-	}
-	l.mu.lns[ln] = struct{}{}
-	return true
-}
-
-// acceptLoop accepts on ln and starts a goroutine per connection until ln
-// fails for good. Transient errors (out of file descriptors) back off
-// instead of spinning. It returns ErrClosed after Close.
-func (l *listeners) acceptLoop(ln net.Listener) error {
-	var delay time.Duration
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			if l.ctx.Err() != nil {
-				return ErrClosed
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return fmt.Errorf("transfer: accept: %w", err)
-			}
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			l.log.Warn("transfer: accept failed; retrying", "addr", ln.Addr(), "err", err, "retry_in", delay)
-			t := time.NewTimer(delay)
-			select {
-			case <-t.C:
-			case <-l.ctx.Done():
-				t.Stop()
-				return ErrClosed
-			}
-			continue
-		}
-		delay = 0
-		if l.admit(nc) {
-			l.wg.Add(1)
-			go func() {
-				defer l.wg.Done()
-				defer l.forget(nc)
-				l.handle(nc)
-			}()
-		}
-	}
-}
-
-// admit tracks nc, or closes it when the server is closed or full.
-func (l *listeners) admit(nc net.Conn) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.mu.closed || len(l.mu.conns) >= l.maxConns {
-		nc.Close()
-		l.stats.refused.Add(1)
-		return false
-	}
-	l.mu.conns[nc] = struct{}{}
-	l.stats.conns.Add(1)
-	return true
-}
-
-func (l *listeners) forget(nc net.Conn) {
-	nc.Close()
-	l.mu.Lock()
-	delete(l.mu.conns, nc)
-	l.mu.Unlock()
-	l.stats.conns.Add(-1)
-}
-
-func (l *listeners) close() error {
-	l.mu.Lock()
-	if l.mu.closed {
-		l.mu.Unlock()
-		return nil
-	}
-	l.mu.closed = true
-	for ln := range l.mu.lns {
-		ln.Close()
-	}
-	for nc := range l.mu.conns {
-		nc.Close()
-	}
-	l.mu.Unlock()
-	l.cancel()
-	l.wg.Wait()
-	return nil
-}
+// CloseRevoked closes every connection whose hello presented a token that
+// ServerOptions.Tokens no longer holds, or that now authenticates another
+// principal (other scopes, another tenant), and returns how many it
+// closed: call it after changing the tokens (Tokens.Set), so that a
+// revoked credential stops working at once rather than when its
+// connections idle out. Requests in flight on them fail.
+func (s *Server) CloseRevoked() int { return s.closeRevoked(s.opts.Tokens) }
 
 // scratch holds the per-connection slices a server reuses between requests.
 type scratch struct {
@@ -360,6 +231,7 @@ func reserve(ctx context.Context, sem *byteSem, n int64) (int64, error) {
 
 type serverConn struct {
 	s   *Server
+	raw net.Conn // the accepted connection, under nc's TLS when there is one
 	nc  net.Conn
 	br  *bufio.Reader
 	hdr [headerLen]byte
@@ -401,7 +273,7 @@ func (s *Server) serveConn(raw net.Conn) {
 	if !ok {
 		return
 	}
-	sc := &serverConn{s: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10), who: auth.Open}
+	sc := &serverConn{s: s, raw: raw, nc: nc, br: bufio.NewReaderSize(nc, 64<<10), who: auth.Open}
 	if !sc.opening() {
 		return
 	}
@@ -501,6 +373,9 @@ func (sc *serverConn) opening() bool {
 			sc.who, err = checkHello(s.opts.Tokens, sc.table)
 		}
 		if err == nil {
+			err = s.authenticated(sc.raw, sc.who, sc.table)
+		}
+		if err == nil {
 			sc.enc.begin(typeHelloAck, 0)
 			_, err = sc.nc.Write(sc.enc.finish(header{typ: typeHelloAck, id: h.id}))
 			if err == nil {
@@ -511,6 +386,9 @@ func (sc *serverConn) opening() bool {
 		err = refused("this server requires a bearer token: the connection must open with a hello")
 	default:
 		// A client that skipped the hello, served without one.
+		if err = s.authenticated(sc.raw, sc.who, nil); err != nil {
+			break
+		}
 		err := sc.serve()
 		sc.trim()
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/internal/testkit"
@@ -379,7 +380,7 @@ func TestShmArenaPut(t *testing.T) {
 }
 
 // A tenant's client never gets the arena (it holds every tenant's blocks),
-// nor does a reader get it writable.
+// nor does a node-wide reader: both read copies in their region.
 func TestShmArenaRefusedToTenants(t *testing.T) {
 	acme := auth.Principal{Tenant: "acme", Scopes: auth.All, Tag: auth.TagOf("acme")}
 	reader := auth.Principal{Scopes: auth.Read}
@@ -395,7 +396,7 @@ func TestShmArenaRefusedToTenants(t *testing.T) {
 	for _, tc := range []struct {
 		token           string
 		arena, writable bool
-	}{{"node", true, true}, {"acme", false, false}, {"reader", true, false}} {
+	}{{"node", true, true}, {"acme", false, false}, {"reader", false, false}} {
 		c := dialShm(t, path, &ShmClientOptions{Token: tc.token})
 		if (c.arena != nil) != tc.arena || c.arenaW != tc.writable {
 			t.Fatalf("%s: arena %v writable %v, want %v %v", tc.token, c.arena != nil, c.arenaW, tc.arena, tc.writable)
@@ -409,6 +410,111 @@ func TestShmArenaRefusedToTenants(t *testing.T) {
 		}
 		r.Release()
 	}
+}
+
+// TestShmArenaReopenAttack: a client that may only read (a node-wide
+// reader, a tenant) takes every descriptor the server sends it, reopens
+// each through /proc/self/fd O_RDWR (a memfd's inode is mode 0777) and
+// tries to map it writable and to write it. None of them is the arena, and
+// none can be written: the blocks other clients read stay as stored. The
+// writer, the positive control, is given the arena.
+func TestShmArenaReopenAttack(t *testing.T) {
+	acme := auth.Principal{Tenant: "acme", Scopes: auth.Read, Tag: auth.TagOf("acme")}
+	creds, _ := auth.Shared("node")
+	creds = append(creds, auth.Credential{Sum: sha("acme"), Principal: acme},
+		auth.Credential{Sum: sha("reader"), Principal: auth.Principal{Scopes: auth.Read}})
+	tokens, err := auth.NewCredentials(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newArenaSource(t, 4<<20, 1<<20)
+	want := sealed(0, 4096)
+	a.set(t, testKey(0), want)
+	_, path := startArenaShm(t, a, ShmServerOptions{Tokens: tokens})
+	_, afd := a.Arena()
+	var arenaIno unix.Stat_t
+	if err := unix.Fstat(afd, &arenaIno); err != nil {
+		t.Fatal(err)
+	}
+	for _, token := range []string{"reader", "acme", "node"} {
+		uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim := Limits{}
+		lim.EnsureDefaults()
+		hl, mem, fds, err := receiveHello(context.Background(), uc, token, &lim)
+		if err != nil {
+			t.Fatalf("%s: hello: %v", token, err)
+		}
+		gotArena, wrote := false, false
+		for _, fd := range fds {
+			var st unix.Stat_t
+			isArena := unix.Fstat(fd, &st) == nil && st.Dev == arenaIno.Dev && st.Ino == arenaIno.Ino
+			gotArena = gotArena || isArena
+			if token != "node" && reopenAndWrite(t, fd, isArena) {
+				wrote = true
+			}
+			unix.Close(fd)
+		}
+		unix.Munmap(mem)
+		uc.Close()
+		if token == "node" {
+			if !gotArena || hl.arena&arenaWritable == 0 {
+				t.Errorf("the node-wide writer was not given the writable arena")
+			}
+			continue
+		}
+		if gotArena || hl.arena != 0 {
+			t.Errorf("%s (may only read) was given a descriptor of the arena", token)
+		}
+		if wrote {
+			t.Errorf("%s reopened a descriptor it was given and wrote through it", token)
+		}
+	}
+	c := dialShm(t, path, &ShmClientOptions{Token: "node"})
+	r, err := c.Get(context.Background(), []prefixhash.Key{testKey(0)})
+	if err != nil || r.Status[0] != StatusOK || !bytes.Equal(r.Values[0], want) {
+		t.Fatalf("the stored block after the attack: %v, changed %v", err, r.Status[0] != StatusOK || !bytes.Equal(r.Values[0], want))
+	}
+	r.Release()
+}
+
+// reopenAndWrite does what a hostile client does with a descriptor it was
+// sent: reopen it read-write through /proc and write through a writable
+// shared mapping or pwrite (of the bytes already there, so that a write
+// that gets through changes nothing). It reports whether any did.
+func reopenAndWrite(t *testing.T, fd int, isArena bool) bool {
+	t.Helper()
+	if seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0); !isArena && err == nil && seals&unix.F_SEAL_FUTURE_WRITE == 0 {
+		// A region on a kernel before 5.1, which lacks the write seal:
+		// writing it spoils only this client's own copies.
+		t.Logf("descriptor %d is not sealed against writes (kernel before 5.1?): not attacked", fd)
+		return false
+	}
+	rw, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false // could not even reopen it
+	}
+	defer unix.Close(rw)
+	var st unix.Stat_t
+	if err := unix.Fstat(rw, &st); err != nil || st.Size == 0 {
+		return false
+	}
+	wrote := false
+	if m, err := unix.Mmap(rw, 0, int(min(st.Size, 1<<20)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
+		m[0] ^= 0xff // the first slot's first byte: where a block's header starts
+		m[0] ^= 0xff
+		wrote = true
+		unix.Munmap(m)
+	}
+	last := make([]byte, 1)
+	if _, err := unix.Pread(rw, last, st.Size-1); err == nil {
+		if n, err := unix.Pwrite(rw, last, st.Size-1); err == nil && n == 1 {
+			wrote = true
+		}
+	}
+	return wrote
 }
 
 // A client process killed between reserving and committing leaves no

@@ -25,6 +25,9 @@ func (*ShmServer) Listen(string) error { return ErrUnsupported }
 // Stats returns zeros.
 func (*ShmServer) Stats() Stats { return Stats{} }
 
+// CloseRevoked disconnects nobody: there are no clients.
+func (*ShmServer) CloseRevoked() int { return 0 }
+
 // Close does nothing.
 func (*ShmServer) Close() error { return nil }
 

@@ -38,8 +38,9 @@ import (
 // placed, is answered in part and the client asks again for the rest.
 //
 // With an Arena (ShmServerOptions.Arena), a client that is a node-wide
-// principal also gets a descriptor of the node's DRAM arena: read-only to a
-// reader, writable to a writer when a Reserver is set. Its gets are then
+// principal allowed to write also gets a descriptor of the node's DRAM
+// arena (writable, and mapped so, when a Reserver is set). Nobody else
+// does: whoever holds a descriptor of a memfd can reopen it writable. Its gets are then
 // answered in place: a value found in the arena is sent as its arena
 // offset, and the request holds a lease on it (the block stays pinned, its
 // slot unused by anything else) until the client releases the request or
@@ -49,7 +50,8 @@ import (
 // them (a commit request): the server verifies and indexes the slots
 // without copying a byte. A reservation not committed within LeaseTimeout,
 // released by the client, or whose client disconnects is freed. A tenant's
-// client never gets the arena, which holds every tenant's blocks.
+// client, or a node-wide reader, never gets the arena, which holds every
+// tenant's blocks: its gets are copied into its region.
 //
 // Each client is served by two goroutines: a reader that handles releases,
 // puts, reservations and commits at once, and a worker that answers gets
@@ -78,7 +80,7 @@ func NewShmServer(src Source, sink Sink, opts *ShmServerOptions, log *slog.Logge
 		return nil, errors.New("transfer: NewShmServer needs a Source")
 	}
 	s := &ShmServer{src: src, sink: sink, opts: o, inflight: newByteSem(int64(o.MaxInFlightBytes))}
-	s.listeners.init(log, o.MaxClients, s.serveConn)
+	s.listeners.init(log, o.MaxClients, o.MaxClientsPerTenant, s.serveConn)
 	return s, nil
 }
 
@@ -109,6 +111,16 @@ func (s *ShmServer) Listen(path string) error {
 // unmapped here; clients keep their own mappings until they release), and
 // waits for every goroutine of the server.
 func (s *ShmServer) Close() error { return s.close() }
+
+// CloseRevoked disconnects every client whose hello presented a token that
+// ShmServerOptions.Tokens no longer holds, or that now authenticates
+// another principal, and returns how many: see Server.CloseRevoked. A
+// disconnected client's leases end, its reservations are freed and the
+// server unmaps its region; what the client mapped stays mapped in its own
+// process (the server cannot unmap another process's memory): the copies
+// already in its region, and, for a node-wide writer, the arena, whose
+// mapping it keeps until it exits.
+func (s *ShmServer) CloseRevoked() int { return s.closeRevoked(s.opts.Tokens) }
 
 // Stats returns the server's counters: Conns counts clients, RegionUse the
 // region bytes their unreleased results hold.
@@ -165,6 +177,9 @@ func (s *ShmServer) admitPeer(uc *net.UnixConn) (who auth.Principal, wantArena b
 	who = auth.Open
 	if err == nil {
 		who, err = checkHello(s.opts.Tokens, table)
+	}
+	if err == nil {
+		err = s.authenticated(uc, who, table)
 	}
 	if err != nil {
 		sendError(uc, 0, err)
@@ -308,31 +323,31 @@ func (s *ShmServer) newShmConn(uc *net.UnixConn, who auth.Principal, wantArena b
 }
 
 // shareArena returns the arena and a descriptor of it to send to a client
-// that is who: none (fd -1) to a client that did not ask, to a tenant, or
-// without an Arena; a read-only
-// one (reopened O_RDONLY, so that the client cannot map it writable) to a
-// reader; the memfd's own, writable, to a writer when reservations are
-// served. A returned descriptor is the caller's to close.
+// that is who: none (fd -1) to a client that did not ask, to a tenant, to
+// a node-wide principal that may not write, or without an Arena; the
+// memfd's own to a node-wide writer, writable when reservations are served.
+// A returned descriptor is the caller's to close.
+//
+// Read access is no reason to get it: a memfd's inode is mode 0777, so a
+// process holding any descriptor of it, even one opened O_RDONLY, reopens
+// /proc/self/fd/N O_RDWR and maps it writable, and the arena holds every
+// tenant's blocks. Sealing it against writes (F_SEAL_FUTURE_WRITE) would
+// stop that, but would stop the writers' reservations too. So the arena is
+// a writer's privilege, and everyone else reads copies in their own region,
+// which is sealed against writes.
 func (s *ShmServer) shareArena(who auth.Principal, asked bool) (mem []byte, fd int, writable bool, err error) {
-	if !asked || s.opts.Arena == nil || who.Scoped() || !who.Can(auth.Read) {
+	if !asked || s.opts.Arena == nil || who.Scoped() || !who.Can(auth.Read|auth.Write) {
 		return nil, -1, false, nil
 	}
 	mem, afd := s.opts.Arena.Arena()
 	if mem == nil || afd < 0 {
 		return nil, -1, false, nil // closed: copies, as without one
 	}
-	if s.opts.Reserver != nil && who.Can(auth.Write) {
-		fd, err = unix.Dup(afd)
-		if err != nil {
-			return nil, -1, false, fmt.Errorf("dup arena: %w", err)
-		}
-		return mem, fd, true, nil
-	}
-	fd, err = unix.Open(fmt.Sprintf("/proc/self/fd/%d", afd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err = unix.Dup(afd)
 	if err != nil {
-		return nil, -1, false, fmt.Errorf("reopen arena read-only: %w", err)
+		return nil, -1, false, fmt.Errorf("dup arena: %w", err)
 	}
-	return mem, fd, false, nil
+	return mem, fd, s.opts.Reserver != nil, nil
 }
 
 // inArena returns the offset of v in the shared arena, and whether v lies

@@ -36,7 +36,8 @@ DEMO = kvmesh.Namespace("kvmesh/demo", "float32", block_tokens=16, layers=2, kv_
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--addr", default="127.0.0.1:7600", help="the node's gRPC address")
+    ap.add_argument("--addr", default=os.environ.get("KVMESH_ADDR", "127.0.0.1:7600"),
+                    help="the node's gRPC address (default $KVMESH_ADDR, else 127.0.0.1:7600)")
     ap.add_argument("--text", default="The quick brown fox jumps over the lazy dog. ",
                     help="the prompt; one token per UTF-8 byte")
     ap.add_argument("--token", default=None, help="bearer token, for a node that requires one")

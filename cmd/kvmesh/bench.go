@@ -47,7 +47,7 @@ type benchFlags struct {
 func benchCmd() *cobra.Command {
 	f := &benchFlags{}
 	c := &cobra.Command{
-		Use:   "bench SUITE... [--quick] [-o table|json] [--out DIR]",
+		Use:   "bench SUITE... [--quick] [-o table|wide|json] [--out DIR]",
 		Short: "Measure kvmesh next to its peers (Redis, raw TCP, memcpy, fio) and the machine's limits",
 		Long: `Measure kvmesh on this machine, next to the peer a user would pick instead and the
 physical limit, both measured in the same run; figures are reported as ratios.
@@ -56,13 +56,15 @@ Suites:
   transfer   data plane: transfer client vs raw TCP stream, shared memory vs copy();
              --transport ucx: one-sided reads through UCX vs ucx_perftest -t ucp_get and
              kvmesh's TCP path, over UCX_TLS tcp and sm (needs a build with -tags ucx)
-  store      GET/SET of 64KiB, 1MiB, 4MiB blocks at concurrency 4 and 16, vs Redis
+  store      GET/SET of 64KiB, 1MiB, 4MiB blocks at concurrency 4 and 16, vs Redis;
+             over shared memory, reads copied out (get) and in place (view) apart
   ranks      2, 4, 8 tensor-parallel ranks putting then getting their slices of the
              same blocks at once (Put/Get with a Rank) vs one client's whole blocks, TCP
              and shared memory; 8 MLA ranks putting one prefix: bytes received vs one copy
   lookup     longest-prefix lookup of 1k..128k-token prompts on 1..4 nodes; hashing
-  nvme       the NVMe tier vs fio (sequential direct write, random direct read), and
-             end to end: Go client Get of 64-block prompts mostly on a node's NVMe
+  nvme       the NVMe tier vs fio (sequential direct write, random direct read);
+             end to end: Go client Get of 64-block prompts mostly on a node's NVMe;
+             warm restart: a node's DRAM written to NVMe on SIGTERM, found after
   prefill    time to first token vs cached fraction of an 8k prompt; GFLOP/s vs Sgemm
              (--backend cuda: the engine on CUDA device --gpu, in process, vs cuBLAS
              Sgemm alone; needs a build with -tags cuda, kvmesh-cuda.so and a GPU)
@@ -101,21 +103,21 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs := c.Flags()
 	fs.SortFlags = false
 	fs.BoolVar(&f.quick, "quick", false, "small variant of every suite (CI)")
-	fs.StringVarP(&f.output, "output", "o", "table", "table or json")
+	fs.StringVarP(&f.output, "output", "o", "table", "table (the columns a reader needs, each explained once), wide (every column) or json")
 	fs.StringVar(&f.out, "out", "", "directory for PNG plots (none without it)")
 	fs.StringSliceVar(&f.addr, "addr", nil, "gRPC addresses HOST:PORT,... of a running cluster to measure instead of starting nodes")
-	fs.StringVar(&f.trace, "trace", "", "trace suite: Mooncake-format trace (JSONL, .gz ok; default: the bundled conversation trace)")
+	fs.StringVar(&f.trace, "trace", "", "trace suite: Mooncake-format trace (JSONL, .gz ok; agentic or agentic:SEED generates agent sessions; default: the bundled conversation trace)")
 	fs.IntVar(&f.requests, "requests", 0, "trace suite: replay only the first N requests (default: all; --quick: fewer)")
 	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4); scale suite: the one size simulated")
 	fs.StringSliceVar(&f.phases, "phases", nil, "scale suite: what to measure, of placement, lookup, membership (default all)")
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
 	fs.IntVar(&f.capacity, "capacity-blocks", 0, "trace suite: each node's capacity in blocks (default: every distinct block of the trace fits)")
-	fs.StringVar(&f.eviction, "eviction", "", "trace suite: eviction policy of the nodes it starts, lru or dedup (default: kvmesh serve's); the sweep on nodes replays lru beside it")
+	fs.StringVar(&f.eviction, "eviction", "", "trace suite: eviction policy of the nodes it starts, lru, dedup or reuse (default: kvmesh serve's); the sweep on nodes replays lru beside it")
 	fs.Float64Var(&f.speedup, "speedup", 0, "trace suite: honour the trace's timestamps, replayed this many times faster (default 0: as fast as possible)")
 	fs.DurationVar(&f.duration, "duration", 0, "soak: how long the load runs (default 10m; --quick: 30s)")
 	fs.IntVar(&f.conc, "concurrency", 0, "soak: workers, one call in flight each (default 64)")
 	fs.StringVar(&f.transport, "transport", "tcp", "transfer suite: tcp, or ucx (the one-sided path beside ucx_perftest, over UCX_TLS tcp and sm)")
-	fs.IntVar(&f.backlog, "backlog", 0, "serve: measure N queued requests beside the sessions instead of the routing policies (the issue's figure wants 200 or more)")
+	fs.IntVar(&f.backlog, "backlog", 0, "serve: measure N queued requests beside the sessions instead of the routing policies (the queue's target is stated for 200 or more)")
 	fs.StringVar(&f.workDir, "work-dir", "", "scratch directory, on the disk the nvme suite measures (default: a temporary directory)")
 	fs.StringVar(&f.backend, "backend", "cpu", "prefill suite: the engine's backend, cpu or cuda (cuBLAS on CUDA device --gpu, in the bench's process)")
 	fs.IntVar(&f.gpu, "gpu", 0, "prefill suite: CUDA device ordinal of --backend cuda")
@@ -130,9 +132,14 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	if err := envLayer(cmd); err != nil {
 		return err
 	}
+	for _, a := range f.addr {
+		if err := checkHostPort("--addr", a); err != nil {
+			return err
+		}
+	}
 	format, err := bench.ParseFormat(f.output)
 	if err != nil {
-		return fmt.Errorf("-o %q: want table or json", f.output)
+		return fmt.Errorf("-o %q: want table, wide or json", f.output)
 	}
 	routing, err := bench.ParsePolicy(f.routing)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -99,7 +100,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"bench", "nosuch"}, `unknown suite "nosuch"`},
-		{[]string{"bench", "trace", "-o", "yaml"}, "want table or json"},
+		{[]string{"bench", "trace", "-o", "yaml"}, "want table, wide or json"},
 		{[]string{"bench", "trace", "--routing", "sticky"}, "--routing"},
 		{[]string{"bench"}, "name a suite"},
 		{[]string{"bench", "serve", "--backlog", "-1"}, "--backlog"},
@@ -112,6 +113,19 @@ func TestBenchUsageErrors(t *testing.T) {
 		if !strings.Contains(msg, tc.want) || strings.Count(strings.TrimSpace(msg), "\n") != 0 {
 			t.Errorf("%v: stderr %q, want one line with %q", tc.args, msg, tc.want)
 		}
+	}
+}
+
+// TestBenchHelpWording: kvmesh bench --help speaks to its reader, not of
+// the project's issues, design file or code.
+func TestBenchHelpWording(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"bench", "--help"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("bench --help: exit %d: %s", code, stderr.String())
+	}
+	internal := regexp.MustCompile(`\b[Ii]ssue\b|\bDESIGN\b|\bStart[A-Z]\w+|\bsee [A-Z][a-z]+[A-Z]\w*`)
+	if m := internal.FindString(stdout.String()); m != "" {
+		t.Errorf("bench --help says %q:\n%s", m, stdout.String())
 	}
 }
 

@@ -36,7 +36,7 @@ var (
 )
 
 // binary builds cmd/kvmesh once per test run.
-func binary(t *testing.T) string {
+func binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "kvmesh-e2e-")
@@ -100,7 +100,7 @@ func (l *lockedBuffer) String() string {
 
 // startDaemon runs kvmesh serve with every address on port 0 of loopback
 // (args may name others: the last flag wins) and waits until it is ready.
-func startDaemon(t *testing.T, dataDir string, args ...string) *daemon {
+func startDaemon(t testing.TB, dataDir string, args ...string) *daemon {
 	t.Helper()
 	return startCommand(t, exec.Command(binary(t), append([]string{"serve", "--data-dir", dataDir,
 		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"}, args...)...))
@@ -110,7 +110,7 @@ func startDaemon(t *testing.T, dataDir string, args ...string) *daemon {
 // directory, and waits until the node writes it: the addresses come from
 // that file, never from a port found free beforehand. It fails at once if
 // the process exits first. The test's cleanup kills it if it still runs.
-func startCommand(t *testing.T, cmd *exec.Cmd) *daemon {
+func startCommand(t testing.TB, cmd *exec.Cmd) *daemon {
 	t.Helper()
 	readyPath := filepath.Join(t.TempDir(), "kvmesh.ready")
 	cmd.Args = append(cmd.Args, "--ready-file", readyPath)

@@ -225,6 +225,48 @@ func (s *sizeValue) Set(v string) error {
 	return nil
 }
 
+// optionalSize is a size flag whose default is another value's (it shows
+// no default of its own; its usage says which): Set records that it was
+// given, so that 0 can mean none.
+type optionalSize struct {
+	n   int64
+	set bool
+}
+
+func (s *optionalSize) String() string {
+	if !s.set {
+		return ""
+	}
+	return formatSize(s.n)
+}
+func (s *optionalSize) Type() string { return "size" }
+
+// Set takes a size, or "" for not given (as --print-config writes it).
+func (s *optionalSize) Set(v string) error {
+	if strings.TrimSpace(v) == "" {
+		*s = optionalSize{}
+		return nil
+	}
+	n, err := parseSize(v)
+	if err != nil {
+		return err
+	}
+	s.n, s.set = n, true
+	return nil
+}
+
+// option converts the flag for an Options field whose zero is the default
+// and a negative value none: not given is 0, given as 0 is -1.
+func (s *optionalSize) option() int64 {
+	switch {
+	case !s.set:
+		return 0
+	case s.n == 0:
+		return -1
+	}
+	return s.n
+}
+
 var sizeUnits = []struct {
 	suffix string
 	mult   float64

@@ -70,6 +70,30 @@ func TestServeDefaults(t *testing.T) {
 	}
 }
 
+// TestServeSpillOnStop: a graceful stop writes all of --dram to NVMe unless
+// --spill-on-stop (flag, variable or config) bounds it, and 0 turns it off.
+func TestServeSpillOnStop(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want int64
+	}{
+		{nil, nil, 1 << 30},
+		{[]string{"--dram", "8GiB"}, nil, 8 << 30},
+		{[]string{"--spill-on-stop", "2GiB"}, nil, 2 << 30},
+		{[]string{"--spill-on-stop", "0"}, nil, -1},
+		{nil, map[string]string{"KVMESH_SPILL_ON_STOP": "0"}, -1},
+	} {
+		o, err := serveOptions(t, tc.env, tc.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Tiers.SpillOnStopBytes != tc.want {
+			t.Errorf("serve %v (env %v): Tiers.SpillOnStopBytes %d, want %d", tc.args, tc.env, o.Tiers.SpillOnStopBytes, tc.want)
+		}
+	}
+}
+
 // TestServeLayers checks the precedence: flag, then KVMESH_* variable, then
 // config file, then default.
 func TestServeLayers(t *testing.T) {
@@ -118,6 +142,8 @@ func TestServeRefusals(t *testing.T) {
 		{nil, []string{"--dram", "lots"}, `"lots" is not a size`},
 		{map[string]string{"KVMESH_NVME": "1MiB"}, nil, "KVMESH_NVME: 1048576 bytes cannot hold"},
 		{nil, []string{"--nvme", "1MiB"}, "--nvme (or KVMESH_NVME)"},
+		{nil, []string{"--shm-socket-mode", "rw"}, `--shm-socket-mode "rw": want permission bits in octal`},
+		{nil, []string{"--shm-socket-mode", "0666"}, "--shm-socket-mode (or KVMESH_SHM_SOCKET_MODE): 0666 lets every user of the host connect"},
 		{nil, []string{"--config", badValue}, "config file " + badValue + ": replicas: 9 is outside 1..8"},
 		{nil, []string{"--tls-cert", "cert.pem"}, "--tls-cert and --tls-key"},
 		{nil, []string{"--tls-ca", "ca.pem"}, "--tls-cert and --tls-key"},
@@ -411,5 +437,73 @@ func TestServeQueueFlags(t *testing.T) {
 	}
 	if _, err := serveOptions(t, nil, "--queue-share", "2"); err == nil || !strings.Contains(err.Error(), "--queue-share") {
 		t.Errorf("--queue-share 2: %v", err)
+	}
+}
+
+// TestServeSpeculativeFlags: --speculative, --speculative-tokens and
+// --speculative-draft set the engine's speculative decoding; bad values
+// are refused naming the flag.
+func TestServeSpeculativeFlags(t *testing.T) {
+	o, err := serveOptions(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := o.Prefill; p.Speculative != "off" || p.SpeculativeTokens != 4 || p.DraftDir != "" {
+		t.Fatalf("defaults: %q, %d, %q", p.Speculative, p.SpeculativeTokens, p.DraftDir)
+	}
+	o, err = serveOptions(t, nil, "--speculative", "draft", "--speculative-tokens", "6", "--speculative-draft", "/models/draft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := o.Prefill; p.Speculative != "draft" || p.SpeculativeTokens != 6 || p.DraftDir != "/models/draft" {
+		t.Fatalf("set: %q, %d, %q", p.Speculative, p.SpeculativeTokens, p.DraftDir)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--speculative", "medusa"}, "--speculative"},
+		{[]string{"--speculative", "ngram", "--speculative-tokens", "17"}, "--speculative-tokens"},
+		{[]string{"--speculative", "draft"}, "--speculative-draft"},
+	} {
+		if _, err := serveOptions(t, nil, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("serve %v: %v, want an error naming %s", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestSystemdUnit: the settings deploy/systemd/kvmesh.service gives kvmesh
+// serve (its Environment= lines and ExecStart's flags) are accepted, and
+// share the shared-memory socket with a group, 0660.
+func TestSystemdUnit(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/systemd/kvmesh.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	var args []string
+	for line := range strings.Lines(string(b)) {
+		line = strings.TrimSpace(line)
+		if kv, ok := strings.CutPrefix(line, "Environment="); ok {
+			k, v, _ := strings.Cut(kv, "=")
+			if k != "KVMESH_CONFIG" { // /etc/kvmesh/kvmesh.yaml is the host's
+				env[k] = v
+			}
+		}
+		if cmd, ok := strings.CutPrefix(line, "ExecStart="); ok {
+			_, rest, _ := strings.Cut(cmd, " serve")
+			// The ready file's directory is the host's /run/kvmesh.
+			args = strings.Fields(strings.ReplaceAll(rest, "/run/kvmesh", t.TempDir()))
+		}
+	}
+	if len(env) == 0 || args == nil {
+		t.Fatalf("no Environment= or ExecStart= in the unit")
+	}
+	o, err := serveOptions(t, env, args...)
+	if err != nil {
+		t.Fatalf("the unit's settings: %v", err)
+	}
+	if o.Listen.ShmSocketGroup != "kvmesh-clients" || o.Listen.ShmSocketMode != 0o660 || o.Listen.ShmSocket != "/run/kvmesh/shm/shm.sock" {
+		t.Errorf("the unit's shared-memory socket: %s, group %q, mode %#o", o.Listen.ShmSocket, o.Listen.ShmSocketGroup, uint32(o.Listen.ShmSocketMode))
 	}
 }

@@ -32,6 +32,9 @@ func healthCmd() *cobra.Command {
 			if err := envLayer(cmd); err != nil {
 				return err
 			}
+			if err := checkHostPort("--addr", addr); err != nil {
+				return err
+			}
 			creds := insecure.NewCredentials()
 			if sec.enabled() {
 				var o client.Options

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -73,6 +74,9 @@ func (f *inspectFlags) dial(cmd *cobra.Command) (*client.Client, context.Context
 	if f.output != "table" && f.output != "json" {
 		return nil, nil, nil, fmt.Errorf("-o %q: want table or json", f.output)
 	}
+	if err := checkHostPort("--addr", f.addr); err != nil {
+		return nil, nil, nil, err
+	}
 	opts := client.Options{MaxRetries: -1}
 	if err := f.sec.apply(&opts); err != nil {
 		return nil, nil, nil, err
@@ -120,8 +124,9 @@ func (f *inspectFlags) explain(err error) error {
 			return fmt.Errorf("the node at %s closed the TLS connection; if it asks for a client certificate (mutual TLS), pass --tls-cert/--tls-key", f.addr)
 		case f.sec.enabled() && strings.Contains(msg, "tls:"):
 			return fmt.Errorf("TLS with the node at %s failed (%s); check --tls-ca, --tls-server-name and, for mutual TLS, --tls-cert/--tls-key", f.addr, msg)
-		case !f.sec.enabled() && strings.Contains(msg, "preface"):
-			return fmt.Errorf("the node at %s closed the connection; if it serves TLS, pass --tls-ca CA (or --tls)", f.addr)
+		}
+		if m := wrongServer(f.addr, f.sec.enabled()); m != "" {
+			return errors.New(m)
 		}
 		return fmt.Errorf("no kvmesh node answers at %s; start one with 'kvmesh serve' or pass --addr HOST:PORT", f.addr)
 	case codes.Unauthenticated:
@@ -169,6 +174,8 @@ type tierJSON struct {
 	Bytes         uint64  `json:"bytes"`
 	CapacityBytes uint64  `json:"capacity_bytes"`
 	Used          float64 `json:"used"`
+	// Evicted are the blocks that left the tier, by reason.
+	Evicted client.TierEvictions `json:"evicted"`
 }
 
 type statsJSON struct {
@@ -180,6 +187,9 @@ type statsJSON struct {
 	Evictions  uint64     `json:"evictions"`
 	Demotions  uint64     `json:"demotions"`
 	Promotions uint64     `json:"promotions"`
+	// SecondChances and ReusedBlocks are the reuse eviction policy's signal.
+	SecondChances uint64 `json:"second_chances"`
+	ReusedBlocks  uint64 `json:"reused_blocks"`
 	// Namespaces are the cached tokens per namespace (prefill.go).
 	Namespaces []namespaceRow `json:"namespaces"`
 }
@@ -199,12 +209,13 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 				return err
 			}
 			out := statsJSON{NodeID: st.NodeID, Hits: uint64(st.Hits), Misses: uint64(st.Misses),
-				Evictions: uint64(st.Evictions), Demotions: uint64(st.Demotions), Promotions: uint64(st.Promotions)}
+				Evictions: uint64(st.Evictions), Demotions: uint64(st.Demotions), Promotions: uint64(st.Promotions),
+				SecondChances: uint64(st.SecondChances), ReusedBlocks: uint64(st.ReusedBlocks)}
 			if n := out.Hits + out.Misses; n > 0 {
 				out.HitRatio = float64(out.Hits) / float64(n)
 			}
 			for _, t := range st.Tiers {
-				tj := tierJSON{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.CapacityBytes)}
+				tj := tierJSON{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.CapacityBytes), Evicted: t.Evicted}
 				if tj.CapacityBytes > 0 {
 					tj.Used = float64(tj.Bytes) / float64(tj.CapacityBytes)
 				}
@@ -217,12 +228,16 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "node %s\n\n", out.NodeID)
-				fmt.Fprintln(w, "TIER\tBLOCKS\tBYTES\tCAPACITY\tUSED")
+				fmt.Fprintln(w, "TIER\tBLOCKS\tBYTES\tCAPACITY\tUSED\tEVICTED: CAPACITY\tDEMOTED\tREFUSED\tUNADMITTED")
 				for _, t := range out.Tiers {
-					fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.1f%%\n", t.Name, t.Blocks, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes)), 100*t.Used)
+					fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.1f%%\t%d\t%d\t%d\t%d\n", t.Name, t.Blocks, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes)), 100*t.Used,
+						t.Evicted.Capacity, t.Evicted.Demoted, t.Evicted.Refused, t.Evicted.Unadmitted)
 				}
 				fmt.Fprintf(w, "\nhits %d  misses %d  hit ratio %.1f%%  evictions %d  demotions %d  promotions %d\n",
 					out.Hits, out.Misses, 100*out.HitRatio, out.Evictions, out.Demotions, out.Promotions)
+				if out.SecondChances > 0 || out.ReusedBlocks > 0 {
+					fmt.Fprintf(w, "reuse policy: second chances %d  blocks marked reused %d\n", out.SecondChances, out.ReusedBlocks)
+				}
 				printNamespaces(w, out.Namespaces)
 			})
 		},
@@ -230,14 +245,18 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 }
 
 type memberJSON struct {
-	ID          string     `json:"id"`
-	Self        bool       `json:"self"`
-	State       string     `json:"state"`
-	GRPCAddr    string     `json:"grpc_addr"`
-	HTTPAddr    string     `json:"http_addr,omitempty"`
-	DataAddr    string     `json:"data_addr,omitempty"`
-	GossipAddr  string     `json:"gossip_addr,omitempty"`
-	ShmSocket   string     `json:"shm_socket,omitempty"`
+	ID         string `json:"id"`
+	Self       bool   `json:"self"`
+	State      string `json:"state"`
+	GRPCAddr   string `json:"grpc_addr"`
+	HTTPAddr   string `json:"http_addr,omitempty"`
+	DataAddr   string `json:"data_addr,omitempty"`
+	GossipAddr string `json:"gossip_addr,omitempty"`
+	ShmSocket  string `json:"shm_socket,omitempty"`
+	// Shm says whether the node serves shared memory to clients on its
+	// host (ShmSocket), and ShmHere whether that host is this one.
+	Shm         bool       `json:"shm"`
+	ShmHere     bool       `json:"shm_this_host"`
 	HostID      string     `json:"host_id,omitempty"`
 	RDMADevices []string   `json:"rdma_devices"`
 	Fabric      string     `json:"fabric,omitempty"`
@@ -253,7 +272,10 @@ func membersCmd(f *inspectFlags) *cobra.Command {
 or suspected of having failed) with its addresses, tiers, RDMA devices and
 fabric (how it reads other nodes: tcp, or ucx with UCX's version and the
 transports it opened). Tier usage is known for the node that answered
-(marked *); for the others, their capacity.`,
+(marked *); for the others, their capacity. SHM says whether a node serves
+shared memory to clients on its own host (its socket), and "here" when that
+host is this one and this process can reach the socket: clients run here
+read its blocks without a socket copy.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var resp client.Cluster
@@ -269,6 +291,8 @@ transports it opened). Tier usage is known for the node that answered
 				mj := memberJSON{ID: m.ID, Self: m.ID == resp.SelfID, State: m.State, GRPCAddr: m.GRPCAddr,
 					HTTPAddr: m.HTTPAddr, DataAddr: m.DataAddr, GossipAddr: m.GossipAddr, ShmSocket: m.ShmSocket,
 					HostID: m.HostID, RDMADevices: append([]string{}, m.RDMADevices...), Fabric: m.Fabric, Version: m.Version, Tiers: []tierJSON{}}
+				mj.Shm = m.ShmSocket != ""
+				mj.ShmHere = mj.Shm && m.HostID != "" && m.HostID == client.HostID() && socketReachable(m.ShmSocket)
 				for _, t := range m.Tiers {
 					tj := tierJSON{Name: t.Name, Bytes: uint64(t.UsedBytes), CapacityBytes: uint64(t.CapacityBytes)}
 					if tj.CapacityBytes > 0 {
@@ -279,7 +303,7 @@ transports it opened). Tier usage is known for the node that answered
 				out = append(out, mj)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tTIERS\tRDMA\tFABRIC\tVERSION")
+				fmt.Fprintln(w, "ID\tSTATE\tGRPC\tDATA\tGOSSIP\tSHM\tTIERS\tRDMA\tFABRIC\tVERSION")
 				for _, m := range out {
 					var tiers []string
 					for _, t := range m.Tiers {
@@ -296,13 +320,31 @@ transports it opened). Tier usage is known for the node that answered
 					if len(m.RDMADevices) > 0 {
 						rdma = strings.Join(m.RDMADevices, ",")
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
-						strings.Join(tiers, ", "), rdma, dash(m.Fabric), m.Version)
+					shm := "off"
+					switch {
+					case m.ShmHere:
+						shm = "on, here: " + m.ShmSocket
+					case m.Shm:
+						shm = "on: " + m.ShmSocket
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, m.State, m.GRPCAddr, dash(m.DataAddr), dash(m.GossipAddr),
+						shm, strings.Join(tiers, ", "), rdma, dash(m.Fabric), m.Version)
 				}
-				fmt.Fprintf(w, "\n%d members; * answered (tiers: used/capacity; others: capacity)\n", len(out))
+				fmt.Fprintf(w, "\n%d members; * answered (tiers: used/capacity; others: capacity); SHM: shared memory for clients on the node's host (here: this host, socket reachable)\n", len(out))
 			})
 		},
 	}
+}
+
+// socketReachable reports whether this process can connect to the unix
+// socket at path.
+func socketReachable(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 func dash(s string) string {

@@ -70,8 +70,17 @@ func envLayer(c *cobra.Command) error {
 	return err
 }
 
-// version is the module version the binary was built from.
+// releaseVersion is the release a build is stamped with:
+// -ldflags "-X main.releaseVersion=0.1.0" (deploy/release.sh, the
+// Dockerfile). Empty in other builds.
+var releaseVersion string
+
+// version is the release the binary was stamped with, else the module
+// version the Go toolchain recorded, else "(devel)".
 func version() string {
+	if releaseVersion != "" {
+		return releaseVersion
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
 		return bi.Main.Version
 	}

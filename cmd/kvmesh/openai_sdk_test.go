@@ -222,7 +222,7 @@ func waitUntilHTTP(t *testing.T, url, want string, logs ...*daemon) {
 
 // writeGossipKey writes a gossip key file (32 bytes, base64) and returns its
 // path.
-func writeGossipKey(t *testing.T) string {
+func writeGossipKey(t testing.TB) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "gossip.key")
 	if err := os.WriteFile(path, []byte("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n"), 0o600); err != nil {

@@ -270,6 +270,7 @@ type prefillServeFlags struct {
 	maxContext       int
 	concurrency      int
 	queue            int
+	queueBytes       int64
 	resultTTL        time.Duration
 	maxResults       int
 	backgroundBlocks int
@@ -279,12 +280,15 @@ type prefillServeFlags struct {
 	maxModelBytes    int64
 	batch            openai.BatchOptions
 	queueShare       float64
+	speculative      string
+	specTokens       int
+	draftDir         string
 }
 
 func init() {
 	for field, flag := range map[string]string{
 		"Prefill.WeightsPath": "prefill-weights", "Prefill.Seed": "prefill-seed", "Prefill.Model": "prefill-max-context",
-		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.ResultTTL": "prefill-result-ttl",
+		"Prefill.Concurrency": "prefill-concurrency", "Prefill.QueueSize": "prefill-queue", "Prefill.QueueBytes": "prefill-queue-bytes", "Prefill.ResultTTL": "prefill-result-ttl",
 		"Prefill.MaxResults": "prefill-max-results", "Prefill.BackgroundBlocks": "prefill-background-blocks",
 		"Prefill.Role": "role", "Prefill.ModelDir": "prefill-model-dir", "Prefill.Backend": "backend",
 		"Prefill.MaxModelBytes":     "max-model-bytes",
@@ -293,6 +297,7 @@ func init() {
 		"Prefill.Batch.ResultTTL": "queue-result-ttl", "Prefill.Batch.CallbackAllow": "callback-allow",
 		"Prefill.Batch.Share": "queue-share", "Prefill.Batch.StealInterval": "queue-steal-interval",
 		"Prefill.Batch.LeaseTTL": "queue-lease",
+		"Prefill.Speculative":    "speculative", "Prefill.SpeculativeTokens": "speculative-tokens", "Prefill.DraftDir": "speculative-draft",
 	} {
 		flagOf[field] = flag
 	}
@@ -306,7 +311,8 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.Uint64Var(&p.seed, "prefill-seed", d.Seed, "seed of the generated weights; nodes share blocks only with the same seed")
 	fs.IntVar(&p.maxContext, "prefill-max-context", d.Model.MaxContext, "longest prompt the engine accepts, in tokens")
 	fs.IntVar(&p.concurrency, "prefill-concurrency", d.Concurrency, "synchronous prefills that run at once")
-	fs.IntVar(&p.queue, "prefill-queue", d.QueueSize, "most queued prefill requests not yet done")
+	fs.IntVar(&p.queue, "prefill-queue", d.QueueSize, "most queued prefill requests not yet done (one tenant: half)")
+	fs.Var(newSize(&p.queueBytes, d.QueueBytes), "prefill-queue-bytes", "most bytes of queued prefill requests not yet done, 4 a prompt token (one tenant: half)")
 	fs.DurationVar(&p.resultTTL, "prefill-result-ttl", d.ResultTTL, "how long a queued request's result is kept")
 	fs.IntVar(&p.maxResults, "prefill-max-results", d.MaxResults, "most queued requests' results kept")
 	fs.IntVar(&p.backgroundBlocks, "prefill-background-blocks", d.BackgroundBlocks, "blocks per chunk of queued work (a synchronous prefill preempts it within one)")
@@ -315,20 +321,23 @@ func (p *prefillServeFlags) register(fs *pflag.FlagSet, d node.PrefillOptions) {
 	fs.IntVar(&p.batch.TenantQueued, "queue-tenant-quota", d.Batch.TenantQueued, "most queued requests (POST /v1/queue) of one tenant not yet answered (more: 429 with Retry-After)")
 	fs.IntVar(&p.batch.MaxQueued, "queue-max-queued", d.Batch.MaxQueued, "most queued requests (POST /v1/queue) of all tenants not yet answered (more: 503)")
 	fs.DurationVar(&p.batch.ResultTTL, "queue-result-ttl", d.Batch.ResultTTL, "how long a finished batch's responses are kept (then GET /v1/queue/{id} is 404)")
-	fs.StringSliceVar(&p.batch.CallbackAllow, "callback-allow", d.Batch.CallbackAllow, "hosts (HOST: any port, or HOST:PORT) a queued batch's callback_url may name; others are refused (default none: no callbacks)")
+	fs.StringSliceVar(&p.batch.CallbackAllow, "callback-allow", d.Batch.CallbackAllow, "hosts (HOST: its scheme's default port only, or HOST:PORT) a queued batch's callback_url may name, checked at submission and at each delivery, which goes to the address the host resolves to then (never a loopback or link-local one unless listed); others are refused (default none: no callbacks)")
 	fs.StringVar(&p.backend, "backend", node.BackendCPU, "what runs the prefill engine's model: cpu, or cuda (its matrix products through cuBLAS on CUDA device --gpu; needs a build with -tags cuda, kvmesh-cuda.so beside it and a GPU, else serve refuses to start and says which is missing)")
 	fs.Float64Var(&p.queueShare, "queue-share", d.Batch.Share, "share of the engine's slots (--prefill-concurrency) queued batches may run on at once, at least one request; each runs only while no synchronous request does and yields to one between chunks and decode steps; 0: none here (peers pull this node's batches)")
 	fs.DurationVar(&p.batch.StealInterval, "queue-steal-interval", d.Batch.StealInterval, "how often a node gossips its queued batches nobody runs, and an idle node asks up to two peers that gossip some for one (0 or less: never)")
 	fs.DurationVar(&p.batch.LeaseTTL, "queue-lease", d.Batch.LeaseTTL, "how long a batch a peer pulled from this node stays with it without news; then it runs again elsewhere from its first unanswered request")
+	fs.StringVar(&p.speculative, "speculative", d.Speculative, "speculative decoding: off, ngram (prompt lookup: guesses what followed the last tokens earlier in the prompt or answer) or draft (a smaller model of the same tokenizer, --speculative-draft, guesses); the answer is the model's own either way")
+	fs.IntVar(&p.specTokens, "speculative-tokens", d.SpeculativeTokens, "tokens the proposer guesses per decode step, verified in one forward pass (1..16)")
+	fs.StringVar(&p.draftDir, "speculative-draft", d.DraftDir, "Hugging Face model directory of the draft model of --speculative draft (same tokenizer.json and vocabulary as the model)")
 	fs.StringVar(&p.role, "role", gossip.RoleBoth, "what kvmesh route sends this node: both, prefill (prompts to compute and publish) or decode (requests whose prompt a prefill node just published)")
 }
 
 func (p *prefillServeFlags) options() node.PrefillOptions {
 	o := node.PrefillOptions{
 		Disabled: !p.enabled, WeightsPath: p.weights, Seed: p.seed,
-		Concurrency: p.concurrency, QueueSize: p.queue, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
+		Concurrency: p.concurrency, QueueSize: p.queue, QueueBytes: p.queueBytes, ResultTTL: p.resultTTL, MaxResults: p.maxResults,
 		BackgroundBlocks: p.backgroundBlocks, Role: p.role, Backend: p.backend, ModelDir: p.modelDir, Batch: p.batch,
-		MaxModelBytes: p.maxModelBytes,
+		MaxModelBytes: p.maxModelBytes, Speculative: p.speculative, SpeculativeTokens: p.specTokens, DraftDir: p.draftDir,
 	}
 	o.Batch.Share = p.queueShare
 	if p.queueShare <= 0 {

@@ -63,6 +63,11 @@ Prometheus metrics per node on /metrics.`,
 				}
 				opts.NodeTLS = cfg
 			}
+			for _, j := range opts.Join {
+				if err := checkHostPort("--join", j); err != nil {
+					return err
+				}
+			}
 			r, err := router.New(opts)
 			if err != nil {
 				return fmt.Errorf("%w (see kvmesh route --help)", optionError(err, nil))
@@ -82,11 +87,12 @@ Prometheus metrics per node on /metrics.`,
 	fs.StringVar(&opts.HTTPAddr, "http-addr", router.DefaultHTTPAddr, "host:port of the router's API and /metrics (port 0: any free port)")
 	fs.StringSliceVar(&opts.Join, "join", nil, "gossip addresses HOST:PORT,... of cluster members (required)")
 	fs.StringVar(&opts.GossipAddr, "gossip-addr", "127.0.0.1:0", "host:port of the router's own gossip")
-	fs.StringVar(&gossipKeyFile, "gossip-key-file", "", "the cluster's gossip key file, if it has one")
+	fs.StringVar(&gossipKeyFile, "gossip-key-file", "", "the cluster's gossip key file; without it the router forwards no request that carries a bearer token (any host could join its gossip as a node)")
+	fs.BoolVar(&opts.InsecureGossip, "insecure-gossip", false, "forward requests with bearer tokens without a gossip key, on a network only the cluster's hosts reach")
 	fs.StringVar(&opts.GossipProfile, "gossip-profile", "lan", "failure detection timings: lan, or local (one host)")
 	fs.StringVar(&opts.Policy, "policy", router.PolicyTokens, "tokens (fewest outstanding uncached prompt tokens), random, or session (by x-session-affinity; a baseline)")
 	fs.StringVar(&opts.NodeID, "node-id", "", "the router's member id (default router-<host>-<port>)")
-	fs.StringVar(&nodeTLS.ca, "tls-ca", "", "reach the nodes' HTTP addresses over HTTPS (nodes served with --http-tls), trusting this CA's PEM file")
+	fs.StringVar(&nodeTLS.ca, "tls-ca", "", "reach the nodes' HTTP addresses over HTTPS (nodes with TLS serve it there), trusting this CA's PEM file; without it the router routes to no node with TLS")
 	fs.StringVar(&nodeTLS.cert, "tls-cert", "", "client certificate (PEM) to present to the nodes over HTTPS")
 	fs.StringVar(&nodeTLS.key, "tls-key", "", "the client certificate's private key (PEM)")
 	fs.StringVar(&nodeTLS.server, "tls-server-name", "", "name verified in the nodes' certificates (default: the host of their address)")

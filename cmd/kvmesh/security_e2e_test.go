@@ -41,7 +41,7 @@ func TestServeTLS(t *testing.T) {
 		}
 	}
 	d := startDaemon(t, t.TempDir(), "--tls-cert", cert, "--tls-key", key, "--tls-ca", ca.File, "--tls-client-auth",
-		"--auth-token-file", tokens, "--dram", "32MiB", "--max-block-bytes", "1MiB")
+		"--auth-token-file", tokens, "--gossip-key-file", writeGossipKey(t), "--dram", "32MiB", "--max-block-bytes", "1MiB")
 
 	inspect := func(env []string, args ...string) (string, error) {
 		cmd := exec.Command(binary(t), append([]string{"inspect", "--addr", d.grpcAddr, "--timeout", "5s"}, args...)...)
@@ -55,7 +55,7 @@ func TestServeTLS(t *testing.T) {
 		args []string
 		says string
 	}{
-		{"plain", nil, "if it serves TLS, pass --tls-ca"},
+		{"plain", nil, "if it is a node's gRPC port with TLS, pass --tls-ca"},
 		{"no client certificate", []string{"--tls-ca", ca.File}, "--tls-cert/--tls-key"},
 		{"no token", all, "asks for a bearer token: pass --auth-token-file"},
 		{"wrong token", append(all, "--auth-token-file", wrong), "refused the token of " + wrong},
@@ -132,7 +132,7 @@ func TestServeTLS(t *testing.T) {
 	if err == nil {
 		conn.Close()
 	}
-	body := scrapeMetrics(t, d.http)
+	body := scrapeMetrics(t, d.http, ctls)
 	for _, want := range []string{`kvmesh_grpc_refused_requests_total{reason="no_token"}`, `kvmesh_grpc_refused_requests_total{reason="bad_token"}`,
 		"kvmesh_grpc_tls_handshake_failures_total"} {
 		if !strings.Contains(body, want) {
@@ -145,9 +145,13 @@ func TestServeTLS(t *testing.T) {
 }
 
 // scrapeMetrics returns the /metrics text served at httpAddr.
-func scrapeMetrics(t *testing.T, httpAddr string) string {
+func scrapeMetrics(t *testing.T, httpAddr string, tlsCfg ...*tls.Config) string {
 	t.Helper()
-	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	get, url := http.Get, "http://"+httpAddr+"/metrics"
+	if len(tlsCfg) > 0 { // a node with TLS serves its HTTP address over TLS
+		get, url = (&http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg[0]}}).Get, "https://"+httpAddr+"/metrics"
+	}
+	resp, err := get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

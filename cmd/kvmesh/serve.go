@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -29,6 +30,7 @@ type serveFlags struct {
 	nodeID, dataDir                            string
 	grpcAddr, httpAddr, dataAddr, gossipAddr   string
 	shmSocket, advertiseHost                   string
+	shmSocketMode, shmSocketGroup              string
 	transport, rdmaDevice                      string
 	readyFile                                  string
 	shmRegion                                  int64
@@ -42,12 +44,14 @@ type serveFlags struct {
 	pushYield                                  time.Duration
 	pushRate                                   int64
 	handoff                                    int64
+	spillOnStop                                optionalSize
 	dram, nvme, hbm                            int64
 	dramPopulate                               bool
 	gpu                                        int
 	maxBlockBytes, maxMessageBytes, chunkBytes int64
 	maxBatchBlocks, maxBlocks                  int
 	requestTimeout, shutdownTimeout            time.Duration
+	receiveTimeout                             time.Duration
 	logLevel, logFormat                        string
 	eviction                                   string
 	partialTTL, claimTTL                       time.Duration
@@ -70,12 +74,12 @@ type serveFlags struct {
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "Listen.GRPCAddr": "grpc-addr", "Listen.HTTPAddr": "http-addr",
 	"Listen.DataAddr": "data-addr", "Cluster.GossipAddr": "gossip-addr", "Cluster.Join": "join", "Tiers.DRAMBytes": "dram", "Tiers.DRAMPopulate": "dram-populate", "Tiers.NVMeBytes": "nvme", "Tiers.HBMBytes": "hbm", "Tiers.MaxBlocks": "max-blocks", "Tiers.Eviction": "eviction", "Tiers.PartialTTL": "partial-ttl", "Tiers.ClaimTTL": "claim-ttl", "GPU": "gpu",
-	"Listen.ShmSocket": "shm-socket", "Listen.ShmRegionBytes": "shm-region", "Listen.AdvertiseHost": "advertise-host", "Cluster.Transport": "transport", "Cluster.RDMADevice": "rdma-device",
+	"Listen.ShmSocket": "shm-socket", "Listen.ShmSocketMode": "shm-socket-mode", "Listen.ShmSocketGroup": "shm-socket-group", "Listen.ShmRegionBytes": "shm-region", "Listen.AdvertiseHost": "advertise-host", "Cluster.Transport": "transport", "Cluster.RDMADevice": "rdma-device",
 	"Cluster.GossipKey": "gossip-key-file", "Cluster.GossipProfile": "gossip-profile", "Cluster.Replicas": "replicas", "Cluster.ChunkTokens": "chunk-tokens",
-	"Cluster.LookupTimeout": "lookup-timeout", "Cluster.GetTimeout": "get-timeout", "Cluster.PeerBackoff": "peer-backoff", "Cluster.HandoffBytes": "handoff",
+	"Cluster.LookupTimeout": "lookup-timeout", "Cluster.GetTimeout": "get-timeout", "Cluster.PeerBackoff": "peer-backoff", "Cluster.HandoffBytes": "handoff", "Tiers.SpillOnStopBytes": "spill-on-stop",
 	"Cluster.PushYield": "push-yield", "Cluster.PushBytesPerSec": "push-rate",
 	"Limits.MaxBlockBytes": "max-block-bytes", "Limits.MaxBatchBlocks": "max-batch-blocks", "Limits.MaxMessageBytes": "max-message-bytes",
-	"Limits.ChunkBytes": "chunk-bytes", "Limits.RequestTimeout": "request-timeout", "ShutdownTimeout": "shutdown-timeout",
+	"Limits.ChunkBytes": "chunk-bytes", "Limits.RequestTimeout": "request-timeout", "Limits.ReceiveTimeout": "receive-timeout", "ShutdownTimeout": "shutdown-timeout",
 	"Security.TLS": "tls-cert", "Security.PeerTLS": "tls-ca", "Security.Tokens": "auth-token-file", "Tiers.QuotaDRAMBytes": "quota-dram", "Tiers.QuotaNVMeBytes": "quota-nvme",
 	"ReadyFile":        "ready-file",
 	"Security.HTTPTLS": "http-tls", "Cluster.InsecureGossip": "insecure-gossip", "Limits.MaxConcurrentStreams": "max-concurrent-streams", "Limits.MaxInFlightBytes": "max-inflight-bytes",
@@ -159,6 +163,8 @@ flag names, for example:
 	fs.StringVar(&f.httpAddr, "http-addr", d.Listen.HTTPAddr, "host:port of /metrics, /healthz, /livez and /readyz")
 	fs.StringVar(&f.dataAddr, "data-addr", d.Listen.DataAddr, "host:port of the data plane: blocks between nodes, and to clients")
 	fs.StringVar(&f.shmSocket, "shm-socket", "", `unix socket of the shared-memory data plane for clients on this host, or "off" (default <data-dir>/shm.sock)`)
+	fs.StringVar(&f.shmSocketMode, "shm-socket-mode", "0600", "permissions of the shared-memory socket, in octal: 0600 admits the node's user, 0660 also --shm-socket-group")
+	fs.StringVar(&f.shmSocketGroup, "shm-socket-group", "", "group (name or id) given the shared-memory socket and its directory, so that workers running as other users in that group may connect (with --shm-socket-mode 0660); the node's user must be a member")
 	fs.Var(newSize(&f.shmRegion, d.Listen.ShmRegionBytes), "shm-region", "shared region of each shared-memory client")
 	fs.StringVar(&f.transport, "transport", d.Cluster.Transport, "how this node reads other nodes' blocks: tcp (the data plane), ucx (one-sided reads of their DRAM through UCX, needs a build with -tags ucx and libucx0; refused with TLS), or auto (UCX where it reaches a peer over shared memory or RDMA, TCP otherwise); UCX_TLS and UCX_NET_DEVICES apply")
 	fs.StringVar(&f.rdmaDevice, "rdma-device", "", `RDMA device (and port: "mlx5_0:1") UCX uses (default: the one bound to --data-addr's interface; UCX_NET_DEVICES overrides)`)
@@ -167,7 +173,7 @@ flag names, for example:
 	fs.StringVar(&f.readyFile, "ready-file", "", "once serving, write the addresses bound (port 0 resolved) to this file as JSON: node_id, pid, grpc_addr, http_addr, data_addr, gossip_addr, shm_socket")
 	fs.StringVar(&f.advertiseHost, "advertise-host", "", "host other nodes and clients reach this node at, for addresses bound to 0.0.0.0 (default: the gossip host, else a private IP)")
 	fs.StringVar(&f.gossipKeyFile, "gossip-key-file", "", "file holding the base64 of a 16, 24 or 32-byte key that encrypts gossip (the same on every member)")
-	fs.BoolVar(&f.insecureGossip, "insecure-gossip", false, "let a node with --auth-token-file start without a gossip key or mutual TLS: any host that reaches --gossip-addr may then join, own blocks and receive the node's token")
+	fs.BoolVar(&f.insecureGossip, "insecure-gossip", false, "let a node with --auth-token-file or --tokens-file start without --gossip-key-file (mutual TLS does not protect gossip): any host that reaches --gossip-addr may then join, own blocks and receive the node's cluster credential")
 	fs.StringVar(&f.gossipProfile, "gossip-profile", d.Cluster.GossipProfile, "failure detection timings: lan, or local (one host, tests: a dead node noticed in about 2s)")
 	fs.IntVar(&f.replicas, "replicas", d.Cluster.Replicas, "nodes that own each placement chunk (the same on every member)")
 	fs.IntVar(&f.chunkTokens, "chunk-tokens", d.Cluster.ChunkTokens, "tokens per placement chunk (the same on every member)")
@@ -177,6 +183,7 @@ flag names, for example:
 	fs.DurationVar(&f.pushYield, "push-yield", d.Cluster.PushYield, "longest a push of fresh blocks to their owners waits for this node's reads, lookups and synchronous prefills to end (0, the default: pushes do not wait; 2s is a sane bound where serving competes with pushes for cores; a push queue at least half full never waits)")
 	fs.Var(newSize(&f.pushRate, d.Cluster.PushBytesPerSec), "push-rate", "most bytes a second pushed to owners, all together (0: no bound)")
 	fs.Var(newSize(&f.handoff, d.Cluster.HandoffBytes), "handoff", "most DRAM bytes handed to their next owners on a graceful stop")
+	fs.Var(&f.spillOnStop, "spill-on-stop", "most DRAM bytes written to NVMe on a graceful stop, after the handoff, so that a restart on this data dir serves them (default: all of --dram; 0: none)")
 	fs.Var(newSize(&f.dram, d.Tiers.DRAMBytes), "dram", "DRAM tier capacity")
 	fs.BoolVar(&f.dramPopulate, "dram-populate", false, "back the whole DRAM tier with memory at start and keep it: puts never wait for page allocation, and resident memory includes --dram from the start (for hosts that give the cache its memory)")
 	fs.Var(newSize(&f.nvme, d.Tiers.NVMeBytes), "nvme", "NVMe tier capacity, under --data-dir")
@@ -186,7 +193,7 @@ flag names, for example:
 	fs.Var(newSize(&f.maxBlockBytes, int64(d.Limits.MaxBlockBytes)), "max-block-bytes", "largest encoded block accepted")
 	fs.IntVar(&f.maxBatchBlocks, "max-batch-blocks", d.Limits.MaxBatchBlocks, "most blocks one request may name")
 	fs.IntVar(&f.maxBlocks, "max-blocks", d.Tiers.MaxBlocks, "most blocks cached in DRAM and NVMe together (0: the tiers' capacities over 4KiB)")
-	fs.StringVar(&f.eviction, "eviction", string(store.DefaultEviction), "eviction policy: lru (the reference), or dedup (a node's copies of blocks other nodes own go first)")
+	fs.StringVar(&f.eviction, "eviction", string(store.DefaultEviction), "eviction policy: lru (the reference), dedup (a node's copies of blocks other nodes own go first), or reuse (dedup, and a block a lookup or read asked for again gets a second chance)")
 	fs.DurationVar(&f.partialTTL, "partial-ttl", store.DefaultPartialTTL, "how long the parts of a block put by tensor- or pipeline-parallel ranks are kept while the block is incomplete (1ms..1h)")
 	fs.DurationVar(&f.claimTTL, "claim-ttl", store.DefaultClaimTTL, "how long a rank's claim to write a part holds back the other ranks writing the same part (1ms..10m)")
 	fs.Var(newSize(&f.maxMessageBytes, int64(d.Limits.MaxMessageBytes)), "max-message-bytes", "largest gRPC message sent or received")
@@ -194,15 +201,16 @@ flag names, for example:
 	fs.IntVar(&f.maxConcurrentStreams, "max-concurrent-streams", d.Limits.MaxConcurrentStreams, "most gRPC calls open at once on one client connection (more wait on the client)")
 	fs.Var(newSize(&f.maxInFlightBytes, d.Limits.MaxInFlightBytes), "max-inflight-bytes", "request buffers each server holds at once (BatchPut blocks; data-plane requests and puts); more wait, then are refused")
 	fs.DurationVar(&f.requestTimeout, "request-timeout", d.Limits.RequestTimeout, "upper bound of any request, streams included")
+	fs.DurationVar(&f.receiveTimeout, "receive-timeout", d.Limits.ReceiveTimeout, "longest wait for the next message of a client stream (BatchPut): a stream silent for longer is ended and its block buffer released")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "how long requests in flight may run on after SIGTERM")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM file of the node's certificate chain: serve gRPC and the data plane over TLS 1.3")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM file of the certificate's private key")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM file of the CA that signs the members' (and, with --tls-client-auth, the clients') certificates (default: the system's roots)")
 	fs.BoolVar(&f.tlsClientAuth, "tls-client-auth", false, "mutual TLS: refuse clients and peers without a certificate signed by --tls-ca")
-	fs.BoolVar(&f.httpTLS, "http-tls", false, "serve the HTTP address (the OpenAI-compatible API, /metrics, health) over TLS too, with --tls-cert (a client certificate is checked when given, not required)")
+	fs.BoolVar(&f.httpTLS, "http-tls", false, "serve the HTTP address (the OpenAI-compatible API, /metrics, health) over TLS too, with --tls-cert (a client certificate is checked when given, not required); implied by --tls-cert: every listener of a node with TLS serves TLS")
 	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "name verified in the other members' certificates (default: the host of their address)")
 	fs.StringVar(&f.tokenFile, "auth-token-file", "", "file of shared bearer tokens, one a line, that clients and peers must present (the node presents the first); one tenant: every token may do everything")
-	fs.StringVar(&f.tokensFile, "tokens-file", "", "tokens file (YAML) mapping each token, or its SHA-256, to a tenant and scopes (read, write, admin, cluster): tenants that cannot touch each other's blocks; see the README's Security section")
+	fs.StringVar(&f.tokensFile, "tokens-file", "", "tokens file (YAML) mapping each token, or its SHA-256, to a tenant and scopes (read, write, admin, cluster): tenants that cannot touch each other's blocks; see docs/SECURITY.md")
 	fs.Var(newSize(&f.quotaDRAM, d.Tiers.QuotaDRAMBytes), "quota-dram", "default DRAM quota of each namespace (0: unlimited; AdminService.SetQuota sets one namespace's)")
 	fs.Var(newSize(&f.quotaNVMe, d.Tiers.QuotaNVMeBytes), "quota-nvme", "default NVMe quota of each namespace (0: unlimited)")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve the Go profiler (net/http/pprof) under /debug/pprof/ on --http-addr, which has no authentication")
@@ -273,6 +281,10 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 			return node.Options{}, nil, fmt.Errorf("%s: %w", src("auth-token-file"), err)
 		}
 	}
+	shmMode, err := strconv.ParseUint(f.shmSocketMode, 8, 32)
+	if err != nil {
+		return node.Options{}, nil, fmt.Errorf("%s %q: want permission bits in octal, such as 0600 or 0660", src("shm-socket-mode"), f.shmSocketMode)
+	}
 	var tf *auth.File
 	if f.tokensFile != "" {
 		if f.tokenFile != "" {
@@ -285,13 +297,13 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 	opts := node.Options{
 		NodeID:          f.nodeID,
 		DataDir:         f.dataDir,
-		Listen:          node.ListenOptions{GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, ShmSocket: f.shmSocket, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost},
+		Listen:          node.ListenOptions{GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, ShmSocket: f.shmSocket, ShmSocketMode: os.FileMode(shmMode), ShmSocketGroup: f.shmSocketGroup, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost},
 		Cluster:         node.ClusterOptions{GossipAddr: f.gossipAddr, Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip, Replicas: f.replicas, ChunkTokens: f.chunkTokens, LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff, PushYield: f.pushYield, PushBytesPerSec: f.pushRate, Transport: f.transport, RDMADevice: f.rdmaDevice},
 		ReadyFile:       f.readyFile,
 		Security:        node.SecurityOptions{HTTPTLS: f.httpTLS, TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf},
-		Limits:          node.LimitOptions{MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes, MaxBlockBytes: int(f.maxBlockBytes), MaxBatchBlocks: f.maxBatchBlocks, MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes), RequestTimeout: f.requestTimeout},
+		Limits:          node.LimitOptions{MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes, MaxBlockBytes: int(f.maxBlockBytes), MaxBatchBlocks: f.maxBatchBlocks, MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes), RequestTimeout: f.requestTimeout, ReceiveTimeout: f.receiveTimeout},
 		Pprof:           f.pprof,
-		Tiers:           node.TierOptions{QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe, DRAMBytes: f.dram, DRAMPopulate: f.dramPopulate, NVMeBytes: f.nvme, HBMBytes: f.hbm, MaxBlocks: f.maxBlocks, Eviction: f.eviction, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL},
+		Tiers:           node.TierOptions{QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe, DRAMBytes: f.dram, DRAMPopulate: f.dramPopulate, NVMeBytes: f.nvme, HBMBytes: f.hbm, MaxBlocks: f.maxBlocks, Eviction: f.eviction, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL, SpillOnStopBytes: f.spillOnStop.option()},
 		GPU:             f.gpu,
 		ShutdownTimeout: f.shutdownTimeout,
 		Version:         version(),
@@ -365,7 +377,7 @@ func serve(cmd *cobra.Command, opts node.Options, logger *slog.Logger, pair *tra
 	fmt.Fprintf(out, "kvmesh %s serving node %s\n", version(), n.ID())
 	fmt.Fprintf(out, "  gRPC     %s\n", n.GRPCAddr())
 	web := "http"
-	if opts.Security.HTTPTLS {
+	if opts.Security.TLS != nil { // every listener: HTTPTLS is implied
 		web = "https"
 	}
 	fmt.Fprintf(out, "  metrics  %s://%s/metrics   health  %s://%s/healthz\n", web, n.HTTPAddr(), web, n.HTTPAddr())

@@ -110,9 +110,19 @@ type serviceMonitor struct {
 			MatchLabels map[string]string `json:"matchLabels"`
 		} `json:"selector"`
 		Endpoints []struct {
-			Port     string `json:"port"`
-			Path     string `json:"path"`
-			Interval string `json:"interval"`
+			Port      string `json:"port"`
+			Path      string `json:"path"`
+			Interval  string `json:"interval"`
+			Scheme    string `json:"scheme,omitempty"`
+			TLSConfig *struct {
+				CA struct {
+					Secret struct {
+						Name string `json:"name"`
+						Key  string `json:"key"`
+					} `json:"secret"`
+				} `json:"ca"`
+				ServerName string `json:"serverName,omitempty"`
+			} `json:"tlsConfig,omitempty"`
 		} `json:"endpoints"`
 	} `json:"spec"`
 }
@@ -214,6 +224,10 @@ func TestChartRefuses(t *testing.T) {
 		{"kind: Deployment\n", "want StatefulSet or DaemonSet"},
 		{"tls:\n  enabled: true\n", "tls.existingSecret"},
 		{"auth:\n  tokens: [t]\n", "auth needs a gossip key"},
+		{"auth:\n  existingSecret: t\n  tenants: true\n", "auth needs a gossip key"},
+		// Mutual TLS guards gRPC and the data plane, not gossip.
+		{"auth:\n  tokens: [t]\ntls:\n  enabled: true\n  existingSecret: s\n  clientAuth: true\n", "mutual TLS does not protect gossip"},
+		{"shm:\n  enabled: true\n", "shm.enabled needs kind: DaemonSet"},
 	} {
 		f := filepath.Join(t.TempDir(), "values.yaml")
 		os.WriteFile(f, []byte(tc.values), 0o644)
@@ -229,6 +243,58 @@ func TestChartRefuses(t *testing.T) {
 		if _, err := engine.Render(ch, top); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("values %q: render error %v; want one mentioning %q", tc.values, err, tc.want)
 		}
+	}
+}
+
+// TestChartTLSEverywhere: with TLS on, every listener serves it: the
+// node's config sets http-tls, the probes speak HTTPS and Prometheus
+// scrapes over HTTPS verified against the cluster CA.
+func TestChartTLSEverywhere(t *testing.T) {
+	out := render(t, filepath.Join(chartDir, "ci", "daemonset-values.yaml"))
+	var (
+		cm  corev1.ConfigMap
+		ds  appsv1.DaemonSet
+		mon serviceMonitor
+	)
+	for tmpl, text := range out {
+		docs := objects(t, tmpl, text)
+		if len(docs) == 0 {
+			continue
+		}
+		switch filepath.Base(tmpl) {
+		case "configmap.yaml":
+			mustDecode(t, docs[0], &cm)
+		case "workload.yaml":
+			mustDecode(t, docs[0], &ds)
+		case "servicemonitor.yaml":
+			mustDecode(t, docs[0], &mon)
+		}
+	}
+	if !strings.Contains(cm.Data["kvmesh.yaml"], "http-tls: true") {
+		t.Errorf("TLS on, but the node's config does not set http-tls:\n%s", cm.Data["kvmesh.yaml"])
+	}
+	c := ds.Spec.Template.Spec.Containers[0]
+	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+			t.Errorf("%s probe is not HTTPS: %+v", name, p)
+		}
+	}
+	if len(mon.Spec.Endpoints) != 1 || mon.Spec.Endpoints[0].Scheme != "https" || mon.Spec.Endpoints[0].TLSConfig == nil ||
+		mon.Spec.Endpoints[0].TLSConfig.CA.Secret.Key != "ca.crt" {
+		t.Errorf("ServiceMonitor does not scrape over verified HTTPS: %+v", mon.Spec.Endpoints)
+	}
+	// TLS off (the defaults): plain HTTP probes, no http-tls.
+	for tmpl, text := range render(t, "") {
+		if filepath.Base(tmpl) == "configmap.yaml" && strings.Contains(text, "http-tls") {
+			t.Errorf("TLS off, yet the config sets http-tls:\n%s", text)
+		}
+	}
+}
+
+func mustDecode(t *testing.T, doc []byte, obj any) {
+	t.Helper()
+	if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -5,6 +5,10 @@
 // into the Kubernetes API types: the check kubeconform makes against the
 // OpenAPI schemas, made against the Go types those schemas come from.
 //
+// Package packages the chart for a release (deploy/release.sh, through
+// cmd/chartpack), and the tests check what release.sh runs and that the
+// chart's default image is the one it builds.
+//
 // It is a module of its own so that Helm and the Kubernetes libraries stay
 // out of kvmesh's go.mod: cd deploy/chartcheck && go test ./...
 package chartcheck

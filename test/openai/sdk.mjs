@@ -109,6 +109,15 @@ await expectError(() => client.chat.completions.create({ model, messages: [] }),
 await expectError(
   () => client.chat.completions.create({ ...chat, stream: true, messages: [{ role: 'wizard', content: 'x' }] }),
   400, OpenAI.BadRequestError, 'bad role, streamed');
+// Tool calling is refused, not ignored: the model calls no tools.
+const tools = [{ type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: {} } } }];
+const te = await expectError(() => client.chat.completions.create({ ...chat, tools }), 400, OpenAI.BadRequestError, 'tools');
+assert.equal(te.param, 'tools');
+assert.equal(te.code, 'unsupported_parameter');
+// A base URL without /v1: OpenAI's 404, saying where the API is.
+const noV1 = new OpenAI({ baseURL: baseURL.replace(/\/v1\/?$/, ''), apiKey, maxRetries: 0 });
+const ne = await expectError(() => noV1.chat.completions.create(chat), 404, OpenAI.NotFoundError, 'base URL without /v1');
+assert.match(ne.message, /under \/v1\//);
 if (process.env.KVMESH_API_KEY) {
   const wrong = new OpenAI({ baseURL, apiKey: 'not-a-token', maxRetries: 0 });
   await expectError(() => wrong.models.list(), 401, OpenAI.AuthenticationError, 'wrong key');

@@ -2,8 +2,11 @@
 
 A unix socket carries frames; the node answers the hello (bearer token) with
 an shmHello frame and, by SCM_RIGHTS, the descriptor of a memfd region that
-this process maps read-only, and, for a node-wide principal (never a tenant),
-the descriptor of the node's DRAM arena, mapped read-only too. A get is
+this process maps read-only (the node seals it against writes), and, for a
+node-wide principal allowed to write (never a tenant or a read-only token:
+any descriptor of a memfd can be reopened writable through /proc, and the
+arena holds every tenant's blocks), the descriptor of the node's DRAM arena,
+which this client maps read-only too: it puts inline. A get is
 answered with (status, length, offset) per key: a block found in DRAM lies in
 the arena itself (offset bit 63 set), read in place under a lease, and any
 other (an NVMe hit, a part cut from a block, a tenant's read) was copied into
@@ -46,7 +49,7 @@ CLAIM_WRITE, CLAIM_COMPLETE, CLAIM_COVERED, CLAIM_CLAIMED = 0, 1, 2, 3
 _CLAIM_ENTRY = struct.Struct("<B3xI")
 
 _HDR = struct.Struct("<IBBBBQIIQIIQQ")  # up to the header checksum at 56
-FLAG_ARENA = 2  # hello flag: map the node's DRAM arena too, if this principal may
+FLAG_ARENA = 2  # hello flag: map the node's DRAM arena too, if this principal may (a node-wide writer)
 ARENA_SHARED = 1  # hello arena flag: the arena's descriptor follows the region's
 IN_ARENA = 1 << 63  # shmGetResp offset bit: the value lies in the arena, not the region
 _ITEM = struct.Struct("<B3xIQ")  # shmGetResp entry: status, value length, region offset

@@ -127,6 +127,16 @@ def node(kvmesh_bin):
 
 
 @pytest.fixture(scope="session")
+def gossip_key(tmp_path_factory):
+    """A gossip key file: a node with any credential (--auth-token-file,
+    --tokens-file) refuses to gossip in the clear."""
+    import base64
+    k = tmp_path_factory.mktemp("gossip") / "gossip.key"
+    k.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
+    return str(k)
+
+
+@pytest.fixture(scope="session")
 def start_node(kvmesh_bin):
     started = []
 

@@ -14,6 +14,8 @@ tokens:
   - {token: acme-rw, tenant: acme, scopes: [read, write]}
   - {token: acme-r, tenant: acme, scopes: [read]}
   - {token: beta-rw, tenant: beta, scopes: [read, write]}
+  - {token: ops-r, scopes: [read]}
+  - {token: ops-rw, scopes: [read, write]}
   - {token: node-to-node, scopes: [cluster, read, write]}
 """
 
@@ -25,10 +27,10 @@ def kv_of(n, seed):
 
 
 @pytest.fixture(scope="module")
-def tenant_node(start_node, tmp_path_factory):
+def tenant_node(start_node, tmp_path_factory, gossip_key):
     f = tmp_path_factory.mktemp("auth") / "tokens.yaml"
     f.write_text(TOKENS)
-    return start_node("--tokens-file", str(f))
+    return start_node("--tokens-file", str(f), "--gossip-key-file", gossip_key)
 
 
 PATHS = {"shm": "auto", "tcp": "tcp", "grpc": "grpc"}
@@ -58,6 +60,57 @@ def test_tenant_round_trip(tenant_node, path):
         assert c.get(NS, toks)[0] == 0
 
 
+def test_arena_is_a_writers_privilege(tenant_node):
+    """Only a node-wide writer maps the node's DRAM arena in place: a node-wide reader (like a
+    tenant) reads copies in its own region, and gets the same bytes."""
+    toks = list(range(7600, 7632))
+    kv = kv_of(32, 6)
+    with kvmesh.Client(tenant_node.addr, token="ops-rw", transport="auto") as w:
+        assert w.put(NS, toks, kv) == 2
+        assert w._shm.in_place, "a node-wide writer reads the node's DRAM in place"
+    with kvmesh.Client(tenant_node.addr, token="ops-r", transport="auto") as r:
+        n, got = r.get(NS, toks)
+        assert n == 32 and torch.equal(got, kv)
+        assert r.counters["shm_get"] == 2
+        assert not r._shm.in_place, "a node-wide reader was given the arena, which it could reopen writable"
+
+
+@pytest.mark.parametrize("token", ["ops-r", "acme-r"])
+def test_reopen_attack(tenant_node, token):
+    """What a hostile reader does with the descriptors the node sends it: reopen each through
+    /proc/self/fd read-write (a memfd's inode is mode 0777) and write through it. None is the
+    arena, and none can be written (the region is sealed against writes)."""
+    import mmap
+    import os
+    import socket
+    from kvmesh import _shm
+    sock = tenant_node.shm_socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(sock)
+        tok = token.encode()
+        s.sendall(_shm.frame_header(_shm.HELLO, 0, len(tok), tok, flags=_shm.FLAG_ARENA) + tok)
+        msg, fds, _flags, _addr = socket.recv_fds(s, _shm.HEADER_LEN + 32, 4)
+    try:
+        assert len(fds) == 1, f"{token} was sent {len(fds)} descriptors: the arena is a writer's privilege"
+        for fd in fds:
+            try:
+                rw = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                size = os.fstat(rw).st_size
+                with pytest.raises(OSError):
+                    os.pwrite(rw, os.pread(rw, 1, size - 1), size - 1)
+                with pytest.raises(OSError):
+                    mmap.mmap(rw, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(rw)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def test_tenant_keys_are_salted(tenant_node):
     toks = list(range(8000, 8032))
     with kvmesh.Client(tenant_node.addr, token="acme-rw") as c:
@@ -80,19 +133,10 @@ def test_refused_tokens(tenant_node):
             c.put(NS, toks, kv_of(32, 3))
 
 
-def gossip_key(tmp_path):
-    """A gossip key file: a node with tokens refuses to gossip in the clear."""
-    import base64
-    import os
-    k = tmp_path / "gossip.key"
-    k.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
-    return str(k)
-
-
-def test_shared_token(start_node, tmp_path):
+def test_shared_token(start_node, tmp_path, gossip_key):
     f = tmp_path / "token"
     f.write_text("s3cret-shared-token\n")
-    n = start_node("--auth-token-file", str(f), "--gossip-key-file", gossip_key(tmp_path))
+    n = start_node("--auth-token-file", str(f), "--gossip-key-file", gossip_key)
     toks = list(range(100, 132))
     with kvmesh.Client(n.addr, token="s3cret-shared-token") as c:
         assert c.put(NS, toks, kv_of(32, 4)) == 2 and c.get(NS, toks)[0] == 32
@@ -101,7 +145,7 @@ def test_shared_token(start_node, tmp_path):
         c.get(NS, toks)
 
 
-def test_tls_and_token(start_node, tmp_path):
+def test_tls_and_token(start_node, tmp_path, gossip_key):
     if not shutil.which("openssl"):
         pytest.skip("needs openssl to make a certificate")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
@@ -111,7 +155,7 @@ def test_tls_and_token(start_node, tmp_path):
     tok = tmp_path / "token"
     tok.write_text("tls-token\n")
     n = start_node("--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert), "--auth-token-file", str(tok),
-                   "--gossip-key-file", gossip_key(tmp_path))
+                   "--gossip-key-file", gossip_key)
     toks = list(range(200, 248))
     kv = kv_of(48, 5)
     for path, transport in PATHS.items():

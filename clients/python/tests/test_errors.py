@@ -91,10 +91,10 @@ tokens:
 """
 
 
-def test_permission_details(start_node, tmp_path):
+def test_permission_details(start_node, tmp_path, gossip_key):
     f = tmp_path / "tokens.yaml"
     f.write_text(TOKENS)
-    n = start_node("--tokens-file", str(f))
+    n = start_node("--tokens-file", str(f), "--gossip-key-file", gossip_key)
     toks = list(range(600, 632))
     with kvmesh.Client(n.addr, token="acme-r", transport="grpc") as c:
         with pytest.raises(kvmesh.ScopeMissing) as e:

@@ -37,7 +37,8 @@ type LookupRequest struct {
 	Chain []byte `protobuf:"bytes,3,opt,name=chain,proto3" json:"chain,omitempty"`
 	// With chain: the prompt's length in tokens, which the chain alone does
 	// not tell (the tail after the last full block has no key). Zero reads as
-	// the chain's full blocks. Ignored with tokens.
+	// the chain's full blocks. Ignored with tokens. A prompt shorter than one
+	// block has an empty chain: send neither chain nor tokens, only this.
 	PromptTokens uint64 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	// Leave the per-block listing out: the answer carries the counts and
 	// runs (where the cached blocks are), blocks stays empty. An inference
@@ -1087,8 +1088,16 @@ type TierStats struct {
 	// Bytes of encoded blocks held, and the tier's configured capacity.
 	Bytes         uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	CapacityBytes uint64 `protobuf:"varint,4,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Blocks that left the tier since the node started, by reason: dropped
+	// from the node for room (descendants dropped with them included), moved
+	// one tier down, writes refused for lack of room, and writes accepted but
+	// evicted at once (colder than everything the tier holds).
+	EvictedCapacity   uint64 `protobuf:"varint,5,opt,name=evicted_capacity,json=evictedCapacity,proto3" json:"evicted_capacity,omitempty"`
+	EvictedDemoted    uint64 `protobuf:"varint,6,opt,name=evicted_demoted,json=evictedDemoted,proto3" json:"evicted_demoted,omitempty"`
+	EvictedRefused    uint64 `protobuf:"varint,7,opt,name=evicted_refused,json=evictedRefused,proto3" json:"evicted_refused,omitempty"`
+	EvictedUnadmitted uint64 `protobuf:"varint,8,opt,name=evicted_unadmitted,json=evictedUnadmitted,proto3" json:"evicted_unadmitted,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *TierStats) Reset() {
@@ -1145,6 +1154,34 @@ func (x *TierStats) GetBytes() uint64 {
 func (x *TierStats) GetCapacityBytes() uint64 {
 	if x != nil {
 		return x.CapacityBytes
+	}
+	return 0
+}
+
+func (x *TierStats) GetEvictedCapacity() uint64 {
+	if x != nil {
+		return x.EvictedCapacity
+	}
+	return 0
+}
+
+func (x *TierStats) GetEvictedDemoted() uint64 {
+	if x != nil {
+		return x.EvictedDemoted
+	}
+	return 0
+}
+
+func (x *TierStats) GetEvictedRefused() uint64 {
+	if x != nil {
+		return x.EvictedRefused
+	}
+	return 0
+}
+
+func (x *TierStats) GetEvictedUnadmitted() uint64 {
+	if x != nil {
+		return x.EvictedUnadmitted
 	}
 	return 0
 }
@@ -1242,6 +1279,11 @@ type StatsResponse struct {
 	Namespaces []*NamespaceStats `protobuf:"bytes,8,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
 	// The page_token of the next page; empty on the last page.
 	NextPageToken string `protobuf:"bytes,9,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The eviction policy's own signal (0 but under --eviction reuse): blocks
+	// passed over at the cold end because they were asked for again, and the
+	// cached blocks marked so now.
+	SecondChances uint64 `protobuf:"varint,10,opt,name=second_chances,json=secondChances,proto3" json:"second_chances,omitempty"`
+	ReusedBlocks  uint64 `protobuf:"varint,11,opt,name=reused_blocks,json=reusedBlocks,proto3" json:"reused_blocks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1339,6 +1381,20 @@ func (x *StatsResponse) GetNextPageToken() string {
 	return ""
 }
 
+func (x *StatsResponse) GetSecondChances() uint64 {
+	if x != nil {
+		return x.SecondChances
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetReusedBlocks() uint64 {
+	if x != nil {
+		return x.ReusedBlocks
+	}
+	return 0
+}
+
 var File_kvmesh_v1_cache_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_cache_proto_rawDesc = "" +
@@ -1427,18 +1483,22 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\fStatsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"t\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"\xa0\x02\n" +
 	"\tTierStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12%\n" +
-	"\x0ecapacity_bytes\x18\x04 \x01(\x04R\rcapacityBytes\"\x84\x01\n" +
+	"\x0ecapacity_bytes\x18\x04 \x01(\x04R\rcapacityBytes\x12)\n" +
+	"\x10evicted_capacity\x18\x05 \x01(\x04R\x0fevictedCapacity\x12'\n" +
+	"\x0fevicted_demoted\x18\x06 \x01(\x04R\x0eevictedDemoted\x12'\n" +
+	"\x0fevicted_refused\x18\a \x01(\x04R\x0eevictedRefused\x12-\n" +
+	"\x12evicted_unadmitted\x18\b \x01(\x04R\x11evictedUnadmitted\"\x84\x01\n" +
 	"\x0eNamespaceStats\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\x06R\x06digest\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12\x16\n" +
 	"\x06tokens\x18\x04 \x01(\x04R\x06tokens\x12\x14\n" +
-	"\x05model\x18\x05 \x01(\tR\x05model\"\xbf\x02\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\"\x8b\x03\n" +
 	"\rStatsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12*\n" +
 	"\x05tiers\x18\x02 \x03(\v2\x14.kvmesh.v1.TierStatsR\x05tiers\x12\x12\n" +
@@ -1452,7 +1512,10 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\n" +
 	"namespaces\x18\b \x03(\v2\x19.kvmesh.v1.NamespaceStatsR\n" +
 	"namespaces\x12&\n" +
-	"\x0fnext_page_token\x18\t \x01(\tR\rnextPageToken2\x98\x03\n" +
+	"\x0fnext_page_token\x18\t \x01(\tR\rnextPageToken\x12%\n" +
+	"\x0esecond_chances\x18\n" +
+	" \x01(\x04R\rsecondChances\x12#\n" +
+	"\rreused_blocks\x18\v \x01(\x04R\freusedBlocks2\x98\x03\n" +
 	"\fCacheService\x12=\n" +
 	"\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12E\n" +
 	"\bBatchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12E\n" +

@@ -5,11 +5,15 @@ package kvmeshv1
 import (
 	"fmt"
 	"math/bits"
+	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Codec is gRPC's proto codec (google.golang.org/grpc/encoding/proto, name
@@ -58,7 +62,64 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 	buf := data.MaterializeToBuffer(buffers)
 	defer buf.Free()
 	// Unmarshal copies bytes fields: nothing of m aliases buf.
-	return proto.Unmarshal(buf.ReadOnlyData(), m)
+	err := proto.Unmarshal(buf.ReadOnlyData(), m)
+	if err != nil {
+		// gRPC answers any error here with Internal, so a string field
+		// that is not UTF-8 (a client's mangled page token, say) would be
+		// the server's fault. Such strings are taken with U+FFFD in place
+		// of the bad bytes instead, and the handler refuses what they say
+		// with InvalidArgument naming the field.
+		if b, changed := validUTF8(buf.ReadOnlyData(), m.ProtoReflect().Descriptor(), 0); changed {
+			proto.Reset(m)
+			if proto.Unmarshal(b, m) == nil {
+				return nil
+			}
+		}
+	}
+	return err
+}
+
+// validUTF8 returns b, the wire encoding of a message of md, with every
+// string field (of nested messages too) that is not valid UTF-8 made valid
+// by U+FFFD in place of its bad bytes, and whether it changed anything.
+// Encodings it cannot parse are returned as they are.
+func validUTF8(b []byte, md protoreflect.MessageDescriptor, depth int) ([]byte, bool) {
+	if depth > 100 {
+		return b, false
+	}
+	var out []byte
+	changed := false
+	for rest := b; len(rest) > 0; {
+		num, typ, n := protowire.ConsumeTag(rest)
+		if n < 0 {
+			return b, false
+		}
+		m := protowire.ConsumeFieldValue(num, typ, rest[n:])
+		if m < 0 {
+			return b, false
+		}
+		field := rest[:n+m]
+		rest = rest[n+m:]
+		if fd := md.Fields().ByNumber(num); typ == protowire.BytesType && fd != nil {
+			v, _ := protowire.ConsumeBytes(field[n:])
+			var fixed []byte
+			switch {
+			case fd.Kind() == protoreflect.StringKind && !utf8.Valid(v):
+				fixed = []byte(strings.ToValidUTF8(string(v), "\uFFFD"))
+			case fd.Kind() == protoreflect.MessageKind:
+				if nb, ch := validUTF8(v, fd.Message(), depth+1); ch {
+					fixed = nb
+				}
+			}
+			if fixed != nil {
+				out = protowire.AppendBytes(protowire.AppendTag(out, num, typ), fixed)
+				changed = true
+				continue
+			}
+		}
+		out = append(out, field...)
+	}
+	return out, changed
 }
 
 // buffers is Codec's pool: classes 2^minClass..2^maxClass bytes, one

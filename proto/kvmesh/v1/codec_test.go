@@ -2,10 +2,12 @@ package kvmeshv1
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -66,5 +68,40 @@ func TestClassPool(t *testing.T) {
 			t.Fatalf("Get(%d): cap %d, not its class's %d", n, cap(*b), 1<<(c+minClass))
 		}
 		buffers.Put(b)
+	}
+}
+
+// TestCodecInvalidUTF8: a request whose string fields (top-level, and in a
+// nested message) are not UTF-8 decodes with U+FFFD in place of the bad
+// bytes, rather than failing (gRPC would answer that Internal); every other
+// field decodes as sent, and bytes fields keep any bytes.
+func TestCodecInvalidUTF8(t *testing.T) {
+	good, err := proto.Marshal(&LookupRequest{Namespace: &Namespace{Model: "m", BlockTokens: 16}, Chain: []byte{0xff, 0xfe}, PromptTokens: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stats' page_token (field 2) and a namespace's model (field 1 of
+	// field 1 of LookupRequest), not UTF-8.
+	stats := protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), []byte("ab\xffcd"))
+	stats = protowire.AppendVarint(protowire.AppendTag(stats, 1, protowire.VarintType), 7)
+	ns := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), []byte("\xc3model"))
+	lookup := protowire.AppendBytes(protowire.AppendTag(slices.Clone(good), 1, protowire.BytesType), ns)
+
+	var s StatsRequest
+	if err := Codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(stats)}, &s); err != nil {
+		t.Fatalf("Stats with a page token that is not UTF-8: %v", err)
+	}
+	if s.GetPageToken() != "ab\uFFFDcd" || s.GetPageSize() != 7 {
+		t.Errorf("decoded %q, page size %d", s.GetPageToken(), s.GetPageSize())
+	}
+	var l LookupRequest
+	if err := Codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(lookup)}, &l); err != nil {
+		t.Fatalf("Lookup with a model that is not UTF-8: %v", err)
+	}
+	if l.GetNamespace().GetModel() != "\uFFFDmodel" || !bytes.Equal(l.GetChain(), []byte{0xff, 0xfe}) || l.GetPromptTokens() != 32 {
+		t.Errorf("decoded %+v", &l)
+	}
+	if err := Codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer([]byte{0x0a, 0x05, 'a'})}, &l); err == nil {
+		t.Error("a truncated message decoded")
 	}
 }

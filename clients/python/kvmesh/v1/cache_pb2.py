@@ -20,7 +20,7 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='kvmesh/v1/cache.proto',
   package='kvmesh.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\xae\x01\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\r\n\x05\x63hain\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x0f\n\x07summary\x18\x05 \x01(\x08\x12-\n\nextra_keys\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.BlockExtraKeys\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xc7\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\x12\"\n\x04runs\x18\x06 \x03(\x0b\x32\x14.kvmesh.v1.CachedRun\x12\r\n\x05nodes\x18\x07 \x03(\t\"7\n\tCachedRun\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xab\x01\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\x12\x12\n\nchunk_keys\x18\x05 \x03(\x0c\x12-\n\nextra_keys\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.BlockExtraKeys\"\xe1\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x18\n\x10payload_checksum\x18\n \x01(\x06\x12\x12\n\nextra_keys\x18\x0b \x03(\x0c\x12\x13\n\x0bparent_link\x18\x0c \x01(\x0c\"\x98\x01\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x18\n\x10payload_checksum\x18\x04 \x01(\x06\x12\x11\n\tchunk_key\x18\x05 \x01(\x0c\x12\x12\n\nextra_keys\x18\x06 \x03(\x0c\x12\x13\n\x0bparent_link\x18\x07 \x01(\x0c\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"1\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"2\n\x0ePublishRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0fPublishResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"5\n\x0cStatsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"P\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\"^\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\r\n\x05model\x18\x05 \x01(\t\"\xe5\x01\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats\x12\x17\n\x0fnext_page_token\x18\t \x01(\t2\x98\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12@\n\x07Publish\x12\x19.kvmesh.v1.PublishRequest\x1a\x1a.kvmesh.v1.PublishResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
+  serialized_pb=_b('\n\x15kvmesh/v1/cache.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/types.proto\"\xae\x01\n\rLookupRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\r\n\x05\x63hain\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x0f\n\x07summary\x18\x05 \x01(\x08\x12-\n\nextra_keys\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.BlockExtraKeys\"9\n\x0b\x43\x61\x63hedBlock\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xc7\x01\n\x0eLookupResponse\x12\x15\n\rcached_blocks\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\x04\x12\x15\n\rprompt_blocks\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12&\n\x06\x62locks\x18\x05 \x03(\x0b\x32\x16.kvmesh.v1.CachedBlock\x12\"\n\x04runs\x18\x06 \x03(\x0b\x32\x14.kvmesh.v1.CachedRun\x12\r\n\x05nodes\x18\x07 \x03(\t\"7\n\tCachedRun\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x0c\n\x04tier\x18\x03 \x01(\t\"\xab\x01\n\x0f\x42\x61tchGetRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0e\n\x06prefix\x18\x04 \x01(\x08\x12\x12\n\nchunk_keys\x18\x05 \x03(\x0c\x12-\n\nextra_keys\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.BlockExtraKeys\"\xe1\x01\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\x12\x0e\n\x06parent\x18\x04 \x01(\x0c\x12\x0e\n\x06tokens\x18\x05 \x03(\r\x12\x13\n\x0bpayload_len\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x18\n\x10payload_checksum\x18\n \x01(\x06\x12\x12\n\nextra_keys\x18\x0b \x03(\x0c\x12\x13\n\x0bparent_link\x18\x0c \x01(\x0c\"\x98\x01\n\x0b\x42lockHeader\x12\x0e\n\x06parent\x18\x01 \x01(\x0c\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bpayload_len\x18\x03 \x01(\x04\x12\x18\n\x10payload_checksum\x18\x04 \x01(\x06\x12\x11\n\tchunk_key\x18\x05 \x01(\x0c\x12\x12\n\nextra_keys\x18\x06 \x03(\x0c\x12\x13\n\x0bparent_link\x18\x07 \x01(\x0c\"o\n\x0f\x42\x61tchPutRequest\x12\'\n\tnamespace\x18\x01 \x01(\x0b\x32\x14.kvmesh.v1.Namespace\x12%\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"0\n\x10\x42\x61tchPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"1\n\rExistsRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0e\x45xistsResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\"2\n\x0ePublishRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\x12\x12\n\nchunk_keys\x18\x02 \x03(\x0c\"!\n\x0fPublishResponse\x12\x0e\n\x06queued\x18\x01 \x01(\r\"5\n\x0cStatsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\xb8\x01\n\tTierStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x18\n\x10\x65victed_capacity\x18\x05 \x01(\x04\x12\x17\n\x0f\x65victed_demoted\x18\x06 \x01(\x04\x12\x17\n\x0f\x65victed_refused\x18\x07 \x01(\x04\x12\x1a\n\x12\x65victed_unadmitted\x18\x08 \x01(\x04\"^\n\x0eNamespaceStats\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x06\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\r\n\x05model\x18\x05 \x01(\t\"\x94\x02\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x0c\n\x04hits\x18\x03 \x01(\x04\x12\x0e\n\x06misses\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x11\n\tdemotions\x18\x06 \x01(\x04\x12\x12\n\npromotions\x18\x07 \x01(\x04\x12-\n\nnamespaces\x18\x08 \x03(\x0b\x32\x19.kvmesh.v1.NamespaceStats\x12\x17\n\x0fnext_page_token\x18\t \x01(\t\x12\x16\n\x0esecond_chances\x18\n \x01(\x04\x12\x15\n\rreused_blocks\x18\x0b \x01(\x04\x32\x98\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12\x45\n\x08\x42\x61tchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12\x45\n\x08\x42\x61tchPut\x12\x1a.kvmesh.v1.BatchPutRequest\x1a\x1b.kvmesh.v1.BatchPutResponse(\x01\x12=\n\x06\x45xists\x12\x18.kvmesh.v1.ExistsRequest\x1a\x19.kvmesh.v1.ExistsResponse\x12@\n\x07Publish\x12\x19.kvmesh.v1.PublishRequest\x1a\x1a.kvmesh.v1.PublishResponse\x12:\n\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponseB3Z1github.com/kvmesh/kvmesh/proto/kvmesh/v1;kvmeshv1b\x06proto3')
   ,
   dependencies=[kvmesh_dot_v1_dot_types__pb2.DESCRIPTOR,])
 
@@ -797,6 +797,34 @@ _TIERSTATS = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='evicted_capacity', full_name='kvmesh.v1.TierStats.evicted_capacity', index=4,
+      number=5, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='evicted_demoted', full_name='kvmesh.v1.TierStats.evicted_demoted', index=5,
+      number=6, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='evicted_refused', full_name='kvmesh.v1.TierStats.evicted_refused', index=6,
+      number=7, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='evicted_unadmitted', full_name='kvmesh.v1.TierStats.evicted_unadmitted', index=7,
+      number=8, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -809,8 +837,8 @@ _TIERSTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1502,
-  serialized_end=1582,
+  serialized_start=1503,
+  serialized_end=1687,
 )
 
 
@@ -868,8 +896,8 @@ _NAMESPACESTATS = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1584,
-  serialized_end=1678,
+  serialized_start=1689,
+  serialized_end=1783,
 )
 
 
@@ -943,6 +971,20 @@ _STATSRESPONSE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='second_chances', full_name='kvmesh.v1.StatsResponse.second_chances', index=9,
+      number=10, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='reused_blocks', full_name='kvmesh.v1.StatsResponse.reused_blocks', index=10,
+      number=11, type=4, cpp_type=4, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -955,8 +997,8 @@ _STATSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1681,
-  serialized_end=1910,
+  serialized_start=1786,
+  serialized_end=2062,
 )
 
 _LOOKUPREQUEST.fields_by_name['namespace'].message_type = kvmesh_dot_v1_dot_types__pb2._NAMESPACE
@@ -1117,8 +1159,8 @@ _CACHESERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=1913,
-  serialized_end=2321,
+  serialized_start=2065,
+  serialized_end=2473,
   methods=[
   _descriptor.MethodDescriptor(
     name='Lookup',

@@ -25,6 +25,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "kvmesh.authSecret" -}}
 {{- .Values.auth.existingSecret | default (printf "%s-auth" (include "kvmesh.fullname" .)) -}}
 {{- end -}}
+{{/* Shared memory for workers on the node's host: per-host mode only. */}}
+{{- define "kvmesh.shm" -}}
+{{- if .Values.shm.enabled -}}
+{{- if ne .Values.kind "DaemonSet" -}}
+{{- fail "shm.enabled needs kind: DaemonSet (one node per host, beside the workers that map its memory)" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end -}}
 {{- define "kvmesh.hasGossip" -}}
 {{- if or .Values.gossip.existingSecret .Values.gossip.key }}true{{ end -}}
 {{- end -}}
