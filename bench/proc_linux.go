@@ -75,3 +75,16 @@ func pidCPU(pid int) time.Duration {
 	const clockTicks = 100 // USER_HZ: 100 on every Linux ABI Go supports
 	return time.Duration(utime+stime) * time.Second / clockTicks
 }
+
+// loadAverage returns the machine's one-minute load average.
+func loadAverage() (float64, error) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, errors.New("bench: empty /proc/loadavg")
+	}
+	return strconv.ParseFloat(f[0], 64)
+}

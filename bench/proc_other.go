@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"errors"
 	"syscall"
 	"time"
 )
@@ -17,3 +18,6 @@ func processCPU() time.Duration { return 0 }
 
 // pidCPU is not measured off Linux.
 func pidCPU(int) time.Duration { return 0 }
+
+// loadAverage is not read off Linux.
+func loadAverage() (float64, error) { return 0, errors.New("bench: no load average off Linux") }

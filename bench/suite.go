@@ -272,8 +272,12 @@ type SuiteFlags struct {
 	TracePath string
 	// Requests replays only the first Requests requests of it (--requests).
 	Requests int
-	// Nodes is the trace suite's cluster size (--nodes). Default 4.
+	// Nodes is the trace suite's cluster size (--nodes), and the one size
+	// the scale suite simulates. Default 4 (trace), ScaleOptions.Nodes
+	// (scale).
 	Nodes int
+	// ScalePhases are the scale suite's phases (--phases; ScaleOptions.Phases).
+	ScalePhases []string
 	// Routing is the policy the trace suite measures on kvmesh nodes beside
 	// session-affinity (--routing). Default random.
 	Routing Policy
@@ -321,10 +325,15 @@ func Suites(f SuiteFlags) []Suite {
 			trace.Routing = append(trace.Routing, RoutingSession)
 		}
 	}
+	scale := ScaleOptions{Phases: f.ScalePhases}
+	if f.Nodes > 0 {
+		scale.Nodes = []int{f.Nodes}
+	}
 	return []Suite{&TransferSuite{Options: TransferOptions{Transport: f.Transport}}, &StoreSuite{}, &RanksSuite{}, &LookupSuite{}, &NVMeSuite{}, &PrefillSuite{Options: PrefillOptions{Device: f.PrefillDevice,
 		ModelDir: f.PrefillModelDir, PromptTokens: f.PrefillPromptTokens, DecodeTokens: f.PrefillDecodeTokens}},
 		&TraceSuite{Options: trace}, &PeersSuite{}, &ServeSuite{Options: ServeOptions{Backlog: f.Backlog}},
-		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}, &SpeculateSuite{}}
+		&SoakSuite{Options: SoakOptions{Duration: f.SoakDuration, Concurrency: f.SoakConcurrency}}, &SpeculateSuite{},
+		&ScaleSuite{Options: scale}}
 }
 
 // notInAll is implemented by suites that `all` leaves out.

@@ -13,6 +13,10 @@
 // (memberlist alone never contacts a member it declared dead), so a node
 // may start before its seeds and a partition heals by itself.
 //
+// Besides MemberMeta a member gossips its backlog (SetBacklog: the queued
+// work a peer could take), which changes often: Backlogs reads it, and a
+// change of backlog alone is no membership change (the version stays).
+//
 // Gossip is encrypted (AES-GCM) when Options.SecretKey is set;
 // a member with another key cannot join. Options.Transport
 // replaces the UDP and TCP sockets, so that tests run partitions in one

@@ -9,8 +9,10 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -110,6 +112,11 @@ type Options struct {
 	// to run partitions in one process without network namespaces.
 	// Default nil: memberlist's network transport on GossipAddr.
 	Transport memberlist.Transport
+	// Tune, when set, adjusts memberlist's configuration once the profile
+	// (Fast or LAN) has set it and before memberlist starts: a simulation
+	// slows every interval by one factor (gossiptest.Dilate), an
+	// experiment tries other timings. Default nil.
+	Tune func(*memberlist.Config)
 }
 
 // Errors of membership.
@@ -123,11 +130,18 @@ var (
 // version that changes whenever the snapshot does, so consumers (placement)
 // rebuild only on change.
 type Membership struct {
-	ml   *memberlist.Memberlist
-	meta []byte
-	log  *slog.Logger
+	ml  *memberlist.Memberlist
+	log *slog.Logger
+
+	// local is what this node gossips about itself; SetBacklog changes it.
+	local struct {
+		sync.Mutex
+		meta    gossipMeta
+		encoded []byte
+	}
 
 	name      string // this node's id
+	addr      string // the address memberlist listens on
 	seeds     []string
 	joined    atomic.Bool   // no seeds, or one of them answered a Join
 	reconnect time.Duration // interval
@@ -153,7 +167,17 @@ type Membership struct {
 		subs    []chan struct{}
 		live    map[string]MemberInfo   // by id, as the event callbacks copied them
 		failed  map[string]failedMember // by id: members that died (not left)
+		backlog map[string]int          // by id: live members' advertised backlogs, when not 0
 	}
+}
+
+// gossipMeta is a member's metadata on the wire: MemberMeta, whose changes
+// are membership changes (placement rebuilds), and the backlog, which
+// changes often and is not one (Membership.Backlogs). A backlog of 0 is
+// left out, so that a node with none sends what nodes before it sent.
+type gossipMeta struct {
+	MemberMeta
+	Backlog int `json:"backlog,omitempty"`
 }
 
 // failedMember is a member that failed, to be asked to join again.
@@ -169,19 +193,27 @@ func Start(opts Options) (*Membership, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Membership{meta: meta, log: opts.Logger, kick: make(chan struct{}, 1),
+	m := &Membership{log: opts.Logger, kick: make(chan struct{}, 1),
 		seeds: opts.Join, reconnect: opts.ReconnectInterval, retryFor: opts.ReconnectFor,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	m.mu.failed = make(map[string]failedMember)
 	m.mu.live = make(map[string]MemberInfo)
+	m.mu.backlog = make(map[string]int)
+	m.local.meta, m.local.encoded = gossipMeta{MemberMeta: opts.Meta}, meta
 	conf := m.config(opts)
 	m.name = conf.Name
+	if opts.Tune != nil {
+		opts.Tune(conf)
+	}
 	anyPort := conf.BindPort == 0 // memberlist writes the port it picks into conf
 	ml, err := memberlist.Create(conf)
 	if err != nil {
 		return nil, fmt.Errorf("gossip: start gossip on %s: %w", opts.GossipAddr, err)
 	}
 	m.ml = ml
+	// memberlist's LocalNode is its own record, rewritten under its lock
+	// by every UpdateNode (SetBacklog): read it once, here.
+	m.addr = ml.LocalNode().Address()
 	if opts.NodeID == "" && anyPort {
 		// The name must be known before Create; with a random port it carries "0".
 		// Nodes started this way are for tests, where the id is given.
@@ -228,7 +260,7 @@ func (opts *Options) check() (meta []byte, _ error) {
 	if port, err := strconv.Atoi(portStr); err != nil || port < 0 || port > 65535 {
 		return nil, fmt.Errorf("gossip: gossip addr %q: bad port", opts.GossipAddr)
 	}
-	meta, err = json.Marshal(opts.Meta)
+	meta, err = json.Marshal(gossipMeta{MemberMeta: opts.Meta})
 	if err != nil {
 		return nil, fmt.Errorf("gossip: encode member meta: %w", err)
 	}
@@ -384,11 +416,54 @@ func (m *Membership) refresher() {
 	}
 }
 
+// SetBacklog advertises how much queued work this node holds that a peer
+// could take (openai's work stealing: batches nobody runs). It is gossiped
+// with the node's metadata, but is no membership change: the snapshot's
+// version stays, placement does not rebuild. Each change is one gossip
+// broadcast, so a caller sends coarse values, not every count.
+func (m *Membership) SetBacklog(n int) error {
+	m.local.Lock()
+	if m.local.meta.Backlog == n {
+		m.local.Unlock()
+		return nil
+	}
+	gm := m.local.meta
+	gm.Backlog = n
+	enc, err := json.Marshal(gm)
+	if err == nil && len(enc) > memberlist.MetaMaxSize {
+		err = fmt.Errorf("member meta is %d bytes, memberlist allows %d", len(enc), memberlist.MetaMaxSize)
+	}
+	if err != nil {
+		m.local.Unlock()
+		return fmt.Errorf("gossip: advertise backlog: %w", err)
+	}
+	m.local.meta, m.local.encoded = gm, enc
+	m.local.Unlock()
+	m.life.Lock()
+	defer m.life.Unlock()
+	if m.life.closed {
+		return nil
+	}
+	// UpdateNode queues the broadcast and waits for gossip to send it; its
+	// only error is that wait's timeout, when the broadcast stays queued.
+	_ = m.ml.UpdateNode(time.Second)
+	return nil
+}
+
+// Backlogs returns the backlogs the live members advertise (SetBacklog),
+// by id, those of 0 left out; this node's own is in it too once gossip
+// brought it back.
+func (m *Membership) Backlogs() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.mu.backlog)
+}
+
 // LocalID returns this node's id.
-func (m *Membership) LocalID() string { return m.ml.LocalNode().Name }
+func (m *Membership) LocalID() string { return m.name }
 
 // GossipAddr returns the address memberlist actually listens on.
-func (m *Membership) GossipAddr() string { return m.ml.LocalNode().Address() }
+func (m *Membership) GossipAddr() string { return m.addr }
 
 // Members returns the members believed alive (alive or suspect), sorted by
 // id, and the snapshot's version. The slice is shared: do not modify it.
@@ -482,10 +557,12 @@ func cmpString(a, b string) int {
 type delegate Membership
 
 func (d *delegate) NodeMeta(limit int) []byte {
-	if len(d.meta) > limit {
-		panic(fmt.Sprintf("gossip: member meta %d bytes over memberlist's limit %d", len(d.meta), limit))
+	d.local.Lock()
+	defer d.local.Unlock()
+	if len(d.local.encoded) > limit {
+		panic(fmt.Sprintf("gossip: member meta %d bytes over memberlist's limit %d", len(d.local.encoded), limit))
 	}
-	return d.meta
+	return d.local.encoded
 }
 func (d *delegate) NotifyMsg([]byte)                  {}
 func (d *delegate) GetBroadcasts(_, _ int) [][]byte   { return nil }
@@ -501,7 +578,7 @@ type events Membership
 // under that lock) and never call memberlist.
 
 func (e *events) NotifyJoin(n *memberlist.Node) {
-	e.record(n)
+	e.record(n, true)
 	e.mu.Lock()
 	delete(e.mu.failed, n.Name)
 	e.mu.Unlock()
@@ -511,6 +588,7 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 func (e *events) NotifyLeave(n *memberlist.Node) {
 	e.mu.Lock()
 	delete(e.mu.live, n.Name)
+	delete(e.mu.backlog, n.Name)
 	if n.State == memberlist.StateDead && n.Name != e.name {
 		e.mu.failed[n.Name] = failedMember{addr: n.Address(), since: time.Now()}
 	}
@@ -518,21 +596,35 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	e.changed()
 }
 
+// NotifyUpdate records a member's new metadata; only a change of more than
+// its backlog is a membership change.
 func (e *events) NotifyUpdate(n *memberlist.Node) {
-	e.record(n)
-	e.changed()
+	if e.record(n, false) {
+		e.changed()
+	}
 }
 
-// record copies a live member into the map refresh builds snapshots from.
-func (e *events) record(n *memberlist.Node) {
+// record copies a live member into the map refresh builds snapshots from,
+// and its backlog; it reports whether the member's MemberInfo changed
+// (always, with join set).
+func (e *events) record(n *memberlist.Node, join bool) (changed bool) {
 	info := MemberInfo{ID: n.Name, GossipAddr: n.Address(), State: "alive"}
-	if err := json.Unmarshal(n.Meta, &info.Meta); err != nil {
+	var gm gossipMeta
+	if err := json.Unmarshal(n.Meta, &gm); err != nil {
 		e.log.Warn("member sent unreadable metadata; ignoring it", "member", n.Name, "err", err)
-		return
+		return false
 	}
+	info.Meta = gm.MemberMeta
 	e.mu.Lock()
+	defer e.mu.Unlock()
+	old, ok := e.mu.live[n.Name]
 	e.mu.live[n.Name] = info
-	e.mu.Unlock()
+	if gm.Backlog != 0 {
+		e.mu.backlog[n.Name] = gm.Backlog
+	} else {
+		delete(e.mu.backlog, n.Name)
+	}
+	return join || !ok || !reflect.DeepEqual(old, info)
 }
 
 // NotifyConflict reports two nodes claiming one id: placement cannot tell

@@ -112,3 +112,41 @@ func TestMembershipDetectsFailure(t *testing.T) {
 		t.Fatal(fmt.Sprint(ms))
 	}
 }
+
+// TestMembershipBacklog: a backlog one member advertises reaches the
+// others, and back to 0 is dropped; it changes neither the members nor
+// the snapshot's version (placement does not rebuild for it). A member
+// that leaves takes its backlog with it.
+func TestMembershipBacklog(t *testing.T) {
+	a := startMember(t, "a", nil)
+	b := startMember(t, "b", nil, a.GossipAddr())
+	c := startMember(t, "c", nil, a.GossipAddr())
+	for _, m := range []*Membership{a, b, c} {
+		waitMembers(t, m, 3)
+	}
+	before, v := a.Members()
+	if err := b.SetBacklog(4); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*Membership{a, c} {
+		testkit.WaitFor(t, m.LocalID()+" sees b's backlog of 4", func() bool { return m.Backlogs()["b"] == 4 })
+	}
+	if after, v2 := a.Members(); v2 != v || fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("a backlog changed the members: version %d -> %d, %v -> %v", v, v2, before, after)
+	}
+	if err := b.SetBacklog(0); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "a no longer sees b's backlog", func() bool { _, ok := a.Backlogs()["b"]; return !ok })
+	if err := c.SetBacklog(1); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "a sees c's backlog", func() bool { return a.Backlogs()["c"] == 1 })
+	if err := c.Leave(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitMembers(t, a, 2)
+	if got := a.Backlogs(); len(got) != 0 {
+		t.Errorf("after c left, a sees backlogs %v", got)
+	}
+}

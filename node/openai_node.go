@@ -52,21 +52,69 @@ func (a openaiNode) Flush(ctx context.Context) error {
 // Peers returns the HTTP addresses of the live members that run an
 // engine, this node excepted, in random order.
 func (a openaiNode) Peers() []string {
+	var out []string
+	for _, m := range a.enginePeers() {
+		out = append(out, m.Meta.HTTPAddr)
+	}
+	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+// enginePeers returns the live members that run an engine, this node
+// excepted.
+func (a openaiNode) enginePeers() []gossip.MemberInfo {
 	n := a.n
 	if n.cluster == nil || n.cluster.members == nil {
 		return nil
 	}
 	ms, _ := n.cluster.members.Members()
 	self := n.cluster.members.LocalID()
-	var out []string
+	var out []gossip.MemberInfo
 	for _, m := range ms {
-		if m.ID == self || m.Meta.HTTPAddr == "" || m.Meta.Role == gossip.RoleRouter || m.Meta.Role == gossip.RoleStore {
+		if m.ID != self && runsEngine(m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Lenders returns the engine peers that advertise a backlog in gossip.
+func (a openaiNode) Lenders() []openai.Lender {
+	n := a.n
+	if n.cluster == nil || n.cluster.members == nil {
+		return nil
+	}
+	backlogs := n.cluster.members.Backlogs()
+	if len(backlogs) == 0 {
+		return nil
+	}
+	self := n.cluster.members.LocalID()
+	var out []openai.Lender
+	for id, b := range backlogs {
+		m, ok := n.cluster.members.Member(id)
+		if !ok || id == self || b <= 0 || !runsEngine(m) {
 			continue
 		}
-		out = append(out, m.Meta.HTTPAddr)
+		out = append(out, openai.Lender{Addr: m.Meta.HTTPAddr, Backlog: b})
 	}
-	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
 	return out
+}
+
+// runsEngine reports whether member m serves the OpenAI API with an engine.
+func runsEngine(m gossip.MemberInfo) bool {
+	return m.Meta.HTTPAddr != "" && m.Meta.Role != gossip.RoleRouter && m.Meta.Role != gossip.RoleStore
+}
+
+// AdvertiseBacklog gossips this node's backlog; a node alone has nobody
+// to tell.
+func (a openaiNode) AdvertiseBacklog(b int) {
+	n := a.n
+	if n.cluster == nil || n.cluster.members == nil {
+		return
+	}
+	if err := n.cluster.members.SetBacklog(b); err != nil {
+		n.log.Warn("queue: cannot advertise the backlog", "err", err)
+	}
 }
 
 // Vouch vouches for p toward a peer with the tokens file in force; "" in

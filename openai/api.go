@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
@@ -34,9 +35,17 @@ type Node interface {
 	// cache have reached their owners, where other nodes look for them.
 	Flush(ctx context.Context) error
 	// Peers returns the HTTP addresses of the other live members that run
-	// an engine, in random order: where to pull batches from, and whom to
-	// ask for a batch this node does not hold.
+	// an engine, in random order: whom to ask for a batch this node does
+	// not hold.
 	Peers() []string
+	// Lenders returns the other live members that run an engine and
+	// advertise a backlog (AdvertiseBacklog), as gossip last told: where
+	// to pull batches from. A node alone has none.
+	Lenders() []Lender
+	// AdvertiseBacklog tells the other members how many of this node's
+	// queued batches a peer could take now (a coarse value: each change is
+	// gossiped to the whole cluster).
+	AdvertiseBacklog(n int)
 	// Vouch returns the value (VouchHeader) with which this node vouches,
 	// toward a peer it calls with the cluster credential, for p making the
 	// request what (method and path); "" when the node has no tokens file
@@ -50,6 +59,12 @@ type Node interface {
 	// no such tenant. A node that runs a peer's batch derives the tenant's
 	// salt so, rather than being sent it.
 	Tenant(name string) (auth.Principal, bool)
+}
+
+// Lender is a peer that advertises queued batches nobody runs.
+type Lender struct {
+	Addr    string // its HTTP address
+	Backlog int    // batches it holds that a peer could take, as advertised
 }
 
 // AuthError is Node.Authorize's refusal.
@@ -98,6 +113,11 @@ type API struct {
 	callbacks    *callbacks
 	// peerHTTP reaches the peers' HTTP addresses (steal.go).
 	peerHTTP *http.Client
+	// stealRand draws the lenders a steal asks (pickLenders).
+	stealRand struct {
+		sync.Mutex
+		r *rand.Rand
+	}
 
 	// ctx is cancelled by Stop; the workers, the reaper and the callbacks'
 	// sender stop on it.
@@ -142,6 +162,7 @@ func New(n Node, opts Options) (*API, error) {
 	o.callbacks = newCallbacks(opts.Batch.CallbackAllow, secret, opts.Registerer, opts.Logger)
 	o.callbacks.pending, o.callbacks.done = b.pendingCallbacks, b.callbackDone
 	b.finished = o.callbacks.enqueue
+	o.stealRand.r = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	o.ctx, o.cancel = context.WithCancel(context.Background())
 	return o, nil
 }
@@ -157,6 +178,10 @@ func (o *API) Start() {
 			go o.workBatches()
 		}
 		go o.reapBatches()
+		if !o.opts.Alone && o.opts.Batch.StealInterval > 0 {
+			o.wg.Add(1)
+			go o.advertiseBacklog()
+		}
 	})
 }
 

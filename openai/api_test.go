@@ -36,6 +36,8 @@ func (fakeNode) Tenant(string) (auth.Principal, bool) { return auth.Principal{},
 func (fakeNode) Vouched(string, string) (auth.Principal, error) {
 	return auth.Principal{}, auth.ErrVouch
 }
+func (fakeNode) Lenders() []Lender    { return nil }
+func (fakeNode) AdvertiseBacklog(int) {}
 func (fakeNode) Authorize([]string, string, auth.Scope) (auth.Principal, error) {
 	return auth.Open, nil
 }
@@ -78,15 +80,22 @@ type testAPI struct {
 
 func startTestAPI(t *testing.T) *testAPI {
 	t.Helper()
+	return startTestAPIOn(t, fakeNode{}, BatchOptions{})
+}
+
+// startTestAPIOn is startTestAPI on node n with batch options batch
+// (defaults filled in); alone unless n is not a fakeNode.
+func startTestAPIOn(t *testing.T, n Node, batch BatchOptions) *testAPI {
+	t.Helper()
 	dir := t.TempDir()
 	db, err := pebble.Open(dir, &pebble.Options{Logger: quietPebble{}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var batch BatchOptions
 	batch.EnsureDefaults()
-	a, err := New(fakeNode{}, Options{Engine: newTestEngine(t), Concurrency: 1, MaxWaiting: 4, Batch: batch, DB: db,
-		DataDir: dir, Alone: true, Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
+	_, alone := n.(fakeNode)
+	a, err := New(n, Options{Engine: newTestEngine(t), Concurrency: 1, MaxWaiting: 4, Batch: batch, DB: db,
+		DataDir: dir, Alone: alone, Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -704,6 +704,21 @@ func (b *batches) counts() (queued, running int) {
 	return queued, running
 }
 
+// lendable returns how many batches a peer could claim now: not started,
+// or leased to a peer whose lease lapsed.
+func (b *batches) lendable() int {
+	now := b.now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, m := range b.mu.pending {
+		if m.takeable(now) {
+			n++
+		}
+	}
+	return n
+}
+
 // close makes every later operation fail with errBatchClosed; the database
 // is the queue's, which closes it.
 func (b *batches) close() {

@@ -73,6 +73,7 @@ type batchMetrics struct {
 	requests *prometheus.CounterVec // outcome: completed, failed, cancelled
 	wait     prometheus.Histogram
 	steals   *prometheus.CounterVec // direction: lent, borrowed
+	claims   *prometheus.CounterVec // answer: lent, none, error
 }
 
 func newBatchMetrics(reg prometheus.Registerer, b *batches) *batchMetrics {
@@ -91,7 +92,11 @@ func newBatchMetrics(reg prometheus.Registerer, b *batches) *batchMetrics {
 		Name: "kvmesh_queue_steals_total",
 		Help: "Queued batches run by another node than the one that stored them: lent (this node stored it, a peer claimed it) or borrowed (this node claimed a peer's).",
 	}, []string{"direction"})
-	reg.MustRegister(m.requests, m.wait, m.steals,
+	m.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_queue_claims_total",
+		Help: "Claims this node sent to its peers for a queued batch (work stealing), by answer: lent, none (the peer had none to lend) or error.",
+	}, []string{"answer"})
+	reg.MustRegister(m.requests, m.wait, m.steals, m.claims,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kvmesh_queue_queued_requests",
 			Help: "Requests of queued batches waiting for their batch to start.",

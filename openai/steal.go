@@ -2,22 +2,33 @@ package openai
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
+	"math/rand/v2"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
 )
 
 // Work stealing: a queued batch is stored by the node that accepted it (its
-// owner) and run by any node of the cluster with headroom. A worker with
-// nothing of its own to run (batches.take found none within
-// BatchOptions.StealInterval) waits until its engine is idle and asks its
-// peers, in random order, to lease it a batch they have not started:
+// owner) and run by any node of the cluster with headroom. Every node
+// advertises in its gossip metadata, every BatchOptions.StealInterval, how
+// many of its batches a peer could take (advertiseBacklog; rounded down to
+// a power of two, so that it changes seldom). A worker with nothing of its
+// own to run (batches.take found none within StealInterval) waits until
+// its engine is idle and asks at most two of the peers that advertise a
+// backlog, the two drawn at random and the larger backlog first (the power
+// of two choices), to lease it a batch they have not started; an idle
+// cluster sends no claims at all, and a claim's cost does not grow with the
+// cluster (issue 35: asking every peer in turn cost an idle node N-1 calls
+// a second):
 //
 //	POST /internal/queue/claim         {"node"} → 200 stolenBatch, or 204: none
 //	POST /internal/queue/{id}/answer   {"node", "index", "response", "failed"} → {"more"}
@@ -236,30 +247,85 @@ func (o *API) leaseCallTo(ctx context.Context, addr, path string, call leaseCall
 	return nil
 }
 
-// steal asks the peers, once the engine is idle, for a batch nobody runs,
-// and runs the first one lent.
+// advertiseBacklog advertises, every StealInterval until the service
+// stops, how many batches a peer could take from this node, rounded down
+// to a power of two.
+func (o *API) advertiseBacklog() {
+	defer o.wg.Done()
+	t := time.NewTicker(o.opts.Batch.StealInterval)
+	defer t.Stop()
+	for {
+		o.n.AdvertiseBacklog(coarseBacklog(o.batches.lendable()))
+		select {
+		case <-o.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// coarseBacklog rounds n down to a power of two (0 stays 0).
+func coarseBacklog(n int) int {
+	if n <= 0 {
+		return 0
+	}
+	return 1 << (bits.Len(uint(n)) - 1)
+}
+
+// pickLenders chooses whom a steal asks: of two lenders drawn at random
+// (all of them when there are two or fewer), the larger backlog first.
+func pickLenders(ls []Lender, r *rand.Rand) []string {
+	if len(ls) > 2 {
+		i := r.IntN(len(ls))
+		j := r.IntN(len(ls) - 1)
+		if j >= i {
+			j++
+		}
+		ls = []Lender{ls[i], ls[j]}
+	} else {
+		ls = slices.Clone(ls)
+		r.Shuffle(len(ls), func(i, j int) { ls[i], ls[j] = ls[j], ls[i] })
+	}
+	slices.SortStableFunc(ls, func(a, b Lender) int { return cmp.Compare(b.Backlog, a.Backlog) })
+	out := make([]string, len(ls))
+	for i, l := range ls {
+		out[i] = l.Addr
+	}
+	return out
+}
+
+// steal asks, once the engine is idle, at most two of the peers that
+// advertise a backlog (pickLenders) for a batch nobody runs, and runs the
+// first one lent.
 func (o *API) steal() {
 	if err := o.engine.WaitIdle(o.ctx); err != nil {
 		return
 	}
 	self := o.n.ID()
-	for _, addr := range o.n.Peers() {
+	o.stealRand.Lock()
+	asked := pickLenders(o.n.Lenders(), o.stealRand.r)
+	o.stealRand.Unlock()
+	for _, addr := range asked {
 		var sb stolenBatch
 		ctx, cancel := context.WithTimeout(o.ctx, 30*time.Second)
 		err := o.leaseCallTo(ctx, addr, internalQueuePath+"claim", leaseCall{Node: self}, &sb)
 		cancel()
 		switch {
 		case errors.Is(err, errBatchNotFound):
+			o.batchMetrics.claims.WithLabelValues("none").Inc()
 			continue
 		case err != nil:
+			o.batchMetrics.claims.WithLabelValues("error").Inc()
 			if o.ctx.Err() == nil {
 				o.log.Debug("queue: a peer lent no batch", "peer", addr, "err", err)
 			}
 			continue
 		case len(sb.Requests) != sb.N-sb.Done:
+			o.batchMetrics.claims.WithLabelValues("error").Inc()
 			o.log.Warn("queue: a peer lent a malformed batch", "peer", addr, "id", sb.RequestID)
 			continue
 		}
+		o.batchMetrics.claims.WithLabelValues("lent").Inc()
 		if sb.Owner.Tenant != "" {
 			who, ok := o.n.Tenant(sb.Owner.Tenant)
 			if !ok || who.Tag != sb.Owner.Tag {

@@ -55,9 +55,17 @@ type ClusterOptions struct {
 	ChunkTokens int
 	// Replicas is R, the number of owners of a chunk. Default 1.
 	Replicas int
-	// LookupTimeout bounds the remote round of LongestPrefix; a peer that
-	// has not answered by then counts as a miss. Default 100ms.
+	// LookupTimeout bounds the remote rounds of LongestPrefix, all of them
+	// together; a peer that has not answered by then counts as a miss.
+	// Default 100ms.
 	LookupTimeout time.Duration
+	// LookupRoundPeers bounds the fan-out of a long lookup (see rounds in
+	// cluster_lookup.go): a lookup whose chunks have at most this many
+	// owners besides this node asks them all in one round; one with more
+	// asks the first chunk's owners, then up to this many more peers, then
+	// the rest, stopping at the first round that finds the prefix's end.
+	// Default 16; negative: one round always, whatever the fan-out.
+	LookupRoundPeers int
 	// GetTimeout bounds the remote round of Get. Default 2s.
 	GetTimeout time.Duration
 	// PushTimeout bounds one push of a batch to an owner. Default 5s.
@@ -86,6 +94,9 @@ type ClusterOptions struct {
 	KeepRemote bool
 }
 
+// DefaultLookupRoundPeers is ClusterOptions.LookupRoundPeers' default.
+const DefaultLookupRoundPeers = 16
+
 // EnsureDefaults fills zero fields with their defaults.
 func (o *ClusterOptions) EnsureDefaults() {
 	if o.ChunkTokens == 0 {
@@ -96,6 +107,9 @@ func (o *ClusterOptions) EnsureDefaults() {
 	}
 	if o.LookupTimeout == 0 {
 		o.LookupTimeout = 100 * time.Millisecond
+	}
+	if o.LookupRoundPeers == 0 {
+		o.LookupRoundPeers = DefaultLookupRoundPeers
 	}
 	if o.GetTimeout == 0 {
 		o.GetTimeout = 2 * time.Second
@@ -142,6 +156,7 @@ type ClusterStats struct {
 	PushFailed        uint64 // blocks whose push failed
 	PushYields        uint64 // push batches that waited for foreground work
 	PushYieldTimeouts uint64 // of those, the ones that went after PushYield with foreground work still in flight
+	PushWorkers       uint64 // push workers running now: one per owner with a queue (a goroutine and its queue each)
 }
 
 // Cluster is the cache of the whole cluster as one node sees it: blocks are
@@ -247,7 +262,10 @@ func (c *Cluster) ChunkKeys(chain []prefixhash.Key, blockTokens, from, to int) [
 
 // Stats returns the cluster layer's counters.
 func (c *Cluster) Stats() ClusterStats {
-	return ClusterStats{
+	c.mu.Lock()
+	workers := len(c.mu.queues)
+	c.mu.Unlock()
+	return ClusterStats{PushWorkers: uint64(workers),
 		RemoteLookups: c.c.remoteLookups.Load(), RemoteLookupFails: c.c.remoteLookupFails.Load(),
 		RemoteGets: c.c.remoteGets.Load(), RemoteGetFails: c.c.remoteGetFails.Load(),
 		RemoteHits: c.c.remoteHits.Load(), RemoteMisses: c.c.remoteMisses.Load(), RemoteCorrupt: c.c.remoteCorrupt.Load(),

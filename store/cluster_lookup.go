@@ -13,8 +13,9 @@ import (
 // LongestPrefix returns how many leading blocks of chain are cached anywhere
 // in the cluster. chain holds the keys of a prompt's blocks from block 0, of
 // blockTokens tokens each. The local tiers answer first; the rest is asked
-// of every owner at once, in one round bounded by LookupTimeout. A peer that
-// fails or is late counts as a miss.
+// of the chunks' owners, in one round when they are few and in up to three
+// otherwise (see rounds), all within LookupTimeout. A peer that fails or is
+// late counts as a miss.
 func (c *Cluster) LongestPrefix(ctx context.Context, chain []prefixhash.Key, blockTokens int) int {
 	n, _ := c.lookup(ctx, chain, chain, blockTokens, false, nil)
 	return n
@@ -133,20 +134,11 @@ func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, bloc
 		return n, spans
 	}
 	cb := c.ChunkBlocks(blockTokens)
-	p := c.placement()
 
-	// The runs from block n on, one per chunk, with who to ask.
-	type run struct {
-		start, end int
-		local      int    // leading blocks held here
-		have       int    // best count so far
-		by         string // the member that answered have, when more than local
-	}
-	var runs []run
-	asks := map[string][]int{} // owner → indexes into runs
-	var owners []string
+	// The runs from block n on, one per chunk, placed by the chain's key.
+	var runs []lookupRun
 	for s := prefixhash.ChunkStart(n, cb); s < len(keys); s += cb {
-		r := run{start: max(s, n), end: min(s+cb, len(keys))}
+		r := lookupRun{start: max(s, n), end: min(s+cb, len(keys)), key: chain[s]}
 		if r.start > n {
 			// Blocks beyond the local prefix may still be here (a
 			// producer keeps what it computed).
@@ -154,17 +146,8 @@ func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, bloc
 			r.have = r.local
 		}
 		runs = append(runs, r)
-		owners = p.Owners(owners[:0], chain[s])
-		for _, o := range owners {
-			if o != c.self {
-				asks[o] = append(asks[o], len(runs)-1)
-			}
-		}
 	}
-	if extraMissing {
-		extra.ask(p, c.self, len(runs), asks) // they follow the runs
-	}
-	c.lookupRound(ctx, asks, func(idx []int) [][]prefixhash.Key {
+	runsOf := func(idx []int) [][]prefixhash.Key {
 		runsOf := make([][]prefixhash.Key, len(idx))
 		for k, ri := range idx {
 			if ri >= len(runs) {
@@ -174,7 +157,8 @@ func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, bloc
 			runsOf[k] = keys[runs[ri].start:runs[ri].end]
 		}
 		return runsOf
-	}, func(o string, idx, counts []int) {
+	}
+	apply := func(o string, idx, counts []int) {
 		for k, ri := range idx {
 			if ri >= len(runs) {
 				extra.held[ri-len(runs)] = extra.held[ri-len(runs)] || counts[k] > 0
@@ -184,7 +168,27 @@ func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, bloc
 				runs[ri].have, runs[ri].by = got, o
 			}
 		}
-	})
+	}
+	// Ask the owners round by round (lookupRounds), and stop at the first
+	// round with a run not whole: the prefix ends there. extra's probes
+	// ride in the first round (their indexes follow the runs').
+	deadline, cancel := context.WithTimeout(ctx, c.opts.LookupTimeout)
+	defer cancel()
+	rounds := c.lookupRounds(runs)
+	for next, first := 0, true; first || next < len(runs); first = false {
+		asks, end := map[string][]int{}, next
+		if next < len(runs) {
+			asks, end = rounds.next(next)
+		}
+		if first && extraMissing {
+			extra.ask(rounds.p, c.self, len(runs), asks)
+		}
+		c.lookupRound(deadline, asks, runsOf, apply)
+		if slices.ContainsFunc(runs[next:end], func(r lookupRun) bool { return r.have < r.end-r.start }) {
+			break
+		}
+		next = end
+	}
 	total := len(keys)
 	for _, r := range runs {
 		if r.have < r.end-r.start {
@@ -212,6 +216,108 @@ func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, bloc
 	return total, spans
 }
 
+// lookupRun is the part of one chunk a lookup asks about: blocks
+// start..end-1 of the chain, placed by key.
+type lookupRun struct {
+	start, end int
+	key        prefixhash.Key
+	local      int    // leading blocks held here
+	have       int    // best count so far
+	by         string // the member that answered have, when more than local
+}
+
+// rounds cuts a lookup's runs into rounds of asks. A lookup whose runs have
+// at most LookupRoundPeers owners besides this node (a prompt of a few
+// chunks, or any prompt on a small cluster) asks them all in one round.
+// Otherwise it asks, in order: the owners of the first run; then the
+// owners of the runs after it, as many as LookupRoundPeers more peers
+// reach; then every other owner. Each round costs a round trip, but a
+// prefix that ends early (a shared system prompt, then a new conversation)
+// is answered by a few peers instead of one per chunk, and a lookup of a
+// long cached prompt asks its many owners only once the first chunks
+// proved cached. A run this node holds whole is asked of nobody.
+type rounds struct {
+	c      *Cluster
+	p      *Placement
+	runs   []lookupRun
+	owners [][]string // per run: its owners but this node; computed on demand
+	placed []bool
+	k      int // rounds cut so far
+	single bool
+}
+
+func (c *Cluster) lookupRounds(runs []lookupRun) *rounds {
+	rs := &rounds{c: c, p: c.placement(), runs: runs, owners: make([][]string, len(runs)), placed: make([]bool, len(runs))}
+	limit := c.opts.LookupRoundPeers
+	if limit < 0 {
+		rs.single = true
+		return rs
+	}
+	// One round if every owner fits in the limit.
+	seen := map[string]bool{}
+	rs.single = true
+	for i := range runs {
+		for _, o := range rs.of(i) {
+			seen[o] = true
+		}
+		if len(seen) > limit {
+			rs.single = false
+			break
+		}
+	}
+	return rs
+}
+
+// of returns run i's owners other than this node (none when it is held
+// here whole).
+func (rs *rounds) of(i int) []string {
+	if !rs.placed[i] {
+		rs.placed[i] = true
+		r := rs.runs[i]
+		if r.local < r.end-r.start {
+			for _, o := range rs.p.Owners(nil, r.key) {
+				if o != rs.c.self {
+					rs.owners[i] = append(rs.owners[i], o)
+				}
+			}
+		}
+	}
+	return rs.owners[i]
+}
+
+// next returns the asks of the round that starts at run from (owner →
+// indexes into runs), and the index of the run after its last.
+func (rs *rounds) next(from int) (map[string][]int, int) {
+	budget := len(rs.runs) * 8 // every owner
+	if !rs.single {
+		switch rs.k {
+		case 0:
+			budget = 0 // the first run's owners, and runs no other owner holds
+		case 1:
+			budget = rs.c.opts.LookupRoundPeers
+		}
+	}
+	rs.k++
+	asks := map[string][]int{}
+	end := from
+	for ; end < len(rs.runs); end++ {
+		owners := rs.of(end)
+		fresh := 0
+		for _, o := range owners {
+			if _, ok := asks[o]; !ok {
+				fresh++
+			}
+		}
+		if end > from && fresh > 0 && len(asks)+fresh > budget {
+			break
+		}
+		for _, o := range owners {
+			asks[o] = append(asks[o], end)
+		}
+	}
+	return asks, end
+}
+
 // lookupRound asks every member of asks at once, in one round bounded by
 // LookupTimeout: member o gets the runs runsOf(asks[o]) builds, and apply
 // records its answer (serialized; a member that fails or is late is not
@@ -220,6 +326,8 @@ func (c *Cluster) lookupRound(ctx context.Context, asks map[string][]int, runsOf
 	if len(asks) == 0 {
 		return
 	}
+	// Each round gets a context of its own (within the caller's
+	// deadline): its peer calls share it and no other.
 	ctx, cancel := context.WithTimeout(ctx, c.opts.LookupTimeout)
 	defer cancel()
 	var mu sync.Mutex
@@ -316,12 +424,10 @@ func (c *Cluster) Exists(ctx context.Context, keys, chunkKeys []prefixhash.Key) 
 		}
 		return present, ctx.Err()
 	}
-	p := c.placement()
+	placed := chunkOwners{p: c.placement()}
 	asks := map[string][]int{} // owner → indexes into keys
-	var owners []string
 	for _, k := range missing {
-		owners = p.Owners(owners[:0], chunkKeys[k])
-		for _, o := range owners {
+		for _, o := range placed.of(chunkKeys[k]) {
 			if o != c.self {
 				asks[o] = append(asks[o], k)
 			}

@@ -21,13 +21,12 @@ func (c *Cluster) Publish(ctx context.Context, keys, chunkKeys []prefixhash.Key)
 	if len(chunkKeys) != len(keys) {
 		return 0, fmt.Errorf("store: cluster publish: %d keys but %d chunk keys", len(keys), len(chunkKeys))
 	}
-	p := c.placement()
-	var owners []string
+	owners := chunkOwners{p: c.placement()}
 	var want []prefixhash.Key
 	var wantOwners [][]string
 	for k, key := range keys {
 		var remote []string
-		for _, o := range p.Owners(owners[:0], chunkKeys[k]) {
+		for _, o := range owners.of(chunkKeys[k]) {
 			if o != c.self {
 				remote = append(remote, o)
 			}
@@ -68,12 +67,11 @@ func (c *Cluster) PublishBlocks(blocks [][]byte, chunkKeys []prefixhash.Key) (in
 	if len(chunkKeys) != len(blocks) {
 		return 0, fmt.Errorf("store: cluster publish: %d blocks but %d chunk keys", len(blocks), len(chunkKeys))
 	}
-	p := c.placement()
-	var owners []string
+	owners := chunkOwners{p: c.placement()}
 	n := 0
 	for k, b := range blocks {
 		queued := false
-		for _, o := range p.Owners(owners[:0], chunkKeys[k]) {
+		for _, o := range owners.of(chunkKeys[k]) {
 			if o != c.self {
 				c.enqueue(o, b)
 				queued = true
@@ -105,10 +103,9 @@ func (c *Cluster) Put(ctx context.Context, blocks [][]byte, chunkKeys []prefixha
 		return fmt.Errorf("store: cluster put: %d blocks but %d chunk keys", len(blocks), len(chunkKeys))
 	}
 	var errs []error
-	p := c.placement()
-	var owners []string
+	placed := chunkOwners{p: c.placement()}
 	for k, b := range blocks {
-		owners = p.Owners(owners[:0], chunkKeys[k])
+		owners := placed.of(chunkKeys[k])
 		put := c.local.PutCopy // another node owns it (see EvictDedup)
 		if slices.Contains(owners, c.self) {
 			put = c.local.Put

@@ -41,8 +41,9 @@ func (s *staticMembers) set(ms []Member) {
 type loopback struct {
 	mu    sync.Mutex
 	nodes map[string]*Local
-	fault map[string]string // "dead", "slow", "corrupt"
-	calls map[string]int    // RPCs per kind
+	fault map[string]string   // "dead", "slow", "corrupt"
+	calls map[string]int      // RPCs per kind
+	asked map[string][]string // the members asked, per kind, in order
 }
 
 type loopPeers struct{ net *loopback }
@@ -50,6 +51,9 @@ type loopPeers struct{ net *loopback }
 func (n *loopback) check(ctx context.Context, id, kind string) (*Local, string, error) {
 	n.mu.Lock()
 	n.calls[kind]++
+	if n.asked != nil {
+		n.asked[kind] = append(n.asked[kind], id)
+	}
 	l, f := n.nodes[id], n.fault[id]
 	n.mu.Unlock()
 	switch {

@@ -1,10 +1,16 @@
 package store
 
 import (
+	"cmp"
+	"encoding/binary"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
@@ -111,5 +117,101 @@ func BenchmarkPlacementOwner(b *testing.B) {
 	for b.Loop() {
 		_ = p.Owner(keys[i%len(keys)])
 		i++
+	}
+}
+
+// BenchmarkPlacementOwnerMembers is Owner's cost by cluster size: every
+// member is scored for every key (issue 35).
+func BenchmarkPlacementOwnerMembers(b *testing.B) {
+	for _, n := range []int{16, 256, 1024} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			p := NewPlacement(members(n, 1), 1)
+			keys := placementKeys(1024)
+			i := 0
+			for b.Loop() {
+				_ = p.Owner(keys[i%len(keys)])
+				i++
+			}
+		})
+	}
+}
+
+// refOwners is placement by its definition, the reference the fast Owners
+// must agree with: every member's score -w / ln(u), u from xxhash64(key ‖
+// seed), the R best, ties to the member first in id order.
+func refOwners(members []Member, replicas int, key prefixhash.Key) []string {
+	ms := slices.Clone(members)
+	slices.SortStableFunc(ms, func(a, b Member) int { return strings.Compare(a.ID, b.ID) })
+	type scored struct {
+		id string
+		s  float64
+	}
+	var all []scored
+	for _, m := range ms {
+		if !(m.Weight > 0) {
+			continue
+		}
+		var b [prefixhash.KeySize + 8]byte
+		copy(b[:], key[:])
+		binary.LittleEndian.PutUint64(b[prefixhash.KeySize:], xxhash.Sum64String(m.ID))
+		u := (float64(xxhash.Sum64(b[:])>>11) + 0.5) / (1 << 53)
+		all = append(all, scored{m.ID, -m.Weight / math.Log(u)})
+	}
+	slices.SortStableFunc(all, func(a, b scored) int { return cmp.Compare(b.s, a.s) })
+	var out []string
+	for _, s := range all[:min(replicas, len(all), 8)] {
+		out = append(out, s.id)
+	}
+	return out
+}
+
+// TestPlacementMatchesDefinition checks Owners against refOwners on random
+// clusters: equal weights, a few node sizes, many (each node its own), some
+// without weight, replicas 1 to 8.
+func TestPlacementMatchesDefinition(t *testing.T) {
+	rng := rand.New(rand.NewPCG(35, 35))
+	keys := placementKeys(300)
+	for trial := range 60 {
+		n := 1 + rng.IntN(200)
+		ms := make([]Member, n)
+		for i := range ms {
+			ms[i] = Member{ID: fmt.Sprintf("m%d-%d", trial, rng.IntN(1<<30))}
+			switch trial % 4 {
+			case 0:
+				ms[i].Weight = 1 << 30
+			case 1:
+				ms[i].Weight = float64(int64(1) << (30 + rng.IntN(3)))
+			case 2:
+				ms[i].Weight = float64(1 + rng.IntN(1<<20))
+			case 3:
+				ms[i].Weight = float64(rng.IntN(3)) // some own nothing
+			}
+		}
+		r := 1 + rng.IntN(8)
+		p := NewPlacement(ms, r)
+		for _, k := range keys {
+			if got, want := p.Owners(nil, k), refOwners(ms, r, k); !slices.Equal(got, want) {
+				t.Fatalf("trial %d (%d members, R=%d): owners %v, by definition %v", trial, n, r, got, want)
+			}
+		}
+	}
+}
+
+// TestMemberHash: the hash finished from a key's state is xxhash64 of the
+// key and the seed.
+func TestMemberHash(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 1000 {
+		var key prefixhash.Key
+		for j := range key {
+			key[j] = byte(rng.Uint32())
+		}
+		seed := rng.Uint64()
+		var b [prefixhash.KeySize + 8]byte
+		copy(b[:], key[:])
+		binary.LittleEndian.PutUint64(b[prefixhash.KeySize:], seed)
+		if got, want := memberHash(keyState(key), xxRound(seed)), xxhash.Sum64(b[:]); got != want {
+			t.Fatalf("memberHash %x, xxhash64 %x", got, want)
+		}
 	}
 }

@@ -452,18 +452,28 @@ func TestSecurityQueueFairness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What acme had done by the time beta's request was queued does not
+	// count (a fast engine finishes some while the twelve are submitted);
+	// counted after it, the running one and at most one more may finish
+	// before beta's turn.
+	before := finishedOf(ctx, acme, acmeIDs)
 	if _, err := beta.WaitResult(ctx, r.RequestID, 5*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
+	if during := finishedOf(ctx, acme, acmeIDs) - before; during > 2 {
+		t.Errorf("beta's one request finished after %d more of acme's twelve, queued before it; want it served in turn", during)
+	}
+}
+
+// finishedOf counts the requests of ids that c sees finished.
+func finishedOf(ctx context.Context, c *client.Client, ids []string) int {
 	done := 0
-	for _, id := range acmeIDs {
-		if res, err := acme.GetResult(ctx, id); err == nil && res.Finished() {
+	for _, id := range ids {
+		if res, err := c.GetResult(ctx, id); err == nil && res.Finished() {
 			done++
 		}
 	}
-	if done > 3 {
-		t.Errorf("beta's one request finished after %d of acme's twelve, queued before it; want it served in turn", done)
-	}
+	return done
 }
 
 // TestSecurityRouterPaths: encoded path traversals sent to kvmesh route

@@ -41,6 +41,7 @@ type benchFlags struct {
 	promptTokens, decodeTokens int
 	backlog                    int
 	transport                  string
+	phases                     []string
 }
 
 func benchCmd() *cobra.Command {
@@ -78,7 +79,10 @@ Suites:
   soak       a mixed load (lookups, gets, puts, prefills) for --duration on 2 nodes
              with small tiers: RSS, goroutines, errors and latencies over time;
              fails on any error but a miss, on wrong bytes, or RSS past DRAM + overhead
-  all        every suite but peers, serve and soak
+  scale      N nodes simulated in this process (--nodes N, default 16, 64, 256 and 1024):
+             kvmesh's gossip, placement, lookups, pushes and handoffs on a simulated
+             network (--phases membership,placement,lookup): what grows with N
+  all        every suite but peers, serve, soak and scale
 
 Suites that need nodes start them as separate 'kvmesh serve' processes on
 127.0.0.1 (free ports, a temporary data dir each), unless --addr names a
@@ -90,7 +94,7 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
   kvmesh bench soak --duration 10m --concurrency 64 --out bench-out`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return errors.New("name a suite (transfer, store, ranks, lookup, nvme, prefill, trace, peers, serve, soak) or all; see 'kvmesh bench --help'")
+				return errors.New("name a suite (transfer, store, ranks, lookup, nvme, prefill, trace, peers, serve, soak, scale) or all; see 'kvmesh bench --help'")
 			}
 			return nil
 		},
@@ -104,7 +108,8 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.StringSliceVar(&f.addr, "addr", nil, "gRPC addresses HOST:PORT,... of a running cluster to measure instead of starting nodes")
 	fs.StringVar(&f.trace, "trace", "", "trace suite: Mooncake-format trace (JSONL, .gz ok; agentic or agentic:SEED generates agent sessions; default: the bundled conversation trace)")
 	fs.IntVar(&f.requests, "requests", 0, "trace suite: replay only the first N requests (default: all; --quick: fewer)")
-	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4)")
+	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4); scale suite: the one size simulated")
+	fs.StringSliceVar(&f.phases, "phases", nil, "scale suite: what to measure, of placement, lookup, membership (default all)")
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
 	fs.IntVar(&f.capacity, "capacity-blocks", 0, "trace suite: each node's capacity in blocks (default: every distinct block of the trace fits)")
 	fs.StringVar(&f.eviction, "eviction", "", "trace suite: eviction policy of the nodes it starts, lru, dedup or reuse (default: kvmesh serve's); the sweep on nodes replays lru beside it")
@@ -155,7 +160,7 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	sf := bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
 		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Eviction: f.eviction, Speedup: f.speedup,
 		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog, Transport: f.transport,
-		PrefillModelDir: f.modelDir, PrefillPromptTokens: f.promptTokens, PrefillDecodeTokens: f.decodeTokens}
+		PrefillModelDir: f.modelDir, PrefillPromptTokens: f.promptTokens, PrefillDecodeTokens: f.decodeTokens, ScalePhases: f.phases}
 	switch f.backend {
 	case "cpu":
 	case "cuda":
