@@ -16,8 +16,8 @@ Keys (kvmesh.keys) are computed here, bit-identical to the node's; on the node's
 host, blocks move through its shared memory. See clients/python/README.md.
 """
 from ._namespace import DTYPES, KEY_VERSION, Group, Namespace, group_key, keys
-from ._groups import GroupKV, GroupLookup
-from ._core import CachedBlock, LookupResult
+from ._groups import GroupKV
+from ._core import CachedBlock, GroupLookup, LookupResult
 from .client import Client
 from .block import Part, rank_part
 from .errors import (BadPart, BlockCorrupt, BlockTooLarge, Busy, CacheFull, DeadlineExceeded, InvalidArgument,

@@ -22,6 +22,12 @@ class CachedBlock:
 
 
 @dataclass
+class GroupLookup:
+    kind: str    # full, sliding, state, indexer
+    blocks: int  # full/indexer: leading blocks held; sliding/state: the longest prefix it alone allows
+
+
+@dataclass
 class LookupResult:
     cached_tokens: int
     cached_blocks: int
@@ -470,7 +476,6 @@ def lookup_request(ns, tokens, meta, extra_keys=None):
 
 
 def lookup_result(resp):
-    from ._groups import GroupLookup
     from ._namespace import GROUP_KINDS
     return LookupResult(cached_tokens=resp.cached_tokens, cached_blocks=resp.cached_blocks,
                         prompt_tokens=resp.prompt_tokens,

@@ -22,12 +22,6 @@ from .v1 import cache_pb2
 
 
 @dataclass
-class GroupLookup:
-    kind: str    # full, sliding, state, indexer
-    blocks: int  # full/indexer: leading blocks held; sliding/state: the longest prefix it alone allows
-
-
-@dataclass
 class GroupKV:
     """One group's part of a get: its records from block `start` on, as a tensor shaped as put
     takes them (for a state group: the one state at the prefix, [layers, kv_heads, elements],
