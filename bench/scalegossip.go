@@ -28,6 +28,12 @@ type gossipSim struct {
 	next    int                           // the next node number
 }
 
+// simSeed is the node every other joins through while it is live, as the
+// nodes of a deployment join the seeds it names (kvmesh serve --join): a
+// seed knows every member whose join it answered, so a new node learns the
+// whole cluster from its join. pick never chooses it.
+var simSeed = simNodeID(0)
+
 // gossipSimOptions configure a gossipSim.
 type gossipSimOptions struct {
 	Links    gossiptest.Links
@@ -69,14 +75,16 @@ func (g *gossipSim) dilate(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * g.dilation)
 }
 
-// start starts one node, joining a random live member (none for the
-// first), and returns its id.
+// start starts one node, joining the seed (simSeed), or a random live
+// member once the seed is gone (none for the first), and returns its id.
 func (g *gossipSim) start() (string, error) {
 	g.mu.Lock()
 	i := g.next
 	g.next++
 	var join []string
-	if len(g.members) > 0 {
+	if s := g.members[simSeed]; s != nil {
+		join = []string{s.GossipAddr()}
+	} else if len(g.members) > 0 {
 		ids := g.idsLocked()
 		join = []string{g.members[ids[g.rng.IntN(len(ids))]].GossipAddr()}
 	}
@@ -120,11 +128,14 @@ func (g *gossipSim) live() ([]string, []*gossip.Membership) {
 	return ids, ms
 }
 
-// pick returns a random live id.
+// pick returns a random live id, not the seed's while another is live.
 func (g *gossipSim) pick() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	ids := g.idsLocked()
+	if len(ids) > 1 {
+		ids = slices.DeleteFunc(ids, func(id string) bool { return id == simSeed })
+	}
 	return ids[g.rng.IntN(len(ids))]
 }
 

@@ -18,8 +18,9 @@ type ScaleOptions struct {
 	// Nodes are the cluster sizes simulated. Default 16, 64, 256 and 1024;
 	// quick 16 and 64.
 	Nodes []int
-	// Phases are what is measured: "membership", "placement", "lookup".
-	// Default all of them. (The control traffic besides gossip, work
+	// Phases are what is measured: "membership", "placement", "lookup",
+	// and "gossip" (membership's steady cost alone, without the timed
+	// changes). Default placement, lookup and membership. (The control traffic besides gossip, work
 	// stealing's claims, is not simulated: BENCHMARKS.md measures it on
 	// real processes.)
 	Phases []string
@@ -32,6 +33,10 @@ type ScaleOptions struct {
 	// divided by it, so that a loaded machine's scheduling delays weigh
 	// Dilation times less. Default 4; quick 2.
 	Dilation float64
+	// LargeDilation is Dilation at LargeNodes nodes and more, where the
+	// members' own CPU work (bootstraps, push-pulls of long member lists,
+	// a partition's storm of suspicions) grows. Default 8; quick Dilation.
+	LargeDilation float64
 	// Profile is the gossip profile simulated (kvmesh serve
 	// --gossip-profile): "lan" or "local". Default "lan".
 	Profile string
@@ -41,12 +46,21 @@ type ScaleOptions struct {
 	// Repeats is how many joins, leaves and crashes are timed per size.
 	// Default 3; quick 1.
 	Repeats int
+	// LargeRepeats is Repeats at LargeNodes nodes and more. Default 1.
+	LargeRepeats int
+	// LargeNodes is the size from which LargeDilation and LargeRepeats
+	// apply. Default 1024.
+	LargeNodes int
 	// Seed draws the links, the members picked and the prompts. Default 1.
 	Seed uint64
 }
 
 // scalePhases are the phases of the scale suite, in the order they run.
-var scalePhases = []string{"placement", "lookup", "membership"}
+var scalePhases = []string{"placement", "lookup", "membership", "gossip"}
+
+// scaleDefaultPhases run when none is named: "gossip" is part of
+// "membership".
+var scaleDefaultPhases = []string{"placement", "lookup", "membership"}
 
 // EnsureDefaults fills zero fields with their defaults for a full run, or
 // for --quick when quick is set.
@@ -55,7 +69,7 @@ func (o *ScaleOptions) EnsureDefaults(quick bool) {
 		o.Nodes = pick(quick, []int{16, 64, 256, 1024}, []int{16, 64})
 	}
 	if len(o.Phases) == 0 {
-		o.Phases = scalePhases
+		o.Phases = scaleDefaultPhases
 	}
 	o.Links.EnsureDefaults()
 	if o.Dilation == 0 {
@@ -67,8 +81,17 @@ func (o *ScaleOptions) EnsureDefaults(quick bool) {
 	if o.SteadyWindow == 0 {
 		o.SteadyWindow = pick(quick, 60*time.Second, 10*time.Second)
 	}
+	if o.LargeDilation == 0 {
+		o.LargeDilation = pick(quick, 8, o.Dilation)
+	}
 	if o.Repeats == 0 {
 		o.Repeats = pick(quick, 3, 1)
+	}
+	if o.LargeRepeats == 0 {
+		o.LargeRepeats = 1
+	}
+	if o.LargeNodes == 0 {
+		o.LargeNodes = 1024
 	}
 	if o.Seed == 0 {
 		o.Seed = 1
@@ -90,16 +113,25 @@ func (o *ScaleOptions) Validate() error {
 	switch {
 	case len(o.Nodes) == 0:
 		return errors.New("bench: scale: no cluster sizes")
-	case o.Dilation < 1 || o.Dilation > 100:
-		return fmt.Errorf("bench: scale: dilation %v is outside 1..100", o.Dilation)
+	case o.Dilation < 1 || o.Dilation > 100 || o.LargeDilation < 1 || o.LargeDilation > 100:
+		return fmt.Errorf("bench: scale: dilation %v (%v at %d nodes) is outside 1..100", o.Dilation, o.LargeDilation, o.LargeNodes)
 	case o.Profile != "lan" && o.Profile != "local":
 		return fmt.Errorf("bench: scale: gossip profile %q: want lan or local", o.Profile)
 	case o.SteadyWindow <= 0:
 		return fmt.Errorf("bench: scale: steady window %v must be positive", o.SteadyWindow)
-	case o.Repeats < 1 || o.Repeats > 100:
-		return fmt.Errorf("bench: scale: repeats %d is outside 1..100", o.Repeats)
+	case o.Repeats < 1 || o.Repeats > 100 || o.LargeRepeats < 1 || o.LargeRepeats > 100:
+		return fmt.Errorf("bench: scale: repeats %d (%d at %d nodes) is outside 1..100", o.Repeats, o.LargeRepeats, o.LargeNodes)
 	}
 	return nil
+}
+
+// at returns the dilation and the repeats of the membership phase at n
+// nodes.
+func (o *ScaleOptions) at(n int) (dilation float64, repeats int) {
+	if n >= o.LargeNodes {
+		return o.LargeDilation, o.LargeRepeats
+	}
+	return o.Dilation, o.Repeats
 }
 
 // ScaleSuite simulates clusters of up to thousands of nodes in this
@@ -137,8 +169,8 @@ func (s *ScaleSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	res := &Result{Suite: s.Name()}
 	res.Note("%s", scaleReal)
-	res.Note("links: median round trip %v (log-normal spread %.2f), %.1f%% of links at %v; seed %d; gossip profile %s, dilation %.0f×",
-		o.Links.MedianRTT, o.Links.Spread, 100*o.Links.SlowFraction, o.Links.SlowRTT, o.Seed, o.Profile, o.Dilation)
+	res.Note("links: median round trip %v (log-normal spread %.2f), %.1f%% of links at %v; seed %d; gossip profile %s, dilation %.0f× (%.0f× from %d nodes)",
+		o.Links.MedianRTT, o.Links.Spread, 100*o.Links.SlowFraction, o.Links.SlowRTT, o.Seed, o.Profile, o.Dilation, o.LargeDilation, o.LargeNodes)
 	if l, err := loadAverage(); err == nil {
 		res.Note("machine load average at start: %.2f over %d CPUs", l, runtime.NumCPU())
 	}
@@ -164,8 +196,8 @@ func (s *ScaleSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 				err = placement.measure(ctx, o, n, env.Quick)
 			case "lookup":
 				err = lookup.measure(ctx, o, n, env.Quick, bar)
-			case "membership":
-				err = membership.measure(ctx, env, o, n, bar)
+			case "membership", "gossip":
+				err = membership.measure(ctx, env, o, n, phase == "membership", bar)
 			}
 			if err != nil {
 				report()
