@@ -10,6 +10,7 @@ import (
 	"log"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"os"
 	"reflect"
@@ -94,6 +95,12 @@ type Options struct {
 	// finds them). Default 10s, 1s with Fast.
 	ReconnectInterval time.Duration
 	// ReconnectFor is how long a failed member is tried again. Default 1h.
+	// Each ReconnectInterval the seeds not in the cluster are tried, and
+	// at most ReconnectBatch of the failed members, chosen at random: one
+	// answer heals a partition, and a node that asked every member that
+	// failed would exchange the whole member list with each of them (a
+	// partition of 10% of 1,024 nodes would cost each node of the smaller
+	// side some 900 exchanges of 1,024 members' records).
 	ReconnectFor time.Duration
 	// SecretKey, when set, encrypts gossip with AES-GCM; it must be 16, 24
 	// or 32 bytes. Nodes with a different key cannot join.
@@ -116,7 +123,39 @@ type Options struct {
 	// (Fast or LAN) has set it and before memberlist starts: a simulation
 	// slows every interval by one factor (gossiptest.Dilate), an
 	// experiment tries other timings. Default nil.
+	//
+	// The configuration's PushPullInterval is the anti-entropy exchange's
+	// base interval (AntiEntropyInterval), which Membership runs in place
+	// of memberlist's periodic push-pull; 0 turns it off.
 	Tune func(*memberlist.Config)
+}
+
+// ReconnectBatch is how many of the members that failed a node asks to join
+// again each ReconnectInterval (Options.ReconnectFor).
+const ReconnectBatch = 3
+
+// AntiEntropyMembers is the member count up to which the anti-entropy
+// exchange runs at its base interval (AntiEntropyInterval).
+const AntiEntropyMembers = 32
+
+// AntiEntropyInterval is how long a member of a cluster of n members waits
+// between two exchanges of its whole member list with a random member (a
+// memberlist push-pull), with base the profile's interval (30s lan, 5s
+// fast): base up to AntiEntropyMembers members, then base × n /
+// AntiEntropyMembers. An exchange carries every member's record, so its
+// bytes grow with n; spacing the exchanges by n keeps what a member sends
+// for them each second the same at 1,024 members as at 32. (memberlist's
+// own schedule stretches the interval only by log2 n, so a member's
+// push-pull bytes grew about n / log2 n.) The cost is repair time: a
+// member that missed a broadcast (lost packets) learns what it missed at
+// its next exchange or the next one another member starts with it, about
+// half an interval later; failures and joins themselves still spread by
+// gossip in O(log n) rounds, and a partition heals through the reconnector.
+func AntiEntropyInterval(base time.Duration, n int) time.Duration {
+	if n <= AntiEntropyMembers {
+		return base
+	}
+	return time.Duration(float64(base) * float64(n) / AntiEntropyMembers)
 }
 
 // Errors of membership.
@@ -147,6 +186,7 @@ type Membership struct {
 	reconnect time.Duration // interval
 	retryFor  time.Duration
 
+	joins     atomic.Uint64 // members that joined (NotifyJoin), ever
 	kick      chan struct{} // memberlist events, coalesced; drained by the refresher
 	stop      chan struct{}
 	done      chan struct{} // the refresher and the reconnector exited
@@ -205,6 +245,10 @@ func Start(opts Options) (*Membership, error) {
 	if opts.Tune != nil {
 		opts.Tune(conf)
 	}
+	// Membership runs the periodic push-pull itself (antiEntropy), at an
+	// interval that grows with the member count.
+	antiEntropy := conf.PushPullInterval
+	conf.PushPullInterval = 0
 	anyPort := conf.BindPort == 0 // memberlist writes the port it picks into conf
 	ml, err := memberlist.Create(conf)
 	if err != nil {
@@ -225,7 +269,7 @@ func Start(opts Options) (*Membership, error) {
 	}
 	m.refresh()
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		m.refresher()
@@ -233,6 +277,10 @@ func Start(opts Options) (*Membership, error) {
 	go func() {
 		defer wg.Done()
 		m.reconnector()
+	}()
+	go func() {
+		defer wg.Done()
+		m.antiEntropy(antiEntropy)
 	}()
 	go func() {
 		wg.Wait()
@@ -375,29 +423,92 @@ func (m *Membership) reconnector() {
 	}
 }
 
+// antiEntropy exchanges the whole member list with a random live member
+// (memberlist's push-pull, through Join) every AntiEntropyInterval of the
+// member count, the first time after a random part of base so that members
+// started together do not exchange together. While exchanges bring news
+// (members this node did not know, as after it joined through a seed that
+// knew only part of the cluster), the next one comes after base. base 0:
+// never.
+func (m *Membership) antiEntropy(base time.Duration) {
+	if base <= 0 {
+		return
+	}
+	t := time.NewTimer(rand.N(base))
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		n, news := m.exchange()
+		wait := AntiEntropyInterval(base, n)
+		if news {
+			wait = base
+		}
+		t.Reset(wait)
+	}
+}
+
+// exchange runs one push-pull with a random live member, and returns the
+// member count after it and whether a member joined meanwhile.
+func (m *Membership) exchange() (members int, news bool) {
+	m.mu.Lock()
+	addrs := make([]string, 0, len(m.mu.live))
+	for id, mi := range m.mu.live {
+		if id != m.name {
+			addrs = append(addrs, mi.GossipAddr)
+		}
+	}
+	m.mu.Unlock()
+	if len(addrs) == 0 {
+		return 1, false
+	}
+	before := m.joins.Load()
+	// Close shuts memberlist down only once this goroutine has returned.
+	if _, err := m.ml.Join([]string{addrs[rand.N(len(addrs))]}); err != nil {
+		m.log.Debug("anti-entropy exchange failed", "err", err)
+	}
+	m.mu.Lock()
+	members = len(m.mu.live)
+	m.mu.Unlock()
+	return members, m.joins.Load() != before
+}
+
 // reconnectTargets returns the seeds that are not the address of a live
-// member, and the addresses of the members that failed within ReconnectFor.
+// member, and the addresses of at most ReconnectBatch members, chosen at
+// random, of those that failed within ReconnectFor.
 func (m *Membership) reconnectTargets(now time.Time) []string {
 	self := m.GossipAddr()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	live := make(map[string]bool, len(m.mu.members))
+	// skip holds the live members' addresses and those already chosen.
+	skip := make(map[string]bool, len(m.mu.members))
 	for _, mi := range m.mu.members {
-		live[mi.GossipAddr] = true
+		skip[mi.GossipAddr] = true
 	}
-	var out []string
+	var out, failed []string
 	for _, s := range m.seeds {
-		if !live[s] && s != self {
+		if !skip[s] && s != self {
 			out = append(out, s)
+			skip[s] = true
 		}
 	}
 	for id, f := range m.mu.failed {
 		switch {
 		case now.Sub(f.since) > m.retryFor:
 			delete(m.mu.failed, id)
-		case !live[f.addr] && !slices.Contains(out, f.addr):
-			out = append(out, f.addr)
+		case !skip[f.addr]:
+			failed = append(failed, f.addr)
+			skip[f.addr] = true
 		}
+	}
+	for k := 0; k < ReconnectBatch && len(failed) > 0; k++ {
+		i := rand.N(len(failed))
+		out = append(out, failed[i])
+		failed[i] = failed[len(failed)-1]
+		failed = failed[:len(failed)-1]
 	}
 	return out
 }
@@ -578,6 +689,7 @@ type events Membership
 // under that lock) and never call memberlist.
 
 func (e *events) NotifyJoin(n *memberlist.Node) {
+	e.joins.Add(1)
 	e.record(n, true)
 	e.mu.Lock()
 	delete(e.mu.failed, n.Name)
