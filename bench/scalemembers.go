@@ -82,9 +82,15 @@ func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions,
 		HeapMiBPerNode:    float64(int64(after.HeapInuse)-int64(before.HeapInuse)) / (1 << 20) / float64(n),
 		GoroutinesPerNode: float64(runtime.NumGoroutine()-g0) / float64(n)}
 
-	// Steady state: let the joins' broadcasts drain, then count.
+	// Steady state: let the joins' broadcasts drain and every member make
+	// the first push-pull it makes after starting (within the profile's
+	// push-pull interval: 30s lan, 5s local), then count.
 	bar.Describe(fmt.Sprintf("scale: membership, %d nodes: steady traffic", n))
-	if err := sleepCtx(ctx, g.dilate(10*time.Second)); err != nil {
+	settle := 40 * time.Second
+	if o.Profile == "local" {
+		settle = 15 * time.Second
+	}
+	if err := sleepCtx(ctx, g.dilate(settle)); err != nil {
 		return err
 	}
 	c0, t0 := g.counters(), time.Now()

@@ -414,13 +414,33 @@ func (m *Membership) reconnector() {
 		if len(targets) == 0 {
 			continue
 		}
-		if n, err := m.ml.Join(targets); err != nil && n == 0 {
-			m.log.Debug("rejoin attempt failed", "targets", targets, "err", err)
+		if n := m.rejoin(targets); n == 0 {
+			m.log.Debug("rejoin attempt failed", "targets", targets)
 		} else {
 			m.joined.Store(true)
 			m.log.Info("rejoined members", "targets", targets, "contacted", n)
 		}
 	}
+}
+
+// rejoin asks each of targets to join, all at once (a dial to an address
+// still cut off takes memberlist's TCP timeout; one after the other, they
+// would delay the answer of one that is back), and returns how many
+// answered.
+func (m *Membership) rejoin(targets []string) int {
+	var answered atomic.Int64
+	var wg sync.WaitGroup
+	for _, a := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if n, _ := m.ml.Join([]string{a}); n > 0 {
+				answered.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return int(answered.Load())
 }
 
 // antiEntropy exchanges the whole member list with a random live member
