@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
@@ -233,6 +234,44 @@ func has(id string) func(*gossip.Membership) bool {
 // lacks reports whether m no longer sees member id.
 func lacks(id string) func(*gossip.Membership) bool {
 	return func(m *gossip.Membership) bool { _, ok := m.Member(id); return !ok }
+}
+
+// churnBacklogs makes every live member advertise a new backlog
+// (gossip.Membership.SetBacklog, as openai's work stealing does) every
+// interval of protocol time, each from a random phase, alternating
+// between two buckets, until stop is called; it returns how many
+// advertisements were made, read after stop.
+func (g *gossipSim) churnBacklogs(interval time.Duration) (stop func() (calls int64)) {
+	_, ms := g.live()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var calls atomic.Int64
+	for i, m := range ms {
+		phase := time.Duration(g.rng.Int64N(int64(g.dilate(interval))))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTimer(phase)
+			defer t.Stop()
+			for b := 1 + i%2; ; b = 3 - b { // 1, 2, 1, ...: the bucket changes every time
+				select {
+				case <-done:
+					return
+				case <-t.C:
+				}
+				if err := m.SetBacklog(b); err != nil {
+					g.log.Warn("advertise backlog", "err", err)
+				}
+				calls.Add(1)
+				t.Reset(g.dilate(interval))
+			}
+		}()
+	}
+	return func() int64 {
+		close(done)
+		wg.Wait()
+		return calls.Load()
+	}
 }
 
 // counters sums what every node sent so far.

@@ -14,8 +14,24 @@ import (
 
 // scaleMembership gathers the membership phase's figures over the sizes.
 type scaleMembership struct {
-	events []scaleEventRow
-	gossip []scaleGossipRow
+	events  []scaleEventRow
+	gossip  []scaleGossipRow
+	backlog []scaleBacklogRow
+}
+
+// scaleBacklogRow is gossip's cost while every member's advertised backlog
+// (work stealing's) changes every steal interval, beside the steady cost
+// measured just before.
+type scaleBacklogRow struct {
+	Nodes int `json:"nodes"`
+	// AdvertisementsPerNodeS is the backlog changes a member made a second
+	// (SetBacklog calls; each is one metadata broadcast).
+	AdvertisementsPerNodeS float64 `json:"advertisements_per_node_s"`
+	SteadyBytesPerNodeS    float64 `json:"steady_bytes_per_node_s"`
+	BacklogBytesPerNodeS   float64 `json:"backlog_bytes_per_node_s"`
+	PacketsPerNodeS        float64 `json:"backlog_packets_per_node_s"`
+	// VsSteady is BacklogBytesPerNodeS over SteadyBytesPerNodeS.
+	VsSteady float64 `json:"vs_steady"`
 }
 
 // scaleEventRow is how long one kind of membership change took to reach the
@@ -103,6 +119,29 @@ func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions,
 	row.PacketBytesPerNodeS = float64(d.PacketBytes) / secs
 	row.StreamBytesPerNodeS = float64(d.StreamBytes) / secs
 	row.PacketsPerNodeS = float64(d.Packets) / secs
+	if o.BacklogWindow > 0 {
+		bar.Describe(fmt.Sprintf("scale: membership, %d nodes: backlogs changing every %v", n, o.StealInterval))
+		stop := g.churnBacklogs(o.StealInterval)
+		err := sleepCtx(ctx, g.dilate(o.StealInterval)) // every member has advertised once
+		c0, t0 := g.counters(), time.Now()
+		if err == nil {
+			err = sleepCtx(ctx, g.dilate(o.BacklogWindow))
+		}
+		d, took := g.counters().Sub(c0), g.real(time.Since(t0))
+		calls := stop()
+		if err != nil {
+			return err
+		}
+		secs := took.Seconds() * float64(n)
+		b := scaleBacklogRow{Nodes: n, SteadyBytesPerNodeS: row.BytesPerNodeS, BacklogBytesPerNodeS: float64(d.Bytes()) / secs,
+			PacketsPerNodeS: float64(d.Packets) / secs, AdvertisementsPerNodeS: float64(calls) / (took + o.StealInterval).Seconds() / float64(n)}
+		b.VsSteady = b.BacklogBytesPerNodeS / b.SteadyBytesPerNodeS
+		s.backlog = append(s.backlog, b)
+		// Let the last advertisements' broadcasts drain.
+		if err := sleepCtx(ctx, g.dilate(settle)); err != nil {
+			return err
+		}
+	}
 	if !changes {
 		row.WallS = time.Since(began).Seconds()
 		s.gossip = append(s.gossip, row)
@@ -199,6 +238,10 @@ func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions,
 func (s *scaleMembership) report(res *Result, env *Env, o ScaleOptions) {
 	if len(s.gossip) == 0 && len(s.events) == 0 {
 		return
+	}
+	if len(s.backlog) > 0 {
+		res.AddTable("scale_backlog", fmt.Sprintf("gossip's cost per member while every member's advertised backlog (work stealing) changes "+
+			"every %v, over %v of protocol time, beside the steady cost", o.StealInterval, o.BacklogWindow), s.backlog)
 	}
 	if len(s.gossip) > 0 {
 		base := s.gossip[0].BytesPerNodeS

@@ -51,15 +51,23 @@ type ScaleOptions struct {
 	// LargeNodes is the size from which LargeDilation and LargeRepeats
 	// apply. Default 1024.
 	LargeNodes int
+	// BacklogWindow, when set, measures gossip's cost while every member's
+	// advertised backlog changes every StealInterval, over this much
+	// protocol time after the steady window. Default 0: not measured
+	// ("backlog" in Phases sets 30s).
+	BacklogWindow time.Duration
+	// StealInterval is how often a member's backlog changes in that
+	// measurement (openai's BatchOptions.StealInterval). Default 1s.
+	StealInterval time.Duration
 	// Seed draws the links, the members picked and the prompts. Default 1.
 	Seed uint64
 }
 
 // scalePhases are the phases of the scale suite, in the order they run.
-var scalePhases = []string{"placement", "lookup", "membership", "gossip"}
+var scalePhases = []string{"placement", "lookup", "membership", "gossip", "backlog"}
 
 // scaleDefaultPhases run when none is named: "gossip" is part of
-// "membership".
+// "membership"; "backlog" is "gossip" with BacklogWindow.
 var scaleDefaultPhases = []string{"placement", "lookup", "membership"}
 
 // EnsureDefaults fills zero fields with their defaults for a full run, or
@@ -92,6 +100,12 @@ func (o *ScaleOptions) EnsureDefaults(quick bool) {
 	}
 	if o.LargeNodes == 0 {
 		o.LargeNodes = 1024
+	}
+	if o.BacklogWindow == 0 && slices.Contains(o.Phases, "backlog") {
+		o.BacklogWindow = 30 * time.Second
+	}
+	if o.StealInterval == 0 {
+		o.StealInterval = time.Second
 	}
 	if o.Seed == 0 {
 		o.Seed = 1
@@ -196,8 +210,12 @@ func (s *ScaleSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 				err = placement.measure(ctx, o, n, env.Quick)
 			case "lookup":
 				err = lookup.measure(ctx, o, n, env.Quick, bar)
-			case "membership", "gossip":
-				err = membership.measure(ctx, env, o, n, phase == "membership", bar)
+			case "membership", "gossip", "backlog":
+				po := o
+				if phase != "backlog" {
+					po.BacklogWindow = 0
+				}
+				err = membership.measure(ctx, env, po, n, phase == "membership", bar)
 			}
 			if err != nil {
 				report()

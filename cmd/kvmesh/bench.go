@@ -109,7 +109,7 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.StringVar(&f.trace, "trace", "", "trace suite: Mooncake-format trace (JSONL, .gz ok; agentic or agentic:SEED generates agent sessions; default: the bundled conversation trace)")
 	fs.IntVar(&f.requests, "requests", 0, "trace suite: replay only the first N requests (default: all; --quick: fewer)")
 	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4); scale suite: the one size simulated")
-	fs.StringSliceVar(&f.phases, "phases", nil, "scale suite: what to measure, of placement, lookup, membership (default all)")
+	fs.StringSliceVar(&f.phases, "phases", nil, "scale suite: what to measure, of placement, lookup, membership, gossip (membership's steady cost alone), backlog (gossip while every node's work-stealing backlog changes each second) (default placement, lookup, membership)")
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
 	fs.IntVar(&f.capacity, "capacity-blocks", 0, "trace suite: each node's capacity in blocks (default: every distinct block of the trace fits)")
 	fs.StringVar(&f.eviction, "eviction", "", "trace suite: eviction policy of the nodes it starts, lru, dedup or reuse (default: kvmesh serve's); the sweep on nodes replays lru beside it")
