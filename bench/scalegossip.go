@@ -274,6 +274,35 @@ func (g *gossipSim) churnBacklogs(interval time.Duration) (stop func() (calls in
 	}
 }
 
+// calm waits until gossip is calm: the packets a member sends a second over
+// a window of protocol time are fewer than 5 (a probe and an ack and the
+// odd gossip; a member with broadcasts queued sends up to 15 more) and
+// within 10% of the window's before. A mass join leaves every member
+// retransmitting each new member's broadcast some 4 × log10 N times at
+// up to 15 packets a second, which takes minutes at 1,024 members. It
+// returns how long it waited, in protocol time, and whether gossip was
+// calm by then or limit passed.
+func (g *gossipSim) calm(ctx context.Context, window, limit time.Duration) (time.Duration, bool, error) {
+	start := time.Now()
+	prev := -1.0
+	for {
+		c0, t0 := g.counters(), time.Now()
+		if err := sleepCtx(ctx, g.dilate(window)); err != nil {
+			return 0, false, err
+		}
+		n, _ := g.live()
+		rate := float64(g.counters().Sub(c0).Packets) / g.real(time.Since(t0)).Seconds() / float64(len(n))
+		took := g.real(time.Since(start))
+		if rate < 5 && prev >= 0 && rate <= 1.1*prev && rate >= prev/1.1 {
+			return took, true, nil
+		}
+		if took >= limit {
+			return took, false, nil
+		}
+		prev = rate
+	}
+}
+
 // counters sums what every node sent so far.
 func (g *gossipSim) counters() gossiptest.Counters {
 	ids, _ := g.live()

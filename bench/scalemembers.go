@@ -65,6 +65,14 @@ type scaleGossipRow struct {
 	// BootstrapS is how long N nodes started 8 at a time took until every
 	// one saw all of them.
 	BootstrapS float64 `json:"bootstrap_s"`
+	// SettleS is how long after that gossip took to calm down (the joins'
+	// broadcasts retransmitted and every member's first push-pull made)
+	// before the steady window: gossipSim.calm.
+	SettleS float64 `json:"settle_s"`
+	// Calm is whether gossip was calm by then; when not (a mass join's
+	// broadcasts still retransmitted, at 1,024 members), the packets'
+	// figures include that and only the streams' are steady.
+	Calm bool `json:"calm"`
 	// HeapMiBPerNode and GoroutinesPerNode are this process's heap and
 	// goroutines over the members, once whole: what simulating one costs.
 	HeapMiBPerNode    float64 `json:"heap_mib_per_node"`
@@ -79,7 +87,7 @@ type scaleGossipRow struct {
 // with changes set, the timed joins, leaves, crashes and a partition.
 func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions, n int, changes bool, bar Bar) error {
 	began := time.Now()
-	dilation, repeats := o.at(n)
+	dilation, repeats, calmLimit := o.at(n)
 	g := newGossipSim(gossipSimOptions{Links: o.Links, Dilation: dilation, Seed: o.Seed + uint64(n), Profile: o.Profile,
 		Log: quiet(env)})
 	defer g.Close()
@@ -109,6 +117,11 @@ func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions,
 	if err := sleepCtx(ctx, g.dilate(settle)); err != nil {
 		return err
 	}
+	calm, ok, err := g.calm(ctx, 10*time.Second, calmLimit)
+	if err != nil {
+		return err
+	}
+	row.SettleS, row.Calm = (settle + calm).Seconds(), ok
 	c0, t0 := g.counters(), time.Now()
 	if err := sleepCtx(ctx, g.dilate(o.SteadyWindow)); err != nil {
 		return err

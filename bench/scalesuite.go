@@ -56,6 +56,11 @@ type ScaleOptions struct {
 	// protocol time after the steady window. Default 0: not measured
 	// ("backlog" in Phases sets 30s).
 	BacklogWindow time.Duration
+	// CalmLimit is the most the membership phase waits, after the
+	// bootstrap and 40s, for gossip to calm down before its steady window
+	// (gossipSim.calm). Default 2m; 20s from LargeNodes nodes, where the
+	// joins' broadcasts take minutes to retransmit (the row says so).
+	CalmLimit time.Duration
 	// StealInterval is how often a member's backlog changes in that
 	// measurement (openai's BatchOptions.StealInterval). Default 1s.
 	StealInterval time.Duration
@@ -104,6 +109,9 @@ func (o *ScaleOptions) EnsureDefaults(quick bool) {
 	if o.BacklogWindow == 0 && slices.Contains(o.Phases, "backlog") {
 		o.BacklogWindow = 30 * time.Second
 	}
+	if o.CalmLimit == 0 {
+		o.CalmLimit = 2 * time.Minute
+	}
 	if o.StealInterval == 0 {
 		o.StealInterval = time.Second
 	}
@@ -139,13 +147,13 @@ func (o *ScaleOptions) Validate() error {
 	return nil
 }
 
-// at returns the dilation and the repeats of the membership phase at n
-// nodes.
-func (o *ScaleOptions) at(n int) (dilation float64, repeats int) {
+// at returns the dilation, the repeats and the calm limit of the
+// membership phase at n nodes.
+func (o *ScaleOptions) at(n int) (dilation float64, repeats int, calm time.Duration) {
 	if n >= o.LargeNodes {
-		return o.LargeDilation, o.LargeRepeats
+		return o.LargeDilation, o.LargeRepeats, min(o.CalmLimit, 20*time.Second)
 	}
-	return o.Dilation, o.Repeats
+	return o.Dilation, o.Repeats, o.CalmLimit
 }
 
 // ScaleSuite simulates clusters of up to thousands of nodes in this

@@ -278,6 +278,10 @@ type SuiteFlags struct {
 	Nodes int
 	// ScalePhases are the scale suite's phases (--phases; ScaleOptions.Phases).
 	ScalePhases []string
+	// ScaleDilation is the scale suite's dilation at every size
+	// (--dilation; ScaleOptions.Dilation and LargeDilation). Default 0:
+	// ScaleOptions'.
+	ScaleDilation float64
 	// Routing is the policy the trace suite measures on kvmesh nodes beside
 	// session-affinity (--routing). Default random.
 	Routing Policy
@@ -325,7 +329,7 @@ func Suites(f SuiteFlags) []Suite {
 			trace.Routing = append(trace.Routing, RoutingSession)
 		}
 	}
-	scale := ScaleOptions{Phases: f.ScalePhases}
+	scale := ScaleOptions{Phases: f.ScalePhases, Dilation: f.ScaleDilation, LargeDilation: f.ScaleDilation}
 	if f.Nodes > 0 {
 		scale.Nodes = []int{f.Nodes}
 	}

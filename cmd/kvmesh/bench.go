@@ -42,6 +42,7 @@ type benchFlags struct {
 	backlog                    int
 	transport                  string
 	phases                     []string
+	dilation                   float64
 }
 
 func benchCmd() *cobra.Command {
@@ -110,6 +111,7 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.IntVar(&f.requests, "requests", 0, "trace suite: replay only the first N requests (default: all; --quick: fewer)")
 	fs.IntVar(&f.nodes, "nodes", 0, "trace suite: cluster size (default 4); scale suite: the one size simulated")
 	fs.StringSliceVar(&f.phases, "phases", nil, "scale suite: what to measure, of placement, lookup, membership, gossip (membership's steady cost alone), backlog (gossip while every node's work-stealing backlog changes each second) (default placement, lookup, membership)")
+	fs.Float64Var(&f.dilation, "dilation", 0, "scale suite: how many times slower the membership simulation's clock runs (default 4, 8 from 1024 nodes)")
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
 	fs.IntVar(&f.capacity, "capacity-blocks", 0, "trace suite: each node's capacity in blocks (default: every distinct block of the trace fits)")
 	fs.StringVar(&f.eviction, "eviction", "", "trace suite: eviction policy of the nodes it starts, lru, dedup or reuse (default: kvmesh serve's); the sweep on nodes replays lru beside it")
@@ -160,7 +162,7 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 	sf := bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
 		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Eviction: f.eviction, Speedup: f.speedup,
 		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog, Transport: f.transport,
-		PrefillModelDir: f.modelDir, PrefillPromptTokens: f.promptTokens, PrefillDecodeTokens: f.decodeTokens, ScalePhases: f.phases}
+		PrefillModelDir: f.modelDir, PrefillPromptTokens: f.promptTokens, PrefillDecodeTokens: f.decodeTokens, ScalePhases: f.phases, ScaleDilation: f.dilation}
 	switch f.backend {
 	case "cpu":
 	case "cuda":
