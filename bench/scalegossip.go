@@ -78,33 +78,44 @@ func (g *gossipSim) dilate(d time.Duration) time.Duration {
 
 // start starts one node, joining the seed (simSeed), or a random live
 // member once the seed is gone (none for the first), and returns its id.
+// A join that times out (a seed starved of CPU answers late) is tried
+// again, as a new node through a random member, twice.
 func (g *gossipSim) start() (string, error) {
-	g.mu.Lock()
-	i := g.next
-	g.next++
-	var join []string
-	if s := g.members[simSeed]; s != nil {
-		join = []string{s.GossipAddr()}
-	} else if len(g.members) > 0 {
-		ids := g.idsLocked()
-		join = []string{g.members[ids[g.rng.IntN(len(ids))]].GossipAddr()}
+	var errs []error
+	for try := range 3 {
+		g.mu.Lock()
+		i := g.next
+		g.next++
+		var join []string
+		if s := g.members[simSeed]; s != nil && try == 0 {
+			join = []string{s.GossipAddr()}
+		} else if len(g.members) > 0 {
+			ids := g.idsLocked()
+			join = []string{g.members[ids[g.rng.IntN(len(ids))]].GossipAddr()}
+		}
+		g.mu.Unlock()
+		id := simNodeID(i)
+		reconnect := 10 * time.Second
+		if g.profile == "local" {
+			reconnect = time.Second
+		}
+		m, err := gossip.Start(gossip.Options{NodeID: id, Transport: g.net.NewTransport(id), Join: join,
+			Meta: simMeta(i), Fast: g.profile == "local", Logger: g.log, Tune: gossiptest.Dilate(g.dilation),
+			ReconnectInterval: g.dilate(reconnect)})
+		if err == nil {
+			g.mu.Lock()
+			g.members[id] = m
+			g.mu.Unlock()
+			return id, nil
+		}
+		g.net.SetDown(id, true) // its seed may have merged it: a crash, as they see it
+		errs = append(errs, fmt.Errorf("bench: scale: start %s: %w", id, err))
+		if !errors.Is(err, gossip.ErrJoin) {
+			break
+		}
+		g.log.Warn("join failed; trying again as a new node", "node", id, "err", err)
 	}
-	g.mu.Unlock()
-	id := simNodeID(i)
-	reconnect := 10 * time.Second
-	if g.profile == "local" {
-		reconnect = time.Second
-	}
-	m, err := gossip.Start(gossip.Options{NodeID: id, Transport: g.net.NewTransport(id), Join: join,
-		Meta: simMeta(i), Fast: g.profile == "local", Logger: g.log, Tune: gossiptest.Dilate(g.dilation),
-		ReconnectInterval: g.dilate(reconnect)})
-	if err != nil {
-		return "", fmt.Errorf("bench: scale: start %s: %w", id, err)
-	}
-	g.mu.Lock()
-	g.members[id] = m
-	g.mu.Unlock()
-	return id, nil
+	return "", errors.Join(errs...)
 }
 
 // idsLocked returns the live ids, sorted.
