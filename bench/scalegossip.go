@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,11 @@ type gossipSim struct {
 	profile  string
 	rng      *rand.Rand
 	log      *slog.Logger
+
+	// refutes counts the suspicions members refuted (memberlist's
+	// "Refuting a suspect message"): each a member wrongly suspected, on
+	// this machine because the process fell behind its timers.
+	refutes atomic.Int64
 
 	mu      sync.Mutex
 	members map[string]*gossip.Membership // live, by id
@@ -47,11 +53,44 @@ type gossipSimOptions struct {
 }
 
 func newGossipSim(o gossipSimOptions) *gossipSim {
-	return &gossipSim{
+	g := &gossipSim{
 		net:      gossiptest.NewNetwork(gossiptest.Options{Links: o.Links, Dilation: o.Dilation, Loss: o.Loss, Seed: o.Seed}),
 		dilation: o.Dilation, profile: o.Profile, rng: rand.New(rand.NewPCG(o.Seed, 0x676f73)),
-		log: o.Log, members: map[string]*gossip.Membership{},
+		members: map[string]*gossip.Membership{},
 	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	g.log = slog.New(&refuteCounter{Handler: o.Log.Handler(), n: &g.refutes})
+	return g
+}
+
+// refuteCounter counts the members' refutations and passes every record on.
+type refuteCounter struct {
+	slog.Handler
+	n *atomic.Int64
+}
+
+func (h *refuteCounter) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn || h.Handler.Enabled(ctx, l)
+}
+
+func (h *refuteCounter) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "memberlist: Refuting") {
+		h.n.Add(1)
+	}
+	if !h.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *refuteCounter) WithAttrs(as []slog.Attr) slog.Handler {
+	return &refuteCounter{Handler: h.Handler.WithAttrs(as), n: h.n}
+}
+
+func (h *refuteCounter) WithGroup(name string) slog.Handler {
+	return &refuteCounter{Handler: h.Handler.WithGroup(name), n: h.n}
 }
 
 // simNodeID names node i of a simulation.

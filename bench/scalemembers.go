@@ -69,6 +69,12 @@ type scaleGossipRow struct {
 	// broadcasts retransmitted and every member's first push-pull made)
 	// before the steady window: gossipSim.calm.
 	SettleS float64 `json:"settle_s"`
+	// Refutes is how many times a member refuted a suspicion of itself
+	// during the steady window: members wrongly suspected, here because
+	// the process fell behind their timers (a loaded machine; raise the
+	// dilation). Each is a broadcast every member retransmits, counted
+	// in the packets' bytes.
+	Refutes int64 `json:"refutes"`
 	// Calm is whether gossip was calm by then; when not (a mass join's
 	// broadcasts still retransmitted, at 1,024 members), the packets'
 	// figures include that and only the streams' are steady.
@@ -122,11 +128,12 @@ func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions,
 		return err
 	}
 	row.SettleS, row.Calm = (settle + calm).Seconds(), ok
-	c0, t0 := g.counters(), time.Now()
+	c0, t0, r0 := g.counters(), time.Now(), g.refutes.Load()
 	if err := sleepCtx(ctx, g.dilate(o.SteadyWindow)); err != nil {
 		return err
 	}
 	d := g.counters().Sub(c0)
+	row.Refutes = g.refutes.Load() - r0
 	secs := g.real(time.Since(t0)).Seconds() * float64(n)
 	row.BytesPerNodeS = float64(d.Bytes()) / secs
 	row.PacketBytesPerNodeS = float64(d.PacketBytes) / secs

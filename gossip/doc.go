@@ -9,9 +9,19 @@
 // A Membership keeps a snapshot of the members believed alive, sorted by
 // id, with a version that grows whenever it changes, so that consumers
 // rebuild what they derive only on change. Seeds that do not answer and
-// members that failed are asked to join again every ReconnectInterval
-// (memberlist alone never contacts a member it declared dead), so a node
-// may start before its seeds and a partition heals by itself.
+// up to ReconnectBatch members that failed are asked to join again every
+// ReconnectInterval (memberlist alone never contacts a member it declared
+// dead), so a node may start before its seeds and a partition heals by
+// itself.
+//
+// Membership runs the anti-entropy exchange of the whole member list with a
+// random member (memberlist's push-pull) itself, in place of memberlist's
+// schedule: every AntiEntropyInterval, which is the profile's push-pull
+// interval up to AntiEntropyMembers members and grows in proportion to the
+// member count beyond, so that what a member sends for it each second does
+// not grow with the cluster (an exchange carries every member's record).
+// While exchanges bring members this node did not know, they come at the
+// base interval.
 //
 // Besides MemberMeta a member gossips its backlog (SetBacklog: the queued
 // work a peer could take), which changes often: Backlogs reads it, and a
