@@ -201,6 +201,7 @@ var columnHelp = map[string]string{
 	"settle_s":                   "protocol seconds after the bootstrap until gossip was calm (the joins' broadcasts retransmitted) and its steady cost was counted",
 	"calm":                       "whether gossip had calmed down before the steady window; if not, the packets' figures include a mass join's retransmissions and only the streams' are steady",
 	"refutes":                    "suspicions of live members refuted during the steady window (the simulation fell behind its timers; each adds a broadcast to the packets' bytes)",
+	"stream_bytes_per_exchange":  "bytes of a stream, both ways, once the cluster was whole: a push-pull of every member's record",
 	"dilation":                   "how many times slower than the protocol's own clock the simulation ran (times and rates given undilated)",
 	"heap_mib_per_node":          "this process's heap per simulated member, MiB",
 	"goroutines_per_node":        "this process's goroutines per simulated member",

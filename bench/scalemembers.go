@@ -57,11 +57,17 @@ type scaleGossipRow struct {
 	Nodes int `json:"nodes"`
 	// BytesPerNodeS is what a member sends per second, packets and
 	// streams, once the cluster is whole and nothing changes.
-	BytesPerNodeS       float64  `json:"bytes_per_node_s"`
-	PacketBytesPerNodeS float64  `json:"packet_bytes_per_node_s"`
-	StreamBytesPerNodeS float64  `json:"stream_bytes_per_node_s"`
-	PacketsPerNodeS     float64  `json:"packets_per_node_s"`
-	RatioVsSmallest     *float64 `json:"ratio_vs_smallest,omitempty"`
+	BytesPerNodeS       float64 `json:"bytes_per_node_s"`
+	PacketBytesPerNodeS float64 `json:"packet_bytes_per_node_s"`
+	StreamBytesPerNodeS float64 `json:"stream_bytes_per_node_s"`
+	PacketsPerNodeS     float64 `json:"packets_per_node_s"`
+	// StreamBytesPerExchange is the bytes of a stream (both ways) once the
+	// cluster was whole, over the settling and the steady window: a
+	// push-pull of N members' records (and the odd fallback ping). The
+	// streams' steady cost is this over the push-pull interval, which a
+	// window shorter than it samples only in part.
+	StreamBytesPerExchange float64  `json:"stream_bytes_per_exchange"`
+	RatioVsSmallest        *float64 `json:"ratio_vs_smallest,omitempty"`
 	// BootstrapS is how long N nodes started 8 at a time took until every
 	// one saw all of them.
 	BootstrapS float64 `json:"bootstrap_s"`
@@ -108,6 +114,7 @@ func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions,
 	var after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&after)
+	whole := g.counters()
 	row := scaleGossipRow{Nodes: n, BootstrapS: boot.Seconds(), Dilation: dilation,
 		HeapMiBPerNode:    float64(int64(after.HeapInuse)-int64(before.HeapInuse)) / (1 << 20) / float64(n),
 		GoroutinesPerNode: float64(runtime.NumGoroutine()-g0) / float64(n)}
@@ -134,6 +141,9 @@ func (s *scaleMembership) measure(ctx context.Context, env *Env, o ScaleOptions,
 	}
 	d := g.counters().Sub(c0)
 	row.Refutes = g.refutes.Load() - r0
+	if all := g.counters().Sub(whole); all.Streams > 0 {
+		row.StreamBytesPerExchange = float64(all.StreamBytes) / float64(all.Streams)
+	}
 	secs := g.real(time.Since(t0)).Seconds() * float64(n)
 	row.BytesPerNodeS = float64(d.Bytes()) / secs
 	row.PacketBytesPerNodeS = float64(d.PacketBytes) / secs

@@ -445,8 +445,8 @@ func (m *Membership) rejoin(targets []string) int {
 
 // antiEntropy exchanges the whole member list with a random live member
 // (memberlist's push-pull, through Join) every AntiEntropyInterval of the
-// member count, the first time after a random part of base so that members
-// started together do not exchange together. While exchanges bring news
+// member count (±50%, at random), the first time after a random part of
+// base so that members started together do not exchange together. While exchanges bring news
 // (members this node did not know, as after it joined through a seed that
 // knew only part of the cluster), the next one comes after base. base 0:
 // never.
@@ -467,7 +467,10 @@ func (m *Membership) antiEntropy(base time.Duration) {
 		if news {
 			wait = base
 		}
-		t.Reset(wait)
+		// ±50%: members that joined together, and exchanged at the base
+		// interval together while the cluster grew, drift apart instead
+		// of exchanging in one burst every interval.
+		t.Reset(wait/2 + rand.N(wait))
 	}
 }
 
