@@ -79,9 +79,10 @@ type leaseCall struct {
 
 // internal is the handler of one call of the owner's side of work
 // stealing: fn answers a call from the peer with the cluster credential,
-// its body decoded.
-func (o *API) internal(fn func(w http.ResponseWriter, r *http.Request, call leaseCall) error) http.HandlerFunc {
+// its body decoded, counted as a control request of kind.
+func (o *API) internal(kind string, fn func(w http.ResponseWriter, r *http.Request, call leaseCall) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		o.batchMetrics.control.WithLabelValues(kind).Inc()
 		err := o.internalCall(w, r, fn)
 		if err == nil {
 			return
