@@ -175,8 +175,8 @@ func (o *API) status(w http.ResponseWriter, r *http.Request, who auth.Principal)
 	m, resps, err := o.batches.get(id, ownerOf(who))
 	switch {
 	case errors.Is(err, errBatchNotFound):
-		if o.askPeers(w, r, who) { // a batch another node stored: it answers
-			return nil
+		if ok, err := o.askPeers(w, r, who); ok || err != nil { // a batch another node stored: it answers
+			return err
 		}
 		return batchNotFound(id)
 	case err != nil:
@@ -193,8 +193,8 @@ func (o *API) cancelBatch(w http.ResponseWriter, r *http.Request, who auth.Princ
 	state, err := o.batches.cancel(id, ownerOf(who))
 	switch {
 	case errors.Is(err, errBatchNotFound):
-		if o.askPeers(w, r, who) {
-			return nil
+		if ok, err := o.askPeers(w, r, who); ok || err != nil {
+			return err
 		}
 		return batchNotFound(id)
 	case errors.Is(err, errBatchDone):
