@@ -16,10 +16,16 @@ after each:
   route-queue the same GETs through the router.
   route       completions (random short prompt, max_tokens 1) through the
               router, RATE per node per second.
+  route-long  the same with random 1,100-token prompts (bytes: two whole
+              placement chunks, whose blocks are pushed to their owners),
+              RATE/4 per node per second.
 The load is open-loop (paced by a schedule, 8 senders); each line prints the
 client requests sent, the control requests received per node per second by
-kind, and per client request. gRPC calls between nodes (peer lookups, pushes)
-are not counted here: they belong to lookups and writes, not to control."""
+kind, and per client request. Beside them, not counted as control: the
+data-plane requests nodes served (pushes to owners, gets, lookups), the
+lookups nodes sent to a prompt's owners (kvmesh_cluster_remote_lookups_total:
+the lookup's fan-out), and the data-plane connections open per node at the
+phase's end."""
 import json
 import os
 import random
@@ -96,7 +102,24 @@ def scrape(nodes, prefix):
 
 def control(nodes):
     s = scrape(nodes, "kvmesh_control_requests_total")
-    return {k: s.get('kvmesh_control_requests_total{kind="%s"}' % k, 0) for k in KINDS}
+    out = {k: s.get('kvmesh_control_requests_total{kind="%s"}' % k, 0) for k in KINDS}
+    # Beside them, not counted in them: the calls between nodes' stores
+    # (lookups of a prompt's owners, pushes and gets on the data plane).
+    s = scrape(nodes, "kvmesh_transfer_requests_total")
+    out["data"] = s.get('kvmesh_transfer_requests_total{transport="tcp"}', 0)
+    s = scrape(nodes, "kvmesh_cluster_remote_lookups_total")
+    out["lookups"] = s.get("kvmesh_cluster_remote_lookups_total", 0)
+    return out
+
+
+def conns(nodes):
+    """Data-plane connections open on each node (pushes and gets from peers)."""
+    out = []
+    for n in nodes:
+        _, b = call("GET", "http://%s/metrics" % n["http_addr"])
+        out += [float(line.rsplit(" ", 1)[1]) for line in b.decode().splitlines()
+                if line.startswith('kvmesh_transfer_connections{transport="tcp"}')]
+    return out
 
 
 def paced(total, seconds, send):
@@ -143,6 +166,9 @@ def phase(name, nodes, total, send):
         N, name, took, total, json.dumps(codes, sort_keys=True), all_ / took / N, per)
     if total:
         line += ", per client request %.2f" % (all_ / total)
+    c = conns(nodes)
+    line += "; beside: data-plane requests per node per second %.2f (peer lookups %.2f), connections per node mean %.1f max %d" % (
+        (c1["data"] - c0["data"]) / took / N, (c1["lookups"] - c0["lookups"]) / took / N, sum(c) / max(1, len(c)), max(c, default=0))
     print(line, flush=True)
 
 
@@ -180,6 +206,11 @@ def main():
     prompts = ["request %d of the control traffic run: %s" % (i, rnd.random()) for i in range(total)]
     phase("route", nodes, total, lambda i: call("POST", "http://%s/v1/completions" % router,
                                                 {"model": "kvmesh", "prompt": prompts[i], "max_tokens": 1, "temperature": 0})[0])
+    # Prompts of 1,100 tokens (two whole 512-token chunks), a quarter of the
+    # rate: their blocks are pushed to their chunks' owners.
+    longs = ["".join(rnd.choice("abcdefgh ") for _ in range(1100)) for _ in range(total // 4)]
+    phase("route-long", nodes, len(longs), lambda i: call("POST", "http://%s/v1/completions" % router,
+                                                          {"model": "kvmesh", "prompt": longs[i], "max_tokens": 1, "temperature": 0})[0])
 
 
 try:
