@@ -438,6 +438,12 @@ func BenchmarkLookup128k(b *testing.B) {
 			l, err := c.Lookup(ctx, ns, client.Prompt{Tokens: tokens})
 			return l.CachedBlocks, err
 		}},
+		{"grpc-keys", func() (int, error) {
+			l, err := c.Lookup(ctx, ns, client.Prompt{Keys: chain})
+			return l.CachedBlocks, err
+		}},
+		{"grpc-pipe2", func() (int, error) { return pipeLookup(ctx, c, ns, tokens, 2) }},
+		{"grpc-pipe4", func() (int, error) { return pipeLookup(ctx, c, ns, tokens, 4) }},
 		{"grpc-tokens", func() (int, error) { l, err := c.LookupTokens(ctx, ns, tokens); return l.CachedBlocks, err }},
 		{"grpc-tokens-summary", func() (int, error) {
 			l, err := raw.cache.Lookup(ctx, summary)
@@ -497,3 +503,38 @@ func BenchmarkPeerLookup(b *testing.B) {
 }
 
 //lint:file-ignore SA1019 the node's tests call the client's deprecated methods, kept one release (client/deprecated.go).
+
+func pipeLookup(ctx context.Context, c *client.Client, ns prefixhash.Namespace, tokens []uint32, k int) (int, error) {
+	n := len(tokens) / ns.BlockTokens
+	step := n / k
+	keys := make([]prefixhash.Key, 0, n)
+	root := ns.Root()
+	type res struct {
+		n   int
+		err error
+	}
+	chans := make([]chan res, k)
+	for p := range k {
+		parent := root
+		if len(keys) > 0 {
+			parent = keys[len(keys)-1]
+		}
+		start := len(keys)
+		keys = prefixhash.AppendKeys(keys, parent, ns.BlockTokens, tokens[p*step*ns.BlockTokens:(p+1)*step*ns.BlockTokens])
+		ch := make(chan res, 1)
+		chans[p] = ch
+		go func() {
+			l, err := c.Lookup(ctx, ns, client.Prompt{Keys: keys[start : start+step]})
+			ch <- res{l.CachedBlocks, err}
+		}()
+	}
+	total := 0
+	for _, ch := range chans {
+		r := <-ch
+		if r.err != nil {
+			return 0, r.err
+		}
+		total += r.n
+	}
+	return total, nil
+}
