@@ -412,7 +412,8 @@ func lookupCluster(b *testing.B) ([]*clusterNode, prefixhash.Namespace, []uint32
 // given the chain (one PeerService.Lookup to each other node, in parallel);
 // "grpc" the whole client.Lookup, what an inference worker calls (the client
 // hashes the prompt and sends its chain, 8192 keys; the node answers with
-// counts and runs); "grpc-tokens" client.LookupTokens (the prompt's 128k
+// counts and runs); "grpc-keys" the same call given the chain (Prompt.Keys:
+// what it costs besides hashing); "grpc-tokens" client.LookupTokens (the prompt's 128k
 // tokens sent, the chain hashed on the node, the answer listing 8192 blocks
 // and where each is); "grpc-tokens-summary" the tokens sent, the answer
 // without the listing. It reports the p50 and p99 of b.N lookups (target:
@@ -442,8 +443,6 @@ func BenchmarkLookup128k(b *testing.B) {
 			l, err := c.Lookup(ctx, ns, client.Prompt{Keys: chain})
 			return l.CachedBlocks, err
 		}},
-		{"grpc-pipe2", func() (int, error) { return pipeLookup(ctx, c, ns, tokens, 2) }},
-		{"grpc-pipe4", func() (int, error) { return pipeLookup(ctx, c, ns, tokens, 4) }},
 		{"grpc-tokens", func() (int, error) { l, err := c.LookupTokens(ctx, ns, tokens); return l.CachedBlocks, err }},
 		{"grpc-tokens-summary", func() (int, error) {
 			l, err := raw.cache.Lookup(ctx, summary)
@@ -503,38 +502,3 @@ func BenchmarkPeerLookup(b *testing.B) {
 }
 
 //lint:file-ignore SA1019 the node's tests call the client's deprecated methods, kept one release (client/deprecated.go).
-
-func pipeLookup(ctx context.Context, c *client.Client, ns prefixhash.Namespace, tokens []uint32, k int) (int, error) {
-	n := len(tokens) / ns.BlockTokens
-	step := n / k
-	keys := make([]prefixhash.Key, 0, n)
-	root := ns.Root()
-	type res struct {
-		n   int
-		err error
-	}
-	chans := make([]chan res, k)
-	for p := range k {
-		parent := root
-		if len(keys) > 0 {
-			parent = keys[len(keys)-1]
-		}
-		start := len(keys)
-		keys = prefixhash.AppendKeys(keys, parent, ns.BlockTokens, tokens[p*step*ns.BlockTokens:(p+1)*step*ns.BlockTokens])
-		ch := make(chan res, 1)
-		chans[p] = ch
-		go func() {
-			l, err := c.Lookup(ctx, ns, client.Prompt{Keys: keys[start : start+step]})
-			ch <- res{l.CachedBlocks, err}
-		}()
-	}
-	total := 0
-	for _, ch := range chans {
-		r := <-ch
-		if r.err != nil {
-			return 0, r.err
-		}
-		total += r.n
-	}
-	return total, nil
-}
