@@ -30,7 +30,10 @@ type ScaleOptions struct {
 	// Dilation slows the gossip simulation's clock: memberlist's timers and
 	// the links' latencies are multiplied by it and the times measured are
 	// divided by it, so that a loaded machine's scheduling delays weigh
-	// Dilation times less. Default 4; quick 2.
+	// Dilation times less. The lookup phase holds each answer for its
+	// link's round trip times Dilation of real time, so that answers come
+	// in the network's order (the time it reports stays virtual). Default
+	// 4; quick 2.
 	Dilation float64
 	// Profile is the gossip profile simulated (kvmesh serve
 	// --gossip-profile): "lan" or "local". Default "lan".
