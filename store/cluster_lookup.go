@@ -227,8 +227,9 @@ type lookupAnswer struct {
 // other owner. Answers decide everything, never a timer: which owners a
 // lookup asks depends on the answers and the order they come in, not on how
 // long they took. The lookup returns once its prefix is known and every
-// call sent has answered (so that no call reads the keys after it
-// returns), or at its deadline (late owners count as misses).
+// call sent has answered, or at its deadline (late owners count as misses,
+// their calls canceled); either way no call reads the keys after it
+// returns.
 type lookupAsks struct {
 	c      *Cluster
 	ctx    context.Context // the lookup's deadline
@@ -241,6 +242,7 @@ type lookupAsks struct {
 	extraRuns int
 
 	answers chan lookupAnswer
+	calls   sync.WaitGroup       // the calls' goroutines
 	cancels []context.CancelFunc // the rounds' contexts
 	wait    []int                // per run: its calls not answered yet
 	out     int                  // calls not answered yet
@@ -261,12 +263,14 @@ func (la *lookupAsks) whole(i int) bool {
 }
 
 // run asks and applies until the prefix is known and every call has
-// answered, or the deadline passes.
+// answered, or the deadline passes. It returns once every call's goroutine
+// has (a late one is canceled), so none reads the keys after it.
 func (la *lookupAsks) run() {
 	defer func() {
 		for _, cancel := range la.cancels {
 			cancel()
 		}
+		la.calls.Wait()
 	}()
 	la.ask()
 	for {
@@ -336,7 +340,9 @@ func (la *lookupAsks) ask() {
 				la.wait[ri]++
 			}
 		}
+		la.calls.Add(1)
 		go func() {
+			defer la.calls.Done()
 			a := lookupAnswer{o: o, idx: idx}
 			if counts, ok := la.c.askLookup(ctx, o, la.runsOf(idx)); ok {
 				a.counts = counts
