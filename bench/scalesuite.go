@@ -128,7 +128,8 @@ func (*ScaleSuite) notInAll() {}
 const scaleReal = "real code: gossip.Membership over memberlist (probes, suspicion, push-pull, kvmesh's refresher and reconnector), " +
 	"store.Placement, store.Cluster's lookup, push queues and handoff, store.Local with a DRAM tier on each node; " +
 	"modelled: the network (gossiptest: per-link round trips drawn once per pair, loss, partitions; memberlist's timers dilated), " +
-	"the data plane's wire (a peer call runs the owner's store.Local in process and is charged its link's round trip on a virtual clock), " +
+	"the data plane's wire (a peer call runs the owner's store.Local in process and is charged its link's round trip on a virtual clock; " +
+	"its answer is held for that round trip times the dilation, so answers come in the network's order), " +
 	"the membership the data plane sees (a fixed member list, changed by the harness as gossip would)"
 
 // Run measures.
