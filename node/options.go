@@ -177,9 +177,18 @@ type ClusterOptions struct {
 	// a chunk live on the same owners. Every member must use the same
 	// value. Default 512.
 	ChunkTokens int
-	// LookupTimeout bounds the remote round of a lookup: an owner that has
+	// LookupTimeout bounds the remote rounds of a lookup: an owner that has
 	// not answered by then counts as a miss. Default 100ms.
 	LookupTimeout time.Duration
+	// LookupRoundPeers bounds the fan-out of a long lookup: a lookup whose
+	// chunks have at most this many owners besides this node asks them
+	// all at once; one with more asks the first chunk's owners first, then
+	// up to this many more, then the rest, so that a prompt whose cached
+	// prefix ends early is answered by a few peers instead of one per
+	// chunk (store.ClusterOptions.LookupRoundPeers). Default 16
+	// (store.DefaultLookupRoundPeers); negative: every owner at once,
+	// whatever the fan-out.
+	LookupRoundPeers int
 	// GetTimeout bounds the remote part of a read (a BatchGet as a whole):
 	// blocks that have not arrived from their owners by then are misses.
 	// Default 2s.
@@ -418,6 +427,7 @@ func (o *ClusterOptions) ensureDefaults() {
 	def(&o.Replicas, 1)
 	def(&o.ChunkTokens, prefixhash.DefaultChunkTokens)
 	def(&o.LookupTimeout, 100*time.Millisecond)
+	def(&o.LookupRoundPeers, store.DefaultLookupRoundPeers)
 	def(&o.GetTimeout, 2*time.Second)
 	def(&o.PeerBackoff, time.Second)
 	def(&o.HandoffBytes, 1*GiB)
