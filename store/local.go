@@ -147,8 +147,10 @@ type counters struct {
 	retired                                          int64 // group records retired (local_groups.go)
 	secondChances                                    int64 // EvictReuse passing over a reused block
 	// evicted counts the blocks dropped for room by the tier they were in
-	// (tierMem, tierDisk, tierHBM).
-	evicted [3]int64
+	// (tierMem, tierDisk, tierHBM); expired, those of them whose
+	// retention's TTL had lapsed, not read since (hitsLapsed), which
+	// evicted does not count.
+	evicted, expired [3]int64
 	// unadmitted counts the blocks accepted but evicted at once, colder
 	// than everything cached (errColdest); they are also evictions.
 	unadmitted int64

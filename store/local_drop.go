@@ -70,6 +70,9 @@ func (l *Local) dropLocked(i uint32, why reason, fr *[]freeLoc) int {
 		j := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
 		e := x.at(j)
+		if x.forks(e) {
+			x.branching--
+		}
 		for c := e.child; c != 0; {
 			ce := x.at(c)
 			next := ce.sib
@@ -80,7 +83,11 @@ func (l *Local) dropLocked(i uint32, why reason, fr *[]freeLoc) int {
 		}
 		e.child = 0
 		if why == reasonEvict || (why == reasonCorrupt && j != i) {
-			l.mu.c.evicted[evictTierLocked(e)]++
+			if e.lapsed() {
+				l.mu.c.expired[evictTierLocked(e)]++
+			} else {
+				l.mu.c.evicted[evictTierLocked(e)]++
+			}
 		}
 		l.removeLocked(j, fr)
 		n++

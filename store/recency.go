@@ -111,7 +111,7 @@ func (l *Local) touchLocked(i uint32) {
 	x := &l.mu.x
 	e := x.at(i)
 	e.set(flagHit)
-	e.hits &^= hitsRetired // read again: a resume point after all
+	e.hits &^= hitsRetired | hitsLapsed // read again: a resume point after all, wanted after its lease
 	l.markReusedLocked(i)
 	if e.copy() {
 		return

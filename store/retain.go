@@ -203,6 +203,7 @@ func (l *Local) setRetentionLocked(i uint32, r block.Retention, now time.Time) {
 		return
 	}
 	e := l.mu.x.at(i)
+	e.hits &^= hitsLapsed
 	n := l.mu.ns.get(e.ns)
 	rt := retention{pin: r.Pin, size: n.size}
 	if r.TTL > 0 {
@@ -241,6 +242,14 @@ func (l *Local) clearRetentionLocked(i uint32) {
 	}
 }
 
+// lapseRetentionLocked clears entry i's retention, whose TTL lapsed, and
+// marks it: evicted before anyone reads it, it counts as expired
+// (TierEvictions.Expired).
+func (l *Local) lapseRetentionLocked(i uint32) {
+	l.clearRetentionLocked(i)
+	l.mu.x.at(i).hits |= hitsLapsed
+}
+
 // expireRetentionsLocked clears the retentions whose TTL has lapsed; it
 // walks them only when one may have.
 func (l *Local) expireRetentionsLocked(now time.Time) {
@@ -252,7 +261,7 @@ func (l *Local) expireRetentionsLocked(now time.Time) {
 		switch {
 		case r.until.IsZero():
 		case !now.Before(r.until):
-			l.clearRetentionLocked(i)
+			l.lapseRetentionLocked(i)
 		case next.IsZero() || r.until.Before(next):
 			next = r.until
 		}
@@ -270,7 +279,7 @@ func (l *Local) keepLocked(i uint32, takeSoft bool) bool {
 	}
 	r := l.mu.retain.by[i]
 	if !r.until.IsZero() && !l.now().Before(r.until) {
-		l.clearRetentionLocked(i)
+		l.lapseRetentionLocked(i)
 		return false
 	}
 	return r.pin != block.PinSoft || !takeSoft
