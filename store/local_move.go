@@ -183,7 +183,7 @@ func (l *Local) evacuateLocked(avoid int) []moved {
 			continue // being freed, or a Put not indexed yet
 		}
 		e := l.mu.x.at(i)
-		if e.persistent() || e.getLoc() != r.Loc || e.busy() || l.keepLocked(i, false) {
+		if e.persistent() || e.getLoc() != r.Loc || e.busy() || l.keepTreeLocked(i, false) {
 			continue
 		}
 		vs = append(vs, l.markVictimLocked(i))
@@ -399,7 +399,7 @@ func (l *Local) reclaim() bool {
 			// Dropped with an ancestor earlier in this loop.
 		case e.has(flagMoving):
 			// A promotion reads it; flagLocGone tells it the rest.
-		case e.has(flagHit) || l.keepLocked(lv.i, false):
+		case e.has(flagHit) || l.keepTreeLocked(lv.i, false):
 			e.set(flagMoving)
 			rw = append(rw, l.movedLocked(lv.i))
 		default:
@@ -492,7 +492,7 @@ func (l *Local) makeIndexRoom(ctx context.Context) error {
 			x := &l.mu.x
 			for j, walked := x.at(list).prev, 0; j != list && walked < maxVictimWalk; walked++ {
 				prev := x.at(j).prev
-				if !x.at(j).busy() && !l.keepLocked(j, false) && !l.secondChanceLocked(list, j) {
+				if !x.at(j).busy() && !l.keepTreeLocked(j, false) && !l.secondChanceLocked(list, j) {
 					l.dropLocked(j, reasonEvict, &fr)
 					dropped = true
 					break

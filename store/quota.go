@@ -409,7 +409,7 @@ func (l *Local) coldNSLocked(id uint32, t int, want int64, stop uint32, reachedS
 			*reachedStop = true
 			break
 		}
-		if e.busy() || l.keepLocked(j, false) {
+		if e.busy() || l.keepTreeLocked(j, false) {
 			continue
 		}
 		is = append(is, j)
