@@ -56,6 +56,10 @@ type Local struct {
 	// roomPromoting is held by the one promotion that may make room in
 	// memory (demote) at a time; see promote.
 	roomPromoting atomic.Bool
+	// diskWritten counts the bytes written to the persistent tier
+	// (putDisk: demotions, direct writes, rewrites), for
+	// TierStats.WrittenBytes.
+	diskWritten atomic.Int64
 
 	// diskMu orders persistent-tier writes against segment drops: a writer
 	// holds it shared from its write until the index knows the new
@@ -152,8 +156,10 @@ type counters struct {
 	// evicted does not count.
 	evicted, expired [3]int64
 	// unadmitted counts the blocks accepted but evicted at once, colder
-	// than everything cached (errColdest); they are also evictions.
-	unadmitted int64
+	// than everything cached (errColdest); nvmeUnadmitted, the DRAM
+	// victims NVMe admission dropped (reasonUnadmitted). Both are also
+	// evictions.
+	unadmitted, nvmeUnadmitted int64
 }
 
 // tierHBM indexes the HBM tier in counters.evicted: for the index an HBM
@@ -172,6 +178,10 @@ type reason uint8
 
 const (
 	reasonEvict reason = iota
+	// reasonUnadmitted is reasonEvict for a DRAM victim NVMe admission
+	// refused (Options.NVMeReusedOnly): counted as the persistent tier's
+	// unadmitted, its descendants as evictions from their tiers.
+	reasonUnadmitted
 	reasonCorrupt
 	reasonNamespace
 	reasonRemove

@@ -82,7 +82,10 @@ func (l *Local) dropLocked(i uint32, why reason, fr *[]freeLoc) int {
 			c = next
 		}
 		e.child = 0
-		if why == reasonEvict || (why == reasonCorrupt && j != i) {
+		switch {
+		case why == reasonUnadmitted && j == i:
+			l.mu.c.nvmeUnadmitted++
+		case why == reasonEvict || why == reasonUnadmitted || (why == reasonCorrupt && j != i):
 			if e.lapsed() {
 				l.mu.c.expired[evictTierLocked(e)]++
 			} else {
@@ -94,7 +97,7 @@ func (l *Local) dropLocked(i uint32, why reason, fr *[]freeLoc) int {
 	}
 	l.mu.stack = stack[:0]
 	switch why {
-	case reasonEvict:
+	case reasonEvict, reasonUnadmitted:
 		l.mu.c.evictions += int64(n)
 	case reasonCorrupt:
 		l.mu.c.corruptDrops++

@@ -35,8 +35,9 @@ type moved struct {
 	newLoc tiers.Loc
 	done   bool // newLoc holds the value
 
-	reserved bool // a demotion holds size bytes of ns's persistent quota
-	skipDisk bool // a demotion its namespace's persistent quota has no room for: drop it
+	reserved   bool // a demotion holds size bytes of ns's persistent quota
+	skipDisk   bool // a demotion its namespace's persistent quota has no room for: drop it
+	unadmitted bool // a demotion NVMe admission refused (skipDisk too)
 }
 
 func (l *Local) movedLocked(i uint32) moved {
@@ -132,6 +133,7 @@ func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key, batch bool) 
 	}
 	vs, coldest := l.memVictimsLocked(class, need, stop, batch)
 	var fr []freeLoc
+	l.admitLocked(vs)
 	l.reserveDemotionsLocked(vs, &fr)
 	l.mu.Unlock()
 	l.freeAll(fr)
@@ -164,6 +166,20 @@ func (l *Local) memVictimsLocked(class, need int, stop uint32, batch bool) (vs [
 		}
 	}
 	return l.evacuateLocked(class), false
+}
+
+// admitLocked is NVMe admission (Options.NVMeReusedOnly): it marks the
+// victims of DRAM pressure that nobody asked for again to be dropped
+// rather than written to NVMe.
+func (l *Local) admitLocked(vs []moved) {
+	if !l.opts.NVMeReusedOnly || l.disk == nil {
+		return
+	}
+	for k := range vs {
+		if e := l.mu.x.at(vs[k].i); !e.reused() && e.hitCount() == 0 && !e.retained() {
+			vs[k].skipDisk, vs[k].unadmitted = true, true
+		}
+	}
 }
 
 func (l *Local) markVictimLocked(i uint32) moved {
@@ -265,6 +281,8 @@ func (l *Local) commitDemotionLocked(m *moved, fr *[]freeLoc) {
 		l.moveTierLocked(m.i, m.newLoc)
 		l.evStoredLocked(m.i, m.val)
 		l.mu.c.demotions++
+	case m.unadmitted:
+		l.dropLocked(m.i, reasonUnadmitted, fr)
 	default:
 		l.dropLocked(m.i, reasonEvict, fr)
 	}
@@ -339,6 +357,7 @@ func (l *Local) putDisk(ms []moved) (int, error) {
 				return k, err
 			}
 			ms[k].newLoc, ms[k].done = loc, true
+			l.diskWritten.Add(int64(len(ms[k].val)))
 		}
 		return len(ms), nil
 	}
@@ -351,6 +370,7 @@ func (l *Local) putDisk(ms []moved) (int, error) {
 	n, err := l.batcher.PutBatch(keys, vals, locs)
 	for k := range n {
 		ms[k].newLoc, ms[k].done = locs[k], true
+		l.diskWritten.Add(int64(len(ms[k].val)))
 	}
 	return n, err
 }

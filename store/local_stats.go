@@ -118,6 +118,10 @@ type TierStats struct {
 	Bytes  int64
 	// Evicted counts the blocks that left the tier, by reason.
 	Evicted TierEvictions
+	// WrittenBytes counts the bytes written to the tier: the persistent
+	// tier's demotions, direct writes and segment rewrites (0 for the
+	// others), what NVMe admission saves (Options.NVMeAdmission).
+	WrittenBytes int64
 	tiers.Stats
 }
 
@@ -131,9 +135,11 @@ type TierEvictions struct {
 	// Refused: writes refused for lack of room (ErrFull, ErrQuota),
 	// counted on the tier writes land in (DRAM).
 	Refused int64
-	// Unadmitted: writes accepted but not kept, since the block was colder
-	// than everything the tier holds (its parent was the coldest): evicted
-	// at once, counted in Stats.Evictions too. DRAM only.
+	// Unadmitted: writes accepted but not kept. In DRAM, since the block
+	// was colder than everything the tier holds (its parent was the
+	// coldest): evicted at once. In NVMe, DRAM victims NVMe admission
+	// refused (Options.NVMeReusedOnly): dropped instead of written.
+	// Counted in Stats.Evictions too.
 	Unadmitted int64
 	// Expired: dropped from the node for room after the TTL of their
 	// lease or pin lapsed, not read since (retain.go), with the
@@ -215,7 +221,8 @@ func (l *Local) statsLocked() Stats {
 		Evicted: TierEvictions{Capacity: c.evicted[tierMem], Demoted: c.demotions, Refused: c.refused, Unadmitted: c.unadmitted, Expired: c.expired[tierMem]}})
 	if l.disk != nil {
 		s.Tiers = append(s.Tiers, TierStats{Name: l.disk.Name(), Blocks: l.mu.blocks[tierDisk], Bytes: l.mu.bytes[tierDisk],
-			Evicted: TierEvictions{Capacity: c.evicted[tierDisk], Expired: c.expired[tierDisk]}})
+			Evicted:      TierEvictions{Capacity: c.evicted[tierDisk], Expired: c.expired[tierDisk], Unadmitted: c.nvmeUnadmitted},
+			WrittenBytes: l.diskWritten.Load()})
 	}
 	if l.hbm != nil {
 		s.Tiers = append(s.Tiers, TierStats{Name: l.hbm.Name(), Blocks: hbmBlocks, Bytes: hbmBytes,

@@ -457,7 +457,7 @@ func (l *Local) reserveDemotionsLocked(vs []moved, fr *[]freeLoc) {
 	x := &l.mu.x
 	for k := range vs {
 		m := &vs[k]
-		if x.at(m.i).has(flagDropped) {
+		if m.skipDisk || x.at(m.i).has(flagDropped) {
 			continue
 		}
 		if e := x.at(m.i); e.copy() || e.retired() {

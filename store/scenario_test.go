@@ -26,8 +26,9 @@ import (
 //
 // Commands (sizes in blocks; every block has blockBytes encoded bytes):
 //
-//	open dram=<blocks> [nvme=<blocks>] [eviction=<policy>] [hybrid] [pinned=<fraction>]
-//	                                     a fresh Local, demoting one block at a time;
+//	open dram=<blocks> [nvme=<blocks>] [eviction=<policy>] [hybrid] [pinned=<fraction>] [reused-only]
+//	                                     a fresh Local, demoting one block at a time
+//	                                     (reused-only: Options.NVMeReusedOnly);
 //	                                     hybrid: blocks of blocktest.Hybrid, one record per
 //	                                     group named <block>.full, .win, .state, .idx, each
 //	                                     taking one block's room
@@ -43,7 +44,8 @@ import (
 //	quota dram=<blocks> nvme=<blocks>    SetQuota for the namespace (0: unlimited)
 //	where                                each named block's tier, or -
 //	stats                                the counters that moved, then Stats.Check
-//	evicted                              each tier's evictions by reason, when any
+//	evicted                              each tier's evictions by reason, and the
+//	                                     blocks written to it (NVMe), when any
 //
 // The files under testdata/scenarios/rules state rules every policy keeps:
 // each runs once per policy (an open without eviction= opens that policy),
@@ -118,7 +120,7 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		s.clock = &fakeClock{now: time.Unix(1000, 0)}
 		opts := Options{DRAM: newFakeMem(slot, mem, slot), DemoteBatchBytes: 1, Eviction: Eviction(ev),
-			Now: s.clock.Now, MaxPinnedFraction: pinned}
+			Now: s.clock.Now, MaxPinnedFraction: pinned, NVMeReusedOnly: d.HasArg("reused-only")}
 		if disk > 0 {
 			opts.NVMe = newFakeVolume(slot+64, disk).open()
 		}
@@ -258,6 +260,9 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 				if c.v != 0 {
 					rs = append(rs, fmt.Sprintf("%s=%d", c.name, c.v))
 				}
+			}
+			if ts.WrittenBytes > 0 && !s.hybrid { // in blocks: every block has blockBytes
+				rs = append(rs, fmt.Sprintf("written=%d", ts.WrittenBytes/int64(blockBytes)))
 			}
 			if len(rs) > 0 {
 				out = append(out, ts.Name+": "+strings.Join(rs, " "))
