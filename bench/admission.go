@@ -40,10 +40,12 @@ func (tr *traceReplay) admissionSweep(res *Result) error {
 	var rows []admissionSweepRow
 	for _, f := range o.NodeSweep {
 		c := tr.capacityOf(f)
+		dram := max(1, int(math.Round(o.DRAMFraction*float64(c))))
+		// What the node's DRAM holds: 1 MiB at least (dramBytesFor).
 		row := admissionSweepRow{PooledCapacityFraction: f, CapacityBlocksPerNode: c,
-			DRAMBlocksPerNode: max(1, int(math.Round(o.DRAMFraction*float64(c))))}
+			DRAMBlocksPerNode: min(c, int(dramBytesFor(dram, tr.blockBytes)/int64(tr.blockBytes+128)))}
 		for _, admission := range []string{"all", "reused"} {
-			st, err := tr.play(o.Cluster, traceRun{RoutingRandom, false, c, f, string(store.EvictReuse), row.DRAMBlocksPerNode, admission})
+			st, err := tr.play(o.Cluster, traceRun{RoutingRandom, false, c, f, string(store.EvictReuse), dram, admission})
 			if err != nil {
 				return err
 			}
@@ -70,7 +72,7 @@ func (tr *traceReplay) admissionSweep(res *Result) error {
 		rows = append(rows, row)
 	}
 	res.AddTable("nvme_admission", fmt.Sprintf("NVMe admission on kvmesh nodes (random routing, pooled, %d nodes, --eviction reuse, "+
-		"DRAM for %.0f%% of each node's --max-blocks, NVMe for the rest): hit ratio / ideal and NVMe bytes written per request "+
+		"DRAM for %.0f%% of each node's --max-blocks (1 MiB at least), NVMe for the rest): hit ratio / ideal and NVMe bytes written per request "+
 		"with --nvme-admission all and reused, in the same run", o.Nodes, 100*o.DRAMFraction), rows)
 	return nil
 }

@@ -255,17 +255,19 @@ func KvmeshCluster(env *Env) ClusterFactory {
 		}
 		perBlock := int64(spec.BlockBytes) + 128 // slot header, size-class rounding
 		dram := int64(spec.CapacityBlocks)*perBlock + 64<<20
-		nvme := int64(0) // the daemons' default, the smallest NVMe tier
+		nvme, maxBlock := int64(0), int64(0) // the daemons' defaults: the smallest NVMe tier, 16 MiB blocks
 		if spec.DRAMBlocks > 0 {
-			// DRAM for DRAMBlocks (the tier's least, 1 MiB, at least),
-			// NVMe for the rest with room for segment reclaim.
-			dram = max(int64(spec.DRAMBlocks)*perBlock, 1<<20)
+			// DRAM for DRAMBlocks (1 MiB at least), NVMe for the rest
+			// with room for segment reclaim; a DRAM tier that small must
+			// not have to hold a 16 MiB block.
+			dram = dramBytesFor(spec.DRAMBlocks, spec.BlockBytes)
 			nvme = (2*int64(spec.CapacityBlocks)*perBlock + 64<<20 + 64<<20 - 1) &^ (64<<20 - 1)
+			maxBlock = max(64<<10, int64(spec.BlockBytes))
 		}
 		// DRAM has slack for slot headers and size classes, and there is an
 		// NVMe tier: MaxBlocks is what holds each node to its capacity, in
 		// both tiers together.
-		addrs, stop, err := nodeAddrs(ctx, env, DaemonOptions{Nodes: spec.Nodes, Join: !spec.LocalOnly, DRAMBytes: dram, NVMeBytes: nvme,
+		addrs, stop, err := nodeAddrs(ctx, env, DaemonOptions{Nodes: spec.Nodes, Join: !spec.LocalOnly, DRAMBytes: dram, NVMeBytes: nvme, MaxBlockBytes: maxBlock,
 			MaxBlocks: spec.CapacityBlocks, Eviction: spec.Eviction, NVMeAdmission: spec.NVMeAdmission})
 		var unavailable *clusterUnavailable
 		if errors.As(err, &unavailable) {
@@ -292,6 +294,13 @@ func KvmeshCluster(env *Env) ClusterFactory {
 		}
 		return c, nil
 	}
+}
+
+// dramBytesFor is the DRAM tier KvmeshCluster gives a node for blocks
+// blocks of blockBytes (ClusterSpec.DRAMBlocks): 1 MiB at least, the
+// daemons' least.
+func dramBytesFor(blocks, blockBytes int) int64 {
+	return max(int64(blocks)*(int64(blockBytes)+128), 1<<20)
 }
 
 type kvmeshCluster struct {

@@ -35,6 +35,7 @@ type moved struct {
 	newLoc tiers.Loc
 	done   bool // newLoc holds the value
 
+	hit        bool // flagHit when marked: asked for since it was written to its tier
 	reserved   bool // a demotion holds size bytes of ns's persistent quota
 	skipDisk   bool // a demotion its namespace's persistent quota has no room for: drop it
 	unadmitted bool // a demotion NVMe admission refused (skipDisk too)
@@ -169,14 +170,16 @@ func (l *Local) memVictimsLocked(class, need int, stop uint32, batch bool) (vs [
 }
 
 // admitLocked is NVMe admission (Options.NVMeReusedOnly): it marks the
-// victims of DRAM pressure that nobody asked for again to be dropped
-// rather than written to NVMe.
+// victims of DRAM pressure that nobody asked for again since they were
+// written to memory (no lookup found them, no read or put touched them:
+// flagHit, as markVictimLocked saw it) to be dropped rather than written
+// to NVMe. A second chance spends the reuse mark, not flagHit.
 func (l *Local) admitLocked(vs []moved) {
 	if !l.opts.NVMeReusedOnly || l.disk == nil {
 		return
 	}
 	for k := range vs {
-		if e := l.mu.x.at(vs[k].i); !e.reused() && e.hitCount() == 0 && !e.retained() {
+		if e := l.mu.x.at(vs[k].i); !vs[k].hit && !e.reused() && e.hitCount() == 0 && !e.retained() {
 			vs[k].skipDisk, vs[k].unadmitted = true, true
 		}
 	}
@@ -184,9 +187,12 @@ func (l *Local) admitLocked(vs []moved) {
 
 func (l *Local) markVictimLocked(i uint32) moved {
 	e := l.mu.x.at(i)
+	hit := e.has(flagHit)
 	e.set(flagMoving)
 	e.clear(flagHit) // a touch while it moves cancels the demotion
-	return l.movedLocked(i)
+	m := l.movedLocked(i)
+	m.hit = hit
+	return m
 }
 
 // evacuateLocked marks the idle blocks of the slab the tier names. Busy ones

@@ -63,10 +63,10 @@ type Options struct {
 	Eviction Eviction
 	// NVMeReusedOnly is NVMe admission under EvictReuse: DRAM pressure
 	// writes to NVMe only the blocks asked for again (found by a lookup,
-	// or read) since they were put or last passed over, and drops the
-	// others, counted as the persistent tier's TierEvictions.Unadmitted;
-	// a block nobody came back to in a whole trip through DRAM is not
-	// worth an NVMe write. Default false: every victim is demoted. It
+	// read, or put again) since they were written to memory, and drops
+	// the others, counted as the persistent tier's
+	// TierEvictions.Unadmitted: a block nobody came back to while it was
+	// in DRAM is not worth an NVMe write. Default false: every victim is demoted. It
 	// needs EvictReuse (the other policies keep no reuse mark).
 	NVMeReusedOnly bool
 	// PartialTTL is how long an incomplete block (parts of a block put,
