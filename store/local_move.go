@@ -508,10 +508,13 @@ func (l *Local) makeIndexRoom(ctx context.Context) error {
 		var fr []freeLoc
 		l.mu.Lock()
 		dropped := false
-		// The coldest idle memory block; when memory holds none (every
-		// block is on NVMe and no segment could be reclaimed), the
-		// coldest idle NVMe block.
-		for _, list := range append(slices.Clip(l.mu.memLists), l.mu.diskList) {
+		// The coldest idle NVMe block, else the coldest idle memory
+		// block. Tiers are exclusive and memory demotes its coldest
+		// blocks, so NVMe's cold end is the colder: dropping memory
+		// first would keep NVMe's oldest blocks for good, and once the
+		// index is full memory would never fill again to demote
+		// (a DRAM smaller than MaxBlocks froze NVMe).
+		for _, list := range append([]uint32{l.mu.diskList}, l.mu.memLists...) {
 			if list == 0 {
 				continue
 			}
