@@ -87,9 +87,11 @@
 //     records first: testdata/scenarios/rules runs each file under each.
 //   - Capacity limits are the tiers' own: a tier refuses (tiers.ErrFull)
 //     rather than grow, and Local makes room or refuses the write with
-//     ErrFull. The index is bounded by Options.MaxBlocks. Transient heap
-//     buffers are bounded too: one block per promotion in flight, one
-//     segment's rewrite set per reclaim, one block in the recovery scan.
+//     ErrFull. The index is bounded by Options.MaxBlocks: full, it
+//     reclaims an NVMe segment, else drops the coldest idle NVMe block,
+//     else memory's. Transient heap buffers are bounded too: one block per
+//     promotion in flight, one segment's rewrite set per reclaim, one
+//     block in the recovery scan.
 //
 // # Parts
 //
