@@ -26,7 +26,7 @@ import (
 //
 // Commands (sizes in blocks; every block has blockBytes encoded bytes):
 //
-//	open dram=<blocks> [nvme=<blocks>] [eviction=<policy>] [hybrid] [pinned=<fraction>] [reused-only]
+//	open dram=<blocks> [nvme=<blocks>] [max=<blocks>] [eviction=<policy>] [hybrid] [pinned=<fraction>] [reused-only]
 //	                                     a fresh Local, demoting one block at a time
 //	                                     (reused-only: Options.NVMeReusedOnly);
 //	                                     hybrid: blocks of blocktest.Hybrid, one record per
@@ -106,8 +106,9 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		d.MaybeScanArgs(t, "nvme", &disk)
 		ev := string(s.policy)
 		d.MaybeScanArgs(t, "eviction", &ev)
-		pinned := 0.0
+		pinned, maxBlocks := 0.0, 0
 		d.MaybeScanArgs(t, "pinned", &pinned)
+		d.MaybeScanArgs(t, "max", &maxBlocks)
 		s.hybrid = d.HasArg("hybrid")
 		s.ns = blocktest.NS()
 		slot := blockBytes
@@ -120,7 +121,7 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		s.clock = &fakeClock{now: time.Unix(1000, 0)}
 		opts := Options{DRAM: newFakeMem(slot, mem, slot), DemoteBatchBytes: 1, Eviction: Eviction(ev),
-			Now: s.clock.Now, MaxPinnedFraction: pinned, NVMeReusedOnly: d.HasArg("reused-only")}
+			Now: s.clock.Now, MaxPinnedFraction: pinned, NVMeReusedOnly: d.HasArg("reused-only"), MaxBlocks: maxBlocks}
 		if disk > 0 {
 			opts.NVMe = newFakeVolume(slot+64, disk).open()
 		}
