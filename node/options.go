@@ -314,6 +314,11 @@ type TierOptions struct {
 	// node keeps of blocks other nodes own. Default "": the store's
 	// default (store.DefaultEviction).
 	Eviction string
+	// NVMeAdmission is which DRAM victims are written to NVMe: "all"
+	// (default, also ""), or "reused": only blocks asked for again since
+	// they were put or last passed over, the others dropped
+	// (store.Options.NVMeReusedOnly; needs Eviction "reuse").
+	NVMeAdmission string
 	// PartialTTL is how long the parts of a block that tensor- or
 	// pipeline-parallel ranks put are kept while the block is incomplete
 	// (store.Options.Tiers.PartialTTL). Default 0: the store's (30 s).
@@ -617,6 +622,10 @@ func (o *TierOptions) validate(maxBlock int) error {
 		return badOption("Tiers.MaxBlocks", "%d is outside 0..%d", o.MaxBlocks, 1<<27)
 	case o.Eviction != "" && !validEviction(o.Eviction):
 		return badOption("Tiers.Eviction", "%q is not a policy: want lru, dedup or reuse", o.Eviction)
+	case o.NVMeAdmission != "" && o.NVMeAdmission != "all" && o.NVMeAdmission != "reused":
+		return badOption("Tiers.NVMeAdmission", "%q: want all or reused", o.NVMeAdmission)
+	case o.NVMeAdmission == "reused" && o.Eviction != string(store.EvictReuse):
+		return badOption("Tiers.NVMeAdmission", "reused needs eviction %s (its reuse marks), not %q", store.EvictReuse, o.Eviction)
 	case o.PartialTTL != 0 && (o.PartialTTL < time.Millisecond || o.PartialTTL > store.MaxPartialTTL):
 		return badOption("Tiers.PartialTTL", "%v is outside 1ms..%v", o.PartialTTL, store.MaxPartialTTL)
 	case o.ClaimTTL != 0 && (o.ClaimTTL < time.Millisecond || o.ClaimTTL > store.MaxClaimTTL):
