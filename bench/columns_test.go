@@ -16,7 +16,8 @@ import (
 // notTables are the struct types with JSON fields that are never a table's
 // rows: the report's own shape and the formats read from peers.
 var notTables = map[string]bool{"Result": true, "Table": true, "Skip": true, "Check": true, "Report": true, "Machine": true,
-	"fioOutput": true, "fioStat": true, "traceLine": true, "serveUsage": true}
+	"fioOutput": true, "fioStat": true, "traceLine": true, "serveUsage": true,
+	"TierCounts": true}
 
 // parseBench parses the package's non-test files.
 func parseBench(t *testing.T) (*token.FileSet, []*ast.File) {

@@ -50,6 +50,9 @@ type DaemonOptions struct {
 	// Eviction is each node's eviction policy (`kvmesh serve --eviction`).
 	// Default "": the node's default.
 	Eviction string
+	// NVMeAdmission is each node's `kvmesh serve --nvme-admission`.
+	// Default "": the node's default (all).
+	NVMeAdmission string
 	// Args are more `kvmesh serve` arguments.
 	Args []string
 	// StartTimeout bounds the start of all the nodes, cluster formation
@@ -421,6 +424,9 @@ func serveArgs(o DaemonOptions, d *Daemon, seed string) []string {
 	}
 	if o.Eviction != "" {
 		args = append(args, "--eviction", o.Eviction)
+	}
+	if o.NVMeAdmission != "" {
+		args = append(args, "--nvme-admission", o.NVMeAdmission)
 	}
 	if seed != "" {
 		args = append(args, "--join", seed)

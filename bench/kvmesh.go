@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -254,11 +255,20 @@ func KvmeshCluster(env *Env) ClusterFactory {
 		}
 		perBlock := int64(spec.BlockBytes) + 128 // slot header, size-class rounding
 		dram := int64(spec.CapacityBlocks)*perBlock + 64<<20
+		nvme, maxBlock := int64(0), int64(0) // the daemons' defaults: the smallest NVMe tier, 16 MiB blocks
+		if spec.DRAMBlocks > 0 {
+			// DRAM for DRAMBlocks (1 MiB at least), NVMe for the rest
+			// with room for segment reclaim; a DRAM tier that small must
+			// not have to hold a 16 MiB block.
+			dram = dramBytesFor(spec.DRAMBlocks, spec.BlockBytes)
+			nvme = (2*int64(spec.CapacityBlocks)*perBlock + 64<<20 + 64<<20 - 1) &^ (64<<20 - 1)
+			maxBlock = max(64<<10, int64(spec.BlockBytes))
+		}
 		// DRAM has slack for slot headers and size classes, and there is an
 		// NVMe tier: MaxBlocks is what holds each node to its capacity, in
 		// both tiers together.
-		addrs, stop, err := nodeAddrs(ctx, env, DaemonOptions{Nodes: spec.Nodes, Join: !spec.LocalOnly, DRAMBytes: dram,
-			MaxBlocks: spec.CapacityBlocks, Eviction: spec.Eviction})
+		addrs, stop, err := nodeAddrs(ctx, env, DaemonOptions{Nodes: spec.Nodes, Join: !spec.LocalOnly, DRAMBytes: dram, NVMeBytes: nvme, MaxBlockBytes: maxBlock,
+			MaxBlocks: spec.CapacityBlocks, Eviction: spec.Eviction, NVMeAdmission: spec.NVMeAdmission})
 		var unavailable *clusterUnavailable
 		if errors.As(err, &unavailable) {
 			return nil, fmt.Errorf("%w: %w", ErrMissing, err)
@@ -286,6 +296,13 @@ func KvmeshCluster(env *Env) ClusterFactory {
 	}
 }
 
+// dramBytesFor is the DRAM tier KvmeshCluster gives a node for blocks
+// blocks of blockBytes (ClusterSpec.DRAMBlocks): 1 MiB at least, the
+// daemons' least.
+func dramBytesFor(blocks, blockBytes int) int64 {
+	return max(int64(blocks)*(int64(blockBytes)+128), 1<<20)
+}
+
 type kvmeshCluster struct {
 	ns    prefixhash.Namespace
 	nodes []Node
@@ -294,7 +311,52 @@ type kvmeshCluster struct {
 	drop  bool // an existing cluster: drop the namespace on Close
 }
 
-var _ Cluster = (*kvmeshCluster)(nil)
+var (
+	_ Cluster    = (*kvmeshCluster)(nil)
+	_ tierWriter = (*kvmeshCluster)(nil)
+)
+
+// TierCounts are one tier's counters summed over a cluster's nodes, read
+// from their Stats after a replay.
+type TierCounts struct {
+	Name         string `json:"name"`
+	Blocks       int64  `json:"blocks"`
+	WrittenBytes int64  `json:"written_bytes"`
+	// Evicted are the blocks that left the tier, by reason.
+	Evicted client.TierEvictions `json:"evicted"`
+}
+
+// tierWriter is a Cluster whose nodes report their tiers' counters.
+type tierWriter interface {
+	TierCounts(ctx context.Context) ([]TierCounts, error)
+}
+
+// TierCounts sums the nodes' tier counters, by tier name.
+func (c *kvmeshCluster) TierCounts(ctx context.Context) ([]TierCounts, error) {
+	var out []TierCounts
+	for _, n := range c.nodes {
+		st, err := n.(*kvmeshNode).c.Stats(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range st.Tiers {
+			k := slices.IndexFunc(out, func(x TierCounts) bool { return x.Name == t.Name })
+			if k < 0 {
+				out = append(out, TierCounts{Name: t.Name})
+				k = len(out) - 1
+			}
+			x := &out[k]
+			x.Blocks += t.Blocks
+			x.WrittenBytes += t.WrittenBytes
+			x.Evicted.Capacity += t.Evicted.Capacity
+			x.Evicted.Demoted += t.Evicted.Demoted
+			x.Evicted.Refused += t.Evicted.Refused
+			x.Evicted.Unadmitted += t.Evicted.Unadmitted
+			x.Evicted.Expired += t.Evicted.Expired
+		}
+	}
+	return out, nil
+}
 
 func (c *kvmeshCluster) Nodes() []Node   { return c.nodes }
 func (c *kvmeshCluster) Backend() string { return BackendKvmesh }

@@ -85,6 +85,13 @@ type ClusterSpec struct {
 	// "" is their default. The simulation keeps no copies of blocks other
 	// nodes own, so store.EvictDedup is EvictLRU there.
 	Eviction string
+	// DRAMBlocks, when positive, is the part of CapacityBlocks a kvmesh
+	// node holds in DRAM (at least 1 MiB of it); the rest overflows to
+	// NVMe. Default 0: DRAM holds it all.
+	DRAMBlocks int
+	// NVMeAdmission is the nodes' `kvmesh serve --nvme-admission`; "" is
+	// their default (all).
+	NVMeAdmission string
 }
 
 // ClusterFactory starts a cluster for a replay; the caller closes it.
@@ -183,6 +190,10 @@ type ReplayStats struct {
 	// perfect, 2 means one node does twice its share.
 	RequestsMaxOverMean float64 `json:"requests_max_over_mean" table:"wide"`
 	TokensMaxOverMean   float64 `json:"tokens_max_over_mean" table:"wide"`
+
+	// Tiers are the nodes' tier counters after the replay, summed over
+	// the nodes (kvmesh nodes only).
+	Tiers []TierCounts `json:"tiers,omitempty" table:"-"`
 
 	LookupErrors int64   `json:"lookup_errors" table:"nonzero"`
 	PutErrors    int64   `json:"put_errors" table:"nonzero"`

@@ -48,7 +48,8 @@ func servedNode(t *testing.T, id string, join ...string) *node.Node {
 // plane) holding the same prompt: the simulated data plane of three nodes
 // with the same ids places every chunk on the owner the real cluster
 // reports, and answers the same lookups (a whole prompt, and one that
-// shares only its first 1k tokens) with the same counts.
+// shares only its first 1k tokens) with the same counts, asking as many
+// peers.
 func TestScaleSimMatchesCluster(t *testing.T) {
 	ctx := context.Background()
 	ns := lookupNamespace(scaleBlockTokens)
@@ -92,6 +93,23 @@ func TestScaleSimMatchesCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The peers each lookup asks, as n0002 counts its calls.
+	asks := func(p client.Prompt) float64 {
+		t.Helper()
+		calls := func() float64 {
+			mf, err := nodeMetrics(ctx, c.HTTPAddr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return mf["kvmesh_cluster_remote_lookups_total"].GetMetric()[0].GetCounter().GetValue()
+		}
+		before := calls()
+		if _, err := cc.Lookup(ctx, ns, p); err != nil {
+			t.Fatal(err)
+		}
+		return calls() - before
+	}
+	realAsks, realPartialAsks := asks(client.Prompt{Tokens: tokens}), asks(client.Prompt{Tokens: other})
 
 	// The simulation: three nodes of the same ids (and equal weights, as
 	// the real ones have), the same prompt put through n0000.
@@ -111,11 +129,19 @@ func TestScaleSimMatchesCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	from := ds.byID[simNodeID(2)]
-	if got := from.cluster.LongestPrefix(ctx, p.chain, scaleBlockTokens); got != real.CachedBlocks {
+	vctx, vc := withVClock(ctx, time.Second)
+	if got := from.cluster.LongestPrefix(vctx, p.chain, scaleBlockTokens); got != real.CachedBlocks {
 		t.Errorf("simulated lookup of the whole prompt found %d blocks, the cluster %d", got, real.CachedBlocks)
 	}
-	if got := from.cluster.LongestPrefix(ctx, p.partial, scaleBlockTokens); got != realPartial.CachedBlocks || got != partialTokens/scaleBlockTokens {
+	if _, calls, _, _ := vc.result(); float64(calls) != realAsks {
+		t.Errorf("simulated lookup of the whole prompt asked %d peers, the cluster %v", calls, realAsks)
+	}
+	vctx, vc = withVClock(ctx, time.Second)
+	if got := from.cluster.LongestPrefix(vctx, p.partial, scaleBlockTokens); got != realPartial.CachedBlocks || got != partialTokens/scaleBlockTokens {
 		t.Errorf("simulated lookup of the 1k-shared prompt found %d blocks, the cluster %d, want %d", got, realPartial.CachedBlocks, partialTokens/scaleBlockTokens)
+	}
+	if _, calls, _, _ := vc.result(); float64(calls) != realPartialAsks {
+		t.Errorf("simulated lookup of the 1k-shared prompt asked %d peers, the cluster %v", calls, realPartialAsks)
 	}
 	placement := store.NewPlacement(ds.members.Load().members, 1)
 	cb := prefixhash.ChunkBlocks(scaleBlockTokens, prefixhash.DefaultChunkTokens)

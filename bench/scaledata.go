@@ -22,11 +22,18 @@ import (
 // owner's store.Local in process, as the node's data-plane server does, and
 // charges the call its link's round trip on the caller's virtual clock.
 type dataSim struct {
-	links   *gossiptest.Links
-	opts    store.ClusterOptions
-	nodes   []*dataNode
-	byID    map[string]*dataNode
-	members atomic.Pointer[memberList]
+	links *gossiptest.Links
+	opts  store.ClusterOptions
+	// dilation, when positive, holds each timed call's answer for its
+	// virtual round trip times dilation of real time, so that the caller
+	// sees the answers of a round in the order the network would bring
+	// them (the slow links' last): a lookup that acts on the answers it
+	// has (store's speculative rounds) acts as it would on that network.
+	// The time charged stays virtual. Zero: answers come at once.
+	dilation float64
+	nodes    []*dataNode
+	byID     map[string]*dataNode
+	members  atomic.Pointer[memberList]
 
 	c struct {
 		lookups, lookupKeys, gets, puts, putBlocks atomic.Uint64
@@ -156,15 +163,26 @@ func (p *simPeers) call(ctx context.Context, id string, serve func(d *dataNode))
 	p.s.mu.Unlock()
 	vc, _ := ctx.Value(vclockKey{}).(*vclock)
 	var start time.Duration
+	t0 := time.Now()
 	if vc != nil {
 		start = vc.begin(ctx, id)
 	}
 	serve(d)
 	if vc != nil {
-		end := start + p.s.links.RTT(p.self, id)
+		rtt := p.s.links.RTT(p.self, id)
+		end := start + rtt
 		if dl, ok := vc.deadline(ctx); ok && end > dl {
 			vc.end(dl)
 			return context.DeadlineExceeded
+		}
+		if p.s.dilation > 0 {
+			hold := time.NewTimer(time.Until(t0.Add(time.Duration(float64(rtt) * p.s.dilation))))
+			defer hold.Stop()
+			select {
+			case <-hold.C:
+			case <-ctx.Done():
+				return ctx.Err() // the caller stopped waiting: nothing to charge
+			}
 		}
 		vc.end(end)
 	}

@@ -129,6 +129,7 @@ func (s *scaleLookup) measureMode(ctx context.Context, o ScaleOptions, n int, qu
 		return err
 	}
 	defer ds.Close()
+	ds.dilation = o.Dilation
 	rng := rand.New(rand.NewPCG(o.Seed, uint64(n)+7))
 	ns := lookupNamespace(scaleBlockTokens)
 	lengths := []int{1 << 10, 16 << 10, 128 << 10}

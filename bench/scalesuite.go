@@ -31,7 +31,10 @@ type ScaleOptions struct {
 	// Dilation slows the gossip simulation's clock: memberlist's timers and
 	// the links' latencies are multiplied by it and the times measured are
 	// divided by it, so that a loaded machine's scheduling delays weigh
-	// Dilation times less. Default 4; quick 2.
+	// Dilation times less. The lookup phase holds each answer for its
+	// link's round trip times Dilation of real time, so that answers come
+	// in the network's order (the time it reports stays virtual). Default
+	// 4; quick 2.
 	Dilation float64
 	// LargeDilation is Dilation at LargeNodes nodes and more, where the
 	// members' own CPU work (bootstraps, push-pulls of long member lists,
@@ -179,7 +182,8 @@ func (*ScaleSuite) notInAll() {}
 const scaleReal = "real code: gossip.Membership over memberlist (probes, suspicion, push-pull, kvmesh's refresher and reconnector), " +
 	"store.Placement, store.Cluster's lookup, push queues and handoff, store.Local with a DRAM tier on each node; " +
 	"modelled: the network (gossiptest: per-link round trips drawn once per pair, loss, partitions; memberlist's timers dilated), " +
-	"the data plane's wire (a peer call runs the owner's store.Local in process and is charged its link's round trip on a virtual clock), " +
+	"the data plane's wire (a peer call runs the owner's store.Local in process and is charged its link's round trip on a virtual clock; " +
+	"its answer is held for that round trip times the dilation, so answers come in the network's order), " +
 	"the membership the data plane sees (a fixed member list, changed by the harness as gossip would)"
 
 // Run measures.

@@ -292,6 +292,12 @@ type SuiteFlags struct {
 	// Eviction is the eviction policy of the trace suite's kvmesh nodes
 	// (--eviction, `kvmesh serve --eviction`). Default: the node's.
 	Eviction string
+	// DRAMFraction, when positive, adds the trace suite's NVMe admission
+	// sweep: nodes whose DRAM holds this share of their capacity and NVMe
+	// the rest (TraceOptions.DRAMFraction).
+	DRAMFraction float64
+	// NodeSweep is TraceOptions.NodeSweep (nil: its default).
+	NodeSweep []float64
 	// Speedup replays the trace honouring its timestamps divided by Speedup
 	// (--speedup). Default 0: as fast as possible.
 	Speedup float64
@@ -322,7 +328,7 @@ type SuiteFlags struct {
 // figure of speed) and speculate (decoding's speed, not the cache's).
 func Suites(f SuiteFlags) []Suite {
 	trace := TraceOptions{TracePath: f.TracePath, Requests: f.Requests, Nodes: f.Nodes,
-		CapacityBlocks: f.CapacityBlocks, Eviction: f.Eviction, Replay: ReplayOptions{Speedup: f.Speedup}}
+		CapacityBlocks: f.CapacityBlocks, Eviction: f.Eviction, DRAMFraction: f.DRAMFraction, NodeSweep: f.NodeSweep, Replay: ReplayOptions{Speedup: f.Speedup}}
 	if f.Routing != "" {
 		trace.Routing = []Policy{f.Routing}
 		if f.Routing != RoutingSession {

@@ -63,6 +63,14 @@ type TraceOptions struct {
 	// and offline optimum at the same capacity. Only on kvmesh nodes.
 	// Default 0.01, 0.02, 0.05, 0.1, 0.2, 0.3; quick: 0.1.
 	NodeSweep []float64
+	// DRAMFraction, when positive (at most 1), adds the NVMe admission
+	// sweep on kvmesh nodes: at each capacity of NodeSweep, nodes whose
+	// DRAM holds this share of their capacity (at least 1 MiB) and NVMe
+	// the rest replay the trace under store.EvictReuse twice, writing every
+	// DRAM victim to NVMe and only those asked for again (`kvmesh serve
+	// --nvme-admission reused`), each reported with the NVMe bytes the
+	// nodes wrote per request. Default 0: no such sweep.
+	DRAMFraction float64
 	// Replay configures each replay (speed-up, concurrency, seed, encoding);
 	// Routing and Bar are set per replay, and Encode for kvmesh nodes.
 	Replay ReplayOptions
@@ -129,6 +137,8 @@ func (o *TraceOptions) Validate() error {
 		return fmt.Errorf("bench: trace: requests %d is negative", o.Requests)
 	case o.Nodes < 1 || o.Nodes > 64:
 		return fmt.Errorf("bench: trace: nodes %d is outside 1..64", o.Nodes)
+	case o.DRAMFraction < 0 || o.DRAMFraction > 1:
+		return fmt.Errorf("bench: trace: dram fraction %v is outside 0..1", o.DRAMFraction)
 	case o.CapacityBlocks < 0:
 		return fmt.Errorf("bench: trace: capacity_blocks %d is negative", o.CapacityBlocks)
 	}
@@ -186,6 +196,10 @@ type traceRun struct {
 	// eviction is the nodes' policy (ClusterSpec.Eviction), or one only the
 	// simulation has (EvictOptimum, EvictDepthLRU); "" is the default.
 	eviction string
+	// dramBlocks and admission are ClusterSpec's (the NVMe admission
+	// sweep); zero: DRAM holds the whole capacity.
+	dramBlocks int
+	admission  string
 }
 
 func (r traceRun) mode() string {
@@ -224,6 +238,11 @@ func (s *TraceSuite) Run(ctx context.Context, env *Env) (*Result, error) {
 	} else if backend == BackendKvmesh {
 		if err := tr.evictionSweep(res, points); err != nil {
 			return res, err
+		}
+		if o.DRAMFraction > 0 {
+			if err := tr.admissionSweep(res); err != nil {
+				return res, err
+			}
 		}
 	}
 	tr.notes(res, backend)
@@ -283,7 +302,7 @@ func (tr *traceReplay) compareRuns(policies []Policy) []traceRun {
 	var out []traceRun
 	for _, local := range []bool{false, true} {
 		for _, p := range policies {
-			out = append(out, traceRun{p, local, tr.enough, float64(tr.enough*tr.o.Nodes) / float64(max(tr.ideal.DistinctFullBlocks, 1)), tr.o.Eviction})
+			out = append(out, traceRun{p, local, tr.enough, float64(tr.enough*tr.o.Nodes) / float64(max(tr.ideal.DistinctFullBlocks, 1)), tr.o.Eviction, 0, ""})
 		}
 	}
 	return out
@@ -302,9 +321,9 @@ func (tr *traceReplay) sweepRuns() []traceRun {
 		for _, p := range tr.o.SweepRouting {
 			for _, f := range tr.o.Sweep {
 				c := tr.capacityOf(f)
-				sweep = append(sweep, traceRun{p, local, c, f, EvictLRU})
+				sweep = append(sweep, traceRun{p, local, c, f, EvictLRU, 0, ""})
 				if !local && p == RoutingRandom {
-					sweep = append(sweep, traceRun{p, local, c, f, EvictDepthLRU}, traceRun{p, local, c, f, EvictOptimum})
+					sweep = append(sweep, traceRun{p, local, c, f, EvictDepthLRU, 0, ""}, traceRun{p, local, c, f, EvictOptimum, 0, ""})
 				}
 			}
 		}
@@ -324,7 +343,7 @@ func (tr *traceReplay) play(factory ClusterFactory, r traceRun) (ReplayStats, er
 		}
 	}
 	c, err := factory(tr.ctx, ClusterSpec{Nodes: o.Nodes, CapacityBlocks: r.capacity, BlockBytes: tr.blockBytes,
-		LocalOnly: r.localOnly, Namespace: o.Namespace, Eviction: r.eviction})
+		LocalOnly: r.localOnly, Namespace: o.Namespace, Eviction: r.eviction, DRAMBlocks: r.dramBlocks, NVMeAdmission: r.admission})
 	if err != nil {
 		return ReplayStats{}, fmt.Errorf("bench: trace: start cluster: %w", err)
 	}
@@ -337,6 +356,11 @@ func (tr *traceReplay) play(factory ClusterFactory, r traceRun) (ReplayStats, er
 		return st, fmt.Errorf("bench: trace: replay %s %s: %w", r.policy, r.mode(), err)
 	}
 	st.LocalOnly, st.CapacityBlocksPerNode, st.PooledCapacityFraction = r.localOnly, r.capacity, r.fraction
+	if tw, ok := c.(tierWriter); ok {
+		if st.Tiers, err = tw.TierCounts(tr.ctx); err != nil {
+			return st, fmt.Errorf("bench: trace: the nodes' stats: %w", err)
+		}
+	}
 	return st, nil
 }
 
@@ -421,7 +445,7 @@ func (tr *traceReplay) evictionSweep(res *Result, points []traceSweepRow) error 
 				return p.RatioVsIdeal, nil
 			}
 		}
-		st, err := tr.play(SimCluster, traceRun{RoutingRandom, false, tr.capacityOf(f), f, eviction})
+		st, err := tr.play(SimCluster, traceRun{RoutingRandom, false, tr.capacityOf(f), f, eviction, 0, ""})
 		return st.RatioVsIdeal, err
 	}
 	policy := o.Eviction
@@ -433,7 +457,7 @@ func (tr *traceReplay) evictionSweep(res *Result, points []traceSweepRow) error 
 	for _, f := range o.NodeSweep {
 		row := evictionSweepRow{Policy: policy, PooledCapacityFraction: f, CapacityBlocksPerNode: tr.capacityOf(f)}
 		for _, ev := range []string{string(store.EvictLRU), policy} {
-			st, err := tr.play(o.Cluster, traceRun{RoutingRandom, false, row.CapacityBlocksPerNode, f, ev})
+			st, err := tr.play(o.Cluster, traceRun{RoutingRandom, false, row.CapacityBlocksPerNode, f, ev, 0, ""})
 			if err != nil {
 				tr.bar.Finish()
 				return err

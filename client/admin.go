@@ -38,6 +38,9 @@ type Stats struct {
 	// zero but under --eviction reuse: blocks passed over at the cold end
 	// because they were asked for again, and the cached blocks marked so.
 	SecondChances, ReusedBlocks int64
+	// BranchingBlocks are the cached blocks with two or more cached
+	// children: where cached chains fork (a shared system prompt).
+	BranchingBlocks int64
 }
 
 // TierStats are one tier's counters.
@@ -46,6 +49,9 @@ type TierStats struct {
 	Blocks        int64
 	Bytes         int64 // encoded blocks held
 	CapacityBytes int64
+	// WrittenBytes counts the bytes written to the tier since the node
+	// started (NVMe: demotions, direct writes, rewrites; 0 for the others).
+	WrittenBytes int64
 	// Evicted counts the blocks that left the tier since the node started,
 	// by reason.
 	Evicted TierEvictions
@@ -56,7 +62,8 @@ type TierEvictions struct {
 	Capacity   int64 // dropped from the node for room (descendants included)
 	Demoted    int64 // moved one tier down
 	Refused    int64 // writes refused for lack of room
-	Unadmitted int64 // writes accepted but evicted at once, colder than everything held
+	Unadmitted int64 // writes accepted but evicted at once, colder than everything held (NVMe: demotions admission refused)
+	Expired    int64 // dropped for room after their lease's or pin's TTL lapsed, not read since
 }
 
 // NamespaceStats are what one namespace holds on the node.
@@ -82,11 +89,13 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 		if token == "" { // the counters of the first page
 			st = Stats{NodeID: resp.GetNodeId(), Hits: int64(resp.GetHits()), Misses: int64(resp.GetMisses()),
 				Evictions: int64(resp.GetEvictions()), Demotions: int64(resp.GetDemotions()), Promotions: int64(resp.GetPromotions()),
-				SecondChances: int64(resp.GetSecondChances()), ReusedBlocks: int64(resp.GetReusedBlocks())}
+				SecondChances: int64(resp.GetSecondChances()), ReusedBlocks: int64(resp.GetReusedBlocks()),
+				BranchingBlocks: int64(resp.GetBranchingBlocks())}
 			for _, t := range resp.GetTiers() {
 				st.Tiers = append(st.Tiers, TierStats{Name: t.GetName(), Blocks: int64(t.GetBlocks()), Bytes: int64(t.GetBytes()), CapacityBytes: int64(t.GetCapacityBytes()),
+					WrittenBytes: int64(t.GetWrittenBytes()),
 					Evicted: TierEvictions{Capacity: int64(t.GetEvictedCapacity()), Demoted: int64(t.GetEvictedDemoted()),
-						Refused: int64(t.GetEvictedRefused()), Unadmitted: int64(t.GetEvictedUnadmitted())}})
+						Refused: int64(t.GetEvictedRefused()), Unadmitted: int64(t.GetEvictedUnadmitted()), Expired: int64(t.GetEvictedExpired())}})
 			}
 		}
 		for _, x := range resp.GetNamespaces() {

@@ -125,6 +125,9 @@ type TierStats struct {
 	// Evicted counts the blocks that left the tier, by reason
 	// (store.TierEvictions).
 	Evicted store.TierEvictions
+	// WrittenBytes counts the bytes written to the tier (NVMe; 0 for
+	// the others: store.TierStats.WrittenBytes).
+	WrittenBytes int64
 }
 
 // NamespaceStats describe one namespace's blocks.
@@ -160,8 +163,9 @@ type CacheStats struct {
 	// parallel ranks (store.Stats' Part fields).
 	Parts PartStats
 	// SecondChances and ReusedBlocks are the eviction policy's own signal
-	// (store.Stats; zero but under store.EvictReuse).
-	SecondChances, ReusedBlocks int64
+	// (store.Stats; zero but under store.EvictReuse); BranchingBlocks are
+	// the cached blocks with two or more cached children (store.Stats).
+	SecondChances, ReusedBlocks, BranchingBlocks int64
 }
 
 // PartStats counts the parts of blocks put by parallel ranks: incomplete

@@ -642,12 +642,13 @@ func (s *cacheService) Stats(ctx context.Context, req *kvmeshv1.StatsRequest) (*
 		NodeId: s.n.opts.NodeID,
 		Hits:   uint64(st.Hits), Misses: uint64(st.Misses),
 		Evictions: uint64(st.Evictions), Demotions: uint64(st.Demotions), Promotions: uint64(st.Promotions),
-		SecondChances: uint64(st.SecondChances), ReusedBlocks: uint64(st.ReusedBlocks),
+		SecondChances: uint64(st.SecondChances), ReusedBlocks: uint64(st.ReusedBlocks), BranchingBlocks: uint64(st.BranchingBlocks),
 	}
 	for _, t := range st.Tiers {
 		resp.Tiers = append(resp.Tiers, &kvmeshv1.TierStats{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.Capacity),
 			EvictedCapacity: uint64(t.Evicted.Capacity), EvictedDemoted: uint64(t.Evicted.Demoted),
-			EvictedRefused: uint64(t.Evicted.Refused), EvictedUnadmitted: uint64(t.Evicted.Unadmitted)})
+			EvictedRefused: uint64(t.Evicted.Refused), EvictedUnadmitted: uint64(t.Evicted.Unadmitted),
+			EvictedExpired: uint64(t.Evicted.Expired), WrittenBytes: uint64(t.WrittenBytes)})
 	}
 	var all []*kvmeshv1.NamespaceStats
 	for _, x := range st.Namespaces {

@@ -155,7 +155,8 @@ func startCluster(opts Options, local *store.Local, grpcAddr, httpAddr string, p
 	c.peers.rma = c.fab.rma
 	c.cluster, err = store.NewCluster(local, newPlacementView(c.members), c.peers, store.ClusterOptions{
 		ChunkTokens: opts.Cluster.ChunkTokens, Replicas: opts.Cluster.Replicas, LookupTimeout: opts.Cluster.LookupTimeout, GetTimeout: opts.Cluster.GetTimeout,
-		PushYield: opts.Cluster.PushYield, PushBytesPerSec: opts.Cluster.PushBytesPerSec,
+		LookupRoundPeers: opts.Cluster.LookupRoundPeers,
+		PushYield:        opts.Cluster.PushYield, PushBytesPerSec: opts.Cluster.PushBytesPerSec,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node: cluster: %w", err)

@@ -412,7 +412,8 @@ func lookupCluster(b *testing.B) ([]*clusterNode, prefixhash.Namespace, []uint32
 // given the chain (one PeerService.Lookup to each other node, in parallel);
 // "grpc" the whole client.Lookup, what an inference worker calls (the client
 // hashes the prompt and sends its chain, 8192 keys; the node answers with
-// counts and runs); "grpc-tokens" client.LookupTokens (the prompt's 128k
+// counts and runs); "grpc-keys" the same call given the chain (Prompt.Keys:
+// what it costs besides hashing); "grpc-tokens" client.LookupTokens (the prompt's 128k
 // tokens sent, the chain hashed on the node, the answer listing 8192 blocks
 // and where each is); "grpc-tokens-summary" the tokens sent, the answer
 // without the listing. It reports the p50 and p99 of b.N lookups (target:
@@ -436,6 +437,10 @@ func BenchmarkLookup128k(b *testing.B) {
 		{"cluster", func() (int, error) { return d.cluster.cluster.LongestPrefix(ctx, chain, ns.BlockTokens), nil }},
 		{"grpc", func() (int, error) {
 			l, err := c.Lookup(ctx, ns, client.Prompt{Tokens: tokens})
+			return l.CachedBlocks, err
+		}},
+		{"grpc-keys", func() (int, error) {
+			l, err := c.Lookup(ctx, ns, client.Prompt{Keys: chain})
 			return l.CachedBlocks, err
 		}},
 		{"grpc-tokens", func() (int, error) { l, err := c.LookupTokens(ctx, ns, tokens); return l.CachedBlocks, err }},

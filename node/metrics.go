@@ -288,6 +288,7 @@ type cacheCollector struct {
 	namespaceTierBytes, namespaceQuota, namespaces         *prometheus.Desc
 	partials, partialBytes, parts, partialsEnded, claims   *prometheus.Desc
 	tierEvictions, secondChances, reusedBlocks             *prometheus.Desc
+	branchingBlocks, tierWritten                           *prometheus.Desc
 }
 
 func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) *cacheCollector {
@@ -317,7 +318,9 @@ func newCacheCollector(cache Cache, labelKey []byte, model func(uint64) string) 
 		partialsEnded:         d("kvmesh_cache_partials_dropped_total", "Incomplete blocks dropped, by reason: expired (--partial-ttl passed) or room (memory was needed).", "reason"),
 		claims:                d("kvmesh_cache_claims_total", "Claims on parts answered, by status: write (the rank sends it), complete, covered, claimed (another rank is sending it).", "status"),
 		tierBlocks:            d("kvmesh_tier_blocks", "Blocks held by a tier.", "tier"),
-		tierEvictions:         d("kvmesh_tier_evictions_total", "Blocks that left a tier, by reason: capacity (dropped from the node for room, descendants included), demoted (moved one tier down), refused (writes refused for lack of room), unadmitted (accepted but colder than everything held: evicted at once).", "tier", "reason"),
+		tierEvictions:         d("kvmesh_tier_evictions_total", "Blocks that left a tier, by reason: capacity (dropped from the node for room, descendants included), demoted (moved one tier down), refused (writes refused for lack of room), unadmitted (DRAM: accepted but colder than everything held, evicted at once; NVMe: DRAM victims --nvme-admission reused dropped instead of writing), expired (dropped for room after the TTL of their lease or pin lapsed, not read since).", "tier", "reason"),
+		branchingBlocks:       d("kvmesh_cache_branching_blocks", "Cached blocks with two or more cached children: where cached chains fork (shared system prompts, tool lists)."),
+		tierWritten:           d("kvmesh_tier_written_bytes_total", "Bytes written to a tier: NVMe's demotions, direct writes and segment rewrites (0 for the other tiers).", "tier"),
 		secondChances:         d("kvmesh_cache_second_chances_total", "Blocks the reuse eviction policy passed over at the cold end, because they were asked for again, and moved to the hot end."),
 		reusedBlocks:          d("kvmesh_cache_reused_blocks", "Cached blocks the reuse eviction policy holds marked: asked for again since they were stored or last passed over (0 under other policies)."),
 		tierBytes:             d("kvmesh_tier_bytes", "Encoded block bytes held by a tier.", "tier"),
@@ -335,7 +338,7 @@ func (c *cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.evictions, c.demotions, c.promotions, c.promotionsDeferred, c.tierWarm, c.quotaRefused, c.corruptDrops,
 		c.retained, c.pinnedBytes, c.removed, c.tierBlocks, c.tierBytes, c.tierCapacity, c.namespaces, c.namespaceBlocks, c.namespaceBytes, c.namespaceTokensCached,
 		c.namespaceTierBytes, c.namespaceQuota, c.partials, c.partialBytes, c.parts, c.partialsEnded, c.claims,
-		c.tierEvictions, c.secondChances, c.reusedBlocks} {
+		c.tierEvictions, c.secondChances, c.reusedBlocks, c.branchingBlocks, c.tierWritten} {
 		ch <- d
 	}
 }
@@ -361,6 +364,7 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.pinnedBytes, s.PinnedBytes)
 	counter(c.secondChances, s.SecondChances)
 	gauge(c.reusedBlocks, s.ReusedBlocks)
+	gauge(c.branchingBlocks, s.BranchingBlocks)
 	gauge(c.partials, s.Parts.Open)
 	gauge(c.partialBytes, s.Parts.Bytes)
 	labelled := func(d *prometheus.Desc, v int64, label string) {
@@ -379,9 +383,11 @@ func (c *cacheCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, r := range []struct {
 			reason string
 			n      int64
-		}{{"capacity", t.Evicted.Capacity}, {"demoted", t.Evicted.Demoted}, {"refused", t.Evicted.Refused}, {"unadmitted", t.Evicted.Unadmitted}} {
+		}{{"capacity", t.Evicted.Capacity}, {"demoted", t.Evicted.Demoted}, {"refused", t.Evicted.Refused}, {"unadmitted", t.Evicted.Unadmitted},
+			{"expired", t.Evicted.Expired}} {
 			ch <- prometheus.MustNewConstMetric(c.tierEvictions, prometheus.CounterValue, float64(r.n), t.Name, r.reason)
 		}
+		ch <- prometheus.MustNewConstMetric(c.tierWritten, prometheus.CounterValue, float64(t.WrittenBytes), t.Name)
 		gauge(c.tierBytes, t.Bytes, t.Name)
 		gauge(c.tierCapacity, t.Capacity, t.Name)
 		gauge(c.tierWarm, t.Warm, t.Name)

@@ -136,7 +136,7 @@ func openLocal(opts Options, quotas map[uint64]store.Quota, events store.Events)
 		closeHBM()
 		return nil, fmt.Errorf("node: NVMe tier in %s: %w", nvmeOpts.Dir, err)
 	}
-	local, err := store.Open(store.Options{HBM: hbm, DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.Limits.MaxBlockBytes, MaxBlocks: opts.Tiers.MaxBlocks, Eviction: store.Eviction(opts.Tiers.Eviction),
+	local, err := store.Open(store.Options{HBM: hbm, DRAM: dram, NVMe: nvme, MaxBlockBytes: opts.Limits.MaxBlockBytes, MaxBlocks: opts.Tiers.MaxBlocks, Eviction: store.Eviction(opts.Tiers.Eviction), NVMeReusedOnly: opts.Tiers.NVMeAdmission == "reused",
 		PartialTTL: opts.Tiers.PartialTTL, ClaimTTL: opts.Tiers.ClaimTTL,
 		MaxRetentionTTL: opts.Tiers.MaxRetentionTTL, MaxPinnedFraction: opts.Tiers.MaxPinnedFraction, Events: events,
 		Quotas: quotas, DefaultQuota: store.Quota{DRAM: opts.Tiers.QuotaDRAMBytes, NVMe: opts.Tiers.QuotaNVMeBytes}})
@@ -178,9 +178,10 @@ func localStats(l *store.Local) CacheStats {
 		Retained: int64(s.Retained), PinnedBytes: s.PinnedBytes, Removed: s.Removed,
 		Parts: PartStats{Open: int64(s.PartialsOpen), Bytes: s.PartialBytes, Stored: s.PartsStored, Completed: s.PartsCompleted,
 			Conflicts: s.PartConflicts, Expired: s.PartialsExpired, Dropped: s.PartialsDropped, Claims: s.Claims},
-		SecondChances: s.SecondChances, ReusedBlocks: s.ReusedBlocks}
+		SecondChances: s.SecondChances, ReusedBlocks: s.ReusedBlocks, BranchingBlocks: s.BranchingBlocks}
 	for _, t := range s.Tiers {
-		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity, Warm: t.Warm, Evicted: t.Evicted})
+		out.Tiers = append(out.Tiers, TierStats{Name: t.Name, Blocks: t.Blocks, Bytes: t.Bytes, Capacity: t.Capacity, Warm: t.Warm, Evicted: t.Evicted,
+			WrittenBytes: t.WrittenBytes})
 	}
 	for _, n := range s.Namespaces {
 		out.Namespaces = append(out.Namespaces, NamespaceStats{Digest: n.Digest, Tenant: n.Tenant, Blocks: n.Blocks, Bytes: n.Bytes, Tokens: n.Tokens,

@@ -49,12 +49,12 @@ func (a openaiNode) Flush(ctx context.Context) error {
 	return a.n.cluster.cluster.Flush(ctx)
 }
 
-// Peers returns the HTTP addresses of the live members that run an
+// Peers returns the ids and HTTP addresses of the live members that run an
 // engine, this node excepted, in random order.
-func (a openaiNode) Peers() []string {
-	var out []string
+func (a openaiNode) Peers() []openai.Peer {
+	var out []openai.Peer
 	for _, m := range a.enginePeers() {
-		out = append(out, m.Meta.HTTPAddr)
+		out = append(out, openai.Peer{ID: m.ID, Addr: m.Meta.HTTPAddr})
 	}
 	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
 	return out

@@ -177,9 +177,18 @@ type ClusterOptions struct {
 	// a chunk live on the same owners. Every member must use the same
 	// value. Default 512.
 	ChunkTokens int
-	// LookupTimeout bounds the remote round of a lookup: an owner that has
+	// LookupTimeout bounds the remote rounds of a lookup: an owner that has
 	// not answered by then counts as a miss. Default 100ms.
 	LookupTimeout time.Duration
+	// LookupRoundPeers bounds the fan-out of a long lookup: a lookup whose
+	// chunks have at most this many owners besides this node asks them
+	// all at once; one with more asks the first chunk's owners first, then
+	// up to this many more, then the rest, so that a prompt whose cached
+	// prefix ends early is answered by a few peers instead of one per
+	// chunk (store.ClusterOptions.LookupRoundPeers). Default 16
+	// (store.DefaultLookupRoundPeers); negative: every owner at once,
+	// whatever the fan-out.
+	LookupRoundPeers int
 	// GetTimeout bounds the remote part of a read (a BatchGet as a whole):
 	// blocks that have not arrived from their owners by then are misses.
 	// Default 2s.
@@ -305,6 +314,11 @@ type TierOptions struct {
 	// node keeps of blocks other nodes own. Default "": the store's
 	// default (store.DefaultEviction).
 	Eviction string
+	// NVMeAdmission is which DRAM victims are written to NVMe: "all"
+	// (default, also ""), or "reused": only blocks asked for again since
+	// they were put or last passed over, the others dropped
+	// (store.Options.NVMeReusedOnly; needs Eviction "reuse").
+	NVMeAdmission string
 	// PartialTTL is how long the parts of a block that tensor- or
 	// pipeline-parallel ranks put are kept while the block is incomplete
 	// (store.Options.Tiers.PartialTTL). Default 0: the store's (30 s).
@@ -418,6 +432,7 @@ func (o *ClusterOptions) ensureDefaults() {
 	def(&o.Replicas, 1)
 	def(&o.ChunkTokens, prefixhash.DefaultChunkTokens)
 	def(&o.LookupTimeout, 100*time.Millisecond)
+	def(&o.LookupRoundPeers, store.DefaultLookupRoundPeers)
 	def(&o.GetTimeout, 2*time.Second)
 	def(&o.PeerBackoff, time.Second)
 	def(&o.HandoffBytes, 1*GiB)
@@ -607,6 +622,10 @@ func (o *TierOptions) validate(maxBlock int) error {
 		return badOption("Tiers.MaxBlocks", "%d is outside 0..%d", o.MaxBlocks, 1<<27)
 	case o.Eviction != "" && !validEviction(o.Eviction):
 		return badOption("Tiers.Eviction", "%q is not a policy: want lru, dedup or reuse", o.Eviction)
+	case o.NVMeAdmission != "" && o.NVMeAdmission != "all" && o.NVMeAdmission != "reused":
+		return badOption("Tiers.NVMeAdmission", "%q: want all or reused", o.NVMeAdmission)
+	case o.NVMeAdmission == "reused" && o.Eviction != string(store.EvictReuse):
+		return badOption("Tiers.NVMeAdmission", "reused needs eviction %s (its reuse marks), not %q", store.EvictReuse, o.Eviction)
 	case o.PartialTTL != 0 && (o.PartialTTL < time.Millisecond || o.PartialTTL > store.MaxPartialTTL):
 		return badOption("Tiers.PartialTTL", "%v is outside 1ms..%v", o.PartialTTL, store.MaxPartialTTL)
 	case o.ClaimTTL != 0 && (o.ClaimTTL < time.Millisecond || o.ClaimTTL > store.MaxClaimTTL):

@@ -109,6 +109,17 @@ func TestQueueStealing(t *testing.T) {
 	if v := metricValue(pm, `kvmesh_queue_requests_total{outcome="completed"}`); v != 3 {
 		t.Errorf("peer completed %v requests, want 3", v)
 	}
+	// The polls of the owner's batch through the peer and the router were
+	// passed to the owner, which its id names, never to the peer.
+	if v := metricValue(pm, `kvmesh_control_requests_total{kind="queue_forwarded"}`); v != 0 {
+		t.Errorf("the peer was passed %v polls, want 0: the batch's id names the owner", v)
+	}
+	if v := metricValue(om, `kvmesh_control_requests_total{kind="queue_forwarded"}`); v < 2 {
+		t.Errorf("the owner was passed %v polls, want the peer's and the router's at least", v)
+	}
+	if v := metricValue(om, `kvmesh_control_requests_total{kind="claim"}`); v < 1 {
+		t.Errorf("the owner counted %v claims, want the peer's at least", v)
+	}
 }
 
 // TestQueueShare: Batch.Share (at most 1) sets how many workers run

@@ -34,10 +34,10 @@ type Node interface {
 	// Flush waits, within ctx, until the blocks the engine handed to the
 	// cache have reached their owners, where other nodes look for them.
 	Flush(ctx context.Context) error
-	// Peers returns the HTTP addresses of the other live members that run
-	// an engine, in random order: whom to ask for a batch this node does
-	// not hold.
-	Peers() []string
+	// Peers returns the other live members that run an engine, in random
+	// order: whom to ask for a batch this node does not hold (its owner,
+	// when the batch's id names it; else all of them).
+	Peers() []Peer
 	// Lenders returns the other live members that run an engine and
 	// advertise a backlog (AdvertiseBacklog), as gossip last told: where
 	// to pull batches from. A node alone has none.
@@ -59,6 +59,12 @@ type Node interface {
 	// no such tenant. A node that runs a peer's batch derives the tenant's
 	// salt so, rather than being sent it.
 	Tenant(name string) (auth.Principal, bool)
+}
+
+// Peer is another member that runs an engine.
+type Peer struct {
+	ID   string // its member id (Node.ID there)
+	Addr string // its HTTP address
 }
 
 // Lender is a peer that advertises queued batches nobody runs.
@@ -144,6 +150,7 @@ func New(n Node, opts Options) (*API, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.idSuffix = "_" + ownerTag(n.ID())
 	secret := opts.CallbackSecret
 	if len(secret) == 0 {
 		if secret, err = loadCallbackSecret(opts.DataDir); err != nil {

@@ -30,7 +30,7 @@ func (fakeNode) Foreground() func() {
 	return func() {}
 }
 func (fakeNode) Flush(context.Context) error          { return nil }
-func (fakeNode) Peers() []string                      { return nil }
+func (fakeNode) Peers() []Peer                        { return nil }
 func (fakeNode) Vouch(auth.Principal, string) string  { return "" }
 func (fakeNode) Tenant(string) (auth.Principal, bool) { return auth.Principal{}, false }
 func (fakeNode) Vouched(string, string) (auth.Principal, error) {

@@ -43,6 +43,9 @@ type batches struct {
 	// finished, when set, is called (without locks held) with the meta of
 	// each batch that finished, once.
 	finished func(batchMeta)
+	// idSuffix ends the ids of the batches submitted here: "_" and the
+	// node's owner tag (ownerTag), so that any node finds the owner.
+	idSuffix string
 
 	life struct {
 		sync.RWMutex
@@ -181,7 +184,7 @@ func openBatches(db *pebble.DB, opts BatchOptions, now func() time.Time, log *sl
 // store keeps its own copy) durably and returns its meta.
 // errBatchTenantFull or errBatchFull when it does not fit.
 func (b *batches) submit(owner queueOwner, reqs [][]byte, callback string) (batchMeta, error) {
-	m := &batchMeta{ID: newID("batch_"), Owner: owner, State: batchQueued, N: len(reqs), Enqueued: b.now(), Callback: callback}
+	m := &batchMeta{ID: newID("batch_") + b.idSuffix, Owner: owner, State: batchQueued, N: len(reqs), Enqueued: b.now(), Callback: callback}
 	b.life.RLock()
 	defer b.life.RUnlock()
 	if b.life.closed {

@@ -74,7 +74,17 @@ type batchMetrics struct {
 	wait     prometheus.Histogram
 	steals   *prometheus.CounterVec // direction: lent, borrowed
 	claims   *prometheus.CounterVec // answer: lent, none, error
+	control  *prometheus.CounterVec // kind: the control requests this node received (controlKinds)
 }
+
+// The kinds of kvmesh_control_requests_total: requests a node receives
+// from its peers or the router that carry no client's work of their own.
+const (
+	controlQueueForwarded = "queue_forwarded" // GET or DELETE QueuePath/{id} a peer or the router passed on
+	controlLookup         = "lookup"          // LookupPath: a router's probe of a prompt's cost
+	controlClaim          = "claim"           // a peer's claim of a queued batch (work stealing)
+	controlLease          = "lease"           // a lessee's answer, renewal or release
+)
 
 func newBatchMetrics(reg prometheus.Registerer, b *batches) *batchMetrics {
 	m := &batchMetrics{
@@ -96,7 +106,14 @@ func newBatchMetrics(reg prometheus.Registerer, b *batches) *batchMetrics {
 		Name: "kvmesh_queue_claims_total",
 		Help: "Claims this node sent to its peers for a queued batch (work stealing), by answer: lent, none (the peer had none to lend) or error.",
 	}, []string{"answer"})
-	reg.MustRegister(m.requests, m.wait, m.steals, m.claims,
+	m.control = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_control_requests_total",
+		Help: "Control requests this node received, by kind: queue_forwarded (GET or DELETE /v1/queue/{id} passed on by a peer or the router), lookup (the prompt-cost lookup a router asks before it routes a completion), claim (a peer asking for a queued batch to run) and lease (a peer's answer, renewal or release of a batch it runs).",
+	}, []string{"kind"})
+	for _, k := range []string{controlQueueForwarded, controlLookup, controlClaim, controlLease} {
+		m.control.WithLabelValues(k) // every kind is a series from the start
+	}
+	reg.MustRegister(m.requests, m.wait, m.steals, m.claims, m.control,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kvmesh_queue_queued_requests",
 			Help: "Requests of queued batches waiting for their batch to start.",
@@ -158,8 +175,8 @@ func (o *API) status(w http.ResponseWriter, r *http.Request, who auth.Principal)
 	m, resps, err := o.batches.get(id, ownerOf(who))
 	switch {
 	case errors.Is(err, errBatchNotFound):
-		if o.askPeers(w, r, who) { // a batch another node stored: it answers
-			return nil
+		if ok, err := o.askPeers(w, r, who); ok || err != nil { // a batch another node stored: it answers
+			return err
 		}
 		return batchNotFound(id)
 	case err != nil:
@@ -176,8 +193,8 @@ func (o *API) cancelBatch(w http.ResponseWriter, r *http.Request, who auth.Princ
 	state, err := o.batches.cancel(id, ownerOf(who))
 	switch {
 	case errors.Is(err, errBatchNotFound):
-		if o.askPeers(w, r, who) {
-			return nil
+		if ok, err := o.askPeers(w, r, who); ok || err != nil {
+			return err
 		}
 		return batchNotFound(id)
 	case errors.Is(err, errBatchDone):

@@ -10,7 +10,7 @@
 //
 // The package knows nothing of the daemon. It declares what it needs of
 // the node that serves it, Node (identity, authorization, stopping,
-// foreground work, the flush of pushes to owners, the peers' HTTP
+// foreground work, the flush of pushes to owners, the peers' ids and HTTP
 // addresses), and takes the rest as Options: the engine, the tokenizer,
 // the limits, the pebble database the batches live in (the node's prefill
 // queue's, under keys of their own), the peers' credential. The node
@@ -27,7 +27,9 @@
 // request.go (checking a completion request), wire.go (wire types and
 // the error object), stream.go (server-sent events), batch_api.go (the
 // asynchronous API's endpoints and workers), batch.go (the batches'
-// store), steal.go (work stealing between nodes), callback.go (signed
+// store), owner.go (batch ids name the node that stores them, so a node
+// asked for a peer's batch asks that peer alone), steal.go (work stealing
+// between nodes), callback.go (signed
 // callbacks), body.go (reading bodies within their caps and budget),
 // server.go (the HTTP server both a node and a router serve it with: read,
 // write and idle timeouts that do not cut a long generation).

@@ -48,11 +48,11 @@ func (o *API) Register(mux *http.ServeMux) {
 	// asked, OpenAI's 404 all the same.
 	mux.HandleFunc("/", NotFound)
 
-	mux.Handle("POST "+internalQueuePath+"claim", o.internal(o.lend))
-	mux.Handle("POST "+internalQueuePath+"{id}/answer", o.internal(o.answerLeased))
-	mux.Handle("POST "+internalQueuePath+"{id}/renew", o.internal(o.renewLease))
-	mux.Handle("POST "+internalQueuePath+"{id}/release", o.internal(o.releaseLease))
-	mux.Handle("POST "+internalQueuePath, o.internal(func(_ http.ResponseWriter, r *http.Request, _ leaseCall) error {
+	mux.Handle("POST "+internalQueuePath+"claim", o.internal(controlClaim, o.lend))
+	mux.Handle("POST "+internalQueuePath+"{id}/answer", o.internal(controlLease, o.answerLeased))
+	mux.Handle("POST "+internalQueuePath+"{id}/renew", o.internal(controlLease, o.renewLease))
+	mux.Handle("POST "+internalQueuePath+"{id}/release", o.internal(controlLease, o.releaseLease))
+	mux.Handle("POST "+internalQueuePath, o.internal(controlLease, func(_ http.ResponseWriter, r *http.Request, _ leaseCall) error {
 		return newHTTPError(http.StatusNotFound, "", "not_found", "no such internal queue call %q", strings.TrimPrefix(r.URL.Path, internalQueuePath))
 	}))
 }
@@ -74,6 +74,12 @@ func RegisterDisabled(mux *http.ServeMux) {
 // OpenAI's error object, and the answer is counted under label.
 func (o *API) handle(label string, h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case label == LookupPath:
+			o.batchMetrics.control.WithLabelValues(controlLookup).Inc()
+		case label == QueuePath+"/{id}" && r.Header.Get(ForwardedHeader) != "":
+			o.batchMetrics.control.WithLabelValues(controlQueueForwarded).Inc()
+		}
 		sw := &statusWriter{ResponseWriter: w}
 		err := o.authorized(sw, r, h)
 		if err != nil {

@@ -79,9 +79,10 @@ type leaseCall struct {
 
 // internal is the handler of one call of the owner's side of work
 // stealing: fn answers a call from the peer with the cluster credential,
-// its body decoded.
-func (o *API) internal(fn func(w http.ResponseWriter, r *http.Request, call leaseCall) error) http.HandlerFunc {
+// its body decoded, counted as a control request of kind.
+func (o *API) internal(kind string, fn func(w http.ResponseWriter, r *http.Request, call leaseCall) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		o.batchMetrics.control.WithLabelValues(kind).Inc()
 		err := o.internalCall(w, r, fn)
 		if err == nil {
 			return
@@ -396,37 +397,70 @@ func (o *API) runStolen(addr string, sb stolenBatch) {
 }
 
 // askPeers passes a GET or DELETE of /v1/queue/{id} that this node does
-// not hold to its peers and answers with the first answer that is not 404;
-// false when every peer said 404 (or none answered), or when the request
-// came from a peer already. The caller's bearer token stays here: the peers
-// are called with the cluster credential, this node vouching for who
-// (VouchHeader), so a peer sees the caller's tenant and scopes, and nothing
-// it could use for anything else.
-func (o *API) askPeers(w http.ResponseWriter, r *http.Request, who auth.Principal) bool {
+// not hold to the peer that does: the one the id names (OwnsBatch), or,
+// for an id that names no owner, every peer in turn. It answers with the
+// first answer that is not 404 and reports whether it answered: false
+// (the caller answers 404) when the id names this node, when every peer
+// asked said 404, and when the request came from a peer or a router
+// already; a 404 error when the id names no live peer. A named owner that does not answer is a 503: it
+// holds the batch and may answer a retry. The caller's bearer token stays
+// here: the peers are called with the cluster credential, this node
+// vouching for who (VouchHeader), so a peer sees the caller's tenant and
+// scopes, and nothing it could use for anything else.
+func (o *API) askPeers(w http.ResponseWriter, r *http.Request, who auth.Principal) (bool, error) {
 	if r.Header.Get(ForwardedHeader) != "" {
-		return false
+		return false, nil
+	}
+	id := r.PathValue("id")
+	peers := o.n.Peers()
+	tag, named := batchTag(id)
+	if named {
+		if tag == ownerTag(o.n.ID()) {
+			return false, nil // this node's, and gone
+		}
+		var owner []Peer
+		for _, p := range peers {
+			if ownerTag(p.ID) == tag {
+				owner = append(owner, p)
+			}
+		}
+		if peers = owner; len(peers) == 0 {
+			return false, newHTTPError(http.StatusNotFound, "request_id", "not_found",
+				"no queued batch %q: the node that accepted it is not in the cluster now", id)
+		}
 	}
 	h := http.Header{ForwardedHeader: {"1"}}
 	if v := o.n.Vouch(who, r.Method+" "+r.URL.Path); v != "" {
 		h.Set(VouchHeader, v)
 	}
-	for _, addr := range o.n.Peers() {
+	failed := false
+	for _, p := range peers {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-		resp, err := o.peerRequest(ctx, r.Method, addr, r.URL.Path, nil, h)
+		resp, err := o.peerRequest(ctx, r.Method, p.Addr, r.URL.Path, nil, h)
 		if err != nil {
 			cancel()
+			failed = true
 			continue
 		}
 		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
 		resp.Body.Close()
 		cancel()
-		if err != nil || resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusServiceUnavailable {
+		if err != nil || resp.StatusCode == http.StatusServiceUnavailable {
+			failed = true
+			continue
+		}
+		if resp.StatusCode == http.StatusNotFound {
 			continue
 		}
 		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
 		w.WriteHeader(resp.StatusCode)
 		w.Write(body)
-		return true
+		return true, nil
 	}
-	return false
+	if named && failed {
+		he := newHTTPError(http.StatusServiceUnavailable, "request_id", "", "the node that holds the batch %q did not answer; retry", id)
+		he.retryAfter = 1
+		return false, he
+	}
+	return false, nil
 }

@@ -18,14 +18,21 @@ import (
 // would show, and the backlogs it advertised.
 type clusterNode struct {
 	fakeNode
-	peers   []string
+	id      string // "" is fakeNode's
+	peers   []Peer
 	lenders []Lender
 
 	mu         sync.Mutex
 	advertised []int
 }
 
-func (c *clusterNode) Peers() []string   { return c.peers }
+func (c *clusterNode) Peers() []Peer { return c.peers }
+func (c *clusterNode) ID() string {
+	if c.id == "" {
+		return c.fakeNode.ID()
+	}
+	return c.id
+}
 func (c *clusterNode) Lenders() []Lender { return c.lenders }
 func (c *clusterNode) AdvertiseBacklog(n int) {
 	c.mu.Lock()
@@ -73,7 +80,7 @@ func TestStealAsksLoadedPeers(t *testing.T) {
 	for i := range 40 {
 		name := string(rune('A'+i%26)) + string(rune('a'+i/26))
 		addr[name] = log.peer(t, name)
-		n.peers = append(n.peers, addr[name])
+		n.peers = append(n.peers, Peer{ID: name, Addr: addr[name]})
 	}
 	a := startTestAPIOn(t, n, BatchOptions{Share: -1}) // no workers: steal is called here
 	a.stealRand.r = rand.New(rand.NewPCG(1, 2))

@@ -38,8 +38,13 @@
 // publisher whose connection has been lost that long (a dead engine: its
 // member falls back to the store's view).
 //
-// A batch of the asynchronous API is stored by the node that accepted it;
-// the router finds it by asking the nodes. Answers stream through as they
+// A batch of the asynchronous API is stored by the node that accepted it,
+// and its id names that node (openai.OwnsBatch): the router sends a GET or
+// DELETE of it to that node alone (an id of an older node, which names
+// none, is asked of the nodes in turn). So a completion costs the nodes
+// one lookup and the request itself (split between prefill and decode,
+// two), and a queue request one, whatever the cluster's size (issue 35);
+// only the list of a caller's batches (GET /v1/queue) asks every node. Answers stream through as they
 // come. A node that fails before the first byte of its answer (refused,
 // reset, 502/503) is marked down for routerBackoff and the request goes to
 // another; once bytes have reached the client, a failure ends the

@@ -106,11 +106,22 @@ func (e *OptionError) Unwrap() error { return ErrInvalidOptions }
 // routerBackoff is how long a node that failed a request is skipped.
 const routerBackoff = 2 * time.Second
 
+// membership is what the router needs of the cluster's gossip
+// (*gossip.Membership; tests give a router members of their own).
+type membership interface {
+	Members() ([]gossip.MemberInfo, uint64)
+	GossipAddr() string
+	Leave(timeout time.Duration) error
+	Close() error
+}
+
+var _ membership = (*gossip.Membership)(nil)
+
 // Router is a running kvmesh route.
 type Router struct {
 	opts    Options
 	log     *slog.Logger
-	members *gossip.Membership
+	members membership
 	lis     net.Listener
 	http    *http.Server
 	client  *http.Client
@@ -341,8 +352,13 @@ type backend struct {
 	id, addr, role string
 }
 
-// backends returns the live members that serve the API, by role.
-func (r *Router) backends() []backend {
+// backends returns the live members that serve the API, by role, but
+// those marked down (routerBackoff).
+func (r *Router) backends() []backend { return r.serving(true) }
+
+// serving returns the live members that serve the API; skipDown leaves out
+// those marked down.
+func (r *Router) serving(skipDown bool) []backend {
 	ms, _ := r.members.Members()
 	var out []backend
 	now := time.Now()
@@ -362,7 +378,7 @@ func (r *Router) backends() []backend {
 			// node without TLS (that node could be anyone's).
 			continue
 		}
-		if l := r.mu.load[m.ID]; l != nil && now.Before(l.downUntil) {
+		if l := r.mu.load[m.ID]; skipDown && l != nil && now.Before(l.downUntil) {
 			continue
 		}
 		out = append(out, backend{id: m.ID, addr: m.Meta.HTTPAddr, role: role})

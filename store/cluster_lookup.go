@@ -158,37 +158,17 @@ func (c *Cluster) lookup(ctx context.Context, chain, keys []prefixhash.Key, bloc
 		}
 		return runsOf
 	}
-	apply := func(o string, idx, counts []int) {
-		for k, ri := range idx {
-			if ri >= len(runs) {
-				extra.held[ri-len(runs)] = extra.held[ri-len(runs)] || counts[k] > 0
-				continue
-			}
-			if got := min(counts[k], runs[ri].end-runs[ri].start); got > runs[ri].have {
-				runs[ri].have, runs[ri].by = got, o
-			}
-		}
-	}
-	// Ask the owners round by round (lookupRounds), and stop at the first
-	// round with a run not whole: the prefix ends there. extra's probes
-	// ride in the first round (their indexes follow the runs').
+	// Ask the owners round by round (lookupRounds, lookupAsks), and stop
+	// where the prefix ends. extra's probes ride in the first round (their
+	// indexes follow the runs').
 	deadline, cancel := context.WithTimeout(ctx, c.opts.LookupTimeout)
 	defer cancel()
-	rounds := c.lookupRounds(runs)
-	for next, first := 0, true; first || next < len(runs); first = false {
-		asks, end := map[string][]int{}, next
-		if next < len(runs) {
-			asks, end = rounds.next(next)
-		}
-		if first && extraMissing {
-			extra.ask(rounds.p, c.self, len(runs), asks)
-		}
-		c.lookupRound(deadline, asks, runsOf, apply)
-		if slices.ContainsFunc(runs[next:end], func(r lookupRun) bool { return r.have < r.end-r.start }) {
-			break
-		}
-		next = end
+	la := lookupAsks{c: c, ctx: deadline, runs: runs, rounds: c.lookupRounds(runs), runsOf: runsOf, answers: make(chan lookupAnswer)}
+	la.wait = make([]int, len(runs))
+	if extraMissing {
+		la.extra, la.extraRuns = extra, len(runs)
 	}
+	la.run()
 	total := len(keys)
 	for _, r := range runs {
 		if r.have < r.end-r.start {
@@ -224,6 +204,177 @@ type lookupRun struct {
 	local      int    // leading blocks held here
 	have       int    // best count so far
 	by         string // the member that answered have, when more than local
+}
+
+// lookupAnswer is one owner's answer to a lookup's call: counts[k] for
+// idx[k], nil when the call failed or was late.
+type lookupAnswer struct {
+	o           string
+	idx, counts []int
+}
+
+// lookupAsks runs a lookup's rounds of calls (see rounds for what each asks)
+// and applies their answers to runs as they come, in the lookup's goroutine.
+// A run is decided whole as soon as one owner says so (its other replicas
+// are not waited for), and short once every owner asked answered less. The
+// next round goes out once every run asked so far is decided whole, or,
+// past the first round, speculatively: once no run is decided short and at
+// least three quarters of the last round's runs are decided whole. A round
+// then waits for its slowest owner while the next one runs, not before it
+// starts. A run decided short stops speculation, so a prompt cached only in
+// its first chunks still asks their owners alone; and the first round is
+// never passed speculatively, so a lookup whose first chunk misses asks no
+// other owner. Answers decide everything, never a timer: which owners a
+// lookup asks depends on the answers and the order they come in, not on how
+// long they took. The lookup returns once its prefix is known and every
+// call sent has answered, or at its deadline (late owners count as misses,
+// their calls canceled); either way no call reads the keys after it
+// returns.
+type lookupAsks struct {
+	c      *Cluster
+	ctx    context.Context // the lookup's deadline
+	runs   []lookupRun
+	rounds *rounds
+	runsOf func(idx []int) [][]prefixhash.Key
+	// extra, when not nil, has probes asked in the first round at indexes
+	// extraRuns and up.
+	extra     *extraProbes
+	extraRuns int
+
+	answers chan lookupAnswer
+	calls   sync.WaitGroup       // the calls' goroutines
+	cancels []context.CancelFunc // the rounds' contexts
+	wait    []int                // per run: its calls not answered yet
+	out     int                  // calls not answered yet
+	next    int                  // the first run not asked yet
+	from    int                  // the first run of the last round
+	asked   int                  // rounds asked
+	front   int                  // runs[:front] are decided whole
+}
+
+// speculateNum/speculateDen is the share of the last round's runs that
+// must be decided whole (and none short) for the next round to go out
+// before the last round's slowest answers.
+const speculateNum, speculateDen = 3, 4
+
+func (la *lookupAsks) whole(i int) bool {
+	r := la.runs[i]
+	return r.have >= r.end-r.start
+}
+
+// run asks and applies until the prefix is known and every call has
+// answered, or the deadline passes. It returns once every call's goroutine
+// has (a late one is canceled), so none reads the keys after it.
+func (la *lookupAsks) run() {
+	defer func() {
+		for _, cancel := range la.cancels {
+			cancel()
+		}
+		la.calls.Wait()
+	}()
+	la.ask()
+	for {
+		for la.front < la.next && la.whole(la.front) {
+			la.front++
+		}
+		known := la.front == len(la.runs) || (la.front < la.next && la.wait[la.front] == 0)
+		if !known && (la.front == la.next || la.speculate()) {
+			la.ask() // every run asked is whole, or the next round may go early
+			continue
+		}
+		if la.out == 0 {
+			return // known; or nothing more will come (a run with nobody to ask is short)
+		}
+		select {
+		case a := <-la.answers:
+			la.apply(a)
+		case <-la.ctx.Done():
+			return
+		}
+	}
+}
+
+// speculate reports whether the next round may go out before the last
+// one's answers are all in.
+func (la *lookupAsks) speculate() bool {
+	if la.asked < 2 || la.next >= len(la.runs) {
+		return false
+	}
+	for i := la.front; i < la.next; i++ {
+		if !la.whole(i) && la.wait[i] == 0 {
+			return false // decided short: the prefix ends before the next round
+		}
+	}
+	decided := 0
+	for i := la.from; i < la.next; i++ {
+		if la.whole(i) {
+			decided++
+		}
+	}
+	return speculateDen*decided >= speculateNum*(la.next-la.from)
+}
+
+// ask sends the next round: the runs from la.next on that rounds cuts, and
+// in the first round extra's probes.
+func (la *lookupAsks) ask() {
+	asks, end := map[string][]int{}, la.next
+	if la.next < len(la.runs) {
+		asks, end = la.rounds.next(la.next)
+	}
+	if la.asked == 0 && la.extra != nil {
+		la.extra.ask(la.rounds.p, la.c.self, la.extraRuns, asks)
+	}
+	la.asked++
+	la.from, la.next = la.next, end
+	if len(asks) == 0 {
+		return
+	}
+	// Each round has a context of its own (within the lookup's deadline),
+	// which its calls share and no other round's do.
+	ctx, cancel := context.WithCancel(la.ctx)
+	la.cancels = append(la.cancels, cancel)
+	for o, idx := range asks {
+		la.out++
+		for _, ri := range idx {
+			if ri < len(la.runs) {
+				la.wait[ri]++
+			}
+		}
+		la.calls.Add(1)
+		go func() {
+			defer la.calls.Done()
+			a := lookupAnswer{o: o, idx: idx}
+			if counts, ok := la.c.askLookup(ctx, o, la.runsOf(idx)); ok {
+				a.counts = counts
+			}
+			select {
+			case la.answers <- a:
+			case <-la.ctx.Done():
+			}
+		}()
+	}
+}
+
+// apply records one answer.
+func (la *lookupAsks) apply(a lookupAnswer) {
+	la.out--
+	for k, ri := range a.idx {
+		if ri >= len(la.runs) {
+			if a.counts != nil {
+				held := &la.extra.held[ri-la.extraRuns]
+				*held = *held || a.counts[k] > 0
+			}
+			continue
+		}
+		la.wait[ri]--
+		if a.counts == nil {
+			continue
+		}
+		r := &la.runs[ri]
+		if got := min(a.counts[k], r.end-r.start); got > r.have {
+			r.have, r.by = got, a.o
+		}
+	}
 }
 
 // rounds cuts a lookup's runs into rounds of asks. A lookup whose runs have

@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/internal/testkit"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -113,5 +115,48 @@ func TestClusterLookupOneRound(t *testing.T) {
 	}
 	if a := got(); len(a) != len(owners) {
 		t.Fatalf("asked %d peers, want all %d owners at once", len(a), len(owners))
+	}
+}
+
+// TestClusterLookupStragglerOverlaps: a whole prompt's lookup does not wait
+// for a slow owner of its second round before it asks the third: every
+// owner is asked while that owner has not answered, and the prompt is
+// found whole once it does. With two replicas a chunk is decided by the
+// first that holds it, the other not waited for.
+func TestClusterLookupStragglerOverlaps(t *testing.T) {
+	for _, replicas := range []int{1, 2} {
+		t.Run(fmt.Sprintf("replicas=%d", replicas), func(t *testing.T) {
+			tc, chain, from := roundsCluster(t, ClusterOptions{Replicas: replicas})
+			slow := from.Owners(chain[1])[0]
+			if slices.Contains(from.Owners(chain[0]), slow) {
+				slow = from.Owners(chain[2])[0]
+			}
+			owners := map[string]bool{} // of the chunks this node does not hold
+			for _, k := range chain {
+				if os := from.Owners(k); !slices.Contains(os, from.self) {
+					for _, o := range os {
+						owners[o] = true
+					}
+				}
+			}
+			gate := make(chan struct{})
+			tc.net.mu.Lock()
+			tc.net.gate = map[string]chan struct{}{slow: gate}
+			tc.net.mu.Unlock()
+			got := asked(tc)
+			found := make(chan int, 1)
+			go func() { found <- from.LongestPrefix(context.Background(), chain, clusterNS().BlockTokens) }()
+			testkit.WaitFor(t, "every owner asked while one of the second round's has not answered", func() bool {
+				seen := map[string]bool{}
+				for _, o := range got() {
+					seen[o] = true
+				}
+				return len(seen) == len(owners)
+			})
+			close(gate)
+			if n := <-found; n != len(chain) {
+				t.Fatalf("prefix %d, want the whole %d", n, len(chain))
+			}
+		})
 	}
 }

@@ -44,6 +44,9 @@ type loopback struct {
 	fault map[string]string   // "dead", "slow", "corrupt"
 	calls map[string]int      // RPCs per kind
 	asked map[string][]string // the members asked, per kind, in order
+	// gate, when a member has one, holds its answers until it is closed
+	// (or the call's deadline passes).
+	gate map[string]chan struct{}
 }
 
 type loopPeers struct{ net *loopback }
@@ -54,8 +57,15 @@ func (n *loopback) check(ctx context.Context, id, kind string) (*Local, string, 
 	if n.asked != nil {
 		n.asked[kind] = append(n.asked[kind], id)
 	}
-	l, f := n.nodes[id], n.fault[id]
+	l, f, gate := n.nodes[id], n.fault[id], n.gate[id]
 	n.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, f, ctx.Err()
+		}
+	}
 	switch {
 	case l == nil || f == "dead":
 		return nil, f, errors.New("connection refused")

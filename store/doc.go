@@ -77,12 +77,21 @@
 //     passes over a marked block once, moving it to the hot end (a second
 //     chance per reuse; the mark is the next bit of the hit counter). A
 //     block put under a marked parent moves the parent to the hot end
-//     first. Quota trimming stays LRU under every policy.
+//     first. Quota trimming stays LRU under every policy. With
+//     Options.NVMeReusedOnly (EvictReuse only), DRAM pressure writes to
+//     NVMe only the victims marked or read since they were put, and drops
+//     the others (NVMe admission, counted as NVMe's
+//     TierEvictions.Unadmitted). Every policy keeps retention (retain.go:
+//     a retained or reader-held block also keeps its cached ancestors),
+//     readers' blocks, parents before children and the groups' retired
+//     records first: testdata/scenarios/rules runs each file under each.
 //   - Capacity limits are the tiers' own: a tier refuses (tiers.ErrFull)
 //     rather than grow, and Local makes room or refuses the write with
-//     ErrFull. The index is bounded by Options.MaxBlocks. Transient heap
-//     buffers are bounded too: one block per promotion in flight, one
-//     segment's rewrite set per reclaim, one block in the recovery scan.
+//     ErrFull. The index is bounded by Options.MaxBlocks: full, it
+//     reclaims an NVMe segment, else drops the coldest idle NVMe block,
+//     else memory's. Transient heap buffers are bounded too: one block per
+//     promotion in flight, one segment's rewrite set per reclaim, one
+//     block in the recovery scan.
 //
 // # Parts
 //

@@ -118,6 +118,10 @@ func (l *Local) lookedUpLocked() {
 		list := l.mu.diskList
 		if !e.persistent() {
 			list = l.memListLocked(l.mu.ns.get(e.ns).class)
+			// Asked for since it was written to memory: NVMe admission
+			// (admitLocked) writes it there. (On NVMe flagHit means a
+			// read: a lookup does not make a later read a second hit.)
+			e.set(flagHit)
 		}
 		l.moveFrontLocked(list, i)
 	}

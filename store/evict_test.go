@@ -9,8 +9,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/block/blocktest"
 	"github.com/kvmesh/kvmesh/prefixhash"
 	"github.com/kvmesh/kvmesh/tiers"
@@ -389,25 +391,29 @@ func TestClusterPutKeepsCopies(t *testing.T) {
 	}
 }
 
-// TestEvictionModel gives every policy the same random puts, lookups, reads
-// and readers that hold a prompt's prefix (GetMany, as an engine reads it)
-// across later operations, on a node far too small for them. A reference
-// tracks what must never be evicted: every block a reader holds stays
-// cached, with its bytes, until released; a block put under a cached parent
-// never outlives it; the accounting adds up after every step (checkInvariants).
+// TestEvictionModel gives every policy the same random puts, lookups, reads,
+// readers that hold a prompt's prefix (GetMany, as an engine reads it) or
+// one block alone across later operations, and hard pins with a TTL, on a
+// node far too small for them. A reference tracks what must never be
+// evicted: every block a reader holds stays cached, with its bytes, until
+// released; a pinned block stays until its TTL lapses; a block put under a
+// cached parent never outlives it; the accounting adds up after every step
+// (checkInvariants).
 func TestEvictionModel(t *testing.T) {
 	forEachEviction(t, func(t *testing.T, ev Eviction) {
-		l := openLocal(t, Options{DRAM: newFakeMem(4096, 8, 1024), MaxBlocks: 24, Eviction: ev})
+		clock := &fakeClock{now: time.Unix(1000, 0)}
+		l := openLocal(t, Options{DRAM: newFakeMem(4096, 8, 1024), MaxBlocks: 24, Eviction: ev, Now: clock.Now, MaxPinnedFraction: 0.25})
 		w := newWorld(t, 31, blocktest.NS())
 		ctx := context.Background()
 		linked := map[prefixhash.Key]bool{}
+		pinned := map[prefixhash.Key]time.Time{} // until
 		type reader struct {
 			keys []prefixhash.Key
 			refs []*Ref
 		}
 		var readers []reader
 		for step := range 2500 {
-			switch op := w.rng.IntN(12); {
+			switch op := w.rng.IntN(14); {
 			case op < 5 || len(w.blocks) == 0:
 				i := w.grow()
 				if w.rng.IntN(5) == 0 {
@@ -423,9 +429,24 @@ func TestEvictionModel(t *testing.T) {
 				}
 			case op < 8:
 				l.LongestPrefix(auth.Access{}, w.chain(w.randomBlock()))
+			case op == 12:
+				key := w.blocks[w.randomBlock()].key
+				until := clock.Now().Add(time.Duration(1+w.rng.IntN(4)) * time.Minute)
+				got, err := l.Retain(ctx, []prefixhash.Key{key}, block.Retention{Pin: block.PinHard, TTL: until.Sub(clock.Now())})
+				if err != nil && !errors.Is(err, ErrQuota) {
+					t.Fatalf("step %d: Retain: %v", step, err)
+				}
+				if err == nil && got[0] {
+					pinned[key] = until
+				}
+			case op == 13:
+				clock.advance(time.Minute)
 			case op < 10 && len(readers) < 3:
 				keys := w.chain(w.randomBlock())
 				keys = keys[:l.LongestPrefix(auth.Access{}, keys)]
+				if len(keys) > 1 && w.rng.IntN(3) == 0 {
+					keys = keys[len(keys)-1:] // a leaf alone, without its prefix
+				}
 				refs, err := l.GetMany(ctx, keys)
 				if err != nil {
 					t.Fatalf("step %d: GetMany: %v", step, err)
@@ -451,6 +472,13 @@ func TestEvictionModel(t *testing.T) {
 					}
 				}
 			}
+			for key, until := range pinned {
+				if !clock.Now().Before(until) {
+					delete(pinned, key)
+				} else if !l.Contains(auth.Access{}, key) {
+					t.Fatalf("step %d: %s evicted block %s under a hard pin", step, ev, key)
+				}
+			}
 			if len(readers) == 0 {
 				checkInvariants(t, step, l, w, linked)
 			}
@@ -460,7 +488,7 @@ func TestEvictionModel(t *testing.T) {
 				ref.Release()
 			}
 		}
-		if s := l.Stats(); s.Evictions == 0 || (ev == EvictReuse && s.SecondChances == 0) {
+		if s := l.Stats(); s.Evictions == 0 || (ev == EvictReuse && s.SecondChances == 0) || s.Tiers[0].Evicted.Expired == 0 {
 			t.Fatalf("%s: the test exerted no pressure: %+v", ev, s)
 		}
 	})

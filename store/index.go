@@ -32,7 +32,7 @@ type entry struct {
 	sib        uint32    // next sibling
 	up         uint32    // parent if flagFirst, else previous sibling; 0 when unlinked
 	ns         uint32    // namespace id (see namespaces)
-	hits       uint16    // Gets served, saturating at maxHits; the top bits are hitsCopy, hitsReused, hitsRetired and hitsRetained
+	hits       uint16    // Gets served, saturating at maxHits; the top bits are hitsCopy, hitsReused, hitsRetired, hitsRetained and hitsLapsed
 	pins       uint8     // live Refs reading it in place, saturating at maxPins
 	flags      uint8
 }
@@ -57,15 +57,17 @@ const maxPins = 1<<8 - 1
 // lookup, or read) since it was stored or last passed over by EvictReuse.
 // hitsRetired, the next, marks a group's record that its chain has moved
 // past (local_groups.go); hitsRetained, the next, a value under retention
-// (retain.go). The eight flag bits are taken, and 4095 hits saturate as
-// well as 65535.
+// (retain.go); hitsLapsed, the next, a value whose retention's TTL lapsed
+// and that nobody read since (an eviction of it is counted as TTL expiry).
+// The eight flag bits are taken, and 2047 hits saturate as well as 65535.
 const (
 	hitsCopy     uint16 = 1 << 15
 	hitsReused   uint16 = 1 << 14
 	hitsRetired  uint16 = 1 << 13
 	hitsRetained uint16 = 1 << 12
-	hitsMarks           = hitsCopy | hitsReused | hitsRetired | hitsRetained
-	maxHits             = hitsRetained - 1
+	hitsLapsed   uint16 = 1 << 11
+	hitsMarks           = hitsCopy | hitsReused | hitsRetired | hitsRetained | hitsLapsed
+	maxHits             = hitsLapsed - 1
 )
 
 func (e *entry) getLoc() tiers.Loc  { return tiers.Loc(uint64(e.loc[1])<<32 | uint64(e.loc[0])) }
@@ -81,6 +83,7 @@ func (e *entry) retired() bool      { return e.hits&hitsRetired != 0 }
 func (e *entry) hitCount() int      { return int(e.hits &^ hitsMarks) }
 func (e *entry) setHitsSaturating() { e.hits = e.hits&hitsMarks | min(e.hits&^hitsMarks+1, maxHits) }
 func (e *entry) reused() bool       { return e.hits&hitsReused != 0 }
+func (e *entry) lapsed() bool       { return e.hits&hitsLapsed != 0 }
 
 const (
 	pageBits = 12
@@ -105,7 +108,15 @@ type index struct {
 	table []uint32
 	mask  uint64
 	keys  int // slots in use
+
+	// branching counts the entries with two or more linked children: the
+	// points where cached chains fork (a shared system prompt, a tool
+	// list). Kept in O(1) by link, unlink and orphan.
+	branching int64
 }
+
+// forks reports whether entry e has two or more linked children.
+func (x *index) forks(e *entry) bool { return e.child != 0 && x.at(e.child).sib != 0 }
 
 func (x *index) at(i uint32) *entry { return &x.pages[i>>pageBits][i&(pageLen-1)] }
 
@@ -253,6 +264,9 @@ func (x *index) link(child, parent uint32) {
 	}
 	if old := p.child; old != 0 {
 		o := x.at(old)
+		if o.sib == 0 {
+			x.branching++ // a second child
+		}
 		o.up = child
 		o.clear(flagFirst)
 		c.sib = old
@@ -267,6 +281,11 @@ func (x *index) unlink(i uint32) {
 	e := x.at(i)
 	if e.up == 0 {
 		return
+	}
+	// Two children before, one after: the first is i or its previous
+	// sibling, and the second is the other.
+	if e.has(flagFirst) && e.sib != 0 && x.at(e.sib).sib == 0 || !e.has(flagFirst) && x.at(e.up).has(flagFirst) && e.sib == 0 {
+		x.branching--
 	}
 	if e.has(flagFirst) {
 		x.at(e.up).child = e.sib

@@ -186,11 +186,11 @@ func BenchmarkIndexBytesPerBlock(b *testing.B) {
 }
 
 // TestEntryHitMarks: the marks that share an entry's hit counter (a copy,
-// reused, retired, retained: four branches' state in one uint16) are
+// reused, retired, retained, lapsed: five features' state in one uint16) are
 // distinct bits, and neither saturating hits nor clearing one touches the
 // others.
 func TestEntryHitMarks(t *testing.T) {
-	marks := []uint16{hitsCopy, hitsReused, hitsRetired, hitsRetained}
+	marks := []uint16{hitsCopy, hitsReused, hitsRetired, hitsRetained, hitsLapsed}
 	all := uint16(0)
 	for _, m := range marks {
 		if all&m != 0 || m&maxHits != 0 {
@@ -206,7 +206,7 @@ func TestEntryHitMarks(t *testing.T) {
 	for range int(maxHits) + 10 {
 		e.setHitsSaturating()
 	}
-	if !e.copy() || !e.reused() || !e.retired() || !e.retained() || e.hitCount() != int(maxHits) {
+	if !e.copy() || !e.reused() || !e.retired() || !e.retained() || !e.lapsed() || e.hitCount() != int(maxHits) {
 		t.Fatalf("after saturating: hits %#x", e.hits)
 	}
 	e.hits &^= hitsRetained

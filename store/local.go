@@ -56,6 +56,10 @@ type Local struct {
 	// roomPromoting is held by the one promotion that may make room in
 	// memory (demote) at a time; see promote.
 	roomPromoting atomic.Bool
+	// diskWritten counts the bytes written to the persistent tier
+	// (putDisk: demotions, direct writes, rewrites), for
+	// TierStats.WrittenBytes.
+	diskWritten atomic.Int64
 
 	// diskMu orders persistent-tier writes against segment drops: a writer
 	// holds it shared from its write until the index knows the new
@@ -147,11 +151,15 @@ type counters struct {
 	retired                                          int64 // group records retired (local_groups.go)
 	secondChances                                    int64 // EvictReuse passing over a reused block
 	// evicted counts the blocks dropped for room by the tier they were in
-	// (tierMem, tierDisk, tierHBM).
-	evicted [3]int64
+	// (tierMem, tierDisk, tierHBM); expired, those of them whose
+	// retention's TTL had lapsed, not read since (hitsLapsed), which
+	// evicted does not count.
+	evicted, expired [3]int64
 	// unadmitted counts the blocks accepted but evicted at once, colder
-	// than everything cached (errColdest); they are also evictions.
-	unadmitted int64
+	// than everything cached (errColdest); nvmeUnadmitted, the DRAM
+	// victims NVMe admission dropped (reasonUnadmitted). Both are also
+	// evictions.
+	unadmitted, nvmeUnadmitted int64
 }
 
 // tierHBM indexes the HBM tier in counters.evicted: for the index an HBM
@@ -170,6 +178,10 @@ type reason uint8
 
 const (
 	reasonEvict reason = iota
+	// reasonUnadmitted is reasonEvict for a DRAM victim NVMe admission
+	// refused (Options.NVMeReusedOnly): counted as the persistent tier's
+	// unadmitted, its descendants as evictions from their tiers.
+	reasonUnadmitted
 	reasonCorrupt
 	reasonNamespace
 	reasonRemove

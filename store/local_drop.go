@@ -70,6 +70,9 @@ func (l *Local) dropLocked(i uint32, why reason, fr *[]freeLoc) int {
 		j := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
 		e := x.at(j)
+		if x.forks(e) {
+			x.branching--
+		}
 		for c := e.child; c != 0; {
 			ce := x.at(c)
 			next := ce.sib
@@ -79,15 +82,22 @@ func (l *Local) dropLocked(i uint32, why reason, fr *[]freeLoc) int {
 			c = next
 		}
 		e.child = 0
-		if why == reasonEvict || (why == reasonCorrupt && j != i) {
-			l.mu.c.evicted[evictTierLocked(e)]++
+		switch {
+		case why == reasonUnadmitted && j == i:
+			l.mu.c.nvmeUnadmitted++
+		case why == reasonEvict || why == reasonUnadmitted || (why == reasonCorrupt && j != i):
+			if e.lapsed() {
+				l.mu.c.expired[evictTierLocked(e)]++
+			} else {
+				l.mu.c.evicted[evictTierLocked(e)]++
+			}
 		}
 		l.removeLocked(j, fr)
 		n++
 	}
 	l.mu.stack = stack[:0]
 	switch why {
-	case reasonEvict:
+	case reasonEvict, reasonUnadmitted:
 		l.mu.c.evictions += int64(n)
 	case reasonCorrupt:
 		l.mu.c.corruptDrops++

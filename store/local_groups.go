@@ -159,7 +159,7 @@ func (l *Local) dropRetiredForRoom() bool {
 			if !e.copy() && !e.retired() {
 				break // copies and retired records share the cold end
 			}
-			if e.retired() && !e.busy() && !isHBM(e.getLoc()) && !l.keepLocked(j, false) {
+			if e.retired() && !e.busy() && !isHBM(e.getLoc()) && !l.keepTreeLocked(j, false) {
 				dropped += l.dropLocked(j, reasonEvict, &fr)
 			}
 			j = prev

@@ -35,8 +35,10 @@ type moved struct {
 	newLoc tiers.Loc
 	done   bool // newLoc holds the value
 
-	reserved bool // a demotion holds size bytes of ns's persistent quota
-	skipDisk bool // a demotion its namespace's persistent quota has no room for: drop it
+	hit        bool // flagHit when marked: asked for since it was written to its tier
+	reserved   bool // a demotion holds size bytes of ns's persistent quota
+	skipDisk   bool // a demotion its namespace's persistent quota has no room for: drop it
+	unadmitted bool // a demotion NVMe admission refused (skipDisk too)
 }
 
 func (l *Local) movedLocked(i uint32) moved {
@@ -132,6 +134,7 @@ func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key, batch bool) 
 	}
 	vs, coldest := l.memVictimsLocked(class, need, stop, batch)
 	var fr []freeLoc
+	l.admitLocked(vs)
 	l.reserveDemotionsLocked(vs, &fr)
 	l.mu.Unlock()
 	l.freeAll(fr)
@@ -166,11 +169,30 @@ func (l *Local) memVictimsLocked(class, need int, stop uint32, batch bool) (vs [
 	return l.evacuateLocked(class), false
 }
 
+// admitLocked is NVMe admission (Options.NVMeReusedOnly): it marks the
+// victims of DRAM pressure that nobody asked for again since they were
+// written to memory (no lookup found them, no read or put touched them:
+// flagHit, as markVictimLocked saw it) to be dropped rather than written
+// to NVMe. A second chance spends the reuse mark, not flagHit.
+func (l *Local) admitLocked(vs []moved) {
+	if !l.opts.NVMeReusedOnly || l.disk == nil {
+		return
+	}
+	for k := range vs {
+		if e := l.mu.x.at(vs[k].i); !vs[k].hit && !e.reused() && e.hitCount() == 0 && !e.retained() {
+			vs[k].skipDisk, vs[k].unadmitted = true, true
+		}
+	}
+}
+
 func (l *Local) markVictimLocked(i uint32) moved {
 	e := l.mu.x.at(i)
+	hit := e.has(flagHit)
 	e.set(flagMoving)
 	e.clear(flagHit) // a touch while it moves cancels the demotion
-	return l.movedLocked(i)
+	m := l.movedLocked(i)
+	m.hit = hit
+	return m
 }
 
 // evacuateLocked marks the idle blocks of the slab the tier names. Busy ones
@@ -183,7 +205,7 @@ func (l *Local) evacuateLocked(avoid int) []moved {
 			continue // being freed, or a Put not indexed yet
 		}
 		e := l.mu.x.at(i)
-		if e.persistent() || e.getLoc() != r.Loc || e.busy() || l.keepLocked(i, false) {
+		if e.persistent() || e.getLoc() != r.Loc || e.busy() || l.keepTreeLocked(i, false) {
 			continue
 		}
 		vs = append(vs, l.markVictimLocked(i))
@@ -265,6 +287,8 @@ func (l *Local) commitDemotionLocked(m *moved, fr *[]freeLoc) {
 		l.moveTierLocked(m.i, m.newLoc)
 		l.evStoredLocked(m.i, m.val)
 		l.mu.c.demotions++
+	case m.unadmitted:
+		l.dropLocked(m.i, reasonUnadmitted, fr)
 	default:
 		l.dropLocked(m.i, reasonEvict, fr)
 	}
@@ -339,6 +363,7 @@ func (l *Local) putDisk(ms []moved) (int, error) {
 				return k, err
 			}
 			ms[k].newLoc, ms[k].done = loc, true
+			l.diskWritten.Add(int64(len(ms[k].val)))
 		}
 		return len(ms), nil
 	}
@@ -351,6 +376,7 @@ func (l *Local) putDisk(ms []moved) (int, error) {
 	n, err := l.batcher.PutBatch(keys, vals, locs)
 	for k := range n {
 		ms[k].newLoc, ms[k].done = locs[k], true
+		l.diskWritten.Add(int64(len(ms[k].val)))
 	}
 	return n, err
 }
@@ -399,7 +425,7 @@ func (l *Local) reclaim() bool {
 			// Dropped with an ancestor earlier in this loop.
 		case e.has(flagMoving):
 			// A promotion reads it; flagLocGone tells it the rest.
-		case e.has(flagHit) || l.keepLocked(lv.i, false):
+		case e.has(flagHit) || l.keepTreeLocked(lv.i, false):
 			e.set(flagMoving)
 			rw = append(rw, l.movedLocked(lv.i))
 		default:
@@ -482,17 +508,20 @@ func (l *Local) makeIndexRoom(ctx context.Context) error {
 		var fr []freeLoc
 		l.mu.Lock()
 		dropped := false
-		// The coldest idle memory block; when memory holds none (every
-		// block is on NVMe and no segment could be reclaimed), the
-		// coldest idle NVMe block.
-		for _, list := range append(slices.Clip(l.mu.memLists), l.mu.diskList) {
+		// The coldest idle NVMe block, else the coldest idle memory
+		// block. Tiers are exclusive and memory demotes its coldest
+		// blocks, so NVMe's cold end is the colder: dropping memory
+		// first would keep NVMe's oldest blocks for good, and once the
+		// index is full memory would never fill again to demote
+		// (a DRAM smaller than MaxBlocks froze NVMe).
+		for _, list := range append([]uint32{l.mu.diskList}, l.mu.memLists...) {
 			if list == 0 {
 				continue
 			}
 			x := &l.mu.x
 			for j, walked := x.at(list).prev, 0; j != list && walked < maxVictimWalk; walked++ {
 				prev := x.at(j).prev
-				if !x.at(j).busy() && !l.keepLocked(j, false) && !l.secondChanceLocked(list, j) {
+				if !x.at(j).busy() && !l.keepTreeLocked(j, false) && !l.secondChanceLocked(list, j) {
 					l.dropLocked(j, reasonEvict, &fr)
 					dropped = true
 					break

@@ -61,6 +61,14 @@ type Options struct {
 	// also gives blocks asked for again a second chance. Default
 	// DefaultEviction.
 	Eviction Eviction
+	// NVMeReusedOnly is NVMe admission under EvictReuse: DRAM pressure
+	// writes to NVMe only the blocks asked for again (found by a lookup,
+	// read, or put again) since they were written to memory, and drops
+	// the others, counted as the persistent tier's
+	// TierEvictions.Unadmitted: a block nobody came back to while it was
+	// in DRAM is not worth an NVMe write. Default false: every victim is demoted. It
+	// needs EvictReuse (the other policies keep no reuse mark).
+	NVMeReusedOnly bool
 	// PartialTTL is how long an incomplete block (parts of a block put,
 	// not all of them yet) is kept before it expires and its memory is
 	// freed. Default 30 s.
@@ -162,6 +170,9 @@ func (o *Options) Validate() error {
 	}
 	if _, err := ParseEviction(string(o.Eviction)); err != nil {
 		return fmt.Errorf("store: options: Eviction: %w", err)
+	}
+	if o.NVMeReusedOnly && o.Eviction != EvictReuse {
+		return fmt.Errorf("store: options: NVMeReusedOnly needs Eviction %s, not %s", EvictReuse, o.Eviction)
 	}
 	if err := o.DefaultQuota.validate("options: DefaultQuota"); err != nil {
 		return err

@@ -61,6 +61,13 @@ type Stats struct {
 	// to little of what it stored and the policy is LRU; near 1, eviction
 	// walks past many blocks before it finds a victim.
 	ReusedBlocks int64
+	// BranchingBlocks are the cached blocks with two or more cached
+	// children linked to them: where cached chains fork (a system prompt
+	// or tool list many prompts share). Their share of the blocks says
+	// how much of the cache is a tree rather than separate chains. (In
+	// a namespace with groups a block's windows and states hang from
+	// it too, so every block with them counts.)
+	BranchingBlocks int64
 
 	// Retained values are under a pin or a lease (retain.go); PinnedBytes
 	// is what those under a hard pin or a lease hold.
@@ -111,6 +118,10 @@ type TierStats struct {
 	Bytes  int64
 	// Evicted counts the blocks that left the tier, by reason.
 	Evicted TierEvictions
+	// WrittenBytes counts the bytes written to the tier: the persistent
+	// tier's demotions, direct writes and segment rewrites (0 for the
+	// others), what NVMe admission saves (Options.NVMeAdmission).
+	WrittenBytes int64
 	tiers.Stats
 }
 
@@ -124,10 +135,17 @@ type TierEvictions struct {
 	// Refused: writes refused for lack of room (ErrFull, ErrQuota),
 	// counted on the tier writes land in (DRAM).
 	Refused int64
-	// Unadmitted: writes accepted but not kept, since the block was colder
-	// than everything the tier holds (its parent was the coldest): evicted
-	// at once, counted in Stats.Evictions too. DRAM only.
+	// Unadmitted: writes accepted but not kept. In DRAM, since the block
+	// was colder than everything the tier holds (its parent was the
+	// coldest): evicted at once. In NVMe, DRAM victims NVMe admission
+	// refused (Options.NVMeReusedOnly): dropped instead of written.
+	// Counted in Stats.Evictions too.
 	Unadmitted int64
+	// Expired: dropped from the node for room after the TTL of their
+	// lease or pin lapsed, not read since (retain.go), with the
+	// descendants dropped with them that were too; counted in
+	// Stats.Evictions, not in Capacity.
+	Expired int64
 }
 
 // NamespaceStats is what one namespace has cached on this node, and its
@@ -185,7 +203,7 @@ func (l *Local) statsLocked() Stats {
 		PromotionsDeferred: c.promotionsDeferred,
 		Evictions:          c.evictions, CorruptDrops: c.corruptDrops, NamespaceDrops: c.namespaceDrops, Removed: c.removed,
 		Retained: len(l.mu.retain.by), PinnedBytes: l.mu.retain.pinned,
-		Cascaded: c.cascade, Retired: c.retired, SecondChances: c.secondChances, ReusedBlocks: l.mu.reused, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
+		Cascaded: c.cascade, Retired: c.retired, SecondChances: c.secondChances, ReusedBlocks: l.mu.reused, BranchingBlocks: l.mu.x.branching, Pinned: l.mu.refs, QuotaRefused: c.quotaRefused,
 		Reservations: l.mu.reservations, ReservationsExpired: c.reservationsExpired, CorruptCommits: c.corruptCommits,
 		HBMDemotions: l.mu.hbm.demote, HBMPromotions: l.mu.hbm.promot,
 		PartialsOpen: len(l.mu.parts.open), PartialBytes: l.mu.parts.bytes,
@@ -200,14 +218,15 @@ func (l *Local) statsLocked() Stats {
 	}
 	hbmBlocks, hbmBytes := int64(len(l.mu.hbm.at)), l.mu.hbm.bytes
 	s.Tiers = append(s.Tiers, TierStats{Name: l.mem.Name(), Blocks: l.mu.blocks[tierMem] - hbmBlocks, Bytes: l.mu.bytes[tierMem] - hbmBytes,
-		Evicted: TierEvictions{Capacity: c.evicted[tierMem], Demoted: c.demotions, Refused: c.refused, Unadmitted: c.unadmitted}})
+		Evicted: TierEvictions{Capacity: c.evicted[tierMem], Demoted: c.demotions, Refused: c.refused, Unadmitted: c.unadmitted, Expired: c.expired[tierMem]}})
 	if l.disk != nil {
 		s.Tiers = append(s.Tiers, TierStats{Name: l.disk.Name(), Blocks: l.mu.blocks[tierDisk], Bytes: l.mu.bytes[tierDisk],
-			Evicted: TierEvictions{Capacity: c.evicted[tierDisk]}})
+			Evicted:      TierEvictions{Capacity: c.evicted[tierDisk], Expired: c.expired[tierDisk], Unadmitted: c.nvmeUnadmitted},
+			WrittenBytes: l.diskWritten.Load()})
 	}
 	if l.hbm != nil {
 		s.Tiers = append(s.Tiers, TierStats{Name: l.hbm.Name(), Blocks: hbmBlocks, Bytes: hbmBytes,
-			Evicted: TierEvictions{Capacity: c.evicted[tierHBM], Demoted: l.mu.hbm.demote}})
+			Evicted: TierEvictions{Capacity: c.evicted[tierHBM], Demoted: l.mu.hbm.demote, Expired: c.expired[tierHBM]}})
 	}
 	byDigest := map[uint64]int{}
 	for _, n := range l.mu.ns.list {
@@ -246,7 +265,7 @@ type BlockInfo struct {
 	Size      int    // encoded block bytes
 	Namespace uint64 // namespace digest; 0 while a recovered block is unread
 	Tokens    int    // tokens in the block; 0 while unread
-	Hits      int    // Gets served from it (saturating at 32767)
+	Hits      int    // Gets served from it (saturating at 2047)
 	Pins      int    // live Refs reading it in place
 	Parent    bool   // linked to a cached parent
 	Children  int    // cached children linked to it

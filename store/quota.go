@@ -409,7 +409,7 @@ func (l *Local) coldNSLocked(id uint32, t int, want int64, stop uint32, reachedS
 			*reachedStop = true
 			break
 		}
-		if e.busy() || l.keepLocked(j, false) {
+		if e.busy() || l.keepTreeLocked(j, false) {
 			continue
 		}
 		is = append(is, j)
@@ -457,7 +457,7 @@ func (l *Local) reserveDemotionsLocked(vs []moved, fr *[]freeLoc) {
 	x := &l.mu.x
 	for k := range vs {
 		m := &vs[k]
-		if x.at(m.i).has(flagDropped) {
+		if m.skipDisk || x.at(m.i).has(flagDropped) {
 			continue
 		}
 		if e := x.at(m.i); e.copy() || e.retired() {

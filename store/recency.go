@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/kvmesh/kvmesh/block"
 	"github.com/kvmesh/kvmesh/prefixhash"
 )
 
@@ -111,7 +110,7 @@ func (l *Local) touchLocked(i uint32) {
 	x := &l.mu.x
 	e := x.at(i)
 	e.set(flagHit)
-	e.hits &^= hitsRetired // read again: a resume point after all
+	e.hits &^= hitsRetired | hitsLapsed // read again: a resume point after all, wanted after its lease
 	l.markReusedLocked(i)
 	if e.copy() {
 		return
@@ -182,8 +181,9 @@ func (l *Local) placedBehindLocked(at, i uint32) {
 // add up to want bytes, walking at most maxVictimWalk entries; it stops at
 // stop (reporting that it reached it). The policy may pass over a block
 // (secondChanceLocked), which moves it to the hot end. Values under
-// retention (retain.go) are passed over too; soft-pinned ones are taken
-// only by a second search, when the first found nothing else.
+// retention (retain.go), and blocks with a descendant under retention or
+// held by a reader (keepTreeLocked), are passed over too; soft-pinned ones
+// are taken only by a second search, when the first found nothing else.
 func (l *Local) coldestLocked(list uint32, want int, stop uint32) (vs []moved, reachedStop bool) {
 	vs, reachedStop, sawSoft := l.coldestPassLocked(list, want, stop, false)
 	if len(vs) == 0 && !reachedStop && sawSoft {
@@ -203,8 +203,9 @@ func (l *Local) coldestPassLocked(list uint32, want int, stop uint32, takeSoft b
 		e, prev := x.at(j), x.at(j).prev
 		switch {
 		case e.busy() || isHBM(e.getLoc()): // HBM empties into DRAM, not past it
-		case l.keepLocked(j, takeSoft):
-			sawSoft = sawSoft || l.mu.retain.by[j].pin == block.PinSoft
+		case l.keepTreeLocked(j, takeSoft):
+			// Taken by the second search if only soft pins keep it.
+			sawSoft = sawSoft || !takeSoft && !l.keepTreeLocked(j, true)
 			l.moveFrontLocked(list, j) // out of the next search's way
 			if first == 0 {
 				first = j

@@ -30,7 +30,13 @@ import (
 //
 // Retained values are never chosen by pressure: not demoted, not evicted, not
 // taken for a namespace's quota room; a persistent-tier segment reclaim
-// rewrites them as it rewrites hit blocks. A victim search that meets one
+// rewrites them as it rewrites hit blocks. Nor are their cached ancestors
+// dropped for room (keepTreeLocked), which would drop them with them: a
+// retained block keeps its prefix on this node (not counted against the
+// pin limits; retaining a prompt retains its whole chain anyway). A
+// block a reader holds keeps its prefix the same way. When the TTL lapses
+// the value is ordinary again; evicted before anyone reads it, it counts as
+// expired (TierEvictions.Expired). A victim search that meets one
 // moves it to the hot end of its list, so that the next search does not
 // walk past it again. Explicit removals (Remove, DropNamespace) ignore
 // retention. Retention lives in memory: a restart recovers the values, not
@@ -203,6 +209,7 @@ func (l *Local) setRetentionLocked(i uint32, r block.Retention, now time.Time) {
 		return
 	}
 	e := l.mu.x.at(i)
+	e.hits &^= hitsLapsed
 	n := l.mu.ns.get(e.ns)
 	rt := retention{pin: r.Pin, size: n.size}
 	if r.TTL > 0 {
@@ -241,6 +248,14 @@ func (l *Local) clearRetentionLocked(i uint32) {
 	}
 }
 
+// lapseRetentionLocked clears entry i's retention, whose TTL lapsed, and
+// marks it: evicted before anyone reads it, it counts as expired
+// (TierEvictions.Expired).
+func (l *Local) lapseRetentionLocked(i uint32) {
+	l.clearRetentionLocked(i)
+	l.mu.x.at(i).hits |= hitsLapsed
+}
+
 // expireRetentionsLocked clears the retentions whose TTL has lapsed; it
 // walks them only when one may have.
 func (l *Local) expireRetentionsLocked(now time.Time) {
@@ -252,7 +267,7 @@ func (l *Local) expireRetentionsLocked(now time.Time) {
 		switch {
 		case r.until.IsZero():
 		case !now.Before(r.until):
-			l.clearRetentionLocked(i)
+			l.lapseRetentionLocked(i)
 		case next.IsZero() || r.until.Before(next):
 			next = r.until
 		}
@@ -270,10 +285,46 @@ func (l *Local) keepLocked(i uint32, takeSoft bool) bool {
 	}
 	r := l.mu.retain.by[i]
 	if !r.until.IsZero() && !l.now().Before(r.until) {
-		l.clearRetentionLocked(i)
+		l.lapseRetentionLocked(i)
 		return false
 	}
 	return r.pin != block.PinSoft || !takeSoft
+}
+
+// keepTreeLocked is keepLocked for a victim whose drop would take its
+// cached descendants with it: it also keeps a block any of whose
+// descendants must stay, retained (keepLocked) or held by a reader (a
+// Ref pins it). So a retained or held block keeps its prefix on this node,
+// and is never dropped with an ancestor. The walk runs only while
+// something is retained or held, and only below a block with children
+// (rare at the cold end: a put places a child behind its parent); past
+// maxVictimWalk descendants it keeps the block.
+func (l *Local) keepTreeLocked(i uint32, takeSoft bool) bool {
+	if l.keepLocked(i, takeSoft) {
+		return true
+	}
+	x := &l.mu.x
+	first := x.at(i).child
+	if first == 0 || len(l.mu.retain.by) == 0 && l.mu.refs == 0 {
+		return false
+	}
+	stack := []uint32{first}
+	for walked := 0; len(stack) > 0; {
+		c := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for ; c != 0; c = x.at(c).sib {
+			if walked++; walked > maxVictimWalk {
+				return true
+			}
+			if x.at(c).pins > 0 || l.keepLocked(c, takeSoft) {
+				return true
+			}
+			if ch := x.at(c).child; ch != 0 {
+				stack = append(stack, ch)
+			}
+		}
+	}
+	return false
 }
 
 // retentionOf returns entry i's retention as callers see it: the pin and

@@ -19,8 +19,9 @@ import (
 //   - every block that came in (Puts, Recovered) is either cached or was
 //     dropped (Evictions, CorruptDrops, NamespaceDrops, Removed);
 //   - the namespaces' blocks add up to the tiers';
-//   - the tiers' evictions (capacity, unadmitted) add up to Evictions, and no more
-//     blocks are marked reused than are cached.
+//   - the tiers' evictions (capacity, unadmitted, expired) add up to
+//     Evictions, and no more blocks are marked reused, or fork, than are
+//     cached.
 //
 // Tests call it after a workload; the invariants build (go test -race, or
 // -tags invariants) calls it when a Local closes.
@@ -46,13 +47,16 @@ func (s Stats) Check() error {
 	}
 	evicted := int64(0)
 	for _, ts := range s.Tiers {
-		evicted += ts.Evicted.Capacity + ts.Evicted.Unadmitted
+		evicted += ts.Evicted.Capacity + ts.Evicted.Unadmitted + ts.Evicted.Expired
 	}
 	if evicted != s.Evictions {
 		return fmt.Errorf("store: the tiers count %d blocks evicted for room, the node %d", evicted, s.Evictions)
 	}
 	if s.ReusedBlocks < 0 || s.ReusedBlocks > total {
 		return fmt.Errorf("store: %d blocks marked reused, %d cached", s.ReusedBlocks, total)
+	}
+	if s.BranchingBlocks < 0 || s.BranchingBlocks > total {
+		return fmt.Errorf("store: %d blocks fork, %d cached", s.BranchingBlocks, total)
 	}
 	nsBlocks := int64(0)
 	for _, n := range s.Namespaces {
@@ -112,7 +116,8 @@ type holder interface {
 //     location: a slot that is free, or that holds another block, is never
 //     indexed;
 //   - every block linked into the prefix tree hangs from a block in the
-//     table: no child names a parent that is gone.
+//     table: no child names a parent that is gone; and the blocks with two
+//     or more children are as many as the index counts (BranchingBlocks).
 func (l *Local) checkIndexLocked() error {
 	x := &l.mu.x
 	type where struct {
@@ -122,6 +127,7 @@ func (l *Local) checkIndexLocked() error {
 	// Only tiers that cannot say what a location holds need the map: where
 	// one can, a location that holds block i's key is not block j's.
 	var seen map[where]uint32
+	forks := int64(0)
 	for _, slot := range x.table {
 		if slot == 0 {
 			continue
@@ -152,11 +158,17 @@ func (l *Local) checkIndexLocked() error {
 			}
 			seen[w] = i
 		}
+		if x.forks(e) {
+			forks++
+		}
 		// A first child's up is its parent (the others' is a sibling):
 		// checking first children checks every child's parent.
 		if e.up != 0 && e.has(flagFirst) && !x.inTable(e.up) {
 			return fmt.Errorf("store: entry %d (%s) hangs from entry %d, which is no block in the table", i, e.key, e.up)
 		}
+	}
+	if forks != x.branching {
+		return fmt.Errorf("store: %d blocks have two or more children, the index counts %d", forks, x.branching)
 	}
 	return nil
 }

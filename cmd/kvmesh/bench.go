@@ -31,6 +31,8 @@ type benchFlags struct {
 	routing                    string
 	capacity                   int
 	eviction                   string
+	dramFraction               float64
+	nodeSweep                  []float64
 	speedup                    float64
 	duration                   time.Duration
 	conc                       int
@@ -115,6 +117,8 @@ skipped. --quick runs every suite in a few minutes. PNG plots go to --out.
 	fs.StringVar(&f.routing, "routing", "random", "trace suite: routing policy measured beside session-affinity (random, round-robin, session-affinity, least-loaded)")
 	fs.IntVar(&f.capacity, "capacity-blocks", 0, "trace suite: each node's capacity in blocks (default: every distinct block of the trace fits)")
 	fs.StringVar(&f.eviction, "eviction", "", "trace suite: eviction policy of the nodes it starts, lru, dedup or reuse (default: kvmesh serve's); the sweep on nodes replays lru beside it")
+	fs.Float64SliceVar(&f.nodeSweep, "node-sweep", nil, "trace suite: pooled capacities (fractions of the trace's distinct blocks) of the sweeps on kvmesh nodes (default 0.01,0.02,0.05,0.1,0.2,0.3; --quick 0.1)")
+	fs.Float64Var(&f.dramFraction, "dram-fraction", 0, "trace suite: also sweep NVMe admission on nodes whose DRAM holds this share of their capacity and NVMe the rest (reuse policy, --nvme-admission all and reused; default 0: no such sweep)")
 	fs.Float64Var(&f.speedup, "speedup", 0, "trace suite: honour the trace's timestamps, replayed this many times faster (default 0: as fast as possible)")
 	fs.DurationVar(&f.duration, "duration", 0, "soak: how long the load runs (default 10m; --quick: 30s)")
 	fs.IntVar(&f.conc, "concurrency", 0, "soak: workers, one call in flight each (default 64)")
@@ -152,6 +156,9 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 			return fmt.Errorf("--eviction: %w", err)
 		}
 	}
+	if f.dramFraction < 0 || f.dramFraction > 1 {
+		return fmt.Errorf("--dram-fraction %v: want 0..1", f.dramFraction)
+	}
 	if f.nodes < 0 || f.requests < 0 || f.capacity < 0 || f.speedup < 0 || f.duration < 0 || f.conc < 0 || f.backlog < 0 {
 		return errors.New("--nodes, --requests, --capacity-blocks, --speedup, --duration, --concurrency and --backlog must not be negative")
 	}
@@ -160,7 +167,7 @@ func (f *benchFlags) run(cmd *cobra.Command, names []string) error {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
 	}
 	sf := bench.SuiteFlags{TracePath: f.trace, Requests: f.requests,
-		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Eviction: f.eviction, Speedup: f.speedup,
+		Nodes: f.nodes, Routing: routing, CapacityBlocks: f.capacity, Eviction: f.eviction, DRAMFraction: f.dramFraction, NodeSweep: f.nodeSweep, Speedup: f.speedup,
 		SoakDuration: f.duration, SoakConcurrency: f.conc, Backlog: f.backlog, Transport: f.transport,
 		PrefillModelDir: f.modelDir, PrefillPromptTokens: f.promptTokens, PrefillDecodeTokens: f.decodeTokens, ScalePhases: f.phases, ScaleDilation: f.dilation}
 	switch f.backend {

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/store"
 	"github.com/kvmesh/kvmesh/transfer/certtest"
 )
 
@@ -185,13 +186,16 @@ func TestServeCluster(t *testing.T) {
 	os.WriteFile(keyFile, []byte("MDEyMzQ1Njc4OWFiY2RlZg==\n"), 0o600)
 	o, err := serveOptions(t, map[string]string{"KVMESH_REPLICAS": "2"},
 		"--join", "10.0.0.1:7603,10.0.0.2:7603", "--gossip-key-file", keyFile, "--chunk-tokens", "256", "--lookup-timeout", "50ms",
-		"--shm-socket", "off", "--gossip-profile", "local")
+		"--lookup-round-peers", "-1", "--shm-socket", "off", "--gossip-profile", "local")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(o.Cluster.Join, []string{"10.0.0.1:7603", "10.0.0.2:7603"}) || string(o.Cluster.GossipKey) != "0123456789abcdef" ||
-		o.Cluster.Replicas != 2 || o.Cluster.ChunkTokens != 256 || o.Cluster.LookupTimeout != 50*time.Millisecond || o.Listen.ShmSocket != node.ShmOff || o.Cluster.GossipProfile != "local" {
+		o.Cluster.Replicas != 2 || o.Cluster.ChunkTokens != 256 || o.Cluster.LookupTimeout != 50*time.Millisecond || o.Cluster.LookupRoundPeers != -1 || o.Listen.ShmSocket != node.ShmOff || o.Cluster.GossipProfile != "local" {
 		t.Fatalf("cluster flags: %+v", o)
+	}
+	if o, err = serveOptions(t, nil); err != nil || o.Cluster.LookupRoundPeers != store.DefaultLookupRoundPeers {
+		t.Fatalf("default --lookup-round-peers: %d, %v", o.Cluster.LookupRoundPeers, err)
 	}
 }
 

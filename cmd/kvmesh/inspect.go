@@ -186,6 +186,8 @@ type tierJSON struct {
 	Bytes         uint64  `json:"bytes"`
 	CapacityBytes uint64  `json:"capacity_bytes"`
 	Used          float64 `json:"used"`
+	// WrittenBytes are the bytes written to the tier (NVMe).
+	WrittenBytes uint64 `json:"written_bytes"`
 	// Evicted are the blocks that left the tier, by reason.
 	Evicted client.TierEvictions `json:"evicted"`
 }
@@ -202,6 +204,9 @@ type statsJSON struct {
 	// SecondChances and ReusedBlocks are the reuse eviction policy's signal.
 	SecondChances uint64 `json:"second_chances"`
 	ReusedBlocks  uint64 `json:"reused_blocks"`
+	// BranchingBlocks are the cached blocks with two or more cached
+	// children (every policy).
+	BranchingBlocks uint64 `json:"branching_blocks"`
 	// Namespaces are the cached tokens per namespace (prefill.go).
 	Namespaces []namespaceRow `json:"namespaces"`
 }
@@ -222,12 +227,13 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 			}
 			out := statsJSON{NodeID: st.NodeID, Hits: uint64(st.Hits), Misses: uint64(st.Misses),
 				Evictions: uint64(st.Evictions), Demotions: uint64(st.Demotions), Promotions: uint64(st.Promotions),
-				SecondChances: uint64(st.SecondChances), ReusedBlocks: uint64(st.ReusedBlocks)}
+				SecondChances: uint64(st.SecondChances), ReusedBlocks: uint64(st.ReusedBlocks), BranchingBlocks: uint64(st.BranchingBlocks)}
 			if n := out.Hits + out.Misses; n > 0 {
 				out.HitRatio = float64(out.Hits) / float64(n)
 			}
 			for _, t := range st.Tiers {
-				tj := tierJSON{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.CapacityBytes), Evicted: t.Evicted}
+				tj := tierJSON{Name: t.Name, Blocks: uint64(t.Blocks), Bytes: uint64(t.Bytes), CapacityBytes: uint64(t.CapacityBytes), Evicted: t.Evicted,
+					WrittenBytes: uint64(t.WrittenBytes)}
 				if tj.CapacityBytes > 0 {
 					tj.Used = float64(tj.Bytes) / float64(tj.CapacityBytes)
 				}
@@ -240,15 +246,18 @@ func statsCmd(f *inspectFlags) *cobra.Command {
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "node %s\n\n", out.NodeID)
-				fmt.Fprintln(w, "TIER\tBLOCKS\tBYTES\tCAPACITY\tUSED\tEVICTED: CAPACITY\tDEMOTED\tREFUSED\tUNADMITTED")
+				fmt.Fprintln(w, "TIER\tBLOCKS\tBYTES\tCAPACITY\tUSED\tWRITTEN\tEVICTED: CAPACITY\tEXPIRED\tDEMOTED\tREFUSED\tUNADMITTED")
 				for _, t := range out.Tiers {
-					fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.1f%%\t%d\t%d\t%d\t%d\n", t.Name, t.Blocks, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes)), 100*t.Used,
-						t.Evicted.Capacity, t.Evicted.Demoted, t.Evicted.Refused, t.Evicted.Unadmitted)
+					fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.1f%%\t%s\t%d\t%d\t%d\t%d\t%d\n", t.Name, t.Blocks, formatSize(int64(t.Bytes)), formatSize(int64(t.CapacityBytes)), 100*t.Used,
+						formatSize(int64(t.WrittenBytes)), t.Evicted.Capacity, t.Evicted.Expired, t.Evicted.Demoted, t.Evicted.Refused, t.Evicted.Unadmitted)
 				}
 				fmt.Fprintf(w, "\nhits %d  misses %d  hit ratio %.1f%%  evictions %d  demotions %d  promotions %d\n",
 					out.Hits, out.Misses, 100*out.HitRatio, out.Evictions, out.Demotions, out.Promotions)
 				if out.SecondChances > 0 || out.ReusedBlocks > 0 {
 					fmt.Fprintf(w, "reuse policy: second chances %d  blocks marked reused %d\n", out.SecondChances, out.ReusedBlocks)
+				}
+				if out.BranchingBlocks > 0 {
+					fmt.Fprintf(w, "blocks where cached chains fork (2+ children): %d\n", out.BranchingBlocks)
 				}
 				printNamespaces(w, out.Namespaces)
 			})

@@ -39,7 +39,7 @@ type serveFlags struct {
 	insecureGossip, httpTLS                    bool
 	maxConcurrentStreams                       int
 	maxInFlightBytes                           int64
-	replicas, chunkTokens                      int
+	replicas, chunkTokens, lookupRoundPeers    int
 	lookupTimeout, getTimeout, peerBackoff     time.Duration
 	pushYield                                  time.Duration
 	pushRate                                   int64
@@ -54,6 +54,7 @@ type serveFlags struct {
 	receiveTimeout                             time.Duration
 	logLevel, logFormat                        string
 	eviction                                   string
+	nvmeAdmission                              string
 	partialTTL, claimTTL                       time.Duration
 	maxRetentionTTL                            time.Duration
 	kvEventsAddr, kvEventsReplayAddr           string
@@ -77,10 +78,10 @@ type serveFlags struct {
 // advice about the flag.
 var flagOf = map[string]string{
 	"NodeID": "node-id", "DataDir": "data-dir", "Listen.GRPCAddr": "grpc-addr", "Listen.HTTPAddr": "http-addr",
-	"Listen.DataAddr": "data-addr", "Cluster.GossipAddr": "gossip-addr", "Cluster.Join": "join", "Tiers.DRAMBytes": "dram", "Tiers.DRAMPopulate": "dram-populate", "Tiers.NVMeBytes": "nvme", "Tiers.HBMBytes": "hbm", "Tiers.MaxBlocks": "max-blocks", "Tiers.Eviction": "eviction", "Tiers.PartialTTL": "partial-ttl", "Tiers.ClaimTTL": "claim-ttl", "GPU": "gpu",
+	"Listen.DataAddr": "data-addr", "Cluster.GossipAddr": "gossip-addr", "Cluster.Join": "join", "Tiers.DRAMBytes": "dram", "Tiers.DRAMPopulate": "dram-populate", "Tiers.NVMeBytes": "nvme", "Tiers.HBMBytes": "hbm", "Tiers.MaxBlocks": "max-blocks", "Tiers.Eviction": "eviction", "Tiers.NVMeAdmission": "nvme-admission", "Tiers.PartialTTL": "partial-ttl", "Tiers.ClaimTTL": "claim-ttl", "GPU": "gpu",
 	"Listen.ShmSocket": "shm-socket", "Listen.ShmSocketMode": "shm-socket-mode", "Listen.ShmSocketGroup": "shm-socket-group", "Listen.ShmRegionBytes": "shm-region", "Listen.AdvertiseHost": "advertise-host", "Cluster.Transport": "transport", "Cluster.RDMADevice": "rdma-device",
 	"Cluster.GossipKey": "gossip-key-file", "Cluster.GossipProfile": "gossip-profile", "Cluster.Replicas": "replicas", "Cluster.ChunkTokens": "chunk-tokens",
-	"Cluster.LookupTimeout": "lookup-timeout", "Cluster.GetTimeout": "get-timeout", "Cluster.PeerBackoff": "peer-backoff", "Cluster.HandoffBytes": "handoff", "Tiers.SpillOnStopBytes": "spill-on-stop",
+	"Cluster.LookupTimeout": "lookup-timeout", "Cluster.LookupRoundPeers": "lookup-round-peers", "Cluster.GetTimeout": "get-timeout", "Cluster.PeerBackoff": "peer-backoff", "Cluster.HandoffBytes": "handoff", "Tiers.SpillOnStopBytes": "spill-on-stop",
 	"Cluster.PushYield": "push-yield", "Cluster.PushBytesPerSec": "push-rate",
 	"Limits.MaxBlockBytes": "max-block-bytes", "Limits.MaxBatchBlocks": "max-batch-blocks", "Limits.MaxMessageBytes": "max-message-bytes",
 	"Limits.ChunkBytes": "chunk-bytes", "Limits.RequestTimeout": "request-timeout", "Limits.ReceiveTimeout": "receive-timeout", "ShutdownTimeout": "shutdown-timeout",
@@ -184,6 +185,7 @@ flag names, for example:
 	fs.IntVar(&f.replicas, "replicas", d.Cluster.Replicas, "nodes that own each placement chunk (the same on every member)")
 	fs.IntVar(&f.chunkTokens, "chunk-tokens", d.Cluster.ChunkTokens, "tokens per placement chunk (the same on every member)")
 	fs.DurationVar(&f.lookupTimeout, "lookup-timeout", d.Cluster.LookupTimeout, "how long a lookup waits for other nodes; a late node is a miss")
+	fs.IntVar(&f.lookupRoundPeers, "lookup-round-peers", d.Cluster.LookupRoundPeers, "most peers a long lookup asks before its first chunks prove cached: a lookup with more owners asks the first chunk's owners, then this many more, then the rest, stopping where the prefix ends (negative: every owner at once; raise it, or make it negative, to trade fan-out for latency on clusters of tens of nodes)")
 	fs.DurationVar(&f.getTimeout, "get-timeout", d.Cluster.GetTimeout, "how long a read waits for blocks from other nodes; late blocks are misses")
 	fs.DurationVar(&f.peerBackoff, "peer-backoff", d.Cluster.PeerBackoff, "how long a node that failed a call is skipped (its blocks are misses)")
 	fs.DurationVar(&f.pushYield, "push-yield", d.Cluster.PushYield, "longest a push of fresh blocks to their owners waits for this node's reads, lookups and synchronous prefills to end (0, the default: pushes do not wait; 2s is a sane bound where serving competes with pushes for cores; a push queue at least half full never waits)")
@@ -200,6 +202,7 @@ flag names, for example:
 	fs.IntVar(&f.maxBatchBlocks, "max-batch-blocks", d.Limits.MaxBatchBlocks, "most blocks one request may name")
 	fs.IntVar(&f.maxBlocks, "max-blocks", d.Tiers.MaxBlocks, "most blocks cached in DRAM and NVMe together (0: the tiers' capacities over 4KiB)")
 	fs.StringVar(&f.eviction, "eviction", string(store.DefaultEviction), "eviction policy: lru (the reference), dedup (a node's copies of blocks other nodes own go first), or reuse (dedup, and a block a lookup or read asked for again gets a second chance)")
+	fs.StringVar(&f.nvmeAdmission, "nvme-admission", "all", "which blocks DRAM pressure writes to NVMe: all, or reused (only blocks a lookup or read asked for again since they were put; the others are dropped, saving the write; needs --eviction reuse)")
 	fs.DurationVar(&f.partialTTL, "partial-ttl", store.DefaultPartialTTL, "how long the parts of a block put by tensor- or pipeline-parallel ranks are kept while the block is incomplete (1ms..1h)")
 	fs.DurationVar(&f.claimTTL, "claim-ttl", store.DefaultClaimTTL, "how long a rank's claim to write a part holds back the other ranks writing the same part (1ms..10m)")
 	fs.DurationVar(&f.maxRetentionTTL, "max-retention-ttl", store.DefaultMaxRetentionTTL, "the longest TTL of an object's or a prefix's lease or pin (1ms..49d)")
@@ -309,12 +312,12 @@ func (f *serveFlags) build(cmd *cobra.Command) (node.Options, *slog.Logger, erro
 		NodeID:    f.nodeID,
 		DataDir:   f.dataDir,
 		Listen:    node.ListenOptions{GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, DataAddr: f.dataAddr, ShmSocket: f.shmSocket, ShmSocketMode: os.FileMode(shmMode), ShmSocketGroup: f.shmSocketGroup, ShmRegionBytes: f.shmRegion, AdvertiseHost: f.advertiseHost},
-		Cluster:   node.ClusterOptions{GossipAddr: f.gossipAddr, Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip, Replicas: f.replicas, ChunkTokens: f.chunkTokens, LookupTimeout: f.lookupTimeout, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff, PushYield: f.pushYield, PushBytesPerSec: f.pushRate, Transport: f.transport, RDMADevice: f.rdmaDevice},
+		Cluster:   node.ClusterOptions{GossipAddr: f.gossipAddr, Join: f.join, GossipKey: key, GossipProfile: f.gossipProfile, InsecureGossip: f.insecureGossip, Replicas: f.replicas, ChunkTokens: f.chunkTokens, LookupTimeout: f.lookupTimeout, LookupRoundPeers: f.lookupRoundPeers, GetTimeout: f.getTimeout, PeerBackoff: f.peerBackoff, HandoffBytes: f.handoff, PushYield: f.pushYield, PushBytesPerSec: f.pushRate, Transport: f.transport, RDMADevice: f.rdmaDevice},
 		ReadyFile: f.readyFile,
 		Security:  node.SecurityOptions{HTTPTLS: f.httpTLS, TLS: serverTLS, PeerTLS: peerTLS, Tokens: tokens, TokensFile: tf},
 		Limits:    node.LimitOptions{MaxConcurrentStreams: f.maxConcurrentStreams, MaxInFlightBytes: f.maxInFlightBytes, MaxBlockBytes: int(f.maxBlockBytes), MaxBatchBlocks: f.maxBatchBlocks, MaxMessageBytes: int(f.maxMessageBytes), ChunkBytes: int(f.chunkBytes), RequestTimeout: f.requestTimeout, ReceiveTimeout: f.receiveTimeout},
 		Pprof:     f.pprof,
-		Tiers: node.TierOptions{QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe, DRAMBytes: f.dram, DRAMPopulate: f.dramPopulate, NVMeBytes: f.nvme, HBMBytes: f.hbm, MaxBlocks: f.maxBlocks, Eviction: f.eviction, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL, SpillOnStopBytes: f.spillOnStop.option(),
+		Tiers: node.TierOptions{QuotaDRAMBytes: f.quotaDRAM, QuotaNVMeBytes: f.quotaNVMe, DRAMBytes: f.dram, DRAMPopulate: f.dramPopulate, NVMeBytes: f.nvme, HBMBytes: f.hbm, MaxBlocks: f.maxBlocks, Eviction: f.eviction, NVMeAdmission: f.nvmeAdmission, PartialTTL: f.partialTTL, ClaimTTL: f.claimTTL, SpillOnStopBytes: f.spillOnStop.option(),
 			MaxRetentionTTL: f.maxRetentionTTL, MaxPinnedFraction: f.maxPinned},
 		Events:          node.EventOptions{Addr: f.kvEventsAddr, ReplayAddr: f.kvEventsReplayAddr, Topic: f.kvEventsTopic},
 		GPU:             f.gpu,

@@ -5,7 +5,8 @@
 //   - ExpectCrash, InChild and CollectGarbage, for a test whose point is
 //     that the process dies (the invariants build's leak reports);
 //   - Child, the same child process for a parent that kills it itself
-//     (the crash tests of files written in place: atomicfile).
+//     (the crash tests of files written in place: atomicfile);
+//   - Log, what fake servers were asked, in order.
 //
 // The data-plane transports' conformance suite, which imports transfer,
 // is transfer/transporttest.

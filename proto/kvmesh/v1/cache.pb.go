@@ -1211,8 +1211,14 @@ type TierStats struct {
 	EvictedDemoted    uint64 `protobuf:"varint,6,opt,name=evicted_demoted,json=evictedDemoted,proto3" json:"evicted_demoted,omitempty"`
 	EvictedRefused    uint64 `protobuf:"varint,7,opt,name=evicted_refused,json=evictedRefused,proto3" json:"evicted_refused,omitempty"`
 	EvictedUnadmitted uint64 `protobuf:"varint,8,opt,name=evicted_unadmitted,json=evictedUnadmitted,proto3" json:"evicted_unadmitted,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Blocks dropped for room after the TTL of their lease or pin lapsed,
+	// not read since (counted here, not in evicted_capacity).
+	EvictedExpired uint64 `protobuf:"varint,9,opt,name=evicted_expired,json=evictedExpired,proto3" json:"evicted_expired,omitempty"`
+	// Bytes written to the tier since the node started: NVMe's demotions,
+	// direct writes and segment rewrites (0 for the other tiers).
+	WrittenBytes  uint64 `protobuf:"varint,10,opt,name=written_bytes,json=writtenBytes,proto3" json:"written_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TierStats) Reset() {
@@ -1297,6 +1303,20 @@ func (x *TierStats) GetEvictedRefused() uint64 {
 func (x *TierStats) GetEvictedUnadmitted() uint64 {
 	if x != nil {
 		return x.EvictedUnadmitted
+	}
+	return 0
+}
+
+func (x *TierStats) GetEvictedExpired() uint64 {
+	if x != nil {
+		return x.EvictedExpired
+	}
+	return 0
+}
+
+func (x *TierStats) GetWrittenBytes() uint64 {
+	if x != nil {
+		return x.WrittenBytes
 	}
 	return 0
 }
@@ -1399,8 +1419,11 @@ type StatsResponse struct {
 	// cached blocks marked so now.
 	SecondChances uint64 `protobuf:"varint,10,opt,name=second_chances,json=secondChances,proto3" json:"second_chances,omitempty"`
 	ReusedBlocks  uint64 `protobuf:"varint,11,opt,name=reused_blocks,json=reusedBlocks,proto3" json:"reused_blocks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Cached blocks with two or more cached children: where chains fork
+	// (shared system prompts, tool lists), under every policy.
+	BranchingBlocks uint64 `protobuf:"varint,12,opt,name=branching_blocks,json=branchingBlocks,proto3" json:"branching_blocks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
@@ -1510,6 +1533,13 @@ func (x *StatsResponse) GetReusedBlocks() uint64 {
 	return 0
 }
 
+func (x *StatsResponse) GetBranchingBlocks() uint64 {
+	if x != nil {
+		return x.BranchingBlocks
+	}
+	return 0
+}
+
 var File_kvmesh_v1_cache_proto protoreflect.FileDescriptor
 
 const file_kvmesh_v1_cache_proto_rawDesc = "" +
@@ -1605,7 +1635,7 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\fStatsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"\xa0\x02\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"\xee\x02\n" +
 	"\tTierStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
@@ -1614,13 +1644,16 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\x10evicted_capacity\x18\x05 \x01(\x04R\x0fevictedCapacity\x12'\n" +
 	"\x0fevicted_demoted\x18\x06 \x01(\x04R\x0eevictedDemoted\x12'\n" +
 	"\x0fevicted_refused\x18\a \x01(\x04R\x0eevictedRefused\x12-\n" +
-	"\x12evicted_unadmitted\x18\b \x01(\x04R\x11evictedUnadmitted\"\x84\x01\n" +
+	"\x12evicted_unadmitted\x18\b \x01(\x04R\x11evictedUnadmitted\x12'\n" +
+	"\x0fevicted_expired\x18\t \x01(\x04R\x0eevictedExpired\x12#\n" +
+	"\rwritten_bytes\x18\n" +
+	" \x01(\x04R\fwrittenBytes\"\x84\x01\n" +
 	"\x0eNamespaceStats\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\x06R\x06digest\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12\x16\n" +
 	"\x06tokens\x18\x04 \x01(\x04R\x06tokens\x12\x14\n" +
-	"\x05model\x18\x05 \x01(\tR\x05model\"\x8b\x03\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\"\xb6\x03\n" +
 	"\rStatsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12*\n" +
 	"\x05tiers\x18\x02 \x03(\v2\x14.kvmesh.v1.TierStatsR\x05tiers\x12\x12\n" +
@@ -1637,7 +1670,8 @@ const file_kvmesh_v1_cache_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\t \x01(\tR\rnextPageToken\x12%\n" +
 	"\x0esecond_chances\x18\n" +
 	" \x01(\x04R\rsecondChances\x12#\n" +
-	"\rreused_blocks\x18\v \x01(\x04R\freusedBlocks2\x98\x03\n" +
+	"\rreused_blocks\x18\v \x01(\x04R\freusedBlocks\x12)\n" +
+	"\x10branching_blocks\x18\f \x01(\x04R\x0fbranchingBlocks2\x98\x03\n" +
 	"\fCacheService\x12=\n" +
 	"\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12E\n" +
 	"\bBatchGet\x12\x1a.kvmesh.v1.BatchGetRequest\x1a\x1b.kvmesh.v1.BatchGetResponse0\x01\x12E\n" +
