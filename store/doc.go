@@ -20,7 +20,9 @@
 //     cached block is a cheap no-op that touches it.
 //   - DRAM pressure demotes the coldest idle blocks to NVMe, at least
 //     Options.DemoteBatchBytes at a time for a write (a promotion: see below) (one tiers.Batcher write when the
-//     tier has it); with no NVMe, or NVMe refusing, they are dropped. Under
+//     tier has it), within a sixteenth of the DRAM tier (a batch as large
+//     as the tier would empty it at each round, hot blocks and all); with
+//     no NVMe, or NVMe refusing, they are dropped. Under
 //     tiers.Classed a value only frees room for its own size class: the
 //     coldest blocks of the class are moved, and when the class owns no
 //     memory, the slab the tier names in Evacuate is emptied.

@@ -44,7 +44,10 @@ type Local struct {
 	disk    tiers.Tier    // nil: memory only
 	hbm     tiers.Tier    // nil: DRAM is the top tier
 	seg     tiers.Segmented
-	batcher tiers.Batcher
+	// demoteBatch is the least a write's round of DRAM pressure demotes:
+	// Options.DemoteBatchBytes, within a sixteenth of the DRAM tier.
+	demoteBatch int
+	batcher     tiers.Batcher
 	// diskChecked: the persistent tier's Read checks every byte against a
 	// sum taken when it was written (tiers.Checked), so a promotion checks
 	// the block's header and key and does not hash the payload again;
@@ -205,6 +208,7 @@ func Open(opts Options) (*Local, error) {
 	l := &Local{opts: opts, mem: opts.DRAM, disk: opts.NVMe, hbm: opts.HBM}
 	l.view, _ = opts.DRAM.(tiers.Viewer)
 	l.classed, _ = opts.DRAM.(tiers.Classed)
+	l.demoteBatch = demoteBatch(opts.DemoteBatchBytes, opts.DRAM.Stats().Capacity)
 	l.mu.idle.L = &l.mu.Mutex
 	l.mu.ns.quotas = maps.Clone(opts.Quotas)
 	l.mu.ns.defQuota = opts.DefaultQuota

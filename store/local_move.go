@@ -87,7 +87,7 @@ var errColdest = errors.New("store: the new block is the coldest")
 // putDRAM copies val into the DRAM tier, making room when it is full.
 // parent is the key of the block's parent for a new block (its position
 // in the recency order), zero for a promotion (the hottest position).
-// batch makes room by DemoteBatchBytes at least (see makeMemRoom).
+// batch makes room by a demotion batch at least (see makeMemRoom).
 func (l *Local) putDRAM(ctx context.Context, key, parent prefixhash.Key, val []byte, class int, batch bool) (tiers.Loc, error) {
 	if class < 0 {
 		return 0, tiers.ErrTooLarge
@@ -110,7 +110,8 @@ func (l *Local) putDRAM(ctx context.Context, key, parent prefixhash.Key, val []b
 // free room for a value of the given class and size. It returns the tier's
 // ErrFull when it could move nothing, errColdest when the new block (child
 // of parent) is colder than anything it could move. With batch (writes), it
-// demotes DemoteBatchBytes at least, so that NVMe sees large writes; without
+// demotes DemoteBatchBytes at least (within a sixteenth of the tier:
+// demoteBatch), so that NVMe sees large writes; without
 // (a promotion), only what the value needs: the rest of a batch's room would
 // go to the first hits of blocks not shown hot, each a demotion more.
 func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key, batch bool) error {
@@ -148,6 +149,16 @@ func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key, batch bool) 
 	return nil
 }
 
+// demoteBatch is the least one round of DRAM pressure from a write demotes:
+// batch bytes, within a sixteenth of the DRAM tier's capacity (as quotas
+// clamp theirs). A batch as large as the tier would empty it at each
+// round: the blocks written next would push out everything the tier held,
+// hot or not, and a small DRAM tier over NVMe would hit less than the same
+// bytes all in DRAM.
+func demoteBatch(batch int, capacity int64) int {
+	return int(max(1, min(int64(batch), capacity/16)))
+}
+
 // memVictimsLocked picks and marks the entries to demote. Under Classed, a
 // value only frees room for its own class: take the coldest of the class,
 // and when the class owns no memory (or none of it is idle), the slab the
@@ -156,7 +167,7 @@ func (l *Local) makeMemRoom(class, need int, parent prefixhash.Key, batch bool) 
 func (l *Local) memVictimsLocked(class, need int, stop uint32, batch bool) (vs []moved, coldest bool) {
 	want := need
 	if l.disk != nil && batch {
-		want = max(need, l.opts.DemoteBatchBytes) // batch the writes; drops need no batching
+		want = max(need, l.demoteBatch) // batch the writes; drops need no batching
 	}
 	if l.classed == nil {
 		return l.coldestLocked(l.memListLocked(0), want, stop)

@@ -327,8 +327,9 @@ func TestLocalPromotionRoomOneAtATime(t *testing.T) {
 func TestLocalPromotionMakesOwnRoom(t *testing.T) {
 	ctx := context.Background()
 	w := newWorld(t, 43, blocktest.NS())
-	l := openLocal(t, Options{DRAM: newFakeMem(4096, 4, 1024), NVMe: newFakeVolume(64<<10, 16).open(), DemoteBatchBytes: 8 * blockBytes})
-	for range 40 {
+	// 128 blocks of DRAM: a sixteenth of it holds the batch.
+	l := openLocal(t, Options{DRAM: newFakeMem(4096, 32, 1024), NVMe: newFakeVolume(64<<10, 16).open(), DemoteBatchBytes: 8 * blockBytes})
+	for range 160 {
 		if err := l.Put(ctx, w.blocks[w.extend(-1)].enc); err != nil {
 			t.Fatal(err)
 		}

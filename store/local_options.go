@@ -34,7 +34,9 @@ type Options struct {
 	MaxBlocks int
 	// DemoteBatchBytes is the least that one round of DRAM pressure from
 	// a write demotes, in bytes, so that NVMe sees large writes (a
-	// promotion demotes only the room it needs). Default 4 MiB.
+	// promotion demotes only the room it needs), within a sixteenth of
+	// the DRAM tier's capacity: a larger batch would empty a small tier
+	// at each round. Default 4 MiB.
 	DemoteBatchBytes int
 	// VerifyMemoryHits makes a Get served from DRAM verify the whole
 	// block (header and payload checksums) instead of only its key.

@@ -26,9 +26,10 @@ import (
 //
 // Commands (sizes in blocks; every block has blockBytes encoded bytes):
 //
-//	open dram=<blocks> [nvme=<blocks>] [max=<blocks>] [eviction=<policy>] [hybrid] [pinned=<fraction>] [reused-only]
+//	open dram=<blocks> [nvme=<blocks>] [max=<blocks>] [eviction=<policy>] [hybrid] [pinned=<fraction>] [reused-only] [batch=<blocks>]
 //	                                     a fresh Local, demoting one block at a time
-//	                                     (reused-only: Options.NVMeReusedOnly);
+//	                                     (batch: Options.DemoteBatchBytes of that many blocks;
+//	                                     reused-only: Options.NVMeReusedOnly);
 //	                                     hybrid: blocks of blocktest.Hybrid, one record per
 //	                                     group named <block>.full, .win, .state, .idx, each
 //	                                     taking one block's room
@@ -106,8 +107,9 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		d.MaybeScanArgs(t, "nvme", &disk)
 		ev := string(s.policy)
 		d.MaybeScanArgs(t, "eviction", &ev)
-		pinned, maxBlocks := 0.0, 0
+		pinned, maxBlocks, batch := 0.0, 0, 0
 		d.MaybeScanArgs(t, "pinned", &pinned)
+		d.MaybeScanArgs(t, "batch", &batch)
 		d.MaybeScanArgs(t, "max", &maxBlocks)
 		s.hybrid = d.HasArg("hybrid")
 		s.ns = blocktest.NS()
@@ -120,7 +122,7 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 			}
 		}
 		s.clock = &fakeClock{now: time.Unix(1000, 0)}
-		opts := Options{DRAM: newFakeMem(slot, mem, slot), DemoteBatchBytes: 1, Eviction: Eviction(ev),
+		opts := Options{DRAM: newFakeMem(slot, mem, slot), DemoteBatchBytes: max(1, batch*slot), Eviction: Eviction(ev),
 			Now: s.clock.Now, MaxPinnedFraction: pinned, NVMeReusedOnly: d.HasArg("reused-only"), MaxBlocks: maxBlocks}
 		if disk > 0 {
 			opts.NVMe = newFakeVolume(slot+64, disk).open()
