@@ -26,17 +26,7 @@ func (c *Cluster) Remove(ctx context.Context, keys []prefixhash.Key) ([]bool, er
 	if err != nil {
 		return nil, err
 	}
-	asks := map[string][]int{}
-	all := make([]int, len(keys))
-	for k := range keys {
-		all[k] = k
-	}
-	for _, m := range c.placement().Members() {
-		if m.ID != c.self {
-			asks[m.ID] = all
-		}
-	}
-	_, err = c.round(ctx, keys, asks, found, func(ctx context.Context, id string, ks []prefixhash.Key) ([]bool, error) {
+	_, err = c.round(ctx, keys, c.askOthers(len(keys)), found, func(ctx context.Context, id string, ks []prefixhash.Key) ([]bool, error) {
 		return c.peers.Remove(ctx, id, ks)
 	})
 	return found, err
@@ -57,18 +47,11 @@ func (c *Cluster) Retain(ctx context.Context, keys, chunkKeys []prefixhash.Key, 
 	if err != nil {
 		return nil, err
 	}
-	asks := map[string][]int{}
+	var asks map[string][]int
 	if chunkKeys == nil {
-		all := make([]int, len(keys))
-		for k := range keys {
-			all[k] = k
-		}
-		for _, m := range c.placement().Members() {
-			if m.ID != c.self {
-				asks[m.ID] = all
-			}
-		}
+		asks = c.askOthers(len(keys))
 	} else {
+		asks = map[string][]int{}
 		p := c.placement()
 		var owners []string
 		for k := range keys {
@@ -83,6 +66,22 @@ func (c *Cluster) Retain(ctx context.Context, keys, chunkKeys []prefixhash.Key, 
 		return c.peers.Retain(ctx, id, ks, r)
 	})
 	return applied, err
+}
+
+// askOthers asks every member but this node for all n keys (the asks of
+// round).
+func (c *Cluster) askOthers(n int) map[string][]int {
+	all := make([]int, n)
+	for k := range all {
+		all[k] = k
+	}
+	asks := map[string][]int{}
+	for _, m := range c.placement().Members() {
+		if m.ID != c.self {
+			asks[m.ID] = all
+		}
+	}
+	return asks
 }
 
 // round asks every member of asks at once for its keys (keys[idx]) with

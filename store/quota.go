@@ -284,7 +284,7 @@ func (l *Local) room(ctx context.Context, h *block.Header, k nsKey, size, class,
 			} else if !gone {
 				want := excess
 				if l.disk != nil { // batch the writes, within a sixteenth of the quota
-					want = max(excess, min(int64(l.opts.DemoteBatchBytes), n.quota[t]/16))
+					want = max(excess, int64(demoteBatch(l.opts.DemoteBatchBytes, n.quota[t])))
 				}
 				for _, i := range l.coldNSLocked(id, tierMem, want, stopMem, &coldest) {
 					vs = append(vs, l.markVictimLocked(i))

@@ -308,7 +308,11 @@ func (l *Local) keepTreeLocked(i uint32, takeSoft bool) bool {
 	if first == 0 || len(l.mu.retain.by) == 0 && l.mu.refs == 0 {
 		return false
 	}
-	stack := []uint32{first}
+	// A victim walk asks this of every candidate while anything is
+	// retained or held (readers hold blocks through every GetMany), so the
+	// stack starts on this frame's array rather than the heap.
+	var buf [32]uint32
+	stack := append(buf[:0], first)
 	for walked := 0; len(stack) > 0; {
 		c := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
